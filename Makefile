@@ -1,0 +1,40 @@
+# spotguard — run `make help` for the targets.
+GOLANGCI_LINT_VERSION := v2.15.0
+BIN := bin/spotguard
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+
+.PHONY: demo help build test test-unit test-e2e bench lint fuzz tools clean
+
+help: ## list the targets
+	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_-]+:.*## / {printf "  %-10s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+
+build: ## build bin/spotguard
+	go build -ldflags "-X main.version=$(VERSION)" -o $(BIN) ./cmd/spotguard
+
+tools: ## build the pinned test peers (ec2-metadata-mock) into bin/
+	GOBIN=$(CURDIR)/bin go -C test/tools install tool
+
+test: tools ## the whole suite, as CI runs it: vet, race tests (end-to-end included), fuzz seeds
+	./test/run-all.sh
+
+test-unit: ## unit tests only (no peers needed)
+	go vet ./...
+	go test -race -count=1 $$(go list ./... | grep -v /test/)
+
+test-e2e: tools build ## end-to-end tests against the real IMDS simulator and real processes
+	PATH=$(CURDIR)/bin:$$PATH go test -race -count=1 -v ./test/e2e/
+
+bench: tools ## benchmarks: detection-to-signal latency and idle cost (takes about 2 minutes)
+	PATH=$(CURDIR)/bin:$$PATH go test -run '^$$' -bench . -benchtime 1x -timeout 10m ./test/e2e/
+
+fuzz: ## run every parser fuzzer for FUZZTIME each (default 10s)
+	./test/fuzz.sh $${FUZZTIME:-10s}
+
+lint: ## golangci-lint, pinned
+	go run github.com/golangci/golangci-lint/v2/cmd/golangci-lint@$(GOLANGCI_LINT_VERSION) run ./...
+
+clean: ## remove build output
+	rm -rf bin dist
+
+demo: ## run the notice path locally: IMDS simulator → spotguard → example trainer
+	./examples/local-demo.sh

@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# The whole test suite: vet, every test with the race detector (end-to-end ones included, against
+# the IMDS simulator built by `make tools`), and a short run of every fuzzer.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export PATH="$PWD/bin:$PATH"
+
+echo "== go vet"
+go vet ./...
+echo "== go test -race"
+go test -race -count=1 -timeout 15m ./...
+echo "== fuzz (short)"
+./test/fuzz.sh "${FUZZTIME:-5s}"
