@@ -1,0 +1,98 @@
+package trainer
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+)
+
+const (
+	defaultProcRoot   = "/proc"
+	defaultCgroupRoot = "/sys/fs/cgroup"
+)
+
+func orDefault(s, def string) string {
+	if s == "" {
+		return def
+	}
+	return s
+}
+
+// procStatus is what we use of /proc/PID/status.
+type procStatus struct {
+	state  byte   // first letter of State: R, S, D, Z, T, ...
+	sigCgt uint64 // caught signals: bit n-1 set for signal n
+}
+
+// readStatus reads procRoot/PID/status. An error wraps os.ErrNotExist when the process does not
+// exist (or exited while the file was read).
+func readStatus(procRoot string, pid int) (procStatus, error) {
+	path := filepath.Join(procRoot, strconv.Itoa(pid), "status")
+	data, err := os.ReadFile(path)
+	if errors.Is(err, syscall.ESRCH) {
+		// The process was reaped between open and read.
+		return procStatus{}, fmt.Errorf("trainer: read %s: process exited: %w", path, os.ErrNotExist)
+	}
+	if err != nil {
+		return procStatus{}, fmt.Errorf("trainer: read process status: %w", err)
+	}
+	var st procStatus
+	var haveState, haveSigCgt bool
+	sc := bufio.NewScanner(bytes.NewReader(data))
+	for sc.Scan() {
+		key, val, ok := strings.Cut(sc.Text(), ":")
+		if !ok {
+			continue
+		}
+		val = strings.TrimSpace(val)
+		switch key {
+		case "State":
+			if val != "" {
+				st.state, haveState = val[0], true
+			}
+		case "SigCgt":
+			st.sigCgt, err = strconv.ParseUint(val, 16, 64)
+			if err != nil {
+				return procStatus{}, fmt.Errorf("trainer: %s: bad SigCgt %q: %w", path, val, err)
+			}
+			haveSigCgt = true
+		}
+	}
+	if !haveState || !haveSigCgt {
+		return procStatus{}, fmt.Errorf("trainer: %s: no State or SigCgt line", path)
+	}
+	return st, nil
+}
+
+// running reports whether pid is a live process: its status is readable and it is not a zombie.
+func running(procRoot string, pid int) bool {
+	st, err := readStatus(procRoot, pid)
+	return err == nil && st.state != 'Z' && st.state != 'X'
+}
+
+// readCmdline returns the command line of pid with its NUL separators turned into spaces. ok is
+// false when the process does not exist (any more) or the file cannot be read.
+func readCmdline(procRoot string, pid int) (cmdline string, ok bool) {
+	data, err := os.ReadFile(filepath.Join(procRoot, strconv.Itoa(pid), "cmdline"))
+	if err != nil {
+		return "", false
+	}
+	data = bytes.TrimRight(data, "\x00")
+	return string(bytes.ReplaceAll(data, []byte{0}, []byte{' '})), true
+}
+
+// parsePID parses a PID as written in a pidfile or cgroup.procs: decimal, positive, with
+// surrounding white space allowed.
+func parsePID(s string) (int, bool) {
+	pid, err := strconv.Atoi(strings.TrimSpace(s))
+	if err != nil || pid <= 0 {
+		return 0, false
+	}
+	return pid, true
+}

@@ -1,0 +1,193 @@
+#!/usr/bin/env python3
+"""A stand-in training loop that cooperates with spotguard. Standard library only, Python 3.8+.
+
+When AWS announces that this Spot instance will be reclaimed, spotguard sends the trainer a
+signal (SIGUSR1 by default). The pattern to copy into a real training script:
+
+1. Install a handler for that signal before training starts. spotguard refuses to send a
+   signal the process does not catch, because the default action of SIGUSR1 ends a Python
+   process: no handler, no checkpoint.
+2. In the handler, only note that a checkpoint was asked for.
+3. At the next step boundary, write the checkpoint into a new directory step-NNNNNN/: every
+   file to a temporary name, fsync, rename; the marker file _COMPLETE last. spotguard uploads
+   each file as soon as it is closed and commits the checkpoint when the marker appears.
+4. Keep training: a checkpoint signal is not a stop. SIGTERM saves and exits 0.
+
+Run it:  python3 trainer.py --checkpoint-dir /tmp/ckpt --pidfile /run/trainer.pid
+Then:    kill -USR1 "$(cat /run/trainer.pid)"   # what spotguard does on a notice
+"""
+
+import argparse
+import json
+import os
+import re
+import signal
+import sys
+import time
+
+MARKER = "_COMPLETE"  # spotguard's checkpoint.marker (the default)
+STEP_DIR = re.compile(r"^step-(\d+)$")
+CHUNK = 1 << 20  # write random data 1 MiB at a time
+
+
+def parse_signal(name):
+    """Accept SIGUSR1, USR1, sigusr1, ..."""
+    name = name.strip().upper()
+    if not name.startswith("SIG"):
+        name = "SIG" + name
+    try:
+        return signal.Signals[name]
+    except KeyError:
+        raise argparse.ArgumentTypeError("unknown signal %r" % name) from None
+
+
+def fsync_dir(path):
+    """Make renames and new entries in directory path durable."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_atomic(path, chunks):
+    """Write the byte strings of chunks to path so that nobody ever sees a partial file:
+    write a temporary file (dot-prefixed, in the same directory), fsync it, rename it."""
+    directory, base = os.path.split(path)
+    tmp = os.path.join(directory, "." + base + ".tmp")
+    with open(tmp, "wb") as f:
+        for chunk in chunks:
+            f.write(chunk)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def random_chunks(size):
+    """Yield size random bytes in chunks of at most CHUNK bytes: the 'model weights'."""
+    while size > 0:
+        n = min(size, CHUNK)
+        yield os.urandom(n)
+        size -= n
+
+
+def save_checkpoint(root, step, files, size):
+    """Write root/step-NNNNNN/ with files shards of size bytes each, then the marker."""
+    start = time.monotonic()
+    final = os.path.join(root, "step-%06d" % step)
+    os.makedirs(final, exist_ok=True)
+    for i in range(files):
+        write_atomic(os.path.join(final, "shard-%d.bin" % i), random_chunks(size))
+    fsync_dir(final)  # every shard is in place and durable before the marker exists
+    write_atomic(os.path.join(final, MARKER), [json.dumps({"step": step}).encode() + b"\n"])
+    fsync_dir(final)
+    fsync_dir(root)
+    print("checkpoint %s written in %.3f s" % (final, time.monotonic() - start), flush=True)
+
+
+def newest_complete(root):
+    """Return (step, path) of the newest step-*/ under root that has the marker, or None."""
+    best = None
+    try:
+        names = os.listdir(root)
+    except FileNotFoundError:
+        return None
+    for name in names:
+        m = STEP_DIR.match(name)
+        path = os.path.join(root, name)
+        if m and os.path.isfile(os.path.join(path, MARKER)):
+            if best is None or int(m.group(1)) > best[0]:
+                best = (int(m.group(1)), path)
+    return best
+
+
+class Requests:
+    """What the signal handlers ask of the training loop. Python runs handlers in the main
+    thread between bytecodes, so plain attributes are enough."""
+
+    def __init__(self, signal_log):
+        self.checkpoint = False
+        self.stop = False
+        self.signal_log = signal_log
+
+    def log(self, signum):
+        # One JSON line per received signal, written and flushed at once. The handler opens
+        # its own file: printing to stdout here could collide with a print in the main loop.
+        if self.signal_log:
+            line = {"signal": signal.Signals(signum).name, "pid": os.getpid(), "time_ns": time.time_ns()}
+            with open(self.signal_log, "a") as f:
+                f.write(json.dumps(line) + "\n")
+
+    def on_checkpoint(self, signum, frame):
+        self.log(signum)
+        self.checkpoint = True
+
+    def on_stop(self, signum, frame):
+        self.log(signum)
+        self.stop = True
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--checkpoint-dir", help="write checkpoints here when signalled (none: only log the signal)")
+    p.add_argument("--signal-log", help="append one JSON line per received signal to this file")
+    p.add_argument("--ready-file", help="write this file (our PID) once the signal handlers are installed")
+    p.add_argument("--signal", type=parse_signal, default=signal.SIGUSR1,
+                   help="checkpoint signal (default SIGUSR1); SIGTERM saves (with --checkpoint-dir) and exits 0")
+    p.add_argument("--no-handler", action="store_true",
+                   help="install no handler for --signal (demo: spotguard then refuses to send it)")
+    p.add_argument("--step-seconds", type=float, default=0.1, help="duration of one training step (default 0.1)")
+    p.add_argument("--checkpoint-mb", type=float, default=1, help="size of each checkpoint file in MiB (default 1)")
+    p.add_argument("--files", type=int, default=2, help="files per checkpoint (default 2)")
+    p.add_argument("--resume-from", help="continue from the newest complete step-*/ in this directory")
+    p.add_argument("--pidfile", help="write our PID to this file")
+    args = p.parse_args(argv)
+
+    step = 0
+    if args.resume_from:
+        found = newest_complete(args.resume_from)
+        if found:
+            step = found[0]
+            # A real trainer loads its model and optimizer state from found[1] here.
+            print("resumed from %s at step %d" % (found[1], step), flush=True)
+        else:
+            print("no complete checkpoint in %s; starting at step 0" % args.resume_from, flush=True)
+
+    req = Requests(args.signal_log)
+    if args.signal == signal.SIGTERM:
+        handler = req.on_stop  # the checkpoint signal is SIGTERM: save and stop
+    else:
+        handler = req.on_checkpoint
+        signal.signal(signal.SIGTERM, req.on_stop)
+    if not args.no_handler:
+        signal.signal(args.signal, handler)
+
+    pid = ("%d\n" % os.getpid()).encode()
+    if args.pidfile:
+        write_atomic(args.pidfile, [pid])
+    if args.ready_file:
+        write_atomic(args.ready_file, [pid])
+    print("training as pid %d; %s %s" % (
+        os.getpid(), "NOT handling" if args.no_handler else "checkpoint on", args.signal.name), flush=True)
+
+    size = int(args.checkpoint_mb * CHUNK)
+    while True:
+        time.sleep(args.step_seconds)  # one training step; a signal does not cut it short
+        step += 1
+        if req.checkpoint or req.stop:
+            # Clear the request before saving: a signal that comes during the save asks for
+            # the next one.
+            req.checkpoint = False
+            if args.checkpoint_dir:
+                save_checkpoint(args.checkpoint_dir, step, args.files, size)
+        if req.stop:
+            # A SIGTERM that came during a save finds the current state already saved.
+            print("stopping at step %d" % step, flush=True)
+            return 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:
+        sys.exit(130)
