@@ -1,0 +1,384 @@
+package imds
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/rs/zerolog"
+)
+
+const (
+	// DefaultPollInterval is Config.PollInterval when it is not set.
+	DefaultPollInterval = time.Second
+	// minDefaultRequestTimeout is the floor of the default per-request timeout.
+	minDefaultRequestTimeout = 500 * time.Millisecond
+	// HealthWindow is how long IMDS may fail before [Stats.Healthy] reports false.
+	HealthWindow = 30 * time.Second
+	// otherBackoffFactor times PollInterval caps the backoff of every source but spot.
+	otherBackoffFactor = 10
+)
+
+// EventKind says whether a notice began or ended.
+type EventKind int
+
+// The event kinds. The zero EventKind is neither.
+const (
+	// Begin: a notice key became active.
+	Begin EventKind = iota + 1
+	// End: a successful read no longer shows an active notice key.
+	End
+)
+
+// String returns "begin", "end", or "EventKind(N)" for anything else.
+func (k EventKind) String() string {
+	switch k {
+	case Begin:
+		return "begin"
+	case End:
+		return "end"
+	default:
+		return fmt.Sprintf("EventKind(%d)", int(k))
+	}
+}
+
+// Event is a change in the set of active notices.
+type Event struct {
+	Kind EventKind
+	// Notice is the notice as last read: for Begin the notice that began, for End the
+	// notice as it was last seen before it ended.
+	Notice Notice
+	// At is when the watcher saw the change (the end of the poll that showed it).
+	At time.Time
+}
+
+// Config configures a [Watcher].
+type Config struct {
+	// Sources are the sources to poll. Empty means all [Sources]; duplicates are ignored;
+	// an unknown source makes Run fail.
+	Sources []Source
+	// PollInterval is the time between the starts of two polls of one source.
+	// Zero or negative means [DefaultPollInterval] (1 s).
+	PollInterval time.Duration
+	// RequestTimeout bounds each IMDS request. Zero or negative means PollInterval, but at
+	// least 500 ms. ([Client] with the SDK's default HTTP client also gives up on response
+	// headers after 500 ms.)
+	RequestTimeout time.Duration
+	// Logger receives the watcher's logs, with component=imds added. The zero Logger
+	// discards them.
+	Logger zerolog.Logger
+}
+
+// SourceStats counts the polls of one source.
+type SourceStats struct {
+	// Polls counts completed reads, failed or not (a read cut short by the end of Run's
+	// context is not counted).
+	Polls uint64
+	// Errors counts failed reads: Getter errors and malformed bodies (including the malformed
+	// spot body that gave a fail-safe notice).
+	Errors uint64
+	// Streak is the number of consecutive failed reads up to now; 0 after a success.
+	Streak int
+	// LastSuccess is the end of the last successful read; zero if none yet.
+	LastSuccess time.Time
+	// FailingSince is the end of the first failed read of the current streak; zero when
+	// Streak is 0.
+	FailingSince time.Time
+	// LastError is the text of the last error; it is kept after recovery.
+	LastError string
+}
+
+// Stats is a snapshot of a Watcher's counters, for /healthz, /status and metrics.
+type Stats struct {
+	// Sources has one entry per enabled source.
+	Sources map[Source]SourceStats
+	// LastSuccess is the latest LastSuccess of any source; zero if none yet.
+	LastSuccess time.Time
+}
+
+// Healthy reports whether IMDS is usable as of now. It returns:
+//   - true when no source is in an error streak (also before the first poll);
+//   - true when some source is failing but a read of any source succeeded, or the oldest
+//     current streak began, within the last [HealthWindow] (30 s) — a grace period at start-up;
+//   - false otherwise: IMDS has failed for longer than 30 s with no successful read.
+func (s Stats) Healthy(now time.Time) bool {
+	var since time.Time
+	failing := false
+	for _, ss := range s.Sources {
+		if ss.Streak == 0 {
+			continue
+		}
+		if !failing || ss.FailingSince.Before(since) {
+			since = ss.FailingSince
+		}
+		failing = true
+	}
+	if !failing {
+		return true
+	}
+	if s.LastSuccess.After(since) {
+		since = s.LastSuccess
+	}
+	return now.Sub(since) <= HealthWindow
+}
+
+// Watcher polls IMDS notice sources and reports notices as they begin and end.
+// Create it with [NewWatcher]. Check and Stats are safe for concurrent use; Run must not be
+// called again before a previous call has returned.
+type Watcher struct {
+	g        Getter
+	sources  []Source
+	cfgErr   error // returned by Run
+	interval time.Duration
+	timeout  time.Duration
+	log      zerolog.Logger
+
+	mu    sync.Mutex
+	stats Stats // guarded by mu
+}
+
+// NewWatcher returns a Watcher that reads g as cfg says (see [Config] for the defaults).
+// A bad cfg is reported by Run.
+func NewWatcher(g Getter, cfg Config) *Watcher {
+	w := &Watcher{
+		g:        g,
+		interval: cfg.PollInterval,
+		timeout:  cfg.RequestTimeout,
+		log:      cfg.Logger.With().Str("component", "imds").Logger(),
+		stats:    Stats{Sources: make(map[Source]SourceStats)},
+	}
+	if w.interval <= 0 {
+		w.interval = DefaultPollInterval
+	}
+	if w.timeout <= 0 {
+		w.timeout = max(w.interval, minDefaultRequestTimeout)
+	}
+	srcs := cfg.Sources
+	if len(srcs) == 0 {
+		srcs = Sources
+	}
+	var errs []error
+	for _, s := range srcs {
+		if _, err := ParseSource(string(s)); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		if !slices.Contains(w.sources, s) {
+			w.sources = append(w.sources, s)
+			w.stats.Sources[s] = SourceStats{}
+		}
+	}
+	w.cfgErr = errors.Join(errs...)
+	return w
+}
+
+// Check is one synchronous poll of src: it reads src once, with the configured request
+// timeout, and parses the body. It returns:
+//   - nil, nil: 404, no notice;
+//   - notices, nil: a successful read; notices may be empty (e.g. an ASG state other than
+//     Terminated, or only canceled/completed scheduled events);
+//   - nil, err: the read failed, or the body of a source other than spot was malformed
+//     (errors.Is(err, ErrMalformed));
+//   - [fail-safe notice], err: spot only, a 200 whose body was malformed: the notice (see
+//     [ParseSpot]) must be acted on, err (wrapping ErrMalformed) is for the log.
+//
+// An unknown src is an error.
+func (w *Watcher) Check(ctx context.Context, src Source) ([]Notice, error) {
+	path := src.Path()
+	if path == "" {
+		return nil, fmt.Errorf("imds: unknown notice source %q", src)
+	}
+	rctx, cancel := context.WithTimeout(ctx, w.timeout)
+	defer cancel()
+	body, found, err := w.g.Get(rctx, path)
+	if err != nil {
+		return nil, fmt.Errorf("get %s: %w", path, err)
+	}
+	if !found {
+		return nil, nil
+	}
+	notices, err := parse(src, body, time.Now())
+	if err != nil {
+		err = fmt.Errorf("%w (body %q)", err, excerpt(body))
+	}
+	return notices, err
+}
+
+// parse runs the parser of src, a known source.
+func parse(src Source, body []byte, now time.Time) ([]Notice, error) {
+	switch src {
+	case SourceSpot:
+		n, err := ParseSpot(body, now)
+		return []Notice{n}, err
+	case SourceRebalance:
+		n, err := ParseRebalance(body, now)
+		if err != nil {
+			return nil, err
+		}
+		return []Notice{n}, nil
+	case SourceScheduled:
+		return ParseScheduled(body, now)
+	default: // SourceASG
+		return ParseASG(body, now)
+	}
+}
+
+// excerpt returns the start of body for an error message.
+func excerpt(body []byte) string {
+	const n = 200
+	if len(body) > n {
+		return string(body[:n]) + "..."
+	}
+	return string(body)
+}
+
+// Run polls every enabled source on its own goroutine until ctx is done, sending an Event
+// on out (a send waits for the receiver or for ctx) whenever:
+//   - Begin: a notice key becomes active; a key stays active however often its time changes;
+//   - End: a successful read (404, or a body without it, e.g. a scheduled event turned
+//     canceled or completed) no longer shows an active key.
+//
+// Each source is polled at once, then every PollInterval from the start of the previous
+// poll. A failed read never changes the active set (the fail-safe spot notice of a malformed
+// body is added, as a successful read would add it); it is counted and followed by a
+// jittered exponential backoff from 100 ms, capped at PollInterval for spot and at 10 ×
+// PollInterval for other sources, measured from the end of the failed read. Each error
+// streak logs one Warn at its first error and one Info when the source recovers.
+//
+// Run returns an error at once, polling nothing, when the Config named an unknown source.
+// Otherwise it returns nil, once ctx is done and all its goroutines have exited.
+func (w *Watcher) Run(ctx context.Context, out chan<- Event) error {
+	if w.cfgErr != nil {
+		return w.cfgErr
+	}
+	var wg sync.WaitGroup
+	for _, src := range w.sources {
+		wg.Go(func() { w.watch(ctx, src, out) })
+	}
+	wg.Wait()
+	return nil
+}
+
+// Stats returns a snapshot of the counters.
+func (w *Watcher) Stats() Stats {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	s := w.stats
+	s.Sources = maps.Clone(w.stats.Sources)
+	return s
+}
+
+// sourceState is what the goroutine of one source owns.
+type sourceState struct {
+	src          Source
+	active       map[string]Notice // by Notice.Key
+	bo           backoff
+	streak       int
+	failingSince time.Time
+}
+
+// watch is the loop of one source: poll, then wait for the cadence or the backoff.
+func (w *Watcher) watch(ctx context.Context, src Source, out chan<- Event) {
+	bmax := w.interval
+	if src != SourceSpot {
+		bmax *= otherBackoffFactor
+	}
+	s := &sourceState{src: src, active: make(map[string]Notice), bo: backoff{max: max(bmax, 1)}}
+	for {
+		start := time.Now()
+		failed, live := w.poll(ctx, s, out)
+		if !live {
+			return
+		}
+		var d time.Duration
+		if failed {
+			d = s.bo.next()
+		} else {
+			s.bo.reset()
+			d = w.interval - time.Since(start)
+		}
+		if !wait(ctx, d) {
+			return
+		}
+	}
+}
+
+// poll is one step of watch: Check, then bookkeeping, logging and events. It reports whether
+// the read failed, and live=false when ctx ended (the step was then abandoned).
+func (w *Watcher) poll(ctx context.Context, s *sourceState, out chan<- Event) (failed, live bool) {
+	notices, err := w.Check(ctx, s.src)
+	if ctx.Err() != nil {
+		return false, false // stopping: an aborted read says nothing about IMDS
+	}
+	now := time.Now()
+	w.record(s, now, err)
+
+	current := make(map[string]Notice, len(notices))
+	for _, n := range notices {
+		current[n.Key()] = n
+	}
+	var events []Event
+	for _, k := range slices.Sorted(maps.Keys(current)) {
+		if _, ok := s.active[k]; !ok {
+			events = append(events, Event{Kind: Begin, Notice: current[k], At: now})
+		} else if err != nil {
+			continue // keep the notice as last read successfully
+		}
+		s.active[k] = current[k]
+	}
+	if err == nil {
+		for _, k := range slices.Sorted(maps.Keys(s.active)) {
+			if _, ok := current[k]; !ok {
+				events = append(events, Event{Kind: End, Notice: s.active[k], At: now})
+				delete(s.active, k)
+			}
+		}
+	}
+	for _, ev := range events {
+		w.log.Debug().Str("source", string(s.src)).Str("event", ev.Kind.String()).
+			Str("key", ev.Notice.Key()).Bool("malformed", ev.Notice.Malformed).Msg("notice")
+		select {
+		case out <- ev:
+		case <-ctx.Done():
+			return err != nil, false
+		}
+	}
+	return err != nil, true
+}
+
+// record updates the counters after a read that ended at now, and logs the first error of
+// a streak and the recovery that ends it.
+func (w *Watcher) record(s *sourceState, now time.Time, err error) {
+	switch {
+	case err != nil:
+		s.streak++
+		if s.streak == 1 {
+			s.failingSince = now
+			w.log.Warn().Str("source", string(s.src)).Err(err).Msg("imds read failed; retrying with backoff")
+		}
+	case s.streak > 0:
+		w.log.Info().Str("source", string(s.src)).Int("errors", s.streak).
+			Dur("failing_for", now.Sub(s.failingSince)).Msg("imds read recovered")
+		s.streak = 0
+		s.failingSince = time.Time{}
+	}
+
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	st := w.stats.Sources[s.src]
+	st.Polls++
+	st.Streak = s.streak
+	st.FailingSince = s.failingSince
+	if err != nil {
+		st.Errors++
+		st.LastError = err.Error()
+	} else {
+		st.LastSuccess = now
+		w.stats.LastSuccess = now
+	}
+	w.stats.Sources[s.src] = st
+}
