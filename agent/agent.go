@@ -1,0 +1,219 @@
+// Package agent is the spotguard daemon: its configuration, the coordinator that turns
+// interruption notices into trainer signals, the agent's own signal handling and its local
+// /healthz, /status and /metrics listener.
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/rs/zerolog"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/spotguard/spotguard/agent/imds"
+	"github.com/spotguard/spotguard/agent/trainer"
+)
+
+// Deps are the agent's connections to the world, passed in so tests can supply their own.
+type Deps struct {
+	Logger zerolog.Logger
+	// IMDS is the metadata service client (one, long-lived).
+	IMDS imds.Getter
+	// Reload loads the configuration again, for SIGHUP. Nil disables reloading.
+	Reload func() (*Config, error)
+	// Signals delivers the agent's own signals: SIGHUP (reload) and SIGUSR1 (sync now). May be nil.
+	Signals <-chan os.Signal
+	// Ready, if not nil, is called once the listener is up and the watchers run.
+	Ready func(addr net.Addr)
+	// ProcRoot and CgroupRoot default to /proc and /sys/fs/cgroup.
+	ProcRoot, CgroupRoot string
+}
+
+// Agent is the running daemon.
+type Agent struct {
+	log      zerolog.Logger
+	deps     Deps
+	cfg      atomic.Pointer[Config]
+	registry *prometheus.Registry
+	watcher  *imds.Watcher
+	coord    *Coordinator
+	metrics  *metrics
+	started  time.Time
+
+	mu       sync.Mutex
+	identity imds.Identity
+}
+
+// New builds an agent from a valid configuration. It returns an error naming every problem if cfg
+// does not validate.
+func New(cfg *Config, deps Deps) (*Agent, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("invalid config:\n%w", err)
+	}
+	if deps.ProcRoot == "" {
+		deps.ProcRoot = "/proc"
+	}
+	if deps.CgroupRoot == "" {
+		deps.CgroupRoot = "/sys/fs/cgroup"
+	}
+	a := &Agent{log: deps.Logger, deps: deps, registry: prometheus.NewRegistry(), started: time.Now()}
+	a.cfg.Store(cfg)
+	a.watcher = imds.NewWatcher(deps.IMDS, imds.Config{
+		Sources:      enabledSources(cfg),
+		PollInterval: cfg.IMDS.PollInterval,
+		Logger:       deps.Logger,
+	})
+	a.metrics = newMetrics(a.registry, a.watcher.Stats)
+	a.coord = newCoordinator(deps.Logger, a.metrics, a.cfg.Load,
+		procTrainers{procRoot: deps.ProcRoot, cgroupRoot: deps.CgroupRoot, self: os.Getpid()})
+	return a, nil
+}
+
+// enabledSources lists every source: ignored ones are still watched, so their notices show in
+// /status and the metrics, and a reload can change the policy without a restart.
+func enabledSources(*Config) []imds.Source {
+	return imds.Sources
+}
+
+// Config returns the configuration in force.
+func (a *Agent) Config() *Config { return a.cfg.Load() }
+
+// Run runs the agent until ctx is done: the IMDS watcher, the coordinator, the identity lookup,
+// the agent's own signals and the HTTP listener. It returns after all of them have stopped; the
+// error is non-nil only if the listener could not start or failed.
+func (a *Agent) Run(ctx context.Context) error {
+	cfg := a.cfg.Load()
+	var ln net.Listener
+	if cfg.HTTP.Listen != "" {
+		var err error
+		ln, err = (&net.ListenConfig{}).Listen(ctx, "tcp", cfg.HTTP.Listen)
+		if err != nil {
+			return fmt.Errorf("http.listen: %w", err)
+		}
+	}
+	if err := os.MkdirAll(cfg.Agent.RuntimeDir, 0o755); err != nil {
+		a.log.Error().Err(err).Str("dir", cfg.Agent.RuntimeDir).Msg("cannot create runtime dir; notice.json will be missing")
+	}
+	a.log.Info().Dur("poll_interval", cfg.IMDS.PollInterval).Str("listen", cfg.HTTP.Listen).
+		Str("signal", trainer.SignalName(cfg.Trainer.Signal)).Msg("spotguard agent starting")
+
+	g, ctx := errgroup.WithContext(ctx)
+	events := make(chan imds.Event)
+	g.Go(func() error { return a.watcher.Run(ctx, events) })
+	g.Go(func() error { return a.coord.Run(ctx, events) })
+	g.Go(func() error {
+		id, err := imds.FetchIdentity(ctx, a.deps.IMDS, a.log)
+		if err != nil {
+			return nil // ctx done before IMDS answered
+		}
+		a.mu.Lock()
+		a.identity = id
+		a.mu.Unlock()
+		a.log.Info().Str("instance_id", id.InstanceID).Str("instance_type", id.InstanceType).
+			Str("availability_zone", id.AvailabilityZone).Msg("instance identity read")
+		return nil
+	})
+	g.Go(func() error { a.handleSignals(ctx); return nil })
+	if ln != nil {
+		srv := &http.Server{Handler: a.Handler(), ReadHeaderTimeout: 5 * time.Second}
+		g.Go(func() error {
+			if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				return fmt.Errorf("http listener: %w", err)
+			}
+			return nil
+		})
+		g.Go(func() error {
+			<-ctx.Done()
+			shutdownCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+			defer cancel()
+			return srv.Shutdown(shutdownCtx)
+		})
+		a.log.Info().Str("addr", ln.Addr().String()).Msg("listening")
+	}
+	if a.deps.Ready != nil {
+		var addr net.Addr
+		if ln != nil {
+			addr = ln.Addr()
+		}
+		a.deps.Ready(addr)
+	}
+	err := g.Wait()
+	a.log.Info().Msg("spotguard agent stopped")
+	return err
+}
+
+// handleSignals serves SIGHUP (reload) and SIGUSR1 (sync now) until ctx is done.
+func (a *Agent) handleSignals(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case sig, ok := <-a.deps.Signals:
+			if !ok {
+				<-ctx.Done()
+				return
+			}
+			switch sig {
+			case syscall.SIGHUP:
+				a.reload()
+			case syscall.SIGUSR1:
+				a.metrics.syncRequests.Inc()
+				a.log.Info().Msg("sync requested; no checkpoint store is wired in this version, nothing to upload")
+			}
+		}
+	}
+}
+
+// reload swaps in a new configuration if it is valid; an invalid one is refused with every problem
+// logged, and the old one stays.
+func (a *Agent) reload() {
+	if a.deps.Reload == nil {
+		a.log.Warn().Msg("reload requested but this agent has no config source to reload from")
+		return
+	}
+	next, err := a.deps.Reload()
+	if err == nil {
+		err = next.Validate()
+	}
+	if err != nil {
+		a.metrics.reloads.WithLabelValues("invalid").Inc()
+		for _, p := range splitJoined(err) {
+			a.log.Error().Str("problem", p.Error()).Msg("config reload refused; keeping the running config")
+		}
+		return
+	}
+	old := a.cfg.Load()
+	changed := old.Diff(next)
+	var needRestart []string
+	for _, k := range changed {
+		switch k {
+		case "imds.poll_interval", "imds.endpoint", "http.listen":
+			needRestart = append(needRestart, k)
+		}
+	}
+	a.cfg.Store(next)
+	a.metrics.reloads.WithLabelValues("ok").Inc()
+	a.log.Info().Strs("changed", changed).Strs("need_restart", needRestart).Msg("config reloaded")
+	a.coord.Scan()
+}
+
+// splitJoined undoes errors.Join so each problem can be logged on its own line.
+func splitJoined(err error) []error {
+	if j, ok := err.(interface{ Unwrap() []error }); ok {
+		var out []error
+		for _, e := range j.Unwrap() {
+			out = append(out, splitJoined(e)...)
+		}
+		return out
+	}
+	return []error{err}
+}

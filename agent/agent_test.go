@@ -1,0 +1,427 @@
+package agent
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/rs/zerolog"
+	"go.uber.org/goleak"
+
+	"github.com/spotguard/spotguard/agent/imds"
+	"github.com/spotguard/spotguard/agent/trainer"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
+
+// fakeIMDS serves fixed bodies by path; paths it does not know are 404.
+type fakeIMDS struct {
+	mu     sync.Mutex
+	bodies map[string]string
+}
+
+func (f *fakeIMDS) Get(ctx context.Context, path string) ([]byte, bool, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	b, ok := f.bodies[path]
+	return []byte(b), ok, nil
+}
+
+func (f *fakeIMDS) set(path, body string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.bodies[path] = body
+}
+
+func (f *fakeIMDS) del(path string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	delete(f.bodies, path)
+}
+
+func newFakeIMDS() *fakeIMDS {
+	return &fakeIMDS{bodies: map[string]string{
+		"instance-id":                 "i-0abc",
+		"instance-type":               "p5.48xlarge",
+		"placement/availability-zone": "us-east-1a",
+	}}
+}
+
+// syncBuffer is a log sink safe for the agent's goroutines and the test's reads.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// eventually polls cond every 10 ms until it holds or 10 s pass.
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		<-tick.C
+	}
+}
+
+// shTrainer is a real process that records each SIGUSR1/SIGUSR2 it catches as a line in a file.
+// With handler false it installs none (and would die of SIGUSR1).
+type shTrainer struct {
+	cmd     *exec.Cmd
+	pidfile string
+	log     string
+	done    chan struct{}
+}
+
+func startShTrainer(t *testing.T, handler bool) *shTrainer {
+	t.Helper()
+	dir := t.TempDir()
+	st := &shTrainer{pidfile: filepath.Join(dir, "pid"), log: filepath.Join(dir, "signals"), done: make(chan struct{})}
+	ready := filepath.Join(dir, "ready")
+	script := `echo $$ > "$1"; `
+	if handler {
+		script += `trap 'echo USR1 >> "$2"' USR1; trap 'echo USR2 >> "$2"' USR2; `
+	}
+	script += `touch "$3"; while :; do sleep 0.05; done`
+	st.cmd = exec.Command("sh", "-c", script, "sh", st.pidfile, st.log, ready)
+	if err := st.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { st.cmd.Wait(); close(st.done) }()
+	t.Cleanup(func() { st.cmd.Process.Kill(); <-st.done })
+	eventually(t, "the trainer to start", func() bool { _, err := os.Stat(ready); return err == nil })
+	return st
+}
+
+func (s *shTrainer) signals() []string {
+	b, _ := os.ReadFile(s.log)
+	return strings.Fields(string(b))
+}
+
+func (s *shTrainer) alive() bool {
+	select {
+	case <-s.done:
+		return false
+	default:
+		return true
+	}
+}
+
+type testAgent struct {
+	a       *Agent
+	imds    *fakeIMDS
+	logs    *syncBuffer
+	sigs    chan os.Signal
+	cancel  context.CancelFunc
+	done    chan error
+	runtime string
+	reload  func() (*Config, error)
+}
+
+// startAgent runs an agent with a fake IMDS and the given environment until the test ends.
+func startAgent(t *testing.T, env ...string) *testAgent {
+	t.Helper()
+	runtimeDir := t.TempDir()
+	env = append([]string{"SPOTGUARD_HTTP_LISTEN=127.0.0.1:0", "SPOTGUARD_AGENT_RUNTIME_DIR=" + runtimeDir, "SPOTGUARD_IMDS_POLL_INTERVAL=100ms"}, env...)
+	cfg := mustLoad(t, LoadOptions{Environ: env})
+	ta := &testAgent{imds: newFakeIMDS(), logs: &syncBuffer{}, sigs: make(chan os.Signal, 1), done: make(chan error, 1), runtime: runtimeDir}
+	var mu sync.Mutex
+	ta.reload = func() (*Config, error) { return cfg, nil }
+	a, err := New(cfg, Deps{
+		Logger:  zerolog.New(ta.logs),
+		IMDS:    ta.imds,
+		Signals: ta.sigs,
+		Reload: func() (*Config, error) {
+			mu.Lock()
+			defer mu.Unlock()
+			return ta.reload()
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ta.a = a
+	ctx, cancel := context.WithCancel(context.Background())
+	ta.cancel = cancel
+	go func() { ta.done <- a.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-ta.done; err != nil {
+			t.Errorf("Run() = %v; want nil", err)
+		}
+		if t.Failed() {
+			t.Logf("agent log:\n%s", ta.logs.String())
+		}
+	})
+	return ta
+}
+
+func (ta *testAgent) notice(key string) (NoticeStatus, bool) {
+	for _, n := range ta.a.Status().Notices {
+		if n.Key == key {
+			return n, true
+		}
+	}
+	return NoticeStatus{}, false
+}
+
+func (ta *testAgent) waitState(t *testing.T, key, state string) NoticeStatus {
+	t.Helper()
+	var ns NoticeStatus
+	eventually(t, key+" in state "+state, func() bool {
+		n, ok := ta.notice(key)
+		ns = n
+		return ok && n.State == state
+	})
+	return ns
+}
+
+// waitPolls waits for n more polls of src, so the test can assert nothing else happened.
+func (ta *testAgent) waitPolls(t *testing.T, src imds.Source, n uint64) {
+	t.Helper()
+	start := ta.a.watcher.Stats().Sources[src].Polls
+	eventually(t, "more polls", func() bool { return ta.a.watcher.Stats().Sources[src].Polls >= start+n })
+}
+
+const spotBody = `{"action": "terminate", "time": "2099-01-01T00:00:00Z"}`
+
+func TestAgentSignalsTrainerOncePerNotice(t *testing.T) {
+	tr := startShTrainer(t, true)
+	ta := startAgent(t, "SPOTGUARD_TRAINER_PIDFILE="+tr.pidfile)
+	ta.imds.set("spot/instance-action", spotBody)
+
+	ns := ta.waitState(t, "spot/terminate", StateTrainerSignalled)
+	eventually(t, "the trainer to record the signal", func() bool { return len(tr.signals()) == 1 })
+	ta.waitPolls(t, imds.SourceSpot, 3)
+	if got := tr.signals(); len(got) != 1 || got[0] != "USR1" {
+		t.Errorf("trainer signals = %v; want exactly [USR1]", got)
+	}
+	if len(ns.Transitions) != 2 || ns.Transitions[0].State != StateDetected || ns.Transitions[1].State != StateTrainerSignalled {
+		t.Errorf("transitions = %+v; want detected → trainer_signalled", ns.Transitions)
+	}
+	if ns.Deadline == nil || !ns.Deadline.Equal(time.Date(2099, 1, 1, 0, 0, 0, 0, time.UTC)) {
+		t.Errorf("deadline = %v; want 2099-01-01", ns.Deadline)
+	}
+	var nf noticeFile
+	b, err := os.ReadFile(filepath.Join(ta.runtime, NoticeFile))
+	if err != nil {
+		t.Fatalf("notice.json: %v", err)
+	}
+	if err := json.Unmarshal(b, &nf); err != nil || nf.Source != imds.SourceSpot || nf.Action != "terminate" || nf.Deadline == nil {
+		t.Errorf("notice.json = %s (%v); want spot terminate with deadline", b, err)
+	}
+
+	// The notice goes away (404) and comes back: a new notice, a second signal.
+	ta.imds.del("spot/instance-action")
+	eventually(t, "the notice to end", func() bool { n, _ := ta.notice("spot/terminate"); return !n.Active })
+	ta.imds.set("spot/instance-action", spotBody)
+	eventually(t, "the second signal", func() bool { return len(tr.signals()) == 2 })
+	if !tr.alive() {
+		t.Error("trainer died")
+	}
+}
+
+func TestAgentRefusesUncaughtSignal(t *testing.T) {
+	tr := startShTrainer(t, false)
+	ta := startAgent(t, "SPOTGUARD_TRAINER_PIDFILE="+tr.pidfile)
+	eventually(t, "the start-up scan", func() bool { return len(ta.a.Status().Trainers) == 1 })
+	if st := ta.a.Status(); st.Trainers[0].CatchesSignal {
+		t.Errorf("trainer without handler reported as catching the signal")
+	}
+	if !strings.Contains(ta.logs.String(), "does NOT catch the signal") {
+		t.Errorf("no loud start-up message about the uncaught signal:\n%s", ta.logs.String())
+	}
+	ta.imds.set("spot/instance-action", spotBody)
+	ns := ta.waitState(t, "spot/terminate", StateTrainerNotSignalled)
+	if len(ns.Signals) != 1 || ns.Signals[0].Outcome != trainer.OutcomeNotCaught {
+		t.Errorf("signals = %+v; want one not_caught", ns.Signals)
+	}
+	if !tr.alive() {
+		t.Fatal("trainer without a handler was killed by the signal")
+	}
+}
+
+func TestAgentNoTrainer(t *testing.T) {
+	pidfile := filepath.Join(t.TempDir(), "pid")
+	os.WriteFile(pidfile, []byte("2147483000\n"), 0o644)
+	ta := startAgent(t, "SPOTGUARD_TRAINER_PIDFILE="+pidfile)
+	ta.imds.set("autoscaling/target-lifecycle-state", "Terminated")
+	ns := ta.waitState(t, "asg/Terminated", StateTrainerNotSignalled)
+	if ns.Transitions[1].Detail != "no trainer process found" {
+		t.Errorf("detail = %q; want 'no trainer process found'", ns.Transitions[1].Detail)
+	}
+	if !strings.Contains(ta.a.Status().TrainerProblems, "stale_pidfile") {
+		t.Errorf("TrainerProblems = %q; want stale_pidfile", ta.a.Status().TrainerProblems)
+	}
+}
+
+func TestAgentIgnorePolicyAndScheduledEnd(t *testing.T) {
+	tr := startShTrainer(t, true)
+	ta := startAgent(t, "SPOTGUARD_TRAINER_PIDFILE="+tr.pidfile, "SPOTGUARD_NOTICES_REBALANCE=ignore")
+	ta.imds.set("events/recommendations/rebalance", `{"noticeTime": "2026-11-29T16:42:18Z"}`)
+	ta.waitState(t, "rebalance/rebalance", StateIgnored)
+
+	ev := `[{"Code": "system-reboot", "State": "%s", "EventId": "instance-event-1", "NotBefore": "29 Nov 2099 16:42:16 GMT"}]`
+	ta.imds.set("events/maintenance/scheduled", strings.Replace(ev, "%s", "active", 1))
+	ta.waitState(t, "scheduled/system-reboot/instance-event-1", StateTrainerSignalled)
+	ta.imds.set("events/maintenance/scheduled", strings.Replace(ev, "%s", "canceled", 1))
+	eventually(t, "the scheduled notice to end", func() bool {
+		n, _ := ta.notice("scheduled/system-reboot/instance-event-1")
+		return !n.Active && n.Transitions[len(n.Transitions)-1].State == StateEnded
+	})
+	ta.waitPolls(t, imds.SourceScheduled, 2)
+	if got := tr.signals(); len(got) != 1 {
+		t.Errorf("trainer signals = %v; want exactly one (rebalance ignored, scheduled once)", got)
+	}
+}
+
+// SIGHUP reloads the config; an invalid one is refused and the old one kept.
+func TestAgentReload(t *testing.T) {
+	tr := startShTrainer(t, true)
+	ta := startAgent(t, "SPOTGUARD_TRAINER_PIDFILE="+tr.pidfile)
+
+	bad := mustLoad(t, LoadOptions{Environ: []string{"SPOTGUARD_TRAINER_SIGNAL=SIGKILL", "SPOTGUARD_IMDS_POLL_INTERVAL=1ms"}})
+	ta.reload = func() (*Config, error) { return bad, nil }
+	ta.sigs <- syscall.SIGHUP
+	eventually(t, "the refused reload to be logged", func() bool {
+		return strings.Count(ta.logs.String(), "config reload refused") >= 3
+	})
+	if ta.a.Config().Trainer.Signal != syscall.SIGUSR1 {
+		t.Fatalf("invalid reload changed the signal to %v", ta.a.Config().Trainer.Signal)
+	}
+
+	good := mustLoad(t, LoadOptions{Environ: []string{"SPOTGUARD_TRAINER_PIDFILE=" + tr.pidfile, "SPOTGUARD_TRAINER_SIGNAL=SIGUSR2",
+		"SPOTGUARD_AGENT_RUNTIME_DIR=" + ta.runtime}})
+	ta.reload = func() (*Config, error) { return good, nil }
+	ta.sigs <- syscall.SIGHUP
+	eventually(t, "the reload", func() bool { return ta.a.Config().Trainer.Signal == syscall.SIGUSR2 })
+	ta.imds.set("spot/instance-action", spotBody)
+	eventually(t, "the trainer to get SIGUSR2", func() bool {
+		s := tr.signals()
+		return len(s) == 1 && s[0] == "USR2"
+	})
+}
+
+func TestAgentSyncRequest(t *testing.T) {
+	ta := startAgent(t, "SPOTGUARD_TRAINER_MATCH=no-such-trainer")
+	ta.sigs <- syscall.SIGUSR1
+	eventually(t, "the sync request to be logged", func() bool { return strings.Contains(ta.logs.String(), "sync requested") })
+}
+
+func TestHTTPEndpoints(t *testing.T) {
+	ta := startAgent(t, "SPOTGUARD_TRAINER_MATCH=no-such-trainer")
+	ta.imds.set("spot/instance-action", "<html>garbage</html>")
+	ta.waitState(t, "spot/terminate", StateTrainerNotSignalled)
+	eventually(t, "the identity", func() bool { return ta.a.Status().Instance.InstanceID == "i-0abc" })
+	srv := httptest.NewServer(ta.a.Handler())
+	defer srv.Close()
+
+	get := func(path string) (int, string) {
+		resp, err := http.Get(srv.URL + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var b bytes.Buffer
+		b.ReadFrom(resp.Body)
+		return resp.StatusCode, b.String()
+	}
+	if code, body := get("/healthz"); code != 200 || !strings.Contains(body, `"healthy":true`) {
+		t.Errorf("/healthz = %d %s", code, body)
+	}
+	code, body := get("/status")
+	if code != 200 {
+		t.Fatalf("/status = %d", code)
+	}
+	var st Status
+	if err := json.Unmarshal([]byte(body), &st); err != nil {
+		t.Fatal(err)
+	}
+	if len(st.Notices) != 1 || !st.Notices[0].Malformed || st.Notices[0].Deadline == nil {
+		t.Errorf("/status notices = %+v; want the fail-safe malformed spot notice with a deadline", st.Notices)
+	}
+	if left := time.Until(*st.Notices[0].Deadline); left > 2*time.Minute || left < time.Minute {
+		t.Errorf("fail-safe deadline %s away; want about 2 minutes", left)
+	}
+	code, body = get("/metrics")
+	for _, want := range []string{
+		`spotguard_notices_total{action="terminate",source="spot"} 1`,
+		`spotguard_imds_polls_total{source="spot"}`,
+		`spotguard_imds_errors_total{source="spot"}`,
+		"spotguard_imds_up 1",
+		`spotguard_trainer_discovery_problems_total{reason="no_match"}`,
+	} {
+		if code != 200 || !strings.Contains(body, want) {
+			t.Errorf("/metrics lacks %q", want)
+		}
+	}
+}
+
+func TestRunFailsOnBusyListener(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	cfg := mustLoad(t, LoadOptions{Environ: []string{"SPOTGUARD_HTTP_LISTEN=" + ln.Addr().String(), "SPOTGUARD_TRAINER_MATCH=x",
+		"SPOTGUARD_AGENT_RUNTIME_DIR=" + t.TempDir()}})
+	a, err := New(cfg, Deps{Logger: zerolog.Nop(), IMDS: newFakeIMDS()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Run(t.Context()); err == nil || !strings.Contains(err.Error(), "http.listen") {
+		t.Errorf("Run() = %v; want an http.listen error", err)
+	}
+}
+
+func TestNewRejectsInvalidConfig(t *testing.T) {
+	cfg := mustLoad(t, LoadOptions{Environ: []string{"SPOTGUARD_IMDS_POLL_INTERVAL=1ms"}})
+	_, err := New(cfg, Deps{Logger: zerolog.Nop(), IMDS: newFakeIMDS()})
+	if err == nil || !strings.Contains(err.Error(), "imds.poll_interval") || !strings.Contains(err.Error(), "no way to find the trainer") {
+		t.Errorf("New() = %v; want every problem", err)
+	}
+}
+
+func TestWriteNoticeFileIsAtomic(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "nested")
+	n := imds.Notice{Source: imds.SourceRebalance, Action: "rebalance"}
+	if err := writeNoticeFile(dir, n); err != nil {
+		t.Fatal(err)
+	}
+	b, _ := os.ReadFile(filepath.Join(dir, NoticeFile))
+	if got := strings.TrimSpace(string(b)); got != `{"source":"rebalance","action":"rebalance","deadline":null}` {
+		t.Errorf("notice.json = %s", got)
+	}
+	entries, _ := os.ReadDir(dir)
+	if len(entries) != 1 {
+		t.Errorf("runtime dir holds %d entries; want only notice.json (no temp files left)", len(entries))
+	}
+}

@@ -1,0 +1,451 @@
+package agent
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/rs/zerolog"
+	"go.yaml.in/yaml/v3"
+
+	"github.com/spotguard/spotguard/agent/imds"
+	"github.com/spotguard/spotguard/agent/trainer"
+)
+
+// DefaultConfigPath is where the daemon reads its configuration unless --config says otherwise.
+const DefaultConfigPath = "/etc/spotguard/spotguard.yaml"
+
+// MinPollInterval is the shortest IMDS poll interval Validate accepts.
+const MinPollInterval = 100 * time.Millisecond
+
+// Policy says what the agent does with a notice of one source.
+type Policy string
+
+// The notice policies.
+const (
+	// PolicyCheckpoint signals the trainer to checkpoint (and, later, uploads the checkpoint).
+	PolicyCheckpoint Policy = "checkpoint"
+	// PolicyIgnore records the notice but does nothing about it.
+	PolicyIgnore Policy = "ignore"
+)
+
+// Config is the agent's whole configuration. Load fills it from defaults, a YAML file, SPOTGUARD_*
+// environment variables and flags, in that order; Validate reports every problem at once.
+// AWS settings (region, credentials, endpoints) are not here: they come from the SDK's own
+// environment and shared config.
+type Config struct {
+	IMDS struct {
+		// Endpoint overrides the IMDS endpoint; empty means the SDK's choice
+		// (AWS_EC2_METADATA_SERVICE_ENDPOINT, else http://169.254.169.254).
+		Endpoint     string
+		PollInterval time.Duration
+	}
+	// Notices holds the policy for each notice source.
+	Notices map[imds.Source]Policy
+	Trainer struct {
+		PIDFile string
+		Unit    string
+		Match   *regexp.Regexp
+		Signal  syscall.Signal
+	}
+	Checkpoint struct {
+		Dir     string
+		Marker  string
+		Pattern string
+	}
+	Store struct {
+		URL string
+		Job string
+	}
+	HTTP struct {
+		Listen string
+	}
+	Agent struct {
+		// RuntimeDir holds notice.json, which trainers may read for the deadline.
+		RuntimeDir string
+	}
+	Log struct {
+		Level zerolog.Level
+	}
+
+	// values holds every key's effective text and where it came from, for `spotguard config`.
+	values map[string]setting
+	// problems are the parse problems met while loading; Validate reports them with the rest.
+	problems []error
+}
+
+// setting is one key's effective text value and its origin ("default", the file name, the env
+// variable or the flag).
+type setting struct {
+	value  string
+	origin string
+}
+
+// field describes one configuration key: its name, default, documentation and how to parse it.
+type field struct {
+	key  string // "section.key"
+	def  string
+	help string
+	set  func(c *Config, v string) error
+}
+
+// fields lists every configuration key. It drives defaults, the YAML keys, the SPOTGUARD_* names,
+// the flags, `spotguard config` and the README's reference table.
+var fields = []field{
+	{"imds.endpoint", "", "IMDS endpoint URL; empty uses the SDK's (AWS_EC2_METADATA_SERVICE_ENDPOINT or http://169.254.169.254)", func(c *Config, v string) error {
+		c.IMDS.Endpoint = v
+		return nil
+	}},
+	{"imds.poll_interval", "1s", "how often each notice source is polled (at least 100ms)", func(c *Config, v string) error {
+		d, err := parseDuration(v)
+		c.IMDS.PollInterval = d
+		return err
+	}},
+	{"notices.spot", "checkpoint", "policy for spot/instance-action (checkpoint or ignore)", policySetter(imds.SourceSpot)},
+	{"notices.rebalance", "checkpoint", "policy for events/recommendations/rebalance (checkpoint or ignore); a proactive save, training goes on", policySetter(imds.SourceRebalance)},
+	{"notices.scheduled", "checkpoint", "policy for events/maintenance/scheduled (checkpoint or ignore)", policySetter(imds.SourceScheduled)},
+	{"notices.asg", "checkpoint", "policy for autoscaling/target-lifecycle-state Terminated (checkpoint or ignore)", policySetter(imds.SourceASG)},
+	{"trainer.pidfile", "", "file holding the trainer's PID", func(c *Config, v string) error {
+		c.Trainer.PIDFile = v
+		return nil
+	}},
+	{"trainer.unit", "", "systemd unit of the trainer; every process in its cgroup is signalled", func(c *Config, v string) error {
+		c.Trainer.Unit = v
+		return nil
+	}},
+	{"trainer.match", "", "regular expression matched against /proc/PID/cmdline (arguments joined by spaces)", func(c *Config, v string) error {
+		c.Trainer.Match = nil
+		if v == "" {
+			return nil
+		}
+		re, err := regexp.Compile(v)
+		if err != nil {
+			return fmt.Errorf("not a regular expression: %w", err)
+		}
+		c.Trainer.Match = re
+		return nil
+	}},
+	{"trainer.signal", "SIGUSR1", "signal sent to every trainer process on a notice; only sent to processes that catch it", func(c *Config, v string) error {
+		sig, err := trainer.ParseSignal(v)
+		c.Trainer.Signal = sig
+		return err
+	}},
+	{"checkpoint.dir", "", "directory the trainer writes checkpoints into (one sub-directory per checkpoint)", func(c *Config, v string) error {
+		c.Checkpoint.Dir = v
+		return nil
+	}},
+	{"checkpoint.marker", "_COMPLETE", "file whose appearance marks a checkpoint directory complete (.metadata for torch DCP)", func(c *Config, v string) error {
+		c.Checkpoint.Marker = v
+		return nil
+	}},
+	{"checkpoint.pattern", "", "glob for single-file checkpoints renamed into checkpoint.dir (e.g. *.pt)", func(c *Config, v string) error {
+		if v != "" {
+			if _, err := filepath.Match(v, ""); err != nil {
+				return fmt.Errorf("not a glob: %w", err)
+			}
+		}
+		c.Checkpoint.Pattern = v
+		return nil
+	}},
+	{"store.url", "", "where checkpoints go: s3://bucket/prefix or file:///path", func(c *Config, v string) error {
+		if v != "" && !strings.HasPrefix(v, "s3://") && !strings.HasPrefix(v, "file:///") {
+			return errors.New("want s3://bucket/prefix or file:///path")
+		}
+		c.Store.URL = v
+		return nil
+	}},
+	{"store.job", "default", "job name, the same on every instance of one training run", func(c *Config, v string) error {
+		if v == "" || strings.ContainsAny(v, "/\\") || v == "." || v == ".." {
+			return errors.New("want a non-empty name without slashes")
+		}
+		c.Store.Job = v
+		return nil
+	}},
+	{"http.listen", "127.0.0.1:9402", "address of the local /healthz, /status and /metrics listener; empty disables it", func(c *Config, v string) error {
+		if v != "" {
+			if _, _, err := net.SplitHostPort(v); err != nil {
+				return fmt.Errorf("not host:port: %w", err)
+			}
+		}
+		c.HTTP.Listen = v
+		return nil
+	}},
+	{"agent.runtime_dir", "/run/spotguard", "directory for runtime state such as notice.json", func(c *Config, v string) error {
+		if v == "" {
+			return errors.New("must not be empty")
+		}
+		c.Agent.RuntimeDir = v
+		return nil
+	}},
+	{"log.level", "info", "debug, info, warn or error", func(c *Config, v string) error {
+		switch v {
+		case "debug", "info", "warn", "error":
+		default:
+			return errors.New("want debug, info, warn or error")
+		}
+		lvl, err := zerolog.ParseLevel(v)
+		c.Log.Level = lvl
+		return err
+	}},
+}
+
+func policySetter(src imds.Source) func(*Config, string) error {
+	return func(c *Config, v string) error {
+		switch p := Policy(v); p {
+		case PolicyCheckpoint, PolicyIgnore:
+			c.Notices[src] = p
+			return nil
+		}
+		return errors.New("want checkpoint or ignore")
+	}
+}
+
+func parseDuration(v string) (time.Duration, error) {
+	d, err := time.ParseDuration(v)
+	if err != nil {
+		return 0, fmt.Errorf("not a duration (want e.g. 1s or 500ms)")
+	}
+	return d, nil
+}
+
+// EnvName is the environment variable that overrides key ("imds.poll_interval" →
+// "SPOTGUARD_IMDS_POLL_INTERVAL").
+func EnvName(key string) string {
+	return "SPOTGUARD_" + strings.ToUpper(strings.ReplaceAll(key, ".", "_"))
+}
+
+// Key describes one configuration key for documentation and flags.
+type Key struct {
+	Name    string // "section.key", also the flag name
+	Default string
+	Env     string
+	Help    string
+}
+
+// Keys lists every configuration key in documentation order.
+func Keys() []Key {
+	keys := make([]Key, len(fields))
+	for i, f := range fields {
+		keys[i] = Key{Name: f.key, Default: f.def, Env: EnvName(f.key), Help: f.help}
+	}
+	return keys
+}
+
+// LoadOptions says where Load takes its values from.
+type LoadOptions struct {
+	// Path is the YAML file. If it is DefaultConfigPath and does not exist, defaults are used.
+	Path string
+	// Environ is the process environment as "KEY=value" strings.
+	Environ []string
+	// Flags are overrides by key name, applied last, in order.
+	Flags []KeyValue
+}
+
+// KeyValue is one flag override.
+type KeyValue struct{ Key, Value string }
+
+// Load builds a Config from defaults, the YAML file, SPOTGUARD_* variables and flags, later ones
+// winning. It returns an error only when the file cannot be read at all; every problem with a
+// value (unknown keys, bad durations, …) is kept for Validate, so all of them can be reported at
+// once.
+func Load(opts LoadOptions) (*Config, error) {
+	c := &Config{Notices: map[imds.Source]Policy{}, values: map[string]setting{}}
+	byKey := map[string]field{}
+	for _, f := range fields {
+		byKey[f.key] = f
+		c.apply(f, f.def, "default")
+	}
+
+	if opts.Path != "" {
+		data, err := os.ReadFile(opts.Path)
+		switch {
+		case errors.Is(err, os.ErrNotExist) && opts.Path == DefaultConfigPath:
+			// No file at the default place: defaults, environment and flags only.
+		case err != nil:
+			return nil, fmt.Errorf("read config: %w", err)
+		default:
+			c.loadYAML(data, opts.Path, byKey)
+		}
+	}
+
+	envByName := map[string]field{}
+	for _, f := range fields {
+		envByName[EnvName(f.key)] = f
+	}
+	for _, kv := range opts.Environ {
+		name, value, ok := strings.Cut(kv, "=")
+		if !ok || !strings.HasPrefix(name, "SPOTGUARD_") {
+			continue
+		}
+		f, known := envByName[name]
+		if !known {
+			c.problems = append(c.problems, fmt.Errorf("%s: unknown environment variable (no such config key)", name))
+			continue
+		}
+		c.apply(f, value, name)
+	}
+
+	for _, kv := range opts.Flags {
+		f, known := byKey[kv.Key]
+		if !known {
+			c.problems = append(c.problems, fmt.Errorf("--%s: unknown config key", kv.Key))
+			continue
+		}
+		c.apply(f, kv.Value, "--"+kv.Key)
+	}
+	return c, nil
+}
+
+// apply sets one key, recording a problem that names the key and the value's origin.
+func (c *Config) apply(f field, value, origin string) {
+	c.values[f.key] = setting{value: value, origin: origin}
+	if err := f.set(c, value); err != nil {
+		c.problems = append(c.problems, fmt.Errorf("%s: %q from %s: %w", f.key, value, origin, err))
+	}
+}
+
+// loadYAML reads a two-level mapping (section → key → scalar).
+func (c *Config) loadYAML(data []byte, path string, byKey map[string]field) {
+	var doc yaml.Node
+	if err := yaml.Unmarshal(data, &doc); err != nil {
+		c.problems = append(c.problems, fmt.Errorf("%s: not valid YAML: %w", path, err))
+		return
+	}
+	if len(doc.Content) == 0 {
+		return // empty file
+	}
+	root := doc.Content[0]
+	if root.Kind != yaml.MappingNode {
+		c.problems = append(c.problems, fmt.Errorf("%s: want a mapping of sections at the top level", path))
+		return
+	}
+	for i := 0; i+1 < len(root.Content); i += 2 {
+		section, body := root.Content[i].Value, root.Content[i+1]
+		if body.Kind != yaml.MappingNode {
+			if body.Tag == "!!null" {
+				continue // "section:" with nothing under it
+			}
+			c.problems = append(c.problems, fmt.Errorf("%s: %s (line %d): want a mapping of keys", path, section, body.Line))
+			continue
+		}
+		for j := 0; j+1 < len(body.Content); j += 2 {
+			k, v := body.Content[j], body.Content[j+1]
+			key := section + "." + k.Value
+			f, known := byKey[key]
+			if !known {
+				c.problems = append(c.problems, fmt.Errorf("%s: unknown key (%s line %d)", key, path, k.Line))
+				continue
+			}
+			if v.Kind != yaml.ScalarNode {
+				c.problems = append(c.problems, fmt.Errorf("%s: want a single value (%s line %d)", key, path, v.Line))
+				continue
+			}
+			value := v.Value
+			if v.Tag == "!!null" {
+				value = ""
+			}
+			c.apply(f, value, fmt.Sprintf("%s:%d", path, v.Line))
+		}
+	}
+}
+
+// Validate reports every problem with the configuration at once, each naming its key: values that
+// did not parse, unknown keys, and rules across keys. It returns nil for a config the daemon can
+// run with.
+func (c *Config) Validate() error {
+	problems := append([]error(nil), c.problems...)
+	failed := map[string]bool{}
+	for _, p := range c.problems {
+		if k, _, ok := strings.Cut(p.Error(), ":"); ok {
+			failed[k] = true
+		}
+	}
+	if !failed["imds.poll_interval"] && c.IMDS.PollInterval < MinPollInterval {
+		problems = append(problems, fmt.Errorf("imds.poll_interval: %s is under the minimum of %s", c.IMDS.PollInterval, MinPollInterval))
+	}
+	if c.Trainer.PIDFile == "" && c.Trainer.Unit == "" && c.Trainer.Match == nil && !failed["trainer.match"] {
+		problems = append(problems, errors.New("trainer: no way to find the trainer: set trainer.pidfile, trainer.unit or trainer.match"))
+	}
+	if c.Checkpoint.Dir != "" {
+		if err := checkReadableDir(c.Checkpoint.Dir); err != nil {
+			problems = append(problems, fmt.Errorf("checkpoint.dir: %w", err))
+		}
+	}
+	if strings.ContainsAny(c.Checkpoint.Marker, "/\\") || c.Checkpoint.Marker == "" {
+		problems = append(problems, fmt.Errorf("checkpoint.marker: %q must be a plain file name", c.Checkpoint.Marker))
+	}
+	return errors.Join(problems...)
+}
+
+func checkReadableDir(dir string) error {
+	f, err := os.Open(dir)
+	if err != nil {
+		return fmt.Errorf("cannot read: %w", err)
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return fmt.Errorf("cannot read: %w", err)
+	}
+	if !fi.IsDir() {
+		return fmt.Errorf("%s is not a directory", dir)
+	}
+	if _, err := f.ReadDir(1); err != nil && !errors.Is(err, io.EOF) {
+		return fmt.Errorf("cannot list %s: %w", dir, err)
+	}
+	return nil
+}
+
+// Effective returns every key with its effective value and origin, sorted in documentation order,
+// for `spotguard config`.
+func (c *Config) Effective() []KeyValueOrigin {
+	out := make([]KeyValueOrigin, 0, len(fields))
+	for _, f := range fields {
+		s := c.values[f.key]
+		out = append(out, KeyValueOrigin{Key: f.key, Value: s.value, Origin: s.origin})
+	}
+	return out
+}
+
+// KeyValueOrigin is one effective setting.
+type KeyValueOrigin struct{ Key, Value, Origin string }
+
+// YAML renders the effective configuration as a YAML document, one comment per key saying where
+// its value came from.
+func (c *Config) YAML() string {
+	var b strings.Builder
+	section := ""
+	for _, kv := range c.Effective() {
+		sec, key, _ := strings.Cut(kv.Key, ".")
+		if sec != section {
+			if section != "" {
+				b.WriteByte('\n')
+			}
+			fmt.Fprintf(&b, "%s:\n", sec)
+			section = sec
+		}
+		val, _ := yaml.Marshal(kv.Value)
+		fmt.Fprintf(&b, "  %s: %s  # %s\n", key, strings.TrimSpace(string(val)), kv.Origin)
+	}
+	return b.String()
+}
+
+// Diff lists the keys whose effective values differ between c and other, sorted.
+func (c *Config) Diff(other *Config) []string {
+	var keys []string
+	for _, f := range fields {
+		if c.values[f.key].value != other.values[f.key].value {
+			keys = append(keys, f.key)
+		}
+	}
+	sort.Strings(keys)
+	return keys
+}

@@ -1,0 +1,219 @@
+package agent
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/spotguard/spotguard/agent/imds"
+)
+
+func writeConfig(t *testing.T, text string) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "spotguard.yaml")
+	if err := os.WriteFile(p, []byte(text), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func mustLoad(t *testing.T, opts LoadOptions) *Config {
+	t.Helper()
+	c, err := Load(opts)
+	if err != nil {
+		t.Fatalf("Load: %v", err)
+	}
+	return c
+}
+
+func TestLoadDefaults(t *testing.T) {
+	c := mustLoad(t, LoadOptions{Environ: []string{"SPOTGUARD_TRAINER_MATCH=train.py"}})
+	if err := c.Validate(); err != nil {
+		t.Fatalf("Validate() = %v; want nil", err)
+	}
+	if c.IMDS.PollInterval != time.Second {
+		t.Errorf("PollInterval = %v; want 1s", c.IMDS.PollInterval)
+	}
+	if c.Trainer.Signal != syscall.SIGUSR1 {
+		t.Errorf("Signal = %v; want SIGUSR1", c.Trainer.Signal)
+	}
+	for _, src := range imds.Sources {
+		if c.Notices[src] != PolicyCheckpoint {
+			t.Errorf("Notices[%s] = %q; want checkpoint", src, c.Notices[src])
+		}
+	}
+	if c.HTTP.Listen != "127.0.0.1:9402" || c.Checkpoint.Marker != "_COMPLETE" || c.Store.Job != "default" {
+		t.Errorf("defaults: listen %q marker %q job %q", c.HTTP.Listen, c.Checkpoint.Marker, c.Store.Job)
+	}
+}
+
+// The order of precedence: defaults < file < environment < flags.
+func TestLoadPrecedence(t *testing.T) {
+	path := writeConfig(t, `
+imds:
+  poll_interval: 2s
+trainer:
+  pidfile: /file/trainer.pid
+  signal: SIGUSR2
+log:
+  level: warn
+`)
+	c := mustLoad(t, LoadOptions{
+		Path:    path,
+		Environ: []string{"SPOTGUARD_IMDS_POLL_INTERVAL=3s", "SPOTGUARD_TRAINER_SIGNAL=SIGTERM", "OTHER=1"},
+		Flags:   []KeyValue{{"imds.poll_interval", "4s"}},
+	})
+	if err := c.Validate(); err != nil {
+		t.Fatalf("Validate() = %v", err)
+	}
+	tests := []struct {
+		name      string
+		got, want any
+	}{
+		{"poll_interval (flag)", c.IMDS.PollInterval, 4 * time.Second},
+		{"signal (env)", c.Trainer.Signal, syscall.SIGTERM},
+		{"pidfile (file)", c.Trainer.PIDFile, "/file/trainer.pid"},
+		{"marker (default)", c.Checkpoint.Marker, "_COMPLETE"},
+	}
+	for _, tt := range tests {
+		if tt.got != tt.want {
+			t.Errorf("Got(%s) = %v; want %v", tt.name, tt.got, tt.want)
+		}
+	}
+	y := c.YAML()
+	for _, want := range []string{"poll_interval: 4s  # --imds.poll_interval", "signal: SIGTERM  # SPOTGUARD_TRAINER_SIGNAL", "pidfile: /file/trainer.pid  # " + path + ":5"} {
+		if !strings.Contains(y, want) {
+			t.Errorf("YAML() lacks %q:\n%s", want, y)
+		}
+	}
+}
+
+// Validate reports every problem at once, each naming its key.
+func TestValidateReportsEveryProblem(t *testing.T) {
+	unreadable := filepath.Join(t.TempDir(), "missing")
+	path := writeConfig(t, `
+imds:
+  poll_interval: 50ms
+  pol_interval: 1s
+trainer:
+  signal: SIGKILL
+notices:
+  spot: maybe
+checkpoint:
+  dir: `+unreadable+`
+bogus:
+  key: 1
+`)
+	c := mustLoad(t, LoadOptions{
+		Path:    path,
+		Environ: []string{"SPOTGUARD_IMDS_TIMEOUT=1s", "SPOTGUARD_LOG_LEVEL=loud"},
+		Flags:   []KeyValue{{"http.listen", "nonsense"}},
+	})
+	err := c.Validate()
+	if err == nil {
+		t.Fatal("Validate() = nil; want problems")
+	}
+	msg := err.Error()
+	for _, want := range []string{
+		"imds.poll_interval: 50ms is under the minimum of 100ms",
+		"imds.pol_interval: unknown key",
+		"trainer.signal: \"SIGKILL\"",
+		"notices.spot: \"maybe\"",
+		"checkpoint.dir: cannot read",
+		"bogus.key: unknown key",
+		"SPOTGUARD_IMDS_TIMEOUT: unknown environment variable",
+		"log.level: \"loud\" from SPOTGUARD_LOG_LEVEL",
+		"http.listen: \"nonsense\" from --http.listen",
+		"no way to find the trainer",
+	} {
+		if !strings.Contains(msg, want) {
+			t.Errorf("Validate() lacks %q; got:\n%s", want, msg)
+		}
+	}
+	if n := len(strings.Split(msg, "\n")); n != 10 {
+		t.Errorf("Validate() gave %d problems; want 10:\n%s", n, msg)
+	}
+}
+
+func TestValidateBadValues(t *testing.T) {
+	tests := []struct {
+		env  string
+		want string
+	}{
+		{"SPOTGUARD_IMDS_POLL_INTERVAL=1", "imds.poll_interval: \"1\" from SPOTGUARD_IMDS_POLL_INTERVAL: not a duration"},
+		{"SPOTGUARD_IMDS_POLL_INTERVAL=soon", "not a duration"},
+		{"SPOTGUARD_TRAINER_SIGNAL=SIGFOO", "trainer.signal: \"SIGFOO\""},
+		{"SPOTGUARD_TRAINER_MATCH=(", "trainer.match: \"(\" from SPOTGUARD_TRAINER_MATCH: not a regular expression"},
+		{"SPOTGUARD_CHECKPOINT_PATTERN=[", "checkpoint.pattern: \"[\""},
+		{"SPOTGUARD_CHECKPOINT_MARKER=a/b", "checkpoint.marker: \"a/b\" must be a plain file name"},
+		{"SPOTGUARD_STORE_URL=http://x", "store.url: \"http://x\""},
+		{"SPOTGUARD_STORE_JOB=a/b", "store.job: \"a/b\""},
+		{"SPOTGUARD_AGENT_RUNTIME_DIR=", "agent.runtime_dir: \"\""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.env, func(t *testing.T) {
+			c := mustLoad(t, LoadOptions{Environ: []string{"SPOTGUARD_TRAINER_PIDFILE=/x", tt.env}})
+			err := c.Validate()
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Errorf("Got(%q) = %v; want an error containing %q", tt.env, err, tt.want)
+			}
+		})
+	}
+}
+
+func TestCheckpointDirNotADirectory(t *testing.T) {
+	f := filepath.Join(t.TempDir(), "file")
+	if err := os.WriteFile(f, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	c := mustLoad(t, LoadOptions{Environ: []string{"SPOTGUARD_TRAINER_PIDFILE=/x", "SPOTGUARD_CHECKPOINT_DIR=" + f}})
+	if err := c.Validate(); err == nil || !strings.Contains(err.Error(), "is not a directory") {
+		t.Errorf("Validate() = %v; want 'is not a directory'", err)
+	}
+}
+
+func TestLoadFileErrors(t *testing.T) {
+	// An explicit path that does not exist is an error; the default path may be absent.
+	if _, err := Load(LoadOptions{Path: filepath.Join(t.TempDir(), "nope.yaml")}); err == nil {
+		t.Errorf("Load(missing explicit file) = nil error; want one")
+	}
+	for _, text := range []string{"imds: [1, 2]\n", "- a\n- b\n", "imds:\n  poll_interval: [1s]\n", "imds: {\n"} {
+		c := mustLoad(t, LoadOptions{Path: writeConfig(t, text), Environ: []string{"SPOTGUARD_TRAINER_PIDFILE=/x"}})
+		if err := c.Validate(); err == nil {
+			t.Errorf("Got(%q) = nil; want a problem", text)
+		}
+	}
+	// Empty sections and empty files are fine.
+	c := mustLoad(t, LoadOptions{Path: writeConfig(t, "imds:\n"), Environ: []string{"SPOTGUARD_TRAINER_PIDFILE=/x"}})
+	if err := c.Validate(); err != nil {
+		t.Errorf("Validate(empty section) = %v; want nil", err)
+	}
+}
+
+func TestKeysAndEnvNames(t *testing.T) {
+	seen := map[string]bool{}
+	for _, k := range Keys() {
+		if seen[k.Name] {
+			t.Errorf("key %s listed twice", k.Name)
+		}
+		seen[k.Name] = true
+		if want := "SPOTGUARD_" + strings.ToUpper(strings.ReplaceAll(k.Name, ".", "_")); k.Env != want {
+			t.Errorf("Got(%q).Env = %q; want %q", k.Name, k.Env, want)
+		}
+		if k.Help == "" {
+			t.Errorf("key %s has no help", k.Name)
+		}
+	}
+}
+
+func TestDiff(t *testing.T) {
+	a := mustLoad(t, LoadOptions{Environ: []string{"SPOTGUARD_TRAINER_PIDFILE=/x"}})
+	b := mustLoad(t, LoadOptions{Environ: []string{"SPOTGUARD_TRAINER_PIDFILE=/y", "SPOTGUARD_IMDS_POLL_INTERVAL=2s"}})
+	got := strings.Join(a.Diff(b), ",")
+	if got != "imds.poll_interval,trainer.pidfile" {
+		t.Errorf("Diff() = %q; want imds.poll_interval,trainer.pidfile", got)
+	}
+}

@@ -1,0 +1,427 @@
+package agent
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/spotguard/spotguard/agent/imds"
+	"github.com/spotguard/spotguard/agent/trainer"
+)
+
+// trainerScanInterval is how often the coordinator looks for trainer processes between notices,
+// so that a trainer that would not catch the signal is reported before a notice comes.
+const trainerScanInterval = 10 * time.Second
+
+// maxNoticeHistory bounds the notices kept for /status.
+const maxNoticeHistory = 64
+
+// NoticeFile is the name of the file, in agent.runtime_dir, that describes the current notice. It is
+// written before the trainer is signalled.
+const NoticeFile = "notice.json"
+
+// The states of a notice. A notice moves detected → trainer_signalled (at least one process was
+// signalled) or trainer_not_signalled (none found, or none catches the signal); ignored notices stop
+// at ignored. Any of them may end (the source withdrew it, or a scheduled event was canceled or
+// completed).
+const (
+	StateDetected            = "detected"
+	StateIgnored             = "ignored"
+	StateTrainerSignalled    = "trainer_signalled"
+	StateTrainerNotSignalled = "trainer_not_signalled"
+	StateEnded               = "ended"
+)
+
+// Transition is one step of a notice's state machine.
+type Transition struct {
+	State string    `json:"state"`
+	At    time.Time `json:"at"`
+	// SinceDetectedMS is the time since the notice was detected, in milliseconds.
+	SinceDetectedMS float64 `json:"since_detected_ms"`
+	Detail          string  `json:"detail,omitempty"`
+}
+
+// NoticeStatus is one notice as /status shows it.
+type NoticeStatus struct {
+	Key         string            `json:"key"`
+	Source      imds.Source       `json:"source"`
+	Action      string            `json:"action"`
+	EventID     string            `json:"event_id,omitempty"`
+	Policy      Policy            `json:"policy"`
+	Deadline    *time.Time        `json:"deadline"`
+	Malformed   bool              `json:"malformed,omitempty"`
+	State       string            `json:"state"`
+	Active      bool              `json:"active"`
+	Transitions []Transition      `json:"transitions"`
+	Signals     []SignalOutcome   `json:"signals"`
+	detectedAt  time.Time         // for timings
+	problems    []trainer.Problem // discovery problems met when signalling
+}
+
+// SignalOutcome is what happened to one trainer process on a notice.
+type SignalOutcome struct {
+	PID     int             `json:"pid"`
+	Cmdline string          `json:"cmdline"`
+	Outcome trainer.Outcome `json:"outcome"`
+	Error   string          `json:"error,omitempty"`
+}
+
+// TrainerStatus is one trainer process found by the last scan.
+type TrainerStatus struct {
+	PID     int    `json:"pid"`
+	Cmdline string `json:"cmdline"`
+	Via     string `json:"via"`
+	// CatchesSignal is false when the process has no handler for trainer.signal: it will not be
+	// signalled, because the default action would kill it.
+	CatchesSignal bool   `json:"catches_signal"`
+	Signal        string `json:"signal"`
+}
+
+// trainers finds and signals the trainer processes.
+type trainers interface {
+	Find(cfg *Config) ([]trainer.Process, []trainer.Problem)
+	Catches(pid int, sig syscall.Signal) (bool, error)
+	Signal(procs []trainer.Process, sig syscall.Signal) []trainer.Result
+}
+
+// procTrainers is trainers on the real /proc and cgroup file systems.
+type procTrainers struct {
+	procRoot, cgroupRoot string
+	self                 int
+}
+
+func (p procTrainers) Find(cfg *Config) ([]trainer.Process, []trainer.Problem) {
+	f := trainer.Finder{
+		PIDFile:    cfg.Trainer.PIDFile,
+		Unit:       cfg.Trainer.Unit,
+		Match:      cfg.Trainer.Match,
+		ProcRoot:   p.procRoot,
+		CgroupRoot: p.cgroupRoot,
+		Self:       p.self,
+	}
+	return f.Find()
+}
+
+func (p procTrainers) Catches(pid int, sig syscall.Signal) (bool, error) {
+	return trainer.Catches(p.procRoot, pid, sig)
+}
+
+func (p procTrainers) Signal(procs []trainer.Process, sig syscall.Signal) []trainer.Result {
+	return trainer.Signal(p.procRoot, procs, sig)
+}
+
+// Coordinator turns notices into actions: for each notice it writes notice.json, then signals
+// every trainer process exactly once, and keeps every transition with its timing for /status.
+type Coordinator struct {
+	log      zerolog.Logger
+	metrics  *metrics
+	config   func() *Config
+	trainers trainers
+
+	mu           sync.Mutex
+	notices      []*NoticeStatus          // oldest first, at most maxNoticeHistory
+	active       map[string]*NoticeStatus // by key
+	found        []TrainerStatus
+	lastProblems string
+}
+
+func newCoordinator(log zerolog.Logger, m *metrics, config func() *Config, t trainers) *Coordinator {
+	return &Coordinator{
+		log:      log.With().Str("component", "coordinator").Logger(),
+		metrics:  m,
+		config:   config,
+		trainers: t,
+		active:   map[string]*NoticeStatus{},
+	}
+}
+
+// Run handles notices from events and rescans for trainers every trainerScanInterval until ctx is
+// done. It returns nil.
+func (c *Coordinator) Run(ctx context.Context, events <-chan imds.Event) error {
+	c.Scan()
+	t := time.NewTicker(trainerScanInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case ev := <-events:
+			c.Handle(ev)
+		case <-t.C:
+			c.Scan()
+		}
+	}
+}
+
+// Handle is one step of the state machine: a notice begins or ends.
+func (c *Coordinator) Handle(ev imds.Event) {
+	switch ev.Kind {
+	case imds.Begin:
+		c.begin(ev)
+	case imds.End:
+		c.end(ev)
+	}
+}
+
+func (c *Coordinator) begin(ev imds.Event) {
+	cfg := c.config()
+	n := ev.Notice
+	policy := cfg.Notices[n.Source]
+	ns := &NoticeStatus{
+		Key: n.Key(), Source: n.Source, Action: n.Action, EventID: n.EventID,
+		Policy: policy, Malformed: n.Malformed, Active: true, detectedAt: ev.At,
+	}
+	if !n.Deadline.IsZero() {
+		d := n.Deadline
+		ns.Deadline = &d
+	}
+	log := c.log.With().Str("notice", ns.Key).Logger()
+	c.metrics.notices.WithLabelValues(string(n.Source), n.Action).Inc()
+	c.record(ns, StateDetected, ev.At, "")
+	ev2 := log.Warn().Str("source", string(n.Source)).Str("action", n.Action).Str("policy", string(policy))
+	if ns.Deadline != nil {
+		ev2 = ev2.Time("deadline", *ns.Deadline).Dur("time_left", time.Until(*ns.Deadline))
+	}
+	ev2.Bool("malformed", n.Malformed).Msg("interruption notice detected")
+
+	if policy == PolicyIgnore {
+		c.transition(ns, StateIgnored, "policy is ignore")
+		log.Info().Msg("notice ignored by policy")
+		return
+	}
+
+	if err := writeNoticeFile(cfg.Agent.RuntimeDir, n); err != nil {
+		// The signal matters more than the file: go on.
+		log.Error().Err(err).Msg("cannot write notice file; signalling anyway")
+	}
+
+	procs, problems := c.trainers.Find(cfg)
+	for _, p := range problems {
+		c.metrics.discoveryProblems.WithLabelValues(p.Reason).Inc()
+		log.Error().Str("reason", p.Reason).Str("detail", p.Detail).Msg("trainer discovery problem")
+	}
+	sig := cfg.Trainer.Signal
+	results := c.trainers.Signal(procs, sig)
+	sent := 0
+	for _, r := range results {
+		c.metrics.signals.WithLabelValues(string(r.Outcome)).Inc()
+		out := SignalOutcome{PID: r.PID, Cmdline: r.Cmdline, Outcome: r.Outcome}
+		if r.Err != nil {
+			out.Error = r.Err.Error()
+		}
+		c.mu.Lock()
+		ns.Signals = append(ns.Signals, out)
+		ns.problems = problems
+		c.mu.Unlock()
+		l := log.With().Int("pid", r.PID).Str("signal", trainer.SignalName(sig)).Str("cmdline", r.Cmdline).Logger()
+		switch r.Outcome {
+		case trainer.OutcomeSent:
+			sent++
+			l.Info().Msg("trainer signalled")
+		case trainer.OutcomeNotCaught:
+			l.Error().Msg("trainer does not catch the signal; NOT sent, because its default action would kill the trainer")
+		case trainer.OutcomeGone:
+			l.Warn().Msg("trainer process exited before it could be signalled")
+		default:
+			l.Error().Err(r.Err).Msg("cannot signal trainer")
+		}
+	}
+	if sent == 0 {
+		detail := "no trainer process found"
+		if len(results) > 0 {
+			detail = "no trainer process could be signalled"
+		}
+		c.transition(ns, StateTrainerNotSignalled, detail)
+		log.Error().Int("found", len(procs)).Msg(detail + "; the newest complete checkpoint is all there is")
+		return
+	}
+	latency := time.Since(ev.At)
+	c.metrics.signalLatency.Observe(latency.Seconds())
+	if ns.Deadline != nil {
+		c.metrics.noticeDeadlineLeft.WithLabelValues(string(n.Source)).Set(time.Until(*ns.Deadline).Seconds())
+	}
+	c.transition(ns, StateTrainerSignalled, fmt.Sprintf("%d of %d processes", sent, len(results)))
+	log.Info().Int("signalled", sent).Int("found", len(results)).Dur("since_detected", latency).Msg("notice handled: trainer signalled")
+}
+
+func (c *Coordinator) end(ev imds.Event) {
+	key := ev.Notice.Key()
+	c.mu.Lock()
+	ns, ok := c.active[key]
+	c.mu.Unlock()
+	if !ok {
+		return
+	}
+	c.transition(ns, StateEnded, "withdrawn by IMDS")
+	c.log.Info().Str("notice", key).Msg("notice ended")
+}
+
+// record adds a new notice in its first state.
+func (c *Coordinator) record(ns *NoticeStatus, state string, at time.Time, detail string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	ns.State = state
+	ns.Transitions = append(ns.Transitions, Transition{State: state, At: at, Detail: detail})
+	c.notices = append(c.notices, ns)
+	if len(c.notices) > maxNoticeHistory {
+		c.notices = slices.Delete(c.notices, 0, len(c.notices)-maxNoticeHistory)
+	}
+	c.active[ns.Key] = ns
+}
+
+func (c *Coordinator) transition(ns *NoticeStatus, state, detail string) {
+	now := time.Now()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	ns.Transitions = append(ns.Transitions, Transition{
+		State: state, At: now, Detail: detail,
+		SinceDetectedMS: float64(now.Sub(ns.detectedAt).Microseconds()) / 1000,
+	})
+	if state == StateEnded {
+		ns.Active = false
+		delete(c.active, ns.Key)
+		return
+	}
+	ns.State = state
+	c.log.Info().Str("notice", ns.Key).Str("state", state).Str("detail", detail).
+		Dur("since_detected", now.Sub(ns.detectedAt)).Msg("notice state changed")
+}
+
+// Scan looks for trainer processes and reports, loudly, each newly found one that does not catch
+// trainer.signal. Problems (no match, stale pidfile, …) are logged when they change.
+func (c *Coordinator) Scan() {
+	cfg := c.config()
+	procs, problems := c.trainers.Find(cfg)
+	sig := cfg.Trainer.Signal
+	c.mu.Lock()
+	prev := map[int]TrainerStatus{}
+	for _, t := range c.found {
+		prev[t.PID] = t
+	}
+	c.mu.Unlock()
+
+	found := make([]TrainerStatus, 0, len(procs))
+	uncaught := 0
+	for _, p := range procs {
+		caught, err := c.trainers.Catches(p.PID, sig)
+		if err != nil {
+			continue // exited since Find
+		}
+		ts := TrainerStatus{PID: p.PID, Cmdline: p.Cmdline, Via: p.Via, CatchesSignal: caught, Signal: trainer.SignalName(sig)}
+		found = append(found, ts)
+		if !caught {
+			uncaught++
+		}
+		if old, seen := prev[p.PID]; seen && old.CatchesSignal == caught && old.Signal == ts.Signal {
+			continue
+		}
+		l := c.log.With().Int("pid", p.PID).Str("via", p.Via).Str("cmdline", p.Cmdline).Str("signal", ts.Signal).Logger()
+		if caught {
+			l.Info().Msg("trainer found; it catches the signal")
+		} else {
+			l.Error().Msg("trainer found but it does NOT catch the signal: on a notice it will not be signalled (the default action would kill it); install a handler in the trainer")
+		}
+	}
+	var reasons []string
+	for _, p := range problems {
+		reasons = append(reasons, p.Reason+": "+p.Detail)
+	}
+	problemText := strings.Join(reasons, "; ")
+
+	c.mu.Lock()
+	changed := problemText != c.lastProblems
+	c.lastProblems = problemText
+	c.found = found
+	c.mu.Unlock()
+
+	c.metrics.trainerProcesses.Set(float64(len(found)))
+	c.metrics.trainerUncaught.Set(float64(uncaught))
+	if changed && problemText != "" {
+		for _, p := range problems {
+			c.metrics.discoveryProblems.WithLabelValues(p.Reason).Inc()
+		}
+		c.log.Warn().Str("problems", problemText).Msg("trainer not found")
+	}
+}
+
+// coordinatorStatus is the coordinator's part of /status.
+type coordinatorStatus struct {
+	Trainers        []TrainerStatus `json:"trainers"`
+	TrainerProblems string          `json:"trainer_problems,omitempty"`
+	Notices         []NoticeStatus  `json:"notices"`
+}
+
+func (c *Coordinator) status() coordinatorStatus {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	st := coordinatorStatus{
+		Trainers:        slices.Clone(c.found),
+		TrainerProblems: c.lastProblems,
+		Notices:         make([]NoticeStatus, 0, len(c.notices)),
+	}
+	for _, n := range c.notices {
+		cp := *n
+		cp.Transitions = slices.Clone(n.Transitions)
+		cp.Signals = slices.Clone(n.Signals)
+		st.Notices = append(st.Notices, cp)
+	}
+	return st
+}
+
+// noticeFile is the JSON of notice.json.
+type noticeFile struct {
+	Source   imds.Source `json:"source"`
+	Action   string      `json:"action"`
+	EventID  string      `json:"event_id,omitempty"`
+	Deadline *time.Time  `json:"deadline"`
+}
+
+// writeNoticeFile writes notice.json atomically (temp file, fsync, rename) so a trainer never reads
+// half of it.
+func writeNoticeFile(dir string, n imds.Notice) error {
+	nf := noticeFile{Source: n.Source, Action: n.Action, EventID: n.EventID}
+	if !n.Deadline.IsZero() {
+		d := n.Deadline.UTC()
+		nf.Deadline = &d
+	}
+	data, err := json.Marshal(nf)
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return fmt.Errorf("create runtime dir: %w", err)
+	}
+	tmp, err := os.CreateTemp(dir, ".notice-*.json")
+	if err != nil {
+		return fmt.Errorf("write notice file: %w", err)
+	}
+	defer os.Remove(tmp.Name())
+	if _, err := tmp.Write(append(data, '\n')); err != nil {
+		tmp.Close()
+		return fmt.Errorf("write notice file: %w", err)
+	}
+	if err := tmp.Chmod(0o644); err != nil {
+		tmp.Close()
+		return fmt.Errorf("write notice file: %w", err)
+	}
+	if err := tmp.Sync(); err != nil {
+		tmp.Close()
+		return fmt.Errorf("write notice file: %w", err)
+	}
+	if err := tmp.Close(); err != nil {
+		return fmt.Errorf("write notice file: %w", err)
+	}
+	if err := os.Rename(tmp.Name(), filepath.Join(dir, NoticeFile)); err != nil {
+		return fmt.Errorf("write notice file: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,101 @@
+package agent
+
+import (
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/spotguard/spotguard/agent/imds"
+)
+
+// metrics are the agent's Prometheus series. They live in a registry of the agent's own, never the
+// global one.
+type metrics struct {
+	notices            *prometheus.CounterVec
+	signals            *prometheus.CounterVec
+	discoveryProblems  *prometheus.CounterVec
+	signalLatency      prometheus.Histogram
+	trainerProcesses   prometheus.Gauge
+	trainerUncaught    prometheus.Gauge
+	syncRequests       prometheus.Counter
+	reloads            *prometheus.CounterVec
+	noticeDeadlineLeft *prometheus.GaugeVec
+}
+
+func newMetrics(reg prometheus.Registerer, stats func() imds.Stats) *metrics {
+	m := &metrics{
+		notices: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "spotguard_notices_total",
+			Help: "Interruption notices detected, by source and action.",
+		}, []string{"source", "action"}),
+		signals: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "spotguard_trainer_signals_total",
+			Help: "Trainer processes considered for a notice's signal, by outcome (sent, not_caught, gone, failed).",
+		}, []string{"outcome"}),
+		discoveryProblems: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "spotguard_trainer_discovery_problems_total",
+			Help: "Problems finding the trainer (stale pidfile, no match, unit not found, ...), by reason.",
+		}, []string{"reason"}),
+		signalLatency: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "spotguard_notice_signal_latency_seconds",
+			Help:    "Time from a notice being read from IMDS to the trainer being signalled.",
+			Buckets: []float64{0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1},
+		}),
+		trainerProcesses: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "spotguard_trainer_processes",
+			Help: "Trainer processes found at the last scan.",
+		}),
+		trainerUncaught: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "spotguard_trainer_signal_uncaught_processes",
+			Help: "Trainer processes found at the last scan that do not catch trainer.signal (they would not be signalled).",
+		}),
+		syncRequests: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "spotguard_sync_requests_total",
+			Help: "Sync-now requests received (SIGUSR1 to the agent).",
+		}),
+		reloads: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "spotguard_config_reloads_total",
+			Help: "Configuration reloads (SIGHUP), by result (ok, invalid).",
+		}, []string{"result"}),
+		noticeDeadlineLeft: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "spotguard_notice_deadline_seconds",
+			Help: "Seconds from signalling the trainer to the notice's deadline, for the newest notice of each source.",
+		}, []string{"source"}),
+	}
+	reg.MustRegister(m.notices, m.signals, m.discoveryProblems, m.signalLatency, m.trainerProcesses,
+		m.trainerUncaught, m.syncRequests, m.reloads, m.noticeDeadlineLeft)
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	reg.MustRegister(&imdsCollector{stats: stats,
+		errors: prometheus.NewDesc("spotguard_imds_errors_total", "Failed IMDS reads (timeouts, 5xx, 401, refused connections, unreadable bodies), by source.", []string{"source"}, nil),
+		polls:  prometheus.NewDesc("spotguard_imds_polls_total", "IMDS reads, by source.", []string{"source"}, nil),
+		up:     prometheus.NewDesc("spotguard_imds_up", "1 when IMDS answered within the last 30 seconds (or has not failed yet), else 0.", nil, nil),
+	})
+	return m
+}
+
+// imdsCollector exports the watcher's counters at scrape time, so the watcher needs no metrics of
+// its own.
+type imdsCollector struct {
+	stats             func() imds.Stats
+	errors, polls, up *prometheus.Desc
+}
+
+func (c *imdsCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- c.errors
+	ch <- c.polls
+	ch <- c.up
+}
+
+func (c *imdsCollector) Collect(ch chan<- prometheus.Metric) {
+	st := c.stats()
+	for src, s := range st.Sources {
+		ch <- prometheus.MustNewConstMetric(c.errors, prometheus.CounterValue, float64(s.Errors), string(src))
+		ch <- prometheus.MustNewConstMetric(c.polls, prometheus.CounterValue, float64(s.Polls), string(src))
+	}
+	up := 0.0
+	if st.Healthy(time.Now()) {
+		up = 1
+	}
+	ch <- prometheus.MustNewConstMetric(c.up, prometheus.GaugeValue, up)
+}

@@ -1,0 +1,63 @@
+package agent
+
+import (
+	"fmt"
+	"os"
+	"regexp"
+	"strings"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/spotguard/spotguard/agent/imds"
+)
+
+// The README's configuration reference and metrics table must say what the code does.
+func TestREADMEMatchesCode(t *testing.T) {
+	b, err := os.ReadFile("../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	readme := string(b)
+	for _, k := range Keys() {
+		def := "(empty)"
+		if k.Default != "" {
+			def = "`" + k.Default + "`"
+		}
+		row := fmt.Sprintf("| `%s` | %s | `%s` | %s |", k.Name, def, k.Env, k.Help)
+		if !strings.Contains(readme, row) {
+			t.Errorf("README lacks the config row:\n%s", row)
+		}
+	}
+
+	reg := &capture{}
+	newMetrics(reg, func() imds.Stats { return imds.Stats{} })
+	fqName := regexp.MustCompile(`fqName: "([^"]+)"`)
+	for _, c := range reg.collectors {
+		ch := make(chan *prometheus.Desc, 16)
+		go func() { c.Describe(ch); close(ch) }()
+		for d := range ch {
+			m := fqName.FindStringSubmatch(d.String())
+			if m == nil || !strings.HasPrefix(m[1], "spotguard_") {
+				continue
+			}
+			if !strings.Contains(readme, "| `"+m[1]+"` |") {
+				t.Errorf("README metrics table lacks %s", m[1])
+			}
+		}
+	}
+}
+
+// capture is a Registerer that only remembers what was registered.
+type capture struct{ collectors []prometheus.Collector }
+
+func (c *capture) Register(col prometheus.Collector) error {
+	c.collectors = append(c.collectors, col)
+	return nil
+}
+
+func (c *capture) MustRegister(cols ...prometheus.Collector) {
+	c.collectors = append(c.collectors, cols...)
+}
+
+func (c *capture) Unregister(prometheus.Collector) bool { return false }

@@ -1,0 +1,104 @@
+package agent
+
+import (
+	"encoding/json"
+	"net/http"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/spotguard/spotguard/agent/imds"
+)
+
+// Status is the JSON document served on /status.
+type Status struct {
+	Version   string          `json:"version,omitempty"`
+	StartedAt time.Time       `json:"started_at"`
+	Instance  instanceStatus  `json:"instance"`
+	IMDS      imdsStatus      `json:"imds"`
+	Trainers  []TrainerStatus `json:"trainers"`
+	// TrainerProblems says why the last scan found no trainer, if it did not.
+	TrainerProblems string         `json:"trainer_problems,omitempty"`
+	Notices         []NoticeStatus `json:"notices"`
+}
+
+// instanceStatus is the instance identity; empty until IMDS has answered.
+type instanceStatus struct {
+	InstanceID       string `json:"instance_id"`
+	InstanceType     string `json:"instance_type"`
+	AvailabilityZone string `json:"availability_zone"`
+}
+
+type imdsStatus struct {
+	Healthy     bool                         `json:"healthy"`
+	LastSuccess *time.Time                   `json:"last_success"`
+	Sources     map[imds.Source]sourceStatus `json:"sources"`
+}
+
+type sourceStatus struct {
+	Polls        uint64     `json:"polls"`
+	Errors       uint64     `json:"errors"`
+	Streak       int        `json:"error_streak"`
+	LastSuccess  *time.Time `json:"last_success"`
+	FailingSince *time.Time `json:"failing_since"`
+	LastError    string     `json:"last_error,omitempty"`
+}
+
+// timePtr is nil for the zero time, so JSON shows null rather than year 1.
+func timePtr(t time.Time) *time.Time {
+	if t.IsZero() {
+		return nil
+	}
+	return &t
+}
+
+func newIMDSStatus(st imds.Stats, now time.Time) imdsStatus {
+	out := imdsStatus{Healthy: st.Healthy(now), LastSuccess: timePtr(st.LastSuccess), Sources: map[imds.Source]sourceStatus{}}
+	for src, s := range st.Sources {
+		out.Sources[src] = sourceStatus{
+			Polls: s.Polls, Errors: s.Errors, Streak: s.Streak,
+			LastSuccess: timePtr(s.LastSuccess), FailingSince: timePtr(s.FailingSince), LastError: s.LastError,
+		}
+	}
+	return out
+}
+
+// Status returns what /status shows.
+func (a *Agent) Status() Status {
+	a.mu.Lock()
+	id := a.identity
+	a.mu.Unlock()
+	st := a.watcher.Stats()
+	cs := a.coord.status()
+	return Status{
+		StartedAt:       a.started,
+		Instance:        instanceStatus{id.InstanceID, id.InstanceType, id.AvailabilityZone},
+		IMDS:            newIMDSStatus(st, time.Now()),
+		Trainers:        cs.Trainers,
+		TrainerProblems: cs.TrainerProblems,
+		Notices:         cs.Notices,
+	}
+}
+
+// Handler serves /healthz, /status and /metrics.
+func (a *Agent) Handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
+		st := a.watcher.Stats()
+		w.Header().Set("Content-Type", "application/json")
+		if !st.Healthy(time.Now()) {
+			w.WriteHeader(http.StatusServiceUnavailable)
+			json.NewEncoder(w).Encode(map[string]any{"healthy": false, "reason": "IMDS has failed for more than " + imds.HealthWindow.String(), "last_success": st.LastSuccess})
+			return
+		}
+		json.NewEncoder(w).Encode(map[string]any{"healthy": true})
+	})
+	mux.HandleFunc("GET /status", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		enc.Encode(a.Status())
+	})
+	mux.Handle("GET /metrics", promhttp.HandlerFor(a.registry, promhttp.HandlerOpts{}))
+	return mux
+}

@@ -1,0 +1,209 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/signal"
+	"runtime/debug"
+	"strings"
+	"syscall"
+	"time"
+
+	awsconfig "github.com/aws/aws-sdk-go-v2/config"
+	"github.com/mattn/go-isatty"
+	"github.com/rs/zerolog"
+
+	"github.com/spotguard/spotguard/agent"
+	"github.com/spotguard/spotguard/agent/imds"
+)
+
+// version is set at build time with -ldflags "-X main.version=…".
+var version = "dev"
+
+// Exit codes.
+const (
+	exitOK    = 0
+	exitFail  = 1
+	exitUsage = 2
+)
+
+const usageText = `spotguard keeps GPU training alive on EC2 Spot.
+
+Usage:
+  spotguard <command> [flags]
+
+Commands:
+  run       run the agent: watch IMDS for interruption notices and signal the trainer
+  config    print the effective configuration and every problem with it (exit 1 if any)
+  version   print the version
+
+Run 'spotguard <command> -h' for the flags of a command. Every configuration key is also a flag
+(--imds.poll_interval 500ms) and an environment variable (SPOTGUARD_IMDS_POLL_INTERVAL=500ms);
+flags win over the environment, which wins over the file.
+`
+
+// run is the whole program behind main: it returns the exit code.
+func run(ctx context.Context, args, environ []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 {
+		fmt.Fprint(stderr, usageText)
+		return exitUsage
+	}
+	switch cmd, rest := args[0], args[1:]; cmd {
+	case "run":
+		return runAgent(ctx, rest, environ, stderr)
+	case "config":
+		return runConfig(rest, environ, stdout, stderr)
+	case "version":
+		if len(rest) > 0 {
+			fmt.Fprintf(stderr, "spotguard version: unexpected argument %q\n", rest[0])
+			return exitUsage
+		}
+		fmt.Fprintln(stdout, versionString())
+		return exitOK
+	case "help", "-h", "-help", "--help":
+		fmt.Fprint(stdout, usageText)
+		return exitOK
+	default:
+		fmt.Fprintf(stderr, "spotguard: unknown command %q\n\n%s", cmd, usageText)
+		return exitUsage
+	}
+}
+
+func versionString() string {
+	v := version
+	if bi, ok := debug.ReadBuildInfo(); ok && v == "dev" && bi.Main.Version != "" && bi.Main.Version != "(devel)" {
+		v = bi.Main.Version
+	}
+	return "spotguard " + v
+}
+
+// configFlags are the flags shared by every command that loads the configuration.
+type configFlags struct {
+	path      string
+	overrides []agent.KeyValue
+}
+
+// newFlagSet returns a flag set with --config and one flag per configuration key.
+func newFlagSet(name, summary string, stderr io.Writer) (*flag.FlagSet, *configFlags) {
+	cf := &configFlags{}
+	fs := flag.NewFlagSet("spotguard "+name, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.StringVar(&cf.path, "config", agent.DefaultConfigPath, "configuration `file` (YAML)")
+	for _, k := range agent.Keys() {
+		fs.Func(k.Name, fmt.Sprintf("%s (env %s, default %q)", k.Help, k.Env, k.Default), func(v string) error {
+			cf.overrides = append(cf.overrides, agent.KeyValue{Key: k.Name, Value: v})
+			return nil
+		})
+	}
+	fs.Usage = func() {
+		fmt.Fprintf(fs.Output(), "Usage: spotguard %s [flags]\n\n%s\n\nFlags:\n", name, summary)
+		fs.PrintDefaults()
+	}
+	return fs, cf
+}
+
+// parseFlags parses args; it returns the exit code to use when the command must not go on.
+func parseFlags(fs *flag.FlagSet, args []string) (int, bool) {
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return exitOK, false
+		}
+		return exitUsage, false
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(fs.Output(), "%s: unexpected argument %q\n", fs.Name(), fs.Arg(0))
+		fs.Usage()
+		return exitUsage, false
+	}
+	return 0, true
+}
+
+func (cf *configFlags) load(environ []string) (*agent.Config, error) {
+	return agent.Load(agent.LoadOptions{Path: cf.path, Environ: environ, Flags: cf.overrides})
+}
+
+func runConfig(args, environ []string, stdout, stderr io.Writer) int {
+	fs, cf := newFlagSet("config", "Print the effective configuration (with where each value came from) and every problem with it.", stderr)
+	if code, ok := parseFlags(fs, args); !ok {
+		return code
+	}
+	cfg, err := cf.load(environ)
+	if err != nil {
+		fmt.Fprintf(stderr, "spotguard config: %v\n", err)
+		return exitFail
+	}
+	fmt.Fprint(stdout, cfg.YAML())
+	if err := cfg.Validate(); err != nil {
+		problems := strings.Split(err.Error(), "\n")
+		fmt.Fprintf(stderr, "\n%d problem(s) in the configuration:\n", len(problems))
+		for _, p := range problems {
+			fmt.Fprintf(stderr, "  - %s\n", p)
+		}
+		return exitFail
+	}
+	return exitOK
+}
+
+func runAgent(ctx context.Context, args, environ []string, stderr io.Writer) int {
+	fs, cf := newFlagSet("run", "Run the agent until SIGTERM or SIGINT.", stderr)
+	if code, ok := parseFlags(fs, args); !ok {
+		return code
+	}
+	cfg, err := cf.load(environ)
+	if err != nil {
+		fmt.Fprintf(stderr, "spotguard run: %v\n", err)
+		return exitFail
+	}
+	if err := cfg.Validate(); err != nil {
+		fmt.Fprintf(stderr, "spotguard run: invalid configuration, not starting:\n")
+		for _, p := range strings.Split(err.Error(), "\n") {
+			fmt.Fprintf(stderr, "  - %s\n", p)
+		}
+		return exitFail
+	}
+	log := newLogger(stderr, cfg.Log.Level)
+
+	awsCfg, err := awsconfig.LoadDefaultConfig(ctx)
+	if err != nil {
+		log.Error().Err(err).Msg("cannot load AWS configuration")
+		return exitFail
+	}
+	sigs := make(chan os.Signal, 4)
+	signal.Notify(sigs, syscall.SIGHUP, syscall.SIGUSR1)
+	defer signal.Stop(sigs)
+
+	a, err := agent.New(cfg, agent.Deps{
+		Logger:  log,
+		IMDS:    imds.NewClient(awsCfg, cfg.IMDS.Endpoint),
+		Signals: sigs,
+		Reload:  func() (*agent.Config, error) { return cf.load(environ) },
+		Ready: func(addr net.Addr) {
+			log.Info().Str("version", versionString()).Msg("ready")
+		},
+	})
+	if err != nil {
+		log.Error().Err(err).Msg("cannot start")
+		return exitFail
+	}
+	start := time.Now()
+	if err := a.Run(ctx); err != nil {
+		log.Error().Err(err).Msg("agent failed")
+		return exitFail
+	}
+	log.Info().Dur("uptime", time.Since(start)).Msg("bye")
+	return exitOK
+}
+
+// newLogger logs JSON to w (for journald), or a human console format when w is a terminal.
+// Writes are serialized: the agent logs from several goroutines.
+func newLogger(w io.Writer, level zerolog.Level) zerolog.Logger {
+	if f, ok := w.(*os.File); ok && isatty.IsTerminal(f.Fd()) {
+		w = zerolog.ConsoleWriter{Out: f, TimeFormat: time.TimeOnly}
+	}
+	return zerolog.New(zerolog.SyncWriter(w)).Level(level).With().Timestamp().Logger()
+}

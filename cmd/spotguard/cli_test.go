@@ -1,0 +1,175 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+func runCLI(t *testing.T, ctx context.Context, env []string, args ...string) (int, string, string) {
+	t.Helper()
+	var stdout, stderr bytes.Buffer
+	code := run(ctx, args, env, &stdout, &stderr)
+	return code, stdout.String(), stderr.String()
+}
+
+func TestUsageErrors(t *testing.T) {
+	tests := []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"no command", nil, "Usage:"},
+		{"unknown command", []string{"frobnicate"}, `unknown command "frobnicate"`},
+		{"unknown flag", []string{"config", "--no-such-flag"}, "flag provided but not defined: -no-such-flag"},
+		{"stray argument", []string{"config", "extra"}, `unexpected argument "extra"`},
+		{"version argument", []string{"version", "x"}, `unexpected argument "x"`},
+		{"run unknown flag", []string{"run", "--bogus"}, "flag provided but not defined"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			code, stdout, stderr := runCLI(t, t.Context(), nil, tt.args...)
+			if code != exitUsage {
+				t.Errorf("Got(%q) exit = %d; want %d", tt.args, code, exitUsage)
+			}
+			if !strings.Contains(stderr, tt.want) {
+				t.Errorf("Got(%q) stderr = %q; want it to contain %q", tt.args, stderr, tt.want)
+			}
+			if stdout != "" {
+				t.Errorf("Got(%q) stdout = %q; want nothing (usage goes to stderr)", tt.args, stdout)
+			}
+		})
+	}
+}
+
+func TestVersionAndHelp(t *testing.T) {
+	code, stdout, _ := runCLI(t, t.Context(), nil, "version")
+	if code != exitOK || !strings.HasPrefix(stdout, "spotguard ") {
+		t.Errorf("version: exit %d, stdout %q", code, stdout)
+	}
+	code, stdout, _ = runCLI(t, t.Context(), nil, "help")
+	if code != exitOK || !strings.Contains(stdout, "Commands:") {
+		t.Errorf("help: exit %d, stdout %q", code, stdout)
+	}
+	code, _, stderr := runCLI(t, t.Context(), nil, "run", "-h")
+	if code != exitOK || !strings.Contains(stderr, "-trainer.signal") {
+		t.Errorf("run -h: exit %d; want 0 and the flags listed, got %q", code, stderr)
+	}
+}
+
+func TestConfigCommand(t *testing.T) {
+	dir := t.TempDir()
+	good := filepath.Join(dir, "good.yaml")
+	os.WriteFile(good, []byte("trainer:\n  match: train\\.py\nimds:\n  poll_interval: 500ms\n"), 0o644)
+	code, stdout, stderr := runCLI(t, t.Context(), []string{"SPOTGUARD_TRAINER_SIGNAL=USR2"}, "config", "--config", good)
+	if code != exitOK {
+		t.Fatalf("config (good): exit %d, stderr %q", code, stderr)
+	}
+	for _, want := range []string{"poll_interval: 500ms  # " + good, "signal: USR2  # SPOTGUARD_TRAINER_SIGNAL", `match: train\.py`} {
+		if !strings.Contains(stdout, want) {
+			t.Errorf("config stdout lacks %q:\n%s", want, stdout)
+		}
+	}
+
+	bad := filepath.Join(dir, "bad.yaml")
+	os.WriteFile(bad, []byte("imds:\n  poll_interval: 10ms\n  colour: blue\n"), 0o644)
+	code, _, stderr = runCLI(t, t.Context(), []string{"SPOTGUARD_TRAINER_SIGNAL=SIGSTOP"}, "config", "--config", bad)
+	if code != exitFail {
+		t.Errorf("config (bad): exit %d; want 1", code)
+	}
+	for _, want := range []string{"4 problem(s)", "imds.poll_interval: 10ms is under the minimum", "imds.colour: unknown key", "trainer.signal", "no way to find the trainer"} {
+		if !strings.Contains(stderr, want) {
+			t.Errorf("config (bad) stderr lacks %q:\n%s", want, stderr)
+		}
+	}
+
+	code, _, stderr = runCLI(t, t.Context(), nil, "config", "--config", filepath.Join(dir, "absent.yaml"))
+	if code != exitFail || !strings.Contains(stderr, "absent.yaml") {
+		t.Errorf("config (absent file): exit %d, stderr %q; want 1 naming the file", code, stderr)
+	}
+}
+
+// A bad config never starts the daemon: no listener is opened.
+func TestRunRefusesBadConfig(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	code, _, stderr := runCLI(t, t.Context(), []string{"SPOTGUARD_HTTP_LISTEN=" + addr, "SPOTGUARD_IMDS_POLL_INTERVAL=1ms"}, "run", "--config", agentDefaultPathForTest(t))
+	if code != exitFail {
+		t.Errorf("run (bad config): exit %d; want 1", code)
+	}
+	if !strings.Contains(stderr, "not starting") || !strings.Contains(stderr, "imds.poll_interval") || !strings.Contains(stderr, "no way to find the trainer") {
+		t.Errorf("run (bad config) stderr = %q; want every problem listed", stderr)
+	}
+	if c, err := net.Dial("tcp", addr); err == nil {
+		c.Close()
+		t.Errorf("something listens on %s: the daemon started with a bad config", addr)
+	}
+}
+
+func agentDefaultPathForTest(t *testing.T) string {
+	p := filepath.Join(t.TempDir(), "empty.yaml")
+	os.WriteFile(p, nil, 0o644)
+	return p
+}
+
+// run with a good config starts, serves /healthz, and exits 0 when its context ends.
+func TestRunStartsAndStops(t *testing.T) {
+	imdsSrv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodPut {
+			w.Write([]byte("token"))
+			return
+		}
+		http.NotFound(w, r)
+	}))
+	defer imdsSrv.Close()
+	ln, _ := net.Listen("tcp", "127.0.0.1:0")
+	addr := ln.Addr().String()
+	ln.Close()
+	env := []string{
+		"AWS_EC2_METADATA_SERVICE_ENDPOINT=" + imdsSrv.URL, "AWS_REGION=us-east-1", "HOME=" + t.TempDir(),
+		"SPOTGUARD_HTTP_LISTEN=" + addr, "SPOTGUARD_TRAINER_MATCH=no-such-trainer-xyz",
+		"SPOTGUARD_AGENT_RUNTIME_DIR=" + t.TempDir(),
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan int)
+	var stderr bytes.Buffer
+	go func() {
+		done <- run(ctx, []string{"run", "--config", agentDefaultPathForTest(t)}, env, &bytes.Buffer{}, &stderr)
+	}()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		resp, err := http.Get("http://" + addr + "/healthz")
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusOK {
+				t.Errorf("/healthz = %d; want 200", resp.StatusCode)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			cancel()
+			<-done
+			t.Fatalf("agent never listened on %s:\n%s", addr, stderr.String())
+		}
+		select {
+		case code := <-done:
+			t.Fatalf("run exited early with %d:\n%s", code, stderr.String())
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	cancel()
+	if code := <-done; code != exitOK {
+		t.Errorf("run exit = %d after cancel; want 0\n%s", code, stderr.String())
+	}
+}
