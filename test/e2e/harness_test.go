@@ -255,12 +255,19 @@ type agentProc struct {
 	base       string // http://127.0.0.1:PORT
 	runtimeDir string
 	logPath    string
+	configPath string
 	exitErr    error
 }
 
 // startAgent runs `spotguard run` against sim with env (KEY=value) on top of a minimal environment,
 // and waits for /healthz to answer.
 func startAgent(t testing.TB, sim *imdsSim, env ...string) *agentProc {
+	t.Helper()
+	return startAgentWithConfig(t, sim, "# defaults\n", env...)
+}
+
+// startAgentWithConfig is startAgent with a config file holding config (ap.configPath).
+func startAgentWithConfig(t testing.TB, sim *imdsSim, config string, env ...string) *agentProc {
 	t.Helper()
 	dir := t.TempDir()
 	port := freePort(t)
@@ -270,12 +277,11 @@ func startAgent(t testing.TB, sim *imdsSim, env ...string) *agentProc {
 		runtimeDir: filepath.Join(dir, "run"),
 		logPath:    filepath.Join(dir, "agent.log"),
 	}
-	cmd := exec.Command(spotguardBin, "run", "--config", filepath.Join(dir, "absent.yaml"))
-	// No config file: the effective config comes from the environment, as under systemd's
-	// Environment= lines. An absent explicit --config is an error, so write an empty one.
-	if err := os.WriteFile(filepath.Join(dir, "absent.yaml"), []byte("# defaults\n"), 0o644); err != nil {
+	ap.configPath = filepath.Join(dir, "spotguard.yaml")
+	if err := os.WriteFile(ap.configPath, []byte(config), 0o644); err != nil {
 		t.Fatal(err)
 	}
+	cmd := exec.Command(spotguardBin, "run", "--config", ap.configPath)
 	cmd.Env = append([]string{
 		"PATH=" + os.Getenv("PATH"),
 		"HOME=" + dir,

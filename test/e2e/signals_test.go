@@ -1,0 +1,77 @@
+package e2e
+
+import (
+	"net/http"
+	"os"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// The agent's own signals, sent to the real process: SIGHUP reloads the config file (an invalid
+// one is refused and the agent keeps running on the old one), SIGUSR1 requests a sync, SIGTERM
+// stops it with exit 0.
+func TestAgentSignals(t *testing.T) {
+	needPeers(t)
+	sim := newIMDS(t)
+	sim.start("spot", "-d", "100000", "--rebalance-delay-sec", "100000")
+	tp := startTrainer(t)
+	ap := startAgentWithConfig(t, sim, "trainer:\n  match: no-such-trainer-anywhere\n")
+	if got := len(ap.status(t).Trainers); got != 0 {
+		t.Fatalf("trainers before reload = %d; want 0", got)
+	}
+
+	// An invalid config: refused with every problem, the agent goes on.
+	writeFile(t, ap.configPath, "trainer:\n  pidfile: "+tp.pidfile+"\n  signal: SIGKILL\nimds:\n  poll_interval: 1ms\n")
+	ap.cmd.Process.Signal(syscall.SIGHUP)
+	eventually(t, waitSignal, "the refused reload in the log", func() bool {
+		return strings.Count(ap.log(t), "config reload refused") == 2
+	})
+	if got := len(ap.status(t).Trainers); got != 0 {
+		t.Errorf("trainers after a refused reload = %d; want 0 (old config kept)", got)
+	}
+
+	// A valid one: the trainer is found by its pidfile now.
+	writeFile(t, ap.configPath, "trainer:\n  pidfile: "+tp.pidfile+"\n")
+	ap.cmd.Process.Signal(syscall.SIGHUP)
+	eventually(t, waitSignal, "the reloaded config to find the trainer", func() bool {
+		tr := ap.status(t).Trainers
+		return len(tr) == 1 && tr[0].PID == tp.cmd.Process.Pid && tr[0].CatchesSignal
+	})
+	if !hasLine(ap.metrics(t), `spotguard_config_reloads_total{result="invalid"} 1`) || !hasLine(ap.metrics(t), `spotguard_config_reloads_total{result="ok"} 1`) {
+		t.Errorf("/metrics reload counters:\n%s", grepLines(ap.metrics(t), "reloads"))
+	}
+
+	ap.cmd.Process.Signal(syscall.SIGUSR1)
+	eventually(t, waitSignal, "the sync request to be counted", func() bool {
+		return hasLine(ap.metrics(t), "spotguard_sync_requests_total 1")
+	})
+
+	start := time.Now()
+	ap.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-ap.done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("agent did not exit within 5 s of SIGTERM")
+	}
+	if ap.exitErr != nil {
+		t.Errorf("agent exit after SIGTERM: %v; want 0", ap.exitErr)
+	}
+	if d := time.Since(start); d > 2*time.Second {
+		t.Errorf("idle agent took %s to stop; want under 2 s", d)
+	}
+	if _, err := http.Get(ap.base + "/healthz"); err == nil {
+		t.Errorf("listener still answers after exit")
+	}
+	if !tp.alive() {
+		t.Errorf("trainer died")
+	}
+}
+
+func writeFile(t *testing.T, path, text string) {
+	t.Helper()
+	if err := os.WriteFile(path, []byte(text), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
