@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -78,10 +79,17 @@ func New(cfg *Config, deps Deps) (*Agent, error) {
 	return a, nil
 }
 
-// enabledSources lists every source: ignored ones are still watched, so their notices show in
-// /status and the metrics, and a reload can change the policy without a restart.
-func enabledSources(*Config) []imds.Source {
-	return imds.Sources
+// enabledSources lists the sources to poll: every one whose policy is not off. Ignored ones are
+// still polled, so their notices show in /status and the metrics, and a reload can switch them
+// between ignore and checkpoint.
+func enabledSources(cfg *Config) []imds.Source {
+	var out []imds.Source
+	for _, src := range imds.Sources {
+		if cfg.Notices[src] != PolicyOff {
+			out = append(out, src)
+		}
+	}
+	return out
 }
 
 // Config returns the configuration in force.
@@ -198,6 +206,14 @@ func (a *Agent) reload() {
 		switch k {
 		case "imds.poll_interval", "imds.endpoint", "http.listen":
 			needRestart = append(needRestart, k)
+		default:
+			// Turning a source on or off changes what is polled: only at start.
+			if src, ok := strings.CutPrefix(k, "notices."); ok {
+				s := imds.Source(src)
+				if (old.Notices[s] == PolicyOff) != (next.Notices[s] == PolicyOff) {
+					needRestart = append(needRestart, k)
+				}
+			}
 		}
 	}
 	a.cfg.Store(next)

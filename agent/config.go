@@ -33,8 +33,11 @@ type Policy string
 const (
 	// PolicyCheckpoint signals the trainer to checkpoint (and, later, uploads the checkpoint).
 	PolicyCheckpoint Policy = "checkpoint"
-	// PolicyIgnore records the notice but does nothing about it.
+	// PolicyIgnore records the notice (log, /status, metrics) but does nothing about it.
 	PolicyIgnore Policy = "ignore"
+	// PolicyOff does not poll the source at all (takes effect at start; a reload cannot turn a
+	// source on or off).
+	PolicyOff Policy = "off"
 )
 
 // Config is the agent's whole configuration. Load fills it from defaults, a YAML file, SPOTGUARD_*
@@ -109,10 +112,10 @@ var fields = []field{
 		c.IMDS.PollInterval = d
 		return err
 	}},
-	{"notices.spot", "checkpoint", "policy for spot/instance-action (checkpoint or ignore)", policySetter(imds.SourceSpot)},
-	{"notices.rebalance", "checkpoint", "policy for events/recommendations/rebalance (checkpoint or ignore); a proactive save, training goes on", policySetter(imds.SourceRebalance)},
-	{"notices.scheduled", "checkpoint", "policy for events/maintenance/scheduled (checkpoint or ignore)", policySetter(imds.SourceScheduled)},
-	{"notices.asg", "checkpoint", "policy for autoscaling/target-lifecycle-state Terminated (checkpoint or ignore)", policySetter(imds.SourceASG)},
+	{"notices.spot", "checkpoint", "policy for spot/instance-action (checkpoint, ignore or off)", policySetter(imds.SourceSpot)},
+	{"notices.rebalance", "checkpoint", "policy for events/recommendations/rebalance (checkpoint, ignore or off); a proactive save, training goes on", policySetter(imds.SourceRebalance)},
+	{"notices.scheduled", "checkpoint", "policy for events/maintenance/scheduled (checkpoint, ignore or off)", policySetter(imds.SourceScheduled)},
+	{"notices.asg", "checkpoint", "policy for autoscaling/target-lifecycle-state Terminated (checkpoint, ignore or off)", policySetter(imds.SourceASG)},
 	{"trainer.pidfile", "", "file holding the trainer's PID", func(c *Config, v string) error {
 		c.Trainer.PIDFile = v
 		return nil
@@ -200,11 +203,11 @@ var fields = []field{
 func policySetter(src imds.Source) func(*Config, string) error {
 	return func(c *Config, v string) error {
 		switch p := Policy(v); p {
-		case PolicyCheckpoint, PolicyIgnore:
+		case PolicyCheckpoint, PolicyIgnore, PolicyOff:
 			c.Notices[src] = p
 			return nil
 		}
-		return errors.New("want checkpoint or ignore")
+		return errors.New("want checkpoint, ignore or off")
 	}
 }
 
@@ -370,6 +373,15 @@ func (c *Config) Validate() error {
 	}
 	if !failed["imds.poll_interval"] && c.IMDS.PollInterval < MinPollInterval {
 		problems = append(problems, fmt.Errorf("imds.poll_interval: %s is under the minimum of %s", c.IMDS.PollInterval, MinPollInterval))
+	}
+	off := 0
+	for _, p := range c.Notices {
+		if p == PolicyOff {
+			off++
+		}
+	}
+	if off == len(imds.Sources) {
+		problems = append(problems, errors.New("notices: every source is off, so there is nothing to watch"))
 	}
 	if c.Trainer.PIDFile == "" && c.Trainer.Unit == "" && c.Trainer.Match == nil && !failed["trainer.match"] {
 		problems = append(problems, errors.New("trainer: no way to find the trainer: set trainer.pidfile, trainer.unit or trainer.match"))

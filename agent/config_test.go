@@ -217,3 +217,18 @@ func TestDiff(t *testing.T) {
 		t.Errorf("Diff() = %q; want imds.poll_interval,trainer.pidfile", got)
 	}
 }
+
+func TestPolicyOff(t *testing.T) {
+	c := mustLoad(t, LoadOptions{Environ: []string{"SPOTGUARD_TRAINER_PIDFILE=/x", "SPOTGUARD_NOTICES_ASG=off", "SPOTGUARD_NOTICES_SCHEDULED=off"}})
+	if err := c.Validate(); err != nil {
+		t.Fatalf("Validate() = %v", err)
+	}
+	if got := enabledSources(c); len(got) != 2 || got[0] != imds.SourceSpot || got[1] != imds.SourceRebalance {
+		t.Errorf("enabledSources() = %v; want [spot rebalance]", got)
+	}
+	all := mustLoad(t, LoadOptions{Environ: []string{"SPOTGUARD_TRAINER_PIDFILE=/x", "SPOTGUARD_NOTICES_ASG=off",
+		"SPOTGUARD_NOTICES_SCHEDULED=off", "SPOTGUARD_NOTICES_SPOT=off", "SPOTGUARD_NOTICES_REBALANCE=off"}})
+	if err := all.Validate(); err == nil || !strings.Contains(err.Error(), "every source is off") {
+		t.Errorf("Validate(all off) = %v; want 'every source is off'", err)
+	}
+}
