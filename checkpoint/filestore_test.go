@@ -1,0 +1,224 @@
+package checkpoint
+
+import (
+	"errors"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"slices"
+	"testing"
+	"time"
+)
+
+// fileTempFiles returns the temporary files under the store's root.
+func fileTempFiles(t testing.TB, s *FileStore) []string {
+	t.Helper()
+	var temps []string
+	err := s.walk(t.Context(), "", true, func(_ *os.Root, key string, _ fs.FileInfo) error {
+		temps = append(temps, key)
+		return nil
+	})
+	if err != nil {
+		t.Fatalf("walk %s: %v", s.root, err)
+	}
+	return temps
+}
+
+// fileTree returns every path under dir, directories with a trailing slash.
+func fileTree(t testing.TB, dir string) []string {
+	t.Helper()
+	var paths []string
+	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil || p == dir {
+			return err
+		}
+		rel, _ := filepath.Rel(dir, p)
+		if d.IsDir() {
+			rel += "/"
+		}
+		paths = append(paths, filepath.ToSlash(rel))
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return paths
+}
+
+func TestNewFileStore(t *testing.T) {
+	tests := []struct {
+		root string
+		ok   bool
+	}{
+		{root: filepath.Join(t.TempDir(), "a", "b"), ok: true},
+		{root: "relative/dir", ok: false},
+		{root: "", ok: false},
+	}
+	for _, tc := range tests {
+		t.Run(tc.root, func(t *testing.T) {
+			s, err := NewFileStore(tc.root)
+			if (err == nil) != tc.ok {
+				t.Fatalf("Got(%q) = %v; want ok %v", tc.root, err, tc.ok)
+			}
+			if err != nil {
+				return
+			}
+			if fi, err := os.Stat(tc.root); err != nil || !fi.IsDir() {
+				t.Errorf("Got(%q) root = %v; want a directory", tc.root, err)
+			}
+			if got, want := s.URL(), "file://"+tc.root; got != want {
+				t.Errorf("Got(%q).URL() = %q; want %q", tc.root, got, want)
+			}
+		})
+	}
+}
+
+func TestFileStoreDeletePrunesEmptyDirs(t *testing.T) {
+	root := filepath.Join(t.TempDir(), "store")
+	s, err := NewFileStore(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range []string{"j/c/a/b/file", "j/c/other", "j/LATEST"} {
+		if err := s.PutBytes(t.Context(), k, []byte("x"), false); err != nil {
+			t.Fatal(err)
+		}
+	}
+	tests := []struct {
+		key  string
+		want []string
+	}{
+		{"j/c/a/b/file", []string{"j/", "j/LATEST", "j/c/", "j/c/other"}},
+		{"j/c/other", []string{"j/", "j/LATEST"}},
+		{"j/LATEST", nil},
+	}
+	for _, tc := range tests {
+		if err := s.Delete(t.Context(), tc.key); err != nil {
+			t.Fatalf("Delete(%q) = %v; want no error", tc.key, err)
+		}
+		if got := fileTree(t, root); !slices.Equal(got, tc.want) {
+			t.Errorf("Delete(%q) left %q; want %q", tc.key, got, tc.want)
+		}
+	}
+	if _, err := os.Stat(root); err != nil {
+		t.Errorf("Delete of everything removed the root: %v", err)
+	}
+}
+
+func TestFileStoreAbortIncomplete(t *testing.T) {
+	root := filepath.Join(t.TempDir(), "store")
+	s, err := NewFileStore(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.PutBytes(t.Context(), "j/c/kept", []byte("x"), false); err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now()
+	temps := map[string]time.Time{
+		"j/c/" + fileTempPrefix + "old":    now.Add(-time.Hour),
+		"j/c/" + fileTempPrefix + "new":    now.Add(time.Minute),
+		"j/d/e/" + fileTempPrefix + "old2": now.Add(-time.Hour),
+		"k/" + fileTempPrefix + "old3":     now.Add(-time.Hour),
+	}
+	for rel, mtime := range temps {
+		p := filepath.Join(root, rel)
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, []byte("partial"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chtimes(p, mtime, mtime); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := storeTestKeys(t, s, ""); !slices.Equal(got, []string{"j/c/kept"}) {
+		t.Errorf("List(%q) = %q; want only [j/c/kept], no temporary files", "", got)
+	}
+	n, err := s.AbortIncomplete(t.Context(), "j/", now)
+	if err != nil || n != 2 {
+		t.Errorf("AbortIncomplete(%q) = %d, %v; want 2", "j/", n, err)
+	}
+	want := []string{"j/", "j/c/", "j/c/" + fileTempPrefix + "new", "j/c/kept", "k/", "k/" + fileTempPrefix + "old3"}
+	if got := fileTree(t, root); !slices.Equal(got, want) {
+		t.Errorf("AbortIncomplete(%q) left %q; want %q", "j/", got, want)
+	}
+	if n, err := s.AbortIncomplete(t.Context(), "", now); err != nil || n != 1 {
+		t.Errorf("AbortIncomplete(%q) = %d, %v; want 1", "", n, err)
+	}
+	if err := s.PutBytes(t.Context(), "a/"+fileTempPrefix+"x", []byte("x"), false); err == nil {
+		t.Errorf("PutBytes(%q) = nil; want an error for a temporary file name", "a/"+fileTempPrefix+"x")
+	}
+}
+
+// TestFileStoreSymlinks: links inside the root that point outside it are never followed, for
+// reading or writing.
+func TestFileStoreSymlinks(t *testing.T) {
+	dir := t.TempDir()
+	outside := filepath.Join(dir, "outside")
+	if err := os.Mkdir(outside, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(outside, "secret"), []byte("secret"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	root := filepath.Join(dir, "store")
+	s, err := NewFileStore(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(outside, filepath.Join(root, "linkdir")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(filepath.Join(outside, "secret"), filepath.Join(root, "linkfile")); err != nil {
+		t.Fatal(err)
+	}
+	for _, key := range []string{"linkdir/new", "linkdir/secret"} {
+		if err := s.PutBytes(t.Context(), key, []byte("x"), false); err == nil {
+			t.Errorf("PutBytes(%q) = nil; want an error", key)
+		}
+		if _, err := s.PutFile(t.Context(), key, storeTestFile(t, []byte("x")), 1, nil); err == nil {
+			t.Errorf("PutFile(%q) = nil; want an error", key)
+		}
+	}
+	for _, key := range []string{"linkdir/secret", "linkfile"} {
+		if got, err := s.GetBytes(t.Context(), key); err == nil {
+			t.Errorf("GetBytes(%q) = %q; want an error", key, got)
+		}
+		if err := s.Download(t.Context(), key, storeDiscardAt{}, 6); err == nil {
+			t.Errorf("Download(%q) = nil; want an error", key)
+		}
+	}
+	if err := s.Delete(t.Context(), "linkdir/secret"); err == nil {
+		t.Errorf("Delete(%q) = nil; want an error", "linkdir/secret")
+	}
+	if got := storeTestKeys(t, s, ""); len(got) != 0 {
+		t.Errorf("List(%q) = %q; want nothing (links are not objects)", "", got)
+	}
+	if got := fileTree(t, outside); !slices.Equal(got, []string{"secret"}) {
+		t.Errorf("outside the root: %q; want only [secret]", got)
+	}
+	if data, err := os.ReadFile(filepath.Join(outside, "secret")); err != nil || string(data) != "secret" {
+		t.Errorf("outside the root: secret = %q, %v; want it unchanged", data, err)
+	}
+}
+
+func TestFileStorePutFileOverDirectory(t *testing.T) {
+	s, err := NewFileStore(filepath.Join(t.TempDir(), "store"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.PutBytes(t.Context(), "a/b", []byte("x"), false); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.PutFile(t.Context(), "a", storeTestFile(t, []byte("y")), 1, nil); err == nil {
+		t.Errorf("PutFile(%q) over a directory = nil; want an error", "a")
+	}
+	if err := s.PutBytes(t.Context(), "a/b/c", []byte("x"), true); err == nil || errors.Is(err, ErrExists) {
+		t.Errorf("PutBytes(%q) under a file = %v; want an I/O error", "a/b/c", err)
+	}
+	if temps := fileTempFiles(t, s); len(temps) != 0 {
+		t.Errorf("temporary files left: %q; want none", temps)
+	}
+}

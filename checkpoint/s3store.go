@@ -1,0 +1,746 @@
+package checkpoint
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"io"
+	"os"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	awshttp "github.com/aws/aws-sdk-go-v2/aws/transport/http"
+	"github.com/aws/aws-sdk-go-v2/service/s3"
+	"github.com/aws/aws-sdk-go-v2/service/s3/types"
+	"github.com/aws/smithy-go"
+	"golang.org/x/sync/errgroup"
+)
+
+// S3Store is a Store in an S3 bucket under a prefix (s3://bucket/prefix); key k is the object
+// prefix/k. It runs its own multipart pipeline: parts are read straight from the file with
+// io.SectionReader (nothing is buffered, so memory stays small whatever the file size) and at
+// most Concurrency parts are in flight across all PutFile and Download calls.
+//
+// Every object carries a CRC-32C that the server verifies: PutObject and each UploadPart send
+// the CRC-32C of their bytes, computed locally before sending, and a multipart upload is created
+// with a full-object CRC-32C (ChecksumType FULL_OBJECT), which CompleteMultipartUpload sends and
+// the server checks against the parts. A server that refuses FULL_OBJECT gets composite
+// checksums (a CRC-32C of the parts' CRC-32Cs) instead, from then on; PutFile still returns the
+// full-object CRC-32C, combined from the parts'. A server that returns no checksum at all is
+// trusted with the locally computed one.
+type S3Store struct {
+	client *s3.Client
+	bucket string
+	prefix string // without slashes at either end; "" for the whole bucket
+	opts   S3Options
+	// sem holds one token per part in flight.
+	sem chan struct{}
+	// composite is set once the server refused a FULL_OBJECT multipart checksum.
+	composite atomic.Bool
+}
+
+var _ Store = (*S3Store)(nil)
+
+// s3MaxParts is the most parts one multipart upload may have.
+const s3MaxParts = 10000
+
+// s3AbortTimeout bounds the AbortMultipartUpload (and clean-up DeleteObject) that a failed
+// PutFile sends after its context is done.
+const s3AbortTimeout = 10 * time.Second
+
+// s3DeleteBatch is the most keys one DeleteObjects request may carry.
+const s3DeleteBatch = 1000
+
+// NewS3Store returns the store in bucket under prefix (leading and trailing slashes are
+// ignored), using client as it is configured (OpenStore configures retries and addressing; see
+// there). It returns an error for an empty bucket, an invalid prefix and opts out of range.
+func NewS3Store(client *s3.Client, bucket, prefix string, opts S3Options) (*S3Store, error) {
+	if bucket == "" {
+		return nil, errors.New("s3 store: empty bucket name")
+	}
+	prefix = strings.Trim(prefix, "/")
+	if prefix != "" {
+		if err := checkStoreKey(prefix); err != nil {
+			return nil, fmt.Errorf("s3 store prefix: %w", err)
+		}
+	}
+	opts, err := opts.withDefaults()
+	if err != nil {
+		return nil, fmt.Errorf("s3 store: %w", err)
+	}
+	return &S3Store{
+		client: client,
+		bucket: bucket,
+		prefix: prefix,
+		opts:   opts,
+		sem:    make(chan struct{}, opts.Concurrency),
+	}, nil
+}
+
+// URL returns "s3://bucket/prefix", or "s3://bucket" for a store without a prefix.
+func (s *S3Store) URL() string {
+	if s.prefix == "" {
+		return "s3://" + s.bucket
+	}
+	return "s3://" + s.bucket + "/" + s.prefix
+}
+
+// keyPrefix is what every object key of the store starts with: "prefix/", or "".
+func (s *S3Store) keyPrefix() string {
+	if s.prefix == "" {
+		return ""
+	}
+	return s.prefix + "/"
+}
+
+// objectKey validates key and returns the S3 object key for it.
+func (s *S3Store) objectKey(key string) (string, error) {
+	if err := checkStoreKey(key); err != nil {
+		return "", err
+	}
+	return s.keyPrefix() + key, nil
+}
+
+// acquire takes a part slot; it returns ctx's error if ctx is done first.
+func (s *S3Store) acquire(ctx context.Context) error {
+	select {
+	case s.sem <- struct{}{}:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (s *S3Store) release() { <-s.sem }
+
+// s3Part is one part of a multipart upload, or one ranged read of a download.
+type s3Part struct {
+	num int32 // from 1
+	off int64
+	n   int64
+}
+
+// s3PartPlan splits size bytes into parts of partSize bytes (the last may be shorter), raising
+// partSize to a multiple of 1 MiB if that would take more than s3MaxParts parts. An empty
+// object has no parts.
+func s3PartPlan(size, partSize int64) []s3Part {
+	if least := (size + s3MaxParts - 1) / s3MaxParts; partSize < least {
+		partSize = (least + 1<<20 - 1) &^ (1<<20 - 1)
+	}
+	var parts []s3Part
+	for off := int64(0); off < size; off += partSize {
+		parts = append(parts, s3Part{num: int32(len(parts) + 1), off: off, n: min(partSize, size-off)})
+	}
+	return parts
+}
+
+// s3Body is a request body over a section of a file. It is seekable, so the SDK can sign it
+// and re-send it on a retry, and reports progress only for bytes beyond the furthest point read
+// so far, so that a re-send is not counted twice. The SDK may read it from the HTTP transport's
+// goroutine while rewinding it for the next attempt, hence the mutex.
+type s3Body struct {
+	mu       sync.Mutex
+	r        *io.SectionReader
+	high     int64
+	progress func(int64)
+}
+
+func newS3Body(f *os.File, off, n int64, progress func(int64)) *s3Body {
+	return &s3Body{r: io.NewSectionReader(f, off, n), progress: progress}
+}
+
+func (b *s3Body) Read(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	n, err := b.r.Read(p)
+	if b.progress != nil && n > 0 {
+		if pos, _ := b.r.Seek(0, io.SeekCurrent); pos > b.high {
+			b.progress(pos - b.high)
+			b.high = pos
+		}
+	}
+	return n, err
+}
+
+func (b *s3Body) Seek(offset int64, whence int) (int64, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.r.Seek(offset, whence)
+}
+
+// s3SectionCRC returns the CRC-32C of n bytes of f at off, or an error if f is shorter, a read
+// fails, or ctx is done first.
+func s3SectionCRC(ctx context.Context, f *os.File, off, n int64) (uint32, error) {
+	h := NewCRC32C()
+	got, err := io.CopyBuffer(h, fileCtxReader{ctx: ctx, r: io.NewSectionReader(f, off, n)}, make([]byte, 1<<20))
+	if err != nil {
+		return 0, err
+	}
+	if got != n {
+		return 0, fmt.Errorf("%s has %d bytes at %d; want %d", f.Name(), got, off, n)
+	}
+	return h.Sum32(), nil
+}
+
+// s3CRC32CValue is the base64 form of a CRC-32C, as S3 sends it.
+func s3CRC32CValue(sum uint32) string { return CRC32CChecksum(sum).Value }
+
+// s3CRC32CMulMod returns a(x)·b(x) modulo the CRC-32C polynomial (bit-reflected, as in zlib's
+// multmodp).
+func s3CRC32CMulMod(a, b uint32) uint32 {
+	const poly = 0x82f63b78 // Castagnoli, reflected
+	var p uint32
+	for m := uint32(1) << 31; m != 0; m >>= 1 {
+		if a&m != 0 {
+			p ^= b
+		}
+		if b&1 != 0 {
+			b = b>>1 ^ poly
+		} else {
+			b >>= 1
+		}
+	}
+	return p
+}
+
+// s3CRC32CCombine returns the CRC-32C of A followed by B from crcA, crcB and B's length.
+func s3CRC32CCombine(crcA, crcB uint32, lenB int64) uint32 {
+	// Multiply crcA by x^(8·lenB): square x^8 for each bit of lenB.
+	xpow := uint32(1) << 31 // x^0
+	sq := uint32(1) << 23   // x^8
+	for n := lenB; n > 0; n >>= 1 {
+		if n&1 != 0 {
+			xpow = s3CRC32CMulMod(sq, xpow)
+		}
+		sq = s3CRC32CMulMod(sq, sq)
+	}
+	return s3CRC32CMulMod(xpow, crcA) ^ crcB
+}
+
+// s3ErrorCode returns the S3 error code of err ("NoSuchKey", "SlowDown", …), or "".
+func s3ErrorCode(err error) string {
+	var ae smithy.APIError
+	if errors.As(err, &ae) {
+		return ae.ErrorCode()
+	}
+	return ""
+}
+
+// s3HTTPStatus returns the HTTP status of the response that caused err, or 0.
+func s3HTTPStatus(err error) int {
+	var re *awshttp.ResponseError
+	if errors.As(err, &re) {
+		return re.HTTPStatusCode()
+	}
+	return 0
+}
+
+// s3IsNotFound reports whether err says the object does not exist (not that the bucket or an
+// upload does not).
+func s3IsNotFound(err error) bool {
+	switch s3ErrorCode(err) {
+	case "NoSuchKey", "NotFound":
+		return true
+	case "NoSuchBucket", "NoSuchUpload":
+		return false
+	}
+	return s3HTTPStatus(err) == 404
+}
+
+// s3IsPreconditionFailed reports whether err says a conditional write lost: 412
+// PreconditionFailed, or 409 ConditionalRequestConflict (another conditional write to the key is
+// in progress).
+func s3IsPreconditionFailed(err error) bool {
+	switch s3ErrorCode(err) {
+	case "PreconditionFailed", "ConditionalRequestConflict":
+		return true
+	}
+	return s3HTTPStatus(err) == 412
+}
+
+// s3IsUnsupported reports whether err says the server does not implement a request or one of
+// its options, as opposed to a transient or access problem.
+func s3IsUnsupported(err error) bool {
+	switch s3ErrorCode(err) {
+	case "NotImplemented", "InvalidRequest", "InvalidArgument", "MethodNotAllowed":
+		return true
+	}
+	switch s3HTTPStatus(err) {
+	case 501, 405:
+		return true
+	}
+	return false
+}
+
+// PutFile uploads the first size bytes of f to key and returns its full-object CRC-32C (see
+// S3Store). A file of at most PartSize bytes goes in one PutObject, a larger one in a multipart
+// upload with parts in parallel. The SDK retries each request (503 SlowDown, 5xx, connection
+// resets, re-reading the part from f) until ctx is done. It returns an error for an invalid key,
+// a file shorter than size, a checksum the server disagrees with, and any request that fails
+// for good or is cut short by ctx; then a multipart upload it created has been aborted (on a
+// context that outlives ctx by up to 10 s) and any object it completed with a wrong checksum
+// deleted. An object at key from before is replaced only on success (a single PutObject cut
+// short after the server stored it may still have replaced it, with the correct bytes).
+//
+// progress counts bytes as the request bodies are read, each byte once however often a part is
+// re-sent. Over HTTPS that is as they are sent; over plain HTTP the SDK reads each body once
+// to sign its SHA-256 before sending it, so progress runs a part ahead there.
+func (s *S3Store) PutFile(ctx context.Context, key string, f *os.File, size int64, progress func(n int64)) (Checksum, error) {
+	okey, err := s.objectKey(key)
+	if err != nil {
+		return Checksum{}, fmt.Errorf("put %s: %w", key, err)
+	}
+	if size < 0 {
+		return Checksum{}, fmt.Errorf("put %s: negative size %d", key, size)
+	}
+	var sum Checksum
+	if size <= s.opts.PartSize {
+		sum, err = s.putSingle(ctx, okey, f, size, progress)
+	} else {
+		sum, err = s.putMultipart(ctx, okey, f, size, progress)
+	}
+	if err != nil {
+		return Checksum{}, fmt.Errorf("put %s: %w", s.URL()+"/"+key, err)
+	}
+	return sum, nil
+}
+
+// putSingle sends f with one PutObject.
+func (s *S3Store) putSingle(ctx context.Context, okey string, f *os.File, size int64, progress func(int64)) (Checksum, error) {
+	if err := s.acquire(ctx); err != nil {
+		return Checksum{}, err
+	}
+	defer s.release()
+	crc, err := s3SectionCRC(ctx, f, 0, size)
+	if err != nil {
+		return Checksum{}, err
+	}
+	want := s3CRC32CValue(crc)
+	out, err := s.client.PutObject(ctx, &s3.PutObjectInput{
+		Bucket:            &s.bucket,
+		Key:               &okey,
+		Body:              newS3Body(f, 0, size, progress),
+		ContentLength:     aws.Int64(size),
+		ChecksumAlgorithm: types.ChecksumAlgorithmCrc32c,
+		ChecksumCRC32C:    &want,
+	})
+	if err != nil {
+		return Checksum{}, err
+	}
+	if got := aws.ToString(out.ChecksumCRC32C); got != "" && got != want {
+		err := fmt.Errorf("server stored CRC-32C %s; sent %s", got, want)
+		return Checksum{}, errors.Join(err, s.cleanUpObject(ctx, okey))
+	}
+	return CRC32CChecksum(crc), nil
+}
+
+// putMultipart sends f as a multipart upload.
+func (s *S3Store) putMultipart(ctx context.Context, okey string, f *os.File, size int64, progress func(int64)) (Checksum, error) {
+	fullObject := !s.composite.Load()
+	create := &s3.CreateMultipartUploadInput{
+		Bucket:            &s.bucket,
+		Key:               &okey,
+		ChecksumAlgorithm: types.ChecksumAlgorithmCrc32c,
+	}
+	if fullObject {
+		create.ChecksumType = types.ChecksumTypeFullObject
+	}
+	created, err := s.client.CreateMultipartUpload(ctx, create)
+	if err != nil && fullObject && s3IsUnsupported(err) {
+		s.composite.Store(true)
+		fullObject = false
+		create.ChecksumType = ""
+		created, err = s.client.CreateMultipartUpload(ctx, create)
+	}
+	if err != nil {
+		return Checksum{}, fmt.Errorf("create multipart upload: %w", err)
+	}
+	uploadID := created.UploadId
+
+	parts := s3PartPlan(size, s.opts.PartSize)
+	completed := make([]types.CompletedPart, len(parts))
+	crcs := make([]uint32, len(parts))
+	err = s.uploadParts(ctx, okey, uploadID, f, parts, completed, crcs, progress)
+	var full uint32
+	for i, p := range parts {
+		full = s3CRC32CCombine(full, crcs[i], p.n)
+	}
+	if err == nil {
+		err = s.complete(ctx, okey, uploadID, size, completed, crcs, full, fullObject)
+	}
+	if err != nil {
+		if aerr := s.abortUpload(ctx, okey, uploadID); aerr != nil {
+			err = errors.Join(err, aerr)
+		}
+		return Checksum{}, err
+	}
+	return CRC32CChecksum(full), nil
+}
+
+// uploadParts uploads parts in parallel, filling completed and crcs; it returns the first error.
+func (s *S3Store) uploadParts(ctx context.Context, okey string, uploadID *string, f *os.File, parts []s3Part, completed []types.CompletedPart, crcs []uint32, progress func(int64)) error {
+	g, gctx := errgroup.WithContext(ctx)
+	for i, p := range parts {
+		if s.acquire(gctx) != nil {
+			break
+		}
+		g.Go(func() error {
+			defer s.release()
+			crc, err := s3SectionCRC(gctx, f, p.off, p.n)
+			if err != nil {
+				return fmt.Errorf("part %d: %w", p.num, err)
+			}
+			want := s3CRC32CValue(crc)
+			out, err := s.client.UploadPart(gctx, &s3.UploadPartInput{
+				Bucket:            &s.bucket,
+				Key:               &okey,
+				UploadId:          uploadID,
+				PartNumber:        aws.Int32(p.num),
+				Body:              newS3Body(f, p.off, p.n, progress),
+				ContentLength:     aws.Int64(p.n),
+				ChecksumAlgorithm: types.ChecksumAlgorithmCrc32c,
+				ChecksumCRC32C:    &want,
+			})
+			if err != nil {
+				return fmt.Errorf("upload part %d: %w", p.num, err)
+			}
+			if got := aws.ToString(out.ChecksumCRC32C); got != "" && got != want {
+				return fmt.Errorf("upload part %d: server stored CRC-32C %s; sent %s", p.num, got, want)
+			}
+			crcs[i] = crc
+			completed[i] = types.CompletedPart{ETag: out.ETag, PartNumber: aws.Int32(p.num), ChecksumCRC32C: &want}
+			return nil
+		})
+	}
+	if err := g.Wait(); err != nil {
+		return err
+	}
+	return ctx.Err() // set if acquire stopped the loop
+}
+
+// s3CompositeValue is the composite CRC-32C of a multipart object: the CRC-32C of the parts'
+// CRC-32Cs, "-" and the number of parts.
+func s3CompositeValue(crcs []uint32) string {
+	h := NewCRC32C()
+	for _, c := range crcs {
+		_ = binary.Write(h, binary.BigEndian, c)
+	}
+	return fmt.Sprintf("%s-%d", s3CRC32CValue(h.Sum32()), len(crcs))
+}
+
+// complete completes the upload and checks the checksum the server reports.
+func (s *S3Store) complete(ctx context.Context, okey string, uploadID *string, size int64, completed []types.CompletedPart, crcs []uint32, full uint32, fullObject bool) error {
+	in := &s3.CompleteMultipartUploadInput{
+		Bucket:          &s.bucket,
+		Key:             &okey,
+		UploadId:        uploadID,
+		MultipartUpload: &types.CompletedMultipartUpload{Parts: completed},
+		MpuObjectSize:   aws.Int64(size),
+	}
+	want := s3CompositeValue(crcs)
+	if fullObject {
+		want = s3CRC32CValue(full)
+		in.ChecksumType = types.ChecksumTypeFullObject
+		in.ChecksumCRC32C = &want
+	}
+	out, err := s.client.CompleteMultipartUpload(ctx, in)
+	var got string
+	switch {
+	case err == nil:
+		got = aws.ToString(out.ChecksumCRC32C)
+	case s3ErrorCode(err) == "NoSuchUpload":
+		// A retry after a completion whose response was lost: the object may be there.
+		head, herr := s.client.HeadObject(ctx, &s3.HeadObjectInput{Bucket: &s.bucket, Key: &okey, ChecksumMode: types.ChecksumModeEnabled})
+		if herr != nil || aws.ToInt64(head.ContentLength) != size || aws.ToString(head.ChecksumCRC32C) != want {
+			return fmt.Errorf("complete multipart upload: %w", err)
+		}
+		return nil
+	default:
+		return fmt.Errorf("complete multipart upload: %w", err)
+	}
+	if got != "" && got != want {
+		err := fmt.Errorf("complete multipart upload: server computed CRC-32C %s; want %s", got, want)
+		return errors.Join(err, s.cleanUpObject(ctx, okey))
+	}
+	return nil
+}
+
+// cleanupContext returns a context for clean-up after ctx is done: not cancelled with it, and
+// bounded by s3AbortTimeout.
+func s3CleanupContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.WithoutCancel(ctx), s3AbortTimeout)
+}
+
+// abortUpload aborts a multipart upload on a clean-up context. An upload that is already gone
+// is not an error.
+func (s *S3Store) abortUpload(ctx context.Context, okey string, uploadID *string) error {
+	actx, cancel := s3CleanupContext(ctx)
+	defer cancel()
+	_, err := s.client.AbortMultipartUpload(actx, &s3.AbortMultipartUploadInput{Bucket: &s.bucket, Key: &okey, UploadId: uploadID})
+	if err != nil && s3ErrorCode(err) != "NoSuchUpload" {
+		return fmt.Errorf("abort multipart upload %s: %w", aws.ToString(uploadID), err)
+	}
+	return nil
+}
+
+// cleanUpObject deletes an object that was written with a wrong checksum, on a clean-up context.
+func (s *S3Store) cleanUpObject(ctx context.Context, okey string) error {
+	dctx, cancel := s3CleanupContext(ctx)
+	defer cancel()
+	if _, err := s.client.DeleteObject(dctx, &s3.DeleteObjectInput{Bucket: &s.bucket, Key: &okey}); err != nil {
+		return fmt.Errorf("delete corrupt object: %w", err)
+	}
+	return nil
+}
+
+// PutBytes writes data to key with one PutObject carrying its CRC-32C. With ifAbsent it sends
+// If-None-Match: * and returns ErrExists when the server answers 412 PreconditionFailed or 409
+// ConditionalRequestConflict; the object is then unchanged. It returns an error for an invalid
+// key and a request that fails for good.
+func (s *S3Store) PutBytes(ctx context.Context, key string, data []byte, ifAbsent bool) error {
+	okey, err := s.objectKey(key)
+	if err != nil {
+		return fmt.Errorf("put %s: %w", key, err)
+	}
+	crc := s3CRC32CValue(crc32.Checksum(data, castagnoli))
+	in := &s3.PutObjectInput{
+		Bucket:            &s.bucket,
+		Key:               &okey,
+		Body:              bytes.NewReader(data),
+		ContentLength:     aws.Int64(int64(len(data))),
+		ChecksumAlgorithm: types.ChecksumAlgorithmCrc32c,
+		ChecksumCRC32C:    &crc,
+	}
+	if ifAbsent {
+		in.IfNoneMatch = aws.String("*")
+	}
+	if _, err := s.client.PutObject(ctx, in); err != nil {
+		if ifAbsent && s3IsPreconditionFailed(err) {
+			return fmt.Errorf("put %s: %w", s.URL()+"/"+key, ErrExists)
+		}
+		return fmt.Errorf("put %s: %w", s.URL()+"/"+key, err)
+	}
+	return nil
+}
+
+// GetBytes returns the object at key. It returns ErrNotFound if there is none, and an error
+// for an invalid key and a request that fails for good.
+func (s *S3Store) GetBytes(ctx context.Context, key string) ([]byte, error) {
+	okey, err := s.objectKey(key)
+	if err != nil {
+		return nil, fmt.Errorf("get %s: %w", key, err)
+	}
+	out, err := s.client.GetObject(ctx, &s3.GetObjectInput{Bucket: &s.bucket, Key: &okey})
+	if err != nil {
+		if s3IsNotFound(err) {
+			return nil, fmt.Errorf("get %s: %w", s.URL()+"/"+key, ErrNotFound)
+		}
+		return nil, fmt.Errorf("get %s: %w", s.URL()+"/"+key, err)
+	}
+	defer out.Body.Close()
+	data, err := io.ReadAll(out.Body)
+	if err != nil {
+		return nil, fmt.Errorf("get %s: %w", s.URL()+"/"+key, err)
+	}
+	return data, nil
+}
+
+// s3ReadAttempts is how often Download tries one ranged read whose body breaks off.
+const s3ReadAttempts = 3
+
+// Download writes the object at key into w with parallel ranged GetObjects of PartSize bytes,
+// each conditional on the ETag a HeadObject saw first, so that all of them read the same
+// object. It returns ErrNotFound if there is no object, and an error for an invalid key, an
+// object whose size is not size, an object replaced during the download, and a request that
+// fails for good or is cut short by ctx. A ranged read whose body breaks off is retried.
+func (s *S3Store) Download(ctx context.Context, key string, w io.WriterAt, size int64) error {
+	okey, err := s.objectKey(key)
+	if err != nil {
+		return fmt.Errorf("download %s: %w", key, err)
+	}
+	if err := s.download(ctx, okey, w, size); err != nil {
+		return fmt.Errorf("download %s: %w", s.URL()+"/"+key, err)
+	}
+	return nil
+}
+
+func (s *S3Store) download(ctx context.Context, okey string, w io.WriterAt, size int64) error {
+	head, err := s.client.HeadObject(ctx, &s3.HeadObjectInput{Bucket: &s.bucket, Key: &okey})
+	if err != nil {
+		if s3IsNotFound(err) {
+			return ErrNotFound
+		}
+		return err
+	}
+	if got := aws.ToInt64(head.ContentLength); got != size {
+		return fmt.Errorf("object has %d bytes; want %d", got, size)
+	}
+	g, gctx := errgroup.WithContext(ctx)
+	for _, p := range s3PartPlan(size, s.opts.PartSize) {
+		if s.acquire(gctx) != nil {
+			break
+		}
+		g.Go(func() error {
+			defer s.release()
+			var err error
+			for range s3ReadAttempts {
+				var retry bool
+				retry, err = s.getRange(gctx, okey, head.ETag, w, p)
+				if !retry || gctx.Err() != nil {
+					break
+				}
+			}
+			return err
+		})
+	}
+	if err := g.Wait(); err != nil {
+		return err
+	}
+	return ctx.Err()
+}
+
+// getRange copies one range of the object into w. retry is true for a body that broke off.
+func (s *S3Store) getRange(ctx context.Context, okey string, etag *string, w io.WriterAt, p s3Part) (retry bool, err error) {
+	out, err := s.client.GetObject(ctx, &s3.GetObjectInput{
+		Bucket:  &s.bucket,
+		Key:     &okey,
+		Range:   aws.String(fmt.Sprintf("bytes=%d-%d", p.off, p.off+p.n-1)),
+		IfMatch: etag,
+	})
+	if err != nil {
+		if s3IsPreconditionFailed(err) {
+			return false, fmt.Errorf("object changed during the download: %w", err)
+		}
+		return false, fmt.Errorf("get bytes %d-%d: %w", p.off, p.off+p.n-1, err)
+	}
+	defer out.Body.Close()
+	if got := aws.ToInt64(out.ContentLength); got != p.n {
+		return false, fmt.Errorf("get bytes %d-%d: server sent %d bytes; want %d", p.off, p.off+p.n-1, got, p.n)
+	}
+	got, err := io.CopyBuffer(io.NewOffsetWriter(w, p.off), io.LimitReader(out.Body, p.n), make([]byte, 1<<20))
+	if err == nil && got != p.n {
+		err = io.ErrUnexpectedEOF
+	}
+	if err != nil {
+		return true, fmt.Errorf("get bytes %d-%d: read %d bytes: %w", p.off, p.off+p.n-1, got, err)
+	}
+	return false, nil
+}
+
+// List returns every object whose key starts with prefix, sorted by key; "directory" marker
+// objects (keys ending in "/") are not listed. It returns an error for a request that fails for
+// good.
+func (s *S3Store) List(ctx context.Context, prefix string) ([]ObjectInfo, error) {
+	kp := s.keyPrefix()
+	pages := s3.NewListObjectsV2Paginator(s.client, &s3.ListObjectsV2Input{
+		Bucket: &s.bucket,
+		Prefix: aws.String(kp + prefix),
+	})
+	var out []ObjectInfo
+	for pages.HasMorePages() {
+		page, err := pages.NextPage(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("list %s/%s: %w", s.URL(), prefix, err)
+		}
+		for _, o := range page.Contents {
+			key, ok := strings.CutPrefix(aws.ToString(o.Key), kp)
+			if !ok || key == "" || strings.HasSuffix(key, "/") {
+				continue
+			}
+			out = append(out, ObjectInfo{Key: key, Size: aws.ToInt64(o.Size), LastModified: aws.ToTime(o.LastModified)})
+		}
+	}
+	slices.SortFunc(out, func(a, b ObjectInfo) int { return strings.Compare(a.Key, b.Key) })
+	return out, nil
+}
+
+// Delete removes the objects with DeleteObjects, 1000 keys a request, or one DeleteObject each
+// if the server does not implement DeleteObjects. Keys that do not exist are not an error. It
+// returns an error for an invalid key (before deleting anything) and, joined, for every key the
+// server would not delete.
+func (s *S3Store) Delete(ctx context.Context, keys ...string) error {
+	okeys := make([]string, len(keys))
+	for i, key := range keys {
+		okey, err := s.objectKey(key)
+		if err != nil {
+			return fmt.Errorf("delete: %w", err)
+		}
+		okeys[i] = okey
+	}
+	var problems []error
+	for batch := range slices.Chunk(okeys, s3DeleteBatch) {
+		ids := make([]types.ObjectIdentifier, len(batch))
+		for i := range batch {
+			ids[i] = types.ObjectIdentifier{Key: &batch[i]}
+		}
+		out, err := s.client.DeleteObjects(ctx, &s3.DeleteObjectsInput{
+			Bucket: &s.bucket,
+			Delete: &types.Delete{Objects: ids, Quiet: aws.Bool(true)},
+		})
+		if err != nil && s3IsUnsupported(err) {
+			problems = append(problems, s.deleteEach(ctx, batch)...)
+			continue
+		}
+		if err != nil {
+			return errors.Join(append(problems, fmt.Errorf("delete from %s: %w", s.URL(), err))...)
+		}
+		for _, e := range out.Errors {
+			if aws.ToString(e.Code) == "NoSuchKey" {
+				continue
+			}
+			problems = append(problems, fmt.Errorf("delete %s: %s: %s", aws.ToString(e.Key), aws.ToString(e.Code), aws.ToString(e.Message)))
+		}
+	}
+	return errors.Join(problems...)
+}
+
+// deleteEach deletes okeys one request each.
+func (s *S3Store) deleteEach(ctx context.Context, okeys []string) []error {
+	var problems []error
+	for _, okey := range okeys {
+		_, err := s.client.DeleteObject(ctx, &s3.DeleteObjectInput{Bucket: &s.bucket, Key: &okey})
+		if err != nil && !s3IsNotFound(err) {
+			problems = append(problems, fmt.Errorf("delete %s: %w", okey, err))
+		}
+	}
+	return problems
+}
+
+// AbortIncomplete aborts the multipart uploads under prefix that were initiated before
+// olderThan, and returns how many it aborted. Uploads that are gone meanwhile are not counted
+// and not an error. It returns an error, with the count so far, for a request that fails for
+// good.
+func (s *S3Store) AbortIncomplete(ctx context.Context, prefix string, olderThan time.Time) (int, error) {
+	pages := s3.NewListMultipartUploadsPaginator(s.client, &s3.ListMultipartUploadsInput{
+		Bucket: &s.bucket,
+		Prefix: aws.String(s.keyPrefix() + prefix),
+	})
+	n := 0
+	for pages.HasMorePages() {
+		page, err := pages.NextPage(ctx)
+		if err != nil {
+			return n, fmt.Errorf("list multipart uploads in %s/%s: %w", s.URL(), prefix, err)
+		}
+		for _, u := range page.Uploads {
+			if !aws.ToTime(u.Initiated).Before(olderThan) {
+				continue
+			}
+			_, err := s.client.AbortMultipartUpload(ctx, &s3.AbortMultipartUploadInput{Bucket: &s.bucket, Key: u.Key, UploadId: u.UploadId})
+			if s3ErrorCode(err) == "NoSuchUpload" {
+				continue
+			}
+			if err != nil {
+				return n, fmt.Errorf("abort multipart upload %s of %s: %w", aws.ToString(u.UploadId), aws.ToString(u.Key), err)
+			}
+			n++
+		}
+	}
+	return n, nil
+}

@@ -1,0 +1,176 @@
+package checkpoint
+
+import (
+	"errors"
+	"fmt"
+	"net/http"
+	"os"
+	"path"
+	"strings"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/aws/ratelimit"
+	"github.com/aws/aws-sdk-go-v2/aws/retry"
+	awshttp "github.com/aws/aws-sdk-go-v2/aws/transport/http"
+	"github.com/aws/aws-sdk-go-v2/service/s3"
+)
+
+// ParseStoreURL splits a store URL into its parts:
+//
+//   - "s3://bucket/prefix" returns "s3", the bucket and the prefix without leading or trailing
+//     slashes ("" for "s3://bucket" or "s3://bucket/").
+//   - "file:///abs/path" returns "file", "" and the cleaned absolute path.
+//
+// It returns an error, and empty strings, for any other scheme, an s3 URL without a bucket, a
+// file URL with a host or a relative path, a query or fragment, and a prefix or path with a ".."
+// or "." element, an empty element, a backslash or a NUL.
+func ParseStoreURL(u string) (scheme, bucket, prefix string, err error) {
+	if strings.ContainsAny(u, "?#") {
+		return "", "", "", fmt.Errorf("store url %q: a query or fragment is not allowed", u)
+	}
+	if rest, ok := strings.CutPrefix(u, "s3://"); ok {
+		bucket, prefix, _ = strings.Cut(rest, "/")
+		if bucket == "" {
+			return "", "", "", fmt.Errorf("store url %q: missing bucket (want s3://bucket/prefix)", u)
+		}
+		if strings.ContainsAny(bucket, "\\\x00 ") {
+			return "", "", "", fmt.Errorf("store url %q: invalid bucket name %q", u, bucket)
+		}
+		prefix = strings.TrimSuffix(prefix, "/")
+		if prefix != "" {
+			if err := checkStoreKey(prefix); err != nil {
+				return "", "", "", fmt.Errorf("store url %q: prefix: %w", u, err)
+			}
+		}
+		return "s3", bucket, prefix, nil
+	}
+	if rest, ok := strings.CutPrefix(u, "file://"); ok {
+		if !strings.HasPrefix(rest, "/") {
+			return "", "", "", fmt.Errorf("store url %q: want an absolute path with no host, such as file:///mnt/fsx/checkpoints", u)
+		}
+		if strings.ContainsAny(rest, "\\\x00") {
+			return "", "", "", fmt.Errorf("store url %q: path contains a backslash or NUL", u)
+		}
+		for _, el := range strings.Split(rest, "/") {
+			if el == ".." || el == "." {
+				return "", "", "", fmt.Errorf("store url %q: path has a %q element", u, el)
+			}
+		}
+		return "file", "", path.Clean(rest), nil
+	}
+	scheme, _, found := strings.Cut(u, "://")
+	if !found {
+		return "", "", "", fmt.Errorf("store url %q: want s3://bucket/prefix or file:///path", u)
+	}
+	return "", "", "", fmt.Errorf("store url %q: unsupported scheme %q (want s3 or file)", u, scheme)
+}
+
+// S3Options tune an S3 store.
+type S3Options struct {
+	// PartSize is the size of one part of a multipart upload and of one ranged read of a
+	// download. 0 means 64 MiB; it must be at least 5 MiB and at most 5 GiB. Files up to
+	// PartSize are sent with one PutObject. PutFile raises it for a file that would need more
+	// than 10,000 parts.
+	PartSize int64
+	// Concurrency is the most parts (uploads and ranged reads) in flight at once across all
+	// PutFile and Download calls of the store. 0 means 16.
+	Concurrency int
+}
+
+const (
+	s3DefaultPartSize    = 64 << 20
+	s3MinPartSize        = 5 << 20
+	s3MaxPartSize        = 5 << 30
+	s3DefaultConcurrency = 16
+)
+
+// withDefaults returns o with zero fields set to their defaults, or an error for values out of
+// range.
+func (o S3Options) withDefaults() (S3Options, error) {
+	var problems []error
+	switch {
+	case o.PartSize == 0:
+		o.PartSize = s3DefaultPartSize
+	case o.PartSize < s3MinPartSize || o.PartSize > s3MaxPartSize:
+		problems = append(problems, fmt.Errorf("part size %d is out of range [%d, %d]", o.PartSize, int64(s3MinPartSize), int64(s3MaxPartSize)))
+	}
+	switch {
+	case o.Concurrency == 0:
+		o.Concurrency = s3DefaultConcurrency
+	case o.Concurrency < 0:
+		problems = append(problems, fmt.Errorf("concurrency %d is negative", o.Concurrency))
+	}
+	return o, errors.Join(problems...)
+}
+
+// OpenStore returns the Store for url (see ParseStoreURL):
+//
+//   - s3://bucket/prefix: an *S3Store on a client made from awsCfg (region, credentials and
+//     endpoint come from the SDK's own environment and shared config). The client retries with
+//     the SDK's standard retryer, up to 10 attempts with at most 2 s of backoff and no retry
+//     quota, so that the caller's context deadline is what bounds a retried request. It uses
+//     path-style addressing when an endpoint URL is configured (awsCfg.BaseEndpoint, or
+//     AWS_ENDPOINT_URL_S3 or AWS_ENDPOINT_URL in the environment), so local servers work. If
+//     awsCfg.HTTPClient is nil, the client keeps up to opts.Concurrency idle connections.
+//   - file:///path: a *FileStore at path (created if missing); awsCfg and opts are not used.
+//
+// It returns an error for a URL ParseStoreURL refuses, for opts out of range, and when the
+// file store's directory cannot be created.
+func OpenStore(url string, awsCfg aws.Config, opts S3Options) (Store, error) {
+	scheme, bucket, prefix, err := ParseStoreURL(url)
+	if err != nil {
+		return nil, err
+	}
+	switch scheme {
+	case "file":
+		return NewFileStore(prefix)
+	default: // "s3"
+		opts, err := opts.withDefaults()
+		if err != nil {
+			return nil, fmt.Errorf("store %s: %w", url, err)
+		}
+		return NewS3Store(s3NewClient(awsCfg, opts.Concurrency), bucket, prefix, opts)
+	}
+}
+
+// s3NewClient returns the S3 client OpenStore uses; see there.
+func s3NewClient(awsCfg aws.Config, conns int) *s3.Client {
+	pathStyle := awsCfg.BaseEndpoint != nil ||
+		os.Getenv("AWS_ENDPOINT_URL_S3") != "" || os.Getenv("AWS_ENDPOINT_URL") != ""
+	return s3.NewFromConfig(awsCfg, func(o *s3.Options) {
+		o.UsePathStyle = o.UsePathStyle || pathStyle
+		o.Retryer = retry.NewStandard(func(so *retry.StandardOptions) {
+			so.MaxAttempts = 10
+			so.MaxBackoff = 2 * time.Second
+			so.RateLimiter = ratelimit.None
+		})
+		if awsCfg.HTTPClient == nil {
+			o.HTTPClient = awshttp.NewBuildableClient().WithTransportOptions(func(tr *http.Transport) {
+				tr.MaxIdleConnsPerHost = conns
+			})
+		}
+	})
+}
+
+// checkStoreKey reports whether key is a safe store key: not empty, not absolute, clean (no
+// empty, "." or ".." element, no trailing slash), no backslash or NUL.
+func checkStoreKey(key string) error {
+	switch {
+	case key == "":
+		return errors.New("empty key")
+	case strings.HasPrefix(key, "/"):
+		return fmt.Errorf("key %q is absolute", key)
+	case strings.ContainsAny(key, "\\\x00"):
+		return fmt.Errorf("key %q contains a backslash or NUL", key)
+	}
+	for _, el := range strings.Split(key, "/") {
+		switch el {
+		case "":
+			return fmt.Errorf("key %q has an empty element", key)
+		case ".", "..":
+			return fmt.Errorf("key %q has a %q element", key, el)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,570 @@
+package checkpoint
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/config"
+)
+
+func TestParseStoreURL(t *testing.T) {
+	tests := []struct {
+		url                    string
+		scheme, bucket, prefix string
+		wantErr                string
+	}{
+		{url: "s3://bucket/prefix", scheme: "s3", bucket: "bucket", prefix: "prefix"},
+		{url: "s3://bucket/a/b/", scheme: "s3", bucket: "bucket", prefix: "a/b"},
+		{url: "s3://bucket", scheme: "s3", bucket: "bucket"},
+		{url: "s3://bucket/", scheme: "s3", bucket: "bucket"},
+		{url: "file:///mnt/fsx/ckpt", scheme: "file", prefix: "/mnt/fsx/ckpt"},
+		{url: "file:///mnt/fsx/ckpt/", scheme: "file", prefix: "/mnt/fsx/ckpt"},
+		{url: "file:///", scheme: "file", prefix: "/"},
+		{url: "s3:///prefix", wantErr: "missing bucket"},
+		{url: "s3://", wantErr: "missing bucket"},
+		{url: "s3://bucket/a/../b", wantErr: `".." element`},
+		{url: "s3://bucket/..", wantErr: `".." element`},
+		{url: "s3://bucket/a//b", wantErr: "empty element"},
+		{url: `s3://bucket/a\b`, wantErr: "backslash"},
+		{url: "s3://bucket/p?versionId=1", wantErr: "query"},
+		{url: "file://relative/path", wantErr: "absolute path"},
+		{url: "file://host/abs", wantErr: "absolute path"},
+		{url: "file:relative", wantErr: "want s3://bucket/prefix or file:///path"},
+		{url: "file:///a/../etc", wantErr: `".." element`},
+		{url: "gs://bucket/prefix", wantErr: `unsupported scheme "gs"`},
+		{url: "/abs/path", wantErr: "want s3://bucket/prefix or file:///path"},
+		{url: "", wantErr: "want s3://bucket/prefix or file:///path"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.url, func(t *testing.T) {
+			scheme, bucket, prefix, err := ParseStoreURL(tc.url)
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("Got(%q) = %v; want an error containing %q", tc.url, err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("Got(%q) = %v; want no error", tc.url, err)
+			}
+			got := []string{scheme, bucket, prefix}
+			if want := []string{tc.scheme, tc.bucket, tc.prefix}; !slices.Equal(got, want) {
+				t.Errorf("Got(%q) = %q; want %q", tc.url, got, want)
+			}
+		})
+	}
+}
+
+func TestCheckStoreKey(t *testing.T) {
+	tests := []struct {
+		key string
+		ok  bool
+	}{
+		{"a", true},
+		{"job/step-1/_spotguard/manifest.json", true},
+		{"job/LATEST", true},
+		{"a/.hidden", true},
+		{"", false},
+		{"/abs", false},
+		{"../x", false},
+		{"a/../../x", false},
+		{"a/..", false},
+		{"./a", false},
+		{"a//b", false},
+		{"a/", false},
+		{`a\b`, false},
+		{"a\x00b", false},
+	}
+	for _, tc := range tests {
+		t.Run(tc.key, func(t *testing.T) {
+			if err := checkStoreKey(tc.key); (err == nil) != tc.ok {
+				t.Errorf("Got(%q) = %v; want ok %v", tc.key, err, tc.ok)
+			}
+		})
+	}
+}
+
+func TestOpenStore(t *testing.T) {
+	dir := t.TempDir()
+	tests := []struct {
+		url     string
+		opts    S3Options
+		wantURL string
+		wantErr string
+	}{
+		{url: "file://" + dir + "/store", wantURL: "file://" + dir + "/store"},
+		{url: "s3://bucket/prefix/", wantURL: "s3://bucket/prefix"},
+		{url: "s3://bucket", wantURL: "s3://bucket"},
+		{url: "s3://bucket/p", opts: S3Options{PartSize: 5 << 20, Concurrency: 1}, wantURL: "s3://bucket/p"},
+		{url: "s3://bucket/p", opts: S3Options{PartSize: 1 << 20}, wantErr: "part size"},
+		{url: "s3://bucket/p", opts: S3Options{Concurrency: -1}, wantErr: "concurrency"},
+		{url: "ftp://x/y", wantErr: "unsupported scheme"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.url, func(t *testing.T) {
+			s, err := OpenStore(tc.url, aws.Config{Region: "us-east-1"}, tc.opts)
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("Got(%q) = %v; want an error containing %q", tc.url, err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("Got(%q) = %v; want no error", tc.url, err)
+			}
+			if got := s.URL(); got != tc.wantURL {
+				t.Errorf("Got(%q).URL() = %q; want %q", tc.url, got, tc.wantURL)
+			}
+		})
+	}
+	t.Run("defaults", func(t *testing.T) {
+		s, err := OpenStore("s3://bucket/p", aws.Config{Region: "us-east-1"}, S3Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := s.(*S3Store).opts
+		if want := (S3Options{PartSize: 64 << 20, Concurrency: 16}); got != want {
+			t.Errorf("Got(%q) options = %+v; want %+v", "s3://bucket/p", got, want)
+		}
+		if got := cap(s.(*S3Store).sem); got != 16 {
+			t.Errorf("Got(%q) semaphore = %d; want 16", "s3://bucket/p", got)
+		}
+	})
+}
+
+// storeBackend opens fresh, empty stores of one kind for the conformance tests.
+type storeBackend struct {
+	// open returns a new, empty store.
+	open func(t *testing.T) Store
+	// leftovers returns what an interrupted write left behind in s: incomplete multipart
+	// uploads, or temporary files.
+	leftovers func(t *testing.T, s Store) []string
+}
+
+// TestStoreConformance runs the same behaviours against every Store backend: the file store
+// always, S3 against a real versitygw.
+func TestStoreConformance(t *testing.T) {
+	t.Run("file", func(t *testing.T) {
+		storeConformance(t, storeBackend{
+			open: func(t *testing.T) Store {
+				s, err := OpenStore("file://"+filepath.Join(t.TempDir(), "store"), aws.Config{}, S3Options{})
+				if err != nil {
+					t.Fatal(err)
+				}
+				return s
+			},
+			leftovers: func(t *testing.T, s Store) []string { return fileTempFiles(t, s.(*FileStore)) },
+		})
+	})
+	t.Run("s3", func(t *testing.T) {
+		peer := s3StartPeer(t)
+		var n atomic.Int64
+		storeConformance(t, storeBackend{
+			open: func(t *testing.T) Store {
+				return peer.openS3(t, peer.endpoint, fmt.Sprintf("conformance/%d", n.Add(1)), S3Options{PartSize: 5 << 20, Concurrency: 4})
+			},
+			leftovers: func(t *testing.T, s Store) []string {
+				return peer.incompleteUploads(t, s.(*S3Store).keyPrefix())
+			},
+		})
+	})
+}
+
+// storeTestData returns n pseudo-random bytes, the same for the same seed.
+func storeTestData(seed uint64, n int) []byte {
+	b := make([]byte, n)
+	r := rand.NewChaCha8([32]byte{byte(seed), byte(seed >> 8), byte(seed >> 16)})
+	r.Read(b)
+	return b
+}
+
+// storeTestFile writes data to a new file and returns it open for reading.
+func storeTestFile(t testing.TB, data []byte) *os.File {
+	t.Helper()
+	name := filepath.Join(t.TempDir(), "src")
+	if err := os.WriteFile(name, data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.Open(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.Close() })
+	return f
+}
+
+// storeTestWant returns the checksum of data.
+func storeTestWant(t testing.TB, data []byte) Checksum {
+	t.Helper()
+	want, err := ChecksumOf(bytes.NewReader(data))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return want
+}
+
+// storeTestDownload downloads key from s into a file and returns its content.
+func storeTestDownload(t testing.TB, s Store, key string, size int64) []byte {
+	t.Helper()
+	name := filepath.Join(t.TempDir(), "dl")
+	f, err := os.Create(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if err := s.Download(t.Context(), key, f, size); err != nil {
+		t.Fatalf("Download(%q) = %v; want no error", key, err)
+	}
+	got, err := os.ReadFile(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return got
+}
+
+// storeTestKeys returns the keys s lists under prefix.
+func storeTestKeys(t testing.TB, s Store, prefix string) []string {
+	t.Helper()
+	objs, err := s.List(t.Context(), prefix)
+	if err != nil {
+		t.Fatalf("List(%q) = %v; want no error", prefix, err)
+	}
+	var keys []string
+	for _, o := range objs {
+		keys = append(keys, o.Key)
+	}
+	return keys
+}
+
+// storeTestPut uploads data to key and checks the checksum and the progress reported.
+func storeTestPut(t testing.TB, s Store, key string, data []byte) {
+	t.Helper()
+	var sent atomic.Int64
+	got, err := s.PutFile(t.Context(), key, storeTestFile(t, data), int64(len(data)), func(n int64) { sent.Add(n) })
+	if err != nil {
+		t.Fatalf("PutFile(%q) = %v; want no error", key, err)
+	}
+	if want := storeTestWant(t, data); got != want {
+		t.Errorf("PutFile(%q) = %v; want %v", key, got, want)
+	}
+	if got := sent.Load(); got != int64(len(data)) {
+		t.Errorf("PutFile(%q) progress = %d bytes; want %d", key, got, len(data))
+	}
+}
+
+func storeConformance(t *testing.T, b storeBackend) {
+	for _, size := range []int{0, 1000, 12<<20 + 123} {
+		t.Run(fmt.Sprintf("PutFile/%d", size), func(t *testing.T) {
+			s := b.open(t)
+			data := storeTestData(uint64(size), size)
+			storeTestPut(t, s, "job/c/file.bin", data)
+			if got := storeTestDownload(t, s, "job/c/file.bin", int64(size)); !bytes.Equal(got, data) {
+				t.Errorf("Download(%q) differs from what PutFile sent (%d bytes, want %d)", "job/c/file.bin", len(got), len(data))
+			}
+			objs, err := s.List(t.Context(), "job/")
+			if err != nil || len(objs) != 1 || objs[0].Key != "job/c/file.bin" || objs[0].Size != int64(size) {
+				t.Errorf("List(%q) = %+v, %v; want job/c/file.bin of %d bytes", "job/", objs, err, size)
+			}
+			if left := b.leftovers(t, s); len(left) != 0 {
+				t.Errorf("Got(%q) leftovers = %q; want none", "job/c/file.bin", left)
+			}
+		})
+	}
+
+	t.Run("PutFile/replaces", func(t *testing.T) {
+		s := b.open(t)
+		storeTestPut(t, s, "k", []byte("first version"))
+		second := storeTestData(2, 6<<20)
+		storeTestPut(t, s, "k", second)
+		if got, err := s.GetBytes(t.Context(), "k"); err != nil || !bytes.Equal(got, second) {
+			t.Errorf("GetBytes(%q) = %d bytes, %v; want the second version", "k", len(got), err)
+		}
+	})
+
+	t.Run("PutFile/short file", func(t *testing.T) {
+		s := b.open(t)
+		data := storeTestData(3, 1000)
+		_, err := s.PutFile(t.Context(), "k", storeTestFile(t, data), 2000, nil)
+		if err == nil {
+			t.Fatalf("PutFile(%q) of 1000 bytes as 2000 = nil; want an error", "k")
+		}
+		if keys := storeTestKeys(t, s, ""); len(keys) != 0 {
+			t.Errorf("List(%q) = %q; want nothing", "", keys)
+		}
+	})
+
+	t.Run("PutFile/prefix of a larger file", func(t *testing.T) {
+		s := b.open(t)
+		data := storeTestData(4, 7<<20)
+		got, err := s.PutFile(t.Context(), "k", storeTestFile(t, data), 6<<20, nil)
+		if want := storeTestWant(t, data[:6<<20]); err != nil || got != want {
+			t.Fatalf("PutFile(%q) = %v, %v; want %v", "k", got, err, want)
+		}
+		if got := storeTestDownload(t, s, "k", 6<<20); !bytes.Equal(got, data[:6<<20]) {
+			t.Errorf("Download(%q) differs from the first 6 MiB", "k")
+		}
+	})
+
+	for _, tc := range []struct {
+		name       string
+		size       int
+		precancel  bool
+		cancelWhen int64 // cancel once this many bytes were reported
+	}{
+		{name: "cancelled before", size: 12 << 20, precancel: true},
+		{name: "cancelled during small", size: 1 << 20, cancelWhen: 1},
+		{name: "cancelled during multipart", size: 12 << 20, cancelWhen: 1},
+	} {
+		t.Run("PutFile/"+tc.name, func(t *testing.T) {
+			s := b.open(t)
+			data := storeTestData(5, tc.size)
+			ctx, cancel := context.WithCancel(t.Context())
+			defer cancel()
+			if tc.precancel {
+				cancel()
+			}
+			var sent atomic.Int64
+			progress := func(n int64) {
+				if sent.Add(n) >= tc.cancelWhen {
+					cancel()
+				}
+			}
+			_, err := s.PutFile(ctx, "job/c/big", storeTestFile(t, data), int64(len(data)), progress)
+			if !errors.Is(err, context.Canceled) {
+				t.Errorf("PutFile(%q) = %v; want context.Canceled", "job/c/big", err)
+			}
+			if keys := storeTestKeys(t, s, ""); len(keys) != 0 {
+				t.Errorf("List(%q) = %q; want nothing", "", keys)
+			}
+			if left := b.leftovers(t, s); len(left) != 0 {
+				t.Errorf("Got(%q) leftovers = %q; want none", "job/c/big", left)
+			}
+		})
+	}
+
+	t.Run("PutBytes/ifAbsent", func(t *testing.T) {
+		s := b.open(t)
+		key := ManifestKey("job", "c")
+		if err := s.PutBytes(t.Context(), key, []byte("first"), true); err != nil {
+			t.Fatalf("PutBytes(%q, ifAbsent) = %v; want no error", key, err)
+		}
+		if err := s.PutBytes(t.Context(), key, []byte("second"), true); !errors.Is(err, ErrExists) {
+			t.Errorf("PutBytes(%q, ifAbsent) again = %v; want ErrExists", key, err)
+		}
+		if got, err := s.GetBytes(t.Context(), key); err != nil || string(got) != "first" {
+			t.Errorf("GetBytes(%q) = %q, %v; want %q", key, got, err, "first")
+		}
+		if err := s.PutBytes(t.Context(), key, []byte("third"), false); err != nil {
+			t.Errorf("PutBytes(%q) = %v; want no error", key, err)
+		}
+		if got, err := s.GetBytes(t.Context(), key); err != nil || string(got) != "third" {
+			t.Errorf("GetBytes(%q) = %q, %v; want %q", key, got, err, "third")
+		}
+		if keys := storeTestKeys(t, s, ""); !slices.Equal(keys, []string{key}) {
+			t.Errorf("List(%q) = %q; want [%q]", "", keys, key)
+		}
+	})
+
+	t.Run("PutBytes/ifAbsent races", func(t *testing.T) {
+		s := b.open(t)
+		const writers = 8
+		errs := make([]error, writers)
+		var wg sync.WaitGroup
+		for i := range writers {
+			wg.Go(func() { errs[i] = s.PutBytes(t.Context(), "LATEST", fmt.Appendf(nil, "writer %d", i), true) })
+		}
+		wg.Wait()
+		won := -1
+		for i, err := range errs {
+			switch {
+			case err == nil && won >= 0:
+				t.Errorf("PutBytes(%q, ifAbsent) by writers %d and %d = nil; want one winner", "LATEST", won, i)
+			case err == nil:
+				won = i
+			case !errors.Is(err, ErrExists):
+				t.Errorf("PutBytes(%q, ifAbsent) by writer %d = %v; want nil or ErrExists", "LATEST", i, err)
+			}
+		}
+		if won < 0 {
+			t.Fatalf("PutBytes(%q, ifAbsent) by %d writers: none won; want one", "LATEST", writers)
+		}
+		if got, err := s.GetBytes(t.Context(), "LATEST"); err != nil || string(got) != fmt.Sprintf("writer %d", won) {
+			t.Errorf("GetBytes(%q) = %q, %v; want the winner's, writer %d", "LATEST", got, err, won)
+		}
+	})
+
+	t.Run("GetBytes/missing", func(t *testing.T) {
+		s := b.open(t)
+		if err := s.PutBytes(t.Context(), "job/c/x", []byte("x"), false); err != nil {
+			t.Fatal(err)
+		}
+		for _, key := range []string{"nope", "job/c", "job/c/x/y", "job/c/y"} {
+			if _, err := s.GetBytes(t.Context(), key); !errors.Is(err, ErrNotFound) {
+				t.Errorf("GetBytes(%q) = %v; want ErrNotFound", key, err)
+			}
+			if err := s.Download(t.Context(), key, storeDiscardAt{}, 1); !errors.Is(err, ErrNotFound) {
+				t.Errorf("Download(%q) = %v; want ErrNotFound", key, err)
+			}
+		}
+	})
+
+	t.Run("Download/wrong size", func(t *testing.T) {
+		s := b.open(t)
+		data := storeTestData(6, 1<<20)
+		storeTestPut(t, s, "k", data)
+		for _, size := range []int64{0, 1<<20 - 1, 1<<20 + 1, 100 << 20} {
+			err := s.Download(t.Context(), "k", storeDiscardAt{}, size)
+			if err == nil || errors.Is(err, ErrNotFound) {
+				t.Errorf("Download(%q, %d) of %d bytes = %v; want a size error", "k", size, len(data), err)
+			}
+		}
+	})
+
+	t.Run("List", func(t *testing.T) {
+		s := b.open(t)
+		keys := []string{"j/c1/b/c", "j/c10/x", "j/LATEST", "j/c1/a", "k/y", "j/c1/_spotguard/manifest.json", "j2"}
+		for _, k := range keys {
+			if err := s.PutBytes(t.Context(), k, []byte(k), false); err != nil {
+				t.Fatalf("PutBytes(%q) = %v; want no error", k, err)
+			}
+		}
+		tests := []struct {
+			prefix string
+			want   []string
+		}{
+			{"", []string{"j/LATEST", "j/c1/_spotguard/manifest.json", "j/c1/a", "j/c1/b/c", "j/c10/x", "j2", "k/y"}},
+			{"j/", []string{"j/LATEST", "j/c1/_spotguard/manifest.json", "j/c1/a", "j/c1/b/c", "j/c10/x"}},
+			{"j", []string{"j/LATEST", "j/c1/_spotguard/manifest.json", "j/c1/a", "j/c1/b/c", "j/c10/x", "j2"}},
+			{"j/c1/", []string{"j/c1/_spotguard/manifest.json", "j/c1/a", "j/c1/b/c"}},
+			{"j/c1", []string{"j/c1/_spotguard/manifest.json", "j/c1/a", "j/c1/b/c", "j/c10/x"}},
+			{"j/c1/b/c", []string{"j/c1/b/c"}},
+			{"j/c2/", nil},
+			{"zzz", nil},
+			{"../", nil},
+		}
+		for _, tc := range tests {
+			if got := storeTestKeys(t, s, tc.prefix); !slices.Equal(got, tc.want) {
+				t.Errorf("List(%q) = %q; want %q", tc.prefix, got, tc.want)
+			}
+		}
+		objs, err := s.List(t.Context(), "k/")
+		if err != nil || len(objs) != 1 || objs[0].Size != 3 || objs[0].LastModified.IsZero() {
+			t.Errorf("List(%q) = %+v, %v; want k/y, 3 bytes, with a time", "k/", objs, err)
+		}
+	})
+
+	t.Run("Delete", func(t *testing.T) {
+		s := b.open(t)
+		for _, k := range []string{"j/c/a", "j/c/d/e", "j/LATEST"} {
+			if err := s.PutBytes(t.Context(), k, []byte(k), false); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := s.Delete(t.Context(), "j/c/a", "j/c/d/e", "j/c/missing", "never/was"); err != nil {
+			t.Errorf("Delete = %v; want no error", err)
+		}
+		if got := storeTestKeys(t, s, ""); !slices.Equal(got, []string{"j/LATEST"}) {
+			t.Errorf("List(%q) after Delete = %q; want [j/LATEST]", "", got)
+		}
+		if err := s.Delete(t.Context()); err != nil {
+			t.Errorf("Delete() = %v; want no error", err)
+		}
+		many := make([]string, 1500)
+		for i := range many {
+			many[i] = fmt.Sprintf("m/%04d", i)
+		}
+		for _, k := range many[:20] {
+			if err := s.PutBytes(t.Context(), k, nil, false); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := s.Delete(t.Context(), many...); err != nil {
+			t.Errorf("Delete(1500 keys) = %v; want no error", err)
+		}
+		if got := storeTestKeys(t, s, "m/"); len(got) != 0 {
+			t.Errorf("List(%q) after Delete = %q; want nothing", "m/", got)
+		}
+	})
+
+	t.Run("hostile keys", func(t *testing.T) {
+		s := b.open(t)
+		f := storeTestFile(t, []byte("payload"))
+		for _, key := range []string{"../x", "a/../../x", "/abs", "/etc/passwd", `a\b`, "a\x00b", "", "a//b", "./a", "a/."} {
+			if _, err := s.PutFile(t.Context(), key, f, 7, nil); err == nil {
+				t.Errorf("PutFile(%q) = nil; want an error", key)
+			}
+			if err := s.PutBytes(t.Context(), key, []byte("x"), false); err == nil {
+				t.Errorf("PutBytes(%q) = nil; want an error", key)
+			}
+			if err := s.PutBytes(t.Context(), key, []byte("x"), true); err == nil || errors.Is(err, ErrExists) {
+				t.Errorf("PutBytes(%q, ifAbsent) = %v; want a key error", key, err)
+			}
+			if _, err := s.GetBytes(t.Context(), key); err == nil || errors.Is(err, ErrNotFound) {
+				t.Errorf("GetBytes(%q) = %v; want a key error", key, err)
+			}
+			if err := s.Download(t.Context(), key, storeDiscardAt{}, 7); err == nil || errors.Is(err, ErrNotFound) {
+				t.Errorf("Download(%q) = %v; want a key error", key, err)
+			}
+			if err := s.Delete(t.Context(), "fine", key); err == nil {
+				t.Errorf("Delete(%q) = nil; want an error", key)
+			}
+		}
+		if keys := storeTestKeys(t, s, ""); len(keys) != 0 {
+			t.Errorf("List(%q) = %q; want nothing", "", keys)
+		}
+	})
+}
+
+// storeDiscardAt is an io.WriterAt that drops what it gets.
+type storeDiscardAt struct{}
+
+func (storeDiscardAt) WriteAt(p []byte, _ int64) (int, error) { return len(p), nil }
+
+// TestOpenStoreEndpointFromEnv: an endpoint set the SDK's way (AWS_ENDPOINT_URL_S3) works with
+// a local server, which needs path-style addressing.
+func TestOpenStoreEndpointFromEnv(t *testing.T) {
+	peer := s3StartPeer(t)
+	for k, v := range map[string]string{
+		"AWS_ENDPOINT_URL_S3":         strings.Replace(peer.endpoint, "127.0.0.1", "localhost", 1),
+		"AWS_ENDPOINT_URL":            "",
+		"AWS_ACCESS_KEY_ID":           s3PeerAccess,
+		"AWS_SECRET_ACCESS_KEY":       s3PeerSecret,
+		"AWS_SESSION_TOKEN":           "",
+		"AWS_REGION":                  "us-east-1",
+		"AWS_PROFILE":                 "",
+		"AWS_CONFIG_FILE":             filepath.Join(t.TempDir(), "none"),
+		"AWS_SHARED_CREDENTIALS_FILE": filepath.Join(t.TempDir(), "none"),
+		"AWS_EC2_METADATA_DISABLED":   "true",
+	} {
+		t.Setenv(k, v)
+	}
+	cfg, err := config.LoadDefaultConfig(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.BaseEndpoint != nil {
+		t.Fatalf("Got(%q) BaseEndpoint = %q; want nil (the S3 endpoint is resolved by the S3 client)", "AWS_ENDPOINT_URL_S3", *cfg.BaseEndpoint)
+	}
+	cfg.HTTPClient = s3TestConfig(t, peer.endpoint).HTTPClient // closed when the test ends
+	s, err := OpenStore("s3://"+peer.bucket+"/env", cfg, S3Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.PutBytes(t.Context(), "j/LATEST", []byte("env"), true); err != nil {
+		t.Fatalf("PutBytes(%q) = %v; want no error", "j/LATEST", err)
+	}
+	if got, err := s.GetBytes(t.Context(), "j/LATEST"); err != nil || string(got) != "env" {
+		t.Errorf("GetBytes(%q) = %q, %v; want %q", "j/LATEST", got, err, "env")
+	}
+}
