@@ -1,0 +1,365 @@
+package checkpoint
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path"
+	"path/filepath"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/rs/zerolog"
+)
+
+// LocalCheckpoint is a checkpoint found in the local checkpoint directory.
+type LocalCheckpoint struct {
+	// Name is the checkpoint's sub-directory name, or the single file's name.
+	Name string
+	// Files are its regular files, sorted by Path. For a checkpoint directory they are every
+	// regular file in it and its nested sub-directories, except the marker and the skipped names
+	// (see Scan). For a single-file checkpoint it is the file itself, with Path equal to Name.
+	Files []LocalFile
+	// Complete is true for a checkpoint directory whose marker is a regular file at its top
+	// level and which could be read in full, and always for a single-file checkpoint.
+	Complete bool
+	// CompleteAt is the marker's modification time (the file's own for a single-file
+	// checkpoint); zero when not Complete.
+	CompleteAt time.Time
+	// Single is true for a single-file checkpoint: a regular file at the top of the directory
+	// whose name matches the pattern.
+	Single bool
+}
+
+// LocalFile is one regular file of a local checkpoint.
+type LocalFile struct {
+	// Path is relative to the checkpoint's directory and slash-separated; it always passes
+	// ValidPath. For a single-file checkpoint it is the file's name.
+	Path    string
+	Size    int64
+	ModTime time.Time
+}
+
+// scanDefaultMarker is the marker file used when none is configured.
+const scanDefaultMarker = "_COMPLETE"
+
+// Scan is one synchronous full scan of dir: every checkpoint in it, sorted by name, with its
+// regular files and whether it is complete. It never follows a symbolic link below dir (dir
+// itself may be one) and never opens anything but directories.
+//
+// marker is the name of the file whose presence at the top of a checkpoint directory makes it
+// complete ("" means "_COMPLETE"); it must be a single valid path element. pattern, if not
+// empty, is a path.Match glob: a regular file at the top of dir whose name matches it is a
+// complete single-file checkpoint. Other regular files at the top of dir are not checkpoints
+// and are ignored silently.
+//
+// Skipped, silently:
+//   - names that start with "." and end with ".tmp" (files being written before a rename into
+//     place), at any depth, files and directories alike;
+//   - the MetaDir ("_spotguard") directory at the top of dir.
+//
+// Skipped with one Warn log line each (fields path and type, or path and error):
+//   - symbolic links, sockets, devices, FIFOs and other non-regular files, anywhere;
+//   - names that fail ValidName (top level) or ValidPath (inside a checkpoint), such as names
+//     with a backslash, and MetaDir at the top of a checkpoint directory.
+//
+// A checkpoint directory part of which cannot be read (permission denied, or a directory
+// replaced while it was read) is logged at Error level and returned with Complete false, so
+// a caller never takes a partial listing for a complete checkpoint. Entries that vanish while
+// dir is read are left out without a word.
+//
+// Scan returns an error only if marker or pattern is invalid or dir itself cannot be read.
+func Scan(dir, marker, pattern string, log zerolog.Logger) ([]LocalCheckpoint, error) {
+	marker, err := scanCheckNames(marker, pattern)
+	if err != nil {
+		return nil, err
+	}
+	root, err := os.OpenRoot(dir)
+	if err != nil {
+		return nil, fmt.Errorf("open checkpoint dir: %w", err)
+	}
+	defer func() { _ = root.Close() }()
+	s := &scanWalker{
+		root:    root,
+		dir:     root.Name(),
+		marker:  marker,
+		pattern: pattern,
+		skip: func(rel, kind string, err error) {
+			scanLogSkip(log, filepath.Join(root.Name(), filepath.FromSlash(rel)), kind, err)
+		},
+	}
+	found, err := s.all()
+	if err != nil {
+		return nil, err
+	}
+	list := make([]LocalCheckpoint, 0, len(found))
+	for _, f := range found {
+		if f.err != nil {
+			log.Error().Err(f.err).Str("checkpoint", f.name).
+				Msg("checkpoint directory could not be read in full; not complete")
+		}
+		list = append(list, f.local())
+	}
+	return list, nil
+}
+
+// scanCheckNames validates a marker and a pattern and returns the marker, defaulted.
+func scanCheckNames(marker, pattern string) (string, error) {
+	if marker == "" {
+		marker = scanDefaultMarker
+	}
+	var problems []error
+	if err := ValidPath(marker); err != nil || strings.Contains(marker, "/") || scanSkipName(marker) {
+		problems = append(problems, fmt.Errorf("marker %q must be a single file name that is not skipped", marker))
+	}
+	if pattern != "" {
+		if _, err := path.Match(pattern, ""); err != nil {
+			problems = append(problems, fmt.Errorf("pattern %q: %w", pattern, err))
+		} else if strings.Contains(pattern, "/") {
+			problems = append(problems, fmt.Errorf("pattern %q must not contain a slash", pattern))
+		}
+	}
+	return marker, errors.Join(problems...)
+}
+
+// scanSkipName reports whether name is a temporary file that a writer will rename into place:
+// it starts with "." and ends with ".tmp".
+func scanSkipName(name string) bool {
+	return strings.HasPrefix(name, ".") && strings.HasSuffix(name, ".tmp")
+}
+
+// scanKind names the type of a file that is neither regular nor a directory, for log lines.
+func scanKind(mode fs.FileMode) string {
+	switch {
+	case mode&fs.ModeSymlink != 0:
+		return "symlink"
+	case mode&fs.ModeNamedPipe != 0:
+		return "fifo"
+	case mode&fs.ModeSocket != 0:
+		return "socket"
+	case mode&fs.ModeCharDevice != 0:
+		return "char device"
+	case mode&fs.ModeDevice != 0:
+		return "block device"
+	default:
+		return "irregular"
+	}
+}
+
+// scanLogSkip writes the one log line for a skipped path: kind names its type, or err says
+// why its name or it cannot be used.
+func scanLogSkip(log zerolog.Logger, abs, kind string, err error) {
+	if err != nil {
+		log.Warn().Str("path", abs).Err(err).Msg("skipping a file that cannot be used")
+		return
+	}
+	log.Warn().Str("path", abs).Str("type", kind).Msg("skipping a file that is not a regular file or directory")
+}
+
+// scanFile is a LocalFile with the FileInfo it came from.
+type scanFile struct {
+	LocalFile
+	info fs.FileInfo
+}
+
+// scanFound is one checkpoint found by a scanWalker.
+type scanFound struct {
+	name   string
+	single bool
+	// files are sorted by path; the marker is not among them.
+	files []scanFile
+	// marker is the marker's FileInfo (the file's own for a single-file checkpoint); nil if
+	// there is none.
+	marker fs.FileInfo
+	// err is not nil if part of the checkpoint could not be read; it is then not complete.
+	err error
+}
+
+// complete reports whether f is a complete checkpoint.
+func (f scanFound) complete() bool { return f.marker != nil && f.err == nil }
+
+// local converts f to a LocalCheckpoint.
+func (f scanFound) local() LocalCheckpoint {
+	lc := LocalCheckpoint{Name: f.name, Single: f.single, Complete: f.complete()}
+	if lc.Complete {
+		lc.CompleteAt = f.marker.ModTime()
+	}
+	for _, sf := range f.files {
+		lc.Files = append(lc.Files, sf.LocalFile)
+	}
+	return lc
+}
+
+// scanWalker lists checkpoints below a root, never following a symbolic link: every name
+// is looked at with Lstat relative to a directory handle, and a directory is read only through
+// a handle whose identity matches what Lstat saw.
+type scanWalker struct {
+	root    *os.Root
+	dir     string // root's name, for messages
+	marker  string
+	pattern string
+	// skip is called once for every path that is skipped with a log line: rel is relative to
+	// root and slash-separated; kind names its type, or err says what is wrong with it.
+	skip func(rel, kind string, err error)
+	// onDir, if not nil, is called with every checkpoint directory and nested sub-directory
+	// (relative to root, slash-separated) before it is read.
+	onDir func(rel string)
+}
+
+// isSingle reports whether a regular file at the top of root named name is a single-file
+// checkpoint.
+func (s *scanWalker) isSingle(name string) bool {
+	if s.pattern == "" {
+		return false
+	}
+	ok, _ := path.Match(s.pattern, name)
+	return ok
+}
+
+// all lists every checkpoint in root, sorted by name. It returns an error only if root
+// cannot be read.
+func (s *scanWalker) all() ([]scanFound, error) {
+	names, err := scanReadDir(s.root, ".")
+	if err != nil {
+		return nil, fmt.Errorf("read checkpoint dir %s: %w", s.dir, err)
+	}
+	var found []scanFound
+	for _, name := range names {
+		if f, ok := s.top(name); ok {
+			found = append(found, f)
+		}
+	}
+	return found, nil
+}
+
+// top looks at the entry name at the top of root. It returns false if name is not a
+// checkpoint: skipped, gone, or a regular file that does not match the pattern.
+func (s *scanWalker) top(name string) (scanFound, bool) {
+	if scanSkipName(name) || name == MetaDir {
+		return scanFound{}, false
+	}
+	if err := ValidName(name); err != nil {
+		s.skip(name, "", err)
+		return scanFound{}, false
+	}
+	fi, err := s.root.Lstat(name)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return scanFound{}, false
+	case err != nil:
+		s.skip(name, "", err)
+		return scanFound{}, false
+	case fi.IsDir():
+		f := scanFound{name: name}
+		var files []scanFile
+		f.err = s.walkDir(s.root, name, fi, name, "", &files)
+		for _, sf := range files {
+			if sf.Path == s.marker {
+				f.marker = sf.info
+				continue
+			}
+			f.files = append(f.files, sf)
+		}
+		slices.SortFunc(f.files, func(a, b scanFile) int { return strings.Compare(a.Path, b.Path) })
+		return f, true
+	case fi.Mode().IsRegular():
+		if !s.isSingle(name) {
+			return scanFound{}, false
+		}
+		file := scanFile{LocalFile: LocalFile{Path: name, Size: fi.Size(), ModTime: fi.ModTime()}, info: fi}
+		return scanFound{name: name, single: true, files: []scanFile{file}, marker: fi}, true
+	default:
+		s.skip(name, scanKind(fi.Mode()), nil)
+		return scanFound{}, false
+	}
+}
+
+// walkDir appends to files every regular file below the directory base of parent, which Lstat
+// described as want: the sub-directory sub (relative, "" for the top) of checkpoint ckpt. It
+// returns an error if part of it could not be read; a directory that has vanished is not an
+// error.
+func (s *scanWalker) walkDir(parent *os.Root, base string, want fs.FileInfo, ckpt, sub string, files *[]scanFile) error {
+	rel := ckpt
+	if sub != "" {
+		rel = ckpt + "/" + sub
+	}
+	if s.onDir != nil {
+		s.onDir(rel)
+	}
+	d, err := parent.OpenRoot(base)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("open %s: %w", rel, err)
+	}
+	defer func() { _ = d.Close() }() // a directory: nothing was written
+	// OpenRoot follows a symbolic link that stays inside parent; make sure it opened the very
+	// directory Lstat saw.
+	if got, err := d.Stat("."); err != nil || !os.SameFile(want, got) {
+		return fmt.Errorf("%s was replaced while it was read", rel)
+	}
+	names, err := scanReadDir(d, ".")
+	if err != nil {
+		return fmt.Errorf("read %s: %w", rel, err)
+	}
+	var errs []error
+	for _, name := range names {
+		if scanSkipName(name) {
+			continue
+		}
+		p := path.Join(sub, name)
+		if err := ValidPath(p); err != nil {
+			s.skip(ckpt+"/"+p, "", err)
+			continue
+		}
+		fi, err := d.Lstat(name)
+		switch {
+		case errors.Is(err, fs.ErrNotExist):
+		case err != nil:
+			errs = append(errs, fmt.Errorf("lstat %s/%s: %w", ckpt, p, err))
+		case fi.IsDir():
+			errs = append(errs, s.walkDir(d, name, fi, ckpt, p, files))
+		case fi.Mode().IsRegular():
+			*files = append(*files, scanFile{LocalFile: LocalFile{Path: p, Size: fi.Size(), ModTime: fi.ModTime()}, info: fi})
+		default:
+			s.skip(ckpt+"/"+p, scanKind(fi.Mode()), nil)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// lstat is Lstat of rel (relative to root, slash-separated) that also refuses a path any of
+// whose parents is not a directory, such as a symbolic link: that is reported as not existing.
+func (s *scanWalker) lstat(rel string) (fs.FileInfo, error) {
+	for i := range len(rel) {
+		if rel[i] != '/' {
+			continue
+		}
+		fi, err := s.root.Lstat(rel[:i])
+		if err != nil {
+			return nil, err
+		}
+		if !fi.IsDir() {
+			return nil, fmt.Errorf("%s is not a directory: %w", rel[:i], fs.ErrNotExist)
+		}
+	}
+	return s.root.Lstat(rel)
+}
+
+// scanReadDir returns the names in the directory name of d, sorted.
+func scanReadDir(d *os.Root, name string) ([]string, error) {
+	f, err := d.Open(name)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	names, err := f.Readdirnames(-1)
+	if err != nil {
+		return nil, err
+	}
+	slices.Sort(names)
+	return names, nil
+}

@@ -1,0 +1,724 @@
+package checkpoint
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"maps"
+	"os"
+	"path"
+	"path/filepath"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/fsnotify/fsnotify"
+	"github.com/rs/zerolog"
+)
+
+// WatchConfig configures a Watcher.
+type WatchConfig struct {
+	// Dir is the checkpoint directory. It must exist and be a directory (it may be a symbolic
+	// link to one; nothing below it is followed).
+	Dir string
+	// Marker is the file whose appearance at the top of a checkpoint directory makes it
+	// complete; default "_COMPLETE" (".metadata" for torch DCP). It must be a single file name.
+	Marker string
+	// Pattern is a path.Match glob: a regular file at the top of Dir whose name matches it is a
+	// complete single-file checkpoint once it has been quiet for Debounce. "" means none.
+	Pattern string
+	// Debounce is the quiet time after the last Create, Write or Chmod of a file before it
+	// counts as ready (closed); default 500ms.
+	Debounce time.Duration
+	// Logger receives the watcher's log lines.
+	Logger zerolog.Logger
+}
+
+// watchDefaultDebounce is the Debounce used when none is configured.
+const watchDefaultDebounce = 500 * time.Millisecond
+
+// WatchEventKind says what a WatchEvent reports.
+type WatchEventKind int
+
+const (
+	// FileReady: a regular file of a checkpoint has been written and closed (quiet for the
+	// debounce time, or flushed because its checkpoint's marker appeared). It comes again if
+	// the file changes later.
+	FileReady WatchEventKind = iota + 1
+	// Complete: the checkpoint's marker appeared (or its single file became ready). Every
+	// file of the checkpoint has had its FileReady before it.
+	Complete
+	// Removed: the checkpoint's directory (or single file) was removed or renamed away.
+	Removed
+)
+
+// String returns the kind's name.
+func (k WatchEventKind) String() string {
+	switch k {
+	case FileReady:
+		return "FileReady"
+	case Complete:
+		return "Complete"
+	case Removed:
+		return "Removed"
+	default:
+		return fmt.Sprintf("WatchEventKind(%d)", int(k))
+	}
+}
+
+// WatchEvent is one thing a Watcher saw happen to a checkpoint.
+type WatchEvent struct {
+	Kind WatchEventKind
+	// Checkpoint is the checkpoint's sub-directory name, or the single file's name. It always
+	// passes ValidName.
+	Checkpoint string
+	// Path is, for FileReady, the file's path relative to the checkpoint's directory,
+	// slash-separated and valid for ValidPath (the file's name for a single-file checkpoint).
+	// For Complete it is the marker's name (the file's name for a single-file checkpoint).
+	// For Removed it is empty.
+	Path string
+	// Size and ModTime are the file's (FileReady) or the marker's (Complete) as Lstat saw them
+	// when the watcher decided; zero for Removed. A consumer reads the file itself and must
+	// check them again.
+	Size    int64
+	ModTime time.Time
+	// At is when the watcher decided.
+	At time.Time
+}
+
+// Watcher watches a checkpoint directory with fsnotify and reports checkpoint files as they
+// become ready and checkpoints as they complete. See Run.
+type Watcher struct {
+	dir      string // absolute and clean
+	marker   string
+	pattern  string
+	debounce time.Duration
+	log      zerolog.Logger
+}
+
+// NewWatcher checks cfg and returns a Watcher for it. It returns an error, listing every
+// problem, if cfg.Dir does not exist or is not a directory, if Marker is not a single valid
+// file name, if Pattern is not a valid glob, or if Debounce is negative.
+func NewWatcher(cfg WatchConfig) (*Watcher, error) {
+	var problems []error
+	dir, err := filepath.Abs(cfg.Dir)
+	if err != nil || cfg.Dir == "" {
+		problems = append(problems, fmt.Errorf("checkpoint dir %q: not a usable path", cfg.Dir))
+	} else if fi, err := os.Stat(dir); err != nil {
+		problems = append(problems, fmt.Errorf("checkpoint dir: %w", err))
+	} else if !fi.IsDir() {
+		problems = append(problems, fmt.Errorf("checkpoint dir %s is not a directory", dir))
+	}
+	marker, err := scanCheckNames(cfg.Marker, cfg.Pattern)
+	if err != nil {
+		problems = append(problems, err)
+	}
+	debounce := cfg.Debounce
+	if debounce < 0 {
+		problems = append(problems, fmt.Errorf("debounce %v is negative", debounce))
+	} else if debounce == 0 {
+		debounce = watchDefaultDebounce
+	}
+	if err := errors.Join(problems...); err != nil {
+		return nil, err
+	}
+	return &Watcher{
+		dir:      dir,
+		marker:   marker,
+		pattern:  cfg.Pattern,
+		debounce: debounce,
+		log:      cfg.Logger.With().Str("component", "checkpoint-watcher").Logger(),
+	}, nil
+}
+
+// Run watches the checkpoint directory until ctx is done and sends what it sees to out, in
+// order. It never closes out. Only one Run of a Watcher may be active at a time.
+//
+// It first watches the directory and sends what a full scan finds (see Scan): for each
+// checkpoint in name order, a FileReady for each of its regular files in path order, then a
+// Complete if it is complete (always for single-file checkpoints). Only a file modified less
+// than Debounce ago in a checkpoint without its marker (or a single file modified that
+// recently) is not sent at once: it may still be being written, and is reported like a file
+// seen by its events, after its debounce. Then it sends events as they happen:
+//   - FileReady when a file of a checkpoint directory (at any depth) has had no Create, Write
+//     or Chmod for Debounce; again if it changes after that (with a Warn log line "file changed
+//     after its checkpoint was complete" if the checkpoint was complete). A file that is
+//     still the same file (inode) with the size and modification time its last FileReady
+//     reported is not reported again (after a Chmod alone, or events for a file a scan
+//     already reported).
+//   - Complete when the marker appears in a checkpoint directory (created or renamed into
+//     place): the checkpoint is read again at once and a FileReady is sent for each of its
+//     files not yet reported as it is now, without waiting for the debounce, then Complete.
+//     If part of it cannot be read, Complete is withheld (Error log line) until the marker
+//     changes again or a rescan. A marker removed and created again gives another Complete.
+//   - FileReady then Complete for a single-file checkpoint (a regular file at the top of Dir
+//     matching Pattern) once it has been quiet for Debounce, and again each time it changes.
+//   - Removed when a checkpoint directory or single file is removed or renamed away. Pending
+//     events for it are dropped. It may name a checkpoint no other event named.
+//
+// A new sub-directory is watched, then read at once, so files written before its watch was
+// added are seen too. A file removed from a checkpoint gives no event. Names are skipped as
+// Scan skips them (dot-prefixed ".tmp" files, MetaDir, invalid names, symbolic links and
+// other non-regular files; the logged ones once per path). Nothing outside Dir is reported,
+// and no symbolic link is followed.
+//
+// On fsnotify.ErrEventOverflow it logs a Warn, scans again in full and sends everything again
+// as at the start (Removed first for checkpoints that are gone), then continues. Other fsnotify
+// errors are logged and watching continues. If Dir itself is removed or moved it logs an Error
+// and waits for ctx, seeing nothing more.
+//
+// Events wait in memory while out is not read; reading the file system never waits on out.
+//
+// Run returns nil when ctx is done, and an error if the watch cannot be set up (fsnotify
+// cannot start, Dir cannot be opened, watched or read). A sub-directory that cannot be
+// watched is logged at Error level and not fatal. Run returns only after its goroutines
+// (and fsnotify's) have exited.
+func (w *Watcher) Run(ctx context.Context, out chan<- WatchEvent) error {
+	fw, err := fsnotify.NewWatcher()
+	if err != nil {
+		return fmt.Errorf("start fsnotify: %w", err)
+	}
+	defer func() { _ = fw.Close() }() // waits for fsnotify's goroutine
+	root, err := os.OpenRoot(w.dir)
+	if err != nil {
+		return fmt.Errorf("open checkpoint dir: %w", err)
+	}
+	defer func() { _ = root.Close() }()
+	if err := fw.Add(w.dir); err != nil {
+		return fmt.Errorf("watch checkpoint dir %s: %w", w.dir, err)
+	}
+	r := newWatchRun(w, fw, root)
+	defer r.deb.Stop()
+	if err := r.rescan(); err != nil {
+		return err
+	}
+	return r.loop(ctx, out)
+}
+
+// watchCkpt is what a watchRun knows about one checkpoint.
+type watchCkpt struct {
+	single   bool
+	complete bool
+}
+
+// watchRun is the state of one Run. Only Run's goroutine uses it.
+type watchRun struct {
+	*Watcher
+	fw     *fsnotify.Watcher
+	walker *scanWalker
+	deb    *watchDebouncer
+	ckpts  map[string]*watchCkpt
+	// dirs are the watched directories below Dir, relative and slash-separated.
+	dirs map[string]bool
+	// stamps are the FileInfo of each file's last FileReady, by relative path.
+	stamps map[string]fs.FileInfo
+	// warned are the paths skipped with a log line, with the line's reason.
+	warned map[string]string
+	queue  []WatchEvent
+}
+
+func newWatchRun(w *Watcher, fw *fsnotify.Watcher, root *os.Root) *watchRun {
+	r := &watchRun{
+		Watcher: w,
+		fw:      fw,
+		deb:     newWatchDebouncer(w.debounce),
+		ckpts:   map[string]*watchCkpt{},
+		dirs:    map[string]bool{},
+		stamps:  map[string]fs.FileInfo{},
+		warned:  map[string]string{},
+	}
+	r.walker = &scanWalker{
+		root:    root,
+		dir:     w.dir,
+		marker:  w.marker,
+		pattern: w.pattern,
+		skip:    r.skip,
+		onDir:   r.watchDir,
+	}
+	return r
+}
+
+// loop is Run's select loop.
+func (r *watchRun) loop(ctx context.Context, out chan<- WatchEvent) error {
+	for {
+		var send chan<- WatchEvent
+		var next WatchEvent
+		if len(r.queue) > 0 {
+			send, next = out, r.queue[0]
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case send <- next:
+			r.queue[0] = WatchEvent{}
+			r.queue = r.queue[1:]
+			if len(r.queue) == 0 {
+				r.queue = nil
+			}
+		case ev, ok := <-r.fw.Events:
+			if !ok {
+				return errors.New("fsnotify stopped")
+			}
+			r.handle(ev)
+		case err, ok := <-r.fw.Errors:
+			if !ok {
+				return errors.New("fsnotify stopped")
+			}
+			r.fsError(err)
+		case <-r.deb.C():
+			for _, key := range r.deb.Due() {
+				r.ready(key)
+			}
+		}
+	}
+}
+
+// emit queues ev for out.
+func (r *watchRun) emit(ev WatchEvent) {
+	ev.At = time.Now()
+	r.queue = append(r.queue, ev)
+}
+
+// abs returns the absolute path of rel.
+func (r *watchRun) abs(rel string) string {
+	return filepath.Join(r.dir, filepath.FromSlash(rel))
+}
+
+// skip logs a skipped path once (again only if the reason changes).
+func (r *watchRun) skip(rel, kind string, err error) {
+	reason := kind
+	if err != nil {
+		reason = err.Error()
+	}
+	if r.warned[rel] == reason {
+		return
+	}
+	r.warned[rel] = reason
+	scanLogSkip(r.log, r.abs(rel), kind, err)
+}
+
+// watchDir adds a watch on the directory rel, unless it has one.
+func (r *watchRun) watchDir(rel string) {
+	if r.dirs[rel] {
+		return
+	}
+	if err := r.fw.Add(r.abs(rel)); err != nil {
+		if !errors.Is(err, fs.ErrNotExist) {
+			r.log.Error().Err(err).Str("path", r.abs(rel)).Msg("cannot watch directory; changes in it will be seen only when its checkpoint completes")
+		}
+		return
+	}
+	r.dirs[rel] = true
+}
+
+// fsError handles an error from fsnotify.
+func (r *watchRun) fsError(err error) {
+	if !errors.Is(err, fsnotify.ErrEventOverflow) {
+		r.log.Error().Err(err).Msg("fsnotify error; watching on")
+		return
+	}
+	r.log.Warn().Err(err).Msg("fsnotify events were lost; rescanning the checkpoint directory")
+	if err := r.rescan(); err != nil {
+		r.log.Error().Err(err).Msg("rescan failed; watching on")
+	}
+}
+
+// rescan reads Dir in full and sends everything it finds, as at the start: Removed for the
+// checkpoints that are gone (or changed between directory and single file), then each
+// checkpoint's files and its Complete. Every watch below Dir is set up again, so a directory
+// replaced while events were lost is watched anew.
+func (r *watchRun) rescan() error {
+	for rel := range r.dirs {
+		_ = r.fw.Remove(r.abs(rel))
+	}
+	clear(r.dirs)
+	found, err := r.walker.all()
+	if err != nil {
+		return err
+	}
+	present := map[string]bool{}
+	for _, f := range found {
+		present[f.name] = f.single
+	}
+	for _, name := range slices.Sorted(maps.Keys(r.ckpts)) {
+		if single, ok := present[name]; !ok || single != r.ckpts[name].single {
+			r.drop(name)
+			delete(r.ckpts, name)
+			r.emit(WatchEvent{Kind: Removed, Checkpoint: name})
+		}
+	}
+	r.deb.Reset()
+	clear(r.stamps)
+	for _, f := range found {
+		c := &watchCkpt{single: f.single}
+		r.ckpts[f.name] = c
+		if f.err != nil {
+			r.log.Error().Err(f.err).Str("checkpoint", f.name).Msg("checkpoint directory could not be read in full; not complete")
+		}
+		r.emitFound(c, f, false)
+	}
+	return nil
+}
+
+// emitFound sends a FileReady for every file of f (only those that changed since their last
+// FileReady if onlyChanged), then a Complete if f is complete. Without a marker, a file
+// modified less than Debounce ago may still be being written: it waits for its debounce
+// instead, like a file seen by its events (a single-file checkpoint is its own marker, so its
+// Complete then waits too).
+func (r *watchRun) emitFound(c *watchCkpt, f scanFound, onlyChanged bool) {
+	now := time.Now()
+	waits := func(fi fs.FileInfo) bool {
+		return (f.single || !f.complete()) && now.Sub(fi.ModTime()) < r.debounce
+	}
+	for _, sf := range f.files {
+		key := f.name
+		if !f.single {
+			key = f.name + "/" + sf.Path
+		}
+		r.deb.Forget(key)
+		if onlyChanged && watchSameFile(r.stamps[key], sf.info) {
+			continue
+		}
+		if waits(sf.info) {
+			r.deb.Touch(key)
+			continue
+		}
+		r.stamps[key] = sf.info
+		r.emit(WatchEvent{Kind: FileReady, Checkpoint: f.name, Path: sf.Path, Size: sf.Size, ModTime: sf.ModTime})
+	}
+	if !f.complete() || (f.single && waits(f.marker)) {
+		return
+	}
+	c.complete = true
+	markerPath := r.marker
+	if f.single {
+		markerPath = f.name
+	}
+	r.emit(WatchEvent{Kind: Complete, Checkpoint: f.name, Path: markerPath, Size: f.marker.Size(), ModTime: f.marker.ModTime()})
+}
+
+// drop forgets everything below rel (rel included): pending debounces, stamps, watches and
+// skip log lines.
+func (r *watchRun) drop(rel string) {
+	under := func(k string) bool { return k == rel || strings.HasPrefix(k, rel+"/") }
+	r.deb.Forget(rel)
+	for k := range r.stamps {
+		if under(k) {
+			delete(r.stamps, k)
+		}
+	}
+	for k := range r.warned {
+		if under(k) {
+			delete(r.warned, k)
+		}
+	}
+	for k := range r.dirs {
+		if under(k) {
+			// The watch is gone already if the directory was removed; a moved one still has it.
+			_ = r.fw.Remove(r.abs(k))
+			delete(r.dirs, k)
+		}
+	}
+}
+
+// handle handles one fsnotify event.
+func (r *watchRun) handle(ev fsnotify.Event) {
+	rel, err := filepath.Rel(r.dir, ev.Name)
+	if err != nil || rel == ".." || strings.HasPrefix(rel, ".."+string(filepath.Separator)) {
+		return
+	}
+	rel = filepath.ToSlash(rel)
+	if rel == "." {
+		if ev.Has(fsnotify.Remove) || ev.Has(fsnotify.Rename) {
+			r.log.Error().Str("dir", r.dir).Msg("checkpoint directory was removed or moved; nothing more will be seen")
+		}
+		return
+	}
+	if ev.Has(fsnotify.Remove) || ev.Has(fsnotify.Rename) {
+		r.gone(rel)
+	}
+	if ev.Has(fsnotify.Create) || ev.Has(fsnotify.Write) || ev.Has(fsnotify.Chmod) {
+		r.changed(rel)
+	}
+}
+
+// gone handles the removal (or renaming away) of rel.
+func (r *watchRun) gone(rel string) {
+	name, sub, nested := strings.Cut(rel, "/")
+	c := r.ckpts[name]
+	if c == nil {
+		return
+	}
+	if !nested {
+		r.drop(name)
+		delete(r.ckpts, name)
+		r.emit(WatchEvent{Kind: Removed, Checkpoint: name})
+		return
+	}
+	if c.single {
+		return
+	}
+	r.drop(rel)
+	if sub == r.marker && c.complete {
+		c.complete = false
+		r.log.Info().Str("checkpoint", name).Msg("marker removed; the checkpoint is no longer complete")
+	}
+}
+
+// changed handles the creation or change of rel.
+func (r *watchRun) changed(rel string) {
+	name, sub, nested := strings.Cut(rel, "/")
+	if !nested {
+		r.changedTop(name)
+		return
+	}
+	c := r.ckpts[name]
+	if c == nil || c.single {
+		return
+	}
+	if r.deb.Pending(rel) {
+		r.deb.Touch(rel)
+		return
+	}
+	if scanSkipName(path.Base(sub)) {
+		return
+	}
+	if err := ValidPath(sub); err != nil {
+		r.skip(rel, "", err)
+		return
+	}
+	fi, err := r.walker.lstat(rel)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+	case err != nil:
+		r.skip(rel, "", err)
+	case fi.IsDir():
+		if !r.dirs[rel] {
+			r.refresh(name, c)
+		}
+	case fi.Mode().IsRegular():
+		if sub == r.marker {
+			if !c.complete {
+				r.refresh(name, c)
+			}
+			return
+		}
+		r.deb.Touch(rel)
+	default:
+		r.skip(rel, scanKind(fi.Mode()), nil)
+	}
+}
+
+// changedTop handles the creation or change of name at the top of Dir.
+func (r *watchRun) changedTop(name string) {
+	if scanSkipName(name) || name == MetaDir {
+		return
+	}
+	if err := ValidName(name); err != nil {
+		r.skip(name, "", err)
+		return
+	}
+	c := r.ckpts[name]
+	if c != nil && c.single && r.deb.Pending(name) {
+		r.deb.Touch(name)
+		return
+	}
+	fi, err := r.walker.root.Lstat(name)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+	case err != nil:
+		r.skip(name, "", err)
+	case fi.IsDir():
+		if c != nil && !c.single {
+			return
+		}
+		if c != nil {
+			r.gone(name)
+		}
+		c = &watchCkpt{}
+		r.ckpts[name] = c
+		r.refresh(name, c)
+	case fi.Mode().IsRegular():
+		if !r.walker.isSingle(name) {
+			return
+		}
+		if c != nil && !c.single {
+			r.gone(name)
+			c = nil
+		}
+		if c == nil {
+			r.ckpts[name] = &watchCkpt{single: true}
+		}
+		r.deb.Touch(name)
+	default:
+		r.skip(name, scanKind(fi.Mode()), nil)
+	}
+}
+
+// refresh reads the checkpoint directory name again, watching any new sub-directory. If its
+// marker is there, it is not complete yet and it could be read in full, it sends a FileReady
+// for each file not yet reported as it is now, without waiting for the debounce, then
+// Complete. Otherwise it starts the debounce of every file that is neither pending nor
+// reported as it is now.
+func (r *watchRun) refresh(name string, c *watchCkpt) {
+	f, ok := r.walker.top(name)
+	if !ok || f.single {
+		return
+	}
+	if f.marker != nil && !c.complete {
+		if f.err == nil {
+			// Writers write the marker last: whatever is still pending has been written.
+			r.deb.Forget(name)
+			r.emitFound(c, f, true)
+			return
+		}
+		r.log.Error().Err(f.err).Str("checkpoint", name).
+			Msg("marker is there but the checkpoint directory could not be read in full; not complete")
+	} else if f.err != nil {
+		r.log.Error().Err(f.err).Str("checkpoint", name).Msg("checkpoint directory could not be read in full")
+	}
+	for _, sf := range f.files {
+		key := name + "/" + sf.Path
+		if !r.deb.Pending(key) && !watchSameFile(r.stamps[key], sf.info) {
+			r.deb.Touch(key)
+		}
+	}
+}
+
+// ready handles the end of the debounce of key: a file of a checkpoint directory, or a
+// single-file checkpoint.
+func (r *watchRun) ready(key string) {
+	name, sub, nested := strings.Cut(key, "/")
+	c := r.ckpts[name]
+	if c == nil || c.single == nested {
+		return
+	}
+	fi, err := r.walker.lstat(key)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return
+	case err != nil:
+		r.skip(key, "", err)
+		return
+	case !fi.Mode().IsRegular():
+		if !fi.IsDir() {
+			r.skip(key, scanKind(fi.Mode()), nil)
+		}
+		return
+	}
+	if watchSameFile(r.stamps[key], fi) {
+		return
+	}
+	if !nested {
+		sub = name
+	}
+	if c.complete {
+		r.log.Warn().Str("checkpoint", name).Str("path", sub).Msg("file changed after its checkpoint was complete")
+	}
+	r.stamps[key] = fi
+	r.emit(WatchEvent{Kind: FileReady, Checkpoint: name, Path: sub, Size: fi.Size(), ModTime: fi.ModTime()})
+	if !nested {
+		c.complete = true
+		r.emit(WatchEvent{Kind: Complete, Checkpoint: name, Path: name, Size: fi.Size(), ModTime: fi.ModTime()})
+	}
+}
+
+// watchSameFile reports whether b is the same file as a with the same size and modification
+// time (a nil a is never the same).
+func watchSameFile(a, b fs.FileInfo) bool {
+	return a != nil && b != nil && os.SameFile(a, b) && a.Size() == b.Size() && a.ModTime().Equal(b.ModTime())
+}
+
+// watchDebouncer holds a deadline per key: a key is due when it has not been touched for the
+// quiet time. It has one timer, armed for the earliest deadline (or earlier) while any key is
+// pending. It is not safe for concurrent use.
+type watchDebouncer struct {
+	quiet time.Duration
+	due   map[string]time.Time
+	timer *time.Timer
+	armed bool
+}
+
+func newWatchDebouncer(quiet time.Duration) *watchDebouncer {
+	t := time.NewTimer(quiet)
+	t.Stop()
+	return &watchDebouncer{quiet: quiet, due: map[string]time.Time{}, timer: t}
+}
+
+// C returns the channel on which the timer fires; receive from it, then call Due. It is nil
+// while nothing is pending, so a select never wakes for it.
+func (d *watchDebouncer) C() <-chan time.Time {
+	if !d.armed {
+		return nil
+	}
+	return d.timer.C
+}
+
+// Touch (re)starts the quiet time of key.
+func (d *watchDebouncer) Touch(key string) {
+	d.due[key] = time.Now().Add(d.quiet)
+	// Every deadline is now+quiet, so one set earlier is never later than this one.
+	if !d.armed {
+		d.timer.Reset(d.quiet)
+		d.armed = true
+	}
+}
+
+// Pending reports whether key is waiting.
+func (d *watchDebouncer) Pending(key string) bool {
+	_, ok := d.due[key]
+	return ok
+}
+
+// Due removes and returns the keys whose quiet time is over, earliest deadline first (then by
+// key), and arms the timer for the next one. Call it after C fired.
+func (d *watchDebouncer) Due() []string {
+	d.armed = false
+	now := time.Now()
+	type item struct {
+		key string
+		at  time.Time
+	}
+	var due []item
+	var next time.Time
+	for k, at := range d.due {
+		if !at.After(now) {
+			due = append(due, item{k, at})
+			delete(d.due, k)
+		} else if next.IsZero() || at.Before(next) {
+			next = at
+		}
+	}
+	slices.SortFunc(due, func(a, b item) int {
+		return cmp.Or(a.at.Compare(b.at), strings.Compare(a.key, b.key))
+	})
+	if !next.IsZero() {
+		d.timer.Reset(next.Sub(now))
+		d.armed = true
+	}
+	keys := make([]string, len(due))
+	for i, it := range due {
+		keys[i] = it.key
+	}
+	return keys
+}
+
+// Forget drops key and every key below it (key + "/" + ...) without them becoming due.
+func (d *watchDebouncer) Forget(key string) {
+	for k := range d.due {
+		if k == key || strings.HasPrefix(k, key+"/") {
+			delete(d.due, k)
+		}
+	}
+}
+
+// Reset drops every key.
+func (d *watchDebouncer) Reset() { clear(d.due) }
+
+// Stop stops the timer.
+func (d *watchDebouncer) Stop() {
+	d.timer.Stop()
+	d.armed = false
+}

@@ -1,0 +1,723 @@
+//go:build linux
+
+package checkpoint
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"maps"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"syscall"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/fsnotify/fsnotify"
+	"github.com/rs/zerolog"
+)
+
+// watchTestDebounce is the debounce of the tests on the real file system.
+const watchTestDebounce = 50 * time.Millisecond
+
+// watchWait bounds every wait for an event.
+const watchWait = 10 * time.Second
+
+const watchMsgChanged = "file changed after its checkpoint was complete"
+
+// watchHarness runs a Watcher on a real directory with real fsnotify.
+type watchHarness struct {
+	t    *testing.T
+	dir  string
+	out  chan WatchEvent
+	logs *scanLogs
+	n    int // barriers made so far
+}
+
+// watchStart starts a Watcher on dir (Pattern "*.pt" and a 50ms debounce unless cfg says
+// otherwise) and waits until it watches. Cleanup stops it and checks that Run returned nil.
+func watchStart(t *testing.T, dir string, cfg WatchConfig) (*watchHarness, []WatchEvent) {
+	t.Helper()
+	h := &watchHarness{t: t, dir: dir, out: make(chan WatchEvent), logs: &scanLogs{}}
+	cfg.Dir = dir
+	cfg.Logger = zerolog.New(h.logs)
+	if cfg.Pattern == "" {
+		cfg.Pattern = "*.pt"
+	}
+	if cfg.Debounce == 0 {
+		cfg.Debounce = watchTestDebounce
+	}
+	w, err := NewWatcher(cfg)
+	if err != nil {
+		t.Fatalf("NewWatcher() error: %v", err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- w.Run(ctx, h.out) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("Run() = %v; want nil", err)
+			}
+		case <-time.After(watchWait):
+			t.Errorf("Run() did not return %v after its context was cancelled", watchWait)
+		}
+	})
+	// The watch on dir is set up before the start-up scan, so once the barrier is seen
+	// (by the scan or by an event) everything later is seen by events.
+	return h, h.barrier()
+}
+
+// until returns the events up to and including the first one for which stop is true.
+func (h *watchHarness) until(what string, stop func(WatchEvent) bool) []WatchEvent {
+	h.t.Helper()
+	var got []WatchEvent
+	deadline := time.After(watchWait)
+	for {
+		select {
+		case ev := <-h.out:
+			if ev.At.IsZero() {
+				h.t.Errorf("event %+v has no At", ev)
+			}
+			got = append(got, ev)
+			if stop(ev) {
+				return got
+			}
+		case <-deadline:
+			h.t.Fatalf("no %s after %v; got %s\nlog:\n%s", what, watchWait, watchFormat(got), h.logs)
+		}
+	}
+}
+
+// untilComplete returns the events up to and including the Complete of ckpt.
+func (h *watchHarness) untilComplete(ckpt string) []WatchEvent {
+	h.t.Helper()
+	return h.until("Complete of "+ckpt, func(ev WatchEvent) bool { return ev.Kind == Complete && ev.Checkpoint == ckpt })
+}
+
+// barrier writes a new single-file checkpoint and returns the events before its Complete,
+// less its own. Every change made before the barrier, and its debounce, has been reported by
+// then: deadlines are taken in the order events arrive.
+func (h *watchHarness) barrier() []WatchEvent {
+	h.t.Helper()
+	h.n++
+	name := fmt.Sprintf("zz-barrier-%03d.pt", h.n)
+	scanWrite(h.t, filepath.Join(h.dir, name), "barrier")
+	evs := h.untilComplete(name)
+	return slices.DeleteFunc(evs, func(ev WatchEvent) bool { return strings.HasPrefix(ev.Checkpoint, "zz-barrier-") })
+}
+
+// watchFormat formats events for messages and comparisons: kind checkpoint path size.
+func watchFormat(evs []WatchEvent) string {
+	var b strings.Builder
+	b.WriteString("[")
+	for i, ev := range evs {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		fmt.Fprintf(&b, "%v %s", ev.Kind, ev.Checkpoint)
+		if ev.Path != "" {
+			fmt.Fprintf(&b, " %s %d", ev.Path, ev.Size)
+		}
+	}
+	b.WriteString("]")
+	return b.String()
+}
+
+// watchCheckReady checks that evs, the events of one checkpoint up to its Complete, are
+// FileReady for the files at dir/ckpt/paths (the last one for each path as the file is now,
+// no two alike) and then one Complete with the marker's name.
+func watchCheckReady(t *testing.T, dir, ckpt, marker string, evs []WatchEvent, paths ...string) {
+	t.Helper()
+	last := map[string]WatchEvent{}
+	for i, ev := range evs {
+		if ev.Checkpoint != ckpt {
+			t.Errorf("event %+v; want only events of %s: %s", ev, ckpt, watchFormat(evs))
+			continue
+		}
+		if i == len(evs)-1 {
+			if ev.Kind != Complete || ev.Path != marker {
+				t.Errorf("last event = %+v; want Complete with path %q", ev, marker)
+			}
+			continue
+		}
+		if ev.Kind != FileReady {
+			t.Errorf("event %d = %+v; want FileReady before Complete: %s", i, ev, watchFormat(evs))
+			continue
+		}
+		if prev, ok := last[ev.Path]; ok && prev.Size == ev.Size && prev.ModTime.Equal(ev.ModTime) {
+			t.Errorf("FileReady %s twice for the same file: %s", ev.Path, watchFormat(evs))
+		}
+		last[ev.Path] = ev
+	}
+	if len(last) != len(paths) {
+		t.Errorf("FileReady for %d paths; want %v: %s", len(last), paths, watchFormat(evs))
+	}
+	for _, p := range paths {
+		ev, ok := last[p]
+		if !ok {
+			t.Errorf("no FileReady for %s: %s", p, watchFormat(evs))
+			continue
+		}
+		want := scanFileOf(t, filepath.Join(dir, ckpt), p)
+		if ev.Size != want.Size || !ev.ModTime.Equal(want.ModTime) {
+			t.Errorf("FileReady %s: size %d, mtime %v; want %d, %v", p, ev.Size, ev.ModTime, want.Size, want.ModTime)
+		}
+	}
+}
+
+// watchAge sets the modification time of every file below dir to age ago.
+func watchAge(t *testing.T, dir string, age time.Duration) {
+	t.Helper()
+	old := time.Now().Add(-age)
+	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil || !d.Type().IsRegular() {
+			return err
+		}
+		return os.Chtimes(p, old, old)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestWatchCheckpointWrittenFileByFile(t *testing.T) {
+	dir := t.TempDir()
+	h, _ := watchStart(t, dir, WatchConfig{})
+	ck := filepath.Join(dir, "step-000100")
+	if err := os.Mkdir(ck, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	scanWrite(t, filepath.Join(ck, "a.bin"), strings.Repeat("a", 100))
+	scanWrite(t, filepath.Join(ck, "b.bin"), strings.Repeat("b", 200))
+	scanWrite(t, filepath.Join(ck, "sub", "deeper", "c.bin"), strings.Repeat("c", 300))
+	scanWrite(t, filepath.Join(ck, "sub", "d.bin"), strings.Repeat("d", 400))
+	scanWrite(t, filepath.Join(ck, "_COMPLETE"), "")
+
+	evs := h.untilComplete("step-000100")
+	watchCheckReady(t, dir, "step-000100", "_COMPLETE", evs, "a.bin", "b.bin", "sub/d.bin", "sub/deeper/c.bin")
+	if rest := h.barrier(); len(rest) != 0 {
+		t.Errorf("events after Complete: %s", watchFormat(rest))
+	}
+}
+
+func TestWatchWaitsForTheDebounce(t *testing.T) {
+	dir := t.TempDir()
+	h, _ := watchStart(t, dir, WatchConfig{})
+	ck := filepath.Join(dir, "step-1")
+	start := time.Now()
+	scanWrite(t, filepath.Join(ck, "a.bin"), "aaaa")
+	evs := h.until("FileReady a.bin", func(ev WatchEvent) bool { return ev.Kind == FileReady })
+	if d := time.Since(start); d < watchTestDebounce {
+		t.Errorf("FileReady after %v; want the debounce %v at least", d, watchTestDebounce)
+	}
+	if len(evs) != 1 || evs[0].Checkpoint != "step-1" || evs[0].Path != "a.bin" || evs[0].Size != 4 {
+		t.Errorf("events = %s; want FileReady step-1 a.bin 4", watchFormat(evs))
+	}
+	// No Complete without the marker.
+	if rest := h.barrier(); len(rest) != 0 {
+		t.Errorf("events without a marker: %s", watchFormat(rest))
+	}
+}
+
+func TestWatchNewDirectoryWithFilesAlreadyInIt(t *testing.T) {
+	t.Run("renamed into place without marker", func(t *testing.T) {
+		dir := t.TempDir()
+		h, _ := watchStart(t, dir, WatchConfig{})
+		staging := filepath.Join(t.TempDir(), "step-1")
+		scanWrite(t, filepath.Join(staging, "a.bin"), "a")
+		scanWrite(t, filepath.Join(staging, "sub", "b.bin"), "bb")
+		if err := os.Rename(staging, filepath.Join(dir, "step-1")); err != nil {
+			t.Skipf("cannot rename across the two temporary directories: %v", err)
+		}
+		evs := h.barrier()
+		slices.SortFunc(evs, func(a, b WatchEvent) int { return strings.Compare(a.Path, b.Path) })
+		if got, want := watchFormat(evs), "[FileReady step-1 a.bin 1, FileReady step-1 sub/b.bin 2]"; got != want {
+			t.Errorf("events = %s; want %s", got, want)
+		}
+		scanWrite(t, filepath.Join(dir, "step-1", "_COMPLETE"), "")
+		evs = h.untilComplete("step-1")
+		if len(evs) != 1 {
+			t.Errorf("events = %s; want only Complete", watchFormat(evs))
+		}
+		// Files written in the new sub-directory later are seen by its watch.
+		scanWrite(t, filepath.Join(dir, "step-1", "sub", "late.bin"), "late")
+		evs = h.until("FileReady late.bin", func(ev WatchEvent) bool { return ev.Path == "sub/late.bin" })
+		if len(evs) != 1 {
+			t.Errorf("events = %s; want FileReady sub/late.bin", watchFormat(evs))
+		}
+	})
+	t.Run("renamed into place with marker", func(t *testing.T) {
+		dir := t.TempDir()
+		h, _ := watchStart(t, dir, WatchConfig{})
+		staging := filepath.Join(t.TempDir(), "step-2")
+		scanWrite(t, filepath.Join(staging, "a.bin"), "a")
+		scanWrite(t, filepath.Join(staging, "sub", "deeper", "b.bin"), "bb")
+		scanWrite(t, filepath.Join(staging, "_COMPLETE"), "")
+		if err := os.Rename(staging, filepath.Join(dir, "step-2")); err != nil {
+			t.Skipf("cannot rename across the two temporary directories: %v", err)
+		}
+		evs := h.untilComplete("step-2")
+		watchCheckReady(t, dir, "step-2", "_COMPLETE", evs, "a.bin", "sub/deeper/b.bin")
+		if rest := h.barrier(); len(rest) != 0 {
+			t.Errorf("events after Complete: %s", watchFormat(rest))
+		}
+	})
+	t.Run("made and filled at once", func(t *testing.T) {
+		dir := t.TempDir()
+		h, _ := watchStart(t, dir, WatchConfig{})
+		ck := filepath.Join(dir, "step-3")
+		scanWrite(t, filepath.Join(ck, "x", "y", "z", "deep.bin"), "deep")
+		scanWrite(t, filepath.Join(ck, "x", "y", "mid.bin"), "mid")
+		scanWrite(t, filepath.Join(ck, "top.bin"), "top")
+		scanWrite(t, filepath.Join(ck, "_COMPLETE"), "")
+		evs := h.untilComplete("step-3")
+		watchCheckReady(t, dir, "step-3", "_COMPLETE", evs, "top.bin", "x/y/mid.bin", "x/y/z/deep.bin")
+		if rest := h.barrier(); len(rest) != 0 {
+			t.Errorf("events after Complete: %s", watchFormat(rest))
+		}
+	})
+}
+
+func TestWatchRenameIntoPlaceTorchDCP(t *testing.T) {
+	dir := t.TempDir()
+	h, _ := watchStart(t, dir, WatchConfig{Marker: ".metadata"})
+	ck := filepath.Join(dir, "step-000200")
+	scanWrite(t, filepath.Join(ck, ".__0_0.distcp.tmp"), "rank zero shard")
+	if err := os.Rename(filepath.Join(ck, ".__0_0.distcp.tmp"), filepath.Join(ck, "__0_0.distcp")); err != nil {
+		t.Fatal(err)
+	}
+	scanWrite(t, filepath.Join(ck, "__1_0.distcp"), "rank one shard, written in place")
+	scanWrite(t, filepath.Join(ck, ".metadata.tmp"), "metadata")
+	if err := os.Rename(filepath.Join(ck, ".metadata.tmp"), filepath.Join(ck, ".metadata")); err != nil {
+		t.Fatal(err)
+	}
+	evs := h.untilComplete("step-000200")
+	watchCheckReady(t, dir, "step-000200", ".metadata", evs, "__0_0.distcp", "__1_0.distcp")
+	if c := evs[len(evs)-1]; c.Size != int64(len("metadata")) {
+		t.Errorf("Complete size = %d; want the marker's %d", c.Size, len("metadata"))
+	}
+	if rest := h.barrier(); len(rest) != 0 {
+		t.Errorf("events after Complete: %s", watchFormat(rest))
+	}
+}
+
+func TestWatchSingleFile(t *testing.T) {
+	dir := t.TempDir()
+	h, _ := watchStart(t, dir, WatchConfig{})
+	scanWrite(t, filepath.Join(dir, ".model-100.pt.tmp"), "weights")
+	if err := os.Rename(filepath.Join(dir, ".model-100.pt.tmp"), filepath.Join(dir, "model-100.pt")); err != nil {
+		t.Fatal(err)
+	}
+	scanWrite(t, filepath.Join(dir, "notes.txt"), "not a checkpoint")
+	evs := h.untilComplete("model-100.pt")
+	fi := scanFileOf(t, dir, "model-100.pt")
+	if got, want := watchFormat(evs), "[FileReady model-100.pt model-100.pt 7, Complete model-100.pt model-100.pt 7]"; got != want {
+		t.Errorf("events = %s; want %s", got, want)
+	}
+	for _, ev := range evs {
+		if ev.Checkpoint == "model-100.pt" && !ev.ModTime.Equal(fi.ModTime) {
+			t.Errorf("%v ModTime = %v; want %v", ev.Kind, ev.ModTime, fi.ModTime)
+		}
+	}
+	if rest := h.barrier(); len(rest) != 0 {
+		t.Errorf("events for files that are not checkpoints: %s", watchFormat(rest))
+	}
+}
+
+func TestWatchSymlinksAreNeverFollowed(t *testing.T) {
+	dir := t.TempDir()
+	outside := t.TempDir()
+	scanWrite(t, filepath.Join(outside, "secret"), "secret")
+	scanWrite(t, filepath.Join(outside, "d", "inside.bin"), "outside")
+	link := func(target, name string) {
+		t.Helper()
+		if err := os.Symlink(target, filepath.Join(dir, name)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Before the start: seen by the start-up scan.
+	scanWrite(t, filepath.Join(dir, "step-1", "real.bin"), "real")
+	link(filepath.Join(outside, "secret"), "step-1/link.bin")
+	link(filepath.Join(outside, "d"), "step-1/linkdir")
+	scanWrite(t, filepath.Join(dir, "step-1", "_COMPLETE"), "")
+	h, evs := watchStart(t, dir, WatchConfig{})
+	watchCheckReady(t, dir, "step-1", "_COMPLETE", evs, "real.bin")
+
+	// After the start: seen by events.
+	scanWrite(t, filepath.Join(dir, "step-2", "real.bin"), "real")
+	link(filepath.Join(outside, "secret"), "step-2/link.bin")
+	link(filepath.Join(outside, "d"), "step-2/linkdir")
+	link(filepath.Join(outside, "secret"), "evil.pt")
+	link(filepath.Join(outside, "d"), "evildir")
+	scanWrite(t, filepath.Join(dir, "step-2", "_COMPLETE"), "")
+	evs = h.untilComplete("step-2")
+	watchCheckReady(t, dir, "step-2", "_COMPLETE", evs, "real.bin")
+	// Writing through the links changes nothing the watcher reports.
+	scanWrite(t, filepath.Join(outside, "d", "new.bin"), "new")
+	scanWrite(t, filepath.Join(outside, "secret"), "changed secret")
+	if rest := h.barrier(); len(rest) != 0 {
+		t.Errorf("events for symbolic links: %s", watchFormat(rest))
+	}
+
+	got := h.logs.countPaths(t, "warn", scanMsgSpecial)
+	for _, rel := range []string{"step-1/link.bin", "step-1/linkdir", "step-2/link.bin", "step-2/linkdir", "evil.pt", "evildir"} {
+		if n := got[filepath.Join(dir, rel)]; n != 1 {
+			t.Errorf("warn lines %q for %s = %d; want 1\n%s", scanMsgSpecial, rel, n, h.logs)
+		}
+	}
+	for _, m := range h.logs.lines(t, "warn", scanMsgSpecial) {
+		if m["type"] != "symlink" {
+			t.Errorf("skip line %v: type = %v; want symlink", m, m["type"])
+		}
+	}
+}
+
+func TestWatchFIFOIsSkipped(t *testing.T) {
+	dir := t.TempDir()
+	scanWrite(t, filepath.Join(dir, "step-1", "a.bin"), "a")
+	if err := syscall.Mkfifo(filepath.Join(dir, "step-1", "early-pipe"), 0o644); err != nil {
+		t.Skipf("cannot make a FIFO here: %v", err)
+	}
+	h, _ := watchStart(t, dir, WatchConfig{})
+	ck := filepath.Join(dir, "step-1")
+	for _, p := range []string{filepath.Join(ck, "pipe"), filepath.Join(dir, "pipe.pt")} {
+		if err := syscall.Mkfifo(p, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	scanWrite(t, filepath.Join(ck, "b.bin"), "bb")
+	scanWrite(t, filepath.Join(ck, "_COMPLETE"), "")
+	// The start-up scan sent a.bin already; Complete comes, so nothing blocked on the FIFOs.
+	evs := h.untilComplete("step-1")
+	watchCheckReady(t, dir, "step-1", "_COMPLETE", evs, "b.bin")
+	if rest := h.barrier(); len(rest) != 0 {
+		t.Errorf("events for FIFOs: %s", watchFormat(rest))
+	}
+	got := h.logs.countPaths(t, "warn", scanMsgSpecial)
+	for _, rel := range []string{"step-1/early-pipe", "step-1/pipe", "pipe.pt"} {
+		if n := got[filepath.Join(dir, rel)]; n != 1 {
+			t.Errorf("warn lines %q for %s = %d; want 1\n%s", scanMsgSpecial, rel, n, h.logs)
+		}
+	}
+	for _, m := range h.logs.lines(t, "warn", scanMsgSpecial) {
+		if m["type"] != "fifo" {
+			t.Errorf("skip line %v: type = %v; want fifo", m, m["type"])
+		}
+	}
+}
+
+func TestWatchFileChangedAfterComplete(t *testing.T) {
+	dir := t.TempDir()
+	h, _ := watchStart(t, dir, WatchConfig{})
+	ck := filepath.Join(dir, "step-1")
+	scanWrite(t, filepath.Join(ck, "a.bin"), "a")
+	scanWrite(t, filepath.Join(ck, "b.bin"), "b")
+	scanWrite(t, filepath.Join(ck, "_COMPLETE"), "")
+	watchCheckReady(t, dir, "step-1", "_COMPLETE", h.untilComplete("step-1"), "a.bin", "b.bin")
+	if n := len(h.logs.lines(t, "warn", watchMsgChanged)); n != 0 {
+		t.Errorf("warn lines %q before any change = %d; want 0", watchMsgChanged, n)
+	}
+
+	scanWrite(t, filepath.Join(ck, "a.bin"), "rewritten")
+	evs := h.barrier()
+	want := scanFileOf(t, ck, "a.bin")
+	if len(evs) != 1 || evs[0].Kind != FileReady || evs[0].Path != "a.bin" || evs[0].Size != want.Size || !evs[0].ModTime.Equal(want.ModTime) {
+		t.Errorf("events after the rewrite = %s; want FileReady step-1 a.bin %d", watchFormat(evs), want.Size)
+	}
+	lines := h.logs.lines(t, "warn", watchMsgChanged)
+	if len(lines) != 1 || lines[0]["checkpoint"] != "step-1" || lines[0]["path"] != "a.bin" {
+		t.Errorf("warn lines %q = %v; want one for step-1 a.bin", watchMsgChanged, lines)
+	}
+
+	// A chmod alone is not a change of the data.
+	if err := os.Chmod(filepath.Join(ck, "b.bin"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if rest := h.barrier(); len(rest) != 0 {
+		t.Errorf("events after a chmod: %s", watchFormat(rest))
+	}
+}
+
+func TestWatchRemoved(t *testing.T) {
+	dir := t.TempDir()
+	scanWrite(t, filepath.Join(dir, "step-1", "a.bin"), "a")
+	scanWrite(t, filepath.Join(dir, "step-1", "sub", "b.bin"), "b")
+	scanWrite(t, filepath.Join(dir, "step-1", "_COMPLETE"), "")
+	scanWrite(t, filepath.Join(dir, "step-2", "c.bin"), "c")
+	scanWrite(t, filepath.Join(dir, "step-2", "_COMPLETE"), "")
+	scanWrite(t, filepath.Join(dir, "model.pt"), "m")
+	h, _ := watchStart(t, dir, WatchConfig{})
+
+	if err := os.RemoveAll(filepath.Join(dir, "step-1")); err != nil {
+		t.Fatal(err)
+	}
+	evs := h.until("Removed step-1", func(ev WatchEvent) bool { return ev.Kind == Removed })
+	if got, want := watchFormat(evs), "[Removed step-1]"; got != want {
+		t.Errorf("events = %s; want %s", got, want)
+	}
+
+	if err := os.Remove(filepath.Join(dir, "model.pt")); err != nil {
+		t.Fatal(err)
+	}
+	evs = h.until("Removed model.pt", func(ev WatchEvent) bool { return ev.Kind == Removed })
+	if got, want := watchFormat(evs), "[Removed model.pt]"; got != want {
+		t.Errorf("events = %s; want %s", got, want)
+	}
+
+	// A rename is a Removed of the old name and a new, complete checkpoint.
+	if err := os.Rename(filepath.Join(dir, "step-2"), filepath.Join(dir, "step-3")); err != nil {
+		t.Fatal(err)
+	}
+	evs = h.untilComplete("step-3")
+	if len(evs) == 0 || evs[0].Kind != Removed || evs[0].Checkpoint != "step-2" {
+		t.Fatalf("events = %s; want Removed step-2 first", watchFormat(evs))
+	}
+	watchCheckReady(t, dir, "step-3", "_COMPLETE", evs[1:], "c.bin")
+
+	// Removing a file, or the marker, of a checkpoint is not a Removed; a new marker is a new
+	// Complete.
+	if err := os.Remove(filepath.Join(dir, "step-3", "_COMPLETE")); err != nil {
+		t.Fatal(err)
+	}
+	if rest := h.barrier(); len(rest) != 0 {
+		t.Errorf("events after removing the marker: %s", watchFormat(rest))
+	}
+	scanWrite(t, filepath.Join(dir, "step-3", "_COMPLETE"), "")
+	if evs := h.untilComplete("step-3"); len(evs) != 1 {
+		t.Errorf("events for a new marker = %s; want Complete step-3", watchFormat(evs))
+	}
+}
+
+func TestWatchStartUpScan(t *testing.T) {
+	dir := t.TempDir()
+	scanWrite(t, filepath.Join(dir, "step-1", "b.bin"), "bb")
+	scanWrite(t, filepath.Join(dir, "step-1", "sub", "a.bin"), "a")
+	scanWrite(t, filepath.Join(dir, "step-1", "_COMPLETE"), "")
+	scanWrite(t, filepath.Join(dir, "step-2", "c.bin"), "ccc") // not complete
+	scanWrite(t, filepath.Join(dir, "model.pt"), "mmmm")
+	scanWrite(t, filepath.Join(dir, "notes.txt"), "n")
+	scanWrite(t, filepath.Join(dir, ".partial.pt.tmp"), "p")
+	scanWrite(t, filepath.Join(dir, MetaDir, "state"), "s")
+	scanWrite(t, filepath.Join(dir, "step-1", ".x.tmp"), "x")
+	watchAge(t, dir, time.Hour)
+
+	h, evs := watchStart(t, dir, WatchConfig{})
+	want := "[FileReady model.pt model.pt 4, Complete model.pt model.pt 4, " +
+		"FileReady step-1 b.bin 2, FileReady step-1 sub/a.bin 1, Complete step-1 _COMPLETE 0, " +
+		"FileReady step-2 c.bin 3]"
+	if got := watchFormat(evs); got != want {
+		t.Errorf("start-up events = %s; want %s", got, want)
+	}
+	// Nothing is sent twice: the files have not changed.
+	if rest := h.barrier(); len(rest) != 0 {
+		t.Errorf("events after the start-up scan: %s", watchFormat(rest))
+	}
+	// The incomplete checkpoint completes later.
+	scanWrite(t, filepath.Join(dir, "step-2", "_COMPLETE"), "")
+	if evs := h.untilComplete("step-2"); len(evs) != 1 {
+		t.Errorf("events = %s; want Complete step-2", watchFormat(evs))
+	}
+}
+
+// TestWatchOverflowRescans drives one run's steps directly: fsnotify cannot be made to
+// overflow on demand.
+func TestWatchOverflowRescans(t *testing.T) {
+	dir := t.TempDir()
+	scanWrite(t, filepath.Join(dir, "step-1", "a.bin"), "a")
+	scanWrite(t, filepath.Join(dir, "step-1", "_COMPLETE"), "")
+	scanWrite(t, filepath.Join(dir, "step-2", "b.bin"), "b")
+	watchAge(t, dir, time.Hour)
+	logs := &scanLogs{}
+	w, err := NewWatcher(WatchConfig{Dir: dir, Pattern: "*.pt", Logger: zerolog.New(logs)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fw, err := fsnotify.NewWatcher()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fw.Close()
+	root, err := os.OpenRoot(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer root.Close()
+	r := newWatchRun(w, fw, root)
+	defer r.deb.Stop()
+	if err := r.rescan(); err != nil {
+		t.Fatalf("rescan() error: %v", err)
+	}
+	if got, want := watchFormat(r.queue), "[FileReady step-1 a.bin 1, Complete step-1 _COMPLETE 0, FileReady step-2 b.bin 1]"; got != want {
+		t.Errorf("first scan = %s; want %s", got, want)
+	}
+	if got, want := slices.Sorted(maps.Keys(r.dirs)), []string{"step-1", "step-2"}; !slices.Equal(got, want) {
+		t.Errorf("watched directories = %v; want %v", got, want)
+	}
+	r.queue = nil
+
+	// Lost events: step-2 went away, step-3 came.
+	if err := os.RemoveAll(filepath.Join(dir, "step-2")); err != nil {
+		t.Fatal(err)
+	}
+	scanWrite(t, filepath.Join(dir, "step-3", "c.bin"), "cc")
+	scanWrite(t, filepath.Join(dir, "step-3", "_COMPLETE"), "")
+	// Just written, without a marker: these may still be being written.
+	scanWrite(t, filepath.Join(dir, "step-4", "d.bin"), "ddd")
+	scanWrite(t, filepath.Join(dir, "model.pt"), "mmmm")
+	r.fsError(fsnotify.ErrEventOverflow)
+	want := "[Removed step-2, FileReady step-1 a.bin 1, Complete step-1 _COMPLETE 0, FileReady step-3 c.bin 2, Complete step-3 _COMPLETE 0]"
+	if got := watchFormat(r.queue); got != want {
+		t.Errorf("after an overflow = %s; want %s", got, want)
+	}
+	if !r.deb.Pending("step-4/d.bin") {
+		t.Error("a file just written in a checkpoint without marker is not waiting for its debounce")
+	}
+	if n := len(logs.lines(t, "warn", "fsnotify events were lost; rescanning the checkpoint directory")); n != 1 {
+		t.Errorf("overflow warn lines = %d; want 1\n%s", n, logs)
+	}
+	if !r.deb.Pending("model.pt") {
+		t.Error("a single file just written is not waiting for its debounce")
+	}
+	r.queue = nil
+
+	r.fsError(errors.New("some other trouble"))
+	if len(r.queue) != 0 {
+		t.Errorf("events after another error = %s; want none", watchFormat(r.queue))
+	}
+	if n := len(logs.lines(t, "error", "fsnotify error; watching on")); n != 1 {
+		t.Errorf("error lines = %d; want 1\n%s", n, logs)
+	}
+}
+
+func TestNewWatcher(t *testing.T) {
+	dir := t.TempDir()
+	file := filepath.Join(dir, "file")
+	scanWrite(t, file, "x")
+	bad := []struct {
+		name string
+		cfg  WatchConfig
+	}{
+		{"no dir", WatchConfig{}},
+		{"missing dir", WatchConfig{Dir: filepath.Join(dir, "missing")}},
+		{"dir is a file", WatchConfig{Dir: file}},
+		{"bad pattern", WatchConfig{Dir: dir, Pattern: "["}},
+		{"bad marker", WatchConfig{Dir: dir, Marker: "a/b"}},
+		{"negative debounce", WatchConfig{Dir: dir, Debounce: -time.Second}},
+	}
+	for _, tt := range bad {
+		t.Run(tt.name, func(t *testing.T) {
+			if _, err := NewWatcher(tt.cfg); err == nil {
+				t.Errorf("NewWatcher(%+v) = nil error; want one", tt.cfg)
+			}
+		})
+	}
+	t.Run("defaults", func(t *testing.T) {
+		w, err := NewWatcher(WatchConfig{Dir: dir})
+		if err != nil {
+			t.Fatalf("NewWatcher() error: %v", err)
+		}
+		if w.marker != "_COMPLETE" || w.debounce != 500*time.Millisecond || w.pattern != "" {
+			t.Errorf("defaults: marker %q, debounce %v, pattern %q; want _COMPLETE, 500ms, none", w.marker, w.debounce, w.pattern)
+		}
+	})
+}
+
+func TestWatchRunFailsWithoutItsDirectory(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "ckpt")
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	w, err := NewWatcher(WatchConfig{Dir: dir, Logger: zerolog.Nop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(dir); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Run(t.Context(), make(chan WatchEvent)); err == nil {
+		t.Error("Run() on a removed directory = nil; want an error")
+	}
+}
+
+// watchNextDue waits for the debouncer's timer and returns what is due.
+func watchNextDue(t *testing.T, d *watchDebouncer) []string {
+	t.Helper()
+	c := d.C()
+	if c == nil {
+		t.Fatal("debouncer timer not armed")
+	}
+	<-c
+	return d.Due()
+}
+
+func TestWatchDebouncer(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const quiet = 100 * time.Millisecond
+		d := newWatchDebouncer(quiet)
+		defer d.Stop()
+		if d.C() != nil {
+			t.Fatal("C() of an empty debouncer is not nil")
+		}
+		start := time.Now()
+
+		d.Touch("a/x")
+		<-time.After(60 * time.Millisecond)
+		d.Touch("a/x") // quiet again from 60ms: due at 160ms
+		d.Touch("b")   // due at 160ms
+		<-time.After(10 * time.Millisecond)
+		d.Touch("a/y") // due at 170ms
+		if !d.Pending("a/x") || d.Pending("c") {
+			t.Errorf("Pending(a/x), Pending(c) = %v, %v; want true, false", d.Pending("a/x"), d.Pending("c"))
+		}
+
+		// The timer was armed for the first deadline (100ms), which was pushed back.
+		if got := watchNextDue(t, d); len(got) != 0 {
+			t.Errorf("Due() at %v = %v; want nothing", time.Since(start), got)
+		}
+		if got, want := watchNextDue(t, d), []string{"a/x", "b"}; !slices.Equal(got, want) {
+			t.Errorf("Due() = %v; want %v", got, want)
+		}
+		if got := time.Since(start); got != 160*time.Millisecond {
+			t.Errorf("a/x due after %v; want 160ms", got)
+		}
+		if got, want := watchNextDue(t, d), []string{"a/y"}; !slices.Equal(got, want) {
+			t.Errorf("Due() = %v; want %v", got, want)
+		}
+		if got := time.Since(start); got != 170*time.Millisecond {
+			t.Errorf("a/y due after %v; want 170ms", got)
+		}
+		if d.C() != nil {
+			t.Error("C() with nothing pending is not nil")
+		}
+
+		// Forget drops a key and the keys below it, not its siblings with the same prefix.
+		d.Touch("c/1")
+		d.Touch("c/2/3")
+		d.Touch("cc")
+		d.Forget("c")
+		if d.Pending("c/1") || d.Pending("c/2/3") || !d.Pending("cc") {
+			t.Errorf("after Forget(c): Pending c/1, c/2/3, cc = %v, %v, %v; want false, false, true",
+				d.Pending("c/1"), d.Pending("c/2/3"), d.Pending("cc"))
+		}
+		if got, want := watchNextDue(t, d), []string{"cc"}; !slices.Equal(got, want) {
+			t.Errorf("Due() = %v; want %v", got, want)
+		}
+
+		// Reset drops everything; the armed timer then finds nothing due.
+		d.Touch("d")
+		d.Reset()
+		if got := watchNextDue(t, d); len(got) != 0 {
+			t.Errorf("Due() after Reset = %v; want nothing", got)
+		}
+		if d.C() != nil {
+			t.Error("C() after Reset and Due is not nil")
+		}
+	})
+}
