@@ -1,0 +1,205 @@
+package checkpoint
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+)
+
+// listTestNames returns the checkpoint names of cs, with "*" after the one marked Latest.
+func listTestNames(cs []Committed) []string {
+	var names []string
+	for _, c := range cs {
+		n := c.Manifest.Checkpoint
+		if c.Latest {
+			n += "*"
+		}
+		names = append(names, n)
+	}
+	return names
+}
+
+func TestListCommitted(t *testing.T) {
+	t0 := restoreTestT0
+	tests := []struct {
+		name     string
+		setup    func(t *testing.T, s *memStore)
+		want     []string // names, newest first, "*" on LATEST
+		problems []string // one substring per problem, in order
+	}{
+		{"empty store", func(t *testing.T, s *memStore) {}, nil, nil},
+		{"newest first, LATEST marked", func(t *testing.T, s *memStore) {
+			restoreTestCommit(t, s, restoreTestJob, "step-9", t0, restoreTestFiles(1))
+			restoreTestCommit(t, s, restoreTestJob, "step-10", t0.Add(2*time.Hour), restoreTestFiles(2))
+			restoreTestCommit(t, s, restoreTestJob, "step-11", t0.Add(time.Hour), restoreTestFiles(3))
+			restoreTestSetLatest(t, s, restoreTestJob, "step-11")
+		}, []string{"step-10", "step-11*", "step-9"}, nil},
+		{"equal times by name, no LATEST", func(t *testing.T, s *memStore) {
+			restoreTestCommit(t, s, restoreTestJob, "a", t0, restoreTestFiles(1))
+			restoreTestCommit(t, s, restoreTestJob, "b", t0, restoreTestFiles(2))
+		}, []string{"b", "a"}, nil},
+		{"only manifests count", func(t *testing.T, s *memStore) {
+			restoreTestCommit(t, s, restoreTestJob, "step-1", t0, map[string]string{
+				"a":                            "1",
+				"sub/_spotguard/manifest.json": "a trainer's file, not a manifest",
+			})
+			s.put(DataKey(restoreTestJob, "step-2", "model.pt"), []byte("uncommitted"))
+			s.put(restoreTestJob+"/"+MetaDir+"/manifest.json", []byte("{"))
+			restoreTestCommit(t, s, restoreTestJob+"-2", "step-3", t0, restoreTestFiles(3))
+			restoreTestCommit(t, s, "x"+restoreTestJob, "step-4", t0, restoreTestFiles(4))
+		}, []string{"step-1"}, nil},
+		{"invalid manifests are problems", func(t *testing.T, s *memStore) {
+			restoreTestCommit(t, s, restoreTestJob, "step-1", t0, restoreTestFiles(1))
+			s.put(ManifestKey(restoreTestJob, "step-2"), []byte("not json"))
+			m := restoreTestManifest(t, restoreTestJob, "step-3", t0, map[string]string{"a": "1"})
+			m.Files[0].Path = "../a"
+			restoreTestPutJSON(t, s, ManifestKey(restoreTestJob, "step-3"), m)
+			m = restoreTestManifest(t, "other", "step-4", t0, map[string]string{"a": "1"})
+			restoreTestPutJSON(t, s, ManifestKey(restoreTestJob, "step-4"), m)
+			restoreTestSetLatest(t, s, restoreTestJob, "step-1")
+		}, []string{"step-1*"}, []string{
+			ManifestKey(restoreTestJob, "step-2") + ": manifest is not valid JSON",
+			ManifestKey(restoreTestJob, "step-3") + `: manifest of llama-70b/step-3 is invalid: file: path "../a" has a ".." element`,
+			ManifestKey(restoreTestJob, "step-4") + `: manifest names job "other" checkpoint "step-4"`,
+		}},
+		{"LATEST names a checkpoint without a valid manifest", func(t *testing.T, s *memStore) {
+			restoreTestCommit(t, s, restoreTestJob, "step-1", t0, restoreTestFiles(1))
+			s.put(ManifestKey(restoreTestJob, "step-2"), []byte("{}"))
+			restoreTestSetLatest(t, s, restoreTestJob, "step-2")
+		}, []string{"step-1"}, []string{
+			ManifestKey(restoreTestJob, "step-2") + ": manifest of / is invalid",
+			LatestKey(restoreTestJob) + ` names checkpoint "step-2", which has no valid manifest`,
+		}},
+		{"LATEST names a missing checkpoint", func(t *testing.T, s *memStore) {
+			restoreTestCommit(t, s, restoreTestJob, "step-1", t0, restoreTestFiles(1))
+			restoreTestSetLatest(t, s, restoreTestJob, "step-2")
+		}, []string{"step-1"}, []string{LatestKey(restoreTestJob) + ` names checkpoint "step-2"`}},
+		{"LATEST not JSON", func(t *testing.T, s *memStore) {
+			restoreTestCommit(t, s, restoreTestJob, "step-1", t0, restoreTestFiles(1))
+			s.put(LatestKey(restoreTestJob), []byte("step-1"))
+		}, []string{"step-1"}, []string{LatestKey(restoreTestJob) + " is not valid JSON"}},
+		{"LATEST names a path", func(t *testing.T, s *memStore) {
+			restoreTestCommit(t, s, restoreTestJob, "step-1", t0, restoreTestFiles(1))
+			restoreTestSetLatest(t, s, restoreTestJob, "step-1/../../x")
+		}, []string{"step-1"}, []string{LatestKey(restoreTestJob) + ": checkpoint:"}},
+		{"manifest vanished after List", func(t *testing.T, s *memStore) {
+			restoreTestCommit(t, s, restoreTestJob, "step-1", t0, restoreTestFiles(1))
+			restoreTestCommit(t, s, restoreTestJob, "step-2", t0, restoreTestFiles(2))
+			s.failKey(ManifestKey(restoreTestJob, "step-2"), fmt.Errorf("deleted meanwhile: %w", ErrNotFound))
+		}, []string{"step-1"}, []string{ManifestKey(restoreTestJob, "step-2") + ": deleted meanwhile"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s := newMemStore()
+			tt.setup(t, s)
+			cs, problems, err := ListCommitted(t.Context(), s, restoreTestJob)
+			if err != nil {
+				t.Fatalf("ListCommitted() error: %v", err)
+			}
+			if got := listTestNames(cs); strings.Join(got, " ") != strings.Join(tt.want, " ") {
+				t.Errorf("Got(%q) = %q; want %q", tt.name, got, tt.want)
+			}
+			for _, c := range cs {
+				if want := ManifestKey(restoreTestJob, c.Manifest.Checkpoint); c.Key != want {
+					t.Errorf("Got(%q) = %q; want %q", "key", c.Key, want)
+				}
+			}
+			if len(problems) != len(tt.problems) {
+				t.Fatalf("Got(%q) = %q; want %d problems: %q", tt.name, problems, len(tt.problems), tt.problems)
+			}
+			for i, want := range tt.problems {
+				if !strings.HasPrefix(problems[i].Error(), want) {
+					t.Errorf("Got(%q) = %q; want it to start with %q", fmt.Sprint("problem ", i), problems[i], want)
+				}
+			}
+		})
+	}
+}
+
+func TestListCommittedErrors(t *testing.T) {
+	errBoom := errors.New("boom")
+	tests := []struct {
+		name  string
+		job   string
+		setup func(s *memStore)
+		is    error
+	}{
+		{"invalid job", "a/b", func(s *memStore) {}, nil},
+		{"list fails", restoreTestJob, func(s *memStore) { s.listErr = errBoom }, errBoom},
+		{"manifest read fails", restoreTestJob, func(s *memStore) { s.failKey(ManifestKey(restoreTestJob, "step-2"), errBoom) }, errBoom},
+		{"LATEST read fails", restoreTestJob, func(s *memStore) { s.failKey(LatestKey(restoreTestJob), errBoom) }, errBoom},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s := newMemStore()
+			restoreTestCommit(t, s, restoreTestJob, "step-1", restoreTestT0, restoreTestFiles(1))
+			restoreTestCommit(t, s, restoreTestJob, "step-2", restoreTestT0, restoreTestFiles(2))
+			tt.setup(s)
+			cs, problems, err := ListCommitted(t.Context(), s, tt.job)
+			if err == nil || cs != nil || problems != nil {
+				t.Fatalf("Got(%q) = %v, %v, %v; want nil, nil, an error", tt.name, cs, problems, err)
+			}
+			if tt.is != nil && (!errors.Is(err, tt.is) || !strings.Contains(err.Error(), "mem://bucket/prefix") || !strings.Contains(err.Error(), restoreTestJob)) {
+				t.Errorf("Got(%q) = %v; want %v, naming the store and job", tt.name, err, tt.is)
+			}
+		})
+	}
+}
+
+func TestFormatList(t *testing.T) {
+	t0 := time.Date(2026, 3, 1, 12, 0, 0, 0, time.FixedZone("CET", 3600))
+	mk := func(name string, files int, size int64, trigger string, at time.Time) *Manifest {
+		return &Manifest{Checkpoint: name, Files: make([]File, files), TotalBytes: size, Trigger: trigger, CommittedAt: at}
+	}
+	cs := []Committed{
+		{Manifest: mk("step-000300", 17, 3<<30+512<<20, "notice", t0.Add(2*time.Hour))},
+		{Manifest: mk("step-000200", 17, 1536<<10, "periodic", t0.Add(time.Hour)), Latest: true},
+		{Manifest: mk("step-000100-with-a-long-name", 1, 0, "", t0)},
+	}
+	var b bytes.Buffer
+	FormatList(&b, cs)
+	want := "" +
+		"CHECKPOINT                    FILES  SIZE     TRIGGER   COMMITTED AT\n" +
+		"step-000300                   17     3.5 GiB  notice    2026-03-01T13:00:00Z\n" +
+		"step-000200                   17     1.5 MiB  periodic  2026-03-01T12:00:00Z  LATEST\n" +
+		"step-000100-with-a-long-name  1      0 B      -         2026-03-01T11:00:00Z\n"
+	if b.String() != want {
+		t.Errorf("Got(%q) =\n%s; want\n%s", "FormatList", b.String(), want)
+	}
+	if regexp.MustCompile(` +\n`).MatchString(b.String()) {
+		t.Errorf("Got(%q) = %q; want no trailing spaces", "FormatList", b.String())
+	}
+
+	b.Reset()
+	FormatList(&b, nil)
+	if got, want := b.String(), "CHECKPOINT  FILES  SIZE  TRIGGER  COMMITTED AT\n"; got != want {
+		t.Errorf("Got(%q) = %q; want %q", "FormatList(nil)", got, want)
+	}
+}
+
+func TestListHumanBytes(t *testing.T) {
+	tests := []struct {
+		n    int64
+		want string
+	}{
+		{0, "0 B"},
+		{1, "1 B"},
+		{1023, "1023 B"},
+		{1024, "1.0 KiB"},
+		{1536, "1.5 KiB"},
+		{1<<20 - 1, "1.0 MiB"},
+		{5 << 30, "5.0 GiB"},
+		{1 << 40, "1.0 TiB"},
+		{1<<63 - 1, "8.0 EiB"},
+		{-5, "-5 B"},
+	}
+	for _, tt := range tests {
+		if got := listHumanBytes(tt.n); got != tt.want {
+			t.Errorf("Got(%q) = %q; want %q", fmt.Sprint(tt.n), got, tt.want)
+		}
+	}
+}

@@ -1,0 +1,221 @@
+package checkpoint
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+)
+
+// memStore is an in-memory Store for tests. It is safe for concurrent use. Knobs make it
+// misbehave per key: fail (any method touching the key returns the error), corrupt (Download
+// writes the object with one bit flipped), hang (the next Download blocks until its ctx ends).
+type memStore struct {
+	mu        sync.Mutex
+	objs      map[string][]byte
+	fail      map[string]error
+	corrupt   map[string]bool
+	hang      map[string]chan struct{}
+	listErr   error
+	downloads []string // keys passed to Download, in call order
+}
+
+var _ Store = (*memStore)(nil)
+
+func newMemStore() *memStore {
+	return &memStore{
+		objs:    map[string][]byte{},
+		fail:    map[string]error{},
+		corrupt: map[string]bool{},
+		hang:    map[string]chan struct{}{},
+	}
+}
+
+// put stores data at key, as a test's setup.
+func (s *memStore) put(key string, data []byte) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.objs[key] = slices.Clone(data)
+}
+
+// remove deletes key, as a test's setup.
+func (s *memStore) remove(key string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.objs, key)
+}
+
+// failKey makes every method that touches key return err.
+func (s *memStore) failKey(key string, err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.fail[key] = err
+}
+
+// corruptKey makes Download of key write the object with one bit flipped.
+func (s *memStore) corruptKey(key string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.corrupt[key] = true
+}
+
+// hangKey makes the next Download of key block until its context ends. The channel it
+// returns is closed when that Download has started blocking.
+func (s *memStore) hangKey(key string) <-chan struct{} {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	entered := make(chan struct{})
+	s.hang[key] = entered
+	return entered
+}
+
+// downloaded returns the keys passed to Download so far.
+func (s *memStore) downloaded() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.downloads)
+}
+
+func (s *memStore) URL() string { return "mem://bucket/prefix" }
+
+// check refuses keys a real store would refuse and returns the knob error for key, if any.
+// It must be called with s.mu held.
+func (s *memStore) check(ctx context.Context, key string) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if key == "" || strings.HasPrefix(key, "/") || slices.Contains(strings.Split(key, "/"), "..") {
+		return fmt.Errorf("memstore: key %q leaves the prefix", key)
+	}
+	return s.fail[key]
+}
+
+func (s *memStore) PutFile(ctx context.Context, key string, f *os.File, size int64, progress func(n int64)) (Checksum, error) {
+	data := make([]byte, size)
+	if _, err := f.ReadAt(data, 0); err != nil && (!errors.Is(err, io.EOF) || size != 0) {
+		return Checksum{}, fmt.Errorf("memstore: read %s: %w", f.Name(), err)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := s.check(ctx, key); err != nil {
+		return Checksum{}, err
+	}
+	s.objs[key] = data
+	if progress != nil {
+		progress(size)
+	}
+	return ChecksumOf(bytes.NewReader(data))
+}
+
+func (s *memStore) PutBytes(ctx context.Context, key string, data []byte, ifAbsent bool) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := s.check(ctx, key); err != nil {
+		return err
+	}
+	if _, ok := s.objs[key]; ok && ifAbsent {
+		return fmt.Errorf("memstore: put %s: %w", key, ErrExists)
+	}
+	s.objs[key] = slices.Clone(data)
+	return nil
+}
+
+func (s *memStore) GetBytes(ctx context.Context, key string) ([]byte, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := s.check(ctx, key); err != nil {
+		return nil, err
+	}
+	data, ok := s.objs[key]
+	if !ok {
+		return nil, fmt.Errorf("memstore: get %s: %w", key, ErrNotFound)
+	}
+	return slices.Clone(data), nil
+}
+
+// Download writes the object in up to four ranges, concurrently, like a ranged-GET store.
+func (s *memStore) Download(ctx context.Context, key string, w io.WriterAt, size int64) error {
+	s.mu.Lock()
+	s.downloads = append(s.downloads, key)
+	err := s.check(ctx, key)
+	data, ok := s.objs[key]
+	data = slices.Clone(data)
+	hang := s.hang[key]
+	if hang != nil {
+		delete(s.hang, key) // close the channel once
+	}
+	if s.corrupt[key] && len(data) > 0 {
+		data[len(data)/2] ^= 0x01
+	}
+	s.mu.Unlock()
+	switch {
+	case err != nil:
+		return err
+	case hang != nil:
+		close(hang)
+		<-ctx.Done()
+		return ctx.Err()
+	case !ok:
+		return fmt.Errorf("memstore: download %s: %w", key, ErrNotFound)
+	case int64(len(data)) != size:
+		return fmt.Errorf("memstore: download %s: object has %d bytes; want %d", key, len(data), size)
+	}
+
+	const parts = 4
+	chunk := max((size+parts-1)/parts, 1)
+	errs := make([]error, parts)
+	var wg sync.WaitGroup
+	for i := range parts {
+		off := int64(i) * chunk
+		if off >= size {
+			break
+		}
+		end := min(off+chunk, size)
+		wg.Go(func() {
+			_, errs[i] = w.WriteAt(data[off:end], off)
+		})
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
+func (s *memStore) List(ctx context.Context, prefix string) ([]ObjectInfo, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	if s.listErr != nil {
+		return nil, s.listErr
+	}
+	var out []ObjectInfo
+	for k, v := range s.objs {
+		if strings.HasPrefix(k, prefix) {
+			out = append(out, ObjectInfo{Key: k, Size: int64(len(v))})
+		}
+	}
+	slices.SortFunc(out, func(a, b ObjectInfo) int { return strings.Compare(a.Key, b.Key) })
+	return out, nil
+}
+
+func (s *memStore) Delete(ctx context.Context, keys ...string) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, k := range keys {
+		if err := s.check(ctx, k); err != nil {
+			return err
+		}
+		delete(s.objs, k)
+	}
+	return nil
+}
+
+func (s *memStore) AbortIncomplete(ctx context.Context, prefix string, olderThan time.Time) (int, error) {
+	return 0, ctx.Err()
+}

@@ -1,0 +1,523 @@
+package checkpoint
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path"
+	"path/filepath"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/rs/zerolog"
+	"golang.org/x/sync/errgroup"
+)
+
+// ErrNothingToRestore is wrapped by Restore's error when the job has no complete checkpoint in
+// the store. The error's message names the job and the store, e.g. "no complete checkpoint of
+// job J in s3://bucket/prefix", so callers can print it as it is.
+var ErrNothingToRestore = errors.New("checkpoint: nothing complete to restore")
+
+// restoreDefaultConcurrency is RestoreOptions.Concurrency when it is not positive.
+const restoreDefaultConcurrency = 8
+
+// restoreStagingPrefix starts the name of the staging directory that Restore creates in
+// RestoreOptions.To.
+const restoreStagingPrefix = ".spotguard-restore-"
+
+// RestoreOptions says what Restore restores and where.
+type RestoreOptions struct {
+	// Job is the job whose checkpoint is restored (store.job).
+	Job string
+	// Checkpoint is the checkpoint to restore. "" means the one LATEST names, falling back to
+	// the newest valid manifest (by CommittedAt) when LATEST is missing, not valid JSON, or
+	// names a checkpoint without a valid manifest.
+	Checkpoint string
+	// To is the destination directory, created if missing; the checkpoint is placed at
+	// To/<checkpoint name>.
+	To string
+	// Concurrency is how many files are downloaded at once; 8 when not positive. The Store
+	// parallelises ranged reads within a file.
+	Concurrency int
+	// Progress, if not nil, is called with the bytes written so far and the checkpoint's total
+	// size: once with done 0 before the first download, then as bytes arrive. Calls are
+	// serialised (never two at once) and done never decreases or exceeds total. It is not
+	// called when To/<checkpoint> already holds the checkpoint.
+	Progress func(done, total int64)
+	// Logger receives the summary and warnings (a fallback, skipped manifests).
+	Logger zerolog.Logger
+}
+
+// RestoreResult describes a successful restore.
+type RestoreResult struct {
+	// Checkpoint is the name of the restored checkpoint.
+	Checkpoint string
+	// Dir is To/<checkpoint>.
+	Dir string
+	// Files and Bytes are the checkpoint's file count and total size.
+	Files int
+	Bytes int64
+	// Elapsed is the time Restore took, from its start.
+	Elapsed time.Duration
+	// FellBack is true when Checkpoint was "" and LATEST was unusable, so the newest valid
+	// manifest was restored instead.
+	FellBack bool
+	// AlreadyPresent is true when Dir already held the checkpoint (the same files, sizes and
+	// checksums): nothing was downloaded or changed.
+	AlreadyPresent bool
+}
+
+// Restore downloads a committed checkpoint of opts.Job from s into opts.To/<checkpoint>,
+// verified. It resolves the checkpoint (opts.Checkpoint, or LATEST with its fallback), reads and
+// validates its manifest (which must name the job and checkpoint of its key), downloads every
+// file in parallel into a staging directory inside To (no path can leave it), fsyncs each file,
+// checks each file's size and CRC-32C read back from disk against the manifest, and only then
+// renames the staging directory to To/<checkpoint>. It never overwrites: if To/<checkpoint>
+// exists already, Restore compares it with the manifest.
+//
+// It returns:
+//   - the result, nil: the checkpoint is at Dir, complete and verified; AlreadyPresent says
+//     it was there already with identical content (a re-run is a no-op);
+//   - an error wrapping ErrNothingToRestore, whose message names the job and the store:
+//     opts.Checkpoint is "" and the job has no valid manifest at all;
+//   - another error, naming the store and job: invalid options; an explicit opts.Checkpoint
+//     without a manifest (wrapping ErrNotFound) or with an invalid or mismatched one; a store
+//     failure other than a missing object while resolving (no fallback then: a transient error
+//     must not make it restore an older checkpoint); a missing data object (wrapping
+//     ErrNotFound) or failed download; a size or checksum mismatch (naming the file, expected
+//     and actual); To/<checkpoint> existing with other content or not as a directory; a local
+//     file system error; ctx ended.
+//
+// On every error the staging directory is removed and To/<checkpoint> is untouched (To itself
+// may have been created). A staging directory left by a killed process (To/.spotguard-restore-*)
+// is not cleaned up.
+func Restore(ctx context.Context, s Store, opts RestoreOptions) (RestoreResult, error) {
+	start := time.Now()
+	url := s.URL()
+	fail := func(err error) (RestoreResult, error) {
+		return RestoreResult{}, fmt.Errorf("restore job %s from %s: %w", opts.Job, url, err)
+	}
+	if err := ValidName(opts.Job); err != nil {
+		return fail(fmt.Errorf("job: %w", err))
+	}
+	if opts.To == "" {
+		return fail(errors.New("no destination directory"))
+	}
+	if opts.Checkpoint != "" {
+		if err := ValidName(opts.Checkpoint); err != nil {
+			return fail(fmt.Errorf("checkpoint: %w", err))
+		}
+	}
+	conc := opts.Concurrency
+	if conc <= 0 {
+		conc = restoreDefaultConcurrency
+	}
+	log := opts.Logger.With().Str("component", "restore").Str("store", url).Str("job", opts.Job).Logger()
+
+	m, fellBack, err := restoreResolve(ctx, s, opts.Job, opts.Checkpoint, log)
+	if err != nil {
+		if errors.Is(err, ErrNothingToRestore) {
+			return RestoreResult{}, err
+		}
+		return fail(err)
+	}
+	res := RestoreResult{
+		Checkpoint: m.Checkpoint,
+		Dir:        filepath.Join(opts.To, m.Checkpoint),
+		Files:      len(m.Files),
+		Bytes:      m.TotalBytes,
+		FellBack:   fellBack,
+	}
+	failCP := func(err error) (RestoreResult, error) {
+		return fail(fmt.Errorf("checkpoint %q: %w", m.Checkpoint, err))
+	}
+
+	if err := os.MkdirAll(opts.To, 0o755); err != nil {
+		return failCP(fmt.Errorf("create destination: %w", err))
+	}
+	to, err := os.OpenRoot(opts.To)
+	if err != nil {
+		return failCP(fmt.Errorf("open destination: %w", err))
+	}
+	defer func() { _ = to.Close() }() // a directory handle: nothing to flush
+
+	done := func(already bool) (RestoreResult, error) {
+		res.AlreadyPresent = already
+		res.Elapsed = time.Since(start)
+		log.Info().Str("checkpoint", res.Checkpoint).Str("dir", res.Dir).Int("files", res.Files).
+			Int64("bytes", res.Bytes).Dur("elapsed", res.Elapsed).Bool("fell_back", res.FellBack).
+			Bool("already_present", already).Msg("checkpoint restored")
+		return res, nil
+	}
+
+	// Never overwrite what is there; succeed only if it is this very checkpoint.
+	same, err := restoreExisting(ctx, to, m, conc)
+	if err != nil {
+		return failCP(err)
+	}
+	if same {
+		return done(true)
+	}
+
+	staging, err := restoreStage(ctx, s, to, m, conc, opts.Progress, log)
+	if err != nil {
+		return failCP(err)
+	}
+	if err := to.Rename(staging, m.Checkpoint); err != nil {
+		// Someone else may have put it there since the check (a concurrent restore). Renaming
+		// a directory onto an empty directory replaces it; onto anything else it fails.
+		if rerr := to.RemoveAll(staging); rerr != nil {
+			log.Warn().Err(rerr).Str("dir", filepath.Join(opts.To, staging)).Msg("cannot remove the staging directory")
+		}
+		same, cerr := restoreExisting(ctx, to, m, conc)
+		if cerr != nil {
+			return failCP(cerr)
+		}
+		if same {
+			return done(true)
+		}
+		return failCP(fmt.Errorf("move into place: %w", err))
+	}
+	if err := restoreSyncDir(to, "."); err != nil {
+		// The checkpoint is in place and verified; only the rename may not survive a crash.
+		log.Warn().Err(err).Str("dir", opts.To).Msg("cannot sync the destination directory")
+	}
+	return done(false)
+}
+
+// restoreResolve returns the manifest to restore. With an explicit checkpoint it is that
+// checkpoint's manifest or an error. Otherwise it is the manifest LATEST names (fellBack false)
+// or, when LATEST is missing, invalid or names a checkpoint without a valid manifest, the newest
+// valid manifest (fellBack true), or an error wrapping ErrNothingToRestore when there is none.
+// A store failure other than ErrNotFound is an error in every case.
+func restoreResolve(ctx context.Context, s Store, job, explicit string, log zerolog.Logger) (*Manifest, bool, error) {
+	if explicit != "" {
+		m, problem, err := listReadManifest(ctx, s, job, explicit)
+		switch {
+		case err != nil:
+			return nil, false, fmt.Errorf("checkpoint %q: %w", explicit, err)
+		case problem != nil:
+			return nil, false, fmt.Errorf("checkpoint %q has no valid manifest: %w", explicit, problem)
+		}
+		return m, false, nil
+	}
+
+	latest, reason, err := listReadLatest(ctx, s, job)
+	if err != nil {
+		return nil, false, err
+	}
+	if reason == nil && latest == "" {
+		reason = fmt.Errorf("%s is missing", LatestKey(job))
+	}
+	if reason == nil {
+		m, problem, err := listReadManifest(ctx, s, job, latest)
+		if err != nil {
+			return nil, false, fmt.Errorf("checkpoint %q named by %s: %w", latest, LatestKey(job), err)
+		}
+		if problem == nil {
+			return m, false, nil
+		}
+		reason = fmt.Errorf("%s names checkpoint %q, which has no valid manifest: %w", LatestKey(job), latest, problem)
+	}
+
+	log.Warn().Err(reason).Msg("LATEST unusable; restoring the newest valid manifest")
+	cs, problems, err := ListCommitted(ctx, s, job)
+	if err != nil {
+		return nil, false, err
+	}
+	for _, p := range problems {
+		log.Warn().Err(p).Msg("skipping unusable store entry")
+	}
+	if len(cs) == 0 {
+		return nil, false, &restoreNothingError{job: job, url: s.URL(), problems: len(problems)}
+	}
+	return cs[0].Manifest, true, nil
+}
+
+// restoreNothingError is the error of a restore with nothing to restore.
+type restoreNothingError struct {
+	job, url string
+	problems int
+}
+
+func (e *restoreNothingError) Error() string {
+	msg := fmt.Sprintf("no complete checkpoint of job %s in %s", e.job, e.url)
+	if e.problems > 0 {
+		msg += fmt.Sprintf(" (%d unusable entries skipped; see the log)", e.problems)
+	}
+	return msg
+}
+
+func (e *restoreNothingError) Unwrap() error { return ErrNothingToRestore }
+
+// restoreExisting reports whether To/<checkpoint> (inside to) holds exactly m's files. It
+// returns:
+//   - false, nil: there is nothing at To/<checkpoint>;
+//   - true, nil: it is a directory holding exactly m's files (regular files with m's sizes and
+//     checksums; directories without files do not count);
+//   - false, an error: it exists but differs (the error says how, and that it is not
+//     overwritten), or it could not be read, or ctx ended.
+func restoreExisting(ctx context.Context, to *os.Root, m *Manifest, conc int) (bool, error) {
+	fi, err := to.Lstat(m.Checkpoint)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return false, nil
+	case err != nil:
+		return false, fmt.Errorf("inspect existing destination: %w", err)
+	case !fi.IsDir():
+		return false, fmt.Errorf("destination %s exists and is not a directory (%s); not overwriting it",
+			filepath.Join(to.Name(), m.Checkpoint), fi.Mode().Type())
+	}
+	dir, err := to.OpenRoot(m.Checkpoint)
+	if err != nil {
+		return false, fmt.Errorf("open existing destination: %w", err)
+	}
+	defer func() { _ = dir.Close() }() // a directory handle: nothing to flush
+	differs := func(format string, args ...any) (bool, error) {
+		return false, fmt.Errorf("destination %s exists with other content (%s); not overwriting it",
+			filepath.Join(to.Name(), m.Checkpoint), fmt.Sprintf(format, args...))
+	}
+
+	want := make(map[string]File, len(m.Files))
+	for _, f := range m.Files {
+		want[f.Path] = f
+	}
+	var have []string
+	err = fs.WalkDir(dir.FS(), ".", func(p string, d fs.DirEntry, err error) error {
+		switch {
+		case err != nil:
+			return err
+		case d.IsDir():
+			return nil
+		case !d.Type().IsRegular():
+			return fmt.Errorf("%q is not a regular file (%s)", p, d.Type())
+		}
+		have = append(have, p)
+		return nil
+	})
+	if err != nil {
+		return differs("%v", err)
+	}
+	for _, p := range have {
+		if _, ok := want[p]; !ok {
+			return differs("file %q is not in the checkpoint", p)
+		}
+	}
+	if len(have) != len(want) {
+		for _, f := range m.Files {
+			if !slices.Contains(have, f.Path) {
+				return differs("file %q is missing", f.Path)
+			}
+		}
+	}
+
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(conc)
+	for _, f := range m.Files {
+		g.Go(func() error {
+			if err := gctx.Err(); err != nil {
+				return err
+			}
+			got, size, err := restoreChecksumFile(dir, f.Path)
+			switch {
+			case err != nil:
+				return err
+			case size != f.Size:
+				return fmt.Errorf("file %q has %d bytes; the checkpoint's has %d", f.Path, size, f.Size)
+			case got != f.Checksum:
+				return fmt.Errorf("file %q has checksum %s %s; the checkpoint's has %s %s",
+					f.Path, got.Algorithm, got.Value, f.Checksum.Algorithm, f.Checksum.Value)
+			}
+			return nil
+		})
+	}
+	if err := g.Wait(); err != nil {
+		if ctx.Err() != nil {
+			return false, ctx.Err()
+		}
+		return differs("%v", err)
+	}
+	return true, nil
+}
+
+// restoreChecksumFile returns the CRC-32C and size of the file rel (slash-separated) in dir.
+func restoreChecksumFile(dir *os.Root, rel string) (Checksum, int64, error) {
+	f, err := dir.Open(filepath.FromSlash(rel))
+	if err != nil {
+		return Checksum{}, 0, err
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return Checksum{}, 0, err
+	}
+	sum, err := ChecksumOf(f)
+	if err != nil {
+		return Checksum{}, 0, fmt.Errorf("read %q: %w", rel, err)
+	}
+	return sum, fi.Size(), nil
+}
+
+// restoreStage creates a staging directory in to, downloads and verifies m's files into it and
+// fsyncs them and its directories. It returns the staging directory's name (relative to to),
+// or an error after removing it.
+func restoreStage(ctx context.Context, s Store, to *os.Root, m *Manifest, conc int, progress func(done, total int64), log zerolog.Logger) (string, error) {
+	name := restoreStagingPrefix + rand.Text()
+	if err := to.Mkdir(name, 0o755); err != nil {
+		return "", fmt.Errorf("create staging directory: %w", err)
+	}
+	staged := false
+	defer func() {
+		if staged {
+			return
+		}
+		if err := to.RemoveAll(name); err != nil {
+			log.Warn().Err(err).Str("dir", filepath.Join(to.Name(), name)).Msg("cannot remove the staging directory")
+		}
+	}()
+	stage, err := to.OpenRoot(name)
+	if err != nil {
+		return "", fmt.Errorf("open staging directory: %w", err)
+	}
+	defer func() { _ = stage.Close() }() // a directory handle: nothing to flush
+
+	// Directories first, in order (a parent sorts before its children), so that the
+	// downloads do not race to create them.
+	dirs := restoreDirs(m)
+	for _, d := range dirs {
+		if err := stage.MkdirAll(filepath.FromSlash(d), 0o755); err != nil {
+			return "", fmt.Errorf("create directory %q: %w", d, err)
+		}
+	}
+
+	var prog *restoreProgress
+	if progress != nil {
+		prog = &restoreProgress{fn: progress, total: m.TotalBytes}
+		prog.add(0)
+	}
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(conc)
+	for _, f := range m.Files {
+		g.Go(func() error {
+			return restoreFile(gctx, s, stage, DataKey(m.Job, m.Checkpoint, f.Path), f, prog)
+		})
+	}
+	if err := g.Wait(); err != nil {
+		return "", err
+	}
+	for _, d := range slices.Backward(append([]string{"."}, dirs...)) {
+		if err := restoreSyncDir(stage, filepath.FromSlash(d)); err != nil {
+			return "", err
+		}
+	}
+	staged = true
+	return name, nil
+}
+
+// restoreDirs returns every directory that m's files need, sorted, without ".".
+func restoreDirs(m *Manifest) []string {
+	seen := map[string]bool{}
+	for _, f := range m.Files {
+		for d := path.Dir(f.Path); d != "." && !seen[d]; d = path.Dir(d) {
+			seen[d] = true
+		}
+	}
+	dirs := make([]string, 0, len(seen))
+	for d := range seen {
+		dirs = append(dirs, d)
+	}
+	slices.Sort(dirs)
+	return dirs
+}
+
+// restoreFile downloads key into the new file f.Path in stage, fsyncs it and checks its size and
+// CRC-32C, read back from disk, against f.
+func restoreFile(ctx context.Context, s Store, stage *os.Root, key string, f File, prog *restoreProgress) error {
+	out, err := stage.OpenFile(filepath.FromSlash(f.Path), os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o644)
+	if err != nil {
+		return fmt.Errorf("create file %q: %w", f.Path, err)
+	}
+	defer out.Close()
+	if err := out.Truncate(f.Size); err != nil {
+		return fmt.Errorf("size file %q: %w", f.Path, err)
+	}
+	var w io.WriterAt = out
+	if prog != nil {
+		w = restoreCountingWriter{w: out, prog: prog}
+	}
+	if err := s.Download(ctx, key, w, f.Size); err != nil {
+		return fmt.Errorf("download file %q: %w", f.Path, err)
+	}
+	if err := out.Sync(); err != nil {
+		return fmt.Errorf("sync file %q: %w", f.Path, err)
+	}
+	fi, err := out.Stat()
+	if err != nil {
+		return fmt.Errorf("stat file %q: %w", f.Path, err)
+	}
+	if fi.Size() != f.Size {
+		return fmt.Errorf("file %q: %d bytes after download; the manifest says %d", f.Path, fi.Size(), f.Size)
+	}
+	got, err := ChecksumOf(io.NewSectionReader(out, 0, f.Size))
+	if err != nil {
+		return fmt.Errorf("read back file %q: %w", f.Path, err)
+	}
+	if got != f.Checksum {
+		return fmt.Errorf("file %q: checksum mismatch: the manifest says %s %s, the downloaded file has %s %s",
+			f.Path, f.Checksum.Algorithm, f.Checksum.Value, got.Algorithm, got.Value)
+	}
+	if err := out.Close(); err != nil {
+		return fmt.Errorf("close file %q: %w", f.Path, err)
+	}
+	return nil
+}
+
+// restoreSyncDir fsyncs the directory name in root, so that the entries in it are durable.
+func restoreSyncDir(root *os.Root, name string) error {
+	d, err := root.Open(name)
+	if err != nil {
+		return fmt.Errorf("open directory %q to sync: %w", name, err)
+	}
+	defer d.Close()
+	if err := d.Sync(); err != nil {
+		return fmt.Errorf("sync directory %q: %w", name, err)
+	}
+	return nil
+}
+
+// restoreProgress adds up the bytes written by several downloads and reports them, one call
+// at a time.
+type restoreProgress struct {
+	fn func(done, total int64)
+
+	mu          sync.Mutex
+	done, total int64
+}
+
+// add counts n more bytes and reports the sum, capped at the total (a retrying store may write
+// a range twice).
+func (p *restoreProgress) add(n int64) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.done = min(p.done+n, p.total)
+	p.fn(p.done, p.total)
+}
+
+// restoreCountingWriter reports to prog the bytes written through it.
+type restoreCountingWriter struct {
+	w    io.WriterAt
+	prog *restoreProgress
+}
+
+func (c restoreCountingWriter) WriteAt(b []byte, off int64) (int, error) {
+	n, err := c.w.WriteAt(b, off)
+	if n > 0 {
+		c.prog.add(int64(n))
+	}
+	return n, err
+}

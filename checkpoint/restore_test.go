@@ -1,0 +1,771 @@
+package checkpoint
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"io/fs"
+	"maps"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/rs/zerolog"
+)
+
+// restoreTestJob is the job of every restore and list test.
+const restoreTestJob = "llama-70b"
+
+// restoreTestT0 is the commit time of the tests' first checkpoint.
+var restoreTestT0 = time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+
+// restoreTestFiles returns a checkpoint's files: several, nested, one empty, one large enough
+// for several ranged writes, all different per seed.
+func restoreTestFiles(seed uint64) map[string]string {
+	r := rand.New(rand.NewPCG(seed, seed))
+	big := make([]byte, 300_000+int(seed))
+	for i := range big {
+		big[i] = byte(r.Uint32())
+	}
+	return map[string]string{
+		"model.pt":                   string(big),
+		"optim/__0_0.distcp":         strings.Repeat("rank0 ", 1000+int(seed)),
+		"optim/deep/er/__1_0.distcp": "rank1",
+		"empty":                      "",
+		".metadata":                  "metadata of step " + string(rune('0'+seed%10)),
+	}
+}
+
+// restoreTestManifest returns a valid manifest of files, committed at at.
+func restoreTestManifest(t *testing.T, job, cp string, at time.Time, files map[string]string) *Manifest {
+	t.Helper()
+	m := &Manifest{Version: ManifestVersion, Job: job, Checkpoint: cp, Trigger: "periodic", CommittedAt: at}
+	for _, p := range slices.Sorted(maps.Keys(files)) {
+		sum, err := ChecksumOf(strings.NewReader(files[p]))
+		if err != nil {
+			t.Fatal(err)
+		}
+		m.Files = append(m.Files, File{Path: p, Size: int64(len(files[p])), Checksum: sum})
+		m.TotalBytes += int64(len(files[p]))
+	}
+	if err := m.Validate(); err != nil {
+		t.Fatalf("test manifest is invalid: %v", err)
+	}
+	return m
+}
+
+// restoreTestCommit stores files and then the manifest of checkpoint cp of job, as the uploader
+// does, and returns the manifest. LATEST is not touched.
+func restoreTestCommit(t *testing.T, s *memStore, job, cp string, at time.Time, files map[string]string) *Manifest {
+	t.Helper()
+	m := restoreTestManifest(t, job, cp, at, files)
+	for p, data := range files {
+		s.put(DataKey(job, cp, p), []byte(data))
+	}
+	restoreTestPutJSON(t, s, ManifestKey(job, cp), m)
+	return m
+}
+
+// restoreTestPutJSON stores v as JSON at key, whatever it holds.
+func restoreTestPutJSON(t *testing.T, s *memStore, key string, v any) {
+	t.Helper()
+	data, err := json.Marshal(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.put(key, data)
+}
+
+// restoreTestSetLatest points the job's LATEST at cp.
+func restoreTestSetLatest(t *testing.T, s *memStore, job, cp string) {
+	t.Helper()
+	restoreTestPutJSON(t, s, LatestKey(job), Latest{Checkpoint: cp, CommittedAt: restoreTestT0})
+}
+
+// restoreTestTree returns everything under dir (not following symlinks): files as
+// "file:<content>", directories as "dir", symlinks as "symlink:<target>". A missing dir is an
+// empty tree.
+func restoreTestTree(t *testing.T, dir string) map[string]string {
+	t.Helper()
+	tree := map[string]string{}
+	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if errors.Is(err, fs.ErrNotExist) && p == dir {
+			return fs.SkipAll
+		}
+		if err != nil {
+			return err
+		}
+		rel, err := filepath.Rel(dir, p)
+		if err != nil {
+			return err
+		}
+		rel = filepath.ToSlash(rel)
+		switch {
+		case rel == ".":
+		case d.IsDir():
+			tree[rel] = "dir"
+		case d.Type()&fs.ModeSymlink != 0:
+			target, err := os.Readlink(p)
+			if err != nil {
+				return err
+			}
+			tree[rel] = "symlink:" + target
+		default:
+			data, err := os.ReadFile(p)
+			if err != nil {
+				return err
+			}
+			tree[rel] = "file:" + string(data)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatalf("walk %s: %v", dir, err)
+	}
+	return tree
+}
+
+// restoreTestWant is the tree that files make under a directory.
+func restoreTestWant(files map[string]string) map[string]string {
+	tree := map[string]string{}
+	for p, data := range files {
+		tree[p] = "file:" + data
+		for d := filepath.ToSlash(filepath.Dir(p)); d != "."; d = filepath.ToSlash(filepath.Dir(d)) {
+			tree[d] = "dir"
+		}
+	}
+	return tree
+}
+
+// restoreTestDiff describes how two trees differ, for failure messages ("" if equal).
+func restoreTestDiff(got, want map[string]string) string {
+	var b strings.Builder
+	for _, k := range slices.Sorted(maps.Keys(got)) {
+		if w, ok := want[k]; !ok {
+			b.WriteString("\n  extra " + k)
+		} else if got[k] != w {
+			b.WriteString("\n  differs " + k)
+		}
+	}
+	for _, k := range slices.Sorted(maps.Keys(want)) {
+		if _, ok := got[k]; !ok {
+			b.WriteString("\n  missing " + k)
+		}
+	}
+	return b.String()
+}
+
+// restoreTestDirs returns a parent directory and the destination To inside it (created, empty).
+func restoreTestDirs(t *testing.T) (parent, to string) {
+	t.Helper()
+	parent = t.TempDir()
+	to = filepath.Join(parent, "restore")
+	if err := os.Mkdir(to, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return parent, to
+}
+
+// restoreTestOpts returns options for restoring the test job into to, logging into log.
+func restoreTestOpts(to string, log *bytes.Buffer) RestoreOptions {
+	return RestoreOptions{Job: restoreTestJob, To: to, Logger: zerolog.New(log)}
+}
+
+func TestRestoreLatest(t *testing.T) {
+	s := newMemStore()
+	restoreTestCommit(t, s, restoreTestJob, "step-000100", restoreTestT0, restoreTestFiles(1))
+	files := restoreTestFiles(2)
+	m := restoreTestCommit(t, s, restoreTestJob, "step-000200", restoreTestT0.Add(time.Hour), files)
+	restoreTestSetLatest(t, s, restoreTestJob, "step-000200")
+	_, to := restoreTestDirs(t)
+
+	var mu sync.Mutex
+	var calls [][2]int64
+	var log bytes.Buffer
+	opts := restoreTestOpts(to, &log)
+	opts.Concurrency = 2
+	opts.Progress = func(done, total int64) {
+		mu.Lock()
+		defer mu.Unlock()
+		calls = append(calls, [2]int64{done, total})
+	}
+	res, err := Restore(t.Context(), s, opts)
+	if err != nil {
+		t.Fatalf("Restore() error: %v", err)
+	}
+	want := RestoreResult{
+		Checkpoint: "step-000200",
+		Dir:        filepath.Join(to, "step-000200"),
+		Files:      len(files),
+		Bytes:      m.TotalBytes,
+		Elapsed:    res.Elapsed,
+	}
+	if res != want {
+		t.Errorf("Got(%q) = %+v; want %+v", "result", res, want)
+	}
+	if d := restoreTestDiff(restoreTestTree(t, res.Dir), restoreTestWant(files)); d != "" {
+		t.Errorf("restored tree differs from the checkpoint:%s", d)
+	}
+	if got := restoreTestNames(t, to); !slices.Equal(got, []string{"step-000200"}) {
+		t.Errorf("Got(%q) = %q; want %q (no staging directory left)", to, got, []string{"step-000200"})
+	}
+
+	mu.Lock()
+	defer mu.Unlock()
+	if len(calls) < 2 || calls[0] != [2]int64{0, m.TotalBytes} || calls[len(calls)-1] != [2]int64{m.TotalBytes, m.TotalBytes} {
+		t.Fatalf("Got(%q) = %v; want from [0 %d] to [%d %d]", "progress", calls, m.TotalBytes, m.TotalBytes, m.TotalBytes)
+	}
+	for i := 1; i < len(calls); i++ {
+		if calls[i][0] < calls[i-1][0] {
+			t.Errorf("Got(%q) = %v after %v; want done never to decrease", "progress", calls[i], calls[i-1])
+		}
+	}
+	if !strings.Contains(log.String(), `"message":"checkpoint restored"`) {
+		t.Errorf("Got(%q) = %s; want the summary line", "log", log.String())
+	}
+}
+
+func TestRestoreExplicitCheckpoint(t *testing.T) {
+	s := newMemStore()
+	old := restoreTestFiles(1)
+	restoreTestCommit(t, s, restoreTestJob, "step-000100", restoreTestT0, old)
+	restoreTestCommit(t, s, restoreTestJob, "step-000200", restoreTestT0.Add(time.Hour), restoreTestFiles(2))
+	restoreTestSetLatest(t, s, restoreTestJob, "step-000200")
+	_, to := restoreTestDirs(t)
+
+	var log bytes.Buffer
+	opts := restoreTestOpts(to, &log)
+	opts.Checkpoint = "step-000100"
+	res, err := Restore(t.Context(), s, opts)
+	if err != nil {
+		t.Fatalf("Restore() error: %v", err)
+	}
+	if res.Checkpoint != "step-000100" || res.FellBack {
+		t.Errorf("Got(%q) = %q, FellBack %v; want %q, false", "checkpoint", res.Checkpoint, res.FellBack, "step-000100")
+	}
+	if got := restoreTestNames(t, to); !slices.Equal(got, []string{"step-000100"}) {
+		t.Errorf("Got(%q) = %q; want %q", to, got, []string{"step-000100"})
+	}
+	if d := restoreTestDiff(restoreTestTree(t, res.Dir), restoreTestWant(old)); d != "" {
+		t.Errorf("restored tree differs from the checkpoint:%s", d)
+	}
+}
+
+func TestRestoreExplicitCheckpointMissing(t *testing.T) {
+	s := newMemStore()
+	restoreTestCommit(t, s, restoreTestJob, "step-000100", restoreTestT0, restoreTestFiles(1))
+	restoreTestSetLatest(t, s, restoreTestJob, "step-000100")
+	// Data without a manifest: the checkpoint does not exist.
+	s.put(DataKey(restoreTestJob, "step-000200", "model.pt"), []byte("orphan"))
+	parent, to := restoreTestDirs(t)
+	before := restoreTestTree(t, parent)
+
+	var log bytes.Buffer
+	opts := restoreTestOpts(to, &log)
+	opts.Checkpoint = "step-000200"
+	_, err := Restore(t.Context(), s, opts)
+	if err == nil {
+		t.Fatal("Restore() succeeded; want an error")
+	}
+	for _, want := range []string{`"step-000200"`, "mem://bucket/prefix", restoreTestJob, "no valid manifest"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("Got(%q) = %v; want it to contain %q", "error", err, want)
+		}
+	}
+	if !errors.Is(err, ErrNotFound) || errors.Is(err, ErrNothingToRestore) {
+		t.Errorf("Got(%q) = %v; want ErrNotFound, not ErrNothingToRestore", "error", err)
+	}
+	if d := restoreTestDiff(restoreTestTree(t, parent), before); d != "" {
+		t.Errorf("the restore changed the file system:%s", d)
+	}
+}
+
+func TestRestoreFallback(t *testing.T) {
+	tests := []struct {
+		name  string
+		setup func(t *testing.T, s *memStore)
+	}{
+		{"LATEST missing", func(t *testing.T, s *memStore) {}},
+		{"LATEST not JSON", func(t *testing.T, s *memStore) {
+			s.put(LatestKey(restoreTestJob), []byte("step-000300"))
+		}},
+		{"LATEST names a path", func(t *testing.T, s *memStore) {
+			restoreTestSetLatest(t, s, restoreTestJob, "../other-job/step-1")
+		}},
+		{"LATEST empty object", func(t *testing.T, s *memStore) {
+			s.put(LatestKey(restoreTestJob), []byte("{}"))
+		}},
+		{"LATEST names a checkpoint without manifest", func(t *testing.T, s *memStore) {
+			s.put(DataKey(restoreTestJob, "step-000300", "model.pt"), []byte("torn"))
+			restoreTestSetLatest(t, s, restoreTestJob, "step-000300")
+		}},
+		{"LATEST names a checkpoint with a manifest that is not JSON", func(t *testing.T, s *memStore) {
+			s.put(ManifestKey(restoreTestJob, "step-000300"), []byte("{"))
+			restoreTestSetLatest(t, s, restoreTestJob, "step-000300")
+		}},
+		{"LATEST names a checkpoint with a hostile manifest", func(t *testing.T, s *memStore) {
+			m := restoreTestManifest(t, restoreTestJob, "step-000300", restoreTestT0.Add(2*time.Hour), map[string]string{"x": "x"})
+			m.Files[0].Path = "../../etc/cron.d/x"
+			restoreTestPutJSON(t, s, ManifestKey(restoreTestJob, "step-000300"), m)
+			restoreTestSetLatest(t, s, restoreTestJob, "step-000300")
+		}},
+		{"LATEST names a checkpoint whose manifest names another job", func(t *testing.T, s *memStore) {
+			restoreTestCommit(t, s, "other-job", "step-000300", restoreTestT0.Add(2*time.Hour), restoreTestFiles(3))
+			m := restoreTestManifest(t, "other-job", "step-000300", restoreTestT0.Add(2*time.Hour), restoreTestFiles(3))
+			restoreTestPutJSON(t, s, ManifestKey(restoreTestJob, "step-000300"), m)
+			restoreTestSetLatest(t, s, restoreTestJob, "step-000300")
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s := newMemStore()
+			restoreTestCommit(t, s, restoreTestJob, "step-000100", restoreTestT0, restoreTestFiles(1))
+			// The newest by CommittedAt, although not the greatest name.
+			newest := restoreTestFiles(2)
+			restoreTestCommit(t, s, restoreTestJob, "latest-run-b", restoreTestT0.Add(time.Hour), newest)
+			tt.setup(t, s)
+			_, to := restoreTestDirs(t)
+
+			var log bytes.Buffer
+			res, err := Restore(t.Context(), s, restoreTestOpts(to, &log))
+			if err != nil {
+				t.Fatalf("Restore() error: %v", err)
+			}
+			if res.Checkpoint != "latest-run-b" || !res.FellBack {
+				t.Errorf("Got(%q) = %q, FellBack %v; want %q, true", tt.name, res.Checkpoint, res.FellBack, "latest-run-b")
+			}
+			if d := restoreTestDiff(restoreTestTree(t, res.Dir), restoreTestWant(newest)); d != "" {
+				t.Errorf("restored tree differs from the checkpoint:%s", d)
+			}
+			if !strings.Contains(log.String(), "LATEST unusable") {
+				t.Errorf("Got(%q) = %s; want a warning that LATEST is unusable", "log", log.String())
+			}
+		})
+	}
+}
+
+func TestRestoreNothingToRestore(t *testing.T) {
+	tests := []struct {
+		name  string
+		setup func(t *testing.T, s *memStore)
+	}{
+		{"empty store", func(t *testing.T, s *memStore) {}},
+		{"data without manifest", func(t *testing.T, s *memStore) {
+			s.put(DataKey(restoreTestJob, "step-000100", "model.pt"), []byte("torn"))
+			restoreTestSetLatest(t, s, restoreTestJob, "step-000100")
+		}},
+		{"only an invalid manifest", func(t *testing.T, s *memStore) {
+			s.put(ManifestKey(restoreTestJob, "step-000100"), []byte(`{"version":1}`))
+		}},
+		{"only another job", func(t *testing.T, s *memStore) {
+			restoreTestCommit(t, s, "other-job", "step-000100", restoreTestT0, restoreTestFiles(1))
+			restoreTestSetLatest(t, s, "other-job", "step-000100")
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s := newMemStore()
+			tt.setup(t, s)
+			parent := t.TempDir()
+			var log bytes.Buffer
+			_, err := Restore(t.Context(), s, restoreTestOpts(filepath.Join(parent, "restore"), &log))
+			if !errors.Is(err, ErrNothingToRestore) {
+				t.Fatalf("Got(%q) = %v; want ErrNothingToRestore", tt.name, err)
+			}
+			if want := "no complete checkpoint of job " + restoreTestJob + " in mem://bucket/prefix"; !strings.HasPrefix(err.Error(), want) {
+				t.Errorf("Got(%q) = %q; want it to start with %q", tt.name, err, want)
+			}
+			if d := restoreTestDiff(restoreTestTree(t, parent), map[string]string{}); d != "" {
+				t.Errorf("the restore changed the file system:%s", d)
+			}
+		})
+	}
+}
+
+func TestRestoreRefusesHostileManifest(t *testing.T) {
+	tests := []struct {
+		name   string
+		mutate func(m *Manifest)
+		want   string
+	}{
+		{"parent path", func(m *Manifest) { m.Files[0].Path = "../x" }, `"../x" has a ".." element`},
+		{"absolute path", func(m *Manifest) { m.Files[0].Path = "/etc/passwd" }, `"/etc/passwd" is absolute`},
+		{"escape through a subdirectory", func(m *Manifest) { m.Files[0].Path = "a/../../b" }, `"a/../../b" is not clean`},
+		{"backslash", func(m *Manifest) { m.Files[0].Path = `..\..\x` }, "backslash"},
+		{"duplicate path", func(m *Manifest) {
+			m.Files[1] = m.Files[0]
+			m.TotalBytes = 2 * m.Files[0].Size
+		}, "listed twice"},
+		{"job mismatch", func(m *Manifest) { m.Job = "other-job" }, `names job "other-job"`},
+		{"checkpoint mismatch", func(m *Manifest) { m.Checkpoint = "step-999999" }, `checkpoint "step-999999"`},
+		{"spotguard's own directory", func(m *Manifest) { m.Files[0].Path = MetaDir + "/manifest.json" }, "inside _spotguard"},
+		{"file and directory", func(m *Manifest) { m.Files[0].Path = "a"; m.Files[1].Path = "a/b" }, "also a directory"},
+		{"negative size", func(m *Manifest) { m.Files[0].Size = -1; m.TotalBytes = m.Files[1].Size - 1 }, "negative size"},
+		{"unknown checksum", func(m *Manifest) { m.Files[0].Checksum.Algorithm = "MD5" }, "unsupported checksum"},
+		{"total does not add up", func(m *Manifest) { m.TotalBytes++ }, "total_bytes"},
+		{"unknown version", func(m *Manifest) { m.Version = 2 }, "version 2"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s := newMemStore()
+			files := map[string]string{"model.pt": "weights", "optim.pt": "state"}
+			m := restoreTestCommit(t, s, restoreTestJob, "step-000100", restoreTestT0, files)
+			tt.mutate(m)
+			restoreTestPutJSON(t, s, ManifestKey(restoreTestJob, "step-000100"), m)
+			restoreTestSetLatest(t, s, restoreTestJob, "step-000100")
+			parent, to := restoreTestDirs(t)
+			before := restoreTestTree(t, parent)
+
+			var log bytes.Buffer
+			opts := restoreTestOpts(to, &log)
+			opts.Checkpoint = "step-000100"
+			_, err := Restore(t.Context(), s, opts)
+			if err == nil || !strings.Contains(err.Error(), tt.want) || !strings.Contains(err.Error(), "mem://bucket/prefix") {
+				t.Errorf("Got(%q) = %v; want an error naming the store and containing %q", tt.name, err, tt.want)
+			}
+			if d := restoreTestDiff(restoreTestTree(t, parent), before); d != "" {
+				t.Errorf("the restore changed the file system:%s", d)
+			}
+			if got := s.downloaded(); len(got) != 0 {
+				t.Errorf("Got(%q) = %q; want no downloads", "downloads", got)
+			}
+
+			// Through LATEST, the hostile manifest is skipped, and there is nothing else.
+			opts.Checkpoint = ""
+			if _, err := Restore(t.Context(), s, opts); !errors.Is(err, ErrNothingToRestore) {
+				t.Errorf("Got(%q) = %v; want ErrNothingToRestore", tt.name+" via LATEST", err)
+			}
+			if d := restoreTestDiff(restoreTestTree(t, parent), before); d != "" {
+				t.Errorf("the restore changed the file system:%s", d)
+			}
+		})
+	}
+}
+
+func TestRestoreDownloadFailures(t *testing.T) {
+	errBoom := errors.New("boom")
+	files := restoreTestFiles(1)
+	key := func(p string) string { return DataKey(restoreTestJob, "step-000100", p) }
+	wrongSum, err := ChecksumOf(strings.NewReader("something else"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	corrupted := []byte(files["model.pt"])
+	corrupted[len(corrupted)/2] ^= 0x01
+	corruptSum, err := ChecksumOf(bytes.NewReader(corrupted))
+	if err != nil {
+		t.Fatal(err)
+	}
+	goodSum, err := ChecksumOf(strings.NewReader(files["model.pt"]))
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	tests := []struct {
+		name   string
+		setup  func(s *memStore, m *Manifest)
+		is     error
+		wants  []string
+		cancel bool
+	}{
+		{"data missing", func(s *memStore, m *Manifest) { s.remove(key("optim/deep/er/__1_0.distcp")) },
+			ErrNotFound, []string{`"optim/deep/er/__1_0.distcp"`}, false},
+		{"data has another size", func(s *memStore, m *Manifest) { s.put(key("model.pt"), []byte("short")) },
+			nil, []string{`"model.pt"`}, false},
+		{"corrupted in transit", func(s *memStore, m *Manifest) { s.corruptKey(key("model.pt")) },
+			nil, []string{`"model.pt"`, "checksum mismatch", goodSum.Value, corruptSum.Value}, false},
+		{"manifest checksum wrong", func(s *memStore, m *Manifest) {
+			for i := range m.Files {
+				if m.Files[i].Path == ".metadata" {
+					m.Files[i].Checksum = wrongSum
+				}
+			}
+		}, nil, []string{`".metadata"`, "checksum mismatch", wrongSum.Value}, false},
+		{"store error", func(s *memStore, m *Manifest) { s.failKey(key("optim/__0_0.distcp"), errBoom) },
+			errBoom, []string{`"optim/__0_0.distcp"`}, false},
+		{"store error while another download hangs", func(s *memStore, m *Manifest) {
+			s.hangKey(key("model.pt"))
+			s.failKey(key("optim/__0_0.distcp"), errBoom)
+		}, errBoom, []string{`"optim/__0_0.distcp"`}, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s := newMemStore()
+			m := restoreTestCommit(t, s, restoreTestJob, "step-000100", restoreTestT0, files)
+			tt.setup(s, m)
+			restoreTestPutJSON(t, s, ManifestKey(restoreTestJob, "step-000100"), m)
+			restoreTestSetLatest(t, s, restoreTestJob, "step-000100")
+			parent, to := restoreTestDirs(t)
+			before := restoreTestTree(t, parent)
+
+			var log bytes.Buffer
+			_, err := Restore(t.Context(), s, restoreTestOpts(to, &log))
+			if err == nil {
+				t.Fatal("Restore() succeeded; want an error")
+			}
+			if tt.is != nil && !errors.Is(err, tt.is) {
+				t.Errorf("Got(%q) = %v; want errors.Is %v", tt.name, err, tt.is)
+			}
+			for _, want := range append(tt.wants, "mem://bucket/prefix", restoreTestJob, `"step-000100"`) {
+				if !strings.Contains(err.Error(), want) {
+					t.Errorf("Got(%q) = %v; want it to contain %q", tt.name, err, want)
+				}
+			}
+			if d := restoreTestDiff(restoreTestTree(t, parent), before); d != "" {
+				t.Errorf("the failed restore left something behind:%s", d)
+			}
+		})
+	}
+}
+
+func TestRestoreCancelled(t *testing.T) {
+	s := newMemStore()
+	restoreTestCommit(t, s, restoreTestJob, "step-000100", restoreTestT0, restoreTestFiles(1))
+	restoreTestSetLatest(t, s, restoreTestJob, "step-000100")
+	entered := s.hangKey(DataKey(restoreTestJob, "step-000100", "model.pt"))
+	parent, to := restoreTestDirs(t)
+	before := restoreTestTree(t, parent)
+
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	errc := make(chan error, 1)
+	go func() {
+		var log bytes.Buffer
+		_, err := Restore(ctx, s, restoreTestOpts(to, &log))
+		errc <- err
+	}()
+	<-entered
+	cancel()
+	if err := <-errc; !errors.Is(err, context.Canceled) {
+		t.Fatalf("Got(%q) = %v; want context.Canceled", "error", err)
+	}
+	if d := restoreTestDiff(restoreTestTree(t, parent), before); d != "" {
+		t.Errorf("the cancelled restore left something behind:%s", d)
+	}
+}
+
+func TestRestoreStoreErrorDoesNotFallBack(t *testing.T) {
+	errBoom := errors.New("boom")
+	tests := []struct {
+		name string
+		key  string
+	}{
+		{"LATEST", LatestKey(restoreTestJob)},
+		{"manifest LATEST names", ManifestKey(restoreTestJob, "step-000200")},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s := newMemStore()
+			restoreTestCommit(t, s, restoreTestJob, "step-000100", restoreTestT0, restoreTestFiles(1))
+			restoreTestCommit(t, s, restoreTestJob, "step-000200", restoreTestT0.Add(time.Hour), restoreTestFiles(2))
+			restoreTestSetLatest(t, s, restoreTestJob, "step-000200")
+			s.failKey(tt.key, errBoom)
+			_, to := restoreTestDirs(t)
+
+			var log bytes.Buffer
+			_, err := Restore(t.Context(), s, restoreTestOpts(to, &log))
+			if !errors.Is(err, errBoom) || !strings.Contains(err.Error(), "mem://bucket/prefix") {
+				t.Errorf("Got(%q) = %v; want the store's error, naming the store", tt.name, err)
+			}
+			if got := s.downloaded(); len(got) != 0 {
+				t.Errorf("Got(%q) = %q; want no downloads (no fallback to an older checkpoint)", "downloads", got)
+			}
+		})
+	}
+}
+
+func TestRestoreExistingDestination(t *testing.T) {
+	files := restoreTestFiles(1)
+	tests := []struct {
+		name string
+		// prepare changes what is at dir, which holds the restored checkpoint (or removes it
+		// and puts something else there).
+		prepare func(t *testing.T, dir string)
+		same    bool
+		want    string
+	}{
+		{"identical", func(t *testing.T, dir string) {}, true, ""},
+		{"identical plus an empty directory", func(t *testing.T, dir string) {
+			restoreTestMust(t, os.Mkdir(filepath.Join(dir, "logs"), 0o755))
+		}, true, ""},
+		{"a file with other bytes", func(t *testing.T, dir string) {
+			restoreTestMust(t, os.WriteFile(filepath.Join(dir, "optim", "deep", "er", "__1_0.distcp"), []byte("RANK1"), 0o644))
+		}, false, `"optim/deep/er/__1_0.distcp" has checksum`},
+		{"a file with another size", func(t *testing.T, dir string) {
+			restoreTestMust(t, os.WriteFile(filepath.Join(dir, "empty"), []byte("x"), 0o644))
+		}, false, `"empty" has 1 bytes`},
+		{"an extra file", func(t *testing.T, dir string) {
+			restoreTestMust(t, os.WriteFile(filepath.Join(dir, "optim", "notes.txt"), nil, 0o644))
+		}, false, `"optim/notes.txt" is not in the checkpoint`},
+		{"a missing file", func(t *testing.T, dir string) {
+			restoreTestMust(t, os.Remove(filepath.Join(dir, ".metadata")))
+		}, false, `".metadata" is missing`},
+		{"a symlink instead of a file", func(t *testing.T, dir string) {
+			restoreTestMust(t, os.Rename(filepath.Join(dir, "model.pt"), filepath.Join(dir, "..", "model.pt")))
+			restoreTestMust(t, os.Symlink(filepath.Join("..", "model.pt"), filepath.Join(dir, "model.pt")))
+		}, false, `"model.pt" is not a regular file`},
+		{"an empty directory", func(t *testing.T, dir string) {
+			restoreTestMust(t, os.RemoveAll(dir))
+			restoreTestMust(t, os.Mkdir(dir, 0o755))
+		}, false, "is missing"},
+		{"a regular file", func(t *testing.T, dir string) {
+			restoreTestMust(t, os.RemoveAll(dir))
+			restoreTestMust(t, os.WriteFile(dir, []byte("not a checkpoint"), 0o644))
+		}, false, "is not a directory"},
+		{"a symlink to an identical copy", func(t *testing.T, dir string) {
+			restoreTestMust(t, os.Rename(dir, dir+".real"))
+			restoreTestMust(t, os.Symlink(filepath.Base(dir)+".real", dir))
+		}, false, "is not a directory"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s := newMemStore()
+			restoreTestCommit(t, s, restoreTestJob, "step-000100", restoreTestT0, files)
+			restoreTestSetLatest(t, s, restoreTestJob, "step-000100")
+			parent, to := restoreTestDirs(t)
+			var log bytes.Buffer
+			first, err := Restore(t.Context(), s, restoreTestOpts(to, &log))
+			if err != nil {
+				t.Fatalf("first Restore() error: %v", err)
+			}
+			tt.prepare(t, first.Dir)
+			before := restoreTestTree(t, parent)
+			downloads := len(s.downloaded())
+
+			res, err := Restore(t.Context(), s, restoreTestOpts(to, &log))
+			switch {
+			case tt.same && err != nil:
+				t.Errorf("Got(%q) = %v; want success", tt.name, err)
+			case tt.same && !res.AlreadyPresent:
+				t.Errorf("Got(%q) = %+v; want AlreadyPresent", tt.name, res)
+			case !tt.same && (err == nil || !strings.Contains(err.Error(), tt.want) || !strings.Contains(err.Error(), "not overwriting")):
+				t.Errorf("Got(%q) = %v; want a refusal containing %q", tt.name, err, tt.want)
+			}
+			if d := restoreTestDiff(restoreTestTree(t, parent), before); d != "" {
+				t.Errorf("the second restore changed the file system:%s", d)
+			}
+			if got := s.downloaded()[downloads:]; len(got) != 0 {
+				t.Errorf("Got(%q) = %q; want no downloads", "downloads", got)
+			}
+		})
+	}
+}
+
+func TestRestoreOptionsInvalid(t *testing.T) {
+	tests := []struct {
+		name string
+		opts RestoreOptions
+		want string
+	}{
+		{"no job", RestoreOptions{To: "x"}, "job"},
+		{"job with a slash", RestoreOptions{Job: "a/b", To: "x"}, "job"},
+		{"no destination", RestoreOptions{Job: restoreTestJob}, "no destination"},
+		{"checkpoint with a path", RestoreOptions{Job: restoreTestJob, To: "x", Checkpoint: "../step-1"}, "checkpoint"},
+		{"checkpoint is spotguard's directory", RestoreOptions{Job: restoreTestJob, To: "x", Checkpoint: MetaDir}, "reserved"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s := newMemStore()
+			_, err := Restore(t.Context(), s, tt.opts)
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Errorf("Got(%q) = %v; want an error containing %q", tt.name, err, tt.want)
+			}
+		})
+	}
+}
+
+func TestRestoreCreatesDestination(t *testing.T) {
+	s := newMemStore()
+	files := map[string]string{"a": "1"}
+	restoreTestCommit(t, s, restoreTestJob, "step-000100", restoreTestT0, files)
+	restoreTestSetLatest(t, s, restoreTestJob, "step-000100")
+	to := filepath.Join(t.TempDir(), "does", "not", "exist")
+
+	var log bytes.Buffer
+	res, err := Restore(t.Context(), s, restoreTestOpts(to, &log))
+	if err != nil {
+		t.Fatalf("Restore() error: %v", err)
+	}
+	if d := restoreTestDiff(restoreTestTree(t, res.Dir), restoreTestWant(files)); d != "" {
+		t.Errorf("restored tree differs from the checkpoint:%s", d)
+	}
+}
+
+func restoreTestMust(t *testing.T, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// restoreTestNames returns the names in dir.
+func restoreTestNames(t *testing.T, dir string) []string {
+	t.Helper()
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, e := range entries {
+		names = append(names, e.Name())
+	}
+	return names
+}
+
+// TestRestoreFileStore commits a checkpoint through a real FileStore, as the uploader does
+// (PutFile for each file, then the manifest with the checksums it returned, then LATEST), and
+// restores it bit for bit.
+func TestRestoreFileStore(t *testing.T) {
+	s, err := NewFileStore(filepath.Join(t.TempDir(), "store"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	files := restoreTestFiles(7)
+	src := t.TempDir()
+	m := &Manifest{Version: ManifestVersion, Job: restoreTestJob, Checkpoint: "step-000700", Trigger: "notice", CommittedAt: restoreTestT0}
+	for _, p := range slices.Sorted(maps.Keys(files)) {
+		name := filepath.Join(src, filepath.FromSlash(p))
+		restoreTestMust(t, os.MkdirAll(filepath.Dir(name), 0o755))
+		restoreTestMust(t, os.WriteFile(name, []byte(files[p]), 0o644))
+		f, err := os.Open(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sum, err := s.PutFile(t.Context(), DataKey(m.Job, m.Checkpoint, p), f, int64(len(files[p])), nil)
+		f.Close()
+		if err != nil {
+			t.Fatalf("PutFile(%q) error: %v", p, err)
+		}
+		m.Files = append(m.Files, File{Path: p, Size: int64(len(files[p])), Checksum: sum})
+		m.TotalBytes += int64(len(files[p]))
+	}
+	data, err := json.Marshal(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	restoreTestMust(t, s.PutBytes(t.Context(), ManifestKey(m.Job, m.Checkpoint), data, true))
+	data, err = json.Marshal(Latest{Checkpoint: m.Checkpoint, CommittedAt: m.CommittedAt})
+	if err != nil {
+		t.Fatal(err)
+	}
+	restoreTestMust(t, s.PutBytes(t.Context(), LatestKey(m.Job), data, false))
+
+	_, to := restoreTestDirs(t)
+	var log bytes.Buffer
+	res, err := Restore(t.Context(), s, restoreTestOpts(to, &log))
+	if err != nil {
+		t.Fatalf("Restore() error: %v", err)
+	}
+	if res.Checkpoint != m.Checkpoint || res.FellBack || res.Bytes != m.TotalBytes {
+		t.Errorf("Got(%q) = %+v; want %s, not fallen back, %d bytes", "result", res, m.Checkpoint, m.TotalBytes)
+	}
+	if d := restoreTestDiff(restoreTestTree(t, res.Dir), restoreTestWant(files)); d != "" {
+		t.Errorf("restored tree differs from the checkpoint:%s", d)
+	}
+}
