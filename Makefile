@@ -11,7 +11,7 @@ help: ## list the targets
 build: ## build bin/spotguard
 	go build -ldflags "-X main.version=$(VERSION)" -o $(BIN) ./cmd/spotguard
 
-tools: ## build the pinned test peers (ec2-metadata-mock) into bin/
+tools: ## build the pinned test peers (ec2-metadata-mock, versitygw) into bin/
 	GOBIN=$(CURDIR)/bin go -C test/tools install tool
 
 test: tools ## the whole suite, as CI runs it: vet, race tests (end-to-end included), fuzz seeds

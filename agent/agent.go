@@ -22,6 +22,7 @@ import (
 
 	"github.com/spotguard/spotguard/agent/imds"
 	"github.com/spotguard/spotguard/agent/trainer"
+	"github.com/spotguard/spotguard/checkpoint"
 )
 
 // Deps are the agent's connections to the world, passed in so tests can supply their own.
@@ -37,6 +38,8 @@ type Deps struct {
 	Ready func(addr net.Addr)
 	// ProcRoot and CgroupRoot default to /proc and /sys/fs/cgroup.
 	ProcRoot, CgroupRoot string
+	// OpenStore opens the checkpoint store named by store.url. Needed only when it is set.
+	OpenStore func(url string, opts checkpoint.S3Options) (checkpoint.Store, error)
 }
 
 // Agent is the running daemon.
@@ -49,6 +52,9 @@ type Agent struct {
 	coord    *Coordinator
 	metrics  *metrics
 	started  time.Time
+	// ckptWatcher and uploader are nil when no store is configured.
+	ckptWatcher *checkpoint.Watcher
+	uploader    *checkpoint.Uploader
 
 	mu       sync.Mutex
 	identity imds.Identity
@@ -76,6 +82,10 @@ func New(cfg *Config, deps Deps) (*Agent, error) {
 	a.metrics = newMetrics(a.registry, a.watcher.Stats)
 	a.coord = newCoordinator(deps.Logger, a.metrics, a.cfg.Load,
 		procTrainers{procRoot: deps.ProcRoot, cgroupRoot: deps.CgroupRoot, self: os.Getpid()})
+	var err error
+	if a.ckptWatcher, a.uploader, err = newUploader(cfg, deps, a); err != nil {
+		return nil, err
+	}
 	return a, nil
 }
 
@@ -115,6 +125,16 @@ func (a *Agent) Run(ctx context.Context) error {
 		Str("signal", trainer.SignalName(cfg.Trainer.Signal)).Msg("spotguard agent starting")
 
 	g, ctx := errgroup.WithContext(ctx)
+	if a.uploader != nil {
+		a.coord.uploader = a.uploader
+		files := make(chan checkpoint.WatchEvent)
+		g.Go(func() error { return a.ckptWatcher.Run(ctx, files) })
+		g.Go(func() error { return a.uploader.Run(ctx, files) })
+		a.log.Info().Str("dir", cfg.Checkpoint.Dir).Str("store", cfg.Store.URL).Str("job", cfg.Store.Job).
+			Msg("checkpoint upload on")
+	} else {
+		a.log.Warn().Msg("no store.url: checkpoints are not uploaded, the trainer is only signalled")
+	}
 	events := make(chan imds.Event)
 	g.Go(func() error { return a.watcher.Run(ctx, events) })
 	g.Go(func() error { return a.coord.Run(ctx, events) })
@@ -175,10 +195,19 @@ func (a *Agent) handleSignals(ctx context.Context) {
 				a.reload()
 			case syscall.SIGUSR1:
 				a.metrics.syncRequests.Inc()
-				a.log.Info().Msg("sync requested; no checkpoint store is wired in this version, nothing to upload")
+				a.sync(ctx)
 			}
 		}
 	}
+}
+
+// sync answers SIGUSR1: every complete checkpoint not yet in the store is uploaded now.
+func (a *Agent) sync(ctx context.Context) {
+	if a.uploader == nil {
+		a.log.Warn().Msg("sync requested but no store.url is set; nothing to upload")
+		return
+	}
+	a.uploader.Sync(ctx)
 }
 
 // reload swaps in a new configuration if it is valid; an invalid one is refused with every problem

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"sort"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -63,10 +64,13 @@ type Config struct {
 		Dir     string
 		Marker  string
 		Pattern string
+		Keep    int
 	}
 	Store struct {
-		URL string
-		Job string
+		URL         string
+		Job         string
+		PartSize    int64
+		Concurrency int
 	}
 	HTTP struct {
 		Listen string
@@ -158,7 +162,15 @@ var fields = []field{
 		c.Checkpoint.Pattern = v
 		return nil
 	}},
-	{"store.url", "", "where checkpoints go: s3://bucket/prefix or file:///path", func(c *Config, v string) error {
+	{"checkpoint.keep", "0", "committed checkpoints to keep in the store, newest first (0 keeps all); the one LATEST names is never deleted", func(c *Config, v string) error {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 0 {
+			return errors.New("want a whole number, 0 or more")
+		}
+		c.Checkpoint.Keep = n
+		return nil
+	}},
+	{"store.url", "", "where checkpoints go: s3://bucket/prefix or file:///path; empty: no upload (signal only)", func(c *Config, v string) error {
 		if v != "" && !strings.HasPrefix(v, "s3://") && !strings.HasPrefix(v, "file:///") {
 			return errors.New("want s3://bucket/prefix or file:///path")
 		}
@@ -170,6 +182,25 @@ var fields = []field{
 			return errors.New("want a non-empty name without slashes")
 		}
 		c.Store.Job = v
+		return nil
+	}},
+	{"store.part_size", "64MiB", "multipart part size for S3 (at least 5MiB); parts are read straight from the file, not buffered", func(c *Config, v string) error {
+		n, err := parseSize(v)
+		if err != nil {
+			return err
+		}
+		if n < 5<<20 || n > 5<<30 {
+			return errors.New("want between 5MiB and 5GiB")
+		}
+		c.Store.PartSize = n
+		return nil
+	}},
+	{"store.concurrency", "64", "parts in flight at once (uploads and ranged downloads); 64 keeps a p4d/p5 NIC's S3 bandwidth busy", func(c *Config, v string) error {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > 1024 {
+			return errors.New("want a whole number from 1 to 1024")
+		}
+		c.Store.Concurrency = n
 		return nil
 	}},
 	{"http.listen", "127.0.0.1:9402", "address of the local /healthz, /status and /metrics listener; empty disables it", func(c *Config, v string) error {
@@ -209,6 +240,27 @@ func policySetter(src imds.Source) func(*Config, string) error {
 		}
 		return errors.New("want checkpoint, ignore or off")
 	}
+}
+
+// parseSize reads a byte size such as 64MiB, 8MB, 1GiB or 1048576.
+func parseSize(v string) (int64, error) {
+	units := []struct {
+		suffix string
+		mult   int64
+	}{{"KiB", 1 << 10}, {"MiB", 1 << 20}, {"GiB", 1 << 30}, {"KB", 1e3}, {"MB", 1e6}, {"GB", 1e9}, {"B", 1}}
+	mult := int64(1)
+	num := v
+	for _, u := range units {
+		if n, ok := strings.CutSuffix(v, u.suffix); ok {
+			num, mult = n, u.mult
+			break
+		}
+	}
+	n, err := strconv.ParseInt(strings.TrimSpace(num), 10, 64)
+	if err != nil || n < 0 {
+		return 0, errors.New("not a size (want e.g. 64MiB, 8MB or 1048576)")
+	}
+	return n * mult, nil
 }
 
 func parseDuration(v string) (time.Duration, error) {
@@ -391,8 +443,31 @@ func (c *Config) Validate() error {
 			problems = append(problems, fmt.Errorf("checkpoint.dir: %w", err))
 		}
 	}
+	switch {
+	case c.Store.URL != "" && c.Checkpoint.Dir == "" && !failed["checkpoint.dir"]:
+		problems = append(problems, errors.New("checkpoint.dir: must be set when store.url is (the directory to upload from)"))
+	case c.Store.URL == "" && c.Checkpoint.Dir != "" && !failed["store.url"]:
+		problems = append(problems, errors.New("store.url: must be set when checkpoint.dir is (where to upload to)"))
+	}
 	if strings.ContainsAny(c.Checkpoint.Marker, "/\\") || c.Checkpoint.Marker == "" {
 		problems = append(problems, fmt.Errorf("checkpoint.marker: %q must be a plain file name", c.Checkpoint.Marker))
+	}
+	return errors.Join(problems...)
+}
+
+// ValidateStore reports the problems that matter to a command that only reads the store
+// (restore, list): the store.* and log.* keys, and store.url being set.
+func (c *Config) ValidateStore() error {
+	var problems []error
+	for _, p := range c.problems {
+		text := p.Error()
+		if strings.HasPrefix(text, "store.") || strings.HasPrefix(text, "log.") || strings.HasPrefix(text, "SPOTGUARD_") ||
+			strings.HasSuffix(strings.SplitN(text, ":", 2)[0], ".yaml") {
+			problems = append(problems, p)
+		}
+	}
+	if c.Store.URL == "" {
+		problems = append(problems, errors.New("store.url: not set: where are the checkpoints? (s3://bucket/prefix or file:///path)"))
 	}
 	return errors.Join(problems...)
 }

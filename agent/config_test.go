@@ -128,13 +128,14 @@ bogus:
 		"log.level: \"loud\" from SPOTGUARD_LOG_LEVEL",
 		"http.listen: \"nonsense\" from --http.listen",
 		"no way to find the trainer",
+		"store.url: must be set when checkpoint.dir is",
 	} {
 		if !strings.Contains(msg, want) {
 			t.Errorf("Validate() lacks %q; got:\n%s", want, msg)
 		}
 	}
-	if n := len(strings.Split(msg, "\n")); n != 10 {
-		t.Errorf("Validate() gave %d problems; want 10:\n%s", n, msg)
+	if n := len(strings.Split(msg, "\n")); n != 11 {
+		t.Errorf("Validate() gave %d problems; want 11:\n%s", n, msg)
 	}
 }
 

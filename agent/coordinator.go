@@ -64,6 +64,9 @@ type NoticeStatus struct {
 	Transitions []Transition      `json:"transitions"`
 	Signals     []SignalOutcome   `json:"signals"`
 	detectedAt  time.Time         // for timings
+	signalledAt *time.Time        // when the trainer was signalled, if it was
+	written     string            // the checkpoint completed after the notice, once seen
+	committed   bool              // written is committed
 	problems    []trainer.Problem // discovery problems met when signalling
 }
 
@@ -126,6 +129,8 @@ type Coordinator struct {
 	metrics  *metrics
 	config   func() *Config
 	trainers trainers
+	// uploader, if set, is told of each notice with policy checkpoint.
+	uploader noticeUploader
 
 	mu           sync.Mutex
 	notices      []*NoticeStatus          // oldest first, at most maxNoticeHistory
@@ -199,6 +204,10 @@ func (c *Coordinator) begin(ev imds.Event) {
 		return
 	}
 
+	if c.uploader != nil {
+		// Before signalling: the files the trainer writes now get every connection.
+		c.uploader.Notice(ns.Key, n.Deadline)
+	}
 	if err := writeNoticeFile(cfg.Agent.RuntimeDir, n); err != nil {
 		// The signal matters more than the file: go on.
 		log.Error().Err(err).Msg("cannot write notice file; signalling anyway")
@@ -246,6 +255,10 @@ func (c *Coordinator) begin(ev imds.Event) {
 	}
 	latency := time.Since(ev.At)
 	c.metrics.signalLatency.Observe(latency.Seconds())
+	now := time.Now()
+	c.mu.Lock()
+	ns.signalledAt = &now
+	c.mu.Unlock()
 	if ns.Deadline != nil {
 		c.metrics.noticeDeadlineLeft.WithLabelValues(string(n.Source)).Set(time.Until(*ns.Deadline).Seconds())
 	}

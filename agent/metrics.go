@@ -21,6 +21,17 @@ type metrics struct {
 	syncRequests       prometheus.Counter
 	reloads            *prometheus.CounterVec
 	noticeDeadlineLeft *prometheus.GaugeVec
+
+	committed        *prometheus.CounterVec
+	commitFailures   prometheus.Counter
+	uploadBytes      prometheus.Counter
+	uploadSeconds    prometheus.Histogram
+	uploadThroughput prometheus.Gauge
+	forecast         prometheus.Gauge
+	newestCommitted  prometheus.Gauge
+	writeSeconds     prometheus.Histogram
+	timeToDurable    prometheus.Histogram
+	deadlineMargin   *prometheus.GaugeVec
 }
 
 func newMetrics(reg prometheus.Registerer, stats func() imds.Stats) *metrics {
@@ -63,6 +74,51 @@ func newMetrics(reg prometheus.Registerer, stats func() imds.Stats) *metrics {
 			Help: "Seconds from signalling the trainer to the notice's deadline, for the newest notice of each source.",
 		}, []string{"source"}),
 	}
+	m.committed = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "spotguard_checkpoints_committed_total",
+		Help: "Checkpoints committed to the store (manifest written), by trigger (periodic, notice).",
+	}, []string{"trigger"})
+	m.commitFailures = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "spotguard_checkpoint_commit_failures_total",
+		Help: "Failed attempts to commit a checkpoint (it is retried).",
+	})
+	m.uploadBytes = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "spotguard_checkpoint_upload_bytes_total",
+		Help: "Bytes of committed checkpoints uploaded by this agent.",
+	})
+	m.uploadSeconds = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name:    "spotguard_checkpoint_upload_seconds",
+		Help:    "Time spent sending a committed checkpoint's files (summed over files in flight).",
+		Buckets: prometheus.ExponentialBuckets(0.5, 2, 12),
+	})
+	m.uploadThroughput = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "spotguard_checkpoint_upload_throughput_bytes_per_second",
+		Help: "Upload throughput of the last committed checkpoint.",
+	})
+	m.forecast = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "spotguard_checkpoint_durable_forecast_seconds",
+		Help: "How long after a notice a checkpoint like the last one would be durable (warned above 100 s).",
+	})
+	m.newestCommitted = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "spotguard_checkpoint_newest_committed_timestamp_seconds",
+		Help: "Unix time of the newest checkpoint this agent committed; its age is time() minus this.",
+	})
+	m.writeSeconds = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name:    "spotguard_checkpoint_write_seconds",
+		Help:    "From signalling the trainer to its checkpoint's marker appearing.",
+		Buckets: prometheus.ExponentialBuckets(0.25, 2, 12),
+	})
+	m.timeToDurable = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name:    "spotguard_notice_time_to_durable_seconds",
+		Help:    "From a notice being detected to its checkpoint's manifest being in the store.",
+		Buckets: prometheus.ExponentialBuckets(0.25, 2, 12),
+	})
+	m.deadlineMargin = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "spotguard_notice_deadline_margin_seconds",
+		Help: "Time left before the notice's deadline when its checkpoint was committed (negative: late), newest per source.",
+	}, []string{"source"})
+	reg.MustRegister(m.committed, m.commitFailures, m.uploadBytes, m.uploadSeconds, m.uploadThroughput,
+		m.forecast, m.newestCommitted, m.writeSeconds, m.timeToDurable, m.deadlineMargin)
 	reg.MustRegister(m.notices, m.signals, m.discoveryProblems, m.signalLatency, m.trainerProcesses,
 		m.trainerUncaught, m.syncRequests, m.reloads, m.noticeDeadlineLeft)
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))

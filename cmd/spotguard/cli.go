@@ -20,6 +20,7 @@ import (
 
 	"github.com/spotguard/spotguard/agent"
 	"github.com/spotguard/spotguard/agent/imds"
+	"github.com/spotguard/spotguard/checkpoint"
 )
 
 // version is set at build time with -ldflags "-X main.version=…".
@@ -38,7 +39,9 @@ Usage:
   spotguard <command> [flags]
 
 Commands:
-  run       run the agent: watch IMDS for interruption notices and signal the trainer
+  run       run the agent: watch IMDS for interruption notices, signal the trainer, upload checkpoints
+  restore   download the newest committed checkpoint, verified (--to DIR)
+  list      list the job's committed checkpoints
   config    print the effective configuration and every problem with it (exit 1 if any)
   version   print the version
 
@@ -58,6 +61,10 @@ func run(ctx context.Context, args, environ []string, stdout, stderr io.Writer) 
 		return runAgent(ctx, rest, environ, stderr)
 	case "config":
 		return runConfig(rest, environ, stdout, stderr)
+	case "restore":
+		return runRestore(ctx, rest, environ, stdout, stderr)
+	case "list":
+		return runList(ctx, rest, environ, stdout, stderr)
 	case "version":
 		if len(rest) > 0 {
 			fmt.Fprintf(stderr, "spotguard version: unexpected argument %q\n", rest[0])
@@ -178,8 +185,11 @@ func runAgent(ctx context.Context, args, environ []string, stderr io.Writer) int
 	defer signal.Stop(sigs)
 
 	a, err := agent.New(cfg, agent.Deps{
-		Logger:  log,
-		IMDS:    imds.NewClient(awsCfg, cfg.IMDS.Endpoint),
+		Logger: log,
+		IMDS:   imds.NewClient(awsCfg, cfg.IMDS.Endpoint),
+		OpenStore: func(url string, opts checkpoint.S3Options) (checkpoint.Store, error) {
+			return checkpoint.OpenStore(url, awsCfg, opts)
+		},
 		Signals: sigs,
 		Reload:  func() (*agent.Config, error) { return cf.load(environ) },
 		Ready: func(addr net.Addr) {

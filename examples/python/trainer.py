@@ -50,7 +50,7 @@ def fsync_dir(path):
         os.close(fd)
 
 
-def write_atomic(path, chunks):
+def write_atomic(path, chunks, pause=0.0):
     """Write the byte strings of chunks to path so that nobody ever sees a partial file:
     write a temporary file (dot-prefixed, in the same directory), fsync it, rename it."""
     directory, base = os.path.split(path)
@@ -58,6 +58,8 @@ def write_atomic(path, chunks):
     with open(tmp, "wb") as f:
         for chunk in chunks:
             f.write(chunk)
+            if pause:
+                time.sleep(pause)  # --write-seconds: a slow file system or a large model
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
@@ -71,13 +73,16 @@ def random_chunks(size):
         size -= n
 
 
-def save_checkpoint(root, step, files, size):
-    """Write root/step-NNNNNN/ with files shards of size bytes each, then the marker."""
+def save_checkpoint(root, step, files, size, write_seconds=0.0):
+    """Write root/step-NNNNNN/ with files shards of size bytes each, then the marker, taking
+    about write_seconds in all."""
     start = time.monotonic()
     final = os.path.join(root, "step-%06d" % step)
     os.makedirs(final, exist_ok=True)
+    chunks = files * max(1, -(-size // CHUNK))
+    pause = write_seconds / chunks if write_seconds > 0 else 0.0
     for i in range(files):
-        write_atomic(os.path.join(final, "shard-%d.bin" % i), random_chunks(size))
+        write_atomic(os.path.join(final, "shard-%d.bin" % i), random_chunks(size), pause)
     fsync_dir(final)  # every shard is in place and durable before the marker exists
     write_atomic(os.path.join(final, MARKER), [json.dumps({"step": step}).encode() + b"\n"])
     fsync_dir(final)
@@ -141,6 +146,10 @@ def main(argv=None):
     p.add_argument("--files", type=int, default=2, help="files per checkpoint (default 2)")
     p.add_argument("--resume-from", help="continue from the newest complete step-*/ in this directory")
     p.add_argument("--pidfile", help="write our PID to this file")
+    p.add_argument("--write-seconds", type=float, default=0.0,
+                   help="spread the writing of one checkpoint over this many seconds (default 0: as fast as it goes)")
+    p.add_argument("--save-every", type=int, default=0,
+                   help="also checkpoint every N steps on its own, as trainers do (default 0: only when signalled)")
     args = p.parse_args(argv)
 
     step = 0
@@ -174,12 +183,13 @@ def main(argv=None):
     while True:
         time.sleep(args.step_seconds)  # one training step; a signal does not cut it short
         step += 1
-        if req.checkpoint or req.stop:
+        periodic = args.save_every > 0 and step % args.save_every == 0
+        if req.checkpoint or req.stop or periodic:
             # Clear the request before saving: a signal that comes during the save asks for
             # the next one.
             req.checkpoint = False
             if args.checkpoint_dir:
-                save_checkpoint(args.checkpoint_dir, step, args.files, size)
+                save_checkpoint(args.checkpoint_dir, step, args.files, size, args.write_seconds)
         if req.stop:
             # A SIGTERM that came during a save finds the current state already saved.
             print("stopping at step %d" % step, flush=True)

@@ -1,0 +1,126 @@
+package agent
+
+import (
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/spotguard/spotguard/checkpoint"
+)
+
+// The states a notice moves through once the trainer is signalled and checkpoints are uploaded.
+const (
+	// StateCheckpointWritten: a checkpoint completed (its marker appeared) after the notice.
+	StateCheckpointWritten = "checkpoint_written"
+	// StateCommitted: a checkpoint completed after the notice is committed in the store.
+	StateCommitted = "committed"
+)
+
+// newUploader builds the checkpoint watcher and uploader when the config names a store; nil, nil
+// when it does not (the agent then only signals).
+func newUploader(cfg *Config, deps Deps, a *Agent) (*checkpoint.Watcher, *checkpoint.Uploader, error) {
+	if cfg.Store.URL == "" {
+		return nil, nil, nil
+	}
+	if deps.OpenStore == nil {
+		return nil, nil, fmt.Errorf("store.url is set but this agent cannot open stores")
+	}
+	store, err := deps.OpenStore(cfg.Store.URL, checkpoint.S3Options{PartSize: cfg.Store.PartSize, Concurrency: cfg.Store.Concurrency})
+	if err != nil {
+		return nil, nil, fmt.Errorf("store.url: %w", err)
+	}
+	w, err := checkpoint.NewWatcher(checkpoint.WatchConfig{
+		Dir: cfg.Checkpoint.Dir, Marker: cfg.Checkpoint.Marker, Pattern: cfg.Checkpoint.Pattern, Logger: deps.Logger,
+	})
+	if err != nil {
+		return nil, nil, fmt.Errorf("checkpoint.dir: %w", err)
+	}
+	hostname, _ := os.Hostname()
+	u := checkpoint.NewUploader(checkpoint.UploaderConfig{
+		Store: store, Job: cfg.Store.Job, Dir: cfg.Checkpoint.Dir, Marker: cfg.Checkpoint.Marker,
+		Pattern: cfg.Checkpoint.Pattern, Keep: cfg.Checkpoint.Keep, Logger: deps.Logger,
+		Host: func() checkpoint.Host {
+			a.mu.Lock()
+			defer a.mu.Unlock()
+			return checkpoint.Host{InstanceID: a.identity.InstanceID, InstanceType: a.identity.InstanceType,
+				AvailabilityZone: a.identity.AvailabilityZone, Hostname: hostname}
+		},
+		OnEvent: a.onUpload,
+	})
+	return w, u, nil
+}
+
+// onUpload turns the uploader's reports into metrics and notice transitions.
+func (a *Agent) onUpload(ev checkpoint.UploadEvent) {
+	switch ev.Kind {
+	case checkpoint.CheckpointCommitted:
+		m := ev.Manifest
+		a.metrics.committed.WithLabelValues(m.Trigger).Inc()
+		a.metrics.newestCommitted.Set(float64(m.CommittedAt.Unix()))
+		if ev.Throughput > 0 {
+			a.metrics.uploadBytes.Add(float64(m.TotalBytes))
+			a.metrics.uploadThroughput.Set(ev.Throughput)
+			a.metrics.forecast.Set(ev.Forecast.Seconds())
+			if m.Timings.FirstFileAt != nil && m.Timings.LastByteAt != nil {
+				a.metrics.uploadSeconds.Observe(m.Timings.UploadSeconds)
+			}
+		}
+	case checkpoint.CheckpointFailed:
+		a.metrics.commitFailures.Inc()
+	}
+	a.coord.onUpload(ev)
+}
+
+// onUpload moves every active notice detected before the checkpoint completed along:
+// trainer_signalled (or not) → checkpoint_written → committed.
+func (c *Coordinator) onUpload(ev checkpoint.UploadEvent) {
+	c.mu.Lock()
+	var affected []*NoticeStatus
+	for _, ns := range c.notices {
+		if ns.Policy != PolicyCheckpoint || ns.committed {
+			continue
+		}
+		switch ev.Kind {
+		case checkpoint.CheckpointComplete:
+			if ev.At.After(ns.detectedAt) && ns.written == "" {
+				ns.written = ev.Checkpoint
+				affected = append(affected, ns)
+			}
+		case checkpoint.CheckpointCommitted:
+			if ns.written == ev.Checkpoint {
+				ns.committed = true
+				affected = append(affected, ns)
+			}
+		}
+	}
+	c.mu.Unlock()
+	for _, ns := range affected {
+		switch ev.Kind {
+		case checkpoint.CheckpointComplete:
+			c.transition(ns, StateCheckpointWritten, ev.Checkpoint)
+			if ns.signalledAt != nil {
+				c.metrics.writeSeconds.Observe(ev.At.Sub(*ns.signalledAt).Seconds())
+			}
+		case checkpoint.CheckpointCommitted:
+			detail := ev.Checkpoint
+			c.metrics.timeToDurable.Observe(ev.At.Sub(ns.detectedAt).Seconds())
+			if ns.Deadline != nil {
+				margin := ns.Deadline.Sub(ev.At)
+				c.metrics.deadlineMargin.WithLabelValues(string(ns.Source)).Set(margin.Seconds())
+				detail = fmt.Sprintf("%s, %.1f s before the deadline", ev.Checkpoint, margin.Seconds())
+				if margin < 0 {
+					c.log.Error().Str("notice", ns.Key).Dur("late_by", -margin).Msg("checkpoint committed after the notice deadline")
+				}
+			}
+			c.transition(ns, StateCommitted, detail)
+			c.log.Warn().Str("notice", ns.Key).Str("checkpoint", ev.Checkpoint).
+				Dur("notice_to_durable", ev.At.Sub(ns.detectedAt)).Msg("notice's checkpoint is durable")
+		}
+	}
+}
+
+// noticeUploader is told of each notice with policy checkpoint, so the checkpoint the trainer
+// writes now gets every connection, bounded by the deadline. Notice must not block.
+type noticeUploader interface {
+	Notice(key string, deadline time.Time)
+}

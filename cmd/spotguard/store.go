@@ -1,0 +1,203 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	awsconfig "github.com/aws/aws-sdk-go-v2/config"
+	"github.com/mattn/go-isatty"
+
+	"github.com/spotguard/spotguard/agent"
+	"github.com/spotguard/spotguard/checkpoint"
+)
+
+// openStore opens the checkpoint store named by url; AWS settings come from the SDK's own
+// environment and shared config, and are loaded only for s3:// stores.
+func openStore(ctx context.Context, url string, opts checkpoint.S3Options) (checkpoint.Store, error) {
+	var awsCfg aws.Config
+	if strings.HasPrefix(url, "s3://") {
+		var err error
+		if awsCfg, err = awsconfig.LoadDefaultConfig(ctx); err != nil {
+			return nil, fmt.Errorf("load AWS configuration: %w", err)
+		}
+	}
+	return checkpoint.OpenStore(url, awsCfg, opts)
+}
+
+// loadStoreConfig loads the configuration for a command that only reads the store: only the
+// store's own keys must be valid.
+func loadStoreConfig(cf *configFlags, environ []string, stderr io.Writer, cmd string) (*agent.Config, bool) {
+	cfg, err := cf.load(environ)
+	if err != nil {
+		fmt.Fprintf(stderr, "spotguard %s: %v\n", cmd, err)
+		return nil, false
+	}
+	if err := cfg.ValidateStore(); err != nil {
+		fmt.Fprintf(stderr, "spotguard %s: invalid configuration:\n", cmd)
+		for _, p := range strings.Split(err.Error(), "\n") {
+			fmt.Fprintf(stderr, "  - %s\n", p)
+		}
+		return nil, false
+	}
+	return cfg, true
+}
+
+func runRestore(ctx context.Context, args, environ []string, stdout, stderr io.Writer) int {
+	fs, cf := newFlagSet("restore", "Download the newest committed checkpoint (LATEST, else the newest valid manifest) into DIR/<checkpoint>,\nverifying every checksum; nothing is put in place until all of it is verified.", stderr)
+	to := fs.String("to", "", "destination `DIR` (required); the checkpoint lands in DIR/<checkpoint>")
+	name := fs.String("checkpoint", "", "restore this checkpoint `NAME` instead of the newest")
+	jsonOut := fs.Bool("json", false, "print the result as JSON")
+	if code, ok := parseFlags(fs, args); !ok {
+		return code
+	}
+	if *to == "" {
+		fmt.Fprintln(stderr, "spotguard restore: --to DIR is required")
+		fs.Usage()
+		return exitUsage
+	}
+	cfg, ok := loadStoreConfig(cf, environ, stderr, "restore")
+	if !ok {
+		return exitFail
+	}
+	store, err := openStore(ctx, cfg.Store.URL, checkpoint.S3Options{PartSize: cfg.Store.PartSize, Concurrency: cfg.Store.Concurrency})
+	if err != nil {
+		fmt.Fprintf(stderr, "spotguard restore: %v\n", err)
+		return exitFail
+	}
+	opts := checkpoint.RestoreOptions{Job: cfg.Store.Job, Checkpoint: *name, To: *to, Logger: newLogger(stderr, cfg.Log.Level)}
+	var bar *progressBar
+	if f, ok := stderr.(*os.File); ok && isatty.IsTerminal(f.Fd()) && !*jsonOut {
+		bar = &progressBar{w: stderr, start: time.Now()}
+		opts.Progress = bar.update
+	}
+	res, err := checkpoint.Restore(ctx, store, opts)
+	bar.finish()
+	if err != nil {
+		fmt.Fprintf(stderr, "spotguard restore: %v\n", err)
+		return exitFail
+	}
+	if *jsonOut {
+		json.NewEncoder(stdout).Encode(map[string]any{
+			"checkpoint": res.Checkpoint, "dir": res.Dir, "files": res.Files, "bytes": res.Bytes,
+			"seconds": res.Elapsed.Seconds(), "fell_back": res.FellBack, "already_present": res.AlreadyPresent,
+			"store": store.URL(), "job": cfg.Store.Job,
+		})
+		return exitOK
+	}
+	switch {
+	case res.AlreadyPresent:
+		fmt.Fprintf(stdout, "%s is already in %s with identical content; nothing to do\n", res.Checkpoint, res.Dir)
+	default:
+		rate := float64(res.Bytes) / max(res.Elapsed.Seconds(), 1e-9)
+		note := ""
+		if res.FellBack {
+			note = " (LATEST was unusable: restored the newest valid manifest)"
+		}
+		fmt.Fprintf(stdout, "restored %s (%d files, %s) from %s job %s to %s in %.1f s (%s/s), every checksum verified%s\n",
+			res.Checkpoint, res.Files, humanBytes(res.Bytes), store.URL(), cfg.Store.Job, res.Dir, res.Elapsed.Seconds(), humanBytes(int64(rate)), note)
+	}
+	return exitOK
+}
+
+func runList(ctx context.Context, args, environ []string, stdout, stderr io.Writer) int {
+	fs, cf := newFlagSet("list", "List the job's committed checkpoints, newest first: size, file count, trigger, commit time.", stderr)
+	jsonOut := fs.Bool("json", false, "print the manifests as JSON")
+	if code, ok := parseFlags(fs, args); !ok {
+		return code
+	}
+	cfg, ok := loadStoreConfig(cf, environ, stderr, "list")
+	if !ok {
+		return exitFail
+	}
+	store, err := openStore(ctx, cfg.Store.URL, checkpoint.S3Options{PartSize: cfg.Store.PartSize, Concurrency: cfg.Store.Concurrency})
+	if err != nil {
+		fmt.Fprintf(stderr, "spotguard list: %v\n", err)
+		return exitFail
+	}
+	cs, problems, err := checkpoint.ListCommitted(ctx, store, cfg.Store.Job)
+	if err != nil {
+		fmt.Fprintf(stderr, "spotguard list: %v\n", err)
+		return exitFail
+	}
+	for _, p := range problems {
+		fmt.Fprintf(stderr, "spotguard list: skipped: %v\n", p)
+	}
+	if *jsonOut {
+		type entry struct {
+			*checkpoint.Manifest
+			Latest bool `json:"latest"`
+		}
+		out := make([]entry, 0, len(cs))
+		for _, c := range cs {
+			out = append(out, entry{c.Manifest, c.Latest})
+		}
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		enc.Encode(out)
+		return exitOK
+	}
+	if len(cs) == 0 {
+		fmt.Fprintf(stdout, "no committed checkpoint of job %s in %s\n", cfg.Store.Job, store.URL())
+		return exitOK
+	}
+	checkpoint.FormatList(stdout, cs)
+	return exitOK
+}
+
+// progressBar draws restore progress on a terminal, at most ten times a second.
+type progressBar struct {
+	w     io.Writer
+	start time.Time
+	mu    sync.Mutex
+	last  time.Time
+	drawn bool
+}
+
+func (p *progressBar) update(done, total int64) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	now := time.Now()
+	if now.Sub(p.last) < 100*time.Millisecond && done != total {
+		return
+	}
+	p.last = now
+	pct := 100.0
+	if total > 0 {
+		pct = 100 * float64(done) / float64(total)
+	}
+	rate := float64(done) / max(now.Sub(p.start).Seconds(), 1e-9)
+	fmt.Fprintf(p.w, "\r%s / %s (%3.0f%%) %s/s ", humanBytes(done), humanBytes(total), pct, humanBytes(int64(rate)))
+	p.drawn = true
+}
+
+func (p *progressBar) finish() {
+	if p == nil {
+		return
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.drawn {
+		fmt.Fprintln(p.w)
+	}
+}
+
+// humanBytes formats n in binary units: 512 B, 1.5 KiB, 2.0 GiB.
+func humanBytes(n int64) string {
+	const unit = 1024
+	if n < unit {
+		return fmt.Sprintf("%d B", n)
+	}
+	div, exp := int64(unit), 0
+	for m := n / unit; m >= unit; m /= unit {
+		div *= unit
+		exp++
+	}
+	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
+}

@@ -1,0 +1,429 @@
+package e2e
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+)
+
+const (
+	s3Access = "spotguardtest"
+	s3Secret = "spotguardtestsecret"
+	s3Bucket = "checkpoints"
+)
+
+// s3Server is versitygw (a real S3 server on a POSIX directory) on 127.0.0.1, with one bucket.
+type s3Server struct {
+	endpoint string
+	cmd      *exec.Cmd
+	done     chan struct{}
+}
+
+func versitygwBin(t testing.TB) string {
+	t.Helper()
+	if p, err := exec.LookPath(filepath.Join(repoRoot, "bin", "versitygw")); err == nil {
+		return p
+	}
+	if p, err := exec.LookPath("versitygw"); err == nil {
+		return p
+	}
+	if os.Getenv("CI") != "" {
+		t.Fatal("versitygw missing under CI (make tools builds it)")
+	}
+	t.Skip("versitygw not found in bin/ or PATH; run `make tools`")
+	return ""
+}
+
+func awsBin(t testing.TB) string {
+	t.Helper()
+	p, err := exec.LookPath("aws")
+	if err != nil {
+		if os.Getenv("CI") != "" {
+			t.Fatal("awscli missing under CI (.ci/run installs it)")
+		}
+		t.Skip("awscli not found; apt-get install awscli")
+	}
+	return p
+}
+
+func startS3(t testing.TB) *s3Server {
+	t.Helper()
+	bin := versitygwBin(t)
+	dir := t.TempDir()
+	data, meta := filepath.Join(dir, "data"), filepath.Join(dir, "meta")
+	os.MkdirAll(data, 0o755)
+	os.MkdirAll(meta, 0o755)
+	port := freePort(t)
+	s := &s3Server{endpoint: fmt.Sprintf("http://127.0.0.1:%d", port), done: make(chan struct{})}
+	s.cmd = exec.Command(bin, "--access", s3Access, "--secret", s3Secret, "--port", fmt.Sprintf("127.0.0.1:%d", port),
+		"--quiet", "posix", "--sidecar", meta, data)
+	logf, _ := os.Create(filepath.Join(dir, "versitygw.log"))
+	s.cmd.Stdout, s.cmd.Stderr = logf, logf
+	if err := s.cmd.Start(); err != nil {
+		t.Fatalf("start versitygw: %v", err)
+	}
+	go func() { s.cmd.Wait(); logf.Close(); close(s.done) }()
+	t.Cleanup(func() { s.cmd.Process.Kill(); <-s.done })
+	eventually(t, 20*time.Second, "versitygw to listen", func() bool {
+		c, err := net.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", port))
+		if err != nil {
+			return false
+		}
+		c.Close()
+		return true
+	})
+	s.aws(t, "s3api", "create-bucket", "--bucket", s3Bucket)
+	return s
+}
+
+// env is the AWS environment for a client of this server, through endpoint (the server's own
+// when empty).
+func (s *s3Server) env(endpoint string) []string {
+	if endpoint == "" {
+		endpoint = s.endpoint
+	}
+	return []string{
+		"AWS_ACCESS_KEY_ID=" + s3Access, "AWS_SECRET_ACCESS_KEY=" + s3Secret, "AWS_REGION=us-east-1",
+		"AWS_DEFAULT_REGION=us-east-1", "AWS_ENDPOINT_URL_S3=" + endpoint,
+	}
+}
+
+// aws runs awscli against the server and returns its output; it fails the test if awscli fails.
+func (s *s3Server) aws(t testing.TB, args ...string) string {
+	t.Helper()
+	out, err := s.tryAWS(t, args...)
+	if err != nil {
+		t.Fatalf("aws %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+	return out
+}
+
+// tryAWS runs awscli against the server and returns its output and error.
+func (s *s3Server) tryAWS(t testing.TB, args ...string) (string, error) {
+	t.Helper()
+	cmd := exec.Command(awsBin(t), append([]string{"--endpoint-url", s.endpoint}, args...)...)
+	cmd.Env = append(os.Environ(), s.env("")...)
+	cmd.Env = append(cmd.Env, "HOME="+t.TempDir(), "AWS_EC2_METADATA_DISABLED=true")
+	out, err := cmd.CombinedOutput()
+	return string(out), err
+}
+
+// runSpotguard runs a spotguard command to completion and returns its exit code and output.
+func runSpotguard(t testing.TB, env []string, args ...string) (int, string, string) {
+	t.Helper()
+	cmd := exec.Command(spotguardBin, args...)
+	cmd.Env = append([]string{"PATH=" + os.Getenv("PATH"), "HOME=" + t.TempDir()}, env...)
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	err := cmd.Run()
+	code := 0
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		code = ee.ExitCode()
+	} else if err != nil {
+		t.Fatalf("run spotguard %v: %v", args, err)
+	}
+	return code, stdout.String(), stderr.String()
+}
+
+// sameTree fails the test unless every regular file under want is in got with the same bytes,
+// and got has no others (spotguard's own _spotguard/ aside).
+func sameTree(t testing.TB, want, got string) {
+	t.Helper()
+	wantFiles, gotFiles := treeFiles(t, want), treeFiles(t, got)
+	for rel := range gotFiles {
+		if strings.HasPrefix(rel, "_spotguard/") {
+			delete(gotFiles, rel)
+		}
+	}
+	if len(wantFiles) == 0 {
+		t.Fatalf("%s holds no files", want)
+	}
+	for rel, data := range wantFiles {
+		if g, ok := gotFiles[rel]; !ok || !bytes.Equal(g, data) {
+			t.Errorf("%s: %s differs from %s (present %v)", rel, got, want, ok)
+		}
+	}
+	for rel := range gotFiles {
+		if _, ok := wantFiles[rel]; !ok {
+			t.Errorf("%s: extra file %s", got, rel)
+		}
+	}
+}
+
+func treeFiles(t testing.TB, root string) map[string][]byte {
+	t.Helper()
+	out := map[string][]byte{}
+	filepath.WalkDir(root, func(p string, d os.DirEntry, err error) error {
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d.Type().IsRegular() {
+			rel, _ := filepath.Rel(root, p)
+			b, err := os.ReadFile(p)
+			if err != nil {
+				t.Fatal(err)
+			}
+			out[filepath.ToSlash(rel)] = b
+		}
+		return nil
+	})
+	return out
+}
+
+// waitNoticeState waits until /status shows the notice key in state.
+func (ap *agentProc) waitNoticeState(t testing.TB, key, state string, within time.Duration) {
+	t.Helper()
+	eventually(t, within, key+" → "+state, func() bool {
+		for _, ns := range ap.status(t).Notices {
+			if ns.Key == key && ns.State == state {
+				return true
+			}
+		}
+		return false
+	})
+}
+
+// newestLocal returns the name of the newest complete checkpoint under dir.
+func newestLocal(t testing.TB, dir string) string {
+	t.Helper()
+	entries, _ := os.ReadDir(dir)
+	best := ""
+	for _, e := range entries {
+		if _, err := os.Stat(filepath.Join(dir, e.Name(), "_COMPLETE")); err == nil && e.Name() > best {
+			best = e.Name()
+		}
+	}
+	if best == "" {
+		t.Fatalf("no complete checkpoint in %s", dir)
+	}
+	return best
+}
+
+// The whole path: a notice arrives, the trainer writes a multi-file checkpoint slowly, the agent
+// streams it to a real S3 server and commits it; awscli (an independent client) lists and
+// downloads the same bytes, and `spotguard restore` reproduces them bit for bit.
+func TestNoticeCheckpointDurableInS3(t *testing.T) {
+	needPeers(t)
+	s3 := startS3(t)
+	storeURL := "s3://" + s3Bucket + "/training"
+	testNoticeCheckpoint(t, storeURL, s3.env(""), func(t *testing.T, ckpt, local string) {
+		ls := s3.aws(t, "s3", "ls", "--recursive", "s3://"+s3Bucket+"/training/e2e/"+ckpt+"/")
+		for _, want := range []string{"shard-0.bin", "shard-3.bin", "_COMPLETE", "_spotguard/manifest.json"} {
+			if !strings.Contains(ls, want) {
+				t.Errorf("aws s3 ls lacks %s:\n%s", want, ls)
+			}
+		}
+		dl := t.TempDir()
+		s3.aws(t, "s3", "cp", "--recursive", "--exclude", "_spotguard/*", "s3://"+s3Bucket+"/training/e2e/"+ckpt+"/", dl)
+		sameTree(t, local, dl)
+		latest := s3.aws(t, "s3", "cp", "s3://"+s3Bucket+"/training/e2e/LATEST", "-")
+		if !strings.Contains(latest, `"checkpoint":"`+ckpt+`"`) {
+			t.Errorf("LATEST = %s; want %s", latest, ckpt)
+		}
+	})
+}
+
+func TestNoticeCheckpointDurableInFileStore(t *testing.T) {
+	needPeers(t)
+	storeDir := t.TempDir()
+	testNoticeCheckpoint(t, "file://"+storeDir, nil, func(t *testing.T, ckpt, local string) {
+		got := filepath.Join(storeDir, "e2e", ckpt)
+		if _, err := os.Stat(filepath.Join(got, "_spotguard", "manifest.json")); err != nil {
+			t.Errorf("manifest: %v", err)
+		}
+		sameTree(t, local, got)
+	})
+}
+
+func testNoticeCheckpoint(t *testing.T, storeURL string, storeEnv []string, inspect func(t *testing.T, ckpt, local string)) {
+	sim := newIMDS(t)
+	trigger := time.Now().Truncate(time.Second).Add(4 * time.Second)
+	sim.start("spot", "-a", "terminate", "--mock-trigger-time", trigger.UTC().Format(time.RFC3339), "--rebalance-delay-sec", "100000")
+	ckdir := t.TempDir()
+	tp := startTrainer(t, "--checkpoint-dir", ckdir, "--files", "4", "--checkpoint-mb", "6", "--write-seconds", "2")
+	env := append([]string{"SPOTGUARD_TRAINER_PIDFILE=" + tp.pidfile, "SPOTGUARD_NOTICES_REBALANCE=ignore",
+		"SPOTGUARD_CHECKPOINT_DIR=" + ckdir, "SPOTGUARD_STORE_URL=" + storeURL, "SPOTGUARD_STORE_JOB=e2e",
+		"SPOTGUARD_STORE_PART_SIZE=5MiB"}, storeEnv...)
+	ap := startAgent(t, sim, env...)
+	ap.waitNoticeState(t, "spot/terminate", "committed", 60*time.Second)
+
+	ckpt := newestLocal(t, ckdir)
+	st := ap.status(t)
+	for _, ns := range st.Notices {
+		if ns.Key != "spot/terminate" {
+			continue
+		}
+		var states []string
+		for _, tr := range ns.Transitions {
+			states = append(states, tr.State)
+		}
+		if got := strings.Join(states, " → "); got != "detected → trainer_signalled → checkpoint_written → committed" {
+			t.Errorf("transitions: %s", got)
+		}
+	}
+	m := ap.metrics(t)
+	for _, want := range []string{`spotguard_checkpoints_committed_total{trigger="notice"} 1`, "spotguard_notice_time_to_durable_seconds_count 1"} {
+		if !hasLine(m, want) {
+			t.Errorf("/metrics lacks %q", want)
+		}
+	}
+	inspect(t, ckpt, filepath.Join(ckdir, ckpt))
+
+	// The next instance restores it, bit for bit.
+	to := t.TempDir()
+	code, stdout, stderr := runSpotguard(t, append([]string{"SPOTGUARD_STORE_URL=" + storeURL, "SPOTGUARD_STORE_JOB=e2e"}, storeEnv...),
+		"restore", "--config", ap.configPath, "--to", to)
+	if code != 0 {
+		t.Fatalf("spotguard restore: exit %d\n%s%s", code, stdout, stderr)
+	}
+	if !strings.Contains(stdout, "restored "+ckpt) || !strings.Contains(stdout, "every checksum verified") {
+		t.Errorf("restore summary = %q", stdout)
+	}
+	sameTree(t, filepath.Join(ckdir, ckpt), filepath.Join(to, ckpt))
+
+	code, stdout, _ = runSpotguard(t, append([]string{"SPOTGUARD_STORE_URL=" + storeURL, "SPOTGUARD_STORE_JOB=e2e"}, storeEnv...),
+		"list", "--config", ap.configPath)
+	if code != 0 || !strings.Contains(stdout, ckpt) || !strings.Contains(stdout, "LATEST") || !strings.Contains(stdout, "notice") {
+		t.Errorf("spotguard list: exit %d\n%s", code, stdout)
+	}
+}
+
+func TestRestoreNothingCommitted(t *testing.T) {
+	needPeers(t)
+	storeDir := t.TempDir()
+	code, _, stderr := runSpotguard(t, []string{"SPOTGUARD_STORE_URL=file://" + storeDir, "SPOTGUARD_STORE_JOB=empty-job"},
+		"restore", "--config", writeEmptyConfig(t), "--to", t.TempDir())
+	if code != 1 || !strings.Contains(stderr, "empty-job") || !strings.Contains(stderr, storeDir) {
+		t.Errorf("restore of nothing: exit %d, stderr %q; want 1 naming the job and the store", code, stderr)
+	}
+}
+
+func writeEmptyConfig(t testing.TB) string {
+	p := filepath.Join(t.TempDir(), "empty.yaml")
+	os.WriteFile(p, nil, 0o644)
+	return p
+}
+
+// throttle is a TCP proxy to target that passes at most rate bytes per second each way, so an
+// upload is still in flight when the test wants it to be.
+type throttle struct {
+	ln     net.Listener
+	target string
+	rate   atomic.Int64
+	wg     sync.WaitGroup
+}
+
+func startThrottle(t testing.TB, target string, rate int64) *throttle {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	th := &throttle{ln: ln, target: target}
+	th.rate.Store(rate)
+	th.wg.Go(func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			th.wg.Go(func() { th.serve(c) })
+		}
+	})
+	t.Cleanup(func() { ln.Close(); th.wg.Wait() })
+	return th
+}
+
+func (th *throttle) url() string { return "http://" + th.ln.Addr().String() }
+
+func (th *throttle) serve(c net.Conn) {
+	defer c.Close()
+	up, err := net.Dial("tcp", th.target)
+	if err != nil {
+		return
+	}
+	defer up.Close()
+	var wg sync.WaitGroup
+	wg.Go(func() { th.copy(up, c); up.(*net.TCPConn).CloseWrite() })
+	wg.Go(func() { th.copy(c, up); c.(*net.TCPConn).CloseWrite() })
+	wg.Wait()
+}
+
+// copy passes bytes in 16 KiB slices, pacing them to the rate with a timer per slice.
+func (th *throttle) copy(dst io.Writer, src io.Reader) {
+	buf := make([]byte, 16<<10)
+	for {
+		n, err := src.Read(buf)
+		if n > 0 {
+			if _, werr := dst.Write(buf[:n]); werr != nil {
+				return
+			}
+			if r := th.rate.Load(); r > 0 {
+				<-time.After(time.Duration(float64(n) / float64(r) * float64(time.Second)))
+			}
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+// kill -9 of the agent mid-upload, then a restart: the checkpoint is committed afterwards, and it
+// is the trainer's bytes.
+func TestKillMidUploadThenRestart(t *testing.T) {
+	needPeers(t)
+	s3 := startS3(t)
+	slow := startThrottle(t, strings.TrimPrefix(s3.endpoint, "http://"), 2<<20) // 2 MiB/s
+	ckdir := t.TempDir()
+	// A complete checkpoint the agent will find at start (as after a reboot), 3 × 12 MiB, so
+	// each file is a multipart upload of 5 MiB parts.
+	tp := startTrainer(t, "--checkpoint-dir", ckdir, "--files", "3", "--checkpoint-mb", "12")
+	tp.cmd.Process.Signal(syscall.SIGUSR1)
+	eventually(t, 20*time.Second, "the trainer's checkpoint", func() bool {
+		entries, _ := filepath.Glob(filepath.Join(ckdir, "*", "_COMPLETE"))
+		return len(entries) == 1
+	})
+	ckpt := newestLocal(t, ckdir)
+	sim := newIMDS(t)
+	sim.start("spot", "-d", "100000", "--rebalance-delay-sec", "100000")
+	storeURL := "s3://" + s3Bucket + "/kill"
+	env := append([]string{"SPOTGUARD_TRAINER_PIDFILE=" + tp.pidfile, "SPOTGUARD_CHECKPOINT_DIR=" + ckdir,
+		"SPOTGUARD_STORE_URL=" + storeURL, "SPOTGUARD_STORE_JOB=e2e", "SPOTGUARD_STORE_PART_SIZE=5MiB"}, s3.env(slow.url())...)
+	ap := startAgent(t, sim, env...)
+	eventually(t, 30*time.Second, "the upload to be under way", func() bool {
+		return strings.Contains(s3.aws(t, "s3api", "list-multipart-uploads", "--bucket", s3Bucket), "UploadId")
+	})
+	ap.cmd.Process.Kill()
+	<-ap.done
+	if ls, _ := s3.tryAWS(t, "s3", "ls", "--recursive", "s3://"+s3Bucket+"/kill/"); strings.Contains(ls, "manifest.json") {
+		t.Fatalf("a manifest exists although the agent was killed mid-upload:\n%s", ls)
+	}
+
+	// Restart, now at full speed: the agent finishes what is complete but not committed.
+	ap2 := startAgent(t, sim, append([]string{"SPOTGUARD_TRAINER_PIDFILE=" + tp.pidfile, "SPOTGUARD_CHECKPOINT_DIR=" + ckdir,
+		"SPOTGUARD_STORE_URL=" + storeURL, "SPOTGUARD_STORE_JOB=e2e", "SPOTGUARD_STORE_PART_SIZE=5MiB"}, s3.env("")...)...)
+	eventually(t, 60*time.Second, "the checkpoint to be committed after the restart", func() bool {
+		return hasLine(ap2.metrics(t), `spotguard_checkpoints_committed_total{trigger="periodic"} 1`)
+	})
+	if out := s3.aws(t, "s3api", "list-multipart-uploads", "--bucket", s3Bucket); strings.Contains(out, "UploadId") {
+		t.Errorf("the killed run's multipart uploads were not aborted:\n%s", out)
+	}
+	to := t.TempDir()
+	code, stdout, stderr := runSpotguard(t, append([]string{"SPOTGUARD_STORE_URL=" + storeURL, "SPOTGUARD_STORE_JOB=e2e"}, s3.env("")...),
+		"restore", "--config", ap2.configPath, "--to", to)
+	if code != 0 {
+		t.Fatalf("restore: exit %d\n%s%s", code, stdout, stderr)
+	}
+	sameTree(t, filepath.Join(ckdir, ckpt), filepath.Join(to, ckpt))
+}
