@@ -233,3 +233,11 @@ func TestPolicyOff(t *testing.T) {
 		t.Errorf("Validate(all off) = %v; want 'every source is off'", err)
 	}
 }
+
+// The example configuration must stay valid (its checkpoint dir aside, which is made by the demo).
+func TestExampleConfigIsValid(t *testing.T) {
+	c := mustLoad(t, LoadOptions{Path: "../examples/local.yaml", Flags: []KeyValue{{"checkpoint.dir", t.TempDir()}}})
+	if err := c.Validate(); err != nil {
+		t.Errorf("examples/local.yaml: %v", err)
+	}
+}

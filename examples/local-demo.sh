@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs the notice path on this machine: AWS's IMDS simulator announces a spot reclaim 5 s after it
 # starts, spotguard (go run ./cmd/spotguard run --config examples/local.yaml) signals the example
-# trainer, and the trainer writes a checkpoint. Prints the timeline and the agent's /status.
+# trainer, the trainer writes a checkpoint, spotguard streams it into a file:// store and commits
+# it, and `spotguard restore` brings it back, verified. Prints the timeline.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 demo=/tmp/spotguard-demo
@@ -33,7 +34,11 @@ for _ in $(seq 300); do [ -s "$demo/signals.jsonl" ] && break; sleep 0.1; done
 if [ ! -s "$demo/signals.jsonl" ]; then
   echo "FAIL: the trainer received no signal within 30 s"; cat "$demo/agent.log"; exit 1
 fi
-for _ in $(seq 100); do ls "$demo"/checkpoints/*/_COMPLETE >/dev/null 2>&1 && break; sleep 0.1; done
+state() { curl -s 127.0.0.1:9402/status | python3 -c 'import json,sys; print(" ".join(n["state"] for n in json.load(sys.stdin)["notices"]))'; }
+for _ in $(seq 300); do [ "$(state)" = committed ] && break; sleep 0.1; done
+if [ "$(state)" != committed ]; then
+  echo "FAIL: the checkpoint was not committed within 30 s"; cat "$demo/agent.log"; exit 1
+fi
 
 echo "== what happened"
 python3 - "$demo" "$start" <<'PY'
@@ -52,3 +57,9 @@ done = sorted(p.parent.name for p in (demo / "checkpoints").glob("*/_COMPLETE"))
 print("checkpoints written by the trainer:", ", ".join(done) or "none yet")
 PY
 kill -TERM "$agent"; wait "$agent" && echo "== spotguard stopped cleanly on SIGTERM"
+
+echo "== the next instance: spotguard restore --to $demo/restored"
+"$demo/spotguard" restore --config examples/local.yaml --to "$demo/restored"
+ckpt=$(ls "$demo/restored")
+diff -r "$demo/checkpoints/$ckpt" "$demo/restored/$ckpt" && echo "== $ckpt restored bit for bit"
+"$demo/spotguard" list --config examples/local.yaml

@@ -13,6 +13,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws"
 	awsconfig "github.com/aws/aws-sdk-go-v2/config"
 	"github.com/mattn/go-isatty"
+	"github.com/rs/zerolog"
 
 	"github.com/spotguard/spotguard/agent"
 	"github.com/spotguard/spotguard/checkpoint"
@@ -71,7 +72,12 @@ func runRestore(ctx context.Context, args, environ []string, stdout, stderr io.W
 		fmt.Fprintf(stderr, "spotguard restore: %v\n", err)
 		return exitFail
 	}
-	opts := checkpoint.RestoreOptions{Job: cfg.Store.Job, Checkpoint: *name, To: *to, Logger: newLogger(stderr, cfg.Log.Level)}
+	// The summary line says what an info log line would; warnings and errors still go to stderr.
+	level := max(cfg.Log.Level, zerolog.WarnLevel)
+	if cfg.Log.Level == zerolog.DebugLevel {
+		level = zerolog.DebugLevel
+	}
+	opts := checkpoint.RestoreOptions{Job: cfg.Store.Job, Checkpoint: *name, To: *to, Logger: newLogger(stderr, level)}
 	var bar *progressBar
 	if f, ok := stderr.(*os.File); ok && isatty.IsTerminal(f.Fd()) && !*jsonOut {
 		bar = &progressBar{w: stderr, start: time.Now()}
