@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"os"
 	"path"
@@ -491,7 +492,7 @@ func (u *Uploader) dispatch(ctx context.Context) {
 		limit = u.cfg.UrgentFiles
 	}
 	// Commits first: they are small and they are the point.
-	for _, name := range slices.Sorted(mapsKeys(u.ckpts)) {
+	for _, name := range slices.Sorted(maps.Keys(u.ckpts)) {
 		c := u.ckpts[name]
 		if c.complete && !c.committed && !c.committing && c.allStored() && u.inflight < limit+1 {
 			c.committing = true
@@ -528,16 +529,6 @@ func (u *Uploader) dispatch(ctx context.Context) {
 		f.inflight = true
 		u.inflight++
 		u.goUpload(ctx, ref)
-	}
-}
-
-func mapsKeys[M ~map[K]V, K comparable, V any](m M) func(func(K) bool) {
-	return func(yield func(K) bool) {
-		for k := range m {
-			if !yield(k) {
-				return
-			}
-		}
 	}
 }
 
@@ -707,17 +698,24 @@ func retryDelay(attempt int, urgent bool) time.Duration {
 	return d/2 + rand.N(d/2+1)
 }
 
+// retryLater queues ref again once d has passed.
 func (u *Uploader) retryLater(ctx context.Context, ref fileRef, d time.Duration) {
+	u.after(ctx, d, func() {
+		select {
+		case u.requeue <- ref:
+		case <-ctx.Done():
+		}
+	})
+}
+
+// after runs send on one of the uploader's goroutines once d has passed, unless ctx ends first.
+func (u *Uploader) after(ctx context.Context, d time.Duration, send func()) {
 	u.wg.Go(func() {
 		t := time.NewTimer(d)
 		defer t.Stop()
 		select {
 		case <-t.C:
-		case <-ctx.Done():
-			return
-		}
-		select {
-		case u.requeue <- ref:
+			send()
 		case <-ctx.Done():
 		}
 	})
@@ -977,14 +975,7 @@ func (u *Uploader) retryCommit(ctx context.Context, name string, d time.Duration
 	c := u.ckpts[name]
 	c.committing = true
 	u.inflight++
-	u.wg.Go(func() {
-		t := time.NewTimer(d)
-		defer t.Stop()
-		select {
-		case <-t.C:
-		case <-ctx.Done():
-			return
-		}
+	u.after(ctx, d, func() {
 		select {
 		case u.commits <- commitResult{ckpt: name, err: errRetryCommit}:
 		case <-ctx.Done():
@@ -1027,7 +1018,7 @@ func (u *Uploader) status() UploaderStatus {
 		d := u.deadline
 		st.Deadline = &d
 	}
-	for _, name := range slices.Sorted(mapsKeys(u.ckpts)) {
+	for _, name := range slices.Sorted(maps.Keys(u.ckpts)) {
 		c := u.ckpts[name]
 		cs := CheckpointStatus{Name: name, Files: len(c.files), Complete: c.complete, Committed: c.committed}
 		for _, f := range c.files {
