@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"context"
 	"encoding/json"
 	"net/http"
 	"time"
@@ -8,6 +9,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/spotguard/spotguard/agent/imds"
+	"github.com/spotguard/spotguard/checkpoint"
 )
 
 // Status is the JSON document served on /status.
@@ -20,6 +22,8 @@ type Status struct {
 	// TrainerProblems says why the last scan found no trainer, if it did not.
 	TrainerProblems string         `json:"trainer_problems,omitempty"`
 	Notices         []NoticeStatus `json:"notices"`
+	// Uploads is the checkpoint uploader's state; absent when no store is configured.
+	Uploads *checkpoint.UploaderStatus `json:"uploads,omitempty"`
 }
 
 // instanceStatus is the instance identity; empty until IMDS has answered.
@@ -70,7 +74,16 @@ func (a *Agent) Status() Status {
 	a.mu.Unlock()
 	st := a.watcher.Stats()
 	cs := a.coord.status()
+	var uploads *checkpoint.UploaderStatus
+	if a.uploader != nil {
+		// The uploader answers from its own loop; a busy one must not hold /status up.
+		ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+		us := a.uploader.Status(ctx)
+		cancel()
+		uploads = &us
+	}
 	return Status{
+		Uploads:         uploads,
 		StartedAt:       a.started,
 		Instance:        instanceStatus{id.InstanceID, id.InstanceType, id.AvailabilityZone},
 		IMDS:            newIMDSStatus(st, time.Now()),

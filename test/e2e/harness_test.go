@@ -363,6 +363,15 @@ type agentStatus struct {
 		PID           int  `json:"pid"`
 		CatchesSignal bool `json:"catches_signal"`
 	} `json:"trainers"`
+	Uploads *struct {
+		Urgent      bool `json:"urgent"`
+		Checkpoints []struct {
+			Name        string `json:"name"`
+			Files       int    `json:"files"`
+			FilesStored int    `json:"files_stored"`
+			Committed   bool   `json:"committed"`
+		} `json:"checkpoints"`
+	} `json:"uploads"`
 	Notices []struct {
 		Key         string     `json:"key"`
 		Source      string     `json:"source"`

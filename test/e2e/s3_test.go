@@ -273,6 +273,10 @@ func testNoticeCheckpoint(t *testing.T, storeURL string, storeEnv []string, insp
 			t.Errorf("transitions: %s", got)
 		}
 	}
+	if u := st.Uploads; u == nil || !u.Urgent || len(u.Checkpoints) != 1 || !u.Checkpoints[0].Committed ||
+		u.Checkpoints[0].Files != 5 || u.Checkpoints[0].FilesStored != 5 {
+		t.Errorf("/status uploads = %+v; want urgent, %s committed with 5 of 5 files stored", u, ckpt)
+	}
 	m := ap.metrics(t)
 	for _, want := range []string{`spotguard_checkpoints_committed_total{trigger="notice"} 1`, "spotguard_notice_time_to_durable_seconds_count 1"} {
 		if !hasLine(m, want) {
