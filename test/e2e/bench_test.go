@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -77,8 +78,9 @@ func percentile(sorted []float64, p float64) float64 {
 }
 
 // BenchmarkIdleCost runs `spotguard run` for 60 s (BENCH_IDLE_SECONDS to change it) at the default
-// poll interval against the simulator with no notice, and reports CPU seconds used, the share of one
-// core, and peak RSS (VmHWM). Targets: ≤ 0.5 % of one core, ≤ 30 MiB.
+// poll interval against the simulator with no notice, with a trainer and a watched checkpoint
+// directory and file:// store, and reports CPU seconds used, the share of one core, and peak RSS
+// (VmHWM). Targets: ≤ 0.5 % of one core, ≤ 30 MiB.
 func BenchmarkIdleCost(b *testing.B) {
 	needPeers(b)
 	window := 60 * time.Second
@@ -92,7 +94,17 @@ func BenchmarkIdleCost(b *testing.B) {
 	sim := newIMDS(b)
 	sim.start("spot", "-d", "100000", "--rebalance-delay-sec", "100000")
 	tp := startTrainer(b)
-	ap := startAgent(b, sim, "SPOTGUARD_TRAINER_PIDFILE="+tp.pidfile, "SPOTGUARD_LOG_LEVEL=info")
+	// The whole agent: IMDS polling, trainer scans, and the checkpoint watcher on a directory
+	// holding one committed checkpoint (uploaded at start, before the window).
+	ckdir := b.TempDir()
+	os.MkdirAll(filepath.Join(ckdir, "step-000001"), 0o755)
+	os.WriteFile(filepath.Join(ckdir, "step-000001", "w.bin"), make([]byte, 1<<20), 0o644)
+	os.WriteFile(filepath.Join(ckdir, "step-000001", "_COMPLETE"), nil, 0o644)
+	ap := startAgent(b, sim, "SPOTGUARD_TRAINER_PIDFILE="+tp.pidfile, "SPOTGUARD_LOG_LEVEL=info",
+		"SPOTGUARD_CHECKPOINT_DIR="+ckdir, "SPOTGUARD_STORE_URL=file://"+b.TempDir())
+	eventually(b, 30*time.Second, "the existing checkpoint to be committed", func() bool {
+		return hasLine(ap.metrics(b), `spotguard_checkpoints_committed_total{trigger="periodic"} 1`)
+	})
 	pid := ap.cmd.Process.Pid
 	b.ResetTimer()
 	for range b.N {
