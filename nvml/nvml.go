@@ -1,0 +1,431 @@
+// Package nvml samples NVIDIA GPUs through NVML and judges whether a GPU is
+// degraded: slowed by hardware or thermal limits, reporting memory errors or
+// critical XIDs, lost, or clearly slower than its peers of the same model on
+// the same instance (the "silicon lottery").
+//
+// The adapter over github.com/NVIDIA/go-nvml (type GPUs) is built only on
+// Linux with cgo; elsewhere Open returns an error wrapping ErrUnavailable.
+// The types and Verdicts in this file are pure and build everywhere.
+//
+// NVML must never be called after a failed Init: the process would die on a
+// symbol lookup error. Open stops at the first failure and reports it.
+package nvml
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+	"math"
+	"math/bits"
+	"slices"
+	"strings"
+	"time"
+)
+
+// ErrUnavailable reports that GPU sampling is off. Open wraps it with the
+// reason (no libnvidia-ml.so.1, driver mismatch, no permission, no GPUs,
+// built without cgo), so errors.Is(err, ErrUnavailable) tells the agent to
+// say so once and carry on without GPU metrics.
+var ErrUnavailable = errors.New("nvml: GPU sampling is off")
+
+// DefaultThreshold is the fraction below the peers' median at which Verdicts
+// calls a GPU an outlier when it is given a threshold ≤ 0, ≥ 1 or NaN.
+const DefaultThreshold = 0.10
+
+// LoadPercent is the GPU utilisation (percent) from which a GPU counts as
+// under load: clock rules and peer comparisons of clocks and bandwidth
+// apply only to GPUs at or above it, since idle GPUs lower their clocks on
+// purpose.
+const LoadPercent = 50
+
+// EqualLoadPoints is how many percentage points of GPU utilisation two GPUs
+// may differ by and still count as equally loaded when their achieved memory
+// bandwidth is compared.
+const EqualLoadPoints = 10
+
+// MinModelGPUs is the least number of GPUs of one model (the GPU itself
+// included, lost GPUs and GPUs lacking the metric excluded) for a peer
+// comparison: the GPU is compared with the median of the others, and a
+// median of fewer than two values means nothing.
+const MinModelGPUs = 3
+
+// Bandwidth sources named in Sample.BandwidthSource.
+const (
+	// BandwidthGPM: AchievedMemBandwidth is GPM's DRAM bandwidth
+	// utilisation × the peak (Hopper and newer).
+	BandwidthGPM = "gpm"
+	// BandwidthDutyCycle: AchievedMemBandwidth is the memory controller
+	// duty cycle (nvmlUtilization_t.memory) × the peak, a rough proxy
+	// used when GPM is missing.
+	BandwidthDutyCycle = "duty_cycle"
+)
+
+// Facts are what a GPU is; Open reads them once.
+type Facts struct {
+	// Index is the NVML device index.
+	Index int
+	// UUID is NVML's GPU UUID ("GPU-…"); empty if NVML could not say.
+	UUID string
+	// Name is the model as NVML names it ("NVIDIA H100 80GB HBM3"); peers
+	// are GPUs with the same Name.
+	Name string
+	// MaxSMClockMHz and MaxMemClockMHz are the maximum clocks; 0 when
+	// not supported.
+	MaxSMClockMHz, MaxMemClockMHz uint32
+	// MemBusWidthBits is the memory bus width; 0 when not supported.
+	MemBusWidthBits uint32
+	// PeakMemBandwidth is the theoretical peak in bytes/s, see
+	// PeakMemBandwidth; 0 when a clock or the bus width is unknown.
+	PeakMemBandwidth float64
+	// MemoryTotalBytes is the framebuffer size; 0 when unknown.
+	MemoryTotalBytes uint64
+	// MIG is true when MIG mode is on; the parent (whole) GPU is sampled
+	// then, and some metrics (utilisation, GPM) may be missing.
+	MIG bool
+}
+
+// Sample is one reading of one GPU. Optional metrics are nil when NVML does
+// not support them on this GPU or could not read them this time.
+type Sample struct {
+	// Index is the NVML device index, as in Facts.
+	Index int
+	// UUID is the GPU's UUID, as in Facts.
+	UUID string
+	// At is when the metrics were read.
+	At time.Time
+	// Lost is true when NVML reported ERROR_GPU_IS_LOST for this GPU, now
+	// or earlier; a lost GPU has no metrics and is not queried again.
+	Lost bool
+
+	// SMClockMHz and MemClockMHz are the current clocks.
+	SMClockMHz, MemClockMHz *uint32
+	// GPUUtilPercent is the share of the last sample period in which a
+	// kernel ran; MemUtilPercent is the memory controller's duty cycle.
+	GPUUtilPercent, MemUtilPercent *float64
+	// DRAMBandwidthUtilPercent is GPM's DRAM bandwidth utilisation over
+	// the time since the previous Sample (Hopper and newer).
+	DRAMBandwidthUtilPercent *float64
+	// AchievedMemBandwidth is in bytes/s, computed as described by
+	// BandwidthSource; nil when neither source nor the peak is known.
+	AchievedMemBandwidth *float64
+	// BandwidthSource is BandwidthGPM, BandwidthDutyCycle, or empty when
+	// AchievedMemBandwidth is nil.
+	BandwidthSource string
+	// MemUsedBytes and MemTotalBytes are the framebuffer use.
+	MemUsedBytes, MemTotalBytes *uint64
+	// TemperatureC is the GPU core temperature.
+	TemperatureC *float64
+	// PowerW is the board power draw.
+	PowerW *float64
+	// ClockEventReasons are the active clock event (throttle) reasons,
+	// decoded as by ClockEventReasons; empty when none is active or the
+	// metric is not supported.
+	ClockEventReasons []string
+	// ECCUncorrectedVolatile counts uncorrected ECC errors since the
+	// driver was loaded.
+	ECCUncorrectedVolatile *uint64
+	// RemappedRowsPending is true when a row remap waits for a GPU reset.
+	RemappedRowsPending *bool
+	// RowRemapFailed is true when a row remap failed: the GPU should be
+	// replaced.
+	RowRemapFailed *bool
+	// XIDCritical counts critical XID events seen on this GPU since
+	// RunEvents started; XIDs that applications cause (see
+	// IsApplicationXID) are not counted.
+	XIDCritical uint64
+	// LastXID is the latest XID counted in XIDCritical; 0 if none.
+	LastXID uint64
+}
+
+// Verdict is the judgement of one GPU.
+type Verdict struct {
+	// Index is the NVML device index, as in the Sample judged.
+	Index int
+	// UUID is the GPU's UUID, as in the Sample judged.
+	UUID string
+	// Degraded is true when at least one rule fired; Reasons then say
+	// which, in words, with the numbers. Reasons is empty otherwise.
+	Degraded bool
+	Reasons  []string
+}
+
+// PeakMemBandwidth returns the theoretical peak memory bandwidth in bytes/s
+// of a GPU whose maximum memory clock is memClockMHz and whose memory bus is
+// busWidthBits wide: clock × 2 (double data rate) × bus width in bytes. It
+// returns 0 when either input is 0 (unknown).
+//
+// NVML reports the memory clock such that this gives the datasheet figure
+// (A100 80GB: 1593 MHz, 5120 bits → 2039 GB/s; T4: 5001 MHz, 256 bits →
+// 320 GB/s), though some parts (H200) come out a little above their
+// datasheet. Compare GPUs with peers, never with marketing numbers.
+func PeakMemBandwidth(memClockMHz, busWidthBits uint32) float64 {
+	return float64(memClockMHz) * 1e6 * 2 * float64(busWidthBits) / 8
+}
+
+// reasonNames names the clock event reason bits of nvml.h
+// (nvmlClocksEventReason*), indexed by bit position.
+var reasonNames = [...]string{
+	"gpu_idle",
+	"applications_clocks_setting",
+	"sw_power_cap",
+	"hw_slowdown",
+	"sync_boost",
+	"sw_thermal_slowdown",
+	"hw_thermal_slowdown",
+	"hw_power_brake_slowdown",
+	"display_clocks_setting",
+	"board_limit",
+	"reliability",
+}
+
+// slowdownReasons are the reasons that mean hardware or cooling trouble
+// when a loaded GPU is held below its maximum clock.
+var slowdownReasons = []string{"hw_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown", "sw_thermal_slowdown"}
+
+// ClockEventReasons decodes an NVML clock event (throttle) reason bitmask
+// into names, lowest bit first: "gpu_idle", "applications_clocks_setting",
+// "sw_power_cap", "hw_slowdown", "sync_boost", "sw_thermal_slowdown",
+// "hw_thermal_slowdown", "hw_power_brake_slowdown", "display_clocks_setting",
+// "board_limit", "reliability"; a bit unknown to this package becomes
+// "unknown_0x…" with its value. It returns nil for 0 (no reason active).
+func ClockEventReasons(mask uint64) []string {
+	if mask == 0 {
+		return nil
+	}
+	return appendClockEventReasons(make([]string, 0, bits.OnesCount64(mask)), mask)
+}
+
+// appendClockEventReasons appends the names of mask's bits to dst.
+func appendClockEventReasons(dst []string, mask uint64) []string {
+	for mask != 0 {
+		i := bits.TrailingZeros64(mask)
+		mask &^= 1 << i
+		if i < len(reasonNames) {
+			dst = append(dst, reasonNames[i])
+		} else {
+			dst = append(dst, fmt.Sprintf("unknown_%#x", uint64(1)<<i))
+		}
+	}
+	return dst
+}
+
+// IsApplicationXID reports whether an XID is one that applications
+// commonly cause (13 graphics engine exception, 31 GPU memory page fault,
+// 43 GPU stopped processing, 45 preemptive cleanup) rather than a hardware
+// or driver fault. Such XIDs are logged but not counted in
+// Sample.XIDCritical: a trainer with a bad kernel must not get a healthy
+// instance replaced.
+func IsApplicationXID(xid uint64) bool {
+	switch xid {
+	case 13, 31, 43, 45:
+		return true
+	}
+	return false
+}
+
+// Verdicts judges the GPUs in samples, returning one Verdict per Sample in
+// the same order. facts supply each GPU's model and maxima; they are matched
+// to samples by UUID, or by Index when a UUID is empty. A Sample without
+// Facts is judged on the sample alone. threshold is the fraction below the
+// peers' median that makes an outlier; ≤ 0, ≥ 1 or NaN means
+// DefaultThreshold.
+//
+// A GPU is degraded when any of these holds:
+//
+//   - it is lost (no other rule is checked then);
+//   - it has uncorrected volatile ECC errors, a pending row remap or a failed
+//     row remap;
+//   - critical XIDs were seen on it;
+//   - it is under load (GPU util ≥ LoadPercent) and a hardware or thermal
+//     slowdown reason (hw_slowdown, hw_thermal_slowdown,
+//     hw_power_brake_slowdown, sw_thermal_slowdown) is active while its SM
+//     clock is below its maximum (or either is unknown);
+//   - it is an outlier among its peers: with at least MinModelGPUs GPUs of
+//     the same Name that are not lost, one of these is more than threshold
+//     below the median of the other GPUs' values:
+//     the SM clock and the memory clock, among GPUs under load;
+//     the achieved memory bandwidth, among GPUs under load whose GPU util
+//     is within EqualLoadPoints of this GPU's and whose bandwidth has the
+//     same source;
+//     the peak memory bandwidth from Facts (no load needed).
+//
+// Rules whose inputs are missing (nil metrics, unknown load, no Facts,
+// too few peers) do not fire.
+func Verdicts(facts []Facts, samples []Sample, threshold float64) []Verdict {
+	if !(threshold > 0 && threshold < 1) {
+		threshold = DefaultThreshold
+	}
+	byUUID := make(map[string]*Facts, len(facts))
+	byIndex := make(map[int]*Facts, len(facts))
+	for i := range facts {
+		f := &facts[i]
+		if f.UUID != "" {
+			byUUID[f.UUID] = f
+		}
+		byIndex[f.Index] = f
+	}
+	factsOf := make([]*Facts, len(samples))
+	for i, s := range samples {
+		if s.UUID != "" {
+			factsOf[i] = byUUID[s.UUID]
+		} else {
+			factsOf[i] = byIndex[s.Index]
+		}
+	}
+
+	out := make([]Verdict, len(samples))
+	for i := range samples {
+		s, f := &samples[i], factsOf[i]
+		v := Verdict{Index: s.Index, UUID: s.UUID}
+		if s.Lost {
+			v.Reasons = append(v.Reasons, "GPU is lost (ERROR_GPU_IS_LOST): it no longer answers NVML")
+		} else {
+			v.Reasons = healthReasons(v.Reasons, s, f)
+			v.Reasons = peerReasons(v.Reasons, i, samples, factsOf, threshold)
+		}
+		v.Degraded = len(v.Reasons) > 0
+		out[i] = v
+	}
+	return out
+}
+
+// healthReasons appends the reasons that need no peers.
+func healthReasons(r []string, s *Sample, f *Facts) []string {
+	if s.ECCUncorrectedVolatile != nil && *s.ECCUncorrectedVolatile > 0 {
+		r = append(r, fmt.Sprintf("%d uncorrected ECC errors since the driver was loaded", *s.ECCUncorrectedVolatile))
+	}
+	if s.RemappedRowsPending != nil && *s.RemappedRowsPending {
+		r = append(r, "row remapping is pending: the GPU needs a reset")
+	}
+	if s.RowRemapFailed != nil && *s.RowRemapFailed {
+		r = append(r, "row remapping failed: the GPU should be replaced")
+	}
+	if s.XIDCritical > 0 {
+		r = append(r, fmt.Sprintf("%d critical XID errors (last XID %d)", s.XIDCritical, s.LastXID))
+	}
+	if loaded(s) {
+		var active []string
+		for _, name := range s.ClockEventReasons {
+			if slices.Contains(slowdownReasons, name) {
+				active = append(active, name)
+			}
+		}
+		var maxSM uint32
+		if f != nil {
+			maxSM = f.MaxSMClockMHz
+		}
+		switch {
+		case len(active) == 0:
+		case s.SMClockMHz != nil && maxSM > 0 && *s.SMClockMHz < maxSM:
+			r = append(r, fmt.Sprintf("SM clock %d MHz is held %s below its max %d MHz at %.0f %% GPU util by %s",
+				*s.SMClockMHz, pct(1-float64(*s.SMClockMHz)/float64(maxSM)), maxSM, *s.GPUUtilPercent, strings.Join(active, ", ")))
+		case s.SMClockMHz == nil || maxSM == 0:
+			r = append(r, fmt.Sprintf("%s active at %.0f %% GPU util", strings.Join(active, ", "), *s.GPUUtilPercent))
+		}
+	}
+	return r
+}
+
+// peerReasons appends the reasons from comparing samples[i] with its peers.
+func peerReasons(r []string, i int, samples []Sample, factsOf []*Facts, threshold float64) []string {
+	f := factsOf[i]
+	if f == nil || f.Name == "" {
+		return r
+	}
+	s := &samples[i]
+	peers := make([]int, 0, len(samples))
+	for j := range samples {
+		if j != i && !samples[j].Lost && factsOf[j] != nil && factsOf[j].Name == f.Name {
+			peers = append(peers, j)
+		}
+	}
+	if len(peers)+1 < MinModelGPUs {
+		return r
+	}
+	vals := make([]float64, 0, len(peers))
+	// compare appends a reason when own is more than threshold below the
+	// median of the peers' values that get returns (ok false: skip).
+	compare := func(what, unit string, own float64, scale float64, suffix string, get func(j int) (float64, bool)) {
+		vals = vals[:0]
+		for _, j := range peers {
+			if x, ok := get(j); ok {
+				vals = append(vals, x)
+			}
+		}
+		if len(vals)+1 < MinModelGPUs {
+			return
+		}
+		med := median(vals)
+		if med <= 0 || own >= med*(1-threshold) {
+			return
+		}
+		r = append(r, fmt.Sprintf("%s %s %s is %s below the median of %d %s peers (%s %s)%s",
+			what, num(own/scale), unit, pct(1-own/med), len(vals), f.Name, num(med/scale), unit, suffix))
+	}
+
+	if loaded(s) {
+		if s.SMClockMHz != nil {
+			compare("SM clock", "MHz", float64(*s.SMClockMHz), 1, " under load", func(j int) (float64, bool) {
+				p := &samples[j]
+				if !loaded(p) || p.SMClockMHz == nil {
+					return 0, false
+				}
+				return float64(*p.SMClockMHz), true
+			})
+		}
+		if s.MemClockMHz != nil {
+			compare("memory clock", "MHz", float64(*s.MemClockMHz), 1, " under load", func(j int) (float64, bool) {
+				p := &samples[j]
+				if !loaded(p) || p.MemClockMHz == nil {
+					return 0, false
+				}
+				return float64(*p.MemClockMHz), true
+			})
+		}
+		if s.AchievedMemBandwidth != nil {
+			util := *s.GPUUtilPercent
+			suffix := fmt.Sprintf(" at equal load (GPU util within %d points of %.0f %%, %s)", EqualLoadPoints, util, s.BandwidthSource)
+			compare("achieved memory bandwidth", "GB/s", *s.AchievedMemBandwidth, 1e9, suffix, func(j int) (float64, bool) {
+				p := &samples[j]
+				if !loaded(p) || p.AchievedMemBandwidth == nil || p.BandwidthSource != s.BandwidthSource ||
+					math.Abs(*p.GPUUtilPercent-util) > EqualLoadPoints {
+					return 0, false
+				}
+				return *p.AchievedMemBandwidth, true
+			})
+		}
+	}
+	if f.PeakMemBandwidth > 0 {
+		compare("peak memory bandwidth", "GB/s", f.PeakMemBandwidth, 1e9, "", func(j int) (float64, bool) {
+			p := factsOf[j].PeakMemBandwidth
+			return p, p > 0
+		})
+	}
+	return r
+}
+
+// loaded reports whether s is under load; unknown load is not.
+func loaded(s *Sample) bool {
+	return s.GPUUtilPercent != nil && *s.GPUUtilPercent >= LoadPercent
+}
+
+// median returns the median of vals (len ≥ 1), reordering vals.
+func median(vals []float64) float64 {
+	slices.SortFunc(vals, cmp.Compare)
+	n := len(vals)
+	if n%2 == 1 {
+		return vals[n/2]
+	}
+	return (vals[n/2-1] + vals[n/2]) / 2
+}
+
+// pct formats a fraction as whole percent ("18 %").
+func pct(frac float64) string { return fmt.Sprintf("%.0f %%", frac*100) }
+
+// num formats a value without decimals when it has none worth showing.
+func num(x float64) string {
+	if x >= 100 || x == math.Trunc(x) {
+		return fmt.Sprintf("%.0f", x)
+	}
+	return fmt.Sprintf("%.1f", x)
+}
