@@ -21,6 +21,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/spotguard/spotguard/agent/imds"
+	"github.com/spotguard/spotguard/agent/metrics"
 	"github.com/spotguard/spotguard/agent/trainer"
 	"github.com/spotguard/spotguard/checkpoint"
 )
@@ -40,6 +41,17 @@ type Deps struct {
 	ProcRoot, CgroupRoot string
 	// OpenStore opens the checkpoint store named by store.url. Needed only when it is set.
 	OpenStore func(url string, opts checkpoint.S3Options) (checkpoint.Store, error)
+	// OpenGPUs opens NVML; nil or an error means GPU sampling is off (said once, with the
+	// reason). The agent closes what it opened when Run returns.
+	OpenGPUs func(log zerolog.Logger) (GPUs, error)
+	// CloudWatch is the CloudWatch client; nil means no CloudWatch (metrics.cloudwatch false).
+	CloudWatch metrics.PutMetricDataAPI
+}
+
+// GPUs is what the agent needs from NVML (nvml.GPUs).
+type GPUs interface {
+	gpuSampler
+	Close()
 }
 
 // Agent is the running daemon.
@@ -50,11 +62,14 @@ type Agent struct {
 	registry *prometheus.Registry
 	watcher  *imds.Watcher
 	coord    *Coordinator
-	metrics  *metrics
+	metrics  *promMetrics
 	started  time.Time
 	// ckptWatcher and uploader are nil when no store is configured.
 	ckptWatcher *checkpoint.Watcher
 	uploader    *checkpoint.Uploader
+	gpu         *gpuMonitor
+	gpus        GPUs                // nil when GPU sampling is off
+	cw          *metrics.CloudWatch // nil when CloudWatch is off
 
 	mu       sync.Mutex
 	identity imds.Identity
@@ -86,6 +101,26 @@ func New(cfg *Config, deps Deps) (*Agent, error) {
 	if a.ckptWatcher, a.uploader, err = newUploader(cfg, deps, a); err != nil {
 		return nil, err
 	}
+	if deps.CloudWatch != nil {
+		a.cw = metrics.NewCloudWatch(deps.CloudWatch, metrics.CloudWatchConfig{
+			Namespace: cfg.Metrics.Namespace, Interval: cfg.Metrics.CloudWatchInterval, Logger: deps.Logger,
+			Base: a.baseDimensions,
+		})
+		a.coord.sink = a.cw
+	}
+	a.gpu = &gpuMonitor{interval: cfg.GPU.SampleInterval, threshold: cfg.GPU.DegradedThreshold, log: deps.Logger.With().Str("component", "gpu").Logger()}
+	if a.cw != nil {
+		a.gpu.sink = a.cw
+	}
+	a.gpu.off = "no NVML in this build"
+	if deps.OpenGPUs != nil {
+		if g, err := deps.OpenGPUs(deps.Logger); err != nil {
+			a.gpu.off = err.Error()
+		} else {
+			a.gpus, a.gpu.gpus = g, g
+		}
+	}
+	a.registry.MustRegister(newGPUCollector(a.gpu))
 	return a, nil
 }
 
@@ -100,6 +135,13 @@ func enabledSources(cfg *Config) []imds.Source {
 		}
 	}
 	return out
+}
+
+// baseDimensions are every CloudWatch datum's dimensions: the instance, once known.
+func (a *Agent) baseDimensions() map[string]string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return map[string]string{"InstanceId": a.identity.InstanceID, "InstanceType": a.identity.InstanceType}
 }
 
 // Config returns the configuration in force.
@@ -124,7 +166,18 @@ func (a *Agent) Run(ctx context.Context) error {
 	a.log.Info().Dur("poll_interval", cfg.IMDS.PollInterval).Str("listen", cfg.HTTP.Listen).
 		Str("signal", trainer.SignalName(cfg.Trainer.Signal)).Msg("spotguard agent starting")
 
+	if a.gpus != nil {
+		defer a.gpus.Close()
+		a.log.Info().Int("gpus", len(a.gpus.Facts())).Dur("interval", cfg.GPU.SampleInterval).Msg("GPU sampling on")
+	} else {
+		a.log.Warn().Str("reason", a.gpu.off).Msg("GPU sampling is off; everything else runs")
+	}
 	g, ctx := errgroup.WithContext(ctx)
+	g.Go(func() error { return a.gpu.Run(ctx) })
+	if a.cw != nil {
+		// CloudWatch outlives ctx by its final flush: the story of a notice must reach it.
+		g.Go(func() error { return a.cw.Run(ctx) })
+	}
 	if a.uploader != nil {
 		a.coord.uploader = a.uploader
 		files := make(chan checkpoint.WatchEvent)

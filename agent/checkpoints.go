@@ -5,6 +5,7 @@ import (
 	"os"
 	"time"
 
+	"github.com/spotguard/spotguard/agent/metrics"
 	"github.com/spotguard/spotguard/checkpoint"
 )
 
@@ -100,10 +101,23 @@ func (c *Coordinator) onUpload(ev checkpoint.UploadEvent) {
 			c.transition(ns, StateCheckpointWritten, ev.Checkpoint)
 			if ns.signalledAt != nil {
 				c.metrics.writeSeconds.Observe(ev.At.Sub(*ns.signalledAt).Seconds())
+				c.record(metrics.Datum{Name: "CheckpointWriteSeconds", Unit: metrics.UnitSeconds, Value: ev.At.Sub(*ns.signalledAt).Seconds(),
+					Dimensions: map[string]string{"Source": string(ns.Source)}})
 			}
 		case checkpoint.CheckpointCommitted:
 			detail := ev.Checkpoint
 			c.metrics.timeToDurable.Observe(ev.At.Sub(ns.detectedAt).Seconds())
+			durable := []metrics.Datum{{Name: "NoticeToDurableSeconds", Unit: metrics.UnitSeconds, Value: ev.At.Sub(ns.detectedAt).Seconds(),
+				Dimensions: map[string]string{"Source": string(ns.Source)}}}
+			if ns.Deadline != nil {
+				durable = append(durable, metrics.Datum{Name: "DeadlineMarginSeconds", Unit: metrics.UnitSeconds, Value: ns.Deadline.Sub(ev.At).Seconds(),
+					Dimensions: map[string]string{"Source": string(ns.Source)}})
+			}
+			if m := ev.Manifest; m != nil && m.Timings.UploadSeconds > 0 {
+				durable = append(durable, metrics.Datum{Name: "UploadBytes", Unit: metrics.UnitBytes, Value: float64(m.TotalBytes)},
+					metrics.Datum{Name: "UploadThroughput", Unit: metrics.UnitBytesPerSecond, Value: ev.Throughput})
+			}
+			c.record(durable...)
 			if ns.Deadline != nil {
 				margin := ns.Deadline.Sub(ev.At)
 				c.metrics.deadlineMargin.WithLabelValues(string(ns.Source)).Set(margin.Seconds())

@@ -79,6 +79,15 @@ type Config struct {
 		// RuntimeDir holds notice.json, which trainers may read for the deadline.
 		RuntimeDir string
 	}
+	GPU struct {
+		SampleInterval    time.Duration
+		DegradedThreshold float64
+	}
+	Metrics struct {
+		CloudWatch         bool
+		CloudWatchInterval time.Duration
+		Namespace          string
+	}
 	Log struct {
 		Level zerolog.Level
 	}
@@ -217,6 +226,45 @@ var fields = []field{
 			return errors.New("must not be empty")
 		}
 		c.Agent.RuntimeDir = v
+		return nil
+	}},
+	{"gpu.sample_interval", "5s", "how often every GPU is sampled through NVML (at least 1s)", func(c *Config, v string) error {
+		d, err := parseDuration(v)
+		if err == nil && d < time.Second {
+			err = errors.New("at least 1s")
+		}
+		c.GPU.SampleInterval = d
+		return err
+	}},
+	{"gpu.degraded_threshold", "0.10", "a GPU more than this fraction below its peers' median (clocks, bandwidth under equal load) is degraded", func(c *Config, v string) error {
+		f, err := strconv.ParseFloat(v, 64)
+		if err != nil || f <= 0 || f >= 1 {
+			return errors.New("want a fraction between 0 and 1, e.g. 0.10")
+		}
+		c.GPU.DegradedThreshold = f
+		return nil
+	}},
+	{"metrics.cloudwatch", "true", "send metrics to CloudWatch (credentials and region from the AWS SDK chain, e.g. the instance profile)", func(c *Config, v string) error {
+		b, err := strconv.ParseBool(v)
+		if err != nil {
+			return errors.New("want true or false")
+		}
+		c.Metrics.CloudWatch = b
+		return nil
+	}},
+	{"metrics.cloudwatch_interval", "60s", "how often buffered metrics are sent to CloudWatch (GPU series as statistic sets); a notice flushes at once", func(c *Config, v string) error {
+		d, err := parseDuration(v)
+		if err == nil && d < time.Second {
+			err = errors.New("at least 1s")
+		}
+		c.Metrics.CloudWatchInterval = d
+		return err
+	}},
+	{"metrics.namespace", "SpotGuard", "CloudWatch namespace", func(c *Config, v string) error {
+		if v == "" || strings.HasPrefix(v, "AWS/") || len(v) > 255 {
+			return errors.New("want a non-empty namespace not starting with AWS/")
+		}
+		c.Metrics.Namespace = v
 		return nil
 	}},
 	{"log.level", "info", "debug, info, warn or error", func(c *Config, v string) error {

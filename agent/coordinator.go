@@ -15,6 +15,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/spotguard/spotguard/agent/imds"
+	"github.com/spotguard/spotguard/agent/metrics"
 	"github.com/spotguard/spotguard/agent/trainer"
 )
 
@@ -89,6 +90,12 @@ type TrainerStatus struct {
 	Signal        string `json:"signal"`
 }
 
+// noticeSink takes the notice path's datums; it must never block (metrics.CloudWatch).
+type noticeSink interface {
+	Record(ds ...metrics.Datum)
+	FlushNow()
+}
+
 // trainers finds and signals the trainer processes.
 type trainers interface {
 	Find(cfg *Config) ([]trainer.Process, []trainer.Problem)
@@ -126,11 +133,13 @@ func (p procTrainers) Signal(procs []trainer.Process, sig syscall.Signal) []trai
 // every trainer process exactly once, and keeps every transition with its timing for /status.
 type Coordinator struct {
 	log      zerolog.Logger
-	metrics  *metrics
+	metrics  *promMetrics
 	config   func() *Config
 	trainers trainers
 	// uploader, if set, is told of each notice with policy checkpoint.
 	uploader noticeUploader
+	// sink, if set, gets the notice path's datums at 1-second resolution, flushed at once.
+	sink noticeSink
 
 	mu           sync.Mutex
 	notices      []*NoticeStatus          // oldest first, at most maxNoticeHistory
@@ -139,7 +148,7 @@ type Coordinator struct {
 	lastProblems string
 }
 
-func newCoordinator(log zerolog.Logger, m *metrics, config func() *Config, t trainers) *Coordinator {
+func newCoordinator(log zerolog.Logger, m *promMetrics, config func() *Config, t trainers) *Coordinator {
 	return &Coordinator{
 		log:      log.With().Str("component", "coordinator").Logger(),
 		metrics:  m,
@@ -191,7 +200,9 @@ func (c *Coordinator) begin(ev imds.Event) {
 	}
 	log := c.log.With().Str("notice", ns.Key).Logger()
 	c.metrics.notices.WithLabelValues(string(n.Source), n.Action).Inc()
-	c.record(ns, StateDetected, ev.At, "")
+	c.record(metrics.Datum{Name: "Notices", Unit: metrics.UnitCount, Value: 1,
+		Dimensions: map[string]string{"Source": string(n.Source), "Action": n.Action}})
+	c.add(ns, StateDetected, ev.At, "")
 	ev2 := log.Warn().Str("source", string(n.Source)).Str("action", n.Action).Str("policy", string(policy))
 	if ns.Deadline != nil {
 		ev2 = ev2.Time("deadline", *ns.Deadline).Dur("time_left", time.Until(*ns.Deadline))
@@ -263,6 +274,8 @@ func (c *Coordinator) begin(ev imds.Event) {
 		c.metrics.noticeDeadlineLeft.WithLabelValues(string(n.Source)).Set(time.Until(*ns.Deadline).Seconds())
 	}
 	c.transition(ns, StateTrainerSignalled, fmt.Sprintf("%d of %d processes", sent, len(results)))
+	c.record(metrics.Datum{Name: "SignalLatencySeconds", Unit: metrics.UnitSeconds, Value: latency.Seconds(),
+		Dimensions: map[string]string{"Source": string(n.Source)}})
 	log.Info().Int("signalled", sent).Int("found", len(results)).Dur("since_detected", latency).Msg("notice handled: trainer signalled")
 }
 
@@ -278,8 +291,23 @@ func (c *Coordinator) end(ev imds.Event) {
 	c.log.Info().Str("notice", key).Msg("notice ended")
 }
 
-// record adds a new notice in its first state.
-func (c *Coordinator) record(ns *NoticeStatus, state string, at time.Time, detail string) {
+// record sends notice-path datums at 1-second resolution and flushes the sink at once, so the
+// story reaches CloudWatch before the instance is gone. It never waits on the sink.
+func (c *Coordinator) record(ds ...metrics.Datum) {
+	if c.sink == nil {
+		return
+	}
+	now := time.Now()
+	for i := range ds {
+		ds[i].HighRes = true
+		ds[i].At = now
+	}
+	c.sink.Record(ds...)
+	c.sink.FlushNow()
+}
+
+// add puts a new notice in its first state.
+func (c *Coordinator) add(ns *NoticeStatus, state string, at time.Time, detail string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	ns.State = state

@@ -9,9 +9,9 @@ import (
 	"github.com/spotguard/spotguard/agent/imds"
 )
 
-// metrics are the agent's Prometheus series. They live in a registry of the agent's own, never the
+// promMetrics are the agent's Prometheus series. They live in a registry of the agent's own, never the
 // global one.
-type metrics struct {
+type promMetrics struct {
 	notices            *prometheus.CounterVec
 	signals            *prometheus.CounterVec
 	discoveryProblems  *prometheus.CounterVec
@@ -34,8 +34,8 @@ type metrics struct {
 	deadlineMargin   *prometheus.GaugeVec
 }
 
-func newMetrics(reg prometheus.Registerer, stats func() imds.Stats) *metrics {
-	m := &metrics{
+func newMetrics(reg prometheus.Registerer, stats func() imds.Stats) *promMetrics {
+	m := &promMetrics{
 		notices: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "spotguard_notices_total",
 			Help: "Interruption notices detected, by source and action.",

@@ -32,6 +32,7 @@ func TestREADMEMatchesCode(t *testing.T) {
 
 	reg := &capture{}
 	newMetrics(reg, func() imds.Stats { return imds.Stats{} })
+	reg.MustRegister(newGPUCollector(&gpuMonitor{}))
 	fqName := regexp.MustCompile(`fqName: "([^"]+)"`)
 	for _, c := range reg.collectors {
 		ch := make(chan *prometheus.Desc, 16)

@@ -22,6 +22,8 @@ type Status struct {
 	// TrainerProblems says why the last scan found no trainer, if it did not.
 	TrainerProblems string         `json:"trainer_problems,omitempty"`
 	Notices         []NoticeStatus `json:"notices"`
+	// GPU is the latest sample and verdict of every GPU, or why sampling is off.
+	GPU gpuStatus `json:"gpu"`
 	// Uploads is the checkpoint uploader's state; absent when no store is configured.
 	Uploads *checkpoint.UploaderStatus `json:"uploads,omitempty"`
 }
@@ -83,6 +85,7 @@ func (a *Agent) Status() Status {
 		uploads = &us
 	}
 	return Status{
+		GPU:             a.gpu.status(),
 		Uploads:         uploads,
 		StartedAt:       a.started,
 		Instance:        instanceStatus{id.InstanceID, id.InstanceType, id.AvailabilityZone},

@@ -14,13 +14,17 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/aws/aws-sdk-go-v2/aws"
 	awsconfig "github.com/aws/aws-sdk-go-v2/config"
+	"github.com/aws/aws-sdk-go-v2/service/cloudwatch"
 	"github.com/mattn/go-isatty"
 	"github.com/rs/zerolog"
 
 	"github.com/spotguard/spotguard/agent"
 	"github.com/spotguard/spotguard/agent/imds"
+	"github.com/spotguard/spotguard/agent/metrics"
 	"github.com/spotguard/spotguard/checkpoint"
+	"github.com/spotguard/spotguard/nvml"
 )
 
 // version is set at build time with -ldflags "-X main.version=…".
@@ -42,6 +46,7 @@ Commands:
   run       run the agent: watch IMDS for interruption notices, signal the trainer, upload checkpoints
   restore   download the newest committed checkpoint, verified (--to DIR)
   list      list the job's committed checkpoints
+  gpu       sample and judge every GPU (exit 0 healthy, 3 degraded, 4 no NVML)
   config    print the effective configuration and every problem with it (exit 1 if any)
   version   print the version
 
@@ -65,6 +70,8 @@ func run(ctx context.Context, args, environ []string, stdout, stderr io.Writer) 
 		return runRestore(ctx, rest, environ, stdout, stderr)
 	case "list":
 		return runList(ctx, rest, environ, stdout, stderr)
+	case "gpu":
+		return runGPU(ctx, rest, environ, stdout, stderr, openNVML)
 	case "version":
 		if len(rest) > 0 {
 			fmt.Fprintf(stderr, "spotguard version: unexpected argument %q\n", rest[0])
@@ -190,8 +197,16 @@ func runAgent(ctx context.Context, args, environ []string, stderr io.Writer) int
 		OpenStore: func(url string, opts checkpoint.S3Options) (checkpoint.Store, error) {
 			return checkpoint.OpenStore(url, awsCfg, opts)
 		},
-		Signals: sigs,
-		Reload:  func() (*agent.Config, error) { return cf.load(environ) },
+		OpenGPUs: func(log zerolog.Logger) (agent.GPUs, error) {
+			g, err := nvml.Open(log)
+			if err != nil {
+				return nil, err
+			}
+			return g, nil
+		},
+		CloudWatch: cloudWatchClient(cfg, awsCfg),
+		Signals:    sigs,
+		Reload:     func() (*agent.Config, error) { return cf.load(environ) },
 		Ready: func(addr net.Addr) {
 			log.Info().Str("version", versionString()).Msg("ready")
 		},
@@ -207,6 +222,16 @@ func runAgent(ctx context.Context, args, environ []string, stderr io.Writer) int
 	}
 	log.Info().Dur("uptime", time.Since(start)).Msg("bye")
 	return exitOK
+}
+
+// cloudWatchClient is the CloudWatch client, or nil when metrics.cloudwatch is off. Region and
+// credentials come from the SDK chain; when they cannot be had the sink says so once and the
+// agent runs on.
+func cloudWatchClient(cfg *agent.Config, awsCfg aws.Config) metrics.PutMetricDataAPI {
+	if !cfg.Metrics.CloudWatch {
+		return nil
+	}
+	return cloudwatch.NewFromConfig(awsCfg)
 }
 
 // newLogger logs JSON to w (for journald), or a human console format when w is a terminal.

@@ -139,7 +139,7 @@ func TestRunStartsAndStops(t *testing.T) {
 	env := []string{
 		"AWS_EC2_METADATA_SERVICE_ENDPOINT=" + imdsSrv.URL, "AWS_REGION=us-east-1", "HOME=" + t.TempDir(),
 		"SPOTGUARD_HTTP_LISTEN=" + addr, "SPOTGUARD_TRAINER_MATCH=no-such-trainer-xyz",
-		"SPOTGUARD_AGENT_RUNTIME_DIR=" + t.TempDir(),
+		"SPOTGUARD_AGENT_RUNTIME_DIR=" + t.TempDir(), "SPOTGUARD_METRICS_CLOUDWATCH=false",
 	}
 	ctx, cancel := context.WithCancel(t.Context())
 	done := make(chan int)

@@ -290,6 +290,7 @@ func startAgentWithConfig(t testing.TB, sim *imdsSim, config string, env ...stri
 		"SPOTGUARD_HTTP_LISTEN=" + fmt.Sprintf("127.0.0.1:%d", port),
 		"SPOTGUARD_AGENT_RUNTIME_DIR=" + ap.runtimeDir,
 		"SPOTGUARD_LOG_LEVEL=debug",
+		"SPOTGUARD_METRICS_CLOUDWATCH=false", // tests never reach AWS; the CloudWatch test turns it on with a local endpoint
 	}, env...)
 	logf, err := os.Create(ap.logPath)
 	if err != nil {

@@ -1,0 +1,176 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/rs/zerolog"
+
+	"github.com/spotguard/spotguard/nvml"
+)
+
+// Exit codes of `spotguard gpu`, so it can gate a job at launch.
+const (
+	exitGPUDegraded = 3
+	exitNoNVML      = 4
+)
+
+// gpuReport is `spotguard gpu --json`.
+type gpuReport struct {
+	Sampling bool        `json:"sampling"`
+	Off      string      `json:"off,omitempty"`
+	Healthy  bool        `json:"healthy"`
+	GPUs     []gpuRecord `json:"gpus"`
+}
+
+type gpuRecord struct {
+	Facts   nvml.Facts   `json:"facts"`
+	Sample  nvml.Sample  `json:"sample"`
+	Verdict nvml.Verdict `json:"verdict"`
+}
+
+// openGPUs is nvml.Open; a variable of the command, not of the package, so tests can pass theirs.
+type gpuOpener func(log zerolog.Logger) (gpuSource, error)
+
+// gpuSource is what the command needs from the GPUs.
+type gpuSource interface {
+	Facts() []nvml.Facts
+	Sample(ctx context.Context) []nvml.Sample
+	Close()
+}
+
+func openNVML(log zerolog.Logger) (gpuSource, error) {
+	g, err := nvml.Open(log)
+	if err != nil {
+		return nil, err
+	}
+	return g, nil
+}
+
+func runGPU(ctx context.Context, args, environ []string, stdout, stderr io.Writer, open gpuOpener) int {
+	fs, cf := newFlagSet("gpu", "Sample every GPU once and judge it: clocks now/max, peak and achieved memory bandwidth,\nutilization, temperature, power, clock-event reasons, verdict.\nExit 0 healthy, 3 degraded, 4 no NVML (with the reason).", stderr)
+	jsonOut := fs.Bool("json", false, "print the report as JSON")
+	if code, ok := parseFlags(fs, args); !ok {
+		return code
+	}
+	cfg, err := cf.load(environ)
+	if err != nil {
+		fmt.Fprintf(stderr, "spotguard gpu: %v\n", err)
+		return exitFail
+	}
+	log := newLogger(stderr, max(cfg.Log.Level, zerolog.WarnLevel))
+	gpus, err := open(log)
+	if err != nil {
+		reason := strings.TrimPrefix(err.Error(), nvml.ErrUnavailable.Error()+": ")
+		if *jsonOut {
+			json.NewEncoder(stdout).Encode(gpuReport{Off: reason, GPUs: []gpuRecord{}})
+		}
+		fmt.Fprintf(stderr, "spotguard gpu: no NVML: %s\n", reason)
+		if !errors.Is(err, nvml.ErrUnavailable) {
+			return exitFail
+		}
+		return exitNoNVML
+	}
+	defer gpus.Close()
+	facts := gpus.Facts()
+	samples := gpus.Sample(ctx)
+	verdicts := nvml.Verdicts(facts, samples, cfg.GPU.DegradedThreshold)
+	rep := gpuReport{Sampling: true, Healthy: true, GPUs: []gpuRecord{}}
+	for i := range facts {
+		r := gpuRecord{Facts: facts[i]}
+		if i < len(samples) {
+			r.Sample = samples[i]
+		}
+		if i < len(verdicts) {
+			r.Verdict = verdicts[i]
+			if verdicts[i].Degraded {
+				rep.Healthy = false
+			}
+		}
+		rep.GPUs = append(rep.GPUs, r)
+	}
+	if *jsonOut {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		enc.Encode(rep)
+	} else {
+		printGPUTable(stdout, rep)
+	}
+	if !rep.Healthy {
+		return exitGPUDegraded
+	}
+	return exitOK
+}
+
+func printGPUTable(w io.Writer, rep gpuReport) {
+	if len(rep.GPUs) == 0 {
+		fmt.Fprintln(w, "NVML works but reports no GPU")
+		return
+	}
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "GPU\tMODEL\tSM MHz\tMEM MHz\tPEAK GB/s\tACHIEVED GB/s\tUTIL %\tTEMP C\tPOWER W\tREASONS\tVERDICT")
+	for _, g := range rep.GPUs {
+		f, s := g.Facts, g.Sample
+		verdict := "healthy"
+		if g.Verdict.Degraded {
+			verdict = "DEGRADED: " + strings.Join(g.Verdict.Reasons, "; ")
+		}
+		if s.Lost {
+			verdict = "LOST"
+		}
+		mig := ""
+		if f.MIG {
+			mig = " (MIG: parent sampled)"
+		}
+		fmt.Fprintf(tw, "%d\t%s%s\t%s/%d\t%s/%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n",
+			f.Index, f.Name, mig,
+			optU32(s.SMClockMHz), f.MaxSMClockMHz, optU32(s.MemClockMHz), f.MaxMemClockMHz,
+			gbps(f.PeakMemBandwidth), optGBps(s.AchievedMemBandwidth, s.BandwidthSource),
+			optF(s.GPUUtilPercent, "%.0f"), optF(s.TemperatureC, "%.0f"), optF(s.PowerW, "%.0f"),
+			orDash(strings.Join(s.ClockEventReasons, ",")), verdict)
+	}
+	tw.Flush()
+}
+
+func optU32(p *uint32) string {
+	if p == nil {
+		return "-"
+	}
+	return fmt.Sprint(*p)
+}
+
+func optF(p *float64, format string) string {
+	if p == nil {
+		return "-"
+	}
+	return fmt.Sprintf(format, *p)
+}
+
+func gbps(v float64) string {
+	if v <= 0 {
+		return "-"
+	}
+	return fmt.Sprintf("%.0f", v/1e9)
+}
+
+func optGBps(p *float64, source string) string {
+	if p == nil {
+		return "-"
+	}
+	if source == nvml.BandwidthDutyCycle {
+		return gbps(*p) + " (duty cycle)"
+	}
+	return gbps(*p)
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
