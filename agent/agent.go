@@ -70,6 +70,9 @@ type Agent struct {
 	gpu         *gpuMonitor
 	gpus        GPUs                // nil when GPU sampling is off
 	cw          *metrics.CloudWatch // nil when CloudWatch is off
+	// newestCommit (Unix nanoseconds) and forecast (nanoseconds) are the last commit's, for the
+	// periodic CloudWatch series; 0 until a checkpoint is committed.
+	newestCommit, forecast atomic.Int64
 
 	mu       sync.Mutex
 	identity imds.Identity
@@ -137,6 +140,51 @@ func enabledSources(cfg *Config) []imds.Source {
 	return out
 }
 
+// agentSeriesInterval is how often the agent's own state is sampled for CloudWatch (sent as
+// statistic sets every metrics.cloudwatch_interval).
+const agentSeriesInterval = 15 * time.Second
+
+// recordAgentSeries samples the agent's state into CloudWatch until ctx is done: IMDS errors,
+// trainer processes, the age of the newest committed checkpoint and the durable forecast.
+func (a *Agent) recordAgentSeries(ctx context.Context) {
+	t := time.NewTicker(agentSeriesInterval)
+	defer t.Stop()
+	var lastErrors uint64
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		st := a.watcher.Stats()
+		var errs uint64
+		for _, s := range st.Sources {
+			errs += s.Errors
+		}
+		cs := a.coord.status()
+		uncaught := 0
+		for _, tr := range cs.Trainers {
+			if !tr.CatchesSignal {
+				uncaught++
+			}
+		}
+		now := time.Now()
+		ds := []metrics.Datum{
+			{Name: "IMDSErrors", Unit: metrics.UnitCount, Value: float64(errs - lastErrors), At: now},
+			{Name: "IMDSUp", Unit: metrics.UnitCount, Value: b2f(st.Healthy(now)), At: now},
+			{Name: "TrainerProcesses", Unit: metrics.UnitCount, Value: float64(len(cs.Trainers)), At: now},
+			{Name: "TrainerSignalUncaught", Unit: metrics.UnitCount, Value: float64(uncaught), At: now},
+		}
+		lastErrors = errs
+		if c := a.newestCommit.Load(); c != 0 {
+			ds = append(ds,
+				metrics.Datum{Name: "NewestCheckpointAgeSeconds", Unit: metrics.UnitSeconds, Value: now.Sub(time.Unix(0, c)).Seconds(), At: now},
+				metrics.Datum{Name: "DurableForecastSeconds", Unit: metrics.UnitSeconds, Value: time.Duration(a.forecast.Load()).Seconds(), At: now})
+		}
+		a.cw.Record(ds...)
+	}
+}
+
 // baseDimensions are every CloudWatch datum's dimensions: the instance, once known.
 func (a *Agent) baseDimensions() map[string]string {
 	a.mu.Lock()
@@ -177,6 +225,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	if a.cw != nil {
 		// CloudWatch outlives ctx by its final flush: the story of a notice must reach it.
 		g.Go(func() error { return a.cw.Run(ctx) })
+		g.Go(func() error { a.recordAgentSeries(ctx); return nil })
 	}
 	if a.uploader != nil {
 		a.coord.uploader = a.uploader

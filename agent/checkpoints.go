@@ -58,10 +58,12 @@ func (a *Agent) onUpload(ev checkpoint.UploadEvent) {
 		m := ev.Manifest
 		a.metrics.committed.WithLabelValues(m.Trigger).Inc()
 		a.metrics.newestCommitted.Set(float64(m.CommittedAt.Unix()))
+		a.newestCommit.Store(m.CommittedAt.UnixNano())
 		if ev.Throughput > 0 {
 			a.metrics.uploadBytes.Add(float64(m.TotalBytes))
 			a.metrics.uploadThroughput.Set(ev.Throughput)
 			a.metrics.forecast.Set(ev.Forecast.Seconds())
+			a.forecast.Store(int64(ev.Forecast))
 			if m.Timings.FirstFileAt != nil && m.Timings.LastByteAt != nil {
 				a.metrics.uploadSeconds.Observe(m.Timings.UploadSeconds)
 			}

@@ -7,27 +7,27 @@ import (
 	"time"
 )
 
-// The series of one minute on an 8-GPU instance: 15 per GPU, 20 of the agent, all sampled
-// every 5 s.
+// The series of one minute on an 8-GPU instance, as the agent records them (agent/gpu.go's
+// gpuSeries and recordAgentSeries): 19 per GPU, 6 of the agent, all sampled every 5 s.
 var (
 	gpuSeries = []struct {
 		name string
 		unit Unit
 	}{
-		{"GPUSMClockMHz", UnitNone}, {"GPUSMClockMaxMHz", UnitNone},
-		{"GPUMemClockMHz", UnitNone}, {"GPUMemClockMaxMHz", UnitNone},
-		{"GPUUtilizationPercent", UnitPercent}, {"GPUMemoryUtilizationPercent", UnitPercent},
-		{"GPUTemperatureC", UnitNone}, {"GPUPowerWatts", UnitNone},
-		{"GPUMemoryBandwidthPeak", UnitBytesPerSecond}, {"GPUMemoryBandwidthAchieved", UnitBytesPerSecond},
-		{"GPUClockEventReasons", UnitNone}, {"GPUECCErrorsCorrected", UnitCount},
-		{"GPUECCErrorsUncorrected", UnitCount}, {"GPUXIDErrors", UnitCount}, {"GPUDegraded", UnitNone},
+		{"GPUSMClockMHz", UnitNone}, {"GPUSMClockMaxMHz", UnitNone}, {"GPUMemClockMHz", UnitNone},
+		{"GPUMemClockMaxMHz", UnitNone}, {"GPUMemBandwidthPeak", UnitBytesPerSecond},
+		{"GPUMemBandwidthAchieved", UnitBytesPerSecond}, {"GPUUtilization", UnitPercent},
+		{"GPUMemUtilization", UnitPercent}, {"GPUDRAMBandwidthUtilization", UnitPercent},
+		{"GPUMemUsed", UnitBytes}, {"GPUMemTotal", UnitBytes}, {"GPUTemperatureCelsius", UnitNone},
+		{"GPUPowerWatts", UnitNone}, {"GPUClockEventReasons", UnitCount}, {"GPUECCUncorrected", UnitCount},
+		{"GPURemappedRowsPending", UnitCount}, {"GPUXIDCritical", UnitCount}, {"GPULost", UnitCount},
+		{"GPUDegraded", UnitCount},
 	}
+	// agentSeries are the agent's periodic series (sampled every 15 s in the agent; every 5 s
+	// here, which only adds samples to their statistic sets, not datums on the wire).
 	agentSeries = []string{
-		"NoticesReceived", "NoticeToSignalSeconds", "CheckpointWriteSeconds", "UploadSeconds",
-		"UploadBytes", "UploadThroughput", "NoticeToDurableSeconds", "DeadlineMarginSeconds",
-		"NewestDurableAgeSeconds", "IMDSErrors", "IMDSPolls", "TrainerProcesses", "TrainerSignals",
-		"CheckpointsCommitted", "CommitFailures", "UploadForecastSeconds", "MetricsDropped",
-		"AgentUp", "SyncRequests", "ConfigReloads",
+		"IMDSErrors", "IMDSUp", "TrainerProcesses", "TrainerSignalUncaught",
+		"NewestCheckpointAgeSeconds", "DurableForecastSeconds",
 	}
 )
 
@@ -107,7 +107,7 @@ func TestMinutePayload8GPU(t *testing.T) {
 }
 
 // BenchmarkCloudWatchMinute8GPU measures recording and flushing one minute of an 8-GPU
-// instance (15 series per GPU and 20 agent series, every 5 s) through the real SDK client
+// instance (19 series per GPU and 6 agent series, every 5 s) through the real SDK client
 // to an in-memory endpoint, and reports the traffic per minute.
 func BenchmarkCloudWatchMinute8GPU(b *testing.B) {
 	f := newFakeCW(nil)
