@@ -24,6 +24,7 @@ import (
 	"github.com/spotguard/spotguard/agent/metrics"
 	"github.com/spotguard/spotguard/agent/trainer"
 	"github.com/spotguard/spotguard/checkpoint"
+	"github.com/spotguard/spotguard/systemd"
 )
 
 // Deps are the agent's connections to the world, passed in so tests can supply their own.
@@ -35,8 +36,14 @@ type Deps struct {
 	Reload func() (*Config, error)
 	// Signals delivers the agent's own signals: SIGHUP (reload) and SIGUSR1 (sync now). May be nil.
 	Signals <-chan os.Signal
-	// Ready, if not nil, is called once the listener is up and the watchers run.
+	// Ready, if not nil, is called once the listener is up, the IMDS watcher runs and the
+	// checkpoint watch is in place.
 	Ready func(addr net.Addr)
+	// Notify sends sd_notify messages (READY, STATUS, WATCHDOG, STOPPING); nil or a no-op
+	// Notifier outside systemd.
+	Notify *systemd.Notifier
+	// WatchdogInterval is how often to ping systemd's watchdog (half WATCHDOG_USEC); 0: never.
+	WatchdogInterval time.Duration
 	// ProcRoot and CgroupRoot default to /proc and /sys/fs/cgroup.
 	ProcRoot, CgroupRoot string
 	// OpenStore opens the checkpoint store named by store.url. Needed only when it is set.
@@ -70,12 +77,15 @@ type Agent struct {
 	gpu         *gpuMonitor
 	gpus        GPUs                // nil when GPU sampling is off
 	cw          *metrics.CloudWatch // nil when CloudWatch is off
+	// watchReady is closed when the checkpoint watch is in place.
+	watchReady chan struct{}
 	// newestCommit (Unix nanoseconds) and forecast (nanoseconds) are the last commit's, for the
 	// periodic CloudWatch series; 0 until a checkpoint is committed.
 	newestCommit, forecast atomic.Int64
 
-	mu       sync.Mutex
-	identity imds.Identity
+	mu         sync.Mutex
+	identity   imds.Identity
+	newestName string // the newest checkpoint this agent committed
 }
 
 // New builds an agent from a valid configuration. It returns an error naming every problem if cfg
@@ -90,7 +100,7 @@ func New(cfg *Config, deps Deps) (*Agent, error) {
 	if deps.CgroupRoot == "" {
 		deps.CgroupRoot = "/sys/fs/cgroup"
 	}
-	a := &Agent{log: deps.Logger, deps: deps, registry: prometheus.NewRegistry(), started: time.Now()}
+	a := &Agent{log: deps.Logger, deps: deps, registry: prometheus.NewRegistry(), started: time.Now(), watchReady: make(chan struct{})}
 	a.cfg.Store(cfg)
 	a.watcher = imds.NewWatcher(deps.IMDS, imds.Config{
 		Sources:      enabledSources(cfg),
@@ -138,6 +148,115 @@ func enabledSources(cfg *Config) []imds.Source {
 		}
 	}
 	return out
+}
+
+// lifecycle tells systemd (and deps.Ready) how the agent is doing: READY=1 once the listener
+// is up, the IMDS watcher runs and the checkpoint watch is in place; a STATUS= line and a
+// WATCHDOG=1 ping every heartbeat while the coordinator's loop goes round; STOPPING=1 when ctx
+// ends, with pings going on while a notice's upload is finished. It returns when stopped is
+// closed.
+func (a *Agent) lifecycle(ctx context.Context, ln net.Listener, stopped <-chan struct{}) {
+	if a.uploader == nil {
+		close(a.watchReady)
+	}
+	select {
+	case <-a.watchReady:
+		var addr net.Addr
+		if ln != nil {
+			addr = ln.Addr()
+		}
+		if a.deps.Ready != nil {
+			a.deps.Ready(addr)
+		}
+		a.notifyErr(a.deps.Notify.Ready(a.statusLine(ctx)))
+	case <-ctx.Done():
+	case <-stopped:
+		return
+	}
+	every := 5 * time.Second
+	if w := a.deps.WatchdogInterval; w > 0 && w < every {
+		every = w
+	}
+	t := time.NewTicker(every)
+	defer t.Stop()
+	done := ctx.Done()
+	for {
+		select {
+		case <-done:
+			done = nil
+			a.notifyErr(a.deps.Notify.Stopping(a.statusLine(context.Background())))
+			continue
+		case <-stopped:
+			return
+		case <-t.C:
+		}
+		// While running, ping only if the notice path's loop is alive; while stopping, the
+		// loop is gone and the ping says the drain of a notice's upload goes on.
+		if done == nil || a.coord.aliveWithin(2*every) {
+			if a.deps.WatchdogInterval > 0 {
+				a.notifyErr(a.deps.Notify.Watchdog())
+			}
+		} else {
+			a.log.Error().Msg("the coordinator's loop is stuck; not pinging the watchdog")
+		}
+		a.notifyErr(a.deps.Notify.Status(a.statusLine(context.Background())))
+	}
+}
+
+func (a *Agent) notifyErr(err error) {
+	if err != nil {
+		a.log.Debug().Err(err).Msg("sd_notify failed")
+	}
+}
+
+// statusLine is the one line systemctl status shows: what the agent is doing.
+func (a *Agent) statusLine(ctx context.Context) string {
+	cs := a.coord.status()
+	var uploads *checkpoint.UploaderStatus
+	if a.uploader != nil {
+		sctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+		us := a.uploader.Status(sctx)
+		cancel()
+		uploads = &us
+	}
+	for i := len(cs.Notices) - 1; i >= 0; i-- {
+		n := cs.Notices[i]
+		if !n.Active || n.Policy != PolicyCheckpoint || n.State == StateCommitted {
+			continue
+		}
+		line := "notice " + n.Key + ": " + n.State
+		if uploads != nil && uploads.Urgent {
+			var total, stored int64
+			for _, c := range uploads.Checkpoints {
+				if !c.Committed {
+					total += c.Bytes
+					stored += c.BytesStored
+				}
+			}
+			if total > 0 {
+				line = fmt.Sprintf("notice %s: uploading %d %%", n.Key, stored*100/total)
+			}
+		}
+		if n.Deadline != nil {
+			line += fmt.Sprintf(" (deadline in %.0f s)", time.Until(*n.Deadline).Seconds())
+		}
+		return line
+	}
+	line := "watching"
+	if a.uploader == nil {
+		line += " (no store: signal only)"
+	} else if c := a.newestCommit.Load(); c != 0 {
+		a.mu.Lock()
+		name := a.newestName
+		a.mu.Unlock()
+		line += "; last durable checkpoint " + name + " " + time.Since(time.Unix(0, c)).Round(time.Second).String() + " ago"
+	} else {
+		line += "; no checkpoint committed by this agent yet"
+	}
+	if len(cs.Trainers) == 0 {
+		line += "; no trainer found"
+	}
+	return line
 }
 
 // agentSeriesInterval is how often the agent's own state is sampled for CloudWatch (sent as
@@ -269,14 +388,12 @@ func (a *Agent) Run(ctx context.Context) error {
 		})
 		a.log.Info().Str("addr", ln.Addr().String()).Msg("listening")
 	}
-	if a.deps.Ready != nil {
-		var addr net.Addr
-		if ln != nil {
-			addr = ln.Addr()
-		}
-		a.deps.Ready(addr)
-	}
+	stopped := make(chan struct{})
+	var life sync.WaitGroup
+	life.Go(func() { a.lifecycle(ctx, ln, stopped) })
 	err := g.Wait()
+	close(stopped)
+	life.Wait()
 	a.log.Info().Msg("spotguard agent stopped")
 	return err
 }

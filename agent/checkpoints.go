@@ -32,6 +32,7 @@ func newUploader(cfg *Config, deps Deps, a *Agent) (*checkpoint.Watcher, *checkp
 	}
 	w, err := checkpoint.NewWatcher(checkpoint.WatchConfig{
 		Dir: cfg.Checkpoint.Dir, Marker: cfg.Checkpoint.Marker, Pattern: cfg.Checkpoint.Pattern, Logger: deps.Logger,
+		Ready: func() { close(a.watchReady) },
 	})
 	if err != nil {
 		return nil, nil, fmt.Errorf("checkpoint.dir: %w", err)
@@ -59,6 +60,9 @@ func (a *Agent) onUpload(ev checkpoint.UploadEvent) {
 		a.metrics.committed.WithLabelValues(m.Trigger).Inc()
 		a.metrics.newestCommitted.Set(float64(m.CommittedAt.Unix()))
 		a.newestCommit.Store(m.CommittedAt.UnixNano())
+		a.mu.Lock()
+		a.newestName = m.Checkpoint
+		a.mu.Unlock()
 		if ev.Throughput > 0 {
 			a.metrics.uploadBytes.Add(float64(m.TotalBytes))
 			a.metrics.uploadThroughput.Set(ev.Throughput)

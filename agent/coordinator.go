@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -141,6 +142,9 @@ type Coordinator struct {
 	// sink, if set, gets the notice path's datums at 1-second resolution, flushed at once.
 	sink noticeSink
 
+	// alive is when the loop last went round (Unix nanoseconds).
+	alive atomic.Int64
+
 	mu           sync.Mutex
 	notices      []*NoticeStatus          // oldest first, at most maxNoticeHistory
 	active       map[string]*NoticeStatus // by key
@@ -164,7 +168,10 @@ func (c *Coordinator) Run(ctx context.Context, events <-chan imds.Event) error {
 	c.Scan()
 	t := time.NewTicker(trainerScanInterval)
 	defer t.Stop()
+	beat := time.NewTicker(loopBeat)
+	defer beat.Stop()
 	for {
+		c.alive.Store(time.Now().UnixNano())
 		select {
 		case <-ctx.Done():
 			return nil
@@ -172,8 +179,18 @@ func (c *Coordinator) Run(ctx context.Context, events <-chan imds.Event) error {
 			c.Handle(ev)
 		case <-t.C:
 			c.Scan()
+		case <-beat.C:
 		}
 	}
+}
+
+// loopBeat is how often the coordinator's loop shows it is alive when nothing happens.
+const loopBeat = time.Second
+
+// aliveWithin reports whether the coordinator's loop went round within d: the watchdog is
+// pinged only then, so a stuck notice path gets the agent restarted.
+func (c *Coordinator) aliveWithin(d time.Duration) bool {
+	return time.Since(time.Unix(0, c.alive.Load())) <= d
 }
 
 // Handle is one step of the state machine: a notice begins or ends.

@@ -34,6 +34,9 @@ type WatchConfig struct {
 	Debounce time.Duration
 	// Logger receives the watcher's log lines.
 	Logger zerolog.Logger
+	// Ready, if not nil, is called once by Run when the watches are in place and the first
+	// full scan is done (the moment a service may say it is ready).
+	Ready func()
 }
 
 // watchDefaultDebounce is the Debounce used when none is configured.
@@ -96,6 +99,7 @@ type Watcher struct {
 	pattern  string
 	debounce time.Duration
 	log      zerolog.Logger
+	ready    func()
 }
 
 // NewWatcher checks cfg and returns a Watcher for it. It returns an error, listing every
@@ -130,6 +134,7 @@ func NewWatcher(cfg WatchConfig) (*Watcher, error) {
 		pattern:  cfg.Pattern,
 		debounce: debounce,
 		log:      cfg.Logger.With().Str("component", "checkpoint-watcher").Logger(),
+		ready:    cfg.Ready,
 	}, nil
 }
 
@@ -193,6 +198,9 @@ func (w *Watcher) Run(ctx context.Context, out chan<- WatchEvent) error {
 	defer r.deb.Stop()
 	if err := r.rescan(); err != nil {
 		return err
+	}
+	if w.ready != nil {
+		w.ready()
 	}
 	return r.loop(ctx, out)
 }

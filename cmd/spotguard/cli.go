@@ -25,6 +25,7 @@ import (
 	"github.com/spotguard/spotguard/agent/metrics"
 	"github.com/spotguard/spotguard/checkpoint"
 	"github.com/spotguard/spotguard/nvml"
+	"github.com/spotguard/spotguard/systemd"
 )
 
 // version is set at build time with -ldflags "-X main.version=…".
@@ -108,6 +109,10 @@ func newFlagSet(name, summary string, stderr io.Writer) (*flag.FlagSet, *configF
 	fs := flag.NewFlagSet("spotguard "+name, flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.StringVar(&cf.path, "config", agent.DefaultConfigPath, "configuration `file` (YAML)")
+	fs.Func("log-level", "the same as --log.level: debug, info, warn or error", func(v string) error {
+		cf.overrides = append(cf.overrides, agent.KeyValue{Key: "log.level", Value: v})
+		return nil
+	})
 	for _, k := range agent.Keys() {
 		fs.Func(k.Name, fmt.Sprintf("%s (env %s, default %q)", k.Help, k.Env, k.Default), func(v string) error {
 			cf.overrides = append(cf.overrides, agent.KeyValue{Key: k.Name, Value: v})
@@ -187,6 +192,13 @@ func runAgent(ctx context.Context, args, environ []string, stderr io.Writer) int
 		log.Error().Err(err).Msg("cannot load AWS configuration")
 		return exitFail
 	}
+	env := envMap(environ)
+	watchdog, err := systemd.WatchdogInterval(env["WATCHDOG_USEC"], env["WATCHDOG_PID"], os.Getpid())
+	if err != nil {
+		log.Warn().Err(err).Msg("ignoring the watchdog settings")
+	}
+	notify := systemd.NewNotifier(env["NOTIFY_SOCKET"])
+	defer notify.Close()
 	sigs := make(chan os.Signal, 4)
 	signal.Notify(sigs, syscall.SIGHUP, syscall.SIGUSR1)
 	defer signal.Stop(sigs)
@@ -204,9 +216,11 @@ func runAgent(ctx context.Context, args, environ []string, stderr io.Writer) int
 			}
 			return g, nil
 		},
-		CloudWatch: cloudWatchClient(cfg, awsCfg),
-		Signals:    sigs,
-		Reload:     func() (*agent.Config, error) { return cf.load(environ) },
+		CloudWatch:       cloudWatchClient(cfg, awsCfg),
+		Notify:           notify,
+		WatchdogInterval: watchdog,
+		Signals:          sigs,
+		Reload:           func() (*agent.Config, error) { return cf.load(environ) },
 		Ready: func(addr net.Addr) {
 			log.Info().Str("version", versionString()).Msg("ready")
 		},
@@ -222,6 +236,17 @@ func runAgent(ctx context.Context, args, environ []string, stderr io.Writer) int
 	}
 	log.Info().Dur("uptime", time.Since(start)).Msg("bye")
 	return exitOK
+}
+
+// envMap turns "KEY=value" strings into a map.
+func envMap(environ []string) map[string]string {
+	m := make(map[string]string, len(environ))
+	for _, kv := range environ {
+		if k, v, ok := strings.Cut(kv, "="); ok {
+			m[k] = v
+		}
+	}
+	return m
 }
 
 // cloudWatchClient is the CloudWatch client, or nil when metrics.cloudwatch is off. Region and

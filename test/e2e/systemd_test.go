@@ -1,0 +1,138 @@
+package e2e
+
+import (
+	"net"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// notifySocket is a real unixgram socket standing in for systemd's NOTIFY_SOCKET.
+type notifySocket struct {
+	path string
+	msgs chan string
+}
+
+func listenNotify(t *testing.T) *notifySocket {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "notify.sock")
+	c, err := net.ListenUnixgram("unixgram", &net.UnixAddr{Name: path, Net: "unixgram"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ns := &notifySocket{path: path, msgs: make(chan string, 1024)}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		buf := make([]byte, 4096)
+		for {
+			n, err := c.Read(buf)
+			if err != nil {
+				return
+			}
+			ns.msgs <- string(buf[:n])
+		}
+	}()
+	t.Cleanup(func() { c.Close(); <-done })
+	return ns
+}
+
+// next returns the next message, failing the test after 20 s.
+func (ns *notifySocket) next(t *testing.T) string {
+	t.Helper()
+	select {
+	case m := <-ns.msgs:
+		return m
+	case <-time.After(20 * time.Second):
+		t.Fatal("no sd_notify message within 20 s")
+		return ""
+	}
+}
+
+// until reads messages until one satisfies ok, returning all read.
+func (ns *notifySocket) until(t *testing.T, what string, ok func(string) bool) []string {
+	t.Helper()
+	var seen []string
+	deadline := time.After(60 * time.Second)
+	for {
+		select {
+		case m := <-ns.msgs:
+			seen = append(seen, m)
+			if ok(m) {
+				return seen
+			}
+		case <-deadline:
+			t.Fatalf("no sd_notify message %s within 60 s; saw %q", what, seen)
+		}
+	}
+}
+
+// Under systemd (Type=notify): READY=1 first, then STATUS lines and WATCHDOG pings, a status
+// that tells the notice's progress, and STOPPING=1 on SIGTERM.
+func TestSdNotifyThroughANotice(t *testing.T) {
+	needPeers(t)
+	ns := listenNotify(t)
+	sim := newIMDS(t)
+	trigger := time.Now().Truncate(time.Second).Add(4 * time.Second)
+	sim.start("spot", "-a", "terminate", "--mock-trigger-time", trigger.UTC().Format(time.RFC3339), "--rebalance-delay-sec", "100000")
+	ckdir := t.TempDir()
+	tp := startTrainer(t, "--checkpoint-dir", ckdir, "--files", "2", "--checkpoint-mb", "2", "--write-seconds", "3")
+	ap := startAgent(t, sim, "SPOTGUARD_TRAINER_PIDFILE="+tp.pidfile, "SPOTGUARD_NOTICES_REBALANCE=ignore",
+		"SPOTGUARD_CHECKPOINT_DIR="+ckdir, "SPOTGUARD_STORE_URL=file://"+t.TempDir(),
+		"NOTIFY_SOCKET="+ns.path, "WATCHDOG_USEC=2000000")
+	if first := ns.next(t); !strings.HasPrefix(first, "READY=1\nSTATUS=watching") {
+		t.Fatalf("first message %q; want READY=1 with a watching status", first)
+	}
+	ns.until(t, "WATCHDOG=1", func(m string) bool { return m == "WATCHDOG=1" })
+	ns.until(t, "a status about the notice", func(m string) bool { return strings.HasPrefix(m, "STATUS=notice spot/terminate") })
+	ap.waitNoticeState(t, "spot/terminate", "committed", 30*time.Second)
+	ns.until(t, "a status naming the durable checkpoint", func(m string) bool {
+		return strings.HasPrefix(m, "STATUS=watching; last durable checkpoint step-")
+	})
+	ap.cmd.Process.Signal(syscall.SIGTERM)
+	ns.until(t, "STOPPING=1", func(m string) bool { return strings.HasPrefix(m, "STOPPING=1") })
+	<-ap.done
+	if ap.exitErr != nil {
+		t.Errorf("exit after SIGTERM: %v; want 0", ap.exitErr)
+	}
+}
+
+// SIGTERM while a notice's checkpoint is uploading (slowly, through a throttled link): the
+// agent finishes it, commits, and only then exits 0.
+func TestSIGTERMMidUploadStillCommits(t *testing.T) {
+	needPeers(t)
+	s3 := startS3(t)
+	slow := startThrottle(t, strings.TrimPrefix(s3.endpoint, "http://"), 4<<20) // 4 MiB/s
+	sim := newIMDS(t)
+	trigger := time.Now().Truncate(time.Second).Add(4 * time.Second)
+	sim.start("spot", "-a", "terminate", "--mock-trigger-time", trigger.UTC().Format(time.RFC3339), "--rebalance-delay-sec", "100000")
+	ckdir := t.TempDir()
+	tp := startTrainer(t, "--checkpoint-dir", ckdir, "--files", "3", "--checkpoint-mb", "8")
+	storeURL := "s3://" + s3Bucket + "/sigterm"
+	ap := startAgent(t, sim, append([]string{"SPOTGUARD_TRAINER_PIDFILE=" + tp.pidfile, "SPOTGUARD_NOTICES_REBALANCE=ignore",
+		"SPOTGUARD_CHECKPOINT_DIR=" + ckdir, "SPOTGUARD_STORE_URL=" + storeURL, "SPOTGUARD_STORE_JOB=e2e",
+		"SPOTGUARD_STORE_PART_SIZE=5MiB"}, s3.env(slow.url())...)...)
+	ap.waitNoticeState(t, "spot/terminate", "checkpoint_written", 30*time.Second)
+	if ls, _ := s3.tryAWS(t, "s3", "ls", "--recursive", "s3://"+s3Bucket+"/sigterm/"); strings.Contains(ls, "manifest.json") {
+		t.Fatalf("already committed before SIGTERM; the link is not slow enough:\n%s", ls)
+	}
+	ap.cmd.Process.Signal(syscall.SIGTERM)
+	ap.cmd.Process.Signal(syscall.SIGTERM) // a second SIGTERM does not cut the commit either
+	select {
+	case <-ap.done:
+	case <-time.After(120 * time.Second):
+		t.Fatal("agent still running 120 s after SIGTERM")
+	}
+	if ap.exitErr != nil {
+		t.Errorf("exit after SIGTERM mid-upload: %v; want 0", ap.exitErr)
+	}
+	ls := s3.aws(t, "s3", "ls", "--recursive", "s3://"+s3Bucket+"/sigterm/")
+	if !strings.Contains(ls, "manifest.json") {
+		t.Fatalf("no manifest after the agent exited: the upload was abandoned\n%s", ls)
+	}
+	if !strings.Contains(ap.log(t), "finishing it first") {
+		t.Errorf("agent log does not say it finished the notice's upload before stopping")
+	}
+}
