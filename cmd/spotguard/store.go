@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -55,6 +56,7 @@ func runRestore(ctx context.Context, args, environ []string, stdout, stderr io.W
 	to := fs.String("to", "", "destination `DIR` (required); the checkpoint lands in DIR/<checkpoint>")
 	name := fs.String("checkpoint", "", "restore this checkpoint `NAME` instead of the newest")
 	jsonOut := fs.Bool("json", false, "print the result as JSON")
+	allowEmpty := fs.Bool("allow-empty", false, "exit 0 when the job has no committed checkpoint yet (a first run); other errors still fail")
 	if code, ok := parseFlags(fs, args); !ok {
 		return code
 	}
@@ -85,6 +87,10 @@ func runRestore(ctx context.Context, args, environ []string, stdout, stderr io.W
 	}
 	res, err := checkpoint.Restore(ctx, store, opts)
 	bar.finish()
+	if err != nil && *allowEmpty && *name == "" && errors.Is(err, checkpoint.ErrNothingToRestore) {
+		fmt.Fprintf(stdout, "%v; nothing to restore (first run)\n", err)
+		return exitOK
+	}
 	if err != nil {
 		fmt.Fprintf(stderr, "spotguard restore: %v\n", err)
 		return exitFail

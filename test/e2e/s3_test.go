@@ -312,6 +312,18 @@ func TestRestoreNothingCommitted(t *testing.T) {
 	if code != 1 || !strings.Contains(stderr, "empty-job") || !strings.Contains(stderr, storeDir) {
 		t.Errorf("restore of nothing: exit %d, stderr %q; want 1 naming the job and the store", code, stderr)
 	}
+	// A first run under spotguard-restore.service: nothing committed yet is not a failure.
+	code, stdout, stderr := runSpotguard(t, []string{"SPOTGUARD_STORE_URL=file://" + storeDir, "SPOTGUARD_STORE_JOB=empty-job"},
+		"restore", "--allow-empty", "--config", writeEmptyConfig(t), "--to", t.TempDir())
+	if code != 0 || !strings.Contains(stdout, "nothing to restore") {
+		t.Errorf("restore --allow-empty of nothing: exit %d, %q %q; want 0", code, stdout, stderr)
+	}
+	// But a store that cannot be used is still an error.
+	code, _, _ = runSpotguard(t, []string{"SPOTGUARD_STORE_URL=file://" + storeDir, "SPOTGUARD_STORE_JOB=a/b"},
+		"restore", "--allow-empty", "--config", writeEmptyConfig(t), "--to", t.TempDir())
+	if code != 1 {
+		t.Errorf("restore --allow-empty with a bad job: exit %d; want 1", code)
+	}
 }
 
 func writeEmptyConfig(t testing.TB) string {
