@@ -2,8 +2,11 @@
 GOLANGCI_LINT_VERSION := v2.15.0
 BIN := bin/spotguard
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+# A Debian version: v1.2.0-3-gabc → 1.2.0+3+gabc; without a tag, 0.0.0+git<hash>.
+DEB_VERSION ?= $(shell echo '$(VERSION)' | sed -E -e 's/^v?([0-9]+\.[0-9])/\1/' -e 't done' -e 's/^/0.0.0+git/' -e ':done' -e 's/-/+/g')
+DEB_ARCH ?= $(shell go env GOARCH)
 
-.PHONY: demo help build test test-unit test-e2e bench lint fuzz tools clean
+.PHONY: demo help build test test-unit test-e2e bench lint fuzz tools clean install uninstall deb
 
 help: ## list the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_-]+:.*## / {printf "  %-10s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -32,6 +35,20 @@ fuzz: ## run every parser fuzzer for FUZZTIME each (default 10s)
 
 lint: ## golangci-lint, pinned
 	go run github.com/golangci/golangci-lint/v2/cmd/golangci-lint@$(GOLANGCI_LINT_VERSION) run ./...
+
+install: build ## build, then install bin/spotguard, the systemd units and a default config (DESTDIR=/path to stage)
+	DESTDIR="$(DESTDIR)" ./systemd/install.sh --binary $(BIN)
+
+uninstall: ## stop, disable and remove what `make install` put there (an edited config stays)
+	DESTDIR="$(DESTDIR)" ./systemd/install.sh --uninstall
+
+deb: build ## dist/spotguard_<version>_<arch>.deb (nfpm, pinned in test/tools/deb/go.mod)
+	mkdir -p dist/deb
+	cp $(BIN) dist/deb/spotguard
+	for u in spotguard.service spotguard-restore.service; do \
+		sed 's#/usr/local/bin/spotguard#/usr/bin/spotguard#g' systemd/$$u > dist/deb/$$u; done
+	DEB_VERSION=$(DEB_VERSION) DEB_ARCH=$(DEB_ARCH) go tool -modfile=test/tools/deb/go.mod nfpm package \
+		--config systemd/nfpm.yaml --packager deb --target dist/spotguard_$(DEB_VERSION)_$(DEB_ARCH).deb
 
 clean: ## remove build output
 	rm -rf bin dist
