@@ -194,7 +194,7 @@ var fields = []field{
 		return nil
 	}},
 	{"store.part_size", "64MiB", "multipart part size for S3 (at least 5MiB); parts are read straight from the file, not buffered", func(c *Config, v string) error {
-		n, err := parseSize(v)
+		n, err := ParseSize(v)
 		if err != nil {
 			return err
 		}
@@ -291,7 +291,7 @@ func policySetter(src imds.Source) func(*Config, string) error {
 }
 
 // parseSize reads a byte size such as 64MiB, 8MB, 1GiB or 1048576.
-func parseSize(v string) (int64, error) {
+func ParseSize(v string) (int64, error) {
 	units := []struct {
 		suffix string
 		mult   int64

@@ -675,13 +675,14 @@ func (u *Uploader) handleResult(ctx context.Context, r uploadResult) {
 	}
 	c.uploadBusy += r.duration
 	c.sent += r.stored.size
-	if r.stored.size != f.size || !r.stored.modTime.Equal(f.modTime) {
-		// The watcher reported a newer version meanwhile; it is queued again.
-		if !f.queued {
-			u.enqueue(r.ref)
-		}
+	if f.modTime.After(r.stored.modTime) {
+		// The watcher reported a newer version than the one sent; it is queued again.
+		u.enqueue(r.ref)
 		return
 	}
+	// What was sent is what is on disk (it did not change while being sent); an event that saw
+	// the file earlier (a marker caught while being written, say) is superseded by it.
+	f.size, f.modTime = r.stored.size, r.stored.modTime
 	f.stored = r.stored
 	log.Debug().Int64("bytes", r.stored.size).Dur("took", r.duration).Msg("file stored")
 }

@@ -299,3 +299,40 @@ func TestUploaderDeadlinePassesNoManifest(t *testing.T) {
 		t.Fatal("a manifest exists for an upload abandoned at the deadline")
 	}
 }
+
+// A marker caught by the watcher while still being written (size 0 in the event) is sent as it
+// is on disk, and the checkpoint commits: the upload's own view of the file supersedes the
+// event's older one.
+func TestUploaderMarkerSeenWhileWritten(t *testing.T) {
+	dir := t.TempDir()
+	writeCheckpoint(t, dir, "step-1", map[string][]byte{"w": randomBytes(t, 1<<10)})
+	marker := filepath.Join(dir, "step-1", "_COMPLETE")
+	if err := os.WriteFile(marker, []byte("{\"step\": 1}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	wfi, _ := os.Stat(filepath.Join(dir, "step-1", "w"))
+	store := newMemStore()
+	committed := make(chan UploadEvent, 4)
+	up := NewUploader(UploaderConfig{Store: store, Job: "job", Dir: dir, Logger: zerolog.Nop(),
+		OnEvent: func(ev UploadEvent) {
+			if ev.Kind == CheckpointCommitted {
+				committed <- ev
+			}
+		}})
+	events := make(chan WatchEvent)
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan struct{})
+	go func() { up.Run(ctx, events); close(done) }()
+	defer func() { cancel(); <-done }()
+	now := time.Now()
+	events <- WatchEvent{Kind: FileReady, Checkpoint: "step-1", Path: "w", Size: wfi.Size(), ModTime: wfi.ModTime(), At: now}
+	events <- WatchEvent{Kind: Complete, Checkpoint: "step-1", Path: "_COMPLETE", Size: 0, ModTime: now.Add(-time.Hour), At: now}
+	select {
+	case ev := <-committed:
+		if len(ev.Manifest.Files) != 2 {
+			t.Errorf("manifest files = %+v; want w and the marker", ev.Manifest.Files)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("not committed: the stale marker event made the uploader resend forever")
+	}
+}

@@ -1,0 +1,575 @@
+package main
+
+import (
+	"bytes"
+	"cmp"
+	"context"
+	"crypto/rand"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	awsconfig "github.com/aws/aws-sdk-go-v2/config"
+	"github.com/rs/zerolog"
+
+	"github.com/spotguard/spotguard/agent"
+	"github.com/spotguard/spotguard/agent/imds"
+	"github.com/spotguard/spotguard/checkpoint"
+)
+
+// drillWindow is the notice's 2 minutes; a drill passes when the checkpoint is committed and
+// restored inside it.
+const drillWindow = 2 * time.Minute
+
+// drillThinMargin is the margin under which the drill passes but warns.
+const drillThinMargin = 30 * time.Second
+
+// drillReport is what `spotguard drill --json` prints.
+type drillReport struct {
+	Pass       bool        `json:"pass"`
+	Reason     string      `json:"reason,omitempty"`
+	Store      string      `json:"store"`
+	Checkpoint string      `json:"checkpoint,omitempty"`
+	Files      int         `json:"files"`
+	Bytes      int64       `json:"bytes"`
+	Timeline   []drillStep `json:"timeline"`
+	MarginS    float64     `json:"margin_seconds"`
+	DurableS   float64     `json:"durable_after_notice_seconds"`
+	UploadMBs  float64     `json:"upload_mb_per_s,omitempty"`
+	RestoreMBs float64     `json:"restore_mb_per_s,omitempty"`
+	Advice     []string    `json:"advice,omitempty"`
+	Verified   bool        `json:"verified"`
+	Deadline   time.Time   `json:"deadline"`
+	notice     time.Time   // when the notice was detected
+	manifest   *checkpoint.Manifest
+}
+
+// drillStep is one moment of the timeline, in seconds after the notice was detected.
+type drillStep struct {
+	Step    string  `json:"step"`
+	Seconds float64 `json:"seconds"`
+	Detail  string  `json:"detail,omitempty"`
+}
+
+func runDrill(ctx context.Context, args, environ []string, stdout, stderr io.Writer) int {
+	fs, cf := newFlagSet("drill", "Rehearse a spot reclaim end to end: a notice arrives, the trainer is signalled and writes a checkpoint,\nspotguard streams and commits it, and it is restored and verified byte for byte. With no flags it runs on\nthis machine alone (an in-process IMDS, a demo trainer, a file:// store in a temp dir). PASS or FAIL; exit 1 on FAIL.", stderr)
+	sizeFlag := fs.String("size", "512MiB", "demo trainer: total checkpoint size (e.g. 512MiB, 4GiB)")
+	files := fs.Int("files", 8, "demo trainer: files per checkpoint")
+	storeURL := fs.String("store", "", "where to commit: s3://bucket/prefix or file:///path (default: a file:// store in a temp dir)")
+	trainerCmd := fs.String("trainer-cmd", "", "run this trainer (sh -c) instead of the demo one; it must catch the signal and write into --checkpoint-dir")
+	ckDir := fs.String("checkpoint-dir", "", "checkpoint directory (default: a temp dir)")
+	imdsMode := fs.String("imds", "sim", "sim: an in-process IMDS announces the reclaim; real: wait for a real notice (e.g. an AWS FIS experiment)")
+	jsonOut := fs.Bool("json", false, "print the report as JSON")
+	keep := fs.Bool("keep", false, "keep the temp dir (checkpoints, store, restored copy)")
+	if code, ok := parseFlags(fs, args); !ok {
+		return code
+	}
+	size, err := parseDrillSize(*sizeFlag)
+	if err != nil || *files < 1 || (*imdsMode != "sim" && *imdsMode != "real") {
+		switch {
+		case err != nil:
+			fmt.Fprintf(stderr, "spotguard drill: --size %q: %v\n", *sizeFlag, err)
+		case *files < 1:
+			fmt.Fprintf(stderr, "spotguard drill: --files %d: want at least 1\n", *files)
+		default:
+			fmt.Fprintf(stderr, "spotguard drill: --imds %q: want sim or real\n", *imdsMode)
+		}
+		return exitUsage
+	}
+	if *trainerCmd != "" && *ckDir == "" {
+		fmt.Fprintln(stderr, "spotguard drill: --trainer-cmd needs --checkpoint-dir (where your trainer writes)")
+		return exitUsage
+	}
+
+	tmp, err := os.MkdirTemp("", "spotguard-drill-")
+	if err != nil {
+		fmt.Fprintf(stderr, "spotguard drill: %v\n", err)
+		return exitFail
+	}
+	if *keep {
+		fmt.Fprintf(stderr, "keeping %s\n", tmp)
+	} else {
+		defer os.RemoveAll(tmp)
+	}
+	if *ckDir == "" {
+		*ckDir = filepath.Join(tmp, "checkpoints")
+	}
+	if *storeURL == "" {
+		*storeURL = "file://" + filepath.Join(tmp, "store")
+	}
+	if err := os.MkdirAll(*ckDir, 0o755); err != nil {
+		fmt.Fprintf(stderr, "spotguard drill: %v\n", err)
+		return exitFail
+	}
+	// The report says what happened; the agent's own log shows errors only (--log-level to see more).
+	level := zerolog.ErrorLevel
+	for _, kv := range cf.overrides {
+		if kv.Key == "log.level" {
+			if l, err := zerolog.ParseLevel(kv.Value); err == nil {
+				level = l
+			}
+		}
+	}
+	log := newLogger(stderr, level)
+	rep := drillReport{Store: *storeURL, Timeline: []drillStep{}}
+	pass := drill(ctx, drillPlan{
+		size: size, files: *files, trainerCmd: *trainerCmd, ckDir: *ckDir, store: *storeURL,
+		realIMDS: *imdsMode == "real", tmp: tmp, environ: environ, configFlags: cf, progress: stderr,
+	}, log, &rep)
+	rep.Pass = pass
+	rep.Advice = drillAdvice(rep)
+	slices.SortStableFunc(rep.Timeline, func(a, b drillStep) int { return cmp.Compare(a.Seconds, b.Seconds) })
+	if *jsonOut {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		enc.Encode(rep)
+	} else {
+		printDrill(stdout, rep)
+	}
+	if !pass {
+		return exitFail
+	}
+	return exitOK
+}
+
+// drillPlan is what one drill does.
+type drillPlan struct {
+	size              int64
+	files             int
+	trainerCmd, ckDir string
+	store, tmp        string
+	realIMDS          bool
+	environ           []string
+	configFlags       *configFlags
+	progress          io.Writer
+}
+
+// drill runs the story and fills rep; it reports whether it passed.
+func drill(ctx context.Context, p drillPlan, log zerolog.Logger, rep *drillReport) bool {
+	fail := func(format string, a ...any) bool {
+		rep.Reason = fmt.Sprintf(format, a...)
+		return false
+	}
+	var sim *imds.Simulator
+	endpoint := ""
+	if !p.realIMDS {
+		var err error
+		if sim, err = imds.StartSimulator("127.0.0.1:0"); err != nil {
+			return fail("start the IMDS simulator: %v", err)
+		}
+		defer sim.Close()
+		endpoint = sim.Endpoint()
+	}
+
+	// The trainer: the demo one is this binary in a hidden mode, a real child process.
+	pidfile := filepath.Join(p.tmp, "trainer.pid")
+	ready := filepath.Join(p.tmp, "trainer.ready")
+	var cmd *exec.Cmd
+	if p.trainerCmd != "" {
+		cmd = exec.Command("sh", "-c", p.trainerCmd)
+	} else {
+		self, err := os.Executable()
+		if err != nil {
+			return fail("find own binary for the demo trainer: %v", err)
+		}
+		cmd = exec.Command(self, drillTrainerCmd, "--dir", p.ckDir, "--size", strconv.FormatInt(p.size, 10),
+			"--files", strconv.Itoa(p.files), "--ready", ready)
+	}
+	cmd.Stdout, cmd.Stderr = p.progress, p.progress
+	if err := cmd.Start(); err != nil {
+		return fail("start the trainer: %v", err)
+	}
+	trainerDone := make(chan error, 1)
+	go func() { trainerDone <- cmd.Wait() }()
+	defer func() {
+		cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-trainerDone:
+		case <-time.After(10 * time.Second):
+			cmd.Process.Kill()
+			<-trainerDone
+		}
+	}()
+	if err := os.WriteFile(pidfile, []byte(strconv.Itoa(cmd.Process.Pid)+"\n"), 0o644); err != nil {
+		return fail("write the trainer's pidfile: %v", err)
+	}
+	if p.trainerCmd == "" && !waitFile(ctx, ready, trainerDone, 30*time.Second) {
+		return fail("the demo trainer did not start")
+	}
+
+	// The agent, as `spotguard run` would run it, pointed at the drill's pieces.
+	overrides := append([]agent.KeyValue{}, p.configFlags.overrides...)
+	overrides = append(overrides,
+		agent.KeyValue{Key: "trainer.pidfile", Value: pidfile}, agent.KeyValue{Key: "trainer.match", Value: ""},
+		agent.KeyValue{Key: "trainer.unit", Value: ""},
+		agent.KeyValue{Key: "checkpoint.dir", Value: p.ckDir}, agent.KeyValue{Key: "store.url", Value: p.store},
+		agent.KeyValue{Key: "store.job", Value: "drill"}, agent.KeyValue{Key: "http.listen", Value: ""},
+		agent.KeyValue{Key: "agent.runtime_dir", Value: filepath.Join(p.tmp, "run")},
+		agent.KeyValue{Key: "metrics.cloudwatch", Value: "false"}, agent.KeyValue{Key: "notices.rebalance", Value: "ignore"},
+		agent.KeyValue{Key: "imds.endpoint", Value: endpoint})
+	path := p.configFlags.path
+	if _, err := os.Stat(path); err != nil && path == agent.DefaultConfigPath {
+		path = "" // no installed config: defaults
+	}
+	cfg, err := agent.Load(agent.LoadOptions{Path: path, Environ: p.environ, Flags: overrides})
+	if err != nil {
+		return fail("%v", err)
+	}
+	if err := cfg.Validate(); err != nil {
+		return fail("invalid configuration: %v", err)
+	}
+	var awsCfg aws.Config
+	if strings.HasPrefix(p.store, "s3://") || p.realIMDS {
+		if awsCfg, err = awsconfig.LoadDefaultConfig(ctx); err != nil {
+			return fail("load AWS configuration: %v", err)
+		}
+	}
+	store, err := checkpoint.OpenStore(p.store, awsCfg, checkpoint.S3Options{PartSize: cfg.Store.PartSize, Concurrency: cfg.Store.Concurrency})
+	if err != nil {
+		return fail("store: %v", err)
+	}
+	a, err := agent.New(cfg, agent.Deps{
+		Logger: log, IMDS: imds.NewClient(awsCfg, endpoint),
+		OpenStore: func(string, checkpoint.S3Options) (checkpoint.Store, error) { return store, nil },
+	})
+	if err != nil {
+		return fail("%v", err)
+	}
+	actx, stop := context.WithCancel(ctx)
+	agentDone := make(chan error, 1)
+	go func() { agentDone <- a.Run(actx) }()
+	defer func() { stop(); <-agentDone }()
+
+	if sim != nil {
+		// Give the agent a moment to be watching, as on a real instance, then announce.
+		if !waitUntil(ctx, 10*time.Second, func() bool { return len(a.Status().Trainers) > 0 }) {
+			return fail("the agent did not find the trainer (pid %d)", cmd.Process.Pid)
+		}
+		sim.Interrupt("terminate", drillWindow)
+	} else {
+		fmt.Fprintln(p.progress, "waiting for a real interruption notice (start an AWS FIS experiment, or Ctrl-C)")
+	}
+
+	// Follow the notice until it is committed, the trainer refuses, or the window closes.
+	var ns agent.NoticeStatus
+	found := waitUntil(ctx, 24*time.Hour, func() bool {
+		for _, n := range a.Status().Notices {
+			if n.Source == imds.SourceSpot && n.Active {
+				ns = n
+				return true
+			}
+		}
+		return false
+	})
+	if !found {
+		return fail("no notice arrived")
+	}
+	rep.notice = ns.Transitions[0].At
+	rep.Deadline = rep.notice.Add(drillWindow)
+	if ns.Deadline != nil {
+		rep.Deadline = *ns.Deadline
+	}
+	rep.add("notice detected", rep.notice, ns.Key)
+	var outcome string
+	waitUntil(ctx, time.Until(rep.Deadline)+time.Second, func() bool {
+		for _, n := range a.Status().Notices {
+			if n.Key == ns.Key {
+				ns = n
+			}
+		}
+		switch ns.State {
+		case agent.StateTrainerNotSignalled, agent.StateCommitted:
+			outcome = ns.State
+			return true
+		}
+		select {
+		case err := <-trainerDone:
+			trainerDone <- err
+			if ns.State != agent.StateCheckpointWritten {
+				outcome = "trainer_exited"
+				return true
+			}
+		default:
+		}
+		return false
+	})
+	for _, tr := range ns.Transitions {
+		switch tr.State {
+		case agent.StateTrainerSignalled:
+			rep.add("trainer signalled", tr.At, tr.Detail)
+		case agent.StateCheckpointWritten:
+			rep.add("checkpoint complete (marker)", tr.At, tr.Detail)
+		}
+	}
+	switch outcome {
+	case agent.StateTrainerNotSignalled:
+		detail := "no trainer process found"
+		for _, s := range ns.Signals {
+			if s.Outcome == "not_caught" {
+				detail = fmt.Sprintf("the trainer (pid %d) does not catch %s, so it was not signalled: install a handler for it", s.PID, cfg.Trainer.Signal)
+			}
+		}
+		return fail("%s", detail)
+	case "trainer_exited":
+		return fail("the trainer exited before writing a complete checkpoint")
+	case "":
+		if ns.State == agent.StateTrainerSignalled {
+			return fail("the trainer was signalled but no complete checkpoint (marker %s) appeared before the deadline", cfg.Checkpoint.Marker)
+		}
+		return fail("the checkpoint was not committed before the deadline (state %s)", ns.State)
+	}
+
+	// Committed: the manifest has the upload's own timings.
+	name := strings.SplitN(transitionDetail(ns, agent.StateCommitted), ",", 2)[0]
+	m, err := readDrillManifest(ctx, store, name)
+	if err != nil {
+		return fail("read the committed manifest: %v", err)
+	}
+	rep.manifest, rep.Checkpoint, rep.Files, rep.Bytes = m, name, len(m.Files), m.TotalBytes
+	if t := m.Timings.FirstFileAt; t != nil {
+		rep.add("first file closed", *t, "")
+	}
+	if t := m.Timings.LastByteAt; t != nil {
+		rep.add("last byte stored", *t, "")
+		if m.Timings.FirstFileAt != nil && t.After(*m.Timings.FirstFileAt) {
+			rep.UploadMBs = float64(m.TotalBytes) / t.Sub(*m.Timings.FirstFileAt).Seconds() / 1e6
+		}
+	}
+	rep.add("manifest committed", m.CommittedAt, fmt.Sprintf("%d files, %s", len(m.Files), humanBytes(m.TotalBytes)))
+	rep.MarginS = rep.Deadline.Sub(m.CommittedAt).Seconds()
+	rep.DurableS = m.CommittedAt.Sub(rep.notice).Seconds()
+
+	// The next instance: restore and compare byte for byte.
+	to := filepath.Join(p.tmp, "restored")
+	start := time.Now()
+	res, err := checkpoint.Restore(ctx, store, checkpoint.RestoreOptions{Job: "drill", Checkpoint: name, To: to, Logger: log})
+	if err != nil {
+		return fail("restore: %v", err)
+	}
+	rep.RestoreMBs = float64(res.Bytes) / max(time.Since(start).Seconds(), 1e-9) / 1e6
+	rep.add("restored and verified", time.Now(), humanBytes(res.Bytes))
+	if err := sameFiles(filepath.Join(p.ckDir, name), res.Dir); err != nil {
+		return fail("the restored checkpoint differs from what the trainer wrote: %v", err)
+	}
+	rep.Verified = true
+	if m.CommittedAt.After(rep.Deadline) {
+		return fail("committed %.1f s after the deadline", -rep.MarginS)
+	}
+	return true
+}
+
+func (r *drillReport) add(step string, at time.Time, detail string) {
+	r.Timeline = append(r.Timeline, drillStep{Step: step, Seconds: at.Sub(r.notice).Seconds(), Detail: detail})
+}
+
+func transitionDetail(ns agent.NoticeStatus, state string) string {
+	for _, tr := range ns.Transitions {
+		if tr.State == state {
+			return tr.Detail
+		}
+	}
+	return ""
+}
+
+func readDrillManifest(ctx context.Context, s checkpoint.Store, name string) (*checkpoint.Manifest, error) {
+	b, err := s.GetBytes(ctx, checkpoint.ManifestKey("drill", name))
+	if err != nil {
+		return nil, err
+	}
+	return checkpoint.ParseManifest(b)
+}
+
+// sameFiles compares every regular file under want with its copy under got.
+func sameFiles(want, got string) error {
+	return filepath.WalkDir(want, func(p string, d os.DirEntry, err error) error {
+		if err != nil || !d.Type().IsRegular() {
+			return err
+		}
+		rel, _ := filepath.Rel(want, p)
+		a, err := os.ReadFile(p)
+		if err != nil {
+			return err
+		}
+		b, err := os.ReadFile(filepath.Join(got, rel))
+		if err != nil {
+			return err
+		}
+		if !bytes.Equal(a, b) {
+			return fmt.Errorf("%s differs", rel)
+		}
+		return nil
+	})
+}
+
+// drillAdvice says what to change when the margin is thin or the drill failed.
+func drillAdvice(r drillReport) []string {
+	var out []string
+	if !r.Pass && strings.Contains(r.Reason, "does not catch") {
+		return []string{"handle the signal in the trainer (see examples/python/trainer.py): set a flag, save at the next step boundary"}
+	}
+	if r.Pass && r.MarginS >= drillThinMargin.Seconds() {
+		return nil
+	}
+	out = append(out,
+		"save a smaller checkpoint on notice (model and optimizer state only; skip data-loader and metrics state)",
+		"save periodically more often, so a notice finds most of the history already in the store (spotguard plan says how often)",
+		"react to rebalance recommendations (notices.rebalance: checkpoint): they often come minutes before the reclaim",
+		"raise store.concurrency (and use an instance with more network bandwidth) if the upload is the long part")
+	return out
+}
+
+func printDrill(w io.Writer, r drillReport) {
+	fmt.Fprintf(w, "spotguard drill: store %s\n\n", r.Store)
+	for _, s := range r.Timeline {
+		d := ""
+		if s.Detail != "" {
+			d = "  " + s.Detail
+		}
+		fmt.Fprintf(w, "  %+7.2f s  %s%s\n", s.Seconds, s.Step, d)
+	}
+	if r.UploadMBs > 0 || r.RestoreMBs > 0 {
+		fmt.Fprintf(w, "\n  upload %.0f MB/s (first file closed → last byte), restore %.0f MB/s with every checksum verified\n", r.UploadMBs, r.RestoreMBs)
+	}
+	if r.Checkpoint != "" {
+		fmt.Fprintf(w, "  margin: %.1f s of the 2-minute window left when %s was committed\n", r.MarginS, r.Checkpoint)
+	}
+	if r.Pass {
+		fmt.Fprintf(w, "\nPASS: the checkpoint was durable %.1f s after the notice and restored byte for byte\n", r.DurableS)
+	} else {
+		fmt.Fprintf(w, "\nFAIL: %s\n", r.Reason)
+	}
+	if len(r.Advice) > 0 {
+		fmt.Fprintln(w, "\nAdvice:")
+		for _, a := range r.Advice {
+			fmt.Fprintf(w, "  - %s\n", a)
+		}
+	}
+}
+
+// waitFile waits until path exists, the process ends, or within passes.
+func waitFile(ctx context.Context, path string, done chan error, within time.Duration) bool {
+	return waitUntil(ctx, within, func() bool {
+		select {
+		case err := <-done:
+			done <- err
+			return false
+		default:
+		}
+		_, err := os.Stat(path)
+		return err == nil
+	})
+}
+
+// waitUntil polls cond every 20 ms until it holds (true), or within passes or ctx ends (false).
+func waitUntil(ctx context.Context, within time.Duration, cond func() bool) bool {
+	deadline := time.NewTimer(within)
+	defer deadline.Stop()
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	for !cond() {
+		select {
+		case <-ctx.Done():
+			return false
+		case <-deadline.C:
+			return cond()
+		case <-tick.C:
+		}
+	}
+	return true
+}
+
+func parseDrillSize(v string) (int64, error) {
+	n, err := agent.ParseSize(v)
+	if err != nil {
+		return 0, err
+	}
+	if n <= 0 {
+		return 0, errors.New("want more than 0 bytes")
+	}
+	return n, nil
+}
+
+// drillTrainerCmd is the hidden subcommand the drill runs as its demo trainer.
+const drillTrainerCmd = "__drill-trainer"
+
+// runDrillTrainer is the demo trainer: it catches SIGUSR1, and on it writes a checkpoint of size
+// bytes in files files (each written to a temp name and renamed, the marker last), then trains on
+// until SIGTERM.
+func runDrillTrainer(ctx context.Context, args []string, stderr io.Writer) int {
+	fs := flag.NewFlagSet(drillTrainerCmd, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	dir := fs.String("dir", "", "")
+	size := fs.Int64("size", 512<<20, "")
+	files := fs.Int("files", 8, "")
+	ready := fs.String("ready", "", "")
+	if err := fs.Parse(args); err != nil || *dir == "" {
+		return exitUsage
+	}
+	sigs := make(chan os.Signal, 4)
+	signal.Notify(sigs, syscall.SIGUSR1, syscall.SIGTERM)
+	defer signal.Stop(sigs)
+	if *ready != "" {
+		os.WriteFile(*ready, []byte("ok\n"), 0o644)
+	}
+	step := 0
+	for {
+		select {
+		case <-ctx.Done():
+			return exitOK
+		case sig := <-sigs:
+			if sig == syscall.SIGTERM {
+				return exitOK
+			}
+			step++
+			if err := writeDrillCheckpoint(filepath.Join(*dir, fmt.Sprintf("step-%06d", step)), *size, *files); err != nil {
+				fmt.Fprintf(stderr, "demo trainer: %v\n", err)
+				return exitFail
+			}
+		}
+	}
+}
+
+func writeDrillCheckpoint(dir string, size int64, files int) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	per := size / int64(files)
+	for i := range files {
+		n := per
+		if i == files-1 {
+			n = size - per*int64(files-1)
+		}
+		final := filepath.Join(dir, fmt.Sprintf("shard-%02d.bin", i))
+		tmp := filepath.Join(dir, fmt.Sprintf(".shard-%02d.bin.tmp", i))
+		f, err := os.Create(tmp)
+		if err != nil {
+			return err
+		}
+		_, err = io.CopyN(f, rand.Reader, n)
+		if err == nil {
+			err = f.Sync()
+		}
+		if cerr := f.Close(); err == nil {
+			err = cerr
+		}
+		if err != nil {
+			return err
+		}
+		if err := os.Rename(tmp, final); err != nil {
+			return err
+		}
+	}
+	return os.WriteFile(filepath.Join(dir, "_COMPLETE"), []byte("{}\n"), 0o644)
+}

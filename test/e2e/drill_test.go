@@ -1,0 +1,82 @@
+package e2e
+
+import (
+	"encoding/json"
+	"strings"
+	"testing"
+)
+
+type drillJSON struct {
+	Pass       bool    `json:"pass"`
+	Reason     string  `json:"reason"`
+	Checkpoint string  `json:"checkpoint"`
+	Files      int     `json:"files"`
+	Bytes      int64   `json:"bytes"`
+	MarginS    float64 `json:"margin_seconds"`
+	DurableS   float64 `json:"durable_after_notice_seconds"`
+	Verified   bool    `json:"verified"`
+	Timeline   []struct {
+		Step    string  `json:"step"`
+		Seconds float64 `json:"seconds"`
+	} `json:"timeline"`
+	Advice []string `json:"advice"`
+}
+
+func runDrill(t *testing.T, env []string, args ...string) (int, drillJSON, string) {
+	t.Helper()
+	code, stdout, stderr := runSpotguard(t, env, append([]string{"drill", "--json", "--config", writeEmptyConfig(t)}, args...)...)
+	var r drillJSON
+	if err := json.Unmarshal([]byte(stdout), &r); err != nil {
+		t.Fatalf("drill --json output %q: %v\nstderr: %s", stdout, err, stderr)
+	}
+	return code, r, stderr
+}
+
+func checkDrillPass(t *testing.T, code int, r drillJSON, size int64, stderr string) {
+	t.Helper()
+	if code != 0 || !r.Pass || !r.Verified {
+		t.Fatalf("drill: exit %d, %+v\nstderr: %s", code, r, stderr)
+	}
+	if r.Bytes < size || r.Files < 8 || r.MarginS <= 0 || r.DurableS <= 0 || r.MarginS+r.DurableS > 121 {
+		t.Errorf("drill report: %+v", r)
+	}
+	var steps []string
+	for _, s := range r.Timeline {
+		steps = append(steps, s.Step)
+	}
+	for _, want := range []string{"notice detected", "trainer signalled", "first file closed", "checkpoint complete (marker)", "last byte stored", "manifest committed", "restored and verified"} {
+		if !strings.Contains(strings.Join(steps, "|"), want) {
+			t.Errorf("timeline lacks %q: %v", want, steps)
+		}
+	}
+}
+
+// The README's first set-up command, with its embedded default (a file:// store in a temp dir),
+// at a size CI can afford.
+func TestDrillEmbeddedDefault(t *testing.T) {
+	needPeers(t)
+	code, r, stderr := runDrill(t, nil, "--size", "96MiB")
+	checkDrillPass(t, code, r, 96<<20, stderr)
+}
+
+func TestDrillS3(t *testing.T) {
+	needPeers(t)
+	s3 := startS3(t)
+	code, r, stderr := runDrill(t, s3.env(""), "--size", "96MiB", "--store", "s3://"+s3Bucket+"/drill")
+	checkDrillPass(t, code, r, 96<<20, stderr)
+	if ls := s3.aws(t, "s3", "ls", "--recursive", "s3://"+s3Bucket+"/drill/"); !strings.Contains(ls, r.Checkpoint+"/_spotguard/manifest.json") {
+		t.Errorf("awscli does not see the drill's manifest:\n%s", ls)
+	}
+}
+
+// A trainer that does not handle the signal fails the drill, and the drill says why.
+func TestDrillTrainerIgnoresSignal(t *testing.T) {
+	needPeers(t)
+	code, r, _ := runDrill(t, nil, "--trainer-cmd", "exec sleep 300", "--checkpoint-dir", t.TempDir())
+	if code != 1 || r.Pass || !strings.Contains(r.Reason, "does not catch") {
+		t.Errorf("drill with a trainer without a handler: exit %d, %+v; want FAIL saying it does not catch the signal", code, r)
+	}
+	if len(r.Advice) == 0 {
+		t.Errorf("no advice on FAIL")
+	}
+}
