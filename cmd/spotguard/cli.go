@@ -44,10 +44,12 @@ Usage:
   spotguard <command> [flags]
 
 Commands:
+  drill     rehearse a reclaim end to end on this machine: notice, signal, upload, commit, restore (PASS/FAIL)
   run       run the agent: watch IMDS for interruption notices, signal the trainer, upload checkpoints
   restore   download the newest committed checkpoint, verified (--to DIR)
   list      list the job's committed checkpoints
   gpu       sample and judge every GPU (exit 0 healthy, 3 degraded, 4 no NVML)
+  plan      how often to checkpoint: Young and Daly intervals, expected losses and costs
   config    print the effective configuration and every problem with it (exit 1 if any)
   version   print the version
 
@@ -71,8 +73,14 @@ func run(ctx context.Context, args, environ []string, stdout, stderr io.Writer) 
 		return runRestore(ctx, rest, environ, stdout, stderr)
 	case "list":
 		return runList(ctx, rest, environ, stdout, stderr)
+	case "drill":
+		return runDrill(ctx, rest, environ, stdout, stderr)
+	case drillTrainerCmd:
+		return runDrillTrainer(ctx, rest, stderr)
 	case "gpu":
 		return runGPU(ctx, rest, environ, stdout, stderr, openNVML)
+	case "plan":
+		return runPlan(rest, stdout, stderr)
 	case "version":
 		if len(rest) > 0 {
 			fmt.Fprintf(stderr, "spotguard version: unexpected argument %q\n", rest[0])

@@ -1,0 +1,403 @@
+package checkpoint
+
+import (
+	"math"
+	"strings"
+	"testing"
+	"time"
+)
+
+// planNear reports whether got is within tol of want.
+func planNear(got, want, tol time.Duration) bool {
+	d := got - want
+	return -tol <= d && d <= tol
+}
+
+func planClose(got, want float64) bool {
+	return math.Abs(got-want) <= 1e-9*math.Max(1, math.Abs(want))
+}
+
+func TestPlanDalyInterval(t *testing.T) {
+	tests := []struct {
+		name string
+		c, m time.Duration
+		want time.Duration // exact to the millisecond
+		tol  time.Duration
+	}{
+		// The worked examples: ≈117 min and ≈57 min.
+		{"M=24h C=5m", 5 * time.Minute, 24 * time.Hour, 117 * time.Minute, time.Minute},
+		{"M=6h C=5m", 5 * time.Minute, 6 * time.Hour, 57 * time.Minute, time.Minute},
+		// The same, to the second: 120·(1 + 1/72·(1/… )) − 5 min.
+		{"M=24h C=5m exact", 5 * time.Minute, 24 * time.Hour, time.Duration(116.6898148 * float64(time.Minute)), time.Millisecond},
+		{"M=6h C=5m exact", 5 * time.Minute, 6 * time.Hour, time.Duration(56.7129630 * float64(time.Minute)), time.Millisecond},
+		{"C = 2M is M", 2 * time.Hour, time.Hour, time.Hour, 0},
+		{"C > 2M is M", 5 * time.Hour, time.Hour, time.Hour, 0},
+		{"zero C", 0, time.Hour, 0, 0},
+		{"zero M", time.Minute, 0, 0, 0},
+		{"negative C", -time.Minute, time.Hour, 0, 0},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := DalyInterval(tt.c, tt.m); !planNear(got, tt.want, tt.tol) {
+				t.Errorf("Got(%q) = %v; want %v ± %v", tt.name, got, tt.want, tt.tol)
+			}
+		})
+	}
+}
+
+func TestPlanDalyNearYoungForSmallC(t *testing.T) {
+	// For C ≪ M, sqrt(2CM)·(1/3)·sqrt(C/2M) = C/3, so Daly ≈ Young − 2C/3: the two agree to
+	// first order.
+	c, m := 10*time.Second, 30*24*time.Hour
+	y, d := YoungInterval(c, m), DalyInterval(c, m)
+	if want := y - 2*c/3; !planNear(d, want, 10*time.Millisecond) {
+		t.Errorf("Got(Daly(%v, %v)) = %v; want ≈ Young − 2C/3 = %v", c, m, d, want)
+	}
+}
+
+func TestPlanYoungInterval(t *testing.T) {
+	tests := []struct {
+		name string
+		c, m time.Duration
+		want time.Duration
+	}{
+		{"M=24h C=5m", 5 * time.Minute, 24 * time.Hour, 120 * time.Minute},
+		{"M=6h C=5m", 5 * time.Minute, 6 * time.Hour, 60 * time.Minute},
+		{"M=240h C=5m", 5 * time.Minute, 240 * time.Hour, time.Duration(math.Sqrt(2*300*864000) * 1e9)},
+		{"zero", 0, time.Hour, 0},
+		{"negative M", time.Minute, -time.Hour, 0},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := YoungInterval(tt.c, tt.m); !planNear(got, tt.want, time.Microsecond) {
+				t.Errorf("Got(%q) = %v; want %v", tt.name, got, tt.want)
+			}
+		})
+	}
+}
+
+func TestPlanParseInterruptionRate(t *testing.T) {
+	tests := []struct {
+		in   string
+		want float64
+	}{
+		{"<5%", 0.025},
+		{"5-10%", 0.075},
+		{"5–10%", 0.075}, // en dash, as the Advisor prints it
+		{"10-15%", 0.125},
+		{"15-20%", 0.175},
+		{">20%", 0.25},
+		{" >20% ", 0.25},
+		{"8.7%", 0.087},
+		{"34%", 0.34},
+		{"99.9%", 0.999},
+		{"0.5 %", 0.005},
+	}
+	for _, tt := range tests {
+		t.Run(tt.in, func(t *testing.T) {
+			got, err := ParseInterruptionRate(tt.in)
+			if err != nil || !planClose(got, tt.want) {
+				t.Errorf("Got(%q) = %v, %v; want %v", tt.in, got, err, tt.want)
+			}
+		})
+	}
+}
+
+func TestPlanParseInterruptionRateRejects(t *testing.T) {
+	tests := []struct {
+		in, want string
+	}{
+		{"100%", "below 100%"},
+		{"150%", "below 100%"},
+		{"0%", "above 0%"},
+		{"-5%", "above 0%"},
+		{"8.7", "unknown interruption rate"},
+		{"3-7%", "unknown interruption rate"},
+		{"<10%", "unknown interruption rate"},
+		{"high", "unknown interruption rate"},
+		{"", "unknown interruption rate"},
+		{"abc%", "not a percentage"},
+		{"NaN%", "not a percentage"},
+		{"Inf%", "not a percentage"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.in, func(t *testing.T) {
+			got, err := ParseInterruptionRate(tt.in)
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Errorf("Got(%q) = %v, %v; want an error containing %q", tt.in, got, err, tt.want)
+			}
+		})
+	}
+}
+
+func TestPlanMTBIFromMonthlyRate(t *testing.T) {
+	tests := []struct {
+		name string
+		p    float64
+		want time.Duration
+	}{
+		// M = 730 h / −ln(1 − p).
+		{"<5% bucket", 0.025, time.Duration(730 / -math.Log(0.975) * float64(time.Hour))},
+		{"5-10% bucket", 0.075, time.Duration(730 / -math.Log(0.925) * float64(time.Hour))},
+		{">20% bucket", 0.25, time.Duration(730 / -math.Log(0.75) * float64(time.Hour))},
+		{"8.7%", 0.087, time.Duration(730 / -math.Log(0.913) * float64(time.Hour))},
+		{"1 − 1/e is one a month", 1 - 1/math.E, 730 * time.Hour},
+		{"tiny p is capped", 1e-12, math.MaxInt64},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := MTBIFromMonthlyRate(tt.p)
+			if err != nil || !planNear(got, tt.want, time.Millisecond) {
+				t.Errorf("Got(%v) = %v, %v; want %v", tt.p, got, err, tt.want)
+			}
+			if tt.want == math.MaxInt64 {
+				return
+			}
+			// Round trip: the chance of at least one interruption in 730 h is p.
+			if back := 1 - math.Exp(-PlanMonth.Hours()/got.Hours()); math.Abs(back-tt.p) > 1e-9 {
+				t.Errorf("Got(P(≥1 in 730 h | M = %v)) = %v; want %v", got, back, tt.p)
+			}
+		})
+	}
+	// The bucket the SEEDS call typical: 5-10 % a month is about 390 days between interruptions.
+	if m, _ := MTBIFromMonthlyRate(0.075); m.Hours() < 9363 || m.Hours() > 9364 {
+		t.Errorf("Got(MTBI(7.5%%)) = %.1f h; want 9363.5 h", m.Hours())
+	}
+	for _, p := range []float64{0, 1, -0.1, 1.5, math.NaN()} {
+		if got, err := MTBIFromMonthlyRate(p); err == nil {
+			t.Errorf("Got(%v) = %v, nil; want an error", p, got)
+		}
+	}
+}
+
+func TestPlanNoticeMTBI(t *testing.T) {
+	tests := []struct {
+		q    float64
+		want time.Duration
+	}{
+		{0, 24 * time.Hour},
+		{0.5, 48 * time.Hour},
+		{0.9, 240 * time.Hour},
+		{0.99, 2400 * time.Hour},
+	}
+	for _, tt := range tests {
+		got, err := NoticeMTBI(24*time.Hour, tt.q)
+		if err != nil || !planNear(got, tt.want, time.Millisecond) {
+			t.Errorf("Got(%v) = %v, %v; want %v", tt.q, got, err, tt.want)
+		}
+	}
+	for _, q := range []float64{1, 1.1, -0.1, math.NaN()} {
+		if got, err := NoticeMTBI(24*time.Hour, q); err == nil {
+			t.Errorf("Got(%v) = %v, nil; want an error", q, got)
+		}
+	}
+	// Capped, not wrapped, when M/(1−q) outgrows a Duration.
+	if got, err := NoticeMTBI(200*365*24*time.Hour, 0.9); err != nil || got != math.MaxInt64 {
+		t.Errorf("Got(200 years, 0.9) = %v, %v; want the largest Duration", got, err)
+	}
+}
+
+func TestPlanNewPlan(t *testing.T) {
+	in := PlanInput{
+		SaveCost:      5 * time.Minute,
+		Restart:       10 * time.Minute,
+		MTBI:          24 * time.Hour,
+		NoticeSuccess: 0.9,
+		Price:         32.77,
+		SpotPrice:     12.5,
+		GPUs:          8,
+	}
+	p, err := NewPlan(in)
+	if err != nil {
+		t.Fatalf("NewPlan: %v", err)
+	}
+	month := 730.0 // hours
+	checkF := func(name string, got, want float64) {
+		t.Helper()
+		if !planClose(got, want) && math.Abs(got-want) > 1e-6 {
+			t.Errorf("Got(%q) = %v; want %v", name, got, want)
+		}
+	}
+	checkD := func(name string, got, want time.Duration) {
+		t.Helper()
+		if !planNear(got, want, time.Microsecond) {
+			t.Errorf("Got(%q) = %v; want %v", name, got, want)
+		}
+	}
+	checkF("interruptions per month", p.InterruptionsPerMonth, month/24)
+
+	// Periodic saves only, at Daly's interval.
+	tau := DalyInterval(in.SaveCost, in.MTBI)
+	checkD("periodic MTBI", p.Periodic.MTBI, in.MTBI)
+	checkD("periodic Young", p.Periodic.Young, 2*time.Hour)
+	checkD("periodic Daly", p.Periodic.Daly, tau)
+	checkD("periodic loss", p.Periodic.LossPerInterruption, tau/2+in.Restart)
+	saving := month * 5 / tau.Minutes() // hours
+	lost := month / 24 * (tau/2 + in.Restart).Hours()
+	checkF("periodic saving h", p.Periodic.Saving.Hours(), saving)
+	checkF("periodic lost h", p.Periodic.Lost.Hours(), lost)
+	checkF("periodic overhead h", p.Periodic.Overhead.Hours(), saving+lost)
+	checkF("periodic saving share", p.Periodic.SavingShare, saving/month)
+	checkF("periodic lost share", p.Periodic.LostShare, lost/month)
+	checkF("periodic overhead share", p.Periodic.OverheadShare, (saving+lost)/month)
+	checkF("periodic saving USD", p.Periodic.SavingCost, saving*12.5)
+	checkF("periodic lost USD", p.Periodic.LostCost, lost*12.5)
+	checkF("periodic overhead USD", p.Periodic.OverheadCost, (saving+lost)*12.5)
+	if s := p.Periodic.SavingShare; s < 0.042 || s > 0.043 { // 5 / 116.7
+		t.Errorf("Got(saving share) = %v; want ≈ 4.3 %%", s)
+	}
+
+	// With notice saves: M/(1−q) = 240 h for the interval, (1−q)·τ/2 + R per interruption, and
+	// still 730/24 interruptions a month.
+	tq := DalyInterval(in.SaveCost, 240*time.Hour)
+	checkD("notice MTBI", p.Notice.MTBI, 240*time.Hour)
+	checkD("notice Young", p.Notice.Young, YoungInterval(in.SaveCost, 240*time.Hour))
+	checkD("notice Daly", p.Notice.Daly, tq)
+	if tq.Minutes() < 375 || tq.Minutes() > 377 {
+		t.Errorf("Got(notice Daly) = %v; want ≈ 6h16m", tq)
+	}
+	nloss := time.Duration(0.1*float64(tq)/2) + in.Restart
+	checkD("notice loss", p.Notice.LossPerInterruption, nloss)
+	nsaving := month * 5 / tq.Minutes()
+	nlost := month / 24 * nloss.Hours()
+	checkF("notice saving h", p.Notice.Saving.Hours(), nsaving)
+	checkF("notice lost h", p.Notice.Lost.Hours(), nlost)
+	checkF("notice overhead USD", p.Notice.OverheadCost, (nsaving+nlost)*12.5)
+	if p.Notice.OverheadShare >= p.Periodic.OverheadShare {
+		t.Errorf("Got(notice overhead %v ≥ periodic %v); want notice saves to cut the overhead", p.Notice.OverheadShare, p.Periodic.OverheadShare)
+	}
+
+	// Prices.
+	checkF("cost price", p.CostPrice, 12.5)
+	checkF("per GPU-hour", p.PerGPUHour, 32.77/8)
+	checkF("spot per GPU-hour", p.SpotPerGPUHour, 12.5/8)
+	checkF("spot saving", p.SpotSaving, 1-12.5/32.77)
+	checkF("month cost", p.MonthCost, 730*12.5)
+	if len(p.Warnings) != 1 || !strings.Contains(p.Warnings[0], "Spot notice") {
+		t.Errorf("Got(warnings) = %q; want only the one about a save longer than the notice", p.Warnings)
+	}
+}
+
+func TestPlanPrices(t *testing.T) {
+	base := PlanInput{SaveCost: time.Minute, Restart: 5 * time.Minute, MTBI: 6 * time.Hour, NoticeSuccess: 0.9, GPUs: 4}
+	tests := []struct {
+		name                  string
+		price, spot           float64
+		cost, perGPU, spotGPU float64
+		saving, monthCost     float64
+		warn                  string // "" for none
+	}{
+		{name: "no price"},
+		{name: "on-demand only", price: 40, cost: 40, perGPU: 10, monthCost: 29200},
+		{name: "spot only", spot: 12, cost: 12, spotGPU: 3, monthCost: 8760},
+		{name: "both", price: 40, spot: 12, cost: 12, perGPU: 10, spotGPU: 3, saving: 0.7, monthCost: 8760},
+		{name: "spot above on-demand", price: 10, spot: 12, cost: 12, perGPU: 2.5, spotGPU: 3, saving: -0.2, monthCost: 8760, warn: "above the on-demand price"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			in := base
+			in.Price, in.SpotPrice = tt.price, tt.spot
+			p, err := NewPlan(in)
+			if err != nil {
+				t.Fatalf("Got(%q) error %v; want none", tt.name, err)
+			}
+			for _, c := range []struct {
+				what      string
+				got, want float64
+			}{
+				{"cost price", p.CostPrice, tt.cost},
+				{"per GPU-hour", p.PerGPUHour, tt.perGPU},
+				{"spot per GPU-hour", p.SpotPerGPUHour, tt.spotGPU},
+				{"spot saving", p.SpotSaving, tt.saving},
+				{"month cost", p.MonthCost, tt.monthCost},
+				{"periodic overhead cost", p.Periodic.OverheadCost, p.Periodic.Overhead.Hours() * tt.cost},
+				{"notice overhead cost", p.Notice.OverheadCost, p.Notice.Overhead.Hours() * tt.cost},
+			} {
+				if !planClose(c.got, c.want) {
+					t.Errorf("Got(%q %s) = %v; want %v", tt.name, c.what, c.got, c.want)
+				}
+			}
+			joined := strings.Join(p.Warnings, "\n")
+			if tt.warn == "" && joined != "" || tt.warn != "" && !strings.Contains(joined, tt.warn) {
+				t.Errorf("Got(%q warnings) = %q; want %q", tt.name, joined, tt.warn)
+			}
+		})
+	}
+}
+
+func TestPlanWarnings(t *testing.T) {
+	tests := []struct {
+		name string
+		in   PlanInput
+		want []string
+	}{
+		{"quick save, no warning", PlanInput{SaveCost: time.Minute, Restart: time.Minute, MTBI: 24 * time.Hour, NoticeSuccess: 0.9, GPUs: 1}, nil},
+		{"slow save but no notice saves", PlanInput{SaveCost: 10 * time.Minute, Restart: time.Minute, MTBI: 24 * time.Hour, GPUs: 1}, nil},
+		{"save longer than the notice", PlanInput{SaveCost: 3 * time.Minute, Restart: time.Minute, MTBI: 24 * time.Hour, NoticeSuccess: 0.5, GPUs: 1}, []string{"longer than the 2m0s Spot notice"}},
+		{"save at least 2M", PlanInput{SaveCost: 2 * time.Hour, Restart: time.Minute, MTBI: time.Hour, GPUs: 1}, []string{"at least twice", "no progress"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p, err := NewPlan(tt.in)
+			if err != nil {
+				t.Fatalf("Got(%q) error %v; want none", tt.name, err)
+			}
+			if len(p.Warnings) != len(tt.want) {
+				t.Fatalf("Got(%q) = %q; want %d warning(s) %q", tt.name, p.Warnings, len(tt.want), tt.want)
+			}
+			for i, w := range tt.want {
+				if !strings.Contains(p.Warnings[i], w) {
+					t.Errorf("Got(%q)[%d] = %q; want it to contain %q", tt.name, i, p.Warnings[i], w)
+				}
+			}
+		})
+	}
+	// C ≥ 2M: Daly's interval is M itself.
+	p, _ := NewPlan(tests[3].in)
+	if p.Periodic.Daly != time.Hour {
+		t.Errorf("Got(Daly for C = 2M) = %v; want M = 1h", p.Periodic.Daly)
+	}
+}
+
+func TestPlanRejects(t *testing.T) {
+	good := PlanInput{SaveCost: 5 * time.Minute, Restart: 10 * time.Minute, MTBI: 24 * time.Hour, NoticeSuccess: 0.9, Price: 32.77, SpotPrice: 12.5, GPUs: 8}
+	tests := []struct {
+		name string
+		edit func(*PlanInput)
+		want string
+	}{
+		{"zero save cost", func(in *PlanInput) { in.SaveCost = 0 }, "save cost 0s must be positive"},
+		{"negative save cost", func(in *PlanInput) { in.SaveCost = -time.Minute }, "save cost -1m0s must be positive"},
+		{"zero restart", func(in *PlanInput) { in.Restart = 0 }, "restart time 0s must be positive"},
+		{"negative restart", func(in *PlanInput) { in.Restart = -time.Second }, "restart time -1s must be positive"},
+		{"zero MTBI", func(in *PlanInput) { in.MTBI = 0 }, "mean time between interruptions 0s must be positive"},
+		{"negative MTBI", func(in *PlanInput) { in.MTBI = -time.Hour }, "mean time between interruptions -1h0m0s must be positive"},
+		{"q = 1", func(in *PlanInput) { in.NoticeSuccess = 1 }, "notice-save success probability 1 must be at least 0 and below 1"},
+		{"q > 1", func(in *PlanInput) { in.NoticeSuccess = 1.5 }, "notice-save success probability 1.5"},
+		{"q < 0", func(in *PlanInput) { in.NoticeSuccess = -0.1 }, "notice-save success probability -0.1"},
+		{"q NaN", func(in *PlanInput) { in.NoticeSuccess = math.NaN() }, "notice-save success probability NaN"},
+		{"negative price", func(in *PlanInput) { in.Price = -1 }, "on-demand price -1 must not be negative"},
+		{"infinite price", func(in *PlanInput) { in.Price = math.Inf(1) }, "on-demand price +Inf"},
+		{"negative spot price", func(in *PlanInput) { in.SpotPrice = -2 }, "spot price -2 must not be negative"},
+		{"zero GPUs", func(in *PlanInput) { in.GPUs = 0 }, "GPU count 0 must be positive"},
+		{"negative GPUs", func(in *PlanInput) { in.GPUs = -8 }, "GPU count -8 must be positive"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			in := good
+			tt.edit(&in)
+			p, err := NewPlan(in)
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Errorf("Got(%q) = %+v, %v; want an error containing %q", tt.name, p, err, tt.want)
+			}
+		})
+	}
+	// Every problem at once.
+	err := PlanInput{NoticeSuccess: 2, Price: -1, SpotPrice: -1}.Validate()
+	if err == nil || strings.Count(err.Error(), "\n") != 6 {
+		t.Errorf("Got(every field bad) = %v; want 7 problems, one a line", err)
+	}
+	if err := good.Validate(); err != nil {
+		t.Errorf("Got(good) = %v; want nil", err)
+	}
+}
