@@ -95,6 +95,7 @@ type Uploader struct {
 	queue     []fileRef // files waiting for a slot, urgent ones first
 	inflight  int
 	urgent    bool
+	noticeAt  time.Time // when the first notice arrived
 	deadline  time.Time
 	noticeKey string
 	committed map[string]bool // committed in the store (seen at start or committed since)
@@ -307,6 +308,9 @@ func (u *Uploader) Run(ctx context.Context, events <-chan WatchEvent) error {
 			if !u.deadline.IsZero() && (n.deadline.IsZero() || u.deadline.Before(n.deadline)) {
 				n.deadline = u.deadline
 			}
+			if !u.urgent {
+				u.noticeAt = time.Now()
+			}
 			u.urgent, u.deadline, u.noticeKey = true, n.deadline, n.key
 			u.log.Warn().Str("notice", n.key).Time("deadline", n.deadline).Int("files_in_flight", u.inflight).
 				Int("files_queued", len(u.queue)).Msg("notice: uploading with every connection")
@@ -334,7 +338,10 @@ func (u *Uploader) Run(ctx context.Context, events <-chan WatchEvent) error {
 	}
 }
 
-// draining reports whether a notice is pending and some checkpoint is still to be committed.
+// draining reports whether stopping must wait: a notice is pending, its deadline has not passed,
+// and either a complete checkpoint is not committed yet, or no checkpoint has been committed since
+// the notice while one is being written after it (its marker is still to come). An incomplete
+// checkpoint the trainer abandoned before the notice holds nothing up.
 func (u *Uploader) draining() bool {
 	if !u.urgent {
 		return false
@@ -342,8 +349,18 @@ func (u *Uploader) draining() bool {
 	if !u.deadline.IsZero() && time.Now().After(u.deadline) {
 		return false
 	}
+	committedSince := false
 	for _, c := range u.ckpts {
-		if !c.committed && (c.complete || len(c.files) > 0) {
+		if c.committed && !c.completeAt.Before(u.noticeAt) {
+			committedSince = true
+		}
+	}
+	for _, c := range u.ckpts {
+		switch {
+		case c.committed:
+		case c.complete:
+			return true
+		case !committedSince && len(c.files) > 0 && !c.firstFileAt.Before(u.noticeAt):
 			return true
 		}
 	}

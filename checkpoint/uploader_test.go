@@ -336,3 +336,21 @@ func TestUploaderMarkerSeenWhileWritten(t *testing.T) {
 		t.Fatal("not committed: the stale marker event made the uploader resend forever")
 	}
 }
+
+// An incomplete checkpoint the trainer abandoned before the notice does not hold up a stop once
+// the notice's own checkpoint is committed.
+func TestUploaderStopsAfterNoticeCommitDespiteAbandonedDir(t *testing.T) {
+	dir := t.TempDir()
+	os.MkdirAll(filepath.Join(dir, "step-0"), 0o755)
+	os.WriteFile(filepath.Join(dir, "step-0", "partial.bin"), randomBytes(t, 1<<10), 0o644) // never completed
+	r := startUploader(t, dir, newMemStore(), 0)
+	r.up.Notice("spot/terminate", time.Now().Add(time.Minute))
+	writeCheckpoint(t, dir, "step-1", map[string][]byte{"w": randomBytes(t, 1<<10)})
+	r.waitCommitted("step-1")
+	r.cancel()
+	select {
+	case <-r.done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("Run held the stop for an abandoned, incomplete checkpoint")
+	}
+}
