@@ -470,7 +470,7 @@ func TestSampleGPMWaits100ms(t *testing.T) {
 			{"call 30 ms later waits the rest", 30 * time.Millisecond, 70 * time.Millisecond, 100 * time.Millisecond},
 		}
 		for _, tc := range ticks {
-			time.Sleep(tc.before)
+			advance(tc.before)
 			r.gpus[0].dramUtil += 1
 			r.mu.Lock()
 			r.intervals = nil
@@ -509,7 +509,7 @@ func TestSampleGPMWaitEndsWithContext(t *testing.T) {
 			t.Errorf("Sample(ctx ending) = DRAM %v, source %q, SM %v; want no GPM, duty cycle, clocks",
 				deref(samples[0].DRAMBandwidthUtilPercent), samples[0].BandwidthSource, deref(samples[0].SMClockMHz))
 		}
-		time.Sleep(time.Second)
+		advance(time.Second)
 		samples = g.Sample(t.Context())
 		if samples[0].DRAMBandwidthUtilPercent == nil || time.Since(start) != 40*time.Millisecond+time.Second {
 			t.Errorf("Sample() after an interrupted one = DRAM %v at %v; want GPM from the kept sample, no wait",
@@ -637,7 +637,7 @@ func TestSampleNotSupportedDropsOneMetric(t *testing.T) {
 					t.Errorf("Sample()[%d] = %+v; want every other metric", i, s)
 				}
 			}
-			time.Sleep(time.Second)
+			advance(time.Second)
 		}
 		if n := len(r.devs[2].GetPowerUsageCalls()); n != 1 {
 			t.Errorf("GetPowerUsage calls on GPU 2 = %d; want 1 (not asked again)", n)
@@ -675,7 +675,7 @@ func TestSampleGPUIsLost(t *testing.T) {
 		g.Sample(t.Context())
 		r.gpus[4].lost = true
 		for tick := range 3 {
-			time.Sleep(time.Second)
+			advance(time.Second)
 			before := r.gpus[4].calls
 			samples := g.Sample(t.Context())
 			for i, s := range samples {
@@ -741,7 +741,7 @@ func TestMIGSamplesParent(t *testing.T) {
 				t.Errorf("Sample()[1] = UUID %q, SM %v, DRAM %v, util %v; want the parent %q with clocks and GPM, no util",
 					s.UUID, deref(s.SMClockMHz), deref(s.DRAMBandwidthUtilPercent), deref(s.GPUUtilPercent), parent.UUID)
 			}
-			time.Sleep(time.Second)
+			advance(time.Second)
 		}
 		facts := g.Facts()
 		if !facts[1].MIG || facts[0].MIG {
@@ -769,7 +769,7 @@ func TestRunEventsCountsXIDs(t *testing.T) {
 		xid(2, 79)
 		xid(3, 13) // an application's fault: not counted
 		r.events <- gonvml.EventData{Device: r.devs[6], EventType: gonvml.EventTypeDoubleBitEccError}
-		time.Sleep(time.Second)
+		advance(time.Second)
 		synctest.Wait()
 
 		samples := g.Sample(t.Context())
@@ -938,3 +938,8 @@ func BenchmarkSampleTick(b *testing.B) {
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*n), "ns/gpu")
 	b.ReportMetric(float64(m1.Mallocs-m0.Mallocs)/float64(b.N*n), "allocs/gpu")
 }
+
+// advance moves a synctest bubble's fake clock on by d (the bubble's goroutines run until they
+// are durably blocked, and the timers due by then fire); no real time passes. Use it only inside
+// synctest.Test.
+func advance(d time.Duration) { <-time.After(d) }

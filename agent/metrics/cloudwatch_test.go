@@ -289,7 +289,7 @@ func TestNoticeFlushRetries(t *testing.T) {
 				)
 				start := time.Now()
 				c.FlushNow()
-				time.Sleep(time.Minute) // fake time: far past every retry
+				advance(time.Minute) // fake time: far past every retry
 				calls := f.got()
 				if len(calls) != tt.wantCalls {
 					t.Fatalf("endpoint got %d calls; want %d", len(calls), tt.wantCalls)
@@ -393,11 +393,11 @@ func TestRecordNeverBlocks(t *testing.T) {
 			t.Fatalf("Got(Stats) = %+v; want 100 buffered, 60 dropped for room, 161 recorded", st)
 		}
 
-		time.Sleep(10 * time.Second) // the first notice flush gave up at 8.35–8.7 s; the second hangs
+		advance(10 * time.Second) // the first notice flush gave up at 8.35–8.7 s; the second hangs
 		mu.Lock()
 		hang = false
 		mu.Unlock()
-		time.Sleep(time.Minute) // it gives up; the pending FlushNow sends the buffer
+		advance(time.Minute) // it gives up; the pending FlushNow sends the buffer
 		calls := f.got()
 		last := calls[len(calls)-1]
 		var notices, samples int
@@ -483,20 +483,20 @@ func TestPeriodicFlushAggregates(t *testing.T) {
 		c := NewCloudWatch(memClient(f), CloudWatchConfig{Base: testBase}) // default Interval 60 s
 		start := time.Now()
 		stop := startRun(t, c)
-		time.Sleep(2500 * time.Millisecond)
+		advance(2500 * time.Millisecond)
 		for i := range 24 { // samples at 2.5 s, 7.5 s, …, 117.5 s
 			if i == 18 { // at 90 s: between the samples at 87.5 s and 92.5 s
-				time.Sleep(2500 * time.Millisecond)
+				advance(2500 * time.Millisecond)
 				c.FlushNow()
-				time.Sleep(2500 * time.Millisecond)
+				advance(2500 * time.Millisecond)
 			} else if i > 0 {
-				time.Sleep(5 * time.Second)
+				advance(5 * time.Second)
 			}
 			for g := range 2 {
 				c.Record(Datum{Name: "GPUSMClockMHz", Unit: UnitNone, Value: float64(1000 + 10*i + g), Dimensions: map[string]string{"GPU": fmt.Sprint(g)}})
 			}
 		}
-		time.Sleep(time.Until(start.Add(121 * time.Second)))
+		advance(time.Until(start.Add(121 * time.Second)))
 		if err := stop(); err != nil {
 			t.Errorf("Run() = %v; want nil", err)
 		}
@@ -545,10 +545,10 @@ func TestNoticeFlushNotDelayedByPeriodic(t *testing.T) {
 		start := time.Now()
 		stop := startRun(t, c)
 		c.Record(Datum{Name: "GPUPowerWatts", Value: 690, Dimensions: map[string]string{"GPU": "3"}})
-		time.Sleep(61 * time.Second)
+		advance(61 * time.Second)
 		c.Record(Datum{Name: "NoticesReceived", Unit: UnitCount, Value: 1, Dimensions: map[string]string{"Source": "spot"}, HighRes: true})
 		c.FlushNow()
-		time.Sleep(time.Minute)
+		advance(time.Minute)
 		if err := stop(); err != nil {
 			t.Errorf("Run() = %v; want nil", err)
 		}
@@ -590,7 +590,7 @@ func TestFinalFlush(t *testing.T) {
 				c := NewCloudWatch(memClient(f), CloudWatchConfig{Base: testBase})
 				stop := startRun(t, c)
 				c.Record(Datum{Name: "AgentUp", Value: 1})
-				time.Sleep(tt.cancelAt)
+				advance(tt.cancelAt)
 				t0 := time.Now()
 				if err := stop(); err != nil {
 					t.Errorf("Run() = %v; want nil", err)
@@ -670,10 +670,10 @@ func TestSetupErrorsWarnOnce(t *testing.T) {
 				record := func(d time.Duration) {
 					for range d / (10 * time.Second) {
 						c.Record(Datum{Name: "AgentUp", Value: 1})
-						time.Sleep(10 * time.Second)
+						advance(10 * time.Second)
 					}
 				}
-				time.Sleep(5 * time.Second) // records at 5 s, 15 s, …: never at a flush
+				advance(5 * time.Second) // records at 5 s, 15 s, …: never at a flush
 				record(5 * time.Minute)     // five periodic flushes
 				c.Record(Datum{Name: "NoticesReceived", Value: 1, HighRes: true})
 				c.FlushNow() // a notice flush: not retried
@@ -732,9 +732,9 @@ func TestOtherErrorsLoggedOncePerStreak(t *testing.T) {
 		stop := startRun(t, c)
 		minute := func() {
 			c.Record(Datum{Name: "AgentUp", Value: 1})
-			time.Sleep(time.Minute)
+			advance(time.Minute)
 		}
-		time.Sleep(30 * time.Second) // records at 30 s, 90 s, …: never at a flush
+		advance(30 * time.Second) // records at 30 s, 90 s, …: never at a flush
 		minute()                     // fails (with the SDK's retries)
 		minute()                     // fails
 		minute()                     // fails

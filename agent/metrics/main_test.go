@@ -407,3 +407,8 @@ func startRun(t *testing.T, c *CloudWatch) (stop func() error) {
 }
 
 func f64(v float64) *float64 { return &v }
+
+// advance moves a synctest bubble's fake clock on by d (the bubble's goroutines run until they
+// are durably blocked, and the timers due by then fire); no real time passes. Use it only inside
+// synctest.Test.
+func advance(d time.Duration) { <-time.After(d) }
