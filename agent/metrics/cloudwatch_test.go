@@ -674,7 +674,7 @@ func TestSetupErrorsWarnOnce(t *testing.T) {
 					}
 				}
 				advance(5 * time.Second) // records at 5 s, 15 s, …: never at a flush
-				record(5 * time.Minute)     // five periodic flushes
+				record(5 * time.Minute)  // five periodic flushes
 				c.Record(Datum{Name: "NoticesReceived", Value: 1, HighRes: true})
 				c.FlushNow() // a notice flush: not retried
 				synctest.Wait()
@@ -735,9 +735,9 @@ func TestOtherErrorsLoggedOncePerStreak(t *testing.T) {
 			advance(time.Minute)
 		}
 		advance(30 * time.Second) // records at 30 s, 90 s, …: never at a flush
-		minute()                     // fails (with the SDK's retries)
-		minute()                     // fails
-		minute()                     // fails
+		minute()                  // fails (with the SDK's retries)
+		minute()                  // fails
+		minute()                  // fails
 		set(false)
 		minute() // recovers
 		set(true)
