@@ -68,7 +68,7 @@ func runDrill(ctx context.Context, args, environ []string, stdout, stderr io.Wri
 	sizeFlag := fs.String("size", "512MiB", "demo trainer: total checkpoint size (e.g. 512MiB, 4GiB)")
 	files := fs.Int("files", 8, "demo trainer: files per checkpoint")
 	storeURL := fs.String("store", "", "where to commit: s3://bucket/prefix or file:///path (default: a file:// store in a temp dir)")
-	trainerCmd := fs.String("trainer-cmd", "", "run this trainer (sh -c) instead of the demo one; it must catch the signal and write into --checkpoint-dir")
+	trainerCmd := fs.String("trainer-cmd", "", "run this trainer (sh -c 'exec CMD') instead of the demo one; it must catch the signal and write into --checkpoint-dir;\nits workers are found by your trainer.match or trainer.unit too")
 	ckDir := fs.String("checkpoint-dir", "", "checkpoint directory (default: a temp dir)")
 	imdsMode := fs.String("imds", "sim", "sim: an in-process IMDS announces the reclaim; real: wait for a real notice (e.g. an AWS FIS experiment)")
 	jsonOut := fs.Bool("json", false, "print the report as JSON")
@@ -178,7 +178,8 @@ func drill(ctx context.Context, p drillPlan, log zerolog.Logger, rep *drillRepor
 	ready := filepath.Join(p.tmp, "trainer.ready")
 	var cmd *exec.Cmd
 	if p.trainerCmd != "" {
-		cmd = exec.Command("sh", "-c", p.trainerCmd)
+		// exec: the shell becomes the trainer, so the PID the drill signals is the trainer's.
+		cmd = exec.Command("sh", "-c", "exec "+p.trainerCmd)
 	} else {
 		self, err := os.Executable()
 		if err != nil {
@@ -211,9 +212,13 @@ func drill(ctx context.Context, p drillPlan, log zerolog.Logger, rep *drillRepor
 
 	// The agent, as `spotguard run` would run it, pointed at the drill's pieces.
 	overrides := append([]agent.KeyValue{}, p.configFlags.overrides...)
+	if p.trainerCmd == "" {
+		// The demo trainer only: nothing else on the machine is signalled. A trainer of your own
+		// is also found by your trainer.match or trainer.unit (its torchrun workers, say).
+		overrides = append(overrides, agent.KeyValue{Key: "trainer.match", Value: ""}, agent.KeyValue{Key: "trainer.unit", Value: ""})
+	}
 	overrides = append(overrides,
-		agent.KeyValue{Key: "trainer.pidfile", Value: pidfile}, agent.KeyValue{Key: "trainer.match", Value: ""},
-		agent.KeyValue{Key: "trainer.unit", Value: ""},
+		agent.KeyValue{Key: "trainer.pidfile", Value: pidfile},
 		agent.KeyValue{Key: "checkpoint.dir", Value: p.ckDir}, agent.KeyValue{Key: "store.url", Value: p.store},
 		agent.KeyValue{Key: "store.job", Value: "drill"}, agent.KeyValue{Key: "http.listen", Value: ""},
 		agent.KeyValue{Key: "agent.runtime_dir", Value: filepath.Join(p.tmp, "run")},

@@ -80,3 +80,12 @@ func TestDrillTrainerIgnoresSignal(t *testing.T) {
 		t.Errorf("no advice on FAIL")
 	}
 }
+
+// A trainer of your own (the Python example here) instead of the demo one.
+func TestDrillOwnTrainer(t *testing.T) {
+	needPeers(t)
+	dir := t.TempDir()
+	cmd := pythonBin + " " + repoRoot + "/examples/python/trainer.py --checkpoint-dir " + dir + " --files 8 --checkpoint-mb 2"
+	code, r, stderr := runDrill(t, nil, "--trainer-cmd", cmd, "--checkpoint-dir", dir)
+	checkDrillPass(t, code, r, 16<<20, stderr)
+}
