@@ -26,6 +26,7 @@ import (
 
 	"github.com/spotguard/spotguard/agent"
 	"github.com/spotguard/spotguard/agent/imds"
+	"github.com/spotguard/spotguard/agent/trainer"
 	"github.com/spotguard/spotguard/checkpoint"
 )
 
@@ -179,7 +180,11 @@ func drill(ctx context.Context, p drillPlan, log zerolog.Logger, rep *drillRepor
 	var cmd *exec.Cmd
 	if p.trainerCmd != "" {
 		// exec: the shell becomes the trainer, so the PID the drill signals is the trainer's.
-		cmd = exec.Command("sh", "-c", "exec "+p.trainerCmd)
+		script := p.trainerCmd
+		if !strings.HasPrefix(strings.TrimSpace(script), "exec ") {
+			script = "exec " + script
+		}
+		cmd = exec.Command("sh", "-c", script)
 	} else {
 		self, err := os.Executable()
 		if err != nil {
@@ -323,7 +328,7 @@ func drill(ctx context.Context, p drillPlan, log zerolog.Logger, rep *drillRepor
 		detail := "no trainer process found"
 		for _, s := range ns.Signals {
 			if s.Outcome == "not_caught" {
-				detail = fmt.Sprintf("the trainer (pid %d) does not catch %s, so it was not signalled: install a handler for it", s.PID, cfg.Trainer.Signal)
+				detail = fmt.Sprintf("the trainer (pid %d) does not catch %s, so it was not signalled: install a handler for it", s.PID, trainer.SignalName(cfg.Trainer.Signal))
 			}
 		}
 		return fail("%s", detail)

@@ -72,7 +72,7 @@ func TestDrillS3(t *testing.T) {
 // A trainer that does not handle the signal fails the drill, and the drill says why.
 func TestDrillTrainerIgnoresSignal(t *testing.T) {
 	needPeers(t)
-	code, r, _ := runDrill(t, nil, "--trainer-cmd", "exec sleep 300", "--checkpoint-dir", t.TempDir())
+	code, r, _ := runDrill(t, nil, "--trainer-cmd", "sleep 300", "--checkpoint-dir", t.TempDir())
 	if code != 1 || r.Pass || !strings.Contains(r.Reason, "does not catch") {
 		t.Errorf("drill with a trainer without a handler: exit %d, %+v; want FAIL saying it does not catch the signal", code, r)
 	}
