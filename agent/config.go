@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"os"
 	"path/filepath"
@@ -19,6 +20,7 @@ import (
 
 	"github.com/spotguard/spotguard/agent/imds"
 	"github.com/spotguard/spotguard/agent/trainer"
+	"github.com/spotguard/spotguard/checkpoint"
 )
 
 // DefaultConfigPath is where the daemon reads its configuration unless --config says otherwise.
@@ -290,25 +292,14 @@ func policySetter(src imds.Source) func(*Config, string) error {
 	}
 }
 
-// parseSize reads a byte size such as 64MiB, 8MB, 1GiB or 1048576.
+// ParseSize reads a whole, positive byte size such as 64MiB, 8MB, 1GiB or 1048576 (the units
+// of checkpoint.ParseBytes).
 func ParseSize(v string) (int64, error) {
-	units := []struct {
-		suffix string
-		mult   int64
-	}{{"KiB", 1 << 10}, {"MiB", 1 << 20}, {"GiB", 1 << 30}, {"KB", 1e3}, {"MB", 1e6}, {"GB", 1e9}, {"B", 1}}
-	mult := int64(1)
-	num := v
-	for _, u := range units {
-		if n, ok := strings.CutSuffix(v, u.suffix); ok {
-			num, mult = n, u.mult
-			break
-		}
+	f, err := checkpoint.ParseBytes(v, false)
+	if err != nil || f != math.Trunc(f) || f > math.MaxInt64 {
+		return 0, errors.New("not a whole, positive size (want e.g. 64MiB, 8MB or 1048576)")
 	}
-	n, err := strconv.ParseInt(strings.TrimSpace(num), 10, 64)
-	if err != nil || n < 0 {
-		return 0, errors.New("not a size (want e.g. 64MiB, 8MB or 1048576)")
-	}
-	return n * mult, nil
+	return int64(f), nil
 }
 
 func parseDuration(v string) (time.Duration, error) {

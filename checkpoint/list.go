@@ -151,6 +151,20 @@ func listReadManifest(ctx context.Context, s Store, job, name string) (*Manifest
 	return m, nil, nil
 }
 
+// ReadManifest reads and validates the manifest of checkpoint name of job. It returns the
+// manifest, or an error naming the key: no manifest (wrapping ErrNotFound), not valid JSON,
+// invalid, naming another job or checkpoint than its key, or the store failing.
+func ReadManifest(ctx context.Context, s Store, job, name string) (*Manifest, error) {
+	m, problem, err := listReadManifest(ctx, s, job, name)
+	if err != nil {
+		return nil, err
+	}
+	if problem != nil {
+		return nil, problem
+	}
+	return m, nil
+}
+
 // listReadLatest reads the job's LATEST pointer. It returns:
 //   - the checkpoint name, nil, nil: LATEST names a valid checkpoint name (whose manifest may
 //     still be missing or invalid);
@@ -190,7 +204,7 @@ func FormatList(w io.Writer, cs []Committed) {
 		if trigger == "" {
 			trigger = "-"
 		}
-		line := m.Checkpoint + "\t" + strconv.Itoa(len(m.Files)) + "\t" + listHumanBytes(m.TotalBytes) +
+		line := m.Checkpoint + "\t" + strconv.Itoa(len(m.Files)) + "\t" + HumanBytes(m.TotalBytes) +
 			"\t" + trigger + "\t" + m.CommittedAt.UTC().Format(time.RFC3339)
 		if c.Latest {
 			line += "\tLATEST"
@@ -200,9 +214,9 @@ func FormatList(w io.Writer, cs []Committed) {
 	_ = tw.Flush()
 }
 
-// listHumanBytes formats n bytes in binary units: "0 B", "1023 B", "1.0 KiB", "1.5 GiB".
+// HumanBytes formats n bytes in binary units: "0 B", "1023 B", "1.0 KiB", "1.5 GiB".
 // Negative n (never in a valid manifest) is formatted as a plain byte count.
-func listHumanBytes(n int64) string {
+func HumanBytes(n int64) string {
 	const unit = 1024
 	if n < unit {
 		return strconv.FormatInt(n, 10) + " B"

@@ -198,7 +198,7 @@ func TestListHumanBytes(t *testing.T) {
 		{-5, "-5 B"},
 	}
 	for _, tt := range tests {
-		if got := listHumanBytes(tt.n); got != tt.want {
+		if got := HumanBytes(tt.n); got != tt.want {
 			t.Errorf("Got(%q) = %q; want %q", fmt.Sprint(tt.n), got, tt.want)
 		}
 	}

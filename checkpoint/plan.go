@@ -278,3 +278,47 @@ func planDuration(s float64) time.Duration {
 	}
 	return math.MaxInt64
 }
+
+// ParseBytes reads a positive byte count ("40GiB", "512MiB", "2.5GB", "1048576"; units are
+// case-insensitive and decimal KB/MB/GB/TB or binary KiB/MiB/GiB/TiB) or, when rate, a throughput
+// with an optional "/s" that may also be in bits ("10Gbit/s", "10Gbps").
+func ParseBytes(v string, rate bool) (float64, error) {
+	want := "a size (want e.g. 40GiB, 512MiB or 2.5GB)"
+	s := strings.ToLower(strings.TrimSpace(v))
+	if rate {
+		want = "a throughput (want e.g. 250MB/s, 1GiB/s or 10Gbit/s)"
+		s = strings.TrimSuffix(s, "/s")
+		if n, ok := strings.CutSuffix(s, "bps"); ok {
+			s = n + "bit"
+		}
+	}
+	// Units, matched case-insensitively, longest first; "bit" units are for throughputs only.
+	units := [...]struct {
+		suffix string
+		mult   float64
+		bits   bool
+	}{
+		{"kbit", 1e3 / 8, true}, {"mbit", 1e6 / 8, true}, {"gbit", 1e9 / 8, true}, {"tbit", 1e12 / 8, true},
+		{"kib", 1 << 10, false}, {"mib", 1 << 20, false}, {"gib", 1 << 30, false}, {"tib", 1 << 40, false},
+		{"kb", 1e3, false}, {"mb", 1e6, false}, {"gb", 1e9, false}, {"tb", 1e12, false},
+		{"b", 1, false},
+	}
+	num, mult := s, 1.0
+	for _, u := range units {
+		if n, ok := strings.CutSuffix(s, u.suffix); ok {
+			if u.bits && !rate {
+				return 0, fmt.Errorf("not %s", want)
+			}
+			num, mult = n, u.mult
+			break
+		}
+	}
+	n, err := strconv.ParseFloat(strings.TrimSpace(num), 64)
+	if err != nil || math.IsNaN(n) || math.IsInf(n, 0) {
+		return 0, fmt.Errorf("not %s", want)
+	}
+	if n <= 0 {
+		return 0, errors.New("must be positive")
+	}
+	return n * mult, nil
+}

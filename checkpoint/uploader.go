@@ -818,12 +818,8 @@ func (u *Uploader) commit(ctx context.Context, name string, stored map[string]st
 	}
 	if already {
 		// Committed before (by an earlier run of the agent): that manifest stands.
-		b, gerr := u.cfg.Store.GetBytes(ctx, ManifestKey(u.cfg.Job, name))
-		if gerr != nil {
-			return commitResult{ckpt: name, err: fmt.Errorf("read existing manifest: %w", gerr)}
-		}
-		if m, err = ParseManifest(b); err != nil {
-			return commitResult{ckpt: name, err: err}
+		if m, err = ReadManifest(ctx, u.cfg.Store, u.cfg.Job, name); err != nil {
+			return commitResult{ckpt: name, err: fmt.Errorf("read existing manifest: %w", err)}
 		}
 	}
 	if err := u.updateLatest(ctx, m); err != nil {
@@ -863,7 +859,7 @@ func (u *Uploader) updateLatest(ctx context.Context, m *Manifest) error {
 	if b, err := u.cfg.Store.GetBytes(ctx, key); err == nil {
 		var cur Latest
 		if json.Unmarshal(b, &cur) == nil && cur.Checkpoint != m.Checkpoint {
-			if cm, err := u.readManifest(ctx, cur.Checkpoint); err == nil && completedAfter(cm, m) {
+			if cm, err := ReadManifest(ctx, u.cfg.Store, u.cfg.Job, cur.Checkpoint); err == nil && completedAfter(cm, m) {
 				return nil
 			}
 		}
@@ -875,14 +871,6 @@ func (u *Uploader) updateLatest(ctx context.Context, m *Manifest) error {
 		return err
 	}
 	return u.cfg.Store.PutBytes(ctx, key, data, false)
-}
-
-func (u *Uploader) readManifest(ctx context.Context, name string) (*Manifest, error) {
-	b, err := u.cfg.Store.GetBytes(ctx, ManifestKey(u.cfg.Job, name))
-	if err != nil {
-		return nil, err
-	}
-	return ParseManifest(b)
 }
 
 // completedAfter reports whether a's checkpoint was completed (written) after b's; commit time

@@ -240,13 +240,13 @@ func drill(ctx context.Context, p drillPlan, log zerolog.Logger, rep *drillRepor
 	if err := cfg.Validate(); err != nil {
 		return fail("invalid configuration: %v", err)
 	}
-	var awsCfg aws.Config
-	if strings.HasPrefix(p.store, "s3://") || p.realIMDS {
+	var awsCfg aws.Config // for the IMDS client: the real IMDS only
+	if p.realIMDS {
 		if awsCfg, err = awsconfig.LoadDefaultConfig(ctx); err != nil {
 			return fail("load AWS configuration: %v", err)
 		}
 	}
-	store, err := checkpoint.OpenStore(p.store, awsCfg, checkpoint.S3Options{PartSize: cfg.Store.PartSize, Concurrency: cfg.Store.Concurrency})
+	store, err := openStore(ctx, p.store, checkpoint.S3Options{PartSize: cfg.Store.PartSize, Concurrency: cfg.Store.Concurrency})
 	if err != nil {
 		return fail("store: %v", err)
 	}
@@ -343,7 +343,7 @@ func drill(ctx context.Context, p drillPlan, log zerolog.Logger, rep *drillRepor
 
 	// Committed: the manifest has the upload's own timings.
 	name := strings.SplitN(transitionDetail(ns, agent.StateCommitted), ",", 2)[0]
-	m, err := readDrillManifest(ctx, store, name)
+	m, err := checkpoint.ReadManifest(ctx, store, "drill", name)
 	if err != nil {
 		return fail("read the committed manifest: %v", err)
 	}
@@ -357,7 +357,7 @@ func drill(ctx context.Context, p drillPlan, log zerolog.Logger, rep *drillRepor
 			rep.UploadMBs = float64(m.TotalBytes) / t.Sub(*m.Timings.FirstFileAt).Seconds() / 1e6
 		}
 	}
-	rep.add("manifest committed", m.CommittedAt, fmt.Sprintf("%d files, %s", len(m.Files), humanBytes(m.TotalBytes)))
+	rep.add("manifest committed", m.CommittedAt, fmt.Sprintf("%d files, %s", len(m.Files), checkpoint.HumanBytes(m.TotalBytes)))
 	rep.MarginS = rep.Deadline.Sub(m.CommittedAt).Seconds()
 	rep.DurableS = m.CommittedAt.Sub(rep.notice).Seconds()
 
@@ -369,7 +369,7 @@ func drill(ctx context.Context, p drillPlan, log zerolog.Logger, rep *drillRepor
 		return fail("restore: %v", err)
 	}
 	rep.RestoreMBs = float64(res.Bytes) / max(time.Since(start).Seconds(), 1e-9) / 1e6
-	rep.add("restored and verified", time.Now(), humanBytes(res.Bytes))
+	rep.add("restored and verified", time.Now(), checkpoint.HumanBytes(res.Bytes))
 	if err := sameFiles(filepath.Join(p.ckDir, name), res.Dir); err != nil {
 		return fail("the restored checkpoint differs from what the trainer wrote: %v", err)
 	}
@@ -391,14 +391,6 @@ func transitionDetail(ns agent.NoticeStatus, state string) string {
 		}
 	}
 	return ""
-}
-
-func readDrillManifest(ctx context.Context, s checkpoint.Store, name string) (*checkpoint.Manifest, error) {
-	b, err := s.GetBytes(ctx, checkpoint.ManifestKey("drill", name))
-	if err != nil {
-		return nil, err
-	}
-	return checkpoint.ParseManifest(b)
 }
 
 // sameFiles compares every regular file under want with its copy under got.

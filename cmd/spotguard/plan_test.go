@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/spotguard/spotguard/checkpoint"
 )
 
 // planRun runs `spotguard plan args…` and returns the exit code, stdout and stderr.
@@ -305,7 +307,7 @@ func TestPlanParseBytes(t *testing.T) {
 		{"800mbit", true, 100e6},
 	}
 	for _, tt := range tests {
-		got, err := planParseBytes(tt.in, tt.rate)
+		got, err := checkpoint.ParseBytes(tt.in, tt.rate)
 		if err != nil || math.Abs(got-tt.want) > 1e-6 {
 			t.Errorf("Got(%q) = %v, %v; want %v", tt.in, got, err, tt.want)
 		}

@@ -113,7 +113,7 @@ func runRestore(ctx context.Context, args, environ []string, stdout, stderr io.W
 			note = " (LATEST was unusable: restored the newest valid manifest)"
 		}
 		fmt.Fprintf(stdout, "restored %s (%d files, %s) from %s job %s to %s in %.1f s (%s/s), every checksum verified%s\n",
-			res.Checkpoint, res.Files, humanBytes(res.Bytes), store.URL(), cfg.Store.Job, res.Dir, res.Elapsed.Seconds(), humanBytes(int64(rate)), note)
+			res.Checkpoint, res.Files, checkpoint.HumanBytes(res.Bytes), store.URL(), cfg.Store.Job, res.Dir, res.Elapsed.Seconds(), checkpoint.HumanBytes(int64(rate)), note)
 	}
 	return exitOK
 }
@@ -185,7 +185,7 @@ func (p *progressBar) update(done, total int64) {
 		pct = 100 * float64(done) / float64(total)
 	}
 	rate := float64(done) / max(now.Sub(p.start).Seconds(), 1e-9)
-	fmt.Fprintf(p.w, "\r%s / %s (%3.0f%%) %s/s ", humanBytes(done), humanBytes(total), pct, humanBytes(int64(rate)))
+	fmt.Fprintf(p.w, "\r%s / %s (%3.0f%%) %s/s ", checkpoint.HumanBytes(done), checkpoint.HumanBytes(total), pct, checkpoint.HumanBytes(int64(rate)))
 	p.drawn = true
 }
 
@@ -198,18 +198,4 @@ func (p *progressBar) finish() {
 	if p.drawn {
 		fmt.Fprintln(p.w)
 	}
-}
-
-// humanBytes formats n in binary units: 512 B, 1.5 KiB, 2.0 GiB.
-func humanBytes(n int64) string {
-	const unit = 1024
-	if n < unit {
-		return fmt.Sprintf("%d B", n)
-	}
-	div, exp := int64(unit), 0
-	for m := n / unit; m >= unit; m /= unit {
-		div *= unit
-		exp++
-	}
-	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
 }
