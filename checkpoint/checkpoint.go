@@ -23,8 +23,33 @@ import (
 // ErrNotFound is returned by Store methods for a key that does not exist.
 var ErrNotFound = errors.New("checkpoint: not found")
 
-// ErrExists is returned by Store.PutBytes with ifAbsent for a key that already exists.
+// ErrExists is returned by Store.PutBytes with Cond.IfAbsent for a key that already exists.
 var ErrExists = errors.New("checkpoint: already exists")
+
+// ErrPrecondition is returned by Store.PutBytes with Cond.IfMatch when the object at the key
+// does not have that ETag: it was replaced, or it is gone.
+var ErrPrecondition = errors.New("checkpoint: precondition failed")
+
+// Cond makes PutBytes conditional. The zero Cond writes unconditionally.
+type Cond struct {
+	// IfAbsent writes only if no object exists at the key (S3: If-None-Match: *).
+	IfAbsent bool
+	// IfMatch writes only if the object at the key exists and has this ETag (S3: If-Match),
+	// exactly as GetBytes or PutBytes returned it, quotes included.
+	IfMatch string
+}
+
+// check returns an error for a Cond that asks for both conditions, or for an If-Match of "*"
+// (which S3 reads as "any object", a condition Store does not offer).
+func (c Cond) check() error {
+	switch {
+	case c.IfAbsent && c.IfMatch != "":
+		return errors.New("both IfAbsent and IfMatch are set")
+	case c.IfMatch == "*":
+		return errors.New(`IfMatch "*" is not an ETag`)
+	}
+	return nil
+}
 
 // ChecksumCRC32C is the checksum algorithm of every file in a manifest: CRC-32C (Castagnoli)
 // of the whole object, as S3 computes it for a full-object checksum, base64 of the 4 big-endian
@@ -57,11 +82,21 @@ type Store interface {
 	// incomplete multipart upload behind (it aborts what it started, on a context that outlives
 	// ctx's cancellation by a few seconds).
 	PutFile(ctx context.Context, key string, f *os.File, size int64, progress func(n int64)) (Checksum, error)
-	// PutBytes writes a small object. With ifAbsent it writes only if key does not exist yet
-	// (S3: If-None-Match: *) and returns ErrExists if it does; the object is then unchanged.
-	PutBytes(ctx context.Context, key string, data []byte, ifAbsent bool) error
-	// GetBytes reads a small object whole; ErrNotFound if there is none.
-	GetBytes(ctx context.Context, key string) ([]byte, error)
+	// PutBytes writes a small object under cond and returns its ETag, an opaque string (quotes
+	// included) that changes whenever the object's bytes change and that cond.IfMatch takes
+	// back verbatim. The write is all or nothing. It returns:
+	//   - the ETag, nil: data is now the object at key;
+	//   - "", an error wrapping ErrExists: cond.IfAbsent and an object exists; it is unchanged;
+	//   - "", an error wrapping ErrPrecondition: cond.IfMatch and the object at key has another
+	//     ETag, or there is none; the store is unchanged;
+	//   - "", another error: an invalid key, an invalid Cond (both conditions set, or IfMatch
+	//     "*"), or a store that failed or ctx ended (the object may or may not have been
+	//     written).
+	PutBytes(ctx context.Context, key string, data []byte, cond Cond) (etag string, err error)
+	// GetBytes reads a small object whole and returns it with its ETag (see PutBytes). It
+	// returns ErrNotFound if there is none, and another error for an invalid key, a store that
+	// failed, or ctx ended.
+	GetBytes(ctx context.Context, key string) (data []byte, etag string, err error)
 	// Download writes the object at key, which must be size bytes long, into w with parallel
 	// ranged reads. ErrNotFound if there is none; an error if its size differs.
 	Download(ctx context.Context, key string, w io.WriterAt, size int64) error

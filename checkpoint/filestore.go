@@ -3,6 +3,7 @@ package checkpoint
 import (
 	"context"
 	"crypto/rand"
+	"crypto/sha256"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -24,15 +25,46 @@ import (
 // is renamed (or linked, for create-if-absent) into place, so a reader never sees a partial
 // object. All access goes through os.Root, so neither a hostile key nor a symbolic link in the
 // tree reaches outside root.
+//
+// Names that start with ".spotguard-" are the store's own: temporary files
+// (".spotguard-tmp-…") and lock files (".spotguard-lock-<base name of the key>"). They are never
+// objects: List and Download do not show them, and a key with such an element is
+// refused.
+//
+// An object's ETag is a digest of its bytes (the first 16 bytes of its SHA-256, in hex, quoted
+// like S3's), so writing the same bytes again keeps the ETag.
+//
+// What conditional writes guarantee, for writers that all go through FileStore on a file system
+// whose flock(2) works across its clients (local disks; EFS and NFSv4, where the kernel maps
+// flock to NFS locks; Lustre only when mounted with the flock option, not localflock or
+// noflock):
+//   - IfAbsent: link(2) of the synced temporary file to the key fails if the key exists, so of
+//     concurrent writers exactly one wins. It needs no lock.
+//   - IfMatch: the writer takes an exclusive flock on the key's lock file (created next to the
+//     key on first use and never removed, since removing a lock file could let two writers each
+//     hold "the" lock), reads the object and compares its ETag under the lock, then renames
+//     the synced temporary file into place and syncs the directory before unlocking. If-Match
+//     writes of one key are therefore serialized, and of several with the same ETag exactly one
+//     wins. They are also exact with respect to IfAbsent writes (one needs the object, the other
+//     its absence). The flock waits without watching ctx; it is held for one small write.
+//   - Unconditional PutBytes, PutFile and Delete take no lock: one that lands between an
+//     If-Match write's check and its rename is overwritten by that write (a Delete is undone).
+//     Write a key that is moved with If-Match only with IfAbsent and IfMatch.
 type FileStore struct {
 	root string
 }
 
 var _ Store = (*FileStore)(nil)
 
-// fileTempPrefix starts the name of every temporary file; List skips them, AbortIncomplete
-// removes old ones, and keys whose last element starts with it are refused.
-const fileTempPrefix = ".spotguard-tmp-"
+const (
+	// fileReservedPrefix starts every name the store uses for itself; no key element may
+	// start with it.
+	fileReservedPrefix = ".spotguard-"
+	// fileTempPrefix starts the name of every temporary file; AbortIncomplete removes old ones.
+	fileTempPrefix = fileReservedPrefix + "tmp-"
+	// fileLockPrefix starts the name of every lock file, followed by the base name of its key.
+	fileLockPrefix = fileReservedPrefix + "lock-"
+)
 
 const (
 	fileCopyBuffer    = 1 << 20
@@ -56,15 +88,25 @@ func NewFileStore(root string) (*FileStore, error) {
 // URL returns "file://" and the root.
 func (s *FileStore) URL() string { return "file://" + s.root }
 
-// fileCheckKey is checkStoreKey plus the file store's own rule: no temporary file names.
+// fileCheckKey is checkStoreKey plus the file store's own rule: no element may start with
+// ".spotguard-", the names the store uses for itself.
 func fileCheckKey(key string) error {
 	if err := checkStoreKey(key); err != nil {
 		return err
 	}
-	if strings.HasPrefix(path.Base(key), fileTempPrefix) {
-		return fmt.Errorf("key %q has a name reserved for temporary files", key)
+	for el := range strings.SplitSeq(key, "/") {
+		if strings.HasPrefix(el, fileReservedPrefix) {
+			return fmt.Errorf("key %q has an element reserved for the store's own files (%s…)", key, fileReservedPrefix)
+		}
 	}
 	return nil
+}
+
+// fileETag returns the ETag of an object with the bytes data: the first 16 bytes of their
+// SHA-256, in hex, in double quotes.
+func fileETag(data []byte) string {
+	sum := sha256.Sum256(data)
+	return `"` + hex.EncodeToString(sum[:16]) + `"`
 }
 
 // open validates key and opens the store's root.
@@ -107,6 +149,35 @@ func (s *FileStore) createTemp(r *os.Root, key string) (*os.File, string, error)
 		}
 	}
 	return nil, "", fmt.Errorf("create temporary file for %s: %w", key, err)
+}
+
+// fileLockName returns the name of key's lock file.
+func fileLockName(key string) string {
+	return path.Join(path.Dir(key), fileLockPrefix+path.Base(key))
+}
+
+// lockKey takes an exclusive flock on key's lock file, creating it if needed, and returns the
+// function that releases it. It returns an error wrapping fs.ErrNotExist (or ENOTDIR) if key's
+// directory does not exist, and an error for any other I/O error.
+func (s *FileStore) lockKey(r *os.Root, key string) (unlock func(), err error) {
+	f, err := r.OpenFile(fileLockName(key), os.O_CREATE|os.O_RDWR|syscall.O_NOFOLLOW, 0o644)
+	if err != nil {
+		return nil, err
+	}
+	for {
+		err = syscall.Flock(int(f.Fd()), syscall.LOCK_EX)
+		if err != syscall.EINTR {
+			break
+		}
+	}
+	if err != nil {
+		f.Close()
+		return nil, fmt.Errorf("lock %s: %w", f.Name(), err)
+	}
+	return func() {
+		_ = syscall.Flock(int(f.Fd()), syscall.LOCK_UN)
+		f.Close() // releases the lock too
+	}, nil
 }
 
 // fileSyncDir flushes the directory of key, so a rename or link in it is durable.
@@ -202,23 +273,54 @@ func (s *FileStore) PutFile(ctx context.Context, key string, f *os.File, size in
 	return CRC32CChecksum(h.Sum32()), nil
 }
 
-// PutBytes writes data to key through a synced temporary file. Without ifAbsent it renames the
-// file into place, replacing any object there. With ifAbsent it hard-links the file to key,
-// which fails if key exists, so exactly one of several concurrent writers wins; the others get
-// ErrExists and the object is unchanged. It returns an error for an invalid key and any I/O
-// error; no temporary file is left behind.
-func (s *FileStore) PutBytes(ctx context.Context, key string, data []byte, ifAbsent bool) error {
+// PutBytes writes data to key through a synced temporary file and returns its ETag (see
+// FileStore). Unconditionally, it renames the file into place, replacing any object there. With
+// cond.IfAbsent it hard-links the file to key, which fails if key exists; with cond.IfMatch it
+// compares the ETag and renames under the key's lock (see FileStore for what is atomic); then it
+// syncs the directory. It returns:
+//   - the ETag, nil: data is now the object at key;
+//   - "", an error wrapping ErrExists: cond.IfAbsent and key exists; it is unchanged;
+//   - "", an error wrapping ErrPrecondition: cond.IfMatch and the object at key has another
+//     ETag, or there is none (its directory included); nothing is changed, but a lock file may
+//     have been created in an existing directory;
+//   - "", another error: an invalid key or Cond, ctx done before the write, or an I/O error
+//     (without IfMatch: such as a key below a file, or a directory at key).
+//
+// No temporary file is left behind.
+func (s *FileStore) PutBytes(ctx context.Context, key string, data []byte, cond Cond) (string, error) {
+	if err := cond.check(); err != nil {
+		return "", fmt.Errorf("put %s: %w", key, err)
+	}
 	r, err := s.open(key)
 	if err != nil {
-		return fmt.Errorf("put %s: %w", key, err)
+		return "", fmt.Errorf("put %s: %w", key, err)
 	}
 	defer fileCloseRoot(r)
 	if err := ctx.Err(); err != nil {
-		return fmt.Errorf("put %s: %w", key, err)
+		return "", fmt.Errorf("put %s: %w", key, err)
+	}
+	if cond.IfMatch != "" {
+		unlock, err := s.lockKey(r, key)
+		if fileIsNotFound(err) {
+			return "", fmt.Errorf("put %s: if-match %s: no object: %w", key, cond.IfMatch, ErrPrecondition)
+		}
+		if err != nil {
+			return "", fmt.Errorf("put %s: %w", key, err)
+		}
+		defer unlock()
+		_, etag, err := s.read(r, key)
+		switch {
+		case errors.Is(err, ErrNotFound):
+			return "", fmt.Errorf("put %s: if-match %s: no object: %w", key, cond.IfMatch, ErrPrecondition)
+		case err != nil:
+			return "", fmt.Errorf("put %s: %w", key, err)
+		case etag != cond.IfMatch:
+			return "", fmt.Errorf("put %s: if-match %s: the object has ETag %s: %w", key, cond.IfMatch, etag, ErrPrecondition)
+		}
 	}
 	tmp, tmpName, err := s.createTemp(r, key)
 	if err != nil {
-		return err
+		return "", err
 	}
 	defer func() { _ = r.Remove(tmpName) }() // fails, harmlessly, after a rename
 	_, err = tmp.Write(data)
@@ -229,22 +331,22 @@ func (s *FileStore) PutBytes(ctx context.Context, key string, data []byte, ifAbs
 		err = cerr
 	}
 	if err != nil {
-		return fmt.Errorf("put %s: %w", key, err)
+		return "", fmt.Errorf("put %s: %w", key, err)
 	}
-	if ifAbsent {
+	if cond.IfAbsent {
 		if err := r.Link(tmpName, key); err != nil {
 			if errors.Is(err, fs.ErrExist) {
-				return fmt.Errorf("put %s: %w", key, ErrExists)
+				return "", fmt.Errorf("put %s: %w", key, ErrExists)
 			}
-			return fmt.Errorf("put %s: %w", key, err)
+			return "", fmt.Errorf("put %s: %w", key, err)
 		}
 	} else if err := r.Rename(tmpName, key); err != nil {
-		return fmt.Errorf("put %s: %w", key, err)
+		return "", fmt.Errorf("put %s: %w", key, err)
 	}
 	if err := fileSyncDir(r, key); err != nil {
-		return fmt.Errorf("put %s: sync directory: %w", key, err)
+		return "", fmt.Errorf("put %s: sync directory: %w", key, err)
 	}
-	return nil
+	return fileETag(data), nil
 }
 
 // fileIsNotFound reports whether err means that a path does not exist, including a path through
@@ -275,27 +377,37 @@ func (s *FileStore) openObject(r *os.Root, key string) (*os.File, fs.FileInfo, e
 	return f, fi, nil
 }
 
-// GetBytes returns the content of key. It returns ErrNotFound if there is no such file, and an
-// error for an invalid key and any I/O error.
-func (s *FileStore) GetBytes(ctx context.Context, key string) ([]byte, error) {
-	r, err := s.open(key)
-	if err != nil {
-		return nil, fmt.Errorf("get %s: %w", key, err)
-	}
-	defer fileCloseRoot(r)
-	if err := ctx.Err(); err != nil {
-		return nil, fmt.Errorf("get %s: %w", key, err)
-	}
+// read returns the content of key and its ETag; ErrNotFound if there is no such regular file.
+func (s *FileStore) read(r *os.Root, key string) ([]byte, string, error) {
 	f, _, err := s.openObject(r, key)
 	if err != nil {
-		return nil, fmt.Errorf("get %s: %w", key, err)
+		return nil, "", err
 	}
 	defer f.Close()
 	data, err := io.ReadAll(f)
 	if err != nil {
-		return nil, fmt.Errorf("get %s: %w", key, err)
+		return nil, "", err
 	}
-	return data, nil
+	return data, fileETag(data), nil
+}
+
+// GetBytes returns the content of key and its ETag (see FileStore). It returns ErrNotFound if
+// there is no such file (a directory or a symbolic link is not one), and an error for an
+// invalid key, ctx done first, and any I/O error.
+func (s *FileStore) GetBytes(ctx context.Context, key string) ([]byte, string, error) {
+	r, err := s.open(key)
+	if err != nil {
+		return nil, "", fmt.Errorf("get %s: %w", key, err)
+	}
+	defer fileCloseRoot(r)
+	if err := ctx.Err(); err != nil {
+		return nil, "", fmt.Errorf("get %s: %w", key, err)
+	}
+	data, etag, err := s.read(r, key)
+	if err != nil {
+		return nil, "", fmt.Errorf("get %s: %w", key, err)
+	}
+	return data, etag, nil
 }
 
 // Download copies key into w with parallel ReadAt/WriteAt of 8 MiB chunks. It returns
@@ -343,9 +455,10 @@ func (s *FileStore) Download(ctx context.Context, key string, w io.WriterAt, siz
 	return nil
 }
 
-// walk calls fn for every regular file (not temporary ones, if temps is false; only temporary
-// ones, if it is true) whose key starts with prefix. A prefix that no valid key can have
-// matches nothing.
+// walk calls fn for every regular file whose key starts with prefix: the objects (no name that
+// starts with ".spotguard-") if temps is false, only the temporary files if it is true. It does
+// not descend into directories with such names, nor follow symbolic links. A prefix that no
+// valid key can have matches nothing.
 func (s *FileStore) walk(ctx context.Context, prefix string, temps bool, fn func(r *os.Root, key string, fi fs.FileInfo) error) error {
 	r, err := os.OpenRoot(s.root)
 	if err != nil {
@@ -371,13 +484,17 @@ func (s *FileStore) walk(ctx context.Context, prefix string, temps bool, fn func
 		}
 		if d.IsDir() {
 			// Skip directories that cannot lead to a match.
-			if p != start && !strings.HasPrefix(p+"/", prefix) && !strings.HasPrefix(prefix, p+"/") {
+			if p != start && (!strings.HasPrefix(p+"/", prefix) && !strings.HasPrefix(prefix, p+"/") ||
+				strings.HasPrefix(d.Name(), fileReservedPrefix)) {
 				return fs.SkipDir
 			}
 			return nil
 		}
-		if !d.Type().IsRegular() || !strings.HasPrefix(p, prefix) ||
-			strings.HasPrefix(d.Name(), fileTempPrefix) != temps {
+		if !d.Type().IsRegular() || !strings.HasPrefix(p, prefix) {
+			return nil
+		}
+		if temps != strings.HasPrefix(d.Name(), fileTempPrefix) ||
+			!temps && strings.HasPrefix(d.Name(), fileReservedPrefix) {
 			return nil
 		}
 		fi, err := d.Info()
@@ -392,9 +509,9 @@ func (s *FileStore) walk(ctx context.Context, prefix string, temps bool, fn func
 	return err
 }
 
-// List returns every object whose key starts with prefix, sorted by key. Temporary files,
-// directories, symbolic links and other non-regular files are not objects. It returns an error
-// for an I/O error and when ctx is done first.
+// List returns every object whose key starts with prefix, sorted by key. The store's own files
+// (".spotguard-…"), directories, symbolic links and other non-regular files are not objects. It
+// returns an error for an I/O error and when ctx is done first.
 func (s *FileStore) List(ctx context.Context, prefix string) ([]ObjectInfo, error) {
 	var out []ObjectInfo
 	err := s.walk(ctx, prefix, false, func(_ *os.Root, key string, fi fs.FileInfo) error {
@@ -409,8 +526,9 @@ func (s *FileStore) List(ctx context.Context, prefix string) ([]ObjectInfo, erro
 }
 
 // Delete removes the files of keys, then each one's parent directories up to root while they
-// are empty. Keys that do not exist, or name a directory, are not an error. It returns an error
-// for an invalid key (before removing anything) and for an I/O error.
+// are empty. A key's lock file (see FileStore) is left, and so is its directory. Keys that do not
+// exist, or name a directory, are not an error. It returns an error for an invalid key (before
+// removing anything) and for an I/O error.
 func (s *FileStore) Delete(ctx context.Context, keys ...string) error {
 	for _, key := range keys {
 		if err := fileCheckKey(key); err != nil {

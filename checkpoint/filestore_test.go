@@ -1,11 +1,14 @@
 package checkpoint
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"io/fs"
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 )
@@ -80,7 +83,7 @@ func TestFileStoreDeletePrunesEmptyDirs(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, k := range []string{"j/c/a/b/file", "j/c/other", "j/LATEST"} {
-		if err := s.PutBytes(t.Context(), k, []byte("x"), false); err != nil {
+		if _, err := s.PutBytes(t.Context(), k, []byte("x"), Cond{}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -105,13 +108,25 @@ func TestFileStoreDeletePrunesEmptyDirs(t *testing.T) {
 	}
 }
 
+// fileTestWrite writes a file at rel below root, as something other than the store would.
+func fileTestWrite(t *testing.T, root, rel, data string) {
+	t.Helper()
+	p := filepath.Join(root, rel)
+	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(p, []byte(data), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
 func TestFileStoreAbortIncomplete(t *testing.T) {
 	root := filepath.Join(t.TempDir(), "store")
 	s, err := NewFileStore(root)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := s.PutBytes(t.Context(), "j/c/kept", []byte("x"), false); err != nil {
+	if _, err := s.PutBytes(t.Context(), "j/c/kept", []byte("x"), Cond{}); err != nil {
 		t.Fatal(err)
 	}
 	now := time.Now()
@@ -147,8 +162,77 @@ func TestFileStoreAbortIncomplete(t *testing.T) {
 	if n, err := s.AbortIncomplete(t.Context(), "", now); err != nil || n != 1 {
 		t.Errorf("AbortIncomplete(%q) = %d, %v; want 1", "", n, err)
 	}
-	if err := s.PutBytes(t.Context(), "a/"+fileTempPrefix+"x", []byte("x"), false); err == nil {
+	if _, err := s.PutBytes(t.Context(), "a/"+fileTempPrefix+"x", []byte("x"), Cond{}); err == nil {
 		t.Errorf("PutBytes(%q) = nil; want an error for a temporary file name", "a/"+fileTempPrefix+"x")
+	}
+}
+
+// TestFileStoreOwnFiles: names that start with ".spotguard-" are the store's own: never
+// listed, never keys.
+func TestFileStoreOwnFiles(t *testing.T) {
+	root := filepath.Join(t.TempDir(), "store")
+	s, err := NewFileStore(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range []string{"j/LATEST", "j/c/x"} {
+		if _, err := s.PutBytes(t.Context(), k, []byte(k), Cond{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, rel := range []string{
+		"j/" + fileLockPrefix + "LATEST",
+		"j/" + fileTempPrefix + "abc",
+		"j/.spotguard-future",
+		"j/.spotguard-dir/inside",
+		".spotguard-top",
+	} {
+		fileTestWrite(t, root, rel, "own")
+	}
+	if got := storeTestKeys(t, s, ""); !slices.Equal(got, []string{"j/LATEST", "j/c/x"}) {
+		t.Errorf("List(%q) = %q; want [j/LATEST j/c/x]", "", got)
+	}
+	for _, key := range []string{"j/" + fileLockPrefix + "LATEST", "j/" + fileTempPrefix + "abc", "j/.spotguard-future", ".spotguard-dir/x", "j/.spotguard-dir/inside"} {
+		if _, err := s.PutBytes(t.Context(), key, []byte("x"), Cond{}); err == nil {
+			t.Errorf("PutBytes(%q) = nil; want an error for a reserved name", key)
+		}
+		if _, _, err := s.GetBytes(t.Context(), key); err == nil || errors.Is(err, ErrNotFound) {
+			t.Errorf("GetBytes(%q) = %v; want an error for a reserved name", key, err)
+		}
+		if err := s.Delete(t.Context(), key); err == nil {
+			t.Errorf("Delete(%q) = nil; want an error for a reserved name", key)
+		}
+	}
+	if got := fileTempFiles(t, s); !slices.Equal(got, []string{"j/" + fileTempPrefix + "abc"}) {
+		t.Errorf("temporary files = %q; want [j/%sabc]", got, fileTempPrefix)
+	}
+}
+
+// TestFileStoreETag: an object's ETag is the quoted hex of the first 16 bytes of its SHA-256,
+// however it was written; an If-Match write creates the key's lock file next to it.
+func TestFileStoreETag(t *testing.T) {
+	root := filepath.Join(t.TempDir(), "store")
+	s, err := NewFileStore(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	data := []byte("spotguard")
+	sum := sha256.Sum256(data)
+	want := `"` + hex.EncodeToString(sum[:16]) + `"`
+	storeTestPut(t, s, "j/file", data)
+	if _, got, err := s.GetBytes(t.Context(), "j/file"); err != nil || got != want {
+		t.Errorf("GetBytes(%q) ETag = %q, %v; want %q", "j/file", got, err, want)
+	}
+	got, err := s.PutBytes(t.Context(), "j/file", []byte("next"), Cond{IfMatch: want})
+	if err != nil || got != fileETag([]byte("next")) {
+		t.Errorf("PutBytes(%q, IfMatch %s) = %q, %v; want %q", "j/file", want, got, err, fileETag([]byte("next")))
+	}
+	// The ETag is compared verbatim: without its quotes it does not match.
+	if _, err := s.PutBytes(t.Context(), "j/file", []byte("x"), Cond{IfMatch: strings.Trim(got, `"`)}); !errors.Is(err, ErrPrecondition) {
+		t.Errorf("PutBytes(%q, IfMatch without quotes) = %v; want ErrPrecondition", "j/file", err)
+	}
+	if fi, err := os.Lstat(filepath.Join(root, "j", fileLockPrefix+"file")); err != nil || !fi.Mode().IsRegular() {
+		t.Errorf("lock file of %q = %v; want a regular file", "j/file", err)
 	}
 }
 
@@ -175,7 +259,7 @@ func TestFileStoreSymlinks(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, key := range []string{"linkdir/new", "linkdir/secret"} {
-		if err := s.PutBytes(t.Context(), key, []byte("x"), false); err == nil {
+		if _, err := s.PutBytes(t.Context(), key, []byte("x"), Cond{}); err == nil {
 			t.Errorf("PutBytes(%q) = nil; want an error", key)
 		}
 		if _, err := s.PutFile(t.Context(), key, storeTestFile(t, []byte("x")), 1, nil); err == nil {
@@ -183,7 +267,7 @@ func TestFileStoreSymlinks(t *testing.T) {
 		}
 	}
 	for _, key := range []string{"linkdir/secret", "linkfile"} {
-		if got, err := s.GetBytes(t.Context(), key); err == nil {
+		if got, _, err := s.GetBytes(t.Context(), key); err == nil {
 			t.Errorf("GetBytes(%q) = %q; want an error", key, got)
 		}
 		if err := s.Download(t.Context(), key, storeDiscardAt{}, 6); err == nil {
@@ -209,13 +293,13 @@ func TestFileStorePutFileOverDirectory(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := s.PutBytes(t.Context(), "a/b", []byte("x"), false); err != nil {
+	if _, err := s.PutBytes(t.Context(), "a/b", []byte("x"), Cond{}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := s.PutFile(t.Context(), "a", storeTestFile(t, []byte("y")), 1, nil); err == nil {
 		t.Errorf("PutFile(%q) over a directory = nil; want an error", "a")
 	}
-	if err := s.PutBytes(t.Context(), "a/b/c", []byte("x"), true); err == nil || errors.Is(err, ErrExists) {
+	if _, err := s.PutBytes(t.Context(), "a/b/c", []byte("x"), Cond{IfAbsent: true}); err == nil || errors.Is(err, ErrExists) {
 		t.Errorf("PutBytes(%q) under a file = %v; want an I/O error", "a/b/c", err)
 	}
 	if temps := fileTempFiles(t, s); len(temps) != 0 {

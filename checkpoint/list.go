@@ -134,7 +134,7 @@ func listManifestName(job, key string) (string, bool) {
 //   - nil, nil, an error: the store failed otherwise, or ctx ended.
 func listReadManifest(ctx context.Context, s Store, job, name string) (*Manifest, error, error) {
 	key := ManifestKey(job, name)
-	data, err := s.GetBytes(ctx, key)
+	data, _, err := s.GetBytes(ctx, key)
 	switch {
 	case errors.Is(err, ErrNotFound):
 		return nil, fmt.Errorf("%s: %w", key, err), nil
@@ -173,7 +173,7 @@ func ReadManifest(ctx context.Context, s Store, job, name string) (*Manifest, er
 //   - "", nil, an error: the store failed otherwise, or ctx ended.
 func listReadLatest(ctx context.Context, s Store, job string) (string, error, error) {
 	key := LatestKey(job)
-	data, err := s.GetBytes(ctx, key)
+	data, _, err := s.GetBytes(ctx, key)
 	switch {
 	case errors.Is(err, ErrNotFound):
 		return "", nil, nil

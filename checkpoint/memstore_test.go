@@ -13,9 +13,11 @@ import (
 	"time"
 )
 
-// memStore is an in-memory Store for tests. It is safe for concurrent use. Knobs make it
-// misbehave per key: fail (any method touching the key returns the error), corrupt (Download
-// writes the object with one bit flipped), hang (the next Download blocks until its ctx ends).
+// memStore is an in-memory Store for tests. It is safe for concurrent use. Conditional writes
+// behave as in the real stores, with the same ETags as FileStore (a digest of the bytes); it has
+// no incomplete uploads. Knobs make it misbehave per key: fail (any method touching the key
+// returns the error), corrupt (Download writes the object with one bit flipped), hang (the next
+// Download blocks until its ctx ends).
 type memStore struct {
 	mu        sync.Mutex
 	objs      map[string][]byte
@@ -113,30 +115,37 @@ func (s *memStore) PutFile(ctx context.Context, key string, f *os.File, size int
 	return ChecksumOf(bytes.NewReader(data))
 }
 
-func (s *memStore) PutBytes(ctx context.Context, key string, data []byte, ifAbsent bool) error {
+func (s *memStore) PutBytes(ctx context.Context, key string, data []byte, cond Cond) (string, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if err := s.check(ctx, key); err != nil {
-		return err
+		return "", err
 	}
-	if _, ok := s.objs[key]; ok && ifAbsent {
-		return fmt.Errorf("memstore: put %s: %w", key, ErrExists)
+	if err := cond.check(); err != nil {
+		return "", fmt.Errorf("memstore: put %s: %w", key, err)
+	}
+	cur, ok := s.objs[key]
+	switch {
+	case cond.IfAbsent && ok:
+		return "", fmt.Errorf("memstore: put %s: %w", key, ErrExists)
+	case cond.IfMatch != "" && (!ok || fileETag(cur) != cond.IfMatch):
+		return "", fmt.Errorf("memstore: put %s: if-match %s: %w", key, cond.IfMatch, ErrPrecondition)
 	}
 	s.objs[key] = slices.Clone(data)
-	return nil
+	return fileETag(data), nil
 }
 
-func (s *memStore) GetBytes(ctx context.Context, key string) ([]byte, error) {
+func (s *memStore) GetBytes(ctx context.Context, key string) ([]byte, string, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if err := s.check(ctx, key); err != nil {
-		return nil, err
+		return nil, "", err
 	}
 	data, ok := s.objs[key]
 	if !ok {
-		return nil, fmt.Errorf("memstore: get %s: %w", key, ErrNotFound)
+		return nil, "", fmt.Errorf("memstore: get %s: %w", key, ErrNotFound)
 	}
-	return slices.Clone(data), nil
+	return slices.Clone(data), fileETag(data), nil
 }
 
 // Download writes the object in up to four ranges, concurrently, like a ranged-GET store.

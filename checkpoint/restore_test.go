@@ -749,12 +749,14 @@ func TestRestoreFileStore(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	restoreTestMust(t, s.PutBytes(t.Context(), ManifestKey(m.Job, m.Checkpoint), data, true))
+	_, err = s.PutBytes(t.Context(), ManifestKey(m.Job, m.Checkpoint), data, Cond{IfAbsent: true})
+	restoreTestMust(t, err)
 	data, err = json.Marshal(Latest{Checkpoint: m.Checkpoint, CommittedAt: m.CommittedAt})
 	if err != nil {
 		t.Fatal(err)
 	}
-	restoreTestMust(t, s.PutBytes(t.Context(), LatestKey(m.Job), data, false))
+	_, err = s.PutBytes(t.Context(), LatestKey(m.Job), data, Cond{})
+	restoreTestMust(t, err)
 
 	_, to := restoreTestDirs(t)
 	var log bytes.Buffer

@@ -500,14 +500,24 @@ func (s *S3Store) cleanUpObject(ctx context.Context, okey string) error {
 	return nil
 }
 
-// PutBytes writes data to key with one PutObject carrying its CRC-32C. With ifAbsent it sends
-// If-None-Match: * and returns ErrExists when the server answers 412 PreconditionFailed or 409
-// ConditionalRequestConflict; the object is then unchanged. It returns an error for an invalid
-// key and a request that fails for good.
-func (s *S3Store) PutBytes(ctx context.Context, key string, data []byte, ifAbsent bool) error {
+// PutBytes writes data to key with one PutObject carrying its CRC-32C, and returns the ETag the
+// server answered with, verbatim ("" if it sent none). cond.IfAbsent sends If-None-Match: *,
+// cond.IfMatch sends If-Match with that ETag. It returns:
+//   - the ETag, nil: the server stored data at key;
+//   - "", an error wrapping ErrExists: cond.IfAbsent and the server answered 412
+//     PreconditionFailed or 409 ConditionalRequestConflict (another conditional write to the key
+//     was in progress); the object is unchanged;
+//   - "", an error wrapping ErrPrecondition: cond.IfMatch and the server answered 412, 409, or
+//     404 NoSuchKey (the object is gone); the store is unchanged;
+//   - "", another error: an invalid key or Cond, or a request that failed for good or was cut
+//     short by ctx.
+func (s *S3Store) PutBytes(ctx context.Context, key string, data []byte, cond Cond) (string, error) {
 	okey, err := s.objectKey(key)
+	if err == nil {
+		err = cond.check()
+	}
 	if err != nil {
-		return fmt.Errorf("put %s: %w", key, err)
+		return "", fmt.Errorf("put %s: %w", key, err)
 	}
 	crc := s3CRC32CValue(crc32.Checksum(data, castagnoli))
 	in := &s3.PutObjectInput{
@@ -518,38 +528,45 @@ func (s *S3Store) PutBytes(ctx context.Context, key string, data []byte, ifAbsen
 		ChecksumAlgorithm: types.ChecksumAlgorithmCrc32c,
 		ChecksumCRC32C:    &crc,
 	}
-	if ifAbsent {
+	switch {
+	case cond.IfAbsent:
 		in.IfNoneMatch = aws.String("*")
+	case cond.IfMatch != "":
+		in.IfMatch = aws.String(cond.IfMatch)
 	}
-	if _, err := s.client.PutObject(ctx, in); err != nil {
-		if ifAbsent && s3IsPreconditionFailed(err) {
-			return fmt.Errorf("put %s: %w", s.URL()+"/"+key, ErrExists)
-		}
-		return fmt.Errorf("put %s: %w", s.URL()+"/"+key, err)
+	out, err := s.client.PutObject(ctx, in)
+	switch {
+	case err == nil:
+		return aws.ToString(out.ETag), nil
+	case cond.IfAbsent && s3IsPreconditionFailed(err):
+		return "", fmt.Errorf("put %s: %w: %w", s.URL()+"/"+key, ErrExists, err)
+	case cond.IfMatch != "" && (s3IsPreconditionFailed(err) || s3IsNotFound(err)):
+		return "", fmt.Errorf("put %s: if-match %s: %w: %w", s.URL()+"/"+key, cond.IfMatch, ErrPrecondition, err)
 	}
-	return nil
+	return "", fmt.Errorf("put %s: %w", s.URL()+"/"+key, err)
 }
 
-// GetBytes returns the object at key. It returns ErrNotFound if there is none, and an error
-// for an invalid key and a request that fails for good.
-func (s *S3Store) GetBytes(ctx context.Context, key string) ([]byte, error) {
+// GetBytes returns the object at key and its ETag as the server sent it ("" if it sent none).
+// It returns ErrNotFound if there is none, and an error for an invalid key and a request that
+// fails for good or is cut short by ctx.
+func (s *S3Store) GetBytes(ctx context.Context, key string) ([]byte, string, error) {
 	okey, err := s.objectKey(key)
 	if err != nil {
-		return nil, fmt.Errorf("get %s: %w", key, err)
+		return nil, "", fmt.Errorf("get %s: %w", key, err)
 	}
 	out, err := s.client.GetObject(ctx, &s3.GetObjectInput{Bucket: &s.bucket, Key: &okey})
 	if err != nil {
 		if s3IsNotFound(err) {
-			return nil, fmt.Errorf("get %s: %w", s.URL()+"/"+key, ErrNotFound)
+			return nil, "", fmt.Errorf("get %s: %w", s.URL()+"/"+key, ErrNotFound)
 		}
-		return nil, fmt.Errorf("get %s: %w", s.URL()+"/"+key, err)
+		return nil, "", fmt.Errorf("get %s: %w", s.URL()+"/"+key, err)
 	}
 	defer out.Body.Close()
 	data, err := io.ReadAll(out.Body)
 	if err != nil {
-		return nil, fmt.Errorf("get %s: %w", s.URL()+"/"+key, err)
+		return nil, "", fmt.Errorf("get %s: %w", s.URL()+"/"+key, err)
 	}
-	return data, nil
+	return data, aws.ToString(out.ETag), nil
 }
 
 // s3ReadAttempts is how often Download tries one ranged read whose body breaks off.

@@ -175,6 +175,58 @@ func TestS3AbortIncomplete(t *testing.T) {
 	}
 }
 
+// TestS3ServerConditionalWrites records what versitygw answers to conditional PutObjects, read
+// with a plain client: the ETag in quotes, 412 PreconditionFailed for If-None-Match: * on an
+// object and for If-Match with another ETag, 404 NoSuchKey for If-Match without an object, 501
+// NotImplemented for both headers at once; an If-Match with the ETag, quoted or not, writes.
+func TestS3ServerConditionalWrites(t *testing.T) {
+	peer := s3StartPeer(t)
+	put := func(key, body string, ifNoneMatch, ifMatch *string) (string, error) {
+		out, err := peer.client.PutObject(t.Context(), &s3.PutObjectInput{
+			Bucket: &peer.bucket, Key: &key, Body: strings.NewReader(body), IfNoneMatch: ifNoneMatch, IfMatch: ifMatch,
+		})
+		if err != nil {
+			return "", err
+		}
+		return aws.ToString(out.ETag), nil
+	}
+	etag, err := put("k", "first", aws.String("*"), nil)
+	if err != nil || len(etag) < 3 || etag[0] != '"' || etag[len(etag)-1] != '"' {
+		t.Fatalf("PutObject(If-None-Match: *) = %q, %v; want a quoted ETag", etag, err)
+	}
+	head, err := peer.client.HeadObject(t.Context(), &s3.HeadObjectInput{Bucket: &peer.bucket, Key: aws.String("k")})
+	if err != nil || aws.ToString(head.ETag) != etag {
+		t.Errorf("HeadObject ETag = %q, %v; want %q as PutObject answered", aws.ToString(head.ETag), err, etag)
+	}
+	tests := []struct {
+		name                 string
+		key                  string
+		ifNoneMatch, ifMatch *string
+		wantStatus           int
+		wantCode             string
+	}{
+		{name: "If-None-Match on an object", key: "k", ifNoneMatch: aws.String("*"), wantStatus: 412, wantCode: "PreconditionFailed"},
+		{name: "If-Match another ETag", key: "k", ifMatch: aws.String(`"0123456789abcdef0123456789abcdef"`), wantStatus: 412, wantCode: "PreconditionFailed"},
+		{name: "If-Match no object", key: "missing", ifMatch: aws.String(etag), wantStatus: 404, wantCode: "NoSuchKey"},
+		{name: "both", key: "k", ifNoneMatch: aws.String("*"), ifMatch: aws.String(etag), wantStatus: 501, wantCode: "NotImplemented"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := put(tc.key, "refused", tc.ifNoneMatch, tc.ifMatch)
+			if got, code := s3HTTPStatus(err), s3ErrorCode(err); got != tc.wantStatus || code != tc.wantCode {
+				t.Errorf("Got(%s) = %d %s (%v); want %d %s", tc.name, got, code, err, tc.wantStatus, tc.wantCode)
+			}
+		})
+	}
+	second, err := put("k", "second", nil, aws.String(etag))
+	if err != nil || second == etag {
+		t.Errorf("PutObject(If-Match the ETag) = %q, %v; want a new ETag", second, err)
+	}
+	if _, err := put("k", "third", nil, aws.String(strings.Trim(second, `"`))); err != nil {
+		t.Errorf("PutObject(If-Match the ETag without quotes) = %v; want it to write", err)
+	}
+}
+
 // s3TestRoundTrip uploads data through s and checks what the server holds, read directly.
 func s3TestRoundTrip(t *testing.T, peer *s3Peer, s *S3Store, key string, data []byte) {
 	t.Helper()
@@ -209,10 +261,10 @@ func TestS3PutFileSlowDown(t *testing.T) {
 		t.Errorf("Got(%q) SlowDown answers = %d; want 5", "j/c/big", got)
 	}
 	proxy.set(func(p *s3FaultProxy) { p.slowDown = 2 })
-	if err := s.PutBytes(t.Context(), "j/c/m", []byte("m"), true); err != nil {
+	if _, err := s.PutBytes(t.Context(), "j/c/m", []byte("m"), Cond{IfAbsent: true}); err != nil {
 		t.Errorf("PutBytes(%q) after 2 SlowDown = %v; want no error", "j/c/m", err)
 	}
-	if err := s.PutBytes(t.Context(), "j/c/m", []byte("m"), true); !errors.Is(err, ErrExists) {
+	if _, err := s.PutBytes(t.Context(), "j/c/m", []byte("m"), Cond{IfAbsent: true}); !errors.Is(err, ErrExists) {
 		t.Errorf("PutBytes(%q) again = %v; want ErrExists", "j/c/m", err)
 	}
 }

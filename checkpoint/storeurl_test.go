@@ -153,8 +153,12 @@ type storeBackend struct {
 }
 
 // TestStoreConformance runs the same behaviours against every Store backend: the file store
-// always, S3 against a real versitygw.
+// always, S3 against a real versitygw, and the small-object behaviours against the tests'
+// memStore, so that tests using it see what the real stores do.
 func TestStoreConformance(t *testing.T) {
+	t.Run("mem", func(t *testing.T) {
+		storeConformanceSmall(t, func(*testing.T) Store { return newMemStore() })
+	})
 	t.Run("file", func(t *testing.T) {
 		storeConformance(t, storeBackend{
 			open: func(t *testing.T) Store {
@@ -287,7 +291,7 @@ func storeConformance(t *testing.T, b storeBackend) {
 		storeTestPut(t, s, "k", []byte("first version"))
 		second := storeTestData(2, 6<<20)
 		storeTestPut(t, s, "k", second)
-		if got, err := s.GetBytes(t.Context(), "k"); err != nil || !bytes.Equal(got, second) {
+		if got, _, err := s.GetBytes(t.Context(), "k"); err != nil || !bytes.Equal(got, second) {
 			t.Errorf("GetBytes(%q) = %d bytes, %v; want the second version", "k", len(got), err)
 		}
 	})
@@ -353,64 +357,15 @@ func storeConformance(t *testing.T, b storeBackend) {
 		})
 	}
 
-	t.Run("PutBytes/ifAbsent", func(t *testing.T) {
-		s := b.open(t)
-		key := ManifestKey("job", "c")
-		if err := s.PutBytes(t.Context(), key, []byte("first"), true); err != nil {
-			t.Fatalf("PutBytes(%q, ifAbsent) = %v; want no error", key, err)
-		}
-		if err := s.PutBytes(t.Context(), key, []byte("second"), true); !errors.Is(err, ErrExists) {
-			t.Errorf("PutBytes(%q, ifAbsent) again = %v; want ErrExists", key, err)
-		}
-		if got, err := s.GetBytes(t.Context(), key); err != nil || string(got) != "first" {
-			t.Errorf("GetBytes(%q) = %q, %v; want %q", key, got, err, "first")
-		}
-		if err := s.PutBytes(t.Context(), key, []byte("third"), false); err != nil {
-			t.Errorf("PutBytes(%q) = %v; want no error", key, err)
-		}
-		if got, err := s.GetBytes(t.Context(), key); err != nil || string(got) != "third" {
-			t.Errorf("GetBytes(%q) = %q, %v; want %q", key, got, err, "third")
-		}
-		if keys := storeTestKeys(t, s, ""); !slices.Equal(keys, []string{key}) {
-			t.Errorf("List(%q) = %q; want [%q]", "", keys, key)
-		}
-	})
-
-	t.Run("PutBytes/ifAbsent races", func(t *testing.T) {
-		s := b.open(t)
-		const writers = 8
-		errs := make([]error, writers)
-		var wg sync.WaitGroup
-		for i := range writers {
-			wg.Go(func() { errs[i] = s.PutBytes(t.Context(), "LATEST", fmt.Appendf(nil, "writer %d", i), true) })
-		}
-		wg.Wait()
-		won := -1
-		for i, err := range errs {
-			switch {
-			case err == nil && won >= 0:
-				t.Errorf("PutBytes(%q, ifAbsent) by writers %d and %d = nil; want one winner", "LATEST", won, i)
-			case err == nil:
-				won = i
-			case !errors.Is(err, ErrExists):
-				t.Errorf("PutBytes(%q, ifAbsent) by writer %d = %v; want nil or ErrExists", "LATEST", i, err)
-			}
-		}
-		if won < 0 {
-			t.Fatalf("PutBytes(%q, ifAbsent) by %d writers: none won; want one", "LATEST", writers)
-		}
-		if got, err := s.GetBytes(t.Context(), "LATEST"); err != nil || string(got) != fmt.Sprintf("writer %d", won) {
-			t.Errorf("GetBytes(%q) = %q, %v; want the winner's, writer %d", "LATEST", got, err, won)
-		}
-	})
+	storeConformanceSmall(t, b.open)
 
 	t.Run("GetBytes/missing", func(t *testing.T) {
 		s := b.open(t)
-		if err := s.PutBytes(t.Context(), "job/c/x", []byte("x"), false); err != nil {
+		if _, err := s.PutBytes(t.Context(), "job/c/x", []byte("x"), Cond{}); err != nil {
 			t.Fatal(err)
 		}
 		for _, key := range []string{"nope", "job/c", "job/c/x/y", "job/c/y"} {
-			if _, err := s.GetBytes(t.Context(), key); !errors.Is(err, ErrNotFound) {
+			if _, _, err := s.GetBytes(t.Context(), key); !errors.Is(err, ErrNotFound) {
 				t.Errorf("GetBytes(%q) = %v; want ErrNotFound", key, err)
 			}
 			if err := s.Download(t.Context(), key, storeDiscardAt{}, 1); !errors.Is(err, ErrNotFound) {
@@ -435,7 +390,7 @@ func storeConformance(t *testing.T, b storeBackend) {
 		s := b.open(t)
 		keys := []string{"j/c1/b/c", "j/c10/x", "j/LATEST", "j/c1/a", "k/y", "j/c1/_spotguard/manifest.json", "j2"}
 		for _, k := range keys {
-			if err := s.PutBytes(t.Context(), k, []byte(k), false); err != nil {
+			if _, err := s.PutBytes(t.Context(), k, []byte(k), Cond{}); err != nil {
 				t.Fatalf("PutBytes(%q) = %v; want no error", k, err)
 			}
 		}
@@ -467,7 +422,7 @@ func storeConformance(t *testing.T, b storeBackend) {
 	t.Run("Delete", func(t *testing.T) {
 		s := b.open(t)
 		for _, k := range []string{"j/c/a", "j/c/d/e", "j/LATEST"} {
-			if err := s.PutBytes(t.Context(), k, []byte(k), false); err != nil {
+			if _, err := s.PutBytes(t.Context(), k, []byte(k), Cond{}); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -485,7 +440,7 @@ func storeConformance(t *testing.T, b storeBackend) {
 			many[i] = fmt.Sprintf("m/%04d", i)
 		}
 		for _, k := range many[:20] {
-			if err := s.PutBytes(t.Context(), k, nil, false); err != nil {
+			if _, err := s.PutBytes(t.Context(), k, nil, Cond{}); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -504,13 +459,13 @@ func storeConformance(t *testing.T, b storeBackend) {
 			if _, err := s.PutFile(t.Context(), key, f, 7, nil); err == nil {
 				t.Errorf("PutFile(%q) = nil; want an error", key)
 			}
-			if err := s.PutBytes(t.Context(), key, []byte("x"), false); err == nil {
+			if _, err := s.PutBytes(t.Context(), key, []byte("x"), Cond{}); err == nil {
 				t.Errorf("PutBytes(%q) = nil; want an error", key)
 			}
-			if err := s.PutBytes(t.Context(), key, []byte("x"), true); err == nil || errors.Is(err, ErrExists) {
+			if _, err := s.PutBytes(t.Context(), key, []byte("x"), Cond{IfAbsent: true}); err == nil || errors.Is(err, ErrExists) {
 				t.Errorf("PutBytes(%q, ifAbsent) = %v; want a key error", key, err)
 			}
-			if _, err := s.GetBytes(t.Context(), key); err == nil || errors.Is(err, ErrNotFound) {
+			if _, _, err := s.GetBytes(t.Context(), key); err == nil || errors.Is(err, ErrNotFound) {
 				t.Errorf("GetBytes(%q) = %v; want a key error", key, err)
 			}
 			if err := s.Download(t.Context(), key, storeDiscardAt{}, 7); err == nil || errors.Is(err, ErrNotFound) {
@@ -524,6 +479,198 @@ func storeConformance(t *testing.T, b storeBackend) {
 			t.Errorf("List(%q) = %q; want nothing", "", keys)
 		}
 	})
+}
+
+// storeConformanceSmall runs the behaviours of small objects (conditional writes, ETags)
+// against the stores open returns.
+func storeConformanceSmall(t *testing.T, open func(t *testing.T) Store) {
+	t.Run("PutBytes/ifAbsent", func(t *testing.T) {
+		s := open(t)
+		key := ManifestKey("job", "c")
+		if _, err := s.PutBytes(t.Context(), key, []byte("first"), Cond{IfAbsent: true}); err != nil {
+			t.Fatalf("PutBytes(%q, ifAbsent) = %v; want no error", key, err)
+		}
+		if _, err := s.PutBytes(t.Context(), key, []byte("second"), Cond{IfAbsent: true}); !errors.Is(err, ErrExists) {
+			t.Errorf("PutBytes(%q, ifAbsent) again = %v; want ErrExists", key, err)
+		}
+		if got, _, err := s.GetBytes(t.Context(), key); err != nil || string(got) != "first" {
+			t.Errorf("GetBytes(%q) = %q, %v; want %q", key, got, err, "first")
+		}
+		if _, err := s.PutBytes(t.Context(), key, []byte("third"), Cond{}); err != nil {
+			t.Errorf("PutBytes(%q) = %v; want no error", key, err)
+		}
+		if got, _, err := s.GetBytes(t.Context(), key); err != nil || string(got) != "third" {
+			t.Errorf("GetBytes(%q) = %q, %v; want %q", key, got, err, "third")
+		}
+		if keys := storeTestKeys(t, s, ""); !slices.Equal(keys, []string{key}) {
+			t.Errorf("List(%q) = %q; want [%q]", "", keys, key)
+		}
+	})
+
+	t.Run("PutBytes/ifAbsent races", func(t *testing.T) {
+		s := open(t)
+		const writers = 8
+		errs := make([]error, writers)
+		var wg sync.WaitGroup
+		for i := range writers {
+			wg.Go(func() {
+				_, errs[i] = s.PutBytes(t.Context(), "LATEST", fmt.Appendf(nil, "writer %d", i), Cond{IfAbsent: true})
+			})
+		}
+		wg.Wait()
+		won := -1
+		for i, err := range errs {
+			switch {
+			case err == nil && won >= 0:
+				t.Errorf("PutBytes(%q, ifAbsent) by writers %d and %d = nil; want one winner", "LATEST", won, i)
+			case err == nil:
+				won = i
+			case !errors.Is(err, ErrExists):
+				t.Errorf("PutBytes(%q, ifAbsent) by writer %d = %v; want nil or ErrExists", "LATEST", i, err)
+			}
+		}
+		if won < 0 {
+			t.Fatalf("PutBytes(%q, ifAbsent) by %d writers: none won; want one", "LATEST", writers)
+		}
+		if got, _, err := s.GetBytes(t.Context(), "LATEST"); err != nil || string(got) != fmt.Sprintf("writer %d", won) {
+			t.Errorf("GetBytes(%q) = %q, %v; want the winner's, writer %d", "LATEST", got, err, won)
+		}
+	})
+
+	t.Run("PutBytes/ETag", func(t *testing.T) {
+		s := open(t)
+		e1, err := s.PutBytes(t.Context(), "j/LATEST", []byte("one"), Cond{})
+		if err != nil || e1 == "" {
+			t.Fatalf("PutBytes(%q) = %q, %v; want an ETag", "j/LATEST", e1, err)
+		}
+		if data, got, err := s.GetBytes(t.Context(), "j/LATEST"); err != nil || string(data) != "one" || got != e1 {
+			t.Errorf("GetBytes(%q) = %q, %q, %v; want %q with the ETag PutBytes returned, %q", "j/LATEST", data, got, err, "one", e1)
+		}
+		e2, err := s.PutBytes(t.Context(), "j/LATEST", []byte("two"), Cond{})
+		if err != nil || e2 == "" || e2 == e1 {
+			t.Errorf("PutBytes(%q) of other bytes = %q, %v; want an ETag other than %q", "j/LATEST", e2, err, e1)
+		}
+		if _, got, err := s.GetBytes(t.Context(), "j/LATEST"); err != nil || got != e2 {
+			t.Errorf("GetBytes(%q) ETag = %q, %v; want %q", "j/LATEST", got, err, e2)
+		}
+	})
+
+	t.Run("PutBytes/ifMatch", func(t *testing.T) {
+		s := open(t)
+		const key = "j/LATEST"
+		first, err := s.PutBytes(t.Context(), key, []byte("first"), Cond{IfAbsent: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		second, err := s.PutBytes(t.Context(), key, []byte("second"), Cond{IfMatch: first})
+		if err != nil || second == "" {
+			t.Fatalf("PutBytes(%q, IfMatch the current ETag) = %q, %v; want a new ETag", key, second, err)
+		}
+		if data, etag, err := s.GetBytes(t.Context(), key); err != nil || string(data) != "second" || etag != second {
+			t.Errorf("GetBytes(%q) = %q, %q, %v; want %q, %q", key, data, etag, err, "second", second)
+		}
+		tests := []struct {
+			name string
+			key  string
+			cond Cond
+			want error // ErrPrecondition, ErrExists, or nil for another error
+		}{
+			{name: "stale ETag", key: key, cond: Cond{IfMatch: first}, want: ErrPrecondition},
+			{name: "made-up ETag", key: key, cond: Cond{IfMatch: `"0123456789abcdef0123456789abcdef"`}, want: ErrPrecondition},
+			{name: "no object", key: "j/missing", cond: Cond{IfMatch: second}, want: ErrPrecondition},
+			{name: "no directory", key: "nodir/deeper/LATEST", cond: Cond{IfMatch: second}, want: ErrPrecondition},
+			{name: "IfAbsent on an object", key: key, cond: Cond{IfAbsent: true}, want: ErrExists},
+			{name: "both conditions", key: key, cond: Cond{IfAbsent: true, IfMatch: second}},
+			{name: "both conditions, no object", key: "j/other", cond: Cond{IfAbsent: true, IfMatch: second}},
+			{name: "IfMatch *", key: key, cond: Cond{IfMatch: "*"}},
+		}
+		for _, tc := range tests {
+			t.Run(tc.name, func(t *testing.T) {
+				etag, err := s.PutBytes(t.Context(), tc.key, []byte("refused"), tc.cond)
+				switch {
+				case tc.want != nil && !errors.Is(err, tc.want):
+					t.Errorf("PutBytes(%q, %+v) = %q, %v; want %v", tc.key, tc.cond, etag, err, tc.want)
+				case tc.want == nil && (err == nil || errors.Is(err, ErrPrecondition) || errors.Is(err, ErrExists)):
+					t.Errorf("PutBytes(%q, %+v) = %q, %v; want an error for the Cond itself", tc.key, tc.cond, etag, err)
+				case etag != "":
+					t.Errorf("PutBytes(%q, %+v) ETag = %q; want none with an error", tc.key, tc.cond, etag)
+				}
+			})
+		}
+		if data, etag, err := s.GetBytes(t.Context(), key); err != nil || string(data) != "second" || etag != second {
+			t.Errorf("GetBytes(%q) after refused writes = %q, %q, %v; want %q, %q", key, data, etag, err, "second", second)
+		}
+		if got := storeTestKeys(t, s, ""); !slices.Equal(got, []string{key}) {
+			t.Errorf("List(%q) after refused writes = %q; want [%q]", "", got, key)
+		}
+		// A deleted object matches no ETag.
+		if err := s.Delete(t.Context(), key); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.PutBytes(t.Context(), key, []byte("again"), Cond{IfMatch: second}); !errors.Is(err, ErrPrecondition) {
+			t.Errorf("PutBytes(%q, IfMatch) after Delete = %v; want ErrPrecondition", key, err)
+		}
+		if _, _, err := s.GetBytes(t.Context(), key); !errors.Is(err, ErrNotFound) {
+			t.Errorf("GetBytes(%q) = %v; want ErrNotFound", key, err)
+		}
+	})
+
+	// Writers that read the same ETag race to move the object on; exactly one wins each round,
+	// and an if-absent writer in the race always loses.
+	t.Run("PutBytes/ifMatch races", func(t *testing.T) {
+		s := open(t)
+		const (
+			key     = "j/LATEST"
+			rounds  = 100
+			writers = 4
+		)
+		etag, err := s.PutBytes(t.Context(), key, []byte("start"), Cond{IfAbsent: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for round := range rounds {
+			start := make(chan struct{})
+			etags := make([]string, writers)
+			errs := make([]error, writers)
+			var absentErr error
+			var wg sync.WaitGroup
+			for i := range writers {
+				wg.Go(func() {
+					<-start
+					etags[i], errs[i] = s.PutBytes(t.Context(), key, fmt.Appendf(nil, "round %d writer %d", round, i), Cond{IfMatch: etag})
+				})
+			}
+			wg.Go(func() {
+				<-start
+				_, absentErr = s.PutBytes(t.Context(), key, []byte("absent"), Cond{IfAbsent: true})
+			})
+			close(start)
+			wg.Wait()
+			if !errors.Is(absentErr, ErrExists) {
+				t.Errorf("round %d: PutBytes(%q, IfAbsent) = %v; want ErrExists", round, key, absentErr)
+			}
+			won := -1
+			for i, err := range errs {
+				switch {
+				case err == nil && won >= 0:
+					t.Fatalf("round %d: PutBytes(%q, IfMatch %s) by writers %d and %d = nil; want one winner", round, key, etag, won, i)
+				case err == nil:
+					won = i
+				case !errors.Is(err, ErrPrecondition):
+					t.Fatalf("round %d: PutBytes(%q, IfMatch) by writer %d = %v; want nil or ErrPrecondition", round, key, i, err)
+				}
+			}
+			if won < 0 {
+				t.Fatalf("round %d: PutBytes(%q, IfMatch %s) by %d writers: none won; want one", round, key, etag, writers)
+			}
+			data, got, err := s.GetBytes(t.Context(), key)
+			if want := fmt.Sprintf("round %d writer %d", round, won); err != nil || string(data) != want || got != etags[won] {
+				t.Fatalf("round %d: GetBytes(%q) = %q, %q, %v; want the winner's %q, %q", round, key, data, got, err, want, etags[won])
+			}
+			etag = got
+		}
+	})
+
 }
 
 // storeDiscardAt is an io.WriterAt that drops what it gets.
@@ -561,10 +708,10 @@ func TestOpenStoreEndpointFromEnv(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := s.PutBytes(t.Context(), "j/LATEST", []byte("env"), true); err != nil {
+	if _, err := s.PutBytes(t.Context(), "j/LATEST", []byte("env"), Cond{IfAbsent: true}); err != nil {
 		t.Fatalf("PutBytes(%q) = %v; want no error", "j/LATEST", err)
 	}
-	if got, err := s.GetBytes(t.Context(), "j/LATEST"); err != nil || string(got) != "env" {
+	if got, _, err := s.GetBytes(t.Context(), "j/LATEST"); err != nil || string(got) != "env" {
 		t.Errorf("GetBytes(%q) = %q, %v; want %q", "j/LATEST", got, err, "env")
 	}
 }

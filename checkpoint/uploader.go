@@ -811,7 +811,7 @@ func (u *Uploader) commit(ctx context.Context, name string, stored map[string]st
 	if err != nil {
 		return commitResult{ckpt: name, err: err}
 	}
-	err = u.cfg.Store.PutBytes(ctx, ManifestKey(u.cfg.Job, name), data, true)
+	_, err = u.cfg.Store.PutBytes(ctx, ManifestKey(u.cfg.Job, name), data, Cond{IfAbsent: true})
 	already := errors.Is(err, ErrExists)
 	if err != nil && !already {
 		return commitResult{ckpt: name, err: fmt.Errorf("write manifest: %w", err)}
@@ -856,7 +856,7 @@ func (u *Uploader) scanOne(name string) (LocalCheckpoint, error) {
 // updateLatest points LATEST at m unless it already names a checkpoint that completed later.
 func (u *Uploader) updateLatest(ctx context.Context, m *Manifest) error {
 	key := LatestKey(u.cfg.Job)
-	if b, err := u.cfg.Store.GetBytes(ctx, key); err == nil {
+	if b, _, err := u.cfg.Store.GetBytes(ctx, key); err == nil {
 		var cur Latest
 		if json.Unmarshal(b, &cur) == nil && cur.Checkpoint != m.Checkpoint {
 			if cm, err := ReadManifest(ctx, u.cfg.Store, u.cfg.Job, cur.Checkpoint); err == nil && completedAfter(cm, m) {
@@ -870,7 +870,8 @@ func (u *Uploader) updateLatest(ctx context.Context, m *Manifest) error {
 	if err != nil {
 		return err
 	}
-	return u.cfg.Store.PutBytes(ctx, key, data, false)
+	_, err = u.cfg.Store.PutBytes(ctx, key, data, Cond{})
+	return err
 }
 
 // completedAfter reports whether a's checkpoint was completed (written) after b's; commit time

@@ -137,7 +137,7 @@ func TestUploaderCommitsCheckpoint(t *testing.T) {
 			}
 		}
 	}
-	latest, err := store.GetBytes(t.Context(), LatestKey("job"))
+	latest, _, err := store.GetBytes(t.Context(), LatestKey("job"))
 	var l Latest
 	if err != nil || json.Unmarshal(latest, &l) != nil || l.Checkpoint != "step-000100" {
 		t.Errorf("LATEST = %s (%v); want step-000100", latest, err)
@@ -275,7 +275,7 @@ func TestUploaderFinishesNoticeUploadAfterStop(t *testing.T) {
 	}
 	close(bs.release)
 	<-r.done
-	if _, err := mem.GetBytes(t.Context(), ManifestKey("job", "step-9")); err != nil {
+	if _, _, err := mem.GetBytes(t.Context(), ManifestKey("job", "step-9")); err != nil {
 		t.Fatalf("manifest after stop: %v; want it committed", err)
 	}
 	ev := r.waitCommitted("step-9")
@@ -295,7 +295,7 @@ func TestUploaderDeadlinePassesNoManifest(t *testing.T) {
 	<-bs.started
 	r.cancel()
 	<-r.done // returns at the deadline, release never comes
-	if _, err := mem.GetBytes(t.Context(), ManifestKey("job", "step-9")); err == nil {
+	if _, _, err := mem.GetBytes(t.Context(), ManifestKey("job", "step-9")); err == nil {
 		t.Fatal("a manifest exists for an upload abandoned at the deadline")
 	}
 }
