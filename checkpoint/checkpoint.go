@@ -14,9 +14,11 @@ package checkpoint
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"path"
+	"strings"
 	"time"
 )
 
@@ -100,13 +102,36 @@ type Store interface {
 	// Download writes the object at key, which must be size bytes long, into w with parallel
 	// ranged reads. ErrNotFound if there is none; an error if its size differs.
 	Download(ctx context.Context, key string, w io.WriterAt, size int64) error
-	// List returns every object whose key starts with prefix, sorted by key.
+	// List returns every object whose key starts with prefix, sorted by key. It reads every
+	// object below prefix, so its cost grows with the store's history: prefer ListDir.
 	List(ctx context.Context, prefix string) ([]ObjectInfo, error)
+	// ListDir lists one level below prefix, which is "" or ends with "/": the names of the
+	// "sub-directories" (the next key element of every deeper key, without the slash, each once)
+	// and the objects directly under prefix, both sorted. A prefix with nothing below it gives
+	// none of either and no error. It returns an error for any other prefix, a store that
+	// failed, or ctx ended.
+	ListDir(ctx context.Context, prefix string) (dirs []string, objs []ObjectInfo, err error)
 	// Delete removes the objects; keys that do not exist are not an error.
 	Delete(ctx context.Context, keys ...string) error
 	// AbortIncomplete aborts the incomplete multipart uploads under prefix that started before
 	// olderThan and returns how many it aborted (always 0 for stores without multipart uploads).
 	AbortIncomplete(ctx context.Context, prefix string, olderThan time.Time) (int, error)
+}
+
+// checkDirPrefix returns an error unless prefix is "" or a valid key followed by "/", the
+// prefixes ListDir takes.
+func checkDirPrefix(prefix string) error {
+	if prefix == "" {
+		return nil
+	}
+	dir, ok := strings.CutSuffix(prefix, "/")
+	if !ok {
+		return fmt.Errorf("prefix %q does not end with a slash", prefix)
+	}
+	if err := checkStoreKey(dir); err != nil {
+		return fmt.Errorf("prefix %q: %w", prefix, err)
+	}
+	return nil
 }
 
 // DataKey is the key of a checkpoint's file: job/checkpoint/rel.

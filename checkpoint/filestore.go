@@ -28,7 +28,7 @@ import (
 //
 // Names that start with ".spotguard-" are the store's own: temporary files
 // (".spotguard-tmp-…") and lock files (".spotguard-lock-<base name of the key>"). They are never
-// objects: List and Download do not show them, and a key with such an element is
+// objects: List, ListDir and Download do not show them, and a key with such an element is
 // refused.
 //
 // An object's ETag is a digest of its bytes (the first 16 bytes of its SHA-256, in hex, quoted
@@ -509,9 +509,10 @@ func (s *FileStore) walk(ctx context.Context, prefix string, temps bool, fn func
 	return err
 }
 
-// List returns every object whose key starts with prefix, sorted by key. The store's own files
-// (".spotguard-…"), directories, symbolic links and other non-regular files are not objects. It
-// returns an error for an I/O error and when ctx is done first.
+// List returns every object whose key starts with prefix, sorted by key, walking every
+// directory below prefix. The store's own files (".spotguard-…"), directories, symbolic links
+// and other non-regular files are not objects. It returns an error for an I/O error and when
+// ctx is done first.
 func (s *FileStore) List(ctx context.Context, prefix string) ([]ObjectInfo, error) {
 	var out []ObjectInfo
 	err := s.walk(ctx, prefix, false, func(_ *os.Root, key string, fi fs.FileInfo) error {
@@ -523,6 +524,78 @@ func (s *FileStore) List(ctx context.Context, prefix string) ([]ObjectInfo, erro
 	}
 	slices.SortFunc(out, func(a, b ObjectInfo) int { return strings.Compare(a.Key, b.Key) })
 	return out, nil
+}
+
+// ListDir lists one level below prefix with one read of its directory: sub-directories are the
+// dirs, regular files the objs (with their whole keys), both sorted. The store's own names
+// (".spotguard-…"), names that cannot be a key element, symbolic links and other files are
+// skipped. Unlike S3, which lists only prefixes with objects below them, it lists every
+// sub-directory, also one that holds no object (only a lock file, or a write in progress). A
+// missing directory, or a prefix through a file or whose last element is a symbolic link, gives
+// nothing and no error. It returns an error for a prefix that is neither "" nor a valid key
+// followed by "/", for an I/O error (such as a prefix through a symbolic link that leaves the
+// root), and when ctx is done first.
+func (s *FileStore) ListDir(ctx context.Context, prefix string) ([]string, []ObjectInfo, error) {
+	if err := checkDirPrefix(prefix); err != nil {
+		return nil, nil, fmt.Errorf("list %q: %w", prefix, err)
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, nil, fmt.Errorf("list %q: %w", prefix, err)
+	}
+	r, err := os.OpenRoot(s.root)
+	if err != nil {
+		return nil, nil, fmt.Errorf("open file store root: %w", err)
+	}
+	defer fileCloseRoot(r)
+	dir := "."
+	if prefix != "" {
+		dir = strings.TrimSuffix(prefix, "/")
+	}
+	if dir != "." {
+		fi, err := r.Lstat(dir)
+		if fileIsNotFound(err) || err == nil && !fi.IsDir() {
+			return nil, nil, nil // nothing, a file, or a symbolic link
+		}
+		if err != nil {
+			return nil, nil, fmt.Errorf("list %q: %w", prefix, err)
+		}
+	}
+	d, err := r.OpenFile(dir, os.O_RDONLY|syscall.O_DIRECTORY|syscall.O_NOFOLLOW, 0)
+	if fileIsNotFound(err) || errors.Is(err, syscall.ELOOP) {
+		return nil, nil, nil
+	}
+	if err != nil {
+		return nil, nil, fmt.Errorf("list %q: %w", prefix, err)
+	}
+	defer d.Close()
+	entries, err := d.ReadDir(-1)
+	if err != nil {
+		return nil, nil, fmt.Errorf("list %q: %w", prefix, err)
+	}
+	var dirs []string
+	var objs []ObjectInfo
+	for _, e := range entries {
+		name := e.Name()
+		if strings.HasPrefix(name, fileReservedPrefix) || checkStoreKey(name) != nil {
+			continue
+		}
+		switch {
+		case e.IsDir():
+			dirs = append(dirs, name)
+		case e.Type().IsRegular():
+			fi, err := e.Info()
+			if fileIsNotFound(err) {
+				continue // removed meanwhile
+			}
+			if err != nil {
+				return nil, nil, fmt.Errorf("list %q: %w", prefix, err)
+			}
+			objs = append(objs, ObjectInfo{Key: prefix + name, Size: fi.Size(), LastModified: fi.ModTime()})
+		}
+	}
+	slices.Sort(dirs)
+	slices.SortFunc(objs, func(a, b ObjectInfo) int { return strings.Compare(a.Key, b.Key) })
+	return dirs, objs, nil
 }
 
 // Delete removes the files of keys, then each one's parent directories up to root while they

@@ -192,6 +192,23 @@ func TestFileStoreOwnFiles(t *testing.T) {
 	if got := storeTestKeys(t, s, ""); !slices.Equal(got, []string{"j/LATEST", "j/c/x"}) {
 		t.Errorf("List(%q) = %q; want [j/LATEST j/c/x]", "", got)
 	}
+	for _, tc := range []struct {
+		prefix   string
+		wantDirs []string
+		wantObjs []string
+	}{
+		{"", []string{"j"}, nil},
+		{"j/", []string{"c"}, []string{"j/LATEST"}},
+	} {
+		dirs, objs, err := s.ListDir(t.Context(), tc.prefix)
+		var keys []string
+		for _, o := range objs {
+			keys = append(keys, o.Key)
+		}
+		if err != nil || !slices.Equal(dirs, tc.wantDirs) || !slices.Equal(keys, tc.wantObjs) {
+			t.Errorf("ListDir(%q) = %q, %q, %v; want %q, %q", tc.prefix, dirs, keys, err, tc.wantDirs, tc.wantObjs)
+		}
+	}
 	for _, key := range []string{"j/" + fileLockPrefix + "LATEST", "j/" + fileTempPrefix + "abc", "j/.spotguard-future", ".spotguard-dir/x", "j/.spotguard-dir/inside"} {
 		if _, err := s.PutBytes(t.Context(), key, []byte("x"), Cond{}); err == nil {
 			t.Errorf("PutBytes(%q) = nil; want an error for a reserved name", key)
@@ -279,6 +296,14 @@ func TestFileStoreSymlinks(t *testing.T) {
 	}
 	if got := storeTestKeys(t, s, ""); len(got) != 0 {
 		t.Errorf("List(%q) = %q; want nothing (links are not objects)", "", got)
+	}
+	for _, prefix := range []string{"", "linkdir/"} {
+		if dirs, objs, err := s.ListDir(t.Context(), prefix); err != nil || len(dirs)+len(objs) != 0 {
+			t.Errorf("ListDir(%q) = %q, %v, %v; want nothing (links are neither objects nor directories)", prefix, dirs, objs, err)
+		}
+	}
+	if dirs, objs, err := s.ListDir(t.Context(), "linkdir/deeper/"); err == nil && len(dirs)+len(objs) != 0 {
+		t.Errorf("ListDir(%q) = %q, %v; want nothing or an error", "linkdir/deeper/", dirs, objs)
 	}
 	if got := fileTree(t, outside); !slices.Equal(got, []string{"secret"}) {
 		t.Errorf("outside the root: %q; want only [secret]", got)

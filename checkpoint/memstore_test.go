@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"testing"
 	"time"
 )
 
@@ -17,7 +18,7 @@ import (
 // behave as in the real stores, with the same ETags as FileStore (a digest of the bytes); it has
 // no incomplete uploads. Knobs make it misbehave per key: fail (any method touching the key
 // returns the error), corrupt (Download writes the object with one bit flipped), hang (the next
-// Download blocks until its ctx ends).
+// Download blocks until its ctx ends). It counts its listings (stats).
 type memStore struct {
 	mu        sync.Mutex
 	objs      map[string][]byte
@@ -26,6 +27,16 @@ type memStore struct {
 	hang      map[string]chan struct{}
 	listErr   error
 	downloads []string // keys passed to Download, in call order
+	listed    memListStats
+}
+
+// memListStats counts a memStore's listings, so tests and benchmarks can show how much of the
+// store a caller reads.
+type memListStats struct {
+	Lists    int // List calls
+	ListDirs int // ListDir calls
+	Objects  int // ObjectInfos returned by List and ListDir
+	Dirs     int // directory names returned by ListDir
 }
 
 var _ Store = (*memStore)(nil)
@@ -75,6 +86,13 @@ func (s *memStore) hangKey(key string) <-chan struct{} {
 	entered := make(chan struct{})
 	s.hang[key] = entered
 	return entered
+}
+
+// stats returns the listings counted so far.
+func (s *memStore) stats() memListStats {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.listed
 }
 
 // downloaded returns the keys passed to Download so far.
@@ -210,7 +228,43 @@ func (s *memStore) List(ctx context.Context, prefix string) ([]ObjectInfo, error
 		}
 	}
 	slices.SortFunc(out, func(a, b ObjectInfo) int { return strings.Compare(a.Key, b.Key) })
+	s.listed.Lists++
+	s.listed.Objects += len(out)
 	return out, nil
+}
+
+func (s *memStore) ListDir(ctx context.Context, prefix string) ([]string, []ObjectInfo, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := ctx.Err(); err != nil {
+		return nil, nil, err
+	}
+	if s.listErr != nil {
+		return nil, nil, s.listErr
+	}
+	if err := checkDirPrefix(prefix); err != nil {
+		return nil, nil, fmt.Errorf("memstore: list %q: %w", prefix, err)
+	}
+	var dirs []string
+	var objs []ObjectInfo
+	for k, v := range s.objs {
+		rest, ok := strings.CutPrefix(k, prefix)
+		if !ok {
+			continue
+		}
+		if dir, _, deeper := strings.Cut(rest, "/"); deeper {
+			dirs = append(dirs, dir)
+		} else {
+			objs = append(objs, ObjectInfo{Key: k, Size: int64(len(v))})
+		}
+	}
+	slices.Sort(dirs)
+	dirs = slices.Compact(dirs)
+	slices.SortFunc(objs, func(a, b ObjectInfo) int { return strings.Compare(a.Key, b.Key) })
+	s.listed.ListDirs++
+	s.listed.Objects += len(objs)
+	s.listed.Dirs += len(dirs)
+	return dirs, objs, nil
 }
 
 func (s *memStore) Delete(ctx context.Context, keys ...string) error {
@@ -227,4 +281,24 @@ func (s *memStore) Delete(ctx context.Context, keys ...string) error {
 
 func (s *memStore) AbortIncomplete(ctx context.Context, prefix string, olderThan time.Time) (int, error) {
 	return 0, ctx.Err()
+}
+
+func TestMemStoreStats(t *testing.T) {
+	s := newMemStore()
+	for _, k := range []string{"j/LATEST", "j/c/1/a", "j/c/1/b", "j/c/2/a"} {
+		s.put(k, []byte(k))
+	}
+	if _, err := s.List(t.Context(), "j/"); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := s.ListDir(t.Context(), "j/"); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := s.ListDir(t.Context(), "j/c/"); err != nil {
+		t.Fatal(err)
+	}
+	want := memListStats{Lists: 1, ListDirs: 2, Objects: 4 + 1, Dirs: 1 + 2}
+	if got := s.stats(); got != want {
+		t.Errorf("Got(%q) stats = %+v; want %+v", "j/", got, want)
+	}
 }

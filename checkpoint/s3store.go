@@ -653,7 +653,7 @@ func (s *S3Store) getRange(ctx context.Context, okey string, etag *string, w io.
 
 // List returns every object whose key starts with prefix, sorted by key; "directory" marker
 // objects (keys ending in "/") are not listed. It returns an error for a request that fails for
-// good.
+// good or is cut short by ctx.
 func (s *S3Store) List(ctx context.Context, prefix string) ([]ObjectInfo, error) {
 	kp := s.keyPrefix()
 	pages := s3.NewListObjectsV2Paginator(s.client, &s3.ListObjectsV2Input{
@@ -676,6 +676,51 @@ func (s *S3Store) List(ctx context.Context, prefix string) ([]ObjectInfo, error)
 	}
 	slices.SortFunc(out, func(a, b ObjectInfo) int { return strings.Compare(a.Key, b.Key) })
 	return out, nil
+}
+
+// ListDir lists one level below prefix with ListObjectsV2 and the delimiter "/", page by page:
+// the common prefixes are the dirs (their last element, without the slash), the objects the
+// objs (with their whole keys), both sorted. "Directory" marker objects (keys ending in "/")
+// and common prefixes that are not a valid key element (from keys with "//") are not listed.
+// It returns an error for a prefix that is neither "" nor a valid key followed by "/", and for a
+// request that fails for good or is cut short by ctx.
+func (s *S3Store) ListDir(ctx context.Context, prefix string) ([]string, []ObjectInfo, error) {
+	if err := checkDirPrefix(prefix); err != nil {
+		return nil, nil, fmt.Errorf("list %s/%s: %w", s.URL(), prefix, err)
+	}
+	kp := s.keyPrefix()
+	pages := s3.NewListObjectsV2Paginator(s.client, &s3.ListObjectsV2Input{
+		Bucket:    &s.bucket,
+		Prefix:    aws.String(kp + prefix),
+		Delimiter: aws.String("/"),
+	})
+	var dirs []string
+	var objs []ObjectInfo
+	for pages.HasMorePages() {
+		page, err := pages.NextPage(ctx)
+		if err != nil {
+			return nil, nil, fmt.Errorf("list %s/%s: %w", s.URL(), prefix, err)
+		}
+		for _, cp := range page.CommonPrefixes {
+			rest, ok := strings.CutPrefix(aws.ToString(cp.Prefix), kp+prefix)
+			name, slash := strings.CutSuffix(rest, "/")
+			if ok && slash && checkStoreKey(name) == nil && !strings.Contains(name, "/") {
+				dirs = append(dirs, name)
+			}
+		}
+		for _, o := range page.Contents {
+			key, ok := strings.CutPrefix(aws.ToString(o.Key), kp)
+			name, under := strings.CutPrefix(key, prefix)
+			if !ok || !under || name == "" || strings.Contains(name, "/") {
+				continue
+			}
+			objs = append(objs, ObjectInfo{Key: key, Size: aws.ToInt64(o.Size), LastModified: aws.ToTime(o.LastModified)})
+		}
+	}
+	slices.Sort(dirs)
+	dirs = slices.Compact(dirs)
+	slices.SortFunc(objs, func(a, b ObjectInfo) int { return strings.Compare(a.Key, b.Key) })
+	return dirs, objs, nil
 }
 
 // Delete removes the objects with DeleteObjects, 1000 keys a request, or one DeleteObject each

@@ -153,8 +153,8 @@ type storeBackend struct {
 }
 
 // TestStoreConformance runs the same behaviours against every Store backend: the file store
-// always, S3 against a real versitygw, and the small-object behaviours against the tests'
-// memStore, so that tests using it see what the real stores do.
+// always, S3 against a real versitygw, and the small-object and listing behaviours against the
+// tests' memStore, so that tests using it see what the real stores do.
 func TestStoreConformance(t *testing.T) {
 	t.Run("mem", func(t *testing.T) {
 		storeConformanceSmall(t, func(*testing.T) Store { return newMemStore() })
@@ -481,8 +481,8 @@ func storeConformance(t *testing.T, b storeBackend) {
 	})
 }
 
-// storeConformanceSmall runs the behaviours of small objects (conditional writes, ETags)
-// against the stores open returns.
+// storeConformanceSmall runs the behaviours of small objects (conditional writes, ETags),
+// ListDir and AbortIncomplete's prefix rule against the stores open returns.
 func storeConformanceSmall(t *testing.T, open func(t *testing.T) Store) {
 	t.Run("PutBytes/ifAbsent", func(t *testing.T) {
 		s := open(t)
@@ -668,6 +668,51 @@ func storeConformanceSmall(t *testing.T, open func(t *testing.T) Store) {
 				t.Fatalf("round %d: GetBytes(%q) = %q, %q, %v; want the winner's %q, %q", round, key, data, got, err, want, etags[won])
 			}
 			etag = got
+		}
+	})
+
+	t.Run("ListDir", func(t *testing.T) {
+		s := open(t)
+		keys := []string{"j/c1/b/c", "j/c10/x", "j/LATEST", "j/c1/a", "k/y", "j/c1/_spotguard/manifest.json", "j2", "j/c1/b/d"}
+		for _, k := range keys {
+			if _, err := s.PutBytes(t.Context(), k, []byte(k), Cond{}); err != nil {
+				t.Fatalf("PutBytes(%q) = %v; want no error", k, err)
+			}
+		}
+		tests := []struct {
+			prefix   string
+			wantDirs []string
+			wantObjs []string
+		}{
+			{"", []string{"j", "k"}, []string{"j2"}},
+			{"j/", []string{"c1", "c10"}, []string{"j/LATEST"}},
+			{"j/c1/", []string{"_spotguard", "b"}, []string{"j/c1/a"}},
+			{"j/c1/b/", nil, []string{"j/c1/b/c", "j/c1/b/d"}},
+			{"j/c2/", nil, nil},
+			{"j2/", nil, nil},
+			{"j/LATEST/", nil, nil},
+		}
+		for _, tc := range tests {
+			dirs, objs, err := s.ListDir(t.Context(), tc.prefix)
+			if err != nil {
+				t.Errorf("ListDir(%q) = %v; want no error", tc.prefix, err)
+				continue
+			}
+			var keys []string
+			for _, o := range objs {
+				keys = append(keys, o.Key)
+				if o.Size != int64(len(o.Key)) {
+					t.Errorf("ListDir(%q) size of %q = %d; want %d", tc.prefix, o.Key, o.Size, len(o.Key))
+				}
+			}
+			if !slices.Equal(dirs, tc.wantDirs) || !slices.Equal(keys, tc.wantObjs) {
+				t.Errorf("ListDir(%q) = %q, %q; want %q, %q", tc.prefix, dirs, keys, tc.wantDirs, tc.wantObjs)
+			}
+		}
+		for _, prefix := range []string{"j", "j/c1", "/", "/j/", "j//", "../", "./", "j/../"} {
+			if dirs, objs, err := s.ListDir(t.Context(), prefix); err == nil {
+				t.Errorf("ListDir(%q) = %q, %v, nil; want an error", prefix, dirs, objs)
+			}
 		}
 	})
 
