@@ -113,13 +113,17 @@ type Store interface {
 	ListDir(ctx context.Context, prefix string) (dirs []string, objs []ObjectInfo, err error)
 	// Delete removes the objects; keys that do not exist are not an error.
 	Delete(ctx context.Context, keys ...string) error
-	// AbortIncomplete aborts the incomplete multipart uploads under prefix that started before
-	// olderThan and returns how many it aborted (always 0 for stores without multipart uploads).
-	AbortIncomplete(ctx context.Context, prefix string, olderThan time.Time) (int, error)
+	// AbortIncomplete aborts the incomplete uploads under prefix (S3 multipart uploads; the
+	// file store's temporary files) that this Store value is not running now, and returns how
+	// many. prefix must end with "/" (a commit's prefix, which only one agent writes): keys that
+	// merely start with the same characters ("shard_1" vs "shard_10") are never touched. It
+	// returns an error for any other prefix, and, with the count so far, for a store that
+	// failed or ctx ended.
+	AbortIncomplete(ctx context.Context, prefix string) (int, error)
 }
 
 // checkDirPrefix returns an error unless prefix is "" or a valid key followed by "/", the
-// prefixes ListDir takes.
+// prefixes ListDir and AbortIncomplete take (AbortIncomplete refuses "" itself).
 func checkDirPrefix(prefix string) error {
 	if prefix == "" {
 		return nil

@@ -14,8 +14,8 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"syscall"
-	"time"
 
 	"golang.org/x/sync/errgroup"
 )
@@ -50,8 +50,16 @@ import (
 //   - Unconditional PutBytes, PutFile and Delete take no lock: one that lands between an
 //     If-Match write's check and its rename is overwritten by that write (a Delete is undone).
 //     Write a key that is moved with If-Match only with IfAbsent and IfMatch.
+//
+// The store remembers the temporary files it has open, so AbortIncomplete never removes one.
 type FileStore struct {
 	root string
+
+	// mu guards temps.
+	mu sync.Mutex
+	// temps holds the paths, relative to root, of the temporary files this store has created
+	// (or is about to) and not yet renamed, linked or removed.
+	temps map[string]struct{}
 }
 
 var _ Store = (*FileStore)(nil)
@@ -60,7 +68,8 @@ const (
 	// fileReservedPrefix starts every name the store uses for itself; no key element may
 	// start with it.
 	fileReservedPrefix = ".spotguard-"
-	// fileTempPrefix starts the name of every temporary file; AbortIncomplete removes old ones.
+	// fileTempPrefix starts the name of every temporary file; AbortIncomplete removes those
+	// this store value does not have open.
 	fileTempPrefix = fileReservedPrefix + "tmp-"
 	// fileLockPrefix starts the name of every lock file, followed by the base name of its key.
 	fileLockPrefix = fileReservedPrefix + "lock-"
@@ -82,7 +91,7 @@ func NewFileStore(root string) (*FileStore, error) {
 	if err := os.MkdirAll(root, 0o755); err != nil {
 		return nil, fmt.Errorf("create file store root: %w", err)
 	}
-	return &FileStore{root: root}, nil
+	return &FileStore{root: root, temps: map[string]struct{}{}}, nil
 }
 
 // URL returns "file://" and the root.
@@ -132,8 +141,10 @@ func fileTempName(dir string) string {
 	return path.Join(dir, fileTempPrefix+hex.EncodeToString(b[:]))
 }
 
-// createTemp creates the key's directory and a new temporary file in it. A concurrent Delete
-// may prune the directory between the two steps, so it tries a few times.
+// createTemp creates the key's directory and a new temporary file in it, entered in s.temps
+// before it exists; the caller calls setTemp(name, false) once the file is renamed, linked or
+// removed. A concurrent Delete may prune the directory between the two steps, so it tries a few
+// times.
 func (s *FileStore) createTemp(r *os.Root, key string) (*os.File, string, error) {
 	dir := path.Dir(key)
 	var err error
@@ -142,13 +153,34 @@ func (s *FileStore) createTemp(r *os.Root, key string) (*os.File, string, error)
 			continue
 		}
 		name := fileTempName(dir)
+		s.setTemp(name, true)
 		var f *os.File
 		f, err = r.OpenFile(name, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o644)
 		if err == nil {
 			return f, name, nil
 		}
+		s.setTemp(name, false)
 	}
 	return nil, "", fmt.Errorf("create temporary file for %s: %w", key, err)
+}
+
+// setTemp enters the temporary file name in s.temps, or removes it.
+func (s *FileStore) setTemp(name string, open bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if open {
+		s.temps[name] = struct{}{}
+	} else {
+		delete(s.temps, name)
+	}
+}
+
+// isTemp reports whether name is one of this store's temporary files in use.
+func (s *FileStore) isTemp(name string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	_, ok := s.temps[name]
+	return ok
 }
 
 // fileLockName returns the name of key's lock file.
@@ -234,6 +266,7 @@ func (s *FileStore) PutFile(ctx context.Context, key string, f *os.File, size in
 	if err != nil {
 		return Checksum{}, err
 	}
+	defer s.setTemp(tmpName, false) // after the removal below
 	ok := false
 	defer func() {
 		if !ok {
@@ -322,6 +355,7 @@ func (s *FileStore) PutBytes(ctx context.Context, key string, data []byte, cond 
 	if err != nil {
 		return "", err
 	}
+	defer s.setTemp(tmpName, false)          // after the removal below
 	defer func() { _ = r.Remove(tmpName) }() // fails, harmlessly, after a rename
 	_, err = tmp.Write(data)
 	if err == nil {
@@ -643,15 +677,26 @@ func filePruneDirs(r *os.Root, dir string) {
 }
 
 // AbortIncomplete removes the temporary files, left by writes that never finished, whose path
-// starts with prefix and that were last modified before olderThan. It returns how many it
-// removed, and an error for an I/O error and when ctx is done first (with the count so far).
-func (s *FileStore) AbortIncomplete(ctx context.Context, prefix string, olderThan time.Time) (int, error) {
+// starts with prefix, which must be a valid key followed by "/", except those this store value
+// has open now (lock files are not touched), then each one's parent directories while they are
+// empty. It returns how many it removed. It returns an error for any other prefix, and, with the
+// count so far, for an I/O error and when ctx is done first.
+func (s *FileStore) AbortIncomplete(ctx context.Context, prefix string) (int, error) {
+	if err := checkDirPrefix(prefix); err != nil || prefix == "" {
+		if err == nil {
+			err = errors.New("empty prefix")
+		}
+		return 0, fmt.Errorf("abort incomplete %q: %w", prefix, err)
+	}
 	n := 0
-	err := s.walk(ctx, prefix, true, func(r *os.Root, p string, fi fs.FileInfo) error {
-		if !fi.ModTime().Before(olderThan) {
+	err := s.walk(ctx, prefix, true, func(r *os.Root, p string, _ fs.FileInfo) error {
+		if s.isTemp(p) {
 			return nil
 		}
-		if err := r.Remove(p); err != nil && !fileIsNotFound(err) {
+		if err := r.Remove(p); err != nil {
+			if fileIsNotFound(err) {
+				return nil
+			}
 			return err
 		}
 		n++

@@ -1,6 +1,7 @@
 package checkpoint
 
 import (
+	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
@@ -10,7 +11,6 @@ import (
 	"slices"
 	"strings"
 	"testing"
-	"time"
 )
 
 // fileTempFiles returns the temporary files under the store's root.
@@ -120,50 +120,71 @@ func fileTestWrite(t *testing.T, root, rel, data string) {
 	}
 }
 
+// TestFileStoreAbortIncomplete: AbortIncomplete removes exactly the temporary files under the
+// commit's prefix that the store value does not have open, whatever their age, and nothing
+// else: not a write in flight, not lock files, not a sibling prefix that starts with the same
+// characters.
 func TestFileStoreAbortIncomplete(t *testing.T) {
 	root := filepath.Join(t.TempDir(), "store")
 	s, err := NewFileStore(root)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.PutBytes(t.Context(), "j/c/kept", []byte("x"), Cond{}); err != nil {
+	etag, err := s.PutBytes(t.Context(), "j/c/shard_1/LATEST", []byte("x"), Cond{})
+	if err != nil {
 		t.Fatal(err)
 	}
-	now := time.Now()
-	temps := map[string]time.Time{
-		"j/c/" + fileTempPrefix + "old":    now.Add(-time.Hour),
-		"j/c/" + fileTempPrefix + "new":    now.Add(time.Minute),
-		"j/d/e/" + fileTempPrefix + "old2": now.Add(-time.Hour),
-		"k/" + fileTempPrefix + "old3":     now.Add(-time.Hour),
+	if _, err := s.PutBytes(t.Context(), "j/c/shard_1/LATEST", []byte("y"), Cond{IfMatch: etag}); err != nil {
+		t.Fatal(err) // creates the lock file
 	}
-	for rel, mtime := range temps {
-		p := filepath.Join(root, rel)
-		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(p, []byte("partial"), 0o644); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.Chtimes(p, mtime, mtime); err != nil {
-			t.Fatal(err)
-		}
+	// A killed run's temporary files, with this instant's modification time.
+	for _, rel := range []string{
+		"j/c/shard_1/" + fileTempPrefix + "stale",
+		"j/c/shard_1/sub/" + fileTempPrefix + "stale2",
+		"j/c/shard_10/" + fileTempPrefix + "other",
+		"j/c/" + fileTempPrefix + "parent",
+		"k/" + fileTempPrefix + "elsewhere",
+	} {
+		fileTestWrite(t, root, rel, "partial")
 	}
-	if got := storeTestKeys(t, s, ""); !slices.Equal(got, []string{"j/c/kept"}) {
-		t.Errorf("List(%q) = %q; want only [j/c/kept], no temporary files", "", got)
+	data := storeTestData(40, 3<<20)
+	release := storeTestHold(t, s, "j/c/shard_1/big", data)
+	held := fileTempFiles(t, s)
+	if got := storeTestKeys(t, s, ""); !slices.Equal(got, []string{"j/c/shard_1/LATEST"}) {
+		t.Errorf("List(%q) = %q; want only [j/c/shard_1/LATEST], no temporary or lock files", "", got)
 	}
-	n, err := s.AbortIncomplete(t.Context(), "j/", now)
+
+	n, err := s.AbortIncomplete(t.Context(), "j/c/shard_1/")
 	if err != nil || n != 2 {
+		t.Errorf("AbortIncomplete(%q) = %d, %v; want 2", "j/c/shard_1/", n, err)
+	}
+	if err := release(); err != nil {
+		t.Fatalf("PutFile(%q) held during AbortIncomplete = %v; want no error", "j/c/shard_1/big", err)
+	}
+	if got := storeTestDownload(t, s, "j/c/shard_1/big", int64(len(data))); !bytes.Equal(got, data) {
+		t.Errorf("Download(%q) differs from what PutFile sent", "j/c/shard_1/big")
+	}
+	want := []string{
+		"j/",
+		"j/c/",
+		"j/c/" + fileTempPrefix + "parent",
+		"j/c/shard_1/",
+		"j/c/shard_1/" + fileLockPrefix + "LATEST",
+		"j/c/shard_1/LATEST",
+		"j/c/shard_1/big",
+		"j/c/shard_10/",
+		"j/c/shard_10/" + fileTempPrefix + "other",
+		"k/",
+		"k/" + fileTempPrefix + "elsewhere",
+	}
+	if got := fileTree(t, root); !slices.Equal(got, want) {
+		t.Errorf("AbortIncomplete(%q) with %q held left %q; want %q", "j/c/shard_1/", held, got, want)
+	}
+	if n, err := s.AbortIncomplete(t.Context(), "j/"); err != nil || n != 2 {
 		t.Errorf("AbortIncomplete(%q) = %d, %v; want 2", "j/", n, err)
 	}
-	want := []string{"j/", "j/c/", "j/c/" + fileTempPrefix + "new", "j/c/kept", "k/", "k/" + fileTempPrefix + "old3"}
-	if got := fileTree(t, root); !slices.Equal(got, want) {
-		t.Errorf("AbortIncomplete(%q) left %q; want %q", "j/", got, want)
-	}
-	if n, err := s.AbortIncomplete(t.Context(), "", now); err != nil || n != 1 {
-		t.Errorf("AbortIncomplete(%q) = %d, %v; want 1", "", n, err)
-	}
-	if _, err := s.PutBytes(t.Context(), "a/"+fileTempPrefix+"x", []byte("x"), Cond{}); err == nil {
-		t.Errorf("PutBytes(%q) = nil; want an error for a temporary file name", "a/"+fileTempPrefix+"x")
+	if len(s.temps) != 0 {
+		t.Errorf("temporary files the store has open = %q; want none", s.temps)
 	}
 }
 

@@ -11,7 +11,6 @@ import (
 	"strings"
 	"sync"
 	"testing"
-	"time"
 )
 
 // memStore is an in-memory Store for tests. It is safe for concurrent use. Conditional writes
@@ -279,7 +278,11 @@ func (s *memStore) Delete(ctx context.Context, keys ...string) error {
 	return nil
 }
 
-func (s *memStore) AbortIncomplete(ctx context.Context, prefix string, olderThan time.Time) (int, error) {
+// AbortIncomplete checks prefix as the real stores do; there is nothing to abort.
+func (s *memStore) AbortIncomplete(ctx context.Context, prefix string) (int, error) {
+	if err := checkDirPrefix(prefix); err != nil || prefix == "" {
+		return 0, fmt.Errorf("memstore: abort incomplete %q: bad prefix: %v", prefix, err)
+	}
 	return 0, ctx.Err()
 }
 

@@ -35,6 +35,10 @@ import (
 // checksums (a CRC-32C of the parts' CRC-32Cs) instead, from then on; PutFile still returns the
 // full-object CRC-32C, combined from the parts'. A server that returns no checksum at all is
 // trusted with the locally computed one.
+//
+// The store remembers the multipart uploads it is running (created, not yet completed or
+// aborted), so that AbortIncomplete never aborts one of them, whatever the server reports about
+// their age.
 type S3Store struct {
 	client *s3.Client
 	bucket string
@@ -44,6 +48,15 @@ type S3Store struct {
 	sem chan struct{}
 	// composite is set once the server refused a FULL_OBJECT multipart checksum.
 	composite atomic.Bool
+
+	// createMu is held shared by every CreateMultipartUpload until its upload is in running,
+	// and taken exclusively by AbortIncomplete to wait for those (see ownedUploads).
+	createMu sync.RWMutex
+	// mu guards running.
+	mu sync.Mutex
+	// running holds the IDs of the multipart uploads this store created and has not yet
+	// completed or aborted.
+	running map[string]struct{}
 }
 
 var _ Store = (*S3Store)(nil)
@@ -352,6 +365,7 @@ func (s *S3Store) putMultipart(ctx context.Context, okey string, f *os.File, siz
 	if fullObject {
 		create.ChecksumType = types.ChecksumTypeFullObject
 	}
+	s.createMu.RLock()
 	created, err := s.client.CreateMultipartUpload(ctx, create)
 	if err != nil && fullObject && s3IsUnsupported(err) {
 		s.composite.Store(true)
@@ -359,10 +373,17 @@ func (s *S3Store) putMultipart(ctx context.Context, okey string, f *os.File, siz
 		create.ChecksumType = ""
 		created, err = s.client.CreateMultipartUpload(ctx, create)
 	}
+	if err == nil {
+		s.setRunning(aws.ToString(created.UploadId), true)
+	}
+	s.createMu.RUnlock()
 	if err != nil {
 		return Checksum{}, fmt.Errorf("create multipart upload: %w", err)
 	}
 	uploadID := created.UploadId
+	// After the completion or the abort below: an upload that could not be aborted is no
+	// longer running, so a later AbortIncomplete may abort it.
+	defer s.setRunning(aws.ToString(uploadID), false)
 
 	parts := s3PartPlan(size, s.opts.PartSize)
 	completed := make([]types.CompletedPart, len(parts))
@@ -382,6 +403,37 @@ func (s *S3Store) putMultipart(ctx context.Context, okey string, f *os.File, siz
 		return Checksum{}, err
 	}
 	return CRC32CChecksum(full), nil
+}
+
+// setRunning adds the upload id to the running set, or removes it.
+func (s *S3Store) setRunning(id string, running bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.running == nil {
+		s.running = map[string]struct{}{}
+	}
+	if running {
+		s.running[id] = struct{}{}
+	} else {
+		delete(s.running, id)
+	}
+}
+
+// ownedUploads returns which of the upload IDs ids this store is running. It first waits for
+// every CreateMultipartUpload in flight to enter its upload in the running set, so an upload the
+// server listed before the call is either in the set by then or not this store's.
+func (s *S3Store) ownedUploads(ids []string) map[string]bool {
+	s.createMu.Lock()
+	defer s.createMu.Unlock()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	owned := map[string]bool{}
+	for _, id := range ids {
+		if _, ok := s.running[id]; ok {
+			owned[id] = true
+		}
+	}
+	return owned
 }
 
 // uploadParts uploads parts in parallel, filling completed and crcs; it returns the first error.
@@ -775,14 +827,25 @@ func (s *S3Store) deleteEach(ctx context.Context, okeys []string) []error {
 	return problems
 }
 
-// AbortIncomplete aborts the multipart uploads under prefix that were initiated before
-// olderThan, and returns how many it aborted. Uploads that are gone meanwhile are not counted
-// and not an error. It returns an error, with the count so far, for a request that fails for
-// good.
-func (s *S3Store) AbortIncomplete(ctx context.Context, prefix string, olderThan time.Time) (int, error) {
+// AbortIncomplete aborts the multipart uploads whose key starts with prefix, which must be a
+// valid key followed by "/", except those this store value is running now (created by its
+// PutFile and not yet completed or aborted), and returns how many it aborted. Uploads that are
+// gone meanwhile are not counted and not an error. The age the server reports is not used:
+// servers report Initiated to the second, and some (versitygw) move it when a part lands. It
+// waits for every CreateMultipartUpload of this store in flight to return first. It returns an
+// error for any other prefix, and, with the count so far, for a request that fails for good or
+// is cut short by ctx.
+func (s *S3Store) AbortIncomplete(ctx context.Context, prefix string) (int, error) {
+	if err := checkDirPrefix(prefix); err != nil || prefix == "" {
+		if err == nil {
+			err = errors.New("empty prefix")
+		}
+		return 0, fmt.Errorf("abort incomplete uploads in %s/%s: %w", s.URL(), prefix, err)
+	}
+	full := s.keyPrefix() + prefix
 	pages := s3.NewListMultipartUploadsPaginator(s.client, &s3.ListMultipartUploadsInput{
 		Bucket: &s.bucket,
-		Prefix: aws.String(s.keyPrefix() + prefix),
+		Prefix: &full,
 	})
 	n := 0
 	for pages.HasMorePages() {
@@ -790,8 +853,13 @@ func (s *S3Store) AbortIncomplete(ctx context.Context, prefix string, olderThan 
 		if err != nil {
 			return n, fmt.Errorf("list multipart uploads in %s/%s: %w", s.URL(), prefix, err)
 		}
+		ids := make([]string, len(page.Uploads))
+		for i, u := range page.Uploads {
+			ids[i] = aws.ToString(u.UploadId)
+		}
+		owned := s.ownedUploads(ids)
 		for _, u := range page.Uploads {
-			if !aws.ToTime(u.Initiated).Before(olderThan) {
+			if owned[aws.ToString(u.UploadId)] || !strings.HasPrefix(aws.ToString(u.Key), full) {
 				continue
 			}
 			_, err := s.client.AbortMultipartUpload(ctx, &s3.AbortMultipartUploadInput{Bucket: &s.bucket, Key: u.Key, UploadId: u.UploadId})

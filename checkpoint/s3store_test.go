@@ -153,26 +153,82 @@ func TestS3ServerRejectsBadChecksum(t *testing.T) {
 	}
 }
 
+// TestS3AbortIncomplete: AbortIncomplete aborts exactly the multipart uploads under the commit's
+// prefix that the store value is not running, whatever the server says about their age: not
+// its own upload in flight, not an upload whose key merely starts with the same characters.
 func TestS3AbortIncomplete(t *testing.T) {
 	peer := s3StartPeer(t)
-	s := peer.openS3(t, peer.endpoint, "abort", S3Options{})
-	for _, key := range []string{"abort/j/c/a", "abort/j/c/b", "abort/k/x", "elsewhere/j/c"} {
+	s := peer.openS3(t, peer.endpoint, "abort", S3Options{PartSize: 5 << 20, Concurrency: 4})
+	// A killed run's uploads, created a moment ago behind the store's back.
+	for _, key := range []string{
+		"abort/j/c/shard_1/stale",
+		"abort/j/c/shard_1/sub/stale2",
+		"abort/j/c/shard_10",
+		"abort/j/c/shard_10/other",
+		"abort/j/c/parent",
+		"elsewhere/j/c/shard_1/x",
+	} {
 		if _, err := peer.client.CreateMultipartUpload(t.Context(), &s3.CreateMultipartUploadInput{Bucket: &peer.bucket, Key: &key}); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if n, err := s.AbortIncomplete(t.Context(), "j/", time.Now().Add(-time.Hour)); err != nil || n != 0 {
-		t.Errorf("AbortIncomplete(%q, an hour ago) = %d, %v; want 0", "j/", n, err)
+	data := storeTestData(41, 12<<20)
+	release := storeTestHold(t, s, "j/c/shard_1/big", data)
+	if got := peer.incompleteUploads(t, "abort/j/c/shard_1/big"); len(got) != 1 {
+		t.Fatalf("incomplete uploads of the held PutFile = %q; want one", got)
 	}
-	if n, err := s.AbortIncomplete(t.Context(), "j/", time.Now().Add(time.Minute)); err != nil || n != 2 {
-		t.Errorf("AbortIncomplete(%q, now) = %d, %v; want 2", "j/", n, err)
+
+	n, err := s.AbortIncomplete(t.Context(), "j/c/shard_1/")
+	if err != nil || n != 2 {
+		t.Errorf("AbortIncomplete(%q) = %d, %v; want 2", "j/c/shard_1/", n, err)
 	}
-	if got := peer.incompleteUploads(t, ""); !slices.Equal(got, []string{"abort/k/x", "elsewhere/j/c"}) {
-		t.Errorf("incomplete uploads = %q; want [abort/k/x elsewhere/j/c]", got)
+	want := []string{"abort/j/c/parent", "abort/j/c/shard_10", "abort/j/c/shard_10/other", "abort/j/c/shard_1/big", "elsewhere/j/c/shard_1/x"}
+	if got := peer.incompleteUploads(t, ""); !slices.Equal(s3TestSorted(got), s3TestSorted(want)) {
+		t.Errorf("incomplete uploads after AbortIncomplete(%q) = %q; want %q", "j/c/shard_1/", got, want)
 	}
-	if n, err := s.AbortIncomplete(t.Context(), "", time.Now().Add(time.Minute)); err != nil || n != 1 {
-		t.Errorf("AbortIncomplete(%q, now) = %d, %v; want 1", "", n, err)
+	if err := release(); err != nil {
+		t.Fatalf("PutFile(%q) held during AbortIncomplete = %v; want no error", "j/c/shard_1/big", err)
 	}
+	if got := storeTestDownload(t, s, "j/c/shard_1/big", int64(len(data))); !bytes.Equal(got, data) {
+		t.Errorf("Download(%q) differs from what PutFile sent", "j/c/shard_1/big")
+	}
+	if n, err := s.AbortIncomplete(t.Context(), "j/"); err != nil || n != 3 {
+		t.Errorf("AbortIncomplete(%q) = %d, %v; want 3", "j/", n, err)
+	}
+	if got := peer.incompleteUploads(t, ""); !slices.Equal(got, []string{"elsewhere/j/c/shard_1/x"}) {
+		t.Errorf("incomplete uploads = %q; want [elsewhere/j/c/shard_1/x]", got)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.running) != 0 {
+		t.Errorf("uploads the store is running = %v; want none", s.running)
+	}
+}
+
+// TestS3AbortIncompleteOtherStore: a second store value (another agent's) does not own the
+// first one's upload in flight, so its AbortIncomplete aborts it, and the PutFile fails.
+func TestS3AbortIncompleteOtherStore(t *testing.T) {
+	peer := s3StartPeer(t)
+	s := peer.openS3(t, peer.endpoint, "abort", S3Options{PartSize: 5 << 20, Concurrency: 4})
+	other := peer.openS3(t, peer.endpoint, "abort", S3Options{PartSize: 5 << 20, Concurrency: 4})
+	data := storeTestData(42, 12<<20)
+	release := storeTestHold(t, s, "j/c/big", data)
+	if n, err := other.AbortIncomplete(t.Context(), "j/c/"); err != nil || n != 1 {
+		t.Errorf("AbortIncomplete(%q) by another store = %d, %v; want 1", "j/c/", n, err)
+	}
+	if err := release(); err == nil {
+		t.Errorf("PutFile(%q) whose upload was aborted = nil; want an error", "j/c/big")
+	}
+	if left := peer.incompleteUploads(t, ""); len(left) != 0 {
+		t.Errorf("incomplete uploads = %q; want none", left)
+	}
+}
+
+// s3TestSorted returns a sorted copy of keys.
+func s3TestSorted(keys []string) []string {
+	keys = slices.Clone(keys)
+	slices.Sort(keys)
+	return keys
 }
 
 // TestS3ServerConditionalWrites records what versitygw answers to conditional PutObjects, read

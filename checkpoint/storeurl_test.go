@@ -251,6 +251,39 @@ func storeTestKeys(t testing.TB, s Store, prefix string) []string {
 	return keys
 }
 
+// storeTestHold starts a PutFile of data to key and holds it, mid-part, at the first progress
+// it reports (S3: a part's body is being read; file: the temporary file has its first MiB). It
+// returns once the PutFile is held; release lets it finish and returns its error (the test's
+// clean-up releases it too).
+func storeTestHold(t *testing.T, s Store, key string, data []byte) (release func() error) {
+	t.Helper()
+	held, resume := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	progress := func(int64) {
+		once.Do(func() { close(held) })
+		<-resume
+	}
+	f := storeTestFile(t, data)
+	finished := make(chan struct{})
+	var err error
+	go func() {
+		defer close(finished)
+		_, err = s.PutFile(context.WithoutCancel(t.Context()), key, f, int64(len(data)), progress)
+	}()
+	release = sync.OnceValue(func() error {
+		close(resume)
+		<-finished
+		return err
+	})
+	t.Cleanup(func() { release() })
+	select {
+	case <-held:
+	case <-finished:
+		t.Fatalf("PutFile(%q) = %v before it was held", key, err)
+	}
+	return release
+}
+
 // storeTestPut uploads data to key and checks the checksum and the progress reported.
 func storeTestPut(t testing.TB, s Store, key string, data []byte) {
 	t.Helper()
@@ -716,6 +749,17 @@ func storeConformanceSmall(t *testing.T, open func(t *testing.T) Store) {
 		}
 	})
 
+	t.Run("AbortIncomplete/prefix", func(t *testing.T) {
+		s := open(t)
+		for _, prefix := range []string{"", "j", "j/c/shard_1", "/j/", "j//", "../", "/"} {
+			if n, err := s.AbortIncomplete(t.Context(), prefix); err == nil {
+				t.Errorf("AbortIncomplete(%q) = %d, nil; want an error", prefix, n)
+			}
+		}
+		if n, err := s.AbortIncomplete(t.Context(), "j/c/shard_1/"); err != nil || n != 0 {
+			t.Errorf("AbortIncomplete(%q) = %d, %v; want 0, nil", "j/c/shard_1/", n, err)
+		}
+	})
 }
 
 // storeDiscardAt is an io.WriterAt that drops what it gets.

@@ -86,9 +86,8 @@ type UploadEvent struct {
 // checkpoint once it is complete and all its files are stored unchanged, keeps LATEST pointing at
 // the newest, and applies retention.
 type Uploader struct {
-	cfg     UploaderConfig
-	log     zerolog.Logger
-	started time.Time // when Run began: uploads older than this are a previous run's
+	cfg UploaderConfig
+	log zerolog.Logger
 
 	// Owned by the Run loop.
 	ckpts     map[string]*ckptState
@@ -254,7 +253,6 @@ func (u *Uploader) Status(ctx context.Context) UploaderStatus {
 // still being uploaded, Run keeps going until it is committed or the notice deadline passes
 // (stopping is not draining). It returns nil after all its goroutines have exited.
 func (u *Uploader) Run(ctx context.Context, events <-chan WatchEvent) error {
-	u.started = time.Now()
 	u.loadCommitted(ctx)
 	work, cancelWork := context.WithCancel(context.WithoutCancel(ctx))
 	defer func() {
@@ -590,12 +588,11 @@ func (u *Uploader) goUpload(ctx context.Context, ref fileRef) {
 	uctx, cancel := u.uploadCtx(ctx)
 	local := u.localPath(ref.ckpt, ref.rel)
 	key := DataKey(u.cfg.Job, ref.ckpt, ref.rel)
-	started := u.started
-	log := u.log
 	u.wg.Go(func() {
 		defer cancel()
 		start := time.Now()
-		abortStale(uctx, u.cfg.Store, u.cfg.Dir, local, key, started, log)
+		// TODO(commit layout): abort a previous run's incomplete uploads of this commit with
+		// Store.AbortIncomplete(commit prefix + "/") once each commit has a prefix of its own.
 		st, err := uploadFile(uctx, u.cfg.Store, u.cfg.Dir, local, key)
 		r := uploadResult{ref: ref, stored: st, start: start, duration: time.Since(start), err: err}
 		select {
@@ -603,23 +600,6 @@ func (u *Uploader) goUpload(ctx context.Context, ref fileRef) {
 		case <-ctx.Done():
 		}
 	})
-}
-
-// abortStale aborts the incomplete multipart uploads of key that a previous run of the agent
-// left behind (killed mid-upload), if the file existed before this run started. Only this
-// file's key is touched: other nodes' uploads to the same job are not.
-func abortStale(ctx context.Context, s Store, dir, rel, key string, started time.Time, log zerolog.Logger) {
-	fi, err := os.Lstat(filepath.Join(dir, rel))
-	if err != nil || !fi.ModTime().Before(started) {
-		return
-	}
-	n, err := s.AbortIncomplete(ctx, key, started)
-	switch {
-	case err != nil:
-		log.Warn().Err(err).Str("key", key).Msg("cannot abort a previous run's incomplete uploads")
-	case n > 0:
-		log.Info().Str("key", key).Int("aborted", n).Msg("aborted a previous run's incomplete uploads")
-	}
 }
 
 // uploadFile sends the regular file rel below dir to key. It opens it through an os.Root, so
