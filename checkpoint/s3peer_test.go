@@ -212,11 +212,16 @@ type s3FaultProxy struct {
 	cutGets int
 	// resetParts cuts the connection of the next resetParts part uploads after 1 MiB of body.
 	resetParts int
+	// loseResponses lets the server handle the next loseResponses object PUTs (not parts) and
+	// then resets the connection instead of answering, as a network that fails after the
+	// server acted does.
+	loseResponses int
 	// down closes every connection at once.
 	down bool
 	// downOnPart sets down at the first part upload.
 	downOnPart bool
-	// seen counts what the proxy did: "slowdown", "reset", "cut", "down", "abort", "forward".
+	// seen counts what the proxy did: "slowdown", "reset", "cut", "lose", "down", "abort",
+	// "forward".
 	seen map[string]int
 }
 
@@ -265,6 +270,7 @@ func (p *s3FaultProxy) count(what string) int {
 func (p *s3FaultProxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	isPart := r.Method == http.MethodPut && r.URL.Query().Has("partNumber")
 	isRangedGet := r.Method == http.MethodGet && r.Header.Get("Range") != ""
+	isObjectPut := r.Method == http.MethodPut && !r.URL.Query().Has("partNumber") && !r.URL.Query().Has("uploadId")
 	isFullObjectCreate := r.Method == http.MethodPost && r.URL.Query().Has("uploads") &&
 		r.Header.Get("X-Amz-Checksum-Type") == "FULL_OBJECT"
 	p.mu.Lock()
@@ -289,6 +295,9 @@ func (p *s3FaultProxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	case isPart && p.resetParts > 0:
 		p.resetParts--
 		what = "reset"
+	case isObjectPut && p.loseResponses > 0:
+		p.loseResponses--
+		what = "lose"
 	case r.Method == http.MethodDelete && r.URL.Query().Has("uploadId"):
 		what = "abort"
 	default:
@@ -315,6 +324,9 @@ func (p *s3FaultProxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			`<RequestId>spotguard-test</RequestId></Error>`)
 	case "reset":
 		io.CopyN(io.Discard, r.Body, 1<<20)
+		s3CloseConn(w)
+	case "lose":
+		p.rp.ServeHTTP(httptest.NewRecorder(), r)
 		s3CloseConn(w)
 	case "cut":
 		// ReverseProxy aborts the response (and the connection) when a body write fails.

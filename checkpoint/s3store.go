@@ -20,6 +20,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/s3"
 	"github.com/aws/aws-sdk-go-v2/service/s3/types"
 	"github.com/aws/smithy-go"
+	"github.com/aws/smithy-go/middleware"
 	"golang.org/x/sync/errgroup"
 )
 
@@ -563,6 +564,13 @@ func (s *S3Store) cleanUpObject(ctx context.Context, okey string) error {
 //     404 NoSuchKey (the object is gone); the store is unchanged;
 //   - "", another error: an invalid key or Cond, or a request that failed for good or was cut
 //     short by ctx.
+//
+// The SDK retries a request whose answer it did not get, so an attempt may have been applied
+// although its answer was lost, and the retry then fails its condition against that attempt's
+// own result. So when a retried conditional write fails its condition, PutBytes reads the
+// object: if it holds exactly data, the write is taken as this call's and PutBytes returns the
+// object's ETag and nil. (A writer that stored the very same bytes at the same moment cannot be
+// told apart; either way the store holds what this call meant to write.)
 func (s *S3Store) PutBytes(ctx context.Context, key string, data []byte, cond Cond) (string, error) {
 	okey, err := s.objectKey(key)
 	if err == nil {
@@ -586,7 +594,14 @@ func (s *S3Store) PutBytes(ctx context.Context, key string, data []byte, cond Co
 	case cond.IfMatch != "":
 		in.IfMatch = aws.String(cond.IfMatch)
 	}
-	out, err := s.client.PutObject(ctx, in)
+	var attempts atomic.Int32
+	out, err := s.client.PutObject(ctx, in, s3CountAttempts(&attempts))
+	if err != nil && attempts.Load() > 1 && (cond.IfAbsent || cond.IfMatch != "") &&
+		(s3IsPreconditionFailed(err) || s3IsNotFound(err)) {
+		if etag, ok := s.holds(ctx, okey, data); ok {
+			return etag, nil
+		}
+	}
 	switch {
 	case err == nil:
 		return aws.ToString(out.ETag), nil
@@ -596,6 +611,34 @@ func (s *S3Store) PutBytes(ctx context.Context, key string, data []byte, cond Co
 		return "", fmt.Errorf("put %s: if-match %s: %w: %w", s.URL()+"/"+key, cond.IfMatch, ErrPrecondition, err)
 	}
 	return "", fmt.Errorf("put %s: %w", s.URL()+"/"+key, err)
+}
+
+// s3CountAttempts returns an option that counts the attempts of one operation (the first and
+// every retry) in n.
+func s3CountAttempts(n *atomic.Int32) func(*s3.Options) {
+	return s3.WithAPIOptions(func(stack *middleware.Stack) error {
+		// The deserialize step runs once per attempt, below the retry middleware.
+		return stack.Deserialize.Add(middleware.DeserializeMiddlewareFunc("spotguardCountAttempts",
+			func(ctx context.Context, in middleware.DeserializeInput, next middleware.DeserializeHandler) (middleware.DeserializeOutput, middleware.Metadata, error) {
+				n.Add(1)
+				return next.HandleDeserialize(ctx, in)
+			}), middleware.After)
+	})
+}
+
+// holds reports whether the object okey exists and holds exactly data, and returns its ETag.
+// Any error reading it counts as no.
+func (s *S3Store) holds(ctx context.Context, okey string, data []byte) (string, bool) {
+	out, err := s.client.GetObject(ctx, &s3.GetObjectInput{Bucket: &s.bucket, Key: &okey})
+	if err != nil {
+		return "", false
+	}
+	defer out.Body.Close()
+	got, err := io.ReadAll(io.LimitReader(out.Body, int64(len(data))+1))
+	if err != nil || !bytes.Equal(got, data) {
+		return "", false
+	}
+	return aws.ToString(out.ETag), true
 }
 
 // GetBytes returns the object at key and its ETag as the server sent it ("" if it sent none).

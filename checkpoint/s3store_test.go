@@ -325,6 +325,55 @@ func TestS3PutFileSlowDown(t *testing.T) {
 	}
 }
 
+// TestS3PutBytesLostAnswer: a conditional write whose first attempt the server applied but
+// whose answer was lost is retried by the SDK and then fails its condition against its own
+// result; PutBytes sees its bytes in the object and reports success. A retried write that lost
+// to another writer still fails.
+func TestS3PutBytesLostAnswer(t *testing.T) {
+	peer := s3StartPeer(t)
+	proxy := s3StartProxy(t, peer.endpoint)
+	s := peer.openS3(t, proxy.URL(), "lost", S3Options{})
+	const key = "j/LATEST"
+	check := func(what, etag string, err error, want string) {
+		t.Helper()
+		if err != nil {
+			t.Fatalf("PutBytes(%q, %s) = %v; want no error (seen: %s)", key, what, err, s3DescribeSeen(proxy))
+		}
+		data, got, err := s.GetBytes(t.Context(), key)
+		if err != nil || string(data) != want || got != etag {
+			t.Errorf("GetBytes(%q) after %s = %q, %q, %v; want %q, %q", key, what, data, got, err, want, etag)
+		}
+	}
+	proxy.set(func(p *s3FaultProxy) { p.loseResponses = 1 })
+	first, err := s.PutBytes(t.Context(), key, []byte("first"), Cond{IfAbsent: true})
+	check("IfAbsent, answer lost", first, err, "first")
+	proxy.set(func(p *s3FaultProxy) { p.loseResponses = 1 })
+	second, err := s.PutBytes(t.Context(), key, []byte("second"), Cond{IfMatch: first})
+	check("IfMatch, answer lost", second, err, "second")
+	if got := proxy.count("lose"); got != 2 {
+		t.Errorf("Got(%q) answers lost = %d; want 2", key, got)
+	}
+
+	// Another writer moves the object on; a retried write (503 first) then loses.
+	if _, err := peer.client.PutObject(t.Context(), &s3.PutObjectInput{Bucket: &peer.bucket, Key: aws.String("lost/" + key), Body: strings.NewReader("other")}); err != nil {
+		t.Fatal(err)
+	}
+	proxy.set(func(p *s3FaultProxy) { p.slowDown = 1 })
+	if _, err := s.PutBytes(t.Context(), key, []byte("third"), Cond{IfMatch: second}); !errors.Is(err, ErrPrecondition) {
+		t.Errorf("PutBytes(%q, IfMatch a stale ETag) retried = %v; want ErrPrecondition", key, err)
+	}
+	proxy.set(func(p *s3FaultProxy) { p.slowDown = 1 })
+	if _, err := s.PutBytes(t.Context(), key, []byte("third"), Cond{IfAbsent: true}); !errors.Is(err, ErrExists) {
+		t.Errorf("PutBytes(%q, IfAbsent) retried = %v; want ErrExists", key, err)
+	}
+	if got := proxy.count("slowdown"); got != 2 {
+		t.Errorf("Got(%q) SlowDown answers = %d; want 2", key, got)
+	}
+	if data, _, err := s.GetBytes(t.Context(), key); err != nil || string(data) != "other" {
+		t.Errorf("GetBytes(%q) = %q, %v; want the other writer's %q", key, data, err, "other")
+	}
+}
+
 func TestS3PutFileConnectionReset(t *testing.T) {
 	peer := s3StartPeer(t)
 	proxy := s3StartProxy(t, peer.endpoint)
