@@ -37,9 +37,13 @@ type LocalCheckpoint struct {
 type LocalFile struct {
 	// Path is relative to the checkpoint's directory and slash-separated; it always passes
 	// ValidPath. For a single-file checkpoint it is the file's name.
-	Path    string
+	Path string
+	// Size and ModTime are the file's as Lstat saw it (the same as ID's).
 	Size    int64
 	ModTime time.Time
+	// ID identifies this version of the file (see FileID): a consumer compares it with what
+	// it read or stored instead of trusting size and modification time alone.
+	ID FileID
 }
 
 // scanDefaultMarker is the marker file used when none is configured.
@@ -164,6 +168,11 @@ type scanFile struct {
 	info fs.FileInfo
 }
 
+// newScanFile returns the scanFile for the regular file at p that Lstat described as fi.
+func newScanFile(p string, fi fs.FileInfo) scanFile {
+	return scanFile{LocalFile: LocalFile{Path: p, Size: fi.Size(), ModTime: fi.ModTime(), ID: FileIDOf(fi)}, info: fi}
+}
+
 // scanFound is one checkpoint found by a scanWalker.
 type scanFound struct {
 	name   string
@@ -268,7 +277,7 @@ func (s *scanWalker) top(name string) (scanFound, bool) {
 		if !s.isSingle(name) {
 			return scanFound{}, false
 		}
-		file := scanFile{LocalFile: LocalFile{Path: name, Size: fi.Size(), ModTime: fi.ModTime()}, info: fi}
+		file := newScanFile(name, fi)
 		return scanFound{name: name, single: true, files: []scanFile{file}, marker: fi}, true
 	default:
 		s.skip(name, scanKind(fi.Mode()), nil)
@@ -323,7 +332,7 @@ func (s *scanWalker) walkDir(parent *os.Root, base string, want fs.FileInfo, ckp
 		case fi.IsDir():
 			errs = append(errs, s.walkDir(d, name, fi, ckpt, p, files))
 		case fi.Mode().IsRegular():
-			*files = append(*files, scanFile{LocalFile: LocalFile{Path: p, Size: fi.Size(), ModTime: fi.ModTime()}, info: fi})
+			*files = append(*files, newScanFile(p, fi))
 		default:
 			s.skip(ckpt+"/"+p, scanKind(fi.Mode()), nil)
 		}

@@ -87,6 +87,10 @@ type WatchEvent struct {
 	// check them again.
 	Size    int64
 	ModTime time.Time
+	// ID identifies the version of the file (FileReady) or marker (Complete) that Lstat saw,
+	// as Size and ModTime; zero for Removed. A consumer that opened the file compares
+	// FileIDOf(its Stat) with ID.Same rather than trusting size and time alone.
+	ID FileID
 	// At is when the watcher decided.
 	At time.Time
 }
@@ -149,10 +153,11 @@ func NewWatcher(cfg WatchConfig) (*Watcher, error) {
 // seen by its events, after its debounce. Then it sends events as they happen:
 //   - FileReady when a file of a checkpoint directory (at any depth) has had no Create, Write
 //     or Chmod for Debounce; again if it changes after that (with a Warn log line "file changed
-//     after its checkpoint was complete" if the checkpoint was complete). A file that is
-//     still the same file (inode) with the size and modification time its last FileReady
-//     reported is not reported again (after a Chmod alone, or events for a file a scan
-//     already reported).
+//     after its checkpoint was complete" if the checkpoint was complete). A file whose FileID
+//     is the Same as its last FileReady's is not reported again (events for a file a scan
+//     already reported). Anything else is a change, even with the same size and modification
+//     time: a rewrite that sets the time back, another file renamed over it, a chmod or chown
+//     (each moves the file's change time; the permission bits are part of the checkpoint).
 //   - Complete when the marker appears in a checkpoint directory (created or renamed into
 //     place): the checkpoint is read again at once and a FileReady is sent for each of its
 //     files not yet reported as it is now, without waiting for the debounce, then Complete.
@@ -220,8 +225,8 @@ type watchRun struct {
 	ckpts  map[string]*watchCkpt
 	// dirs are the watched directories below Dir, relative and slash-separated.
 	dirs map[string]bool
-	// stamps are the FileInfo of each file's last FileReady, by relative path.
-	stamps map[string]fs.FileInfo
+	// stamps are the FileID of each file's last FileReady, by relative path.
+	stamps map[string]FileID
 	// warned are the paths skipped with a log line, with the line's reason.
 	warned map[string]string
 	queue  []WatchEvent
@@ -234,7 +239,7 @@ func newWatchRun(w *Watcher, fw *fsnotify.Watcher, root *os.Root) *watchRun {
 		deb:     newWatchDebouncer(w.debounce),
 		ckpts:   map[string]*watchCkpt{},
 		dirs:    map[string]bool{},
-		stamps:  map[string]fs.FileInfo{},
+		stamps:  map[string]FileID{},
 		warned:  map[string]string{},
 	}
 	r.walker = &scanWalker{
@@ -386,15 +391,15 @@ func (r *watchRun) emitFound(c *watchCkpt, f scanFound, onlyChanged bool) {
 			key = f.name + "/" + sf.Path
 		}
 		r.deb.Forget(key)
-		if onlyChanged && watchSameFile(r.stamps[key], sf.info) {
+		if onlyChanged && r.stamps[key].Same(sf.ID) {
 			continue
 		}
 		if waits(sf.info) {
 			r.deb.Touch(key)
 			continue
 		}
-		r.stamps[key] = sf.info
-		r.emit(WatchEvent{Kind: FileReady, Checkpoint: f.name, Path: sf.Path, Size: sf.Size, ModTime: sf.ModTime})
+		r.stamps[key] = sf.ID
+		r.emit(WatchEvent{Kind: FileReady, Checkpoint: f.name, Path: sf.Path, Size: sf.Size, ModTime: sf.ModTime, ID: sf.ID})
 	}
 	if !f.complete() || (f.single && waits(f.marker)) {
 		return
@@ -404,7 +409,7 @@ func (r *watchRun) emitFound(c *watchCkpt, f scanFound, onlyChanged bool) {
 	if f.single {
 		markerPath = f.name
 	}
-	r.emit(WatchEvent{Kind: Complete, Checkpoint: f.name, Path: markerPath, Size: f.marker.Size(), ModTime: f.marker.ModTime()})
+	r.emit(WatchEvent{Kind: Complete, Checkpoint: f.name, Path: markerPath, Size: f.marker.Size(), ModTime: f.marker.ModTime(), ID: FileIDOf(f.marker)})
 }
 
 // drop forgets everything below rel (rel included): pending debounces, stamps, watches and
@@ -589,7 +594,7 @@ func (r *watchRun) refresh(name string, c *watchCkpt) {
 	}
 	for _, sf := range f.files {
 		key := name + "/" + sf.Path
-		if !r.deb.Pending(key) && !watchSameFile(r.stamps[key], sf.info) {
+		if !r.deb.Pending(key) && !r.stamps[key].Same(sf.ID) {
 			r.deb.Touch(key)
 		}
 	}
@@ -616,7 +621,8 @@ func (r *watchRun) ready(key string) {
 		}
 		return
 	}
-	if watchSameFile(r.stamps[key], fi) {
+	id := FileIDOf(fi)
+	if r.stamps[key].Same(id) {
 		return
 	}
 	if !nested {
@@ -625,18 +631,12 @@ func (r *watchRun) ready(key string) {
 	if c.complete {
 		r.log.Warn().Str("checkpoint", name).Str("path", sub).Msg("file changed after its checkpoint was complete")
 	}
-	r.stamps[key] = fi
-	r.emit(WatchEvent{Kind: FileReady, Checkpoint: name, Path: sub, Size: fi.Size(), ModTime: fi.ModTime()})
+	r.stamps[key] = id
+	r.emit(WatchEvent{Kind: FileReady, Checkpoint: name, Path: sub, Size: fi.Size(), ModTime: fi.ModTime(), ID: id})
 	if !nested {
 		c.complete = true
-		r.emit(WatchEvent{Kind: Complete, Checkpoint: name, Path: name, Size: fi.Size(), ModTime: fi.ModTime()})
+		r.emit(WatchEvent{Kind: Complete, Checkpoint: name, Path: name, Size: fi.Size(), ModTime: fi.ModTime(), ID: id})
 	}
-}
-
-// watchSameFile reports whether b is the same file as a with the same size and modification
-// time (a nil a is never the same).
-func watchSameFile(a, b fs.FileInfo) bool {
-	return a != nil && b != nil && os.SameFile(a, b) && a.Size() == b.Size() && a.ModTime().Equal(b.ModTime())
 }
 
 // watchDebouncer holds a deadline per key: a key is due when it has not been touched for the

@@ -436,12 +436,15 @@ func TestWatchFileChangedAfterComplete(t *testing.T) {
 		t.Errorf("warn lines %q = %v; want one for step-1 a.bin", watchMsgChanged, lines)
 	}
 
-	// A chmod alone is not a change of the data.
+	// A chmod is a change too: the permission bits are part of the checkpoint, and the change
+	// time it moves is all that tells it from a rewrite that set the time back.
 	if err := os.Chmod(filepath.Join(ck, "b.bin"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if rest := h.barrier(); len(rest) != 0 {
-		t.Errorf("events after a chmod: %s", watchFormat(rest))
+	evs = h.barrier()
+	want = scanFileOf(t, ck, "b.bin")
+	if len(evs) != 1 || evs[0].Kind != FileReady || evs[0].Path != "b.bin" || !evs[0].ID.Same(want.ID) || evs[0].ID.Perm != 0o600 {
+		t.Errorf("events after a chmod = %s; want FileReady step-1 b.bin with mode 0600", watchFormat(evs))
 	}
 }
 
@@ -720,4 +723,63 @@ func TestWatchDebouncer(t *testing.T) {
 			t.Error("C() after Reset and Due is not nil")
 		}
 	})
+}
+
+// TestWatchReportsAChangeThatKeepsSizeAndTime is invariant I2 on the watcher: a file rewritten
+// with the same size and its modification time set back, or replaced by a rename with the same
+// size and time, is reported again.
+func TestWatchReportsAChangeThatKeepsSizeAndTime(t *testing.T) {
+	tests := []struct {
+		name   string
+		change func(t *testing.T, ck string, old time.Time)
+	}{
+		{"rewritten in place with the time set back", func(t *testing.T, ck string, old time.Time) {
+			scanWrite(t, filepath.Join(ck, "a.bin"), "bbbb")
+			if err := os.Chtimes(filepath.Join(ck, "a.bin"), old, old); err != nil {
+				t.Fatal(err)
+			}
+		}},
+		{"replaced by a rename with the same size and time", func(t *testing.T, ck string, old time.Time) {
+			staged := filepath.Join(ck, ".a.bin.tmp") // skipped: no event of its own
+			scanWrite(t, staged, "bbbb")
+			if err := os.Chtimes(staged, old, old); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Rename(staged, filepath.Join(ck, "a.bin")); err != nil {
+				t.Fatal(err)
+			}
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			dir := t.TempDir()
+			h, _ := watchStart(t, dir, WatchConfig{})
+			ck := filepath.Join(dir, "step-1")
+			scanWrite(t, filepath.Join(ck, "a.bin"), "aaaa")
+			scanWrite(t, filepath.Join(ck, "_COMPLETE"), "")
+			evs := h.untilComplete("step-1")
+			watchCheckReady(t, dir, "step-1", "_COMPLETE", evs, "a.bin")
+			before := scanFileOf(t, ck, "a.bin")
+			if !evs[0].ID.Same(before.ID) {
+				t.Errorf("FileReady ID = %+v; want the file's %+v", evs[0].ID, before.ID)
+			}
+			if c := evs[len(evs)-1]; !c.ID.Same(scanFileOf(t, ck, "_COMPLETE").ID) {
+				t.Errorf("Complete ID = %+v; want the marker's", c.ID)
+			}
+			fileidClockPast(t, t.TempDir(), before.ID.ChangeTime)
+
+			tt.change(t, ck, before.ModTime)
+			after := scanFileOf(t, ck, "a.bin")
+			if after.Size != before.Size || !after.ModTime.Equal(before.ModTime) {
+				t.Fatalf("size and mtime after the change = %d %v; want %d %v", after.Size, after.ModTime, before.Size, before.ModTime)
+			}
+			evs = h.barrier()
+			if len(evs) != 1 || evs[0].Kind != FileReady || evs[0].Path != "a.bin" || !evs[0].ID.Same(after.ID) {
+				t.Errorf("events after the change = %s; want FileReady step-1 a.bin with the new ID", watchFormat(evs))
+			}
+			if n := len(h.logs.lines(t, "warn", watchMsgChanged)); n != 1 {
+				t.Errorf("warn lines %q = %d; want 1\n%s", watchMsgChanged, n, h.logs)
+			}
+		})
+	}
 }
