@@ -59,9 +59,11 @@ const scanDefaultMarker = "_COMPLETE"
 // complete single-file checkpoint. Other regular files at the top of dir are not checkpoints
 // and are ignored silently.
 //
-// Skipped, silently:
+// Skipped, silently, at any depth, files and directories alike (with everything below them):
 //   - names that start with "." and end with ".tmp" (files being written before a rename into
-//     place), at any depth, files and directories alike;
+//     place);
+//   - names that start with ".spotguard-": spotguard's own files, such as restore's staging
+//     directory (.spotguard-restore-*) inside dir and the file store's temporary files;
 //   - the MetaDir ("_spotguard") directory at the top of dir.
 //
 // Skipped with one Warn log line each (fields path and type, or path and error):
@@ -128,10 +130,32 @@ func scanCheckNames(marker, pattern string) (string, error) {
 	return marker, errors.Join(problems...)
 }
 
-// scanSkipName reports whether name is a temporary file that a writer will rename into place:
-// it starts with "." and ends with ".tmp".
+// scanOwnPrefix begins the name of everything spotguard itself makes in or below a
+// checkpoint directory (restore's staging directory, the file store's temporary files).
+// Skipping these names is how Scan and the watcher keep invariant I4: nothing spotguard
+// writes itself is ever uploaded.
+const scanOwnPrefix = ".spotguard-"
+
+// scanSkipName reports whether name is skipped silently, with everything below it: a
+// temporary file that a writer will rename into place (it starts with "." and ends with
+// ".tmp"), or one of spotguard's own (it starts with ".spotguard-").
 func scanSkipName(name string) bool {
-	return strings.HasPrefix(name, ".") && strings.HasSuffix(name, ".tmp")
+	return strings.HasPrefix(name, ".") && (strings.HasSuffix(name, ".tmp") || strings.HasPrefix(name, scanOwnPrefix))
+}
+
+// scanSkipPath reports whether any element of the slash-separated path p is skipped by
+// scanSkipName.
+func scanSkipPath(p string) bool {
+	for {
+		elem, rest, more := strings.Cut(p, "/")
+		if scanSkipName(elem) {
+			return true
+		}
+		if !more {
+			return false
+		}
+		p = rest
+	}
 }
 
 // scanKind names the type of a file that is neither regular nor a directory, for log lines.

@@ -8,7 +8,6 @@ import (
 	"io/fs"
 	"maps"
 	"os"
-	"path"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -170,8 +169,9 @@ func NewWatcher(cfg WatchConfig) (*Watcher, error) {
 //
 // A new sub-directory is watched, then read at once, so files written before its watch was
 // added are seen too. A file removed from a checkpoint gives no event. Names are skipped as
-// Scan skips them (dot-prefixed ".tmp" files, MetaDir, invalid names, symbolic links and
-// other non-regular files; the logged ones once per path). Nothing outside Dir is reported,
+// Scan skips them (dot-prefixed ".tmp" names and spotguard's own ".spotguard-" names at any
+// depth with everything below them, MetaDir, invalid names, symbolic links and other
+// non-regular files; the logged ones once per path). Nothing outside Dir is reported,
 // and no symbolic link is followed.
 //
 // On fsnotify.ErrEventOverflow it logs a Warn, scans again in full and sends everything again
@@ -495,7 +495,7 @@ func (r *watchRun) changed(rel string) {
 		r.deb.Touch(rel)
 		return
 	}
-	if scanSkipName(path.Base(sub)) {
+	if scanSkipPath(sub) {
 		return
 	}
 	if err := ValidPath(sub); err != nil {
