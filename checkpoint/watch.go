@@ -2,6 +2,7 @@ package checkpoint
 
 import (
 	"cmp"
+	"container/list"
 	"context"
 	"errors"
 	"fmt"
@@ -161,23 +162,29 @@ func NewWatcher(cfg WatchConfig) (*Watcher, error) {
 //     place): the checkpoint is read again at once and a FileReady is sent for each of its
 //     files not yet reported as it is now, without waiting for the debounce, then Complete.
 //     If part of it cannot be read, Complete is withheld (Error log line) until the marker
-//     changes again or a rescan. A marker removed and created again gives another Complete.
+//     changes again, a new directory appears in the checkpoint, or a rescan. A marker removed
+//     and created again gives another Complete.
 //   - FileReady then Complete for a single-file checkpoint (a regular file at the top of Dir
 //     matching Pattern) once it has been quiet for Debounce, and again each time it changes.
 //   - Removed when a checkpoint directory or single file is removed or renamed away. Pending
 //     events for it are dropped. It may name a checkpoint no other event named.
 //
-// A new sub-directory is watched, then read at once, so files written before its watch was
-// added are seen too. A file removed from a checkpoint gives no event. Names are skipped as
-// Scan skips them (dot-prefixed ".tmp" names and spotguard's own ".spotguard-" names at any
-// depth with everything below them, MetaDir, invalid names, symbolic links and other
-// non-regular files; the logged ones once per path). Nothing outside Dir is reported,
-// and no symbolic link is followed.
+// A new sub-directory is watched, then read at once (only it, not its whole checkpoint), so
+// files written before its watch was added are seen too. A file removed from a checkpoint
+// gives no event. Names are skipped as Scan skips them (dot-prefixed ".tmp" names and
+// spotguard's own ".spotguard-" names at any depth with everything below them, MetaDir,
+// invalid names, symbolic links and other non-regular files; the logged ones once per path).
+// Nothing outside Dir is reported, and no symbolic link is followed.
 //
 // On fsnotify.ErrEventOverflow it logs a Warn, scans again in full and sends everything again
 // as at the start (Removed first for checkpoints that are gone), then continues. Other fsnotify
 // errors are logged and watching continues. If Dir itself is removed or moved it logs an Error
 // and waits for ctx, seeing nothing more.
+//
+// The cost of an event does not grow with the number of files watched (invariant I8): a file's
+// event costs the same beside ten files or a million, a directory removed costs time linear in
+// what was below it, a marker time linear in its checkpoint's files, and only a rescan reads
+// everything.
 //
 // Events wait in memory while out is not read; reading the file system never waits on out.
 //
@@ -212,8 +219,25 @@ func (w *Watcher) Run(ctx context.Context, out chan<- WatchEvent) error {
 
 // watchCkpt is what a watchRun knows about one checkpoint.
 type watchCkpt struct {
-	single   bool
+	single bool
+	// complete is true once its Complete was sent, until its marker goes.
 	complete bool
+}
+
+// watchNode is what a watchRun keeps about one path below Dir: a file it reported, a
+// directory it watches, a path it logged as skipped, a file waiting for its debounce, and the
+// directories on the way to them. The nodes form a tree, so that everything below a directory
+// is found in time linear in its number, and a node with nothing to keep is removed (prune).
+type watchNode struct {
+	rel    string     // relative to Dir, slash-separated
+	parent *watchNode // nil at the top of Dir
+	kids   map[string]*watchNode
+	// stamp is the FileID of the file's last FileReady; zero if it has none.
+	stamp FileID
+	// warned is the reason of the path's skip log line; "" if none.
+	warned string
+	// watched is true for a directory with an fsnotify watch.
+	watched bool
 }
 
 // watchRun is the state of one Run. Only Run's goroutine uses it.
@@ -223,13 +247,9 @@ type watchRun struct {
 	walker *scanWalker
 	deb    *watchDebouncer
 	ckpts  map[string]*watchCkpt
-	// dirs are the watched directories below Dir, relative and slash-separated.
-	dirs map[string]bool
-	// stamps are the FileID of each file's last FileReady, by relative path.
-	stamps map[string]FileID
-	// warned are the paths skipped with a log line, with the line's reason.
-	warned map[string]string
-	queue  []WatchEvent
+	// nodes are the watchNodes by relative path; a node's parent is there too.
+	nodes map[string]*watchNode
+	queue []WatchEvent
 }
 
 func newWatchRun(w *Watcher, fw *fsnotify.Watcher, root *os.Root) *watchRun {
@@ -238,9 +258,7 @@ func newWatchRun(w *Watcher, fw *fsnotify.Watcher, root *os.Root) *watchRun {
 		fw:      fw,
 		deb:     newWatchDebouncer(w.debounce),
 		ckpts:   map[string]*watchCkpt{},
-		dirs:    map[string]bool{},
-		stamps:  map[string]FileID{},
-		warned:  map[string]string{},
+		nodes:   map[string]*watchNode{},
 	}
 	r.walker = &scanWalker{
 		root:    root,
@@ -299,31 +317,131 @@ func (r *watchRun) abs(rel string) string {
 	return filepath.Join(r.dir, filepath.FromSlash(rel))
 }
 
+// node returns the node of rel, making it (and the nodes above it) if need be.
+func (r *watchRun) node(rel string) *watchNode {
+	if n := r.nodes[rel]; n != nil {
+		return n
+	}
+	n := &watchNode{rel: rel}
+	if i := strings.LastIndexByte(rel, '/'); i >= 0 {
+		n.parent = r.node(rel[:i])
+		if n.parent.kids == nil {
+			n.parent.kids = map[string]*watchNode{}
+		}
+		n.parent.kids[rel[i+1:]] = n
+	}
+	r.nodes[rel] = n
+	return n
+}
+
+// prune removes n, and then the nodes above it, as long as they keep nothing.
+func (r *watchRun) prune(n *watchNode) {
+	for n != nil && len(n.kids) == 0 && n.stamp.isZero() && n.warned == "" && !n.watched && !r.deb.Pending(n.rel) {
+		delete(r.nodes, n.rel)
+		p := n.parent
+		if p != nil {
+			delete(p.kids, n.rel[len(p.rel)+1:])
+		}
+		n = p
+	}
+}
+
+// checkNodes returns the first thing wrong with r's nodes, or nil. Every node is linked from
+// the node above it and to the nodes below it, every key waiting for its debounce has a node,
+// and every node keeps something (a stamp, a skip log line, a watch, a pending debounce, or
+// nodes below it): so dropping a directory finds everything below it, and the run's memory and
+// the cost of a drop stay linear in what is below (invariant I8).
+func (r *watchRun) checkNodes() error {
+	for rel, n := range r.nodes {
+		if n.rel != rel {
+			return fmt.Errorf("node %q is filed as %q", n.rel, rel)
+		}
+		if i := strings.LastIndexByte(rel, '/'); i < 0 {
+			if n.parent != nil {
+				return fmt.Errorf("top-level node %q has a parent %q", rel, n.parent.rel)
+			}
+		} else if p := r.nodes[rel[:i]]; p == nil || n.parent != p || p.kids[rel[i+1:]] != n {
+			return fmt.Errorf("node %q is not linked from %q", rel, rel[:i])
+		}
+		for name, k := range n.kids {
+			if k.parent != n || k.rel != rel+"/"+name || r.nodes[k.rel] != k {
+				return fmt.Errorf("node %q has a stray kid %q", rel, name)
+			}
+		}
+		if len(n.kids) == 0 && n.stamp.isZero() && n.warned == "" && !n.watched && !r.deb.Pending(rel) {
+			return fmt.Errorf("node %q keeps nothing", rel)
+		}
+	}
+	for key := range r.deb.keys {
+		if r.nodes[key] == nil {
+			return fmt.Errorf("%q waits for its debounce without a node", key)
+		}
+	}
+	return nil
+}
+
+// pruneRel prunes the node of rel, if there is one.
+func (r *watchRun) pruneRel(rel string) {
+	if n := r.nodes[rel]; n != nil {
+		r.prune(n)
+	}
+}
+
+// stamp returns the FileID of the last FileReady of rel; zero if it has none.
+func (r *watchRun) stamp(rel string) FileID {
+	if n := r.nodes[rel]; n != nil {
+		return n.stamp
+	}
+	return FileID{}
+}
+
+// watched reports whether the directory rel has a watch.
+func (r *watchRun) watched(rel string) bool {
+	n := r.nodes[rel]
+	return n != nil && n.watched
+}
+
+// touch (re)starts the debounce of the file rel.
+func (r *watchRun) touch(rel string) {
+	r.node(rel)
+	r.deb.Touch(rel)
+}
+
+// report sends a FileReady for the file whose node is n, path sub of checkpoint name, which
+// Lstat described as fi, with id its FileID, and remembers it.
+func (r *watchRun) report(n *watchNode, name, sub string, fi fs.FileInfo, id FileID) {
+	n.stamp = id
+	r.emit(WatchEvent{Kind: FileReady, Checkpoint: name, Path: sub, Size: fi.Size(), ModTime: fi.ModTime(), ID: id})
+}
+
 // skip logs a skipped path once (again only if the reason changes).
 func (r *watchRun) skip(rel, kind string, err error) {
 	reason := kind
 	if err != nil {
 		reason = err.Error()
 	}
-	if r.warned[rel] == reason {
+	n := r.node(rel)
+	if n.warned == reason {
 		return
 	}
-	r.warned[rel] = reason
+	n.warned = reason
 	scanLogSkip(r.log, r.abs(rel), kind, err)
 }
 
 // watchDir adds a watch on the directory rel, unless it has one.
 func (r *watchRun) watchDir(rel string) {
-	if r.dirs[rel] {
+	n := r.node(rel)
+	if n.watched {
 		return
 	}
 	if err := r.fw.Add(r.abs(rel)); err != nil {
 		if !errors.Is(err, fs.ErrNotExist) {
 			r.log.Error().Err(err).Str("path", r.abs(rel)).Msg("cannot watch directory; changes in it will be seen only when its checkpoint completes")
 		}
+		r.prune(n)
 		return
 	}
-	r.dirs[rel] = true
+	n.watched = true
 }
 
 // fsError handles an error from fsnotify.
@@ -340,13 +458,16 @@ func (r *watchRun) fsError(err error) {
 
 // rescan reads Dir in full and sends everything it finds, as at the start: Removed for the
 // checkpoints that are gone (or changed between directory and single file), then each
-// checkpoint's files and its Complete. Every watch below Dir is set up again, so a directory
-// replaced while events were lost is watched anew.
+// checkpoint's files and its Complete. Every watch below
+// Dir is set up again, so a directory replaced while events were lost is watched anew.
 func (r *watchRun) rescan() error {
-	for rel := range r.dirs {
-		_ = r.fw.Remove(r.abs(rel))
+	for _, n := range r.nodes {
+		if n.watched {
+			_ = r.fw.Remove(r.abs(n.rel))
+			n.watched = false
+		}
+		n.stamp = FileID{}
 	}
-	clear(r.dirs)
 	found, err := r.walker.all()
 	if err != nil {
 		return err
@@ -363,7 +484,6 @@ func (r *watchRun) rescan() error {
 		}
 	}
 	r.deb.Reset()
-	clear(r.stamps)
 	for _, f := range found {
 		c := &watchCkpt{single: f.single}
 		r.ckpts[f.name] = c
@@ -371,6 +491,9 @@ func (r *watchRun) rescan() error {
 			r.log.Error().Err(f.err).Str("checkpoint", f.name).Msg("checkpoint directory could not be read in full; not complete")
 		}
 		r.emitFound(c, f, false)
+	}
+	for _, n := range r.nodes {
+		r.prune(n) // what waited for its debounce and is not there now
 	}
 	return nil
 }
@@ -391,15 +514,15 @@ func (r *watchRun) emitFound(c *watchCkpt, f scanFound, onlyChanged bool) {
 			key = f.name + "/" + sf.Path
 		}
 		r.deb.Forget(key)
-		if onlyChanged && r.stamps[key].Same(sf.ID) {
+		n := r.node(key)
+		if onlyChanged && n.stamp.Same(sf.ID) {
 			continue
 		}
 		if waits(sf.info) {
 			r.deb.Touch(key)
 			continue
 		}
-		r.stamps[key] = sf.ID
-		r.emit(WatchEvent{Kind: FileReady, Checkpoint: f.name, Path: sf.Path, Size: sf.Size, ModTime: sf.ModTime, ID: sf.ID})
+		r.report(n, f.name, sf.Path, sf.info, sf.ID)
 	}
 	if !f.complete() || (f.single && waits(f.marker)) {
 		return
@@ -412,27 +535,29 @@ func (r *watchRun) emitFound(c *watchCkpt, f scanFound, onlyChanged bool) {
 	r.emit(WatchEvent{Kind: Complete, Checkpoint: f.name, Path: markerPath, Size: f.marker.Size(), ModTime: f.marker.ModTime(), ID: FileIDOf(f.marker)})
 }
 
-// drop forgets everything below rel (rel included): pending debounces, stamps, watches and
-// skip log lines.
+// drop forgets rel and everything below it: pending debounces, stamps, watches and skip log
+// lines. It costs time linear in what the run keeps below rel.
 func (r *watchRun) drop(rel string) {
-	under := func(k string) bool { return k == rel || strings.HasPrefix(k, rel+"/") }
-	r.deb.Forget(rel)
-	for k := range r.stamps {
-		if under(k) {
-			delete(r.stamps, k)
-		}
+	n := r.nodes[rel]
+	if n == nil {
+		return
 	}
-	for k := range r.warned {
-		if under(k) {
-			delete(r.warned, k)
+	var walk func(n *watchNode)
+	walk = func(n *watchNode) {
+		for _, k := range n.kids {
+			walk(k)
 		}
-	}
-	for k := range r.dirs {
-		if under(k) {
+		r.deb.Forget(n.rel)
+		if n.watched {
 			// The watch is gone already if the directory was removed; a moved one still has it.
-			_ = r.fw.Remove(r.abs(k))
-			delete(r.dirs, k)
+			_ = r.fw.Remove(r.abs(n.rel))
 		}
+		delete(r.nodes, n.rel)
+	}
+	walk(n)
+	if p := n.parent; p != nil {
+		delete(p.kids, n.rel[len(p.rel)+1:])
+		r.prune(p)
 	}
 }
 
@@ -461,22 +586,20 @@ func (r *watchRun) handle(ev fsnotify.Event) {
 func (r *watchRun) gone(rel string) {
 	name, sub, nested := strings.Cut(rel, "/")
 	c := r.ckpts[name]
-	if c == nil {
-		return
-	}
-	if !nested {
+	switch {
+	case c == nil:
+		r.drop(rel) // its skip log lines
+	case !nested:
 		r.drop(name)
 		delete(r.ckpts, name)
 		r.emit(WatchEvent{Kind: Removed, Checkpoint: name})
-		return
-	}
-	if c.single {
-		return
-	}
-	r.drop(rel)
-	if sub == r.marker && c.complete {
-		c.complete = false
-		r.log.Info().Str("checkpoint", name).Msg("marker removed; the checkpoint is no longer complete")
+	case c.single:
+	default:
+		r.drop(rel)
+		if sub == r.marker && c.complete {
+			c.complete = false
+			r.log.Info().Str("checkpoint", name).Msg("marker removed; the checkpoint is no longer complete")
+		}
 	}
 }
 
@@ -508,17 +631,15 @@ func (r *watchRun) changed(rel string) {
 	case err != nil:
 		r.skip(rel, "", err)
 	case fi.IsDir():
-		if !r.dirs[rel] {
-			r.refresh(name, c)
+		if !r.watched(rel) {
+			r.refreshDir(name, c, rel, fi)
 		}
 	case fi.Mode().IsRegular():
-		if sub == r.marker {
-			if !c.complete {
-				r.refresh(name, c)
-			}
-			return
+		if sub != r.marker {
+			r.touch(rel)
+		} else if !c.complete {
+			r.refresh(name, c)
 		}
-		r.deb.Touch(rel)
 	default:
 		r.skip(rel, scanKind(fi.Mode()), nil)
 	}
@@ -564,17 +685,17 @@ func (r *watchRun) changedTop(name string) {
 		if c == nil {
 			r.ckpts[name] = &watchCkpt{single: true}
 		}
-		r.deb.Touch(name)
+		r.touch(name)
 	default:
 		r.skip(name, scanKind(fi.Mode()), nil)
 	}
 }
 
 // refresh reads the checkpoint directory name again, watching any new sub-directory. If its
-// marker is there, it is not complete yet and it could be read in full, it sends a FileReady
-// for each file not yet reported as it is now, without waiting for the debounce, then
-// Complete. Otherwise it starts the debounce of every file that is neither pending nor
-// reported as it is now.
+// marker is there, it is not complete yet and it could be read in full, it
+// sends a FileReady for each file not yet reported as it is now, without waiting for the
+// debounce, then Complete. Otherwise it starts the debounce of every file that is neither
+// pending nor reported as it is now.
 func (r *watchRun) refresh(name string, c *watchCkpt) {
 	f, ok := r.walker.top(name)
 	if !ok || f.single {
@@ -583,7 +704,6 @@ func (r *watchRun) refresh(name string, c *watchCkpt) {
 	if f.marker != nil && !c.complete {
 		if f.err == nil {
 			// Writers write the marker last: whatever is still pending has been written.
-			r.deb.Forget(name)
 			r.emitFound(c, f, true)
 			return
 		}
@@ -592,10 +712,36 @@ func (r *watchRun) refresh(name string, c *watchCkpt) {
 	} else if f.err != nil {
 		r.log.Error().Err(f.err).Str("checkpoint", name).Msg("checkpoint directory could not be read in full")
 	}
-	for _, sf := range f.files {
+	r.touchNew(name, f.files)
+}
+
+// refreshDir reads the new sub-directory rel of the checkpoint directory name (Lstat saw it
+// as fi), watching it and the directories below it, and starts the debounce of every file in
+// it that is neither pending nor reported as it is now: it costs time linear in what is below
+// rel, not in the checkpoint's files. Only when the checkpoint is not complete although its
+// marker is there (its Complete was withheld) does it read the whole checkpoint (refresh), to
+// try the Complete again.
+func (r *watchRun) refreshDir(name string, c *watchCkpt, rel string, fi fs.FileInfo) {
+	if !c.complete {
+		if mfi, err := r.walker.lstat(name + "/" + r.marker); err == nil && mfi.Mode().IsRegular() {
+			r.refresh(name, c)
+			return
+		}
+	}
+	var files []scanFile
+	if err := r.walker.walkDir(r.walker.root, rel, fi, name, rel[len(name)+1:], &files); err != nil {
+		r.log.Error().Err(err).Str("checkpoint", name).Msg("checkpoint directory could not be read in full")
+	}
+	r.touchNew(name, files)
+}
+
+// touchNew starts the debounce of every file of the checkpoint directory name among files
+// that is neither pending nor reported as it is now.
+func (r *watchRun) touchNew(name string, files []scanFile) {
+	for _, sf := range files {
 		key := name + "/" + sf.Path
-		if !r.deb.Pending(key) && !r.stamps[key].Same(sf.ID) {
-			r.deb.Touch(key)
+		if !r.deb.Pending(key) && !r.stamp(key).Same(sf.ID) {
+			r.touch(key)
 		}
 	}
 }
@@ -606,11 +752,14 @@ func (r *watchRun) ready(key string) {
 	name, sub, nested := strings.Cut(key, "/")
 	c := r.ckpts[name]
 	if c == nil || c.single == nested {
+		r.pruneRel(key)
 		return
 	}
 	fi, err := r.walker.lstat(key)
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
+		// Its Remove (or its directory's) comes, or came, as an event.
+		r.pruneRel(key)
 		return
 	case err != nil:
 		r.skip(key, "", err)
@@ -619,10 +768,12 @@ func (r *watchRun) ready(key string) {
 		if !fi.IsDir() {
 			r.skip(key, scanKind(fi.Mode()), nil)
 		}
+		r.pruneRel(key)
 		return
 	}
 	id := FileIDOf(fi)
-	if r.stamps[key].Same(id) {
+	n := r.node(key)
+	if n.stamp.Same(id) {
 		return
 	}
 	if !nested {
@@ -631,8 +782,7 @@ func (r *watchRun) ready(key string) {
 	if c.complete {
 		r.log.Warn().Str("checkpoint", name).Str("path", sub).Msg("file changed after its checkpoint was complete")
 	}
-	r.stamps[key] = id
-	r.emit(WatchEvent{Kind: FileReady, Checkpoint: name, Path: sub, Size: fi.Size(), ModTime: fi.ModTime(), ID: id})
+	r.report(n, name, sub, fi, id)
 	if !nested {
 		c.complete = true
 		r.emit(WatchEvent{Kind: Complete, Checkpoint: name, Path: name, Size: fi.Size(), ModTime: fi.ModTime(), ID: id})
@@ -640,19 +790,29 @@ func (r *watchRun) ready(key string) {
 }
 
 // watchDebouncer holds a deadline per key: a key is due when it has not been touched for the
-// quiet time. It has one timer, armed for the earliest deadline (or earlier) while any key is
-// pending. It is not safe for concurrent use.
+// quiet time. Every deadline is the time of a Touch plus the same quiet time, so the keys wait
+// in a list in the order of their deadlines: Touch, Pending and Forget take constant time and
+// Due time linear in the keys it returns, however many keys wait (invariant I8). It has one
+// timer, armed for the earliest deadline (or earlier) while any key is pending. It is not safe
+// for concurrent use.
 type watchDebouncer struct {
 	quiet time.Duration
-	due   map[string]time.Time
+	keys  map[string]*list.Element // values *watchDue
+	order list.List                // of *watchDue, earliest deadline first
 	timer *time.Timer
 	armed bool
+}
+
+// watchDue is a key waiting in a watchDebouncer.
+type watchDue struct {
+	key string
+	at  time.Time
 }
 
 func newWatchDebouncer(quiet time.Duration) *watchDebouncer {
 	t := time.NewTimer(quiet)
 	t.Stop()
-	return &watchDebouncer{quiet: quiet, due: map[string]time.Time{}, timer: t}
+	return &watchDebouncer{quiet: quiet, keys: map[string]*list.Element{}, timer: t}
 }
 
 // C returns the channel on which the timer fires; receive from it, then call Due. It is nil
@@ -666,7 +826,13 @@ func (d *watchDebouncer) C() <-chan time.Time {
 
 // Touch (re)starts the quiet time of key.
 func (d *watchDebouncer) Touch(key string) {
-	d.due[key] = time.Now().Add(d.quiet)
+	at := time.Now().Add(d.quiet)
+	if e, ok := d.keys[key]; ok {
+		e.Value.(*watchDue).at = at
+		d.order.MoveToBack(e)
+	} else {
+		d.keys[key] = d.order.PushBack(&watchDue{key: key, at: at})
+	}
 	// Every deadline is now+quiet, so one set earlier is never later than this one.
 	if !d.armed {
 		d.timer.Reset(d.quiet)
@@ -676,7 +842,7 @@ func (d *watchDebouncer) Touch(key string) {
 
 // Pending reports whether key is waiting.
 func (d *watchDebouncer) Pending(key string) bool {
-	_, ok := d.due[key]
+	_, ok := d.keys[key]
 	return ok
 }
 
@@ -685,45 +851,41 @@ func (d *watchDebouncer) Pending(key string) bool {
 func (d *watchDebouncer) Due() []string {
 	d.armed = false
 	now := time.Now()
-	type item struct {
-		key string
-		at  time.Time
-	}
-	var due []item
-	var next time.Time
-	for k, at := range d.due {
-		if !at.After(now) {
-			due = append(due, item{k, at})
-			delete(d.due, k)
-		} else if next.IsZero() || at.Before(next) {
-			next = at
+	var due []watchDue
+	for e := d.order.Front(); e != nil; e = d.order.Front() {
+		w := e.Value.(*watchDue)
+		if w.at.After(now) {
+			d.timer.Reset(w.at.Sub(now))
+			d.armed = true
+			break
 		}
+		d.order.Remove(e)
+		delete(d.keys, w.key)
+		due = append(due, *w)
 	}
-	slices.SortFunc(due, func(a, b item) int {
+	slices.SortFunc(due, func(a, b watchDue) int {
 		return cmp.Or(a.at.Compare(b.at), strings.Compare(a.key, b.key))
 	})
-	if !next.IsZero() {
-		d.timer.Reset(next.Sub(now))
-		d.armed = true
-	}
 	keys := make([]string, len(due))
-	for i, it := range due {
-		keys[i] = it.key
+	for i, w := range due {
+		keys[i] = w.key
 	}
 	return keys
 }
 
-// Forget drops key and every key below it (key + "/" + ...) without them becoming due.
+// Forget drops key (only key itself) without it becoming due.
 func (d *watchDebouncer) Forget(key string) {
-	for k := range d.due {
-		if k == key || strings.HasPrefix(k, key+"/") {
-			delete(d.due, k)
-		}
+	if e, ok := d.keys[key]; ok {
+		d.order.Remove(e)
+		delete(d.keys, key)
 	}
 }
 
 // Reset drops every key.
-func (d *watchDebouncer) Reset() { clear(d.due) }
+func (d *watchDebouncer) Reset() {
+	clear(d.keys)
+	d.order.Init()
+}
 
 // Stop stops the timer.
 func (d *watchDebouncer) Stop() {

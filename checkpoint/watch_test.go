@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
-	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -560,8 +559,11 @@ func TestWatchOverflowRescans(t *testing.T) {
 	if got, want := watchFormat(r.queue), "[FileReady step-1 a.bin 1, Complete step-1 _COMPLETE 0, FileReady step-2 b.bin 1]"; got != want {
 		t.Errorf("first scan = %s; want %s", got, want)
 	}
-	if got, want := slices.Sorted(maps.Keys(r.dirs)), []string{"step-1", "step-2"}; !slices.Equal(got, want) {
+	if got, want := watchWatched(r), []string{"step-1", "step-2"}; !slices.Equal(got, want) {
 		t.Errorf("watched directories = %v; want %v", got, want)
+	}
+	if err := r.checkNodes(); err != nil {
+		t.Errorf("after the first scan: %v", err)
 	}
 	r.queue = nil
 
@@ -579,6 +581,12 @@ func TestWatchOverflowRescans(t *testing.T) {
 	if got := watchFormat(r.queue); got != want {
 		t.Errorf("after an overflow = %s; want %s", got, want)
 	}
+	if got, want := watchWatched(r), []string{"step-1", "step-3", "step-4"}; !slices.Equal(got, want) {
+		t.Errorf("watched directories = %v; want %v", got, want)
+	}
+	if err := r.checkNodes(); err != nil {
+		t.Errorf("after an overflow: %v", err)
+	}
 	if !r.deb.Pending("step-4/d.bin") {
 		t.Error("a file just written in a checkpoint without marker is not waiting for its debounce")
 	}
@@ -590,6 +598,27 @@ func TestWatchOverflowRescans(t *testing.T) {
 	}
 	r.queue = nil
 
+	// Events for what is gone leave nothing behind.
+	if err := os.RemoveAll(filepath.Join(dir, "step-4")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(filepath.Join(dir, "step-1", "a.bin")); err != nil {
+		t.Fatal(err)
+	}
+	r.handle(fsnotify.Event{Name: filepath.Join(dir, "step-4", "d.bin"), Op: fsnotify.Remove})
+	r.handle(fsnotify.Event{Name: filepath.Join(dir, "step-4"), Op: fsnotify.Remove})
+	r.handle(fsnotify.Event{Name: filepath.Join(dir, "step-1", "a.bin"), Op: fsnotify.Remove})
+	if got, want := watchFormat(r.queue), "[Removed step-4]"; got != want {
+		t.Errorf("after removals = %s; want %s", got, want)
+	}
+	if r.deb.Pending("step-4/d.bin") || r.nodes["step-4"] != nil || r.nodes["step-1/a.bin"] != nil {
+		t.Error("the run still keeps what was removed")
+	}
+	if err := r.checkNodes(); err != nil {
+		t.Errorf("after removals: %v", err)
+	}
+	r.queue = nil
+
 	r.fsError(errors.New("some other trouble"))
 	if len(r.queue) != 0 {
 		t.Errorf("events after another error = %s; want none", watchFormat(r.queue))
@@ -597,6 +626,18 @@ func TestWatchOverflowRescans(t *testing.T) {
 	if n := len(logs.lines(t, "error", "fsnotify error; watching on")); n != 1 {
 		t.Errorf("error lines = %d; want 1\n%s", n, logs)
 	}
+}
+
+// watchWatched returns the directories r watches, sorted.
+func watchWatched(r *watchRun) []string {
+	var dirs []string
+	for rel, n := range r.nodes {
+		if n.watched {
+			dirs = append(dirs, rel)
+		}
+	}
+	slices.Sort(dirs)
+	return dirs
 }
 
 func TestNewWatcher(t *testing.T) {
@@ -700,16 +741,18 @@ func TestWatchDebouncer(t *testing.T) {
 			t.Error("C() with nothing pending is not nil")
 		}
 
-		// Forget drops a key and the keys below it, not its siblings with the same prefix.
+		// Forget drops exactly one key: not the keys below it, nor its siblings with the same
+		// prefix (the run forgets what is below a directory itself).
+		d.Touch("c")
 		d.Touch("c/1")
-		d.Touch("c/2/3")
 		d.Touch("cc")
 		d.Forget("c")
-		if d.Pending("c/1") || d.Pending("c/2/3") || !d.Pending("cc") {
-			t.Errorf("after Forget(c): Pending c/1, c/2/3, cc = %v, %v, %v; want false, false, true",
-				d.Pending("c/1"), d.Pending("c/2/3"), d.Pending("cc"))
+		d.Forget("missing")
+		if d.Pending("c") || !d.Pending("c/1") || !d.Pending("cc") {
+			t.Errorf("after Forget(c): Pending c, c/1, cc = %v, %v, %v; want false, true, true",
+				d.Pending("c"), d.Pending("c/1"), d.Pending("cc"))
 		}
-		if got, want := watchNextDue(t, d), []string{"cc"}; !slices.Equal(got, want) {
+		if got, want := watchNextDue(t, d), []string{"c/1", "cc"}; !slices.Equal(got, want) {
 			t.Errorf("Due() = %v; want %v", got, want)
 		}
 
