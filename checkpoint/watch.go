@@ -53,8 +53,14 @@ const (
 	// Complete: the checkpoint's marker appeared (or its single file became ready). Every
 	// file of the checkpoint has had its FileReady before it.
 	Complete
-	// Removed: the checkpoint's directory (or single file) was removed or renamed away.
+	// Removed: the checkpoint's directory (or single file) was removed or renamed away, or
+	// its single file can no longer be reported (see Run).
 	Removed
+	// FileGone: a file of a checkpoint directory that had a FileReady was removed or renamed
+	// away (alone or with a directory above it) or can no longer be reported, or the marker
+	// of a complete checkpoint was removed or renamed away: the checkpoint is not complete
+	// any more.
+	FileGone
 )
 
 // String returns the kind's name.
@@ -66,6 +72,8 @@ func (k WatchEventKind) String() string {
 		return "Complete"
 	case Removed:
 		return "Removed"
+	case FileGone:
+		return "FileGone"
 	default:
 		return fmt.Sprintf("WatchEventKind(%d)", int(k))
 	}
@@ -77,19 +85,20 @@ type WatchEvent struct {
 	// Checkpoint is the checkpoint's sub-directory name, or the single file's name. It always
 	// passes ValidName.
 	Checkpoint string
-	// Path is, for FileReady, the file's path relative to the checkpoint's directory,
-	// slash-separated and valid for ValidPath (the file's name for a single-file checkpoint).
-	// For Complete it is the marker's name (the file's name for a single-file checkpoint).
-	// For Removed it is empty.
+	// Path is, for FileReady and FileGone, the file's path relative to the checkpoint's
+	// directory, slash-separated and valid for ValidPath (the file's name for a single-file
+	// checkpoint; FileGone never names one). For Complete it is the marker's name (the file's
+	// name for a single-file checkpoint); so is it for the FileGone of a marker. For Removed
+	// it is empty.
 	Path string
 	// Size and ModTime are the file's (FileReady) or the marker's (Complete) as Lstat saw them
-	// when the watcher decided; zero for Removed. A consumer reads the file itself and must
-	// check them again.
+	// when the watcher decided; zero for Removed and FileGone. A consumer reads the file
+	// itself and must check them again.
 	Size    int64
 	ModTime time.Time
 	// ID identifies the version of the file (FileReady) or marker (Complete) that Lstat saw,
-	// as Size and ModTime; zero for Removed. A consumer that opened the file compares
-	// FileIDOf(its Stat) with ID.Same rather than trusting size and time alone.
+	// as Size and ModTime; zero for Removed and FileGone. A consumer that opened the file
+	// compares FileIDOf(its Stat) with ID.Same rather than trusting size and time alone.
 	ID FileID
 	// At is when the watcher decided.
 	At time.Time
@@ -159,27 +168,42 @@ func NewWatcher(cfg WatchConfig) (*Watcher, error) {
 //     time: a rewrite that sets the time back, another file renamed over it, a chmod or chown
 //     (each moves the file's change time; the permission bits are part of the checkpoint).
 //   - Complete when the marker appears in a checkpoint directory (created or renamed into
-//     place): the checkpoint is read again at once and a FileReady is sent for each of its
-//     files not yet reported as it is now, without waiting for the debounce, then Complete.
-//     If part of it cannot be read, Complete is withheld (Error log line) until the marker
-//     changes again, a new directory appears in the checkpoint, or a rescan. A marker removed
-//     and created again gives another Complete.
+//     place): the checkpoint is read again at once, a FileGone is sent for each file reported
+//     before that is no longer there (or may no longer be reported), a FileReady for each of
+//     its files not yet reported as it is now, without waiting for the debounce, then
+//     Complete. If part of it cannot be read, Complete is withheld (Error log line) until the
+//     marker changes again, a new directory appears in the checkpoint, or a rescan.
 //   - FileReady then Complete for a single-file checkpoint (a regular file at the top of Dir
 //     matching Pattern) once it has been quiet for Debounce, and again each time it changes.
-//   - Removed when a checkpoint directory or single file is removed or renamed away. Pending
-//     events for it are dropped. It may name a checkpoint no other event named.
+//   - FileGone when a file of a checkpoint directory that had a FileReady is removed or renamed
+//     away, or when a directory above it inside the checkpoint is (then one FileGone for each
+//     such file below the directory, in path order), or when the file can no longer be reported
+//     (it became a symbolic link or another non-regular file; with the skip's log line). A file
+//     renamed inside its checkpoint is a FileGone of the old path and a new file at the new one
+//     (FileReady after its debounce). Removing the marker of a complete checkpoint (or renaming
+//     it away, or it no longer being a regular file) gives FileGone with Path the marker and an
+//     Info log line "marker removed; the checkpoint is no longer complete"; a marker that
+//     appears again gives another Complete. Removing a checkpoint directory with everything in
+//     it (rm -r) gives a FileGone for each reported file and for the marker, then Removed.
+//   - Removed when a checkpoint directory or single file is removed or renamed away, or the
+//     single file, once reported, can no longer be reported. Pending events for it are
+//     dropped. It may name a checkpoint no other event named. Renaming a checkpoint directory
+//     is a Removed of the old name (without FileGone events) and a new checkpoint.
 //
 // A new sub-directory is watched, then read at once (only it, not its whole checkpoint), so
-// files written before its watch was added are seen too. A file removed from a checkpoint
-// gives no event. Names are skipped as Scan skips them (dot-prefixed ".tmp" names and
-// spotguard's own ".spotguard-" names at any depth with everything below them, MetaDir,
-// invalid names, symbolic links and other non-regular files; the logged ones once per path).
+// files written before its watch was added are seen too. Names are skipped as Scan skips them:
+// silently the dot-prefixed ".tmp" names and spotguard's own ".spotguard-" names (at any depth,
+// with everything below them) and MetaDir at the top; with one Warn log line per path (again
+// only if the reason changes) invalid names, symbolic links and other non-regular files.
 // Nothing outside Dir is reported, and no symbolic link is followed.
 //
 // On fsnotify.ErrEventOverflow it logs a Warn, scans again in full and sends everything again
-// as at the start (Removed first for checkpoints that are gone), then continues. Other fsnotify
-// errors are logged and watching continues. If Dir itself is removed or moved it logs an Error
-// and waits for ctx, seeing nothing more.
+// as at the start, then continues: first Removed for the checkpoints that are gone; then, for
+// each checkpoint directory still there that could be read in full, a FileGone for each file
+// reported before that is no longer there (and one for the marker if it was complete and its
+// marker is gone), before its FileReady and Complete events. Other fsnotify errors are logged
+// and watching continues. If Dir itself is removed or moved it logs an Error and waits for
+// ctx, seeing nothing more.
 //
 // The cost of an event does not grow with the number of files watched (invariant I8): a file's
 // event costs the same beside ten files or a million, a directory removed costs time linear in
@@ -428,6 +452,34 @@ func (r *watchRun) skip(rel, kind string, err error) {
 	scanLogSkip(r.log, r.abs(rel), kind, err)
 }
 
+// unreport takes back the FileReady of the file rel, which can no longer be reported (it is
+// not a regular file that may be reported): a FileGone for a file of a checkpoint directory,
+// Removed for a single-file checkpoint. It does nothing if rel had no FileReady.
+func (r *watchRun) unreport(rel string) {
+	n := r.nodes[rel]
+	if n == nil || n.stamp.isZero() {
+		return
+	}
+	n.stamp = FileID{}
+	name, sub, nested := strings.Cut(rel, "/")
+	if nested {
+		r.emit(WatchEvent{Kind: FileGone, Checkpoint: name, Path: sub})
+	} else {
+		// Its node stays, with the skip's log line.
+		r.deb.Forget(name)
+		delete(r.ckpts, name)
+		r.emit(WatchEvent{Kind: Removed, Checkpoint: name})
+	}
+	r.prune(n)
+}
+
+// markerGone handles the marker of the complete checkpoint name going away.
+func (r *watchRun) markerGone(name string, c *watchCkpt) {
+	c.complete = false
+	r.log.Info().Str("checkpoint", name).Msg("marker removed; the checkpoint is no longer complete")
+	r.emit(WatchEvent{Kind: FileGone, Checkpoint: name, Path: r.marker})
+}
+
 // watchDir adds a watch on the directory rel, unless it has one.
 func (r *watchRun) watchDir(rel string) {
 	n := r.node(rel)
@@ -457,8 +509,8 @@ func (r *watchRun) fsError(err error) {
 }
 
 // rescan reads Dir in full and sends everything it finds, as at the start: Removed for the
-// checkpoints that are gone (or changed between directory and single file), then each
-// checkpoint's files and its Complete. Every watch below
+// checkpoints that are gone (or changed between directory and single file), then for each
+// checkpoint FileGone for what it no longer has, its files and its Complete. Every watch below
 // Dir is set up again, so a directory replaced while events were lost is watched anew.
 func (r *watchRun) rescan() error {
 	for _, n := range r.nodes {
@@ -466,7 +518,6 @@ func (r *watchRun) rescan() error {
 			_ = r.fw.Remove(r.abs(n.rel))
 			n.watched = false
 		}
-		n.stamp = FileID{}
 	}
 	found, err := r.walker.all()
 	if err != nil {
@@ -478,17 +529,24 @@ func (r *watchRun) rescan() error {
 	}
 	for _, name := range slices.Sorted(maps.Keys(r.ckpts)) {
 		if single, ok := present[name]; !ok || single != r.ckpts[name].single {
-			r.drop(name)
+			r.drop(name, false)
 			delete(r.ckpts, name)
 			r.emit(WatchEvent{Kind: Removed, Checkpoint: name})
 		}
 	}
 	r.deb.Reset()
 	for _, f := range found {
+		old := r.ckpts[f.name]
 		c := &watchCkpt{single: f.single}
 		r.ckpts[f.name] = c
-		if f.err != nil {
+		switch {
+		case f.err != nil:
 			r.log.Error().Err(f.err).Str("checkpoint", f.name).Msg("checkpoint directory could not be read in full; not complete")
+		case old != nil && !f.single:
+			r.goneSince(f)
+			if old.complete && f.marker == nil {
+				r.markerGone(f.name, c)
+			}
 		}
 		r.emitFound(c, f, false)
 	}
@@ -519,6 +577,7 @@ func (r *watchRun) emitFound(c *watchCkpt, f scanFound, onlyChanged bool) {
 			continue
 		}
 		if waits(sf.info) {
+			n.stamp = FileID{} // reported again once quiet, as it is then
 			r.deb.Touch(key)
 			continue
 		}
@@ -535,13 +594,49 @@ func (r *watchRun) emitFound(c *watchCkpt, f scanFound, onlyChanged bool) {
 	r.emit(WatchEvent{Kind: Complete, Checkpoint: f.name, Path: markerPath, Size: f.marker.Size(), ModTime: f.marker.ModTime(), ID: FileIDOf(f.marker)})
 }
 
+// goneSince sends a FileGone, in path order, for every file of the checkpoint directory f
+// that had a FileReady but that f, read in full just now, does not have, and forgets its
+// stamp. It costs time linear in what the run keeps below f.
+func (r *watchRun) goneSince(f scanFound) {
+	top := r.nodes[f.name]
+	if top == nil {
+		return
+	}
+	has := make(map[string]bool, len(f.files))
+	for _, sf := range f.files {
+		has[sf.Path] = true
+	}
+	var lost []*watchNode
+	var walk func(n *watchNode)
+	walk = func(n *watchNode) {
+		for _, k := range n.kids {
+			if !k.stamp.isZero() && !has[k.rel[len(f.name)+1:]] {
+				lost = append(lost, k)
+			}
+			walk(k)
+		}
+	}
+	walk(top)
+	slices.SortFunc(lost, func(a, b *watchNode) int { return strings.Compare(a.rel, b.rel) })
+	for _, n := range lost {
+		n.stamp = FileID{}
+		r.emit(WatchEvent{Kind: FileGone, Checkpoint: f.name, Path: n.rel[len(f.name)+1:]})
+	}
+	for _, n := range lost {
+		r.prune(n)
+	}
+}
+
 // drop forgets rel and everything below it: pending debounces, stamps, watches and skip log
-// lines. It costs time linear in what the run keeps below rel.
-func (r *watchRun) drop(rel string) {
+// lines. If gone (rel is inside a checkpoint directory), it first sends a FileGone, in path
+// order, for every file at or below rel that had a FileReady. It costs time linear in what
+// the run keeps below rel.
+func (r *watchRun) drop(rel string, gone bool) {
 	n := r.nodes[rel]
 	if n == nil {
 		return
 	}
+	var lost []string
 	var walk func(n *watchNode)
 	walk = func(n *watchNode) {
 		for _, k := range n.kids {
@@ -552,12 +647,20 @@ func (r *watchRun) drop(rel string) {
 			// The watch is gone already if the directory was removed; a moved one still has it.
 			_ = r.fw.Remove(r.abs(n.rel))
 		}
+		if gone && !n.stamp.isZero() {
+			lost = append(lost, n.rel)
+		}
 		delete(r.nodes, n.rel)
 	}
 	walk(n)
 	if p := n.parent; p != nil {
 		delete(p.kids, n.rel[len(p.rel)+1:])
 		r.prune(p)
+	}
+	slices.Sort(lost)
+	for _, k := range lost {
+		name, sub, _ := strings.Cut(k, "/")
+		r.emit(WatchEvent{Kind: FileGone, Checkpoint: name, Path: sub})
 	}
 }
 
@@ -588,17 +691,16 @@ func (r *watchRun) gone(rel string) {
 	c := r.ckpts[name]
 	switch {
 	case c == nil:
-		r.drop(rel) // its skip log lines
+		r.drop(rel, false) // its skip log lines
 	case !nested:
-		r.drop(name)
+		r.drop(name, false)
 		delete(r.ckpts, name)
 		r.emit(WatchEvent{Kind: Removed, Checkpoint: name})
 	case c.single:
 	default:
-		r.drop(rel)
+		r.drop(rel, true)
 		if sub == r.marker && c.complete {
-			c.complete = false
-			r.log.Info().Str("checkpoint", name).Msg("marker removed; the checkpoint is no longer complete")
+			r.markerGone(name, c)
 		}
 	}
 }
@@ -630,6 +732,7 @@ func (r *watchRun) changed(rel string) {
 	case errors.Is(err, fs.ErrNotExist):
 	case err != nil:
 		r.skip(rel, "", err)
+		r.notUsable(name, sub, c)
 	case fi.IsDir():
 		if !r.watched(rel) {
 			r.refreshDir(name, c, rel, fi)
@@ -642,7 +745,20 @@ func (r *watchRun) changed(rel string) {
 		}
 	default:
 		r.skip(rel, scanKind(fi.Mode()), nil)
+		r.notUsable(name, sub, c)
 	}
+}
+
+// notUsable handles the path sub of checkpoint directory name, which is now skipped with a
+// log line: a file reported before, or the marker of a complete checkpoint, is gone.
+func (r *watchRun) notUsable(name, sub string, c *watchCkpt) {
+	if sub == r.marker {
+		if c.complete {
+			r.markerGone(name, c)
+		}
+		return
+	}
+	r.unreport(name + "/" + sub)
 }
 
 // changedTop handles the creation or change of name at the top of Dir.
@@ -664,6 +780,7 @@ func (r *watchRun) changedTop(name string) {
 	case errors.Is(err, fs.ErrNotExist):
 	case err != nil:
 		r.skip(name, "", err)
+		r.unreport(name)
 	case fi.IsDir():
 		if c != nil && !c.single {
 			return
@@ -688,11 +805,13 @@ func (r *watchRun) changedTop(name string) {
 		r.touch(name)
 	default:
 		r.skip(name, scanKind(fi.Mode()), nil)
+		r.unreport(name)
 	}
 }
 
-// refresh reads the checkpoint directory name again, watching any new sub-directory. If its
-// marker is there, it is not complete yet and it could be read in full, it
+// refresh reads the checkpoint directory name again, watching any new sub-directory, and
+// sends a FileGone for each file reported before that is no longer there (if it could be read
+// in full). If its marker is there, it is not complete yet and it could be read in full, it
 // sends a FileReady for each file not yet reported as it is now, without waiting for the
 // debounce, then Complete. Otherwise it starts the debounce of every file that is neither
 // pending nor reported as it is now.
@@ -700,6 +819,9 @@ func (r *watchRun) refresh(name string, c *watchCkpt) {
 	f, ok := r.walker.top(name)
 	if !ok || f.single {
 		return
+	}
+	if f.err == nil {
+		r.goneSince(f)
 	}
 	if f.marker != nil && !c.complete {
 		if f.err == nil {
@@ -763,11 +885,13 @@ func (r *watchRun) ready(key string) {
 		return
 	case err != nil:
 		r.skip(key, "", err)
+		r.unreport(key)
 		return
 	case !fi.Mode().IsRegular():
 		if !fi.IsDir() {
 			r.skip(key, scanKind(fi.Mode()), nil)
 		}
+		r.unreport(key)
 		r.pruneRel(key)
 		return
 	}
