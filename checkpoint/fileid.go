@@ -53,8 +53,9 @@ func (a FileID) known() bool { return a.Dev != 0 || a.Ino != 0 }
 // isZero reports whether a is the zero FileID.
 func (a FileID) isZero() bool { return a == FileID{} }
 
-// fileStatT is what FileIDOf needs from fi.Sys().
+// fileStatT is what FileIDOf and the readability check need from fi.Sys().
 type fileStatT struct {
 	dev, ino, nlink uint64
+	uid, gid        uint32
 	ctime           time.Time
 }

@@ -17,6 +17,8 @@ func fileStat(fi fs.FileInfo) (fileStatT, bool) {
 		dev:   uint64(st.Dev),
 		ino:   uint64(st.Ino),
 		nlink: uint64(st.Nlink), // uint32 on some architectures
+		uid:   st.Uid,
+		gid:   st.Gid,
 		ctime: time.Unix(sec, nsec),
 	}, true
 }

@@ -53,6 +53,14 @@ const scanDefaultMarker = "_COMPLETE"
 // regular files and whether it is complete. It never follows a symbolic link below dir (dir
 // itself may be one) and never opens anything but directories.
 //
+// The agent may run with more privilege than the trainer (as root, or with
+// CAP_DAC_READ_SEARCH), so Scan reports only files the trainer could have read itself. It
+// takes the owner (uid and gid) of dir itself, as Stat of dir sees it when Scan starts, for
+// the trainer, and reports a regular file only if that owner could read it: the owner's uid is
+// 0, or the file's uid is the owner's and its mode has 0400, or the file's gid is the owner's
+// and its mode has 0040, or its mode has 0004. (Other groups the trainer is in, and ACLs, are
+// not known here.)
+//
 // marker is the name of the file whose presence at the top of a checkpoint directory makes it
 // complete ("" means "_COMPLETE"); it must be a single valid path element. pattern, if not
 // empty, is a path.Match glob: a regular file at the top of dir whose name matches it is a
@@ -69,7 +77,13 @@ const scanDefaultMarker = "_COMPLETE"
 // Skipped with one Warn log line each (fields path and type, or path and error):
 //   - symbolic links, sockets, devices, FIFOs and other non-regular files, anywhere;
 //   - names that fail ValidName (top level) or ValidPath (inside a checkpoint), such as names
-//     with a backslash, and MetaDir at the top of a checkpoint directory.
+//     with a backslash, and MetaDir at the top of a checkpoint directory;
+//   - regular files with more than one hard link: another name of the same file may be one
+//     the trainer could not read (a link to a file outside dir);
+//   - regular files that the owner of dir could not read (see above).
+//
+// A skipped file is left out of its checkpoint as if it were not there; a skipped marker
+// leaves its checkpoint not complete, and a skipped single file is no checkpoint.
 //
 // A checkpoint directory part of which cannot be read (permission denied, or a directory
 // replaced while it was read) is logged at Error level and returned with Complete false, so
@@ -87,11 +101,16 @@ func Scan(dir, marker, pattern string, log zerolog.Logger) ([]LocalCheckpoint, e
 		return nil, fmt.Errorf("open checkpoint dir: %w", err)
 	}
 	defer func() { _ = root.Close() }()
+	self, err := root.Stat(".")
+	if err != nil {
+		return nil, fmt.Errorf("stat checkpoint dir: %w", err)
+	}
 	s := &scanWalker{
 		root:    root,
 		dir:     root.Name(),
 		marker:  marker,
 		pattern: pattern,
+		owner:   scanOwnerOf(self),
 		skip: func(rel, kind string, err error) {
 			scanLogSkip(log, filepath.Join(root.Name(), filepath.FromSlash(rel)), kind, err)
 		},
@@ -156,6 +175,52 @@ func scanSkipPath(p string) bool {
 		}
 		p = rest
 	}
+}
+
+// scanOwner is whom a file must be readable by to be reported: the owner of the checkpoint
+// directory. A zero scanOwner (uid 0, or not known) can read everything.
+type scanOwner struct {
+	uid, gid uint32
+}
+
+// scanOwnerOf returns the owner of the checkpoint directory fi.
+func scanOwnerOf(fi fs.FileInfo) scanOwner {
+	st, ok := fileStat(fi)
+	if !ok {
+		return scanOwner{}
+	}
+	return scanOwner{uid: st.uid, gid: st.gid}
+}
+
+// Why a regular file is skipped; fixed texts, so that the watcher logs each path once.
+var (
+	errScanHardLink   = errors.New("checkpoint: more than one hard link; another name of the file may not be the trainer's")
+	errScanUnreadable = errors.New("checkpoint: the owner of the checkpoint directory could not read it")
+)
+
+// check returns why the regular file fi must not be reported, or nil if it may be.
+func (o scanOwner) check(fi fs.FileInfo) error {
+	st, ok := fileStat(fi)
+	if !ok {
+		return nil
+	}
+	if st.nlink > 1 {
+		return errScanHardLink
+	}
+	if !o.canRead(st.uid, st.gid, fi.Mode().Perm()) {
+		return errScanUnreadable
+	}
+	return nil
+}
+
+// canRead reports whether o could read a file with owner uid, group gid and permission bits
+// perm: o is root, or owns the file and perm has 0400, or has its group and perm has 0040, or
+// perm has 0004.
+func (o scanOwner) canRead(uid, gid uint32, perm fs.FileMode) bool {
+	return o.uid == 0 ||
+		(uid == o.uid && perm&0o400 != 0) ||
+		(gid == o.gid && perm&0o040 != 0) ||
+		perm&0o004 != 0
 }
 
 // scanKind names the type of a file that is neither regular nor a directory, for log lines.
@@ -233,12 +298,24 @@ type scanWalker struct {
 	dir     string // root's name, for messages
 	marker  string
 	pattern string
+	// owner is whom every reported file must be readable by.
+	owner scanOwner
 	// skip is called once for every path that is skipped with a log line: rel is relative to
 	// root and slash-separated; kind names its type, or err says what is wrong with it.
 	skip func(rel, kind string, err error)
 	// onDir, if not nil, is called with every checkpoint directory and nested sub-directory
 	// (relative to root, slash-separated) before it is read.
 	onDir func(rel string)
+}
+
+// usable reports whether the regular file at rel (relative to root, slash-separated), which
+// Lstat described as fi, may be reported; if not, it calls skip.
+func (s *scanWalker) usable(rel string, fi fs.FileInfo) bool {
+	if err := s.owner.check(fi); err != nil {
+		s.skip(rel, "", err)
+		return false
+	}
+	return true
 }
 
 // isSingle reports whether a regular file at the top of root named name is a single-file
@@ -298,7 +375,7 @@ func (s *scanWalker) top(name string) (scanFound, bool) {
 		slices.SortFunc(f.files, func(a, b scanFile) int { return strings.Compare(a.Path, b.Path) })
 		return f, true
 	case fi.Mode().IsRegular():
-		if !s.isSingle(name) {
+		if !s.isSingle(name) || !s.usable(name, fi) {
 			return scanFound{}, false
 		}
 		file := newScanFile(name, fi)
@@ -356,7 +433,9 @@ func (s *scanWalker) walkDir(parent *os.Root, base string, want fs.FileInfo, ckp
 		case fi.IsDir():
 			errs = append(errs, s.walkDir(d, name, fi, ckpt, p, files))
 		case fi.Mode().IsRegular():
-			*files = append(*files, newScanFile(p, fi))
+			if s.usable(ckpt+"/"+p, fi) {
+				*files = append(*files, newScanFile(p, fi))
+			}
 		default:
 			s.skip(ckpt+"/"+p, scanKind(fi.Mode()), nil)
 		}

@@ -111,15 +111,18 @@ type Watcher struct {
 	marker   string
 	pattern  string
 	debounce time.Duration
+	owner    scanOwner // of dir, when NewWatcher looked
 	log      zerolog.Logger
 	ready    func()
 }
 
 // NewWatcher checks cfg and returns a Watcher for it. It returns an error, listing every
 // problem, if cfg.Dir does not exist or is not a directory, if Marker is not a single valid
-// file name, if Pattern is not a valid glob, or if Debounce is negative.
+// file name, if Pattern is not a valid glob, or if Debounce is negative. The owner of cfg.Dir
+// as NewWatcher sees it is the one every reported file must be readable by (see Run).
 func NewWatcher(cfg WatchConfig) (*Watcher, error) {
 	var problems []error
+	var owner scanOwner
 	dir, err := filepath.Abs(cfg.Dir)
 	if err != nil || cfg.Dir == "" {
 		problems = append(problems, fmt.Errorf("checkpoint dir %q: not a usable path", cfg.Dir))
@@ -127,6 +130,8 @@ func NewWatcher(cfg WatchConfig) (*Watcher, error) {
 		problems = append(problems, fmt.Errorf("checkpoint dir: %w", err))
 	} else if !fi.IsDir() {
 		problems = append(problems, fmt.Errorf("checkpoint dir %s is not a directory", dir))
+	} else {
+		owner = scanOwnerOf(fi)
 	}
 	marker, err := scanCheckNames(cfg.Marker, cfg.Pattern)
 	if err != nil {
@@ -146,6 +151,7 @@ func NewWatcher(cfg WatchConfig) (*Watcher, error) {
 		marker:   marker,
 		pattern:  cfg.Pattern,
 		debounce: debounce,
+		owner:    owner,
 		log:      cfg.Logger.With().Str("component", "checkpoint-watcher").Logger(),
 		ready:    cfg.Ready,
 	}, nil
@@ -168,23 +174,29 @@ func NewWatcher(cfg WatchConfig) (*Watcher, error) {
 //     time: a rewrite that sets the time back, another file renamed over it, a chmod or chown
 //     (each moves the file's change time; the permission bits are part of the checkpoint).
 //   - Complete when the marker appears in a checkpoint directory (created or renamed into
-//     place): the checkpoint is read again at once, a FileGone is sent for each file reported
-//     before that is no longer there (or may no longer be reported), a FileReady for each of
-//     its files not yet reported as it is now, without waiting for the debounce, then
-//     Complete. If part of it cannot be read, Complete is withheld (Error log line) until the
-//     marker changes again, a new directory appears in the checkpoint, or a rescan.
+//     place; a regular file that may be reported, like any other): the checkpoint is read
+//     again at once, a FileGone is sent for each file reported before that is no longer there
+//     (or may no longer be reported), a FileReady for each of its files not yet reported as it
+//     is now, without waiting for the debounce, then Complete. If part of it cannot be read,
+//     Complete is withheld (Error log line) until the marker changes again, a new directory
+//     appears in the checkpoint, or a rescan.
 //   - FileReady then Complete for a single-file checkpoint (a regular file at the top of Dir
 //     matching Pattern) once it has been quiet for Debounce, and again each time it changes.
 //   - FileGone when a file of a checkpoint directory that had a FileReady is removed or renamed
 //     away, or when a directory above it inside the checkpoint is (then one FileGone for each
 //     such file below the directory, in path order), or when the file can no longer be reported
-//     (it became a symbolic link or another non-regular file; with the skip's log line). A file
+//     (it became unreadable for the owner of Dir, a symbolic link or another non-regular file,
+//     or got another name; with the skip's log line). A new name for a file (a hard link, made
+//     anywhere) changes only the file's own inode, which the watches of its directory do not
+//     see: the new name, if in Dir, is skipped like any hard link, and the file is taken back
+//     when it has an event of its own, its checkpoint's marker appears, or a rescan. A file
 //     renamed inside its checkpoint is a FileGone of the old path and a new file at the new one
 //     (FileReady after its debounce). Removing the marker of a complete checkpoint (or renaming
-//     it away, or it no longer being a regular file) gives FileGone with Path the marker and an
-//     Info log line "marker removed; the checkpoint is no longer complete"; a marker that
-//     appears again gives another Complete. Removing a checkpoint directory with everything in
-//     it (rm -r) gives a FileGone for each reported file and for the marker, then Removed.
+//     it away, or it no longer being a file that can be reported) gives FileGone with Path the
+//     marker and an Info log line "marker removed; the checkpoint is no longer complete"; a
+//     marker that appears again gives another Complete. Removing a checkpoint directory with
+//     everything in it (rm -r) gives a FileGone for each reported file and for the marker, then
+//     Removed.
 //   - Removed when a checkpoint directory or single file is removed or renamed away, or the
 //     single file, once reported, can no longer be reported. Pending events for it are
 //     dropped. It may name a checkpoint no other event named. Renaming a checkpoint directory
@@ -194,8 +206,10 @@ func NewWatcher(cfg WatchConfig) (*Watcher, error) {
 // files written before its watch was added are seen too. Names are skipped as Scan skips them:
 // silently the dot-prefixed ".tmp" names and spotguard's own ".spotguard-" names (at any depth,
 // with everything below them) and MetaDir at the top; with one Warn log line per path (again
-// only if the reason changes) invalid names, symbolic links and other non-regular files.
-// Nothing outside Dir is reported, and no symbolic link is followed.
+// only if the reason changes, or after the path was reported in between) invalid names,
+// symbolic links and other non-regular files, and regular files with more than one hard link or
+// that the owner of Dir (as NewWatcher saw it) could not read. Nothing outside Dir is reported,
+// and no symbolic link is followed.
 //
 // On fsnotify.ErrEventOverflow it logs a Warn, scans again in full and sends everything again
 // as at the start, then continues: first Removed for the checkpoints that are gone; then, for
@@ -289,6 +303,7 @@ func newWatchRun(w *Watcher, fw *fsnotify.Watcher, root *os.Root) *watchRun {
 		dir:     w.dir,
 		marker:  w.marker,
 		pattern: w.pattern,
+		owner:   w.owner,
 		skip:    r.skip,
 		onDir:   r.watchDir,
 	}
@@ -435,6 +450,7 @@ func (r *watchRun) touch(rel string) {
 // Lstat described as fi, with id its FileID, and remembers it.
 func (r *watchRun) report(n *watchNode, name, sub string, fi fs.FileInfo, id FileID) {
 	n.stamp = id
+	n.warned = "" // a later skip is a new one, worth a log line
 	r.emit(WatchEvent{Kind: FileReady, Checkpoint: name, Path: sub, Size: fi.Size(), ModTime: fi.ModTime(), ID: id})
 }
 
@@ -742,6 +758,8 @@ func (r *watchRun) changed(rel string) {
 			r.touch(rel)
 		} else if !c.complete {
 			r.refresh(name, c)
+		} else if !r.walker.usable(rel, fi) {
+			r.markerGone(name, c)
 		}
 	default:
 		r.skip(rel, scanKind(fi.Mode()), nil)
@@ -893,6 +911,9 @@ func (r *watchRun) ready(key string) {
 		}
 		r.unreport(key)
 		r.pruneRel(key)
+		return
+	case !r.walker.usable(key, fi):
+		r.unreport(key)
 		return
 	}
 	id := FileIDOf(fi)
