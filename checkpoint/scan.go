@@ -37,9 +37,13 @@ type LocalCheckpoint struct {
 type LocalFile struct {
 	// Path is relative to the checkpoint's directory and slash-separated; it always passes
 	// ValidPath. For a single-file checkpoint it is the file's name.
-	Path    string
+	Path string
+	// Size and ModTime are the file's as Lstat saw it (the same as ID's).
 	Size    int64
 	ModTime time.Time
+	// ID identifies this version of the file (see FileID): a consumer compares it with what
+	// it read or stored instead of trusting size and modification time alone.
+	ID FileID
 }
 
 // scanDefaultMarker is the marker file used when none is configured.
@@ -49,21 +53,37 @@ const scanDefaultMarker = "_COMPLETE"
 // regular files and whether it is complete. It never follows a symbolic link below dir (dir
 // itself may be one) and never opens anything but directories.
 //
+// The agent may run with more privilege than the trainer (as root, or with
+// CAP_DAC_READ_SEARCH), so Scan reports only files the trainer could have read itself. It
+// takes the owner (uid and gid) of dir itself, as Stat of dir sees it when Scan starts, for
+// the trainer, and reports a regular file only if that owner could read it: the owner's uid is
+// 0, or the file's uid is the owner's and its mode has 0400, or the file's gid is the owner's
+// and its mode has 0040, or its mode has 0004. (Other groups the trainer is in, and ACLs, are
+// not known here.)
+//
 // marker is the name of the file whose presence at the top of a checkpoint directory makes it
 // complete ("" means "_COMPLETE"); it must be a single valid path element. pattern, if not
 // empty, is a path.Match glob: a regular file at the top of dir whose name matches it is a
 // complete single-file checkpoint. Other regular files at the top of dir are not checkpoints
 // and are ignored silently.
 //
-// Skipped, silently:
+// Skipped, silently, at any depth, files and directories alike (with everything below them):
 //   - names that start with "." and end with ".tmp" (files being written before a rename into
-//     place), at any depth, files and directories alike;
+//     place);
+//   - names that start with ".spotguard-": spotguard's own files, such as restore's staging
+//     directory (.spotguard-restore-*) inside dir and the file store's temporary files;
 //   - the MetaDir ("_spotguard") directory at the top of dir.
 //
 // Skipped with one Warn log line each (fields path and type, or path and error):
 //   - symbolic links, sockets, devices, FIFOs and other non-regular files, anywhere;
 //   - names that fail ValidName (top level) or ValidPath (inside a checkpoint), such as names
-//     with a backslash, and MetaDir at the top of a checkpoint directory.
+//     with a backslash, and MetaDir at the top of a checkpoint directory;
+//   - regular files with more than one hard link: another name of the same file may be one
+//     the trainer could not read (a link to a file outside dir);
+//   - regular files that the owner of dir could not read (see above).
+//
+// A skipped file is left out of its checkpoint as if it were not there; a skipped marker
+// leaves its checkpoint not complete, and a skipped single file is no checkpoint.
 //
 // A checkpoint directory part of which cannot be read (permission denied, or a directory
 // replaced while it was read) is logged at Error level and returned with Complete false, so
@@ -81,11 +101,16 @@ func Scan(dir, marker, pattern string, log zerolog.Logger) ([]LocalCheckpoint, e
 		return nil, fmt.Errorf("open checkpoint dir: %w", err)
 	}
 	defer func() { _ = root.Close() }()
+	self, err := root.Stat(".")
+	if err != nil {
+		return nil, fmt.Errorf("stat checkpoint dir: %w", err)
+	}
 	s := &scanWalker{
 		root:    root,
 		dir:     root.Name(),
 		marker:  marker,
 		pattern: pattern,
+		owner:   scanOwnerOf(self),
 		skip: func(rel, kind string, err error) {
 			scanLogSkip(log, filepath.Join(root.Name(), filepath.FromSlash(rel)), kind, err)
 		},
@@ -124,10 +149,78 @@ func scanCheckNames(marker, pattern string) (string, error) {
 	return marker, errors.Join(problems...)
 }
 
-// scanSkipName reports whether name is a temporary file that a writer will rename into place:
-// it starts with "." and ends with ".tmp".
+// scanOwnPrefix begins the name of everything spotguard itself makes in or below a
+// checkpoint directory (restore's staging directory, the file store's temporary files).
+// Skipping these names is how Scan and the watcher keep invariant I4: nothing spotguard
+// writes itself is ever uploaded.
+const scanOwnPrefix = ".spotguard-"
+
+// scanSkipName reports whether name is skipped silently, with everything below it: a
+// temporary file that a writer will rename into place (it starts with "." and ends with
+// ".tmp"), or one of spotguard's own (it starts with ".spotguard-").
 func scanSkipName(name string) bool {
-	return strings.HasPrefix(name, ".") && strings.HasSuffix(name, ".tmp")
+	return strings.HasPrefix(name, ".") && (strings.HasSuffix(name, ".tmp") || strings.HasPrefix(name, scanOwnPrefix))
+}
+
+// scanSkipPath reports whether any element of the slash-separated path p is skipped by
+// scanSkipName.
+func scanSkipPath(p string) bool {
+	for {
+		elem, rest, more := strings.Cut(p, "/")
+		if scanSkipName(elem) {
+			return true
+		}
+		if !more {
+			return false
+		}
+		p = rest
+	}
+}
+
+// scanOwner is whom a file must be readable by to be reported: the owner of the checkpoint
+// directory. A zero scanOwner (uid 0, or not known) can read everything.
+type scanOwner struct {
+	uid, gid uint32
+}
+
+// scanOwnerOf returns the owner of the checkpoint directory fi.
+func scanOwnerOf(fi fs.FileInfo) scanOwner {
+	st, ok := fileStat(fi)
+	if !ok {
+		return scanOwner{}
+	}
+	return scanOwner{uid: st.uid, gid: st.gid}
+}
+
+// Why a regular file is skipped; fixed texts, so that the watcher logs each path once.
+var (
+	errScanHardLink   = errors.New("checkpoint: more than one hard link; another name of the file may not be the trainer's")
+	errScanUnreadable = errors.New("checkpoint: the owner of the checkpoint directory could not read it")
+)
+
+// check returns why the regular file fi must not be reported, or nil if it may be.
+func (o scanOwner) check(fi fs.FileInfo) error {
+	st, ok := fileStat(fi)
+	if !ok {
+		return nil
+	}
+	if st.nlink > 1 {
+		return errScanHardLink
+	}
+	if !o.canRead(st.uid, st.gid, fi.Mode().Perm()) {
+		return errScanUnreadable
+	}
+	return nil
+}
+
+// canRead reports whether o could read a file with owner uid, group gid and permission bits
+// perm: o is root, or owns the file and perm has 0400, or has its group and perm has 0040, or
+// perm has 0004.
+func (o scanOwner) canRead(uid, gid uint32, perm fs.FileMode) bool {
+	return o.uid == 0 ||
+		(uid == o.uid && perm&0o400 != 0) ||
+		(gid == o.gid && perm&0o040 != 0) ||
+		perm&0o004 != 0
 }
 
 // scanKind names the type of a file that is neither regular nor a directory, for log lines.
@@ -162,6 +255,11 @@ func scanLogSkip(log zerolog.Logger, abs, kind string, err error) {
 type scanFile struct {
 	LocalFile
 	info fs.FileInfo
+}
+
+// newScanFile returns the scanFile for the regular file at p that Lstat described as fi.
+func newScanFile(p string, fi fs.FileInfo) scanFile {
+	return scanFile{LocalFile: LocalFile{Path: p, Size: fi.Size(), ModTime: fi.ModTime(), ID: FileIDOf(fi)}, info: fi}
 }
 
 // scanFound is one checkpoint found by a scanWalker.
@@ -200,12 +298,24 @@ type scanWalker struct {
 	dir     string // root's name, for messages
 	marker  string
 	pattern string
+	// owner is whom every reported file must be readable by.
+	owner scanOwner
 	// skip is called once for every path that is skipped with a log line: rel is relative to
 	// root and slash-separated; kind names its type, or err says what is wrong with it.
 	skip func(rel, kind string, err error)
 	// onDir, if not nil, is called with every checkpoint directory and nested sub-directory
 	// (relative to root, slash-separated) before it is read.
 	onDir func(rel string)
+}
+
+// usable reports whether the regular file at rel (relative to root, slash-separated), which
+// Lstat described as fi, may be reported; if not, it calls skip.
+func (s *scanWalker) usable(rel string, fi fs.FileInfo) bool {
+	if err := s.owner.check(fi); err != nil {
+		s.skip(rel, "", err)
+		return false
+	}
+	return true
 }
 
 // isSingle reports whether a regular file at the top of root named name is a single-file
@@ -265,10 +375,10 @@ func (s *scanWalker) top(name string) (scanFound, bool) {
 		slices.SortFunc(f.files, func(a, b scanFile) int { return strings.Compare(a.Path, b.Path) })
 		return f, true
 	case fi.Mode().IsRegular():
-		if !s.isSingle(name) {
+		if !s.isSingle(name) || !s.usable(name, fi) {
 			return scanFound{}, false
 		}
-		file := scanFile{LocalFile: LocalFile{Path: name, Size: fi.Size(), ModTime: fi.ModTime()}, info: fi}
+		file := newScanFile(name, fi)
 		return scanFound{name: name, single: true, files: []scanFile{file}, marker: fi}, true
 	default:
 		s.skip(name, scanKind(fi.Mode()), nil)
@@ -323,7 +433,9 @@ func (s *scanWalker) walkDir(parent *os.Root, base string, want fs.FileInfo, ckp
 		case fi.IsDir():
 			errs = append(errs, s.walkDir(d, name, fi, ckpt, p, files))
 		case fi.Mode().IsRegular():
-			*files = append(*files, scanFile{LocalFile: LocalFile{Path: p, Size: fi.Size(), ModTime: fi.ModTime()}, info: fi})
+			if s.usable(ckpt+"/"+p, fi) {
+				*files = append(*files, newScanFile(p, fi))
+			}
 		default:
 			s.skip(ckpt+"/"+p, scanKind(fi.Mode()), nil)
 		}

@@ -86,7 +86,7 @@ func scanFileOf(t testing.TB, dir, rel string) LocalFile {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return LocalFile{Path: rel, Size: fi.Size(), ModTime: fi.ModTime()}
+	return LocalFile{Path: rel, Size: fi.Size(), ModTime: fi.ModTime(), ID: FileIDOf(fi)}
 }
 
 func TestScan(t *testing.T) {

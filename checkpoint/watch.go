@@ -2,13 +2,13 @@ package checkpoint
 
 import (
 	"cmp"
+	"container/list"
 	"context"
 	"errors"
 	"fmt"
 	"io/fs"
 	"maps"
 	"os"
-	"path"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -53,8 +53,14 @@ const (
 	// Complete: the checkpoint's marker appeared (or its single file became ready). Every
 	// file of the checkpoint has had its FileReady before it.
 	Complete
-	// Removed: the checkpoint's directory (or single file) was removed or renamed away.
+	// Removed: the checkpoint's directory (or single file) was removed or renamed away, or
+	// its single file can no longer be reported (see Run).
 	Removed
+	// FileGone: a file of a checkpoint directory that had a FileReady was removed or renamed
+	// away (alone or with a directory above it) or can no longer be reported, or the marker
+	// of a complete checkpoint was removed or renamed away: the checkpoint is not complete
+	// any more.
+	FileGone
 )
 
 // String returns the kind's name.
@@ -66,6 +72,8 @@ func (k WatchEventKind) String() string {
 		return "Complete"
 	case Removed:
 		return "Removed"
+	case FileGone:
+		return "FileGone"
 	default:
 		return fmt.Sprintf("WatchEventKind(%d)", int(k))
 	}
@@ -77,16 +85,21 @@ type WatchEvent struct {
 	// Checkpoint is the checkpoint's sub-directory name, or the single file's name. It always
 	// passes ValidName.
 	Checkpoint string
-	// Path is, for FileReady, the file's path relative to the checkpoint's directory,
-	// slash-separated and valid for ValidPath (the file's name for a single-file checkpoint).
-	// For Complete it is the marker's name (the file's name for a single-file checkpoint).
-	// For Removed it is empty.
+	// Path is, for FileReady and FileGone, the file's path relative to the checkpoint's
+	// directory, slash-separated and valid for ValidPath (the file's name for a single-file
+	// checkpoint; FileGone never names one). For Complete it is the marker's name (the file's
+	// name for a single-file checkpoint); so is it for the FileGone of a marker. For Removed
+	// it is empty.
 	Path string
 	// Size and ModTime are the file's (FileReady) or the marker's (Complete) as Lstat saw them
-	// when the watcher decided; zero for Removed. A consumer reads the file itself and must
-	// check them again.
+	// when the watcher decided; zero for Removed and FileGone. A consumer reads the file
+	// itself and must check them again.
 	Size    int64
 	ModTime time.Time
+	// ID identifies the version of the file (FileReady) or marker (Complete) that Lstat saw,
+	// as Size and ModTime; zero for Removed and FileGone. A consumer that opened the file
+	// compares FileIDOf(its Stat) with ID.Same rather than trusting size and time alone.
+	ID FileID
 	// At is when the watcher decided.
 	At time.Time
 }
@@ -98,15 +111,18 @@ type Watcher struct {
 	marker   string
 	pattern  string
 	debounce time.Duration
+	owner    scanOwner // of dir, when NewWatcher looked
 	log      zerolog.Logger
 	ready    func()
 }
 
 // NewWatcher checks cfg and returns a Watcher for it. It returns an error, listing every
 // problem, if cfg.Dir does not exist or is not a directory, if Marker is not a single valid
-// file name, if Pattern is not a valid glob, or if Debounce is negative.
+// file name, if Pattern is not a valid glob, or if Debounce is negative. The owner of cfg.Dir
+// as NewWatcher sees it is the one every reported file must be readable by (see Run).
 func NewWatcher(cfg WatchConfig) (*Watcher, error) {
 	var problems []error
+	var owner scanOwner
 	dir, err := filepath.Abs(cfg.Dir)
 	if err != nil || cfg.Dir == "" {
 		problems = append(problems, fmt.Errorf("checkpoint dir %q: not a usable path", cfg.Dir))
@@ -114,6 +130,8 @@ func NewWatcher(cfg WatchConfig) (*Watcher, error) {
 		problems = append(problems, fmt.Errorf("checkpoint dir: %w", err))
 	} else if !fi.IsDir() {
 		problems = append(problems, fmt.Errorf("checkpoint dir %s is not a directory", dir))
+	} else {
+		owner = scanOwnerOf(fi)
 	}
 	marker, err := scanCheckNames(cfg.Marker, cfg.Pattern)
 	if err != nil {
@@ -133,6 +151,7 @@ func NewWatcher(cfg WatchConfig) (*Watcher, error) {
 		marker:   marker,
 		pattern:  cfg.Pattern,
 		debounce: debounce,
+		owner:    owner,
 		log:      cfg.Logger.With().Str("component", "checkpoint-watcher").Logger(),
 		ready:    cfg.Ready,
 	}, nil
@@ -149,30 +168,61 @@ func NewWatcher(cfg WatchConfig) (*Watcher, error) {
 // seen by its events, after its debounce. Then it sends events as they happen:
 //   - FileReady when a file of a checkpoint directory (at any depth) has had no Create, Write
 //     or Chmod for Debounce; again if it changes after that (with a Warn log line "file changed
-//     after its checkpoint was complete" if the checkpoint was complete). A file that is
-//     still the same file (inode) with the size and modification time its last FileReady
-//     reported is not reported again (after a Chmod alone, or events for a file a scan
-//     already reported).
+//     after its checkpoint was complete" if the checkpoint was complete). A file whose FileID
+//     is the Same as its last FileReady's is not reported again (events for a file a scan
+//     already reported). Anything else is a change, even with the same size and modification
+//     time: a rewrite that sets the time back, another file renamed over it, a chmod or chown
+//     (each moves the file's change time; the permission bits are part of the checkpoint).
 //   - Complete when the marker appears in a checkpoint directory (created or renamed into
-//     place): the checkpoint is read again at once and a FileReady is sent for each of its
-//     files not yet reported as it is now, without waiting for the debounce, then Complete.
-//     If part of it cannot be read, Complete is withheld (Error log line) until the marker
-//     changes again or a rescan. A marker removed and created again gives another Complete.
+//     place; a regular file that may be reported, like any other): the checkpoint is read
+//     again at once, a FileGone is sent for each file reported before that is no longer there
+//     (or may no longer be reported), a FileReady for each of its files not yet reported as it
+//     is now, without waiting for the debounce, then Complete. If part of it cannot be read,
+//     Complete is withheld (Error log line) until the marker changes again, a new directory
+//     appears in the checkpoint, or a rescan.
 //   - FileReady then Complete for a single-file checkpoint (a regular file at the top of Dir
 //     matching Pattern) once it has been quiet for Debounce, and again each time it changes.
-//   - Removed when a checkpoint directory or single file is removed or renamed away. Pending
-//     events for it are dropped. It may name a checkpoint no other event named.
+//   - FileGone when a file of a checkpoint directory that had a FileReady is removed or renamed
+//     away, or when a directory above it inside the checkpoint is (then one FileGone for each
+//     such file below the directory, in path order), or when the file can no longer be reported
+//     (it became unreadable for the owner of Dir, a symbolic link or another non-regular file,
+//     or got another name; with the skip's log line). A new name for a file (a hard link, made
+//     anywhere) changes only the file's own inode, which the watches of its directory do not
+//     see: the new name, if in Dir, is skipped like any hard link, and the file is taken back
+//     when it has an event of its own, its checkpoint's marker appears, or a rescan. A file
+//     renamed inside its checkpoint is a FileGone of the old path and a new file at the new one
+//     (FileReady after its debounce). Removing the marker of a complete checkpoint (or renaming
+//     it away, or it no longer being a file that can be reported) gives FileGone with Path the
+//     marker and an Info log line "marker removed; the checkpoint is no longer complete"; a
+//     marker that appears again gives another Complete. Removing a checkpoint directory with
+//     everything in it (rm -r) gives a FileGone for each reported file and for the marker, then
+//     Removed.
+//   - Removed when a checkpoint directory or single file is removed or renamed away, or the
+//     single file, once reported, can no longer be reported. Pending events for it are
+//     dropped. It may name a checkpoint no other event named. Renaming a checkpoint directory
+//     is a Removed of the old name (without FileGone events) and a new checkpoint.
 //
-// A new sub-directory is watched, then read at once, so files written before its watch was
-// added are seen too. A file removed from a checkpoint gives no event. Names are skipped as
-// Scan skips them (dot-prefixed ".tmp" files, MetaDir, invalid names, symbolic links and
-// other non-regular files; the logged ones once per path). Nothing outside Dir is reported,
+// A new sub-directory is watched, then read at once (only it, not its whole checkpoint), so
+// files written before its watch was added are seen too. Names are skipped as Scan skips them:
+// silently the dot-prefixed ".tmp" names and spotguard's own ".spotguard-" names (at any depth,
+// with everything below them) and MetaDir at the top; with one Warn log line per path (again
+// only if the reason changes, or after the path was reported in between) invalid names,
+// symbolic links and other non-regular files, and regular files with more than one hard link or
+// that the owner of Dir (as NewWatcher saw it) could not read. Nothing outside Dir is reported,
 // and no symbolic link is followed.
 //
 // On fsnotify.ErrEventOverflow it logs a Warn, scans again in full and sends everything again
-// as at the start (Removed first for checkpoints that are gone), then continues. Other fsnotify
-// errors are logged and watching continues. If Dir itself is removed or moved it logs an Error
-// and waits for ctx, seeing nothing more.
+// as at the start, then continues: first Removed for the checkpoints that are gone; then, for
+// each checkpoint directory still there that could be read in full, a FileGone for each file
+// reported before that is no longer there (and one for the marker if it was complete and its
+// marker is gone), before its FileReady and Complete events. Other fsnotify errors are logged
+// and watching continues. If Dir itself is removed or moved it logs an Error and waits for
+// ctx, seeing nothing more.
+//
+// The cost of an event does not grow with the number of files watched (invariant I8): a file's
+// event costs the same beside ten files or a million, a directory removed costs time linear in
+// what was below it, a marker time linear in its checkpoint's files, and only a rescan reads
+// everything.
 //
 // Events wait in memory while out is not read; reading the file system never waits on out.
 //
@@ -207,8 +257,25 @@ func (w *Watcher) Run(ctx context.Context, out chan<- WatchEvent) error {
 
 // watchCkpt is what a watchRun knows about one checkpoint.
 type watchCkpt struct {
-	single   bool
+	single bool
+	// complete is true once its Complete was sent, until its marker goes.
 	complete bool
+}
+
+// watchNode is what a watchRun keeps about one path below Dir: a file it reported, a
+// directory it watches, a path it logged as skipped, a file waiting for its debounce, and the
+// directories on the way to them. The nodes form a tree, so that everything below a directory
+// is found in time linear in its number, and a node with nothing to keep is removed (prune).
+type watchNode struct {
+	rel    string     // relative to Dir, slash-separated
+	parent *watchNode // nil at the top of Dir
+	kids   map[string]*watchNode
+	// stamp is the FileID of the file's last FileReady; zero if it has none.
+	stamp FileID
+	// warned is the reason of the path's skip log line; "" if none.
+	warned string
+	// watched is true for a directory with an fsnotify watch.
+	watched bool
 }
 
 // watchRun is the state of one Run. Only Run's goroutine uses it.
@@ -218,13 +285,9 @@ type watchRun struct {
 	walker *scanWalker
 	deb    *watchDebouncer
 	ckpts  map[string]*watchCkpt
-	// dirs are the watched directories below Dir, relative and slash-separated.
-	dirs map[string]bool
-	// stamps are the FileInfo of each file's last FileReady, by relative path.
-	stamps map[string]fs.FileInfo
-	// warned are the paths skipped with a log line, with the line's reason.
-	warned map[string]string
-	queue  []WatchEvent
+	// nodes are the watchNodes by relative path; a node's parent is there too.
+	nodes map[string]*watchNode
+	queue []WatchEvent
 }
 
 func newWatchRun(w *Watcher, fw *fsnotify.Watcher, root *os.Root) *watchRun {
@@ -233,15 +296,14 @@ func newWatchRun(w *Watcher, fw *fsnotify.Watcher, root *os.Root) *watchRun {
 		fw:      fw,
 		deb:     newWatchDebouncer(w.debounce),
 		ckpts:   map[string]*watchCkpt{},
-		dirs:    map[string]bool{},
-		stamps:  map[string]fs.FileInfo{},
-		warned:  map[string]string{},
+		nodes:   map[string]*watchNode{},
 	}
 	r.walker = &scanWalker{
 		root:    root,
 		dir:     w.dir,
 		marker:  w.marker,
 		pattern: w.pattern,
+		owner:   w.owner,
 		skip:    r.skip,
 		onDir:   r.watchDir,
 	}
@@ -294,31 +356,160 @@ func (r *watchRun) abs(rel string) string {
 	return filepath.Join(r.dir, filepath.FromSlash(rel))
 }
 
+// node returns the node of rel, making it (and the nodes above it) if need be.
+func (r *watchRun) node(rel string) *watchNode {
+	if n := r.nodes[rel]; n != nil {
+		return n
+	}
+	n := &watchNode{rel: rel}
+	if i := strings.LastIndexByte(rel, '/'); i >= 0 {
+		n.parent = r.node(rel[:i])
+		if n.parent.kids == nil {
+			n.parent.kids = map[string]*watchNode{}
+		}
+		n.parent.kids[rel[i+1:]] = n
+	}
+	r.nodes[rel] = n
+	return n
+}
+
+// prune removes n, and then the nodes above it, as long as they keep nothing.
+func (r *watchRun) prune(n *watchNode) {
+	for n != nil && len(n.kids) == 0 && n.stamp.isZero() && n.warned == "" && !n.watched && !r.deb.Pending(n.rel) {
+		delete(r.nodes, n.rel)
+		p := n.parent
+		if p != nil {
+			delete(p.kids, n.rel[len(p.rel)+1:])
+		}
+		n = p
+	}
+}
+
+// checkNodes returns the first thing wrong with r's nodes, or nil. Every node is linked from
+// the node above it and to the nodes below it, every key waiting for its debounce has a node,
+// and every node keeps something (a stamp, a skip log line, a watch, a pending debounce, or
+// nodes below it): so dropping a directory finds everything below it, and the run's memory and
+// the cost of a drop stay linear in what is below (invariant I8).
+func (r *watchRun) checkNodes() error {
+	for rel, n := range r.nodes {
+		if n.rel != rel {
+			return fmt.Errorf("node %q is filed as %q", n.rel, rel)
+		}
+		if i := strings.LastIndexByte(rel, '/'); i < 0 {
+			if n.parent != nil {
+				return fmt.Errorf("top-level node %q has a parent %q", rel, n.parent.rel)
+			}
+		} else if p := r.nodes[rel[:i]]; p == nil || n.parent != p || p.kids[rel[i+1:]] != n {
+			return fmt.Errorf("node %q is not linked from %q", rel, rel[:i])
+		}
+		for name, k := range n.kids {
+			if k.parent != n || k.rel != rel+"/"+name || r.nodes[k.rel] != k {
+				return fmt.Errorf("node %q has a stray kid %q", rel, name)
+			}
+		}
+		if len(n.kids) == 0 && n.stamp.isZero() && n.warned == "" && !n.watched && !r.deb.Pending(rel) {
+			return fmt.Errorf("node %q keeps nothing", rel)
+		}
+	}
+	for key := range r.deb.keys {
+		if r.nodes[key] == nil {
+			return fmt.Errorf("%q waits for its debounce without a node", key)
+		}
+	}
+	return nil
+}
+
+// pruneRel prunes the node of rel, if there is one.
+func (r *watchRun) pruneRel(rel string) {
+	if n := r.nodes[rel]; n != nil {
+		r.prune(n)
+	}
+}
+
+// stamp returns the FileID of the last FileReady of rel; zero if it has none.
+func (r *watchRun) stamp(rel string) FileID {
+	if n := r.nodes[rel]; n != nil {
+		return n.stamp
+	}
+	return FileID{}
+}
+
+// watched reports whether the directory rel has a watch.
+func (r *watchRun) watched(rel string) bool {
+	n := r.nodes[rel]
+	return n != nil && n.watched
+}
+
+// touch (re)starts the debounce of the file rel.
+func (r *watchRun) touch(rel string) {
+	r.node(rel)
+	r.deb.Touch(rel)
+}
+
+// report sends a FileReady for the file whose node is n, path sub of checkpoint name, which
+// Lstat described as fi, with id its FileID, and remembers it.
+func (r *watchRun) report(n *watchNode, name, sub string, fi fs.FileInfo, id FileID) {
+	n.stamp = id
+	n.warned = "" // a later skip is a new one, worth a log line
+	r.emit(WatchEvent{Kind: FileReady, Checkpoint: name, Path: sub, Size: fi.Size(), ModTime: fi.ModTime(), ID: id})
+}
+
 // skip logs a skipped path once (again only if the reason changes).
 func (r *watchRun) skip(rel, kind string, err error) {
 	reason := kind
 	if err != nil {
 		reason = err.Error()
 	}
-	if r.warned[rel] == reason {
+	n := r.node(rel)
+	if n.warned == reason {
 		return
 	}
-	r.warned[rel] = reason
+	n.warned = reason
 	scanLogSkip(r.log, r.abs(rel), kind, err)
+}
+
+// unreport takes back the FileReady of the file rel, which can no longer be reported (it is
+// not a regular file that may be reported): a FileGone for a file of a checkpoint directory,
+// Removed for a single-file checkpoint. It does nothing if rel had no FileReady.
+func (r *watchRun) unreport(rel string) {
+	n := r.nodes[rel]
+	if n == nil || n.stamp.isZero() {
+		return
+	}
+	n.stamp = FileID{}
+	name, sub, nested := strings.Cut(rel, "/")
+	if nested {
+		r.emit(WatchEvent{Kind: FileGone, Checkpoint: name, Path: sub})
+	} else {
+		// Its node stays, with the skip's log line.
+		r.deb.Forget(name)
+		delete(r.ckpts, name)
+		r.emit(WatchEvent{Kind: Removed, Checkpoint: name})
+	}
+	r.prune(n)
+}
+
+// markerGone handles the marker of the complete checkpoint name going away.
+func (r *watchRun) markerGone(name string, c *watchCkpt) {
+	c.complete = false
+	r.log.Info().Str("checkpoint", name).Msg("marker removed; the checkpoint is no longer complete")
+	r.emit(WatchEvent{Kind: FileGone, Checkpoint: name, Path: r.marker})
 }
 
 // watchDir adds a watch on the directory rel, unless it has one.
 func (r *watchRun) watchDir(rel string) {
-	if r.dirs[rel] {
+	n := r.node(rel)
+	if n.watched {
 		return
 	}
 	if err := r.fw.Add(r.abs(rel)); err != nil {
 		if !errors.Is(err, fs.ErrNotExist) {
 			r.log.Error().Err(err).Str("path", r.abs(rel)).Msg("cannot watch directory; changes in it will be seen only when its checkpoint completes")
 		}
+		r.prune(n)
 		return
 	}
-	r.dirs[rel] = true
+	n.watched = true
 }
 
 // fsError handles an error from fsnotify.
@@ -334,14 +525,16 @@ func (r *watchRun) fsError(err error) {
 }
 
 // rescan reads Dir in full and sends everything it finds, as at the start: Removed for the
-// checkpoints that are gone (or changed between directory and single file), then each
-// checkpoint's files and its Complete. Every watch below Dir is set up again, so a directory
-// replaced while events were lost is watched anew.
+// checkpoints that are gone (or changed between directory and single file), then for each
+// checkpoint FileGone for what it no longer has, its files and its Complete. Every watch below
+// Dir is set up again, so a directory replaced while events were lost is watched anew.
 func (r *watchRun) rescan() error {
-	for rel := range r.dirs {
-		_ = r.fw.Remove(r.abs(rel))
+	for _, n := range r.nodes {
+		if n.watched {
+			_ = r.fw.Remove(r.abs(n.rel))
+			n.watched = false
+		}
 	}
-	clear(r.dirs)
 	found, err := r.walker.all()
 	if err != nil {
 		return err
@@ -352,20 +545,29 @@ func (r *watchRun) rescan() error {
 	}
 	for _, name := range slices.Sorted(maps.Keys(r.ckpts)) {
 		if single, ok := present[name]; !ok || single != r.ckpts[name].single {
-			r.drop(name)
+			r.drop(name, false)
 			delete(r.ckpts, name)
 			r.emit(WatchEvent{Kind: Removed, Checkpoint: name})
 		}
 	}
 	r.deb.Reset()
-	clear(r.stamps)
 	for _, f := range found {
+		old := r.ckpts[f.name]
 		c := &watchCkpt{single: f.single}
 		r.ckpts[f.name] = c
-		if f.err != nil {
+		switch {
+		case f.err != nil:
 			r.log.Error().Err(f.err).Str("checkpoint", f.name).Msg("checkpoint directory could not be read in full; not complete")
+		case old != nil && !f.single:
+			r.goneSince(f)
+			if old.complete && f.marker == nil {
+				r.markerGone(f.name, c)
+			}
 		}
 		r.emitFound(c, f, false)
+	}
+	for _, n := range r.nodes {
+		r.prune(n) // what waited for its debounce and is not there now
 	}
 	return nil
 }
@@ -386,15 +588,16 @@ func (r *watchRun) emitFound(c *watchCkpt, f scanFound, onlyChanged bool) {
 			key = f.name + "/" + sf.Path
 		}
 		r.deb.Forget(key)
-		if onlyChanged && watchSameFile(r.stamps[key], sf.info) {
+		n := r.node(key)
+		if onlyChanged && n.stamp.Same(sf.ID) {
 			continue
 		}
 		if waits(sf.info) {
+			n.stamp = FileID{} // reported again once quiet, as it is then
 			r.deb.Touch(key)
 			continue
 		}
-		r.stamps[key] = sf.info
-		r.emit(WatchEvent{Kind: FileReady, Checkpoint: f.name, Path: sf.Path, Size: sf.Size, ModTime: sf.ModTime})
+		r.report(n, f.name, sf.Path, sf.info, sf.ID)
 	}
 	if !f.complete() || (f.single && waits(f.marker)) {
 		return
@@ -404,30 +607,76 @@ func (r *watchRun) emitFound(c *watchCkpt, f scanFound, onlyChanged bool) {
 	if f.single {
 		markerPath = f.name
 	}
-	r.emit(WatchEvent{Kind: Complete, Checkpoint: f.name, Path: markerPath, Size: f.marker.Size(), ModTime: f.marker.ModTime()})
+	r.emit(WatchEvent{Kind: Complete, Checkpoint: f.name, Path: markerPath, Size: f.marker.Size(), ModTime: f.marker.ModTime(), ID: FileIDOf(f.marker)})
 }
 
-// drop forgets everything below rel (rel included): pending debounces, stamps, watches and
-// skip log lines.
-func (r *watchRun) drop(rel string) {
-	under := func(k string) bool { return k == rel || strings.HasPrefix(k, rel+"/") }
-	r.deb.Forget(rel)
-	for k := range r.stamps {
-		if under(k) {
-			delete(r.stamps, k)
+// goneSince sends a FileGone, in path order, for every file of the checkpoint directory f
+// that had a FileReady but that f, read in full just now, does not have, and forgets its
+// stamp. It costs time linear in what the run keeps below f.
+func (r *watchRun) goneSince(f scanFound) {
+	top := r.nodes[f.name]
+	if top == nil {
+		return
+	}
+	has := make(map[string]bool, len(f.files))
+	for _, sf := range f.files {
+		has[sf.Path] = true
+	}
+	var lost []*watchNode
+	var walk func(n *watchNode)
+	walk = func(n *watchNode) {
+		for _, k := range n.kids {
+			if !k.stamp.isZero() && !has[k.rel[len(f.name)+1:]] {
+				lost = append(lost, k)
+			}
+			walk(k)
 		}
 	}
-	for k := range r.warned {
-		if under(k) {
-			delete(r.warned, k)
-		}
+	walk(top)
+	slices.SortFunc(lost, func(a, b *watchNode) int { return strings.Compare(a.rel, b.rel) })
+	for _, n := range lost {
+		n.stamp = FileID{}
+		r.emit(WatchEvent{Kind: FileGone, Checkpoint: f.name, Path: n.rel[len(f.name)+1:]})
 	}
-	for k := range r.dirs {
-		if under(k) {
+	for _, n := range lost {
+		r.prune(n)
+	}
+}
+
+// drop forgets rel and everything below it: pending debounces, stamps, watches and skip log
+// lines. If gone (rel is inside a checkpoint directory), it first sends a FileGone, in path
+// order, for every file at or below rel that had a FileReady. It costs time linear in what
+// the run keeps below rel.
+func (r *watchRun) drop(rel string, gone bool) {
+	n := r.nodes[rel]
+	if n == nil {
+		return
+	}
+	var lost []string
+	var walk func(n *watchNode)
+	walk = func(n *watchNode) {
+		for _, k := range n.kids {
+			walk(k)
+		}
+		r.deb.Forget(n.rel)
+		if n.watched {
 			// The watch is gone already if the directory was removed; a moved one still has it.
-			_ = r.fw.Remove(r.abs(k))
-			delete(r.dirs, k)
+			_ = r.fw.Remove(r.abs(n.rel))
 		}
+		if gone && !n.stamp.isZero() {
+			lost = append(lost, n.rel)
+		}
+		delete(r.nodes, n.rel)
+	}
+	walk(n)
+	if p := n.parent; p != nil {
+		delete(p.kids, n.rel[len(p.rel)+1:])
+		r.prune(p)
+	}
+	slices.Sort(lost)
+	for _, k := range lost {
+		name, sub, _ := strings.Cut(k, "/")
+		r.emit(WatchEvent{Kind: FileGone, Checkpoint: name, Path: sub})
 	}
 }
 
@@ -456,22 +705,19 @@ func (r *watchRun) handle(ev fsnotify.Event) {
 func (r *watchRun) gone(rel string) {
 	name, sub, nested := strings.Cut(rel, "/")
 	c := r.ckpts[name]
-	if c == nil {
-		return
-	}
-	if !nested {
-		r.drop(name)
+	switch {
+	case c == nil:
+		r.drop(rel, false) // its skip log lines
+	case !nested:
+		r.drop(name, false)
 		delete(r.ckpts, name)
 		r.emit(WatchEvent{Kind: Removed, Checkpoint: name})
-		return
-	}
-	if c.single {
-		return
-	}
-	r.drop(rel)
-	if sub == r.marker && c.complete {
-		c.complete = false
-		r.log.Info().Str("checkpoint", name).Msg("marker removed; the checkpoint is no longer complete")
+	case c.single:
+	default:
+		r.drop(rel, true)
+		if sub == r.marker && c.complete {
+			r.markerGone(name, c)
+		}
 	}
 }
 
@@ -490,7 +736,7 @@ func (r *watchRun) changed(rel string) {
 		r.deb.Touch(rel)
 		return
 	}
-	if scanSkipName(path.Base(sub)) {
+	if scanSkipPath(sub) {
 		return
 	}
 	if err := ValidPath(sub); err != nil {
@@ -502,21 +748,35 @@ func (r *watchRun) changed(rel string) {
 	case errors.Is(err, fs.ErrNotExist):
 	case err != nil:
 		r.skip(rel, "", err)
+		r.notUsable(name, sub, c)
 	case fi.IsDir():
-		if !r.dirs[rel] {
-			r.refresh(name, c)
+		if !r.watched(rel) {
+			r.refreshDir(name, c, rel, fi)
 		}
 	case fi.Mode().IsRegular():
-		if sub == r.marker {
-			if !c.complete {
-				r.refresh(name, c)
-			}
-			return
+		if sub != r.marker {
+			r.touch(rel)
+		} else if !c.complete {
+			r.refresh(name, c)
+		} else if !r.walker.usable(rel, fi) {
+			r.markerGone(name, c)
 		}
-		r.deb.Touch(rel)
 	default:
 		r.skip(rel, scanKind(fi.Mode()), nil)
+		r.notUsable(name, sub, c)
 	}
+}
+
+// notUsable handles the path sub of checkpoint directory name, which is now skipped with a
+// log line: a file reported before, or the marker of a complete checkpoint, is gone.
+func (r *watchRun) notUsable(name, sub string, c *watchCkpt) {
+	if sub == r.marker {
+		if c.complete {
+			r.markerGone(name, c)
+		}
+		return
+	}
+	r.unreport(name + "/" + sub)
 }
 
 // changedTop handles the creation or change of name at the top of Dir.
@@ -538,6 +798,7 @@ func (r *watchRun) changedTop(name string) {
 	case errors.Is(err, fs.ErrNotExist):
 	case err != nil:
 		r.skip(name, "", err)
+		r.unreport(name)
 	case fi.IsDir():
 		if c != nil && !c.single {
 			return
@@ -559,26 +820,30 @@ func (r *watchRun) changedTop(name string) {
 		if c == nil {
 			r.ckpts[name] = &watchCkpt{single: true}
 		}
-		r.deb.Touch(name)
+		r.touch(name)
 	default:
 		r.skip(name, scanKind(fi.Mode()), nil)
+		r.unreport(name)
 	}
 }
 
-// refresh reads the checkpoint directory name again, watching any new sub-directory. If its
-// marker is there, it is not complete yet and it could be read in full, it sends a FileReady
-// for each file not yet reported as it is now, without waiting for the debounce, then
-// Complete. Otherwise it starts the debounce of every file that is neither pending nor
-// reported as it is now.
+// refresh reads the checkpoint directory name again, watching any new sub-directory, and
+// sends a FileGone for each file reported before that is no longer there (if it could be read
+// in full). If its marker is there, it is not complete yet and it could be read in full, it
+// sends a FileReady for each file not yet reported as it is now, without waiting for the
+// debounce, then Complete. Otherwise it starts the debounce of every file that is neither
+// pending nor reported as it is now.
 func (r *watchRun) refresh(name string, c *watchCkpt) {
 	f, ok := r.walker.top(name)
 	if !ok || f.single {
 		return
 	}
+	if f.err == nil {
+		r.goneSince(f)
+	}
 	if f.marker != nil && !c.complete {
 		if f.err == nil {
 			// Writers write the marker last: whatever is still pending has been written.
-			r.deb.Forget(name)
 			r.emitFound(c, f, true)
 			return
 		}
@@ -587,10 +852,36 @@ func (r *watchRun) refresh(name string, c *watchCkpt) {
 	} else if f.err != nil {
 		r.log.Error().Err(f.err).Str("checkpoint", name).Msg("checkpoint directory could not be read in full")
 	}
-	for _, sf := range f.files {
+	r.touchNew(name, f.files)
+}
+
+// refreshDir reads the new sub-directory rel of the checkpoint directory name (Lstat saw it
+// as fi), watching it and the directories below it, and starts the debounce of every file in
+// it that is neither pending nor reported as it is now: it costs time linear in what is below
+// rel, not in the checkpoint's files. Only when the checkpoint is not complete although its
+// marker is there (its Complete was withheld) does it read the whole checkpoint (refresh), to
+// try the Complete again.
+func (r *watchRun) refreshDir(name string, c *watchCkpt, rel string, fi fs.FileInfo) {
+	if !c.complete {
+		if mfi, err := r.walker.lstat(name + "/" + r.marker); err == nil && mfi.Mode().IsRegular() {
+			r.refresh(name, c)
+			return
+		}
+	}
+	var files []scanFile
+	if err := r.walker.walkDir(r.walker.root, rel, fi, name, rel[len(name)+1:], &files); err != nil {
+		r.log.Error().Err(err).Str("checkpoint", name).Msg("checkpoint directory could not be read in full")
+	}
+	r.touchNew(name, files)
+}
+
+// touchNew starts the debounce of every file of the checkpoint directory name among files
+// that is neither pending nor reported as it is now.
+func (r *watchRun) touchNew(name string, files []scanFile) {
+	for _, sf := range files {
 		key := name + "/" + sf.Path
-		if !r.deb.Pending(key) && !watchSameFile(r.stamps[key], sf.info) {
-			r.deb.Touch(key)
+		if !r.deb.Pending(key) && !r.stamp(key).Same(sf.ID) {
+			r.touch(key)
 		}
 	}
 }
@@ -601,22 +892,33 @@ func (r *watchRun) ready(key string) {
 	name, sub, nested := strings.Cut(key, "/")
 	c := r.ckpts[name]
 	if c == nil || c.single == nested {
+		r.pruneRel(key)
 		return
 	}
 	fi, err := r.walker.lstat(key)
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
+		// Its Remove (or its directory's) comes, or came, as an event.
+		r.pruneRel(key)
 		return
 	case err != nil:
 		r.skip(key, "", err)
+		r.unreport(key)
 		return
 	case !fi.Mode().IsRegular():
 		if !fi.IsDir() {
 			r.skip(key, scanKind(fi.Mode()), nil)
 		}
+		r.unreport(key)
+		r.pruneRel(key)
+		return
+	case !r.walker.usable(key, fi):
+		r.unreport(key)
 		return
 	}
-	if watchSameFile(r.stamps[key], fi) {
+	id := FileIDOf(fi)
+	n := r.node(key)
+	if n.stamp.Same(id) {
 		return
 	}
 	if !nested {
@@ -625,34 +927,37 @@ func (r *watchRun) ready(key string) {
 	if c.complete {
 		r.log.Warn().Str("checkpoint", name).Str("path", sub).Msg("file changed after its checkpoint was complete")
 	}
-	r.stamps[key] = fi
-	r.emit(WatchEvent{Kind: FileReady, Checkpoint: name, Path: sub, Size: fi.Size(), ModTime: fi.ModTime()})
+	r.report(n, name, sub, fi, id)
 	if !nested {
 		c.complete = true
-		r.emit(WatchEvent{Kind: Complete, Checkpoint: name, Path: name, Size: fi.Size(), ModTime: fi.ModTime()})
+		r.emit(WatchEvent{Kind: Complete, Checkpoint: name, Path: name, Size: fi.Size(), ModTime: fi.ModTime(), ID: id})
 	}
 }
 
-// watchSameFile reports whether b is the same file as a with the same size and modification
-// time (a nil a is never the same).
-func watchSameFile(a, b fs.FileInfo) bool {
-	return a != nil && b != nil && os.SameFile(a, b) && a.Size() == b.Size() && a.ModTime().Equal(b.ModTime())
-}
-
 // watchDebouncer holds a deadline per key: a key is due when it has not been touched for the
-// quiet time. It has one timer, armed for the earliest deadline (or earlier) while any key is
-// pending. It is not safe for concurrent use.
+// quiet time. Every deadline is the time of a Touch plus the same quiet time, so the keys wait
+// in a list in the order of their deadlines: Touch, Pending and Forget take constant time and
+// Due time linear in the keys it returns, however many keys wait (invariant I8). It has one
+// timer, armed for the earliest deadline (or earlier) while any key is pending. It is not safe
+// for concurrent use.
 type watchDebouncer struct {
 	quiet time.Duration
-	due   map[string]time.Time
+	keys  map[string]*list.Element // values *watchDue
+	order list.List                // of *watchDue, earliest deadline first
 	timer *time.Timer
 	armed bool
+}
+
+// watchDue is a key waiting in a watchDebouncer.
+type watchDue struct {
+	key string
+	at  time.Time
 }
 
 func newWatchDebouncer(quiet time.Duration) *watchDebouncer {
 	t := time.NewTimer(quiet)
 	t.Stop()
-	return &watchDebouncer{quiet: quiet, due: map[string]time.Time{}, timer: t}
+	return &watchDebouncer{quiet: quiet, keys: map[string]*list.Element{}, timer: t}
 }
 
 // C returns the channel on which the timer fires; receive from it, then call Due. It is nil
@@ -666,7 +971,13 @@ func (d *watchDebouncer) C() <-chan time.Time {
 
 // Touch (re)starts the quiet time of key.
 func (d *watchDebouncer) Touch(key string) {
-	d.due[key] = time.Now().Add(d.quiet)
+	at := time.Now().Add(d.quiet)
+	if e, ok := d.keys[key]; ok {
+		e.Value.(*watchDue).at = at
+		d.order.MoveToBack(e)
+	} else {
+		d.keys[key] = d.order.PushBack(&watchDue{key: key, at: at})
+	}
 	// Every deadline is now+quiet, so one set earlier is never later than this one.
 	if !d.armed {
 		d.timer.Reset(d.quiet)
@@ -676,7 +987,7 @@ func (d *watchDebouncer) Touch(key string) {
 
 // Pending reports whether key is waiting.
 func (d *watchDebouncer) Pending(key string) bool {
-	_, ok := d.due[key]
+	_, ok := d.keys[key]
 	return ok
 }
 
@@ -685,45 +996,41 @@ func (d *watchDebouncer) Pending(key string) bool {
 func (d *watchDebouncer) Due() []string {
 	d.armed = false
 	now := time.Now()
-	type item struct {
-		key string
-		at  time.Time
-	}
-	var due []item
-	var next time.Time
-	for k, at := range d.due {
-		if !at.After(now) {
-			due = append(due, item{k, at})
-			delete(d.due, k)
-		} else if next.IsZero() || at.Before(next) {
-			next = at
+	var due []watchDue
+	for e := d.order.Front(); e != nil; e = d.order.Front() {
+		w := e.Value.(*watchDue)
+		if w.at.After(now) {
+			d.timer.Reset(w.at.Sub(now))
+			d.armed = true
+			break
 		}
+		d.order.Remove(e)
+		delete(d.keys, w.key)
+		due = append(due, *w)
 	}
-	slices.SortFunc(due, func(a, b item) int {
+	slices.SortFunc(due, func(a, b watchDue) int {
 		return cmp.Or(a.at.Compare(b.at), strings.Compare(a.key, b.key))
 	})
-	if !next.IsZero() {
-		d.timer.Reset(next.Sub(now))
-		d.armed = true
-	}
 	keys := make([]string, len(due))
-	for i, it := range due {
-		keys[i] = it.key
+	for i, w := range due {
+		keys[i] = w.key
 	}
 	return keys
 }
 
-// Forget drops key and every key below it (key + "/" + ...) without them becoming due.
+// Forget drops key (only key itself) without it becoming due.
 func (d *watchDebouncer) Forget(key string) {
-	for k := range d.due {
-		if k == key || strings.HasPrefix(k, key+"/") {
-			delete(d.due, k)
-		}
+	if e, ok := d.keys[key]; ok {
+		d.order.Remove(e)
+		delete(d.keys, key)
 	}
 }
 
 // Reset drops every key.
-func (d *watchDebouncer) Reset() { clear(d.due) }
+func (d *watchDebouncer) Reset() {
+	clear(d.keys)
+	d.order.Init()
+}
 
 // Stop stops the timer.
 func (d *watchDebouncer) Stop() {

@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
-	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -436,12 +435,15 @@ func TestWatchFileChangedAfterComplete(t *testing.T) {
 		t.Errorf("warn lines %q = %v; want one for step-1 a.bin", watchMsgChanged, lines)
 	}
 
-	// A chmod alone is not a change of the data.
+	// A chmod is a change too: the permission bits are part of the checkpoint, and the change
+	// time it moves is all that tells it from a rewrite that set the time back.
 	if err := os.Chmod(filepath.Join(ck, "b.bin"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if rest := h.barrier(); len(rest) != 0 {
-		t.Errorf("events after a chmod: %s", watchFormat(rest))
+	evs = h.barrier()
+	want = scanFileOf(t, ck, "b.bin")
+	if len(evs) != 1 || evs[0].Kind != FileReady || evs[0].Path != "b.bin" || !evs[0].ID.Same(want.ID) || evs[0].ID.Perm != 0o600 {
+		t.Errorf("events after a chmod = %s; want FileReady step-1 b.bin with mode 0600", watchFormat(evs))
 	}
 }
 
@@ -455,11 +457,14 @@ func TestWatchRemoved(t *testing.T) {
 	scanWrite(t, filepath.Join(dir, "model.pt"), "m")
 	h, _ := watchStart(t, dir, WatchConfig{})
 
+	// Removed file by file: a FileGone for each reported file and the marker, in the order
+	// RemoveAll removes them, then Removed.
 	if err := os.RemoveAll(filepath.Join(dir, "step-1")); err != nil {
 		t.Fatal(err)
 	}
 	evs := h.until("Removed step-1", func(ev WatchEvent) bool { return ev.Kind == Removed })
-	if got, want := watchFormat(evs), "[Removed step-1]"; got != want {
+	slices.SortFunc(evs[:len(evs)-1], func(a, b WatchEvent) int { return strings.Compare(a.Path, b.Path) })
+	if got, want := watchFormat(evs), "[FileGone step-1 _COMPLETE 0, FileGone step-1 a.bin 0, FileGone step-1 sub/b.bin 0, Removed step-1]"; got != want {
 		t.Errorf("events = %s; want %s", got, want)
 	}
 
@@ -481,13 +486,13 @@ func TestWatchRemoved(t *testing.T) {
 	}
 	watchCheckReady(t, dir, "step-3", "_COMPLETE", evs[1:], "c.bin")
 
-	// Removing a file, or the marker, of a checkpoint is not a Removed; a new marker is a new
-	// Complete.
+	// Removing the marker of a checkpoint is not a Removed but a FileGone of the marker; a
+	// new marker is a new Complete.
 	if err := os.Remove(filepath.Join(dir, "step-3", "_COMPLETE")); err != nil {
 		t.Fatal(err)
 	}
-	if rest := h.barrier(); len(rest) != 0 {
-		t.Errorf("events after removing the marker: %s", watchFormat(rest))
+	if got, want := watchFormat(h.barrier()), "[FileGone step-3 _COMPLETE 0]"; got != want {
+		t.Errorf("events after removing the marker = %s; want %s", got, want)
 	}
 	scanWrite(t, filepath.Join(dir, "step-3", "_COMPLETE"), "")
 	if evs := h.untilComplete("step-3"); len(evs) != 1 {
@@ -531,8 +536,11 @@ func TestWatchStartUpScan(t *testing.T) {
 func TestWatchOverflowRescans(t *testing.T) {
 	dir := t.TempDir()
 	scanWrite(t, filepath.Join(dir, "step-1", "a.bin"), "a")
+	scanWrite(t, filepath.Join(dir, "step-1", "old", "gone.bin"), "g")
 	scanWrite(t, filepath.Join(dir, "step-1", "_COMPLETE"), "")
 	scanWrite(t, filepath.Join(dir, "step-2", "b.bin"), "b")
+	scanWrite(t, filepath.Join(dir, "step-5", "e.bin"), "e")
+	scanWrite(t, filepath.Join(dir, "step-5", "_COMPLETE"), "")
 	watchAge(t, dir, time.Hour)
 	logs := &scanLogs{}
 	w, err := NewWatcher(WatchConfig{Dir: dir, Pattern: "*.pt", Logger: zerolog.New(logs)})
@@ -554,16 +562,27 @@ func TestWatchOverflowRescans(t *testing.T) {
 	if err := r.rescan(); err != nil {
 		t.Fatalf("rescan() error: %v", err)
 	}
-	if got, want := watchFormat(r.queue), "[FileReady step-1 a.bin 1, Complete step-1 _COMPLETE 0, FileReady step-2 b.bin 1]"; got != want {
+	if got, want := watchFormat(r.queue), "[FileReady step-1 a.bin 1, FileReady step-1 old/gone.bin 1, Complete step-1 _COMPLETE 0, "+
+		"FileReady step-2 b.bin 1, FileReady step-5 e.bin 1, Complete step-5 _COMPLETE 0]"; got != want {
 		t.Errorf("first scan = %s; want %s", got, want)
 	}
-	if got, want := slices.Sorted(maps.Keys(r.dirs)), []string{"step-1", "step-2"}; !slices.Equal(got, want) {
+	if got, want := watchWatched(r), []string{"step-1", "step-1/old", "step-2", "step-5"}; !slices.Equal(got, want) {
 		t.Errorf("watched directories = %v; want %v", got, want)
+	}
+	if err := r.checkNodes(); err != nil {
+		t.Errorf("after the first scan: %v", err)
 	}
 	r.queue = nil
 
-	// Lost events: step-2 went away, step-3 came.
+	// Lost events: step-2 went away, step-3 came, step-1 lost a directory with a file and
+	// step-5 its marker.
 	if err := os.RemoveAll(filepath.Join(dir, "step-2")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.RemoveAll(filepath.Join(dir, "step-1", "old")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(filepath.Join(dir, "step-5", "_COMPLETE")); err != nil {
 		t.Fatal(err)
 	}
 	scanWrite(t, filepath.Join(dir, "step-3", "c.bin"), "cc")
@@ -572,9 +591,19 @@ func TestWatchOverflowRescans(t *testing.T) {
 	scanWrite(t, filepath.Join(dir, "step-4", "d.bin"), "ddd")
 	scanWrite(t, filepath.Join(dir, "model.pt"), "mmmm")
 	r.fsError(fsnotify.ErrEventOverflow)
-	want := "[Removed step-2, FileReady step-1 a.bin 1, Complete step-1 _COMPLETE 0, FileReady step-3 c.bin 2, Complete step-3 _COMPLETE 0]"
+	want := "[Removed step-2, FileGone step-1 old/gone.bin 0, FileReady step-1 a.bin 1, Complete step-1 _COMPLETE 0, " +
+		"FileReady step-3 c.bin 2, Complete step-3 _COMPLETE 0, FileGone step-5 _COMPLETE 0, FileReady step-5 e.bin 1]"
 	if got := watchFormat(r.queue); got != want {
 		t.Errorf("after an overflow = %s; want %s", got, want)
+	}
+	if got, want := watchWatched(r), []string{"step-1", "step-3", "step-4", "step-5"}; !slices.Equal(got, want) {
+		t.Errorf("watched directories = %v; want %v", got, want)
+	}
+	if n := r.nodes["step-1/old"]; n != nil {
+		t.Errorf("the run still keeps %+v, which is gone", n)
+	}
+	if err := r.checkNodes(); err != nil {
+		t.Errorf("after an overflow: %v", err)
 	}
 	if !r.deb.Pending("step-4/d.bin") {
 		t.Error("a file just written in a checkpoint without marker is not waiting for its debounce")
@@ -587,6 +616,27 @@ func TestWatchOverflowRescans(t *testing.T) {
 	}
 	r.queue = nil
 
+	// Events for what is gone leave nothing behind.
+	if err := os.RemoveAll(filepath.Join(dir, "step-4")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(filepath.Join(dir, "step-1", "a.bin")); err != nil {
+		t.Fatal(err)
+	}
+	r.handle(fsnotify.Event{Name: filepath.Join(dir, "step-4", "d.bin"), Op: fsnotify.Remove})
+	r.handle(fsnotify.Event{Name: filepath.Join(dir, "step-4"), Op: fsnotify.Remove})
+	r.handle(fsnotify.Event{Name: filepath.Join(dir, "step-1", "a.bin"), Op: fsnotify.Remove})
+	if got, want := watchFormat(r.queue), "[Removed step-4, FileGone step-1 a.bin 0]"; got != want {
+		t.Errorf("after removals = %s; want %s", got, want)
+	}
+	if r.deb.Pending("step-4/d.bin") || r.nodes["step-4"] != nil || r.nodes["step-1/a.bin"] != nil {
+		t.Error("the run still keeps what was removed")
+	}
+	if err := r.checkNodes(); err != nil {
+		t.Errorf("after removals: %v", err)
+	}
+	r.queue = nil
+
 	r.fsError(errors.New("some other trouble"))
 	if len(r.queue) != 0 {
 		t.Errorf("events after another error = %s; want none", watchFormat(r.queue))
@@ -594,6 +644,18 @@ func TestWatchOverflowRescans(t *testing.T) {
 	if n := len(logs.lines(t, "error", "fsnotify error; watching on")); n != 1 {
 		t.Errorf("error lines = %d; want 1\n%s", n, logs)
 	}
+}
+
+// watchWatched returns the directories r watches, sorted.
+func watchWatched(r *watchRun) []string {
+	var dirs []string
+	for rel, n := range r.nodes {
+		if n.watched {
+			dirs = append(dirs, rel)
+		}
+	}
+	slices.Sort(dirs)
+	return dirs
 }
 
 func TestNewWatcher(t *testing.T) {
@@ -697,16 +759,18 @@ func TestWatchDebouncer(t *testing.T) {
 			t.Error("C() with nothing pending is not nil")
 		}
 
-		// Forget drops a key and the keys below it, not its siblings with the same prefix.
+		// Forget drops exactly one key: not the keys below it, nor its siblings with the same
+		// prefix (the run forgets what is below a directory itself).
+		d.Touch("c")
 		d.Touch("c/1")
-		d.Touch("c/2/3")
 		d.Touch("cc")
 		d.Forget("c")
-		if d.Pending("c/1") || d.Pending("c/2/3") || !d.Pending("cc") {
-			t.Errorf("after Forget(c): Pending c/1, c/2/3, cc = %v, %v, %v; want false, false, true",
-				d.Pending("c/1"), d.Pending("c/2/3"), d.Pending("cc"))
+		d.Forget("missing")
+		if d.Pending("c") || !d.Pending("c/1") || !d.Pending("cc") {
+			t.Errorf("after Forget(c): Pending c, c/1, cc = %v, %v, %v; want false, true, true",
+				d.Pending("c"), d.Pending("c/1"), d.Pending("cc"))
 		}
-		if got, want := watchNextDue(t, d), []string{"cc"}; !slices.Equal(got, want) {
+		if got, want := watchNextDue(t, d), []string{"c/1", "cc"}; !slices.Equal(got, want) {
 			t.Errorf("Due() = %v; want %v", got, want)
 		}
 
@@ -718,6 +782,218 @@ func TestWatchDebouncer(t *testing.T) {
 		}
 		if d.C() != nil {
 			t.Error("C() after Reset and Due is not nil")
+		}
+	})
+}
+
+// TestWatchReportsAChangeThatKeepsSizeAndTime is invariant I2 on the watcher: a file rewritten
+// with the same size and its modification time set back, or replaced by a rename with the same
+// size and time, is reported again.
+func TestWatchReportsAChangeThatKeepsSizeAndTime(t *testing.T) {
+	tests := []struct {
+		name   string
+		change func(t *testing.T, ck string, old time.Time)
+	}{
+		{"rewritten in place with the time set back", func(t *testing.T, ck string, old time.Time) {
+			scanWrite(t, filepath.Join(ck, "a.bin"), "bbbb")
+			if err := os.Chtimes(filepath.Join(ck, "a.bin"), old, old); err != nil {
+				t.Fatal(err)
+			}
+		}},
+		{"replaced by a rename with the same size and time", func(t *testing.T, ck string, old time.Time) {
+			staged := filepath.Join(ck, ".a.bin.tmp") // skipped: no event of its own
+			scanWrite(t, staged, "bbbb")
+			if err := os.Chtimes(staged, old, old); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Rename(staged, filepath.Join(ck, "a.bin")); err != nil {
+				t.Fatal(err)
+			}
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			dir := t.TempDir()
+			h, _ := watchStart(t, dir, WatchConfig{})
+			ck := filepath.Join(dir, "step-1")
+			scanWrite(t, filepath.Join(ck, "a.bin"), "aaaa")
+			scanWrite(t, filepath.Join(ck, "_COMPLETE"), "")
+			evs := h.untilComplete("step-1")
+			watchCheckReady(t, dir, "step-1", "_COMPLETE", evs, "a.bin")
+			before := scanFileOf(t, ck, "a.bin")
+			if !evs[0].ID.Same(before.ID) {
+				t.Errorf("FileReady ID = %+v; want the file's %+v", evs[0].ID, before.ID)
+			}
+			if c := evs[len(evs)-1]; !c.ID.Same(scanFileOf(t, ck, "_COMPLETE").ID) {
+				t.Errorf("Complete ID = %+v; want the marker's", c.ID)
+			}
+			fileidClockPast(t, t.TempDir(), before.ID.ChangeTime)
+
+			tt.change(t, ck, before.ModTime)
+			after := scanFileOf(t, ck, "a.bin")
+			if after.Size != before.Size || !after.ModTime.Equal(before.ModTime) {
+				t.Fatalf("size and mtime after the change = %d %v; want %d %v", after.Size, after.ModTime, before.Size, before.ModTime)
+			}
+			evs = h.barrier()
+			if len(evs) != 1 || evs[0].Kind != FileReady || evs[0].Path != "a.bin" || !evs[0].ID.Same(after.ID) {
+				t.Errorf("events after the change = %s; want FileReady step-1 a.bin with the new ID", watchFormat(evs))
+			}
+			if n := len(h.logs.lines(t, "warn", watchMsgChanged)); n != 1 {
+				t.Errorf("warn lines %q = %d; want 1\n%s", watchMsgChanged, n, h.logs)
+			}
+		})
+	}
+}
+
+// TestWatchFileGone covers each way a reported file can go.
+func TestWatchFileGone(t *testing.T) {
+	// start starts a watcher on a new directory with step-1/a.bin, step-1/sub/b.bin and
+	// step-1/sub/deeper/c.bin reported (no marker), and returns it and step-1's path.
+	start := func(t *testing.T) (*watchHarness, string) {
+		t.Helper()
+		dir := t.TempDir()
+		ck := filepath.Join(dir, "step-1")
+		scanWrite(t, filepath.Join(ck, "a.bin"), "a")
+		scanWrite(t, filepath.Join(ck, "sub", "b.bin"), "bb")
+		scanWrite(t, filepath.Join(ck, "sub", "deeper", "c.bin"), "ccc")
+		watchAge(t, dir, time.Hour)
+		h, evs := watchStart(t, dir, WatchConfig{})
+		if got, want := watchFormat(evs), "[FileReady step-1 a.bin 1, FileReady step-1 sub/b.bin 2, FileReady step-1 sub/deeper/c.bin 3]"; got != want {
+			t.Fatalf("start-up events = %s; want %s", got, want)
+		}
+		return h, ck
+	}
+	t.Run("written, quiet, then renamed", func(t *testing.T) {
+		dir := t.TempDir()
+		h, _ := watchStart(t, dir, WatchConfig{})
+		ck := filepath.Join(dir, "step-1")
+		if err := os.Mkdir(ck, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		f, err := os.Create(filepath.Join(ck, "x.bin.tmp"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := f.WriteString("data"); err != nil {
+			t.Fatal(err)
+		}
+		if err := f.Sync(); err != nil {
+			t.Fatal(err)
+		}
+		if err := f.Close(); err != nil {
+			t.Fatal(err)
+		}
+		// Quiet for longer than the debounce: it is reported under its temporary name.
+		evs := h.until("FileReady x.bin.tmp", func(ev WatchEvent) bool { return ev.Kind == FileReady })
+		if err := os.Rename(filepath.Join(ck, "x.bin.tmp"), filepath.Join(ck, "x.bin")); err != nil {
+			t.Fatal(err)
+		}
+		evs = append(evs, h.until("FileReady x.bin", func(ev WatchEvent) bool { return ev.Kind == FileReady && ev.Path == "x.bin" })...)
+		evs = append(evs, h.barrier()...)
+		if got, want := watchFormat(evs), "[FileReady step-1 x.bin.tmp 4, FileGone step-1 x.bin.tmp 0, FileReady step-1 x.bin 4]"; got != want {
+			t.Errorf("events = %s; want %s", got, want)
+		}
+		for _, ev := range evs {
+			if ev.Kind == FileGone && (!ev.ID.isZero() || ev.Size != 0 || !ev.ModTime.IsZero()) {
+				t.Errorf("FileGone %+v; want no size, time or ID", ev)
+			}
+		}
+	})
+	t.Run("removed", func(t *testing.T) {
+		h, ck := start(t)
+		if err := os.Remove(filepath.Join(ck, "a.bin")); err != nil {
+			t.Fatal(err)
+		}
+		if got, want := watchFormat(h.barrier()), "[FileGone step-1 a.bin 0]"; got != want {
+			t.Errorf("events = %s; want %s", got, want)
+		}
+		// Written again: a new file.
+		scanWrite(t, filepath.Join(ck, "a.bin"), "again")
+		if got, want := watchFormat(h.barrier()), "[FileReady step-1 a.bin 5]"; got != want {
+			t.Errorf("events = %s; want %s", got, want)
+		}
+	})
+	t.Run("directory removed", func(t *testing.T) {
+		h, ck := start(t)
+		if err := os.RemoveAll(filepath.Join(ck, "sub")); err != nil {
+			t.Fatal(err)
+		}
+		evs := h.barrier()
+		slices.SortFunc(evs, func(a, b WatchEvent) int { return strings.Compare(a.Path, b.Path) })
+		if got, want := watchFormat(evs), "[FileGone step-1 sub/b.bin 0, FileGone step-1 sub/deeper/c.bin 0]"; got != want {
+			t.Errorf("events = %s; want %s", got, want)
+		}
+	})
+	t.Run("directory renamed away", func(t *testing.T) {
+		h, ck := start(t)
+		away := filepath.Join(t.TempDir(), "sub")
+		if err := os.Rename(filepath.Join(ck, "sub"), away); err != nil {
+			t.Skipf("cannot rename across the two temporary directories: %v", err)
+		}
+		if got, want := watchFormat(h.barrier()), "[FileGone step-1 sub/b.bin 0, FileGone step-1 sub/deeper/c.bin 0]"; got != want {
+			t.Errorf("events = %s; want %s", got, want)
+		}
+		// Its watches went with it.
+		scanWrite(t, filepath.Join(away, "deeper", "new.bin"), "new")
+		if rest := h.barrier(); len(rest) != 0 {
+			t.Errorf("events for a directory moved away: %s", watchFormat(rest))
+		}
+	})
+	t.Run("directory renamed inside its checkpoint", func(t *testing.T) {
+		h, ck := start(t)
+		if err := os.Rename(filepath.Join(ck, "sub"), filepath.Join(ck, "moved")); err != nil {
+			t.Fatal(err)
+		}
+		evs := h.barrier()
+		if got, want := watchFormat(evs[:min(2, len(evs))]), "[FileGone step-1 sub/b.bin 0, FileGone step-1 sub/deeper/c.bin 0]"; got != want {
+			t.Errorf("first events = %s; want %s", got, want)
+		}
+		rest := evs[min(2, len(evs)):]
+		slices.SortFunc(rest, func(a, b WatchEvent) int { return strings.Compare(a.Path, b.Path) })
+		if got, want := watchFormat(rest), "[FileReady step-1 moved/b.bin 2, FileReady step-1 moved/deeper/c.bin 3]"; got != want {
+			t.Errorf("then = %s; want %s", got, want)
+		}
+		// The new name is watched.
+		scanWrite(t, filepath.Join(ck, "moved", "deeper", "late.bin"), "late")
+		if got, want := watchFormat(h.barrier()), "[FileReady step-1 moved/deeper/late.bin 4]"; got != want {
+			t.Errorf("events = %s; want %s", got, want)
+		}
+	})
+	t.Run("replaced by a symbolic link", func(t *testing.T) {
+		h, ck := start(t)
+		staged := filepath.Join(ck, ".link.tmp")
+		if err := os.Symlink(filepath.Join(ck, "sub", "b.bin"), staged); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Rename(staged, filepath.Join(ck, "a.bin")); err != nil {
+			t.Fatal(err)
+		}
+		if got, want := watchFormat(h.barrier()), "[FileGone step-1 a.bin 0]"; got != want {
+			t.Errorf("events = %s; want %s", got, want)
+		}
+		if n := h.logs.countPaths(t, "warn", scanMsgSpecial)[filepath.Join(ck, "a.bin")]; n != 1 {
+			t.Errorf("warn lines %q for a.bin = %d; want 1\n%s", scanMsgSpecial, n, h.logs)
+		}
+	})
+	t.Run("marker removed", func(t *testing.T) {
+		h, ck := start(t)
+		scanWrite(t, filepath.Join(ck, "_COMPLETE"), "")
+		if evs := h.untilComplete("step-1"); len(evs) != 1 {
+			t.Errorf("events = %s; want Complete step-1", watchFormat(evs))
+		}
+		if err := os.Rename(filepath.Join(ck, "_COMPLETE"), filepath.Join(ck, "_COMPLETE.old")); err != nil {
+			t.Fatal(err)
+		}
+		// Renamed away: FileGone of the marker; the new name is a file like any other.
+		if got, want := watchFormat(h.barrier()), "[FileGone step-1 _COMPLETE 0, FileReady step-1 _COMPLETE.old 0]"; got != want {
+			t.Errorf("events = %s; want %s", got, want)
+		}
+		if n := len(h.logs.lines(t, "info", "marker removed; the checkpoint is no longer complete")); n != 1 {
+			t.Errorf("info lines about the marker = %d; want 1\n%s", n, h.logs)
+		}
+		// While it is not complete, files are not "changed after complete".
+		if n := len(h.logs.lines(t, "warn", watchMsgChanged)); n != 0 {
+			t.Errorf("warn lines %q = %d; want 0\n%s", watchMsgChanged, n, h.logs)
 		}
 	})
 }

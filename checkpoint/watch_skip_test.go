@@ -1,0 +1,360 @@
+//go:build linux
+
+package checkpoint
+
+import (
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/rs/zerolog"
+)
+
+// skipNames returns the names of the checkpoints in list and the paths of their files, as
+// "name" and "name/path", for comparisons.
+func skipNames(list []LocalCheckpoint) []string {
+	var got []string
+	for _, c := range list {
+		got = append(got, fmt.Sprintf("%s complete=%v", c.Name, c.Complete))
+		for _, f := range c.Files {
+			got = append(got, c.Name+"/"+f.Path)
+		}
+	}
+	return got
+}
+
+// skipReady returns the sorted "checkpoint/path" of the FileReady events in evs.
+func skipReady(evs []WatchEvent) []string {
+	var got []string
+	for _, ev := range evs {
+		if ev.Kind == FileReady {
+			got = append(got, ev.Checkpoint+"/"+ev.Path)
+		}
+	}
+	slices.Sort(got)
+	return got
+}
+
+// skipOwnFiles writes, below dir, spotguard's own files (a restore's staging directory with a
+// complete checkpoint in it, a file store temporary file that matches the pattern, and both
+// inside the checkpoint ckpt) and the checkpoint ckpt with one file a.bin, complete.
+func skipOwnFiles(t *testing.T, dir, ckpt, suffix string) {
+	t.Helper()
+	staging := filepath.Join(dir, restoreStagingPrefix+suffix)
+	scanWrite(t, filepath.Join(staging, "step-9", "a.bin"), "restored")
+	scanWrite(t, filepath.Join(staging, "step-9", "_COMPLETE"), "")
+	scanWrite(t, filepath.Join(staging, "b.bin"), "b")
+	scanWrite(t, filepath.Join(staging, "_COMPLETE"), "")
+	scanWrite(t, filepath.Join(dir, fileTempPrefix+suffix+".pt"), "temp")
+	ck := filepath.Join(dir, ckpt)
+	scanWrite(t, filepath.Join(ck, restoreStagingPrefix+suffix, "c.bin"), "c")
+	scanWrite(t, filepath.Join(ck, "sub", scanOwnPrefix+"anything"), "own")
+	scanWrite(t, filepath.Join(ck, "a.bin"), "a")
+	scanWrite(t, filepath.Join(ck, "_COMPLETE"), "")
+}
+
+// TestSpotguardOwnFilesAreNeverSeen is invariant I4 at its source: nothing spotguard names
+// ".spotguard-..." below the checkpoint directory is a checkpoint or a file of one.
+func TestSpotguardOwnFilesAreNeverSeen(t *testing.T) {
+	for _, prefix := range []string{restoreStagingPrefix, fileTempPrefix} {
+		if !strings.HasPrefix(prefix, scanOwnPrefix) || !scanSkipName(prefix+"x") {
+			t.Errorf("spotguard's own name %q is not skipped", prefix+"x")
+		}
+	}
+	for _, p := range []string{".spotguard-x", "a/.spotguard-x", ".spotguard-x/a", "a/.b.tmp/c"} {
+		if !scanSkipPath(p) {
+			t.Errorf("scanSkipPath(%q) = false; want true", p)
+		}
+	}
+	for _, p := range []string{"a", "a/b", "spotguard-x", "a/x.spotguard-", ".spotguard", "a/.tmp.x"} {
+		if scanSkipPath(p) {
+			t.Errorf("scanSkipPath(%q) = true; want false", p)
+		}
+	}
+
+	t.Run("Scan", func(t *testing.T) {
+		dir := t.TempDir()
+		skipOwnFiles(t, dir, "step-1", "x")
+		logs := &scanLogs{}
+		list, err := Scan(dir, "", "*.pt", zerolog.New(logs))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got, want := skipNames(list), []string{"step-1 complete=true", "step-1/a.bin"}; !slices.Equal(got, want) {
+			t.Errorf("Scan() = %v; want %v", got, want)
+		}
+		if logs.String() != "" {
+			t.Errorf("log lines for spotguard's own files:\n%s", logs)
+		}
+	})
+	t.Run("watcher", func(t *testing.T) {
+		dir := t.TempDir()
+		skipOwnFiles(t, dir, "step-1", "x")
+		h, evs := watchStart(t, dir, WatchConfig{})
+		watchCheckReady(t, dir, "step-1", "_COMPLETE", evs, "a.bin")
+		// After the start, seen by events.
+		skipOwnFiles(t, dir, "step-2", "y")
+		evs = h.untilComplete("step-2")
+		watchCheckReady(t, dir, "step-2", "_COMPLETE", evs, "a.bin")
+		if rest := h.barrier(); len(rest) != 0 {
+			t.Errorf("events for spotguard's own files: %s", watchFormat(rest))
+		}
+		// Removing them is nothing either.
+		if err := os.RemoveAll(filepath.Join(dir, restoreStagingPrefix+"x")); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.RemoveAll(filepath.Join(dir, "step-2", restoreStagingPrefix+"y")); err != nil {
+			t.Fatal(err)
+		}
+		if rest := h.barrier(); len(rest) != 0 {
+			t.Errorf("events for removing spotguard's own files: %s", watchFormat(rest))
+		}
+		if n := len(h.logs.lines(t, "warn", scanMsgBadName)) + len(h.logs.lines(t, "warn", scanMsgSpecial)); n != 0 {
+			t.Errorf("skip lines for spotguard's own files = %d; want 0\n%s", n, h.logs)
+		}
+	})
+}
+
+// skipCheckLines checks that logs has exactly one skip line (scanMsgBadName) for each of
+// paths, each naming want in its error, and none for other paths.
+func skipCheckLines(t *testing.T, logs *scanLogs, want error, paths ...string) {
+	t.Helper()
+	got := logs.countPaths(t, "warn", scanMsgBadName)
+	for _, p := range paths {
+		if got[p] != 1 {
+			t.Errorf("skip lines for %s = %d; want 1\n%s", p, got[p], logs)
+		}
+	}
+	if len(got) != len(paths) {
+		t.Errorf("skip lines for %v; want only %v\n%s", got, paths, logs)
+	}
+	for _, m := range logs.lines(t, "warn", scanMsgBadName) {
+		if m["error"] != want.Error() {
+			t.Errorf("skip line %v: error = %v; want %q", m, m["error"], want)
+		}
+	}
+}
+
+// TestHardLinksAreSkipped: a file with another name might be a file the trainer could not read
+// (a link to a secret), so it is never reported, and a file that gets a second name before
+// its checkpoint completes leaves it.
+func TestHardLinksAreSkipped(t *testing.T) {
+	outside := t.TempDir()
+	secret := filepath.Join(outside, "secret")
+	scanWrite(t, secret, "secret")
+	link := func(t *testing.T, old, name string) {
+		t.Helper()
+		if err := os.Link(old, name); err != nil {
+			t.Skipf("cannot make hard links here: %v", err)
+		}
+	}
+
+	t.Run("Scan", func(t *testing.T) {
+		dir := t.TempDir()
+		ck := filepath.Join(dir, "step-1")
+		scanWrite(t, filepath.Join(ck, "a.bin"), "a")
+		scanWrite(t, filepath.Join(ck, "sub", "b.bin"), "b")
+		link(t, secret, filepath.Join(ck, "sub", "secret.bin"))
+		scanWrite(t, filepath.Join(ck, "twin-1.bin"), "twin")
+		link(t, filepath.Join(ck, "twin-1.bin"), filepath.Join(ck, "twin-2.bin"))
+		scanWrite(t, filepath.Join(ck, "_COMPLETE"), "")
+		link(t, secret, filepath.Join(dir, "model.pt"))
+		logs := &scanLogs{}
+		list, err := Scan(dir, "", "*.pt", zerolog.New(logs))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got, want := skipNames(list), []string{"step-1 complete=true", "step-1/a.bin", "step-1/sub/b.bin"}; !slices.Equal(got, want) {
+			t.Errorf("Scan() = %v; want %v", got, want)
+		}
+		skipCheckLines(t, logs, errScanHardLink, filepath.Join(ck, "sub", "secret.bin"),
+			filepath.Join(ck, "twin-1.bin"), filepath.Join(ck, "twin-2.bin"), filepath.Join(dir, "model.pt"))
+	})
+	t.Run("watcher", func(t *testing.T) {
+		dir := t.TempDir()
+		ck1 := filepath.Join(dir, "step-1")
+		scanWrite(t, filepath.Join(ck1, "a.bin"), "a")
+		link(t, secret, filepath.Join(ck1, "secret.bin"))
+		scanWrite(t, filepath.Join(ck1, "_COMPLETE"), "")
+		h, evs := watchStart(t, dir, WatchConfig{})
+		watchCheckReady(t, dir, "step-1", "_COMPLETE", evs, "a.bin")
+
+		// After the start: a link made in the checkpoint is skipped when its debounce ends.
+		ck2 := filepath.Join(dir, "step-2")
+		scanWrite(t, filepath.Join(ck2, "a.bin"), "a")
+		h.until("FileReady step-2 a.bin", func(ev WatchEvent) bool { return ev.Kind == FileReady && ev.Checkpoint == "step-2" })
+		link(t, secret, filepath.Join(ck2, "secret.bin"))
+		link(t, filepath.Join(ck2, "a.bin"), filepath.Join(ck2, "a-twin.bin"))
+		link(t, secret, filepath.Join(dir, "model.pt"))
+		if rest := h.barrier(); len(rest) != 0 {
+			t.Errorf("events for hard links: %s", watchFormat(rest))
+		}
+		// a.bin got a second name after its FileReady: no event says so (a link count changes
+		// only the file's own inode), but its checkpoint's marker reads it again, and it is
+		// taken back before Complete.
+		scanWrite(t, filepath.Join(ck2, "c.bin"), "c")
+		scanWrite(t, filepath.Join(ck2, "_COMPLETE"), "")
+		evs = h.untilComplete("step-2")
+		slices.SortFunc(evs[:len(evs)-1], func(a, b WatchEvent) int { return strings.Compare(a.Path, b.Path) })
+		if got, want := watchFormat(evs), "[FileGone step-2 a.bin 0, FileReady step-2 c.bin 1, Complete step-2 _COMPLETE 0]"; got != want {
+			t.Errorf("events = %s; want %s", got, want)
+		}
+		if rest := h.barrier(); len(rest) != 0 {
+			t.Errorf("events after Complete: %s", watchFormat(rest))
+		}
+		skipCheckLines(t, h.logs, errScanHardLink, filepath.Join(ck1, "secret.bin"), filepath.Join(ck2, "secret.bin"),
+			filepath.Join(ck2, "a-twin.bin"), filepath.Join(ck2, "a.bin"), filepath.Join(dir, "model.pt"))
+
+		// Once its other name is gone, a.bin is a file of the checkpoint again (removing the
+		// name changed it; a chmod makes its event).
+		if err := os.Remove(filepath.Join(ck2, "a-twin.bin")); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chmod(filepath.Join(ck2, "a.bin"), 0o640); err != nil {
+			t.Fatal(err)
+		}
+		if got, want := watchFormat(h.barrier()), "[FileReady step-2 a.bin 1]"; got != want {
+			t.Errorf("events = %s; want %s", got, want)
+		}
+	})
+}
+
+// TestFilesTheOwnerCannotReadAreSkipped: the agent may read what the trainer (the owner of the
+// checkpoint directory) could not; such a file is never reported.
+func TestFilesTheOwnerCannotReadAreSkipped(t *testing.T) {
+	root := os.Geteuid() == 0
+	owner := uint32(os.Getuid())
+	if root {
+		owner = 12345
+	}
+	type file struct {
+		name     string
+		uid, gid uint32
+		perm     fs.FileMode
+		readable bool
+	}
+	files := []file{
+		{"own.bin", owner, 0, 0o600, true},
+		{"locked.bin", owner, 0, 0o000, false},
+	}
+	if root {
+		files = append(files,
+			file{"public.bin", 0, 0, 0o644, true},
+			file{"group.bin", 0, owner, 0o640, true},
+			file{"root-only.bin", 0, 0, 0o600, false},
+			file{"other-user.bin", 23456, 23456, 0o640, false},
+			file{"group-write-only.bin", 0, owner, 0o620, false},
+		)
+	}
+	// make writes the files into ck through a staging directory on the same file system, so
+	// that each has its owner and mode before it appears.
+	place := func(t *testing.T, ck string) (readable, unreadable []string) {
+		t.Helper()
+		staging := t.TempDir()
+		for _, f := range files {
+			p := filepath.Join(staging, f.name)
+			scanWrite(t, p, f.name)
+			if root {
+				if err := os.Chown(p, int(f.uid), int(f.gid)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := os.Chmod(p, f.perm); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.MkdirAll(ck, 0o755); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Rename(p, filepath.Join(ck, f.name)); err != nil {
+				t.Skipf("cannot rename across the two temporary directories: %v", err)
+			}
+			if f.readable {
+				readable = append(readable, filepath.Base(ck)+"/"+f.name)
+			} else {
+				unreadable = append(unreadable, filepath.Join(ck, f.name))
+			}
+		}
+		slices.Sort(readable)
+		return readable, unreadable
+	}
+	newDir := func(t *testing.T) string {
+		t.Helper()
+		dir := t.TempDir()
+		if root {
+			if err := os.Chown(dir, int(owner), int(owner)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return dir
+	}
+
+	t.Run("Scan", func(t *testing.T) {
+		dir := newDir(t)
+		readable, unreadable := place(t, filepath.Join(dir, "step-1"))
+		logs := &scanLogs{}
+		list, err := Scan(dir, "", "", zerolog.New(logs))
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := skipNames(list)
+		if want := append([]string{"step-1 complete=false"}, readable...); !slices.Equal(got, want) {
+			t.Errorf("Scan() = %v; want %v", got, want)
+		}
+		skipCheckLines(t, logs, errScanUnreadable, unreadable...)
+	})
+	t.Run("watcher", func(t *testing.T) {
+		dir := newDir(t)
+		h, _ := watchStart(t, dir, WatchConfig{})
+		ck := filepath.Join(dir, "step-1")
+		readable, unreadable := place(t, ck)
+		evs := h.barrier()
+		if got := skipReady(evs); !slices.Equal(got, readable) || len(evs) != len(readable) {
+			t.Errorf("events = %s; want FileReady for %v", watchFormat(evs), readable)
+		}
+		scanWrite(t, filepath.Join(ck, "_COMPLETE"), "")
+		if evs := h.untilComplete("step-1"); len(evs) != 1 {
+			t.Errorf("events = %s; want Complete step-1", watchFormat(evs))
+		}
+		skipCheckLines(t, h.logs, errScanUnreadable, unreadable...)
+
+		// A file made unreadable after its FileReady is taken back (its chmod is an event).
+		if err := os.Chmod(filepath.Join(ck, "own.bin"), 0o200); err != nil {
+			t.Fatal(err)
+		}
+		if got, want := watchFormat(h.barrier()), "[FileGone step-1 own.bin 0]"; got != want {
+			t.Errorf("events = %s; want %s", got, want)
+		}
+	})
+}
+
+func TestScanOwnerCanRead(t *testing.T) {
+	o := scanOwner{uid: 1000, gid: 2000}
+	tests := []struct {
+		name     string
+		owner    scanOwner
+		uid, gid uint32
+		perm     fs.FileMode
+		want     bool
+	}{
+		{"root owner reads anything", scanOwner{}, 5, 5, 0, true},
+		{"owner bit", o, 1000, 9, 0o400, true},
+		{"owner without its bit", o, 1000, 9, 0o200, false},
+		{"group bit", o, 9, 2000, 0o040, true},
+		{"group bit of another group", o, 9, 9, 0o040, false},
+		{"other bit", o, 9, 9, 0o004, true},
+		{"owner bit of another user", o, 9, 9, 0o400, false},
+		{"nothing", o, 1000, 2000, 0o000, false},
+		{"write and execute only", o, 1000, 2000, 0o333, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := tt.owner.canRead(tt.uid, tt.gid, tt.perm); got != tt.want {
+				t.Errorf("%+v.canRead(%d, %d, %v) = %v; want %v", tt.owner, tt.uid, tt.gid, tt.perm, got, tt.want)
+			}
+		})
+	}
+}
