@@ -2,13 +2,17 @@
 // each file to a Store as soon as it is closed, commits a manifest when the checkpoint is
 // complete, and restores the newest complete checkpoint, verified, on the next instance.
 //
-// Store layout, for job J and checkpoint C (keys are relative to the store's prefix):
+// Store layout, for job J, checkpoint C (the trainer's directory name) and commit X (an id of its
+// own for every commit of C, see NewCommitID); keys are relative to the store's prefix:
 //
-//	J/C/<relative path>              the checkpoint's files
-//	J/C/_spotguard/manifest.json     written last and only once: the commit point
-//	J/LATEST                         JSON naming the newest committed checkpoint
+//	J/C/X/<relative path>              the checkpoint's files, as committed by X
+//	J/C/X/_spotguard/manifest.json     written last and only once: the commit point
+//	J/LATEST                           JSON naming the newest commit (C and X)
 //
-// A checkpoint without a manifest does not exist.
+// A commit without a manifest does not exist. The same name committed twice is two commits; the
+// one that completed later is the newer (Manifest.Order). Version 1 stores (before commit ids:
+// J/C/<path>, J/C/_spotguard/manifest.json) are still read. The protocol and the invariants it
+// keeps are in commit.go.
 package checkpoint
 
 import (
@@ -17,7 +21,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"path"
 	"strings"
 	"time"
 )
@@ -137,18 +140,3 @@ func checkDirPrefix(prefix string) error {
 	}
 	return nil
 }
-
-// DataKey is the key of a checkpoint's file: job/checkpoint/rel.
-func DataKey(job, checkpoint, rel string) string { return path.Join(job, checkpoint, rel) }
-
-// ManifestKey is the key of a checkpoint's manifest: job/checkpoint/_spotguard/manifest.json.
-func ManifestKey(job, checkpoint string) string {
-	return path.Join(job, checkpoint, MetaDir, "manifest.json")
-}
-
-// LatestKey is the key of a job's LATEST pointer: job/LATEST.
-func LatestKey(job string) string { return path.Join(job, "LATEST") }
-
-// MetaDir is the directory, inside a checkpoint's prefix, that holds spotguard's own files. A
-// trainer's file of that name is refused.
-const MetaDir = "_spotguard"

@@ -47,32 +47,32 @@ func TestListCommitted(t *testing.T) {
 				"a":                            "1",
 				"sub/_spotguard/manifest.json": "a trainer's file, not a manifest",
 			})
-			s.put(DataKey(restoreTestJob, "step-2", "model.pt"), []byte("uncommitted"))
+			s.put(DataKey(restoreTestJob, "step-2", restoreTestCommitID("step-2", t0), "model.pt"), []byte("uncommitted"))
 			s.put(restoreTestJob+"/"+MetaDir+"/manifest.json", []byte("{"))
 			restoreTestCommit(t, s, restoreTestJob+"-2", "step-3", t0, restoreTestFiles(3))
 			restoreTestCommit(t, s, "x"+restoreTestJob, "step-4", t0, restoreTestFiles(4))
 		}, []string{"step-1"}, nil},
 		{"invalid manifests are problems", func(t *testing.T, s *memStore) {
 			restoreTestCommit(t, s, restoreTestJob, "step-1", t0, restoreTestFiles(1))
-			s.put(ManifestKey(restoreTestJob, "step-2"), []byte("not json"))
+			s.put(ManifestKey(restoreTestJob, "step-2", restoreTestCommitID("step-2", t0)), []byte("not json"))
 			m := restoreTestManifest(t, restoreTestJob, "step-3", t0, map[string]string{"a": "1"})
 			m.Files[0].Path = "../a"
-			restoreTestPutJSON(t, s, ManifestKey(restoreTestJob, "step-3"), m)
+			restoreTestPutJSON(t, s, ManifestKey(restoreTestJob, "step-3", restoreTestCommitID("step-3", t0)), m)
 			m = restoreTestManifest(t, "other", "step-4", t0, map[string]string{"a": "1"})
-			restoreTestPutJSON(t, s, ManifestKey(restoreTestJob, "step-4"), m)
+			restoreTestPutJSON(t, s, ManifestKey(restoreTestJob, "step-4", restoreTestCommitID("step-4", t0)), m)
 			restoreTestSetLatest(t, s, restoreTestJob, "step-1")
 		}, []string{"step-1*"}, []string{
-			ManifestKey(restoreTestJob, "step-2") + ": manifest is not valid JSON",
-			ManifestKey(restoreTestJob, "step-3") + `: manifest of llama-70b/step-3 is invalid: file: path "../a" has a ".." element`,
-			ManifestKey(restoreTestJob, "step-4") + `: manifest names job "other" checkpoint "step-4"`,
+			ManifestKey(restoreTestJob, "step-2", restoreTestCommitID("step-2", t0)) + ": manifest is not valid JSON",
+			ManifestKey(restoreTestJob, "step-3", restoreTestCommitID("step-3", t0)) + `: manifest of llama-70b/step-3 is invalid: file: path "../a" has a ".." element`,
+			ManifestKey(restoreTestJob, "step-4", restoreTestCommitID("step-4", t0)) + `: manifest names job "other" checkpoint "step-4"`,
 		}},
 		{"LATEST names a checkpoint without a valid manifest", func(t *testing.T, s *memStore) {
 			restoreTestCommit(t, s, restoreTestJob, "step-1", t0, restoreTestFiles(1))
-			s.put(ManifestKey(restoreTestJob, "step-2"), []byte("{}"))
+			s.put(ManifestKey(restoreTestJob, "step-2", restoreTestCommitID("step-2", t0)), []byte("{}"))
 			restoreTestSetLatest(t, s, restoreTestJob, "step-2")
 		}, []string{"step-1"}, []string{
-			ManifestKey(restoreTestJob, "step-2") + ": manifest of / is invalid",
-			LatestKey(restoreTestJob) + ` names checkpoint "step-2", which has no valid manifest`,
+			ManifestKey(restoreTestJob, "step-2", restoreTestCommitID("step-2", t0)) + ": manifest of / is invalid",
+			LatestKey(restoreTestJob) + ` names checkpoint "step-2" commit ""`,
 		}},
 		{"LATEST names a missing checkpoint", func(t *testing.T, s *memStore) {
 			restoreTestCommit(t, s, restoreTestJob, "step-1", t0, restoreTestFiles(1))
@@ -86,11 +86,17 @@ func TestListCommitted(t *testing.T) {
 			restoreTestCommit(t, s, restoreTestJob, "step-1", t0, restoreTestFiles(1))
 			restoreTestSetLatest(t, s, restoreTestJob, "step-1/../../x")
 		}, []string{"step-1"}, []string{LatestKey(restoreTestJob) + ": checkpoint:"}},
-		{"manifest vanished after List", func(t *testing.T, s *memStore) {
+		{"a commit without its manifest is not committed", func(t *testing.T, s *memStore) {
 			restoreTestCommit(t, s, restoreTestJob, "step-1", t0, restoreTestFiles(1))
 			restoreTestCommit(t, s, restoreTestJob, "step-2", t0, restoreTestFiles(2))
-			s.failKey(ManifestKey(restoreTestJob, "step-2"), fmt.Errorf("deleted meanwhile: %w", ErrNotFound))
-		}, []string{"step-1"}, []string{ManifestKey(restoreTestJob, "step-2") + ": deleted meanwhile"}},
+			s.failKey(ManifestKey(restoreTestJob, "step-2", restoreTestCommitID("step-2", t0)), fmt.Errorf("deleted meanwhile: %w", ErrNotFound))
+		}, []string{"step-1"}, nil},
+		{"version 1 and version 2 commits together, ordered by completion", func(t *testing.T, s *memStore) {
+			restoreTestCommitV1(t, s, restoreTestJob, "step-1", t0, restoreTestFiles(1))
+			restoreTestCommit(t, s, restoreTestJob, "step-1", t0.Add(2*time.Hour), restoreTestFiles(2))
+			restoreTestCommitV1(t, s, restoreTestJob, "step-2", t0.Add(time.Hour), restoreTestFiles(3))
+			restoreTestSetLatest(t, s, restoreTestJob, "step-2")
+		}, []string{"step-1", "step-2*", "step-1"}, nil},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -104,7 +110,7 @@ func TestListCommitted(t *testing.T) {
 				t.Errorf("Got(%q) = %q; want %q", tt.name, got, tt.want)
 			}
 			for _, c := range cs {
-				if want := ManifestKey(restoreTestJob, c.Manifest.Checkpoint); c.Key != want {
+				if want := ManifestKey(restoreTestJob, c.Manifest.Checkpoint, c.Manifest.Commit); c.Key != want {
 					t.Errorf("Got(%q) = %q; want %q", "key", c.Key, want)
 				}
 			}
@@ -121,6 +127,7 @@ func TestListCommitted(t *testing.T) {
 }
 
 func TestListCommittedErrors(t *testing.T) {
+	t0 := restoreTestT0
 	errBoom := errors.New("boom")
 	tests := []struct {
 		name  string
@@ -130,7 +137,9 @@ func TestListCommittedErrors(t *testing.T) {
 	}{
 		{"invalid job", "a/b", func(s *memStore) {}, nil},
 		{"list fails", restoreTestJob, func(s *memStore) { s.listErr = errBoom }, errBoom},
-		{"manifest read fails", restoreTestJob, func(s *memStore) { s.failKey(ManifestKey(restoreTestJob, "step-2"), errBoom) }, errBoom},
+		{"manifest read fails", restoreTestJob, func(s *memStore) {
+			s.failKey(ManifestKey(restoreTestJob, "step-2", restoreTestCommitID("step-2", t0)), errBoom)
+		}, errBoom},
 		{"LATEST read fails", restoreTestJob, func(s *memStore) { s.failKey(LatestKey(restoreTestJob), errBoom) }, errBoom},
 	}
 	for _, tt := range tests {
@@ -152,21 +161,23 @@ func TestListCommittedErrors(t *testing.T) {
 
 func TestFormatList(t *testing.T) {
 	t0 := time.Date(2026, 3, 1, 12, 0, 0, 0, time.FixedZone("CET", 3600))
-	mk := func(name string, files int, size int64, trigger string, at time.Time) *Manifest {
-		return &Manifest{Checkpoint: name, Files: make([]File, files), TotalBytes: size, Trigger: trigger, CommittedAt: at}
+	mk := func(name, commit string, files int, size int64, trigger string, at time.Time) *Manifest {
+		complete := at.Add(-time.Minute)
+		return &Manifest{Checkpoint: name, Commit: commit, Files: make([]File, files), TotalBytes: size, Trigger: trigger, CommittedAt: at,
+			Timings: Timings{CompleteAt: &complete}}
 	}
 	cs := []Committed{
-		{Manifest: mk("step-000300", 17, 3<<30+512<<20, "notice", t0.Add(2*time.Hour))},
-		{Manifest: mk("step-000200", 17, 1536<<10, "periodic", t0.Add(time.Hour)), Latest: true},
-		{Manifest: mk("step-000100-with-a-long-name", 1, 0, "", t0)},
+		{Manifest: mk("step-000300", "20260301T125500Z-0123456789ab", 17, 3<<30+512<<20, "notice", t0.Add(2*time.Hour))},
+		{Manifest: mk("step-000200", "20260301T115500Z-ba9876543210", 17, 1536<<10, "periodic", t0.Add(time.Hour)), Latest: true},
+		{Manifest: &Manifest{Version: 1, Checkpoint: "step-000100-with-a-long-name", Files: make([]File, 1), CommittedAt: t0}},
 	}
 	var b bytes.Buffer
 	FormatList(&b, cs)
 	want := "" +
-		"CHECKPOINT                    FILES  SIZE     TRIGGER   COMMITTED AT\n" +
-		"step-000300                   17     3.5 GiB  notice    2026-03-01T13:00:00Z\n" +
-		"step-000200                   17     1.5 MiB  periodic  2026-03-01T12:00:00Z  LATEST\n" +
-		"step-000100-with-a-long-name  1      0 B      -         2026-03-01T11:00:00Z\n"
+		"CHECKPOINT                    COMMIT                         FILES  SIZE     TRIGGER   COMPLETED AT\n" +
+		"step-000300                   20260301T125500Z-0123456789ab  17     3.5 GiB  notice    2026-03-01T12:59:00Z\n" +
+		"step-000200                   20260301T115500Z-ba9876543210  17     1.5 MiB  periodic  2026-03-01T11:59:00Z  LATEST\n" +
+		"step-000100-with-a-long-name  -                              1      0 B      -         2026-03-01T11:00:00Z\n"
 	if b.String() != want {
 		t.Errorf("Got(%q) =\n%s; want\n%s", "FormatList", b.String(), want)
 	}
@@ -176,7 +187,7 @@ func TestFormatList(t *testing.T) {
 
 	b.Reset()
 	FormatList(&b, nil)
-	if got, want := b.String(), "CHECKPOINT  FILES  SIZE  TRIGGER  COMMITTED AT\n"; got != want {
+	if got, want := b.String(), "CHECKPOINT  COMMIT  FILES  SIZE  TRIGGER  COMPLETED AT\n"; got != want {
 		t.Errorf("Got(%q) = %q; want %q", "FormatList(nil)", got, want)
 	}
 }

@@ -4,20 +4,28 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
 	"path"
+	"slices"
+	"strconv"
 	"strings"
 	"time"
 )
 
-// ManifestVersion is the version of the manifest format this package writes and reads.
-const ManifestVersion = 1
+// ManifestVersion is the version of the manifest format this package writes. It reads
+// version 1 too (the layout before per-commit keys: data at J/C/<path>, manifest at
+// J/C/_spotguard/manifest.json, no commit id, no keys or modes).
+const ManifestVersion = 2
 
-// Manifest lists a committed checkpoint. It is written last, once; its presence is what makes
-// the checkpoint exist.
+// Manifest lists a committed checkpoint. It is written last, once, with If-None-Match; its
+// presence is what makes the commit exist.
 type Manifest struct {
 	Version    int    `json:"version"`
 	Job        string `json:"job"`
 	Checkpoint string `json:"checkpoint"`
+	// Commit is the commit's id (version 2): every object of the commit is under
+	// J/C/<commit>/. Empty in version 1.
+	Commit string `json:"commit,omitempty"`
 	// Files are the checkpoint's files, sorted by path. Paths are relative, slash-separated.
 	Files      []File `json:"files"`
 	TotalBytes int64  `json:"total_bytes"`
@@ -34,10 +42,40 @@ type Manifest struct {
 
 // File is one file of a checkpoint.
 type File struct {
-	Path     string   `json:"path"`
-	Size     int64    `json:"size"`
+	// Path is where the file goes, relative to the checkpoint's directory.
+	Path string `json:"path"`
+	// Key is the object holding its bytes, relative to the store's prefix (version 2; in
+	// version 1 it is J/C/<path>, see Manifest.FileKey).
+	Key  string `json:"key,omitempty"`
+	Size int64  `json:"size"`
+	// Mode is the file's permission bits in octal, e.g. "0644" (version 2; restore never sets
+	// setuid, setgid or sticky bits). Empty means 0644.
+	Mode     string   `json:"mode,omitempty"`
 	Checksum Checksum `json:"checksum"`
 }
+
+// FileKey returns the key of f's object: f.Key, or for a version 1 manifest J/C/<path>.
+func (m *Manifest) FileKey(f File) string {
+	if m.Version == 1 {
+		return DataKey(m.Job, m.Checkpoint, "", f.Path)
+	}
+	return f.Key
+}
+
+// Perm returns f's permission bits (0644 when the manifest does not say).
+func (f File) Perm() fs.FileMode {
+	if f.Mode == "" {
+		return 0o644
+	}
+	v, err := strconv.ParseUint(f.Mode, 8, 32)
+	if err != nil {
+		return 0o644
+	}
+	return fs.FileMode(v) & fs.ModePerm
+}
+
+// FormatPerm formats permission bits as a manifest's Mode: "0644".
+func FormatPerm(p fs.FileMode) string { return fmt.Sprintf("%04o", uint32(p&fs.ModePerm)) }
 
 // Host is the instance that wrote the checkpoint.
 type Host struct {
@@ -59,10 +97,19 @@ type Timings struct {
 	UploadSeconds float64 `json:"upload_seconds"`
 }
 
-// Latest is the JSON of a job's LATEST object.
+// Latest is the JSON of a job's LATEST object. Version 1 (written before per-commit keys) has
+// only Checkpoint and CommittedAt and names a version 1 manifest.
 type Latest struct {
-	Checkpoint  string    `json:"checkpoint"`
-	CommittedAt time.Time `json:"committed_at"`
+	Version    int    `json:"version,omitempty"`
+	Checkpoint string `json:"checkpoint"`
+	// Commit is the commit LATEST names (version 2).
+	Commit string `json:"commit,omitempty"`
+	// CompleteAt is the commit's completion time, the first half of its order (see
+	// Manifest.Order); with Commit it lets a writer compare without reading the manifest.
+	CompleteAt  *time.Time `json:"complete_at,omitempty"`
+	CommittedAt time.Time  `json:"committed_at"`
+	// Host is the instance that wrote it.
+	Host Host `json:"host,omitzero"`
 }
 
 // ValidName reports whether name can be a job or checkpoint name: one path element, not "." or
@@ -104,18 +151,27 @@ func ValidPath(rel string) error {
 }
 
 // Validate reports every problem that makes m unusable for a restore: unknown version, bad
-// names, unsafe or duplicate paths, negative sizes, unknown checksum algorithms, a total that
-// does not add up.
+// names, a version 2 manifest without a valid commit id or completion time, unsafe or duplicate
+// paths, a version 2 file whose key is not inside the job or whose mode is not octal permission
+// bits, negative sizes, unknown checksum algorithms, a total that does not add up.
 func (m *Manifest) Validate() error {
 	var problems []error
-	if m.Version != ManifestVersion {
-		problems = append(problems, fmt.Errorf("manifest version %d; want %d", m.Version, ManifestVersion))
+	if m.Version != 1 && m.Version != ManifestVersion {
+		problems = append(problems, fmt.Errorf("manifest version %d; want 1 or %d", m.Version, ManifestVersion))
 	}
 	if err := ValidName(m.Job); err != nil {
 		problems = append(problems, fmt.Errorf("job: %w", err))
 	}
 	if err := ValidName(m.Checkpoint); err != nil {
 		problems = append(problems, fmt.Errorf("checkpoint: %w", err))
+	}
+	if m.Version == ManifestVersion {
+		if err := ValidCommitID(m.Commit); err != nil {
+			problems = append(problems, fmt.Errorf("commit: %w", err))
+		}
+		if m.Timings.CompleteAt == nil {
+			problems = append(problems, errors.New("no complete_at"))
+		}
 	}
 	if len(m.Files) == 0 {
 		problems = append(problems, errors.New("no files"))
@@ -131,6 +187,16 @@ func (m *Manifest) Validate() error {
 			problems = append(problems, fmt.Errorf("file %q listed twice", f.Path))
 		}
 		seen[f.Path] = true
+		if m.Version == ManifestVersion {
+			if err := checkStoreKey(f.Key); err != nil || !strings.HasPrefix(f.Key, m.Job+"/") {
+				problems = append(problems, fmt.Errorf("file %q: key %q is not a key inside job %s", f.Path, f.Key, m.Job))
+			}
+			if f.Mode != "" {
+				if v, err := strconv.ParseUint(f.Mode, 8, 32); err != nil || v > uint64(fs.ModePerm) {
+					problems = append(problems, fmt.Errorf("file %q: mode %q is not octal permission bits", f.Path, f.Mode))
+				}
+			}
+		}
 		if f.Size < 0 {
 			problems = append(problems, fmt.Errorf("file %q: negative size %d", f.Path, f.Size))
 		}
@@ -153,7 +219,33 @@ func (m *Manifest) Validate() error {
 	return errors.Join(problems...)
 }
 
-// ParseManifest decodes and validates a manifest read from the store at key.
+// Order returns what orders commits, in LATEST, restore and retention alike: the time the
+// checkpoint completed (its marker's modification time; a version 1 manifest without one uses
+// its commit time), then the commit id. A commit is newer than another when it completed later;
+// equal times are ordered by commit id, so the order is total and every reader agrees on it.
+func (m *Manifest) Order() CommitOrder {
+	at := m.CommittedAt
+	if m.Timings.CompleteAt != nil {
+		at = *m.Timings.CompleteAt
+	}
+	return CommitOrder{At: at, Commit: m.Commit}
+}
+
+// CommitOrder is the position of a commit in the order of commits (see Manifest.Order).
+type CommitOrder struct {
+	At     time.Time
+	Commit string
+}
+
+// After reports whether o comes after p: later, or as late with a greater commit id.
+func (o CommitOrder) After(p CommitOrder) bool {
+	if !o.At.Equal(p.At) {
+		return o.At.After(p.At)
+	}
+	return o.Commit > p.Commit
+}
+
+// ParseManifest decodes and validates a manifest read from the store, and sorts its files by path.
 func ParseManifest(data []byte) (*Manifest, error) {
 	var m Manifest
 	if err := json.Unmarshal(data, &m); err != nil {
@@ -162,5 +254,6 @@ func ParseManifest(data []byte) (*Manifest, error) {
 	if err := m.Validate(); err != nil {
 		return nil, fmt.Errorf("manifest of %s/%s is invalid: %w", m.Job, m.Checkpoint, err)
 	}
+	slices.SortFunc(m.Files, func(a, b File) int { return strings.Compare(a.Path, b.Path) })
 	return &m, nil
 }

@@ -11,7 +11,10 @@ import (
 	"path"
 	"path/filepath"
 	"slices"
+	"strconv"
+	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/rs/zerolog"
@@ -27,17 +30,22 @@ var ErrNothingToRestore = errors.New("checkpoint: nothing complete to restore")
 const restoreDefaultConcurrency = 8
 
 // restoreStagingPrefix starts the name of the staging directory that Restore creates in
-// RestoreOptions.To.
+// RestoreOptions.To: .spotguard-restore-<pid>-<random>. The watcher never looks at ".spotguard-*"
+// names, so a staging directory is never taken for a checkpoint.
 const restoreStagingPrefix = ".spotguard-restore-"
 
 // RestoreOptions says what Restore restores and where.
 type RestoreOptions struct {
 	// Job is the job whose checkpoint is restored (store.job).
 	Job string
-	// Checkpoint is the checkpoint to restore. "" means the one LATEST names, falling back to
-	// the newest valid manifest (by CommittedAt) when LATEST is missing, not valid JSON, or
-	// names a checkpoint without a valid manifest.
+	// Checkpoint is the checkpoint to restore: its newest commit (Manifest.Order). "" means the
+	// newest commit of the job: the one LATEST names, or a newer one when LATEST lags (a reclaim
+	// between a manifest and LATEST) or cannot be used.
 	Checkpoint string
+	// Commit, with Checkpoint, restores that commit of it ("" for a version 1 checkpoint when
+	// CommitSet is true).
+	Commit    string
+	CommitSet bool
 	// To is the destination directory, created if missing; the checkpoint is placed at
 	// To/<checkpoint name>.
 	To string
@@ -64,8 +72,10 @@ type RestoreResult struct {
 	Bytes int64
 	// Elapsed is the time Restore took, from its start.
 	Elapsed time.Duration
-	// FellBack is true when Checkpoint was "" and LATEST was unusable, so the newest valid
-	// manifest was restored instead.
+	// Commit is the restored commit's id ("" for a version 1 checkpoint).
+	Commit string
+	// FellBack is true when Checkpoint was "" and LATEST was missing, unusable or older than
+	// the newest commit, so the newest commit was restored instead of what LATEST names.
 	FellBack bool
 	// AlreadyPresent is true when Dir already held the checkpoint (the same files, sizes and
 	// checksums): nothing was downloaded or changed.
@@ -73,12 +83,15 @@ type RestoreResult struct {
 }
 
 // Restore downloads a committed checkpoint of opts.Job from s into opts.To/<checkpoint>,
-// verified. It resolves the checkpoint (opts.Checkpoint, or LATEST with its fallback), reads and
-// validates its manifest (which must name the job and checkpoint of its key), downloads every
-// file in parallel into a staging directory inside To (no path can leave it), fsyncs each file,
-// checks each file's size and CRC-32C read back from disk against the manifest, and only then
-// renames the staging directory to To/<checkpoint>. It never overwrites: if To/<checkpoint>
-// exists already, Restore compares it with the manifest.
+// verified. It resolves the commit (see RestoreOptions.Checkpoint; it reads the job's delimiter
+// listings and manifests, so a commit newer than LATEST is found), downloads every file the
+// manifest lists in parallel into a staging directory inside To (no path can leave it), fsyncs
+// each file, checks each file's size and CRC-32C read back from disk against the manifest, sets
+// its permission bits from the manifest (never setuid, setgid or sticky), and only then renames
+// the staging directory to To/<checkpoint>. It never overwrites: if To/<checkpoint> exists
+// already, Restore compares it with the manifest. Before it stages, it removes the staging
+// directories in To that a killed restore left behind (.spotguard-restore-<pid>-*, whose process
+// is gone); the agent never uploads them (the watcher skips ".spotguard-*").
 //
 // It returns:
 //   - the result, nil: the checkpoint is at Dir, complete and verified; AlreadyPresent says
@@ -86,7 +99,7 @@ type RestoreResult struct {
 //   - an error wrapping ErrNothingToRestore, whose message names the job and the store:
 //     opts.Checkpoint is "" and the job has no valid manifest at all;
 //   - another error, naming the store and job: invalid options; an explicit opts.Checkpoint
-//     without a manifest (wrapping ErrNotFound) or with an invalid or mismatched one; a store
+//     (or commit) without a manifest (wrapping ErrNotFound) or with an invalid or mismatched one; a store
 //     failure other than a missing object while resolving (no fallback then: a transient error
 //     must not make it restore an older checkpoint); a missing data object (wrapping
 //     ErrNotFound) or failed download; a size or checksum mismatch (naming the file, expected
@@ -94,8 +107,7 @@ type RestoreResult struct {
 //     file system error; ctx ended.
 //
 // On every error the staging directory is removed and To/<checkpoint> is untouched (To itself
-// may have been created). A staging directory left by a killed process (To/.spotguard-restore-*)
-// is not cleaned up.
+// may have been created).
 func Restore(ctx context.Context, s Store, opts RestoreOptions) (RestoreResult, error) {
 	start := time.Now()
 	url := s.URL()
@@ -113,13 +125,21 @@ func Restore(ctx context.Context, s Store, opts RestoreOptions) (RestoreResult, 
 			return fail(fmt.Errorf("checkpoint: %w", err))
 		}
 	}
+	if opts.CommitSet && opts.Commit != "" {
+		if err := ValidCommitID(opts.Commit); err != nil {
+			return fail(fmt.Errorf("commit: %w", err))
+		}
+	}
+	if opts.CommitSet && opts.Checkpoint == "" {
+		return fail(errors.New("a commit needs its checkpoint"))
+	}
 	conc := opts.Concurrency
 	if conc <= 0 {
 		conc = restoreDefaultConcurrency
 	}
 	log := opts.Logger.With().Str("component", "restore").Str("store", url).Str("job", opts.Job).Logger()
 
-	m, fellBack, err := restoreResolve(ctx, s, opts.Job, opts.Checkpoint, log)
+	m, fellBack, err := restoreResolve(ctx, s, opts, log)
 	if err != nil {
 		if errors.Is(err, ErrNothingToRestore) {
 			return RestoreResult{}, err
@@ -128,6 +148,7 @@ func Restore(ctx context.Context, s Store, opts RestoreOptions) (RestoreResult, 
 	}
 	res := RestoreResult{
 		Checkpoint: m.Checkpoint,
+		Commit:     m.Commit,
 		Dir:        filepath.Join(opts.To, m.Checkpoint),
 		Files:      len(m.Files),
 		Bytes:      m.TotalBytes,
@@ -149,7 +170,7 @@ func Restore(ctx context.Context, s Store, opts RestoreOptions) (RestoreResult, 
 	done := func(already bool) (RestoreResult, error) {
 		res.AlreadyPresent = already
 		res.Elapsed = time.Since(start)
-		log.Info().Str("checkpoint", res.Checkpoint).Str("dir", res.Dir).Int("files", res.Files).
+		log.Info().Str("checkpoint", res.Checkpoint).Str("commit", res.Commit).Str("dir", res.Dir).Int("files", res.Files).
 			Int64("bytes", res.Bytes).Dur("elapsed", res.Elapsed).Bool("fell_back", res.FellBack).
 			Bool("already_present", already).Msg("checkpoint restored")
 		return res, nil
@@ -191,52 +212,57 @@ func Restore(ctx context.Context, s Store, opts RestoreOptions) (RestoreResult, 
 }
 
 // restoreResolve returns the manifest to restore. With an explicit checkpoint it is that
-// checkpoint's manifest or an error. Otherwise it is the manifest LATEST names (fellBack false)
-// or, when LATEST is missing, invalid or names a checkpoint without a valid manifest, the newest
-// valid manifest (fellBack true), or an error wrapping ErrNothingToRestore when there is none.
-// A store failure other than ErrNotFound is an error in every case.
-func restoreResolve(ctx context.Context, s Store, job, explicit string, log zerolog.Logger) (*Manifest, bool, error) {
-	if explicit != "" {
-		m, problem, err := listReadManifest(ctx, s, job, explicit)
-		switch {
-		case err != nil:
-			return nil, false, fmt.Errorf("checkpoint %q: %w", explicit, err)
-		case problem != nil:
-			return nil, false, fmt.Errorf("checkpoint %q has no valid manifest: %w", explicit, problem)
+// checkpoint's newest commit (or the commit asked for) or an error. Otherwise it is the newest
+// commit of the job by Manifest.Order: normally the one LATEST names (fellBack false); when LATEST
+// is missing, unusable or names an older commit (a reclaim between the manifest and LATEST), the
+// newest commit (fellBack true, with a warning); an error wrapping ErrNothingToRestore when the
+// job has no commit. A store failure other than ErrNotFound is an error in every case.
+func restoreResolve(ctx context.Context, s Store, opts RestoreOptions, log zerolog.Logger) (*Manifest, bool, error) {
+	job := opts.Job
+	if opts.CommitSet {
+		m, err := ReadManifest(ctx, s, job, opts.Checkpoint, opts.Commit)
+		if err != nil {
+			return nil, false, fmt.Errorf("checkpoint %q commit %q: %w", opts.Checkpoint, opts.Commit, err)
 		}
 		return m, false, nil
 	}
-
-	latest, reason, err := listReadLatest(ctx, s, job)
+	st, err := readJob(ctx, s, job, nil)
 	if err != nil {
 		return nil, false, err
 	}
-	if reason == nil && latest == "" {
-		reason = fmt.Errorf("%s is missing", LatestKey(job))
-	}
-	if reason == nil {
-		m, problem, err := listReadManifest(ctx, s, job, latest)
-		if err != nil {
-			return nil, false, fmt.Errorf("checkpoint %q named by %s: %w", latest, LatestKey(job), err)
-		}
-		if problem == nil {
-			return m, false, nil
-		}
-		reason = fmt.Errorf("%s names checkpoint %q, which has no valid manifest: %w", LatestKey(job), latest, problem)
-	}
-
-	log.Warn().Err(reason).Msg("LATEST unusable; restoring the newest valid manifest")
-	cs, problems, err := ListCommitted(ctx, s, job)
-	if err != nil {
-		return nil, false, err
-	}
-	for _, p := range problems {
+	for _, p := range st.Problems {
 		log.Warn().Err(p).Msg("skipping unusable store entry")
 	}
-	if len(cs) == 0 {
-		return nil, false, &restoreNothingError{job: job, url: s.URL(), problems: len(problems)}
+	if opts.Checkpoint != "" {
+		for _, c := range st.Commits {
+			if c.Manifest.Checkpoint == opts.Checkpoint {
+				return c.Manifest, false, nil
+			}
+		}
+		// Say why: the problems with its manifests, if it has any.
+		why := []error{ErrNotFound}
+		for _, p := range st.Problems {
+			if strings.HasPrefix(p.Error(), job+"/"+opts.Checkpoint+"/") {
+				why = append(why, p)
+			}
+		}
+		return nil, false, fmt.Errorf("checkpoint %q has no valid manifest: %w", opts.Checkpoint, errors.Join(why...))
 	}
-	return cs[0].Manifest, true, nil
+	newest := st.Newest()
+	if newest == nil {
+		return nil, false, &restoreNothingError{job: job, url: s.URL(), problems: len(st.Problems)}
+	}
+	if newest.Latest {
+		return newest.Manifest, false, nil
+	}
+	ev := log.Warn().Str("newest", newest.Manifest.Checkpoint).Str("newest_commit", newest.Manifest.Commit)
+	if t := st.LatestTarget(); t != nil {
+		ev.Str("latest", t.Manifest.Checkpoint).Str("latest_commit", t.Manifest.Commit).
+			Msg("LATEST names an older commit (a reclaim between a manifest and LATEST?); restoring the newest")
+	} else {
+		ev.Msg("LATEST is missing or unusable; restoring the newest commit")
+	}
+	return newest.Manifest, true, nil
 }
 
 // restoreNothingError is the error of a restore with nothing to restore.
@@ -367,7 +393,8 @@ func restoreChecksumFile(dir *os.Root, rel string) (Checksum, int64, error) {
 // fsyncs them and its directories. It returns the staging directory's name (relative to to),
 // or an error after removing it.
 func restoreStage(ctx context.Context, s Store, to *os.Root, m *Manifest, conc int, progress func(done, total int64), log zerolog.Logger) (string, error) {
-	name := restoreStagingPrefix + rand.Text()
+	restoreRemoveStale(to, log)
+	name := fmt.Sprintf("%s%d-%s", restoreStagingPrefix, os.Getpid(), rand.Text())
 	if err := to.Mkdir(name, 0o755); err != nil {
 		return "", fmt.Errorf("create staging directory: %w", err)
 	}
@@ -404,7 +431,7 @@ func restoreStage(ctx context.Context, s Store, to *os.Root, m *Manifest, conc i
 	g.SetLimit(conc)
 	for _, f := range m.Files {
 		g.Go(func() error {
-			return restoreFile(gctx, s, stage, DataKey(m.Job, m.Checkpoint, f.Path), f, prog)
+			return restoreFile(gctx, s, stage, m.FileKey(f), f, prog)
 		})
 	}
 	if err := g.Wait(); err != nil {
@@ -417,6 +444,37 @@ func restoreStage(ctx context.Context, s Store, to *os.Root, m *Manifest, conc i
 	}
 	staged = true
 	return name, nil
+}
+
+// restoreRemoveStale removes the staging directories in to that a restore killed mid-way left
+// behind: .spotguard-restore-<pid>-* whose process no longer exists (one of a restore still
+// running is left alone). Failures are logged; they do not stop the restore.
+func restoreRemoveStale(to *os.Root, log zerolog.Logger) {
+	names, err := scanReadDir(to, ".")
+	if err != nil {
+		return
+	}
+	for _, name := range names {
+		rest, ok := strings.CutPrefix(name, restoreStagingPrefix)
+		if !ok {
+			continue
+		}
+		pidText, _, _ := strings.Cut(rest, "-")
+		if pid, err := strconv.Atoi(pidText); err == nil && pid > 0 && processAlive(pid) {
+			continue
+		}
+		if err := to.RemoveAll(name); err != nil {
+			log.Warn().Err(err).Str("dir", filepath.Join(to.Name(), name)).Msg("cannot remove a killed restore's staging directory")
+			continue
+		}
+		log.Info().Str("dir", filepath.Join(to.Name(), name)).Msg("removed a killed restore's staging directory")
+	}
+}
+
+// processAlive reports whether a process with this pid exists.
+func processAlive(pid int) bool {
+	err := syscall.Kill(pid, 0)
+	return err == nil || errors.Is(err, syscall.EPERM)
 }
 
 // restoreDirs returns every directory that m's files need, sorted, without ".".
@@ -470,6 +528,9 @@ func restoreFile(ctx context.Context, s Store, stage *os.Root, key string, f Fil
 	if got != f.Checksum {
 		return fmt.Errorf("file %q: checksum mismatch: the manifest says %s %s, the downloaded file has %s %s",
 			f.Path, f.Checksum.Algorithm, f.Checksum.Value, got.Algorithm, got.Value)
+	}
+	if err := out.Chmod(f.Perm()); err != nil {
+		return fmt.Errorf("set mode of file %q: %w", f.Path, err)
 	}
 	if err := out.Close(); err != nil {
 		return fmt.Errorf("close file %q: %w", f.Path, err)

@@ -3,6 +3,8 @@ package checkpoint
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"io/fs"
@@ -42,16 +44,25 @@ func restoreTestFiles(seed uint64) map[string]string {
 	}
 }
 
-// restoreTestManifest returns a valid manifest of files, committed at at.
+// restoreTestCommitID returns the commit id the fixtures give checkpoint cp committed at at.
+func restoreTestCommitID(cp string, at time.Time) string {
+	sum := sha256.Sum256([]byte(cp + at.String()))
+	return at.UTC().Format(commitIDTime) + "-" + hex.EncodeToString(sum[:6])
+}
+
+// restoreTestManifest returns a valid manifest of files, completed and committed at at, in commit
+// restoreTestCommitID(cp, at).
 func restoreTestManifest(t *testing.T, job, cp string, at time.Time, files map[string]string) *Manifest {
 	t.Helper()
-	m := &Manifest{Version: ManifestVersion, Job: job, Checkpoint: cp, Trigger: "periodic", CommittedAt: at}
+	complete := at
+	m := &Manifest{Version: ManifestVersion, Job: job, Checkpoint: cp, Commit: restoreTestCommitID(cp, at), Trigger: "periodic",
+		CommittedAt: at, Timings: Timings{CompleteAt: &complete}}
 	for _, p := range slices.Sorted(maps.Keys(files)) {
 		sum, err := ChecksumOf(strings.NewReader(files[p]))
 		if err != nil {
 			t.Fatal(err)
 		}
-		m.Files = append(m.Files, File{Path: p, Size: int64(len(files[p])), Checksum: sum})
+		m.Files = append(m.Files, File{Path: p, Key: DataKey(job, cp, m.Commit, p), Size: int64(len(files[p])), Mode: "0644", Checksum: sum})
 		m.TotalBytes += int64(len(files[p]))
 	}
 	if err := m.Validate(); err != nil {
@@ -65,10 +76,28 @@ func restoreTestManifest(t *testing.T, job, cp string, at time.Time, files map[s
 func restoreTestCommit(t *testing.T, s *memStore, job, cp string, at time.Time, files map[string]string) *Manifest {
 	t.Helper()
 	m := restoreTestManifest(t, job, cp, at, files)
-	for p, data := range files {
-		s.put(DataKey(job, cp, p), []byte(data))
+	for _, f := range m.Files {
+		s.put(f.Key, []byte(files[f.Path]))
 	}
-	restoreTestPutJSON(t, s, ManifestKey(job, cp), m)
+	restoreTestPutJSON(t, s, ManifestKey(job, cp, m.Commit), m)
+	return m
+}
+
+// restoreTestCommitV1 stores files and a version 1 manifest (the layout before commit ids) of
+// checkpoint cp of job, and returns the manifest.
+func restoreTestCommitV1(t *testing.T, s *memStore, job, cp string, at time.Time, files map[string]string) *Manifest {
+	t.Helper()
+	m := &Manifest{Version: 1, Job: job, Checkpoint: cp, Trigger: "periodic", CommittedAt: at}
+	for _, p := range slices.Sorted(maps.Keys(files)) {
+		sum, _ := ChecksumOf(strings.NewReader(files[p]))
+		m.Files = append(m.Files, File{Path: p, Size: int64(len(files[p])), Checksum: sum})
+		m.TotalBytes += int64(len(files[p]))
+		s.put(DataKey(job, cp, "", p), []byte(files[p]))
+	}
+	if err := m.Validate(); err != nil {
+		t.Fatalf("test manifest is invalid: %v", err)
+	}
+	restoreTestPutJSON(t, s, ManifestKey(job, cp, ""), m)
 	return m
 }
 
@@ -82,10 +111,27 @@ func restoreTestPutJSON(t *testing.T, s *memStore, key string, v any) {
 	s.put(key, data)
 }
 
-// restoreTestSetLatest points the job's LATEST at cp.
+// restoreTestSetLatest points the job's LATEST at the newest commit of cp in s (at cp with no
+// commit, a version 1 LATEST, when s has none).
 func restoreTestSetLatest(t *testing.T, s *memStore, job, cp string) {
 	t.Helper()
-	restoreTestPutJSON(t, s, LatestKey(job), Latest{Checkpoint: cp, CommittedAt: restoreTestT0})
+	l := Latest{Checkpoint: cp, CommittedAt: restoreTestT0}
+	s.mu.Lock()
+	var best *Manifest
+	for k, data := range s.objs {
+		if !strings.HasPrefix(k, job+"/"+cp+"/") || !strings.HasSuffix(k, "/"+MetaDir+"/manifest.json") {
+			continue
+		}
+		if m, err := ParseManifest(data); err == nil && m.Checkpoint == cp && (best == nil || m.Order().After(best.Order())) {
+			best = m
+		}
+	}
+	s.mu.Unlock()
+	if best != nil && best.Version == ManifestVersion {
+		at := best.Order().At
+		l = Latest{Version: ManifestVersion, Checkpoint: cp, Commit: best.Commit, CompleteAt: &at, CommittedAt: best.CommittedAt}
+	}
+	restoreTestPutJSON(t, s, LatestKey(job), l)
 }
 
 // restoreTestTree returns everything under dir (not following symlinks): files as
@@ -201,6 +247,7 @@ func TestRestoreLatest(t *testing.T) {
 	}
 	want := RestoreResult{
 		Checkpoint: "step-000200",
+		Commit:     m.Commit,
 		Dir:        filepath.Join(to, "step-000200"),
 		Files:      len(files),
 		Bytes:      m.TotalBytes,
@@ -262,7 +309,7 @@ func TestRestoreExplicitCheckpointMissing(t *testing.T) {
 	restoreTestCommit(t, s, restoreTestJob, "step-000100", restoreTestT0, restoreTestFiles(1))
 	restoreTestSetLatest(t, s, restoreTestJob, "step-000100")
 	// Data without a manifest: the checkpoint does not exist.
-	s.put(DataKey(restoreTestJob, "step-000200", "model.pt"), []byte("orphan"))
+	s.put(DataKey(restoreTestJob, "step-000200", restoreTestCommitID("step-000200", restoreTestT0), "model.pt"), []byte("orphan"))
 	parent, to := restoreTestDirs(t)
 	before := restoreTestTree(t, parent)
 
@@ -302,23 +349,23 @@ func TestRestoreFallback(t *testing.T) {
 			s.put(LatestKey(restoreTestJob), []byte("{}"))
 		}},
 		{"LATEST names a checkpoint without manifest", func(t *testing.T, s *memStore) {
-			s.put(DataKey(restoreTestJob, "step-000300", "model.pt"), []byte("torn"))
+			s.put(DataKey(restoreTestJob, "step-000300", restoreTestCommitID("step-000300", restoreTestT0), "model.pt"), []byte("torn"))
 			restoreTestSetLatest(t, s, restoreTestJob, "step-000300")
 		}},
 		{"LATEST names a checkpoint with a manifest that is not JSON", func(t *testing.T, s *memStore) {
-			s.put(ManifestKey(restoreTestJob, "step-000300"), []byte("{"))
+			s.put(ManifestKey(restoreTestJob, "step-000300", restoreTestCommitID("step-000300", restoreTestT0)), []byte("{"))
 			restoreTestSetLatest(t, s, restoreTestJob, "step-000300")
 		}},
 		{"LATEST names a checkpoint with a hostile manifest", func(t *testing.T, s *memStore) {
 			m := restoreTestManifest(t, restoreTestJob, "step-000300", restoreTestT0.Add(2*time.Hour), map[string]string{"x": "x"})
 			m.Files[0].Path = "../../etc/cron.d/x"
-			restoreTestPutJSON(t, s, ManifestKey(restoreTestJob, "step-000300"), m)
+			restoreTestPutJSON(t, s, ManifestKey(restoreTestJob, "step-000300", restoreTestCommitID("step-000300", restoreTestT0)), m)
 			restoreTestSetLatest(t, s, restoreTestJob, "step-000300")
 		}},
 		{"LATEST names a checkpoint whose manifest names another job", func(t *testing.T, s *memStore) {
 			restoreTestCommit(t, s, "other-job", "step-000300", restoreTestT0.Add(2*time.Hour), restoreTestFiles(3))
 			m := restoreTestManifest(t, "other-job", "step-000300", restoreTestT0.Add(2*time.Hour), restoreTestFiles(3))
-			restoreTestPutJSON(t, s, ManifestKey(restoreTestJob, "step-000300"), m)
+			restoreTestPutJSON(t, s, ManifestKey(restoreTestJob, "step-000300", restoreTestCommitID("step-000300", restoreTestT0)), m)
 			restoreTestSetLatest(t, s, restoreTestJob, "step-000300")
 		}},
 	}
@@ -326,7 +373,7 @@ func TestRestoreFallback(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			s := newMemStore()
 			restoreTestCommit(t, s, restoreTestJob, "step-000100", restoreTestT0, restoreTestFiles(1))
-			// The newest by CommittedAt, although not the greatest name.
+			// The newest by completion time, although not the greatest name.
 			newest := restoreTestFiles(2)
 			restoreTestCommit(t, s, restoreTestJob, "latest-run-b", restoreTestT0.Add(time.Hour), newest)
 			tt.setup(t, s)
@@ -343,7 +390,7 @@ func TestRestoreFallback(t *testing.T) {
 			if d := restoreTestDiff(restoreTestTree(t, res.Dir), restoreTestWant(newest)); d != "" {
 				t.Errorf("restored tree differs from the checkpoint:%s", d)
 			}
-			if !strings.Contains(log.String(), "LATEST unusable") {
+			if !strings.Contains(log.String(), "LATEST is missing or unusable") {
 				t.Errorf("Got(%q) = %s; want a warning that LATEST is unusable", "log", log.String())
 			}
 		})
@@ -357,11 +404,11 @@ func TestRestoreNothingToRestore(t *testing.T) {
 	}{
 		{"empty store", func(t *testing.T, s *memStore) {}},
 		{"data without manifest", func(t *testing.T, s *memStore) {
-			s.put(DataKey(restoreTestJob, "step-000100", "model.pt"), []byte("torn"))
+			s.put(DataKey(restoreTestJob, "step-000100", restoreTestCommitID("step-000100", restoreTestT0), "model.pt"), []byte("torn"))
 			restoreTestSetLatest(t, s, restoreTestJob, "step-000100")
 		}},
 		{"only an invalid manifest", func(t *testing.T, s *memStore) {
-			s.put(ManifestKey(restoreTestJob, "step-000100"), []byte(`{"version":1}`))
+			s.put(ManifestKey(restoreTestJob, "step-000100", restoreTestCommitID("step-000100", restoreTestT0)), []byte(`{"version":1}`))
 		}},
 		{"only another job", func(t *testing.T, s *memStore) {
 			restoreTestCommit(t, s, "other-job", "step-000100", restoreTestT0, restoreTestFiles(1))
@@ -402,14 +449,21 @@ func TestRestoreRefusesHostileManifest(t *testing.T) {
 			m.Files[1] = m.Files[0]
 			m.TotalBytes = 2 * m.Files[0].Size
 		}, "listed twice"},
-		{"job mismatch", func(m *Manifest) { m.Job = "other-job" }, `names job "other-job"`},
+		{"job mismatch", func(m *Manifest) {
+			m.Job = "other-job"
+			for i := range m.Files {
+				m.Files[i].Key = "other-job" + strings.TrimPrefix(m.Files[i].Key, restoreTestJob)
+			}
+		}, `names job "other-job"`},
+		{"key outside the job", func(m *Manifest) { m.Files[0].Key = "other-job/step-1/x" }, "is not a key inside job"},
+		{"setuid mode", func(m *Manifest) { m.Files[0].Mode = "4755" }, "not octal permission bits"},
 		{"checkpoint mismatch", func(m *Manifest) { m.Checkpoint = "step-999999" }, `checkpoint "step-999999"`},
 		{"spotguard's own directory", func(m *Manifest) { m.Files[0].Path = MetaDir + "/manifest.json" }, "inside _spotguard"},
 		{"file and directory", func(m *Manifest) { m.Files[0].Path = "a"; m.Files[1].Path = "a/b" }, "also a directory"},
 		{"negative size", func(m *Manifest) { m.Files[0].Size = -1; m.TotalBytes = m.Files[1].Size - 1 }, "negative size"},
 		{"unknown checksum", func(m *Manifest) { m.Files[0].Checksum.Algorithm = "MD5" }, "unsupported checksum"},
 		{"total does not add up", func(m *Manifest) { m.TotalBytes++ }, "total_bytes"},
-		{"unknown version", func(m *Manifest) { m.Version = 2 }, "version 2"},
+		{"unknown version", func(m *Manifest) { m.Version = 3 }, "version 3"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -417,7 +471,7 @@ func TestRestoreRefusesHostileManifest(t *testing.T) {
 			files := map[string]string{"model.pt": "weights", "optim.pt": "state"}
 			m := restoreTestCommit(t, s, restoreTestJob, "step-000100", restoreTestT0, files)
 			tt.mutate(m)
-			restoreTestPutJSON(t, s, ManifestKey(restoreTestJob, "step-000100"), m)
+			restoreTestPutJSON(t, s, ManifestKey(restoreTestJob, "step-000100", restoreTestCommitID("step-000100", restoreTestT0)), m)
 			restoreTestSetLatest(t, s, restoreTestJob, "step-000100")
 			parent, to := restoreTestDirs(t)
 			before := restoreTestTree(t, parent)
@@ -451,7 +505,9 @@ func TestRestoreRefusesHostileManifest(t *testing.T) {
 func TestRestoreDownloadFailures(t *testing.T) {
 	errBoom := errors.New("boom")
 	files := restoreTestFiles(1)
-	key := func(p string) string { return DataKey(restoreTestJob, "step-000100", p) }
+	key := func(p string) string {
+		return DataKey(restoreTestJob, "step-000100", restoreTestCommitID("step-000100", restoreTestT0), p)
+	}
 	wrongSum, err := ChecksumOf(strings.NewReader("something else"))
 	if err != nil {
 		t.Fatal(err)
@@ -499,7 +555,7 @@ func TestRestoreDownloadFailures(t *testing.T) {
 			s := newMemStore()
 			m := restoreTestCommit(t, s, restoreTestJob, "step-000100", restoreTestT0, files)
 			tt.setup(s, m)
-			restoreTestPutJSON(t, s, ManifestKey(restoreTestJob, "step-000100"), m)
+			restoreTestPutJSON(t, s, ManifestKey(restoreTestJob, "step-000100", restoreTestCommitID("step-000100", restoreTestT0)), m)
 			restoreTestSetLatest(t, s, restoreTestJob, "step-000100")
 			parent, to := restoreTestDirs(t)
 			before := restoreTestTree(t, parent)
@@ -528,7 +584,7 @@ func TestRestoreCancelled(t *testing.T) {
 	s := newMemStore()
 	restoreTestCommit(t, s, restoreTestJob, "step-000100", restoreTestT0, restoreTestFiles(1))
 	restoreTestSetLatest(t, s, restoreTestJob, "step-000100")
-	entered := s.hangKey(DataKey(restoreTestJob, "step-000100", "model.pt"))
+	entered := s.hangKey(DataKey(restoreTestJob, "step-000100", restoreTestCommitID("step-000100", restoreTestT0), "model.pt"))
 	parent, to := restoreTestDirs(t)
 	before := restoreTestTree(t, parent)
 
@@ -557,7 +613,7 @@ func TestRestoreStoreErrorDoesNotFallBack(t *testing.T) {
 		key  string
 	}{
 		{"LATEST", LatestKey(restoreTestJob)},
-		{"manifest LATEST names", ManifestKey(restoreTestJob, "step-000200")},
+		{"manifest LATEST names", ManifestKey(restoreTestJob, "step-000200", restoreTestCommitID("step-000200", restoreTestT0.Add(time.Hour)))},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -728,7 +784,9 @@ func TestRestoreFileStore(t *testing.T) {
 	}
 	files := restoreTestFiles(7)
 	src := t.TempDir()
-	m := &Manifest{Version: ManifestVersion, Job: restoreTestJob, Checkpoint: "step-000700", Trigger: "notice", CommittedAt: restoreTestT0}
+	complete := restoreTestT0
+	m := &Manifest{Version: ManifestVersion, Job: restoreTestJob, Checkpoint: "step-000700", Commit: restoreTestCommitID("step-000700", restoreTestT0),
+		Trigger: "notice", CommittedAt: restoreTestT0, Timings: Timings{CompleteAt: &complete}}
 	for _, p := range slices.Sorted(maps.Keys(files)) {
 		name := filepath.Join(src, filepath.FromSlash(p))
 		restoreTestMust(t, os.MkdirAll(filepath.Dir(name), 0o755))
@@ -737,21 +795,21 @@ func TestRestoreFileStore(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		sum, err := s.PutFile(t.Context(), DataKey(m.Job, m.Checkpoint, p), f, int64(len(files[p])), nil)
+		sum, err := s.PutFile(t.Context(), DataKey(m.Job, m.Checkpoint, m.Commit, p), f, int64(len(files[p])), nil)
 		f.Close()
 		if err != nil {
 			t.Fatalf("PutFile(%q) error: %v", p, err)
 		}
-		m.Files = append(m.Files, File{Path: p, Size: int64(len(files[p])), Checksum: sum})
+		m.Files = append(m.Files, File{Path: p, Key: DataKey(m.Job, m.Checkpoint, m.Commit, p), Size: int64(len(files[p])), Checksum: sum})
 		m.TotalBytes += int64(len(files[p]))
 	}
 	data, err := json.Marshal(m)
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, err = s.PutBytes(t.Context(), ManifestKey(m.Job, m.Checkpoint), data, Cond{IfAbsent: true})
+	_, err = s.PutBytes(t.Context(), ManifestKey(m.Job, m.Checkpoint, m.Commit), data, Cond{IfAbsent: true})
 	restoreTestMust(t, err)
-	data, err = json.Marshal(Latest{Checkpoint: m.Checkpoint, CommittedAt: m.CommittedAt})
+	data, err = json.Marshal(Latest{Version: ManifestVersion, Checkpoint: m.Checkpoint, Commit: m.Commit, CompleteAt: &complete, CommittedAt: m.CommittedAt})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -92,29 +92,11 @@ const scanDefaultMarker = "_COMPLETE"
 //
 // Scan returns an error only if marker or pattern is invalid or dir itself cannot be read.
 func Scan(dir, marker, pattern string, log zerolog.Logger) ([]LocalCheckpoint, error) {
-	marker, err := scanCheckNames(marker, pattern)
+	s, closeRoot, err := newScanWalker(dir, marker, pattern, log)
 	if err != nil {
 		return nil, err
 	}
-	root, err := os.OpenRoot(dir)
-	if err != nil {
-		return nil, fmt.Errorf("open checkpoint dir: %w", err)
-	}
-	defer func() { _ = root.Close() }()
-	self, err := root.Stat(".")
-	if err != nil {
-		return nil, fmt.Errorf("stat checkpoint dir: %w", err)
-	}
-	s := &scanWalker{
-		root:    root,
-		dir:     root.Name(),
-		marker:  marker,
-		pattern: pattern,
-		owner:   scanOwnerOf(self),
-		skip: func(rel, kind string, err error) {
-			scanLogSkip(log, filepath.Join(root.Name(), filepath.FromSlash(rel)), kind, err)
-		},
-	}
+	defer closeRoot()
 	found, err := s.all()
 	if err != nil {
 		return nil, err
@@ -128,6 +110,63 @@ func Scan(dir, marker, pattern string, log zerolog.Logger) ([]LocalCheckpoint, e
 		list = append(list, f.local())
 	}
 	return list, nil
+}
+
+// ScanCheckpoint is Scan of the one checkpoint name in dir, with its marker among its Files (for
+// a single-file checkpoint the file is its own marker): what a commit checks against what was
+// stored. It returns the checkpoint, or an error: one wrapping fs.ErrNotExist when dir holds no
+// checkpoint name (gone, skipped, or a file that does not match pattern); one saying it is not
+// complete (no marker) or could not be read in full; or the error of Scan for an invalid marker
+// or pattern or a dir that cannot be read.
+func ScanCheckpoint(dir, name, marker, pattern string, log zerolog.Logger) (LocalCheckpoint, error) {
+	s, closeRoot, err := newScanWalker(dir, marker, pattern, log)
+	if err != nil {
+		return LocalCheckpoint{}, err
+	}
+	defer closeRoot()
+	f, ok := s.top(name)
+	switch {
+	case !ok:
+		return LocalCheckpoint{}, fmt.Errorf("checkpoint %s: %w", name, fs.ErrNotExist)
+	case f.err != nil:
+		return LocalCheckpoint{}, fmt.Errorf("checkpoint %s could not be read in full: %w", name, f.err)
+	case f.marker == nil:
+		return LocalCheckpoint{}, fmt.Errorf("checkpoint %s has no marker %s: not complete", name, s.marker)
+	}
+	lc := f.local()
+	if !f.single {
+		lc.Files = append(lc.Files, newScanFile(s.marker, f.marker).LocalFile)
+		slices.SortFunc(lc.Files, func(a, b LocalFile) int { return strings.Compare(a.Path, b.Path) })
+	}
+	return lc, nil
+}
+
+// newScanWalker opens dir for a scan and returns the walker and what closes it.
+func newScanWalker(dir, marker, pattern string, log zerolog.Logger) (*scanWalker, func(), error) {
+	marker, err := scanCheckNames(marker, pattern)
+	if err != nil {
+		return nil, nil, err
+	}
+	root, err := os.OpenRoot(dir)
+	if err != nil {
+		return nil, nil, fmt.Errorf("open checkpoint dir: %w", err)
+	}
+	self, err := root.Stat(".")
+	if err != nil {
+		_ = root.Close()
+		return nil, nil, fmt.Errorf("stat checkpoint dir: %w", err)
+	}
+	s := &scanWalker{
+		root:    root,
+		dir:     root.Name(),
+		marker:  marker,
+		pattern: pattern,
+		owner:   scanOwnerOf(self),
+		skip: func(rel, kind string, err error) {
+			scanLogSkip(log, filepath.Join(root.Name(), filepath.FromSlash(rel)), kind, err)
+		},
+	}
+	return s, func() { _ = root.Close() }, nil
 }
 
 // scanCheckNames validates a marker and a pattern and returns the marker, defaulted.

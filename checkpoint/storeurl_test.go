@@ -519,7 +519,7 @@ func storeConformance(t *testing.T, b storeBackend) {
 func storeConformanceSmall(t *testing.T, open func(t *testing.T) Store) {
 	t.Run("PutBytes/ifAbsent", func(t *testing.T) {
 		s := open(t)
-		key := ManifestKey("job", "c")
+		key := ManifestKey("job", "c", "")
 		if _, err := s.PutBytes(t.Context(), key, []byte("first"), Cond{IfAbsent: true}); err != nil {
 			t.Fatalf("PutBytes(%q, ifAbsent) = %v; want no error", key, err)
 		}

@@ -1,0 +1,576 @@
+package checkpoint
+
+// The commit protocol: how a checkpoint becomes a commit in the store, how LATEST moves, and what
+// retention may delete. Everything here keeps the invariants of DESIGN.md ("never lose a
+// checkpoint"); the checks in invariants.go assert them, and the tests call the same checks.
+//
+//   - I1 Immutable. Every commit writes only below its own prefix J/C/<commit>/, whose id is
+//     chosen by one agent when its first file is sent (NewCommitID), so no commit writes an
+//     object another commit wrote. The manifest is written once, with If-None-Match; once a
+//     manifest PUT has been tried, the uploader never writes into that commit again (a change
+//     after it becomes a new commit).
+//   - I2 True. A manifest lists only files whose stored bytes were read from the file while it
+//     was the same version (device, inode, size, mtime, ctime) that is on disk when the commit
+//     is checked; a file whose ctime is too close to the read to tell is read again and compared
+//     by checksum (see racy).
+//   - I3 LATEST moves forward. LATEST is written only after the manifest it names, with If-Match
+//     on the ETag read (If-None-Match when absent), and only to a commit later in
+//     Manifest.Order; retention keeps LATEST's target and every commit at or after it.
+//   - I4 Only the trainer's files. The uploader sends only what the watcher reports, and the
+//     watcher never reports spotguard's own files (".spotguard-*", dot-".tmp" files).
+//   - I5 Live. A commit is retried until it succeeds; a file or checkpoint that vanishes leaves
+//     tracking, so it never holds a commit or a stop.
+//   - I6 Never silent, never stale. A name committed again with other bytes is a new commit
+//     (logged); the newest commit by Manifest.Order is what restore takes, even when LATEST lags.
+//   - I7 Exact cleanup. Only incomplete uploads under a prefix this agent owns (its own commits)
+//     are aborted, and only those its store value is not running (Store.AbortIncomplete).
+//   - I8 Scales. Reading a job (readJob) costs one delimiter listing of the job, one per
+//     checkpoint name and one read per commit's manifest, never a listing of every object;
+//     per-event work in the uploader does not grow with the number of files.
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"path"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/rs/zerolog"
+	"golang.org/x/sync/errgroup"
+)
+
+// MetaDir is the directory, inside a commit's prefix, that holds spotguard's own files. A
+// trainer's file of that name is refused.
+const MetaDir = "_spotguard"
+
+// DataKey is the key of a checkpoint's file in commit: J/C/<commit>/<rel>. An empty commit gives
+// the version 1 layout, J/C/<rel>.
+func DataKey(job, checkpoint, commit, rel string) string {
+	return path.Join(job, checkpoint, commit, rel)
+}
+
+// ManifestKey is the key of a commit's manifest: J/C/<commit>/_spotguard/manifest.json. An empty
+// commit gives the version 1 key, J/C/_spotguard/manifest.json.
+func ManifestKey(job, checkpoint, commit string) string {
+	return path.Join(job, checkpoint, commit, MetaDir, "manifest.json")
+}
+
+// CommitPrefix is the prefix every object of a commit starts with: J/C/<commit>/.
+func CommitPrefix(job, checkpoint, commit string) string {
+	return path.Join(job, checkpoint, commit) + "/"
+}
+
+// LatestKey is the key of a job's LATEST pointer: J/LATEST.
+func LatestKey(job string) string { return path.Join(job, "LATEST") }
+
+// commitIDTime is the layout of the time at the start of a commit id.
+const commitIDTime = "20060102T150405Z"
+
+// commitIDLen is the length of a commit id: the time, a dash, 12 hex digits.
+const commitIDLen = len(commitIDTime) + 1 + 12
+
+// NewCommitID returns a fresh commit id: the UTC time now, to the second, then 48 random bits,
+// e.g. "20261130T203714Z-1f2e3d4c5b6a". Ids sort by the time their commit began.
+func NewCommitID(now time.Time) string {
+	var b [6]byte
+	_, _ = rand.Read(b[:]) // never fails on Linux
+	return now.UTC().Format(commitIDTime) + "-" + hex.EncodeToString(b[:])
+}
+
+// ValidCommitID reports whether id has the form NewCommitID returns.
+func ValidCommitID(id string) error {
+	if len(id) != commitIDLen || id[len(commitIDTime)] != '-' {
+		return fmt.Errorf("%q is not a commit id", id)
+	}
+	if _, err := time.Parse(commitIDTime, id[:len(commitIDTime)]); err != nil {
+		return fmt.Errorf("%q is not a commit id", id)
+	}
+	for _, c := range id[len(commitIDTime)+1:] {
+		if (c < '0' || c > '9') && (c < 'a' || c > 'f') {
+			return fmt.Errorf("%q is not a commit id", id)
+		}
+	}
+	return nil
+}
+
+// commitIDStarted returns the time a valid commit id began.
+func commitIDStarted(id string) time.Time {
+	t, _ := time.Parse(commitIDTime, id[:len(commitIDTime)])
+	return t
+}
+
+// CommitRef names one commit of a checkpoint.
+type CommitRef struct {
+	Checkpoint, Commit string
+}
+
+// JobState is what a job holds in a store, as readJob read it.
+type JobState struct {
+	// Commits are the valid committed checkpoints, newest first by Manifest.Order, with
+	// Latest set on the one LATEST names.
+	Commits []Committed
+	// Unfinished are version 2 commit prefixes without a manifest (uploads in progress, or
+	// abandoned), by checkpoint then commit.
+	Unfinished []CommitRef
+	// Latest is LATEST as read, nil when there is none or it is not valid JSON; LatestETag
+	// is its ETag.
+	Latest     *Latest
+	LatestETag string
+	// Problems are the things readJob skipped: invalid or mismatched manifests, a LATEST that
+	// is unreadable or names no valid commit.
+	Problems []error
+}
+
+// Newest returns the newest commit, or nil if there is none.
+func (st *JobState) Newest() *Committed {
+	if len(st.Commits) == 0 {
+		return nil
+	}
+	return &st.Commits[0]
+}
+
+// LatestTarget returns the commit LATEST names, or nil.
+func (st *JobState) LatestTarget() *Committed {
+	for i := range st.Commits {
+		if st.Commits[i].Latest {
+			return &st.Commits[i]
+		}
+	}
+	return nil
+}
+
+// manifestCache keeps manifests read from a store by key. A manifest is written once and never
+// changed, so a cached one stays true until retention deletes it. Safe for concurrent use.
+type manifestCache struct {
+	mu sync.Mutex
+	m  map[string]*Manifest
+}
+
+func (c *manifestCache) get(key string) *Manifest {
+	if c == nil {
+		return nil
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.m[key]
+}
+
+func (c *manifestCache) put(key string, m *Manifest) {
+	if c == nil {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.m == nil {
+		c.m = map[string]*Manifest{}
+	}
+	c.m[key] = m
+}
+
+func (c *manifestCache) drop(key string) {
+	if c == nil {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	delete(c.m, key)
+}
+
+// readConcurrency is how many listings or manifest reads readJob has in flight.
+const readConcurrency = 16
+
+// readJob reads what job holds in s: one delimiter listing of J/, one of each J/C/, and each
+// commit's manifest (from cache when it holds it; cache may be nil). It never lists every
+// object. A manifest that is not valid, or names another job, checkpoint or commit than its key,
+// is a problem and left out; so is a LATEST that cannot be used. It returns an error (and no
+// state) when job is not a valid name, ctx ends, or the store fails to list or read (any error
+// but ErrNotFound): a state with holes could make a restore pick an older checkpoint.
+func readJob(ctx context.Context, s Store, job string, cache *manifestCache) (*JobState, error) {
+	if err := ValidName(job); err != nil {
+		return nil, fmt.Errorf("job: %w", err)
+	}
+	fail := func(err error) (*JobState, error) {
+		return nil, fmt.Errorf("read job %s in %s: %w", job, s.URL(), err)
+	}
+	names, _, err := s.ListDir(ctx, job+"/")
+	if err != nil {
+		return fail(err)
+	}
+	names = slices.DeleteFunc(names, func(n string) bool { return ValidName(n) != nil })
+
+	// Every commit of every name: version 2 commit directories, and the version 1 manifest.
+	refs := make([][]CommitRef, len(names))
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(readConcurrency)
+	for i, name := range names {
+		g.Go(func() (err error) {
+			refs[i], err = listCommits(gctx, s, job, name)
+			return err
+		})
+	}
+	if err := g.Wait(); err != nil {
+		return fail(err)
+	}
+	var all []CommitRef
+	for _, r := range refs {
+		all = append(all, r...)
+	}
+
+	type read struct {
+		m       *Manifest
+		problem error
+		absent  bool
+	}
+	reads := make([]read, len(all))
+	g, gctx = errgroup.WithContext(ctx)
+	g.SetLimit(readConcurrency)
+	for i, ref := range all {
+		g.Go(func() error {
+			m, problem, err := readManifest(gctx, s, job, ref, cache)
+			reads[i] = read{m: m, problem: problem, absent: errors.Is(problem, ErrNotFound)}
+			return err
+		})
+	}
+	var latest *Latest
+	var latestETag string
+	var latestProblem error
+	g.Go(func() error {
+		data, etag, err := s.GetBytes(gctx, LatestKey(job))
+		switch {
+		case errors.Is(err, ErrNotFound):
+			return nil
+		case err != nil:
+			return fmt.Errorf("read %s: %w", LatestKey(job), err)
+		}
+		latestETag = etag
+		var l Latest
+		if err := json.Unmarshal(data, &l); err != nil {
+			latestProblem = fmt.Errorf("%s is not valid JSON: %w", LatestKey(job), err)
+			return nil
+		}
+		latest = &l
+		return nil
+	})
+	if err := g.Wait(); err != nil {
+		return fail(err)
+	}
+
+	st := &JobState{Latest: latest, LatestETag: latestETag}
+	for i, r := range reads {
+		switch {
+		case r.m != nil:
+			st.Commits = append(st.Commits, Committed{Manifest: r.m, Key: ManifestKey(job, all[i].Checkpoint, all[i].Commit)})
+		case r.absent && all[i].Commit != "":
+			st.Unfinished = append(st.Unfinished, all[i])
+		case r.absent:
+			// A version 1 MetaDir without a manifest: nothing was committed there.
+		default:
+			st.Problems = append(st.Problems, r.problem)
+		}
+	}
+	sortCommits(st.Commits)
+	switch {
+	case latestProblem != nil:
+		st.Problems = append(st.Problems, latestProblem)
+	case latest != nil:
+		if err := ValidName(latest.Checkpoint); err != nil {
+			st.Problems = append(st.Problems, fmt.Errorf("%s: checkpoint: %w", LatestKey(job), err))
+			break
+		}
+		i := slices.IndexFunc(st.Commits, func(c Committed) bool {
+			return c.Manifest.Checkpoint == latest.Checkpoint && c.Manifest.Commit == latest.Commit
+		})
+		if i < 0 {
+			st.Problems = append(st.Problems, fmt.Errorf("%s names checkpoint %q commit %q, which has no valid manifest",
+				LatestKey(job), latest.Checkpoint, latest.Commit))
+			break
+		}
+		st.Commits[i].Latest = true
+	}
+	return st, nil
+}
+
+// listCommits lists the commits of checkpoint name with one delimiter listing: version 2 commit
+// directories, and the version 1 manifest's directory (commit ""), with or without a manifest.
+func listCommits(ctx context.Context, s Store, job, name string) ([]CommitRef, error) {
+	dirs, _, err := s.ListDir(ctx, job+"/"+name+"/")
+	if err != nil {
+		return nil, err
+	}
+	var refs []CommitRef
+	for _, d := range dirs {
+		switch {
+		case d == MetaDir:
+			refs = append(refs, CommitRef{Checkpoint: name})
+		case ValidCommitID(d) == nil:
+			refs = append(refs, CommitRef{Checkpoint: name, Commit: d})
+		}
+	}
+	return refs, nil
+}
+
+// readName returns the committed manifests of checkpoint name of job, newest first: one delimiter
+// listing and a read of each commit's manifest (from cache when it holds it). Invalid manifests
+// are left out. It returns an error if the store fails or ctx ends.
+func readName(ctx context.Context, s Store, job, name string, cache *manifestCache) ([]*Manifest, error) {
+	refs, err := listCommits(ctx, s, job, name)
+	if err != nil {
+		return nil, fmt.Errorf("list commits of %s: %w", name, err)
+	}
+	var cs []Committed
+	for _, ref := range refs {
+		m, _, err := readManifest(ctx, s, job, ref, cache)
+		if err != nil {
+			return nil, err
+		}
+		if m != nil {
+			cs = append(cs, Committed{Manifest: m})
+		}
+	}
+	sortCommits(cs)
+	ms := make([]*Manifest, len(cs))
+	for i, c := range cs {
+		ms[i] = c.Manifest
+	}
+	return ms, nil
+}
+
+// sortCommits sorts cs newest first by Manifest.Order.
+func sortCommits(cs []Committed) {
+	slices.SortStableFunc(cs, func(a, b Committed) int {
+		ao, bo := a.Manifest.Order(), b.Manifest.Order()
+		switch {
+		case ao.After(bo):
+			return -1
+		case bo.After(ao):
+			return 1
+		}
+		return strings.Compare(b.Manifest.Checkpoint, a.Manifest.Checkpoint)
+	})
+}
+
+// readManifest reads and validates the manifest of ref (from cache when it holds it). It returns:
+//   - the manifest, nil, nil: valid, and it names job, ref's checkpoint and ref's commit;
+//   - nil, a problem, nil: no manifest (the problem wraps ErrNotFound), not valid JSON, invalid,
+//     or naming another job, checkpoint or commit than its key; the problem names the key;
+//   - nil, nil, an error: the store failed otherwise, or ctx ended.
+func readManifest(ctx context.Context, s Store, job string, ref CommitRef, cache *manifestCache) (*Manifest, error, error) {
+	key := ManifestKey(job, ref.Checkpoint, ref.Commit)
+	if m := cache.get(key); m != nil {
+		return m, nil, nil
+	}
+	data, _, err := s.GetBytes(ctx, key)
+	switch {
+	case errors.Is(err, ErrNotFound):
+		return nil, fmt.Errorf("%s: %w", key, err), nil
+	case err != nil:
+		return nil, nil, fmt.Errorf("read %s: %w", key, err)
+	}
+	m, err := ParseManifest(data)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", key, err), nil
+	}
+	if m.Job != job || m.Checkpoint != ref.Checkpoint || m.Commit != ref.Commit || (ref.Commit == "") != (m.Version == 1) {
+		return nil, fmt.Errorf("%s: manifest names job %q checkpoint %q commit %q; refusing a manifest that does not match its key",
+			key, m.Job, m.Checkpoint, m.Commit), nil
+	}
+	cache.put(key, m)
+	return m, nil, nil
+}
+
+// ReadManifest reads and validates the manifest of commit (empty: the version 1 manifest) of
+// checkpoint name of job. It returns the manifest, or an error naming the key: no manifest
+// (wrapping ErrNotFound), not valid JSON, invalid, naming another job, checkpoint or commit
+// than its key, or the store failing.
+func ReadManifest(ctx context.Context, s Store, job, name, commit string) (*Manifest, error) {
+	m, problem, err := readManifest(ctx, s, job, CommitRef{Checkpoint: name, Commit: commit}, nil)
+	if err != nil {
+		return nil, err
+	}
+	if problem != nil {
+		return nil, problem
+	}
+	return m, nil
+}
+
+// writeManifest writes m's manifest with If-None-Match. If one is there already (a retry after
+// an answer that was lost), it is m's commit when it lists the same files with the same keys,
+// sizes and checksums: that is success. Anything else there is an error wrapping ErrExists: a
+// manifest is never written over (I1).
+func writeManifest(ctx context.Context, s Store, m *Manifest) error {
+	data, err := json.MarshalIndent(m, "", "  ")
+	if err != nil {
+		return err
+	}
+	key := ManifestKey(m.Job, m.Checkpoint, m.Commit)
+	_, err = s.PutBytes(ctx, key, data, Cond{IfAbsent: true})
+	if !errors.Is(err, ErrExists) {
+		return err
+	}
+	have, rerr := ReadManifest(ctx, s, m.Job, m.Checkpoint, m.Commit)
+	if rerr != nil {
+		return fmt.Errorf("manifest %s exists but cannot be read: %w", key, rerr)
+	}
+	if !sameFiles(have, m) {
+		return fmt.Errorf("manifest %s exists with other files; not writing over it: %w", key, ErrExists)
+	}
+	return nil
+}
+
+// sameFiles reports whether a and b list the same files (paths, keys, sizes, checksums).
+func sameFiles(a, b *Manifest) bool {
+	return slices.EqualFunc(a.Files, b.Files, func(x, y File) bool {
+		return x.Path == y.Path && a.FileKey(x) == b.FileKey(y) && x.Size == y.Size && x.Checksum == y.Checksum
+	})
+}
+
+// latestAttempts bounds how often advanceLatest re-reads LATEST after losing a race.
+const latestAttempts = 20
+
+// advanceLatest points LATEST at m's commit, which must be committed, unless LATEST already names
+// a commit that is not older by Manifest.Order (I3). It reads LATEST with its ETag and writes with
+// If-Match (If-None-Match when there is none), so two writers cannot move it back; after losing a
+// race it reads again. A LATEST that cannot be used (not JSON, naming no valid manifest) is
+// replaced. It returns whether it moved LATEST, and an error naming LATEST if the store failed or
+// the race was lost latestAttempts times in a row.
+func advanceLatest(ctx context.Context, s Store, m *Manifest, host Host, cache *manifestCache) (bool, error) {
+	key := LatestKey(m.Job)
+	for range latestAttempts {
+		data, etag, err := s.GetBytes(ctx, key)
+		cond := Cond{IfMatch: etag}
+		switch {
+		case errors.Is(err, ErrNotFound):
+			cond = Cond{IfAbsent: true}
+		case err != nil:
+			return false, fmt.Errorf("read %s: %w", key, err)
+		default:
+			if cur, ok := latestOrder(ctx, s, m.Job, data, cache); ok && !m.Order().After(cur) {
+				return false, nil
+			}
+		}
+		complete := m.Order().At
+		l := Latest{Version: ManifestVersion, Checkpoint: m.Checkpoint, Commit: m.Commit, CompleteAt: &complete,
+			CommittedAt: m.CommittedAt, Host: host}
+		b, err := json.Marshal(l)
+		if err != nil {
+			return false, err
+		}
+		_, err = s.PutBytes(ctx, key, b, cond)
+		switch {
+		case err == nil:
+			return true, nil
+		case errors.Is(err, ErrPrecondition) || errors.Is(err, ErrExists):
+			continue // someone else moved it: look again
+		default:
+			return false, fmt.Errorf("write %s: %w", key, err)
+		}
+	}
+	return false, fmt.Errorf("write %s: it changed under every one of %d attempts", key, latestAttempts)
+}
+
+// latestOrder returns the order of the commit that LATEST (data) names, and false when LATEST
+// cannot be used: not JSON, no valid name, or (without complete_at) no readable manifest.
+func latestOrder(ctx context.Context, s Store, job string, data []byte, cache *manifestCache) (CommitOrder, bool) {
+	var l Latest
+	if json.Unmarshal(data, &l) != nil || ValidName(l.Checkpoint) != nil {
+		return CommitOrder{}, false
+	}
+	if l.CompleteAt != nil && ValidCommitID(l.Commit) == nil {
+		return CommitOrder{At: *l.CompleteAt, Commit: l.Commit}, true
+	}
+	m, problem, err := readManifest(ctx, s, job, CommitRef{Checkpoint: l.Checkpoint, Commit: l.Commit}, cache)
+	if err != nil || problem != nil {
+		return CommitOrder{}, false
+	}
+	return m.Order(), true
+}
+
+// Retention says which commits deleteOld may delete.
+//
+// retained returns the commits of st to keep with keep > 0: the keep newest by Manifest.Order,
+// LATEST's target and every commit at or after it in that order (I3), and always the newest.
+func retained(st *JobState, keep int) map[string]bool {
+	kept := map[string]bool{}
+	var floor *CommitOrder
+	if t := st.LatestTarget(); t != nil {
+		o := t.Manifest.Order()
+		floor = &o
+	}
+	for i, c := range st.Commits {
+		o := c.Manifest.Order()
+		if i < max(keep, 1) || (floor != nil && !floor.After(o)) {
+			kept[c.Key] = true
+		}
+	}
+	return kept
+}
+
+// applyRetention deletes every commit of the job that retained does not keep. It reads the job
+// first (readJob). A commit is deleted manifest first, so it stops existing before its data goes;
+// then its data: for a version 2 commit everything under its prefix (only its commit wrote
+// there), for a version 1 commit the keys its manifest lists. It returns the commits deleted, and
+// an error if the job could not be read; a commit that could not be deleted in full is logged and
+// left for the next time.
+func applyRetention(ctx context.Context, s Store, job string, keep int, cache *manifestCache, log zerolog.Logger) ([]CommitRef, error) {
+	st, err := readJob(ctx, s, job, cache)
+	if err != nil {
+		return nil, err
+	}
+	for _, p := range st.Problems {
+		log.Warn().Err(p).Msg("retention: left alone")
+	}
+	kept := retained(st, keep)
+	var deleted []CommitRef
+	for _, c := range st.Commits {
+		if kept[c.Key] {
+			continue
+		}
+		m := c.Manifest
+		clog := log.With().Str("checkpoint", m.Checkpoint).Str("commit", m.Commit).Logger()
+		if err := s.Delete(ctx, c.Key); err != nil {
+			clog.Warn().Err(err).Msg("retention: cannot delete manifest")
+			continue
+		}
+		cache.drop(c.Key)
+		if err := deleteCommitData(ctx, s, m); err != nil {
+			clog.Warn().Err(err).Msg("retention: manifest deleted but data left behind")
+			continue
+		}
+		deleted = append(deleted, CommitRef{Checkpoint: m.Checkpoint, Commit: m.Commit})
+		clog.Info().Int("keep", keep).Msg("retention: old checkpoint deleted")
+	}
+	return deleted, nil
+}
+
+// deleteCommitData deletes the data of m's commit (its manifest must be gone already).
+func deleteCommitData(ctx context.Context, s Store, m *Manifest) error {
+	if m.Version == 1 {
+		keys := make([]string, 0, len(m.Files))
+		for _, f := range m.Files {
+			keys = append(keys, m.FileKey(f))
+		}
+		return s.Delete(ctx, keys...)
+	}
+	return deletePrefix(ctx, s, CommitPrefix(m.Job, m.Checkpoint, m.Commit))
+}
+
+// deletePrefix aborts the incomplete uploads under prefix (a commit of this agent's) and deletes
+// every object under it.
+func deletePrefix(ctx context.Context, s Store, prefix string) error {
+	_, aerr := s.AbortIncomplete(ctx, prefix)
+	objs, err := s.List(ctx, prefix)
+	if err != nil {
+		return errors.Join(aerr, err)
+	}
+	keys := make([]string, 0, len(objs))
+	for _, o := range objs {
+		keys = append(keys, o.Key)
+	}
+	return errors.Join(aerr, s.Delete(ctx, keys...))
+}

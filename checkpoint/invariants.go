@@ -1,0 +1,123 @@
+package checkpoint
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+)
+
+// The checks here assert the invariants of commit.go on what a store holds. The simulation and
+// the end-to-end tests call them after every step; `spotguard list --check` runs CheckJob on a
+// real store.
+
+// CheckJob checks job in s against the invariants a snapshot of the store can show, and returns
+// one error per violation (none: nil):
+//   - I1: every file of a version 2 commit is an object under that commit's own prefix;
+//   - I2 (the store's side): every file a manifest lists exists with the size it lists
+//     (restore verifies the checksums);
+//   - I3: LATEST, when there is a commit, names a commit whose manifest is valid;
+//   - I4: no manifest lists a file of spotguard's own (".spotguard-*", or a dot-".tmp" file);
+//   - I6, when settled (no commit in flight): no commit is newer than LATEST's target;
+//   - I7, when settled: no committed commit's prefix holds an object its manifest does not list
+//     (incomplete uploads are the store's to show: the tests list them with the store's own
+//     client).
+//
+// It returns a single error if the job cannot be read.
+func CheckJob(ctx context.Context, s Store, job string, settled bool) []error {
+	st, err := readJob(ctx, s, job, nil)
+	if err != nil {
+		return []error{err}
+	}
+	problems := append([]error(nil), st.Problems...)
+	for _, c := range st.Commits {
+		m := c.Manifest
+		name := m.Checkpoint + "/" + m.Commit
+		listed := map[string]int64{}
+		var prefix string
+		var objs []ObjectInfo
+		if m.Version == ManifestVersion {
+			prefix = CommitPrefix(m.Job, m.Checkpoint, m.Commit)
+			if objs, err = s.List(ctx, prefix); err != nil {
+				return append(problems, err)
+			}
+		}
+		for _, f := range m.Files {
+			key := m.FileKey(f)
+			listed[key] = f.Size
+			if m.Version == ManifestVersion && !strings.HasPrefix(key, prefix) {
+				problems = append(problems, fmt.Errorf("I1: commit %s lists %s outside its prefix %s", name, key, prefix))
+			}
+			if ownFile(f.Path) {
+				problems = append(problems, fmt.Errorf("I4: commit %s lists spotguard's own file %s", name, f.Path))
+			}
+		}
+		if m.Version != ManifestVersion {
+			continue
+		}
+		have := map[string]int64{}
+		for _, o := range objs {
+			have[o.Key] = o.Size
+		}
+		for key, size := range listed {
+			got, ok := have[key]
+			switch {
+			case !ok:
+				problems = append(problems, fmt.Errorf("I2: commit %s lists %s, which is not in the store", name, key))
+			case got != size:
+				problems = append(problems, fmt.Errorf("I2: commit %s lists %s with %d bytes; the object has %d", name, key, size, got))
+			}
+		}
+		if !settled {
+			continue
+		}
+		manifest := ManifestKey(m.Job, m.Checkpoint, m.Commit)
+		for _, o := range objs {
+			if _, ok := listed[o.Key]; !ok && o.Key != manifest {
+				problems = append(problems, fmt.Errorf("I7: commit %s holds %s, which its manifest does not list", name, o.Key))
+			}
+		}
+	}
+	newest, target := st.Newest(), st.LatestTarget()
+	switch {
+	case newest == nil:
+	case target == nil:
+		problems = append(problems, errors.New("I3: there are commits but LATEST names none of them"))
+	case settled && newest != target:
+		problems = append(problems, fmt.Errorf("I6: LATEST names %s/%s but %s/%s is newer",
+			target.Manifest.Checkpoint, target.Manifest.Commit, newest.Manifest.Checkpoint, newest.Manifest.Commit))
+	}
+	return problems
+}
+
+// ownFile reports whether rel names a file of spotguard's own or a writer's temporary file, which
+// is never part of a checkpoint.
+func ownFile(rel string) bool {
+	for el := range strings.SplitSeq(rel, "/") {
+		if strings.HasPrefix(el, ".spotguard-") || scanSkipName(el) {
+			return true
+		}
+	}
+	return false
+}
+
+// CheckLatestForward checks I3 across two readings of LATEST, prev then next: LATEST never moves
+// to a commit earlier in Manifest.Order. Either may be nil (no LATEST yet).
+func CheckLatestForward(prev, next *Latest) error {
+	if prev == nil || prev.CompleteAt == nil {
+		return nil
+	}
+	if next == nil {
+		return fmt.Errorf("I3: LATEST (%s/%s) vanished", prev.Checkpoint, prev.Commit)
+	}
+	if next.CompleteAt == nil {
+		return fmt.Errorf("I3: LATEST moved from %s/%s to %s/%s, which has no completion time", prev.Checkpoint, prev.Commit, next.Checkpoint, next.Commit)
+	}
+	p := CommitOrder{At: *prev.CompleteAt, Commit: prev.Commit}
+	n := CommitOrder{At: *next.CompleteAt, Commit: next.Commit}
+	if p.After(n) {
+		return fmt.Errorf("I3: LATEST moved back from %s/%s (%s) to %s/%s (%s)", prev.Checkpoint, prev.Commit,
+			p.At.Format("15:04:05.000"), next.Checkpoint, next.Commit, n.At.Format("15:04:05.000"))
+	}
+	return nil
+}
