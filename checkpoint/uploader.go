@@ -2,13 +2,12 @@ package checkpoint
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
 	"maps"
 	"math/rand/v2"
 	"os"
-	"path"
 	"path/filepath"
 	"slices"
 	"sync"
@@ -28,7 +27,14 @@ const (
 	// ForecastWarn is the durable-after-notice forecast above which the uploader warns: a
 	// 2-minute notice leaves about 100 s once detection and the trainer's reaction are paid.
 	ForecastWarn = 100 * time.Second
+	// DefaultStopBudget is how long a stop may drain: a little over the 2 minutes of a spot
+	// notice (the instance lives until it is powered off), less than the unit's TimeoutStopSec.
+	DefaultStopBudget = 140 * time.Second
 )
+
+// resumeWithin is how old an unfinished commit of this agent's (by its id) may be for a restarted
+// agent to go on with it; an older one is deleted and the checkpoint committed anew.
+const resumeWithin = 12 * time.Hour
 
 // UploaderConfig configures an Uploader.
 type UploaderConfig struct {
@@ -37,8 +43,8 @@ type UploaderConfig struct {
 	Job string
 	// Dir is checkpoint.dir; Marker and Pattern as for the watcher.
 	Dir, Marker, Pattern string
-	// Keep is how many committed checkpoints to keep in the store (0 keeps all). The one LATEST
-	// names is never deleted.
+	// Keep is how many commits to keep in the store (0 keeps all), newest first by
+	// Manifest.Order. LATEST's target and anything newer are never deleted.
 	Keep int
 	// Host says which instance wrote a checkpoint; called at each commit (the identity may
 	// arrive after start).
@@ -46,7 +52,14 @@ type UploaderConfig struct {
 	// BackgroundFiles and UrgentFiles bound the files in flight without and with a pending
 	// notice (defaults DefaultBackgroundFiles and DefaultUrgentFiles).
 	BackgroundFiles, UrgentFiles int
-	Logger                       zerolog.Logger
+	// StateDir holds the journal (agent.runtime_dir), so that a restarted agent resumes its own
+	// unfinished commits and knows what it committed without reading the files again. Empty:
+	// no journal; after a restart uncommitted work is sent again under a new commit.
+	StateDir string
+	// StopBudget bounds how long Run goes on after its context ends, to drain (default
+	// DefaultStopBudget).
+	StopBudget time.Duration
+	Logger     zerolog.Logger
 	// OnEvent, if not nil, is called (from the uploader's goroutines, never blocking it for
 	// long) for each checkpoint that completes or commits, and for each commit that fails.
 	OnEvent func(UploadEvent)
@@ -61,7 +74,7 @@ const (
 	CheckpointComplete UploadEventKind = iota + 1
 	// CheckpointCommitted: its manifest is in the store; it exists.
 	CheckpointCommitted
-	// CheckpointFailed: it could not be committed (Err says why); it may be retried.
+	// CheckpointFailed: it could not be committed (Err says why); it is retried.
 	CheckpointFailed
 )
 
@@ -72,39 +85,64 @@ type UploadEvent struct {
 	At         time.Time
 	// Manifest is set for CheckpointCommitted.
 	Manifest *Manifest
+	// Already is set for CheckpointCommitted when nothing was sent: the store held a commit
+	// with exactly these files (a restored checkpoint, or one committed before a restart).
+	Already bool
 	// Forecast is set for CheckpointCommitted: how long after a notice a checkpoint like this
 	// one would be durable (the trainer's write time or the upload time, whichever is longer,
 	// plus the commit).
 	Forecast time.Duration
-	// Throughput is the upload throughput of this checkpoint in bytes per second (0 if it was
-	// already in the store).
+	// Throughput is the upload throughput of this checkpoint in bytes per second (0 if
+	// nothing was sent).
 	Throughput float64
 	Err        error
 }
 
 // Uploader streams checkpoint files to the Store as the watcher reports them ready, commits each
-// checkpoint once it is complete and all its files are stored unchanged, keeps LATEST pointing at
-// the newest, and applies retention.
+// checkpoint once it is complete and all its files are stored as they are on disk, keeps LATEST
+// on the newest commit, and applies retention. The commit protocol and the invariants it keeps
+// are in commit.go.
+//
+// Each local checkpoint has a generation: the files of one version of it and what has been done
+// with them. A generation is
+//   - matching, when the store already holds commits of its name (a restored checkpoint, a
+//     restart without journal, a name saved again): its files are checksummed locally and
+//     compared before anything is sent; when all of them match one commit it is adopted, and at
+//     the first difference it becomes
+//   - uploading: its files go to a commit of its own (J/C/<commit>/), then the manifest;
+//   - committed; a change after that starts a new generation (a new commit).
+//
+// Work is queued per generation, newest generation first; one commit runs at a time.
 type Uploader struct {
-	cfg UploaderConfig
-	log zerolog.Logger
+	cfg   UploaderConfig
+	log   zerolog.Logger
+	cache *manifestCache
+	// work is Run's context for the work (not cancelled by a stop; cancelled when Run returns).
+	work context.Context
 
 	// Owned by the Run loop.
-	ckpts     map[string]*ckptState
-	queue     []fileRef // files waiting for a slot, urgent ones first
-	inflight  int
+	gens       map[string]*generation // the current generation of each local checkpoint
+	seq        uint64
+	queued     []*generation // generations with files waiting, by seq
+	inflight   int           // files being read or sent
+	commitQ    []*generation
+	committing *generation
+	// index holds the committed manifests of each checkpoint name, newest first, as last read
+	// (at start, at each new generation's lookup) or committed.
+	index     map[string][]*Manifest
+	resume    map[string]*journalEntry
+	journal   *journal
+	dirty     []*generation
 	urgent    bool
 	noticeAt  time.Time // when the first notice arrived
 	deadline  time.Time
 	noticeKey string
-	committed map[string]bool // committed in the store (seen at start or committed since)
 
-	results chan uploadResult
-	commits chan commitResult
-	requeue chan fileRef
-	notices chan struct{} // poke: pending has notices (capacity 1)
-	syncs   chan struct{}
-
+	results  chan fileResult
+	commits  chan commitResult
+	wake     chan func()
+	notices  chan struct{} // poke: pending has notices (capacity 1)
+	syncs    chan struct{}
 	noticeMu sync.Mutex
 	pending  []noticeReq
 	statusCh chan chan UploaderStatus
@@ -116,53 +154,115 @@ type noticeReq struct {
 	deadline time.Time
 }
 
-type ckptState struct {
-	name        string
-	files       map[string]*fileState
-	complete    bool
-	completeAt  time.Time
-	firstFileAt time.Time
+// genState is where a generation is.
+type genState int
+
+const (
+	genMatching genState = iota
+	genUploading
+	genCommitted
+	genAbandoned
+)
+
+// generation is one version of a local checkpoint and the work on it.
+type generation struct {
+	name   string
+	seq    uint64
+	single bool
+	state  genState
+	// commit is the commit its files go to (uploading; chosen when the first file is sent), or
+	// the committed or adopted commit.
+	commit string
+	// sealed: a manifest PUT for commit was tried. Nothing is written into commit again.
+	sealed  bool
+	resumed bool // commit was begun by an earlier run of the agent
+	files   map[string]*fileState
+	queue   []string
+	qhead   int
+	queuedN int
+	// inflight counts its files being read or sent, retrying those waiting out a backoff.
+	inflight, retrying int
+	inQueued           bool
+	complete           bool
+	completeSeen       time.Time // when the uploader learned it is complete
+	firstFileAt        time.Time
+	// candidates are the commits a matching generation may turn out to be.
+	candidates []*Manifest
+	// lookup: the store's commits of its name are being read; until they are, it does nothing
+	// (a name the store holds with these bytes must not be sent again), but during a notice.
+	lookup      bool
+	lookupFails int
 	committing  bool
-	committed   bool
+	inCommitQ   bool
+	commitWait  bool // a failed commit waits out its backoff
 	failures    int
-	uploadStart time.Time // first byte of this checkpoint
+	// deferred are watch events that arrived while it was committing.
+	deferred []WatchEvent
+	// strays are keys stored into commit for files that are no longer part of it.
+	strays   []string
+	manifest *Manifest
+	ctx      context.Context
+	cancel   context.CancelFunc
+	// Upload statistics, for the forecast.
+	uploadStart time.Time
 	uploadBusy  time.Duration
 	sent        int64
 }
 
+// fileState is one file of a generation.
 type fileState struct {
-	size     int64
-	modTime  time.Time
+	id       FileID // the version last reported
 	queued   bool
 	inflight bool
-	// stored is what was uploaded: the file's size and modification time when it was read, and
-	// its checksum. Nil until stored.
-	stored   *storedFile
+	again    bool // it changed while in flight: queue it again when the result comes
+	// key is where an upload of it was last tried: if it leaves the generation, whatever
+	// landed there is a stray.
+	key      string
+	done     *doneFile
 	attempts int
 }
 
-type storedFile struct {
-	size     int64
-	modTime  time.Time
+// doneFile is what was done with a file: stored (uploading; key set) or checksummed (matching),
+// reading the version id, whose read began at readAt.
+type doneFile struct {
+	id       FileID
 	checksum Checksum
+	readAt   time.Time
+	key      string
 }
 
-type fileRef struct{ ckpt, rel string }
+// jobKind says what a file job does.
+type jobKind int
 
-type uploadResult struct {
-	ref      fileRef
-	stored   *storedFile
+const (
+	jobHash jobKind = iota + 1
+	jobUpload
+)
+
+type fileResult struct {
+	gen      *generation
+	rel      string
+	file     *fileState
+	kind     jobKind
+	done     doneFile
 	start    time.Time
 	duration time.Duration
 	err      error
 }
 
 type commitResult struct {
-	ckpt     string
-	manifest *Manifest
-	missing  []LocalFile // files on disk that are not stored as they are now: upload, then retry
-	err      error
-	already  bool
+	gen         *generation
+	manifest    *Manifest
+	adopted     bool
+	noMatch     bool
+	notComplete error
+	changed     []LocalFile
+	gone        []string
+	attempted   bool
+	err         error
+	latestMoved bool
+	// deleted are commits found deleted or deleted by retention: no longer candidates.
+	deleted []CommitRef
 }
 
 // NewUploader returns an Uploader. It does nothing until Run.
@@ -174,27 +274,32 @@ func NewUploader(cfg UploaderConfig) *Uploader {
 		cfg.UrgentFiles = DefaultUrgentFiles
 	}
 	if cfg.Marker == "" {
-		cfg.Marker = "_COMPLETE"
+		cfg.Marker = scanDefaultMarker
+	}
+	if cfg.StopBudget <= 0 {
+		cfg.StopBudget = DefaultStopBudget
 	}
 	if cfg.Host == nil {
 		cfg.Host = func() Host { return Host{} }
 	}
 	return &Uploader{
-		cfg:       cfg,
-		log:       cfg.Logger.With().Str("component", "uploader").Str("store", cfg.Store.URL()).Str("job", cfg.Job).Logger(),
-		ckpts:     map[string]*ckptState{},
-		committed: map[string]bool{},
-		results:   make(chan uploadResult),
-		commits:   make(chan commitResult),
-		requeue:   make(chan fileRef),
-		notices:   make(chan struct{}, 1),
-		syncs:     make(chan struct{}),
-		statusCh:  make(chan chan UploaderStatus),
+		cfg:      cfg,
+		log:      cfg.Logger.With().Str("component", "uploader").Str("store", cfg.Store.URL()).Str("job", cfg.Job).Logger(),
+		cache:    &manifestCache{},
+		gens:     map[string]*generation{},
+		index:    map[string][]*Manifest{},
+		resume:   map[string]*journalEntry{},
+		results:  make(chan fileResult),
+		commits:  make(chan commitResult),
+		wake:     make(chan func()),
+		notices:  make(chan struct{}, 1),
+		syncs:    make(chan struct{}),
+		statusCh: make(chan chan UploaderStatus),
 	}
 }
 
 // Notice switches the uploader to urgent mode for a notice: every connection goes to the
-// checkpoint, and retries are bounded by deadline (zero: no deadline). It never blocks, so the
+// checkpoint, and a stop waits for it until deadline (zero: no deadline). It never blocks, so the
 // notice path does not wait on the uploader; it may be called from any goroutine, before or
 // while Run runs.
 func (u *Uploader) Notice(key string, deadline time.Time) {
@@ -227,7 +332,9 @@ type UploaderStatus struct {
 
 // CheckpointStatus is one local checkpoint the uploader tracks.
 type CheckpointStatus struct {
-	Name        string `json:"name"`
+	Name string `json:"name"`
+	// Commit is the commit its files go to, or the commit it is (empty while nothing was sent).
+	Commit      string `json:"commit,omitempty"`
 	Files       int    `json:"files"`
 	FilesStored int    `json:"files_stored"`
 	Bytes       int64  `json:"bytes"`
@@ -247,35 +354,48 @@ func (u *Uploader) Status(ctx context.Context) UploaderStatus {
 	}
 }
 
-// Run consumes watcher events until ctx is done. At start it learns which checkpoints the store
-// already holds, so a restart (even after kill -9 mid-upload) finishes what is complete but not
-// committed and re-sends nothing that is committed. When ctx ends while a notice's checkpoint is
-// still being uploaded, Run keeps going until it is committed or the notice deadline passes
-// (stopping is not draining). It returns nil after all its goroutines have exited.
+// Run consumes watcher events until ctx is done. At start it reads the job from the store (its
+// delimiter listings and manifests), repairs LATEST if a newer commit exists, and reads its
+// journal, so a restart (even after kill -9 mid-upload) resumes its own unfinished commit and
+// re-sends nothing that is committed. When ctx ends while a notice's checkpoint is still being
+// written or uploaded, Run keeps going until it is committed, for at most StopBudget (stopping is
+// not draining; a deadline that has passed does not end it: the instance lives until it is
+// powered off). It returns nil after all its goroutines have exited.
 func (u *Uploader) Run(ctx context.Context, events <-chan WatchEvent) error {
-	u.loadCommitted(ctx)
 	work, cancelWork := context.WithCancel(context.WithoutCancel(ctx))
+	u.work = work
 	defer func() {
 		cancelWork()
 		u.wg.Wait()
+		if err := u.journal.close(); err != nil {
+			u.log.Warn().Err(err).Msg("journal could not be written")
+		}
 	}()
+	u.start(work)
 	done := ctx.Done()
 	var drainTimer <-chan time.Time
 	for {
+		u.flushJournal()
 		select {
 		case <-done:
 			if !u.draining() {
 				return nil
 			}
 			done = nil // keep going for the notice, then stop
-			u.log.Warn().Time("deadline", u.deadline).Msg("stop requested while a notice's checkpoint is uploading; finishing it first")
-			if !u.deadline.IsZero() {
-				t := time.NewTimer(time.Until(u.deadline))
-				defer t.Stop()
-				drainTimer = t.C
-			}
+			u.log.Warn().Time("deadline", u.deadline).Dur("stop_budget", u.cfg.StopBudget).
+				Msg("stop requested while a notice's checkpoint is being written or uploaded; finishing it first")
+			t := time.NewTimer(u.cfg.StopBudget)
+			defer t.Stop()
+			drainTimer = t.C
 		case <-drainTimer:
-			u.log.Error().Msg("notice deadline passed before the checkpoint was committed; stopping")
+			left := 0
+			for _, g := range u.gens {
+				if g.state == genMatching || g.state == genUploading {
+					left++
+				}
+			}
+			u.log.Error().Dur("stop_budget", u.cfg.StopBudget).Int("checkpoints_not_committed", left).
+				Msg("stop budget spent before the notice's checkpoint was committed; stopping")
 			return nil
 		case ev, ok := <-events:
 			if !ok {
@@ -284,47 +404,26 @@ func (u *Uploader) Run(ctx context.Context, events <-chan WatchEvent) error {
 			}
 			u.handleWatch(work, ev)
 		case r := <-u.results:
-			u.inflight--
 			u.handleResult(work, r)
 		case r := <-u.commits:
-			u.inflight--
 			u.handleCommit(work, r)
-		case ref := <-u.requeue:
-			u.enqueue(ref)
+		case fn := <-u.wake:
+			fn()
 		case <-u.notices:
-			u.noticeMu.Lock()
-			reqs := u.pending
-			u.pending = nil
-			u.noticeMu.Unlock()
-			n := reqs[len(reqs)-1]
-			// With several notices, the earliest deadline bounds the work.
-			for _, r := range reqs {
-				if !r.deadline.IsZero() && (n.deadline.IsZero() || r.deadline.Before(n.deadline)) {
-					n.deadline = r.deadline
-				}
-			}
-			if !u.deadline.IsZero() && (n.deadline.IsZero() || u.deadline.Before(n.deadline)) {
-				n.deadline = u.deadline
-			}
-			if !u.urgent {
-				u.noticeAt = time.Now()
-			}
-			u.urgent, u.deadline, u.noticeKey = true, n.deadline, n.key
-			u.log.Warn().Str("notice", n.key).Time("deadline", n.deadline).Int("files_in_flight", u.inflight).
-				Int("files_queued", len(u.queue)).Msg("notice: uploading with every connection")
-			// Anything complete and not committed is now worth retrying at once.
-			for _, c := range u.ckpts {
-				c.failures = 0
-			}
+			u.handleNotices()
 		case <-u.syncs:
 			pending := 0
-			for _, c := range u.ckpts {
-				c.failures = 0
-				if c.complete && !c.committed {
+			for _, g := range u.gens {
+				g.failures = 0
+				if g.commitWait {
+					g.commitWait = false
+					u.markDirty(g)
+				}
+				if g.complete && g.state != genCommitted {
 					pending++
 				}
 			}
-			u.log.Info().Int("complete_not_committed", pending).Int("files_queued", len(u.queue)).Msg("sync requested")
+			u.log.Info().Int("complete_not_committed", pending).Int("files_queued", u.queuedFiles()).Msg("sync requested")
 		case ch := <-u.statusCh:
 			ch <- u.status()
 		}
@@ -336,68 +435,395 @@ func (u *Uploader) Run(ctx context.Context, events <-chan WatchEvent) error {
 	}
 }
 
-// draining reports whether stopping must wait: a notice is pending, its deadline has not passed,
-// and either a complete checkpoint is not committed yet, or no checkpoint has been committed since
-// the notice while one is being written after it (its marker is still to come). An incomplete
-// checkpoint the trainer abandoned before the notice holds nothing up.
+// flushJournal writes out the journal's lines; after a write error it goes on without one.
+func (u *Uploader) flushJournal() {
+	if err := u.journal.flush(); err != nil {
+		u.log.Warn().Err(err).Str("journal", u.journal.path).Msg("journal could not be written; a restart will send uncommitted files again")
+		_ = u.journal.close()
+		u.journal = nil
+	}
+}
+
+func (u *Uploader) handleNotices() {
+	u.noticeMu.Lock()
+	reqs := u.pending
+	u.pending = nil
+	u.noticeMu.Unlock()
+	n := reqs[len(reqs)-1]
+	// With several notices, the earliest deadline bounds the work.
+	for _, r := range reqs {
+		if !r.deadline.IsZero() && (n.deadline.IsZero() || r.deadline.Before(n.deadline)) {
+			n.deadline = r.deadline
+		}
+	}
+	if !u.deadline.IsZero() && (n.deadline.IsZero() || u.deadline.Before(n.deadline)) {
+		n.deadline = u.deadline
+	}
+	if !u.urgent {
+		u.noticeAt = time.Now()
+	}
+	u.urgent, u.deadline, u.noticeKey = true, n.deadline, n.key
+	u.log.Warn().Str("notice", n.key).Time("deadline", n.deadline).Int("files_in_flight", u.inflight).
+		Int("files_queued", u.queuedFiles()).Msg("notice: uploading with every connection")
+	// Anything complete and not committed is now worth retrying at once.
+	for _, g := range u.gens {
+		g.failures = 0
+		if g.commitWait {
+			g.commitWait = false
+			u.markDirty(g)
+		}
+	}
+}
+
+// draining reports whether stopping must wait: a notice is pending and either a complete
+// checkpoint is not committed yet, or no checkpoint has been committed since the notice while one
+// is being written after it (its marker is still to come). An incomplete checkpoint the trainer
+// abandoned before the notice holds nothing up, nor does one that vanished.
 func (u *Uploader) draining() bool {
 	if !u.urgent {
 		return false
 	}
-	if !u.deadline.IsZero() && time.Now().After(u.deadline) {
-		return false
-	}
 	committedSince := false
-	for _, c := range u.ckpts {
-		if c.committed && !c.completeAt.Before(u.noticeAt) {
+	for _, g := range u.gens {
+		if g.state == genCommitted && !g.completeSeen.Before(u.noticeAt) {
 			committedSince = true
 		}
 	}
-	for _, c := range u.ckpts {
+	for _, g := range u.gens {
 		switch {
-		case c.committed:
-		case c.complete:
+		case g.state == genCommitted || g.state == genAbandoned:
+		case g.complete:
 			return true
-		case !committedSince && len(c.files) > 0 && !c.firstFileAt.Before(u.noticeAt):
+		case !committedSince && len(g.files) > 0 && !g.firstFileAt.Before(u.noticeAt):
 			return true
 		}
 	}
 	return false
 }
 
-// loadCommitted lists the manifests already in the store.
-func (u *Uploader) loadCommitted(ctx context.Context) {
-	objs, err := u.cfg.Store.List(ctx, u.cfg.Job+"/")
+// start reads the journal and the job before the first event: which names have commits (the
+// candidates of matching generations), whether LATEST lags the newest commit (then it is
+// repaired), and which of the journal's commits are committed, resumable or to be cleaned up.
+func (u *Uploader) start(ctx context.Context) {
+	jpath := ""
+	if u.cfg.StateDir != "" {
+		jpath = journalPath(u.cfg.StateDir, u.cfg.Job, u.cfg.Dir, u.cfg.Store.URL())
+		entries, err := readJournal(jpath)
+		if err != nil {
+			u.log.Warn().Err(err).Str("journal", jpath).Msg("journal unreadable; starting without it")
+		}
+		u.resume = entries
+	}
+	st, err := readJob(ctx, u.cfg.Store, u.cfg.Job, u.cache)
 	if err != nil {
-		u.log.Error().Err(err).Msg("cannot list the store; every local checkpoint will be checked at commit")
+		st = nil
+		u.log.Error().Err(err).Msg("cannot read the job in the store; LATEST is checked again later (restore takes the newest commit in any case)")
+		u.readJobLater(ctx, 1)
+	} else {
+		u.jobRead(ctx, st)
+	}
+	for name, e := range u.resume {
+		u.resolveJournal(ctx, name, e, st)
+	}
+	if jpath != "" {
+		j, err := writeJournal(jpath, u.resume)
+		if err != nil {
+			u.log.Warn().Err(err).Str("journal", jpath).Msg("no journal: after a restart, uncommitted files are sent again")
+		}
+		u.journal = j
+	}
+}
+
+// jobRead takes the job as read: the commits of each name, and a LATEST repair when it lags the
+// newest commit.
+func (u *Uploader) jobRead(ctx context.Context, st *JobState) {
+	for _, p := range st.Problems {
+		u.log.Warn().Err(p).Msg("store entry left alone")
+	}
+	clear(u.index)
+	for _, c := range st.Commits { // newest first
+		u.index[c.Manifest.Checkpoint] = append(u.index[c.Manifest.Checkpoint], c.Manifest)
+	}
+	u.log.Info().Int("commits", len(st.Commits)).Int("unfinished", len(st.Unfinished)).Msg("store read")
+	if n := st.Newest(); n != nil && !n.Latest {
+		u.repairLatest(ctx, st, n.Manifest)
+	}
+}
+
+// readJobLater reads the job again after a pause, in the background, until it succeeds.
+func (u *Uploader) readJobLater(ctx context.Context, attempt int) {
+	u.wg.Go(func() {
+		t := time.NewTimer(retryDelay(attempt, false))
+		defer t.Stop()
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			return
+		}
+		st, err := readJob(ctx, u.cfg.Store, u.cfg.Job, u.cache)
+		select {
+		case u.wake <- func() {
+			if err != nil {
+				u.readJobLater(ctx, attempt+1)
+				return
+			}
+			u.jobRead(ctx, st)
+		}:
+		case <-ctx.Done():
+		}
+	})
+}
+
+// goLookup reads the store's commits of g's name, on a goroutine; g waits for them (see
+// lookupDone).
+func (u *Uploader) goLookup(ctx context.Context, g *generation) {
+	delay := time.Duration(0)
+	if g.lookupFails > 0 {
+		delay = retryDelay(g.lookupFails, u.urgent)
+	}
+	u.wg.Go(func() {
+		if delay > 0 {
+			t := time.NewTimer(delay)
+			defer t.Stop()
+			select {
+			case <-t.C:
+			case <-g.ctx.Done():
+				return
+			}
+		}
+		ms, err := readName(g.ctx, u.cfg.Store, u.cfg.Job, g.name, u.cache)
+		select {
+		case u.wake <- func() { u.lookupDone(ctx, g, ms, err) }:
+		case <-ctx.Done():
+		}
+	})
+}
+
+// lookupDone takes the store's commits of g's name: with none, g is uploading; with some, it
+// is matching them (what it checksummed already is compared now). A failed lookup is tried again
+// after a pause; a notice does not wait for it (see dispatch).
+func (u *Uploader) lookupDone(ctx context.Context, g *generation, ms []*Manifest, err error) {
+	if u.gens[g.name] != g || !g.lookup {
 		return
 	}
-	for _, o := range objs {
-		rel := o.Key[len(u.cfg.Job)+1:]
-		name, rest, ok := cutFirst(rel)
-		if ok && rest == MetaDir+"/manifest.json" {
-			u.committed[name] = true
+	if err != nil {
+		g.lookupFails++
+		u.log.Warn().Err(err).Str("checkpoint", g.name).Int("attempt", g.lookupFails).
+			Msg("cannot read the store's commits of this checkpoint; trying again (a notice does not wait)")
+		u.goLookup(ctx, g)
+		return
+	}
+	g.lookup = false
+	u.index[g.name] = ms
+	u.markDirty(g)
+	u.requeue(g)
+	if len(ms) == 0 {
+		u.sendAll(g)
+		return
+	}
+	g.candidates = slices.Clone(ms)
+	for rel, f := range g.files {
+		if f.done != nil && g.state == genMatching {
+			u.matched(g, rel, f)
 		}
 	}
-	u.log.Info().Int("committed", len(u.committed)).Msg("store listed")
 }
 
-func cutFirst(p string) (first, rest string, ok bool) {
-	for i := 0; i < len(p); i++ {
-		if p[i] == '/' {
-			return p[:i], p[i+1:], true
+// repairLatest moves LATEST to the newest commit m, which it lags.
+func (u *Uploader) repairLatest(ctx context.Context, st *JobState, m *Manifest) {
+	ev := u.log.Warn().Str("checkpoint", m.Checkpoint).Str("commit", m.Commit)
+	if t := st.LatestTarget(); t != nil {
+		ev = ev.Str("latest_was", t.Manifest.Checkpoint+"/"+t.Manifest.Commit)
+	}
+	moved, err := advanceLatest(ctx, u.cfg.Store, m, u.cfg.Host(), u.cache)
+	switch {
+	case err != nil:
+		u.log.Error().Err(err).Msg("LATEST lags the newest commit and cannot be repaired; restore still takes the newest")
+	case moved:
+		ev.Msg("LATEST named an older commit (a reclaim between a manifest and LATEST?); repaired")
+	}
+}
+
+// resolveJournal decides what the journal's entry e for checkpoint name is now: committed (kept,
+// so its files are not read again), resumable (its stored files confirmed by a listing; any
+// incomplete upload of an earlier run aborted), or neither (its objects deleted).
+func (u *Uploader) resolveJournal(ctx context.Context, name string, e *journalEntry, st *JobState) {
+	log := u.log.With().Str("checkpoint", name).Str("commit", e.commit).Logger()
+	_, lerr := os.Lstat(filepath.Join(u.cfg.Dir, name))
+	if e.done {
+		if lerr != nil {
+			delete(u.resume, name) // committed, and no longer here: nothing to remember
+		}
+		return
+	}
+	if ValidCommitID(e.commit) != nil {
+		delete(u.resume, name)
+		return
+	}
+	committed := false
+	if st != nil {
+		committed = slices.ContainsFunc(u.index[name], func(m *Manifest) bool { return m.Commit == e.commit })
+	} else {
+		_, _, err := u.cfg.Store.GetBytes(ctx, ManifestKey(u.cfg.Job, name, e.commit))
+		switch {
+		case err == nil:
+			committed = true
+		case !errors.Is(err, ErrNotFound):
+			log.Warn().Err(err).Msg("cannot tell whether the journal's commit is committed; starting over")
+			delete(u.resume, name)
+			return
 		}
 	}
-	return p, "", false
+	if committed {
+		e.done = true
+		return
+	}
+	prefix := CommitPrefix(u.cfg.Job, name, e.commit)
+	if lerr == nil && time.Since(commitIDStarted(e.commit)) < resumeWithin {
+		objs, err := u.cfg.Store.List(ctx, prefix)
+		if err == nil {
+			have := map[string]int64{}
+			for _, o := range objs {
+				have[o.Key] = o.Size
+			}
+			for p, d := range e.files {
+				if size, ok := have[d.key]; !ok || size != d.id.Size {
+					delete(e.files, p)
+				}
+			}
+			n, aerr := u.cfg.Store.AbortIncomplete(ctx, prefix)
+			if aerr != nil {
+				log.Warn().Err(aerr).Msg("cannot abort an earlier run's incomplete uploads")
+			}
+			log.Info().Int("files_stored", len(e.files)).Int("aborted_uploads", n).Msg("resuming this agent's unfinished commit")
+			return
+		}
+		log.Warn().Err(err).Msg("cannot list the unfinished commit; starting over")
+	}
+	delete(u.resume, name)
+	u.cleanupCommit(ctx, name, e.commit, "an earlier run's unfinished commit that cannot be resumed")
 }
 
-func (u *Uploader) state(name string) *ckptState {
-	c, ok := u.ckpts[name]
-	if !ok {
-		c = &ckptState{name: name, files: map[string]*fileState{}, committed: u.committed[name]}
-		u.ckpts[name] = c
+// cleanupCommit deletes, in the background, what this agent wrote into commit of name, which was
+// never committed and never will be.
+func (u *Uploader) cleanupCommit(ctx context.Context, name, commit, why string) {
+	u.journal.add(journalLine{Op: journalDrop, Checkpoint: name, Commit: commit})
+	log := u.log.With().Str("checkpoint", name).Str("commit", commit).Logger()
+	u.goRetry(ctx, log, "cannot delete an abandoned commit's objects", func() error {
+		return deletePrefix(ctx, u.cfg.Store, CommitPrefix(u.cfg.Job, name, commit))
+	}, func() { log.Info().Str("why", why).Msg("abandoned commit deleted") })
+}
+
+// goRetry runs fn on a goroutine until it succeeds (then done, if not nil) or ctx ends, with
+// backoff between attempts and a warning (what) for each failure.
+func (u *Uploader) goRetry(ctx context.Context, log zerolog.Logger, what string, fn func() error, done func()) {
+	u.wg.Go(func() {
+		for attempt := 1; ; attempt++ {
+			err := fn()
+			if err == nil {
+				if done != nil {
+					done()
+				}
+				return
+			}
+			if ctx.Err() != nil {
+				return
+			}
+			delay := retryDelay(attempt, false)
+			log.Warn().Err(err).Int("attempt", attempt).Dur("retry_in", delay).Msg(what)
+			t := time.NewTimer(delay)
+			select {
+			case <-t.C:
+			case <-ctx.Done():
+				t.Stop()
+				return
+			}
+		}
+	})
+}
+
+// current returns the generation of checkpoint name, making it if there is none: from the
+// journal, or new.
+func (u *Uploader) current(name string) *generation {
+	if g := u.gens[name]; g != nil {
+		return g
 	}
-	return c
+	e := u.resume[name]
+	g := u.newGen(name, e == nil)
+	if e != nil {
+		delete(u.resume, name)
+		g.commit = e.commit
+		if e.done {
+			g.state = genCommitted
+			g.complete = true
+			for _, m := range u.index[name] {
+				if m.Commit == e.commit {
+					g.manifest = m
+				}
+			}
+		} else {
+			g.state, g.resumed = genUploading, true
+		}
+		for p, d := range e.files {
+			g.files[p] = &fileState{id: d.id, done: &d}
+		}
+	}
+	return g
+}
+
+// newGen makes a new generation of name, current from now on: uploading, or with lookup, waiting
+// for the store's commits of name (goLookup), then matching (when there are some) or uploading.
+func (u *Uploader) newGen(name string, lookup bool) *generation {
+	u.seq++
+	g := &generation{name: name, seq: u.seq, files: map[string]*fileState{}, state: genUploading}
+	g.ctx, g.cancel = context.WithCancel(u.work)
+	if fi, err := os.Lstat(filepath.Join(u.cfg.Dir, name)); err == nil && fi.Mode().IsRegular() {
+		g.single = true
+	}
+	u.gens[name] = g
+	if lookup {
+		g.state, g.lookup = genMatching, true
+		u.goLookup(u.work, g)
+	}
+	return g
+}
+
+// replaceSealed replaces g, whose commit was tried (it may exist), by a new generation that sends
+// every file to a new commit: nothing is written into a commit after its manifest PUT.
+func (u *Uploader) replaceSealed(g *generation) *generation {
+	u.log.Warn().Str("checkpoint", g.name).Str("commit", g.commit).
+		Msg("checkpoint changed after its commit was tried; committing it as a new commit")
+	ng := u.newGen(g.name, false)
+	ng.complete, ng.completeSeen, ng.firstFileAt = g.complete, g.completeSeen, g.firstFileAt
+	for p, f := range g.files {
+		nf := &fileState{id: f.id}
+		ng.files[p] = nf
+		u.enqueue(ng, p, nf)
+	}
+	g.state = genAbandoned
+	g.cancel()
+	u.markDirty(ng)
+	return ng
+}
+
+// nextGen replaces the committed generation old, which changed after its commit: the new one
+// has old's files, and (matching against old's commit among the others) what is known of them.
+func (u *Uploader) nextGen(old *generation) *generation {
+	g := u.newGen(old.name, true)
+	g.complete, g.completeSeen, g.firstFileAt = old.complete, time.Now(), old.firstFileAt
+	for p, of := range old.files {
+		nf := &fileState{id: of.id}
+		if g.state == genMatching && of.done != nil && of.done.id.Same(of.id) {
+			d := *of.done
+			d.key = ""
+			nf.done = &d
+		}
+		g.files[p] = nf
+		if nf.done == nil {
+			u.enqueue(g, p, nf)
+		}
+	}
+	return g
 }
 
 func (u *Uploader) handleWatch(ctx context.Context, ev WatchEvent) {
@@ -405,283 +831,491 @@ func (u *Uploader) handleWatch(ctx context.Context, ev WatchEvent) {
 		u.log.Warn().Str("checkpoint", ev.Checkpoint).Err(err).Msg("checkpoint name refused")
 		return
 	}
-	switch ev.Kind {
-	case FileReady:
+	if ev.Kind == FileReady || ev.Kind == FileGone {
 		if err := ValidPath(ev.Path); err != nil {
 			u.log.Warn().Str("checkpoint", ev.Checkpoint).Err(err).Msg("file refused")
 			return
 		}
-		c := u.state(ev.Checkpoint)
-		f, ok := c.files[ev.Path]
-		if !ok {
-			f = &fileState{}
-			c.files[ev.Path] = f
-		}
-		f.size, f.modTime = ev.Size, ev.ModTime
-		if c.firstFileAt.IsZero() {
-			c.firstFileAt = ev.At
-		}
-		if c.committed {
-			if f.stored != nil && (f.stored.size != ev.Size || !f.stored.modTime.Equal(ev.ModTime)) {
-				u.log.Error().Str("checkpoint", c.name).Str("file", ev.Path).
-					Msg("file changed after its checkpoint was committed; the committed copy in the store stays as it was")
-			}
-			return
-		}
-		if f.stored != nil && f.stored.size == ev.Size && f.stored.modTime.Equal(ev.ModTime) {
-			return // already stored as it is
-		}
-		u.enqueue(fileRef{c.name, ev.Path})
+	}
+	if g := u.gens[ev.Checkpoint]; g != nil && g.committing {
+		g.deferred = append(g.deferred, ev)
+		return
+	}
+	switch ev.Kind {
+	case FileReady:
+		u.fileReady(ev)
 	case Complete:
-		c := u.state(ev.Checkpoint)
-		if c.complete {
+		u.fileReady(ev)
+		g := u.gens[ev.Checkpoint]
+		if g.complete || g.state == genCommitted {
 			return
 		}
-		c.complete, c.completeAt = true, ev.At
-		if ev.Path == u.cfg.Marker && !c.committed {
-			// The marker is part of the checkpoint (torch DCP's .metadata is its index): it is
-			// sent too, last.
-			f, ok := c.files[ev.Path]
-			if !ok {
-				f = &fileState{}
-				c.files[ev.Path] = f
-			}
-			f.size, f.modTime = ev.Size, ev.ModTime
-			u.enqueue(fileRef{c.name, ev.Path})
-		}
-		u.emit(UploadEvent{Kind: CheckpointComplete, Checkpoint: c.name, At: ev.At})
-		if c.committed {
-			u.log.Debug().Str("checkpoint", c.name).Msg("already committed")
-			return
-		}
-		u.log.Info().Str("checkpoint", c.name).Int("files", len(c.files)).Int("stored", c.storedCount()).
+		g.complete, g.completeSeen = true, ev.At
+		u.markDirty(g)
+		u.emit(UploadEvent{Kind: CheckpointComplete, Checkpoint: g.name, At: ev.At})
+		u.log.Info().Str("checkpoint", g.name).Int("files", len(g.files)).Int("done", g.doneCount()).
 			Msg("checkpoint complete; committing once every file is stored")
-	case Removed:
-		if c, ok := u.ckpts[ev.Checkpoint]; ok && !c.inflightAny() {
-			delete(u.ckpts, ev.Checkpoint)
-			u.queue = slices.DeleteFunc(u.queue, func(r fileRef) bool { return r.ckpt == ev.Checkpoint })
+	case FileGone:
+		g := u.gens[ev.Checkpoint]
+		if g == nil || g.state == genCommitted || g.state == genAbandoned {
+			return
 		}
+		if f := g.files[ev.Path]; f != nil {
+			u.dropFile(g, ev.Path, f)
+		}
+		if ev.Path == u.cfg.Marker || g.single {
+			g.complete = false
+		}
+		u.markDirty(g)
+	case Removed:
+		delete(u.resume, ev.Checkpoint)
+		g := u.gens[ev.Checkpoint]
+		if g == nil {
+			return
+		}
+		delete(u.gens, ev.Checkpoint)
+		u.abandon(ctx, g, "checkpoint removed")
 	}
 }
 
-func (c *ckptState) storedCount() int {
+// fileReady records that a file of ev's checkpoint is (again) ready as ev.ID.
+func (u *Uploader) fileReady(ev WatchEvent) {
+	g := u.current(ev.Checkpoint)
+	f := g.files[ev.Path]
+	if g.state == genCommitted {
+		if f != nil && f.done != nil && f.done.id.Same(ev.ID) {
+			return // still the committed version
+		}
+		u.log.Warn().Str("checkpoint", g.name).Str("commit", g.commit).Str("file", ev.Path).
+			Msg("checkpoint changed after it was committed; the commit stays as it is, and the new version will be committed anew")
+		g = u.nextGen(g)
+		f = g.files[ev.Path]
+	}
+	if g.sealed && (f == nil || f.done == nil || !f.done.id.Same(ev.ID)) {
+		g = u.replaceSealed(g)
+		f = g.files[ev.Path]
+	}
+	if f == nil {
+		f = &fileState{}
+		g.files[ev.Path] = f
+	}
+	if g.firstFileAt.IsZero() {
+		g.firstFileAt = ev.At
+	}
+	f.id = ev.ID
+	if f.done != nil && f.done.id.Same(ev.ID) {
+		return
+	}
+	u.enqueue(g, ev.Path, f)
+	u.markDirty(g)
+}
+
+// abandon forgets g, whose checkpoint is gone: its work is cancelled and what it wrote into its
+// own (never committed) commit is deleted.
+func (u *Uploader) abandon(ctx context.Context, g *generation, why string) {
+	if g.state == genCommitted || g.state == genAbandoned {
+		return
+	}
+	g.state = genAbandoned
+	g.cancel()
+	u.log.Info().Str("checkpoint", g.name).Str("why", why).Msg("checkpoint no longer tracked")
+	if g.commit != "" && !g.sealed {
+		u.cleanupCommit(ctx, g.name, g.commit, why)
+	}
+}
+
+// dropFile removes rel from g (it vanished, or cannot be used); a stored copy becomes a stray.
+func (u *Uploader) dropFile(g *generation, rel string, f *fileState) {
+	delete(g.files, rel)
+	if f.queued {
+		f.queued = false
+		g.queuedN--
+	}
+	switch {
+	case f.key != "":
+		g.strays = append(g.strays, f.key)
+	case f.done != nil && f.done.key != "":
+		g.strays = append(g.strays, f.done.key)
+	}
+}
+
+func (g *generation) doneCount() int {
 	n := 0
-	for _, f := range c.files {
-		if f.stored != nil {
+	for _, f := range g.files {
+		if f.done != nil {
 			n++
 		}
 	}
 	return n
 }
 
-func (c *ckptState) inflightAny() bool {
-	if c.committing {
-		return true
-	}
-	for _, f := range c.files {
-		if f.inflight {
-			return true
-		}
-	}
-	return false
-}
-
-func (u *Uploader) enqueue(ref fileRef) {
-	c, ok := u.ckpts[ref.ckpt]
-	if !ok {
+// enqueue queues rel of g for its next step (checksum or upload), once; a file in flight is
+// queued again when its result comes.
+func (u *Uploader) enqueue(g *generation, rel string, f *fileState) {
+	if f.inflight {
+		f.again = true
 		return
 	}
-	f := c.files[ref.rel]
-	if f == nil || f.queued {
+	if f.queued {
 		return
 	}
 	f.queued = true
-	u.queue = append(u.queue, ref)
+	g.queue = append(g.queue, rel)
+	g.queuedN++
+	u.requeue(g)
 }
 
-// dispatch starts queued uploads and ready commits while there are free slots. The newest
-// checkpoint goes first: after a notice it is the one that matters.
-func (u *Uploader) dispatch(ctx context.Context) {
-	limit := u.cfg.BackgroundFiles
-	if u.urgent {
-		limit = u.cfg.UrgentFiles
+// requeue puts g among the generations with files waiting (ordered by seq), if it has some.
+func (u *Uploader) requeue(g *generation) {
+	if g.inQueued || g.queuedN == 0 {
+		return
 	}
-	// Commits first: they are small and they are the point.
-	for _, name := range slices.Sorted(maps.Keys(u.ckpts)) {
-		c := u.ckpts[name]
-		if c.complete && !c.committed && !c.committing && c.allStored() && u.inflight < limit+1 {
-			c.committing = true
-			u.inflight++
-			u.goCommit(ctx, c)
-		}
-	}
-	slices.SortStableFunc(u.queue, func(a, b fileRef) int {
+	g.inQueued = true
+	i, _ := slices.BinarySearchFunc(u.queued, g.seq, func(a *generation, seq uint64) int {
 		switch {
-		case a.ckpt > b.ckpt:
+		case a.seq < seq:
 			return -1
-		case a.ckpt < b.ckpt:
+		case a.seq > seq:
 			return 1
 		}
 		return 0
 	})
-	for u.inflight < limit && len(u.queue) > 0 {
-		ref := u.queue[0]
-		u.queue = u.queue[1:]
-		c, ok := u.ckpts[ref.ckpt]
-		if !ok {
+	u.queued = slices.Insert(u.queued, i, g)
+}
+
+// pop returns g's next queued file, or false.
+func (g *generation) pop() (string, *fileState, bool) {
+	for g.qhead < len(g.queue) {
+		rel := g.queue[g.qhead]
+		g.queue[g.qhead] = ""
+		g.qhead++
+		if g.qhead == len(g.queue) {
+			g.queue, g.qhead = g.queue[:0], 0
+		}
+		if f := g.files[rel]; f != nil && f.queued {
+			f.queued = false
+			g.queuedN--
+			return rel, f, true
+		}
+	}
+	return "", nil, false
+}
+
+func (u *Uploader) queuedFiles() int {
+	n := 0
+	for _, g := range u.queued {
+		n += g.queuedN
+	}
+	return n
+}
+
+func (u *Uploader) markDirty(g *generation) { u.dirty = append(u.dirty, g) }
+
+// ready reports whether g can be committed (or adopted) now.
+func (u *Uploader) ready(g *generation) bool {
+	return u.gens[g.name] == g && (g.state == genMatching || g.state == genUploading) && g.complete &&
+		!g.committing && !g.commitWait && g.queuedN == 0 && g.inflight == 0 && g.retrying == 0 && len(g.files) > 0
+}
+
+// dispatch starts the next commit and queued file jobs while there are free slots. The newest
+// generation goes first: after a notice it is the one that matters.
+func (u *Uploader) dispatch(ctx context.Context) {
+	for _, g := range u.dirty {
+		if !g.inCommitQ && u.ready(g) {
+			g.inCommitQ = true
+			u.commitQ = append(u.commitQ, g)
+		}
+	}
+	clear(u.dirty)
+	u.dirty = u.dirty[:0]
+	for u.committing == nil && len(u.commitQ) > 0 {
+		g := u.commitQ[0]
+		u.commitQ[0] = nil
+		u.commitQ = u.commitQ[1:]
+		g.inCommitQ = false
+		if u.ready(g) {
+			u.startCommit(ctx, g)
+		}
+	}
+	limit := u.cfg.BackgroundFiles
+	if u.urgent {
+		limit = u.cfg.UrgentFiles
+	}
+	for u.inflight < limit && len(u.queued) > 0 {
+		g := u.queued[len(u.queued)-1]
+		if g.lookup && u.urgent && u.gens[g.name] == g {
+			// A notice does not wait for the store's commits of the name: it is sent as a new
+			// commit.
+			g.lookup = false
+			u.sendAll(g)
+		}
+		if g.lookup {
+			u.queued = u.queued[:len(u.queued)-1]
+			g.inQueued = false
 			continue
 		}
-		f := c.files[ref.rel]
-		if f == nil {
+		rel, f, ok := g.pop()
+		if !ok || u.gens[g.name] != g || (g.state != genMatching && g.state != genUploading) {
+			g.inQueued = false
+			u.queued = u.queued[:len(u.queued)-1]
 			continue
-		}
-		f.queued = false
-		if f.inflight {
-			f.queued = true // re-send after the one in flight; it changed meanwhile
-			u.queue = append(u.queue, ref)
-			break
 		}
 		f.inflight = true
+		g.inflight++
 		u.inflight++
-		u.goUpload(ctx, ref)
-	}
-}
-
-func (c *ckptState) allStored() bool {
-	if len(c.files) == 0 {
-		return false
-	}
-	for _, f := range c.files {
-		if f.stored == nil || f.inflight || f.queued {
-			return false
+		if g.state == genMatching {
+			u.goHash(ctx, g, rel, f)
+			continue
 		}
+		if g.commit == "" {
+			g.commit = NewCommitID(time.Now())
+			// Written through before the first PUT: a restart must know every commit it began.
+			u.journal.add(journalLine{Op: journalCommit, Checkpoint: g.name, Commit: g.commit})
+			u.flushJournal()
+		}
+		u.goUpload(ctx, g, rel, f)
 	}
-	return true
-}
-
-// uploadCtx bounds an upload by the notice deadline, if one is pending.
-func (u *Uploader) uploadCtx(ctx context.Context) (context.Context, context.CancelFunc) {
-	if u.urgent && !u.deadline.IsZero() {
-		return context.WithDeadline(ctx, u.deadline)
-	}
-	return context.WithCancel(ctx)
 }
 
 // localPath is the file's path relative to Dir.
-func (u *Uploader) localPath(ckpt, rel string) string {
-	if rel == ckpt && u.isSingle(ckpt) {
-		return ckpt
+func (g *generation) localPath(rel string) string {
+	if g.single {
+		return g.name
 	}
-	return filepath.Join(ckpt, filepath.FromSlash(rel))
+	return filepath.Join(g.name, filepath.FromSlash(rel))
 }
 
-// isSingle reports whether ckpt is a single-file checkpoint (a file, not a directory, in Dir).
-func (u *Uploader) isSingle(ckpt string) bool {
-	fi, err := os.Lstat(filepath.Join(u.cfg.Dir, ckpt))
-	return err == nil && fi.Mode().IsRegular()
-}
-
-// goUpload sends one file. It reads what is on disk now, and records the size and modification
-// time from before and after the read: if they differ, the file changed while being read and the
-// result is thrown away.
-func (u *Uploader) goUpload(ctx context.Context, ref fileRef) {
-	uctx, cancel := u.uploadCtx(ctx)
-	local := u.localPath(ref.ckpt, ref.rel)
-	key := DataKey(u.cfg.Job, ref.ckpt, ref.rel)
+// goHash checksums one file of a matching generation.
+func (u *Uploader) goHash(ctx context.Context, g *generation, rel string, f *fileState) {
+	local := g.localPath(rel)
+	gctx := g.ctx
 	u.wg.Go(func() {
-		defer cancel()
 		start := time.Now()
-		// TODO(commit layout): abort a previous run's incomplete uploads of this commit with
-		// Store.AbortIncomplete(commit prefix + "/") once each commit has a prefix of its own.
-		st, err := uploadFile(uctx, u.cfg.Store, u.cfg.Dir, local, key)
-		r := uploadResult{ref: ref, stored: st, start: start, duration: time.Since(start), err: err}
-		select {
-		case u.results <- r:
-		case <-ctx.Done():
-		}
+		d, err := hashFile(gctx, u.cfg.Dir, local)
+		u.send(ctx, fileResult{gen: g, rel: rel, file: f, kind: jobHash, done: d, start: start, duration: time.Since(start), err: err})
 	})
 }
 
-// uploadFile sends the regular file rel below dir to key. It opens it through an os.Root, so
-// nothing outside dir is ever read even if the trainer swaps a directory for a symlink; it refuses
-// a symlink as the file itself and anything that is not a regular file, and fails if the file
-// changed while it was being sent.
-func uploadFile(ctx context.Context, s Store, dir, rel, key string) (*storedFile, error) {
+// goUpload sends one file to g's commit.
+func (u *Uploader) goUpload(ctx context.Context, g *generation, rel string, f *fileState) {
+	local := g.localPath(rel)
+	key := DataKey(u.cfg.Job, g.name, g.commit, rel)
+	f.key = key
+	gctx := g.ctx
+	u.wg.Go(func() {
+		start := time.Now()
+		d, err := uploadFile(gctx, u.cfg.Store, u.cfg.Dir, local, key)
+		u.send(ctx, fileResult{gen: g, rel: rel, file: f, kind: jobUpload, done: d, start: start, duration: time.Since(start), err: err})
+	})
+}
+
+func (u *Uploader) send(ctx context.Context, r fileResult) {
+	select {
+	case u.results <- r:
+	case <-ctx.Done():
+	}
+}
+
+// errUnusable marks a file that must not be uploaded (a hard link, or not a regular file).
+var errUnusable = errors.New("not uploaded")
+
+// errChangedWhileSending is returned when a file changed while it was being read.
+var errChangedWhileSending = errors.New("file changed while it was being read")
+
+// openLocal opens the regular file rel below dir through an os.Root, so nothing outside dir is
+// ever read even if the trainer swaps a directory for a symlink. It refuses a symlink as the file
+// itself, anything that is not a regular file and a file with more than one hard link (the agent
+// may read what the trainer could not), and returns the file's FileID.
+func openLocal(dir, rel string) (*os.File, FileID, error) {
 	local := filepath.Join(dir, rel)
 	root, err := os.OpenRoot(dir)
 	if err != nil {
-		return nil, fmt.Errorf("open %s: %w", dir, err)
+		return nil, FileID{}, fmt.Errorf("open %s: %w", dir, err)
 	}
 	defer root.Close()
 	f, err := root.OpenFile(rel, os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0)
 	if err != nil {
-		return nil, fmt.Errorf("open %s: %w", local, err)
+		return nil, FileID{}, fmt.Errorf("open %s: %w", local, err)
 	}
-	defer f.Close()
-	before, err := f.Stat()
+	fi, err := f.Stat()
 	if err != nil {
-		return nil, fmt.Errorf("stat %s: %w", local, err)
+		f.Close()
+		return nil, FileID{}, fmt.Errorf("stat %s: %w", local, err)
 	}
-	if !before.Mode().IsRegular() {
-		return nil, fmt.Errorf("%s is not a regular file", local)
+	id := FileIDOf(fi)
+	switch {
+	case !fi.Mode().IsRegular():
+		f.Close()
+		return nil, FileID{}, fmt.Errorf("%s is not a regular file: %w", local, errUnusable)
+	case id.Nlink > 1:
+		f.Close()
+		return nil, FileID{}, fmt.Errorf("%s has %d hard links: %w", local, id.Nlink, errUnusable)
 	}
-	sum, err := s.PutFile(ctx, key, f, before.Size(), nil)
-	if err != nil {
-		return nil, fmt.Errorf("upload %s: %w", local, err)
-	}
-	after, err := f.Stat()
-	if err != nil {
-		return nil, fmt.Errorf("stat %s: %w", local, err)
-	}
-	if after.Size() != before.Size() || !after.ModTime().Equal(before.ModTime()) {
-		return nil, fmt.Errorf("%s: %w", local, errChangedWhileSending)
-	}
-	return &storedFile{size: before.Size(), modTime: before.ModTime(), checksum: sum}, nil
+	return f, id, nil
 }
 
-var errChangedWhileSending = errors.New("file changed while it was being sent")
+// readDone finishes a read of f that began at readAt as version before: it fails if the file is no
+// longer that version.
+func readDone(f *os.File, before FileID, readAt time.Time, sum Checksum) (doneFile, error) {
+	fi, err := f.Stat()
+	if err != nil {
+		return doneFile{}, fmt.Errorf("stat %s: %w", f.Name(), err)
+	}
+	if !FileIDOf(fi).Same(before) {
+		return doneFile{}, fmt.Errorf("%s: %w", f.Name(), errChangedWhileSending)
+	}
+	return doneFile{id: before, checksum: sum, readAt: readAt}, nil
+}
 
-func (u *Uploader) handleResult(ctx context.Context, r uploadResult) {
-	c, ok := u.ckpts[r.ref.ckpt]
-	if !ok {
-		return
+// uploadFile sends the file rel below dir to key (see openLocal) and fails if the file changed
+// while it was being sent.
+func uploadFile(ctx context.Context, s Store, dir, rel, key string) (doneFile, error) {
+	f, before, err := openLocal(dir, rel)
+	if err != nil {
+		return doneFile{}, err
 	}
-	f := c.files[r.ref.rel]
-	if f == nil {
-		return
+	defer f.Close()
+	readAt := time.Now()
+	sum, err := s.PutFile(ctx, key, f, before.Size, nil)
+	if err != nil {
+		return doneFile{}, fmt.Errorf("upload %s: %w", filepath.Join(dir, rel), err)
 	}
+	d, err := readDone(f, before, readAt, sum)
+	d.key = key
+	return d, err
+}
+
+// hashFile checksums the file rel below dir (see openLocal) and fails if it changed meanwhile.
+func hashFile(ctx context.Context, dir, rel string) (doneFile, error) {
+	f, before, err := openLocal(dir, rel)
+	if err != nil {
+		return doneFile{}, err
+	}
+	defer f.Close()
+	readAt := time.Now()
+	sum, err := ChecksumOf(&fileCtxReader{ctx: ctx, r: f})
+	if err != nil {
+		return doneFile{}, fmt.Errorf("read %s: %w", filepath.Join(dir, rel), err)
+	}
+	return readDone(f, before, readAt, sum)
+}
+
+// racy reports whether a change to a file right after it was read from readAt could leave its
+// FileID as it was: its ctime is within the file system's timestamp granularity of the read
+// (10 ms on file systems with fine timestamps, whose kernel clock ticks that coarsely at worst;
+// 2 s where ctime has no sub-second part, as on Lustre or ext3). Such a file is read again at
+// commit and compared by checksum.
+func racy(id FileID, readAt time.Time) bool {
+	g := 10 * time.Millisecond
+	if id.ChangeTime.Nanosecond() == 0 {
+		g = 2 * time.Second
+	}
+	return id.ChangeTime.After(readAt.Add(-g))
+}
+
+func (u *Uploader) handleResult(ctx context.Context, r fileResult) {
+	g, f := r.gen, r.file
 	f.inflight = false
-	log := u.log.With().Str("checkpoint", c.name).Str("file", r.ref.rel).Logger()
+	g.inflight--
+	u.inflight--
+	u.markDirty(g)
+	if u.gens[g.name] != g || g.files[r.rel] != f || g.state == genCommitted || g.state == genAbandoned {
+		return // forgotten meanwhile
+	}
+	again := f.again
+	f.again = false
+	log := u.log.With().Str("checkpoint", g.name).Str("file", r.rel).Logger()
+	if r.kind == jobHash && g.state != genMatching {
+		u.enqueue(g, r.rel, f) // it became an upload meanwhile
+		return
+	}
 	if r.err != nil {
+		switch {
+		case ctx.Err() != nil:
+			return
+		case errors.Is(r.err, fs.ErrNotExist):
+			log.Info().Msg("file vanished before it was read; no longer part of the checkpoint unless it comes back")
+			u.dropFile(g, r.rel, f)
+			return
+		case errors.Is(r.err, errUnusable):
+			log.Warn().Err(r.err).Msg("file skipped: the checkpoint is committed without it")
+			u.dropFile(g, r.rel, f)
+			return
+		}
 		f.attempts++
-		if ctx.Err() != nil {
-			return
-		}
-		if u.urgent && !u.deadline.IsZero() && time.Now().After(u.deadline) {
-			log.Error().Err(r.err).Msg("upload failed and the notice deadline has passed")
-			return
-		}
 		delay := retryDelay(f.attempts, u.urgent)
 		log.Warn().Err(r.err).Int("attempt", f.attempts).Dur("retry_in", delay).Msg("upload failed; retrying")
-		u.retryLater(ctx, r.ref, delay)
+		g.retrying++
+		u.after(ctx, delay, func() {
+			g.retrying--
+			u.markDirty(g)
+			if u.gens[g.name] == g && g.files[r.rel] == f {
+				u.enqueue(g, r.rel, f)
+			}
+		})
 		return
 	}
 	f.attempts = 0
-	if c.uploadStart.IsZero() || r.start.Before(c.uploadStart) {
-		c.uploadStart = r.start
+	d := r.done
+	f.done = &d
+	if again {
+		u.enqueue(g, r.rel, f)
+	} else {
+		f.id = d.id // the read's view is the newest: an older event (a marker caught mid-write) is superseded
 	}
-	c.uploadBusy += r.duration
-	c.sent += r.stored.size
-	if f.modTime.After(r.stored.modTime) {
-		// The watcher reported a newer version than the one sent; it is queued again.
-		u.enqueue(r.ref)
+	if r.kind == jobHash {
+		u.matched(g, r.rel, f)
 		return
 	}
-	// What was sent is what is on disk (it did not change while being sent); an event that saw
-	// the file earlier (a marker caught while being written, say) is superseded by it.
-	f.size, f.modTime = r.stored.size, r.stored.modTime
-	f.stored = r.stored
-	log.Debug().Int64("bytes", r.stored.size).Dur("took", r.duration).Msg("file stored")
+	if g.uploadStart.IsZero() || r.start.Before(g.uploadStart) {
+		g.uploadStart = r.start
+	}
+	g.uploadBusy += r.duration
+	g.sent += d.id.Size
+	u.journal.file(g.name, g.commit, r.rel, d)
+	log.Debug().Int64("bytes", d.id.Size).Dur("took", r.duration).Msg("file stored")
+}
+
+// matched narrows a matching generation's candidates by the checksum of rel; with none left, the
+// checkpoint holds bytes the store does not, and it is committed anew.
+func (u *Uploader) matched(g *generation, rel string, f *fileState) {
+	g.candidates = slices.DeleteFunc(g.candidates, func(m *Manifest) bool {
+		i, ok := slices.BinarySearchFunc(m.Files, rel, func(a File, p string) int {
+			switch {
+			case a.Path < p:
+				return -1
+			case a.Path > p:
+				return 1
+			}
+			return 0
+		})
+		return !ok || m.Files[i].Size != f.done.id.Size || m.Files[i].Checksum != f.done.checksum
+	})
+	if len(g.candidates) == 0 {
+		u.toUploading(g, "file "+rel+" differs from every commit of this checkpoint in the store")
+	}
+}
+
+// toUploading turns a matching generation into an uploading one: every file is sent to a new
+// commit. This is a name committed before with other bytes (a rollback, a resumed run saving a
+// step again, a new run reusing the job), so it is logged.
+func (u *Uploader) toUploading(g *generation, why string) {
+	u.log.Warn().Str("checkpoint", g.name).Str("why", why).
+		Msg("checkpoint name already committed with other bytes; committing these as a new commit (the earlier commits stay)")
+	u.sendAll(g)
+}
+
+// sendAll makes g uploading: every file goes to its commit (what was only checksummed is sent).
+func (u *Uploader) sendAll(g *generation) {
+	g.state, g.candidates = genUploading, nil
+	for rel, f := range g.files {
+		if f.done == nil || f.done.key == "" {
+			f.done = nil
+			u.enqueue(g, rel, f)
+		}
+	}
+	u.requeue(g)
+	u.markDirty(g)
 }
 
 // retryDelay grows with the attempts: 250 ms doubling, capped at 2 s during a notice and 30 s
@@ -691,59 +1325,72 @@ func retryDelay(attempt int, urgent bool) time.Duration {
 	if urgent {
 		capd = 2 * time.Second
 	}
-	d := 250 * time.Millisecond << min(attempt-1, 10)
+	d := 250 * time.Millisecond << min(max(attempt, 1)-1, 10)
 	d = min(d, capd)
 	return d/2 + rand.N(d/2+1)
 }
 
-// retryLater queues ref again once d has passed.
-func (u *Uploader) retryLater(ctx context.Context, ref fileRef, d time.Duration) {
-	u.after(ctx, d, func() {
-		select {
-		case u.requeue <- ref:
-		case <-ctx.Done():
-		}
-	})
-}
-
-// after runs send on one of the uploader's goroutines once d has passed, unless ctx ends first.
-func (u *Uploader) after(ctx context.Context, d time.Duration, send func()) {
+// after runs fn on the Run loop once d has passed, unless ctx ends first.
+func (u *Uploader) after(ctx context.Context, d time.Duration, fn func()) {
 	u.wg.Go(func() {
 		t := time.NewTimer(d)
 		defer t.Stop()
 		select {
 		case <-t.C:
-			send()
+		case <-ctx.Done():
+			return
+		}
+		select {
+		case u.wake <- fn:
 		case <-ctx.Done():
 		}
 	})
 }
 
-// goCommit checks the checkpoint on disk once more and, if every file is stored exactly as it is
-// now, writes the manifest (only if absent), then LATEST, then applies retention.
-func (u *Uploader) goCommit(ctx context.Context, c *ckptState) {
-	uctx, cancel := u.uploadCtx(ctx)
-	name := c.name
-	stored := map[string]storedFile{}
-	for rel, f := range c.files {
-		stored[rel] = *f.stored
+// commitJob is what a commit needs, copied from the Run loop's state.
+type commitJob struct {
+	name, commit  string
+	single, adopt bool
+	resumed       bool
+	// sealed: a manifest PUT was tried before; its answer was lost, and the commit may exist
+	// (and may have been deleted since, by retention).
+	sealed          bool
+	files           map[string]doneFile
+	candidates      []*Manifest
+	strays          []string
+	timings         Timings
+	trigger, notice string
+}
+
+// startCommit checks g once more and commits (or adopts) it, on a goroutine; g takes no more
+// work until the result is in (events for it wait in deferred).
+func (u *Uploader) startCommit(ctx context.Context, g *generation) {
+	c := commitJob{name: g.name, commit: g.commit, single: g.single, adopt: g.state == genMatching, resumed: g.resumed, sealed: g.sealed,
+		files: make(map[string]doneFile, len(g.files)), candidates: g.candidates, strays: g.strays,
+		timings: Timings{UploadSeconds: g.uploadBusy.Seconds()}}
+	for rel, f := range g.files {
+		if f.done == nil { // never so when ready; checked here once rather than at every event
+			u.enqueue(g, rel, f)
+			continue
+		}
+		c.files[rel] = *f.done
 	}
-	timings := Timings{UploadSeconds: c.uploadBusy.Seconds()}
-	if !c.firstFileAt.IsZero() {
-		t := c.firstFileAt
-		timings.FirstFileAt = &t
+	if g.queuedN > 0 {
+		return
 	}
-	if !c.completeAt.IsZero() {
-		t := c.completeAt
-		timings.CompleteAt = &t
+	if !g.firstFileAt.IsZero() {
+		t := g.firstFileAt
+		c.timings.FirstFileAt = &t
 	}
-	trigger, notice := "periodic", ""
+	c.trigger = "periodic"
 	if u.urgent {
-		trigger, notice = "notice", u.noticeKey
+		c.trigger, c.notice = "notice", u.noticeKey
 	}
+	g.committing = true
+	u.committing = g
 	u.wg.Go(func() {
-		defer cancel()
-		r := u.commit(uctx, name, stored, timings, trigger, notice)
+		r := u.commit(ctx, c)
+		r.gen = g
 		select {
 		case u.commits <- r:
 		case <-ctx.Done():
@@ -751,24 +1398,73 @@ func (u *Uploader) goCommit(ctx context.Context, c *ckptState) {
 	})
 }
 
-func (u *Uploader) commit(ctx context.Context, name string, stored map[string]storedFile, timings Timings, trigger, notice string) commitResult {
-	local, err := u.scanOne(name)
+// commit verifies the checkpoint on disk against what was stored or checksummed (c.files), then
+// adopts a candidate commit with exactly these files, or writes the manifest, moves LATEST and
+// cleans up: strays, incomplete uploads under the commit, retention.
+func (u *Uploader) commit(ctx context.Context, c commitJob) commitResult {
+	lc, err := ScanCheckpoint(u.cfg.Dir, c.name, u.cfg.Marker, u.cfg.Pattern, u.log)
 	if err != nil {
-		return commitResult{ckpt: name, err: err}
+		return commitResult{notComplete: err}
 	}
-	m := &Manifest{Version: ManifestVersion, Job: u.cfg.Job, Checkpoint: name, Host: u.cfg.Host(), Trigger: trigger, Notice: notice}
-	var missing []LocalFile
-	for _, lf := range local.Files {
-		s, ok := stored[lf.Path]
-		if !ok || s.size != lf.Size || !s.modTime.Equal(lf.ModTime) {
-			missing = append(missing, lf)
+	var r commitResult
+	local := make(map[string]LocalFile, len(lc.Files))
+	for _, lf := range lc.Files {
+		local[lf.Path] = lf
+		d, ok := c.files[lf.Path]
+		if !ok || !d.id.Same(lf.ID) {
+			r.changed = append(r.changed, lf)
 			continue
 		}
-		m.Files = append(m.Files, File{Path: lf.Path, Size: s.size, Checksum: s.checksum})
-		m.TotalBytes += s.size
+		if racy(d.id, d.readAt) {
+			rel := c.name
+			if !c.single {
+				rel = filepath.Join(c.name, filepath.FromSlash(lf.Path))
+			}
+			again, err := hashFile(ctx, u.cfg.Dir, rel)
+			if err != nil || !again.id.Same(lf.ID) || again.checksum != d.checksum {
+				r.changed = append(r.changed, lf)
+			}
+		}
 	}
-	if len(missing) > 0 {
-		return commitResult{ckpt: name, missing: missing}
+	for p := range c.files {
+		if _, ok := local[p]; !ok {
+			r.gone = append(r.gone, p)
+		}
+	}
+	if len(r.changed) > 0 || len(r.gone) > 0 {
+		return r
+	}
+	if c.adopt {
+		for _, m := range c.candidates {
+			if len(m.Files) != len(c.files) || slices.ContainsFunc(m.Files, func(f File) bool {
+				d, ok := c.files[f.Path]
+				return !ok || d.id.Size != f.Size || d.checksum != f.Checksum
+			}) {
+				continue
+			}
+			// Still there? Retention (ours or another agent's) may have deleted it.
+			_, _, err := u.cfg.Store.GetBytes(ctx, ManifestKey(m.Job, m.Checkpoint, m.Commit))
+			switch {
+			case err == nil:
+				return commitResult{manifest: m, adopted: true}
+			case errors.Is(err, ErrNotFound):
+				r.deleted = append(r.deleted, CommitRef{Checkpoint: m.Checkpoint, Commit: m.Commit})
+			default:
+				r.err = fmt.Errorf("read manifest of the matching commit: %w", err)
+				return r
+			}
+		}
+		r.noMatch = true
+		return r
+	}
+
+	now := time.Now()
+	m := &Manifest{Version: ManifestVersion, Job: u.cfg.Job, Checkpoint: c.name, Commit: c.commit, Host: u.cfg.Host(),
+		Trigger: c.trigger, Notice: c.notice, Timings: c.timings, CommittedAt: now}
+	for _, lf := range lc.Files {
+		d := c.files[lf.Path]
+		m.Files = append(m.Files, File{Path: lf.Path, Key: d.key, Size: d.id.Size, Mode: FormatPerm(lf.ID.Perm), Checksum: d.checksum})
+		m.TotalBytes += d.id.Size
 	}
 	slices.SortFunc(m.Files, func(a, b File) int {
 		switch {
@@ -779,215 +1475,209 @@ func (u *Uploader) commit(ctx context.Context, name string, stored map[string]st
 		}
 		return 0
 	})
-	now := time.Now()
-	last := now
-	timings.LastByteAt = &last
-	m.Timings = timings
-	m.CommittedAt = now
+	complete := lc.CompleteAt
+	m.Timings.CompleteAt = &complete
+	m.Timings.LastByteAt = &now
 	if err := m.Validate(); err != nil {
-		return commitResult{ckpt: name, err: fmt.Errorf("refusing to commit: %w", err)}
+		return commitResult{err: fmt.Errorf("refusing to commit: %w", err)}
 	}
-	data, err := json.MarshalIndent(m, "", "  ")
-	if err != nil {
-		return commitResult{ckpt: name, err: err}
-	}
-	_, err = u.cfg.Store.PutBytes(ctx, ManifestKey(u.cfg.Job, name), data, Cond{IfAbsent: true})
-	already := errors.Is(err, ErrExists)
-	if err != nil && !already {
-		return commitResult{ckpt: name, err: fmt.Errorf("write manifest: %w", err)}
-	}
-	if already {
-		// Committed before (by an earlier run of the agent): that manifest stands.
-		if m, err = ReadManifest(ctx, u.cfg.Store, u.cfg.Job, name); err != nil {
-			return commitResult{ckpt: name, err: fmt.Errorf("read existing manifest: %w", err)}
+	if c.sealed {
+		// The manifest may have landed, and retention (this agent's or another's) may have
+		// deleted the commit since: writing the manifest again would list deleted objects. Only
+		// a commit whose objects are all there is written; otherwise it starts over as a new one.
+		objs, err := u.cfg.Store.List(ctx, CommitPrefix(m.Job, m.Checkpoint, m.Commit))
+		if err != nil {
+			return commitResult{err: fmt.Errorf("list the commit's objects: %w", err)}
+		}
+		have := make(map[string]int64, len(objs))
+		for _, o := range objs {
+			have[o.Key] = o.Size
+		}
+		if slices.ContainsFunc(m.Files, func(f File) bool { size, ok := have[f.Key]; return !ok || size != f.Size }) {
+			return commitResult{changed: lc.Files}
 		}
 	}
-	if err := u.updateLatest(ctx, m); err != nil {
-		return commitResult{ckpt: name, manifest: m, already: already, err: fmt.Errorf("update LATEST: %w", err)}
+	if err := u.removeStrays(ctx, c, m); err != nil {
+		return commitResult{err: fmt.Errorf("clean the commit's prefix before its manifest: %w", err)}
 	}
-	u.applyRetention(ctx)
-	return commitResult{ckpt: name, manifest: m, already: already}
+	r.attempted = true
+	if err := writeManifest(ctx, u.cfg.Store, m); err != nil {
+		r.err = fmt.Errorf("write manifest: %w", err)
+		return r
+	}
+	r.manifest = m
+	u.cache.put(ManifestKey(m.Job, m.Checkpoint, m.Commit), m)
+	for attempt := 1; ; attempt++ {
+		moved, err := advanceLatest(ctx, u.cfg.Store, m, m.Host, u.cache)
+		if err == nil {
+			r.latestMoved = moved
+			break
+		}
+		u.log.Error().Err(err).Str("checkpoint", c.name).Int("attempt", attempt).
+			Msg("checkpoint committed but LATEST cannot be moved to it; retrying (restore takes it anyway)")
+		t := time.NewTimer(retryDelay(attempt, true))
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return r
+		}
+	}
+	// An upload a killed run began may land late (still on its way through a proxy, say).
+	prefix := CommitPrefix(m.Job, m.Checkpoint, m.Commit)
+	u.goRetry(ctx, u.log.With().Str("checkpoint", c.name).Str("commit", m.Commit).Logger(),
+		"cannot abort incomplete uploads under the commit", func() error {
+			_, err := u.cfg.Store.AbortIncomplete(ctx, prefix)
+			return err
+		}, nil)
+	if u.cfg.Keep > 0 {
+		deleted, err := applyRetention(ctx, u.cfg.Store, u.cfg.Job, u.cfg.Keep, u.cache, u.log)
+		if err != nil {
+			u.log.Warn().Err(err).Msg("retention: cannot read the job")
+		}
+		r.deleted = append(r.deleted, deleted...)
+	}
+	return r
 }
 
-// scanOne returns checkpoint name as it is on disk now, its marker included among its files.
-func (u *Uploader) scanOne(name string) (LocalCheckpoint, error) {
-	all, err := Scan(u.cfg.Dir, u.cfg.Marker, u.cfg.Pattern, u.log)
-	if err != nil {
-		return LocalCheckpoint{}, fmt.Errorf("scan %s: %w", u.cfg.Dir, err)
+// removeStrays makes m's commit prefix hold nothing but m's files before its manifest is
+// written: it deletes the keys stored for files that left the checkpoint (and, in a commit an
+// earlier run began, everything else there), and aborts every incomplete upload under it (none of
+// this agent's is running for it now).
+func (u *Uploader) removeStrays(ctx context.Context, c commitJob, m *Manifest) error {
+	keep := make(map[string]bool, len(m.Files))
+	for _, f := range m.Files {
+		keep[f.Key] = true
 	}
-	for _, lc := range all {
-		if lc.Name == name {
-			if !lc.Complete {
-				return LocalCheckpoint{}, fmt.Errorf("checkpoint %s is no longer complete on disk", name)
+	prefix := CommitPrefix(m.Job, m.Checkpoint, m.Commit)
+	strays := slices.DeleteFunc(slices.Clone(c.strays), func(k string) bool { return keep[k] })
+	if c.resumed {
+		objs, err := u.cfg.Store.List(ctx, prefix)
+		if err != nil {
+			return err
+		}
+		for _, o := range objs {
+			if !keep[o.Key] {
+				strays = append(strays, o.Key)
 			}
-			if !lc.Single {
-				fi, err := os.Lstat(filepath.Join(u.cfg.Dir, name, u.cfg.Marker))
-				if err != nil || !fi.Mode().IsRegular() {
-					return LocalCheckpoint{}, fmt.Errorf("checkpoint %s: marker is gone or not a regular file", name)
-				}
-				lc.Files = append(lc.Files, LocalFile{Path: u.cfg.Marker, Size: fi.Size(), ModTime: fi.ModTime()})
-			}
-			return lc, nil
 		}
 	}
-	return LocalCheckpoint{}, fmt.Errorf("checkpoint %s is gone from %s", name, u.cfg.Dir)
-}
-
-// updateLatest points LATEST at m unless it already names a checkpoint that completed later.
-func (u *Uploader) updateLatest(ctx context.Context, m *Manifest) error {
-	key := LatestKey(u.cfg.Job)
-	if b, _, err := u.cfg.Store.GetBytes(ctx, key); err == nil {
-		var cur Latest
-		if json.Unmarshal(b, &cur) == nil && cur.Checkpoint != m.Checkpoint {
-			if cm, err := ReadManifest(ctx, u.cfg.Store, u.cfg.Job, cur.Checkpoint); err == nil && completedAfter(cm, m) {
-				return nil
-			}
+	if len(strays) > 0 {
+		if err := u.cfg.Store.Delete(ctx, strays...); err != nil {
+			return err
 		}
-	} else if !errors.Is(err, ErrNotFound) {
-		return err
 	}
-	data, err := json.Marshal(Latest{Checkpoint: m.Checkpoint, CommittedAt: m.CommittedAt})
-	if err != nil {
-		return err
-	}
-	_, err = u.cfg.Store.PutBytes(ctx, key, data, Cond{})
+	_, err := u.cfg.Store.AbortIncomplete(ctx, prefix)
 	return err
 }
 
-// completedAfter reports whether a's checkpoint was completed (written) after b's; commit time
-// decides when a completion time is missing.
-func completedAfter(a, b *Manifest) bool {
-	if a.Timings.CompleteAt != nil && b.Timings.CompleteAt != nil {
-		return a.Timings.CompleteAt.After(*b.Timings.CompleteAt)
-	}
-	return a.CommittedAt.After(b.CommittedAt)
-}
-
-// applyRetention deletes all but the newest Keep committed checkpoints, never the one LATEST
-// names. The manifest goes first, so a checkpoint stops existing before its data goes.
-func (u *Uploader) applyRetention(ctx context.Context) {
-	if u.cfg.Keep <= 0 {
-		return
-	}
-	all, problems, err := ListCommitted(ctx, u.cfg.Store, u.cfg.Job)
-	if err != nil {
-		u.log.Warn().Err(err).Msg("retention: cannot list the store")
-		return
-	}
-	for _, p := range problems {
-		u.log.Warn().Err(p).Msg("retention: invalid manifest left alone")
-	}
-	kept := 0
-	for _, c := range all { // newest first
-		if kept < u.cfg.Keep || c.Latest {
-			kept++
-			continue
-		}
-		name := c.Manifest.Checkpoint
-		if err := u.cfg.Store.Delete(ctx, ManifestKey(u.cfg.Job, name)); err != nil {
-			u.log.Warn().Err(err).Str("checkpoint", name).Msg("retention: cannot delete manifest")
-			continue
-		}
-		objs, err := u.cfg.Store.List(ctx, path.Join(u.cfg.Job, name)+"/")
-		if err == nil {
-			keys := make([]string, 0, len(objs))
-			for _, o := range objs {
-				keys = append(keys, o.Key)
-			}
-			err = u.cfg.Store.Delete(ctx, keys...)
-		}
-		if err != nil {
-			u.log.Warn().Err(err).Str("checkpoint", name).Msg("retention: manifest deleted but data left behind")
-			continue
-		}
-		u.log.Info().Str("checkpoint", name).Int("keep", u.cfg.Keep).Msg("retention: old checkpoint deleted")
-	}
-}
-
 func (u *Uploader) handleCommit(ctx context.Context, r commitResult) {
-	c, ok := u.ckpts[r.ckpt]
-	if !ok {
-		return
+	g := r.gen
+	g.committing = false
+	u.committing = nil
+	u.markDirty(g)
+	for _, d := range r.deleted {
+		u.index[d.Checkpoint] = slices.DeleteFunc(u.index[d.Checkpoint], func(m *Manifest) bool { return m.Commit == d.Commit })
+		if len(u.index[d.Checkpoint]) == 0 {
+			delete(u.index, d.Checkpoint)
+		}
 	}
-	c.committing = false
-	log := u.log.With().Str("checkpoint", c.name).Logger()
-	if len(r.missing) > 0 {
-		for _, lf := range r.missing {
-			f, ok := c.files[lf.Path]
-			if !ok {
+	log := u.log.With().Str("checkpoint", g.name).Str("commit", g.commit).Logger()
+	if r.attempted {
+		g.sealed = true
+	}
+	switch {
+	case len(r.changed) > 0 || len(r.gone) > 0:
+		if g.sealed {
+			g = u.replaceSealed(g)
+		}
+		for _, p := range r.gone {
+			if f := g.files[p]; f != nil {
+				u.dropFile(g, p, f)
+			}
+		}
+		for _, lf := range r.changed {
+			f := g.files[lf.Path]
+			if f == nil {
 				f = &fileState{}
-				c.files[lf.Path] = f
+				g.files[lf.Path] = f
+			} else if f.done != nil {
+				// An upload goes over the earlier one, in the same uncommitted commit.
+				log.Warn().Str("file", lf.Path).Msg("file changed after it was read; reading it again before committing")
 			}
-			if f.stored != nil {
-				log.Warn().Str("file", lf.Path).Msg("file changed after it was sent; sending it again before committing")
+			f.id, f.done = lf.ID, nil
+			u.enqueue(g, lf.Path, f)
+		}
+		for p, f := range g.files {
+			if f.done == nil {
+				u.enqueue(g, p, f)
 			}
-			f.size, f.modTime, f.stored = lf.Size, lf.ModTime, nil
-			u.enqueue(fileRef{c.name, lf.Path})
 		}
-		return
-	}
-	if errors.Is(r.err, errRetryCommit) {
-		return // the pause is over: dispatch commits again
-	}
-	if r.err != nil {
-		c.failures++
-		log.Error().Err(r.err).Int("failures", c.failures).Msg("commit failed")
-		u.emit(UploadEvent{Kind: CheckpointFailed, Checkpoint: c.name, At: time.Now(), Err: r.err})
-		if ctx.Err() == nil {
-			u.retryCommit(ctx, c.name, retryDelay(c.failures, u.urgent))
+		u.markDirty(g)
+	case r.notComplete != nil:
+		log.Warn().Err(r.notComplete).Msg("checkpoint is no longer complete on disk; waiting for its marker")
+		g.complete = false
+	case r.noMatch:
+		u.toUploading(g, "its files differ from every commit of this checkpoint in the store")
+	case r.err != nil:
+		g.failures++
+		log.Error().Err(r.err).Int("failures", g.failures).Msg("commit failed")
+		u.emit(UploadEvent{Kind: CheckpointFailed, Checkpoint: g.name, At: time.Now(), Err: r.err})
+		g.commitWait = true
+		u.after(ctx, retryDelay(g.failures, u.urgent), func() {
+			g.commitWait = false
+			u.markDirty(g)
+		})
+	case r.adopted:
+		g.state, g.commit, g.manifest = genCommitted, r.manifest.Commit, r.manifest
+		u.journal.add(journalLine{Op: journalCommit, Checkpoint: g.name, Commit: g.commit})
+		for p, f := range g.files {
+			u.journal.file(g.name, g.commit, p, *f.done)
 		}
-		return
-	}
-	c.committed = true
-	u.committed[c.name] = true
-	ev := UploadEvent{Kind: CheckpointCommitted, Checkpoint: c.name, At: time.Now(), Manifest: r.manifest}
-	if !r.already {
-		ev.Throughput, ev.Forecast = forecast(c, r.manifest)
+		u.journal.add(journalLine{Op: journalDone, Checkpoint: g.name, Commit: g.commit})
+		log.Info().Str("commit", g.commit).Msg("checkpoint already committed with these bytes; nothing sent")
+		u.emit(UploadEvent{Kind: CheckpointCommitted, Checkpoint: g.name, At: time.Now(), Manifest: r.manifest, Already: true})
+	default:
+		m := r.manifest
+		g.state, g.manifest = genCommitted, m
+		u.index[g.name] = append([]*Manifest{m}, u.index[g.name]...)
+		u.journal.add(journalLine{Op: journalDone, Checkpoint: g.name, Commit: g.commit})
+		ev := UploadEvent{Kind: CheckpointCommitted, Checkpoint: g.name, At: time.Now(), Manifest: m}
+		ev.Throughput, ev.Forecast = forecast(g, m)
 		ev2 := log.Info()
 		if ev.Forecast > ForecastWarn {
 			ev2 = log.Warn()
 		}
-		ev2.Int("files", len(r.manifest.Files)).Int64("bytes", r.manifest.TotalBytes).
+		ev2.Int("files", len(m.Files)).Int64("bytes", m.TotalBytes).Bool("latest", r.latestMoved).
 			Float64("throughput_mb_s", ev.Throughput/1e6).Dur("durable_after_notice_forecast", ev.Forecast).
-			Str("trigger", r.manifest.Trigger).
+			Str("trigger", m.Trigger).
 			Msgf("checkpoint committed; a checkpoint like this one would be durable %.0f s after a notice", ev.Forecast.Seconds())
-	} else {
-		log.Info().Msg("checkpoint was already committed")
+		u.emit(ev)
 	}
-	u.emit(ev)
+	deferred := g.deferred
+	g.deferred = nil
+	for _, ev := range deferred {
+		u.handleWatch(ctx, ev)
+	}
 }
-
-func (u *Uploader) retryCommit(ctx context.Context, name string, d time.Duration) {
-	// A commit is retried by dispatch once its pause is over; until then committing stays set.
-	c := u.ckpts[name]
-	c.committing = true
-	u.inflight++
-	u.after(ctx, d, func() {
-		select {
-		case u.commits <- commitResult{ckpt: name, err: errRetryCommit}:
-		case <-ctx.Done():
-		}
-	})
-}
-
-var errRetryCommit = errors.New("retry")
 
 // forecast returns the checkpoint's upload throughput (bytes/s) and how long after a notice a
-// checkpoint like it would be durable: the trainer's write time (first file ready → marker) or
+// checkpoint like it would be durable: the trainer's write time (first file ready → complete) or
 // the time to send it all at this throughput, whichever is longer, plus the commit.
-func forecast(c *ckptState, m *Manifest) (float64, time.Duration) {
-	if c.uploadBusy <= 0 || m.TotalBytes == 0 {
+func forecast(g *generation, m *Manifest) (float64, time.Duration) {
+	if g.uploadBusy <= 0 || m.TotalBytes == 0 || g.sent == 0 {
 		return 0, 0
 	}
-	wall := c.uploadBusy
-	if !c.uploadStart.IsZero() && m.Timings.LastByteAt != nil {
-		wall = min(wall, m.Timings.LastByteAt.Sub(c.uploadStart))
+	wall := g.uploadBusy
+	if !g.uploadStart.IsZero() && m.Timings.LastByteAt != nil {
+		wall = min(wall, m.Timings.LastByteAt.Sub(g.uploadStart))
 	}
-	throughput := float64(c.sent) / wall.Seconds()
+	wall = max(wall, time.Microsecond)
+	throughput := float64(g.sent) / wall.Seconds()
 	send := time.Duration(float64(m.TotalBytes) / throughput * float64(time.Second))
 	var write time.Duration
-	if m.Timings.FirstFileAt != nil && m.Timings.CompleteAt != nil {
-		write = m.Timings.CompleteAt.Sub(*m.Timings.FirstFileAt)
+	if !g.firstFileAt.IsZero() && !g.completeSeen.IsZero() {
+		write = g.completeSeen.Sub(g.firstFileAt)
 	}
 	commit := time.Since(*m.Timings.LastByteAt)
 	return throughput, max(write, send) + commit
@@ -1000,19 +1690,19 @@ func (u *Uploader) emit(ev UploadEvent) {
 }
 
 func (u *Uploader) status() UploaderStatus {
-	st := UploaderStatus{Urgent: u.urgent, InFlight: u.inflight, Queued: len(u.queue)}
+	st := UploaderStatus{Urgent: u.urgent, InFlight: u.inflight, Queued: u.queuedFiles()}
 	if !u.deadline.IsZero() {
 		d := u.deadline
 		st.Deadline = &d
 	}
-	for _, name := range slices.Sorted(maps.Keys(u.ckpts)) {
-		c := u.ckpts[name]
-		cs := CheckpointStatus{Name: name, Files: len(c.files), Complete: c.complete, Committed: c.committed}
-		for _, f := range c.files {
-			cs.Bytes += f.size
-			if f.stored != nil {
+	for _, name := range slices.Sorted(maps.Keys(u.gens)) {
+		g := u.gens[name]
+		cs := CheckpointStatus{Name: name, Commit: g.commit, Files: len(g.files), Complete: g.complete, Committed: g.state == genCommitted}
+		for _, f := range g.files {
+			cs.Bytes += f.id.Size
+			if f.done != nil && (f.done.key != "" || g.state == genCommitted) {
 				cs.FilesStored++
-				cs.BytesStored += f.stored.size
+				cs.BytesStored += f.done.id.Size
 			}
 		}
 		st.Checkpoints = append(st.Checkpoints, cs)

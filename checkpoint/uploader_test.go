@@ -27,16 +27,23 @@ type uploaderRig struct {
 
 func startUploader(t *testing.T, dir string, store Store, keep int) *uploaderRig {
 	t.Helper()
+	return startUploaderWith(t, dir, store, UploaderConfig{Keep: keep})
+}
+
+// startUploaderWith is startUploader with more of the uploader's configuration (Store, Job,
+// Dir, Logger, Host and OnEvent are the rig's).
+func startUploaderWith(t *testing.T, dir string, store Store, cfg UploaderConfig) *uploaderRig {
+	t.Helper()
+	keep := cfg.Keep
 	r := &uploaderRig{t: t, dir: dir, store: store, events: make(chan UploadEvent, 64), done: make(chan struct{})}
 	w, err := NewWatcher(WatchConfig{Dir: dir, Debounce: 30 * time.Millisecond, Logger: zerolog.Nop()})
 	if err != nil {
 		t.Fatal(err)
 	}
-	r.up = NewUploader(UploaderConfig{
-		Store: store, Job: "job", Dir: dir, Keep: keep, Logger: zerolog.Nop(),
-		Host:    func() Host { return Host{InstanceID: "i-test"} },
-		OnEvent: func(ev UploadEvent) { r.events <- ev },
-	})
+	cfg.Store, cfg.Job, cfg.Dir, cfg.Keep, cfg.Logger = store, "job", dir, keep, zerolog.Nop()
+	cfg.Host = func() Host { return Host{InstanceID: "i-test"} }
+	cfg.OnEvent = func(ev UploadEvent) { r.events <- ev }
+	r.up = NewUploader(cfg)
 	ctx, cancel := context.WithCancel(context.Background())
 	r.cancel = cancel
 	files := make(chan WatchEvent)
@@ -56,15 +63,21 @@ func (r *uploaderRig) stop() {
 // waitCommitted waits for the checkpoint to be committed and returns its event.
 func (r *uploaderRig) waitCommitted(name string) UploadEvent {
 	r.t.Helper()
+	return r.waitEvent(CheckpointCommitted, name)
+}
+
+// waitEvent waits for an event of kind for the checkpoint and returns it.
+func (r *uploaderRig) waitEvent(kind UploadEventKind, name string) UploadEvent {
+	r.t.Helper()
 	timeout := time.After(20 * time.Second)
 	for {
 		select {
 		case ev := <-r.events:
-			if ev.Kind == CheckpointCommitted && ev.Checkpoint == name {
+			if ev.Kind == kind && ev.Checkpoint == name {
 				return ev
 			}
 		case <-timeout:
-			r.t.Fatalf("checkpoint %s not committed within 20 s", name)
+			r.t.Fatalf("no event %d for checkpoint %s within 20 s", kind, name)
 		}
 	}
 }
@@ -267,7 +280,8 @@ func TestUploaderFinishesNoticeUploadAfterStop(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("upload never started")
 	}
-	r.cancel() // SIGTERM
+	r.waitEvent(CheckpointComplete, "step-9") // the watcher stops with the rig: let it see the marker first
+	r.cancel()                                // SIGTERM
 	select {
 	case <-r.done:
 		t.Fatal("Run returned while the notice's upload was in flight")
@@ -275,28 +289,30 @@ func TestUploaderFinishesNoticeUploadAfterStop(t *testing.T) {
 	}
 	close(bs.release)
 	<-r.done
-	if _, _, err := mem.GetBytes(t.Context(), ManifestKey("job", "step-9")); err != nil {
+	ev := r.waitCommitted("step-9")
+	if _, _, err := mem.GetBytes(t.Context(), ManifestKey("job", "step-9", ev.Manifest.Commit)); err != nil {
 		t.Fatalf("manifest after stop: %v; want it committed", err)
 	}
-	ev := r.waitCommitted("step-9")
 	if ev.Manifest.Trigger != "notice" || ev.Manifest.Notice != "spot/terminate" {
 		t.Errorf("trigger %q notice %q; want notice spot/terminate", ev.Manifest.Trigger, ev.Manifest.Notice)
 	}
 }
 
-// Past the notice deadline the upload is abandoned and no manifest exists.
-func TestUploaderDeadlinePassesNoManifest(t *testing.T) {
+// A stop drains for at most the stop budget: with the store stuck, Run returns when it is spent,
+// and no manifest exists.
+func TestUploaderStopBudgetEndsDrain(t *testing.T) {
 	dir := t.TempDir()
 	mem := newMemStore()
 	bs := &blockingStore{Store: mem, started: make(chan string, 1), release: make(chan struct{})}
-	r := startUploader(t, dir, bs, 0)
-	r.up.Notice("spot/terminate", time.Now().Add(500*time.Millisecond))
+	r := startUploaderWith(t, dir, bs, UploaderConfig{StopBudget: 500 * time.Millisecond})
+	r.up.Notice("spot/terminate", time.Now().Add(time.Minute))
 	writeCheckpoint(t, dir, "step-9", map[string][]byte{"w": randomBytes(t, 1<<20)})
 	<-bs.started
+	r.waitEvent(CheckpointComplete, "step-9")
 	r.cancel()
-	<-r.done // returns at the deadline, release never comes
-	if _, _, err := mem.GetBytes(t.Context(), ManifestKey("job", "step-9")); err == nil {
-		t.Fatal("a manifest exists for an upload abandoned at the deadline")
+	<-r.done // returns when the budget is spent; release never comes
+	if cs, _, err := ListCommitted(t.Context(), mem, "job"); err != nil || len(cs) != 0 {
+		t.Fatalf("ListCommitted = %v, %v; want nothing committed", cs, err)
 	}
 }
 

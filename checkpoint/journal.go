@@ -1,0 +1,193 @@
+package checkpoint
+
+import (
+	"bufio"
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"time"
+)
+
+// The journal is how a restarted agent (kill -9, a systemd restart) finds its own work again: for
+// each local checkpoint, the commit it is writing (or committed) and the files it has stored
+// there, each with the FileID of the version that was read. It lives in the agent's runtime
+// directory (UploaderConfig.StateDir), one file per job, checkpoint directory and store, as lines
+// of JSON appended as the work goes on and rewritten compactly at start. A line lost in a crash
+// only costs a file sent again; nothing in it is trusted without checking: a resumed commit's
+// objects are listed and matched by size, and a file counts as stored only while it is the same
+// version (FileID) that was sent.
+
+// journalOp is what a journal line records.
+type journalOp string
+
+const (
+	// journalCommit: the checkpoint's files now go to this commit (before its first PUT).
+	journalCommit journalOp = "commit"
+	// journalFile: a file is stored in the commit (or, before journalDone of an adopted commit,
+	// matched one of its files).
+	journalFile journalOp = "file"
+	// journalDone: the commit is committed (by this agent or found committed and adopted).
+	journalDone journalOp = "done"
+	// journalDrop: the commit was abandoned and its objects deleted.
+	journalDrop journalOp = "drop"
+)
+
+// journalLine is one line of the journal.
+type journalLine struct {
+	Op         journalOp `json:"op"`
+	Checkpoint string    `json:"ckpt"`
+	Commit     string    `json:"commit"`
+	Path       string    `json:"path,omitempty"`
+	Key        string    `json:"key,omitempty"`
+	ID         *FileID   `json:"id,omitempty"`
+	Checksum   Checksum  `json:"checksum,omitzero"`
+	ReadAt     time.Time `json:"read_at,omitzero"`
+}
+
+// journalEntry is what the journal says of one checkpoint: its last commit.
+type journalEntry struct {
+	commit  string
+	files   map[string]doneFile
+	done    bool
+	dropped bool
+}
+
+// journal appends lines to the journal file. Only the uploader's Run goroutine uses it. A nil
+// *journal does nothing (no StateDir, or it could not be opened).
+type journal struct {
+	path string
+	f    *os.File
+	w    *bufio.Writer
+	err  error // the first write error; the journal is off after it
+}
+
+// journalPath is the journal's file for job, dir and store in stateDir.
+func journalPath(stateDir, job, dir, store string) string {
+	sum := sha256.Sum256([]byte(job + "\x00" + dir + "\x00" + store))
+	return filepath.Join(stateDir, "uploads-"+hex.EncodeToString(sum[:8])+".jsonl")
+}
+
+// readJournal reads the journal at path: the last commit of each checkpoint. A missing file is
+// an empty journal; a torn or unreadable line is skipped; a dropped commit is left out.
+func readJournal(path string) (map[string]*journalEntry, error) {
+	entries := map[string]*journalEntry{}
+	data, err := os.ReadFile(path)
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return entries, fmt.Errorf("read journal: %w", err)
+	}
+	for line := range bytes.SplitSeq(data, []byte("\n")) {
+		var l journalLine
+		if len(line) == 0 || json.Unmarshal(line, &l) != nil || ValidName(l.Checkpoint) != nil {
+			continue
+		}
+		e := entries[l.Checkpoint]
+		if e == nil || e.commit != l.Commit {
+			if l.Op != journalCommit {
+				continue // a line of a commit whose start was lost
+			}
+			e = &journalEntry{commit: l.Commit, files: map[string]doneFile{}}
+			entries[l.Checkpoint] = e
+		}
+		switch l.Op {
+		case journalFile:
+			if l.ID != nil && ValidPath(l.Path) == nil {
+				e.files[l.Path] = doneFile{id: *l.ID, checksum: l.Checksum, readAt: l.ReadAt, key: l.Key}
+			}
+		case journalDone:
+			e.done = true
+		case journalDrop:
+			e.dropped = true
+		}
+	}
+	for name, e := range entries {
+		if e.dropped {
+			delete(entries, name)
+		}
+	}
+	return entries, nil
+}
+
+// writeJournal rewrites the journal at path with entries (through a temporary file renamed into
+// place) and opens it for appending.
+func writeJournal(path string, entries map[string]*journalEntry) (*journal, error) {
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return nil, fmt.Errorf("create journal directory: %w", err)
+	}
+	var buf bytes.Buffer
+	for name, e := range entries {
+		writeJournalEntry(&buf, name, e)
+	}
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, buf.Bytes(), 0o600); err != nil {
+		return nil, fmt.Errorf("write journal: %w", err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		return nil, fmt.Errorf("write journal: %w", err)
+	}
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("open journal: %w", err)
+	}
+	return &journal{path: path, f: f, w: bufio.NewWriter(f)}, nil
+}
+
+// writeJournalEntry writes e as journal lines to buf.
+func writeJournalEntry(buf *bytes.Buffer, name string, e *journalEntry) {
+	enc := json.NewEncoder(buf)
+	_ = enc.Encode(journalLine{Op: journalCommit, Checkpoint: name, Commit: e.commit})
+	for p, d := range e.files {
+		id := d.id
+		_ = enc.Encode(journalLine{Op: journalFile, Checkpoint: name, Commit: e.commit, Path: p, Key: d.key, ID: &id,
+			Checksum: d.checksum, ReadAt: d.readAt})
+	}
+	if e.done {
+		_ = enc.Encode(journalLine{Op: journalDone, Checkpoint: name, Commit: e.commit})
+	}
+}
+
+// add appends a line; it is written out at the next flush.
+func (j *journal) add(l journalLine) {
+	if j == nil || j.err != nil {
+		return
+	}
+	b, err := json.Marshal(l)
+	if err == nil {
+		_, err = j.w.Write(append(b, '\n'))
+	}
+	j.err = err
+}
+
+// file appends a journalFile line for d.
+func (j *journal) file(name, commit, rel string, d doneFile) {
+	if j == nil {
+		return
+	}
+	id := d.id
+	j.add(journalLine{Op: journalFile, Checkpoint: name, Commit: commit, Path: rel, Key: d.key, ID: &id, Checksum: d.checksum, ReadAt: d.readAt})
+}
+
+// flush writes out what was added. The journal is on tmpfs (/run), so it is not fsynced: a line
+// lost in a crash only costs a file sent again.
+func (j *journal) flush() error {
+	if j == nil {
+		return nil
+	}
+	if j.err == nil {
+		j.err = j.w.Flush()
+	}
+	return j.err
+}
+
+// close flushes and closes the file.
+func (j *journal) close() error {
+	if j == nil {
+		return nil
+	}
+	return errors.Join(j.flush(), j.f.Close())
+}
