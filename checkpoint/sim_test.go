@@ -1,0 +1,754 @@
+package checkpoint
+
+import (
+	"bytes"
+	"context"
+	"flag"
+	"fmt"
+	"io/fs"
+	"maps"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/rs/zerolog"
+)
+
+// The simulation drives real Uploaders over real directories (a scripted trainer writes the
+// files and plays the watcher, sending the events a Watcher would) against simBackend, an
+// in-memory S3 with latency, 503s, lost answers and outages, under testing/synctest's fake
+// clock. Agents are killed (kill -9: their store connection dies with their multipart uploads
+// left behind, and a restart gets the journal as it was), stopped mid-upload, restarted, and a
+// second agent writes to the same job. After every step it checks I1-I4 and I7 (simBackend checks
+// the history as it happens; every manifest must be a version of its checkpoint the trainer had
+// complete); at the end, with the faults off, I5 (every complete local checkpoint is committed
+// with its current bytes within a bounded time), I6 (LATEST on the newest commit, every commit's
+// prefix clean) and a restore of the newest commit, bit for bit.
+//
+// Every `go test` runs simFixedSeeds; a seed that ever found a bug stays there. A failure prints
+// the command that replays it.
+
+var (
+	simSeed  = flag.Uint64("sim.seed", 0, "run the simulation with only this seed")
+	simSeeds = flag.Int("sim.seeds", 0, "run the simulation with this many random seeds besides the fixed ones")
+	simSteps = flag.Int("sim.steps", 150, "trainer steps per simulated run")
+	simLogTo = flag.String("sim.log", "", "write the agents' log lines of a failed run to this file")
+)
+
+// simFixedSeeds run on every `go test`.
+var simFixedSeeds = []uint64{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12}
+
+func TestSimulation(t *testing.T) {
+	seeds := simFixedSeeds
+	if *simSeed != 0 {
+		seeds = []uint64{*simSeed}
+	}
+	for range *simSeeds {
+		seeds = append(seeds, rand.Uint64())
+	}
+	for _, seed := range seeds {
+		t.Run(fmt.Sprintf("seed=%d", seed), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) { runSim(t, seed, *simSteps) })
+			if t.Failed() {
+				t.Logf("replay: go test ./checkpoint -run 'TestSimulation' -sim.seed=%d -v", seed)
+			}
+		})
+	}
+}
+
+// sim is one simulated run.
+type sim struct {
+	t      *testing.T
+	rng    *rand.Rand
+	b      *simBackend
+	root   string
+	job    string
+	keep   int
+	agents []*simAgent
+	step   int
+	names  int
+	// snaps are the versions of each checkpoint the trainer had complete: fingerprints of
+	// (path, checksum) of every file.
+	snaps   map[string]map[string]bool
+	checked map[string]bool // manifests checked against snaps
+	logs    *simLog
+}
+
+// simAgent is one agent (one instance's spotguard) and its checkpoint directory.
+type simAgent struct {
+	name, dir, state string
+	incarnation      int
+	store            *simStore
+	up               *Uploader
+	events           chan WatchEvent
+	cancel           context.CancelFunc
+	done             chan struct{}
+}
+
+// simLog keeps the agents' log lines, for a failure's report.
+type simLog struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (l *simLog) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.buf.Write(p)
+}
+
+func (l *simLog) tail(n int) string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	lines := strings.Split(strings.TrimSpace(l.buf.String()), "\n")
+	return strings.Join(lines[max(0, len(lines)-n):], "\n")
+}
+
+func runSim(t *testing.T, seed uint64, steps int) {
+	s := &sim{
+		t: t, rng: rand.New(rand.NewPCG(seed, 7)), b: newSimBackend(seed), root: t.TempDir(), job: "sim",
+		snaps: map[string]map[string]bool{}, checked: map[string]bool{}, logs: &simLog{},
+	}
+	if s.rng.IntN(3) == 0 {
+		s.keep = 1 + s.rng.IntN(3)
+	}
+	s.b.setFaults(0.05, 0.02, 300*time.Millisecond, false)
+	s.addAgent("a")
+	defer func() {
+		for _, a := range s.agents {
+			s.stopAgent(a)
+		}
+	}()
+	for s.step = 0; s.step < steps; s.step++ {
+		s.act()
+		synctest.Wait()
+		s.check()
+	}
+	s.settle()
+}
+
+// fail stops the run with what went wrong and the agents' last log lines.
+func (s *sim) fail(format string, args ...any) {
+	s.t.Helper()
+	if *simLogTo != "" {
+		s.logs.mu.Lock()
+		_ = os.WriteFile(*simLogTo, s.logs.buf.Bytes(), 0o644)
+		s.logs.mu.Unlock()
+	}
+	s.t.Fatalf("step %d: %s\nlast log lines:\n%s", s.step, fmt.Sprintf(format, args...), s.logs.tail(60))
+}
+
+func (s *sim) addAgent(name string) *simAgent {
+	a := &simAgent{name: name, dir: filepath.Join(s.root, name, "ckpt"), state: filepath.Join(s.root, name, "run-0")}
+	if err := os.MkdirAll(a.dir, 0o755); err != nil {
+		s.t.Fatal(err)
+	}
+	s.agents = append(s.agents, a)
+	s.startAgent(a)
+	return a
+}
+
+// startAgent starts a's agent and sends it what the watcher's first scan would.
+func (s *sim) startAgent(a *simAgent) {
+	a.store = s.b.connect(fmt.Sprintf("%s#%d", a.name, a.incarnation))
+	log := zerolog.New(s.logs).With().Str("agent", a.store.name).Logger()
+	a.up = NewUploader(UploaderConfig{
+		Store: a.store, Job: s.job, Dir: a.dir, Pattern: "*.pt", Keep: s.keep, StateDir: a.state,
+		StopBudget: 30 * time.Second, Logger: log, Host: func() Host { return Host{Hostname: a.name} },
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	a.cancel, a.done, a.events = cancel, make(chan struct{}), make(chan WatchEvent)
+	up, events, done := a.up, a.events, a.done
+	go func() {
+		if err := up.Run(ctx, events); err != nil {
+			s.t.Errorf("Run: %v", err)
+		}
+		close(done)
+	}()
+	found, err := Scan(a.dir, "", "*.pt", zerolog.Nop())
+	if err != nil {
+		s.fail("scan: %v", err)
+	}
+	for _, lc := range found {
+		for _, f := range lc.Files {
+			s.send(a, WatchEvent{Kind: FileReady, Checkpoint: lc.Name, Path: f.Path, ID: f.ID})
+		}
+		if lc.Complete {
+			s.complete(a, lc.Name)
+		}
+	}
+}
+
+func (s *sim) running(a *simAgent) bool { return a.events != nil }
+
+// stopAgent cancels a's agent and waits for Run to return (draining, within its stop budget).
+func (s *sim) stopAgent(a *simAgent) {
+	if !s.running(a) {
+		return
+	}
+	a.cancel()
+	<-a.done
+	a.events = nil
+}
+
+// killAgent is kill -9: the agent's store connection dies (its multipart uploads stay behind),
+// and the next incarnation gets the journal as it was at that moment.
+func (s *sim) killAgent(a *simAgent) {
+	if !s.running(a) {
+		return
+	}
+	a.store.kill()
+	a.incarnation++
+	next := filepath.Join(s.root, a.name, fmt.Sprintf("run-%d", a.incarnation))
+	copyDir(s.t, a.state, next)
+	a.state = next
+	s.stopAgent(a)
+}
+
+func copyDir(t *testing.T, from, to string) {
+	if err := os.MkdirAll(to, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	entries, _ := os.ReadDir(from)
+	for _, e := range entries {
+		if e.Type().IsRegular() && !strings.HasSuffix(e.Name(), ".tmp") {
+			b, err := os.ReadFile(filepath.Join(from, e.Name()))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(filepath.Join(to, e.Name()), b, 0o600); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+}
+
+// send delivers a watch event to a's agent if it runs (a stopped agent's watcher sees nothing; its
+// next start scans).
+func (s *sim) send(a *simAgent, ev WatchEvent) {
+	if !s.running(a) {
+		return
+	}
+	ev.At = time.Now()
+	a.events <- ev
+}
+
+func (s *sim) fileID(p string) FileID {
+	fi, err := os.Lstat(p)
+	if err != nil {
+		s.fail("lstat %s: %v", p, err)
+	}
+	return FileIDOf(fi)
+}
+
+// complete sends the Complete of checkpoint name and records its version.
+func (s *sim) complete(a *simAgent, name string) {
+	p := filepath.Join(a.dir, name)
+	marker := "_COMPLETE"
+	if fi, err := os.Lstat(p); err == nil && fi.Mode().IsRegular() {
+		marker = name
+	} else {
+		p = filepath.Join(p, marker)
+	}
+	s.send(a, WatchEvent{Kind: Complete, Checkpoint: name, Path: marker, ID: s.fileID(p)})
+}
+
+// snapshot records the version of every complete checkpoint of a as one the trainer had.
+func (s *sim) snapshot(a *simAgent) {
+	entries, _ := os.ReadDir(a.dir)
+	for _, e := range entries {
+		if fp, ok := s.fingerprint(a, e.Name()); ok {
+			if s.snaps[e.Name()] == nil {
+				s.snaps[e.Name()] = map[string]bool{}
+			}
+			s.snaps[e.Name()][fp] = true
+		}
+	}
+}
+
+// fingerprint reads checkpoint name of a and returns its (path, checksum) list, if complete.
+func (s *sim) fingerprint(a *simAgent, name string) (string, bool) {
+	p := filepath.Join(a.dir, name)
+	fi, err := os.Lstat(p)
+	if err != nil {
+		return "", false
+	}
+	var lines []string
+	sum := func(file, rel string) {
+		b, err := os.ReadFile(file)
+		if err != nil {
+			s.fail("read %s: %v", file, err)
+		}
+		c, _ := ChecksumOf(bytes.NewReader(b))
+		lines = append(lines, rel+" "+c.Value)
+	}
+	if fi.Mode().IsRegular() {
+		sum(p, name)
+		return strings.Join(lines, "\n"), true
+	}
+	if _, err := os.Lstat(filepath.Join(p, "_COMPLETE")); err != nil {
+		return "", false
+	}
+	filepath.WalkDir(p, func(f string, d fs.DirEntry, err error) error {
+		if err == nil && d.Type().IsRegular() {
+			rel, _ := filepath.Rel(p, f)
+			sum(f, filepath.ToSlash(rel))
+		}
+		return nil
+	})
+	slices.Sort(lines)
+	return strings.Join(lines, "\n"), true
+}
+
+func manifestFingerprint(m *Manifest) string {
+	var lines []string
+	for _, f := range m.Files {
+		lines = append(lines, f.Path+" "+f.Checksum.Value)
+	}
+	slices.Sort(lines)
+	return strings.Join(lines, "\n")
+}
+
+// check asserts the invariants after a step.
+func (s *sim) check() {
+	s.t.Helper()
+	if v := s.b.takeViolations(); len(v) > 0 {
+		s.fail("invariants violated:\n  %s", strings.Join(v, "\n  "))
+	}
+	for _, m := range s.b.manifests() {
+		key := ManifestKey(m.Job, m.Checkpoint, m.Commit)
+		if s.checked[key] {
+			continue
+		}
+		s.checked[key] = true
+		if !s.snaps[m.Checkpoint][manifestFingerprint(m)] {
+			s.fail("I2/I4: commit %s/%s lists a version of the checkpoint the trainer never had complete:\n%s",
+				m.Checkpoint, m.Commit, manifestFingerprint(m))
+		}
+	}
+}
+
+// pickAgent returns a running agent, or nil.
+func (s *sim) pickAgent() *simAgent {
+	var up []*simAgent
+	for _, a := range s.agents {
+		if s.running(a) {
+			up = append(up, a)
+		}
+	}
+	if len(up) == 0 {
+		return nil
+	}
+	return up[s.rng.IntN(len(up))]
+}
+
+// localCheckpoints returns the names in a's checkpoint directory.
+func localCheckpoints(a *simAgent) []string {
+	entries, _ := os.ReadDir(a.dir)
+	var names []string
+	for _, e := range entries {
+		names = append(names, e.Name())
+	}
+	return names
+}
+
+// act takes one random step.
+func (s *sim) act() {
+	a := s.pickAgent()
+	switch r := s.rng.IntN(100); {
+	case r < 30:
+		s.save(s.anyAgent(a))
+	case r < 34:
+		s.saveSingle(s.anyAgent(a))
+	case r < 44:
+		s.rewrite(s.anyAgent(a))
+	case r < 51:
+		s.deleteCheckpoint(s.anyAgent(a))
+	case r < 54:
+		s.deleteFile(s.anyAgent(a))
+	case r < 58:
+		if a != nil {
+			a.up.Notice("spot/terminate", time.Now().Add(2*time.Minute))
+		}
+	case r < 64:
+		if a != nil {
+			s.killAgent(a)
+		}
+	case r < 67:
+		if a != nil {
+			s.stopAgent(a)
+		}
+	case r < 74:
+		for _, a := range s.agents {
+			if !s.running(a) {
+				s.startAgent(a)
+			}
+		}
+	case r < 80:
+		errRate, lost := s.rng.Float64()*0.3, s.rng.Float64()*0.1
+		s.b.setFaults(errRate, lost, time.Duration(s.rng.IntN(800))*time.Millisecond, s.rng.IntN(8) == 0)
+	case r < 83:
+		s.restore(a)
+	case r < 85:
+		if len(s.agents) < 2 {
+			s.addAgent("b")
+		}
+	default:
+		time.Sleep(time.Duration(s.rng.IntN(30_000)) * time.Millisecond)
+	}
+}
+
+// anyAgent returns a, or when no agent runs, any agent: the trainer writes whether or not its
+// agent is up.
+func (s *sim) anyAgent(a *simAgent) *simAgent {
+	if a != nil {
+		return a
+	}
+	return s.agents[s.rng.IntN(len(s.agents))]
+}
+
+// name returns a new checkpoint name, or (a rollback, a new run reusing the job) an old one.
+func (s *sim) name() string {
+	if s.names > 0 && s.rng.IntN(8) == 0 {
+		return fmt.Sprintf("step-%06d", 100*(1+s.rng.IntN(s.names)))
+	}
+	s.names++
+	return fmt.Sprintf("step-%06d", 100*s.names)
+}
+
+func (s *sim) writeFile(p string, size int) {
+	b := make([]byte, size)
+	for i := range b {
+		b[i] = byte(s.rng.Uint32())
+	}
+	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+		s.fail("%v", err)
+	}
+	if err := os.WriteFile(p, b, 0o644); err != nil {
+		s.fail("%v", err)
+	}
+}
+
+func (s *sim) size() int {
+	switch r := s.rng.IntN(10); {
+	case r == 0:
+		return 0
+	case r < 4:
+		return 1 + s.rng.IntN(4<<10)
+	default:
+		return 1 + s.rng.IntN(200<<10) // many are multipart (64 KiB parts)
+	}
+}
+
+// save writes a checkpoint directory file by file (some through temporary names), then its
+// marker; sometimes the trainer dies before the marker.
+func (s *sim) save(a *simAgent) {
+	name := s.name()
+	dir := filepath.Join(a.dir, name)
+	if _, err := os.Lstat(dir); err == nil {
+		os.RemoveAll(dir)
+		s.send(a, WatchEvent{Kind: Removed, Checkpoint: name})
+	}
+	n := 1 + s.rng.IntN(6)
+	if s.rng.IntN(10) == 0 {
+		n = 20 + s.rng.IntN(100)
+	}
+	for i := range n {
+		rel := fmt.Sprintf("shard-%d.bin", i)
+		if s.rng.IntN(4) == 0 {
+			rel = fmt.Sprintf("optim/rank-%d/state.bin", i)
+		}
+		p := filepath.Join(dir, filepath.FromSlash(rel))
+		switch s.rng.IntN(6) {
+		case 0: // a dot-temp file renamed into place: the watcher never sees the temp
+			tmp := filepath.Join(filepath.Dir(p), "."+filepath.Base(p)+".tmp")
+			s.writeFile(tmp, s.size())
+			os.Rename(tmp, p)
+		case 1: // a visible temp file, ready long enough to be sent, then renamed
+			tmp := p + ".tmp"
+			s.writeFile(tmp, s.size())
+			s.send(a, WatchEvent{Kind: FileReady, Checkpoint: name, Path: rel + ".tmp", ID: s.fileID(tmp)})
+			time.Sleep(time.Duration(s.rng.IntN(3000)) * time.Millisecond)
+			os.Rename(tmp, p)
+			s.send(a, WatchEvent{Kind: FileGone, Checkpoint: name, Path: rel + ".tmp"})
+		default:
+			s.writeFile(p, s.size())
+		}
+		s.send(a, WatchEvent{Kind: FileReady, Checkpoint: name, Path: rel, ID: s.fileID(p)})
+		if n < 10 {
+			time.Sleep(time.Duration(s.rng.IntN(2000)) * time.Millisecond)
+		}
+	}
+	if s.rng.IntN(10) == 0 {
+		return // the trainer died before its marker
+	}
+	s.writeFile(filepath.Join(dir, "_COMPLETE"), s.rng.IntN(64))
+	s.snapshot(a)
+	s.complete(a, name)
+}
+
+// saveSingle writes a single-file checkpoint through a temporary name.
+func (s *sim) saveSingle(a *simAgent) {
+	name := fmt.Sprintf("model-%d.pt", s.rng.IntN(4))
+	tmp := filepath.Join(a.dir, "."+name+".tmp")
+	s.writeFile(tmp, s.size())
+	if fi, err := os.Lstat(filepath.Join(a.dir, name)); err == nil && fi.IsDir() {
+		return
+	}
+	os.Rename(tmp, filepath.Join(a.dir, name))
+	s.snapshot(a)
+	s.send(a, WatchEvent{Kind: FileReady, Checkpoint: name, Path: name, ID: s.fileID(filepath.Join(a.dir, name))})
+	s.complete(a, name)
+}
+
+// rewrite changes one file of a complete checkpoint after its marker: same size, and sometimes
+// with its modification time set back.
+func (s *sim) rewrite(a *simAgent) {
+	names := localCheckpoints(a)
+	if len(names) == 0 {
+		return
+	}
+	name := names[s.rng.IntN(len(names))]
+	if _, ok := s.fingerprint(a, name); !ok {
+		return
+	}
+	root := filepath.Join(a.dir, name)
+	var files []string
+	filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
+		if err == nil && d.Type().IsRegular() && d.Name() != "_COMPLETE" {
+			files = append(files, p)
+		}
+		return nil
+	})
+	if len(files) == 0 {
+		return
+	}
+	p := files[s.rng.IntN(len(files))]
+	fi, _ := os.Lstat(p)
+	s.writeFile(p, int(fi.Size()))
+	if s.rng.IntN(2) == 0 {
+		os.Chtimes(p, fi.ModTime(), fi.ModTime())
+	}
+	s.snapshot(a)
+	rel := name
+	if p != root {
+		r, _ := filepath.Rel(root, p)
+		rel = filepath.ToSlash(r)
+	}
+	s.send(a, WatchEvent{Kind: FileReady, Checkpoint: name, Path: rel, ID: s.fileID(p)})
+	if rel == name {
+		s.complete(a, name)
+	}
+}
+
+func (s *sim) deleteCheckpoint(a *simAgent) {
+	names := localCheckpoints(a)
+	if len(names) == 0 {
+		return
+	}
+	name := names[s.rng.IntN(len(names))]
+	os.RemoveAll(filepath.Join(a.dir, name))
+	s.send(a, WatchEvent{Kind: Removed, Checkpoint: name})
+}
+
+func (s *sim) deleteFile(a *simAgent) {
+	names := localCheckpoints(a)
+	if len(names) == 0 {
+		return
+	}
+	name := names[s.rng.IntN(len(names))]
+	root := filepath.Join(a.dir, name)
+	var files []string
+	filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
+		if err == nil && d.Type().IsRegular() && p != root {
+			files = append(files, p)
+		}
+		return nil
+	})
+	if len(files) == 0 {
+		return
+	}
+	p := files[s.rng.IntN(len(files))]
+	os.Remove(p)
+	s.snapshot(a)
+	r, _ := filepath.Rel(root, p)
+	s.send(a, WatchEvent{Kind: FileGone, Checkpoint: name, Path: filepath.ToSlash(r)})
+}
+
+// restore puts the job's newest commit into a's checkpoint directory, as a replacement instance
+// would, when it is not there yet; the agent must take it for what it is (already committed) and
+// send nothing.
+func (s *sim) restore(a *simAgent) {
+	if a == nil {
+		return
+	}
+	clean := s.b.connect("restore")
+	st, err := readJob(s.t.Context(), clean, s.job, nil)
+	if err != nil || st.Newest() == nil {
+		return
+	}
+	m := st.Newest().Manifest
+	if _, err := os.Lstat(filepath.Join(a.dir, m.Checkpoint)); err == nil || strings.HasSuffix(m.Checkpoint, ".pt") {
+		return
+	}
+	prev := s.manifestWrites(m.Checkpoint)
+	s.b.setFaults(0, 0, 0, false)
+	res, err := Restore(s.t.Context(), clean, RestoreOptions{Job: s.job, To: a.dir, Logger: zerolog.Nop()})
+	if err != nil {
+		s.fail("restore: %v", err)
+	}
+	s.snapshot(a)
+	found, _ := Scan(a.dir, "", "*.pt", zerolog.Nop())
+	for _, lc := range found {
+		if lc.Name != res.Checkpoint {
+			continue
+		}
+		for _, f := range lc.Files {
+			s.send(a, WatchEvent{Kind: FileReady, Checkpoint: lc.Name, Path: f.Path, ID: f.ID})
+		}
+		s.complete(a, lc.Name)
+	}
+	// Give the agent time to look at it; nothing may be sent as a new commit.
+	time.Sleep(time.Minute)
+	synctest.Wait()
+	if got := s.manifestWrites(m.Checkpoint); got != prev {
+		if fp, ok := s.fingerprint(a, m.Checkpoint); ok && fp == manifestFingerprint(m) {
+			s.fail("a restored checkpoint %s was committed again (%d manifests written; %d before)", m.Checkpoint, got, prev)
+		}
+	}
+}
+
+func (s *sim) manifestWrites(name string) int {
+	s.b.mu.Lock()
+	defer s.b.mu.Unlock()
+	return s.b.manifestWrites[name]
+}
+
+// settle turns the faults off, starts every agent, and checks that everything complete locally
+// is committed with its current bytes within a bounded time (I5); then I6 and a restore.
+func (s *sim) settle() {
+	s.b.setFaults(0, 0, 50*time.Millisecond, false)
+	for _, a := range s.agents {
+		if !s.running(a) {
+			s.startAgent(a)
+		}
+	}
+	const bound = 20 * time.Minute
+	deadline := time.Now().Add(bound)
+	for {
+		time.Sleep(10 * time.Second)
+		synctest.Wait()
+		s.check()
+		missing := s.uncommitted()
+		if len(missing) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			var status []string
+			for _, a := range s.agents {
+				st := a.up.Status(s.t.Context())
+				for _, c := range st.Checkpoints {
+					status = append(status, fmt.Sprintf("%s: %+v", a.name, c))
+				}
+			}
+			var lines []string
+			for _, l := range strings.Split(s.logs.tail(100000), "\n") {
+				for _, m := range missing {
+					if strings.Contains(l, `"checkpoint":"`+strings.SplitN(m, ":", 2)[1]+`"`) {
+						lines = append(lines, l)
+					}
+				}
+			}
+			var versions []string
+			for _, m := range missing {
+				agent, name, _ := strings.Cut(m, ":")
+				for _, a := range s.agents {
+					if a.name == agent {
+						fp, _ := s.fingerprint(a, name)
+						versions = append(versions, "local "+m+":\n"+fp)
+					}
+				}
+				for _, man := range s.b.manifests() {
+					if man.Checkpoint == name {
+						versions = append(versions, "commit "+man.Commit+" by "+man.Host.Hostname+":\n"+manifestFingerprint(man))
+					}
+				}
+			}
+			s.fail("I5: not committed %v after the store came back: %s\nstatus:\n  %s\nversions:\n%s\nits log lines:\n%s", bound,
+				strings.Join(missing, ", "), strings.Join(status, "\n  "), strings.Join(versions, "\n"), strings.Join(lines[max(0, len(lines)-40):], "\n"))
+		}
+	}
+	// Quiet: every agent idle. Stop them, so no retention or cleanup runs while we look.
+	for _, a := range s.agents {
+		s.stopAgent(a)
+	}
+	s.check()
+	clean := s.b.connect("check")
+	if problems := CheckJob(s.t.Context(), clean, s.job, true); len(problems) > 0 {
+		s.fail("store check:\n  %s", strings.Join(errStrings(problems), "\n  "))
+	}
+	committed := map[string]bool{}
+	for _, m := range s.b.manifests() {
+		committed[CommitPrefix(m.Job, m.Checkpoint, m.Commit)] = true
+	}
+	for _, k := range s.b.incomplete() {
+		for p := range committed {
+			if strings.HasPrefix(k, p) {
+				s.fail("I7: an incomplete upload is left under a commit: %s", k)
+			}
+		}
+	}
+	to := filepath.Join(s.root, "restored")
+	res, err := Restore(s.t.Context(), clean, RestoreOptions{Job: s.job, To: to, Logger: zerolog.Nop()})
+	if err != nil {
+		if len(s.b.manifests()) == 0 {
+			return
+		}
+		s.fail("restore of the newest commit: %v", err)
+	}
+	st, _ := readJob(s.t.Context(), clean, s.job, nil)
+	if n := st.Newest().Manifest; n.Commit != res.Commit || n.Checkpoint != res.Checkpoint {
+		s.fail("I6: restore took %s/%s, not the newest commit %s/%s", res.Checkpoint, res.Commit, n.Checkpoint, n.Commit)
+	}
+}
+
+// uncommitted lists the complete local checkpoints whose current bytes were never committed. A
+// checkpoint from which the trainer deleted files after a commit is still that commit (its
+// files are a subset of it): deleting files is not a new version worth a commit, which would
+// take the newest place from the whole one.
+func (s *sim) uncommitted() []string {
+	s.b.mu.Lock()
+	have := maps.Clone(s.b.everCommitted) // retention may have deleted it since: that is its job
+	s.b.mu.Unlock()
+	var missing []string
+	for _, a := range s.agents {
+		for _, name := range localCheckpoints(a) {
+			fp, ok := s.fingerprint(a, name)
+			if !ok {
+				continue
+			}
+			local := strings.Split(fp, "\n")
+			if !slices.ContainsFunc(have[name], func(v string) bool {
+				lines := strings.Split(v, "\n")
+				return !slices.ContainsFunc(local, func(l string) bool { return !slices.Contains(lines, l) })
+			}) {
+				missing = append(missing, a.name+":"+name)
+			}
+		}
+	}
+	return missing
+}
+
+func errStrings(errs []error) []string {
+	out := make([]string, len(errs))
+	for i, e := range errs {
+		out[i] = e.Error()
+	}
+	return out
+}

@@ -1,0 +1,494 @@
+package checkpoint
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"maps"
+	"math/rand/v2"
+	"os"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+)
+
+// simBackend is the simulation's S3: objects with ETags, conditional writes, multipart uploads
+// that take time and can be left behind by a killed agent, and faults (latency, 503s, answers
+// lost after the write happened, outages). Every agent talks to it through a simStore of its own.
+// It checks, as writes happen, the invariants only a history shows: no object a manifest lists is
+// written again or deleted while the manifest exists (I1, I2), LATEST moves only forward and only
+// to a commit that exists (I3), retention never deletes LATEST's target or anything newer (I3),
+// and no agent aborts an upload another live agent is running (I7).
+type simBackend struct {
+	mu       sync.Mutex
+	rng      *rand.Rand
+	objs     map[string]*simObject
+	uploads  map[int]*simUpload
+	nextID   int
+	etags    int
+	partSize int64
+	// covered maps every key a present manifest lists (and the manifest's own key) to the
+	// manifest's key.
+	covered map[string]string
+	latest  *Latest
+	// Faults.
+	errRate, lostRate float64
+	maxLatency        time.Duration
+	outage            bool
+	violations        []string
+	manifestWrites    map[string]int // by checkpoint name
+	// everCommitted holds every version ever committed, by name: manifestFingerprint.
+	everCommitted map[string][]string
+}
+
+type simObject struct {
+	data []byte
+	etag string
+}
+
+type simUpload struct {
+	id    int
+	key   string
+	owner *simStore
+}
+
+func newSimBackend(seed uint64) *simBackend {
+	return &simBackend{
+		rng:            rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)),
+		objs:           map[string]*simObject{},
+		uploads:        map[int]*simUpload{},
+		partSize:       64 << 10,
+		covered:        map[string]string{},
+		manifestWrites: map[string]int{},
+		everCommitted:  map[string][]string{},
+	}
+}
+
+// violate records a violated invariant. Called with b.mu held.
+func (b *simBackend) violate(format string, args ...any) {
+	b.violations = append(b.violations, fmt.Sprintf(format, args...))
+}
+
+// takeViolations returns and forgets the violations so far.
+func (b *simBackend) takeViolations() []string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	v := b.violations
+	b.violations = nil
+	return v
+}
+
+// setFaults sets the fault rates and the longest latency of an operation.
+func (b *simBackend) setFaults(errRate, lostRate float64, maxLatency time.Duration, outage bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.errRate, b.lostRate, b.maxLatency, b.outage = errRate, lostRate, maxLatency, outage
+}
+
+// write stores data at key. Called with b.mu held.
+func (b *simBackend) write(key string, data []byte) string {
+	if m, ok := b.covered[key]; ok {
+		b.violate("I1: %s written again while manifest %s lists it", key, m)
+	} else if parts := strings.Split(key, "/"); len(parts) > 3 && ValidCommitID(parts[2]) == nil {
+		if mk := ManifestKey(parts[0], parts[1], parts[2]); mk != key {
+			if _, ok := b.objs[mk]; ok {
+				b.violate("I1: %s written into commit %s after its manifest", key, parts[2])
+			}
+		}
+	}
+	b.etags++
+	etag := fmt.Sprintf("\"%d\"", b.etags)
+	b.objs[key] = &simObject{data: slices.Clone(data), etag: etag}
+	switch {
+	case strings.HasSuffix(key, "/"+MetaDir+"/manifest.json"):
+		m, err := ParseManifest(data)
+		if err != nil {
+			b.violate("manifest %s is invalid: %v", key, err)
+			return etag
+		}
+		b.manifestWrites[m.Checkpoint]++
+		b.everCommitted[m.Checkpoint] = append(b.everCommitted[m.Checkpoint], manifestFingerprint(m))
+		b.covered[key] = key
+		for _, f := range m.Files {
+			k := m.FileKey(f)
+			o, ok := b.objs[k]
+			switch {
+			case !ok:
+				b.violate("I2: manifest %s lists %s, which is not in the store", key, k)
+			case int64(len(o.data)) != f.Size:
+				b.violate("I2: manifest %s lists %s with %d bytes; the object has %d", key, k, f.Size, len(o.data))
+			default:
+				if sum, _ := ChecksumOf(bytes.NewReader(o.data)); sum != f.Checksum {
+					b.violate("I2: manifest %s lists %s with checksum %s; the object has %s", key, k, f.Checksum.Value, sum.Value)
+				}
+			}
+			b.covered[k] = key
+		}
+	case strings.HasSuffix(key, "/LATEST"):
+		var l Latest
+		if err := json.Unmarshal(data, &l); err != nil {
+			b.violate("I3: LATEST written as %q", data)
+			return etag
+		}
+		if _, ok := b.objs[ManifestKey(strings.TrimSuffix(key, "/LATEST"), l.Checkpoint, l.Commit)]; !ok {
+			b.violate("I3: LATEST moved to %s/%s, which has no manifest", l.Checkpoint, l.Commit)
+		}
+		if err := CheckLatestForward(b.latest, &l); err != nil {
+			b.violate("%v", err)
+		}
+		b.latest = &l
+	}
+	return etag
+}
+
+// remove deletes key. Called with b.mu held.
+func (b *simBackend) remove(key string) {
+	o, ok := b.objs[key]
+	if !ok {
+		return
+	}
+	if m, ok := b.covered[key]; ok && m != key {
+		if _, present := b.objs[m]; present {
+			b.violate("I2: %s deleted while manifest %s lists it", key, m)
+		}
+	}
+	if strings.HasSuffix(key, "/"+MetaDir+"/manifest.json") {
+		if m, err := ParseManifest(o.data); err == nil {
+			if l := b.latest; l != nil && l.Checkpoint == m.Checkpoint && l.Commit == m.Commit {
+				b.violate("I3: retention deleted LATEST's target %s/%s", m.Checkpoint, m.Commit)
+			} else if l != nil && l.CompleteAt != nil && m.Order().After(CommitOrder{At: *l.CompleteAt, Commit: l.Commit}) {
+				b.violate("I3: retention deleted %s/%s, newer than LATEST", m.Checkpoint, m.Commit)
+			}
+			for _, f := range m.Files {
+				delete(b.covered, m.FileKey(f))
+			}
+		}
+		delete(b.covered, key)
+	}
+	delete(b.objs, key)
+}
+
+// manifests returns every manifest in the store.
+func (b *simBackend) manifests() []*Manifest {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	var out []*Manifest
+	for _, k := range slices.Sorted(maps.Keys(b.objs)) {
+		if strings.HasSuffix(k, "/"+MetaDir+"/manifest.json") {
+			if m, err := ParseManifest(b.objs[k].data); err == nil {
+				out = append(out, m)
+			}
+		}
+	}
+	return out
+}
+
+// incomplete returns the keys of the incomplete uploads.
+func (b *simBackend) incomplete() []string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	var out []string
+	for _, u := range b.uploads {
+		out = append(out, u.key)
+	}
+	slices.Sort(out)
+	return out
+}
+
+// simStore is one agent's connection to a simBackend. kill makes it behave as the agent's
+// process dying: every later call fails without effect, and its multipart uploads in flight stay
+// behind, incomplete.
+type simStore struct {
+	b      *simBackend
+	name   string
+	mu     sync.Mutex
+	dead   bool
+	active map[int]bool
+}
+
+var _ Store = (*simStore)(nil)
+
+func (b *simBackend) connect(name string) *simStore {
+	return &simStore{b: b, name: name, active: map[int]bool{}}
+}
+
+func (s *simStore) kill() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.dead = true
+}
+
+func (s *simStore) isDead() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.dead
+}
+
+var (
+	errSimDead   = errors.New("sim: the agent is dead")
+	errSimFault  = errors.New("sim: 503 SlowDown")
+	errSimOutage = errors.New("sim: connection refused")
+	errSimLost   = errors.New("sim: connection reset after the request was sent")
+)
+
+// begin waits a random latency and decides the fate of one request: an error before anything
+// happens, or lost (the request takes effect, then its answer is lost).
+func (s *simStore) begin(ctx context.Context) (lost bool, err error) {
+	s.b.mu.Lock()
+	d := time.Duration(0)
+	if s.b.maxLatency > 0 {
+		d = time.Duration(s.b.rng.Int64N(int64(s.b.maxLatency)))
+	}
+	s.b.mu.Unlock()
+	if d > 0 {
+		t := time.NewTimer(d)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return false, ctx.Err()
+		}
+	}
+	if s.isDead() {
+		return false, errSimDead
+	}
+	if err := ctx.Err(); err != nil {
+		return false, err
+	}
+	s.b.mu.Lock()
+	defer s.b.mu.Unlock()
+	switch {
+	case s.b.outage:
+		return false, errSimOutage
+	case s.b.rng.Float64() < s.b.errRate:
+		return false, errSimFault
+	}
+	return s.b.rng.Float64() < s.b.lostRate, nil
+}
+
+func (s *simStore) URL() string { return "s3://sim/" + s.name }
+
+func (s *simStore) PutFile(ctx context.Context, key string, f *os.File, size int64, progress func(n int64)) (Checksum, error) {
+	if err := checkStoreKey(key); err != nil {
+		return Checksum{}, err
+	}
+	lost, err := s.begin(ctx)
+	if err != nil {
+		return Checksum{}, err
+	}
+	data := make([]byte, size)
+	if size <= s.b.partSize {
+		if _, err := f.ReadAt(data, 0); err != nil && !(errors.Is(err, io.EOF) && size == 0) {
+			return Checksum{}, err
+		}
+		s.b.mu.Lock()
+		s.b.write(key, data)
+		s.b.mu.Unlock()
+	} else {
+		s.b.mu.Lock()
+		s.b.nextID++
+		up := &simUpload{id: s.b.nextID, key: key, owner: s}
+		s.b.uploads[up.id] = up
+		s.b.mu.Unlock()
+		s.mu.Lock()
+		s.active[up.id] = true
+		s.mu.Unlock()
+		finish := func(abort bool) {
+			s.mu.Lock()
+			delete(s.active, up.id)
+			s.mu.Unlock()
+			if abort {
+				s.b.mu.Lock()
+				delete(s.b.uploads, up.id)
+				s.b.mu.Unlock()
+			}
+		}
+		for off := int64(0); off < size; off += s.b.partSize {
+			n := min(s.b.partSize, size-off)
+			if _, err := s.begin(ctx); err != nil {
+				finish(!errors.Is(err, errSimDead)) // a dead agent aborts nothing
+				return Checksum{}, err
+			}
+			if _, err := f.ReadAt(data[off:off+n], off); err != nil {
+				finish(true)
+				return Checksum{}, err
+			}
+			s.b.mu.Lock()
+			_, ok := s.b.uploads[up.id]
+			s.b.mu.Unlock()
+			if !ok {
+				finish(false)
+				return Checksum{}, errors.New("sim: NoSuchUpload")
+			}
+		}
+		s.b.mu.Lock()
+		if _, ok := s.b.uploads[up.id]; !ok {
+			s.b.mu.Unlock()
+			finish(false)
+			return Checksum{}, errors.New("sim: NoSuchUpload")
+		}
+		delete(s.b.uploads, up.id)
+		s.b.write(key, data)
+		s.b.mu.Unlock()
+		finish(false)
+	}
+	if progress != nil {
+		progress(size)
+	}
+	if lost {
+		return Checksum{}, errSimLost
+	}
+	return ChecksumOf(bytes.NewReader(data))
+}
+
+func (s *simStore) PutBytes(ctx context.Context, key string, data []byte, cond Cond) (string, error) {
+	if err := checkStoreKey(key); err != nil {
+		return "", err
+	}
+	if err := cond.check(); err != nil {
+		return "", err
+	}
+	lost, err := s.begin(ctx)
+	if err != nil {
+		return "", err
+	}
+	s.b.mu.Lock()
+	o, exists := s.b.objs[key]
+	switch {
+	case cond.IfAbsent && exists:
+		s.b.mu.Unlock()
+		return "", fmt.Errorf("put %s: %w", key, ErrExists)
+	case cond.IfMatch != "" && (!exists || o.etag != cond.IfMatch):
+		s.b.mu.Unlock()
+		return "", fmt.Errorf("put %s: %w", key, ErrPrecondition)
+	}
+	etag := s.b.write(key, data)
+	s.b.mu.Unlock()
+	if lost {
+		return "", errSimLost
+	}
+	return etag, nil
+}
+
+func (s *simStore) GetBytes(ctx context.Context, key string) ([]byte, string, error) {
+	if _, err := s.begin(ctx); err != nil {
+		return nil, "", err
+	}
+	s.b.mu.Lock()
+	defer s.b.mu.Unlock()
+	o, ok := s.b.objs[key]
+	if !ok {
+		return nil, "", fmt.Errorf("get %s: %w", key, ErrNotFound)
+	}
+	return slices.Clone(o.data), o.etag, nil
+}
+
+func (s *simStore) Download(ctx context.Context, key string, w io.WriterAt, size int64) error {
+	if _, err := s.begin(ctx); err != nil {
+		return err
+	}
+	s.b.mu.Lock()
+	o, ok := s.b.objs[key]
+	var data []byte
+	if ok {
+		data = slices.Clone(o.data)
+	}
+	s.b.mu.Unlock()
+	switch {
+	case !ok:
+		return fmt.Errorf("download %s: %w", key, ErrNotFound)
+	case int64(len(data)) != size:
+		return fmt.Errorf("download %s: object has %d bytes; want %d", key, len(data), size)
+	}
+	_, err := w.WriteAt(data, 0)
+	return err
+}
+
+func (s *simStore) List(ctx context.Context, prefix string) ([]ObjectInfo, error) {
+	if _, err := s.begin(ctx); err != nil {
+		return nil, err
+	}
+	s.b.mu.Lock()
+	defer s.b.mu.Unlock()
+	var out []ObjectInfo
+	for k, o := range s.b.objs {
+		if strings.HasPrefix(k, prefix) {
+			out = append(out, ObjectInfo{Key: k, Size: int64(len(o.data))})
+		}
+	}
+	slices.SortFunc(out, func(a, b ObjectInfo) int { return strings.Compare(a.Key, b.Key) })
+	return out, nil
+}
+
+func (s *simStore) ListDir(ctx context.Context, prefix string) ([]string, []ObjectInfo, error) {
+	if err := checkDirPrefix(prefix); err != nil {
+		return nil, nil, err
+	}
+	if _, err := s.begin(ctx); err != nil {
+		return nil, nil, err
+	}
+	s.b.mu.Lock()
+	defer s.b.mu.Unlock()
+	dirs := map[string]bool{}
+	var objs []ObjectInfo
+	for k, o := range s.b.objs {
+		rest, ok := strings.CutPrefix(k, prefix)
+		if !ok {
+			continue
+		}
+		if d, _, deeper := strings.Cut(rest, "/"); deeper {
+			dirs[d] = true
+		} else {
+			objs = append(objs, ObjectInfo{Key: k, Size: int64(len(o.data))})
+		}
+	}
+	slices.SortFunc(objs, func(a, b ObjectInfo) int { return strings.Compare(a.Key, b.Key) })
+	return slices.Sorted(maps.Keys(dirs)), objs, nil
+}
+
+func (s *simStore) Delete(ctx context.Context, keys ...string) error {
+	if _, err := s.begin(ctx); err != nil {
+		return err
+	}
+	s.b.mu.Lock()
+	defer s.b.mu.Unlock()
+	for _, k := range keys {
+		s.b.remove(k)
+	}
+	return nil
+}
+
+func (s *simStore) AbortIncomplete(ctx context.Context, prefix string) (int, error) {
+	if !strings.HasSuffix(prefix, "/") {
+		return 0, fmt.Errorf("prefix %q does not end with a slash", prefix)
+	}
+	if _, err := s.begin(ctx); err != nil {
+		return 0, err
+	}
+	s.mu.Lock()
+	mine := maps.Clone(s.active)
+	s.mu.Unlock()
+	s.b.mu.Lock()
+	defer s.b.mu.Unlock()
+	n := 0
+	for id, up := range s.b.uploads {
+		if !strings.HasPrefix(up.key, prefix) || mine[id] {
+			continue
+		}
+		if up.owner != s && !up.owner.isDead() {
+			up.owner.mu.Lock()
+			running := up.owner.active[id]
+			up.owner.mu.Unlock()
+			if running {
+				s.b.violate("I7: %s aborted an upload of %s that live agent %s is running", s.name, up.key, up.owner.name)
+			}
+		}
+		delete(s.b.uploads, id)
+		n++
+	}
+	return n, nil
+}
