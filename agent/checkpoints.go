@@ -40,7 +40,7 @@ func newUploader(cfg *Config, deps Deps, a *Agent) (*checkpoint.Watcher, *checkp
 	hostname, _ := os.Hostname()
 	u := checkpoint.NewUploader(checkpoint.UploaderConfig{
 		Store: store, Job: cfg.Store.Job, Dir: cfg.Checkpoint.Dir, Marker: cfg.Checkpoint.Marker,
-		Pattern: cfg.Checkpoint.Pattern, Keep: cfg.Checkpoint.Keep, Logger: deps.Logger,
+		Pattern: cfg.Checkpoint.Pattern, Keep: cfg.Checkpoint.Keep, Logger: deps.Logger, StateDir: cfg.Agent.RuntimeDir,
 		Host: func() checkpoint.Host {
 			a.mu.Lock()
 			defer a.mu.Unlock()
@@ -57,7 +57,9 @@ func (a *Agent) onUpload(ev checkpoint.UploadEvent) {
 	switch ev.Kind {
 	case checkpoint.CheckpointCommitted:
 		m := ev.Manifest
-		a.metrics.committed.WithLabelValues(m.Trigger).Inc()
+		if !ev.Already {
+			a.metrics.committed.WithLabelValues(m.Trigger).Inc()
+		}
 		a.metrics.newestCommitted.Set(float64(m.CommittedAt.Unix()))
 		a.newestCommit.Store(m.CommittedAt.UnixNano())
 		a.mu.Lock()

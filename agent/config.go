@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -188,9 +189,13 @@ var fields = []field{
 		c.Store.URL = v
 		return nil
 	}},
-	{"store.job", "default", "job name, the same on every instance of one training run", func(c *Config, v string) error {
-		if v == "" || strings.ContainsAny(v, "/\\") || v == "." || v == ".." {
-			return errors.New("want a non-empty name without slashes")
+	{"store.job", "", "name of the training run (required with store.url): the same on every instance of one run, different for every run", func(c *Config, v string) error {
+		if v == "" {
+			c.Store.Job = ""
+			return nil
+		}
+		if err := checkpoint.ValidName(v); err != nil {
+			return fmt.Errorf("want a name without slashes: %w", err)
 		}
 		c.Store.Job = v
 		return nil
@@ -451,6 +456,10 @@ func (c *Config) loadYAML(data []byte, path string, byKey map[string]field) {
 	}
 }
 
+// errJobRequired is the problem of a store without a job.
+var errJobRequired = errors.New("store.job: required with store.url: set it to the training run's name " +
+	"(the same on every instance of the run, different for every run), so that another run's checkpoints are never taken for this one's")
+
 // Validate reports every problem with the configuration at once, each naming its key: values that
 // did not parse, unknown keys, and rules across keys. It returns nil for a config the daemon can
 // run with.
@@ -482,6 +491,9 @@ func (c *Config) Validate() error {
 			problems = append(problems, fmt.Errorf("checkpoint.dir: %w", err))
 		}
 	}
+	if c.Store.URL != "" && c.Store.Job == "" && !failed["store.job"] {
+		problems = append(problems, errJobRequired)
+	}
 	switch {
 	case c.Store.URL != "" && c.Checkpoint.Dir == "" && !failed["checkpoint.dir"]:
 		problems = append(problems, errors.New("checkpoint.dir: must be set when store.url is (the directory to upload from)"))
@@ -507,6 +519,9 @@ func (c *Config) ValidateStore() error {
 	}
 	if c.Store.URL == "" {
 		problems = append(problems, errors.New("store.url: not set: where are the checkpoints? (s3://bucket/prefix or file:///path)"))
+	}
+	if c.Store.Job == "" && !slices.ContainsFunc(problems, func(p error) bool { return strings.HasPrefix(p.Error(), "store.job") }) {
+		problems = append(problems, errJobRequired)
 	}
 	return errors.Join(problems...)
 }

@@ -45,7 +45,7 @@ func TestLoadDefaults(t *testing.T) {
 			t.Errorf("Notices[%s] = %q; want checkpoint", src, c.Notices[src])
 		}
 	}
-	if c.HTTP.Listen != "127.0.0.1:9402" || c.Checkpoint.Marker != "_COMPLETE" || c.Store.Job != "default" {
+	if c.HTTP.Listen != "127.0.0.1:9402" || c.Checkpoint.Marker != "_COMPLETE" || c.Store.Job != "" {
 		t.Errorf("defaults: listen %q marker %q job %q", c.HTTP.Listen, c.Checkpoint.Marker, c.Store.Job)
 	}
 }

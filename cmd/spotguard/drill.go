@@ -39,10 +39,14 @@ const drillThinMargin = 30 * time.Second
 
 // drillReport is what `spotguard drill --json` prints.
 type drillReport struct {
-	Pass       bool        `json:"pass"`
-	Reason     string      `json:"reason,omitempty"`
-	Store      string      `json:"store"`
+	Pass   bool   `json:"pass"`
+	Reason string `json:"reason,omitempty"`
+	Store  string `json:"store"`
+	// Job is the drill's own job in the store: a fresh one every run, so a drill never meets
+	// another run's checkpoints (or a real job's).
+	Job        string      `json:"job"`
 	Checkpoint string      `json:"checkpoint,omitempty"`
+	Commit     string      `json:"commit,omitempty"`
 	Files      int         `json:"files"`
 	Bytes      int64       `json:"bytes"`
 	Timeline   []drillStep `json:"timeline"`
@@ -124,9 +128,9 @@ func runDrill(ctx context.Context, args, environ []string, stdout, stderr io.Wri
 		}
 	}
 	log := newLogger(stderr, level)
-	rep := drillReport{Store: *storeURL, Timeline: []drillStep{}}
+	rep := drillReport{Store: *storeURL, Job: "drill-" + checkpoint.NewCommitID(time.Now()), Timeline: []drillStep{}}
 	pass := drill(ctx, drillPlan{
-		size: size, files: *files, trainerCmd: *trainerCmd, ckDir: *ckDir, store: *storeURL,
+		size: size, files: *files, trainerCmd: *trainerCmd, ckDir: *ckDir, store: *storeURL, job: rep.Job,
 		realIMDS: *imdsMode == "real", tmp: tmp, environ: environ, configFlags: cf, progress: stderr,
 	}, log, &rep)
 	rep.Pass = pass
@@ -151,6 +155,7 @@ type drillPlan struct {
 	files             int
 	trainerCmd, ckDir string
 	store, tmp        string
+	job               string
 	realIMDS          bool
 	environ           []string
 	configFlags       *configFlags
@@ -225,7 +230,7 @@ func drill(ctx context.Context, p drillPlan, log zerolog.Logger, rep *drillRepor
 	overrides = append(overrides,
 		agent.KeyValue{Key: "trainer.pidfile", Value: pidfile},
 		agent.KeyValue{Key: "checkpoint.dir", Value: p.ckDir}, agent.KeyValue{Key: "store.url", Value: p.store},
-		agent.KeyValue{Key: "store.job", Value: "drill"}, agent.KeyValue{Key: "http.listen", Value: ""},
+		agent.KeyValue{Key: "store.job", Value: p.job}, agent.KeyValue{Key: "http.listen", Value: ""},
 		agent.KeyValue{Key: "agent.runtime_dir", Value: filepath.Join(p.tmp, "run")},
 		agent.KeyValue{Key: "metrics.cloudwatch", Value: "false"}, agent.KeyValue{Key: "notices.rebalance", Value: "ignore"},
 		agent.KeyValue{Key: "imds.endpoint", Value: endpoint})
@@ -343,11 +348,16 @@ func drill(ctx context.Context, p drillPlan, log zerolog.Logger, rep *drillRepor
 
 	// Committed: the manifest has the upload's own timings.
 	name := strings.SplitN(transitionDetail(ns, agent.StateCommitted), ",", 2)[0]
-	m, err := checkpoint.ReadManifest(ctx, store, "drill", name)
+	commits, _, err := checkpoint.ListCommitted(ctx, store, p.job)
 	if err != nil {
 		return fail("read the committed manifest: %v", err)
 	}
-	rep.manifest, rep.Checkpoint, rep.Files, rep.Bytes = m, name, len(m.Files), m.TotalBytes
+	i := slices.IndexFunc(commits, func(c checkpoint.Committed) bool { return c.Manifest.Checkpoint == name })
+	if i < 0 {
+		return fail("the committed manifest of %s is not in the store", name)
+	}
+	m := commits[i].Manifest
+	rep.manifest, rep.Checkpoint, rep.Commit, rep.Files, rep.Bytes = m, name, m.Commit, len(m.Files), m.TotalBytes
 	if t := m.Timings.FirstFileAt; t != nil {
 		rep.add("first file closed", *t, "")
 	}
@@ -364,7 +374,7 @@ func drill(ctx context.Context, p drillPlan, log zerolog.Logger, rep *drillRepor
 	// The next instance: restore and compare byte for byte.
 	to := filepath.Join(p.tmp, "restored")
 	start := time.Now()
-	res, err := checkpoint.Restore(ctx, store, checkpoint.RestoreOptions{Job: "drill", Checkpoint: name, To: to, Logger: log})
+	res, err := checkpoint.Restore(ctx, store, checkpoint.RestoreOptions{Job: p.job, Checkpoint: name, Commit: m.Commit, CommitSet: true, To: to, Logger: log})
 	if err != nil {
 		return fail("restore: %v", err)
 	}
@@ -433,7 +443,7 @@ func drillAdvice(r drillReport) []string {
 }
 
 func printDrill(w io.Writer, r drillReport) {
-	fmt.Fprintf(w, "spotguard drill: store %s\n\n", r.Store)
+	fmt.Fprintf(w, "spotguard drill: store %s, job %s (a fresh job for this drill)\n\n", r.Store, r.Job)
 	for _, s := range r.Timeline {
 		d := ""
 		if s.Detail != "" {

@@ -52,9 +52,10 @@ func loadStoreConfig(cf *configFlags, environ []string, stderr io.Writer, cmd st
 }
 
 func runRestore(ctx context.Context, args, environ []string, stdout, stderr io.Writer) int {
-	fs, cf := newFlagSet("restore", "Download the newest committed checkpoint (LATEST, else the newest valid manifest) into DIR/<checkpoint>,\nverifying every checksum; nothing is put in place until all of it is verified.", stderr)
+	fs, cf := newFlagSet("restore", "Download the newest committed checkpoint (the newest commit: what LATEST names, or a newer one if LATEST lags)\ninto DIR/<checkpoint>, verifying every checksum; nothing is put in place until all of it is verified.", stderr)
 	to := fs.String("to", "", "destination `DIR` (required); the checkpoint lands in DIR/<checkpoint>")
-	name := fs.String("checkpoint", "", "restore this checkpoint `NAME` instead of the newest")
+	name := fs.String("checkpoint", "", "restore this checkpoint `NAME` (its newest commit) instead of the newest")
+	commit := fs.String("commit", "", "with --checkpoint, restore this commit `ID` of it (spotguard list shows them)")
 	jsonOut := fs.Bool("json", false, "print the result as JSON")
 	allowEmpty := fs.Bool("allow-empty", false, "exit 0 when the job has no committed checkpoint yet (a first run); other errors still fail")
 	if code, ok := parseFlags(fs, args); !ok {
@@ -63,6 +64,10 @@ func runRestore(ctx context.Context, args, environ []string, stdout, stderr io.W
 	if *to == "" {
 		fmt.Fprintln(stderr, "spotguard restore: --to DIR is required")
 		fs.Usage()
+		return exitUsage
+	}
+	if *commit != "" && *name == "" {
+		fmt.Fprintln(stderr, "spotguard restore: --commit needs --checkpoint")
 		return exitUsage
 	}
 	cfg, ok := loadStoreConfig(cf, environ, stderr, "restore")
@@ -79,7 +84,7 @@ func runRestore(ctx context.Context, args, environ []string, stdout, stderr io.W
 	if cfg.Log.Level == zerolog.DebugLevel {
 		level = zerolog.DebugLevel
 	}
-	opts := checkpoint.RestoreOptions{Job: cfg.Store.Job, Checkpoint: *name, To: *to, Logger: newLogger(stderr, level)}
+	opts := checkpoint.RestoreOptions{Job: cfg.Store.Job, Checkpoint: *name, Commit: *commit, CommitSet: *commit != "", To: *to, Logger: newLogger(stderr, level)}
 	var bar *progressBar
 	if f, ok := stderr.(*os.File); ok && isatty.IsTerminal(f.Fd()) && !*jsonOut {
 		bar = &progressBar{w: stderr, start: time.Now()}
@@ -97,7 +102,7 @@ func runRestore(ctx context.Context, args, environ []string, stdout, stderr io.W
 	}
 	if *jsonOut {
 		json.NewEncoder(stdout).Encode(map[string]any{
-			"checkpoint": res.Checkpoint, "dir": res.Dir, "files": res.Files, "bytes": res.Bytes,
+			"checkpoint": res.Checkpoint, "commit": res.Commit, "dir": res.Dir, "files": res.Files, "bytes": res.Bytes,
 			"seconds": res.Elapsed.Seconds(), "fell_back": res.FellBack, "already_present": res.AlreadyPresent,
 			"store": store.URL(), "job": cfg.Store.Job,
 		})
@@ -110,7 +115,7 @@ func runRestore(ctx context.Context, args, environ []string, stdout, stderr io.W
 		rate := float64(res.Bytes) / max(res.Elapsed.Seconds(), 1e-9)
 		note := ""
 		if res.FellBack {
-			note = " (LATEST was unusable: restored the newest valid manifest)"
+			note = " (LATEST was missing, unusable or older: restored the newest commit)"
 		}
 		fmt.Fprintf(stdout, "restored %s (%d files, %s) from %s job %s to %s in %.1f s (%s/s), every checksum verified%s\n",
 			res.Checkpoint, res.Files, checkpoint.HumanBytes(res.Bytes), store.URL(), cfg.Store.Job, res.Dir, res.Elapsed.Seconds(), checkpoint.HumanBytes(int64(rate)), note)
@@ -119,8 +124,9 @@ func runRestore(ctx context.Context, args, environ []string, stdout, stderr io.W
 }
 
 func runList(ctx context.Context, args, environ []string, stdout, stderr io.Writer) int {
-	fs, cf := newFlagSet("list", "List the job's committed checkpoints, newest first: size, file count, trigger, commit time.", stderr)
+	fs, cf := newFlagSet("list", "List the job's commits, newest first (by completion time): checkpoint, commit id, file count, size, trigger.", stderr)
 	jsonOut := fs.Bool("json", false, "print the manifests as JSON")
+	check := fs.Bool("check", false, "also check the job against spotguard's invariants (every listed object there with its size,\nLATEST on a valid commit, no spotguard file in a checkpoint); exit 1 on a violation")
 	if code, ok := parseFlags(fs, args); !ok {
 		return code
 	}
@@ -141,6 +147,16 @@ func runList(ctx context.Context, args, environ []string, stdout, stderr io.Writ
 	for _, p := range problems {
 		fmt.Fprintf(stderr, "spotguard list: skipped: %v\n", p)
 	}
+	code := exitOK
+	if *check {
+		violations := checkpoint.CheckJob(ctx, store, cfg.Store.Job, false)
+		for _, v := range violations {
+			fmt.Fprintf(stderr, "spotguard list: check: %v\n", v)
+		}
+		if len(violations) > 0 {
+			code = exitFail
+		}
+	}
 	if *jsonOut {
 		type entry struct {
 			*checkpoint.Manifest
@@ -153,14 +169,14 @@ func runList(ctx context.Context, args, environ []string, stdout, stderr io.Writ
 		enc := json.NewEncoder(stdout)
 		enc.SetIndent("", "  ")
 		enc.Encode(out)
-		return exitOK
+		return code
 	}
 	if len(cs) == 0 {
 		fmt.Fprintf(stdout, "no committed checkpoint of job %s in %s\n", cfg.Store.Job, store.URL())
-		return exitOK
+		return code
 	}
 	checkpoint.FormatList(stdout, cs)
-	return exitOK
+	return code
 }
 
 // progressBar draws restore progress on a terminal, at most ten times a second.
