@@ -36,6 +36,7 @@ import (
 	"errors"
 	"fmt"
 	"path"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -491,20 +492,26 @@ func latestOrder(ctx context.Context, s Store, job string, data []byte, cache *m
 	return m.Order(), true
 }
 
-// Retention says which commits deleteOld may delete.
-//
-// retained returns the commits of st to keep with keep > 0: the keep newest by Manifest.Order,
-// LATEST's target and every commit at or after it in that order (I3), and always the newest.
+// retained returns the commits of st to keep with keep > 0 (by manifest key), or nil when it
+// cannot tell (keep everything): the keep newest by Manifest.Order, always the newest, and LATEST's
+// target and every commit at or after it in that order (I3). LATEST's place in the order comes
+// from LATEST itself (a version 2 LATEST carries it) or its target's manifest; a LATEST that
+// names a commit this reading does not show (it was read in the middle of a commit) and does
+// not carry its order keeps everything this time.
 func retained(st *JobState, keep int) map[string]bool {
-	kept := map[string]bool{}
 	var floor *CommitOrder
-	if t := st.LatestTarget(); t != nil {
-		o := t.Manifest.Order()
+	switch l := st.Latest; {
+	case l != nil && l.CompleteAt != nil && ValidCommitID(l.Commit) == nil:
+		floor = &CommitOrder{At: *l.CompleteAt, Commit: l.Commit}
+	case st.LatestTarget() != nil:
+		o := st.LatestTarget().Manifest.Order()
 		floor = &o
+	case l != nil:
+		return nil
 	}
+	kept := map[string]bool{}
 	for i, c := range st.Commits {
-		o := c.Manifest.Order()
-		if i < max(keep, 1) || (floor != nil && !floor.After(o)) {
+		if i < max(keep, 1) || (floor != nil && !floor.After(c.Manifest.Order())) || c.Latest {
 			kept[c.Key] = true
 		}
 	}
@@ -526,6 +533,10 @@ func applyRetention(ctx context.Context, s Store, job string, keep int, cache *m
 		log.Warn().Err(p).Msg("retention: left alone")
 	}
 	kept := retained(st, keep)
+	if kept == nil {
+		log.Info().Msg("retention: LATEST names a commit not seen yet; nothing deleted this time")
+		return nil, nil
+	}
 	var deleted []CommitRef
 	for _, c := range st.Commits {
 		if kept[c.Key] {
@@ -574,3 +585,254 @@ func deletePrefix(ctx context.Context, s Store, prefix string) error {
 	}
 	return errors.Join(aerr, s.Delete(ctx, keys...))
 }
+
+// The uploader's side of a commit: what it checks on disk, then the protocol above.
+
+// commitResult is what a commit (Uploader.commit) found or did: at most one of changed/gone,
+// notComplete, noMatch, err, or success (manifest; adopted when it was a commit already there).
+type commitResult struct {
+	gen         *generation
+	manifest    *Manifest
+	adopted     bool
+	noMatch     bool
+	notComplete error
+	changed     []LocalFile
+	gone        []string
+	attempted   bool
+	err         error
+	latestMoved bool
+	// deleted are commits found deleted or deleted by retention: no longer candidates.
+	deleted []CommitRef
+}
+
+// goLateAborts aborts the incomplete uploads under prefix at each of lateAborts, on a goroutine.
+func (u *Uploader) goLateAborts(ctx context.Context, prefix string) {
+	log := u.log.With().Str("prefix", prefix).Logger()
+	u.wg.Go(func() {
+		began := time.Now()
+		for _, at := range lateAborts {
+			t := time.NewTimer(time.Until(began.Add(at)))
+			select {
+			case <-t.C:
+			case <-ctx.Done():
+				t.Stop()
+				return
+			}
+			n, err := u.cfg.Store.AbortIncomplete(ctx, prefix)
+			switch {
+			case err != nil:
+				log.Warn().Err(err).Msg("cannot abort an earlier run's late uploads under the commit")
+			case n > 0:
+				log.Info().Int("aborted", n).Msg("aborted an earlier run's uploads that landed late")
+			}
+		}
+	})
+}
+
+// commitJob is what a commit needs, copied from the Run loop's state.
+type commitJob struct {
+	name, commit  string
+	single, adopt bool
+	resumed       bool
+	// sealed: a manifest PUT was tried before; its answer was lost, and the commit may exist
+	// (and may have been deleted since, by retention).
+	sealed          bool
+	files           map[string]doneFile
+	candidates      []*Manifest
+	strays          []string
+	timings         Timings
+	trigger, notice string
+}
+
+// commit verifies the checkpoint on disk against what was stored or checksummed (c.files), then
+// adopts a candidate commit with exactly these files, or writes the manifest, moves LATEST and
+// cleans up: strays, incomplete uploads under the commit, retention.
+func (u *Uploader) commit(ctx context.Context, c commitJob) commitResult {
+	lc, err := ScanCheckpoint(u.cfg.Dir, c.name, u.cfg.Marker, u.cfg.Pattern, u.log)
+	if err != nil {
+		return commitResult{notComplete: err}
+	}
+	var r commitResult
+	local := make(map[string]LocalFile, len(lc.Files))
+	for _, lf := range lc.Files {
+		local[lf.Path] = lf
+		d, ok := c.files[lf.Path]
+		if !ok || !d.id.Same(lf.ID) {
+			r.changed = append(r.changed, lf)
+			continue
+		}
+		if racy(d.id, d.readAt) {
+			rel := c.name
+			if !c.single {
+				rel = filepath.Join(c.name, filepath.FromSlash(lf.Path))
+			}
+			again, err := hashFile(ctx, u.cfg.Dir, rel)
+			if err != nil || !again.id.Same(lf.ID) || again.checksum != d.checksum {
+				r.changed = append(r.changed, lf)
+			}
+		}
+	}
+	for p := range c.files {
+		if _, ok := local[p]; !ok {
+			r.gone = append(r.gone, p)
+		}
+	}
+	if len(r.changed) > 0 || len(r.gone) > 0 {
+		return r
+	}
+	if c.adopt {
+		for _, m := range c.candidates {
+			if len(m.Files) != len(c.files) || slices.ContainsFunc(m.Files, func(f File) bool {
+				d, ok := c.files[f.Path]
+				return !ok || d.id.Size != f.Size || d.checksum != f.Checksum
+			}) {
+				continue
+			}
+			// Still there? Retention (ours or another agent's) may have deleted it.
+			_, _, err := u.cfg.Store.GetBytes(ctx, ManifestKey(m.Job, m.Checkpoint, m.Commit))
+			switch {
+			case err == nil:
+				return commitResult{manifest: m, adopted: true}
+			case errors.Is(err, ErrNotFound):
+				r.deleted = append(r.deleted, CommitRef{Checkpoint: m.Checkpoint, Commit: m.Commit})
+			default:
+				r.err = fmt.Errorf("read manifest of the matching commit: %w", err)
+				return r
+			}
+		}
+		r.noMatch = true
+		return r
+	}
+
+	now := time.Now()
+	m := &Manifest{Version: ManifestVersion, Job: u.cfg.Job, Checkpoint: c.name, Commit: c.commit, Host: u.cfg.Host(),
+		Trigger: c.trigger, Notice: c.notice, Timings: c.timings, CommittedAt: now}
+	for _, lf := range lc.Files {
+		d := c.files[lf.Path]
+		m.Files = append(m.Files, File{Path: lf.Path, Key: d.key, Size: d.id.Size, Mode: FormatPerm(lf.ID.Perm), Checksum: d.checksum})
+		m.TotalBytes += d.id.Size
+	}
+	slices.SortFunc(m.Files, func(a, b File) int {
+		switch {
+		case a.Path < b.Path:
+			return -1
+		case a.Path > b.Path:
+			return 1
+		}
+		return 0
+	})
+	complete := completedAt(lc)
+	m.Timings.CompleteAt = &complete
+	m.Timings.LastByteAt = &now
+	if err := m.Validate(); err != nil {
+		return commitResult{err: fmt.Errorf("refusing to commit: %w", err)}
+	}
+	if c.sealed {
+		// The manifest may have landed, and retention (this agent's or another's) may have
+		// deleted the commit since: writing the manifest again would list deleted objects. Only
+		// a commit whose objects are all there is written; otherwise it starts over as a new one.
+		objs, err := u.cfg.Store.List(ctx, CommitPrefix(m.Job, m.Checkpoint, m.Commit))
+		if err != nil {
+			return commitResult{err: fmt.Errorf("list the commit's objects: %w", err)}
+		}
+		have := make(map[string]int64, len(objs))
+		for _, o := range objs {
+			have[o.Key] = o.Size
+		}
+		if slices.ContainsFunc(m.Files, func(f File) bool { size, ok := have[f.Key]; return !ok || size != f.Size }) {
+			return commitResult{changed: lc.Files}
+		}
+	}
+	if err := u.removeStrays(ctx, c, m); err != nil {
+		return commitResult{err: fmt.Errorf("clean the commit's prefix before its manifest: %w", err)}
+	}
+	r.attempted = true
+	if err := writeManifest(ctx, u.cfg.Store, m); err != nil {
+		r.err = fmt.Errorf("write manifest: %w", err)
+		return r
+	}
+	r.manifest = m
+	u.cache.put(ManifestKey(m.Job, m.Checkpoint, m.Commit), m)
+	for attempt := 1; ; attempt++ {
+		moved, err := advanceLatest(ctx, u.cfg.Store, m, m.Host, u.cache)
+		if err == nil {
+			r.latestMoved = moved
+			break
+		}
+		u.log.Error().Err(err).Str("checkpoint", c.name).Int("attempt", attempt).
+			Msg("checkpoint committed but LATEST cannot be moved to it; retrying (restore takes it anyway)")
+		t := time.NewTimer(retryDelay(attempt, true))
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return r
+		}
+	}
+	if c.resumed {
+		u.goLateAborts(ctx, CommitPrefix(m.Job, m.Checkpoint, m.Commit))
+	}
+	if u.cfg.Keep > 0 {
+		deleted, err := applyRetention(ctx, u.cfg.Store, u.cfg.Job, u.cfg.Keep, u.cache, u.log)
+		if err != nil {
+			u.log.Warn().Err(err).Msg("retention: cannot read the job")
+		}
+		r.deleted = append(r.deleted, deleted...)
+	}
+	return r
+}
+
+// completedAt is when the version of lc being committed was completed, the first half of its
+// order: the latest change time (ctime) of its files, the marker's unless a file changed after it.
+// A file rewritten after the marker makes a later version than the one committed before, even if
+// its modification time was set back; where ctime is unknown, the marker's modification time.
+func completedAt(lc LocalCheckpoint) time.Time {
+	at := lc.CompleteAt
+	for _, f := range lc.Files {
+		if f.ID.ChangeTime.After(at) {
+			at = f.ID.ChangeTime
+		}
+	}
+	return at
+}
+
+// removeStrays makes m's commit prefix hold nothing but m's files before its manifest is
+// written: it deletes the keys stored for files that left the checkpoint, and in a commit an
+// earlier run began, everything else there and every incomplete upload under it (none of this
+// agent's is running for it now). In a commit of this run's alone there is no incomplete upload
+// to look for: every failed PutFile aborts its own.
+func (u *Uploader) removeStrays(ctx context.Context, c commitJob, m *Manifest) error {
+	keep := make(map[string]bool, len(m.Files))
+	for _, f := range m.Files {
+		keep[f.Key] = true
+	}
+	prefix := CommitPrefix(m.Job, m.Checkpoint, m.Commit)
+	strays := slices.DeleteFunc(slices.Clone(c.strays), func(k string) bool { return keep[k] })
+	if c.resumed {
+		objs, err := u.cfg.Store.List(ctx, prefix)
+		if err != nil {
+			return err
+		}
+		for _, o := range objs {
+			if !keep[o.Key] {
+				strays = append(strays, o.Key)
+			}
+		}
+	}
+	if len(strays) > 0 {
+		if err := u.cfg.Store.Delete(ctx, strays...); err != nil {
+			return err
+		}
+	}
+	if !c.resumed {
+		return nil
+	}
+	_, err := u.cfg.Store.AbortIncomplete(ctx, prefix)
+	return err
+}
+
+// lateAborts are when, after a resumed commit, its prefix is cleared of incomplete uploads once
+// more: requests the killed run sent can still be on their way (in a proxy's buffers, or being
+// written by the server) when the new run aborts its uploads, and a part landing after the abort
+// can bring an upload back on some servers.
+var lateAborts = []time.Duration{0, 5 * time.Second, 30 * time.Second, 2 * time.Minute}

@@ -89,7 +89,8 @@ type Host struct {
 type Timings struct {
 	// FirstFileAt is when the first file of the checkpoint was ready (closed after writing).
 	FirstFileAt *time.Time `json:"first_file_at,omitempty"`
-	// CompleteAt is when the marker appeared (or the single file was renamed into place).
+	// CompleteAt is when the trainer completed this version: the latest change time of its files
+	// (normally the marker's; see completedAt). It orders commits (Manifest.Order).
 	CompleteAt *time.Time `json:"complete_at,omitempty"`
 	// LastByteAt is when the last byte of the last file was stored.
 	LastByteAt *time.Time `json:"last_byte_at,omitempty"`

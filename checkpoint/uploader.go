@@ -250,21 +250,6 @@ type fileResult struct {
 	err      error
 }
 
-type commitResult struct {
-	gen         *generation
-	manifest    *Manifest
-	adopted     bool
-	noMatch     bool
-	notComplete error
-	changed     []LocalFile
-	gone        []string
-	attempted   bool
-	err         error
-	latestMoved bool
-	// deleted are commits found deleted or deleted by retention: no longer candidates.
-	deleted []CommitRef
-}
-
 // NewUploader returns an Uploader. It does nothing until Run.
 func NewUploader(cfg UploaderConfig) *Uploader {
 	if cfg.BackgroundFiles <= 0 {
@@ -574,6 +559,11 @@ func (u *Uploader) readJobLater(ctx context.Context, attempt int) {
 	})
 }
 
+// lookupAttempts is how often a generation's lookup may fail before it is sent as a new commit
+// without knowing what the store holds of its name (a store that refuses listings must not keep
+// checkpoints from being sent).
+const lookupAttempts = 4
+
 // goLookup reads the store's commits of g's name, on a goroutine; g waits for them (see
 // lookupDone).
 func (u *Uploader) goLookup(ctx context.Context, g *generation) {
@@ -608,6 +598,13 @@ func (u *Uploader) lookupDone(ctx context.Context, g *generation, ms []*Manifest
 	}
 	if err != nil {
 		g.lookupFails++
+		if g.lookupFails >= lookupAttempts {
+			u.log.Warn().Err(err).Str("checkpoint", g.name).Int("attempts", g.lookupFails).
+				Msg("cannot read the store's commits of this checkpoint; sending it as a new commit")
+			g.lookup = false
+			u.sendAll(g)
+			return
+		}
 		u.log.Warn().Err(err).Str("checkpoint", g.name).Int("attempt", g.lookupFails).
 			Msg("cannot read the store's commits of this checkpoint; trying again (a notice does not wait)")
 		u.goLookup(ctx, g)
@@ -1347,21 +1344,6 @@ func (u *Uploader) after(ctx context.Context, d time.Duration, fn func()) {
 	})
 }
 
-// commitJob is what a commit needs, copied from the Run loop's state.
-type commitJob struct {
-	name, commit  string
-	single, adopt bool
-	resumed       bool
-	// sealed: a manifest PUT was tried before; its answer was lost, and the commit may exist
-	// (and may have been deleted since, by retention).
-	sealed          bool
-	files           map[string]doneFile
-	candidates      []*Manifest
-	strays          []string
-	timings         Timings
-	trigger, notice string
-}
-
 // startCommit checks g once more and commits (or adopts) it, on a goroutine; g takes no more
 // work until the result is in (events for it wait in deferred).
 func (u *Uploader) startCommit(ctx context.Context, g *generation) {
@@ -1396,179 +1378,6 @@ func (u *Uploader) startCommit(ctx context.Context, g *generation) {
 		case <-ctx.Done():
 		}
 	})
-}
-
-// commit verifies the checkpoint on disk against what was stored or checksummed (c.files), then
-// adopts a candidate commit with exactly these files, or writes the manifest, moves LATEST and
-// cleans up: strays, incomplete uploads under the commit, retention.
-func (u *Uploader) commit(ctx context.Context, c commitJob) commitResult {
-	lc, err := ScanCheckpoint(u.cfg.Dir, c.name, u.cfg.Marker, u.cfg.Pattern, u.log)
-	if err != nil {
-		return commitResult{notComplete: err}
-	}
-	var r commitResult
-	local := make(map[string]LocalFile, len(lc.Files))
-	for _, lf := range lc.Files {
-		local[lf.Path] = lf
-		d, ok := c.files[lf.Path]
-		if !ok || !d.id.Same(lf.ID) {
-			r.changed = append(r.changed, lf)
-			continue
-		}
-		if racy(d.id, d.readAt) {
-			rel := c.name
-			if !c.single {
-				rel = filepath.Join(c.name, filepath.FromSlash(lf.Path))
-			}
-			again, err := hashFile(ctx, u.cfg.Dir, rel)
-			if err != nil || !again.id.Same(lf.ID) || again.checksum != d.checksum {
-				r.changed = append(r.changed, lf)
-			}
-		}
-	}
-	for p := range c.files {
-		if _, ok := local[p]; !ok {
-			r.gone = append(r.gone, p)
-		}
-	}
-	if len(r.changed) > 0 || len(r.gone) > 0 {
-		return r
-	}
-	if c.adopt {
-		for _, m := range c.candidates {
-			if len(m.Files) != len(c.files) || slices.ContainsFunc(m.Files, func(f File) bool {
-				d, ok := c.files[f.Path]
-				return !ok || d.id.Size != f.Size || d.checksum != f.Checksum
-			}) {
-				continue
-			}
-			// Still there? Retention (ours or another agent's) may have deleted it.
-			_, _, err := u.cfg.Store.GetBytes(ctx, ManifestKey(m.Job, m.Checkpoint, m.Commit))
-			switch {
-			case err == nil:
-				return commitResult{manifest: m, adopted: true}
-			case errors.Is(err, ErrNotFound):
-				r.deleted = append(r.deleted, CommitRef{Checkpoint: m.Checkpoint, Commit: m.Commit})
-			default:
-				r.err = fmt.Errorf("read manifest of the matching commit: %w", err)
-				return r
-			}
-		}
-		r.noMatch = true
-		return r
-	}
-
-	now := time.Now()
-	m := &Manifest{Version: ManifestVersion, Job: u.cfg.Job, Checkpoint: c.name, Commit: c.commit, Host: u.cfg.Host(),
-		Trigger: c.trigger, Notice: c.notice, Timings: c.timings, CommittedAt: now}
-	for _, lf := range lc.Files {
-		d := c.files[lf.Path]
-		m.Files = append(m.Files, File{Path: lf.Path, Key: d.key, Size: d.id.Size, Mode: FormatPerm(lf.ID.Perm), Checksum: d.checksum})
-		m.TotalBytes += d.id.Size
-	}
-	slices.SortFunc(m.Files, func(a, b File) int {
-		switch {
-		case a.Path < b.Path:
-			return -1
-		case a.Path > b.Path:
-			return 1
-		}
-		return 0
-	})
-	complete := lc.CompleteAt
-	m.Timings.CompleteAt = &complete
-	m.Timings.LastByteAt = &now
-	if err := m.Validate(); err != nil {
-		return commitResult{err: fmt.Errorf("refusing to commit: %w", err)}
-	}
-	if c.sealed {
-		// The manifest may have landed, and retention (this agent's or another's) may have
-		// deleted the commit since: writing the manifest again would list deleted objects. Only
-		// a commit whose objects are all there is written; otherwise it starts over as a new one.
-		objs, err := u.cfg.Store.List(ctx, CommitPrefix(m.Job, m.Checkpoint, m.Commit))
-		if err != nil {
-			return commitResult{err: fmt.Errorf("list the commit's objects: %w", err)}
-		}
-		have := make(map[string]int64, len(objs))
-		for _, o := range objs {
-			have[o.Key] = o.Size
-		}
-		if slices.ContainsFunc(m.Files, func(f File) bool { size, ok := have[f.Key]; return !ok || size != f.Size }) {
-			return commitResult{changed: lc.Files}
-		}
-	}
-	if err := u.removeStrays(ctx, c, m); err != nil {
-		return commitResult{err: fmt.Errorf("clean the commit's prefix before its manifest: %w", err)}
-	}
-	r.attempted = true
-	if err := writeManifest(ctx, u.cfg.Store, m); err != nil {
-		r.err = fmt.Errorf("write manifest: %w", err)
-		return r
-	}
-	r.manifest = m
-	u.cache.put(ManifestKey(m.Job, m.Checkpoint, m.Commit), m)
-	for attempt := 1; ; attempt++ {
-		moved, err := advanceLatest(ctx, u.cfg.Store, m, m.Host, u.cache)
-		if err == nil {
-			r.latestMoved = moved
-			break
-		}
-		u.log.Error().Err(err).Str("checkpoint", c.name).Int("attempt", attempt).
-			Msg("checkpoint committed but LATEST cannot be moved to it; retrying (restore takes it anyway)")
-		t := time.NewTimer(retryDelay(attempt, true))
-		select {
-		case <-t.C:
-		case <-ctx.Done():
-			t.Stop()
-			return r
-		}
-	}
-	// An upload a killed run began may land late (still on its way through a proxy, say).
-	prefix := CommitPrefix(m.Job, m.Checkpoint, m.Commit)
-	u.goRetry(ctx, u.log.With().Str("checkpoint", c.name).Str("commit", m.Commit).Logger(),
-		"cannot abort incomplete uploads under the commit", func() error {
-			_, err := u.cfg.Store.AbortIncomplete(ctx, prefix)
-			return err
-		}, nil)
-	if u.cfg.Keep > 0 {
-		deleted, err := applyRetention(ctx, u.cfg.Store, u.cfg.Job, u.cfg.Keep, u.cache, u.log)
-		if err != nil {
-			u.log.Warn().Err(err).Msg("retention: cannot read the job")
-		}
-		r.deleted = append(r.deleted, deleted...)
-	}
-	return r
-}
-
-// removeStrays makes m's commit prefix hold nothing but m's files before its manifest is
-// written: it deletes the keys stored for files that left the checkpoint (and, in a commit an
-// earlier run began, everything else there), and aborts every incomplete upload under it (none of
-// this agent's is running for it now).
-func (u *Uploader) removeStrays(ctx context.Context, c commitJob, m *Manifest) error {
-	keep := make(map[string]bool, len(m.Files))
-	for _, f := range m.Files {
-		keep[f.Key] = true
-	}
-	prefix := CommitPrefix(m.Job, m.Checkpoint, m.Commit)
-	strays := slices.DeleteFunc(slices.Clone(c.strays), func(k string) bool { return keep[k] })
-	if c.resumed {
-		objs, err := u.cfg.Store.List(ctx, prefix)
-		if err != nil {
-			return err
-		}
-		for _, o := range objs {
-			if !keep[o.Key] {
-				strays = append(strays, o.Key)
-			}
-		}
-	}
-	if len(strays) > 0 {
-		if err := u.cfg.Store.Delete(ctx, strays...); err != nil {
-			return err
-		}
-	}
-	_, err := u.cfg.Store.AbortIncomplete(ctx, prefix)
-	return err
 }
 
 func (u *Uploader) handleCommit(ctx context.Context, r commitResult) {
