@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io/fs"
 	"maps"
 	"math/rand/v2"
@@ -827,5 +828,76 @@ func TestRestoreFileStore(t *testing.T) {
 	}
 	if d := restoreTestDiff(restoreTestTree(t, res.Dir), restoreTestWant(files)); d != "" {
 		t.Errorf("restored tree differs from the checkpoint:%s", d)
+	}
+}
+
+// Restore gives every file the permission bits its manifest lists (0644 when it lists none, as a
+// version 1 manifest), whatever the umask.
+func TestRestoreAppliesPermissionBits(t *testing.T) {
+	s := newMemStore()
+	files := map[string]string{"secret.key": "k", "run.sh": "#!/bin/sh", "model.pt": "w", "plain": "p"}
+	m := restoreTestManifest(t, restoreTestJob, "step-1", restoreTestT0, files)
+	modes := map[string]string{"secret.key": "0600", "run.sh": "0755", "model.pt": "0444", "plain": ""}
+	for i := range m.Files {
+		m.Files[i].Mode = modes[m.Files[i].Path]
+		s.put(m.Files[i].Key, []byte(files[m.Files[i].Path]))
+	}
+	restoreTestPutJSON(t, s, ManifestKey(restoreTestJob, "step-1", m.Commit), m)
+	_, to := restoreTestDirs(t)
+	var log bytes.Buffer
+	res, err := Restore(t.Context(), s, restoreTestOpts(to, &log))
+	if err != nil {
+		t.Fatalf("Restore() error: %v", err)
+	}
+	want := map[string]fs.FileMode{"secret.key": 0o600, "run.sh": 0o755, "model.pt": 0o444, "plain": 0o644}
+	for p, mode := range want {
+		fi, err := os.Stat(filepath.Join(res.Dir, p))
+		if err != nil || fi.Mode().Perm() != mode {
+			t.Errorf("Got(%q) = %v (%v); want %v", p, fi.Mode().Perm(), err, mode)
+		}
+	}
+}
+
+// A version 1 checkpoint (the layout before commit ids) is restored like any other.
+func TestRestoreVersion1(t *testing.T) {
+	s := newMemStore()
+	files := restoreTestFiles(3)
+	restoreTestCommitV1(t, s, restoreTestJob, "step-000100", restoreTestT0, files)
+	restoreTestSetLatest(t, s, restoreTestJob, "step-000100")
+	_, to := restoreTestDirs(t)
+	var log bytes.Buffer
+	res, err := Restore(t.Context(), s, restoreTestOpts(to, &log))
+	if err != nil {
+		t.Fatalf("Restore() error: %v", err)
+	}
+	if res.Checkpoint != "step-000100" || res.Commit != "" || res.FellBack {
+		t.Errorf("Got(%q) = %+v; want step-000100, no commit, from LATEST", "result", res)
+	}
+	if d := restoreTestDiff(restoreTestTree(t, res.Dir), restoreTestWant(files)); d != "" {
+		t.Errorf("restored tree differs from the checkpoint:%s", d)
+	}
+}
+
+// A killed restore's staging directory is removed by the next restore; one of a restore still
+// running (its pid alive) is left alone.
+func TestRestoreRemovesStaleStaging(t *testing.T) {
+	s := newMemStore()
+	restoreTestCommit(t, s, restoreTestJob, "step-1", restoreTestT0, restoreTestFiles(1))
+	_, to := restoreTestDirs(t)
+	stale := filepath.Join(to, ".spotguard-restore-999999999-ABC")
+	live := filepath.Join(to, fmt.Sprintf(".spotguard-restore-%d-DEF", os.Getpid()))
+	for _, d := range []string{stale, live} {
+		restoreTestMust(t, os.MkdirAll(filepath.Join(d, "sub"), 0o755))
+		restoreTestMust(t, os.WriteFile(filepath.Join(d, "sub", "half.bin"), make([]byte, 100), 0o644))
+	}
+	var log bytes.Buffer
+	if _, err := Restore(t.Context(), s, restoreTestOpts(to, &log)); err != nil {
+		t.Fatalf("Restore() error: %v", err)
+	}
+	if _, err := os.Stat(stale); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("Got(%q) = %v; want the killed restore's staging removed", stale, err)
+	}
+	if _, err := os.Stat(live); err != nil {
+		t.Errorf("Got(%q) = %v; want a live restore's staging left alone", live, err)
 	}
 }

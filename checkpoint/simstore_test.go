@@ -161,7 +161,8 @@ func (b *simBackend) remove(key string) {
 			if l := b.latest; l != nil && l.Checkpoint == m.Checkpoint && l.Commit == m.Commit {
 				b.violate("I3: retention deleted LATEST's target %s/%s", m.Checkpoint, m.Commit)
 			} else if l != nil && l.CompleteAt != nil && m.Order().After(CommitOrder{At: *l.CompleteAt, Commit: l.Commit}) {
-				b.violate("I3: retention deleted %s/%s, newer than LATEST", m.Checkpoint, m.Commit)
+				b.violate("I3: retention deleted %s/%s (%s), newer than LATEST %s/%s (%s)", m.Checkpoint, m.Commit,
+					m.Order().At.Format("15:04:05.000000"), l.Checkpoint, l.Commit, l.CompleteAt.Format("15:04:05.000000"))
 			}
 			for _, f := range m.Files {
 				delete(b.covered, m.FileKey(f))

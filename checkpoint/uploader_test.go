@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -368,5 +369,201 @@ func TestUploaderStopsAfterNoticeCommitDespiteAbandonedDir(t *testing.T) {
 	case <-r.done:
 	case <-time.After(5 * time.Second):
 		t.Fatal("Run held the stop for an abandoned, incomplete checkpoint")
+	}
+}
+
+// commitsOf returns the committed manifests of name in store, newest first.
+func commitsOf(t *testing.T, store Store, name string) []*Manifest {
+	t.Helper()
+	cs, problems, err := ListCommitted(t.Context(), store, "job")
+	if err != nil || len(problems) > 0 {
+		t.Fatalf("ListCommitted: %v %v", err, problems)
+	}
+	var out []*Manifest
+	for _, c := range cs {
+		if c.Manifest.Checkpoint == name {
+			out = append(out, c.Manifest)
+		}
+	}
+	return out
+}
+
+// A file rewritten after its checkpoint was committed, with the same size and its modification
+// time set back, is a new version: it becomes a new commit with the new bytes, and the first
+// commit's objects are never written again (I1, I2).
+func TestUploaderSameSizeRewriteWithMtimeSetBack(t *testing.T) {
+	dir := t.TempDir()
+	store := newMemStore()
+	r := startUploader(t, dir, store, 0)
+	first := map[string][]byte{"w.bin": randomBytes(t, 64<<10)}
+	writeCheckpoint(t, dir, "step-1", first)
+	ev := r.waitCommitted("step-1")
+	firstKey := ev.Manifest.Files[len(ev.Manifest.Files)-1].Key
+	before, _, _ := store.GetBytes(t.Context(), firstKey)
+
+	p := filepath.Join(dir, "step-1", "w.bin")
+	fi, _ := os.Stat(p)
+	second := randomBytes(t, 64<<10)
+	if err := os.WriteFile(p, second, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chtimes(p, fi.ModTime(), fi.ModTime()); err != nil {
+		t.Fatal(err)
+	}
+	ev2 := r.waitCommitted("step-1")
+	if ev2.Manifest.Commit == ev.Manifest.Commit {
+		t.Fatalf("the rewrite was committed into the first commit %s", ev.Manifest.Commit)
+	}
+	if after, _, _ := store.GetBytes(t.Context(), firstKey); !bytes.Equal(before, after) {
+		t.Errorf("the first commit's object %s was written again", firstKey)
+	}
+	restoreAndCompare(t, store, "step-1", map[string][]byte{"w.bin": second})
+	if got := commitsOf(t, store, "step-1"); len(got) != 2 || got[0].Commit != ev2.Manifest.Commit {
+		t.Errorf("commits of step-1 = %d, newest %v; want 2, the rewrite newest", len(got), got)
+	}
+}
+
+// A checkpoint deleted while its files are being sent leaves tracking: nothing of it is
+// committed, its objects are cleaned up, and a stop is not held up by it (I5).
+func TestUploaderCheckpointDeletedMidUpload(t *testing.T) {
+	dir := t.TempDir()
+	mem := newMemStore()
+	bs := &blockingStore{Store: mem, started: make(chan string, 1), release: make(chan struct{})}
+	r := startUploader(t, dir, bs, 0)
+	writeCheckpoint(t, dir, "step-1", map[string][]byte{"w": randomBytes(t, 1<<20), "v": randomBytes(t, 1<<10)})
+	<-bs.started
+	if err := os.RemoveAll(filepath.Join(dir, "step-1")); err != nil {
+		t.Fatal(err)
+	}
+	eventuallyUploader(t, "step-1 to leave tracking", func() bool {
+		return len(r.up.Status(t.Context()).Checkpoints) == 0
+	})
+	close(bs.release)
+	writeCheckpoint(t, dir, "step-2", map[string][]byte{"w": randomBytes(t, 1<<10)})
+	r.waitCommitted("step-2")
+	if got := commitsOf(t, mem, "step-1"); len(got) != 0 {
+		t.Errorf("step-1 was committed after it was deleted: %v", got)
+	}
+}
+
+// eventuallyUploader polls cond every few milliseconds for up to 20 s.
+func eventuallyUploader(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not within 20 s", what)
+		}
+		select {
+		case <-time.After(5 * time.Millisecond):
+		case <-t.Context().Done():
+		}
+	}
+}
+
+// A checkpoint whose name and bytes the store already holds (restored by the next instance) is
+// adopted: nothing is sent, no new commit. With other bytes under the same name (a new run
+// reusing the job), it is a new commit, and the newest (I6).
+func TestUploaderAdoptsRestoredCheckpointAndCommitsOtherBytes(t *testing.T) {
+	store := newMemStore()
+	src := t.TempDir()
+	files := map[string][]byte{"w": randomBytes(t, 32<<10), "sub/v": randomBytes(t, 1<<10)}
+	writeCheckpoint(t, src, "step-1", files)
+	r := startUploader(t, src, store, 0)
+	orig := r.waitCommitted("step-1")
+	r.stop()
+
+	// The next instance: restore, then its agent starts.
+	dir := t.TempDir()
+	if _, err := Restore(t.Context(), store, RestoreOptions{Job: "job", To: dir, Logger: zerolog.Nop()}); err != nil {
+		t.Fatal(err)
+	}
+	r2 := startUploader(t, dir, store, 0)
+	ev := r2.waitCommitted("step-1")
+	if !ev.Already || ev.Manifest.Commit != orig.Manifest.Commit {
+		t.Errorf("restored checkpoint: Already %v commit %s; want adopted as %s", ev.Already, ev.Manifest.Commit, orig.Manifest.Commit)
+	}
+	r2.stop()
+	if got := commitsOf(t, store, "step-1"); len(got) != 1 {
+		t.Fatalf("commits of step-1 = %d; want 1 (nothing sent for a restored checkpoint)", len(got))
+	}
+
+	// A new run reusing the job saves step-1 again, with other bytes.
+	dir3 := t.TempDir()
+	other := map[string][]byte{"w": randomBytes(t, 32<<10), "sub/v": randomBytes(t, 1<<10)}
+	writeCheckpoint(t, dir3, "step-1", other)
+	r3 := startUploader(t, dir3, store, 0)
+	ev3 := r3.waitCommitted("step-1")
+	if ev3.Already || ev3.Manifest.Commit == orig.Manifest.Commit {
+		t.Fatalf("other bytes under a committed name: Already %v commit %s; want a new commit", ev3.Already, ev3.Manifest.Commit)
+	}
+	res, err := Restore(t.Context(), store, RestoreOptions{Job: "job", To: t.TempDir(), Logger: zerolog.Nop()})
+	if err != nil || res.Commit != ev3.Manifest.Commit {
+		t.Errorf("restore took %s (%v); want the new run's commit %s", res.Commit, err, ev3.Manifest.Commit)
+	}
+	restoreAndCompare(t, store, "step-1", other)
+}
+
+// Two agents on one job commit the same name each under its own commit: neither adopts the
+// other's manifest with its own files in none, and LATEST names the one completed later (I1, I3).
+func TestUploaderTwoAgentsOneJob(t *testing.T) {
+	store, err := NewFileStore(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	dirA, dirB := t.TempDir(), t.TempDir()
+	a := startUploader(t, dirA, store, 0)
+	b := startUploader(t, dirB, store, 0)
+	filesA := map[string][]byte{"rank-0.bin": randomBytes(t, 16<<10)}
+	filesB := map[string][]byte{"rank-1.bin": randomBytes(t, 16<<10)}
+	writeCheckpoint(t, dirA, "step-1", filesA)
+	evA := a.waitCommitted("step-1")
+	writeCheckpoint(t, dirB, "step-1", filesB)
+	evB := b.waitCommitted("step-1")
+	if evA.Manifest.Commit == evB.Manifest.Commit {
+		t.Fatalf("both agents committed into %s", evA.Manifest.Commit)
+	}
+	for _, ev := range []UploadEvent{evA, evB} {
+		if ev.Already {
+			t.Errorf("a commit was adopted across agents: %+v", ev.Manifest)
+		}
+	}
+	if problems := CheckJob(t.Context(), store, "job", true); len(problems) > 0 {
+		t.Errorf("CheckJob: %v", problems)
+	}
+	res, err := Restore(t.Context(), store, RestoreOptions{Job: "job", To: t.TempDir(), Logger: zerolog.Nop()})
+	if err != nil || res.Commit != evB.Manifest.Commit {
+		t.Errorf("restore took %s (%v); want the later commit %s", res.Commit, err, evB.Manifest.Commit)
+	}
+}
+
+// A hard link in a checkpoint (the agent may read what the trainer could not) is not uploaded;
+// the checkpoint commits without it (case 12).
+func TestUploaderSkipsHardLinks(t *testing.T) {
+	dir := t.TempDir()
+	secret := filepath.Join(t.TempDir(), "secret")
+	if err := os.WriteFile(secret, []byte("not the trainer's"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(filepath.Join(dir, "step-1"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Link(secret, filepath.Join(dir, "step-1", "linked")); err != nil {
+		t.Skipf("hard links not possible here: %v", err)
+	}
+	store := newMemStore()
+	r := startUploader(t, dir, store, 0)
+	writeCheckpoint(t, dir, "step-1", map[string][]byte{"w": randomBytes(t, 1<<10)})
+	ev := r.waitCommitted("step-1")
+	for _, f := range ev.Manifest.Files {
+		if f.Path == "linked" {
+			t.Fatalf("the hard link was committed: %+v", ev.Manifest.Files)
+		}
+	}
+	objs, _ := store.List(t.Context(), "job/")
+	for _, o := range objs {
+		if strings.HasSuffix(o.Key, "/linked") {
+			t.Errorf("the hard link was uploaded to %s", o.Key)
+		}
 	}
 }
