@@ -101,7 +101,7 @@ func BenchmarkIdleCost(b *testing.B) {
 	os.WriteFile(filepath.Join(ckdir, "step-000001", "w.bin"), make([]byte, 1<<20), 0o644)
 	os.WriteFile(filepath.Join(ckdir, "step-000001", "_COMPLETE"), nil, 0o644)
 	ap := startAgent(b, sim, "SPOTGUARD_TRAINER_PIDFILE="+tp.pidfile, "SPOTGUARD_LOG_LEVEL=info",
-		"SPOTGUARD_CHECKPOINT_DIR="+ckdir, "SPOTGUARD_STORE_URL=file://"+b.TempDir())
+		"SPOTGUARD_CHECKPOINT_DIR="+ckdir, "SPOTGUARD_STORE_URL=file://"+b.TempDir(), "SPOTGUARD_STORE_JOB=bench")
 	eventually(b, 30*time.Second, "the existing checkpoint to be committed", func() bool {
 		return hasLine(ap.metrics(b), `spotguard_checkpoints_committed_total{trigger="periodic"} 1`)
 	})

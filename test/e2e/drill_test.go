@@ -9,7 +9,9 @@ import (
 type drillJSON struct {
 	Pass       bool    `json:"pass"`
 	Reason     string  `json:"reason"`
+	Job        string  `json:"job"`
 	Checkpoint string  `json:"checkpoint"`
+	Commit     string  `json:"commit"`
 	Files      int     `json:"files"`
 	Bytes      int64   `json:"bytes"`
 	MarginS    float64 `json:"margin_seconds"`
@@ -64,8 +66,16 @@ func TestDrillS3(t *testing.T) {
 	s3 := startS3(t)
 	code, r, stderr := runDrill(t, s3.env(""), "--size", "96MiB", "--store", "s3://"+s3Bucket+"/drill")
 	checkDrillPass(t, code, r, 96<<20, stderr)
-	if ls := s3.aws(t, "s3", "ls", "--recursive", "s3://"+s3Bucket+"/drill/"); !strings.Contains(ls, r.Checkpoint+"/_spotguard/manifest.json") {
-		t.Errorf("awscli does not see the drill's manifest:\n%s", ls)
+	want := r.Job + "/" + r.Checkpoint + "/" + r.Commit + "/_spotguard/manifest.json"
+	if ls := s3.aws(t, "s3", "ls", "--recursive", "s3://"+s3Bucket+"/drill/"); !strings.HasPrefix(r.Job, "drill-") || !strings.Contains(ls, want) {
+		t.Errorf("awscli does not see the drill's manifest %s (job %q):\n%s", want, r.Job, ls)
+	}
+	// A second drill on the same store gets a job of its own: it never meets the first one's
+	// checkpoints.
+	code, r2, stderr := runDrill(t, s3.env(""), "--size", "8MiB", "--store", "s3://"+s3Bucket+"/drill")
+	checkDrillPass(t, code, r2, 8<<20, stderr)
+	if r2.Job == r.Job {
+		t.Errorf("two drills used the same job %q", r.Job)
 	}
 }
 

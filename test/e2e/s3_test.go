@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"bytes"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -9,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -219,19 +221,17 @@ func TestNoticeCheckpointDurableInS3(t *testing.T) {
 	s3 := startS3(t)
 	storeURL := "s3://" + s3Bucket + "/training"
 	testNoticeCheckpoint(t, storeURL, s3.env(""), func(t *testing.T, ckpt, local string) {
-		ls := s3.aws(t, "s3", "ls", "--recursive", "s3://"+s3Bucket+"/training/e2e/"+ckpt+"/")
+		commit := latestCommit(t, s3.aws(t, "s3", "cp", "s3://"+s3Bucket+"/training/e2e/LATEST", "-"), ckpt)
+		prefix := "s3://" + s3Bucket + "/training/e2e/" + ckpt + "/" + commit + "/"
+		ls := s3.aws(t, "s3", "ls", "--recursive", prefix)
 		for _, want := range []string{"shard-0.bin", "shard-3.bin", "_COMPLETE", "_spotguard/manifest.json"} {
 			if !strings.Contains(ls, want) {
 				t.Errorf("aws s3 ls lacks %s:\n%s", want, ls)
 			}
 		}
 		dl := t.TempDir()
-		s3.aws(t, "s3", "cp", "--recursive", "--exclude", "_spotguard/*", "s3://"+s3Bucket+"/training/e2e/"+ckpt+"/", dl)
+		s3.aws(t, "s3", "cp", "--recursive", "--exclude", "_spotguard/*", prefix, dl)
 		sameTree(t, local, dl)
-		latest := s3.aws(t, "s3", "cp", "s3://"+s3Bucket+"/training/e2e/LATEST", "-")
-		if !strings.Contains(latest, `"checkpoint":"`+ckpt+`"`) {
-			t.Errorf("LATEST = %s; want %s", latest, ckpt)
-		}
 	})
 }
 
@@ -239,7 +239,11 @@ func TestNoticeCheckpointDurableInFileStore(t *testing.T) {
 	needPeers(t)
 	storeDir := t.TempDir()
 	testNoticeCheckpoint(t, "file://"+storeDir, nil, func(t *testing.T, ckpt, local string) {
-		got := filepath.Join(storeDir, "e2e", ckpt)
+		latest, err := os.ReadFile(filepath.Join(storeDir, "e2e", "LATEST"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := filepath.Join(storeDir, "e2e", ckpt, latestCommit(t, string(latest), ckpt))
 		if _, err := os.Stat(filepath.Join(got, "_spotguard", "manifest.json")); err != nil {
 			t.Errorf("manifest: %v", err)
 		}
@@ -302,6 +306,17 @@ func testNoticeCheckpoint(t *testing.T, storeURL string, storeEnv []string, insp
 	if code != 0 || !strings.Contains(stdout, ckpt) || !strings.Contains(stdout, "LATEST") || !strings.Contains(stdout, "notice") {
 		t.Errorf("spotguard list: exit %d\n%s", code, stdout)
 	}
+}
+
+// latestCommit returns the commit that LATEST (its JSON) names, failing the test unless it names
+// checkpoint ckpt and a commit.
+func latestCommit(t testing.TB, latest, ckpt string) string {
+	t.Helper()
+	var l struct{ Checkpoint, Commit string }
+	if err := json.Unmarshal([]byte(latest), &l); err != nil || l.Checkpoint != ckpt || l.Commit == "" {
+		t.Fatalf("LATEST = %s (%v); want checkpoint %s and its commit", latest, err, ckpt)
+	}
+	return l.Commit
 }
 
 func TestRestoreNothingCommitted(t *testing.T) {
@@ -417,24 +432,41 @@ func TestKillMidUploadThenRestart(t *testing.T) {
 	env := append([]string{"SPOTGUARD_TRAINER_PIDFILE=" + tp.pidfile, "SPOTGUARD_CHECKPOINT_DIR=" + ckdir,
 		"SPOTGUARD_STORE_URL=" + storeURL, "SPOTGUARD_STORE_JOB=e2e", "SPOTGUARD_STORE_PART_SIZE=5MiB"}, s3.env(slow.url())...)
 	ap := startAgent(t, sim, env...)
+	var uploads string
 	eventually(t, 30*time.Second, "the upload to be under way", func() bool {
-		return strings.Contains(s3.aws(t, "s3api", "list-multipart-uploads", "--bucket", s3Bucket), "UploadId")
+		uploads = s3.aws(t, "s3api", "list-multipart-uploads", "--bucket", s3Bucket)
+		return strings.Contains(uploads, "UploadId")
 	})
+	// The killed run's commit, from its uploads' keys: kill/e2e/<checkpoint>/<commit>/<file>.
+	m := regexp.MustCompile(`"kill/e2e/` + regexp.QuoteMeta(ckpt) + `/([^/"]+)/`).FindStringSubmatch(uploads)
+	if m == nil {
+		t.Fatalf("no upload under kill/e2e/%s/<commit>/:\n%s", ckpt, uploads)
+	}
+	killedCommit := m[1]
 	ap.cmd.Process.Kill()
 	<-ap.done
 	if ls, _ := s3.tryAWS(t, "s3", "ls", "--recursive", "s3://"+s3Bucket+"/kill/"); strings.Contains(ls, "manifest.json") {
 		t.Fatalf("a manifest exists although the agent was killed mid-upload:\n%s", ls)
 	}
 
-	// Restart, now at full speed: the agent finishes what is complete but not committed.
+	// Restart, now at full speed, with the runtime directory the killed run had (as systemd's
+	// restart keeps /run/spotguard): the agent resumes its own commit and finishes it.
 	ap2 := startAgent(t, sim, append([]string{"SPOTGUARD_TRAINER_PIDFILE=" + tp.pidfile, "SPOTGUARD_CHECKPOINT_DIR=" + ckdir,
-		"SPOTGUARD_STORE_URL=" + storeURL, "SPOTGUARD_STORE_JOB=e2e", "SPOTGUARD_STORE_PART_SIZE=5MiB"}, s3.env("")...)...)
+		"SPOTGUARD_STORE_URL=" + storeURL, "SPOTGUARD_STORE_JOB=e2e", "SPOTGUARD_STORE_PART_SIZE=5MiB",
+		"SPOTGUARD_AGENT_RUNTIME_DIR=" + ap.runtimeDir}, s3.env("")...)...)
 	eventually(t, 60*time.Second, "the checkpoint to be committed after the restart", func() bool {
 		return hasLine(ap2.metrics(t), `spotguard_checkpoints_committed_total{trigger="periodic"} 1`)
 	})
-	if out := s3.aws(t, "s3api", "list-multipart-uploads", "--bucket", s3Bucket); strings.Contains(out, "UploadId") {
-		t.Errorf("the killed run's multipart uploads were not aborted:\n%s", out)
+	latest := s3.aws(t, "s3", "cp", "s3://"+s3Bucket+"/kill/e2e/LATEST", "-")
+	if got := latestCommit(t, latest, ckpt); got != killedCommit {
+		t.Errorf("committed as %s; want the killed run's commit %s resumed", got, killedCommit)
 	}
+	// The killed run's requests still in the throttle's buffers land after the restart aborted
+	// its uploads (versitygw brings an upload back when a part lands in it); the agent aborts
+	// again a few seconds later.
+	eventually(t, 20*time.Second, "the killed run's multipart uploads to be aborted", func() bool {
+		return !strings.Contains(s3.aws(t, "s3api", "list-multipart-uploads", "--bucket", s3Bucket), "UploadId")
+	})
 	to := t.TempDir()
 	code, stdout, stderr := runSpotguard(t, append([]string{"SPOTGUARD_STORE_URL=" + storeURL, "SPOTGUARD_STORE_JOB=e2e"}, s3.env("")...),
 		"restore", "--config", ap2.configPath, "--to", to)

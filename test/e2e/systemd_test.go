@@ -80,7 +80,7 @@ func TestSdNotifyThroughANotice(t *testing.T) {
 	ckdir := t.TempDir()
 	tp := startTrainer(t, "--checkpoint-dir", ckdir, "--files", "2", "--checkpoint-mb", "2", "--write-seconds", "3")
 	ap := startAgent(t, sim, "SPOTGUARD_TRAINER_PIDFILE="+tp.pidfile, "SPOTGUARD_NOTICES_REBALANCE=ignore",
-		"SPOTGUARD_CHECKPOINT_DIR="+ckdir, "SPOTGUARD_STORE_URL=file://"+t.TempDir(),
+		"SPOTGUARD_CHECKPOINT_DIR="+ckdir, "SPOTGUARD_STORE_URL=file://"+t.TempDir(), "SPOTGUARD_STORE_JOB=e2e",
 		"NOTIFY_SOCKET="+ns.path, "WATCHDOG_USEC=2000000")
 	if first := ns.next(t); !strings.HasPrefix(first, "READY=1\nSTATUS=watching") {
 		t.Fatalf("first message %q; want READY=1 with a watching status", first)
