@@ -6,7 +6,7 @@ VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 DEB_VERSION ?= $(shell echo '$(VERSION)' | sed -E -e 's/^v?([0-9]+\.[0-9])/\1/' -e 't done' -e 's/^/0.0.0+git/' -e ':done' -e 's/-/+/g')
 DEB_ARCH ?= $(shell go env GOARCH)
 
-.PHONY: demo help build test test-unit test-e2e bench lint fuzz tools clean install uninstall deb
+.PHONY: demo help build test test-unit test-e2e bench bench-scale lint fuzz tools clean install uninstall deb
 
 help: ## list the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_-]+:.*## / {printf "  %-10s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -29,6 +29,10 @@ test-e2e: tools build ## end-to-end tests against the real IMDS simulator and re
 
 bench: tools ## benchmarks: detection-to-signal latency and idle cost (takes about 2 minutes)
 	PATH=$(CURDIR)/bin:$$PATH go test -run '^$$' -bench . -benchtime 1x -timeout 10m ./test/e2e/
+
+bench-scale: ## I8 benchmarks: commit of 1k/10k/100k files, start-up with 100/1000 commits, watcher (tmpfs when there is one)
+	TMPDIR=$$( [ -d /dev/shm ] && echo /dev/shm || echo $${TMPDIR:-/tmp} ) go test -run '^$$' \
+		-bench 'BenchmarkCommitManyFiles|BenchmarkStartupWithCommitted|BenchmarkWatcherManyFiles' -benchtime 1x -timeout 30m ./checkpoint/
 
 fuzz: ## run every parser fuzzer for FUZZTIME each (default 10s)
 	./test/fuzz.sh $${FUZZTIME:-10s}

@@ -53,7 +53,7 @@ func restoreTestCommitID(cp string, at time.Time) string {
 
 // restoreTestManifest returns a valid manifest of files, completed and committed at at, in commit
 // restoreTestCommitID(cp, at).
-func restoreTestManifest(t *testing.T, job, cp string, at time.Time, files map[string]string) *Manifest {
+func restoreTestManifest(t testing.TB, job, cp string, at time.Time, files map[string]string) *Manifest {
 	t.Helper()
 	complete := at
 	m := &Manifest{Version: ManifestVersion, Job: job, Checkpoint: cp, Commit: restoreTestCommitID(cp, at), Trigger: "periodic",
@@ -74,7 +74,7 @@ func restoreTestManifest(t *testing.T, job, cp string, at time.Time, files map[s
 
 // restoreTestCommit stores files and then the manifest of checkpoint cp of job, as the uploader
 // does, and returns the manifest. LATEST is not touched.
-func restoreTestCommit(t *testing.T, s *memStore, job, cp string, at time.Time, files map[string]string) *Manifest {
+func restoreTestCommit(t testing.TB, s *memStore, job, cp string, at time.Time, files map[string]string) *Manifest {
 	t.Helper()
 	m := restoreTestManifest(t, job, cp, at, files)
 	for _, f := range m.Files {
@@ -86,7 +86,7 @@ func restoreTestCommit(t *testing.T, s *memStore, job, cp string, at time.Time, 
 
 // restoreTestCommitV1 stores files and a version 1 manifest (the layout before commit ids) of
 // checkpoint cp of job, and returns the manifest.
-func restoreTestCommitV1(t *testing.T, s *memStore, job, cp string, at time.Time, files map[string]string) *Manifest {
+func restoreTestCommitV1(t testing.TB, s *memStore, job, cp string, at time.Time, files map[string]string) *Manifest {
 	t.Helper()
 	m := &Manifest{Version: 1, Job: job, Checkpoint: cp, Trigger: "periodic", CommittedAt: at}
 	for _, p := range slices.Sorted(maps.Keys(files)) {
@@ -103,7 +103,7 @@ func restoreTestCommitV1(t *testing.T, s *memStore, job, cp string, at time.Time
 }
 
 // restoreTestPutJSON stores v as JSON at key, whatever it holds.
-func restoreTestPutJSON(t *testing.T, s *memStore, key string, v any) {
+func restoreTestPutJSON(t testing.TB, s *memStore, key string, v any) {
 	t.Helper()
 	data, err := json.Marshal(v)
 	if err != nil {
@@ -114,7 +114,7 @@ func restoreTestPutJSON(t *testing.T, s *memStore, key string, v any) {
 
 // restoreTestSetLatest points the job's LATEST at the newest commit of cp in s (at cp with no
 // commit, a version 1 LATEST, when s has none).
-func restoreTestSetLatest(t *testing.T, s *memStore, job, cp string) {
+func restoreTestSetLatest(t testing.TB, s *memStore, job, cp string) {
 	t.Helper()
 	l := Latest{Checkpoint: cp, CommittedAt: restoreTestT0}
 	s.mu.Lock()
