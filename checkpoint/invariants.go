@@ -18,10 +18,11 @@ import (
 //     (restore verifies the checksums);
 //   - I3: LATEST, when there is a commit, names a commit whose manifest is valid;
 //   - I4: no manifest lists a file of spotguard's own (".spotguard-*", or a dot-".tmp" file);
-//   - I6, when settled (no commit in flight): no commit is newer than LATEST's target;
-//   - I7, when settled: no committed commit's prefix holds an object its manifest does not list
-//     (incomplete uploads are the store's to show: the tests list them with the store's own
-//     client).
+//   - I7: no committed commit's prefix holds an object its manifest does not list (they are
+//     removed before the manifest is written; incomplete uploads are the store's to show: the
+//     tests list them with the store's own client);
+//   - I6, when settled (no commit in flight, since LATEST is written after the manifest): no
+//     commit is newer than LATEST's target.
 //
 // It returns a single error if the job cannot be read.
 func CheckJob(ctx context.Context, s Store, job string, settled bool) []error {
@@ -67,9 +68,6 @@ func CheckJob(ctx context.Context, s Store, job string, settled bool) []error {
 			case got != size:
 				problems = append(problems, fmt.Errorf("I2: commit %s lists %s with %d bytes; the object has %d", name, key, size, got))
 			}
-		}
-		if !settled {
-			continue
 		}
 		manifest := ManifestKey(m.Job, m.Checkpoint, m.Commit)
 		for _, o := range objs {

@@ -126,7 +126,7 @@ func runRestore(ctx context.Context, args, environ []string, stdout, stderr io.W
 func runList(ctx context.Context, args, environ []string, stdout, stderr io.Writer) int {
 	fs, cf := newFlagSet("list", "List the job's commits, newest first (by completion time): checkpoint, commit id, file count, size, trigger.", stderr)
 	jsonOut := fs.Bool("json", false, "print the manifests as JSON")
-	check := fs.Bool("check", false, "also check the job against spotguard's invariants (every listed object there with its size,\nLATEST on a valid commit, no spotguard file in a checkpoint); exit 1 on a violation")
+	check := fs.Bool("check", false, "also check the job against spotguard's invariants (every listed object there with its size, nothing\nelse under a commit, LATEST on a valid commit, no spotguard file in a checkpoint); exit 1 on a violation")
 	if code, ok := parseFlags(fs, args); !ok {
 		return code
 	}
