@@ -603,6 +603,9 @@ type commitResult struct {
 	latestMoved bool
 	// deleted are commits found deleted or deleted by retention: no longer candidates.
 	deleted []CommitRef
+	// completeAt, with noMatch, is when a deleted commit with exactly these files completed: the
+	// new commit of them takes it as its own.
+	completeAt *time.Time
 }
 
 // goLateAborts aborts the incomplete uploads under prefix at each of lateAborts, on a goroutine.
@@ -636,7 +639,9 @@ type commitJob struct {
 	resumed       bool
 	// sealed: a manifest PUT was tried before; its answer was lost, and the commit may exist
 	// (and may have been deleted since, by retention).
-	sealed          bool
+	sealed bool
+	// completeAt, if not nil, is the version's completion time (see commitResult.completeAt).
+	completeAt      *time.Time
 	files           map[string]doneFile
 	candidates      []*Manifest
 	strays          []string
@@ -694,7 +699,12 @@ func (u *Uploader) commit(ctx context.Context, c commitJob) commitResult {
 			case err == nil:
 				return commitResult{manifest: m, adopted: true}
 			case errors.Is(err, ErrNotFound):
+				// These bytes were committed as m, completed then: committed again, they keep
+				// that place in the order (a restored checkpoint's files are new to the file
+				// system, but not a newer version).
 				r.deleted = append(r.deleted, CommitRef{Checkpoint: m.Checkpoint, Commit: m.Commit})
+				at := m.Order().At
+				r.completeAt = &at
 			default:
 				r.err = fmt.Errorf("read manifest of the matching commit: %w", err)
 				return r
@@ -722,6 +732,9 @@ func (u *Uploader) commit(ctx context.Context, c commitJob) commitResult {
 		return 0
 	})
 	complete := completedAt(lc)
+	if c.completeAt != nil {
+		complete = *c.completeAt
+	}
 	m.Timings.CompleteAt = &complete
 	m.Timings.LastByteAt = &now
 	if err := m.Validate(); err != nil {

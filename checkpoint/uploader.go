@@ -188,6 +188,9 @@ type generation struct {
 	firstFileAt        time.Time
 	// candidates are the commits a matching generation may turn out to be.
 	candidates []*Manifest
+	// completeAt, if not nil, is this version's completion time, from a deleted commit of the
+	// same bytes (see commitResult.completeAt).
+	completeAt *time.Time
 	// lookup: the store's commits of its name are being read; until they are, it does nothing
 	// (a name the store holds with these bytes must not be sent again), but during a notice.
 	lookup      bool
@@ -1348,7 +1351,8 @@ func (u *Uploader) after(ctx context.Context, d time.Duration, fn func()) {
 // work until the result is in (events for it wait in deferred).
 func (u *Uploader) startCommit(ctx context.Context, g *generation) {
 	c := commitJob{name: g.name, commit: g.commit, single: g.single, adopt: g.state == genMatching, resumed: g.resumed, sealed: g.sealed,
-		files: make(map[string]doneFile, len(g.files)), candidates: g.candidates, strays: g.strays,
+		completeAt: g.completeAt,
+		files:      make(map[string]doneFile, len(g.files)), candidates: g.candidates, strays: g.strays,
 		timings: Timings{UploadSeconds: g.uploadBusy.Seconds()}}
 	for rel, f := range g.files {
 		if f.done == nil { // never so when ready; checked here once rather than at every event
@@ -1426,6 +1430,10 @@ func (u *Uploader) handleCommit(ctx context.Context, r commitResult) {
 	case r.notComplete != nil:
 		log.Warn().Err(r.notComplete).Msg("checkpoint is no longer complete on disk; waiting for its marker")
 		g.complete = false
+	case r.noMatch && r.completeAt != nil:
+		log.Warn().Msg("checkpoint's commit was deleted (retention) since it was restored or committed; committing it again, in its place in the order")
+		g.completeAt = r.completeAt
+		u.sendAll(g)
 	case r.noMatch:
 		u.toUploading(g, "its files differ from every commit of this checkpoint in the store")
 	case r.err != nil:
