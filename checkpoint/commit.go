@@ -537,6 +537,9 @@ func applyRetention(ctx context.Context, s Store, job string, keep int, cache *m
 		log.Info().Msg("retention: LATEST names a commit not seen yet; nothing deleted this time")
 		return nil, nil
 	}
+	if st.Latest != nil {
+		log.Debug().Str("latest", st.Latest.Checkpoint+"/"+st.Latest.Commit).Int("commits", len(st.Commits)).Int("kept", len(kept)).Msg("retention")
+	}
 	var deleted []CommitRef
 	for _, c := range st.Commits {
 		if kept[c.Key] {
@@ -815,10 +818,12 @@ func completedAt(lc LocalCheckpoint) time.Time {
 // agent's is running for it now). In a commit of this run's alone there is no incomplete upload
 // to look for: every failed PutFile aborts its own.
 func (u *Uploader) removeStrays(ctx context.Context, c commitJob, m *Manifest) error {
-	keep := make(map[string]bool, len(m.Files))
+	keep := make(map[string]bool, len(m.Files)+1)
 	for _, f := range m.Files {
 		keep[f.Key] = true
 	}
+	// The manifest itself may be there already: a try whose answer was lost.
+	keep[ManifestKey(m.Job, m.Checkpoint, m.Commit)] = true
 	prefix := CommitPrefix(m.Job, m.Checkpoint, m.Commit)
 	strays := slices.DeleteFunc(slices.Clone(c.strays), func(k string) bool { return keep[k] })
 	if c.resumed {

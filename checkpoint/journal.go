@@ -29,6 +29,9 @@ type journalOp string
 const (
 	// journalCommit: the checkpoint's files now go to this commit (before its first PUT).
 	journalCommit journalOp = "commit"
+	// journalAdopt: the checkpoint is this commit already in the store (not this agent's: it is
+	// never resumed or cleaned up), its files follow, then journalDone.
+	journalAdopt journalOp = "adopt"
 	// journalFile: a file is stored in the commit (or, before journalDone of an adopted commit,
 	// matched one of its files).
 	journalFile journalOp = "file"
@@ -56,6 +59,8 @@ type journalEntry struct {
 	files   map[string]doneFile
 	done    bool
 	dropped bool
+	// adopted: commit is not this agent's (journalAdopt); only a done one is kept.
+	adopted bool
 }
 
 // journal appends lines to the journal file. Only the uploader's Run goroutine uses it. A nil
@@ -88,10 +93,10 @@ func readJournal(path string) (map[string]*journalEntry, error) {
 		}
 		e := entries[l.Checkpoint]
 		if e == nil || e.commit != l.Commit {
-			if l.Op != journalCommit {
+			if l.Op != journalCommit && l.Op != journalAdopt {
 				continue // a line of a commit whose start was lost
 			}
-			e = &journalEntry{commit: l.Commit, files: map[string]doneFile{}}
+			e = &journalEntry{commit: l.Commit, files: map[string]doneFile{}, adopted: l.Op == journalAdopt}
 			entries[l.Checkpoint] = e
 		}
 		switch l.Op {
@@ -106,7 +111,7 @@ func readJournal(path string) (map[string]*journalEntry, error) {
 		}
 	}
 	for name, e := range entries {
-		if e.dropped {
+		if e.dropped || (e.adopted && !e.done) {
 			delete(entries, name)
 		}
 	}
@@ -140,7 +145,11 @@ func writeJournal(path string, entries map[string]*journalEntry) (*journal, erro
 // writeJournalEntry writes e as journal lines to buf.
 func writeJournalEntry(buf *bytes.Buffer, name string, e *journalEntry) {
 	enc := json.NewEncoder(buf)
-	_ = enc.Encode(journalLine{Op: journalCommit, Checkpoint: name, Commit: e.commit})
+	op := journalCommit
+	if e.adopted {
+		op = journalAdopt
+	}
+	_ = enc.Encode(journalLine{Op: op, Checkpoint: name, Commit: e.commit})
 	for p, d := range e.files {
 		id := d.id
 		_ = enc.Encode(journalLine{Op: journalFile, Checkpoint: name, Commit: e.commit, Path: p, Key: d.key, ID: &id,

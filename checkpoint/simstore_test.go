@@ -145,8 +145,8 @@ func (b *simBackend) write(key string, data []byte) string {
 	return etag
 }
 
-// remove deletes key. Called with b.mu held.
-func (b *simBackend) remove(key string) {
+// remove deletes key, for the agent by. Called with b.mu held.
+func (b *simBackend) remove(key, by string) {
 	o, ok := b.objs[key]
 	if !ok {
 		return
@@ -159,9 +159,9 @@ func (b *simBackend) remove(key string) {
 	if strings.HasSuffix(key, "/"+MetaDir+"/manifest.json") {
 		if m, err := ParseManifest(o.data); err == nil {
 			if l := b.latest; l != nil && l.Checkpoint == m.Checkpoint && l.Commit == m.Commit {
-				b.violate("I3: retention deleted LATEST's target %s/%s", m.Checkpoint, m.Commit)
+				b.violate("I3: %s deleted LATEST's target %s/%s", by, m.Checkpoint, m.Commit)
 			} else if l != nil && l.CompleteAt != nil && m.Order().After(CommitOrder{At: *l.CompleteAt, Commit: l.Commit}) {
-				b.violate("I3: retention deleted %s/%s (%s), newer than LATEST %s/%s (%s)", m.Checkpoint, m.Commit,
+				b.violate("I3: %s deleted %s/%s (%s), newer than LATEST %s/%s (%s)", by, m.Checkpoint, m.Commit,
 					m.Order().At.Format("15:04:05.000000"), l.Checkpoint, l.Commit, l.CompleteAt.Format("15:04:05.000000"))
 			}
 			for _, f := range m.Files {
@@ -458,7 +458,7 @@ func (s *simStore) Delete(ctx context.Context, keys ...string) error {
 	s.b.mu.Lock()
 	defer s.b.mu.Unlock()
 	for _, k := range keys {
-		s.b.remove(k)
+		s.b.remove(k, s.name)
 	}
 	return nil
 }

@@ -1447,7 +1447,7 @@ func (u *Uploader) handleCommit(ctx context.Context, r commitResult) {
 		})
 	case r.adopted:
 		g.state, g.commit, g.manifest = genCommitted, r.manifest.Commit, r.manifest
-		u.journal.add(journalLine{Op: journalCommit, Checkpoint: g.name, Commit: g.commit})
+		u.journal.add(journalLine{Op: journalAdopt, Checkpoint: g.name, Commit: g.commit})
 		for p, f := range g.files {
 			u.journal.file(g.name, g.commit, p, *f.done)
 		}

@@ -1,0 +1,66 @@
+package checkpoint
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+)
+
+func TestJournalRoundTrip(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "run", "uploads.jsonl")
+	id := FileID{Dev: 1, Ino: 2, Size: 3, ModTime: time.Unix(4, 5), ChangeTime: time.Unix(6, 7)}
+	sum := CRC32CChecksum(42)
+	entries := map[string]*journalEntry{
+		"step-1": {commit: "20261130T000000Z-000000000001", done: true,
+			files: map[string]doneFile{"a": {id: id, checksum: sum, key: "J/step-1/20261130T000000Z-000000000001/a"}}},
+		"step-2": {commit: "20261130T000000Z-000000000002", files: map[string]doneFile{}},
+		"step-3": {commit: "20261130T000000Z-000000000003", adopted: true, done: true, files: map[string]doneFile{}},
+	}
+	j, err := writeJournal(path, entries)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The run goes on: a file of step-2, an adoption cut short by a kill, a dropped commit, and a
+	// torn last line.
+	j.file("step-2", "20261130T000000Z-000000000002", "b", doneFile{id: id, checksum: sum, key: "k"})
+	j.add(journalLine{Op: journalAdopt, Checkpoint: "step-4", Commit: "20261130T000000Z-000000000004"})
+	j.add(journalLine{Op: journalCommit, Checkpoint: "step-5", Commit: "20261130T000000Z-000000000005"})
+	j.add(journalLine{Op: journalDrop, Checkpoint: "step-5", Commit: "20261130T000000Z-000000000005"})
+	j.add(journalLine{Op: journalFile, Checkpoint: "step-6", Commit: "20261130T000000Z-000000000006", Path: "x"}) // its start was lost
+	if err := j.close(); err != nil {
+		t.Fatal(err)
+	}
+	f, _ := os.OpenFile(path, os.O_WRONLY|os.O_APPEND, 0)
+	f.WriteString(`{"op":"file","ckpt":"step-2","commit":"20261130T000000Z-0000`)
+	f.Close()
+
+	got, err := readJournal(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 3 {
+		t.Fatalf("Got(%q) = %d entries %v; want step-1, step-2, step-3", "readJournal", len(got), got)
+	}
+	if e := got["step-1"]; e == nil || !e.done || !e.files["a"].id.Same(id) || e.files["a"].checksum != sum {
+		t.Errorf("Got(%q) = %+v; want done with file a", "step-1", e)
+	}
+	if e := got["step-2"]; e == nil || e.done || len(e.files) != 1 || e.files["b"].key != "k" {
+		t.Errorf("Got(%q) = %+v; want unfinished with file b", "step-2", e)
+	}
+	if e := got["step-3"]; e == nil || !e.adopted || !e.done {
+		t.Errorf("Got(%q) = %+v; want an adopted commit, done", "step-3", e)
+	}
+	for _, name := range []string{"step-4", "step-5", "step-6"} {
+		if got[name] != nil {
+			t.Errorf("Got(%q) = %+v; want nothing (an adoption cut short is never resumed; dropped; no start)", name, got[name])
+		}
+	}
+}
+
+func TestJournalMissingIsEmpty(t *testing.T) {
+	got, err := readJournal(filepath.Join(t.TempDir(), "none.jsonl"))
+	if err != nil || len(got) != 0 {
+		t.Errorf("Got(%q) = %v, %v; want empty, nil", "readJournal", got, err)
+	}
+}
