@@ -349,8 +349,11 @@ func (a *Agent) Run(ctx context.Context) error {
 	if a.uploader != nil {
 		a.coord.uploader = a.uploader
 		files := make(chan checkpoint.WatchEvent)
-		g.Go(func() error { return a.ckptWatcher.Run(ctx, files) })
-		g.Go(func() error { return a.uploader.Run(ctx, files) })
+		// The watcher keeps running while the uploader drains after a stop: the checkpoint the
+		// trainer was signalled for may complete after SIGTERM.
+		watchCtx, stopWatch := context.WithCancel(context.WithoutCancel(ctx))
+		g.Go(func() error { return a.ckptWatcher.Run(watchCtx, files) })
+		g.Go(func() error { defer stopWatch(); return a.uploader.Run(ctx, files) })
 		a.log.Info().Str("dir", cfg.Checkpoint.Dir).Str("store", cfg.Store.URL).Str("job", cfg.Store.Job).
 			Msg("checkpoint upload on")
 	} else {

@@ -136,3 +136,41 @@ func TestSIGTERMMidUploadStillCommits(t *testing.T) {
 		t.Errorf("agent log does not say it finished the notice's upload before stopping")
 	}
 }
+
+// SIGTERM while the trainer is still writing the checkpoint a notice asked for (the marker comes
+// after the SIGTERM): the agent keeps watching, commits it, and only then exits 0.
+func TestSIGTERMBeforeMarkerStillCommits(t *testing.T) {
+	needPeers(t)
+	sim := newIMDS(t)
+	trigger := time.Now().Truncate(time.Second).Add(4 * time.Second)
+	sim.start("spot", "-a", "terminate", "--mock-trigger-time", trigger.UTC().Format(time.RFC3339), "--rebalance-delay-sec", "100000")
+	ckdir, storeDir := t.TempDir(), t.TempDir()
+	// 4 files over 6 s: the first is there well before the marker.
+	tp := startTrainer(t, "--checkpoint-dir", ckdir, "--files", "4", "--checkpoint-mb", "2", "--write-seconds", "6")
+	ap := startAgent(t, sim, "SPOTGUARD_TRAINER_PIDFILE="+tp.pidfile, "SPOTGUARD_NOTICES_REBALANCE=ignore",
+		"SPOTGUARD_CHECKPOINT_DIR="+ckdir, "SPOTGUARD_STORE_URL=file://"+storeDir, "SPOTGUARD_STORE_JOB=e2e")
+	ap.waitNoticeState(t, "spot/terminate", "trainer_signalled", 30*time.Second)
+	eventually(t, 30*time.Second, "the agent to see the trainer's first file", func() bool {
+		st := ap.status(t)
+		return st.Uploads != nil && len(st.Uploads.Checkpoints) > 0 && st.Uploads.Checkpoints[0].Files > 0
+	})
+	if marks, _ := filepath.Glob(filepath.Join(ckdir, "step-*", "_COMPLETE")); len(marks) > 0 {
+		t.Fatalf("the marker is there already; the trainer is not slow enough: %v", marks)
+	}
+	ap.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-ap.done:
+	case <-time.After(60 * time.Second):
+		t.Fatal("agent still running 60 s after SIGTERM")
+	}
+	if ap.exitErr != nil {
+		t.Errorf("exit after SIGTERM before the marker: %v; want 0", ap.exitErr)
+	}
+	ckpt := newestLocal(t, ckdir)
+	code, stdout, stderr := runSpotguard(t, []string{"SPOTGUARD_STORE_URL=file://" + storeDir, "SPOTGUARD_STORE_JOB=e2e"},
+		"list", "--check", "--config", writeEmptyConfig(t))
+	if code != 0 || !strings.Contains(stdout, ckpt) {
+		t.Fatalf("after the agent exited, list: exit %d\n%s%s; want %s committed", code, stdout, stderr, ckpt)
+	}
+}
+
