@@ -1,12 +1,13 @@
 # spotguard — run `make help` for the targets.
 GOLANGCI_LINT_VERSION := v2.15.0
 BIN := bin/spotguard
+SOAK ?= 10m
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 # A Debian version: v1.2.0-3-gabc → 1.2.0+3+gabc; without a tag, 0.0.0+git<hash>.
 DEB_VERSION ?= $(shell echo '$(VERSION)' | sed -E -e 's/^v?([0-9]+\.[0-9])/\1/' -e 't done' -e 's/^/0.0.0+git/' -e ':done' -e 's/-/+/g')
 DEB_ARCH ?= $(shell go env GOARCH)
 
-.PHONY: demo help build test test-unit test-e2e bench bench-scale lint fuzz tools clean install uninstall deb
+.PHONY: demo help build test test-unit test-e2e bench bench-scale soak lint fuzz tools clean install uninstall deb
 
 help: ## list the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_-]+:.*## / {printf "  %-10s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -33,6 +34,9 @@ bench: tools ## benchmarks: detection-to-signal latency and idle cost (takes abo
 bench-scale: ## I8 benchmarks: commit of 1k/10k/100k files, start-up with 100/1000 commits, watcher (tmpfs when there is one)
 	TMPDIR=$$( [ -d /dev/shm ] && echo /dev/shm || echo $${TMPDIR:-/tmp} ) go test -run '^$$' \
 		-bench 'BenchmarkCommitManyFiles|BenchmarkStartupWithCommitted|BenchmarkWatcherManyFiles' -benchtime 1x -timeout 30m ./checkpoint/
+
+soak: tools ## the seeded soak for SOAK (default 10m): real agent killed and restarted, checked against the store; SPOTGUARD_SOAK_SEED=N replays
+	SPOTGUARD_SOAK=$(SOAK) PATH=$(CURDIR)/bin:$$PATH go test -count=1 -run TestSoak -v -timeout 0 ./test/e2e/
 
 fuzz: ## run every parser fuzzer for FUZZTIME each (default 10s)
 	./test/fuzz.sh $${FUZZTIME:-10s}
