@@ -534,22 +534,15 @@ func (s *sim) saveSingle(a *simAgent) {
 // rewrite changes one file of a complete checkpoint after its marker: same size, and sometimes
 // with its modification time set back.
 func (s *sim) rewrite(a *simAgent) {
-	names := localCheckpoints(a)
-	if len(names) == 0 {
+	name, ok := s.pickCheckpoint(a)
+	if !ok {
 		return
 	}
-	name := names[s.rng.IntN(len(names))]
 	if _, ok := s.fingerprint(a, name); !ok {
 		return
 	}
 	root := filepath.Join(a.dir, name)
-	var files []string
-	filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
-		if err == nil && d.Type().IsRegular() && d.Name() != "_COMPLETE" {
-			files = append(files, p)
-		}
-		return nil
-	})
+	files := regularFiles(root, func(p string) bool { return filepath.Base(p) != "_COMPLETE" })
 	if len(files) == 0 {
 		return
 	}
@@ -571,30 +564,44 @@ func (s *sim) rewrite(a *simAgent) {
 	}
 }
 
-func (s *sim) deleteCheckpoint(a *simAgent) {
+// pickCheckpoint returns one of a's local checkpoints, at random, or false when there is none.
+func (s *sim) pickCheckpoint(a *simAgent) (string, bool) {
 	names := localCheckpoints(a)
 	if len(names) == 0 {
+		return "", false
+	}
+	return names[s.rng.IntN(len(names))], true
+}
+
+// regularFiles returns the regular files at or below root (root itself when it is one) for which
+// keep is true.
+func regularFiles(root string, keep func(p string) bool) []string {
+	var files []string
+	filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
+		if err == nil && d.Type().IsRegular() && keep(p) {
+			files = append(files, p)
+		}
+		return nil
+	})
+	return files
+}
+
+func (s *sim) deleteCheckpoint(a *simAgent) {
+	name, ok := s.pickCheckpoint(a)
+	if !ok {
 		return
 	}
-	name := names[s.rng.IntN(len(names))]
 	os.RemoveAll(filepath.Join(a.dir, name))
 	s.send(a, WatchEvent{Kind: Removed, Checkpoint: name})
 }
 
 func (s *sim) deleteFile(a *simAgent) {
-	names := localCheckpoints(a)
-	if len(names) == 0 {
+	name, ok := s.pickCheckpoint(a)
+	if !ok {
 		return
 	}
-	name := names[s.rng.IntN(len(names))]
 	root := filepath.Join(a.dir, name)
-	var files []string
-	filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
-		if err == nil && d.Type().IsRegular() && p != root {
-			files = append(files, p)
-		}
-		return nil
-	})
+	files := regularFiles(root, func(p string) bool { return p != root })
 	if len(files) == 0 {
 		return
 	}
