@@ -424,7 +424,7 @@ func (s *sim) act() {
 			s.addAgent("b")
 		}
 	default:
-		time.Sleep(time.Duration(s.rng.IntN(30_000)) * time.Millisecond)
+		advance(time.Duration(s.rng.IntN(30_000)) * time.Millisecond)
 	}
 }
 
@@ -498,7 +498,7 @@ func (s *sim) save(a *simAgent) {
 			tmp := p + ".tmp"
 			s.writeFile(tmp, s.size())
 			s.send(a, WatchEvent{Kind: FileReady, Checkpoint: name, Path: rel + ".tmp", ID: s.fileID(tmp)})
-			time.Sleep(time.Duration(s.rng.IntN(3000)) * time.Millisecond)
+			advance(time.Duration(s.rng.IntN(3000)) * time.Millisecond)
 			os.Rename(tmp, p)
 			s.send(a, WatchEvent{Kind: FileGone, Checkpoint: name, Path: rel + ".tmp"})
 		default:
@@ -506,7 +506,7 @@ func (s *sim) save(a *simAgent) {
 		}
 		s.send(a, WatchEvent{Kind: FileReady, Checkpoint: name, Path: rel, ID: s.fileID(p)})
 		if n < 10 {
-			time.Sleep(time.Duration(s.rng.IntN(2000)) * time.Millisecond)
+			advance(time.Duration(s.rng.IntN(2000)) * time.Millisecond)
 		}
 	}
 	if s.rng.IntN(10) == 0 {
@@ -650,7 +650,7 @@ func (s *sim) restore(a *simAgent) {
 		s.complete(a, lc.Name)
 	}
 	// Give the agent time to look at it; nothing may be sent as a new commit.
-	time.Sleep(time.Minute)
+	advance(time.Minute)
 	synctest.Wait()
 	gone := false // retention deleted the restored commit meanwhile: committing it again is right
 	if _, _, err := clean.GetBytes(s.t.Context(), ManifestKey(m.Job, m.Checkpoint, m.Commit)); errors.Is(err, ErrNotFound) {
@@ -681,7 +681,7 @@ func (s *sim) settle() {
 	const bound = 20 * time.Minute
 	deadline := time.Now().Add(bound)
 	for {
-		time.Sleep(10 * time.Second)
+		advance(10 * time.Second)
 		synctest.Wait()
 		s.check()
 		missing := s.uncommitted()
@@ -783,6 +783,9 @@ func (s *sim) uncommitted() []string {
 	}
 	return missing
 }
+
+// advance lets d pass on the bubble's fake clock (the agents run meanwhile).
+func advance(d time.Duration) { <-time.After(d) }
 
 func errStrings(errs []error) []string {
 	out := make([]string, len(errs))

@@ -173,4 +173,3 @@ func TestSIGTERMBeforeMarkerStillCommits(t *testing.T) {
 		t.Fatalf("after the agent exited, list: exit %d\n%s%s; want %s committed", code, stdout, stderr, ckpt)
 	}
 }
-
