@@ -283,7 +283,7 @@ func (s *simStore) PutFile(ctx context.Context, key string, f *os.File, size int
 	}
 	data := make([]byte, size)
 	if size <= s.b.partSize {
-		if _, err := f.ReadAt(data, 0); err != nil && !(errors.Is(err, io.EOF) && size == 0) {
+		if _, err := f.ReadAt(data, 0); err != nil && (!errors.Is(err, io.EOF) || size != 0) {
 			return Checksum{}, err
 		}
 		s.b.mu.Lock()
