@@ -764,6 +764,11 @@ func (u *Uploader) commit(ctx context.Context, c commitJob) commitResult {
 	}
 	r.attempted = true
 	if err := writeManifest(ctx, u.cfg.Store, m); err != nil {
+		if errors.Is(err, ErrExists) {
+			// A try whose answer was lost committed another version of the checkpoint here (it
+			// changed since): that commit stands; this version goes to a new one.
+			return commitResult{attempted: true, changed: lc.Files}
+		}
 		r.err = fmt.Errorf("write manifest: %w", err)
 		return r
 	}

@@ -860,7 +860,13 @@ func (u *Uploader) handleWatch(ctx context.Context, ev WatchEvent) {
 		if g == nil || g.state == genCommitted || g.state == genAbandoned {
 			return
 		}
-		if f := g.files[ev.Path]; f != nil {
+		f := g.files[ev.Path]
+		if f != nil && g.sealed {
+			// Its manifest may list the file: its key must stay. The rest goes to a new commit.
+			g = u.replaceSealed(g)
+			f = g.files[ev.Path]
+		}
+		if f != nil {
 			u.dropFile(g, ev.Path, f)
 		}
 		if ev.Path == u.cfg.Marker || g.single {
