@@ -59,7 +59,7 @@ var simFixedSeeds = []uint64{1, 2, 3, 4, 5, 6, 7, 8,
 	1340621669700087182,  // the simulation restored a commit newer than the one it had checked
 	8187882196667349893,  // retention deleted a commit newer than LATEST while LATEST named one it did not see
 	16327607281750442949, // a restored checkpoint's commit was deleted by retention, then committed again as the newest
-	1452147854637209157, // a file gone after a lost manifest answer was deleted as a stray although that manifest listed it
+	1452147854637209157,  // a file gone after a lost manifest answer was deleted as a stray although that manifest listed it
 	// Seed 5 also found (under -race) that a resumed commit's clean-up before its manifest deleted
 	// the manifest an earlier try had written with its answer lost.
 }
