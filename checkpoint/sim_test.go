@@ -110,8 +110,8 @@ type simAgent struct {
 	cancel           context.CancelFunc
 	done             chan struct{}
 	// noticed: this incarnation had a notice, which sends new checkpoints without looking for
-	// them in the store first.
-	noticed bool
+	// them in the store first; inForce: one is in force now.
+	noticed, inForce bool
 }
 
 // simLog keeps the agents' log lines, for a failure's report.
@@ -180,7 +180,7 @@ func (s *sim) addAgent(name string) *simAgent {
 // startAgent starts a's agent and sends it what the watcher's first scan would.
 func (s *sim) startAgent(a *simAgent) {
 	a.store = s.b.connect(fmt.Sprintf("%s#%d", a.name, a.incarnation))
-	a.noticed = false
+	a.noticed, a.inForce = false, false
 	log := zerolog.New(s.logs).With().Str("agent", a.store.name).Logger()
 	a.up = NewUploader(UploaderConfig{
 		Store: a.store, Job: s.job, Dir: a.dir, Pattern: "*.pt", Keep: s.keep, StateDir: a.state,
@@ -397,9 +397,15 @@ func (s *sim) act() {
 	case r < 54:
 		s.deleteFile(s.anyAgent(a))
 	case r < 58:
-		if a != nil {
-			a.up.Notice("spot/terminate", time.Now().Add(2*time.Minute))
-			a.noticed = true
+		switch {
+		case a == nil:
+		case a.inForce: // the notice ends (a rebalance withdrawn, a scheduled event canceled)
+			a.up.SetNotices(nil)
+			a.inForce = false
+		default:
+			now := time.Now()
+			a.up.SetNotices([]ActiveNotice{{Key: "spot/terminate", Deadline: now.Add(2 * time.Minute), SignalledAt: now}})
+			a.noticed, a.inForce = true, true
 		}
 	case r < 64:
 		if a != nil {

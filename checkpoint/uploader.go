@@ -56,8 +56,8 @@ type UploaderConfig struct {
 	// unfinished commits and knows what it committed without reading the files again. Empty:
 	// no journal; after a restart uncommitted work is sent again under a new commit.
 	StateDir string
-	// StopBudget bounds how long Run goes on after its context ends, to drain (default
-	// DefaultStopBudget).
+	// StopBudget bounds how long Run goes on after its context ends, to drain: DefaultStopBudget
+	// when zero, no drain at all when negative.
 	StopBudget time.Duration
 	Logger     zerolog.Logger
 	// OnEvent, if not nil, is called (from the uploader's goroutines, never blocking it for
@@ -76,6 +76,8 @@ const (
 	CheckpointCommitted
 	// CheckpointFailed: it could not be committed (Err says why); it is retried.
 	CheckpointFailed
+	// UploadFailed: one of its files could not be sent (Err says why); it is retried.
+	UploadFailed
 )
 
 // UploadEvent reports progress of one checkpoint.
@@ -129,29 +131,41 @@ type Uploader struct {
 	committing *generation
 	// index holds the committed manifests of each checkpoint name, newest first, as last read
 	// (at start, at each new generation's lookup) or committed.
-	index     map[string][]*Manifest
-	resume    map[string]*journalEntry
-	journal   *journal
-	dirty     []*generation
-	urgent    bool
-	noticeAt  time.Time // when the first notice arrived
-	deadline  time.Time
-	noticeKey string
+	index   map[string][]*Manifest
+	resume  map[string]*journalEntry
+	journal *journal
+	dirty   []*generation
+	// active are the notices in force (SetNotices), most severe first; lastSignal is when the
+	// trainer was last signalled for one (a stop waits for the checkpoint it writes).
+	active     []ActiveNotice
+	lastSignal time.Time
+	// signalGone: a checkpoint begun after lastSignal vanished (deleted by the trainer or by
+	// hand); a stop no longer waits for a marker.
+	signalGone bool
 
 	results  chan fileResult
 	commits  chan commitResult
 	wake     chan func()
-	notices  chan struct{} // poke: pending has notices (capacity 1)
+	notices  chan struct{} // poke: pending holds a new set of notices (capacity 1)
 	syncs    chan struct{}
 	noticeMu sync.Mutex
-	pending  []noticeReq
+	pending  []ActiveNotice
+	changed  bool
 	statusCh chan chan UploaderStatus
 	wg       sync.WaitGroup
 }
 
-type noticeReq struct {
-	key      string
-	deadline time.Time
+// ActiveNotice is a notice in force that the uploader works for (one whose policy is
+// checkpoint).
+type ActiveNotice struct {
+	// Key names it, e.g. "spot/terminate"; it labels the commits of checkpoints written for it.
+	Key string
+	// Deadline is when the instance is expected to go (zero: none). It orders the work and is
+	// shown; a deadline already past never stops an upload or its retries.
+	Deadline time.Time
+	// SignalledAt is when the trainer was signalled for it (zero: not signalled): a stop waits
+	// for the checkpoint the trainer writes after it (its marker, then its commit).
+	SignalledAt time.Time
 }
 
 // genState is where a generation is.
@@ -185,7 +199,10 @@ type generation struct {
 	inQueued           bool
 	complete           bool
 	completeSeen       time.Time // when the uploader learned it is complete
-	firstFileAt        time.Time
+	// notice is the key of the notice this version was written for (in force when its first file
+	// or its marker came), "" for a periodic checkpoint.
+	notice      string
+	firstFileAt time.Time
 	// candidates are the commits a matching generation may turn out to be.
 	candidates []*Manifest
 	// completeAt, if not nil, is this version's completion time, from a deleted commit of the
@@ -286,13 +303,16 @@ func NewUploader(cfg UploaderConfig) *Uploader {
 	}
 }
 
-// Notice switches the uploader to urgent mode for a notice: every connection goes to the
-// checkpoint, and a stop waits for it until deadline (zero: no deadline). It never blocks, so the
-// notice path does not wait on the uploader; it may be called from any goroutine, before or
-// while Run runs.
-func (u *Uploader) Notice(key string, deadline time.Time) {
+// SetNotices tells the uploader which notices are in force, most severe first, each time the set
+// changes (a notice begins, the trainer is signalled for it, it ends). While any is, or while a
+// checkpoint written for one is not committed, the uploader is urgent: every connection goes to
+// the newest checkpoint and failed work is retried sooner. Checkpoints written while a notice is
+// in force are labelled with it (Manifest.Trigger "notice", Manifest.Notice its key). It never
+// blocks, so the notice path does not wait on the uploader; it may be called from any goroutine,
+// before or while Run runs.
+func (u *Uploader) SetNotices(active []ActiveNotice) {
 	u.noticeMu.Lock()
-	u.pending = append(u.pending, noticeReq{key: key, deadline: deadline})
+	u.pending, u.changed = slices.Clone(active), true
 	u.noticeMu.Unlock()
 	select {
 	case u.notices <- struct{}{}:
@@ -366,24 +386,25 @@ func (u *Uploader) Run(ctx context.Context, events <-chan WatchEvent) error {
 		u.flushJournal()
 		select {
 		case <-done:
-			if !u.draining() {
+			if u.cfg.StopBudget < 0 || !u.draining() {
 				return nil
 			}
-			done = nil // keep going for the notice, then stop
-			u.log.Warn().Time("deadline", u.deadline).Dur("stop_budget", u.cfg.StopBudget).
-				Msg("stop requested while a notice's checkpoint is being written or uploaded; finishing it first")
+			done = nil // keep going for the checkpoints, then stop
+			u.log.Warn().Time("deadline", u.deadline()).Dur("stop_budget", u.cfg.StopBudget).Int("not_committed", u.notCommitted()).
+				Msg("stop requested while checkpoints are being written or are not committed yet; finishing them first")
 			t := time.NewTimer(u.cfg.StopBudget)
 			defer t.Stop()
 			drainTimer = t.C
 		case <-drainTimer:
-			left := 0
-			for _, g := range u.gens {
+			var left []string
+			for name, g := range u.gens {
 				if g.state == genMatching || g.state == genUploading {
-					left++
+					left = append(left, name)
 				}
 			}
-			u.log.Error().Dur("stop_budget", u.cfg.StopBudget).Int("checkpoints_not_committed", left).
-				Msg("stop budget spent before the notice's checkpoint was committed; stopping")
+			slices.Sort(left)
+			u.log.Error().Dur("stop_budget", u.cfg.StopBudget).Strs("not_committed", left).
+				Msg("stop budget spent before every checkpoint was committed (or the one the trainer was signalled for appeared); stopping")
 			return nil
 		case ev, ok := <-events:
 			if !ok {
@@ -416,7 +437,7 @@ func (u *Uploader) Run(ctx context.Context, events <-chan WatchEvent) error {
 			ch <- u.status()
 		}
 		if done == nil && !u.draining() {
-			u.log.Info().Msg("notice's checkpoint committed; stopping")
+			u.log.Info().Msg("checkpoints committed; stopping")
 			return nil
 		}
 		u.dispatch(work)
@@ -434,24 +455,31 @@ func (u *Uploader) flushJournal() {
 
 func (u *Uploader) handleNotices() {
 	u.noticeMu.Lock()
-	reqs := u.pending
-	u.pending = nil
+	active, changed := u.pending, u.changed
+	u.changed = false
 	u.noticeMu.Unlock()
-	n := reqs[len(reqs)-1]
-	// With several notices, the earliest deadline bounds the work.
-	for _, r := range reqs {
-		if !r.deadline.IsZero() && (n.deadline.IsZero() || r.deadline.Before(n.deadline)) {
-			n.deadline = r.deadline
+	if !changed {
+		return
+	}
+	added := false
+	for _, n := range active {
+		if !slices.ContainsFunc(u.active, func(a ActiveNotice) bool { return a.Key == n.Key }) {
+			added = true
+		}
+		if n.SignalledAt.After(u.lastSignal) {
+			u.lastSignal, u.signalGone = n.SignalledAt, false
 		}
 	}
-	if !u.deadline.IsZero() && (n.deadline.IsZero() || u.deadline.Before(n.deadline)) {
-		n.deadline = u.deadline
+	u.active = active
+	keys := make([]string, len(active))
+	for i, n := range active {
+		keys[i] = n.Key
 	}
-	if !u.urgent {
-		u.noticeAt = time.Now()
+	if !added {
+		u.log.Info().Strs("notices", keys).Bool("urgent", u.urgent()).Msg("notices in force changed")
+		return
 	}
-	u.urgent, u.deadline, u.noticeKey = true, n.deadline, n.key
-	u.log.Warn().Str("notice", n.key).Time("deadline", n.deadline).Int("files_in_flight", u.inflight).
+	u.log.Warn().Strs("notices", keys).Time("deadline", u.deadline()).Int("files_in_flight", u.inflight).
 		Int("files_queued", u.queuedFiles()).Msg("notice: uploading with every connection")
 	// Anything complete and not committed is now worth retrying at once.
 	for _, g := range u.gens {
@@ -463,30 +491,58 @@ func (u *Uploader) handleNotices() {
 	}
 }
 
-// draining reports whether stopping must wait: a notice is pending and either a complete
-// checkpoint is not committed yet, or no checkpoint has been committed since the notice while one
-// is being written after it (its marker is still to come). An incomplete checkpoint the trainer
-// abandoned before the notice holds nothing up, nor does one that vanished.
-func (u *Uploader) draining() bool {
-	if !u.urgent {
-		return false
-	}
-	committedSince := false
-	for _, g := range u.gens {
-		if g.state == genCommitted && !g.completeSeen.Before(u.noticeAt) {
-			committedSince = true
-		}
+// urgent reports whether a notice is in force or a checkpoint written for one is not committed.
+func (u *Uploader) urgent() bool {
+	if len(u.active) > 0 {
+		return true
 	}
 	for _, g := range u.gens {
-		switch {
-		case g.state == genCommitted || g.state == genAbandoned:
-		case g.complete:
-			return true
-		case !committedSince && len(g.files) > 0 && !g.firstFileAt.Before(u.noticeAt):
+		if g.notice != "" && (g.state == genMatching || g.state == genUploading) {
 			return true
 		}
 	}
 	return false
+}
+
+// deadline is the earliest deadline still ahead among the notices in force; zero when there is
+// none (a deadline that has passed is not one to work toward: the instance is still here).
+func (u *Uploader) deadline() time.Time {
+	now := time.Now()
+	var d time.Time
+	for _, n := range u.active {
+		if n.Deadline.After(now) && (d.IsZero() || n.Deadline.Before(d)) {
+			d = n.Deadline
+		}
+	}
+	return d
+}
+
+// notCommitted counts the checkpoints not committed yet (complete or not).
+func (u *Uploader) notCommitted() int {
+	n := 0
+	for _, g := range u.gens {
+		if g.state == genMatching || g.state == genUploading {
+			n++
+		}
+	}
+	return n
+}
+
+// draining reports whether a stop must wait: a checkpoint is complete and not committed, or the
+// trainer was signalled for a notice and no checkpoint has completed since (its marker is still
+// to come) nor vanished. An incomplete checkpoint the trainer abandoned before the signal holds
+// nothing up; the stop budget bounds the wait.
+func (u *Uploader) draining() bool {
+	completedSinceSignal := u.lastSignal.IsZero() || u.signalGone
+	for _, g := range u.gens {
+		if (g.state == genMatching || g.state == genUploading) && g.complete {
+			return true
+		}
+		if g.complete && !g.completeSeen.Before(u.lastSignal) {
+			completedSinceSignal = true
+		}
+	}
+	return !completedSinceSignal
 }
 
 // start reads the journal and the job before the first event: which names have commits (the
@@ -572,7 +628,7 @@ const lookupAttempts = 4
 func (u *Uploader) goLookup(ctx context.Context, g *generation) {
 	delay := time.Duration(0)
 	if g.lookupFails > 0 {
-		delay = retryDelay(g.lookupFails, u.urgent)
+		delay = retryDelay(g.lookupFails, u.urgent())
 	}
 	u.wg.Go(func() {
 		if delay > 0 {
@@ -794,7 +850,7 @@ func (u *Uploader) replaceSealed(g *generation) *generation {
 	u.log.Warn().Str("checkpoint", g.name).Str("commit", g.commit).
 		Msg("checkpoint changed after its commit was tried; committing it as a new commit")
 	ng := u.newGen(g.name, false)
-	ng.complete, ng.completeSeen, ng.firstFileAt = g.complete, g.completeSeen, g.firstFileAt
+	ng.complete, ng.completeSeen, ng.firstFileAt, ng.notice = g.complete, g.completeSeen, g.firstFileAt, g.notice
 	for p, f := range g.files {
 		nf := &fileState{id: f.id}
 		ng.files[p] = nf
@@ -851,6 +907,7 @@ func (u *Uploader) handleWatch(ctx context.Context, ev WatchEvent) {
 			return
 		}
 		g.complete, g.completeSeen = true, ev.At
+		u.labelNotice(g)
 		u.markDirty(g)
 		u.emit(UploadEvent{Kind: CheckpointComplete, Checkpoint: g.name, At: ev.At})
 		u.log.Info().Str("checkpoint", g.name).Int("files", len(g.files)).Int("done", g.doneCount()).
@@ -908,12 +965,21 @@ func (u *Uploader) fileReady(ev WatchEvent) {
 	if g.firstFileAt.IsZero() {
 		g.firstFileAt = ev.At
 	}
+	u.labelNotice(g)
 	f.id = ev.ID
 	if f.done != nil && f.done.id.Same(ev.ID) {
 		return
 	}
 	u.enqueue(g, ev.Path, f)
 	u.markDirty(g)
+}
+
+// labelNotice marks g as written for the most severe notice in force, if there is one and g has
+// no label yet.
+func (u *Uploader) labelNotice(g *generation) {
+	if g.notice == "" && len(u.active) > 0 {
+		g.notice = u.active[0].Key
+	}
 }
 
 // abandon forgets g, whose checkpoint is gone: its work is cancelled and what it wrote into its
@@ -924,6 +990,9 @@ func (u *Uploader) abandon(ctx context.Context, g *generation, why string) {
 	}
 	g.state = genAbandoned
 	g.cancel()
+	if !u.lastSignal.IsZero() && !g.firstFileAt.Before(u.lastSignal) {
+		u.signalGone = true // the checkpoint written for the signal is gone: nothing to wait for
+	}
 	u.log.Info().Str("checkpoint", g.name).Str("why", why).Msg("checkpoint no longer tracked")
 	if g.commit != "" && !g.sealed {
 		u.cleanupCommit(ctx, g.name, g.commit, why)
@@ -1044,12 +1113,13 @@ func (u *Uploader) dispatch(ctx context.Context) {
 		}
 	}
 	limit := u.cfg.BackgroundFiles
-	if u.urgent {
+	urgent := u.urgent()
+	if urgent {
 		limit = u.cfg.UrgentFiles
 	}
 	for u.inflight < limit && len(u.queued) > 0 {
 		g := u.queued[len(u.queued)-1]
-		if g.lookup && u.urgent && u.gens[g.name] == g {
+		if g.lookup && urgent && u.gens[g.name] == g {
 			// A notice does not wait for the store's commits of the name: it is sent as a new
 			// commit.
 			g.lookup = false
@@ -1249,8 +1319,10 @@ func (u *Uploader) handleResult(ctx context.Context, r fileResult) {
 			return
 		}
 		f.attempts++
-		delay := retryDelay(f.attempts, u.urgent)
-		log.Warn().Err(r.err).Int("attempt", f.attempts).Dur("retry_in", delay).Msg("upload failed; retrying")
+		delay := retryDelay(f.attempts, u.urgent())
+		// The agent counts these by reason and logs them once per interval (OnEvent).
+		log.Debug().Err(r.err).Int("attempt", f.attempts).Dur("retry_in", delay).Msg("upload failed; retrying")
+		u.emit(UploadEvent{Kind: UploadFailed, Checkpoint: g.name, At: time.Now(), Err: r.err})
 		g.retrying++
 		u.after(ctx, delay, func() {
 			g.retrying--
@@ -1375,8 +1447,8 @@ func (u *Uploader) startCommit(ctx context.Context, g *generation) {
 		c.timings.FirstFileAt = &t
 	}
 	c.trigger = "periodic"
-	if u.urgent {
-		c.trigger, c.notice = "notice", u.noticeKey
+	if g.notice != "" {
+		c.trigger, c.notice = "notice", g.notice
 	}
 	g.committing = true
 	u.committing = g
@@ -1444,10 +1516,11 @@ func (u *Uploader) handleCommit(ctx context.Context, r commitResult) {
 		u.toUploading(g, "its files differ from every commit of this checkpoint in the store")
 	case r.err != nil:
 		g.failures++
-		log.Error().Err(r.err).Int("failures", g.failures).Msg("commit failed")
+		// The agent logs it, once per interval and cause (OnEvent).
+		log.Debug().Err(r.err).Int("failures", g.failures).Msg("commit failed")
 		u.emit(UploadEvent{Kind: CheckpointFailed, Checkpoint: g.name, At: time.Now(), Err: r.err})
 		g.commitWait = true
-		u.after(ctx, retryDelay(g.failures, u.urgent), func() {
+		u.after(ctx, retryDelay(g.failures, u.urgent()), func() {
 			g.commitWait = false
 			u.markDirty(g)
 		})
@@ -1513,9 +1586,8 @@ func (u *Uploader) emit(ev UploadEvent) {
 }
 
 func (u *Uploader) status() UploaderStatus {
-	st := UploaderStatus{Urgent: u.urgent, InFlight: u.inflight, Queued: u.queuedFiles()}
-	if !u.deadline.IsZero() {
-		d := u.deadline
+	st := UploaderStatus{Urgent: u.urgent(), InFlight: u.inflight, Queued: u.queuedFiles()}
+	if d := u.deadline(); !d.IsZero() {
 		st.Deadline = &d
 	}
 	for _, name := range slices.Sorted(maps.Keys(u.gens)) {

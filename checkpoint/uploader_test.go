@@ -43,14 +43,20 @@ func startUploaderWith(t *testing.T, dir string, store Store, cfg UploaderConfig
 	}
 	cfg.Store, cfg.Job, cfg.Dir, cfg.Keep, cfg.Logger = store, "job", dir, keep, zerolog.Nop()
 	cfg.Host = func() Host { return Host{InstanceID: "i-test"} }
-	cfg.OnEvent = func(ev UploadEvent) { r.events <- ev }
+	cfg.OnEvent = func(ev UploadEvent) {
+		if ev.Kind != UploadFailed { // one per failed try: the rig waits for the others only
+			r.events <- ev
+		}
+	}
 	r.up = NewUploader(cfg)
 	ctx, cancel := context.WithCancel(context.Background())
 	r.cancel = cancel
 	files := make(chan WatchEvent)
+	// As in the agent, the watcher runs until the uploader is done: a stop drains with it.
+	watchCtx, stopWatch := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
-	wg.Go(func() { w.Run(ctx, files) })
-	wg.Go(func() { r.up.Run(ctx, files) })
+	wg.Go(func() { w.Run(watchCtx, files) })
+	wg.Go(func() { defer stopWatch(); r.up.Run(ctx, files) })
 	go func() { wg.Wait(); close(r.done) }()
 	t.Cleanup(r.stop)
 	return r
@@ -273,7 +279,7 @@ func TestUploaderFinishesNoticeUploadAfterStop(t *testing.T) {
 	mem := newMemStore()
 	bs := &blockingStore{Store: mem, started: make(chan string, 1), release: make(chan struct{})}
 	r := startUploader(t, dir, bs, 0)
-	r.up.Notice("spot/terminate", time.Now().Add(time.Minute))
+	r.up.SetNotices([]ActiveNotice{{Key: "spot/terminate", Deadline: time.Now().Add(time.Minute), SignalledAt: time.Now()}})
 	files := map[string][]byte{"w": randomBytes(t, 1<<20)}
 	writeCheckpoint(t, dir, "step-9", files)
 	select {
@@ -306,7 +312,7 @@ func TestUploaderStopBudgetEndsDrain(t *testing.T) {
 	mem := newMemStore()
 	bs := &blockingStore{Store: mem, started: make(chan string, 1), release: make(chan struct{})}
 	r := startUploaderWith(t, dir, bs, UploaderConfig{StopBudget: 500 * time.Millisecond})
-	r.up.Notice("spot/terminate", time.Now().Add(time.Minute))
+	r.up.SetNotices([]ActiveNotice{{Key: "spot/terminate", Deadline: time.Now().Add(time.Minute), SignalledAt: time.Now()}})
 	writeCheckpoint(t, dir, "step-9", map[string][]byte{"w": randomBytes(t, 1<<20)})
 	<-bs.started
 	r.waitEvent(CheckpointComplete, "step-9")
@@ -361,7 +367,7 @@ func TestUploaderStopsAfterNoticeCommitDespiteAbandonedDir(t *testing.T) {
 	os.MkdirAll(filepath.Join(dir, "step-0"), 0o755)
 	os.WriteFile(filepath.Join(dir, "step-0", "partial.bin"), randomBytes(t, 1<<10), 0o644) // never completed
 	r := startUploader(t, dir, newMemStore(), 0)
-	r.up.Notice("spot/terminate", time.Now().Add(time.Minute))
+	r.up.SetNotices([]ActiveNotice{{Key: "spot/terminate", Deadline: time.Now().Add(time.Minute), SignalledAt: time.Now()}})
 	writeCheckpoint(t, dir, "step-1", map[string][]byte{"w": randomBytes(t, 1<<10)})
 	r.waitCommitted("step-1")
 	r.cancel()
@@ -565,5 +571,83 @@ func TestUploaderSkipsHardLinks(t *testing.T) {
 		if strings.HasSuffix(o.Key, "/linked") {
 			t.Errorf("the hard link was uploaded to %s", o.Key)
 		}
+	}
+}
+
+// A deadline already past (a scheduled event whose start has passed, a fast clock) never makes an
+// upload give up: both checkpoints written while it is in force are committed, labelled with it.
+func TestUploaderPastDeadlineNeverStopsCommits(t *testing.T) {
+	dir := t.TempDir()
+	store := newMemStore()
+	r := startUploader(t, dir, store, 0)
+	r.up.SetNotices([]ActiveNotice{{Key: "scheduled/system-maintenance/e1", Deadline: time.Now().Add(-time.Hour), SignalledAt: time.Now()}})
+	for _, name := range []string{"step-1", "step-2"} {
+		writeCheckpoint(t, dir, name, map[string][]byte{"w": randomBytes(t, 256<<10)})
+		ev := r.waitCommitted(name)
+		if ev.Manifest.Trigger != "notice" || ev.Manifest.Notice != "scheduled/system-maintenance/e1" {
+			t.Errorf("%s: trigger %q notice %q; want the scheduled event", name, ev.Manifest.Trigger, ev.Manifest.Notice)
+		}
+	}
+	if st := r.up.Status(t.Context()); !st.Urgent || st.Deadline != nil {
+		t.Errorf("status: urgent %v deadline %v; want urgent, and no deadline ahead", st.Urgent, st.Deadline)
+	}
+}
+
+// Urgency lasts while a notice is in force; once it ends (and its checkpoint is committed), the
+// uploader is back to the background pace and later commits are periodic.
+func TestUploaderUrgencyEndsWithTheNotice(t *testing.T) {
+	dir := t.TempDir()
+	r := startUploader(t, dir, newMemStore(), 0)
+	r.up.SetNotices([]ActiveNotice{{Key: "rebalance/rebalance"}})
+	writeCheckpoint(t, dir, "step-1", map[string][]byte{"w": randomBytes(t, 1<<10)})
+	if ev := r.waitCommitted("step-1"); ev.Manifest.Trigger != "notice" {
+		t.Errorf("step-1 trigger %q; want notice", ev.Manifest.Trigger)
+	}
+	r.up.SetNotices(nil)
+	eventuallyUploader(t, "urgency to end", func() bool { return !r.up.Status(t.Context()).Urgent })
+	writeCheckpoint(t, dir, "step-2", map[string][]byte{"w": randomBytes(t, 1<<10)})
+	if ev := r.waitCommitted("step-2"); ev.Manifest.Trigger != "periodic" || ev.Manifest.Notice != "" {
+		t.Errorf("step-2 trigger %q notice %q; want periodic", ev.Manifest.Trigger, ev.Manifest.Notice)
+	}
+}
+
+// A stop right after the trainer was signalled waits for the checkpoint it writes (its marker,
+// then its commit), although nothing of it was there yet when the stop came.
+func TestUploaderStopWaitsForTheSignalledCheckpoint(t *testing.T) {
+	dir := t.TempDir()
+	store := newMemStore()
+	r := startUploader(t, dir, store, 0)
+	r.up.SetNotices([]ActiveNotice{{Key: "spot/terminate", Deadline: time.Now().Add(2 * time.Minute), SignalledAt: time.Now()}})
+	eventuallyUploader(t, "the notice to be taken", func() bool { return r.up.Status(t.Context()).Urgent })
+	stopped := make(chan struct{})
+	go func() { r.cancel(); <-r.done; close(stopped) }() // SIGTERM before the first file
+	writeCheckpoint(t, dir, "step-1", map[string][]byte{"w": randomBytes(t, 64<<10)})
+	<-stopped
+	if got := commitsOf(t, store, "step-1"); len(got) != 1 {
+		t.Errorf("after the stop, step-1 has %d commits; want it committed before Run returned", len(got))
+	}
+}
+
+// Without any notice a stop still commits what is complete (the store was slow): a complete
+// checkpoint is never left behind while the budget lasts.
+func TestUploaderStopDrainsCompleteCheckpoints(t *testing.T) {
+	dir := t.TempDir()
+	mem := newMemStore()
+	bs := &blockingStore{Store: mem, started: make(chan string, 1), release: make(chan struct{})}
+	r := startUploader(t, dir, bs, 0)
+	writeCheckpoint(t, dir, "step-1", map[string][]byte{"w": randomBytes(t, 64<<10)})
+	<-bs.started
+	r.waitEvent(CheckpointComplete, "step-1")
+	r.cancel()
+	// Run still answers (it would not, had it returned): it drains.
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	if st := r.up.Status(ctx); len(st.Checkpoints) != 1 || st.Checkpoints[0].Committed {
+		t.Fatalf("status after the stop = %+v; want Run draining step-1", st)
+	}
+	close(bs.release)
+	<-r.done
+	if got := commitsOf(t, mem, "step-1"); len(got) != 1 {
+		t.Errorf("step-1 has %d commits after the stop; want 1", len(got))
 	}
 }

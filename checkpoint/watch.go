@@ -216,8 +216,8 @@ func NewWatcher(cfg WatchConfig) (*Watcher, error) {
 // each checkpoint directory still there that could be read in full, a FileGone for each file
 // reported before that is no longer there (and one for the marker if it was complete and its
 // marker is gone), before its FileReady and Complete events. Other fsnotify errors are logged
-// and watching continues. If Dir itself is removed or moved it logs an Error and waits for
-// ctx, seeing nothing more.
+// and watching continues. If Dir itself is removed or moved it logs an Error, sends a Removed
+// for every checkpoint it held, and returns ErrDirGone.
 //
 // The cost of an event does not grow with the number of files watched (invariant I8): a file's
 // event costs the same beside ten files or a million, a directory removed costs time linear in
@@ -226,8 +226,8 @@ func NewWatcher(cfg WatchConfig) (*Watcher, error) {
 //
 // Events wait in memory while out is not read; reading the file system never waits on out.
 //
-// Run returns nil when ctx is done, and an error if the watch cannot be set up (fsnotify
-// cannot start, Dir cannot be opened, watched or read). A sub-directory that cannot be
+// Run returns nil when ctx is done, ErrDirGone as above, and an error if the watch cannot be set
+// up (fsnotify cannot start, Dir cannot be opened, watched or read). A sub-directory that cannot be
 // watched is logged at Error level and not fatal. Run returns only after its goroutines
 // (and fsnotify's) have exited.
 func (w *Watcher) Run(ctx context.Context, out chan<- WatchEvent) error {
@@ -254,6 +254,11 @@ func (w *Watcher) Run(ctx context.Context, out chan<- WatchEvent) error {
 	}
 	return r.loop(ctx, out)
 }
+
+// ErrDirGone is returned by Watcher.Run when the checkpoint directory itself was removed or moved
+// (after a Removed for every checkpoint it held): a caller may wait for it to come back and run a
+// new Watcher.
+var ErrDirGone = errors.New("checkpoint: the checkpoint directory was removed or moved")
 
 // watchCkpt is what a watchRun knows about one checkpoint.
 type watchCkpt struct {
@@ -288,6 +293,8 @@ type watchRun struct {
 	// nodes are the watchNodes by relative path; a node's parent is there too.
 	nodes map[string]*watchNode
 	queue []WatchEvent
+	// dirGone: Dir was removed or moved; Run returns ErrDirGone once the queue is sent.
+	dirGone bool
 }
 
 func newWatchRun(w *Watcher, fw *fsnotify.Watcher, root *os.Root) *watchRun {
@@ -317,6 +324,9 @@ func (r *watchRun) loop(ctx context.Context, out chan<- WatchEvent) error {
 		var next WatchEvent
 		if len(r.queue) > 0 {
 			send, next = out, r.queue[0]
+		}
+		if r.dirGone && len(r.queue) == 0 {
+			return ErrDirGone
 		}
 		select {
 		case <-ctx.Done():
@@ -688,8 +698,13 @@ func (r *watchRun) handle(ev fsnotify.Event) {
 	}
 	rel = filepath.ToSlash(rel)
 	if rel == "." {
-		if ev.Has(fsnotify.Remove) || ev.Has(fsnotify.Rename) {
-			r.log.Error().Str("dir", r.dir).Msg("checkpoint directory was removed or moved; nothing more will be seen")
+		if (ev.Has(fsnotify.Remove) || ev.Has(fsnotify.Rename)) && !r.dirGone {
+			r.log.Error().Str("dir", r.dir).Msg("checkpoint directory was removed or moved")
+			// Everything it held is gone with it, as far as anyone watching can tell.
+			for _, name := range slices.Sorted(maps.Keys(r.ckpts)) {
+				r.emit(WatchEvent{Kind: Removed, Checkpoint: name})
+			}
+			r.dirGone = true
 		}
 		return
 	}

@@ -997,3 +997,46 @@ func TestWatchFileGone(t *testing.T) {
 		}
 	})
 }
+
+// The checkpoint directory itself removed: every checkpoint it held is Removed, then Run returns
+// ErrDirGone (the agent waits for the directory and watches it again).
+func TestWatchDirRemovedEndsRun(t *testing.T) {
+	parent := t.TempDir()
+	dir := filepath.Join(parent, "ckpt")
+	if err := os.MkdirAll(filepath.Join(dir, "step-1"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "step-1", "_COMPLETE"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	w, err := NewWatcher(WatchConfig{Dir: dir, Debounce: 20 * time.Millisecond, Logger: zerolog.Nop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := make(chan WatchEvent, 64)
+	done := make(chan error, 1)
+	go func() { done <- w.Run(t.Context(), out) }()
+	if ev := <-out; ev.Kind != Complete {
+		t.Fatalf("first event %v; want the existing checkpoint's Complete", ev)
+	}
+	if err := os.Rename(dir, filepath.Join(parent, "moved")); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-done:
+		if !errors.Is(err, ErrDirGone) {
+			t.Fatalf("Run() = %v; want ErrDirGone", err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("Run did not return after its directory was moved")
+	}
+	var removed []string
+	for len(out) > 0 {
+		if ev := <-out; ev.Kind == Removed {
+			removed = append(removed, ev.Checkpoint)
+		}
+	}
+	if !slices.Equal(removed, []string{"step-1"}) {
+		t.Errorf("Removed events %v; want [step-1]", removed)
+	}
+}
