@@ -53,6 +53,8 @@ type Deps struct {
 	OpenGPUs func(log zerolog.Logger) (GPUs, error)
 	// CloudWatch is the CloudWatch client; nil means no CloudWatch (metrics.cloudwatch false).
 	CloudWatch metrics.PutMetricDataAPI
+	// NewCheckpointWatcher makes the checkpoint watcher; nil means checkpoint.NewWatcher.
+	NewCheckpointWatcher func(checkpoint.WatchConfig) (CheckpointWatcher, error)
 }
 
 // GPUs is what the agent needs from NVML (nvml.GPUs).
@@ -72,11 +74,12 @@ type Agent struct {
 	metrics  *promMetrics
 	started  time.Time
 	// ckptWatcher and uploader are nil when no store is configured.
-	ckptWatcher *checkpoint.Watcher
+	ckptWatcher *checkpointWatch
 	uploader    *checkpoint.Uploader
 	gpu         *gpuMonitor
 	gpus        GPUs                // nil when GPU sampling is off
 	cw          *metrics.CloudWatch // nil when CloudWatch is off
+	store       *storeHealth        // the store probe (health.go); nil when no store is configured
 	// watchReady is closed when the checkpoint watch is in place.
 	watchReady chan struct{}
 	// newestCommit (Unix nanoseconds) and forecast (nanoseconds) are the last commit's, for the
@@ -134,6 +137,9 @@ func New(cfg *Config, deps Deps) (*Agent, error) {
 		}
 	}
 	a.registry.MustRegister(newGPUCollector(a.gpu))
+	if err := a.initHealth(cfg, deps); err != nil {
+		return nil, err
+	}
 	return a, nil
 }
 
@@ -209,8 +215,10 @@ func (a *Agent) notifyErr(err error) {
 	}
 }
 
-// statusLine is the one line systemctl status shows: what the agent is doing.
-func (a *Agent) statusLine(ctx context.Context) string {
+// statusLine is the one line systemctl status shows: what the agent is doing, after any trouble
+// (health.go).
+func (a *Agent) statusLine(ctx context.Context) (out string) {
+	defer func() { out = a.withHealth(out) }()
 	cs := a.coord.status()
 	var uploads *checkpoint.UploaderStatus
 	if a.uploader != nil {
@@ -375,6 +383,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		return nil
 	})
 	g.Go(func() error { a.handleSignals(ctx); return nil })
+	g.Go(func() error { return a.runStoreProbe(ctx) })
 	if ln != nil {
 		srv := &http.Server{Handler: a.Handler(), ReadHeaderTimeout: 5 * time.Second}
 		g.Go(func() error {
@@ -455,7 +464,7 @@ func (a *Agent) reload() {
 	var needRestart []string
 	for _, k := range changed {
 		switch k {
-		case "imds.poll_interval", "imds.endpoint", "http.listen":
+		case "imds.poll_interval", "imds.endpoint", "http.listen", "agent.stop_budget":
 			needRestart = append(needRestart, k)
 		default:
 			// Turning a source on or off changes what is polled: only at start.

@@ -4,14 +4,18 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
+	"io/fs"
 	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -21,6 +25,7 @@ import (
 
 	"github.com/spotguard/spotguard/agent/imds"
 	"github.com/spotguard/spotguard/agent/trainer"
+	"github.com/spotguard/spotguard/checkpoint"
 )
 
 func TestMain(m *testing.M) {
@@ -149,13 +154,19 @@ type testAgent struct {
 // startAgent runs an agent with a fake IMDS and the given environment until the test ends.
 func startAgent(t *testing.T, env ...string) *testAgent {
 	t.Helper()
+	return startAgentWith(t, nil, env...)
+}
+
+// startAgentWith is startAgent with deps changed by with (when not nil) before New.
+func startAgentWith(t *testing.T, with func(*Deps), env ...string) *testAgent {
+	t.Helper()
 	runtimeDir := t.TempDir()
 	env = append([]string{"SPOTGUARD_HTTP_LISTEN=127.0.0.1:0", "SPOTGUARD_AGENT_RUNTIME_DIR=" + runtimeDir, "SPOTGUARD_IMDS_POLL_INTERVAL=100ms"}, env...)
 	cfg := mustLoad(t, LoadOptions{Environ: env})
 	ta := &testAgent{imds: newFakeIMDS(), logs: &syncBuffer{}, sigs: make(chan os.Signal, 1), done: make(chan error, 1), runtime: runtimeDir}
 	var mu sync.Mutex
 	ta.reload = func() (*Config, error) { return cfg, nil }
-	a, err := New(cfg, Deps{
+	deps := Deps{
 		Logger:  zerolog.New(ta.logs),
 		IMDS:    ta.imds,
 		Signals: ta.sigs,
@@ -164,7 +175,11 @@ func startAgent(t *testing.T, env ...string) *testAgent {
 			defer mu.Unlock()
 			return ta.reload()
 		},
-	})
+	}
+	if with != nil {
+		with(&deps)
+	}
+	a, err := New(cfg, deps)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -412,16 +427,118 @@ func TestNewRejectsInvalidConfig(t *testing.T) {
 
 func TestWriteNoticeFileIsAtomic(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "nested")
-	n := imds.Notice{Source: imds.SourceRebalance, Action: "rebalance"}
-	if err := writeNoticeFile(dir, n); err != nil {
+	ns := &NoticeStatus{Source: imds.SourceRebalance, Action: "rebalance"}
+	if err := writeNoticeFile(dir, []*NoticeStatus{ns}); err != nil {
 		t.Fatal(err)
 	}
 	b, _ := os.ReadFile(filepath.Join(dir, NoticeFile))
-	if got := strings.TrimSpace(string(b)); got != `{"source":"rebalance","action":"rebalance","deadline":null}` {
-		t.Errorf("notice.json = %s", got)
+	want := `{"source":"rebalance","action":"rebalance","deadline":null,"active":[{"source":"rebalance","action":"rebalance","deadline":null}]}`
+	if got := strings.TrimSpace(string(b)); got != want {
+		t.Errorf("notice.json = %s; want %s", got, want)
 	}
 	entries, _ := os.ReadDir(dir)
 	if len(entries) != 1 {
 		t.Errorf("runtime dir holds %d entries; want only notice.json (no temp files left)", len(entries))
 	}
+	if err := writeNoticeFile(dir, nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, NoticeFile)); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("notice.json after every notice ended: %v; want it removed", err)
+	}
+}
+
+// The notices in force are ordered by severity, then by the earliest deadline: notice.json's top
+// is what a trainer must act on.
+func TestNoticesInForceBySeverity(t *testing.T) {
+	at := func(s int) *time.Time { d := time.Unix(1_800_000_000+int64(s), 0); return &d }
+	c := newCoordinator(zerolog.Nop(), nil, nil, nil)
+	for _, ns := range []*NoticeStatus{
+		{Key: "rebalance/rebalance", Source: imds.SourceRebalance, Action: "rebalance", Policy: PolicyCheckpoint},
+		{Key: "scheduled/system-reboot/e2", Source: imds.SourceScheduled, Action: "system-reboot", Policy: PolicyCheckpoint, Deadline: at(50)},
+		{Key: "scheduled/instance-stop/e1", Source: imds.SourceScheduled, Action: "instance-stop", Policy: PolicyCheckpoint, Deadline: at(10)},
+		{Key: "spot/terminate", Source: imds.SourceSpot, Action: "terminate", Policy: PolicyCheckpoint, Deadline: at(120)},
+		{Key: "asg/Terminated", Source: imds.SourceASG, Action: "Terminated", Policy: PolicyIgnore},
+	} {
+		c.active[ns.Key] = ns
+	}
+	var got []string
+	for _, ns := range c.inForce() {
+		got = append(got, ns.Key)
+	}
+	want := []string{"spot/terminate", "scheduled/instance-stop/e1", "scheduled/system-reboot/e2", "rebalance/rebalance"}
+	if !slices.Equal(got, want) {
+		t.Errorf("Got(%q) = %q; want %q (ignored notices left out)", "inForce", got, want)
+	}
+}
+
+// fileStores opens file:// stores, for an agent under test.
+func fileStores(d *Deps) {
+	d.OpenStore = func(url string, _ checkpoint.S3Options) (checkpoint.Store, error) {
+		return checkpoint.NewFileStore(strings.TrimPrefix(url, "file://"))
+	}
+}
+
+// failingWatcher is a checkpoint watcher that cannot start, as with EMFILE or an inotify limit.
+type failingWatcher struct{ starts *atomic.Int32 }
+
+func (f failingWatcher) Run(context.Context, chan<- checkpoint.WatchEvent) error {
+	f.starts.Add(1)
+	return errors.New("start fsnotify: too many open files")
+}
+
+// Trouble on the checkpoint side never stops IMDS polling and signalling: a watcher that keeps
+// failing is started again, said once, and reported unhealthy, while notices are still signalled.
+func TestCheckpointWatcherFailureDoesNotStopNotices(t *testing.T) {
+	tr := startShTrainer(t, true)
+	var starts atomic.Int32
+	ta := startAgentWith(t, func(d *Deps) {
+		fileStores(d)
+		d.NewCheckpointWatcher = func(checkpoint.WatchConfig) (CheckpointWatcher, error) { return failingWatcher{&starts}, nil }
+	}, "SPOTGUARD_TRAINER_PIDFILE="+tr.pidfile, "SPOTGUARD_CHECKPOINT_DIR="+t.TempDir(), "SPOTGUARD_AGENT_STOP_BUDGET=1s",
+		"SPOTGUARD_STORE_URL=file://"+t.TempDir(), "SPOTGUARD_STORE_JOB=j")
+	eventually(t, "the watcher to be started again", func() bool { return starts.Load() >= 2 })
+	ta.imds.set("spot/instance-action", spotBody)
+	ta.waitState(t, "spot/terminate", StateTrainerSignalled)
+	eventually(t, "the trainer to record the signal", func() bool { return len(tr.signals()) == 1 })
+	if ok, reason := ta.a.ckptWatcher.health(); ok || !strings.Contains(reason, "too many open files") {
+		t.Errorf("checkpoint watch health = %v %q; want failing, with the cause", ok, reason)
+	}
+	if n := strings.Count(ta.logs.String(), "checkpoint watcher failed"); n != 1 {
+		t.Errorf("the failure was logged %d times; want once per cause (per minute)", n)
+	}
+}
+
+// A checkpoint.dir that does not exist yet is waited for (healthy, and said so); once the trainer
+// creates it, its checkpoints are committed.
+func TestMissingCheckpointDirIsWaitedFor(t *testing.T) {
+	tr := startShTrainer(t, true)
+	dir := filepath.Join(t.TempDir(), "nvme", "ckpt")
+	storeDir := t.TempDir()
+	ta := startAgentWith(t, fileStores, "SPOTGUARD_TRAINER_PIDFILE="+tr.pidfile, "SPOTGUARD_CHECKPOINT_DIR="+dir,
+		"SPOTGUARD_STORE_URL=file://"+storeDir, "SPOTGUARD_STORE_JOB=j")
+	eventually(t, "the agent to wait for the directory", func() bool {
+		ok, reason := ta.a.ckptWatcher.health()
+		return ok && strings.Contains(reason, "waiting for checkpoint.dir")
+	})
+	if err := os.MkdirAll(filepath.Join(dir, "step-1"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	os.WriteFile(filepath.Join(dir, "step-1", "w.bin"), []byte("weights"), 0o644)
+	os.WriteFile(filepath.Join(dir, "step-1", "_COMPLETE"), nil, 0o644)
+	eventually(t, "the checkpoint to be committed", func() bool {
+		cs, _, err := checkpoint.ListCommitted(context.Background(), mustFileStore(t, storeDir), "j")
+		return err == nil && len(cs) == 1
+	})
+	if ok, reason := ta.a.ckptWatcher.health(); !ok || reason != "" {
+		t.Errorf("checkpoint watch health = %v %q; want watching", ok, reason)
+	}
+}
+
+func mustFileStore(t *testing.T, dir string) checkpoint.Store {
+	s, err := checkpoint.NewFileStore(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
 }

@@ -19,7 +19,7 @@ const (
 
 // newUploader builds the checkpoint watcher and uploader when the config names a store; nil, nil
 // when it does not (the agent then only signals).
-func newUploader(cfg *Config, deps Deps, a *Agent) (*checkpoint.Watcher, *checkpoint.Uploader, error) {
+func newUploader(cfg *Config, deps Deps, a *Agent) (*checkpointWatch, *checkpoint.Uploader, error) {
 	if cfg.Store.URL == "" {
 		return nil, nil, nil
 	}
@@ -30,17 +30,18 @@ func newUploader(cfg *Config, deps Deps, a *Agent) (*checkpoint.Watcher, *checkp
 	if err != nil {
 		return nil, nil, fmt.Errorf("store.url: %w", err)
 	}
-	w, err := checkpoint.NewWatcher(checkpoint.WatchConfig{
-		Dir: cfg.Checkpoint.Dir, Marker: cfg.Checkpoint.Marker, Pattern: cfg.Checkpoint.Pattern, Logger: deps.Logger,
-		Ready: func() { close(a.watchReady) },
-	})
-	if err != nil {
-		return nil, nil, fmt.Errorf("checkpoint.dir: %w", err)
+	newWatcher := deps.NewCheckpointWatcher
+	if newWatcher == nil {
+		newWatcher = newCheckpointWatcher
 	}
+	w := newCheckpointWatch(checkpoint.WatchConfig{
+		Dir: cfg.Checkpoint.Dir, Marker: cfg.Checkpoint.Marker, Pattern: cfg.Checkpoint.Pattern, Logger: deps.Logger,
+	}, newWatcher, deps.Logger, func() { close(a.watchReady) })
 	hostname, _ := os.Hostname()
 	u := checkpoint.NewUploader(checkpoint.UploaderConfig{
 		Store: store, Job: cfg.Store.Job, Dir: cfg.Checkpoint.Dir, Marker: cfg.Checkpoint.Marker,
 		Pattern: cfg.Checkpoint.Pattern, Keep: cfg.Checkpoint.Keep, Logger: deps.Logger, StateDir: cfg.Agent.RuntimeDir,
+		StopBudget: stopBudget(cfg.Agent.StopBudget),
 		Host: func() checkpoint.Host {
 			a.mu.Lock()
 			defer a.mu.Unlock()
@@ -52,8 +53,17 @@ func newUploader(cfg *Config, deps Deps, a *Agent) (*checkpoint.Watcher, *checkp
 	return w, u, nil
 }
 
+// stopBudget is agent.stop_budget for the uploader, whose zero means its default: 0s is no drain.
+func stopBudget(d time.Duration) time.Duration {
+	if d == 0 {
+		return -1
+	}
+	return d
+}
+
 // onUpload turns the uploader's reports into metrics and notice transitions.
 func (a *Agent) onUpload(ev checkpoint.UploadEvent) {
+	a.noteUploadHealth(ev) // health.go: errors by reason, rate-limited log, store probe soon
 	switch ev.Kind {
 	case checkpoint.CheckpointCommitted:
 		m := ev.Manifest
@@ -141,8 +151,9 @@ func (c *Coordinator) onUpload(ev checkpoint.UploadEvent) {
 	}
 }
 
-// noticeUploader is told of each notice with policy checkpoint, so the checkpoint the trainer
-// writes now gets every connection, bounded by the deadline. Notice must not block.
+// noticeUploader is told which notices with policy checkpoint are in force whenever that set
+// changes, so the checkpoint the trainer writes for one gets every connection, is labelled with
+// it, and holds a stop. SetNotices must not block.
 type noticeUploader interface {
-	Notice(key string, deadline time.Time)
+	SetNotices(active []checkpoint.ActiveNotice)
 }

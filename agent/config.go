@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"math"
 	"net"
 	"os"
@@ -79,8 +80,10 @@ type Config struct {
 		Listen string
 	}
 	Agent struct {
-		// RuntimeDir holds notice.json, which trainers may read for the deadline.
+		// RuntimeDir holds notice.json, which trainers may read for the deadline, and the journal.
 		RuntimeDir string
+		// StopBudget bounds how long a stop drains (see checkpoint.UploaderConfig.StopBudget).
+		StopBudget time.Duration
 	}
 	GPU struct {
 		SampleInterval    time.Duration
@@ -228,12 +231,20 @@ var fields = []field{
 		c.HTTP.Listen = v
 		return nil
 	}},
-	{"agent.runtime_dir", "/run/spotguard", "directory for runtime state such as notice.json", func(c *Config, v string) error {
+	{"agent.runtime_dir", "/run/spotguard", "directory for runtime state: notice.json, and the upload journal that lets a restarted agent resume its commits", func(c *Config, v string) error {
 		if v == "" {
 			return errors.New("must not be empty")
 		}
 		c.Agent.RuntimeDir = v
 		return nil
+	}},
+	{"agent.stop_budget", "140s", "how long a stop (SIGTERM) may go on committing: the checkpoint the trainer was signalled for and every complete one not committed yet (0s: stop at once); keep it under the unit's TimeoutStopSec", func(c *Config, v string) error {
+		d, err := parseDuration(v)
+		if err == nil && (d < 0 || d > time.Hour) {
+			err = errors.New("between 0s and 1h")
+		}
+		c.Agent.StopBudget = d
+		return err
 	}},
 	{"gpu.sample_interval", "5s", "how often every GPU is sampled through NVML (at least 1s)", func(c *Config, v string) error {
 		d, err := parseDuration(v)
@@ -487,7 +498,8 @@ func (c *Config) Validate() error {
 		problems = append(problems, errors.New("trainer: no way to find the trainer: set trainer.pidfile, trainer.unit or trainer.match"))
 	}
 	if c.Checkpoint.Dir != "" {
-		if err := checkReadableDir(c.Checkpoint.Dir); err != nil {
+		// One that does not exist yet is waited for: the trainer creates it.
+		if err := checkReadableDir(c.Checkpoint.Dir); err != nil && !errors.Is(err, fs.ErrNotExist) {
 			problems = append(problems, fmt.Errorf("checkpoint.dir: %w", err))
 		}
 	}

@@ -3,6 +3,7 @@ package agent
 import (
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"syscall"
 	"testing"
@@ -93,7 +94,11 @@ log:
 
 // Validate reports every problem at once, each naming its key.
 func TestValidateReportsEveryProblem(t *testing.T) {
-	unreadable := filepath.Join(t.TempDir(), "missing")
+	// A file where a directory should be (a missing one is waited for: the trainer creates it).
+	unreadable := filepath.Join(t.TempDir(), "a-file")
+	if err := os.WriteFile(unreadable, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
 	path := writeConfig(t, `
 imds:
   poll_interval: 50ms
@@ -122,7 +127,7 @@ bogus:
 		"imds.pol_interval: unknown key",
 		"trainer.signal: \"SIGKILL\"",
 		"notices.spot: \"maybe\"",
-		"checkpoint.dir: cannot read",
+		"checkpoint.dir: " + unreadable + " is not a directory",
 		"bogus.key: unknown key",
 		"SPOTGUARD_IMDS_TIMEOUT: unknown environment variable",
 		"log.level: \"loud\" from SPOTGUARD_LOG_LEVEL",
@@ -239,5 +244,26 @@ func TestExampleConfigIsValid(t *testing.T) {
 	c := mustLoad(t, LoadOptions{Path: "../examples/local.yaml", Flags: []KeyValue{{"checkpoint.dir", t.TempDir()}}})
 	if err := c.Validate(); err != nil {
 		t.Errorf("examples/local.yaml: %v", err)
+	}
+}
+
+// The unit gives a stop more time than the agent's stop budget, so systemd never kills an agent
+// that is still committing: TimeoutStopSec > agent.stop_budget's default plus the time to flush.
+func TestStopBudgetFitsTheUnit(t *testing.T) {
+	b, err := os.ReadFile("../systemd/spotguard.service")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile(`(?m)^TimeoutStopSec=(\S+)$`).FindSubmatch(b)
+	if m == nil {
+		t.Fatal("spotguard.service has no TimeoutStopSec")
+	}
+	unit, err := time.ParseDuration(string(m[1]))
+	if err != nil {
+		t.Fatalf("TimeoutStopSec=%s: %v", m[1], err)
+	}
+	cfg := mustLoad(t, LoadOptions{})
+	if margin := unit - cfg.Agent.StopBudget; margin < 5*time.Second {
+		t.Errorf("TimeoutStopSec=%v leaves %v over agent.stop_budget %v; want at least 5s", unit, margin, cfg.Agent.StopBudget)
 	}
 }

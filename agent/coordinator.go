@@ -1,9 +1,12 @@
 package agent
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"slices"
@@ -18,6 +21,7 @@ import (
 	"github.com/spotguard/spotguard/agent/imds"
 	"github.com/spotguard/spotguard/agent/metrics"
 	"github.com/spotguard/spotguard/agent/trainer"
+	"github.com/spotguard/spotguard/checkpoint"
 )
 
 // trainerScanInterval is how often the coordinator looks for trainer processes between notices,
@@ -27,8 +31,9 @@ const trainerScanInterval = 10 * time.Second
 // maxNoticeHistory bounds the notices kept for /status.
 const maxNoticeHistory = 64
 
-// NoticeFile is the name of the file, in agent.runtime_dir, that describes the current notice. It is
-// written before the trainer is signalled.
+// NoticeFile is the name of the file, in agent.runtime_dir, that describes the notices in force
+// (policy checkpoint): the most severe at the top, every one in "active". It is rewritten whenever
+// that set changes (before the trainer is signalled for a new one) and removed when none is left.
 const NoticeFile = "notice.json"
 
 // The states of a notice. A notice moves detected → trainer_signalled (at least one process was
@@ -65,6 +70,7 @@ type NoticeStatus struct {
 	Active      bool              `json:"active"`
 	Transitions []Transition      `json:"transitions"`
 	Signals     []SignalOutcome   `json:"signals"`
+	notAfter    time.Time         // a scheduled event's NotAfter
 	detectedAt  time.Time         // for timings
 	signalledAt *time.Time        // when the trainer was signalled, if it was
 	written     string            // the checkpoint completed after the notice, once seen
@@ -209,7 +215,7 @@ func (c *Coordinator) begin(ev imds.Event) {
 	policy := cfg.Notices[n.Source]
 	ns := &NoticeStatus{
 		Key: n.Key(), Source: n.Source, Action: n.Action, EventID: n.EventID,
-		Policy: policy, Malformed: n.Malformed, Active: true, detectedAt: ev.At,
+		Policy: policy, Malformed: n.Malformed, Active: true, detectedAt: ev.At, notAfter: n.NotAfter,
 	}
 	if !n.Deadline.IsZero() {
 		d := n.Deadline
@@ -232,14 +238,9 @@ func (c *Coordinator) begin(ev imds.Event) {
 		return
 	}
 
-	if c.uploader != nil {
-		// Before signalling: the files the trainer writes now get every connection.
-		c.uploader.Notice(ns.Key, n.Deadline)
-	}
-	if err := writeNoticeFile(cfg.Agent.RuntimeDir, n); err != nil {
-		// The signal matters more than the file: go on.
-		log.Error().Err(err).Msg("cannot write notice file; signalling anyway")
-	}
+	// Before signalling: the files the trainer writes now get every connection, and notice.json
+	// says what to act on.
+	c.noticesChanged(cfg)
 
 	procs, problems := c.trainers.Find(cfg)
 	for _, p := range problems {
@@ -287,6 +288,7 @@ func (c *Coordinator) begin(ev imds.Event) {
 	c.mu.Lock()
 	ns.signalledAt = &now
 	c.mu.Unlock()
+	c.noticesChanged(cfg) // a stop now waits for the checkpoint the trainer writes
 	if ns.Deadline != nil {
 		c.metrics.noticeDeadlineLeft.WithLabelValues(string(n.Source)).Set(time.Until(*ns.Deadline).Seconds())
 	}
@@ -306,6 +308,85 @@ func (c *Coordinator) end(ev imds.Event) {
 	}
 	c.transition(ns, StateEnded, "withdrawn by IMDS")
 	c.log.Info().Str("notice", key).Msg("notice ended")
+	if ns.Policy == PolicyCheckpoint {
+		c.noticesChanged(c.config())
+	}
+}
+
+// inForce returns the notices in force whose policy is checkpoint, most severe first: spot
+// terminate, stop, hibernate, then scheduled events, ASG, rebalance; the earliest deadline first
+// among equals.
+func (c *Coordinator) inForce() []*NoticeStatus {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var out []*NoticeStatus
+	for _, ns := range c.active {
+		if ns.Policy == PolicyCheckpoint {
+			out = append(out, ns)
+		}
+	}
+	slices.SortFunc(out, func(a, b *NoticeStatus) int {
+		if r := cmp.Compare(noticeRank(a), noticeRank(b)); r != 0 {
+			return r
+		}
+		switch {
+		case a.Deadline != nil && b.Deadline == nil:
+			return -1
+		case a.Deadline == nil && b.Deadline != nil:
+			return 1
+		case a.Deadline != nil && !a.Deadline.Equal(*b.Deadline):
+			return a.Deadline.Compare(*b.Deadline)
+		}
+		return cmp.Compare(a.Key, b.Key)
+	})
+	return out
+}
+
+// noticeRank orders notices by severity: lower is more severe.
+func noticeRank(ns *NoticeStatus) int {
+	switch ns.Source {
+	case imds.SourceSpot:
+		switch ns.Action {
+		case "stop":
+			return 1
+		case "hibernate":
+			return 2
+		}
+		return 0 // terminate, and a malformed spot notice
+	case imds.SourceScheduled:
+		return 3
+	case imds.SourceASG:
+		return 4
+	case imds.SourceRebalance:
+		return 5
+	}
+	return 6
+}
+
+// noticesChanged tells the uploader which notices are in force and rewrites notice.json (removes
+// it when none is).
+func (c *Coordinator) noticesChanged(cfg *Config) {
+	active := c.inForce()
+	if c.uploader != nil {
+		un := make([]checkpoint.ActiveNotice, 0, len(active))
+		c.mu.Lock()
+		for _, ns := range active {
+			n := checkpoint.ActiveNotice{Key: ns.Key}
+			if ns.Deadline != nil {
+				n.Deadline = *ns.Deadline
+			}
+			if ns.signalledAt != nil {
+				n.SignalledAt = *ns.signalledAt
+			}
+			un = append(un, n)
+		}
+		c.mu.Unlock()
+		c.uploader.SetNotices(un)
+	}
+	if err := writeNoticeFile(cfg.Agent.RuntimeDir, active); err != nil {
+		// The signal matters more than the file: go on.
+		c.log.Error().Err(err).Msg("cannot write notice file")
+	}
 }
 
 // record sends notice-path datums at 1-second resolution and flushes the sink at once, so the
@@ -435,21 +516,49 @@ func (c *Coordinator) status() coordinatorStatus {
 	return st
 }
 
-// noticeFile is the JSON of notice.json.
+// noticeFile is the JSON of notice.json: the most severe notice in force, and all of them.
 type noticeFile struct {
+	noticeEntry
+	Active []noticeEntry `json:"active"`
+}
+
+// noticeEntry is one notice in notice.json.
+type noticeEntry struct {
 	Source   imds.Source `json:"source"`
 	Action   string      `json:"action"`
 	EventID  string      `json:"event_id,omitempty"`
 	Deadline *time.Time  `json:"deadline"`
+	// NotAfter is when a scheduled event's window ends; omitted for other notices.
+	NotAfter *time.Time `json:"not_after,omitempty"`
 }
 
-// writeNoticeFile writes notice.json atomically (temp file, fsync, rename) so a trainer never reads
-// half of it.
-func writeNoticeFile(dir string, n imds.Notice) error {
-	nf := noticeFile{Source: n.Source, Action: n.Action, EventID: n.EventID}
-	if !n.Deadline.IsZero() {
-		d := n.Deadline.UTC()
-		nf.Deadline = &d
+// writeNoticeFile writes notice.json for the notices in force (most severe first) atomically
+// (temp file, fsync, rename) so a trainer never reads half of it, or removes it when there are
+// none. A scheduled event whose start has passed is due now: its deadline stays its start, and
+// not_after says when its window ends.
+func writeNoticeFile(dir string, active []*NoticeStatus) error {
+	path := filepath.Join(dir, NoticeFile)
+	if len(active) == 0 {
+		if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return fmt.Errorf("remove notice file: %w", err)
+		}
+		return nil
+	}
+	entry := func(ns *NoticeStatus) noticeEntry {
+		e := noticeEntry{Source: ns.Source, Action: ns.Action, EventID: ns.EventID}
+		if ns.Deadline != nil {
+			d := ns.Deadline.UTC()
+			e.Deadline = &d
+		}
+		if !ns.notAfter.IsZero() {
+			d := ns.notAfter.UTC()
+			e.NotAfter = &d
+		}
+		return e
+	}
+	nf := noticeFile{noticeEntry: entry(active[0])}
+	for _, ns := range active {
+		nf.Active = append(nf.Active, entry(ns))
 	}
 	data, err := json.Marshal(nf)
 	if err != nil {
@@ -478,7 +587,7 @@ func writeNoticeFile(dir string, n imds.Notice) error {
 	if err := tmp.Close(); err != nil {
 		return fmt.Errorf("write notice file: %w", err)
 	}
-	if err := os.Rename(tmp.Name(), filepath.Join(dir, NoticeFile)); err != nil {
+	if err := os.Rename(tmp.Name(), path); err != nil {
 		return fmt.Errorf("write notice file: %w", err)
 	}
 	return nil

@@ -32,6 +32,11 @@ type promMetrics struct {
 	writeSeconds     prometheus.Histogram
 	timeToDurable    prometheus.Histogram
 	deadlineMargin   *prometheus.GaugeVec
+
+	// Health: the store probe, upload errors by reason, the verdict of /healthz.
+	storeProbeFailures prometheus.Counter
+	uploadErrors       *prometheus.CounterVec
+	health             *healthCollector
 }
 
 func newMetrics(reg prometheus.Registerer, stats func() imds.Stats) *promMetrics {
@@ -121,11 +126,29 @@ func newMetrics(reg prometheus.Registerer, stats func() imds.Stats) *promMetrics
 		m.forecast, m.newestCommitted, m.writeSeconds, m.timeToDurable, m.deadlineMargin)
 	reg.MustRegister(m.notices, m.signals, m.discoveryProblems, m.signalLatency, m.trainerProcesses,
 		m.trainerUncaught, m.syncRequests, m.reloads, m.noticeDeadlineLeft)
+	m.storeProbeFailures = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "spotguard_store_probe_failures_total",
+		Help: "Store probes (list, write, read, delete of a probe object under J/_spotguard/) that failed.",
+	})
+	m.uploadErrors = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "spotguard_checkpoint_upload_errors_total",
+		Help: "Failed checkpoint file uploads and commits (each is retried), by reason (throttled, denied, not_found, network, changed, other).",
+	}, []string{"reason"})
+	for _, r := range storeReasons {
+		m.uploadErrors.WithLabelValues(r)
+	}
+	m.health = &healthCollector{
+		healthy: prometheus.NewDesc("spotguard_healthy", "1 when /healthz answers 200 (IMDS spot answers, the store probe passed, the checkpoint watcher runs), else 0.", nil, nil),
+		storeUp: prometheus.NewDesc("spotguard_store_up", "1 when the last store probe passed, 0 when it failed; absent without a store or before the first probe.", nil, nil),
+	}
+	reg.MustRegister(m.storeProbeFailures, m.uploadErrors, m.health)
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	reg.MustRegister(&imdsCollector{stats: stats,
 		errors: prometheus.NewDesc("spotguard_imds_errors_total", "Failed IMDS reads (timeouts, 5xx, 401, refused connections, unreadable bodies), by source.", []string{"source"}, nil),
 		polls:  prometheus.NewDesc("spotguard_imds_polls_total", "IMDS reads, by source.", []string{"source"}, nil),
 		up:     prometheus.NewDesc("spotguard_imds_up", "1 when IMDS answered within the last 30 seconds (or has not failed yet), else 0.", nil, nil),
+		sourceUp: prometheus.NewDesc("spotguard_imds_source_up", "1 when this IMDS source answered within the last 30 seconds (or has not failed yet), else 0, by source.",
+			[]string{"source"}, nil),
 	})
 	return m
 }
@@ -133,25 +156,48 @@ func newMetrics(reg prometheus.Registerer, stats func() imds.Stats) *promMetrics
 // imdsCollector exports the watcher's counters at scrape time, so the watcher needs no metrics of
 // its own.
 type imdsCollector struct {
-	stats             func() imds.Stats
-	errors, polls, up *prometheus.Desc
+	stats                       func() imds.Stats
+	errors, polls, up, sourceUp *prometheus.Desc
 }
 
 func (c *imdsCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.errors
 	ch <- c.polls
 	ch <- c.up
+	ch <- c.sourceUp
 }
 
 func (c *imdsCollector) Collect(ch chan<- prometheus.Metric) {
 	st := c.stats()
+	now := time.Now()
 	for src, s := range st.Sources {
 		ch <- prometheus.MustNewConstMetric(c.errors, prometheus.CounterValue, float64(s.Errors), string(src))
 		ch <- prometheus.MustNewConstMetric(c.polls, prometheus.CounterValue, float64(s.Polls), string(src))
+		ch <- prometheus.MustNewConstMetric(c.sourceUp, prometheus.GaugeValue, b2f(s.Healthy(now)), string(src))
 	}
-	up := 0.0
-	if st.Healthy(time.Now()) {
-		up = 1
+	ch <- prometheus.MustNewConstMetric(c.up, prometheus.GaugeValue, b2f(st.Healthy(now)))
+}
+
+// healthCollector exports the /healthz verdict and the store probe at scrape time. Its funcs are
+// set once, before the agent runs; a nil one exports nothing.
+type healthCollector struct {
+	verdict          func(now time.Time) healthVerdict
+	store            func() storeProbeState
+	healthy, storeUp *prometheus.Desc
+}
+
+func (c *healthCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- c.healthy
+	ch <- c.storeUp
+}
+
+func (c *healthCollector) Collect(ch chan<- prometheus.Metric) {
+	if c.verdict != nil {
+		ch <- prometheus.MustNewConstMetric(c.healthy, prometheus.GaugeValue, b2f(c.verdict(time.Now()).Healthy))
 	}
-	ch <- prometheus.MustNewConstMetric(c.up, prometheus.GaugeValue, up)
+	if c.store != nil {
+		if ps := c.store(); ps.Probes > 0 {
+			ch <- prometheus.MustNewConstMetric(c.storeUp, prometheus.GaugeValue, b2f(ps.Last.OK()))
+		}
+	}
 }

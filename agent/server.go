@@ -26,6 +26,11 @@ type Status struct {
 	GPU gpuStatus `json:"gpu"`
 	// Uploads is the checkpoint uploader's state; absent when no store is configured.
 	Uploads *checkpoint.UploaderStatus `json:"uploads,omitempty"`
+	// Store is the store probe's verdict and the upload errors by reason; absent when no store
+	// is configured.
+	Store *storeStatus `json:"store,omitempty"`
+	// Health is what /healthz answers.
+	Health healthVerdict `json:"health"`
 }
 
 // instanceStatus is the instance identity; empty until IMDS has answered.
@@ -42,6 +47,8 @@ type imdsStatus struct {
 }
 
 type sourceStatus struct {
+	// Healthy is false when the source has failed for more than 30 s with no success since.
+	Healthy      bool       `json:"healthy"`
 	Polls        uint64     `json:"polls"`
 	Errors       uint64     `json:"errors"`
 	Streak       int        `json:"error_streak"`
@@ -62,7 +69,7 @@ func newIMDSStatus(st imds.Stats, now time.Time) imdsStatus {
 	out := imdsStatus{Healthy: st.Healthy(now), LastSuccess: timePtr(st.LastSuccess), Sources: map[imds.Source]sourceStatus{}}
 	for src, s := range st.Sources {
 		out.Sources[src] = sourceStatus{
-			Polls: s.Polls, Errors: s.Errors, Streak: s.Streak,
+			Healthy: s.Healthy(now), Polls: s.Polls, Errors: s.Errors, Streak: s.Streak,
 			LastSuccess: timePtr(s.LastSuccess), FailingSince: timePtr(s.FailingSince), LastError: s.LastError,
 		}
 	}
@@ -93,21 +100,23 @@ func (a *Agent) Status() Status {
 		Trainers:        cs.Trainers,
 		TrainerProblems: cs.TrainerProblems,
 		Notices:         cs.Notices,
+		Store:           a.storeStatus(),
+		Health:          a.health(time.Now()),
 	}
 }
 
-// Handler serves /healthz, /status and /metrics.
+// Handler serves /healthz, /status and /metrics. /healthz answers 200 when the agent is healthy
+// and 503 when it is not, both with the JSON of healthVerdict: healthy, reasons (every one,
+// naming what failed and the error) and warnings.
 func (a *Agent) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
-		st := a.watcher.Stats()
+		v := a.health(time.Now())
 		w.Header().Set("Content-Type", "application/json")
-		if !st.Healthy(time.Now()) {
+		if !v.Healthy {
 			w.WriteHeader(http.StatusServiceUnavailable)
-			json.NewEncoder(w).Encode(map[string]any{"healthy": false, "reason": "IMDS has failed for more than " + imds.HealthWindow.String(), "last_success": st.LastSuccess})
-			return
 		}
-		json.NewEncoder(w).Encode(map[string]any{"healthy": true})
+		json.NewEncoder(w).Encode(v)
 	})
 	mux.HandleFunc("GET /status", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/json")

@@ -71,6 +71,8 @@ type Notice struct {
 	// Deadline is when the instance is expected to go: spot: Time (detection + 2 min when
 	// Malformed); scheduled: NotBefore; asg: detection + 2 min; rebalance: zero (no deadline).
 	Deadline time.Time
+	// NotAfter is a scheduled event's NotAfter (when its window ends); zero otherwise.
+	NotAfter time.Time
 	// Malformed is set, on spot only, for a 200 whose body could not be parsed; such a
 	// notice is treated fail-safe as "terminate" 2 minutes after detection.
 	Malformed bool

@@ -99,8 +99,8 @@ func ParseRebalance(body []byte, now time.Time) (Notice, error) {
 // Code, Description, State, EventId, NotBefore, NotAfter and (optionally) NotBeforeDeadline,
 // times written like "2 Jan 2006 15:04:05 GMT". It returns:
 //   - one notice per event whose State is "active" or empty (case-insensitive), in body order,
-//     without duplicate keys, with Action = Code, EventID = EventId and Time = Deadline =
-//     NotBefore; events in any other State ("canceled", "completed") are not notices, which is
+//     without duplicate keys, with Action = Code, EventID = EventId, Time = Deadline =
+//     NotBefore and NotAfter (zero when missing or unreadable); events in any other State ("canceled", "completed") are not notices, which is
 //     how an earlier notice ends. An empty array gives no notices. The error is nil;
 //   - for anything else (empty, not a JSON array, wrong types, an active event without Code or
 //     with a missing or unparsable NotBefore): nil and an error wrapping [ErrMalformed].
@@ -112,6 +112,7 @@ func ParseScheduled(body []byte, now time.Time) ([]Notice, error) {
 		State     string
 		EventID   string `json:"EventId"`
 		NotBefore string
+		NotAfter  string
 	}
 	malformed := func(cause error) ([]Notice, error) {
 		return nil, fmt.Errorf("%w: %s: %w", ErrMalformed, SourceScheduled.Path(), cause)
@@ -146,6 +147,9 @@ func ParseScheduled(body []byte, now time.Time) ([]Notice, error) {
 			Time:     t,
 			Deadline: t,
 			Raw:      raw,
+		}
+		if after, err := parseScheduledTime(e.NotAfter); err == nil {
+			n.NotAfter = after // optional: an unreadable NotAfter does not make the event malformed
 		}
 		if k := n.Key(); !seen[k] {
 			seen[k] = true

@@ -92,6 +92,14 @@ type SourceStats struct {
 	LastError string
 }
 
+// Healthy reports whether this source is usable as of now: true when it is not in an error
+// streak (also before its first poll), or when its streak began within the last
+// [HealthWindow] (30 s, a grace period that also covers start-up); false when it has failed
+// for longer than that with no successful read since.
+func (s SourceStats) Healthy(now time.Time) bool {
+	return s.Streak == 0 || now.Sub(s.FailingSince) <= HealthWindow
+}
+
 // Stats is a snapshot of a Watcher's counters, for /healthz, /status and metrics.
 type Stats struct {
 	// Sources has one entry per enabled source.

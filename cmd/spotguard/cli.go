@@ -46,6 +46,7 @@ Usage:
 Commands:
   drill     rehearse a reclaim end to end on this machine: notice, signal, upload, commit, restore (PASS/FAIL)
   run       run the agent: watch IMDS for interruption notices, signal the trainer, upload checkpoints
+  doctor    check everything the agent depends on once (IMDS, store, trainer, checkpoint.dir, NVML, CloudWatch): PASS/WARN/FAIL
   restore   download the newest committed checkpoint, verified (--to DIR)
   list      list the job's committed checkpoints
   gpu       sample and judge every GPU (exit 0 healthy, 3 degraded, 4 no NVML)
@@ -75,6 +76,8 @@ func run(ctx context.Context, args, environ []string, stdout, stderr io.Writer) 
 		return runList(ctx, rest, environ, stdout, stderr)
 	case "drill":
 		return runDrill(ctx, rest, environ, stdout, stderr)
+	case "doctor":
+		return runDoctor(ctx, rest, environ, stdout, stderr, defaultDoctorDeps())
 	case drillTrainerCmd:
 		return runDrillTrainer(ctx, rest, stderr)
 	case "gpu":

@@ -34,6 +34,9 @@ import (
 // restored inside it.
 const drillWindow = 2 * time.Minute
 
+// drillStoreTimeout bounds the store check that runs before the rehearsal.
+const drillStoreTimeout = 20 * time.Second
+
 // drillThinMargin is the margin under which the drill passes but warns.
 const drillThinMargin = 30 * time.Second
 
@@ -41,7 +44,10 @@ const drillThinMargin = 30 * time.Second
 type drillReport struct {
 	Pass   bool   `json:"pass"`
 	Reason string `json:"reason,omitempty"`
-	Store  string `json:"store"`
+	// Cause names what failed, for scripts: "store" (the store check before the rehearsal) with
+	// the reason after a colon ("store:not_found", "store:denied", ...); empty otherwise.
+	Cause string `json:"cause,omitempty"`
+	Store string `json:"store"`
 	// Job is the drill's own job in the store: a fresh one every run, so a drill never meets
 	// another run's checkpoints (or a real job's).
 	Job        string      `json:"job"`
@@ -59,6 +65,7 @@ type drillReport struct {
 	Deadline   time.Time   `json:"deadline"`
 	notice     time.Time   // when the notice was detected
 	manifest   *checkpoint.Manifest
+	storeFix   string // what to do about a failed store check
 }
 
 // drillStep is one moment of the timeline, in seconds after the notice was detected.
@@ -179,8 +186,57 @@ func drill(ctx context.Context, p drillPlan, log zerolog.Logger, rep *drillRepor
 		endpoint = sim.Endpoint()
 	}
 
-	// The trainer: the demo one is this binary in a hidden mode, a real child process.
+	// The agent, as `spotguard run` would run it, pointed at the drill's pieces; it finds the
+	// trainer (started below, after the store check) by its pidfile.
 	pidfile := filepath.Join(p.tmp, "trainer.pid")
+	overrides := append([]agent.KeyValue{}, p.configFlags.overrides...)
+	if p.trainerCmd == "" {
+		// The demo trainer only: nothing else on the machine is signalled. A trainer of your own
+		// is also found by your trainer.match or trainer.unit (its torchrun workers, say).
+		overrides = append(overrides, agent.KeyValue{Key: "trainer.match", Value: ""}, agent.KeyValue{Key: "trainer.unit", Value: ""})
+	}
+	overrides = append(overrides,
+		agent.KeyValue{Key: "trainer.pidfile", Value: pidfile},
+		agent.KeyValue{Key: "checkpoint.dir", Value: p.ckDir}, agent.KeyValue{Key: "store.url", Value: p.store},
+		agent.KeyValue{Key: "store.job", Value: p.job}, agent.KeyValue{Key: "http.listen", Value: ""},
+		agent.KeyValue{Key: "agent.runtime_dir", Value: filepath.Join(p.tmp, "run")},
+		agent.KeyValue{Key: "metrics.cloudwatch", Value: "false"}, agent.KeyValue{Key: "notices.rebalance", Value: "ignore"},
+		agent.KeyValue{Key: "imds.endpoint", Value: endpoint})
+	path := p.configFlags.path
+	if _, err := os.Stat(path); err != nil && path == agent.DefaultConfigPath {
+		path = "" // no installed config: defaults
+	}
+	cfg, err := agent.Load(agent.LoadOptions{Path: path, Environ: p.environ, Flags: overrides})
+	if err != nil {
+		return fail("%v", err)
+	}
+	if err := cfg.Validate(); err != nil {
+		return fail("invalid configuration: %v", err)
+	}
+	var awsCfg aws.Config // for the IMDS client: the real IMDS only
+	if p.realIMDS {
+		if awsCfg, err = awsconfig.LoadDefaultConfig(ctx); err != nil {
+			return fail("load AWS configuration: %v", err)
+		}
+	}
+	// The store first: a wrong bucket or a missing permission fails here, in seconds, with the real
+	// cause, rather than as a checkpoint that never commits.
+	sctx, cancel := context.WithTimeout(ctx, drillStoreTimeout)
+	defer cancel()
+	store, err := openStore(ctx, p.store, checkpoint.S3Options{PartSize: cfg.Store.PartSize, Concurrency: cfg.Store.Concurrency})
+	if err != nil {
+		reason := agent.StoreErrorReason(err)
+		rep.Cause, rep.storeFix = "store:"+reason, agent.StoreFix(reason, p.store, err)
+		return fail("store: %v", err)
+	}
+	host, _ := os.Hostname()
+	if probe := agent.ProbeStore(sctx, store, p.job, host); !probe.OK() {
+		rep.Cause, rep.storeFix = "store:"+probe.Reason, agent.StoreFix(probe.Reason, probe.URL, probe.Err)
+		return fail("store check failed before the rehearsal: %s", probe.Problem())
+	}
+	cancel()
+
+	// The trainer: the demo one is this binary in a hidden mode, a real child process.
 	ready := filepath.Join(p.tmp, "trainer.ready")
 	var cmd *exec.Cmd
 	if p.trainerCmd != "" {
@@ -220,41 +276,6 @@ func drill(ctx context.Context, p drillPlan, log zerolog.Logger, rep *drillRepor
 		return fail("the demo trainer did not start")
 	}
 
-	// The agent, as `spotguard run` would run it, pointed at the drill's pieces.
-	overrides := append([]agent.KeyValue{}, p.configFlags.overrides...)
-	if p.trainerCmd == "" {
-		// The demo trainer only: nothing else on the machine is signalled. A trainer of your own
-		// is also found by your trainer.match or trainer.unit (its torchrun workers, say).
-		overrides = append(overrides, agent.KeyValue{Key: "trainer.match", Value: ""}, agent.KeyValue{Key: "trainer.unit", Value: ""})
-	}
-	overrides = append(overrides,
-		agent.KeyValue{Key: "trainer.pidfile", Value: pidfile},
-		agent.KeyValue{Key: "checkpoint.dir", Value: p.ckDir}, agent.KeyValue{Key: "store.url", Value: p.store},
-		agent.KeyValue{Key: "store.job", Value: p.job}, agent.KeyValue{Key: "http.listen", Value: ""},
-		agent.KeyValue{Key: "agent.runtime_dir", Value: filepath.Join(p.tmp, "run")},
-		agent.KeyValue{Key: "metrics.cloudwatch", Value: "false"}, agent.KeyValue{Key: "notices.rebalance", Value: "ignore"},
-		agent.KeyValue{Key: "imds.endpoint", Value: endpoint})
-	path := p.configFlags.path
-	if _, err := os.Stat(path); err != nil && path == agent.DefaultConfigPath {
-		path = "" // no installed config: defaults
-	}
-	cfg, err := agent.Load(agent.LoadOptions{Path: path, Environ: p.environ, Flags: overrides})
-	if err != nil {
-		return fail("%v", err)
-	}
-	if err := cfg.Validate(); err != nil {
-		return fail("invalid configuration: %v", err)
-	}
-	var awsCfg aws.Config // for the IMDS client: the real IMDS only
-	if p.realIMDS {
-		if awsCfg, err = awsconfig.LoadDefaultConfig(ctx); err != nil {
-			return fail("load AWS configuration: %v", err)
-		}
-	}
-	store, err := openStore(ctx, p.store, checkpoint.S3Options{PartSize: cfg.Store.PartSize, Concurrency: cfg.Store.Concurrency})
-	if err != nil {
-		return fail("store: %v", err)
-	}
 	a, err := agent.New(cfg, agent.Deps{
 		Logger: log, IMDS: imds.NewClient(awsCfg, endpoint),
 		OpenStore: func(string, checkpoint.S3Options) (checkpoint.Store, error) { return store, nil },
@@ -428,6 +449,9 @@ func sameFiles(want, got string) error {
 // drillAdvice says what to change when the margin is thin or the drill failed.
 func drillAdvice(r drillReport) []string {
 	var out []string
+	if strings.HasPrefix(r.Cause, "store") {
+		return []string{r.storeFix}
+	}
 	if !r.Pass && strings.Contains(r.Reason, "does not catch") {
 		return []string{"handle the signal in the trainer (see examples/python/trainer.py): set a flag, save at the next step boundary"}
 	}

@@ -132,13 +132,14 @@ func TestSIGTERMMidUploadStillCommits(t *testing.T) {
 	if !strings.Contains(ls, "manifest.json") {
 		t.Fatalf("no manifest after the agent exited: the upload was abandoned\n%s", ls)
 	}
-	if !strings.Contains(ap.log(t), "finishing it first") {
+	if !strings.Contains(ap.log(t), "finishing them first") {
 		t.Errorf("agent log does not say it finished the notice's upload before stopping")
 	}
 }
 
-// SIGTERM while the trainer is still writing the checkpoint a notice asked for (the marker comes
-// after the SIGTERM): the agent keeps watching, commits it, and only then exits 0.
+// SIGTERM right after the trainer was signalled, while it is still writing the checkpoint the
+// notice asked for (the marker comes after the SIGTERM): the agent waits for it with the watcher
+// running, commits it, and only then exits 0.
 func TestSIGTERMBeforeMarkerStillCommits(t *testing.T) {
 	needPeers(t)
 	sim := newIMDS(t)
@@ -150,10 +151,7 @@ func TestSIGTERMBeforeMarkerStillCommits(t *testing.T) {
 	ap := startAgent(t, sim, "SPOTGUARD_TRAINER_PIDFILE="+tp.pidfile, "SPOTGUARD_NOTICES_REBALANCE=ignore",
 		"SPOTGUARD_CHECKPOINT_DIR="+ckdir, "SPOTGUARD_STORE_URL=file://"+storeDir, "SPOTGUARD_STORE_JOB=e2e")
 	ap.waitNoticeState(t, "spot/terminate", "trainer_signalled", 30*time.Second)
-	eventually(t, 30*time.Second, "the agent to see the trainer's first file", func() bool {
-		st := ap.status(t)
-		return st.Uploads != nil && len(st.Uploads.Checkpoints) > 0 && st.Uploads.Checkpoints[0].Files > 0
-	})
+	// SIGTERM at once: the trainer may not have closed its first file yet.
 	if marks, _ := filepath.Glob(filepath.Join(ckdir, "step-*", "_COMPLETE")); len(marks) > 0 {
 		t.Fatalf("the marker is there already; the trainer is not slow enough: %v", marks)
 	}

@@ -1,0 +1,286 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"os"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/spotguard/spotguard/agent/imds"
+	"github.com/spotguard/spotguard/checkpoint"
+)
+
+// healthVerdict is what /healthz answers, and what /status, spotguard_healthy and the STATUS
+// line say. The agent is healthy when the spot source answered within the last 30 s
+// (imds.HealthWindow; every source when spot is not polled), the last store probe passed (with a
+// store; before the first probe ends the store counts as healthy), and the checkpoint side runs.
+type healthVerdict struct {
+	Healthy bool `json:"healthy"`
+	// Reasons say why it is not healthy, each naming what failed and the error; empty when it is.
+	Reasons []string `json:"reasons"`
+	// Warnings are trouble that does not make the agent unhealthy: an IMDS source other than spot
+	// that keeps failing (its notices are not seen), a checkpoint.dir not created yet.
+	Warnings []string `json:"warnings,omitempty"`
+	// short holds Reasons and then Warnings in a few words each, for the STATUS line.
+	short []string
+}
+
+func (v *healthVerdict) reason(long, short string) {
+	v.Reasons = append(v.Reasons, long)
+	v.short = append(v.short, short)
+}
+
+func (v *healthVerdict) warn(long, short string) {
+	v.Warnings = append(v.Warnings, long)
+	v.short = append(v.short, short)
+}
+
+// health judges the agent as of now.
+func (a *Agent) health(now time.Time) healthVerdict {
+	v := healthVerdict{Reasons: []string{}}
+	st := a.watcher.Stats()
+	if spot, polled := st.Sources[imds.SourceSpot]; polled {
+		if !spot.Healthy(now) {
+			d := now.Sub(spot.FailingSince).Round(time.Second)
+			v.reason(fmt.Sprintf("IMDS spot (%s) has failed for %s, so an interruption notice would not be seen: %s",
+				imds.SourceSpot.Path(), d, spot.LastError), "IMDS spot failing for "+d.String())
+		}
+	} else if !st.Healthy(now) {
+		v.reason("IMDS has failed for more than "+imds.HealthWindow.String()+" on every source", "IMDS failing")
+	}
+	for _, src := range imds.Sources {
+		s, polled := st.Sources[src]
+		if src == imds.SourceSpot || !polled || s.Healthy(now) {
+			continue
+		}
+		d := now.Sub(s.FailingSince).Round(time.Second)
+		v.warn(fmt.Sprintf("IMDS %s (%s) has failed for %s; its notices are not seen: %s", src, src.Path(), d, s.LastError),
+			fmt.Sprintf("IMDS %s failing for %s", src, d))
+	}
+	if a.store != nil {
+		if ps := a.store.prober.state(); ps.Probes > 0 && !ps.Last.OK() {
+			v.reason(ps.Last.Problem()+"; fix: "+StoreFix(ps.Last.Reason, ps.Last.URL, ps.Last.Err),
+				fmt.Sprintf("store %s: %s failed: %s", ps.Last.URL, ps.Last.Step, shortStoreError(ps.Last.Err)))
+		}
+	}
+	if ok, reason := a.checkpointHealth(); !ok {
+		v.reason(reason, reason)
+	} else if reason != "" {
+		v.warn(reason, reason) // healthy, and said so: waiting for checkpoint.dir to be created
+	}
+	v.Healthy = len(v.Reasons) == 0
+	return v
+}
+
+// shortStoreError is the S3 error code, or the classified reason, of err: a word or two.
+func shortStoreError(err error) string {
+	if code := storeErrorCode(err); code != "" {
+		return code
+	}
+	return StoreErrorReason(err)
+}
+
+// checkpointHealth says whether the checkpoint watch is as it should be (see
+// checkpointWatch.health): false with the reason while the watcher keeps failing; true with a
+// reason while it waits for a checkpoint.dir not created yet; true, "" otherwise, and when no
+// store is configured.
+func (a *Agent) checkpointHealth() (ok bool, reason string) {
+	if a.ckptWatcher == nil {
+		return true, ""
+	}
+	return a.ckptWatcher.health()
+}
+
+// withHealth puts the trouble, if any, in front of the STATUS line: "UNHEALTHY: store
+// s3://b/p: list failed: NoSuchBucket; watching; ...", or "IMDS rebalance failing for 1m0s;
+// watching; ..." for a warning alone.
+func (a *Agent) withHealth(line string) string {
+	v := a.health(time.Now())
+	if len(v.short) == 0 {
+		return line
+	}
+	trouble := strings.Join(v.short, "; ")
+	if !v.Healthy {
+		trouble = "UNHEALTHY: " + trouble
+	}
+	return trouble + "; " + line
+}
+
+// storeHealth is the agent's view of the store: the probe, and the failures the uploader reports.
+type storeHealth struct {
+	url, job string
+	prober   *storeProber
+	limiter  *logLimiter
+	log      zerolog.Logger
+
+	mu sync.Mutex
+	// uploadErrors counts failed uploads and commits by reason.
+	uploadErrors map[string]uint64
+	// lastUploadError is the newest of them; nil if none.
+	lastUploadError *uploadErrorStatus
+	// failures counts the failures of each checkpoint not committed since.
+	failures map[string]int
+}
+
+// uploadErrorStatus is a failed upload or commit, for /status.
+type uploadErrorStatus struct {
+	At         time.Time `json:"at"`
+	Kind       string    `json:"kind"` // "upload" (a file) or "commit"
+	Checkpoint string    `json:"checkpoint"`
+	Reason     string    `json:"reason"`
+	Error      string    `json:"error"`
+}
+
+// initHealth sets up the store probe (when a store is configured) and the health metrics. The
+// probe opens a store of its own, so it never waits behind the uploader's transfers.
+func (a *Agent) initHealth(cfg *Config, deps Deps) error {
+	a.metrics.health.verdict = a.health
+	if cfg.Store.URL == "" || deps.OpenStore == nil {
+		return nil
+	}
+	store, err := deps.OpenStore(cfg.Store.URL, checkpoint.S3Options{PartSize: cfg.Store.PartSize, Concurrency: cfg.Store.Concurrency})
+	if err != nil {
+		return fmt.Errorf("store.url: %w", err)
+	}
+	hostname, _ := os.Hostname()
+	host := func() string {
+		a.mu.Lock()
+		defer a.mu.Unlock()
+		if a.identity.InstanceID != "" {
+			return a.identity.InstanceID
+		}
+		return hostname
+	}
+	s := &storeHealth{
+		url: store.URL(), job: cfg.Store.Job,
+		prober:       newStoreProber(store, cfg.Store.Job, host, deps.Logger),
+		limiter:      newLogLimiter(time.Minute),
+		log:          deps.Logger.With().Str("component", "store").Logger(),
+		uploadErrors: map[string]uint64{},
+		failures:     map[string]int{},
+	}
+	s.prober.onProbe = func(p StoreProbe) {
+		if !p.OK() {
+			a.metrics.storeProbeFailures.Inc()
+		}
+	}
+	a.store = s
+	a.metrics.health.store = s.prober.state
+	return nil
+}
+
+// runStoreProbe probes the store until ctx is done (at once when no store is configured). It
+// returns nil: store trouble never stops the agent.
+func (a *Agent) runStoreProbe(ctx context.Context) error {
+	if a.store == nil {
+		return nil
+	}
+	return a.store.prober.Run(ctx)
+}
+
+// noteUploadHealth counts the uploader's failures by reason, logs a run of identical ones once a
+// minute with a count, and has the store probed soon after a failure (and after a commit while
+// the probe is failing, so a store that works again turns healthy soon).
+func (a *Agent) noteUploadHealth(ev checkpoint.UploadEvent) {
+	s := a.store
+	if s == nil {
+		return
+	}
+	switch ev.Kind {
+	case checkpoint.UploadFailed, checkpoint.CheckpointFailed:
+		if ev.Err == nil || errors.Is(ev.Err, context.Canceled) {
+			return
+		}
+		kind := "upload"
+		if ev.Kind == checkpoint.CheckpointFailed {
+			kind = "commit"
+		}
+		reason := StoreErrorReason(ev.Err)
+		a.metrics.uploadErrors.WithLabelValues(reason).Inc()
+		at := ev.At
+		if at.IsZero() {
+			at = time.Now()
+		}
+		s.mu.Lock()
+		s.uploadErrors[reason]++
+		s.lastUploadError = &uploadErrorStatus{At: at, Kind: kind, Checkpoint: ev.Checkpoint, Reason: reason, Error: ev.Err.Error()}
+		s.failures[ev.Checkpoint]++
+		n := s.failures[ev.Checkpoint]
+		s.mu.Unlock()
+		if ok, held := s.limiter.allow(ev.Checkpoint+"|"+kind+"|"+reason+"|"+storeErrorCode(ev.Err), time.Now()); ok {
+			s.log.Warn().Str("store", s.url).Str("checkpoint", ev.Checkpoint).Str("failed", kind).Str("reason", reason).
+				Err(ev.Err).Int("failures", n).Int("repeats_not_logged", held).Str("fix", StoreFix(reason, s.url, ev.Err)).
+				Msg("checkpoint upload failing; retrying")
+		}
+		s.prober.Kick()
+	case checkpoint.CheckpointCommitted:
+		held := s.limiter.forget(ev.Checkpoint + "|")
+		s.mu.Lock()
+		n := s.failures[ev.Checkpoint]
+		delete(s.failures, ev.Checkpoint)
+		s.mu.Unlock()
+		if n > 0 {
+			s.log.Info().Str("checkpoint", ev.Checkpoint).Int("failures", n).Int("repeats_not_logged", held).
+				Msg("checkpoint committed after upload failures")
+		}
+		if ps := s.prober.state(); ps.Probes > 0 && !ps.Last.OK() {
+			s.prober.Kick()
+		}
+	}
+}
+
+// storeStatus is the "store" section of /status.
+type storeStatus struct {
+	URL string `json:"url"`
+	Job string `json:"job"`
+	// OK is true when the last probe passed; false before the first one ends (LastProbe null).
+	OK           bool       `json:"ok"`
+	LastProbe    *time.Time `json:"last_probe"`
+	LastOK       *time.Time `json:"last_ok"`
+	FailingSince *time.Time `json:"failing_since"`
+	// FailedStep, Reason, Error and Fix describe the last probe when it failed.
+	FailedStep    string `json:"failed_step,omitempty"`
+	Reason        string `json:"reason,omitempty"`
+	Error         string `json:"error,omitempty"`
+	Fix           string `json:"fix,omitempty"`
+	Probes        uint64 `json:"probes"`
+	ProbeFailures uint64 `json:"probe_failures"`
+	// UploadErrors counts the uploader's failed uploads and commits by reason.
+	UploadErrors    map[string]uint64  `json:"upload_errors"`
+	LastUploadError *uploadErrorStatus `json:"last_upload_error,omitempty"`
+}
+
+// storeStatus is nil without a store.
+func (a *Agent) storeStatus() *storeStatus {
+	s := a.store
+	if s == nil {
+		return nil
+	}
+	ps := s.prober.state()
+	out := &storeStatus{
+		URL: s.url, Job: s.job, Probes: ps.Probes, ProbeFailures: ps.Failures,
+		LastOK: timePtr(ps.LastOK), FailingSince: timePtr(ps.FailingSince), UploadErrors: map[string]uint64{},
+	}
+	if ps.Probes > 0 {
+		out.LastProbe = timePtr(ps.Last.At)
+		out.OK = ps.Last.OK()
+		if !out.OK {
+			out.FailedStep, out.Reason, out.Error = ps.Last.Step, ps.Last.Reason, ps.Last.Err.Error()
+			out.Fix = StoreFix(ps.Last.Reason, ps.Last.URL, ps.Last.Err)
+		}
+	}
+	s.mu.Lock()
+	maps.Copy(out.UploadErrors, s.uploadErrors)
+	if e := s.lastUploadError; e != nil {
+		cp := *e
+		out.LastUploadError = &cp
+	}
+	s.mu.Unlock()
+	return out
+}

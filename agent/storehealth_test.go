@@ -1,0 +1,205 @@
+package agent
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/spotguard/spotguard/checkpoint"
+)
+
+// newStoreAgent builds (does not run) an agent whose store is s, logging into logs.
+func newStoreAgent(t *testing.T, s checkpoint.Store, logs *syncBuffer) *Agent {
+	t.Helper()
+	cfg := mustLoad(t, LoadOptions{Environ: []string{"SPOTGUARD_HTTP_LISTEN=", "SPOTGUARD_TRAINER_MATCH=no-such-trainer",
+		"SPOTGUARD_AGENT_RUNTIME_DIR=" + t.TempDir(), "SPOTGUARD_CHECKPOINT_DIR=" + t.TempDir(),
+		"SPOTGUARD_STORE_URL=s3://nosuchbucket/x", "SPOTGUARD_STORE_JOB=job1", "SPOTGUARD_METRICS_CLOUDWATCH=false"}})
+	a, err := New(cfg, Deps{Logger: zerolog.New(logs), IMDS: newFakeIMDS(),
+		OpenStore: func(string, checkpoint.S3Options) (checkpoint.Store, error) { return s, nil }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return a
+}
+
+// get serves one request of the agent's handler.
+func get(a *Agent, path string) (int, string) {
+	rec := httptest.NewRecorder()
+	a.Handler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, path, nil))
+	return rec.Code, rec.Body.String()
+}
+
+// A bucket that does not exist: /healthz 503 naming the store and the error, the same in
+// /status, the metrics and the STATUS line.
+func TestStoreProbeFailureIsUnhealthy(t *testing.T) {
+	s := newFaultyStore(t)
+	s.url = "s3://nosuchbucket/x"
+	a := newStoreAgent(t, s, &syncBuffer{})
+	if code, body := get(a, "/healthz"); code != http.StatusOK {
+		t.Errorf("/healthz before the first probe = %d %s; want 200 (not known yet)", code, body)
+	}
+	s.set(ProbeList, s3Err(404, "NoSuchBucket", "The specified bucket does not exist"))
+	if _, done := a.store.prober.Check(t.Context()); !done {
+		t.Fatal("probe not done")
+	}
+
+	code, body := get(a, "/healthz")
+	var v healthVerdict
+	if err := json.Unmarshal([]byte(body), &v); err != nil {
+		t.Fatalf("/healthz body %q: %v", body, err)
+	}
+	if code != http.StatusServiceUnavailable || v.Healthy || len(v.Reasons) != 1 {
+		t.Fatalf("/healthz = %d %s; want 503 with one reason", code, body)
+	}
+	for _, want := range []string{"s3://nosuchbucket/x", "job1", "list", "NoSuchBucket", "create it"} {
+		if !strings.Contains(v.Reasons[0], want) {
+			t.Errorf("/healthz reason %q lacks %q", v.Reasons[0], want)
+		}
+	}
+
+	st := a.Status()
+	if st.Store == nil || st.Store.OK || st.Store.LastProbe == nil || st.Store.FailedStep != ProbeList ||
+		st.Store.Reason != StoreNotFound || !strings.Contains(st.Store.Error, "NoSuchBucket") || st.Store.URL != "s3://nosuchbucket/x" {
+		t.Errorf("/status store = %+v; want the failed list with not_found", st.Store)
+	}
+	if st.Health.Healthy || len(st.Health.Reasons) != 1 {
+		t.Errorf("/status health = %+v; want unhealthy", st.Health)
+	}
+	metrics := scrape(t, a)
+	for _, want := range []string{"spotguard_store_up 0", "spotguard_store_probe_failures_total 1", "spotguard_healthy 0",
+		`spotguard_checkpoint_upload_errors_total{reason="denied"} 0`} {
+		if !strings.Contains(metrics, want) {
+			t.Errorf("/metrics lacks %q", want)
+		}
+	}
+	if line := a.statusLine(t.Context()); !strings.HasPrefix(line, "UNHEALTHY: store s3://nosuchbucket/x: list failed: NoSuchBucket; watching") {
+		t.Errorf("STATUS line = %q; want the store trouble first", line)
+	}
+
+	s.set(ProbeList, nil)
+	a.store.prober.Check(t.Context())
+	if code, body := get(a, "/healthz"); code != http.StatusOK {
+		t.Errorf("/healthz after the store works again = %d %s; want 200", code, body)
+	}
+	if metrics := scrape(t, a); !strings.Contains(metrics, "spotguard_store_up 1") || !strings.Contains(metrics, "spotguard_healthy 1") {
+		t.Errorf("/metrics after recovery lacks spotguard_store_up 1 / spotguard_healthy 1")
+	}
+}
+
+// Upload failures are counted by reason, a run of identical ones is logged once a minute with a
+// count, and a failure asks for a store probe.
+func TestUploadErrorsCountedAndLoggedOnce(t *testing.T) {
+	logs := &syncBuffer{}
+	a := newStoreAgent(t, newFaultyStore(t), logs)
+	for range 300 {
+		a.noteUploadHealth(checkpoint.UploadEvent{Kind: checkpoint.UploadFailed, Checkpoint: "step-1", At: time.Now(),
+			Err: s3Err(503, "SlowDown", "Please reduce your request rate")})
+	}
+	a.noteUploadHealth(checkpoint.UploadEvent{Kind: checkpoint.CheckpointFailed, Checkpoint: "step-1", At: time.Now(),
+		Err: s3Err(403, "AccessDenied", "Access Denied")})
+	a.noteUploadHealth(checkpoint.UploadEvent{Kind: checkpoint.UploadFailed, Checkpoint: "step-1", Err: context.Canceled})
+
+	metrics := scrape(t, a)
+	for _, want := range []string{`spotguard_checkpoint_upload_errors_total{reason="throttled"} 300`,
+		`spotguard_checkpoint_upload_errors_total{reason="denied"} 1`, `spotguard_checkpoint_upload_errors_total{reason="network"} 0`} {
+		if !strings.Contains(metrics, want) {
+			t.Errorf("/metrics lacks %q", want)
+		}
+	}
+	if n := strings.Count(logs.String(), `"message":"checkpoint upload failing; retrying"`); n != 2 {
+		t.Errorf("failure log lines = %d; want 2 (one per kind of failure)\n%s", n, logs.String())
+	}
+	select {
+	case <-a.store.prober.kick:
+	default:
+		t.Errorf("no store probe asked for after upload failures")
+	}
+	st := a.Status().Store
+	if st.UploadErrors[StoreThrottled] != 300 || st.UploadErrors[StoreDenied] != 1 || st.LastUploadError == nil ||
+		st.LastUploadError.Kind != "commit" || st.LastUploadError.Reason != StoreDenied {
+		t.Errorf("/status store = %+v; want the errors by reason and the last one", st)
+	}
+
+	a.noteUploadHealth(checkpoint.UploadEvent{Kind: checkpoint.CheckpointCommitted, Checkpoint: "step-1", At: time.Now()})
+	var rec map[string]any
+	for _, l := range strings.Split(logs.String(), "\n") {
+		if strings.Contains(l, "checkpoint committed after upload failures") {
+			json.Unmarshal([]byte(l), &rec)
+		}
+	}
+	if rec == nil || rec["failures"] != 301.0 || rec["repeats_not_logged"] != 299.0 {
+		t.Errorf("recovery log = %v; want failures 301, repeats_not_logged 299", rec)
+	}
+}
+
+// spotDownIMDS fails every read of the spot source; the other sources answer 404 (no notice).
+type spotDownIMDS struct{ down string }
+
+func (g spotDownIMDS) Get(ctx context.Context, path string) ([]byte, bool, error) {
+	if path == g.down {
+		return nil, false, errors.New("imds: 500 Internal Server Error")
+	}
+	return nil, false, nil
+}
+
+// The spot source failing makes the agent unhealthy although every other source answers; another
+// source failing is a warning. Either is named in the STATUS line.
+func TestHealthzPerIMDSSource(t *testing.T) {
+	for _, tc := range []struct {
+		name, down  string
+		wantCode    int
+		wantInLine  string
+		wantUnsound string // the source /status must show unhealthy
+	}{
+		{"spot", "spot/instance-action", http.StatusServiceUnavailable, "UNHEALTHY: IMDS spot failing for 31s; watching", "spot"},
+		{"rebalance", "events/recommendations/rebalance", http.StatusOK, "IMDS rebalance failing for 31s; watching", "rebalance"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				cfg := mustLoad(t, LoadOptions{Environ: []string{"SPOTGUARD_HTTP_LISTEN=", "SPOTGUARD_TRAINER_MATCH=no-such-trainer",
+					"SPOTGUARD_AGENT_RUNTIME_DIR=" + t.TempDir()}})
+				a, err := New(cfg, Deps{Logger: zerolog.Nop(), IMDS: spotDownIMDS{down: tc.down}})
+				if err != nil {
+					t.Fatal(err)
+				}
+				ctx, cancel := context.WithCancel(t.Context())
+				done := make(chan error)
+				go func() { done <- a.Run(ctx) }()
+
+				passFakeTime(29 * time.Second)
+				if code, body := get(a, "/healthz"); code != http.StatusOK {
+					t.Errorf("/healthz after 29 s = %d %s; want 200", code, body)
+				}
+				passFakeTime(2 * time.Second)
+				code, body := get(a, "/healthz")
+				if code != tc.wantCode || !strings.Contains(body, "IMDS "+tc.name) || !strings.Contains(body, "500 Internal Server Error") {
+					t.Errorf("/healthz after 31 s = %d %s; want %d naming IMDS %s and its error", code, body, tc.wantCode, tc.name)
+				}
+				st := a.Status()
+				for src, s := range st.IMDS.Sources {
+					if want := string(src) != tc.wantUnsound; s.Healthy != want {
+						t.Errorf("/status imds.sources.%s.healthy = %v; want %v", src, s.Healthy, want)
+					}
+				}
+				if !strings.Contains(scrape(t, a), `spotguard_imds_source_up{source="`+tc.wantUnsound+`"} 0`) {
+					t.Errorf("/metrics lacks spotguard_imds_source_up 0 for %s", tc.wantUnsound)
+				}
+				if line := a.statusLine(ctx); !strings.HasPrefix(line, tc.wantInLine) {
+					t.Errorf("STATUS line = %q; want it to start with %q", line, tc.wantInLine)
+				}
+				cancel()
+				if err := <-done; err != nil {
+					t.Errorf("Run() = %v; want nil", err)
+				}
+			})
+		})
+	}
+}

@@ -1,0 +1,338 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"net"
+	"net/http"
+	"os"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	awshttp "github.com/aws/aws-sdk-go-v2/aws/transport/http"
+	"github.com/aws/smithy-go"
+	smithyhttp "github.com/aws/smithy-go/transport/http"
+	"github.com/rs/zerolog"
+
+	"github.com/spotguard/spotguard/checkpoint"
+)
+
+// s3Err is an error as the S3 client returns it: an API error code inside an HTTP response error.
+func s3Err(status int, code, msg string) error {
+	return fmt.Errorf("operation error S3: ListObjectsV2: %w", &awshttp.ResponseError{
+		ResponseError: &smithyhttp.ResponseError{
+			Response: &smithyhttp.Response{Response: &http.Response{StatusCode: status}},
+			Err:      &smithy.GenericAPIError{Code: code, Message: msg},
+		},
+		RequestID: "REQ123",
+	})
+}
+
+// httpErr is a response error without an API error code.
+func httpErr(status int) error {
+	return &awshttp.ResponseError{ResponseError: &smithyhttp.ResponseError{
+		Response: &smithyhttp.Response{Response: &http.Response{StatusCode: status}}, Err: errors.New("http error"),
+	}}
+}
+
+func TestStoreErrorReason(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		err  error
+		want string
+	}{
+		{"nil", nil, ""},
+		{"NoSuchBucket", s3Err(404, "NoSuchBucket", "The specified bucket does not exist"), StoreNotFound},
+		{"AccessDenied", s3Err(403, "AccessDenied", "Access Denied"), StoreDenied},
+		{"InvalidAccessKeyId", s3Err(403, "InvalidAccessKeyId", "no such key id"), StoreDenied},
+		{"ExpiredToken", s3Err(400, "ExpiredToken", "expired"), StoreDenied},
+		{"SlowDown", s3Err(503, "SlowDown", "Please reduce your request rate"), StoreThrottled},
+		{"503 without code", httpErr(503), StoreThrottled},
+		{"429", httpErr(429), StoreThrottled},
+		{"403 without code", httpErr(403), StoreDenied},
+		{"InternalError", s3Err(500, "InternalError", "We encountered an internal error"), StoreNetwork},
+		{"502", httpErr(502), StoreNetwork},
+		{"PreconditionFailed", s3Err(412, "PreconditionFailed", "At least one of the pre-conditions you specified did not hold"), StoreChanged},
+		{"ErrPrecondition", fmt.Errorf("write LATEST: %w", checkpoint.ErrPrecondition), StoreChanged},
+		{"ErrExists", fmt.Errorf("write manifest: %w", checkpoint.ErrExists), StoreChanged},
+		{"file changed while sending", errors.New("send a/b: file changed while it was being read"), StoreChanged},
+		{"ErrNotFound", fmt.Errorf("get x: %w", checkpoint.ErrNotFound), StoreNotFound},
+		{"connection refused", &net.OpError{Op: "dial", Net: "tcp", Err: os.NewSyscallError("connect", syscall.ECONNREFUSED)}, StoreNetwork},
+		{"DNS", fmt.Errorf("send: %w", &net.DNSError{Err: "no such host", Name: "s3.example"}), StoreNetwork},
+		{"deadline", fmt.Errorf("put: %w", context.DeadlineExceeded), StoreNetwork},
+		{"reset", fmt.Errorf("read: %w", syscall.ECONNRESET), StoreNetwork},
+		{"no credentials", errors.New("operation error S3: PutObject, get identity: get credentials: failed to refresh cached credentials, no EC2 IMDS role found"), StoreDenied},
+		{"file store permission", &fs.PathError{Op: "open", Path: "/store/x", Err: fs.ErrPermission}, StoreDenied},
+		{"wrong region", s3Err(301, "PermanentRedirect", "The bucket you are attempting to access must be addressed using the specified endpoint"), StoreOther},
+		{"disk full", &fs.PathError{Op: "write", Path: "/store/x", Err: syscall.ENOSPC}, StoreOther},
+		{"anything else", errors.New("something odd"), StoreOther},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := StoreErrorReason(tc.err); got != tc.want {
+				t.Errorf("StoreErrorReason(%v) = %q; want %q", tc.err, got, tc.want)
+			}
+		})
+	}
+}
+
+func TestStoreErrorSummaryAndFix(t *testing.T) {
+	err := s3Err(404, "NoSuchBucket", "The specified bucket does not exist")
+	if got, want := StoreErrorSummary(err), "NoSuchBucket: The specified bucket does not exist (HTTP 404)"; got != want {
+		t.Errorf("StoreErrorSummary = %q; want %q", got, want)
+	}
+	for _, tc := range []struct {
+		reason, url string
+		err         error
+		want        string
+	}{
+		{StoreNotFound, "s3://nosuchbucket/x", err, "the bucket nosuchbucket does not exist"},
+		{StoreDenied, "s3://b/runs", s3Err(403, "AccessDenied", "Access Denied"), "arn:aws:s3:::b/runs/*"},
+		{StoreDenied, "s3://b/runs", errors.New("get credentials: failed to refresh cached credentials"), "no AWS credentials"},
+		{StoreOther, "s3://b", s3Err(301, "PermanentRedirect", "elsewhere"), "AWS_REGION"},
+		{StoreNetwork, "s3://b", errors.New("dial tcp: connection refused"), "AWS_ENDPOINT_URL_S3"},
+		{StoreThrottled, "s3://b", nil, "store.concurrency"},
+		{StoreChanged, "s3://b", nil, "store.job"},
+		{StoreDenied, "file:///mnt/ckpt", nil, "cannot write /mnt/ckpt"},
+	} {
+		if got := StoreFix(tc.reason, tc.url, tc.err); !strings.Contains(got, tc.want) {
+			t.Errorf("StoreFix(%q, %q, %v) = %q; want it to contain %q", tc.reason, tc.url, tc.err, got, tc.want)
+		}
+	}
+}
+
+// faultyStore is a real file store whose small-object operations fail with err at the steps
+// named in fail ("list", "write", "read", "delete"); it counts the probes that reach its list.
+type faultyStore struct {
+	checkpoint.Store
+	url   string // what URL says, if not empty
+	mu    sync.Mutex
+	fail  map[string]error
+	lists int
+}
+
+func newFaultyStore(t *testing.T) *faultyStore {
+	fsStore, err := checkpoint.NewFileStore(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &faultyStore{Store: fsStore, fail: map[string]error{}}
+}
+
+func (s *faultyStore) URL() string {
+	if s.url != "" {
+		return s.url
+	}
+	return s.Store.URL()
+}
+
+func (s *faultyStore) set(step string, err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err == nil {
+		delete(s.fail, step)
+	} else {
+		s.fail[step] = err
+	}
+}
+
+func (s *faultyStore) err(step string) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if step == ProbeList {
+		s.lists++
+	}
+	return s.fail[step]
+}
+
+func (s *faultyStore) listCount() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.lists
+}
+
+func (s *faultyStore) ListDir(ctx context.Context, prefix string) ([]string, []checkpoint.ObjectInfo, error) {
+	if err := s.err(ProbeList); err != nil {
+		return nil, nil, err
+	}
+	return s.Store.ListDir(ctx, prefix)
+}
+
+func (s *faultyStore) PutBytes(ctx context.Context, key string, data []byte, cond checkpoint.Cond) (string, error) {
+	if err := s.err(ProbeWrite); err != nil {
+		return "", err
+	}
+	return s.Store.PutBytes(ctx, key, data, cond)
+}
+
+func (s *faultyStore) GetBytes(ctx context.Context, key string) ([]byte, string, error) {
+	if err := s.err(ProbeRead); err != nil {
+		return nil, "", err
+	}
+	return s.Store.GetBytes(ctx, key)
+}
+
+func (s *faultyStore) Delete(ctx context.Context, keys ...string) error {
+	if err := s.err(ProbeDelete); err != nil {
+		return err
+	}
+	return s.Store.Delete(ctx, keys...)
+}
+
+func TestProbeStore(t *testing.T) {
+	ctx := t.Context()
+	t.Run("passes and leaves nothing", func(t *testing.T) {
+		s := newFaultyStore(t)
+		p := ProbeStore(ctx, s, "job1", "i-0abc/host")
+		if !p.OK() || p.Problem() != "" {
+			t.Fatalf("ProbeStore = %+v; want OK", p)
+		}
+		if !strings.HasPrefix(p.Key, "job1/_spotguard/probe-i-0abc-host-") {
+			t.Errorf("probe key %q; want job1/_spotguard/probe-<host>-<random>", p.Key)
+		}
+		if objs, err := s.List(ctx, "job1/"); err != nil || len(objs) != 0 {
+			t.Errorf("after the probe the job holds %v (%v); want nothing", objs, err)
+		}
+		// The probe is not a checkpoint: the job has none.
+		if cs, problems, err := checkpoint.ListCommitted(ctx, s, "job1"); err != nil || len(cs)+len(problems) != 0 {
+			t.Errorf("ListCommitted after a probe = %v, %v, %v; want nothing", cs, problems, err)
+		}
+	})
+	t.Run("deletes its own stale probes only", func(t *testing.T) {
+		s := newFaultyStore(t)
+		for _, k := range []string{"job1/_spotguard/probe-h1-old", "job1/_spotguard/probe-h2-old"} {
+			if _, err := s.PutBytes(ctx, k, []byte("{}"), checkpoint.Cond{}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		// Both are an hour old; only h1's is this host's.
+		old := time.Now().Add(-time.Hour)
+		os.Chtimes(s.pathOf(t, "job1/_spotguard/probe-h1-old"), old, old)
+		os.Chtimes(s.pathOf(t, "job1/_spotguard/probe-h2-old"), old, old)
+		if p := ProbeStore(ctx, s, "job1", "h1"); !p.OK() {
+			t.Fatalf("ProbeStore = %+v", p)
+		}
+		objs, _ := s.List(ctx, "job1/")
+		if len(objs) != 1 || objs[0].Key != "job1/_spotguard/probe-h2-old" {
+			t.Errorf("after the probe: %v; want only the other host's probe", objs)
+		}
+	})
+	for _, step := range []string{ProbeList, ProbeWrite, ProbeRead, ProbeDelete} {
+		t.Run("fails at "+step, func(t *testing.T) {
+			s := newFaultyStore(t)
+			s.set(step, s3Err(403, "AccessDenied", "Access Denied"))
+			p := ProbeStore(ctx, s, "job1", "h")
+			if p.OK() || p.Step != step || p.Reason != StoreDenied {
+				t.Fatalf("ProbeStore = step %q reason %q err %v; want step %q reason denied", p.Step, p.Reason, p.Err, step)
+			}
+			if !strings.Contains(p.Problem(), "AccessDenied") || !strings.Contains(p.Problem(), "job job1") {
+				t.Errorf("Problem() = %q; want the store, the job and the error code", p.Problem())
+			}
+			if step == ProbeRead { // the object written is removed all the same
+				if objs, _ := s.List(ctx, "job1/"); len(objs) != 0 {
+					t.Errorf("a failed read left %v", objs)
+				}
+			}
+		})
+	}
+}
+
+// pathOf is where the file store keeps key.
+func (s *faultyStore) pathOf(t *testing.T, key string) string {
+	t.Helper()
+	return strings.TrimPrefix(s.Store.URL(), "file://") + "/" + key
+}
+
+// passFakeTime lets d pass on the bubble's fake clock and waits until every goroutine of the
+// bubble is blocked again. Only inside synctest.Test.
+func passFakeTime(d time.Duration) {
+	<-time.After(d)
+	synctest.Wait()
+}
+
+// The probe runs at start, every 5 minutes (± 10 %) while the store works, every 30 s while it
+// fails, and soon after a kick, but never more than once per 10 s however many kicks come.
+func TestStoreProbeSchedule(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := newFaultyStore(t)
+		p := newStoreProber(s, "job1", func() string { return "h" }, zerolog.Nop())
+		var results []StoreProbe
+		var mu sync.Mutex
+		p.onProbe = func(r StoreProbe) { mu.Lock(); results = append(results, r); mu.Unlock() }
+		ctx, cancel := context.WithCancel(t.Context())
+		done := make(chan error)
+		go func() { done <- p.Run(ctx) }()
+
+		synctest.Wait()
+		if n := s.listCount(); n != 1 {
+			t.Fatalf("probes at start = %d; want 1", n)
+		}
+		// A burst of failures right after that probe: one probe, 10 s after it.
+		for range 100 {
+			p.Kick()
+		}
+		passFakeTime(9 * time.Second)
+		if n := s.listCount(); n != 1 {
+			t.Errorf("probes 9 s after the start and 100 kicks = %d; want still 1 (10 s apart at least)", n)
+		}
+		passFakeTime(2 * time.Second)
+		if n := s.listCount(); n != 2 {
+			t.Errorf("probes 11 s after the start and 100 kicks = %d; want 2", n)
+		}
+
+		s.set(ProbeWrite, s3Err(404, "NoSuchBucket", "The specified bucket does not exist"))
+		p.Kick() // 1 s after the last probe: the next comes 10 s after that one
+		last := p.state().Last.At
+		passFakeTime(time.Until(last.Add(9 * time.Second)))
+		if n := s.listCount(); n != 2 {
+			t.Errorf("probes 9 s after the last one = %d; want still 2", n)
+		}
+		passFakeTime(2 * time.Second)
+		if n := s.listCount(); n != 3 {
+			t.Errorf("probes 11 s after the last one and a kick = %d; want 3", n)
+		}
+		st := p.state()
+		if st.Last.OK() || st.Last.Step != ProbeWrite || st.Last.Reason != StoreNotFound || st.Failures != 1 || st.FailingSince.IsZero() {
+			t.Errorf("state after a failed probe = %+v; want failing at write with not_found", st)
+		}
+
+		// While failing: every 30 s ± 10 %, so a fixed store is seen soon.
+		passFakeTime(time.Until(st.Last.At.Add(26 * time.Second)))
+		if n := s.listCount(); n != 3 {
+			t.Errorf("probes 26 s after the failure = %d; want 3", n)
+		}
+		s.set(ProbeWrite, nil)
+		passFakeTime(8 * time.Second)
+		if n := s.listCount(); n != 4 {
+			t.Errorf("probes 34 s after the failure = %d; want 4", n)
+		}
+		st = p.state()
+		if !st.Last.OK() || !st.FailingSince.IsZero() || st.LastOK.IsZero() || st.Probes != 4 {
+			t.Errorf("state after recovery = %+v; want OK", st)
+		}
+
+		// While it works: every 5 minutes ± 10 %.
+		passFakeTime(time.Until(st.Last.At.Add(4*time.Minute + 29*time.Second)))
+		if n := s.listCount(); n != 4 {
+			t.Errorf("probes 4.5 min after the last one = %d; want 4 (every 5 min ± 10 %%)", n)
+		}
+		passFakeTime(62 * time.Second)
+		if n := s.listCount(); n != 5 {
+			t.Errorf("probes 5.5 min after the last one = %d; want 5", n)
+		}
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run() = %v; want nil", err)
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if len(results) != 5 {
+			t.Errorf("onProbe called %d times; want 5", len(results))
+		}
+	})
+}

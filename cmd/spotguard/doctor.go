@@ -1,0 +1,405 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	awsconfig "github.com/aws/aws-sdk-go-v2/config"
+	"github.com/rs/zerolog"
+
+	"github.com/spotguard/spotguard/agent"
+	"github.com/spotguard/spotguard/agent/imds"
+	"github.com/spotguard/spotguard/agent/trainer"
+	"github.com/spotguard/spotguard/checkpoint"
+	"github.com/spotguard/spotguard/nvml"
+)
+
+// The verdicts of one doctor check.
+const (
+	doctorPass = "PASS"
+	doctorWarn = "WARN" // the agent runs, but something is off or cannot be checked
+	doctorFail = "FAIL" // the agent would not do its job: a notice's checkpoint would be lost
+)
+
+// Bounds of the doctor's checks.
+const (
+	doctorIMDSTimeout  = 5 * time.Second
+	doctorStoreTimeout = 20 * time.Second
+	doctorAWSTimeout   = 5 * time.Second
+)
+
+// doctorCheck is one line of `spotguard doctor`.
+type doctorCheck struct {
+	Name   string `json:"name"`
+	Status string `json:"status"`
+	// Detail says what was checked and found; a config check may hold several lines.
+	Detail string `json:"detail"`
+	// Fix says what to do; empty on PASS.
+	Fix string `json:"fix,omitempty"`
+}
+
+// doctorReport is `spotguard doctor --json`.
+type doctorReport struct {
+	Config string        `json:"config"`
+	Pass   bool          `json:"pass"` // no FAIL
+	Failed int           `json:"failed"`
+	Warned int           `json:"warned"`
+	Checks []doctorCheck `json:"checks"`
+}
+
+func (r *doctorReport) add(name, status, detail, fix string) {
+	r.Checks = append(r.Checks, doctorCheck{Name: name, Status: status, Detail: detail, Fix: fix})
+	switch status {
+	case doctorFail:
+		r.Failed++
+	case doctorWarn:
+		r.Warned++
+	}
+}
+
+// doctorDeps are the doctor's connections to the world: the same as `spotguard run` uses, passed
+// in so tests can supply their own.
+type doctorDeps struct {
+	loadAWS   func(ctx context.Context) (aws.Config, error)
+	newIMDS   func(cfg aws.Config, endpoint string) imds.Getter
+	openStore func(ctx context.Context, url string, opts checkpoint.S3Options) (checkpoint.Store, error)
+	openGPUs  gpuOpener
+	// procRoot and cgroupRoot are "" for /proc and /sys/fs/cgroup.
+	procRoot, cgroupRoot string
+}
+
+func defaultDoctorDeps() doctorDeps {
+	return doctorDeps{
+		loadAWS: func(ctx context.Context) (aws.Config, error) { return awsconfig.LoadDefaultConfig(ctx) },
+		newIMDS: func(cfg aws.Config, endpoint string) imds.Getter {
+			return imds.NewClient(cfg, endpoint)
+		},
+		openStore: openStore,
+		openGPUs:  openNVML,
+	}
+}
+
+func runDoctor(ctx context.Context, args, environ []string, stdout, stderr io.Writer, deps doctorDeps) int {
+	fs, cf := newFlagSet("doctor", "Run every check the agent depends on once, with the agent's own code: IMDS (each notice source), the store\n(list, write, read and delete of a probe object under <job>/_spotguard/), trainer discovery (found, catches the signal),\ncheckpoint.dir, NVML and CloudWatch. Prints PASS, WARN or FAIL per check with the fix; exit 1 on any FAIL.", stderr)
+	jsonOut := fs.Bool("json", false, "print the report as JSON")
+	if code, ok := parseFlags(fs, args); !ok {
+		return code
+	}
+	rep := doctor(ctx, cf, environ, deps, stderr)
+	if *jsonOut {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		enc.Encode(rep)
+	} else {
+		printDoctor(stdout, rep)
+	}
+	if !rep.Pass {
+		return exitFail
+	}
+	return exitOK
+}
+
+// doctor runs every check and returns the report.
+func doctor(ctx context.Context, cf *configFlags, environ []string, deps doctorDeps, stderr io.Writer) (rep doctorReport) {
+	rep = doctorReport{Config: cf.path, Checks: []doctorCheck{}}
+	defer func() { rep.Pass = rep.Failed == 0 }()
+	path := cf.path
+	if _, err := os.Stat(path); err != nil && path == agent.DefaultConfigPath {
+		rep.Config = "(none: defaults; " + path + " does not exist)"
+	}
+	cfg, err := cf.load(environ)
+	if err != nil {
+		rep.add("config", doctorFail, err.Error(), "fix the file (spotguard config shows every problem)")
+		return rep
+	}
+	if err := cfg.Validate(); err != nil {
+		problems := strings.Split(err.Error(), "\n")
+		rep.add("config", doctorFail, fmt.Sprintf("%d problem(s): the agent would not start:\n%s", len(problems), strings.Join(problems, "\n")),
+			"fix each problem (spotguard config shows where each value came from)")
+	} else {
+		rep.add("config", doctorPass, "valid", "")
+	}
+	awsCfg, awsErr := deps.loadAWS(ctx)
+	if awsErr != nil {
+		rep.add("aws", doctorFail, "cannot load the AWS configuration: "+awsErr.Error(),
+			"fix AWS_PROFILE, AWS_CONFIG_FILE or ~/.aws/config (the SDK's own settings)")
+	}
+	env := envMap(environ)
+	instance := doctorIMDS(ctx, &rep, cfg, deps.newIMDS(awsCfg, cfg.IMDS.Endpoint), env)
+	doctorStore(ctx, &rep, cfg, deps, instance)
+	doctorTrainer(&rep, cfg, deps)
+	doctorCheckpointDir(&rep, cfg)
+	doctorNVML(&rep, deps, stderr)
+	doctorCloudWatch(ctx, &rep, cfg, awsCfg, awsErr)
+	return rep
+}
+
+// imdsEndpoint is the IMDS endpoint the agent uses, for messages.
+func imdsEndpoint(cfg *agent.Config, env map[string]string) string {
+	switch {
+	case cfg.IMDS.Endpoint != "":
+		return cfg.IMDS.Endpoint
+	case env["AWS_EC2_METADATA_SERVICE_ENDPOINT"] != "":
+		return env["AWS_EC2_METADATA_SERVICE_ENDPOINT"]
+	}
+	return "http://169.254.169.254"
+}
+
+// doctorIMDS checks that IMDS hands out an IMDSv2 token and answers, then reads every notice
+// source the agent polls once, with the agent's own parsing. It returns the instance id ("" if
+// IMDS did not answer).
+func doctorIMDS(ctx context.Context, rep *doctorReport, cfg *agent.Config, g imds.Getter, env map[string]string) string {
+	endpoint := imdsEndpoint(cfg, env)
+	rctx, cancel := context.WithTimeout(ctx, doctorIMDSTimeout)
+	body, found, err := g.Get(rctx, "instance-id")
+	cancel()
+	if err == nil && !found {
+		err = errors.New("instance-id: 404 not found")
+	}
+	if err != nil {
+		fix := "on EC2: enable the metadata service (aws ec2 modify-instance-metadata-options --http-endpoint enabled); in a container, raise the hop limit to 2 (--http-put-response-hop-limit 2); elsewhere, set imds.endpoint or AWS_EC2_METADATA_SERVICE_ENDPOINT"
+		what := "IMDS does not answer at " + endpoint
+		// The SDK's token error does not unwrap to the network error: read its text.
+		msg := err.Error()
+		unreachable := errors.Is(err, context.DeadlineExceeded) || strings.Contains(msg, "request send failed") ||
+			strings.Contains(msg, "dial tcp") || strings.Contains(msg, "deadline exceeded")
+		if !unreachable && strings.Contains(msg, "API token") {
+			what = "IMDSv2 session token refused or unreachable at " + endpoint
+			fix = "spotguard uses IMDSv2 only: allow tokens (--http-tokens required or optional) and, in a container, raise the hop limit to 2 (--http-put-response-hop-limit 2)"
+		}
+		rep.add("imds", doctorFail, what+": "+err.Error()+"; notices cannot be seen, so the notice sources were not checked", fix)
+		return ""
+	}
+	instance := strings.TrimSpace(string(body))
+	rep.add("imds", doctorPass, fmt.Sprintf("IMDSv2 token and instance-id %s from %s", instance, endpoint), "")
+
+	var sources []imds.Source
+	for _, src := range imds.Sources {
+		if cfg.Notices[src] != agent.PolicyOff {
+			sources = append(sources, src)
+		}
+	}
+	w := imds.NewWatcher(g, imds.Config{Sources: sources, PollInterval: cfg.IMDS.PollInterval, RequestTimeout: doctorIMDSTimeout})
+	for _, src := range sources {
+		name := "imds " + string(src)
+		notices, err := w.Check(ctx, src)
+		switch {
+		case err != nil && errors.Is(err, imds.ErrMalformed):
+			rep.add(name, doctorFail, fmt.Sprintf("%s answers with a body that cannot be parsed: %v", src.Path(), err),
+				"is imds.endpoint a real IMDS? (a spot body that cannot be read counts as a notice 2 minutes out)")
+		case err != nil:
+			rep.add(name, doctorFail, fmt.Sprintf("%s fails: %v; its notices would not be seen", src.Path(), err),
+				"check the instance's metadata options (aws ec2 describe-instances ... MetadataOptions) and any firewall in front of "+endpoint)
+		case len(notices) > 0:
+			var acts []string
+			for _, n := range notices {
+				a := n.Action
+				if !n.Deadline.IsZero() {
+					a += " at " + n.Deadline.UTC().Format(time.RFC3339)
+				}
+				acts = append(acts, a)
+			}
+			fix := "this instance is being interrupted or has an event scheduled: make sure the newest checkpoint is committed (spotguard list)"
+			if src == imds.SourceRebalance {
+				fix = "AWS says this instance is at elevated risk of interruption: save now, and consider moving the job"
+			}
+			rep.add(name, doctorWarn, fmt.Sprintf("%s answers: a notice is active now: %s (policy %s)", src.Path(), strings.Join(acts, ", "), cfg.Notices[src]), fix)
+		default:
+			rep.add(name, doctorPass, fmt.Sprintf("%s answers: no notice (policy %s)", src.Path(), cfg.Notices[src]), "")
+		}
+	}
+	return instance
+}
+
+// doctorStore opens the store as `spotguard run` does and probes it as the agent does.
+func doctorStore(ctx context.Context, rep *doctorReport, cfg *agent.Config, deps doctorDeps, instance string) {
+	if cfg.Store.URL == "" {
+		rep.add("store", doctorWarn, "no store.url: checkpoints are not uploaded, the trainer is only signalled",
+			"set store.url (s3://bucket/prefix) and store.job to make checkpoints durable")
+		return
+	}
+	if cfg.Store.Job == "" {
+		rep.add("store", doctorFail, cfg.Store.URL+": store.job is not set", "set store.job: the same on every instance of one training run")
+		return
+	}
+	sctx, cancel := context.WithTimeout(ctx, doctorStoreTimeout)
+	defer cancel()
+	store, err := deps.openStore(sctx, cfg.Store.URL, checkpoint.S3Options{PartSize: cfg.Store.PartSize, Concurrency: cfg.Store.Concurrency})
+	if err != nil {
+		rep.add("store", doctorFail, cfg.Store.URL+": cannot open: "+err.Error(), agent.StoreFix(agent.StoreErrorReason(err), cfg.Store.URL, err))
+		return
+	}
+	host := instance
+	if host == "" {
+		host, _ = os.Hostname()
+	}
+	p := agent.ProbeStore(sctx, store, cfg.Store.Job, host)
+	if !p.OK() {
+		rep.add("store", doctorFail, p.Problem(), agent.StoreFix(p.Reason, p.URL, p.Err))
+		return
+	}
+	rep.add("store", doctorPass, fmt.Sprintf("%s job %s: list, write, read and delete of %s/%s/probe-* work",
+		p.URL, p.Job, p.Job, checkpoint.MetaDir), "")
+}
+
+// doctorTrainer finds the trainer as the agent does and checks that it catches the signal.
+func doctorTrainer(rep *doctorReport, cfg *agent.Config, deps doctorDeps) {
+	f := trainer.Finder{PIDFile: cfg.Trainer.PIDFile, Unit: cfg.Trainer.Unit, Match: cfg.Trainer.Match,
+		ProcRoot: deps.procRoot, CgroupRoot: deps.cgroupRoot}
+	if f.PIDFile == "" && f.Unit == "" && f.Match == nil {
+		rep.add("trainer", doctorFail, "no way to find the trainer is configured", "set trainer.pidfile, trainer.unit or trainer.match")
+		return
+	}
+	procs, problems := f.Find()
+	sig := trainer.SignalName(cfg.Trainer.Signal)
+	if len(procs) == 0 {
+		var ps []string
+		for _, p := range problems {
+			ps = append(ps, p.Detail)
+		}
+		rep.add("trainer", doctorWarn, "no trainer process found now: "+strings.Join(ps, "; "),
+			"start the trainer (the agent looks for it every 10 s), or fix trainer.pidfile, trainer.unit or trainer.match")
+		return
+	}
+	procRoot := deps.procRoot
+	if procRoot == "" {
+		procRoot = "/proc"
+	}
+	var catching, deaf []string
+	for _, p := range procs {
+		desc := fmt.Sprintf("%d (%s)", p.PID, truncate(p.Cmdline, 60))
+		ok, err := trainer.Catches(procRoot, p.PID, cfg.Trainer.Signal)
+		switch {
+		case err != nil:
+			deaf = append(deaf, desc+": "+err.Error())
+		case ok:
+			catching = append(catching, desc)
+		default:
+			deaf = append(deaf, desc)
+		}
+	}
+	const fix = "install a handler for it in the trainer (examples/python/trainer.py), set trainer.signal to the one it handles, or narrow the discovery to the processes that do"
+	switch {
+	case len(deaf) == 0:
+		rep.add("trainer", doctorPass, fmt.Sprintf("%d process(es) found, all catch %s: %s", len(procs), sig, strings.Join(catching, ", ")), "")
+	case len(catching) == 0:
+		rep.add("trainer", doctorFail, fmt.Sprintf("%d process(es) found, none catches %s, so none would be signalled: %s", len(procs), sig, strings.Join(deaf, ", ")), fix)
+	default:
+		rep.add("trainer", doctorWarn, fmt.Sprintf("%d process(es) catch %s (%s); these do not and would not be signalled: %s",
+			len(catching), sig, strings.Join(catching, ", "), strings.Join(deaf, ", ")), "if these are workers that must save, "+fix)
+	}
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "..."
+}
+
+// doctorCheckpointDir checks checkpoint.dir: a readable directory, or not there yet (the agent
+// waits for it).
+func doctorCheckpointDir(rep *doctorReport, cfg *agent.Config) {
+	dir := cfg.Checkpoint.Dir
+	if dir == "" {
+		rep.add("checkpoint.dir", doctorWarn, "not set: checkpoints are not watched or uploaded", "set checkpoint.dir to where the trainer writes its checkpoints (with store.url)")
+		return
+	}
+	fi, err := os.Stat(dir)
+	switch {
+	case errors.Is(err, os.ErrNotExist):
+		rep.add("checkpoint.dir", doctorWarn, dir+" does not exist yet: the agent waits for it to be created",
+			"nothing to do if the trainer creates it; otherwise check checkpoint.dir")
+		return
+	case err != nil:
+		rep.add("checkpoint.dir", doctorFail, dir+": "+err.Error(), "make it readable by the agent's user")
+		return
+	case !fi.IsDir():
+		rep.add("checkpoint.dir", doctorFail, dir+" is not a directory", "point checkpoint.dir at the directory the trainer writes checkpoints into")
+		return
+	}
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		rep.add("checkpoint.dir", doctorFail, dir+" cannot be read: "+err.Error(), "make it readable by the agent's user")
+		return
+	}
+	rep.add("checkpoint.dir", doctorPass, fmt.Sprintf("%s is a readable directory (%d entries)", dir, len(entries)), "")
+}
+
+// doctorNVML opens NVML as the agent does; without it the agent runs, so it is a warning.
+func doctorNVML(rep *doctorReport, deps doctorDeps, stderr io.Writer) {
+	g, err := deps.openGPUs(newLogger(stderr, zerolog.ErrorLevel))
+	if err != nil {
+		reason := strings.TrimPrefix(err.Error(), nvml.ErrUnavailable.Error()+": ")
+		rep.add("nvml", doctorWarn, "GPU sampling is off: "+reason+"; the agent runs without it",
+			"on a GPU instance, install the NVIDIA driver (libnvidia-ml.so.1) and give the agent access to /dev/nvidia*")
+		return
+	}
+	defer g.Close()
+	facts := g.Facts()
+	if len(facts) == 0 {
+		rep.add("nvml", doctorWarn, "NVML works but reports no GPU", "check nvidia-smi")
+		return
+	}
+	rep.add("nvml", doctorPass, fmt.Sprintf("%d GPU(s): %s", len(facts), facts[0].Name), "")
+}
+
+// doctorCloudWatch resolves the region and credentials CloudWatch would use. Whether
+// PutMetricData is allowed cannot be checked without sending a datum.
+func doctorCloudWatch(ctx context.Context, rep *doctorReport, cfg *agent.Config, awsCfg aws.Config, awsErr error) {
+	switch {
+	case !cfg.Metrics.CloudWatch:
+		rep.add("cloudwatch", doctorPass, "off (metrics.cloudwatch false)", "")
+		return
+	case awsErr != nil:
+		rep.add("cloudwatch", doctorWarn, "cannot be checked: no AWS configuration", "see the aws check")
+		return
+	case awsCfg.Region == "":
+		rep.add("cloudwatch", doctorWarn, "no AWS region: metrics would not be sent",
+			"set AWS_REGION (or region in the profile) for the service, or metrics.cloudwatch: false")
+		return
+	case awsCfg.Credentials == nil:
+		rep.add("cloudwatch", doctorWarn, "no AWS credentials provider: metrics would not be sent", "attach an instance profile, or metrics.cloudwatch: false")
+		return
+	}
+	cctx, cancel := context.WithTimeout(ctx, doctorAWSTimeout)
+	defer cancel()
+	creds, err := awsCfg.Credentials.Retrieve(cctx)
+	if err != nil {
+		rep.add("cloudwatch", doctorWarn, "no AWS credentials: "+err.Error()+"; metrics would not be sent",
+			"attach an instance profile (IAM role) allowing cloudwatch:PutMetricData, or metrics.cloudwatch: false")
+		return
+	}
+	rep.add("cloudwatch", doctorPass, fmt.Sprintf("namespace %s in %s with credentials from %s (cloudwatch:PutMetricData itself is not tried)",
+		cfg.Metrics.Namespace, awsCfg.Region, creds.Source), "")
+}
+
+// printDoctor writes the report: a line per check (PASS/WARN/FAIL, name, detail), its fix below
+// it, and a summary line.
+func printDoctor(w io.Writer, rep doctorReport) {
+	fmt.Fprintf(w, "spotguard doctor: config %s\n\n", rep.Config)
+	const indent = "                        "
+	for _, c := range rep.Checks {
+		lines := strings.Split(c.Detail, "\n")
+		fmt.Fprintf(w, "%-4s  %-16s  %s\n", c.Status, c.Name, lines[0])
+		for _, l := range lines[1:] {
+			fmt.Fprintf(w, "%s- %s\n", indent, l)
+		}
+		if c.Fix != "" && c.Status != doctorPass {
+			fmt.Fprintf(w, "%sfix: %s\n", indent, c.Fix)
+		}
+	}
+	passed := len(rep.Checks) - rep.Failed - rep.Warned
+	if rep.Pass {
+		fmt.Fprintf(w, "\nPASS: %d passed, %d warning(s)\n", passed, rep.Warned)
+	} else {
+		fmt.Fprintf(w, "\nFAIL: %d failed, %d warning(s), %d passed\n", rep.Failed, rep.Warned, passed)
+	}
+}

@@ -1,0 +1,218 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	awshttp "github.com/aws/aws-sdk-go-v2/aws/transport/http"
+	"github.com/aws/smithy-go"
+	smithyhttp "github.com/aws/smithy-go/transport/http"
+	"github.com/rs/zerolog"
+
+	"github.com/spotguard/spotguard/agent/imds"
+	"github.com/spotguard/spotguard/checkpoint"
+	"github.com/spotguard/spotguard/nvml"
+)
+
+var update = flag.Bool("update", false, "rewrite the golden files in testdata/")
+
+// mapIMDS answers the paths it holds and 404 for the others; fail makes every read fail.
+type mapIMDS struct {
+	bodies map[string]string
+	fail   error
+}
+
+func (m mapIMDS) Get(ctx context.Context, path string) ([]byte, bool, error) {
+	if m.fail != nil {
+		return nil, false, m.fail
+	}
+	b, ok := m.bodies[path]
+	return []byte(b), ok, nil
+}
+
+// noBucketStore is a file store whose listing fails as S3 does for a bucket that does not exist.
+type noBucketStore struct{ checkpoint.Store }
+
+func (noBucketStore) URL() string { return "s3://nosuchbucket/x" }
+
+func (noBucketStore) ListDir(context.Context, string) ([]string, []checkpoint.ObjectInfo, error) {
+	return nil, nil, fmt.Errorf("list s3://nosuchbucket/x/job1/_spotguard/: %w", &awshttp.ResponseError{ResponseError: &smithyhttp.ResponseError{
+		Response: &smithyhttp.Response{Response: &http.Response{StatusCode: 404}},
+		Err:      &smithy.GenericAPIError{Code: "NoSuchBucket", Message: "The specified bucket does not exist"},
+	}})
+}
+
+type doctorRig struct {
+	tmp   string
+	deps  doctorDeps
+	imds  mapIMDS
+	store func(dir string) checkpoint.Store
+}
+
+func newDoctorRig(t *testing.T) *doctorRig {
+	r := &doctorRig{tmp: t.TempDir(), imds: mapIMDS{bodies: map[string]string{
+		"instance-id":                      "i-0abc",
+		"events/recommendations/rebalance": `{"noticeTime": "2030-01-01T00:00:00Z"}`,
+	}}}
+	r.store = func(dir string) checkpoint.Store {
+		s, err := checkpoint.NewFileStore(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	r.deps = doctorDeps{
+		loadAWS: func(context.Context) (aws.Config, error) { return aws.Config{}, nil },
+		newIMDS: func(aws.Config, string) imds.Getter { return r.imds },
+		openStore: func(ctx context.Context, url string, opts checkpoint.S3Options) (checkpoint.Store, error) {
+			return r.store(filepath.Join(r.tmp, "store")), nil
+		},
+		openGPUs: func(zerolog.Logger) (gpuSource, error) {
+			return nil, fmt.Errorf("%w: libnvidia-ml.so.1 not found", nvml.ErrUnavailable)
+		},
+	}
+	return r
+}
+
+// run runs `spotguard doctor` with the rig's store, checkpoint.dir and trainer pidfile, plus args.
+func (r *doctorRig) run(t *testing.T, args ...string) (int, string) {
+	t.Helper()
+	cfgPath := filepath.Join(r.tmp, "spotguard.yaml")
+	os.WriteFile(cfgPath, nil, 0o644)
+	args = append([]string{"--config", cfgPath, "--store.url", "file://" + filepath.Join(r.tmp, "store"), "--store.job", "job1",
+		"--checkpoint.dir", filepath.Join(r.tmp, "checkpoints"), "--trainer.pidfile", filepath.Join(r.tmp, "trainer.pid"),
+		"--metrics.cloudwatch", "false"}, args...)
+	var stdout, stderr bytes.Buffer
+	code := runDoctor(t.Context(), args, nil, &stdout, &stderr, r.deps)
+	return code, strings.ReplaceAll(stdout.String(), r.tmp, "$TMP")
+}
+
+// The text report: a line per check with its verdict and, when not PASS, the fix; a summary.
+// Warnings alone exit 0.
+func TestDoctorOutput(t *testing.T) {
+	r := newDoctorRig(t)
+	code, out := r.run(t)
+	golden := filepath.Join("testdata", "doctor.golden")
+	if *update {
+		if err := os.WriteFile(golden, []byte(out), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want, err := os.ReadFile(golden)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out != string(want) {
+		t.Errorf("doctor output differs from %s (go test -run TestDoctorOutput -update to accept):\n--- got\n%s--- want\n%s", golden, out, want)
+	}
+	if code != exitOK {
+		t.Errorf("doctor exit = %d with warnings only; want 0", code)
+	}
+}
+
+// A bucket that does not exist is a FAIL naming the bucket and the error, with the fix; exit 1.
+func TestDoctorMissingBucketFails(t *testing.T) {
+	r := newDoctorRig(t)
+	r.store = func(dir string) checkpoint.Store {
+		s, _ := checkpoint.NewFileStore(dir)
+		return noBucketStore{s}
+	}
+	code, out := r.run(t)
+	if code != exitFail {
+		t.Errorf("doctor exit = %d; want 1", code)
+	}
+	want := "FAIL  store             store s3://nosuchbucket/x job job1: list job1/_spotguard/ failed: NoSuchBucket: The specified bucket does not exist (HTTP 404)"
+	if !strings.Contains(out, want) || !strings.Contains(out, "fix: the bucket nosuchbucket does not exist") {
+		t.Errorf("doctor output lacks %q and its fix:\n%s", want, out)
+	}
+	if !strings.HasSuffix(out, "FAIL: 1 failed, 4 warning(s), 6 passed\n") {
+		t.Errorf("doctor summary:\n%s", out)
+	}
+}
+
+// IMDS that does not answer: one FAIL, the sources are not read; --json says the same.
+func TestDoctorIMDSDownJSON(t *testing.T) {
+	r := newDoctorRig(t)
+	r.imds.fail = errors.New(`operation error ec2imds: GetMetadata, failed to get API token, request send failed, dial tcp 169.254.169.254:80: i/o timeout`)
+	code, out := r.run(t, "--json")
+	var rep doctorReport
+	if err := json.Unmarshal([]byte(out), &rep); err != nil {
+		t.Fatalf("doctor --json output %q: %v", out, err)
+	}
+	if code != exitFail || rep.Pass || rep.Failed != 1 {
+		t.Errorf("doctor --json: exit %d, %+v; want exit 1 and one FAIL", code, rep)
+	}
+	var names []string
+	for _, c := range rep.Checks {
+		names = append(names, c.Name+"="+c.Status)
+		if c.Name == "imds" && (!strings.Contains(c.Detail, "does not answer") || !strings.Contains(c.Fix, "hop limit")) {
+			t.Errorf("imds check = %+v; want it unreachable with the fix", c)
+		}
+	}
+	if got, want := strings.Join(names, " "), "config=PASS imds=FAIL store=PASS trainer=WARN checkpoint.dir=WARN nvml=WARN cloudwatch=PASS"; got != want {
+		t.Errorf("checks = %s; want %s", got, want)
+	}
+}
+
+// startSignalTrainer is a real process; with handler it catches SIGUSR1.
+func startSignalTrainer(t *testing.T, handler bool) int {
+	t.Helper()
+	ready := filepath.Join(t.TempDir(), "ready")
+	script := `touch "$1"; while :; do sleep 0.05; done`
+	if handler {
+		script = `trap 'echo USR1' USR1; ` + script
+	}
+	cmd := exec.Command("sh", "-c", script, "sh", ready)
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() { cmd.Wait(); close(done) }()
+	t.Cleanup(func() { cmd.Process.Kill(); <-done })
+	deadline := time.Now().Add(10 * time.Second)
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		if _, err := os.Stat(ready); err == nil {
+			return cmd.Process.Pid
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the trainer did not start")
+		}
+		<-tick.C
+	}
+}
+
+// A trainer that catches the signal passes; one that does not fails: it would not be signalled.
+func TestDoctorTrainer(t *testing.T) {
+	for _, tc := range []struct {
+		handler bool
+		want    string
+	}{
+		{true, "PASS  trainer           1 process(es) found, all catch SIGUSR1"},
+		{false, "FAIL  trainer           1 process(es) found, none catches SIGUSR1, so none would be signalled"},
+	} {
+		t.Run(strconv.FormatBool(tc.handler), func(t *testing.T) {
+			r := newDoctorRig(t)
+			pid := startSignalTrainer(t, tc.handler)
+			os.WriteFile(filepath.Join(r.tmp, "trainer.pid"), []byte(strconv.Itoa(pid)), 0o644)
+			_, out := r.run(t)
+			if !strings.Contains(out, tc.want) {
+				t.Errorf("doctor output lacks %q:\n%s", tc.want, out)
+			}
+		})
+	}
+}

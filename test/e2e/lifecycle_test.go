@@ -1,0 +1,167 @@
+package e2e
+
+// The notice lifecycle (DESIGN.md, "Notice lifecycle"): notices in any order, notice.json naming
+// the most severe one and all of them, removed when they end; a deadline already past never
+// stops a commit; a stop drains what a notice started.
+
+import (
+	"encoding/json"
+	"errors"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// noticeFileJSON is notice.json with the list of notices in force.
+type noticeFileJSON struct {
+	noticeJSON
+	NotAfter *time.Time   `json:"not_after"`
+	Active   []noticeJSON `json:"active"`
+}
+
+// readNoticeFile returns notice.json, or false when there is none.
+func readNoticeFile(t *testing.T, ap *agentProc) (noticeFileJSON, bool) {
+	t.Helper()
+	var n noticeFileJSON
+	b, err := os.ReadFile(filepath.Join(ap.runtimeDir, "notice.json"))
+	if errors.Is(err, fs.ErrNotExist) {
+		return n, false
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(b, &n); err != nil {
+		t.Fatalf("notice.json %q: %v", b, err)
+	}
+	return n, true
+}
+
+// A spot reclaim and a rebalance recommendation, in either order: notice.json names the reclaim
+// with its deadline (the trainer must act on it), lists both, and is removed once both ended.
+func TestSpotAndRebalanceInEitherOrder(t *testing.T) {
+	needPeers(t)
+	for _, tc := range []struct {
+		name             string
+		spotIn, rebalIn  time.Duration
+		firstKey, second string
+	}{
+		{"spot then rebalance", 2 * time.Second, 5 * time.Second, "spot/terminate", "rebalance/rebalance"},
+		{"rebalance then spot", 5 * time.Second, 1 * time.Second, "rebalance/rebalance", "spot/terminate"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			sim := newIMDS(t)
+			now := time.Now().Truncate(time.Second)
+			sim.start("spot", "-a", "terminate", "--mock-trigger-time", now.Add(tc.spotIn).UTC().Format(time.RFC3339),
+				"--rebalance-trigger-time", now.Add(tc.rebalIn).UTC().Format(time.RFC3339))
+			tp := startTrainer(t)
+			ap := startAgent(t, sim, "SPOTGUARD_TRAINER_PIDFILE="+tp.pidfile)
+			ap.waitNoticeState(t, tc.firstKey, "trainer_signalled", 30*time.Second)
+			ap.waitNoticeState(t, tc.second, "trainer_signalled", 30*time.Second)
+			n, ok := readNoticeFile(t, ap)
+			if !ok || n.Source != "spot" || n.Action != "terminate" || n.Deadline == nil || len(n.Active) != 2 ||
+				n.Active[1].Source != "rebalance" {
+				t.Fatalf("notice.json = %+v (present %v); want spot terminate with its deadline on top, rebalance listed", n, ok)
+			}
+			// Both end: the simulator answers 404 for both.
+			sim.stop()
+			sim.start("spot", "-d", "100000", "--rebalance-delay-sec", "100000")
+			eventually(t, 30*time.Second, "notice.json to be removed once both notices ended", func() bool {
+				_, ok := readNoticeFile(t, ap)
+				return !ok
+			})
+			if st := ap.status(t); st.Uploads != nil && st.Uploads.Urgent {
+				t.Errorf("uploads still urgent after every notice ended")
+			}
+		})
+	}
+}
+
+// A scheduled event whose start is already past (the instance keeps running): it stays in force,
+// notice.json gives its start and not_after, and the checkpoints written after it are committed,
+// both of them; the past deadline never makes an upload give up.
+func TestScheduledEventInThePastThenTwoCheckpoints(t *testing.T) {
+	needPeers(t)
+	sim := newIMDS(t)
+	past := time.Now().Add(-time.Hour).UTC()
+	sim.start("events", "-o", "system-maintenance", "-t", "active",
+		"-b", past.Format(time.RFC3339), "-a", past.Add(48*time.Hour).Format(time.RFC3339))
+	ckdir, storeDir := t.TempDir(), t.TempDir()
+	tp := startTrainer(t, "--checkpoint-dir", ckdir, "--files", "2", "--checkpoint-mb", "1", "--save-every", "40")
+	ap := startAgent(t, sim, "SPOTGUARD_TRAINER_PIDFILE="+tp.pidfile,
+		"SPOTGUARD_CHECKPOINT_DIR="+ckdir, "SPOTGUARD_STORE_URL=file://"+storeDir, "SPOTGUARD_STORE_JOB=e2e")
+	eventually(t, 60*time.Second, "two checkpoints to be committed", func() bool {
+		return hasLine(ap.metrics(t), `spotguard_checkpoints_committed_total{trigger="notice"} 2`)
+	})
+	n, ok := readNoticeFile(t, ap)
+	if !ok || n.Source != "scheduled" || n.Deadline == nil || n.NotAfter == nil || n.Deadline.After(time.Now()) {
+		t.Errorf("notice.json = %+v (present %v); want the scheduled event, due now: its start (past) and not_after", n, ok)
+	}
+	code, stdout, stderr := runSpotguard(t, []string{"SPOTGUARD_STORE_URL=file://" + storeDir, "SPOTGUARD_STORE_JOB=e2e"},
+		"list", "--check", "--config", writeEmptyConfig(t))
+	if code != 0 || strings.Count(stdout, "notice") < 2 {
+		t.Errorf("list: exit %d\n%s%s; want two commits labelled notice", code, stdout, stderr)
+	}
+}
+
+// SIGTERM while the checkpoint the trainer was writing for a notice has been deleted: there is
+// nothing to wait for, and the agent exits promptly.
+func TestSIGTERMWithDeletedCheckpointExitsPromptly(t *testing.T) {
+	needPeers(t)
+	sim := newIMDS(t)
+	trigger := time.Now().Truncate(time.Second).Add(3 * time.Second)
+	sim.start("spot", "-a", "terminate", "--mock-trigger-time", trigger.UTC().Format(time.RFC3339), "--rebalance-delay-sec", "100000")
+	ckdir := t.TempDir()
+	tp := startTrainer(t, "--checkpoint-dir", ckdir, "--files", "4", "--checkpoint-mb", "2", "--write-seconds", "8")
+	ap := startAgent(t, sim, "SPOTGUARD_TRAINER_PIDFILE="+tp.pidfile, "SPOTGUARD_NOTICES_REBALANCE=ignore",
+		"SPOTGUARD_CHECKPOINT_DIR="+ckdir, "SPOTGUARD_STORE_URL=file://"+t.TempDir(), "SPOTGUARD_STORE_JOB=e2e")
+	ap.waitNoticeState(t, "spot/terminate", "trainer_signalled", 30*time.Second)
+	eventually(t, 30*time.Second, "the agent to see the trainer's first file", func() bool {
+		st := ap.status(t)
+		return st.Uploads != nil && len(st.Uploads.Checkpoints) > 0 && st.Uploads.Checkpoints[0].Files > 0
+	})
+	dirs, _ := filepath.Glob(filepath.Join(ckdir, "step-*"))
+	for _, d := range dirs {
+		os.RemoveAll(d)
+	}
+	eventually(t, 30*time.Second, "the agent to forget the deleted checkpoint", func() bool {
+		st := ap.status(t)
+		return st.Uploads != nil && len(st.Uploads.Checkpoints) == 0
+	})
+	began := time.Now()
+	ap.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-ap.done:
+	case <-time.After(30 * time.Second):
+		t.Fatal("agent still running 30 s after SIGTERM with nothing to commit")
+	}
+	if took := time.Since(began); took > 10*time.Second || ap.exitErr != nil {
+		t.Errorf("exit after SIGTERM: %v after %v; want 0, promptly", ap.exitErr, took)
+	}
+}
+
+// checkpoint.dir does not exist when the agent starts (on a fresh instance the trainer creates it
+// on the NVMe disk): the agent runs, says it waits, and commits the checkpoint written there later.
+func TestCheckpointDirCreatedAfterStart(t *testing.T) {
+	needPeers(t)
+	sim := newIMDS(t)
+	sim.start("spot", "-d", "100000", "--rebalance-delay-sec", "100000")
+	ckdir := filepath.Join(t.TempDir(), "nvme", "checkpoints")
+	storeDir := t.TempDir()
+	tp := startTrainer(t)
+	ap := startAgent(t, sim, "SPOTGUARD_TRAINER_PIDFILE="+tp.pidfile,
+		"SPOTGUARD_CHECKPOINT_DIR="+ckdir, "SPOTGUARD_STORE_URL=file://"+storeDir, "SPOTGUARD_STORE_JOB=e2e")
+	eventually(t, 20*time.Second, "the agent to say it waits for checkpoint.dir", func() bool {
+		return strings.Contains(ap.log(t), "checkpoint.dir does not exist yet")
+	})
+	ap.waitPolls(t, "spot", 3) // still polling, still alive
+	// The trainer creates it now and saves.
+	startTrainer(t, "--checkpoint-dir", ckdir, "--files", "2", "--checkpoint-mb", "1", "--save-every", "10")
+	eventually(t, 60*time.Second, "the checkpoint to be committed", func() bool {
+		return hasLine(ap.metrics(t), `spotguard_checkpoints_committed_total{trigger="periodic"} 1`) ||
+			hasLine(ap.metrics(t), `spotguard_checkpoints_committed_total{trigger="periodic"} 2`)
+	})
+}
