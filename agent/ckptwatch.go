@@ -165,8 +165,12 @@ func (w *checkpointWatch) health() (ok bool, detail string) {
 	return true, ""
 }
 
-// sleepCtx waits d or until ctx is done; it reports whether d passed.
+// sleepCtx waits d or until ctx is done; it reports whether d passed (at once for d <= 0,
+// unless ctx is done).
 func sleepCtx(ctx context.Context, d time.Duration) bool {
+	if d <= 0 {
+		return ctx.Err() == nil
+	}
 	t := time.NewTimer(d)
 	defer t.Stop()
 	select {

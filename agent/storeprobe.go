@@ -397,7 +397,7 @@ func (p *storeProber) Run(ctx context.Context) error {
 		case <-t.C:
 		case <-p.kick:
 			t.Stop()
-			if !probeWait(ctx, storeProbeMinGap-time.Since(res.At)) {
+			if !sleepCtx(ctx, storeProbeMinGap-time.Since(res.At)) {
 				return nil
 			}
 		}
@@ -480,19 +480,4 @@ func (p *storeProber) state() storeProbeState {
 // probeJitter returns d ± 10 %, so the agents of a cluster do not probe in step.
 func probeJitter(d time.Duration) time.Duration {
 	return d - d/10 + rand.N(d/5+1)
-}
-
-// probeWait waits for d or until ctx is done; it reports whether ctx is still live.
-func probeWait(ctx context.Context, d time.Duration) bool {
-	if d <= 0 {
-		return ctx.Err() == nil
-	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return true
-	case <-ctx.Done():
-		return false
-	}
 }
