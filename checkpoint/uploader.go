@@ -139,9 +139,9 @@ type Uploader struct {
 	// trainer was last signalled for one (a stop waits for the checkpoint it writes).
 	active     []ActiveNotice
 	lastSignal time.Time
-	// signalGone: a checkpoint begun after lastSignal vanished (deleted by the trainer or by
-	// hand); a stop no longer waits for a marker.
-	signalGone bool
+	// signalAnswered: a checkpoint completed after lastSignal (or one begun after it vanished,
+	// deleted by the trainer or by hand); a stop no longer waits for a marker.
+	signalAnswered bool
 
 	results  chan fileResult
 	commits  chan commitResult
@@ -467,7 +467,7 @@ func (u *Uploader) handleNotices() {
 			added = true
 		}
 		if n.SignalledAt.After(u.lastSignal) {
-			u.lastSignal, u.signalGone = n.SignalledAt, false
+			u.lastSignal, u.signalAnswered = n.SignalledAt, false
 		}
 	}
 	u.active = active
@@ -533,16 +533,12 @@ func (u *Uploader) notCommitted() int {
 // to come) nor vanished. An incomplete checkpoint the trainer abandoned before the signal holds
 // nothing up; the stop budget bounds the wait.
 func (u *Uploader) draining() bool {
-	completedSinceSignal := u.lastSignal.IsZero() || u.signalGone
 	for _, g := range u.gens {
 		if (g.state == genMatching || g.state == genUploading) && g.complete {
 			return true
 		}
-		if g.complete && !g.completeSeen.Before(u.lastSignal) {
-			completedSinceSignal = true
-		}
 	}
-	return !completedSinceSignal
+	return !u.lastSignal.IsZero() && !u.signalAnswered
 }
 
 // start reads the journal and the job before the first event: which names have commits (the
@@ -867,6 +863,9 @@ func (u *Uploader) replaceSealed(g *generation) *generation {
 func (u *Uploader) nextGen(old *generation) *generation {
 	g := u.newGen(old.name, true)
 	g.complete, g.completeSeen, g.firstFileAt = old.complete, time.Now(), old.firstFileAt
+	if g.complete && !u.lastSignal.IsZero() {
+		u.signalAnswered = true // a version completed after the signal
+	}
 	for p, of := range old.files {
 		nf := &fileState{id: of.id}
 		if g.state == genMatching && of.done != nil && of.done.id.Same(of.id) {
@@ -907,6 +906,9 @@ func (u *Uploader) handleWatch(ctx context.Context, ev WatchEvent) {
 			return
 		}
 		g.complete, g.completeSeen = true, ev.At
+		if !u.lastSignal.IsZero() && !ev.At.Before(u.lastSignal) {
+			u.signalAnswered = true
+		}
 		u.labelNotice(g)
 		u.markDirty(g)
 		u.emit(UploadEvent{Kind: CheckpointComplete, Checkpoint: g.name, At: ev.At})
@@ -991,7 +993,7 @@ func (u *Uploader) abandon(ctx context.Context, g *generation, why string) {
 	g.state = genAbandoned
 	g.cancel()
 	if !u.lastSignal.IsZero() && !g.firstFileAt.Before(u.lastSignal) {
-		u.signalGone = true // the checkpoint written for the signal is gone: nothing to wait for
+		u.signalAnswered = true // the checkpoint written for the signal is gone: nothing to wait for
 	}
 	u.log.Info().Str("checkpoint", g.name).Str("why", why).Msg("checkpoint no longer tracked")
 	if g.commit != "" && !g.sealed {

@@ -40,7 +40,10 @@ const (
 	soakSettle = 60 * time.Second
 	// soakStopWait bounds how long a SIGTERMed agent may take to exit: its stop budget, plus a
 	// margin.
-	soakStopWait = checkpoint.DefaultStopBudget + 15*time.Second
+	soakStopWait = soakStopBudget + 15*time.Second
+	// soakStopBudget is the agents' agent.stop_budget: shorter than the default, so a drain that
+	// waits for a checkpoint the held-still trainer never writes does not hold a phase for long.
+	soakStopBudget = 40 * time.Second
 	// soakShortSeed is the seed of the short soak: the one that found that the watcher stopped on
 	// SIGTERM while the trainer was still writing a notice's checkpoint.
 	soakShortSeed = 15830099032595371875
@@ -355,6 +358,7 @@ func (s *soak) startAgentVia(endpoint string) {
 		"SPOTGUARD_STORE_JOB=" + soakJob,
 		"SPOTGUARD_STORE_PART_SIZE=5MiB",
 		"SPOTGUARD_AGENT_RUNTIME_DIR=" + s.runtimeDir,
+		"SPOTGUARD_AGENT_STOP_BUDGET=" + soakStopBudget.String(),
 	}, s.s3.env(endpoint)...)
 	s.agent = startAgent(soakTB{s.t}, s.imds, env...)
 	s.logs = append(s.logs, s.agent.logPath)
@@ -427,10 +431,10 @@ func (s *soak) term() time.Duration {
 		if s.throttled {
 			rate = s.rate
 		}
-		if send := time.Duration(float64(size) / float64(rate) * float64(time.Second)); send < checkpoint.DefaultStopBudget/2 {
+		if send := time.Duration(float64(size) / float64(rate) * float64(time.Second)); send < soakStopBudget/2 {
 			s.fail(missing, "I5: after SIGTERM the agent drained for its whole stop budget (%s, exited after %.1f s) and left %s complete but not committed: "+
 				"%s, which the link sends in %.1f s (the trainer held still; DESIGN.md: the drain commits every complete checkpoint and the watcher keeps running during it)",
-				checkpoint.DefaultStopBudget, took.Seconds(), strings.Join(missing, ", "), checkpoint.HumanBytes(size), send.Seconds())
+				soakStopBudget, took.Seconds(), strings.Join(missing, ", "), checkpoint.HumanBytes(size), send.Seconds())
 		}
 	}
 	if !spent {
