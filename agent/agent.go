@@ -410,6 +410,14 @@ func (a *Agent) Run(ctx context.Context) error {
 	return err
 }
 
+// EndDrain ends the drain after a stop (the CLI calls it on a second SIGTERM or SIGINT): the
+// agent stops without waiting for uncommitted checkpoints, and logs what it left.
+func (a *Agent) EndDrain() {
+	if a.uploader != nil {
+		a.uploader.EndDrain()
+	}
+}
+
 // handleSignals serves SIGHUP (reload) and SIGUSR1 (sync now) until ctx is done.
 func (a *Agent) handleSignals(ctx context.Context) {
 	for {

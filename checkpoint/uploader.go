@@ -152,6 +152,8 @@ type Uploader struct {
 	pending  []ActiveNotice
 	changed  bool
 	statusCh chan chan UploaderStatus
+	endDrain chan struct{} // closed by EndDrain
+	endOnce  sync.Once
 	wg       sync.WaitGroup
 }
 
@@ -300,7 +302,16 @@ func NewUploader(cfg UploaderConfig) *Uploader {
 		notices:  make(chan struct{}, 1),
 		syncs:    make(chan struct{}),
 		statusCh: make(chan chan UploaderStatus),
+		endDrain: make(chan struct{}),
 	}
+}
+
+// EndDrain ends the drain of a stop (a second SIGTERM): Run logs what was left and returns at
+// once, and a stop that comes after it does not drain at all. What is committed stays committed;
+// what is not is left for the next agent to resume or send again. It may be called from any
+// goroutine, any number of times.
+func (u *Uploader) EndDrain() {
+	u.endOnce.Do(func() { close(u.endDrain) })
 }
 
 // SetNotices tells the uploader which notices are in force, most severe first, each time the set
@@ -382,6 +393,7 @@ func (u *Uploader) Run(ctx context.Context, events <-chan WatchEvent) error {
 	u.start(work)
 	done := ctx.Done()
 	var drainTimer <-chan time.Time
+	var endDrain chan struct{} // u.endDrain once draining
 	for {
 		u.flushJournal()
 		select {
@@ -389,22 +401,23 @@ func (u *Uploader) Run(ctx context.Context, events <-chan WatchEvent) error {
 			if u.cfg.StopBudget < 0 || !u.draining() {
 				return nil
 			}
+			select {
+			case <-u.endDrain:
+				u.logLeft("stop requested after the drain was ended; stopping at once")
+				return nil
+			default:
+			}
 			done = nil // keep going for the checkpoints, then stop
 			u.log.Warn().Time("deadline", u.deadline()).Dur("stop_budget", u.cfg.StopBudget).Int("not_committed", u.notCommitted()).
-				Msg("stop requested while checkpoints are being written or are not committed yet; finishing them first")
+				Msg("stop requested while checkpoints are being written or are not committed yet; finishing them first (a second SIGTERM stops at once)")
 			t := time.NewTimer(u.cfg.StopBudget)
 			defer t.Stop()
-			drainTimer = t.C
+			drainTimer, endDrain = t.C, u.endDrain
 		case <-drainTimer:
-			var left []string
-			for name, g := range u.gens {
-				if g.state == genMatching || g.state == genUploading {
-					left = append(left, name)
-				}
-			}
-			slices.Sort(left)
-			u.log.Error().Dur("stop_budget", u.cfg.StopBudget).Strs("not_committed", left).
-				Msg("stop budget spent before every checkpoint was committed (or the one the trainer was signalled for appeared); stopping")
+			u.logLeft("stop budget spent before every checkpoint was committed (or the one the trainer was signalled for appeared); stopping")
+			return nil
+		case <-endDrain:
+			u.logLeft("drain ended by a second stop request; stopping")
 			return nil
 		case ev, ok := <-events:
 			if !ok {
@@ -442,6 +455,21 @@ func (u *Uploader) Run(ctx context.Context, events <-chan WatchEvent) error {
 		}
 		u.dispatch(work)
 	}
+}
+
+// logLeft says why a drain ended and what it left: the checkpoints not committed (they stay on
+// disk; the next agent resumes or re-sends them) and whether the one the trainer was signalled
+// for never appeared.
+func (u *Uploader) logLeft(why string) {
+	var left []string
+	for name, g := range u.gens {
+		if g.state == genMatching || g.state == genUploading {
+			left = append(left, name)
+		}
+	}
+	slices.Sort(left)
+	u.log.Error().Dur("stop_budget", u.cfg.StopBudget).Strs("not_committed", left).
+		Bool("signalled_checkpoint_missing", !u.lastSignal.IsZero() && !u.signalAnswered).Msg(why)
 }
 
 // flushJournal writes out the journal's lines; after a write error it goes on without one.

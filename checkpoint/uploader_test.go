@@ -24,6 +24,25 @@ type uploaderRig struct {
 	events chan UploadEvent
 	cancel context.CancelFunc
 	done   chan struct{}
+	logs   *rigLog // the uploader's log, warnings and errors only
+}
+
+// rigLog is a log sink safe for the uploader's goroutines.
+type rigLog struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (l *rigLog) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.buf.Write(p)
+}
+
+func (l *rigLog) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.buf.String()
 }
 
 func startUploader(t *testing.T, dir string, store Store, keep int) *uploaderRig {
@@ -36,12 +55,12 @@ func startUploader(t *testing.T, dir string, store Store, keep int) *uploaderRig
 func startUploaderWith(t *testing.T, dir string, store Store, cfg UploaderConfig) *uploaderRig {
 	t.Helper()
 	keep := cfg.Keep
-	r := &uploaderRig{t: t, dir: dir, store: store, events: make(chan UploadEvent, 64), done: make(chan struct{})}
+	r := &uploaderRig{t: t, dir: dir, store: store, events: make(chan UploadEvent, 64), done: make(chan struct{}), logs: &rigLog{}}
 	w, err := NewWatcher(WatchConfig{Dir: dir, Debounce: 30 * time.Millisecond, Logger: zerolog.Nop()})
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg.Store, cfg.Job, cfg.Dir, cfg.Keep, cfg.Logger = store, "job", dir, keep, zerolog.Nop()
+	cfg.Store, cfg.Job, cfg.Dir, cfg.Keep, cfg.Logger = store, "job", dir, keep, zerolog.New(r.logs).Level(zerolog.WarnLevel)
 	cfg.Host = func() Host { return Host{InstanceID: "i-test"} }
 	cfg.OnEvent = func(ev UploadEvent) {
 		if ev.Kind != UploadFailed { // one per failed try: the rig waits for the others only
@@ -320,6 +339,61 @@ func TestUploaderStopBudgetEndsDrain(t *testing.T) {
 	<-r.done // returns when the budget is spent; release never comes
 	if cs, _, err := ListCommitted(t.Context(), mem, "job"); err != nil || len(cs) != 0 {
 		t.Fatalf("ListCommitted = %v, %v; want nothing committed", cs, err)
+	}
+}
+
+// A second stop request (EndDrain) ends the drain at once: Run returns with the store still
+// stuck, nothing is committed, and the log names the checkpoint it left.
+func TestUploaderEndDrainStopsAtOnce(t *testing.T) {
+	dir := t.TempDir()
+	mem := newMemStore()
+	bs := &blockingStore{Store: mem, started: make(chan string, 1), release: make(chan struct{})}
+	defer close(bs.release)
+	r := startUploader(t, dir, bs, 0)
+	r.up.SetNotices([]ActiveNotice{{Key: "spot/terminate", Deadline: time.Now().Add(time.Minute), SignalledAt: time.Now()}})
+	writeCheckpoint(t, dir, "step-9", map[string][]byte{"w": randomBytes(t, 1<<20)})
+	<-bs.started
+	r.waitEvent(CheckpointComplete, "step-9")
+	r.cancel() // the first SIGTERM: Run drains (it still answers)
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	if st := r.up.Status(ctx); len(st.Checkpoints) != 1 {
+		t.Fatalf("status after the stop = %+v; want Run draining step-9", st)
+	}
+	r.up.EndDrain() // the second
+	r.up.EndDrain() // and a third changes nothing
+	select {
+	case <-r.done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("Run still draining 10 s after EndDrain")
+	}
+	if got := commitsOf(t, mem, "step-9"); len(got) != 0 {
+		t.Errorf("step-9 has %d commits; want none (the store never answered)", len(got))
+	}
+	if log := r.logs.String(); !strings.Contains(log, "drain ended by a second stop request") || !strings.Contains(log, `"not_committed":["step-9"]`) {
+		t.Errorf("log does not say the drain was ended and what it left:\n%s", log)
+	}
+}
+
+// EndDrain before the stop: the stop does not drain at all.
+func TestUploaderEndDrainBeforeStop(t *testing.T) {
+	dir := t.TempDir()
+	mem := newMemStore()
+	bs := &blockingStore{Store: mem, started: make(chan string, 1), release: make(chan struct{})}
+	defer close(bs.release)
+	r := startUploader(t, dir, bs, 0)
+	writeCheckpoint(t, dir, "step-1", map[string][]byte{"w": randomBytes(t, 64<<10)})
+	<-bs.started
+	r.waitEvent(CheckpointComplete, "step-1")
+	r.up.EndDrain()
+	r.cancel()
+	select {
+	case <-r.done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("Run drained although the drain was ended before the stop")
+	}
+	if log := r.logs.String(); !strings.Contains(log, `"not_committed":["step-1"]`) {
+		t.Errorf("log does not name what was left:\n%s", log)
 	}
 }
 

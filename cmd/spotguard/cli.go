@@ -180,7 +180,11 @@ func runConfig(args, environ []string, stdout, stderr io.Writer) int {
 }
 
 func runAgent(ctx context.Context, args, environ []string, stderr io.Writer) int {
-	fs, cf := newFlagSet("run", "Run the agent until SIGTERM or SIGINT.", stderr)
+	// Counted from the start, so that the SIGTERM that ends ctx is the first.
+	stops := make(chan os.Signal, 2)
+	signal.Notify(stops, syscall.SIGTERM, syscall.SIGINT)
+	defer signal.Stop(stops)
+	fs, cf := newFlagSet("run", "Run the agent until SIGTERM or SIGINT (a second one ends the drain of uncommitted checkpoints).", stderr)
 	if code, ok := parseFlags(fs, args); !ok {
 		return code
 	}
@@ -240,6 +244,24 @@ func runAgent(ctx context.Context, args, environ []string, stderr io.Writer) int
 		log.Error().Err(err).Msg("cannot start")
 		return exitFail
 	}
+	// The first SIGTERM or SIGINT ends ctx (main's NotifyContext) and the agent drains; a second
+	// one ends the drain.
+	quit := make(chan struct{})
+	defer close(quit)
+	go func() {
+		n := 0
+		for {
+			select {
+			case <-quit:
+				return
+			case <-stops:
+				if n++; n == 2 {
+					log.Warn().Msg("second stop signal: ending the drain")
+					a.EndDrain()
+				}
+			}
+		}
+	}()
 	start := time.Now()
 	if err := a.Run(ctx); err != nil {
 		log.Error().Err(err).Msg("agent failed")

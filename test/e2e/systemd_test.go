@@ -119,7 +119,6 @@ func TestSIGTERMMidUploadStillCommits(t *testing.T) {
 		t.Fatalf("already committed before SIGTERM; the link is not slow enough:\n%s", ls)
 	}
 	ap.cmd.Process.Signal(syscall.SIGTERM)
-	ap.cmd.Process.Signal(syscall.SIGTERM) // a second SIGTERM does not cut the commit either
 	select {
 	case <-ap.done:
 	case <-time.After(120 * time.Second):
@@ -134,6 +133,49 @@ func TestSIGTERMMidUploadStillCommits(t *testing.T) {
 	}
 	if !strings.Contains(ap.log(t), "finishing them first") {
 		t.Errorf("agent log does not say it finished the notice's upload before stopping")
+	}
+}
+
+// A second SIGTERM ends the drain: the agent, uploading a notice's checkpoint through a link
+// far too slow to finish, exits 0 at once, saying what it left; nothing torn is committed.
+func TestSecondSIGTERMEndsDrain(t *testing.T) {
+	needPeers(t)
+	s3 := startS3(t)
+	slow := startThrottle(t, strings.TrimPrefix(s3.endpoint, "http://"), 256<<10) // 256 KiB/s: ~90 s for 24 MiB
+	sim := newIMDS(t)
+	trigger := time.Now().Truncate(time.Second).Add(4 * time.Second)
+	sim.start("spot", "-a", "terminate", "--mock-trigger-time", trigger.UTC().Format(time.RFC3339), "--rebalance-delay-sec", "100000")
+	ckdir := t.TempDir()
+	tp := startTrainer(t, "--checkpoint-dir", ckdir, "--files", "3", "--checkpoint-mb", "8")
+	storeURL := "s3://" + s3Bucket + "/sigterm2"
+	ap := startAgent(t, sim, append([]string{"SPOTGUARD_TRAINER_PIDFILE=" + tp.pidfile, "SPOTGUARD_NOTICES_REBALANCE=ignore",
+		"SPOTGUARD_CHECKPOINT_DIR=" + ckdir, "SPOTGUARD_STORE_URL=" + storeURL, "SPOTGUARD_STORE_JOB=e2e",
+		"SPOTGUARD_STORE_PART_SIZE=5MiB"}, s3.env(slow.url())...)...)
+	ap.waitNoticeState(t, "spot/terminate", "checkpoint_written", 30*time.Second)
+	ap.cmd.Process.Signal(syscall.SIGTERM)
+	eventually(t, 10*time.Second, "the agent to say it drains", func() bool { return strings.Contains(ap.log(t), "finishing them first") })
+	select {
+	case <-ap.done:
+		t.Fatalf("the agent exited on the first SIGTERM with the notice's checkpoint uploading; want a drain\n%s", ap.log(t))
+	default:
+	}
+	sent := time.Now()
+	ap.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-ap.done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("agent still draining 10 s after a second SIGTERM")
+	}
+	if ap.exitErr != nil {
+		t.Errorf("exit after a second SIGTERM: %v; want 0", ap.exitErr)
+	}
+	t.Logf("exited %v after the second SIGTERM", time.Since(sent).Round(time.Millisecond))
+	log := ap.log(t)
+	if !strings.Contains(log, "drain ended by a second stop request") || !strings.Contains(log, `"not_committed":["step-`) {
+		t.Errorf("agent log does not say the drain was ended and which checkpoint it left:\n%s", log)
+	}
+	if ls, _ := s3.tryAWS(t, "s3", "ls", "--recursive", "s3://"+s3Bucket+"/sigterm2/"); strings.Contains(ls, "manifest.json") {
+		t.Errorf("a manifest exists although the upload was cut:\n%s", ls)
 	}
 }
 
