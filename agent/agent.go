@@ -106,9 +106,10 @@ func New(cfg *Config, deps Deps) (*Agent, error) {
 	a := &Agent{log: deps.Logger, deps: deps, registry: prometheus.NewRegistry(), started: time.Now(), watchReady: make(chan struct{})}
 	a.cfg.Store(cfg)
 	a.watcher = imds.NewWatcher(deps.IMDS, imds.Config{
-		Sources:      enabledSources(cfg),
-		PollInterval: cfg.IMDS.PollInterval,
-		Logger:       deps.Logger,
+		Sources:          enabledSources(cfg),
+		PollInterval:     cfg.IMDS.PollInterval,
+		SpotPollInterval: cfg.IMDS.SpotPollInterval,
+		Logger:           deps.Logger,
 	})
 	a.metrics = newMetrics(a.registry, a.watcher.Stats)
 	a.coord = newCoordinator(deps.Logger, a.metrics, a.cfg.Load,

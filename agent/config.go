@@ -7,6 +7,7 @@ import (
 	"io/fs"
 	"math"
 	"net"
+	"net/url"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -28,8 +29,13 @@ import (
 // DefaultConfigPath is where the daemon reads its configuration unless --config says otherwise.
 const DefaultConfigPath = "/etc/spotguard/spotguard.yaml"
 
-// MinPollInterval is the shortest IMDS poll interval Validate accepts.
-const MinPollInterval = 100 * time.Millisecond
+// The IMDS poll intervals Validate accepts: a spot notice gives 2 minutes, so a poll must come
+// well inside them; above WarnPollInterval a warning says how much of them polling eats.
+const (
+	MinPollInterval  = 100 * time.Millisecond
+	MaxPollInterval  = 5 * time.Second
+	WarnPollInterval = 2 * time.Second
+)
 
 // Policy says what the agent does with a notice of one source.
 type Policy string
@@ -53,8 +59,9 @@ type Config struct {
 	IMDS struct {
 		// Endpoint overrides the IMDS endpoint; empty means the SDK's choice
 		// (AWS_EC2_METADATA_SERVICE_ENDPOINT, else http://169.254.169.254).
-		Endpoint     string
-		PollInterval time.Duration
+		Endpoint         string
+		PollInterval     time.Duration
+		SpotPollInterval time.Duration
 	}
 	// Notices holds the policy for each notice source.
 	Notices map[imds.Source]Policy
@@ -122,13 +129,25 @@ type field struct {
 // fields lists every configuration key. It drives defaults, the YAML keys, the SPOTGUARD_* names,
 // the flags, `spotguard config` and the README's reference table.
 var fields = []field{
-	{"imds.endpoint", "", "IMDS endpoint URL; empty uses the SDK's (AWS_EC2_METADATA_SERVICE_ENDPOINT or http://169.254.169.254)", func(c *Config, v string) error {
+	{"imds.endpoint", "", "IMDS endpoint URL (http:// or https://, e.g. http://[fd00:ec2::254] for IPv6); empty uses the SDK's (AWS_EC2_METADATA_SERVICE_ENDPOINT or http://169.254.169.254); the AWS region is read from it too", func(c *Config, v string) error {
+		c.IMDS.Endpoint = ""
+		if v == "" {
+			return nil
+		}
+		if err := checkEndpoint(v); err != nil {
+			return err
+		}
 		c.IMDS.Endpoint = v
 		return nil
 	}},
-	{"imds.poll_interval", "1s", "how often each notice source is polled (at least 100ms)", func(c *Config, v string) error {
-		d, err := parseDuration(v)
+	{"imds.poll_interval", "1s", "how often each notice source is polled (100ms to 5s; a warning above 2s)", func(c *Config, v string) error {
+		d, err := parsePollInterval(v)
 		c.IMDS.PollInterval = d
+		return err
+	}},
+	{"imds.spot_poll_interval", "1s", "how often spot/instance-action, the 2-minute notice, is polled (100ms to 5s; a warning above 2s)", func(c *Config, v string) error {
+		d, err := parsePollInterval(v)
+		c.IMDS.SpotPollInterval = d
 		return err
 	}},
 	{"notices.spot", "checkpoint", "policy for spot/instance-action (checkpoint, ignore or off)", policySetter(imds.SourceSpot)},
@@ -186,8 +205,12 @@ var fields = []field{
 		return nil
 	}},
 	{"store.url", "", "where checkpoints go: s3://bucket/prefix or file:///path; empty: no upload (signal only)", func(c *Config, v string) error {
-		if v != "" && !strings.HasPrefix(v, "s3://") && !strings.HasPrefix(v, "file:///") {
-			return errors.New("want s3://bucket/prefix or file:///path")
+		c.Store.URL = ""
+		if v == "" {
+			return nil
+		}
+		if _, _, _, err := checkpoint.ParseStoreURL(v); err != nil {
+			return errors.New(strings.TrimPrefix(err.Error(), fmt.Sprintf("store url %q: ", v)))
 		}
 		c.Store.URL = v
 		return nil
@@ -318,6 +341,32 @@ func ParseSize(v string) (int64, error) {
 	return int64(f), nil
 }
 
+// parsePollInterval reads an IMDS poll interval, MinPollInterval to MaxPollInterval.
+func parsePollInterval(v string) (time.Duration, error) {
+	d, err := parseDuration(v)
+	if err == nil && (d < MinPollInterval || d > MaxPollInterval) {
+		err = fmt.Errorf("want %s to %s: a spot notice gives 2 minutes, and polling must see it early", MinPollInterval, MaxPollInterval)
+	}
+	return d, err
+}
+
+// checkEndpoint accepts an absolute http or https URL with a host and nothing after it but a
+// path.
+func checkEndpoint(v string) error {
+	u, err := url.Parse(v)
+	switch {
+	case err != nil:
+		return fmt.Errorf("not a URL: %w", err)
+	case u.Scheme != "http" && u.Scheme != "https":
+		return errors.New("want an http:// or https:// URL, e.g. http://169.254.169.254")
+	case u.Host == "":
+		return errors.New("want a host, e.g. http://169.254.169.254")
+	case u.RawQuery != "" || u.Fragment != "" || u.User != nil:
+		return errors.New("want no user, query or fragment")
+	}
+	return nil
+}
+
 func parseDuration(v string) (time.Duration, error) {
 	d, err := time.ParseDuration(v)
 	if err != nil {
@@ -437,8 +486,16 @@ func (c *Config) loadYAML(data []byte, path string, byKey map[string]field) {
 		c.problems = append(c.problems, fmt.Errorf("%s: want a mapping of sections at the top level", path))
 		return
 	}
+	sections, keys := map[string]int{}, map[string]int{}
 	for i := 0; i+1 < len(root.Content); i += 2 {
 		section, body := root.Content[i].Value, root.Content[i+1]
+		if first, dup := sections[section]; dup {
+			// YAML forbids it, and a parser that merges the two silently would keep one half.
+			c.problems = append(c.problems, fmt.Errorf("%s: section %s appears twice (lines %d and %d): merge them into one",
+				path, section, first, root.Content[i].Line))
+			continue
+		}
+		sections[section] = root.Content[i].Line
 		if body.Kind != yaml.MappingNode {
 			if body.Tag == "!!null" {
 				continue // "section:" with nothing under it
@@ -449,6 +506,11 @@ func (c *Config) loadYAML(data []byte, path string, byKey map[string]field) {
 		for j := 0; j+1 < len(body.Content); j += 2 {
 			k, v := body.Content[j], body.Content[j+1]
 			key := section + "." + k.Value
+			if first, dup := keys[key]; dup {
+				c.problems = append(c.problems, fmt.Errorf("%s: set twice (%s lines %d and %d): keep one", key, path, first, k.Line))
+				continue
+			}
+			keys[key] = k.Line
 			f, known := byKey[key]
 			if !known {
 				c.problems = append(c.problems, fmt.Errorf("%s: unknown key (%s line %d)", key, path, k.Line))
@@ -482,9 +544,6 @@ func (c *Config) Validate() error {
 			failed[k] = true
 		}
 	}
-	if !failed["imds.poll_interval"] && c.IMDS.PollInterval < MinPollInterval {
-		problems = append(problems, fmt.Errorf("imds.poll_interval: %s is under the minimum of %s", c.IMDS.PollInterval, MinPollInterval))
-	}
 	off := 0
 	for _, p := range c.Notices {
 		if p == PolicyOff {
@@ -516,6 +575,21 @@ func (c *Config) Validate() error {
 		problems = append(problems, fmt.Errorf("checkpoint.marker: %q must be a plain file name", c.Checkpoint.Marker))
 	}
 	return errors.Join(problems...)
+}
+
+// Warnings lists what is allowed but risky, each naming its key: polling so slow that a good
+// part of a spot notice's 2 minutes goes by before it is seen.
+func (c *Config) Warnings() []string {
+	var w []string
+	for _, p := range []struct {
+		key string
+		d   time.Duration
+	}{{"imds.poll_interval", c.IMDS.PollInterval}, {"imds.spot_poll_interval", c.IMDS.SpotPollInterval}} {
+		if p.d > WarnPollInterval {
+			w = append(w, fmt.Sprintf("%s: %s: a notice may be seen %s late, out of the 2 minutes a spot notice gives; 1s is the default", p.key, p.d, p.d))
+		}
+	}
+	return w
 }
 
 // ValidateStore reports the problems that matter to a command that only reads the store

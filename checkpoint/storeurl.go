@@ -1,6 +1,7 @@
 package checkpoint
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net/http"
@@ -132,6 +133,36 @@ func OpenStore(url string, awsCfg aws.Config, opts S3Options) (Store, error) {
 		}
 		return NewS3Store(s3NewClient(awsCfg, opts.Concurrency), bucket, prefix, opts)
 	}
+}
+
+// BucketRegion asks S3 which region bucket is in: an anonymous HeadBucket, whose answer carries
+// the bucket's region (x-amz-bucket-region) whether it is allowed or refused (403, 301), sent in
+// awsCfg's region (us-east-1 when it has none) to awsCfg's endpoint. It returns "" and an error
+// when no answer names a region (a network failure, a server that does not say); the caller then
+// keeps its own region. Requests signed for a region other than the bucket's fail, so a bucket
+// in another region than the instance (common when chasing Spot capacity) needs this.
+func BucketRegion(ctx context.Context, awsCfg aws.Config, bucket string) (string, error) {
+	if awsCfg.Region == "" {
+		awsCfg.Region = "us-east-1"
+	}
+	client := s3NewClient(awsCfg, 1)
+	out, err := client.HeadBucket(ctx, &s3.HeadBucketInput{Bucket: aws.String(bucket)}, func(o *s3.Options) {
+		o.Credentials = aws.AnonymousCredentials{}
+		o.Retryer = retry.AddWithMaxAttempts(o.Retryer, 2)
+	})
+	if err == nil {
+		if out.BucketRegion != nil && *out.BucketRegion != "" {
+			return *out.BucketRegion, nil
+		}
+		return "", errors.New("HeadBucket did not name the bucket's region")
+	}
+	var re *awshttp.ResponseError
+	if errors.As(err, &re) && re.Response != nil {
+		if r := re.Response.Header.Get("X-Amz-Bucket-Region"); r != "" {
+			return r, nil
+		}
+	}
+	return "", err
 }
 
 // s3NewClient returns the S3 client OpenStore uses; see there.

@@ -64,8 +64,11 @@ type Config struct {
 	// PollInterval is the time between the starts of two polls of one source.
 	// Zero or negative means [DefaultPollInterval] (1 s).
 	PollInterval time.Duration
-	// RequestTimeout bounds each IMDS request. Zero or negative means PollInterval, but at
-	// least 500 ms. ([Client] with the SDK's default HTTP client also gives up on response
+	// SpotPollInterval is the spot source's own interval (it has the shortest notice). Zero or
+	// negative means PollInterval.
+	SpotPollInterval time.Duration
+	// RequestTimeout bounds each IMDS request. Zero or negative means the source's interval,
+	// but at least 500 ms. ([Client] with the SDK's default HTTP client also gives up on response
 	// headers after 500 ms.)
 	RequestTimeout time.Duration
 	// Logger receives the watcher's logs, with component=imds added. The zero Logger
@@ -138,12 +141,13 @@ func (s Stats) Healthy(now time.Time) bool {
 // Create it with [NewWatcher]. Check and Stats are safe for concurrent use; Run must not be
 // called again before a previous call has returned.
 type Watcher struct {
-	g        Getter
-	sources  []Source
-	cfgErr   error // returned by Run
-	interval time.Duration
-	timeout  time.Duration
-	log      zerolog.Logger
+	g            Getter
+	sources      []Source
+	cfgErr       error // returned by Run
+	interval     time.Duration
+	spotInterval time.Duration
+	timeout      time.Duration // 0: by source, see requestTimeout
+	log          zerolog.Logger
 
 	mu    sync.Mutex
 	stats Stats // guarded by mu
@@ -153,17 +157,18 @@ type Watcher struct {
 // A bad cfg is reported by Run.
 func NewWatcher(g Getter, cfg Config) *Watcher {
 	w := &Watcher{
-		g:        g,
-		interval: cfg.PollInterval,
-		timeout:  cfg.RequestTimeout,
-		log:      cfg.Logger.With().Str("component", "imds").Logger(),
-		stats:    Stats{Sources: make(map[Source]SourceStats)},
+		g:            g,
+		interval:     cfg.PollInterval,
+		spotInterval: cfg.SpotPollInterval,
+		timeout:      cfg.RequestTimeout,
+		log:          cfg.Logger.With().Str("component", "imds").Logger(),
+		stats:        Stats{Sources: make(map[Source]SourceStats)},
 	}
 	if w.interval <= 0 {
 		w.interval = DefaultPollInterval
 	}
-	if w.timeout <= 0 {
-		w.timeout = max(w.interval, minDefaultRequestTimeout)
+	if w.spotInterval <= 0 {
+		w.spotInterval = w.interval
 	}
 	srcs := cfg.Sources
 	if len(srcs) == 0 {
@@ -200,7 +205,7 @@ func (w *Watcher) Check(ctx context.Context, src Source) ([]Notice, error) {
 	if path == "" {
 		return nil, fmt.Errorf("imds: unknown notice source %q", src)
 	}
-	rctx, cancel := context.WithTimeout(ctx, w.timeout)
+	rctx, cancel := context.WithTimeout(ctx, w.requestTimeout(src))
 	defer cancel()
 	body, found, err := w.g.Get(rctx, path)
 	if err != nil {
@@ -250,10 +255,10 @@ func excerpt(body []byte) string {
 //   - End: a successful read (404, or a body without it, e.g. a scheduled event turned
 //     canceled or completed) no longer shows an active key.
 //
-// Each source is polled at once, then every PollInterval from the start of the previous
-// poll. A failed read never changes the active set (the fail-safe spot notice of a malformed
+// Each source is polled at once, then every PollInterval (SpotPollInterval for spot) from the
+// start of the previous poll. A failed read never changes the active set (the fail-safe spot notice of a malformed
 // body is added, as a successful read would add it); it is counted and followed by a
-// jittered exponential backoff from 100 ms, capped at PollInterval for spot and at 10 ×
+// jittered exponential backoff from 100 ms, capped at SpotPollInterval for spot and at 10 ×
 // PollInterval for other sources, measured from the end of the failed read. Each error
 // streak logs one Warn at its first error and one Info when the source recovers.
 //
@@ -289,9 +294,26 @@ type sourceState struct {
 	failingSince time.Time
 }
 
+// intervalOf is the poll interval of src.
+func (w *Watcher) intervalOf(src Source) time.Duration {
+	if src == SourceSpot {
+		return w.spotInterval
+	}
+	return w.interval
+}
+
+// requestTimeout bounds one read of src.
+func (w *Watcher) requestTimeout(src Source) time.Duration {
+	if w.timeout > 0 {
+		return w.timeout
+	}
+	return max(w.intervalOf(src), minDefaultRequestTimeout)
+}
+
 // watch is the loop of one source: poll, then wait for the cadence or the backoff.
 func (w *Watcher) watch(ctx context.Context, src Source, out chan<- Event) {
-	bmax := w.interval
+	interval := w.intervalOf(src)
+	bmax := interval
 	if src != SourceSpot {
 		bmax *= otherBackoffFactor
 	}
@@ -307,7 +329,7 @@ func (w *Watcher) watch(ctx context.Context, src Source, out chan<- Event) {
 			d = s.bo.next()
 		} else {
 			s.bo.reset()
-			d = w.interval - time.Since(start)
+			d = interval - time.Since(start)
 		}
 		if !wait(ctx, d) {
 			return

@@ -501,11 +501,17 @@ func TestNewWatcherDefaults(t *testing.T) {
 	if !slices.Equal(w.sources, []Source{SourceASG, SourceSpot}) {
 		t.Errorf("sources = %q; want [asg spot]", w.sources)
 	}
-	if w.interval != time.Second || w.timeout != time.Second {
-		t.Errorf("interval, timeout = %v, %v; want 1s, 1s", w.interval, w.timeout)
+	if w.interval != time.Second || w.intervalOf(SourceSpot) != time.Second || w.requestTimeout(SourceASG) != time.Second {
+		t.Errorf("interval, spot interval, timeout = %v, %v, %v; want 1s, 1s, 1s", w.interval, w.intervalOf(SourceSpot), w.requestTimeout(SourceASG))
 	}
 	if got := len(w.Stats().Sources); got != 2 {
 		t.Errorf("len(Stats().Sources) = %d; want 2", got)
+	}
+	// The spot source on its own interval; each source's request timeout follows its own.
+	w = NewWatcher(getterFunc(nil), Config{PollInterval: 3 * time.Second, SpotPollInterval: 200 * time.Millisecond})
+	if got := []time.Duration{w.intervalOf(SourceSpot), w.intervalOf(SourceRebalance), w.requestTimeout(SourceSpot), w.requestTimeout(SourceScheduled)}; !slices.Equal(got,
+		[]time.Duration{200 * time.Millisecond, 3 * time.Second, 500 * time.Millisecond, 3 * time.Second}) {
+		t.Errorf("spot interval, rebalance interval, spot timeout, scheduled timeout = %v; want [200ms 3s 500ms 3s]", got)
 	}
 }
 

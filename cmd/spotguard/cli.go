@@ -69,7 +69,7 @@ func run(ctx context.Context, args, environ []string, stdout, stderr io.Writer) 
 	case "run":
 		return runAgent(ctx, rest, environ, stderr)
 	case "config":
-		return runConfig(rest, environ, stdout, stderr)
+		return runConfig(ctx, rest, environ, stdout, stderr)
 	case "restore":
 		return runRestore(ctx, rest, environ, stdout, stderr)
 	case "list":
@@ -157,8 +157,8 @@ func (cf *configFlags) load(environ []string) (*agent.Config, error) {
 	return agent.Load(agent.LoadOptions{Path: cf.path, Environ: environ, Flags: cf.overrides})
 }
 
-func runConfig(args, environ []string, stdout, stderr io.Writer) int {
-	fs, cf := newFlagSet("config", "Print the effective configuration (with where each value came from) and every problem with it.", stderr)
+func runConfig(ctx context.Context, args, environ []string, stdout, stderr io.Writer) int {
+	fs, cf := newFlagSet("config", "Print the effective configuration (with where each value came from), then every problem that would stop\n`spotguard run` from starting (exit 1) and every warning (exit 0).", stderr)
 	if code, ok := parseFlags(fs, args); !ok {
 		return code
 	}
@@ -168,8 +168,24 @@ func runConfig(args, environ []string, stdout, stderr io.Writer) int {
 		return exitFail
 	}
 	fmt.Fprint(stdout, cfg.YAML())
+	var problems []string
 	if err := cfg.Validate(); err != nil {
-		problems := strings.Split(err.Error(), "\n")
+		problems = strings.Split(err.Error(), "\n")
+	}
+	// The AWS configuration as `run` loads it, without asking IMDS for the region (no network here).
+	_, awsErr := awsconfig.LoadDefaultConfig(ctx)
+	awsProblem, awsWarning := awsNeeds(cfg, awsConfigErr(awsErr))
+	if awsProblem != "" {
+		problems = append(problems, awsProblem)
+	}
+	warnings := cfg.Warnings()
+	if awsWarning != "" {
+		warnings = append(warnings, awsWarning)
+	}
+	for _, w := range warnings {
+		fmt.Fprintf(stderr, "warning: %s\n", w)
+	}
+	if len(problems) > 0 {
 		fmt.Fprintf(stderr, "\n%d problem(s) in the configuration:\n", len(problems))
 		for _, p := range problems {
 			fmt.Fprintf(stderr, "  - %s\n", p)
@@ -177,6 +193,28 @@ func runConfig(args, environ []string, stdout, stderr io.Writer) int {
 		return exitFail
 	}
 	return exitOK
+}
+
+// awsConfigErr is awsConfigError of a non-nil err, else nil.
+func awsConfigErr(err error) error {
+	if err == nil {
+		return nil
+	}
+	return awsConfigError(err)
+}
+
+// awsNeeds says what an AWS configuration that cannot be loaded (err) means for cfg: a problem
+// that stops the agent when an s3:// store needs it; a warning (CloudWatch off) when only
+// metrics.cloudwatch does; nothing in signal-only mode. `run` and `config` say the same.
+func awsNeeds(cfg *agent.Config, err error) (problem, warning string) {
+	switch {
+	case err == nil:
+	case strings.HasPrefix(cfg.Store.URL, "s3://"):
+		problem = fmt.Sprintf("store.url: %s needs AWS: %v", cfg.Store.URL, err)
+	case cfg.Metrics.CloudWatch:
+		warning = fmt.Sprintf("metrics.cloudwatch: CloudWatch metrics are off (everything else runs): %v", err)
+	}
+	return problem, warning
 }
 
 func runAgent(ctx context.Context, args, environ []string, stderr io.Writer) int {
@@ -201,12 +239,28 @@ func runAgent(ctx context.Context, args, environ []string, stderr io.Writer) int
 		return exitFail
 	}
 	log := newLogger(stderr, cfg.Log.Level)
-
-	awsCfg, err := awsconfig.LoadDefaultConfig(ctx)
-	if err != nil {
-		log.Error().Err(err).Msg("cannot load AWS configuration")
-		return exitFail
+	for _, w := range cfg.Warnings() {
+		log.Warn().Msg(w)
 	}
+
+	// Only what talks to AWS needs its configuration: an S3 store cannot start without; CloudWatch
+	// is turned off; the notice path (IMDS) does not need it.
+	setup, err := loadAWS(ctx, cfg.IMDS.Endpoint)
+	if problem, warning := awsNeeds(cfg, err); problem != "" {
+		fmt.Fprintf(stderr, "spotguard run: invalid configuration, not starting:\n  - %s\n", problem)
+		return exitFail
+	} else if warning != "" {
+		log.Warn().Msg(warning)
+		cfg.Metrics.CloudWatch = false
+	}
+	switch {
+	case err != nil:
+	case setup.cfg.Region != "":
+		log.Info().Str("region", setup.cfg.Region).Str("from", setup.regionFrom).Msg("AWS region")
+	case strings.HasPrefix(cfg.Store.URL, "s3://") || cfg.Metrics.CloudWatch:
+		log.Warn().Err(setup.needRegion()).Msg("no AWS region: S3 and CloudWatch requests will fail")
+	}
+	awsCfg := setup.cfg
 	env := envMap(environ)
 	watchdog, err := systemd.WatchdogInterval(env["WATCHDOG_USEC"], env["WATCHDOG_PID"], os.Getpid())
 	if err != nil {
@@ -222,7 +276,7 @@ func runAgent(ctx context.Context, args, environ []string, stderr io.Writer) int
 		Logger: log,
 		IMDS:   imds.NewClient(awsCfg, cfg.IMDS.Endpoint),
 		OpenStore: func(url string, opts checkpoint.S3Options) (checkpoint.Store, error) {
-			return checkpoint.OpenStore(url, awsCfg, opts)
+			return openS3Store(ctx, setup, url, opts, func(msg string) { log.Info().Str("store", url).Msg(msg) })
 		},
 		OpenGPUs: func(log zerolog.Logger) (agent.GPUs, error) {
 			g, err := nvml.Open(log)

@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
-	awsconfig "github.com/aws/aws-sdk-go-v2/config"
 	"github.com/rs/zerolog"
 
 	"github.com/spotguard/spotguard/agent"
@@ -67,9 +66,9 @@ func (r *doctorReport) add(name, status, detail, fix string) {
 // doctorDeps are the doctor's connections to the world: the same as `spotguard run` uses, passed
 // in so tests can supply their own.
 type doctorDeps struct {
-	loadAWS   func(ctx context.Context) (aws.Config, error)
+	loadAWS   func(ctx context.Context, imdsEndpoint string) (awsSetup, error)
 	newIMDS   func(cfg aws.Config, endpoint string) imds.Getter
-	openStore func(ctx context.Context, url string, opts checkpoint.S3Options) (checkpoint.Store, error)
+	openStore func(ctx context.Context, url, imdsEndpoint string, opts checkpoint.S3Options) (checkpoint.Store, error)
 	openGPUs  gpuOpener
 	// procRoot and cgroupRoot are "" for /proc and /sys/fs/cgroup.
 	procRoot, cgroupRoot string
@@ -77,7 +76,7 @@ type doctorDeps struct {
 
 func defaultDoctorDeps() doctorDeps {
 	return doctorDeps{
-		loadAWS: func(ctx context.Context) (aws.Config, error) { return awsconfig.LoadDefaultConfig(ctx) },
+		loadAWS: loadAWS,
 		newIMDS: func(cfg aws.Config, endpoint string) imds.Getter {
 			return imds.NewClient(cfg, endpoint)
 		},
@@ -126,11 +125,12 @@ func doctor(ctx context.Context, cf *configFlags, environ []string, deps doctorD
 	} else {
 		rep.add("config", doctorPass, "valid", "")
 	}
-	awsCfg, awsErr := deps.loadAWS(ctx)
-	if awsErr != nil {
-		rep.add("aws", doctorFail, "cannot load the AWS configuration: "+awsErr.Error(),
-			"fix AWS_PROFILE, AWS_CONFIG_FILE or ~/.aws/config (the SDK's own settings)")
+	for _, w := range cfg.Warnings() {
+		rep.add("config", doctorWarn, w, "poll at 1s (the default) or faster")
 	}
+	setup, awsErr := deps.loadAWS(ctx, cfg.IMDS.Endpoint)
+	doctorAWS(&rep, cfg, setup, awsErr)
+	awsCfg := setup.cfg
 	env := envMap(environ)
 	instance := doctorIMDS(ctx, &rep, cfg, deps.newIMDS(awsCfg, cfg.IMDS.Endpoint), env)
 	doctorStore(ctx, &rep, cfg, deps, instance)
@@ -139,6 +139,29 @@ func doctor(ctx context.Context, cf *configFlags, environ []string, deps doctorD
 	doctorNVML(&rep, deps, stderr)
 	doctorCloudWatch(ctx, &rep, cfg, awsCfg, awsErr)
 	return rep
+}
+
+// doctorAWS checks the AWS configuration where the agent needs it: an s3:// store cannot do
+// without (FAIL), CloudWatch can (WARN: the agent runs without its metrics), signal-only mode
+// with a file store does not need it at all.
+func doctorAWS(rep *doctorReport, cfg *agent.Config, s awsSetup, err error) {
+	s3 := strings.HasPrefix(cfg.Store.URL, "s3://")
+	if !s3 && !cfg.Metrics.CloudWatch {
+		return
+	}
+	status, needs := doctorWarn, "CloudWatch metrics (metrics.cloudwatch) need it; the rest runs without"
+	if s3 {
+		status, needs = doctorFail, "the store "+cfg.Store.URL+" needs it"
+	}
+	switch {
+	case err != nil:
+		problem, warning := awsNeeds(cfg, err) // what `run` says
+		rep.add("aws", status, problem+warning, "fix or unset AWS_PROFILE, AWS_CONFIG_FILE or ~/.aws/config (the SDK's own settings); on EC2 the instance profile needs none of them")
+	case s.cfg.Region == "":
+		rep.add("aws", status, s.needRegion().Error()+"; "+needs, "on EC2 make IMDS reachable (the region is read from placement/region), or set AWS_REGION for the service")
+	default:
+		rep.add("aws", doctorPass, fmt.Sprintf("region %s from %s", s.cfg.Region, s.regionFrom), "")
+	}
 }
 
 // imdsEndpoint is the IMDS endpoint the agent uses, for messages.
@@ -231,7 +254,7 @@ func doctorStore(ctx context.Context, rep *doctorReport, cfg *agent.Config, deps
 	}
 	sctx, cancel := context.WithTimeout(ctx, doctorStoreTimeout)
 	defer cancel()
-	store, err := deps.openStore(sctx, cfg.Store.URL, checkpoint.S3Options{PartSize: cfg.Store.PartSize, Concurrency: cfg.Store.Concurrency})
+	store, err := deps.openStore(sctx, cfg.Store.URL, cfg.IMDS.Endpoint, checkpoint.S3Options{PartSize: cfg.Store.PartSize, Concurrency: cfg.Store.Concurrency})
 	if err != nil {
 		rep.add("store", doctorFail, cfg.Store.URL+": cannot open: "+err.Error(), agent.StoreFix(agent.StoreErrorReason(err), cfg.Store.URL, err))
 		return

@@ -75,9 +75,9 @@ func newDoctorRig(t *testing.T) *doctorRig {
 		return s
 	}
 	r.deps = doctorDeps{
-		loadAWS: func(context.Context) (aws.Config, error) { return aws.Config{}, nil },
+		loadAWS: func(context.Context, string) (awsSetup, error) { return awsSetup{}, nil },
 		newIMDS: func(aws.Config, string) imds.Getter { return r.imds },
-		openStore: func(ctx context.Context, url string, opts checkpoint.S3Options) (checkpoint.Store, error) {
+		openStore: func(ctx context.Context, url, imdsEndpoint string, opts checkpoint.S3Options) (checkpoint.Store, error) {
 			return r.store(filepath.Join(r.tmp, "store")), nil
 		},
 		openGPUs: func(zerolog.Logger) (gpuSource, error) {

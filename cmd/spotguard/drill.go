@@ -200,11 +200,19 @@ func drill(ctx context.Context, p drillPlan, log zerolog.Logger, rep *drillRepor
 		agent.KeyValue{Key: "checkpoint.dir", Value: p.ckDir}, agent.KeyValue{Key: "store.url", Value: p.store},
 		agent.KeyValue{Key: "store.job", Value: p.job}, agent.KeyValue{Key: "http.listen", Value: ""},
 		agent.KeyValue{Key: "agent.runtime_dir", Value: filepath.Join(p.tmp, "run")},
-		agent.KeyValue{Key: "metrics.cloudwatch", Value: "false"}, agent.KeyValue{Key: "notices.rebalance", Value: "ignore"},
-		agent.KeyValue{Key: "imds.endpoint", Value: endpoint})
+		agent.KeyValue{Key: "metrics.cloudwatch", Value: "false"}, agent.KeyValue{Key: "notices.rebalance", Value: "ignore"})
+	if sim != nil {
+		overrides = append(overrides, agent.KeyValue{Key: "imds.endpoint", Value: endpoint})
+	}
 	path := p.configFlags.path
 	if _, err := os.Stat(path); err != nil && path == agent.DefaultConfigPath {
 		path = "" // no installed config: defaults
+	}
+	// The store's region comes from the real IMDS, as for `spotguard run`, even when the notices
+	// come from the drill's simulator.
+	realEndpoint := ""
+	if ucfg, err := agent.Load(agent.LoadOptions{Path: path, Environ: p.environ, Flags: p.configFlags.overrides}); err == nil {
+		realEndpoint = ucfg.IMDS.Endpoint
 	}
 	cfg, err := agent.Load(agent.LoadOptions{Path: path, Environ: p.environ, Flags: overrides})
 	if err != nil {
@@ -216,14 +224,14 @@ func drill(ctx context.Context, p drillPlan, log zerolog.Logger, rep *drillRepor
 	var awsCfg aws.Config // for the IMDS client: the real IMDS only
 	if p.realIMDS {
 		if awsCfg, err = awsconfig.LoadDefaultConfig(ctx); err != nil {
-			return fail("load AWS configuration: %v", err)
+			awsCfg = envOnlyAWS() // the IMDS client needs no profile
 		}
 	}
 	// The store first: a wrong bucket or a missing permission fails here, in seconds, with the real
 	// cause, rather than as a checkpoint that never commits.
 	sctx, cancel := context.WithTimeout(ctx, drillStoreTimeout)
 	defer cancel()
-	store, err := openStore(ctx, p.store, checkpoint.S3Options{PartSize: cfg.Store.PartSize, Concurrency: cfg.Store.Concurrency})
+	store, err := openStore(sctx, p.store, realEndpoint, checkpoint.S3Options{PartSize: cfg.Store.PartSize, Concurrency: cfg.Store.Concurrency})
 	if err != nil {
 		reason := agent.StoreErrorReason(err)
 		rep.Cause, rep.storeFix = "store:"+reason, agent.StoreFix(reason, p.store, err)

@@ -11,27 +11,12 @@ import (
 	"sync"
 	"time"
 
-	"github.com/aws/aws-sdk-go-v2/aws"
-	awsconfig "github.com/aws/aws-sdk-go-v2/config"
 	"github.com/mattn/go-isatty"
 	"github.com/rs/zerolog"
 
 	"github.com/spotguard/spotguard/agent"
 	"github.com/spotguard/spotguard/checkpoint"
 )
-
-// openStore opens the checkpoint store named by url; AWS settings come from the SDK's own
-// environment and shared config, and are loaded only for s3:// stores.
-func openStore(ctx context.Context, url string, opts checkpoint.S3Options) (checkpoint.Store, error) {
-	var awsCfg aws.Config
-	if strings.HasPrefix(url, "s3://") {
-		var err error
-		if awsCfg, err = awsconfig.LoadDefaultConfig(ctx); err != nil {
-			return nil, fmt.Errorf("load AWS configuration: %w", err)
-		}
-	}
-	return checkpoint.OpenStore(url, awsCfg, opts)
-}
 
 // loadStoreConfig loads the configuration for a command that only reads the store: only the
 // store's own keys must be valid.
@@ -74,7 +59,7 @@ func runRestore(ctx context.Context, args, environ []string, stdout, stderr io.W
 	if !ok {
 		return exitFail
 	}
-	store, err := openStore(ctx, cfg.Store.URL, checkpoint.S3Options{PartSize: cfg.Store.PartSize, Concurrency: cfg.Store.Concurrency})
+	store, err := openStore(ctx, cfg.Store.URL, cfg.IMDS.Endpoint, checkpoint.S3Options{PartSize: cfg.Store.PartSize, Concurrency: cfg.Store.Concurrency})
 	if err != nil {
 		fmt.Fprintf(stderr, "spotguard restore: %v\n", err)
 		return exitFail
@@ -134,7 +119,7 @@ func runList(ctx context.Context, args, environ []string, stdout, stderr io.Writ
 	if !ok {
 		return exitFail
 	}
-	store, err := openStore(ctx, cfg.Store.URL, checkpoint.S3Options{PartSize: cfg.Store.PartSize, Concurrency: cfg.Store.Concurrency})
+	store, err := openStore(ctx, cfg.Store.URL, cfg.IMDS.Endpoint, checkpoint.S3Options{PartSize: cfg.Store.PartSize, Concurrency: cfg.Store.Concurrency})
 	if err != nil {
 		fmt.Fprintf(stderr, "spotguard list: %v\n", err)
 		return exitFail
