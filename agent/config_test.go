@@ -158,6 +158,19 @@ func TestValidateBadValues(t *testing.T) {
 		{"SPOTGUARD_STORE_URL=http://x", "store.url: \"http://x\""},
 		{"SPOTGUARD_STORE_JOB=a/b", "store.job: \"a/b\""},
 		{"SPOTGUARD_AGENT_RUNTIME_DIR=", "agent.runtime_dir: \"\""},
+		// What `run` refused although the value parsed (issue 11).
+		{"SPOTGUARD_STORE_URL=s3://", "store.url: \"s3://\" from SPOTGUARD_STORE_URL: missing bucket"},
+		{"SPOTGUARD_STORE_URL=s3:///prefix", "missing bucket"},
+		{"SPOTGUARD_STORE_URL=s3://b/a/../c", `has a ".." element`},
+		{"SPOTGUARD_STORE_URL=file:///a/../b", `".." element`},
+		{"SPOTGUARD_STORE_URL=file://host/x", "want an absolute path"},
+		{"SPOTGUARD_IMDS_POLL_INTERVAL=10m", "imds.poll_interval: \"10m\" from SPOTGUARD_IMDS_POLL_INTERVAL: want 100ms to 5s"},
+		{"SPOTGUARD_IMDS_POLL_INTERVAL=50ms", "want 100ms to 5s"},
+		{"SPOTGUARD_IMDS_SPOT_POLL_INTERVAL=6s", "imds.spot_poll_interval: \"6s\" from SPOTGUARD_IMDS_SPOT_POLL_INTERVAL: want 100ms to 5s"},
+		{"SPOTGUARD_IMDS_ENDPOINT=not a url", "imds.endpoint: \"not a url\" from SPOTGUARD_IMDS_ENDPOINT: want an http:// or https:// URL"},
+		{"SPOTGUARD_IMDS_ENDPOINT=169.254.169.254", "imds.endpoint: \"169.254.169.254\""},
+		{"SPOTGUARD_IMDS_ENDPOINT=ftp://x", "want an http:// or https:// URL"},
+		{"SPOTGUARD_IMDS_ENDPOINT=http://", "want a host"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.env, func(t *testing.T) {
@@ -265,5 +278,49 @@ func TestStopBudgetFitsTheUnit(t *testing.T) {
 	cfg := mustLoad(t, LoadOptions{})
 	if margin := unit - cfg.Agent.StopBudget; margin < 5*time.Second {
 		t.Errorf("TimeoutStopSec=%v leaves %v over agent.stop_budget %v; want at least 5s", unit, margin, cfg.Agent.StopBudget)
+	}
+}
+
+// Values at the edges of what is allowed are accepted; slow polling only warns.
+func TestValidateGoodValuesAndWarnings(t *testing.T) {
+	c := mustLoad(t, LoadOptions{Environ: []string{"SPOTGUARD_TRAINER_PIDFILE=/x", "SPOTGUARD_IMDS_POLL_INTERVAL=5s",
+		"SPOTGUARD_IMDS_SPOT_POLL_INTERVAL=100ms", "SPOTGUARD_IMDS_ENDPOINT=http://[fd00:ec2::254]", "SPOTGUARD_STORE_URL=s3://bucket",
+		"SPOTGUARD_STORE_JOB=j", "SPOTGUARD_CHECKPOINT_DIR=" + t.TempDir()}})
+	if err := c.Validate(); err != nil {
+		t.Fatalf("Validate() = %v; want nil", err)
+	}
+	if c.IMDS.PollInterval != 5*time.Second || c.IMDS.SpotPollInterval != 100*time.Millisecond || c.IMDS.Endpoint != "http://[fd00:ec2::254]" {
+		t.Errorf("imds = %+v", c.IMDS)
+	}
+	w := c.Warnings()
+	if len(w) != 1 || !strings.HasPrefix(w[0], "imds.poll_interval: 5s: a notice may be seen 5s late") {
+		t.Errorf("Warnings() = %q; want one for imds.poll_interval", w)
+	}
+	if w := mustLoad(t, LoadOptions{}).Warnings(); len(w) != 0 {
+		t.Errorf("Warnings() of the defaults = %q; want none", w)
+	}
+}
+
+// A key set twice, or a section written twice, is a problem naming both lines: a YAML parser
+// that merges them silently keeps one half.
+func TestDuplicateKeysAreErrors(t *testing.T) {
+	path := writeConfig(t, `imds:
+  poll_interval: 1s
+store:
+  url: s3://b/p
+imds:
+  endpoint: http://127.0.0.1:1338
+trainer:
+  pidfile: /a
+  pidfile: /b
+`)
+	err := mustLoad(t, LoadOptions{Path: path}).Validate()
+	if err == nil {
+		t.Fatal("Validate() = nil; want the duplicates reported")
+	}
+	for _, want := range []string{path + ": section imds appears twice (lines 1 and 5)", "trainer.pidfile: set twice (" + path + " lines 8 and 9)"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("Validate() lacks %q:\n%v", want, err)
+		}
 	}
 }

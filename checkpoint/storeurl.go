@@ -145,9 +145,9 @@ func BucketRegion(ctx context.Context, awsCfg aws.Config, bucket string) (string
 	if awsCfg.Region == "" {
 		awsCfg.Region = "us-east-1"
 	}
+	awsCfg.Credentials = aws.AnonymousCredentials{} // unsigned: the client turns it into none
 	client := s3NewClient(awsCfg, 1)
 	out, err := client.HeadBucket(ctx, &s3.HeadBucketInput{Bucket: aws.String(bucket)}, func(o *s3.Options) {
-		o.Credentials = aws.AnonymousCredentials{}
 		o.Retryer = retry.AddWithMaxAttempts(o.Retryer, 2)
 	})
 	if err == nil {

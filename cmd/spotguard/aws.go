@@ -27,7 +27,9 @@ type awsSetup struct {
 	cfg aws.Config
 	// regionFrom says where cfg.Region came from, for messages.
 	regionFrom string
-	// regionErr is why IMDS gave no region, when cfg.Region is "".
+	// imdsEndpoint is where resolveRegion asks (imds.endpoint; empty: the SDK's choice).
+	imdsEndpoint string
+	// regionErr is why IMDS gave no region, when cfg.Region is "" after resolveRegion.
 	regionErr error
 }
 
@@ -35,24 +37,28 @@ type awsSetup struct {
 var regionPattern = regexp.MustCompile(`^[a-z]{2}(-[a-z0-9]+)+-[0-9]+$`)
 
 // loadAWS loads the AWS configuration from the SDK's own sources: the environment, the shared
-// config and credentials files and the profile they name. When they name no region it is the
-// instance's, IMDS placement/region, read through the same endpoint as the notice watcher's
-// (imdsEndpoint, which is imds.endpoint; empty: AWS_EC2_METADATA_SERVICE_ENDPOINT, else the
-// default), so an instance needs no AWS_REGION. The error is a problem with the SDK's own sources
-// (a profile that does not exist, a file that cannot be read); no region is not an error here:
-// needRegion says so where one is needed.
+// config and credentials files and the profile they name. The error is a problem with them (a
+// profile that does not exist, a file that cannot be read). The region may still be "":
+// resolveRegion asks IMDS.
 func loadAWS(ctx context.Context, imdsEndpoint string) (awsSetup, error) {
 	cfg, err := awsconfig.LoadDefaultConfig(ctx)
 	if err != nil {
-		return awsSetup{cfg: envOnlyAWS()}, awsConfigError(err)
+		return awsSetup{cfg: envOnlyAWS(), imdsEndpoint: imdsEndpoint}, awsConfigError(err)
 	}
-	s := awsSetup{cfg: cfg, regionFrom: "the AWS environment or shared config"}
-	if cfg.Region != "" {
-		return s, nil
+	return awsSetup{cfg: cfg, regionFrom: "the AWS environment or shared config", imdsEndpoint: imdsEndpoint}, nil
+}
+
+// resolveRegion sets the region, when the SDK's sources name none, to the instance's: IMDS
+// placement/region, read through the same endpoint as the notice watcher's (imds.endpoint, else
+// AWS_EC2_METADATA_SERVICE_ENDPOINT, else the default), so an instance needs no AWS_REGION. When
+// IMDS does not answer, the region stays "" and needRegion says why.
+func (s *awsSetup) resolveRegion(ctx context.Context) {
+	if s.cfg.Region != "" || s.regionErr != nil {
+		return
 	}
 	rctx, cancel := context.WithTimeout(ctx, imdsRegionTimeout)
 	defer cancel()
-	body, found, err := imds.NewClient(cfg, imdsEndpoint).Get(rctx, "placement/region")
+	body, found, err := imds.NewClient(s.cfg, s.imdsEndpoint).Get(rctx, "placement/region")
 	region := strings.TrimSpace(string(body))
 	switch {
 	case err != nil:
@@ -64,7 +70,6 @@ func loadAWS(ctx context.Context, imdsEndpoint string) (awsSetup, error) {
 	default:
 		s.cfg.Region, s.regionFrom = region, "IMDS placement/region"
 	}
-	return s, nil
 }
 
 // needRegion returns an error saying how to give a region when there is none.
@@ -95,40 +100,44 @@ func envOnlyAWS() aws.Config {
 	return cfg
 }
 
-// openS3Store opens the store at url with the AWS configuration s, in the bucket's own region
-// when S3 names another one than s's (a bucket in another region than the instance). note, if
-// not nil, is told which region the store uses and why. A file store needs no AWS at all.
-func openS3Store(ctx context.Context, s awsSetup, url string, opts checkpoint.S3Options, note func(string)) (checkpoint.Store, error) {
-	scheme, bucket, _, err := checkpoint.ParseStoreURL(url)
+// storeAWS returns the AWS configuration for the store at url: s's, in the bucket's own region,
+// which S3 names in its answer to an anonymous HeadBucket (asked in s's region, or us-east-1 when
+// s has none yet), so a bucket in another region than the instance is reached. When S3 does not
+// name it, the store uses s's region, the instance's if the SDK's sources name none. note, if not
+// nil, is told which region the store uses and why. A file store needs no AWS configuration.
+func storeAWS(ctx context.Context, s *awsSetup, url string, note func(string)) (aws.Config, error) {
+	if !strings.HasPrefix(url, "s3://") {
+		return aws.Config{}, nil
+	}
+	_, bucket, _, err := checkpoint.ParseStoreURL(url)
 	if err != nil {
-		return nil, err
+		return aws.Config{}, err
 	}
-	if scheme != "s3" {
-		return checkpoint.OpenStore(url, aws.Config{}, opts)
-	}
-	cfg := s.cfg.Copy()
 	bctx, cancel := context.WithTimeout(ctx, bucketRegionTimeout)
 	defer cancel()
-	region, berr := checkpoint.BucketRegion(bctx, cfg, bucket)
-	switch {
-	case region != "" && region != cfg.Region:
-		if note != nil && cfg.Region != "" {
-			note(fmt.Sprintf("bucket %s is in %s, not in %s (from %s): the store uses %s", bucket, region, cfg.Region, s.regionFrom, region))
-		}
-		cfg.Region = region
-	case region == "":
+	region, berr := checkpoint.BucketRegion(bctx, s.cfg, bucket)
+	cfg := s.cfg.Copy()
+	if region == "" {
+		s.resolveRegion(ctx)
 		if err := s.needRegion(); err != nil {
-			return nil, fmt.Errorf("store %s: %w (and S3 did not say where bucket %s is: %v)", url, err, bucket, berr)
+			return aws.Config{}, fmt.Errorf("store %s: %w (and S3 did not say which region bucket %s is in: %v)", url, err, bucket, berr)
 		}
 		if note != nil {
-			note(fmt.Sprintf("could not ask S3 which region bucket %s is in (%v); the store uses %s (from %s)", bucket, berr, cfg.Region, s.regionFrom))
+			note(fmt.Sprintf("S3 did not say which region bucket %s is in (%v); the store uses %s (from %s)", bucket, berr, s.cfg.Region, s.regionFrom))
 		}
+		cfg.Region = s.cfg.Region
+		return cfg, nil
 	}
-	return checkpoint.OpenStore(url, cfg, opts)
+	if note != nil && region != s.cfg.Region && s.cfg.Region != "" {
+		note(fmt.Sprintf("bucket %s is in %s, not in %s (from %s): the store uses %s", bucket, region, s.cfg.Region, s.regionFrom, region))
+	}
+	cfg.Region = region
+	return cfg, nil
 }
 
 // openStore opens the store at url as every command does: AWS settings as `spotguard run` loads
-// them (loadAWS, through imdsEndpoint), loaded only for an s3:// store, in the bucket's region.
+// them (loadAWS, then IMDS through imdsEndpoint for the region if need be), loaded only for an
+// s3:// store, in the bucket's region.
 func openStore(ctx context.Context, url, imdsEndpoint string, opts checkpoint.S3Options) (checkpoint.Store, error) {
 	if !strings.HasPrefix(url, "s3://") {
 		return checkpoint.OpenStore(url, aws.Config{}, opts)
@@ -137,5 +146,9 @@ func openStore(ctx context.Context, url, imdsEndpoint string, opts checkpoint.S3
 	if err != nil {
 		return nil, fmt.Errorf("store %s: %w", url, err)
 	}
-	return openS3Store(ctx, s, url, opts, nil)
+	cfg, err := storeAWS(ctx, &s, url, nil)
+	if err != nil {
+		return nil, err
+	}
+	return checkpoint.OpenStore(url, cfg, opts)
 }

@@ -253,6 +253,9 @@ func runAgent(ctx context.Context, args, environ []string, stderr io.Writer) int
 		log.Warn().Msg(warning)
 		cfg.Metrics.CloudWatch = false
 	}
+	if err == nil {
+		setup.resolveRegion(ctx)
+	}
 	switch {
 	case err != nil:
 	case setup.cfg.Region != "":
@@ -261,6 +264,8 @@ func runAgent(ctx context.Context, args, environ []string, stderr io.Writer) int
 		log.Warn().Err(setup.needRegion()).Msg("no AWS region: S3 and CloudWatch requests will fail")
 	}
 	awsCfg := setup.cfg
+	// The store's own AWS configuration (its bucket's region), decided once.
+	storeCfg, storeErr := storeAWS(ctx, &setup, cfg.Store.URL, func(msg string) { log.Info().Str("store", cfg.Store.URL).Msg(msg) })
 	env := envMap(environ)
 	watchdog, err := systemd.WatchdogInterval(env["WATCHDOG_USEC"], env["WATCHDOG_PID"], os.Getpid())
 	if err != nil {
@@ -276,7 +281,10 @@ func runAgent(ctx context.Context, args, environ []string, stderr io.Writer) int
 		Logger: log,
 		IMDS:   imds.NewClient(awsCfg, cfg.IMDS.Endpoint),
 		OpenStore: func(url string, opts checkpoint.S3Options) (checkpoint.Store, error) {
-			return openS3Store(ctx, setup, url, opts, func(msg string) { log.Info().Str("store", url).Msg(msg) })
+			if storeErr != nil {
+				return nil, storeErr
+			}
+			return checkpoint.OpenStore(url, storeCfg, opts)
 		},
 		OpenGPUs: func(log zerolog.Logger) (agent.GPUs, error) {
 			g, err := nvml.Open(log)

@@ -173,3 +173,37 @@ func TestRunStartsAndStops(t *testing.T) {
 		t.Errorf("run exit = %d after cancel; want 0\n%s", code, stderr.String())
 	}
 }
+
+// An AWS configuration that cannot be loaded (a profile that does not exist) is a problem only
+// where AWS is needed: `config` and `run` refuse an s3:// store with the same message, and only
+// warn (CloudWatch off) without one.
+func TestUnusableAWSProfile(t *testing.T) {
+	dir := t.TempDir()
+	t.Setenv("AWS_CONFIG_FILE", filepath.Join(dir, "aws-config"))
+	t.Setenv("AWS_SHARED_CREDENTIALS_FILE", filepath.Join(dir, "aws-credentials"))
+	t.Setenv("AWS_PROFILE", "nosuch")
+	os.WriteFile(filepath.Join(dir, "aws-config"), []byte("[profile other]\nregion = eu-west-1\n"), 0o644)
+	cfgPath := filepath.Join(dir, "spotguard.yaml")
+	os.WriteFile(cfgPath, []byte("trainer:\n  match: train\\.py\n"), 0o644)
+	ckdir := t.TempDir()
+	s3env := []string{"SPOTGUARD_STORE_URL=s3://bucket/p", "SPOTGUARD_STORE_JOB=j", "SPOTGUARD_CHECKPOINT_DIR=" + ckdir}
+	const want = "store.url: s3://bucket/p needs AWS: cannot load the AWS configuration from AWS_PROFILE=nosuch"
+
+	code, _, stderr := runCLI(t, t.Context(), s3env, "config", "--config", cfgPath)
+	if code != exitFail || !strings.Contains(stderr, want) || !strings.Contains(stderr, "nosuch") {
+		t.Errorf("config with an s3 store: exit %d; want 1 and %q:\n%s", code, want, stderr)
+	}
+	code, _, runErr := runCLI(t, t.Context(), append(s3env, "SPOTGUARD_HTTP_LISTEN="), "run", "--config", cfgPath)
+	if code != exitFail || !strings.Contains(runErr, want) {
+		t.Errorf("run with an s3 store: exit %d; want 1 and %q:\n%s", code, want, runErr)
+	}
+
+	code, _, stderr = runCLI(t, t.Context(), nil, "config", "--config", cfgPath)
+	if code != exitOK || !strings.Contains(stderr, "warning: metrics.cloudwatch: CloudWatch metrics are off (everything else runs): cannot load the AWS configuration from AWS_PROFILE=nosuch") {
+		t.Errorf("config without a store: exit %d; want 0 and a warning:\n%s", code, stderr)
+	}
+	code, _, stderr = runCLI(t, t.Context(), []string{"SPOTGUARD_METRICS_CLOUDWATCH=false"}, "config", "--config", cfgPath)
+	if code != exitOK || strings.Contains(stderr, "warning") {
+		t.Errorf("config signal-only without CloudWatch: exit %d; want 0 and no warning:\n%s", code, stderr)
+	}
+}

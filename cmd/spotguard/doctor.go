@@ -129,6 +129,9 @@ func doctor(ctx context.Context, cf *configFlags, environ []string, deps doctorD
 		rep.add("config", doctorWarn, w, "poll at 1s (the default) or faster")
 	}
 	setup, awsErr := deps.loadAWS(ctx, cfg.IMDS.Endpoint)
+	if awsErr == nil && (strings.HasPrefix(cfg.Store.URL, "s3://") || cfg.Metrics.CloudWatch) {
+		setup.resolveRegion(ctx)
+	}
 	doctorAWS(&rep, cfg, setup, awsErr)
 	awsCfg := setup.cfg
 	env := envMap(environ)
@@ -142,23 +145,25 @@ func doctor(ctx context.Context, cf *configFlags, environ []string, deps doctorD
 }
 
 // doctorAWS checks the AWS configuration where the agent needs it: an s3:// store cannot do
-// without (FAIL), CloudWatch can (WARN: the agent runs without its metrics), signal-only mode
-// with a file store does not need it at all.
+// without it (FAIL), CloudWatch can (WARN: the agent runs without its metrics), signal-only mode
+// with a file store does not need it at all. No region is a WARN: S3 may name the bucket's.
 func doctorAWS(rep *doctorReport, cfg *agent.Config, s awsSetup, err error) {
 	s3 := strings.HasPrefix(cfg.Store.URL, "s3://")
 	if !s3 && !cfg.Metrics.CloudWatch {
 		return
 	}
-	status, needs := doctorWarn, "CloudWatch metrics (metrics.cloudwatch) need it; the rest runs without"
+	status := doctorWarn
 	if s3 {
-		status, needs = doctorFail, "the store "+cfg.Store.URL+" needs it"
+		status = doctorFail
 	}
 	switch {
 	case err != nil:
 		problem, warning := awsNeeds(cfg, err) // what `run` says
 		rep.add("aws", status, problem+warning, "fix or unset AWS_PROFILE, AWS_CONFIG_FILE or ~/.aws/config (the SDK's own settings); on EC2 the instance profile needs none of them")
 	case s.cfg.Region == "":
-		rep.add("aws", status, s.needRegion().Error()+"; "+needs, "on EC2 make IMDS reachable (the region is read from placement/region), or set AWS_REGION for the service")
+		// The store can do without (S3 names its bucket's region; the store check says whether it
+		// did); CloudWatch cannot.
+		rep.add("aws", doctorWarn, s.needRegion().Error()+"; CloudWatch needs one, and the store unless S3 names the bucket's region", "on EC2 make IMDS reachable (the region is read from placement/region), or set AWS_REGION for the service")
 	default:
 		rep.add("aws", doctorPass, fmt.Sprintf("region %s from %s", s.cfg.Region, s.regionFrom), "")
 	}

@@ -34,6 +34,7 @@ func TestGPUCommandWithoutNVML(t *testing.T) {
 type fakeCloudWatch struct {
 	mu     sync.Mutex
 	bodies [][]byte
+	auths  []string // the Authorization header of each request
 	got    chan struct{}
 }
 
@@ -50,6 +51,7 @@ func (f *fakeCloudWatch) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	b, _ := io.ReadAll(body)
 	f.mu.Lock()
 	f.bodies = append(f.bodies, b)
+	f.auths = append(f.auths, r.Header.Get("Authorization"))
 	f.mu.Unlock()
 	select {
 	case f.got <- struct{}{}:
@@ -63,6 +65,18 @@ func (f *fakeCloudWatch) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	w.Header().Set("Content-Type", "text/xml")
 	w.Write([]byte(`<PutMetricDataResponse xmlns="http://monitoring.amazonaws.com/doc/2010-08-01/"><ResponseMetadata><RequestId>1</RequestId></ResponseMetadata></PutMetricDataResponse>`))
+}
+
+// signedFor reports whether every request so far was signed for region (and there was one).
+func (f *fakeCloudWatch) signedFor(region string) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, a := range f.auths {
+		if !strings.Contains(a, "/"+region+"/monitoring/aws4_request") {
+			return false
+		}
+	}
+	return len(f.auths) > 0
 }
 
 func (f *fakeCloudWatch) seen(s string) bool {

@@ -285,8 +285,7 @@ func startAgentWithConfig(t testing.TB, sim *imdsSim, config string, env ...stri
 	cmd.Env = append([]string{
 		"PATH=" + os.Getenv("PATH"),
 		"HOME=" + dir,
-		"AWS_EC2_METADATA_SERVICE_ENDPOINT=" + sim.endpoint(),
-		"AWS_REGION=us-east-1",
+		"AWS_EC2_METADATA_SERVICE_ENDPOINT=" + sim.endpoint(), // and no AWS_REGION: the region comes from the simulator
 		"SPOTGUARD_HTTP_LISTEN=" + fmt.Sprintf("127.0.0.1:%d", port),
 		"SPOTGUARD_AGENT_RUNTIME_DIR=" + ap.runtimeDir,
 		"SPOTGUARD_LOG_LEVEL=debug",

@@ -28,6 +28,7 @@ const (
 // s3Server is versitygw (a real S3 server on a POSIX directory) on 127.0.0.1, with one bucket.
 type s3Server struct {
 	endpoint string
+	region   string // the server's region: requests signed for another are refused
 	cmd      *exec.Cmd
 	done     chan struct{}
 }
@@ -61,15 +62,21 @@ func awsBin(t testing.TB) string {
 
 func startS3(t testing.TB) *s3Server {
 	t.Helper()
+	return startS3In(t, "us-east-1") // the IMDS simulator's placement/region
+}
+
+// startS3In is startS3 with the server in region.
+func startS3In(t testing.TB, region string) *s3Server {
+	t.Helper()
 	bin := versitygwBin(t)
 	dir := t.TempDir()
 	data, meta := filepath.Join(dir, "data"), filepath.Join(dir, "meta")
 	os.MkdirAll(data, 0o755)
 	os.MkdirAll(meta, 0o755)
 	port := freePort(t)
-	s := &s3Server{endpoint: fmt.Sprintf("http://127.0.0.1:%d", port), done: make(chan struct{})}
+	s := &s3Server{endpoint: fmt.Sprintf("http://127.0.0.1:%d", port), region: region, done: make(chan struct{})}
 	s.cmd = exec.Command(bin, "--access", s3Access, "--secret", s3Secret, "--port", fmt.Sprintf("127.0.0.1:%d", port),
-		"--quiet", "posix", "--sidecar", meta, data)
+		"--region", region, "--quiet", "posix", "--sidecar", meta, data)
 	logf, _ := os.Create(filepath.Join(dir, "versitygw.log"))
 	s.cmd.Stdout, s.cmd.Stderr = logf, logf
 	if err := s.cmd.Start(); err != nil {
@@ -89,15 +96,15 @@ func startS3(t testing.TB) *s3Server {
 	return s
 }
 
-// env is the AWS environment for a client of this server, through endpoint (the server's own
-// when empty).
+// env is the AWS environment for a spotguard client of this server, through endpoint (the
+// server's own when empty). It has no region, as under systemd on EC2: spotguard finds the
+// bucket's (S3 names it) or the instance's (IMDS placement/region).
 func (s *s3Server) env(endpoint string) []string {
 	if endpoint == "" {
 		endpoint = s.endpoint
 	}
 	return []string{
-		"AWS_ACCESS_KEY_ID=" + s3Access, "AWS_SECRET_ACCESS_KEY=" + s3Secret, "AWS_REGION=us-east-1",
-		"AWS_DEFAULT_REGION=us-east-1", "AWS_ENDPOINT_URL_S3=" + endpoint,
+		"AWS_ACCESS_KEY_ID=" + s3Access, "AWS_SECRET_ACCESS_KEY=" + s3Secret, "AWS_ENDPOINT_URL_S3=" + endpoint,
 	}
 }
 
@@ -116,7 +123,7 @@ func (s *s3Server) tryAWS(t testing.TB, args ...string) (string, error) {
 	t.Helper()
 	cmd := exec.Command(awsBin(t), append([]string{"--endpoint-url", s.endpoint}, args...)...)
 	cmd.Env = append(os.Environ(), s.env("")...)
-	cmd.Env = append(cmd.Env, "HOME="+t.TempDir(), "AWS_EC2_METADATA_DISABLED=true")
+	cmd.Env = append(cmd.Env, "HOME="+t.TempDir(), "AWS_EC2_METADATA_DISABLED=true", "AWS_REGION="+s.region, "AWS_DEFAULT_REGION="+s.region)
 	out, err := cmd.CombinedOutput()
 	return string(out), err
 }

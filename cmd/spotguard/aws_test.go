@@ -1,0 +1,107 @@
+package main
+
+import (
+	"context"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/spotguard/spotguard/checkpoint"
+)
+
+// fakeIMDS answers IMDSv2 tokens and placement/region.
+func fakeIMDS(t *testing.T, region string) string {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch {
+		case r.Method == http.MethodPut && r.URL.Path == "/latest/api/token":
+			w.Header().Set("X-Aws-Ec2-Metadata-Token-Ttl-Seconds", "21600")
+			w.Write([]byte("token"))
+		case r.URL.Path == "/latest/meta-data/placement/region" && r.Header.Get("X-Aws-Ec2-Metadata-Token") == "token":
+			w.Write([]byte(region))
+		default:
+			http.NotFound(w, r)
+		}
+	}))
+	t.Cleanup(srv.Close)
+	return srv.URL
+}
+
+// fakeS3 refuses anonymous requests without naming a region (as some S3-compatible servers do)
+// and answers a signed ListObjectsV2 with an empty listing; it records the region each signed
+// request was signed for.
+type fakeS3 struct {
+	mu      sync.Mutex
+	regions []string
+}
+
+func (f *fakeS3) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	auth := r.Header.Get("Authorization")
+	if auth == "" {
+		w.WriteHeader(http.StatusForbidden)
+		return
+	}
+	// Credential=AKID/20261130/REGION/s3/aws4_request
+	_, cred, _ := strings.Cut(auth, "Credential=")
+	if parts := strings.Split(cred, "/"); len(parts) > 2 {
+		f.mu.Lock()
+		f.regions = append(f.regions, parts[2])
+		f.mu.Unlock()
+	}
+	w.Header().Set("Content-Type", "application/xml")
+	w.Write([]byte(`<?xml version="1.0" encoding="UTF-8"?><ListBucketResult><Name>b</Name><KeyCount>0</KeyCount><IsTruncated>false</IsTruncated></ListBucketResult>`))
+}
+
+func isolateAWS(t *testing.T) {
+	dir := t.TempDir()
+	for _, k := range []string{"AWS_REGION", "AWS_DEFAULT_REGION", "AWS_PROFILE", "AWS_ENDPOINT_URL", "AWS_EC2_METADATA_DISABLED"} {
+		t.Setenv(k, "")
+		os.Unsetenv(k)
+	}
+	t.Setenv("AWS_CONFIG_FILE", filepath.Join(dir, "config"))
+	t.Setenv("AWS_SHARED_CREDENTIALS_FILE", filepath.Join(dir, "credentials"))
+	t.Setenv("AWS_ACCESS_KEY_ID", "AKIDTEST")
+	t.Setenv("AWS_SECRET_ACCESS_KEY", "secret")
+}
+
+// A store whose server does not say where the bucket is uses the instance's region, read from
+// IMDS placement/region through imds.endpoint: requests are signed for it, with no AWS_REGION
+// anywhere.
+func TestStoreRegionFromIMDSWhenS3DoesNotSay(t *testing.T) {
+	isolateAWS(t)
+	s3 := &fakeS3{}
+	srv := httptest.NewServer(s3)
+	defer srv.Close()
+	t.Setenv("AWS_ENDPOINT_URL_S3", srv.URL)
+	endpoint := fakeIMDS(t, "ap-south-1")
+
+	store, err := openStore(t.Context(), "s3://b/p", endpoint, checkpoint.S3Options{})
+	if err != nil {
+		t.Fatalf("openStore: %v", err)
+	}
+	if _, _, err := checkpoint.ListCommitted(context.Background(), store, "job"); err != nil {
+		t.Fatalf("ListCommitted: %v", err)
+	}
+	s3.mu.Lock()
+	defer s3.mu.Unlock()
+	if len(s3.regions) == 0 || s3.regions[0] != "ap-south-1" {
+		t.Errorf("signed for %q; want ap-south-1 (from IMDS)", s3.regions)
+	}
+}
+
+// Neither the SDK's sources, nor S3, nor IMDS name a region: the error says how to give one.
+func TestStoreWithoutAnyRegion(t *testing.T) {
+	isolateAWS(t)
+	srv := httptest.NewServer(&fakeS3{})
+	defer srv.Close()
+	t.Setenv("AWS_ENDPOINT_URL_S3", srv.URL)
+	noIMDS := httptest.NewServer(http.NotFoundHandler())
+	defer noIMDS.Close()
+	_, err := openStore(t.Context(), "s3://b/p", noIMDS.URL, checkpoint.S3Options{})
+	if err == nil || !strings.Contains(err.Error(), "no AWS region") || !strings.Contains(err.Error(), "set AWS_REGION") {
+		t.Errorf("openStore = %v; want an error saying there is no region and how to set one", err)
+	}
+}
