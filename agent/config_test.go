@@ -123,7 +123,7 @@ bogus:
 	}
 	msg := err.Error()
 	for _, want := range []string{
-		`imds.poll_interval: "50ms" from `+path+`:3: want 100ms to 5s`,
+		`imds.poll_interval: "50ms" from ` + path + `:3: want 100ms to 5s`,
 		"imds.pol_interval: unknown key",
 		"trainer.signal: \"SIGKILL\"",
 		"notices.spot: \"maybe\"",

@@ -84,7 +84,7 @@ func TestConfigCommand(t *testing.T) {
 	if code != exitFail {
 		t.Errorf("config (bad): exit %d; want 1", code)
 	}
-	for _, want := range []string{"4 problem(s)", `imds.poll_interval: "10ms" from `+bad+`:2: want 100ms to 5s`, "imds.colour: unknown key", "trainer.signal", "no way to find the trainer"} {
+	for _, want := range []string{"4 problem(s)", `imds.poll_interval: "10ms" from ` + bad + `:2: want 100ms to 5s`, "imds.colour: unknown key", "trainer.signal", "no way to find the trainer"} {
 		if !strings.Contains(stderr, want) {
 			t.Errorf("config (bad) stderr lacks %q:\n%s", want, stderr)
 		}
