@@ -10,7 +10,6 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -34,6 +33,9 @@ type Deps struct {
 	IMDS imds.Getter
 	// Reload loads the configuration again, for SIGHUP. Nil disables reloading.
 	Reload func() (*Config, error)
+	// SetLogLevel changes the level of Logger, for a reload that changes log.level; nil means
+	// log.level needs a restart.
+	SetLogLevel func(zerolog.Level)
 	// Signals delivers the agent's own signals: SIGHUP (reload) and SIGUSR1 (sync now). May be nil.
 	Signals <-chan os.Signal
 	// Ready, if not nil, is called once the listener is up, the IMDS watcher runs and the
@@ -89,6 +91,10 @@ type Agent struct {
 	mu         sync.Mutex
 	identity   imds.Identity
 	newestName string // the newest checkpoint this agent committed
+	// needRestart are the keys the last reload could not apply (their running values stay);
+	// reloadedAt is when it was.
+	needRestart []string
+	reloadedAt  time.Time
 }
 
 // New builds an agent from a valid configuration. It returns an error naming every problem if cfg
@@ -448,47 +454,6 @@ func (a *Agent) sync(ctx context.Context) {
 		return
 	}
 	a.uploader.Sync(ctx)
-}
-
-// reload swaps in a new configuration if it is valid; an invalid one is refused with every problem
-// logged, and the old one stays.
-func (a *Agent) reload() {
-	if a.deps.Reload == nil {
-		a.log.Warn().Msg("reload requested but this agent has no config source to reload from")
-		return
-	}
-	next, err := a.deps.Reload()
-	if err == nil {
-		err = next.Validate()
-	}
-	if err != nil {
-		a.metrics.reloads.WithLabelValues("invalid").Inc()
-		for _, p := range splitJoined(err) {
-			a.log.Error().Str("problem", p.Error()).Msg("config reload refused; keeping the running config")
-		}
-		return
-	}
-	old := a.cfg.Load()
-	changed := old.Diff(next)
-	var needRestart []string
-	for _, k := range changed {
-		switch k {
-		case "imds.poll_interval", "imds.endpoint", "http.listen", "agent.stop_budget":
-			needRestart = append(needRestart, k)
-		default:
-			// Turning a source on or off changes what is polled: only at start.
-			if src, ok := strings.CutPrefix(k, "notices."); ok {
-				s := imds.Source(src)
-				if (old.Notices[s] == PolicyOff) != (next.Notices[s] == PolicyOff) {
-					needRestart = append(needRestart, k)
-				}
-			}
-		}
-	}
-	a.cfg.Store(next)
-	a.metrics.reloads.WithLabelValues("ok").Inc()
-	a.log.Info().Strs("changed", changed).Strs("need_restart", needRestart).Msg("config reloaded")
-	a.coord.Scan()
 }
 
 // splitJoined undoes errors.Join so each problem can be logged on its own line.

@@ -74,6 +74,13 @@ func (a *Agent) health(now time.Time) healthVerdict {
 	} else if reason != "" {
 		v.warn(reason, reason) // healthy, and said so: waiting for checkpoint.dir to be created
 	}
+	a.mu.Lock()
+	pending := strings.Join(a.needRestart, ", ")
+	a.mu.Unlock()
+	if pending != "" {
+		v.warn("the configuration file changes "+pending+", which only a restart applies (systemctl restart spotguard); the running values stay until then",
+			"restart to apply "+pending)
+	}
 	v.Healthy = len(v.Reasons) == 0
 	return v
 }

@@ -31,6 +31,17 @@ type Status struct {
 	Store *storeStatus `json:"store,omitempty"`
 	// Health is what /healthz answers.
 	Health healthVerdict `json:"health"`
+	// Config is what the last reload (SIGHUP) did.
+	Config configStatus `json:"config"`
+}
+
+// configStatus is what the last reload did.
+type configStatus struct {
+	// ReloadedAt is when the configuration was last reloaded; null if never.
+	ReloadedAt *time.Time `json:"reloaded_at"`
+	// NeedRestart lists the keys whose new values the last reload could not apply: they keep
+	// their running values until a restart.
+	NeedRestart []string `json:"need_restart"`
 }
 
 // instanceStatus is the instance identity; empty until IMDS has answered.
@@ -80,6 +91,7 @@ func newIMDSStatus(st imds.Stats, now time.Time) imdsStatus {
 func (a *Agent) Status() Status {
 	a.mu.Lock()
 	id := a.identity
+	conf := configStatus{ReloadedAt: timePtr(a.reloadedAt), NeedRestart: append([]string{}, a.needRestart...)}
 	a.mu.Unlock()
 	st := a.watcher.Stats()
 	cs := a.coord.status()
@@ -102,6 +114,7 @@ func (a *Agent) Status() Status {
 		Notices:         cs.Notices,
 		Store:           a.storeStatus(),
 		Health:          a.health(time.Now()),
+		Config:          conf,
 	}
 }
 

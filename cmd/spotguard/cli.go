@@ -238,7 +238,10 @@ func runAgent(ctx context.Context, args, environ []string, stderr io.Writer) int
 		}
 		return exitFail
 	}
-	log := newLogger(stderr, cfg.Log.Level)
+	// The level is the process's, so that a reload can change it (log.level is live).
+	log := newLogger(stderr, zerolog.DebugLevel)
+	defer zerolog.SetGlobalLevel(zerolog.GlobalLevel())
+	zerolog.SetGlobalLevel(cfg.Log.Level)
 	for _, w := range cfg.Warnings() {
 		log.Warn().Msg(w)
 	}
@@ -298,6 +301,7 @@ func runAgent(ctx context.Context, args, environ []string, stderr io.Writer) int
 		WatchdogInterval: watchdog,
 		Signals:          sigs,
 		Reload:           func() (*agent.Config, error) { return cf.load(environ) },
+		SetLogLevel:      zerolog.SetGlobalLevel,
 		Ready: func(addr net.Addr) {
 			log.Info().Str("version", versionString()).Msg("ready")
 		},

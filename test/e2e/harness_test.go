@@ -347,6 +347,9 @@ func (ap *agentProc) stop(t testing.TB) {
 
 // agentStatus is the part of /status the tests read.
 type agentStatus struct {
+	Config struct {
+		NeedRestart []string `json:"need_restart"`
+	} `json:"config"`
 	Instance struct {
 		InstanceID       string `json:"instance_id"`
 		InstanceType     string `json:"instance_type"`

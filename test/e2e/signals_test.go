@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"fmt"
 	"net/http"
 	"os"
 	"strings"
@@ -73,5 +74,37 @@ func writeFile(t *testing.T, path, text string) {
 	t.Helper()
 	if err := os.WriteFile(path, []byte(text), 0o644); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// SIGHUP applies what it can and names the rest: adding a store, a checkpoint.dir and a GPU
+// sample interval (read only at start) is reported in the log, /status and /healthz and changes
+// nothing, while the trainer's pidfile (live) is applied at once; the store comes with a restart.
+func TestReloadNamesWhatNeedsARestart(t *testing.T) {
+	needPeers(t)
+	sim := newIMDS(t)
+	sim.start("spot", "-d", "100000", "--rebalance-delay-sec", "100000")
+	tp := startTrainer(t)
+	ap := startAgentWithConfig(t, sim, "trainer:\n  match: no-such-trainer-anywhere\n")
+	storeDir, ckdir := t.TempDir(), t.TempDir()
+	writeFile(t, ap.configPath, "trainer:\n  pidfile: "+tp.pidfile+"\ngpu:\n  sample_interval: 30s\n"+
+		"store:\n  url: file://"+storeDir+"\n  job: e2e\ncheckpoint:\n  dir: "+ckdir+"\n")
+	ap.cmd.Process.Signal(syscall.SIGHUP)
+	eventually(t, waitSignal, "the reload to find the trainer", func() bool {
+		tr := ap.status(t).Trainers
+		return len(tr) == 1 && tr[0].PID == tp.cmd.Process.Pid
+	})
+	want := "checkpoint.dir,gpu.sample_interval,store.job,store.url"
+	if got := strings.Join(ap.status(t).Config.NeedRestart, ","); got != want {
+		t.Errorf("/status config.need_restart = %q; want %q", got, want)
+	}
+	if lines := ap.logLines(t, "config reloaded"); len(lines) != 1 || fmt.Sprint(lines[0]["applied"]) != "[trainer.match trainer.pidfile]" {
+		t.Errorf("config reloaded log lines = %v; want one applying trainer.match and trainer.pidfile", lines)
+	}
+	if code, h := ap.healthz(t); code != http.StatusOK || !strings.Contains(strings.Join(h.Warnings, " "), "store.url") {
+		t.Errorf("/healthz = %d %+v; want 200 with a warning naming store.url", code, h)
+	}
+	if ap.status(t).Uploads != nil {
+		t.Errorf("/status shows uploads: the store was taken up without a restart")
 	}
 }
