@@ -307,13 +307,14 @@ func TestUnitDecisions(t *testing.T) {
 			}
 		}
 		cmdline := restore.last("Service", "ExecStart")
-		for _, w := range []string{"/usr/local/bin/spotguard restore ", "--config /etc/spotguard/spotguard.yaml", "--allow-empty", "--to ${RESTORE_TO}"} {
+		for _, w := range []string{"/usr/local/bin/spotguard restore ", "--config /etc/spotguard/spotguard.yaml", "--allow-empty", "--no-create", "--mount-wait=", "--to=${RESTORE_TO}"} {
 			if !strings.Contains(cmdline, w) {
 				t.Errorf("spotguard-restore.service ExecStart=%q lacks %q", cmdline, w)
 			}
 		}
-		if !slices.ContainsFunc(restore["Service"]["Environment"], func(v string) bool { return strings.HasPrefix(v, "RESTORE_TO=/") }) {
-			t.Error("spotguard-restore.service has no default RESTORE_TO")
+		// Empty by default: --to= restores into checkpoint.dir, the directory the agent watches.
+		if !slices.Contains(restore["Service"]["Environment"], "RESTORE_TO=") {
+			t.Errorf("spotguard-restore.service Environment=%q; want RESTORE_TO= (empty: checkpoint.dir)", restore["Service"]["Environment"])
 		}
 	})
 

@@ -159,6 +159,7 @@ func (cf *configFlags) load(environ []string) (*agent.Config, error) {
 
 func runConfig(ctx context.Context, args, environ []string, stdout, stderr io.Writer) int {
 	fs, cf := newFlagSet("config", "Print the effective configuration (with where each value came from), then every problem that would stop\n`spotguard run` from starting (exit 1) and every warning (exit 0).", stderr)
+	get := fs.String("get", "", "print only the effective value of `KEY` (e.g. checkpoint.dir), for scripts; problems elsewhere are not checked")
 	if code, ok := parseFlags(fs, args); !ok {
 		return code
 	}
@@ -166,6 +167,16 @@ func runConfig(ctx context.Context, args, environ []string, stdout, stderr io.Wr
 	if err != nil {
 		fmt.Fprintf(stderr, "spotguard config: %v\n", err)
 		return exitFail
+	}
+	if *get != "" {
+		for _, kv := range cfg.Effective() {
+			if kv.Key == *get {
+				fmt.Fprintln(stdout, kv.Value)
+				return exitOK
+			}
+		}
+		fmt.Fprintf(stderr, "spotguard config: --get %s: no such key (spotguard config lists them)\n", *get)
+		return exitUsage
 	}
 	fmt.Fprint(stdout, cfg.YAML())
 	var problems []string

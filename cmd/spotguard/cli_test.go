@@ -207,3 +207,93 @@ func TestUnusableAWSProfile(t *testing.T) {
 		t.Errorf("config signal-only without CloudWatch: exit %d; want 0 and no warning:\n%s", code, stderr)
 	}
 }
+
+// restore --no-create (the restore unit's): a missing --to is created only in a parent that is a
+// mount point (a fresh disk); under a plain directory (a disk not mounted yet) it fails naming
+// the directory and creates nothing. Without --to, checkpoint.dir is the destination.
+func TestRestoreNoCreate(t *testing.T) {
+	store := t.TempDir()
+	env := []string{"SPOTGUARD_STORE_URL=file://" + store, "SPOTGUARD_STORE_JOB=j"}
+	cfgPath := filepath.Join(t.TempDir(), "empty.yaml")
+	os.WriteFile(cfgPath, nil, 0o644)
+
+	unmounted := filepath.Join(t.TempDir(), "nvme") // a mount point's directory, nothing mounted
+	os.Mkdir(unmounted, 0o755)
+	to := filepath.Join(unmounted, "checkpoints")
+	code, _, stderr := runCLI(t, t.Context(), env, "restore", "--config", cfgPath, "--allow-empty", "--no-create", "--to", to)
+	if code != exitFail || !strings.Contains(stderr, to+" does not exist and "+unmounted+" is not a mount point") || !strings.Contains(stderr, "mkdir -p "+to) {
+		t.Errorf("restore --no-create into an unmounted disk: exit %d, stderr %q; want 1 naming both and the fix", code, stderr)
+	}
+	if _, err := os.Stat(to); !os.IsNotExist(err) {
+		t.Errorf("%s was created: %v", to, err)
+	}
+	code, _, stderr = runCLI(t, t.Context(), env, "restore", "--config", cfgPath, "--allow-empty", "--no-create", "--to", filepath.Join(unmounted, "a", "b"))
+	if code != exitFail || !strings.Contains(stderr, "is the disk it belongs on mounted?") {
+		t.Errorf("restore --no-create two levels down: exit %d, stderr %q", code, stderr)
+	}
+
+	// Interactive restore still creates it.
+	code, stdout, stderr := runCLI(t, t.Context(), env, "restore", "--config", cfgPath, "--allow-empty", "--to", to)
+	if code != exitOK || !strings.Contains(stdout, "nothing to restore") {
+		t.Errorf("restore without --no-create: exit %d %q %q", code, stdout, stderr)
+	}
+	// An existing one is fine; with no --to it is checkpoint.dir.
+	if err := os.MkdirAll(to, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	code, stdout, stderr = runCLI(t, t.Context(), append(env, "SPOTGUARD_CHECKPOINT_DIR="+to), "restore", "--config", cfgPath, "--allow-empty", "--no-create", "--to=")
+	if code != exitOK || !strings.Contains(stdout, "nothing to restore") {
+		t.Errorf("restore --no-create --to= into checkpoint.dir: exit %d %q %q", code, stdout, stderr)
+	}
+	code, _, stderr = runCLI(t, t.Context(), env, "restore", "--config", cfgPath, "--allow-empty")
+	if code != exitUsage || !strings.Contains(stderr, "--to DIR is required when checkpoint.dir is not set") {
+		t.Errorf("restore with neither --to nor checkpoint.dir: exit %d %q", code, stderr)
+	}
+}
+
+// A missing directory in a mount point is a fresh disk: allowed. /proc is one on every Linux.
+func TestCheckRestoreTargetUnderAMountPoint(t *testing.T) {
+	if err := checkRestoreTarget("/proc/spotguard-no-such-dir"); err != nil {
+		t.Errorf("checkRestoreTarget under /proc = %v; want nil (a mount point)", err)
+	}
+	if m, err := isMountPoint("/"); m || err != nil {
+		t.Errorf("isMountPoint(/) = %v, %v; want false: the root volume is what --no-create protects", m, err)
+	}
+}
+
+func TestConfigGet(t *testing.T) {
+	cfgPath := filepath.Join(t.TempDir(), "c.yaml")
+	os.WriteFile(cfgPath, []byte("checkpoint:\n  dir: /data/ckpt\n"), 0o644)
+	code, stdout, _ := runCLI(t, t.Context(), nil, "config", "--config", cfgPath, "--get", "checkpoint.dir")
+	if code != exitOK || stdout != "/data/ckpt\n" {
+		t.Errorf("config --get checkpoint.dir: exit %d, %q; want 0 and the value (the config is incomplete: no trainer, no store)", code, stdout)
+	}
+	code, _, stderr := runCLI(t, t.Context(), nil, "config", "--config", cfgPath, "--get", "checkpoint.nope")
+	if code != exitUsage || !strings.Contains(stderr, "checkpoint.nope: no such key") {
+		t.Errorf("config --get of an unknown key: exit %d, %q", code, stderr)
+	}
+}
+
+// --mount-wait: a destination that appears while restore waits (a disk mounted late, with the
+// directory on it) is used; one that never does fails after the wait, naming both.
+func TestWaitRestoreTarget(t *testing.T) {
+	parent := filepath.Join(t.TempDir(), "nvme")
+	os.Mkdir(parent, 0o755)
+	to := filepath.Join(parent, "checkpoints")
+	err := waitRestoreTarget(t.Context(), to, 30*time.Millisecond, time.Millisecond)
+	if err == nil || !strings.Contains(err.Error(), "after waiting 30ms") || !strings.Contains(err.Error(), "is not a mount point") {
+		t.Errorf("waitRestoreTarget on a never-mounted disk = %v", err)
+	}
+	if _, err := os.Stat(to); !os.IsNotExist(err) {
+		t.Errorf("%s was created while waiting: %v", to, err)
+	}
+
+	done := make(chan error, 1)
+	go func() { done <- waitRestoreTarget(t.Context(), to, time.Minute, time.Millisecond) }()
+	if err := os.Mkdir(to, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Errorf("waitRestoreTarget after the directory appeared = %v", err)
+	}
+}

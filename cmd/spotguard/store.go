@@ -7,8 +7,10 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/mattn/go-isatty"
@@ -38,18 +40,15 @@ func loadStoreConfig(cf *configFlags, environ []string, stderr io.Writer, cmd st
 
 func runRestore(ctx context.Context, args, environ []string, stdout, stderr io.Writer) int {
 	fs, cf := newFlagSet("restore", "Download the newest committed checkpoint (the newest commit: what LATEST names, or a newer one if LATEST lags)\ninto DIR/<checkpoint>, verifying every checksum; nothing is put in place until all of it is verified.", stderr)
-	to := fs.String("to", "", "destination `DIR` (required); the checkpoint lands in DIR/<checkpoint>")
+	to := fs.String("to", "", "destination `DIR` (default: checkpoint.dir); the checkpoint lands in DIR/<checkpoint>")
+	noCreate := fs.Bool("no-create", false, "do not create a missing DIR unless its parent is a mount point: a disk not mounted yet fails\nloudly instead of filling the root volume under the mount point (the restore unit uses it)")
+	mountWait := fs.Duration("mount-wait", 0, "with --no-create, wait up to `DURATION` for a missing DIR to appear or its parent to become a\nmount point (a disk mounted late at boot) before failing")
 	name := fs.String("checkpoint", "", "restore this checkpoint `NAME` (its newest commit) instead of the newest")
 	commit := fs.String("commit", "", "with --checkpoint, restore this commit `ID` of it (spotguard list shows them)")
 	jsonOut := fs.Bool("json", false, "print the result as JSON")
 	allowEmpty := fs.Bool("allow-empty", false, "exit 0 when the job has no committed checkpoint yet (a first run); other errors still fail")
 	if code, ok := parseFlags(fs, args); !ok {
 		return code
-	}
-	if *to == "" {
-		fmt.Fprintln(stderr, "spotguard restore: --to DIR is required")
-		fs.Usage()
-		return exitUsage
 	}
 	if *commit != "" && *name == "" {
 		fmt.Fprintln(stderr, "spotguard restore: --commit needs --checkpoint")
@@ -58,6 +57,25 @@ func runRestore(ctx context.Context, args, environ []string, stdout, stderr io.W
 	cfg, ok := loadStoreConfig(cf, environ, stderr, "restore")
 	if !ok {
 		return exitFail
+	}
+	if *to == "" {
+		*to = cfg.Checkpoint.Dir
+	}
+	if *to == "" {
+		fmt.Fprintln(stderr, "spotguard restore: --to DIR is required when checkpoint.dir is not set")
+		fs.Usage()
+		return exitUsage
+	}
+	if *noCreate {
+		err := checkRestoreTarget(*to)
+		if err != nil && *mountWait > 0 {
+			fmt.Fprintf(stderr, "spotguard restore: %v; waiting up to %v for it\n", err, *mountWait)
+			err = waitRestoreTarget(ctx, *to, *mountWait, time.Second)
+		}
+		if err != nil {
+			fmt.Fprintf(stderr, "spotguard restore: %v\n", err)
+			return exitFail
+		}
 	}
 	store, err := openStore(ctx, cfg.Store.URL, cfg.IMDS.Endpoint, checkpoint.S3Options{PartSize: cfg.Store.PartSize, Concurrency: cfg.Store.Concurrency})
 	if err != nil {
@@ -106,6 +124,82 @@ func runRestore(ctx context.Context, args, environ []string, stdout, stderr io.W
 			res.Checkpoint, res.Files, checkpoint.HumanBytes(res.Bytes), store.URL(), cfg.Store.Job, res.Dir, res.Elapsed.Seconds(), checkpoint.HumanBytes(int64(rate)), note)
 	}
 	return exitOK
+}
+
+// checkRestoreTarget is --no-create: dir must exist, or be missing in a parent that is a mount
+// point (a fresh disk, mounted). A parent on the file system of its own parent is where a disk
+// would be mounted if it were: restoring there would fill that file system (the root volume) and
+// be hidden once the disk is mounted.
+func checkRestoreTarget(dir string) error {
+	dir = filepath.Clean(dir)
+	fi, err := os.Stat(dir)
+	switch {
+	case err == nil && fi.IsDir():
+		return nil
+	case err == nil:
+		return fmt.Errorf("--to %s is not a directory", dir)
+	case !errors.Is(err, os.ErrNotExist):
+		return fmt.Errorf("--to %s: %w", dir, err)
+	}
+	parent := filepath.Dir(dir)
+	if _, err := os.Stat(parent); err != nil {
+		return fmt.Errorf("--to %s does not exist, nor does %s: is the disk it belongs on mounted? (--no-create: not creating it)", dir, parent)
+	}
+	mounted, err := isMountPoint(parent)
+	if err != nil {
+		return fmt.Errorf("--to %s does not exist and %s cannot be checked: %w", dir, parent, err)
+	}
+	if !mounted {
+		return fmt.Errorf("--to %s does not exist and %s is not a mount point: if a disk is mounted there later, it is not mounted yet, "+
+			"and a checkpoint restored now would fill the file system below and be hidden by the mount (--no-create: not creating it). "+
+			"If the directory belongs on that file system, create it once: mkdir -p %s", dir, parent, dir)
+	}
+	return nil
+}
+
+// waitRestoreTarget polls checkRestoreTarget every tick until it passes, wait has gone by (its
+// last error) or ctx ends.
+func waitRestoreTarget(ctx context.Context, dir string, wait, tick time.Duration) error {
+	deadline := time.NewTimer(wait)
+	defer deadline.Stop()
+	t := time.NewTicker(tick)
+	defer t.Stop()
+	for {
+		err := checkRestoreTarget(dir)
+		if err == nil {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-deadline.C:
+			return fmt.Errorf("after waiting %v: %w", wait, err)
+		case <-t.C:
+		}
+	}
+}
+
+// isMountPoint reports whether dir is the root of a mounted file system other than "/": its
+// device differs from its parent's.
+func isMountPoint(dir string) (bool, error) {
+	dir = filepath.Clean(dir)
+	if dir == "/" {
+		return false, nil
+	}
+	a, err := os.Stat(dir)
+	if err != nil {
+		return false, err
+	}
+	b, err := os.Stat(filepath.Dir(dir))
+	if err != nil {
+		return false, err
+	}
+	sa, oka := a.Sys().(*syscall.Stat_t)
+	sb, okb := b.Sys().(*syscall.Stat_t)
+	if !oka || !okb {
+		return false, errors.New("no device numbers on this system")
+	}
+	return sa.Dev != sb.Dev, nil
 }
 
 func runList(ctx context.Context, args, environ []string, stdout, stderr io.Writer) int {
