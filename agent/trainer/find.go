@@ -5,6 +5,7 @@ import (
 	"io"
 	"io/fs"
 	"os"
+	"os/user"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -14,9 +15,11 @@ import (
 
 // How a Process was found: the values of Process.Via.
 const (
-	ViaPIDFile = "pidfile"
-	ViaUnit    = "unit"
-	ViaMatch   = "match"
+	ViaPIDFile   = "pidfile"
+	ViaUnit      = "unit"
+	ViaMatch     = "match"
+	ViaContainer = "container"
+	ViaTree      = "tree"
 )
 
 // The reasons of a Problem. They are stable metric labels.
@@ -24,17 +27,42 @@ const (
 	// ReasonPIDFileUnreadable: the pidfile is missing, unreadable, or does not hold one PID.
 	ReasonPIDFileUnreadable = "pidfile_unreadable"
 	// ReasonStalePIDFile: the pidfile names a process that is not running (or is a zombie, or is
-	// spotguard itself).
+	// spotguard itself); with Finder.Container, no process of the container has that PID in its
+	// own PID namespace.
 	ReasonStalePIDFile = "stale_pidfile"
+	// ReasonPIDFileInit: the pidfile holds PID 1, which is init here (systemd), never the
+	// trainer: a trainer that is PID 1 of a container wrote it, and Finder.Container is not set.
+	ReasonPIDFileInit = "pidfile_init"
+	// ReasonPIDFileNamespace: the pidfile's PID may be one from another PID namespace (a
+	// container), so the process it names here may not be the one that wrote it, and
+	// Finder.Container is not set. See Finder.PIDFile for the rule.
+	ReasonPIDFileNamespace = "pidfile_namespace"
 	// ReasonUnitNotFound: no cgroup of the unit exists (the unit is not running, or its name is
 	// invalid).
 	ReasonUnitNotFound = "unit_not_found"
 	// ReasonNoMatch: no running process has a command line that matches the regular expression.
 	ReasonNoMatch = "no_match"
-	// ReasonNoProcess: the unit's cgroup holds no running process, or no method to find the
-	// trainer is configured at all.
+	// ReasonNoProcess: the unit's cgroup holds no running process, the process tree of
+	// Finder.Under is gone, or no method to find the trainer is configured at all.
 	ReasonNoProcess = "no_process"
+	// ReasonContainerNotFound: no running process is in the container of Finder.Container, or
+	// its name could not be resolved to an ID.
+	ReasonContainerNotFound = "container_not_found"
+	// ReasonContainerAmbiguous: the ID prefix of Finder.Container matches several containers.
+	ReasonContainerAmbiguous = "container_ambiguous"
+	// ReasonOtherUser: a method found processes, but only of other users than Finder.User; they
+	// are never signalled.
+	ReasonOtherUser = "other_user"
 )
+
+// Reasons returns every Reason, in documentation order.
+func Reasons() []string {
+	return []string{
+		ReasonPIDFileUnreadable, ReasonStalePIDFile, ReasonPIDFileInit, ReasonPIDFileNamespace,
+		ReasonUnitNotFound, ReasonNoMatch, ReasonNoProcess, ReasonContainerNotFound,
+		ReasonContainerAmbiguous, ReasonOtherUser,
+	}
+}
 
 // maxUnitDepth is how deep below a cgroup hierarchy's root Find looks for a unit's directory
 // when it is not at system.slice/<unit>: deep enough for user services
@@ -44,11 +72,41 @@ const maxUnitDepth = 6
 // maxPIDFileSize bounds what Find reads of a pidfile: one PID needs a few bytes.
 const maxPIDFileSize = 4096
 
-// Finder finds the trainer processes by any combination of a pidfile, a systemd unit and a
-// regular expression on the command line. The zero value finds nothing.
+// pidfileHowTo says how to find a trainer that runs in a container, for the pidfile problems.
+const pidfileHowTo = "if the trainer runs in a container, set trainer.container to the container's ID or name " +
+	"(the pidfile's PID is then looked up in that container's PID namespace); or run the container in the " +
+	"host's PID namespace (docker run --pid=host), so that the PID the trainer writes is its PID here; " +
+	"or find the trainer by trainer.match or trainer.unit instead"
+
+// Finder finds the trainer processes by any combination of a pidfile, a systemd unit, a regular
+// expression on the command line, a container and a process tree, optionally only those of one
+// user. The zero value finds nothing.
 type Finder struct {
 	// PIDFile (trainer.pidfile), if not empty, is a file holding one PID, surrounded by white
 	// space or not.
+	//
+	// Without Container the PID is trusted only when it can mean one process alone, the one
+	// that wrote it. A PID is what getpid() returned in the writer's own PID namespace, and a
+	// trainer in a container has a PID namespace of its own: its PID there names an unrelated
+	// process here. The kernel tells which namespace a process is in (/proc/PID/ns/pid; NSpid
+	// in /proc/PID/status lists its PID in each namespace from this one down to its own), so a
+	// PID P is refused when:
+	//   - P is 1 (ReasonPIDFileInit): here that is init, never the trainer; a trainer that is
+	//     PID 1 of its container wrote it;
+	//   - the process P here is in another PID namespace than the agent's (a container's;
+	//     ReasonPIDFileNamespace): it did not write P, as its own PID is another number, so P
+	//     came from elsewhere (from inside some container, or a host tool such as docker
+	//     inspect; Container is the exact way to name a container's processes);
+	//   - some process in another PID namespace has P as its own PID there
+	//     (ReasonPIDFileNamespace): that process, in a container, may have written P, and the
+	//     process P here would be an unrelated one. This holds even when the process P here
+	//     is in the agent's namespace (then the PID is ambiguous), and when none is (then it
+	//     is not merely stale).
+	// Without NSpid (Linux before 4.1) only the first two rules apply.
+	//
+	// With Container, P is a PID in the container's PID namespace: the processes of the
+	// container whose own PID (the last NSpid entry) is P are found. A container that shares
+	// the host's PID namespace (--pid=host) has its own PIDs equal to the host's.
 	PIDFile string
 	// Unit (trainer.unit), if not empty, is a systemd unit: every process in its cgroup and in
 	// the cgroups below it is a trainer. A name without a unit type suffix gets ".service", as
@@ -57,24 +115,47 @@ type Finder struct {
 	// Match (trainer.match), if not nil, is matched against the command line of every process
 	// (/proc/PID/cmdline with its NUL separators turned into spaces).
 	Match *regexp.Regexp
+	// Container (trainer.container), if not empty, is a container: every process in it is a
+	// trainer. It is a full container ID, a unique prefix of one (at least
+	// MinContainerIDPrefix lowercase hex digits), or a container name, which is looked up
+	// through the Docker API at DockerSocket. The processes are those whose cgroup
+	// (/proc/PID/cgroup, any hierarchy: cgroup v2, v1, hybrid) has a directory named for the
+	// container by Docker, containerd (nerdctl, Kubernetes), CRI-O or Podman, with the systemd
+	// or the cgroupfs driver (see cgroupPrefixes).
+	Container string
+	// DockerSocket is the Docker API's unix socket, used to look up a Container given by name;
+	// empty means DefaultDockerSocket.
+	DockerSocket string
+	// User (trainer.user), if not nil, is a user ID: only processes whose real user ID (the
+	// first field of Uid in /proc/PID/status) is *User are returned, whatever method found
+	// them. Processes of other users are left out, with a ReasonOtherUser Problem when a
+	// method found only such processes.
+	User *int
+	// Under, if not 0, confines Find to one process tree: the process Under and its
+	// descendants (followed through the PPid of every process). Every running process of that
+	// tree is found (ViaTree), and what the other methods find outside it is left out.
+	// spotguard drill sets it to the trainer it started.
+	Under int
 	// ProcRoot is where proc(5) is mounted; empty means "/proc".
 	ProcRoot string
 	// CgroupRoot is where cgroups are mounted; empty means "/sys/fs/cgroup". The unit is
 	// looked for in the cgroup v2 hierarchy at the root, the hybrid one at "unified/" and the v1
 	// systemd one at "systemd/": first at system.slice/<unit>, then anywhere up to four levels
-	// deep.
+	// deep. (Container reads the cgroup of each process in ProcRoot instead.)
 	CgroupRoot string
-	// Self is the PID that is never returned (spotguard's own); 0 means os.Getpid().
+	// Self is the PID that is never returned (spotguard's own); 0 means os.Getpid(). Its PID
+	// namespace is the agent's, for the PIDFile rules.
 	Self int
 }
 
 // Process is one trainer process.
 type Process struct {
+	// PID is the process's PID in the agent's PID namespace, the one to signal.
 	PID int
 	// Cmdline is /proc/PID/cmdline with its NUL separators turned into spaces.
 	Cmdline string
-	// Via is how it was found: ViaPIDFile, ViaUnit or ViaMatch. A process found by several
-	// methods has the first of them in that order.
+	// Via is how it was found: ViaPIDFile, ViaUnit, ViaMatch, ViaContainer or ViaTree. A
+	// process found by several methods has the first of them in that order.
 	Via string
 }
 
@@ -82,40 +163,63 @@ type Process struct {
 type Problem struct {
 	// Reason is one of the Reason constants, a stable metric label.
 	Reason string
-	// Detail says what exactly happened, naming the file, unit or expression concerned.
+	// Detail says what exactly happened, naming the file, unit, expression, container or user
+	// concerned, and for a pidfile refused by the namespace rules, what to configure instead.
 	Detail string
 }
 
-// Find returns the running processes found by every configured method (PIDFile, Unit, Match),
-// without duplicates, sorted by PID, and the problems met. Zombies and f.Self are never
-// returned.
+// Find returns the running processes found by every configured method (PIDFile, Unit, Match,
+// Container, Under), without duplicates, sorted by PID, and the problems met. Zombies and f.Self
+// are never returned, nor processes of other users than f.User, nor processes outside the tree
+// of f.Under.
 //
 // Expected states are Problems, never a failure: a missing or garbled pidfile
-// (ReasonPIDFileUnreadable), a pidfile naming a dead process (ReasonStalePIDFile), a unit
-// without a cgroup (ReasonUnitNotFound) or with no process (ReasonNoProcess), a regular
-// expression that matches nothing (ReasonNoMatch), and no method configured (ReasonNoProcess).
-// Each configured method that finds nothing yields one Problem, even when another method found
-// processes, so an empty process list always comes with at least one Problem.
+// (ReasonPIDFileUnreadable), a pidfile naming a dead process (ReasonStalePIDFile), PID 1
+// (ReasonPIDFileInit) or a PID that may be from another PID namespace
+// (ReasonPIDFileNamespace), a unit without a cgroup (ReasonUnitNotFound) or with no process
+// (ReasonNoProcess), a regular expression that matches nothing (ReasonNoMatch), a container
+// that is not running or whose name cannot be resolved (ReasonContainerNotFound) or an ID prefix
+// of several (ReasonContainerAmbiguous), a method that found only processes of other users
+// (ReasonOtherUser), a tree root that is gone (ReasonNoProcess), and no method configured
+// (ReasonNoProcess). Each configured method that finds nothing yields one Problem, even when
+// another method found processes, so an empty process list always comes with at least one
+// Problem.
 func (f Finder) Find() ([]Process, []Problem) {
 	s := finder{
 		procRoot: orDefault(f.ProcRoot, defaultProcRoot),
 		self:     f.Self,
+		user:     f.User,
 		found:    map[int]Process{},
+		status:   map[int]procStatus{},
 	}
 	if s.self == 0 {
 		s.self = os.Getpid()
 	}
-	if f.PIDFile == "" && f.Unit == "" && f.Match == nil {
-		s.problem(ReasonNoProcess, "no way to find the trainer is configured: set trainer.pidfile, trainer.unit or trainer.match")
+	if f.Under != 0 {
+		s.tree = s.descendants(f.Under)
+	}
+	if f.PIDFile == "" && f.Unit == "" && f.Match == nil && f.Container == "" && f.Under == 0 {
+		s.problem(ReasonNoProcess, "no way to find the trainer is configured: set trainer.pidfile, trainer.unit, trainer.match or trainer.container")
+	}
+	var cs *containerSet
+	if f.Container != "" {
+		c := findContainer(s.procRoot, f.DockerSocket, f.Container)
+		cs = &c
 	}
 	if f.PIDFile != "" {
-		s.byPIDFile(f.PIDFile)
+		s.byPIDFile(f.PIDFile, f.Container, cs)
 	}
 	if f.Unit != "" {
 		s.byUnit(orDefault(f.CgroupRoot, defaultCgroupRoot), f.Unit)
 	}
 	if f.Match != nil {
 		s.byMatch(f.Match)
+	}
+	if cs != nil {
+		s.byContainer(f.Container, *cs)
+	}
+	if f.Under != 0 {
+		s.byTree(f.Under)
 	}
 	procs := make([]Process, 0, len(s.found))
 	for _, p := range s.found {
@@ -129,35 +233,156 @@ func (f Finder) Find() ([]Process, []Problem) {
 type finder struct {
 	procRoot string
 	self     int
+	user     *int
+	tree     map[int]bool // Finder.Under and its descendants; nil without Under
 	found    map[int]Process
 	problems []Problem
+	status   map[int]procStatus // read so far; a missing process is not cached
+	// all is every process's status, read once on demand (scanned is true then).
+	all     map[int]procStatus
+	scanned bool
 }
 
 func (s *finder) problem(reason, format string, args ...any) {
 	s.problems = append(s.problems, Problem{Reason: reason, Detail: fmt.Sprintf(format, args...)})
 }
 
-// add records pid as found via via and reports whether it is a running process other than
-// s.self (already found or not).
-func (s *finder) add(pid int, via string) bool {
+// statusOf reads (once) the status of pid; ok is false when it does not exist.
+func (s *finder) statusOf(pid int) (procStatus, bool) {
+	if st, ok := s.status[pid]; ok {
+		return st, true
+	}
+	st, err := readStatus(s.procRoot, pid)
+	if err != nil {
+		return procStatus{}, false
+	}
+	s.status[pid] = st
+	return st, true
+}
+
+// processes returns the status of every process in procRoot, read once per Find.
+func (s *finder) processes() map[int]procStatus {
+	if s.scanned {
+		return s.all
+	}
+	s.scanned = true
+	s.all = map[int]procStatus{}
+	entries, err := os.ReadDir(s.procRoot)
+	if err != nil {
+		return s.all
+	}
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || pid <= 0 {
+			continue
+		}
+		if st, ok := s.statusOf(pid); ok {
+			s.all[pid] = st
+		}
+	}
+	return s.all
+}
+
+// tally counts what one method found.
+type tally struct {
+	added   int      // processes returned
+	others  []string // processes of other users, described
+	outside int      // processes outside the tree of Finder.Under
+}
+
+// consider adds pid as found via via if it is a running process other than s.self, of s.user
+// (when set) and in s.tree (when set); t counts what became of it.
+func (s *finder) consider(t *tally, pid int, via string) {
 	if pid == s.self {
-		return false
+		return
+	}
+	st, ok := s.statusOf(pid)
+	if !ok || st.state == 'Z' || st.state == 'X' {
+		return
+	}
+	if s.tree != nil && !s.tree[pid] {
+		t.outside++
+		return
+	}
+	if s.user != nil && st.uid != *s.user {
+		if len(t.others) < 5 {
+			t.others = append(t.others, fmt.Sprintf("%d (%s)", pid, describeUID(st.uid)))
+		} else if len(t.others) == 5 {
+			t.others = append(t.others, "...")
+		}
+		return
 	}
 	if _, ok := s.found[pid]; ok {
-		return true
-	}
-	if !running(s.procRoot, pid) {
-		return false
+		t.added++
+		return
 	}
 	cmdline, ok := readCmdline(s.procRoot, pid)
 	if !ok {
-		return false
+		return
 	}
 	s.found[pid] = Process{PID: pid, Cmdline: cmdline, Via: via}
-	return true
+	t.added++
 }
 
-func (s *finder) byPIDFile(path string) {
+// none reports that a method (what, e.g. "trainer.match \"x\"") found nothing: a
+// ReasonOtherUser Problem when it found processes of other users only, else reason with detail,
+// noting the processes left out as outside the tree.
+func (s *finder) none(t tally, what, reason, format string, args ...any) {
+	if len(t.others) > 0 {
+		s.problem(ReasonOtherUser, "%s found only processes of other users than trainer.user (%s): %s; they are never signalled",
+			what, describeUID(*s.user), strings.Join(t.others, ", "))
+		return
+	}
+	detail := fmt.Sprintf(format, args...)
+	if t.outside > 0 {
+		detail += fmt.Sprintf(" (%d process(es) it found are outside the process tree this search is confined to, and left out)", t.outside)
+	}
+	s.problem(reason, "%s", detail)
+}
+
+// describeUID names a user ID for a message: "uid 1000 (alice)", or "uid 1000" when it has no
+// name here.
+func describeUID(uid int) string {
+	if uid < 0 {
+		return "no uid"
+	}
+	if u, err := user.LookupId(strconv.Itoa(uid)); err == nil {
+		return fmt.Sprintf("uid %d (%s)", uid, u.Username)
+	}
+	return fmt.Sprintf("uid %d", uid)
+}
+
+// describe is "PID (command line)" of a process for a message.
+func (s *finder) describe(pid int) string {
+	cmdline, _ := readCmdline(s.procRoot, pid)
+	return fmt.Sprintf("%d (%s)", pid, quoteShort([]byte(cmdline)))
+}
+
+// agentNS returns the agent's PID namespace: the target of procRoot/<self>/ns/pid ("" when it
+// cannot be read) and its NSpid depth (1 when unknown).
+func (s *finder) agentNS() (link string, depth int) {
+	link, _ = os.Readlink(filepath.Join(s.procRoot, strconv.Itoa(s.self), "ns", "pid"))
+	depth = 1
+	if st, ok := s.statusOf(s.self); ok && len(st.nspid) > 0 {
+		depth = len(st.nspid)
+	}
+	return link, depth
+}
+
+// otherNS reports whether process pid, with status st, is in another PID namespace than the
+// agent: its ns/pid link differs from the agent's, or, where either link cannot be read (it
+// needs the right to ptrace), its NSpid has another number of entries. Without NSpid (before
+// Linux 4.1) and without the links it reports false.
+func (s *finder) otherNS(pid int, st procStatus, agentLink string, agentDepth int) bool {
+	if agentLink != "" {
+		if link, err := os.Readlink(filepath.Join(s.procRoot, strconv.Itoa(pid), "ns", "pid")); err == nil {
+			return link != agentLink
+		}
+	}
+	return len(st.nspid) > 0 && len(st.nspid) != agentDepth
+}
+
+func (s *finder) byPIDFile(path, container string, cs *containerSet) {
 	fh, err := os.Open(path)
 	if err != nil {
 		s.problem(ReasonPIDFileUnreadable, "cannot read pidfile: %v", err)
@@ -174,11 +399,66 @@ func (s *finder) byPIDFile(path string) {
 		s.problem(ReasonPIDFileUnreadable, "pidfile %s does not hold one PID: content %s", path, quoteShort(data))
 		return
 	}
-	switch {
-	case pid == s.self:
+	what := "pidfile " + path
+	var t tally
+
+	if cs != nil {
+		// The PID is the trainer's own, in the container's PID namespace.
+		if cs.problem != nil {
+			s.problem(ReasonStalePIDFile, "pidfile %s holds PID %d, a PID in container %s, which was not found: %s", path, pid, container, cs.problem.Detail)
+			return
+		}
+		for _, p := range cs.pids {
+			if st, ok := s.statusOf(p); ok {
+				if own, ok := st.ownPID(); ok && own == pid {
+					s.consider(&t, p, ViaPIDFile)
+				}
+			}
+		}
+		if t.added == 0 {
+			s.none(t, what, ReasonStalePIDFile, "pidfile %s holds PID %d, but no running process of container %s (%s) has that PID in its PID namespace", path, pid, container, shortID(cs.id))
+		}
+		return
+	}
+
+	if pid == s.self {
 		s.problem(ReasonStalePIDFile, "pidfile %s holds PID %d, which is spotguard itself", path, pid)
-	case !s.add(pid, ViaPIDFile):
+		return
+	}
+	if pid == 1 {
+		s.problem(ReasonPIDFileInit, "pidfile %s holds PID 1: here that is init %s, never the trainer; a trainer that is PID 1 of a container wrote it, and that PID means nothing here: %s",
+			path, s.describe(1), pidfileHowTo)
+		return
+	}
+	agentLink, agentDepth := s.agentNS()
+	// Processes in another PID namespace whose own PID is pid: any of them may have written it.
+	var writers []string
+	for p, st := range s.processes() {
+		if own, ok := st.ownPID(); ok && own == pid && p != pid && s.otherNS(p, st, agentLink, agentDepth) {
+			writers = append(writers, s.describe(p))
+		}
+	}
+	slices.Sort(writers)
+	st, running := s.statusOf(pid)
+	running = running && st.state != 'Z' && st.state != 'X'
+	switch {
+	case running && s.otherNS(pid, st, agentLink, agentDepth):
+		own, _ := st.ownPID()
+		s.problem(ReasonPIDFileNamespace, "pidfile %s holds PID %d: here that is process %s in another PID namespace (a container), where its own PID is %d, so it did not write this PID and may not be the trainer: %s",
+			path, pid, s.describe(pid), own, pidfileHowTo)
+	case len(writers) > 0 && running:
+		s.problem(ReasonPIDFileNamespace, "pidfile %s holds PID %d, which is ambiguous: here it is process %s, but in another PID namespace (a container) it is the own PID of %s, which may have written it: %s",
+			path, pid, s.describe(pid), strings.Join(writers, ", "), pidfileHowTo)
+	case len(writers) > 0:
+		s.problem(ReasonPIDFileNamespace, "pidfile %s holds PID %d, which no process has here, but in another PID namespace (a container) it is the own PID of %s: %s",
+			path, pid, strings.Join(writers, ", "), pidfileHowTo)
+	case !running:
 		s.problem(ReasonStalePIDFile, "pidfile %s holds PID %d, which is not running", path, pid)
+	default:
+		s.consider(&t, pid, ViaPIDFile)
+		if t.added == 0 {
+			s.none(t, what, ReasonStalePIDFile, "pidfile %s holds PID %d, which is not running", path, pid)
+		}
 	}
 }
 
@@ -212,14 +492,12 @@ func (s *finder) byUnit(cgroupRoot, unit string) {
 		return nil
 	})
 	slices.Sort(pids)
-	n := 0
+	var t tally
 	for _, pid := range slices.Compact(pids) {
-		if s.add(pid, ViaUnit) {
-			n++
-		}
+		s.consider(&t, pid, ViaUnit)
 	}
-	if n == 0 {
-		s.problem(ReasonNoProcess, "cgroup %s of unit %s holds no running process", dir, name)
+	if t.added == 0 {
+		s.none(t, "trainer.unit "+name, ReasonNoProcess, "cgroup %s of unit %s holds no running process", dir, name)
 	}
 }
 
@@ -229,7 +507,7 @@ func (s *finder) byMatch(re *regexp.Regexp) {
 		s.problem(ReasonNoMatch, "cannot list processes to match %q: %v", re, err)
 		return
 	}
-	n := 0
+	var t tally
 	for _, e := range entries {
 		pid, err := strconv.Atoi(e.Name())
 		if err != nil || pid <= 0 || pid == s.self {
@@ -240,12 +518,60 @@ func (s *finder) byMatch(re *regexp.Regexp) {
 		if !ok || cmdline == "" || !re.MatchString(cmdline) {
 			continue
 		}
-		if s.add(pid, ViaMatch) {
-			n++
+		s.consider(&t, pid, ViaMatch)
+	}
+	if t.added == 0 {
+		s.none(t, fmt.Sprintf("trainer.match %q", re), ReasonNoMatch, "no running process has a command line that matches %q", re)
+	}
+}
+
+func (s *finder) byContainer(container string, cs containerSet) {
+	if cs.problem != nil {
+		s.problems = append(s.problems, *cs.problem)
+		return
+	}
+	var t tally
+	for _, pid := range cs.pids {
+		s.consider(&t, pid, ViaContainer)
+	}
+	if t.added == 0 {
+		s.none(t, "trainer.container "+container, ReasonContainerNotFound, "container %s (%s) holds no running process", container, shortID(cs.id))
+	}
+}
+
+// descendants returns root and every process below it, following the PPid of every process.
+func (s *finder) descendants(root int) map[int]bool {
+	children := map[int][]int{}
+	for pid, st := range s.processes() {
+		children[st.ppid] = append(children[st.ppid], pid)
+	}
+	tree := map[int]bool{root: true}
+	queue := []int{root}
+	for len(queue) > 0 {
+		pid := queue[0]
+		queue = queue[1:]
+		for _, c := range children[pid] {
+			if !tree[c] {
+				tree[c] = true
+				queue = append(queue, c)
+			}
 		}
 	}
-	if n == 0 {
-		s.problem(ReasonNoMatch, "no running process has a command line that matches %q", re)
+	return tree
+}
+
+func (s *finder) byTree(root int) {
+	pids := make([]int, 0, len(s.tree))
+	for pid := range s.tree {
+		pids = append(pids, pid)
+	}
+	slices.Sort(pids)
+	var t tally
+	for _, pid := range pids {
+		s.consider(&t, pid, ViaTree)
+	}
+	if t.added == 0 {
+		s.none(t, fmt.Sprintf("the process tree of PID %d", root), ReasonNoProcess, "process %d and its descendants are not running", root)
 	}
 }
 

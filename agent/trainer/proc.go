@@ -28,6 +28,22 @@ func orDefault(s, def string) string {
 type procStatus struct {
 	state  byte   // first letter of State: R, S, D, Z, T, ...
 	sigCgt uint64 // caught signals: bit n-1 set for signal n
+	// uid is the real user ID (the first field of Uid), -1 when there is no Uid line.
+	uid  int
+	ppid int // the parent's PID (PPid); 0 for init and kernel threads, or when absent
+	// nspid is NSpid: the PID in every PID namespace the process is in, from the namespace of
+	// this proc mount (first) to the process's own (last). One entry: the process is in the
+	// proc mount's namespace. Empty on kernels before 4.1, which have no NSpid line.
+	nspid []int
+}
+
+// ownPID returns the PID the process has in its own PID namespace (the last NSpid entry): what
+// getpid() returns to it, so what it writes into a pidfile. ok is false without NSpid.
+func (st procStatus) ownPID() (pid int, ok bool) {
+	if len(st.nspid) == 0 {
+		return 0, false
+	}
+	return st.nspid[len(st.nspid)-1], true
 }
 
 // readStatus reads procRoot/PID/status. An error wraps os.ErrNotExist when the process does not
@@ -42,7 +58,7 @@ func readStatus(procRoot string, pid int) (procStatus, error) {
 	if err != nil {
 		return procStatus{}, fmt.Errorf("trainer: read process status: %w", err)
 	}
-	var st procStatus
+	st := procStatus{uid: -1}
 	var haveState, haveSigCgt bool
 	sc := bufio.NewScanner(bytes.NewReader(data))
 	for sc.Scan() {
@@ -62,18 +78,29 @@ func readStatus(procRoot string, pid int) (procStatus, error) {
 				return procStatus{}, fmt.Errorf("trainer: %s: bad SigCgt %q: %w", path, val, err)
 			}
 			haveSigCgt = true
+		case "Uid":
+			if f := strings.Fields(val); len(f) > 0 {
+				if uid, err := strconv.ParseUint(f[0], 10, 32); err == nil {
+					st.uid = int(uid)
+				}
+			}
+		case "PPid":
+			st.ppid, _ = strconv.Atoi(val)
+		case "NSpid":
+			for _, f := range strings.Fields(val) {
+				pid, err := strconv.Atoi(f)
+				if err != nil {
+					st.nspid = nil
+					break
+				}
+				st.nspid = append(st.nspid, pid)
+			}
 		}
 	}
 	if !haveState || !haveSigCgt {
 		return procStatus{}, fmt.Errorf("trainer: %s: no State or SigCgt line", path)
 	}
 	return st, nil
-}
-
-// running reports whether pid is a live process: its status is readable and it is not a zombie.
-func running(procRoot string, pid int) bool {
-	st, err := readStatus(procRoot, pid)
-	return err == nil && st.state != 'Z' && st.state != 'X'
 }
 
 // readCmdline returns the command line of pid with its NUL separators turned into spaces. ok is
