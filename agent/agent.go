@@ -48,6 +48,10 @@ type Deps struct {
 	WatchdogInterval time.Duration
 	// ProcRoot and CgroupRoot default to /proc and /sys/fs/cgroup.
 	ProcRoot, CgroupRoot string
+	// TrainerTree, if not 0, confines the trainer to this process and its descendants: they are
+	// all found, and nothing outside that tree is ever signalled, whatever the configuration
+	// finds (spotguard drill, for the trainer it started).
+	TrainerTree int
 	// OpenStore opens the checkpoint store named by store.url. Needed only when it is set.
 	OpenStore func(url string, opts checkpoint.S3Options) (checkpoint.Store, error)
 	// OpenGPUs opens NVML; nil or an error means GPU sampling is off (said once, with the
@@ -119,7 +123,7 @@ func New(cfg *Config, deps Deps) (*Agent, error) {
 	})
 	a.metrics = newMetrics(a.registry, a.watcher.Stats)
 	a.coord = newCoordinator(deps.Logger, a.metrics, a.cfg.Load,
-		procTrainers{procRoot: deps.ProcRoot, cgroupRoot: deps.CgroupRoot, self: os.Getpid()})
+		procTrainers{procRoot: deps.ProcRoot, cgroupRoot: deps.CgroupRoot, self: os.Getpid(), under: deps.TrainerTree})
 	var err error
 	if a.ckptWatcher, a.uploader, err = newUploader(cfg, deps, a); err != nil {
 		return nil, err

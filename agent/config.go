@@ -69,7 +69,10 @@ type Config struct {
 		PIDFile string
 		Unit    string
 		Match   *regexp.Regexp
-		Signal  syscall.Signal
+		// User is the real uid whose processes alone are trainers; nil: any user's.
+		User      *int
+		Container string
+		Signal    syscall.Signal
 	}
 	Checkpoint struct {
 		Dir     string
@@ -173,6 +176,15 @@ var fields = []field{
 		}
 		c.Trainer.Match = re
 		return nil
+	}},
+	{"trainer.user", "", "user name or numeric uid: only processes of this real user are trainers, whichever way they were found; empty: any user", func(c *Config, v string) error {
+		uid, err := trainer.ParseUser(v)
+		c.Trainer.User = uid
+		return err
+	}},
+	{"trainer.container", "", "container of the trainer (ID, unique ID prefix of 12+ hex digits, or a Docker container name): every process in it is a trainer, and trainer.pidfile holds a PID of its PID namespace", func(c *Config, v string) error {
+		c.Trainer.Container = v
+		return trainer.ValidContainer(v)
 	}},
 	{"trainer.signal", "SIGUSR1", "signal sent to every trainer process on a notice; only sent to processes that catch it", func(c *Config, v string) error {
 		sig, err := trainer.ParseSignal(v)
@@ -553,8 +565,8 @@ func (c *Config) Validate() error {
 	if off == len(imds.Sources) {
 		problems = append(problems, errors.New("notices: every source is off, so there is nothing to watch"))
 	}
-	if c.Trainer.PIDFile == "" && c.Trainer.Unit == "" && c.Trainer.Match == nil && !failed["trainer.match"] {
-		problems = append(problems, errors.New("trainer: no way to find the trainer: set trainer.pidfile, trainer.unit or trainer.match"))
+	if c.Trainer.PIDFile == "" && c.Trainer.Unit == "" && c.Trainer.Match == nil && c.Trainer.Container == "" && !failed["trainer.match"] && !failed["trainer.container"] {
+		problems = append(problems, errors.New("trainer: no way to find the trainer: set trainer.pidfile, trainer.unit, trainer.match or trainer.container"))
 	}
 	if c.Checkpoint.Dir != "" {
 		// One that does not exist yet is waited for: the trainer creates it.

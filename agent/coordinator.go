@@ -114,6 +114,8 @@ type trainers interface {
 type procTrainers struct {
 	procRoot, cgroupRoot string
 	self                 int
+	// under, if not 0, confines the trainers to this process and its descendants (Deps.TrainerTree).
+	under int
 }
 
 func (p procTrainers) Find(cfg *Config) ([]trainer.Process, []trainer.Problem) {
@@ -121,6 +123,9 @@ func (p procTrainers) Find(cfg *Config) ([]trainer.Process, []trainer.Problem) {
 		PIDFile:    cfg.Trainer.PIDFile,
 		Unit:       cfg.Trainer.Unit,
 		Match:      cfg.Trainer.Match,
+		Container:  cfg.Trainer.Container,
+		User:       cfg.Trainer.User,
+		Under:      p.under,
 		ProcRoot:   p.procRoot,
 		CgroupRoot: p.cgroupRoot,
 		Self:       p.self,

@@ -239,3 +239,33 @@ func TestFindUserRealProcesses(t *testing.T) {
 		t.Errorf("Find detail %q; want it to name pid %d of uid 65534", problems[0].Detail, other.pid())
 	}
 }
+
+func TestParseUser(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		in      string
+		want    int // -1: nil
+		wantErr string
+	}{
+		{"", -1, ""},
+		{"  ", -1, ""},
+		{"root", 0, ""},
+		{"nobody", 65534, ""},
+		{"0", 0, ""},
+		{"1000", 1000, ""},
+		{" 4242 ", 4242, ""},
+		{"4294967295", -1, "out of range"},
+		{"99999999999", -1, "out of range"},
+		{"no-such-user-spotguard", -1, `no user "no-such-user-spotguard" here`},
+	}
+	for _, tt := range tests {
+		got, err := ParseUser(tt.in)
+		gotN := -1
+		if got != nil {
+			gotN = *got
+		}
+		if gotN != tt.want || (err == nil) != (tt.wantErr == "") || (err != nil && !strings.Contains(err.Error(), tt.wantErr)) {
+			t.Errorf("ParseUser(%q) = %d, %v; want %d, error containing %q", tt.in, gotN, err, tt.want, tt.wantErr)
+		}
+	}
+}

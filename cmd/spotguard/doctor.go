@@ -280,9 +280,9 @@ func doctorStore(ctx context.Context, rep *doctorReport, cfg *agent.Config, deps
 // doctorTrainer finds the trainer as the agent does and checks that it catches the signal.
 func doctorTrainer(rep *doctorReport, cfg *agent.Config, deps doctorDeps) {
 	f := trainer.Finder{PIDFile: cfg.Trainer.PIDFile, Unit: cfg.Trainer.Unit, Match: cfg.Trainer.Match,
-		ProcRoot: deps.procRoot, CgroupRoot: deps.cgroupRoot}
-	if f.PIDFile == "" && f.Unit == "" && f.Match == nil {
-		rep.add("trainer", doctorFail, "no way to find the trainer is configured", "set trainer.pidfile, trainer.unit or trainer.match")
+		Container: cfg.Trainer.Container, User: cfg.Trainer.User, ProcRoot: deps.procRoot, CgroupRoot: deps.cgroupRoot}
+	if f.PIDFile == "" && f.Unit == "" && f.Match == nil && f.Container == "" {
+		rep.add("trainer", doctorFail, "no way to find the trainer is configured", "set trainer.pidfile, trainer.unit, trainer.match or trainer.container")
 		return
 	}
 	procs, problems := f.Find()
@@ -293,7 +293,7 @@ func doctorTrainer(rep *doctorReport, cfg *agent.Config, deps doctorDeps) {
 			ps = append(ps, p.Detail)
 		}
 		rep.add("trainer", doctorWarn, "no trainer process found now: "+strings.Join(ps, "; "),
-			"start the trainer (the agent looks for it every 10 s), or fix trainer.pidfile, trainer.unit or trainer.match")
+			"start the trainer (the agent looks for it every 10 s), or fix trainer.pidfile, trainer.unit, trainer.match, trainer.container or trainer.user")
 		return
 	}
 	procRoot := deps.procRoot
