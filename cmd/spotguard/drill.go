@@ -80,7 +80,8 @@ func runDrill(ctx context.Context, args, environ []string, stdout, stderr io.Wri
 	sizeFlag := fs.String("size", "512MiB", "demo trainer: total checkpoint size (e.g. 512MiB, 4GiB)")
 	files := fs.Int("files", 8, "demo trainer: files per checkpoint")
 	storeURL := fs.String("store", "", "where to commit: s3://bucket/prefix or file:///path (default: a file:// store in a temp dir)")
-	trainerCmd := fs.String("trainer-cmd", "", "run this trainer (sh -c 'exec CMD') instead of the demo one; it must catch the signal and write into --checkpoint-dir;\nits workers are found by your trainer.match or trainer.unit too")
+	trainerCmd := fs.String("trainer-cmd", "", "run this trainer (sh -c 'exec CMD') instead of the demo one; it must catch the signal and write into --checkpoint-dir;\nit and the processes it starts (its workers) are the trainers, and nothing else is signalled")
+	useTrainerConfig := fs.Bool("use-trainer-config", false, "find trainers as the agent does, too: keep your trainer.unit, trainer.match, trainer.container and trainer.user\n(trainer.pidfile is the drill's own), so every process they find is signalled, a job you are running included;\nwithout it only the drill's trainer and the processes it starts are")
 	ckDir := fs.String("checkpoint-dir", "", "checkpoint directory (default: a temp dir)")
 	imdsMode := fs.String("imds", "sim", "sim: an in-process IMDS announces the reclaim; real: wait for a real notice (e.g. an AWS FIS experiment)")
 	jsonOut := fs.Bool("json", false, "print the report as JSON")
@@ -139,6 +140,7 @@ func runDrill(ctx context.Context, args, environ []string, stdout, stderr io.Wri
 	pass := drill(ctx, drillPlan{
 		size: size, files: *files, trainerCmd: *trainerCmd, ckDir: *ckDir, store: *storeURL, job: rep.Job,
 		realIMDS: *imdsMode == "real", tmp: tmp, environ: environ, configFlags: cf, progress: stderr,
+		useTrainerConfig: *useTrainerConfig,
 	}, log, &rep)
 	rep.Pass = pass
 	rep.Advice = drillAdvice(rep)
@@ -167,6 +169,9 @@ type drillPlan struct {
 	environ           []string
 	configFlags       *configFlags
 	progress          io.Writer
+	// useTrainerConfig keeps the configuration's trainer.unit, trainer.match, trainer.container
+	// and trainer.user; without it only the drill's trainer and its descendants are signalled.
+	useTrainerConfig bool
 }
 
 // drill runs the story and fills rep; it reports whether it passed.
@@ -187,13 +192,16 @@ func drill(ctx context.Context, p drillPlan, log zerolog.Logger, rep *drillRepor
 	}
 
 	// The agent, as `spotguard run` would run it, pointed at the drill's pieces; it finds the
-	// trainer (started below, after the store check) by its pidfile.
+	// trainer (started below, after the store check) by its pidfile, and its workers as the
+	// process tree below it (agent.Deps.TrainerTree). Nothing else on the machine is signalled,
+	// unless --use-trainer-config keeps the configuration's ways to find trainers: the user's
+	// trainer.match would find the job they are running, too.
 	pidfile := filepath.Join(p.tmp, "trainer.pid")
 	overrides := append([]agent.KeyValue{}, p.configFlags.overrides...)
-	if p.trainerCmd == "" {
-		// The demo trainer only: nothing else on the machine is signalled. A trainer of your own
-		// is also found by your trainer.match or trainer.unit (its torchrun workers, say).
-		overrides = append(overrides, agent.KeyValue{Key: "trainer.match", Value: ""}, agent.KeyValue{Key: "trainer.unit", Value: ""})
+	if !p.useTrainerConfig {
+		for _, key := range []string{"trainer.match", "trainer.unit", "trainer.container", "trainer.user"} {
+			overrides = append(overrides, agent.KeyValue{Key: key, Value: ""})
+		}
 	}
 	overrides = append(overrides,
 		agent.KeyValue{Key: "trainer.pidfile", Value: pidfile},
@@ -284,10 +292,14 @@ func drill(ctx context.Context, p drillPlan, log zerolog.Logger, rep *drillRepor
 		return fail("the demo trainer did not start")
 	}
 
-	a, err := agent.New(cfg, agent.Deps{
+	deps := agent.Deps{
 		Logger: log, IMDS: imds.NewClient(awsCfg, endpoint),
 		OpenStore: func(string, checkpoint.S3Options) (checkpoint.Store, error) { return store, nil },
-	})
+	}
+	if !p.useTrainerConfig {
+		deps.TrainerTree = cmd.Process.Pid
+	}
+	a, err := agent.New(cfg, deps)
 	if err != nil {
 		return fail("%v", err)
 	}
