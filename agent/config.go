@@ -591,6 +591,13 @@ func (c *Config) Validate() error {
 
 // Warnings lists what is allowed but risky, each naming its key: polling so slow that a good
 // part of a spot notice's 2 minutes goes by before it is seen.
+// LoadProblems returns the problems met while loading (a file that is not valid YAML, a
+// duplicate or unknown key, a value that does not parse), without the checks across keys that
+// Validate adds; Validate reports them too.
+func (c *Config) LoadProblems() []error {
+	return slices.Clone(c.problems)
+}
+
 func (c *Config) Warnings() []string {
 	var w []string
 	for _, p := range []struct {

@@ -17,6 +17,13 @@ Installs spotguard as a systemd service under $DESTDIR (default: empty, the runn
   $DESTDIR/etc/spotguard/spotguard.yaml                the commented default configuration, only if
                                                        there is none; an edited one is never replaced
 
+  $DESTDIR/etc/systemd/system/spotguard-restore.service.d/10-spotguard-mounts.conf
+                                                       RequiresMountsFor= the restore's destination
+                                                       (RESTORE_TO from /etc/default/spotguard-restore,
+                                                       else checkpoint.dir), so the restore waits for
+                                                       the disk it belongs on; only while one is set,
+                                                       so run install.sh again after changing them
+
 The checksum of the installed default configuration is kept in
 /etc/spotguard/.spotguard.yaml.default.sha256, so that a later install may replace an unedited
 default and --uninstall removes the configuration only if it was not edited.
@@ -74,6 +81,7 @@ confdir=$DESTDIR/etc/spotguard
 conf=$confdir/spotguard.yaml
 sumfile=$confdir/.spotguard.yaml.default.sha256
 units="spotguard.service spotguard-restore.service"
+mounts_dropin=$unitdir/spotguard-restore.service.d/10-spotguard-mounts.conf
 
 changed=0 # something was written or removed
 restart=0 # the binary or a unit changed
@@ -113,6 +121,69 @@ remove() {
 		say "removed    $1"
 		changed=1
 	fi
+}
+
+# restore_dest prints where spotguard-restore.service restores to: RESTORE_TO from
+# /etc/default/spotguard-restore, else checkpoint.dir as the installed binary reads the installed
+# configuration (the environment of this script left out); nothing when neither is set. It fails
+# when it cannot tell (the configuration does not load, the binary does not run here).
+restore_dest() {
+	envfile=$DESTDIR/etc/default/spotguard-restore
+	d=
+	if [ -f "$envfile" ]; then
+		d=$(sed -n 's/^[[:space:]]*RESTORE_TO=[[:space:]]*//p' "$envfile" | tail -n 1)
+		d=${d%\"}
+		d=${d#\"}
+		d=${d%\'}
+		d=${d#\'}
+	fi
+	if [ -z "$d" ] && [ -f "$conf" ]; then
+		d=$(env -i PATH=/usr/bin:/bin "$bindir/spotguard" config --config "$conf" --get checkpoint.dir 2>/dev/null) || return 1
+	fi
+	printf '%s' "$d"
+}
+
+# install_mounts writes (or removes) the drop-in that orders the restore after the mount of its
+# destination. systemd expands % specifiers in RequiresMountsFor=, so % is written as %%.
+install_mounts() {
+	if ! dest=$(restore_dest); then
+		say "skipped    $mounts_dropin: \`spotguard config --get checkpoint.dir\` failed (check $conf"
+		say "           with \`spotguard config\`); left as it was"
+		return 1
+	fi
+	if [ -z "$dest" ]; then
+		if [ -f "$mounts_dropin" ]; then
+			remove "$mounts_dropin"
+			rmdir "$(dirname "$mounts_dropin")" 2>/dev/null || true
+			return 0
+		fi
+		return 1
+	fi
+	case $dest in
+	/*) ;;
+	*)
+		say "skipped    $mounts_dropin: the restore's destination \"$dest\" is not an absolute path"
+		return 1
+		;;
+	esac
+	case $dest in
+	*[[:space:]\"\'\\]*)
+		say "skipped    $mounts_dropin: the restore's destination \"$dest\" has white space, quotes or"
+		say "           backslashes; order spotguard-restore.service after its mount yourself (systemctl edit)"
+		return 1
+		;;
+	esac
+	tmp=$(mktemp)
+	{
+		printf '%s\n' "# Written by spotguard's install.sh: the restore waits for the disk its destination is on"
+		printf '%s\n' "# (RESTORE_TO, else checkpoint.dir). Run install.sh again after changing either."
+		printf '%s\n' "[Unit]"
+		printf 'RequiresMountsFor=%s\n' "$(printf '%s' "$dest" | sed 's/%/%%/g')"
+	} >"$tmp"
+	rc=1
+	if put "$tmp" "$mounts_dropin" 644; then rc=0; fi
+	rm -f "$tmp"
+	return $rc
 }
 
 install_config() {
@@ -162,6 +233,7 @@ do_install() {
 		fi
 	done
 	install_config
+	if install_mounts; then units_changed=1; fi
 
 	if systemd_running; then
 		if [ $units_changed = 1 ]; then
@@ -229,6 +301,11 @@ do_uninstall() {
 		fi
 		remove "$unitdir/$u"
 	done
+	if [ -f "$mounts_dropin" ]; then
+		units_removed=1
+		remove "$mounts_dropin"
+		rmdir "$(dirname "$mounts_dropin")" 2>/dev/null || true
+	fi
 	remove "$bindir/spotguard"
 	if [ -f "$conf" ]; then
 		recorded=

@@ -46,11 +46,12 @@ func mustInstall(t *testing.T, destdir string, args ...string) string {
 	return out
 }
 
-// fakeBinary writes an executable stand-in for bin/spotguard that prints text.
+// fakeBinary writes an executable stand-in for bin/spotguard that prints text when run without
+// arguments, and nothing (checkpoint.dir unset, to install.sh) with them.
 func fakeBinary(t *testing.T, text string) string {
 	t.Helper()
 	p := filepath.Join(t.TempDir(), "spotguard")
-	if err := os.WriteFile(p, []byte("#!/bin/sh\necho "+text+"\n"), 0o700); err != nil {
+	if err := os.WriteFile(p, []byte("#!/bin/sh\n[ $# -gt 0 ] || echo "+text+"\n"), 0o700); err != nil {
 		t.Fatal(err)
 	}
 	return p
@@ -385,5 +386,102 @@ func TestDefaultConfig(t *testing.T) {
 		if !inFile[key] {
 			t.Errorf("key %s: not in systemd/spotguard.yaml", key)
 		}
+	}
+}
+
+// TestInstallRestoreMounts: with the real binary, install.sh orders the restore unit after the
+// mount of its destination (checkpoint.dir, or RESTORE_TO), follows changes to either when run
+// again, removes the drop-in when neither is set, and uninstall removes it.
+func TestInstallRestoreMounts(t *testing.T) {
+	bin := filepath.Join(t.TempDir(), "spotguard")
+	build := exec.Command("go", "build", "-o", bin, "./cmd/spotguard")
+	build.Dir = repoRoot(t)
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	dest := t.TempDir()
+	dropin := filepath.Join(dest, "etc/systemd/system/spotguard-restore.service.d/10-spotguard-mounts.conf")
+	requires := func() string {
+		t.Helper()
+		data, err := os.ReadFile(dropin)
+		if errors.Is(err, fs.ErrNotExist) {
+			return "(none)"
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		for line := range strings.SplitSeq(string(data), "\n") {
+			if v, ok := strings.CutPrefix(line, "RequiresMountsFor="); ok {
+				return v
+			}
+		}
+		t.Fatalf("%s has no RequiresMountsFor=:\n%s", dropin, data)
+		return ""
+	}
+
+	// The shipped default has no checkpoint.dir: no drop-in.
+	mustInstall(t, dest, "--binary", bin)
+	if got := requires(); got != "(none)" {
+		t.Errorf("with the shipped config, RequiresMountsFor=%s; want no drop-in", got)
+	}
+
+	conf := filepath.Join(dest, confPath)
+	shipped := readFile(t, conf)
+	if err := os.WriteFile(conf, []byte("checkpoint:\n  dir: /opt/dlami/nvme/100%/ckpt\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out := mustInstall(t, dest, "--binary", bin)
+	if got := requires(); got != "/opt/dlami/nvme/100%%/ckpt" {
+		t.Errorf("with checkpoint.dir set, RequiresMountsFor=%s; want the directory, %% escaped", got)
+	}
+	if !strings.Contains(out, "installed  "+dropin) {
+		t.Errorf("install.sh did not say it installed the drop-in:\n%s", out)
+	}
+	if out := mustInstall(t, dest, "--binary", bin); !strings.Contains(out, "nothing to do") {
+		t.Errorf("a second install.sh changed something:\n%s", out)
+	}
+
+	// RESTORE_TO wins over checkpoint.dir.
+	envfile := filepath.Join(dest, "etc/default/spotguard-restore")
+	os.MkdirAll(filepath.Dir(envfile), 0o755)
+	if err := os.WriteFile(envfile, []byte("# where\nRESTORE_TO=\"/mnt/scratch/ckpt\"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	mustInstall(t, dest, "--binary", bin)
+	if got := requires(); got != "/mnt/scratch/ckpt" {
+		t.Errorf("with RESTORE_TO set, RequiresMountsFor=%s; want RESTORE_TO", got)
+	}
+
+	// A configuration that does not load: the drop-in is left as it was, and it says why.
+	os.Remove(envfile)
+	if err := os.WriteFile(conf, []byte("checkpoint:\n  dir: [\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out = mustInstall(t, dest, "--binary", bin)
+	if got := requires(); got != "/mnt/scratch/ckpt" || !strings.Contains(out, "left as it was") {
+		t.Errorf("with a broken config, RequiresMountsFor=%s; want it untouched, and said:\n%s", got, out)
+	}
+
+	// Neither set: the drop-in goes, its directory with it.
+	if err := os.WriteFile(conf, []byte(shipped+"# edited\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	mustInstall(t, dest, "--binary", bin)
+	if got := requires(); got != "(none)" {
+		t.Errorf("with neither set, RequiresMountsFor=%s; want no drop-in", got)
+	}
+	if _, err := os.Stat(filepath.Dir(dropin)); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("the empty drop-in directory was left: %v", err)
+	}
+
+	// Uninstall removes it.
+	os.WriteFile(conf, []byte("checkpoint:\n  dir: /data/ckpt\n"), 0o644)
+	mustInstall(t, dest, "--binary", bin)
+	if got := requires(); got != "/data/ckpt" {
+		t.Fatalf("RequiresMountsFor=%s; want /data/ckpt", got)
+	}
+	mustInstall(t, dest, "--uninstall")
+	if _, err := os.Stat(filepath.Dir(dropin)); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("uninstall left %s: %v", filepath.Dir(dropin), err)
 	}
 }

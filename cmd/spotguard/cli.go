@@ -159,7 +159,7 @@ func (cf *configFlags) load(environ []string) (*agent.Config, error) {
 
 func runConfig(ctx context.Context, args, environ []string, stdout, stderr io.Writer) int {
 	fs, cf := newFlagSet("config", "Print the effective configuration (with where each value came from), then every problem that would stop\n`spotguard run` from starting (exit 1) and every warning (exit 0).", stderr)
-	get := fs.String("get", "", "print only the effective value of `KEY` (e.g. checkpoint.dir), for scripts; problems elsewhere are not checked")
+	get := fs.String("get", "", "print only the effective value of `KEY` (e.g. checkpoint.dir), for scripts; exit 1 if the configuration\ndoes not load (bad YAML, a duplicate or unknown key, a bad value), but checks across keys are skipped")
 	if code, ok := parseFlags(fs, args); !ok {
 		return code
 	}
@@ -169,6 +169,12 @@ func runConfig(ctx context.Context, args, environ []string, stdout, stderr io.Wr
 		return exitFail
 	}
 	if *get != "" {
+		if probs := cfg.LoadProblems(); len(probs) > 0 {
+			for _, p := range probs {
+				fmt.Fprintf(stderr, "spotguard config: %v\n", p)
+			}
+			return exitFail
+		}
 		for _, kv := range cfg.Effective() {
 			if kv.Key == *get {
 				fmt.Fprintln(stdout, kv.Value)

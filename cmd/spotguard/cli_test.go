@@ -272,6 +272,13 @@ func TestConfigGet(t *testing.T) {
 	if code != exitUsage || !strings.Contains(stderr, "checkpoint.nope: no such key") {
 		t.Errorf("config --get of an unknown key: exit %d, %q", code, stderr)
 	}
+	// A file that does not load gives no value: here a second checkpoint section, which would
+	// otherwise be dropped and the value read as empty.
+	os.WriteFile(cfgPath, []byte("checkpoint:\n  # dir: /x\ncheckpoint:\n  dir: /data/ckpt\n"), 0o644)
+	code, stdout, stderr = runCLI(t, t.Context(), nil, "config", "--config", cfgPath, "--get", "checkpoint.dir")
+	if code != exitFail || stdout != "" || !strings.Contains(stderr, "section checkpoint appears twice") {
+		t.Errorf("config --get with a duplicate section: exit %d, %q, %q; want 1, nothing, the problem", code, stdout, stderr)
+	}
 }
 
 // --mount-wait: a destination that appears while restore waits (a disk mounted late, with the
