@@ -604,7 +604,7 @@ func (c *Config) Warnings() []string {
 		key string
 		d   time.Duration
 	}{{"imds.poll_interval", c.IMDS.PollInterval}, {"imds.spot_poll_interval", c.IMDS.SpotPollInterval}} {
-		if p.d > WarnPollInterval {
+		if p.d > WarnPollInterval && p.d <= MaxPollInterval { // above it, a problem
 			w = append(w, fmt.Sprintf("%s: %s: a notice may be seen %s late, out of the 2 minutes a spot notice gives; 1s is the default", p.key, p.d, p.d))
 		}
 	}
