@@ -88,16 +88,36 @@ func containerTree(t *testing.T) string {
 	)
 }
 
+// containerCase is one trainer.container value, what Find must find, and the problem it must
+// report (reason, and a part of the detail), if any.
+type containerCase struct {
+	container string
+	want      map[int]string
+	reason    string
+	detail    string
+}
+
+// check runs Find for c on the fake proc tree with the Docker API at sock, and returns the
+// problems.
+func (c containerCase) check(t *testing.T, proc, sock string) []Problem {
+	t.Helper()
+	f := Finder{Container: c.container, ProcRoot: proc, Self: fakeAgent, DockerSocket: sock}
+	var want []string
+	if c.reason != "" {
+		want = []string{c.reason}
+	}
+	problems := checkFind(t, f, c.want, want...)
+	if c.detail != "" && (len(problems) != 1 || !strings.Contains(problems[0].Detail, c.detail)) {
+		t.Errorf("Find(container %q) problems %v; want the detail to contain %q", c.container, problems, c.detail)
+	}
+	return problems
+}
+
 func TestFindContainerByID(t *testing.T) {
 	t.Parallel()
 	proc := containerTree(t)
 	noSocket := filepath.Join(t.TempDir(), "docker.sock")
-	tests := []struct {
-		container string
-		want      map[int]string
-		reason    string
-		detail    string
-	}{
+	tests := []containerCase{
 		{ctrID, map[int]string{5000: ViaContainer, 5001: ViaContainer}, "", ""},
 		{ctrID[:12], map[int]string{5000: ViaContainer, 5001: ViaContainer}, "", ""},
 		{ctrA, map[int]string{6000: ViaContainer}, "", ""},
@@ -109,15 +129,7 @@ func TestFindContainerByID(t *testing.T) {
 		{"trainer", nil, ReasonContainerNotFound, "no Docker API socket is at " + noSocket},
 	}
 	for _, tt := range tests {
-		f := Finder{Container: tt.container, ProcRoot: proc, Self: fakeAgent, DockerSocket: noSocket}
-		var want []string
-		if tt.reason != "" {
-			want = []string{tt.reason}
-		}
-		problems := checkFind(t, f, tt.want, want...)
-		if tt.detail != "" && (len(problems) != 1 || !strings.Contains(problems[0].Detail, tt.detail)) {
-			t.Errorf("Find(container %q) problems %v; want the detail to contain %q", tt.container, problems, tt.detail)
-		}
+		problems := tt.check(t, proc, noSocket)
 		if tt.reason == ReasonContainerNotFound && strings.Contains(tt.detail, "not a container ID") && !strings.Contains(problems[0].Detail, "set trainer.container to the container's ID") {
 			t.Errorf("Find(container %q) detail %q; want it to say to use the ID", tt.container, problems[0].Detail)
 		}
@@ -177,12 +189,7 @@ func TestFindContainerByName(t *testing.T) {
 		"broken":  "500",
 		"garbage": `{"Id": "not-an-id"}`,
 	})
-	tests := []struct {
-		container string
-		want      map[int]string
-		reason    string
-		detail    string
-	}{
+	tests := []containerCase{
 		{"trainer", map[int]string{5000: ViaContainer, 5001: ViaContainer}, "", ""},
 		{"/trainer", map[int]string{5000: ViaContainer, 5001: ViaContainer}, "", ""},
 		{"abc123", map[int]string{6000: ViaContainer}, "", ""},
@@ -193,15 +200,7 @@ func TestFindContainerByName(t *testing.T) {
 		{"garbage", nil, ReasonContainerNotFound, "answered no container ID"},
 	}
 	for _, tt := range tests {
-		f := Finder{Container: tt.container, ProcRoot: proc, Self: fakeAgent, DockerSocket: sock}
-		var want []string
-		if tt.reason != "" {
-			want = []string{tt.reason}
-		}
-		problems := checkFind(t, f, tt.want, want...)
-		if tt.detail != "" && (len(problems) != 1 || !strings.Contains(problems[0].Detail, tt.detail)) {
-			t.Errorf("Find(container %q) problems %v; want the detail to contain %q", tt.container, problems, tt.detail)
-		}
+		tt.check(t, proc, sock)
 	}
 	// A socket that is not there, or not a socket, is no way to resolve a name.
 	for _, s := range []string{filepath.Join(t.TempDir(), "none.sock"), proc} {
