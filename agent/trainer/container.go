@@ -17,6 +17,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 )
 
@@ -31,8 +32,17 @@ const MinContainerIDPrefix = 12
 // containerd, CRI-O and Podman alike.
 const containerIDLen = 64
 
-// dockerAPITimeout bounds one name lookup through the Docker API: Find also runs on a notice.
+// dockerAPITimeout bounds the first lookup of a name through the Docker API.
 const dockerAPITimeout = 2 * time.Second
+
+// dockerAPIRecheckTimeout bounds a later lookup of a name: Find also runs on a notice, and a
+// Docker daemon that is slow or gone must not hold the signal back, so past this (or when the
+// API cannot be reached) the ID the name last resolved to is used.
+const dockerAPIRecheckTimeout = 250 * time.Millisecond
+
+// resolvedNames is the ID each container name last resolved to, by socket and name
+// (socket + "\x00" + name).
+var resolvedNames sync.Map
 
 // containerName is a container name as Docker and nerdctl accept it (an optional leading slash
 // is Docker's own way of writing names).
@@ -130,8 +140,23 @@ func findContainer(procRoot, socket, ref string) containerSet {
 	ref = strings.TrimPrefix(ref, "/")
 	id := ref
 	if !isContainerID(ref) {
-		var prob *Problem
-		if id, prob = resolveContainerName(socket, ref); prob != nil {
+		key := orDefault(socket, DefaultDockerSocket) + "\x00" + ref
+		timeout := dockerAPITimeout
+		last, known := resolvedNames.Load(key)
+		if known {
+			timeout = dockerAPIRecheckTimeout
+		}
+		resolved, prob, unreachable := resolveContainerName(socket, ref, timeout)
+		switch {
+		case prob == nil:
+			resolvedNames.Store(key, resolved)
+			id = resolved
+		case known && unreachable:
+			// Docker did not answer (in time): its last answer stands. A container that has
+			// gone since has no process, which the cgroups below show.
+			id = last.(string)
+		default:
+			resolvedNames.Delete(key)
 			return containerSet{problem: prob}
 		}
 	}
@@ -190,18 +215,19 @@ func shortID(id string) string {
 }
 
 // resolveContainerName asks the Docker API on the unix socket for the ID of the container named
-// name (GET /containers/<name>/json), within dockerAPITimeout. It returns a Problem
+// name (GET /containers/<name>/json), within timeout. It returns a Problem
 // (ReasonContainerNotFound) when there is no socket, the API cannot be reached or answers
-// otherwise than with a running container's ID.
-func resolveContainerName(socket, name string) (string, *Problem) {
+// otherwise than with a running container's ID; unreachable is true when it gave no answer at
+// all (no connection, or none in time).
+func resolveContainerName(socket, name string, timeout time.Duration) (id string, prob *Problem, unreachable bool) {
 	socket = orDefault(socket, DefaultDockerSocket)
 	useID := fmt.Sprintf("set trainer.container to the container's ID instead (docker inspect -f '{{.Id}}' %s; at least %d hex digits)", name, MinContainerIDPrefix)
 	if fi, err := os.Stat(socket); err != nil || fi.Mode().Type() != os.ModeSocket {
 		return "", &Problem{ReasonContainerNotFound, fmt.Sprintf(
 			"trainer.container %q is not a container ID (%d to %d lowercase hex digits), and no Docker API socket is at %s to look the name up: %s",
-			name, MinContainerIDPrefix, containerIDLen, socket, useID)}
+			name, MinContainerIDPrefix, containerIDLen, socket, useID)}, true
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), dockerAPITimeout)
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	tr := &http.Transport{
 		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
@@ -213,22 +239,22 @@ func resolveContainerName(socket, name string) (string, *Problem) {
 	defer tr.CloseIdleConnections()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://docker/containers/"+url.PathEscape(name)+"/json", nil)
 	if err != nil {
-		return "", &Problem{ReasonContainerNotFound, fmt.Sprintf("container name %q: %v", name, err)}
+		return "", &Problem{ReasonContainerNotFound, fmt.Sprintf("container name %q: %v", name, err)}, false
 	}
 	resp, err := (&http.Client{Transport: tr}).Do(req)
 	if err != nil {
-		return "", &Problem{ReasonContainerNotFound, fmt.Sprintf("cannot look up container %q through the Docker API at %s: %v; %s", name, socket, err, useID)}
+		return "", &Problem{ReasonContainerNotFound, fmt.Sprintf("cannot look up container %q through the Docker API at %s: %v; %s", name, socket, err, useID)}, true
 	}
 	defer resp.Body.Close()
 	body, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
 	if err != nil {
-		return "", &Problem{ReasonContainerNotFound, fmt.Sprintf("cannot look up container %q through the Docker API at %s: %v; %s", name, socket, err, useID)}
+		return "", &Problem{ReasonContainerNotFound, fmt.Sprintf("cannot look up container %q through the Docker API at %s: %v; %s", name, socket, err, useID)}, true
 	}
 	if resp.StatusCode == http.StatusNotFound {
-		return "", &Problem{ReasonContainerNotFound, fmt.Sprintf("the Docker API at %s knows no container %q", socket, name)}
+		return "", &Problem{ReasonContainerNotFound, fmt.Sprintf("the Docker API at %s knows no container %q", socket, name)}, false
 	}
 	if resp.StatusCode != http.StatusOK {
-		return "", &Problem{ReasonContainerNotFound, fmt.Sprintf("the Docker API at %s answered %s for container %q: %s; %s", socket, resp.Status, name, quoteShort(body), useID)}
+		return "", &Problem{ReasonContainerNotFound, fmt.Sprintf("the Docker API at %s answered %s for container %q: %s; %s", socket, resp.Status, name, quoteShort(body), useID)}, false
 	}
 	var c struct {
 		ID    string `json:"Id"`
@@ -237,10 +263,10 @@ func resolveContainerName(socket, name string) (string, *Problem) {
 		}
 	}
 	if err := json.Unmarshal(body, &c); err != nil || len(c.ID) != containerIDLen || !isContainerID(c.ID) {
-		return "", &Problem{ReasonContainerNotFound, fmt.Sprintf("the Docker API at %s answered no container ID for %q: %s", socket, name, quoteShort(body))}
+		return "", &Problem{ReasonContainerNotFound, fmt.Sprintf("the Docker API at %s answered no container ID for %q: %s", socket, name, quoteShort(body))}, false
 	}
 	if !c.State.Running {
-		return "", &Problem{ReasonContainerNotFound, fmt.Sprintf("container %q (%s) is not running", name, shortID(c.ID))}
+		return "", &Problem{ReasonContainerNotFound, fmt.Sprintf("container %q (%s) is not running", name, shortID(c.ID))}, false
 	}
-	return c.ID, nil
+	return c.ID, nil, false
 }

@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 )
 
@@ -208,5 +209,50 @@ func TestFindContainerByName(t *testing.T) {
 		if len(problems) == 1 && !strings.Contains(problems[0].Detail, "no Docker API socket is at "+s) {
 			t.Errorf("Find(container name, socket %s) detail %q; want it to say there is no socket", s, problems[0].Detail)
 		}
+	}
+}
+
+// A name resolved once keeps working on a notice when Docker stops answering (its last answer
+// stands, after at most dockerAPIRecheckTimeout), but a definite answer (no such container)
+// ends it.
+func TestFindContainerNameWhenDockerStopsAnswering(t *testing.T) {
+	t.Parallel()
+	proc := containerTree(t)
+	sock := filepath.Join(t.TempDir(), "docker.sock")
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mode atomic.Value // "ok", "hang" or "gone"
+	mode.Store("ok")
+	release := make(chan struct{})
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch mode.Load() {
+		case "hang":
+			select {
+			case <-release:
+			case <-r.Context().Done():
+			}
+		case "gone":
+			http.Error(w, `{"message":"No such container: trainer"}`, http.StatusNotFound)
+		default:
+			w.Write([]byte(inspect(ctrID, true)))
+		}
+	}))
+	srv.Listener.Close()
+	srv.Listener = ln
+	srv.Start()
+	t.Cleanup(srv.Close)
+	t.Cleanup(func() { close(release) }) // before srv.Close: it waits for the handlers
+
+	want := map[int]string{5000: ViaContainer, 5001: ViaContainer}
+	f := Finder{Container: "trainer", ProcRoot: proc, Self: fakeAgent, DockerSocket: sock}
+	checkFind(t, f, want)
+	mode.Store("hang")
+	checkFind(t, f, want)
+	mode.Store("gone")
+	checkFind(t, f, nil, ReasonContainerNotFound)
+	if _, ok := resolvedNames.Load(sock + "\x00trainer"); ok {
+		t.Error("after Docker said there is no such container, its last ID is still remembered")
 	}
 }
