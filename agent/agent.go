@@ -95,6 +95,9 @@ type Agent struct {
 	mu         sync.Mutex
 	identity   imds.Identity
 	newestName string // the newest checkpoint this agent committed
+	// jobProblem is the last multi-node job checkpoint that could not be committed, until one
+	// commits after it: /healthz is 503 meanwhile.
+	jobProblem *checkpoint.UploadEvent
 	// needRestart are the keys the last reload could not apply (their running values stay);
 	// reloadedAt is when it was.
 	needRestart []string

@@ -48,7 +48,10 @@ func newUploader(cfg *Config, deps Deps, a *Agent) (*checkpointWatch, *checkpoin
 			return checkpoint.Host{InstanceID: a.identity.InstanceID, InstanceType: a.identity.InstanceType,
 				AvailabilityZone: a.identity.AvailabilityZone, Hostname: hostname}
 		},
-		OnEvent: a.onUpload,
+		OnEvent:    a.onUpload,
+		NodeRank:   cfg.Store.NodeRank,
+		WorldNodes: cfg.Store.WorldNodes,
+		PartWait:   cfg.Store.PartWait,
 	})
 	return w, u, nil
 }
@@ -86,6 +89,22 @@ func (a *Agent) onUpload(ev checkpoint.UploadEvent) {
 		}
 	case checkpoint.CheckpointFailed:
 		a.metrics.commitFailures.Inc()
+	case checkpoint.JobCheckpointCommitted:
+		writer := "this"
+		if ev.Already {
+			writer = "other"
+		}
+		a.metrics.jobCommitted.WithLabelValues(writer).Inc()
+		a.mu.Lock()
+		if a.jobProblem != nil && !ev.Manifest.Order().At.Before(a.jobProblem.At.Add(-checkpoint.SaveSpread)) {
+			a.jobProblem = nil
+		}
+		a.mu.Unlock()
+	case checkpoint.JobCheckpointFailed:
+		a.metrics.jobFailures.Inc()
+		a.mu.Lock()
+		a.jobProblem = &ev
+		a.mu.Unlock()
 	}
 	a.coord.onUpload(ev)
 }

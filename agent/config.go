@@ -85,6 +85,11 @@ type Config struct {
 		Job         string
 		PartSize    int64
 		Concurrency int
+		// NodeRank and WorldNodes: this node's part of a multi-node job's checkpoints, and how
+		// many nodes' parts make one (1: a single-node job). PartWait: how long to try to
+		// complete a checkpoint whose parts are not all in.
+		NodeRank, WorldNodes int
+		PartWait             time.Duration
 	}
 	HTTP struct {
 		Listen string
@@ -255,6 +260,33 @@ var fields = []field{
 			return errors.New("want a whole number from 1 to 1024")
 		}
 		c.Store.Concurrency = n
+		return nil
+	}},
+	{"store.node_rank", "0", "this node's part of a multi-node job's checkpoints, 0 to store.world_nodes-1: the node rank torchrun gets (static, not from a dynamic rendezvous)", func(c *Config, v string) error {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 0 {
+			return errors.New("want a whole number, 0 or more")
+		}
+		c.Store.NodeRank = n
+		return nil
+	}},
+	{"store.world_nodes", "1", "nodes whose parts make one checkpoint (torchrun --nnodes); 1: a single-node job, the layout and behaviour of one agent alone", func(c *Config, v string) error {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > 4096 {
+			return errors.New("want a whole number from 1 to 4096")
+		}
+		c.Store.WorldNodes = n
+		return nil
+	}},
+	{"store.part_wait", "1h", "multi-node: how long an agent keeps trying to complete a checkpoint whose other nodes' parts are not all in; parts that never made one are deleted after twice this", func(c *Config, v string) error {
+		d, err := parseDuration(v)
+		if err != nil {
+			return err
+		}
+		if d < time.Minute || d > 7*24*time.Hour {
+			return errors.New("want 1m to 168h")
+		}
+		c.Store.PartWait = d
 		return nil
 	}},
 	{"http.listen", "127.0.0.1:9402", "address of the local /healthz, /status and /metrics listener; empty disables it", func(c *Config, v string) error {
@@ -583,14 +615,16 @@ func (c *Config) Validate() error {
 	case c.Store.URL == "" && c.Checkpoint.Dir != "" && !failed["store.url"]:
 		problems = append(problems, errors.New("store.url: must be set when checkpoint.dir is (where to upload to)"))
 	}
+	if c.Store.NodeRank >= c.Store.WorldNodes && !failed["store.node_rank"] && !failed["store.world_nodes"] {
+		problems = append(problems, fmt.Errorf("store.node_rank: %d must be less than store.world_nodes (%d): ranks are 0 to %d",
+			c.Store.NodeRank, c.Store.WorldNodes, c.Store.WorldNodes-1))
+	}
 	if strings.ContainsAny(c.Checkpoint.Marker, "/\\") || c.Checkpoint.Marker == "" {
 		problems = append(problems, fmt.Errorf("checkpoint.marker: %q must be a plain file name", c.Checkpoint.Marker))
 	}
 	return errors.Join(problems...)
 }
 
-// Warnings lists what is allowed but risky, each naming its key: polling so slow that a good
-// part of a spot notice's 2 minutes goes by before it is seen.
 // LoadProblems returns the problems met while loading (a file that is not valid YAML, a
 // duplicate or unknown key, a value that does not parse), without the checks across keys that
 // Validate adds; Validate reports them too.
@@ -598,6 +632,8 @@ func (c *Config) LoadProblems() []error {
 	return slices.Clone(c.problems)
 }
 
+// Warnings lists what is allowed but risky, each naming its key: polling so slow that a good
+// part of a spot notice's 2 minutes goes by before it is seen.
 func (c *Config) Warnings() []string {
 	var w []string
 	for _, p := range []struct {

@@ -76,7 +76,13 @@ func (a *Agent) health(now time.Time) healthVerdict {
 	}
 	a.mu.Lock()
 	pending := strings.Join(a.needRestart, ", ")
+	jobProblem := a.jobProblem
 	a.mu.Unlock()
+	if jobProblem != nil {
+		v.reason(fmt.Sprintf("job checkpoint %s could not be committed (%s): %v; healthy again once a job checkpoint commits",
+			jobProblem.Checkpoint, jobProblem.At.UTC().Format(time.RFC3339), jobProblem.Err),
+			"job checkpoint "+jobProblem.Checkpoint+" not committed")
+	}
 	if pending != "" {
 		v.warn("the configuration file changes "+pending+", which only a restart applies (systemctl restart spotguard); the running values stay until then",
 			"restart to apply "+pending)

@@ -24,6 +24,8 @@ type promMetrics struct {
 
 	committed        *prometheus.CounterVec
 	commitFailures   prometheus.Counter
+	jobCommitted     *prometheus.CounterVec
+	jobFailures      prometheus.Counter
 	uploadBytes      prometheus.Counter
 	uploadSeconds    prometheus.Histogram
 	uploadThroughput prometheus.Gauge
@@ -122,7 +124,15 @@ func newMetrics(reg prometheus.Registerer, stats func() imds.Stats) *promMetrics
 		Name: "spotguard_notice_deadline_margin_seconds",
 		Help: "Time left before the notice's deadline when its checkpoint was committed (negative: late), newest per source.",
 	}, []string{"source"})
-	reg.MustRegister(m.committed, m.commitFailures, m.uploadBytes, m.uploadSeconds, m.uploadThroughput,
+	m.jobCommitted = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "spotguard_job_checkpoints_committed_total",
+		Help: "Multi-node jobs: checkpoints this node has a part in whose job manifest is in the store, by who wrote it (this, another agent).",
+	}, []string{"writer"})
+	m.jobFailures = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "spotguard_job_checkpoint_failures_total",
+		Help: "Multi-node jobs: attempts to complete a job checkpoint that failed for good reasons (a conflict between nodes, other parts in the job manifest, parts missing after store.part_wait).",
+	})
+	reg.MustRegister(m.committed, m.commitFailures, m.jobCommitted, m.jobFailures, m.uploadBytes, m.uploadSeconds, m.uploadThroughput,
 		m.forecast, m.newestCommitted, m.writeSeconds, m.timeToDurable, m.deadlineMargin)
 	reg.MustRegister(m.notices, m.signals, m.discoveryProblems, m.signalLatency, m.trainerProcesses,
 		m.trainerUncaught, m.syncRequests, m.reloads, m.noticeDeadlineLeft)

@@ -116,9 +116,12 @@ type JobState struct {
 	// Commits are the valid committed checkpoints, newest first by Manifest.Order, with
 	// Latest set on the one LATEST names.
 	Commits []Committed
-	// Unfinished are version 2 commit prefixes without a manifest (uploads in progress, or
-	// abandoned), by checkpoint then commit.
+	// Unfinished are version 2 commit prefixes without a manifest or a part (uploads in
+	// progress, or abandoned), by checkpoint then commit.
 	Unfinished []CommitRef
+	// Parts are the parts of multi-node saves that no job manifest lists (saves waiting for
+	// other nodes' parts, or that never completed), by checkpoint then commit.
+	Parts []*Manifest
 	// Latest is LATEST as read, nil when there is none or it is not valid JSON; LatestETag
 	// is its ETag.
 	Latest     *Latest
@@ -224,7 +227,7 @@ func readJob(ctx context.Context, s Store, job string, cache *manifestCache) (*J
 	}
 
 	type read struct {
-		m       *Manifest
+		m, part *Manifest
 		problem error
 		absent  bool
 	}
@@ -234,8 +237,24 @@ func readJob(ctx context.Context, s Store, job string, cache *manifestCache) (*J
 	for i, ref := range all {
 		g.Go(func() error {
 			m, problem, err := readManifest(gctx, s, job, ref, cache)
+			if err != nil {
+				return err
+			}
 			reads[i] = read{m: m, problem: problem, absent: errors.Is(problem, ErrNotFound)}
-			return err
+			if !reads[i].absent || ref.Commit == "" {
+				return nil
+			}
+			// No manifest: a node's part of a multi-node save, or an unfinished commit.
+			part, problem, err := readPart(gctx, s, job, ref, cache)
+			switch {
+			case err != nil:
+				return err
+			case part != nil:
+				reads[i].part = part
+			case !errors.Is(problem, ErrNotFound):
+				reads[i] = read{problem: problem}
+			}
+			return nil
 		})
 	}
 	var latest *Latest
@@ -263,10 +282,13 @@ func readJob(ctx context.Context, s Store, job string, cache *manifestCache) (*J
 	}
 
 	st := &JobState{Latest: latest, LatestETag: latestETag}
+	var parts []*Manifest
 	for i, r := range reads {
 		switch {
 		case r.m != nil:
 			st.Commits = append(st.Commits, Committed{Manifest: r.m, Key: ManifestKey(job, all[i].Checkpoint, all[i].Commit)})
+		case r.part != nil:
+			parts = append(parts, r.part)
 		case r.absent && all[i].Commit != "":
 			st.Unfinished = append(st.Unfinished, all[i])
 		case r.absent:
@@ -276,6 +298,11 @@ func readJob(ctx context.Context, s Store, job string, cache *manifestCache) (*J
 		}
 	}
 	sortCommits(st.Commits)
+	jobs := make([]*Manifest, len(st.Commits))
+	for i, c := range st.Commits {
+		jobs[i] = c.Manifest
+	}
+	st.Parts = openParts(jobs, parts)
 	switch {
 	case latestProblem != nil:
 		st.Problems = append(st.Problems, latestProblem)
@@ -377,7 +404,7 @@ func readManifest(ctx context.Context, s Store, job string, ref CommitRef, cache
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", key, err), nil
 	}
-	if m.Job != job || m.Checkpoint != ref.Checkpoint || m.Commit != ref.Commit || (ref.Commit == "") != (m.Version == 1) {
+	if m.Job != job || m.Checkpoint != ref.Checkpoint || m.Commit != ref.Commit || (ref.Commit == "") != (m.Version == 1) || m.Part != nil {
 		return nil, fmt.Errorf("%s: manifest names job %q checkpoint %q commit %q; refusing a manifest that does not match its key",
 			key, m.Job, m.Checkpoint, m.Commit), nil
 	}
@@ -519,15 +546,26 @@ func retained(st *JobState, keep int) map[string]bool {
 }
 
 // applyRetention deletes every commit of the job that retained does not keep. It reads the job
-// first (readJob). A commit is deleted manifest first, so it stops existing before its data goes;
+// first (readJob). A commit is deleted manifest first (a job manifest after its parts' part
+// manifests, which no agent may take again), so it stops existing before its data goes;
 // then its data: for a version 2 commit everything under its prefix (only its commit wrote
 // there), for a version 1 commit the keys its manifest lists. It returns the commits deleted, and
 // an error if the job could not be read; a commit that could not be deleted in full is logged and
 // left for the next time.
-func applyRetention(ctx context.Context, s Store, job string, keep int, cache *manifestCache, log zerolog.Logger) ([]CommitRef, error) {
+//
+// With partWait > 0 (a multi-node job), it then deletes the parts that never made a save
+// (collectParts).
+func applyRetention(ctx context.Context, s Store, job string, keep int, partWait time.Duration, cache *manifestCache, log zerolog.Logger) ([]CommitRef, error) {
 	st, err := readJob(ctx, s, job, cache)
 	if err != nil {
 		return nil, err
+	}
+	var collected []CommitRef
+	if partWait > 0 {
+		collected = collectParts(ctx, s, st, partWait, log)
+	}
+	if keep <= 0 {
+		return collected, nil
 	}
 	for _, p := range st.Problems {
 		log.Warn().Err(p).Msg("retention: left alone")
@@ -535,18 +573,26 @@ func applyRetention(ctx context.Context, s Store, job string, keep int, cache *m
 	kept := retained(st, keep)
 	if kept == nil {
 		log.Info().Msg("retention: LATEST names a commit not seen yet; nothing deleted this time")
-		return nil, nil
+		return collected, nil
 	}
 	if st.Latest != nil {
 		log.Debug().Str("latest", st.Latest.Checkpoint+"/"+st.Latest.Commit).Int("commits", len(st.Commits)).Int("kept", len(kept)).Msg("retention")
 	}
-	var deleted []CommitRef
+	deleted := collected
 	for _, c := range st.Commits {
 		if kept[c.Key] {
 			continue
 		}
 		m := c.Manifest
 		clog := log.With().Str("checkpoint", m.Checkpoint).Str("commit", m.Commit).Logger()
+		if len(m.Parts) > 0 {
+			// A job manifest: its parts first, so that no agent can assemble them into the
+			// same save again once the job manifest is gone (it would list deleted data).
+			if err := s.Delete(ctx, partKeys(m)...); err != nil {
+				clog.Warn().Err(err).Msg("retention: cannot delete the parts of a job checkpoint")
+				continue
+			}
+		}
 		if err := s.Delete(ctx, c.Key); err != nil {
 			clog.Warn().Err(err).Msg("retention: cannot delete manifest")
 			continue
@@ -562,8 +608,16 @@ func applyRetention(ctx context.Context, s Store, job string, keep int, cache *m
 	return deleted, nil
 }
 
-// deleteCommitData deletes the data of m's commit (its manifest must be gone already).
+// deleteCommitData deletes the data of m's commit (its manifest must be gone already); for a job
+// manifest, every part's commit (its part manifests must be gone already too).
 func deleteCommitData(ctx context.Context, s Store, m *Manifest) error {
+	if len(m.Parts) > 0 {
+		var errs []error
+		for _, p := range m.Parts {
+			errs = append(errs, deletePrefix(ctx, s, CommitPrefix(m.Job, m.Checkpoint, p.Commit)))
+		}
+		return errors.Join(errs...)
+	}
 	if m.Version == 1 {
 		keys := make([]string, 0, len(m.Files))
 		for _, f := range m.Files {
@@ -572,6 +626,15 @@ func deleteCommitData(ctx context.Context, s Store, m *Manifest) error {
 		return s.Delete(ctx, keys...)
 	}
 	return deletePrefix(ctx, s, CommitPrefix(m.Job, m.Checkpoint, m.Commit))
+}
+
+// partKeys are the keys of the part manifests of job manifest m.
+func partKeys(m *Manifest) []string {
+	keys := make([]string, 0, len(m.Parts))
+	for _, p := range m.Parts {
+		keys = append(keys, PartKey(m.Job, m.Checkpoint, p.Commit))
+	}
+	return keys
 }
 
 // deletePrefix aborts the incomplete uploads under prefix (a commit of this agent's) and deletes
@@ -690,10 +753,9 @@ func (u *Uploader) commit(ctx context.Context, c commitJob) commitResult {
 	}
 	if c.adopt {
 		for _, m := range c.candidates {
-			if len(m.Files) != len(c.files) || slices.ContainsFunc(m.Files, func(f File) bool {
-				d, ok := c.files[f.Path]
-				return !ok || d.id.Size != f.Size || d.checksum != f.Checksum
-			}) {
+			// A job manifest matches a node that has every node's files (a full restore) or
+			// only its own part's (restore --part).
+			if !sameAsDone(m.Files, c.files) && (m.Parts == nil || u.cfg.WorldNodes < 2 || !sameAsDone(m.PartFiles(u.cfg.NodeRank), c.files)) {
 				continue
 			}
 			// Still there? Retention (ours or another agent's) may have deleted it.
@@ -740,6 +802,9 @@ func (u *Uploader) commit(ctx context.Context, c commitJob) commitResult {
 	}
 	m.Timings.CompleteAt = &complete
 	m.Timings.LastByteAt = &now
+	if u.cfg.WorldNodes > 1 {
+		m.Part = &Part{NodeRank: u.cfg.NodeRank, WorldNodes: u.cfg.WorldNodes}
+	}
 	if err := m.Validate(); err != nil {
 		return commitResult{err: fmt.Errorf("refusing to commit: %w", err)}
 	}
@@ -763,6 +828,23 @@ func (u *Uploader) commit(ctx context.Context, c commitJob) commitResult {
 		return commitResult{err: fmt.Errorf("clean the commit's prefix before its manifest: %w", err)}
 	}
 	r.attempted = true
+	if m.Part != nil {
+		// A node of a multi-node job: its part, then the job manifest once every part is in
+		// (the Run loop's trackSave).
+		if err := writePart(ctx, u.cfg.Store, m); err != nil {
+			if errors.Is(err, ErrExists) {
+				return commitResult{attempted: true, changed: lc.Files}
+			}
+			r.err = fmt.Errorf("write part: %w", err)
+			return r
+		}
+		r.manifest = m
+		u.cache.put(PartKey(m.Job, m.Checkpoint, m.Commit), m)
+		if c.resumed {
+			u.goLateAborts(ctx, CommitPrefix(m.Job, m.Checkpoint, m.Commit))
+		}
+		return r
+	}
 	if err := writeManifest(ctx, u.cfg.Store, m); err != nil {
 		if errors.Is(err, ErrExists) {
 			// A try whose answer was lost committed another version of the checkpoint here (it
@@ -794,13 +876,21 @@ func (u *Uploader) commit(ctx context.Context, c commitJob) commitResult {
 		u.goLateAborts(ctx, CommitPrefix(m.Job, m.Checkpoint, m.Commit))
 	}
 	if u.cfg.Keep > 0 {
-		deleted, err := applyRetention(ctx, u.cfg.Store, u.cfg.Job, u.cfg.Keep, u.cache, u.log)
+		deleted, err := applyRetention(ctx, u.cfg.Store, u.cfg.Job, u.cfg.Keep, 0, u.cache, u.log)
 		if err != nil {
 			u.log.Warn().Err(err).Msg("retention: cannot read the job")
 		}
 		r.deleted = append(r.deleted, deleted...)
 	}
 	return r
+}
+
+// sameAsDone reports whether files are exactly the files done (same paths, sizes, checksums).
+func sameAsDone(files []File, done map[string]doneFile) bool {
+	return len(files) == len(done) && !slices.ContainsFunc(files, func(f File) bool {
+		d, ok := done[f.Path]
+		return !ok || d.id.Size != f.Size || d.checksum != f.Checksum
+	})
 }
 
 // completedAt is when the version of lc being committed was completed, the first half of its

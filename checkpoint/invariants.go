@@ -13,12 +13,14 @@ import (
 
 // CheckJob checks job in s against the invariants a snapshot of the store can show, and returns
 // one error per violation (none: nil):
-//   - I1: every file of a version 2 commit is an object under that commit's own prefix;
+//   - I1: every file of a version 2 commit is an object under that commit's own prefix (in a
+//     job manifest, the prefix of the commit of the part of its first node);
 //   - I2 (the store's side): every file a manifest lists exists with the size it lists
 //     (restore verifies the checksums);
 //   - I3: LATEST, when there is a commit, names a commit whose manifest is valid;
 //   - I4: no manifest lists a file of spotguard's own (".spotguard-*", or a dot-".tmp" file);
-//   - I7: no committed commit's prefix holds an object its manifest does not list (they are
+//   - I7: no committed commit's prefix (no part's, for a job manifest) holds an object its
+//     manifest does not list, but the manifest and part manifests (they are
 //     removed before the manifest is written; incomplete uploads are the store's to show: the
 //     tests list them with the store's own client);
 //   - I6, when settled (no commit in flight, since LATEST is written after the manifest): no
@@ -35,19 +37,37 @@ func CheckJob(ctx context.Context, s Store, job string, settled bool) []error {
 		m := c.Manifest
 		name := m.Checkpoint + "/" + m.Commit
 		listed := map[string]int64{}
-		var prefix string
+		// A commit's prefix, or every part's commit's prefix for a job manifest; each file must
+		// be under its own (its first node's).
+		var prefixes []string
 		var objs []ObjectInfo
 		if m.Version == ManifestVersion {
-			prefix = CommitPrefix(m.Job, m.Checkpoint, m.Commit)
-			if objs, err = s.List(ctx, prefix); err != nil {
-				return append(problems, err)
+			prefixes = []string{CommitPrefix(m.Job, m.Checkpoint, m.Commit)}
+			if len(m.Parts) > 0 {
+				prefixes = prefixes[:0]
+				for _, p := range m.Parts {
+					prefixes = append(prefixes, CommitPrefix(m.Job, m.Checkpoint, p.Commit))
+				}
+			}
+			for _, prefix := range prefixes {
+				o, err := s.List(ctx, prefix)
+				if err != nil {
+					return append(problems, err)
+				}
+				objs = append(objs, o...)
 			}
 		}
 		for _, f := range m.Files {
 			key := m.FileKey(f)
 			listed[key] = f.Size
-			if m.Version == ManifestVersion && !strings.HasPrefix(key, prefix) {
-				problems = append(problems, fmt.Errorf("I1: commit %s lists %s outside its prefix %s", name, key, prefix))
+			if m.Version == ManifestVersion {
+				prefix := prefixes[0]
+				if len(m.Parts) > 0 && len(f.Nodes) > 0 && f.Nodes[0] < len(prefixes) {
+					prefix = prefixes[f.Nodes[0]]
+				}
+				if !strings.HasPrefix(key, prefix) {
+					problems = append(problems, fmt.Errorf("I1: commit %s lists %s outside its prefix %s", name, key, prefix))
+				}
 			}
 			if ownFile(f.Path) {
 				problems = append(problems, fmt.Errorf("I4: commit %s lists spotguard's own file %s", name, f.Path))
@@ -69,9 +89,24 @@ func CheckJob(ctx context.Context, s Store, job string, settled bool) []error {
 				problems = append(problems, fmt.Errorf("I2: commit %s lists %s with %d bytes; the object has %d", name, key, size, got))
 			}
 		}
-		manifest := ManifestKey(m.Job, m.Checkpoint, m.Commit)
+		own := map[string]bool{ManifestKey(m.Job, m.Checkpoint, m.Commit): true}
+		for _, p := range m.Parts {
+			ref := CommitRef{Checkpoint: m.Checkpoint, Commit: p.Commit}
+			own[PartKey(m.Job, m.Checkpoint, p.Commit)] = true
+			// A file the job manifest lists once may be in several parts (the same bytes): each
+			// part's copy is its own. A part manifest already deleted (retention) shows none.
+			part, _, err := readPart(ctx, s, m.Job, ref, nil)
+			if err != nil {
+				return append(problems, err)
+			}
+			if part != nil {
+				for _, f := range part.Files {
+					own[f.Key] = true
+				}
+			}
+		}
 		for _, o := range objs {
-			if _, ok := listed[o.Key]; !ok && o.Key != manifest {
+			if _, ok := listed[o.Key]; !ok && !own[o.Key] {
 				problems = append(problems, fmt.Errorf("I7: commit %s holds %s, which its manifest does not list", name, o.Key))
 			}
 		}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"strconv"
+	"strings"
 	"text/tabwriter"
 	"time"
 )
@@ -43,6 +44,32 @@ func ListCommitted(ctx context.Context, s Store, job string) ([]Committed, []err
 		return nil, nil, fmt.Errorf("list committed checkpoints: %w", err)
 	}
 	return st.Commits, st.Problems, nil
+}
+
+// ListIncomplete returns the job's multi-node saves whose parts are not all in the store, newest
+// first (see IncompleteSave), with the same reading and errors as ListCommitted.
+func ListIncomplete(ctx context.Context, s Store, job string) ([]IncompleteSave, error) {
+	st, err := readJob(ctx, s, job, nil)
+	if err != nil {
+		return nil, fmt.Errorf("list incomplete checkpoints: %w", err)
+	}
+	return incompleteSaves(st.Parts), nil
+}
+
+// FormatIncomplete writes saves as a table for `spotguard list`: the checkpoint's name, "parts
+// 3/4" with the node ranks that are in, the size so far and the newest part's completion time.
+func FormatIncomplete(w io.Writer, saves []IncompleteSave) {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "INCOMPLETE\tPARTS\tNODES IN\tSIZE\tNEWEST PART COMPLETED AT")
+	for _, is := range saves {
+		ranks := make([]string, len(is.Ranks))
+		for i, r := range is.Ranks {
+			ranks[i] = strconv.Itoa(r)
+		}
+		fmt.Fprintf(tw, "%s\tparts %d/%d\t%s\t%s\t%s\n", is.Checkpoint, len(is.Ranks), is.WorldNodes, strings.Join(ranks, ","),
+			HumanBytes(is.Bytes), is.Newest.UTC().Format(time.RFC3339))
+	}
+	_ = tw.Flush()
 }
 
 // FormatList writes cs as a table for `spotguard list`: a header line, then one line per

@@ -38,6 +38,32 @@ type Manifest struct {
 	Notice      string    `json:"notice,omitempty"`
 	Timings     Timings   `json:"timings"`
 	CommittedAt time.Time `json:"committed_at"`
+
+	// Part is set in a part manifest (J/C/<commit>/_spotguard/part.json): one node's files of a
+	// multi-node save, the commit being that node's own. A part alone is not a commit.
+	Part *Part `json:"part,omitempty"`
+	// WorldNodes and Parts are set in a job manifest: the commit of a multi-node save, made of
+	// one part per node rank 0 … WorldNodes-1 (sorted by rank). Its Commit is rank 0's part's
+	// commit, and its Files are the union of the parts' files, each with the ranks that have it.
+	WorldNodes int       `json:"world_nodes,omitempty"`
+	Parts      []JobPart `json:"parts,omitempty"`
+}
+
+// Part says which node of a multi-node job wrote a part manifest.
+type Part struct {
+	NodeRank   int `json:"node_rank"`
+	WorldNodes int `json:"world_nodes"`
+}
+
+// JobPart is one node's part as a job manifest lists it.
+type JobPart struct {
+	NodeRank    int       `json:"node_rank"`
+	Commit      string    `json:"commit"`
+	Host        Host      `json:"host,omitzero"`
+	Files       int       `json:"files"`
+	Bytes       int64     `json:"bytes"`
+	CompleteAt  time.Time `json:"complete_at"`
+	CommittedAt time.Time `json:"committed_at"`
 }
 
 // File is one file of a checkpoint.
@@ -52,6 +78,9 @@ type File struct {
 	// setuid, setgid or sticky bits). Empty means 0644.
 	Mode     string   `json:"mode,omitempty"`
 	Checksum Checksum `json:"checksum"`
+	// Nodes are, in a job manifest, the node ranks whose parts have this file (with these
+	// bytes), ascending; the key is the first one's. A file every part has is shared.
+	Nodes []int `json:"nodes,omitempty"`
 }
 
 // FileKey returns the key of f's object: f.Key, or for a version 1 manifest J/C/<path>.
@@ -217,7 +246,75 @@ func (m *Manifest) Validate() error {
 	if total != m.TotalBytes {
 		problems = append(problems, fmt.Errorf("total_bytes %d; the files add up to %d", m.TotalBytes, total))
 	}
+	problems = append(problems, m.validateNodes()...)
 	return errors.Join(problems...)
+}
+
+// validateNodes checks what a part or job manifest adds: a part's rank within its world of at
+// least two nodes; a job manifest's parts, one per rank, its commit being rank 0's, and every
+// file's nodes and key (under the commit of the first of its nodes).
+func (m *Manifest) validateNodes() []error {
+	var problems []error
+	if m.Part != nil {
+		if m.Part.WorldNodes < 2 || m.Part.NodeRank < 0 || m.Part.NodeRank >= m.Part.WorldNodes {
+			problems = append(problems, fmt.Errorf("part: node_rank %d of world_nodes %d", m.Part.NodeRank, m.Part.WorldNodes))
+		}
+		if m.Parts != nil || m.WorldNodes != 0 {
+			problems = append(problems, errors.New("a part manifest with parts of its own"))
+		}
+		return problems
+	}
+	if m.Parts == nil && m.WorldNodes == 0 {
+		for _, f := range m.Files {
+			if f.Nodes != nil {
+				return append(problems, fmt.Errorf("file %q: nodes in a manifest without parts", f.Path))
+			}
+		}
+		return nil
+	}
+	if m.Version != ManifestVersion || m.WorldNodes < 2 || len(m.Parts) != m.WorldNodes {
+		return append(problems, fmt.Errorf("job manifest: %d parts of world_nodes %d (version %d)", len(m.Parts), m.WorldNodes, m.Version))
+	}
+	for i, p := range m.Parts {
+		if p.NodeRank != i {
+			return append(problems, fmt.Errorf("job manifest: part %d has node_rank %d; want the parts sorted by rank, one each", i, p.NodeRank))
+		}
+		if err := ValidCommitID(p.Commit); err != nil {
+			problems = append(problems, fmt.Errorf("part %d: commit: %w", i, err))
+		}
+	}
+	if len(problems) > 0 {
+		return problems
+	}
+	if m.Commit != m.Parts[0].Commit {
+		problems = append(problems, fmt.Errorf("job manifest: commit %s is not rank 0's part's, %s", m.Commit, m.Parts[0].Commit))
+	}
+	for _, f := range m.Files {
+		if len(f.Nodes) == 0 || !slices.IsSorted(f.Nodes) || slices.ContainsFunc(f.Nodes, func(n int) bool { return n < 0 || n >= m.WorldNodes }) ||
+			len(slices.Compact(slices.Clone(f.Nodes))) != len(f.Nodes) {
+			problems = append(problems, fmt.Errorf("file %q: nodes %v of world_nodes %d", f.Path, f.Nodes, m.WorldNodes))
+			continue
+		}
+		if want := CommitPrefix(m.Job, m.Checkpoint, m.Parts[f.Nodes[0]].Commit); !strings.HasPrefix(f.Key, want) {
+			problems = append(problems, fmt.Errorf("file %q: key %q is not under the commit of node %d's part, %s", f.Path, f.Key, f.Nodes[0], want))
+		}
+	}
+	return problems
+}
+
+// PartFiles returns the files of m that node rank has: all of them in a manifest without parts;
+// in a job manifest, those whose Nodes include rank (its own and those shared with it).
+func (m *Manifest) PartFiles(rank int) []File {
+	if m.Parts == nil {
+		return m.Files
+	}
+	var fs []File
+	for _, f := range m.Files {
+		if slices.Contains(f.Nodes, rank) {
+			fs = append(fs, f)
+		}
+	}
+	return fs
 }
 
 // Order returns what orders commits, in LATEST, restore and retention alike: the time the

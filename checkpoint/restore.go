@@ -59,6 +59,10 @@ type RestoreOptions struct {
 	Progress func(done, total int64)
 	// Logger receives the summary and warnings (a fallback, skipped manifests).
 	Logger zerolog.Logger
+	// Part, if not nil, restores of a multi-node job's checkpoint only the files of node rank
+	// *Part (its own and those its part shares with others; Manifest.PartFiles). A checkpoint
+	// of a single-node job is restored whole.
+	Part *int
 }
 
 // RestoreResult describes a successful restore.
@@ -145,6 +149,18 @@ func Restore(ctx context.Context, s Store, opts RestoreOptions) (RestoreResult, 
 			return RestoreResult{}, err
 		}
 		return fail(err)
+	}
+	if opts.Part != nil && m.Parts != nil {
+		if *opts.Part < 0 || *opts.Part >= m.WorldNodes {
+			return fail(fmt.Errorf("checkpoint %q has parts of node ranks 0 to %d; there is no part %d", m.Checkpoint, m.WorldNodes-1, *opts.Part))
+		}
+		part := *m
+		part.Files = m.PartFiles(*opts.Part)
+		part.TotalBytes = 0
+		for _, f := range part.Files {
+			part.TotalBytes += f.Size
+		}
+		m = &part
 	}
 	res := RestoreResult{
 		Checkpoint: m.Checkpoint,

@@ -63,6 +63,12 @@ type UploaderConfig struct {
 	// OnEvent, if not nil, is called (from the uploader's goroutines, never blocking it for
 	// long) for each checkpoint that completes or commits, and for each commit that fails.
 	OnEvent func(UploadEvent)
+	// WorldNodes (store.world_nodes), when above 1, makes this a node of a multi-node job: it
+	// commits its files as part NodeRank (store.node_rank) of each save, and the job manifest
+	// once every rank's part is in (multinode.go). PartWait (store.part_wait; DefaultPartWait
+	// when zero) is how long it tries to complete a save whose parts are not all there.
+	NodeRank, WorldNodes int
+	PartWait             time.Duration
 }
 
 // UploadEventKind says what happened to a checkpoint.
@@ -78,6 +84,13 @@ const (
 	CheckpointFailed
 	// UploadFailed: one of its files could not be sent (Err says why); it is retried.
 	UploadFailed
+	// JobCheckpointCommitted (multi-node jobs): the job manifest of a save this node has a part
+	// in is in the store, written by this agent or another (Already); Manifest is it.
+	JobCheckpointCommitted
+	// JobCheckpointFailed (multi-node jobs): a save this node has a part in cannot be committed
+	// as it is (Err: two instances with one rank, parts disagreeing, other parts in the job
+	// manifest another agent wrote), or its other parts did not come within part_wait.
+	JobCheckpointFailed
 )
 
 // UploadEvent reports progress of one checkpoint.
@@ -155,6 +168,17 @@ type Uploader struct {
 	endDrain chan struct{} // closed by EndDrain
 	endOnce  sync.Once
 	wg       sync.WaitGroup
+
+	// saves are this node's parts whose save is not committed yet, by commit (multi-node).
+	saves map[string]*pendingSave
+}
+
+// pendingSave is a part of this node's whose job manifest is not seen yet.
+type pendingSave struct {
+	part    *Manifest
+	running bool
+	// lastErr is the last error logged for it, so that a repeated one is logged once.
+	lastErr string
 }
 
 // ActiveNotice is a notice in force that the uploader works for (one whose policy is
@@ -289,6 +313,9 @@ func NewUploader(cfg UploaderConfig) *Uploader {
 	if cfg.Host == nil {
 		cfg.Host = func() Host { return Host{} }
 	}
+	if cfg.PartWait <= 0 {
+		cfg.PartWait = DefaultPartWait
+	}
 	return &Uploader{
 		cfg:      cfg,
 		log:      cfg.Logger.With().Str("component", "uploader").Str("store", cfg.Store.URL()).Str("job", cfg.Job).Logger(),
@@ -303,6 +330,7 @@ func NewUploader(cfg UploaderConfig) *Uploader {
 		syncs:    make(chan struct{}),
 		statusCh: make(chan chan UploaderStatus),
 		endDrain: make(chan struct{}),
+		saves:    map[string]*pendingSave{},
 	}
 }
 
@@ -612,9 +640,18 @@ func (u *Uploader) jobRead(ctx context.Context, st *JobState) {
 	for _, c := range st.Commits { // newest first
 		u.index[c.Manifest.Checkpoint] = append(u.index[c.Manifest.Checkpoint], c.Manifest)
 	}
-	u.log.Info().Int("commits", len(st.Commits)).Int("unfinished", len(st.Unfinished)).Msg("store read")
+	u.log.Info().Int("commits", len(st.Commits)).Int("unfinished", len(st.Unfinished)).Int("open_parts", len(st.Parts)).Msg("store read")
 	if n := st.Newest(); n != nil && !n.Latest {
 		u.repairLatest(ctx, st, n.Manifest)
+	}
+	if u.cfg.WorldNodes > 1 {
+		// This rank's parts whose save is not committed: another node's part may have come
+		// while this agent was down, or the agent died between its part and the job manifest.
+		for _, p := range st.Parts {
+			if p.Part.NodeRank == u.cfg.NodeRank && p.Part.WorldNodes == u.cfg.WorldNodes && time.Since(p.CommittedAt) < u.cfg.PartWait {
+				u.trackSave(ctx, p)
+			}
+		}
 	}
 }
 
@@ -742,9 +779,17 @@ func (u *Uploader) resolveJournal(ctx context.Context, name string, e *journalEn
 	}
 	committed := false
 	if st != nil {
-		committed = slices.ContainsFunc(u.index[name], func(m *Manifest) bool { return m.Commit == e.commit })
+		committed = slices.ContainsFunc(u.index[name], func(m *Manifest) bool { return m.Commit == e.commit }) ||
+			slices.ContainsFunc(st.Parts, func(p *Manifest) bool { return p.Checkpoint == name && p.Commit == e.commit }) ||
+			slices.ContainsFunc(u.index[name], func(m *Manifest) bool {
+				return slices.ContainsFunc(m.Parts, func(p JobPart) bool { return p.Commit == e.commit })
+			})
 	} else {
-		_, _, err := u.cfg.Store.GetBytes(ctx, ManifestKey(u.cfg.Job, name, e.commit))
+		key := ManifestKey(u.cfg.Job, name, e.commit)
+		if u.cfg.WorldNodes > 1 {
+			key = PartKey(u.cfg.Job, name, e.commit)
+		}
+		_, _, err := u.cfg.Store.GetBytes(ctx, key)
 		switch {
 		case err == nil:
 			committed = true
@@ -1566,7 +1611,9 @@ func (u *Uploader) handleCommit(ctx context.Context, r commitResult) {
 	default:
 		m := r.manifest
 		g.state, g.manifest = genCommitted, m
-		u.index[g.name] = append([]*Manifest{m}, u.index[g.name]...)
+		if m.Part == nil {
+			u.index[g.name] = append([]*Manifest{m}, u.index[g.name]...)
+		}
 		u.journal.add(journalLine{Op: journalDone, Checkpoint: g.name, Commit: g.commit})
 		ev := UploadEvent{Kind: CheckpointCommitted, Checkpoint: g.name, At: time.Now(), Manifest: m}
 		ev.Throughput, ev.Forecast = forecast(g, m)
@@ -1577,14 +1624,25 @@ func (u *Uploader) handleCommit(ctx context.Context, r commitResult) {
 		ev2.Int("files", len(m.Files)).Int64("bytes", m.TotalBytes).Bool("latest", r.latestMoved).
 			Float64("throughput_mb_s", ev.Throughput/1e6).Dur("durable_after_notice_forecast", ev.Forecast).
 			Str("trigger", m.Trigger).
-			Msgf("checkpoint committed; a checkpoint like this one would be durable %.0f s after a notice", ev.Forecast.Seconds())
+			Msgf("%s committed; a checkpoint like this one would be durable %.0f s after a notice", what(m), ev.Forecast.Seconds())
 		u.emit(ev)
+		if m.Part != nil {
+			u.trackSave(ctx, m)
+		}
 	}
 	deferred := g.deferred
 	g.deferred = nil
 	for _, ev := range deferred {
 		u.handleWatch(ctx, ev)
 	}
+}
+
+// what names what a commit of m made durable, for the log.
+func what(m *Manifest) string {
+	if m.Part != nil {
+		return fmt.Sprintf("this node's part (%d of %d) of the checkpoint", m.Part.NodeRank, m.Part.WorldNodes)
+	}
+	return "checkpoint"
 }
 
 // forecast returns the checkpoint's upload throughput (bytes/s) and how long after a notice a

@@ -61,7 +61,9 @@ func startUploaderWith(t *testing.T, dir string, store Store, cfg UploaderConfig
 		t.Fatal(err)
 	}
 	cfg.Store, cfg.Job, cfg.Dir, cfg.Keep, cfg.Logger = store, "job", dir, keep, zerolog.New(r.logs).Level(zerolog.WarnLevel)
-	cfg.Host = func() Host { return Host{InstanceID: "i-test"} }
+	if cfg.Host == nil {
+		cfg.Host = func() Host { return Host{InstanceID: "i-test"} }
+	}
 	cfg.OnEvent = func(ev UploadEvent) {
 		if ev.Kind != UploadFailed { // one per failed try: the rig waits for the others only
 			r.events <- ev

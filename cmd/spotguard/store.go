@@ -236,14 +236,28 @@ func runList(ctx context.Context, args, environ []string, stdout, stderr io.Writ
 			code = exitFail
 		}
 	}
+	incomplete, err := checkpoint.ListIncomplete(ctx, store, cfg.Store.Job)
+	if err != nil {
+		fmt.Fprintf(stderr, "spotguard list: %v\n", err)
+		return exitFail
+	}
 	if *jsonOut {
 		type entry struct {
 			*checkpoint.Manifest
 			Latest bool `json:"latest"`
 		}
-		out := make([]entry, 0, len(cs))
+		// Incomplete multi-node saves come last, so the first entry is still the newest commit.
+		type partial struct {
+			checkpoint.IncompleteSave
+			Incomplete bool   `json:"incomplete"`
+			Parts      string `json:"parts"`
+		}
+		out := make([]any, 0, len(cs)+len(incomplete))
 		for _, c := range cs {
 			out = append(out, entry{c.Manifest, c.Latest})
+		}
+		for _, is := range incomplete {
+			out = append(out, partial{is, true, fmt.Sprintf("%d/%d", len(is.Ranks), is.WorldNodes)})
 		}
 		enc := json.NewEncoder(stdout)
 		enc.SetIndent("", "  ")
@@ -252,9 +266,13 @@ func runList(ctx context.Context, args, environ []string, stdout, stderr io.Writ
 	}
 	if len(cs) == 0 {
 		fmt.Fprintf(stdout, "no committed checkpoint of job %s in %s\n", cfg.Store.Job, store.URL())
-		return code
+	} else {
+		checkpoint.FormatList(stdout, cs)
 	}
-	checkpoint.FormatList(stdout, cs)
+	if len(incomplete) > 0 {
+		fmt.Fprintln(stdout)
+		checkpoint.FormatIncomplete(stdout, incomplete)
+	}
 	return code
 }
 

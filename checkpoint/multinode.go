@@ -1,0 +1,524 @@
+package checkpoint
+
+// Multi-node jobs: one checkpoint made of every node's files, committed once.
+//
+// With store.world_nodes = N > 1, each node's agent commits its own files of a checkpoint C as
+// today, under a commit of its own (J/C/<commit>/), but writes a part manifest
+// (J/C/<commit>/_spotguard/part.json, If-None-Match) instead of a manifest: a part is not a
+// commit. Then it lists C's commits and reads their parts; when it sees one part per rank from
+// the same save as its own, it writes the job manifest, If-None-Match, at the key of rank 0's
+// part's commit (J/C/<commit of rank 0>/_spotguard/manifest.json), so every agent that sees the
+// same save writes the same key and one wins; then LATEST. The job manifest lists every file with
+// its key, so a restore needs nothing else, and it is a commit like any other for LATEST, list,
+// restore and retention.
+//
+// No node's PUT can replace another node's object (each writes under its own commit), and a
+// checkpoint saved again after a rollback is a new save (new commits), never a collision. Which
+// parts are one save: parts of one name whose completion times lie within SaveSpread of each
+// other and whose marker files have the same bytes (a trainer that writes the same token into
+// the marker on every node makes this exact). Two parts of one rank in one save from two
+// instances, parts that disagree on world_nodes, and one path in two parts with different bytes
+// are errors, never resolved by picking one.
+//
+// An agent that dies between its part and the job manifest is covered by the others: every
+// agent whose part is not in a job manifest yet looks again (Uploader: every partRecheck, and at
+// start) until part_wait has passed since its part. Parts that never made a save are garbage
+// once 2 × part_wait old, and retention deletes them.
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"path"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/rs/zerolog"
+)
+
+// SaveSpread is how far apart in completion time the parts of one save may be: every node
+// completes the same step within seconds (the trainers save together), while the same name
+// saved again after a rollback comes after a restart, minutes later at the least.
+const SaveSpread = 5 * time.Minute
+
+// DefaultPartWait is store.part_wait's default: how long an agent keeps trying to complete a save
+// whose parts are not all there.
+const DefaultPartWait = time.Hour
+
+// PartKey is the key of a node's part manifest: J/C/<commit>/_spotguard/part.json.
+func PartKey(job, checkpoint, commit string) string {
+	return path.Join(job, checkpoint, commit, MetaDir, "part.json")
+}
+
+// readPart reads and validates the part manifest of ref (from cache when it holds it), with
+// readManifest's three outcomes: the part; a problem (absent: wrapping ErrNotFound; invalid; not
+// a part; naming another job, checkpoint or commit than its key); or a store error.
+func readPart(ctx context.Context, s Store, job string, ref CommitRef, cache *manifestCache) (*Manifest, error, error) {
+	key := PartKey(job, ref.Checkpoint, ref.Commit)
+	if m := cache.get(key); m != nil {
+		return m, nil, nil
+	}
+	data, _, err := s.GetBytes(ctx, key)
+	switch {
+	case errors.Is(err, ErrNotFound):
+		return nil, fmt.Errorf("%s: %w", key, err), nil
+	case err != nil:
+		return nil, nil, fmt.Errorf("read %s: %w", key, err)
+	}
+	m, err := ParseManifest(data)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", key, err), nil
+	}
+	if m.Part == nil || m.Version != ManifestVersion || m.Job != job || m.Checkpoint != ref.Checkpoint || m.Commit != ref.Commit {
+		return nil, fmt.Errorf("%s: not the part of job %q checkpoint %q commit %q; left alone", key, job, ref.Checkpoint, ref.Commit), nil
+	}
+	cache.put(key, m)
+	return m, nil, nil
+}
+
+// writePart writes the part manifest m with If-None-Match. One already there with the same
+// files and rank (a retry whose answer was lost) is success; anything else there is an error
+// wrapping ErrExists.
+func writePart(ctx context.Context, s Store, m *Manifest) error {
+	data, err := json.MarshalIndent(m, "", "  ")
+	if err != nil {
+		return err
+	}
+	key := PartKey(m.Job, m.Checkpoint, m.Commit)
+	_, err = s.PutBytes(ctx, key, data, Cond{IfAbsent: true})
+	if !errors.Is(err, ErrExists) {
+		return err
+	}
+	have, problem, rerr := readPart(ctx, s, m.Job, CommitRef{Checkpoint: m.Checkpoint, Commit: m.Commit}, nil)
+	switch {
+	case rerr != nil:
+		return fmt.Errorf("part %s exists but cannot be read: %w", key, rerr)
+	case problem != nil:
+		return fmt.Errorf("part %s exists but cannot be used: %v: %w", key, problem, ErrExists)
+	case *have.Part != *m.Part || !sameFiles(have, m):
+		return fmt.Errorf("part %s exists with other files; not writing over it: %w", key, ErrExists)
+	}
+	return nil
+}
+
+// nameParts is what the store holds of one checkpoint name of a multi-node job.
+type nameParts struct {
+	// jobs are its commits (job manifests, or manifests of single-node saves).
+	jobs []*Manifest
+	// open are its parts that no job manifest lists.
+	open []*Manifest
+	// problems are the manifests and parts left out.
+	problems []error
+}
+
+// readNameParts reads the commits and parts of checkpoint name of job: one delimiter listing,
+// then each commit's manifest, or its part when it has none.
+func readNameParts(ctx context.Context, s Store, job, name string, cache *manifestCache) (nameParts, error) {
+	var np nameParts
+	refs, err := listCommits(ctx, s, job, name)
+	if err != nil {
+		return np, fmt.Errorf("list commits of %s: %w", name, err)
+	}
+	var parts []*Manifest
+	for _, ref := range refs {
+		if ref.Commit == "" {
+			continue
+		}
+		m, problem, err := readManifest(ctx, s, job, ref, cache)
+		if err != nil {
+			return np, err
+		}
+		if m != nil {
+			np.jobs = append(np.jobs, m)
+			continue
+		}
+		if !errors.Is(problem, ErrNotFound) {
+			np.problems = append(np.problems, problem)
+			continue
+		}
+		p, problem, err := readPart(ctx, s, job, ref, cache)
+		switch {
+		case err != nil:
+			return np, err
+		case p != nil:
+			parts = append(parts, p)
+		case !errors.Is(problem, ErrNotFound):
+			np.problems = append(np.problems, problem)
+		}
+	}
+	np.open = openParts(np.jobs, parts)
+	return np, nil
+}
+
+// openParts returns the parts no job manifest of jobs lists.
+func openParts(jobs, parts []*Manifest) []*Manifest {
+	used := map[string]bool{}
+	for _, m := range jobs {
+		for _, p := range m.Parts {
+			used[p.Commit] = true
+		}
+	}
+	return slices.DeleteFunc(slices.Clone(parts), func(p *Manifest) bool { return used[p.Commit] })
+}
+
+// errSuperseded: the same instance wrote a newer part of the same rank for the same save; the
+// older one is not completed.
+var errSuperseded = errors.New("a newer part of this node for the same save exists")
+
+// markerSum returns the checksum and size of the marker file in a part ("" when it has none).
+func markerSum(p *Manifest, marker string) string {
+	for _, f := range p.Files {
+		if f.Path == marker {
+			return fmt.Sprintf("%s:%s:%d", f.Checksum.Algorithm, f.Checksum.Value, f.Size)
+		}
+	}
+	return ""
+}
+
+// sameSave reports whether part p may be of the same save as mine: completed within SaveSpread
+// of it, with the same marker bytes (when both have the marker).
+func sameSave(mine, p *Manifest, marker string) bool {
+	a, b := mine.Order().At, p.Order().At
+	if a.Sub(b).Abs() > SaveSpread {
+		return false
+	}
+	ma, mb := markerSum(mine, marker), markerSum(p, marker)
+	return ma == "" || mb == "" || ma == mb
+}
+
+// describePart names a part for messages: rank, commit and instance.
+func describePart(p *Manifest) string {
+	host := p.Host.InstanceID
+	if host == "" {
+		host = p.Host.Hostname
+	}
+	if host == "" {
+		host = "unknown instance"
+	}
+	return fmt.Sprintf("node %d (commit %s, %s)", p.Part.NodeRank, p.Commit, host)
+}
+
+// sameInstance reports whether two parts were written by one instance (by instance id, else
+// host name); unknown is never the same.
+func sameInstance(a, b *Manifest) bool {
+	switch {
+	case a.Host.InstanceID != "" || b.Host.InstanceID != "":
+		return a.Host.InstanceID == b.Host.InstanceID
+	case a.Host.Hostname != "":
+		return a.Host.Hostname == b.Host.Hostname
+	}
+	return false
+}
+
+// assembleSave returns the parts of the save mine belongs to, one per rank sorted by rank, from
+// open (the name's parts no job manifest lists; mine among them or not). It returns the ranks
+// still missing when there is no part of some rank yet; errSuperseded when the same instance
+// wrote a newer part of mine's rank for this save; and an error for a save that can never be
+// committed as it is: two instances claiming one rank, parts disagreeing on world_nodes, or one
+// path in two parts with different bytes.
+func assembleSave(mine *Manifest, open []*Manifest, marker string) ([]*Manifest, []int, error) {
+	world := mine.Part.WorldNodes
+	byRank := make([]*Manifest, world)
+	byRank[mine.Part.NodeRank] = mine
+	var problems []error
+	for _, p := range open {
+		if p.Commit == mine.Commit || !sameSave(mine, p, marker) {
+			continue
+		}
+		if p.Part.WorldNodes != world {
+			problems = append(problems, fmt.Errorf("parts disagree on world_nodes: %s has %d, %s has %d",
+				describePart(p), p.Part.WorldNodes, describePart(mine), world))
+			continue
+		}
+		r := p.Part.NodeRank
+		cur := byRank[r]
+		switch {
+		case cur == nil:
+			byRank[r] = p
+		case !sameInstance(cur, p):
+			problems = append(problems, fmt.Errorf("node rank %d is claimed by two instances for one save: %s and %s (is store.node_rank set twice?)",
+				r, describePart(cur), describePart(p)))
+		case p.Order().After(cur.Order()):
+			if cur == mine {
+				return nil, nil, errSuperseded
+			}
+			byRank[r] = p
+		}
+	}
+	if len(problems) > 0 {
+		return nil, nil, errors.Join(problems...)
+	}
+	var missing []int
+	for r, p := range byRank {
+		if p == nil {
+			missing = append(missing, r)
+		}
+	}
+	if len(missing) > 0 {
+		return nil, missing, nil
+	}
+	// One path in two parts: the same bytes (shared, e.g. a marker on every node) or an error.
+	first := map[string]*Manifest{}
+	firstFile := map[string]File{}
+	for _, p := range byRank {
+		for _, f := range p.Files {
+			q, ok := first[f.Path]
+			if !ok {
+				first[f.Path], firstFile[f.Path] = p, f
+				continue
+			}
+			if g := firstFile[f.Path]; g.Size != f.Size || g.Checksum != f.Checksum {
+				problems = append(problems, fmt.Errorf("%s is in two parts with different bytes: %s (%d bytes) and %s (%d bytes)",
+					f.Path, describePart(q), g.Size, describePart(p), f.Size))
+			}
+		}
+	}
+	if len(problems) > 0 {
+		return nil, nil, errors.Join(problems...)
+	}
+	return byRank, nil, nil
+}
+
+// buildJobManifest makes the job manifest of a save from its parts (one per rank, by rank),
+// written by host at now.
+func buildJobManifest(parts []*Manifest, host Host, now time.Time) *Manifest {
+	p0 := parts[0]
+	m := &Manifest{Version: ManifestVersion, Job: p0.Job, Checkpoint: p0.Checkpoint, Commit: p0.Commit, Host: host,
+		Trigger: p0.Trigger, Notice: p0.Notice, CommittedAt: now, WorldNodes: len(parts)}
+	files := map[string]*File{}
+	for _, p := range parts {
+		if p.Trigger == "notice" && m.Trigger != "notice" {
+			m.Trigger, m.Notice = p.Trigger, p.Notice
+		}
+		complete := p.Order().At
+		m.Parts = append(m.Parts, JobPart{NodeRank: p.Part.NodeRank, Commit: p.Commit, Host: p.Host, Files: len(p.Files),
+			Bytes: p.TotalBytes, CompleteAt: complete, CommittedAt: p.CommittedAt})
+		t := p.Timings
+		if t.FirstFileAt != nil && (m.Timings.FirstFileAt == nil || t.FirstFileAt.Before(*m.Timings.FirstFileAt)) {
+			m.Timings.FirstFileAt = t.FirstFileAt
+		}
+		if m.Timings.CompleteAt == nil || complete.After(*m.Timings.CompleteAt) {
+			m.Timings.CompleteAt = &complete
+		}
+		if t.LastByteAt != nil && (m.Timings.LastByteAt == nil || t.LastByteAt.After(*m.Timings.LastByteAt)) {
+			m.Timings.LastByteAt = t.LastByteAt
+		}
+		m.Timings.UploadSeconds = max(m.Timings.UploadSeconds, t.UploadSeconds)
+		for _, f := range p.Files {
+			if have := files[f.Path]; have != nil {
+				have.Nodes = append(have.Nodes, p.Part.NodeRank)
+				continue
+			}
+			f.Nodes = []int{p.Part.NodeRank}
+			files[f.Path] = &f
+			m.TotalBytes += f.Size
+		}
+	}
+	for _, f := range files {
+		m.Files = append(m.Files, *f)
+	}
+	slices.SortFunc(m.Files, func(a, b File) int { return strings.Compare(a.Path, b.Path) })
+	return m
+}
+
+// sameParts reports whether two job manifests are made of the same parts.
+func sameParts(a, b *Manifest) bool {
+	return slices.EqualFunc(a.Parts, b.Parts, func(x, y JobPart) bool { return x.NodeRank == y.NodeRank && x.Commit == y.Commit })
+}
+
+// writeJobManifest writes the job manifest m with If-None-Match. One already there made of the
+// same parts (another agent saw the same save first) is success; one of other parts is an
+// error wrapping ErrExists, naming both.
+func writeJobManifest(ctx context.Context, s Store, m *Manifest) (written bool, err error) {
+	data, err := json.MarshalIndent(m, "", "  ")
+	if err != nil {
+		return false, err
+	}
+	key := ManifestKey(m.Job, m.Checkpoint, m.Commit)
+	_, err = s.PutBytes(ctx, key, data, Cond{IfAbsent: true})
+	if err == nil {
+		return true, nil
+	}
+	if !errors.Is(err, ErrExists) {
+		return false, err
+	}
+	have, rerr := ReadManifest(ctx, s, m.Job, m.Checkpoint, m.Commit)
+	if rerr != nil {
+		return false, fmt.Errorf("job manifest %s exists but cannot be read: %w", key, rerr)
+	}
+	if !sameParts(have, m) {
+		return false, fmt.Errorf("job manifest %s was written by another agent with other parts (%s) than this one found (%s); not accepting it: %w",
+			key, partList(have), partList(m), ErrExists)
+	}
+	return false, nil
+}
+
+// partList lists a job manifest's parts for messages: "0:<commit> 1:<commit> ...".
+func partList(m *Manifest) string {
+	var b strings.Builder
+	for i, p := range m.Parts {
+		if i > 0 {
+			b.WriteByte(' ')
+		}
+		fmt.Fprintf(&b, "%d:%s", p.NodeRank, p.Commit)
+	}
+	return b.String()
+}
+
+// saveResult is what an attempt to complete a save (completeSave) found or did.
+type saveResult struct {
+	// job is the job manifest the part is in (written now, by this agent or another, or found).
+	job *Manifest
+	// written: this agent wrote job; latestMoved: and moved LATEST to it.
+	written, latestMoved bool
+	// missing are the ranks without a part yet.
+	missing []int
+	// superseded: this instance wrote a newer part of the save; this one is dropped.
+	superseded bool
+	// problems are the store entries left out (invalid parts or manifests).
+	problems []error
+	err      error
+}
+
+// completeSave tries to complete the save of part mine: when the store holds a part of every
+// rank for it, it writes the job manifest (or finds it written) and moves LATEST. Parts older
+// than partWait (by their commit time) are not taken: the garbage collection of parts may
+// delete them (at twice that age).
+func completeSave(ctx context.Context, s Store, mine *Manifest, marker string, host Host, partWait time.Duration, cache *manifestCache) saveResult {
+	np, err := readNameParts(ctx, s, mine.Job, mine.Checkpoint, cache)
+	if err != nil {
+		return saveResult{err: err}
+	}
+	r := saveResult{problems: np.problems}
+	for _, m := range np.jobs {
+		if slices.ContainsFunc(m.Parts, func(p JobPart) bool { return p.Commit == mine.Commit }) {
+			r.job = m
+			return r
+		}
+	}
+	// A job checkpoint of this save committed with another part of this rank: a newer one of
+	// this instance's (this one is superseded), or another instance's (a conflict).
+	for _, m := range np.jobs {
+		for _, p := range m.Parts {
+			if p.NodeRank != mine.Part.NodeRank || p.CompleteAt.Sub(mine.Order().At).Abs() > SaveSpread || !p.CompleteAt.After(mine.Order().At) {
+				continue
+			}
+			other := &Manifest{Commit: p.Commit, Host: p.Host, Part: &Part{NodeRank: p.NodeRank}}
+			if sameInstance(mine, other) {
+				r.superseded = true
+				return r
+			}
+			r.err = fmt.Errorf("checkpoint %s cannot be committed for the job: node rank %d is claimed by two instances for one save: %s, in job commit %s, and %s (is store.node_rank set twice?)",
+				mine.Checkpoint, p.NodeRank, describePart(other), m.Commit, describePart(mine))
+			return r
+		}
+	}
+	now := time.Now()
+	open := slices.DeleteFunc(np.open, func(p *Manifest) bool { return p.Commit != mine.Commit && now.Sub(p.CommittedAt) > partWait })
+	parts, missing, err := assembleSave(mine, open, marker)
+	switch {
+	case errors.Is(err, errSuperseded):
+		r.superseded = true
+		return r
+	case err != nil:
+		r.err = fmt.Errorf("checkpoint %s cannot be committed for the job: %w", mine.Checkpoint, err)
+		return r
+	case len(missing) > 0:
+		r.missing = missing
+		return r
+	}
+	m := buildJobManifest(parts, host, now)
+	if err := m.Validate(); err != nil {
+		r.err = fmt.Errorf("refusing to write the job manifest of %s: %w", mine.Checkpoint, err)
+		return r
+	}
+	written, err := writeJobManifest(ctx, s, m)
+	if err != nil {
+		r.err = err
+		return r
+	}
+	if !written {
+		if m, err = ReadManifest(ctx, s, m.Job, m.Checkpoint, m.Commit); err != nil {
+			r.err = err
+			return r
+		}
+	}
+	r.job, r.written = m, written
+	cache.put(ManifestKey(m.Job, m.Checkpoint, m.Commit), m)
+	r.latestMoved, r.err = advanceLatest(ctx, s, m, host, cache)
+	return r
+}
+
+// collectParts deletes the parts of job that never made a save: not listed by any job manifest,
+// committed more than 2 × partWait ago (completeSave no longer takes them after partWait). Part
+// manifest first, so no agent takes it any more, then the part's commit. It returns the commits
+// deleted; one that could not be deleted is logged and left for the next time.
+func collectParts(ctx context.Context, s Store, st *JobState, partWait time.Duration, log zerolog.Logger) []CommitRef {
+	var deleted []CommitRef
+	now := time.Now()
+	for _, p := range st.Parts {
+		if now.Sub(p.CommittedAt) <= 2*partWait {
+			continue
+		}
+		plog := log.With().Str("checkpoint", p.Checkpoint).Str("commit", p.Commit).Int("node_rank", p.Part.NodeRank).Logger()
+		if err := s.Delete(ctx, PartKey(p.Job, p.Checkpoint, p.Commit)); err != nil {
+			plog.Warn().Err(err).Msg("retention: cannot delete a part that never made a job checkpoint")
+			continue
+		}
+		if err := deletePrefix(ctx, s, CommitPrefix(p.Job, p.Checkpoint, p.Commit)); err != nil {
+			plog.Warn().Err(err).Msg("retention: part deleted but its data left behind")
+			continue
+		}
+		deleted = append(deleted, CommitRef{Checkpoint: p.Checkpoint, Commit: p.Commit})
+		plog.Warn().Dur("part_wait", partWait).Msg("retention: deleted a part that never made a job checkpoint (the other nodes' parts never came)")
+	}
+	return deleted
+}
+
+// IncompleteSave is a multi-node save whose parts are not all in the store (yet): the parts of
+// one checkpoint name within SaveSpread of the newest of them, for `spotguard list`.
+type IncompleteSave struct {
+	Checkpoint string `json:"checkpoint"`
+	// Ranks are the node ranks whose parts are there; WorldNodes how many make the save.
+	Ranks      []int     `json:"ranks"`
+	WorldNodes int       `json:"world_nodes"`
+	Commits    []string  `json:"commits"`
+	Bytes      int64     `json:"bytes"`
+	Newest     time.Time `json:"newest_complete_at"`
+}
+
+// incompleteSaves groups st's open parts into saves, newest first: for each name, the parts
+// within SaveSpread of the newest one form one save, and so on with the rest.
+func incompleteSaves(parts []*Manifest) []IncompleteSave {
+	byName := map[string][]*Manifest{}
+	for _, p := range parts {
+		byName[p.Checkpoint] = append(byName[p.Checkpoint], p)
+	}
+	var out []IncompleteSave
+	for name, ps := range byName {
+		slices.SortFunc(ps, func(a, b *Manifest) int { return b.Order().At.Compare(a.Order().At) })
+		for len(ps) > 0 {
+			newest := ps[0]
+			s := IncompleteSave{Checkpoint: name, WorldNodes: newest.Part.WorldNodes, Newest: newest.Order().At}
+			rest := ps[:0:0]
+			for _, p := range ps {
+				if newest.Order().At.Sub(p.Order().At) > SaveSpread {
+					rest = append(rest, p)
+					continue
+				}
+				if !slices.Contains(s.Ranks, p.Part.NodeRank) {
+					s.Ranks = append(s.Ranks, p.Part.NodeRank)
+				}
+				s.Commits = append(s.Commits, p.Commit)
+				s.Bytes += p.TotalBytes
+			}
+			slices.Sort(s.Ranks)
+			out = append(out, s)
+			ps = rest
+		}
+	}
+	slices.SortFunc(out, func(a, b IncompleteSave) int { return b.Newest.Compare(a.Newest) })
+	return out
+}

@@ -1,0 +1,458 @@
+package checkpoint
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/rs/zerolog"
+)
+
+// startNode starts an uploader rig as node rank of a world-node job, on instance host.
+func startNode(t *testing.T, store Store, rank, world int, host string) *uploaderRig {
+	t.Helper()
+	return startUploaderWith(t, t.TempDir(), store, UploaderConfig{NodeRank: rank, WorldNodes: world, PartWait: 30 * time.Second,
+		Host: func() Host { return Host{InstanceID: host} }})
+}
+
+// waitPart waits for the node's part of name to be committed and returns it.
+func (r *uploaderRig) waitPart(name string) *Manifest {
+	r.t.Helper()
+	m := r.waitCommitted(name).Manifest
+	if m.Part == nil {
+		r.t.Fatalf("%s committed without a part: %+v", name, m)
+	}
+	return m
+}
+
+// putPart writes a node's part of job/name directly into s, as an agent would have before it
+// died: its files under a commit of its own, then its part manifest.
+func putPart(t *testing.T, s Store, name string, rank, world int, host string, files map[string][]byte, complete, committed time.Time) *Manifest {
+	t.Helper()
+	commit := NewCommitID(committed)
+	m := &Manifest{Version: ManifestVersion, Job: "job", Checkpoint: name, Commit: commit, Host: Host{InstanceID: host},
+		Trigger: "periodic", CommittedAt: committed, Part: &Part{NodeRank: rank, WorldNodes: world}}
+	m.Timings.CompleteAt = &complete
+	for rel, data := range files {
+		key := DataKey("job", name, commit, rel)
+		if _, err := s.PutBytes(t.Context(), key, data, Cond{}); err != nil {
+			t.Fatal(err)
+		}
+		sum, _ := ChecksumOf(bytes.NewReader(data))
+		m.Files = append(m.Files, File{Path: rel, Key: key, Size: int64(len(data)), Mode: "0644", Checksum: sum})
+		m.TotalBytes += int64(len(data))
+	}
+	slices.SortFunc(m.Files, func(a, b File) int { return strings.Compare(a.Path, b.Path) })
+	if err := m.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	if err := writePart(t.Context(), s, m); err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
+// nodeFiles are node rank's files of a save: its own shard, a config every node writes alike,
+// and the (empty) marker.
+func nodeFiles(t *testing.T, rank int, config []byte) map[string][]byte {
+	return map[string][]byte{fmt.Sprintf("shard-%d.bin", rank): randomBytes(t, 64<<10+rank), "config.json": config, "_COMPLETE": nil}
+}
+
+func mustNewFileStore(t *testing.T) *FileStore {
+	t.Helper()
+	s, err := NewFileStore(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// Four agents, one per node, each with its own checkpoint directory, commit one save: each its
+// part, one of them the job manifest (the others see it), LATEST on it; the store passes every
+// invariant check; a restore returns every node's files, and --part one node's and the shared.
+func TestMultiNodeCommit(t *testing.T) {
+	store := mustNewFileStore(t)
+	const world = 4
+	config := []byte(`{"lr": 0.1}`)
+	all := map[string][]byte{}
+	var rigs []*uploaderRig
+	for rank := range world {
+		r := startNode(t, store, rank, world, fmt.Sprintf("i-node%d", rank))
+		files := nodeFiles(t, rank, config)
+		delete(files, "_COMPLETE") // writeCheckpoint writes the marker
+		writeCheckpoint(t, r.dir, "step-000100", files)
+		for rel, data := range files {
+			all[rel] = data
+		}
+		rigs = append(rigs, r)
+	}
+	var writers int
+	for rank, r := range rigs {
+		if p := r.waitPart("step-000100"); p.Part.NodeRank != rank || p.Part.WorldNodes != world {
+			t.Errorf("node %d's part says %+v", rank, p.Part)
+		}
+		ev := r.waitEvent(JobCheckpointCommitted, "step-000100")
+		if !ev.Already {
+			writers++
+		}
+	}
+	if writers != 1 {
+		t.Errorf("%d agents wrote the job manifest; want exactly one (the others see it)", writers)
+	}
+
+	cs, problems, err := ListCommitted(t.Context(), store, "job")
+	if err != nil || len(problems) > 0 || len(cs) != 1 {
+		t.Fatalf("ListCommitted = %d commits, %v, %v; want the one job checkpoint", len(cs), problems, err)
+	}
+	m := cs[0].Manifest
+	if !cs[0].Latest || m.WorldNodes != world || len(m.Parts) != world || m.Commit != m.Parts[0].Commit {
+		t.Errorf("job manifest: latest %v, world_nodes %d, %d parts, commit %s (rank 0's %s)", cs[0].Latest, m.WorldNodes, len(m.Parts), m.Commit, m.Parts[0].Commit)
+	}
+	for _, f := range m.Files {
+		want := []int{0, 1, 2, 3}
+		if strings.HasPrefix(f.Path, "shard-") {
+			var r int
+			fmt.Sscanf(f.Path, "shard-%d.bin", &r)
+			want = []int{r}
+		}
+		if !slices.Equal(f.Nodes, want) {
+			t.Errorf("%s: nodes %v; want %v", f.Path, f.Nodes, want)
+		}
+	}
+	if v := CheckJob(t.Context(), store, "job", true); len(v) > 0 {
+		t.Errorf("invariants: %v", v)
+	}
+	if inc, err := ListIncomplete(t.Context(), store, "job"); err != nil || len(inc) != 0 {
+		t.Errorf("ListIncomplete = %+v, %v; want none", inc, err)
+	}
+	restoreAndCompare(t, store, "step-000100", all)
+
+	// Only node 2's part: its shard, the config and the marker every node has.
+	to := t.TempDir()
+	two := 2
+	res, err := Restore(t.Context(), store, RestoreOptions{Job: "job", To: to, Part: &two, Logger: zerolog.Nop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	entries, _ := os.ReadDir(filepath.Join(to, "step-000100"))
+	var names []string
+	for _, e := range entries {
+		names = append(names, e.Name())
+	}
+	if !slices.Equal(names, []string{"_COMPLETE", "config.json", "shard-2.bin"}) || res.Files != 3 {
+		t.Errorf("restore --part 2 gave %v (%d files); want node 2's shard and the shared files", names, res.Files)
+	}
+	if got, _ := os.ReadFile(filepath.Join(to, "step-000100", "shard-2.bin")); !bytes.Equal(got, all["shard-2.bin"]) {
+		t.Error("restored shard-2.bin differs")
+	}
+}
+
+// A node whose part is not in: no job manifest, no LATEST, `list` shows parts 3/4; when the
+// last node's part comes, the job checkpoint commits.
+func TestMultiNodeWaitsForEveryPart(t *testing.T) {
+	store := newMemStore()
+	config := []byte("c")
+	var rigs []*uploaderRig
+	for _, rank := range []int{0, 1, 3} {
+		r := startNode(t, store, rank, 4, fmt.Sprintf("i-node%d", rank))
+		files := nodeFiles(t, rank, config)
+		delete(files, "_COMPLETE")
+		writeCheckpoint(t, r.dir, "step-000200", files)
+		r.waitPart("step-000200")
+		rigs = append(rigs, r)
+	}
+	inc, err := ListIncomplete(t.Context(), store, "job")
+	if err != nil || len(inc) != 1 || !slices.Equal(inc[0].Ranks, []int{0, 1, 3}) || inc[0].WorldNodes != 4 || inc[0].Checkpoint != "step-000200" {
+		t.Fatalf("ListIncomplete = %+v, %v; want step-000200 with nodes 0, 1, 3 of 4", inc, err)
+	}
+	if cs, _, _ := ListCommitted(t.Context(), store, "job"); len(cs) != 0 {
+		t.Errorf("committed with a part missing: %+v", cs)
+	}
+	if _, _, err := store.GetBytes(t.Context(), LatestKey("job")); !errors.Is(err, ErrNotFound) {
+		t.Errorf("LATEST with a part missing: %v", err)
+	}
+
+	late := startNode(t, store, 2, 4, "i-node2")
+	files := nodeFiles(t, 2, config)
+	delete(files, "_COMPLETE")
+	writeCheckpoint(t, late.dir, "step-000200", files)
+	late.waitPart("step-000200")
+	late.waitEvent(JobCheckpointCommitted, "step-000200")
+	for _, r := range rigs {
+		r.waitEvent(JobCheckpointCommitted, "step-000200")
+	}
+	if v := CheckJob(t.Context(), store, "job", true); len(v) > 0 {
+		t.Errorf("invariants: %v", v)
+	}
+}
+
+// An agent that dies between its part and the job manifest: a surviving agent, still looking
+// for the missing part, completes the save.
+func TestMultiNodeSurvivorCompletes(t *testing.T) {
+	store := newMemStore()
+	config := []byte("c")
+	var rigs []*uploaderRig
+	for rank := range 3 {
+		r := startNode(t, store, rank, 4, fmt.Sprintf("i-node%d", rank))
+		files := nodeFiles(t, rank, config)
+		delete(files, "_COMPLETE")
+		writeCheckpoint(t, r.dir, "step-000300", files)
+		r.waitPart("step-000300")
+		rigs = append(rigs, r)
+	}
+	// Node 3's agent writes its part and is killed before it looks for the others.
+	now := time.Now()
+	putPart(t, store, "step-000300", 3, 4, "i-node3", nodeFiles(t, 3, config), now, now)
+	var writers int
+	for _, r := range rigs {
+		if ev := r.waitEvent(JobCheckpointCommitted, "step-000300"); !ev.Already {
+			writers++
+		}
+	}
+	if writers != 1 {
+		t.Errorf("%d surviving agents wrote the job manifest; want one", writers)
+	}
+	if v := CheckJob(t.Context(), store, "job", true); len(v) > 0 {
+		t.Errorf("invariants: %v", v)
+	}
+}
+
+// An agent restarted after its part, with every part in and no job manifest (all agents died
+// before they looked): it finds its own part at start and completes the save.
+func TestMultiNodeRestartCompletesOwnSave(t *testing.T) {
+	store := newMemStore()
+	now := time.Now()
+	for rank := range 2 {
+		putPart(t, store, "step-000400", rank, 2, fmt.Sprintf("i-node%d", rank), nodeFiles(t, rank, []byte("c")), now, now)
+	}
+	r := startNode(t, store, 1, 2, "i-node1")
+	ev := r.waitEvent(JobCheckpointCommitted, "step-000400")
+	if ev.Already || len(ev.Manifest.Parts) != 2 {
+		t.Errorf("restarted agent: job event %+v; want it to write the job manifest of both parts", ev)
+	}
+	l, _, err := store.GetBytes(t.Context(), LatestKey("job"))
+	if err != nil || !strings.Contains(string(l), ev.Manifest.Commit) {
+		t.Errorf("LATEST = %s, %v; want the job commit %s", l, err, ev.Manifest.Commit)
+	}
+}
+
+// Saves that can never be committed as they are fail loudly and commit nothing: one path with
+// different bytes on two nodes, one rank claimed by two instances, parts disagreeing on
+// world_nodes.
+func TestMultiNodeConflicts(t *testing.T) {
+	type node struct {
+		rank, world int
+		host        string
+		files       map[string][]byte
+	}
+	tests := []struct {
+		name  string
+		nodes []node // their parts land in this order; the last one's agent finds the conflict
+		want  string
+	}{
+		{"same path, other bytes", []node{
+			{0, 2, "i-a", map[string][]byte{"config.json": []byte("lr=0.1")}},
+			{1, 2, "i-b", map[string][]byte{"config.json": []byte("lr=0.2")}},
+		}, "config.json is in two parts with different bytes"},
+		{"rank claimed twice", []node{
+			{0, 2, "i-a", map[string][]byte{"a.bin": []byte("a")}},
+			{0, 2, "i-b", map[string][]byte{"b.bin": []byte("b")}},
+			{1, 2, "i-c", map[string][]byte{"c.bin": []byte("c")}},
+		}, "node rank 0 is claimed by two instances"},
+		{"world_nodes changed", []node{
+			{0, 2, "i-a", map[string][]byte{"a.bin": []byte("a")}},
+			{1, 3, "i-b", map[string][]byte{"b.bin": []byte("b")}},
+		}, "parts disagree on world_nodes"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			store := newMemStore()
+			var last *uploaderRig
+			for _, n := range tt.nodes {
+				last = startNode(t, store, n.rank, n.world, n.host)
+				writeCheckpoint(t, last.dir, "step-1", n.files)
+				last.waitPart("step-1")
+			}
+			ev := last.waitEvent(JobCheckpointFailed, "step-1")
+			if ev.Err == nil || !strings.Contains(ev.Err.Error(), tt.want) {
+				t.Errorf("job checkpoint failure = %v; want it to say %q", ev.Err, tt.want)
+			}
+			if !strings.Contains(last.logs.String(), tt.want) {
+				t.Errorf("the error is not logged:\n%s", last.logs)
+			}
+			if cs, _, _ := ListCommitted(t.Context(), store, "job"); len(cs) != 0 {
+				t.Errorf("committed despite the conflict: %+v", cs[0].Manifest)
+			}
+			if _, _, err := store.GetBytes(t.Context(), LatestKey("job")); !errors.Is(err, ErrNotFound) {
+				t.Errorf("LATEST written despite the conflict: %v", err)
+			}
+		})
+	}
+}
+
+// Agents racing for the job manifest: exactly one write wins each time; an agent that found the
+// same parts accepts the winner's, one that found other parts reports an error naming both.
+func TestJobManifestRace(t *testing.T) {
+	for _, sc := range []struct {
+		name  string
+		store func(t *testing.T) Store
+	}{
+		{"file", func(t *testing.T) Store { return mustNewFileStore(t) }},
+		{"mem", func(t *testing.T) Store { return newMemStore() }},
+	} {
+		t.Run(sc.name, func(t *testing.T) {
+			for round := range 20 {
+				store := sc.store(t)
+				name := fmt.Sprintf("step-%d", round)
+				now := time.Now()
+				var parts []*Manifest
+				for rank := range 4 {
+					parts = append(parts, putPart(t, store, name, rank, 4, fmt.Sprintf("i-node%d", rank), nodeFiles(t, rank, []byte("c")), now, now))
+				}
+				// Node 1 saved again on the same instance: a newer part of the same save.
+				newer := putPart(t, store, name, 1, 4, "i-node1", nodeFiles(t, 1, []byte("c")), now.Add(time.Second), now.Add(time.Second))
+
+				results := make([]saveResult, 8)
+				var wg sync.WaitGroup
+				for i := range results {
+					wg.Go(func() {
+						results[i] = completeSave(t.Context(), store, parts[i%4], "_COMPLETE", Host{InstanceID: "i-x"}, time.Hour, nil)
+					})
+				}
+				wg.Wait()
+				written := 0
+				for i, r := range results {
+					switch {
+					case i%4 == 1 && r.superseded:
+						// Node 1's older part: superseded by its newer one.
+					case r.err != nil:
+						t.Fatalf("round %d: agent %d: %v", round, i, r.err)
+					case r.job == nil || r.job.Parts[1].Commit != newer.Commit:
+						t.Fatalf("round %d: agent %d: job %+v; want the save with node 1's newer part", round, i, r.job)
+					case r.written:
+						written++
+					}
+				}
+				if written != 1 {
+					t.Fatalf("round %d: %d agents wrote the job manifest; want exactly 1", round, written)
+				}
+
+				// Another agent that assembled other parts for the same key is refused.
+				other := buildJobManifest([]*Manifest{parts[0], parts[1], parts[2], parts[3]}, Host{}, now)
+				if w, err := writeJobManifest(t.Context(), store, other); w || !errors.Is(err, ErrExists) || !strings.Contains(err.Error(), "other parts") {
+					t.Fatalf("round %d: writing a job manifest of other parts over the winner's = %v, %v; want an ErrExists naming both", round, w, err)
+				}
+			}
+		})
+	}
+}
+
+func TestAssembleSave(t *testing.T) {
+	now := time.Now()
+	part := func(rank, world int, host string, complete time.Time, marker string) *Manifest {
+		m := &Manifest{Version: ManifestVersion, Job: "job", Checkpoint: "c", Commit: NewCommitID(complete), Host: Host{InstanceID: host},
+			CommittedAt: complete, Part: &Part{NodeRank: rank, WorldNodes: world}}
+		m.Timings.CompleteAt = &complete
+		m.Files = []File{{Path: fmt.Sprintf("shard-%d", rank), Size: 1, Checksum: Checksum{Algorithm: ChecksumCRC32C, Value: "x"}},
+			{Path: "_COMPLETE", Size: int64(len(marker)), Checksum: Checksum{Algorithm: ChecksumCRC32C, Value: marker}}}
+		return m
+	}
+	mine := part(0, 2, "a", now, "s1")
+	tests := []struct {
+		name        string
+		open        []*Manifest
+		wantRanks   []string // hosts by rank; nil when none
+		wantMissing []int
+		wantErr     string
+		superseded  bool
+	}{
+		{"complete", []*Manifest{part(1, 2, "b", now.Add(time.Second), "s1")}, []string{"a", "b"}, nil, "", false},
+		{"other part too old: another save", []*Manifest{part(1, 2, "b", now.Add(-SaveSpread-time.Second), "s1")}, nil, []int{1}, "", false},
+		{"other marker: another save", []*Manifest{part(1, 2, "b", now, "s0")}, nil, []int{1}, "", false},
+		{"newest of one instance", []*Manifest{part(1, 2, "b", now, "s1"), part(1, 2, "b", now.Add(time.Second), "s1")}, []string{"a", "b"}, nil, "", false},
+		{"two instances for one rank", []*Manifest{part(1, 2, "b", now, "s1"), part(1, 2, "c", now, "s1")}, nil, nil, "node rank 1 is claimed by two instances", false},
+		{"this node saved again", []*Manifest{part(0, 2, "a", now.Add(time.Second), "s1")}, nil, nil, "", true},
+		{"another instance with this rank", []*Manifest{part(0, 2, "z", now, "s1")}, nil, nil, "node rank 0 is claimed by two instances", false},
+		{"world_nodes", []*Manifest{part(1, 3, "b", now, "s1")}, nil, nil, "parts disagree on world_nodes", false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, missing, err := assembleSave(mine, append([]*Manifest{mine}, tt.open...), "_COMPLETE")
+			if tt.superseded != errors.Is(err, errSuperseded) {
+				t.Fatalf("superseded = %v (%v); want %v", errors.Is(err, errSuperseded), err, tt.superseded)
+			}
+			if tt.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tt.wantErr)) {
+				t.Errorf("err = %v; want %q", err, tt.wantErr)
+			}
+			if tt.wantErr == "" && !tt.superseded && err != nil {
+				t.Errorf("err = %v", err)
+			}
+			if !slices.Equal(missing, tt.wantMissing) {
+				t.Errorf("missing = %v; want %v", missing, tt.wantMissing)
+			}
+			var hosts []string
+			for _, p := range got {
+				hosts = append(hosts, p.Host.InstanceID)
+			}
+			if !slices.Equal(hosts, tt.wantRanks) {
+				t.Errorf("parts by rank from %v; want %v", hosts, tt.wantRanks)
+			}
+		})
+	}
+}
+
+// Retention of a multi-node job: an old job checkpoint goes whole (parts, job manifest, every
+// part's data); parts that never made a save go once 2 × part_wait old, younger ones stay.
+func TestMultiNodeRetention(t *testing.T) {
+	store := newMemStore()
+	partWait := time.Hour
+	now := time.Now()
+	commitSave := func(name string, at time.Time) *Manifest {
+		var mine *Manifest
+		for rank := range 2 {
+			mine = putPart(t, store, name, rank, 2, fmt.Sprintf("i-node%d", rank), nodeFiles(t, rank, []byte("c")), at, now)
+		}
+		r := completeSave(t.Context(), store, mine, "_COMPLETE", Host{}, partWait, nil)
+		if r.err != nil || !r.written {
+			t.Fatalf("completeSave(%s) = %+v", name, r)
+		}
+		return r.job
+	}
+	old := commitSave("step-100", now.Add(-10*time.Minute))
+	commitSave("step-200", now)
+	stale := putPart(t, store, "step-050", 0, 2, "i-node0", nodeFiles(t, 0, []byte("c")), now.Add(-3*time.Hour), now.Add(-3*time.Hour))
+	young := putPart(t, store, "step-300", 0, 2, "i-node0", nodeFiles(t, 0, []byte("c")), now.Add(-30*time.Minute), now.Add(-30*time.Minute))
+
+	deleted, err := applyRetention(t.Context(), store, "job", 1, partWait, nil, zerolog.Nop())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Contains(deleted, CommitRef{Checkpoint: "step-100", Commit: old.Commit}) || !slices.Contains(deleted, CommitRef{Checkpoint: "step-050", Commit: stale.Commit}) || len(deleted) != 2 {
+		t.Errorf("deleted %v; want step-100's job checkpoint and step-050's stale part", deleted)
+	}
+	for _, p := range old.Parts {
+		if objs, _ := store.List(t.Context(), CommitPrefix("job", "step-100", p.Commit)); len(objs) > 0 {
+			t.Errorf("step-100 part %d left %d objects", p.NodeRank, len(objs))
+		}
+	}
+	if objs, _ := store.List(t.Context(), CommitPrefix("job", "step-050", stale.Commit)); len(objs) > 0 {
+		t.Errorf("the stale part left %d objects", len(objs))
+	}
+	if _, _, err := store.GetBytes(t.Context(), PartKey("job", "step-300", young.Commit)); err != nil {
+		t.Errorf("a part younger than 2 × part_wait was deleted: %v", err)
+	}
+	cs, _, _ := ListCommitted(t.Context(), store, "job")
+	if len(cs) != 1 || cs[0].Manifest.Checkpoint != "step-200" || !cs[0].Latest {
+		t.Errorf("after retention: %d commits; want step-200, LATEST", len(cs))
+	}
+	if v := CheckJob(t.Context(), store, "job", true); len(v) > 0 {
+		t.Errorf("invariants: %v", v)
+	}
+}

@@ -1,0 +1,114 @@
+package checkpoint
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"time"
+)
+
+// The uploader's side of a multi-node save (multinode.go): after this node's part is in, look
+// for the other parts until the save is committed, part_wait has passed, or it turns out it
+// cannot be.
+
+// partRecheck is how long the uploader waits before looking for a save's missing parts again:
+// part_wait / 30 within [1 s, 30 s], and at most 2 s while urgent (a notice: the other nodes'
+// parts come within its deadline).
+func partRecheck(partWait time.Duration, urgent bool) time.Duration {
+	d := min(max(partWait/30, time.Second), 30*time.Second)
+	if urgent {
+		d = min(d, 2*time.Second)
+	}
+	return d
+}
+
+// trackSave starts completing the save of this node's part p, at once.
+func (u *Uploader) trackSave(ctx context.Context, p *Manifest) {
+	if _, ok := u.saves[p.Commit]; ok {
+		return
+	}
+	// A newer part of the same name supersedes an older one of this node's (the trainer saved
+	// it again).
+	for c, ps := range u.saves {
+		if ps.part.Checkpoint == p.Checkpoint && p.Order().After(ps.part.Order()) && !ps.running {
+			delete(u.saves, c)
+		}
+	}
+	ps := &pendingSave{part: p}
+	u.saves[p.Commit] = ps
+	u.trySave(ctx, ps)
+}
+
+// trySave makes one attempt to complete ps's save, on a goroutine; saveDone takes the result.
+func (u *Uploader) trySave(ctx context.Context, ps *pendingSave) {
+	if ps.running || u.saves[ps.part.Commit] != ps {
+		return
+	}
+	ps.running = true
+	host := u.cfg.Host()
+	u.wg.Go(func() {
+		r := completeSave(ctx, u.cfg.Store, ps.part, u.cfg.Marker, host, u.cfg.PartWait, u.cache)
+		if r.written && (u.cfg.Keep > 0 || u.cfg.PartWait > 0) {
+			if _, err := applyRetention(ctx, u.cfg.Store, u.cfg.Job, u.cfg.Keep, u.cfg.PartWait, u.cache, u.log); err != nil {
+				u.log.Warn().Err(err).Msg("retention: cannot read the job")
+			}
+		}
+		select {
+		case u.wake <- func() { u.saveDone(ctx, ps, r) }:
+		case <-ctx.Done():
+		}
+	})
+}
+
+// saveDone takes the result of an attempt to complete ps's save.
+func (u *Uploader) saveDone(ctx context.Context, ps *pendingSave, r saveResult) {
+	ps.running = false
+	p := ps.part
+	log := u.log.With().Str("checkpoint", p.Checkpoint).Str("commit", p.Commit).Int("node_rank", p.Part.NodeRank).Int("world_nodes", p.Part.WorldNodes).Logger()
+	for _, pr := range r.problems {
+		log.Warn().Err(pr).Msg("store entry left alone")
+	}
+	retry := func() {
+		u.after(ctx, partRecheck(u.cfg.PartWait, u.urgent()), func() { u.trySave(ctx, ps) })
+	}
+	switch {
+	case r.job != nil:
+		delete(u.saves, p.Commit)
+		m := r.job
+		if !slices.ContainsFunc(u.index[m.Checkpoint], func(x *Manifest) bool { return x.Commit == m.Commit }) {
+			u.index[m.Checkpoint] = append([]*Manifest{m}, u.index[m.Checkpoint]...)
+		}
+		ev := log.Info().Str("job_commit", m.Commit).Int("files", len(m.Files)).Int64("bytes", m.TotalBytes).Bool("latest", r.latestMoved)
+		if r.written {
+			ev.Msg("job checkpoint committed: every node's part is in")
+		} else {
+			ev.Msg("job checkpoint committed (by another node's agent)")
+		}
+		u.emit(UploadEvent{Kind: JobCheckpointCommitted, Checkpoint: m.Checkpoint, At: time.Now(), Manifest: m, Already: !r.written})
+	case r.superseded:
+		delete(u.saves, p.Commit)
+		log.Info().Msg("a newer part of this checkpoint from this node is in the store; this one is not completed")
+	case r.err != nil:
+		if msg := r.err.Error(); msg != ps.lastErr {
+			ps.lastErr = msg
+			log.Error().Err(r.err).Msg("job checkpoint cannot be committed; looking again until part_wait has passed")
+		}
+		u.emit(UploadEvent{Kind: JobCheckpointFailed, Checkpoint: p.Checkpoint, At: time.Now(), Err: r.err})
+		if time.Since(p.CommittedAt) > u.cfg.PartWait {
+			delete(u.saves, p.Commit)
+			return
+		}
+		retry()
+	default:
+		if time.Since(p.CommittedAt) > u.cfg.PartWait {
+			delete(u.saves, p.Commit)
+			err := fmt.Errorf("checkpoint %s: the parts of node(s) %v did not come within part_wait (%v); it is not committed for the job (LATEST stays where it is)",
+				p.Checkpoint, r.missing, u.cfg.PartWait)
+			log.Error().Err(err).Msg("job checkpoint given up")
+			u.emit(UploadEvent{Kind: JobCheckpointFailed, Checkpoint: p.Checkpoint, At: time.Now(), Err: err})
+			return
+		}
+		log.Debug().Ints("missing_node_ranks", r.missing).Msg("job checkpoint waits for other nodes' parts")
+		retry()
+	}
+}
