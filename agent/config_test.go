@@ -171,6 +171,11 @@ func TestValidateBadValues(t *testing.T) {
 		{"SPOTGUARD_IMDS_ENDPOINT=169.254.169.254", "imds.endpoint: \"169.254.169.254\""},
 		{"SPOTGUARD_IMDS_ENDPOINT=ftp://x", "want an http:// or https:// URL"},
 		{"SPOTGUARD_IMDS_ENDPOINT=http://", "want a host"},
+		// Multi-node jobs.
+		{"SPOTGUARD_STORE_NODE_RANK=1", "store.node_rank: 1 must be less than store.world_nodes (1): ranks are 0 to 0"},
+		{"SPOTGUARD_STORE_NODE_RANK=-1", "store.node_rank: \"-1\" from SPOTGUARD_STORE_NODE_RANK: want a whole number, 0 or more"},
+		{"SPOTGUARD_STORE_WORLD_NODES=0", "store.world_nodes: \"0\" from SPOTGUARD_STORE_WORLD_NODES: want a whole number from 1 to 4096"},
+		{"SPOTGUARD_STORE_PART_WAIT=10s", "store.part_wait: \"10s\" from SPOTGUARD_STORE_PART_WAIT: want 1m to 168h"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.env, func(t *testing.T) {

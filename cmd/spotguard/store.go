@@ -45,6 +45,7 @@ func runRestore(ctx context.Context, args, environ []string, stdout, stderr io.W
 	mountWait := fs.Duration("mount-wait", 0, "with --no-create, wait up to `DURATION` for a missing DIR to appear or its parent to become a\nmount point (a disk mounted late at boot) before failing")
 	name := fs.String("checkpoint", "", "restore this checkpoint `NAME` (its newest commit) instead of the newest")
 	commit := fs.String("commit", "", "with --checkpoint, restore this commit `ID` of it (spotguard list shows them)")
+	part := fs.Bool("part", false, "multi-node jobs: restore only this node's part (store.node_rank) and the files it shares with the other\nparts, not every node's files (for trainers whose ranks read only their own files, with static node ranks)")
 	jsonOut := fs.Bool("json", false, "print the result as JSON")
 	allowEmpty := fs.Bool("allow-empty", false, "exit 0 when the job has no committed checkpoint yet (a first run); other errors still fail")
 	if code, ok := parseFlags(fs, args); !ok {
@@ -65,6 +66,15 @@ func runRestore(ctx context.Context, args, environ []string, stdout, stderr io.W
 		fmt.Fprintln(stderr, "spotguard restore: --to DIR is required when checkpoint.dir is not set")
 		fs.Usage()
 		return exitUsage
+	}
+	var partRank *int
+	if *part {
+		if cfg.Store.WorldNodes < 2 || cfg.Store.NodeRank >= cfg.Store.WorldNodes {
+			fmt.Fprintf(stderr, "spotguard restore: --part needs store.world_nodes above 1 and store.node_rank below it (they are %d and %d)\n",
+				cfg.Store.WorldNodes, cfg.Store.NodeRank)
+			return exitUsage
+		}
+		partRank = &cfg.Store.NodeRank
 	}
 	if *noCreate {
 		err := checkRestoreTarget(*to)
@@ -88,6 +98,7 @@ func runRestore(ctx context.Context, args, environ []string, stdout, stderr io.W
 		level = zerolog.DebugLevel
 	}
 	opts := checkpoint.RestoreOptions{Job: cfg.Store.Job, Checkpoint: *name, Commit: *commit, CommitSet: *commit != "", To: *to, Logger: newLogger(stderr, level)}
+	opts.Part = partRank
 	var bar *progressBar
 	if f, ok := stderr.(*os.File); ok && isatty.IsTerminal(f.Fd()) && !*jsonOut {
 		bar = &progressBar{w: stderr, start: time.Now()}
