@@ -583,6 +583,11 @@ func applyRetention(ctx context.Context, s Store, job string, keep int, partWait
 		if kept[c.Key] {
 			continue
 		}
+		if young := youngPart(c.Manifest, partWait, time.Now()); young != nil {
+			log.Debug().Str("checkpoint", c.Manifest.Checkpoint).Str("commit", c.Manifest.Commit).Int("node_rank", young.NodeRank).
+				Msg("retention: a job checkpoint's part is younger than part_wait; kept until it is not")
+			continue
+		}
 		m := c.Manifest
 		clog := log.With().Str("checkpoint", m.Checkpoint).Str("commit", m.Commit).Logger()
 		if len(m.Parts) > 0 {
@@ -626,6 +631,22 @@ func deleteCommitData(ctx context.Context, s Store, m *Manifest) error {
 		return s.Delete(ctx, keys...)
 	}
 	return deletePrefix(ctx, s, CommitPrefix(m.Job, m.Checkpoint, m.Commit))
+}
+
+// youngPart returns a part of job manifest m committed less than partWait (DefaultPartWait when
+// zero) plus partMargin before now, or nil: while one is, an agent may still be assembling the
+// same save (completeSave takes parts up to partWait old), and deleting the job manifest could
+// let it write the job manifest again over deleted data.
+func youngPart(m *Manifest, partWait time.Duration, now time.Time) *JobPart {
+	if partWait <= 0 {
+		partWait = DefaultPartWait
+	}
+	for i, p := range m.Parts {
+		if now.Sub(p.CommittedAt) <= partWait+partMargin {
+			return &m.Parts[i]
+		}
+	}
+	return nil
 }
 
 // partKeys are the keys of the part manifests of job manifest m.
@@ -769,6 +790,9 @@ func (u *Uploader) commit(ctx context.Context, c commitJob) commitResult {
 				// system, but not a newer version).
 				r.deleted = append(r.deleted, CommitRef{Checkpoint: m.Checkpoint, Commit: m.Commit})
 				at := m.Order().At
+				if r := u.cfg.NodeRank; m.Parts != nil && u.cfg.WorldNodes > 1 && r < len(m.Parts) {
+					at = m.Parts[r].CompleteAt // this node's part's place, not the job's
+				}
 				r.completeAt = &at
 			default:
 				r.err = fmt.Errorf("read manifest of the matching commit: %w", err)

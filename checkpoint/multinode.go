@@ -16,7 +16,8 @@ package checkpoint
 // checkpoint saved again after a rollback is a new save (new commits), never a collision. Which
 // parts are one save: parts of one name whose completion times lie within SaveSpread of each
 // other and whose marker files have the same bytes (a trainer that writes the same token into
-// the marker on every node makes this exact). Two parts of one rank in one save from two
+// the marker on every node makes this exact; parts whose markers complete more than SaveSpread
+// apart are never one save). Two parts of one rank in one save from two
 // instances, parts that disagree on world_nodes, and one path in two parts with different bytes
 // are errors, never resolved by picking one.
 //
@@ -39,9 +40,19 @@ import (
 )
 
 // SaveSpread is how far apart in completion time the parts of one save may be: every node
-// completes the same step within seconds (the trainers save together), while the same name
-// saved again after a rollback comes after a restart, minutes later at the least.
-const SaveSpread = 5 * time.Minute
+// completes the same step within seconds (the trainers save together and write their markers
+// after the save returns everywhere), while the same name saved again after a rollback comes
+// after a crash, a restart and a restore, minutes later at the least.
+const SaveSpread = time.Minute
+
+// partMargin is how much older than part_wait the parts of a job checkpoint must be before
+// retention deletes it, and completeAttempt bounds one attempt to complete a save: an attempt
+// that read a part while it was at most part_wait old has written its job manifest, or given up,
+// long before retention may delete that part's save.
+const (
+	partMargin      = 10 * time.Minute
+	completeAttempt = 5 * time.Minute
+)
 
 // DefaultPartWait is store.part_wait's default: how long an agent keeps trying to complete a save
 // whose parts are not all there.
@@ -138,7 +149,7 @@ func readNameParts(ctx context.Context, s Store, job, name string, cache *manife
 			np.problems = append(np.problems, problem)
 			continue
 		}
-		p, problem, err := readPart(ctx, s, job, ref, cache)
+		p, problem, err := readPart(ctx, s, job, ref, nil) // afresh: see completeSave
 		switch {
 		case err != nil:
 			return np, err
@@ -162,6 +173,16 @@ func openParts(jobs, parts []*Manifest) []*Manifest {
 	}
 	return slices.DeleteFunc(slices.Clone(parts), func(p *Manifest) bool { return used[p.Commit] })
 }
+
+// ConflictError is a save that cannot be committed as it is, whatever the store does: two
+// instances claiming one rank, parts disagreeing, other parts in another agent's job manifest.
+// Other errors of an attempt are the store's, and pass.
+type ConflictError struct{ Err error }
+
+func (e *ConflictError) Error() string { return e.Err.Error() }
+func (e *ConflictError) Unwrap() error { return e.Err }
+
+func conflict(err error) error { return &ConflictError{Err: err} }
 
 // errSuperseded: the same instance wrote a newer part of the same rank for the same save; the
 // older one is not completed.
@@ -377,16 +398,31 @@ type saveResult struct {
 	missing []int
 	// superseded: this instance wrote a newer part of the save; this one is dropped.
 	superseded bool
+	// older: the save is complete but older than LATEST's target; it is not committed.
+	older bool
 	// problems are the store entries left out (invalid parts or manifests).
 	problems []error
 	err      error
+	// latestErr: job is committed, but LATEST could not be moved to it (it is tried again).
+	latestErr error
 }
 
 // completeSave tries to complete the save of part mine: when the store holds a part of every
 // rank for it, it writes the job manifest (or finds it written) and moves LATEST. Parts older
 // than partWait (by their commit time) are not taken: the garbage collection of parts may
 // delete them (at twice that age).
+//
+// Retention must never let it write a job manifest again once deleted (over deleted data): it
+// takes only parts at most partWait old and runs for at most completeAttempt, while retention
+// deletes a job checkpoint only once all its parts are older than partWait + partMargin
+// (youngPart). It also reads the parts afresh (a cached one may be deleted since), and never
+// writes a job manifest older than LATEST's target: a newer checkpoint is committed.
 func completeSave(ctx context.Context, s Store, mine *Manifest, marker string, host Host, partWait time.Duration, cache *manifestCache) saveResult {
+	if time.Since(mine.CommittedAt) > partWait {
+		return saveResult{} // too old to be completed (see youngPart); the caller gives up
+	}
+	ctx, cancel := context.WithTimeout(ctx, completeAttempt)
+	defer cancel()
 	np, err := readNameParts(ctx, s, mine.Job, mine.Checkpoint, cache)
 	if err != nil {
 		return saveResult{err: err}
@@ -394,7 +430,10 @@ func completeSave(ctx context.Context, s Store, mine *Manifest, marker string, h
 	r := saveResult{problems: np.problems}
 	for _, m := range np.jobs {
 		if slices.ContainsFunc(m.Parts, func(p JobPart) bool { return p.Commit == mine.Commit }) {
+			// Committed, by this agent or another; LATEST may not be on it yet (its writer
+			// died, or failed, between the two).
 			r.job = m
+			r.latestMoved, r.latestErr = advanceLatest(ctx, s, m, host, cache)
 			return r
 		}
 	}
@@ -410,8 +449,8 @@ func completeSave(ctx context.Context, s Store, mine *Manifest, marker string, h
 				r.superseded = true
 				return r
 			}
-			r.err = fmt.Errorf("checkpoint %s cannot be committed for the job: node rank %d is claimed by two instances for one save: %s, in job commit %s, and %s (is store.node_rank set twice?)",
-				mine.Checkpoint, p.NodeRank, describePart(other), m.Commit, describePart(mine))
+			r.err = conflict(fmt.Errorf("checkpoint %s cannot be committed for the job: node rank %d is claimed by two instances for one save: %s, in job commit %s, and %s (is store.node_rank set twice?)",
+				mine.Checkpoint, p.NodeRank, describePart(other), m.Commit, describePart(mine)))
 			return r
 		}
 	}
@@ -423,7 +462,7 @@ func completeSave(ctx context.Context, s Store, mine *Manifest, marker string, h
 		r.superseded = true
 		return r
 	case err != nil:
-		r.err = fmt.Errorf("checkpoint %s cannot be committed for the job: %w", mine.Checkpoint, err)
+		r.err = conflict(fmt.Errorf("checkpoint %s cannot be committed for the job: %w", mine.Checkpoint, err))
 		return r
 	case len(missing) > 0:
 		r.missing = missing
@@ -431,11 +470,26 @@ func completeSave(ctx context.Context, s Store, mine *Manifest, marker string, h
 	}
 	m := buildJobManifest(parts, host, now)
 	if err := m.Validate(); err != nil {
-		r.err = fmt.Errorf("refusing to write the job manifest of %s: %w", mine.Checkpoint, err)
+		r.err = conflict(fmt.Errorf("refusing to write the job manifest of %s: %w", mine.Checkpoint, err))
 		return r
+	}
+	data, _, err := s.GetBytes(ctx, LatestKey(mine.Job))
+	switch {
+	case errors.Is(err, ErrNotFound):
+	case err != nil:
+		r.err = fmt.Errorf("read %s: %w", LatestKey(mine.Job), err)
+		return r
+	default:
+		if cur, ok := latestOrder(ctx, s, mine.Job, data, cache); ok && !m.Order().After(cur) && cur.Commit != m.Commit {
+			r.older = true
+			return r
+		}
 	}
 	written, err := writeJobManifest(ctx, s, m)
 	if err != nil {
+		if errors.Is(err, ErrExists) {
+			err = conflict(err) // another agent's job manifest of other parts
+		}
 		r.err = err
 		return r
 	}
@@ -447,7 +501,7 @@ func completeSave(ctx context.Context, s Store, mine *Manifest, marker string, h
 	}
 	r.job, r.written = m, written
 	cache.put(ManifestKey(m.Job, m.Checkpoint, m.Commit), m)
-	r.latestMoved, r.err = advanceLatest(ctx, s, m, host, cache)
+	r.latestMoved, r.latestErr = advanceLatest(ctx, s, m, host, cache)
 	return r
 }
 

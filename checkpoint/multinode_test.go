@@ -10,6 +10,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/rs/zerolog"
@@ -409,50 +410,90 @@ func TestAssembleSave(t *testing.T) {
 }
 
 // Retention of a multi-node job: an old job checkpoint goes whole (parts, job manifest, every
-// part's data); parts that never made a save go once 2 × part_wait old, younger ones stay.
+// part's data), but only once its parts are older than part_wait and a margin (an agent may still
+// be assembling the same save until then); parts that never made a save go once 2 × part_wait
+// old, younger ones stay.
 func TestMultiNodeRetention(t *testing.T) {
-	store := newMemStore()
-	partWait := time.Hour
-	now := time.Now()
-	commitSave := func(name string, at time.Time) *Manifest {
-		var mine *Manifest
-		for rank := range 2 {
-			mine = putPart(t, store, name, rank, 2, fmt.Sprintf("i-node%d", rank), nodeFiles(t, rank, []byte("c")), at, now)
+	synctest.Test(t, func(t *testing.T) {
+		store := newMemStore()
+		partWait := time.Hour
+		commitSave := func(name string) *Manifest {
+			now := time.Now()
+			var mine *Manifest
+			for rank := range 2 {
+				mine = putPart(t, store, name, rank, 2, fmt.Sprintf("i-node%d", rank), nodeFiles(t, rank, []byte("c")), now, now)
+			}
+			r := completeSave(t.Context(), store, mine, "_COMPLETE", Host{}, partWait, nil)
+			if r.err != nil || !r.written {
+				t.Fatalf("completeSave(%s) = %+v", name, r)
+			}
+			return r.job
 		}
-		r := completeSave(t.Context(), store, mine, "_COMPLETE", Host{}, partWait, nil)
-		if r.err != nil || !r.written {
-			t.Fatalf("completeSave(%s) = %+v", name, r)
-		}
-		return r.job
-	}
-	old := commitSave("step-100", now.Add(-10*time.Minute))
-	commitSave("step-200", now)
-	stale := putPart(t, store, "step-050", 0, 2, "i-node0", nodeFiles(t, 0, []byte("c")), now.Add(-3*time.Hour), now.Add(-3*time.Hour))
-	young := putPart(t, store, "step-300", 0, 2, "i-node0", nodeFiles(t, 0, []byte("c")), now.Add(-30*time.Minute), now.Add(-30*time.Minute))
+		stale := putPart(t, store, "step-050", 0, 2, "i-node0", nodeFiles(t, 0, []byte("c")), time.Now(), time.Now())
+		old := commitSave("step-100")
+		<-time.After(time.Minute)
+		commitSave("step-200")
 
-	deleted, err := applyRetention(t.Context(), store, "job", 1, partWait, nil, zerolog.Nop())
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !slices.Contains(deleted, CommitRef{Checkpoint: "step-100", Commit: old.Commit}) || !slices.Contains(deleted, CommitRef{Checkpoint: "step-050", Commit: stale.Commit}) || len(deleted) != 2 {
-		t.Errorf("deleted %v; want step-100's job checkpoint and step-050's stale part", deleted)
-	}
-	for _, p := range old.Parts {
-		if objs, _ := store.List(t.Context(), CommitPrefix("job", "step-100", p.Commit)); len(objs) > 0 {
-			t.Errorf("step-100 part %d left %d objects", p.NodeRank, len(objs))
+		// Young: nothing goes yet, though step-100 is beyond keep.
+		deleted, err := applyRetention(t.Context(), store, "job", 1, partWait, nil, zerolog.Nop())
+		if err != nil || len(deleted) != 0 {
+			t.Fatalf("retention with young parts deleted %v (%v); want nothing", deleted, err)
 		}
+
+		<-time.After(partWait + partMargin + time.Minute)
+		young := putPart(t, store, "step-300", 0, 2, "i-node0", nodeFiles(t, 0, []byte("c")), time.Now(), time.Now())
+		deleted, err = applyRetention(t.Context(), store, "job", 1, partWait, nil, zerolog.Nop())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Contains(deleted, CommitRef{Checkpoint: "step-100", Commit: old.Commit}) || len(deleted) != 1 {
+			t.Errorf("deleted %v; want step-100's job checkpoint (the stale part is not 2 × part_wait old yet)", deleted)
+		}
+		for _, p := range old.Parts {
+			if objs, _ := store.List(t.Context(), CommitPrefix("job", "step-100", p.Commit)); len(objs) > 0 {
+				t.Errorf("step-100 part %d left %d objects", p.NodeRank, len(objs))
+			}
+		}
+
+		<-time.After(partWait)
+		deleted, err = applyRetention(t.Context(), store, "job", 1, partWait, nil, zerolog.Nop())
+		if err != nil || !slices.Equal(deleted, []CommitRef{{Checkpoint: "step-050", Commit: stale.Commit}}) {
+			t.Errorf("deleted %v (%v); want the stale part of step-050 alone", deleted, err)
+		}
+		if objs, _ := store.List(t.Context(), CommitPrefix("job", "step-050", stale.Commit)); len(objs) > 0 {
+			t.Errorf("the stale part left %d objects", len(objs))
+		}
+		if _, _, err := store.GetBytes(t.Context(), PartKey("job", "step-300", young.Commit)); err != nil {
+			t.Errorf("a part younger than 2 × part_wait was deleted: %v", err)
+		}
+		cs, _, _ := ListCommitted(t.Context(), store, "job")
+		if len(cs) != 1 || cs[0].Manifest.Checkpoint != "step-200" || !cs[0].Latest {
+			t.Errorf("after retention: %d commits; want step-200, LATEST", len(cs))
+		}
+		if v := CheckJob(t.Context(), store, "job", true); len(v) > 0 {
+			t.Errorf("invariants: %v", v)
+		}
+	})
+}
+
+// A save whose parts are all in but which is older than LATEST's target is not committed: a
+// newer job checkpoint is, and writing it could bring back a save retention deleted.
+func TestCompleteSaveOlderThanLatest(t *testing.T) {
+	store := newMemStore()
+	now := time.Now()
+	var older, newer []*Manifest
+	for rank := range 2 {
+		older = append(older, putPart(t, store, "step-100", rank, 2, fmt.Sprintf("i-node%d", rank), nodeFiles(t, rank, nil), now.Add(-2*SaveSpread), now))
+		newer = append(newer, putPart(t, store, "step-200", rank, 2, fmt.Sprintf("i-node%d", rank), nodeFiles(t, rank, nil), now, now))
 	}
-	if objs, _ := store.List(t.Context(), CommitPrefix("job", "step-050", stale.Commit)); len(objs) > 0 {
-		t.Errorf("the stale part left %d objects", len(objs))
+	if r := completeSave(t.Context(), store, newer[1], "_COMPLETE", Host{}, time.Hour, nil); !r.written || !r.latestMoved {
+		t.Fatalf("completeSave(step-200) = %+v", r)
 	}
-	if _, _, err := store.GetBytes(t.Context(), PartKey("job", "step-300", young.Commit)); err != nil {
-		t.Errorf("a part younger than 2 × part_wait was deleted: %v", err)
+	r := completeSave(t.Context(), store, older[1], "_COMPLETE", Host{}, time.Hour, nil)
+	if !r.older || r.written || r.job != nil {
+		t.Errorf("completeSave(step-100, older than LATEST) = %+v; want it left uncommitted as older", r)
 	}
-	cs, _, _ := ListCommitted(t.Context(), store, "job")
-	if len(cs) != 1 || cs[0].Manifest.Checkpoint != "step-200" || !cs[0].Latest {
-		t.Errorf("after retention: %d commits; want step-200, LATEST", len(cs))
-	}
-	if v := CheckJob(t.Context(), store, "job", true); len(v) > 0 {
-		t.Errorf("invariants: %v", v)
+	if cs, _, _ := ListCommitted(t.Context(), store, "job"); len(cs) != 1 {
+		t.Errorf("%d commits; want step-200 alone", len(cs))
 	}
 }

@@ -98,12 +98,18 @@ type sim struct {
 	snaps   map[string]map[string]bool
 	checked map[string]bool // manifests checked against snaps
 	logs    *simLog
+	// world > 1 is the multi-node mode (sim_nodes_test.go): one agent per node rank.
+	world int
+	// lastSave is when each name was last saved on the nodes, and with which marker (multi-node).
+	lastSave   map[string]time.Time
+	lastMarker map[string][]byte
 }
 
 // simAgent is one agent (one instance's spotguard) and its checkpoint directory.
 type simAgent struct {
 	name, dir, state string
 	incarnation      int
+	rank             int // its node rank, in the multi-node mode
 	store            *simStore
 	up               *Uploader
 	events           chan WatchEvent
@@ -182,10 +188,14 @@ func (s *sim) startAgent(a *simAgent) {
 	a.store = s.b.connect(fmt.Sprintf("%s#%d", a.name, a.incarnation))
 	a.noticed, a.inForce = false, false
 	log := zerolog.New(s.logs).With().Str("agent", a.store.name).Logger()
-	a.up = NewUploader(UploaderConfig{
+	cfg := UploaderConfig{
 		Store: a.store, Job: s.job, Dir: a.dir, Pattern: "*.pt", Keep: s.keep, StateDir: a.state,
 		StopBudget: 30 * time.Second, Logger: log, Host: func() Host { return Host{Hostname: a.name} },
-	})
+	}
+	if s.world > 1 {
+		cfg.NodeRank, cfg.WorldNodes, cfg.PartWait = a.rank, s.world, simPartWait
+	}
+	a.up = NewUploader(cfg)
 	ctx, cancel := context.WithCancel(context.Background())
 	a.cancel, a.done, a.events = cancel, make(chan struct{}), make(chan WatchEvent)
 	up, events, done := a.up, a.events, a.done
@@ -352,8 +362,13 @@ func (s *sim) check() {
 		}
 		s.checked[key] = true
 		if !s.snaps[m.Checkpoint][manifestFingerprint(m)] {
-			s.fail("I2/I4: commit %s/%s lists a version of the checkpoint the trainer never had complete:\n%s",
-				m.Checkpoint, m.Commit, manifestFingerprint(m))
+			var parts []string
+			for _, p := range m.Parts {
+				parts = append(parts, fmt.Sprintf("node %d: commit %s by %s, complete %s, committed %s", p.NodeRank, p.Commit,
+					p.Host.Hostname, p.CompleteAt.Format("15:04:05.000"), p.CommittedAt.Format("15:04:05.000")))
+			}
+			s.fail("I2/I4: commit %s/%s lists a version of the checkpoint the trainer never had complete:\n%s\nparts:\n  %s",
+				m.Checkpoint, m.Commit, manifestFingerprint(m), strings.Join(parts, "\n  "))
 		}
 	}
 }

@@ -41,6 +41,7 @@ type simBackend struct {
 	outage            bool
 	violations        []string
 	manifestWrites    map[string]int // by checkpoint name
+	partWrites        map[string]int // by checkpoint name
 	// everCommitted holds every version ever committed, by name: manifestFingerprint.
 	everCommitted map[string][]string
 }
@@ -64,6 +65,7 @@ func newSimBackend(seed uint64) *simBackend {
 		partSize:       64 << 10,
 		covered:        map[string]string{},
 		manifestWrites: map[string]int{},
+		partWrites:     map[string]int{},
 		everCommitted:  map[string][]string{},
 	}
 }
@@ -127,6 +129,12 @@ func (b *simBackend) write(key string, data []byte) string {
 				}
 			}
 			b.covered[k] = key
+		}
+	case strings.HasSuffix(key, "/"+MetaDir+"/part.json"):
+		if m, err := ParseManifest(data); err != nil || m.Part == nil {
+			b.violate("part %s is invalid: %v", key, err)
+		} else {
+			b.partWrites[m.Checkpoint]++
 		}
 	case strings.HasSuffix(key, "/LATEST"):
 		var l Latest

@@ -2,6 +2,7 @@ package checkpoint
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"time"
@@ -72,6 +73,10 @@ func (u *Uploader) saveDone(ctx context.Context, ps *pendingSave, r saveResult) 
 		u.after(ctx, partRecheck(u.cfg.PartWait, u.urgent()), func() { u.trySave(ctx, ps) })
 	}
 	switch {
+	case r.job != nil && r.latestErr != nil:
+		log.Error().Err(r.latestErr).Str("job_commit", r.job.Commit).
+			Msg("job checkpoint committed but LATEST cannot be moved to it; retrying (restore takes it anyway)")
+		retry()
 	case r.job != nil:
 		delete(u.saves, p.Commit)
 		m := r.job
@@ -88,12 +93,25 @@ func (u *Uploader) saveDone(ctx context.Context, ps *pendingSave, r saveResult) 
 	case r.superseded:
 		delete(u.saves, p.Commit)
 		log.Info().Msg("a newer part of this checkpoint from this node is in the store; this one is not completed")
+	case r.older:
+		delete(u.saves, p.Commit)
+		log.Warn().Msg("every node's part is in, but a newer job checkpoint is committed already (LATEST); this older one is not committed")
 	case r.err != nil:
+		var c *ConflictError
+		conflicting := errors.As(r.err, &c)
 		if msg := r.err.Error(); msg != ps.lastErr {
 			ps.lastErr = msg
-			log.Error().Err(r.err).Msg("job checkpoint cannot be committed; looking again until part_wait has passed")
+			if conflicting {
+				log.Error().Err(r.err).Msg("job checkpoint cannot be committed; looking again until part_wait has passed")
+			} else {
+				log.Warn().Err(r.err).Msg("cannot look for the other nodes' parts now; trying again")
+			}
 		}
-		u.emit(UploadEvent{Kind: JobCheckpointFailed, Checkpoint: p.Checkpoint, At: time.Now(), Err: r.err})
+		if conflicting {
+			u.emit(UploadEvent{Kind: JobCheckpointFailed, Checkpoint: p.Checkpoint, At: time.Now(), Err: r.err})
+		} else {
+			u.emit(UploadEvent{Kind: CheckpointFailed, Checkpoint: p.Checkpoint, At: time.Now(), Err: r.err})
+		}
 		if time.Since(p.CommittedAt) > u.cfg.PartWait {
 			delete(u.saves, p.Commit)
 			return
