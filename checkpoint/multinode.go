@@ -37,6 +37,7 @@ import (
 	"time"
 
 	"github.com/rs/zerolog"
+	"golang.org/x/sync/errgroup"
 )
 
 // SaveSpread is how far apart in completion time the parts of one save may be: every node
@@ -124,39 +125,54 @@ type nameParts struct {
 	problems []error
 }
 
-// readNameParts reads the commits and parts of checkpoint name of job: one delimiter listing,
-// then each commit's manifest, or its part when it has none.
+// readNameParts reads the job manifests and parts of checkpoint name of job: one delimiter
+// listing, then (readConcurrency at a time) each commit's part, and the manifest of each commit
+// whose part is rank 0's (where a save's job manifest is). Parts are read afresh; job manifests
+// come from cache when it holds them (they never change). Commits without a part (uploads in
+// progress, single-node commits) are not read.
 func readNameParts(ctx context.Context, s Store, job, name string, cache *manifestCache) (nameParts, error) {
 	var np nameParts
 	refs, err := listCommits(ctx, s, job, name)
 	if err != nil {
 		return np, fmt.Errorf("list commits of %s: %w", name, err)
 	}
+	refs = slices.DeleteFunc(refs, func(r CommitRef) bool { return r.Commit == "" })
+	type read struct {
+		part, job         *Manifest
+		partProb, jobProb error
+	}
+	reads := make([]read, len(refs))
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(readConcurrency)
+	for i, ref := range refs {
+		g.Go(func() error {
+			p, problem, err := readPart(gctx, s, job, ref, nil) // afresh: see completeSave
+			if err != nil {
+				return err
+			}
+			reads[i].part, reads[i].partProb = p, problem
+			if p == nil || p.Part.NodeRank != 0 {
+				return nil
+			}
+			m, problem, err := readManifest(gctx, s, job, ref, cache)
+			reads[i].job, reads[i].jobProb = m, problem
+			return err
+		})
+	}
+	if err := g.Wait(); err != nil {
+		return np, err
+	}
 	var parts []*Manifest
-	for _, ref := range refs {
-		if ref.Commit == "" {
-			continue
+	for _, r := range reads {
+		if r.part != nil {
+			parts = append(parts, r.part)
+		} else if !errors.Is(r.partProb, ErrNotFound) {
+			np.problems = append(np.problems, r.partProb)
 		}
-		m, problem, err := readManifest(ctx, s, job, ref, cache)
-		if err != nil {
-			return np, err
-		}
-		if m != nil {
-			np.jobs = append(np.jobs, m)
-			continue
-		}
-		if !errors.Is(problem, ErrNotFound) {
-			np.problems = append(np.problems, problem)
-			continue
-		}
-		p, problem, err := readPart(ctx, s, job, ref, nil) // afresh: see completeSave
-		switch {
-		case err != nil:
-			return np, err
-		case p != nil:
-			parts = append(parts, p)
-		case !errors.Is(problem, ErrNotFound):
-			np.problems = append(np.problems, problem)
+		if r.job != nil {
+			np.jobs = append(np.jobs, r.job)
+		} else if r.jobProb != nil && !errors.Is(r.jobProb, ErrNotFound) {
+			np.problems = append(np.problems, r.jobProb)
 		}
 	}
 	np.open = openParts(np.jobs, parts)

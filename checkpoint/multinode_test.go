@@ -35,7 +35,7 @@ func (r *uploaderRig) waitPart(name string) *Manifest {
 
 // putPart writes a node's part of job/name directly into s, as an agent would have before it
 // died: its files under a commit of its own, then its part manifest.
-func putPart(t *testing.T, s Store, name string, rank, world int, host string, files map[string][]byte, complete, committed time.Time) *Manifest {
+func putPart(t testing.TB, s Store, name string, rank, world int, host string, files map[string][]byte, complete, committed time.Time) *Manifest {
 	t.Helper()
 	commit := NewCommitID(committed)
 	m := &Manifest{Version: ManifestVersion, Job: "job", Checkpoint: name, Commit: commit, Host: Host{InstanceID: host},
@@ -495,5 +495,42 @@ func TestCompleteSaveOlderThanLatest(t *testing.T) {
 	}
 	if cs, _, _ := ListCommitted(t.Context(), store, "job"); len(cs) != 1 {
 		t.Errorf("%d commits; want step-200 alone", len(cs))
+	}
+}
+
+// A node that restored the job's checkpoint (every node's files, or its part alone) takes it for
+// what it is: committed. Nothing is sent, no new part is written.
+func TestMultiNodeRestoredCheckpointNotSentAgain(t *testing.T) {
+	for _, part := range []bool{false, true} {
+		t.Run(fmt.Sprintf("part=%v", part), func(t *testing.T) {
+			store := newMemStore()
+			now := time.Now().Add(-time.Minute)
+			var mine *Manifest
+			for rank := range 2 {
+				mine = putPart(t, store, "step-000500", rank, 2, fmt.Sprintf("i-node%d", rank), nodeFiles(t, rank, []byte("c")), now, now)
+			}
+			if r := completeSave(t.Context(), store, mine, "_COMPLETE", Host{}, time.Hour, nil); !r.written {
+				t.Fatalf("completeSave = %+v", r)
+			}
+			dir := t.TempDir()
+			opts := RestoreOptions{Job: "job", To: dir, Logger: zerolog.Nop()}
+			if part {
+				one := 1
+				opts.Part = &one
+			}
+			if _, err := Restore(t.Context(), store, opts); err != nil {
+				t.Fatal(err)
+			}
+			before, _ := listCommits(t.Context(), store, "job", "step-000500")
+			r := startUploaderWith(t, dir, store, UploaderConfig{NodeRank: 1, WorldNodes: 2, PartWait: 30 * time.Second,
+				Host: func() Host { return Host{InstanceID: "i-replacement"} }})
+			if ev := r.waitCommitted("step-000500"); !ev.Already || ev.Manifest.Parts == nil {
+				t.Errorf("restored checkpoint: %+v; want it taken for the job checkpoint it is (already committed)", ev)
+			}
+			after, _ := listCommits(t.Context(), store, "job", "step-000500")
+			if !slices.Equal(before, after) {
+				t.Errorf("commits of step-000500 went from %v to %v; want nothing new", before, after)
+			}
+		})
 	}
 }
