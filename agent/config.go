@@ -63,7 +63,7 @@ type Config struct {
 		PollInterval     time.Duration
 		SpotPollInterval time.Duration
 	}
-	// Notices holds the policy for each notice source.
+	// Notices holds the policy for each notice source: every IMDS source, and SourceJob.
 	Notices map[imds.Source]Policy
 	Trainer struct {
 		PIDFile string
@@ -157,6 +157,14 @@ var fields = []field{
 	{"notices.rebalance", "checkpoint", "policy for events/recommendations/rebalance (checkpoint, ignore or off); a proactive save, training goes on", policySetter(imds.SourceRebalance)},
 	{"notices.scheduled", "checkpoint", "policy for events/maintenance/scheduled (checkpoint, ignore or off)", policySetter(imds.SourceScheduled)},
 	{"notices.asg", "checkpoint", "policy for autoscaling/target-lifecycle-state Terminated (checkpoint, ignore or off)", policySetter(imds.SourceASG)},
+	{"notices.job", "checkpoint", "policy for notices the job hands over (POST /notice, spotguard notify), learned from another node: checkpoint (urgent uploads, notice.json; the trainer is never signalled for one) or ignore", func(c *Config, v string) error {
+		switch p := Policy(v); p {
+		case PolicyCheckpoint, PolicyIgnore:
+			c.Notices[SourceJob] = p
+			return nil
+		}
+		return errors.New("want checkpoint or ignore (a job notice is not polled, so it cannot be off)")
+	}},
 	{"trainer.pidfile", "", "file holding the trainer's PID", func(c *Config, v string) error {
 		c.Trainer.PIDFile = v
 		return nil
