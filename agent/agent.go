@@ -1,6 +1,6 @@
 // Package agent is the spotguard daemon: its configuration, the coordinator that turns
-// interruption notices into trainer signals, the agent's own signal handling and its local
-// /healthz, /status and /metrics listener.
+// interruption notices (from IMDS, and from the job: POST /notice) into trainer signals, the
+// agent's own signal handling and its local /healthz, /status, /metrics and /notice listener.
 package agent
 
 import (

@@ -265,7 +265,7 @@ var fields = []field{
 		c.Store.Concurrency = n
 		return nil
 	}},
-	{"http.listen", "127.0.0.1:9402", "address of the local /healthz, /status and /metrics listener; empty disables it", func(c *Config, v string) error {
+	{"http.listen", "127.0.0.1:9402", "address of the local /healthz, /status, /metrics and POST /notice listener; empty disables it", func(c *Config, v string) error {
 		if v != "" {
 			if _, _, err := net.SplitHostPort(v); err != nil {
 				return fmt.Errorf("not host:port: %w", err)
