@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -12,6 +13,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/rs/zerolog"
 
 	"github.com/spotguard/spotguard/agent/imds"
 	"github.com/spotguard/spotguard/checkpoint"
@@ -297,4 +300,29 @@ func grep(text string, subs ...string) string {
 		}
 	}
 	return strings.Join(out, "\n")
+}
+
+// A notice.json an earlier run left (here: naming a job notice, which lives only in the agent
+// that took it) is removed when the agent starts: no notice is in force yet.
+func TestStaleNoticeFileRemovedAtStart(t *testing.T) {
+	runtime := t.TempDir()
+	stale := filepath.Join(runtime, NoticeFile)
+	os.WriteFile(stale, []byte(`{"source":"job","action":"terminate","deadline":"2026-11-29T16:44:18Z","active":[]}`), 0o644)
+	cfg := mustLoad(t, LoadOptions{Environ: []string{"SPOTGUARD_HTTP_LISTEN=", "SPOTGUARD_AGENT_RUNTIME_DIR=" + runtime, "SPOTGUARD_TRAINER_MATCH=no-such-trainer"}})
+	ready := make(chan struct{})
+	a, err := New(cfg, Deps{Logger: zerolog.Nop(), IMDS: newFakeIMDS(), Ready: func(net.Addr) { close(ready) }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	go func() { done <- a.Run(ctx) }()
+	<-ready
+	if _, err := os.Stat(stale); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("notice.json after start: %v; want it removed", err)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Errorf("Run() = %v", err)
+	}
 }
