@@ -127,6 +127,8 @@ func jobEnd(deadline, at time.Time) time.Time {
 // deadline is kept (notice.json is rewritten when it moves earlier), and it ends at the latest
 // jobEnd of its posts. Policy ignore records it only.
 func (c *Coordinator) TakeJobNotice(n imds.Notice, at time.Time) JobNoticeReply {
+	// One whose end has come is over, even if the loop has not ended it yet: this is a new one.
+	c.ExpireJobNotices(at)
 	cfg := c.config()
 	key := n.Key()
 	end := jobEnd(n.Deadline, at)

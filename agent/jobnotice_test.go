@@ -324,3 +324,19 @@ func TestJobNoticeRank(t *testing.T) {
 		t.Errorf("Got(%q) = %q; want %q", "inForce", got, want)
 	}
 }
+
+// A job notice posted again after its end has come is a new notice, even when the loop has not
+// ended the old one yet (TakeJobNotice outside the loop here).
+func TestJobNoticeAfterItsEndIsNew(t *testing.T) {
+	tc := newTestCoordinator(t)
+	start := time.Now()
+	tc.c.TakeJobNotice(jobNotice("terminate", start), start)
+	r := tc.c.TakeJobNotice(jobNotice("terminate", start), start.Add(JobNoticeGrace))
+	if r.Result != JobNoticeNew || r.Notice.Posts != 1 {
+		t.Errorf("Got(%q) = %s, %d posts; want a new notice", "a post at the old one's end", r.Result, r.Notice.Posts)
+	}
+	st := tc.c.status()
+	if len(st.Notices) != 2 || st.Notices[0].Active || st.Notices[0].State != StateDetected || !st.Notices[1].Active {
+		t.Errorf("/status notices = %+v; want the first ended, the second active", st.Notices)
+	}
+}

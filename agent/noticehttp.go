@@ -172,5 +172,5 @@ func (a *Agent) handleNotice(w http.ResponseWriter, r *http.Request) {
 	} else {
 		w.WriteHeader(http.StatusOK)
 	}
-	w.Write(b.Bytes())
+	_, _ = w.Write(b.Bytes())
 }

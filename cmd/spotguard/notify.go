@@ -116,7 +116,7 @@ func runNotify(ctx context.Context, args, environ []string, stdout, stderr io.Wr
 		return exitFail
 	}
 	if *jsonOut {
-		stdout.Write(answer)
+		_, _ = stdout.Write(answer)
 		return exitOK
 	}
 	fmt.Fprintln(stdout, notifyLine(reply, time.Now()))

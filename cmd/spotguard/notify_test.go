@@ -87,12 +87,13 @@ func TestNotifyRealAgent(t *testing.T) {
 		reply.Notice.Posts != 2 || !reply.Notice.Deadline.Equal(deadline) {
 		t.Errorf("notify --config --json = %d, %+v (%v), stderr %q; want 0, refreshed, posted twice, the earlier deadline", code, reply, err, stderr)
 	}
-	// From the key flag, another action, a deadline already past.
-	code, stdout, stderr = runCLI(t, t.Context(), nil, "notify", "--config", filepath.Join(t.TempDir(), "none.yaml"), "--http.listen", addr,
+	// A --config that does not exist was asked for: an error, as for the other commands.
+	code, _, stderr = runCLI(t, t.Context(), nil, "notify", "--config", filepath.Join(t.TempDir(), "none.yaml"), "--http.listen", addr,
 		"--action", "STOP", "--deadline", "2020-01-01T00:00:00Z")
 	if code != exitFail || !strings.Contains(stderr, "none.yaml") {
 		t.Errorf("notify with a --config that does not exist = %d, stderr %q; want 1 naming the file", code, stderr)
 	}
+	// From the key flag, another action (any case), a deadline already past.
 	code, stdout, stderr = runCLI(t, t.Context(), []string{"SPOTGUARD_HTTP_LISTEN=" + addr}, "notify", "--config", conf, "--http.listen", addr,
 		"--action", "STOP", "--deadline", "2020-01-01T00:00:00Z")
 	if code != exitOK || !strings.HasPrefix(stdout, "notice job/stop taken (new): deadline 2020-01-01T00:00:00Z (passed ") ||
