@@ -140,7 +140,8 @@ func (c *Coordinator) TakeJobNotice(n imds.Notice, at time.Time) JobNoticeReply 
 		result = JobNoticeNew
 		ns = c.detect(cfg, n, at, "handed over by the job (POST /notice); the trainer is not signalled, it sent the notice",
 			func(ns *NoticeStatus) {
-				ns.Posts, ns.LastPostAt, ns.EndsAt = 1, &at, &end
+				d := n.Deadline // even the zero time, which is long past: due now
+				ns.Deadline, ns.Posts, ns.LastPostAt, ns.EndsAt = &d, 1, &at, &end
 			})
 		if ns.Policy == PolicyCheckpoint {
 			c.noticesChanged(cfg)

@@ -265,6 +265,11 @@ func TestJobNoticeLifecycle(t *testing.T) {
 		if _, ok := tc.noticeFile(t); ok {
 			t.Error("notice.json still there after the past-deadline notice's grace")
 		}
+		// Even year 1 (Go's zero time) is a deadline: due now, shown as it is.
+		r, _ = c.Post(ctx, jobNotice("terminate", time.Time{}))
+		if nf, ok := tc.noticeFile(t); r.Result != JobNoticeNew || r.Notice.Deadline == nil || !r.Notice.Deadline.IsZero() || !ok || nf.Deadline == nil {
+			t.Errorf("Got(%q) = %s deadline %v, notice.json %+v; want new, with the zero time as its deadline", "year 1", r.Result, r.Notice.Deadline, nf)
+		}
 
 		cancel()
 		if err := <-done; err != nil {
