@@ -1,6 +1,6 @@
 // Package agent is the spotguard daemon: its configuration, the coordinator that turns
-// interruption notices into trainer signals, the agent's own signal handling and its local
-// /healthz, /status and /metrics listener.
+// interruption notices (from IMDS, and from the job: POST /notice) into trainer signals, the
+// agent's own signal handling and its local /healthz, /status, /metrics and /notice listener.
 package agent
 
 import (
@@ -351,6 +351,12 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	if err := os.MkdirAll(cfg.Agent.RuntimeDir, 0o755); err != nil {
 		a.log.Error().Err(err).Str("dir", cfg.Agent.RuntimeDir).Msg("cannot create runtime dir; notice.json will be missing")
+	}
+	// No notice is in force before this run sees one: a notice.json an earlier run left (stopped
+	// or killed with notices in force) would name notices this one does not hold, such as a job
+	// notice, which only lives in the agent that took it.
+	if err := writeNoticeFile(cfg.Agent.RuntimeDir, nil); err != nil {
+		a.log.Error().Err(err).Msg("cannot remove the notice file an earlier run left")
 	}
 	a.log.Info().Dur("poll_interval", cfg.IMDS.PollInterval).Str("listen", cfg.HTTP.Listen).
 		Str("signal", trainer.SignalName(cfg.Trainer.Signal)).Msg("spotguard agent starting")

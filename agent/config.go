@@ -63,7 +63,7 @@ type Config struct {
 		PollInterval     time.Duration
 		SpotPollInterval time.Duration
 	}
-	// Notices holds the policy for each notice source.
+	// Notices holds the policy for each notice source: every IMDS source, and SourceJob.
 	Notices map[imds.Source]Policy
 	Trainer struct {
 		PIDFile string
@@ -162,6 +162,14 @@ var fields = []field{
 	{"notices.rebalance", "checkpoint", "policy for events/recommendations/rebalance (checkpoint, ignore or off); a proactive save, training goes on", policySetter(imds.SourceRebalance)},
 	{"notices.scheduled", "checkpoint", "policy for events/maintenance/scheduled (checkpoint, ignore or off)", policySetter(imds.SourceScheduled)},
 	{"notices.asg", "checkpoint", "policy for autoscaling/target-lifecycle-state Terminated (checkpoint, ignore or off)", policySetter(imds.SourceASG)},
+	{"notices.job", "checkpoint", "policy for notices the job hands over (POST /notice, spotguard notify), learned from another node: checkpoint (urgent uploads, notice.json; the trainer is never signalled for one) or ignore", func(c *Config, v string) error {
+		switch p := Policy(v); p {
+		case PolicyCheckpoint, PolicyIgnore:
+			c.Notices[SourceJob] = p
+			return nil
+		}
+		return errors.New("want checkpoint or ignore (a job notice is not polled, so it cannot be off)")
+	}},
 	{"trainer.pidfile", "", "file holding the trainer's PID", func(c *Config, v string) error {
 		c.Trainer.PIDFile = v
 		return nil
@@ -289,7 +297,7 @@ var fields = []field{
 		c.Store.PartWait = d
 		return nil
 	}},
-	{"http.listen", "127.0.0.1:9402", "address of the local /healthz, /status and /metrics listener; empty disables it", func(c *Config, v string) error {
+	{"http.listen", "127.0.0.1:9402", "address of the local /healthz, /status, /metrics and POST /notice listener; empty disables it", func(c *Config, v string) error {
 		if v != "" {
 			if _, _, err := net.SplitHostPort(v); err != nil {
 				return fmt.Errorf("not host:port: %w", err)

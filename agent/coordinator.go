@@ -59,17 +59,26 @@ type Transition struct {
 
 // NoticeStatus is one notice as /status shows it.
 type NoticeStatus struct {
-	Key         string            `json:"key"`
-	Source      imds.Source       `json:"source"`
-	Action      string            `json:"action"`
-	EventID     string            `json:"event_id,omitempty"`
-	Policy      Policy            `json:"policy"`
-	Deadline    *time.Time        `json:"deadline"`
-	Malformed   bool              `json:"malformed,omitempty"`
-	State       string            `json:"state"`
-	Active      bool              `json:"active"`
-	Transitions []Transition      `json:"transitions"`
-	Signals     []SignalOutcome   `json:"signals"`
+	Key         string          `json:"key"`
+	Source      imds.Source     `json:"source"`
+	Action      string          `json:"action"`
+	EventID     string          `json:"event_id,omitempty"`
+	Policy      Policy          `json:"policy"`
+	Deadline    *time.Time      `json:"deadline"`
+	Malformed   bool            `json:"malformed,omitempty"`
+	State       string          `json:"state"`
+	Active      bool            `json:"active"`
+	Transitions []Transition    `json:"transitions"`
+	Signals     []SignalOutcome `json:"signals"`
+	// Posts counts the times a job notice was posted (POST /notice); 0 for IMDS notices.
+	Posts int `json:"posts,omitempty"`
+	// LastPostAt is when a job notice was last posted; absent for IMDS notices.
+	LastPostAt *time.Time `json:"last_post_at,omitempty"`
+	// EndsAt is when a job notice ends unless posted again with a later deadline: its latest
+	// deadline (or, if that had passed, the post) plus JobNoticeGrace; absent for IMDS notices,
+	// which end when IMDS withdraws them.
+	EndsAt *time.Time `json:"ends_at,omitempty"`
+
 	notAfter    time.Time         // a scheduled event's NotAfter
 	detectedAt  time.Time         // for timings
 	signalledAt *time.Time        // when the trainer was signalled, if it was
@@ -155,6 +164,9 @@ type Coordinator struct {
 
 	// alive is when the loop last went round (Unix nanoseconds).
 	alive atomic.Int64
+	// posts carries job notices (POST /notice) into the loop; stopped is closed when Run returns.
+	posts   chan jobPost
+	stopped chan struct{}
 
 	mu           sync.Mutex
 	notices      []*NoticeStatus          // oldest first, at most maxNoticeHistory
@@ -170,17 +182,23 @@ func newCoordinator(log zerolog.Logger, m *promMetrics, config func() *Config, t
 		config:   config,
 		trainers: t,
 		active:   map[string]*NoticeStatus{},
+		posts:    make(chan jobPost),
+		stopped:  make(chan struct{}),
 	}
 }
 
-// Run handles notices from events and rescans for trainers every trainerScanInterval until ctx is
-// done. It returns nil.
+// Run handles notices from events and from the job (Post), ends job notices when they expire,
+// and rescans for trainers every trainerScanInterval until ctx is done. It returns nil.
 func (c *Coordinator) Run(ctx context.Context, events <-chan imds.Event) error {
+	defer close(c.stopped)
 	c.Scan()
 	t := time.NewTicker(trainerScanInterval)
 	defer t.Stop()
 	beat := time.NewTicker(loopBeat)
 	defer beat.Stop()
+	expire := time.NewTimer(time.Hour)
+	expire.Stop()
+	defer expire.Stop()
 	for {
 		c.alive.Store(time.Now().UnixNano())
 		select {
@@ -188,6 +206,12 @@ func (c *Coordinator) Run(ctx context.Context, events <-chan imds.Event) error {
 			return nil
 		case ev := <-events:
 			c.Handle(ev)
+		case p := <-c.posts:
+			p.reply <- c.TakeJobNotice(p.notice, time.Now())
+			c.armExpiry(expire)
+		case <-expire.C:
+			c.ExpireJobNotices(time.Now())
+			c.armExpiry(expire)
 		case <-t.C:
 			c.Scan()
 		case <-beat.C:
@@ -217,29 +241,9 @@ func (c *Coordinator) Handle(ev imds.Event) {
 func (c *Coordinator) begin(ev imds.Event) {
 	cfg := c.config()
 	n := ev.Notice
-	policy := cfg.Notices[n.Source]
-	ns := &NoticeStatus{
-		Key: n.Key(), Source: n.Source, Action: n.Action, EventID: n.EventID,
-		Policy: policy, Malformed: n.Malformed, Active: true, detectedAt: ev.At, notAfter: n.NotAfter,
-	}
-	if !n.Deadline.IsZero() {
-		d := n.Deadline
-		ns.Deadline = &d
-	}
+	ns := c.detect(cfg, n, ev.At, "", nil)
 	log := c.log.With().Str("notice", ns.Key).Logger()
-	c.metrics.notices.WithLabelValues(string(n.Source), n.Action).Inc()
-	c.record(metrics.Datum{Name: "Notices", Unit: metrics.UnitCount, Value: 1,
-		Dimensions: map[string]string{"Source": string(n.Source), "Action": n.Action}})
-	c.add(ns, StateDetected, ev.At, "")
-	ev2 := log.Warn().Str("source", string(n.Source)).Str("action", n.Action).Str("policy", string(policy))
-	if ns.Deadline != nil {
-		ev2 = ev2.Time("deadline", *ns.Deadline).Dur("time_left", time.Until(*ns.Deadline))
-	}
-	ev2.Bool("malformed", n.Malformed).Msg("interruption notice detected")
-
-	if policy == PolicyIgnore {
-		c.transition(ns, StateIgnored, "policy is ignore")
-		log.Info().Msg("notice ignored by policy")
+	if ns.Policy == PolicyIgnore {
 		return
 	}
 
@@ -303,6 +307,39 @@ func (c *Coordinator) begin(ev imds.Event) {
 	log.Info().Int("signalled", sent).Int("found", len(results)).Dur("since_detected", latency).Msg("notice handled: trainer signalled")
 }
 
+// detect records a notice that begins at at: a new active NoticeStatus in state detected (with
+// detail), counted in the metrics and logged; with policy ignore it moves on to ignored at once.
+// with, if not nil, fills in more of it before anyone else can see it.
+func (c *Coordinator) detect(cfg *Config, n imds.Notice, at time.Time, detail string, with func(*NoticeStatus)) *NoticeStatus {
+	policy := cfg.Notices[n.Source]
+	ns := &NoticeStatus{
+		Key: n.Key(), Source: n.Source, Action: n.Action, EventID: n.EventID,
+		Policy: policy, Malformed: n.Malformed, Active: true, detectedAt: at, notAfter: n.NotAfter,
+	}
+	if !n.Deadline.IsZero() {
+		d := n.Deadline
+		ns.Deadline = &d
+	}
+	if with != nil {
+		with(ns)
+	}
+	log := c.log.With().Str("notice", ns.Key).Logger()
+	c.metrics.notices.WithLabelValues(string(n.Source), n.Action).Inc()
+	c.record(metrics.Datum{Name: "Notices", Unit: metrics.UnitCount, Value: 1,
+		Dimensions: map[string]string{"Source": string(n.Source), "Action": n.Action}})
+	c.add(ns, StateDetected, at, detail)
+	ev := log.Warn().Str("source", string(n.Source)).Str("action", n.Action).Str("policy", string(policy))
+	if ns.Deadline != nil {
+		ev = ev.Time("deadline", *ns.Deadline).Dur("time_left", time.Until(*ns.Deadline))
+	}
+	ev.Bool("malformed", n.Malformed).Msg("interruption notice detected")
+	if policy == PolicyIgnore {
+		c.transition(ns, StateIgnored, "policy is ignore")
+		log.Info().Msg("notice ignored by policy")
+	}
+	return ns
+}
+
 func (c *Coordinator) end(ev imds.Event) {
 	key := ev.Notice.Key()
 	c.mu.Lock()
@@ -319,8 +356,9 @@ func (c *Coordinator) end(ev imds.Event) {
 }
 
 // inForce returns the notices in force whose policy is checkpoint, most severe first: spot
-// terminate, stop, hibernate, then scheduled events, ASG, rebalance; the earliest deadline first
-// among equals.
+// terminate, stop, hibernate, then scheduled events, ASG, rebalance (a job notice ranks as its
+// action does); the earliest deadline first among equals, and the agent's own (IMDS) notice before
+// a job notice of the same rank and deadline.
 func (c *Coordinator) inForce() []*NoticeStatus {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -342,14 +380,23 @@ func (c *Coordinator) inForce() []*NoticeStatus {
 		case a.Deadline != nil && !a.Deadline.Equal(*b.Deadline):
 			return a.Deadline.Compare(*b.Deadline)
 		}
+		if aj, bj := a.Source == SourceJob, b.Source == SourceJob; aj != bj {
+			if aj {
+				return 1
+			}
+			return -1
+		}
 		return cmp.Compare(a.Key, b.Key)
 	})
 	return out
 }
 
-// noticeRank orders notices by severity: lower is more severe.
+// noticeRank orders notices by severity: lower is more severe. A job notice ranks as an IMDS
+// notice with its action would (jobActionRank).
 func noticeRank(ns *NoticeStatus) int {
 	switch ns.Source {
+	case SourceJob:
+		return jobActionRank(ns.Action)
 	case imds.SourceSpot:
 		switch ns.Action {
 		case "stop":
@@ -382,6 +429,11 @@ func (c *Coordinator) noticesChanged(cfg *Config) {
 			}
 			if ns.signalledAt != nil {
 				n.SignalledAt = *ns.signalledAt
+			}
+			if ns.Source == SourceJob {
+				// The trainer sent it: it is writing a checkpoint for it, and a stop waits for
+				// that checkpoint as for one the agent signalled.
+				n.SignalledAt = ns.detectedAt
 			}
 			un = append(un, n)
 		}

@@ -13,14 +13,14 @@ import (
 // client and its intervals, the listener, the store, the checkpoint watcher and uploader, GPU
 // sampling, CloudWatch, the runtime dir) and needs a restart.
 var liveKeys = map[string]bool{
-	"notices.spot": true, "notices.rebalance": true, "notices.scheduled": true, "notices.asg": true,
+	"notices.spot": true, "notices.rebalance": true, "notices.scheduled": true, "notices.asg": true, "notices.job": true,
 	"trainer.pidfile": true, "trainer.unit": true, "trainer.match": true, "trainer.signal": true,
 	"trainer.user": true, "trainer.container": true,
 }
 
 // needsRestart reports whether a change of key from old to next cannot be applied by a reload.
 // A notice policy is live between checkpoint and ignore; turning a source off or on changes what
-// is polled, so it needs a restart.
+// is polled, so it needs a restart (notices.job has no off: it is always live).
 func (a *Agent) needsRestart(key string, old, next *Config) bool {
 	if key == "log.level" {
 		return a.deps.SetLogLevel == nil

@@ -118,11 +118,13 @@ func (a *Agent) Status() Status {
 	}
 }
 
-// Handler serves /healthz, /status and /metrics. /healthz answers 200 when the agent is healthy
-// and 503 when it is not, both with the JSON of healthVerdict: healthy, reasons (every one,
-// naming what failed and the error) and warnings.
+// Handler serves /healthz, /status, /metrics and POST /notice. /healthz answers 200 when the
+// agent is healthy and 503 when it is not, both with the JSON of healthVerdict: healthy, reasons
+// (every one, naming what failed and the error) and warnings. POST /notice takes a notice from
+// the job (handleNotice).
 func (a *Agent) Handler() http.Handler {
 	mux := http.NewServeMux()
+	mux.HandleFunc("/notice", a.handleNotice)
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 		v := a.health(time.Now())
 		w.Header().Set("Content-Type", "application/json")

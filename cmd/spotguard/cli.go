@@ -49,6 +49,7 @@ Commands:
   doctor    check everything the agent depends on once (IMDS, store, trainer, checkpoint.dir, NVML, CloudWatch): PASS/WARN/FAIL
   restore   download the newest committed checkpoint, verified (--to DIR)
   list      list the job's committed checkpoints
+  notify    hand the agent a notice the job learned from another node (--deadline RFC3339): urgent uploads, no signal
   gpu       sample and judge every GPU (exit 0 healthy, 3 degraded, 4 no NVML)
   plan      how often to checkpoint: Young and Daly intervals, expected losses and costs
   config    print the effective configuration and every problem with it (exit 1 if any)
@@ -74,6 +75,8 @@ func run(ctx context.Context, args, environ []string, stdout, stderr io.Writer) 
 		return runRestore(ctx, rest, environ, stdout, stderr)
 	case "list":
 		return runList(ctx, rest, environ, stdout, stderr)
+	case "notify":
+		return runNotify(ctx, rest, environ, stdout, stderr)
 	case "drill":
 		return runDrill(ctx, rest, environ, stdout, stderr)
 	case "doctor":

@@ -15,6 +15,13 @@ signal (SIGUSR1 by default). The pattern to copy into a real training script:
 
 Run it:  python3 trainer.py --checkpoint-dir /tmp/ckpt --pidfile /run/trainer.pid
 Then:    kill -USR1 "$(cat /run/trainer.pid)"   # what spotguard does on a notice
+
+Several nodes (optional, off by default): only the reclaimed node's agent gets the notice. A real
+job passes it on through its collective (examples/pytorch/dcp_signal.py); here a file every node
+can read stands in for it (--peer-notice, e.g. on a shared file system). Signalled by its own
+agent, the trainer writes that agent's notice there; when another node's notice appears there, it
+hands the notice to its own agent (--notify-agent: POST /notice, source "job") and saves as if
+signalled. The agent then uploads urgently too, and does not signal the trainer for it.
 """
 
 import argparse
@@ -22,8 +29,11 @@ import json
 import os
 import re
 import signal
+import socket
 import sys
 import time
+import urllib.error
+import urllib.request
 
 MARKER = "_COMPLETE"  # spotguard's checkpoint.marker (the default)
 STEP_DIR = re.compile(r"^step-(\d+)$")
@@ -106,6 +116,76 @@ def newest_complete(root):
     return best
 
 
+def default_notice_file():
+    """The agent's notice.json (agent.runtime_dir; SPOTGUARD_AGENT_RUNTIME_DIR is honoured)."""
+    return os.path.join(os.environ.get("SPOTGUARD_AGENT_RUNTIME_DIR", "/run/spotguard"), "notice.json")
+
+
+def read_json(path):
+    """The JSON in path, or None if it is missing or unreadable."""
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+class PeerNotices:
+    """A stand-in for a multi-node job's collective: one JSON file, {"source", "action",
+    "deadline", "from"}, that every node's trainer reads at each step and the notified node's
+    trainer writes. Its own writes are recognised by "from" and not taken as another's."""
+
+    def __init__(self, path):
+        self.path = path
+        self.me = "%s:%d" % (socket.gethostname(), os.getpid())
+        self.seen = None  # (inode, mtime_ns, size) last read
+
+    def publish(self, notice):
+        """Tell the other nodes of this node's notice (as its agent's notice.json has it)."""
+        body = {k: notice.get(k) for k in ("source", "action", "deadline")}
+        body["from"] = self.me
+        write_atomic(self.path, [json.dumps(body).encode() + b"\n"])
+
+    def poll(self):
+        """Another node's notice, new since the last call, or None."""
+        try:
+            st = os.stat(self.path)
+        except OSError:
+            return None
+        if (st.st_ino, st.st_mtime_ns, st.st_size) == self.seen:
+            return None
+        self.seen = (st.st_ino, st.st_mtime_ns, st.st_size)
+        notice = read_json(self.path)
+        if not isinstance(notice, dict) or notice.get("from") == self.me:
+            return None
+        return notice
+
+
+def agent_holds(notice_file, action, deadline):
+    """Whether this node's agent already holds a notice with action and deadline (its notice.json
+    lists it): then posting it again would only refresh it."""
+    held = read_json(notice_file) or {}
+    return any(n.get("action") == action and n.get("deadline") == deadline for n in held.get("active") or [])
+
+
+def notify_agent(addr, action, deadline, timeout=2.0):
+    """POST the notice to this node's agent (http.listen, e.g. 127.0.0.1:9402) as source "job".
+    Never raises: a failure is printed and training goes on (the save does not depend on it)."""
+    body = json.dumps({"source": "job", "action": action, "deadline": deadline}).encode()
+    req = urllib.request.Request("http://%s/notice" % addr, data=body, method="POST",
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            answer = json.load(resp)
+        print("agent %s took the notice: %s %s" % (addr, answer.get("result"), answer.get("notice", {}).get("key")), flush=True)
+        return True
+    except urllib.error.HTTPError as e:
+        print("agent %s refused the notice: %s %s" % (addr, e.code, e.read(4096).decode(errors="replace").strip()), file=sys.stderr, flush=True)
+    except (OSError, ValueError) as e:  # refused, timed out, not JSON
+        print("cannot hand the notice to the agent %s: %s" % (addr, e), file=sys.stderr, flush=True)
+    return False
+
+
 class Requests:
     """What the signal handlers ask of the training loop. Python runs handlers in the main
     thread between bytecodes, so plain attributes are enough."""
@@ -150,7 +230,16 @@ def main(argv=None):
                    help="spread the writing of one checkpoint over this many seconds (default 0: as fast as it goes)")
     p.add_argument("--save-every", type=int, default=0,
                    help="also checkpoint every N steps on its own, as trainers do (default 0: only when signalled)")
+    p.add_argument("--peer-notice", metavar="FILE",
+                   help="several nodes: a file every node's trainer reads, standing in for the job's collective: "
+                        "signalled, write the agent's notice there; another node's notice there: save (default: none)")
+    p.add_argument("--notify-agent", metavar="HOST:PORT",
+                   help="with --peer-notice: hand another node's notice to this node's agent (POST /notice on its "
+                        "http.listen, e.g. 127.0.0.1:9402) before saving (default: none)")
+    p.add_argument("--notice-file", default=default_notice_file(),
+                   help="this node's agent's notice.json (default: %(default)s)")
     args = p.parse_args(argv)
+    peers = PeerNotices(args.peer_notice) if args.peer_notice else None
 
     step = 0
     if args.resume_from:
@@ -184,6 +273,21 @@ def main(argv=None):
         time.sleep(args.step_seconds)  # one training step; a signal does not cut it short
         step += 1
         periodic = args.save_every > 0 and step % args.save_every == 0
+        if peers:
+            if req.checkpoint:  # signalled by this node's agent: tell the other nodes its notice
+                own = [n for n in (read_json(args.notice_file) or {}).get("active") or [] if n.get("source") != "job"]
+                if own:
+                    peers.publish(own[0])  # the most severe the agent got from its own IMDS
+            other = peers.poll()
+            if other:
+                print("notice from another node: %s %s, deadline %s" % (
+                    other.get("source"), other.get("action"), other.get("deadline")), flush=True)
+                req.checkpoint = True
+                action, deadline = other.get("action") or "terminate", other.get("deadline")
+                # Before the save, so the agent waits for this checkpoint if it is stopped. A
+                # notice without a deadline (rebalance) is not posted: it is not urgent.
+                if args.notify_agent and deadline and not agent_holds(args.notice_file, action, deadline):
+                    notify_agent(args.notify_agent, action, deadline)
         if req.checkpoint or req.stop or periodic:
             # Clear the request before saving: a signal that comes during the save asks for
             # the next one.

@@ -5,6 +5,8 @@ The pieces, each usable on its own (see README.md beside this file):
 
 - SaveRequested: catches spotguard's signal in every rank and, at each step boundary, makes all
   ranks agree (one tiny all-reduce) to save at the same step, and whether to exit afterwards.
+  Multi-node: each node's local rank 0 then hands the notice to its own agent (POST /notice), so
+  that the agents that got no notice from their IMDS upload urgently too.
 - save() / resume(): DCP into checkpoint.dir/step-NNNNNN/ and back from the newest directory that
   holds .metadata (what `spotguard restore --to checkpoint.dir` puts there).
 - write_marker() / newest_complete(): for trainers that mark a checkpoint with _COMPLETE.
@@ -32,8 +34,11 @@ import math
 import os
 import re
 import signal
+import sys
 import time
-from datetime import datetime
+import urllib.error
+import urllib.request
+from datetime import datetime, timezone
 
 import torch
 import torch.distributed as dist
@@ -45,6 +50,15 @@ from torch.distributed.checkpoint.stateful import Stateful
 # agent's variable for it, honoured here too if you set it for the trainer).
 NOTICE = os.path.join(os.environ.get("SPOTGUARD_AGENT_RUNTIME_DIR", "/run/spotguard"), "notice.json")
 
+# This node's agent's listener (http.listen; SPOTGUARD_HTTP_LISTEN is honoured here too).
+AGENT = os.environ.get("SPOTGUARD_HTTP_LISTEN", "127.0.0.1:9402")
+
+# The actions a notice may carry, least severe first, as spotguard ranks them in notice.json (the
+# scheduled event codes rank alike). poll() all-reduces an index into it (MAX), so every rank knows
+# the most severe notice of the job.
+ACTIONS = ("rebalance", "Terminated", "system-maintenance", "system-reboot", "instance-reboot",
+           "instance-retirement", "instance-stop", "hibernate", "stop", "terminate")
+
 
 class SaveRequested:
     """spotguard's signal, turned into a decision that every rank agrees on.
@@ -52,7 +66,7 @@ class SaveRequested:
     Create it first thing in every rank: it installs the handlers, and spotguard sends its signal
     only to processes that catch it (a notice during a slow start-up is then kept for the first
     poll instead of being lost). Then call poll() at every step boundary, on every rank, the same
-    number of times: it is a collective (one all-reduce of two float64 numbers) and returns
+    number of times: it is a collective (one all-reduce of three float64 numbers) and returns
 
       NONE  nothing asked;
       SAVE  save now and keep training: a rebalance recommendation, a manual `kill -USR1`
@@ -63,23 +77,38 @@ class SaveRequested:
 
     A rank that got no signal takes the highest answer of any rank (MAX), so when one node is
     reclaimed every rank of the job saves at the same step. After a non-NONE answer,
-    self.deadline is the earliest notice deadline any rank knows (Unix seconds) or None, and
-    self.notice this rank's notice.json (or None).
+    self.deadline is the earliest notice deadline any rank knows (Unix seconds) or None,
+    self.action the most severe notice's action any rank knows (or None: no notice.json, SIGTERM)
+    and self.notice this rank's notice.json (or None).
+
+    Only the reclaimed node's agent got the notice. So after a non-NONE answer with an action and
+    a deadline, each node's local rank 0 (LOCAL_RANK, as torchrun sets it) hands it to its own
+    agent: POST http://<agent>/notice {"source": "job", "action", "deadline"}, before the save, so
+    that agent uploads this node's part urgently (and a stop waits for it) without signalling
+    anyone. Not when this node's notice.json already lists that notice (the node that got it, or a
+    second poll), and never more than once per notice. It waits at most notify_timeout seconds and
+    never raises: a failure is printed and training goes on. agent=None turns it off.
     """
 
     NONE, SAVE, EXIT = 0, 1, 2
 
     def __init__(self, signum=signal.SIGUSR1, notice_path=NOTICE, exit_within=300.0,
-                 sigterm=True, every=1, device=None):
+                 sigterm=True, every=1, device=None, agent=AGENT, local_rank=None, notify_timeout=1.0):
         self.notice_path = notice_path
         self.exit_within = exit_within
         self.every = max(1, int(every))  # poll the collective only every N calls (a host sync each)
         self.device = device
+        self.agent = agent
+        self.local_rank = int(os.environ.get("LOCAL_RANK", "0")) if local_rank is None else local_rank
+        self.notify_timeout = notify_timeout
         self.deadline = None
+        self.action = None
         self.notice = None
         self._signalled = False
         self._term = False
         self._exit_at = math.inf
+        self._exit_severity = 0
+        self._handed = None  # (action, deadline) last handed to the agent
         self._calls = 0
         signal.signal(signum, self._on_signal)
         if sigterm:
@@ -94,8 +123,10 @@ class SaveRequested:
         self._term = True
 
     def _local(self):
-        """(answer, deadline) as this rank sees it; consumes its signal."""
-        code, deadline = self.NONE, math.inf
+        """(answer, deadline, severity) as this rank sees it; consumes its signal. severity is
+        1 + the index of the notice's action in ACTIONS (an unknown one counts as terminate), 0
+        for none."""
+        code, deadline, severity = self.NONE, math.inf, 0
         if self._signalled:
             self._signalled = False
             code = self.SAVE
@@ -104,30 +135,54 @@ class SaveRequested:
             when = _parse_time(notice.get("deadline"))
             if when is not None:
                 deadline = when
+            if notice:
+                action = notice.get("action")
+                severity = ACTIONS.index(action) + 1 if action in ACTIONS else len(ACTIONS)
             if notice and notice.get("source") != "rebalance":
                 if when is None or when - time.time() <= self.exit_within:
                     code = self.EXIT
                 else:  # far away (scheduled event): save now, exit when it comes near
                     self._exit_at = min(self._exit_at, when - self.exit_within)
+                    self._exit_severity = max(self._exit_severity, severity)
         if time.time() >= self._exit_at:
             code, deadline = self.EXIT, min(deadline, self._exit_at + self.exit_within)
+            severity = max(severity, self._exit_severity)
         if self._term:
             code = self.EXIT
-        return code, deadline
+        return code, deadline, severity
 
     def poll(self):
         self._calls += 1
         if self._calls % self.every:
             return self.NONE
-        code, deadline = self._local()
+        code, deadline, severity = self._local()
         if dist.is_available() and dist.is_initialized():
-            # MAX of [answer, -deadline]: the highest answer and the earliest deadline of all ranks.
-            t = torch.tensor([float(code), -deadline], dtype=torch.float64, device=self._device())
+            # MAX of [answer, -deadline, severity]: the highest answer, the earliest deadline and
+            # the most severe action of all ranks.
+            t = torch.tensor([float(code), -deadline, float(severity)], dtype=torch.float64, device=self._device())
             dist.all_reduce(t, op=dist.ReduceOp.MAX)
-            answer, neg = t.tolist()
-            code, deadline = int(answer), -neg
+            answer, neg, sev = t.tolist()
+            code, deadline, severity = int(answer), -neg, int(sev)
         self.deadline = None if math.isinf(deadline) else deadline
+        self.action = ACTIONS[severity - 1] if severity else None
+        if code != self.NONE:
+            self._hand_to_agent()
         return code
+
+    def _hand_to_agent(self):
+        """On each node's local rank 0: POST the job's notice to this node's agent, unless it is
+        off, there is no notice with a deadline (a manual kill, SIGTERM, a rebalance), the agent
+        already lists it, or it was handed on already."""
+        if self.agent is None or self.local_rank != 0 or self.action is None or self.deadline is None:
+            return
+        key = (self.action, round(self.deadline, 3))
+        if key == self._handed:
+            return
+        if _agent_holds(self.notice_path, self.action, self.deadline):
+            self._handed = key  # this node's own notice, or handed on before
+            return
+        if post_notice(self.agent, self.action, self.deadline, self.notify_timeout):
+            self._handed = key
 
     def _device(self):
         if self.device is None:
@@ -139,6 +194,39 @@ class SaveRequested:
             else:
                 self.device = torch.device("cpu")
         return self.device
+
+
+def post_notice(agent, action, deadline, timeout=1.0):
+    """POST {"source": "job", "action": action, "deadline": deadline (Unix seconds)} to the
+    spotguard agent listening on agent (host:port). Returns whether it took the notice; never
+    raises (urllib, standard library only)."""
+    when = datetime.fromtimestamp(deadline, timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    body = json.dumps({"source": "job", "action": action, "deadline": when}).encode()
+    req = urllib.request.Request("http://%s/notice" % agent, data=body, method="POST",
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            answer = json.load(resp)
+        print("spotguard agent %s took the job's notice: %s %s (deadline %s)" % (
+            agent, answer.get("result"), answer.get("notice", {}).get("key"), when), flush=True)
+        return True
+    except urllib.error.HTTPError as e:
+        print("spotguard agent %s refused the job's notice: %s %s" % (
+            agent, e.code, e.read(4096).decode(errors="replace").strip()), file=sys.stderr, flush=True)
+    except (OSError, ValueError) as e:  # not running, timed out, not JSON
+        print("cannot hand the job's notice to the spotguard agent %s: %s" % (agent, e), file=sys.stderr, flush=True)
+    return False
+
+
+def _agent_holds(notice_path, action, deadline):
+    """Whether this node's notice.json lists a notice with action due no later than deadline
+    (+1 s for rounding): the agent has it already."""
+    held = _read_json(notice_path) or {}
+    for n in held.get("active") or []:
+        when = _parse_time(n.get("deadline"))
+        if n.get("action") == action and when is not None and when <= deadline + 1:
+            return True
+    return False
 
 
 def _read_json(path):

@@ -1,0 +1,347 @@
+package agent
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"slices"
+	"sync"
+	"syscall"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+	"github.com/rs/zerolog"
+
+	"github.com/spotguard/spotguard/agent/imds"
+	"github.com/spotguard/spotguard/agent/trainer"
+	"github.com/spotguard/spotguard/checkpoint"
+)
+
+// fakeTrainers finds one trainer process that catches every signal, and records each signal sent.
+type fakeTrainers struct {
+	mu   sync.Mutex
+	sent []syscall.Signal
+}
+
+func (f *fakeTrainers) Find(*Config) ([]trainer.Process, []trainer.Problem) {
+	return []trainer.Process{{PID: 4242, Cmdline: "python train.py", Via: trainer.ViaMatch}}, nil
+}
+
+func (f *fakeTrainers) Catches(int, syscall.Signal) (bool, error) { return true, nil }
+
+func (f *fakeTrainers) Signal(procs []trainer.Process, sig syscall.Signal) []trainer.Result {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var out []trainer.Result
+	for _, p := range procs {
+		f.sent = append(f.sent, sig)
+		out = append(out, trainer.Result{PID: p.PID, Cmdline: p.Cmdline, Outcome: trainer.OutcomeSent})
+	}
+	return out
+}
+
+func (f *fakeTrainers) signals() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return len(f.sent)
+}
+
+// recordingUploader remembers every set of notices the coordinator hands it.
+type recordingUploader struct {
+	mu   sync.Mutex
+	sets [][]checkpoint.ActiveNotice
+}
+
+func (r *recordingUploader) SetNotices(active []checkpoint.ActiveNotice) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.sets = append(r.sets, slices.Clone(active))
+}
+
+func (r *recordingUploader) last() ([]checkpoint.ActiveNotice, int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if len(r.sets) == 0 {
+		return nil, 0
+	}
+	return r.sets[len(r.sets)-1], len(r.sets)
+}
+
+// testCoordinator is a coordinator on fakes, its config loaded from env, notice.json in a temp dir.
+type testCoordinator struct {
+	c       *Coordinator
+	tr      *fakeTrainers
+	up      *recordingUploader
+	reg     *prometheus.Registry
+	runtime string
+}
+
+func newTestCoordinator(t *testing.T, env ...string) *testCoordinator {
+	t.Helper()
+	tc := &testCoordinator{tr: &fakeTrainers{}, up: &recordingUploader{}, reg: prometheus.NewRegistry(), runtime: t.TempDir()}
+	cfg := mustLoad(t, LoadOptions{Environ: append([]string{"SPOTGUARD_TRAINER_MATCH=train", "SPOTGUARD_AGENT_RUNTIME_DIR=" + tc.runtime}, env...)})
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	m := newMetrics(tc.reg, func() imds.Stats { return imds.Stats{} })
+	tc.c = newCoordinator(zerolog.Nop(), m, func() *Config { return cfg }, tc.tr)
+	tc.c.uploader = tc.up
+	return tc
+}
+
+// noticeFile reads notice.json; ok is false when there is none.
+func (tc *testCoordinator) noticeFile(t *testing.T) (noticeFile, bool) {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(tc.runtime, NoticeFile))
+	if errors.Is(err, fs.ErrNotExist) {
+		return noticeFile{}, false
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	var nf noticeFile
+	if err := json.Unmarshal(b, &nf); err != nil {
+		t.Fatalf("notice.json %s: %v", b, err)
+	}
+	return nf, true
+}
+
+// counterValue is the value of a Prometheus counter.
+func counterValue(t *testing.T, c prometheus.Counter) float64 {
+	t.Helper()
+	var m dto.Metric
+	if err := c.Write(&m); err != nil {
+		t.Fatal(err)
+	}
+	return m.GetCounter().GetValue()
+}
+
+func jobNotice(action string, deadline time.Time) imds.Notice {
+	return imds.Notice{Source: SourceJob, Action: action, Time: deadline, Deadline: deadline}
+}
+
+func activeKeys(nf noticeFile) []string {
+	var keys []string
+	for _, e := range nf.Active {
+		k := string(e.Source) + "/" + e.Action
+		keys = append(keys, k)
+	}
+	return keys
+}
+
+// A job notice goes through the coordinator's loop: it begins as a notice of source job without a
+// signal, is refreshed (never doubled) when posted again, keeps the earliest deadline, ranks by
+// its action next to the agent's own notices (which are still signalled), and ends JobNoticeGrace
+// after its latest deadline.
+func TestJobNoticeLifecycle(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		tc := newTestCoordinator(t)
+		c := tc.c
+		events := make(chan imds.Event)
+		ctx, cancel := context.WithCancel(t.Context())
+		done := make(chan error)
+		go func() { done <- c.Run(ctx, events) }()
+		synctest.Wait()
+
+		start := time.Now()
+		d1 := start.Add(90 * time.Second)
+		r, err := c.Post(ctx, jobNotice("terminate", d1))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.Result != JobNoticeNew || r.Notice.Key != "job/terminate" || r.Notice.Source != SourceJob || !r.Notice.Active ||
+			r.Notice.State != StateDetected || r.Notice.Posts != 1 || r.MostSevere != "job/terminate" {
+			t.Errorf("Got(%q) = %+v; want a new active job/terminate in state detected, posted once, at the top", "first post", r)
+		}
+		if r.Notice.Deadline == nil || !r.Notice.Deadline.Equal(d1) || r.Notice.EndsAt == nil || !r.Notice.EndsAt.Equal(d1.Add(JobNoticeGrace)) {
+			t.Errorf("Got(%q) deadline %v ends %v; want %v and deadline + %s", "first post", r.Notice.Deadline, r.Notice.EndsAt, d1, JobNoticeGrace)
+		}
+		if n := tc.tr.signals(); n != 0 {
+			t.Errorf("trainer signals after a job notice = %d; want 0 (the trainer sent it)", n)
+		}
+		nf, ok := tc.noticeFile(t)
+		if !ok || nf.Source != SourceJob || nf.Action != "terminate" || nf.Deadline == nil || !nf.Deadline.Equal(d1) {
+			t.Errorf("notice.json = %+v (present %v); want job terminate with deadline %v", nf, ok, d1)
+		}
+		un, _ := tc.up.last()
+		if len(un) != 1 || un[0].Key != "job/terminate" || !un[0].Deadline.Equal(d1) || !un[0].SignalledAt.Equal(start) {
+			t.Errorf("uploader notices = %+v; want job/terminate with its deadline, and the post as the time a checkpoint is asked for", un)
+		}
+		if got := counterValue(t, c.metrics.notices.WithLabelValues("job", "terminate")); got != 1 {
+			t.Errorf("spotguard_notices_total{source=job,action=terminate} = %v; want 1", got)
+		}
+
+		// Posted again with a later deadline: refreshed, the deadline stays, the end moves.
+		passFakeTime(10 * time.Second)
+		d2 := start.Add(200 * time.Second)
+		_, sets := tc.up.last()
+		r, _ = c.Post(ctx, jobNotice("terminate", d2))
+		if r.Result != JobNoticeRefreshed || r.Notice.Posts != 2 || !r.Notice.Deadline.Equal(d1) || !r.Notice.EndsAt.Equal(d2.Add(JobNoticeGrace)) {
+			t.Errorf("Got(%q) = %s %d posts, deadline %v, ends %v; want refreshed, 2, %v, %v", "later deadline",
+				r.Result, r.Notice.Posts, r.Notice.Deadline, r.Notice.EndsAt, d1, d2.Add(JobNoticeGrace))
+		}
+		if _, n := tc.up.last(); n != sets {
+			t.Errorf("the uploader was told again of an unchanged set of notices")
+		}
+		// With an earlier deadline: it moves, and notice.json and the uploader say so.
+		d0 := start.Add(60 * time.Second)
+		r, _ = c.Post(ctx, jobNotice("terminate", d0))
+		if r.Result != JobNoticeRefreshed || r.Notice.Posts != 3 || !r.Notice.Deadline.Equal(d0) || !r.Notice.EndsAt.Equal(d2.Add(JobNoticeGrace)) {
+			t.Errorf("Got(%q) = %s %d posts, deadline %v, ends %v; want refreshed, 3, %v, ends unchanged", "earlier deadline",
+				r.Result, r.Notice.Posts, r.Notice.Deadline, r.Notice.EndsAt, d0)
+		}
+		if nf, _ := tc.noticeFile(t); nf.Deadline == nil || !nf.Deadline.Equal(d0) || len(nf.Active) != 1 {
+			t.Errorf("notice.json = %+v; want one notice, deadline %v", nf, d0)
+		}
+		if un, _ := tc.up.last(); len(un) != 1 || !un[0].Deadline.Equal(d0) || !un[0].SignalledAt.Equal(start) {
+			t.Errorf("uploader notices = %+v; want the earlier deadline, and still the first post as the request", un)
+		}
+
+		// Another action is another notice, ranked by its action.
+		r, _ = c.Post(ctx, jobNotice("rebalance", start.Add(30*time.Second)))
+		if r.Result != JobNoticeNew || r.Notice.Key != "job/rebalance" || r.MostSevere != "job/terminate" {
+			t.Errorf("Got(%q) = %s %s, top %s; want new job/rebalance under job/terminate", "rebalance", r.Result, r.Notice.Key, r.MostSevere)
+		}
+		// The agent's own notice, same rank and deadline: it is signalled (once) and tops notice.json.
+		events <- imds.Event{Kind: imds.Begin, At: time.Now(), Notice: imds.Notice{Source: imds.SourceSpot, Action: "terminate", Time: d0, Deadline: d0}}
+		synctest.Wait()
+		if n := tc.tr.signals(); n != 1 {
+			t.Errorf("trainer signals after the agent's own spot notice = %d; want 1", n)
+		}
+		nf, _ = tc.noticeFile(t)
+		if want := []string{"spot/terminate", "job/terminate", "job/rebalance"}; nf.Source != imds.SourceSpot || !slices.Equal(activeKeys(nf), want) {
+			t.Errorf("notice.json top %s, active %q; want spot on top of %q", nf.Source, activeKeys(nf), want)
+		}
+		// A job notice posted while the agent's own is in force signals nothing either.
+		r, _ = c.Post(ctx, jobNotice("terminate", d0))
+		if r.Result != JobNoticeRefreshed || r.MostSevere != "spot/terminate" || tc.tr.signals() != 1 {
+			t.Errorf("Got(%q) = %s, top %s, %d signals; want refreshed under spot/terminate, still 1 signal", "post during spot", r.Result, r.MostSevere, tc.tr.signals())
+		}
+		events <- imds.Event{Kind: imds.End, At: time.Now(), Notice: imds.Notice{Source: imds.SourceSpot, Action: "terminate"}}
+
+		// job/rebalance ends 2 minutes after its deadline, job/terminate 2 minutes after its latest.
+		passFakeTime(time.Until(start.Add(30*time.Second + JobNoticeGrace - time.Second)))
+		if nf, _ := tc.noticeFile(t); !slices.Equal(activeKeys(nf), []string{"job/terminate", "job/rebalance"}) {
+			t.Errorf("notice.json active %q a second before job/rebalance ends; want both job notices", activeKeys(nf))
+		}
+		passFakeTime(2 * time.Second)
+		if nf, _ := tc.noticeFile(t); !slices.Equal(activeKeys(nf), []string{"job/terminate"}) {
+			t.Errorf("notice.json active %q after job/rebalance's deadline + grace; want job/terminate only", activeKeys(nf))
+		}
+		passFakeTime(time.Until(d2.Add(JobNoticeGrace)) + time.Second)
+		if nf, ok := tc.noticeFile(t); ok {
+			t.Errorf("notice.json = %+v after every notice ended; want it removed", nf)
+		}
+		if un, _ := tc.up.last(); len(un) != 0 {
+			t.Errorf("uploader notices = %+v after every notice ended; want none", un)
+		}
+		st := c.status()
+		for _, n := range st.Notices {
+			if n.Active || n.Transitions[len(n.Transitions)-1].State != StateEnded {
+				t.Errorf("notice %s: active %v, transitions %+v; want ended", n.Key, n.Active, n.Transitions)
+			}
+		}
+		if len(st.Notices) != 3 {
+			t.Errorf("/status holds %d notices; want 3 (job/terminate once, however often posted)", len(st.Notices))
+		}
+
+		// A deadline already past is due now: in force for JobNoticeGrace from the post.
+		past := time.Now().Add(-time.Hour)
+		postedAt := time.Now()
+		r, _ = c.Post(ctx, jobNotice("stop", past))
+		if r.Result != JobNoticeNew || !r.Notice.Deadline.Equal(past) || !r.Notice.EndsAt.Equal(postedAt.Add(JobNoticeGrace)) {
+			t.Errorf("Got(%q) = %s deadline %v ends %v; want new, deadline kept, ends %v", "past deadline", r.Result, r.Notice.Deadline, r.Notice.EndsAt, postedAt.Add(JobNoticeGrace))
+		}
+		if nf, ok := tc.noticeFile(t); !ok || nf.Action != "stop" || !nf.Deadline.Equal(past) {
+			t.Errorf("notice.json = %+v; want job stop with the past deadline", nf)
+		}
+		passFakeTime(JobNoticeGrace + time.Second)
+		if _, ok := tc.noticeFile(t); ok {
+			t.Error("notice.json still there after the past-deadline notice's grace")
+		}
+		// Even year 1 (Go's zero time) is a deadline: due now, shown as it is.
+		r, _ = c.Post(ctx, jobNotice("terminate", time.Time{}))
+		if nf, ok := tc.noticeFile(t); r.Result != JobNoticeNew || r.Notice.Deadline == nil || !r.Notice.Deadline.IsZero() || !ok || nf.Deadline == nil {
+			t.Errorf("Got(%q) = %s deadline %v, notice.json %+v; want new, with the zero time as its deadline", "year 1", r.Result, r.Notice.Deadline, nf)
+		}
+
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run() = %v; want nil", err)
+		}
+		// A stopped coordinator takes no notice, and says so at once.
+		if _, err := c.Post(t.Context(), jobNotice("terminate", time.Now())); !errors.Is(err, errStopping) {
+			t.Errorf("Post after Run returned: %v; want errStopping", err)
+		}
+		if n := tc.tr.signals(); n != 1 {
+			t.Errorf("trainer signals in all = %d; want 1 (the spot notice's)", n)
+		}
+	})
+}
+
+// With notices.job: ignore, a job notice is recorded (in /status and the metrics) and nothing else.
+func TestJobNoticeIgnoredByPolicy(t *testing.T) {
+	tc := newTestCoordinator(t, "SPOTGUARD_NOTICES_JOB=ignore")
+	r := tc.c.TakeJobNotice(jobNotice("terminate", time.Now().Add(time.Minute)), time.Now())
+	if r.Result != JobNoticeNew || r.Notice.State != StateIgnored || r.Notice.Policy != PolicyIgnore || r.MostSevere != "" {
+		t.Errorf("Got(%q) = %+v; want new, ignored, nothing at the top", "ignored post", r)
+	}
+	if _, ok := tc.noticeFile(t); ok {
+		t.Error("notice.json written for an ignored job notice")
+	}
+	if _, n := tc.up.last(); n != 0 || tc.tr.signals() != 0 {
+		t.Errorf("uploader told %d times, trainer signalled %d times; want neither", n, tc.tr.signals())
+	}
+	if got := counterValue(t, tc.c.metrics.notices.WithLabelValues("job", "terminate")); got != 1 {
+		t.Errorf("spotguard_notices_total{source=job,action=terminate} = %v; want 1", got)
+	}
+}
+
+// A job notice ranks as its action: terminate > stop > hibernate > scheduled codes > Terminated >
+// rebalance, and the agent's own notice first at the same rank and deadline.
+func TestJobNoticeRank(t *testing.T) {
+	at := func(s int) *time.Time { d := time.Unix(1_800_000_000+int64(s), 0); return &d }
+	c := newCoordinator(zerolog.Nop(), nil, nil, nil)
+	for _, ns := range []*NoticeStatus{
+		{Key: "job/rebalance", Source: SourceJob, Action: "rebalance", Policy: PolicyCheckpoint, Deadline: at(1)},
+		{Key: "job/Terminated", Source: SourceJob, Action: "Terminated", Policy: PolicyCheckpoint, Deadline: at(1)},
+		{Key: "job/system-reboot", Source: SourceJob, Action: "system-reboot", Policy: PolicyCheckpoint, Deadline: at(1)},
+		{Key: "scheduled/system-reboot/e1", Source: imds.SourceScheduled, Action: "system-reboot", Policy: PolicyCheckpoint, Deadline: at(1)},
+		{Key: "job/hibernate", Source: SourceJob, Action: "hibernate", Policy: PolicyCheckpoint, Deadline: at(1)},
+		{Key: "job/stop", Source: SourceJob, Action: "stop", Policy: PolicyCheckpoint, Deadline: at(1)},
+		{Key: "job/terminate", Source: SourceJob, Action: "terminate", Policy: PolicyCheckpoint, Deadline: at(100)},
+		{Key: "spot/terminate", Source: imds.SourceSpot, Action: "terminate", Policy: PolicyCheckpoint, Deadline: at(100)},
+	} {
+		c.active[ns.Key] = ns
+	}
+	var got []string
+	for _, ns := range c.inForce() {
+		got = append(got, ns.Key)
+	}
+	want := []string{"spot/terminate", "job/terminate", "job/stop", "job/hibernate", "scheduled/system-reboot/e1", "job/system-reboot", "job/Terminated", "job/rebalance"}
+	if !slices.Equal(got, want) {
+		t.Errorf("Got(%q) = %q; want %q", "inForce", got, want)
+	}
+}
+
+// A job notice posted again after its end has come is a new notice, even when the loop has not
+// ended the old one yet (TakeJobNotice outside the loop here).
+func TestJobNoticeAfterItsEndIsNew(t *testing.T) {
+	tc := newTestCoordinator(t)
+	start := time.Now()
+	tc.c.TakeJobNotice(jobNotice("terminate", start), start)
+	r := tc.c.TakeJobNotice(jobNotice("terminate", start), start.Add(JobNoticeGrace))
+	if r.Result != JobNoticeNew || r.Notice.Posts != 1 {
+		t.Errorf("Got(%q) = %s, %d posts; want a new notice", "a post at the old one's end", r.Result, r.Notice.Posts)
+	}
+	st := tc.c.status()
+	if len(st.Notices) != 2 || st.Notices[0].Active || st.Notices[0].State != StateDetected || !st.Notices[1].Active {
+		t.Errorf("/status notices = %+v; want the first ended, the second active", st.Notices)
+	}
+}
