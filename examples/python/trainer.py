@@ -83,16 +83,19 @@ def random_chunks(size):
         size -= n
 
 
-def save_checkpoint(root, step, files, size, write_seconds=0.0):
+def save_checkpoint(root, step, files, size, write_seconds=0.0, rank=None):
     """Write root/step-NNNNNN/ with files shards of size bytes each, then the marker, taking
-    about write_seconds in all."""
+    about write_seconds in all. With rank (one node of several), the shards are
+    shard-RANK-I.bin, so no two nodes write a file of the same name with other bytes; the marker
+    is the same on every node that saves the step."""
     start = time.monotonic()
     final = os.path.join(root, "step-%06d" % step)
     os.makedirs(final, exist_ok=True)
     chunks = files * max(1, -(-size // CHUNK))
     pause = write_seconds / chunks if write_seconds > 0 else 0.0
     for i in range(files):
-        write_atomic(os.path.join(final, "shard-%d.bin" % i), random_chunks(size), pause)
+        name = "shard-%d.bin" % i if rank is None else "shard-%d-%d.bin" % (rank, i)
+        write_atomic(os.path.join(final, name), random_chunks(size), pause)
     fsync_dir(final)  # every shard is in place and durable before the marker exists
     write_atomic(os.path.join(final, MARKER), [json.dumps({"step": step}).encode() + b"\n"])
     fsync_dir(final)
@@ -140,10 +143,12 @@ class PeerNotices:
         self.me = "%s:%d" % (socket.gethostname(), os.getpid())
         self.seen = None  # (inode, mtime_ns, size) last read
 
-    def publish(self, notice):
-        """Tell the other nodes of this node's notice (as its agent's notice.json has it)."""
+    def publish(self, notice, step):
+        """Tell the other nodes of this node's notice (as its agent's notice.json has it) and the
+        step it saves for it: every node saves that step, as a collective would have them."""
         body = {k: notice.get(k) for k in ("source", "action", "deadline")}
         body["from"] = self.me
+        body["step"] = step
         write_atomic(self.path, [json.dumps(body).encode() + b"\n"])
 
     def poll(self):
@@ -236,6 +241,9 @@ def main(argv=None):
     p.add_argument("--notify-agent", metavar="HOST:PORT",
                    help="with --peer-notice: hand another node's notice to this node's agent (POST /notice on its "
                         "http.listen, e.g. 127.0.0.1:9402) before saving (default: none)")
+    p.add_argument("--rank", type=int, metavar="R",
+                   help="several nodes: this node's rank; its shards are shard-R-I.bin, so no two nodes write one file "
+                        "name with other bytes (default: none, shard-I.bin)")
     p.add_argument("--notice-file", default=default_notice_file(),
                    help="this node's agent's notice.json (default: %(default)s)")
     args = p.parse_args(argv)
@@ -269,6 +277,7 @@ def main(argv=None):
         os.getpid(), "NOT handling" if args.no_handler else "checkpoint on", args.signal.name), flush=True)
 
     size = int(args.checkpoint_mb * CHUNK)
+    save_step = None  # the step another node saves, to save the same one
     while True:
         time.sleep(args.step_seconds)  # one training step; a signal does not cut it short
         step += 1
@@ -277,12 +286,14 @@ def main(argv=None):
             if req.checkpoint:  # signalled by this node's agent: tell the other nodes its notice
                 own = [n for n in (read_json(args.notice_file) or {}).get("active") or [] if n.get("source") != "job"]
                 if own:
-                    peers.publish(own[0])  # the most severe the agent got from its own IMDS
+                    peers.publish(own[0], step)  # the most severe the agent got from its own IMDS
             other = peers.poll()
             if other:
-                print("notice from another node: %s %s, deadline %s" % (
-                    other.get("source"), other.get("action"), other.get("deadline")), flush=True)
+                print("notice from another node: %s %s, deadline %s, step %s" % (
+                    other.get("source"), other.get("action"), other.get("deadline"), other.get("step")), flush=True)
                 req.checkpoint = True
+                if isinstance(other.get("step"), int):
+                    save_step = other["step"]  # the step the notified node saves
                 action, deadline = other.get("action") or "terminate", other.get("deadline")
                 # Before the save, so the agent waits for this checkpoint if it is stopped. A
                 # notice without a deadline (rebalance) is not posted: it is not urgent.
@@ -293,7 +304,8 @@ def main(argv=None):
             # the next one.
             req.checkpoint = False
             if args.checkpoint_dir:
-                save_checkpoint(args.checkpoint_dir, step, args.files, size, args.write_seconds)
+                save_checkpoint(args.checkpoint_dir, save_step or step, args.files, size, args.write_seconds, args.rank)
+            save_step = None
         if req.stop:
             # A SIGTERM that came during a save finds the current state already saved.
             print("stopping at step %d" % step, flush=True)

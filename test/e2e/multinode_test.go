@@ -1,0 +1,159 @@
+package e2e
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+)
+
+// A job of four nodes on one machine, with real processes: four agents, each with its own
+// checkpoint.dir, listener and store.node_rank, one versitygw, one store.job, and two IMDS
+// simulators: node 2's announces a reclaim, the other three share one that announces nothing.
+// Four example trainers stand in for the job's ranks, a file standing in for their collective:
+// node 2's trainer, signalled by its agent, tells the others the notice and the step it saves;
+// they hand the notice to their own agents (POST /notice) and save the same step, each its own
+// shard. Every node's part and one job manifest are committed before the deadline; the other
+// trainers are never signalled; `spotguard list` shows the job checkpoint, and `spotguard restore`
+// on a fresh directory returns every node's files, verified and identical.
+func TestMultiNodeJob(t *testing.T) {
+	needPeers(t)
+	s3 := startS3(t)
+	quiet := newIMDS(t)
+	quiet.start("spot", "-d", "100000", "--rebalance-delay-sec", "100000")
+	notified := newIMDS(t)
+	trigger := time.Now().Truncate(time.Second).Add(12 * time.Second)
+	notified.start("spot", "-a", "terminate", "--mock-trigger-time", trigger.UTC().Format(time.RFC3339), "--rebalance-delay-sec", "100000")
+
+	const world, reclaimed = 4, 2
+	storeURL := "s3://" + s3Bucket + "/multinode"
+	peer := filepath.Join(t.TempDir(), "collective.json")
+	type node struct {
+		dir string
+		ap  *agentProc
+		tp  *trainerProc
+	}
+	nodes := make([]node, world)
+	for rank := range world {
+		sim := quiet
+		if rank == reclaimed {
+			sim = notified
+		}
+		n := &nodes[rank]
+		n.dir = t.TempDir()
+		pidfile := filepath.Join(t.TempDir(), "trainer.pid")
+		n.ap = startAgent(t, sim, append([]string{"SPOTGUARD_TRAINER_PIDFILE=" + pidfile, "SPOTGUARD_CHECKPOINT_DIR=" + n.dir,
+			"SPOTGUARD_STORE_URL=" + storeURL, "SPOTGUARD_STORE_JOB=job4", "SPOTGUARD_STORE_PART_SIZE=5MiB",
+			fmt.Sprintf("SPOTGUARD_STORE_NODE_RANK=%d", rank), fmt.Sprintf("SPOTGUARD_STORE_WORLD_NODES=%d", world),
+			"SPOTGUARD_NOTICES_REBALANCE=ignore"}, s3.env("")...)...)
+		n.tp = startTrainer(t, "--pidfile", pidfile, "--checkpoint-dir", n.dir, "--files", "2", "--checkpoint-mb", "3",
+			"--rank", fmt.Sprint(rank), "--peer-notice", peer, "--notify-agent", strings.TrimPrefix(n.ap.base, "http://"),
+			"--notice-file", filepath.Join(n.ap.runtimeDir, "notice.json"))
+	}
+	for rank, n := range nodes {
+		eventually(t, waitSignal, fmt.Sprintf("agent %d to find its trainer", rank), func() bool { return len(n.ap.status(t).Trainers) == 1 })
+	}
+
+	// Every agent's part, then one job manifest: the agents see it (or wrote it).
+	eventually(t, 90*time.Second, "every agent to see the job checkpoint committed", func() bool {
+		for _, n := range nodes {
+			if !hasLine(n.ap.metrics(t), `spotguard_job_checkpoints_committed_total{writer="this"} 1`) &&
+				!hasLine(n.ap.metrics(t), `spotguard_job_checkpoints_committed_total{writer="other"} 1`) {
+				return false
+			}
+		}
+		return true
+	})
+	writers := 0
+	for _, n := range nodes {
+		if hasLine(n.ap.metrics(t), `spotguard_job_checkpoints_committed_total{writer="this"} 1`) {
+			writers++
+		}
+	}
+	if writers != 1 {
+		t.Errorf("%d agents wrote the job manifest; want exactly one", writers)
+	}
+
+	// Only node 2's trainer was signalled; the others were told by the job, and their agents
+	// held the notice as source job.
+	for rank, n := range nodes {
+		sigs := n.tp.signals(t)
+		if (rank == reclaimed) != (len(sigs) > 0) {
+			t.Errorf("node %d's trainer got %d signals; want them only on node %d", rank, len(sigs), reclaimed)
+		}
+		if rank == reclaimed {
+			continue
+		}
+		if _, sigs, ok := noticeTransitions(n.ap.status(t), "job/terminate"); !ok || sigs != 0 {
+			t.Errorf("agent %d: job/terminate present %v with %d signals; want it, unsignalled", rank, ok, sigs)
+		}
+	}
+
+	// The job checkpoint as `spotguard list --json` shows it: four parts, every node's shards,
+	// committed before the deadline (two minutes after the notice), LATEST.
+	env := append([]string{"SPOTGUARD_STORE_URL=" + storeURL, "SPOTGUARD_STORE_JOB=job4"}, s3.env("")...)
+	code, stdout, stderr := runSpotguard(t, env, "list", "--json", "--check", "--config", writeEmptyConfig(t))
+	if code != 0 {
+		t.Fatalf("spotguard list --check: exit %d\n%s%s", code, stdout, stderr)
+	}
+	var listed []struct {
+		Checkpoint  string    `json:"checkpoint"`
+		Latest      bool      `json:"latest"`
+		WorldNodes  int       `json:"world_nodes"`
+		CommittedAt time.Time `json:"committed_at"`
+		Parts       []struct {
+			NodeRank int `json:"node_rank"`
+		} `json:"parts"`
+		Files []struct {
+			Path  string `json:"path"`
+			Nodes []int  `json:"nodes"`
+		} `json:"files"`
+	}
+	if err := json.Unmarshal([]byte(stdout), &listed); err != nil || len(listed) != 1 {
+		t.Fatalf("spotguard list --json = %s (%v); want one job checkpoint", stdout, err)
+	}
+	jc := listed[0]
+	if !jc.Latest || jc.WorldNodes != world || len(jc.Parts) != world {
+		t.Errorf("job checkpoint %s: latest %v, world_nodes %d, %d parts; want LATEST, 4, 4", jc.Checkpoint, jc.Latest, jc.WorldNodes, len(jc.Parts))
+	}
+	for rank := range world {
+		for i := range 2 {
+			want := fmt.Sprintf("shard-%d-%d.bin", rank, i)
+			if !slices.ContainsFunc(jc.Files, func(f struct {
+				Path  string `json:"path"`
+				Nodes []int  `json:"nodes"`
+			}) bool {
+				return f.Path == want && slices.Equal(f.Nodes, []int{rank})
+			}) {
+				t.Errorf("the job checkpoint lacks %s of node %d: %+v", want, rank, jc.Files)
+			}
+		}
+	}
+	if deadline := trigger.Add(2 * time.Minute); !jc.CommittedAt.Before(deadline) {
+		t.Errorf("job checkpoint committed at %s, after the deadline %s", jc.CommittedAt, deadline)
+	}
+
+	// A fresh instance restores every node's files, verified; each is what its node wrote.
+	to := t.TempDir()
+	code, stdout, stderr = runSpotguard(t, env, "restore", "--to", to, "--config", writeEmptyConfig(t))
+	if code != 0 {
+		t.Fatalf("spotguard restore: exit %d\n%s%s", code, stdout, stderr)
+	}
+	for rank, n := range nodes {
+		for i := range 2 {
+			rel := filepath.Join(jc.Checkpoint, fmt.Sprintf("shard-%d-%d.bin", rank, i))
+			want, err := os.ReadFile(filepath.Join(n.dir, rel))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got, err := os.ReadFile(filepath.Join(to, rel)); err != nil || !bytes.Equal(got, want) {
+				t.Errorf("restored %s differs from node %d's (err %v)", rel, rank, err)
+			}
+		}
+	}
+}
