@@ -90,6 +90,16 @@ func parseJobNotice(body io.Reader, now time.Time) (imds.Notice, error) {
 	return n, nil
 }
 
+// PostNotice hands the agent a notice of the job (source job), as POST /notice does: for callers
+// in the same process (spotguard drill --nodes). It returns errStopping once the agent stops.
+func (a *Agent) PostNotice(ctx context.Context, action string, deadline time.Time) (JobNoticeReply, error) {
+	act, err := ParseJobAction(action)
+	if err != nil {
+		return JobNoticeReply{}, err
+	}
+	return a.coord.Post(ctx, imds.Notice{Source: SourceJob, Action: act, Time: deadline, Deadline: deadline})
+}
+
 // decodeError turns a JSON decoding error into a requestError naming the field when it can.
 func decodeError(err error) *requestError {
 	var mbe *http.MaxBytesError

@@ -63,9 +63,11 @@ type drillReport struct {
 	Advice     []string    `json:"advice,omitempty"`
 	Verified   bool        `json:"verified"`
 	Deadline   time.Time   `json:"deadline"`
-	notice     time.Time   // when the notice was detected
-	manifest   *checkpoint.Manifest
-	storeFix   string // what to do about a failed store check
+	// Nodes are the nodes of a multi-node drill (--nodes), each with its timeline.
+	Nodes    []drillNode `json:"nodes,omitempty"`
+	notice   time.Time   // when the notice was detected
+	manifest *checkpoint.Manifest
+	storeFix string // what to do about a failed store check
 }
 
 // drillStep is one moment of the timeline, in seconds after the notice was detected.
@@ -86,6 +88,7 @@ func runDrill(ctx context.Context, args, environ []string, stdout, stderr io.Wri
 	imdsMode := fs.String("imds", "sim", "sim: an in-process IMDS announces the reclaim; real: wait for a real notice (e.g. an AWS FIS experiment)")
 	jsonOut := fs.Bool("json", false, "print the report as JSON")
 	keep := fs.Bool("keep", false, "keep the temp dir (checkpoints, store, restored copy)")
+	nodes := fs.Int("nodes", 1, "rehearse a job of N nodes on this machine: N agents and demo trainers, one node notified; each node's part and\nthe job checkpoint (store.world_nodes, docs/multinode.md), with per-node timelines and the job's time to durable")
 	if code, ok := parseFlags(fs, args); !ok {
 		return code
 	}
@@ -99,6 +102,10 @@ func runDrill(ctx context.Context, args, environ []string, stdout, stderr io.Wri
 		default:
 			fmt.Fprintf(stderr, "spotguard drill: --imds %q: want sim or real\n", *imdsMode)
 		}
+		return exitUsage
+	}
+	if *nodes < 1 || *nodes > 64 || (*nodes > 1 && (*trainerCmd != "" || *ckDir != "" || *imdsMode != "sim")) {
+		fmt.Fprintf(stderr, "spotguard drill: --nodes %d: want 1 to 64, and above 1 only with the demo trainers and --imds sim\n", *nodes)
 		return exitUsage
 	}
 	if *trainerCmd != "" && *ckDir == "" {
@@ -137,11 +144,17 @@ func runDrill(ctx context.Context, args, environ []string, stdout, stderr io.Wri
 	}
 	log := newLogger(stderr, level)
 	rep := drillReport{Store: *storeURL, Job: "drill-" + checkpoint.NewCommitID(time.Now()), Timeline: []drillStep{}}
-	pass := drill(ctx, drillPlan{
+	plan := drillPlan{
 		size: size, files: *files, trainerCmd: *trainerCmd, ckDir: *ckDir, store: *storeURL, job: rep.Job,
 		realIMDS: *imdsMode == "real", tmp: tmp, environ: environ, configFlags: cf, progress: stderr,
 		useTrainerConfig: *useTrainerConfig,
-	}, log, &rep)
+	}
+	var pass bool
+	if *nodes > 1 {
+		pass = drillNodes(ctx, plan, *nodes, log, &rep)
+	} else {
+		pass = drill(ctx, plan, log, &rep)
+	}
 	rep.Pass = pass
 	rep.Advice = drillAdvice(rep)
 	slices.SortStableFunc(rep.Timeline, func(a, b drillStep) int { return cmp.Compare(a.Seconds, b.Seconds) })
@@ -197,37 +210,9 @@ func drill(ctx context.Context, p drillPlan, log zerolog.Logger, rep *drillRepor
 	// unless --use-trainer-config keeps the configuration's ways to find trainers: the user's
 	// trainer.match would find the job they are running, too.
 	pidfile := filepath.Join(p.tmp, "trainer.pid")
-	overrides := append([]agent.KeyValue{}, p.configFlags.overrides...)
-	if !p.useTrainerConfig {
-		for _, key := range []string{"trainer.match", "trainer.unit", "trainer.container", "trainer.user"} {
-			overrides = append(overrides, agent.KeyValue{Key: key, Value: ""})
-		}
-	}
-	overrides = append(overrides,
-		agent.KeyValue{Key: "trainer.pidfile", Value: pidfile},
-		agent.KeyValue{Key: "checkpoint.dir", Value: p.ckDir}, agent.KeyValue{Key: "store.url", Value: p.store},
-		agent.KeyValue{Key: "store.job", Value: p.job}, agent.KeyValue{Key: "http.listen", Value: ""},
-		agent.KeyValue{Key: "agent.runtime_dir", Value: filepath.Join(p.tmp, "run")},
-		agent.KeyValue{Key: "metrics.cloudwatch", Value: "false"}, agent.KeyValue{Key: "notices.rebalance", Value: "ignore"})
-	if sim != nil {
-		overrides = append(overrides, agent.KeyValue{Key: "imds.endpoint", Value: endpoint})
-	}
-	path := p.configFlags.path
-	if _, err := os.Stat(path); err != nil && path == agent.DefaultConfigPath {
-		path = "" // no installed config: defaults
-	}
-	// The store's region comes from the real IMDS, as for `spotguard run`, even when the notices
-	// come from the drill's simulator.
-	realEndpoint := ""
-	if ucfg, err := agent.Load(agent.LoadOptions{Path: path, Environ: p.environ, Flags: p.configFlags.overrides}); err == nil {
-		realEndpoint = ucfg.IMDS.Endpoint
-	}
-	cfg, err := agent.Load(agent.LoadOptions{Path: path, Environ: p.environ, Flags: overrides})
+	cfg, realEndpoint, err := drillConfig(p, pidfile, p.ckDir, filepath.Join(p.tmp, "run"), endpoint)
 	if err != nil {
 		return fail("%v", err)
-	}
-	if err := cfg.Validate(); err != nil {
-		return fail("invalid configuration: %v", err)
 	}
 	var awsCfg aws.Config // for the IMDS client: the real IMDS only
 	if p.realIMDS {
@@ -235,22 +220,10 @@ func drill(ctx context.Context, p drillPlan, log zerolog.Logger, rep *drillRepor
 			awsCfg = envOnlyAWS() // the IMDS client needs no profile
 		}
 	}
-	// The store first: a wrong bucket or a missing permission fails here, in seconds, with the real
-	// cause, rather than as a checkpoint that never commits.
-	sctx, cancel := context.WithTimeout(ctx, drillStoreTimeout)
-	defer cancel()
-	store, err := openStore(sctx, p.store, realEndpoint, checkpoint.S3Options{PartSize: cfg.Store.PartSize, Concurrency: cfg.Store.Concurrency})
+	store, err := drillStore(ctx, p, cfg, realEndpoint, rep)
 	if err != nil {
-		reason := agent.StoreErrorReason(err)
-		rep.Cause, rep.storeFix = "store:"+reason, agent.StoreFix(reason, p.store, err)
-		return fail("store: %v", err)
+		return fail("%v", err)
 	}
-	host, _ := os.Hostname()
-	if probe := agent.ProbeStore(sctx, store, p.job, host); !probe.OK() {
-		rep.Cause, rep.storeFix = "store:"+probe.Reason, agent.StoreFix(probe.Reason, probe.URL, probe.Err)
-		return fail("store check failed before the rehearsal: %s", probe.Problem())
-	}
-	cancel()
 
 	// The trainer: the demo one is this binary in a hidden mode, a real child process.
 	ready := filepath.Join(p.tmp, "trainer.ready")
@@ -431,6 +404,67 @@ func drill(ctx context.Context, p drillPlan, log zerolog.Logger, rep *drillRepor
 	return true
 }
 
+// drillStore opens the drill's store and checks it first: a wrong bucket or a missing permission
+// fails here, in seconds, with the real cause (in rep), rather than as a checkpoint that never
+// commits.
+func drillStore(ctx context.Context, p drillPlan, cfg *agent.Config, realEndpoint string, rep *drillReport) (checkpoint.Store, error) {
+	sctx, cancel := context.WithTimeout(ctx, drillStoreTimeout)
+	defer cancel()
+	store, err := openStore(sctx, p.store, realEndpoint, checkpoint.S3Options{PartSize: cfg.Store.PartSize, Concurrency: cfg.Store.Concurrency})
+	if err != nil {
+		reason := agent.StoreErrorReason(err)
+		rep.Cause, rep.storeFix = "store:"+reason, agent.StoreFix(reason, p.store, err)
+		return nil, fmt.Errorf("store: %w", err)
+	}
+	host, _ := os.Hostname()
+	if probe := agent.ProbeStore(sctx, store, p.job, host); !probe.OK() {
+		rep.Cause, rep.storeFix = "store:"+probe.Reason, agent.StoreFix(probe.Reason, probe.URL, probe.Err)
+		return nil, fmt.Errorf("store check failed before the rehearsal: %s", probe.Problem())
+	}
+	return store, nil
+}
+
+// drillConfig is the agent's configuration for a drill, as `spotguard run` would load it, pointed
+// at the drill's pieces: the trainer's pidfile, the checkpoint and runtime directories, the
+// drill's store and job, the IMDS simulator at endpoint (if not empty), no listener, no
+// CloudWatch; extra keys last. It also returns the IMDS endpoint of the user's configuration, for
+// the store's region (the real IMDS, as for `spotguard run`, even when the notices come from the
+// drill's simulator).
+func drillConfig(p drillPlan, pidfile, ckDir, runDir, endpoint string, extra ...agent.KeyValue) (*agent.Config, string, error) {
+	overrides := append([]agent.KeyValue{}, p.configFlags.overrides...)
+	if !p.useTrainerConfig {
+		for _, key := range []string{"trainer.match", "trainer.unit", "trainer.container", "trainer.user"} {
+			overrides = append(overrides, agent.KeyValue{Key: key, Value: ""})
+		}
+	}
+	overrides = append(overrides,
+		agent.KeyValue{Key: "trainer.pidfile", Value: pidfile},
+		agent.KeyValue{Key: "checkpoint.dir", Value: ckDir}, agent.KeyValue{Key: "store.url", Value: p.store},
+		agent.KeyValue{Key: "store.job", Value: p.job}, agent.KeyValue{Key: "http.listen", Value: ""},
+		agent.KeyValue{Key: "agent.runtime_dir", Value: runDir},
+		agent.KeyValue{Key: "metrics.cloudwatch", Value: "false"}, agent.KeyValue{Key: "notices.rebalance", Value: "ignore"})
+	if endpoint != "" {
+		overrides = append(overrides, agent.KeyValue{Key: "imds.endpoint", Value: endpoint})
+	}
+	overrides = append(overrides, extra...)
+	path := p.configFlags.path
+	if _, err := os.Stat(path); err != nil && path == agent.DefaultConfigPath {
+		path = "" // no installed config: defaults
+	}
+	realEndpoint := ""
+	if ucfg, err := agent.Load(agent.LoadOptions{Path: path, Environ: p.environ, Flags: p.configFlags.overrides}); err == nil {
+		realEndpoint = ucfg.IMDS.Endpoint
+	}
+	cfg, err := agent.Load(agent.LoadOptions{Path: path, Environ: p.environ, Flags: overrides})
+	if err != nil {
+		return nil, "", err
+	}
+	if err := cfg.Validate(); err != nil {
+		return nil, "", fmt.Errorf("invalid configuration: %w", err)
+	}
+	return cfg, realEndpoint, nil
+}
+
 func (r *drillReport) add(step string, at time.Time, detail string) {
 	r.Timeline = append(r.Timeline, drillStep{Step: step, Seconds: at.Sub(r.notice).Seconds(), Detail: detail})
 }
@@ -494,6 +528,19 @@ func printDrill(w io.Writer, r drillReport) {
 			d = "  " + s.Detail
 		}
 		fmt.Fprintf(w, "  %+7.2f s  %s%s\n", s.Seconds, s.Step, d)
+	}
+	for _, n := range r.Nodes {
+		what := "told by the job (POST /notice)"
+		if n.Notified {
+			what = "notified by its IMDS"
+		}
+		fmt.Fprintf(w, "\n  node %d, %s (committed: its part):\n", n.Rank, what)
+		for _, st := range n.Timeline {
+			fmt.Fprintf(w, "    %+7.2f s  %s  %s\n", st.Seconds, st.Step, st.Detail)
+		}
+	}
+	if len(r.Nodes) > 0 && r.DurableS > 0 {
+		fmt.Fprintf(w, "\n  the job's checkpoint (every node's part) was durable %.1f s after the notice\n", r.DurableS)
 	}
 	if r.UploadMBs > 0 || r.RestoreMBs > 0 {
 		fmt.Fprintf(w, "\n  upload %.0f MB/s (first file closed → last byte), restore %.0f MB/s with every checksum verified\n", r.UploadMBs, r.RestoreMBs)
@@ -570,6 +617,7 @@ func runDrillTrainer(ctx context.Context, args []string, stderr io.Writer) int {
 	size := fs.Int64("size", 512<<20, "")
 	files := fs.Int("files", 8, "")
 	ready := fs.String("ready", "", "")
+	rank := fs.Int("rank", -1, "")
 	if err := fs.Parse(args); err != nil || *dir == "" {
 		return exitUsage
 	}
@@ -589,7 +637,7 @@ func runDrillTrainer(ctx context.Context, args []string, stderr io.Writer) int {
 				return exitOK
 			}
 			step++
-			if err := writeDrillCheckpoint(filepath.Join(*dir, fmt.Sprintf("step-%06d", step)), *size, *files); err != nil {
+			if err := writeDrillCheckpoint(filepath.Join(*dir, fmt.Sprintf("step-%06d", step)), *size, *files, *rank); err != nil {
 				fmt.Fprintf(stderr, "demo trainer: %v\n", err)
 				return exitFail
 			}
@@ -597,7 +645,9 @@ func runDrillTrainer(ctx context.Context, args []string, stderr io.Writer) int {
 	}
 }
 
-func writeDrillCheckpoint(dir string, size int64, files int) error {
+// writeDrillCheckpoint writes dir with files shards of size bytes in all, then the marker. With a
+// rank (0 or more: one node of several) the shards are shard-R-NN.bin.
+func writeDrillCheckpoint(dir string, size int64, files, rank int) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
 	}
@@ -607,8 +657,11 @@ func writeDrillCheckpoint(dir string, size int64, files int) error {
 		if i == files-1 {
 			n = size - per*int64(files-1)
 		}
-		final := filepath.Join(dir, fmt.Sprintf("shard-%02d.bin", i))
-		tmp := filepath.Join(dir, fmt.Sprintf(".shard-%02d.bin.tmp", i))
+		name := fmt.Sprintf("shard-%02d.bin", i)
+		if rank >= 0 {
+			name = fmt.Sprintf("shard-%d-%02d.bin", rank, i)
+		}
+		final, tmp := filepath.Join(dir, name), filepath.Join(dir, "."+name+".tmp")
 		f, err := os.Create(tmp)
 		if err != nil {
 			return err

@@ -157,3 +157,65 @@ func TestMultiNodeJob(t *testing.T) {
 		}
 	}
 }
+
+// `spotguard drill --nodes 3` rehearses a three-node job on this machine: one node notified, the
+// others told by the job; it prints every node's timeline and passes with one job checkpoint of
+// three parts, restored and verified. --nodes with a trainer of one's own is a usage error.
+func TestDrillNodes(t *testing.T) {
+	needPeers(t)
+	code, stdout, stderr := runSpotguard(t, nil, "drill", "--nodes", "3", "--size", "12MiB", "--files", "2", "--json", "--config", writeEmptyConfig(t))
+	if code != 0 {
+		t.Fatalf("drill --nodes 3: exit %d\n%s\n%s", code, stdout, stderr)
+	}
+	var rep struct {
+		Pass     bool    `json:"pass"`
+		Verified bool    `json:"verified"`
+		DurableS float64 `json:"durable_after_notice_seconds"`
+		Nodes    []struct {
+			Rank     int  `json:"rank"`
+			Notified bool `json:"notified"`
+			Timeline []struct {
+				Step string `json:"step"`
+			} `json:"timeline"`
+		} `json:"nodes"`
+		Timeline []struct {
+			Step   string `json:"step"`
+			Detail string `json:"detail"`
+		} `json:"timeline"`
+	}
+	if err := json.Unmarshal([]byte(stdout), &rep); err != nil {
+		t.Fatalf("drill --json: %v\n%s", err, stdout)
+	}
+	if !rep.Pass || !rep.Verified || rep.DurableS <= 0 || len(rep.Nodes) != 3 {
+		t.Fatalf("drill --nodes 3 = %+v; want a verified pass with 3 nodes", rep)
+	}
+	notified := 0
+	for _, n := range rep.Nodes {
+		var steps []string
+		for _, s := range n.Timeline {
+			steps = append(steps, s.Step)
+		}
+		if n.Notified {
+			notified++
+		}
+		if !slices.Contains(steps, "committed") || n.Notified != slices.Contains(steps, "trainer_signalled") {
+			t.Errorf("node %d (notified %v) timeline %v; want its part committed, a signal only where notified", n.Rank, n.Notified, steps)
+		}
+	}
+	if notified != 1 {
+		t.Errorf("%d nodes notified; want 1", notified)
+	}
+	if !slices.ContainsFunc(rep.Timeline, func(s struct {
+		Step   string `json:"step"`
+		Detail string `json:"detail"`
+	}) bool {
+		return s.Step == "job manifest committed" && strings.HasPrefix(s.Detail, "3 parts")
+	}) {
+		t.Errorf("timeline %+v lacks the job manifest of 3 parts", rep.Timeline)
+	}
+
+	code, _, stderr = runSpotguard(t, nil, "drill", "--nodes", "2", "--trainer-cmd", "true", "--checkpoint-dir", t.TempDir())
+	if code != 2 || !strings.Contains(stderr, "--nodes 2: want 1 to 64, and above 1 only with the demo trainers") {
+		t.Errorf("drill --nodes with --trainer-cmd: exit %d, %q; want a usage error", code, stderr)
+	}
+}
