@@ -298,19 +298,28 @@ func TestMultiNodeConflicts(t *testing.T) {
 	}
 }
 
-// Agents racing for the job manifest: exactly one write wins each time; an agent that found the
+// Agents racing for the job manifest (on versitygw: a real server's If-None-Match): exactly one write wins each time; an agent that found the
 // same parts accepts the winner's, one that found other parts reports an error naming both.
 func TestJobManifestRace(t *testing.T) {
 	for _, sc := range []struct {
-		name  string
-		store func(t *testing.T) Store
+		name string
+		// stores returns a function that gives a fresh, empty store for each round.
+		stores func(t *testing.T) func() Store
 	}{
-		{"file", func(t *testing.T) Store { return mustNewFileStore(t) }},
-		{"mem", func(t *testing.T) Store { return newMemStore() }},
+		{"file", func(t *testing.T) func() Store { return func() Store { return mustNewFileStore(t) } }},
+		{"mem", func(t *testing.T) func() Store { return func() Store { return newMemStore() } }},
+		{"s3", func(t *testing.T) func() Store {
+			peer, n := s3StartPeer(t), 0
+			return func() Store {
+				n++
+				return peer.openS3(t, peer.endpoint, fmt.Sprintf("race-%d", n), S3Options{})
+			}
+		}},
 	} {
 		t.Run(sc.name, func(t *testing.T) {
+			fresh := sc.stores(t)
 			for round := range 20 {
-				store := sc.store(t)
+				store := fresh()
 				name := fmt.Sprintf("step-%d", round)
 				now := time.Now()
 				var parts []*Manifest
