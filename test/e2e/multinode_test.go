@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -217,5 +218,72 @@ func TestDrillNodes(t *testing.T) {
 	code, _, stderr = runSpotguard(t, nil, "drill", "--nodes", "2", "--trainer-cmd", "true", "--checkpoint-dir", t.TempDir())
 	if code != 2 || !strings.Contains(stderr, "--nodes 2: want 1 to 64, and above 1 only with the demo trainers") {
 		t.Errorf("drill --nodes with --trainer-cmd: exit %d, %q; want a usage error", code, stderr)
+	}
+}
+
+// kill9 kills the agent at once (SIGKILL: no drain, no clean-up) and waits for it to be gone.
+func (ap *agentProc) kill9(t *testing.T) {
+	t.Helper()
+	if err := ap.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	<-ap.done
+}
+
+// writeNodeCheckpoint plays a node's trainer: its shard, then the marker every node writes alike.
+func writeNodeCheckpoint(t *testing.T, dir, name string, rank int) []byte {
+	t.Helper()
+	shard := bytes.Repeat([]byte{byte('a' + rank)}, 1<<20+rank)
+	if err := os.MkdirAll(filepath.Join(dir, name), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	writeFile(t, filepath.Join(dir, name, fmt.Sprintf("shard-%d.bin", rank)), string(shard))
+	writeFile(t, filepath.Join(dir, name, "_COMPLETE"), `{"step": 7}`)
+	return shard
+}
+
+// A two-node job: node 0's agent commits its part and, waiting for node 1's, is killed (kill -9)
+// between its part and the job manifest. `spotguard list` shows the checkpoint as parts 1/2 and
+// LATEST is not written. Node 1's agent, the survivor, commits its part and then the job
+// checkpoint of both; restore returns both nodes' shards.
+func TestMultiNodeKilledAgentBetweenPartAndJob(t *testing.T) {
+	needPeers(t)
+	s3 := startS3(t)
+	sim := newIMDS(t)
+	sim.start("spot", "-d", "100000", "--rebalance-delay-sec", "100000")
+	storeURL := "s3://" + s3Bucket + "/killed"
+	env := func(rank int, dir string) []string {
+		return append([]string{"SPOTGUARD_TRAINER_MATCH=no-trainer-here", "SPOTGUARD_CHECKPOINT_DIR=" + dir,
+			"SPOTGUARD_STORE_URL=" + storeURL, "SPOTGUARD_STORE_JOB=job2", "SPOTGUARD_STORE_PART_WAIT=1m",
+			fmt.Sprintf("SPOTGUARD_STORE_NODE_RANK=%d", rank), "SPOTGUARD_STORE_WORLD_NODES=2"}, s3.env("")...)
+	}
+	dir0, dir1 := t.TempDir(), t.TempDir()
+	a0 := startAgent(t, sim, env(0, dir0)...)
+	shard0 := writeNodeCheckpoint(t, dir0, "step-000007", 0)
+	listEnv := append([]string{"SPOTGUARD_STORE_URL=" + storeURL, "SPOTGUARD_STORE_JOB=job2"}, s3.env("")...)
+	eventually(t, 30*time.Second, "node 0's part to be listed as parts 1/2", func() bool {
+		code, stdout, _ := runSpotguard(t, listEnv, "list", "--config", writeEmptyConfig(t))
+		return code == 0 && strings.Contains(stdout, "step-000007") && strings.Contains(stdout, "parts 1/2")
+	})
+	a0.kill9(t)
+	if out, err := s3.tryAWS(t, "s3", "ls", "s3://"+s3Bucket+"/killed/job2/LATEST"); err == nil {
+		t.Fatalf("LATEST written with one part of two: %s", out)
+	}
+
+	a1 := startAgent(t, sim, env(1, dir1)...)
+	shard1 := writeNodeCheckpoint(t, dir1, "step-000007", 1)
+	eventually(t, 30*time.Second, "the survivor to commit the job checkpoint", func() bool {
+		return hasLine(a1.metrics(t), `spotguard_job_checkpoints_committed_total{writer="this"} 1`)
+	})
+	to := t.TempDir()
+	code, stdout, stderr := runSpotguard(t, listEnv, "restore", "--to", to, "--config", writeEmptyConfig(t))
+	if code != 0 {
+		t.Fatalf("spotguard restore: exit %d\n%s%s", code, stdout, stderr)
+	}
+	for rank, want := range [][]byte{shard0, shard1} {
+		got, err := os.ReadFile(filepath.Join(to, "step-000007", fmt.Sprintf("shard-%d.bin", rank)))
+		if err != nil || !bytes.Equal(got, want) {
+			t.Errorf("restored shard of node %d differs (err %v)", rank, err)
+		}
 	}
 }
