@@ -389,7 +389,18 @@ func sortCommits(cs []Committed) {
 //     or naming another job, checkpoint or commit than its key; the problem names the key;
 //   - nil, nil, an error: the store failed otherwise, or ctx ended.
 func readManifest(ctx context.Context, s Store, job string, ref CommitRef, cache *manifestCache) (*Manifest, error, error) {
-	key := ManifestKey(job, ref.Checkpoint, ref.Commit)
+	return readMeta(ctx, s, ManifestKey(job, ref.Checkpoint, ref.Commit), cache, func(m *Manifest) error {
+		if m.Job != job || m.Checkpoint != ref.Checkpoint || m.Commit != ref.Commit || (ref.Commit == "") != (m.Version == 1) || m.Part != nil {
+			return fmt.Errorf("manifest names job %q checkpoint %q commit %q; refusing a manifest that does not match its key",
+				m.Job, m.Checkpoint, m.Commit)
+		}
+		return nil
+	})
+}
+
+// readMeta reads the manifest (or part) at key, from cache when it holds it, parses and
+// validates it and checks it with match, with readManifest's three outcomes; a problem names key.
+func readMeta(ctx context.Context, s Store, key string, cache *manifestCache, match func(*Manifest) error) (*Manifest, error, error) {
 	if m := cache.get(key); m != nil {
 		return m, nil, nil
 	}
@@ -401,12 +412,11 @@ func readManifest(ctx context.Context, s Store, job string, ref CommitRef, cache
 		return nil, nil, fmt.Errorf("read %s: %w", key, err)
 	}
 	m, err := ParseManifest(data)
+	if err == nil {
+		err = match(m)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", key, err), nil
-	}
-	if m.Job != job || m.Checkpoint != ref.Checkpoint || m.Commit != ref.Commit || (ref.Commit == "") != (m.Version == 1) || m.Part != nil {
-		return nil, fmt.Errorf("%s: manifest names job %q checkpoint %q commit %q; refusing a manifest that does not match its key",
-			key, m.Job, m.Checkpoint, m.Commit), nil
 	}
 	cache.put(key, m)
 	return m, nil, nil
@@ -852,34 +862,29 @@ func (u *Uploader) commit(ctx context.Context, c commitJob) commitResult {
 		return commitResult{err: fmt.Errorf("clean the commit's prefix before its manifest: %w", err)}
 	}
 	r.attempted = true
+	// A node of a multi-node job writes its part, and the job manifest comes once every part is
+	// in (the Run loop's trackSave); a single node writes the manifest.
+	write, key, what := writeManifest, ManifestKey(m.Job, m.Checkpoint, m.Commit), "manifest"
 	if m.Part != nil {
-		// A node of a multi-node job: its part, then the job manifest once every part is in
-		// (the Run loop's trackSave).
-		if err := writePart(ctx, u.cfg.Store, m); err != nil {
-			if errors.Is(err, ErrExists) {
-				return commitResult{attempted: true, changed: lc.Files}
-			}
-			r.err = fmt.Errorf("write part: %w", err)
-			return r
-		}
-		r.manifest = m
-		u.cache.put(PartKey(m.Job, m.Checkpoint, m.Commit), m)
-		if c.resumed {
-			u.goLateAborts(ctx, CommitPrefix(m.Job, m.Checkpoint, m.Commit))
-		}
-		return r
+		write, key, what = writePart, PartKey(m.Job, m.Checkpoint, m.Commit), "part"
 	}
-	if err := writeManifest(ctx, u.cfg.Store, m); err != nil {
+	if err := write(ctx, u.cfg.Store, m); err != nil {
 		if errors.Is(err, ErrExists) {
 			// A try whose answer was lost committed another version of the checkpoint here (it
 			// changed since): that commit stands; this version goes to a new one.
 			return commitResult{attempted: true, changed: lc.Files}
 		}
-		r.err = fmt.Errorf("write manifest: %w", err)
+		r.err = fmt.Errorf("write %s: %w", what, err)
 		return r
 	}
 	r.manifest = m
-	u.cache.put(ManifestKey(m.Job, m.Checkpoint, m.Commit), m)
+	u.cache.put(key, m)
+	if m.Part != nil {
+		if c.resumed {
+			u.goLateAborts(ctx, CommitPrefix(m.Job, m.Checkpoint, m.Commit))
+		}
+		return r
+	}
 	for attempt := 1; ; attempt++ {
 		moved, err := advanceLatest(ctx, u.cfg.Store, m, m.Host, u.cache)
 		if err == nil {

@@ -68,26 +68,12 @@ func PartKey(job, checkpoint, commit string) string {
 // readManifest's three outcomes: the part; a problem (absent: wrapping ErrNotFound; invalid; not
 // a part; naming another job, checkpoint or commit than its key); or a store error.
 func readPart(ctx context.Context, s Store, job string, ref CommitRef, cache *manifestCache) (*Manifest, error, error) {
-	key := PartKey(job, ref.Checkpoint, ref.Commit)
-	if m := cache.get(key); m != nil {
-		return m, nil, nil
-	}
-	data, _, err := s.GetBytes(ctx, key)
-	switch {
-	case errors.Is(err, ErrNotFound):
-		return nil, fmt.Errorf("%s: %w", key, err), nil
-	case err != nil:
-		return nil, nil, fmt.Errorf("read %s: %w", key, err)
-	}
-	m, err := ParseManifest(data)
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", key, err), nil
-	}
-	if m.Part == nil || m.Version != ManifestVersion || m.Job != job || m.Checkpoint != ref.Checkpoint || m.Commit != ref.Commit {
-		return nil, fmt.Errorf("%s: not the part of job %q checkpoint %q commit %q; left alone", key, job, ref.Checkpoint, ref.Commit), nil
-	}
-	cache.put(key, m)
-	return m, nil, nil
+	return readMeta(ctx, s, PartKey(job, ref.Checkpoint, ref.Commit), cache, func(m *Manifest) error {
+		if m.Part == nil || m.Version != ManifestVersion || m.Job != job || m.Checkpoint != ref.Checkpoint || m.Commit != ref.Commit {
+			return fmt.Errorf("not the part of job %q checkpoint %q commit %q; left alone", job, ref.Checkpoint, ref.Commit)
+		}
+		return nil
+	})
 }
 
 // writePart writes the part manifest m with If-None-Match. One already there with the same

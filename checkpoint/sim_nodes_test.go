@@ -88,16 +88,7 @@ func (s *sim) actNodes() {
 	case r < 35:
 		s.saveNodes()
 	case r < 42:
-		switch {
-		case a == nil:
-		case a.inForce:
-			a.up.SetNotices(nil)
-			a.inForce = false
-		default:
-			now := time.Now()
-			a.up.SetNotices([]ActiveNotice{{Key: "spot/terminate", Deadline: now.Add(2 * time.Minute), SignalledAt: now}})
-			a.noticed, a.inForce = true, true
-		}
+		s.toggleNotice(a)
 	case r < 50:
 		if a != nil {
 			s.killAgent(a)
@@ -107,14 +98,9 @@ func (s *sim) actNodes() {
 			s.stopAgent(a)
 		}
 	case r < 62:
-		for _, a := range s.agents {
-			if !s.running(a) {
-				s.startAgent(a)
-			}
-		}
+		s.startAll()
 	case r < 68:
-		errRate, lost := s.rng.Float64()*0.3, s.rng.Float64()*0.1
-		s.b.setFaults(errRate, lost, time.Duration(s.rng.IntN(800))*time.Millisecond, s.rng.IntN(8) == 0)
+		s.randomFaults()
 	default:
 		advance(time.Duration(s.rng.IntN(30_000)) * time.Millisecond)
 	}

@@ -412,16 +412,7 @@ func (s *sim) act() {
 	case r < 54:
 		s.deleteFile(s.anyAgent(a))
 	case r < 58:
-		switch {
-		case a == nil:
-		case a.inForce: // the notice ends (a rebalance withdrawn, a scheduled event canceled)
-			a.up.SetNotices(nil)
-			a.inForce = false
-		default:
-			now := time.Now()
-			a.up.SetNotices([]ActiveNotice{{Key: "spot/terminate", Deadline: now.Add(2 * time.Minute), SignalledAt: now}})
-			a.noticed, a.inForce = true, true
-		}
+		s.toggleNotice(a)
 	case r < 64:
 		if a != nil {
 			s.killAgent(a)
@@ -431,14 +422,9 @@ func (s *sim) act() {
 			s.stopAgent(a)
 		}
 	case r < 74:
-		for _, a := range s.agents {
-			if !s.running(a) {
-				s.startAgent(a)
-			}
-		}
+		s.startAll()
 	case r < 80:
-		errRate, lost := s.rng.Float64()*0.3, s.rng.Float64()*0.1
-		s.b.setFaults(errRate, lost, time.Duration(s.rng.IntN(800))*time.Millisecond, s.rng.IntN(8) == 0)
+		s.randomFaults()
 	case r < 83:
 		s.restore(a)
 	case r < 85:
@@ -448,6 +434,36 @@ func (s *sim) act() {
 	default:
 		advance(time.Duration(s.rng.IntN(30_000)) * time.Millisecond)
 	}
+}
+
+// toggleNotice ends a's notice if one is in force (a rebalance withdrawn, a scheduled event
+// canceled), else gives it a spot notice the trainer was signalled for.
+func (s *sim) toggleNotice(a *simAgent) {
+	switch {
+	case a == nil:
+	case a.inForce:
+		a.up.SetNotices(nil)
+		a.inForce = false
+	default:
+		now := time.Now()
+		a.up.SetNotices([]ActiveNotice{{Key: "spot/terminate", Deadline: now.Add(2 * time.Minute), SignalledAt: now}})
+		a.noticed, a.inForce = true, true
+	}
+}
+
+// startAll starts every agent that is not running.
+func (s *sim) startAll() {
+	for _, a := range s.agents {
+		if !s.running(a) {
+			s.startAgent(a)
+		}
+	}
+}
+
+// randomFaults sets new random fault rates, latency and sometimes an outage.
+func (s *sim) randomFaults() {
+	errRate, lost := s.rng.Float64()*0.3, s.rng.Float64()*0.1
+	s.b.setFaults(errRate, lost, time.Duration(s.rng.IntN(800))*time.Millisecond, s.rng.IntN(8) == 0)
 }
 
 // anyAgent returns a, or when no agent runs, any agent: the trainer writes whether or not its
