@@ -2,8 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"net"
@@ -38,69 +36,107 @@ const (
 	exitUsage = 2
 )
 
-const usageText = `spotguard keeps GPU training alive on EC2 Spot.
+// command is one of spotguard's commands.
+type command struct {
+	name string
+	// summary is its line in `spotguard -h` and in the README's CLI section.
+	summary string
+	run     func(ctx context.Context, args, environ []string, stdout, stderr io.Writer) int
+}
 
-Usage:
-  spotguard <command> [flags]
+// commands are spotguard's commands, in the order `spotguard -h` lists them.
+func commands() []command {
+	return []command{
+		{"drill", "rehearse a reclaim on this machine: notice, signal, upload, commit, restore (PASS/FAIL)", runDrill},
+		{"run", "run the agent: watch IMDS, signal the trainer on a notice, upload and commit checkpoints", runAgent},
+		{"doctor", "check once everything the agent depends on: PASS/WARN/FAIL per check, with the fix",
+			func(ctx context.Context, args, environ []string, stdout, stderr io.Writer) int {
+				return runDoctor(ctx, args, environ, stdout, stderr, defaultDoctorDeps())
+			}},
+		{"restore", "download the newest committed checkpoint, verified, into --to DIR or checkpoint.dir", runRestore},
+		{"list", "list the job's committed checkpoints, newest first", runList},
+		{"notify", "hand the agent a notice the job learned from another node: urgent uploads, no signal", runNotify},
+		{"gpu", "sample and judge every GPU (exit 0 healthy, 3 degraded, 4 no NVML)",
+			func(ctx context.Context, args, environ []string, stdout, stderr io.Writer) int {
+				return runGPU(ctx, args, environ, stdout, stderr, openNVML)
+			}},
+		{"plan", "how often to checkpoint: Young and Daly intervals, expected losses and costs",
+			func(_ context.Context, args, _ []string, stdout, stderr io.Writer) int {
+				return runPlan(args, stdout, stderr)
+			}},
+		{"config", "print the effective configuration and every problem with it; -h lists every key", runConfig},
+		{"version", "print the version (the same as spotguard --version)", runVersion},
+	}
+}
 
-Commands:
-  drill     rehearse a reclaim end to end on this machine: notice, signal, upload, commit, restore (PASS/FAIL)
-  run       run the agent: watch IMDS for interruption notices, signal the trainer, upload checkpoints
-  doctor    check everything the agent depends on once (IMDS, store, trainer, checkpoint.dir, NVML, CloudWatch): PASS/WARN/FAIL
-  restore   download the newest committed checkpoint, verified (--to DIR)
-  list      list the job's committed checkpoints
-  notify    hand the agent a notice the job learned from another node (--deadline RFC3339): urgent uploads, no signal
-  gpu       sample and judge every GPU (exit 0 healthy, 3 degraded, 4 no NVML)
-  plan      how often to checkpoint: Young and Daly intervals, expected losses and costs
-  config    print the effective configuration and every problem with it (exit 1 if any)
-  version   print the version
+// printUsage writes `spotguard -h`: the commands, one line each.
+func printUsage(w io.Writer, cmds []command) {
+	fmt.Fprint(w, "spotguard keeps GPU training alive on EC2 Spot.\n\nUsage: spotguard <command> [flags]\n\nCommands:\n")
+	for _, c := range cmds {
+		fmt.Fprintf(w, "  %-10s%s\n", c.name, c.summary)
+	}
+	fmt.Fprint(w, `
+Run 'spotguard <command> -h' for the flags of a command, 'spotguard config -h' for the
+configuration keys: each is also a flag of every command (--log.level debug) and an environment
+variable (SPOTGUARD_LOG_LEVEL=debug).
+`)
+}
 
-Run 'spotguard <command> -h' for the flags of a command. Every configuration key is also a flag
-(--imds.poll_interval 500ms) and an environment variable (SPOTGUARD_IMDS_POLL_INTERVAL=500ms);
-flags win over the environment, which wins over the file.
-`
+// commandNames is the one line that lists the commands after a mistake.
+func commandNames(cmds []command) string {
+	names := make([]string, len(cmds))
+	for i, c := range cmds {
+		names[i] = c.name
+	}
+	return "commands: " + strings.Join(names, ", ") + " (run 'spotguard -h' for what each does)"
+}
 
 // run is the whole program behind main: it returns the exit code.
 func run(ctx context.Context, args, environ []string, stdout, stderr io.Writer) int {
+	cmds := commands()
 	if len(args) == 0 {
-		fmt.Fprint(stderr, usageText)
+		printUsage(stderr, cmds)
 		return exitUsage
 	}
-	switch cmd, rest := args[0], args[1:]; cmd {
-	case "run":
-		return runAgent(ctx, rest, environ, stderr)
-	case "config":
-		return runConfig(ctx, rest, environ, stdout, stderr)
-	case "restore":
-		return runRestore(ctx, rest, environ, stdout, stderr)
-	case "list":
-		return runList(ctx, rest, environ, stdout, stderr)
-	case "notify":
-		return runNotify(ctx, rest, environ, stdout, stderr)
-	case "drill":
-		return runDrill(ctx, rest, environ, stdout, stderr)
-	case "doctor":
-		return runDoctor(ctx, rest, environ, stdout, stderr, defaultDoctorDeps())
+	name, rest := args[0], args[1:]
+	for _, c := range cmds {
+		if c.name == name {
+			return c.run(ctx, rest, environ, stdout, stderr)
+		}
+	}
+	switch name {
 	case drillTrainerCmd:
 		return runDrillTrainer(ctx, rest, stderr)
-	case "gpu":
-		return runGPU(ctx, rest, environ, stdout, stderr, openNVML)
-	case "plan":
-		return runPlan(rest, stdout, stderr)
-	case "version":
-		if len(rest) > 0 {
-			fmt.Fprintf(stderr, "spotguard version: unexpected argument %q\n", rest[0])
-			return exitUsage
-		}
-		fmt.Fprintln(stdout, versionString())
-		return exitOK
 	case "help", "-h", "-help", "--help":
-		fmt.Fprint(stdout, usageText)
+		if name == "help" && len(rest) > 0 {
+			// spotguard help CMD is spotguard CMD -h.
+			if len(rest) > 1 {
+				fmt.Fprintf(stderr, "spotguard help: unexpected argument %q\nrun 'spotguard -h' for the commands\n", rest[1])
+				return exitUsage
+			}
+			return run(ctx, []string{rest[0], "-h"}, environ, stdout, stderr)
+		}
+		printUsage(stdout, cmds)
 		return exitOK
-	default:
-		fmt.Fprintf(stderr, "spotguard: unknown command %q\n\n%s", cmd, usageText)
+	case "-version", "--version":
+		return runVersion(ctx, rest, environ, stdout, stderr)
+	}
+	if strings.HasPrefix(name, "-") {
+		fmt.Fprintf(stderr, "spotguard: %s before a command: flags go after the command (spotguard <command> %s ...)\n%s\n", name, name, commandNames(cmds))
 		return exitUsage
 	}
+	fmt.Fprintf(stderr, "spotguard: unknown command %q\n%s\n", name, commandNames(cmds))
+	return exitUsage
+}
+
+func runVersion(_ context.Context, args, _ []string, stdout, stderr io.Writer) int {
+	fs := newPlainFlagSet("version", "Print the version of spotguard, as spotguard --version does.", stdout, stderr)
+	fs.use = ""
+	if code, ok := fs.parse(args); !ok {
+		return code
+	}
+	fmt.Fprintln(stdout, versionString())
+	return exitOK
 }
 
 func versionString() string {
@@ -117,53 +153,14 @@ type configFlags struct {
 	overrides []agent.KeyValue
 }
 
-// newFlagSet returns a flag set with --config and one flag per configuration key.
-func newFlagSet(name, summary string, stderr io.Writer) (*flag.FlagSet, *configFlags) {
-	cf := &configFlags{}
-	fs := flag.NewFlagSet("spotguard "+name, flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.StringVar(&cf.path, "config", agent.DefaultConfigPath, "configuration `file` (YAML)")
-	fs.Func("log-level", "the same as --log.level: debug, info, warn or error", func(v string) error {
-		cf.overrides = append(cf.overrides, agent.KeyValue{Key: "log.level", Value: v})
-		return nil
-	})
-	for _, k := range agent.Keys() {
-		fs.Func(k.Name, fmt.Sprintf("%s (env %s, default %q)", k.Help, k.Env, k.Default), func(v string) error {
-			cf.overrides = append(cf.overrides, agent.KeyValue{Key: k.Name, Value: v})
-			return nil
-		})
-	}
-	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), "Usage: spotguard %s [flags]\n\n%s\n\nFlags:\n", name, summary)
-		fs.PrintDefaults()
-	}
-	return fs, cf
-}
-
-// parseFlags parses args; it returns the exit code to use when the command must not go on.
-func parseFlags(fs *flag.FlagSet, args []string) (int, bool) {
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return exitOK, false
-		}
-		return exitUsage, false
-	}
-	if fs.NArg() > 0 {
-		fmt.Fprintf(fs.Output(), "%s: unexpected argument %q\n", fs.Name(), fs.Arg(0))
-		fs.Usage()
-		return exitUsage, false
-	}
-	return 0, true
-}
-
 func (cf *configFlags) load(environ []string) (*agent.Config, error) {
 	return agent.Load(agent.LoadOptions{Path: cf.path, Environ: environ, Flags: cf.overrides})
 }
 
 func runConfig(ctx context.Context, args, environ []string, stdout, stderr io.Writer) int {
-	fs, cf := newFlagSet("config", "Print the effective configuration (with where each value came from), then every problem that would stop\n`spotguard run` from starting (exit 1) and every warning (exit 0).", stderr)
+	fs, cf := newFlagSet("config", "Print the effective configuration (with where each value came from), then every problem that would\nstop `spotguard run` from starting (exit 1) and every warning (exit 0).", stdout, stderr)
 	get := fs.String("get", "", "print only the effective value of `KEY` (e.g. checkpoint.dir), for scripts; exit 1 if the configuration\ndoes not load (bad YAML, a duplicate or unknown key, a bad value), but checks across keys are skipped")
-	if code, ok := parseFlags(fs, args); !ok {
+	if code, ok := fs.parse(args); !ok {
 		return code
 	}
 	cfg, err := cf.load(environ)
@@ -184,8 +181,7 @@ func runConfig(ctx context.Context, args, environ []string, stdout, stderr io.Wr
 				return exitOK
 			}
 		}
-		fmt.Fprintf(stderr, "spotguard config: --get %s: no such key (spotguard config lists them)\n", *get)
-		return exitUsage
+		return fs.usageError("--get %s: no such key", *get)
 	}
 	fmt.Fprint(stdout, cfg.YAML())
 	var problems []string
@@ -237,13 +233,13 @@ func awsNeeds(cfg *agent.Config, err error) (problem, warning string) {
 	return problem, warning
 }
 
-func runAgent(ctx context.Context, args, environ []string, stderr io.Writer) int {
+func runAgent(ctx context.Context, args, environ []string, stdout, stderr io.Writer) int {
 	// Counted from the start, so that the SIGTERM that ends ctx is the first.
 	stops := make(chan os.Signal, 2)
 	signal.Notify(stops, syscall.SIGTERM, syscall.SIGINT)
 	defer signal.Stop(stops)
-	fs, cf := newFlagSet("run", "Run the agent until SIGTERM or SIGINT (a second one ends the drain of uncommitted checkpoints).", stderr)
-	if code, ok := parseFlags(fs, args); !ok {
+	fs, cf := newFlagSet("run", "Run the agent until SIGTERM or SIGINT (a second one ends the drain of uncommitted checkpoints).", stdout, stderr)
+	if code, ok := fs.parse(args); !ok {
 		return code
 	}
 	cfg, err := cf.load(environ)

@@ -20,50 +20,6 @@ func runCLI(t *testing.T, ctx context.Context, env []string, args ...string) (in
 	return code, stdout.String(), stderr.String()
 }
 
-func TestUsageErrors(t *testing.T) {
-	tests := []struct {
-		name string
-		args []string
-		want string
-	}{
-		{"no command", nil, "Usage:"},
-		{"unknown command", []string{"frobnicate"}, `unknown command "frobnicate"`},
-		{"unknown flag", []string{"config", "--no-such-flag"}, "flag provided but not defined: -no-such-flag"},
-		{"stray argument", []string{"config", "extra"}, `unexpected argument "extra"`},
-		{"version argument", []string{"version", "x"}, `unexpected argument "x"`},
-		{"run unknown flag", []string{"run", "--bogus"}, "flag provided but not defined"},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			code, stdout, stderr := runCLI(t, t.Context(), nil, tt.args...)
-			if code != exitUsage {
-				t.Errorf("Got(%q) exit = %d; want %d", tt.args, code, exitUsage)
-			}
-			if !strings.Contains(stderr, tt.want) {
-				t.Errorf("Got(%q) stderr = %q; want it to contain %q", tt.args, stderr, tt.want)
-			}
-			if stdout != "" {
-				t.Errorf("Got(%q) stdout = %q; want nothing (usage goes to stderr)", tt.args, stdout)
-			}
-		})
-	}
-}
-
-func TestVersionAndHelp(t *testing.T) {
-	code, stdout, _ := runCLI(t, t.Context(), nil, "version")
-	if code != exitOK || !strings.HasPrefix(stdout, "spotguard ") {
-		t.Errorf("version: exit %d, stdout %q", code, stdout)
-	}
-	code, stdout, _ = runCLI(t, t.Context(), nil, "help")
-	if code != exitOK || !strings.Contains(stdout, "Commands:") {
-		t.Errorf("help: exit %d, stdout %q", code, stdout)
-	}
-	code, _, stderr := runCLI(t, t.Context(), nil, "run", "-h")
-	if code != exitOK || !strings.Contains(stderr, "-trainer.signal") {
-		t.Errorf("run -h: exit %d; want 0 and the flags listed, got %q", code, stderr)
-	}
-}
-
 func TestConfigCommand(t *testing.T) {
 	dir := t.TempDir()
 	good := filepath.Join(dir, "good.yaml")

@@ -86,9 +86,9 @@ func defaultDoctorDeps() doctorDeps {
 }
 
 func runDoctor(ctx context.Context, args, environ []string, stdout, stderr io.Writer, deps doctorDeps) int {
-	fs, cf := newFlagSet("doctor", "Run every check the agent depends on once, with the agent's own code: IMDS (each notice source), the store\n(list, write, read and delete of a probe object under <job>/_spotguard/), trainer discovery (found, catches the signal),\ncheckpoint.dir, NVML and CloudWatch. Prints PASS, WARN or FAIL per check with the fix; exit 1 on any FAIL.", stderr)
+	fs, cf := newFlagSet("doctor", "Run every check the agent depends on once, with the agent's own code: IMDS (each notice source), the\nstore (list, write, read and delete of a probe object under <job>/_spotguard/), trainer discovery\n(found, catches the signal), checkpoint.dir, NVML and CloudWatch. Prints PASS, WARN or FAIL per\ncheck with the fix; exit 1 on any FAIL.", stdout, stderr)
 	jsonOut := fs.Bool("json", false, "print the report as JSON")
-	if code, ok := parseFlags(fs, args); !ok {
+	if code, ok := fs.parse(args); !ok {
 		return code
 	}
 	rep := doctor(ctx, cf, environ, deps, stderr)

@@ -78,39 +78,32 @@ type drillStep struct {
 }
 
 func runDrill(ctx context.Context, args, environ []string, stdout, stderr io.Writer) int {
-	fs, cf := newFlagSet("drill", "Rehearse a spot reclaim end to end: a notice arrives, the trainer is signalled and writes a checkpoint,\nspotguard streams and commits it, and it is restored and verified byte for byte. With no flags it runs on\nthis machine alone (an in-process IMDS, a demo trainer, a file:// store in a temp dir). PASS or FAIL; exit 1 on FAIL.", stderr)
-	sizeFlag := fs.String("size", "512MiB", "demo trainer: total checkpoint size (e.g. 512MiB, 4GiB)")
-	files := fs.Int("files", 8, "demo trainer: files per checkpoint")
-	storeURL := fs.String("store", "", "where to commit: s3://bucket/prefix or file:///path (default: a file:// store in a temp dir)")
-	trainerCmd := fs.String("trainer-cmd", "", "run this trainer (sh -c 'exec CMD') instead of the demo one; it must catch the signal and write into --checkpoint-dir;\nit and the processes it starts (its workers) are the trainers, and nothing else is signalled")
+	fs, cf := newFlagSet("drill", "Rehearse a spot reclaim end to end: a notice arrives, the trainer is signalled and writes a\ncheckpoint, spotguard streams and commits it, and it is restored and verified byte for byte. With\nno flags it runs on this machine alone (an in-process IMDS, a demo trainer, a file:// store in a\ntemp dir). PASS or FAIL; exit 1 on FAIL.", stdout, stderr)
+	sizeFlag := fs.String("size", "512MiB", "demo trainer: total checkpoint `SIZE` (e.g. 512MiB, 4GiB)")
+	files := fs.Int("files", 8, "demo trainer: `N` files per checkpoint")
+	storeURL := fs.String("store", "", "where to commit, a `URL`: s3://bucket/prefix or file:///path (default: a file:// store in a temp dir);\nstore.url of the configuration is not used")
+	trainerCmd := fs.String("trainer-cmd", "", "run this trainer `CMD` (sh -c 'exec CMD') instead of the demo one; it must catch the signal and write into --checkpoint-dir;\nit and the processes it starts (its workers) are the trainers, and nothing else is signalled")
 	useTrainerConfig := fs.Bool("use-trainer-config", false, "find trainers as the agent does, too: keep your trainer.unit, trainer.match, trainer.container and trainer.user\n(trainer.pidfile is the drill's own), so every process they find is signalled, a job you are running included;\nwithout it only the drill's trainer and the processes it starts are")
-	ckDir := fs.String("checkpoint-dir", "", "checkpoint directory (default: a temp dir)")
-	imdsMode := fs.String("imds", "sim", "sim: an in-process IMDS announces the reclaim; real: wait for a real notice (e.g. an AWS FIS experiment)")
+	ckDir := fs.String("checkpoint-dir", "", "the `DIR` the trainer writes its checkpoints into (default: a temp dir); checkpoint.dir of the\nconfiguration is not used")
+	imdsMode := fs.String("imds", "sim", "where the notice comes from, a `MODE`: sim, an in-process IMDS announces the reclaim; real, wait for\na real notice (e.g. an AWS FIS experiment)")
 	jsonOut := fs.Bool("json", false, "print the report as JSON")
 	keep := fs.Bool("keep", false, "keep the temp dir (checkpoints, store, restored copy)")
-	nodes := fs.Int("nodes", 1, "rehearse a job of N nodes on this machine: N agents and demo trainers, one node notified; each node's part and\nthe job checkpoint (store.world_nodes, docs/multinode.md), with per-node timelines and the job's time to durable")
-	if code, ok := parseFlags(fs, args); !ok {
+	nodes := fs.Int("nodes", 1, "rehearse a job of `N` nodes on this machine: N agents and demo trainers, one node notified; each node's part and\nthe job checkpoint (store.world_nodes, docs/multinode.md), with per-node timelines and the job's time to durable")
+	if code, ok := fs.parse(args); !ok {
 		return code
 	}
 	size, err := parseDrillSize(*sizeFlag)
-	if err != nil || *files < 1 || (*imdsMode != "sim" && *imdsMode != "real") {
-		switch {
-		case err != nil:
-			fmt.Fprintf(stderr, "spotguard drill: --size %q: %v\n", *sizeFlag, err)
-		case *files < 1:
-			fmt.Fprintf(stderr, "spotguard drill: --files %d: want at least 1\n", *files)
-		default:
-			fmt.Fprintf(stderr, "spotguard drill: --imds %q: want sim or real\n", *imdsMode)
-		}
-		return exitUsage
-	}
-	if *nodes < 1 || *nodes > 64 || (*nodes > 1 && (*trainerCmd != "" || *ckDir != "" || *imdsMode != "sim")) {
-		fmt.Fprintf(stderr, "spotguard drill: --nodes %d: want 1 to 64, and above 1 only with the demo trainers and --imds sim\n", *nodes)
-		return exitUsage
-	}
-	if *trainerCmd != "" && *ckDir == "" {
-		fmt.Fprintln(stderr, "spotguard drill: --trainer-cmd needs --checkpoint-dir (where your trainer writes)")
-		return exitUsage
+	switch {
+	case err != nil:
+		return fs.usageError("--size %q: %v", *sizeFlag, err)
+	case *files < 1:
+		return fs.usageError("--files %d: want at least 1", *files)
+	case *imdsMode != "sim" && *imdsMode != "real":
+		return fs.usageError("--imds %q: want sim or real", *imdsMode)
+	case *nodes < 1 || *nodes > 64 || (*nodes > 1 && (*trainerCmd != "" || *ckDir != "" || *imdsMode != "sim")):
+		return fs.usageError("--nodes %d: want 1 to 64, and above 1 only with the demo trainers and --imds sim", *nodes)
+	case *trainerCmd != "" && *ckDir == "":
+		return fs.usageError("--trainer-cmd needs --checkpoint-dir (where your trainer writes)")
 	}
 
 	tmp, err := os.MkdirTemp("", "spotguard-drill-")

@@ -53,9 +53,9 @@ func openNVML(log zerolog.Logger) (gpuSource, error) {
 }
 
 func runGPU(ctx context.Context, args, environ []string, stdout, stderr io.Writer, open gpuOpener) int {
-	fs, cf := newFlagSet("gpu", "Sample every GPU once and judge it: clocks now/max, peak and achieved memory bandwidth,\nutilization, temperature, power, clock-event reasons, verdict.\nExit 0 healthy, 3 degraded, 4 no NVML (with the reason).", stderr)
+	fs, cf := newFlagSet("gpu", "Sample every GPU once and judge it: clocks now/max, peak and achieved memory bandwidth,\nutilization, temperature, power, clock-event reasons, verdict.\nExit 0 healthy, 3 degraded, 4 no NVML (with the reason).", stdout, stderr)
 	jsonOut := fs.Bool("json", false, "print the report as JSON")
-	if code, ok := parseFlags(fs, args); !ok {
+	if code, ok := fs.parse(args); !ok {
 		return code
 	}
 	cfg, err := cf.load(environ)

@@ -31,31 +31,28 @@ Exit 0 when the agent took the notice, 1 when it is not running or refused it, 2
 const notifyTimeout = 5 * time.Second
 
 func runNotify(ctx context.Context, args, environ []string, stdout, stderr io.Writer) int {
-	fs, cf := newFlagSet("notify", notifySummary, stderr)
+	fs, cf := newFlagSet("notify", notifySummary, stdout, stderr)
+	fs.use = "--deadline RFC3339 [flags]"
 	deadline := fs.String("deadline", "", "when the notified instance goes, `RFC3339` (required; one already past is due now)")
 	action := fs.String("action", "terminate", "the notice's `action`: "+strings.Join(agent.JobActions(), ", "))
 	listen := fs.String("listen", "", "the agent's listener, `host:port` (default: http.listen from the configuration, which is then not read)")
 	jsonOut := fs.Bool("json", false, "print the agent's answer as it came (JSON)")
-	if code, ok := parseFlags(fs, args); !ok {
+	if code, ok := fs.parse(args); !ok {
 		return code
 	}
-	usage := func(format string, a ...any) int {
-		fmt.Fprintf(stderr, "spotguard notify: "+format+"\n(spotguard notify -h lists the flags)\n", a...)
-		return exitUsage
-	}
 	if *deadline == "" {
-		return usage("--deadline is required (RFC 3339, e.g. %s)", time.Now().Add(2*time.Minute).UTC().Format(time.RFC3339))
+		return fs.usageError("--deadline is required (RFC 3339, e.g. %s)", time.Now().Add(2*time.Minute).UTC().Format(time.RFC3339))
 	}
 	d, err := time.Parse(time.RFC3339, strings.TrimSpace(*deadline))
 	if err != nil {
-		return usage("--deadline %q is not RFC 3339 (want e.g. %s)", *deadline, time.Now().Add(2*time.Minute).UTC().Format(time.RFC3339))
+		return fs.usageError("--deadline %q is not RFC 3339 (want e.g. %s)", *deadline, time.Now().Add(2*time.Minute).UTC().Format(time.RFC3339))
 	}
 	if d.After(time.Now().Add(agent.MaxJobDeadlineAhead)) {
-		return usage("--deadline %s is more than %s ahead: not a notice's deadline", d.Format(time.RFC3339), agent.MaxJobDeadlineAhead)
+		return fs.usageError("--deadline %s is more than %s ahead: not a notice's deadline", d.Format(time.RFC3339), agent.MaxJobDeadlineAhead)
 	}
 	act, err := agent.ParseJobAction(*action)
 	if err != nil {
-		return usage("--action: %v", err)
+		return fs.usageError("--action: %v", err)
 	}
 
 	addr := *listen
@@ -67,7 +64,7 @@ func runNotify(ctx context.Context, args, environ []string, stdout, stderr io.Wr
 	}
 	url, err := noticeURL(addr)
 	if err != nil {
-		return usage("--listen %q: %v", addr, err)
+		return fs.usageError("--listen %q: %v", addr, err)
 	}
 	body, _ := json.Marshal(agent.JobNotice{Source: string(agent.SourceJob), Action: act, Deadline: d.Format(time.RFC3339Nano)})
 	ctx, cancel := context.WithTimeout(ctx, notifyTimeout)

@@ -155,13 +155,13 @@ func TestNotifyFailures(t *testing.T) {
 }
 
 func TestNotifyHelp(t *testing.T) {
-	code, _, stderr := runCLI(t, t.Context(), nil, "notify", "-h")
-	for _, want := range []string{"Usage: spotguard notify", "-deadline RFC3339", "-action", "-listen host:port", "-http.listen", "-config file"} {
-		if code != exitOK || !strings.Contains(stderr, want) {
-			t.Errorf("notify -h = %d; want 0 and %q in:\n%s", code, want, stderr)
+	code, stdout, _ := runCLI(t, t.Context(), nil, "notify", "-h")
+	for _, want := range []string{"Usage: spotguard notify --deadline RFC3339 [flags]", "--deadline RFC3339", "--action", "--listen host:port", "--config FILE"} {
+		if code != exitOK || !strings.Contains(stdout, want) {
+			t.Errorf("notify -h = %d; want 0 and %q in:\n%s", code, want, stdout)
 		}
 	}
-	_, stdout, _ := runCLI(t, t.Context(), nil, "help")
+	_, stdout, _ = runCLI(t, t.Context(), nil, "help")
 	if !strings.Contains(stdout, "\n  notify ") {
 		t.Errorf("spotguard help does not list notify:\n%s", stdout)
 	}

@@ -56,8 +56,7 @@ type planFlags struct {
 
 func runPlan(args []string, stdout, stderr io.Writer) int {
 	f := planFlags{restart: planDefaultRestart, gpus: planDefaultGPUs, q: planDefaultNoticeSuccess, set: map[string]bool{}}
-	fs := flag.NewFlagSet("spotguard plan", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs := newPlainFlagSet("plan", planSummary, stdout, stderr)
 	fs.Func("mtbi", "mean time between interruptions, a `duration` such as 24h or 3d", func(v string) (err error) {
 		f.mtbi, err = planParsePositiveDuration(v)
 		return err
@@ -109,17 +108,12 @@ func runPlan(args []string, stdout, stderr io.Writer) int {
 		return err
 	})
 	fs.BoolVar(&f.json, "json", false, "print every number as JSON (durations in seconds), with the inputs")
-	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), "Usage: spotguard plan [flags]\n\n%s\n\nFlags:\n", planSummary)
-		fs.PrintDefaults()
-	}
-	if code, ok := parseFlags(fs, args); !ok {
+	if code, ok := fs.parse(args); !ok {
 		return code
 	}
 	fs.Visit(func(fl *flag.Flag) { f.set[fl.Name] = true })
 	if err := f.check(); err != nil {
-		fmt.Fprintf(stderr, "spotguard plan: %v\nRun 'spotguard plan -h' for the flags.\n", err)
-		return exitUsage
+		return fs.usageError("%v", err)
 	}
 	if f.set["interruption-rate"] {
 		m, err := checkpoint.MTBIFromMonthlyRate(f.p)

@@ -254,8 +254,8 @@ func TestPlanRejects(t *testing.T) {
 
 func TestPlanHelp(t *testing.T) {
 	code, stdout, stderr := planRun(t, "-h")
-	if code != exitOK || stdout != "" || !strings.Contains(stderr, "-interruption-rate bucket") {
-		t.Errorf("Got(plan -h) = %d, %q, %q; want 0 and the flags on stderr", code, stdout, stderr)
+	if code != exitOK || stderr != "" || !strings.Contains(stdout, "--interruption-rate bucket") {
+		t.Errorf("Got(plan -h) = %d, %q, %q; want 0 and the flags on stdout", code, stdout, stderr)
 	}
 	var out bytes.Buffer
 	if code := run(t.Context(), []string{"help"}, nil, &out, &out); code != exitOK || !strings.Contains(out.String(), "  plan      how often to checkpoint") {

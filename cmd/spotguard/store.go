@@ -39,7 +39,7 @@ func loadStoreConfig(cf *configFlags, environ []string, stderr io.Writer, cmd st
 }
 
 func runRestore(ctx context.Context, args, environ []string, stdout, stderr io.Writer) int {
-	fs, cf := newFlagSet("restore", "Download the newest committed checkpoint (the newest commit: what LATEST names, or a newer one if LATEST lags)\ninto DIR/<checkpoint>, verifying every checksum; nothing is put in place until all of it is verified.", stderr)
+	fs, cf := newFlagSet("restore", "Download the newest committed checkpoint (the newest commit: what LATEST names, or a newer one if\nLATEST lags) into DIR/<checkpoint>, verifying every checksum; nothing is put in place until all of\nit is verified.", stdout, stderr)
 	to := fs.String("to", "", "destination `DIR` (default: checkpoint.dir); the checkpoint lands in DIR/<checkpoint>")
 	noCreate := fs.Bool("no-create", false, "do not create a missing DIR unless its parent is a mount point: a disk not mounted yet fails\nloudly instead of filling the root volume under the mount point (the restore unit uses it)")
 	mountWait := fs.Duration("mount-wait", 0, "with --no-create, wait up to `DURATION` for a missing DIR to appear or its parent to become a\nmount point (a disk mounted late at boot) before failing")
@@ -48,12 +48,11 @@ func runRestore(ctx context.Context, args, environ []string, stdout, stderr io.W
 	part := fs.Bool("part", false, "multi-node jobs: restore only this node's part (store.node_rank) and the files it shares with the other\nparts, not every node's files (for trainers whose ranks read only their own files, with static node ranks)")
 	jsonOut := fs.Bool("json", false, "print the result as JSON")
 	allowEmpty := fs.Bool("allow-empty", false, "exit 0 when the job has no committed checkpoint yet (a first run); other errors still fail")
-	if code, ok := parseFlags(fs, args); !ok {
+	if code, ok := fs.parse(args); !ok {
 		return code
 	}
 	if *commit != "" && *name == "" {
-		fmt.Fprintln(stderr, "spotguard restore: --commit needs --checkpoint")
-		return exitUsage
+		return fs.usageError("--commit needs --checkpoint")
 	}
 	cfg, ok := loadStoreConfig(cf, environ, stderr, "restore")
 	if !ok {
@@ -63,16 +62,13 @@ func runRestore(ctx context.Context, args, environ []string, stdout, stderr io.W
 		*to = cfg.Checkpoint.Dir
 	}
 	if *to == "" {
-		fmt.Fprintln(stderr, "spotguard restore: --to DIR is required when checkpoint.dir is not set")
-		fs.Usage()
-		return exitUsage
+		return fs.usageError("--to DIR is required when checkpoint.dir is not set")
 	}
 	var partRank *int
 	if *part {
 		if cfg.Store.WorldNodes < 2 || cfg.Store.NodeRank >= cfg.Store.WorldNodes {
-			fmt.Fprintf(stderr, "spotguard restore: --part needs store.world_nodes above 1 and store.node_rank below it (they are %d and %d)\n",
+			return fs.usageError("--part needs store.world_nodes above 1 and store.node_rank below it (they are %d and %d)",
 				cfg.Store.WorldNodes, cfg.Store.NodeRank)
-			return exitUsage
 		}
 		partRank = &cfg.Store.NodeRank
 	}
@@ -214,10 +210,10 @@ func isMountPoint(dir string) (bool, error) {
 }
 
 func runList(ctx context.Context, args, environ []string, stdout, stderr io.Writer) int {
-	fs, cf := newFlagSet("list", "List the job's commits, newest first (by completion time): checkpoint, commit id, file count, size, trigger.", stderr)
+	fs, cf := newFlagSet("list", "List the job's commits, newest first (by completion time): checkpoint, commit id, file count, size,\ntrigger.", stdout, stderr)
 	jsonOut := fs.Bool("json", false, "print the manifests as JSON")
 	check := fs.Bool("check", false, "also check the job against spotguard's invariants (every listed object there with its size, nothing\nelse under a commit, LATEST on a valid commit, no spotguard file in a checkpoint); exit 1 on a violation")
-	if code, ok := parseFlags(fs, args); !ok {
+	if code, ok := fs.parse(args); !ok {
 		return code
 	}
 	cfg, ok := loadStoreConfig(cf, environ, stderr, "list")
