@@ -88,6 +88,11 @@ func runDrill(ctx context.Context, args, environ []string, stdout, stderr io.Wri
 	imdsMode := fs.String("imds", "sim", "where the notice comes from, a `MODE`: sim, an in-process IMDS announces the reclaim; real, wait for\na real notice (e.g. an AWS FIS experiment)")
 	jsonOut := fs.Bool("json", false, "print the report as JSON")
 	keep := fs.Bool("keep", false, "keep the temp dir (checkpoints, store, restored copy)")
+	// A drill has a store, a checkpoint directory and a job of its own, never the configuration's
+	// (the demo trainer must not write into a directory a running agent watches): one spelling each.
+	fs.refuseKey("store.url", "its store is --store URL")
+	fs.refuseKey("checkpoint.dir", "its trainer writes into --checkpoint-dir DIR")
+	fs.refuseKey("store.job", "it commits under a job of its own (drill-<time>-<random>)")
 	nodes := fs.Int("nodes", 1, "rehearse a job of `N` nodes on this machine: N agents and demo trainers, one node notified; each node's part and\nthe job checkpoint (store.world_nodes, docs/multinode.md), with per-node timelines and the job's time to durable")
 	if code, ok := fs.parse(args); !ok {
 		return code

@@ -29,6 +29,10 @@ type flagSet struct {
 	cf     *configFlags // nil: the command takes no configuration
 	// hidden are the flags -h does not list: --config, every key and the old spellings.
 	hidden map[string]bool
+	// refused are the key flags the command takes from a flag of its own, each with what to
+	// use instead; refusal is what the first one given said.
+	refused map[string]string
+	refusal string
 }
 
 // newFlagSet returns the flag set of a command that loads the configuration: --config, one flag
@@ -46,6 +50,12 @@ func newFlagSet(name, summary string, stdout, stderr io.Writer) (*flagSet, *conf
 	fs.hidden["log-level"] = true
 	for _, k := range agent.Keys() {
 		fs.Func(k.Name, k.Help, func(v string) error {
+			if why, ok := fs.refused[k.Name]; ok {
+				if fs.refusal == "" {
+					fs.refusal = fmt.Sprintf("--%s is not used by %s: %s", k.Name, fs.name, why)
+				}
+				return errors.New(why)
+			}
 			cf.overrides = append(cf.overrides, agent.KeyValue{Key: k.Name, Value: v})
 			return nil
 		})
@@ -60,12 +70,21 @@ func newPlainFlagSet(name, summary string, stdout, stderr io.Writer) *flagSet {
 		FlagSet: flag.NewFlagSet("spotguard "+name, flag.ContinueOnError),
 		name:    name, summary: summary, use: "[flags]",
 		stdout: stdout, stderr: stderr,
-		hidden: map[string]bool{},
+		hidden: map[string]bool{}, refused: map[string]string{},
 	}
 	// The flag package's own messages and usage are replaced by parse's.
 	fs.SetOutput(io.Discard)
 	fs.Usage = func() {}
 	return fs
+}
+
+// refuseKey makes the key flag --key a usage error on this command, which takes the same thing
+// from a flag of its own: why says which.
+func (fs *flagSet) refuseKey(key, why string) {
+	if fs.Lookup(key) == nil {
+		panic("refuseKey: no configuration key " + key)
+	}
+	fs.refused[key] = why
 }
 
 // parse parses args. It returns true when the command goes on; otherwise the exit code: 0 after
@@ -76,6 +95,8 @@ func (fs *flagSet) parse(args []string) (int, bool) {
 	case errors.Is(err, flag.ErrHelp):
 		fs.printHelp(fs.stdout)
 		return exitOK, false
+	case fs.refusal != "":
+		return fs.usageError("%s", fs.refusal), false
 	case err != nil:
 		if name, ok := strings.CutPrefix(err.Error(), "flag provided but not defined: -"); ok && strings.Contains(name, ".") && fs.cf != nil {
 			fmt.Fprintf(fs.stderr, "spotguard %s: %v\nrun 'spotguard config -h' for the configuration keys\n", fs.name, err)

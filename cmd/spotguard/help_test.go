@@ -192,6 +192,26 @@ func TestUsageErrorsAreTwoLines(t *testing.T) {
 	}
 }
 
+// drill has a store, a checkpoint directory and a job of its own, never the configuration's: the
+// key flags that would name them are refused, pointing to drill's own flag, before anything runs
+// (they used to be taken and silently replaced by the drill's).
+func TestDrillRefusesTheKeyFlagsItOwns(t *testing.T) {
+	for _, tt := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--store.url", "s3://my-bucket/ckpt"}, "spotguard drill: --store.url is not used by drill: its store is --store URL"},
+		{[]string{"--checkpoint.dir=/data/ckpt"}, "spotguard drill: --checkpoint.dir is not used by drill: its trainer writes into --checkpoint-dir DIR"},
+		{[]string{"--store.job", "llama"}, "spotguard drill: --store.job is not used by drill: it commits under a job of its own (drill-<time>-<random>)"},
+	} {
+		code, stdout, stderr := runCLI(t, t.Context(), nil, append([]string{"drill", "--size", "1MiB"}, tt.args...)...)
+		want := tt.want + "\nrun 'spotguard drill -h' for its flags\n"
+		if code != exitUsage || stderr != want || stdout != "" {
+			t.Errorf("Got(%q) = %d, %q, %q; want %d and %q", tt.args, code, stdout, stderr, exitUsage, want)
+		}
+	}
+}
+
 // --version and -version print what `spotguard version` prints; help CMD is CMD -h.
 func TestVersionAndHelp(t *testing.T) {
 	_, want, _ := runCLI(t, t.Context(), nil, "version")
