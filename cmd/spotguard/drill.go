@@ -131,7 +131,7 @@ func runDrill(ctx context.Context, args, environ []string, stdout, stderr io.Wri
 		fmt.Fprintf(stderr, "spotguard drill: %v\n", err)
 		return exitFail
 	}
-	// The report says what happened; the agent's own log shows errors only (--log-level to see more).
+	// The report says what happened; the agent's own log shows errors only (--log.level to see more).
 	level := zerolog.ErrorLevel
 	for _, kv := range cf.overrides {
 		if kv.Key == "log.level" {
