@@ -88,11 +88,14 @@ func runDrill(ctx context.Context, args, environ []string, stdout, stderr io.Wri
 	imdsMode := fs.String("imds", "sim", "where the notice comes from, a `MODE`: sim, an in-process IMDS announces the reclaim; real, wait for\na real notice (e.g. an AWS FIS experiment)")
 	jsonOut := fs.Bool("json", false, "print the report as JSON")
 	keep := fs.Bool("keep", false, "keep the temp dir (checkpoints, store, restored copy)")
-	// A drill has a store, a checkpoint directory and a job of its own, never the configuration's
-	// (the demo trainer must not write into a directory a running agent watches): one spelling each.
+	// A drill has a store, a checkpoint directory, a job and nodes of its own, never the
+	// configuration's (the demo trainer must not write into a directory a running agent watches):
+	// one spelling each.
 	fs.refuseKey("store.url", "its store is --store URL")
 	fs.refuseKey("checkpoint.dir", "its trainer writes into --checkpoint-dir DIR")
 	fs.refuseKey("store.job", "it commits under a job of its own (drill-<time>-<random>)")
+	fs.refuseKey("store.world_nodes", "a job of N nodes is --nodes N")
+	fs.refuseKey("store.node_rank", "--nodes N gives each node its rank")
 	nodes := fs.Int("nodes", 1, "rehearse a job of `N` nodes on this machine: N agents and demo trainers, one node notified; each node's part and\nthe job checkpoint (store.world_nodes, docs/multinode.md), with per-node timelines and the job's time to durable")
 	if code, ok := fs.parse(args); !ok {
 		return code
@@ -424,8 +427,9 @@ func drillStore(ctx context.Context, p drillPlan, cfg *agent.Config, realEndpoin
 
 // drillConfig is the agent's configuration for a drill, as `spotguard run` would load it, pointed
 // at the drill's pieces: the trainer's pidfile, the checkpoint and runtime directories, the
-// drill's store and job, the IMDS simulator at endpoint (if not empty), no listener, no
-// CloudWatch; extra keys last. It also returns the IMDS endpoint of the user's configuration, for
+// drill's store and job, a node alone (store.world_nodes 1: a multi-node drill says otherwise in
+// extra), the IMDS simulator at endpoint (if not empty), no listener, no CloudWatch; extra keys
+// last. It also returns the IMDS endpoint of the user's configuration, for
 // the store's region (the real IMDS, as for `spotguard run`, even when the notices come from the
 // drill's simulator).
 func drillConfig(p drillPlan, pidfile, ckDir, runDir, endpoint string, extra ...agent.KeyValue) (*agent.Config, string, error) {
@@ -438,7 +442,9 @@ func drillConfig(p drillPlan, pidfile, ckDir, runDir, endpoint string, extra ...
 	overrides = append(overrides,
 		agent.KeyValue{Key: "trainer.pidfile", Value: pidfile},
 		agent.KeyValue{Key: "checkpoint.dir", Value: ckDir}, agent.KeyValue{Key: "store.url", Value: p.store},
-		agent.KeyValue{Key: "store.job", Value: p.job}, agent.KeyValue{Key: "http.listen", Value: ""},
+		agent.KeyValue{Key: "store.job", Value: p.job},
+		agent.KeyValue{Key: "store.world_nodes", Value: "1"}, agent.KeyValue{Key: "store.node_rank", Value: "0"},
+		agent.KeyValue{Key: "http.listen", Value: ""},
 		agent.KeyValue{Key: "agent.runtime_dir", Value: runDir},
 		agent.KeyValue{Key: "metrics.cloudwatch", Value: "false"}, agent.KeyValue{Key: "notices.rebalance", Value: "ignore"})
 	if endpoint != "" {

@@ -203,6 +203,8 @@ func TestDrillRefusesTheKeyFlagsItOwns(t *testing.T) {
 		{[]string{"--store.url", "s3://my-bucket/ckpt"}, "spotguard drill: --store.url is not used by drill: its store is --store URL"},
 		{[]string{"--checkpoint.dir=/data/ckpt"}, "spotguard drill: --checkpoint.dir is not used by drill: its trainer writes into --checkpoint-dir DIR"},
 		{[]string{"--store.job", "llama"}, "spotguard drill: --store.job is not used by drill: it commits under a job of its own (drill-<time>-<random>)"},
+		{[]string{"--store.world_nodes", "4"}, "spotguard drill: --store.world_nodes is not used by drill: a job of N nodes is --nodes N"},
+		{[]string{"--store.node_rank=1"}, "spotguard drill: --store.node_rank is not used by drill: --nodes N gives each node its rank"},
 	} {
 		code, stdout, stderr := runCLI(t, t.Context(), nil, append([]string{"drill", "--size", "1MiB"}, tt.args...)...)
 		want := tt.want + "\nrun 'spotguard drill -h' for its flags\n"

@@ -61,6 +61,16 @@ func TestDrillEmbeddedDefault(t *testing.T) {
 	checkDrillPass(t, code, r, 96<<20, stderr)
 }
 
+// A drill on an instance of a multi-node job (store.world_nodes and store.node_rank in its
+// configuration) rehearses one node alone unless --nodes says otherwise: it used to take the
+// job's world_nodes, wait for parts no other node writes, and fail with the advice of a slow
+// upload.
+func TestDrillOnAMultiNodeJobsInstance(t *testing.T) {
+	needPeers(t)
+	code, r, stderr := runDrill(t, []string{"SPOTGUARD_STORE_WORLD_NODES=4", "SPOTGUARD_STORE_NODE_RANK=2"}, "--size", "16MiB")
+	checkDrillPass(t, code, r, 16<<20, stderr)
+}
+
 func TestDrillS3(t *testing.T) {
 	needPeers(t)
 	s3 := startS3(t)
