@@ -77,8 +77,8 @@ func printUsage(w io.Writer, cmds []command) {
 	}
 	fmt.Fprint(w, `
 Run 'spotguard <command> -h' for the flags of a command, 'spotguard config -h' for the
-configuration keys: each is also a flag of every command (--log.level debug) and an environment
-variable (SPOTGUARD_LOG_LEVEL=debug).
+configuration keys: each is also a flag (--log.level debug) and an environment variable
+(SPOTGUARD_LOG_LEVEL=debug).
 `)
 }
 

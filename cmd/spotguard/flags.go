@@ -117,9 +117,9 @@ func (fs *flagSet) usageError(format string, a ...any) int {
 }
 
 // keyFlagsNote ends the help of every command that loads the configuration but `config`.
-const keyFlagsNote = `--config FILE is the configuration (default ` + agent.DefaultConfigPath + `). Every
-configuration key is also a flag (--store.url URL, --log.level debug, ...): 'spotguard config -h'
-lists them.`
+const keyFlagsNote = `--config FILE is the configuration (default ` + agent.DefaultConfigPath + `).
+Every configuration key is also a flag (--store.url URL, --log.level debug, ...):
+'spotguard config -h' lists them.`
 
 // printHelp writes the command's help: the usage line, the description, its own flags, and for
 // the configuration's keys a note (every command) or their list (`config`).
