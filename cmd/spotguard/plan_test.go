@@ -55,7 +55,7 @@ func TestPlanText(t *testing.T) {
 			t.Errorf("Got(line %q) ends in a space; want none", line)
 		}
 	}
-	if !strings.Contains(stderr, "warning: a save (5m0s) takes longer than the 2m0s Spot notice") {
+	if !strings.Contains(stderr, "warning: a save is in the store only 5m after it starts, later than the 2m Spot notice") {
 		t.Errorf("Got(stderr) = %q; want the warning about a save longer than the notice", stderr)
 	}
 }
