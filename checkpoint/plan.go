@@ -395,8 +395,8 @@ func (p Plan) recommend() PlanRecommendation {
 	case !s.FitsNotice:
 		rec = PlanRecommendation{PlanPolicy: p.Periodic,
 			Reason: fmt.Sprintf("periodic saves only: a save is in the store %s after it starts, later than the %s Spot notice, so a notice cannot save it and q = %.2f does not apply (q = 0). "+
-				"A save in the store within the notice would allow every %s at q = %.2f (overhead %.1f%% instead of %.1f%%).",
-				durable, notice, q, PlanHumanDuration(p.Notice.Daly), q, 100*p.Notice.OverheadShare, 100*p.Periodic.OverheadShare)}
+				"A save in the store within the notice would allow every %s at q = %.2f (overhead %s instead of %s).",
+				durable, notice, q, PlanHumanDuration(p.Notice.Daly), q, planPercent(p.Notice.OverheadShare), planPercent(p.Periodic.OverheadShare))}
 	default:
 		rec = PlanRecommendation{PlanPolicy: p.Notice, WithNotice: true, NoticeSuccess: q,
 			Reason: fmt.Sprintf("with notice-triggered saves: a save is in the store %s after it starts, within the %s Spot notice, so with success probability q = %.2f only %.0f%% of interruptions lose half an interval, as if M were M/(1−q) = %s.",
@@ -448,6 +448,14 @@ func planCost(c, r, m, q, tau, price float64) PlanCost {
 		LostCost:            lost / 3600 * price,
 		OverheadCost:        (saving + lost) / 3600 * price,
 	}
+}
+
+// planPercent formats a share as a percentage: one decimal, or two significant digits below 1 %.
+func planPercent(share float64) string {
+	if v := 100 * share; v != 0 && v < 1 {
+		return fmt.Sprintf("%.2g%%", v)
+	}
+	return fmt.Sprintf("%.1f%%", 100*share)
 }
 
 // planYoung is sqrt(2·c·m), in seconds.
