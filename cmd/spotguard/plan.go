@@ -27,10 +27,10 @@ const (
 	// planDefaultNoticeSuccess is the share of interruptions whose 2-minute notice spotguard turns
 	// into a committed checkpoint.
 	planDefaultNoticeSuccess = 0.9
-	// planDefaultWriteThroughput is how fast a trainer writes a checkpoint locally, in bytes per
-	// second, when --size gives the stall: about what torch.save reaches on a local NVMe disk (an
-	// instance store writes several GB/s; a gp3 EBS volume's baseline is 125 MB/s).
-	planDefaultWriteThroughput = 1e9
+	// planDefaultWriteThroughput is how fast a trainer writes a checkpoint locally when --size
+	// gives the stall: about what torch.save reaches on a local NVMe disk (an instance store
+	// writes several GB/s; a gp3 EBS volume's baseline is 125 MB/s).
+	planDefaultWriteThroughput = "1GB/s"
 	// planDefaultCommit is from the last byte uploaded to the commit: the manifest, then LATEST.
 	planDefaultCommit = time.Second
 )
@@ -48,7 +48,6 @@ and/or --spot-price. Durations are Go durations (90s, 5m, 1h30m) or days (1d, 1.
 type planFlags struct {
 	mtbi       time.Duration
 	rate       string        // --interruption-rate as given
-	p          float64       // the monthly interruption probability it stands for
 	saveCost   time.Duration // the stall: --save-cost, or size / write
 	upload     time.Duration // size / throughput; 0 without --size
 	size       float64       // bytes
@@ -67,7 +66,8 @@ type planFlags struct {
 }
 
 func runPlan(args []string, stdout, stderr io.Writer) int {
-	f := planFlags{restart: planDefaultRestart, gpus: planDefaultGPUs, q: planDefaultNoticeSuccess, write: planDefaultWriteThroughput, writeArg: "1GB/s", set: map[string]bool{}}
+	f := planFlags{restart: planDefaultRestart, gpus: planDefaultGPUs, q: planDefaultNoticeSuccess, writeArg: planDefaultWriteThroughput, set: map[string]bool{}}
+	f.write, _ = checkpoint.ParseBytes(planDefaultWriteThroughput, true) // TestPlanDefaults checks it
 	fs := flag.NewFlagSet("spotguard plan", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.Func("mtbi", "mean time between interruptions, a `duration` such as 24h or 3d", func(v string) (err error) {
@@ -76,7 +76,7 @@ func runPlan(args []string, stdout, stderr io.Writer) int {
 	})
 	fs.Func("interruption-rate", "share of instances interrupted in a month: a Spot Instance Advisor `bucket` (<5%, 5-10%, 10-15%,\n15-20%, >20%) or a percentage such as 8.7%", func(v string) (err error) {
 		f.rate = v
-		f.p, err = checkpoint.ParseInterruptionRate(v)
+		_, err = checkpoint.ParseInterruptionRate(v) // NewPlan reads it again
 		return err
 	})
 	fs.Func("save-cost", "save cost C: how long one save stalls training (writing the checkpoint locally; the upload\nruns in the background), a `duration`", func(v string) (err error) {
@@ -93,7 +93,7 @@ func runPlan(args []string, stdout, stderr io.Writer) int {
 		f.throughput, err = checkpoint.ParseBytes(v, true)
 		return err
 	})
-	fs.Func("write-throughput", "how fast the trainer writes a checkpoint locally, in `bytes/s`, for the stall with --size\n(default 1GB/s; a gp3 EBS volume's baseline is 125MB/s)", func(v string) (err error) {
+	fs.Func("write-throughput", fmt.Sprintf("how fast the trainer writes a checkpoint locally, in `bytes/s`, for the stall with --size\n(default %s; a gp3 EBS volume's baseline is 125MB/s)", planDefaultWriteThroughput), func(v string) (err error) {
 		f.writeArg = strings.TrimSpace(v)
 		f.write, err = checkpoint.ParseBytes(v, true)
 		return err

@@ -469,6 +469,12 @@ func TestPlanHelp(t *testing.T) {
 	}
 }
 
+func TestPlanDefaults(t *testing.T) {
+	if w, err := checkpoint.ParseBytes(planDefaultWriteThroughput, true); err != nil || w != 1e9 {
+		t.Errorf("Got(default write throughput %q) = %v, %v; want 1e9 bytes/s", planDefaultWriteThroughput, w, err)
+	}
+}
+
 func TestPlanParseDuration(t *testing.T) {
 	tests := []struct {
 		in   string
