@@ -333,7 +333,7 @@ func TestPlanWarnings(t *testing.T) {
 	}{
 		{"quick save, no warning", PlanInput{SaveCost: time.Minute, Restart: time.Minute, MTBI: 24 * time.Hour, NoticeSuccess: 0.9, GPUs: 1}, nil},
 		{"slow save but no notice saves", PlanInput{SaveCost: 10 * time.Minute, Restart: time.Minute, MTBI: 24 * time.Hour, GPUs: 1}, nil},
-		{"save longer than the notice", PlanInput{SaveCost: 3 * time.Minute, Restart: time.Minute, MTBI: 24 * time.Hour, NoticeSuccess: 0.5, GPUs: 1}, []string{"longer than the 2m0s Spot notice"}},
+		{"save longer than the notice", PlanInput{SaveCost: 3 * time.Minute, Restart: time.Minute, MTBI: 24 * time.Hour, NoticeSuccess: 0.5, GPUs: 1}, []string{"later than the 2m Spot notice"}},
 		{"save at least 2M", PlanInput{SaveCost: 2 * time.Hour, Restart: time.Minute, MTBI: time.Hour, GPUs: 1}, []string{"at least twice", "no progress"}},
 	}
 	for _, tt := range tests {
@@ -399,5 +399,260 @@ func TestPlanRejects(t *testing.T) {
 	}
 	if err := good.Validate(); err != nil {
 		t.Errorf("Got(good) = %v; want nil", err)
+	}
+}
+
+// planWant is the plan for in, failing the test on an error.
+func planWant(t *testing.T, in PlanInput) Plan {
+	t.Helper()
+	p, err := NewPlan(in)
+	if err != nil {
+		t.Fatalf("NewPlan(%+v): %v", in, err)
+	}
+	return p
+}
+
+// A notice can save the work since the last periodic save only when a save is in the store
+// within the notice: max(write, upload) + commit ≤ 2 min. Otherwise the recommendation is the
+// interval for q = 0, whatever q was given, and says why.
+func TestPlanRecommendation(t *testing.T) {
+	base := PlanInput{SaveCost: 30 * time.Second, Commit: time.Second, Restart: 10 * time.Minute, MTBI: 24 * time.Hour, NoticeSuccess: 0.9, GPUs: 8}
+	tests := []struct {
+		name       string
+		edit       func(*PlanInput)
+		durable    time.Duration
+		withNotice bool
+		reason     []string
+		warn       string // "" for no warning
+	}{
+		{"quick save fits", func(in *PlanInput) {}, 31 * time.Second, true,
+			[]string{"with notice-triggered saves", "31s (stall 30s + commit 1s)", "within the 2m Spot notice", "q = 0.90 only 10% of interruptions", "M/(1−q) = 10d"}, ""},
+		{"upload in the background fits", func(in *PlanInput) { in.Upload = 90 * time.Second }, 91 * time.Second, true,
+			[]string{"1m 31s (max(write 30s, upload 1m 30s) + commit 1s)", "within the 2m Spot notice"}, ""},
+		{"exactly the notice fits", func(in *PlanInput) { in.Upload = 119 * time.Second }, 2 * time.Minute, true,
+			[]string{"within the 2m Spot notice"}, ""},
+		{"a second over the notice", func(in *PlanInput) { in.Upload = 2 * time.Minute }, 2*time.Minute + time.Second, false,
+			[]string{"periodic saves only", "2m 1s (max(write 30s, upload 2m) + commit 1s)", "later than the 2m Spot notice", "q = 0.90 does not apply (q = 0)"},
+			"later than the 2m Spot notice"},
+		{"save longer than the notice", func(in *PlanInput) { in.SaveCost = 5 * time.Minute }, 5*time.Minute + time.Second, false,
+			[]string{"periodic saves only", "5m 1s (stall 5m + commit 1s)", "a notice cannot save it", "would allow every 6h 16m at q = 0.90 (overhead 3.3% instead of 9.0%)"},
+			"the notice-save success probability 0.90 is not used"},
+		{"quick write, slow upload", func(in *PlanInput) { in.Upload = 3 * time.Minute }, 3*time.Minute + time.Second, false,
+			[]string{"max(write 30s, upload 3m) + commit 1s", "a notice cannot save it"}, "a notice cannot save it"},
+		{"q = 0", func(in *PlanInput) { in.NoticeSuccess = 0 }, 31 * time.Second, false,
+			[]string{"periodic saves only: the notice-save success probability q is 0"}, ""},
+		{"q = 0 and a slow save", func(in *PlanInput) { in.NoticeSuccess, in.SaveCost = 0, 5*time.Minute }, 5*time.Minute + time.Second, false,
+			[]string{"q is 0"}, ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			in := base
+			tt.edit(&in)
+			p := planWant(t, in)
+			rec := p.Recommendation
+			if p.Save.Durable != tt.durable || p.Save.FitsNotice != (tt.durable <= 2*time.Minute) {
+				t.Errorf("Got(%q save) = %+v; want durable %v", tt.name, p.Save, tt.durable)
+			}
+			if rec.WithNotice != tt.withNotice {
+				t.Errorf("Got(%q WithNotice) = %v; want %v", tt.name, rec.WithNotice, tt.withNotice)
+			}
+			// The interval is Daly's for C and M/(1−q), q the one recommended.
+			wantQ, want := 0.0, p.Periodic
+			if tt.withNotice {
+				wantQ, want = in.NoticeSuccess, p.Notice
+			}
+			if rec.NoticeSuccess != wantQ || rec.PlanPolicy != want {
+				t.Errorf("Got(%q recommendation) = q %v, %+v; want q %v, %+v", tt.name, rec.NoticeSuccess, rec.PlanPolicy, wantQ, want)
+			}
+			mq, _ := NoticeMTBI(in.MTBI, wantQ)
+			if d := DalyInterval(in.SaveCost, mq); !planNear(rec.Daly, d, time.Microsecond) {
+				t.Errorf("Got(%q interval) = %v; want DalyInterval(C, M/(1−%v)) = %v", tt.name, rec.Daly, wantQ, d)
+			}
+			for _, r := range tt.reason {
+				if !strings.Contains(rec.Reason, r) {
+					t.Errorf("Got(%q reason) = %q; want it to contain %q", tt.name, rec.Reason, r)
+				}
+			}
+			if rec.UpperBound || rec.Caveat != "" {
+				t.Errorf("Got(%q caveat) = %v, %q; want none for an M given", tt.name, rec.UpperBound, rec.Caveat)
+			}
+			joined := strings.Join(p.Warnings, "\n")
+			if tt.warn == "" && joined != "" || tt.warn != "" && !strings.Contains(joined, tt.warn) {
+				t.Errorf("Got(%q warnings) = %q; want %q", tt.name, joined, tt.warn)
+			}
+		})
+	}
+}
+
+// The stall C sets the interval and the time spent saving; the upload runs in the background and
+// only decides whether a notice's save is in the store in time.
+func TestPlanUploadIsNotTheStall(t *testing.T) {
+	in := PlanInput{SaveCost: 40 * time.Second, Restart: 10 * time.Minute, MTBI: 24 * time.Hour, NoticeSuccess: 0.9, GPUs: 8}
+	quick := planWant(t, in)
+	in.Upload = 172 * time.Second // 40 GiB at 250 MB/s
+	slow := planWant(t, in)
+	if slow.Periodic != quick.Periodic || slow.Notice != quick.Notice {
+		t.Errorf("Got(periodic, notice with a 172 s upload) = %+v, %+v; want the same as without: %+v, %+v", slow.Periodic, slow.Notice, quick.Periodic, quick.Notice)
+	}
+	if !quick.Save.FitsNotice || slow.Save.FitsNotice {
+		t.Errorf("Got(fits the notice) = %v without the upload, %v with it; want true, false", quick.Save.FitsNotice, slow.Save.FitsNotice)
+	}
+	if !quick.Recommendation.WithNotice || slow.Recommendation.WithNotice {
+		t.Errorf("Got(with notice) = %v, %v; want true, false", quick.Recommendation.WithNotice, slow.Recommendation.WithNotice)
+	}
+	if want := DalyInterval(40*time.Second, 24*time.Hour); slow.Recommendation.Daly != want {
+		t.Errorf("Got(interval) = %v; want Daly for the 40 s stall, %v", slow.Recommendation.Daly, want)
+	}
+	// An upload longer than the interval falls behind.
+	in.MTBI, in.Upload = time.Hour, time.Hour
+	p := planWant(t, in)
+	if j := strings.Join(p.Warnings, "\n"); !strings.Contains(j, "takes longer than the interval") {
+		t.Errorf("Got(warnings) = %q; want the upload that falls behind", j)
+	}
+}
+
+// An M from a monthly rate is an upper bound: the recommendation says so and shows the M used.
+func TestPlanRecommendationFromRate(t *testing.T) {
+	base := PlanInput{SaveCost: 5 * time.Minute, Restart: 10 * time.Minute, NoticeSuccess: 0.9, GPUs: 8}
+	tests := []struct {
+		rate   string
+		p      float64
+		caveat []string
+	}{
+		{"<5%", 0.025, []string{"M = 1201d 9h comes from the Spot Instance Advisor's bucket <5% (taken at 2.5%)", "one instance type in one region", "not an estimate", "lower bound on your rate", "M and the interval are upper bounds", "(--mtbi)"}},
+		{"5–10%", 0.075, []string{"M = 390d 4h comes from the Spot Instance Advisor's bucket 5-10% (taken at 7.5%)"}},
+		{">20%", 0.25, []string{"bucket >20% (taken at 25%)"}},
+		{"8.7%", 0.087, []string{"comes from the monthly interruption rate 8.7%:", "upper bounds"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.rate, func(t *testing.T) {
+			in := base
+			in.InterruptionRate = tt.rate
+			p := planWant(t, in)
+			m, _ := MTBIFromMonthlyRate(tt.p)
+			if p.Input.MTBI != m || !planClose(p.MonthlyRate, tt.p) {
+				t.Errorf("Got(%q M, p) = %v, %v; want %v, %v", tt.rate, p.Input.MTBI, p.MonthlyRate, m, tt.p)
+			}
+			rec := p.Recommendation
+			if !rec.UpperBound {
+				t.Errorf("Got(%q UpperBound) = false; want true", tt.rate)
+			}
+			for _, c := range tt.caveat {
+				if !strings.Contains(rec.Caveat, c) {
+					t.Errorf("Got(%q caveat) = %q; want it to contain %q", tt.rate, rec.Caveat, c)
+				}
+			}
+			// A 5-minute save does not fit in the notice: periodic saves at M.
+			if want := DalyInterval(5*time.Minute, m); rec.WithNotice || rec.Daly != want {
+				t.Errorf("Got(%q interval) = %v (with notice %v); want %v for periodic saves", tt.rate, rec.Daly, rec.WithNotice, want)
+			}
+		})
+	}
+	// The <5% bucket with a 2-minute save and periodic saves only: every 43 h, as the user saw,
+	// now with its caveat.
+	in := base
+	in.InterruptionRate, in.SaveCost, in.NoticeSuccess = "<5%", 2*time.Minute, 0
+	if got := planWant(t, in).Recommendation.Daly; got.Hours() < 43 || got.Hours() >= 44 {
+		t.Errorf("Got(<5%% interval) = %v; want 43 h and some", got)
+	}
+	for _, bad := range []PlanInput{
+		{SaveCost: time.Minute, Restart: time.Minute, GPUs: 1, InterruptionRate: "<5%", MTBI: time.Hour},
+		{SaveCost: time.Minute, Restart: time.Minute, GPUs: 1, InterruptionRate: "often"},
+	} {
+		if _, err := NewPlan(bad); err == nil {
+			t.Errorf("Got(NewPlan(%+v)) = nil error; want one", bad)
+		}
+	}
+}
+
+// Each sensitivity row is the formula at M' = f·M: Daly's interval for C and M'/(1−q), and the
+// month's overhead 730 h·C/τ + (730 h/M')·((1−q)·τ/2 + R), at that interval and at the
+// recommended one.
+func TestPlanSensitivity(t *testing.T) {
+	tests := []struct {
+		name string
+		in   PlanInput
+		q    float64 // the recommendation's q
+	}{
+		{"notice saves", PlanInput{SaveCost: 40 * time.Second, Upload: 70 * time.Second, Commit: time.Second, Restart: 10 * time.Minute, MTBI: 24 * time.Hour, NoticeSuccess: 0.9, SpotPrice: 12.5, GPUs: 8}, 0.9},
+		{"save longer than the notice", PlanInput{SaveCost: 5 * time.Minute, Restart: 10 * time.Minute, MTBI: 24 * time.Hour, NoticeSuccess: 0.9, Price: 32.77, GPUs: 8}, 0},
+		{"bucket", PlanInput{SaveCost: 5 * time.Minute, Restart: 10 * time.Minute, InterruptionRate: "<5%", NoticeSuccess: 0.5, GPUs: 8}, 0},
+		{"no price", PlanInput{SaveCost: 10 * time.Second, Restart: 5 * time.Minute, MTBI: 6 * time.Hour, NoticeSuccess: 0.5, GPUs: 1}, 0.5},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p := planWant(t, tt.in)
+			if p.Recommendation.NoticeSuccess != tt.q {
+				t.Fatalf("Got(%q q) = %v; want %v", tt.name, p.Recommendation.NoticeSuccess, tt.q)
+			}
+			if len(p.Sensitivity) != 2 || p.Sensitivity[0].Factor != 0.5 || p.Sensitivity[1].Factor != 2 {
+				t.Fatalf("Got(%q sensitivity) = %+v; want rows for M × ½ and M × 2", tt.name, p.Sensitivity)
+			}
+			c, r, m := tt.in.SaveCost.Seconds(), tt.in.Restart.Seconds(), p.Input.MTBI.Seconds()
+			month, q := 730*3600.0, tt.q
+			tau0 := p.Recommendation.Daly.Seconds()
+			overhead := func(mf, tau float64) float64 { return month*c/tau + month/mf*((1-q)*tau/2+r) }
+			for _, s := range p.Sensitivity {
+				mf := s.Factor * m
+				tau := DalyInterval(tt.in.SaveCost, time.Duration(mf/(1-q)*1e9)).Seconds()
+				for _, c := range []struct {
+					what      string
+					got, want float64
+				}{
+					{"M'", s.MTBI.Seconds(), mf},
+					{"interruptions a month", s.InterruptionsPerMonth, month / mf},
+					{"interval", s.Interval.Seconds(), tau},
+					{"optimal loss", s.Optimal.LossPerInterruption.Seconds(), (1-q)*tau/2 + r},
+					{"optimal overhead", s.Optimal.Overhead.Seconds(), overhead(mf, tau)},
+					{"optimal share", s.Optimal.OverheadShare, overhead(mf, tau) / month},
+					{"optimal cost", s.Optimal.OverheadCost, overhead(mf, tau) / 3600 * p.CostPrice},
+					{"kept loss", s.AtRecommended.LossPerInterruption.Seconds(), (1-q)*tau0/2 + r},
+					{"kept overhead", s.AtRecommended.Overhead.Seconds(), overhead(mf, tau0)},
+					{"kept share", s.AtRecommended.OverheadShare, overhead(mf, tau0) / month},
+					{"kept cost", s.AtRecommended.OverheadCost, overhead(mf, tau0) / 3600 * p.CostPrice},
+				} {
+					if math.Abs(c.got-c.want) > 1e-6*math.Max(1, math.Abs(c.want)) {
+						t.Errorf("Got(%q M × %v %s) = %v; want %v", tt.name, s.Factor, c.what, c.got, c.want)
+					}
+				}
+				// Re-optimising for the true M never costs more than keeping the interval.
+				if s.Optimal.OverheadShare > s.AtRecommended.OverheadShare {
+					t.Errorf("Got(%q M × %v) optimal %v > kept %v; want the optimum no worse", tt.name, s.Factor, s.Optimal.OverheadShare, s.AtRecommended.OverheadShare)
+				}
+			}
+			// More interruptions: a shorter interval and more overhead; fewer: the other way.
+			lo, hi := p.Sensitivity[0], p.Sensitivity[1]
+			if lo.Interval >= p.Recommendation.Daly || p.Recommendation.Daly >= hi.Interval {
+				t.Errorf("Got(%q intervals) = %v, %v, %v; want increasing with M", tt.name, lo.Interval, p.Recommendation.Daly, hi.Interval)
+			}
+			if lo.Optimal.OverheadShare <= p.Recommendation.OverheadShare || p.Recommendation.OverheadShare <= hi.Optimal.OverheadShare {
+				t.Errorf("Got(%q overheads) = %v, %v, %v; want decreasing with M", tt.name, lo.Optimal.OverheadShare, p.Recommendation.OverheadShare, hi.Optimal.OverheadShare)
+			}
+		})
+	}
+}
+
+func TestPlanHumanDuration(t *testing.T) {
+	tests := []struct {
+		in   time.Duration
+		want string
+	}{
+		{0, "0s"},
+		{1500 * time.Millisecond, "1.5s"},
+		{59960 * time.Millisecond, "1m"},
+		{5 * time.Minute, "5m"},
+		{4*time.Minute + 30*time.Second, "4m 30s"},
+		{59*time.Minute + 59700*time.Millisecond, "1h"},
+		{6 * time.Hour, "6h"},
+		{time.Duration(116.69 * float64(time.Minute)), "1h 57m"},
+		{240 * time.Hour, "10d"},
+		{9363*time.Hour + 30*time.Minute, "390d 4h"},
+		{100 * 365 * 24 * time.Hour, "100 years"},
+		{math.MaxInt64, "292 years"},
+	}
+	for _, tt := range tests {
+		if got := PlanHumanDuration(tt.in); got != tt.want {
+			t.Errorf("Got(%v) = %q; want %q", tt.in, got, tt.want)
+		}
 	}
 }

@@ -8,10 +8,12 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"regexp"
 	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
+	"unicode/utf8"
 
 	"github.com/spotguard/spotguard/checkpoint"
 )
@@ -25,26 +27,35 @@ const (
 	// planDefaultNoticeSuccess is the share of interruptions whose 2-minute notice spotguard turns
 	// into a committed checkpoint.
 	planDefaultNoticeSuccess = 0.9
+	// planDefaultWriteThroughput is how fast a trainer writes a checkpoint locally when --size
+	// gives the stall: about what torch.save reaches on a local NVMe disk (an instance store
+	// writes several GB/s; a gp3 EBS volume's baseline is 125 MB/s).
+	planDefaultWriteThroughput = "1GB/s"
+	// planDefaultCommit is from the last byte uploaded to the commit: the manifest, then LATEST.
+	planDefaultCommit = time.Second
 )
 
-const planSummary = `How often to checkpoint: Young's and Daly's optimum intervals, with and without
-notice-triggered saves, the expected work lost per interruption, and what saving and losing
-cost a month.
+const planSummary = `How often to checkpoint: the interval to use and why (Daly's optimum, with notice-triggered
+saves only when a save can be in the store within the 2-minute notice), the expected work lost
+per interruption, what saving and losing cost a month, and how all of it moves when M is half or
+twice what you said.
 
 Give how often the instance is interrupted (--mtbi or --interruption-rate), what a save costs
-(--save-cost, or --size with --throughput) and, for costs, --price and/or --spot-price.
-Durations are Go durations (90s, 5m, 1h30m) or days (1d, 1.5d, 2d12h).`
+(--save-cost, the stall; and/or --size with --throughput for the upload) and, for costs, --price
+and/or --spot-price. Durations are Go durations (90s, 5m, 1h30m) or days (1d, 1.5d, 2d12h).`
 
 // planFlags are the parsed flags of `spotguard plan`.
 type planFlags struct {
 	mtbi       time.Duration
-	rate       string  // --interruption-rate as given
-	p          float64 // the monthly interruption probability it stands for
-	saveCost   time.Duration
-	size       float64 // bytes
-	throughput float64 // bytes per second
-	sizeArg    string  // --size as given
-	rateArg    string  // --throughput as given
+	rate       string        // --interruption-rate as given
+	saveCost   time.Duration // the stall: --save-cost, or size / write
+	upload     time.Duration // size / throughput; 0 without --size
+	size       float64       // bytes
+	throughput float64       // upload, bytes per second
+	write      float64       // local write, bytes per second
+	sizeArg    string        // --size as given
+	rateArg    string        // --throughput as given
+	writeArg   string        // --write-throughput as given, or its default
 	restart    time.Duration
 	price      float64
 	spotPrice  float64
@@ -55,7 +66,8 @@ type planFlags struct {
 }
 
 func runPlan(args []string, stdout, stderr io.Writer) int {
-	f := planFlags{restart: planDefaultRestart, gpus: planDefaultGPUs, q: planDefaultNoticeSuccess, set: map[string]bool{}}
+	f := planFlags{restart: planDefaultRestart, gpus: planDefaultGPUs, q: planDefaultNoticeSuccess, writeArg: planDefaultWriteThroughput, set: map[string]bool{}}
+	f.write, _ = checkpoint.ParseBytes(planDefaultWriteThroughput, true) // TestPlanDefaults checks it
 	fs := newPlainFlagSet("plan", planSummary, stdout, stderr)
 	fs.Func("mtbi", "mean time between interruptions, a `duration` such as 24h or 3d", func(v string) (err error) {
 		f.mtbi, err = planParsePositiveDuration(v)
@@ -63,24 +75,29 @@ func runPlan(args []string, stdout, stderr io.Writer) int {
 	})
 	fs.Func("interruption-rate", "share of instances interrupted in a month: a Spot Instance Advisor `bucket` (<5%, 5-10%, 10-15%,\n15-20%, >20%) or a percentage such as 8.7%", func(v string) (err error) {
 		f.rate = v
-		f.p, err = checkpoint.ParseInterruptionRate(v)
+		_, err = checkpoint.ParseInterruptionRate(v) // NewPlan reads it again
 		return err
 	})
-	fs.Func("save-cost", "save cost: how long one checkpoint save stalls training, a `duration`", func(v string) (err error) {
+	fs.Func("save-cost", "save cost C: how long one save stalls training (writing the checkpoint locally; the upload\nruns in the background), a `duration`", func(v string) (err error) {
 		f.saveCost, err = planParsePositiveDuration(v)
 		return err
 	})
-	fs.Func("size", "checkpoint size in `bytes` (e.g. 40GiB, 512MiB, 2.5GB); the save cost is size / throughput", func(v string) (err error) {
+	fs.Func("size", "checkpoint size in `bytes` (e.g. 40GiB, 512MiB, 2.5GB), with --throughput: the upload takes\nsize / throughput and, without --save-cost, the stall is size / write throughput", func(v string) (err error) {
 		f.sizeArg = strings.TrimSpace(v)
 		f.size, err = checkpoint.ParseBytes(v, false)
 		return err
 	})
-	fs.Func("throughput", "upload throughput in `bytes/s` (e.g. 250MB/s, 1GiB/s, 10Gbit/s)", func(v string) (err error) {
+	fs.Func("throughput", "upload throughput to the store in `bytes/s` (e.g. 250MB/s, 1GiB/s, 10Gbit/s)", func(v string) (err error) {
 		f.rateArg = strings.TrimSpace(v)
 		f.throughput, err = checkpoint.ParseBytes(v, true)
 		return err
 	})
-	fs.Func("restart", fmt.Sprintf("restart time: from the interruption to training again on a new instance, a `duration` (default %s)", planHuman(planDefaultRestart)), func(v string) (err error) {
+	fs.Func("write-throughput", fmt.Sprintf("how fast the trainer writes a checkpoint locally, in `bytes/s`, for the stall with --size\n(default %s; a gp3 EBS volume's baseline is 125MB/s)", planDefaultWriteThroughput), func(v string) (err error) {
+		f.writeArg = strings.TrimSpace(v)
+		f.write, err = checkpoint.ParseBytes(v, true)
+		return err
+	})
+	fs.Func("restart", fmt.Sprintf("restart time: from the interruption to training again on a new instance, a `duration` (default %s)", checkpoint.PlanHumanDuration(planDefaultRestart)), func(v string) (err error) {
 		f.restart, err = planParsePositiveDuration(v)
 		return err
 	})
@@ -115,31 +132,34 @@ func runPlan(args []string, stdout, stderr io.Writer) int {
 	if err := f.check(); err != nil {
 		return fs.usageError("%v", err)
 	}
-	if f.set["interruption-rate"] {
-		m, err := checkpoint.MTBIFromMonthlyRate(f.p)
-		if err != nil { // ParseInterruptionRate only returns rates in (0, 1)
-			fmt.Fprintf(stderr, "spotguard plan: --interruption-rate: %v\n", err)
-			return exitUsage
-		}
-		f.mtbi = m
-	}
 	if f.set["size"] {
-		ns := math.Round(f.size / f.throughput * 1e9)
-		if ns < 1 || ns >= math.MaxInt64 {
-			fmt.Fprintf(stderr, "spotguard plan: --size %s at --throughput %s is a save cost of %gs: out of range\n", f.sizeArg, f.rateArg, ns/1e9)
+		var err error
+		if f.upload, err = planTransfer(f.size, f.throughput); err != nil {
+			fmt.Fprintf(stderr, "spotguard plan: --size %s at --throughput %s: %v\n", f.sizeArg, f.rateArg, err)
 			return exitUsage
 		}
-		f.saveCost = time.Duration(ns)
+		if !f.set["save-cost"] {
+			if f.saveCost, err = planTransfer(f.size, f.write); err != nil {
+				fmt.Fprintf(stderr, "spotguard plan: --size %s at --write-throughput %s: %v\n", f.sizeArg, f.writeArg, err)
+				return exitUsage
+			}
+		}
 	}
-	plan, err := checkpoint.NewPlan(checkpoint.PlanInput{
+	in := checkpoint.PlanInput{
 		SaveCost:      f.saveCost,
+		Upload:        f.upload,
+		Commit:        planDefaultCommit,
 		Restart:       f.restart,
 		MTBI:          f.mtbi,
 		NoticeSuccess: f.q,
 		Price:         f.price,
 		SpotPrice:     f.spotPrice,
 		GPUs:          f.gpus,
-	})
+	}
+	if f.set["interruption-rate"] {
+		in.InterruptionRate = strings.TrimSpace(f.rate)
+	}
+	plan, err := checkpoint.NewPlan(in)
 	if err != nil { // every flag is checked above; this is a backstop
 		fmt.Fprintf(stderr, "spotguard plan: %v\n", err)
 		return exitUsage
@@ -150,6 +170,7 @@ func runPlan(args []string, stdout, stderr io.Writer) int {
 	if f.json {
 		enc := json.NewEncoder(stdout)
 		enc.SetIndent("", "  ")
+		enc.SetEscapeHTML(false) // "<5%" as it is
 		if err := enc.Encode(planReport(f, plan)); err != nil {
 			fmt.Fprintf(stderr, "spotguard plan: %v\n", err)
 			return exitFail
@@ -167,16 +188,28 @@ func (f *planFlags) check() error {
 		return errors.New("--mtbi and --interruption-rate both say how often the instance is interrupted: give one")
 	case !f.set["mtbi"] && !f.set["interruption-rate"]:
 		return errors.New("need --mtbi or --interruption-rate: how often the instance is interrupted")
-	case f.set["save-cost"] && (f.set["size"] || f.set["throughput"]):
-		return errors.New("--save-cost and --size/--throughput both give the save cost: give --save-cost, or --size with --throughput")
 	case f.set["size"] && !f.set["throughput"]:
-		return errors.New("--size needs --throughput to give the save cost")
+		return errors.New("--size needs --throughput: the upload takes size / throughput")
 	case f.set["throughput"] && !f.set["size"]:
-		return errors.New("--throughput needs --size to give the save cost")
+		return errors.New("--throughput needs --size: the upload takes size / throughput")
+	case f.set["write-throughput"] && !f.set["size"]:
+		return errors.New("--write-throughput needs --size (and --throughput): the stall is size / write throughput")
+	case f.set["write-throughput"] && f.set["save-cost"]:
+		return errors.New("--save-cost and --write-throughput both give the stall: give --save-cost, or --size with --write-throughput")
 	case !f.set["save-cost"] && !f.set["size"]:
 		return errors.New("need --save-cost, or --size with --throughput: what one checkpoint save costs")
 	}
 	return nil
+}
+
+// planTransfer is how long moving size bytes at rate bytes/s takes; an error when that is not a
+// Duration from 1 ns up.
+func planTransfer(size, rate float64) (time.Duration, error) {
+	ns := math.Round(size / rate * 1e9)
+	if ns < 1 || ns >= math.MaxInt64 {
+		return 0, fmt.Errorf("%gs is out of range", ns/1e9)
+	}
+	return time.Duration(ns), nil
 }
 
 // planParsePositiveDuration reads a Go duration ("90s", "1h30m") or one that starts with a number
@@ -255,90 +288,221 @@ func planAssumptions(f planFlags) []string {
 			"A monthly probability p of at least one interruption in 730 h is 1 − e^(−730h/M), so M = 730 h / −ln(1 − p).",
 			"Observed rates can be far higher (50 % within a 12-hour run is M = 12 h / ln 2 ≈ 17 h): if yours are, give --mtbi.")
 	}
+	switch {
+	case f.set["size"] && !f.set["save-cost"]:
+		def := ""
+		if !f.set["write-throughput"] {
+			def = ", the default"
+		}
+		a = append(a, fmt.Sprintf("A save stalls training while the trainer writes the checkpoint locally: C = size / write throughput (%s%s); give your disk's rate as --write-throughput, or the stall you measure as --save-cost.", f.writeArg, def))
+	case f.set["size"]:
+		a = append(a, "A save stalls training for --save-cost C: the local write.")
+	default:
+		a = append(a, "Without --size and --throughput the upload is not known: a save is taken to be in the store when its stall C ends, plus the commit K.")
+	}
 	if f.set["size"] {
-		a = append(a, "A save stalls training for size / throughput; if yours uploads in the background, give the stall as --save-cost.")
+		a = append(a, "The upload U = size / throughput runs in the background while training goes on: it does not stall training, and it ends before the next save starts (U < τ).")
 	}
 	a = append(a,
+		fmt.Sprintf("A save is in the store max(C, U) + K after it starts: spotguard streams each file as the trainer closes it, then commits (K = %s for the manifest and LATEST).", checkpoint.PlanHumanDuration(planDefaultCommit)),
+		"A notice-triggered save counts only when it is in the store within the 2-minute notice; then it runs on time the instance loses anyway and costs nothing extra. Otherwise q is taken as 0.",
 		"The interval τ is training time between saves; each save stalls training for C (a blocking save).",
 		"Young's τ = sqrt(2CM) is first order; Daly's τ = sqrt(2CM)·[1 + ⅓·sqrt(C/2M) + ⅑·(C/2M)] − C (τ = M when C ≥ 2M) is used for the costs.",
 		"An interruption strikes uniformly within an interval, so it loses τ/2 of work, plus the restart R.",
 		"A notice-triggered save that succeeds (probability q) loses only R; so only (1 − q) of interruptions lose τ/2, as if M were M/(1 − q).",
-		"A notice-triggered save runs in the 2-minute notice, on time the instance loses anyway, so it costs nothing extra.",
 		"A month is 730 h of wall time: saving takes C/τ of it, losses take (730 h / M) × loss per interruption (first order, as in Young).",
 		"Lost and saving time is billed at the whole instance's price: every GPU waits or redoes work.",
 	)
 	if f.spotPrice > 0 {
 		a = append(a, "Costs are at the spot price; the spot saving is 1 − spot/on-demand.")
 	}
-	if f.restart == planDefaultRestart && !f.set["restart"] {
+	if !f.set["restart"] {
 		a = append(a, "The restart R defaults to 10 min: launching a replacement, restoring from S3, warming up; measure yours with --restart.")
 	}
 	return a
 }
 
-// planHuman formats d for people, to about three digits: "45s", "4m 30s", "5m", "1h 57m", "6h",
-// "390d 4h", "10d", "79 years".
-func planHuman(d time.Duration) string {
-	two := func(a, b time.Duration, ua, ub string) string {
-		if b == 0 {
-			return fmt.Sprintf("%d%s", a, ua)
-		}
-		return fmt.Sprintf("%d%s %d%s", a, ua, b, ub)
-	}
-	const day = 24 * time.Hour
-	switch {
-	case d < time.Minute:
-		return d.Round(100 * time.Millisecond).String()
-	case d < time.Hour:
-		d = d.Round(time.Second)
-		return two(d/time.Minute, d%time.Minute/time.Second, "m", "s")
-	case d < 48*time.Hour:
-		d = d.Round(time.Minute)
-		return two(d/time.Hour, d%time.Hour/time.Minute, "h", "m")
-	case d < 10*365*day:
-		d = d.Round(time.Hour)
-		return two(d/day, d%day/time.Hour, "d", "h")
-	default:
-		return fmt.Sprintf("%.0f years", d.Hours()/(365*24))
-	}
-}
-
 // planHours formats a monthly amount of time as hours and as a share of the month.
 func planHours(d time.Duration, share float64) string {
-	return fmt.Sprintf("%.1f h (%.1f%%)", d.Hours(), 100*share)
+	return fmt.Sprintf("%.1f h (%s)", d.Hours(), planPercent(share))
+}
+
+// planWrapWidth is the width planWrap fills lines to.
+const planWrapWidth = 100
+
+// planWrap writes text after first, broken at spaces into lines of at most planWrapWidth
+// characters where the words allow, each further line starting with next. A formula's operator
+// (=, ×, +, −, ·, /, →) stays on one line with the words on either side of it, and a duration such as
+// "1h 57m" stays whole.
+func planWrap(w io.Writer, first, next, text string) {
+	var words []string
+	glue := false
+	for _, word := range strings.Fields(text) {
+		op := strings.Contains("= × + − · / →", word)
+		if n := len(words); n > 0 && (op || glue || planDurationHead.MatchString(words[n-1]) && planDurationTail.MatchString(word)) {
+			words[n-1] += " " + word
+		} else {
+			words = append(words, word)
+		}
+		glue = op
+	}
+	line, n := first, utf8.RuneCountInString(first)
+	empty := true
+	for _, word := range words {
+		wn := utf8.RuneCountInString(word)
+		if !empty && n+1+wn > planWrapWidth {
+			fmt.Fprintln(w, line)
+			line, n, empty = next, utf8.RuneCountInString(next), true
+		}
+		if !empty {
+			line += " "
+			n++
+		}
+		line += word
+		n += wn
+		empty = false
+	}
+	fmt.Fprintln(w, line)
+}
+
+// planDurationHead and planDurationTail match the two words of a duration PlanHumanDuration
+// writes, such as "1h 57m" or "390d 4h".
+var (
+	planDurationHead = regexp.MustCompile(`[0-9][dhm]$`)
+	planDurationTail = regexp.MustCompile(`^[0-9]+(\.[0-9]+)?[hms]\b`)
+)
+
+// planPercent formats a share as a percentage: one decimal, or two significant digits below 1 %.
+func planPercent(share float64) string {
+	if v := 100 * share; v != 0 && v < 1 {
+		return fmt.Sprintf("%.2g%%", v)
+	}
+	return fmt.Sprintf("%.1f%%", 100*share)
+}
+
+// planLossFormula is the loss per interruption as a formula: τ/2 + R, or (1−q)·τ/2 + R.
+func planLossFormula(q float64) string {
+	if q == 0 {
+		return "τ/2 + R"
+	}
+	return "(1−q)·τ/2 + R"
+}
+
+// planOverhead formats a month's overhead: hours, share and, with a price, dollars.
+func planOverhead(c checkpoint.PlanCost, price bool) string {
+	s := planHours(c.Overhead, c.OverheadShare)
+	if price {
+		s += fmt.Sprintf(", $%.2f", c.OverheadCost)
+	}
+	return s
 }
 
 func printPlan(w io.Writer, f planFlags, p checkpoint.Plan) {
-	in := p.Input
+	h := checkpoint.PlanHumanDuration
+	in, rec, save := p.Input, p.Recommendation, p.Save
+	hasPrice := p.CostPrice > 0
+
+	// The recommendation first: the interval to use, why, what to keep in mind, what it costs.
+	policy := "periodic saves only"
+	if rec.WithNotice {
+		policy = fmt.Sprintf("with notice saves at q = %.2f", rec.NoticeSuccess)
+	}
+	head := fmt.Sprintf("Recommendation: checkpoint every %s (Daly, %s, M = %s).", h(rec.Daly), policy, h(in.MTBI))
+	if rec.UpperBound {
+		head = fmt.Sprintf("Recommendation: checkpoint every %s or more often (Daly, %s, M = %s from --interruption-rate %s; both are upper bounds).",
+			h(rec.Daly), policy, h(in.MTBI), in.InterruptionRate)
+	}
+	planWrap(w, "", "  ", head)
+	planWrap(w, "  Why:    ", "          ", rec.Reason)
+	if rec.Caveat != "" {
+		planWrap(w, "  Caveat: ", "          ", rec.Caveat)
+	}
+	planWrap(w, "  Expect: ", "          ", fmt.Sprintf("each interruption loses %s on average (%s); the overhead is %s a month.",
+		h(rec.LossPerInterruption), planLossFormula(rec.NoticeSuccess), planOverhead(rec.PlanCost, hasPrice)))
+	fmt.Fprintln(w)
+
 	var buf bytes.Buffer
 	tw := tabwriter.NewWriter(&buf, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "Inputs\t")
-	save := planHuman(in.SaveCost)
-	if f.set["size"] {
-		save += fmt.Sprintf(" (%s at %s)", f.sizeArg, f.rateArg)
+	stall := h(save.Stall)
+	switch {
+	case f.set["size"] && !f.set["save-cost"]:
+		def := ""
+		if !f.set["write-throughput"] {
+			def = ", the default --write-throughput"
+		}
+		stall += fmt.Sprintf(" (%s written at %s%s)", f.sizeArg, f.writeArg, def)
+	case f.set["size"]:
+		stall += " (--save-cost)"
 	}
-	fmt.Fprintf(tw, "  save cost C\t%s\n", save)
-	fmt.Fprintf(tw, "  restart R\t%s\n", planHuman(in.Restart))
-	mtbi := planHuman(in.MTBI)
+	fmt.Fprintf(tw, "  save stall C\t%s\n", stall)
+	fit := "within"
+	if !save.FitsNotice {
+		fit = "later than"
+	}
+	if f.set["size"] {
+		fmt.Fprintf(tw, "  upload U\t%s (%s at %s, in the background)\n", h(save.Upload), f.sizeArg, f.rateArg)
+		fmt.Fprintf(tw, "  in the store after\t%s = max(C, U) + commit %s: %s the %s notice\n", h(save.Durable), h(save.Commit), fit, h(checkpoint.PlanSpotNotice))
+	} else {
+		fmt.Fprintf(tw, "  in the store after\t%s = C + commit %s: %s the %s notice\n", h(save.Durable), h(save.Commit), fit, h(checkpoint.PlanSpotNotice))
+	}
+	fmt.Fprintf(tw, "  restart R\t%s\n", h(in.Restart))
+	mtbi := h(in.MTBI)
 	if f.set["interruption-rate"] {
-		mtbi += fmt.Sprintf(" (interruption rate %s a month, taken as %.4g%%)", strings.TrimSpace(f.rate), 100*f.p)
+		mtbi += fmt.Sprintf(" (interruption rate %s a month, taken as %.4g%%)", in.InterruptionRate, 100*p.MonthlyRate)
 	}
 	fmt.Fprintf(tw, "  mean time between interruptions M\t%s\n", mtbi)
 	fmt.Fprintf(tw, "  interruptions a month\t%.3g\n", p.InterruptionsPerMonth)
-	fmt.Fprintf(tw, "  notice-save success q\t%.2f\n", in.NoticeSuccess)
-	fmt.Fprintln(tw, "\t")
-	fmt.Fprintf(tw, "Checkpoint interval\tperiodic saves only\twith notice saves (M/(1−q) = %s)\n", planHuman(p.Notice.MTBI))
-	pe, no := p.Periodic, p.Notice
-	fmt.Fprintf(tw, "  Young sqrt(2CM)\t%s\t%s\n", planHuman(pe.Young), planHuman(no.Young))
-	fmt.Fprintf(tw, "  Daly (used below)\t%s\t%s\n", planHuman(pe.Daly), planHuman(no.Daly))
-	fmt.Fprintf(tw, "  loss per interruption\t%s = τ/2 + R\t%s = (1−q)·τ/2 + R\n", planHuman(pe.LossPerInterruption), planHuman(no.LossPerInterruption))
-	fmt.Fprintf(tw, "  saving a month\t%s\t%s\n", planHours(pe.Saving, pe.SavingShare), planHours(no.Saving, no.SavingShare))
-	fmt.Fprintf(tw, "  lost a month\t%s\t%s\n", planHours(pe.Lost, pe.LostShare), planHours(no.Lost, no.LostShare))
-	fmt.Fprintf(tw, "  overhead a month\t%s\t%s\n", planHours(pe.Overhead, pe.OverheadShare), planHours(no.Overhead, no.OverheadShare))
-	if p.CostPrice > 0 {
-		fmt.Fprintf(tw, "  overhead cost a month\t$%.2f\t$%.2f\n", pe.OverheadCost, no.OverheadCost)
+	q := fmt.Sprintf("%.2f", in.NoticeSuccess)
+	if in.NoticeSuccess > 0 && !save.FitsNotice {
+		q += " (not used: a save is not in the store within the notice)"
 	}
-	if p.CostPrice > 0 {
+	fmt.Fprintf(tw, "  notice-save success q\t%s\n", q)
+
+	// The policies side by side; the notice column only when q > 0.
+	pe, no := p.Periodic, p.Notice
+	row := func(label string, periodic, notice string) {
+		if in.NoticeSuccess == 0 {
+			fmt.Fprintf(tw, "  %s\t%s\n", label, periodic)
+			return
+		}
+		fmt.Fprintf(tw, "  %s\t%s\t%s\n", label, periodic, notice)
+	}
+	fmt.Fprintln(tw, "\t")
+	periodicHead, noticeHead := "periodic saves only", fmt.Sprintf("with notice saves, q = %.2f, M/(1−q) = %s", in.NoticeSuccess, h(no.MTBI))
+	switch {
+	case rec.WithNotice:
+		noticeHead += " (recommended)"
+	case in.NoticeSuccess > 0:
+		periodicHead += " (recommended)"
+	}
+	if in.NoticeSuccess > 0 && !save.FitsNotice {
+		noticeHead = fmt.Sprintf("if a save fitted in the notice, q = %.2f, M/(1−q) = %s", in.NoticeSuccess, h(no.MTBI))
+	}
+	fmt.Fprint(tw, "Checkpoint interval")
+	row("", periodicHead, noticeHead)
+	row("Young sqrt(2CM)", h(pe.Young), h(no.Young))
+	row("Daly (used below)", h(pe.Daly), h(no.Daly))
+	row("loss per interruption", h(pe.LossPerInterruption)+" = τ/2 + R", h(no.LossPerInterruption)+" = (1−q)·τ/2 + R")
+	row("saving a month", planHours(pe.Saving, pe.SavingShare), planHours(no.Saving, no.SavingShare))
+	row("lost a month", planHours(pe.Lost, pe.LostShare), planHours(no.Lost, no.LostShare))
+	row("overhead a month", planHours(pe.Overhead, pe.OverheadShare), planHours(no.Overhead, no.OverheadShare))
+	if hasPrice {
+		row("overhead cost a month", fmt.Sprintf("$%.2f", pe.OverheadCost), fmt.Sprintf("$%.2f", no.OverheadCost))
+	}
+
+	// How the recommendation moves when M is off by a factor of two either way.
+	fmt.Fprintln(tw, "\t")
+	fmt.Fprintf(tw, "If M is off (q = %.2f)\tinterval\toverhead a month\tkeeping every %s\n", rec.NoticeSuccess, h(rec.Daly))
+	sens := func(label string, interval time.Duration, optimal, kept checkpoint.PlanCost) {
+		fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\n", label, h(interval), planOverhead(optimal, hasPrice), planOverhead(kept, hasPrice))
+	}
+	lo, hi := p.Sensitivity[0], p.Sensitivity[1]
+	sens("M × ½ = "+h(lo.MTBI), lo.Interval, lo.Optimal, lo.AtRecommended)
+	sens("M = "+h(in.MTBI), rec.Daly, rec.PlanCost, rec.PlanCost)
+	sens("M × 2 = "+h(hi.MTBI), hi.Interval, hi.Optimal, hi.AtRecommended)
+
+	if hasPrice {
 		fmt.Fprintln(tw, "\t")
 		fmt.Fprintln(tw, "Price\t")
 		if in.Price > 0 {
@@ -356,37 +520,38 @@ func printPlan(w io.Writer, f planFlags, p checkpoint.Plan) {
 		}
 		fmt.Fprintf(tw, "  a month (730 h) at %s\t$%.2f\n", which, p.MonthCost)
 	}
-	tw.Flush()
+	_ = tw.Flush() // into a bytes.Buffer, which does not fail
 	for line := range strings.Lines(buf.String()) {
 		fmt.Fprintln(w, strings.TrimRight(line, " \n"))
 	}
-	fmt.Fprintf(w, "\nCheckpoint every %s (Daly; Young says %s). Each interruption then loses %s on average (τ/2 + R).\n",
-		planHuman(pe.Daly), planHuman(pe.Young), planHuman(pe.LossPerInterruption))
-	fmt.Fprintf(w, "With notice-triggered saves that succeed with probability %.2f, the interval becomes %s (Young %s)\nand the expected loss per interruption (1−q)·τ/2 + R = %s.\n",
-		in.NoticeSuccess, planHuman(no.Daly), planHuman(no.Young), planHuman(no.LossPerInterruption))
 	fmt.Fprintln(w, "\nAssumptions:")
 	for _, a := range planAssumptions(f) {
-		fmt.Fprintf(w, "  - %s\n", a)
+		planWrap(w, "  - ", "    ", a)
 	}
 }
 
 // planJSON is `spotguard plan --json`. Durations are in seconds, prices in USD; a number that
-// needs a flag that was not given is left out.
+// needs a flag that was not given is left out. recommendation is what to use; with_notice is
+// what notice saves at q give, or would give if a save fitted in the notice (save.fits_notice).
 type planJSON struct {
-	Inputs                planJSONInputs `json:"inputs"`
-	MonthS                float64        `json:"month_s"`
-	InterruptionsPerMonth float64        `json:"interruptions_per_month"`
-	Periodic              planJSONPolicy `json:"periodic"`
-	WithNotice            planJSONPolicy `json:"with_notice"`
-	Prices                *planJSONPrice `json:"prices,omitempty"`
-	Warnings              []string       `json:"warnings"`
-	Assumptions           []string       `json:"assumptions"`
+	Inputs                planJSONInputs         `json:"inputs"`
+	Recommendation        planJSONRecommendation `json:"recommendation"`
+	Save                  planJSONSave           `json:"save"`
+	MonthS                float64                `json:"month_s"`
+	InterruptionsPerMonth float64                `json:"interruptions_per_month"`
+	Periodic              planJSONPolicy         `json:"periodic"`
+	WithNotice            planJSONPolicy         `json:"with_notice"`
+	Sensitivity           []planJSONSensitivity  `json:"sensitivity"`
+	Prices                *planJSONPrice         `json:"prices,omitempty"`
+	Warnings              []string               `json:"warnings"`
+	Assumptions           []string               `json:"assumptions"`
 }
 
 type planJSONInputs struct {
 	SaveCostS                      float64  `json:"save_cost_s"`
 	SizeBytes                      *float64 `json:"size_bytes,omitempty"`
 	ThroughputBytesPerS            *float64 `json:"throughput_bytes_per_s,omitempty"`
+	WriteThroughputBytesPerS       *float64 `json:"write_throughput_bytes_per_s,omitempty"`
 	RestartS                       float64  `json:"restart_s"`
 	MTBIS                          float64  `json:"mtbi_s"`
 	InterruptionRate               string   `json:"interruption_rate,omitempty"`
@@ -397,10 +562,28 @@ type planJSONInputs struct {
 	GPUs                           int      `json:"gpus"`
 }
 
-type planJSONPolicy struct {
-	MTBIS                float64  `json:"mtbi_s"`
-	YoungS               float64  `json:"young_interval_s"`
-	DalyS                float64  `json:"daly_interval_s"`
+// planJSONRecommendation is checkpoint.PlanRecommendation: policy "periodic" or "with_notice",
+// interval_s the interval to use (its daly_interval_s), notice_success the q it is for.
+type planJSONRecommendation struct {
+	Policy        string  `json:"policy"`
+	IntervalS     float64 `json:"interval_s"`
+	NoticeSuccess float64 `json:"notice_success"`
+	planJSONPolicy
+	UpperBound bool   `json:"upper_bound"`
+	Reason     string `json:"reason"`
+	Caveat     string `json:"caveat,omitempty"`
+}
+
+type planJSONSave struct {
+	StallS     float64  `json:"stall_s"`
+	UploadS    *float64 `json:"upload_s,omitempty"`
+	CommitS    float64  `json:"commit_s"`
+	DurableS   float64  `json:"time_to_durable_s"`
+	NoticeS    float64  `json:"notice_s"`
+	FitsNotice bool     `json:"fits_notice"`
+}
+
+type planJSONCost struct {
 	LossPerInterruptionS float64  `json:"loss_per_interruption_s"`
 	SavingS              float64  `json:"saving_per_month_s"`
 	LostS                float64  `json:"lost_per_month_s"`
@@ -413,6 +596,22 @@ type planJSONPolicy struct {
 	OverheadUSD          *float64 `json:"overhead_per_month_usd,omitempty"`
 }
 
+type planJSONPolicy struct {
+	MTBIS  float64 `json:"mtbi_s"`
+	YoungS float64 `json:"young_interval_s"`
+	DalyS  float64 `json:"daly_interval_s"`
+	planJSONCost
+}
+
+type planJSONSensitivity struct {
+	Factor                float64      `json:"mtbi_factor"`
+	MTBIS                 float64      `json:"mtbi_s"`
+	InterruptionsPerMonth float64      `json:"interruptions_per_month"`
+	IntervalS             float64      `json:"interval_s"`
+	Optimal               planJSONCost `json:"optimal"`
+	AtRecommended         planJSONCost `json:"at_recommended_interval"`
+}
+
 type planJSONPrice struct {
 	CostPricePerHour float64  `json:"cost_price_per_hour"`
 	PerGPUHour       *float64 `json:"per_gpu_hour,omitempty"`
@@ -422,7 +621,7 @@ type planJSONPrice struct {
 }
 
 func planReport(f planFlags, p checkpoint.Plan) planJSON {
-	in := p.Input
+	in, rec := p.Input, p.Recommendation
 	opt := func(ok bool, v float64) *float64 {
 		if !ok {
 			return nil
@@ -430,11 +629,8 @@ func planReport(f planFlags, p checkpoint.Plan) planJSON {
 		return &v
 	}
 	hasPrice := p.CostPrice > 0
-	policy := func(x checkpoint.PlanPolicy) planJSONPolicy {
-		return planJSONPolicy{
-			MTBIS:                x.MTBI.Seconds(),
-			YoungS:               x.Young.Seconds(),
-			DalyS:                x.Daly.Seconds(),
+	cost := func(x checkpoint.PlanCost) planJSONCost {
+		return planJSONCost{
 			LossPerInterruptionS: x.LossPerInterruption.Seconds(),
 			SavingS:              x.Saving.Seconds(),
 			LostS:                x.Lost.Seconds(),
@@ -447,18 +643,45 @@ func planReport(f planFlags, p checkpoint.Plan) planJSON {
 			OverheadUSD:          opt(hasPrice, x.OverheadCost),
 		}
 	}
+	policy := func(x checkpoint.PlanPolicy) planJSONPolicy {
+		return planJSONPolicy{
+			MTBIS:        x.MTBI.Seconds(),
+			YoungS:       x.Young.Seconds(),
+			DalyS:        x.Daly.Seconds(),
+			planJSONCost: cost(x.PlanCost),
+		}
+	}
 	r := planJSON{
 		Inputs: planJSONInputs{
 			SaveCostS:                      in.SaveCost.Seconds(),
 			SizeBytes:                      opt(f.set["size"], f.size),
 			ThroughputBytesPerS:            opt(f.set["throughput"], f.throughput),
+			WriteThroughputBytesPerS:       opt(f.set["size"] && !f.set["save-cost"], f.write),
 			RestartS:                       in.Restart.Seconds(),
 			MTBIS:                          in.MTBI.Seconds(),
-			MonthlyInterruptionProbability: opt(f.set["interruption-rate"], f.p),
+			InterruptionRate:               in.InterruptionRate,
+			MonthlyInterruptionProbability: opt(in.InterruptionRate != "", p.MonthlyRate),
 			NoticeSuccess:                  in.NoticeSuccess,
 			PricePerHour:                   opt(in.Price > 0, in.Price),
 			SpotPricePerHour:               opt(in.SpotPrice > 0, in.SpotPrice),
 			GPUs:                           in.GPUs,
+		},
+		Recommendation: planJSONRecommendation{
+			Policy:         "periodic",
+			IntervalS:      rec.Daly.Seconds(),
+			NoticeSuccess:  rec.NoticeSuccess,
+			planJSONPolicy: policy(rec.PlanPolicy),
+			UpperBound:     rec.UpperBound,
+			Reason:         rec.Reason,
+			Caveat:         rec.Caveat,
+		},
+		Save: planJSONSave{
+			StallS:     p.Save.Stall.Seconds(),
+			UploadS:    opt(f.set["size"], p.Save.Upload.Seconds()),
+			CommitS:    p.Save.Commit.Seconds(),
+			DurableS:   p.Save.Durable.Seconds(),
+			NoticeS:    checkpoint.PlanSpotNotice.Seconds(),
+			FitsNotice: p.Save.FitsNotice,
 		},
 		MonthS:                checkpoint.PlanMonth.Seconds(),
 		InterruptionsPerMonth: p.InterruptionsPerMonth,
@@ -467,8 +690,18 @@ func planReport(f planFlags, p checkpoint.Plan) planJSON {
 		Warnings:              append([]string{}, p.Warnings...),
 		Assumptions:           planAssumptions(f),
 	}
-	if f.set["interruption-rate"] {
-		r.Inputs.InterruptionRate = strings.TrimSpace(f.rate)
+	if rec.WithNotice {
+		r.Recommendation.Policy = "with_notice"
+	}
+	for _, s := range p.Sensitivity {
+		r.Sensitivity = append(r.Sensitivity, planJSONSensitivity{
+			Factor:                s.Factor,
+			MTBIS:                 s.MTBI.Seconds(),
+			InterruptionsPerMonth: s.InterruptionsPerMonth,
+			IntervalS:             s.Interval.Seconds(),
+			Optimal:               cost(s.Optimal),
+			AtRecommended:         cost(s.AtRecommended),
+		})
 	}
 	if hasPrice {
 		r.Prices = &planJSONPrice{
