@@ -97,7 +97,7 @@ func runRestore(ctx context.Context, args, environ []string, stdout, stderr io.W
 	if cfg.Log.Level == zerolog.DebugLevel {
 		level = zerolog.DebugLevel
 	}
-	opts := checkpoint.RestoreOptions{Job: cfg.Store.Job, Checkpoint: *name, Commit: *commit, CommitSet: *commit != "", To: *to, Logger: newLogger(stderr, level)}
+	opts := checkpoint.RestoreOptions{Job: cfg.Store.Job, Checkpoint: *name, Commit: *commit, CommitSet: *commit != "", To: *to, Logger: newLogger(stderr, environ, level)}
 	opts.Part = partRank
 	var bar *progressBar
 	if f, ok := stderr.(*os.File); ok && isatty.IsTerminal(f.Fd()) && !*jsonOut {
