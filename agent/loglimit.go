@@ -77,3 +77,7 @@ func (l *logLimiter) forget(prefix string) int {
 	}
 	return held
 }
+
+// logSeconds is d in seconds, to the millisecond, for a log field whose name ends in _s (every
+// duration the agent logs is one).
+func logSeconds(d time.Duration) float64 { return d.Round(time.Millisecond).Seconds() }

@@ -140,3 +140,7 @@ func checkDirPrefix(prefix string) error {
 	}
 	return nil
 }
+
+// logSeconds is d in seconds, to the millisecond, for a log field whose name ends in _s (every
+// duration this package logs is one).
+func logSeconds(d time.Duration) float64 { return d.Round(time.Millisecond).Seconds() }

@@ -352,7 +352,7 @@ func runAgent(ctx context.Context, args, environ []string, stderr io.Writer) int
 		log.Error().Err(err).Msg("agent failed")
 		return exitFail
 	}
-	log.Info().Dur("uptime", time.Since(start)).Msg("bye")
+	log.Info().Float64("uptime_s", logSeconds(time.Since(start))).Msg("bye")
 	return exitOK
 }
 

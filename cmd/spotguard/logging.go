@@ -123,3 +123,6 @@ func newLogger(w io.Writer, environ []string, level zerolog.Level) zerolog.Logge
 	}
 	return zerolog.New(zerolog.SyncWriter(w)).Level(level).With().Timestamp().Logger()
 }
+
+// logSeconds is d in seconds, to the millisecond, for a log field whose name ends in _s.
+func logSeconds(d time.Duration) float64 { return d.Round(time.Millisecond).Seconds() }

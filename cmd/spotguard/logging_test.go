@@ -5,8 +5,10 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"syscall"
 	"testing"
@@ -177,5 +179,39 @@ func TestNewLoggerNotJournal(t *testing.T) {
 				t.Errorf("line = %q; want a JSON line of level error (%v)", b, err)
 			}
 		})
+	}
+}
+
+// TestLogDurationsInSeconds: every duration our code logs is in seconds, in a field whose name
+// ends in _s (Float64("x_s", logSeconds(d))), never zerolog's Dur, whose unit is a process-wide
+// setting (milliseconds unless main says otherwise) that no field name shows.
+func TestLogDurationsInSeconds(t *testing.T) {
+	root := filepath.Join("..", "..")
+	durCall := regexp.MustCompile(`(?:^\s*|\.)(Dur|Durs|TimeDiff)\(`) // also a chain continued on the next line
+	fieldS := regexp.MustCompile(`\.Float64\("([a-z0-9_]+)", logSeconds\(`)
+	for _, dir := range []string{"agent", "checkpoint", "cmd", "nvml", "systemd"} {
+		err := filepath.WalkDir(filepath.Join(root, dir), func(p string, d fs.DirEntry, err error) error {
+			if err != nil || d.IsDir() || !strings.HasSuffix(p, ".go") || strings.HasSuffix(p, "_test.go") {
+				return err
+			}
+			b, err := os.ReadFile(p)
+			if err != nil {
+				return err
+			}
+			for i, l := range strings.Split(string(b), "\n") {
+				if m := durCall.FindStringSubmatch(l); m != nil {
+					t.Errorf("%s:%d: %s logs a duration without its unit; use Float64(\"name_s\", logSeconds(d))", p, i+1, m[1])
+				}
+				for _, m := range fieldS.FindAllStringSubmatch(l, -1) {
+					if !strings.HasSuffix(m[1], "_s") {
+						t.Errorf("%s:%d: duration field %q; want its name to end in _s (seconds)", p, i+1, m[1])
+					}
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
 	}
 }
