@@ -74,3 +74,24 @@ func TestLogSeconds(t *testing.T) {
 		}
 	}
 }
+
+// TestLogTime: a zero time (a notice without a deadline) is no field, never 0001-01-01.
+func TestLogTime(t *testing.T) {
+	at := time.Date(2026, 11, 29, 16, 44, 18, 0, time.UTC)
+	tests := []struct {
+		name string
+		t    time.Time
+		want string
+	}{
+		{"zero", time.Time{}, `{"level":"info"}`},
+		{"set", at, `{"level":"info","deadline":"2026-11-29T16:44:18Z"}`},
+	}
+	for _, tt := range tests {
+		var b bytes.Buffer
+		log := zerolog.New(&b)
+		logTime(log.Info(), "deadline", tt.t).Send()
+		if got := strings.TrimSpace(b.String()); got != tt.want {
+			t.Errorf("Got(%s) = %s; want %s", tt.name, got, tt.want)
+		}
+	}
+}

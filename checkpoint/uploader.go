@@ -436,7 +436,7 @@ func (u *Uploader) Run(ctx context.Context, events <-chan WatchEvent) error {
 			default:
 			}
 			done = nil // keep going for the checkpoints, then stop
-			u.log.Warn().Time("deadline", u.deadline()).Float64("stop_budget_s", logSeconds(u.cfg.StopBudget)).Int("not_committed", u.notCommitted()).
+			logTime(u.log.Warn(), "deadline", u.deadline()).Float64("stop_budget_s", logSeconds(u.cfg.StopBudget)).Int("not_committed", u.notCommitted()).
 				Msg("stop requested while checkpoints are being written or are not committed yet; finishing them first (a second SIGTERM stops at once)")
 			t := time.NewTimer(u.cfg.StopBudget)
 			defer t.Stop()
@@ -535,7 +535,7 @@ func (u *Uploader) handleNotices() {
 		u.log.Info().Strs("notices", keys).Bool("urgent", u.urgent()).Msg("notices in force changed")
 		return
 	}
-	u.log.Warn().Strs("notices", keys).Time("deadline", u.deadline()).Int("files_in_flight", u.inflight).
+	logTime(u.log.Warn().Strs("notices", keys), "deadline", u.deadline()).Int("files_in_flight", u.inflight).
 		Int("files_queued", u.queuedFiles()).Msg("notice: uploading with every connection")
 	// Anything complete and not committed is now worth retrying at once.
 	for _, g := range u.gens {
