@@ -102,14 +102,16 @@ func runRestore(ctx context.Context, args, environ []string, stdout, stderr io.W
 	}
 	opts := checkpoint.RestoreOptions{Job: cfg.Store.Job, Checkpoint: *name, Commit: *commit, CommitSet: *commit != "", To: *to, Logger: log.Level(level)}
 	opts.Part = partRank
-	// Progress: a bar on a terminal; elsewhere (spotguard-restore.service, a pipe) a log line
-	// every progressLogEvery and one at the end.
+	// Progress: a bar on a terminal (none with --json); elsewhere (spotguard-restore.service, a
+	// pipe) a log line every progressLogEvery and one at the end.
 	var bar *progressBar
 	var plog *progressLog
-	if f, ok := stderr.(*os.File); ok && isatty.IsTerminal(f.Fd()) && !*jsonOut {
+	f, ok := stderr.(*os.File)
+	switch tty := ok && isatty.IsTerminal(f.Fd()); {
+	case tty && !*jsonOut:
 		bar = &progressBar{w: stderr, start: time.Now()}
 		opts.Progress = bar.update
-	} else {
+	case !tty:
 		plog = &progressLog{log: log.With().Str("component", "restore").Str("store", store.URL()).Str("job", cfg.Store.Job).Logger(), now: time.Now}
 		opts.Progress = plog.update
 		tick := time.NewTicker(progressLogEvery)
