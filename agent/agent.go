@@ -358,12 +358,12 @@ func (a *Agent) Run(ctx context.Context) error {
 	if err := writeNoticeFile(cfg.Agent.RuntimeDir, nil); err != nil {
 		a.log.Error().Err(err).Msg("cannot remove the notice file an earlier run left")
 	}
-	a.log.Info().Dur("poll_interval", cfg.IMDS.PollInterval).Str("listen", cfg.HTTP.Listen).
+	a.log.Info().Float64("poll_interval_s", logSeconds(cfg.IMDS.PollInterval)).Str("listen", cfg.HTTP.Listen).
 		Str("signal", trainer.SignalName(cfg.Trainer.Signal)).Msg("spotguard agent starting")
 
 	if a.gpus != nil {
 		defer a.gpus.Close()
-		a.log.Info().Int("gpus", len(a.gpus.Facts())).Dur("interval", cfg.GPU.SampleInterval).Msg("GPU sampling on")
+		a.log.Info().Int("gpus", len(a.gpus.Facts())).Float64("interval_s", logSeconds(cfg.GPU.SampleInterval)).Msg("GPU sampling on")
 	} else {
 		a.log.Warn().Str("reason", a.gpu.off).Msg("GPU sampling is off; everything else runs")
 	}

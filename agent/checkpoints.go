@@ -160,12 +160,12 @@ func (c *Coordinator) onUpload(ev checkpoint.UploadEvent) {
 				c.metrics.deadlineMargin.WithLabelValues(string(ns.Source)).Set(margin.Seconds())
 				detail = fmt.Sprintf("%s, %.1f s before the deadline", ev.Checkpoint, margin.Seconds())
 				if margin < 0 {
-					c.log.Error().Str("notice", ns.Key).Dur("late_by", -margin).Msg("checkpoint committed after the notice deadline")
+					c.log.Error().Str("notice", ns.Key).Float64("late_by_s", logSeconds(-margin)).Msg("checkpoint committed after the notice deadline")
 				}
 			}
 			c.transition(ns, StateCommitted, detail)
 			c.log.Warn().Str("notice", ns.Key).Str("checkpoint", ev.Checkpoint).
-				Dur("notice_to_durable", ev.At.Sub(ns.detectedAt)).Msg("notice's checkpoint is durable")
+				Float64("notice_to_durable_s", logSeconds(ev.At.Sub(ns.detectedAt))).Msg("notice's checkpoint is durable")
 		}
 	}
 }

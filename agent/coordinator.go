@@ -304,7 +304,7 @@ func (c *Coordinator) begin(ev imds.Event) {
 	c.transition(ns, StateTrainerSignalled, fmt.Sprintf("%d of %d processes", sent, len(results)))
 	c.record(metrics.Datum{Name: "SignalLatencySeconds", Unit: metrics.UnitSeconds, Value: latency.Seconds(),
 		Dimensions: map[string]string{"Source": string(n.Source)}})
-	log.Info().Int("signalled", sent).Int("found", len(results)).Dur("since_detected", latency).Msg("notice handled: trainer signalled")
+	log.Info().Int("signalled", sent).Int("found", len(results)).Float64("since_detected_s", logSeconds(latency)).Msg("notice handled: trainer signalled")
 }
 
 // detect records a notice that begins at at: a new active NoticeStatus in state detected (with
@@ -330,7 +330,7 @@ func (c *Coordinator) detect(cfg *Config, n imds.Notice, at time.Time, detail st
 	c.add(ns, StateDetected, at, detail)
 	ev := log.Warn().Str("source", string(n.Source)).Str("action", n.Action).Str("policy", string(policy))
 	if ns.Deadline != nil {
-		ev = ev.Time("deadline", *ns.Deadline).Dur("time_left", time.Until(*ns.Deadline))
+		ev = ev.Time("deadline", *ns.Deadline).Float64("time_left_s", logSeconds(time.Until(*ns.Deadline)))
 	}
 	ev.Bool("malformed", n.Malformed).Msg("interruption notice detected")
 	if policy == PolicyIgnore {
@@ -489,7 +489,7 @@ func (c *Coordinator) transition(ns *NoticeStatus, state, detail string) {
 	}
 	ns.State = state
 	c.log.Info().Str("notice", ns.Key).Str("state", state).Str("detail", detail).
-		Dur("since_detected", now.Sub(ns.detectedAt)).Msg("notice state changed")
+		Float64("since_detected_s", logSeconds(now.Sub(ns.detectedAt))).Msg("notice state changed")
 }
 
 // Scan looks for trainer processes and reports, loudly, each newly found one that does not catch

@@ -159,7 +159,7 @@ func (c *Coordinator) TakeJobNotice(n imds.Notice, at time.Time) JobNoticeReply 
 			ns.EndsAt = &end
 		}
 		c.mu.Unlock()
-		c.log.Info().Str("notice", key).Time("deadline", n.Deadline).Bool("earlier", earlier).
+		logTime(c.log.Info().Str("notice", key), "deadline", n.Deadline).Bool("earlier", earlier).
 			Msg("job notice posted again: refreshed, not doubled")
 		if earlier && ns.Policy == PolicyCheckpoint {
 			c.noticesChanged(cfg)

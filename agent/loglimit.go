@@ -4,6 +4,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/rs/zerolog"
 )
 
 // logLimiter lets the first of a run of identical log lines through, then at most one per
@@ -76,4 +78,17 @@ func (l *logLimiter) forget(prefix string) int {
 		}
 	}
 	return held
+}
+
+// logSeconds is d in seconds, to the millisecond, for a log field whose name ends in _s (every
+// duration the agent logs is one).
+func logSeconds(d time.Duration) float64 { return d.Round(time.Millisecond).Seconds() }
+
+// logTime adds t to e as key, unless t is the zero time (a notice without a deadline): the log
+// never shows 0001-01-01T00:00:00Z.
+func logTime(e *zerolog.Event, key string, t time.Time) *zerolog.Event {
+	if t.IsZero() {
+		return e
+	}
+	return e.Time(key, t)
 }

@@ -1,9 +1,13 @@
 package agent
 
 import (
+	"bytes"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
+
+	"github.com/rs/zerolog"
 )
 
 func TestLogLimiter(t *testing.T) {
@@ -47,5 +51,47 @@ func TestLogLimiter(t *testing.T) {
 	}
 	if n := len(l.runs); n > maxLogRuns+1 {
 		t.Errorf("runs kept = %d; want at most %d", n, maxLogRuns+1)
+	}
+}
+
+func TestLogSeconds(t *testing.T) {
+	tests := []struct {
+		d    time.Duration
+		want string
+	}{
+		{time.Second, `"x_s":1`},
+		{1531823456 * time.Nanosecond, `"x_s":1.532`},
+		{119408823 * time.Microsecond, `"x_s":119.409`},
+		{-250 * time.Millisecond, `"x_s":-0.25`},
+		{0, `"x_s":0`},
+	}
+	for _, tt := range tests {
+		var b bytes.Buffer
+		log := zerolog.New(&b)
+		log.Info().Float64("x_s", logSeconds(tt.d)).Send()
+		if !strings.Contains(b.String(), tt.want) {
+			t.Errorf("Got(%v) = %s; want %s", tt.d, b.String(), tt.want)
+		}
+	}
+}
+
+// TestLogTime: a zero time (a notice without a deadline) is no field, never 0001-01-01.
+func TestLogTime(t *testing.T) {
+	at := time.Date(2026, 11, 29, 16, 44, 18, 0, time.UTC)
+	tests := []struct {
+		name string
+		t    time.Time
+		want string
+	}{
+		{"zero", time.Time{}, `{"level":"info"}`},
+		{"set", at, `{"level":"info","deadline":"2026-11-29T16:44:18Z"}`},
+	}
+	for _, tt := range tests {
+		var b bytes.Buffer
+		log := zerolog.New(&b)
+		logTime(log.Info(), "deadline", tt.t).Send()
+		if got := strings.TrimSpace(b.String()); got != tt.want {
+			t.Errorf("Got(%s) = %s; want %s", tt.name, got, tt.want)
+		}
 	}
 }

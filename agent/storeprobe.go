@@ -442,10 +442,10 @@ func (p *storeProber) record(res StoreProbe) {
 
 	switch {
 	case res.OK() && streak > 0:
-		p.log.Info().Str("store", res.URL).Int("failed_probes", streak).Dur("failing_for", res.At.Sub(since)).
+		p.log.Info().Str("store", res.URL).Int("failed_probes", streak).Float64("failing_for_s", logSeconds(res.At.Sub(since))).
 			Msg("store probe passed again")
 	case res.OK():
-		p.log.Debug().Str("store", res.URL).Dur("took", res.Took).Msg("store probe passed")
+		p.log.Debug().Str("store", res.URL).Float64("took_s", logSeconds(res.Took)).Msg("store probe passed")
 	default:
 		key := res.Step + "|" + res.Reason + "|" + storeErrorCode(res.Err)
 		ok, held := p.limiter.allow(key, time.Now())

@@ -23,6 +23,8 @@ import (
 	"os"
 	"strings"
 	"time"
+
+	"github.com/rs/zerolog"
 )
 
 // ErrNotFound is returned by Store methods for a key that does not exist.
@@ -139,4 +141,17 @@ func checkDirPrefix(prefix string) error {
 		return fmt.Errorf("prefix %q: %w", prefix, err)
 	}
 	return nil
+}
+
+// logSeconds is d in seconds, to the millisecond, for a log field whose name ends in _s (every
+// duration this package logs is one).
+func logSeconds(d time.Duration) float64 { return d.Round(time.Millisecond).Seconds() }
+
+// logTime adds t to e as key, unless t is the zero time (no notice in force has a deadline: a
+// rebalance recommendation): the log never shows 0001-01-01T00:00:00Z.
+func logTime(e *zerolog.Event, key string, t time.Time) *zerolog.Event {
+	if t.IsZero() {
+		return e
+	}
+	return e.Time(key, t)
 }

@@ -547,7 +547,7 @@ func collectParts(ctx context.Context, s Store, st *JobState, partWait time.Dura
 			continue
 		}
 		deleted = append(deleted, CommitRef{Checkpoint: p.Checkpoint, Commit: p.Commit})
-		plog.Warn().Dur("part_wait", partWait).Msg("retention: deleted a part that never made a job checkpoint (the other nodes' parts never came)")
+		plog.Warn().Float64("part_wait_s", logSeconds(partWait)).Msg("retention: deleted a part that never made a job checkpoint (the other nodes' parts never came)")
 	}
 	return deleted
 }

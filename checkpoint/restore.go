@@ -187,7 +187,7 @@ func Restore(ctx context.Context, s Store, opts RestoreOptions) (RestoreResult, 
 		res.AlreadyPresent = already
 		res.Elapsed = time.Since(start)
 		log.Info().Str("checkpoint", res.Checkpoint).Str("commit", res.Commit).Str("dir", res.Dir).Int("files", res.Files).
-			Int64("bytes", res.Bytes).Dur("elapsed", res.Elapsed).Bool("fell_back", res.FellBack).
+			Int64("bytes", res.Bytes).Float64("elapsed_s", logSeconds(res.Elapsed)).Bool("fell_back", res.FellBack).
 			Bool("already_present", already).Msg("checkpoint restored")
 		return res, nil
 	}

@@ -436,7 +436,7 @@ func (u *Uploader) Run(ctx context.Context, events <-chan WatchEvent) error {
 			default:
 			}
 			done = nil // keep going for the checkpoints, then stop
-			u.log.Warn().Time("deadline", u.deadline()).Dur("stop_budget", u.cfg.StopBudget).Int("not_committed", u.notCommitted()).
+			logTime(u.log.Warn(), "deadline", u.deadline()).Float64("stop_budget_s", logSeconds(u.cfg.StopBudget)).Int("not_committed", u.notCommitted()).
 				Msg("stop requested while checkpoints are being written or are not committed yet; finishing them first (a second SIGTERM stops at once)")
 			t := time.NewTimer(u.cfg.StopBudget)
 			defer t.Stop()
@@ -496,7 +496,7 @@ func (u *Uploader) logLeft(why string) {
 		}
 	}
 	slices.Sort(left)
-	u.log.Error().Dur("stop_budget", u.cfg.StopBudget).Strs("not_committed", left).
+	u.log.Error().Float64("stop_budget_s", logSeconds(u.cfg.StopBudget)).Strs("not_committed", left).
 		Bool("signalled_checkpoint_missing", !u.lastSignal.IsZero() && !u.signalAnswered).Msg(why)
 }
 
@@ -535,7 +535,7 @@ func (u *Uploader) handleNotices() {
 		u.log.Info().Strs("notices", keys).Bool("urgent", u.urgent()).Msg("notices in force changed")
 		return
 	}
-	u.log.Warn().Strs("notices", keys).Time("deadline", u.deadline()).Int("files_in_flight", u.inflight).
+	logTime(u.log.Warn().Strs("notices", keys), "deadline", u.deadline()).Int("files_in_flight", u.inflight).
 		Int("files_queued", u.queuedFiles()).Msg("notice: uploading with every connection")
 	// Anything complete and not committed is now worth retrying at once.
 	for _, g := range u.gens {
@@ -855,7 +855,7 @@ func (u *Uploader) goRetry(ctx context.Context, log zerolog.Logger, what string,
 				return
 			}
 			delay := retryDelay(attempt, false)
-			log.Warn().Err(err).Int("attempt", attempt).Dur("retry_in", delay).Msg(what)
+			log.Warn().Err(err).Int("attempt", attempt).Float64("retry_in_s", logSeconds(delay)).Msg(what)
 			t := time.NewTimer(delay)
 			select {
 			case <-t.C:
@@ -1396,7 +1396,7 @@ func (u *Uploader) handleResult(ctx context.Context, r fileResult) {
 		f.attempts++
 		delay := retryDelay(f.attempts, u.urgent())
 		// The agent counts these by reason and logs them once per interval (OnEvent).
-		log.Debug().Err(r.err).Int("attempt", f.attempts).Dur("retry_in", delay).Msg("upload failed; retrying")
+		log.Debug().Err(r.err).Int("attempt", f.attempts).Float64("retry_in_s", logSeconds(delay)).Msg("upload failed; retrying")
 		u.emit(UploadEvent{Kind: UploadFailed, Checkpoint: g.name, At: time.Now(), Err: r.err})
 		g.retrying++
 		u.after(ctx, delay, func() {
@@ -1426,7 +1426,7 @@ func (u *Uploader) handleResult(ctx context.Context, r fileResult) {
 	g.uploadBusy += r.duration
 	g.sent += d.id.Size
 	u.journal.file(g.name, g.commit, r.rel, d)
-	log.Debug().Int64("bytes", d.id.Size).Dur("took", r.duration).Msg("file stored")
+	log.Debug().Int64("bytes", d.id.Size).Float64("took_s", logSeconds(r.duration)).Msg("file stored")
 }
 
 // matched narrows a matching generation's candidates by the checksum of rel; with none left, the
@@ -1622,7 +1622,7 @@ func (u *Uploader) handleCommit(ctx context.Context, r commitResult) {
 			ev2 = log.Warn()
 		}
 		ev2.Int("files", len(m.Files)).Int64("bytes", m.TotalBytes).Bool("latest", r.latestMoved).
-			Float64("throughput_mb_s", ev.Throughput/1e6).Dur("durable_after_notice_forecast", ev.Forecast).
+			Float64("throughput_mb_per_s", ev.Throughput/1e6).Float64("durable_after_notice_forecast_s", logSeconds(ev.Forecast)).
 			Str("trigger", m.Trigger).
 			Msgf("%s committed; a checkpoint like this one would be durable %.0f s after a notice", what(m), ev.Forecast.Seconds())
 		u.emit(ev)

@@ -704,6 +704,49 @@ func TestUploaderStopWaitsForTheSignalledCheckpoint(t *testing.T) {
 	}
 }
 
+// A notice without a deadline (a rebalance recommendation) logs none, never the zero time
+// 0001-01-01T00:00:00Z: neither when uploads turn urgent nor when a stop waits for the checkpoint
+// the trainer was signalled for. Durations are in seconds, in fields named *_s.
+func TestUploaderNoticeWithoutDeadlineLogsNone(t *testing.T) {
+	dir := t.TempDir()
+	store := newMemStore()
+	r := startUploader(t, dir, store, 0)
+	r.up.SetNotices([]ActiveNotice{{Key: "rebalance/rebalance", SignalledAt: time.Now()}})
+	eventuallyUploader(t, "the notice to be taken", func() bool { return r.up.Status(t.Context()).Urgent })
+	stopped := make(chan struct{})
+	go func() { r.cancel(); <-r.done; close(stopped) }() // SIGTERM before the checkpoint
+	const drainMsg = "stop requested while checkpoints are being written or are not committed yet; finishing them first (a second SIGTERM stops at once)"
+	eventuallyUploader(t, "the stop to wait for the checkpoint", func() bool { return strings.Contains(r.logs.String(), drainMsg) })
+	writeCheckpoint(t, dir, "step-1", map[string][]byte{"w": randomBytes(t, 1<<10)})
+	<-stopped
+
+	logs := r.logs.String()
+	if strings.Contains(logs, "0001-01-01") {
+		t.Errorf("the log shows the zero time:\n%s", logs)
+	}
+	seen := map[string]map[string]any{}
+	for _, l := range strings.Split(strings.TrimSpace(logs), "\n") {
+		var m map[string]any
+		if err := json.Unmarshal([]byte(l), &m); err != nil {
+			t.Fatalf("log line %q: %v", l, err)
+		}
+		seen[m["message"].(string)] = m
+	}
+	for _, msg := range []string{"notice: uploading with every connection", drainMsg} {
+		m, ok := seen[msg]
+		if !ok {
+			t.Errorf("no log line %q in:\n%s", msg, logs)
+			continue
+		}
+		if d, ok := m["deadline"]; ok {
+			t.Errorf("%q: deadline = %v; want no deadline field", msg, d)
+		}
+	}
+	if m := seen[drainMsg]; m != nil && m["stop_budget_s"] != DefaultStopBudget.Seconds() {
+		t.Errorf("stop_budget_s = %v; want %v (seconds)", m["stop_budget_s"], DefaultStopBudget.Seconds())
+	}
+}
+
 // Without any notice a stop still commits what is complete (the store was slow): a complete
 // checkpoint is never left behind while the budget lasts.
 func TestUploaderStopDrainsCompleteCheckpoints(t *testing.T) {

@@ -66,7 +66,7 @@ func FetchIdentity(ctx context.Context, g Getter, log zerolog.Logger) (Identity,
 		}
 	}
 	if failures > 0 {
-		log.Info().Int("errors", failures).Dur("failing_for", time.Since(started)).
+		log.Info().Int("errors", failures).Float64("failing_for_s", logSeconds(time.Since(started))).
 			Str("instance_id", id.InstanceID).Msg("imds identity read")
 	}
 	return id, nil
@@ -105,3 +105,6 @@ func isIdentityValue(s string) bool {
 	}
 	return true
 }
+
+// logSeconds is d in seconds, to the millisecond, for a log field whose name ends in _s.
+func logSeconds(d time.Duration) float64 { return d.Round(time.Millisecond).Seconds() }

@@ -392,7 +392,7 @@ func (w *Watcher) record(s *sourceState, now time.Time, err error) {
 		}
 	case s.streak > 0:
 		w.log.Info().Str("source", string(s.src)).Int("errors", s.streak).
-			Dur("failing_for", now.Sub(s.failingSince)).Msg("imds read recovered")
+			Float64("failing_for_s", logSeconds(now.Sub(s.failingSince))).Msg("imds read recovered")
 		s.streak = 0
 		s.failingSince = time.Time{}
 	}

@@ -453,8 +453,8 @@ func TestRunLogsOncePerStreak(t *testing.T) {
 		if warns[0]["error"] == nil || warns[0]["component"] != "imds" {
 			t.Errorf("Warn line = %v; want error and component fields", warns[0])
 		}
-		if infos[0]["errors"] != 3.0 || infos[1]["errors"] != 3.0 || infos[0]["failing_for"] == nil {
-			t.Errorf("Info lines = %v; want errors 3 and 3 and failing_for", infos)
+		if infos[0]["errors"] != 3.0 || infos[1]["errors"] != 3.0 || infos[0]["failing_for_s"] == nil {
+			t.Errorf("Info lines = %v; want errors 3 and 3 and failing_for_s", infos)
 		}
 	})
 }

@@ -15,7 +15,6 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws"
 	awsconfig "github.com/aws/aws-sdk-go-v2/config"
 	"github.com/aws/aws-sdk-go-v2/service/cloudwatch"
-	"github.com/mattn/go-isatty"
 	"github.com/rs/zerolog"
 
 	"github.com/spotguard/spotguard/agent"
@@ -255,7 +254,7 @@ func runAgent(ctx context.Context, args, environ []string, stdout, stderr io.Wri
 		return exitFail
 	}
 	// The level is the process's, so that a reload can change it (log.level is live).
-	log := newLogger(stderr, zerolog.DebugLevel)
+	log := newLogger(stderr, environ, zerolog.DebugLevel)
 	defer zerolog.SetGlobalLevel(zerolog.GlobalLevel())
 	zerolog.SetGlobalLevel(cfg.Log.Level)
 	for _, w := range cfg.Warnings() {
@@ -349,7 +348,7 @@ func runAgent(ctx context.Context, args, environ []string, stdout, stderr io.Wri
 		log.Error().Err(err).Msg("agent failed")
 		return exitFail
 	}
-	log.Info().Dur("uptime", time.Since(start)).Msg("bye")
+	log.Info().Float64("uptime_s", logSeconds(time.Since(start))).Msg("bye")
 	return exitOK
 }
 
@@ -372,13 +371,4 @@ func cloudWatchClient(cfg *agent.Config, awsCfg aws.Config) metrics.PutMetricDat
 		return nil
 	}
 	return cloudwatch.NewFromConfig(awsCfg)
-}
-
-// newLogger logs JSON to w (for journald), or a human console format when w is a terminal.
-// Writes are serialized: the agent logs from several goroutines.
-func newLogger(w io.Writer, level zerolog.Level) zerolog.Logger {
-	if f, ok := w.(*os.File); ok && isatty.IsTerminal(f.Fd()) {
-		w = zerolog.ConsoleWriter{Out: f, TimeFormat: time.TimeOnly}
-	}
-	return zerolog.New(zerolog.SyncWriter(w)).Level(level).With().Timestamp().Logger()
 }

@@ -139,7 +139,7 @@ func doctor(ctx context.Context, cf *configFlags, environ []string, deps doctorD
 	doctorStore(ctx, &rep, cfg, deps, instance)
 	doctorTrainer(&rep, cfg, deps)
 	doctorCheckpointDir(&rep, cfg)
-	doctorNVML(&rep, deps, stderr)
+	doctorNVML(&rep, deps, environ, stderr)
 	doctorCloudWatch(ctx, &rep, cfg, awsCfg, awsErr)
 	return rep
 }
@@ -362,8 +362,8 @@ func doctorCheckpointDir(rep *doctorReport, cfg *agent.Config) {
 }
 
 // doctorNVML opens NVML as the agent does; without it the agent runs, so it is a warning.
-func doctorNVML(rep *doctorReport, deps doctorDeps, stderr io.Writer) {
-	g, err := deps.openGPUs(newLogger(stderr, zerolog.ErrorLevel))
+func doctorNVML(rep *doctorReport, deps doctorDeps, environ []string, stderr io.Writer) {
+	g, err := deps.openGPUs(newLogger(stderr, environ, zerolog.ErrorLevel))
 	if err != nil {
 		reason := strings.TrimPrefix(err.Error(), nvml.ErrUnavailable.Error()+": ")
 		rep.add("nvml", doctorWarn, "GPU sampling is off: "+reason+"; the agent runs without it",

@@ -143,7 +143,7 @@ func runDrill(ctx context.Context, args, environ []string, stdout, stderr io.Wri
 			}
 		}
 	}
-	log := newLogger(stderr, level)
+	log := newLogger(stderr, environ, level)
 	rep := drillReport{Store: *storeURL, Job: "drill-" + checkpoint.NewCommitID(time.Now()), Timeline: []drillStep{}}
 	plan := drillPlan{
 		size: size, files: *files, trainerCmd: *trainerCmd, ckDir: *ckDir, store: *storeURL, job: rep.Job,

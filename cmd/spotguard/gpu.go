@@ -63,7 +63,7 @@ func runGPU(ctx context.Context, args, environ []string, stdout, stderr io.Write
 		fmt.Fprintf(stderr, "spotguard gpu: %v\n", err)
 		return exitFail
 	}
-	log := newLogger(stderr, max(cfg.Log.Level, zerolog.WarnLevel))
+	log := newLogger(stderr, environ, max(cfg.Log.Level, zerolog.WarnLevel))
 	gpus, err := open(log)
 	if err != nil {
 		reason := strings.TrimPrefix(err.Error(), nvml.ErrUnavailable.Error()+": ")

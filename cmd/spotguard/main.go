@@ -7,9 +7,16 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+	"time"
+
+	"github.com/rs/zerolog"
 )
 
 func main() {
+	// Durations in log lines are seconds, in fields named *_s. Ours are written with logSeconds
+	// (TestLogDurationsInSeconds keeps zerolog's Dur out of the code); this covers anything else.
+	zerolog.DurationFieldUnit = time.Second
+	zerolog.DurationFieldInteger = false
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	code := run(ctx, os.Args[1:], os.Environ(), os.Stdout, os.Stderr)
 	stop()

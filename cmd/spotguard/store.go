@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"path/filepath"
 	"strings"
@@ -88,20 +89,37 @@ func runRestore(ctx context.Context, args, environ []string, stdout, stderr io.W
 		fmt.Fprintf(stderr, "spotguard restore: %v\n", err)
 		return exitFail
 	}
-	// The summary line says what an info log line would; warnings and errors still go to stderr.
+	log := newLogger(stderr, environ, cfg.Log.Level)
+	// The summary line says what restore's own info lines would; its warnings and errors still
+	// go to stderr.
 	level := max(cfg.Log.Level, zerolog.WarnLevel)
 	if cfg.Log.Level == zerolog.DebugLevel {
 		level = zerolog.DebugLevel
 	}
-	opts := checkpoint.RestoreOptions{Job: cfg.Store.Job, Checkpoint: *name, Commit: *commit, CommitSet: *commit != "", To: *to, Logger: newLogger(stderr, level)}
+	opts := checkpoint.RestoreOptions{Job: cfg.Store.Job, Checkpoint: *name, Commit: *commit, CommitSet: *commit != "", To: *to, Logger: log.Level(level)}
 	opts.Part = partRank
+	// Progress: a bar on a terminal (none with --json); elsewhere (spotguard-restore.service, a
+	// pipe) a log line every progressLogEvery and one at the end.
 	var bar *progressBar
-	if f, ok := stderr.(*os.File); ok && isatty.IsTerminal(f.Fd()) && !*jsonOut {
+	var plog *progressLog
+	f, ok := stderr.(*os.File)
+	switch tty := ok && isatty.IsTerminal(f.Fd()); {
+	case tty && !*jsonOut:
 		bar = &progressBar{w: stderr, start: time.Now()}
 		opts.Progress = bar.update
+	case !tty:
+		plog = &progressLog{log: log.With().Str("component", "restore").Str("store", store.URL()).Str("job", cfg.Store.Job).Logger(), now: time.Now}
+		opts.Progress = plog.update
+		tick := time.NewTicker(progressLogEvery)
+		defer tick.Stop()
+		pctx, stop := context.WithCancel(ctx)
+		logged := make(chan struct{})
+		go func() { defer close(logged); plog.run(pctx, tick.C) }()
+		defer func() { stop(); <-logged }()
 	}
 	res, err := checkpoint.Restore(ctx, store, opts)
 	bar.finish()
+	plog.finish()
 	if err != nil && *allowEmpty && *name == "" && errors.Is(err, checkpoint.ErrNothingToRestore) {
 		fmt.Fprintf(stdout, "%v; nothing to restore (first run)\n", err)
 		return exitOK
@@ -318,4 +336,80 @@ func (p *progressBar) finish() {
 	if p.drawn {
 		fmt.Fprintln(p.w)
 	}
+}
+
+// progressLogEvery is how often a restore without a terminal logs its progress.
+const progressLogEvery = 5 * time.Second
+
+// progressLog logs restore progress where no terminal shows a bar (under systemd, in a pipe): a
+// line on every tick of run and one at the end (finish), each with the bytes done and in all,
+// the percentage, the rate in MB/s since the first byte was asked for, and the time left at that
+// rate. Nothing is logged before the download starts, nor for a checkpoint already in place.
+type progressLog struct {
+	log zerolog.Logger
+	now func() time.Time
+
+	mu          sync.Mutex
+	start       time.Time // of the first update; zero before
+	done, total int64
+	ended       bool
+}
+
+// update is checkpoint.RestoreOptions.Progress.
+func (p *progressLog) update(done, total int64) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.start.IsZero() {
+		p.start = p.now()
+	}
+	p.done, p.total = done, total
+}
+
+// run logs a line on every tick, as of the tick's time, until ctx ends.
+func (p *progressLog) run(ctx context.Context, tick <-chan time.Time) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case now := <-tick:
+			p.line(now, false)
+		}
+	}
+}
+
+// finish logs the last line, once; nil does nothing.
+func (p *progressLog) finish() {
+	if p == nil {
+		return
+	}
+	p.line(p.now(), true)
+}
+
+// line logs where the download stands at now (once more with end, never after it).
+func (p *progressLog) line(now time.Time, end bool) {
+	p.mu.Lock()
+	if p.start.IsZero() || p.ended {
+		p.mu.Unlock()
+		return
+	}
+	p.ended = end
+	done, total, elapsed := p.done, p.total, now.Sub(p.start)
+	p.mu.Unlock()
+	pct := 100.0
+	if total > 0 {
+		pct = 100 * float64(done) / float64(total)
+	}
+	rate := 0.0 // bytes a second
+	if elapsed > 0 {
+		rate = float64(done) / elapsed.Seconds()
+	}
+	ev := p.log.Info().Int64("bytes_done", done).Int64("bytes_total", total).Float64("percent", math.Round(pct*10)/10).
+		Float64("mb_per_s", math.Round(rate/1e5)/10).Float64("elapsed_s", logSeconds(elapsed))
+	switch {
+	case done >= total:
+		ev = ev.Float64("eta_s", 0)
+	case rate > 0:
+		ev = ev.Float64("eta_s", logSeconds(time.Duration(float64(total-done)/rate*float64(time.Second))))
+	}
+	ev.Msg("restore progress")
 }

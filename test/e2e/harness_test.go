@@ -296,6 +296,11 @@ func startAgentWithConfig(t testing.TB, sim *imdsSim, config string, env ...stri
 		t.Fatal(err)
 	}
 	cmd.Stdout, cmd.Stderr = logf, logf
+	for i, kv := range cmd.Env {
+		if kv == journalStreamStderr {
+			cmd.Env[i] = "JOURNAL_STREAM=" + journalStreamOf(t, logf)
+		}
+	}
 	if err := cmd.Start(); err != nil {
 		t.Fatalf("start spotguard: %v", err)
 	}

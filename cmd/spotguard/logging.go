@@ -1,0 +1,128 @@
+package main
+
+import (
+	"io"
+	"os"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/mattn/go-isatty"
+	"github.com/rs/zerolog"
+)
+
+// logOutput is what a logger writes to, which decides the format of its lines.
+type logOutput int
+
+const (
+	// logJSON is a pipe, a file or anything else: one JSON object a line, as it always was.
+	logJSON logOutput = iota
+	// logConsole is a terminal: zerolog's human console format.
+	logConsole
+	// logJournal is journald's stream (stderr under systemd): the same JSON line, after the
+	// syslog priority prefix "<N>" journald reads (and strips) to set the entry's PRIORITY.
+	logJournal
+)
+
+func (o logOutput) String() string {
+	switch o {
+	case logConsole:
+		return "console"
+	case logJournal:
+		return "journal"
+	default:
+		return "json"
+	}
+}
+
+// logOutputOf says what w is. It is logJournal when w is a file whose device and inode are the
+// ones journalStream names: systemd sets JOURNAL_STREAM to "DEVICE:INODE" of the stream it
+// connects stdout/stderr to, and a child whose stderr was redirected since inherits the variable
+// but not the stream, so it is checked against fstat, as sd_journal does. Otherwise it is
+// logConsole when w is a terminal, else logJSON (a pipe, a file, a buffer).
+func logOutputOf(w io.Writer, journalStream string) logOutput {
+	f, ok := w.(*os.File)
+	if !ok {
+		return logJSON
+	}
+	if journalStream != "" && isJournalStream(f, journalStream) {
+		return logJournal
+	}
+	if isatty.IsTerminal(f.Fd()) {
+		return logConsole
+	}
+	return logJSON
+}
+
+// isJournalStream reports whether f is the stream journalStream ("DEVICE:INODE", decimal, as
+// systemd writes JOURNAL_STREAM) names. A value that does not parse, or a file that cannot be
+// stat'ed, is not.
+func isJournalStream(f *os.File, journalStream string) bool {
+	devS, inoS, ok := strings.Cut(journalStream, ":")
+	if !ok {
+		return false
+	}
+	dev, err1 := strconv.ParseUint(devS, 10, 64)
+	ino, err2 := strconv.ParseUint(inoS, 10, 64)
+	if err1 != nil || err2 != nil {
+		return false
+	}
+	fi, err := f.Stat()
+	if err != nil {
+		return false
+	}
+	st, ok := fi.Sys().(*syscall.Stat_t) // Dev and Ino differ in type between systems
+	return ok && uint64(st.Dev) == dev && uint64(st.Ino) == ino
+}
+
+// journalPriority is the syslog priority journald gives a line of level l: debug (and trace)
+// 7, info (and a line without a level) 6, warn 4, error 3, fatal and panic 2 (crit).
+func journalPriority(l zerolog.Level) int {
+	switch l {
+	case zerolog.TraceLevel, zerolog.DebugLevel:
+		return 7
+	case zerolog.WarnLevel:
+		return 4
+	case zerolog.ErrorLevel:
+		return 3
+	case zerolog.FatalLevel, zerolog.PanicLevel:
+		return 2
+	default: // info, no level
+		return 6
+	}
+}
+
+// journalWriter writes each line after its "<N>" syslog priority prefix, in one Write, so that
+// journald files it under that priority (journalctl -p err shows the errors).
+type journalWriter struct{ w io.Writer }
+
+func (j journalWriter) Write(p []byte) (int, error) { return j.WriteLevel(zerolog.NoLevel, p) }
+
+// WriteLevel writes p, one line, after the prefix of level l. It reports len(p) when the whole
+// line was written, else how much of p was.
+func (j journalWriter) WriteLevel(l zerolog.Level, p []byte) (int, error) {
+	line := make([]byte, 0, len(p)+3)
+	line = append(line, '<', byte('0'+journalPriority(l)), '>')
+	line = append(line, p...)
+	n, err := j.w.Write(line)
+	return max(n-3, 0), err
+}
+
+// newLogger is the one place that builds a logger; every command logs through it. Its format
+// follows where w goes (logOutputOf, with JOURNAL_STREAM from environ): JSON lines after a
+// journald priority prefix under systemd, a human console format on a terminal, plain JSON lines
+// anywhere else. Writes are serialized: the agent logs from several goroutines. level is the
+// logger's own; zerolog's global level (log.level, live on SIGHUP) applies on top.
+func newLogger(w io.Writer, environ []string, level zerolog.Level) zerolog.Logger {
+	switch logOutputOf(w, envMap(environ)["JOURNAL_STREAM"]) {
+	case logJournal:
+		w = journalWriter{w}
+	case logConsole:
+		w = zerolog.ConsoleWriter{Out: w, TimeFormat: time.TimeOnly}
+	}
+	return zerolog.New(zerolog.SyncWriter(w)).Level(level).With().Timestamp().Logger()
+}
+
+// logSeconds is d in seconds, to the millisecond, for a log field whose name ends in _s.
+func logSeconds(d time.Duration) float64 { return d.Round(time.Millisecond).Seconds() }

@@ -1,0 +1,217 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"syscall"
+	"testing"
+
+	"github.com/rs/zerolog"
+)
+
+// journalStreamOf is what systemd would put in JOURNAL_STREAM for f: "DEVICE:INODE".
+func journalStreamOf(t *testing.T, f *os.File) string {
+	t.Helper()
+	fi, err := f.Stat()
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := fi.Sys().(*syscall.Stat_t)
+	return fmt.Sprintf("%d:%d", st.Dev, st.Ino)
+}
+
+func createFile(t *testing.T, name string) *os.File {
+	t.Helper()
+	f, err := os.Create(filepath.Join(t.TempDir(), name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.Close() })
+	return f
+}
+
+// openPTY opens the master side of a new pseudo-terminal (a terminal to isatty), or skips.
+func openPTY(t *testing.T) *os.File {
+	t.Helper()
+	f, err := os.OpenFile("/dev/ptmx", os.O_RDWR, 0)
+	if err != nil {
+		t.Skipf("no pseudo-terminal to test the console format on: %v", err)
+	}
+	t.Cleanup(func() { f.Close() })
+	return f
+}
+
+func TestLogOutputOf(t *testing.T) {
+	file := createFile(t, "stderr")
+	other := createFile(t, "other")
+	stream, otherStream := journalStreamOf(t, file), journalStreamOf(t, other)
+	dev, _, _ := strings.Cut(stream, ":")
+	tty := openPTY(t)
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	defer w.Close()
+	tests := []struct {
+		name   string
+		w      io.Writer
+		stream string
+		want   logOutput
+	}{
+		{"buffer", &bytes.Buffer{}, "", logJSON},
+		{"buffer under systemd", &bytes.Buffer{}, stream, logJSON},
+		{"file", file, "", logJSON},
+		{"pipe", w, "", logJSON},
+		{"journal stream", file, stream, logJournal},
+		{"another file's stream (stderr redirected in a child)", file, otherStream, logJSON},
+		{"same device, other inode", file, dev + ":1", logJSON},
+		{"stream without inode", file, dev, logJSON},
+		{"stream not numbers", file, "a:b", logJSON},
+		{"terminal", tty, "", logConsole},
+		{"terminal with another stream", tty, stream, logConsole},
+		{"terminal that is the stream", tty, journalStreamOf(t, tty), logJournal},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := logOutputOf(tt.w, tt.stream); got != tt.want {
+				t.Errorf("Got(%q) = %v; want %v", tt.stream, got, tt.want)
+			}
+		})
+	}
+}
+
+func TestJournalPriority(t *testing.T) {
+	tests := []struct {
+		level zerolog.Level
+		want  int
+	}{
+		{zerolog.TraceLevel, 7},
+		{zerolog.DebugLevel, 7},
+		{zerolog.InfoLevel, 6},
+		{zerolog.NoLevel, 6},
+		{zerolog.WarnLevel, 4},
+		{zerolog.ErrorLevel, 3},
+		{zerolog.FatalLevel, 2},
+		{zerolog.PanicLevel, 2},
+	}
+	for _, tt := range tests {
+		if got := journalPriority(tt.level); got != tt.want {
+			t.Errorf("Got(%v) = %d; want %d", tt.level, got, tt.want)
+		}
+	}
+}
+
+// TestNewLoggerJournal: under journald every line carries the priority of its level, before
+// the JSON line it always was.
+func TestNewLoggerJournal(t *testing.T) {
+	f := createFile(t, "stderr")
+	log := newLogger(f, []string{"JOURNAL_STREAM=" + journalStreamOf(t, f)}, zerolog.DebugLevel)
+	log.Debug().Msg("a debug line")
+	log.Info().Str("k", "v").Msg("an info line")
+	log.Warn().Msg("a warning")
+	log.Error().Str("err", "boom").Msg("an error")
+	log.Log().Msg("no level")
+
+	b, err := os.ReadFile(f.Name())
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []struct{ prefix, level, msg string }{
+		{"<7>", "debug", "a debug line"},
+		{"<6>", "info", "an info line"},
+		{"<4>", "warn", "a warning"},
+		{"<3>", "error", "an error"},
+		{"<6>", "", "no level"},
+	}
+	lines := strings.Split(strings.TrimSuffix(string(b), "\n"), "\n")
+	if len(lines) != len(want) {
+		t.Fatalf("got %d lines; want %d:\n%s", len(lines), len(want), b)
+	}
+	for i, l := range lines {
+		rest, ok := strings.CutPrefix(l, want[i].prefix)
+		if !ok {
+			t.Errorf("line %d = %q; want prefix %s", i, l, want[i].prefix)
+			continue
+		}
+		var m map[string]any
+		if err := json.Unmarshal([]byte(rest), &m); err != nil {
+			t.Errorf("line %d after its prefix is not JSON: %q: %v", i, rest, err)
+			continue
+		}
+		if m["message"] != want[i].msg || (want[i].level != "" && m["level"] != want[i].level) || m["time"] == nil {
+			t.Errorf("line %d = %v; want level %q, message %q and a time", i, m, want[i].level, want[i].msg)
+		}
+	}
+}
+
+// TestNewLoggerNotJournal: without journald (a pipe, a file, a stream that is not stderr's)
+// lines are JSON as they always were, without a prefix.
+func TestNewLoggerNotJournal(t *testing.T) {
+	f := createFile(t, "stderr")
+	other := createFile(t, "other")
+	for name, env := range map[string][]string{
+		"no JOURNAL_STREAM":     nil,
+		"another file's stream": {"JOURNAL_STREAM=" + journalStreamOf(t, other)},
+	} {
+		t.Run(name, func(t *testing.T) {
+			if err := f.Truncate(0); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := f.Seek(0, 0); err != nil {
+				t.Fatal(err)
+			}
+			log := newLogger(f, env, zerolog.InfoLevel)
+			log.Error().Msg("an error")
+			b, err := os.ReadFile(f.Name())
+			if err != nil {
+				t.Fatal(err)
+			}
+			var m map[string]any
+			if err := json.Unmarshal(b, &m); err != nil || m["level"] != "error" {
+				t.Errorf("line = %q; want a JSON line of level error (%v)", b, err)
+			}
+		})
+	}
+}
+
+// TestLogDurationsInSeconds: every duration our code logs is in seconds, in a field whose name
+// ends in _s (Float64("x_s", logSeconds(d))), never zerolog's Dur, whose unit is a process-wide
+// setting (milliseconds unless main says otherwise) that no field name shows.
+func TestLogDurationsInSeconds(t *testing.T) {
+	root := filepath.Join("..", "..")
+	durCall := regexp.MustCompile(`(?:^\s*|\.)(Dur|Durs|TimeDiff)\(`) // also a chain continued on the next line
+	fieldS := regexp.MustCompile(`\.Float64\("([a-z0-9_]+)", logSeconds\(`)
+	for _, dir := range []string{"agent", "checkpoint", "cmd", "nvml", "systemd"} {
+		err := filepath.WalkDir(filepath.Join(root, dir), func(p string, d fs.DirEntry, err error) error {
+			if err != nil || d.IsDir() || !strings.HasSuffix(p, ".go") || strings.HasSuffix(p, "_test.go") {
+				return err
+			}
+			b, err := os.ReadFile(p)
+			if err != nil {
+				return err
+			}
+			for i, l := range strings.Split(string(b), "\n") {
+				if m := durCall.FindStringSubmatch(l); m != nil {
+					t.Errorf("%s:%d: %s logs a duration without its unit; use Float64(\"name_s\", logSeconds(d))", p, i+1, m[1])
+				}
+				for _, m := range fieldS.FindAllStringSubmatch(l, -1) {
+					if !strings.HasSuffix(m[1], "_s") {
+						t.Errorf("%s:%d: duration field %q; want its name to end in _s (seconds)", p, i+1, m[1])
+					}
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+}
