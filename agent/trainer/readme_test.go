@@ -6,9 +6,9 @@ import (
 	"testing"
 )
 
-// The README's metrics table lists every Reason of spotguard_trainer_discovery_problems_total.
+// The metrics table (docs/metrics.md) lists every Reason of spotguard_trainer_discovery_problems_total.
 func TestREADMEListsEveryReason(t *testing.T) {
-	b, err := os.ReadFile("../../README.md")
+	b, err := os.ReadFile("../../docs/metrics.md")
 	if err != nil {
 		t.Fatal(err)
 	}
