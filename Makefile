@@ -6,6 +6,11 @@ VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 # A Debian version: v1.2.0-3-gabc → 1.2.0+3+gabc; without a tag, 0.0.0+git<hash>.
 DEB_VERSION ?= $(shell echo '$(VERSION)' | sed -E -e 's/^v?([0-9]+\.[0-9])/\1/' -e 't done' -e 's/^/0.0.0+git/' -e ':done' -e 's/-/+/g')
 DEB_ARCH ?= $(shell go env GOARCH)
+# go-nvml wraps NVML calls that NVML 13 deprecates, so its cgo build prints about 150 lines of C
+# warnings (-Wdeprecated-declarations) the first time it is compiled. Silence them for every go
+# command run from here; "-O2 -g" is Go's default, kept. A CGO_CFLAGS from the environment wins.
+CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
+export CGO_CFLAGS
 
 .PHONY: demo help build test test-unit test-e2e bench bench-scale soak lint fuzz tools clean install uninstall deb
 
