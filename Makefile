@@ -6,6 +6,11 @@ VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 # A Debian version: v1.2.0-3-gabc → 1.2.0+3+gabc; without a tag, 0.0.0+git<hash>.
 DEB_VERSION ?= $(shell echo '$(VERSION)' | sed -E -e 's/^v?([0-9]+\.[0-9])/\1/' -e 't done' -e 's/^/0.0.0+git/' -e ':done' -e 's/-/+/g')
 DEB_ARCH ?= $(shell go env GOARCH)
+# go-nvml wraps NVML calls that NVML 13 deprecates, so its cgo build prints about 150 lines of C
+# warnings (-Wdeprecated-declarations) the first time it is compiled. Silence them for every go
+# command run from here; "-O2 -g" is Go's default, kept. A CGO_CFLAGS from the environment wins.
+CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
+export CGO_CFLAGS
 
 .PHONY: demo help build test test-unit test-e2e bench bench-scale soak lint fuzz tools clean install uninstall deb
 
@@ -51,6 +56,18 @@ uninstall: ## stop, disable and remove what `make install` put there (an edited 
 	DESTDIR="$(DESTDIR)" ./systemd/install.sh --uninstall
 
 deb: build ## dist/spotguard_<version>_<arch>.deb (nfpm, pinned in test/tools/deb/go.mod)
+	@# The binary must be the cgo build (GPU support), and the glibc it needs no newer than the
+	@# package's Depends: libc6 (>= V) in systemd/nfpm.yaml says.
+	@command -v objdump >/dev/null || { echo "make deb: objdump not found (Debian package binutils, which gcc pulls in)" >&2; exit 1; }
+	@libc=$$(sed -n 's/^ *- libc6 (>= \([0-9.]*\))$$/\1/p' systemd/nfpm.yaml); \
+	need=$$(objdump -T $(BIN) 2>/dev/null | sed -n 's/.*GLIBC_\([0-9][0-9.]*\).*/\1/p' | sort -uV | tail -n 1); \
+	if [ -z "$$need" ]; then \
+		echo "make deb: $(BIN) links no glibc: it was built without cgo (no gcc, or CGO_ENABLED=0) and has no GPU support; install gcc and run make deb again" >&2; exit 1; \
+	fi; \
+	if [ -z "$$libc" ] || [ "$$(printf '%s\n' "$$need" "$$libc" | sort -V | tail -n 1)" != "$$libc" ]; then \
+		echo "make deb: $(BIN) needs glibc $$need, newer than the package's Depends: libc6 (>= $$libc) in systemd/nfpm.yaml: build where glibc is older, or raise it there" >&2; exit 1; \
+	fi; \
+	echo "$(BIN) needs glibc $$need; the package depends on libc6 (>= $$libc)"
 	mkdir -p dist/deb
 	cp $(BIN) dist/deb/spotguard
 	for u in spotguard.service spotguard-restore.service; do \

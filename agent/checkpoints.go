@@ -26,7 +26,7 @@ func newUploader(cfg *Config, deps Deps, a *Agent) (*checkpointWatch, *checkpoin
 	if deps.OpenStore == nil {
 		return nil, nil, fmt.Errorf("store.url is set but this agent cannot open stores")
 	}
-	store, err := deps.OpenStore(cfg.Store.URL, checkpoint.S3Options{PartSize: cfg.Store.PartSize, Concurrency: cfg.Store.Concurrency})
+	store, err := deps.OpenStore(cfg.Store.URL, cfg.S3Options())
 	if err != nil {
 		return nil, nil, fmt.Errorf("store.url: %w", err)
 	}

@@ -90,6 +90,9 @@ type Config struct {
 		// complete a checkpoint whose parts are not all in.
 		NodeRank, WorldNodes int
 		PartWait             time.Duration
+		// SSE and KMSKeyID: the server-side encryption every object written to an S3 store
+		// asks for (checkpoint.S3Options).
+		SSE, KMSKeyID string
 	}
 	HTTP struct {
 		Listen string
@@ -295,6 +298,22 @@ var fields = []field{
 			return errors.New("want 1m to 168h")
 		}
 		c.Store.PartWait = d
+		return nil
+	}},
+	{"store.sse", "", "server-side encryption of every object written to an s3:// store: empty (the bucket's default encryption), AES256 (SSE-S3) or aws:kms (SSE-KMS); see docs/s3.md", func(c *Config, v string) error {
+		c.Store.SSE = ""
+		if err := checkpoint.CheckSSE(v, ""); err != nil {
+			return errors.New("want empty, AES256 or aws:kms")
+		}
+		c.Store.SSE = v
+		return nil
+	}},
+	{"store.kms_key_id", "", "the KMS key of store.sse aws:kms: key ID, key ARN, alias/NAME or alias ARN; empty: the AWS managed key aws/s3, not the bucket's default key (for that, leave store.sse empty)", func(c *Config, v string) error {
+		c.Store.KMSKeyID = ""
+		if err := checkpoint.CheckSSE(checkpoint.SSEKMS, v); err != nil {
+			return errors.New("want a key ID, key ARN, alias/NAME or alias ARN, without spaces")
+		}
+		c.Store.KMSKeyID = v
 		return nil
 	}},
 	{"http.listen", "127.0.0.1:9402", "address of the local /healthz, /status, /metrics and POST /notice listener; empty disables it", func(c *Config, v string) error {
@@ -627,6 +646,7 @@ func (c *Config) Validate() error {
 		problems = append(problems, fmt.Errorf("store.node_rank: %d must be less than store.world_nodes (%d): ranks are 0 to %d",
 			c.Store.NodeRank, c.Store.WorldNodes, c.Store.WorldNodes-1))
 	}
+	problems = append(problems, c.sseProblems(failed)...)
 	if strings.ContainsAny(c.Checkpoint.Marker, "/\\") || c.Checkpoint.Marker == "" {
 		problems = append(problems, fmt.Errorf("checkpoint.marker: %q must be a plain file name", c.Checkpoint.Marker))
 	}
@@ -672,7 +692,38 @@ func (c *Config) ValidateStore() error {
 	if c.Store.Job == "" && !slices.ContainsFunc(problems, func(p error) bool { return strings.HasPrefix(p.Error(), "store.job") }) {
 		problems = append(problems, errJobRequired)
 	}
+	failed := map[string]bool{}
+	for _, p := range problems {
+		if k, _, ok := strings.Cut(p.Error(), ":"); ok {
+			failed[k] = true
+		}
+	}
+	problems = append(problems, c.sseProblems(failed)...)
 	return errors.Join(problems...)
+}
+
+// sseProblems reports store.sse and store.kms_key_id that contradict each other or the store,
+// leaving out keys whose values did not parse (failed).
+func (c *Config) sseProblems(failed map[string]bool) []error {
+	var problems []error
+	if c.Store.KMSKeyID != "" && c.Store.SSE != checkpoint.SSEKMS && !failed["store.sse"] && !failed["store.kms_key_id"] {
+		problems = append(problems, fmt.Errorf("store.kms_key_id: only with store.sse aws:kms (store.sse is %q)", c.Store.SSE))
+	}
+	if c.Store.SSE != "" && c.Store.URL != "" && !strings.HasPrefix(c.Store.URL, "s3://") && !failed["store.url"] {
+		problems = append(problems, fmt.Errorf("store.sse: %s is only for an s3:// store; store.url is %s", c.Store.SSE, c.Store.URL))
+	}
+	return problems
+}
+
+// S3Options are the options of the store that store.* configure, for every command that opens
+// it: part size, concurrency and server-side encryption.
+func (c *Config) S3Options() checkpoint.S3Options {
+	return checkpoint.S3Options{
+		PartSize:    c.Store.PartSize,
+		Concurrency: c.Store.Concurrency,
+		SSE:         c.Store.SSE,
+		KMSKeyID:    c.Store.KMSKeyID,
+	}
 }
 
 func checkReadableDir(dir string) error {

@@ -157,7 +157,7 @@ func (a *Agent) initHealth(cfg *Config, deps Deps) error {
 	if cfg.Store.URL == "" || deps.OpenStore == nil {
 		return nil
 	}
-	store, err := deps.OpenStore(cfg.Store.URL, checkpoint.S3Options{PartSize: cfg.Store.PartSize, Concurrency: cfg.Store.Concurrency})
+	store, err := deps.OpenStore(cfg.Store.URL, cfg.S3Options())
 	if err != nil {
 		return fmt.Errorf("store.url: %w", err)
 	}

@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -220,9 +221,43 @@ type s3FaultProxy struct {
 	down bool
 	// downOnPart sets down at the first part upload.
 	downOnPart bool
+	// refuseSSE answers every request that asks for server-side encryption with 400
+	// InvalidArgument, as a server that does not offer it does.
+	refuseSSE bool
 	// seen counts what the proxy did: "slowdown", "reset", "cut", "lose", "down", "abort",
-	// "forward".
+	// "nosse", "forward".
 	seen map[string]int
+	// writes lists every write request that reached the proxy, in order.
+	writes []s3Write
+}
+
+// s3Write is one write request as the proxy saw it: its kind ("put", "create", "part",
+// "complete") and its server-side encryption headers.
+type s3Write struct {
+	kind, key, sse, kmsKeyID string
+}
+
+// s3WriteKind says which write r is, or "" for anything else.
+func s3WriteKind(r *http.Request) string {
+	q := r.URL.Query()
+	switch {
+	case r.Method == http.MethodPut && q.Has("partNumber"):
+		return "part"
+	case r.Method == http.MethodPut && !q.Has("uploadId") && r.Header.Get("X-Amz-Copy-Source") == "":
+		return "put"
+	case r.Method == http.MethodPost && q.Has("uploads"):
+		return "create"
+	case r.Method == http.MethodPost && q.Has("uploadId"):
+		return "complete"
+	}
+	return ""
+}
+
+// writesSeen returns the write requests the proxy saw.
+func (p *s3FaultProxy) writesSeen() []s3Write {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return slices.Clone(p.writes)
 }
 
 // s3StartProxy starts a fault proxy in front of target; it is closed when the test ends.
@@ -273,7 +308,12 @@ func (p *s3FaultProxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	isObjectPut := r.Method == http.MethodPut && !r.URL.Query().Has("partNumber") && !r.URL.Query().Has("uploadId")
 	isFullObjectCreate := r.Method == http.MethodPost && r.URL.Query().Has("uploads") &&
 		r.Header.Get("X-Amz-Checksum-Type") == "FULL_OBJECT"
+	wantsSSE := r.Header.Get("X-Amz-Server-Side-Encryption") != ""
 	p.mu.Lock()
+	if kind := s3WriteKind(r); kind != "" {
+		p.writes = append(p.writes, s3Write{kind: kind, key: r.URL.Path,
+			sse: r.Header.Get("X-Amz-Server-Side-Encryption"), kmsKeyID: r.Header.Get("X-Amz-Server-Side-Encryption-Aws-Kms-Key-Id")})
+	}
 	if isPart && p.downOnPart {
 		p.downOnPart, p.down = false, true
 	}
@@ -289,6 +329,8 @@ func (p *s3FaultProxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		what = "slowdown"
 	case isFullObjectCreate && p.noFullObject:
 		what = "nofullobject"
+	case wantsSSE && p.refuseSSE:
+		what = "nosse"
 	case isRangedGet && p.cutGets > 0:
 		p.cutGets--
 		what = "cut"
@@ -321,6 +363,13 @@ func (p *s3FaultProxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(http.StatusBadRequest)
 		io.WriteString(w, `<?xml version="1.0" encoding="UTF-8"?>`+
 			`<Error><Code>InvalidRequest</Code><Message>Checksum type FULL_OBJECT is not supported.</Message>`+
+			`<RequestId>spotguard-test</RequestId></Error>`)
+	case "nosse":
+		io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "application/xml")
+		w.WriteHeader(http.StatusBadRequest)
+		io.WriteString(w, `<?xml version="1.0" encoding="UTF-8"?>`+
+			`<Error><Code>InvalidArgument</Code><Message>The encryption method specified is not supported</Message>`+
 			`<RequestId>spotguard-test</RequestId></Error>`)
 	case "reset":
 		io.CopyN(io.Discard, r.Body, 1<<20)

@@ -37,6 +37,10 @@ import (
 // full-object CRC-32C, combined from the parts'. A server that returns no checksum at all is
 // trusted with the locally computed one.
 //
+// Every object it writes asks for the server-side encryption of S3Options.SSE (and KMSKeyID):
+// each PutObject and CreateMultipartUpload carries it; UploadPart and CompleteMultipartUpload
+// need not, as a part is encrypted as its upload says.
+//
 // The store remembers the multipart uploads it is running (created, not yet completed or
 // aborted), so that AbortIncomplete never aborts one of them, whatever the server reports about
 // their age.
@@ -326,6 +330,19 @@ func (s *S3Store) PutFile(ctx context.Context, key string, f *os.File, size int6
 	return sum, nil
 }
 
+// sse returns the server-side encryption headers of every write that creates an object:
+// nothing without S3Options.SSE, else its algorithm and, for aws:kms, the KMS key if one is set.
+func (s *S3Store) sse() (types.ServerSideEncryption, *string) {
+	if s.opts.SSE == SSENone {
+		return "", nil
+	}
+	var key *string
+	if s.opts.SSE == SSEKMS && s.opts.KMSKeyID != "" {
+		key = aws.String(s.opts.KMSKeyID)
+	}
+	return types.ServerSideEncryption(s.opts.SSE), key
+}
+
 // putSingle sends f with one PutObject.
 func (s *S3Store) putSingle(ctx context.Context, okey string, f *os.File, size int64, progress func(int64)) (Checksum, error) {
 	if err := s.acquire(ctx); err != nil {
@@ -337,14 +354,16 @@ func (s *S3Store) putSingle(ctx context.Context, okey string, f *os.File, size i
 		return Checksum{}, err
 	}
 	want := s3CRC32CValue(crc)
-	out, err := s.client.PutObject(ctx, &s3.PutObjectInput{
+	in := &s3.PutObjectInput{
 		Bucket:            &s.bucket,
 		Key:               &okey,
 		Body:              newS3Body(f, 0, size, progress),
 		ContentLength:     aws.Int64(size),
 		ChecksumAlgorithm: types.ChecksumAlgorithmCrc32c,
 		ChecksumCRC32C:    &want,
-	})
+	}
+	in.ServerSideEncryption, in.SSEKMSKeyId = s.sse()
+	out, err := s.client.PutObject(ctx, in)
 	if err != nil {
 		return Checksum{}, err
 	}
@@ -366,13 +385,18 @@ func (s *S3Store) putMultipart(ctx context.Context, okey string, f *os.File, siz
 	if fullObject {
 		create.ChecksumType = types.ChecksumTypeFullObject
 	}
+	create.ServerSideEncryption, create.SSEKMSKeyId = s.sse()
 	s.createMu.RLock()
 	created, err := s.client.CreateMultipartUpload(ctx, create)
 	if err != nil && fullObject && s3IsUnsupported(err) {
-		s.composite.Store(true)
-		fullObject = false
+		// Refused for the FULL_OBJECT checksum, or for something else (the encryption it asks
+		// for, say): only a retry without it that succeeds tells, and only that turns the store
+		// to composite checksums.
 		create.ChecksumType = ""
-		created, err = s.client.CreateMultipartUpload(ctx, create)
+		if created, err = s.client.CreateMultipartUpload(ctx, create); err == nil {
+			s.composite.Store(true)
+			fullObject = false
+		}
 	}
 	if err == nil {
 		s.setRunning(aws.ToString(created.UploadId), true)
@@ -588,6 +612,7 @@ func (s *S3Store) PutBytes(ctx context.Context, key string, data []byte, cond Co
 		ChecksumAlgorithm: types.ChecksumAlgorithmCrc32c,
 		ChecksumCRC32C:    &crc,
 	}
+	in.ServerSideEncryption, in.SSEKMSKeyId = s.sse()
 	switch {
 	case cond.IfAbsent:
 		in.IfNoneMatch = aws.String("*")

@@ -77,6 +77,46 @@ type S3Options struct {
 	// Concurrency is the most parts (uploads and ranged reads) in flight at once across all
 	// PutFile and Download calls of the store. 0 means 16.
 	Concurrency int
+	// SSE is the server-side encryption every object the store writes asks for
+	// (x-amz-server-side-encryption on each PutObject and CreateMultipartUpload; parts follow
+	// their upload): "" sends nothing, so the bucket's default encryption applies; "AES256"
+	// (SSE-S3) or "aws:kms" (SSE-KMS). Reads need nothing: S3 decrypts for whoever may read
+	// the object (and, with SSE-KMS, use its key).
+	SSE string
+	// KMSKeyID is the KMS key of SSE "aws:kms" (x-amz-server-side-encryption-aws-kms-key-id):
+	// a key ID, key ARN, alias name (alias/NAME) or alias ARN; "" is the AWS managed key
+	// aws/s3, whatever key the bucket's default encryption names (S3 uses that one only when a
+	// write asks for no encryption). Only with SSE "aws:kms".
+	KMSKeyID string
+}
+
+// The values of S3Options.SSE.
+const (
+	SSENone = ""
+	SSES3   = "AES256"
+	SSEKMS  = "aws:kms"
+)
+
+// sseValues names the values of S3Options.SSE in messages.
+const sseValues = `"" (the bucket's default), AES256 or aws:kms`
+
+// CheckSSE reports whether sse and kmsKeyID are a valid S3Options.SSE and KMSKeyID pair.
+func CheckSSE(sse, kmsKeyID string) error {
+	var problems []error
+	switch sse {
+	case SSENone, SSES3, SSEKMS:
+	default:
+		problems = append(problems, fmt.Errorf("server-side encryption %q: want %s", sse, sseValues))
+	}
+	if kmsKeyID != "" {
+		if sse != SSEKMS {
+			problems = append(problems, fmt.Errorf("a KMS key (%s) is only for server-side encryption aws:kms, not %q", kmsKeyID, sse))
+		}
+		if strings.ContainsFunc(kmsKeyID, func(r rune) bool { return r <= ' ' || r == 0x7f }) || len(kmsKeyID) > 2048 {
+			problems = append(problems, fmt.Errorf("KMS key %q: want a key ID, key ARN, alias/NAME or alias ARN", kmsKeyID))
+		}
+	}
+	return errors.Join(problems...)
 }
 
 const (
@@ -101,6 +141,9 @@ func (o S3Options) withDefaults() (S3Options, error) {
 		o.Concurrency = s3DefaultConcurrency
 	case o.Concurrency < 0:
 		problems = append(problems, fmt.Errorf("concurrency %d is negative", o.Concurrency))
+	}
+	if err := CheckSSE(o.SSE, o.KMSKeyID); err != nil {
+		problems = append(problems, err)
 	}
 	return o, errors.Join(problems...)
 }

@@ -109,6 +109,13 @@ func TestOpenStore(t *testing.T) {
 		{url: "s3://bucket/p", opts: S3Options{PartSize: 5 << 20, Concurrency: 1}, wantURL: "s3://bucket/p"},
 		{url: "s3://bucket/p", opts: S3Options{PartSize: 1 << 20}, wantErr: "part size"},
 		{url: "s3://bucket/p", opts: S3Options{Concurrency: -1}, wantErr: "concurrency"},
+		{url: "s3://bucket/p", opts: S3Options{SSE: SSES3}, wantURL: "s3://bucket/p"},
+		{url: "s3://bucket/p", opts: S3Options{SSE: SSEKMS}, wantURL: "s3://bucket/p"},
+		{url: "s3://bucket/p", opts: S3Options{SSE: SSEKMS, KMSKeyID: "alias/ckpt"}, wantURL: "s3://bucket/p"},
+		{url: "s3://bucket/p", opts: S3Options{SSE: "aws:kms:dsse"}, wantErr: `server-side encryption "aws:kms:dsse"`},
+		{url: "s3://bucket/p", opts: S3Options{SSE: SSES3, KMSKeyID: "alias/ckpt"}, wantErr: "only for server-side encryption aws:kms"},
+		{url: "s3://bucket/p", opts: S3Options{KMSKeyID: "alias/ckpt"}, wantErr: "only for server-side encryption aws:kms"},
+		{url: "s3://bucket/p", opts: S3Options{SSE: SSEKMS, KMSKeyID: "alias/a b"}, wantErr: `KMS key "alias/a b"`},
 		{url: "ftp://x/y", wantErr: "unsupported scheme"},
 	}
 	for _, tc := range tests {

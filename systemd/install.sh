@@ -28,11 +28,13 @@ The checksum of the installed default configuration is kept in
 /etc/spotguard/.spotguard.yaml.default.sha256, so that a later install may replace an unedited
 default and --uninstall removes the configuration only if it was not edited.
 
-With DESTDIR empty and systemd running, it then runs `systemctl daemon-reload` and
-`systemctl enable spotguard.service`. It does not start the service: the default configuration
-does not say how to find the trainer yet. Edit /etc/spotguard/spotguard.yaml, then
-`systemctl start spotguard`. A service that is already running is restarted when its binary or
-unit changed. With DESTDIR set, systemctl is not run.
+With DESTDIR empty and systemd running, it then runs `systemctl daemon-reload` and, once
+/etc/spotguard/spotguard.yaml sets anything (`spotguard config --configured`),
+`systemctl enable spotguard.service`. It never starts the service, and leaves it disabled while
+the configuration is the untouched default, which does not say how to find the trainer: edit it,
+check it with `spotguard config`, then `systemctl enable --now spotguard` (or run install.sh
+again). A service that is already running is restarted when its binary or unit changed. With
+DESTDIR set, systemctl is not run.
 
 Running it again changes nothing and says so.
 
@@ -143,6 +145,13 @@ restore_dest() {
 	printf '%s' "$d"
 }
 
+# is_configured: whether the installed configuration sets anything yet (`spotguard config
+# --configured`, the unit's ExecCondition=), as the installed binary reads it, the environment of
+# this script left out. A configuration that does not load counts as set: `spotguard run` says why.
+is_configured() {
+	env -i PATH=/usr/bin:/bin "$bindir/spotguard" config --configured --config "$conf" >/dev/null 2>&1
+}
+
 # install_mounts writes (or removes) the drop-in that orders the restore after the mount of its
 # destination. systemd expands % specifiers in RequiresMountsFor=, so % is written as %%.
 install_mounts() {
@@ -240,7 +249,13 @@ do_install() {
 			systemctl daemon-reload
 			say "ran        systemctl daemon-reload"
 		fi
-		if ! systemctl is-enabled --quiet spotguard.service 2>/dev/null; then
+		# Enabled only once the configuration sets something: the shipped default cannot run, and
+		# an enabled unit would be skipped (systemd 251 and later) or fail (older) at every boot.
+		configured=0
+		if is_configured; then configured=1; fi
+		if systemctl is-enabled --quiet spotguard.service 2>/dev/null; then
+			:
+		elif [ $configured = 1 ]; then
 			systemctl enable --quiet spotguard.service
 			say "enabled    spotguard.service (starts at boot)"
 			changed=1
@@ -250,16 +265,22 @@ do_install() {
 				systemctl try-restart spotguard.service
 				say "restarted  spotguard.service"
 			fi
+		elif [ $configured = 0 ] && systemctl is-enabled --quiet spotguard.service 2>/dev/null; then
+			say "not started: $conf sets nothing yet (spotguard.service, enabled, is skipped until it"
+			say "           does): set the trainer (and the store), check it with \`spotguard config\`, then"
+			say "           \`systemctl start spotguard\`"
+		elif [ $configured = 0 ]; then
+			say "not enabled: $conf sets nothing yet: set the trainer (and the store), check it with"
+			say "           \`spotguard config\`, then \`systemctl enable --now spotguard\`"
 		elif "$bindir/spotguard" config --config "$conf" >/dev/null 2>&1; then
 			say "not started: the configuration is valid; start it with \`systemctl start spotguard\`"
 		else
-			say "not started: set the trainer (and the store) in /etc/spotguard/spotguard.yaml, check it"
-			say "with \`spotguard config\`, then \`systemctl start spotguard\`"
+			say "not started: $conf has problems: see \`spotguard config\`, then \`systemctl start spotguard\`"
 		fi
 	elif [ -n "$DESTDIR" ]; then
 		say "skipped    systemctl (DESTDIR is set)"
 	else
-		say "skipped    systemctl (systemd is not running); enable it later: systemctl enable spotguard"
+		say "skipped    systemctl (systemd is not running); once configured: systemctl enable spotguard"
 	fi
 	if [ $changed = 0 ]; then
 		say "nothing to do: spotguard is already installed under ${DESTDIR:-/}"

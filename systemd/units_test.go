@@ -241,6 +241,7 @@ func TestUnitDecisions(t *testing.T) {
 			{"Type", "notify", "the agent sends READY=1, STATUS=, WATCHDOG=1, STOPPING=1"},
 			{"NotifyAccess", "main", "only the agent itself speaks sd_notify"},
 			{"ExecStart", "/usr/local/bin/spotguard run --config /etc/spotguard/spotguard.yaml", "install.sh puts the binary and the config there"},
+			{"ExecCondition", "/usr/local/bin/spotguard config --configured --config /etc/spotguard/spotguard.yaml", "an agent nobody configured yet is skipped, not failed at every boot"},
 			{"ExecReload", "/bin/kill -HUP $MAINPID", "SIGHUP reloads the configuration"},
 			{"Restart", "always", "the agent must come back after any exit"},
 			{"KillMode", "mixed", "SIGTERM to the agent only; it finishes a notice's upload, then exits"},

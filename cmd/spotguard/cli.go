@@ -159,13 +159,20 @@ func (cf *configFlags) load(environ []string) (*agent.Config, error) {
 func runConfig(ctx context.Context, args, environ []string, stdout, stderr io.Writer) int {
 	fs, cf := newFlagSet("config", "Print the effective configuration (with where each value came from), then every problem that would\nstop `spotguard run` from starting (exit 1) and every warning (exit 0).", stdout, stderr)
 	get := fs.String("get", "", "print only the effective value of `KEY` (e.g. checkpoint.dir), for scripts; exit 1 if the configuration\ndoes not load (bad YAML, a duplicate or unknown key, a bad value), but checks across keys are skipped")
+	isConfigured := fs.Bool("configured", false, "print nothing and exit 0 if anything sets a key (the file, SPOTGUARD_*, a flag) or the configuration\ndoes not load; exit 1, saying so, if nothing does yet (the shipped default): spotguard.service's ExecCondition=")
 	if code, ok := fs.parse(args); !ok {
 		return code
 	}
 	cfg, err := cf.load(environ)
 	if err != nil {
 		fmt.Fprintf(stderr, "spotguard config: %v\n", err)
+		if *isConfigured {
+			return exitOK // not known to be untouched: `spotguard run` fails on it, loudly
+		}
 		return exitFail
+	}
+	if *isConfigured {
+		return configured(cfg, cf.path, stderr)
 	}
 	if *get != "" {
 		if probs := cfg.LoadProblems(); len(probs) > 0 {

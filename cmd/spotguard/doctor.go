@@ -259,7 +259,7 @@ func doctorStore(ctx context.Context, rep *doctorReport, cfg *agent.Config, deps
 	}
 	sctx, cancel := context.WithTimeout(ctx, doctorStoreTimeout)
 	defer cancel()
-	store, err := deps.openStore(sctx, cfg.Store.URL, cfg.IMDS.Endpoint, checkpoint.S3Options{PartSize: cfg.Store.PartSize, Concurrency: cfg.Store.Concurrency})
+	store, err := deps.openStore(sctx, cfg.Store.URL, cfg.IMDS.Endpoint, cfg.S3Options())
 	if err != nil {
 		rep.add("store", doctorFail, cfg.Store.URL+": cannot open: "+err.Error(), agent.StoreFix(agent.StoreErrorReason(err), cfg.Store.URL, err))
 		return

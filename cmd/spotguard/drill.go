@@ -411,7 +411,7 @@ func drill(ctx context.Context, p drillPlan, log zerolog.Logger, rep *drillRepor
 func drillStore(ctx context.Context, p drillPlan, cfg *agent.Config, realEndpoint string, rep *drillReport) (checkpoint.Store, error) {
 	sctx, cancel := context.WithTimeout(ctx, drillStoreTimeout)
 	defer cancel()
-	store, err := openStore(sctx, p.store, realEndpoint, checkpoint.S3Options{PartSize: cfg.Store.PartSize, Concurrency: cfg.Store.Concurrency})
+	store, err := openStore(sctx, p.store, realEndpoint, cfg.S3Options())
 	if err != nil {
 		reason := agent.StoreErrorReason(err)
 		rep.Cause, rep.storeFix = "store:"+reason, agent.StoreFix(reason, p.store, err)
@@ -449,6 +449,10 @@ func drillConfig(p drillPlan, pidfile, ckDir, runDir, endpoint string, extra ...
 		agent.KeyValue{Key: "metrics.cloudwatch", Value: "false"}, agent.KeyValue{Key: "notices.rebalance", Value: "ignore"})
 	if endpoint != "" {
 		overrides = append(overrides, agent.KeyValue{Key: "imds.endpoint", Value: endpoint})
+	}
+	if !strings.HasPrefix(p.store, "s3://") {
+		// Server-side encryption is S3's: a drill in a local store leaves the configured one out.
+		overrides = append(overrides, agent.KeyValue{Key: "store.sse", Value: ""}, agent.KeyValue{Key: "store.kms_key_id", Value: ""})
 	}
 	overrides = append(overrides, extra...)
 	path := p.configFlags.path
