@@ -32,21 +32,7 @@ const simPartWait = 10 * time.Minute
 var simNodeSeeds = []uint64{1, 2, 3, 4, 5, 6}
 
 func TestSimulationNodes(t *testing.T) {
-	seeds := simNodeSeeds
-	if *simSeed != 0 {
-		seeds = []uint64{*simSeed}
-	}
-	for range *simSeeds {
-		seeds = append(seeds, rand.Uint64())
-	}
-	for _, seed := range seeds {
-		t.Run(fmt.Sprintf("seed=%d", seed), func(t *testing.T) {
-			synctest.Test(t, func(t *testing.T) { runNodeSim(t, seed, *simSteps) })
-			if t.Failed() {
-				t.Logf("replay: go test ./checkpoint -run 'TestSimulationNodes' -sim.seed=%d -v", seed)
-			}
-		})
-	}
+	runSeeds(t, "TestSimulationNodes", simNodeSeeds, runNodeSim)
 }
 
 func runNodeSim(t *testing.T, seed uint64, steps int) {

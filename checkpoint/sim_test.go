@@ -64,8 +64,12 @@ var simFixedSeeds = []uint64{1, 2, 3, 4, 5, 6, 7, 8,
 	// the manifest an earlier try had written with its answer lost.
 }
 
-func TestSimulation(t *testing.T) {
-	seeds := simFixedSeeds
+func TestSimulation(t *testing.T) { runSeeds(t, "TestSimulation", simFixedSeeds, runSim) }
+
+// runSeeds runs run under synctest for each of fixed (or -sim.seed alone) and -sim.seeds random
+// seeds, each a subtest that prints the command replaying it when it fails.
+func runSeeds(t *testing.T, name string, fixed []uint64, run func(t *testing.T, seed uint64, steps int)) {
+	seeds := fixed
 	if *simSeed != 0 {
 		seeds = []uint64{*simSeed}
 	}
@@ -74,9 +78,9 @@ func TestSimulation(t *testing.T) {
 	}
 	for _, seed := range seeds {
 		t.Run(fmt.Sprintf("seed=%d", seed), func(t *testing.T) {
-			synctest.Test(t, func(t *testing.T) { runSim(t, seed, *simSteps) })
+			synctest.Test(t, func(t *testing.T) { run(t, seed, *simSteps) })
 			if t.Failed() {
-				t.Logf("replay: go test ./checkpoint -run 'TestSimulation' -sim.seed=%d -v", seed)
+				t.Logf("replay: go test ./checkpoint -run '%s' -sim.seed=%d -v", name, seed)
 			}
 		})
 	}
