@@ -29,6 +29,7 @@ type gpuMonitor struct {
 	threshold float64
 	sink      metrics.Sink // may be nil
 	log       zerolog.Logger
+	judge     nvml.Judge // owned by Tick's caller: one Tick at a time
 
 	mu       sync.Mutex
 	samples  []nvml.Sample
@@ -81,7 +82,8 @@ func (m *gpuMonitor) Tick(ctx context.Context) {
 		return
 	}
 	facts := m.gpus.Facts()
-	verdicts := nvml.Verdicts(facts, samples, m.threshold)
+	// One reading never decides: the judge wants a rule to hold in 3 of the last 5 samples.
+	verdicts := m.judge.Judge(time.Now(), nvml.Verdicts(facts, samples, m.threshold))
 	m.mu.Lock()
 	prev := m.verdicts
 	m.samples, m.verdicts = samples, verdicts

@@ -59,7 +59,13 @@ func (r *recordSink) Record(ds ...metrics.Datum) {
 func TestGPUMonitorTick(t *testing.T) {
 	sink := &recordSink{}
 	m := &gpuMonitor{gpus: &fakeGPUs{}, threshold: 0.10, sink: sink, log: zerolog.Nop()}
-	m.Tick(t.Context())
+	// One reading does not decide: the slow GPU is degraded from the third sample on.
+	for tick := range nvml.DefaultEvidenceK {
+		m.Tick(t.Context())
+		if st := m.status(); tick < nvml.DefaultEvidenceK-1 && st.GPUs[3].Verdict.Degraded {
+			t.Fatalf("sample %d: GPU 3 degraded on %d reading(s): %v", tick, tick+1, st.GPUs[3].Verdict.Reasons)
+		}
+	}
 	st := m.status()
 	if !st.Sampling || len(st.GPUs) != 4 {
 		t.Fatalf("status = %+v; want 4 GPUs sampled", st)
@@ -77,8 +83,8 @@ func TestGPUMonitorTick(t *testing.T) {
 		}
 	}
 	for _, want := range []string{"GPUSMClockMHz", "GPUSMClockMaxMHz", "GPUMemBandwidthPeak", "GPUTemperatureCelsius", "GPUPowerWatts", "GPUDegraded"} {
-		if names[want] != 4 {
-			t.Errorf("datums %s: %d; want one per GPU", want, names[want])
+		if names[want] != 4*nvml.DefaultEvidenceK {
+			t.Errorf("datums %s: %d; want one per GPU and sample", want, names[want])
 		}
 	}
 	if names["GPUMemBandwidthAchieved"] != 0 {
@@ -93,7 +99,9 @@ func TestGPUMetricsExported(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	a.gpu.Tick(t.Context())
+	for range nvml.DefaultEvidenceK {
+		a.gpu.Tick(t.Context())
+	}
 	text := scrape(t, a)
 	for _, want := range []string{
 		"spotguard_gpu_sampling_up 1",

@@ -147,7 +147,39 @@ type Verdict struct {
 	// which, in words, with the numbers. Reasons is empty otherwise.
 	Degraded bool
 	Reasons  []string
+	// Rules name, one per reason, the rule that gave it (the Rule* constants), so that a Judge can
+	// follow each rule over time.
+	Rules []string `json:"rules,omitempty"`
 }
+
+// The rules of Verdicts. Immediate rules are facts NVML keeps (a lost GPU, uncorrected ECC errors,
+// row remapping, critical XIDs): one reading is evidence enough. The others are readings of a
+// moment (clocks, load, throttling) and a Judge takes them as evidence only when they hold in K
+// of the last N samples.
+const (
+	RuleLost              = "lost"
+	RuleECCUncorrected    = "ecc_uncorrected"
+	RuleRowRemapPending   = "row_remap_pending"
+	RuleRowRemapFailed    = "row_remap_failed"
+	RuleXIDCritical       = "xid_critical"
+	RuleSlowdown          = "slowdown"
+	RulePeerSMClock       = "peer_sm_clock"
+	RulePeerMemClock      = "peer_memory_clock"
+	RulePeerBandwidth     = "peer_achieved_bandwidth"
+	RulePeerPeakBandwidth = "peer_peak_bandwidth"
+)
+
+// Immediate reports whether rule is a fact NVML keeps rather than a reading of a moment.
+func Immediate(rule string) bool {
+	switch rule {
+	case RuleLost, RuleECCUncorrected, RuleRowRemapPending, RuleRowRemapFailed, RuleXIDCritical, RulePeerPeakBandwidth:
+		return true
+	}
+	return false
+}
+
+// finding is one rule that fired, and what it says.
+type finding struct{ rule, text string }
 
 // PeakMemBandwidth returns the theoretical peak memory bandwidth in bytes/s
 // of a GPU whose maximum memory clock is memClockMHz and whose memory bus is
@@ -277,11 +309,15 @@ func Verdicts(facts []Facts, samples []Sample, threshold float64) []Verdict {
 	for i := range samples {
 		s, f := &samples[i], factsOf[i]
 		v := Verdict{Index: s.Index, UUID: s.UUID}
+		var found []finding
 		if s.Lost {
-			v.Reasons = append(v.Reasons, "GPU is lost (ERROR_GPU_IS_LOST): it no longer answers NVML")
+			found = append(found, finding{RuleLost, "GPU is lost (ERROR_GPU_IS_LOST): it no longer answers NVML"})
 		} else {
-			v.Reasons = healthReasons(v.Reasons, s, f)
-			v.Reasons = peerReasons(v.Reasons, i, samples, factsOf, threshold)
+			found = healthReasons(found, s, f)
+			found = peerReasons(found, i, samples, factsOf, threshold)
+		}
+		for _, fd := range found {
+			v.Reasons, v.Rules = append(v.Reasons, fd.text), append(v.Rules, fd.rule)
 		}
 		v.Degraded = len(v.Reasons) > 0
 		out[i] = v
@@ -290,18 +326,18 @@ func Verdicts(facts []Facts, samples []Sample, threshold float64) []Verdict {
 }
 
 // healthReasons appends the reasons that need no peers.
-func healthReasons(r []string, s *Sample, f *Facts) []string {
+func healthReasons(r []finding, s *Sample, f *Facts) []finding {
 	if s.ECCUncorrectedVolatile != nil && *s.ECCUncorrectedVolatile > 0 {
-		r = append(r, fmt.Sprintf("%d uncorrected ECC errors since the driver was loaded", *s.ECCUncorrectedVolatile))
+		r = append(r, finding{RuleECCUncorrected, fmt.Sprintf("%d uncorrected ECC errors since the driver was loaded", *s.ECCUncorrectedVolatile)})
 	}
 	if s.RemappedRowsPending != nil && *s.RemappedRowsPending {
-		r = append(r, "row remapping is pending: the GPU needs a reset")
+		r = append(r, finding{RuleRowRemapPending, "row remapping is pending: the GPU needs a reset"})
 	}
 	if s.RowRemapFailed != nil && *s.RowRemapFailed {
-		r = append(r, "row remapping failed: the GPU should be replaced")
+		r = append(r, finding{RuleRowRemapFailed, "row remapping failed: the GPU should be replaced"})
 	}
 	if s.XIDCritical > 0 {
-		r = append(r, fmt.Sprintf("%d critical XID errors (last XID %d)", s.XIDCritical, s.LastXID))
+		r = append(r, finding{RuleXIDCritical, fmt.Sprintf("%d critical XID errors (last XID %d)", s.XIDCritical, s.LastXID)})
 	}
 	if loaded(s) {
 		var active []string
@@ -317,17 +353,17 @@ func healthReasons(r []string, s *Sample, f *Facts) []string {
 		switch {
 		case len(active) == 0:
 		case s.SMClockMHz != nil && maxSM > 0 && *s.SMClockMHz < maxSM:
-			r = append(r, fmt.Sprintf("SM clock %d MHz is held %s below its max %d MHz at %.0f %% GPU util by %s",
-				*s.SMClockMHz, pct(1-float64(*s.SMClockMHz)/float64(maxSM)), maxSM, *s.GPUUtilPercent, strings.Join(active, ", ")))
+			r = append(r, finding{RuleSlowdown, fmt.Sprintf("SM clock %d MHz is held %s below its max %d MHz at %.0f %% GPU util by %s",
+				*s.SMClockMHz, pct(1-float64(*s.SMClockMHz)/float64(maxSM)), maxSM, *s.GPUUtilPercent, strings.Join(active, ", "))})
 		case s.SMClockMHz == nil || maxSM == 0:
-			r = append(r, fmt.Sprintf("%s active at %.0f %% GPU util", strings.Join(active, ", "), *s.GPUUtilPercent))
+			r = append(r, finding{RuleSlowdown, fmt.Sprintf("%s active at %.0f %% GPU util", strings.Join(active, ", "), *s.GPUUtilPercent)})
 		}
 	}
 	return r
 }
 
 // peerReasons appends the reasons from comparing samples[i] with its peers.
-func peerReasons(r []string, i int, samples []Sample, factsOf []*Facts, threshold float64) []string {
+func peerReasons(r []finding, i int, samples []Sample, factsOf []*Facts, threshold float64) []finding {
 	f := factsOf[i]
 	if f == nil || f.Name == "" {
 		return r
@@ -345,7 +381,7 @@ func peerReasons(r []string, i int, samples []Sample, factsOf []*Facts, threshol
 	vals := make([]float64, 0, len(peers))
 	// compare appends a reason when own is more than threshold below the
 	// median of the peers' values that get returns (ok false: skip).
-	compare := func(what, unit string, own float64, scale float64, suffix string, get func(j int) (float64, bool)) {
+	compare := func(rule, what, unit string, own float64, scale float64, suffix string, get func(j int) (float64, bool)) {
 		vals = vals[:0]
 		for _, j := range peers {
 			if x, ok := get(j); ok {
@@ -359,13 +395,13 @@ func peerReasons(r []string, i int, samples []Sample, factsOf []*Facts, threshol
 		if med <= 0 || own >= med*(1-threshold) {
 			return
 		}
-		r = append(r, fmt.Sprintf("%s %s %s is %s below the median of %d %s peers (%s %s)%s",
-			what, num(own/scale), unit, pct(1-own/med), len(vals), f.Name, num(med/scale), unit, suffix))
+		r = append(r, finding{rule, fmt.Sprintf("%s %s %s is %s below the median of %d %s peers (%s %s)%s",
+			what, num(own/scale), unit, pct(1-own/med), len(vals), f.Name, num(med/scale), unit, suffix)})
 	}
 
 	if loaded(s) {
 		if s.SMClockMHz != nil {
-			compare("SM clock", "MHz", float64(*s.SMClockMHz), 1, " under load", func(j int) (float64, bool) {
+			compare(RulePeerSMClock, "SM clock", "MHz", float64(*s.SMClockMHz), 1, " under load", func(j int) (float64, bool) {
 				p := &samples[j]
 				if !loaded(p) || p.SMClockMHz == nil {
 					return 0, false
@@ -374,7 +410,7 @@ func peerReasons(r []string, i int, samples []Sample, factsOf []*Facts, threshol
 			})
 		}
 		if s.MemClockMHz != nil {
-			compare("memory clock", "MHz", float64(*s.MemClockMHz), 1, " under load", func(j int) (float64, bool) {
+			compare(RulePeerMemClock, "memory clock", "MHz", float64(*s.MemClockMHz), 1, " under load", func(j int) (float64, bool) {
 				p := &samples[j]
 				if !loaded(p) || p.MemClockMHz == nil {
 					return 0, false
@@ -385,7 +421,7 @@ func peerReasons(r []string, i int, samples []Sample, factsOf []*Facts, threshol
 		if s.AchievedMemBandwidth != nil {
 			util := *s.GPUUtilPercent
 			suffix := fmt.Sprintf(" at equal load (GPU util within %d points of %.0f %%, %s)", EqualLoadPoints, util, s.BandwidthSource)
-			compare("achieved memory bandwidth", "GB/s", *s.AchievedMemBandwidth, 1e9, suffix, func(j int) (float64, bool) {
+			compare(RulePeerBandwidth, "achieved memory bandwidth", "GB/s", *s.AchievedMemBandwidth, 1e9, suffix, func(j int) (float64, bool) {
 				p := &samples[j]
 				if !loaded(p) || p.AchievedMemBandwidth == nil || p.BandwidthSource != s.BandwidthSource ||
 					math.Abs(*p.GPUUtilPercent-util) > EqualLoadPoints {
@@ -396,7 +432,7 @@ func peerReasons(r []string, i int, samples []Sample, factsOf []*Facts, threshol
 		}
 	}
 	if f.PeakMemBandwidth > 0 {
-		compare("peak memory bandwidth", "GB/s", f.PeakMemBandwidth, 1e9, "", func(j int) (float64, bool) {
+		compare(RulePeerPeakBandwidth, "peak memory bandwidth", "GB/s", f.PeakMemBandwidth, 1e9, "", func(j int) (float64, bool) {
 			p := factsOf[j].PeakMemBandwidth
 			return p, p > 0
 		})
@@ -404,9 +440,11 @@ func peerReasons(r []string, i int, samples []Sample, factsOf []*Facts, threshol
 	return r
 }
 
-// loaded reports whether s is under load; unknown load is not.
+// loaded reports whether s is under load; unknown load is not, nor is a GPU NVML says is idle
+// (gpu_idle): utilisation covers the last sampling period while the clocks are read now, so a
+// GPU that has just gone idle reads 100 % busy at its idle clock.
 func loaded(s *Sample) bool {
-	return s.GPUUtilPercent != nil && *s.GPUUtilPercent >= LoadPercent
+	return s.GPUUtilPercent != nil && *s.GPUUtilPercent >= LoadPercent && !slices.Contains(s.ClockEventReasons, "gpu_idle")
 }
 
 // median returns the median of vals (len ≥ 1), reordering vals.

@@ -8,6 +8,7 @@ import (
 	"io"
 	"strings"
 	"text/tabwriter"
+	"time"
 
 	"github.com/rs/zerolog"
 
@@ -53,10 +54,15 @@ func openNVML(log zerolog.Logger) (gpuSource, error) {
 }
 
 func runGPU(ctx context.Context, args, environ []string, stdout, stderr io.Writer, open gpuOpener) int {
-	fs, cf := newFlagSet("gpu", "Sample every GPU once and judge it: clocks now/max, peak and achieved memory bandwidth,\nutilization, temperature, power, clock-event reasons, verdict.\nExit 0 healthy, 3 degraded, 4 no NVML (with the reason).", stdout, stderr)
+	fs, cf := newFlagSet("gpu", "Sample every GPU --samples times, --interval apart, and judge it: clocks now/max, peak and\nachieved memory bandwidth, utilization, temperature, power, clock-event reasons, verdict. A reading\nof a moment (clocks, throttling, a peer comparison) counts only when it holds in 3 of the samples;\nECC, row remapping, critical XIDs and a lost GPU count at once. The report shows the last sample.\nExit 0 healthy, 3 degraded, 4 no NVML (with the reason).", stdout, stderr)
 	jsonOut := fs.Bool("json", false, "print the report as JSON")
+	nSamples := fs.Int("samples", nvml.DefaultEvidenceN, "how many samples to judge from (1: one reading decides)")
+	interval := fs.Duration("interval", time.Second, "time between samples")
 	if code, ok := fs.parse(args); !ok {
 		return code
+	}
+	if *nSamples < 1 || *nSamples > 60 || *interval < 0 {
+		return fs.usageError("--samples %d --interval %v: want 1 to 60 samples, an interval of 0 or more", *nSamples, *interval)
 	}
 	cfg, err := cf.load(environ)
 	if err != nil {
@@ -78,8 +84,23 @@ func runGPU(ctx context.Context, args, environ []string, stdout, stderr io.Write
 	}
 	defer gpus.Close()
 	facts := gpus.Facts()
-	samples := gpus.Sample(ctx)
-	verdicts := nvml.Verdicts(facts, samples, cfg.GPU.DegradedThreshold)
+	judge := nvml.Judge{K: min(nvml.DefaultEvidenceK, *nSamples), N: *nSamples}
+	var samples []nvml.Sample
+	var verdicts []nvml.Verdict
+	tick := time.NewTicker(max(*interval, time.Millisecond))
+	defer tick.Stop()
+	for i := range *nSamples {
+		if i > 0 {
+			select {
+			case <-ctx.Done():
+				fmt.Fprintf(stderr, "spotguard gpu: %v\n", ctx.Err())
+				return exitFail
+			case <-tick.C:
+			}
+		}
+		samples = gpus.Sample(ctx)
+		verdicts = judge.Judge(time.Now(), nvml.Verdicts(facts, samples, cfg.GPU.DegradedThreshold))
+	}
 	rep := gpuReport{Sampling: true, Healthy: true, GPUs: []gpuRecord{}}
 	for i := range facts {
 		r := gpuRecord{Facts: facts[i]}
