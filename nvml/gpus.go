@@ -14,8 +14,9 @@ import (
 )
 
 // gpmInterval is the least time between the two GPM samples a metric is
-// computed from.
-const gpmInterval = 100 * time.Millisecond
+// computed from: nvml.h asks for more than 100 ms between them, and a window
+// at the limit is the noisiest.
+const gpmInterval = 200 * time.Millisecond
 
 // eventWait is how long one EventSetWait blocks; RunEvents notices a
 // cancelled context within about this long.
@@ -349,9 +350,9 @@ type values struct {
 // for a nil or closed GPUs.
 //
 // DRAM bandwidth utilisation comes from GPM (Hopper and newer) and needs two
-// GPM samples at least 100 ms apart: Sample keeps each tick's GPM sample for
+// GPM samples at least gpmInterval (200 ms) apart: Sample keeps each tick's GPM sample for
 // the next. On the first call, or when the previous call was less than
-// 100 ms ago, it waits out the rest of the 100 ms (one wait for all GPUs).
+// 100 ms ago, it waits out the rest of gpmInterval (one wait for all GPUs).
 // If ctx ends during that wait, the samples come without GPM metrics.
 // Metrics a GPU does not support are nil and not asked for again; a GPU
 // reporting ERROR_GPU_IS_LOST comes back Lost, now and in every later call.

@@ -453,7 +453,7 @@ func TestSampleReadsEveryMetric(t *testing.T) {
 	})
 }
 
-func TestSampleGPMWaits100ms(t *testing.T) {
+func TestSampleGPMWaitsMoreThan100ms(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		r := newRig(dgxh100.New(), h100State())
 		g := r.open(t, testLog(t))
@@ -465,9 +465,9 @@ func TestSampleGPMWaits100ms(t *testing.T) {
 			wantWait time.Duration
 			wantGap  time.Duration // between the two GPM samples used
 		}{
-			{"first call takes two samples 100 ms apart", 0, 100 * time.Millisecond, 100 * time.Millisecond},
+			{"first call takes two samples 200 ms apart (nvml.h: more than 100 ms)", 0, 200 * time.Millisecond, 200 * time.Millisecond},
 			{"later call reuses the previous sample", 10 * time.Second, 0, 10 * time.Second},
-			{"call 30 ms later waits the rest", 30 * time.Millisecond, 70 * time.Millisecond, 100 * time.Millisecond},
+			{"call 30 ms later waits the rest", 30 * time.Millisecond, 170 * time.Millisecond, 200 * time.Millisecond},
 		}
 		for _, tc := range ticks {
 			advance(tc.before)
