@@ -352,7 +352,7 @@ type values struct {
 // DRAM bandwidth utilisation comes from GPM (Hopper and newer) and needs two
 // GPM samples at least gpmInterval (200 ms) apart: Sample keeps each tick's GPM sample for
 // the next. On the first call, or when the previous call was less than
-// 100 ms ago, it waits out the rest of gpmInterval (one wait for all GPUs).
+// gpmInterval ago, it waits out the rest of gpmInterval (one wait for all GPUs).
 // If ctx ends during that wait, the samples come without GPM metrics.
 // Metrics a GPU does not support are nil and not asked for again; a GPU
 // reporting ERROR_GPU_IS_LOST comes back Lost, now and in every later call.
