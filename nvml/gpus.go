@@ -132,6 +132,11 @@ type device struct {
 	// Written by RunEvents, read by Sample.
 	xidCritical atomic.Uint64
 	lastXID     atomic.Uint64
+	// recoverable XIDs: how many since the streak began, the last one and when (guarded by xidMu).
+	xidMu             sync.Mutex
+	recoverable       uint64
+	lastRecoverable   uint64
+	lastRecoverableAt time.Time
 }
 
 // Open initialises NVML from the default library (libnvidia-ml.so.1) and
@@ -546,6 +551,11 @@ func (g *GPUs) sampleDevice(d *device, v *values, at time.Time, gpmReady bool, a
 		}
 	}
 	s.XIDCritical, s.LastXID = d.xidCritical.Load(), d.lastXID.Load()
+	d.xidMu.Lock()
+	if d.recoverable > 0 && g.now().Sub(d.lastRecoverableAt) < XIDDecay {
+		s.XIDRecoverable, s.LastRecoverableXID = d.recoverable, d.lastRecoverable
+	}
+	d.xidMu.Unlock()
 	return s
 }
 
@@ -691,8 +701,18 @@ func (g *GPUs) recordEvent(e gonvml.EventData) {
 	switch {
 	case d == nil:
 		g.log.Warn().Uint64("xid", xid).Msg("XID error on an unknown GPU")
-	case IsApplicationXID(xid):
+	case XIDClass(xid) == XIDApplication:
 		d.log.Info().Uint64("xid", xid).Msg("XID error caused by an application; not counted")
+	case XIDClass(xid) == XIDRecoverable:
+		now := g.now()
+		d.xidMu.Lock()
+		if now.Sub(d.lastRecoverableAt) >= XIDDecay {
+			d.recoverable = 0 // a new streak
+		}
+		d.recoverable++
+		d.lastRecoverable, d.lastRecoverableAt = xid, now
+		d.xidMu.Unlock()
+		d.log.Warn().Uint64("xid", xid).Msg("recoverable XID error (ECC or row remapping); it counts for an hour")
 	default:
 		d.xidCritical.Add(1)
 		d.lastXID.Store(xid)

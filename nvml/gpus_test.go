@@ -768,16 +768,27 @@ func TestRunEventsCountsXIDs(t *testing.T) {
 		xid(2, 48)
 		xid(2, 79)
 		xid(3, 13) // an application's fault: not counted
+		xid(4, 63) // recoverable: counted for an hour
+		xid(4, 94)
 		r.events <- gonvml.EventData{Device: r.devs[6], EventType: gonvml.EventTypeDoubleBitEccError}
 		advance(time.Second)
 		synctest.Wait()
 
 		samples := g.Sample(t.Context())
-		want := map[int][2]uint64{2: {2, 79}}
+		want := map[int][4]uint64{2: {2, 79, 0, 0}, 4: {0, 0, 2, 94}}
 		for i, s := range samples {
-			if got := [2]uint64{s.XIDCritical, s.LastXID}; got != want[i] {
-				t.Errorf("Sample()[%d] XIDCritical, LastXID = %v; want %v", i, got, want[i])
+			if got := [4]uint64{s.XIDCritical, s.LastXID, s.XIDRecoverable, s.LastRecoverableXID}; got != want[i] {
+				t.Errorf("Sample()[%d] XIDCritical, LastXID, XIDRecoverable, LastRecoverableXID = %v; want %v", i, got, want[i])
 			}
+		}
+		// An hour after the last recoverable XID it no longer counts; a fatal one still does.
+		advance(XIDDecay)
+		samples = g.Sample(t.Context())
+		if s := samples[4]; s.XIDRecoverable != 0 || s.LastRecoverableXID != 0 {
+			t.Errorf("an hour later, Sample()[4] recoverable XIDs = %d (last %d); want none", s.XIDRecoverable, s.LastRecoverableXID)
+		}
+		if s := samples[2]; s.XIDCritical != 2 {
+			t.Errorf("an hour later, Sample()[2].XIDCritical = %d; want 2 (fatal XIDs need a reset)", s.XIDCritical)
 		}
 		if n := len(r.devs[5].RegisterEventsCalls()); n != 0 {
 			t.Errorf("RegisterEvents on a GPU without XID events: %d calls; want 0", n)

@@ -129,12 +129,18 @@ type Sample struct {
 	// RowRemapFailed is true when a row remap failed: the GPU should be
 	// replaced.
 	RowRemapFailed *bool
-	// XIDCritical counts critical XID events seen on this GPU since
-	// RunEvents started; XIDs that applications cause (see
-	// IsApplicationXID) are not counted.
+	// XIDCritical counts fatal XID events (XIDClass) seen on this GPU since
+	// RunEvents started: NVIDIA's guidance for them is a GPU reset or a
+	// node reboot, so they count for the agent's life. XIDs that
+	// applications cause are not counted.
 	XIDCritical uint64
 	// LastXID is the latest XID counted in XIDCritical; 0 if none.
 	LastXID uint64
+	// XIDRecoverable counts recoverable XID events (XIDClass: ECC and row
+	// remapping the driver handles) of the last XIDDecay, the last of them
+	// LastRecoverableXID; both 0 once XIDDecay has passed since the last.
+	XIDRecoverable     uint64 `json:",omitempty"`
+	LastRecoverableXID uint64 `json:",omitempty"`
 }
 
 // Verdict is the judgement of one GPU.
@@ -162,6 +168,7 @@ const (
 	RuleRowRemapPending   = "row_remap_pending"
 	RuleRowRemapFailed    = "row_remap_failed"
 	RuleXIDCritical       = "xid_critical"
+	RuleXIDRecoverable    = "xid_recoverable"
 	RuleSlowdown          = "slowdown"
 	RulePeerSMClock       = "peer_sm_clock"
 	RulePeerMemClock      = "peer_memory_clock"
@@ -172,7 +179,7 @@ const (
 // Immediate reports whether rule is a fact NVML keeps rather than a reading of a moment.
 func Immediate(rule string) bool {
 	switch rule {
-	case RuleLost, RuleECCUncorrected, RuleRowRemapPending, RuleRowRemapFailed, RuleXIDCritical, RulePeerPeakBandwidth:
+	case RuleLost, RuleECCUncorrected, RuleRowRemapPending, RuleRowRemapFailed, RuleXIDCritical, RuleXIDRecoverable, RulePeerPeakBandwidth:
 		return true
 	}
 	return false
@@ -241,19 +248,46 @@ func appendClockEventReasons(dst []string, mask uint64) []string {
 	return dst
 }
 
+// The classes of XIDClass.
+const (
+	XIDApplication = "application"
+	XIDRecoverable = "recoverable"
+	XIDFatal       = "fatal"
+)
+
+// XIDDecay is how long a recoverable XID counts as evidence after the last one.
+const XIDDecay = time.Hour
+
+// XIDClass classifies an XID after NVIDIA's XID catalog:
+//
+//	application  13 graphics engine exception, 31 GPU memory page fault, 43 GPU stopped
+//	             processing, 45 preemptive cleanup: a trainer's own fault; logged, not counted
+//	recoverable  63 ECC page retirement or row remapping recorded, 64 ECC page retirement or row
+//	             remapper recording failure, 92 high single-bit ECC error rate, 94 contained ECC
+//	             error (the application was stopped; the GPU goes on), 154 GPU recovery action
+//	             changed: the driver handled it; the GPU's own state (pending or failed row
+//	             remapping, uncorrected ECC counts) says whether it needs a reset, so these count
+//	             for XIDDecay after the last one
+//	fatal        every other XID reported as critical (48 double-bit ECC, 74 NVLink error, 79
+//	             fallen off the bus, 95 uncontained ECC, 119/120 GSP errors, ...): a reset or a
+//	             reboot is needed; they count until the agent restarts
+func XIDClass(xid uint64) string {
+	switch xid {
+	case 13, 31, 43, 45:
+		return XIDApplication
+	case 63, 64, 92, 94, 154:
+		return XIDRecoverable
+	}
+	return XIDFatal
+}
+
 // IsApplicationXID reports whether an XID is one that applications
 // commonly cause (13 graphics engine exception, 31 GPU memory page fault,
 // 43 GPU stopped processing, 45 preemptive cleanup) rather than a hardware
 // or driver fault. Such XIDs are logged but not counted in
 // Sample.XIDCritical: a trainer with a bad kernel must not get a healthy
 // instance replaced.
-func IsApplicationXID(xid uint64) bool {
-	switch xid {
-	case 13, 31, 43, 45:
-		return true
-	}
-	return false
-}
+func IsApplicationXID(xid uint64) bool { return XIDClass(xid) == XIDApplication }
 
 // Verdicts judges the GPUs in samples, returning one Verdict per Sample in
 // the same order. facts supply each GPU's model and maxima; they are matched
@@ -337,7 +371,11 @@ func healthReasons(r []finding, s *Sample, f *Facts) []finding {
 		r = append(r, finding{RuleRowRemapFailed, "row remapping failed: the GPU should be replaced"})
 	}
 	if s.XIDCritical > 0 {
-		r = append(r, finding{RuleXIDCritical, fmt.Sprintf("%d critical XID errors (last XID %d)", s.XIDCritical, s.LastXID)})
+		r = append(r, finding{RuleXIDCritical, fmt.Sprintf("%d critical XID errors (last XID %d): a GPU reset or a reboot is needed", s.XIDCritical, s.LastXID)})
+	}
+	if s.XIDRecoverable > 0 {
+		r = append(r, finding{RuleXIDRecoverable, fmt.Sprintf("%d recoverable XID errors in the last %v (last XID %d: ECC or row remapping)",
+			s.XIDRecoverable, XIDDecay, s.LastRecoverableXID)})
 	}
 	if loaded(s) {
 		var active []string

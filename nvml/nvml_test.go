@@ -61,6 +61,16 @@ func TestClockEventReasons(t *testing.T) {
 	}
 }
 
+func TestXIDClass(t *testing.T) {
+	for xid, want := range map[uint64]string{13: XIDApplication, 31: XIDApplication, 43: XIDApplication, 45: XIDApplication,
+		63: XIDRecoverable, 64: XIDRecoverable, 92: XIDRecoverable, 94: XIDRecoverable, 154: XIDRecoverable,
+		48: XIDFatal, 74: XIDFatal, 79: XIDFatal, 95: XIDFatal, 119: XIDFatal, 120: XIDFatal} {
+		if got := XIDClass(xid); got != want {
+			t.Errorf("XIDClass(%d) = %q; want %q", xid, got, want)
+		}
+	}
+}
+
 func TestIsApplicationXID(t *testing.T) {
 	tests := []struct {
 		xid  uint64
@@ -272,7 +282,12 @@ func TestVerdicts(t *testing.T) {
 		{
 			name: "critical XID", n: 2,
 			edit: func(_ []Facts, s []Sample) { s[1].XIDCritical, s[1].LastXID = 3, 79 },
-			want: map[int][]string{1: {"3 critical XID errors (last XID 79)"}},
+			want: map[int][]string{1: {"3 critical XID errors (last XID 79): a GPU reset or a reboot is needed"}},
+		},
+		{
+			name: "recoverable XID", n: 2,
+			edit: func(_ []Facts, s []Sample) { s[0].XIDRecoverable, s[0].LastRecoverableXID = 1, 94 },
+			want: map[int][]string{0: {"1 recoverable XID errors in the last 1h0m0s (last XID 94: ECC or row remapping)"}},
 		},
 		{
 			name: "lost", n: 2,
