@@ -451,7 +451,12 @@ func writeManifest(ctx context.Context, s Store, m *Manifest) error {
 	if !errors.Is(err, ErrExists) {
 		return err
 	}
-	have, rerr := ReadManifest(ctx, s, m.Job, m.Checkpoint, m.Commit)
+	have, problem, rerr := readExisting(ctx, func() (*Manifest, error, error) {
+		return readManifest(ctx, s, m.Job, CommitRef{Checkpoint: m.Checkpoint, Commit: m.Commit}, nil)
+	})
+	if rerr == nil {
+		rerr = problem
+	}
 	if rerr != nil {
 		return fmt.Errorf("manifest %s exists but cannot be read: %w", key, rerr)
 	}
@@ -459,6 +464,30 @@ func writeManifest(ctx context.Context, s Store, m *Manifest) error {
 		return fmt.Errorf("manifest %s exists with other files; not writing over it: %w", key, ErrExists)
 	}
 	return nil
+}
+
+// existsReads is how often readExisting reads an object a conditional write was told exists.
+const existsReads = 6
+
+// readExisting reads, with read (readMeta's three outcomes), an object that a write with
+// If-None-Match was just told exists: a retry whose answer was lost wrote it, or another writer
+// did first. While it reads as not found it reads again, briefly (20, 40, … ms): a server may
+// answer 412 while the other write is still being put in place (versitygw does), and only a
+// real S3 is read-after-write consistent at that instant.
+func readExisting(ctx context.Context, read func() (*Manifest, error, error)) (*Manifest, error, error) {
+	for attempt := 1; ; attempt++ {
+		m, problem, err := read()
+		if err != nil || !errors.Is(problem, ErrNotFound) || attempt == existsReads {
+			return m, problem, err
+		}
+		t := time.NewTimer(time.Duration(attempt) * 20 * time.Millisecond)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return nil, nil, ctx.Err()
+		}
+	}
 }
 
 // sameFiles reports whether a and b list the same files (paths, keys, sizes, checksums).

@@ -89,7 +89,9 @@ func writePart(ctx context.Context, s Store, m *Manifest) error {
 	if !errors.Is(err, ErrExists) {
 		return err
 	}
-	have, problem, rerr := readPart(ctx, s, m.Job, CommitRef{Checkpoint: m.Checkpoint, Commit: m.Commit}, nil)
+	have, problem, rerr := readExisting(ctx, func() (*Manifest, error, error) {
+		return readPart(ctx, s, m.Job, CommitRef{Checkpoint: m.Checkpoint, Commit: m.Commit}, nil)
+	})
 	switch {
 	case rerr != nil:
 		return fmt.Errorf("part %s exists but cannot be read: %w", key, rerr)
@@ -351,10 +353,6 @@ func sameParts(a, b *Manifest) bool {
 	return slices.EqualFunc(a.Parts, b.Parts, func(x, y JobPart) bool { return x.NodeRank == y.NodeRank && x.Commit == y.Commit })
 }
 
-// existsReads is how often writeJobManifest reads a job manifest it was told exists before it
-// gives up for this attempt (the save is looked at again later).
-const existsReads = 6
-
 // writeJobManifest writes the job manifest m with If-None-Match. One already there made of the
 // same parts (another agent saw the same save first) is success; one of other parts is an
 // error wrapping ErrExists, naming both.
@@ -371,21 +369,11 @@ func writeJobManifest(ctx context.Context, s Store, m *Manifest) (written bool, 
 	if !errors.Is(err, ErrExists) {
 		return false, err
 	}
-	// The winner's write may not be readable yet when the loser is told it exists (versitygw
-	// answers 412 while the winner's PUT is still being put in place): read again, briefly.
-	var have *Manifest
-	var rerr error
-	for attempt := range existsReads {
-		if have, rerr = ReadManifest(ctx, s, m.Job, m.Checkpoint, m.Commit); !errors.Is(rerr, ErrNotFound) {
-			break
-		}
-		t := time.NewTimer(time.Duration(attempt+1) * 20 * time.Millisecond)
-		select {
-		case <-t.C:
-		case <-ctx.Done():
-			t.Stop()
-			return false, ctx.Err()
-		}
+	have, problem, rerr := readExisting(ctx, func() (*Manifest, error, error) {
+		return readManifest(ctx, s, m.Job, CommitRef{Checkpoint: m.Checkpoint, Commit: m.Commit}, nil)
+	})
+	if rerr == nil {
+		rerr = problem
 	}
 	if rerr != nil {
 		return false, fmt.Errorf("job manifest %s exists but cannot be read: %w", key, rerr)

@@ -179,6 +179,8 @@ type pendingSave struct {
 	running bool
 	// lastErr is the last error logged for it, so that a repeated one is logged once.
 	lastErr string
+	// missing are the ranks whose parts were missing at the last look that could tell.
+	missing []int
 }
 
 // ActiveNotice is a notice in force that the uploader works for (one whose policy is

@@ -118,10 +118,13 @@ func (u *Uploader) saveDone(ctx context.Context, ps *pendingSave, r saveResult) 
 		}
 		retry()
 	default:
+		if r.missing != nil {
+			ps.missing = r.missing
+		}
 		if time.Since(p.CommittedAt) > u.cfg.PartWait {
 			delete(u.saves, p.Commit)
 			err := fmt.Errorf("checkpoint %s: the parts of node(s) %v did not come within part_wait (%v); it is not committed for the job (LATEST stays where it is)",
-				p.Checkpoint, r.missing, u.cfg.PartWait)
+				p.Checkpoint, ps.missing, u.cfg.PartWait)
 			log.Error().Err(err).Msg("job checkpoint given up")
 			u.emit(UploadEvent{Kind: JobCheckpointFailed, Checkpoint: p.Checkpoint, At: time.Now(), Err: err})
 			return
