@@ -540,15 +540,9 @@ func (g *GPUs) sampleDevice(d *device, v *values, at time.Time, gpmReady bool, a
 	if d.lost.Load() {
 		return Sample{Index: s.Index, UUID: s.UUID, At: at, Lost: true}
 	}
-	if peak := d.facts.PeakMemBandwidth; peak > 0 {
-		switch {
-		case s.DRAMBandwidthUtilPercent != nil:
-			v.bandwidth = v.dramUtil / 100 * peak
-			s.AchievedMemBandwidth, s.BandwidthSource = &v.bandwidth, BandwidthGPM
-		case s.MemUtilPercent != nil:
-			v.bandwidth = v.memUtil / 100 * peak
-			s.AchievedMemBandwidth, s.BandwidthSource = &v.bandwidth, BandwidthDutyCycle
-		}
+	if peak := d.facts.PeakMemBandwidth; peak > 0 && s.DRAMBandwidthUtilPercent != nil {
+		v.bandwidth = v.dramUtil / 100 * peak
+		s.AchievedMemBandwidth, s.BandwidthSource = &v.bandwidth, BandwidthGPM
 	}
 	s.XIDCritical, s.LastXID = d.xidCritical.Load(), d.lastXID.Load()
 	d.xidMu.Lock()

@@ -49,16 +49,12 @@ const EqualLoadPoints = 10
 // median of fewer than two values means nothing.
 const MinModelGPUs = 3
 
-// Bandwidth sources named in Sample.BandwidthSource.
-const (
-	// BandwidthGPM: AchievedMemBandwidth is GPM's DRAM bandwidth
-	// utilisation × the peak (Hopper and newer).
-	BandwidthGPM = "gpm"
-	// BandwidthDutyCycle: AchievedMemBandwidth is the memory controller
-	// duty cycle (nvmlUtilization_t.memory) × the peak, a rough proxy
-	// used when GPM is missing.
-	BandwidthDutyCycle = "duty_cycle"
-)
+// BandwidthGPM is the one source of Sample.AchievedMemBandwidth: GPM's DRAM
+// bandwidth utilisation × the peak (Hopper and newer). Older GPUs have no
+// counter of bytes moved; their memory controller duty cycle
+// (Sample.MemUtilPercent) is the share of time memory was busy, not a
+// bandwidth, and is never presented as one.
+const BandwidthGPM = "gpm"
 
 // Facts are what a GPU is; Open reads them once.
 type Facts struct {
@@ -100,16 +96,18 @@ type Sample struct {
 	// SMClockMHz and MemClockMHz are the current clocks.
 	SMClockMHz, MemClockMHz *uint32
 	// GPUUtilPercent is the share of the last sample period in which a
-	// kernel ran; MemUtilPercent is the memory controller's duty cycle.
+	// kernel ran; MemUtilPercent is the memory controller's duty cycle: the
+	// share of it in which device memory was read or written (not bytes
+	// moved).
 	GPUUtilPercent, MemUtilPercent *float64
 	// DRAMBandwidthUtilPercent is GPM's DRAM bandwidth utilisation over
 	// the time since the previous Sample (Hopper and newer).
 	DRAMBandwidthUtilPercent *float64
-	// AchievedMemBandwidth is in bytes/s, computed as described by
-	// BandwidthSource; nil when neither source nor the peak is known.
+	// AchievedMemBandwidth is in bytes/s: DRAMBandwidthUtilPercent × the
+	// peak; nil without GPM or without the peak.
 	AchievedMemBandwidth *float64
-	// BandwidthSource is BandwidthGPM, BandwidthDutyCycle, or empty when
-	// AchievedMemBandwidth is nil.
+	// BandwidthSource is BandwidthGPM, or empty when AchievedMemBandwidth is
+	// nil.
 	BandwidthSource string
 	// MemUsedBytes and MemTotalBytes are the framebuffer use.
 	MemUsedBytes, MemTotalBytes *uint64
@@ -121,6 +119,14 @@ type Sample struct {
 	// decoded as by ClockEventReasons; empty when none is active or the
 	// metric is not supported.
 	ClockEventReasons []string
+	// ClockEventTimes are NVML's cumulative clock event counters, one per
+	// reason the driver counts (sw_power_cap, sync_boost, board_limit,
+	// low_utilization, reliability, sw_thermal_slowdown,
+	// hw_thermal_slowdown, hw_power_brake_slowdown), in that order; nil
+	// where NVML has none (drivers before 535, some GPUs). Unlike the
+	// reasons active at the instant of a sample, they say how long each
+	// reason held the clocks down between two samples.
+	ClockEventTimes []ClockEventTime `json:",omitempty"`
 	// ECCUncorrectedVolatile counts uncorrected ECC errors since the
 	// driver was loaded.
 	ECCUncorrectedVolatile *uint64
@@ -143,6 +149,21 @@ type Sample struct {
 	LastRecoverableXID uint64 `json:",omitempty"`
 }
 
+// ClockEventTime is one of NVML's cumulative clock event counters.
+type ClockEventTime struct {
+	// Reason is the reason's name as in ClockEventReasons.
+	Reason string `json:"reason"`
+	// Total is how long the reason has held the clocks down since the
+	// driver was loaded.
+	Total time.Duration `json:"total_ns"`
+	// Window is the time since the previous sample of this GPU, and Share
+	// the part of it during which the reason held the clocks down (0 to 1).
+	// Both are 0 on a GPU's first sample, when the counter went backwards
+	// (a driver reload) or when no time passed.
+	Window time.Duration `json:"window_ns"`
+	Share  float64       `json:"share"`
+}
+
 // Verdict is the judgement of one GPU.
 type Verdict struct {
 	// Index is the NVML device index, as in the Sample judged.
@@ -156,6 +177,10 @@ type Verdict struct {
 	// Rules name, one per reason, the rule that gave it (the Rule* constants), so that a Judge can
 	// follow each rule over time.
 	Rules []string `json:"rules,omitempty"`
+	// Unjudged says, in words, which rules could not be applied to this GPU
+	// and why (MIG mode, a metric NVML does not give); a healthy verdict
+	// covers only the rest.
+	Unjudged []string `json:"unjudged,omitempty"`
 }
 
 // The rules of Verdicts. Immediate rules are facts NVML keeps (a lost GPU, uncorrected ECC errors,
@@ -172,7 +197,6 @@ const (
 	RuleSlowdown          = "slowdown"
 	RulePeerSMClock       = "peer_sm_clock"
 	RulePeerMemClock      = "peer_memory_clock"
-	RulePeerBandwidth     = "peer_achieved_bandwidth"
 	RulePeerPeakBandwidth = "peer_peak_bandwidth"
 )
 
@@ -454,18 +478,6 @@ func peerReasons(r []finding, i int, samples []Sample, factsOf []*Facts, thresho
 					return 0, false
 				}
 				return float64(*p.MemClockMHz), true
-			})
-		}
-		if s.AchievedMemBandwidth != nil {
-			util := *s.GPUUtilPercent
-			suffix := fmt.Sprintf(" at equal load (GPU util within %d points of %.0f %%, %s)", EqualLoadPoints, util, s.BandwidthSource)
-			compare(RulePeerBandwidth, "achieved memory bandwidth", "GB/s", *s.AchievedMemBandwidth, 1e9, suffix, func(j int) (float64, bool) {
-				p := &samples[j]
-				if !loaded(p) || p.AchievedMemBandwidth == nil || p.BandwidthSource != s.BandwidthSource ||
-					math.Abs(*p.GPUUtilPercent-util) > EqualLoadPoints {
-					return 0, false
-				}
-				return *p.AchievedMemBandwidth, true
 			})
 		}
 	}

@@ -191,25 +191,19 @@ func TestVerdicts(t *testing.T) {
 			want: map[int][]string{5: {"memory clock 1900 MHz is 27 % below the median of 7 NVIDIA H100 80GB HBM3 peers (2619 MHz) under load"}},
 		},
 		{
-			name: "bandwidth low at equal load", n: 8,
+			// In a synchronous job the GPUs wait for each other, and pipeline stages move different
+			// amounts of memory: achieved bandwidth follows the work, so it is exported, not judged.
+			name: "achieved bandwidth low at equal load is not judged", n: 8,
 			edit: func(f []Facts, s []Sample) {
 				*s[6].AchievedMemBandwidth = 0.55 * f[6].PeakMemBandwidth
-				*s[6].GPUUtilPercent = 92 // within 10 points of 98
+				*s[6].GPUUtilPercent = 92
 			},
-			want: map[int][]string{6: {"achieved memory bandwidth 1844 GB/s is 21 % below the median of 7 NVIDIA H100 80GB HBM3 peers (2347 GB/s) at equal load (GPU util within 10 points of 92 %, gpm)"}},
 		},
 		{
 			name: "bandwidth low at lower load is not compared", n: 8,
 			edit: func(f []Facts, s []Sample) {
 				*s[6].AchievedMemBandwidth = 0.55 * f[6].PeakMemBandwidth
 				*s[6].GPUUtilPercent = 70
-			},
-		},
-		{
-			name: "bandwidth sources are not mixed", n: 4,
-			edit: func(f []Facts, s []Sample) {
-				*s[0].AchievedMemBandwidth = 0.3 * f[0].PeakMemBandwidth
-				s[0].BandwidthSource = BandwidthDutyCycle
 			},
 		},
 		{

@@ -134,7 +134,7 @@ func printGPUTable(w io.Writer, rep gpuReport) {
 		return
 	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "GPU\tMODEL\tSM MHz\tMEM MHz\tPEAK GB/s\tACHIEVED GB/s\tUTIL %\tTEMP C\tPOWER W\tREASONS\tVERDICT")
+	fmt.Fprintln(tw, "GPU\tMODEL\tSM MHz\tMEM MHz\tPEAK GB/s\tACHIEVED GB/s\tUTIL %\tMEM BUSY %\tTEMP C\tPOWER W\tREASONS\tVERDICT")
 	for _, g := range rep.GPUs {
 		f, s := g.Facts, g.Sample
 		verdict := "healthy"
@@ -148,11 +148,11 @@ func printGPUTable(w io.Writer, rep gpuReport) {
 		if f.MIG {
 			mig = " (MIG: parent sampled)"
 		}
-		fmt.Fprintf(tw, "%d\t%s%s\t%s/%d\t%s/%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n",
+		fmt.Fprintf(tw, "%d\t%s%s\t%s/%d\t%s/%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n",
 			f.Index, f.Name, mig,
 			optU32(s.SMClockMHz), f.MaxSMClockMHz, optU32(s.MemClockMHz), f.MaxMemClockMHz,
-			gbps(f.PeakMemBandwidth), optGBps(s.AchievedMemBandwidth, s.BandwidthSource),
-			optF(s.GPUUtilPercent, "%.0f"), optF(s.TemperatureC, "%.0f"), optF(s.PowerW, "%.0f"),
+			gbps(f.PeakMemBandwidth), optGBps(s.AchievedMemBandwidth),
+			optF(s.GPUUtilPercent, "%.0f"), optF(s.MemUtilPercent, "%.0f"), optF(s.TemperatureC, "%.0f"), optF(s.PowerW, "%.0f"),
 			orDash(strings.Join(s.ClockEventReasons, ",")), verdict)
 	}
 	tw.Flush()
@@ -179,12 +179,11 @@ func gbps(v float64) string {
 	return fmt.Sprintf("%.0f", v/1e9)
 }
 
-func optGBps(p *float64, source string) string {
+// optGBps formats an achieved bandwidth: GPM's, or "-" where the GPU has no counter of bytes moved
+// (its memory duty cycle is in MEM BUSY %).
+func optGBps(p *float64) string {
 	if p == nil {
 		return "-"
-	}
-	if source == nvml.BandwidthDutyCycle {
-		return gbps(*p) + " (duty cycle)"
 	}
 	return gbps(*p)
 }
