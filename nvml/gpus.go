@@ -57,6 +57,7 @@ const (
 	metricECC
 	metricRemappedRows
 	metricGPM
+	metricViolation
 )
 
 // String returns the metric's name as logged.
@@ -82,8 +83,27 @@ func (m metric) String() string {
 		return "remapped_rows"
 	case metricGPM:
 		return "gpm_dram_bw_util"
+	case metricViolation:
+		return "clock_event_times"
 	}
 	return fmt.Sprintf("metric(%d)", m)
+}
+
+// violationPolicies are the clock event counters read through
+// nvmlDeviceGetViolationStatus, with the reason each counts, in the order of
+// Sample.ClockEventTimes. NVML's field values for the hardware slowdown
+// counters are not read: their IDs differ between drivers (251–253 in driver
+// 580) and headers (269–271 in CUDA 13's nvml.h), and a wrong ID reads an
+// unrelated power-smoothing field.
+var violationPolicies = [...]struct {
+	policy gonvml.PerfPolicyType
+	reason string
+}{
+	{gonvml.PERF_POLICY_POWER, "sw_power_cap"},
+	{gonvml.PERF_POLICY_THERMAL, "sw_thermal_slowdown"},
+	{gonvml.PERF_POLICY_SYNC_BOOST, "sync_boost"},
+	{gonvml.PERF_POLICY_BOARD_LIMIT, "board_limit"},
+	{gonvml.PERF_POLICY_RELIABILITY, "reliability"},
 }
 
 // GPUs samples the NVIDIA GPUs of this host through NVML. Open or OpenWith
@@ -128,6 +148,11 @@ type device struct {
 	gpmPrev gonvml.GpmSample
 	gpmCur  gonvml.GpmSample
 	gpmAt   time.Time // when gpmPrev was taken; zero when it holds none
+	// The previous reading of each violation counter, when it was taken (zero: none yet), and
+	// the counters NVML does not support on this GPU (bits of violationPolicies).
+	violPrev [len(violationPolicies)]gonvml.ViolationTime
+	violAt   [len(violationPolicies)]time.Time
+	violSkip uint8
 
 	// Written by RunEvents, read by Sample.
 	xidCritical atomic.Uint64
@@ -377,8 +402,9 @@ func (g *GPUs) Sample(ctx context.Context) []Sample {
 	out := make([]Sample, len(g.devs))
 	vals := make([]values, len(g.devs))
 	arena := make([]string, 0, 2*len(g.devs))
+	times := make([]ClockEventTime, 0, len(violationPolicies)*len(g.devs))
 	for i, d := range g.devs {
-		out[i] = g.sampleDevice(d, &vals[i], at, gpmReady, &arena)
+		out[i] = g.sampleDevice(d, &vals[i], at, gpmReady, &arena, &times)
 	}
 	return out
 }
@@ -469,7 +495,7 @@ func (g *GPUs) ok(d *device, m metric, ret gonvml.Return) bool {
 }
 
 // sampleDevice reads every metric of d that it supports.
-func (g *GPUs) sampleDevice(d *device, v *values, at time.Time, gpmReady bool, arena *[]string) Sample {
+func (g *GPUs) sampleDevice(d *device, v *values, at time.Time, gpmReady bool, arena *[]string, times *[]ClockEventTime) Sample {
 	s := Sample{Index: d.facts.Index, UUID: d.facts.UUID, At: at}
 	if d.lost.Load() {
 		s.Lost = true
@@ -519,6 +545,13 @@ func (g *GPUs) sampleDevice(d *device, v *values, at time.Time, gpmReady bool, a
 			s.ClockEventReasons = (*arena)[start:len(*arena):len(*arena)]
 		}
 	}
+	if g.want(d, metricViolation) {
+		start := len(*times)
+		*times = g.clockEventTimes(d, at, *times)
+		if len(*times) > start {
+			s.ClockEventTimes = (*times)[start:len(*times):len(*times)]
+		}
+	}
 	if g.want(d, metricECC) {
 		if n, ret := h.GetTotalEccErrors(gonvml.MEMORY_ERROR_TYPE_UNCORRECTED, gonvml.VOLATILE_ECC); g.ok(d, metricECC, ret) {
 			v.ecc = n
@@ -551,6 +584,49 @@ func (g *GPUs) sampleDevice(d *device, v *values, at time.Time, gpmReady bool, a
 	}
 	d.xidMu.Unlock()
 	return s
+}
+
+// clockEventTimes appends d's clock event counters to dst, each with its
+// share of the time since the previous reading. The window is measured by
+// NVML's own reference time (µs) when it moved forward, else by the sample
+// times. A counter that went backwards (a driver reload) starts over: no
+// window, no share.
+func (g *GPUs) clockEventTimes(d *device, at time.Time, dst []ClockEventTime) []ClockEventTime {
+	for k, p := range violationPolicies {
+		if d.violSkip&(1<<k) != 0 {
+			continue
+		}
+		vt, ret := d.h.GetViolationStatus(p.policy)
+		if ret == gonvml.ERROR_NOT_SUPPORTED {
+			d.violSkip |= 1 << k
+			if d.violSkip == 1<<len(violationPolicies)-1 {
+				g.ok(d, metricViolation, ret) // none supported: not asked again
+			}
+			continue
+		}
+		if !g.ok(d, metricViolation, ret) {
+			if d.lost.Load() {
+				return dst
+			}
+			continue
+		}
+		c := ClockEventTime{Reason: p.reason, Total: time.Duration(vt.ViolationTime)}
+		prev, prevAt := d.violPrev[k], d.violAt[k]
+		if !prevAt.IsZero() && vt.ViolationTime >= prev.ViolationTime {
+			c.Window = at.Sub(prevAt)
+			if vt.ReferenceTime > prev.ReferenceTime && prev.ReferenceTime > 0 {
+				c.Window = time.Duration(vt.ReferenceTime-prev.ReferenceTime) * time.Microsecond
+			}
+			if c.Window > 0 {
+				c.Share = min(1, float64(vt.ViolationTime-prev.ViolationTime)/float64(c.Window))
+			} else {
+				c.Window = 0
+			}
+		}
+		d.violPrev[k], d.violAt[k] = vt, at
+		dst = append(dst, c)
+	}
+	return dst
 }
 
 // gpmDRAM takes a GPM sample of d and returns the DRAM bandwidth

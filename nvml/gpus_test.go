@@ -39,6 +39,9 @@ type gpuState struct {
 	gpm                     bool // GpmQueryDeviceSupport says yes
 	xid                     bool // XID events supported
 	dramUtil                float64
+	// viol are the cumulative clock event counters (ns) by policy; a policy missing from
+	// the map is not supported.
+	viol map[gonvml.PerfPolicyType]uint64
 
 	unsupported map[string]bool // method name → ERROR_NOT_SUPPORTED
 	lost        bool            // every call answers ERROR_GPU_IS_LOST
@@ -204,6 +207,14 @@ func (r *rig) fill(i int, d *server.Device, st *gpuState) {
 	}
 	d.GetCurrentClocksThrottleReasonsFunc = func() (uint64, gonvml.Return) {
 		return st.reasons, ret("GetCurrentClocksThrottleReasons")
+	}
+	d.GetViolationStatusFunc = func(p gonvml.PerfPolicyType) (gonvml.ViolationTime, gonvml.Return) {
+		rv := ret("GetViolationStatus")
+		ns, ok := st.viol[p]
+		if rv == gonvml.SUCCESS && !ok {
+			rv = gonvml.ERROR_NOT_SUPPORTED
+		}
+		return gonvml.ViolationTime{ReferenceTime: uint64(time.Now().UnixMicro()), ViolationTime: ns}, rv
 	}
 	d.GetTotalEccErrorsFunc = func(t gonvml.MemoryErrorType, c gonvml.EccCounterType) (uint64, gonvml.Return) {
 		if t != gonvml.MEMORY_ERROR_TYPE_UNCORRECTED || c != gonvml.VOLATILE_ECC {
@@ -954,3 +965,75 @@ func BenchmarkSampleTick(b *testing.B) {
 // are durably blocked, and the timers due by then fire); no real time passes. Use it only inside
 // synctest.Test.
 func advance(d time.Duration) { <-time.After(d) }
+
+// TestSampleClockEventTimes: NVML's cumulative counters become per-window shares; a policy NVML does
+// not support is left out and not asked again; a counter that goes backwards (a driver reload)
+// starts over.
+func TestSampleClockEventTimes(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		r := newRig(dgxh100.New(), h100State())
+		for _, st := range r.gpus {
+			st.viol = map[gonvml.PerfPolicyType]uint64{
+				gonvml.PERF_POLICY_POWER: uint64(time.Hour), gonvml.PERF_POLICY_THERMAL: 0, gonvml.PERF_POLICY_SYNC_BOOST: 0,
+			}
+		}
+		g := r.open(t, testLog(t))
+		check := func(step string, got []ClockEventTime, want []ClockEventTime) {
+			t.Helper()
+			if len(got) != len(want) {
+				t.Fatalf("%s: ClockEventTimes = %+v; want %+v", step, got, want)
+			}
+			for i := range want {
+				if got[i].Reason != want[i].Reason || got[i].Total != want[i].Total || got[i].Window != want[i].Window ||
+					math.Abs(got[i].Share-want[i].Share) > 1e-9 {
+					t.Errorf("%s: ClockEventTimes[%d] = %+v; want %+v", step, i, got[i], want[i])
+				}
+			}
+		}
+		s := g.Sample(t.Context()) // waits out the first GPM window: 200 ms
+		check("first sample", s[0].ClockEventTimes, []ClockEventTime{
+			{Reason: "sw_power_cap", Total: time.Hour}, {Reason: "sw_thermal_slowdown"}, {Reason: "sync_boost"},
+		})
+
+		advance(5 * time.Second)
+		st := r.gpus[0]
+		st.viol[gonvml.PERF_POLICY_POWER] += uint64(5 * time.Second)
+		st.viol[gonvml.PERF_POLICY_THERMAL] += uint64(2 * time.Second)
+		s = g.Sample(t.Context())
+		check("after 5 s", s[0].ClockEventTimes, []ClockEventTime{
+			{Reason: "sw_power_cap", Total: time.Hour + 5*time.Second, Window: 5 * time.Second, Share: 1},
+			{Reason: "sw_thermal_slowdown", Total: 2 * time.Second, Window: 5 * time.Second, Share: 0.4},
+			{Reason: "sync_boost", Window: 5 * time.Second},
+		})
+
+		advance(5 * time.Second)
+		st.viol[gonvml.PERF_POLICY_THERMAL] = uint64(time.Second) // the driver was reloaded
+		s = g.Sample(t.Context())
+		check("after a reload", s[0].ClockEventTimes, []ClockEventTime{
+			{Reason: "sw_power_cap", Total: time.Hour + 5*time.Second, Window: 5 * time.Second},
+			{Reason: "sw_thermal_slowdown", Total: time.Second},
+			{Reason: "sync_boost", Window: 5 * time.Second},
+		})
+
+		// 3 samples × 5 policies asked, the 2 unsupported ones only on the first.
+		if n := len(r.devs[0].GetViolationStatusCalls()); n != 3+3+3+2 {
+			t.Errorf("GetViolationStatus calls on GPU 0 = %d; want 11 (unsupported policies asked once)", n)
+		}
+	})
+}
+
+func TestSampleWithoutClockEventCounters(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		r := newRig(dgxa100.New(), a100State()) // viol nil: no policy supported
+		g := r.open(t, testLog(t))
+		for range 3 {
+			if s := g.Sample(t.Context()); s[0].ClockEventTimes != nil || s[0].SMClockMHz == nil {
+				t.Errorf("Sample()[0].ClockEventTimes = %+v, SM %v; want nil, a clock", s[0].ClockEventTimes, deref(s[0].SMClockMHz))
+			}
+			advance(time.Second)
+		}
+		if n := len(r.devs[0].GetViolationStatusCalls()); n != len(violationPolicies) {
+			t.Errorf("GetViolationStatus calls = %d; want %d (each policy once)", n, len(violationPolicies))
+		}
+	})
+}

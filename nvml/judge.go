@@ -73,7 +73,7 @@ func (j *Judge) Judge(now time.Time, vs []Verdict) []Verdict {
 				count[rule]++
 			}
 		}
-		jv := Verdict{Index: v.Index, UUID: v.UUID}
+		jv := Verdict{Index: v.Index, UUID: v.UUID, Unjudged: v.Unjudged}
 		for _, rule := range order {
 			fired := false
 			for _, r := range v.Rules {

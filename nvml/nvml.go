@@ -33,15 +33,24 @@ var ErrUnavailable = errors.New("nvml: GPU sampling is off")
 const DefaultThreshold = 0.10
 
 // LoadPercent is the GPU utilisation (percent) from which a GPU counts as
-// under load: clock rules and peer comparisons of clocks and bandwidth
-// apply only to GPUs at or above it, since idle GPUs lower their clocks on
-// purpose.
+// under load: peer comparisons of clocks apply only to GPUs at or above it,
+// since idle GPUs lower their clocks on purpose.
 const LoadPercent = 50
 
 // EqualLoadPoints is how many percentage points of GPU utilisation two GPUs
-// may differ by and still count as equally loaded when their achieved memory
-// bandwidth is compared.
+// may differ by and still count as under comparable load when their clocks
+// are compared.
 const EqualLoadPoints = 10
+
+// SlowdownShare is the part of the time between two samples that a thermal
+// slowdown must have held the clocks down, by NVML's cumulative counter, for
+// the slowdown rule to fire on that sample.
+const SlowdownShare = 0.10
+
+// ReasonPowerCap is the clock event reason of a GPU held at its power limit:
+// normal under heavy load, never a fault by itself, but a GPU at its power
+// limit and one below it are not under comparable load.
+const ReasonPowerCap = "sw_power_cap"
 
 // MinModelGPUs is the least number of GPUs of one model (the GPU itself
 // included, lost GPUs and GPUs lacking the metric excluded) for a peer
@@ -119,13 +128,14 @@ type Sample struct {
 	// decoded as by ClockEventReasons; empty when none is active or the
 	// metric is not supported.
 	ClockEventReasons []string
-	// ClockEventTimes are NVML's cumulative clock event counters, one per
-	// reason the driver counts (sw_power_cap, sync_boost, board_limit,
-	// low_utilization, reliability, sw_thermal_slowdown,
-	// hw_thermal_slowdown, hw_power_brake_slowdown), in that order; nil
-	// where NVML has none (drivers before 535, some GPUs). Unlike the
+	// ClockEventTimes are NVML's cumulative clock event counters
+	// (nvmlDeviceGetViolationStatus), one per reason this GPU counts, in
+	// this order: sw_power_cap, sw_thermal_slowdown, sync_boost,
+	// board_limit, reliability; nil where NVML counts none. Unlike the
 	// reasons active at the instant of a sample, they say how long each
-	// reason held the clocks down between two samples.
+	// reason held the clocks down between two samples. The hardware
+	// slowdowns have no counter here (their NVML field IDs differ between
+	// driver versions); they are judged from the reasons at each sample.
 	ClockEventTimes []ClockEventTime `json:",omitempty"`
 	// ECCUncorrectedVolatile counts uncorrected ECC errors since the
 	// driver was loaded.
@@ -242,8 +252,32 @@ var reasonNames = [...]string{
 }
 
 // slowdownReasons are the reasons that mean hardware or cooling trouble
-// when a loaded GPU is held below its maximum clock.
+// when a GPU is held below its maximum clock.
 var slowdownReasons = []string{"hw_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown", "sw_thermal_slowdown"}
+
+// slowdowns returns the slowdown reasons that held s's clocks: a reason
+// with a counter whose window is known counts when it held them at least
+// SlowdownShare of the window (said with its share); any other counts when
+// it is active at the sample.
+func slowdowns(s *Sample) []string {
+	var held []string
+	counted := map[string]bool{}
+	for _, c := range s.ClockEventTimes {
+		if !slices.Contains(slowdownReasons, c.Reason) || c.Window <= 0 {
+			continue
+		}
+		counted[c.Reason] = true
+		if c.Share >= SlowdownShare {
+			held = append(held, fmt.Sprintf("%s (%s of the last %v)", c.Reason, pct(c.Share), c.Window.Round(100*time.Millisecond)))
+		}
+	}
+	for _, name := range s.ClockEventReasons {
+		if slices.Contains(slowdownReasons, name) && !counted[name] {
+			held = append(held, name)
+		}
+	}
+	return held
+}
 
 // ClockEventReasons decodes an NVML clock event (throttle) reason bitmask
 // into names, lowest bit first: "gpu_idle", "applications_clocks_setting",
@@ -318,29 +352,38 @@ func IsApplicationXID(xid uint64) bool { return XIDClass(xid) == XIDApplication 
 // to samples by UUID, or by Index when a UUID is empty. A Sample without
 // Facts is judged on the sample alone. threshold is the fraction below the
 // peers' median that makes an outlier; ≤ 0, ≥ 1 or NaN means
-// DefaultThreshold.
+// DefaultThreshold. One call judges one moment; a Judge weighs them over
+// time.
 //
 // A GPU is degraded when any of these holds:
 //
 //   - it is lost (no other rule is checked then);
 //   - it has uncorrected volatile ECC errors, a pending row remap or a failed
 //     row remap;
-//   - critical XIDs were seen on it;
-//   - it is under load (GPU util ≥ LoadPercent) and a hardware or thermal
-//     slowdown reason (hw_slowdown, hw_thermal_slowdown,
-//     hw_power_brake_slowdown, sw_thermal_slowdown) is active while its SM
-//     clock is below its maximum (or either is unknown);
+//   - fatal XIDs were seen on it, or recoverable ones in the last XIDDecay;
+//   - a hardware or thermal slowdown holds its SM clock below its maximum
+//     (or either is unknown), at any load — an idle GPU stuck in a power
+//     brake is as broken as a busy one: hw_slowdown, hw_thermal_slowdown or
+//     hw_power_brake_slowdown active at the sample, or sw_thermal_slowdown
+//     for at least SlowdownShare of the time since the previous sample by
+//     NVML's counter (active at the sample where there is no counter);
 //   - it is an outlier among its peers: with at least MinModelGPUs GPUs of
 //     the same Name that are not lost, one of these is more than threshold
 //     below the median of the other GPUs' values:
-//     the SM clock and the memory clock, among GPUs under load;
-//     the achieved memory bandwidth, among GPUs under load whose GPU util
-//     is within EqualLoadPoints of this GPU's and whose bandwidth has the
-//     same source;
+//     the SM clock and the memory clock, among GPUs under comparable load:
+//     both under load (GPU util ≥ LoadPercent and not gpu_idle), their
+//     utilisation within EqualLoadPoints, and both or neither held at their
+//     power limit (ReasonPowerCap);
 //     the peak memory bandwidth from Facts (no load needed).
 //
+// Achieved memory bandwidth is not judged: the GPUs of a synchronous job
+// wait for each other and pipeline stages move different amounts of memory,
+// so it follows the work, not the GPU (the launch probe measures it with the
+// same copy on every GPU).
+//
 // Rules whose inputs are missing (nil metrics, unknown load, no Facts,
-// too few peers) do not fire.
+// too few peers) do not fire; Verdict.Unjudged names the ones a GPU could
+// not be judged by and why.
 func Verdicts(facts []Facts, samples []Sample, threshold float64) []Verdict {
 	if !(threshold > 0 && threshold < 1) {
 		threshold = DefaultThreshold
@@ -373,6 +416,7 @@ func Verdicts(facts []Facts, samples []Sample, threshold float64) []Verdict {
 		} else {
 			found = healthReasons(found, s, f)
 			found = peerReasons(found, i, samples, factsOf, threshold)
+			v.Unjudged = unjudged(s, f, i, samples, factsOf)
 		}
 		for _, fd := range found {
 			v.Reasons, v.Rules = append(v.Reasons, fd.text), append(v.Rules, fd.rule)
@@ -401,24 +445,22 @@ func healthReasons(r []finding, s *Sample, f *Facts) []finding {
 		r = append(r, finding{RuleXIDRecoverable, fmt.Sprintf("%d recoverable XID errors in the last %v (last XID %d: ECC or row remapping)",
 			s.XIDRecoverable, XIDDecay, s.LastRecoverableXID)})
 	}
-	if loaded(s) {
-		var active []string
-		for _, name := range s.ClockEventReasons {
-			if slices.Contains(slowdownReasons, name) {
-				active = append(active, name)
-			}
+	var maxSM uint32
+	if f != nil {
+		maxSM = f.MaxSMClockMHz
+	}
+	if held := slowdowns(s); len(held) > 0 {
+		load := "idle"
+		if s.GPUUtilPercent != nil {
+			load = fmt.Sprintf("%.0f %% GPU util", *s.GPUUtilPercent)
 		}
-		var maxSM uint32
-		if f != nil {
-			maxSM = f.MaxSMClockMHz
-		}
+		by := strings.Join(held, ", ")
 		switch {
-		case len(active) == 0:
 		case s.SMClockMHz != nil && maxSM > 0 && *s.SMClockMHz < maxSM:
-			r = append(r, finding{RuleSlowdown, fmt.Sprintf("SM clock %d MHz is held %s below its max %d MHz at %.0f %% GPU util by %s",
-				*s.SMClockMHz, pct(1-float64(*s.SMClockMHz)/float64(maxSM)), maxSM, *s.GPUUtilPercent, strings.Join(active, ", "))})
+			r = append(r, finding{RuleSlowdown, fmt.Sprintf("SM clock %d MHz is held %s below its max %d MHz at %s by %s",
+				*s.SMClockMHz, pct(1-float64(*s.SMClockMHz)/float64(maxSM)), maxSM, load, by)})
 		case s.SMClockMHz == nil || maxSM == 0:
-			r = append(r, finding{RuleSlowdown, fmt.Sprintf("%s active at %.0f %% GPU util", strings.Join(active, ", "), *s.GPUUtilPercent)})
+			r = append(r, finding{RuleSlowdown, fmt.Sprintf("%s at %s", by, load)})
 		}
 	}
 	return r
@@ -462,19 +504,25 @@ func peerReasons(r []finding, i int, samples []Sample, factsOf []*Facts, thresho
 	}
 
 	if loaded(s) {
+		capped := slices.Contains(s.ClockEventReasons, ReasonPowerCap)
+		state := "not at its power limit"
+		if capped {
+			state = "at its power limit"
+		}
+		suffix := fmt.Sprintf(" under comparable load (GPU util within %d points of %.0f %%, %s)", EqualLoadPoints, *s.GPUUtilPercent, state)
 		if s.SMClockMHz != nil {
-			compare(RulePeerSMClock, "SM clock", "MHz", float64(*s.SMClockMHz), 1, " under load", func(j int) (float64, bool) {
+			compare(RulePeerSMClock, "SM clock", "MHz", float64(*s.SMClockMHz), 1, suffix, func(j int) (float64, bool) {
 				p := &samples[j]
-				if !loaded(p) || p.SMClockMHz == nil {
+				if !comparable(s, p) || p.SMClockMHz == nil {
 					return 0, false
 				}
 				return float64(*p.SMClockMHz), true
 			})
 		}
 		if s.MemClockMHz != nil {
-			compare(RulePeerMemClock, "memory clock", "MHz", float64(*s.MemClockMHz), 1, " under load", func(j int) (float64, bool) {
+			compare(RulePeerMemClock, "memory clock", "MHz", float64(*s.MemClockMHz), 1, suffix, func(j int) (float64, bool) {
 				p := &samples[j]
-				if !loaded(p) || p.MemClockMHz == nil {
+				if !comparable(s, p) || p.MemClockMHz == nil {
 					return 0, false
 				}
 				return float64(*p.MemClockMHz), true
@@ -495,6 +543,42 @@ func peerReasons(r []finding, i int, samples []Sample, factsOf []*Facts, thresho
 // GPU that has just gone idle reads 100 % busy at its idle clock.
 func loaded(s *Sample) bool {
 	return s.GPUUtilPercent != nil && *s.GPUUtilPercent >= LoadPercent && !slices.Contains(s.ClockEventReasons, "gpu_idle")
+}
+
+// comparable reports whether p is under load comparable to s's (which is
+// loaded): loaded too, its utilisation within EqualLoadPoints, and both or
+// neither at their power limit. A GPU power-capped in a GEMM and peers in
+// an NCCL phase are not, nor are a GPU that has just gone idle and busy
+// ones.
+func comparable(s, p *Sample) bool {
+	return loaded(p) && math.Abs(*p.GPUUtilPercent-*s.GPUUtilPercent) <= EqualLoadPoints &&
+		slices.Contains(p.ClockEventReasons, ReasonPowerCap) == slices.Contains(s.ClockEventReasons, ReasonPowerCap)
+}
+
+// unjudged says which rules s could not be judged by, and why.
+func unjudged(s *Sample, f *Facts, i int, samples []Sample, factsOf []*Facts) []string {
+	var out []string
+	switch {
+	case f == nil || f.Name == "":
+		out = append(out, "peer comparisons: the GPU's model is unknown")
+	default:
+		n := 1
+		for j := range samples {
+			if j != i && !samples[j].Lost && factsOf[j] != nil && factsOf[j].Name == f.Name {
+				n++
+			}
+		}
+		if n < MinModelGPUs {
+			out = append(out, fmt.Sprintf("peer comparisons: %d GPU(s) of this model, %d needed", n, MinModelGPUs))
+		}
+	}
+	switch {
+	case s.GPUUtilPercent == nil && f != nil && f.MIG:
+		out = append(out, "peer clock comparisons: MIG mode, where NVML gives no utilisation of the whole GPU (throttling, ECC, row remapping and XIDs are judged)")
+	case s.GPUUtilPercent == nil:
+		out = append(out, "peer clock comparisons: NVML gives no utilisation for this GPU")
+	}
+	return out
 }
 
 // median returns the median of vals (len ≥ 1), reordering vals.

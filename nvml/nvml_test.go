@@ -5,6 +5,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 )
 
 func TestPeakMemBandwidth(t *testing.T) {
@@ -127,7 +128,7 @@ func TestVerdicts(t *testing.T) {
 		{
 			name: "SM clock 15 % slow", n: 8,
 			edit: func(_ []Facts, s []Sample) { *s[3].SMClockMHz = 1492 },
-			want: map[int][]string{3: {"SM clock 1492 MHz is 15 % below the median of 7 NVIDIA H100 80GB HBM3 peers (1755 MHz) under load"}},
+			want: map[int][]string{3: {"SM clock 1492 MHz is 15 % below the median of 7 NVIDIA H100 80GB HBM3 peers (1755 MHz) under comparable load (GPU util within 10 points of 98 %, at its power limit)"}},
 		},
 		{
 			name: "SM clock 8 % slow is within threshold", n: 8,
@@ -188,7 +189,7 @@ func TestVerdicts(t *testing.T) {
 		{
 			name: "memory clock slow under load", n: 8,
 			edit: func(_ []Facts, s []Sample) { *s[5].MemClockMHz = 1900 },
-			want: map[int][]string{5: {"memory clock 1900 MHz is 27 % below the median of 7 NVIDIA H100 80GB HBM3 peers (2619 MHz) under load"}},
+			want: map[int][]string{5: {"memory clock 1900 MHz is 27 % below the median of 7 NVIDIA H100 80GB HBM3 peers (2619 MHz) under comparable load"}},
 		},
 		{
 			// In a synchronous job the GPUs wait for each other, and pipeline stages move different
@@ -245,13 +246,84 @@ func TestVerdicts(t *testing.T) {
 				s[0].SMClockMHz = nil
 				s[0].ClockEventReasons = []string{"sw_thermal_slowdown"}
 			},
-			want: map[int][]string{0: {"sw_thermal_slowdown active at 98 % GPU util"}},
+			want: map[int][]string{0: {"sw_thermal_slowdown at 98 % GPU util"}},
 		},
 		{
-			name: "thermal slowdown while idle is fine", n: 1,
+			// A GPU idling in a thermal slowdown or a power brake is broken too: the rule
+			// needs no load.
+			name: "thermal slowdown while idle", n: 1,
 			edit: func(_ []Facts, s []Sample) {
 				*s[0].SMClockMHz, *s[0].GPUUtilPercent = 1410, 10
 				s[0].ClockEventReasons = []string{"hw_thermal_slowdown"}
+			},
+			want: map[int][]string{0: {"SM clock 1410 MHz is held 29 % below its max 1980 MHz at 10 % GPU util by hw_thermal_slowdown"}},
+		},
+		{
+			name: "power brake with no utilisation reading", n: 1,
+			edit: func(_ []Facts, s []Sample) {
+				*s[0].SMClockMHz, s[0].GPUUtilPercent = 345, nil
+				s[0].ClockEventReasons = []string{"gpu_idle", "hw_slowdown", "hw_power_brake_slowdown"}
+			},
+			want: map[int][]string{0: {"at idle by hw_slowdown, hw_power_brake_slowdown"}},
+		},
+		{
+			name: "sw thermal slowdown counted over the window", n: 1,
+			edit: func(_ []Facts, s []Sample) {
+				*s[0].SMClockMHz = 1500
+				s[0].ClockEventTimes = []ClockEventTime{
+					{Reason: "sw_power_cap", Total: time.Hour, Window: 5 * time.Second, Share: 0.9},
+					{Reason: "sw_thermal_slowdown", Total: time.Minute, Window: 5 * time.Second, Share: 0.34},
+				}
+			},
+			want: map[int][]string{0: {"held 24 % below its max 1980 MHz at 98 % GPU util by sw_thermal_slowdown (34 % of the last 5s)"}},
+		},
+		{
+			// The counter says how long; the bit is only the instant. A bit set at the sample
+			// while the counter says 2 % of the window is a brush, not a slowdown.
+			name: "sw thermal counter below the share wins over the bit", n: 1,
+			edit: func(_ []Facts, s []Sample) {
+				*s[0].SMClockMHz = 1500
+				s[0].ClockEventReasons = []string{"sw_thermal_slowdown"}
+				s[0].ClockEventTimes = []ClockEventTime{{Reason: "sw_thermal_slowdown", Total: time.Minute, Window: 5 * time.Second, Share: 0.02}}
+			},
+		},
+		{
+			name: "a counter without a window falls back on the bit", n: 1,
+			edit: func(_ []Facts, s []Sample) {
+				*s[0].SMClockMHz = 1500
+				s[0].ClockEventReasons = []string{"sw_thermal_slowdown"}
+				s[0].ClockEventTimes = []ClockEventTime{{Reason: "sw_thermal_slowdown", Total: time.Minute}}
+			},
+			want: map[int][]string{0: {"by sw_thermal_slowdown"}},
+		},
+		{
+			name: "slowdown with the clock at max costs nothing", n: 1,
+			edit: func(_ []Facts, s []Sample) {
+				*s[0].SMClockMHz = 1980
+				s[0].ClockEventReasons = []string{"hw_slowdown"}
+			},
+		},
+		{
+			// Issue 14: one GPU power-capped at 1740 MHz in a GEMM while seven read 1980 MHz
+			// in an NCCL phase is not slow; its load is not comparable.
+			name: "power-capped GPU is not compared with peers below their power limit", n: 8,
+			edit: func(_ []Facts, s []Sample) {
+				for i := range s {
+					*s[i].SMClockMHz, s[i].ClockEventReasons = 1980, nil
+				}
+				*s[4].SMClockMHz, s[4].ClockEventReasons = 1740, []string{"sw_power_cap"}
+			},
+		},
+		{
+			name: "GPU that has just gone idle is not compared", n: 8,
+			edit: func(_ []Facts, s []Sample) {
+				*s[2].SMClockMHz, s[2].ClockEventReasons = 345, []string{"gpu_idle"} // util still 98 from the last period
+			},
+		},
+		{
+			name: "peers at another load are not compared", n: 8,
+			edit: func(_ []Facts, s []Sample) {
+				*s[1].SMClockMHz, *s[1].GPUUtilPercent = 1400, 70
 			},
 		},
 		{
@@ -331,5 +403,66 @@ func TestVerdictsLostHasOnlyThatReason(t *testing.T) {
 	got := Verdicts(facts, samples, 0)
 	if want := 1; len(got[1].Reasons) != want {
 		t.Errorf("Verdicts(lost).Reasons = %q; want %d reason", got[1].Reasons, want)
+	}
+}
+
+func TestVerdictsSayWhatTheyCannotJudge(t *testing.T) {
+	tests := []struct {
+		name string
+		n    int
+		edit func(f []Facts, s []Sample)
+		want []string // substrings of GPU 0's Unjudged, in order
+	}{
+		{name: "eight GPUs with every metric", n: 8, edit: func([]Facts, []Sample) {}},
+		{name: "a single GPU has no peers", n: 1, edit: func([]Facts, []Sample) {},
+			want: []string{"peer comparisons: 1 GPU(s) of this model, 3 needed"}},
+		{name: "MIG mode gives no utilisation", n: 8,
+			edit: func(f []Facts, s []Sample) {
+				for i := range s {
+					f[i].MIG, s[i].GPUUtilPercent, s[i].MemUtilPercent = true, nil, nil
+				}
+			},
+			want: []string{"peer clock comparisons: MIG mode, where NVML gives no utilisation of the whole GPU (throttling, ECC, row remapping and XIDs are judged)"}},
+		{name: "no model", n: 3, edit: func(f []Facts, _ []Sample) { f[0].Name = "" },
+			want: []string{"peer comparisons: the GPU's model is unknown"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			facts, samples := fleet(tc.n)
+			tc.edit(facts, samples)
+			v := Verdicts(facts, samples, 0)[0]
+			if len(v.Unjudged) != len(tc.want) {
+				t.Fatalf("Verdicts(%q)[0].Unjudged = %q; want %d entries like %q", tc.name, v.Unjudged, len(tc.want), tc.want)
+			}
+			for i, w := range tc.want {
+				if !strings.Contains(v.Unjudged[i], w) {
+					t.Errorf("Verdicts(%q)[0].Unjudged[%d] = %q; want it to contain %q", tc.name, i, v.Unjudged[i], w)
+				}
+			}
+		})
+	}
+}
+
+// TestMIGSlowdownIsJudged: in MIG mode NVML gives no utilisation of the whole GPU, but its throttling
+// and memory health are the parent's, and they are judged.
+func TestMIGSlowdownIsJudged(t *testing.T) {
+	facts, samples := fleet(8)
+	for i := range samples {
+		facts[i].MIG, samples[i].GPUUtilPercent, samples[i].MemUtilPercent = true, nil, nil
+	}
+	*samples[3].SMClockMHz, samples[3].ClockEventReasons = 1200, []string{"hw_thermal_slowdown"}
+	*samples[5].SMClockMHz = 900 // no utilisation: not compared with peers, however low
+	var j Judge
+	var vs []Verdict
+	for k := range DefaultEvidenceN {
+		vs = j.Judge(time.Unix(int64(k), 0), Verdicts(facts, samples, 0))
+	}
+	for i, v := range vs {
+		if want := i == 3; v.Degraded != want {
+			t.Errorf("GPU %d in MIG mode: Degraded = %v (%q); want %v", i, v.Degraded, v.Reasons, want)
+		}
+		if len(v.Unjudged) == 0 || !strings.Contains(v.Unjudged[0], "MIG mode") {
+			t.Errorf("GPU %d in MIG mode: Unjudged = %q; want the MIG note", i, v.Unjudged)
+		}
 	}
 }
