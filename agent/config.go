@@ -156,7 +156,7 @@ var fields = []field{
 		c.IMDS.PollInterval = d
 		return err
 	}},
-	{"imds.spot_poll_interval", "1s", "how often spot/instance-action, the 2-minute notice, is polled (100ms to 5s; a warning above 2s)", func(c *Config, v string) error {
+	{"imds.spot_poll_interval", "250ms", "how often spot/instance-action, the 2-minute notice, is polled (100ms to 5s; a warning above 2s); one cached IMDSv2 token serves every poll", func(c *Config, v string) error {
 		d, err := parsePollInterval(v)
 		c.IMDS.SpotPollInterval = d
 		return err

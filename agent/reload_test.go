@@ -56,7 +56,7 @@ func TestReloadKeyClasses(t *testing.T) {
 	}
 	mu.Unlock()
 	// Read at start: the running values stay.
-	if cfg.Store.URL != "" || cfg.Checkpoint.Dir != "" || cfg.GPU.SampleInterval.String() != "5s" || cfg.IMDS.SpotPollInterval.String() != "1s" || cfg.Notices[imds.SourceASG] != PolicyCheckpoint {
+	if cfg.Store.URL != "" || cfg.Checkpoint.Dir != "" || cfg.GPU.SampleInterval.String() != "5s" || cfg.IMDS.SpotPollInterval.String() != "250ms" || cfg.Notices[imds.SourceASG] != PolicyCheckpoint {
 		t.Errorf("start-only keys changed by a reload: store %q dir %q gpu %v spot %v asg %q", cfg.Store.URL, cfg.Checkpoint.Dir, cfg.GPU.SampleInterval, cfg.IMDS.SpotPollInterval, cfg.Notices[imds.SourceASG])
 	}
 	want := []string{"checkpoint.dir", "gpu.sample_interval", "imds.spot_poll_interval", "notices.asg", "store.job", "store.url"}
