@@ -27,7 +27,8 @@ import (
 // S3Store is a Store in an S3 bucket under a prefix (s3://bucket/prefix); key k is the object
 // prefix/k. It runs its own multipart pipeline: parts are read straight from the file with
 // io.SectionReader (nothing is buffered, so memory stays small whatever the file size) and at
-// most Concurrency parts are in flight across all PutFile and Download calls.
+// most Concurrency parts are in flight across all PutFile and Download calls: fewer while the
+// limiter (limiter.go) finds that more do not move more bytes, or the server throttles.
 //
 // Every object carries a CRC-32C that the server verifies: PutObject and each UploadPart send
 // the CRC-32C of their bytes, computed locally before sending, and a multipart upload is created
@@ -49,8 +50,8 @@ type S3Store struct {
 	bucket string
 	prefix string // without slashes at either end; "" for the whole bucket
 	opts   S3Options
-	// sem holds one token per part in flight.
-	sem chan struct{}
+	// lim bounds the requests that move data (parts, single puts, ranged reads) in flight.
+	lim *limiter
 	// composite is set once the server refused a FULL_OBJECT multipart checksum.
 	composite atomic.Bool
 
@@ -72,6 +73,10 @@ const s3MaxParts = 10000
 // s3AbortTimeout bounds the AbortMultipartUpload (and clean-up DeleteObject) that a failed
 // PutFile sends after its context is done.
 const s3AbortTimeout = 10 * time.Second
+
+// s3CopyBuffer is the buffer each request in flight reads through (a part's checksum, a ranged
+// read into the file): with store.concurrency requests in flight, that many buffers.
+const s3CopyBuffer = 256 << 10
 
 // s3DeleteBatch is the most keys one DeleteObjects request may carry.
 const s3DeleteBatch = 1000
@@ -98,7 +103,7 @@ func NewS3Store(client *s3.Client, bucket, prefix string, opts S3Options) (*S3St
 		bucket: bucket,
 		prefix: prefix,
 		opts:   opts,
-		sem:    make(chan struct{}, opts.Concurrency),
+		lim:    newLimiter(opts.Concurrency),
 	}, nil
 }
 
@@ -126,17 +131,24 @@ func (s *S3Store) objectKey(key string) (string, error) {
 	return s.keyPrefix() + key, nil
 }
 
-// acquire takes a part slot; it returns ctx's error if ctx is done first.
-func (s *S3Store) acquire(ctx context.Context) error {
-	select {
-	case s.sem <- struct{}{}:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
+// acquire takes a slot for a request that moves data; it returns ctx's error if ctx is done
+// first.
+func (s *S3Store) acquire(ctx context.Context) error { return s.lim.acquire(ctx) }
+
+// release gives the slot back: a request that moved n bytes since start, ok or not.
+func (s *S3Store) release(n int64, start time.Time, ok bool) {
+	s.lim.release(n, time.Since(start), ok)
+}
+
+// observed is the per-call option that tells the limiter of every failed attempt.
+func (s *S3Store) observed(o *s3.Options) {
+	if r, ok := o.Retryer.(aws.RetryerV2); ok {
+		o.Retryer = observingRetryer{RetryerV2: r, observe: s.lim.observe}
 	}
 }
 
-func (s *S3Store) release() { <-s.sem }
+// Concurrency says how the store's requests in flight have adapted.
+func (s *S3Store) Concurrency() LimiterStats { return s.lim.Stats() }
 
 // s3Part is one part of a multipart upload, or one ranged read of a download.
 type s3Part struct {
@@ -197,7 +209,7 @@ func (b *s3Body) Seek(offset int64, whence int) (int64, error) {
 // fails, or ctx is done first.
 func s3SectionCRC(ctx context.Context, f *os.File, off, n int64) (uint32, error) {
 	h := NewCRC32C()
-	got, err := io.CopyBuffer(h, fileCtxReader{ctx: ctx, r: io.NewSectionReader(f, off, n)}, make([]byte, 1<<20))
+	got, err := io.CopyBuffer(h, fileCtxReader{ctx: ctx, r: io.NewSectionReader(f, off, n)}, make([]byte, s3CopyBuffer))
 	if err != nil {
 		return 0, err
 	}
@@ -348,11 +360,14 @@ func (s *S3Store) putSingle(ctx context.Context, okey string, f *os.File, size i
 	if err := s.acquire(ctx); err != nil {
 		return Checksum{}, err
 	}
-	defer s.release()
+	var start time.Time
+	ok := false
+	defer func() { s.release(size, start, ok) }()
 	crc, err := s3SectionCRC(ctx, f, 0, size)
 	if err != nil {
 		return Checksum{}, err
 	}
+	start = time.Now() // the request's time, not the checksum's
 	want := s3CRC32CValue(crc)
 	in := &s3.PutObjectInput{
 		Bucket:            &s.bucket,
@@ -363,10 +378,11 @@ func (s *S3Store) putSingle(ctx context.Context, okey string, f *os.File, size i
 		ChecksumCRC32C:    &want,
 	}
 	in.ServerSideEncryption, in.SSEKMSKeyId = s.sse()
-	out, err := s.client.PutObject(ctx, in)
+	out, err := s.client.PutObject(ctx, in, s.observed)
 	if err != nil {
 		return Checksum{}, err
 	}
+	ok = true
 	if got := aws.ToString(out.ChecksumCRC32C); got != "" && got != want {
 		err := fmt.Errorf("server stored CRC-32C %s; sent %s", got, want)
 		return Checksum{}, errors.Join(err, s.cleanUpObject(ctx, okey))
@@ -469,12 +485,15 @@ func (s *S3Store) uploadParts(ctx context.Context, okey string, uploadID *string
 			break
 		}
 		g.Go(func() error {
-			defer s.release()
+			var start time.Time
+			ok := false
+			defer func() { s.release(p.n, start, ok) }()
 			crc, err := s3SectionCRC(gctx, f, p.off, p.n)
 			if err != nil {
 				return fmt.Errorf("part %d: %w", p.num, err)
 			}
 			want := s3CRC32CValue(crc)
+			start = time.Now()
 			out, err := s.client.UploadPart(gctx, &s3.UploadPartInput{
 				Bucket:            &s.bucket,
 				Key:               &okey,
@@ -484,10 +503,11 @@ func (s *S3Store) uploadParts(ctx context.Context, okey string, uploadID *string
 				ContentLength:     aws.Int64(p.n),
 				ChecksumAlgorithm: types.ChecksumAlgorithmCrc32c,
 				ChecksumCRC32C:    &want,
-			})
+			}, s.observed)
 			if err != nil {
 				return fmt.Errorf("upload part %d: %w", p.num, err)
 			}
+			ok = true
 			if got := aws.ToString(out.ChecksumCRC32C); got != "" && got != want {
 				return fmt.Errorf("upload part %d: server stored CRC-32C %s; sent %s", p.num, got, want)
 			}
@@ -725,14 +745,16 @@ func (s *S3Store) download(ctx context.Context, okey string, w io.WriterAt, size
 			break
 		}
 		g.Go(func() error {
-			defer s.release()
+			start := time.Now()
 			var err error
+			defer func() { s.release(p.n, start, err == nil) }()
 			for range s3ReadAttempts {
 				var retry bool
 				retry, err = s.getRange(gctx, okey, head.ETag, w, p)
 				if !retry || gctx.Err() != nil {
 					break
 				}
+				s.lim.observe(err) // a body that broke off: the SDK's retryer never saw it
 			}
 			return err
 		})
@@ -750,7 +772,7 @@ func (s *S3Store) getRange(ctx context.Context, okey string, etag *string, w io.
 		Key:     &okey,
 		Range:   aws.String(fmt.Sprintf("bytes=%d-%d", p.off, p.off+p.n-1)),
 		IfMatch: etag,
-	})
+	}, s.observed)
 	if err != nil {
 		if s3IsPreconditionFailed(err) {
 			return false, fmt.Errorf("object changed during the download: %w", err)
@@ -761,7 +783,7 @@ func (s *S3Store) getRange(ctx context.Context, okey string, etag *string, w io.
 	if got := aws.ToInt64(out.ContentLength); got != p.n {
 		return false, fmt.Errorf("get bytes %d-%d: server sent %d bytes; want %d", p.off, p.off+p.n-1, got, p.n)
 	}
-	got, err := io.CopyBuffer(io.NewOffsetWriter(w, p.off), io.LimitReader(out.Body, p.n), make([]byte, 1<<20))
+	got, err := io.CopyBuffer(io.NewOffsetWriter(w, p.off), io.LimitReader(out.Body, p.n), make([]byte, s3CopyBuffer))
 	if err == nil && got != p.n {
 		err = io.ErrUnexpectedEOF
 	}

@@ -300,7 +300,7 @@ func s3TestRoundTrip(t *testing.T, peer *s3Peer, s *S3Store, key string, data []
 	if got := sent.Load(); got != int64(len(data)) {
 		t.Errorf("PutFile(%q) progress = %d; want %d (retries counted once)", key, got, len(data))
 	}
-	direct := &S3Store{client: peer.client, bucket: s.bucket, prefix: s.prefix, opts: s.opts, sem: make(chan struct{}, 4)}
+	direct := &S3Store{client: peer.client, bucket: s.bucket, prefix: s.prefix, opts: s.opts, lim: newLimiter(4)}
 	if got := storeTestDownload(t, direct, key, int64(len(data))); !bytes.Equal(got, data) {
 		t.Errorf("Download(%q) differs from what PutFile sent", key)
 	}

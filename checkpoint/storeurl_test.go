@@ -144,8 +144,8 @@ func TestOpenStore(t *testing.T) {
 		if want := (S3Options{PartSize: 64 << 20, Concurrency: 16}); got != want {
 			t.Errorf("Got(%q) options = %+v; want %+v", "s3://bucket/p", got, want)
 		}
-		if got := cap(s.(*S3Store).sem); got != 16 {
-			t.Errorf("Got(%q) semaphore = %d; want 16", "s3://bucket/p", got)
+		if got := s.(*S3Store).Concurrency().Max; got != 16 {
+			t.Errorf("Got(%q) concurrency max = %d; want 16", "s3://bucket/p", got)
 		}
 	})
 }

@@ -1,0 +1,249 @@
+package checkpoint
+
+import (
+	"context"
+	"errors"
+	"net"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/smithy-go"
+	smithyhttp "github.com/aws/smithy-go/transport/http"
+)
+
+// How the S3 store's concurrency adapts. One connection to S3 carries about 80–90 MB/s, so a
+// p5's NIC needs well over a hundred requests in flight; a server on the same host is itself the
+// ceiling, and more requests there only queue. Neither can be known in advance, so the limit is
+// found by measurement (as TCP finds its window):
+//
+//   - It starts at limiterStart (or the maximum, if lower).
+//   - Each window ends when as many parts have completed as the limit allows in flight (every
+//     slot turned over once), and gives a throughput: bytes completed / the window's time.
+//   - After a step up, a throughput at least limiterGain above the step's base keeps growing
+//     (×1.5, at most the maximum: store.concurrency); a smaller gain means the link or the server
+//     is full: the limit goes back to the base, and stays there for limiterHold before probing
+//     up again, so that it follows a link that changes.
+//   - A throttle (503 SlowDown) or a broken connection (reset, timeout) on any attempt, retried or
+//     not, halves the limit at once, at most once per limiterBackoffGap, and holds it for
+//     limiterHold.
+//   - A window whose parts took more than limiterQueueing × the fastest seconds per byte seen is
+//     queueing at the server (latency rising at no gain): the limit drops by a quarter.
+const (
+	limiterStart      = 8
+	limiterMin        = 2
+	limiterGain       = 1.10
+	limiterHold       = 10 * time.Second
+	limiterBackoffGap = 500 * time.Millisecond
+	limiterQueueing   = 4.0
+)
+
+// limiter bounds the S3 requests in flight (upload parts, single PutObjects, ranged GETs) with a
+// limit that adapts between limiterMin and max; see above. Safe for concurrent use.
+type limiter struct {
+	max int
+	now func() time.Time
+
+	mu       sync.Mutex
+	limit    int
+	inflight int
+	wake     chan struct{} // closed and replaced whenever a slot may have freed up
+
+	winStart time.Time // the current window; zero until its first part starts
+	winBytes int64
+	winParts int
+	winSec   float64 // the window's parts' seconds, summed
+	baseRate float64 // the throughput at baseLimit
+	base     int     // the limit before the last step up; 0 when the last change was not one
+	hold     time.Time
+	backoff  time.Time // the last back-off
+	bestSPB  float64   // the fewest seconds per byte a part has taken
+
+	stats LimiterStats
+}
+
+// LimiterStats says how the S3 store's concurrency has adapted.
+type LimiterStats struct {
+	// Limit is the requests allowed in flight now, Max the most it may grow to.
+	Limit int `json:"limit"`
+	Max   int `json:"max"`
+	// InFlight is the requests in flight now, PeakInFlight the most at any time.
+	InFlight     int `json:"in_flight"`
+	PeakInFlight int `json:"peak_in_flight"`
+	// Raised counts steps up; Plateaus steps back after a step up that did not pay; Throttled
+	// back-offs on 503 SlowDown or broken connections; Queueing drops on rising latency.
+	Raised    uint64 `json:"raised"`
+	Plateaus  uint64 `json:"plateaus"`
+	Throttled uint64 `json:"throttled"`
+	Queueing  uint64 `json:"queueing"`
+}
+
+// newLimiter returns a limiter that grows to most (at least 1) requests in flight.
+func newLimiter(most int) *limiter {
+	most = max(most, 1)
+	return &limiter{max: most, limit: min(limiterStart, most), now: time.Now, wake: make(chan struct{})}
+}
+
+// acquire takes a slot; it returns ctx's error if ctx is done first.
+func (l *limiter) acquire(ctx context.Context) error {
+	for {
+		l.mu.Lock()
+		if l.inflight < l.limit {
+			l.inflight++
+			l.stats.PeakInFlight = max(l.stats.PeakInFlight, l.inflight)
+			if l.winStart.IsZero() {
+				l.winStart = l.now()
+			}
+			l.mu.Unlock()
+			return nil
+		}
+		wake := l.wake
+		l.mu.Unlock()
+		select {
+		case <-wake:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
+// release gives a slot back. A request that moved n bytes in d and succeeded feeds the
+// measurement; a failed one (n is then ignored) only frees its slot: its failure reached the
+// limiter through observe already, as every attempt's does.
+func (l *limiter) release(n int64, d time.Duration, ok bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.inflight--
+	if ok && n > 0 {
+		l.winBytes += n
+		l.winParts++
+		l.winSec += d.Seconds()
+		if spb := d.Seconds() / float64(n); d > 0 && (l.bestSPB == 0 || spb < l.bestSPB) {
+			l.bestSPB = spb
+		}
+		if l.winParts >= l.limit {
+			l.endWindow()
+		}
+	}
+	l.signal()
+}
+
+// endWindow judges the window that has just ended and starts the next.
+func (l *limiter) endWindow() {
+	now := l.now()
+	elapsed := now.Sub(l.winStart).Seconds()
+	rate := 0.0
+	if elapsed > 0 {
+		rate = float64(l.winBytes) / elapsed
+	}
+	spb := l.winSec / float64(l.winBytes)
+	l.winStart, l.winBytes, l.winParts, l.winSec = time.Time{}, 0, 0, 0
+	if rate == 0 {
+		return
+	}
+	switch {
+	case l.bestSPB > 0 && spb > limiterQueueing*l.bestSPB && l.limit > limiterMin && (l.base == 0 || rate < l.baseRate*limiterGain):
+		l.set(l.limit - max(1, l.limit/4))
+		l.base, l.baseRate, l.hold = 0, rate, now.Add(limiterHold)
+		l.stats.Queueing++
+	case l.base > 0 && rate < l.baseRate*limiterGain:
+		// The last step up did not pay: back to where it was, for a while.
+		l.set(l.base)
+		l.base, l.hold = 0, now.Add(limiterHold)
+		l.stats.Plateaus++
+	case l.limit < l.max && !now.Before(l.hold):
+		l.base, l.baseRate = l.limit, rate
+		l.set(min(l.max, l.limit+max(1, l.limit/2)))
+		l.stats.Raised++
+	default:
+		l.base, l.baseRate = 0, rate
+	}
+}
+
+// observe takes the outcome of one attempt of a request (the SDK's retries included): a throttle
+// or a broken connection halves the limit.
+func (l *limiter) observe(err error) {
+	if err == nil || !limiterBackOff(err) {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	now := l.now()
+	if !l.backoff.IsZero() && now.Sub(l.backoff) < limiterBackoffGap {
+		return
+	}
+	l.backoff, l.hold = now, now.Add(limiterHold)
+	l.set(max(limiterMin, l.limit/2))
+	l.base = 0
+	l.winStart, l.winBytes, l.winParts, l.winSec = time.Time{}, 0, 0, 0
+	l.stats.Throttled++
+}
+
+// set changes the limit, kept within [limiterMin, max] (max alone when it is lower), and wakes
+// the waiters when it grew.
+func (l *limiter) set(limit int) {
+	limit = min(max(limit, limiterMin), l.max)
+	grew := limit > l.limit
+	l.limit = limit
+	if grew {
+		l.signal()
+	}
+}
+
+func (l *limiter) signal() {
+	close(l.wake)
+	l.wake = make(chan struct{})
+}
+
+// Stats returns how the limit has adapted.
+func (l *limiter) Stats() LimiterStats {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	st := l.stats
+	st.Limit, st.Max, st.InFlight = l.limit, l.max, l.inflight
+	return st
+}
+
+// limiterBackOff reports whether err says the server or the path is overloaded: an S3 throttle
+// (SlowDown, 503, 429, RequestTimeout) or a connection reset, refused mid-run, or timed out. A
+// cancelled context is not.
+func limiterBackOff(err error) bool {
+	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return false // the caller gave up; that says nothing about the link
+	}
+	var ae smithy.APIError
+	if errors.As(err, &ae) {
+		switch ae.ErrorCode() {
+		case "SlowDown", "Throttling", "ThrottlingException", "RequestTimeout", "ServiceUnavailable", "TooManyRequests":
+			return true
+		}
+	}
+	var re *smithyhttp.ResponseError
+	if errors.As(err, &re) {
+		if c := re.HTTPStatusCode(); c == 503 || c == 429 {
+			return true
+		}
+	}
+	if errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE) {
+		return true
+	}
+	var ne net.Error
+	if errors.As(err, &ne) && ne.Timeout() {
+		return true
+	}
+	return strings.Contains(err.Error(), "connection reset")
+}
+
+// observingRetryer is the SDK's retryer, told of every failed attempt first: the SDK asks
+// IsErrorRetryable of each one, retried or not.
+type observingRetryer struct {
+	aws.RetryerV2
+	observe func(error)
+}
+
+func (r observingRetryer) IsErrorRetryable(err error) bool {
+	r.observe(err)
+	return r.RetryerV2.IsErrorRetryable(err)
+}

@@ -1,0 +1,198 @@
+package checkpoint
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"net/http"
+
+	"github.com/aws/smithy-go"
+	smithyhttp "github.com/aws/smithy-go/transport/http"
+)
+
+// link is a model of the path to a store, for the limiter: how long a request of n bytes takes
+// when inflight requests (this one included) share it, and whether it is throttled.
+type link struct {
+	perConn  float64 // bytes/s one connection can carry (0: no per-connection cap)
+	total    float64 // bytes/s the whole path can carry
+	throttle int     // requests in flight above which the server answers 503 (0: never)
+}
+
+func (l link) duration(n int64, inflight int) time.Duration {
+	rate := l.total / float64(inflight)
+	if l.perConn > 0 && l.perConn < rate {
+		rate = l.perConn
+	}
+	return time.Duration(float64(n) / rate * float64(time.Second))
+}
+
+// drive runs workers that keep requests of part bytes going through lim over l for d of fake time
+// and returns the bytes moved in the last half (after the limiter has had time to settle).
+func drive(t *testing.T, lim *limiter, l link, workers int, part int64, d time.Duration) (moved float64, rate float64) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), d)
+	defer cancel()
+	var inflight atomic.Int64
+	var late atomic.Int64
+	half := time.Now().Add(d / 2)
+	var wg sync.WaitGroup
+	for range workers {
+		wg.Go(func() {
+			for ctx.Err() == nil {
+				if lim.acquire(ctx) != nil {
+					return
+				}
+				n := int(inflight.Add(1))
+				start := time.Now()
+				if l.throttle > 0 && n > l.throttle {
+					lim.observe(&smithy.GenericAPIError{Code: "SlowDown", Message: "Please reduce your request rate."})
+					inflight.Add(-1)
+					lim.release(0, time.Since(start), false)
+					continue
+				}
+				select {
+				case <-time.After(l.duration(part, n)):
+				case <-ctx.Done():
+					inflight.Add(-1)
+					lim.release(0, time.Since(start), false)
+					return
+				}
+				inflight.Add(-1)
+				if time.Now().After(half) {
+					late.Add(part)
+				}
+				lim.release(part, time.Since(start), true)
+			}
+		})
+	}
+	wg.Wait()
+	moved = float64(late.Load())
+	return moved, moved / (d / 2).Seconds()
+}
+
+// TestLimiterGrowsToFillAPerConnectionCappedLink: on a path where one connection carries 1/50 of
+// what the whole path does (real S3 from a p5), the limit grows until the path is full.
+func TestLimiterGrowsToFillAPerConnectionCappedLink(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		l := link{perConn: 80e6, total: 50 * 80e6}
+		lim := newLimiter(128)
+		_, rate := drive(t, lim, l, 200, 8<<20, 2*time.Minute)
+		st := lim.Stats()
+		t.Logf("rate %.0f MB/s, %+v", rate/1e6, st)
+		if rate < 0.85*l.total || st.Limit < 45 || st.Limit > 128 {
+			t.Errorf("on a per-connection capped link: rate %.0f MB/s (path %.0f), limit %d (%+v); want ≥ 85 %% of the path, limit ≥ 45",
+				rate/1e6, l.total/1e6, st.Limit, st)
+		}
+	})
+}
+
+// TestLimiterStaysLowOnAServerBoundLink: where the server is the ceiling whatever the number of
+// requests (a local server on two cores), more requests only queue: the limit stays low and the
+// throughput is the server's.
+func TestLimiterStaysLowOnAServerBoundLink(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		l := link{total: 400e6}
+		lim := newLimiter(64)
+		_, rate := drive(t, lim, l, 100, 8<<20, time.Minute)
+		st := lim.Stats()
+		t.Logf("rate %.0f MB/s, %+v", rate/1e6, st)
+		if rate < 0.95*l.total || st.Limit > 16 || st.Plateaus == 0 {
+			t.Errorf("on a server-bound link: rate %.0f MB/s (server %.0f), limit %d (%+v); want the server's rate, limit ≤ 16, plateaus",
+				rate/1e6, l.total/1e6, st.Limit, st)
+		}
+	})
+}
+
+// TestLimiterBacksOffOnSlowDown: a server that answers 503 SlowDown above 12 requests in flight
+// keeps the limit near 12, however much a per-connection cap would reward more.
+func TestLimiterBacksOffOnSlowDown(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		l := link{perConn: 80e6, total: 50 * 80e6, throttle: 12}
+		lim := newLimiter(128)
+		_, rate := drive(t, lim, l, 200, 8<<20, time.Minute)
+		st := lim.Stats()
+		t.Logf("rate %.0f MB/s, %+v", rate/1e6, st)
+		if st.Throttled == 0 || st.Limit > 24 || rate < 0.5*12*l.perConn {
+			t.Errorf("with SlowDown above 12: limit %d, rate %.0f MB/s (%+v); want back-offs, limit ≤ 24, ≥ half of 12 connections' rate",
+				st.Limit, rate/1e6, st)
+		}
+	})
+}
+
+func TestLimiterNeverAboveMax(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		lim := newLimiter(5)
+		drive(t, lim, link{perConn: 80e6, total: 1e12}, 50, 1<<20, 30*time.Second)
+		if st := lim.Stats(); st.PeakInFlight > 5 || st.Limit != 5 || st.InFlight != 0 {
+			t.Errorf("newLimiter(5) after a run: %+v; want peak ≤ 5, limit 5, none in flight", st)
+		}
+		if st := newLimiter(0).Stats(); st.Limit != 1 || st.Max != 1 {
+			t.Errorf("newLimiter(0) = %+v; want limit and max 1", st)
+		}
+		one := newLimiter(1)
+		one.observe(&smithy.GenericAPIError{Code: "SlowDown"})
+		if st := one.Stats(); st.Limit != 1 || st.Throttled != 1 {
+			t.Errorf("newLimiter(1) after a SlowDown = %+v; want limit 1 (never above max), one back-off", st)
+		}
+	})
+}
+
+func TestLimiterAcquireEndsWithContext(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		lim := newLimiter(1)
+		if err := lim.acquire(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithTimeout(t.Context(), time.Second)
+		defer cancel()
+		if err := lim.acquire(ctx); !errors.Is(err, context.DeadlineExceeded) {
+			t.Errorf("acquire on a full limiter = %v; want the context's deadline", err)
+		}
+		lim.release(1, time.Millisecond, true)
+		if err := lim.acquire(t.Context()); err != nil {
+			t.Errorf("acquire after release = %v; want nil", err)
+		}
+	})
+}
+
+func TestLimiterBackOffErrors(t *testing.T) {
+	resp := func(code int) error {
+		return &smithyhttp.ResponseError{Response: &smithyhttp.Response{Response: &http.Response{StatusCode: code}}, Err: errors.New("x")}
+	}
+	tests := []struct {
+		err  error
+		want bool
+	}{
+		{&smithy.GenericAPIError{Code: "SlowDown"}, true},
+		{&smithy.GenericAPIError{Code: "RequestTimeout"}, true},
+		{&smithy.GenericAPIError{Code: "AccessDenied"}, false},
+		{resp(503), true},
+		{resp(429), true},
+		{resp(500), false},
+		{fmt.Errorf("upload part 3: %w", syscall.ECONNRESET), true},
+		{&net.OpError{Op: "read", Err: timeoutErr{}}, true},
+		{context.Canceled, false},
+		{fmt.Errorf("part: %w", context.DeadlineExceeded), false},
+		{errors.New("read tcp 127.0.0.1:1->127.0.0.1:2: read: connection reset by peer"), true},
+		{errors.New("checksum mismatch"), false},
+	}
+	for _, tc := range tests {
+		if got := limiterBackOff(tc.err); got != tc.want {
+			t.Errorf("limiterBackOff(%v) = %v; want %v", tc.err, got, tc.want)
+		}
+	}
+}
+
+type timeoutErr struct{}
+
+func (timeoutErr) Error() string   { return "i/o timeout" }
+func (timeoutErr) Timeout() bool   { return true }
+func (timeoutErr) Temporary() bool { return true }
