@@ -377,7 +377,7 @@ var fields = []field{
 		c.Metrics.CloudWatchInterval = d
 		return err
 	}},
-	{"metrics.cloudwatch_per_gpu", "false", "also send every GPU reading to CloudWatch per GPU (dimension GPU): about 16 more metrics per GPU, each billed; constants only when they change; see docs/metrics.md", func(c *Config, v string) error {
+	{"metrics.cloudwatch_per_gpu", "false", "also send every GPU reading to CloudWatch per GPU (dimension GPU): 14 more metrics per GPU, 16 with GPM (Hopper and newer), each billed; constants only when they change; see docs/metrics.md", func(c *Config, v string) error {
 		b, err := strconv.ParseBool(v)
 		if err != nil {
 			return errors.New("want true or false")
