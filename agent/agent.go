@@ -134,11 +134,12 @@ func New(cfg *Config, deps Deps) (*Agent, error) {
 	if deps.CloudWatch != nil {
 		a.cw = metrics.NewCloudWatch(deps.CloudWatch, metrics.CloudWatchConfig{
 			Namespace: cfg.Metrics.Namespace, Interval: cfg.Metrics.CloudWatchInterval, Logger: deps.Logger,
-			Base: a.baseDimensions,
+			Base: a.baseDimensions, Aggregate: cfg.AggregateDimensions(),
 		})
 		a.coord.sink = a.cw
 	}
-	a.gpu = &gpuMonitor{interval: cfg.GPU.SampleInterval, threshold: cfg.GPU.DegradedThreshold, log: deps.Logger.With().Str("component", "gpu").Logger()}
+	a.gpu = &gpuMonitor{interval: cfg.GPU.SampleInterval, threshold: cfg.GPU.DegradedThreshold, perGPU: cfg.Metrics.CloudWatchPerGPU,
+		log: deps.Logger.With().Str("component", "gpu").Logger()}
 	if a.cw != nil {
 		a.gpu.sink = a.cw
 	}
@@ -285,45 +286,47 @@ func (a *Agent) statusLine(ctx context.Context) (out string) {
 // statistic sets every metrics.cloudwatch_interval).
 const agentSeriesInterval = 15 * time.Second
 
-// recordAgentSeries samples the agent's state into CloudWatch until ctx is done: IMDS errors,
-// trainer processes, the age of the newest committed checkpoint and the durable forecast.
+// recordAgentSeries samples the agent's state into CloudWatch until ctx is done.
 func (a *Agent) recordAgentSeries(ctx context.Context) {
 	t := time.NewTicker(agentSeriesInterval)
 	defer t.Stop()
-	var lastErrors uint64
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
 		}
-		st := a.watcher.Stats()
-		var errs uint64
-		for _, s := range st.Sources {
-			errs += s.Errors
-		}
-		cs := a.coord.status()
-		uncaught := 0
-		for _, tr := range cs.Trainers {
-			if !tr.CatchesSignal {
-				uncaught++
-			}
-		}
-		now := time.Now()
-		ds := []metrics.Datum{
-			{Name: "IMDSErrors", Unit: metrics.UnitCount, Value: float64(errs - lastErrors), At: now},
-			{Name: "IMDSUp", Unit: metrics.UnitCount, Value: b2f(st.Healthy(now)), At: now},
-			{Name: "TrainerProcesses", Unit: metrics.UnitCount, Value: float64(len(cs.Trainers)), At: now},
-			{Name: "TrainerSignalUncaught", Unit: metrics.UnitCount, Value: float64(uncaught), At: now},
-		}
-		lastErrors = errs
-		if c := a.newestCommit.Load(); c != 0 {
-			ds = append(ds,
-				metrics.Datum{Name: "NewestCheckpointAgeSeconds", Unit: metrics.UnitSeconds, Value: now.Sub(time.Unix(0, c)).Seconds(), At: now},
-				metrics.Datum{Name: "DurableForecastSeconds", Unit: metrics.UnitSeconds, Value: time.Duration(a.forecast.Load()).Seconds(), At: now})
-		}
-		a.cw.Record(ds...)
+		a.cw.Record(a.agentDatums(time.Now())...)
 	}
+}
+
+// agentDatums are the agent's own series, all in the default set (marked Aggregate):
+// IMDSUp (IMDS answered within 30 s, the rule of /healthz; an agent that stopped sending shows as
+// missing data), TrainerProcesses and TrainerSignalUncaught (a notice would signal nobody, or
+// not every rank), and once a checkpoint is committed NewestCheckpointAgeSeconds and
+// DurableForecastSeconds (would the next notice's checkpoint make it?). The IMDS error count is
+// left to Prometheus and /status: it moves with every transient timeout, and what a notice
+// needs is whether IMDS answers.
+func (a *Agent) agentDatums(now time.Time) []metrics.Datum {
+	st := a.watcher.Stats()
+	cs := a.coord.status()
+	uncaught := 0
+	for _, tr := range cs.Trainers {
+		if !tr.CatchesSignal {
+			uncaught++
+		}
+	}
+	ds := []metrics.Datum{
+		{Name: "IMDSUp", Unit: metrics.UnitCount, Value: b2f(st.Healthy(now)), At: now, Aggregate: true},
+		{Name: "TrainerProcesses", Unit: metrics.UnitCount, Value: float64(len(cs.Trainers)), At: now, Aggregate: true},
+		{Name: "TrainerSignalUncaught", Unit: metrics.UnitCount, Value: float64(uncaught), At: now, Aggregate: true},
+	}
+	if c := a.newestCommit.Load(); c != 0 {
+		ds = append(ds,
+			metrics.Datum{Name: "NewestCheckpointAgeSeconds", Unit: metrics.UnitSeconds, Value: now.Sub(time.Unix(0, c)).Seconds(), At: now, Aggregate: true},
+			metrics.Datum{Name: "DurableForecastSeconds", Unit: metrics.UnitSeconds, Value: time.Duration(a.forecast.Load()).Seconds(), At: now, Aggregate: true})
+	}
+	return ds
 }
 
 // baseDimensions are every CloudWatch datum's dimensions: the instance, once known.

@@ -110,7 +110,12 @@ type Config struct {
 	Metrics struct {
 		CloudWatch         bool
 		CloudWatchInterval time.Duration
-		Namespace          string
+		// CloudWatchPerGPU adds the per-GPU series (dimension GPU) to the default set.
+		CloudWatchPerGPU bool
+		// CloudWatchAggregate names the aggregate dimension sets (AggregateInstanceType,
+		// AggregateRegion), in the order given; empty for none. See AggregateDimensions.
+		CloudWatchAggregate []string
+		Namespace           string
 	}
 	Log struct {
 		Level zerolog.Level
@@ -372,6 +377,19 @@ var fields = []field{
 		c.Metrics.CloudWatchInterval = d
 		return err
 	}},
+	{"metrics.cloudwatch_per_gpu", "false", "also send every GPU reading to CloudWatch per GPU (dimension GPU): 14 more metrics per GPU, 16 with GPM (Hopper and newer), each billed; constants only when they change; see docs/metrics.md", func(c *Config, v string) error {
+		b, err := strconv.ParseBool(v)
+		if err != nil {
+			return errors.New("want true or false")
+		}
+		c.Metrics.CloudWatchPerGPU = b
+		return nil
+	}},
+	{"metrics.cloudwatch_aggregate", AggregateInstanceType, "dimension sets without InstanceId that the default CloudWatch series are also sent with, for alarms across instances: InstanceType (one series per instance type), Region (one for every instance in the region), both as InstanceType,Region, or none", func(c *Config, v string) error {
+		sets, err := parseAggregate(v)
+		c.Metrics.CloudWatchAggregate = sets
+		return err
+	}},
 	{"metrics.namespace", "SpotGuard", "CloudWatch namespace", func(c *Config, v string) error {
 		if v == "" || strings.HasPrefix(v, "AWS/") || len(v) > 255 {
 			return errors.New("want a non-empty namespace not starting with AWS/")
@@ -389,6 +407,61 @@ var fields = []field{
 		c.Log.Level = lvl
 		return err
 	}},
+}
+
+// The dimension sets of metrics.cloudwatch_aggregate: the default CloudWatch series are sent
+// once with the instance's dimensions and once more per set named.
+const (
+	// AggregateInstanceType keeps the dimension InstanceType alone: one series per instance
+	// type, gathering every instance of that type.
+	AggregateInstanceType = "InstanceType"
+	// AggregateRegion keeps no instance dimension: one series for every instance in the
+	// account and region that sends to metrics.namespace.
+	AggregateRegion = "Region"
+)
+
+// aggregateSets are the base dimensions each aggregate dimension set keeps.
+var aggregateSets = map[string][]string{
+	AggregateInstanceType: {"InstanceType"},
+	AggregateRegion:       {},
+}
+
+// parseAggregate reads metrics.cloudwatch_aggregate: none, or a comma list of dimension sets,
+// each once.
+func parseAggregate(v string) ([]string, error) {
+	const want = "want InstanceType, Region, a comma list of them (InstanceType,Region) or none"
+	if strings.TrimSpace(v) == "none" {
+		return nil, nil
+	}
+	if strings.TrimSpace(v) == "" {
+		return nil, errors.New("empty: " + want)
+	}
+	var out []string
+	for part := range strings.SplitSeq(v, ",") {
+		name := strings.TrimSpace(part)
+		switch _, known := aggregateSets[name]; {
+		case name == "none":
+			return nil, errors.New("none stands alone: " + want)
+		case name == "":
+			return nil, errors.New("an empty dimension set in the list: " + want)
+		case !known:
+			return nil, fmt.Errorf("unknown dimension set %q (names are case-sensitive): %s", name, want)
+		case slices.Contains(out, name):
+			return nil, fmt.Errorf("%s listed twice", name)
+		}
+		out = append(out, name)
+	}
+	return out, nil
+}
+
+// AggregateDimensions returns the base dimensions each set of metrics.cloudwatch_aggregate
+// keeps, for metrics.CloudWatchConfig.Aggregate; nil for none.
+func (c *Config) AggregateDimensions() [][]string {
+	var out [][]string
+	for _, name := range c.Metrics.CloudWatchAggregate {
+		out = append(out, slices.Clone(aggregateSets[name]))
+	}
+	return out
 }
 
 func policySetter(src imds.Source) func(*Config, string) error {

@@ -447,7 +447,9 @@ func (c *Coordinator) noticesChanged(cfg *Config) {
 }
 
 // record sends notice-path datums at 1-second resolution and flushes the sink at once, so the
-// story reaches CloudWatch before the instance is gone. It never waits on the sink.
+// story reaches CloudWatch before the instance is gone. They are in the default set, with
+// aggregate copies (metrics.cloudwatch_aggregate): a fleet's notices and margins in one series.
+// It never waits on the sink.
 func (c *Coordinator) record(ds ...metrics.Datum) {
 	if c.sink == nil {
 		return
@@ -455,6 +457,7 @@ func (c *Coordinator) record(ds ...metrics.Datum) {
 	now := time.Now()
 	for i := range ds {
 		ds[i].HighRes = true
+		ds[i].Aggregate = true
 		ds[i].At = now
 	}
 	c.sink.Record(ds...)

@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -28,8 +29,12 @@ type gpuMonitor struct {
 	interval  time.Duration
 	threshold float64
 	sink      metrics.Sink // may be nil
+	perGPU    bool         // metrics.cloudwatch_per_gpu: the per-GPU series too
 	log       zerolog.Logger
 	judge     nvml.Judge // owned by Tick's caller: one Tick at a time
+	// sent are the constants sent to the sink, for gpuDatums; owned by Tick's caller. A
+	// restarted agent starts empty and sends them once more.
+	sent map[constKey]float64
 
 	mu       sync.Mutex
 	samples  []nvml.Sample
@@ -98,7 +103,10 @@ func (m *gpuMonitor) Tick(ctx context.Context) {
 		}
 	}
 	if m.sink != nil {
-		m.sink.Record(gpuDatums(facts, samples, verdicts)...)
+		if m.sent == nil {
+			m.sent = map[constKey]float64{}
+		}
+		m.sink.Record(gpuDatums(facts, samples, verdicts, m.perGPU, m.sent)...)
 	}
 }
 
@@ -123,57 +131,107 @@ func (m *gpuMonitor) status() gpuStatus {
 	return st
 }
 
-// gpuSeries are the GPU metrics, named once for Prometheus (snake case, unit in the name) and
-// once for CloudWatch (CamelCase, dimension GPU).
+// gpuSeries are the per-GPU metrics, named once for Prometheus (snake case, unit in the name,
+// labels gpu, uuid, model) and once for CloudWatch (CamelCase, dimension GPU). An empty prom is
+// CloudWatch only. In CloudWatch the per-GPU series are sent only with metrics.cloudwatch_per_gpu;
+// a constant (a property of the GPU) only on its first sample and when it changes, since
+// CloudWatch bills a metric for every hour it receives data. The readings marked instance are
+// also recorded, once per GPU per tick, into the default per-instance series of the same name
+// without the GPU dimension, whose statistic set gives the minimum, maximum and average across
+// the GPUs (see gpuDatums).
 var gpuSeries = []struct {
 	prom, cw, help string
 	unit           metrics.Unit
+	constant       bool
+	instance       bool
 	value          func(f *nvml.Facts, s *nvml.Sample, v *nvml.Verdict) (float64, bool)
 }{
-	{"spotguard_gpu_sm_clock_mhz", "GPUSMClockMHz", "Current SM clock.", metrics.UnitNone, func(f *nvml.Facts, s *nvml.Sample, v *nvml.Verdict) (float64, bool) { return u32(s.SMClockMHz) }},
-	{"spotguard_gpu_sm_clock_max_mhz", "GPUSMClockMaxMHz", "Maximum SM clock.", metrics.UnitNone, func(f *nvml.Facts, s *nvml.Sample, v *nvml.Verdict) (float64, bool) {
-		return float64(f.MaxSMClockMHz), f.MaxSMClockMHz > 0
-	}},
-	{"spotguard_gpu_memory_clock_mhz", "GPUMemClockMHz", "Current memory clock.", metrics.UnitNone, func(f *nvml.Facts, s *nvml.Sample, v *nvml.Verdict) (float64, bool) { return u32(s.MemClockMHz) }},
-	{"spotguard_gpu_memory_clock_max_mhz", "GPUMemClockMaxMHz", "Maximum memory clock.", metrics.UnitNone, func(f *nvml.Facts, s *nvml.Sample, v *nvml.Verdict) (float64, bool) {
-		return float64(f.MaxMemClockMHz), f.MaxMemClockMHz > 0
-	}},
-	{"spotguard_gpu_memory_bandwidth_peak_bytes_per_second", "GPUMemBandwidthPeak", "Theoretical peak memory bandwidth: max memory clock × 2 × bus width.", metrics.UnitBytesPerSecond, func(f *nvml.Facts, s *nvml.Sample, v *nvml.Verdict) (float64, bool) {
-		return f.PeakMemBandwidth, f.PeakMemBandwidth > 0
-	}},
-	{"spotguard_gpu_memory_bandwidth_achieved_bytes_per_second", "GPUMemBandwidthAchieved", "Achieved memory bandwidth: DRAM bandwidth utilization (GPM; else memory duty cycle) × peak.", metrics.UnitBytesPerSecond, func(f *nvml.Facts, s *nvml.Sample, v *nvml.Verdict) (float64, bool) {
-		return f64(s.AchievedMemBandwidth)
-	}},
-	{"spotguard_gpu_utilization_percent", "GPUUtilization", "Share of time a kernel ran.", metrics.UnitPercent, func(f *nvml.Facts, s *nvml.Sample, v *nvml.Verdict) (float64, bool) { return f64(s.GPUUtilPercent) }},
-	{"spotguard_gpu_memory_utilization_percent", "GPUMemUtilization", "Memory controller duty cycle.", metrics.UnitPercent, func(f *nvml.Facts, s *nvml.Sample, v *nvml.Verdict) (float64, bool) { return f64(s.MemUtilPercent) }},
-	{"spotguard_gpu_dram_bandwidth_utilization_percent", "GPUDRAMBandwidthUtilization", "DRAM bandwidth utilization from GPM (Hopper and newer).", metrics.UnitPercent, func(f *nvml.Facts, s *nvml.Sample, v *nvml.Verdict) (float64, bool) {
-		return f64(s.DRAMBandwidthUtilPercent)
-	}},
-	{"spotguard_gpu_memory_used_bytes", "GPUMemUsed", "Framebuffer memory in use.", metrics.UnitBytes, func(f *nvml.Facts, s *nvml.Sample, v *nvml.Verdict) (float64, bool) { return u64(s.MemUsedBytes) }},
-	{"spotguard_gpu_memory_total_bytes", "GPUMemTotal", "Framebuffer memory.", metrics.UnitBytes, func(f *nvml.Facts, s *nvml.Sample, v *nvml.Verdict) (float64, bool) { return u64(s.MemTotalBytes) }},
-	{"spotguard_gpu_temperature_celsius", "GPUTemperatureCelsius", "GPU core temperature.", metrics.UnitNone, func(f *nvml.Facts, s *nvml.Sample, v *nvml.Verdict) (float64, bool) { return f64(s.TemperatureC) }},
-	{"spotguard_gpu_power_watts", "GPUPowerWatts", "Board power draw.", metrics.UnitNone, func(f *nvml.Facts, s *nvml.Sample, v *nvml.Verdict) (float64, bool) { return f64(s.PowerW) }},
-	{"spotguard_gpu_clock_event_reasons", "GPUClockEventReasons", "Active clock-event (throttle) reasons; the Prometheus series has one per reason (label reason).", metrics.UnitCount, func(f *nvml.Facts, s *nvml.Sample, v *nvml.Verdict) (float64, bool) {
-		return float64(len(s.ClockEventReasons)), true
-	}},
-	{"spotguard_gpu_ecc_uncorrected_errors", "GPUECCUncorrected", "Volatile uncorrected ECC errors since the driver loaded.", metrics.UnitCount, func(f *nvml.Facts, s *nvml.Sample, v *nvml.Verdict) (float64, bool) {
-		return u64(s.ECCUncorrectedVolatile)
-	}},
-	{"spotguard_gpu_remapped_rows_pending", "GPURemappedRowsPending", "1 when a row remap waits for a GPU reset.", metrics.UnitCount, func(f *nvml.Facts, s *nvml.Sample, v *nvml.Verdict) (float64, bool) {
-		if s.RemappedRowsPending == nil {
-			return 0, false
+	{prom: "spotguard_gpu_sm_clock_mhz", cw: "GPUSMClockMHz", help: "Current SM clock.", unit: metrics.UnitNone, instance: true,
+		value: func(f *nvml.Facts, s *nvml.Sample, v *nvml.Verdict) (float64, bool) { return u32(s.SMClockMHz) }},
+	{prom: "spotguard_gpu_sm_clock_max_mhz", cw: "GPUSMClockMaxMHz", help: "Maximum SM clock.", unit: metrics.UnitNone, constant: true,
+		value: func(f *nvml.Facts, s *nvml.Sample, v *nvml.Verdict) (float64, bool) {
+			return float64(f.MaxSMClockMHz), f.MaxSMClockMHz > 0
+		}},
+	{prom: "spotguard_gpu_memory_clock_mhz", cw: "GPUMemClockMHz", help: "Current memory clock.", unit: metrics.UnitNone,
+		value: func(f *nvml.Facts, s *nvml.Sample, v *nvml.Verdict) (float64, bool) { return u32(s.MemClockMHz) }},
+	{prom: "spotguard_gpu_memory_clock_max_mhz", cw: "GPUMemClockMaxMHz", help: "Maximum memory clock.", unit: metrics.UnitNone, constant: true,
+		value: func(f *nvml.Facts, s *nvml.Sample, v *nvml.Verdict) (float64, bool) {
+			return float64(f.MaxMemClockMHz), f.MaxMemClockMHz > 0
+		}},
+	{prom: "spotguard_gpu_memory_bandwidth_peak_bytes_per_second", cw: "GPUMemBandwidthPeak", help: "Theoretical peak memory bandwidth: max memory clock × 2 × bus width.", unit: metrics.UnitBytesPerSecond, constant: true,
+		value: func(f *nvml.Facts, s *nvml.Sample, v *nvml.Verdict) (float64, bool) {
+			return f.PeakMemBandwidth, f.PeakMemBandwidth > 0
+		}},
+	{prom: "spotguard_gpu_memory_bandwidth_achieved_bytes_per_second", cw: "GPUMemBandwidthAchieved", help: "Achieved memory bandwidth: GPM's DRAM bandwidth utilization × peak. GPM only (Hopper and newer); absent on older GPUs, which count no bytes moved.", unit: metrics.UnitBytesPerSecond, instance: true,
+		value: func(f *nvml.Facts, s *nvml.Sample, v *nvml.Verdict) (float64, bool) {
+			return f64(s.AchievedMemBandwidth)
+		}},
+	{prom: "spotguard_gpu_utilization_percent", cw: "GPUUtilization", help: "Share of the last sample period in which a kernel ran.", unit: metrics.UnitPercent, instance: true,
+		value: func(f *nvml.Facts, s *nvml.Sample, v *nvml.Verdict) (float64, bool) { return f64(s.GPUUtilPercent) }},
+	{prom: "spotguard_gpu_memory_utilization_percent", cw: "GPUMemDutyCycle", help: "Memory controller duty cycle: share of the last sample period in which device memory was read or written; not bytes moved.", unit: metrics.UnitPercent,
+		value: func(f *nvml.Facts, s *nvml.Sample, v *nvml.Verdict) (float64, bool) { return f64(s.MemUtilPercent) }},
+	{prom: "spotguard_gpu_dram_bandwidth_utilization_percent", cw: "GPUDRAMBandwidthUtilization", help: "DRAM bandwidth utilization from GPM (Hopper and newer).", unit: metrics.UnitPercent,
+		value: func(f *nvml.Facts, s *nvml.Sample, v *nvml.Verdict) (float64, bool) {
+			return f64(s.DRAMBandwidthUtilPercent)
+		}},
+	{prom: "spotguard_gpu_memory_used_bytes", cw: "GPUMemUsed", help: "Framebuffer memory in use.", unit: metrics.UnitBytes,
+		value: func(f *nvml.Facts, s *nvml.Sample, v *nvml.Verdict) (float64, bool) { return u64(s.MemUsedBytes) }},
+	{prom: "spotguard_gpu_memory_total_bytes", cw: "GPUMemTotal", help: "Framebuffer memory.", unit: metrics.UnitBytes, constant: true,
+		value: func(f *nvml.Facts, s *nvml.Sample, v *nvml.Verdict) (float64, bool) { return u64(s.MemTotalBytes) }},
+	{prom: "spotguard_gpu_temperature_celsius", cw: "GPUTemperatureCelsius", help: "GPU core temperature.", unit: metrics.UnitNone, instance: true,
+		value: func(f *nvml.Facts, s *nvml.Sample, v *nvml.Verdict) (float64, bool) { return f64(s.TemperatureC) }},
+	{prom: "spotguard_gpu_power_watts", cw: "GPUPowerWatts", help: "Board power draw.", unit: metrics.UnitNone,
+		value: func(f *nvml.Facts, s *nvml.Sample, v *nvml.Verdict) (float64, bool) { return f64(s.PowerW) }},
+	{prom: "spotguard_gpu_clock_event_reasons", cw: "GPUClockEventReasons", help: "Active clock-event (throttle) reasons; the Prometheus series has one per reason (label reason).", unit: metrics.UnitCount,
+		value: func(f *nvml.Facts, s *nvml.Sample, v *nvml.Verdict) (float64, bool) {
+			return float64(len(s.ClockEventReasons)), true
+		}},
+	{cw: "GPUSlowdownPercent", unit: metrics.UnitPercent,
+		value: func(f *nvml.Facts, s *nvml.Sample, v *nvml.Verdict) (float64, bool) {
+			return slowdownPercent(s.ClockEventTimes)
+		}},
+	{prom: "spotguard_gpu_ecc_uncorrected_errors", cw: "GPUECCUncorrected", help: "Volatile uncorrected ECC errors since the driver loaded.", unit: metrics.UnitCount,
+		value: func(f *nvml.Facts, s *nvml.Sample, v *nvml.Verdict) (float64, bool) {
+			return u64(s.ECCUncorrectedVolatile)
+		}},
+	{prom: "spotguard_gpu_remapped_rows_pending", cw: "GPURemappedRowsPending", help: "1 when a row remap waits for a GPU reset.", unit: metrics.UnitCount,
+		value: func(f *nvml.Facts, s *nvml.Sample, v *nvml.Verdict) (float64, bool) {
+			if s.RemappedRowsPending == nil {
+				return 0, false
+			}
+			return b2f(*s.RemappedRowsPending), true
+		}},
+	{prom: "spotguard_gpu_xid_critical_errors", cw: "GPUXIDCritical", help: "Critical XID events since the agent started.", unit: metrics.UnitCount,
+		value: func(f *nvml.Facts, s *nvml.Sample, v *nvml.Verdict) (float64, bool) {
+			return float64(s.XIDCritical), true
+		}},
+	{prom: "spotguard_gpu_lost", cw: "GPULost", help: "1 when NVML reported the GPU lost.", unit: metrics.UnitCount,
+		value: func(f *nvml.Facts, s *nvml.Sample, v *nvml.Verdict) (float64, bool) {
+			return b2f(s.Lost), true
+		}},
+	{prom: "spotguard_gpu_degraded", cw: "GPUDegraded", help: "1 when the GPU is judged degraded (see /status for the reasons).", unit: metrics.UnitCount,
+		value: func(f *nvml.Facts, s *nvml.Sample, v *nvml.Verdict) (float64, bool) {
+			return b2f(v.Degraded), true
+		}},
+}
+
+// slowdownReasons are the clock event counters GPUSlowdownPercent watches: cooling and power
+// trouble, not the power cap or low load.
+var slowdownReasons = []string{"hw_thermal_slowdown", "hw_power_brake_slowdown", "sw_thermal_slowdown"}
+
+// slowdownPercent returns 100 × the largest share of the last sample period that one of
+// slowdownReasons held the clocks down. It reports false when none of them has a window: NVML
+// has no such counters (times is nil: drivers before 535, some GPUs), or this is the GPU's first
+// sample, or the counter went backwards.
+func slowdownPercent(times []nvml.ClockEventTime) (float64, bool) {
+	var share float64
+	ok := false
+	for _, ct := range times {
+		if ct.Window > 0 && slices.Contains(slowdownReasons, ct.Reason) {
+			share, ok = max(share, ct.Share), true
 		}
-		return b2f(*s.RemappedRowsPending), true
-	}},
-	{"spotguard_gpu_xid_critical_errors", "GPUXIDCritical", "Critical XID events since the agent started.", metrics.UnitCount, func(f *nvml.Facts, s *nvml.Sample, v *nvml.Verdict) (float64, bool) {
-		return float64(s.XIDCritical), true
-	}},
-	{"spotguard_gpu_lost", "GPULost", "1 when NVML reported the GPU lost.", metrics.UnitCount, func(f *nvml.Facts, s *nvml.Sample, v *nvml.Verdict) (float64, bool) {
-		return b2f(s.Lost), true
-	}},
-	{"spotguard_gpu_degraded", "GPUDegraded", "1 when the GPU is judged degraded (see /status for the reasons).", metrics.UnitCount, func(f *nvml.Facts, s *nvml.Sample, v *nvml.Verdict) (float64, bool) {
-		return b2f(v.Degraded), true
-	}},
+	}
+	return 100 * share, ok
 }
 
 func u32(p *uint32) (float64, bool) {
@@ -204,49 +262,110 @@ func b2f(b bool) float64 {
 	return 0
 }
 
-// gpuDatums turns one tick into CloudWatch datums, dimension GPU = index.
-func gpuDatums(facts []nvml.Facts, samples []nvml.Sample, verdicts []nvml.Verdict) []metrics.Datum {
-	out := make([]metrics.Datum, 0, len(samples)*len(gpuSeries))
-	for i := range samples {
-		if i >= len(facts) || i >= len(verdicts) {
-			break
-		}
+// constKey names one constant of one GPU in gpuMonitor.sent.
+type constKey struct {
+	gpu    string // the UUID, or "#index" when NVML gave none
+	series string
+}
+
+// gpuDatums turns one tick into CloudWatch datums:
+//
+//   - always, the per-instance series, without the GPU dimension and marked Aggregate:
+//     GPUDegradedCount (GPUs judged degraded) and GPULostCount (GPUs NVML lost), one datum
+//     each, and each reading of gpuSeries marked instance, one datum per GPU that has it, so
+//     that the flush's statistic set gives the minimum, maximum and average across GPUs and
+//     samples (a lost GPU has no readings: it drops out of them and shows in the counts);
+//   - with perGPU, every series of gpuSeries per GPU (dimension GPU = index); a constant only
+//     when sent (by GPU and series) lacks it or holds another value, and sent is updated (a nil
+//     sent sends every constant every time). A constant the GPU no longer reports (a lost
+//     GPU's memory size) is not sent and keeps its entry, so the same value coming back is not
+//     sent again.
+//
+// Facts and verdicts are matched to samples by position. No samples, no datums.
+func gpuDatums(facts []nvml.Facts, samples []nvml.Sample, verdicts []nvml.Verdict, perGPU bool, sent map[constKey]float64) []metrics.Datum {
+	n := min(len(samples), len(facts), len(verdicts))
+	if n == 0 {
+		return nil
+	}
+	per := 0
+	if perGPU {
+		per = len(gpuSeries)
+	}
+	out := make([]metrics.Datum, 0, 2+n*(4+per))
+	var degraded, lost float64
+	for i := range n {
 		f, s, v := &facts[i], &samples[i], &verdicts[i]
-		dims := map[string]string{"GPU": strconv.Itoa(s.Index)}
+		degraded += b2f(v.Degraded)
+		lost += b2f(s.Lost)
+		gpu := map[string]string{"GPU": strconv.Itoa(s.Index)}
+		id := s.UUID
+		if id == "" {
+			id = "#" + strconv.Itoa(s.Index)
+		}
 		for _, g := range gpuSeries {
-			if val, ok := g.value(f, s, v); ok {
-				out = append(out, metrics.Datum{Name: g.cw, Unit: g.unit, Value: val, Dimensions: dims, At: s.At})
+			val, ok := g.value(f, s, v)
+			if !ok {
+				continue
 			}
+			if g.instance {
+				out = append(out, metrics.Datum{Name: g.cw, Unit: g.unit, Value: val, At: s.At, Aggregate: true})
+			}
+			if !perGPU {
+				continue
+			}
+			if g.constant && sent != nil {
+				k := constKey{id, g.cw}
+				if last, seen := sent[k]; seen && last == val {
+					continue
+				}
+				sent[k] = val
+			}
+			out = append(out, metrics.Datum{Name: g.cw, Unit: g.unit, Value: val, Dimensions: gpu, At: s.At})
 		}
 	}
+	at := samples[0].At
+	out = append(out,
+		metrics.Datum{Name: "GPUDegradedCount", Unit: metrics.UnitCount, Value: degraded, At: at, Aggregate: true},
+		metrics.Datum{Name: "GPULostCount", Unit: metrics.UnitCount, Value: lost, At: at, Aggregate: true})
 	return out
 }
 
 // gpuCollector exports the latest readings to Prometheus at scrape time.
 type gpuCollector struct {
-	m     *gpuMonitor
-	descs []*prometheus.Desc
-	up    *prometheus.Desc
+	m          *gpuMonitor
+	descs      []*prometheus.Desc // by gpuSeries index; nil where prom is empty
+	up         *prometheus.Desc
+	eventTimes *prometheus.Desc
 }
 
 func newGPUCollector(m *gpuMonitor) *gpuCollector {
 	c := &gpuCollector{m: m,
 		up: prometheus.NewDesc("spotguard_gpu_sampling_up", "1 when GPU sampling through NVML works, 0 when it is off (no libnvidia-ml, no GPU, no permission).", nil, nil),
+		eventTimes: prometheus.NewDesc("spotguard_gpu_clock_event_seconds_total",
+			"Time each clock-event reason has held the clocks down since the driver loaded (NVML's clock event counters; absent where NVML has none: drivers before 535, some GPUs).",
+			[]string{"gpu", "uuid", "model", "reason"}, nil),
 	}
-	for _, g := range gpuSeries {
+	c.descs = make([]*prometheus.Desc, len(gpuSeries))
+	for i, g := range gpuSeries {
+		if g.prom == "" {
+			continue
+		}
 		labels := []string{"gpu", "uuid", "model"}
 		if g.prom == "spotguard_gpu_clock_event_reasons" {
 			labels = append(labels, "reason")
 		}
-		c.descs = append(c.descs, prometheus.NewDesc(g.prom, g.help, labels, nil))
+		c.descs[i] = prometheus.NewDesc(g.prom, g.help, labels, nil)
 	}
 	return c
 }
 
 func (c *gpuCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.up
+	ch <- c.eventTimes
 	for _, d := range c.descs {
-		ch <- d
+		if d != nil {
+			ch <- d
+		}
 	}
 }
 
@@ -267,15 +386,20 @@ func (c *gpuCollector) Collect(ch chan<- prometheus.Metric) {
 		f, s, v := &facts[i], &samples[i], &verdicts[i]
 		labels := []string{strconv.Itoa(s.Index), s.UUID, f.Name}
 		for j, g := range gpuSeries {
-			if g.prom == "spotguard_gpu_clock_event_reasons" {
+			switch {
+			case c.descs[j] == nil:
+			case g.prom == "spotguard_gpu_clock_event_reasons":
 				for _, r := range s.ClockEventReasons {
 					ch <- prometheus.MustNewConstMetric(c.descs[j], prometheus.GaugeValue, 1, append(labels, r)...)
 				}
-				continue
+			default:
+				if val, ok := g.value(f, s, v); ok {
+					ch <- prometheus.MustNewConstMetric(c.descs[j], prometheus.GaugeValue, val, labels...)
+				}
 			}
-			if val, ok := g.value(f, s, v); ok {
-				ch <- prometheus.MustNewConstMetric(c.descs[j], prometheus.GaugeValue, val, labels...)
-			}
+		}
+		for _, ct := range s.ClockEventTimes {
+			ch <- prometheus.MustNewConstMetric(c.eventTimes, prometheus.CounterValue, ct.Total.Seconds(), append(labels, ct.Reason)...)
 		}
 	}
 }

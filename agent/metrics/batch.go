@@ -3,6 +3,7 @@ package metrics
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"slices"
 	"strings"
@@ -75,8 +76,9 @@ type dim struct{ name, value string }
 type series struct {
 	name     string
 	unit     Unit
-	dims     []dim // own dimensions, sorted by name
+	dims     []dim // every dimension (base and own), sorted by name
 	n        int
+	samples  int // recorded datums whose own series this is (not aggregate copies)
 	sum      float64
 	min, max float64
 	at       time.Time // newest sample
@@ -154,7 +156,7 @@ func check(d *Datum, now time.Time) ([]dim, error) {
 	return dims, nil
 }
 
-// seriesKey identifies a series by name, unit and own dimensions.
+// seriesKey identifies a series by name, unit and all its dimensions (sorted by name).
 func seriesKey(name string, unit Unit, dims []dim) string {
 	var b strings.Builder
 	b.WriteString(name)
@@ -169,20 +171,27 @@ func seriesKey(name string, unit Unit, dims []dim) string {
 	return b.String()
 }
 
-// cwDimensions merges base and own (own wins; empty base values skipped) into CloudWatch
-// dimensions sorted by name. It reports false when there are more than 30.
-func cwDimensions(base []dim, own []dim) ([]types.Dimension, bool) {
-	out := make([]types.Dimension, 0, len(base)+len(own))
+// mergeDims merges base and own (own wins) into one list sorted by name. It reports false when
+// there are more than 30.
+func mergeDims(base, own []dim) ([]dim, bool) {
+	out := make([]dim, 0, len(base)+len(own))
 	for _, b := range base {
 		if !slices.ContainsFunc(own, func(o dim) bool { return o.name == b.name }) {
-			out = append(out, types.Dimension{Name: aws.String(b.name), Value: aws.String(b.value)})
+			out = append(out, b)
 		}
 	}
-	for _, o := range own {
-		out = append(out, types.Dimension{Name: aws.String(o.name), Value: aws.String(o.value)})
-	}
-	slices.SortFunc(out, func(a, b types.Dimension) int { return strings.Compare(*a.Name, *b.Name) })
+	out = append(out, own...)
+	slices.SortFunc(out, func(a, b dim) int { return strings.Compare(a.name, b.name) })
 	return out, len(out) <= maxDimensions
+}
+
+// cwDimensions turns dimensions into CloudWatch's.
+func cwDimensions(dims []dim) []types.Dimension {
+	out := make([]types.Dimension, len(dims))
+	for i, d := range dims {
+		out[i] = types.Dimension{Name: aws.String(d.name), Value: aws.String(d.value)}
+	}
+	return out
 }
 
 // baseDims turns the base map into valid dimensions sorted by name; invalid entries are
@@ -202,6 +211,42 @@ func baseDims(m map[string]string) (dims []dim, bad []string) {
 	return dims, bad
 }
 
+// aggregateBases returns, for each aggregate dimension set, the part of base it keeps.
+func aggregateBases(base []dim, sets [][]string) [][]dim {
+	out := make([][]dim, len(sets))
+	for i, set := range sets {
+		out[i] = []dim{}
+		for _, b := range base {
+			if slices.Contains(set, b.name) {
+				out[i] = append(out[i], b)
+			}
+		}
+	}
+	return out
+}
+
+// variants returns the dimension lists a datum with own dimensions is sent with: first the
+// base's (its own series), then, when aggregate is set, one per aggregate base, leaving out a
+// list equal to an earlier one so that no series counts the datum twice. ok is false when the
+// first has more than 30 dimensions (the datum is invalid; the others are fewer).
+func variants(base []dim, aggs [][]dim, own []dim, aggregate bool) (out [][]dim, ok bool) {
+	first, ok := mergeDims(base, own)
+	if !ok {
+		return nil, false
+	}
+	out = [][]dim{first}
+	if !aggregate {
+		return out, true
+	}
+	for _, ab := range aggs {
+		v, _ := mergeDims(ab, own)
+		if !slices.ContainsFunc(out, func(o []dim) bool { return slices.Equal(o, v) }) {
+			out = append(out, v)
+		}
+	}
+	return out, true
+}
+
 // built is the result of build.
 type built struct {
 	batches  []batch
@@ -210,19 +255,25 @@ type built struct {
 }
 
 // build turns buffered datums into calls: every HighRes datum on its own (StorageResolution
-// 1, own timestamp), in the order recorded; then one datum per regular series (same name,
-// unit and dimensions) in key order: a plain Value for a single sample, a StatisticSet for
-// more, stamped with the newest sample's time. Calls hold at most MaxDatumsPerCall datums
-// and at most MaxCallBytes by the estimate (a datum never exceeds it: 30 dimensions of
-// maximal length estimate to under 40 KB).
-func build(hi, lo []Datum, base []dim) built {
+// 1, own timestamp), in the order recorded, each followed by its aggregate copies; then one
+// datum per regular series (same name, unit and dimensions) in key order: a plain Value for a
+// single sample, a StatisticSet for more, stamped with the newest sample's time. A datum with
+// Aggregate set goes into one series more per dimension set in aggs whose dimensions differ
+// from those before (see variants); only its own series counts it in the batch's samples.
+// Calls hold at most MaxDatumsPerCall datums and at most MaxCallBytes by the estimate (a datum
+// never exceeds it: 30 dimensions of maximal length estimate to under 40 KB).
+func build(hi, lo []Datum, base []dim, aggs [][]string) built {
 	now := time.Now()
+	aggBases := aggregateBases(base, aggs)
 	var out built
 	invalid := func(err error) {
 		out.invalid++
 		if out.firstErr == nil {
 			out.firstErr = err
 		}
+	}
+	tooMany := func(d *Datum) error {
+		return fmt.Errorf("%w: %s: more than %d dimensions with the base", errInvalid, d.Name, maxDimensions)
 	}
 	var data []types.MetricDatum
 	var samples []int
@@ -232,20 +283,22 @@ func build(hi, lo []Datum, base []dim) built {
 			invalid(err)
 			continue
 		}
-		dims, ok := cwDimensions(base, own)
+		vs, ok := variants(base, aggBases, own, d.Aggregate)
 		if !ok {
-			invalid(fmt.Errorf("%w: %s: more than %d dimensions with the base", errInvalid, d.Name, maxDimensions))
+			invalid(tooMany(&d))
 			continue
 		}
-		data = append(data, types.MetricDatum{
-			MetricName:        aws.String(d.Name),
-			Unit:              types.StandardUnit(d.Unit),
-			Value:             aws.Float64(d.Value),
-			Dimensions:        dims,
-			Timestamp:         aws.Time(d.At),
-			StorageResolution: aws.Int32(1),
-		})
-		samples = append(samples, 1)
+		for i, dims := range vs {
+			data = append(data, types.MetricDatum{
+				MetricName:        aws.String(d.Name),
+				Unit:              types.StandardUnit(d.Unit),
+				Value:             aws.Float64(d.Value),
+				Dimensions:        cwDimensions(dims),
+				Timestamp:         aws.Time(d.At),
+				StorageResolution: aws.Int32(1),
+			})
+			samples = append(samples, b2i(i == 0))
+		}
 	}
 
 	agg := make(map[string]*series)
@@ -255,40 +308,35 @@ func build(hi, lo []Datum, base []dim) built {
 			invalid(err)
 			continue
 		}
-		k := seriesKey(d.Name, d.Unit, own)
-		s := agg[k]
-		if s == nil {
-			s = &series{name: d.Name, unit: d.Unit, dims: own, min: d.Value, max: d.Value, at: d.At}
-			agg[k] = s
-		}
-		s.n++
-		s.sum += d.Value
-		s.min = min(s.min, d.Value)
-		s.max = max(s.max, d.Value)
-		if d.At.After(s.at) {
-			s.at = d.At
-		}
-	}
-	keys := slices.Sorted(func(yield func(string) bool) {
-		for k := range agg {
-			if !yield(k) {
-				return
-			}
-		}
-	})
-	for _, k := range keys {
-		s := agg[k]
-		dims, ok := cwDimensions(base, s.dims)
+		vs, ok := variants(base, aggBases, own, d.Aggregate)
 		if !ok {
-			for range s.n {
-				invalid(fmt.Errorf("%w: %s: more than %d dimensions with the base", errInvalid, s.name, maxDimensions))
-			}
+			invalid(tooMany(&d))
 			continue
 		}
+		for i, dims := range vs {
+			k := seriesKey(d.Name, d.Unit, dims)
+			s := agg[k]
+			if s == nil {
+				s = &series{name: d.Name, unit: d.Unit, dims: dims, min: d.Value, max: d.Value, at: d.At}
+				agg[k] = s
+			}
+			s.n++
+			s.samples += b2i(i == 0)
+			s.sum += d.Value
+			s.min = min(s.min, d.Value)
+			s.max = max(s.max, d.Value)
+			if d.At.After(s.at) {
+				s.at = d.At
+			}
+		}
+	}
+	keys := slices.Sorted(maps.Keys(agg))
+	for _, k := range keys {
+		s := agg[k]
 		md := types.MetricDatum{
 			MetricName: aws.String(s.name),
 			Unit:       types.StandardUnit(s.unit),
-			Dimensions: dims,
+			Dimensions: cwDimensions(s.dims),
 			Timestamp:  aws.Time(s.at),
 		}
 		if s.n == 1 {
@@ -302,7 +350,7 @@ func build(hi, lo []Datum, base []dim) built {
 			}
 		}
 		data = append(data, md)
-		samples = append(samples, s.n)
+		samples = append(samples, s.samples)
 	}
 
 	var cur batch
@@ -323,4 +371,11 @@ func build(hi, lo []Datum, base []dim) built {
 		out.batches = append(out.batches, cur)
 	}
 	return out
+}
+
+func b2i(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }

@@ -71,7 +71,7 @@ func TestBuildChecksDatums(t *testing.T) {
 				} else {
 					lo = []Datum{d}
 				}
-				b := build(hi, lo, base)
+				b := build(hi, lo, base, nil)
 				if !tt.wantValid {
 					if b.invalid != 1 || len(b.batches) != 0 || !errors.Is(b.firstErr, errInvalid) {
 						t.Errorf("HighRes=%v: Got(build) = %d invalid (%v), %d batches; want 1 invalid, none", highRes, b.invalid, b.firstErr, len(b.batches))

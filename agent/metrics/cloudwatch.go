@@ -42,6 +42,14 @@ type CloudWatchConfig struct {
 	// arrive after start; it must be safe for concurrent use and must not block. Empty
 	// values are skipped; nil means no base dimensions.
 	Base func() map[string]string
+	// Aggregate lists dimension sets, as the CloudWatch agent's aggregation_dimensions: a
+	// datum with Aggregate set is also sent once per set, with only those base dimensions the
+	// set names (plus its own dimensions), e.g. {"InstanceType"} for one series per instance
+	// type across the fleet; an empty set keeps no base dimension. A copy whose dimensions
+	// come out the same as those of the datum's own series or of an earlier copy (the base
+	// lacks what the set leaves out, e.g. before the instance identity is known) is not sent:
+	// no series counts a datum twice. Nil means no copies. Read once, by NewCloudWatch.
+	Aggregate [][]string
 	// Logger receives the sink's logs, with component=cloudwatch added. The zero Logger
 	// discards them.
 	Logger zerolog.Logger
@@ -76,7 +84,8 @@ type Stats struct {
 	Calls uint64
 	// Errors counts calls that returned an error.
 	Errors uint64
-	// Sent counts datums on the wire in calls that succeeded: an aggregated series is one.
+	// Sent counts datums on the wire in calls that succeeded: an aggregated series is one,
+	// and so is each aggregate copy (CloudWatchConfig.Aggregate).
 	Sent uint64
 	// SentSamples counts the recorded datums those calls carried.
 	SentSamples uint64
@@ -107,6 +116,7 @@ type CloudWatch struct {
 	ns      string
 	every   time.Duration
 	base    func() map[string]string
+	aggs    [][]string
 	log     zerolog.Logger
 	max     int
 	timeout time.Duration
@@ -139,6 +149,7 @@ func NewCloudWatch(api PutMetricDataAPI, cfg CloudWatchConfig) *CloudWatch {
 		ns:      cfg.Namespace,
 		every:   cfg.Interval,
 		base:    cfg.Base,
+		aggs:    cloneSets(cfg.Aggregate),
 		log:     cfg.Logger.With().Str("component", "cloudwatch").Logger(),
 		max:     cfg.MaxBuffer,
 		timeout: cfg.NoticeCallTimeout,
@@ -164,6 +175,18 @@ func NewCloudWatch(api PutMetricDataAPI, cfg CloudWatchConfig) *CloudWatch {
 		c.retries = 0
 	}
 	return c
+}
+
+// cloneSets copies dimension sets deeply.
+func cloneSets(sets [][]string) [][]string {
+	if sets == nil {
+		return nil
+	}
+	out := make([][]string, len(sets))
+	for i, s := range sets {
+		out[i] = append([]string{}, s...)
+	}
+	return out
 }
 
 // Record buffers ds for the next flush. It never blocks on CloudWatch: it copies each

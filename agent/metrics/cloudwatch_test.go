@@ -224,7 +224,7 @@ func TestPayloadEstimateIsUpperBound(t *testing.T) {
 				tt.lo[i].At = time.Now()
 			}
 			base, _ := baseDims(testBase())
-			b := build(tt.hi, tt.lo, base)
+			b := build(tt.hi, tt.lo, base, nil)
 			if b.invalid != 0 || len(b.batches) != 1 {
 				t.Fatalf("build: %d invalid (%v), %d batches; want 0, 1", b.invalid, b.firstErr, len(b.batches))
 			}

@@ -4,6 +4,8 @@
 // buffer and sends them with PutMetricData from its own goroutines ([CloudWatch.Run]):
 // every Interval (regular series aggregated into one statistic set per series), at once when
 // [CloudWatch.FlushNow] is called on a notice, and one last time when Run's context ends.
+// Datums marked [Datum].Aggregate are also sent under aggregate dimension sets without the
+// instance ([CloudWatchConfig].Aggregate), for alarms across a fleet.
 // [CloudWatch.Record] and [CloudWatch.FlushNow] only touch memory: they return at once even
 // when CloudWatch hangs.
 package metrics
@@ -56,6 +58,10 @@ type Datum struct {
 	// 1-second storage resolution and its own timestamp, and it is the last to be dropped
 	// when the buffer is full.
 	HighRes bool
+	// Aggregate sends the datum also under each of the sink's aggregate dimension sets
+	// ([CloudWatchConfig].Aggregate): with only the base dimensions a set names, plus the
+	// datum's own, so that one series gathers it from every instance that shares them.
+	Aggregate bool
 }
 
 // Sink takes datums. Record never blocks: it only appends to a bounded buffer; when the

@@ -7,8 +7,11 @@ import (
 	"time"
 )
 
-// The series of one minute on an 8-GPU instance, as the agent records them (agent/gpu.go's
-// gpuSeries and recordAgentSeries): 19 per GPU, 6 of the agent, all sampled every 5 s.
+// The series of one minute on an 8-GPU instance with metrics.cloudwatch_per_gpu on, the most
+// the agent sends (agent/gpu.go's gpuSeries and gpuDatums, agent.go's agentDatums): 20 per GPU
+// (constants recorded every sample here, though the agent sends them only when they change),
+// and 11 per instance (the agent's 5, the GPU aggregates' 6), which also go out without the
+// instance (Aggregate, the default InstanceType set). All are sampled every 5 s.
 var (
 	gpuSeries = []struct {
 		name string
@@ -17,18 +20,21 @@ var (
 		{"GPUSMClockMHz", UnitNone}, {"GPUSMClockMaxMHz", UnitNone}, {"GPUMemClockMHz", UnitNone},
 		{"GPUMemClockMaxMHz", UnitNone}, {"GPUMemBandwidthPeak", UnitBytesPerSecond},
 		{"GPUMemBandwidthAchieved", UnitBytesPerSecond}, {"GPUUtilization", UnitPercent},
-		{"GPUMemUtilization", UnitPercent}, {"GPUDRAMBandwidthUtilization", UnitPercent},
+		{"GPUMemDutyCycle", UnitPercent}, {"GPUDRAMBandwidthUtilization", UnitPercent},
 		{"GPUMemUsed", UnitBytes}, {"GPUMemTotal", UnitBytes}, {"GPUTemperatureCelsius", UnitNone},
-		{"GPUPowerWatts", UnitNone}, {"GPUClockEventReasons", UnitCount}, {"GPUECCUncorrected", UnitCount},
-		{"GPURemappedRowsPending", UnitCount}, {"GPUXIDCritical", UnitCount}, {"GPULost", UnitCount},
-		{"GPUDegraded", UnitCount},
+		{"GPUPowerWatts", UnitNone}, {"GPUClockEventReasons", UnitCount}, {"GPUSlowdownPercent", UnitPercent},
+		{"GPUECCUncorrected", UnitCount}, {"GPURemappedRowsPending", UnitCount}, {"GPUXIDCritical", UnitCount},
+		{"GPULost", UnitCount}, {"GPUDegraded", UnitCount},
 	}
-	// agentSeries are the agent's periodic series (sampled every 15 s in the agent; every 5 s
-	// here, which only adds samples to their statistic sets, not datums on the wire).
-	agentSeries = []string{
-		"IMDSErrors", "IMDSUp", "TrainerProcesses", "TrainerSignalUncaught",
-		"NewestCheckpointAgeSeconds", "DurableForecastSeconds",
+	// instanceSeries are the per-instance series (the agent's sampled every 15 s, the GPU
+	// aggregates once per GPU per sample; once every 5 s here, which only changes how many
+	// samples their statistic sets hold, not the datums on the wire).
+	instanceSeries = []string{
+		"IMDSUp", "TrainerProcesses", "TrainerSignalUncaught", "NewestCheckpointAgeSeconds", "DurableForecastSeconds",
+		"GPUDegradedCount", "GPULostCount", "GPUSMClockMHz", "GPUTemperatureCelsius", "GPUUtilization", "GPUMemBandwidthAchieved",
 	}
+	// minuteAggregate is the aggregate dimension set of the payload tests.
+	minuteAggregate = [][]string{{"InstanceType"}}
 )
 
 const (
@@ -54,14 +60,14 @@ func recordMinute8GPU(s Sink, start time.Time) int {
 	}
 	for i := range minuteSamples {
 		at := start.Add(time.Duration(i) * 5 * time.Second)
-		ds := make([]Datum, 0, minuteGPUs*len(gpuSeries)+len(agentSeries))
+		ds := make([]Datum, 0, minuteGPUs*len(gpuSeries)+len(instanceSeries))
 		for g := range minuteGPUs {
 			for j, gs := range gpuSeries {
 				ds = append(ds, Datum{Name: gs.name, Unit: gs.unit, Value: float64(1000*j + 10*g + i), Dimensions: gpuDims[g], At: at})
 			}
 		}
-		for j, name := range agentSeries {
-			ds = append(ds, Datum{Name: name, Unit: UnitCount, Value: float64(j + i), At: at})
+		for j, name := range instanceSeries {
+			ds = append(ds, Datum{Name: name, Unit: UnitCount, Value: float64(j + i), At: at, Aggregate: true})
 		}
 		s.Record(ds...)
 		n += len(ds)
@@ -93,13 +99,14 @@ func measureMinute8GPU(tb testing.TB, c *CloudWatch, f *fakeCW, start time.Time)
 // 8-GPU instance.
 func TestMinutePayload8GPU(t *testing.T) {
 	f := newFakeCW(nil)
-	c := NewCloudWatch(memClient(f), CloudWatchConfig{Base: testBase})
+	c := NewCloudWatch(memClient(f), CloudWatchConfig{Base: testBase, Aggregate: minuteAggregate})
 	p := measureMinute8GPU(t, c, f, time.Now().Add(-time.Minute))
 	t.Logf("per minute: %d calls, %d datums (%d samples), %d bytes body, %d bytes on the wire",
 		p.Calls, p.Datums, p.Samples, p.BodyBytes, p.WireBytes)
-	wantDatums := minuteGPUs*len(gpuSeries) + len(agentSeries)
-	if p.Calls != 1 || p.Datums != wantDatums || p.Samples != wantDatums*minuteSamples {
-		t.Errorf("Got(payload) = %+v; want 1 call, %d datums, %d samples", p, wantDatums, wantDatums*minuteSamples)
+	recorded := minuteGPUs*len(gpuSeries) + len(instanceSeries)
+	wantDatums := recorded + len(instanceSeries) // and the aggregate copies
+	if p.Calls != 1 || p.Datums != wantDatums || p.Samples != recorded*minuteSamples {
+		t.Errorf("Got(payload) = %+v; want 1 call, %d datums, %d samples", p, wantDatums, recorded*minuteSamples)
 	}
 	if p.BodyBytes > MaxCallBytes || p.WireBytes >= p.BodyBytes {
 		t.Errorf("Got(payload) = %+v; want a gzipped body under %d bytes", p, MaxCallBytes)
@@ -107,11 +114,11 @@ func TestMinutePayload8GPU(t *testing.T) {
 }
 
 // BenchmarkCloudWatchMinute8GPU measures recording and flushing one minute of an 8-GPU
-// instance (19 series per GPU and 6 agent series, every 5 s) through the real SDK client
-// to an in-memory endpoint, and reports the traffic per minute.
+// instance with every per-GPU series (20 series per GPU and 11 per instance, every 5 s)
+// through the real SDK client to an in-memory endpoint, and reports the traffic per minute.
 func BenchmarkCloudWatchMinute8GPU(b *testing.B) {
 	f := newFakeCW(nil)
-	c := NewCloudWatch(memClient(f), CloudWatchConfig{Base: testBase})
+	c := NewCloudWatch(memClient(f), CloudWatchConfig{Base: testBase, Aggregate: minuteAggregate})
 	var total minutePayload
 	n := 0
 	for b.Loop() {

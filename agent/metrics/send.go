@@ -63,7 +63,7 @@ func (c *CloudWatch) flush(ctx context.Context, m mode, carry []batch) []batch {
 			c.log.Warn().Strs("dimensions", bad).Msg(msgBadBase)
 		}
 	}
-	b := build(hi, lo, base)
+	b := build(hi, lo, base, c.aggs)
 	if b.invalid > 0 {
 		c.mu.Lock()
 		c.st.DroppedInvalid += uint64(b.invalid)
