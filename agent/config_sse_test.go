@@ -53,7 +53,7 @@ func TestStoreSSE(t *testing.T) {
 				return
 			}
 			got := cfg.S3Options()
-			want := checkpoint.S3Options{PartSize: 64 << 20, Concurrency: 64, SSE: c.want.SSE, KMSKeyID: c.want.KMSKeyID}
+			want := checkpoint.S3Options{PartSize: 64 << 20, Concurrency: 128, SSE: c.want.SSE, KMSKeyID: c.want.KMSKeyID}
 			if got != want {
 				t.Errorf("Got(%v) S3Options() = %+v; want %+v", c.env, got, want)
 			}

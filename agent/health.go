@@ -267,6 +267,8 @@ type storeStatus struct {
 	// UploadErrors counts the uploader's failed uploads and commits by reason.
 	UploadErrors    map[string]uint64  `json:"upload_errors"`
 	LastUploadError *uploadErrorStatus `json:"last_upload_error,omitempty"`
+	// Concurrency says how the S3 store's requests in flight have adapted; absent for file://.
+	Concurrency *checkpoint.LimiterStats `json:"concurrency,omitempty"`
 }
 
 // storeStatus is nil without a store.
@@ -287,6 +289,10 @@ func (a *Agent) storeStatus() *storeStatus {
 			out.FailedStep, out.Reason, out.Error = ps.Last.Step, ps.Last.Reason, ps.Last.Err.Error()
 			out.Fix = StoreFix(ps.Last.Reason, ps.Last.URL, ps.Last.Err)
 		}
+	}
+	if c := a.metrics.health.concurrency; c != nil {
+		st := c()
+		out.Concurrency = &st
 	}
 	s.mu.Lock()
 	maps.Copy(out.UploadErrors, s.uploadErrors)

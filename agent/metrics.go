@@ -7,6 +7,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/spotguard/spotguard/agent/imds"
+	"github.com/spotguard/spotguard/checkpoint"
 )
 
 // promMetrics are the agent's Prometheus series. They live in a registry of the agent's own, never the
@@ -148,8 +149,10 @@ func newMetrics(reg prometheus.Registerer, stats func() imds.Stats) *promMetrics
 		m.uploadErrors.WithLabelValues(r)
 	}
 	m.health = &healthCollector{
-		healthy: prometheus.NewDesc("spotguard_healthy", "1 when /healthz answers 200 (IMDS spot answers, the store probe passed, the checkpoint watcher runs), else 0.", nil, nil),
-		storeUp: prometheus.NewDesc("spotguard_store_up", "1 when the last store probe passed, 0 when it failed; absent without a store or before the first probe.", nil, nil),
+		healthy:   prometheus.NewDesc("spotguard_healthy", "1 when /healthz answers 200 (IMDS spot answers, the store probe passed, the checkpoint watcher runs), else 0.", nil, nil),
+		storeUp:   prometheus.NewDesc("spotguard_store_up", "1 when the last store probe passed, 0 when it failed; absent without a store or before the first probe.", nil, nil),
+		limit:     prometheus.NewDesc("spotguard_store_concurrency_limit", "S3 requests the uploader and restores may have in flight now: it grows while throughput grows, up to store.concurrency, and backs off on throttling; absent for file:// stores.", nil, nil),
+		throttled: prometheus.NewDesc("spotguard_store_throttled_total", "Times the S3 store halved its requests in flight on a 503 SlowDown, a reset or a timed-out connection; absent for file:// stores.", nil, nil),
 	}
 	reg.MustRegister(m.storeProbeFailures, m.uploadErrors, m.health)
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
@@ -193,12 +196,16 @@ func (c *imdsCollector) Collect(ch chan<- prometheus.Metric) {
 type healthCollector struct {
 	verdict          func(now time.Time) healthVerdict
 	store            func() storeProbeState
+	concurrency      func() checkpoint.LimiterStats // the uploader's S3 store; nil for others
 	healthy, storeUp *prometheus.Desc
+	limit, throttled *prometheus.Desc
 }
 
 func (c *healthCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.healthy
 	ch <- c.storeUp
+	ch <- c.limit
+	ch <- c.throttled
 }
 
 func (c *healthCollector) Collect(ch chan<- prometheus.Metric) {
@@ -209,5 +216,10 @@ func (c *healthCollector) Collect(ch chan<- prometheus.Metric) {
 		if ps := c.store(); ps.Probes > 0 {
 			ch <- prometheus.MustNewConstMetric(c.storeUp, prometheus.GaugeValue, b2f(ps.Last.OK()))
 		}
+	}
+	if c.concurrency != nil {
+		st := c.concurrency()
+		ch <- prometheus.MustNewConstMetric(c.limit, prometheus.GaugeValue, float64(st.Limit))
+		ch <- prometheus.MustNewConstMetric(c.throttled, prometheus.CounterValue, float64(st.Throttled))
 	}
 }
