@@ -30,7 +30,9 @@ func newUploader(cfg *Config, deps Deps, a *Agent) (*checkpointWatch, *checkpoin
 	if err != nil {
 		return nil, nil, fmt.Errorf("store.url: %w", err)
 	}
-	if c, ok := store.(interface{ Concurrency() checkpoint.LimiterStats }); ok {
+	if c, ok := store.(interface {
+		Concurrency() checkpoint.LimiterStats
+	}); ok {
 		a.metrics.health.concurrency = c.Concurrency
 	}
 	newWatcher := deps.NewCheckpointWatcher
