@@ -57,7 +57,7 @@ func commands() []command {
 		{"notify", "hand the agent a notice the job learned from another node: urgent uploads, no signal", runNotify},
 		{"gpu", "sample and judge every GPU (exit 0 healthy, 3 degraded, 4 no NVML)",
 			func(ctx context.Context, args, environ []string, stdout, stderr io.Writer) int {
-				return runGPU(ctx, args, environ, stdout, stderr, openNVML)
+				return runGPU(ctx, args, environ, stdout, stderr, gpuDeps{open: openNVML})
 			}},
 		{"plan", "how often to checkpoint: Young and Daly intervals, expected losses and costs",
 			func(_ context.Context, args, _ []string, stdout, stderr io.Writer) int {

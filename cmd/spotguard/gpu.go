@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"strings"
+	"sync"
 	"text/tabwriter"
 	"time"
 
@@ -42,6 +43,8 @@ type gpuOpener func(log zerolog.Logger) (gpuSource, error)
 type gpuSource interface {
 	Facts() []nvml.Facts
 	Sample(ctx context.Context) []nvml.Sample
+	// RunEvents counts XIDs into the samples until ctx ends (nvml.GPUs.RunEvents).
+	RunEvents(ctx context.Context) error
 	Close()
 }
 
@@ -53,7 +56,13 @@ func openNVML(log zerolog.Logger) (gpuSource, error) {
 	return g, nil
 }
 
-func runGPU(ctx context.Context, args, environ []string, stdout, stderr io.Writer, open gpuOpener) int {
+// gpuDeps are what `spotguard gpu` opens; tests pass fakes.
+type gpuDeps struct {
+	// open opens NVML: openNVML.
+	open gpuOpener
+}
+
+func runGPU(ctx context.Context, args, environ []string, stdout, stderr io.Writer, deps gpuDeps) int {
 	fs, cf := newFlagSet("gpu", "Sample every GPU --samples times, --interval apart, and judge it: clocks now/max, peak and\nachieved memory bandwidth, utilization, temperature, power, clock-event reasons, verdict. A reading\nof a moment (clocks, throttling, a peer comparison) counts only when it holds in 3 of the samples;\nECC, row remapping, critical XIDs and a lost GPU count at once. The report shows the last sample.\nExit 0 healthy, 3 degraded, 4 no NVML (with the reason).", stdout, stderr)
 	jsonOut := fs.Bool("json", false, "print the report as JSON")
 	nSamples := fs.Int("samples", nvml.DefaultEvidenceN, "how many samples to judge from (1: one reading decides)")
@@ -70,7 +79,7 @@ func runGPU(ctx context.Context, args, environ []string, stdout, stderr io.Write
 		return exitFail
 	}
 	log := newLogger(stderr, environ, max(cfg.Log.Level, zerolog.WarnLevel))
-	gpus, err := open(log)
+	gpus, err := deps.open(log)
 	if err != nil {
 		reason := strings.TrimPrefix(err.Error(), nvml.ErrUnavailable.Error()+": ")
 		if *jsonOut {
@@ -83,6 +92,13 @@ func runGPU(ctx context.Context, args, environ []string, stdout, stderr io.Write
 		return exitNoNVML
 	}
 	defer gpus.Close()
+	// XIDs are events, not readings: they are counted only while RunEvents runs, so it runs for
+	// the whole sampling window (and is stopped, and waited for, before Close).
+	evCtx, stopEvents := context.WithCancel(ctx)
+	var events sync.WaitGroup
+	events.Go(func() { gpus.RunEvents(evCtx) })
+	defer events.Wait()
+	defer stopEvents()
 	facts := gpus.Facts()
 	judge := nvml.Judge{K: min(nvml.DefaultEvidenceK, *nSamples), N: *nSamples}
 	var samples []nvml.Sample
