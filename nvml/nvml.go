@@ -245,6 +245,12 @@ var reasonNames = [...]string{
 // when a loaded GPU is held below its maximum clock.
 var slowdownReasons = []string{"hw_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown", "sw_thermal_slowdown"}
 
+// IsSlowdownReason reports whether a clock event reason, as ClockEventReasons names it, means
+// hardware or cooling trouble when it holds a loaded GPU below its maximum clock: hw_slowdown,
+// hw_thermal_slowdown, hw_power_brake_slowdown or sw_thermal_slowdown. Others (sw_power_cap,
+// gpu_idle, applications_clocks_setting, ...) are how a healthy GPU runs.
+func IsSlowdownReason(name string) bool { return slices.Contains(slowdownReasons, name) }
+
 // ClockEventReasons decodes an NVML clock event (throttle) reason bitmask
 // into names, lowest bit first: "gpu_idle", "applications_clocks_setting",
 // "sw_power_cap", "hw_slowdown", "sync_boost", "sw_thermal_slowdown",
@@ -404,7 +410,7 @@ func healthReasons(r []finding, s *Sample, f *Facts) []finding {
 	if loaded(s) {
 		var active []string
 		for _, name := range s.ClockEventReasons {
-			if slices.Contains(slowdownReasons, name) {
+			if IsSlowdownReason(name) {
 				active = append(active, name)
 			}
 		}
