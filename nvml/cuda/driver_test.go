@@ -50,7 +50,7 @@ func fakeEnv(t *testing.T, env map[string]string) (stats string) {
 	t.Helper()
 	stats = filepath.Join(t.TempDir(), "stats")
 	for _, k := range []string{"FAKE_CUDA_DEVICES", "FAKE_CUDA_GBPS", "FAKE_CUDA_UUIDS", "FAKE_CUDA_NAMES", "FAKE_CUDA_CC",
-		"FAKE_CUDA_MEM", "FAKE_CUDA_FREE", "FAKE_CUDA_VERSION", "FAKE_CUDA_FAIL", "FAKE_CUDA_BARRIER"} {
+		"FAKE_CUDA_MEM", "FAKE_CUDA_FREE", "FAKE_CUDA_VERSION", "FAKE_CUDA_FAIL", "FAKE_CUDA_BARRIER", "FAKE_CUDA_PAUSE"} {
 		t.Setenv(k, env[k])
 	}
 	t.Setenv("FAKE_CUDA_STATS", stats)

@@ -24,18 +24,25 @@
 //	FAKE_CUDA_BARRIER=4              the first cuEventSynchronize of each of 4 threads waits until
 //	                                 all 4 are in it at once (10 s at most; then CUDA_ERROR_UNKNOWN):
 //	                                 it passes only if the devices are probed in parallel
+//	FAKE_CUDA_PAUSE=W,R              the second cuEventSynchronize of each thread (the end of the
+//	                                 first timed batch, after the warm-up's) writes a byte to file
+//	                                 descriptor W, then waits for a byte on R (10 s at most; then
+//	                                 CUDA_ERROR_UNKNOWN): a test can look at the GPUs while the
+//	                                 timed copies are under way, without any timing
 //	FAKE_CUDA_STATS=/path            after every create and destroy, the live objects are written
 //	                                 there: "contexts 0 max_contexts 4 allocations 0 streams 0 events 0"
 //
 // A list with one item applies to every device. Contexts are current per thread, as CUDA's are:
 // a call that needs a context made on another thread fails with CUDA_ERROR_INVALID_CONTEXT.
 #include <errno.h>
+#include <poll.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 typedef int CUresult;
 typedef int CUdevice;
@@ -409,12 +416,26 @@ static CUresult barrier(void) {
 	return SUCCESS;
 }
 
+// pause hands over to the test at the second call of each thread, as FAKE_CUDA_PAUSE says.
+static CUresult pause_here(void) {
+	static __thread int calls;
+	char buf[32];
+	if (++calls != 2 || item("FAKE_CUDA_PAUSE", 0, buf, sizeof buf) == NULL) return SUCCESS;
+	int w = atoi(buf), r = (int)num("FAKE_CUDA_PAUSE", 1, -1);
+	char b = 'p';
+	if (write(w, &b, 1) != 1) return UNKNOWN;
+	struct pollfd p = {.fd = r, .events = POLLIN};
+	if (poll(&p, 1, 10000) != 1 || read(r, &b, 1) != 1) return UNKNOWN;
+	return SUCCESS;
+}
+
 CUresult cuEventSynchronize(CUevent e) {
 	NEED_CTX;
 	FAIL("cuEventSynchronize", current->dev);
 	if (e == NULL || e->ctx != current) return INVALID_HANDLE;
 	CUresult r = barrier();
 	if (r) return r;
+	if ((r = pause_here())) return r;
 	e->synced = 1;
 	return SUCCESS;
 }
