@@ -9,6 +9,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strings"
 	"sync"
@@ -370,3 +371,28 @@ func (g *fakeNVML) RunEvents(ctx context.Context) error {
 }
 
 func (g *fakeNVML) Close() { g.closed.Store(true) }
+
+// docs/gpu.md's launch-check section documents every field of `spotguard gpu --probe --json`.
+func TestProbeJSONDocumented(t *testing.T) {
+	b, err := os.ReadFile(filepath.Join("..", "..", "docs", "gpu.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, section, ok := strings.Cut(string(b), "\n## Launch check: `spotguard gpu --probe`\n")
+	if !ok {
+		t.Fatal("docs/gpu.md has no section \"## Launch check: `spotguard gpu --probe`\"")
+	}
+	for _, typ := range []reflect.Type{reflect.TypeFor[probeReport](), reflect.TypeFor[probeGPU](), reflect.TypeFor[clocks]()} {
+		for f := range typ.Fields() {
+			name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+			if !strings.Contains(section, "`"+name+"`") {
+				t.Errorf("Got(docs/gpu.md) lacks the --json field `%s` (%s.%s)", name, typ.Name(), f.Name)
+			}
+		}
+	}
+	for _, rule := range []string{ruleProbePeers, ruleProbePeak, nvml.RuleSlowdown, nvml.RuleXIDCritical, nvml.RuleXIDRecoverable} {
+		if !strings.Contains(section, "`"+rule+"`") {
+			t.Errorf("Got(docs/gpu.md) lacks the rule `%s`", rule)
+		}
+	}
+}
