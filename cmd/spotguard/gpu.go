@@ -151,9 +151,15 @@ func runGPU(ctx context.Context, args, environ []string, stdout, stderr io.Write
 	// the whole sampling window (and is stopped, and waited for, before Close).
 	evCtx, stopEvents := context.WithCancel(ctx)
 	var events sync.WaitGroup
-	events.Go(func() { gpus.RunEvents(evCtx) })
-	defer events.Wait()
-	defer stopEvents()
+	var eventsErr error
+	events.Go(func() { eventsErr = gpus.RunEvents(evCtx) })
+	defer func() {
+		stopEvents()
+		events.Wait()
+		if eventsErr != nil {
+			fmt.Fprintf(stderr, "spotguard gpu: XIDs were not listened for: %v\n", eventsErr)
+		}
+	}()
 	facts := gpus.Facts()
 	judge := nvml.Judge{K: min(nvml.DefaultEvidenceK, *nSamples), N: *nSamples}
 	var samples []nvml.Sample

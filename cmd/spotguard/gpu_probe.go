@@ -130,7 +130,8 @@ func runProbe(ctx context.Context, stdout, stderr io.Writer, gpus gpuSource, dep
 	every := cmp.Or(deps.probeSampleEvery, probeSampleInterval)
 	runCtx, stop := context.WithCancel(ctx)
 	var wg sync.WaitGroup
-	wg.Go(func() { gpus.RunEvents(runCtx) })
+	var eventsErr error
+	wg.Go(func() { eventsErr = gpus.RunEvents(runCtx) })
 	var mu sync.Mutex
 	var ticks [][]nvml.Sample
 	wg.Go(func() {
@@ -158,6 +159,9 @@ func runProbe(ctx context.Context, stdout, stderr io.Writer, gpus gpuSource, dep
 	}
 	stop()
 	wg.Wait()
+	if eventsErr != nil {
+		fmt.Fprintf(stderr, "spotguard gpu: XIDs were not listened for: %v\n", eventsErr)
+	}
 	if perr != nil {
 		fmt.Fprintf(stderr, "spotguard gpu: %v\n", perr)
 		return exitFail
@@ -167,8 +171,8 @@ func runProbe(ctx context.Context, stdout, stderr io.Writer, gpus gpuSource, dep
 	rep := judgeProbe(facts, res, ticks, final, a.threshold)
 	if a.json {
 		writeJSON(stdout, rep)
-	} else {
-		printProbeTable(stdout, rep)
+	} else if err := printProbeTable(stdout, rep); err != nil {
+		fmt.Fprintf(stderr, "spotguard gpu: write the report: %v\n", err)
 	}
 	return probeExit(rep)
 }
@@ -511,7 +515,7 @@ func writeJSON(w io.Writer, v any) {
 }
 
 // printProbeTable writes the probe's report as a table, then its verdict.
-func printProbeTable(w io.Writer, rep probeReport) {
+func printProbeTable(w io.Writer, rep probeReport) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "GPU\tCUDA\tMODEL\tGB/s\tPEAK GB/s\tOF PEAK\tCOMPARED WITH\tSM MHz min/med\tMEM MHz min/med\tREASONS\tXIDS\tVERDICT")
 	for _, g := range rep.GPUs {
@@ -529,7 +533,9 @@ func printProbeTable(w io.Writer, rep probeReport) {
 			optNum(ptrScale(g.OfPeak, 100), "%.0f %%"), comparedWith(g), clockPair(g.SMClockMHz), clockPair(g.MemClockMHz),
 			orDash(strings.Join(g.ClockEventReasons, ",")), xids(g), verdict)
 	}
-	tw.Flush()
+	if err := tw.Flush(); err != nil {
+		return err
+	}
 	switch code := probeExit(rep); code {
 	case exitGPUDegraded:
 		var bad []string
@@ -544,6 +550,7 @@ func printProbeTable(w io.Writer, rep probeReport) {
 	default:
 		fmt.Fprintln(w, "\nhealthy (exit 0)")
 	}
+	return nil
 }
 
 func comparedWith(g probeGPU) string {
