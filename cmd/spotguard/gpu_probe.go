@@ -132,8 +132,7 @@ func runProbe(ctx context.Context, stdout, stderr io.Writer, gpus gpuSource, dep
 	var wg sync.WaitGroup
 	var eventsErr error
 	wg.Go(func() { eventsErr = gpus.RunEvents(runCtx) })
-	var mu sync.Mutex
-	var ticks [][]nvml.Sample
+	var ticks [][]nvml.Sample // read once wg.Wait returns
 	wg.Go(func() {
 		t := time.NewTicker(every)
 		defer t.Stop()
@@ -142,9 +141,7 @@ func runProbe(ctx context.Context, stdout, stderr io.Writer, gpus gpuSource, dep
 			if runCtx.Err() != nil {
 				return
 			}
-			mu.Lock()
 			ticks = append(ticks, s)
-			mu.Unlock()
 			select {
 			case <-runCtx.Done():
 				return
