@@ -279,6 +279,12 @@ func slowdowns(s *Sample) []string {
 	return held
 }
 
+// IsSlowdownReason reports whether a clock event reason, as ClockEventReasons names it, means
+// hardware or cooling trouble when it holds a GPU below its maximum clock: hw_slowdown,
+// hw_thermal_slowdown, hw_power_brake_slowdown or sw_thermal_slowdown. Others (sw_power_cap,
+// gpu_idle, applications_clocks_setting, ...) are how a healthy GPU runs.
+func IsSlowdownReason(name string) bool { return slices.Contains(slowdownReasons, name) }
+
 // ClockEventReasons decodes an NVML clock event (throttle) reason bitmask
 // into names, lowest bit first: "gpu_idle", "applications_clocks_setting",
 // "sw_power_cap", "hw_slowdown", "sync_boost", "sw_thermal_slowdown",

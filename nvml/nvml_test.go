@@ -466,3 +466,14 @@ func TestMIGSlowdownIsJudged(t *testing.T) {
 		}
 	}
 }
+
+func TestIsSlowdownReason(t *testing.T) {
+	for name, want := range map[string]bool{
+		"hw_slowdown": true, "hw_thermal_slowdown": true, "hw_power_brake_slowdown": true, "sw_thermal_slowdown": true,
+		"sw_power_cap": false, "gpu_idle": false, "applications_clocks_setting": false, "sync_boost": false, "unknown_0x800": false,
+	} {
+		if got := IsSlowdownReason(name); got != want {
+			t.Errorf("Got(%q) = %v; want %v", name, got, want)
+		}
+	}
+}

@@ -55,9 +55,9 @@ func commands() []command {
 		{"restore", "download the newest committed checkpoint, verified, into --to DIR or checkpoint.dir", runRestore},
 		{"list", "list the job's committed checkpoints, newest first", runList},
 		{"notify", "hand the agent a notice the job learned from another node: urgent uploads, no signal", runNotify},
-		{"gpu", "sample and judge every GPU (exit 0 healthy, 3 degraded, 4 no NVML)",
+		{"gpu", "sample or --probe every GPU and judge it (exit 0 healthy, 3 degraded, 4 no NVML/CUDA)",
 			func(ctx context.Context, args, environ []string, stdout, stderr io.Writer) int {
-				return runGPU(ctx, args, environ, stdout, stderr, openNVML)
+				return runGPU(ctx, args, environ, stdout, stderr, gpuDeps{open: openNVML})
 			}},
 		{"plan", "how often to checkpoint: Young and Daly intervals, expected losses and costs",
 			func(_ context.Context, args, _ []string, stdout, stderr io.Writer) int {

@@ -4,15 +4,19 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"strings"
+	"sync"
 	"text/tabwriter"
 	"time"
 
 	"github.com/rs/zerolog"
 
+	"github.com/spotguard/spotguard/agent"
 	"github.com/spotguard/spotguard/nvml"
+	"github.com/spotguard/spotguard/nvml/cuda"
 )
 
 // Exit codes of `spotguard gpu`, so it can gate a job at launch.
@@ -42,6 +46,8 @@ type gpuOpener func(log zerolog.Logger) (gpuSource, error)
 type gpuSource interface {
 	Facts() []nvml.Facts
 	Sample(ctx context.Context) []nvml.Sample
+	// RunEvents counts XIDs into the samples until ctx ends (nvml.GPUs.RunEvents).
+	RunEvents(ctx context.Context) error
 	Close()
 }
 
@@ -53,27 +59,82 @@ func openNVML(log zerolog.Logger) (gpuSource, error) {
 	return g, nil
 }
 
-func runGPU(ctx context.Context, args, environ []string, stdout, stderr io.Writer, open gpuOpener) int {
-	fs, cf := newFlagSet("gpu", "Sample every GPU --samples times, --interval apart, and judge it: clocks now/max, peak and\nachieved memory bandwidth, utilization, temperature, power, clock-event reasons, verdict. A reading\nof a moment (clocks, throttling, a peer comparison) counts only when it holds in 3 of the samples;\nECC, row remapping, critical XIDs and a lost GPU count at once. The report shows the last sample.\nExit 0 healthy, 3 degraded, 4 no NVML (with the reason).", stdout, stderr)
+// gpuDeps are what `spotguard gpu` opens; tests pass fakes.
+type gpuDeps struct {
+	// open opens NVML: openNVML.
+	open gpuOpener
+	// cudaLibrary is the CUDA driver --probe loads: "" is cuda.DefaultLibrary (libcuda.so.1).
+	cudaLibrary string
+	// probeSampleEvery is how often --probe samples NVML while the copies run: 0 is
+	// probeSampleInterval.
+	probeSampleEvery time.Duration
+}
+
+// gpuHelp is the description of `spotguard gpu -h`.
+const gpuHelp = `Sample every GPU --samples times, --interval apart, and judge it: clocks now/max, peak and
+achieved memory bandwidth, utilization, temperature, power, clock-event reasons, verdict. A reading
+of a moment (clocks, throttling, a peer comparison) counts only when it holds in 3 of the samples;
+ECC, row remapping, critical XIDs and a lost GPU count at once. The report shows the last sample.
+
+--probe is the launch check for the silicon lottery: it times device-to-device copies on every GPU
+at once (about 2 s in all) and finds a GPU whose memory bandwidth is more than
+gpu.degraded_threshold (10 %) below its peers'. Run it right after launch; on exit 3, replace the
+instance.
+
+Exit 0 healthy, 3 degraded, 4 no NVML (--probe: or no CUDA driver, with the reason), 1 another
+failure (--probe: a GPU could not be probed).`
+
+func runGPU(ctx context.Context, args, environ []string, stdout, stderr io.Writer, deps gpuDeps) int {
+	fs, cf := newFlagSet("gpu", gpuHelp, stdout, stderr)
 	jsonOut := fs.Bool("json", false, "print the report as JSON")
 	nSamples := fs.Int("samples", nvml.DefaultEvidenceN, "how many samples to judge from (1: one reading decides)")
 	interval := fs.Duration("interval", time.Second, "time between samples")
+	probe := fs.Bool("probe", false, "instead of sampling, measure each GPU's memory bandwidth: device-to-device copies through the CUDA "+
+		"driver (libcuda.so.1) on every GPU at once, judged against the other GPUs of its model (a GPU alone of its model: "+
+		"against its peak × its architecture's copy efficiency), while NVML is sampled for clocks, slowdowns and XIDs")
+	probeBytes := fs.String("probe-bytes", "1GiB", "with --probe: `SIZE` of each of the two buffers a GPU copies between, 64MiB to 64GiB "+
+		"(at most a quarter of the GPU's free memory is used)")
+	probeDuration := fs.Duration("probe-duration", cuda.DefaultDuration, "with --probe: how long each GPU copies, 100ms to 1m; all GPUs copy at once")
 	if code, ok := fs.parse(args); !ok {
 		return code
 	}
-	if *nSamples < 1 || *nSamples > 60 || *interval < 0 {
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	pa := probeArgs{json: *jsonOut, duration: *probeDuration}
+	switch {
+	case *probe && (set["samples"] || set["interval"]):
+		return fs.usageError("--samples and --interval are not used with --probe: it samples NVML every %v while the copies run", probeSampleInterval)
+	case !*probe && (set["probe-bytes"] || set["probe-duration"]):
+		return fs.usageError("--probe-bytes and --probe-duration need --probe")
+	case *nSamples < 1 || *nSamples > 60 || *interval < 0:
 		return fs.usageError("--samples %d --interval %v: want 1 to 60 samples, an interval of 0 or more", *nSamples, *interval)
+	case *probeDuration < minProbeDuration || *probeDuration > maxProbeDuration:
+		return fs.usageError("--probe-duration %v: want %v to %v", *probeDuration, minProbeDuration, maxProbeDuration)
+	}
+	if *probe {
+		n, err := agent.ParseSize(*probeBytes)
+		if err != nil {
+			return fs.usageError("--probe-bytes %q: %v", *probeBytes, err)
+		}
+		if n < minProbeBytes || n > maxProbeBytes {
+			return fs.usageError("--probe-bytes %s: want %s to %s", *probeBytes, iecBytes(minProbeBytes), iecBytes(maxProbeBytes))
+		}
+		pa.bytes = n
 	}
 	cfg, err := cf.load(environ)
 	if err != nil {
 		fmt.Fprintf(stderr, "spotguard gpu: %v\n", err)
 		return exitFail
 	}
+	pa.threshold = cfg.GPU.DegradedThreshold
 	log := newLogger(stderr, environ, max(cfg.Log.Level, zerolog.WarnLevel))
-	gpus, err := open(log)
+	gpus, err := deps.open(log)
 	if err != nil {
 		reason := strings.TrimPrefix(err.Error(), nvml.ErrUnavailable.Error()+": ")
-		if *jsonOut {
+		switch {
+		case *jsonOut && *probe:
+			writeJSON(stdout, offProbe("no NVML: "+reason, pa))
+		case *jsonOut:
 			json.NewEncoder(stdout).Encode(gpuReport{Off: reason, GPUs: []gpuRecord{}})
 		}
 		fmt.Fprintf(stderr, "spotguard gpu: no NVML: %s\n", reason)
@@ -83,6 +144,22 @@ func runGPU(ctx context.Context, args, environ []string, stdout, stderr io.Write
 		return exitNoNVML
 	}
 	defer gpus.Close()
+	if *probe {
+		return runProbe(ctx, stdout, stderr, gpus, deps, pa)
+	}
+	// XIDs are events, not readings: they are counted only while RunEvents runs, so it runs for
+	// the whole sampling window (and is stopped, and waited for, before Close).
+	evCtx, stopEvents := context.WithCancel(ctx)
+	var events sync.WaitGroup
+	var eventsErr error
+	events.Go(func() { eventsErr = gpus.RunEvents(evCtx) })
+	defer func() {
+		stopEvents()
+		events.Wait()
+		if eventsErr != nil {
+			fmt.Fprintf(stderr, "spotguard gpu: XIDs were not listened for: %v\n", eventsErr)
+		}
+	}()
 	facts := gpus.Facts()
 	judge := nvml.Judge{K: min(nvml.DefaultEvidenceK, *nSamples), N: *nSamples}
 	var samples []nvml.Sample
