@@ -96,6 +96,8 @@ type Config struct {
 	}
 	HTTP struct {
 		Listen string
+		// PProf serves Go's profiles under /debug/pprof/ on Listen.
+		PProf bool
 	}
 	Agent struct {
 		// RuntimeDir holds notice.json, which trainers may read for the deadline, and the journal.
@@ -328,6 +330,14 @@ var fields = []field{
 			}
 		}
 		c.HTTP.Listen = v
+		return nil
+	}},
+	{"http.pprof", "false", "also serve Go's profiles (CPU, heap, goroutines) under /debug/pprof/ on http.listen, to measure the agent's cost; anyone who can reach the listener can read them", func(c *Config, v string) error {
+		b, err := strconv.ParseBool(v)
+		if err != nil {
+			return errors.New("want true or false")
+		}
+		c.HTTP.PProf = b
 		return nil
 	}},
 	{"agent.runtime_dir", "/run/spotguard", "directory for runtime state: notice.json, and the upload journal that lets a restarted agent resume its commits", func(c *Config, v string) error {

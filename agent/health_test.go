@@ -57,3 +57,25 @@ func TestHealthzTurnsUnhealthyAfter30s(t *testing.T) {
 		}
 	})
 }
+
+// /debug/pprof/ is served only with http.pprof.
+func TestPProfOnlyWhenAsked(t *testing.T) {
+	for _, tc := range []struct {
+		env  string
+		want int
+	}{{"SPOTGUARD_HTTP_PPROF=false", http.StatusNotFound}, {"SPOTGUARD_HTTP_PPROF=true", http.StatusOK}} {
+		cfg := mustLoad(t, LoadOptions{Environ: []string{"SPOTGUARD_HTTP_LISTEN=", "SPOTGUARD_TRAINER_MATCH=no-such-trainer",
+			"SPOTGUARD_AGENT_RUNTIME_DIR=" + t.TempDir(), tc.env}})
+		a, err := New(cfg, Deps{Logger: zerolog.Nop(), IMDS: downIMDS{}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, path := range []string{"/debug/pprof/", "/debug/pprof/heap"} {
+			rec := httptest.NewRecorder()
+			a.Handler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, path, nil))
+			if rec.Code != tc.want {
+				t.Errorf("Got(%q) GET %s = %d; want %d", tc.env, path, rec.Code, tc.want)
+			}
+		}
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"net/http"
+	"net/http/pprof"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -118,7 +119,8 @@ func (a *Agent) Status() Status {
 	}
 }
 
-// Handler serves /healthz, /status, /metrics and POST /notice. /healthz answers 200 when the
+// Handler serves /healthz, /status, /metrics and POST /notice, and with http.pprof Go's profiles
+// under /debug/pprof/. /healthz answers 200 when the
 // agent is healthy and 503 when it is not, both with the JSON of healthVerdict: healthy, reasons
 // (every one, naming what failed and the error) and warnings. POST /notice takes a notice from
 // the job (handleNotice).
@@ -140,5 +142,12 @@ func (a *Agent) Handler() http.Handler {
 		enc.Encode(a.Status())
 	})
 	mux.Handle("GET /metrics", promhttp.HandlerFor(a.registry, promhttp.HandlerOpts{}))
+	if a.cfg.Load().HTTP.PProf {
+		mux.HandleFunc("GET /debug/pprof/", pprof.Index)
+		mux.HandleFunc("GET /debug/pprof/cmdline", pprof.Cmdline)
+		mux.HandleFunc("GET /debug/pprof/profile", pprof.Profile)
+		mux.HandleFunc("GET /debug/pprof/symbol", pprof.Symbol)
+		mux.HandleFunc("GET /debug/pprof/trace", pprof.Trace)
+	}
 	return mux
 }
