@@ -22,19 +22,22 @@ import (
 //   - It starts at limiterStart (or the maximum, if lower).
 //   - Each window ends when as many parts have completed as the limit allows in flight (every
 //     slot turned over once), and gives a throughput: bytes completed / the window's time.
-//   - After a step up, a throughput at least limiterGain above the step's base keeps growing
-//     (×1.5, at most the maximum: store.concurrency); a smaller gain means the link or the server
-//     is full: the limit goes back to the base, and stays there for limiterHold before probing
-//     up again, so that it follows a link that changes.
+//   - After a step up, a throughput at least limiterGain above the step's base keeps growing, at
+//     most to the maximum (store.concurrency): ×2 after a step that gained limiterSteep or more
+//     (the link still scales with the requests, as on S3 with its per-connection limit), else
+//     ×1.5. A smaller gain means the link or the server is full: the limit goes back to the
+//     base, and stays there for limiterHold before probing up again, so that it follows a link
+//     that changes.
 //   - A throttle (503 SlowDown) or a broken connection (reset, timeout) on any attempt, retried or
 //     not, halves the limit at once, at most once per limiterBackoffGap, and holds it for
 //     limiterHold.
 //   - A window whose parts took more than limiterQueueing × the fastest seconds per byte seen is
 //     queueing at the server (latency rising at no gain): the limit drops by a quarter.
 const (
-	limiterStart      = 8
+	limiterStart      = 4
 	limiterMin        = 2
 	limiterGain       = 1.10
+	limiterSteep      = 1.60
 	limiterHold       = 10 * time.Second
 	limiterBackoffGap = 500 * time.Millisecond
 	limiterQueueing   = 4.0
@@ -154,8 +157,12 @@ func (l *limiter) endWindow() {
 		l.base, l.hold = 0, now.Add(limiterHold)
 		l.stats.Plateaus++
 	case l.limit < l.max && !now.Before(l.hold):
+		step := max(1, l.limit/2)
+		if l.base > 0 && rate >= l.baseRate*limiterSteep {
+			step = l.limit
+		}
 		l.base, l.baseRate = l.limit, rate
-		l.set(min(l.max, l.limit+max(1, l.limit/2)))
+		l.set(l.limit + step)
 		l.stats.Raised++
 	default:
 		l.base, l.baseRate = 0, rate
