@@ -9,11 +9,14 @@ import (
 
 // pacer lets the bytes of one direction of one connection through at no more than rate bytes a
 // second. due is when the bytes let through so far would have finished at rate; a transfer
-// waits until due before it starts and moves at most chunk bytes, so the connection is never
-// ahead of rate by more than one chunk, and an idle connection saves up no credit.
+// waits until due before it starts and moves at most chunk bytes. A transfer that starts late
+// (a timer that fired late, a peer that was slow to send) may catch up by one chunk, no more: so
+// the connection is never ahead of rate by more than two chunks, and an idle one saves up no
+// further credit.
 type pacer struct {
 	rate  float64 // bytes per second; 0: no limit
 	chunk int
+	slack time.Duration // one chunk's time at rate
 
 	mu       sync.Mutex
 	due      time.Time
@@ -25,7 +28,11 @@ func newPacer(rate float64) *pacer {
 	// A chunk is about 20 ms at rate, between 1 KiB and 64 KiB: small enough that the rate holds
 	// over a tenth of a second, large enough that a fast cap does not cost a wake-up per packet.
 	chunk := min(max(int(rate/50), 1<<10), 64<<10)
-	return &pacer{rate: rate, chunk: chunk, kick: make(chan struct{})}
+	p := &pacer{rate: rate, chunk: chunk, kick: make(chan struct{})}
+	if rate > 0 {
+		p.slack = time.Duration(float64(chunk) / rate * float64(time.Second))
+	}
+	return p
 }
 
 // wait blocks until the direction may move its next chunk, until its deadline is past (then the
@@ -66,8 +73,8 @@ func (p *pacer) charge(n int) {
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if now := time.Now(); p.due.Before(now) {
-		p.due = now
+	if floor := time.Now().Add(-p.slack); p.due.Before(floor) {
+		p.due = floor
 	}
 	p.due = p.due.Add(time.Duration(float64(n) / p.rate * float64(time.Second)))
 }

@@ -37,10 +37,10 @@ func TestPacedWriteHoldsRate(t *testing.T) {
 		if n := <-got; n != size {
 			t.Fatalf("read %d bytes; want %d", n, size)
 		}
-		// The first chunk goes at once, each next one when the bytes before it would have
+		// The first two chunks go at once, each next one when the bytes before it would have
 		// finished at the rate.
 		chunk := pc.out.chunk
-		lo := time.Duration(float64(size-chunk) / rate * float64(time.Second))
+		lo := time.Duration(float64(size-2*chunk) / rate * float64(time.Second))
 		hi := time.Duration(float64(size) / rate * float64(time.Second))
 		if elapsed < lo || elapsed > hi {
 			t.Errorf("%d bytes at %.0f B/s took %s; want between %s and %s", size, rate, elapsed, lo, hi)
@@ -75,7 +75,8 @@ func TestPacedReadHoldsRate(t *testing.T) {
 	})
 }
 
-// An idle connection saves up no credit: after a pause it goes on at the rate, not faster.
+// An idle connection saves up no more than a chunk of credit: after a pause it goes on at the
+// rate, not faster.
 func TestPacerSavesNoCredit(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		p := newPacer(1e6)
@@ -85,10 +86,28 @@ func TestPacerSavesNoCredit(t *testing.T) {
 		for range 10 {
 			p.charge(p.wait(p.chunk, nil))
 		}
-		// The first of the ten goes at once; the nine after it wait a chunk's time each.
-		want := 9 * time.Duration(float64(p.chunk)/1e6*float64(time.Second))
+		// The first two of the ten go at once; the eight after them wait a chunk's time each.
+		want := 8 * time.Duration(float64(p.chunk)/1e6*float64(time.Second))
 		if got := time.Since(start); got != want {
 			t.Errorf("ten chunks after a pause took %s; want %s", got, want)
+		}
+	})
+}
+
+// A transfer that starts late (a timer that fired late, a slow peer) does not lower the rate:
+// small transfers, each a little late, still reach it.
+func TestPacerCatchesUpLateStarts(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const rate, piece, pieces = 1e6, 1000, 1000 // 1 MB/s in 1 kB pieces: a second
+		p := newPacer(rate)
+		start := time.Now()
+		for range pieces {
+			n := p.wait(piece, nil)
+			<-time.NewTimer(100 * time.Microsecond).C // late by a tenth of a piece's time
+			p.charge(n)
+		}
+		if got, want := time.Since(start), time.Second; got > want {
+			t.Errorf("%d pieces of %d bytes at %.0f B/s, each started 100µs late, took %s; want at most %s", pieces, piece, rate, got, want)
 		}
 	})
 }

@@ -104,7 +104,7 @@ func startVersitygw(t testing.TB, tc *testCert) string {
 	}
 	addr := ln.Addr().String()
 	ln.Close()
-	args := []string{"--access", peerAccess, "--secret", peerSecret, "--port", addr, "--region", "us-east-1", "--quiet", "--keep-alive"}
+	args := []string{"--access", peerAccess, "--secret", peerSecret, "--port", addr, "--region", "us-east-1", "--quiet"}
 	scheme := "http"
 	if tc != nil {
 		args = append(args, "--cert", tc.certFile, "--key", tc.keyFile)

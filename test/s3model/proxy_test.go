@@ -53,7 +53,16 @@ func newUpstream(t *testing.T) *upstream {
 		u.mu.Unlock()
 		if n, err := strconv.Atoi(r.URL.Query().Get("size")); err == nil {
 			w.Header().Set("Content-Length", strconv.Itoa(n))
-			io.CopyN(w, zeros{}, int64(n))
+			piece, err := strconv.Atoi(r.URL.Query().Get("piece"))
+			if err != nil {
+				io.CopyN(w, zeros{}, int64(n))
+				return
+			}
+			// In pieces, each flushed: the proxy reads, and writes, many small pieces.
+			for sent := 0; sent < n; sent += piece {
+				io.CopyN(w, zeros{}, int64(min(piece, n-sent)))
+				w.(http.Flusher).Flush()
+			}
 			return
 		}
 		fmt.Fprintf(w, "%d", len(body))
@@ -110,13 +119,16 @@ func TestConnCapHolds(t *testing.T) {
 	lo := time.Duration(float64(size-64<<10) / rate * float64(time.Second)) // one chunk may go ahead
 	hi := 2 * time.Duration(float64(size)/rate*float64(time.Second))        // a loaded machine is slower, never faster
 
-	for _, dir := range []string{"down", "up"} {
+	for _, dir := range []string{"down", "down in small pieces", "up"} {
 		t.Run(dir, func(t *testing.T) {
 			transfer := func() {
 				var req *http.Request
-				if dir == "down" {
+				switch dir {
+				case "down":
 					req, _ = http.NewRequest(http.MethodGet, endpoint+"/b/k?size="+strconv.Itoa(size), nil)
-				} else {
+				case "down in small pieces":
+					req, _ = http.NewRequest(http.MethodGet, endpoint+"/b/k?piece=1000&size="+strconv.Itoa(size), nil)
+				default:
 					req, _ = http.NewRequest(http.MethodPut, endpoint+"/b/k", io.LimitReader(zeros{}, size))
 					req.ContentLength = size
 				}
@@ -124,7 +136,7 @@ func TestConnCapHolds(t *testing.T) {
 				if resp.StatusCode != http.StatusOK {
 					t.Errorf("status %d; want 200", resp.StatusCode)
 				}
-				if dir == "down" && len(body) != size {
+				if dir != "up" && len(body) != size {
 					t.Errorf("got %d bytes; want %d", len(body), size)
 				}
 			}
@@ -148,11 +160,11 @@ func TestConnCapHolds(t *testing.T) {
 		})
 	}
 	st := p.Stats()
-	if st.MaxConns < 2 || st.MaxInFlight < 2 || st.Requests != 6 {
-		t.Errorf("Stats = %+v; want MaxConns and MaxInFlight at least 2, Requests 6", st)
+	if st.MaxConns < 2 || st.MaxInFlight < 2 || st.Requests != 9 {
+		t.Errorf("Stats = %+v; want MaxConns and MaxInFlight at least 2, Requests 9", st)
 	}
-	if st.BytesIn < 3*size || st.BytesOut < 3*size {
-		t.Errorf("Stats = %+v; want at least %d bytes each way", st, 3*size)
+	if st.BytesIn < 3*size || st.BytesOut < 6*size {
+		t.Errorf("Stats = %+v; want at least %d bytes in and %d out", st, 3*size, 6*size)
 	}
 }
 
