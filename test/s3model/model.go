@@ -144,6 +144,18 @@ type Stats struct {
 	// BytesIn and BytesOut are the bytes read from and written to clients on the wire: HTTP
 	// headers and bodies, and TLS records with TLS.
 	BytesIn, BytesOut int64
+	// First is when the first request's header was read, Last when the latest request ended
+	// (its response sent or abandoned); zero before any. Last-First is how long the client kept
+	// the model busy, its own start-up and wind-down left out.
+	First, Last time.Time
+}
+
+// Busy is Last-First: 0 before a request has ended.
+func (s Stats) Busy() time.Duration {
+	if s.First.IsZero() || s.Last.Before(s.First) {
+		return 0
+	}
+	return s.Last.Sub(s.First)
 }
 
 // Proxy is the model: an http.Handler in front of the upstream S3 server, and Serve to run it
@@ -235,8 +247,12 @@ func (p *Proxy) wait(ctx context.Context) error {
 // ServeHTTP forwards r to the server, or answers 503 SlowDown when its prefix is over its rate.
 func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	id := p.c.requests.Add(1)
+	p.c.first.CompareAndSwap(0, time.Now().UnixNano())
 	raise(&p.c.maxInFlight, p.c.inFlight.Add(1))
-	defer p.c.inFlight.Add(-1)
+	defer func() {
+		p.c.inFlight.Add(-1)
+		raise(&p.c.last, time.Now().UnixNano())
+	}()
 	if p.opts.Observe != nil {
 		p.opts.Observe(r)
 	}
@@ -263,7 +279,16 @@ func (p *Proxy) Stats() Stats {
 		UpstreamFailures: p.c.upstreamFailures.Load(),
 		BytesIn:          p.c.bytesIn.Load(),
 		BytesOut:         p.c.bytesOut.Load(),
+		First:            unixNano(p.c.first.Load()),
+		Last:             unixNano(p.c.last.Load()),
 	}
+}
+
+func unixNano(ns int64) time.Time {
+	if ns == 0 {
+		return time.Time{}
+	}
+	return time.Unix(0, ns)
 }
 
 // Serve accepts client connections on ln, paced at the per-connection caps and, with

@@ -95,6 +95,7 @@ type counters struct {
 	slowDowns                          atomic.Int64
 	bytesIn, bytesOut                  atomic.Int64
 	upstreamRequests, upstreamFailures atomic.Int64
+	first, last                        atomic.Int64 // Unix nanoseconds; 0: none yet
 }
 
 // raise sets peak to v if v is larger.

@@ -117,7 +117,7 @@ func TestConnCapHolds(t *testing.T) {
 	p, endpoint := startProxy(t, Options{Upstream: u.URL, ConnUpRate: rate, ConnDownRate: rate})
 	c := httpClient(t)
 	lo := time.Duration(float64(size-2*64<<10) / rate * float64(time.Second)) // two chunks may go ahead
-	hi := 2 * time.Duration(float64(size)/rate*float64(time.Second))        // a loaded machine is slower, never faster
+	hi := 2 * time.Duration(float64(size)/rate*float64(time.Second))          // a loaded machine is slower, never faster
 
 	for _, dir := range []string{"down", "down in small pieces", "up"} {
 		t.Run(dir, func(t *testing.T) {
@@ -162,6 +162,9 @@ func TestConnCapHolds(t *testing.T) {
 	st := p.Stats()
 	if st.MaxConns < 2 || st.MaxInFlight < 2 || st.Requests != 9 {
 		t.Errorf("Stats = %+v; want MaxConns and MaxInFlight at least 2, Requests 9", st)
+	}
+	if st.Busy() < 6*lo { // six rounds, one after the other
+		t.Errorf("Stats.Busy() = %s; want at least %s", st.Busy(), 6*lo)
 	}
 	if st.BytesIn < 3*size || st.BytesOut < 6*size {
 		t.Errorf("Stats = %+v; want at least %d bytes in and %d out", st, 3*size, 6*size)
