@@ -192,50 +192,70 @@ func randomFiles(t testing.TB, n, size int) map[string][]byte {
 
 // The agent uploads through the scaled model of S3 over TLS, with each connection capped, 20 ms
 // added to every answer and 503 SlowDown above a few requests a second; spotguard restore and
-// awscli read the checkpoint back through it, byte for byte.
+// awscli read the checkpoint back through it, byte for byte. The same straight to versitygw over
+// TLS, the clients trusting its throwaway certificate.
 func TestAgentAndAWSCLIThroughS3Model(t *testing.T) {
 	needPeers(t)
-	server := startS3(t)
-	model := startModel(t, server, s3model.Options{ConnUpRate: 16e6, ConnDownRate: 16e6,
-		FirstByteLatency: s3model.DefaultFirstByteLatency, SlowDownRate: 10, SlowDownBurst: 4, PrefixSegments: 1})
-	ckdir := t.TempDir()
-	// 6 MiB files in 5 MiB parts: multipart uploads.
-	writeCheckpoint(t, ckdir, "step-000001", randomFiles(t, 3, 6<<20), "{}\n")
-	sim := newIMDS(t)
-	sim.start("spot", "-d", "100000", "--rebalance-delay-sec", "100000")
-	ap := startAgent(t, sim, append([]string{"SPOTGUARD_TRAINER_MATCH=no-trainer-for-this-test",
-		"SPOTGUARD_CHECKPOINT_DIR=" + ckdir, "SPOTGUARD_STORE_URL=s3://" + s3Bucket + "/model",
-		"SPOTGUARD_STORE_JOB=e2e", "SPOTGUARD_STORE_PART_SIZE=5MiB"}, model.agentEnv()...)...)
-	eventually(t, time.Minute, "the checkpoint to be committed through the model", func() bool {
-		return hasLine(ap.metrics(t), `spotguard_checkpoints_committed_total{trigger="periodic"} 1`)
-	})
-	ap.stop(t)
+	for _, tc := range []struct {
+		name  string
+		model bool
+	}{
+		{"model", true},
+		{"tls-server", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var at s3Endpoint
+			var model *s3Model
+			if tc.model {
+				model = startModel(t, startS3(t), s3model.Options{ConnUpRate: 16e6, ConnDownRate: 16e6,
+					FirstByteLatency: s3model.DefaultFirstByteLatency, SlowDownRate: 10, SlowDownBurst: 4, PrefixSegments: 1})
+				at = model.s3Endpoint
+			} else {
+				at = startS3TLS(t).at()
+			}
+			ckdir := t.TempDir()
+			// 6 MiB files in 5 MiB parts: multipart uploads.
+			writeCheckpoint(t, ckdir, "step-000001", randomFiles(t, 3, 6<<20), "{}\n")
+			sim := newIMDS(t)
+			sim.start("spot", "-d", "100000", "--rebalance-delay-sec", "100000")
+			ap := startAgent(t, sim, append([]string{"SPOTGUARD_TRAINER_MATCH=no-trainer-for-this-test",
+				"SPOTGUARD_CHECKPOINT_DIR=" + ckdir, "SPOTGUARD_STORE_URL=s3://" + s3Bucket + "/model",
+				"SPOTGUARD_STORE_JOB=e2e", "SPOTGUARD_STORE_PART_SIZE=5MiB"}, at.agentEnv()...)...)
+			eventually(t, time.Minute, "the checkpoint to be committed", func() bool {
+				return hasLine(ap.metrics(t), `spotguard_checkpoints_committed_total{trigger="periodic"} 1`)
+			})
+			ap.stop(t)
 
-	to := t.TempDir()
-	code, stdout, stderr := runSpotguard(t, append([]string{"SPOTGUARD_STORE_URL=s3://" + s3Bucket + "/model", "SPOTGUARD_STORE_JOB=e2e"},
-		model.agentEnv()...), "restore", "--to", to, "--config", writeEmptyConfig(t))
-	if code != 0 {
-		t.Fatalf("spotguard restore through the model: exit %d\n%s%s", code, stdout, stderr)
-	}
-	sameTree(t, filepath.Join(ckdir, "step-000001"), filepath.Join(to, "step-000001"))
+			to := t.TempDir()
+			code, stdout, stderr := runSpotguard(t, append([]string{"SPOTGUARD_STORE_URL=s3://" + s3Bucket + "/model", "SPOTGUARD_STORE_JOB=e2e"},
+				at.agentEnv()...), "restore", "--to", to, "--config", writeEmptyConfig(t))
+			if code != 0 {
+				t.Fatalf("spotguard restore: exit %d\n%s%s", code, stdout, stderr)
+			}
+			sameTree(t, filepath.Join(ckdir, "step-000001"), filepath.Join(to, "step-000001"))
 
-	dl := t.TempDir()
-	if out, err := model.awscli(t, "", "s3", "cp", "--recursive", "--only-show-errors",
-		"s3://"+s3Bucket+"/model/e2e/step-000001/", dl).CombinedOutput(); err != nil {
-		t.Fatalf("awscli through the model: %v\n%s", err, out)
-	}
-	commits, err := os.ReadDir(dl) // prefix/job/checkpoint/COMMIT/… (docs/store-layout.md)
-	if err != nil || len(commits) != 1 {
-		t.Fatalf("awscli downloaded %v (%v); want one commit", commits, err)
-	}
-	sameTree(t, filepath.Join(ckdir, "step-000001"), filepath.Join(dl, commits[0].Name()))
+			dl := t.TempDir()
+			if out, err := at.awscli(t, "", "s3", "cp", "--recursive", "--only-show-errors",
+				"s3://"+s3Bucket+"/model/e2e/step-000001/", dl).CombinedOutput(); err != nil {
+				t.Fatalf("awscli: %v\n%s", err, out)
+			}
+			commits, err := os.ReadDir(dl) // prefix/job/checkpoint/COMMIT/… (docs/store-layout.md)
+			if err != nil || len(commits) != 1 {
+				t.Fatalf("awscli downloaded %v (%v); want one commit", commits, err)
+			}
+			sameTree(t, filepath.Join(ckdir, "step-000001"), filepath.Join(dl, commits[0].Name()))
 
-	st := model.proxy.Stats()
-	t.Logf("model: %+v", st)
-	if st.SlowDowns == 0 {
-		t.Errorf("the model answered no 503 SlowDown at 10 requests a second; want some, retried")
-	}
-	if st.UpstreamFailures != 0 {
-		t.Errorf("%d requests failed between the model and the server; want none", st.UpstreamFailures)
+			if model == nil {
+				return
+			}
+			st := model.proxy.Stats()
+			t.Logf("model: %+v", st)
+			if st.SlowDowns == 0 {
+				t.Errorf("the model answered no 503 SlowDown at 10 requests a second; want some, retried")
+			}
+			if st.UpstreamFailures != 0 {
+				t.Errorf("%d requests failed between the model and the server; want none", st.UpstreamFailures)
+			}
+		})
 	}
 }
