@@ -152,8 +152,9 @@ func modelCeiling(t testing.TB, server *s3Server) s3model.Ceiling {
 }
 
 // modelOptions are the scaled model's options for ceiling: s3model.Scaled, with the
-// connections that fill the ceiling from BENCH_S3MODEL_CONNS (default s3model.ConnsToFill) and
-// the latency from BENCH_S3MODEL_LATENCY_MS (default 20).
+// connections that fill the ceiling from BENCH_S3MODEL_CONNS (default s3model.ConnsToFill: a
+// p5's NIC over one S3 connection is nearer 150) and the latency from BENCH_S3MODEL_LATENCY_MS
+// (default 20).
 func modelOptions(t testing.TB, ceiling s3model.Ceiling) s3model.Options {
 	t.Helper()
 	conns := float64(s3model.ConnsToFill)
@@ -165,7 +166,8 @@ func modelOptions(t testing.TB, ceiling s3model.Ceiling) s3model.Options {
 		conns = n
 	}
 	opts := s3model.Scaled("", ceiling)
-	opts.ConnUpRate, opts.ConnDownRate = ceiling.Up/conns, ceiling.Down/conns
+	opts.ConnUpRate = opts.ConnUpRate * s3model.ConnsToFill / conns
+	opts.ConnDownRate = opts.ConnDownRate * s3model.ConnsToFill / conns
 	if v := os.Getenv("BENCH_S3MODEL_LATENCY_MS"); v != "" {
 		ms, err := strconv.ParseFloat(v, 64)
 		if err != nil || ms < 0 {

@@ -7,7 +7,8 @@
 // stays near 1 GB/s. On a small machine the loopback server is the bottleneck instead, and a
 // client's concurrency hardly shows. The model restores the proportion: each TCP connection is
 // capped at 1/ConnsToFill of what the server sustains here (Calibrate measures it), so a client
-// with ConnsToFill connections busy reaches the server's ceiling and one with 10 a fifth of it.
+// with ConnsToFill connections busy reaches the server's ceiling and one with 10 a fifth of it
+// (Scaled).
 // (A p5's ratio is about 150: 12.5 GB/s over 85 MB/s; the benchmarks take ConnsToFill unless
 // told otherwise.)
 //
@@ -119,12 +120,17 @@ type Options struct {
 }
 
 // Scaled returns the Options of the scaled model in front of upstream: each connection capped
-// at 1/ConnsToFill of c each way, DefaultFirstByteLatency, no SlowDown, plain HTTP to clients.
+// at 1/ConnsToFill of c's slower direction, both ways (one S3 connection carries about as much
+// either way), DefaultFirstByteLatency, no SlowDown, plain HTTP to clients. The slower direction
+// is the upload here: a local server reads back from the page cache several times faster than
+// it writes, so a cap from the download rate would leave the clients' and the model's own CPU,
+// not the cap, limiting restores on a small machine.
 func Scaled(upstream string, c Ceiling) Options {
+	perConn := min(c.Up, c.Down) / ConnsToFill
 	return Options{
 		Upstream:         upstream,
-		ConnUpRate:       c.Up / ConnsToFill,
-		ConnDownRate:     c.Down / ConnsToFill,
+		ConnUpRate:       perConn,
+		ConnDownRate:     perConn,
 		FirstByteLatency: DefaultFirstByteLatency,
 	}
 }
