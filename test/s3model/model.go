@@ -40,7 +40,8 @@
 //
 // What TLS changes for the client, read in the SDK sources (aws-sdk-go-v2 service/s3 v1.114,
 // service/internal/checksum v1.11, aws/signer/v4) and botocore 1.43 (auth.py, httpchecksum.py),
-// and checked by TestPayloadSigning:
+// and checked by TestMultipartGoSDK and TestMultipartAWSCLI, which record each upload's
+// x-amz-content-sha256:
 //
 //   - Plain HTTP. Go SDK: PutObject and UploadPart sign the payload. Before the request is sent
 //     the SDK reads the whole body once to compute its SHA-256 (x-amz-content-sha256: the hex
