@@ -12,7 +12,7 @@ DEB_ARCH ?= $(shell go env GOARCH)
 CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 export CGO_CFLAGS
 
-.PHONY: demo help build test test-unit test-e2e bench bench-scale soak lint fuzz tools clean install uninstall deb
+.PHONY: demo help build test test-unit test-e2e bench bench-s3 bench-scale soak lint fuzz tools clean install uninstall deb
 
 help: ## list the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_-]+:.*## / {printf "  %-10s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -35,6 +35,9 @@ test-e2e: tools build ## end-to-end tests against the real IMDS simulator and re
 
 bench: tools ## benchmarks: detection-to-signal latency and idle cost (takes about 2 minutes)
 	PATH=$(CURDIR)/bin:$$PATH go test -run '^$$' -bench . -benchtime 1x -timeout 10m ./test/e2e/
+
+bench-s3: tools ## spotguard vs awscli: upload, restore on loopback HTTP, TLS and the scaled model of S3; time to durable on the model (BENCH_CKPT_MIB, default 1024; docs/benchmarks.md)
+	PATH=$(CURDIR)/bin:$$PATH go test -v -run '^$$' -bench 'S3Model' -benchtime 1x -timeout 60m ./test/e2e/
 
 bench-scale: ## I8 benchmarks: commit of 1k/10k/100k files, start-up with 100/1000 commits, watcher (tmpfs when there is one)
 	TMPDIR=$$( [ -d /dev/shm ] && echo /dev/shm || echo $${TMPDIR:-/tmp} ) go test -run '^$$' \

@@ -17,6 +17,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/spotguard/spotguard/test/s3model"
 )
 
 const (
@@ -29,8 +31,11 @@ const (
 type s3Server struct {
 	endpoint string
 	region   string // the server's region: requests signed for another are refused
-	cmd      *exec.Cmd
-	done     chan struct{}
+	// certFile and keyFile are the server's throwaway certificate (startS3TLS); "" over plain
+	// HTTP. The certificate is its own CA: clients trust it through caEnv.
+	certFile, keyFile string
+	cmd               *exec.Cmd
+	done              chan struct{}
 }
 
 func versitygwBin(t testing.TB) string {
@@ -68,6 +73,18 @@ func startS3(t testing.TB) *s3Server {
 // startS3In is startS3 with the server in region.
 func startS3In(t testing.TB, region string) *s3Server {
 	t.Helper()
+	return startS3Server(t, region, false)
+}
+
+// startS3TLS is startS3 serving HTTPS, with a throwaway self-signed certificate for 127.0.0.1
+// (ECDSA P-256) that the clients started with s3Server.env and s3Server.aws trust.
+func startS3TLS(t testing.TB) *s3Server {
+	t.Helper()
+	return startS3Server(t, "us-east-1", true)
+}
+
+func startS3Server(t testing.TB, region string, withTLS bool) *s3Server {
+	t.Helper()
 	bin := versitygwBin(t)
 	dir := t.TempDir()
 	data, meta := filepath.Join(dir, "data"), filepath.Join(dir, "meta")
@@ -75,8 +92,17 @@ func startS3In(t testing.TB, region string) *s3Server {
 	os.MkdirAll(meta, 0o755)
 	port := freePort(t)
 	s := &s3Server{endpoint: fmt.Sprintf("http://127.0.0.1:%d", port), region: region, done: make(chan struct{})}
-	s.cmd = exec.Command(bin, "--access", s3Access, "--secret", s3Secret, "--port", fmt.Sprintf("127.0.0.1:%d", port),
-		"--region", region, "--quiet", "posix", "--sidecar", meta, data)
+	args := []string{"--access", s3Access, "--secret", s3Secret, "--port", fmt.Sprintf("127.0.0.1:%d", port),
+		"--region", region, "--quiet"}
+	if withTLS {
+		var err error
+		if s.certFile, s.keyFile, err = s3model.WriteSelfSignedCert(t.TempDir()); err != nil {
+			t.Fatal(err)
+		}
+		s.endpoint = fmt.Sprintf("https://127.0.0.1:%d", port)
+		args = append(args, "--cert", s.certFile, "--key", s.keyFile)
+	}
+	s.cmd = exec.Command(bin, append(args, "posix", "--sidecar", meta, data)...)
 	logf, _ := os.Create(filepath.Join(dir, "versitygw.log"))
 	s.cmd.Stdout, s.cmd.Stderr = logf, logf
 	if err := s.cmd.Start(); err != nil {
@@ -103,8 +129,26 @@ func (s *s3Server) env(endpoint string) []string {
 	if endpoint == "" {
 		endpoint = s.endpoint
 	}
-	return []string{
+	return append([]string{
 		"AWS_ACCESS_KEY_ID=" + s3Access, "AWS_SECRET_ACCESS_KEY=" + s3Secret, "AWS_ENDPOINT_URL_S3=" + endpoint,
+	}, s.caEnv(false)...)
+}
+
+// caEnv is what makes a client trust the server's certificate: nothing over plain HTTP. A Go
+// program (spotguard) gets SSL_CERT_FILE, which replaces Go's system roots and leaves the
+// SDK's HTTP client alone, as on EC2, where S3's certificate is in the system roots. The SDK
+// honours AWS_CA_BUNDLE too (config.LoadDefaultConfig appends it to the roots of the client),
+// but only by building an HTTP client of its own (aws/transport/http.BuildableClient, at most
+// 10 idle connections a host), which spotguard then keeps instead of its own client sized to
+// store.concurrency; forAWSCLI (botocore, which reads no SSL_CERT_FILE) gets AWS_CA_BUNDLE.
+func (s *s3Server) caEnv(forAWSCLI bool) []string {
+	switch {
+	case s.certFile == "":
+		return nil
+	case forAWSCLI:
+		return []string{"AWS_CA_BUNDLE=" + s.certFile}
+	default:
+		return []string{"SSL_CERT_FILE=" + s.certFile}
 	}
 }
 
@@ -123,6 +167,7 @@ func (s *s3Server) tryAWS(t testing.TB, args ...string) (string, error) {
 	t.Helper()
 	cmd := exec.Command(awsBin(t), append([]string{"--endpoint-url", s.endpoint}, args...)...)
 	cmd.Env = append(os.Environ(), s.env("")...)
+	cmd.Env = append(cmd.Env, s.caEnv(true)...)
 	cmd.Env = append(cmd.Env, "HOME="+t.TempDir(), "AWS_EC2_METADATA_DISABLED=true", "AWS_REGION="+s.region, "AWS_DEFAULT_REGION="+s.region)
 	out, err := cmd.CombinedOutput()
 	return string(out), err
