@@ -156,7 +156,8 @@ func (o S3Options) withDefaults() (S3Options, error) {
 //     quota, so that the caller's context deadline is what bounds a retried request. It uses
 //     path-style addressing when an endpoint URL is configured (awsCfg.BaseEndpoint, or
 //     AWS_ENDPOINT_URL_S3 or AWS_ENDPOINT_URL in the environment), so local servers work. If
-//     awsCfg.HTTPClient is nil, the client keeps up to opts.Concurrency idle connections. It
+//     awsCfg.HTTPClient is nil or the SDK's own (*BuildableClient, as AWS_CA_BUNDLE makes), the
+//     client keeps up to opts.Concurrency idle connections. It
 //     does not log a line for every response without a checksum it can validate.
 //   - file:///path: a *FileStore at path (created if missing); awsCfg and opts are not used.
 //
@@ -224,9 +225,17 @@ func s3NewClient(awsCfg aws.Config, conns int) *s3.Client {
 			so.MaxBackoff = 2 * time.Second
 			so.RateLimiter = ratelimit.None
 		})
-		if awsCfg.HTTPClient == nil {
+		// The SDK's own client keeps 10 idle connections per host; more requests in flight would
+		// open and close a connection each. A client the SDK's config built (AWS_CA_BUNDLE gives
+		// one) is sized the same way; one the caller made is left as it is.
+		switch c := awsCfg.HTTPClient.(type) {
+		case nil:
 			o.HTTPClient = awshttp.NewBuildableClient().WithTransportOptions(func(tr *http.Transport) {
 				tr.MaxIdleConnsPerHost = conns
+			})
+		case *awshttp.BuildableClient:
+			o.HTTPClient = c.WithTransportOptions(func(tr *http.Transport) {
+				tr.MaxIdleConnsPerHost = max(tr.MaxIdleConnsPerHost, conns)
 			})
 		}
 	})

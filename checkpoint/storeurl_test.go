@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
@@ -15,6 +16,7 @@ import (
 	"testing"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
+	awshttp "github.com/aws/aws-sdk-go-v2/aws/transport/http"
 	"github.com/aws/aws-sdk-go-v2/config"
 )
 
@@ -809,5 +811,37 @@ func TestOpenStoreEndpointFromEnv(t *testing.T) {
 	}
 	if got, _, err := s.GetBytes(t.Context(), "j/LATEST"); err != nil || string(got) != "env" {
 		t.Errorf("GetBytes(%q) = %q, %v; want %q", "j/LATEST", got, err, "env")
+	}
+}
+
+// TestS3ClientKeepsAConnectionPerRequest: the client keeps as many idle connections as requests
+// may be in flight, with the SDK's default client and with the one the SDK's config builds for
+// AWS_CA_BUNDLE; a client the caller made is left alone.
+func TestS3ClientKeepsAConnectionPerRequest(t *testing.T) {
+	own := &http.Client{}
+	for _, tc := range []struct {
+		name string
+		in   aws.HTTPClient
+		want int // MaxIdleConnsPerHost; -1: the caller's client, untouched
+	}{
+		{"no client", nil, 64},
+		{"the SDK's, as AWS_CA_BUNDLE makes it", awshttp.NewBuildableClient(), 64},
+		{"the caller's", own, -1},
+	} {
+		c := s3NewClient(aws.Config{Region: "us-east-1", HTTPClient: tc.in}, 64)
+		got := c.Options().HTTPClient
+		if tc.want < 0 {
+			if got != own {
+				t.Errorf("Got(%q) client = %T; want the caller's", tc.name, got)
+			}
+			continue
+		}
+		bc, ok := got.(*awshttp.BuildableClient)
+		if !ok {
+			t.Fatalf("Got(%q) client = %T; want *BuildableClient", tc.name, got)
+		}
+		if n := bc.GetTransport().MaxIdleConnsPerHost; n != tc.want {
+			t.Errorf("Got(%q) MaxIdleConnsPerHost = %d; want %d", tc.name, n, tc.want)
+		}
 	}
 }
