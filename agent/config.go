@@ -261,7 +261,7 @@ var fields = []field{
 		c.Store.Job = v
 		return nil
 	}},
-	{"store.part_size", "64MiB", "multipart part size for S3 (at least 5MiB); parts are read straight from the file, not buffered", func(c *Config, v string) error {
+	{"store.part_size", "64MiB", "the largest multipart part for S3 (at least 5MiB): a file goes in 16 parts or more of at least 8MiB; parts are read straight from the file, not buffered", func(c *Config, v string) error {
 		n, err := ParseSize(v)
 		if err != nil {
 			return err

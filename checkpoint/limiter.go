@@ -19,7 +19,13 @@ import (
 // ceiling, and more requests there only queue. Neither can be known in advance, so the limit is
 // found by measurement (as TCP finds its window):
 //
-//   - It starts at limiterStart (or the maximum, if lower).
+//   - It starts at limiterStart (or the maximum, if lower), in slow start: while the requests take
+//     no longer per byte than limiterCongested × the fastest seen (the link is not shared yet:
+//     S3, where each connection has its own limit), every completion of a quarter of the limit
+//     doubles it. Once as many come back slower as a quarter of the limit (and more than came
+//     back fast), the link is shared (a local server, a full NIC): the limit goes back to the
+//     last one that was not, for limiterHold, and slow start is over. So a 1 GiB checkpoint
+//     finds 64 requests in flight in a few part times rather than a few windows.
 //   - Each window ends when as many parts have completed as the limit allows in flight (every
 //     slot turned over once), and gives a throughput: bytes completed / the window's time.
 //   - After a step up, a throughput at least limiterGain above the step's base keeps growing, at
@@ -41,6 +47,8 @@ const (
 	limiterHold       = 10 * time.Second
 	limiterBackoffGap = 500 * time.Millisecond
 	limiterQueueing   = 4.0
+	limiterCongested  = 1.5
+	limiterBestAging  = 1.02
 )
 
 // limiter bounds the S3 requests in flight (upload parts, single PutObjects, ranged GETs) with a
@@ -62,7 +70,10 @@ type limiter struct {
 	base     int     // the limit before the last step up; 0 when the last change was not one
 	hold     time.Time
 	backoff  time.Time // the last back-off
-	bestSPB  float64   // the fewest seconds per byte a part has taken
+	bestSPB  float64   // the fewest seconds per byte a part has taken, aged each window
+	slow     bool      // in slow start
+	fast     int       // slow start: completions since the last change at most limiterCongested × bestSPB
+	slowed   int       // slow start: completions since the last change slower than that
 
 	stats LimiterStats
 }
@@ -86,7 +97,7 @@ type LimiterStats struct {
 // newLimiter returns a limiter that grows to most (at least 1) requests in flight.
 func newLimiter(most int) *limiter {
 	most = max(most, 1)
-	return &limiter{max: most, limit: min(limiterStart, most), now: time.Now, wake: make(chan struct{})}
+	return &limiter{max: most, limit: min(limiterStart, most), now: time.Now, wake: make(chan struct{}), slow: true}
 }
 
 // acquire takes a slot; it returns ctx's error if ctx is done first.
@@ -123,14 +134,46 @@ func (l *limiter) release(n int64, d time.Duration, ok bool) {
 		l.winBytes += n
 		l.winParts++
 		l.winSec += d.Seconds()
-		if spb := d.Seconds() / float64(n); d > 0 && (l.bestSPB == 0 || spb < l.bestSPB) {
-			l.bestSPB = spb
+		if spb := d.Seconds() / float64(n); d > 0 {
+			if l.bestSPB == 0 || spb < l.bestSPB {
+				l.bestSPB = spb
+			}
+			if l.slow {
+				l.slowStart(spb)
+			}
 		}
 		if l.winParts >= l.limit {
 			l.endWindow()
 		}
 	}
 	l.signal()
+}
+
+// slowStart takes one completion's seconds per byte while in slow start.
+func (l *limiter) slowStart(spb float64) {
+	quarter := max(1, l.limit/4)
+	if spb <= limiterCongested*l.bestSPB {
+		l.fast++
+	} else {
+		l.slowed++
+	}
+	now := l.now()
+	switch {
+	case l.slowed >= max(2, quarter) && l.slowed > l.fast:
+		// Shared: back to the limit before the last doubling, and on by windows from there.
+		l.slow = false
+		l.set(l.limit / 2)
+		l.base, l.hold = 0, now.Add(limiterHold)
+		l.stats.Plateaus++
+	case l.fast >= quarter && l.fast > l.slowed && l.limit < l.max:
+		l.set(l.limit * 2)
+		l.fast, l.slowed = 0, 0
+		l.stats.Raised++
+	default:
+		return
+	}
+	// The window in progress measured the old limit.
+	l.winStart, l.winBytes, l.winParts, l.winSec = now, 0, 0, 0
 }
 
 // endWindow judges the window that has just ended and starts the next.
@@ -143,7 +186,8 @@ func (l *limiter) endWindow() {
 	}
 	spb := l.winSec / float64(l.winBytes)
 	l.winStart, l.winBytes, l.winParts, l.winSec = time.Time{}, 0, 0, 0
-	if rate == 0 {
+	l.bestSPB *= limiterBestAging // so that a best from another time does not count for ever
+	if rate == 0 || l.slow {
 		return
 	}
 	switch {
@@ -183,7 +227,7 @@ func (l *limiter) observe(err error) {
 	}
 	l.backoff, l.hold = now, now.Add(limiterHold)
 	l.set(max(limiterMin, l.limit/2))
-	l.base = 0
+	l.base, l.slow = 0, false
 	l.winStart, l.winBytes, l.winParts, l.winSec = time.Time{}, 0, 0, 0
 	l.stats.Throttled++
 }

@@ -196,3 +196,40 @@ type timeoutErr struct{}
 func (timeoutErr) Error() string   { return "i/o timeout" }
 func (timeoutErr) Timeout() bool   { return true }
 func (timeoutErr) Temporary() bool { return true }
+
+// TestLimiterSlowStartRampsInAFewPartTimes: on a link where each connection has its own limit, the
+// limit doubles with every quarter of it that completes unhurried, so a short upload (a 1 GiB
+// checkpoint after a notice) has many requests in flight within a few part times.
+func TestLimiterSlowStartRampsInAFewPartTimes(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		l := link{perConn: 80e6, total: 100 * 80e6} // 8 MiB parts: about 0.1 s each
+		lim := newLimiter(128)
+		drive(t, lim, l, 200, 8<<20, 600*time.Millisecond)
+		if st := lim.Stats(); st.PeakInFlight < 64 {
+			t.Errorf("after 0.6 s (6 part times): %+v; want 64 or more in flight at the peak", st)
+		}
+	})
+}
+
+func TestS3PartSize(t *testing.T) {
+	const mib = 1 << 20
+	for _, tc := range []struct {
+		max, size, want int64
+	}{
+		{64 * mib, 1 * mib, 8 * mib},    // one PutObject
+		{64 * mib, 8 * mib, 8 * mib},    // still one
+		{64 * mib, 12 * mib, 8 * mib},   // 2 parts
+		{64 * mib, 128 * mib, 8 * mib},  // 16 parts of 8 MiB
+		{64 * mib, 256 * mib, 16 * mib}, // 16 of 16 MiB
+		{64 * mib, 300 * mib, 19 * mib}, // whole MiB
+		{64 * mib, 16 << 30, 64 * mib},  // 256 of 64 MiB
+		{5 * mib, 100 * mib, 5 * mib},   // a smaller store.part_size wins
+		{128 * mib, 4 << 30, 128 * mib}, // and a larger one
+		{16 * mib, 1 << 30, 16 * mib},
+	} {
+		s := &S3Store{opts: S3Options{PartSize: tc.max}}
+		if got := s.partSize(tc.size); got != tc.want {
+			t.Errorf("partSize(%d MiB) with part_size %d MiB = %d MiB; want %d MiB", tc.size/mib, tc.max/mib, got/mib, tc.want/mib)
+		}
+	}
+}

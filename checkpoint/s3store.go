@@ -157,6 +157,22 @@ type s3Part struct {
 	n   int64
 }
 
+// Part sizes: a file is cut into at least s3TargetParts parts, so that even a modest one can have
+// many requests in flight (a connection to S3 carries 80–90 MB/s), of at least s3SmallPart (fewer
+// requests, each with its own first-byte latency and its own PUT charge) and at most
+// S3Options.PartSize: a 256 MiB shard goes in 16 parts of 16 MiB, a 16 GiB one in 256 of 64 MiB.
+const (
+	s3TargetParts = 16
+	s3SmallPart   = 8 << 20
+)
+
+// partSize is the part size (and the size of one ranged read) for an object of size bytes; an
+// object no larger goes in one request.
+func (s *S3Store) partSize(size int64) int64 {
+	p := (size/s3TargetParts + 1<<20 - 1) &^ (1<<20 - 1) // whole MiB
+	return min(max(p, min(s3SmallPart, s.opts.PartSize)), s.opts.PartSize)
+}
+
 // s3PartPlan splits size bytes into parts of partSize bytes (the last may be shorter), raising
 // partSize to a multiple of 1 MiB if that would take more than s3MaxParts parts. An empty
 // object has no parts.
@@ -331,7 +347,7 @@ func (s *S3Store) PutFile(ctx context.Context, key string, f *os.File, size int6
 		return Checksum{}, fmt.Errorf("put %s: negative size %d", key, size)
 	}
 	var sum Checksum
-	if size <= s.opts.PartSize {
+	if size <= s.partSize(size) {
 		sum, err = s.putSingle(ctx, okey, f, size, progress)
 	} else {
 		sum, err = s.putMultipart(ctx, okey, f, size, progress)
@@ -426,7 +442,7 @@ func (s *S3Store) putMultipart(ctx context.Context, okey string, f *os.File, siz
 	// longer running, so a later AbortIncomplete may abort it.
 	defer s.setRunning(aws.ToString(uploadID), false)
 
-	parts := s3PartPlan(size, s.opts.PartSize)
+	parts := s3PartPlan(size, s.partSize(size))
 	completed := make([]types.CompletedPart, len(parts))
 	crcs := make([]uint32, len(parts))
 	err = s.uploadParts(ctx, okey, uploadID, f, parts, completed, crcs, progress)
@@ -740,7 +756,7 @@ func (s *S3Store) download(ctx context.Context, okey string, w io.WriterAt, size
 		return fmt.Errorf("object has %d bytes; want %d", got, size)
 	}
 	g, gctx := errgroup.WithContext(ctx)
-	for _, p := range s3PartPlan(size, s.opts.PartSize) {
+	for _, p := range s3PartPlan(size, s.partSize(size)) {
 		if s.acquire(gctx) != nil {
 			break
 		}

@@ -69,10 +69,11 @@ func ParseStoreURL(u string) (scheme, bucket, prefix string, err error) {
 
 // S3Options tune an S3 store.
 type S3Options struct {
-	// PartSize is the size of one part of a multipart upload and of one ranged read of a
-	// download. 0 means 64 MiB; it must be at least 5 MiB and at most 5 GiB. Files up to
-	// PartSize are sent with one PutObject. PutFile raises it for a file that would need more
-	// than 10,000 parts.
+	// PartSize is the largest part of a multipart upload and ranged read of a download: a
+	// file is cut into 16 parts or more, of at least 8 MiB (or PartSize, if smaller) and at
+	// most PartSize; one of at most 8 MiB goes in one PutObject. 0 means 64 MiB; it must be at
+	// least 5 MiB and at most 5 GiB. PutFile raises it for a file that would need more than
+	// 10,000 parts.
 	PartSize int64
 	// Concurrency is the most parts (uploads and ranged reads) in flight at once across all
 	// PutFile and Download calls of the store. 0 means 16.
