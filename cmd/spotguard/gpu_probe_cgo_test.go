@@ -7,7 +7,6 @@ import (
 	"encoding/json"
 	"math"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -15,30 +14,15 @@ import (
 	"testing"
 	"time"
 
+	"github.com/spotguard/spotguard/nvml/cuda/cudatest"
+
 	"github.com/spotguard/spotguard/nvml"
 )
 
-// fakeCUDA builds the fake CUDA driver (nvml/cuda/testdata/fakecuda.c) into a temporary
-// directory and returns its path. Without gcc the test is skipped, saying so, except under CI
-// (CI set), where .ci/run installs gcc and its absence is a failure.
+// fakeCUDA builds the fake CUDA driver: cudatest.FakeDriver.
 func fakeCUDA(t *testing.T) string {
 	t.Helper()
-	cc := os.Getenv("CC")
-	if cc == "" {
-		cc = "gcc"
-	}
-	if _, err := exec.LookPath(cc); err != nil {
-		if os.Getenv("CI") != "" {
-			t.Fatalf("no C compiler (%s) to build the fake CUDA driver: %v (.ci/run installs gcc)", cc, err)
-		}
-		t.Skipf("no C compiler (%s) to build the fake CUDA driver: %v", cc, err)
-	}
-	lib := filepath.Join(t.TempDir(), "libfakecuda.so")
-	src := filepath.Join("..", "..", "nvml", "cuda", "testdata", "fakecuda.c")
-	if out, err := exec.Command(cc, "-shared", "-fPIC", "-pthread", "-O1", "-o", lib, src).CombinedOutput(); err != nil {
-		t.Fatalf("build the fake CUDA driver: %v\n%s", err, out)
-	}
-	return lib
+	return cudatest.FakeDriver(t)
 }
 
 // probeEnv sets the fake driver's environment: every FAKE_CUDA_* it reads, from env or empty.

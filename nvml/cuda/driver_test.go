@@ -7,7 +7,6 @@ import (
 	"errors"
 	"math"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -15,33 +14,14 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/spotguard/spotguard/nvml/cuda/cudatest"
 )
 
-// fakeDriver builds testdata/fakecuda.c into a shared library in a temporary directory, with
-// the given -D defines, and returns its path. Without gcc the test is skipped, saying so,
-// except under CI (CI set), where gcc is installed and its absence is a failure.
+// fakeDriver builds the fake driver with the given -D defines: cudatest.FakeDriver.
 func fakeDriver(t *testing.T, defines ...string) string {
 	t.Helper()
-	cc := os.Getenv("CC")
-	if cc == "" {
-		cc = "gcc"
-	}
-	if _, err := exec.LookPath(cc); err != nil {
-		if os.Getenv("CI") != "" {
-			t.Fatalf("no C compiler (%s) to build the fake CUDA driver: %v (.ci/run installs gcc)", cc, err)
-		}
-		t.Skipf("no C compiler (%s) to build the fake CUDA driver: %v", cc, err)
-	}
-	lib := filepath.Join(t.TempDir(), "libfakecuda.so")
-	args := []string{"-shared", "-fPIC", "-pthread", "-O1", "-Wall", "-Werror", "-o", lib}
-	for _, d := range defines {
-		args = append(args, "-D"+d)
-	}
-	out, err := exec.Command(cc, append(args, filepath.Join("testdata", "fakecuda.c"))...).CombinedOutput()
-	if err != nil {
-		t.Fatalf("build the fake CUDA driver: %v\n%s", err, out)
-	}
-	return lib
+	return cudatest.FakeDriver(t, defines...)
 }
 
 // fakeEnv sets the fake driver's environment for the test, and FAKE_CUDA_STATS to a file it

@@ -6,7 +6,6 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -86,24 +85,8 @@ func startModel(t testing.TB, server *s3Server, opts s3model.Options) *s3Model {
 			t.Fatal(err)
 		}
 	}
-	p, err := s3model.New(opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	served := make(chan error, 1)
-	go func() { served <- p.Serve(ctx, ln) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-served; err != nil {
-			t.Errorf("s3 model: %v", err)
-		}
-	})
-	return &s3Model{proxy: p, s3Endpoint: s3Endpoint{url: "https://" + ln.Addr().String(), certFile: certFile}}
+	p, url := s3model.Start(t, opts)
+	return &s3Model{proxy: p, s3Endpoint: s3Endpoint{url: url, certFile: certFile}}
 }
 
 // modelCeiling is the server's ceiling for the model: BENCH_S3MODEL_CEILING_MBPS ("UP" or

@@ -1,10 +1,8 @@
 package s3model
 
 import (
-	"context"
 	"crypto/tls"
 	"crypto/x509"
-	"errors"
 	"fmt"
 	"net"
 	"net/http"
@@ -172,30 +170,8 @@ func newClient(t testing.TB, endpoint string, tc *testCert, optFns ...func(*s3.O
 	}}, optFns...)...)
 }
 
-// startProxy runs a Proxy for opts on 127.0.0.1 until the test ends and returns it and its
-// endpoint (https when opts.TLS is set).
+// startProxy runs a Proxy for opts until the test ends: Start.
 func startProxy(t testing.TB, opts Options) (*Proxy, string) {
 	t.Helper()
-	p, err := New(opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	served := make(chan error, 1)
-	go func() { served <- p.Serve(ctx, ln) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-served; err != nil && !errors.Is(err, net.ErrClosed) {
-			t.Errorf("serve: %v", err)
-		}
-	})
-	scheme := "http"
-	if opts.TLS != nil {
-		scheme = "https"
-	}
-	return p, scheme + "://" + ln.Addr().String()
+	return Start(t, opts)
 }
