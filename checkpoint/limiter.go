@@ -66,7 +66,7 @@ type limiter struct {
 	winBytes int64
 	winParts int
 	winSec   float64 // the window's parts' seconds, summed
-	baseRate float64 // the throughput at baseLimit
+	baseRate float64 // the throughput at base
 	base     int     // the limit before the last step up; 0 when the last change was not one
 	hold     time.Time
 	backoff  time.Time // the last back-off
