@@ -240,10 +240,25 @@ func TestUploaderRecoversAfterRestart(t *testing.T) {
 	if ev.Manifest.Trigger != "periodic" {
 		t.Errorf("trigger = %q", ev.Manifest.Trigger)
 	}
-	for _, c := range r2.up.Status(t.Context()).Checkpoints {
-		if !c.Committed {
-			t.Errorf("checkpoint %s not committed after restart", c.Name)
+	// step-1 is found committed once its files have been checksummed against the store's commit,
+	// which may end after step-2's commit: poll, with a deadline.
+	deadline := time.Now().Add(20 * time.Second)
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		var pending []string
+		for _, c := range r2.up.Status(t.Context()).Checkpoints {
+			if !c.Committed {
+				pending = append(pending, c.Name)
+			}
 		}
+		if len(pending) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("checkpoints %q not committed 20 s after the restart", pending)
+		}
+		<-tick.C
 	}
 	restoreAndCompare(t, store, "step-2", newer)
 }
