@@ -24,7 +24,7 @@
 //	FAKE_CUDA_BARRIER=4              the first cuEventSynchronize of each of 4 threads waits until
 //	                                 all 4 are in it at once (10 s at most; then CUDA_ERROR_UNKNOWN):
 //	                                 it passes only if the devices are probed in parallel
-//	FAKE_CUDA_PAUSE=W,R              the second cuEventSynchronize of each thread (the end of the
+//	FAKE_CUDA_PAUSE=W,R              the second cuEventSynchronize in each context (the end of the
 //	                                 first timed batch, after the warm-up's) writes a byte to file
 //	                                 descriptor W, then waits for a byte on R (10 s at most; then
 //	                                 CUDA_ERROR_UNKNOWN): a test can look at the GPUs while the
@@ -49,7 +49,7 @@ typedef int CUdevice;
 typedef unsigned long long CUdeviceptr;
 typedef struct { char bytes[16]; } CUuuid;
 
-typedef struct fctx { int dev; } *CUcontext;
+typedef struct fctx { int dev; int syncs; } *CUcontext;
 typedef struct fstream { struct fctx *ctx; double vtime_ms; } *CUstream;
 typedef struct fevent { struct fctx *ctx; double t; int recorded; int synced; } *CUevent;
 
@@ -235,7 +235,7 @@ CUresult cuCtxCreate_v2(CUcontext *c, unsigned int flags, CUdevice d) {
 	NEED_INIT;
 	FAIL("cuCtxCreate_v2", d);
 	if (d < 0 || d >= ndev()) return INVALID_DEVICE;
-	struct fctx *ctx = malloc(sizeof *ctx);
+	struct fctx *ctx = calloc(1, sizeof *ctx);
 	ctx->dev = d;
 	*c = ctx;
 	current = ctx;
@@ -416,11 +416,11 @@ static CUresult barrier(void) {
 	return SUCCESS;
 }
 
-// pause hands over to the test at the second call of each thread, as FAKE_CUDA_PAUSE says.
+// pause hands over to the test at the second call in each context, as FAKE_CUDA_PAUSE says.
+// Counted per context, not per thread: Go reuses the threads of earlier probes.
 static CUresult pause_here(void) {
-	static __thread int calls;
 	char buf[32];
-	if (++calls != 2 || item("FAKE_CUDA_PAUSE", 0, buf, sizeof buf) == NULL) return SUCCESS;
+	if (++current->syncs != 2 || item("FAKE_CUDA_PAUSE", 0, buf, sizeof buf) == NULL) return SUCCESS;
 	int w = atoi(buf), r = (int)num("FAKE_CUDA_PAUSE", 1, -1);
 	char b = 'p';
 	if (write(w, &b, 1) != 1) return UNKNOWN;
