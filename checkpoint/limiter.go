@@ -62,10 +62,7 @@ type limiter struct {
 	inflight int
 	wake     chan struct{} // closed and replaced whenever a slot may have freed up
 
-	winStart time.Time // the current window; zero until its first part starts
-	winBytes int64
-	winParts int
-	winSec   float64 // the window's parts' seconds, summed
+	win      window
 	baseRate float64 // the throughput at base
 	base     int     // the limit before the last step up; 0 when the last change was not one
 	hold     time.Time
@@ -76,6 +73,15 @@ type limiter struct {
 	slowed   int       // slow start: completions since the last change slower than that
 
 	stats LimiterStats
+}
+
+// window is the measurement in progress: since start (zero until its first request starts),
+// parts requests completed, moving bytes in sec seconds summed over them.
+type window struct {
+	start time.Time
+	bytes int64
+	parts int
+	sec   float64
 }
 
 // LimiterStats says how the S3 store's concurrency has adapted.
@@ -107,8 +113,8 @@ func (l *limiter) acquire(ctx context.Context) error {
 		if l.inflight < l.limit {
 			l.inflight++
 			l.stats.PeakInFlight = max(l.stats.PeakInFlight, l.inflight)
-			if l.winStart.IsZero() {
-				l.winStart = l.now()
+			if l.win.start.IsZero() {
+				l.win.start = l.now()
 			}
 			l.mu.Unlock()
 			return nil
@@ -131,9 +137,9 @@ func (l *limiter) release(n int64, d time.Duration, ok bool) {
 	defer l.mu.Unlock()
 	l.inflight--
 	if ok && n > 0 {
-		l.winBytes += n
-		l.winParts++
-		l.winSec += d.Seconds()
+		l.win.bytes += n
+		l.win.parts++
+		l.win.sec += d.Seconds()
 		if spb := d.Seconds() / float64(n); d > 0 {
 			if l.bestSPB == 0 || spb < l.bestSPB {
 				l.bestSPB = spb
@@ -142,7 +148,7 @@ func (l *limiter) release(n int64, d time.Duration, ok bool) {
 				l.slowStart(spb)
 			}
 		}
-		if l.winParts >= l.limit {
+		if l.win.parts >= l.limit {
 			l.endWindow()
 		}
 	}
@@ -173,19 +179,19 @@ func (l *limiter) slowStart(spb float64) {
 		return
 	}
 	// The window in progress measured the old limit.
-	l.winStart, l.winBytes, l.winParts, l.winSec = now, 0, 0, 0
+	l.win = window{start: now}
 }
 
 // endWindow judges the window that has just ended and starts the next.
 func (l *limiter) endWindow() {
 	now := l.now()
-	elapsed := now.Sub(l.winStart).Seconds()
+	w := l.win
+	l.win = window{}
 	rate := 0.0
-	if elapsed > 0 {
-		rate = float64(l.winBytes) / elapsed
+	if elapsed := now.Sub(w.start).Seconds(); elapsed > 0 {
+		rate = float64(w.bytes) / elapsed
 	}
-	spb := l.winSec / float64(l.winBytes)
-	l.winStart, l.winBytes, l.winParts, l.winSec = time.Time{}, 0, 0, 0
+	spb := w.sec / float64(w.bytes)
 	l.bestSPB *= limiterBestAging // so that a best from another time does not count for ever
 	if rate == 0 || l.slow {
 		return
@@ -228,7 +234,7 @@ func (l *limiter) observe(err error) {
 	l.backoff, l.hold = now, now.Add(limiterHold)
 	l.set(max(limiterMin, l.limit/2))
 	l.base, l.slow = 0, false
-	l.winStart, l.winBytes, l.winParts, l.winSec = time.Time{}, 0, 0, 0
+	l.win = window{}
 	l.stats.Throttled++
 }
 

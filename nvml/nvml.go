@@ -263,7 +263,7 @@ func slowdowns(s *Sample) []string {
 	var held []string
 	counted := map[string]bool{}
 	for _, c := range s.ClockEventTimes {
-		if !slices.Contains(slowdownReasons, c.Reason) || c.Window <= 0 {
+		if !IsSlowdownReason(c.Reason) || c.Window <= 0 {
 			continue
 		}
 		counted[c.Reason] = true
@@ -272,7 +272,7 @@ func slowdowns(s *Sample) []string {
 		}
 	}
 	for _, name := range s.ClockEventReasons {
-		if slices.Contains(slowdownReasons, name) && !counted[name] {
+		if IsSlowdownReason(name) && !counted[name] {
 			held = append(held, name)
 		}
 	}
