@@ -76,6 +76,14 @@ type ObjectInfo struct {
 	LastModified time.Time
 }
 
+// hurry tells s, if it can adapt its concurrency (S3Store.Hurry), that time matters more than
+// sharing the link.
+func hurry(s Store) {
+	if h, ok := s.(interface{ Hurry() }); ok {
+		h.Hurry()
+	}
+}
+
 // Store is where checkpoints go: S3 (s3://bucket/prefix) or a file system (file:///path). Keys
 // are slash-separated and relative to the store's prefix; a Store never writes outside it.
 // Implementations are safe for concurrent use.

@@ -19,7 +19,12 @@ import (
 // ceiling, and more requests there only queue. Neither can be known in advance, so the limit is
 // found by measurement (as TCP finds its window):
 //
-//   - It starts at limiterStart (or the maximum, if lower), in slow start: while the requests take
+//   - It starts at limiterStart (or the maximum, if lower), in slow start; at limiterHurry when
+//     time matters more than sharing (a notice pending, a restore: hurry) and slow start has not
+//     found the link shared yet. Each round of slow start waits for a part to complete: on real S3
+//     a part of 64 MiB takes most of a second, and four rounds from 4 would take longer than
+//     moving a checkpoint of a few GiB at the rate found.
+//   - In slow start: while the requests take
 //     no longer per byte than limiterCongested × the fastest seen (the link is not shared yet:
 //     S3, where each connection has its own limit), every completion of a quarter of the limit
 //     doubles it. Once as many come back slower as a quarter of the limit (and more than came
@@ -41,6 +46,7 @@ import (
 //     queueing at the server (latency rising at no gain): the limit drops by a quarter.
 const (
 	limiterStart      = 4
+	limiterHurry      = 32
 	limiterMin        = 2
 	limiterGain       = 1.10
 	limiterSteep      = 1.60
@@ -104,6 +110,21 @@ type LimiterStats struct {
 func newLimiter(most int) *limiter {
 	most = max(most, 1)
 	return &limiter{max: most, limit: min(limiterStart, most), now: time.Now, wake: make(chan struct{}), slow: true}
+}
+
+// hurry raises the limit to limiterHurry (at most max) if it is lower and slow start has not
+// found the link shared: a notice is pending or a restore is waiting, and one round of slow
+// start costs a part time. A link found shared keeps the limit it found.
+func (l *limiter) hurry() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if !l.slow || l.limit >= limiterHurry || l.limit >= l.max {
+		return
+	}
+	l.set(limiterHurry)
+	l.fast, l.slowed = 0, 0
+	l.win = window{start: l.now()}
+	l.stats.Raised++
 }
 
 // acquire takes a slot; it returns ctx's error if ctx is done first.

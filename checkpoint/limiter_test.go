@@ -211,6 +211,40 @@ func TestLimiterSlowStartRampsInAFewPartTimes(t *testing.T) {
 	})
 }
 
+// TestLimiterHurry: with a notice pending or a restore waiting, a limiter that has not found the
+// link shared starts at limiterHurry at once instead of a part time later; one that has keeps the
+// limit it found; a server-bound link brings a hurried limit back down.
+func TestLimiterHurry(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		capped := link{perConn: 10e6, total: 50 * 10e6} // 8 MiB parts: about 0.8 s each
+		lim := newLimiter(128)
+		lim.hurry()
+		drive(t, lim, capped, 200, 8<<20, 500*time.Millisecond) // less than a part time
+		if st := lim.Stats(); st.PeakInFlight != limiterHurry {
+			t.Errorf("hurried, before the first part completes: %+v; want %d in flight", st, limiterHurry)
+		}
+
+		bound := link{total: 400e6}
+		lim = newLimiter(128)
+		lim.hurry()
+		_, rate := drive(t, lim, bound, 100, 8<<20, time.Minute)
+		if st := lim.Stats(); st.Limit > 16 || rate < 0.95*bound.total {
+			t.Errorf("hurried on a server-bound link, after a minute: %+v, %.0f MB/s; want limit ≤ 16, the server's %.0f MB/s", st, rate/1e6, bound.total/1e6)
+		}
+		found := lim.Stats().Limit
+		lim.hurry()
+		if st := lim.Stats(); st.Limit != found {
+			t.Errorf("hurry after slow start found the link shared: limit %d; want %d kept", st.Limit, found)
+		}
+
+		small := newLimiter(8)
+		small.hurry()
+		if st := small.Stats(); st.Limit != 8 {
+			t.Errorf("newLimiter(8) hurried: limit %d; want 8 (max)", st.Limit)
+		}
+	})
+}
+
 func TestS3PartSize(t *testing.T) {
 	const mib = 1 << 20
 	for _, tc := range []struct {

@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 )
 
@@ -305,3 +306,11 @@ func TestMemStoreStats(t *testing.T) {
 		t.Errorf("Got(%q) stats = %+v; want %+v", "j/", got, want)
 	}
 }
+
+// hurriedStore is a memStore that counts the times it was told to hurry (S3Store.Hurry).
+type hurriedStore struct {
+	*memStore
+	hurries atomic.Int64
+}
+
+func (s *hurriedStore) Hurry() { s.hurries.Add(1) }

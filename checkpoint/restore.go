@@ -409,6 +409,7 @@ func restoreChecksumFile(dir *os.Root, rel string) (Checksum, int64, error) {
 // fsyncs them and its directories. It returns the staging directory's name (relative to to),
 // or an error after removing it.
 func restoreStage(ctx context.Context, s Store, to *os.Root, m *Manifest, conc int, progress func(done, total int64), log zerolog.Logger) (string, error) {
+	hurry(s) // the instance waits for its checkpoint
 	restoreRemoveStale(to, log)
 	name := fmt.Sprintf("%s%d-%s", restoreStagingPrefix, os.Getpid(), rand.Text())
 	if err := to.Mkdir(name, 0o755); err != nil {

@@ -225,7 +225,8 @@ func restoreTestOpts(to string, log *bytes.Buffer) RestoreOptions {
 }
 
 func TestRestoreLatest(t *testing.T) {
-	s := newMemStore()
+	hs := &hurriedStore{memStore: newMemStore()}
+	s := hs.memStore
 	restoreTestCommit(t, s, restoreTestJob, "step-000100", restoreTestT0, restoreTestFiles(1))
 	files := restoreTestFiles(2)
 	m := restoreTestCommit(t, s, restoreTestJob, "step-000200", restoreTestT0.Add(time.Hour), files)
@@ -242,7 +243,7 @@ func TestRestoreLatest(t *testing.T) {
 		defer mu.Unlock()
 		calls = append(calls, [2]int64{done, total})
 	}
-	res, err := Restore(t.Context(), s, opts)
+	res, err := Restore(t.Context(), hs, opts)
 	if err != nil {
 		t.Fatalf("Restore() error: %v", err)
 	}
@@ -256,6 +257,9 @@ func TestRestoreLatest(t *testing.T) {
 	}
 	if res != want {
 		t.Errorf("Got(%q) = %+v; want %+v", "result", res, want)
+	}
+	if hs.hurries.Load() == 0 {
+		t.Error("the restore did not hurry the store (its concurrency would start low)")
 	}
 	if d := restoreTestDiff(restoreTestTree(t, res.Dir), restoreTestWant(files)); d != "" {
 		t.Errorf("restored tree differs from the checkpoint:%s", d)

@@ -147,6 +147,10 @@ func (s *S3Store) observed(o *s3.Options) {
 	}
 }
 
+// Hurry says that time matters more than sharing the link: a notice is pending, or a restore is
+// waiting. The limit of requests in flight starts higher (see limiter.hurry).
+func (s *S3Store) Hurry() { s.lim.hurry() }
+
 // Concurrency says how the store's requests in flight have adapted.
 func (s *S3Store) Concurrency() LimiterStats { return s.lim.Stats() }
 

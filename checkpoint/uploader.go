@@ -1193,6 +1193,7 @@ func (u *Uploader) dispatch(ctx context.Context) {
 	urgent := u.urgent()
 	if urgent {
 		limit = u.cfg.UrgentFiles
+		hurry(u.cfg.Store)
 	}
 	for u.inflight < limit && len(u.queued) > 0 {
 		g := u.queued[len(u.queued)-1]

@@ -785,3 +785,24 @@ func TestUploaderStopDrainsCompleteCheckpoints(t *testing.T) {
 		t.Errorf("step-1 has %d commits after the stop; want 1", len(got))
 	}
 }
+
+// The store is told to hurry (S3Store.Hurry: its concurrency starts higher) while a notice is in
+// force, and never in the background.
+func TestUploaderHurriesTheStoreOnlyWithANotice(t *testing.T) {
+	dir := t.TempDir()
+	store := &hurriedStore{memStore: newMemStore()}
+	r := startUploader(t, dir, store, 0)
+	writeCheckpoint(t, dir, "step-1", map[string][]byte{"w": randomBytes(t, 1<<10)})
+	r.waitCommitted("step-1")
+	if n := store.hurries.Load(); n != 0 {
+		t.Errorf("a periodic checkpoint hurried the store %d times; want none", n)
+	}
+	r.up.SetNotices([]ActiveNotice{{Key: "spot/terminate", Deadline: time.Now().Add(2 * time.Minute), SignalledAt: time.Now()}})
+	writeCheckpoint(t, dir, "step-2", map[string][]byte{"w": randomBytes(t, 1<<10)})
+	if ev := r.waitCommitted("step-2"); ev.Manifest.Trigger != "notice" {
+		t.Errorf("step-2 trigger %q; want notice", ev.Manifest.Trigger)
+	}
+	if store.hurries.Load() == 0 {
+		t.Error("a notice's checkpoint went without hurrying the store")
+	}
+}

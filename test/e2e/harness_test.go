@@ -380,6 +380,12 @@ type agentStatus struct {
 			Committed   bool   `json:"committed"`
 		} `json:"checkpoints"`
 	} `json:"uploads"`
+	Store struct {
+		Concurrency *struct {
+			Limit, Max, PeakInFlight              int
+			Raised, Plateaus, Throttled, Queueing uint64
+		} `json:"concurrency"`
+	} `json:"store"`
 	Notices []struct {
 		Key         string     `json:"key"`
 		Source      string     `json:"source"`

@@ -4,8 +4,10 @@ import (
 	"context"
 	"crypto/rand"
 	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
+	"math"
 	"net/http"
 	"os"
 	"os/exec"
@@ -89,9 +91,12 @@ func startModel(t testing.TB, server *s3Server, opts s3model.Options) *s3Model {
 	return &s3Model{proxy: p, s3Endpoint: s3Endpoint{url: url, certFile: certFile}}
 }
 
-// modelCeiling is the server's ceiling for the model: BENCH_S3MODEL_CEILING_MBPS ("UP" or
-// "UP,DOWN", MB/s) when set, else the best of three calibrations (s3model.Calibrate: 256 MiB in
-// 32 parts at once each way, straight to the server).
+// modelCeiling is the server's ceiling as seen through the model: BENCH_S3MODEL_CEILING_MBPS
+// ("UP" or "UP,DOWN", MB/s) when set, else the best of three calibrations (s3model.Calibrate:
+// 256 MiB in 32 parts at once each way) through the model without its cap and latency, over TLS
+// as the clients reach it: on a small machine the model's TLS and copying share the cores with
+// the server and the clients, so the server alone would promise rates no client can get through
+// the model.
 func modelCeiling(t testing.TB, server *s3Server) s3model.Ceiling {
 	t.Helper()
 	if v := os.Getenv("BENCH_S3MODEL_CEILING_MBPS"); v != "" {
@@ -106,23 +111,7 @@ func modelCeiling(t testing.TB, server *s3Server) s3model.Ceiling {
 		}
 		return s3model.Ceiling{Up: up * 1e6, Down: down * 1e6}
 	}
-	tr := http.DefaultTransport.(*http.Transport).Clone()
-	tr.Proxy, tr.MaxIdleConnsPerHost = nil, 64
-	if server.certFile != "" {
-		_, pool, err := s3model.LoadCert(server.certFile, server.keyFile)
-		if err != nil {
-			t.Fatal(err)
-		}
-		tr.TLSClientConfig = &tls.Config{RootCAs: pool}
-	}
-	defer tr.CloseIdleConnections()
-	client := s3.NewFromConfig(aws.Config{
-		Region:      server.region,
-		Credentials: credentials.NewStaticCredentialsProvider(s3Access, s3Secret, ""),
-		HTTPClient:  &http.Client{Transport: tr},
-	}, func(o *s3.Options) {
-		o.BaseEndpoint, o.UsePathStyle = aws.String(server.endpoint), true
-	})
+	client := calibrationClient(t, startModel(t, server, s3model.Options{}), server.region)
 	var best s3model.Ceiling
 	for i := range 3 {
 		c, err := s3model.Calibrate(context.Background(), client, s3Bucket, fmt.Sprintf("calibrate-%d", i), 256<<20, 32)
@@ -132,6 +121,47 @@ func modelCeiling(t testing.TB, server *s3Server) s3model.Ceiling {
 		best.Up, best.Down = max(best.Up, c.Up), max(best.Down, c.Down)
 	}
 	return best
+}
+
+// modelReference is what the calibration's client (every part in flight from the first moment,
+// the same bytes from memory every part, nothing checked) gets through the model with opts: parts
+// of 8 MiB, as many as fill the ceiling (at least 16), each way. It is the most a client can get
+// out of the model on this machine for a transfer of one round of parts; a client that has to
+// find its concurrency, read files and check what it moves gets less.
+func modelReference(t testing.TB, server *s3Server, opts s3model.Options, ceiling s3model.Ceiling) (parts int, got s3model.Ceiling) {
+	t.Helper()
+	parts = max(16, int(math.Ceil(ceiling.Up/opts.ConnUpRate)))
+	client := calibrationClient(t, startModel(t, server, opts), server.region)
+	got, err := s3model.Calibrate(context.Background(), client, s3Bucket, "reference", int64(parts)<<23, parts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return parts, got
+}
+
+// calibrationClient is an S3 client for the calibration through m, with a connection for every
+// request it may have in flight, until the test ends.
+func calibrationClient(t testing.TB, m *s3Model, region string) *s3.Client {
+	t.Helper()
+	certPEM, err := os.ReadFile(m.certFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(certPEM) {
+		t.Fatalf("%s: no certificate", m.certFile)
+	}
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	tr.Proxy, tr.MaxIdleConnsPerHost = nil, 256
+	tr.TLSClientConfig = &tls.Config{RootCAs: pool}
+	t.Cleanup(tr.CloseIdleConnections)
+	return s3.NewFromConfig(aws.Config{
+		Region:      region,
+		Credentials: credentials.NewStaticCredentialsProvider(s3Access, s3Secret, ""),
+		HTTPClient:  &http.Client{Transport: tr},
+	}, func(o *s3.Options) {
+		o.BaseEndpoint, o.UsePathStyle = aws.String(m.url), true
+	})
 }
 
 // modelOptions are the scaled model's options for ceiling: s3model.Scaled, with the

@@ -133,6 +133,9 @@ func uploadWithAgentMode(b *testing.B, ckdir, prefix string, env []string, urgen
 	wall := time.Since(start)
 	cpu := cpuSeconds(b, pid)
 	hwm = max(hwm, procStatusKB(b, pid, "VmHWM"))
+	if c := ap.status(b).Store.Concurrency; c != nil {
+		b.Logf("%s: the store's concurrency: %+v", prefix, *c)
+	}
 	ap.stop(b)
 	sim.stop()
 	return usage{wall: wall, cpu: time.Duration(cpu * float64(time.Second)), maxRSS: int64(hwm) << 10}
@@ -196,8 +199,9 @@ func BenchmarkRestoreVsAWSCLI(b *testing.B) {
 //     upload (SHA-256, see test/s3model), which they do not over TLS.
 //   - loopback-tls: the same server over TLS (a throwaway certificate).
 //   - model-tls: the scaled model of S3 (test/s3model) in front of the plain server, TLS from the
-//     clients to the model: each connection gets 1/50 of the server's calibrated upload ceiling
-//     each way (50 = BENCH_S3MODEL_CONNS; BENCH_S3MODEL_CEILING_MBPS skips the calibration),
+//     clients to the model: each connection gets 1/50 of the upload ceiling calibrated through
+//     the model (modelCeiling) each way (50 = BENCH_S3MODEL_CONNS; BENCH_S3MODEL_CEILING_MBPS
+//     skips the calibration),
 //     each answer 20 ms more (BENCH_S3MODEL_LATENCY_MS), as one connection gets its share of S3
 //     next to a p5's NIC. A client's concurrency shows here.
 //
@@ -208,8 +212,10 @@ func BenchmarkRestoreVsAWSCLI(b *testing.B) {
 // wall_s and MB/s (whole command, start-up included), cpu_s and cpu_s/GiB, peak_RSS_MiB; on the
 // model also conns (opened), max_conns (open at once), max_in_flight (requests at once), wire_MB/s
 // (the data over the time the model was busy), allowed_MB/s (the per-connection cap times
-// max_conns, at most the ceiling) and pct_of_allowed. ratio_wall is spotguard's wall over
-// awscli's.
+// the connections busy at once, max_conns or max_in_flight, whichever is fewer, at most the
+// ceiling) and pct_of_allowed; and reference_MB/s and reference_pct_of_allowed, what the
+// calibration's client gets through the model (modelReference). ratio_wall is spotguard's wall
+// over awscli's.
 func BenchmarkS3Model(b *testing.B) {
 	needPeers(b)
 	awsBin(b)
@@ -218,9 +224,12 @@ func BenchmarkS3Model(b *testing.B) {
 	size := benchDataMiB(b, ckdir, "step-000001", 1024)
 	ceiling := modelCeiling(b, plain)
 	opts := modelOptions(b, ceiling)
+	refParts, ref := modelReference(b, plain, opts, ceiling)
+	refAllowed := s3model.Ceiling{Up: min(opts.ConnUpRate*float64(refParts), ceiling.Up), Down: min(opts.ConnDownRate*float64(refParts), ceiling.Down)}
 	awsConfig := awscliConfig(b)
-	b.Logf("%.2f GiB in 8 files; server ceiling (calibrated, plain HTTP) %.0f MB/s up, %.0f MB/s down; model: %.1f MB/s up, %.1f MB/s down a connection, %v first-byte latency; awscli concurrency %s, agent %s",
+	b.Logf("%.2f GiB in 8 files; ceiling through the model (TLS, uncapped) %.0f MB/s up, %.0f MB/s down; model: %.1f MB/s up, %.1f MB/s down a connection, %v first-byte latency; reference (%d parts of 8 MiB at once): %.0f MB/s up (%.0f%% of allowed), %.0f MB/s down (%.0f%%); awscli concurrency %s, agent %s",
 		float64(size)/(1<<30), ceiling.Up/1e6, ceiling.Down/1e6, opts.ConnUpRate/1e6, opts.ConnDownRate/1e6, opts.FirstByteLatency,
+		refParts, ref.Up/1e6, 100*ref.Up/refAllowed.Up, ref.Down/1e6, 100*ref.Down/refAllowed.Down,
 		awscliConcurrency(), strings.Join(benchAgentEnv(), " "))
 	setups := []struct {
 		name   string
@@ -261,6 +270,10 @@ func BenchmarkS3Model(b *testing.B) {
 				urgent := uploadWithAgentMode(b, ckdir, prefix+"-urgent", append(at.agentEnv(), benchAgentEnv()...), true)
 				urgentSide := benchSide{name: "spotguard_urgent", u: urgent, model: model}
 				reportSides(b, size, opts.ConnUpRate, ceiling.Up, awsSide, sgSide, urgentSide)
+				if su.model {
+					b.ReportMetric(ref.Up/1e6, "reference_MB/s")
+					b.ReportMetric(100*ref.Up/refAllowed.Up, "reference_pct_of_allowed")
+				}
 			}
 		})
 		b.Run("restore/"+su.name, func(b *testing.B) {
@@ -290,6 +303,10 @@ func BenchmarkS3Model(b *testing.B) {
 				}
 				sgSide := benchSide{name: "spotguard", u: sg, model: model}
 				reportSides(b, size, opts.ConnDownRate, ceiling.Down, awsSide, sgSide)
+				if su.model {
+					b.ReportMetric(ref.Down/1e6, "reference_MB/s")
+					b.ReportMetric(100*ref.Down/refAllowed.Down, "reference_pct_of_allowed")
+				}
 			}
 		})
 	}
@@ -319,7 +336,7 @@ func reportSides(b *testing.B, size int64, connCap, ceiling float64, aws benchSi
 		if s.model != nil {
 			st := s.model.Stats()
 			wire := float64(size) / st.Busy().Seconds()
-			allowed := min(connCap*float64(st.MaxConns), ceiling)
+			allowed := min(connCap*float64(min(st.MaxConns, st.MaxInFlight)), ceiling)
 			line += fmt.Sprintf("; on the model: %d connections (%d at once), %d requests (%d at once, %d SlowDown), %.0f MB/s while busy (%s) of %.0f allowed (%.0f%%)",
 				st.Conns, st.MaxConns, st.Requests, st.MaxInFlight, st.SlowDowns, wire/1e6, st.Busy().Round(time.Millisecond), allowed/1e6, 100*wire/allowed)
 			b.ReportMetric(float64(st.Conns), s.name+"_conns")
