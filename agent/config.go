@@ -272,7 +272,7 @@ var fields = []field{
 		c.Store.PartSize = n
 		return nil
 	}},
-	{"store.concurrency", "128", "the most S3 requests (parts, ranged reads) in flight; the store starts at 4 and grows while throughput grows, backing off on SlowDown: 128 × ~85 MB/s per connection fills a p5's 100 Gb/s", func(c *Config, v string) error {
+	{"store.concurrency", "128", "the most S3 requests (parts, ranged reads) in flight; the store starts at 4 (32 with a notice pending or for a restore) and grows while throughput grows, backing off on SlowDown: 128 × ~85 MB/s per connection fills a p5's 100 Gb/s", func(c *Config, v string) error {
 		n, err := strconv.Atoi(v)
 		if err != nil || n < 1 || n > 1024 {
 			return errors.New("want a whole number from 1 to 1024")

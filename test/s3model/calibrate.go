@@ -22,8 +22,10 @@ import (
 // Calibrate measures the server's ceiling. It uploads size bytes to bucket/key as one multipart
 // upload of conns parts, all in flight at once, then reads the object back with conns ranged
 // GETs at once, and returns the bytes a second of each (from the first request to the last
-// answer). The client should reach the server directly, not through a Proxy, and keep conns
-// connections open (its transport's MaxIdleConnsPerHost). The client does as little as it can,
+// answer). The client should keep conns connections open (its transport's MaxIdleConnsPerHost).
+// It may reach the server directly (the server's ceiling), through a Proxy without cap or latency
+// (what a client can get through the model on this machine: the benchmarks' ceiling), or through
+// the scaled model itself (the most a client can get out of it for one round of parts). The client does as little as it can,
 // so that the figure is the server's: every part is the same random bytes, sent with their
 // CRC-32C given and unsigned (UNSIGNED-PAYLOAD, over plain HTTP too), and what is read back is
 // discarded unchecked. The object is deleted afterwards. size/conns must be at least 5 MiB (S3's
