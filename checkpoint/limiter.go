@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"net"
+	"slices"
+	"sort"
 	"strings"
 	"sync"
 	"syscall"
@@ -66,7 +68,7 @@ type limiter struct {
 	mu       sync.Mutex
 	limit    int
 	inflight int
-	wake     chan struct{} // closed and replaced whenever a slot may have freed up
+	waiters  []*limitWaiter // by prio, then arrival; empty while inflight < limit
 
 	win      window
 	baseRate float64 // the throughput at base
@@ -109,7 +111,7 @@ type LimiterStats struct {
 // newLimiter returns a limiter that grows to most (at least 1) requests in flight.
 func newLimiter(most int) *limiter {
 	most = max(most, 1)
-	return &limiter{max: most, limit: min(limiterStart, most), now: time.Now, wake: make(chan struct{}), slow: true}
+	return &limiter{max: most, limit: min(limiterStart, most), now: time.Now, slow: true}
 }
 
 // hurry raises the limit to limiterHurry (at most max) if it is lower and slow start has not
@@ -127,26 +129,62 @@ func (l *limiter) hurry() {
 	l.stats.Raised++
 }
 
-// acquire takes a slot; it returns ctx's error if ctx is done first.
-func (l *limiter) acquire(ctx context.Context) error {
-	for {
-		l.mu.Lock()
-		if l.inflight < l.limit {
-			l.inflight++
-			l.stats.PeakInFlight = max(l.stats.PeakInFlight, l.inflight)
-			if l.win.start.IsZero() {
-				l.win.start = l.now()
-			}
-			l.mu.Unlock()
-			return nil
-		}
-		wake := l.wake
+// limitWaiter is an acquire waiting for a slot: ch is closed when one is given to it.
+type limitWaiter struct {
+	prio uint64
+	ch   chan struct{}
+}
+
+// acquire takes a slot; it returns ctx's error if ctx is done first. Slots free up in order of
+// prio, lowest first, then of arrival: the S3 store gives every file it moves the next number,
+// so the parts of the file that started first get the slots before a later file's, files finish
+// one after another rather than all at the end, and each one's completion (a multipart upload's
+// CompleteMultipartUpload, a restored file's fsync) overlaps the others' transfers.
+func (l *limiter) acquire(ctx context.Context, prio uint64) error {
+	l.mu.Lock()
+	if l.inflight < l.limit && len(l.waiters) == 0 {
+		l.take()
 		l.mu.Unlock()
+		return nil
+	}
+	w := &limitWaiter{prio: prio, ch: make(chan struct{})}
+	i := sort.Search(len(l.waiters), func(i int) bool { return l.waiters[i].prio > prio })
+	l.waiters = slices.Insert(l.waiters, i, w)
+	l.mu.Unlock()
+	select {
+	case <-w.ch:
+		return nil
+	case <-ctx.Done():
+		l.mu.Lock()
+		defer l.mu.Unlock()
 		select {
-		case <-wake:
-		case <-ctx.Done():
-			return ctx.Err()
+		case <-w.ch: // given a slot meanwhile: hand it on
+			l.inflight--
+			l.grant()
+		default:
+			l.waiters = slices.DeleteFunc(l.waiters, func(x *limitWaiter) bool { return x == w })
 		}
+		return ctx.Err()
+	}
+}
+
+// take counts a request in flight.
+func (l *limiter) take() {
+	l.inflight++
+	l.stats.PeakInFlight = max(l.stats.PeakInFlight, l.inflight)
+	if l.win.start.IsZero() {
+		l.win.start = l.now()
+	}
+}
+
+// grant gives free slots to the waiters, first first.
+func (l *limiter) grant() {
+	for l.inflight < l.limit && len(l.waiters) > 0 {
+		w := l.waiters[0]
+		l.waiters[0] = nil
+		l.waiters = l.waiters[1:]
+		l.take()
+		close(w.ch)
 	}
 }
 
@@ -173,7 +211,7 @@ func (l *limiter) release(n int64, d time.Duration, ok bool) {
 			l.endWindow()
 		}
 	}
-	l.signal()
+	l.grant()
 }
 
 // slowStart takes one completion's seconds per byte while in slow start.
@@ -259,20 +297,12 @@ func (l *limiter) observe(err error) {
 	l.stats.Throttled++
 }
 
-// set changes the limit, kept within [limiterMin, max] (max alone when it is lower), and wakes
-// the waiters when it grew.
+// set changes the limit, kept within [limiterMin, max] (max alone when it is lower), and gives
+// the waiters the slots it added.
 func (l *limiter) set(limit int) {
 	limit = min(max(limit, limiterMin), l.max)
-	grew := limit > l.limit
 	l.limit = limit
-	if grew {
-		l.signal()
-	}
-}
-
-func (l *limiter) signal() {
-	close(l.wake)
-	l.wake = make(chan struct{})
+	l.grant()
 }
 
 // Stats returns how the limit has adapted.

@@ -51,7 +51,8 @@ type S3Store struct {
 	prefix string // without slashes at either end; "" for the whole bucket
 	opts   S3Options
 	// lim bounds the requests that move data (parts, single puts, ranged reads) in flight.
-	lim *limiter
+	lim   *limiter
+	order atomic.Uint64 // the last transfer's number (nextOrder)
 	// composite is set once the server refused a FULL_OBJECT multipart checksum.
 	composite atomic.Bool
 
@@ -131,9 +132,13 @@ func (s *S3Store) objectKey(key string) (string, error) {
 	return s.keyPrefix() + key, nil
 }
 
-// acquire takes a slot for a request that moves data; it returns ctx's error if ctx is done
-// first.
-func (s *S3Store) acquire(ctx context.Context) error { return s.lim.acquire(ctx) }
+// acquire takes a slot for a request that moves data of the transfer numbered order (see
+// nextOrder); it returns ctx's error if ctx is done first.
+func (s *S3Store) acquire(ctx context.Context, order uint64) error { return s.lim.acquire(ctx, order) }
+
+// nextOrder numbers a file's transfer: the parts of a lower number get the free slots first, so
+// files finish one after another (see limiter.acquire).
+func (s *S3Store) nextOrder() uint64 { return s.order.Add(1) }
 
 // release gives the slot back: a request that moved n bytes since start, ok or not.
 func (s *S3Store) release(n int64, start time.Time, ok bool) {
@@ -377,7 +382,7 @@ func (s *S3Store) sse() (types.ServerSideEncryption, *string) {
 
 // putSingle sends f with one PutObject.
 func (s *S3Store) putSingle(ctx context.Context, okey string, f *os.File, size int64, progress func(int64)) (Checksum, error) {
-	if err := s.acquire(ctx); err != nil {
+	if err := s.acquire(ctx, s.nextOrder()); err != nil {
 		return Checksum{}, err
 	}
 	var start time.Time
@@ -500,8 +505,9 @@ func (s *S3Store) ownedUploads(ids []string) map[string]bool {
 // uploadParts uploads parts in parallel, filling completed and crcs; it returns the first error.
 func (s *S3Store) uploadParts(ctx context.Context, okey string, uploadID *string, f *os.File, parts []s3Part, completed []types.CompletedPart, crcs []uint32, progress func(int64)) error {
 	g, gctx := errgroup.WithContext(ctx)
+	order := s.nextOrder()
 	for i, p := range parts {
-		if s.acquire(gctx) != nil {
+		if s.acquire(gctx, order) != nil {
 			break
 		}
 		g.Go(func() error {
@@ -760,8 +766,9 @@ func (s *S3Store) download(ctx context.Context, okey string, w io.WriterAt, size
 		return fmt.Errorf("object has %d bytes; want %d", got, size)
 	}
 	g, gctx := errgroup.WithContext(ctx)
+	order := s.nextOrder()
 	for _, p := range s3PartPlan(size, s.partSize(size)) {
-		if s.acquire(gctx) != nil {
+		if s.acquire(gctx, order) != nil {
 			break
 		}
 		g.Go(func() error {

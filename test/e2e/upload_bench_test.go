@@ -74,6 +74,7 @@ func (u usage) String() string {
 
 func runMeasured(b *testing.B, cmd *exec.Cmd) usage {
 	b.Helper()
+	flushDirtyPages()
 	start := time.Now()
 	out, err := cmd.CombinedOutput()
 	wall := time.Since(start)
@@ -83,6 +84,11 @@ func runMeasured(b *testing.B, cmd *exec.Cmd) usage {
 	ru := cmd.ProcessState.SysUsage().(*syscall.Rusage)
 	return usage{wall: wall, cpu: cmd.ProcessState.UserTime() + cmd.ProcessState.SystemTime(), maxRSS: ru.Maxrss << 10}
 }
+
+// flushDirtyPages writes back the page cache's dirty pages before a measured run, so that the
+// run does not pay for the gigabytes the run before it wrote (the kernel throttles a writer, and
+// charges it CPU, once dirty pages pass its thresholds): each side starts from a clean cache.
+func flushDirtyPages() { syscall.Sync() }
 
 func (s *s3Server) awsCmd(b *testing.B, args ...string) *exec.Cmd {
 	cmd := exec.Command(awsBin(b), append([]string{"--endpoint-url", s.endpoint}, args...)...)
@@ -118,6 +124,7 @@ func uploadWithAgentMode(b *testing.B, ckdir, prefix string, env []string, urgen
 	} else {
 		sim.start("spot", "-d", "100000", "--rebalance-delay-sec", "100000")
 	}
+	flushDirtyPages()
 	start := time.Now()
 	ap := startAgent(b, sim, append([]string{"SPOTGUARD_TRAINER_MATCH=no-trainer-for-this-benchmark",
 		"SPOTGUARD_CHECKPOINT_DIR=" + ckdir, "SPOTGUARD_STORE_URL=s3://" + s3Bucket + "/" + prefix,
