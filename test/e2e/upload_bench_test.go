@@ -212,7 +212,9 @@ func BenchmarkRestoreVsAWSCLI(b *testing.B) {
 //     each answer 20 ms more (BENCH_S3MODEL_LATENCY_MS), as one connection gets its share of S3
 //     next to a p5's NIC. A client's concurrency shows here.
 //
-// awscli runs at its default of 10 concurrent requests (BENCH_AWSCLI_CONCURRENCY, set with `aws
+// The sides of each comparison run one after another, the first in turn (inTurn): on this machine
+// a run is slower the more the runs before it wrote, which always favoured the side that ran
+// first. awscli runs at its default of 10 concurrent requests (BENCH_AWSCLI_CONCURRENCY, set with `aws
 // configure set default.s3.max_concurrent_requests` in a temporary AWS_CONFIG_FILE); spotguard at
 // its default store.concurrency and store.part_size unless BENCH_AGENT_CONCURRENCY or
 // BENCH_PART_SIZE (SPOTGUARD_STORE_*) say otherwise. Metrics per side (spotguard_, awscli_):
@@ -264,18 +266,23 @@ func BenchmarkS3Model(b *testing.B) {
 			for range b.N {
 				run++
 				i := run
-				at, model := open(b)
-				aws := runMeasured(b, at.awscli(b, awsConfig, "s3", "cp", "--recursive", "--only-show-errors",
-					filepath.Join(ckdir, "step-000001"), fmt.Sprintf("s3://%s/awscli-%s-%d/", s3Bucket, su.name, i)))
-				awsSide := benchSide{name: "awscli", u: aws, model: model}
-				at, model = open(b)
 				prefix := fmt.Sprintf("spotguard-%s-%d", su.name, i)
-				sg := uploadWithAgentEnv(b, ckdir, prefix, append(at.agentEnv(), benchAgentEnv()...))
-				uploaded[su.server] = prefix
-				sgSide := benchSide{name: "spotguard", u: sg, model: model}
-				at, model = open(b)
-				urgent := uploadWithAgentMode(b, ckdir, prefix+"-urgent", append(at.agentEnv(), benchAgentEnv()...), true)
-				urgentSide := benchSide{name: "spotguard_urgent", u: urgent, model: model}
+				var awsSide, sgSide, urgentSide benchSide
+				inTurn(i, func() {
+					at, model := open(b)
+					aws := runMeasured(b, at.awscli(b, awsConfig, "s3", "cp", "--recursive", "--only-show-errors",
+						filepath.Join(ckdir, "step-000001"), fmt.Sprintf("s3://%s/awscli-%s-%d/", s3Bucket, su.name, i)))
+					awsSide = benchSide{name: "awscli", u: aws, model: model}
+				}, func() {
+					at, model := open(b)
+					sg := uploadWithAgentEnv(b, ckdir, prefix, append(at.agentEnv(), benchAgentEnv()...))
+					uploaded[su.server] = prefix
+					sgSide = benchSide{name: "spotguard", u: sg, model: model}
+				}, func() {
+					at, model := open(b)
+					urgent := uploadWithAgentMode(b, ckdir, prefix+"-urgent", append(at.agentEnv(), benchAgentEnv()...), true)
+					urgentSide = benchSide{name: "spotguard_urgent", u: urgent, model: model}
+				})
 				reportSides(b, size, opts.ConnUpRate, ceiling.Up, awsSide, sgSide, urgentSide)
 				if su.model {
 					b.ReportMetric(ref.Up/1e6, "reference_MB/s")
@@ -292,23 +299,29 @@ func BenchmarkS3Model(b *testing.B) {
 			}
 			b.ResetTimer()
 			for range b.N {
-				awsDir, sgDir := b.TempDir(), b.TempDir()
-				at, model := open(b)
-				aws := runMeasured(b, at.awscli(b, awsConfig, "s3", "cp", "--recursive", "--only-show-errors",
-					fmt.Sprintf("s3://%s/%s/bench/step-000001/", s3Bucket, prefix), awsDir))
-				if got := treeBytes(b, awsDir); got < size {
-					b.Fatalf("awscli restored %d bytes; want at least %d", got, size)
-				}
-				awsSide := benchSide{name: "awscli", u: aws, model: model}
-				at, model = open(b)
-				cmd := exec.Command(spotguardBin, "restore", "--config", writeEmptyConfig(b), "--to", sgDir)
-				cmd.Env = append(append([]string{"PATH=" + os.Getenv("PATH"), "HOME=" + b.TempDir(),
-					"SPOTGUARD_STORE_URL=s3://" + s3Bucket + "/" + prefix, "SPOTGUARD_STORE_JOB=bench"}, at.agentEnv()...), benchAgentEnv()...)
-				sg := runMeasured(b, cmd)
-				if got := treeBytes(b, sgDir); got < size {
-					b.Fatalf("spotguard restored %d bytes; want at least %d", got, size)
-				}
-				sgSide := benchSide{name: "spotguard", u: sg, model: model}
+				run++
+				var awsSide, sgSide benchSide
+				inTurn(run, func() {
+					awsDir := b.TempDir()
+					at, model := open(b)
+					aws := runMeasured(b, at.awscli(b, awsConfig, "s3", "cp", "--recursive", "--only-show-errors",
+						fmt.Sprintf("s3://%s/%s/bench/step-000001/", s3Bucket, prefix), awsDir))
+					if got := treeBytes(b, awsDir); got < size {
+						b.Fatalf("awscli restored %d bytes; want at least %d", got, size)
+					}
+					awsSide = benchSide{name: "awscli", u: aws, model: model}
+				}, func() {
+					sgDir := b.TempDir()
+					at, model := open(b)
+					cmd := exec.Command(spotguardBin, "restore", "--config", writeEmptyConfig(b), "--to", sgDir)
+					cmd.Env = append(append([]string{"PATH=" + os.Getenv("PATH"), "HOME=" + b.TempDir(),
+						"SPOTGUARD_STORE_URL=s3://" + s3Bucket + "/" + prefix, "SPOTGUARD_STORE_JOB=bench"}, at.agentEnv()...), benchAgentEnv()...)
+					sg := runMeasured(b, cmd)
+					if got := treeBytes(b, sgDir); got < size {
+						b.Fatalf("spotguard restored %d bytes; want at least %d", got, size)
+					}
+					sgSide = benchSide{name: "spotguard", u: sg, model: model}
+				})
 				reportSides(b, size, opts.ConnDownRate, ceiling.Down, awsSide, sgSide)
 				if su.model {
 					b.ReportMetric(ref.Down/1e6, "reference_MB/s")
@@ -316,6 +329,15 @@ func BenchmarkS3Model(b *testing.B) {
 				}
 			}
 		})
+	}
+}
+
+// inTurn runs sides one after another, starting with side i mod len(sides): on a small machine
+// a run is slower the more the runs before it wrote, so over len(sides) iterations each side
+// runs in each place once.
+func inTurn(i int, sides ...func()) {
+	for k := range sides {
+		sides[(i+k)%len(sides)]()
 	}
 }
 
