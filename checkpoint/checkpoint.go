@@ -84,6 +84,22 @@ func hurry(s Store) {
 	}
 }
 
+// rankKey is the context key of a transfer's rank (withRank).
+type rankKey struct{}
+
+// withRank returns ctx for transfers of rank: where a store bounds its requests in flight
+// (S3Store), a higher rank gets free slots first. The uploader ranks files by their checkpoint's
+// generation, so the newest checkpoint's go before an older one's still in flight.
+func withRank(ctx context.Context, rank uint64) context.Context {
+	return context.WithValue(ctx, rankKey{}, rank)
+}
+
+// rankOf is ctx's rank (withRank), 0 if it has none.
+func rankOf(ctx context.Context) uint64 {
+	r, _ := ctx.Value(rankKey{}).(uint64)
+	return r
+}
+
 // Store is where checkpoints go: S3 (s3://bucket/prefix) or a file system (file:///path). Keys
 // are slash-separated and relative to the store's prefix; a Store never writes outside it.
 // Implementations are safe for concurrent use.

@@ -131,24 +131,31 @@ func (l *limiter) hurry() {
 
 // limitWaiter is an acquire waiting for a slot: ch is closed when one is given to it.
 type limitWaiter struct {
-	prio uint64
-	ch   chan struct{}
+	rank, order uint64
+	ch          chan struct{}
 }
 
-// acquire takes a slot; it returns ctx's error if ctx is done first. Slots free up in order of
-// prio, lowest first, then of arrival: the S3 store gives every file it moves the next number,
-// so the parts of the file that started first get the slots before a later file's, files finish
-// one after another rather than all at the end, and each one's completion (a multipart upload's
-// CompleteMultipartUpload, a restored file's fsync) overlaps the others' transfers.
-func (l *limiter) acquire(ctx context.Context, prio uint64) error {
+// before reports whether w is served before a waiter of rank and order.
+func (w *limitWaiter) before(rank, order uint64) bool {
+	return w.rank > rank || w.rank == rank && w.order <= order
+}
+
+// acquire takes a slot; it returns ctx's error if ctx is done first. Free slots go to the waiter
+// of the highest rank, then of the lowest order, then the first come. The uploader ranks a file
+// by its checkpoint (a newer one first: after a notice the newest is the one that matters) and
+// the S3 store gives every file it moves the next order, so the parts of the file that started
+// first get the slots before a later file's: files finish one after another rather than all at
+// the end, and each one's completion (a multipart upload's CompleteMultipartUpload, a restored
+// file's fsync) overlaps the others' transfers.
+func (l *limiter) acquire(ctx context.Context, rank, order uint64) error {
 	l.mu.Lock()
 	if l.inflight < l.limit && len(l.waiters) == 0 {
 		l.take()
 		l.mu.Unlock()
 		return nil
 	}
-	w := &limitWaiter{prio: prio, ch: make(chan struct{})}
-	i := sort.Search(len(l.waiters), func(i int) bool { return l.waiters[i].prio > prio })
+	w := &limitWaiter{rank: rank, order: order, ch: make(chan struct{})}
+	i := sort.Search(len(l.waiters), func(i int) bool { return !l.waiters[i].before(rank, order) })
 	l.waiters = slices.Insert(l.waiters, i, w)
 	l.mu.Unlock()
 	select {

@@ -48,7 +48,7 @@ func drive(t *testing.T, lim *limiter, l link, workers int, part int64, d time.D
 	for range workers {
 		wg.Go(func() {
 			for ctx.Err() == nil {
-				if lim.acquire(ctx, 0) != nil {
+				if lim.acquire(ctx, 0, 0) != nil {
 					return
 				}
 				n := int(inflight.Add(1))
@@ -149,60 +149,62 @@ func TestLimiterNeverAboveMax(t *testing.T) {
 func TestLimiterAcquireEndsWithContext(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		lim := newLimiter(1)
-		if err := lim.acquire(t.Context(), 0); err != nil {
+		if err := lim.acquire(t.Context(), 0, 0); err != nil {
 			t.Fatal(err)
 		}
 		ctx, cancel := context.WithTimeout(t.Context(), time.Second)
 		defer cancel()
-		if err := lim.acquire(ctx, 0); !errors.Is(err, context.DeadlineExceeded) {
+		if err := lim.acquire(ctx, 0, 0); !errors.Is(err, context.DeadlineExceeded) {
 			t.Errorf("acquire on a full limiter = %v; want the context's deadline", err)
 		}
 		lim.release(1, time.Millisecond, true)
-		if err := lim.acquire(t.Context(), 0); err != nil {
+		if err := lim.acquire(t.Context(), 0, 0); err != nil {
 			t.Errorf("acquire after release = %v; want nil", err)
 		}
 	})
 }
 
-// Free slots go to the waiter of the lowest order, then the first come; one that gave up takes
-// none.
+// Free slots go to the waiter of the highest rank, then the lowest order, then the first come;
+// one that gave up takes none.
 func TestLimiterAcquireOrder(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		lim := newLimiter(2)
 		lim.set(2)
 		for range 2 {
-			if err := lim.acquire(t.Context(), 5); err != nil {
+			if err := lim.acquire(t.Context(), 0, 5); err != nil {
 				t.Fatal(err)
 			}
 		}
 		got := make(chan string, 8)
-		wait := func(name string, order uint64, ctx context.Context) {
+		wait := func(name string, rank, order uint64, ctx context.Context) {
 			go func() {
-				if lim.acquire(ctx, order) == nil {
+				if lim.acquire(ctx, rank, order) == nil {
 					got <- name
 				}
 			}()
 			synctest.Wait() // queued before the next one
 		}
 		gone, cancel := context.WithCancel(t.Context())
-		wait("a9", 9, t.Context())
-		wait("b3", 3, t.Context())
-		wait("gone1", 1, gone)
-		wait("c3", 3, t.Context())
-		wait("d9", 9, t.Context())
+		wait("a9", 0, 9, t.Context())
+		wait("b3", 0, 3, t.Context())
+		wait("gone1", 0, 1, gone)
+		wait("c3", 0, 3, t.Context())
+		wait("d9", 0, 9, t.Context())
+		wait("newer9", 1, 9, t.Context())
+		wait("newer3", 1, 3, t.Context())
 		cancel()
 		synctest.Wait()
 		var order []string
-		for range 4 {
+		for range 6 {
 			lim.release(1, time.Millisecond, true)
 			synctest.Wait()
 			order = append(order, <-got)
 		}
-		if want := []string{"b3", "c3", "a9", "d9"}; !slices.Equal(order, want) {
+		if want := []string{"newer3", "newer9", "b3", "c3", "a9", "d9"}; !slices.Equal(order, want) {
 			t.Errorf("slots went to %v; want %v", order, want)
 		}
 		if st := lim.Stats(); st.InFlight != 2 {
-			t.Errorf("in flight %d; want 2 (4 released, 4 given)", st.InFlight)
+			t.Errorf("in flight %d; want 2 (6 released, 6 given)", st.InFlight)
 		}
 	})
 }

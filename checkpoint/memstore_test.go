@@ -314,3 +314,29 @@ type hurriedStore struct {
 }
 
 func (s *hurriedStore) Hurry() { s.hurries.Add(1) }
+
+// rankedStore is a memStore that records the rank (withRank) each PutFile came with, by key.
+type rankedStore struct {
+	*memStore
+	mu    sync.Mutex
+	ranks map[string]uint64
+}
+
+func (s *rankedStore) PutFile(ctx context.Context, key string, f *os.File, size int64, progress func(n int64)) (Checksum, error) {
+	s.mu.Lock()
+	s.ranks[key] = rankOf(ctx)
+	s.mu.Unlock()
+	return s.memStore.PutFile(ctx, key, f, size, progress)
+}
+
+// rankOfFile is the rank the file path of checkpoint cp was put with; ok is false if it was not.
+func (s *rankedStore) rankOfFile(cp, path string) (rank uint64, ok bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for k, r := range s.ranks {
+		if strings.Contains(k, "/"+cp+"/") && strings.HasSuffix(k, "/"+path) {
+			return r, true
+		}
+	}
+	return 0, false
+}

@@ -133,8 +133,10 @@ func (s *S3Store) objectKey(key string) (string, error) {
 }
 
 // acquire takes a slot for a request that moves data of the transfer numbered order (see
-// nextOrder); it returns ctx's error if ctx is done first.
-func (s *S3Store) acquire(ctx context.Context, order uint64) error { return s.lim.acquire(ctx, order) }
+// nextOrder), at ctx's rank (withRank); it returns ctx's error if ctx is done first.
+func (s *S3Store) acquire(ctx context.Context, order uint64) error {
+	return s.lim.acquire(ctx, rankOf(ctx), order)
+}
 
 // nextOrder numbers a file's transfer: the parts of a lower number get the free slots first, so
 // files finish one after another (see limiter.acquire).

@@ -1255,7 +1255,7 @@ func (u *Uploader) goUpload(ctx context.Context, g *generation, rel string, f *f
 	local := g.localPath(rel)
 	key := DataKey(u.cfg.Job, g.name, g.commit, rel)
 	f.key = key
-	gctx := g.ctx
+	gctx := withRank(g.ctx, g.seq) // a newer checkpoint's parts go first
 	u.wg.Go(func() {
 		start := time.Now()
 		d, err := uploadFile(gctx, u.cfg.Store, u.cfg.Dir, local, key)

@@ -806,3 +806,20 @@ func TestUploaderHurriesTheStoreOnlyWithANotice(t *testing.T) {
 		t.Error("a notice's checkpoint went without hurrying the store")
 	}
 }
+
+// A newer checkpoint's files are put at a higher rank than an older one's, so that where the store
+// bounds its requests (S3Store) they get free slots first.
+func TestUploaderRanksNewerCheckpointsFirst(t *testing.T) {
+	dir := t.TempDir()
+	store := &rankedStore{memStore: newMemStore(), ranks: map[string]uint64{}}
+	r := startUploader(t, dir, store, 0)
+	writeCheckpoint(t, dir, "step-1", map[string][]byte{"w": randomBytes(t, 1<<10)})
+	r.waitCommitted("step-1")
+	writeCheckpoint(t, dir, "step-2", map[string][]byte{"w": randomBytes(t, 1<<10)})
+	r.waitCommitted("step-2")
+	r1, ok1 := store.rankOfFile("step-1", "w")
+	r2, ok2 := store.rankOfFile("step-2", "w")
+	if !ok1 || !ok2 || r2 <= r1 || r1 == 0 {
+		t.Errorf("ranks: step-1 %d (put %v), step-2 %d (put %v); want both put, step-2's higher, neither 0", r1, ok1, r2, ok2)
+	}
+}
