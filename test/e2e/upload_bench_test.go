@@ -97,9 +97,11 @@ func (s *s3Server) awsCmd(b *testing.B, args ...string) *exec.Cmd {
 	return cmd
 }
 
-// uploadWithAgent runs `spotguard run` on a checkpoint directory that holds one complete,
-// uncommitted checkpoint and measures it from start until the checkpoint is committed; the agent
-// is then stopped. CPU and peak RSS are the agent's own (from /proc while it runs).
+// uploadWithAgent measures `spotguard run` uploading ckdir's step-000001 as users meet it: the
+// agent already running, with a periodic checkpoint of the same size uploaded before (as
+// training's earlier checkpoints are, so the store's concurrency has adapted to the link), then
+// the checkpoint renamed into place; from the rename until it is committed. CPU is the agent's
+// over that time, peak RSS its whole life's (from /proc). The agent is then stopped.
 func uploadWithAgent(b *testing.B, s3 *s3Server, ckdir, prefix string) usage {
 	b.Helper()
 	return uploadWithAgentEnv(b, ckdir, prefix, s3.env(""))
@@ -108,37 +110,71 @@ func uploadWithAgent(b *testing.B, s3 *s3Server, ckdir, prefix string) usage {
 // uploadWithAgentEnv is uploadWithAgent with the agent's S3 environment env.
 func uploadWithAgentEnv(b *testing.B, ckdir, prefix string, env []string) usage {
 	b.Helper()
-	return uploadWithAgentMode(b, ckdir, prefix, env, false)
+	return uploadWithAgentMode(b, ckdir, prefix, env, false, nil)
 }
 
-// uploadWithAgentMode is uploadWithAgentEnv, and with urgent, a spot interruption notice already
-// in IMDS when the agent starts: it then sends every file at once (checkpoint.DefaultUrgentFiles)
-// instead of two at a time in the background (checkpoint.DefaultBackgroundFiles). The commit is
-// labelled periodic or notice, as the agent saw the checkpoint or the notice first.
-func uploadWithAgentMode(b *testing.B, ckdir, prefix string, env []string, urgent bool) usage {
+// uploadWithAgentMode is uploadWithAgentEnv, and with urgent, a spot interruption notice in IMDS
+// (seen by the agent) before the checkpoint is renamed into place: it then sends every file at
+// once (checkpoint.DefaultUrgentFiles) instead of two at a time in the background
+// (checkpoint.DefaultBackgroundFiles), and commits it labelled notice rather than periodic. A
+// model the agent reaches its store through, if not nil, counts from the rename on.
+func uploadWithAgentMode(b *testing.B, ckdir, prefix string, env []string, urgent bool, model *s3model.Proxy) usage {
 	b.Helper()
-	sim := newIMDS(b)
-	if urgent {
-		sim.start("spot", "-a", "terminate", "--mock-trigger-time", time.Now().Add(-time.Second).UTC().Format(time.RFC3339),
-			"--rebalance-delay-sec", "100000")
-	} else {
-		sim.start("spot", "-d", "100000", "--rebalance-delay-sec", "100000")
+	src := filepath.Join(ckdir, "step-000001")
+	work := b.TempDir()
+	dir := filepath.Join(work, "checkpoints")
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		b.Fatal(err)
 	}
-	flushDirtyPages()
-	start := time.Now()
+	// stage copies src to work/name, on the checkpoint directory's file system, for a rename.
+	stage := func(name string) string {
+		to := filepath.Join(work, name)
+		if out, err := exec.Command("cp", "-r", src, to).CombinedOutput(); err != nil {
+			b.Fatalf("cp -r %s %s: %v\n%s", src, to, err, out)
+		}
+		return to
+	}
+	sim := newIMDS(b)
+	sim.start("spot", "-d", "100000", "--rebalance-delay-sec", "100000")
 	ap := startAgent(b, sim, append([]string{"SPOTGUARD_TRAINER_MATCH=no-trainer-for-this-benchmark",
-		"SPOTGUARD_CHECKPOINT_DIR=" + ckdir, "SPOTGUARD_STORE_URL=s3://" + s3Bucket + "/" + prefix,
+		"SPOTGUARD_CHECKPOINT_DIR=" + dir, "SPOTGUARD_STORE_URL=s3://" + s3Bucket + "/" + prefix,
 		"SPOTGUARD_STORE_JOB=bench", "SPOTGUARD_LOG_LEVEL=warn"}, env...)...)
 	pid := ap.cmd.Process.Pid
 	var hwm int
-	eventually(b, 10*time.Minute, "the checkpoint to be committed", func() bool {
-		hwm = max(hwm, procStatusKB(b, pid, "VmHWM"))
-		m := ap.metrics(b)
-		return hasLine(m, `spotguard_checkpoints_committed_total{trigger="periodic"} 1`) ||
-			hasLine(m, `spotguard_checkpoints_committed_total{trigger="notice"} 1`)
-	})
+	committed := func(trigger string, n int) func() bool {
+		return func() bool {
+			hwm = max(hwm, procStatusKB(b, pid, "VmHWM"))
+			return hasLine(ap.metrics(b), fmt.Sprintf(`spotguard_checkpoints_committed_total{trigger=%q} %d`, trigger, n))
+		}
+	}
+	if err := os.Rename(stage("warm-up"), filepath.Join(dir, "step-000000")); err != nil {
+		b.Fatal(err)
+	}
+	eventually(b, 10*time.Minute, "the warm-up checkpoint to be committed", committed("periodic", 1))
+	want := committed("periodic", 2)
+	if urgent {
+		sim.stop()
+		sim.start("spot", "-a", "terminate", "--mock-trigger-time", time.Now().Add(-time.Second).UTC().Format(time.RFC3339),
+			"--rebalance-delay-sec", "100000")
+		eventually(b, time.Minute, "the agent to see the notice", func() bool {
+			st := ap.status(b)
+			return st.Uploads != nil && st.Uploads.Urgent
+		})
+		want = committed("notice", 1)
+	}
+	staged := stage("staged")
+	flushDirtyPages()
+	if model != nil {
+		model.ResetStats()
+	}
+	cpu0 := cpuSeconds(b, pid)
+	start := time.Now()
+	if err := os.Rename(staged, filepath.Join(dir, "step-000001")); err != nil {
+		b.Fatal(err)
+	}
+	eventually(b, 10*time.Minute, "the checkpoint to be committed", want)
 	wall := time.Since(start)
-	cpu := cpuSeconds(b, pid)
+	cpu := cpuSeconds(b, pid) - cpu0
 	hwm = max(hwm, procStatusKB(b, pid, "VmHWM"))
 	if c := ap.status(b).Store.Concurrency; c != nil {
 		b.Logf("%s: the store's concurrency: %+v", prefix, *c)
@@ -195,9 +231,10 @@ func BenchmarkRestoreVsAWSCLI(b *testing.B) {
 	}
 }
 
-// BenchmarkS3Model compares spotguard with awscli, upload (`aws s3 cp --recursive`; the agent
-// from start to commit, as it uploads in the background, two files at a time, and urgently,
-// with a notice pending: spotguard_urgent) and restore (`aws s3 cp --recursive`; `spotguard
+// BenchmarkS3Model compares spotguard with awscli, upload (`aws s3 cp --recursive`; the running
+// agent from the checkpoint's rename into place to its commit, after an earlier checkpoint (see
+// uploadWithAgent), as it uploads in the background, two files at a time, and urgently, with a
+// notice pending: spotguard_urgent) and restore (`aws s3 cp --recursive`; `spotguard
 // restore`, every checksum verified), on the same BENCH_CKPT_MIB MiB (default 1024) in 8
 // files, in three setups:
 //
@@ -212,13 +249,14 @@ func BenchmarkRestoreVsAWSCLI(b *testing.B) {
 //     each answer 20 ms more (BENCH_S3MODEL_LATENCY_MS), as one connection gets its share of S3
 //     next to a p5's NIC. A client's concurrency shows here.
 //
-// The sides of each comparison run one after another, the first in turn (inTurn): on this machine
-// a run is slower the more the runs before it wrote, which always favoured the side that ran
-// first. awscli runs at its default of 10 concurrent requests (BENCH_AWSCLI_CONCURRENCY, set with `aws
+// The sides of each comparison run one after another, the first in turn (inTurn), so that over
+// three runs none is always first or last: this machine's speed drifts from run to run. awscli
+// runs at its default of 10 concurrent requests (BENCH_AWSCLI_CONCURRENCY, set with `aws
 // configure set default.s3.max_concurrent_requests` in a temporary AWS_CONFIG_FILE); spotguard at
 // its default store.concurrency and store.part_size unless BENCH_AGENT_CONCURRENCY or
 // BENCH_PART_SIZE (SPOTGUARD_STORE_*) say otherwise. Metrics per side (spotguard_, awscli_):
-// wall_s and MB/s (whole command, start-up included), cpu_s and cpu_s/GiB, peak_RSS_MiB; on the
+// wall_s and MB/s (awscli: the whole command; the agent: rename to commit), cpu_s and cpu_s/GiB
+// (the same span), peak_RSS_MiB; on the
 // model also conns (opened), max_conns (open at once), max_in_flight (requests at once), wire_MB/s
 // (the data over the time the model was busy), allowed_MB/s (the per-connection cap times
 // the connections busy at once, max_conns or max_in_flight, whichever is fewer, at most the
@@ -275,12 +313,12 @@ func BenchmarkS3Model(b *testing.B) {
 					awsSide = benchSide{name: "awscli", u: aws, model: model}
 				}, func() {
 					at, model := open(b)
-					sg := uploadWithAgentEnv(b, ckdir, prefix, append(at.agentEnv(), benchAgentEnv()...))
+					sg := uploadWithAgentMode(b, ckdir, prefix, append(at.agentEnv(), benchAgentEnv()...), false, model)
 					uploaded[su.server] = prefix
 					sgSide = benchSide{name: "spotguard", u: sg, model: model}
 				}, func() {
 					at, model := open(b)
-					urgent := uploadWithAgentMode(b, ckdir, prefix+"-urgent", append(at.agentEnv(), benchAgentEnv()...), true)
+					urgent := uploadWithAgentMode(b, ckdir, prefix+"-urgent", append(at.agentEnv(), benchAgentEnv()...), true, model)
 					urgentSide = benchSide{name: "spotguard_urgent", u: urgent, model: model}
 				})
 				reportSides(b, size, opts.ConnUpRate, ceiling.Up, awsSide, sgSide, urgentSide)
@@ -332,9 +370,8 @@ func BenchmarkS3Model(b *testing.B) {
 	}
 }
 
-// inTurn runs sides one after another, starting with side i mod len(sides): on a small machine
-// a run is slower the more the runs before it wrote, so over len(sides) iterations each side
-// runs in each place once.
+// inTurn runs sides one after another, starting with side i mod len(sides): over len(sides)
+// iterations each side runs in each place once.
 func inTurn(i int, sides ...func()) {
 	for k := range sides {
 		sides[(i+k)%len(sides)]()
@@ -483,7 +520,7 @@ func timeToDurable(b *testing.B, margin float64, open func(*testing.B) (s3Endpoi
 	b.Setenv("BENCH_CKPT_MIB", strconv.Itoa(int(mib)))
 	size := benchData(b, ref, "step-000001")
 	at, _ := open(b)
-	up := uploadWithAgentMode(b, ref, "ref", append(at.agentEnv(), benchAgentEnv()...), true)
+	up := uploadWithAgentMode(b, ref, "ref", append(at.agentEnv(), benchAgentEnv()...), true, nil)
 	throughput := float64(size) / up.wall.Seconds()
 	os.RemoveAll(ref)
 	b.ResetTimer()

@@ -253,6 +253,33 @@ func TestSlowDown(t *testing.T) {
 	}
 }
 
+// ResetStats counts afresh from now: the connections still open as opened and at most at once,
+// nothing else.
+func TestResetStats(t *testing.T) {
+	u := newUpstream(t)
+	p, endpoint := startProxy(t, Options{Upstream: u.URL})
+	c := httpClient(t)
+	get := func() {
+		req, _ := http.NewRequest(http.MethodGet, endpoint+"/b/k", nil)
+		if resp, _ := do(t, c, req); resp.StatusCode != http.StatusOK {
+			t.Fatalf("status %d; want 200", resp.StatusCode)
+		}
+	}
+	get()
+	get()
+	before := p.Stats()
+	p.ResetStats()
+	st := p.Stats()
+	if st.Requests != 0 || st.BytesIn != 0 || st.BytesOut != 0 || !st.First.IsZero() || !st.Last.IsZero() || st.MaxInFlight != 0 ||
+		st.Conns != 1 || st.MaxConns != 1 {
+		t.Errorf("after ResetStats, with one connection open and idle: %+v; want 1 connection, nothing else", st)
+	}
+	get()
+	if st := p.Stats(); st.Requests != 1 || st.BytesOut == 0 || st.BytesOut >= before.BytesOut || st.First.IsZero() || st.MaxInFlight != 1 {
+		t.Errorf("one request after ResetStats: %+v (before the reset %+v); want that request alone", st, before)
+	}
+}
+
 // The proxy forwards what the client sent: the Host it signed, Content-Length or chunked
 // encoding, Expect: 100-continue (the client's body waits for the server's go-ahead), an
 // aws-chunked body byte for byte.
