@@ -488,13 +488,13 @@ func treeBytes(b *testing.B, root string) int64 {
 // BenchmarkTimeToDurable: a notice arrives, and the trainer writes S bytes (BENCH_DURABLE_MIB,
 // default 1024, in 8 files) spread over about BENCH_WRITE_SECONDS (default 8); W is the time it
 // really took (notice → marker, from /status). It reports notice → manifest against
-// max(W, S/throughput) + 2 s (the target) and W + S/throughput (uploading after the marker), with
+// max(W, S/throughput) + 1 s (the target) and W + S/throughput (uploading after the marker), with
 // the throughput measured by uploading the same amount first, urgently (a notice pending), as
-// the agent uploads after a notice.
+// the agent uploads after a notice (uploadWithAgentMode).
 func BenchmarkTimeToDurable(b *testing.B) {
 	needPeers(b)
 	s3 := startS3(b)
-	timeToDurable(b, 2, func(b *testing.B) (s3Endpoint, *s3model.Proxy) { return s3.at(), nil })
+	timeToDurable(b, 1, func(b *testing.B) (s3Endpoint, *s3model.Proxy) { return s3.at(), nil })
 }
 
 // BenchmarkTimeToDurableS3Model is BenchmarkTimeToDurable on the scaled model of S3 (see
