@@ -140,9 +140,9 @@ func Scaled(upstream string, c Ceiling) Options {
 type Stats struct {
 	// Conns is the client connections accepted; MaxConns the most open at once.
 	Conns, MaxConns int64
-	// Requests is the requests received; MaxInFlight the most being served at once (from the
-	// request header read to the response's last byte).
-	Requests, MaxInFlight int64
+	// Requests is the requests received; InFlight those being served now (from the request
+	// header read to the response's last byte), MaxInFlight the most at once.
+	Requests, InFlight, MaxInFlight int64
 	// SlowDowns is the requests answered 503 SlowDown by the proxy itself.
 	SlowDowns int64
 	// UpstreamFailures is the requests the server could not be asked or answer (the proxy
@@ -281,6 +281,7 @@ func (p *Proxy) Stats() Stats {
 		Conns:            p.c.conns.Load(),
 		MaxConns:         p.c.maxConns.Load(),
 		Requests:         p.c.requests.Load(),
+		InFlight:         p.c.inFlight.Load(),
 		MaxInFlight:      p.c.maxInFlight.Load(),
 		SlowDowns:        p.c.slowDowns.Load(),
 		UpstreamFailures: p.c.upstreamFailures.Load(),
@@ -293,8 +294,8 @@ func (p *Proxy) Stats() Stats {
 
 // ResetStats starts the counters afresh, as if the proxy had just started with the connections
 // and requests it has open now: a benchmark that warms a client up through the proxy measures
-// what follows. It is meant for a moment with no request in flight; one that is counts towards
-// MaxInFlight, not towards Requests or First.
+// what follows. It is meant for a moment with no request in flight (Stats.InFlight 0); one that
+// is counts towards MaxInFlight, not towards Requests or First.
 func (p *Proxy) ResetStats() {
 	c := &p.c
 	c.conns.Store(c.openConns.Load())
