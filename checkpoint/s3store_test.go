@@ -396,22 +396,27 @@ func TestS3PutFileServerDown(t *testing.T) {
 	s := peer.openS3(t, proxy.URL(), "down", S3Options{PartSize: 5 << 20, Concurrency: 4})
 	proxy.set(func(p *s3FaultProxy) { p.downOnPart = true })
 	data := storeTestData(10, 12<<20)
-	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Second)
+	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
 	done := make(chan error, 1)
 	go func() {
 		_, err := s.PutFile(ctx, "j/c/big", storeTestFile(t, data), int64(len(data)), nil)
 		done <- err
 	}()
-	<-ctx.Done()
-	downs := proxy.count("down")
-	proxy.set(func(p *s3FaultProxy) { p.down = false })
-	err := <-done
-	if !errors.Is(err, context.DeadlineExceeded) {
-		t.Errorf("PutFile(%q) = %v; want context.DeadlineExceeded", "j/c/big", err)
+	// Cancelled while it retries: once the server has refused two attempts. (A deadline instead
+	// would race the SDK's own 10 attempts, whose jittered delays may all be short.)
+	tick := time.NewTicker(time.Millisecond)
+	defer tick.Stop()
+	for deadline := time.Now().Add(30 * time.Second); proxy.count("down") < 2; <-tick.C {
+		if time.Now().After(deadline) {
+			t.Fatalf("the server refused %d attempts in 30 s; want 2", proxy.count("down"))
+		}
 	}
-	if downs < 2 {
-		t.Errorf("Got(%q) requests refused while down = %d; want retries (at least 2)", "j/c/big", downs)
+	cancel()
+	proxy.set(func(p *s3FaultProxy) { p.down = false }) // up again for the abort
+	err := <-done
+	if !errors.Is(err, context.Canceled) {
+		t.Errorf("PutFile(%q) = %v; want context.Canceled", "j/c/big", err)
 	}
 	if got := proxy.count("abort"); got != 1 {
 		t.Errorf("Got(%q) aborts = %d; want 1 (seen: %s)", "j/c/big", got, s3DescribeSeen(proxy))
