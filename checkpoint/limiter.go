@@ -26,13 +26,15 @@ import (
 //     found the link shared yet. Each round of slow start waits for a part to complete: on real S3
 //     a part of 64 MiB takes most of a second, and four rounds from 4 would take longer than
 //     moving a checkpoint of a few GiB at the rate found.
-//   - In slow start: while the requests take
-//     no longer per byte than limiterCongested × the fastest seen (the link is not shared yet:
-//     S3, where each connection has its own limit), every completion of a quarter of the limit
-//     doubles it. Once as many come back slower as a quarter of the limit (and more than came
-//     back fast), the link is shared (a local server, a full NIC): the limit goes back to the
-//     last one that was not, for limiterHold, and slow start is over. So a 1 GiB checkpoint
-//     finds 64 requests in flight in a few part times rather than a few windows.
+//   - In slow start, while the requests take no longer per byte than limiterCongested × the
+//     fastest seen (the link is not shared yet: S3, where each connection has its own limit),
+//     every completion of a quarter of the limit doubles it. Once as many come back slower as a
+//     quarter of the limit (and more than came back fast), the link is shared (a local server, a
+//     full NIC): the limit goes back to the last one that was not, for limiterHold, and slow
+//     start is over. So a 1 GiB checkpoint finds 64 requests in flight in a few part times
+//     rather than a few windows.
+//   - Free slots go in order (acquire): a newer checkpoint's parts first, then the file that
+//     started first.
 //   - Each window ends when as many parts have completed as the limit allows in flight (every
 //     slot turned over once), and gives a throughput: bytes completed / the window's time.
 //   - After a step up, a throughput at least limiterGain above the step's base keeps growing, at
@@ -68,7 +70,7 @@ type limiter struct {
 	mu       sync.Mutex
 	limit    int
 	inflight int
-	waiters  []*limitWaiter // by prio, then arrival; empty while inflight < limit
+	waiters  []*limitWaiter // by rank, order, then arrival; empty while inflight < limit
 
 	win      window
 	baseRate float64 // the throughput at base
