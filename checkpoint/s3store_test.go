@@ -16,7 +16,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
-	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/s3"
@@ -405,13 +404,7 @@ func TestS3PutFileServerDown(t *testing.T) {
 	}()
 	// Cancelled while it retries: once the server has refused two attempts. (A deadline instead
 	// would race the SDK's own 10 attempts, whose jittered delays may all be short.)
-	tick := time.NewTicker(time.Millisecond)
-	defer tick.Stop()
-	for deadline := time.Now().Add(30 * time.Second); proxy.count("down") < 2; <-tick.C {
-		if time.Now().After(deadline) {
-			t.Fatalf("the server refused %d attempts in 30 s; want 2", proxy.count("down"))
-		}
-	}
+	eventuallyUploader(t, "the server to refuse two attempts", func() bool { return proxy.count("down") >= 2 })
 	cancel()
 	proxy.set(func(p *s3FaultProxy) { p.down = false }) // up again for the abort
 	err := <-done

@@ -67,6 +67,7 @@ func (e s3Endpoint) awscli(t testing.TB, configFile string, args ...string) *exe
 type s3Model struct {
 	proxy *s3model.Proxy
 	s3Endpoint
+	roots *x509.CertPool // trusts the model's certificate
 }
 
 // startModel runs the model with opts in front of server (opts.Upstream and the TLS fields are
@@ -77,7 +78,7 @@ func startModel(t testing.TB, server *s3Server, opts s3model.Options) *s3Model {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cert, _, err := s3model.LoadCert(certFile, keyFile)
+	cert, roots, err := s3model.LoadCert(certFile, keyFile)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -88,7 +89,7 @@ func startModel(t testing.TB, server *s3Server, opts s3model.Options) *s3Model {
 		}
 	}
 	p, url := s3model.Start(t, opts)
-	return &s3Model{proxy: p, s3Endpoint: s3Endpoint{url: url, certFile: certFile}}
+	return &s3Model{proxy: p, s3Endpoint: s3Endpoint{url: url, certFile: certFile}, roots: roots}
 }
 
 // modelCeiling is the server's ceiling as seen through the model: BENCH_S3MODEL_CEILING_MBPS
@@ -143,17 +144,9 @@ func modelReference(t testing.TB, server *s3Server, opts s3model.Options, ceilin
 // request it may have in flight, until the test ends.
 func calibrationClient(t testing.TB, m *s3Model, region string) *s3.Client {
 	t.Helper()
-	certPEM, err := os.ReadFile(m.certFile)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pool := x509.NewCertPool()
-	if !pool.AppendCertsFromPEM(certPEM) {
-		t.Fatalf("%s: no certificate", m.certFile)
-	}
 	tr := http.DefaultTransport.(*http.Transport).Clone()
 	tr.Proxy, tr.MaxIdleConnsPerHost = nil, 256
-	tr.TLSClientConfig = &tls.Config{RootCAs: pool}
+	tr.TLSClientConfig = &tls.Config{RootCAs: m.roots}
 	t.Cleanup(tr.CloseIdleConnections)
 	return s3.NewFromConfig(aws.Config{
 		Region:      region,

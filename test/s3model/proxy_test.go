@@ -8,7 +8,6 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
-	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -269,12 +268,7 @@ func TestResetStats(t *testing.T) {
 	get()
 	get()
 	// The proxy counts a request out after its last byte, which may be after the client has it.
-	for deadline := time.Now().Add(10 * time.Second); p.Stats().InFlight != 0; {
-		if time.Now().After(deadline) {
-			t.Fatalf("a request still in flight after 10 s: %+v", p.Stats())
-		}
-		runtime.Gosched()
-	}
+	poll(t, 10*time.Second, "the proxy to count its requests out", func() bool { return p.Stats().InFlight == 0 })
 	before := p.Stats()
 	p.ResetStats()
 	st := p.Stats()
