@@ -812,14 +812,37 @@ func (s *S3Store) getRange(ctx context.Context, okey string, etag *string, w io.
 	if got := aws.ToInt64(out.ContentLength); got != p.n {
 		return false, fmt.Errorf("get bytes %d-%d: server sent %d bytes; want %d", p.off, p.off+p.n-1, got, p.n)
 	}
-	got, err := io.CopyBuffer(io.NewOffsetWriter(w, p.off), io.LimitReader(out.Body, p.n), make([]byte, s3CopyBuffer))
-	if err == nil && got != p.n {
-		err = io.ErrUnexpectedEOF
-	}
+	got, err := s3CopyAt(w, p.off, out.Body, p.n, make([]byte, s3CopyBuffer))
 	if err != nil {
 		return true, fmt.Errorf("get bytes %d-%d: read %d bytes: %w", p.off, p.off+p.n-1, got, err)
 	}
 	return false, nil
+}
+
+// s3CopyAt copies n bytes from r into w at off, through buf, one full buffer a write: a read from
+// a TLS connection returns one record (16 KiB at most), and the file system spends a call's
+// overhead, and a pass over its locks and block allocation, on every write, so a write a record
+// costs a restore twice the CPU of a write a buffer. It returns the bytes written and
+// io.ErrUnexpectedEOF if r ends before n bytes.
+func s3CopyAt(w io.WriterAt, off int64, r io.Reader, n int64, buf []byte) (int64, error) {
+	var done int64
+	for done < n {
+		m, err := io.ReadFull(r, buf[:min(int64(len(buf)), n-done)])
+		if m > 0 {
+			wrote, werr := w.WriteAt(buf[:m], off+done)
+			done += int64(wrote)
+			if werr != nil {
+				return done, werr
+			}
+		}
+		if err == io.EOF {
+			err = io.ErrUnexpectedEOF
+		}
+		if err != nil {
+			return done, err
+		}
+	}
+	return done, nil
 }
 
 // List returns every object whose key starts with prefix, sorted by key; "directory" marker

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/crc32"
+	"io"
 	"os"
 	"path/filepath"
 	"slices"
@@ -16,6 +17,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"testing/iotest"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/s3"
@@ -476,6 +478,94 @@ func TestS3DownloadReplaced(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "changed") {
 		t.Errorf("Download(%q) of an object replaced meanwhile = %v; want a changed-object error", "k", err)
 	}
+}
+
+// TestS3DownloadWritesWholeBuffers: a download writes the file a full copy buffer at a time (the
+// last write of each range excepted), however little each read from the connection returns, so
+// that the file system is called an eighth as often as a write a TLS record (16 KiB) would.
+func TestS3DownloadWritesWholeBuffers(t *testing.T) {
+	peer := s3StartPeer(t)
+	const partSize = 5 << 20
+	s := peer.openS3(t, peer.endpoint, "whole", S3Options{PartSize: partSize, Concurrency: 4})
+	data := storeTestData(15, 11<<20+100<<10)
+	if _, err := s.PutFile(t.Context(), "k", storeTestFile(t, data), int64(len(data)), nil); err != nil {
+		t.Fatal(err)
+	}
+	ends := map[int64]bool{}
+	for _, p := range s3PartPlan(int64(len(data)), partSize) {
+		ends[p.off+p.n] = true
+	}
+	got := make([]byte, len(data))
+	var (
+		mu     sync.Mutex
+		writes int
+		short  []string
+	)
+	w := storeFuncWriterAt(func(p []byte, off int64) (int, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		writes++
+		if len(p) != s3CopyBuffer && !ends[off+int64(len(p))] {
+			short = append(short, fmt.Sprintf("%d bytes at %d", len(p), off))
+		}
+		return copy(got[off:], p), nil
+	})
+	if err := s.Download(t.Context(), "k", w, int64(len(data))); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, data) {
+		t.Errorf("Download(%q) wrote bytes that differ from the object", "k")
+	}
+	if len(short) > 0 {
+		t.Errorf("Download(%q) made %d writes, %d of them short of the %d-byte buffer and not at a range's end: %s",
+			"k", writes, len(short), s3CopyBuffer, strings.Join(short[:min(len(short), 5)], ", "))
+	}
+}
+
+// TestS3CopyAt: s3CopyAt fills its buffer before each write, reports a body that ends early as
+// io.ErrUnexpectedEOF with the bytes written so far, and stops at a failed write.
+func TestS3CopyAt(t *testing.T) {
+	data := storeTestData(16, 10_000)
+	type write struct{ off, n int64 }
+	record := func(writes *[]write, fail error) io.WriterAt {
+		return storeFuncWriterAt(func(p []byte, off int64) (int, error) {
+			*writes = append(*writes, write{off, int64(len(p))})
+			if fail != nil {
+				return 0, fail
+			}
+			return len(p), nil
+		})
+	}
+	t.Run("whole", func(t *testing.T) {
+		var writes []write
+		n, err := s3CopyAt(record(&writes, nil), 100, iotest.HalfReader(bytes.NewReader(data)), int64(len(data)), make([]byte, 4096))
+		want := []write{{100, 4096}, {4196, 4096}, {8292, 1808}}
+		if n != int64(len(data)) || err != nil || !slices.Equal(writes, want) {
+			t.Errorf("s3CopyAt = %d, %v, writes %v; want %d, nil, writes %v", n, err, writes, len(data), want)
+		}
+	})
+	t.Run("short body", func(t *testing.T) {
+		var writes []write
+		n, err := s3CopyAt(record(&writes, nil), 0, bytes.NewReader(data[:5000]), int64(len(data)), make([]byte, 4096))
+		if n != 5000 || !errors.Is(err, io.ErrUnexpectedEOF) {
+			t.Errorf("s3CopyAt of 5000 bytes for %d = %d, %v; want 5000, %v", len(data), n, err, io.ErrUnexpectedEOF)
+		}
+	})
+	t.Run("empty body", func(t *testing.T) {
+		var writes []write
+		n, err := s3CopyAt(record(&writes, nil), 0, bytes.NewReader(nil), 10, make([]byte, 4096))
+		if n != 0 || !errors.Is(err, io.ErrUnexpectedEOF) || len(writes) != 0 {
+			t.Errorf("s3CopyAt of nothing for 10 bytes = %d, %v, writes %v; want 0, %v, none", n, err, writes, io.ErrUnexpectedEOF)
+		}
+	})
+	t.Run("failed write", func(t *testing.T) {
+		var writes []write
+		full := errors.New("no space left on device")
+		n, err := s3CopyAt(record(&writes, full), 0, bytes.NewReader(data), int64(len(data)), make([]byte, 4096))
+		if n != 0 || !errors.Is(err, full) || len(writes) != 1 {
+			t.Errorf("s3CopyAt into a failing writer = %d, %v after %d writes; want 0, %v after 1", n, err, len(writes), full)
+		}
+	})
 }
 
 // storeFuncWriterAt is an io.WriterAt made of a function.
