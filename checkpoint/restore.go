@@ -518,8 +518,8 @@ func restoreFile(ctx context.Context, s Store, stage *os.Root, key string, f Fil
 		return fmt.Errorf("create file %q: %w", f.Path, err)
 	}
 	defer out.Close()
-	if err := out.Truncate(f.Size); err != nil {
-		return fmt.Errorf("size file %q: %w", f.Path, err)
+	if err := allocateFile(out, f.Size); err != nil {
+		return fmt.Errorf("allocate file %q (%d bytes): %w", f.Path, f.Size, err)
 	}
 	var w io.WriterAt = out
 	if prog != nil {
