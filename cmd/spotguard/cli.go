@@ -92,6 +92,7 @@ func commandNames(cmds []command) string {
 
 // run is the whole program behind main: it returns the exit code.
 func run(ctx context.Context, args, environ []string, stdout, stderr io.Writer) int {
+	stderr = withJournalErrors(stderr, environ)
 	cmds := commands()
 	if len(args) == 0 {
 		printUsage(stderr, cmds)

@@ -1,10 +1,12 @@
 package main
 
 import (
+	"bytes"
 	"io"
 	"os"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -42,6 +44,9 @@ func (o logOutput) String() string {
 // but not the stream, so it is checked against fstat, as sd_journal does. Otherwise it is
 // logConsole when w is a terminal, else logJSON (a pipe, a file, a buffer).
 func logOutputOf(w io.Writer, journalStream string) logOutput {
+	if j, ok := w.(*journalLines); ok {
+		w = j.w
+	}
 	f, ok := w.(*os.File)
 	if !ok {
 		return logJSON
@@ -107,6 +112,66 @@ func (j journalWriter) WriteLevel(l zerolog.Level, p []byte) (int, error) {
 	line = append(line, p...)
 	n, err := j.w.Write(line)
 	return max(n-3, 0), err
+}
+
+// journalLines is stderr under journald for what a command writes there itself (its errors,
+// usage): each line that does not begin with a priority prefix (the logger's do) gets prio's, so
+// that journalctl -p err shows why a command failed, not only its logged errors. A line is
+// written in one Write, with the rest of the same Write.
+type journalLines struct {
+	w    io.Writer
+	prio int
+
+	mu  sync.Mutex
+	mid bool // the last Write ended inside a line
+}
+
+// withJournalErrors returns stderr as a journalLines of priority 3 (err) when it is journald's
+// stream (JOURNAL_STREAM in environ), else stderr as it is.
+func withJournalErrors(stderr io.Writer, environ []string) io.Writer {
+	if _, ok := stderr.(*journalLines); ok {
+		return stderr
+	}
+	if logOutputOf(stderr, envMap(environ)["JOURNAL_STREAM"]) != logJournal {
+		return stderr
+	}
+	return &journalLines{w: stderr, prio: 3}
+}
+
+// atPriority returns w writing at syslog priority prio where w is journald's stream (a
+// journalLines), else w: for a line that is not an error, such as a notice that the command waits.
+func atPriority(w io.Writer, prio int) io.Writer {
+	if j, ok := w.(*journalLines); ok {
+		return &journalLines{w: j.w, prio: prio}
+	}
+	return w
+}
+
+func (j *journalLines) Write(p []byte) (int, error) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	out := make([]byte, 0, len(p)+8)
+	for rest := p; len(rest) > 0; {
+		line, after, found := bytes.Cut(rest, []byte{'\n'})
+		if !j.mid && !hasPriority(line) {
+			out = append(out, '<', byte('0'+j.prio), '>')
+		}
+		out = append(out, line...)
+		if found {
+			out = append(out, '\n')
+		}
+		j.mid = !found
+		rest = after
+	}
+	if _, err := j.w.Write(out); err != nil {
+		return 0, err
+	}
+	return len(p), nil
+}
+
+// hasPriority reports whether line begins with a syslog priority prefix, "<0>" to "<7>".
+func hasPriority(line []byte) bool {
+	return len(line) >= 3 && line[0] == '<' && line[1] >= '0' && line[1] <= '7' && line[2] == '>'
 }
 
 // newLogger is the one place that builds a logger; every command logs through it. Its format

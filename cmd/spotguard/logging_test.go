@@ -215,3 +215,73 @@ func TestLogDurationsInSeconds(t *testing.T) {
 		}
 	}
 }
+
+// TestJournalLines: what a command writes to journald's stream itself gets the priority prefix
+// of its kind on every line, however the lines are split between writes; the logger's lines,
+// which carry their own, pass as they are.
+func TestJournalLines(t *testing.T) {
+	var b bytes.Buffer
+	j := &journalLines{w: &b, prio: 3}
+	for _, s := range []string{
+		"spotguard run: invalid configuration, not starting:\n",
+		"  - store.url: missing\n  - checkpoint.dir: missing\n",
+		"<6>{\"level\":\"info\"}\n",
+		"half a ", "line\n",
+		"\n",
+	} {
+		if n, err := j.Write([]byte(s)); n != len(s) || err != nil {
+			t.Fatalf("Write(%q) = %d, %v; want %d, nil", s, n, err, len(s))
+		}
+	}
+	fmt.Fprintf(atPriority(j, 5), "waiting\n")
+	want := "<3>spotguard run: invalid configuration, not starting:\n" +
+		"<3>  - store.url: missing\n<3>  - checkpoint.dir: missing\n" +
+		"<6>{\"level\":\"info\"}\n" +
+		"<3>half a line\n" +
+		"<3>\n" +
+		"<5>waiting\n"
+	if b.String() != want {
+		t.Errorf("written:\n%s\nwant:\n%s", b.String(), want)
+	}
+	var plain bytes.Buffer
+	if w := atPriority(&plain, 5); w != io.Writer(&plain) {
+		t.Errorf("atPriority of a writer that is not the journal's = %T; want it as it is", w)
+	}
+}
+
+// TestCommandErrorsInTheJournal: under systemd (stderr is the stream JOURNAL_STREAM names) a
+// command's own error reaches journald as an error, a notice that it waits as a notice, and its
+// log lines keep their levels; anywhere else the same lines have no prefix.
+func TestCommandErrorsInTheJournal(t *testing.T) {
+	cfgPath := filepath.Join(t.TempDir(), "empty.yaml")
+	if err := os.WriteFile(cfgPath, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	to := filepath.Join(t.TempDir(), "not-mounted", "checkpoints")
+	args := []string{"restore", "--config", cfgPath, "--to", to, "--no-create", "--mount-wait", "1ms"}
+	env := []string{"SPOTGUARD_STORE_URL=file://" + t.TempDir(), "SPOTGUARD_STORE_JOB=j"}
+
+	stderr := createFile(t, "stderr")
+	if code := run(t.Context(), args, append(env, "JOURNAL_STREAM="+journalStreamOf(t, stderr)), io.Discard, stderr); code != exitFail {
+		t.Errorf("restore into a directory never mounted: exit %d; want %d", code, exitFail)
+	}
+	b, err := os.ReadFile(stderr.Name())
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSuffix(string(b), "\n"), "\n")
+	if len(lines) != 2 || !strings.HasPrefix(lines[0], "<5>spotguard restore: ") || !strings.Contains(lines[0], "waiting up to 1ms") ||
+		!strings.HasPrefix(lines[1], "<3>spotguard restore: ") || !strings.Contains(lines[1], "after waiting 1ms") {
+		t.Errorf("stderr under journald:\n%s\nwant a <5> line saying it waits, then a <3> line with the error", b)
+	}
+
+	plain := createFile(t, "plain")
+	run(t.Context(), args, env, io.Discard, plain)
+	b, err = os.ReadFile(plain.Name())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasPrefix(string(b), "spotguard restore: ") || strings.Contains(string(b), "<3>") || strings.Contains(string(b), "<5>") {
+		t.Errorf("stderr without journald:\n%s\nwant the lines without a priority prefix", b)
+	}
+}

@@ -165,7 +165,7 @@ func runPlan(args []string, stdout, stderr io.Writer) int {
 		return exitUsage
 	}
 	for _, w := range plan.Warnings {
-		fmt.Fprintf(stderr, "spotguard plan: warning: %s\n", w)
+		fmt.Fprintf(atPriority(stderr, 4), "spotguard plan: warning: %s\n", w)
 	}
 	if f.json {
 		enc := json.NewEncoder(stdout)

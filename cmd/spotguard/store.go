@@ -76,7 +76,7 @@ func runRestore(ctx context.Context, args, environ []string, stdout, stderr io.W
 	if *noCreate {
 		err := checkRestoreTarget(*to)
 		if err != nil && *mountWait > 0 {
-			fmt.Fprintf(stderr, "spotguard restore: %v; waiting up to %v for it\n", err, *mountWait)
+			fmt.Fprintf(atPriority(stderr, 5), "spotguard restore: %v; waiting up to %v for it\n", err, *mountWait)
 			err = waitRestoreTarget(ctx, *to, *mountWait, time.Second)
 		}
 		if err != nil {
