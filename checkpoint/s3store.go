@@ -821,9 +821,9 @@ func (s *S3Store) getRange(ctx context.Context, okey string, etag *string, w io.
 
 // s3CopyAt copies n bytes from r into w at off, through buf, one full buffer a write: a read from
 // a TLS connection returns one record (16 KiB at most), and the file system spends a call's
-// overhead, and a pass over its locks and block allocation, on every write, so a write a record
-// costs a restore twice the CPU of a write a buffer. It returns the bytes written and
-// io.ErrUnexpectedEOF if r ends before n bytes.
+// overhead and a pass over its locks on every write, so 16 KiB writes cost 1.7 times the CPU of
+// 256 KiB ones (ext4, 32 writers). It returns the bytes written and io.ErrUnexpectedEOF if r
+// ends before n bytes.
 func s3CopyAt(w io.WriterAt, off int64, r io.Reader, n int64, buf []byte) (int64, error) {
 	var done int64
 	for done < n {
