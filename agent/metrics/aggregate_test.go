@@ -112,6 +112,9 @@ func TestAggregateThroughRun(t *testing.T) {
 				Datum{Name: "GPUSMClockMHz", Value: 1980, Dimensions: map[string]string{"GPU": "0"}})
 		}
 		advance(time.Minute)
+		// The periodic flush is due at the same instant: let it finish before the stop, or the
+		// stop cuts it after the endpoint got the data and the final flush sends it again.
+		synctest.Wait()
 		if err := stop(); err != nil {
 			t.Errorf("Run() = %v; want nil", err)
 		}
