@@ -4,6 +4,7 @@ import (
 	"crypto/rand"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -72,9 +73,10 @@ func (u usage) String() string {
 	return fmt.Sprintf("wall %.2fs, cpu %.2fs, peak RSS %d MiB", u.wall.Seconds(), u.cpu.Seconds(), u.maxRSS>>20)
 }
 
-func runMeasured(b *testing.B, cmd *exec.Cmd) usage {
+// runMeasured runs cmd after settlePageCache(warm...) and returns what it cost.
+func runMeasured(b *testing.B, cmd *exec.Cmd, warm ...string) usage {
 	b.Helper()
-	flushDirtyPages()
+	settlePageCache(b, warm...)
 	start := time.Now()
 	out, err := cmd.CombinedOutput()
 	wall := time.Since(start)
@@ -85,10 +87,37 @@ func runMeasured(b *testing.B, cmd *exec.Cmd) usage {
 	return usage{wall: wall, cpu: cmd.ProcessState.UserTime() + cmd.ProcessState.SystemTime(), maxRSS: ru.Maxrss << 10}
 }
 
-// flushDirtyPages writes back the page cache's dirty pages before a measured run, so that the
-// run does not pay for the gigabytes the run before it wrote (the kernel throttles a writer, and
-// charges it CPU, once dirty pages pass its thresholds): each side starts from a clean cache.
-func flushDirtyPages() { syscall.Sync() }
+// settlePageCache gives each measured run the same page cache to start from. It writes back the
+// dirty pages, so that the run does not pay for the gigabytes the run before it wrote (the kernel
+// throttles a writer, and charges it CPU, once dirty pages pass its thresholds); it drops the
+// benchmarks' own files from the cache (evictPageCache: the clients' programs stay cached) and
+// reads warm back in, so that a client reads its source from memory, as it reads a checkpoint
+// the trainer has just written. Without the drop each run's writes grew the cache by gigabytes,
+// and on a VM whose memory the host backs only when it is first used (this 2-core machine:
+// past about 6 GiB of new memory, writing runs 9× slower) the second and third client of every
+// iteration ran slow, whichever client it was.
+func settlePageCache(b *testing.B, warm ...string) {
+	b.Helper()
+	syscall.Sync()
+	evictPageCache()
+	for _, root := range warm {
+		err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
+			if err != nil || !d.Type().IsRegular() {
+				return err
+			}
+			f, err := os.Open(path)
+			if err != nil {
+				return err
+			}
+			defer f.Close()
+			_, err = io.Copy(io.Discard, f)
+			return err
+		})
+		if err != nil {
+			b.Fatalf("warm %s: %v", root, err)
+		}
+	}
+}
 
 func (s *s3Server) awsCmd(b *testing.B, args ...string) *exec.Cmd {
 	cmd := exec.Command(awsBin(b), append([]string{"--endpoint-url", s.endpoint}, args...)...)
@@ -163,7 +192,7 @@ func uploadWithAgentMode(b *testing.B, ckdir, prefix string, env []string, urgen
 		want = committed("notice", 1)
 	}
 	staged := stage("staged")
-	flushDirtyPages()
+	settlePageCache(b, staged)
 	if model != nil {
 		model.ResetStats()
 	}
@@ -193,7 +222,7 @@ func BenchmarkUploadVsAWSCLI(b *testing.B) {
 	b.ResetTimer()
 	for i := range b.N {
 		aws := runMeasured(b, s3.awsCmd(b, "s3", "cp", "--recursive", "--only-show-errors",
-			filepath.Join(ckdir, "step-000001"), fmt.Sprintf("s3://%s/awscli-%d/", s3Bucket, i)))
+			filepath.Join(ckdir, "step-000001"), fmt.Sprintf("s3://%s/awscli-%d/", s3Bucket, i)), filepath.Join(ckdir, "step-000001"))
 		sg := uploadWithAgent(b, s3, ckdir, fmt.Sprintf("spotguard-%d", i))
 		b.Logf("%.2f GiB: awscli %v; spotguard %v", gib, aws, sg)
 		b.ReportMetric(sg.wall.Seconds()/aws.wall.Seconds(), "wall_ratio_vs_awscli")
@@ -309,7 +338,7 @@ func BenchmarkS3Model(b *testing.B) {
 				inTurn(i, func() {
 					at, model := open(b)
 					aws := runMeasured(b, at.awscli(b, awsConfig, "s3", "cp", "--recursive", "--only-show-errors",
-						filepath.Join(ckdir, "step-000001"), fmt.Sprintf("s3://%s/awscli-%s-%d/", s3Bucket, su.name, i)))
+						filepath.Join(ckdir, "step-000001"), fmt.Sprintf("s3://%s/awscli-%s-%d/", s3Bucket, su.name, i)), filepath.Join(ckdir, "step-000001"))
 					awsSide = benchSide{name: "awscli", u: aws, model: model}
 				}, func() {
 					at, model := open(b)
