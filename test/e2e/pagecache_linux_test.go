@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"io/fs"
 	"os"
 	"path/filepath"
 
@@ -15,16 +14,8 @@ import (
 func evictPageCache() {
 	roots, _ := filepath.Glob(filepath.Join(os.TempDir(), "Benchmark*"))
 	for _, root := range roots {
-		filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
-			if err != nil || !d.Type().IsRegular() {
-				return nil
-			}
-			f, err := os.Open(path)
-			if err != nil {
-				return nil
-			}
-			defer f.Close()
-			unix.Fadvise(int(f.Fd()), 0, 0, unix.FADV_DONTNEED)
+		_ = forEachFile(root, func(f *os.File) error {
+			_ = unix.Fadvise(int(f.Fd()), 0, 0, unix.FADV_DONTNEED)
 			return nil
 		})
 	}

@@ -101,22 +101,30 @@ func settlePageCache(b *testing.B, warm ...string) {
 	syscall.Sync()
 	evictPageCache()
 	for _, root := range warm {
-		err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
-			if err != nil || !d.Type().IsRegular() {
-				return err
-			}
-			f, err := os.Open(path)
-			if err != nil {
-				return err
-			}
-			defer f.Close()
-			_, err = io.Copy(io.Discard, f)
+		err := forEachFile(root, func(f *os.File) error {
+			_, err := io.Copy(io.Discard, f)
 			return err
 		})
 		if err != nil {
 			b.Fatalf("warm %s: %v", root, err)
 		}
 	}
+}
+
+// forEachFile calls fn with every regular file under root, open for reading, and returns the
+// first error of the walk, an open or fn.
+func forEachFile(root string, fn func(*os.File) error) error {
+	return filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
+		if err != nil || !d.Type().IsRegular() {
+			return err
+		}
+		f, err := os.Open(path)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		return fn(f)
+	})
 }
 
 func (s *s3Server) awsCmd(b *testing.B, args ...string) *exec.Cmd {
