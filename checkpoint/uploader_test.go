@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -124,6 +125,30 @@ func writeCheckpoint(t *testing.T, dir, name string, files map[string][]byte) {
 	}
 	if err := os.WriteFile(filepath.Join(dir, name, "_COMPLETE"), nil, 0o644); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// waitFileClockAfter returns once a file written now gets a modification time after t (polling,
+// at most 5 s).
+func waitFileClockAfter(tb *testing.T, t time.Time) {
+	tb.Helper()
+	probe := filepath.Join(tb.TempDir(), "clock")
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		if err := os.WriteFile(probe, nil, 0o644); err != nil {
+			tb.Fatal(err)
+		}
+		fi, err := os.Stat(probe)
+		if err != nil {
+			tb.Fatal(err)
+		}
+		if fi.ModTime().After(t) {
+			return
+		}
+		if time.Now().After(deadline) {
+			tb.Fatalf("the file clock stayed at %v for 5 s", t)
+		}
+		runtime.Gosched()
 	}
 }
 
@@ -267,8 +292,17 @@ func TestUploaderRetention(t *testing.T) {
 	dir := t.TempDir()
 	store := newMemStore()
 	r := startUploader(t, dir, store, 2)
+	var last time.Time
 	for _, name := range []string{"step-1", "step-2", "step-3", "step-4"} {
+		// Commits are ordered by their marker's time, and two markers written within one tick of
+		// the kernel's file clock (4 ms) tie, to be ordered by the random part of the commit id.
+		waitFileClockAfter(t, last)
 		writeCheckpoint(t, dir, name, map[string][]byte{"w": randomBytes(t, 64<<10)})
+		fi, err := os.Stat(filepath.Join(dir, name, "_COMPLETE"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		last = fi.ModTime()
 		r.waitCommitted(name)
 	}
 	cs, problems, err := ListCommitted(t.Context(), store, "job")
