@@ -88,6 +88,13 @@ func newIMDSStatus(st imds.Stats, now time.Time) imdsStatus {
 	return out
 }
 
+// ScanTrainers looks for the trainer processes now, as the agent does every 10 s and at each
+// notice, and returns what it found (Status().Trainers from then on).
+func (a *Agent) ScanTrainers() []TrainerStatus {
+	a.coord.Scan()
+	return a.Status().Trainers
+}
+
 // Status returns what /status shows.
 func (a *Agent) Status() Status {
 	a.mu.Lock()

@@ -34,6 +34,10 @@ import (
 // restored inside it.
 const drillWindow = 2 * time.Minute
 
+// drillTrainerWait is how long the drill waits for a trainer of your own (--trainer-cmd) to catch
+// the signal before it announces the interruption.
+const drillTrainerWait = 30 * time.Second
+
 // drillStoreTimeout bounds the store check that runs before the rehearsal.
 const drillStoreTimeout = 20 * time.Second
 
@@ -286,6 +290,15 @@ func drill(ctx context.Context, p drillPlan, log zerolog.Logger, rep *drillRepor
 		// Give the agent a moment to be watching, as on a real instance, then announce.
 		if !waitUntil(ctx, 10*time.Second, func() bool { return len(a.Status().Trainers) > 0 }) {
 			return fail("the agent did not find the trainer (pid %d)", cmd.Process.Pid)
+		}
+		if p.trainerCmd != "" {
+			// A trainer of your own takes a while to install its handler (Python's start, its
+			// imports, a launcher starting its workers); a notice before that finds nothing to
+			// signal. One that never does is reported as such once the wait is over.
+			fmt.Fprintf(p.progress, "waiting up to %v for the trainer to catch %s\n", drillTrainerWait, trainer.SignalName(cfg.Trainer.Signal))
+			waitUntil(ctx, drillTrainerWait, func() bool {
+				return slices.ContainsFunc(a.ScanTrainers(), func(t agent.TrainerStatus) bool { return t.CatchesSignal })
+			})
 		}
 		sim.Interrupt("terminate", drillWindow)
 	} else {

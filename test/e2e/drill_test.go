@@ -101,6 +101,17 @@ func TestDrillTrainerIgnoresSignal(t *testing.T) {
 	}
 }
 
+// A trainer of your own that installs its handler a second after it starts (a shell that sleeps,
+// then becomes the Python trainer; a real one imports its framework first): the drill waits for
+// the handler before it announces the interruption, instead of finding nothing to signal.
+func TestDrillWaitsForTheTrainersHandler(t *testing.T) {
+	needPeers(t)
+	dir := t.TempDir()
+	cmd := "sh -c 'sleep 1; exec " + pythonBin + " " + repoRoot + "/examples/python/trainer.py --checkpoint-dir " + dir + " --files 8 --checkpoint-mb 2'"
+	code, r, stderr := runDrill(t, nil, "--trainer-cmd", cmd, "--checkpoint-dir", dir)
+	checkDrillPass(t, code, r, 16<<20, stderr)
+}
+
 // A trainer of your own (the Python example here) instead of the demo one.
 func TestDrillOwnTrainer(t *testing.T) {
 	needPeers(t)
