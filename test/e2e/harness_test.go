@@ -19,6 +19,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/spotguard/spotguard/checkpoint"
 )
 
 var (
@@ -381,10 +383,7 @@ type agentStatus struct {
 		} `json:"checkpoints"`
 	} `json:"uploads"`
 	Store struct {
-		Concurrency *struct {
-			Limit, Max, PeakInFlight              int
-			Raised, Plateaus, Throttled, Queueing uint64
-		} `json:"concurrency"`
+		Concurrency *checkpoint.LimiterStats `json:"concurrency"`
 	} `json:"store"`
 	Notices []struct {
 		Key         string     `json:"key"`

@@ -34,8 +34,10 @@ type s3Server struct {
 	// certFile and keyFile are the server's throwaway certificate (startS3TLS); "" over plain
 	// HTTP. The certificate is its own CA: clients trust it through caEnv.
 	certFile, keyFile string
-	cmd               *exec.Cmd
-	done              chan struct{}
+	// data and meta are the posix backend's directories: the bucket's objects, their metadata.
+	data, meta string
+	cmd        *exec.Cmd
+	done       chan struct{}
 }
 
 func versitygwBin(t testing.TB) string {
@@ -91,7 +93,7 @@ func startS3Server(t testing.TB, region string, withTLS bool) *s3Server {
 	os.MkdirAll(data, 0o755)
 	os.MkdirAll(meta, 0o755)
 	port := freePort(t)
-	s := &s3Server{endpoint: fmt.Sprintf("http://127.0.0.1:%d", port), region: region, done: make(chan struct{})}
+	s := &s3Server{endpoint: fmt.Sprintf("http://127.0.0.1:%d", port), region: region, data: data, meta: meta, done: make(chan struct{})}
 	args := []string{"--access", s3Access, "--secret", s3Secret, "--port", fmt.Sprintf("127.0.0.1:%d", port),
 		"--region", region, "--quiet"}
 	if withTLS {
@@ -120,6 +122,18 @@ func startS3Server(t testing.TB, region string, withTLS bool) *s3Server {
 	})
 	s.aws(t, "s3api", "create-bucket", "--bucket", s3Bucket)
 	return s
+}
+
+// drop deletes the objects under prefix in the bucket from the server's disk, behind its back:
+// a benchmark that runs many iterations frees what one wrote (some GiB) before the next, so
+// that the disk does not fill. Nothing may use prefix afterwards.
+func (s *s3Server) drop(t testing.TB, prefix string) {
+	t.Helper()
+	for _, dir := range []string{s.data, s.meta} {
+		if err := os.RemoveAll(filepath.Join(dir, s3Bucket, filepath.FromSlash(prefix))); err != nil {
+			t.Fatal(err)
+		}
+	}
 }
 
 // env is the AWS environment for a spotguard client of this server, through endpoint (the

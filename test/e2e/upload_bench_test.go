@@ -218,6 +218,9 @@ func uploadWithAgentMode(b *testing.B, ckdir, prefix string, env []string, urgen
 	}
 	ap.stop(b)
 	sim.stop()
+	if err := os.RemoveAll(work); err != nil { // 2 GiB an iteration otherwise, until the benchmark ends
+		b.Fatal(err)
+	}
 	return usage{wall: wall, cpu: time.Duration(cpu * float64(time.Second)), maxRSS: int64(hwm) << 10}
 }
 
@@ -351,7 +354,6 @@ func BenchmarkS3Model(b *testing.B) {
 				}, func() {
 					at, model := open(b)
 					sg := uploadWithAgentMode(b, ckdir, prefix, append(at.agentEnv(), benchAgentEnv()...), false, model)
-					uploaded[su.server] = prefix
 					sgSide = benchSide{name: "spotguard", u: sg, model: model}
 				}, func() {
 					at, model := open(b)
@@ -363,6 +365,14 @@ func BenchmarkS3Model(b *testing.B) {
 					b.ReportMetric(ref.Up/1e6, "reference_MB/s")
 					b.ReportMetric(100*ref.Up/refAllowed.Up, "reference_pct_of_allowed")
 				}
+				// Each iteration stores 5 GiB (warm-ups included); keep only what the restore
+				// reads, so that many iterations do not fill the disk.
+				su.server.drop(b, fmt.Sprintf("awscli-%s-%d", su.name, i))
+				su.server.drop(b, prefix+"-urgent")
+				if prev, ok := uploaded[su.server]; ok && prev != prefix {
+					su.server.drop(b, prev)
+				}
+				uploaded[su.server] = prefix
 			}
 		})
 		b.Run("restore/"+su.name, func(b *testing.B) {
@@ -384,6 +394,9 @@ func BenchmarkS3Model(b *testing.B) {
 					if got := treeBytes(b, awsDir); got < size {
 						b.Fatalf("awscli restored %d bytes; want at least %d", got, size)
 					}
+					if err := os.RemoveAll(awsDir); err != nil { // 1 GiB an iteration otherwise
+						b.Fatal(err)
+					}
 					awsSide = benchSide{name: "awscli", u: aws, model: model}
 				}, func() {
 					sgDir := b.TempDir()
@@ -394,6 +407,9 @@ func BenchmarkS3Model(b *testing.B) {
 					sg := runMeasured(b, cmd)
 					if got := treeBytes(b, sgDir); got < size {
 						b.Fatalf("spotguard restored %d bytes; want at least %d", got, size)
+					}
+					if err := os.RemoveAll(sgDir); err != nil { // 1 GiB an iteration otherwise
+						b.Fatal(err)
 					}
 					sgSide = benchSide{name: "spotguard", u: sg, model: model}
 				})
