@@ -365,7 +365,11 @@ func (a *Agent) Run(ctx context.Context) error {
 		Str("signal", trainer.SignalName(cfg.Trainer.Signal)).Msg("spotguard agent starting")
 
 	if a.gpus != nil {
-		defer a.gpus.Close()
+		defer func() {
+			if !a.gpu.hung() { // closing would wait for the call that does not return
+				a.gpus.Close()
+			}
+		}()
 		a.log.Info().Int("gpus", len(a.gpus.Facts())).Float64("interval_s", logSeconds(cfg.GPU.SampleInterval)).Msg("GPU sampling on")
 	} else {
 		a.log.Warn().Str("reason", a.gpu.off).Msg("GPU sampling is off; everything else runs")

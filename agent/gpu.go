@@ -39,7 +39,25 @@ type gpuMonitor struct {
 	mu       sync.Mutex
 	samples  []nvml.Sample
 	verdicts []nvml.Verdict
+	// busySince is when the sampling step in progress began (zero between steps); stalled is
+	// set once it has taken gpuStallAfter, until it returns; abandoned once Run has returned
+	// without it. NVML calls cannot be cancelled, and a hung driver or GPU blocks them for
+	// minutes or for good.
+	busySince time.Time
+	stalled   bool
+	abandoned bool
 }
+
+// NVML calls cannot be cancelled. A sampling step (a few milliseconds; GPM's first reading waits
+// up to a second) that takes gpuStallAfter, or three sample intervals if that is longer, means a
+// hung driver or GPU: the monitor says so (log, /status, /healthz warnings, spotguard_gpu_sampling_up
+// 0, no readings in /metrics) and waits on. A stop waits gpuStopGrace for a step or the XID
+// listener to return, then goes on without them (and without closing NVML, which would block
+// too), so a hung GPU never holds the agent's exit.
+const (
+	gpuStallAfter = 30 * time.Second
+	gpuStopGrace  = 2 * time.Second
+)
 
 // GPUStatus is one GPU in /status.
 type GPUStatus struct {
@@ -50,33 +68,121 @@ type GPUStatus struct {
 
 // gpuStatus is the monitor's part of /status.
 type gpuStatus struct {
-	Sampling bool        `json:"sampling"`
-	Off      string      `json:"off,omitempty"`
-	GPUs     []GPUStatus `json:"gpus,omitempty"`
+	Sampling bool   `json:"sampling"`
+	Off      string `json:"off,omitempty"`
+	// NotAnsweringSince is when the sampling step that has not returned began, once it has taken
+	// the stall time (see gpuStallAfter); the readings in GPUs are from before then.
+	NotAnsweringSince *time.Time  `json:"not_answering_since,omitempty"`
+	GPUs              []GPUStatus `json:"gpus,omitempty"`
 }
 
-// Run samples until ctx is done; with sampling off it returns at once. It returns nil.
+// stallAfter is how long a sampling step may take before NVML counts as not answering.
+func (m *gpuMonitor) stallAfter() time.Duration { return max(gpuStallAfter, 3*m.interval) }
+
+// Run samples until ctx is done; with sampling off it returns at once. It returns nil. A step
+// NVML does not return from is reported after stallAfter and never holds Run past ctx's end by
+// more than gpuStopGrace (see gpuStallAfter).
 func (m *gpuMonitor) Run(ctx context.Context) error {
 	if m.gpus == nil {
 		return nil
 	}
-	var wg sync.WaitGroup
-	defer wg.Wait()
-	wg.Go(func() {
+	events := make(chan struct{})
+	go func() {
+		defer close(events)
 		if err := m.gpus.RunEvents(ctx); err != nil {
 			m.log.Warn().Err(err).Msg("GPU XID events unavailable")
 		}
-	})
+	}()
 	t := time.NewTicker(m.interval)
 	defer t.Stop()
 	for {
-		m.Tick(ctx)
+		if stepping := m.step(ctx); stepping != nil {
+			m.stop(stepping, events)
+			return nil
+		}
 		select {
 		case <-ctx.Done():
+			m.stop(nil, events)
 			return nil
 		case <-t.C:
 		}
 	}
+}
+
+// stop waits after ctx is done for the step still running (nil: none) and the XID listener,
+// which return at once, and within a step of its wait, unless NVML hangs: then it waits
+// gpuStopGrace in all and marks the monitor abandoned (NVML must not be closed).
+func (m *gpuMonitor) stop(stepping, events <-chan struct{}) {
+	grace := time.NewTimer(gpuStopGrace)
+	defer grace.Stop()
+	for _, ch := range []<-chan struct{}{stepping, events} {
+		if ch == nil {
+			continue
+		}
+		select {
+		case <-ch:
+		case <-grace.C:
+			m.mu.Lock()
+			m.abandoned = true
+			m.mu.Unlock()
+			m.log.Warn().Float64("waited_s", logSeconds(gpuStopGrace)).Msg("NVML does not answer: GPU sampling stops without it")
+			return
+		}
+	}
+}
+
+// step runs one Tick and waits for it, saying when it stalls and when NVML answers again. It
+// returns nil when the Tick has returned, or a channel closed when it does if ctx ended first.
+func (m *gpuMonitor) step(ctx context.Context) <-chan struct{} {
+	start := time.Now()
+	m.mu.Lock()
+	m.busySince = start
+	m.mu.Unlock()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		m.Tick(ctx)
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		if m.stalled {
+			m.log.Info().Float64("after_s", logSeconds(time.Since(start))).Msg("NVML answers again; GPU sampling goes on")
+		}
+		m.busySince, m.stalled = time.Time{}, false
+	}()
+	stall := time.NewTimer(m.stallAfter())
+	defer stall.Stop()
+	for {
+		select {
+		case <-done:
+			return nil
+		case <-stall.C:
+			m.mu.Lock()
+			m.stalled = !m.busySince.IsZero()
+			stalled := m.stalled
+			m.mu.Unlock()
+			if stalled {
+				m.log.Error().Float64("waited_s", logSeconds(m.stallAfter())).Time("since", start).
+					Msg("NVML does not answer: a GPU or its driver hangs (look for Xid errors in the kernel log); GPU readings stop until it answers")
+			}
+		case <-ctx.Done():
+			return done
+		}
+	}
+}
+
+// hung reports whether Run returned without a call into NVML returning: then NVML must not be
+// closed (that would block too).
+func (m *gpuMonitor) hung() bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.abandoned
+}
+
+// notAnswering returns when the sampling step that has stalled began, and whether one has.
+func (m *gpuMonitor) notAnswering() (time.Time, bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.busySince, m.stalled
 }
 
 // Tick is one sampling step: read every GPU, judge them, keep and record the results. A GPU
@@ -117,6 +223,10 @@ func (m *gpuMonitor) status() gpuStatus {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	st := gpuStatus{Sampling: true}
+	if m.stalled {
+		since := m.busySince.UTC()
+		st.NotAnsweringSince = &since
+	}
 	for i, f := range m.gpus.Facts() {
 		g := GPUStatus{Facts: f, Verdict: nvml.Verdict{Index: f.Index, UUID: f.UUID}}
 		if i < len(m.samples) {
@@ -340,7 +450,7 @@ type gpuCollector struct {
 
 func newGPUCollector(m *gpuMonitor) *gpuCollector {
 	c := &gpuCollector{m: m,
-		up: prometheus.NewDesc("spotguard_gpu_sampling_up", "1 when GPU sampling through NVML works, 0 when it is off (no libnvidia-ml, no GPU, no permission).", nil, nil),
+		up: prometheus.NewDesc("spotguard_gpu_sampling_up", "1 when GPU sampling through NVML works, 0 when it is off (no libnvidia-ml, no GPU, no permission) or NVML does not answer (a hung GPU or driver; the per-GPU series are absent then).", nil, nil),
 		eventTimes: prometheus.NewDesc("spotguard_gpu_clock_event_seconds_total",
 			"Time each clock-event reason has held the clocks down since the driver loaded (NVML's clock event counters; absent where NVML has none: drivers before 535, some GPUs).",
 			[]string{"gpu", "uuid", "model", "reason"}, nil),
@@ -374,11 +484,15 @@ func (c *gpuCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(c.up, prometheus.GaugeValue, 0)
 		return
 	}
+	c.m.mu.Lock()
+	samples, verdicts, stalled := c.m.samples, c.m.verdicts, c.m.stalled
+	c.m.mu.Unlock()
+	if stalled { // the readings are from before NVML stopped answering: none, rather than stale ones
+		ch <- prometheus.MustNewConstMetric(c.up, prometheus.GaugeValue, 0)
+		return
+	}
 	ch <- prometheus.MustNewConstMetric(c.up, prometheus.GaugeValue, 1)
 	facts := c.m.gpus.Facts()
-	c.m.mu.Lock()
-	samples, verdicts := c.m.samples, c.m.verdicts
-	c.m.mu.Unlock()
 	for i := range samples {
 		if i >= len(facts) || i >= len(verdicts) {
 			break

@@ -74,6 +74,11 @@ func (a *Agent) health(now time.Time) healthVerdict {
 	} else if reason != "" {
 		v.warn(reason, reason) // healthy, and said so: waiting for checkpoint.dir to be created
 	}
+	if since, ok := a.gpu.notAnswering(); ok {
+		d := now.Sub(since).Round(time.Second)
+		v.warn(fmt.Sprintf("NVML has not answered for %s (since %s): a GPU or its driver hangs; GPU readings and verdicts stop until it answers (look for Xid errors in the kernel log)",
+			d, since.UTC().Format(time.RFC3339)), "NVML not answering for "+d.String())
+	}
 	a.mu.Lock()
 	pending := strings.Join(a.needRestart, ", ")
 	jobProblem := a.jobProblem
