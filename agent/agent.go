@@ -83,7 +83,6 @@ type Agent struct {
 	ckptWatcher *checkpointWatch
 	uploader    *checkpoint.Uploader
 	gpu         *gpuMonitor
-	gpus        GPUs                // nil when GPU sampling is off
 	cw          *metrics.CloudWatch // nil when CloudWatch is off
 	store       *storeHealth        // the store probe (health.go); nil when no store is configured
 	// watchReady is closed when the checkpoint watch is in place.
@@ -145,11 +144,9 @@ func New(cfg *Config, deps Deps) (*Agent, error) {
 	}
 	a.gpu.off = "no NVML in this build"
 	if deps.OpenGPUs != nil {
-		if g, err := deps.OpenGPUs(deps.Logger); err != nil {
-			a.gpu.off = err.Error()
-		} else {
-			a.gpus, a.gpu.gpus = g, g
-		}
+		// Beside the agent: a hung GPU or driver can block nvmlInit for good, and nothing else
+		// waits for it.
+		a.gpu.open(func() (GPUs, error) { return deps.OpenGPUs(deps.Logger) }, gpuOpenWait)
 	}
 	a.registry.MustRegister(newGPUCollector(a.gpu))
 	if err := a.initHealth(cfg, deps); err != nil {
@@ -364,16 +361,6 @@ func (a *Agent) Run(ctx context.Context) error {
 	a.log.Info().Float64("poll_interval_s", logSeconds(cfg.IMDS.PollInterval)).Str("listen", cfg.HTTP.Listen).
 		Str("signal", trainer.SignalName(cfg.Trainer.Signal)).Msg("spotguard agent starting")
 
-	if a.gpus != nil {
-		defer func() {
-			if !a.gpu.hung() { // closing would wait for the call that does not return
-				a.gpus.Close()
-			}
-		}()
-		a.log.Info().Int("gpus", len(a.gpus.Facts())).Float64("interval_s", logSeconds(cfg.GPU.SampleInterval)).Msg("GPU sampling on")
-	} else {
-		a.log.Warn().Str("reason", a.gpu.off).Msg("GPU sampling is off; everything else runs")
-	}
 	g, ctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return a.gpu.Run(ctx) })
 	if a.cw != nil {

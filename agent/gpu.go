@@ -24,8 +24,12 @@ type gpuSampler interface {
 // gpuMonitor samples the GPUs every gpu.sample_interval, judges them, keeps the latest readings
 // for /status and /metrics, and records the GPU series into the sink.
 type gpuMonitor struct {
-	gpus      gpuSampler // nil when sampling is off
-	off       string     // why it is off
+	// gpus is nil while sampling is off (off says why) or NVML is being opened (opened is not
+	// closed yet); set before Run, or by the open under mu.
+	gpus      gpuSampler
+	off       string
+	opened    chan struct{} // closed when the open has returned; nil when there was none
+	closeGPUs func()        // closes what the open returned; nil if nothing to close
 	interval  time.Duration
 	threshold float64
 	sink      metrics.Sink // may be nil
@@ -79,17 +83,74 @@ type gpuStatus struct {
 // stallAfter is how long a sampling step may take before NVML counts as not answering.
 func (m *gpuMonitor) stallAfter() time.Duration { return max(gpuStallAfter, 3*m.interval) }
 
-// Run samples until ctx is done; with sampling off it returns at once. It returns nil. A step
-// NVML does not return from is reported after stallAfter and never holds Run past ctx's end by
-// more than gpuStopGrace (see gpuStallAfter).
+// gpuOpenWait is how long New waits for NVML to open, so that a GPU machine's first /status is
+// complete; NVML that takes longer (no persistence mode on many GPUs, or a hung GPU or driver)
+// goes on opening while the agent runs, and sampling starts once it has.
+const gpuOpenWait = time.Second
+
+// open opens the GPUs with open beside the caller, and waits for it at most wait. Run starts
+// sampling once it has returned; while it has not, the monitor is not answering from the start
+// (see gpuStallAfter).
+func (m *gpuMonitor) open(open func() (GPUs, error), wait time.Duration) {
+	start := time.Now()
+	m.opened = make(chan struct{})
+	m.busySince, m.off = start, "NVML is being opened"
+	go func() {
+		defer close(m.opened)
+		g, err := open()
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		if err != nil {
+			m.off = err.Error()
+		} else {
+			m.gpus, m.closeGPUs, m.off = g, g.Close, ""
+		}
+		if m.stalled {
+			m.log.Info().Float64("after_s", logSeconds(time.Since(start))).Msg("NVML answers again")
+		}
+		m.busySince, m.stalled = time.Time{}, false
+	}()
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	select {
+	case <-m.opened:
+	case <-t.C:
+	}
+}
+
+// sampler returns the GPUs, or nil while sampling is off or NVML is being opened.
+func (m *gpuMonitor) sampler() gpuSampler {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.gpus
+}
+
+// Run samples until ctx is done; with sampling off it returns at once. It returns nil. NVML
+// still opening is waited for, and a step NVML does not return from is reported after
+// stallAfter; neither holds Run past ctx's end by more than gpuStopGrace (see gpuStallAfter).
+// NVML is closed at the end, unless a call into it has not returned.
 func (m *gpuMonitor) Run(ctx context.Context) error {
-	if m.gpus == nil {
+	if m.opened != nil {
+		if opening := m.wait(ctx, m.opened); opening != nil {
+			m.stop(opening, nil)
+			return nil
+		}
+	}
+	gpus := m.sampler()
+	if gpus == nil {
+		m.log.Warn().Str("reason", m.off).Msg("GPU sampling is off; everything else runs")
 		return nil
 	}
+	m.log.Info().Int("gpus", len(gpus.Facts())).Float64("interval_s", logSeconds(m.interval)).Msg("GPU sampling on")
+	defer func() {
+		if !m.hung() && m.closeGPUs != nil { // closing would wait for the call that does not return
+			m.closeGPUs()
+		}
+	}()
 	events := make(chan struct{})
 	go func() {
 		defer close(events)
-		if err := m.gpus.RunEvents(ctx); err != nil {
+		if err := gpus.RunEvents(ctx); err != nil {
 			m.log.Warn().Err(err).Msg("GPU XID events unavailable")
 		}
 	}()
@@ -131,8 +192,8 @@ func (m *gpuMonitor) stop(stepping, events <-chan struct{}) {
 	}
 }
 
-// step runs one Tick and waits for it, saying when it stalls and when NVML answers again. It
-// returns nil when the Tick has returned, or a channel closed when it does if ctx ended first.
+// step runs one Tick and waits for it (see wait). It returns nil when the Tick has returned, or
+// a channel closed when it does if ctx ended first.
 func (m *gpuMonitor) step(ctx context.Context) <-chan struct{} {
 	start := time.Now()
 	m.mu.Lock()
@@ -149,7 +210,17 @@ func (m *gpuMonitor) step(ctx context.Context) <-chan struct{} {
 		}
 		m.busySince, m.stalled = time.Time{}, false
 	}()
-	stall := time.NewTimer(m.stallAfter())
+	return m.wait(ctx, done)
+}
+
+// wait waits for done, closed when the call into NVML that began at busySince has returned
+// (and cleared busySince), and says when it has taken stallAfter. It returns nil once done is
+// closed, or done if ctx ended first.
+func (m *gpuMonitor) wait(ctx context.Context, done chan struct{}) <-chan struct{} {
+	m.mu.Lock()
+	since := m.busySince
+	m.mu.Unlock()
+	stall := time.NewTimer(m.stallAfter() - time.Since(since))
 	defer stall.Stop()
 	for {
 		select {
@@ -161,7 +232,7 @@ func (m *gpuMonitor) step(ctx context.Context) <-chan struct{} {
 			stalled := m.stalled
 			m.mu.Unlock()
 			if stalled {
-				m.log.Error().Float64("waited_s", logSeconds(m.stallAfter())).Time("since", start).
+				m.log.Error().Float64("waited_s", logSeconds(time.Since(since))).Time("since", since).
 					Msg("NVML does not answer: a GPU or its driver hangs (look for Xid errors in the kernel log); GPU readings stop until it answers")
 			}
 		case <-ctx.Done():
@@ -188,11 +259,12 @@ func (m *gpuMonitor) notAnswering() (time.Time, bool) {
 // Tick is one sampling step: read every GPU, judge them, keep and record the results. A GPU
 // whose verdict turns degraded (or healthy again) is logged once per change.
 func (m *gpuMonitor) Tick(ctx context.Context) {
-	samples := m.gpus.Sample(ctx)
+	gpus := m.sampler()
+	samples := gpus.Sample(ctx)
 	if ctx.Err() != nil {
 		return
 	}
-	facts := m.gpus.Facts()
+	facts := gpus.Facts()
 	// One reading never decides: the judge wants a rule to hold in 3 of the last 5 samples.
 	verdicts := m.judge.Judge(time.Now(), nvml.Verdicts(facts, samples, m.threshold))
 	m.mu.Lock()
@@ -217,16 +289,18 @@ func (m *gpuMonitor) Tick(ctx context.Context) {
 }
 
 func (m *gpuMonitor) status() gpuStatus {
-	if m.gpus == nil {
-		return gpuStatus{Off: m.off}
-	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	st := gpuStatus{Sampling: true}
+	var st gpuStatus
 	if m.stalled {
 		since := m.busySince.UTC()
 		st.NotAnsweringSince = &since
 	}
+	if m.gpus == nil {
+		st.Off = m.off
+		return st
+	}
+	st.Sampling = true
 	for i, f := range m.gpus.Facts() {
 		g := GPUStatus{Facts: f, Verdict: nvml.Verdict{Index: f.Index, UUID: f.UUID}}
 		if i < len(m.samples) {
@@ -480,19 +554,17 @@ func (c *gpuCollector) Describe(ch chan<- *prometheus.Desc) {
 }
 
 func (c *gpuCollector) Collect(ch chan<- prometheus.Metric) {
-	if c.m.gpus == nil {
-		ch <- prometheus.MustNewConstMetric(c.up, prometheus.GaugeValue, 0)
-		return
-	}
 	c.m.mu.Lock()
-	samples, verdicts, stalled := c.m.samples, c.m.verdicts, c.m.stalled
+	gpus, samples, verdicts, stalled := c.m.gpus, c.m.samples, c.m.verdicts, c.m.stalled
 	c.m.mu.Unlock()
-	if stalled { // the readings are from before NVML stopped answering: none, rather than stale ones
+	// Off, or NVML not answering: then the readings would be from before it stopped; none rather
+	// than stale ones.
+	if gpus == nil || stalled {
 		ch <- prometheus.MustNewConstMetric(c.up, prometheus.GaugeValue, 0)
 		return
 	}
 	ch <- prometheus.MustNewConstMetric(c.up, prometheus.GaugeValue, 1)
-	facts := c.m.gpus.Facts()
+	facts := gpus.Facts()
 	for i := range samples {
 		if i >= len(facts) || i >= len(verdicts) {
 			break

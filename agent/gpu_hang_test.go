@@ -10,6 +10,7 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/spotguard/spotguard/agent/imds"
 	"github.com/spotguard/spotguard/nvml"
 )
 
@@ -218,5 +219,102 @@ func TestAgentExitsWhileNVMLHangs(t *testing.T) {
 	}
 	if !strings.Contains(ta.logs.String(), "GPU sampling stops without it") {
 		t.Errorf("the agent's log does not say it stopped without the GPU monitor:\n%s", ta.logs.String())
+	}
+}
+
+// TestGPUMonitorOpensBesideTheAgent: NVML that takes long to open (a hung GPU or driver, or
+// many GPUs without persistence mode) is waited for gpuOpenWait, then goes on opening beside
+// the agent; it counts as not answering after 30 s, and sampling starts once it has opened.
+func TestGPUMonitorOpensBesideTheAgent(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		gpus := newHangingGPUs()
+		release := make(chan struct{})
+		logs := &syncBuffer{}
+		m := &gpuMonitor{interval: 5 * time.Second, log: zerolog.New(logs)}
+		start := time.Now()
+		m.open(func() (GPUs, error) { <-release; return gpus, nil }, gpuOpenWait)
+		if waited := time.Since(start); waited != gpuOpenWait {
+			t.Errorf("open waited %v; want %v", waited, gpuOpenWait)
+		}
+		if st := m.status(); st.Sampling || st.Off != "NVML is being opened" || st.NotAnsweringSince != nil {
+			t.Errorf("opening: status = %+v; want off while NVML is being opened", st)
+		}
+		ctx, cancel := context.WithCancel(t.Context())
+		stopped := make(chan struct{})
+		go func() { m.Run(ctx); close(stopped) }()
+		<-time.After(gpuStallAfter - gpuOpenWait - time.Second)
+		synctest.Wait()
+		if _, ok := m.notAnswering(); ok {
+			t.Errorf("opening for 29 s: not answering; want not yet")
+		}
+		<-time.After(time.Second)
+		synctest.Wait()
+		if since, ok := m.notAnswering(); !ok || !since.Equal(start) {
+			t.Errorf("opening for 30 s: notAnswering() = %v, %v; want %v, true", since, ok, start)
+		}
+		if st := m.status(); st.NotAnsweringSince == nil {
+			t.Errorf("opening for 30 s: status = %+v; want not_answering_since", st)
+		}
+		close(release)
+		synctest.Wait()
+		st := m.status()
+		if !st.Sampling || st.NotAnsweringSince != nil || len(st.GPUs) != 4 || st.GPUs[0].Sample == nil {
+			t.Errorf("opened: status = %+v; want 4 GPUs sampled", st)
+		}
+		if !strings.Contains(logs.String(), "NVML answers again") || !strings.Contains(logs.String(), "GPU sampling on") {
+			t.Errorf("log lacks the recovery or the start of sampling:\n%s", logs.String())
+		}
+		cancel()
+		<-stopped
+		if !gpus.isClosed() {
+			t.Errorf("NVML not closed at the end of Run; want closed")
+		}
+	})
+}
+
+// TestGPUMonitorStopsWhileOpening: a stop while NVML is still opening returns after the grace,
+// marked hung.
+func TestGPUMonitorStopsWhileOpening(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		release := make(chan struct{})
+		m := &gpuMonitor{interval: 5 * time.Second, log: zerolog.Nop()}
+		m.open(func() (GPUs, error) { <-release; return newHangingGPUs(), nil }, gpuOpenWait)
+		ctx, cancel := context.WithCancel(t.Context())
+		stopped := make(chan struct{})
+		go func() { m.Run(ctx); close(stopped) }()
+		<-time.After(time.Minute)
+		cancel()
+		stop := time.Now()
+		<-stopped
+		if waited := time.Since(stop); waited != gpuStopGrace || !m.hung() {
+			t.Errorf("Run returned %v after the stop, hung() = %v; want %v, true", waited, m.hung(), gpuStopGrace)
+		}
+		close(release)
+		synctest.Wait()
+	})
+}
+
+// TestAgentStartsWhileNVMLHangs: an nvmlInit that never returns does not keep the agent from
+// starting and watching IMDS, nor from stopping. Before, New waited for it for ever.
+func TestAgentStartsWhileNVMLHangs(t *testing.T) {
+	release := make(chan struct{})
+	defer close(release)
+	began := time.Now()
+	ta := startAgentWith(t, func(d *Deps) {
+		d.OpenGPUs = func(zerolog.Logger) (GPUs, error) { <-release; return newHangingGPUs(), nil }
+	}, "SPOTGUARD_TRAINER_MATCH=x")
+	if took := time.Since(began); took > 10*time.Second {
+		t.Errorf("the agent took %v to start; want about %v", took, gpuOpenWait)
+	}
+	ta.waitPolls(t, imds.SourceSpot, 2)
+	if st := ta.a.Status().GPU; st.Sampling || st.Off != "NVML is being opened" {
+		t.Errorf("status gpu = %+v; want off while NVML is being opened", st)
+	}
+	ta.cancel()
+	select {
+	case err := <-ta.done:
+		ta.done <- err // for the clean-up's check
+	case <-time.After(time.Minute):
+		t.Fatal("the agent did not return within a minute of its stop while nvmlInit hangs")
 	}
 }

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -70,6 +71,8 @@ type doctorDeps struct {
 	newIMDS   func(cfg aws.Config, endpoint string) imds.Getter
 	openStore func(ctx context.Context, url, imdsEndpoint string, opts checkpoint.S3Options) (checkpoint.Store, error)
 	openGPUs  gpuOpener
+	// gpuAnswerLimit is how long opening NVML may take: 0 is gpuAnswerLimit.
+	gpuAnswerLimit time.Duration
 	// procRoot and cgroupRoot are "" for /proc and /sys/fs/cgroup.
 	procRoot, cgroupRoot string
 }
@@ -361,9 +364,17 @@ func doctorCheckpointDir(rep *doctorReport, cfg *agent.Config) {
 	rep.add("checkpoint.dir", doctorPass, fmt.Sprintf("%s is a readable directory (%d entries)", dir, len(entries)), "")
 }
 
-// doctorNVML opens NVML as the agent does; without it the agent runs, so it is a warning.
+// doctorNVML opens NVML as the agent does; without it the agent runs, so it is a warning. One
+// that does not answer (a hung GPU or driver) fails, and is left open: closing it would block.
 func doctorNVML(rep *doctorReport, deps doctorDeps, environ []string, stderr io.Writer) {
-	g, err := deps.openGPUs(newLogger(stderr, environ, zerolog.ErrorLevel))
+	var g gpuSource
+	var err error
+	watch := &gpuWatch{limit: cmp.Or(deps.gpuAnswerLimit, gpuAnswerLimit)}
+	if !watch.do("NVML (nvmlInit)", 0, func() { g, err = deps.openGPUs(newLogger(stderr, environ, zerolog.ErrorLevel)) }) {
+		rep.add("nvml", doctorFail, watch.hungCall()+": a GPU or its driver hangs; GPU sampling would stop, the agent runs without it",
+			"look for Xid errors in the kernel log (journalctl -k | grep -i xid) and replace the instance")
+		return
+	}
 	if err != nil {
 		reason := strings.TrimPrefix(err.Error(), nvml.ErrUnavailable.Error()+": ")
 		rep.add("nvml", doctorWarn, "GPU sampling is off: "+reason+"; the agent runs without it",

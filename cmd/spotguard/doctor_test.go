@@ -216,3 +216,21 @@ func TestDoctorTrainer(t *testing.T) {
 		})
 	}
 }
+
+// NVML whose nvmlInit does not return (a hung GPU or driver) fails the nvml check within the
+// answer limit, naming the call and the fix; before, doctor waited for it for ever.
+func TestDoctorNVMLHangs(t *testing.T) {
+	r := newDoctorRig(t)
+	release := make(chan struct{})
+	defer close(release)
+	r.deps.openGPUs = func(zerolog.Logger) (gpuSource, error) {
+		<-release
+		return nil, errors.New("unreachable")
+	}
+	r.deps.gpuAnswerLimit = 50 * time.Millisecond
+	code, out := r.run(t)
+	want := "NVML (nvmlInit) has not returned after 0.05 s: a GPU or its driver hangs"
+	if code != exitFail || !strings.Contains(out, want) || !strings.Contains(out, "replace the instance") {
+		t.Errorf("doctor with a hung nvmlInit: exit %d\n%s\nwant %d with %q and the fix", code, out, exitFail, want)
+	}
+}

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -8,7 +9,6 @@ import (
 	"fmt"
 	"io"
 	"strings"
-	"sync"
 	"text/tabwriter"
 	"time"
 
@@ -27,10 +27,13 @@ const (
 
 // gpuReport is `spotguard gpu --json`.
 type gpuReport struct {
-	Sampling bool        `json:"sampling"`
-	Off      string      `json:"off,omitempty"`
-	Healthy  bool        `json:"healthy"`
-	GPUs     []gpuRecord `json:"gpus"`
+	Sampling bool   `json:"sampling"`
+	Off      string `json:"off,omitempty"`
+	// Hung says which call into NVML did not return in time (a hung GPU or driver); the report
+	// has no GPUs then and is not healthy.
+	Hung    string      `json:"hung,omitempty"`
+	Healthy bool        `json:"healthy"`
+	GPUs    []gpuRecord `json:"gpus"`
 }
 
 type gpuRecord struct {
@@ -68,6 +71,8 @@ type gpuDeps struct {
 	// probeSampleEvery is how often --probe samples NVML while the copies run: 0 is
 	// probeSampleInterval.
 	probeSampleEvery time.Duration
+	// answerLimit is how long a call into NVML or the CUDA driver may take: 0 is gpuAnswerLimit.
+	answerLimit time.Duration
 }
 
 // gpuHelp is the description of `spotguard gpu -h`.
@@ -81,8 +86,9 @@ at once (about 2 s in all) and finds a GPU whose memory bandwidth is more than
 gpu.degraded_threshold (10 %) below its peers'. Run it right after launch; on exit 3, replace the
 instance.
 
-Exit 0 healthy, 3 degraded, 4 no NVML (--probe: or no CUDA driver, with the reason), 1 another
-failure (--probe: a GPU could not be probed).`
+Exit 0 healthy, 3 degraded (or hung: NVML or the CUDA driver did not answer within 30 s), 4 no
+NVML (--probe: or no CUDA driver, with the reason), 1 another failure (--probe: a GPU could not be
+probed).`
 
 func runGPU(ctx context.Context, args, environ []string, stdout, stderr io.Writer, deps gpuDeps) int {
 	fs, cf := newFlagSet("gpu", gpuHelp, stdout, stderr)
@@ -128,7 +134,22 @@ func runGPU(ctx context.Context, args, environ []string, stdout, stderr io.Write
 	}
 	pa.threshold = cfg.GPU.DegradedThreshold
 	log := newLogger(stderr, environ, max(cfg.Log.Level, zerolog.WarnLevel))
-	gpus, err := deps.open(log)
+	watch := &gpuWatch{limit: cmp.Or(deps.answerLimit, gpuAnswerLimit)}
+	hung := func() int {
+		switch {
+		case *jsonOut && *probe:
+			rep := offProbe("hung: "+watch.hungCall(), pa)
+			rep.Hung = watch.hungCall()
+			writeJSON(stdout, rep)
+		case *jsonOut:
+			json.NewEncoder(stdout).Encode(gpuReport{Hung: watch.hungCall(), GPUs: []gpuRecord{}})
+		}
+		return gpuHung(stderr, watch)
+	}
+	var gpus gpuSource
+	if !watch.do("NVML (nvmlInit)", 0, func() { gpus, err = deps.open(log) }) {
+		return hung()
+	}
 	if err != nil {
 		reason := strings.TrimPrefix(err.Error(), nvml.ErrUnavailable.Error()+": ")
 		switch {
@@ -143,22 +164,26 @@ func runGPU(ctx context.Context, args, environ []string, stdout, stderr io.Write
 		}
 		return exitNoNVML
 	}
-	defer gpus.Close()
+	defer func() {
+		if watch.hungCall() == "" { // closing would wait for the call that hangs
+			gpus.Close()
+		}
+	}()
 	if *probe {
-		return runProbe(ctx, stdout, stderr, gpus, deps, pa)
+		if code, ok := runProbe(ctx, stdout, stderr, gpus, deps, pa, watch); ok {
+			return code
+		}
+		return hung()
 	}
 	// XIDs are events, not readings: they are counted only while RunEvents runs, so it runs for
-	// the whole sampling window (and is stopped, and waited for, before Close).
+	// the whole sampling window (and is stopped, and waited for, before the report and Close).
 	evCtx, stopEvents := context.WithCancel(ctx)
-	var events sync.WaitGroup
+	defer stopEvents()
+	events := make(chan struct{})
 	var eventsErr error
-	events.Go(func() { eventsErr = gpus.RunEvents(evCtx) })
-	defer func() {
-		stopEvents()
-		events.Wait()
-		if eventsErr != nil {
-			fmt.Fprintf(stderr, "spotguard gpu: XIDs were not listened for: %v\n", eventsErr)
-		}
+	go func() {
+		defer close(events)
+		eventsErr = gpus.RunEvents(evCtx)
 	}()
 	facts := gpus.Facts()
 	judge := nvml.Judge{K: min(nvml.DefaultEvidenceK, *nSamples), N: *nSamples}
@@ -175,8 +200,19 @@ func runGPU(ctx context.Context, args, environ []string, stdout, stderr io.Write
 			case <-tick.C:
 			}
 		}
-		samples = gpus.Sample(ctx)
+		var got []nvml.Sample
+		if !watch.do("NVML (a sample of every GPU)", 0, func() { got = gpus.Sample(ctx) }) {
+			return hung()
+		}
+		samples = got
 		verdicts = judge.Judge(time.Now(), nvml.Verdicts(facts, samples, cfg.GPU.DegradedThreshold))
+	}
+	stopEvents()
+	if !watch.await("NVML (the XID listener)", 0, events) {
+		return hung()
+	}
+	if eventsErr != nil {
+		fmt.Fprintf(stderr, "spotguard gpu: XIDs were not listened for: %v\n", eventsErr)
 	}
 	rep := gpuReport{Sampling: true, Healthy: true, GPUs: []gpuRecord{}}
 	for i := range facts {

@@ -42,8 +42,11 @@ const (
 // probeReport is `spotguard gpu --probe --json`; docs/gpu.md documents every field.
 type probeReport struct {
 	Mode string `json:"mode"` // "probe"
-	// Off says why nothing was probed (no NVML, no CUDA driver); GPUs is empty then.
-	Off     string `json:"off,omitempty"`
+	// Off says why nothing was probed (no NVML, no CUDA driver, hung); GPUs is empty then.
+	Off string `json:"off,omitempty"`
+	// Hung says which call into NVML or the CUDA driver did not return in time (a hung GPU or
+	// driver); the report is not healthy then.
+	Hung    string `json:"hung,omitempty"`
 	Healthy bool   `json:"healthy"`
 	// Threshold is gpu.degraded_threshold, as applied.
 	Threshold float64 `json:"threshold"`
@@ -108,9 +111,15 @@ type probeArgs struct {
 }
 
 // runProbe is `spotguard gpu --probe` once NVML is open: it opens the CUDA driver, copies on
-// every GPU at once while sampling NVML and listening for XIDs, and judges each GPU.
-func runProbe(ctx context.Context, stdout, stderr io.Writer, gpus gpuSource, deps gpuDeps, a probeArgs) int {
-	drv, err := cuda.Open(deps.cudaLibrary)
+// every GPU at once while sampling NVML and listening for XIDs, and judges each GPU. It returns
+// the exit code, or false when a call into NVML or the driver did not return in time (watch
+// says which; nothing has been written to stdout).
+func runProbe(ctx context.Context, stdout, stderr io.Writer, gpus gpuSource, deps gpuDeps, a probeArgs, watch *gpuWatch) (int, bool) {
+	var drv *cuda.Driver
+	var err error
+	if !watch.do("the CUDA driver (cuInit)", 0, func() { drv, err = cuda.Open(deps.cudaLibrary) }) {
+		return 0, false
+	}
 	if err != nil {
 		reason := strings.TrimPrefix(err.Error(), cuda.ErrUnavailable.Error()+": ")
 		if a.json {
@@ -118,9 +127,9 @@ func runProbe(ctx context.Context, stdout, stderr io.Writer, gpus gpuSource, dep
 		}
 		fmt.Fprintf(stderr, "spotguard gpu: no CUDA driver: %s\n", reason)
 		if !errors.Is(err, cuda.ErrUnavailable) {
-			return exitFail
+			return exitFail, true
 		}
-		return exitNoNVML
+		return exitNoNVML, true
 	}
 	facts := gpus.Facts()
 	n := len(drv.Devices())
@@ -129,6 +138,7 @@ func runProbe(ctx context.Context, stdout, stderr io.Writer, gpus gpuSource, dep
 
 	every := cmp.Or(deps.probeSampleEvery, probeSampleInterval)
 	runCtx, stop := context.WithCancel(ctx)
+	defer stop()
 	var wg sync.WaitGroup
 	var eventsErr error
 	wg.Go(func() { eventsErr = gpus.RunEvents(runCtx) })
@@ -149,19 +159,34 @@ func runProbe(ctx context.Context, stdout, stderr io.Writer, gpus gpuSource, dep
 			}
 		}
 	})
-	res, perr := drv.Probe(ctx, cuda.Options{Bytes: a.bytes, Duration: a.duration})
+	var res cuda.Results
+	var perr error
+	if !watch.do("the CUDA driver (the probe's copies)", 2*a.duration, func() {
+		res, perr = drv.Probe(ctx, cuda.Options{Bytes: a.bytes, Duration: a.duration})
+	}) {
+		return 0, false
+	}
 	var final []nvml.Sample
-	if perr == nil {
-		final = gpus.Sample(ctx) // the XIDs heard during the copies, ECC, row remapping
+	if perr == nil { // the XIDs heard during the copies, ECC, row remapping
+		if !watch.do("NVML (a sample of every GPU)", 0, func() { final = gpus.Sample(ctx) }) {
+			return 0, false
+		}
 	}
 	stop()
-	wg.Wait()
+	sampled := make(chan struct{})
+	go func() {
+		defer close(sampled)
+		wg.Wait()
+	}()
+	if !watch.await("NVML (sampling and the XID listener)", 0, sampled) {
+		return 0, false
+	}
 	if eventsErr != nil {
 		fmt.Fprintf(stderr, "spotguard gpu: XIDs were not listened for: %v\n", eventsErr)
 	}
 	if perr != nil {
 		fmt.Fprintf(stderr, "spotguard gpu: %v\n", perr)
-		return exitFail
+		return exitFail, true
 	}
 	fmt.Fprintf(stderr, "probed %d GPU%s in %.1f s: %s\n", n, plural(n), res.Elapsed.Seconds(), probeTimings(res))
 
@@ -171,7 +196,7 @@ func runProbe(ctx context.Context, stdout, stderr io.Writer, gpus gpuSource, dep
 	} else if err := printProbeTable(stdout, rep); err != nil {
 		fmt.Fprintf(stderr, "spotguard gpu: write the report: %v\n", err)
 	}
-	return probeExit(rep)
+	return probeExit(rep), true
 }
 
 // offProbe is the report of a probe that could not run, and why.

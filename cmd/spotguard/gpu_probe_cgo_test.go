@@ -8,6 +8,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -271,4 +272,59 @@ func keys(m map[string]any) []string {
 	}
 	slices.Sort(out)
 	return out
+}
+
+// A GPU whose copies hang (the fake driver stops after the first timed batch and is never let
+// go on while the command runs): the probe ends with exit 3 once the copies have taken the
+// answer limit beyond twice --probe-duration, names the call on stderr and in --json's hung, and
+// leaves NVML open. Before, the command waited for the driver for ever.
+func TestGPUProbeCUDAHangs(t *testing.T) {
+	lib := fakeCUDA(t)
+	toTest, fromFake, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	fromTest, toFake, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { toTest.Close(); fromFake.Close(); fromTest.Close(); toFake.Close() })
+	stats := filepath.Join(t.TempDir(), "stats")
+	probeEnv(t, map[string]string{"FAKE_CUDA_UUIDS": testUUID(0), "FAKE_CUDA_GBPS": "31", "FAKE_CUDA_STATS": stats,
+		"FAKE_CUDA_PAUSE": strings.Join([]string{itoa(fromFake.Fd()), itoa(fromTest.Fd())}, ",")})
+	g := newFakeNVML(fakeH200s(1))
+	cfg := filepath.Join(t.TempDir(), "empty.yaml")
+	os.WriteFile(cfg, nil, 0o644)
+	var stdout, stderr bytes.Buffer
+	deps := gpuDeps{open: g.open, cudaLibrary: lib, probeSampleEvery: 2 * time.Millisecond, answerLimit: 50 * time.Millisecond}
+	code := runGPU(t.Context(), []string{"--config", cfg, "--probe", "--probe-duration", "100ms", "--json"}, nil, &stdout, &stderr, deps)
+	// Let the fake driver go on, and wait for the probe left behind to free its context, so
+	// that it does not run into the next test (which sets the driver's environment anew).
+	var b [1]byte
+	if _, err := toTest.Read(b[:]); err != nil {
+		t.Errorf("read from the fake driver: %v", err)
+	}
+	if _, err := toFake.Write(b[:]); err != nil {
+		t.Errorf("write to the fake driver: %v", err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		if got, _ := os.ReadFile(stats); strings.HasPrefix(string(got), "contexts 0 ") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the probe left behind did not free its context within 10 s")
+		}
+		runtime.Gosched()
+	}
+	want := "the CUDA driver (the probe's copies) has not returned after 0.25 s"
+	if code != exitGPUDegraded || !strings.Contains(stderr.String(), want+": a GPU or its driver hangs") {
+		t.Errorf("Got(copies that hang) = exit %d; want %d saying %q\n%s", code, exitGPUDegraded, want, stderr.String())
+	}
+	var rep probeReport
+	if err := json.Unmarshal(stdout.Bytes(), &rep); err != nil || rep.Hung != want || rep.Healthy || len(rep.GPUs) != 0 {
+		t.Errorf("--json = %s (%v); want hung %q, not healthy, no GPUs", stdout.String(), err, want)
+	}
+	if g.closed.Load() {
+		t.Errorf("NVML closed while the probe hangs; want it left open")
+	}
 }
