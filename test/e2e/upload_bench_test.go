@@ -547,7 +547,7 @@ func treeBytes(b *testing.B, root string) int64 {
 func BenchmarkTimeToDurable(b *testing.B) {
 	needPeers(b)
 	s3 := startS3(b)
-	timeToDurable(b, 1, func(b *testing.B) (s3Endpoint, *s3model.Proxy) { return s3.at(), nil })
+	timeToDurable(b, 1, s3, func(b *testing.B) (s3Endpoint, *s3model.Proxy) { return s3.at(), nil })
 }
 
 // BenchmarkTimeToDurableS3Model is BenchmarkTimeToDurable on the scaled model of S3 (see
@@ -557,15 +557,19 @@ func BenchmarkTimeToDurableS3Model(b *testing.B) {
 	s3 := startS3(b)
 	opts := modelOptions(b, modelCeiling(b, s3))
 	b.Logf("model: %.1f MB/s up a connection, %v first-byte latency", opts.ConnUpRate/1e6, opts.FirstByteLatency)
-	timeToDurable(b, 1, func(b *testing.B) (s3Endpoint, *s3model.Proxy) {
+	timeToDurable(b, 1, s3, func(b *testing.B) (s3Endpoint, *s3model.Proxy) {
 		m := startModel(b, s3, opts)
 		return m.s3Endpoint, m.proxy
 	})
 }
 
 // timeToDurable runs the time-to-durable benchmark with the S3 endpoint that open returns for
-// each upload (and the model behind it, if any), against the target max(W, S/T) + margin s.
-func timeToDurable(b *testing.B, margin float64, open func(*testing.B) (s3Endpoint, *s3model.Proxy)) {
+// each upload (and the model behind it, if any) in front of server, against the target
+// max(W, S/T) + margin s. Each iteration starts with the page cache settled (settlePageCache)
+// and frees what it wrote (the trainer's checkpoint, the objects): otherwise each one ran in
+// more memory used for the first time, which this machine makes slow (docs/benchmarks.md), and
+// the trainer's W and the time after it grew from iteration to iteration (W from 11 to 14 s).
+func timeToDurable(b *testing.B, margin float64, server *s3Server, open func(*testing.B) (s3Endpoint, *s3model.Proxy)) {
 	wantW := envFloat(b, "BENCH_WRITE_SECONDS", 8)
 	mib := envFloat(b, "BENCH_DURABLE_MIB", 1024)
 	// Throughput of this server for this size, uploaded after the fact with a notice pending.
@@ -576,8 +580,10 @@ func timeToDurable(b *testing.B, margin float64, open func(*testing.B) (s3Endpoi
 	up := uploadWithAgentMode(b, ref, "ref", append(at.agentEnv(), benchAgentEnv()...), true, nil)
 	throughput := float64(size) / up.wall.Seconds()
 	os.RemoveAll(ref)
+	server.drop(b, "ref")
 	b.ResetTimer()
 	for i := range b.N {
+		settlePageCache(b)
 		sim := newIMDS(b)
 		trigger := time.Now().Truncate(time.Second).Add(3 * time.Second)
 		sim.start("spot", "-a", "terminate", "--mock-trigger-time", trigger.UTC().Format(time.RFC3339), "--rebalance-delay-sec", "100000")
@@ -619,6 +625,13 @@ func timeToDurable(b *testing.B, margin float64, open func(*testing.B) (s3Endpoi
 			b.ReportMetric(float64(st.MaxInFlight), "max_in_flight")
 		}
 		ap.stop(b)
+		tp.cmd.Process.Kill()
+		<-tp.done
+		sim.stop()
+		if err := os.RemoveAll(ckdir); err != nil {
+			b.Fatal(err)
+		}
+		server.drop(b, fmt.Sprintf("durable-%d", i))
 	}
 }
 
