@@ -261,7 +261,7 @@ var fields = []field{
 		c.Store.Job = v
 		return nil
 	}},
-	{"store.part_size", "64MiB", "the largest multipart part for S3 (at least 5MiB): a file goes in 16 parts or more of at least 8MiB; parts are read straight from the file, not buffered", func(c *Config, v string) error {
+	{"store.part_size", "64MiB", "the largest multipart part for S3 (at least 5MiB): a file goes in 16 parts or more of at least 8MiB (finer, down to 5MiB, for the last file a notice waits for); parts are read straight from the file, not buffered", func(c *Config, v string) error {
 		n, err := ParseSize(v)
 		if err != nil {
 			return err

@@ -100,6 +100,23 @@ func rankOf(ctx context.Context) uint64 {
 	return r
 }
 
+// urgentKey is the context key of a transfer a notice waits for (withUrgency).
+type urgentKey struct{}
+
+// withUrgency returns ctx for the transfer of a file a notice waits for while nothing else is
+// being sent: where a store splits a file into requests (S3Store), it splits it finer, so that
+// its requests all run at once and the time from its close to the commit is short (see
+// S3Store.partSize).
+func withUrgency(ctx context.Context) context.Context {
+	return context.WithValue(ctx, urgentKey{}, true)
+}
+
+// urgentOf reports whether ctx is for transfers a notice waits for (withUrgency).
+func urgentOf(ctx context.Context) bool {
+	u, _ := ctx.Value(urgentKey{}).(bool)
+	return u
+}
+
 // Store is where checkpoints go: S3 (s3://bucket/prefix) or a file system (file:///path). Keys
 // are slash-separated and relative to the store's prefix; a Store never writes outside it.
 // Implementations are safe for concurrent use.

@@ -307,9 +307,40 @@ func TestS3PartSize(t *testing.T) {
 		{128 * mib, 4 << 30, 128 * mib}, // and a larger one
 		{16 * mib, 1 << 30, 16 * mib},
 	} {
-		s := &S3Store{opts: S3Options{PartSize: tc.max}}
-		if got := s.partSize(tc.size); got != tc.want {
-			t.Errorf("partSize(%d MiB) with part_size %d MiB = %d MiB; want %d MiB", tc.size/mib, tc.max/mib, got/mib, tc.want/mib)
+		s := &S3Store{opts: S3Options{PartSize: tc.max}, lim: newLimiter(128)}
+		for _, urgent := range []bool{false, true} { // a limit of 4: urgent or not, the same
+			if got := s.partSize(tc.size, urgent); got != tc.want {
+				t.Errorf("partSize(%d MiB, urgent %v) with part_size %d MiB = %d MiB; want %d MiB", tc.size/mib, urgent, tc.max/mib, got/mib, tc.want/mib)
+			}
+		}
+	}
+}
+
+// A file a notice waits for is cut into as many parts as the limiter lets run at once, when that
+// is more than 16, of at least 5 MiB (S3's least) and at most store.part_size.
+func TestS3PartSizeUrgent(t *testing.T) {
+	const mib = 1 << 20
+	for _, tc := range []struct {
+		max, size  int64
+		limit      int
+		want, calm int64
+	}{
+		{64 * mib, 128 * mib, 32, 5 * mib, 8 * mib},   // 26 parts rather than 16
+		{64 * mib, 128 * mib, 16, 8 * mib, 8 * mib},   // no more than 16 at once: as calm
+		{64 * mib, 1 << 30, 32, 32 * mib, 64 * mib},   // 32 of 32 MiB
+		{64 * mib, 6 << 30, 128, 48 * mib, 64 * mib},  // 128 of 48 MiB
+		{64 * mib, 64 << 30, 128, 64 * mib, 64 * mib}, // store.part_size still caps it
+		{64 * mib, 12 * mib, 128, 5 * mib, 8 * mib},   // 5 and 7 MiB
+		{4 * mib, 128 * mib, 32, 4 * mib, 4 * mib},    // a store.part_size below 5 MiB wins
+	} {
+		lim := newLimiter(128)
+		lim.set(tc.limit)
+		s := &S3Store{opts: S3Options{PartSize: tc.max}, lim: lim}
+		if got := s.partSize(tc.size, true); got != tc.want {
+			t.Errorf("partSize(%d MiB, urgent) at a limit of %d, part_size %d MiB = %d MiB; want %d MiB", tc.size/mib, tc.limit, tc.max/mib, got/mib, tc.want/mib)
+		}
+		if got := s.partSize(tc.size, false); got != tc.calm {
+			t.Errorf("partSize(%d MiB) at a limit of %d, part_size %d MiB = %d MiB; want %d MiB", tc.size/mib, tc.limit, tc.max/mib, got/mib, tc.calm/mib)
 		}
 	}
 }

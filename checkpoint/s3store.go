@@ -172,16 +172,32 @@ type s3Part struct {
 // many requests in flight (a connection to S3 carries 80–90 MB/s), of at least s3SmallPart (fewer
 // requests, each with its own first-byte latency and its own PUT charge) and at most
 // S3Options.PartSize: a 256 MiB shard goes in 16 parts of 16 MiB, a 16 GiB one in 256 of 64 MiB.
+//
+// A file a notice waits for while nothing else is being sent (withUrgency: the trainer's last
+// file, just closed) is cut into as many parts as the limiter lets run at once, if that is more,
+// of at least s3MinPart (S3's least): its parts all run at once, and the time from its close to
+// the commit is one part's, the shorter the part. (On the scaled model of S3, where a connection
+// carries about 11 MB/s, a 128 MiB shard took 0.95 s in 8 MiB parts, 0.65 s in 5 MiB parts, and
+// the time from the trainer's marker to the commit went from 0.94–1.23 s to 0.69–0.93 s.) With
+// more to send the requests in flight are full anyway: finer parts would only add requests (all
+// of a 1 GiB checkpoint at once in 5 MiB parts moved 10 % less through the model).
 const (
 	s3TargetParts = 16
 	s3SmallPart   = 8 << 20
+	s3MinPart     = 5 << 20
 )
 
 // partSize is the part size (and the size of one ranged read) for an object of size bytes; an
-// object no larger goes in one request.
-func (s *S3Store) partSize(size int64) int64 {
-	p := (size/s3TargetParts + 1<<20 - 1) &^ (1<<20 - 1) // whole MiB
-	return min(max(p, min(s3SmallPart, s.opts.PartSize)), s.opts.PartSize)
+// object no larger goes in one request. urgent: a notice waits for it (see above).
+func (s *S3Store) partSize(size int64, urgent bool) int64 {
+	target, least := int64(s3TargetParts), int64(s3SmallPart)
+	if urgent && s.lim != nil {
+		if l := int64(s.lim.Stats().Limit); l > target {
+			target, least = l, s3MinPart
+		}
+	}
+	p := (size/target + 1<<20 - 1) &^ (1<<20 - 1) // whole MiB
+	return min(max(p, min(least, s.opts.PartSize)), s.opts.PartSize)
 }
 
 // s3PartPlan splits size bytes into parts of partSize bytes (the last may be shorter), raising
@@ -358,7 +374,7 @@ func (s *S3Store) PutFile(ctx context.Context, key string, f *os.File, size int6
 		return Checksum{}, fmt.Errorf("put %s: negative size %d", key, size)
 	}
 	var sum Checksum
-	if size <= s.partSize(size) {
+	if size <= s.partSize(size, false) { // one request; one of at most 8 MiB, urgent or not
 		sum, err = s.putSingle(ctx, okey, f, size, progress)
 	} else {
 		sum, err = s.putMultipart(ctx, okey, f, size, progress)
@@ -453,7 +469,7 @@ func (s *S3Store) putMultipart(ctx context.Context, okey string, f *os.File, siz
 	// longer running, so a later AbortIncomplete may abort it.
 	defer s.setRunning(aws.ToString(uploadID), false)
 
-	parts := s3PartPlan(size, s.partSize(size))
+	parts := s3PartPlan(size, s.partSize(size, urgentOf(ctx)))
 	completed := make([]types.CompletedPart, len(parts))
 	crcs := make([]uint32, len(parts))
 	err = s.uploadParts(ctx, okey, uploadID, f, parts, completed, crcs, progress)
@@ -769,7 +785,7 @@ func (s *S3Store) download(ctx context.Context, okey string, w io.WriterAt, size
 	}
 	g, gctx := errgroup.WithContext(ctx)
 	order := s.nextOrder()
-	for _, p := range s3PartPlan(size, s.partSize(size)) {
+	for _, p := range s3PartPlan(size, s.partSize(size, false)) {
 		if s.acquire(gctx, order) != nil {
 			break
 		}

@@ -687,3 +687,36 @@ func TestS3RestoreSDKQuiet(t *testing.T) {
 		t.Errorf("the SDK logged %d lines during the restore; want none:\n%s", len(lines), strings.Join(lines, "\n"))
 	}
 }
+
+// A file a notice waits for goes in finer parts once the limiter lets more than 16 run at once:
+// 40 MiB in 8 parts of 5 MiB rather than 5 of 8 MiB (the multipart ETag counts them), to a real
+// server, and reads back whole.
+func TestS3UrgentFileInFinerParts(t *testing.T) {
+	peer := s3StartPeer(t)
+	s := peer.openS3(t, peer.endpoint, "urgent", S3Options{Concurrency: 128})
+	s.Hurry() // a notice: 32 requests at once
+	data := storeTestData(16, 40<<20)
+	for _, c := range []struct {
+		key   string
+		ctx   context.Context
+		parts string
+	}{
+		{"calm", t.Context(), "-5"},
+		{"urgent", withUrgency(t.Context()), "-8"},
+	} {
+		if _, err := s.PutFile(c.ctx, c.key, storeTestFile(t, data), int64(len(data)), nil); err != nil {
+			t.Fatal(err)
+		}
+		head, err := peer.client.HeadObject(t.Context(), &s3.HeadObjectInput{Bucket: &peer.bucket, Key: aws.String("urgent/" + c.key)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if etag := strings.Trim(aws.ToString(head.ETag), `"`); !strings.HasSuffix(etag, c.parts) {
+			t.Errorf("%s: ETag %s; want %s parts", c.key, etag, strings.TrimPrefix(c.parts, "-"))
+		}
+		got, _, err := s.GetBytes(t.Context(), c.key)
+		if err != nil || !bytes.Equal(got, data) {
+			t.Errorf("%s: read back %d bytes, %v; want the %d written", c.key, len(got), err, len(data))
+		}
+	}
+}

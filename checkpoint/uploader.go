@@ -1256,6 +1256,13 @@ func (u *Uploader) goUpload(ctx context.Context, g *generation, rel string, f *f
 	key := DataKey(u.cfg.Job, g.name, g.commit, rel)
 	f.key = key
 	gctx := withRank(g.ctx, g.seq) // a newer checkpoint's parts go first
+	if u.urgent() && u.inflight == 1 && u.queuedFiles() == 0 {
+		// A notice waits for this file, and it is all there is to send (the trainer's last
+		// file, closed just now): in finer parts, so that they all run at once and end sooner.
+		// With more to send, the requests in flight are full anyway, and finer parts would
+		// only add requests.
+		gctx = withUrgency(gctx)
+	}
 	u.wg.Go(func() {
 		start := time.Now()
 		d, err := uploadFile(gctx, u.cfg.Store, u.cfg.Dir, local, key)

@@ -6,6 +6,7 @@ import (
 	"crypto/rand"
 	"encoding/json"
 	"os"
+	"path"
 	"path/filepath"
 	"runtime"
 	"strings"
@@ -855,5 +856,64 @@ func TestUploaderRanksNewerCheckpointsFirst(t *testing.T) {
 	r2, ok2 := store.rankOfFile("step-2", "w")
 	if !ok1 || !ok2 || r2 <= r1 || r1 == 0 {
 		t.Errorf("ranks: step-1 %d (put %v), step-2 %d (put %v); want both put, step-2's higher, neither 0", r1, ok1, r2, ok2)
+	}
+}
+
+// urgencyStore records, for each data file it is given, whether its context said a notice
+// waits for it; it holds first.bin until release is closed, and tells started of every file.
+type urgencyStore struct {
+	Store
+	started chan string
+	release chan struct{}
+
+	mu     sync.Mutex
+	urgent map[string]bool // by file name
+}
+
+func (s *urgencyStore) PutFile(ctx context.Context, key string, f *os.File, size int64, progress func(int64)) (Checksum, error) {
+	s.mu.Lock()
+	s.urgent[path.Base(key)] = urgentOf(ctx)
+	s.mu.Unlock()
+	s.started <- path.Base(key)
+	if path.Base(key) == "first.bin" {
+		<-s.release
+	}
+	return s.Store.PutFile(ctx, key, f, size, progress)
+}
+
+// A file written while a notice is in force reaches the store as urgent (S3Store cuts it finer)
+// when it is all there is to send; one written before the notice, or while another file is
+// being sent, does not.
+func TestUploaderTellsTheStoreOfUrgency(t *testing.T) {
+	dir := t.TempDir()
+	us := &urgencyStore{Store: newMemStore(), started: make(chan string, 16), release: make(chan struct{}), urgent: map[string]bool{}}
+	r := startUploader(t, dir, us, 0)
+	writeCheckpoint(t, dir, "step-1", map[string][]byte{"calm.bin": randomBytes(t, 1<<10)})
+	r.waitCommitted("step-1")
+	r.up.SetNotices([]ActiveNotice{{Key: "spot/terminate", Deadline: time.Now().Add(time.Minute), SignalledAt: time.Now()}})
+	writeCheckpoint(t, dir, "step-2", map[string][]byte{"alone.bin": randomBytes(t, 1<<10)})
+	r.waitCommitted("step-2")
+
+	// first.bin is held in the store while second.bin is written: that one is not alone.
+	if err := os.MkdirAll(filepath.Join(dir, "step-3"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "step-3", "first.bin"), randomBytes(t, 1<<10), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for name := ""; name != "first.bin"; name = <-us.started {
+	}
+	writeCheckpoint(t, dir, "step-3", map[string][]byte{"second.bin": randomBytes(t, 1<<10)})
+	for name := ""; name != "second.bin"; name = <-us.started {
+	}
+	close(us.release)
+	r.waitCommitted("step-3")
+	us.mu.Lock()
+	defer us.mu.Unlock()
+	want := map[string]bool{"calm.bin": false, "alone.bin": true, "first.bin": true, "second.bin": false}
+	for name, w := range want {
+		if got, ok := us.urgent[name]; !ok || got != w {
+			t.Errorf("%s: urgent %v (sent %v); want %v", name, got, ok, w)
+		}
 	}
 }
