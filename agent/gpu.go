@@ -130,6 +130,14 @@ func (m *gpuMonitor) sampler() gpuSampler {
 // stallAfter; neither holds Run past ctx's end by more than gpuStopGrace (see gpuStallAfter).
 // NVML is closed at the end, unless a call into it has not returned.
 func (m *gpuMonitor) Run(ctx context.Context) error {
+	defer func() {
+		m.mu.Lock()
+		closeGPUs, hung := m.closeGPUs, m.abandoned
+		m.mu.Unlock()
+		if closeGPUs != nil && !hung { // closing would wait for the call that does not return
+			closeGPUs()
+		}
+	}()
 	if m.opened != nil {
 		if opening := m.wait(ctx, m.opened); opening != nil {
 			m.stop(opening, nil)
@@ -142,11 +150,6 @@ func (m *gpuMonitor) Run(ctx context.Context) error {
 		return nil
 	}
 	m.log.Info().Int("gpus", len(gpus.Facts())).Float64("interval_s", logSeconds(m.interval)).Msg("GPU sampling on")
-	defer func() {
-		if !m.hung() && m.closeGPUs != nil { // closing would wait for the call that does not return
-			m.closeGPUs()
-		}
-	}()
 	events := make(chan struct{})
 	go func() {
 		defer close(events)

@@ -273,7 +273,7 @@ func TestGPUMonitorOpensBesideTheAgent(t *testing.T) {
 }
 
 // TestGPUMonitorStopsWhileOpening: a stop while NVML is still opening returns after the grace,
-// marked hung.
+// marked hung; if NVML opens within the grace, Run returns then and closes it.
 func TestGPUMonitorStopsWhileOpening(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		release := make(chan struct{})
@@ -291,6 +291,24 @@ func TestGPUMonitorStopsWhileOpening(t *testing.T) {
 		}
 		close(release)
 		synctest.Wait()
+	})
+	synctest.Test(t, func(t *testing.T) { // NVML opens within the grace: it is closed
+		release := make(chan struct{})
+		gpus := newHangingGPUs()
+		m := &gpuMonitor{interval: 5 * time.Second, log: zerolog.Nop()}
+		m.open(func() (GPUs, error) { <-release; return gpus, nil }, gpuOpenWait)
+		ctx, cancel := context.WithCancel(t.Context())
+		stopped := make(chan struct{})
+		go func() { m.Run(ctx); close(stopped) }()
+		<-time.After(time.Minute)
+		cancel()
+		stop := time.Now()
+		<-time.After(time.Second)
+		close(release)
+		<-stopped
+		if waited := time.Since(stop); waited != time.Second || m.hung() || !gpus.isClosed() {
+			t.Errorf("NVML opened 1 s after the stop: Run returned after %v, hung() = %v, closed %v; want 1s, false, true", waited, m.hung(), gpus.isClosed())
+		}
 	})
 }
 

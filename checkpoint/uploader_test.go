@@ -882,7 +882,8 @@ func (s *urgencyStore) PutFile(ctx context.Context, key string, f *os.File, size
 }
 
 // A file written while a notice is in force reaches the store as urgent (S3Store cuts it finer)
-// when it is all there is to send; one written before the notice, or while another file is
+// when it is all there is to send and another file of its checkpoint is stored already; one
+// written before the notice, the first of its checkpoint, or one written while another file is
 // being sent, does not.
 func TestUploaderTellsTheStoreOfUrgency(t *testing.T) {
 	dir := t.TempDir()
@@ -891,6 +892,30 @@ func TestUploaderTellsTheStoreOfUrgency(t *testing.T) {
 	writeCheckpoint(t, dir, "step-1", map[string][]byte{"calm.bin": randomBytes(t, 1<<10)})
 	r.waitCommitted("step-1")
 	r.up.SetNotices([]ActiveNotice{{Key: "spot/terminate", Deadline: time.Now().Add(time.Minute), SignalledAt: time.Now()}})
+	if err := os.MkdirAll(filepath.Join(dir, "step-2"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "step-2", "leading.bin"), randomBytes(t, 1<<10), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	stored := func(st UploaderStatus) bool { // leading.bin stored, as the uploader sees it
+		for _, c := range st.Checkpoints {
+			if c.Name == "step-2" && c.FilesStored == 1 {
+				return true
+			}
+		}
+		return false
+	}
+	for deadline := time.Now().Add(20 * time.Second); ; {
+		st := r.up.Status(t.Context())
+		if stored(st) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("leading.bin not stored within 20 s: %+v", st)
+		}
+		runtime.Gosched()
+	}
 	writeCheckpoint(t, dir, "step-2", map[string][]byte{"alone.bin": randomBytes(t, 1<<10)})
 	r.waitCommitted("step-2")
 
@@ -910,7 +935,7 @@ func TestUploaderTellsTheStoreOfUrgency(t *testing.T) {
 	r.waitCommitted("step-3")
 	us.mu.Lock()
 	defer us.mu.Unlock()
-	want := map[string]bool{"calm.bin": false, "alone.bin": true, "first.bin": true, "second.bin": false}
+	want := map[string]bool{"calm.bin": false, "leading.bin": false, "alone.bin": true, "first.bin": false, "second.bin": false}
 	for name, w := range want {
 		if got, ok := us.urgent[name]; !ok || got != w {
 			t.Errorf("%s: urgent %v (sent %v); want %v", name, got, ok, w)
