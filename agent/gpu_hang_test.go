@@ -207,13 +207,7 @@ func TestAgentExitsWhileNVMLHangs(t *testing.T) {
 	defer gpus.release()
 	ta := startAgentWith(t, func(d *Deps) { d.OpenGPUs = func(zerolog.Logger) (GPUs, error) { return gpus, nil } }, "SPOTGUARD_TRAINER_MATCH=x")
 	<-gpus.entered
-	ta.cancel()
-	select {
-	case err := <-ta.done:
-		ta.done <- err // for the clean-up's check
-	case <-time.After(time.Minute):
-		t.Fatal("the agent did not return within a minute of its stop while NVML hangs")
-	}
+	stopWithin(t, ta, time.Minute)
 	if gpus.isClosed() {
 		t.Error("NVML closed while a call into it hangs; want it left open")
 	}
@@ -273,43 +267,43 @@ func TestGPUMonitorOpensBesideTheAgent(t *testing.T) {
 }
 
 // TestGPUMonitorStopsWhileOpening: a stop while NVML is still opening returns after the grace,
-// marked hung; if NVML opens within the grace, Run returns then and closes it.
+// marked hung, and leaves NVML alone; if NVML opens within the grace, Run returns then and
+// closes it.
 func TestGPUMonitorStopsWhileOpening(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		release := make(chan struct{})
-		m := &gpuMonitor{interval: 5 * time.Second, log: zerolog.Nop()}
-		m.open(func() (GPUs, error) { <-release; return newHangingGPUs(), nil }, gpuOpenWait)
-		ctx, cancel := context.WithCancel(t.Context())
-		stopped := make(chan struct{})
-		go func() { m.Run(ctx); close(stopped) }()
-		<-time.After(time.Minute)
-		cancel()
-		stop := time.Now()
-		<-stopped
-		if waited := time.Since(stop); waited != gpuStopGrace || !m.hung() {
-			t.Errorf("Run returned %v after the stop, hung() = %v; want %v, true", waited, m.hung(), gpuStopGrace)
-		}
-		close(release)
-		synctest.Wait()
-	})
-	synctest.Test(t, func(t *testing.T) { // NVML opens within the grace: it is closed
-		release := make(chan struct{})
-		gpus := newHangingGPUs()
-		m := &gpuMonitor{interval: 5 * time.Second, log: zerolog.Nop()}
-		m.open(func() (GPUs, error) { <-release; return gpus, nil }, gpuOpenWait)
-		ctx, cancel := context.WithCancel(t.Context())
-		stopped := make(chan struct{})
-		go func() { m.Run(ctx); close(stopped) }()
-		<-time.After(time.Minute)
-		cancel()
-		stop := time.Now()
-		<-time.After(time.Second)
-		close(release)
-		<-stopped
-		if waited := time.Since(stop); waited != time.Second || m.hung() || !gpus.isClosed() {
-			t.Errorf("NVML opened 1 s after the stop: Run returned after %v, hung() = %v, closed %v; want 1s, false, true", waited, m.hung(), gpus.isClosed())
-		}
-	})
+	for _, c := range []struct {
+		opensAfter time.Duration // after the stop
+		returned   time.Duration // Run, after the stop
+		hung       bool
+	}{
+		{time.Minute, gpuStopGrace, true},
+		{time.Second, time.Second, false},
+	} {
+		synctest.Test(t, func(t *testing.T) {
+			release := make(chan struct{})
+			gpus := newHangingGPUs()
+			m := &gpuMonitor{interval: 5 * time.Second, log: zerolog.Nop()}
+			m.open(func() (GPUs, error) { <-release; return gpus, nil }, gpuOpenWait)
+			ctx, cancel := context.WithCancel(t.Context())
+			stopped := make(chan struct{})
+			go func() { m.Run(ctx); close(stopped) }()
+			<-time.After(time.Minute)
+			cancel()
+			stop := time.Now()
+			opened := make(chan struct{})
+			go func() {
+				<-time.After(c.opensAfter)
+				close(release)
+				close(opened)
+			}()
+			<-stopped
+			if waited := time.Since(stop); waited != c.returned || m.hung() != c.hung || gpus.isClosed() == c.hung {
+				t.Errorf("NVML opening %v after the stop: Run returned after %v, hung() = %v, closed %v; want %v, %v, %v",
+					c.opensAfter, waited, m.hung(), gpus.isClosed(), c.returned, c.hung, !c.hung)
+			}
+			<-opened
+			synctest.Wait()
+		})
+	}
 }
 
 // TestAgentStartsWhileNVMLHangs: an nvmlInit that never returns does not keep the agent from
@@ -328,11 +322,17 @@ func TestAgentStartsWhileNVMLHangs(t *testing.T) {
 	if st := ta.a.Status().GPU; st.Sampling || st.Off != "NVML is being opened" {
 		t.Errorf("status gpu = %+v; want off while NVML is being opened", st)
 	}
+	stopWithin(t, ta, time.Minute)
+}
+
+// stopWithin stops the agent and fails the test unless its Run returns within d.
+func stopWithin(t *testing.T, ta *testAgent, d time.Duration) {
+	t.Helper()
 	ta.cancel()
 	select {
 	case err := <-ta.done:
 		ta.done <- err // for the clean-up's check
-	case <-time.After(time.Minute):
-		t.Fatal("the agent did not return within a minute of its stop while nvmlInit hangs")
+	case <-time.After(d):
+		t.Fatalf("the agent did not return within %v of its stop", d)
 	}
 }

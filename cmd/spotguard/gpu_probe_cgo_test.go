@@ -165,11 +165,10 @@ func TestGPUProbeVerdicts(t *testing.T) {
 	}
 }
 
-// A hardware slowdown seen while the copies run makes the GPU degraded. The fake driver stops
-// after the first timed batch until NVML has been read, so the sample is under the probe's load
-// without any timing.
-func TestGPUProbeSlowdownUnderLoad(t *testing.T) {
-	lib := fakeCUDA(t)
+// pausePipes are the pipes of FAKE_CUDA_PAUSE: the fake driver writes a byte to toTest when it
+// pauses mid-copy and goes on when the test writes one to toFake; pause is the variable's value.
+func pausePipes(t *testing.T) (toTest, toFake *os.File, pause string) {
+	t.Helper()
 	toTest, fromFake, err := os.Pipe()
 	if err != nil {
 		t.Fatal(err)
@@ -179,8 +178,17 @@ func TestGPUProbeSlowdownUnderLoad(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { toTest.Close(); fromFake.Close(); fromTest.Close(); toFake.Close() })
+	return toTest, toFake, strings.Join([]string{itoa(fromFake.Fd()), itoa(fromTest.Fd())}, ",")
+}
+
+// A hardware slowdown seen while the copies run makes the GPU degraded. The fake driver stops
+// after the first timed batch until NVML has been read, so the sample is under the probe's load
+// without any timing.
+func TestGPUProbeSlowdownUnderLoad(t *testing.T) {
+	lib := fakeCUDA(t)
+	toTest, toFake, pause := pausePipes(t)
 	probeEnv(t, map[string]string{"FAKE_CUDA_UUIDS": testUUID(0), "FAKE_CUDA_GBPS": "31",
-		"FAKE_CUDA_PAUSE": strings.Join([]string{itoa(fromFake.Fd()), itoa(fromTest.Fd())}, ",")})
+		"FAKE_CUDA_PAUSE": pause})
 	g := newFakeNVML(fakeH200s(1))
 	g.sm = map[int]uint32{0: 1500}
 	g.reasons = map[int][]string{0: {"hw_thermal_slowdown", "sw_power_cap"}}
@@ -280,18 +288,10 @@ func keys(m map[string]any) []string {
 // leaves NVML open. Before, the command waited for the driver for ever.
 func TestGPUProbeCUDAHangs(t *testing.T) {
 	lib := fakeCUDA(t)
-	toTest, fromFake, err := os.Pipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	fromTest, toFake, err := os.Pipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { toTest.Close(); fromFake.Close(); fromTest.Close(); toFake.Close() })
+	toTest, toFake, pause := pausePipes(t)
 	stats := filepath.Join(t.TempDir(), "stats")
 	probeEnv(t, map[string]string{"FAKE_CUDA_UUIDS": testUUID(0), "FAKE_CUDA_GBPS": "31", "FAKE_CUDA_STATS": stats,
-		"FAKE_CUDA_PAUSE": strings.Join([]string{itoa(fromFake.Fd()), itoa(fromTest.Fd())}, ",")})
+		"FAKE_CUDA_PAUSE": pause})
 	g := newFakeNVML(fakeH200s(1))
 	cfg := filepath.Join(t.TempDir(), "empty.yaml")
 	os.WriteFile(cfg, nil, 0o644)
