@@ -196,6 +196,8 @@ func runGPU(ctx context.Context, args, environ []string, stdout, stderr io.Write
 			select {
 			case <-ctx.Done():
 				fmt.Fprintf(stderr, "spotguard gpu: %v\n", ctx.Err())
+				stopEvents()
+				watch.await("NVML (the XID listener)", 0, events) // before Close, unless it hangs
 				return exitFail
 			case <-tick.C:
 			}

@@ -116,3 +116,33 @@ func TestGPUAnsweringNVMLClosed(t *testing.T) {
 		t.Errorf("exit %d, stderr %q, closed %v; want 0, nothing hung, NVML closed", code, stderr.String(), g.closed.Load())
 	}
 }
+
+// cancellingGPUs is xidGPUs whose first sample cancels the command's context (Ctrl-C while it
+// waits for the next sample).
+type cancellingGPUs struct {
+	*xidGPUs
+	cancel context.CancelFunc
+}
+
+func (g cancellingGPUs) Sample(ctx context.Context) []nvml.Sample {
+	defer g.cancel()
+	return g.xidGPUs.Sample(ctx)
+}
+
+// Interrupted between samples, `spotguard gpu` still stops the XID listener and waits for it
+// before it closes NVML.
+func TestGPUInterruptedClosesAfterTheListener(t *testing.T) {
+	cfg := filepath.Join(t.TempDir(), "empty.yaml")
+	os.WriteFile(cfg, nil, 0o644)
+	ctx, cancel := context.WithCancel(t.Context())
+	g := cancellingGPUs{xidGPUs: &xidGPUs{listening: make(chan struct{})}, cancel: cancel}
+	var stdout, stderr bytes.Buffer
+	code := runGPU(ctx, []string{"--config", cfg, "--samples", "3", "--interval", "1h"}, nil, &stdout, &stderr,
+		gpuDeps{open: func(zerolog.Logger) (gpuSource, error) { return g, nil }})
+	if code != exitFail || !strings.Contains(stderr.String(), "context canceled") {
+		t.Errorf("interrupted: exit %d, stderr %q; want %d, context canceled", code, stderr.String(), exitFail)
+	}
+	if !g.stopped.Load() || !g.closed.Load() || g.lateClose.Load() {
+		t.Errorf("Got(RunEvents stopped, Close, Close before RunEvents returned) = %v, %v, %v; want true, true, false", g.stopped.Load(), g.closed.Load(), g.lateClose.Load())
+	}
+}
