@@ -1264,8 +1264,8 @@ func (u *Uploader) goUpload(ctx context.Context, g *generation, rel string, f *f
 		// would only add requests. Nor the first file of a checkpoint: when a whole checkpoint
 		// appears at once (a directory renamed into place), its first file is alone only until
 		// the others are seen, and its finer parts made more requests than may run at once,
-		// so the last ones ran after the rest (1 GiB through the model of S3: 72-84 % of the
-		// allowed rate rather than 88-99 %).
+		// so the last ones ran after the rest (1 GiB through the model of S3: a median of 80 %
+		// of the allowed rate over 7 runs, against 88 % with the usual parts).
 		gctx = withUrgency(gctx)
 	}
 	u.wg.Go(func() {
