@@ -174,7 +174,7 @@ type s3Part struct {
 // S3Options.PartSize: a 256 MiB shard goes in 16 parts of 16 MiB, a 16 GiB one in 256 of 64 MiB.
 //
 // A file a notice waits for while nothing else is being sent (withUrgency: the trainer's last
-// file, just closed) is cut into as many parts as the limiter lets run at once, if that is more,
+// file, just closed, or a single-file checkpoint) is cut into as many parts as the limiter lets run at once, if that is more,
 // of at least s3MinPart (S3's least): its parts all run at once, and the time from its close to
 // the commit is one part's, the shorter the part. (On the scaled model of S3, where a connection
 // carries about 11 MB/s, a 128 MiB shard took 0.95 s in 8 MiB parts, 0.65 s in 5 MiB parts, and

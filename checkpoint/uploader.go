@@ -1256,10 +1256,10 @@ func (u *Uploader) goUpload(ctx context.Context, g *generation, rel string, f *f
 	key := DataKey(u.cfg.Job, g.name, g.commit, rel)
 	f.key = key
 	gctx := withRank(g.ctx, g.seq) // a newer checkpoint's parts go first
-	if u.urgent() && u.inflight == 1 && u.queuedFiles() == 0 && g.sent > 0 {
+	if u.urgent() && u.inflight == 1 && u.queuedFiles() == 0 && (g.sent > 0 || g.single) {
 		// A notice waits for this file, it is all there is to send, and a file of its
 		// checkpoint is stored already (the trainer's next file, closed just now; the last one
-		// is what the commit waits for): in finer parts, so that they all run at once and end
+		// is what the commit waits for) or it is the whole checkpoint: in finer parts, so that they all run at once and end
 		// sooner. With more to send, the requests in flight are full anyway, and finer parts
 		// would only add requests. Nor the first file of a checkpoint: when a whole checkpoint
 		// appears at once (a directory renamed into place), its first file is alone only until
@@ -1426,10 +1426,13 @@ func (u *Uploader) handleResult(ctx context.Context, r fileResult) {
 	f.attempts = 0
 	d := r.done
 	f.done = &d
-	if again {
-		u.enqueue(g, r.rel, f)
+	if again && !d.id.Same(f.id) {
+		u.enqueue(g, r.rel, f) // it changed after the read began: send the new version
 	} else {
-		f.id = d.id // the read's view is the newest: an older event (a marker caught mid-write) is superseded
+		// The read's view is the newest: an older event (a marker caught mid-write) is
+		// superseded, and one that reported the version just read again (a single file's
+		// Complete after its FileReady) asks for nothing.
+		f.id = d.id
 	}
 	if r.kind == jobHash {
 		u.matched(g, r.rel, f)

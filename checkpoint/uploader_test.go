@@ -58,11 +58,13 @@ func startUploaderWith(t *testing.T, dir string, store Store, cfg UploaderConfig
 	t.Helper()
 	keep := cfg.Keep
 	r := &uploaderRig{t: t, dir: dir, store: store, events: make(chan UploadEvent, 64), done: make(chan struct{}), logs: &rigLog{}}
-	w, err := NewWatcher(WatchConfig{Dir: dir, Debounce: 30 * time.Millisecond, Logger: zerolog.Nop()})
+	// A *.pt file at the top is a single-file checkpoint.
+	w, err := NewWatcher(WatchConfig{Dir: dir, Pattern: "*.pt", Debounce: 30 * time.Millisecond, Logger: zerolog.Nop()})
 	if err != nil {
 		t.Fatal(err)
 	}
 	cfg.Store, cfg.Job, cfg.Dir, cfg.Keep, cfg.Logger = store, "job", dir, keep, zerolog.New(r.logs).Level(zerolog.WarnLevel)
+	cfg.Pattern = "*.pt"
 	if cfg.Host == nil {
 		cfg.Host = func() Host { return Host{InstanceID: "i-test"} }
 	}
@@ -860,34 +862,39 @@ func TestUploaderRanksNewerCheckpointsFirst(t *testing.T) {
 }
 
 // urgencyStore records, for each data file it is given, whether its context said a notice
-// waits for it; it holds first.bin until release is closed, and tells started of every file.
+// waits for it, and how often it was sent; it holds the file named hold until release is
+// closed, and tells started of every file.
 type urgencyStore struct {
 	Store
+	hold    string
 	started chan string
 	release chan struct{}
 
 	mu     sync.Mutex
 	urgent map[string]bool // by file name
+	puts   map[string]int  // by file name
 }
 
 func (s *urgencyStore) PutFile(ctx context.Context, key string, f *os.File, size int64, progress func(int64)) (Checksum, error) {
 	s.mu.Lock()
 	s.urgent[path.Base(key)] = urgentOf(ctx)
+	s.puts[path.Base(key)]++
 	s.mu.Unlock()
 	s.started <- path.Base(key)
-	if path.Base(key) == "first.bin" {
+	if path.Base(key) == s.hold {
 		<-s.release
 	}
 	return s.Store.PutFile(ctx, key, f, size, progress)
 }
 
 // A file written while a notice is in force reaches the store as urgent (S3Store cuts it finer)
-// when it is all there is to send and another file of its checkpoint is stored already; one
-// written before the notice, the first of its checkpoint, or one written while another file is
-// being sent, does not.
+// when it is all there is to send and another file of its checkpoint is stored already, or it is
+// a single-file checkpoint; one written before the notice, the first of a directory checkpoint,
+// or one written while another file is being sent, does not.
 func TestUploaderTellsTheStoreOfUrgency(t *testing.T) {
 	dir := t.TempDir()
-	us := &urgencyStore{Store: newMemStore(), started: make(chan string, 16), release: make(chan struct{}), urgent: map[string]bool{}}
+	us := &urgencyStore{Store: newMemStore(), hold: "first.bin", started: make(chan string, 16), release: make(chan struct{}),
+		urgent: map[string]bool{}, puts: map[string]int{}}
 	r := startUploader(t, dir, us, 0)
 	writeCheckpoint(t, dir, "step-1", map[string][]byte{"calm.bin": randomBytes(t, 1<<10)})
 	r.waitCommitted("step-1")
@@ -933,12 +940,53 @@ func TestUploaderTellsTheStoreOfUrgency(t *testing.T) {
 	}
 	close(us.release)
 	r.waitCommitted("step-3")
+
+	// A single-file checkpoint is its own last file: alone, it is cut finer; and it is sent once.
+	tmp := filepath.Join(dir, ".model.pt.tmp")
+	if err := os.WriteFile(tmp, randomBytes(t, 1<<10), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, filepath.Join(dir, "model.pt")); err != nil {
+		t.Fatal(err)
+	}
+	r.waitCommitted("model.pt")
 	us.mu.Lock()
 	defer us.mu.Unlock()
-	want := map[string]bool{"calm.bin": false, "leading.bin": false, "alone.bin": true, "first.bin": false, "second.bin": false}
+	want := map[string]bool{"calm.bin": false, "leading.bin": false, "alone.bin": true, "first.bin": false, "second.bin": false, "model.pt": true}
+	if n := us.puts["model.pt"]; n != 1 {
+		t.Errorf("model.pt sent %d times; want once", n)
+	}
 	for name, w := range want {
 		if got, ok := us.urgent[name]; !ok || got != w {
 			t.Errorf("%s: urgent %v (sent %v); want %v", name, got, ok, w)
 		}
+	}
+}
+
+// A single-file checkpoint written after a notice is sent once. The watcher reports it twice
+// (FileReady once quiet, then Complete); under a notice the first report starts the upload at
+// once (no lookup of the name's commits first), and the second, arriving while it was in
+// flight, used to send the same version again: twice the bytes, and twice the time to durable.
+func TestUploaderSendsASingleFileOnce(t *testing.T) {
+	dir := t.TempDir()
+	us := &urgencyStore{Store: newMemStore(), hold: "model.pt", started: make(chan string, 16), release: make(chan struct{}),
+		urgent: map[string]bool{}, puts: map[string]int{}}
+	r := startUploader(t, dir, us, 0)
+	r.up.SetNotices([]ActiveNotice{{Key: "spot/terminate", Deadline: time.Now().Add(time.Minute), SignalledAt: time.Now()}})
+	tmp := filepath.Join(dir, ".model.pt.tmp")
+	if err := os.WriteFile(tmp, randomBytes(t, 1<<20), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, filepath.Join(dir, "model.pt")); err != nil {
+		t.Fatal(err)
+	}
+	<-us.started                                // the upload is in flight, held
+	r.waitEvent(CheckpointComplete, "model.pt") // the second report has come
+	close(us.release)
+	r.waitCommitted("model.pt")
+	us.mu.Lock()
+	defer us.mu.Unlock()
+	if n := us.puts["model.pt"]; n != 1 {
+		t.Errorf("model.pt sent %d times; want once", n)
 	}
 }
