@@ -105,10 +105,7 @@ func (m *gpuMonitor) open(open func() (GPUs, error), wait time.Duration) {
 		} else {
 			m.gpus, m.closeGPUs, m.off = g, g.Close, ""
 		}
-		if m.stalled {
-			m.log.Info().Float64("after_s", logSeconds(time.Since(start))).Msg("NVML answers again")
-		}
-		m.busySince, m.stalled = time.Time{}, false
+		m.answered(start)
 	}()
 	t := time.NewTimer(wait)
 	defer t.Stop()
@@ -208,10 +205,7 @@ func (m *gpuMonitor) step(ctx context.Context) <-chan struct{} {
 		m.Tick(ctx)
 		m.mu.Lock()
 		defer m.mu.Unlock()
-		if m.stalled {
-			m.log.Info().Float64("after_s", logSeconds(time.Since(start))).Msg("NVML answers again; GPU sampling goes on")
-		}
-		m.busySince, m.stalled = time.Time{}, false
+		m.answered(start)
 	}()
 	return m.wait(ctx, done)
 }
@@ -242,6 +236,15 @@ func (m *gpuMonitor) wait(ctx context.Context, done chan struct{}) <-chan struct
 			return done
 		}
 	}
+}
+
+// answered ends the call into NVML that began at start: it is no longer busy, and if it had
+// stalled, the log says NVML answers again. m.mu must be held.
+func (m *gpuMonitor) answered(start time.Time) {
+	if m.stalled {
+		m.log.Info().Float64("after_s", logSeconds(time.Since(start))).Msg("NVML answers again; GPU sampling goes on")
+	}
+	m.busySince, m.stalled = time.Time{}, false
 }
 
 // hung reports whether Run returned without a call into NVML returning: then NVML must not be

@@ -1258,14 +1258,15 @@ func (u *Uploader) goUpload(ctx context.Context, g *generation, rel string, f *f
 	gctx := withRank(g.ctx, g.seq) // a newer checkpoint's parts go first
 	if u.urgent() && u.inflight == 1 && u.queuedFiles() == 0 && (g.sent > 0 || g.single) {
 		// A notice waits for this file, it is all there is to send, and a file of its
-		// checkpoint is stored already (the trainer's next file, closed just now; the last one
-		// is what the commit waits for) or it is the whole checkpoint: in finer parts, so that they all run at once and end
-		// sooner. With more to send, the requests in flight are full anyway, and finer parts
-		// would only add requests. Nor the first file of a checkpoint: when a whole checkpoint
-		// appears at once (a directory renamed into place), its first file is alone only until
-		// the others are seen, and its finer parts made more requests than may run at once,
-		// so the last ones ran after the rest (1 GiB through the model of S3: a median of 80 %
-		// of the allowed rate over 7 runs, against 88 % with the usual parts).
+		// checkpoint is stored already (the trainer's next file, closed just now; the last
+		// one is what the commit waits for) or it is the whole checkpoint: in finer parts, so
+		// that they all run at once and end sooner. With more to send, the requests in flight
+		// are full anyway, and finer parts would only add requests. Nor the first file of a
+		// directory checkpoint: when a whole checkpoint appears at once (renamed into place),
+		// its first file is alone only until the others are seen, and its finer parts made
+		// more requests than may run at once, so the last ones ran after the rest (1 GiB
+		// through the model of S3: a median of 80 % of the allowed rate over 7 runs, against
+		// 88 % with the usual parts).
 		gctx = withUrgency(gctx)
 	}
 	u.wg.Go(func() {
