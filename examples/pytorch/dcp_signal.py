@@ -9,6 +9,8 @@ The pieces, each usable on its own (see README.md beside this file):
   that the agents that got no notice from their IMDS upload urgently too.
 - save() / resume(): DCP into checkpoint.dir/step-NNNNNN/ and back from the newest directory that
   holds .metadata (what `spotguard restore --to checkpoint.dir` puts there).
+- save_files() / resume_files(): torch.save, a file per rank, into checkpoint.dir/step-NNNNNN/ with a
+  _COMPLETE marker, and back; any PyTorch version.
 - write_marker() / newest_complete(): for trainers that mark a checkpoint with _COMPLETE.
 
 /etc/spotguard/spotguard.yaml for this script:
@@ -25,7 +27,9 @@ The pieces, each usable on its own (see README.md beside this file):
 
 Run:  torchrun --nproc-per-node=8 dcp_signal.py --checkpoint-dir /opt/ml/checkpoints
 (without a GPU it runs on CPU with gloo; try `kill -USR1 <pid of one worker>`).
-Requires PyTorch 2.3 or later (dcp.save/load with checkpoint_id, distributed.checkpoint.state_dict).
+save()/resume() (DCP) need PyTorch 2.3 or later (dcp.save/load with checkpoint_id,
+distributed.checkpoint.state_dict); the rest works with any version: with an older one, run with
+--save-with torch (torch.save, a file per rank; checkpoint.marker: _COMPLETE).
 """
 
 import argparse
@@ -42,9 +46,13 @@ from datetime import datetime, timezone
 
 import torch
 import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
-from torch.distributed.checkpoint.stateful import Stateful
+
+try:  # PyTorch 2.3 or later; SaveRequested, save_files() and the markers work with any version
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+    from torch.distributed.checkpoint.stateful import Stateful
+except ImportError as e:
+    dcp, _NO_DCP, Stateful = None, e, object
 
 # spotguard writes this before it signals (agent.runtime_dir; SPOTGUARD_AGENT_RUNTIME_DIR is the
 # agent's variable for it, honoured here too if you set it for the trainer).
@@ -285,12 +293,20 @@ class AppState(Stateful):
                        model_state_dict=state_dict["model"], optim_state_dict=state_dict["optim"])
 
 
+def _need_dcp():
+    if dcp is None:
+        raise RuntimeError("torch.distributed.checkpoint with get_state_dict needs PyTorch 2.3 or later "
+                           "(this is %s: %s); use save_files()/resume_files() (--save-with torch, "
+                           "checkpoint.marker: _COMPLETE)" % (torch.__version__, _NO_DCP))
+
+
 def save(root, step, model, optimizer):
     """DCP save into root/step-NNNNNN/ (collective: every rank calls it).
 
     Every rank writes its own __<rank>_<n>.distcp; then the coordinator (rank 0) writes
     .metadata.tmp and renames it to .metadata (spotguard's marker), and only after that does
     dcp.save return on any rank. spotguard has been streaming the .distcp files meanwhile."""
+    _need_dcp()
     path = os.path.join(root, "step-%06d" % step)
     if not dist.is_initialized() or dist.get_rank() == 0:
         os.makedirs(path, exist_ok=True)  # created on rank 0's node: see multinode.md (shared FS)
@@ -310,7 +326,43 @@ def resume(root, model, optimizer):
         found = box[0]
     if found is None:
         return 0
+    _need_dcp()
     dcp.load({"app": AppState(model, optimizer)}, checkpoint_id=found[1])
+    return found[0]
+
+
+def save_files(root, step, model, optimizer, marker="_COMPLETE"):
+    """torch.save into root/step-NNNNNN/rank-<rank>.pt, every rank its own file (collective: every
+    rank calls it), then, once every rank has written (a barrier), rank 0 writes marker. Any
+    PyTorch version; checkpoint.marker: _COMPLETE. spotguard streams each rank's file once it is
+    closed, so the upload overlaps the other ranks' writes. For several nodes on node-local disks
+    see docs/multinode.md (a marker on every node)."""
+    path = os.path.join(root, "step-%06d" % step)
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    os.makedirs(path, exist_ok=True)
+    torch.save({"step": step, "model": model.state_dict(), "optim": optimizer.state_dict()},
+               os.path.join(path, "rank-%d.pt" % rank))
+    if dist.is_initialized():
+        dist.barrier()
+    if rank == 0:
+        write_marker(path, marker)
+    return path
+
+
+def resume_files(root, model, optimizer, marker="_COMPLETE"):
+    """Load what save_files() wrote into the newest root/step-N/ that holds marker; return its
+    step (0 if none). Rank 0 chooses, so every rank loads the same one."""
+    found = newest_complete(root, marker)
+    if dist.is_initialized():
+        box = [found]
+        dist.broadcast_object_list(box, src=0)
+        found = box[0]
+    if found is None:
+        return 0
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    state = torch.load(os.path.join(found[1], "rank-%d.pt" % rank), map_location="cpu")
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optim"])
     return found[0]
 
 
@@ -319,9 +371,16 @@ def main():
     p.add_argument("--checkpoint-dir", required=True, help="spotguard's checkpoint.dir")
     p.add_argument("--steps", type=int, default=1_000_000)
     p.add_argument("--save-every", type=int, default=1000, help="periodic saves (0: only on a notice)")
+    p.add_argument("--save-with", choices=("dcp", "torch"), default="dcp",
+                   help="dcp: torch.distributed.checkpoint, marker .metadata (PyTorch 2.3 or later); "
+                        "torch: torch.save, a file per rank, marker _COMPLETE (any version)")
     args = p.parse_args()
 
     req = SaveRequested()  # first of all: spotguard signals only processes that catch the signal
+    if args.save_with == "dcp" and dcp is None:
+        p.error("--save-with dcp needs torch.distributed.checkpoint from PyTorch 2.3 or later "
+                "(this is %s); use --save-with torch and checkpoint.marker: _COMPLETE" % torch.__version__)
+    save_fn, resume_fn = (save, resume) if args.save_with == "dcp" else (save_files, resume_files)
 
     cuda = torch.cuda.is_available()
     if cuda:
@@ -333,7 +392,7 @@ def main():
     model = torch.nn.parallel.DistributedDataParallel(
         torch.nn.Linear(1024, 1024).to(device), device_ids=[device.index] if cuda else None)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    step = resume(args.checkpoint_dir, model, optimizer)
+    step = resume_fn(args.checkpoint_dir, model, optimizer)
     if rank == 0:
         print("starting at step %d" % step, flush=True)
 
@@ -347,7 +406,7 @@ def main():
         what = req.poll()  # every rank, every step: the same answer everywhere
         if what != SaveRequested.NONE or (args.save_every and step % args.save_every == 0):
             t0 = time.monotonic()
-            path = save(args.checkpoint_dir, step, model, optimizer)
+            path = save_fn(args.checkpoint_dir, step, model, optimizer)
             if rank == 0:
                 left = "" if req.deadline is None else "; deadline in %.0f s" % (req.deadline - time.time())
                 print("saved %s in %.1f s%s" % (path, time.monotonic() - t0, left), flush=True)
@@ -356,6 +415,9 @@ def main():
                 print("exiting after the notice's checkpoint at step %d" % step, flush=True)
             break
 
+    # The DDP model goes before the process group: left to the interpreter's exit, its reducer
+    # can deadlock there against gloo's threads (seen with PyTorch 1.13, one run in two).
+    del model, optimizer
     dist.destroy_process_group()
     return 0
 

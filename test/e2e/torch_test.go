@@ -1,0 +1,206 @@
+package e2e
+
+import (
+	"bytes"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// torchrunBin returns torchrun, whose Python can import torch: Debian's python3-torch (CPU) does.
+// A missing one fails the test under CI (.ci/run installs it) and skips it elsewhere.
+func torchrunBin(t testing.TB) string {
+	t.Helper()
+	p, err := exec.LookPath("torchrun")
+	if err == nil {
+		var out []byte
+		out, err = exec.Command(p, "--help").CombinedOutput()
+		if err != nil {
+			err = &exec.Error{Name: p + " --help", Err: errString(strings.TrimSpace(lastLine(out)))}
+		}
+	}
+	if err != nil {
+		if os.Getenv("CI") != "" {
+			t.Fatalf("torchrun missing under CI (.ci/run installs python3-torch): %v", err)
+		}
+		t.Skipf("torchrun not usable (apt-get install python3-torch): %v", err)
+	}
+	return p
+}
+
+type errString string
+
+func (e errString) Error() string { return string(e) }
+
+func lastLine(b []byte) string {
+	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+	return lines[len(lines)-1]
+}
+
+// torchJob is examples/pytorch/dcp_signal.py under a real torchrun: two ranks on CPU (gloo).
+type torchJob struct {
+	cmd  *exec.Cmd
+	done chan struct{}
+	err  error
+	mu   sync.Mutex
+	out  bytes.Buffer // torchrun's output: rank 0's lines as "[default0]:..."
+}
+
+func (j *torchJob) Write(p []byte) (int, error) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	return j.out.Write(p)
+}
+
+func (j *torchJob) output() string {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	return j.out.String()
+}
+
+// startTorchJob runs torchrun --nproc_per_node 2 dcp_signal.py --save-with torch with args, in a
+// process group of its own that the test kills at the end, env on top of PATH and HOME.
+func startTorchJob(t *testing.T, env []string, args ...string) *torchJob {
+	t.Helper()
+	bin := torchrunBin(t)
+	logs := t.TempDir()
+	// Per-rank redirects (0:1,1:1): PyTorch 1.13's single values do not parse on Python 3.11.
+	cmdArgs := append([]string{"--nproc_per_node", "2", "--master_addr", "127.0.0.1",
+		"--master_port", strconv.Itoa(freePort(t)), "--redirects", "0:1,1:1", "--tee", "0:1,1:1", "--log_dir", logs,
+		filepath.Join(repoRoot, "examples", "pytorch", "dcp_signal.py"), "--save-with", "torch"}, args...)
+	j := &torchJob{done: make(chan struct{})}
+	j.cmd = exec.Command(bin, cmdArgs...)
+	j.cmd.Env = append([]string{"PATH=" + os.Getenv("PATH"), "HOME=" + t.TempDir(), "OMP_NUM_THREADS=1",
+		"PYTHONUNBUFFERED=1"}, env...)
+	j.cmd.Stdout, j.cmd.Stderr = j, j
+	j.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := j.cmd.Start(); err != nil {
+		t.Fatalf("start torchrun: %v", err)
+	}
+	go func() { j.err = j.cmd.Wait(); close(j.done) }()
+	t.Cleanup(func() {
+		syscall.Kill(-j.cmd.Process.Pid, syscall.SIGKILL)
+		<-j.done
+		if t.Failed() {
+			t.Logf("torchrun %s:\n%s", strings.Join(args, " "), j.output())
+		}
+	})
+	return j
+}
+
+// waitLine waits for rank 0 to print a line matching re and returns its submatches.
+func (j *torchJob) waitLine(t *testing.T, within time.Duration, re *regexp.Regexp) []string {
+	t.Helper()
+	var m []string
+	eventually(t, within, "torchrun to print "+re.String(), func() bool {
+		m = re.FindStringSubmatch(j.output())
+		select {
+		case <-j.done:
+			if m == nil {
+				t.Fatalf("torchrun exited (%v) without printing %s", j.err, re)
+			}
+		default:
+		}
+		return m != nil
+	})
+	return m
+}
+
+// TestTorchrunNoticeCheckpointResumes runs the PyTorch example for real: two ranks of
+// examples/pytorch/dcp_signal.py under torchrun (PyTorch on CPU, gloo), matched by the agent on
+// their command line. A spot notice from the IMDS simulator: the agent signals both workers
+// (not torchrun), they agree on a step through their all-reduce, each saves its own file with
+// torch.save, rank 0 writes _COMPLETE, and they exit. The agent commits that checkpoint to a real
+// S3 server; on the next instance `spotguard restore` brings it back bit for bit, and the same
+// command resumes at that step from it.
+func TestTorchrunNoticeCheckpointResumes(t *testing.T) {
+	needPeers(t)
+	torchrunBin(t)
+	s3 := startS3(t)
+	storeEnv := append([]string{"SPOTGUARD_STORE_URL=s3://" + s3Bucket + "/training", "SPOTGUARD_STORE_JOB=torch",
+		"AWS_REGION=us-east-1"}, s3.env("")...)
+	sim := newIMDS(t) // started once the workers catch the signal: torch takes seconds to start
+	ckdir := t.TempDir()
+	ap := startAgent(t, sim, append([]string{
+		// The workers (python3.11 -u .../dcp_signal.py), not torchrun (python3.11 /usr/bin/torchrun).
+		`SPOTGUARD_TRAINER_MATCH=python[0-9.]* -u \S*dcp_signal\.py --save-with torch --checkpoint-dir ` + regexp.QuoteMeta(ckdir),
+		"SPOTGUARD_TRAINER_SIGNAL=SIGUSR1", "SPOTGUARD_NOTICES_REBALANCE=ignore",
+		"SPOTGUARD_CHECKPOINT_DIR=" + ckdir, "SPOTGUARD_CHECKPOINT_MARKER=_COMPLETE"}, storeEnv...)...)
+	job := startTorchJob(t, []string{"SPOTGUARD_AGENT_RUNTIME_DIR=" + ap.runtimeDir,
+		"SPOTGUARD_HTTP_LISTEN=" + strings.TrimPrefix(ap.base, "http://")},
+		"--checkpoint-dir", ckdir, "--save-every", "0")
+	job.waitLine(t, 60*time.Second, regexp.MustCompile(`\[default0\]:starting at step 0\n`))
+	eventually(t, 30*time.Second, "the agent to find both workers catching SIGUSR1", func() bool {
+		n := 0
+		for _, tr := range ap.status(t).Trainers {
+			if tr.CatchesSignal {
+				n++
+			}
+		}
+		return n == 2
+	})
+
+	sim.start("spot", "-a", "terminate")
+	m := job.waitLine(t, 60*time.Second, regexp.MustCompile(`\[default0\]:exiting after the notice's checkpoint at step (\d+)\n`))
+	ckpt := "step-" + strings.Repeat("0", max(0, 6-len(m[1]))) + m[1]
+	ap.waitNoticeState(t, "spot/terminate", "committed", 60*time.Second)
+	select {
+	case <-job.done:
+		if job.err != nil {
+			t.Errorf("torchrun after the notice's checkpoint: %v; want exit 0", job.err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Errorf("torchrun still running 30 s after the notice's checkpoint; want exit 0")
+	}
+	if got := newestLocal(t, ckdir); got != ckpt {
+		t.Fatalf("newest complete checkpoint on disk %q; rank 0 saved %q", got, ckpt)
+	}
+	for _, name := range []string{"rank-0.pt", "rank-1.pt", "_COMPLETE"} {
+		if _, err := os.Stat(filepath.Join(ckdir, ckpt, name)); err != nil {
+			t.Errorf("the notice's checkpoint lacks %s: %v", name, err)
+		}
+	}
+	st := ap.status(t)
+	for _, ns := range st.Notices {
+		if ns.Key != "spot/terminate" {
+			continue
+		}
+		if len(ns.Signals) != 2 {
+			t.Errorf("spot/terminate signalled %+v; want the two workers", ns.Signals)
+		}
+		for _, s := range ns.Signals {
+			if s.Outcome != "sent" {
+				t.Errorf("signal to %d: %s; want sent", s.PID, s.Outcome)
+			}
+		}
+	}
+	if u := st.Uploads; u == nil || len(u.Checkpoints) != 1 || u.Checkpoints[0].Name != ckpt || !u.Checkpoints[0].Committed {
+		t.Errorf("/status uploads = %+v; want %s committed", u, ckpt)
+	}
+
+	// The next instance: restore, then the same command resumes at that step.
+	to := t.TempDir()
+	code, stdout, stderr := runSpotguard(t, storeEnv, "restore", "--config", ap.configPath, "--to", to)
+	if code != 0 || !strings.Contains(stdout, "restored "+ckpt) {
+		t.Fatalf("spotguard restore: exit %d\n%s%s", code, stdout, stderr)
+	}
+	sameTree(t, filepath.Join(ckdir, ckpt), filepath.Join(to, ckpt))
+	step, _ := strconv.Atoi(m[1])
+	next := startTorchJob(t, nil, "--checkpoint-dir", to, "--save-every", "0", "--steps", strconv.Itoa(step+2))
+	next.waitLine(t, 60*time.Second, regexp.MustCompile(`\[default0\]:starting at step `+m[1]+`\n`))
+	select {
+	case <-next.done:
+		if next.err != nil {
+			t.Errorf("resumed torchrun: %v; want exit 0", next.err)
+		}
+	case <-time.After(60 * time.Second):
+		t.Errorf("resumed torchrun still running after 60 s; want it done after two steps")
+	}
+}
