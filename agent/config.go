@@ -222,7 +222,7 @@ var fields = []field{
 		c.Checkpoint.Marker = v
 		return nil
 	}},
-	{"checkpoint.pattern", "", "glob for single-file checkpoints renamed into checkpoint.dir (e.g. *.pt)", func(c *Config, v string) error {
+	{"checkpoint.pattern", "", "glob for single-file checkpoints renamed into checkpoint.dir (e.g. *.pt); one written in place is warned of (checkpoints.md)", func(c *Config, v string) error {
 		if v != "" {
 			if _, err := filepath.Match(v, ""); err != nil {
 				return fmt.Errorf("not a glob: %w", err)

@@ -255,6 +255,9 @@ func (w *Watcher) Run(ctx context.Context, out chan<- WatchEvent) error {
 	return r.loop(ctx, out)
 }
 
+// watchMsgInPlace starts the warning for a single-file checkpoint written in place.
+const watchMsgInPlace = "single-file checkpoint written in place, not renamed into checkpoint.dir"
+
 // ErrDirGone is returned by Watcher.Run when the checkpoint directory itself was removed or moved
 // (after a Removed for every checkpoint it held): a caller may wait for it to come back and run a
 // new Watcher.
@@ -265,6 +268,8 @@ type watchCkpt struct {
 	single bool
 	// complete is true once its Complete was sent, until its marker goes.
 	complete bool
+	// inPlace: a single file seen being written under its own name (warned once).
+	inPlace bool
 }
 
 // watchNode is what a watchRun keeps about one path below Dir: a file it reported, a
@@ -714,6 +719,25 @@ func (r *watchRun) handle(ev fsnotify.Event) {
 	if ev.Has(fsnotify.Create) || ev.Has(fsnotify.Write) || ev.Has(fsnotify.Chmod) {
 		r.changed(rel)
 	}
+	if ev.Has(fsnotify.Write) {
+		r.writtenInPlace(rel)
+	}
+}
+
+// writtenInPlace warns, once per single-file checkpoint, that rel is one being written under
+// its own name (torch.save(obj, path)) rather than renamed into place: such a file is taken as
+// complete once quiet for the debounce, so a save that pauses that long or dies half way would
+// be committed torn, and nothing can tell.
+func (r *watchRun) writtenInPlace(rel string) {
+	c := r.ckpts[rel]
+	if c == nil || !c.single || c.inPlace {
+		return
+	}
+	c.inPlace = true
+	r.log.Warn().Str("checkpoint", rel).
+		Str("risk", fmt.Sprintf("it counts as complete once quiet for %v: a save that pauses that long, or dies half way, is committed torn", r.debounce)).
+		Str("fix", `write it under a temporary name, then rename it: torch.save(obj, d + "/.model.pt.tmp"); os.replace(d + "/.model.pt.tmp", d + "/model.pt")`).
+		Msg(watchMsgInPlace)
 }
 
 // gone handles the removal (or renaming away) of rel.

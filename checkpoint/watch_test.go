@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -1038,5 +1039,59 @@ func TestWatchDirRemovedEndsRun(t *testing.T) {
 	}
 	if !slices.Equal(removed, []string{"step-1"}) {
 		t.Errorf("Removed events %v; want [step-1]", removed)
+	}
+}
+
+// A single-file checkpoint written under its own name (torch.save(obj, path)) is still taken as
+// complete once quiet, but the watcher warns, once per checkpoint, that a pause or a crash half
+// way through would be committed torn; one renamed into place, and a checkpoint directory's
+// files, get no warning.
+func TestWatchWarnsOfASingleFileWrittenInPlace(t *testing.T) {
+	dir := t.TempDir()
+	h, _ := watchStart(t, dir, WatchConfig{})
+	inPlace := func() map[string]int {
+		n := map[string]int{}
+		for _, m := range h.logs.lines(t, "warn", watchMsgInPlace) {
+			name, _ := m["checkpoint"].(string)
+			if !strings.HasPrefix(name, "zz-barrier-") {
+				n[name]++
+			}
+		}
+		return n
+	}
+
+	tmp := filepath.Join(dir, ".renamed.pt.tmp")
+	scanWrite(t, tmp, "renamed")
+	if err := os.Rename(tmp, filepath.Join(dir, "renamed.pt")); err != nil {
+		t.Fatal(err)
+	}
+	h.untilComplete("renamed.pt")
+	scanWrite(t, filepath.Join(dir, "step-1", "shard.bin"), "shard")
+	scanWrite(t, filepath.Join(dir, "step-1", "_COMPLETE"), "")
+	h.untilComplete("step-1")
+
+	for range 2 { // saved twice: one warning
+		f, err := os.Create(filepath.Join(dir, "model.pt"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, part := range []string{"first half,", "second half"} {
+			if _, err := f.WriteString(part); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := f.Close(); err != nil {
+			t.Fatal(err)
+		}
+		h.untilComplete("model.pt")
+	}
+	h.barrier()
+	if got := inPlace(); !maps.Equal(got, map[string]int{"model.pt": 1}) {
+		t.Errorf("warnings %q by checkpoint: %v; want model.pt once\nlog:\n%s", watchMsgInPlace, got, h.logs)
+	}
+	for _, m := range h.logs.lines(t, "warn", watchMsgInPlace) {
+		if fix, _ := m["fix"].(string); m["checkpoint"] == "model.pt" && !strings.Contains(fix, "os.replace") {
+			t.Errorf("warning for model.pt has fix %q; want the rename", fix)
+		}
 	}
 }
