@@ -412,7 +412,7 @@ def main():
                 print("saved %s in %.1f s%s" % (path, time.monotonic() - t0, left), flush=True)
         if what == SaveRequested.EXIT:
             if rank == 0:
-                print("exiting after the notice's checkpoint at step %d" % step, flush=True)
+                print("exiting after the checkpoint at step %d" % step, flush=True)
             break
 
     # The DDP model goes before the process group: left to the interpreter's exit, its reducer

@@ -148,7 +148,7 @@ func TestTorchrunNoticeCheckpointResumes(t *testing.T) {
 	})
 
 	sim.start("spot", "-a", "terminate")
-	m := job.waitLine(t, 60*time.Second, regexp.MustCompile(`\[default0\]:exiting after the notice's checkpoint at step (\d+)\n`))
+	m := job.waitLine(t, 60*time.Second, regexp.MustCompile(`\[default0\]:exiting after the checkpoint at step (\d+)\n`))
 	ckpt := "step-" + strings.Repeat("0", max(0, 6-len(m[1]))) + m[1]
 	ap.waitNoticeState(t, "spot/terminate", "committed", 60*time.Second)
 	select {
@@ -202,5 +202,46 @@ func TestTorchrunNoticeCheckpointResumes(t *testing.T) {
 		}
 	case <-time.After(60 * time.Second):
 		t.Errorf("resumed torchrun still running after 60 s; want it done after two steps")
+	}
+}
+
+// TestTorchrunSIGTERMSavesAndExits is `systemctl stop` of a trainer unit running torchrun
+// (KillMode=control-group: SIGTERM to torchrun and every worker at once), with the agent
+// watching: the workers agree to save at the same step and exit 0 before torchrun's grace period
+// ends, and the agent commits that checkpoint.
+func TestTorchrunSIGTERMSavesAndExits(t *testing.T) {
+	needPeers(t)
+	torchrunBin(t)
+	sim := newIMDS(t)
+	sim.start("spot", "-d", "100000", "--rebalance-delay-sec", "100000") // no notice for a day
+	ckdir, store := t.TempDir(), t.TempDir()
+	ap := startAgent(t, sim, "SPOTGUARD_TRAINER_MATCH=no-trainer-in-this-test", "SPOTGUARD_NOTICES_REBALANCE=ignore",
+		"SPOTGUARD_CHECKPOINT_DIR="+ckdir, "SPOTGUARD_STORE_URL=file://"+store, "SPOTGUARD_STORE_JOB=torch")
+	job := startTorchJob(t, []string{"SPOTGUARD_AGENT_RUNTIME_DIR=" + ap.runtimeDir,
+		"SPOTGUARD_HTTP_LISTEN=" + strings.TrimPrefix(ap.base, "http://")},
+		"--checkpoint-dir", ckdir, "--save-every", "0")
+	job.waitLine(t, 60*time.Second, regexp.MustCompile(`\[default0\]:starting at step 0\n`))
+
+	if err := syscall.Kill(-job.cmd.Process.Pid, syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	m := job.waitLine(t, 30*time.Second, regexp.MustCompile(`\[default0\]:exiting after the checkpoint at step (\d+)\n`))
+	ckpt := "step-" + strings.Repeat("0", max(0, 6-len(m[1]))) + m[1]
+	eventually(t, 30*time.Second, ckpt+" committed", func() bool {
+		u := ap.status(t).Uploads
+		return u != nil && len(u.Checkpoints) == 1 && u.Checkpoints[0].Name == ckpt && u.Checkpoints[0].Committed
+	})
+	select {
+	case <-job.done:
+	case <-time.After(30 * time.Second):
+		t.Fatalf("torchrun still running 30 s after the save; want the workers to exit and torchrun with them")
+	}
+	for _, name := range []string{"rank-0.pt", "rank-1.pt", "_COMPLETE"} {
+		if _, err := os.Stat(filepath.Join(ckdir, ckpt, name)); err != nil {
+			t.Errorf("the SIGTERM's checkpoint lacks %s: %v", name, err)
+		}
+	}
+	if out := job.output(); strings.Contains(out, "forcefully") {
+		t.Errorf("torchrun had to SIGKILL a worker:\n%s", out)
 	}
 }
