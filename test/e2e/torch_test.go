@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"bytes"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -115,24 +116,25 @@ func (j *torchJob) waitLine(t *testing.T, within time.Duration, re *regexp.Regex
 
 // TestTorchrunNoticeCheckpointResumes runs the PyTorch example for real: two ranks of
 // examples/pytorch/dcp_signal.py under torchrun (PyTorch on CPU, gloo), matched by the agent on
-// their command line. A spot notice from the IMDS simulator: the agent signals both workers
-// (not torchrun), they agree on a step through their all-reduce, each saves its own file with
-// torch.save, rank 0 writes _COMPLETE, and they exit. The agent commits that checkpoint to a real
-// S3 server; on the next instance `spotguard restore` brings it back bit for bit, and the same
-// command resumes at that step from it.
+// their command line. A rebalance recommendation, then a spot notice, from the IMDS simulator:
+// each time the agent signals both workers (not torchrun) and they agree on a step through their
+// all-reduce, each saves its own file with torch.save and rank 0 writes _COMPLETE; after the
+// rebalance they train on, after the spot notice they exit. The agent commits both checkpoints
+// to a real S3 server; on the next instance `spotguard restore` brings back the spot notice's,
+// bit for bit, and the same command resumes at its step.
 func TestTorchrunNoticeCheckpointResumes(t *testing.T) {
 	needPeers(t)
 	torchrunBin(t)
 	s3 := startS3(t)
 	storeEnv := append([]string{"SPOTGUARD_STORE_URL=s3://" + s3Bucket + "/training", "SPOTGUARD_STORE_JOB=torch",
 		"AWS_REGION=us-east-1"}, s3.env("")...)
-	sim := newIMDS(t) // started once the workers catch the signal: torch takes seconds to start
+	sim := newIMDS(t)
+	sim.start("spot", "-d", "100000", "--rebalance-delay-sec", "100000") // notices come once the workers catch the signal
 	ckdir := t.TempDir()
 	ap := startAgent(t, sim, append([]string{
 		// The workers (python3.11 -u .../dcp_signal.py), not torchrun (python3.11 /usr/bin/torchrun).
 		`SPOTGUARD_TRAINER_MATCH=python[0-9.]* -u \S*dcp_signal\.py --save-with torch --checkpoint-dir ` + regexp.QuoteMeta(ckdir),
-		"SPOTGUARD_TRAINER_SIGNAL=SIGUSR1", "SPOTGUARD_NOTICES_REBALANCE=ignore",
-		"SPOTGUARD_CHECKPOINT_DIR=" + ckdir, "SPOTGUARD_CHECKPOINT_MARKER=_COMPLETE"}, storeEnv...)...)
+		"SPOTGUARD_TRAINER_SIGNAL=SIGUSR1", "SPOTGUARD_CHECKPOINT_DIR=" + ckdir, "SPOTGUARD_CHECKPOINT_MARKER=_COMPLETE"}, storeEnv...)...)
 	job := startTorchJob(t, []string{"SPOTGUARD_AGENT_RUNTIME_DIR=" + ap.runtimeDir,
 		"SPOTGUARD_HTTP_LISTEN=" + strings.TrimPrefix(ap.base, "http://")},
 		"--checkpoint-dir", ckdir, "--save-every", "0")
@@ -147,9 +149,17 @@ func TestTorchrunNoticeCheckpointResumes(t *testing.T) {
 		return n == 2
 	})
 
-	sim.start("spot", "-a", "terminate")
+	sim.stop()
+	now := time.Now().Truncate(time.Second)
+	sim.start("spot", "-a", "terminate", "--rebalance-trigger-time", now.Add(time.Second).UTC().Format(time.RFC3339),
+		"--mock-trigger-time", now.Add(6*time.Second).UTC().Format(time.RFC3339))
+	first := job.waitLine(t, 60*time.Second, regexp.MustCompile(`\[default0\]:saved \S*/(step-\d+) in [0-9.]+ s\n`))
+	ap.waitNoticeState(t, "rebalance/rebalance", "committed", 60*time.Second)
 	m := job.waitLine(t, 60*time.Second, regexp.MustCompile(`\[default0\]:exiting after the checkpoint at step (\d+)\n`))
 	ckpt := "step-" + strings.Repeat("0", max(0, 6-len(m[1]))) + m[1]
+	if ckpt <= first[1] {
+		t.Fatalf("the spot notice's checkpoint %s is not after the rebalance's %s: training did not go on", ckpt, first[1])
+	}
 	ap.waitNoticeState(t, "spot/terminate", "committed", 60*time.Second)
 	select {
 	case <-job.done:
@@ -169,20 +179,23 @@ func TestTorchrunNoticeCheckpointResumes(t *testing.T) {
 	}
 	st := ap.status(t)
 	for _, ns := range st.Notices {
-		if ns.Key != "spot/terminate" {
-			continue
-		}
 		if len(ns.Signals) != 2 {
-			t.Errorf("spot/terminate signalled %+v; want the two workers", ns.Signals)
+			t.Errorf("%s signalled %+v; want the two workers", ns.Key, ns.Signals)
 		}
 		for _, s := range ns.Signals {
 			if s.Outcome != "sent" {
-				t.Errorf("signal to %d: %s; want sent", s.PID, s.Outcome)
+				t.Errorf("%s: signal to %d: %s; want sent", ns.Key, s.PID, s.Outcome)
 			}
 		}
 	}
-	if u := st.Uploads; u == nil || len(u.Checkpoints) != 1 || u.Checkpoints[0].Name != ckpt || !u.Checkpoints[0].Committed {
-		t.Errorf("/status uploads = %+v; want %s committed", u, ckpt)
+	committed := map[string]bool{}
+	if u := st.Uploads; u != nil {
+		for _, c := range u.Checkpoints {
+			committed[c.Name] = c.Committed
+		}
+	}
+	if !maps.Equal(committed, map[string]bool{first[1]: true, ckpt: true}) {
+		t.Errorf("/status uploads: committed %v; want %s (rebalance) and %s (spot)", committed, first[1], ckpt)
 	}
 
 	// The next instance: restore, then the same command resumes at that step.
