@@ -316,14 +316,20 @@ def save(root, step, model, optimizer):
     return path
 
 
-def resume(root, model, optimizer):
-    """Load the newest complete checkpoint under root; return its step (0 if none).
-    Rank 0 chooses, so every rank loads the same one."""
-    found = newest_complete(root)
+def _newest_on_rank0(root, marker):
+    """newest_complete(root, marker) as rank 0 sees it, on every rank (collective)."""
+    found = newest_complete(root, marker)
     if dist.is_initialized():
         box = [found]
         dist.broadcast_object_list(box, src=0)
         found = box[0]
+    return found
+
+
+def resume(root, model, optimizer):
+    """Load the newest complete checkpoint under root; return its step (0 if none).
+    Rank 0 chooses, so every rank loads the same one."""
+    found = _newest_on_rank0(root, ".metadata")
     if found is None:
         return 0
     _need_dcp()
@@ -352,11 +358,7 @@ def save_files(root, step, model, optimizer, marker="_COMPLETE"):
 def resume_files(root, model, optimizer, marker="_COMPLETE"):
     """Load what save_files() wrote into the newest root/step-N/ that holds marker; return its
     step (0 if none). Rank 0 chooses, so every rank loads the same one."""
-    found = newest_complete(root, marker)
-    if dist.is_initialized():
-        box = [found]
-        dist.broadcast_object_list(box, src=0)
-        found = box[0]
+    found = _newest_on_rank0(root, marker)
     if found is None:
         return 0
     rank = dist.get_rank() if dist.is_initialized() else 0

@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"bytes"
+	"fmt"
 	"maps"
 	"os"
 	"os/exec"
@@ -21,10 +22,9 @@ func torchrunBin(t testing.TB) string {
 	t.Helper()
 	p, err := exec.LookPath("torchrun")
 	if err == nil {
-		var out []byte
-		out, err = exec.Command(p, "--help").CombinedOutput()
-		if err != nil {
-			err = &exec.Error{Name: p + " --help", Err: errString(strings.TrimSpace(lastLine(out)))}
+		if out, herr := exec.Command(p, "--help").CombinedOutput(); herr != nil {
+			lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+			err = fmt.Errorf("%s --help: %v: %s", p, herr, lines[len(lines)-1])
 		}
 	}
 	if err != nil {
@@ -34,15 +34,6 @@ func torchrunBin(t testing.TB) string {
 		t.Skipf("torchrun not usable (apt-get install python3-torch): %v", err)
 	}
 	return p
-}
-
-type errString string
-
-func (e errString) Error() string { return string(e) }
-
-func lastLine(b []byte) string {
-	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
-	return lines[len(lines)-1]
 }
 
 // torchJob is examples/pytorch/dcp_signal.py under a real torchrun: two ranks on CPU (gloo).
@@ -114,6 +105,19 @@ func (j *torchJob) waitLine(t *testing.T, within time.Duration, re *regexp.Regex
 	return m
 }
 
+// waitExit fails the test unless torchrun exits 0 within the time given.
+func (j *torchJob) waitExit(t *testing.T, within time.Duration, when string) {
+	t.Helper()
+	select {
+	case <-j.done:
+		if j.err != nil {
+			t.Errorf("torchrun %s: %v; want exit 0", when, j.err)
+		}
+	case <-time.After(within):
+		t.Errorf("torchrun %s: still running after %v; want exit 0", when, within)
+	}
+}
+
 // TestTorchrunNoticeCheckpointResumes runs the PyTorch example for real: two ranks of
 // examples/pytorch/dcp_signal.py under torchrun (PyTorch on CPU, gloo), matched by the agent on
 // their command line. A rebalance recommendation, then a spot notice, from the IMDS simulator:
@@ -161,14 +165,7 @@ func TestTorchrunNoticeCheckpointResumes(t *testing.T) {
 		t.Fatalf("the spot notice's checkpoint %s is not after the rebalance's %s: training did not go on", ckpt, first[1])
 	}
 	ap.waitNoticeState(t, "spot/terminate", "committed", 60*time.Second)
-	select {
-	case <-job.done:
-		if job.err != nil {
-			t.Errorf("torchrun after the notice's checkpoint: %v; want exit 0", job.err)
-		}
-	case <-time.After(30 * time.Second):
-		t.Errorf("torchrun still running 30 s after the notice's checkpoint; want exit 0")
-	}
+	job.waitExit(t, 30*time.Second, "after the notice's checkpoint")
 	if got := newestLocal(t, ckdir); got != ckpt {
 		t.Fatalf("newest complete checkpoint on disk %q; rank 0 saved %q", got, ckpt)
 	}
@@ -208,14 +205,7 @@ func TestTorchrunNoticeCheckpointResumes(t *testing.T) {
 	step, _ := strconv.Atoi(m[1])
 	next := startTorchJob(t, nil, "--checkpoint-dir", to, "--save-every", "0", "--steps", strconv.Itoa(step+2))
 	next.waitLine(t, 60*time.Second, regexp.MustCompile(`\[default0\]:starting at step `+m[1]+`\n`))
-	select {
-	case <-next.done:
-		if next.err != nil {
-			t.Errorf("resumed torchrun: %v; want exit 0", next.err)
-		}
-	case <-time.After(60 * time.Second):
-		t.Errorf("resumed torchrun still running after 60 s; want it done after two steps")
-	}
+	next.waitExit(t, 60*time.Second, "resumed for two steps")
 }
 
 // TestTorchrunSIGTERMSavesAndExits is `systemctl stop` of a trainer unit running torchrun
