@@ -341,11 +341,15 @@ def save_files(root, step, model, optimizer, marker="_COMPLETE"):
     """torch.save into root/step-NNNNNN/rank-<rank>.pt, every rank its own file (collective: every
     rank calls it), then, once every rank has written (a barrier), rank 0 writes marker. Any
     PyTorch version; checkpoint.marker: _COMPLETE. spotguard streams each rank's file once it is
-    closed, so the upload overlaps the other ranks' writes. For several nodes on node-local disks
-    see docs/multinode.md (a marker on every node)."""
+    closed, so the upload overlaps the other ranks' writes. One node, or several on a shared file
+    system; several on node-local disks need a marker on every node: see docs/multinode.md."""
     path = os.path.join(root, "step-%06d" % step)
     rank = dist.get_rank() if dist.is_initialized() else 0
-    os.makedirs(path, exist_ok=True)
+    if rank == 0:
+        os.makedirs(path, exist_ok=True)  # first, on rank 0's node: see multinode.md (shared FS)
+    if dist.is_initialized():
+        dist.barrier()
+    os.makedirs(path, exist_ok=True)  # every other node's own, on node-local disks
     torch.save({"step": step, "model": model.state_dict(), "optim": optimizer.state_dict()},
                os.path.join(path, "rank-%d.pt" % rank))
     if dist.is_initialized():
