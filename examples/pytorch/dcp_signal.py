@@ -337,12 +337,16 @@ def resume(root, model, optimizer):
     return found[0]
 
 
-def save_files(root, step, model, optimizer, marker="_COMPLETE"):
+def save_files(root, step, model, optimizer, marker="_COMPLETE", every_node=False):
     """torch.save into root/step-NNNNNN/rank-<rank>.pt, every rank its own file (collective: every
     rank calls it), then, once every rank has written (a barrier), rank 0 writes marker. Any
     PyTorch version; checkpoint.marker: _COMPLETE. spotguard streams each rank's file once it is
-    closed, so the upload overlaps the other ranks' writes. One node, or several on a shared file
-    system; several on node-local disks need a marker on every node: see docs/multinode.md."""
+    closed, so the upload overlaps the other ranks' writes.
+
+    One node, or several on a shared file system: every_node=False. Several nodes on node-local
+    disks (store.world_nodes > 1, docs/multinode.md): every_node=True, and each node's local rank 0
+    writes the marker, with the same body on every node (the step and an id rank 0 draws for this
+    save), so that the agents tell this save's parts from another save of the same step."""
     path = os.path.join(root, "step-%06d" % step)
     rank = dist.get_rank() if dist.is_initialized() else 0
     if rank == 0:
@@ -352,10 +356,17 @@ def save_files(root, step, model, optimizer, marker="_COMPLETE"):
     os.makedirs(path, exist_ok=True)  # every other node's own, on node-local disks
     torch.save({"step": step, "model": model.state_dict(), "optim": optimizer.state_dict()},
                os.path.join(path, "rank-%d.pt" % rank))
-    if dist.is_initialized():
+    body = b""
+    if every_node:
+        box = [os.urandom(8).hex() if rank == 0 else None]
+        if dist.is_initialized():
+            dist.broadcast_object_list(box, src=0)  # also the barrier: every rank has written
+        body = ("step %d save %s\n" % (step, box[0])).encode()
+    elif dist.is_initialized():
         dist.barrier()
-    if rank == 0:
-        write_marker(path, marker)
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if rank == 0 or (every_node and local_rank == 0):
+        write_marker(path, marker, body)
     return path
 
 
@@ -380,13 +391,22 @@ def main():
     p.add_argument("--save-with", choices=("dcp", "torch"), default="dcp",
                    help="dcp: torch.distributed.checkpoint, marker .metadata (PyTorch 2.3 or later); "
                         "torch: torch.save, a file per rank, marker _COMPLETE (any version)")
+    p.add_argument("--marker-every-node", action="store_true",
+                   help="with --save-with torch: a _COMPLETE on every node (several nodes on "
+                        "node-local disks, store.world_nodes > 1)")
     args = p.parse_args()
 
     req = SaveRequested()  # first of all: spotguard signals only processes that catch the signal
     if args.save_with == "dcp" and dcp is None:
         p.error("--save-with dcp needs torch.distributed.checkpoint from PyTorch 2.3 or later "
                 "(this is %s); use --save-with torch and checkpoint.marker: _COMPLETE" % torch.__version__)
-    save_fn, resume_fn = (save, resume) if args.save_with == "dcp" else (save_files, resume_files)
+    if args.marker_every_node and args.save_with != "torch":
+        p.error("--marker-every-node goes with --save-with torch")
+    save_fn, resume_fn = save, resume
+    if args.save_with == "torch":
+        def save_fn(root, step, model, optimizer):
+            return save_files(root, step, model, optimizer, every_node=args.marker_every_node)
+        resume_fn = resume_files
 
     cuda = torch.cuda.is_available()
     if cuda:

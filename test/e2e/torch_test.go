@@ -61,12 +61,19 @@ func (j *torchJob) output() string {
 // process group of its own that the test kills at the end, env on top of PATH and HOME.
 func startTorchJob(t *testing.T, env []string, args ...string) *torchJob {
 	t.Helper()
-	bin := torchrunBin(t)
-	logs := t.TempDir()
 	// Per-rank redirects (0:1,1:1): PyTorch 1.13's single values do not parse on Python 3.11.
-	cmdArgs := append([]string{"--nproc_per_node", "2", "--master_addr", "127.0.0.1",
-		"--master_port", strconv.Itoa(freePort(t)), "--redirects", "0:1,1:1", "--tee", "0:1,1:1", "--log_dir", logs,
-		filepath.Join(repoRoot, "examples", "pytorch", "dcp_signal.py"), "--save-with", "torch"}, args...)
+	return startTorchrun(t, env, []string{"--nproc_per_node", "2", "--master_addr", "127.0.0.1",
+		"--master_port", strconv.Itoa(freePort(t)), "--redirects", "0:1,1:1", "--tee", "0:1,1:1"}, args...)
+}
+
+// startTorchrun runs torchrun with launch (its own options) and dcp_signal.py --save-with torch
+// with args, in a process group of its own that the test kills at the end, env on top of PATH and
+// HOME.
+func startTorchrun(t *testing.T, env, launch []string, args ...string) *torchJob {
+	t.Helper()
+	bin := torchrunBin(t)
+	cmdArgs := append(append(launch, "--log_dir", t.TempDir(),
+		filepath.Join(repoRoot, "examples", "pytorch", "dcp_signal.py"), "--save-with", "torch"), args...)
 	j := &torchJob{done: make(chan struct{})}
 	j.cmd = exec.Command(bin, cmdArgs...)
 	j.cmd.Env = append([]string{"PATH=" + os.Getenv("PATH"), "HOME=" + t.TempDir(), "OMP_NUM_THREADS=1",
@@ -246,5 +253,89 @@ func TestTorchrunSIGTERMSavesAndExits(t *testing.T) {
 	}
 	if out := job.output(); strings.Contains(out, "forcefully") {
 		t.Errorf("torchrun had to SIGKILL a worker:\n%s", out)
+	}
+}
+
+// TestTorchrunTwoNodes is a two-node job on one machine: two torchruns (--nnodes 2, one rank
+// each), each with its own agent, checkpoint.dir and IMDS simulator, one store. Only node 0's
+// IMDS gives a spot notice. Its agent signals its rank; the ranks' all-reduce makes both save the
+// same step and exit; node 1's rank hands the notice to its own agent (POST /notice, as
+// SaveRequested does), which uploads toward it without signalling anyone; each node's local rank
+// 0 writes the marker; the agents commit one checkpoint of both nodes' files, which a restore
+// brings back whole.
+func TestTorchrunTwoNodes(t *testing.T) {
+	needPeers(t)
+	torchrunBin(t)
+	store := t.TempDir()
+	storeEnv := []string{"SPOTGUARD_STORE_URL=file://" + store, "SPOTGUARD_STORE_JOB=torch2"}
+	type node struct {
+		sim   *imdsSim
+		dir   string
+		agent *agentProc
+		job   *torchJob
+	}
+	nodes := make([]*node, 2)
+	for rank := range nodes {
+		n := &node{sim: newIMDS(t), dir: t.TempDir()}
+		n.sim.start("spot", "-d", "100000", "--rebalance-delay-sec", "100000")
+		n.agent = startAgent(t, n.sim, append([]string{
+			`SPOTGUARD_TRAINER_MATCH=python[0-9.]* -u \S*dcp_signal\.py --save-with torch --checkpoint-dir ` + regexp.QuoteMeta(n.dir),
+			"SPOTGUARD_CHECKPOINT_DIR=" + n.dir, "SPOTGUARD_NOTICES_REBALANCE=ignore", "SPOTGUARD_STORE_PART_WAIT=1m",
+			fmt.Sprintf("SPOTGUARD_STORE_NODE_RANK=%d", rank), "SPOTGUARD_STORE_WORLD_NODES=2"}, storeEnv...)...)
+		nodes[rank] = n
+	}
+	port := strconv.Itoa(freePort(t))
+	for rank, n := range nodes {
+		n.job = startTorchrun(t, []string{"SPOTGUARD_AGENT_RUNTIME_DIR=" + n.agent.runtimeDir,
+			"SPOTGUARD_HTTP_LISTEN=" + strings.TrimPrefix(n.agent.base, "http://")},
+			[]string{"--nnodes", "2", "--node_rank", strconv.Itoa(rank), "--nproc_per_node", "1",
+				"--master_addr", "127.0.0.1", "--master_port", port, "--redirects", "0:1", "--tee", "0:1"},
+			"--checkpoint-dir", n.dir, "--save-every", "0", "--marker-every-node")
+	}
+	nodes[0].job.waitLine(t, 60*time.Second, regexp.MustCompile(`\[default0\]:starting at step 0\n`))
+	for rank, n := range nodes {
+		eventually(t, 30*time.Second, fmt.Sprintf("node %d's agent to find its rank catching SIGUSR1", rank), func() bool {
+			trs := n.agent.status(t).Trainers
+			return len(trs) == 1 && trs[0].CatchesSignal
+		})
+	}
+
+	nodes[0].sim.stop()
+	nodes[0].sim.start("spot", "-a", "terminate", "--rebalance-delay-sec", "100000")
+	m := nodes[0].job.waitLine(t, 60*time.Second, regexp.MustCompile(`\[default0\]:exiting after the checkpoint at step (\d+)\n`))
+	ckpt := "step-" + strings.Repeat("0", max(0, 6-len(m[1]))) + m[1]
+	nodes[0].agent.waitNoticeState(t, "spot/terminate", "committed", 60*time.Second)
+	nodes[1].agent.waitNoticeState(t, "job/terminate", "committed", 60*time.Second)
+	for rank, n := range nodes {
+		n.job.waitExit(t, 30*time.Second, fmt.Sprintf("on node %d after the notice's checkpoint", rank))
+		for _, name := range []string{fmt.Sprintf("rank-%d.pt", rank), "_COMPLETE"} {
+			if _, err := os.Stat(filepath.Join(n.dir, ckpt, name)); err != nil {
+				t.Errorf("node %d's part of %s lacks %s: %v", rank, ckpt, name, err)
+			}
+		}
+	}
+	for _, ns := range nodes[1].agent.status(t).Notices {
+		if len(ns.Signals) != 0 {
+			t.Errorf("node 1's agent signalled %+v for %s; a job notice signals no one", ns.Signals, ns.Key)
+		}
+	}
+	m0, err0 := os.ReadFile(filepath.Join(nodes[0].dir, ckpt, "_COMPLETE"))
+	m1, err1 := os.ReadFile(filepath.Join(nodes[1].dir, ckpt, "_COMPLETE"))
+	if err0 != nil || err1 != nil || len(m0) == 0 || !bytes.Equal(m0, m1) {
+		t.Errorf("markers %q (%v) and %q (%v); want the same body on both nodes", m0, err0, m1, err1)
+	}
+
+	to := t.TempDir()
+	code, stdout, stderr := runSpotguard(t, storeEnv, "restore", "--config", writeEmptyConfig(t), "--to", to)
+	if code != 0 || !strings.Contains(stdout, "restored "+ckpt) {
+		t.Fatalf("spotguard restore: exit %d\n%s%s", code, stdout, stderr)
+	}
+	for rank, n := range nodes {
+		for _, name := range []string{fmt.Sprintf("rank-%d.pt", rank), "_COMPLETE"} {
+			want, _ := os.ReadFile(filepath.Join(n.dir, ckpt, name))
+			if got, err := os.ReadFile(filepath.Join(to, ckpt, name)); err != nil || !bytes.Equal(got, want) {
+				t.Errorf("restored %s/%s: %v; want node %d's bytes", ckpt, name, err, rank)
+			}
+		}
 	}
 }
