@@ -360,10 +360,10 @@ def save_files(root, step, model, optimizer, marker="_COMPLETE", every_node=Fals
     if every_node:
         box = [os.urandom(8).hex() if rank == 0 else None]
         if dist.is_initialized():
-            dist.broadcast_object_list(box, src=0)  # also the barrier: every rank has written
+            dist.broadcast_object_list(box, src=0)
         body = ("step %d save %s\n" % (step, box[0])).encode()
-    elif dist.is_initialized():
-        dist.barrier()
+    if dist.is_initialized():
+        dist.barrier()  # every rank has written (a broadcast is no barrier for its source)
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     if rank == 0 or (every_node and local_rank == 0):
         write_marker(path, marker, body)
