@@ -68,6 +68,11 @@ ACTIONS = ("rebalance", "Terminated", "system-maintenance", "system-reboot", "in
            "instance-retirement", "instance-stop", "hibernate", "stop", "terminate")
 
 
+# A signal at most this long after the job decided to save, for the same notices, is part of that
+# decision (see SaveRequested._seen).
+SAME_SIGNAL = 1.0
+
+
 class SaveRequested:
     """spotguard's signal, turned into a decision that every rank agrees on.
 
@@ -101,7 +106,8 @@ class SaveRequested:
     NONE, SAVE, EXIT = 0, 1, 2
 
     def __init__(self, signum=signal.SIGUSR1, notice_path=NOTICE, exit_within=300.0,
-                 sigterm=True, every=1, device=None, agent=AGENT, local_rank=None, notify_timeout=1.0):
+                 sigterm=True, every=1, device=None, agent=AGENT, local_rank=None, notify_timeout=1.0,
+                 same_signal=SAME_SIGNAL):
         self.notice_path = notice_path
         self.exit_within = exit_within
         self.every = max(1, int(every))  # poll the collective only every N calls (a host sync each)
@@ -109,10 +115,13 @@ class SaveRequested:
         self.agent = agent
         self.local_rank = int(os.environ.get("LOCAL_RANK", "0")) if local_rank is None else local_rank
         self.notify_timeout = notify_timeout
+        self.same_signal = same_signal
         self.deadline = None
         self.action = None
         self.notice = None
         self._signalled = False
+        self._signal_at = 0.0  # time.monotonic() of the last signal
+        self._decided = None  # (time.monotonic(), notice.json's list) at the last non-NONE answer
         self._term = False
         self._exit_at = math.inf
         self._exit_severity = 0
@@ -125,6 +134,7 @@ class SaveRequested:
     # Handlers only set a flag: Python runs them in the main thread between two bytecodes, so
     # they must not touch CUDA, NCCL or files.
     def _on_signal(self, signum, frame):
+        self._signal_at = time.monotonic()
         self._signalled = True
 
     def _on_term(self, signum, frame):
@@ -135,11 +145,14 @@ class SaveRequested:
         1 + the index of the notice's action in ACTIONS (an unknown one counts as terminate), 0
         for none."""
         code, deadline, severity = self.NONE, math.inf, 0
+        notice = _read_json(self.notice_path) if self._signalled else None
+        if self._signalled and self._seen(notice):
+            self._signalled = False  # saved for already
         if self._signalled:
             self._signalled = False
             code = self.SAVE
-            self.notice = _read_json(self.notice_path)
-            notice = self.notice or {}
+            self.notice = notice
+            notice = notice or {}
             when = _parse_time(notice.get("deadline"))
             if when is not None:
                 deadline = when
@@ -174,8 +187,18 @@ class SaveRequested:
         self.deadline = None if math.isinf(deadline) else deadline
         self.action = ACTIONS[severity - 1] if severity else None
         if code != self.NONE:
+            self._decided = (time.monotonic(), _listed(_read_json(self.notice_path)))
             self._hand_to_agent()
         return code
+
+    def _seen(self, notice):
+        """Whether this rank's signal is one the job has saved for already: spotguard signals
+        every rank of a notice within milliseconds, so one rank may get it just after another's
+        poll() and before its own all-reduce returned. Its next poll() would then save a second
+        time, at the next step. A signal that came within same_signal seconds of the last
+        non-NONE answer, while notice.json lists what it listed then, is that same signal."""
+        d = self._decided
+        return d is not None and self._signal_at - d[0] < self.same_signal and _listed(notice) == d[1]
 
     def _hand_to_agent(self):
         """On each node's local rank 0: POST the job's notice to this node's agent, unless it is
@@ -202,6 +225,11 @@ class SaveRequested:
             else:
                 self.device = torch.device("cpu")
         return self.device
+
+
+def _listed(notice):
+    """notice.json's list of notices in force, comparable; None without one."""
+    return None if not notice else json.dumps(notice.get("active"), sort_keys=True)
 
 
 def post_notice(agent, action, deadline, timeout=1.0):
@@ -391,12 +419,15 @@ def main():
     p.add_argument("--save-with", choices=("dcp", "torch"), default="dcp",
                    help="dcp: torch.distributed.checkpoint, marker .metadata (PyTorch 2.3 or later); "
                         "torch: torch.save, a file per rank, marker _COMPLETE (any version)")
+    p.add_argument("--same-signal", type=float, default=SAME_SIGNAL,
+                   help="seconds after the job decided to save within which a rank's signal, with "
+                        "notice.json unchanged, is part of that save (SaveRequested(same_signal=))")
     p.add_argument("--marker-every-node", action="store_true",
                    help="with --save-with torch: a _COMPLETE on every node (several nodes on "
                         "node-local disks, store.world_nodes > 1)")
     args = p.parse_args()
 
-    req = SaveRequested()  # first of all: spotguard signals only processes that catch the signal
+    req = SaveRequested(same_signal=args.same_signal)  # first: spotguard signals only processes that catch it
     if args.save_with == "dcp" and dcp is None:
         p.error("--save-with dcp needs torch.distributed.checkpoint from PyTorch 2.3 or later "
                 "(this is %s); use --save-with torch and checkpoint.marker: _COMPLETE" % torch.__version__)

@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -337,5 +338,62 @@ func TestTorchrunTwoNodes(t *testing.T) {
 				t.Errorf("restored %s/%s: %v; want node %d's bytes", ckpt, name, err, rank)
 			}
 		}
+	}
+}
+
+// workerPID returns the pid of the torchrun worker of the given RANK running dcp_signal.py with
+// --checkpoint-dir dir.
+func workerPID(t *testing.T, dir string, rank int) int {
+	t.Helper()
+	want := fmt.Sprintf("RANK=%d", rank)
+	pid := 0
+	eventually(t, 30*time.Second, "worker "+want, func() bool {
+		procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
+		for _, p := range procs {
+			cmd, err := os.ReadFile(p)
+			if err != nil || !bytes.Contains(cmd, []byte("dcp_signal.py")) || !bytes.Contains(cmd, []byte(dir)) ||
+				bytes.Contains(cmd, []byte("torchrun")) {
+				continue
+			}
+			env, err := os.ReadFile(filepath.Join(filepath.Dir(p), "environ"))
+			if err == nil && slices.ContainsFunc(bytes.Split(env, []byte{0}), func(kv []byte) bool { return string(kv) == want }) {
+				pid, _ = strconv.Atoi(filepath.Base(filepath.Dir(p)))
+				return true
+			}
+		}
+		return false
+	})
+	return pid
+}
+
+// TestTorchrunLateSignalSavesOnce plays the agent's part against two real ranks: it signals rank
+// 0, and rank 1 only once the job has saved, as happens when the agent's signal to rank 1 lands
+// just after rank 1's poll. That signal is part of the save just made: the job, run to its last
+// step, has saved once, not again at the next step. (A new notice within the window is a new save:
+// TestTorchrunNoticeCheckpointResumes's spot notice, 5 s after its rebalance.)
+func TestTorchrunLateSignalSavesOnce(t *testing.T) {
+	needPeers(t)
+	torchrunBin(t)
+	ckdir := t.TempDir()
+	job := startTorchJob(t, []string{"SPOTGUARD_AGENT_RUNTIME_DIR=" + t.TempDir(), "SPOTGUARD_HTTP_LISTEN=127.0.0.1:9"},
+		"--checkpoint-dir", ckdir, "--save-every", "0", "--same-signal", "60", "--steps", "200")
+	job.waitLine(t, 60*time.Second, regexp.MustCompile(`\[default0\]:starting at step 0\n`))
+	rank0, rank1 := workerPID(t, ckdir, 0), workerPID(t, ckdir, 1)
+	saved := regexp.MustCompile(`\[default0\]:saved \S*/(step-\d+) in`)
+
+	if err := syscall.Kill(rank0, syscall.SIGUSR1); err != nil {
+		t.Fatal(err)
+	}
+	job.waitLine(t, 30*time.Second, saved)
+	if err := syscall.Kill(rank1, syscall.SIGUSR1); err != nil { // late: the same signal
+		t.Fatalf("signal rank 1 (the job had ended; give it more --steps): %v", err)
+	}
+	job.waitExit(t, 120*time.Second, "run to its last step")
+	var steps []string
+	for _, m := range saved.FindAllStringSubmatch(job.output(), -1) {
+		steps = append(steps, m[1])
+	}
+	if len(steps) != 1 {
+		t.Errorf("saves %v; want one: rank 1's late signal is part of the save rank 0's made", steps)
 	}
 }
