@@ -145,26 +145,25 @@ class SaveRequested:
         1 + the index of the notice's action in ACTIONS (an unknown one counts as terminate), 0
         for none."""
         code, deadline, severity = self.NONE, math.inf, 0
-        notice = _read_json(self.notice_path) if self._signalled else None
-        if self._signalled and self._seen(notice):
-            self._signalled = False  # saved for already
         if self._signalled:
             self._signalled = False
-            code = self.SAVE
-            self.notice = notice
-            notice = notice or {}
-            when = _parse_time(notice.get("deadline"))
-            if when is not None:
-                deadline = when
-            if notice:
-                action = notice.get("action")
-                severity = ACTIONS.index(action) + 1 if action in ACTIONS else len(ACTIONS)
-            if notice and notice.get("source") != "rebalance":
-                if when is None or when - time.time() <= self.exit_within:
-                    code = self.EXIT
-                else:  # far away (scheduled event): save now, exit when it comes near
-                    self._exit_at = min(self._exit_at, when - self.exit_within)
-                    self._exit_severity = max(self._exit_severity, severity)
+            notice = _read_json(self.notice_path)
+            if not self._seen(notice):  # else the job has saved for it already
+                code = self.SAVE
+                self.notice = notice
+                notice = notice or {}
+                when = _parse_time(notice.get("deadline"))
+                if when is not None:
+                    deadline = when
+                if notice:
+                    action = notice.get("action")
+                    severity = ACTIONS.index(action) + 1 if action in ACTIONS else len(ACTIONS)
+                if notice and notice.get("source") != "rebalance":
+                    if when is None or when - time.time() <= self.exit_within:
+                        code = self.EXIT
+                    else:  # far away (scheduled event): save now, exit when it comes near
+                        self._exit_at = min(self._exit_at, when - self.exit_within)
+                        self._exit_severity = max(self._exit_severity, severity)
         if time.time() >= self._exit_at:
             code, deadline = self.EXIT, min(deadline, self._exit_at + self.exit_within)
             severity = max(severity, self._exit_severity)
@@ -377,24 +376,19 @@ def save_files(root, step, model, optimizer, marker="_COMPLETE", every_node=Fals
     save), so that the agents tell this save's parts from another save of the same step."""
     path = os.path.join(root, "step-%06d" % step)
     rank = dist.get_rank() if dist.is_initialized() else 0
+    box = [None]
     if rank == 0:
         os.makedirs(path, exist_ok=True)  # first, on rank 0's node: see multinode.md (shared FS)
+        box = [os.urandom(8).hex()]  # this save's id
     if dist.is_initialized():
-        dist.barrier()
+        dist.broadcast_object_list(box, src=0)  # the others go on once rank 0 has made path
     os.makedirs(path, exist_ok=True)  # every other node's own, on node-local disks
     torch.save({"step": step, "model": model.state_dict(), "optim": optimizer.state_dict()},
                os.path.join(path, "rank-%d.pt" % rank))
-    body = b""
-    if every_node:
-        box = [os.urandom(8).hex() if rank == 0 else None]
-        if dist.is_initialized():
-            dist.broadcast_object_list(box, src=0)
-        body = ("step %d save %s\n" % (step, box[0])).encode()
     if dist.is_initialized():
         dist.barrier()  # every rank has written (a broadcast is no barrier for its source)
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    if rank == 0 or (every_node and local_rank == 0):
-        write_marker(path, marker, body)
+    if rank == 0 or (every_node and int(os.environ.get("LOCAL_RANK", "0")) == 0):
+        write_marker(path, marker, ("step %d save %s\n" % (step, box[0])).encode() if every_node else b"")
     return path
 
 

@@ -113,6 +113,15 @@ func (j *torchJob) waitLine(t *testing.T, within time.Duration, re *regexp.Regex
 	return m
 }
 
+// waitExitLine waits for rank 0 to say it exits after a checkpoint and returns its step and the
+// checkpoint's name.
+func (j *torchJob) waitExitLine(t *testing.T, within time.Duration) (int, string) {
+	t.Helper()
+	m := j.waitLine(t, within, regexp.MustCompile(`\[default0\]:exiting after the checkpoint at step (\d+)\n`))
+	step, _ := strconv.Atoi(m[1])
+	return step, fmt.Sprintf("step-%06d", step)
+}
+
 // waitExit fails the test unless torchrun exits 0 within the time given.
 func (j *torchJob) waitExit(t *testing.T, within time.Duration, when string) {
 	t.Helper()
@@ -167,8 +176,7 @@ func TestTorchrunNoticeCheckpointResumes(t *testing.T) {
 		"--mock-trigger-time", now.Add(6*time.Second).UTC().Format(time.RFC3339))
 	first := job.waitLine(t, 60*time.Second, regexp.MustCompile(`\[default0\]:saved \S*/(step-\d+) in [0-9.]+ s\n`))
 	ap.waitNoticeState(t, "rebalance/rebalance", "committed", 60*time.Second)
-	m := job.waitLine(t, 60*time.Second, regexp.MustCompile(`\[default0\]:exiting after the checkpoint at step (\d+)\n`))
-	ckpt := "step-" + strings.Repeat("0", max(0, 6-len(m[1]))) + m[1]
+	step, ckpt := job.waitExitLine(t, 60*time.Second)
 	if ckpt <= first[1] {
 		t.Fatalf("the spot notice's checkpoint %s is not after the rebalance's %s: training did not go on", ckpt, first[1])
 	}
@@ -210,9 +218,8 @@ func TestTorchrunNoticeCheckpointResumes(t *testing.T) {
 		t.Fatalf("spotguard restore: exit %d\n%s%s", code, stdout, stderr)
 	}
 	sameTree(t, filepath.Join(ckdir, ckpt), filepath.Join(to, ckpt))
-	step, _ := strconv.Atoi(m[1])
 	next := startTorchJob(t, nil, "--checkpoint-dir", to, "--save-every", "0", "--steps", strconv.Itoa(step+2))
-	next.waitLine(t, 60*time.Second, regexp.MustCompile(`\[default0\]:starting at step `+m[1]+`\n`))
+	next.waitLine(t, 60*time.Second, regexp.MustCompile(fmt.Sprintf(`\[default0\]:starting at step %d\n`, step)))
 	next.waitExit(t, 60*time.Second, "resumed for two steps")
 }
 
@@ -236,8 +243,7 @@ func TestTorchrunSIGTERMSavesAndExits(t *testing.T) {
 	if err := syscall.Kill(-job.cmd.Process.Pid, syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
-	m := job.waitLine(t, 30*time.Second, regexp.MustCompile(`\[default0\]:exiting after the checkpoint at step (\d+)\n`))
-	ckpt := "step-" + strings.Repeat("0", max(0, 6-len(m[1]))) + m[1]
+	_, ckpt := job.waitExitLine(t, 30*time.Second)
 	eventually(t, 30*time.Second, ckpt+" committed", func() bool {
 		u := ap.status(t).Uploads
 		return u != nil && len(u.Checkpoints) == 1 && u.Checkpoints[0].Name == ckpt && u.Checkpoints[0].Committed
@@ -303,8 +309,7 @@ func TestTorchrunTwoNodes(t *testing.T) {
 
 	nodes[0].sim.stop()
 	nodes[0].sim.start("spot", "-a", "terminate", "--rebalance-delay-sec", "100000")
-	m := nodes[0].job.waitLine(t, 60*time.Second, regexp.MustCompile(`\[default0\]:exiting after the checkpoint at step (\d+)\n`))
-	ckpt := "step-" + strings.Repeat("0", max(0, 6-len(m[1]))) + m[1]
+	_, ckpt := nodes[0].job.waitExitLine(t, 60*time.Second)
 	nodes[0].agent.waitNoticeState(t, "spot/terminate", "committed", 60*time.Second)
 	nodes[1].agent.waitNoticeState(t, "job/terminate", "committed", 60*time.Second)
 	for rank, n := range nodes {
