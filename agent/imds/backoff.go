@@ -31,9 +31,9 @@ func (b *backoff) next() time.Duration {
 // reset starts the next streak from the initial backoff.
 func (b *backoff) reset() { b.cur = 0 }
 
-// wait blocks for d or until ctx is done. It reports whether the full wait passed with ctx
-// still live: true means go on, false means stop.
-func wait(ctx context.Context, d time.Duration) bool {
+// wait blocks for d, until cut is closed (nil: never), or until ctx is done. It reports
+// whether ctx is still live: true means go on, false means stop.
+func wait(ctx context.Context, d time.Duration, cut <-chan struct{}) bool {
 	if d <= 0 {
 		return ctx.Err() == nil
 	}
@@ -41,8 +41,8 @@ func wait(ctx context.Context, d time.Duration) bool {
 	defer t.Stop()
 	select {
 	case <-t.C:
-		return ctx.Err() == nil
+	case <-cut:
 	case <-ctx.Done():
-		return false
 	}
+	return ctx.Err() == nil
 }

@@ -60,7 +60,7 @@ func FetchIdentity(ctx context.Context, g Getter, log zerolog.Logger) (Identity,
 				started = time.Now()
 				log.Warn().Err(err).Msg("imds identity not available yet; retrying with backoff")
 			}
-			if !wait(ctx, bo.next()) {
+			if !wait(ctx, bo.next(), nil) {
 				return Identity{}, fmt.Errorf("fetch instance identity: %w (last error: %w)", ctx.Err(), err)
 			}
 		}

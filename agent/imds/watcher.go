@@ -151,6 +151,9 @@ type Watcher struct {
 
 	mu    sync.Mutex
 	stats Stats // guarded by mu
+	// back is closed (and replaced) when a source recovers from an error streak: IMDS
+	// answers again, so the sources still backing off poll at once. Guarded by mu.
+	back chan struct{}
 }
 
 // NewWatcher returns a Watcher that reads g as cfg says (see [Config] for the defaults).
@@ -163,6 +166,7 @@ func NewWatcher(g Getter, cfg Config) *Watcher {
 		timeout:      cfg.RequestTimeout,
 		log:          cfg.Logger.With().Str("component", "imds").Logger(),
 		stats:        Stats{Sources: make(map[Source]SourceStats)},
+		back:         make(chan struct{}),
 	}
 	if w.interval <= 0 {
 		w.interval = DefaultPollInterval
@@ -259,8 +263,11 @@ func excerpt(body []byte) string {
 // start of the previous poll. A failed read never changes the active set (the fail-safe spot notice of a malformed
 // body is added, as a successful read would add it); it is counted and followed by a
 // jittered exponential backoff from 100 ms, capped at SpotPollInterval for spot and at 10 ×
-// PollInterval for other sources, measured from the end of the failed read. Each error
-// streak logs one Warn at its first error and one Info when the source recovers.
+// PollInterval for other sources, measured from the end of the failed read. A source that
+// recovers from an error streak ends the backoff of every other source: they poll at once
+// (after an outage of IMDS, a rebalance recommendation is not left unread for 10 s because
+// its source backed off further than spot's). Each error streak logs one Warn at its first
+// error and one Info when the source recovers.
 //
 // Run returns an error at once, polling nothing, when the Config named an unknown source.
 // Otherwise it returns nil, once ctx is done and all its goroutines have exited.
@@ -320,21 +327,29 @@ func (w *Watcher) watch(ctx context.Context, src Source, out chan<- Event) {
 	s := &sourceState{src: src, active: make(map[string]Notice), bo: backoff{max: max(bmax, 1)}}
 	for {
 		start := time.Now()
+		back := w.backCh() // taken before the read: a recovery during it ends the backoff too
 		failed, live := w.poll(ctx, s, out)
 		if !live {
 			return
 		}
-		var d time.Duration
-		if failed {
-			d = s.bo.next()
-		} else {
+		if !failed {
 			s.bo.reset()
-			d = interval - time.Since(start)
+			if !wait(ctx, interval-time.Since(start), nil) {
+				return
+			}
+			continue
 		}
-		if !wait(ctx, d) {
+		if !wait(ctx, s.bo.next(), back) {
 			return
 		}
 	}
+}
+
+// backCh returns the channel that the next recovery of any source closes.
+func (w *Watcher) backCh() <-chan struct{} {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.back
 }
 
 // poll is one step of watch: Check, then bookkeeping, logging and events. It reports whether
@@ -380,9 +395,10 @@ func (w *Watcher) poll(ctx context.Context, s *sourceState, out chan<- Event) (f
 	return err != nil, true
 }
 
-// record updates the counters after a read that ended at now, and logs the first error of
-// a streak and the recovery that ends it.
+// record updates the counters after a read that ended at now, logs the first error of a
+// streak and the recovery that ends it, and on a recovery ends every source's backoff.
 func (w *Watcher) record(s *sourceState, now time.Time, err error) {
+	recovered := err == nil && s.streak > 0
 	switch {
 	case err != nil:
 		s.streak++
@@ -409,6 +425,10 @@ func (w *Watcher) record(s *sourceState, now time.Time, err error) {
 	} else {
 		st.LastSuccess = now
 		w.stats.LastSuccess = now
+		if recovered {
+			close(w.back)
+			w.back = make(chan struct{})
+		}
 	}
 	w.stats.Sources[s.src] = st
 }

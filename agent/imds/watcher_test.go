@@ -292,6 +292,52 @@ func TestRunBackoffJitter(t *testing.T) {
 	})
 }
 
+// After an outage of IMDS, a source still backing off (the rebalance source's cap is 10 s)
+// reads again as soon as another source recovers; a source that fails on its own (a
+// malformed body) is not read any faster because the others succeed.
+func TestRunRecoveryEndsEveryBackoff(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := start(t, Config{Sources: []Source{SourceSpot, SourceRebalance}, PollInterval: time.Second, SpotPollInterval: 250 * time.Millisecond}, 16)
+		defer h.stop(t)
+		t0 := time.Now()
+		var c *call
+		for { // IMDS refuses for 20 s: the rebalance source reaches its 10 s cap
+			c = h.next(t)
+			if c.path == "spot/instance-action" && c.at.Sub(t0) >= 20*time.Second {
+				break
+			}
+			c.fail()
+		}
+		back := c.at
+		c.notFound() // spot recovers
+		c = h.next(t)
+		if c.path != "events/recommendations/rebalance" || !c.at.Equal(back) {
+			t.Fatalf("first read after spot recovered = %s at +%v; want the rebalance source at once", c.path, c.at.Sub(back))
+		}
+		c.ok(`{"noticeTime": "2020-10-27T08:22:00Z"}`)
+		wantEvents(t, h.events(), "begin rebalance/rebalance")
+
+		// The rebalance source fails on its own while spot answers: it backs off as before.
+		var gaps []time.Duration
+		prev := time.Time{}
+		for len(gaps) < 8 {
+			c = h.next(t)
+			if c.path == "spot/instance-action" {
+				c.notFound()
+				continue
+			}
+			if !prev.IsZero() {
+				gaps = append(gaps, c.at.Sub(prev))
+			}
+			prev = c.at
+			c.ok(`{"noticeTime": 5}`)
+		}
+		if last := gaps[len(gaps)-1]; last < 5*time.Second {
+			t.Errorf("waits of a source failing alone = %v; want growing to the cap (the last at least 5s)", gaps)
+		}
+	})
+}
+
 func TestRunBeginOncePerKey(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		h := start(t, Config{Sources: []Source{SourceSpot}, PollInterval: time.Second}, 16)
