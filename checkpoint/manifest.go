@@ -302,6 +302,13 @@ func (m *Manifest) validateNodes() []error {
 	return problems
 }
 
+// SingleFile reports whether m is a single-file checkpoint (a file renamed into the checkpoint
+// directory): one file whose path is the checkpoint's name. A directory checkpoint always holds
+// its marker beside its other files, so none has this shape.
+func (m *Manifest) SingleFile() bool {
+	return len(m.Files) == 1 && m.Files[0].Path == m.Checkpoint
+}
+
 // PartFiles returns the files of m that node rank has: all of them in a manifest without parts;
 // in a job manifest, those whose Nodes include rank (its own and those shared with it).
 func (m *Manifest) PartFiles(rank int) []File {

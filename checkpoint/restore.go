@@ -92,10 +92,12 @@ type RestoreResult struct {
 // manifest lists in parallel into a staging directory inside To (no path can leave it), fsyncs
 // each file, checks each file's size and CRC-32C read back from disk against the manifest, sets
 // its permission bits from the manifest (never setuid, setgid or sticky), and only then renames
-// the staging directory to To/<checkpoint>. It never overwrites: if To/<checkpoint> exists
-// already, Restore compares it with the manifest. Before it stages, it removes the staging
-// directories in To that a killed restore left behind (.spotguard-restore-<pid>-*, whose process
-// is gone); the agent never uploads them (the watcher skips ".spotguard-*").
+// the staging directory to To/<checkpoint> (a single-file checkpoint, Manifest.SingleFile, is
+// put back as the file To/<name>, as it was in the checkpoint directory). It never overwrites:
+// if To/<checkpoint> exists already, Restore compares it with the manifest. Before it stages, it
+// removes the staging directories in To that a killed restore left behind
+// (.spotguard-restore-<pid>-*, whose process is gone); the agent never uploads them (the watcher
+// skips ".spotguard-*").
 //
 // It returns:
 //   - the result, nil: the checkpoint is at Dir, complete and verified; AlreadyPresent says
@@ -107,7 +109,8 @@ type RestoreResult struct {
 //     failure other than a missing object while resolving (no fallback then: a transient error
 //     must not make it restore an older checkpoint); a missing data object (wrapping
 //     ErrNotFound) or failed download; a size or checksum mismatch (naming the file, expected
-//     and actual); To/<checkpoint> existing with other content or not as a directory; a local
+//     and actual); To/<checkpoint> existing with other content or not as a directory (a regular
+//     file for a single-file checkpoint); a local
 //     file system error; ctx ended.
 //
 // On every error the staging directory is removed and To/<checkpoint> is untouched (To itself
@@ -205,12 +208,22 @@ func Restore(ctx context.Context, s Store, opts RestoreOptions) (RestoreResult, 
 	if err != nil {
 		return failCP(err)
 	}
-	if err := to.Rename(staging, m.Checkpoint); err != nil {
-		// Someone else may have put it there since the check (a concurrent restore). Renaming
-		// a directory onto an empty directory replaces it; onto anything else it fails.
+	removeStaging := func() {
 		if rerr := to.RemoveAll(staging); rerr != nil {
 			log.Warn().Err(rerr).Str("dir", filepath.Join(opts.To, staging)).Msg("cannot remove the staging directory")
 		}
+	}
+	place := func() error { return to.Rename(staging, m.Checkpoint) }
+	if m.SingleFile() {
+		place = func() error {
+			defer removeStaging() // the file has left it, or failed to
+			return restorePlaceFile(to, filepath.Join(staging, m.Checkpoint), m.Checkpoint)
+		}
+	}
+	if err := place(); err != nil {
+		// Someone else may have put it there since the check (a concurrent restore). Renaming
+		// a directory onto an empty directory replaces it; onto anything else it fails.
+		removeStaging()
 		same, cerr := restoreExisting(ctx, to, m, conc)
 		if cerr != nil {
 			return failCP(cerr)
@@ -297,11 +310,26 @@ func (e *restoreNothingError) Error() string {
 
 func (e *restoreNothingError) Unwrap() error { return ErrNothingToRestore }
 
+// restorePlaceFile moves the staged file from (inside to) to name, never over anything there: a
+// hard link, which fails if name exists, then the staged name goes with the staging directory.
+// Where the file system has no hard links, it renames after checking that name is free.
+func restorePlaceFile(to *os.Root, from, name string) error {
+	err := to.Link(from, name)
+	if err == nil || errors.Is(err, fs.ErrExist) {
+		return err
+	}
+	if _, lerr := to.Lstat(name); !errors.Is(lerr, fs.ErrNotExist) {
+		return err
+	}
+	return to.Rename(from, name)
+}
+
 // restoreExisting reports whether To/<checkpoint> (inside to) holds exactly m's files. It
 // returns:
 //   - false, nil: there is nothing at To/<checkpoint>;
 //   - true, nil: it is a directory holding exactly m's files (regular files with m's sizes and
-//     checksums; directories without files do not count);
+//     checksums; directories without files do not count), or for a single-file checkpoint
+//     (Manifest.SingleFile) the file itself, with its size and checksum;
 //   - false, an error: it exists but differs (the error says how, and that it is not
 //     overwritten), or it could not be read, or ctx ended.
 func restoreExisting(ctx context.Context, to *os.Root, m *Manifest, conc int) (bool, error) {
@@ -311,6 +339,24 @@ func restoreExisting(ctx context.Context, to *os.Root, m *Manifest, conc int) (b
 		return false, nil
 	case err != nil:
 		return false, fmt.Errorf("inspect existing destination: %w", err)
+	case m.SingleFile() && !fi.Mode().IsRegular():
+		what := "a directory"
+		if !fi.IsDir() {
+			what = fi.Mode().Type().String()
+		}
+		return false, fmt.Errorf("destination %s exists and is not a regular file (%s); not overwriting it",
+			filepath.Join(to.Name(), m.Checkpoint), what)
+	case m.SingleFile():
+		f := m.Files[0]
+		got, size, err := restoreChecksumFile(to, f.Path)
+		switch {
+		case err != nil:
+			return false, fmt.Errorf("inspect existing destination: %w", err)
+		case size != f.Size || got != f.Checksum:
+			return false, fmt.Errorf("destination %s exists with other content (%d bytes, checksum %s %s; the checkpoint's has %d, %s %s); not overwriting it",
+				filepath.Join(to.Name(), m.Checkpoint), size, got.Algorithm, got.Value, f.Size, f.Checksum.Algorithm, f.Checksum.Value)
+		}
+		return true, nil
 	case !fi.IsDir():
 		return false, fmt.Errorf("destination %s exists and is not a directory (%s); not overwriting it",
 			filepath.Join(to.Name(), m.Checkpoint), fi.Mode().Type())

@@ -905,3 +905,93 @@ func TestRestoreRemovesStaleStaging(t *testing.T) {
 		t.Errorf("Got(%q) = %v; want a live restore's staging left alone", live, err)
 	}
 }
+
+// A single-file checkpoint (model.pt renamed into checkpoint.dir) is put back as the file
+// To/model.pt, where the trainer loads it and renames its next save, not as a directory; a
+// second restore finds it in place, and anything else there is never overwritten.
+func TestRestoreSingleFile(t *testing.T) {
+	body := strings.Repeat("weights ", 40_000)
+	files := map[string]string{"model.pt": body}
+	tests := []struct {
+		name    string
+		prepare func(t *testing.T, p string) // p: To/model.pt, restored
+		same    bool
+		want    string
+	}{
+		{"identical", func(t *testing.T, p string) {}, true, ""},
+		{"other bytes", func(t *testing.T, p string) {
+			restoreTestMust(t, os.WriteFile(p, []byte(strings.ToUpper(body)), 0o644))
+		}, false, "exists with other content"},
+		{"a directory", func(t *testing.T, p string) {
+			restoreTestMust(t, os.Remove(p))
+			restoreTestMust(t, os.Mkdir(p, 0o755))
+			restoreTestMust(t, os.WriteFile(filepath.Join(p, "model.pt"), []byte(body), 0o644))
+		}, false, "is not a regular file (a directory)"},
+		{"a symlink to an identical copy", func(t *testing.T, p string) {
+			restoreTestMust(t, os.Rename(p, p+".real"))
+			restoreTestMust(t, os.Symlink("model.pt.real", p))
+		}, false, "is not a regular file"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s := newMemStore()
+			m := restoreTestCommit(t, s, restoreTestJob, "model.pt", restoreTestT0, files)
+			restoreTestSetLatest(t, s, restoreTestJob, "model.pt")
+			if !m.SingleFile() {
+				t.Fatalf("SingleFile() = false for %+v", m.Files)
+			}
+			parent, to := restoreTestDirs(t)
+			var log bytes.Buffer
+			res, err := Restore(t.Context(), s, restoreTestOpts(to, &log))
+			if err != nil {
+				t.Fatalf("Restore() error: %v", err)
+			}
+			if want := filepath.Join(to, "model.pt"); res.Dir != want || res.Files != 1 || res.AlreadyPresent {
+				t.Errorf("Restore() = %+v; want Dir %s, 1 file, downloaded", res, want)
+			}
+			if d := restoreTestDiff(restoreTestTree(t, to), map[string]string{"model.pt": "file:" + body}); d != "" {
+				t.Fatalf("restored tree differs (want the file itself, no staging left):%s", d)
+			}
+			tt.prepare(t, res.Dir)
+			before := restoreTestTree(t, parent)
+			downloads := len(s.downloaded())
+
+			res, err = Restore(t.Context(), s, restoreTestOpts(to, &log))
+			switch {
+			case tt.same && (err != nil || !res.AlreadyPresent):
+				t.Errorf("second Restore() = %+v, %v; want AlreadyPresent", res, err)
+			case !tt.same && (err == nil || !strings.Contains(err.Error(), tt.want) || !strings.Contains(err.Error(), "not overwriting")):
+				t.Errorf("second Restore() error = %v; want a refusal containing %q", err, tt.want)
+			}
+			if d := restoreTestDiff(restoreTestTree(t, parent), before); d != "" {
+				t.Errorf("the second restore changed the file system:%s", d)
+			}
+			if got := s.downloaded()[downloads:]; len(got) != 0 {
+				t.Errorf("downloads = %q; want none", got)
+			}
+		})
+	}
+}
+
+// restorePlaceFile never replaces what is at its destination, even when it appeared after
+// Restore looked (a concurrent restore, the trainer).
+func TestRestorePlaceFileNeverOverwrites(t *testing.T) {
+	dir := t.TempDir()
+	restoreTestMust(t, os.WriteFile(filepath.Join(dir, "staged"), []byte("restored"), 0o644))
+	restoreTestMust(t, os.WriteFile(filepath.Join(dir, "model.pt"), []byte("the trainer's"), 0o644))
+	root, err := os.OpenRoot(dir)
+	restoreTestMust(t, err)
+	defer root.Close()
+	if err := restorePlaceFile(root, "staged", "model.pt"); !errors.Is(err, fs.ErrExist) {
+		t.Errorf("restorePlaceFile onto a file = %v; want an error wrapping fs.ErrExist", err)
+	}
+	if got, _ := os.ReadFile(filepath.Join(dir, "model.pt")); string(got) != "the trainer's" {
+		t.Errorf("model.pt = %q after the refusal; want it untouched", got)
+	}
+	if err := restorePlaceFile(root, "staged", "free.pt"); err != nil {
+		t.Fatalf("restorePlaceFile to a free name: %v", err)
+	}
+	if got, _ := os.ReadFile(filepath.Join(dir, "free.pt")); string(got) != "restored" {
+		t.Errorf("free.pt = %q; want the staged file", got)
+	}
+}

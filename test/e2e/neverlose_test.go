@@ -828,6 +828,70 @@ func TestNameCommittedAgainIsANewCommit(t *testing.T) {
 	ts.check(t, job)
 }
 
+// A single-file checkpoint comes back as the file it was: `spotguard restore` puts model.pt at
+// --to/model.pt (not model.pt/model.pt, where torch.load fails and the trainer's next
+// os.replace onto model.pt fails with EISDIR), the next instance's agent finds it committed
+// already and sends nothing, and the trainer's next save there is committed.
+func TestSingleFileCheckpointRestoredAsTheFile(t *testing.T) {
+	needPeers(t)
+	s3 := startS3(t)
+	ts := newS3TestStore(s3, "single")
+	const job = "single-file-job"
+	sim := quietIMDS(t)
+	pattern := "SPOTGUARD_CHECKPOINT_PATTERN=*.pt"
+
+	save := func(dir string, data []byte) {
+		t.Helper()
+		tmp := filepath.Join(dir, ".model.pt.tmp")
+		if err := os.WriteFile(tmp, data, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Rename(tmp, filepath.Join(dir, "model.pt")); err != nil {
+			t.Fatalf("the trainer's save: %v", err)
+		}
+	}
+	dir1 := t.TempDir()
+	ap1 := startStoreAgent(t, sim, dir1, ts, job, noTrainer, pattern)
+	first := randomBytes(t, 3<<20)
+	save(dir1, first)
+	commit := waitCommitted(t, ap1, ts, job, "model.pt", 15*time.Second)
+	ap1.stop(t)
+
+	// The next instance restores into its checkpoint directory before its agent starts.
+	dir2 := t.TempDir()
+	ts.restore(t, job, dir2)
+	fi, err := os.Lstat(filepath.Join(dir2, "model.pt"))
+	if err != nil || !fi.Mode().IsRegular() {
+		t.Fatalf("restored %s/model.pt: %v, %v; want a regular file", dir2, fi, err)
+	}
+	if got, _ := os.ReadFile(filepath.Join(dir2, "model.pt")); !bytes.Equal(got, first) {
+		t.Fatalf("restored model.pt has %d bytes, not the committed ones", len(got))
+	}
+	if names := dirNames(t, dir2); !slices.Equal(names, []string{"model.pt"}) {
+		t.Errorf("restore left %q in %s; want only model.pt", names, dir2)
+	}
+	ts.restore(t, job, dir2) // again: already in place, nothing changed
+
+	ap2 := startStoreAgent(t, sim, dir2, ts, job, noTrainer, pattern)
+	waitIdle(t, ap2)
+	if cs := ts.list(t, job); len(cs) != 1 || cs[0].Commit != commit {
+		t.Fatalf("after the next agent started, the job has %d commits; want only %s (the restored file is committed already)", len(cs), commit)
+	}
+	second := randomBytes(t, 3<<20)
+	save(dir2, second) // the trainer's next save, renamed over the restored file
+	eventually(t, 15*time.Second, "the next save to be committed", func() bool {
+		l, _, ok := ts.latest(t, job)
+		return ok && l.Checkpoint == "model.pt" && l.Commit != commit
+	})
+	ap2.stop(t)
+	to := t.TempDir()
+	ts.restore(t, job, to)
+	if got, _ := os.ReadFile(filepath.Join(to, "model.pt")); !bytes.Equal(got, second) {
+		t.Errorf("the newest model.pt restored has other bytes than the trainer's second save")
+	}
+	ts.check(t, job)
+}
+
 // A reclaim between a manifest and LATEST leaves LATEST on an older commit: restore takes the
 // newest commit anyway (and says so), and the next agent repairs LATEST at start (I3).
 func TestRestoreTakesCommitNewerThanLatest(t *testing.T) {
@@ -884,4 +948,18 @@ func TestRestoreTakesCommitNewerThanLatest(t *testing.T) {
 	})
 	ap2.stop(t)
 	ts.check(t, job)
+}
+
+// dirNames returns the names in dir, sorted.
+func dirNames(t testing.TB, dir string) []string {
+	t.Helper()
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, e := range entries {
+		names = append(names, e.Name())
+	}
+	return names
 }
