@@ -27,7 +27,7 @@ const (
 	// ReasonPIDFileUnreadable: the pidfile is missing, unreadable, or does not hold one PID.
 	ReasonPIDFileUnreadable = "pidfile_unreadable"
 	// ReasonStalePIDFile: the pidfile names a process that is not running (or is a zombie, or is
-	// spotguard itself); with Finder.Container, no process of the container has that PID in its
+	// spotguard itself or a wrapper of it, see Finder.Self); with Finder.Container, no process of the container has that PID in its
 	// own PID namespace.
 	ReasonStalePIDFile = "stale_pidfile"
 	// ReasonPIDFileInit: the pidfile holds PID 1, which is init here (systemd), never the
@@ -145,6 +145,13 @@ type Finder struct {
 	CgroupRoot string
 	// Self is the PID that is never returned (spotguard's own); 0 means os.Getpid(). Its PID
 	// namespace is the agent's, for the PIDFile rules.
+	//
+	// The wrappers of Self are never returned either: its ancestors (followed through PPid)
+	// whose argument list (/proc/PID/cmdline, split at its NULs) ends with Self's own, such as
+	// the timeout in "timeout 20 spotguard doctor --trainer.match X" or the sudo in "sudo
+	// spotguard doctor": their command lines hold spotguard's, so trainer.match would find
+	// them. Other ancestors (a shell script that starts both the agent and the trainer) are
+	// not wrappers.
 	Self int
 }
 
@@ -169,8 +176,8 @@ type Problem struct {
 }
 
 // Find returns the running processes found by every configured method (PIDFile, Unit, Match,
-// Container, Under), without duplicates, sorted by PID, and the problems met. Zombies and f.Self
-// are never returned, nor processes of other users than f.User, nor processes outside the tree
+// Container, Under), without duplicates, sorted by PID, and the problems met. Zombies, f.Self
+// and its wrappers (see Finder.Self) are never returned, nor processes of other users than f.User, nor processes outside the tree
 // of f.Under.
 //
 // Expected states are Problems, never a failure: a missing or garbled pidfile
@@ -195,6 +202,7 @@ func (f Finder) Find() ([]Process, []Problem) {
 	if s.self == 0 {
 		s.self = os.Getpid()
 	}
+	s.wrappers = s.wrappersOf(s.self)
 	if f.Under != 0 {
 		s.tree = s.descendants(f.Under)
 	}
@@ -233,6 +241,7 @@ func (f Finder) Find() ([]Process, []Problem) {
 type finder struct {
 	procRoot string
 	self     int
+	wrappers map[int]bool // the ancestors of self that wrap its command (see Finder.Self)
 	user     *int
 	tree     map[int]bool // Finder.Under and its descendants; nil without Under
 	found    map[int]Process
@@ -290,10 +299,10 @@ type tally struct {
 	outside int      // processes outside the tree of Finder.Under
 }
 
-// consider adds pid as found via via if it is a running process other than s.self, of s.user
-// (when set) and in s.tree (when set); t counts what became of it.
+// consider adds pid as found via via if it is a running process other than s.self and its
+// wrappers, of s.user (when set) and in s.tree (when set); t counts what became of it.
 func (s *finder) consider(t *tally, pid int, via string) {
-	if pid == s.self {
+	if pid == s.self || s.wrappers[pid] {
 		return
 	}
 	st, ok := s.statusOf(pid)
@@ -425,6 +434,10 @@ func (s *finder) byPIDFile(path, container string, cs *containerSet) {
 		s.problem(ReasonStalePIDFile, "pidfile %s holds PID %d, which is spotguard itself", path, pid)
 		return
 	}
+	if s.wrappers[pid] {
+		s.problem(ReasonStalePIDFile, "pidfile %s holds PID %d, which is %s, a wrapper of spotguard itself (its command line ends with spotguard's)", path, pid, s.describe(pid))
+		return
+	}
 	if pid == 1 {
 		s.problem(ReasonPIDFileInit, "pidfile %s holds PID 1: here that is init %s, never the trainer; a trainer that is PID 1 of a container wrote it, and that PID means nothing here: %s",
 			path, s.describe(1), pidfileHowTo)
@@ -510,7 +523,7 @@ func (s *finder) byMatch(re *regexp.Regexp) {
 	var t tally
 	for _, e := range entries {
 		pid, err := strconv.Atoi(e.Name())
-		if err != nil || pid <= 0 || pid == s.self {
+		if err != nil || pid <= 0 || pid == s.self || s.wrappers[pid] {
 			continue
 		}
 		cmdline, ok := readCmdline(s.procRoot, pid)
@@ -537,6 +550,31 @@ func (s *finder) byContainer(container string, cs containerSet) {
 	if t.added == 0 {
 		s.none(t, "trainer.container "+container, ReasonContainerNotFound, "container %s (%s) holds no running process", container, shortID(cs.id))
 	}
+}
+
+// wrappersOf returns the ancestors of pid (followed through PPid) whose argument list ends with
+// pid's own: the commands that wrap pid's, such as timeout, sudo, strace or time (nil when there
+// is none, or pid's argument list cannot be read).
+func (s *finder) wrappersOf(pid int) map[int]bool {
+	own, ok := readArgv(s.procRoot, pid)
+	if !ok || len(own) == 0 {
+		return nil
+	}
+	var wrappers map[int]bool
+	seen := map[int]bool{pid: true}
+	st, ok := s.statusOf(pid)
+	for ok && st.ppid > 0 && !seen[st.ppid] {
+		parent := st.ppid
+		seen[parent] = true
+		if argv, ok := readArgv(s.procRoot, parent); ok && len(argv) >= len(own) && slices.Equal(argv[len(argv)-len(own):], own) {
+			if wrappers == nil {
+				wrappers = map[int]bool{}
+			}
+			wrappers[parent] = true
+		}
+		st, ok = s.statusOf(parent)
+	}
+	return wrappers
 }
 
 // descendants returns root and every process below it, following the PPid of every process.

@@ -114,6 +114,20 @@ func readCmdline(procRoot string, pid int) (cmdline string, ok bool) {
 	return string(bytes.ReplaceAll(data, []byte{0}, []byte{' '})), true
 }
 
+// readArgv returns the argument list of pid: /proc/PID/cmdline split at its NUL separators (an
+// empty argument stays one). ok is false when the process does not exist (any more) or the file
+// cannot be read; a kernel thread or a zombie has an empty list.
+func readArgv(procRoot string, pid int) (argv []string, ok bool) {
+	data, err := os.ReadFile(filepath.Join(procRoot, strconv.Itoa(pid), "cmdline"))
+	if err != nil {
+		return nil, false
+	}
+	if len(data) == 0 {
+		return nil, true
+	}
+	return strings.Split(string(bytes.TrimSuffix(data, []byte{0})), "\x00"), true
+}
+
 // parsePID parses a PID as written in a pidfile or cgroup.procs: decimal, positive, with
 // surrounding white space allowed.
 func parsePID(s string) (int, bool) {
