@@ -750,9 +750,9 @@ func (u *Uploader) goLateAborts(ctx context.Context, prefix string) {
 			n, err := u.cfg.Store.AbortIncomplete(ctx, prefix)
 			switch {
 			case err != nil:
-				log.Warn().Err(err).Msg("cannot abort an earlier run's late uploads under the commit")
+				log.Warn().Err(err).Msg("cannot abort incomplete uploads left under the commit")
 			case n > 0:
-				log.Info().Int("aborted", n).Msg("aborted an earlier run's uploads that landed late")
+				log.Info().Int("aborted", n).Msg("aborted incomplete uploads left under the commit (a killed run's, or one whose abort failed)")
 			}
 		}
 	})
@@ -767,7 +767,13 @@ type commitJob struct {
 	// (and may have been deleted since, by retention).
 	sealed bool
 	// completeAt, if not nil, is the version's completion time (see commitResult.completeAt).
-	completeAt      *time.Time
+	completeAt *time.Time
+	// unread: the store's commits of the name were not read before its files were sent
+	// (generation.unread); the commit reads them and adopts one with exactly these files.
+	unread bool
+	// uploadFailed: an upload failed (generation.uploadFailed); once committed, incomplete
+	// uploads left under the commit are aborted.
+	uploadFailed    bool
 	files           map[string]doneFile
 	candidates      []*Manifest
 	strays          []string
@@ -811,11 +817,29 @@ func (u *Uploader) commit(ctx context.Context, c commitJob) commitResult {
 	if len(r.changed) > 0 || len(r.gone) > 0 {
 		return r
 	}
+	if c.unread && !c.adopt && !c.sealed {
+		// Sent without knowing what the store holds of the name (a store that did not answer
+		// the lookup, a notice that did not wait): a checkpoint restored from the store must be
+		// found committed, not become a new commit that completed now, newer than everything.
+		ms, err := readName(ctx, u.cfg.Store, u.cfg.Job, c.name, u.cache)
+		switch {
+		case err != nil:
+			u.log.Warn().Err(err).Str("checkpoint", c.name).
+				Msg("cannot read the store's commits of this checkpoint before committing it; committing it as a new commit")
+		default:
+			for _, m := range ms {
+				if u.matchesDone(m, c.files) {
+					return commitResult{manifest: m, adopted: true}
+				}
+			}
+			if len(ms) > 0 {
+				u.logNewCommitOfName(c.name, "its files differ from every commit of this checkpoint in the store")
+			}
+		}
+	}
 	if c.adopt {
 		for _, m := range c.candidates {
-			// A job manifest matches a node that has every node's files (a full restore) or
-			// only its own part's (restore --part).
-			if !sameAsDone(m.Files, c.files) && (m.Parts == nil || u.cfg.WorldNodes < 2 || !sameAsDone(m.PartFiles(u.cfg.NodeRank), c.files)) {
+			if !u.matchesDone(m, c.files) {
 				continue
 			}
 			// Still there? Retention (ours or another agent's) may have deleted it.
@@ -909,7 +933,7 @@ func (u *Uploader) commit(ctx context.Context, c commitJob) commitResult {
 	r.manifest = m
 	u.cache.put(key, m)
 	if m.Part != nil {
-		if c.resumed {
+		if c.resumed || c.uploadFailed {
 			u.goLateAborts(ctx, CommitPrefix(m.Job, m.Checkpoint, m.Commit))
 		}
 		return r
@@ -930,7 +954,7 @@ func (u *Uploader) commit(ctx context.Context, c commitJob) commitResult {
 			return r
 		}
 	}
-	if c.resumed {
+	if c.resumed || c.uploadFailed {
 		u.goLateAborts(ctx, CommitPrefix(m.Job, m.Checkpoint, m.Commit))
 	}
 	if u.cfg.Keep > 0 {
@@ -941,6 +965,12 @@ func (u *Uploader) commit(ctx context.Context, c commitJob) commitResult {
 		r.deleted = append(r.deleted, deleted...)
 	}
 	return r
+}
+
+// matchesDone reports whether commit m holds exactly the files done. A job manifest matches a
+// node that has every node's files (a full restore) or only its own part's (restore --part).
+func (u *Uploader) matchesDone(m *Manifest, done map[string]doneFile) bool {
+	return sameAsDone(m.Files, done) || (m.Parts != nil && u.cfg.WorldNodes > 1 && sameAsDone(m.PartFiles(u.cfg.NodeRank), done))
 }
 
 // sameAsDone reports whether files are exactly the files done (same paths, sizes, checksums).
@@ -968,8 +998,8 @@ func completedAt(lc LocalCheckpoint) time.Time {
 // removeStrays makes m's commit prefix hold nothing but m's files before its manifest is
 // written: it deletes the keys stored for files that left the checkpoint, and in a commit an
 // earlier run began, everything else there and every incomplete upload under it (none of this
-// agent's is running for it now). In a commit of this run's alone there is no incomplete upload
-// to look for: every failed PutFile aborts its own.
+// agent's is running for it now). In a commit of this run's alone, a failed PutFile aborts its
+// own upload, and where that abort failed too, goLateAborts clears them after the commit.
 func (u *Uploader) removeStrays(ctx context.Context, c commitJob, m *Manifest) error {
 	keep := make(map[string]bool, len(m.Files)+1)
 	for _, f := range m.Files {
@@ -1002,8 +1032,9 @@ func (u *Uploader) removeStrays(ctx context.Context, c commitJob, m *Manifest) e
 	return err
 }
 
-// lateAborts are when, after a resumed commit, its prefix is cleared of incomplete uploads once
-// more: requests the killed run sent can still be on their way (in a proxy's buffers, or being
-// written by the server) when the new run aborts its uploads, and a part landing after the abort
-// can bring an upload back on some servers.
+// lateAborts are when, after a resumed commit or one with a failed upload, its prefix is cleared
+// of incomplete uploads: requests the killed run sent can still be on their way (in a proxy's
+// buffers, or being written by the server) when the new run aborts its uploads, a part landing
+// after the abort can bring an upload back on some servers, and a failed upload's own abort fails
+// when the store is down (the multipart upload then stays, and costs, until aborted).
 var lateAborts = []time.Duration{0, 5 * time.Second, 30 * time.Second, 2 * time.Minute}

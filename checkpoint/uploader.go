@@ -240,10 +240,17 @@ type generation struct {
 	// (a name the store holds with these bytes must not be sent again), but during a notice.
 	lookup      bool
 	lookupFails int
-	committing  bool
-	inCommitQ   bool
-	commitWait  bool // a failed commit waits out its backoff
-	failures    int
+	// unread: it is sent without the store's commits of its name having been read (the lookup
+	// failed, or a notice did not wait for it). Its commit reads them first: a restored
+	// checkpoint must not become a new, newer commit of bytes the store holds.
+	unread bool
+	// uploadFailed: an upload of one of its files failed; its multipart upload may have been
+	// left behind (an abort needs the store too), so its commit aborts what is left under it.
+	uploadFailed bool
+	committing   bool
+	inCommitQ    bool
+	commitWait   bool // a failed commit waits out its backoff
+	failures     int
 	// deferred are watch events that arrived while it was committing.
 	deferred []WatchEvent
 	// strays are keys stored into commit for files that are no longer part of it.
@@ -722,8 +729,8 @@ func (u *Uploader) lookupDone(ctx context.Context, g *generation, ms []*Manifest
 		g.lookupFails++
 		if g.lookupFails >= lookupAttempts {
 			u.log.Warn().Err(err).Str("checkpoint", g.name).Int("attempts", g.lookupFails).
-				Msg("cannot read the store's commits of this checkpoint; sending it as a new commit")
-			g.lookup = false
+				Msg("cannot read the store's commits of this checkpoint; sending it, and reading them again before its commit")
+			g.lookup, g.unread = false, true
 			u.sendAll(g)
 			return
 		}
@@ -1198,9 +1205,9 @@ func (u *Uploader) dispatch(ctx context.Context) {
 	for u.inflight < limit && len(u.queued) > 0 {
 		g := u.queued[len(u.queued)-1]
 		if g.lookup && urgent && u.gens[g.name] == g {
-			// A notice does not wait for the store's commits of the name: it is sent as a new
-			// commit.
-			g.lookup = false
+			// A notice does not wait for the store's commits of the name: it is sent, and its
+			// commit reads them.
+			g.lookup, g.unread = false, true
 			u.sendAll(g)
 		}
 		if g.lookup {
@@ -1410,6 +1417,9 @@ func (u *Uploader) handleResult(ctx context.Context, r fileResult) {
 			return
 		}
 		f.attempts++
+		if r.kind == jobUpload {
+			g.uploadFailed = true
+		}
 		delay := retryDelay(f.attempts, u.urgent())
 		// The agent counts these by reason and logs them once per interval (OnEvent).
 		log.Debug().Err(r.err).Int("attempt", f.attempts).Float64("retry_in_s", logSeconds(delay)).Msg("upload failed; retrying")
@@ -1472,9 +1482,15 @@ func (u *Uploader) matched(g *generation, rel string, f *fileState) {
 // commit. This is a name committed before with other bytes (a rollback, a resumed run saving a
 // step again, a new run reusing the job), so it is logged.
 func (u *Uploader) toUploading(g *generation, why string) {
-	u.log.Warn().Str("checkpoint", g.name).Str("why", why).
-		Msg("checkpoint name already committed with other bytes; committing these as a new commit (the earlier commits stay)")
+	u.logNewCommitOfName(g.name, why)
 	u.sendAll(g)
+}
+
+// logNewCommitOfName says that checkpoint name, committed before with other bytes, gets a new
+// commit (never silent, I6).
+func (u *Uploader) logNewCommitOfName(name, why string) {
+	u.log.Warn().Str("checkpoint", name).Str("why", why).
+		Msg("checkpoint name already committed with other bytes; committing these as a new commit (the earlier commits stay)")
 }
 
 // sendAll makes g uploading: every file goes to its commit (what was only checksummed is sent).
@@ -1523,8 +1539,8 @@ func (u *Uploader) after(ctx context.Context, d time.Duration, fn func()) {
 // work until the result is in (events for it wait in deferred).
 func (u *Uploader) startCommit(ctx context.Context, g *generation) {
 	c := commitJob{name: g.name, commit: g.commit, single: g.single, adopt: g.state == genMatching, resumed: g.resumed, sealed: g.sealed,
-		completeAt: g.completeAt,
-		files:      make(map[string]doneFile, len(g.files)), candidates: g.candidates, strays: g.strays,
+		completeAt: g.completeAt, unread: g.unread, uploadFailed: g.uploadFailed,
+		files: make(map[string]doneFile, len(g.files)), candidates: g.candidates, strays: g.strays,
 		timings: Timings{UploadSeconds: g.uploadBusy.Seconds()}}
 	for rel, f := range g.files {
 		if f.done == nil { // never so when ready; checked here once rather than at every event
@@ -1619,13 +1635,18 @@ func (u *Uploader) handleCommit(ctx context.Context, r commitResult) {
 			u.markDirty(g)
 		})
 	case r.adopted:
+		own := g.commit
 		g.state, g.commit, g.manifest = genCommitted, r.manifest.Commit, r.manifest
+		if own != "" && own != g.commit {
+			// Sent without knowing the store had these bytes: the copy goes.
+			u.cleanupCommit(ctx, g.name, own, "the store has these bytes committed already")
+		}
 		u.journal.add(journalLine{Op: journalAdopt, Checkpoint: g.name, Commit: g.commit})
 		for p, f := range g.files {
 			u.journal.file(g.name, g.commit, p, *f.done)
 		}
 		u.journal.add(journalLine{Op: journalDone, Checkpoint: g.name, Commit: g.commit})
-		log.Info().Str("commit", g.commit).Msg("checkpoint already committed with these bytes; nothing sent")
+		u.log.Info().Str("checkpoint", g.name).Str("commit", g.commit).Msg("checkpoint already committed with these bytes; nothing sent")
 		u.emit(UploadEvent{Kind: CheckpointCommitted, Checkpoint: g.name, At: time.Now(), Manifest: r.manifest, Already: true})
 	default:
 		m := r.manifest

@@ -1,0 +1,177 @@
+package checkpoint
+
+import (
+	"context"
+	"errors"
+	"maps"
+	"os"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/rs/zerolog"
+)
+
+// outageStore is a memStore that can be down for listings (the store not answering while the
+// agent starts), hold every PutFile until released, fail the next PutFile of each file once
+// leaving its multipart upload behind (as S3 does when the abort fails too), and abort those.
+type outageStore struct {
+	*memStore
+	mu        sync.Mutex
+	listDown  bool
+	hold      chan struct{} // PutFile waits for it to close; nil: no wait
+	held      chan struct{} // closed when the first PutFile waits
+	heldOnce  sync.Once
+	failFirst bool
+	failed    map[string]bool // keys whose PutFile failed once
+	open      map[string]bool // keys with an incomplete upload left behind
+}
+
+var errOutage = errors.New("connect: connection refused")
+
+func newOutageStore(s *memStore) *outageStore {
+	return &outageStore{memStore: s, held: make(chan struct{}), failed: map[string]bool{}, open: map[string]bool{}}
+}
+
+func (s *outageStore) down() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.listDown
+}
+
+func (s *outageStore) List(ctx context.Context, prefix string) ([]ObjectInfo, error) {
+	if s.down() {
+		return nil, errOutage
+	}
+	return s.memStore.List(ctx, prefix)
+}
+
+func (s *outageStore) ListDir(ctx context.Context, prefix string) ([]string, []ObjectInfo, error) {
+	if s.down() {
+		return nil, nil, errOutage
+	}
+	return s.memStore.ListDir(ctx, prefix)
+}
+
+func (s *outageStore) PutFile(ctx context.Context, key string, f *os.File, size int64, progress func(n int64)) (Checksum, error) {
+	s.mu.Lock()
+	hold := s.hold
+	fail := s.failFirst && !s.failed[key]
+	if fail {
+		s.failed[key], s.open[key] = true, true
+	}
+	s.mu.Unlock()
+	if hold != nil {
+		s.heldOnce.Do(func() { close(s.held) })
+		select {
+		case <-hold:
+		case <-ctx.Done():
+			return Checksum{}, ctx.Err()
+		}
+	}
+	if fail {
+		return Checksum{}, errOutage
+	}
+	return s.memStore.PutFile(ctx, key, f, size, progress)
+}
+
+func (s *outageStore) AbortIncomplete(ctx context.Context, prefix string) (int, error) {
+	if _, err := s.memStore.AbortIncomplete(ctx, prefix); err != nil {
+		return 0, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := 0
+	for k := range s.open {
+		if strings.HasPrefix(k, prefix) {
+			delete(s.open, k)
+			n++
+		}
+	}
+	return n, nil
+}
+
+func (s *outageStore) openUploads() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Sorted(maps.Keys(s.open))
+}
+
+// A checkpoint restored from the store while the store does not answer listings (the lookup
+// gives up and the files are sent) is found committed when the store answers again before the
+// commit: it is adopted, the copy deleted, and LATEST stays on the newest checkpoint. Before,
+// the copy was committed anew, completed now, and became the newest (I6).
+func TestUploaderRestoredCheckpointSentDuringOutageIsNotNewest(t *testing.T) {
+	mem := newMemStore()
+	src := t.TempDir()
+	old := map[string][]byte{"w": randomBytes(t, 32<<10)}
+	writeCheckpoint(t, src, "step-1", old)
+	r := startUploader(t, src, mem, 0)
+	orig := r.waitCommitted("step-1")
+	writeCheckpoint(t, src, "step-2", map[string][]byte{"w": randomBytes(t, 32<<10)})
+	newest := r.waitCommitted("step-2")
+	r.stop()
+
+	// Restore the older checkpoint by name (a rollback), then the store stops answering.
+	dir := t.TempDir()
+	if _, err := Restore(t.Context(), mem, RestoreOptions{Job: "job", Checkpoint: "step-1", To: dir, Logger: zerolog.Nop()}); err != nil {
+		t.Fatal(err)
+	}
+	s := newOutageStore(mem)
+	s.listDown, s.hold = true, make(chan struct{})
+	r2 := startUploader(t, dir, s, 0)
+	select {
+	case <-s.held: // the lookup gave up: the files are being sent
+	case <-time.After(20 * time.Second):
+		t.Fatalf("no file sent within 20 s of the store refusing listings; log:\n%s", r2.logs)
+	}
+	s.mu.Lock()
+	s.listDown = false // the store is back before the commit
+	s.mu.Unlock()
+	close(s.hold)
+	ev := r2.waitCommitted("step-1")
+	if !ev.Already || ev.Manifest.Commit != orig.Manifest.Commit {
+		t.Errorf("step-1 restored and sent during the outage: Already %v, commit %s; want the existing commit %s adopted",
+			ev.Already, ev.Manifest.Commit, orig.Manifest.Commit)
+	}
+	if got := commitsOf(t, mem, "step-1"); len(got) != 1 {
+		t.Errorf("commits of step-1 = %d; want 1", len(got))
+	}
+	res, err := Restore(t.Context(), mem, RestoreOptions{Job: "job", To: t.TempDir(), Logger: zerolog.Nop()})
+	if err != nil || res.Checkpoint != "step-2" || res.Commit != newest.Manifest.Commit {
+		t.Errorf("newest checkpoint restored = %s %s (%v); want step-2 %s", res.Checkpoint, res.Commit, err, newest.Manifest.Commit)
+	}
+	// The copy sent during the outage is deleted: only the original commit's objects remain.
+	var objs []ObjectInfo
+	eventuallyUploader(t, "the copy sent during the outage to be deleted", func() bool {
+		var err error
+		if objs, err = mem.List(t.Context(), "job/step-1/"); err != nil {
+			t.Fatal(err)
+		}
+		return !slices.ContainsFunc(objs, func(o ObjectInfo) bool {
+			return !strings.HasPrefix(o.Key, "job/step-1/"+orig.Manifest.Commit+"/")
+		})
+	})
+	r2.stop()
+}
+
+// An upload that failed with the store down can leave its multipart upload behind (its abort
+// failed too); once the checkpoint is committed, nothing is left open under its commit.
+func TestUploaderAbortsUploadsLeftByFailedUploads(t *testing.T) {
+	s := newOutageStore(newMemStore())
+	s.failFirst = true
+	dir := t.TempDir()
+	writeCheckpoint(t, dir, "step-1", map[string][]byte{"a": randomBytes(t, 16<<10), "b": randomBytes(t, 16<<10)})
+	r := startUploader(t, dir, s, 0)
+	ev := r.waitCommitted("step-1")
+	s.mu.Lock()
+	failedA := s.failed[DataKey("job", "step-1", ev.Manifest.Commit, "a")]
+	s.mu.Unlock()
+	if !failedA {
+		t.Fatalf("the upload of a did not fail; the test did not run what it tests")
+	}
+	eventuallyUploader(t, "no incomplete upload left under the commit", func() bool { return len(s.openUploads()) == 0 })
+	r.stop()
+}
