@@ -7,6 +7,7 @@ import (
 	"io/fs"
 	"math"
 	"net"
+	"net/netip"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -17,6 +18,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/rs/zerolog"
 	"go.yaml.in/yaml/v3"
@@ -214,8 +217,11 @@ var fields = []field{
 		c.Trainer.Signal = sig
 		return err
 	}},
-	{"checkpoint.dir", "", "directory the trainer writes checkpoints into (one sub-directory per checkpoint)", func(c *Config, v string) error {
+	{"checkpoint.dir", "", "directory the trainer writes checkpoints into (one sub-directory per checkpoint); an absolute path", func(c *Config, v string) error {
 		c.Checkpoint.Dir = v
+		if v != "" && !filepath.IsAbs(v) {
+			return errRelativePath
+		}
 		return nil
 	}},
 	{"checkpoint.marker", "_COMPLETE", "file whose appearance marks a checkpoint directory complete (.metadata for torch DCP)", func(c *Config, v string) error {
@@ -250,13 +256,16 @@ var fields = []field{
 		c.Store.URL = v
 		return nil
 	}},
-	{"store.job", "", "name of the training run (required with store.url): the same on every instance of one run, different for every run", func(c *Config, v string) error {
+	{"store.job", "", "name of the training run (required with store.url): the same on every instance of one run, different for every run; at most 256 bytes, no slashes or control characters", func(c *Config, v string) error {
 		if v == "" {
 			c.Store.Job = ""
 			return nil
 		}
 		if err := checkpoint.ValidName(v); err != nil {
 			return fmt.Errorf("want a name without slashes: %w", err)
+		}
+		if err := checkJob(v); err != nil {
+			return err
 		}
 		c.Store.Job = v
 		return nil
@@ -323,10 +332,10 @@ var fields = []field{
 		c.Store.KMSKeyID = v
 		return nil
 	}},
-	{"http.listen", "127.0.0.1:9402", "address of the local /healthz, /status, /metrics and POST /notice listener; empty disables it", func(c *Config, v string) error {
+	{"http.listen", "127.0.0.1:9402", "host:port (port 0 to 65535) of the local /healthz, /status, /metrics and POST /notice listener, which has no authentication (a warning off loopback); empty disables it", func(c *Config, v string) error {
 		if v != "" {
-			if _, _, err := net.SplitHostPort(v); err != nil {
-				return fmt.Errorf("not host:port: %w", err)
+			if err := checkListen(v); err != nil {
+				return err
 			}
 		}
 		c.HTTP.Listen = v
@@ -340,11 +349,14 @@ var fields = []field{
 		c.HTTP.PProf = b
 		return nil
 	}},
-	{"agent.runtime_dir", "/run/spotguard", "directory for runtime state: notice.json, and the upload journal that lets a restarted agent resume its commits", func(c *Config, v string) error {
+	{"agent.runtime_dir", "/run/spotguard", "directory for runtime state: notice.json, and the upload journal that lets a restarted agent resume its commits; an absolute path, not inside checkpoint.dir", func(c *Config, v string) error {
 		if v == "" {
 			return errors.New("must not be empty")
 		}
 		c.Agent.RuntimeDir = v
+		if !filepath.IsAbs(v) {
+			return errRelativePath
+		}
 		return nil
 	}},
 	{"agent.stop_budget", "140s", "how long a stop (SIGTERM) may go on committing: the checkpoint the trainer was signalled for and every complete one not committed yet (0s: stop at once); keep it under the unit's TimeoutStopSec", func(c *Config, v string) error {
@@ -519,6 +531,54 @@ func checkEndpoint(v string) error {
 		return errors.New("want no user, query or fragment")
 	}
 	return nil
+}
+
+// errRelativePath is the problem of a relative checkpoint.dir or agent.runtime_dir.
+var errRelativePath = errors.New("must be an absolute path: a relative one is taken from the working directory, which is / under systemd")
+
+// maxJobBytes bounds store.job: it begins every key the agent writes (JOB/CHECKPOINT/COMMIT/FILE,
+// under the store's prefix), and S3 keys are at most 1024 bytes.
+const maxJobBytes = 256
+
+// checkJob refuses a store.job that checkpoint.ValidName lets through but that makes no good
+// key: not UTF-8, only white space, with control characters (a newline, a tab, DEL, C1), or
+// longer than maxJobBytes.
+func checkJob(v string) error {
+	switch {
+	case !utf8.ValidString(v):
+		return errors.New("not valid UTF-8")
+	case strings.TrimSpace(v) == "":
+		return errors.New("want a name, not only white space")
+	case strings.ContainsFunc(v, unicode.IsControl):
+		return errors.New("must not contain control characters (such as a newline or a tab)")
+	case len(v) > maxJobBytes:
+		return fmt.Errorf("%d bytes long: want at most %d (it begins every key in the store, and an S3 key is at most 1024 bytes)", len(v), maxJobBytes)
+	}
+	return nil
+}
+
+// checkListen accepts what http.listen's net.Listen("tcp", v) can listen on, as far as its form
+// goes: host:port with a port number from 0 to 65535 (0: any free port). A service name or an
+// empty port, which net.Listen would take, is refused too.
+func checkListen(v string) error {
+	_, port, err := net.SplitHostPort(v)
+	if err != nil {
+		return fmt.Errorf("not host:port: %w", err)
+	}
+	if _, err := strconv.ParseUint(port, 10, 16); err != nil {
+		return fmt.Errorf("port %q: want a number from 0 to 65535", port)
+	}
+	return nil
+}
+
+// isLoopbackHost reports whether host (of host:port) is a loopback address or localhost; an
+// empty host (every address) or any other name is not.
+func isLoopbackHost(host string) bool {
+	if strings.EqualFold(strings.TrimSuffix(host, "."), "localhost") {
+		return true
+	}
+	ip, err := netip.ParseAddr(host)
+	return err == nil && ip.IsLoopback()
 }
 
 func parseDuration(v string) (time.Duration, error) {
@@ -710,12 +770,13 @@ func (c *Config) Validate() error {
 	if c.Trainer.PIDFile == "" && c.Trainer.Unit == "" && c.Trainer.Match == nil && c.Trainer.Container == "" && !failed["trainer.match"] && !failed["trainer.container"] {
 		problems = append(problems, errors.New("trainer: no way to find the trainer: set trainer.pidfile, trainer.unit, trainer.match or trainer.container"))
 	}
-	if c.Checkpoint.Dir != "" {
+	if c.Checkpoint.Dir != "" && !failed["checkpoint.dir"] {
 		// One that does not exist yet is waited for: the trainer creates it.
 		if err := checkReadableDir(c.Checkpoint.Dir); err != nil && !errors.Is(err, fs.ErrNotExist) {
 			problems = append(problems, fmt.Errorf("checkpoint.dir: %w", err))
 		}
 	}
+	problems = append(problems, c.ownWritesProblems(failed)...)
 	if c.Store.URL != "" && c.Store.Job == "" && !failed["store.job"] {
 		problems = append(problems, errJobRequired)
 	}
@@ -744,9 +805,17 @@ func (c *Config) LoadProblems() []error {
 }
 
 // Warnings lists what is allowed but risky, each naming its key: polling so slow that a good
-// part of a spot notice's 2 minutes goes by before it is seen.
+// part of a spot notice's 2 minutes goes by before it is seen, and a listener (which has no
+// authentication) on an address that is not loopback.
 func (c *Config) Warnings() []string {
 	var w []string
+	if host, _, err := net.SplitHostPort(c.HTTP.Listen); err == nil && !isLoopbackHost(host) {
+		what := "read /status and /metrics and POST /notice"
+		if c.HTTP.PProf {
+			what = "read /status, /metrics and Go's profiles (/debug/pprof/) and POST /notice"
+		}
+		w = append(w, fmt.Sprintf("http.listen: %s: not a loopback address, and the listener has no authentication: whoever can reach it can %s; keep it on 127.0.0.1 (the default) or [::1]", c.HTTP.Listen, what))
+	}
 	for _, p := range []struct {
 		key string
 		d   time.Duration
@@ -806,6 +875,96 @@ func (c *Config) S3Options() checkpoint.S3Options {
 		Concurrency: c.Store.Concurrency,
 		SSE:         c.Store.SSE,
 		KMSKeyID:    c.Store.KMSKeyID,
+	}
+}
+
+// ownWritesProblems reports what would have the agent upload what it writes itself (I4): a
+// file:// store or agent.runtime_dir at or inside checkpoint.dir, and a checkpoint.dir at or
+// inside the directory a file:// store writes the job into. Paths are compared cleaned, and again
+// with the symlinks of their existing part resolved. Keys whose values did not parse (failed)
+// are left out.
+func (c *Config) ownWritesProblems(failed map[string]bool) []error {
+	if c.Checkpoint.Dir == "" || failed["checkpoint.dir"] {
+		return nil
+	}
+	var problems []error
+	if !failed["agent.runtime_dir"] {
+		if how, detail, ok := pathWithin(c.Agent.RuntimeDir, c.Checkpoint.Dir); ok {
+			problems = append(problems, fmt.Errorf("agent.runtime_dir: %s %s checkpoint.dir %s%s: the agent would upload its own notice.json and upload journal; put agent.runtime_dir outside checkpoint.dir",
+				c.valueFrom("agent.runtime_dir"), how, c.valueFrom("checkpoint.dir"), detail))
+		}
+	}
+	if c.Store.URL == "" || failed["store.url"] {
+		return problems
+	}
+	scheme, _, root, err := checkpoint.ParseStoreURL(c.Store.URL)
+	if err != nil || scheme != "file" {
+		return problems
+	}
+	if how, detail, ok := pathWithin(root, c.Checkpoint.Dir); ok {
+		problems = append(problems, fmt.Errorf("store.url: %s %s checkpoint.dir %s%s: the agent would upload its own store into itself; put the store outside checkpoint.dir",
+			c.valueFrom("store.url"), how, c.valueFrom("checkpoint.dir"), detail))
+	} else if c.Store.Job != "" && !failed["store.job"] {
+		jobDir := filepath.Join(root, c.Store.Job)
+		if how, detail, ok := pathWithin(c.Checkpoint.Dir, jobDir); ok {
+			problems = append(problems, fmt.Errorf("checkpoint.dir: %s %s the store's directory of job %s, %s (store.url %s, store.job %s)%s: the agent would upload what it writes into the store; put checkpoint.dir elsewhere",
+				c.valueFrom("checkpoint.dir"), how, c.Store.Job, jobDir, c.valueFrom("store.url"), c.valueFrom("store.job"), detail))
+		}
+	}
+	return problems
+}
+
+// valueFrom is key's effective value, quoted, and where it came from: `"/data/ckpt" from
+// /etc/spotguard/spotguard.yaml:12`.
+func (c *Config) valueFrom(key string) string {
+	s := c.values[key]
+	return fmt.Sprintf("%q from %s", s.value, s.origin)
+}
+
+// pathWithin reports whether the absolute path child is parent or inside it, comparing them
+// cleaned and, failing that, with the symlinks of their longest existing prefixes resolved. how
+// is "is the same directory as" or "is inside"; detail, when only the resolved paths say so,
+// names them (" (with symlinks resolved: A is inside B)"). A relative path is within nothing.
+func pathWithin(child, parent string) (how, detail string, ok bool) {
+	if !filepath.IsAbs(child) || !filepath.IsAbs(parent) {
+		return "", "", false
+	}
+	child, parent = filepath.Clean(child), filepath.Clean(parent)
+	if how, ok := pathRelation(child, parent); ok {
+		return how, "", true
+	}
+	rc, rp := resolvedPath(child), resolvedPath(parent)
+	if how, ok := pathRelation(rc, rp); ok {
+		return how, fmt.Sprintf(" (with symlinks resolved: %s %s %s)", rc, how, rp), true
+	}
+	return "", "", false
+}
+
+// pathRelation compares two clean absolute paths.
+func pathRelation(child, parent string) (string, bool) {
+	switch {
+	case child == parent:
+		return "is the same directory as", true
+	case parent == string(filepath.Separator) || strings.HasPrefix(child, parent+string(filepath.Separator)):
+		return "is inside", true
+	}
+	return "", false
+}
+
+// resolvedPath is the clean absolute path p with the symlinks of its longest existing prefix
+// resolved (filepath.EvalSymlinks); the rest, which does not exist yet, is kept as written.
+func resolvedPath(p string) string {
+	rest := ""
+	for dir := p; ; {
+		if r, err := filepath.EvalSymlinks(dir); err == nil {
+			return filepath.Join(r, rest)
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return p
+		}
+		rest = filepath.Join(filepath.Base(dir), rest)
+		dir = parent
 	}
 }
 
