@@ -435,6 +435,10 @@ func (u *Uploader) Run(ctx context.Context, events <-chan WatchEvent) error {
 		u.flushJournal()
 		select {
 		case <-done:
+			// A notice set before the stop may still wait in u.notices (select picks at random
+			// among ready cases, and both are ready when the store held up start): it decides
+			// whether to drain.
+			u.handleNotices()
 			if u.cfg.StopBudget < 0 || !u.draining() {
 				return nil
 			}

@@ -25,6 +25,9 @@ type outageStore struct {
 	held      chan struct{} // closed when the first PutFile waits
 	heldOnce  sync.Once
 	failFirst bool
+	listHold  chan struct{} // ListDir waits for it to close; nil: no wait
+	listHeld  chan struct{} // closed when the first ListDir waits
+	listOnce  sync.Once
 	failed    map[string]bool // keys whose PutFile failed once
 	open      map[string]bool // keys with an incomplete upload left behind
 }
@@ -32,7 +35,7 @@ type outageStore struct {
 var errOutage = errors.New("connect: connection refused")
 
 func newOutageStore(s *memStore) *outageStore {
-	return &outageStore{memStore: s, held: make(chan struct{}), failed: map[string]bool{}, open: map[string]bool{}}
+	return &outageStore{memStore: s, held: make(chan struct{}), listHeld: make(chan struct{}), failed: map[string]bool{}, open: map[string]bool{}}
 }
 
 func (s *outageStore) down() bool {
@@ -49,6 +52,14 @@ func (s *outageStore) List(ctx context.Context, prefix string) ([]ObjectInfo, er
 }
 
 func (s *outageStore) ListDir(ctx context.Context, prefix string) ([]string, []ObjectInfo, error) {
+	if s.listHold != nil {
+		s.listOnce.Do(func() { close(s.listHeld) })
+		select {
+		case <-s.listHold:
+		case <-ctx.Done():
+			return nil, nil, ctx.Err()
+		}
+	}
 	if s.down() {
 		return nil, nil, errOutage
 	}
@@ -174,4 +185,41 @@ func TestUploaderAbortsUploadsLeftByFailedUploads(t *testing.T) {
 	}
 	eventuallyUploader(t, "no incomplete upload left under the commit", func() bool { return len(s.openUploads()) == 0 })
 	r.stop()
+}
+
+// A stop right after a notice, both while the uploader still reads the store at start (a store
+// that hangs), drains: the trainer was signalled, so its checkpoint is awaited and committed. The
+// uploader's loop sees the stop and the notice ready at once; before, it picked one at random and
+// stopped without the checkpoint about half the time (ten rounds here).
+func TestUploaderStopRightAfterANoticeDrains(t *testing.T) {
+	for round := range 10 {
+		s := newOutageStore(newMemStore())
+		s.listHold = make(chan struct{})
+		dir := t.TempDir()
+		r := startUploaderWith(t, dir, s, UploaderConfig{StopBudget: 30 * time.Second})
+		select {
+		case <-s.listHeld:
+		case <-time.After(20 * time.Second):
+			t.Fatal("the uploader did not read the store at start")
+		}
+		r.up.SetNotices([]ActiveNotice{{Key: "spot/terminate", Deadline: time.Now().Add(2 * time.Minute), SignalledAt: time.Now()}})
+		r.cancel() // SIGTERM
+		close(s.listHold)
+		writeCheckpoint(t, dir, "step-1", map[string][]byte{"w": randomBytes(t, 8<<10)})
+		timeout := time.After(20 * time.Second)
+	wait:
+		for {
+			select {
+			case ev := <-r.events:
+				if ev.Kind == CheckpointCommitted && ev.Checkpoint == "step-1" {
+					break wait
+				}
+			case <-r.done:
+				t.Fatalf("round %d: the uploader stopped without the checkpoint the trainer was signalled for; log:\n%s", round, r.logs)
+			case <-timeout:
+				t.Fatalf("round %d: step-1 not committed within 20 s of the stop", round)
+			}
+		}
+		<-r.done
+	}
 }
