@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"time"
@@ -133,6 +135,25 @@ func storeAWS(ctx context.Context, s *awsSetup, url string, note func(string)) (
 	}
 	cfg.Region = region
 	return cfg, nil
+}
+
+// openStoreToRead is openStore for the commands that only read the store (list, restore): a
+// file:// store's directory must exist. Opened to write, a file store creates it; here a missing
+// one is a file system not mounted yet or a mistyped path, and must not pass for an empty store
+// (restore --allow-empty would start the trainer from scratch).
+func openStoreToRead(ctx context.Context, url, imdsEndpoint string, opts checkpoint.S3Options) (checkpoint.Store, error) {
+	if root, ok := strings.CutPrefix(url, "file://"); ok && filepath.IsAbs(root) {
+		fi, err := os.Stat(root)
+		switch {
+		case errors.Is(err, fs.ErrNotExist):
+			return nil, fmt.Errorf("store %s: the directory %s does not exist (a file system not mounted yet, or a mistyped store.url?); nothing to read", url, root)
+		case err != nil:
+			return nil, fmt.Errorf("store %s: %w", url, err)
+		case !fi.IsDir():
+			return nil, fmt.Errorf("store %s: %s is not a directory", url, root)
+		}
+	}
+	return openStore(ctx, url, imdsEndpoint, opts)
 }
 
 // openStore opens the store at url as every command does: AWS settings as `spotguard run` loads

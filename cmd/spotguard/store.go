@@ -84,7 +84,7 @@ func runRestore(ctx context.Context, args, environ []string, stdout, stderr io.W
 			return exitFail
 		}
 	}
-	store, err := openStore(ctx, cfg.Store.URL, cfg.IMDS.Endpoint, cfg.S3Options())
+	store, err := openStoreToRead(ctx, cfg.Store.URL, cfg.IMDS.Endpoint, cfg.S3Options())
 	if err != nil {
 		fmt.Fprintf(stderr, "spotguard restore: %v\n", err)
 		return exitFail
@@ -238,7 +238,7 @@ func runList(ctx context.Context, args, environ []string, stdout, stderr io.Writ
 	if !ok {
 		return exitFail
 	}
-	store, err := openStore(ctx, cfg.Store.URL, cfg.IMDS.Endpoint, cfg.S3Options())
+	store, err := openStoreToRead(ctx, cfg.Store.URL, cfg.IMDS.Endpoint, cfg.S3Options())
 	if err != nil {
 		fmt.Fprintf(stderr, "spotguard list: %v\n", err)
 		return exitFail

@@ -405,6 +405,19 @@ func TestRestoreNothingCommitted(t *testing.T) {
 	if code != 1 {
 		t.Errorf("restore --allow-empty with a bad job: exit %d; want 1", code)
 	}
+	// So is a file store whose directory is missing (its file system not mounted yet, a typo):
+	// it is not an empty store, and neither list nor restore creates it.
+	missing := filepath.Join(t.TempDir(), "fsx", "checkpoints")
+	for _, args := range [][]string{{"restore", "--allow-empty", "--to", t.TempDir()}, {"list"}} {
+		code, stdout, stderr = runSpotguard(t, []string{"SPOTGUARD_STORE_URL=file://" + missing, "SPOTGUARD_STORE_JOB=empty-job"},
+			append(args, "--config", writeEmptyConfig(t))...)
+		if code != 1 || !strings.Contains(stderr, missing+" does not exist") {
+			t.Errorf("%s with a missing file store: exit %d, %q %q; want 1 saying %s does not exist", args[0], code, stdout, stderr, missing)
+		}
+		if _, err := os.Stat(missing); err == nil {
+			t.Fatalf("%s created the missing file store %s", args[0], missing)
+		}
+	}
 }
 
 func writeEmptyConfig(t testing.TB) string {
