@@ -60,18 +60,41 @@ type drillReport struct {
 	Files      int         `json:"files"`
 	Bytes      int64       `json:"bytes"`
 	Timeline   []drillStep `json:"timeline"`
-	MarginS    float64     `json:"margin_seconds"`
-	DurableS   float64     `json:"durable_after_notice_seconds"`
-	UploadMBs  float64     `json:"upload_mb_per_s,omitempty"`
-	RestoreMBs float64     `json:"restore_mb_per_s,omitempty"`
-	Advice     []string    `json:"advice,omitempty"`
-	Verified   bool        `json:"verified"`
-	Deadline   time.Time   `json:"deadline"`
+	// MarginS (the deadline less the commit's time, negative when late) and DurableS (the
+	// commit's time less the notice's) are absent until a checkpoint is committed.
+	MarginS    *float64 `json:"margin_seconds,omitempty"`
+	DurableS   *float64 `json:"durable_after_notice_seconds,omitempty"`
+	UploadMBs  float64  `json:"upload_mb_per_s,omitempty"`
+	RestoreMBs float64  `json:"restore_mb_per_s,omitempty"`
+	Advice     []string `json:"advice,omitempty"`
+	Verified   bool     `json:"verified"`
+	// Deadline is the notice's deadline, absent until a notice arrived.
+	Deadline *time.Time `json:"deadline,omitempty"`
 	// Nodes are the nodes of a multi-node drill (--nodes), each with its timeline.
 	Nodes    []drillNode `json:"nodes,omitempty"`
 	notice   time.Time   // when the notice was detected
 	manifest *checkpoint.Manifest
 	storeFix string // what to do about a failed store check
+	// late is set when the drill failed because the checkpoint was not complete or committed
+	// before the deadline: the advice about its size, how often to save and the upload applies.
+	late bool
+}
+
+// noticed records when the notice was detected and its deadline (nil: the 2-minute window).
+func (r *drillReport) noticed(at time.Time, deadline *time.Time) {
+	r.notice = at
+	d := at.Add(drillWindow)
+	if deadline != nil {
+		d = *deadline
+	}
+	r.Deadline = &d
+}
+
+// committed records when the checkpoint was committed: the margin left before the deadline
+// and the time to durable.
+func (r *drillReport) committed(at time.Time) {
+	margin, durable := r.Deadline.Sub(at).Seconds(), at.Sub(r.notice).Seconds()
+	r.MarginS, r.DurableS = &margin, &durable
 }
 
 // drillStep is one moment of the timeline, in seconds after the notice was detected.
@@ -103,6 +126,11 @@ func runDrill(ctx context.Context, args, environ []string, stdout, stderr io.Wri
 	nodes := fs.Int("nodes", 1, "rehearse a job of `N` nodes on this machine: N agents and demo trainers, one node notified; each node's part and\nthe job checkpoint (store.world_nodes, docs/multinode.md), with per-node timelines and the job's time to durable")
 	if code, ok := fs.parse(args); !ok {
 		return code
+	}
+	if *storeURL != "" {
+		if _, _, _, err := checkpoint.ParseStoreURL(*storeURL); err != nil {
+			return fs.usageError("--store %q: %s", *storeURL, strings.TrimPrefix(err.Error(), fmt.Sprintf("store url %q: ", *storeURL)))
+		}
 	}
 	size, err := parseDrillSize(*sizeFlag)
 	switch {
@@ -198,6 +226,10 @@ func drill(ctx context.Context, p drillPlan, log zerolog.Logger, rep *drillRepor
 		rep.Reason = fmt.Sprintf(format, a...)
 		return false
 	}
+	late := func(format string, a ...any) bool {
+		rep.late = true
+		return fail(format, a...)
+	}
 	var sim *imds.Simulator
 	endpoint := ""
 	if !p.realIMDS {
@@ -266,7 +298,15 @@ func drill(ctx context.Context, p drillPlan, log zerolog.Logger, rep *drillRepor
 	if err := os.WriteFile(pidfile, []byte(strconv.Itoa(cmd.Process.Pid)+"\n"), 0o644); err != nil {
 		return fail("write the trainer's pidfile: %v", err)
 	}
+	// what names the trainer in a failure.
+	what := "the trainer command"
+	if p.trainerCmd == "" {
+		what = "the demo trainer"
+	}
 	if p.trainerCmd == "" && !waitFile(ctx, ready, trainerDone, 30*time.Second) {
+		if err, ok := exited(trainerDone); ok {
+			return fail("%s %s before it was ready", what, describeExit(err))
+		}
 		return fail("the demo trainer did not start")
 	}
 
@@ -288,7 +328,15 @@ func drill(ctx context.Context, p drillPlan, log zerolog.Logger, rep *drillRepor
 
 	if sim != nil {
 		// Give the agent a moment to be watching, as on a real instance, then announce.
-		if !waitUntil(ctx, 10*time.Second, func() bool { return len(a.Status().Trainers) > 0 }) {
+		// A trainer that exits (a command not found, a crash at start) fails the drill at once.
+		found := waitUntil(ctx, 10*time.Second, func() bool {
+			_, gone := exited(trainerDone)
+			return gone || len(a.Status().Trainers) > 0
+		})
+		if err, ok := exited(trainerDone); ok {
+			return fail("%s %s before the agent found it", what, describeExit(err))
+		}
+		if !found {
 			return fail("the agent did not find the trainer (pid %d)", cmd.Process.Pid)
 		}
 		if p.trainerCmd != "" {
@@ -297,8 +345,12 @@ func drill(ctx context.Context, p drillPlan, log zerolog.Logger, rep *drillRepor
 			// signal. One that never does is reported as such once the wait is over.
 			fmt.Fprintf(p.progress, "waiting up to %v for the trainer to catch %s\n", drillTrainerWait, trainer.SignalName(cfg.Trainer.Signal))
 			waitUntil(ctx, drillTrainerWait, func() bool {
-				return slices.ContainsFunc(a.ScanTrainers(), func(t agent.TrainerStatus) bool { return t.CatchesSignal })
+				_, gone := exited(trainerDone)
+				return gone || slices.ContainsFunc(a.ScanTrainers(), func(t agent.TrainerStatus) bool { return t.CatchesSignal })
 			})
+			if err, ok := exited(trainerDone); ok {
+				return fail("%s %s before it caught %s", what, describeExit(err), trainer.SignalName(cfg.Trainer.Signal))
+			}
 		}
 		sim.Interrupt("terminate", drillWindow)
 	} else {
@@ -306,27 +358,29 @@ func drill(ctx context.Context, p drillPlan, log zerolog.Logger, rep *drillRepor
 	}
 
 	// Follow the notice until it is committed, the trainer refuses, or the window closes.
+	// A trainer that exits while the drill waits for a real notice ends the wait.
 	var ns agent.NoticeStatus
-	found := waitUntil(ctx, 24*time.Hour, func() bool {
+	found := false
+	waitUntil(ctx, 24*time.Hour, func() bool {
 		for _, n := range a.Status().Notices {
 			if n.Source == imds.SourceSpot && n.Active {
-				ns = n
+				ns, found = n, true
 				return true
 			}
 		}
-		return false
+		_, gone := exited(trainerDone)
+		return gone
 	})
 	if !found {
+		if err, ok := exited(trainerDone); ok {
+			return fail("%s %s before the notice arrived", what, describeExit(err))
+		}
 		return fail("no notice arrived")
 	}
-	rep.notice = ns.Transitions[0].At
-	rep.Deadline = rep.notice.Add(drillWindow)
-	if ns.Deadline != nil {
-		rep.Deadline = *ns.Deadline
-	}
+	rep.noticed(ns.Transitions[0].At, ns.Deadline)
 	rep.add("notice detected", rep.notice, ns.Key)
 	var outcome string
-	waitUntil(ctx, time.Until(rep.Deadline)+time.Second, func() bool {
+	waitUntil(ctx, time.Until(*rep.Deadline)+time.Second, func() bool {
 		for _, n := range a.Status().Notices {
 			if n.Key == ns.Key {
 				ns = n
@@ -358,6 +412,9 @@ func drill(ctx context.Context, p drillPlan, log zerolog.Logger, rep *drillRepor
 	}
 	switch outcome {
 	case agent.StateTrainerNotSignalled:
+		if err, ok := exited(trainerDone); ok {
+			return fail("%s %s before it was signalled", what, describeExit(err))
+		}
 		detail := "no trainer process found"
 		for _, s := range ns.Signals {
 			if s.Outcome == "not_caught" {
@@ -366,12 +423,13 @@ func drill(ctx context.Context, p drillPlan, log zerolog.Logger, rep *drillRepor
 		}
 		return fail("%s", detail)
 	case "trainer_exited":
-		return fail("the trainer exited before writing a complete checkpoint")
+		err, _ := exited(trainerDone)
+		return fail("%s %s before writing a complete checkpoint", what, describeExit(err))
 	case "":
 		if ns.State == agent.StateTrainerSignalled {
-			return fail("the trainer was signalled but no complete checkpoint (marker %s) appeared before the deadline", cfg.Checkpoint.Marker)
+			return late("the trainer was signalled but no complete checkpoint (marker %s) appeared before the deadline", cfg.Checkpoint.Marker)
 		}
-		return fail("the checkpoint was not committed before the deadline (state %s)", ns.State)
+		return late("the checkpoint was not committed before the deadline (state %s)", ns.State)
 	}
 
 	// Committed: the manifest has the upload's own timings.
@@ -396,8 +454,7 @@ func drill(ctx context.Context, p drillPlan, log zerolog.Logger, rep *drillRepor
 		}
 	}
 	rep.add("manifest committed", m.CommittedAt, fmt.Sprintf("%d files, %s", len(m.Files), checkpoint.HumanBytes(m.TotalBytes)))
-	rep.MarginS = rep.Deadline.Sub(m.CommittedAt).Seconds()
-	rep.DurableS = m.CommittedAt.Sub(rep.notice).Seconds()
+	rep.committed(m.CommittedAt)
 
 	// The next instance: restore and compare byte for byte.
 	to := filepath.Join(p.tmp, "restored")
@@ -412,10 +469,46 @@ func drill(ctx context.Context, p drillPlan, log zerolog.Logger, rep *drillRepor
 		return fail("the restored checkpoint differs from what the trainer wrote: %v", err)
 	}
 	rep.Verified = true
-	if m.CommittedAt.After(rep.Deadline) {
-		return fail("committed %.1f s after the deadline", -rep.MarginS)
+	if m.CommittedAt.After(*rep.Deadline) {
+		return late("committed %.1f s after the deadline", -*rep.MarginS)
 	}
 	return true
+}
+
+// exited reports whether the trainer has exited, with its Wait error, leaving that in done for
+// the next look.
+func exited(done chan error) (error, bool) {
+	select {
+	case err := <-done:
+		done <- err
+		return err, true
+	default:
+		return nil, false
+	}
+}
+
+// describeExit says how a trainer ended, from its Wait error: "exited with status N" (127 and
+// 126 with what the shell means by them), "was killed by SIGNAL", or the error.
+func describeExit(err error) string {
+	var ee *exec.ExitError
+	switch {
+	case err == nil:
+		return "exited with status 0"
+	case errors.As(err, &ee):
+		if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+			return "was killed by " + trainer.SignalName(ws.Signal())
+		}
+		switch code := ee.ExitCode(); code {
+		case 127:
+			return "exited with status 127 (command not found: see the shell's message above)"
+		case 126:
+			return "exited with status 126 (found but not executable)"
+		default:
+			return fmt.Sprintf("exited with status %d", code)
+		}
+	default:
+		return "ended: " + err.Error()
+	}
 }
 
 // drillStore opens the drill's store and checks it first: a wrong bucket or a missing permission
@@ -521,7 +614,10 @@ func sameFiles(want, got string) error {
 	})
 }
 
-// drillAdvice says what to change when the margin is thin or the drill failed.
+// drillAdvice says what to change when the margin is thin, or the drill failed on something
+// advice can fix: the store check, a trainer that does not catch the signal, a checkpoint not
+// committed in time. Other failures (a trainer that exited, a configuration the agent refuses)
+// say all there is in the reason.
 func drillAdvice(r drillReport) []string {
 	var out []string
 	if strings.HasPrefix(r.Cause, "store") {
@@ -530,7 +626,7 @@ func drillAdvice(r drillReport) []string {
 	if !r.Pass && strings.Contains(r.Reason, "does not catch") {
 		return []string{"handle the signal in the trainer (see examples/python/trainer.py): set a flag, save at the next step boundary"}
 	}
-	if r.Pass && r.MarginS >= drillThinMargin.Seconds() {
+	if r.Pass && r.MarginS != nil && *r.MarginS >= drillThinMargin.Seconds() || !r.Pass && !r.late {
 		return nil
 	}
 	out = append(out,
@@ -560,17 +656,19 @@ func printDrill(w io.Writer, r drillReport) {
 			fmt.Fprintf(w, "    %+7.2f s  %s  %s\n", st.Seconds, st.Step, st.Detail)
 		}
 	}
-	if len(r.Nodes) > 0 && r.DurableS > 0 {
-		fmt.Fprintf(w, "\n  the job's checkpoint (every node's part) was durable %.1f s after the notice\n", r.DurableS)
+	if len(r.Nodes) > 0 && r.DurableS != nil {
+		fmt.Fprintf(w, "\n  the job's checkpoint (every node's part) was durable %.1f s after the notice\n", *r.DurableS)
 	}
 	if r.UploadMBs > 0 || r.RestoreMBs > 0 {
 		fmt.Fprintf(w, "\n  upload %.0f MB/s (first file closed → last byte), restore %.0f MB/s with every checksum verified\n", r.UploadMBs, r.RestoreMBs)
 	}
-	if r.Checkpoint != "" {
-		fmt.Fprintf(w, "  margin: %.1f s of the 2-minute window left when %s was committed\n", r.MarginS, r.Checkpoint)
+	if r.Checkpoint != "" && r.MarginS != nil {
+		fmt.Fprintf(w, "  margin: %.1f s of the 2-minute window left when %s was committed\n", *r.MarginS, r.Checkpoint)
 	}
-	if r.Pass {
-		fmt.Fprintf(w, "\nPASS: the checkpoint was durable %.1f s after the notice and restored byte for byte\n", r.DurableS)
+	if r.Pass && r.DurableS != nil {
+		fmt.Fprintf(w, "\nPASS: the checkpoint was durable %.1f s after the notice and restored byte for byte\n", *r.DurableS)
+	} else if r.Pass {
+		fmt.Fprintln(w, "\nPASS")
 	} else {
 		fmt.Fprintf(w, "\nFAIL: %s\n", r.Reason)
 	}

@@ -40,6 +40,10 @@ func drillNodes(ctx context.Context, p drillPlan, nodes int, log zerolog.Logger,
 		rep.Reason = fmt.Sprintf(format, a...)
 		return false
 	}
+	late := func(format string, a ...any) bool {
+		rep.late = true
+		return fail(format, a...)
+	}
 	notifiedSim, err := imds.StartSimulator("127.0.0.1:0")
 	if err != nil {
 		return fail("start the IMDS simulator: %v", err)
@@ -148,17 +152,13 @@ func drillNodes(ctx context.Context, p drillPlan, nodes int, log zerolog.Logger,
 	if spot.State == agent.StateTrainerNotSignalled {
 		return fail("the notified node's trainer was not signalled")
 	}
-	rep.notice = spot.Transitions[0].At
-	rep.Deadline = rep.notice.Add(drillWindow)
-	if spot.Deadline != nil {
-		rep.Deadline = *spot.Deadline
-	}
+	rep.noticed(spot.Transitions[0].At, spot.Deadline)
 	rep.add("notice detected (node "+strconv.Itoa(notified)+")", rep.notice, spot.Key)
 	for rank, n := range ns {
 		if rank == notified {
 			continue
 		}
-		if _, err := n.a.PostNotice(ctx, "terminate", rep.Deadline); err != nil {
+		if _, err := n.a.PostNotice(ctx, "terminate", *rep.Deadline); err != nil {
 			return fail("hand the notice to node %d's agent: %v", rank, err)
 		}
 		if err := n.cmd.Process.Signal(syscall.SIGUSR1); err != nil {
@@ -169,7 +169,7 @@ func drillNodes(ctx context.Context, p drillPlan, nodes int, log zerolog.Logger,
 
 	// Wait for the job checkpoint: a job manifest of every node's part.
 	var job *checkpoint.Manifest
-	waitUntil(ctx, time.Until(rep.Deadline)+time.Second, func() bool {
+	waitUntil(ctx, time.Until(*rep.Deadline)+time.Second, func() bool {
 		cs, _, err := checkpoint.ListCommitted(ctx, store, p.job)
 		if err == nil && len(cs) > 0 && len(cs[0].Manifest.Parts) == nodes {
 			job = cs[0].Manifest
@@ -193,12 +193,11 @@ func drillNodes(ctx context.Context, p drillPlan, nodes int, log zerolog.Logger,
 		rep.Nodes = append(rep.Nodes, dn)
 	}
 	if job == nil {
-		return fail("no job checkpoint of every node's part was committed before the deadline (list shows the parts that came)")
+		return late("no job checkpoint of every node's part was committed before the deadline (list shows the parts that came)")
 	}
 	rep.Checkpoint, rep.Commit, rep.Files, rep.Bytes, rep.manifest = job.Checkpoint, job.Commit, len(job.Files), job.TotalBytes, job
 	rep.add("job manifest committed", job.CommittedAt, fmt.Sprintf("%d parts, %d files, %s", len(job.Parts), len(job.Files), checkpoint.HumanBytes(job.TotalBytes)))
-	rep.MarginS = rep.Deadline.Sub(job.CommittedAt).Seconds()
-	rep.DurableS = job.CommittedAt.Sub(rep.notice).Seconds()
+	rep.committed(job.CommittedAt)
 	if t := job.Timings; t.FirstFileAt != nil && t.LastByteAt != nil && t.LastByteAt.After(*t.FirstFileAt) {
 		rep.UploadMBs = float64(job.TotalBytes) / t.LastByteAt.Sub(*t.FirstFileAt).Seconds() / 1e6
 	}
@@ -217,8 +216,8 @@ func drillNodes(ctx context.Context, p drillPlan, nodes int, log zerolog.Logger,
 		}
 	}
 	rep.Verified = true
-	if job.CommittedAt.After(rep.Deadline) {
-		return fail("committed %.1f s after the deadline", -rep.MarginS)
+	if job.CommittedAt.After(*rep.Deadline) {
+		return late("committed %.1f s after the deadline", -*rep.MarginS)
 	}
 	slices.SortFunc(rep.Nodes, func(a, b drillNode) int { return a.Rank - b.Rank })
 	return true

@@ -1,0 +1,118 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// emptyConfig writes an empty configuration file, so that a drill reads no installed one.
+func emptyConfig(t *testing.T) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "spotguard.yaml")
+	if err := os.WriteFile(path, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// A bad --store is a bad flag value: a usage error (exit 2) that names --store (drill has no
+// --store.url), on stderr, before anything runs: no report, no advice about checkpoint sizes.
+func TestDrillBadStoreIsAUsageError(t *testing.T) {
+	conf := emptyConfig(t)
+	for _, store := range []string{"bogus://x", "s3:/bucket", "file://rel", "s3://"} {
+		for _, jsonFlag := range []string{"--json=false", "--json"} {
+			code, stdout, stderr := runCLI(t, t.Context(), nil, "drill", "--config", conf, jsonFlag, "--store", store)
+			if code != exitUsage {
+				t.Errorf("Got(drill %s --store %s) exit %d; want %d", jsonFlag, store, code, exitUsage)
+			}
+			if stdout != "" {
+				t.Errorf("Got(drill %s --store %s) stdout %q; want none", jsonFlag, store, stdout)
+			}
+			if want := fmt.Sprintf("spotguard drill: --store %q: ", store); !strings.HasPrefix(stderr, want) ||
+				!strings.Contains(stderr, "run 'spotguard drill -h' for its flags") {
+				t.Errorf("Got(drill %s --store %s) stderr %q; want it to start with %q, then where the flags are", jsonFlag, store, stderr, want)
+			}
+			if strings.Contains(stderr, "store.url") || strings.Contains(stderr, "Advice") || strings.Contains(stderr, "smaller checkpoint") {
+				t.Errorf("Got(drill %s --store %s) stderr %q; want no store.url and no advice", jsonFlag, store, stderr)
+			}
+		}
+	}
+}
+
+// A trainer command that exits at once (here: not found, status 127 from sh) fails the drill as
+// soon as it exits, saying how it ended, without advice; the report has no deadline, margin or
+// time to durable, as no notice came.
+func TestDrillTrainerCommandThatExitsFailsAtOnce(t *testing.T) {
+	conf := emptyConfig(t)
+	start := time.Now()
+	code, stdout, stderr := runCLI(t, t.Context(), nil, "drill", "--config", conf, "--json",
+		"--trainer-cmd", "nonexistent-cmd-xyz-spotguard-test", "--checkpoint-dir", t.TempDir())
+	elapsed := time.Since(start)
+	if code != exitFail {
+		t.Errorf("Got(drill) exit %d; want %d\nstderr: %s", code, exitFail, stderr)
+	}
+	var raw map[string]any
+	if err := json.Unmarshal([]byte(stdout), &raw); err != nil {
+		t.Fatalf("Got(drill --json) stdout %q: %v", stdout, err)
+	}
+	reason, _ := raw["reason"].(string)
+	if !strings.Contains(reason, "the trainer command exited with status 127") || !strings.Contains(reason, "command not found") {
+		t.Errorf("Got(drill) reason %q; want the trainer command's exit status 127, command not found", reason)
+	}
+	for _, key := range []string{"advice", "deadline", "margin_seconds", "durable_after_notice_seconds"} {
+		if v, ok := raw[key]; ok {
+			t.Errorf("Got(drill --json) %q = %v; want it absent", key, v)
+		}
+	}
+	if raw["pass"] != false {
+		t.Errorf("Got(drill --json) pass = %v; want false", raw["pass"])
+	}
+	// The drill gives the agent 10 s to find a trainer that runs; one that exited is not waited for.
+	if elapsed >= 10*time.Second {
+		t.Errorf("Got(drill) took %v; want it to fail as soon as the trainer exited", elapsed)
+	}
+
+	// The text report says the same, without an advice block.
+	code, stdout, _ = runCLI(t, t.Context(), nil, "drill", "--config", conf,
+		"--trainer-cmd", "sh -c 'exit 3'", "--checkpoint-dir", t.TempDir())
+	if code != exitFail || !strings.Contains(stdout, "FAIL: the trainer command exited with status 3 before") || strings.Contains(stdout, "Advice") {
+		t.Errorf("Got(drill --trainer-cmd \"sh -c 'exit 3'\") exit %d, stdout %q; want 1, FAIL with status 3 and no advice", code, stdout)
+	}
+}
+
+// The advice about checkpoint size, frequency and upload speed is for a thin margin or a
+// checkpoint not committed in time, not for failures it cannot fix.
+func TestDrillAdviceOnlyWhereItHelps(t *testing.T) {
+	margin := func(s float64) *float64 { return &s }
+	tests := []struct {
+		name    string
+		rep     drillReport
+		generic bool // the advice about size, frequency and upload
+		want    string
+	}{
+		{"pass with room", drillReport{Pass: true, MarginS: margin(100)}, false, ""},
+		{"pass with a thin margin", drillReport{Pass: true, MarginS: margin(5)}, true, "smaller checkpoint"},
+		{"late", drillReport{Reason: "the checkpoint was not committed before the deadline", late: true}, true, "smaller checkpoint"},
+		{"trainer exited", drillReport{Reason: "the trainer command exited with status 127 before the agent found it"}, false, ""},
+		{"invalid configuration", drillReport{Reason: "invalid configuration: trainer.signal: ..."}, false, ""},
+		{"no handler", drillReport{Reason: "the trainer (pid 7) does not catch SIGUSR1"}, false, "handle the signal"},
+		{"store", drillReport{Cause: "store:not_found", storeFix: "create the bucket"}, false, "create the bucket"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got := drillAdvice(tt.rep)
+			all := strings.Join(got, "\n")
+			if strings.Contains(all, "smaller checkpoint") != tt.generic {
+				t.Errorf("Got(%s) advice %q; want the advice about size and frequency: %v", tt.name, got, tt.generic)
+			}
+			if tt.want == "" && len(got) > 0 || !strings.Contains(all, tt.want) {
+				t.Errorf("Got(%s) advice %q; want %q", tt.name, got, tt.want)
+			}
+		})
+	}
+}
