@@ -1012,7 +1012,7 @@ func (u *Uploader) handleWatch(ctx context.Context, ev WatchEvent) {
 			f = g.files[ev.Path]
 		}
 		if f != nil {
-			u.dropFile(g, ev.Path, f)
+			u.fileVanished(g, ev.Path, f)
 		}
 		if ev.Path == u.cfg.Marker || g.single {
 			g.complete = false
@@ -1085,6 +1085,18 @@ func (u *Uploader) abandon(ctx context.Context, g *generation, why string) {
 	if g.commit != "" && !g.sealed {
 		u.cleanupCommit(ctx, g.name, g.commit, why)
 	}
+}
+
+// fileVanished drops rel, which is no longer on disk, from g. From a complete checkpoint that is
+// said at warn level (never silent, I6): the checkpoint is committed without the file, which its
+// marker had declared part of it (a trainer deleting files after its marker, or a checkpoint
+// being deleted while it is committed).
+func (u *Uploader) fileVanished(g *generation, rel string, f *fileState) {
+	if g.complete && !g.single && rel != u.cfg.Marker {
+		u.log.Warn().Str("checkpoint", g.name).Str("file", rel).
+			Msg("file vanished from a complete checkpoint; committing the checkpoint without it unless it comes back")
+	}
+	u.dropFile(g, rel, f)
 }
 
 // dropFile removes rel from g (it vanished, or cannot be used); a stored copy becomes a stray.
@@ -1413,7 +1425,7 @@ func (u *Uploader) handleResult(ctx context.Context, r fileResult) {
 			return
 		case errors.Is(r.err, fs.ErrNotExist):
 			log.Info().Msg("file vanished before it was read; no longer part of the checkpoint unless it comes back")
-			u.dropFile(g, r.rel, f)
+			u.fileVanished(g, r.rel, f)
 			return
 		case errors.Is(r.err, errUnusable):
 			log.Warn().Err(r.err).Msg("file skipped: the checkpoint is committed without it")
@@ -1598,7 +1610,7 @@ func (u *Uploader) handleCommit(ctx context.Context, r commitResult) {
 		}
 		for _, p := range r.gone {
 			if f := g.files[p]; f != nil {
-				u.dropFile(g, p, f)
+				u.fileVanished(g, p, f)
 			}
 		}
 		for _, lf := range r.changed {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"maps"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -221,5 +222,36 @@ func TestUploaderStopRightAfterANoticeDrains(t *testing.T) {
 			}
 		}
 		<-r.done
+	}
+}
+
+// A file deleted after the marker, before it was read, leaves the commit, and that is said at
+// warn level, naming the file (never silent, I6); before, nothing was logged at any level.
+func TestUploaderSaysAFileVanishedFromACompleteCheckpoint(t *testing.T) {
+	s := newOutageStore(newMemStore())
+	s.hold = make(chan struct{})
+	dir := t.TempDir()
+	r := startUploaderWith(t, dir, s, UploaderConfig{BackgroundFiles: 1})
+	writeCheckpoint(t, dir, "step-1", map[string][]byte{"a": randomBytes(t, 8<<10), "b": randomBytes(t, 8<<10)})
+	select {
+	case <-s.held:
+	case <-time.After(20 * time.Second):
+		t.Fatal("no upload started")
+	}
+	r.waitEvent(CheckpointComplete, "step-1")
+	if err := os.Remove(filepath.Join(dir, "step-1", "b")); err != nil {
+		t.Fatal(err)
+	}
+	close(s.hold)
+	ev := r.waitCommitted("step-1")
+	paths := make([]string, len(ev.Manifest.Files))
+	for i, f := range ev.Manifest.Files {
+		paths[i] = f.Path
+	}
+	if slices.Contains(paths, "b") {
+		t.Fatalf("committed files %v; b was deleted before it was read", paths)
+	}
+	if log := r.logs.String(); !strings.Contains(log, `"file":"b"`) || !strings.Contains(log, "file vanished from a complete checkpoint") {
+		t.Errorf("warnings:\n%s\nwant one naming b, vanished from the complete checkpoint", log)
 	}
 }
