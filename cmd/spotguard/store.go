@@ -120,7 +120,15 @@ func runRestore(ctx context.Context, args, environ []string, stdout, stderr io.W
 	res, err := checkpoint.Restore(ctx, store, opts)
 	bar.finish()
 	plog.finish()
+	// With --json, stdout has one object on exit 0 only: "restored" says whether a checkpoint is
+	// in place (false: --allow-empty and nothing committed yet); errors stay on stderr.
 	if err != nil && *allowEmpty && *name == "" && errors.Is(err, checkpoint.ErrNothingToRestore) {
+		if *jsonOut {
+			json.NewEncoder(stdout).Encode(map[string]any{
+				"restored": false, "detail": err.Error() + "; nothing to restore (first run)", "store": store.URL(), "job": cfg.Store.Job,
+			})
+			return exitOK
+		}
 		fmt.Fprintf(stdout, "%v; nothing to restore (first run)\n", err)
 		return exitOK
 	}
@@ -130,6 +138,7 @@ func runRestore(ctx context.Context, args, environ []string, stdout, stderr io.W
 	}
 	if *jsonOut {
 		json.NewEncoder(stdout).Encode(map[string]any{
+			"restored":   true,
 			"checkpoint": res.Checkpoint, "commit": res.Commit, "dir": res.Dir, "files": res.Files, "bytes": res.Bytes,
 			"seconds": res.Elapsed.Seconds(), "fell_back": res.FellBack, "already_present": res.AlreadyPresent,
 			"store": store.URL(), "job": cfg.Store.Job,

@@ -1,0 +1,68 @@
+package main
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// restore --json prints one JSON object on stdout whenever it exits 0, "restored" saying whether
+// a checkpoint is in place: --allow-empty with nothing committed used to print a line of text
+// there instead. An error (exit 1) leaves stdout empty and says what went wrong on stderr.
+func TestRestoreJSONWhenNothingIsCommitted(t *testing.T) {
+	store := t.TempDir()
+	cfgPath := filepath.Join(t.TempDir(), "empty.yaml")
+	if err := os.WriteFile(cfgPath, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	env := []string{"SPOTGUARD_STORE_URL=file://" + store, "SPOTGUARD_STORE_JOB=j"}
+
+	object := func(what, stdout string) map[string]any {
+		t.Helper()
+		var got map[string]any
+		dec := json.NewDecoder(strings.NewReader(stdout))
+		if err := dec.Decode(&got); err != nil {
+			t.Fatalf("Got(%s) stdout %q: %v; want one JSON object", what, stdout, err)
+		}
+		if dec.More() {
+			t.Errorf("Got(%s) stdout %q; want one JSON object only", what, stdout)
+		}
+		return got
+	}
+
+	// Nothing committed, --allow-empty: exit 0, restored false.
+	code, stdout, stderr := runCLI(t, t.Context(), env, "restore", "--config", cfgPath, "--allow-empty", "--json", "--to", t.TempDir())
+	if code != exitOK {
+		t.Fatalf("Got(restore --allow-empty --json) exit %d; want 0\nstderr: %s", code, stderr)
+	}
+	got := object("restore --allow-empty --json", stdout)
+	if got["restored"] != false || got["store"] != "file://"+store || got["job"] != "j" ||
+		!strings.Contains(got["detail"].(string), "nothing to restore") {
+		t.Errorf("Got(restore --allow-empty --json) = %v; want restored false, the store, the job and why", got)
+	}
+	for _, key := range []string{"checkpoint", "commit", "dir"} {
+		if _, ok := got[key]; ok {
+			t.Errorf("Got(restore --allow-empty --json) has %q: %v; want it absent, nothing was restored", key, got)
+		}
+	}
+
+	// Nothing committed, no --allow-empty: exit 1, nothing on stdout, the error on stderr.
+	code, stdout, stderr = runCLI(t, t.Context(), env, "restore", "--config", cfgPath, "--json", "--to", t.TempDir())
+	if code != exitFail || stdout != "" || !strings.Contains(stderr, "spotguard restore: ") {
+		t.Errorf("Got(restore --json) exit %d, stdout %q, stderr %q; want 1, nothing on stdout, the error on stderr", code, stdout, stderr)
+	}
+
+	// A checkpoint restored: restored true, with what and where.
+	commitForTest(t, store, "j", "step-000100", map[string][]byte{"model.pt": []byte("weights"), "_COMPLETE": nil})
+	to := t.TempDir()
+	code, stdout, stderr = runCLI(t, t.Context(), env, "restore", "--config", cfgPath, "--allow-empty", "--json", "--to", to)
+	if code != exitOK {
+		t.Fatalf("Got(restore --json) exit %d; want 0\nstderr: %s", code, stderr)
+	}
+	got = object("restore --json", stdout)
+	if got["restored"] != true || got["checkpoint"] != "step-000100" || got["dir"] != filepath.Join(to, "step-000100") || got["files"] != 2.0 {
+		t.Errorf("Got(restore --json) = %v; want restored true, step-000100 in %s, 2 files", got, to)
+	}
+}
