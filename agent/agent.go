@@ -368,14 +368,24 @@ func (a *Agent) Run(ctx context.Context) error {
 		g.Go(func() error { return a.cw.Run(ctx) })
 		g.Go(func() error { a.recordAgentSeries(ctx); return nil })
 	}
+	// drained is done when a stop has nothing more to wait for: at once without an uploader,
+	// else when the uploader's drain is over. The listener serves until then (/status shows the
+	// drain, POST /notice answers 503).
+	drained := ctx.Done()
 	if a.uploader != nil {
 		a.coord.uploader = a.uploader
 		files := make(chan checkpoint.WatchEvent)
 		// The watcher keeps running while the uploader drains after a stop: the checkpoint the
 		// trainer was signalled for may complete after SIGTERM.
 		watchCtx, stopWatch := context.WithCancel(context.WithoutCancel(ctx))
+		uploaded := make(chan struct{})
+		drained = uploaded
 		g.Go(func() error { return a.ckptWatcher.Run(watchCtx, files) })
-		g.Go(func() error { defer stopWatch(); return a.uploader.Run(ctx, files) })
+		g.Go(func() error {
+			defer close(uploaded)
+			defer stopWatch()
+			return a.uploader.Run(ctx, files)
+		})
 		a.log.Info().Str("dir", cfg.Checkpoint.Dir).Str("store", cfg.Store.URL).Str("job", cfg.Store.Job).
 			Msg("checkpoint upload on")
 	} else {
@@ -408,6 +418,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		})
 		g.Go(func() error {
 			<-ctx.Done()
+			<-drained
 			shutdownCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
 			defer cancel()
 			return srv.Shutdown(shutdownCtx)

@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"net"
+	"net/http"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -158,6 +159,20 @@ func TestSecondSIGTERMEndsDrain(t *testing.T) {
 	case <-ap.done:
 		t.Fatalf("the agent exited on the first SIGTERM with the notice's checkpoint uploading; want a drain\n%s", ap.log(t))
 	default:
+	}
+	// While it drains, the listener still answers: /status shows the checkpoint being uploaded,
+	// and a job notice is refused with 503, as the docs say, not with a refused connection.
+	if u := ap.uploads(t); u == nil || len(u.Checkpoints) == 0 {
+		t.Errorf("/status while draining: uploads %+v; want the checkpoint being uploaded", u)
+	}
+	resp, err := http.Post(ap.base+"/notice", "application/json", strings.NewReader(`{"deadline": "`+time.Now().Add(time.Minute).UTC().Format(time.RFC3339)+`"}`))
+	if err != nil {
+		t.Errorf("POST /notice while draining: %v; want 503", err)
+	} else {
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusServiceUnavailable {
+			t.Errorf("POST /notice while draining: %s; want 503", resp.Status)
+		}
 	}
 	sent := time.Now()
 	ap.cmd.Process.Signal(syscall.SIGTERM)
