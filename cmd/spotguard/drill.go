@@ -158,6 +158,8 @@ func runDrill(ctx context.Context, args, environ []string, stdout, stderr io.Wri
 	}
 	if *ckDir == "" {
 		*ckDir = filepath.Join(tmp, "checkpoints")
+	} else if abs, err := filepath.Abs(*ckDir); err == nil {
+		*ckDir = abs // the agent's checkpoint.dir must be absolute; here it is where the user stands
 	}
 	if *storeURL == "" {
 		*storeURL = "file://" + filepath.Join(tmp, "store")

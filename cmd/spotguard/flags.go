@@ -181,8 +181,8 @@ func isZeroDefault(v string) bool {
 func printKeys(w io.Writer) {
 	fmt.Fprintf(w, `
 Configuration keys. Each is read from the file (--config FILE, default
-%s), then from its environment variable, then from its flag on any
-command (--log.level debug), the last one winning:
+%s), then from its environment variable, then from its flag on every
+command that reads the configuration (--log.level debug), the last one winning:
 
 `, agent.DefaultConfigPath)
 	for _, k := range agent.Keys() {

@@ -2,6 +2,8 @@ package e2e
 
 import (
 	"encoding/json"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -59,6 +61,22 @@ func TestDrillEmbeddedDefault(t *testing.T) {
 	needPeers(t)
 	code, r, stderr := runDrill(t, nil, "--size", "96MiB")
 	checkDrillPass(t, code, r, 96<<20, stderr)
+}
+
+// --checkpoint-dir is taken from where the user stands: a relative one works (the agent's
+// checkpoint.dir must be absolute, so drill makes it so).
+func TestDrillRelativeCheckpointDir(t *testing.T) {
+	needPeers(t)
+	wd, err := os.Getwd()
+	if err != nil {
+		t.Fatal(err)
+	}
+	rel, err := filepath.Rel(wd, filepath.Join(t.TempDir(), "ckpt"))
+	if err != nil || filepath.IsAbs(rel) {
+		t.Fatalf("no relative path to a temp dir: %q, %v", rel, err)
+	}
+	code, r, stderr := runDrill(t, nil, "--size", "16MiB", "--checkpoint-dir", rel)
+	checkDrillPass(t, code, r, 16<<20, stderr)
 }
 
 // A drill on an instance of a multi-node job (store.world_nodes and store.node_rank in its
