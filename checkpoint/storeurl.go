@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
 	"os"
 	"path"
@@ -211,6 +212,14 @@ func BucketRegion(ctx context.Context, awsCfg aws.Config, bucket string) (string
 	return "", err
 }
 
+// s3ResponseHeaderTimeout bounds the wait for the answer to a request once it is sent (its body
+// included): S3 answers in milliseconds, and sends the headers of a CompleteMultipartUpload
+// before the work. A variable for tests.
+var s3ResponseHeaderTimeout = 20 * time.Second
+
+// s3DialTimeout bounds the opening of a connection to the store (the SDK's default is 30 s).
+const s3DialTimeout = 5 * time.Second
+
 // s3NewClient returns the S3 client OpenStore uses; see there.
 func s3NewClient(awsCfg aws.Config, conns int) *s3.Client {
 	pathStyle := awsCfg.BaseEndpoint != nil ||
@@ -229,15 +238,23 @@ func s3NewClient(awsCfg aws.Config, conns int) *s3.Client {
 		// The SDK's own client keeps 10 idle connections per host; more requests in flight would
 		// open and close a connection each. A client the SDK's config built (AWS_CA_BUNDLE gives
 		// one) is sized the same way; one the caller made is left as it is.
+		// A request the store never answers (a route that drops packets, a server that hangs)
+		// fails after s3ResponseHeaderTimeout and is retried, instead of holding its part, or the
+		// commit, for as long as the kernel keeps the connection; the same for a connection that
+		// is never accepted, after s3DialTimeout.
 		switch c := awsCfg.HTTPClient.(type) {
 		case nil:
 			o.HTTPClient = awshttp.NewBuildableClient().WithTransportOptions(func(tr *http.Transport) {
 				tr.MaxIdleConnsPerHost = conns
-			})
+				tr.ResponseHeaderTimeout = s3ResponseHeaderTimeout
+			}).WithDialerOptions(func(d *net.Dialer) { d.Timeout = s3DialTimeout })
 		case *awshttp.BuildableClient:
 			o.HTTPClient = c.WithTransportOptions(func(tr *http.Transport) {
 				tr.MaxIdleConnsPerHost = max(tr.MaxIdleConnsPerHost, conns)
-			})
+				if tr.ResponseHeaderTimeout == 0 {
+					tr.ResponseHeaderTimeout = s3ResponseHeaderTimeout
+				}
+			}).WithDialerOptions(func(d *net.Dialer) { d.Timeout = s3DialTimeout })
 		}
 	})
 }

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"slices"
@@ -14,10 +15,12 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	awshttp "github.com/aws/aws-sdk-go-v2/aws/transport/http"
 	"github.com/aws/aws-sdk-go-v2/config"
+	"github.com/aws/aws-sdk-go-v2/credentials"
 )
 
 func TestParseStoreURL(t *testing.T) {
@@ -843,5 +846,51 @@ func TestS3ClientKeepsAConnectionPerRequest(t *testing.T) {
 		if n := bc.GetTransport().MaxIdleConnsPerHost; n != tc.want {
 			t.Errorf("Got(%q) MaxIdleConnsPerHost = %d; want %d", tc.name, n, tc.want)
 		}
+	}
+}
+
+// A request the store accepts and never answers is given up after s3ResponseHeaderTimeout and
+// retried, on the SDK's own client: it does not hold the caller for as long as the connection
+// lives (a route that drops packets, a server that hangs).
+func TestS3ClientGivesUpOnARequestNeverAnswered(t *testing.T) {
+	defer func(d time.Duration) { s3ResponseHeaderTimeout = d }(s3ResponseHeaderTimeout)
+	s3ResponseHeaderTimeout = 200 * time.Millisecond
+	var mu sync.Mutex
+	requests := 0
+	release := make(chan struct{})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		requests++
+		n := requests
+		mu.Unlock()
+		if n == 1 {
+			select { // the first request hangs
+			case <-release:
+			case <-r.Context().Done():
+			}
+			return
+		}
+		w.Header().Set("ETag", `"e1"`)
+		w.Header().Set("Content-Length", "2")
+		w.Write([]byte("ok"))
+	}))
+	defer srv.Close()
+	defer close(release)
+	cfg := aws.Config{Region: "us-east-1", BaseEndpoint: aws.String(srv.URL),
+		Credentials: aws.NewCredentialsCache(credentials.NewStaticCredentialsProvider("k", "s", ""))}
+	s, err := OpenStore("s3://bucket/p", cfg, S3Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+	defer cancel()
+	got, _, err := s.GetBytes(ctx, "j/LATEST")
+	if err != nil || string(got) != "ok" {
+		t.Fatalf("GetBytes with the first request never answered = %q, %v; want the retry's answer", got, err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if requests != 2 {
+		t.Errorf("requests = %d; want 2 (one never answered, one retried)", requests)
 	}
 }
