@@ -221,23 +221,72 @@ type s3Body struct {
 	r        *io.SectionReader
 	high     int64
 	progress func(int64)
+	stall    *stallWatch // nil: none
 }
 
-func newS3Body(f *os.File, off, n int64, progress func(int64)) *s3Body {
-	return &s3Body{r: io.NewSectionReader(f, off, n), progress: progress}
+func newS3Body(f *os.File, off, n int64, progress func(int64), stall *stallWatch) *s3Body {
+	return &s3Body{r: io.NewSectionReader(f, off, n), progress: progress, stall: stall}
 }
 
 func (b *s3Body) Read(p []byte) (int, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	n, err := b.r.Read(p)
-	if b.progress != nil && n > 0 {
-		if pos, _ := b.r.Seek(0, io.SeekCurrent); pos > b.high {
-			b.progress(pos - b.high)
-			b.high = pos
+	pos, _ := b.r.Seek(0, io.SeekCurrent)
+	if b.progress != nil && n > 0 && pos > b.high {
+		b.progress(pos - b.high)
+		b.high = pos
+	}
+	if b.stall != nil {
+		if pos < b.r.Size() {
+			b.stall.moved()
+		} else {
+			b.stall.idle() // all sent: the wait for the answer is s3ResponseHeaderTimeout's
 		}
 	}
 	return n, err
+}
+
+// errStalled is the cause of a request cut because its body stopped moving.
+var errStalled = errors.New("no byte moved for 30 s: the connection stalled")
+
+// s3StallTimeout is how long a request body may go unread, or a response body bring nothing,
+// before the request is cut and tried again: a connection whose peer stopped reading or sending
+// (a route that drops packets) would otherwise hold its part until the kernel gives up, minutes
+// later. A variable for tests.
+var s3StallTimeout = 30 * time.Second
+
+// s3StallAttempts is how often a part whose connection stalled is sent or read in all.
+const s3StallAttempts = 3
+
+// stallWatch cancels its request's context, with errStalled, when its body has not moved for
+// s3StallTimeout.
+type stallWatch struct {
+	timer *time.Timer
+	d     time.Duration
+}
+
+// watchStall returns ctx for one request, cancelled with errStalled once the body has not moved
+// for s3StallTimeout (armed now, unless idle is called), and the function that ends the watch.
+func watchStall(ctx context.Context) (context.Context, *stallWatch, func()) {
+	ctx, cancel := context.WithCancelCause(ctx)
+	w := &stallWatch{d: s3StallTimeout}
+	w.timer = time.AfterFunc(w.d, func() { cancel(errStalled) })
+	return ctx, w, func() { w.timer.Stop(); cancel(nil) }
+}
+
+// moved re-arms the watch: the body moved.
+func (w *stallWatch) moved() { w.timer.Reset(w.d) }
+
+// idle stops the watch until the body moves again.
+func (w *stallWatch) idle() { w.timer.Stop() }
+
+// stalled returns err, marked as a stall (errors.Is errStalled) when ctx was cut for one.
+func stalled(ctx context.Context, err error) error {
+	if err != nil && errors.Is(context.Cause(ctx), errStalled) {
+		return fmt.Errorf("%w (%w)", errStalled, err)
+	}
+	return err
 }
 
 func (b *s3Body) Seek(offset int64, whence int) (int64, error) {
@@ -410,18 +459,20 @@ func (s *S3Store) putSingle(ctx context.Context, okey string, f *os.File, size i
 	}
 	start = time.Now() // the request's time, not the checksum's
 	want := s3CRC32CValue(crc)
+	rctx, stall, unwatch := watchStall(ctx)
+	defer unwatch()
 	in := &s3.PutObjectInput{
 		Bucket:            &s.bucket,
 		Key:               &okey,
-		Body:              newS3Body(f, 0, size, progress),
+		Body:              newS3Body(f, 0, size, progress, stall),
 		ContentLength:     aws.Int64(size),
 		ChecksumAlgorithm: types.ChecksumAlgorithmCrc32c,
 		ChecksumCRC32C:    &want,
 	}
 	in.ServerSideEncryption, in.SSEKMSKeyId = s.sse()
-	out, err := s.client.PutObject(ctx, in, s.observed)
+	out, err := s.client.PutObject(rctx, in, s.observed)
 	if err != nil {
-		return Checksum{}, err
+		return Checksum{}, stalled(rctx, err)
 	}
 	ok = true
 	if got := aws.ToString(out.ChecksumCRC32C); got != "" && got != want {
@@ -536,16 +587,26 @@ func (s *S3Store) uploadParts(ctx context.Context, okey string, uploadID *string
 			}
 			want := s3CRC32CValue(crc)
 			start = time.Now()
-			out, err := s.client.UploadPart(gctx, &s3.UploadPartInput{
-				Bucket:            &s.bucket,
-				Key:               &okey,
-				UploadId:          uploadID,
-				PartNumber:        aws.Int32(p.num),
-				Body:              newS3Body(f, p.off, p.n, progress),
-				ContentLength:     aws.Int64(p.n),
-				ChecksumAlgorithm: types.ChecksumAlgorithmCrc32c,
-				ChecksumCRC32C:    &want,
-			}, s.observed)
+			var out *s3.UploadPartOutput
+			for attempt := 1; ; attempt++ {
+				rctx, stall, unwatch := watchStall(gctx)
+				out, err = s.client.UploadPart(rctx, &s3.UploadPartInput{
+					Bucket:            &s.bucket,
+					Key:               &okey,
+					UploadId:          uploadID,
+					PartNumber:        aws.Int32(p.num),
+					Body:              newS3Body(f, p.off, p.n, progress, stall),
+					ContentLength:     aws.Int64(p.n),
+					ChecksumAlgorithm: types.ChecksumAlgorithmCrc32c,
+					ChecksumCRC32C:    &want,
+				}, s.observed)
+				err = stalled(rctx, err)
+				unwatch()
+				if !errors.Is(err, errStalled) || attempt == s3StallAttempts || gctx.Err() != nil {
+					break
+				}
+				s.lim.observe(err) // the SDK's retryer never saw it
+			}
 			if err != nil {
 				return fmt.Errorf("upload part %d: %w", p.num, err)
 			}
@@ -810,7 +871,10 @@ func (s *S3Store) download(ctx context.Context, okey string, w io.WriterAt, size
 
 // getRange copies one range of the object into w. retry is true for a body that broke off.
 func (s *S3Store) getRange(ctx context.Context, okey string, etag *string, w io.WriterAt, p s3Part) (retry bool, err error) {
-	out, err := s.client.GetObject(ctx, &s3.GetObjectInput{
+	rctx, stall, unwatch := watchStall(ctx)
+	defer unwatch()
+	stall.idle() // until the answer: that wait is s3ResponseHeaderTimeout's
+	out, err := s.client.GetObject(rctx, &s3.GetObjectInput{
 		Bucket:  &s.bucket,
 		Key:     &okey,
 		Range:   aws.String(fmt.Sprintf("bytes=%d-%d", p.off, p.off+p.n-1)),
@@ -826,11 +890,26 @@ func (s *S3Store) getRange(ctx context.Context, okey string, etag *string, w io.
 	if got := aws.ToInt64(out.ContentLength); got != p.n {
 		return false, fmt.Errorf("get bytes %d-%d: server sent %d bytes; want %d", p.off, p.off+p.n-1, got, p.n)
 	}
-	got, err := s3CopyAt(w, p.off, out.Body, p.n, make([]byte, s3CopyBuffer))
+	stall.moved()
+	got, err := s3CopyAt(w, p.off, stallReader{out.Body, stall}, p.n, make([]byte, s3CopyBuffer))
 	if err != nil {
-		return true, fmt.Errorf("get bytes %d-%d: read %d bytes: %w", p.off, p.off+p.n-1, got, err)
+		return true, fmt.Errorf("get bytes %d-%d: read %d bytes: %w", p.off, p.off+p.n-1, got, stalled(rctx, err))
 	}
 	return false, nil
+}
+
+// stallReader re-arms its watch at every read that brings bytes.
+type stallReader struct {
+	r     io.Reader
+	stall *stallWatch
+}
+
+func (r stallReader) Read(p []byte) (int, error) {
+	n, err := r.r.Read(p)
+	if n > 0 {
+		r.stall.moved()
+	}
+	return n, err
 }
 
 // s3CopyAt copies n bytes from r into w at off, through buf, one full buffer a write: a read from

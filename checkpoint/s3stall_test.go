@@ -1,0 +1,143 @@
+package checkpoint
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/credentials"
+)
+
+// stallStore opens an S3Store on the SDK's own HTTP client against handler, with short stall
+// timeouts (the answer's timeout stays long, so only the stall watch can end a stalled body). ln,
+// if not nil, is the server's listener.
+func stallStore(t *testing.T, handler http.Handler, ln net.Listener) *S3Store {
+	t.Helper()
+	defer func(d, h time.Duration) { t.Cleanup(func() { s3StallTimeout, s3ResponseHeaderTimeout = d, h }) }(s3StallTimeout, s3ResponseHeaderTimeout)
+	s3StallTimeout, s3ResponseHeaderTimeout = 300*time.Millisecond, time.Minute
+	srv := httptest.NewUnstartedServer(handler)
+	if ln != nil {
+		srv.Listener.Close()
+		srv.Listener = ln
+	}
+	srv.Start()
+	t.Cleanup(srv.Close)
+	cfg := aws.Config{Region: "us-east-1", BaseEndpoint: aws.String(srv.URL),
+		Credentials: aws.NewCredentialsCache(credentials.NewStaticCredentialsProvider("k", "s", ""))}
+	s, err := OpenStore("s3://bucket/p", cfg, S3Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s.(*S3Store)
+}
+
+// A ranged read whose body stops coming (the server went quiet mid-answer) is cut after
+// s3StallTimeout and read again, instead of holding the restore for as long as the connection
+// lives.
+func TestS3DownloadRereadsARangeThatStalls(t *testing.T) {
+	data := bytes.Repeat([]byte("0123456789abcdef"), 64<<10) // 1 MiB
+	var mu sync.Mutex
+	gets := 0
+	quit := make(chan struct{})
+	defer close(quit)
+	s := stallStore(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("ETag", `"e1"`)
+		if r.Method == http.MethodHead {
+			w.Header().Set("Content-Length", fmt.Sprint(len(data)))
+			return
+		}
+		mu.Lock()
+		gets++
+		n := gets
+		mu.Unlock()
+		w.Header().Set("Content-Length", fmt.Sprint(len(data)))
+		w.Header().Set("Content-Range", fmt.Sprintf("bytes 0-%d/%d", len(data)-1, len(data)))
+		w.WriteHeader(http.StatusPartialContent)
+		if n == 1 { // half the range, then silence
+			w.Write(data[:len(data)/2])
+			w.(http.Flusher).Flush()
+			select {
+			case <-quit:
+			case <-r.Context().Done():
+			}
+			return
+		}
+		w.Write(data)
+	}), nil)
+	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+	defer cancel()
+	out := filepath.Join(t.TempDir(), "out")
+	f, err := os.Create(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if err := s.Download(ctx, "j/c/x/file", f, int64(len(data))); err != nil {
+		t.Fatalf("Download with a range that stalls: %v; want it read again", err)
+	}
+	if got, _ := os.ReadFile(out); !bytes.Equal(got, data) {
+		t.Errorf("downloaded %d bytes, not the object", len(got))
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if gets != 2 {
+		t.Errorf("GETs = %d; want 2 (one stalled, one whole)", gets)
+	}
+}
+
+// tinyWindowListener accepts connections with a 4 KiB receive buffer, so a client sending to a
+// handler that stops reading fills the window at once and blocks.
+type tinyWindowListener struct{ net.Listener }
+
+func (l tinyWindowListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if tc, ok := c.(*net.TCPConn); ok {
+		tc.SetReadBuffer(4 << 10)
+	}
+	return c, err
+}
+
+// An upload whose body the server stops reading (its window stays shut) fails as a stall after
+// s3StallTimeout, so that it is sent again, instead of hanging until the kernel gives up.
+func TestS3UploadThatStallsFails(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	quit := make(chan struct{})
+	defer close(quit)
+	s := stallStore(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.CopyN(io.Discard, r.Body, 64<<10) // then stop reading
+		select {
+		case <-quit:
+		case <-r.Context().Done():
+		}
+	}), tinyWindowListener{ln})
+	p := filepath.Join(t.TempDir(), "file")
+	if err := os.WriteFile(p, bytes.Repeat([]byte{7}, 8<<20), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.Open(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+	defer cancel()
+	_, err = s.PutFile(ctx, "j/c/x/file", f, 8<<20, nil)
+	if !errors.Is(err, errStalled) || ctx.Err() != nil || !strings.Contains(err.Error(), "stalled") {
+		t.Fatalf("PutFile to a server that stops reading = %v (ctx %v); want a stall, well before 20 s", err, ctx.Err())
+	}
+}
