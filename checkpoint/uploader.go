@@ -610,6 +610,11 @@ func (u *Uploader) draining() bool {
 	return !u.lastSignal.IsZero() && !u.signalAnswered
 }
 
+// startReadTimeout bounds each store read of start: a store that does not answer (a route that
+// drops packets) must not keep the uploader from its notices and events, nor a stop from
+// stopping. The job is read again in the background. A variable for tests.
+var startReadTimeout = 10 * time.Second
+
 // start reads the journal and the job before the first event: which names have commits (the
 // candidates of matching generations), whether LATEST lags the newest commit (then it is
 // repaired), and which of the journal's commits are committed, resumable or to be cleaned up.
@@ -623,7 +628,9 @@ func (u *Uploader) start(ctx context.Context) {
 		}
 		u.resume = entries
 	}
-	st, err := readJob(ctx, u.cfg.Store, u.cfg.Job, u.cache)
+	rctx, cancel := context.WithTimeout(ctx, startReadTimeout)
+	st, err := readJob(rctx, u.cfg.Store, u.cfg.Job, u.cache)
+	cancel()
 	if err != nil {
 		st = nil
 		u.log.Error().Err(err).Msg("cannot read the job in the store; LATEST is checked again later (restore takes the newest commit in any case)")
@@ -779,6 +786,8 @@ func (u *Uploader) repairLatest(ctx context.Context, st *JobState, m *Manifest) 
 // incomplete upload of an earlier run aborted), or neither (its objects deleted).
 func (u *Uploader) resolveJournal(ctx context.Context, name string, e *journalEntry, st *JobState) {
 	log := u.log.With().Str("checkpoint", name).Str("commit", e.commit).Logger()
+	sctx, cancel := context.WithTimeout(ctx, startReadTimeout) // the store's part; clean-up goes on
+	defer cancel()
 	_, lerr := os.Lstat(filepath.Join(u.cfg.Dir, name))
 	if e.done {
 		if lerr != nil {
@@ -802,7 +811,7 @@ func (u *Uploader) resolveJournal(ctx context.Context, name string, e *journalEn
 		if u.cfg.WorldNodes > 1 {
 			key = PartKey(u.cfg.Job, name, e.commit)
 		}
-		_, _, err := u.cfg.Store.GetBytes(ctx, key)
+		_, _, err := u.cfg.Store.GetBytes(sctx, key)
 		switch {
 		case err == nil:
 			committed = true
@@ -818,7 +827,7 @@ func (u *Uploader) resolveJournal(ctx context.Context, name string, e *journalEn
 	}
 	prefix := CommitPrefix(u.cfg.Job, name, e.commit)
 	if lerr == nil && time.Since(commitIDStarted(e.commit)) < resumeWithin {
-		objs, err := u.cfg.Store.List(ctx, prefix)
+		objs, err := u.cfg.Store.List(sctx, prefix)
 		if err == nil {
 			have := map[string]int64{}
 			for _, o := range objs {
@@ -829,7 +838,7 @@ func (u *Uploader) resolveJournal(ctx context.Context, name string, e *journalEn
 					delete(e.files, p)
 				}
 			}
-			n, aerr := u.cfg.Store.AbortIncomplete(ctx, prefix)
+			n, aerr := u.cfg.Store.AbortIncomplete(sctx, prefix)
 			if aerr != nil {
 				log.Warn().Err(aerr).Msg("cannot abort an earlier run's incomplete uploads")
 			}

@@ -255,3 +255,40 @@ func TestUploaderSaysAFileVanishedFromACompleteCheckpoint(t *testing.T) {
 		t.Errorf("warnings:\n%s\nwant one naming b, vanished from the complete checkpoint", log)
 	}
 }
+
+// A store that never answers at start (a route that drops packets) does not keep the uploader
+// from its loop: a stop with nothing to drain stops, and a checkpoint written meanwhile is
+// committed once the store answers.
+func TestUploaderStartsWithAStoreThatHangs(t *testing.T) {
+	defer func(d time.Duration) { startReadTimeout = d }(startReadTimeout)
+	startReadTimeout = 200 * time.Millisecond
+	s := newOutageStore(newMemStore())
+	s.listHold = make(chan struct{})
+	released := false
+	release := func() {
+		if !released {
+			released = true
+			close(s.listHold)
+		}
+	}
+	defer release()
+	dir := t.TempDir()
+	r := startUploaderWith(t, dir, s, UploaderConfig{StopBudget: 30 * time.Second})
+	<-s.listHeld
+	// The loop answers while the store hangs.
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	r.up.Status(ctx)
+	if ctx.Err() != nil {
+		t.Fatalf("Status did not answer within 10 s while the store hangs at start")
+	}
+	release()
+	writeCheckpoint(t, dir, "step-1", map[string][]byte{"w": randomBytes(t, 8<<10)})
+	r.waitCommitted("step-1")
+	r.cancel()
+	select {
+	case <-r.done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the uploader did not stop within 10 s")
+	}
+}
