@@ -290,8 +290,16 @@ func runAgent(ctx context.Context, args, environ []string, stdout, stderr io.Wri
 		log.Warn().Err(setup.needRegion()).Msg("no AWS region: S3 and CloudWatch requests will fail")
 	}
 	awsCfg := setup.cfg
-	// The store's own AWS configuration (its bucket's region), decided once.
-	storeCfg, storeErr := storeAWS(ctx, &setup, cfg.Store.URL, func(msg string) { log.Info().Str("store", cfg.Store.URL).Msg(msg) })
+	// The store's own AWS configuration (its bucket's region), decided once, in the background:
+	// S3 may take up to 10 s to say (or not answer at all), and IMDS is polled meanwhile.
+	var storeCfg aws.Config
+	var storeErr error
+	storeSet := make(chan struct{})
+	go func() {
+		defer close(storeSet)
+		s := setup
+		storeCfg, storeErr = storeAWS(context.WithoutCancel(ctx), &s, cfg.Store.URL, func(msg string) { log.Info().Str("store", cfg.Store.URL).Msg(msg) })
+	}()
 	env := envMap(environ)
 	watchdog, err := systemd.WatchdogInterval(env["WATCHDOG_USEC"], env["WATCHDOG_PID"], os.Getpid())
 	if err != nil {
@@ -307,10 +315,16 @@ func runAgent(ctx context.Context, args, environ []string, stdout, stderr io.Wri
 		Logger: log,
 		IMDS:   imds.NewClient(awsCfg, cfg.IMDS.Endpoint),
 		OpenStore: func(url string, opts checkpoint.S3Options) (checkpoint.Store, error) {
-			if storeErr != nil {
-				return nil, storeErr
+			if !strings.HasPrefix(url, "s3://") {
+				return checkpoint.OpenStore(url, aws.Config{}, opts)
 			}
-			return checkpoint.OpenStore(url, storeCfg, opts)
+			return openLazy(url, func() (checkpoint.Store, error) {
+				<-storeSet
+				if storeErr != nil {
+					return nil, storeErr
+				}
+				return checkpoint.OpenStore(url, storeCfg, opts)
+			}), nil
 		},
 		OpenGPUs: func(log zerolog.Logger) (agent.GPUs, error) {
 			g, err := nvml.Open(log)
