@@ -20,6 +20,7 @@ import (
 	"testing"
 	"time"
 
+	dto "github.com/prometheus/client_model/go"
 	"github.com/rs/zerolog"
 	"go.uber.org/goleak"
 
@@ -541,4 +542,44 @@ func mustFileStore(t *testing.T, dir string) checkpoint.Store {
 		t.Fatal(err)
 	}
 	return s
+}
+
+// A trainer signalled for a notice that writes no checkpoint by the notice's deadline is said:
+// an error naming the reason, the state checkpoint_missing and its metric; with the trainer
+// gone, the reason says so. A checkpoint that completes later still moves the notice on.
+func TestCheckpointMissingByTheDeadlineIsSaid(t *testing.T) {
+	for _, gone := range []bool{false, true} {
+		t.Run(map[bool]string{false: "no_marker", true: "trainer_gone"}[gone], func(t *testing.T) {
+			tr := startShTrainer(t, true)
+			dir := t.TempDir()
+			ta := startAgentWith(t, fileStores, "SPOTGUARD_TRAINER_PIDFILE="+tr.pidfile, "SPOTGUARD_CHECKPOINT_DIR="+dir,
+				"SPOTGUARD_STORE_URL=file://"+t.TempDir(), "SPOTGUARD_STORE_JOB=j", "SPOTGUARD_AGENT_STOP_BUDGET=1s")
+			deadline := time.Now().Add(2 * time.Second).UTC().Truncate(time.Second).Add(time.Second)
+			ta.imds.set("spot/instance-action", `{"action": "terminate", "time": "`+deadline.Format(time.RFC3339)+`"}`)
+			ta.waitState(t, "spot/terminate", StateTrainerSignalled)
+			if gone {
+				tr.cmd.Process.Kill()
+				<-tr.done
+			}
+			ns := ta.waitState(t, "spot/terminate", StateCheckpointMissing)
+			reason := map[bool]string{false: "no_marker", true: "trainer_gone"}[gone]
+			if last := ns.Transitions[len(ns.Transitions)-1]; last.Detail != reason || last.At.Before(deadline) {
+				t.Errorf("last transition = %+v; want checkpoint_missing (%s) at the deadline %v or after", last, reason, deadline)
+			}
+			if log := ta.logs.String(); !strings.Contains(log, "no checkpoint completed since the trainer was signalled") ||
+				!strings.Contains(log, `"reason":"`+reason+`"`) {
+				t.Errorf("log does not say the checkpoint is missing, and why (%s):\n%s", reason, log)
+			}
+			var m dto.Metric
+			ta.a.metrics.checkpointMissing.WithLabelValues("spot", reason).Write(&m)
+			if n := m.GetCounter().GetValue(); n != 1 {
+				t.Errorf("spotguard_notice_checkpoint_missing_total{spot,%s} = %v; want 1", reason, n)
+			}
+			// A checkpoint that comes late is still followed.
+			os.MkdirAll(filepath.Join(dir, "step-1"), 0o755)
+			os.WriteFile(filepath.Join(dir, "step-1", "w.bin"), []byte("weights"), 0o644)
+			os.WriteFile(filepath.Join(dir, "step-1", "_COMPLETE"), nil, 0o644)
+			ta.waitState(t, "spot/terminate", StateCommitted)
+		})
+	}
 }

@@ -163,8 +163,15 @@ func (c *Coordinator) onUpload(ev checkpoint.UploadEvent) {
 			if ns.Deadline != nil {
 				margin := ns.Deadline.Sub(ev.At)
 				c.metrics.deadlineMargin.WithLabelValues(string(ns.Source)).Set(margin.Seconds())
-				detail = fmt.Sprintf("%s, %.1f s before the deadline", ev.Checkpoint, margin.Seconds())
-				if margin < 0 {
+				switch {
+				case margin >= 0:
+					detail = fmt.Sprintf("%s, %.1f s before the deadline", ev.Checkpoint, margin.Seconds())
+				case !ns.Deadline.After(ns.detectedAt):
+					// Past when the notice came (a scheduled event due now, a notice read late):
+					// nothing could have been on time.
+					detail = fmt.Sprintf("%s; the deadline had passed when the notice was detected", ev.Checkpoint)
+				default:
+					detail = fmt.Sprintf("%s, %.1f s after the deadline", ev.Checkpoint, -margin.Seconds())
 					c.log.Error().Str("notice", ns.Key).Float64("late_by_s", logSeconds(-margin)).Msg("checkpoint committed after the notice deadline")
 				}
 			}

@@ -46,7 +46,15 @@ const (
 	StateTrainerSignalled    = "trainer_signalled"
 	StateTrainerNotSignalled = "trainer_not_signalled"
 	StateEnded               = "ended"
+	// StateCheckpointMissing: the trainer was signalled, and no checkpoint completed by the
+	// deadline (or within checkpointDue of the signal): only what was saved before is there. A
+	// checkpoint that completes later still moves the notice on.
+	StateCheckpointMissing = "checkpoint_missing"
 )
+
+// checkpointDue is how long after the signal a notice without a deadline ahead of it waits for
+// the trainer's checkpoint before it is reported missing: a spot notice's 2 minutes.
+const checkpointDue = 2 * time.Minute
 
 // Transition is one step of a notice's state machine.
 type Transition struct {
@@ -83,6 +91,7 @@ type NoticeStatus struct {
 	detectedAt  time.Time         // for timings
 	signalledAt *time.Time        // when the trainer was signalled, if it was
 	written     string            // the checkpoint completed after the notice, once seen
+	missingSaid bool              // reported as checkpoint_missing
 	committed   bool              // written is committed
 	problems    []trainer.Problem // discovery problems met when signalling
 }
@@ -216,6 +225,7 @@ func (c *Coordinator) Run(ctx context.Context, events <-chan imds.Event) error {
 			c.Scan()
 		case <-beat.C:
 		}
+		c.checkMissing(time.Now())
 	}
 }
 
@@ -493,6 +503,57 @@ func (c *Coordinator) transition(ns *NoticeStatus, state, detail string) {
 	ns.State = state
 	c.log.Info().Str("notice", ns.Key).Str("state", state).Str("detail", detail).
 		Float64("since_detected_s", logSeconds(now.Sub(ns.detectedAt))).Msg("notice state changed")
+}
+
+// checkMissing reports, once per notice, a trainer signalled for a checkpoint notice that wrote
+// no checkpoint by the notice's deadline (or within checkpointDue of the signal, when the
+// deadline had passed or is further): an error log, spotguard_notice_checkpoint_missing_total and
+// the state checkpoint_missing. What was committed before, and any complete checkpoint being
+// uploaded, is all the next instance will have.
+func (c *Coordinator) checkMissing(now time.Time) {
+	if c.uploader == nil {
+		return // signal only: the agent does not see checkpoints
+	}
+	c.mu.Lock()
+	var due []*NoticeStatus
+	for _, ns := range c.active {
+		if ns.signalledAt == nil || ns.written != "" || ns.missingSaid || ns.Policy != PolicyCheckpoint {
+			continue
+		}
+		by := ns.signalledAt.Add(checkpointDue)
+		if ns.Deadline != nil && ns.Deadline.After(*ns.signalledAt) && ns.Deadline.Before(by) {
+			by = *ns.Deadline
+		}
+		if now.Before(by) {
+			continue
+		}
+		ns.missingSaid = true
+		due = append(due, ns)
+	}
+	found := slices.Clone(c.found)
+	c.mu.Unlock()
+	if len(due) == 0 {
+		return
+	}
+	reason := "trainer_gone"
+	sig := c.config().Trainer.Signal
+	for _, t := range found {
+		if _, err := c.trainers.Catches(t.PID, sig); err == nil {
+			reason = "no_marker" // one of them is still there
+		}
+	}
+	for _, ns := range due {
+		c.metrics.checkpointMissing.WithLabelValues(string(ns.Source), reason).Inc()
+		why := "the trainer is still running but its checkpoint's marker never came: check that it saves on " +
+			trainer.SignalName(c.config().Trainer.Signal) + " and writes " + c.config().Checkpoint.Marker + " last"
+		if reason == "trainer_gone" {
+			why = "the trainer is gone (it exited or was killed before its checkpoint completed)"
+		}
+		c.log.Error().Str("notice", ns.Key).Str("reason", reason).Float64("since_signal_s", logSeconds(now.Sub(*ns.signalledAt))).
+			Msg("no checkpoint completed since the trainer was signalled for this notice: " + why +
+				"; only checkpoints saved before (committed, or still being uploaded) will be there to restore")
+		c.transition(ns, StateCheckpointMissing, reason)
+	}
 }
 
 // Scan looks for trainer processes and reports, loudly, each newly found one that does not catch

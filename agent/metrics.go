@@ -22,6 +22,7 @@ type promMetrics struct {
 	syncRequests       prometheus.Counter
 	reloads            *prometheus.CounterVec
 	noticeDeadlineLeft *prometheus.GaugeVec
+	checkpointMissing  *prometheus.CounterVec
 
 	committed        *prometheus.CounterVec
 	commitFailures   prometheus.Counter
@@ -56,6 +57,10 @@ func newMetrics(reg prometheus.Registerer, stats func() imds.Stats) *promMetrics
 			Name: "spotguard_trainer_discovery_problems_total",
 			Help: "Problems finding the trainer (stale pidfile, no match, unit not found, ...), by reason.",
 		}, []string{"reason"}),
+		checkpointMissing: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "spotguard_notice_checkpoint_missing_total",
+			Help: "Notices whose trainer was signalled but wrote no checkpoint by the deadline (or within 2 minutes), by source and reason (no_marker, trainer_gone).",
+		}, []string{"source", "reason"}),
 		signalLatency: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "spotguard_notice_signal_latency_seconds",
 			Help:    "Time from a notice being read from IMDS to the trainer being signalled.",
@@ -136,7 +141,7 @@ func newMetrics(reg prometheus.Registerer, stats func() imds.Stats) *promMetrics
 	reg.MustRegister(m.committed, m.commitFailures, m.jobCommitted, m.jobFailures, m.uploadBytes, m.uploadSeconds, m.uploadThroughput,
 		m.forecast, m.newestCommitted, m.writeSeconds, m.timeToDurable, m.deadlineMargin)
 	reg.MustRegister(m.notices, m.signals, m.discoveryProblems, m.signalLatency, m.trainerProcesses,
-		m.trainerUncaught, m.syncRequests, m.reloads, m.noticeDeadlineLeft)
+		m.trainerUncaught, m.syncRequests, m.reloads, m.noticeDeadlineLeft, m.checkpointMissing)
 	m.storeProbeFailures = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "spotguard_store_probe_failures_total",
 		Help: "Store probes (list, write, read, delete of a probe object under J/_spotguard/) that failed.",
