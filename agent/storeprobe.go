@@ -193,6 +193,12 @@ func StoreFix(reason, url string, err error) string {
 		if err != nil && (strings.Contains(err.Error(), "credentials") || strings.Contains(err.Error(), "no EC2 IMDS role")) {
 			return "no AWS credentials: attach an instance profile (IAM role) to the instance, or set AWS_PROFILE / AWS_ACCESS_KEY_ID for the service"
 		}
+		switch code {
+		case "SignatureDoesNotMatch":
+			return "S3 refused the request's signature: the secret access key does not belong to the access key id (check AWS_SECRET_ACCESS_KEY or the profile's aws_secret_access_key), or the clock is far off"
+		case "InvalidAccessKeyId":
+			return "S3 does not know the access key id: check AWS_ACCESS_KEY_ID or the profile's aws_access_key_id (and that the key is active), or use the instance profile"
+		}
 		return fmt.Sprintf("grant the instance role s3:ListBucket on %s and s3:PutObject, s3:GetObject, s3:DeleteObject, s3:AbortMultipartUpload on %s; check the bucket policy and, with SSE-KMS, the key policy", where, objects)
 	case StoreThrottled:
 		return "S3 is throttling this prefix: lower store.concurrency, spread jobs over prefixes, or wait; retries go on"

@@ -94,6 +94,8 @@ func TestStoreErrorSummaryAndFix(t *testing.T) {
 		{StoreNotFound, "s3://nosuchbucket/x", err, "the bucket nosuchbucket does not exist"},
 		{StoreDenied, "s3://b/runs", s3Err(403, "AccessDenied", "Access Denied"), "arn:aws:s3:::b/runs/*"},
 		{StoreDenied, "s3://b/runs", errors.New("get credentials: failed to refresh cached credentials"), "no AWS credentials"},
+		{StoreDenied, "s3://b/runs", s3Err(403, "SignatureDoesNotMatch", "The request signature we calculated does not match"), "the secret access key does not belong to the access key id"},
+		{StoreDenied, "s3://b/runs", s3Err(403, "InvalidAccessKeyId", "no such key id"), "S3 does not know the access key id"},
 		{StoreOther, "s3://b", s3Err(301, "PermanentRedirect", "elsewhere"), "AWS_REGION"},
 		{StoreNetwork, "s3://b", errors.New("dial tcp: connection refused"), "AWS_ENDPOINT_URL_S3"},
 		{StoreThrottled, "s3://b", nil, "store.concurrency"},
