@@ -146,7 +146,8 @@ type Store interface {
 	// failed, or ctx ended.
 	GetBytes(ctx context.Context, key string) (data []byte, etag string, err error)
 	// Download writes the object at key, which must be size bytes long, into w with parallel
-	// ranged reads. ErrNotFound if there is none; an error if its size differs.
+	// ranged reads. ErrNotFound if there is none; an error wrapping ErrDamaged if its size
+	// differs.
 	Download(ctx context.Context, key string, w io.WriterAt, size int64) error
 	// List returns every object whose key starts with prefix, sorted by key. It reads every
 	// object below prefix, so its cost grows with the store's history: prefer ListDir.

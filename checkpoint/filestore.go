@@ -459,7 +459,7 @@ func (s *FileStore) Download(ctx context.Context, key string, w io.WriterAt, siz
 	}
 	defer f.Close()
 	if fi.Size() != size {
-		return fmt.Errorf("download %s: object has %d bytes; want %d", key, fi.Size(), size)
+		return fmt.Errorf("download %s: %w: object has %d bytes; want %d", key, ErrDamaged, fi.Size(), size)
 	}
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(fileDownloadConc)

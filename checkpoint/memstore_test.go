@@ -191,7 +191,7 @@ func (s *memStore) Download(ctx context.Context, key string, w io.WriterAt, size
 	case !ok:
 		return fmt.Errorf("memstore: download %s: %w", key, ErrNotFound)
 	case int64(len(data)) != size:
-		return fmt.Errorf("memstore: download %s: object has %d bytes; want %d", key, len(data), size)
+		return fmt.Errorf("memstore: download %s: %w: object has %d bytes; want %d", key, ErrDamaged, len(data), size)
 	}
 
 	const parts = 4

@@ -26,6 +26,11 @@ import (
 // job J in s3://bucket/prefix", so callers can print it as it is.
 var ErrNothingToRestore = errors.New("checkpoint: nothing complete to restore")
 
+// ErrDamaged marks a restore that failed because a committed file is missing from the store or
+// its bytes differ from the manifest's (an object deleted or changed behind the agent's back):
+// that commit cannot be restored; another may.
+var ErrDamaged = errors.New("the commit is damaged in the store")
+
 // restoreDefaultConcurrency is RestoreOptions.Concurrency when it is not positive.
 const restoreDefaultConcurrency = 8
 
@@ -572,6 +577,9 @@ func restoreFile(ctx context.Context, s Store, stage *os.Root, key string, f Fil
 		w = restoreCountingWriter{w: out, prog: prog}
 	}
 	if err := s.Download(ctx, key, w, f.Size); err != nil {
+		if errors.Is(err, ErrNotFound) {
+			return fmt.Errorf("download file %q: %w: %w", f.Path, ErrDamaged, err)
+		}
 		return fmt.Errorf("download file %q: %w", f.Path, err)
 	}
 	if err := out.Sync(); err != nil {
@@ -582,15 +590,15 @@ func restoreFile(ctx context.Context, s Store, stage *os.Root, key string, f Fil
 		return fmt.Errorf("stat file %q: %w", f.Path, err)
 	}
 	if fi.Size() != f.Size {
-		return fmt.Errorf("file %q: %d bytes after download; the manifest says %d", f.Path, fi.Size(), f.Size)
+		return fmt.Errorf("%w: file %q: %d bytes after download; the manifest says %d", ErrDamaged, f.Path, fi.Size(), f.Size)
 	}
 	got, err := ChecksumOf(io.NewSectionReader(out, 0, f.Size))
 	if err != nil {
 		return fmt.Errorf("read back file %q: %w", f.Path, err)
 	}
 	if got != f.Checksum {
-		return fmt.Errorf("file %q: checksum mismatch: the manifest says %s %s, the downloaded file has %s %s",
-			f.Path, f.Checksum.Algorithm, f.Checksum.Value, got.Algorithm, got.Value)
+		return fmt.Errorf("%w: file %q: checksum mismatch: the manifest says %s %s, the downloaded file has %s %s",
+			ErrDamaged, f.Path, f.Checksum.Algorithm, f.Checksum.Value, got.Algorithm, got.Value)
 	}
 	if err := out.Chmod(f.Perm()); err != nil {
 		return fmt.Errorf("set mode of file %q: %w", f.Path, err)

@@ -536,18 +536,18 @@ func TestRestoreDownloadFailures(t *testing.T) {
 		cancel bool
 	}{
 		{"data missing", func(s *memStore, m *Manifest) { s.remove(key("optim/deep/er/__1_0.distcp")) },
-			ErrNotFound, []string{`"optim/deep/er/__1_0.distcp"`}, false},
+			ErrDamaged, []string{`"optim/deep/er/__1_0.distcp"`, "not found"}, false},
 		{"data has another size", func(s *memStore, m *Manifest) { s.put(key("model.pt"), []byte("short")) },
-			nil, []string{`"model.pt"`}, false},
+			ErrDamaged, []string{`"model.pt"`}, false},
 		{"corrupted in transit", func(s *memStore, m *Manifest) { s.corruptKey(key("model.pt")) },
-			nil, []string{`"model.pt"`, "checksum mismatch", goodSum.Value, corruptSum.Value}, false},
+			ErrDamaged, []string{`"model.pt"`, "checksum mismatch", goodSum.Value, corruptSum.Value}, false},
 		{"manifest checksum wrong", func(s *memStore, m *Manifest) {
 			for i := range m.Files {
 				if m.Files[i].Path == ".metadata" {
 					m.Files[i].Checksum = wrongSum
 				}
 			}
-		}, nil, []string{`".metadata"`, "checksum mismatch", wrongSum.Value}, false},
+		}, ErrDamaged, []string{`".metadata"`, "checksum mismatch", wrongSum.Value}, false},
 		{"store error", func(s *memStore, m *Manifest) { s.failKey(key("optim/__0_0.distcp"), errBoom) },
 			errBoom, []string{`"optim/__0_0.distcp"`}, false},
 		{"store error while another download hangs", func(s *memStore, m *Manifest) {
@@ -572,6 +572,9 @@ func TestRestoreDownloadFailures(t *testing.T) {
 			}
 			if tt.is != nil && !errors.Is(err, tt.is) {
 				t.Errorf("Got(%q) = %v; want errors.Is %v", tt.name, err, tt.is)
+			}
+			if damaged := tt.is == ErrDamaged; errors.Is(err, ErrDamaged) != damaged {
+				t.Errorf("Got(%q) = %v; want errors.Is ErrDamaged %v (a store error is no damage)", tt.name, err, damaged)
 			}
 			for _, want := range append(tt.wants, "mem://bucket/prefix", restoreTestJob, `"step-000100"`) {
 				if !strings.Contains(err.Error(), want) {

@@ -840,7 +840,7 @@ func (s *S3Store) download(ctx context.Context, okey string, w io.WriterAt, size
 		return err
 	}
 	if got := aws.ToInt64(head.ContentLength); got != size {
-		return fmt.Errorf("object has %d bytes; want %d", got, size)
+		return fmt.Errorf("%w: object has %d bytes; want %d", ErrDamaged, got, size)
 	}
 	g, gctx := errgroup.WithContext(ctx)
 	order := s.nextOrder()

@@ -66,3 +66,26 @@ func TestRestoreJSONWhenNothingIsCommitted(t *testing.T) {
 		t.Errorf("Got(restore --json) = %v; want restored true, step-000100 in %s, 2 files", got, to)
 	}
 }
+
+// A commit whose file was deleted from the store behind the agent's back cannot be restored:
+// restore says so and says how to restore another commit.
+func TestRestoreOfADamagedCommitSaysWhatToDo(t *testing.T) {
+	store := t.TempDir()
+	cfgPath := filepath.Join(t.TempDir(), "empty.yaml")
+	if err := os.WriteFile(cfgPath, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	env := []string{"SPOTGUARD_STORE_URL=file://" + store, "SPOTGUARD_STORE_JOB=j"}
+	commitForTest(t, store, "j", "step-000100", map[string][]byte{"model.pt": []byte("weights"), "_COMPLETE": nil})
+	shards, err := filepath.Glob(filepath.Join(store, "j", "step-000100", "*", "model.pt"))
+	if err != nil || len(shards) != 1 {
+		t.Fatalf("the committed model.pt: %v, %v", shards, err)
+	}
+	if err := os.Remove(shards[0]); err != nil {
+		t.Fatal(err)
+	}
+	code, _, stderr := runCLI(t, t.Context(), env, "restore", "--config", cfgPath, "--to", t.TempDir())
+	if code != exitFail || !strings.Contains(stderr, "the commit is damaged in the store") || !strings.Contains(stderr, "spotguard restore --checkpoint NAME --commit ID") {
+		t.Errorf("restore of a damaged commit: exit %d\n%s\nwant 1, saying it is damaged and how to restore another", code, stderr)
+	}
+}

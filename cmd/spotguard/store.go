@@ -134,6 +134,10 @@ func runRestore(ctx context.Context, args, environ []string, stdout, stderr io.W
 	}
 	if err != nil {
 		fmt.Fprintf(stderr, "spotguard restore: %v\n", err)
+		if errors.Is(err, checkpoint.ErrDamaged) {
+			fmt.Fprintf(stderr, "spotguard restore: this commit cannot be restored; `spotguard list` shows the others, and\n"+
+				"`spotguard restore --checkpoint NAME --commit ID` restores one of them (`spotguard list --check` checks the store)\n")
+		}
 		return exitFail
 	}
 	if *jsonOut {
