@@ -90,16 +90,18 @@ func FuzzParseScheduled(f *testing.F) {
 	addSeeds(f)
 	f.Fuzz(func(t *testing.T, body []byte) {
 		ns, err := ParseScheduled(body, fuzzNow)
-		if err != nil {
-			if !errors.Is(err, ErrMalformed) || ns != nil {
-				t.Fatalf("ParseScheduled(%q) = %+v, %v; want nil and ErrMalformed", body, ns, err)
-			}
-			return
+		if err != nil && !errors.Is(err, ErrMalformed) {
+			t.Fatalf("ParseScheduled(%q) = %+v, %v; want errors wrapping ErrMalformed", body, ns, err)
 		}
 		seen := make(map[string]bool)
 		for _, n := range ns {
-			if n.Source != SourceScheduled || n.Action == "" || n.Time.IsZero() || !n.Deadline.Equal(n.Time) {
-				t.Fatalf("ParseScheduled(%q) gave %+v; want a scheduled notice with Action and Deadline == Time", body, n)
+			switch {
+			case n.Source != SourceScheduled || n.Action == "":
+				t.Fatalf("ParseScheduled(%q) gave %+v; want a scheduled notice with Action", body, n)
+			case n.Malformed && (err == nil || !n.Time.IsZero() || !n.Deadline.Equal(fuzzNow)):
+				t.Fatalf("ParseScheduled(%q) gave %+v, %v; want a fail-safe notice due now only with an error", body, n, err)
+			case !n.Malformed && (n.Time.IsZero() || !n.Deadline.Equal(n.Time)):
+				t.Fatalf("ParseScheduled(%q) gave %+v; want Deadline == Time", body, n)
 			}
 			if seen[n.Key()] {
 				t.Fatalf("ParseScheduled(%q) gave key %q twice", body, n.Key())

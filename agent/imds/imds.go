@@ -73,8 +73,9 @@ type Notice struct {
 	Deadline time.Time
 	// NotAfter is a scheduled event's NotAfter (when its window ends); zero otherwise.
 	NotAfter time.Time
-	// Malformed is set, on spot only, for a 200 whose body could not be parsed; such a
-	// notice is treated fail-safe as "terminate" 2 minutes after detection.
+	// Malformed is set for a notice read fail-safe from what could not be parsed: on spot, a
+	// 200 whose body could not be parsed, treated as "terminate" 2 minutes after detection; on
+	// scheduled, an event whose NotBefore could not be read, treated as due at detection.
 	Malformed bool
 	// Raw is the body as received, truncated to 4 KiB.
 	Raw string

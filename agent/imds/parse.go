@@ -3,6 +3,7 @@ package imds
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strings"
 	"time"
@@ -100,12 +101,15 @@ func ParseRebalance(body []byte, now time.Time) (Notice, error) {
 // times written like "2 Jan 2006 15:04:05 GMT". It returns:
 //   - one notice per event whose State is "active" or empty (case-insensitive), in body order,
 //     without duplicate keys, with Action = Code, EventID = EventId, Time = Deadline =
-//     NotBefore and NotAfter (zero when missing or unreadable); events in any other State ("canceled", "completed") are not notices, which is
-//     how an earlier notice ends. An empty array gives no notices. The error is nil;
-//   - for anything else (empty, not a JSON array, wrong types, an active event without Code or
-//     with a missing or unparsable NotBefore): nil and an error wrapping [ErrMalformed].
-//
-// now is unused; it is there so that every parser has the same shape.
+//     NotBefore and NotAfter (zero when missing or unreadable); events in any other State
+//     ("canceled", "completed") are not notices, which is how an earlier notice ends. An empty
+//     array gives no notices. The error is nil;
+//   - when some active events are unreadable, the notices of the others, fail-safe notices of
+//     those with a Code but a missing or unparsable NotBefore (Malformed, due now: Deadline is
+//     now, Time zero), and an error wrapping [ErrMalformed] naming each unreadable event (one
+//     without Code cannot be named, and is left out). One bad event hides no other;
+//   - for a body that is not a JSON array of events (empty, wrong types): nil and an error
+//     wrapping [ErrMalformed].
 func ParseScheduled(body []byte, now time.Time) ([]Notice, error) {
 	var events []struct {
 		Code      string
@@ -124,6 +128,7 @@ func ParseScheduled(body []byte, now time.Time) ([]Notice, error) {
 		return malformed(fmt.Errorf("not a JSON array"))
 	}
 	var notices []Notice
+	var problems []error
 	seen := make(map[string]bool)
 	raw := truncate(body)
 	for i, e := range events {
@@ -134,19 +139,21 @@ func ParseScheduled(body []byte, now time.Time) ([]Notice, error) {
 		}
 		code := strings.TrimSpace(e.Code)
 		if code == "" {
-			return malformed(fmt.Errorf("event %d: missing Code", i))
-		}
-		t, err := parseScheduledTime(e.NotBefore)
-		if err != nil {
-			return malformed(fmt.Errorf("event %d: bad NotBefore: %w", i, err))
+			problems = append(problems, fmt.Errorf("event %d: missing Code", i))
+			continue
 		}
 		n := Notice{
-			Source:   SourceScheduled,
-			Action:   code,
-			EventID:  strings.TrimSpace(e.EventID),
-			Time:     t,
-			Deadline: t,
-			Raw:      raw,
+			Source:  SourceScheduled,
+			Action:  code,
+			EventID: strings.TrimSpace(e.EventID),
+			Raw:     raw,
+		}
+		if t, err := parseScheduledTime(e.NotBefore); err != nil {
+			// Fail safe: an event whose start cannot be read is due now.
+			problems = append(problems, fmt.Errorf("event %d (%s): bad NotBefore, taken as due now: %w", i, n.Key(), err))
+			n.Deadline, n.Malformed = now, true
+		} else {
+			n.Time, n.Deadline = t, t
 		}
 		if after, err := parseScheduledTime(e.NotAfter); err == nil {
 			n.NotAfter = after // optional: an unreadable NotAfter does not make the event malformed
@@ -155,6 +162,9 @@ func ParseScheduled(body []byte, now time.Time) ([]Notice, error) {
 			seen[k] = true
 			notices = append(notices, n)
 		}
+	}
+	if len(problems) > 0 {
+		return notices, fmt.Errorf("%w: %s: %w", ErrMalformed, SourceScheduled.Path(), errors.Join(problems...))
 	}
 	return notices, nil
 }

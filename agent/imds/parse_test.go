@@ -146,6 +146,7 @@ func TestParseScheduled(t *testing.T) {
 	aemm := Notice{Source: SourceScheduled, Action: "system-reboot", EventID: "instance-event-1234567890abcdef0", Time: aemmBefore, Deadline: aemmBefore}
 	docs := Notice{Source: SourceScheduled, Action: "system-reboot", EventID: "instance-event-0d59937288b749b32", Time: docsBefore, Deadline: docsBefore}
 	stop := Notice{Source: SourceScheduled, Action: "instance-stop", EventID: "instance-event-2", Time: time.Date(2019, 1, 5, 7, 0, 0, 0, time.UTC), Deadline: time.Date(2019, 1, 5, 7, 0, 0, 0, time.UTC)}
+	dueNow := Notice{Source: SourceScheduled, Action: "system-reboot", EventID: "e", Deadline: now, Malformed: true}
 	tests := []struct {
 		name    string
 		body    string
@@ -171,8 +172,14 @@ func TestParseScheduled(t *testing.T) {
 		{"wrong type", `[{"Code": 5, "State": "active", "NotBefore": "21 Jan 2019 09:00:43 GMT"}]`, nil, true},
 		{"array of strings", `["system-reboot"]`, nil, true},
 		{"active without code", `[{"State":"active","EventId":"e","NotBefore":"21 Jan 2019 09:00:43 GMT"}]`, nil, true},
-		{"active without NotBefore", `[{"Code":"system-reboot","State":"active","EventId":"e"}]`, nil, true},
-		{"active with bad NotBefore", `[{"Code":"system-reboot","State":"active","EventId":"e","NotBefore":"Jan 21 2019"}]`, nil, true},
+		// Fail safe: an event whose start cannot be read is due now, and says so.
+		{"active without NotBefore", `[{"Code":"system-reboot","State":"active","EventId":"e"}]`, []Notice{dueNow}, true},
+		{"active with bad NotBefore", `[{"Code":"system-reboot","State":"active","EventId":"e","NotBefore":"Jan 21 2019"}]`, []Notice{dueNow}, true},
+		// One bad event hides no other.
+		{"a bad event among good ones", `[
+			{"State":"active","EventId":"nameless","NotBefore":"21 Jan 2019 09:00:43 GMT"},
+			{"Code":"instance-stop","State":"active","EventId":"instance-event-2","NotBefore":"05 Jan 2019 07:00:00 GMT"},
+			{"Code":"system-reboot","State":"active","EventId":"e","NotBefore":"soon"}]`, []Notice{stop, dueNow}, true},
 		{"html error page", readTestdata(t, "error-page.html"), nil, true},
 	}
 	for _, tt := range tests {

@@ -200,8 +200,10 @@ func NewWatcher(g Getter, cfg Config) *Watcher {
 //     Terminated, or only canceled/completed scheduled events);
 //   - nil, err: the read failed, or the body of a source other than spot was malformed
 //     (errors.Is(err, ErrMalformed));
-//   - [fail-safe notice], err: spot only, a 200 whose body was malformed: the notice (see
-//     [ParseSpot]) must be acted on, err (wrapping ErrMalformed) is for the log.
+//   - notices, err: spot, a 200 whose body was malformed (the fail-safe notice, see
+//     [ParseSpot]); scheduled, some events unreadable (the others, and fail-safe notices, see
+//     [ParseScheduled]): the notices must be acted on, err (wrapping ErrMalformed) is for the
+//     log.
 //
 // An unknown src is an error.
 func (w *Watcher) Check(ctx context.Context, src Source) ([]Notice, error) {
