@@ -59,7 +59,11 @@ type UploaderConfig struct {
 	// StopBudget bounds how long Run goes on after its context ends, to drain: DefaultStopBudget
 	// when zero, no drain at all when negative.
 	StopBudget time.Duration
-	Logger     zerolog.Logger
+	// TrainerAlive, if not nil, says whether a trainer process is still there. A stop waits for
+	// the checkpoint the trainer was signalled for only while it is: once it is gone (seen so
+	// twice, a second apart), nothing more will come, and the drain is what is complete.
+	TrainerAlive func() bool
+	Logger       zerolog.Logger
 	// OnEvent, if not nil, is called (from the uploader's goroutines, never blocking it for
 	// long) for each checkpoint that completes or commits, and for each commit that fails.
 	OnEvent func(UploadEvent)
@@ -155,6 +159,10 @@ type Uploader struct {
 	// signalAnswered: a checkpoint completed after lastSignal (or one begun after it vanished,
 	// deleted by the trainer or by hand); a stop no longer waits for a marker.
 	signalAnswered bool
+	// trainerAbsent counts the looks in a row (checkTrainer) that found no trainer; trainerGone:
+	// two did, and a stop no longer waits for a marker either.
+	trainerAbsent int
+	trainerGone   bool
 
 	results  chan fileResult
 	commits  chan commitResult
@@ -430,7 +438,8 @@ func (u *Uploader) Run(ctx context.Context, events <-chan WatchEvent) error {
 	u.start(work)
 	done := ctx.Done()
 	var drainTimer <-chan time.Time
-	var endDrain chan struct{} // u.endDrain once draining
+	var trainerTick <-chan time.Time // once draining, with TrainerAlive
+	var endDrain chan struct{}       // u.endDrain once draining
 	for {
 		u.flushJournal()
 		select {
@@ -449,6 +458,11 @@ func (u *Uploader) Run(ctx context.Context, events <-chan WatchEvent) error {
 			default:
 			}
 			done = nil // keep going for the checkpoints, then stop
+			if u.cfg.TrainerAlive != nil {
+				tick := time.NewTicker(time.Second)
+				defer tick.Stop()
+				trainerTick = tick.C
+			}
 			logTime(u.log.Warn(), "deadline", u.deadline()).Float64("stop_budget_s", logSeconds(u.cfg.StopBudget)).Int("not_committed", u.notCommitted()).
 				Msg("stop requested while checkpoints are being written or are not committed yet; finishing them first (a second SIGTERM stops at once)")
 			t := time.NewTimer(u.cfg.StopBudget)
@@ -457,6 +471,8 @@ func (u *Uploader) Run(ctx context.Context, events <-chan WatchEvent) error {
 		case <-drainTimer:
 			u.logLeft("stop budget spent before every checkpoint was committed (or the one the trainer was signalled for appeared); stopping")
 			return nil
+		case <-trainerTick:
+			u.checkTrainer()
 		case <-endDrain:
 			u.logLeft("drain ended by a second stop request; stopping")
 			return nil
@@ -537,6 +553,7 @@ func (u *Uploader) handleNotices() {
 		}
 		if n.SignalledAt.After(u.lastSignal) {
 			u.lastSignal, u.signalAnswered = n.SignalledAt, false
+			u.trainerAbsent, u.trainerGone = 0, false
 		}
 	}
 	u.active = active
@@ -607,7 +624,23 @@ func (u *Uploader) draining() bool {
 			return true
 		}
 	}
-	return !u.lastSignal.IsZero() && !u.signalAnswered
+	return !u.lastSignal.IsZero() && !u.signalAnswered && !u.trainerGone
+}
+
+// checkTrainer looks, while a stop waits for the checkpoint the trainer was signalled for,
+// whether the trainer is still there; gone at two looks in a row, it is not waited for.
+func (u *Uploader) checkTrainer() {
+	if u.cfg.TrainerAlive == nil || u.lastSignal.IsZero() || u.signalAnswered || u.trainerGone {
+		return
+	}
+	if u.cfg.TrainerAlive() {
+		u.trainerAbsent = 0
+		return
+	}
+	if u.trainerAbsent++; u.trainerAbsent >= 2 {
+		u.trainerGone = true
+		u.log.Warn().Msg("the trainer is gone and wrote no checkpoint since it was signalled; the stop does not wait for one")
+	}
 }
 
 // startReadTimeout bounds each store read of start: a store that does not answer (a route that

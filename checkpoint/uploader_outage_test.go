@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -290,5 +291,35 @@ func TestUploaderStartsWithAStoreThatHangs(t *testing.T) {
 	case <-r.done:
 	case <-time.After(10 * time.Second):
 		t.Fatal("the uploader did not stop within 10 s")
+	}
+}
+
+// A stop waits for the checkpoint the trainer was signalled for only while the trainer is
+// there: gone, the stop ends within seconds instead of the stop budget; still there, the
+// checkpoint it writes late is awaited and committed.
+func TestUploaderStopDoesNotWaitForAGoneTrainer(t *testing.T) {
+	for _, alive := range []bool{false, true} {
+		var looks atomic.Int32
+		trainerAlive := func() bool { looks.Add(1); return alive }
+		dir := t.TempDir()
+		r := startUploaderWith(t, dir, newMemStore(), UploaderConfig{StopBudget: time.Minute, TrainerAlive: trainerAlive})
+		r.up.SetNotices([]ActiveNotice{{Key: "spot/terminate", Deadline: time.Now().Add(2 * time.Minute), SignalledAt: time.Now()}})
+		r.up.Status(t.Context()) // the notice is in
+		r.cancel()
+		if !alive {
+			select {
+			case <-r.done:
+			case <-time.After(20 * time.Second):
+				t.Fatal("the stop waited more than 20 s for the checkpoint of a trainer that is gone")
+			}
+			if !strings.Contains(r.logs.String(), "the trainer is gone") {
+				t.Errorf("warnings:\n%s\nwant one saying the trainer is gone", r.logs)
+			}
+			continue
+		}
+		eventuallyUploader(t, "three looks at the trainer", func() bool { return looks.Load() >= 3 })
+		writeCheckpoint(t, dir, "step-1", map[string][]byte{"w": randomBytes(t, 8<<10)})
+		r.waitCommitted("step-1")
+		<-r.done
 	}
 }

@@ -228,3 +228,33 @@ func TestSIGTERMBeforeMarkerStillCommits(t *testing.T) {
 		t.Fatalf("after the agent exited, list: exit %d\n%s%s; want %s committed", code, stdout, stderr, ckpt)
 	}
 }
+
+// SIGTERM after the trainer was signalled and then died without a checkpoint (killed, OOM): no
+// marker will come, so the stop does not wait out the stop budget (140 s) for one; it exits
+// within seconds, saying why.
+func TestSIGTERMAfterTheTrainerDiedExitsPromptly(t *testing.T) {
+	needPeers(t)
+	sim := newIMDS(t)
+	trigger := time.Now().Truncate(time.Second).Add(3 * time.Second)
+	sim.start("spot", "-a", "terminate", "--mock-trigger-time", trigger.UTC().Format(time.RFC3339), "--rebalance-delay-sec", "100000")
+	tp := startTrainer(t) // logs the signal, writes no checkpoint
+	ap := startAgent(t, sim, "SPOTGUARD_TRAINER_PIDFILE="+tp.pidfile, "SPOTGUARD_NOTICES_REBALANCE=ignore",
+		"SPOTGUARD_CHECKPOINT_DIR="+t.TempDir(), "SPOTGUARD_STORE_URL=file://"+t.TempDir(), "SPOTGUARD_STORE_JOB=e2e")
+	ap.waitNoticeState(t, "spot/terminate", "trainer_signalled", 30*time.Second)
+	tp.cmd.Process.Kill()
+	<-tp.done
+	sent := time.Now()
+	ap.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-ap.done:
+	case <-time.After(30 * time.Second):
+		t.Fatalf("agent still waiting 30 s after SIGTERM for the checkpoint of a trainer that is gone\n%s", ap.log(t))
+	}
+	if ap.exitErr != nil {
+		t.Errorf("exit: %v; want 0", ap.exitErr)
+	}
+	if log := ap.log(t); !strings.Contains(log, "the trainer is gone") {
+		t.Errorf("the agent did not say why it stopped waiting:\n%s", log)
+	}
+	t.Logf("exited %v after SIGTERM", time.Since(sent).Round(time.Millisecond))
+}
