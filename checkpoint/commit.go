@@ -541,21 +541,24 @@ func advanceLatest(ctx context.Context, s Store, m *Manifest, host Host, cache *
 	return false, fmt.Errorf("write %s: it changed under every one of %d attempts", key, latestAttempts)
 }
 
-// latestOrder returns the order of the commit that LATEST (data) names, and false when LATEST
-// cannot be used: not JSON, no valid name, or (without complete_at) no readable manifest.
+// latestOrder returns the order of the commit that LATEST (data) names, from that commit's
+// manifest (read once, then cached), and false when LATEST cannot be used: not JSON, no valid
+// name, or no readable manifest of the commit it names. LATEST's own complete_at is not taken on
+// trust: one written by hand, or by a faulty writer, must not hold LATEST back. Only when the
+// store fails is it taken, so that a transient error does not move LATEST back.
 func latestOrder(ctx context.Context, s Store, job string, data []byte, cache *manifestCache) (CommitOrder, bool) {
 	var l Latest
 	if json.Unmarshal(data, &l) != nil || ValidName(l.Checkpoint) != nil {
 		return CommitOrder{}, false
 	}
-	if l.CompleteAt != nil && ValidCommitID(l.Commit) == nil {
+	m, problem, err := readManifest(ctx, s, job, CommitRef{Checkpoint: l.Checkpoint, Commit: l.Commit}, cache)
+	switch {
+	case err == nil && problem == nil:
+		return m.Order(), true
+	case err != nil && !errors.Is(err, ErrNotFound) && l.CompleteAt != nil && ValidCommitID(l.Commit) == nil:
 		return CommitOrder{At: *l.CompleteAt, Commit: l.Commit}, true
 	}
-	m, problem, err := readManifest(ctx, s, job, CommitRef{Checkpoint: l.Checkpoint, Commit: l.Commit}, cache)
-	if err != nil || problem != nil {
-		return CommitOrder{}, false
-	}
-	return m.Order(), true
+	return CommitOrder{}, false
 }
 
 // retained returns the commits of st to keep with keep > 0 (by manifest key), or nil when it

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -160,6 +161,36 @@ func TestAdvanceLatest(t *testing.T) {
 	wg.Wait()
 	if l := readLatest(t, s); l.Checkpoint != "step-7" {
 		t.Errorf("LATEST = %+v after the race; want step-7", l)
+	}
+}
+
+// LATEST's own complete_at is not taken on trust: a LATEST written by hand with a time in the
+// future, naming an older commit, does not hold LATEST there; nor does one naming a commit that
+// does not exist.
+func TestAdvanceLatestReadsTheOrderOfTheCommitNamed(t *testing.T) {
+	for _, name := range []string{"step-0", "step-9"} { // an older commit; none
+		s := newMemStore()
+		t0 := restoreTestT0
+		var ms []*Manifest
+		for i := range 3 {
+			ms = append(ms, restoreTestCommit(t, s, restoreTestJob, fmt.Sprintf("step-%d", i), t0.Add(time.Duration(i)*time.Minute), restoreTestFiles(uint64(i))))
+		}
+		future := t0.Add(1000 * time.Hour)
+		restoreTestPutJSON(t, s, LatestKey(restoreTestJob), Latest{Version: ManifestVersion, Checkpoint: name, Commit: ms[0].Commit, CompleteAt: &future})
+		if moved, err := advanceLatest(t.Context(), s, ms[2], Host{}, nil); !moved || err != nil {
+			t.Errorf("LATEST naming %s with complete_at %v: advanceLatest to step-2 = %v, %v; want moved", name, future, moved, err)
+		}
+		if l := readLatest(t, s); l.Checkpoint != "step-2" {
+			t.Errorf("LATEST = %+v; want step-2", l)
+		}
+	}
+	// list --check names a LATEST whose time is not its commit's.
+	s := newMemStore()
+	m := restoreTestCommit(t, s, restoreTestJob, "step-0", restoreTestT0, restoreTestFiles(0))
+	future := restoreTestT0.Add(1000 * time.Hour)
+	restoreTestPutJSON(t, s, LatestKey(restoreTestJob), Latest{Version: ManifestVersion, Checkpoint: "step-0", Commit: m.Commit, CompleteAt: &future})
+	if problems := CheckJob(t.Context(), s, restoreTestJob, false); len(problems) != 1 || !strings.Contains(problems[0].Error(), "its manifest says") {
+		t.Errorf("CheckJob with a LATEST whose complete_at is not its commit's = %v; want that problem", problems)
 	}
 }
 

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 )
 
 // The checks here assert the invariants of commit.go on what a store holds. The simulation and
@@ -119,6 +120,10 @@ func CheckJob(ctx context.Context, s Store, job string, settled bool) []error {
 	case settled && newest != target:
 		problems = append(problems, fmt.Errorf("I6: LATEST names %s/%s but %s/%s is newer",
 			target.Manifest.Checkpoint, target.Manifest.Commit, newest.Manifest.Checkpoint, newest.Manifest.Commit))
+	}
+	if l := st.Latest; l != nil && target != nil && l.CompleteAt != nil && !l.CompleteAt.Equal(target.Manifest.Order().At) {
+		problems = append(problems, fmt.Errorf("I3: LATEST says %s/%s completed at %s; its manifest says %s",
+			target.Manifest.Checkpoint, target.Manifest.Commit, l.CompleteAt.UTC().Format(time.RFC3339Nano), target.Manifest.Order().At.UTC().Format(time.RFC3339Nano)))
 	}
 	return problems
 }
