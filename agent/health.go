@@ -64,7 +64,13 @@ func (a *Agent) health(now time.Time) healthVerdict {
 			fmt.Sprintf("IMDS %s failing for %s", src, d))
 	}
 	if a.store != nil {
-		if ps := a.store.prober.state(); ps.Probes > 0 && !ps.Last.OK() {
+		switch ps := a.store.prober.state(); {
+		case ps.Probes == 0:
+			// Healthy means the store took a write: not before the first probe says so (it
+			// takes a moment, unless the store does not answer).
+			v.reason(fmt.Sprintf("store %s: the first probe (list and a tiny write under %s/_spotguard/) has not finished yet", a.store.url, a.store.job),
+				fmt.Sprintf("store %s: not probed yet", a.store.url))
+		case !ps.Last.OK():
 			v.reason(ps.Last.Problem()+"; fix: "+StoreFix(ps.Last.Reason, ps.Last.URL, ps.Last.Err),
 				fmt.Sprintf("store %s: %s failed: %s", ps.Last.URL, ps.Last.Step, shortStoreError(ps.Last.Err)))
 		}

@@ -43,8 +43,9 @@ func TestStoreProbeFailureIsUnhealthy(t *testing.T) {
 	s := newFaultyStore(t)
 	s.url = "s3://nosuchbucket/x"
 	a := newStoreAgent(t, s, &syncBuffer{})
-	if code, body := get(a, "/healthz"); code != http.StatusOK {
-		t.Errorf("/healthz before the first probe = %d %s; want 200 (not known yet)", code, body)
+	// Healthy only once the store took a write (DESIGN, Health): not before the first probe.
+	if code, body := get(a, "/healthz"); code != http.StatusServiceUnavailable || !strings.Contains(body, "has not finished yet") {
+		t.Errorf("/healthz before the first probe = %d %s; want 503, not probed yet", code, body)
 	}
 	s.set(ProbeList, s3Err(404, "NoSuchBucket", "The specified bucket does not exist"))
 	if _, done := a.store.prober.Check(t.Context()); !done {
