@@ -2,6 +2,9 @@ package main
 
 import (
 	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
@@ -88,4 +91,41 @@ func TestRestoreOfADamagedCommitSaysWhatToDo(t *testing.T) {
 	if code != exitFail || !strings.Contains(stderr, "the commit is damaged in the store") || !strings.Contains(stderr, "spotguard restore --checkpoint NAME --commit ID") {
 		t.Errorf("restore of a damaged commit: exit %d\n%s\nwant 1, saying it is damaged and how to restore another", code, stderr)
 	}
+}
+
+// list and restore against a bucket that does not exist say what S3 answered, in short, and
+// the fix, as doctor does; not only the SDK's error chain.
+func TestListAndRestoreSayTheFixForAStoreError(t *testing.T) {
+	for _, args := range [][]string{{"list"}, {"restore", "--to", t.TempDir()}} {
+		if code, _, stderr := runCLIWithStore(t, args...); code != exitFail ||
+			!strings.Contains(stderr, "S3 said NoSuchBucket: The specified bucket does not exist (HTTP 404)") ||
+			!strings.Contains(stderr, "fix: the bucket nosuchbucket does not exist") {
+			t.Errorf("%s against a missing bucket: exit %d\n%s", args[0], code, stderr)
+		}
+	}
+}
+
+// runCLIWithStore runs the command against an S3 endpoint that answers every request 404
+// NoSuchBucket, as S3 does for a bucket that does not exist.
+func runCLIWithStore(t *testing.T, args ...string) (int, string, string) {
+	t.Helper()
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/xml")
+		w.WriteHeader(http.StatusNotFound)
+		io.WriteString(w, `<?xml version="1.0" encoding="UTF-8"?><Error><Code>NoSuchBucket</Code><Message>The specified bucket does not exist</Message><BucketName>nosuchbucket</BucketName></Error>`)
+	}))
+	t.Cleanup(srv.Close)
+	for k, v := range map[string]string{
+		"AWS_ENDPOINT_URL_S3": srv.URL, "AWS_ENDPOINT_URL": "", "AWS_REGION": "us-east-1", "AWS_ACCESS_KEY_ID": "k",
+		"AWS_SECRET_ACCESS_KEY": "s", "AWS_SESSION_TOKEN": "", "AWS_PROFILE": "", "AWS_CONFIG_FILE": filepath.Join(t.TempDir(), "none"),
+		"AWS_SHARED_CREDENTIALS_FILE": filepath.Join(t.TempDir(), "none"), "AWS_EC2_METADATA_DISABLED": "true",
+	} {
+		t.Setenv(k, v)
+	}
+	cfgPath := filepath.Join(t.TempDir(), "empty.yaml")
+	if err := os.WriteFile(cfgPath, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	env := []string{"SPOTGUARD_STORE_URL=s3://nosuchbucket/x", "SPOTGUARD_STORE_JOB=j"}
+	return runCLI(t, t.Context(), env, append(args, "--config", cfgPath)...)
 }

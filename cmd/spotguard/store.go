@@ -14,6 +14,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/aws/smithy-go"
 	"github.com/mattn/go-isatty"
 	"github.com/rs/zerolog"
 
@@ -134,6 +135,7 @@ func runRestore(ctx context.Context, args, environ []string, stdout, stderr io.W
 	}
 	if err != nil {
 		fmt.Fprintf(stderr, "spotguard restore: %v\n", err)
+		storeHint(stderr, "restore", cfg.Store.URL, err)
 		if errors.Is(err, checkpoint.ErrDamaged) {
 			fmt.Fprintf(stderr, "spotguard restore: this commit cannot be restored; `spotguard list` shows the others, and\n"+
 				"`spotguard restore --checkpoint NAME --commit ID` restores one of them (`spotguard list --check` checks the store)\n")
@@ -259,6 +261,7 @@ func runList(ctx context.Context, args, environ []string, stdout, stderr io.Writ
 	cs, problems, err := checkpoint.ListCommitted(ctx, store, cfg.Store.Job)
 	if err != nil {
 		fmt.Fprintf(stderr, "spotguard list: %v\n", err)
+		storeHint(stderr, "list", cfg.Store.URL, err)
 		return exitFail
 	}
 	for _, p := range problems {
@@ -277,6 +280,7 @@ func runList(ctx context.Context, args, environ []string, stdout, stderr io.Writ
 	incomplete, err := checkpoint.ListIncomplete(ctx, store, cfg.Store.Job)
 	if err != nil {
 		fmt.Fprintf(stderr, "spotguard list: %v\n", err)
+		storeHint(stderr, "list", cfg.Store.URL, err)
 		return exitFail
 	}
 	if *jsonOut {
@@ -425,4 +429,18 @@ func (p *progressLog) line(now time.Time, end bool) {
 		ev = ev.Float64("eta_s", logSeconds(time.Duration(float64(total-done)/rate*float64(time.Second))))
 	}
 	ev.Msg("restore progress")
+}
+
+// storeHint follows a failed command's error, when the store refused or could not be reached,
+// with S3's answer in short and what to do about it, as doctor and /healthz say them.
+func storeHint(w io.Writer, cmd, url string, err error) {
+	reason := agent.StoreErrorReason(err)
+	if reason == "" || reason == agent.StoreOther || errors.Is(err, checkpoint.ErrDamaged) || errors.Is(err, context.Canceled) {
+		return
+	}
+	var ae smithy.APIError
+	if errors.As(err, &ae) {
+		fmt.Fprintf(w, "spotguard %s: S3 said %s\n", cmd, agent.StoreErrorSummary(err))
+	}
+	fmt.Fprintf(w, "spotguard %s: fix: %s\n", cmd, agent.StoreFix(reason, url, err))
 }
