@@ -351,12 +351,16 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	if err := os.MkdirAll(cfg.Agent.RuntimeDir, 0o755); err != nil {
 		a.log.Error().Err(err).Str("dir", cfg.Agent.RuntimeDir).Msg("cannot create runtime dir; notice.json will be missing")
-	}
-	// No notice is in force before this run sees one: a notice.json an earlier run left (stopped
-	// or killed with notices in force) would name notices this one does not hold, such as a job
-	// notice, which only lives in the agent that took it.
-	if err := writeNoticeFile(cfg.Agent.RuntimeDir, nil); err != nil {
+		a.coord.setNoticeFileProblem(err)
+	} else if err := writeNoticeFile(cfg.Agent.RuntimeDir, nil); err != nil {
+		// No notice is in force before this run sees one: a notice.json an earlier run left
+		// (stopped or killed with notices in force) would name notices this one does not hold,
+		// such as a job notice, which only lives in the agent that took it.
 		a.log.Error().Err(err).Msg("cannot remove the notice file an earlier run left")
+		a.coord.setNoticeFileProblem(err)
+	} else if err := checkWritable(cfg.Agent.RuntimeDir); err != nil {
+		a.log.Error().Err(err).Str("dir", cfg.Agent.RuntimeDir).Msg("runtime dir not writable; notice.json will be missing")
+		a.coord.setNoticeFileProblem(err)
 	}
 	a.log.Info().Float64("poll_interval_s", logSeconds(cfg.IMDS.PollInterval)).Str("listen", cfg.HTTP.Listen).
 		Str("signal", trainer.SignalName(cfg.Trainer.Signal)).Msg("spotguard agent starting")

@@ -583,3 +583,18 @@ func TestCheckpointMissingByTheDeadlineIsSaid(t *testing.T) {
 		})
 	}
 }
+
+// An agent.runtime_dir that cannot be created (a file in its path): the agent runs and signals,
+// and /healthz warns that notice.json cannot be written, until it can.
+func TestRuntimeDirNotWritableIsSaid(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "file")
+	os.WriteFile(file, nil, 0o644)
+	tr := startShTrainer(t, true)
+	ta := startAgent(t, "SPOTGUARD_TRAINER_PIDFILE="+tr.pidfile, "SPOTGUARD_AGENT_RUNTIME_DIR="+filepath.Join(file, "run"))
+	ta.imds.set("spot/instance-action", spotBody)
+	ta.waitState(t, "spot/terminate", StateTrainerSignalled)
+	v := ta.a.health(time.Now())
+	if !v.Healthy || !strings.Contains(strings.Join(v.Warnings, " "), "cannot be written") || !strings.Contains(strings.Join(v.Warnings, " "), NoticeFile) {
+		t.Errorf("health = %+v; want healthy, with a warning that %s cannot be written", v, NoticeFile)
+	}
+}

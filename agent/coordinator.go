@@ -182,6 +182,22 @@ type Coordinator struct {
 	active       map[string]*NoticeStatus // by key
 	found        []TrainerStatus
 	lastProblems string
+	// noticeFileErr is why the last write of notice.json failed; nil once one succeeds.
+	noticeFileErr error
+}
+
+// noticeFileProblem returns why notice.json could not be written last, or nil.
+func (c *Coordinator) noticeFileProblem() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.noticeFileErr
+}
+
+// setNoticeFileProblem records the outcome of a write of notice.json.
+func (c *Coordinator) setNoticeFileProblem(err error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.noticeFileErr = err
 }
 
 func newCoordinator(log zerolog.Logger, m *promMetrics, config func() *Config, t trainers) *Coordinator {
@@ -450,10 +466,12 @@ func (c *Coordinator) noticesChanged(cfg *Config) {
 		c.mu.Unlock()
 		c.uploader.SetNotices(un)
 	}
-	if err := writeNoticeFile(cfg.Agent.RuntimeDir, active); err != nil {
+	err := writeNoticeFile(cfg.Agent.RuntimeDir, active)
+	if err != nil {
 		// The signal matters more than the file: go on.
 		c.log.Error().Err(err).Msg("cannot write notice file")
 	}
+	c.setNoticeFileProblem(err)
 }
 
 // record sends notice-path datums at 1-second resolution and flushes the sink at once, so the
@@ -712,4 +730,15 @@ func writeNoticeFile(dir string, active []*NoticeStatus) error {
 		return fmt.Errorf("write notice file: %w", err)
 	}
 	return nil
+}
+
+// checkWritable reports whether a file can be created in dir (it creates and removes one).
+func checkWritable(dir string) error {
+	f, err := os.CreateTemp(dir, ".spotguard-probe-*")
+	if err != nil {
+		return err
+	}
+	name := f.Name()
+	f.Close()
+	return os.Remove(name)
 }

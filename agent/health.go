@@ -80,6 +80,11 @@ func (a *Agent) health(now time.Time) healthVerdict {
 	} else if reason != "" {
 		v.warn(reason, reason) // healthy, and said so: waiting for checkpoint.dir to be created
 	}
+	if err := a.coord.noticeFileProblem(); err != nil {
+		dir := a.cfg.Load().Agent.RuntimeDir
+		v.warn(fmt.Sprintf("agent.runtime_dir %s cannot be written (%v): a trainer reading %s finds no notice and no deadline, and a restart sends uncommitted files again (no journal); fix its permissions or agent.runtime_dir",
+			dir, err, NoticeFile), "runtime dir "+dir+" not writable")
+	}
 	if since, ok := a.gpu.notAnswering(); ok {
 		d := now.Sub(since).Round(time.Second)
 		v.warn(fmt.Sprintf("NVML has not answered for %s (since %s): a GPU or its driver hangs; GPU readings and verdicts stop until it answers (look for Xid errors in the kernel log)",

@@ -8,11 +8,13 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"strings"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/rs/zerolog"
+	"golang.org/x/sys/unix"
 
 	"github.com/spotguard/spotguard/agent"
 	"github.com/spotguard/spotguard/agent/imds"
@@ -142,6 +144,7 @@ func doctor(ctx context.Context, cf *configFlags, environ []string, deps doctorD
 	doctorStore(ctx, &rep, cfg, deps, instance)
 	doctorTrainer(&rep, cfg, deps)
 	doctorCheckpointDir(&rep, cfg)
+	doctorRuntimeDir(&rep, cfg)
 	doctorNVML(&rep, deps, environ, stderr)
 	doctorCloudWatch(ctx, &rep, cfg, awsCfg, awsErr)
 	return rep
@@ -362,6 +365,47 @@ func doctorCheckpointDir(rep *doctorReport, cfg *agent.Config) {
 		return
 	}
 	rep.add("checkpoint.dir", doctorPass, fmt.Sprintf("%s is a readable directory (%d entries)", dir, len(entries)), "")
+}
+
+// doctorRuntimeDir checks that agent.runtime_dir can be written (or created): notice.json, the
+// trainer's deadline, and the upload journal live there. It writes nothing: an existing directory
+// must be writable, a missing one creatable in the nearest directory above it that exists.
+func doctorRuntimeDir(rep *doctorReport, cfg *agent.Config) {
+	dir := cfg.Agent.RuntimeDir
+	fix := "make it writable by the agent's user (the unit's RuntimeDirectory= creates /run/spotguard), or set agent.runtime_dir"
+	probe := dir
+	for {
+		fi, err := os.Stat(probe)
+		switch {
+		case err == nil && !fi.IsDir():
+			rep.add("runtime_dir", doctorFail, probe+" is not a directory: notice.json and the upload journal cannot be written", fix)
+			return
+		case err == nil:
+			if err := unix.Access(probe, unix.W_OK|unix.X_OK); err != nil {
+				what := dir + " is not writable"
+				if probe != dir {
+					what = dir + " cannot be created: " + probe + " is not writable"
+				}
+				rep.add("runtime_dir", doctorFail, what+" by this user ("+err.Error()+"): notice.json and the upload journal would be missing", fix)
+				return
+			}
+			what := dir + " is writable"
+			if probe != dir {
+				what = dir + " does not exist yet; the agent creates it in " + probe
+			}
+			rep.add("runtime_dir", doctorPass, what, "")
+			return
+		case !errors.Is(err, os.ErrNotExist):
+			rep.add("runtime_dir", doctorFail, probe+": "+err.Error(), fix)
+			return
+		}
+		parent := filepath.Dir(probe)
+		if parent == probe {
+			rep.add("runtime_dir", doctorFail, dir+" cannot be created: no directory above it exists", fix)
+			return
+		}
+		probe = parent
+	}
 }
 
 // doctorNVML opens NVML as the agent does; without it the agent runs, so it is a warning. One

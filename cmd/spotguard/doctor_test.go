@@ -22,6 +22,7 @@ import (
 	smithyhttp "github.com/aws/smithy-go/transport/http"
 	"github.com/rs/zerolog"
 
+	"github.com/spotguard/spotguard/agent"
 	"github.com/spotguard/spotguard/agent/imds"
 	"github.com/spotguard/spotguard/checkpoint"
 	"github.com/spotguard/spotguard/nvml"
@@ -94,7 +95,7 @@ func (r *doctorRig) run(t *testing.T, args ...string) (int, string) {
 	os.WriteFile(cfgPath, nil, 0o644)
 	args = append([]string{"--config", cfgPath, "--store.url", "file://" + filepath.Join(r.tmp, "store"), "--store.job", "job1",
 		"--checkpoint.dir", filepath.Join(r.tmp, "checkpoints"), "--trainer.pidfile", filepath.Join(r.tmp, "trainer.pid"),
-		"--metrics.cloudwatch", "false"}, args...)
+		"--agent.runtime_dir", filepath.Join(r.tmp, "run", "spotguard"), "--metrics.cloudwatch", "false"}, args...)
 	var stdout, stderr bytes.Buffer
 	code := runDoctor(t.Context(), args, nil, &stdout, &stderr, r.deps)
 	return code, strings.ReplaceAll(stdout.String(), r.tmp, "$TMP")
@@ -138,7 +139,7 @@ func TestDoctorMissingBucketFails(t *testing.T) {
 	if !strings.Contains(out, want) || !strings.Contains(out, "fix: the bucket nosuchbucket does not exist") {
 		t.Errorf("doctor output lacks %q and its fix:\n%s", want, out)
 	}
-	if !strings.HasSuffix(out, "FAIL: 1 failed, 4 warning(s), 6 passed\n") {
+	if !strings.HasSuffix(out, "FAIL: 1 failed, 4 warning(s), 7 passed\n") {
 		t.Errorf("doctor summary:\n%s", out)
 	}
 }
@@ -162,7 +163,7 @@ func TestDoctorIMDSDownJSON(t *testing.T) {
 			t.Errorf("imds check = %+v; want it unreachable with the fix", c)
 		}
 	}
-	if got, want := strings.Join(names, " "), "config=PASS imds=FAIL store=PASS trainer=WARN checkpoint.dir=WARN nvml=WARN cloudwatch=PASS"; got != want {
+	if got, want := strings.Join(names, " "), "config=PASS imds=FAIL store=PASS trainer=WARN checkpoint.dir=WARN runtime_dir=PASS nvml=WARN cloudwatch=PASS"; got != want {
 		t.Errorf("checks = %s; want %s", got, want)
 	}
 }
@@ -232,5 +233,39 @@ func TestDoctorNVMLHangs(t *testing.T) {
 	want := "NVML (nvmlInit) has not returned after 0.05 s: a GPU or its driver hangs"
 	if code != exitFail || !strings.Contains(out, want) || !strings.Contains(out, "replace the instance") {
 		t.Errorf("doctor with a hung nvmlInit: exit %d\n%s\nwant %d with %q and the fix", code, out, exitFail, want)
+	}
+}
+
+// doctor checks agent.runtime_dir without writing anything: writable, or creatable above, or
+// not (notice.json and the journal would be missing).
+func TestDoctorRuntimeDir(t *testing.T) {
+	tmp := t.TempDir()
+	ro := filepath.Join(tmp, "ro")
+	os.Mkdir(ro, 0o500)
+	file := filepath.Join(tmp, "file")
+	os.WriteFile(file, nil, 0o644)
+	for _, tc := range []struct {
+		dir, state, want string
+	}{
+		{tmp, doctorPass, "is writable"},
+		{filepath.Join(tmp, "a", "b"), doctorPass, "the agent creates it in " + tmp},
+		{filepath.Join(file, "x"), doctorFail, "not a directory"},
+	} {
+		var rep doctorReport
+		cfg := &agent.Config{}
+		cfg.Agent.RuntimeDir = tc.dir
+		doctorRuntimeDir(&rep, cfg)
+		if len(rep.Checks) != 1 || rep.Checks[0].Status != tc.state || !strings.Contains(rep.Checks[0].Detail, tc.want) {
+			t.Errorf("doctorRuntimeDir(%s) = %+v; want %s containing %q", tc.dir, rep.Checks, tc.state, tc.want)
+		}
+	}
+	if os.Geteuid() != 0 { // root writes anywhere
+		var rep doctorReport
+		cfg := &agent.Config{}
+		cfg.Agent.RuntimeDir = filepath.Join(ro, "run")
+		doctorRuntimeDir(&rep, cfg)
+		if len(rep.Checks) != 1 || rep.Checks[0].Status != doctorFail {
+			t.Errorf("doctorRuntimeDir under a read-only directory = %+v; want FAIL", rep.Checks)
+		}
 	}
 }
