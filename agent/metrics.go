@@ -7,6 +7,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/spotguard/spotguard/agent/imds"
+	"github.com/spotguard/spotguard/agent/trainer"
 	"github.com/spotguard/spotguard/checkpoint"
 )
 
@@ -142,6 +143,17 @@ func newMetrics(reg prometheus.Registerer, stats func() imds.Stats) *promMetrics
 		m.forecast, m.newestCommitted, m.writeSeconds, m.timeToDurable, m.deadlineMargin)
 	reg.MustRegister(m.notices, m.signals, m.discoveryProblems, m.signalLatency, m.trainerProcesses,
 		m.trainerUncaught, m.syncRequests, m.reloads, m.noticeDeadlineLeft, m.checkpointMissing)
+	// Counters whose labels are known are there at 0 from the start, so that a rate or an alert
+	// on them has a series before the first event.
+	for _, o := range []trainer.Outcome{trainer.OutcomeSent, trainer.OutcomeNotCaught, trainer.OutcomeGone, trainer.OutcomeFailed} {
+		m.signals.WithLabelValues(string(o))
+	}
+	for _, r := range []string{"ok", "invalid"} {
+		m.reloads.WithLabelValues(r)
+	}
+	for _, tr := range []string{"periodic", "notice"} {
+		m.committed.WithLabelValues(tr)
+	}
 	m.storeProbeFailures = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "spotguard_store_probe_failures_total",
 		Help: "Store probes (list, write, read, delete of a probe object under J/_spotguard/) that failed.",

@@ -201,7 +201,7 @@ func TestNoticeEndpointTakesJobNotice(t *testing.T) {
 	}
 	b, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
-	if !strings.Contains(string(b), `spotguard_notices_total{action="terminate",source="job"} 1`) || strings.Contains(string(b), `spotguard_trainer_signals_total`+"{") {
+	if !strings.Contains(string(b), `spotguard_notices_total{action="terminate",source="job"} 1`) || !strings.Contains(string(b), `spotguard_trainer_signals_total{outcome="sent"} 0`) {
 		t.Errorf("/metrics: want spotguard_notices_total{source=job} 1 and no trainer signal:\n%s", grep(string(b), "spotguard_notices_total", "spotguard_trainer_signals_total"))
 	}
 	if !tr.alive() {
