@@ -16,10 +16,7 @@ import (
 // there instead. An error (exit 1) leaves stdout empty and says what went wrong on stderr.
 func TestRestoreJSONWhenNothingIsCommitted(t *testing.T) {
 	store := t.TempDir()
-	cfgPath := filepath.Join(t.TempDir(), "empty.yaml")
-	if err := os.WriteFile(cfgPath, nil, 0o644); err != nil {
-		t.Fatal(err)
-	}
+	cfgPath := emptyConfigFile(t)
 	env := []string{"SPOTGUARD_STORE_URL=file://" + store, "SPOTGUARD_STORE_JOB=j"}
 
 	object := func(what, stdout string) map[string]any {
@@ -74,10 +71,7 @@ func TestRestoreJSONWhenNothingIsCommitted(t *testing.T) {
 // restore says so and says how to restore another commit.
 func TestRestoreOfADamagedCommitSaysWhatToDo(t *testing.T) {
 	store := t.TempDir()
-	cfgPath := filepath.Join(t.TempDir(), "empty.yaml")
-	if err := os.WriteFile(cfgPath, nil, 0o644); err != nil {
-		t.Fatal(err)
-	}
+	cfgPath := emptyConfigFile(t)
 	env := []string{"SPOTGUARD_STORE_URL=file://" + store, "SPOTGUARD_STORE_JOB=j"}
 	commitForTest(t, store, "j", "step-000100", map[string][]byte{"model.pt": []byte("weights"), "_COMPLETE": nil})
 	shards, err := filepath.Glob(filepath.Join(store, "j", "step-000100", "*", "model.pt"))
@@ -122,10 +116,16 @@ func runCLIWithStore(t *testing.T, args ...string) (int, string, string) {
 	} {
 		t.Setenv(k, v)
 	}
-	cfgPath := filepath.Join(t.TempDir(), "empty.yaml")
-	if err := os.WriteFile(cfgPath, nil, 0o644); err != nil {
+	env := []string{"SPOTGUARD_STORE_URL=s3://nosuchbucket/x", "SPOTGUARD_STORE_JOB=j"}
+	return runCLI(t, t.Context(), env, append(args, "--config", emptyConfigFile(t))...)
+}
+
+// emptyConfigFile returns the path of an empty configuration file: defaults and the environment.
+func emptyConfigFile(t *testing.T) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "empty.yaml")
+	if err := os.WriteFile(p, nil, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	env := []string{"SPOTGUARD_STORE_URL=s3://nosuchbucket/x", "SPOTGUARD_STORE_JOB=j"}
-	return runCLI(t, t.Context(), env, append(args, "--config", cfgPath)...)
+	return p
 }

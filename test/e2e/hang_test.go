@@ -62,16 +62,7 @@ func (g *gate) openUp() {
 }
 
 func (g *gate) pass(c net.Conn) {
-	defer c.Close()
-	up, err := net.Dial("tcp", g.target)
-	if err != nil {
-		return
-	}
-	defer up.Close()
-	var wg sync.WaitGroup
-	wg.Go(func() { io.Copy(up, c); up.(*net.TCPConn).CloseWrite() })
-	wg.Go(func() { io.Copy(c, up); c.(*net.TCPConn).CloseWrite() })
-	wg.Wait()
+	pipe(c, g.target, func(dst io.Writer, src io.Reader) { io.Copy(dst, src) })
 }
 
 // S3 accepts connections and answers nothing when the agent starts, as behind a route that

@@ -457,16 +457,20 @@ func startThrottle(t testing.TB, target string, rate int64) *throttle {
 
 func (th *throttle) url() string { return "http://" + th.ln.Addr().String() }
 
-func (th *throttle) serve(c net.Conn) {
+func (th *throttle) serve(c net.Conn) { pipe(c, th.target, th.copy) }
+
+// pipe connects c to target and passes bytes both ways with copy, half-closing each side when
+// its source ends; it closes both when done.
+func pipe(c net.Conn, target string, copy func(dst io.Writer, src io.Reader)) {
 	defer c.Close()
-	up, err := net.Dial("tcp", th.target)
+	up, err := net.Dial("tcp", target)
 	if err != nil {
 		return
 	}
 	defer up.Close()
 	var wg sync.WaitGroup
-	wg.Go(func() { th.copy(up, c); up.(*net.TCPConn).CloseWrite() })
-	wg.Go(func() { th.copy(c, up); c.(*net.TCPConn).CloseWrite() })
+	wg.Go(func() { copy(up, c); up.(*net.TCPConn).CloseWrite() })
+	wg.Go(func() { copy(c, up); c.(*net.TCPConn).CloseWrite() })
 	wg.Wait()
 }
 
