@@ -56,6 +56,12 @@ func runRestore(ctx context.Context, args, environ []string, stdout, stderr io.W
 	if *commit != "" && *name == "" {
 		return fs.usageError("--commit needs --checkpoint")
 	}
+	if *mountWait != 0 && !*noCreate {
+		return fs.usageError("--mount-wait needs --no-create (without it a missing DIR is created at once)")
+	}
+	if *mountWait < 0 {
+		return fs.usageError("--mount-wait %v: want a duration of 0 or more", *mountWait)
+	}
 	cfg, ok := loadStoreConfig(cf, environ, stderr, "restore")
 	if !ok {
 		return exitFail

@@ -21,6 +21,7 @@ func TestCLIVersionAndUsageErrors(t *testing.T) {
 		{[]string{"restore", "--bogus"}, "spotguard restore: flag provided but not defined: -bogus\nrun 'spotguard restore -h' for its flags\n"},
 		{[]string{"drill", "--size", "8MiB", "--store.url", "file:///tmp/x"}, "spotguard drill: --store.url is not used by drill: its store is --store URL\nrun 'spotguard drill -h' for its flags\n"},
 		{[]string{"drill", "--size", "8MiB", "--checkpoint.dir", t.TempDir()}, "spotguard drill: --checkpoint.dir is not used by drill: its trainer writes into --checkpoint-dir DIR\nrun 'spotguard drill -h' for its flags\n"},
+		{[]string{"restore", "--mount-wait", "5s", "--to", t.TempDir()}, "spotguard restore: --mount-wait needs --no-create (without it a missing DIR is created at once)\nrun 'spotguard restore -h' for its flags\n"},
 	} {
 		code, stdout, stderr := runSpotguard(t, nil, tt.args...)
 		if code != 2 || stdout != "" || stderr != tt.want {
