@@ -70,7 +70,9 @@ func runPlan(args []string, stdout, stderr io.Writer) int {
 	f.write, _ = checkpoint.ParseBytes(planDefaultWriteThroughput, true) // TestPlanDefaults checks it
 	fs := newPlainFlagSet("plan", planSummary, stdout, stderr)
 	fs.Func("mtbi", "mean time between interruptions, a `duration` such as 24h or 3d", func(v string) (err error) {
-		f.mtbi, err = planParsePositiveDuration(v)
+		if f.mtbi, err = planParsePositiveDuration(v); err == nil && f.mtbi < time.Minute {
+			err = errors.New("less than a minute between interruptions: no training runs under that; want e.g. 24h or 3d")
+		}
 		return err
 	})
 	fs.Func("interruption-rate", "share of instances interrupted in a month: a Spot Instance Advisor `bucket` (<5%, 5-10%, 10-15%,\n15-20%, >20%) or a percentage such as 8.7%", func(v string) (err error) {

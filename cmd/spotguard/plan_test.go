@@ -404,6 +404,7 @@ func TestPlanRejects(t *testing.T) {
 		{"zero mtbi", []string{"--mtbi", "0s", "--save-cost", "5m"}, `invalid value "0s" for flag -mtbi: must be positive`},
 		{"negative mtbi", []string{"--mtbi", "-1h", "--save-cost", "5m"}, `flag -mtbi: must be positive`},
 		{"bad mtbi", []string{"--mtbi", "soon", "--save-cost", "5m"}, `flag -mtbi: not a duration`},
+		{"mtbi under a minute", []string{"--mtbi", "1ns", "--save-cost", "1ns"}, `flag -mtbi: less than a minute between interruptions`},
 		{"zero save cost", []string{"--mtbi", "24h", "--save-cost", "0"}, `flag -save-cost: must be positive`},
 		{"negative save cost", []string{"--mtbi", "24h", "--save-cost", "-5m"}, `flag -save-cost: must be positive`},
 		{"zero restart", with("--restart", "0s"), `flag -restart: must be positive`},
