@@ -787,12 +787,12 @@ func (c *Config) Validate() error {
 		problems = append(problems, errors.New("store.url: must be set when checkpoint.dir is (where to upload to)"))
 	}
 	if c.Store.NodeRank >= c.Store.WorldNodes && !failed["store.node_rank"] && !failed["store.world_nodes"] {
-		problems = append(problems, fmt.Errorf("store.node_rank: %d must be less than store.world_nodes (%d): ranks are 0 to %d",
-			c.Store.NodeRank, c.Store.WorldNodes, c.Store.WorldNodes-1))
+		problems = append(problems, fmt.Errorf("store.node_rank: %s must be less than store.world_nodes %s: ranks are 0 to %d",
+			c.valueFrom("store.node_rank"), c.valueFrom("store.world_nodes"), c.Store.WorldNodes-1))
 	}
 	problems = append(problems, c.sseProblems(failed)...)
 	if strings.ContainsAny(c.Checkpoint.Marker, "/\\") || c.Checkpoint.Marker == "" {
-		problems = append(problems, fmt.Errorf("checkpoint.marker: %q must be a plain file name", c.Checkpoint.Marker))
+		problems = append(problems, fmt.Errorf("checkpoint.marker: %s must be a plain file name", c.valueFrom("checkpoint.marker")))
 	}
 	return errors.Join(problems...)
 }

@@ -154,7 +154,7 @@ func TestValidateBadValues(t *testing.T) {
 		{"SPOTGUARD_TRAINER_SIGNAL=SIGFOO", "trainer.signal: \"SIGFOO\""},
 		{"SPOTGUARD_TRAINER_MATCH=(", "trainer.match: \"(\" from SPOTGUARD_TRAINER_MATCH: not a regular expression"},
 		{"SPOTGUARD_CHECKPOINT_PATTERN=[", "checkpoint.pattern: \"[\""},
-		{"SPOTGUARD_CHECKPOINT_MARKER=a/b", "checkpoint.marker: \"a/b\" must be a plain file name"},
+		{"SPOTGUARD_CHECKPOINT_MARKER=a/b", "checkpoint.marker: \"a/b\" from SPOTGUARD_CHECKPOINT_MARKER must be a plain file name"},
 		{"SPOTGUARD_STORE_URL=http://x", "store.url: \"http://x\""},
 		{"SPOTGUARD_STORE_JOB=a/b", "store.job: \"a/b\""},
 		{"SPOTGUARD_AGENT_RUNTIME_DIR=", "agent.runtime_dir: \"\""},
@@ -172,7 +172,7 @@ func TestValidateBadValues(t *testing.T) {
 		{"SPOTGUARD_IMDS_ENDPOINT=ftp://x", "want an http:// or https:// URL"},
 		{"SPOTGUARD_IMDS_ENDPOINT=http://", "want a host"},
 		// Multi-node jobs.
-		{"SPOTGUARD_STORE_NODE_RANK=1", "store.node_rank: 1 must be less than store.world_nodes (1): ranks are 0 to 0"},
+		{"SPOTGUARD_STORE_NODE_RANK=1", "store.node_rank: \"1\" from SPOTGUARD_STORE_NODE_RANK must be less than store.world_nodes \"1\" from default: ranks are 0 to 0"},
 		{"SPOTGUARD_STORE_NODE_RANK=-1", "store.node_rank: \"-1\" from SPOTGUARD_STORE_NODE_RANK: want a whole number, 0 or more"},
 		{"SPOTGUARD_STORE_WORLD_NODES=0", "store.world_nodes: \"0\" from SPOTGUARD_STORE_WORLD_NODES: want a whole number from 1 to 4096"},
 		{"SPOTGUARD_STORE_PART_WAIT=10s", "store.part_wait: \"10s\" from SPOTGUARD_STORE_PART_WAIT: want 1m to 168h"},
