@@ -710,6 +710,11 @@ func (c *Config) loadYAML(data []byte, path string, byKey map[string]field) {
 			continue
 		}
 		sections[section] = root.Content[i].Line
+		if !knownSection(section) {
+			c.problems = append(c.problems, fmt.Errorf("%s: unknown section %s (line %d): the sections are %s", path, section,
+				root.Content[i].Line, strings.Join(configSections(), ", ")))
+			continue
+		}
 		if body.Kind != yaml.MappingNode {
 			if body.Tag == "!!null" {
 				continue // "section:" with nothing under it
@@ -1032,3 +1037,18 @@ func (c *Config) Diff(other *Config) []string {
 	sort.Strings(keys)
 	return keys
 }
+
+// configSections returns the configuration's sections (the part of each key before its dot), in
+// the order of Keys.
+func configSections() []string {
+	var out []string
+	for _, k := range Keys() {
+		if sec, _, ok := strings.Cut(k.Name, "."); ok && !slices.Contains(out, sec) {
+			out = append(out, sec)
+		}
+	}
+	return out
+}
+
+// knownSection reports whether section is one of the configuration's.
+func knownSection(section string) bool { return slices.Contains(configSections(), section) }

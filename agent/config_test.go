@@ -128,7 +128,7 @@ bogus:
 		"trainer.signal: \"SIGKILL\"",
 		"notices.spot: \"maybe\"",
 		"checkpoint.dir: " + unreadable + " is not a directory",
-		"bogus.key: unknown key",
+		"unknown section bogus (line",
 		"SPOTGUARD_IMDS_TIMEOUT: unknown environment variable",
 		"log.level: \"loud\" from SPOTGUARD_LOG_LEVEL",
 		"http.listen: \"nonsense\" from --http.listen",
