@@ -3,7 +3,6 @@ package main
 import (
 	"cmp"
 	"context"
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -142,7 +141,7 @@ func runGPU(ctx context.Context, args, environ []string, stdout, stderr io.Write
 			rep.Hung = watch.hungCall()
 			writeJSON(stdout, rep)
 		case *jsonOut:
-			json.NewEncoder(stdout).Encode(gpuReport{Hung: watch.hungCall(), GPUs: []gpuRecord{}})
+			writeJSON(stdout, gpuReport{Hung: watch.hungCall(), GPUs: []gpuRecord{}})
 		}
 		return gpuHung(stderr, watch)
 	}
@@ -156,7 +155,7 @@ func runGPU(ctx context.Context, args, environ []string, stdout, stderr io.Write
 		case *jsonOut && *probe:
 			writeJSON(stdout, offProbe("no NVML: "+reason, pa))
 		case *jsonOut:
-			json.NewEncoder(stdout).Encode(gpuReport{Off: reason, GPUs: []gpuRecord{}})
+			writeJSON(stdout, gpuReport{Off: reason, GPUs: []gpuRecord{}})
 		}
 		fmt.Fprintf(stderr, "spotguard gpu: no NVML: %s\n", reason)
 		if !errors.Is(err, nvml.ErrUnavailable) {
@@ -231,9 +230,7 @@ func runGPU(ctx context.Context, args, environ []string, stdout, stderr io.Write
 		rep.GPUs = append(rep.GPUs, r)
 	}
 	if *jsonOut {
-		enc := json.NewEncoder(stdout)
-		enc.SetIndent("", "  ")
-		enc.Encode(rep)
+		writeJSON(stdout, rep)
 	} else {
 		printGPUTable(stdout, rep)
 	}
