@@ -598,3 +598,29 @@ func TestRuntimeDirNotWritableIsSaid(t *testing.T) {
 		t.Errorf("health = %+v; want healthy, with a warning that %s cannot be written", v, NoticeFile)
 	}
 }
+
+// A checkpoint that completes after its notice ended is not that notice's: the notice stays
+// ended, and its deadline margin is not set by an ordinary save.
+func TestCheckpointAfterTheNoticeEndedIsNotItsCheckpoint(t *testing.T) {
+	tr := startShTrainer(t, true)
+	dir := t.TempDir()
+	ta := startAgentWith(t, fileStores, "SPOTGUARD_TRAINER_PIDFILE="+tr.pidfile, "SPOTGUARD_CHECKPOINT_DIR="+dir,
+		"SPOTGUARD_STORE_URL=file://"+t.TempDir(), "SPOTGUARD_STORE_JOB=j", "SPOTGUARD_AGENT_STOP_BUDGET=1s")
+	ta.imds.set("spot/instance-action", spotBody)
+	ta.waitState(t, "spot/terminate", StateTrainerSignalled)
+	ta.imds.del("spot/instance-action")
+	eventually(t, "the notice to end", func() bool { n, _ := ta.notice("spot/terminate"); return !n.Active })
+	os.MkdirAll(filepath.Join(dir, "step-1"), 0o755)
+	os.WriteFile(filepath.Join(dir, "step-1", "w.bin"), []byte("weights"), 0o644)
+	os.WriteFile(filepath.Join(dir, "step-1", "_COMPLETE"), nil, 0o644)
+	eventually(t, "step-1 to be committed", func() bool {
+		u := ta.a.uploader.Status(context.Background())
+		return len(u.Checkpoints) == 1 && u.Checkpoints[0].Committed
+	})
+	ns, _ := ta.notice("spot/terminate")
+	for _, tr := range ns.Transitions {
+		if tr.State == StateCheckpointWritten || tr.State == StateCommitted {
+			t.Errorf("transitions = %+v; want none crediting step-1, completed after the notice ended", ns.Transitions)
+		}
+	}
+}

@@ -130,7 +130,9 @@ func (c *Coordinator) onUpload(ev checkpoint.UploadEvent) {
 		}
 		switch ev.Kind {
 		case checkpoint.CheckpointComplete:
-			if ev.At.After(ns.detectedAt) && ns.written == "" {
+			// A checkpoint completed after the notice ended is not its (a trainer restarted
+			// after a torn save, saving on its own).
+			if ev.At.After(ns.detectedAt) && ns.written == "" && (ns.endedAt.IsZero() || ev.At.Before(ns.endedAt)) {
 				ns.written = ev.Checkpoint
 				affected = append(affected, ns)
 			}

@@ -92,6 +92,7 @@ type NoticeStatus struct {
 	signalledAt *time.Time        // when the trainer was signalled, if it was
 	written     string            // the checkpoint completed after the notice, once seen
 	missingSaid bool              // reported as checkpoint_missing
+	endedAt     time.Time         // when it ended; zero while active
 	committed   bool              // written is committed
 	problems    []trainer.Problem // discovery problems met when signalling
 }
@@ -514,7 +515,7 @@ func (c *Coordinator) transition(ns *NoticeStatus, state, detail string) {
 		SinceDetectedMS: float64(now.Sub(ns.detectedAt).Microseconds()) / 1000,
 	})
 	if state == StateEnded {
-		ns.Active = false
+		ns.Active, ns.endedAt = false, now
 		delete(c.active, ns.Key)
 		return
 	}

@@ -1079,8 +1079,10 @@ func (u *Uploader) fileReady(ev WatchEvent) {
 		if f != nil && f.done != nil && f.done.id.Same(ev.ID) {
 			return // still the committed version
 		}
-		u.log.Warn().Str("checkpoint", g.name).Str("commit", g.commit).Str("file", ev.Path).
-			Msg("checkpoint changed after it was committed; the commit stays as it is, and the new version will be committed anew")
+		// A restore puts the same bytes back as new files; a trainer may have written other
+		// bytes: the matching says which (and warns of other bytes).
+		u.log.Info().Str("checkpoint", g.name).Str("commit", g.commit).Str("file", ev.Path).
+			Msg("checkpoint's files are not the version committed (changed, or restored): checking them against the store; the commit stays as it is")
 		g = u.nextGen(g)
 		f = g.files[ev.Path]
 	}
@@ -1092,6 +1094,14 @@ func (u *Uploader) fileReady(ev WatchEvent) {
 		f = &fileState{}
 		g.files[ev.Path] = f
 	}
+	if f.done != nil && !f.done.id.Same(ev.ID) && g.notice != "" && !u.inForce(g.notice) {
+		// A file stored once is written again after the notice it was written for ended: a new
+		// save (a trainer restarted after a torn one), not that notice's checkpoint.
+		u.log.Info().Str("checkpoint", g.name).Str("notice", g.notice).Str("file", ev.Path).
+			Msg("checkpoint written again after its notice ended; it is no longer that notice's")
+		g.notice, g.firstFileAt = "", time.Time{}
+		g.uploadStart, g.uploadBusy, g.sent = time.Time{}, 0, 0 // the forecast is of this save
+	}
 	if g.firstFileAt.IsZero() {
 		g.firstFileAt = ev.At
 	}
@@ -1102,6 +1112,11 @@ func (u *Uploader) fileReady(ev WatchEvent) {
 	}
 	u.enqueue(g, ev.Path, f)
 	u.markDirty(g)
+}
+
+// inForce reports whether the notice key is in force.
+func (u *Uploader) inForce(key string) bool {
+	return slices.ContainsFunc(u.active, func(n ActiveNotice) bool { return n.Key == key })
 }
 
 // labelNotice marks g as written for the most severe notice in force, if there is one and g has

@@ -332,3 +332,28 @@ func TestUploaderStopDoesNotWaitForAGoneTrainer(t *testing.T) {
 		<-r.done
 	}
 }
+
+// A checkpoint whose files were stored under a notice (a save the trainer died in) and are
+// written again after the notice ended (the restarted trainer saving the same step on its own)
+// is a periodic save: not labelled with the notice, timed from its own first file.
+func TestUploaderRewriteAfterTheNoticeEndedIsPeriodic(t *testing.T) {
+	dir := t.TempDir()
+	r := startUploaderWith(t, dir, newMemStore(), UploaderConfig{})
+	r.up.SetNotices([]ActiveNotice{{Key: "spot/terminate", Deadline: time.Now().Add(2 * time.Minute), SignalledAt: time.Now()}})
+	r.up.Status(t.Context())
+	p := filepath.Join(dir, "step-1", "rank-0.pt")
+	os.MkdirAll(filepath.Dir(p), 0o755)
+	os.WriteFile(p, randomBytes(t, 8<<10), 0o644) // torn: no marker
+	eventuallyUploader(t, "the torn file to be stored", func() bool {
+		st := r.up.Status(t.Context())
+		return len(st.Checkpoints) == 1 && st.Checkpoints[0].FilesStored == 1
+	})
+	r.up.SetNotices(nil) // the notice ends
+	r.up.Status(t.Context())
+	os.WriteFile(p, randomBytes(t, 8<<10), 0o644) // the restarted trainer saves step-1 again
+	os.WriteFile(filepath.Join(dir, "step-1", "_COMPLETE"), nil, 0o644)
+	ev := r.waitCommitted("step-1")
+	if m := ev.Manifest; m.Trigger != "periodic" || m.Notice != "" {
+		t.Errorf("commit of the save after the notice ended: trigger %q notice %q; want periodic, no notice", m.Trigger, m.Notice)
+	}
+}
