@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""spotguard + PyTorch: save with torch.distributed.checkpoint (DCP) when spotguard signals.
+r"""spotguard + PyTorch: save with torch.distributed.checkpoint (DCP) when spotguard signals.
 
 The pieces, each usable on its own (see README.md beside this file):
 
@@ -16,7 +16,7 @@ The pieces, each usable on its own (see README.md beside this file):
 /etc/spotguard/spotguard.yaml for this script:
 
     trainer:
-      match: 'python[0-9.]* -u \\S*dcp_signal\\.py'  # torchrun's workers, not torchrun
+      match: 'python[0-9.]* -u \S*dcp_signal\.py'  # torchrun's workers, not torchrun
       signal: SIGUSR1
     checkpoint:
       dir: /opt/ml/checkpoints
@@ -360,7 +360,8 @@ def resume(root, model, optimizer):
     if found is None:
         return 0
     _need_dcp()
-    dcp.load({"app": AppState(model, optimizer)}, checkpoint_id=found[1])
+    # Rank 0's choice, under this node's root (node-local disks may be mounted elsewhere).
+    dcp.load({"app": AppState(model, optimizer)}, checkpoint_id=os.path.join(root, os.path.basename(found[1])))
     return found[0]
 
 
@@ -399,7 +400,9 @@ def resume_files(root, model, optimizer, marker="_COMPLETE"):
     if found is None:
         return 0
     rank = dist.get_rank() if dist.is_initialized() else 0
-    state = torch.load(os.path.join(found[1], "rank-%d.pt" % rank), map_location="cpu")
+    # Rank 0's choice, under this node's root (node-local disks may be mounted elsewhere).
+    path = os.path.join(root, os.path.basename(found[1]), "rank-%d.pt" % rank)
+    state = torch.load(path, map_location="cpu")
     model.load_state_dict(state["model"])
     optimizer.load_state_dict(state["optim"])
     return found[0]

@@ -309,7 +309,7 @@ func TestTorchrunTwoNodes(t *testing.T) {
 
 	nodes[0].sim.stop()
 	nodes[0].sim.start("spot", "-a", "terminate", "--rebalance-delay-sec", "100000")
-	_, ckpt := nodes[0].job.waitExitLine(t, 60*time.Second)
+	step, ckpt := nodes[0].job.waitExitLine(t, 60*time.Second)
 	nodes[0].agent.waitNoticeState(t, "spot/terminate", "committed", 60*time.Second)
 	nodes[1].agent.waitNoticeState(t, "job/terminate", "committed", 60*time.Second)
 	for rank, n := range nodes {
@@ -343,6 +343,27 @@ func TestTorchrunTwoNodes(t *testing.T) {
 				t.Errorf("restored %s/%s: %v; want node %d's bytes", ckpt, name, err, rank)
 			}
 		}
+	}
+
+	// The next two nodes restore their own parts (restore --part), each into a directory of its
+	// own (node-local disks), and resume there: every rank loads rank 0's choice under its own
+	// node's directory (it used to load rank 0's path, where node 1's file is not).
+	port = strconv.Itoa(freePort(t))
+	next := make([]*torchJob, len(nodes))
+	for rank := range nodes {
+		dir := t.TempDir()
+		env := append([]string{fmt.Sprintf("SPOTGUARD_STORE_NODE_RANK=%d", rank), "SPOTGUARD_STORE_WORLD_NODES=2"}, storeEnv...)
+		if code, stdout, stderr := runSpotguard(t, env, "restore", "--part", "--config", writeEmptyConfig(t), "--to", dir); code != 0 {
+			t.Fatalf("node %d: spotguard restore: exit %d\n%s%s", rank, code, stdout, stderr)
+		}
+		next[rank] = startTorchrun(t, []string{"SPOTGUARD_AGENT_RUNTIME_DIR=" + t.TempDir()},
+			[]string{"--nnodes", "2", "--node_rank", strconv.Itoa(rank), "--nproc_per_node", "1",
+				"--master_addr", "127.0.0.1", "--master_port", port, "--redirects", "0:1", "--tee", "0:1"},
+			"--checkpoint-dir", dir, "--save-every", "0", "--marker-every-node", "--steps", strconv.Itoa(step+2))
+	}
+	next[0].waitLine(t, 60*time.Second, regexp.MustCompile(fmt.Sprintf(`\[default0\]:starting at step %d\n`, step)))
+	for rank, j := range next {
+		j.waitExit(t, 60*time.Second, fmt.Sprintf("resumed on node %d", rank))
 	}
 }
 
@@ -400,5 +421,28 @@ func TestTorchrunLateSignalSavesOnce(t *testing.T) {
 	}
 	if len(steps) != 1 {
 		t.Errorf("saves %v; want one: rank 1's late signal is part of the save rank 0's made", steps)
+	}
+}
+
+// The trainer.match line in dcp_signal.py's header, pasted into YAML as it stands (single quotes:
+// backslashes kept), matches the workers torchrun starts, not torchrun itself. It used to carry
+// doubled backslashes, which matched no worker.
+func TestDCPSignalHeaderMatchesTheWorkers(t *testing.T) {
+	src, err := os.ReadFile(filepath.Join(repoRoot, "examples", "pytorch", "dcp_signal.py"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile(`(?m)^\s+match: '([^']*)'`).FindSubmatch(src)
+	if m == nil {
+		t.Fatal("no `match: '...'` line in dcp_signal.py's header")
+	}
+	re, err := regexp.Compile(string(m[1]))
+	if err != nil {
+		t.Fatalf("trainer.match %q: %v", m[1], err)
+	}
+	worker := "/usr/bin/python3.11 -u /opt/job/dcp_signal.py --checkpoint-dir /opt/ml/checkpoints"
+	launcher := "/usr/bin/python3.11 /usr/local/bin/torchrun --nproc-per-node=8 dcp_signal.py --checkpoint-dir /opt/ml/checkpoints"
+	if !re.MatchString(worker) || re.MatchString(launcher) {
+		t.Errorf("trainer.match %q: matches the worker %v (want true), torchrun %v (want false)", m[1], re.MatchString(worker), re.MatchString(launcher))
 	}
 }
