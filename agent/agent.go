@@ -101,6 +101,8 @@ type Agent struct {
 	// reloadedAt is when it was.
 	needRestart []string
 	reloadedAt  time.Time
+	// reloadRefused says why the last reload was refused, until one succeeds.
+	reloadRefused string
 }
 
 // New builds an agent from a valid configuration. It returns an error naming every problem if cfg

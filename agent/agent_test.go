@@ -333,12 +333,19 @@ func TestAgentReload(t *testing.T) {
 	if ta.a.Config().Trainer.Signal != syscall.SIGUSR1 {
 		t.Fatalf("invalid reload changed the signal to %v", ta.a.Config().Trainer.Signal)
 	}
+	// /healthz says so (a warning: the running configuration is fine) until a reload succeeds.
+	if v := ta.a.health(time.Now()); !v.Healthy || !strings.Contains(strings.Join(v.Warnings, " "), "the last reload (SIGHUP) was refused") {
+		t.Errorf("health after a refused reload = %+v; want healthy, with a warning", v)
+	}
 
 	good := mustLoad(t, LoadOptions{Environ: []string{"SPOTGUARD_TRAINER_PIDFILE=" + tr.pidfile, "SPOTGUARD_TRAINER_SIGNAL=SIGUSR2",
 		"SPOTGUARD_AGENT_RUNTIME_DIR=" + ta.runtime}})
 	ta.reload = func() (*Config, error) { return good, nil }
 	ta.sigs <- syscall.SIGHUP
 	eventually(t, "the reload", func() bool { return ta.a.Config().Trainer.Signal == syscall.SIGUSR2 })
+	if v := ta.a.health(time.Now()); strings.Contains(strings.Join(v.Warnings, " "), "refused") {
+		t.Errorf("health after a good reload = %+v; want the refusal gone", v)
+	}
 	ta.imds.set("spot/instance-action", spotBody)
 	eventually(t, "the trainer to get SIGUSR2", func() bool {
 		s := tr.signals()

@@ -93,7 +93,12 @@ func (a *Agent) health(now time.Time) healthVerdict {
 	a.mu.Lock()
 	pending := strings.Join(a.needRestart, ", ")
 	jobProblem := a.jobProblem
+	refused := a.reloadRefused
 	a.mu.Unlock()
+	if refused != "" {
+		v.warn("the last reload (SIGHUP) was refused, and the running configuration stays: "+refused+"; fix the file (spotguard config shows every problem) and reload again",
+			"last reload refused")
+	}
 	if jobProblem != nil {
 		v.reason(fmt.Sprintf("job checkpoint %s could not be committed (%s): %v; healthy again once a job checkpoint commits",
 			jobProblem.Checkpoint, jobProblem.At.UTC().Format(time.RFC3339), jobProblem.Err),

@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"fmt"
 	"strings"
 	"time"
 
@@ -47,9 +48,13 @@ func (a *Agent) reload() {
 	}
 	if err != nil {
 		a.metrics.reloads.WithLabelValues("invalid").Inc()
-		for _, p := range splitJoined(err) {
+		problems := splitJoined(err)
+		for _, p := range problems {
 			a.log.Error().Str("problem", p.Error()).Msg("config reload refused; keeping the running config")
 		}
+		a.mu.Lock()
+		a.reloadRefused = fmt.Sprintf("%d problem(s), the first: %v", len(problems), problems[0])
+		a.mu.Unlock()
 		return
 	}
 	running := a.cfg.Load()
@@ -66,11 +71,12 @@ func (a *Agent) reload() {
 	if next.Log.Level != running.Log.Level && a.deps.SetLogLevel != nil {
 		a.deps.SetLogLevel(next.Log.Level)
 	}
-	a.cfg.Store(next)
 	a.mu.Lock()
 	a.needRestart = pending
 	a.reloadedAt = time.Now()
+	a.reloadRefused = ""
 	a.mu.Unlock()
+	a.cfg.Store(next)
 	a.metrics.reloads.WithLabelValues("ok").Inc()
 	a.log.Info().Strs("applied", applied).Strs("need_restart", pending).Msg("config reloaded")
 	if len(pending) > 0 {
