@@ -737,7 +737,10 @@ type commitResult struct {
 	completeAt *time.Time
 }
 
-// goLateAborts aborts the incomplete uploads under prefix at each of lateAborts, on a goroutine.
+// goLateAborts aborts the incomplete uploads under prefix, a commit's (committed, or abandoned and
+// deleted), at each of lateAborts, on a goroutine: nothing of this agent's may still write there,
+// so whatever is open is a leftover. The first failure is a warning, the next ones debug lines
+// (a policy without s3:ListBucketMultipartUploads would otherwise warn at every commit).
 func (u *Uploader) goLateAborts(ctx context.Context, prefix string) {
 	log := u.log.With().Str("prefix", prefix).Logger()
 	u.wg.Go(func() {
@@ -752,8 +755,12 @@ func (u *Uploader) goLateAborts(ctx context.Context, prefix string) {
 			}
 			n, err := u.cfg.Store.AbortIncomplete(ctx, prefix)
 			switch {
+			case err != nil && ctx.Err() != nil:
+				return
+			case err != nil && u.lateAbortWarned.CompareAndSwap(false, true):
+				log.Warn().Err(err).Msg("cannot abort incomplete uploads left under the commit (said once; later failures are debug lines)")
 			case err != nil:
-				log.Warn().Err(err).Msg("cannot abort incomplete uploads left under the commit")
+				log.Debug().Err(err).Msg("cannot abort incomplete uploads left under the commit")
 			case n > 0:
 				log.Info().Int("aborted", n).Msg("aborted incomplete uploads left under the commit (a killed run's, or one whose abort failed)")
 			}
@@ -774,9 +781,7 @@ type commitJob struct {
 	// unread: the store's commits of the name were not read before its files were sent
 	// (generation.unread); the commit reads them and adopts one with exactly these files.
 	unread bool
-	// uploadFailed: an upload failed (generation.uploadFailed); once committed, incomplete
-	// uploads left under the commit are aborted.
-	uploadFailed    bool
+
 	files           map[string]doneFile
 	candidates      []*Manifest
 	strays          []string
@@ -936,9 +941,7 @@ func (u *Uploader) commit(ctx context.Context, c commitJob) commitResult {
 	r.manifest = m
 	u.cache.put(key, m)
 	if m.Part != nil {
-		if c.resumed || c.uploadFailed {
-			u.goLateAborts(ctx, CommitPrefix(m.Job, m.Checkpoint, m.Commit))
-		}
+		u.goLateAborts(ctx, CommitPrefix(m.Job, m.Checkpoint, m.Commit))
 		return r
 	}
 	for attempt := 1; ; attempt++ {
@@ -957,9 +960,7 @@ func (u *Uploader) commit(ctx context.Context, c commitJob) commitResult {
 			return r
 		}
 	}
-	if c.resumed || c.uploadFailed {
-		u.goLateAborts(ctx, CommitPrefix(m.Job, m.Checkpoint, m.Commit))
-	}
+	u.goLateAborts(ctx, CommitPrefix(m.Job, m.Checkpoint, m.Commit))
 	if u.cfg.Keep > 0 {
 		deleted, err := applyRetention(ctx, u.cfg.Store, u.cfg.Job, u.cfg.Keep, 0, u.cache, u.log)
 		if err != nil {
@@ -1002,7 +1003,7 @@ func completedAt(lc LocalCheckpoint) time.Time {
 // written: it deletes the keys stored for files that left the checkpoint, and in a commit an
 // earlier run began, everything else there and every incomplete upload under it (none of this
 // agent's is running for it now). In a commit of this run's alone, a failed PutFile aborts its
-// own upload, and where that abort failed too, goLateAborts clears them after the commit.
+// own upload, and goLateAborts clears whatever is left after the commit.
 func (u *Uploader) removeStrays(ctx context.Context, c commitJob, m *Manifest) error {
 	keep := make(map[string]bool, len(m.Files)+1)
 	for _, f := range m.Files {
@@ -1035,9 +1036,10 @@ func (u *Uploader) removeStrays(ctx context.Context, c commitJob, m *Manifest) e
 	return err
 }
 
-// lateAborts are when, after a resumed commit or one with a failed upload, its prefix is cleared
-// of incomplete uploads: requests the killed run sent can still be on their way (in a proxy's
-// buffers, or being written by the server) when the new run aborts its uploads, a part landing
-// after the abort can bring an upload back on some servers, and a failed upload's own abort fails
-// when the store is down (the multipart upload then stays, and costs, until aborted).
+// lateAborts are when, after each commit (and after an abandoned commit is deleted), its prefix is
+// cleared of incomplete uploads: requests sent earlier can still be on their way (in a proxy's
+// buffers, held by a network that dropped packets and retried by the SDK on another connection,
+// or from a killed run) and create an upload when they land; a part landing after an abort can
+// bring an upload back on some servers; and a failed upload's own abort fails when the store is
+// down. Each such upload stays, and costs, until aborted.
 var lateAborts = []time.Duration{0, 5 * time.Second, 30 * time.Second, 2 * time.Minute}

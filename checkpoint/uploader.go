@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -146,6 +147,8 @@ type Uploader struct {
 	inflight   int           // files being read or sent
 	commitQ    []*generation
 	committing *generation
+	// lateAbortWarned: a late abort failed and was said at warn level (goLateAborts).
+	lateAbortWarned atomic.Bool
 	// index holds the committed manifests of each checkpoint name, newest first, as last read
 	// (at start, at each new generation's lookup) or committed.
 	index   map[string][]*Manifest
@@ -251,14 +254,11 @@ type generation struct {
 	// unread: it is sent without the store's commits of its name having been read (the lookup
 	// failed, or a notice did not wait for it). Its commit reads them first: a restored
 	// checkpoint must not become a new, newer commit of bytes the store holds.
-	unread bool
-	// uploadFailed: an upload of one of its files failed; its multipart upload may have been
-	// left behind (an abort needs the store too), so its commit aborts what is left under it.
-	uploadFailed bool
-	committing   bool
-	inCommitQ    bool
-	commitWait   bool // a failed commit waits out its backoff
-	failures     int
+	unread     bool
+	committing bool
+	inCommitQ  bool
+	commitWait bool // a failed commit waits out its backoff
+	failures   int
 	// deferred are watch events that arrived while it was committing.
 	deferred []WatchEvent
 	// strays are keys stored into commit for files that are no longer part of it.
@@ -889,9 +889,13 @@ func (u *Uploader) resolveJournal(ctx context.Context, name string, e *journalEn
 func (u *Uploader) cleanupCommit(ctx context.Context, name, commit, why string) {
 	u.journal.add(journalLine{Op: journalDrop, Checkpoint: name, Commit: commit})
 	log := u.log.With().Str("checkpoint", name).Str("commit", commit).Logger()
+	prefix := CommitPrefix(u.cfg.Job, name, commit)
 	u.goRetry(ctx, log, "cannot delete an abandoned commit's objects", func() error {
-		return deletePrefix(ctx, u.cfg.Store, CommitPrefix(u.cfg.Job, name, commit))
-	}, func() { log.Info().Str("why", why).Msg("abandoned commit deleted") })
+		return deletePrefix(ctx, u.cfg.Store, prefix)
+	}, func() {
+		log.Info().Str("why", why).Msg("abandoned commit deleted")
+		u.goLateAborts(ctx, prefix) // parts of its cancelled uploads may still land
+	})
 }
 
 // goRetry runs fn on a goroutine until it succeeds (then done, if not nil) or ctx ends, with
@@ -1490,9 +1494,6 @@ func (u *Uploader) handleResult(ctx context.Context, r fileResult) {
 			return
 		}
 		f.attempts++
-		if r.kind == jobUpload {
-			g.uploadFailed = true
-		}
 		delay := retryDelay(f.attempts, u.urgent())
 		// The agent counts these by reason and logs them once per interval (OnEvent).
 		log.Debug().Err(r.err).Int("attempt", f.attempts).Float64("retry_in_s", logSeconds(delay)).Msg("upload failed; retrying")
@@ -1612,7 +1613,7 @@ func (u *Uploader) after(ctx context.Context, d time.Duration, fn func()) {
 // work until the result is in (events for it wait in deferred).
 func (u *Uploader) startCommit(ctx context.Context, g *generation) {
 	c := commitJob{name: g.name, commit: g.commit, single: g.single, adopt: g.state == genMatching, resumed: g.resumed, sealed: g.sealed,
-		completeAt: g.completeAt, unread: g.unread, uploadFailed: g.uploadFailed,
+		completeAt: g.completeAt, unread: g.unread,
 		files: make(map[string]doneFile, len(g.files)), candidates: g.candidates, strays: g.strays,
 		timings: Timings{UploadSeconds: g.uploadBusy.Seconds()}}
 	for rel, f := range g.files {

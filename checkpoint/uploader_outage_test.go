@@ -357,3 +357,56 @@ func TestUploaderRewriteAfterTheNoticeEndedIsPeriodic(t *testing.T) {
 		t.Errorf("commit of the save after the notice ended: trigger %q notice %q; want periodic, no notice", m.Trigger, m.Notice)
 	}
 }
+
+// openUpload records an incomplete upload at key, as a request held by the network and retried
+// by the SDK creates when it lands at last.
+func (s *outageStore) openUpload(key string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.open[key] = true
+}
+
+// An upload that lands under a commit after it is committed (a request the network held, which
+// the SDK had retried on another connection), or under a commit abandoned and deleted (a part
+// of a cancelled upload still on its way), is aborted by the later passes: no upload failed that
+// the uploader saw.
+func TestUploaderAbortsUploadsThatLandLate(t *testing.T) {
+	defer func(l []time.Duration) { lateAborts = l }(lateAborts)
+	lateAborts = []time.Duration{0, 100 * time.Millisecond, 300 * time.Millisecond}
+	s := newOutageStore(newMemStore())
+	dir := t.TempDir()
+	r := startUploader(t, dir, s, 0)
+	writeCheckpoint(t, dir, "step-1", map[string][]byte{"a": randomBytes(t, 8<<10)})
+	ev := r.waitCommitted("step-1")
+	s.openUpload(DataKey("job", "step-1", ev.Manifest.Commit, "a")) // lands after the commit
+	eventuallyUploader(t, "the late upload under the commit to be aborted", func() bool { return len(s.openUploads()) == 0 })
+
+	// A checkpoint deleted while it is sent: its commit is abandoned and deleted; a part
+	// landing then is aborted too.
+	s.mu.Lock()
+	s.hold = make(chan struct{})
+	s.held = make(chan struct{})
+	s.heldOnce = sync.Once{}
+	s.mu.Unlock()
+	writeCheckpoint(t, dir, "step-2", map[string][]byte{"b": randomBytes(t, 8<<10)})
+	<-s.held
+	var commit string
+	eventuallyUploader(t, "step-2's commit to be chosen", func() bool {
+		for _, c := range r.up.Status(t.Context()).Checkpoints {
+			if c.Name == "step-2" {
+				commit = c.Commit
+			}
+		}
+		return commit != ""
+	})
+	if err := os.RemoveAll(filepath.Join(dir, "step-2")); err != nil {
+		t.Fatal(err)
+	}
+	close(s.hold)
+	eventuallyUploader(t, "step-2's abandoned commit to be deleted", func() bool {
+		objs, err := s.memStore.List(t.Context(), CommitPrefix("job", "step-2", commit))
+		return err == nil && len(objs) == 0 && !slices.ContainsFunc(r.up.Status(t.Context()).Checkpoints, func(c CheckpointStatus) bool { return c.Name == "step-2" })
+	})
+	s.openUpload(DataKey("job", "step-2", commit, "b")) // a part landing after the deletion
+	eventuallyUploader(t, "the upload under the abandoned commit to be aborted", func() bool { return len(s.openUploads()) == 0 })
+}
