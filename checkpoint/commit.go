@@ -753,7 +753,11 @@ func (u *Uploader) goLateAborts(ctx context.Context, prefix string) {
 				t.Stop()
 				return
 			}
-			n, err := u.cfg.Store.AbortIncomplete(ctx, prefix)
+			// A pass begun is finished (within s3AbortTimeout) even when a stop comes: a
+			// request cut half way is one more failure for the store to see.
+			actx, cancel := s3CleanupContext(ctx)
+			n, err := u.cfg.Store.AbortIncomplete(actx, prefix)
+			cancel()
 			switch {
 			case err != nil && ctx.Err() != nil:
 				return
