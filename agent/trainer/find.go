@@ -27,8 +27,8 @@ const (
 	// ReasonPIDFileUnreadable: the pidfile is missing, unreadable, or does not hold one PID.
 	ReasonPIDFileUnreadable = "pidfile_unreadable"
 	// ReasonStalePIDFile: the pidfile names a process that is not running (or is a zombie, or is
-	// spotguard itself or a wrapper of it, see Finder.Self); with Finder.Container, no process of the container has that PID in its
-	// own PID namespace.
+	// spotguard itself or a wrapper of it, see Finder.Self); with Finder.Container, no process of
+	// the container has that PID in its own PID namespace.
 	ReasonStalePIDFile = "stale_pidfile"
 	// ReasonPIDFileInit: the pidfile holds PID 1, which is init here (systemd), never the
 	// trainer: a trainer that is PID 1 of a container wrote it, and Finder.Container is not set.
@@ -177,8 +177,8 @@ type Problem struct {
 
 // Find returns the running processes found by every configured method (PIDFile, Unit, Match,
 // Container, Under), without duplicates, sorted by PID, and the problems met. Zombies, f.Self
-// and its wrappers (see Finder.Self) are never returned, nor processes of other users than f.User, nor processes outside the tree
-// of f.Under.
+// and its wrappers (see Finder.Self) are never returned, nor processes of other users than
+// f.User, nor processes outside the tree of f.Under.
 //
 // Expected states are Problems, never a failure: a missing or garbled pidfile
 // (ReasonPIDFileUnreadable), a pidfile naming a dead process (ReasonStalePIDFile), PID 1
