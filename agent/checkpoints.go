@@ -48,10 +48,7 @@ func newUploader(cfg *Config, deps Deps, a *Agent) (*checkpointWatch, *checkpoin
 		Pattern: cfg.Checkpoint.Pattern, Keep: cfg.Checkpoint.Keep, Logger: deps.Logger, StateDir: cfg.Agent.RuntimeDir,
 		StopBudget: stopBudget(cfg.Agent.StopBudget),
 		// A stop waits for the signalled trainer's checkpoint only while a trainer is there.
-		TrainerAlive: func() bool {
-			procs, _ := a.coord.trainers.Find(a.cfg.Load())
-			return len(procs) > 0
-		},
+		TrainerAlive: a.coord.trainerThere,
 		Host: func() checkpoint.Host {
 			a.mu.Lock()
 			defer a.mu.Unlock()

@@ -524,6 +524,13 @@ func (c *Coordinator) transition(ns *NoticeStatus, state, detail string) {
 		Float64("since_detected_s", logSeconds(now.Sub(ns.detectedAt))).Msg("notice state changed")
 }
 
+// trainerThere reports whether a trainer process is running now, found as at a notice: the
+// checkpoint_missing reason, and whether a stop still waits for the signalled checkpoint.
+func (c *Coordinator) trainerThere() bool {
+	procs, _ := c.trainers.Find(c.config())
+	return len(procs) > 0
+}
+
 // checkMissing reports, once per notice, a trainer signalled for a checkpoint notice that wrote
 // no checkpoint by the notice's deadline (or within checkpointDue of the signal, when the
 // deadline had passed or is further): an error log, spotguard_notice_checkpoint_missing_total and
@@ -549,17 +556,13 @@ func (c *Coordinator) checkMissing(now time.Time) {
 		ns.missingSaid = true
 		due = append(due, ns)
 	}
-	found := slices.Clone(c.found)
 	c.mu.Unlock()
 	if len(due) == 0 {
 		return
 	}
 	reason := "trainer_gone"
-	sig := c.config().Trainer.Signal
-	for _, t := range found {
-		if _, err := c.trainers.Catches(t.PID, sig); err == nil {
-			reason = "no_marker" // one of them is still there
-		}
+	if c.trainerThere() {
+		reason = "no_marker"
 	}
 	for _, ns := range due {
 		c.metrics.checkpointMissing.WithLabelValues(string(ns.Source), reason).Inc()
