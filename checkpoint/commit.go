@@ -704,15 +704,21 @@ func partKeys(m *Manifest) []string {
 // every object under it.
 func deletePrefix(ctx context.Context, s Store, prefix string) error {
 	_, aerr := s.AbortIncomplete(ctx, prefix)
+	_, err := deleteObjects(ctx, s, prefix)
+	return errors.Join(aerr, err)
+}
+
+// deleteObjects deletes every object under prefix and returns how many there were.
+func deleteObjects(ctx context.Context, s Store, prefix string) (int, error) {
 	objs, err := s.List(ctx, prefix)
-	if err != nil {
-		return errors.Join(aerr, err)
+	if err != nil || len(objs) == 0 {
+		return 0, err
 	}
 	keys := make([]string, 0, len(objs))
 	for _, o := range objs {
 		keys = append(keys, o.Key)
 	}
-	return errors.Join(aerr, s.Delete(ctx, keys...))
+	return len(keys), s.Delete(ctx, keys...)
 }
 
 // The uploader's side of a commit: what it checks on disk, then the protocol above.
@@ -737,11 +743,13 @@ type commitResult struct {
 	completeAt *time.Time
 }
 
-// goLateAborts aborts the incomplete uploads under prefix, a commit's (committed, or abandoned and
-// deleted), at each of lateAborts, on a goroutine: nothing of this agent's may still write there,
-// so whatever is open is a leftover. The first failure is a warning, the next ones debug lines
-// (a policy without s3:ListBucketMultipartUploads would otherwise warn at every commit).
-func (u *Uploader) goLateAborts(ctx context.Context, prefix string) {
+// goLateCleanup clears prefix, a commit's, at each of lateAborts, on a goroutine: nothing of this
+// agent's may still write there, so whatever is there and not the commit's is a leftover. It
+// aborts the incomplete uploads under it and deletes strays (keys of files that left a committed
+// checkpoint, whose writes may land after the commit), or, for an abandoned commit (abandoned),
+// every object under it. The first failure is a warning, the next ones debug lines (a policy
+// without s3:ListBucketMultipartUploads would otherwise warn at every commit).
+func (u *Uploader) goLateCleanup(ctx context.Context, prefix string, strays []string, abandoned bool) {
 	log := u.log.With().Str("prefix", prefix).Logger()
 	u.wg.Go(func() {
 		began := time.Now()
@@ -757,16 +765,29 @@ func (u *Uploader) goLateAborts(ctx context.Context, prefix string) {
 			// request cut half way is one more failure for the store to see.
 			actx, cancel := s3CleanupContext(ctx)
 			n, err := u.cfg.Store.AbortIncomplete(actx, prefix)
+			var objs int
+			var derr error
+			switch {
+			case abandoned:
+				objs, derr = deleteObjects(actx, u.cfg.Store, prefix)
+			case len(strays) > 0:
+				derr = u.cfg.Store.Delete(actx, strays...)
+			}
 			cancel()
+			err = errors.Join(err, derr)
 			switch {
 			case err != nil && ctx.Err() != nil:
 				return
 			case err != nil && u.lateAbortWarned.CompareAndSwap(false, true):
-				log.Warn().Err(err).Msg("cannot abort incomplete uploads left under the commit (said once; later failures are debug lines)")
+				log.Warn().Err(err).Msg("cannot clear the commit's prefix of leftovers (said once; later failures are debug lines)")
 			case err != nil:
-				log.Debug().Err(err).Msg("cannot abort incomplete uploads left under the commit")
-			case n > 0:
+				log.Debug().Err(err).Msg("cannot clear the commit's prefix of leftovers")
+			}
+			if n > 0 {
 				log.Info().Int("aborted", n).Msg("aborted incomplete uploads left under the commit (a killed run's, or one whose abort failed)")
+			}
+			if objs > 0 {
+				log.Info().Int("deleted", objs).Msg("deleted objects that landed in an abandoned commit after it was deleted")
 			}
 		}
 	})
@@ -907,23 +928,23 @@ func (u *Uploader) commit(ctx context.Context, c commitJob) commitResult {
 	if err := m.Validate(); err != nil {
 		return commitResult{err: fmt.Errorf("refusing to commit: %w", err)}
 	}
-	if c.sealed {
-		// The manifest may have landed, and retention (this agent's or another's) may have
-		// deleted the commit since: writing the manifest again would list deleted objects. Only
-		// a commit whose objects are all there is written; otherwise it starts over as a new one.
-		objs, err := u.cfg.Store.List(ctx, CommitPrefix(m.Job, m.Checkpoint, m.Commit))
+	// A manifest of this commit may have been written before: by a try whose answer was lost
+	// (sealed), or by an earlier run (resumed), whose request may even land after it was killed.
+	// Retention (this agent's or another's) may have deleted that commit since, manifest first:
+	// writing the manifest again would list deleted objects. Only a commit whose objects are all
+	// there is written; otherwise it starts over as a new one.
+	maybeWritten := c.sealed || c.resumed
+	if maybeWritten {
+		missing, err := u.missingObjects(ctx, m)
 		if err != nil {
-			return commitResult{err: fmt.Errorf("list the commit's objects: %w", err)}
+			return commitResult{err: err}
 		}
-		have := make(map[string]int64, len(objs))
-		for _, o := range objs {
-			have[o.Key] = o.Size
-		}
-		if slices.ContainsFunc(m.Files, func(f File) bool { size, ok := have[f.Key]; return !ok || size != f.Size }) {
+		if missing != "" {
 			return commitResult{changed: lc.Files}
 		}
 	}
-	if err := u.removeStrays(ctx, c, m); err != nil {
+	strays, err := u.removeStrays(ctx, c, m)
+	if err != nil {
 		return commitResult{err: fmt.Errorf("clean the commit's prefix before its manifest: %w", err)}
 	}
 	r.attempted = true
@@ -942,10 +963,23 @@ func (u *Uploader) commit(ctx context.Context, c commitJob) commitResult {
 		r.err = fmt.Errorf("write %s: %w", what, err)
 		return r
 	}
+	if maybeWritten {
+		// Another agent's retention may have deleted the earlier commit between the look above
+		// and the write: then this manifest lists deleted objects, and goes at once.
+		missing, err := u.missingObjects(ctx, m)
+		if err == nil && missing != "" {
+			u.log.Error().Str("checkpoint", c.name).Str("commit", c.commit).Str("missing", missing).
+				Msg("commit's objects were deleted (by retention) as its manifest was written again; deleting that manifest and committing the checkpoint anew")
+			if derr := u.cfg.Store.Delete(ctx, key); derr != nil {
+				return commitResult{attempted: true, err: fmt.Errorf("delete the manifest of a commit whose objects are gone: %w", derr)}
+			}
+			return commitResult{attempted: true, changed: lc.Files}
+		}
+	}
 	r.manifest = m
 	u.cache.put(key, m)
 	if m.Part != nil {
-		u.goLateAborts(ctx, CommitPrefix(m.Job, m.Checkpoint, m.Commit))
+		u.goLateCleanup(ctx, CommitPrefix(m.Job, m.Checkpoint, m.Commit), strays, false)
 		return r
 	}
 	for attempt := 1; ; attempt++ {
@@ -964,7 +998,7 @@ func (u *Uploader) commit(ctx context.Context, c commitJob) commitResult {
 			return r
 		}
 	}
-	u.goLateAborts(ctx, CommitPrefix(m.Job, m.Checkpoint, m.Commit))
+	u.goLateCleanup(ctx, CommitPrefix(m.Job, m.Checkpoint, m.Commit), strays, false)
 	if u.cfg.Keep > 0 {
 		deleted, err := applyRetention(ctx, u.cfg.Store, u.cfg.Job, u.cfg.Keep, 0, u.cache, u.log)
 		if err != nil {
@@ -1003,12 +1037,32 @@ func completedAt(lc LocalCheckpoint) time.Time {
 	return at
 }
 
+// missingObjects lists m's commit prefix and returns the first of m's files whose object is not
+// there with its size, or "".
+func (u *Uploader) missingObjects(ctx context.Context, m *Manifest) (string, error) {
+	objs, err := u.cfg.Store.List(ctx, CommitPrefix(m.Job, m.Checkpoint, m.Commit))
+	if err != nil {
+		return "", fmt.Errorf("list the commit's objects: %w", err)
+	}
+	have := make(map[string]int64, len(objs))
+	for _, o := range objs {
+		have[o.Key] = o.Size
+	}
+	for _, f := range m.Files {
+		if size, ok := have[f.Key]; !ok || size != f.Size {
+			return f.Key, nil
+		}
+	}
+	return "", nil
+}
+
 // removeStrays makes m's commit prefix hold nothing but m's files before its manifest is
 // written: it deletes the keys stored for files that left the checkpoint, and in a commit an
 // earlier run began, everything else there and every incomplete upload under it (none of this
 // agent's is running for it now). In a commit of this run's alone, a failed PutFile aborts its
-// own upload, and goLateAborts clears whatever is left after the commit.
-func (u *Uploader) removeStrays(ctx context.Context, c commitJob, m *Manifest) error {
+// own upload, and goLateCleanup clears whatever is left after the commit. It returns the keys
+// it deleted: a write of one may still land (goLateCleanup).
+func (u *Uploader) removeStrays(ctx context.Context, c commitJob, m *Manifest) ([]string, error) {
 	keep := make(map[string]bool, len(m.Files)+1)
 	for _, f := range m.Files {
 		keep[f.Key] = true
@@ -1020,7 +1074,7 @@ func (u *Uploader) removeStrays(ctx context.Context, c commitJob, m *Manifest) e
 	if c.resumed {
 		objs, err := u.cfg.Store.List(ctx, prefix)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		for _, o := range objs {
 			if !keep[o.Key] {
@@ -1030,20 +1084,21 @@ func (u *Uploader) removeStrays(ctx context.Context, c commitJob, m *Manifest) e
 	}
 	if len(strays) > 0 {
 		if err := u.cfg.Store.Delete(ctx, strays...); err != nil {
-			return err
+			return nil, err
 		}
 	}
 	if !c.resumed {
-		return nil
+		return strays, nil
 	}
 	_, err := u.cfg.Store.AbortIncomplete(ctx, prefix)
-	return err
+	return strays, err
 }
 
 // lateAborts are when, after each commit (and after an abandoned commit is deleted), its prefix is
-// cleared of incomplete uploads: requests sent earlier can still be on their way (in a proxy's
-// buffers, held by a network that dropped packets and retried by the SDK on another connection,
-// or from a killed run) and create an upload when they land; a part landing after an abort can
-// bring an upload back on some servers; and a failed upload's own abort fails when the store is
-// down. Each such upload stays, and costs, until aborted.
+// cleared of incomplete uploads, and of objects that are not the commit's: requests sent earlier
+// can still be on their way (in a proxy's buffers, held by a network that dropped packets and
+// retried by the SDK on another connection, or from a killed run) and create an upload or an
+// object when they land; a part landing after an abort can bring an upload back on some servers;
+// and a failed upload's own abort fails when the store is down. Each such upload or object stays,
+// and costs, until aborted or deleted.
 var lateAborts = []time.Duration{0, 5 * time.Second, 30 * time.Second, 2 * time.Minute}

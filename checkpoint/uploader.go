@@ -147,7 +147,7 @@ type Uploader struct {
 	inflight   int           // files being read or sent
 	commitQ    []*generation
 	committing *generation
-	// lateAbortWarned: a late abort failed and was said at warn level (goLateAborts).
+	// lateAbortWarned: a late clean-up failed and was said at warn level (goLateCleanup).
 	lateAbortWarned atomic.Bool
 	// index holds the committed manifests of each checkpoint name, newest first, as last read
 	// (at start, at each new generation's lookup) or committed.
@@ -324,7 +324,7 @@ func NewUploader(cfg UploaderConfig) *Uploader {
 	if cfg.Marker == "" {
 		cfg.Marker = scanDefaultMarker
 	}
-	if cfg.StopBudget <= 0 {
+	if cfg.StopBudget == 0 {
 		cfg.StopBudget = DefaultStopBudget
 	}
 	if cfg.Host == nil {
@@ -894,7 +894,7 @@ func (u *Uploader) cleanupCommit(ctx context.Context, name, commit, why string) 
 		return deletePrefix(ctx, u.cfg.Store, prefix)
 	}, func() {
 		log.Info().Str("why", why).Msg("abandoned commit deleted")
-		u.goLateAborts(ctx, prefix) // parts of its cancelled uploads may still land
+		u.goLateCleanup(ctx, prefix, nil, true) // its cancelled uploads and held writes may still land
 	})
 }
 

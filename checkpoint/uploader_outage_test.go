@@ -410,3 +410,180 @@ func TestUploaderAbortsUploadsThatLandLate(t *testing.T) {
 	s.openUpload(DataKey("job", "step-2", commit, "b")) // a part landing after the deletion
 	eventuallyUploader(t, "the upload under the abandoned commit to be aborted", func() bool { return len(s.openUploads()) == 0 })
 }
+
+// TestUploaderDeletesObjectsThatLandLate: a write the network held can land after the agent gave
+// up on it: the object of a file that left the checkpoint (a temporary file sent, then renamed)
+// after its commit, or any object after an abandoned commit was deleted. The late clean-up passes
+// delete both, and never the commit's own files. (Found by TestSimulationTrouble.)
+func TestUploaderDeletesObjectsThatLandLate(t *testing.T) {
+	defer func(l []time.Duration) { lateAborts = l }(lateAborts)
+	lateAborts = []time.Duration{0, 100 * time.Millisecond, 300 * time.Millisecond}
+	s := newOutageStore(newMemStore())
+	dir := t.TempDir()
+	r := startUploader(t, dir, s, 0)
+
+	// A visible temporary file is sent, then renamed into place: its object is a stray.
+	tmp := filepath.Join(dir, "step-1", "a.tmp")
+	if err := os.MkdirAll(filepath.Dir(tmp), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	data := randomBytes(t, 8<<10)
+	if err := os.WriteFile(tmp, data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var strayKey string
+	eventuallyUploader(t, "the temporary file to be stored", func() bool {
+		objs, _ := s.memStore.List(t.Context(), "job/step-1/")
+		for _, o := range objs {
+			if strings.HasSuffix(o.Key, "/a.tmp") {
+				strayKey = o.Key
+			}
+		}
+		return strayKey != ""
+	})
+	if err := os.Rename(tmp, filepath.Join(dir, "step-1", "a")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "step-1", "_COMPLETE"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	ev := r.waitCommitted("step-1")
+	if !strings.HasPrefix(strayKey, CommitPrefix("job", "step-1", ev.Manifest.Commit)) {
+		t.Fatalf("the temporary file went to %s, not to commit %s", strayKey, ev.Manifest.Commit)
+	}
+	if _, err := s.memStore.PutBytes(t.Context(), strayKey, data, Cond{}); err != nil { // it lands now
+		t.Fatal(err)
+	}
+	eventuallyUploader(t, "the stray that landed after the commit to be deleted", func() bool {
+		_, _, err := s.memStore.GetBytes(t.Context(), strayKey)
+		return errors.Is(err, ErrNotFound)
+	})
+	if problems := CheckJob(t.Context(), s.memStore, "job", true); len(problems) > 0 {
+		t.Fatalf("store check after the clean-up: %v", problems)
+	}
+
+	// A checkpoint deleted while it is sent: its commit is abandoned and deleted; an object
+	// landing then is deleted too.
+	s.mu.Lock()
+	s.hold = make(chan struct{})
+	s.held = make(chan struct{})
+	s.heldOnce = sync.Once{}
+	s.mu.Unlock()
+	writeCheckpoint(t, dir, "step-2", map[string][]byte{"b": randomBytes(t, 8<<10)})
+	<-s.held
+	var commit string
+	eventuallyUploader(t, "step-2's commit to be chosen", func() bool {
+		for _, c := range r.up.Status(t.Context()).Checkpoints {
+			if c.Name == "step-2" {
+				commit = c.Commit
+			}
+		}
+		return commit != ""
+	})
+	if err := os.RemoveAll(filepath.Join(dir, "step-2")); err != nil {
+		t.Fatal(err)
+	}
+	close(s.hold)
+	prefix := CommitPrefix("job", "step-2", commit)
+	eventuallyUploader(t, "step-2's abandoned commit to be deleted", func() bool {
+		objs, err := s.memStore.List(t.Context(), prefix)
+		return err == nil && len(objs) == 0 && !slices.ContainsFunc(r.up.Status(t.Context()).Checkpoints, func(c CheckpointStatus) bool { return c.Name == "step-2" })
+	})
+	if _, err := s.memStore.PutBytes(t.Context(), DataKey("job", "step-2", commit, "b"), data, Cond{}); err != nil {
+		t.Fatal(err)
+	}
+	eventuallyUploader(t, "the object that landed in the abandoned commit to be deleted", func() bool {
+		objs, err := s.memStore.List(t.Context(), prefix)
+		return err == nil && len(objs) == 0
+	})
+	// The committed checkpoint is whole.
+	res, err := Restore(t.Context(), s.memStore, RestoreOptions{Job: "job", Checkpoint: "step-1", To: t.TempDir(), Logger: zerolog.Nop()})
+	if err != nil || res.Commit != ev.Manifest.Commit {
+		t.Fatalf("restore of step-1: %+v, %v", res, err)
+	}
+}
+
+// hookStore calls before for each PutBytes; an error from it fails the write.
+type hookStore struct {
+	Store
+	before func(key string) error
+}
+
+func (h *hookStore) PutBytes(ctx context.Context, key string, data []byte, cond Cond) (string, error) {
+	if err := h.before(key); err != nil {
+		return "", err
+	}
+	return h.Store.PutBytes(ctx, key, data, cond)
+}
+
+// TestUploaderResumedCommitDeletedMeanwhileIsNotTorn: a killed run's manifest request can land
+// after it died, and retention (another agent's) then deletes that commit, manifest first, while
+// the next run resumes the commit from its journal. The resumed commit's manifest must not be
+// written over deleted objects: it is checked, and a manifest that lists deleted objects is
+// deleted at once and the checkpoint committed anew. (Found by TestSimulationTrouble: the
+// manifest listed objects that were not in the store.)
+func TestUploaderResumedCommitDeletedMeanwhileIsNotTorn(t *testing.T) {
+	mem := newMemStore()
+	dir, state := t.TempDir(), t.TempDir()
+	failManifests := &hookStore{Store: mem, before: func(key string) error {
+		if strings.HasSuffix(key, "/"+MetaDir+"/manifest.json") {
+			return errors.New("connection reset")
+		}
+		return nil
+	}}
+	first := startUploaderWith(t, dir, failManifests, UploaderConfig{StateDir: state, StopBudget: -1})
+	writeCheckpoint(t, dir, "step-1", map[string][]byte{"a": randomBytes(t, 8<<10), "b": randomBytes(t, 8<<10)})
+	first.waitEvent(CheckpointFailed, "step-1")
+	first.stop()
+	objs, _ := mem.List(t.Context(), "job/step-1/")
+	if len(objs) != 3 {
+		t.Fatalf("the first run stored %d objects, want 3 (two files and the marker)", len(objs))
+	}
+	commitPrefix := strings.Join(strings.Split(objs[0].Key, "/")[:3], "/") + "/"
+
+	// The next run resumes the commit; as its manifest goes out, another agent's retention
+	// deletes the commit's objects.
+	var once sync.Once
+	deleting := &hookStore{Store: mem, before: func(key string) error {
+		if strings.HasPrefix(key, commitPrefix) && strings.HasSuffix(key, "/"+MetaDir+"/manifest.json") {
+			once.Do(func() {
+				for _, o := range objs {
+					mem.Delete(t.Context(), o.Key)
+				}
+			})
+		}
+		return nil
+	}}
+	second := startUploaderWith(t, dir, deleting, UploaderConfig{StateDir: state})
+	ev := second.waitCommitted("step-1")
+	if problems := CheckJob(t.Context(), mem, "job", true); len(problems) > 0 {
+		t.Fatalf("store check: %v", problems)
+	}
+	if _, _, err := mem.GetBytes(t.Context(), ManifestKey("job", "step-1", ev.Manifest.Commit)); err != nil {
+		t.Fatalf("the commit announced has no manifest: %v", err)
+	}
+	res, err := Restore(t.Context(), mem, RestoreOptions{Job: "job", To: t.TempDir(), Logger: zerolog.Nop()})
+	if err != nil || res.Checkpoint != "step-1" {
+		t.Fatalf("restore: %+v, %v", res, err)
+	}
+}
+
+// TestUploaderNegativeStopBudgetDoesNotDrain: agent.stop_budget 0s is a negative StopBudget,
+// "stop at once"; it had become the default 140 s.
+func TestUploaderNegativeStopBudgetDoesNotDrain(t *testing.T) {
+	failManifests := &hookStore{Store: newMemStore(), before: func(key string) error {
+		if strings.HasSuffix(key, "/"+MetaDir+"/manifest.json") {
+			return errors.New("connection reset")
+		}
+		return nil
+	}}
+	r := startUploaderWith(t, t.TempDir(), failManifests, UploaderConfig{StopBudget: -1})
+	writeCheckpoint(t, r.dir, "step-1", map[string][]byte{"a": randomBytes(t, 8<<10)})
+	r.waitEvent(CheckpointFailed, "step-1")
+	r.cancel()
+	select {
+	case <-r.done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("a stop with a negative stop budget drained an uncommitted checkpoint for 10 s")
+	}
+}
