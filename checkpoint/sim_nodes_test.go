@@ -37,14 +37,14 @@ func TestSimulationNodes(t *testing.T) {
 
 func runNodeSim(t *testing.T, seed uint64, steps int) {
 	s := &sim{
-		t: t, rng: rand.New(rand.NewPCG(seed, 7)), b: newSimBackend(seed), root: t.TempDir(), job: "sim",
+		t: t, seed: seed, rng: rand.New(rand.NewPCG(seed, 7)), b: newSimBackend(seed), root: t.TempDir(), job: "sim",
 		snaps: map[string]map[string]bool{}, checked: map[string]bool{}, logs: &simLog{},
 		world: 2 + int(seed%3), lastSave: map[string]time.Time{}, lastMarker: map[string][]byte{},
 	}
 	if s.rng.IntN(3) == 0 {
 		s.keep = 1 + s.rng.IntN(3)
 	}
-	s.b.setFaults(0.05, 0.02, 300*time.Millisecond, false)
+	s.b.setFaults(simFaults{errRate: 0.05, lostRate: 0.02, maxLatency: 300 * time.Millisecond})
 	for rank := range s.world {
 		a := &simAgent{name: fmt.Sprintf("n%d", rank), rank: rank}
 		a.dir, a.state = filepath.Join(s.root, a.name, "ckpt"), filepath.Join(s.root, a.name, "run-0")
@@ -58,6 +58,7 @@ func runNodeSim(t *testing.T, seed uint64, steps int) {
 		for _, a := range s.agents {
 			s.stopAgent(a)
 		}
+		s.awaitLate()
 	}()
 	for s.step = 0; s.step < steps; s.step++ {
 		s.actNodes()
@@ -177,7 +178,7 @@ func (s *sim) saveFingerprint(name string) (string, bool) {
 // job checkpoint within a bounded time (I5); then the store check,
 // I6 and a restore of the newest job checkpoint.
 func (s *sim) settleNodes() {
-	s.b.setFaults(0, 0, 50*time.Millisecond, false)
+	s.b.setFaults(simFaults{maxLatency: 50 * time.Millisecond})
 	for _, a := range s.agents {
 		if !s.running(a) {
 			s.startAgent(a)
@@ -229,9 +230,7 @@ func (s *sim) settleNodes() {
 	}
 	s.check()
 	clean := s.b.connect("check")
-	if problems := CheckJob(s.t.Context(), clean, s.job, true); len(problems) > 0 {
-		s.fail("store check:\n  %s", strings.Join(errStrings(problems), "\n  "))
-	}
+	s.storeCheck(clean)
 	if len(s.b.manifests()) == 0 {
 		return
 	}

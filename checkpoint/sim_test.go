@@ -14,6 +14,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -39,7 +40,7 @@ var (
 	simSeed  = flag.Uint64("sim.seed", 0, "run the simulation with only this seed")
 	simSeeds = flag.Int("sim.seeds", 0, "run the simulation with this many random seeds besides the fixed ones")
 	simSteps = flag.Int("sim.steps", 150, "trainer steps per simulated run")
-	simLogTo = flag.String("sim.log", "", "write the agents' log lines of a failed run to this file")
+	simLogTo = flag.String("sim.log", "", "write the agents' log lines of a failed run to this file, .<seed> added")
 )
 
 // simFixedSeeds run on every `go test`: a few plain ones, then every seed that once found a bug
@@ -64,7 +65,20 @@ var simFixedSeeds = []uint64{1, 2, 3, 4, 5, 6, 7, 8,
 	// the manifest an earlier try had written with its answer lost.
 }
 
-func TestSimulation(t *testing.T) { runSeeds(t, "TestSimulation", simFixedSeeds, runSim) }
+func TestSimulation(t *testing.T) {
+	runSeeds(t, "TestSimulation", simFixedSeeds, func(t *testing.T, seed uint64, steps int) { runSim(t, seed, steps, false) })
+}
+
+// simTroubleSeeds run on every `go test` in the trouble mode: besides the faults above, writes
+// the network holds and lands late (after the agent gave up on them, after it was killed), a
+// store that answers nothing for a while, trainers that die after their signal, and notices that
+// begin or end in the middle of a save. Its draws come from a generator of their own, so the
+// seeds above replay as they did.
+var simTroubleSeeds = []uint64{1, 2, 3, 4, 5, 6, 7, 8}
+
+func TestSimulationTrouble(t *testing.T) {
+	runSeeds(t, "TestSimulationTrouble", simTroubleSeeds, func(t *testing.T, seed uint64, steps int) { runSim(t, seed, steps, true) })
+}
 
 // runSeeds runs run under synctest for each of fixed (or -sim.seed alone) and -sim.seeds random
 // seeds, each a subtest that prints the command replaying it when it fails.
@@ -89,6 +103,7 @@ func runSeeds(t *testing.T, name string, fixed []uint64, run func(t *testing.T, 
 // sim is one simulated run.
 type sim struct {
 	t      *testing.T
+	seed   uint64
 	rng    *rand.Rand
 	b      *simBackend
 	root   string
@@ -102,6 +117,9 @@ type sim struct {
 	snaps   map[string]map[string]bool
 	checked map[string]bool // manifests checked against snaps
 	logs    *simLog
+	// trouble is the trouble mode (TestSimulationTrouble); more draws its events.
+	trouble bool
+	more    *rand.Rand
 	// world > 1 is the multi-node mode (sim_nodes_test.go): one agent per node rank.
 	world int
 	// lastSave is when each name was last saved on the nodes, and with which marker (multi-node).
@@ -122,6 +140,8 @@ type simAgent struct {
 	// noticed: this incarnation had a notice, which sends new checkpoints without looking for
 	// them in the store first; inForce: one is in force now.
 	noticed, inForce bool
+	// trainerGone: its trainer died (trouble mode), until the next save.
+	trainerGone atomic.Bool
 }
 
 // simLog keeps the agents' log lines, for a failure's report.
@@ -143,20 +163,22 @@ func (l *simLog) tail(n int) string {
 	return strings.Join(lines[max(0, len(lines)-n):], "\n")
 }
 
-func runSim(t *testing.T, seed uint64, steps int) {
+func runSim(t *testing.T, seed uint64, steps int, trouble bool) {
 	s := &sim{
-		t: t, rng: rand.New(rand.NewPCG(seed, 7)), b: newSimBackend(seed), root: t.TempDir(), job: "sim",
+		t: t, seed: seed, rng: rand.New(rand.NewPCG(seed, 7)), b: newSimBackend(seed), root: t.TempDir(), job: "sim",
 		snaps: map[string]map[string]bool{}, checked: map[string]bool{}, logs: &simLog{},
+		trouble: trouble, more: rand.New(rand.NewPCG(seed, 13)),
 	}
 	if s.rng.IntN(3) == 0 {
 		s.keep = 1 + s.rng.IntN(3)
 	}
-	s.b.setFaults(0.05, 0.02, 300*time.Millisecond, false)
+	s.b.setFaults(simFaults{errRate: 0.05, lostRate: 0.02, maxLatency: 300 * time.Millisecond})
 	s.addAgent("a")
 	defer func() {
 		for _, a := range s.agents {
 			s.stopAgent(a)
 		}
+		s.awaitLate()
 	}()
 	for s.step = 0; s.step < steps; s.step++ {
 		s.act()
@@ -171,7 +193,7 @@ func (s *sim) fail(format string, args ...any) {
 	s.t.Helper()
 	if *simLogTo != "" {
 		s.logs.mu.Lock()
-		_ = os.WriteFile(*simLogTo, s.logs.buf.Bytes(), 0o644)
+		_ = os.WriteFile(fmt.Sprintf("%s.%d", *simLogTo, s.seed), s.logs.buf.Bytes(), 0o644)
 		s.logs.mu.Unlock()
 	}
 	s.t.Fatalf("step %d: %s\nlast log lines:\n%s", s.step, fmt.Sprintf(format, args...), s.logs.tail(60))
@@ -194,10 +216,13 @@ func (s *sim) startAgent(a *simAgent) {
 	log := zerolog.New(s.logs).With().Str("agent", a.store.name).Logger()
 	cfg := UploaderConfig{
 		Store: a.store, Job: s.job, Dir: a.dir, Pattern: "*.pt", Keep: s.keep, StateDir: a.state,
-		StopBudget: 30 * time.Second, Logger: log, Host: func() Host { return Host{Hostname: a.name} },
+		StopBudget: simStopBudget, Logger: log, Host: func() Host { return Host{Hostname: a.name} },
 	}
 	if s.world > 1 {
 		cfg.NodeRank, cfg.WorldNodes, cfg.PartWait = a.rank, s.world, simPartWait
+	}
+	if s.trouble {
+		cfg.TrainerAlive = func() bool { return !a.trainerGone.Load() }
 	}
 	a.up = NewUploader(cfg)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -225,15 +250,27 @@ func (s *sim) startAgent(a *simAgent) {
 
 func (s *sim) running(a *simAgent) bool { return a.events != nil }
 
-// stopAgent cancels a's agent and waits for Run to return (draining, within its stop budget).
+// stopAgent cancels a's agent and waits for Run to return: it drains for at most its stop
+// budget, whatever the store does.
 func (s *sim) stopAgent(a *simAgent) {
 	if !s.running(a) {
 		return
 	}
+	start := time.Now()
 	a.cancel()
 	<-a.done
 	a.events = nil
+	if took := time.Since(start); took > simStopBudget+simStopSlack {
+		s.fail("agent %s took %v to stop; its stop budget is %v", a.name, took, simStopBudget)
+	}
 }
+
+// simStopBudget is the agents' agent.stop_budget; simStopSlack what a stop may take beyond it: a
+// clean-up pass begun is finished, within s3AbortTimeout.
+const (
+	simStopBudget = 30 * time.Second
+	simStopSlack  = s3AbortTimeout + time.Second
+)
 
 // killAgent is kill -9: the agent's store connection dies (its multipart uploads stay behind),
 // and the next incarnation gets the journal as it was at that moment.
@@ -467,7 +504,16 @@ func (s *sim) startAll() {
 // randomFaults sets new random fault rates, latency and sometimes an outage.
 func (s *sim) randomFaults() {
 	errRate, lost := s.rng.Float64()*0.3, s.rng.Float64()*0.1
-	s.b.setFaults(errRate, lost, time.Duration(s.rng.IntN(800))*time.Millisecond, s.rng.IntN(8) == 0)
+	f := simFaults{errRate: errRate, lostRate: lost, maxLatency: time.Duration(s.rng.IntN(800)) * time.Millisecond, outage: s.rng.IntN(8) == 0}
+	if s.trouble {
+		if s.more.IntN(2) == 0 {
+			f.lateRate = s.more.Float64() * 0.15
+		}
+		if !f.outage && s.more.IntN(10) == 0 {
+			f.hang = true
+		}
+	}
+	s.b.setFaults(f)
 }
 
 // anyAgent returns a, or when no agent runs, any agent: the trainer writes whether or not its
@@ -515,6 +561,7 @@ func (s *sim) size() int {
 // save writes a checkpoint directory file by file (some through temporary names), then its
 // marker; sometimes the trainer dies before the marker.
 func (s *sim) save(a *simAgent) {
+	a.trainerGone.Store(false)
 	name := s.name()
 	dir := filepath.Join(a.dir, name)
 	if _, err := os.Lstat(dir); err == nil {
@@ -550,9 +597,13 @@ func (s *sim) save(a *simAgent) {
 		if n < 10 {
 			advance(time.Duration(s.rng.IntN(2000)) * time.Millisecond)
 		}
+		if s.trouble && s.running(a) && s.more.IntN(12) == 0 {
+			s.toggleNotice(a) // a notice begins, or ends, while the trainer writes
+		}
 	}
 	if s.rng.IntN(10) == 0 {
-		return // the trainer died before its marker
+		a.trainerGone.Store(true) // the trainer died before its marker
+		return
 	}
 	s.writeFile(filepath.Join(dir, "_COMPLETE"), s.rng.IntN(64))
 	s.snapshot(a)
@@ -671,7 +722,7 @@ func (s *sim) restore(a *simAgent) {
 		return
 	}
 	prev := s.manifestWrites(m.Checkpoint)
-	s.b.setFaults(0, 0, 0, false)
+	s.b.setFaults(simFaults{})
 	res, err := Restore(s.t.Context(), clean, RestoreOptions{Job: s.job, Checkpoint: m.Checkpoint, Commit: m.Commit, CommitSet: true,
 		To: a.dir, Logger: zerolog.Nop()})
 	if errors.Is(err, ErrNotFound) {
@@ -714,7 +765,7 @@ func (s *sim) manifestWrites(name string) int {
 // settle turns the faults off, starts every agent, and checks that everything complete locally
 // is committed with its current bytes within a bounded time (I5); then I6 and a restore.
 func (s *sim) settle() {
-	s.b.setFaults(0, 0, 50*time.Millisecond, false)
+	s.b.setFaults(simFaults{maxLatency: 50 * time.Millisecond})
 	for _, a := range s.agents {
 		if !s.running(a) {
 			s.startAgent(a)
@@ -765,15 +816,15 @@ func (s *sim) settle() {
 				strings.Join(missing, ", "), strings.Join(status, "\n  "), strings.Join(versions, "\n"), strings.Join(lines[max(0, len(lines)-40):], "\n"))
 		}
 	}
-	// Quiet: every agent idle. Stop them, so no retention or cleanup runs while we look.
+	// Quiet: every agent idle. Stop them, so no retention or cleanup runs while we look, and let
+	// every held write land.
 	for _, a := range s.agents {
 		s.stopAgent(a)
 	}
+	s.awaitLate()
 	s.check()
 	clean := s.b.connect("check")
-	if problems := CheckJob(s.t.Context(), clean, s.job, true); len(problems) > 0 {
-		s.fail("store check:\n  %s", strings.Join(errStrings(problems), "\n  "))
-	}
+	s.storeCheck(clean)
 	committed := map[string]bool{}
 	for _, m := range s.b.manifests() {
 		committed[CommitPrefix(m.Job, m.Checkpoint, m.Commit)] = true
@@ -796,6 +847,25 @@ func (s *sim) settle() {
 	st, _ := readJob(s.t.Context(), clean, s.job, nil)
 	if n := st.Newest().Manifest; n.Commit != res.Commit || n.Checkpoint != res.Checkpoint {
 		s.fail("I6: restore took %s/%s, not the newest commit %s/%s", res.Checkpoint, res.Commit, n.Checkpoint, n.Commit)
+	}
+}
+
+// storeCheck runs CheckJob. An object a held write landed in a commit after its agent stopped
+// cleaning up there (goLateCleanup ends with the agent) is left, not a fault.
+func (s *sim) storeCheck(clean Store) {
+	var problems []string
+	for _, p := range errStrings(CheckJob(s.t.Context(), clean, s.job, true)) {
+		s.b.mu.Lock()
+		late := slices.ContainsFunc(slices.Collect(maps.Keys(s.b.lateKeys)), func(k string) bool {
+			return strings.Contains(p, " holds "+k+", which its manifest does not list")
+		})
+		s.b.mu.Unlock()
+		if !late {
+			problems = append(problems, p)
+		}
+	}
+	if len(problems) > 0 {
+		s.fail("store check:\n  %s", strings.Join(problems, "\n  "))
 	}
 }
 
@@ -824,6 +894,19 @@ func (s *sim) uncommitted() []string {
 		}
 	}
 	return missing
+}
+
+// awaitLate lets every write the network held land.
+func (s *sim) awaitLate() {
+	for {
+		s.b.mu.Lock()
+		n := s.b.late
+		s.b.mu.Unlock()
+		if n == 0 {
+			return
+		}
+		advance(time.Second)
+	}
 }
 
 // advance lets d pass on the bubble's fake clock (the agents run meanwhile).

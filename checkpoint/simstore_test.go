@@ -35,13 +35,17 @@ type simBackend struct {
 	// manifest's key.
 	covered map[string]string
 	latest  *Latest
-	// Faults.
-	errRate, lostRate float64
-	maxLatency        time.Duration
-	outage            bool
-	violations        []string
-	manifestWrites    map[string]int // by checkpoint name
-	partWrites        map[string]int // by checkpoint name
+	faults  simFaults
+	late    int // held writes not landed yet
+	// landing: a held write that arrived at arrived is landing now; lateKeys are the keys
+	// written so.
+	landing        bool
+	arrived        time.Time
+	lateKeys       map[string]bool
+	lateRng        *rand.Rand // draws for late landings only, so the older seeds replay as they did
+	violations     []string
+	manifestWrites map[string]int // by checkpoint name
+	partWrites     map[string]int // by checkpoint name
 	// everCommitted holds every version ever committed, by name: manifestFingerprint.
 	everCommitted map[string][]string
 }
@@ -49,6 +53,7 @@ type simBackend struct {
 type simObject struct {
 	data []byte
 	etag string
+	at   time.Time // when the write that made it arrived
 }
 
 type simUpload struct {
@@ -60,6 +65,7 @@ type simUpload struct {
 func newSimBackend(seed uint64) *simBackend {
 	return &simBackend{
 		rng:            rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)),
+		lateRng:        rand.New(rand.NewPCG(seed, 0x5eed1a7e)),
 		objs:           map[string]*simObject{},
 		uploads:        map[int]*simUpload{},
 		partSize:       64 << 10,
@@ -67,6 +73,7 @@ func newSimBackend(seed uint64) *simBackend {
 		manifestWrites: map[string]int{},
 		partWrites:     map[string]int{},
 		everCommitted:  map[string][]string{},
+		lateKeys:       map[string]bool{},
 	}
 }
 
@@ -84,27 +91,74 @@ func (b *simBackend) takeViolations() []string {
 	return v
 }
 
-// setFaults sets the fault rates and the longest latency of an operation.
-func (b *simBackend) setFaults(errRate, lostRate float64, maxLatency time.Duration, outage bool) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	b.errRate, b.lostRate, b.maxLatency, b.outage = errRate, lostRate, maxLatency, outage
+// simFaults are the store's faults at one time.
+type simFaults struct {
+	// errRate of requests fail before anything happens (503 SlowDown); lostRate take effect,
+	// then their answer is lost (a reset).
+	errRate, lostRate float64
+	// lateRate of writes (a PUT, the completion of a multipart upload, a delete) get no answer
+	// within simAnswerTimeout, as the network held them, and take effect up to simLateBy after
+	// the client gave up: a conditional write is judged when it lands.
+	lateRate float64
+	// maxLatency is the longest latency of a request.
+	maxLatency time.Duration
+	// outage: every request is refused at once. hang: every request is answered by nothing,
+	// and the client gives up after simAnswerTimeout, as behind a route that drops packets.
+	outage, hang bool
 }
 
-// write stores data at key. Called with b.mu held.
+// simAnswerTimeout is how long a request waits for an answer that does not come (S3Store's
+// ResponseHeaderTimeout); simLateBy the longest a held write takes to land after that.
+const (
+	simAnswerTimeout = 20 * time.Second
+	simLateBy        = 30 * time.Second
+)
+
+// setFaults sets the store's faults.
+func (b *simBackend) setFaults(f simFaults) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.faults = f
+}
+
+// arrival is when the request being applied arrived: now, or a held write's.
+func (b *simBackend) arrival() time.Time {
+	if b.landing {
+		return b.arrived
+	}
+	return time.Now()
+}
+
+// write stores data at key. As on S3, of two writes of one key the one that arrived later wins,
+// whichever ends last: a held write that arrived before the key was written again changes
+// nothing. Called with b.mu held.
 func (b *simBackend) write(key string, data []byte) string {
+	at := b.arrival()
+	if o := b.objs[key]; o != nil && o.at.After(at) {
+		return o.etag
+	}
 	if m, ok := b.covered[key]; ok {
-		b.violate("I1: %s written again while manifest %s lists it", key, m)
+		// The same bytes again (a held write of them landing late) change nothing anyone can
+		// read; other bytes would.
+		if o := b.objs[key]; o == nil || !bytes.Equal(o.data, data) {
+			b.violate("I1: %s written again, with other bytes, while manifest %s lists it", key, m)
+		}
 	} else if parts := strings.Split(key, "/"); len(parts) > 3 && ValidCommitID(parts[2]) == nil {
 		if mk := ManifestKey(parts[0], parts[1], parts[2]); mk != key {
-			if _, ok := b.objs[mk]; ok {
+			// A held write of a file that left the checkpoint may land after the manifest: the
+			// agent deletes it later (goLateCleanup), and the store check at the end tells
+			// apart what it left.
+			if _, ok := b.objs[mk]; ok && !b.landing {
 				b.violate("I1: %s written into commit %s after its manifest", key, parts[2])
 			}
 		}
 	}
+	if b.landing {
+		b.lateKeys[key] = true
+	}
 	b.etags++
 	etag := fmt.Sprintf("\"%d\"", b.etags)
-	b.objs[key] = &simObject{data: slices.Clone(data), etag: etag}
+	b.objs[key] = &simObject{data: slices.Clone(data), etag: etag, at: at}
 	switch {
 	case strings.HasSuffix(key, "/"+MetaDir+"/manifest.json"):
 		m, err := ParseManifest(data)
@@ -153,10 +207,11 @@ func (b *simBackend) write(key string, data []byte) string {
 	return etag
 }
 
-// remove deletes key, for the agent by. Called with b.mu held.
+// remove deletes key, for the agent by; a held delete that arrived before the key was written
+// again changes nothing. Called with b.mu held.
 func (b *simBackend) remove(key, by string) {
 	o, ok := b.objs[key]
-	if !ok {
+	if !ok || o.at.After(b.arrival()) {
 		return
 	}
 	if m, ok := b.covered[key]; ok && m != key {
@@ -238,20 +293,31 @@ func (s *simStore) isDead() bool {
 }
 
 var (
-	errSimDead   = errors.New("sim: the agent is dead")
-	errSimFault  = errors.New("sim: 503 SlowDown")
-	errSimOutage = errors.New("sim: connection refused")
-	errSimLost   = errors.New("sim: connection reset after the request was sent")
+	errSimDead    = errors.New("sim: the agent is dead")
+	errSimFault   = errors.New("sim: 503 SlowDown")
+	errSimOutage  = errors.New("sim: connection refused")
+	errSimLost    = errors.New("sim: connection reset after the request was sent")
+	errSimTimeout = errors.New("sim: timeout awaiting response headers")
+)
+
+// simFate is what becomes of one request.
+type simFate int
+
+const (
+	fateAnswered simFate = iota
+	fateLost             // it takes effect, then its answer is lost
+	fateLate             // a write: no answer comes; it takes effect later (landLate)
 )
 
 // begin waits a random latency and decides the fate of one request: an error before anything
-// happens, or lost (the request takes effect, then its answer is lost).
-func (s *simStore) begin(ctx context.Context) (lost bool, err error) {
+// happens, answered, lost, or (write) late.
+func (s *simStore) begin(ctx context.Context, write bool) (simFate, error) {
 	s.b.mu.Lock()
 	d := time.Duration(0)
-	if s.b.maxLatency > 0 {
-		d = time.Duration(s.b.rng.Int64N(int64(s.b.maxLatency)))
+	if s.b.faults.maxLatency > 0 {
+		d = time.Duration(s.b.rng.Int64N(int64(s.b.faults.maxLatency)))
 	}
+	hang := s.b.faults.hang
 	s.b.mu.Unlock()
 	if d > 0 {
 		t := time.NewTimer(d)
@@ -259,24 +325,72 @@ func (s *simStore) begin(ctx context.Context) (lost bool, err error) {
 		case <-t.C:
 		case <-ctx.Done():
 			t.Stop()
-			return false, ctx.Err()
+			return fateAnswered, ctx.Err()
 		}
 	}
 	if s.isDead() {
-		return false, errSimDead
+		return fateAnswered, errSimDead
 	}
 	if err := ctx.Err(); err != nil {
-		return false, err
+		return fateAnswered, err
+	}
+	if hang {
+		return fateAnswered, s.noAnswer(ctx)
 	}
 	s.b.mu.Lock()
 	defer s.b.mu.Unlock()
 	switch {
-	case s.b.outage:
-		return false, errSimOutage
-	case s.b.rng.Float64() < s.b.errRate:
-		return false, errSimFault
+	case s.b.faults.outage:
+		return fateAnswered, errSimOutage
+	case s.b.rng.Float64() < s.b.faults.errRate:
+		return fateAnswered, errSimFault
+	case write && s.b.faults.lateRate > 0 && s.b.lateRng.Float64() < s.b.faults.lateRate:
+		return fateLate, nil
+	case s.b.rng.Float64() < s.b.faults.lostRate:
+		return fateLost, nil
 	}
-	return s.b.rng.Float64() < s.b.lostRate, nil
+	return fateAnswered, nil
+}
+
+// lateDraw says whether a write is held (with lateRate), for a write begin did not judge.
+func (s *simStore) lateDraw() bool {
+	s.b.mu.Lock()
+	defer s.b.mu.Unlock()
+	return s.b.faults.lateRate > 0 && s.b.lateRng.Float64() < s.b.faults.lateRate
+}
+
+// noAnswer waits for an answer that never comes, until the client gives up.
+func (s *simStore) noAnswer(ctx context.Context) error {
+	t := time.NewTimer(simAnswerTimeout)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return errSimTimeout
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// landLate runs apply (with b.mu held) at a random time within simAnswerTimeout + simLateBy
+// from now, as a write the network held lands, while the client waits for an answer that never
+// comes and gives up: it returns what the client is told. A killed agent's held writes land
+// too.
+func (s *simStore) landLate(ctx context.Context, apply func()) error {
+	s.b.mu.Lock()
+	d := time.Duration(s.b.lateRng.Int64N(int64(simAnswerTimeout + simLateBy)))
+	s.b.late++
+	s.b.mu.Unlock()
+	arrived := time.Now()
+	go func() {
+		<-time.After(d)
+		s.b.mu.Lock()
+		defer s.b.mu.Unlock()
+		s.b.landing, s.b.arrived = true, arrived
+		apply()
+		s.b.landing = false
+		s.b.late--
+	}()
+	return s.noAnswer(ctx)
 }
 
 func (s *simStore) URL() string { return "s3://sim/" + s.name }
@@ -285,7 +399,7 @@ func (s *simStore) PutFile(ctx context.Context, key string, f *os.File, size int
 	if err := checkStoreKey(key); err != nil {
 		return Checksum{}, err
 	}
-	lost, err := s.begin(ctx)
+	fate, err := s.begin(ctx, size <= s.b.partSize)
 	if err != nil {
 		return Checksum{}, err
 	}
@@ -293,6 +407,9 @@ func (s *simStore) PutFile(ctx context.Context, key string, f *os.File, size int
 	if size <= s.b.partSize {
 		if _, err := f.ReadAt(data, 0); err != nil && (!errors.Is(err, io.EOF) || size != 0) {
 			return Checksum{}, err
+		}
+		if fate == fateLate {
+			return Checksum{}, s.landLate(ctx, func() { s.b.write(key, data) })
 		}
 		s.b.mu.Lock()
 		s.b.write(key, data)
@@ -318,8 +435,8 @@ func (s *simStore) PutFile(ctx context.Context, key string, f *os.File, size int
 		}
 		for off := int64(0); off < size; off += s.b.partSize {
 			n := min(s.b.partSize, size-off)
-			if _, err := s.begin(ctx); err != nil {
-				finish(!errors.Is(err, errSimDead)) // a dead agent aborts nothing
+			if _, err := s.begin(ctx, false); err != nil {
+				finish(!errors.Is(err, errSimDead) && !errors.Is(err, errSimTimeout)) // a dead agent aborts nothing
 				return Checksum{}, err
 			}
 			if _, err := f.ReadAt(data[off:off+n], off); err != nil {
@@ -334,21 +451,31 @@ func (s *simStore) PutFile(ctx context.Context, key string, f *os.File, size int
 				return Checksum{}, errors.New("sim: NoSuchUpload")
 			}
 		}
-		s.b.mu.Lock()
-		if _, ok := s.b.uploads[up.id]; !ok {
-			s.b.mu.Unlock()
-			finish(false)
-			return Checksum{}, errors.New("sim: NoSuchUpload")
+		// The completion, a write, may be held and land later.
+		complete := func() bool {
+			if _, ok := s.b.uploads[up.id]; !ok {
+				return false
+			}
+			delete(s.b.uploads, up.id)
+			s.b.write(key, data)
+			return true
 		}
-		delete(s.b.uploads, up.id)
-		s.b.write(key, data)
+		if s.lateDraw() {
+			finish(false)
+			return Checksum{}, s.landLate(ctx, func() { complete() })
+		}
+		s.b.mu.Lock()
+		ok := complete()
 		s.b.mu.Unlock()
 		finish(false)
+		if !ok {
+			return Checksum{}, errors.New("sim: NoSuchUpload")
+		}
 	}
 	if progress != nil {
 		progress(size)
 	}
-	if lost {
+	if fate == fateLost {
 		return Checksum{}, errSimLost
 	}
 	return ChecksumOf(bytes.NewReader(data))
@@ -361,30 +488,39 @@ func (s *simStore) PutBytes(ctx context.Context, key string, data []byte, cond C
 	if err := cond.check(); err != nil {
 		return "", err
 	}
-	lost, err := s.begin(ctx)
+	fate, err := s.begin(ctx, true)
 	if err != nil {
 		return "", err
 	}
-	s.b.mu.Lock()
-	o, exists := s.b.objs[key]
-	switch {
-	case cond.IfAbsent && exists:
-		s.b.mu.Unlock()
-		return "", fmt.Errorf("put %s: %w", key, ErrExists)
-	case cond.IfMatch != "" && (!exists || o.etag != cond.IfMatch):
-		s.b.mu.Unlock()
-		return "", fmt.Errorf("put %s: %w", key, ErrPrecondition)
+	data = slices.Clone(data)
+	// put is the write as the store judges it when it lands. Called with b.mu held.
+	put := func() (string, error) {
+		o, exists := s.b.objs[key]
+		switch {
+		case cond.IfAbsent && exists:
+			return "", fmt.Errorf("put %s: %w", key, ErrExists)
+		case cond.IfMatch != "" && (!exists || o.etag != cond.IfMatch):
+			return "", fmt.Errorf("put %s: %w", key, ErrPrecondition)
+		}
+		return s.b.write(key, data), nil
 	}
-	etag := s.b.write(key, data)
+	if fate == fateLate {
+		return "", s.landLate(ctx, func() { put() })
+	}
+	s.b.mu.Lock()
+	etag, err := put()
 	s.b.mu.Unlock()
-	if lost {
+	if err != nil {
+		return "", err
+	}
+	if fate == fateLost {
 		return "", errSimLost
 	}
 	return etag, nil
 }
 
 func (s *simStore) GetBytes(ctx context.Context, key string) ([]byte, string, error) {
-	if _, err := s.begin(ctx); err != nil {
+	if _, err := s.begin(ctx, false); err != nil {
 		return nil, "", err
 	}
 	s.b.mu.Lock()
@@ -397,7 +533,7 @@ func (s *simStore) GetBytes(ctx context.Context, key string) ([]byte, string, er
 }
 
 func (s *simStore) Download(ctx context.Context, key string, w io.WriterAt, size int64) error {
-	if _, err := s.begin(ctx); err != nil {
+	if _, err := s.begin(ctx, false); err != nil {
 		return err
 	}
 	s.b.mu.Lock()
@@ -418,7 +554,7 @@ func (s *simStore) Download(ctx context.Context, key string, w io.WriterAt, size
 }
 
 func (s *simStore) List(ctx context.Context, prefix string) ([]ObjectInfo, error) {
-	if _, err := s.begin(ctx); err != nil {
+	if _, err := s.begin(ctx, false); err != nil {
 		return nil, err
 	}
 	s.b.mu.Lock()
@@ -437,7 +573,7 @@ func (s *simStore) ListDir(ctx context.Context, prefix string) ([]string, []Obje
 	if err := checkDirPrefix(prefix); err != nil {
 		return nil, nil, err
 	}
-	if _, err := s.begin(ctx); err != nil {
+	if _, err := s.begin(ctx, false); err != nil {
 		return nil, nil, err
 	}
 	s.b.mu.Lock()
@@ -460,14 +596,22 @@ func (s *simStore) ListDir(ctx context.Context, prefix string) ([]string, []Obje
 }
 
 func (s *simStore) Delete(ctx context.Context, keys ...string) error {
-	if _, err := s.begin(ctx); err != nil {
+	fate, err := s.begin(ctx, true)
+	if err != nil {
 		return err
+	}
+	keys = slices.Clone(keys)
+	del := func() {
+		for _, k := range keys {
+			s.b.remove(k, s.name)
+		}
+	}
+	if fate == fateLate {
+		return s.landLate(ctx, del)
 	}
 	s.b.mu.Lock()
 	defer s.b.mu.Unlock()
-	for _, k := range keys {
-		s.b.remove(k, s.name)
-	}
+	del()
 	return nil
 }
 
@@ -475,7 +619,7 @@ func (s *simStore) AbortIncomplete(ctx context.Context, prefix string) (int, err
 	if !strings.HasSuffix(prefix, "/") {
 		return 0, fmt.Errorf("prefix %q does not end with a slash", prefix)
 	}
-	if _, err := s.begin(ctx); err != nil {
+	if _, err := s.begin(ctx, false); err != nil {
 		return 0, err
 	}
 	s.mu.Lock()
