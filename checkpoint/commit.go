@@ -916,7 +916,7 @@ func (u *Uploader) commit(ctx context.Context, c commitJob) commitResult {
 		}
 		return 0
 	})
-	complete := completedAt(lc)
+	complete := completedAt(lc, u.started)
 	if c.completeAt != nil {
 		complete = *c.completeAt
 	}
@@ -1027,12 +1027,24 @@ func sameAsDone(files []File, done map[string]doneFile) bool {
 // order: the latest change time (ctime) of its files, the marker's unless a file changed after it.
 // A file rewritten after the marker makes a later version than the one committed before, even if
 // its modification time was set back; where ctime is unknown, the marker's modification time.
-func completedAt(lc LocalCheckpoint) time.Time {
-	at := lc.CompleteAt
+//
+// But a checkpoint whose files were all last modified before the agent started (started) was
+// written while no agent watched, and its ctimes may be later than its bytes: a chmod -R or
+// chown -R at boot sets every file's ctime to now. Taken as its completion, an old checkpoint
+// whose commit retention deleted would come back as the newest one, LATEST would move back to
+// it, and retention would delete the truly newest. Its latest modification time is taken then.
+func completedAt(lc LocalCheckpoint, started time.Time) time.Time {
+	at, modified := lc.CompleteAt, lc.CompleteAt
 	for _, f := range lc.Files {
 		if f.ID.ChangeTime.After(at) {
 			at = f.ID.ChangeTime
 		}
+		if f.ID.ModTime.After(modified) {
+			modified = f.ID.ModTime
+		}
+	}
+	if modified.Before(started) && modified.Before(at) {
+		return modified
 	}
 	return at
 }

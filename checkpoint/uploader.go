@@ -147,6 +147,9 @@ type Uploader struct {
 	inflight   int           // files being read or sent
 	commitQ    []*generation
 	committing *generation
+	// started is when Run began: a file modified before then was written while no agent
+	// watched (completedAt).
+	started time.Time
 	// lateAbortWarned: a late clean-up failed and was said at warn level (goLateCleanup).
 	lateAbortWarned atomic.Bool
 	// index holds the committed manifests of each checkpoint name, newest first, as last read
@@ -244,6 +247,9 @@ type generation struct {
 	firstFileAt time.Time
 	// candidates are the commits a matching generation may turn out to be.
 	candidates []*Manifest
+	// prior is the commit the generation before this one was (nextGen): a candidate too, even
+	// once retention deleted it, so that a version with its bytes keeps its place in the order.
+	prior *Manifest
 	// completeAt, if not nil, is this version's completion time, from a deleted commit of the
 	// same bytes (see commitResult.completeAt).
 	completeAt *time.Time
@@ -427,7 +433,7 @@ func (u *Uploader) Status(ctx context.Context) UploaderStatus {
 // powered off). It returns nil after all its goroutines have exited.
 func (u *Uploader) Run(ctx context.Context, events <-chan WatchEvent) error {
 	work, cancelWork := context.WithCancel(context.WithoutCancel(ctx))
-	u.work = work
+	u.work, u.started = work, time.Now()
 	defer func() {
 		cancelWork()
 		u.wg.Wait()
@@ -787,11 +793,18 @@ func (u *Uploader) lookupDone(ctx context.Context, g *generation, ms []*Manifest
 	u.index[g.name] = ms
 	u.markDirty(g)
 	u.requeue(g)
-	if len(ms) == 0 {
+	cands := slices.Clone(ms)
+	if p := g.prior; p != nil && !slices.ContainsFunc(cands, func(m *Manifest) bool { return m.Commit == p.Commit }) {
+		// Deleted since (retention): these bytes, if they are its, keep its place in the order
+		// (a chmod -R changes every file's ctime, not its bytes), rather than coming back as
+		// the newest checkpoint.
+		cands = append(cands, p)
+	}
+	if len(cands) == 0 {
 		u.sendAll(g)
 		return
 	}
-	g.candidates = slices.Clone(ms)
+	g.candidates = cands
 	for rel, f := range g.files {
 		if f.done != nil && g.state == genMatching {
 			u.matched(g, rel, f)
@@ -995,6 +1008,9 @@ func (u *Uploader) replaceSealed(g *generation) *generation {
 func (u *Uploader) nextGen(old *generation) *generation {
 	g := u.newGen(old.name, true)
 	g.complete, g.completeSeen, g.firstFileAt = old.complete, time.Now(), old.firstFileAt
+	if old.state == genCommitted {
+		g.prior = old.manifest
+	}
 	if g.complete && !u.lastSignal.IsZero() {
 		u.signalAnswered = true // a version completed after the signal
 	}

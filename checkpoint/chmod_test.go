@@ -1,0 +1,87 @@
+package checkpoint
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+)
+
+// chmodTree gives every file below dir/name group write permission: a chmod -R, which changes
+// every file's ctime and none of its bytes.
+func chmodTree(t *testing.T, dir, name string) {
+	t.Helper()
+	err := filepath.WalkDir(filepath.Join(dir, name), func(p string, d os.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return err
+		}
+		return os.Chmod(p, 0o664)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// latestIs fails unless LATEST names name and the commit named is there.
+func latestIs(t *testing.T, s Store, name, commit string) {
+	t.Helper()
+	st, err := readJob(t.Context(), s, "job", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Latest == nil || st.Latest.Checkpoint != name || st.Latest.Commit != commit {
+		t.Fatalf("LATEST is %+v; want %s/%s", st.Latest, name, commit)
+	}
+	if _, _, err := s.GetBytes(t.Context(), ManifestKey("job", name, commit)); err != nil {
+		t.Fatalf("the newest commit %s/%s is gone: %v", name, commit, err)
+	}
+}
+
+// TestChmodOfAnOldCheckpointKeepsItsPlace: with checkpoint.keep, retention deletes old commits
+// while their checkpoints stay on disk. A chmod -R of checkpoint.dir then changes every file's
+// ctime: the old checkpoints are committed again, but in their place in the order, not as the
+// newest; LATEST stays, and the newest commit is never deleted. (Found from outside: LATEST went
+// back to an old step and the newest commit was deleted, live and after a restart.)
+func TestChmodOfAnOldCheckpointKeepsItsPlace(t *testing.T) {
+	t.Run("live", func(t *testing.T) {
+		s, dir := newMemStore(), t.TempDir()
+		r := startUploader(t, dir, s, 1)
+		writeCheckpoint(t, dir, "step-1", map[string][]byte{"a": randomBytes(t, 8<<10)})
+		r.waitCommitted("step-1")
+		writeCheckpoint(t, dir, "step-2", map[string][]byte{"a": randomBytes(t, 8<<10)})
+		newest := r.waitCommitted("step-2")
+		latestIs(t, s, "step-2", newest.Manifest.Commit)
+
+		chmodTree(t, dir, "step-1")
+		again := r.waitCommitted("step-1")
+		if again.Manifest.Order().After(newest.Manifest.Order()) {
+			t.Errorf("step-1 committed again completed at %v, after step-2 (%v)", again.Manifest.Order().At, newest.Manifest.Order().At)
+		}
+		latestIs(t, s, "step-2", newest.Manifest.Commit)
+	})
+	t.Run("after a restart", func(t *testing.T) {
+		s, dir, state := newMemStore(), t.TempDir(), t.TempDir()
+		r := startUploaderWith(t, dir, s, UploaderConfig{Keep: 1, StateDir: state})
+		writeCheckpoint(t, dir, "step-1", map[string][]byte{"a": randomBytes(t, 8<<10)})
+		r.waitCommitted("step-1")
+		writeCheckpoint(t, dir, "step-2", map[string][]byte{"a": randomBytes(t, 8<<10)})
+		newest := r.waitCommitted("step-2")
+		r.stop()
+
+		chmodTree(t, dir, "step-1")
+		chmodTree(t, dir, "step-2")
+		r = startUploaderWith(t, dir, s, UploaderConfig{Keep: 1, StateDir: state})
+		again := r.waitCommitted("step-1")
+		if again.Manifest.Order().After(newest.Manifest.Order()) {
+			t.Errorf("step-1 committed again completed at %v, after step-2 (%v)", again.Manifest.Order().At, newest.Manifest.Order().At)
+		}
+		latestIs(t, s, "step-2", newest.Manifest.Commit)
+
+		// And live, in the restarted agent.
+		chmodTree(t, dir, "step-1")
+		again = r.waitCommitted("step-1")
+		if again.Manifest.Order().After(newest.Manifest.Order()) {
+			t.Errorf("step-1 committed again completed at %v, after step-2 (%v)", again.Manifest.Order().At, newest.Manifest.Order().At)
+		}
+		latestIs(t, s, "step-2", newest.Manifest.Commit)
+	})
+}
