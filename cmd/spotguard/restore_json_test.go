@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -9,6 +10,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/spotguard/spotguard/checkpoint"
 )
 
 // restore --json prints one JSON object on stdout whenever it exits 0, "restored" saying whether
@@ -128,4 +131,73 @@ func emptyConfigFile(t *testing.T) string {
 		t.Fatal(err)
 	}
 	return p
+}
+
+// A checkpoint or commit that is not in the store, in a bucket that exists, is said to be
+// missing, with `spotguard list` to find the ones there are: the fix used to be chosen from "not
+// found" alone and said the bucket did not exist (or, for a file:// store, to check the
+// directory).
+func TestRestoreOfAMissingCheckpointDoesNotBlameTheBucket(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/xml")
+		switch {
+		case r.Method == http.MethodHead && strings.Count(strings.Trim(r.URL.Path, "/"), "/") == 0:
+			w.Header().Set("X-Amz-Bucket-Region", "us-east-1") // the bucket exists
+		case r.Method == http.MethodGet && r.URL.Query().Get("list-type") == "2":
+			io.WriteString(w, `<?xml version="1.0" encoding="UTF-8"?><ListBucketResult xmlns="http://s3.amazonaws.com/doc/2006-03-01/"><Name>ckpt</Name><KeyCount>0</KeyCount><MaxKeys>1000</MaxKeys><IsTruncated>false</IsTruncated></ListBucketResult>`)
+		default:
+			w.WriteHeader(http.StatusNotFound)
+			if r.Method != http.MethodHead {
+				io.WriteString(w, `<?xml version="1.0" encoding="UTF-8"?><Error><Code>NoSuchKey</Code><Message>The specified key does not exist.</Message></Error>`)
+			}
+		}
+	}))
+	t.Cleanup(srv.Close)
+	for k, v := range map[string]string{
+		"AWS_ENDPOINT_URL_S3": srv.URL, "AWS_ENDPOINT_URL": "", "AWS_REGION": "us-east-1", "AWS_ACCESS_KEY_ID": "k",
+		"AWS_SECRET_ACCESS_KEY": "s", "AWS_SESSION_TOKEN": "", "AWS_PROFILE": "", "AWS_CONFIG_FILE": filepath.Join(t.TempDir(), "none"),
+		"AWS_SHARED_CREDENTIALS_FILE": filepath.Join(t.TempDir(), "none"), "AWS_EC2_METADATA_DISABLED": "true",
+	} {
+		t.Setenv(k, v)
+	}
+	fileStore := t.TempDir()
+	commitForTest(t, fileStore, "j1", "step-000100", map[string][]byte{"model.pt": []byte("weights"), "_COMPLETE": nil})
+	cfgPath := emptyConfigFile(t)
+	for _, store := range []string{"s3://ckpt/runs", "file://" + fileStore} {
+		env := []string{"SPOTGUARD_STORE_URL=" + store, "SPOTGUARD_STORE_JOB=j1"}
+		for _, tc := range []struct {
+			name string
+			args []string
+			want string
+		}{
+			{"checkpoint", []string{"--checkpoint", "nope"}, `fix: job j1 has no valid commit of checkpoint "nope" in ` + store + ": `spotguard list` shows the job's checkpoints and commits"},
+			{"commit", []string{"--checkpoint", "nope", "--commit", "20261201T000000Z-000000000000"}, `fix: checkpoint "nope" of job j1 has no commit 20261201T000000Z-000000000000 in ` + store + ": `spotguard list` shows the job's checkpoints and commits"},
+		} {
+			t.Run(strings.SplitN(store, ":", 2)[0]+"/"+tc.name, func(t *testing.T) {
+				args := append([]string{"restore", "--config", cfgPath, "--to", t.TempDir()}, tc.args...)
+				code, _, stderr := runCLI(t, t.Context(), env, args...)
+				if code != exitFail || !strings.Contains(stderr, tc.want) {
+					t.Errorf("Got(restore %s) exit %d, stderr:\n%s\nwant 1 and %q", strings.Join(tc.args, " "), code, stderr, tc.want)
+				}
+				for _, wrong := range []string{"bucket", "writable directory"} {
+					if strings.Contains(stderr, wrong) {
+						t.Errorf("Got(restore %s) stderr:\n%s\nwant no advice about the %s: it is there", strings.Join(tc.args, " "), stderr, wrong)
+					}
+				}
+			})
+		}
+	}
+}
+
+// storeHint gives the bucket's fix only when S3 said the bucket does not exist (NoSuchBucket),
+// never for an object that is not there, for every command.
+func TestStoreHintBlamesTheBucketOnlyForNoSuchBucket(t *testing.T) {
+	missing := fmt.Errorf("read job j in s3://ckpt/runs: get j/LATEST: %w", checkpoint.ErrNotFound)
+	for _, cmd := range []string{"list", "restore"} {
+		var b strings.Builder
+		storeHint(&b, cmd, "s3://ckpt/runs", missing, "")
+		if strings.Contains(b.String(), "bucket") {
+			t.Errorf("Got(storeHint(%s, a missing object)) = %q; want no advice about the bucket", cmd, b.String())
+		}
+	}
 }

@@ -141,7 +141,14 @@ func runRestore(ctx context.Context, args, environ []string, stdout, stderr io.W
 	}
 	if err != nil {
 		fmt.Fprintf(stderr, "spotguard restore: %v\n", err)
-		storeHint(stderr, "restore", cfg.Store.URL, err)
+		notFound := ""
+		switch {
+		case *commit != "":
+			notFound = fmt.Sprintf("checkpoint %q of job %s has no commit %s in %s: `spotguard list` shows the job's checkpoints and commits", *name, cfg.Store.Job, *commit, store.URL())
+		case *name != "":
+			notFound = fmt.Sprintf("job %s has no valid commit of checkpoint %q in %s: `spotguard list` shows the job's checkpoints and commits", cfg.Store.Job, *name, store.URL())
+		}
+		storeHint(stderr, "restore", cfg.Store.URL, err, notFound)
 		if errors.Is(err, checkpoint.ErrDamaged) {
 			fmt.Fprintf(stderr, "spotguard restore: this commit cannot be restored; `spotguard list` shows the others, and\n"+
 				"`spotguard restore --checkpoint NAME --commit ID` restores one of them (`spotguard list --check` checks the store)\n")
@@ -267,7 +274,7 @@ func runList(ctx context.Context, args, environ []string, stdout, stderr io.Writ
 	cs, problems, err := checkpoint.ListCommitted(ctx, store, cfg.Store.Job)
 	if err != nil {
 		fmt.Fprintf(stderr, "spotguard list: %v\n", err)
-		storeHint(stderr, "list", cfg.Store.URL, err)
+		storeHint(stderr, "list", cfg.Store.URL, err, "")
 		return exitFail
 	}
 	for _, p := range problems {
@@ -286,7 +293,7 @@ func runList(ctx context.Context, args, environ []string, stdout, stderr io.Writ
 	incomplete, err := checkpoint.ListIncomplete(ctx, store, cfg.Store.Job)
 	if err != nil {
 		fmt.Fprintf(stderr, "spotguard list: %v\n", err)
-		storeHint(stderr, "list", cfg.Store.URL, err)
+		storeHint(stderr, "list", cfg.Store.URL, err, "")
 		return exitFail
 	}
 	if *jsonOut {
@@ -438,10 +445,19 @@ func (p *progressLog) line(now time.Time, end bool) {
 }
 
 // storeHint follows a failed command's error, when the store refused or could not be reached,
-// with S3's answer in short and what to do about it, as doctor and /healthz say them.
-func storeHint(w io.Writer, cmd, url string, err error) {
+// with S3's answer in short and what to do about it, as doctor and /healthz say them. An object
+// that is not there (see [objectMissing]) is not the store's fault: the fix is then notFound, or
+// none when notFound is "" (the error says what is missing); a missing bucket is advised on only
+// when S3 said NoSuchBucket.
+func storeHint(w io.Writer, cmd, url string, err error, notFound string) {
 	reason := agent.StoreErrorReason(err)
 	if reason == "" || reason == agent.StoreOther || errors.Is(err, checkpoint.ErrDamaged) || errors.Is(err, context.Canceled) {
+		return
+	}
+	if objectMissing(err) {
+		if notFound != "" {
+			fmt.Fprintf(w, "spotguard %s: fix: %s\n", cmd, notFound)
+		}
 		return
 	}
 	var ae smithy.APIError
@@ -449,4 +465,20 @@ func storeHint(w io.Writer, cmd, url string, err error) {
 		fmt.Fprintf(w, "spotguard %s: S3 said %s\n", cmd, agent.StoreErrorSummary(err))
 	}
 	fmt.Fprintf(w, "spotguard %s: fix: %s\n", cmd, agent.StoreFix(reason, url, err))
+}
+
+// objectMissing reports whether err says that an object is not in the store (a checkpoint or
+// commit asked for that is not there): it wraps checkpoint.ErrNotFound or S3's NoSuchKey, and S3
+// did not say NoSuchBucket.
+func objectMissing(err error) bool {
+	var ae smithy.APIError
+	if errors.As(err, &ae) {
+		switch ae.ErrorCode() {
+		case "NoSuchBucket":
+			return false
+		case "NoSuchKey":
+			return true
+		}
+	}
+	return errors.Is(err, checkpoint.ErrNotFound)
 }
