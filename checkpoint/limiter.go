@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net"
+	"net/url"
 	"slices"
 	"sort"
 	"strings"
@@ -327,7 +328,7 @@ func (l *limiter) Stats() LimiterStats {
 // (SlowDown, 503, 429, RequestTimeout) or a connection reset, refused mid-run, or timed out. A
 // cancelled context is not.
 func limiterBackOff(err error) bool {
-	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) && !transportTimeout(err) {
 		return false // the caller gave up; that says nothing about the link
 	}
 	var ae smithy.APIError
@@ -351,6 +352,24 @@ func limiterBackOff(err error) bool {
 		return true
 	}
 	return strings.Contains(err.Error(), "connection reset")
+}
+
+// transportTimeout reports whether err is the HTTP transport's own timeout (no answer within
+// ResponseHeaderTimeout, a dial that timed out), which errors.Is takes for
+// context.DeadlineExceeded too, rather than the caller's deadline.
+func transportTimeout(err error) bool {
+	for e := err; e != nil; e = errors.Unwrap(e) {
+		if e == context.DeadlineExceeded {
+			return false
+		}
+		if _, ok := e.(*url.Error); ok {
+			continue // its Timeout is its inner error's
+		}
+		if t, ok := e.(interface{ Timeout() bool }); ok && t.Timeout() {
+			return true
+		}
+	}
+	return false
 }
 
 // observingRetryer is the SDK's retryer, told of every failed attempt first: the SDK asks

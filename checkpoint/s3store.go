@@ -64,6 +64,8 @@ type S3Store struct {
 	// running holds the IDs of the multipart uploads this store created and has not yet
 	// completed or aborted.
 	running map[string]struct{}
+	// attemptFailed, if set (OnAttemptError), is told of every failed attempt of every request.
+	attemptFailed atomic.Pointer[func(error)]
 }
 
 var _ Store = (*S3Store)(nil)
@@ -99,13 +101,34 @@ func NewS3Store(client *s3.Client, bucket, prefix string, opts S3Options) (*S3St
 	if err != nil {
 		return nil, fmt.Errorf("s3 store: %w", err)
 	}
-	return &S3Store{
-		client: client,
+	s := &S3Store{
 		bucket: bucket,
 		prefix: prefix,
 		opts:   opts,
 		lim:    newLimiter(opts.Concurrency),
-	}, nil
+	}
+	// Every request's every attempt is seen (OnAttemptError): the SDK retries a request that
+	// is never answered for minutes before the caller hears of it.
+	s.client = s3.New(client.Options(), func(o *s3.Options) {
+		if r, ok := o.Retryer.(aws.RetryerV2); ok {
+			o.Retryer = observingRetryer{RetryerV2: r, observe: s.noteAttempt}
+		}
+	})
+	return s, nil
+}
+
+// OnAttemptError has f told of every failed attempt of every request, the SDK's retries
+// included (not of requests the caller cancelled), as it fails: a store that stops answering is
+// seen after one attempt's timeout, not after the SDK has given up. f must not block.
+func (s *S3Store) OnAttemptError(f func(error)) { s.attemptFailed.Store(&f) }
+
+func (s *S3Store) noteAttempt(err error) {
+	if err == nil || errors.Is(err, context.Canceled) {
+		return
+	}
+	if f := s.attemptFailed.Load(); f != nil {
+		(*f)(err)
+	}
 }
 
 // URL returns "s3://bucket/prefix", or "s3://bucket" for a store without a prefix.

@@ -894,3 +894,62 @@ func TestS3ClientGivesUpOnARequestNeverAnswered(t *testing.T) {
 		t.Errorf("requests = %d; want 2 (one never answered, one retried)", requests)
 	}
 }
+
+// TestS3StoreTellsOfEveryFailedAttempt: a request the store never answers is retried by the SDK
+// for minutes before the caller hears of it; OnAttemptError hears of each failed attempt as it
+// fails (the agent has the store probed then), and a timeout is one the limiter backs off from.
+func TestS3StoreTellsOfEveryFailedAttempt(t *testing.T) {
+	defer func(d time.Duration) { s3ResponseHeaderTimeout = d }(s3ResponseHeaderTimeout)
+	s3ResponseHeaderTimeout = 200 * time.Millisecond
+	var mu sync.Mutex
+	requests := 0
+	release := make(chan struct{})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		requests++
+		n := requests
+		mu.Unlock()
+		if n == 1 {
+			select { // the first request hangs
+			case <-release:
+			case <-r.Context().Done():
+			}
+			return
+		}
+		w.Header().Set("ETag", `"e1"`)
+		w.Header().Set("Content-Length", "2")
+		w.Write([]byte("ok"))
+	}))
+	defer srv.Close()
+	defer close(release)
+	cfg := aws.Config{Region: "us-east-1", BaseEndpoint: aws.String(srv.URL),
+		Credentials: aws.NewCredentialsCache(credentials.NewStaticCredentialsProvider("k", "s", ""))}
+	st, err := OpenStore("s3://bucket/p", cfg, S3Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := st.(*S3Store)
+	failed := make(chan error, 10)
+	s.OnAttemptError(func(err error) { failed <- err })
+	if _, _, err := s.GetBytes(t.Context(), "j/LATEST"); err != nil {
+		t.Fatalf("GetBytes: %v; want the retry's answer", err)
+	}
+	select {
+	case err := <-failed:
+		if !limiterBackOff(err) {
+			t.Errorf("the limiter does not back off from an attempt never answered: %v", err)
+		}
+	default:
+		t.Fatal("the attempt never answered was not told of")
+	}
+	if len(failed) != 0 {
+		t.Errorf("%d more failed attempts told of; want 1", len(failed))
+	}
+	// A request the caller cancels is not the store's failure.
+	ctx, cancel := context.WithCancel(t.Context())
+	cancel()
+	s.GetBytes(ctx, "j/LATEST")
+	if len(failed) != 0 {
+		t.Errorf("a cancelled request was told of as a failed attempt: %v", <-failed)
+	}
+}
