@@ -35,6 +35,9 @@ func newUploader(cfg *Config, deps Deps, a *Agent) (*checkpointWatch, *checkpoin
 	}); ok {
 		a.metrics.health.concurrency = c.Concurrency
 	}
+	if o, ok := store.(interface{ OnAttemptError(func(error)) }); ok {
+		o.OnAttemptError(a.noteStoreAttempt)
+	}
 	newWatcher := deps.NewCheckpointWatcher
 	if newWatcher == nil {
 		newWatcher = newCheckpointWatcher

@@ -218,6 +218,23 @@ func (a *Agent) runStoreProbe(ctx context.Context) error {
 	return a.store.prober.Run(ctx)
 }
 
+// noteStoreAttempt hears of every failed attempt of the uploader's store requests, the SDK's
+// retries included. A request the store does not answer, or a connection that breaks, has the
+// store probed soon: the SDK retries such a request for minutes before the uploader hears of it,
+// and a store that went dark must be a /healthz 503 within a probe's time, not after. It is
+// logged at most once a minute.
+func (a *Agent) noteStoreAttempt(err error) {
+	s := a.store
+	if s == nil || StoreErrorReason(err) != StoreNetwork {
+		return // an answer (not found, denied, a throttle) is the caller's to judge
+	}
+	if ok, held := s.limiter.allow("attempt|"+StoreNetwork, time.Now()); ok {
+		s.log.Warn().Str("store", s.url).Str("reason", StoreNetwork).Err(err).Int("repeats_not_logged", held).
+			Msg("a store request failed; retrying it, and probing the store")
+	}
+	s.prober.Kick()
+}
+
 // noteUploadHealth counts the uploader's failures by reason, logs a run of identical ones once a
 // minute with a count, and has the store probed soon after a failure (and after a commit while
 // the probe is failing, so a store that works again turns healthy soon).

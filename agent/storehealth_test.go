@@ -6,11 +6,13 @@ import (
 	"errors"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"strings"
 	"testing"
 	"testing/synctest"
 	"time"
 
+	smithyhttp "github.com/aws/smithy-go/transport/http"
 	"github.com/rs/zerolog"
 
 	"github.com/spotguard/spotguard/checkpoint"
@@ -202,5 +204,40 @@ func TestHealthzPerIMDSSource(t *testing.T) {
 				}
 			})
 		})
+	}
+}
+
+// attemptStore is a faultyStore that tells of failed attempts, as checkpoint.S3Store does.
+type attemptStore struct {
+	*faultyStore
+	onFailed func(error)
+}
+
+func (s *attemptStore) OnAttemptError(f func(error)) { s.onFailed = f }
+
+// A store that stops answering: the SDK retries each request for minutes before the uploader
+// hears of it, so the agent hears of each failed attempt and has the store probed at once (then
+// /healthz says 503 within a probe's time). An answer, such as not found, probes nothing.
+// (Found from outside: with the store hung, /healthz said healthy for 2 to 4 minutes, through a
+// whole spot notice.)
+func TestStoreAttemptFailureProbesTheStore(t *testing.T) {
+	s := &attemptStore{faultyStore: newFaultyStore(t)}
+	logs := &syncBuffer{}
+	a := newStoreAgent(t, s, logs)
+	if s.onFailed == nil {
+		t.Fatal("the agent did not ask the store for its failed attempts")
+	}
+	s.onFailed(s3Err(404, "NoSuchKey", "The specified key does not exist."))
+	if len(a.store.prober.kick) != 0 {
+		t.Error("a not-found answer had the store probed")
+	}
+	timeout := &url.Error{Op: "Put", URL: "http://s3/x", Err: errors.New("net/http: timeout awaiting response headers")}
+	s.onFailed(&smithyhttp.RequestSendError{Err: timeout})
+	if len(a.store.prober.kick) != 1 {
+		t.Error("a request never answered did not have the store probed")
+	}
+	s.onFailed(&smithyhttp.RequestSendError{Err: timeout})
+	if n := strings.Count(logs.String(), "a store request failed"); n != 1 {
+		t.Errorf("%d log lines for two failed attempts within a minute; want 1:\n%s", n, logs)
 	}
 }

@@ -20,7 +20,8 @@ type lazyStore struct {
 	err   error
 
 	mu       sync.Mutex
-	hurrying bool // Hurry came before the store
+	hurrying bool        // Hurry came before the store
+	onFailed func(error) // OnAttemptError came before the store
 }
 
 var _ checkpoint.Store = (*lazyStore)(nil)
@@ -33,10 +34,13 @@ func openLazy(url string, open func() (checkpoint.Store, error)) *lazyStore {
 		l.mu.Lock()
 		l.store, l.err = s, err
 		close(l.ready)
-		hurry := l.hurrying
+		hurry, onFailed := l.hurrying, l.onFailed
 		l.mu.Unlock()
 		if h, ok := s.(interface{ Hurry() }); ok && hurry && err == nil {
 			h.Hurry()
+		}
+		if o, ok := s.(attemptObserver); ok && onFailed != nil && err == nil {
+			o.OnAttemptError(onFailed)
 		}
 	}()
 	return l
@@ -152,4 +156,23 @@ func (l *lazyStore) Concurrency() checkpoint.LimiterStats {
 		return s.Concurrency()
 	}
 	return checkpoint.LimiterStats{}
+}
+
+// attemptObserver is a store that tells of every failed attempt (checkpoint.S3Store).
+type attemptObserver interface{ OnAttemptError(func(error)) }
+
+// OnAttemptError passes f on to the store, at once or as soon as it is open.
+func (l *lazyStore) OnAttemptError(f func(error)) {
+	l.mu.Lock()
+	select {
+	case <-l.ready:
+	default:
+		l.onFailed = f
+		l.mu.Unlock()
+		return
+	}
+	l.mu.Unlock()
+	if o, ok := l.store.(attemptObserver); ok {
+		o.OnAttemptError(f)
+	}
 }

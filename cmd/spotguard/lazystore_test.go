@@ -14,10 +14,13 @@ import (
 // hurriedFileStore is a file store that counts Hurry calls.
 type hurriedFileStore struct {
 	*checkpoint.FileStore
-	hurries atomic.Int32
+	hurries  atomic.Int32
+	onFailed atomic.Pointer[func(error)]
 }
 
 func (s *hurriedFileStore) Hurry() { s.hurries.Add(1) }
+
+func (s *hurriedFileStore) OnAttemptError(f func(error)) { s.onFailed.Store(&f) }
 
 // A lazyStore's calls wait for the store, or for their ctx; a Hurry before the store is open
 // reaches it once it is; a store that could not be opened answers every call with why.
@@ -33,6 +36,8 @@ func TestLazyStore(t *testing.T) {
 		t.Errorf("URL() = %q before the store is open; want the URL", l.URL())
 	}
 	l.Hurry() // a notice before the store is open
+	var told atomic.Int32
+	l.OnAttemptError(func(error) { told.Add(1) }) // the agent's, before the store is open
 	ctx, cancel := context.WithTimeout(t.Context(), 50*time.Millisecond)
 	defer cancel()
 	if _, _, err := l.GetBytes(ctx, "j/LATEST"); !errors.Is(err, context.DeadlineExceeded) {
@@ -50,6 +55,11 @@ func TestLazyStore(t *testing.T) {
 	}
 	if n := inner.hurries.Load(); n != 1 {
 		t.Errorf("Hurry reached the store %d times; want 1", n)
+	}
+	if f := inner.onFailed.Load(); f == nil {
+		t.Error("OnAttemptError given before the store opened did not reach it")
+	} else if (*f)(errors.New("timeout")); told.Load() != 1 {
+		t.Error("the store's failed attempt did not reach the function given")
 	}
 	l.Hurry()
 	if n := inner.hurries.Load(); n != 2 {
