@@ -201,3 +201,60 @@ func TestStoreHintBlamesTheBucketOnlyForNoSuchBucket(t *testing.T) {
 		}
 	}
 }
+
+// `spotguard list --check` finds a file of a commit that is missing or has another size, not one
+// overwritten with other bytes of the same size: it lists objects, it reads none. Restore reads
+// the bytes and verifies every checksum, and then says what list --check does and does not check
+// (it used to say that list --check "checks the store", as if it would find this).
+func TestListCheckFindsSizesAndRestoreFindsBytes(t *testing.T) {
+	store := t.TempDir()
+	cfgPath := emptyConfigFile(t)
+	env := []string{"SPOTGUARD_STORE_URL=file://" + store, "SPOTGUARD_STORE_JOB=j"}
+	commitForTest(t, store, "j", "step-000100", map[string][]byte{"model.pt": []byte("weights"), "_COMPLETE": nil})
+	// LATEST, as the agent writes it after the manifest.
+	s, err := checkpoint.NewFileStore(store)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cs, _, err := checkpoint.ListCommitted(t.Context(), s, "j")
+	if err != nil || len(cs) != 1 {
+		t.Fatalf("the commit: %v, %v", cs, err)
+	}
+	m := cs[0].Manifest
+	latest, err := json.Marshal(checkpoint.Latest{Version: checkpoint.ManifestVersion, Checkpoint: m.Checkpoint, Commit: m.Commit,
+		CompleteAt: m.Timings.CompleteAt, CommittedAt: m.CommittedAt})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.PutBytes(t.Context(), checkpoint.LatestKey("j"), latest, checkpoint.Cond{IfAbsent: true}); err != nil {
+		t.Fatal(err)
+	}
+	listCheck := func() (int, string) {
+		t.Helper()
+		code, _, stderr := runCLI(t, t.Context(), env, "list", "--config", cfgPath, "--check")
+		return code, stderr
+	}
+	if code, stderr := listCheck(); code != exitOK {
+		t.Fatalf("Got(list --check) of a sound commit exit %d; want 0\n%s", code, stderr)
+	}
+
+	model := filepath.Join(store, "j", "step-000100", m.Commit, "model.pt")
+	if err := os.WriteFile(model, []byte("WEIGHTS"), 0o644); err != nil { // the same size, other bytes
+		t.Fatal(err)
+	}
+	if code, stderr := listCheck(); code != exitOK {
+		t.Errorf("Got(list --check) of a file overwritten with as many bytes exit %d; want 0: it checks sizes, not checksums\n%s", code, stderr)
+	}
+	code, _, stderr := runCLI(t, t.Context(), env, "restore", "--config", cfgPath, "--to", t.TempDir())
+	if want := "`spotguard list --check` finds a file missing or of another size, not other bytes of the same size"; code != exitFail ||
+		!strings.Contains(stderr, "the commit is damaged in the store") || !strings.Contains(stderr, want) {
+		t.Errorf("Got(restore of a file overwritten with as many bytes) exit %d\n%s\nwant 1, damaged, and %q", code, stderr, want)
+	}
+
+	if err := os.WriteFile(model, []byte("w"), 0o644); err != nil { // another size
+		t.Fatal(err)
+	}
+	if code, stderr := listCheck(); code != exitFail || !strings.Contains(stderr, "I2: commit step-000100/"+m.Commit+" lists j/step-000100/"+m.Commit+"/model.pt with 7 bytes; the object has 1") {
+		t.Errorf("Got(list --check) of a file of another size exit %d\n%s\nwant 1 and I2 naming it", code, stderr)
+	}
+}

@@ -151,7 +151,9 @@ func runRestore(ctx context.Context, args, environ []string, stdout, stderr io.W
 		storeHint(stderr, "restore", cfg.Store.URL, err, notFound)
 		if errors.Is(err, checkpoint.ErrDamaged) {
 			fmt.Fprintf(stderr, "spotguard restore: this commit cannot be restored; `spotguard list` shows the others, and\n"+
-				"`spotguard restore --checkpoint NAME --commit ID` restores one of them (`spotguard list --check` checks the store)\n")
+				"`spotguard restore --checkpoint NAME --commit ID` restores one of them.\n"+
+				"`spotguard list --check` finds a file missing or of another size, not other bytes of the same size;\n"+
+				"only a restore reads the bytes and verifies their checksums\n")
 		}
 		return exitFail
 	}
@@ -258,7 +260,7 @@ func isMountPoint(dir string) (bool, error) {
 func runList(ctx context.Context, args, environ []string, stdout, stderr io.Writer) int {
 	fs, cf := newFlagSet("list", "List the job's commits, newest first (by completion time): checkpoint, commit id, file count, size,\ntrigger.", stdout, stderr)
 	jsonOut := fs.Bool("json", false, "print the manifests as JSON")
-	check := fs.Bool("check", false, "also check the job against spotguard's invariants (every listed object there with its size, nothing\nelse under a commit, LATEST on a valid commit, no spotguard file in a checkpoint); exit 1 on a violation")
+	check := fs.Bool("check", false, "also check the job against spotguard's invariants (every listed object there with its size, nothing\nelse under a commit, LATEST on a valid commit, no spotguard file in a checkpoint); exit 1 on a violation.\nIt reads no object's bytes: a file overwritten with as many bytes passes (restore verifies checksums)")
 	if code, ok := fs.parse(args); !ok {
 		return code
 	}
