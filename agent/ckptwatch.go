@@ -31,9 +31,11 @@ const (
 
 // checkpointWatch runs the checkpoint watcher for as long as the agent runs. It waits for
 // checkpoint.dir to exist (on a fresh instance the trainer creates it), runs the watcher, and when
-// the watcher fails (fsnotify cannot start, an inotify limit, the directory removed) says so once
-// per cause, with a count, and starts it again after a pause. It never ends the agent: trouble on
-// the checkpoint side must not stop IMDS polling and signalling.
+// the watcher fails (fsnotify cannot start, an inotify limit) says so once per cause, with a
+// count, and starts it again after a pause. When checkpoint.dir itself is removed (moved or
+// deleted) it waits for it again, as for one not created yet, and the new watcher reads it in
+// full. It never ends the agent: trouble on the checkpoint side must not stop IMDS polling and
+// signalling.
 type checkpointWatch struct {
 	cfg        checkpoint.WatchConfig
 	newWatcher func(checkpoint.WatchConfig) (CheckpointWatcher, error)
@@ -49,6 +51,11 @@ type checkpointWatch struct {
 	since    time.Time
 	failures int
 	logged   time.Time // when the current failure was last logged
+	// unwatched is what the watcher says about directories it cannot watch (the inotify watch
+	// limit): they are polled instead; "" while every directory is watched.
+	unwatched string
+	// gone: checkpoint.dir was removed while watched, and has not been seen since.
+	gone bool
 }
 
 // The states of a checkpointWatch.
@@ -63,6 +70,7 @@ func newCheckpointWatch(cfg checkpoint.WatchConfig, newWatcher func(checkpoint.W
 	w := &checkpointWatch{newWatcher: newWatcher, log: log.With().Str("component", "checkpoint-watch").Logger(),
 		ready: ready, state: watchStarting, since: time.Now()}
 	cfg.Ready = func() { w.set(watchWatching, ""); w.readyOnce.Do(w.ready) }
+	cfg.Unwatched = w.setUnwatched
 	w.cfg = cfg
 	return w
 }
@@ -78,7 +86,11 @@ func (w *checkpointWatch) Run(ctx context.Context, out chan<- checkpoint.WatchEv
 	for ctx.Err() == nil {
 		if _, err := os.Stat(w.cfg.Dir); errors.Is(err, fs.ErrNotExist) {
 			if w.set(watchWaiting, "") {
-				w.log.Warn().Str("dir", w.cfg.Dir).Msg("checkpoint.dir does not exist yet; waiting for it (the trainer creates it)")
+				if w.isGone() {
+					w.log.Warn().Str("dir", w.cfg.Dir).Msg("checkpoint.dir was removed; waiting for it to be made again")
+				} else {
+					w.log.Warn().Str("dir", w.cfg.Dir).Msg("checkpoint.dir does not exist yet; waiting for it (the trainer creates it)")
+				}
 			}
 			w.readyOnce.Do(w.ready)
 			if !sleepCtx(ctx, dirPollInterval) {
@@ -91,7 +103,8 @@ func (w *checkpointWatch) Run(ctx context.Context, out chan<- checkpoint.WatchEv
 			break
 		}
 		if errors.Is(err, checkpoint.ErrDirGone) {
-			attempt = 0 // it will be waited for
+			attempt = 0 // it will be waited for, or watched again at once if it is there again
+			w.setGone(true)
 			continue
 		}
 		attempt++
@@ -120,6 +133,9 @@ func (w *checkpointWatch) runOnce(ctx context.Context, out chan<- checkpoint.Wat
 func (w *checkpointWatch) set(state, errText string) bool {
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	if state == watchWatching {
+		w.gone = false
+	}
 	if w.state == state && w.lastErr == errText {
 		return false
 	}
@@ -128,6 +144,28 @@ func (w *checkpointWatch) set(state, errText string) bool {
 	}
 	w.state, w.lastErr, w.since = state, errText, time.Now()
 	return true
+}
+
+// setUnwatched takes what the watcher says about the directories it cannot watch
+// (checkpoint.WatchConfig.Unwatched): "" when there are none.
+func (w *checkpointWatch) setUnwatched(problem string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.unwatched = problem
+}
+
+// setGone records whether checkpoint.dir was removed while watched.
+func (w *checkpointWatch) setGone(gone bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.gone = gone
+}
+
+// isGone reports whether checkpoint.dir was removed while watched and not seen since.
+func (w *checkpointWatch) isGone() bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.gone
 }
 
 // fail records a failure and logs it: at once for a new cause, then once per watchLogEvery with
@@ -152,7 +190,9 @@ func (w *checkpointWatch) fail(err error) {
 }
 
 // health says whether the checkpoint watch is as it should be: watching, or waiting for a
-// checkpoint.dir not created yet (healthy, and said so); not while the watcher keeps failing.
+// checkpoint.dir not created yet or removed (healthy, and said so); not while the watcher keeps
+// failing. Watching with directories that cannot be watched (the inotify watch limit: they are
+// polled, so checkpoints are still seen, a little later) is healthy, and said so.
 func (w *checkpointWatch) health() (ok bool, detail string) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -160,7 +200,13 @@ func (w *checkpointWatch) health() (ok bool, detail string) {
 	case watchFailing:
 		return false, fmt.Sprintf("checkpoint watcher failing since %s (%d failures): %s", w.since.UTC().Format(time.RFC3339), w.failures, w.lastErr)
 	case watchWaiting:
+		if w.gone {
+			return true, "checkpoint.dir " + w.cfg.Dir + " was removed; waiting for it to be made again"
+		}
 		return true, "waiting for checkpoint.dir " + w.cfg.Dir + " to be created"
+	}
+	if w.unwatched != "" {
+		return true, "checkpoint watcher: " + w.unwatched
 	}
 	return true, ""
 }

@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/fsnotify/fsnotify"
@@ -37,10 +38,37 @@ type WatchConfig struct {
 	// Ready, if not nil, is called once by Run when the watches are in place and the first
 	// full scan is done (the moment a service may say it is ready).
 	Ready func()
+	// Unwatched, if not nil, is called by Run each time the number of directories it could
+	// not watch changes: with what is wrong, in a sentence that names the cause (for the inotify
+	// watch limit, fs.inotify.max_user_watches and how to raise it) and says they are polled
+	// instead, while there are any; with "" once every directory is watched again, and when Run
+	// returns after it said anything else. It must not block.
+	Unwatched func(problem string)
 }
 
 // watchDefaultDebounce is the Debounce used when none is configured.
 const watchDefaultDebounce = 500 * time.Millisecond
+
+// watchPollInterval is how often Run looks whether Dir is still the directory it opened, and
+// polls the directories it could not watch.
+const watchPollInterval = 2 * time.Second
+
+// watchPollBudget bounds the names a poll of the directories without a watch reads (more when a
+// single directory holds more): the rest wait for the next poll, in turn.
+const watchPollBudget = 8192
+
+// watchLimitLogEvery is how often the inotify watch limit is logged again at most, if every
+// directory was watched again in between.
+const watchLimitLogEvery = 10 * time.Minute
+
+// watchMsgLimit is the Error log line of the inotify watch limit.
+const watchMsgLimit = "inotify watch limit reached (fs.inotify.max_user_watches): directories beyond it are polled instead of watched"
+
+// watchMsgAllWatched is the Info log line once every directory has its watch again.
+const watchMsgAllWatched = "every directory of the checkpoint directory is watched again"
+
+// watchLimitFix says how to raise the inotify watch limit.
+const watchLimitFix = "raise it: sysctl -w fs.inotify.max_user_watches=1048576, and set it in /etc/sysctl.d/ to keep it after a reboot (each watch costs about 1 KiB of kernel memory)"
 
 // WatchEventKind says what a WatchEvent reports.
 type WatchEventKind int
@@ -107,13 +135,20 @@ type WatchEvent struct {
 // Watcher watches a checkpoint directory with fsnotify and reports checkpoint files as they
 // become ready and checkpoints as they complete. See Run.
 type Watcher struct {
-	dir      string // absolute and clean
-	marker   string
-	pattern  string
-	debounce time.Duration
-	owner    scanOwner // of dir, when NewWatcher looked
-	log      zerolog.Logger
-	ready    func()
+	dir         string // absolute and clean
+	marker      string
+	pattern     string
+	debounce    time.Duration
+	owner       scanOwner // of dir, when NewWatcher looked
+	log         zerolog.Logger
+	ready       func()
+	onUnwatched func(problem string)
+	// pollEvery is how often Run looks whether Dir is still the directory it opened, and polls
+	// what it could not watch; watchPollInterval unless a test sets it.
+	pollEvery time.Duration
+	// addWatch adds an fsnotify watch on a directory; fw.Add unless a test sets it (to run out
+	// of inotify watches without using them up).
+	addWatch func(fw *fsnotify.Watcher, dir string) error
 }
 
 // NewWatcher checks cfg and returns a Watcher for it. It returns an error, listing every
@@ -147,13 +182,16 @@ func NewWatcher(cfg WatchConfig) (*Watcher, error) {
 		return nil, err
 	}
 	return &Watcher{
-		dir:      dir,
-		marker:   marker,
-		pattern:  cfg.Pattern,
-		debounce: debounce,
-		owner:    owner,
-		log:      cfg.Logger.With().Str("component", "checkpoint-watcher").Logger(),
-		ready:    cfg.Ready,
+		dir:         dir,
+		marker:      marker,
+		pattern:     cfg.Pattern,
+		debounce:    debounce,
+		owner:       owner,
+		log:         cfg.Logger.With().Str("component", "checkpoint-watcher").Logger(),
+		ready:       cfg.Ready,
+		onUnwatched: cfg.Unwatched,
+		pollEvery:   watchPollInterval,
+		addWatch:    (*fsnotify.Watcher).Add,
 	}, nil
 }
 
@@ -216,22 +254,40 @@ func NewWatcher(cfg WatchConfig) (*Watcher, error) {
 // each checkpoint directory still there that could be read in full, a FileGone for each file
 // reported before that is no longer there (and one for the marker if it was complete and its
 // marker is gone), before its FileReady and Complete events. Other fsnotify errors are logged
-// and watching continues. If Dir itself is removed or moved it logs an Error, sends a Removed
-// for every checkpoint it held, and returns ErrDirGone.
+// and watching continues.
+//
+// If Dir itself is removed or moved, it logs an Error, sends a Removed for every checkpoint it
+// held, and returns ErrDirGone. A move is an event; a deletion (rm -r, rmdir) is not while
+// anything holds the directory open (Run itself does, and so does a process working in it), so
+// every 2 s (watchPollInterval) Run also looks whether Dir's path still leads to the directory
+// it opened: a Dir deleted, or deleted and made again, is seen within that time.
+//
+// A directory whose watch cannot be added (past the inotify watch limit,
+// fs.inotify.max_user_watches: ENOSPC, which reads "no space left on device") is polled instead,
+// every 2 s, and its watch is tried again then: the marker of every checkpoint directory without a watch is looked at, and
+// then the directories without a watch are read in turn, at most watchPollBudget names a poll,
+// and what changed in them is reported as its events would have (a file is reported once its
+// modification time is Debounce old, since its writes are not seen). So a checkpoint completes
+// within a poll even where nothing can be watched, Dir itself included. The limit is logged
+// once, with how to raise it, not once per directory; WatchConfig.Unwatched is told how many
+// directories are without a watch, and when none is any more. Any other error adding a watch is
+// logged for its directory, which is polled the same way.
 //
 // The cost of an event does not grow with the number of files watched (invariant I8): a file's
 // event costs the same beside ten files or a million, a directory removed costs time linear in
 // what was below it, a marker time linear in its checkpoint's files, and only a rescan reads
-// everything.
+// everything. A poll costs nothing while every directory is watched but a look at Dir.
 //
 // Events wait in memory while out is not read; reading the file system never waits on out.
 //
 // Run returns nil when ctx is done, ErrDirGone as above, and an error if the watch cannot be set
-// up (fsnotify cannot start, Dir cannot be opened, watched or read). A sub-directory that cannot be
-// watched is logged at Error level and not fatal. Run returns only after its goroutines
-// (and fsnotify's) have exited.
+// up (fsnotify cannot start, Dir cannot be opened or read, or watched for another reason than the
+// watch limit). Run returns only after its goroutines (and fsnotify's) have exited.
 func (w *Watcher) Run(ctx context.Context, out chan<- WatchEvent) error {
 	fw, err := fsnotify.NewWatcher()
+	if errors.Is(err, syscall.EMFILE) {
+		return fmt.Errorf("start fsnotify: %w (the inotify instance limit fs.inotify.max_user_instances, or the open file limit, is reached)", err)
+	}
 	if err != nil {
 		return fmt.Errorf("start fsnotify: %w", err)
 	}
@@ -241,14 +297,25 @@ func (w *Watcher) Run(ctx context.Context, out chan<- WatchEvent) error {
 		return fmt.Errorf("open checkpoint dir: %w", err)
 	}
 	defer func() { _ = root.Close() }()
-	if err := fw.Add(w.dir); err != nil {
-		return fmt.Errorf("watch checkpoint dir %s: %w", w.dir, err)
+	self, err := root.Stat(".")
+	if err != nil {
+		return fmt.Errorf("stat checkpoint dir: %w", err)
 	}
 	r := newWatchRun(w, fw, root)
+	r.self = self
 	defer r.deb.Stop()
+	if err := w.addWatch(fw, w.dir); err != nil {
+		if !errors.Is(err, syscall.ENOSPC) {
+			return fmt.Errorf("watch checkpoint dir %s: %w", w.dir, err)
+		}
+		r.topUnwatched = true
+		r.couldNotWatch(w.dir, err)
+	}
+	defer r.unwatchedGone()
 	if err := r.rescan(); err != nil {
 		return err
 	}
+	r.sayUnwatched()
 	if w.ready != nil {
 		w.ready()
 	}
@@ -273,9 +340,10 @@ type watchCkpt struct {
 }
 
 // watchNode is what a watchRun keeps about one path below Dir: a file it reported, a
-// directory it watches, a path it logged as skipped, a file waiting for its debounce, and the
-// directories on the way to them. The nodes form a tree, so that everything below a directory
-// is found in time linear in its number, and a node with nothing to keep is removed (prune).
+// directory it watches or could not watch, a path it logged as skipped, a file waiting for its
+// debounce, and the directories on the way to them. The nodes form a tree, so that everything
+// below a directory is found in time linear in its number, and a node with nothing to keep is
+// removed (prune).
 type watchNode struct {
 	rel    string     // relative to Dir, slash-separated
 	parent *watchNode // nil at the top of Dir
@@ -286,6 +354,15 @@ type watchNode struct {
 	warned string
 	// watched is true for a directory with an fsnotify watch.
 	watched bool
+	// unwatched is, for a directory whose watch could not be added, its element (value the
+	// node) in the watchRun's list of them; nil otherwise.
+	unwatched *list.Element
+}
+
+// keeps reports whether n keeps something: a stamp, a skip log line, a watch or a failed one,
+// a pending debounce (deb's), or nodes below it.
+func (n *watchNode) keeps(deb *watchDebouncer) bool {
+	return len(n.kids) > 0 || !n.stamp.isZero() || n.warned != "" || n.watched || n.unwatched != nil || deb.Pending(n.rel)
 }
 
 // watchRun is the state of one Run. Only Run's goroutine uses it.
@@ -300,6 +377,22 @@ type watchRun struct {
 	queue []WatchEvent
 	// dirGone: Dir was removed or moved; Run returns ErrDirGone once the queue is sent.
 	dirGone bool
+	// self is Dir as Run opened it (nil when a test makes a watchRun by hand): Dir is gone
+	// once its path no longer leads to this directory.
+	self fs.FileInfo
+
+	// unwatched lists the nodes of the directories below Dir whose watch could not be added, in
+	// the order they are polled (see poll); topUnwatched is true while Dir itself has none.
+	unwatched    list.List
+	topUnwatched bool
+	// limitHit: a watch could not be added for the inotify watch limit since every directory
+	// was last watched, first for limitPath; limitSaid: that was logged (or left unlogged for
+	// watchLimitLogEvery); limitLogged: when it was last logged.
+	limitHit, limitSaid bool
+	limitPath           string
+	limitLogged         time.Time
+	// saidUnwatched is the number of unwatched directories last passed to Unwatched.
+	saidUnwatched int
 }
 
 func newWatchRun(w *Watcher, fw *fsnotify.Watcher, root *os.Root) *watchRun {
@@ -324,7 +417,10 @@ func newWatchRun(w *Watcher, fw *fsnotify.Watcher, root *os.Root) *watchRun {
 
 // loop is Run's select loop.
 func (r *watchRun) loop(ctx context.Context, out chan<- WatchEvent) error {
+	tick := time.NewTicker(r.pollEvery)
+	defer tick.Stop()
 	for {
+		r.sayUnwatched()
 		var send chan<- WatchEvent
 		var next WatchEvent
 		if len(r.queue) > 0 {
@@ -356,8 +452,53 @@ func (r *watchRun) loop(ctx context.Context, out chan<- WatchEvent) error {
 			for _, key := range r.deb.Due() {
 				r.ready(key)
 			}
+		case <-tick.C:
+			r.tick()
 		}
 	}
+}
+
+// tick is the periodic step of a run: Dir gone (see dirStillThere) ends it; otherwise what has
+// no watch is polled.
+func (r *watchRun) tick() {
+	if r.dirGone {
+		return
+	}
+	if !r.dirStillThere() {
+		r.dirRemoved()
+		return
+	}
+	r.poll()
+}
+
+// dirStillThere reports whether Dir's path still leads to the directory the run opened. It does
+// not when the path is gone or is another directory (or file) now: Dir deleted, perhaps made
+// again, or moved and replaced. The kernel says IN_DELETE_SELF only once the last reference to
+// a deleted directory is gone, and the run's own handle on Dir (or a process whose working
+// directory it is) holds one: so a deleted Dir is seen here, by looking, not by an event. It
+// reports true when it cannot tell (an error other than the path not being there).
+func (r *watchRun) dirStillThere() bool {
+	if r.self == nil {
+		return true
+	}
+	fi, err := os.Stat(r.dir)
+	if errors.Is(err, fs.ErrNotExist) || errors.Is(err, syscall.ENOTDIR) {
+		return false
+	}
+	return err != nil || os.SameFile(fi, r.self)
+}
+
+// dirRemoved handles Dir itself removed or moved: everything it held is gone with it, as far as
+// anyone watching can tell. Run returns ErrDirGone once the queue is sent.
+func (r *watchRun) dirRemoved() {
+	if r.dirGone {
+		return
+	}
+	r.log.Error().Str("dir", r.dir).Msg("checkpoint directory was removed or moved")
+	for _, name := range slices.Sorted(maps.Keys(r.ckpts)) {
+		r.emit(WatchEvent{Kind: Removed, Checkpoint: name})
+	}
+	r.dirGone = true
 }
 
 // emit queues ev for out.
@@ -390,7 +531,7 @@ func (r *watchRun) node(rel string) *watchNode {
 
 // prune removes n, and then the nodes above it, as long as they keep nothing.
 func (r *watchRun) prune(n *watchNode) {
-	for n != nil && len(n.kids) == 0 && n.stamp.isZero() && n.warned == "" && !n.watched && !r.deb.Pending(n.rel) {
+	for n != nil && !n.keeps(r.deb) {
 		delete(r.nodes, n.rel)
 		p := n.parent
 		if p != nil {
@@ -402,9 +543,9 @@ func (r *watchRun) prune(n *watchNode) {
 
 // checkNodes returns the first thing wrong with r's nodes, or nil. Every node is linked from
 // the node above it and to the nodes below it, every key waiting for its debounce has a node,
-// and every node keeps something (a stamp, a skip log line, a watch, a pending debounce, or
-// nodes below it): so dropping a directory finds everything below it, and the run's memory and
-// the cost of a drop stay linear in what is below (invariant I8).
+// every node keeps something (see keeps), and the list of unwatched directories holds exactly
+// the nodes that say they are in it: so dropping a directory finds everything below it, and the
+// run's memory and the cost of a drop stay linear in what is below (invariant I8).
 func (r *watchRun) checkNodes() error {
 	for rel, n := range r.nodes {
 		if n.rel != rel {
@@ -422,9 +563,23 @@ func (r *watchRun) checkNodes() error {
 				return fmt.Errorf("node %q has a stray kid %q", rel, name)
 			}
 		}
-		if len(n.kids) == 0 && n.stamp.isZero() && n.warned == "" && !n.watched && !r.deb.Pending(rel) {
+		if !n.keeps(r.deb) {
 			return fmt.Errorf("node %q keeps nothing", rel)
 		}
+		if n.unwatched != nil && (n.watched || n.unwatched.Value != n) {
+			return fmt.Errorf("node %q is listed as unwatched wrongly", rel)
+		}
+	}
+	listed := 0
+	for e := r.unwatched.Front(); e != nil; e = e.Next() {
+		n := e.Value.(*watchNode)
+		if r.nodes[n.rel] != n || n.unwatched != e {
+			return fmt.Errorf("unwatched %q has no node that lists it", n.rel)
+		}
+		listed++
+	}
+	if listed != r.unwatched.Len() {
+		return fmt.Errorf("unwatched list of %d holds %d", r.unwatched.Len(), listed)
 	}
 	for key := range r.deb.keys {
 		if r.nodes[key] == nil {
@@ -511,20 +666,317 @@ func (r *watchRun) markerGone(name string, c *watchCkpt) {
 	r.emit(WatchEvent{Kind: FileGone, Checkpoint: name, Path: r.marker})
 }
 
-// watchDir adds a watch on the directory rel, unless it has one.
+// watchDir adds a watch on the directory rel, unless it has one. A directory whose watch cannot
+// be added (for the inotify watch limit, most likely) is listed as unwatched, to be polled and
+// tried again (see poll), and said once (see couldNotWatch).
 func (r *watchRun) watchDir(rel string) {
 	n := r.node(rel)
 	if n.watched {
 		return
 	}
-	if err := r.fw.Add(r.abs(rel)); err != nil {
-		if !errors.Is(err, fs.ErrNotExist) {
-			r.log.Error().Err(err).Str("path", r.abs(rel)).Msg("cannot watch directory; changes in it will be seen only when its checkpoint completes")
-		}
+	err := r.addWatch(r.fw, r.abs(rel))
+	switch {
+	case err == nil:
+		r.unlist(n)
+		n.watched = true
+	case errors.Is(err, fs.ErrNotExist):
+		r.unlist(n)
 		r.prune(n)
+	case n.unwatched == nil:
+		n.unwatched = r.unwatched.PushBack(n)
+		r.couldNotWatch(r.abs(rel), err)
+	}
+}
+
+// unlist takes n off the list of unwatched directories, if it is on it.
+func (r *watchRun) unlist(n *watchNode) {
+	if n.unwatched != nil {
+		r.unwatched.Remove(n.unwatched)
+		n.unwatched = nil
+	}
+}
+
+// couldNotWatch says that the directory abs could not be watched for err. The inotify watch
+// limit (ENOSPC from inotify_add_watch; it reads "no space left on device" but has nothing to
+// do with the disk) is logged once for all directories by sayUnwatched; any other error is
+// logged for the directory at once.
+func (r *watchRun) couldNotWatch(abs string, err error) {
+	if errors.Is(err, syscall.ENOSPC) {
+		if !r.limitHit {
+			r.limitHit, r.limitPath = true, abs
+		}
 		return
 	}
-	n.watched = true
+	r.log.Error().Err(err).Str("path", abs).Dur("poll_interval", r.pollEvery).
+		Msg("cannot watch directory; it is polled instead")
+}
+
+// unwatchedCount is the number of directories without a watch, Dir itself included.
+func (r *watchRun) unwatchedCount() int {
+	n := r.unwatched.Len()
+	if r.topUnwatched {
+		n++
+	}
+	return n
+}
+
+// sayUnwatched logs and passes on (WatchConfig.Unwatched) a change in the number of directories
+// without a watch: the inotify watch limit once (again only after every directory was watched
+// in between, and at most once every watchLimitLogEvery), with how to raise it; an Info line
+// once every directory is watched again.
+func (r *watchRun) sayUnwatched() {
+	n := r.unwatchedCount()
+	if r.limitHit && !r.limitSaid && n > 0 {
+		r.limitSaid = true
+		if r.limitLogged.IsZero() || time.Since(r.limitLogged) >= watchLimitLogEvery {
+			r.limitLogged = time.Now()
+			ev := r.log.Error().Err(syscall.ENOSPC).Str("path", r.limitPath).Int("unwatched_dirs", n).
+				Dur("poll_interval", r.pollEvery).Str("fix", watchLimitFix)
+			if limit, ok := watchLimit(); ok {
+				ev = ev.Str("max_user_watches", limit)
+			}
+			ev.Msg(watchMsgLimit)
+		}
+	}
+	if n == r.saidUnwatched {
+		return
+	}
+	if n == 0 {
+		r.log.Info().Msg(watchMsgAllWatched)
+		r.limitHit, r.limitSaid = false, false
+	}
+	r.saidUnwatched = n
+	if r.onUnwatched != nil {
+		r.onUnwatched(r.unwatchedProblem(n))
+	}
+}
+
+// unwatchedProblem is the sentence passed to WatchConfig.Unwatched for n directories without a
+// watch: "" for none.
+func (r *watchRun) unwatchedProblem(n int) string {
+	if n == 0 {
+		return ""
+	}
+	if r.limitHit {
+		return fmt.Sprintf("%d directories of checkpoint.dir cannot be watched: the inotify watch limit (fs.inotify.max_user_watches) is reached, so they are polled every %v instead; %s",
+			n, r.pollEvery, watchLimitFix)
+	}
+	return fmt.Sprintf("%d directories of checkpoint.dir cannot be watched (see the log), so they are polled every %v instead", n, r.pollEvery)
+}
+
+// unwatchedGone tells WatchConfig.Unwatched, when Run returns, that this run's unwatched
+// directories are none of its business any more.
+func (r *watchRun) unwatchedGone() {
+	if r.saidUnwatched != 0 && r.onUnwatched != nil {
+		r.onUnwatched("")
+	}
+}
+
+// poll looks at what has no watch, at a cost bounded by the number of checkpoints and
+// watchPollBudget names (nothing at all while every directory is watched):
+//   - Dir itself, if it has no watch: its watch is tried again, and its top level is read as its
+//     events would have told it (see pollTop);
+//   - the marker of every checkpoint directory without a watch, so that a checkpoint completes
+//     (or stops being complete) within one poll, however many directories wait;
+//   - then the directories without a watch in turn, from where the last poll stopped, until
+//     watchPollBudget names are read: each is given its watch if it can be (until one fails in
+//     this poll: the limit is still reached), then read as its events would have told it (see
+//     pollDir).
+func (r *watchRun) poll() {
+	if r.unwatchedCount() == 0 {
+		return
+	}
+	adding := true
+	if r.topUnwatched {
+		err := r.addWatch(r.fw, r.dir)
+		if err == nil {
+			r.topUnwatched = false
+		} else if errors.Is(err, syscall.ENOSPC) {
+			adding = false
+		}
+		r.pollTop(err == nil)
+	}
+	r.pollMarkers()
+	budget := watchPollBudget
+	for range r.unwatched.Len() {
+		e := r.unwatched.Front()
+		if e == nil || budget <= 0 {
+			break
+		}
+		n := e.Value.(*watchNode)
+		r.unwatched.MoveToBack(e)
+		watched := false
+		if adding {
+			switch err := r.addWatch(r.fw, r.abs(n.rel)); {
+			case err == nil:
+				r.unlist(n)
+				n.watched = true
+				watched = true
+			case errors.Is(err, syscall.ENOSPC):
+				adding = false // still past the limit
+			}
+		}
+		budget -= r.pollDir(n.rel, watched)
+	}
+}
+
+// pollMarkers looks at the marker of every checkpoint directory without a watch, as its events
+// would have told it: a marker that appeared completes its checkpoint (see changed), and one that
+// went (or is no longer a regular file) takes its Complete back.
+func (r *watchRun) pollMarkers() {
+	var names []string
+	for name, c := range r.ckpts {
+		if n := r.nodes[name]; !c.single && n != nil && n.unwatched != nil {
+			names = append(names, name)
+		}
+	}
+	slices.Sort(names)
+	for _, name := range names {
+		c := r.ckpts[name]
+		rel := name + "/" + r.marker
+		fi, err := r.walker.lstat(rel)
+		switch {
+		case err == nil && (!c.complete || !fi.Mode().IsRegular()):
+			r.changed(rel)
+		case errors.Is(err, fs.ErrNotExist) && c.complete:
+			r.gone(rel)
+		}
+	}
+}
+
+// pollDir reads the directory rel of a checkpoint directory, which has no watch (or, if watched,
+// was given one just now), and handles what changed in it since it was last looked at as its
+// events would have told it: a name that is gone is gone (see gone); a new directory is read and
+// watched if it can be (see changed); a file neither pending nor reported as it is now waits for
+// its debounce, but in a directory without a watch only once its modification time is Debounce
+// old (its writes are not seen: a file still being written waits for a later poll rather than
+// being reported half written); the marker completes its checkpoint at once. It returns the
+// number of names it read, at least 1.
+func (r *watchRun) pollDir(rel string, watched bool) int {
+	name, _, _ := strings.Cut(rel, "/")
+	c := r.ckpts[name]
+	if c == nil || c.single {
+		return 1
+	}
+	fi, err := r.walker.lstat(rel)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		r.gone(rel)
+		return 1
+	case err != nil:
+		return 1 // tried again at the next poll
+	case !fi.IsDir():
+		r.gone(rel)
+		r.changed(rel) // what is there now
+		return 1
+	}
+	d, err := r.walker.root.OpenRoot(rel)
+	if err != nil {
+		return 1
+	}
+	defer func() { _ = d.Close() }() // a directory: nothing was written
+	if got, err := d.Stat("."); err != nil || !os.SameFile(fi, got) {
+		return 1 // replaced while it was opened: the next poll looks again
+	}
+	names, err := scanReadDir(d, ".")
+	if err != nil {
+		return 1
+	}
+	present := make(map[string]bool, len(names))
+	for _, base := range names {
+		present[base] = true
+	}
+	if n := r.nodes[rel]; n != nil {
+		for _, base := range slices.Sorted(maps.Keys(n.kids)) {
+			if !present[base] {
+				r.gone(rel + "/" + base)
+			}
+		}
+	}
+	now := time.Now()
+	for _, base := range names {
+		child := rel + "/" + base
+		if scanSkipName(base) || r.deb.Pending(child) {
+			continue
+		}
+		cfi, err := d.Lstat(base)
+		if err != nil {
+			continue
+		}
+		k := r.nodes[child]
+		switch {
+		case cfi.IsDir():
+			if k != nil && (k.watched || k.unwatched != nil) {
+				continue // it has its own watch, or its own turn
+			}
+		case !cfi.Mode().IsRegular():
+		case rel == name && base == r.marker:
+			if c.complete {
+				continue
+			}
+		case k != nil && k.stamp.Same(FileIDOf(cfi)):
+			continue
+		case !watched && now.Sub(cfi.ModTime()) < r.debounce:
+			continue
+		}
+		r.changed(child)
+	}
+	return max(len(names), 1)
+}
+
+// pollTop reads the top of Dir, which had no watch (and, if watched, was given one just now), as
+// its events would have told it: a checkpoint that is gone is Removed, a new checkpoint directory
+// is read (see changedTop), and a single-file checkpoint neither pending nor reported as it is
+// now waits for its debounce (without a watch, only once its modification time is Debounce old,
+// as in pollDir).
+func (r *watchRun) pollTop(watched bool) {
+	names, err := scanReadDir(r.walker.root, ".")
+	if err != nil {
+		return
+	}
+	present := make(map[string]bool, len(names))
+	for _, name := range names {
+		present[name] = true
+	}
+	for _, name := range slices.Sorted(maps.Keys(r.ckpts)) {
+		if !present[name] {
+			r.gone(name)
+		}
+	}
+	now := time.Now()
+	for _, name := range names {
+		if scanSkipName(name) || name == MetaDir || r.deb.Pending(name) {
+			continue
+		}
+		fi, err := r.walker.root.Lstat(name)
+		if err != nil {
+			continue
+		}
+		c := r.ckpts[name]
+		switch {
+		case fi.IsDir():
+			if c != nil && !c.single {
+				continue // its own watch, or its own turn
+			}
+		case !fi.Mode().IsRegular():
+		case c == nil && !r.walker.isSingle(name):
+			continue // not a checkpoint
+		case r.stamp(name).Same(FileIDOf(fi)):
+			continue
+		case !watched && now.Sub(fi.ModTime()) < r.debounce:
+			continue
+		}
+		r.changedTop(name)
+	}
+}
+
+// watchLimit returns fs.inotify.max_user_watches, if it can be read.
+func watchLimit() (string, bool) {
+	b, err := os.ReadFile("/proc/sys/fs/inotify/max_user_watches")
+	if err != nil {
+		return "", false
+	}
+	return strings.TrimSpace(string(b)), true
 }
 
 // fsError handles an error from fsnotify.
@@ -549,6 +1001,7 @@ func (r *watchRun) rescan() error {
 			_ = r.fw.Remove(r.abs(n.rel))
 			n.watched = false
 		}
+		r.unlist(n) // tried again below
 	}
 	found, err := r.walker.all()
 	if err != nil {
@@ -678,6 +1131,7 @@ func (r *watchRun) drop(rel string, gone bool) {
 			// The watch is gone already if the directory was removed; a moved one still has it.
 			_ = r.fw.Remove(r.abs(n.rel))
 		}
+		r.unlist(n)
 		if gone && !n.stamp.isZero() {
 			lost = append(lost, n.rel)
 		}
@@ -703,13 +1157,8 @@ func (r *watchRun) handle(ev fsnotify.Event) {
 	}
 	rel = filepath.ToSlash(rel)
 	if rel == "." {
-		if (ev.Has(fsnotify.Remove) || ev.Has(fsnotify.Rename)) && !r.dirGone {
-			r.log.Error().Str("dir", r.dir).Msg("checkpoint directory was removed or moved")
-			// Everything it held is gone with it, as far as anyone watching can tell.
-			for _, name := range slices.Sorted(maps.Keys(r.ckpts)) {
-				r.emit(WatchEvent{Kind: Removed, Checkpoint: name})
-			}
-			r.dirGone = true
+		if ev.Has(fsnotify.Remove) || ev.Has(fsnotify.Rename) {
+			r.dirRemoved()
 		}
 		return
 	}

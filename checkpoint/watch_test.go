@@ -42,6 +42,12 @@ type watchHarness struct {
 // otherwise) and waits until it watches. Cleanup stops it and checks that Run returned nil.
 func watchStart(t *testing.T, dir string, cfg WatchConfig) (*watchHarness, []WatchEvent) {
 	t.Helper()
+	return watchStartWith(t, dir, cfg, nil)
+}
+
+// watchStartWith is watchStart that lets tweak, if not nil, change the Watcher before it runs.
+func watchStartWith(t *testing.T, dir string, cfg WatchConfig, tweak func(*Watcher)) (*watchHarness, []WatchEvent) {
+	t.Helper()
 	h := &watchHarness{t: t, dir: dir, out: make(chan WatchEvent), logs: &scanLogs{}}
 	cfg.Dir = dir
 	cfg.Logger = zerolog.New(h.logs)
@@ -54,6 +60,9 @@ func watchStart(t *testing.T, dir string, cfg WatchConfig) (*watchHarness, []Wat
 	w, err := NewWatcher(cfg)
 	if err != nil {
 		t.Fatalf("NewWatcher() error: %v", err)
+	}
+	if tweak != nil {
+		tweak(w)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
