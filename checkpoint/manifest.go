@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 )
 
 // ManifestVersion is the version of the manifest format this package writes. It reads
@@ -143,25 +144,30 @@ type Latest struct {
 }
 
 // ValidName reports whether name can be a job or checkpoint name: one path element, not "." or
-// "..", no backslash or NUL, not MetaDir.
+// "..", no backslash or NUL, valid UTF-8 (S3 keys and manifests are), not MetaDir or "LATEST"
+// (the job's LATEST is J/LATEST: a checkpoint of that name would write its commits under it).
 func ValidName(name string) error {
 	switch {
 	case name == "" || name == "." || name == "..":
 		return fmt.Errorf("%q is not a valid name", name)
 	case strings.ContainsAny(name, "/\\\x00"):
 		return fmt.Errorf("%q must not contain a slash, backslash or NUL", name)
-	case name == MetaDir:
+	case !utf8.ValidString(name):
+		return fmt.Errorf("%q is not valid UTF-8 (S3 keys and manifests are)", name)
+	case name == MetaDir || name == "LATEST":
 		return fmt.Errorf("%q is reserved", name)
 	}
 	return nil
 }
 
 // ValidPath reports whether rel is a safe relative file path inside a checkpoint: not absolute,
-// clean, no ".." element, no backslash or NUL, not inside MetaDir.
+// clean, no ".." element, no backslash or NUL, valid UTF-8, not inside MetaDir.
 func ValidPath(rel string) error {
 	switch {
 	case rel == "":
 		return errors.New("empty path")
+	case !utf8.ValidString(rel):
+		return fmt.Errorf("path %q is not valid UTF-8 (S3 keys and manifests are)", rel)
 	case strings.HasPrefix(rel, "/"):
 		return fmt.Errorf("path %q is absolute", rel)
 	case strings.ContainsAny(rel, "\\\x00"):
