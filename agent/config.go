@@ -778,7 +778,7 @@ func (c *Config) Validate() error {
 	if c.Checkpoint.Dir != "" && !failed["checkpoint.dir"] {
 		// One that does not exist yet is waited for: the trainer creates it.
 		if err := checkReadableDir(c.Checkpoint.Dir); err != nil && !errors.Is(err, fs.ErrNotExist) {
-			problems = append(problems, fmt.Errorf("checkpoint.dir: %w", err))
+			problems = append(problems, fmt.Errorf("checkpoint.dir: %s %w", c.valueFrom("checkpoint.dir"), err))
 		}
 	}
 	problems = append(problems, c.ownWritesProblems(failed)...)
@@ -864,7 +864,8 @@ func (c *Config) ValidateStore() error {
 func (c *Config) sseProblems(failed map[string]bool) []error {
 	var problems []error
 	if c.Store.KMSKeyID != "" && c.Store.SSE != checkpoint.SSEKMS && !failed["store.sse"] && !failed["store.kms_key_id"] {
-		problems = append(problems, fmt.Errorf("store.kms_key_id: only with store.sse aws:kms (store.sse is %q)", c.Store.SSE))
+		problems = append(problems, fmt.Errorf("store.kms_key_id: %s is only for store.sse aws:kms; store.sse is %s",
+			c.valueFrom("store.kms_key_id"), c.valueFrom("store.sse")))
 	}
 	if c.Store.SSE != "" && c.Store.URL != "" && !strings.HasPrefix(c.Store.URL, "s3://") && !failed["store.url"] {
 		problems = append(problems, fmt.Errorf("store.sse: %s is only for an s3:// store; store.url is %s", c.Store.SSE, c.Store.URL))
@@ -976,18 +977,18 @@ func resolvedPath(p string) string {
 func checkReadableDir(dir string) error {
 	f, err := os.Open(dir)
 	if err != nil {
-		return fmt.Errorf("cannot read: %w", err)
+		return fmt.Errorf("cannot be read: %w", err)
 	}
 	defer f.Close()
 	fi, err := f.Stat()
 	if err != nil {
-		return fmt.Errorf("cannot read: %w", err)
+		return fmt.Errorf("cannot be read: %w", err)
 	}
 	if !fi.IsDir() {
-		return fmt.Errorf("%s is not a directory", dir)
+		return errors.New("is not a directory")
 	}
 	if _, err := f.ReadDir(1); err != nil && !errors.Is(err, io.EOF) {
-		return fmt.Errorf("cannot list %s: %w", dir, err)
+		return fmt.Errorf("cannot be listed: %w", err)
 	}
 	return nil
 }

@@ -19,7 +19,7 @@ import (
 // healthVerdict is what /healthz answers, and what /status, spotguard_healthy and the STATUS
 // line say. The agent is healthy when the spot source answered within the last 30 s
 // (imds.HealthWindow; every source when spot is not polled), the last store probe passed (with a
-// store; before the first probe ends the store counts as healthy), and the checkpoint side runs.
+// store; before the first probe ends the store is not healthy yet), and the checkpoint side runs.
 type healthVerdict struct {
 	Healthy bool `json:"healthy"`
 	// Reasons say why it is not healthy, each naming what failed and the error; empty when it is.

@@ -188,7 +188,14 @@ func StoreFix(reason, url string, err error) string {
 	}
 	switch reason {
 	case StoreNotFound:
-		return fmt.Sprintf("the bucket %s does not exist (or not in this account and region): create it (aws s3 mb s3://%s) or fix store.url", bucket, bucket)
+		switch code {
+		case "", "NoSuchBucket", "NotFound":
+			return fmt.Sprintf("the bucket %s does not exist (or not in this account and region): create it (aws s3 mb s3://%s) or fix store.url", bucket, bucket)
+		case "NoSuchKey":
+			return "an object the job needs is not in the store (deleted by hand, or by a lifecycle rule?): `spotguard list --check` says which"
+		default:
+			return fmt.Sprintf("S3 answered 404 %s, which is not about the bucket: check the credentials (an S3-compatible server may answer so for an unknown user) and store.url", code)
+		}
 	case StoreDenied:
 		if err != nil && (strings.Contains(err.Error(), "credentials") || strings.Contains(err.Error(), "no EC2 IMDS role")) {
 			return "no AWS credentials: attach an instance profile (IAM role) to the instance, or set AWS_PROFILE / AWS_ACCESS_KEY_ID for the service"

@@ -101,6 +101,10 @@ func TestStoreErrorSummaryAndFix(t *testing.T) {
 		{StoreThrottled, "s3://b", nil, "store.concurrency"},
 		{StoreChanged, "s3://b", nil, "store.job"},
 		{StoreDenied, "file:///mnt/ckpt", nil, "cannot write /mnt/ckpt"},
+		// A 404 about an object, or from an S3-compatible server about a user, is not a
+		// missing bucket.
+		{StoreNotFound, "s3://b/runs", s3Err(404, "NoSuchKey", "The specified key does not exist."), "spotguard list --check"},
+		{StoreNotFound, "s3://b/runs", s3Err(404, "XAdminUserNotFound", "user not found"), "not about the bucket"},
 	} {
 		if got := StoreFix(tc.reason, tc.url, tc.err); !strings.Contains(got, tc.want) {
 			t.Errorf("StoreFix(%q, %q, %v) = %q; want it to contain %q", tc.reason, tc.url, tc.err, got, tc.want)
