@@ -261,11 +261,11 @@ var fields = []field{
 			c.Store.Job = ""
 			return nil
 		}
-		if err := checkpoint.ValidName(v); err != nil {
-			return fmt.Errorf("want a name without slashes: %w", err)
-		}
 		if err := checkJob(v); err != nil {
 			return err
+		}
+		if err := checkpoint.ValidName(v); err != nil {
+			return fmt.Errorf("want a name without slashes: %w", err)
 		}
 		c.Store.Job = v
 		return nil
@@ -540,8 +540,8 @@ var errRelativePath = errors.New("must be an absolute path: a relative one is ta
 // under the store's prefix), and S3 keys are at most 1024 bytes.
 const maxJobBytes = 256
 
-// checkJob refuses a store.job that checkpoint.ValidName lets through but that makes no good
-// key: not UTF-8, only white space, with control characters (a newline, a tab, DEL, C1), or
+// checkJob refuses a store.job that makes no good key (checkpoint.ValidName then refuses
+// slashes and reserved names): not UTF-8, only white space, with control characters (a newline, a tab, DEL, C1), or
 // longer than maxJobBytes.
 func checkJob(v string) error {
 	switch {
