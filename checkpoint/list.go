@@ -2,8 +2,10 @@ package checkpoint
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -54,6 +56,66 @@ func ListIncomplete(ctx context.Context, s Store, job string) ([]IncompleteSave,
 		return nil, fmt.Errorf("list incomplete checkpoints: %w", err)
 	}
 	return incompleteSaves(st.Parts), nil
+}
+
+// checkNodeLayout checks that the job st holds commits of one layout, for `spotguard list
+// --check`: single-node commits (manifests without parts) or multi-node ones (job manifests and
+// parts), never both. Both is what a node of a multi-node job left at store.world_nodes 1 leaves
+// behind: its own files committed alone as the job's checkpoint (torn), beside the other nodes'
+// parts of the same saves; or a job resized to or from one node, which should give each size its
+// own store.job (a restore would take either layout's newest commit). It returns nil, or one
+// error naming the newest commit of each layout and the names saved both ways (a single-node
+// commit within SaveSpread of a part of the same name).
+func checkNodeLayout(st *JobState) error {
+	type entry struct {
+		name, commit, host string
+		at                 time.Time
+	}
+	var singles, multi []entry
+	jobs := 0
+	for _, c := range st.Commits {
+		m := c.Manifest
+		if m.Parts == nil {
+			singles = append(singles, entry{m.Checkpoint, m.Commit, describeHost(m.Host), m.Order().At})
+			continue
+		}
+		jobs++
+		for _, p := range m.Parts {
+			multi = append(multi, entry{m.Checkpoint, p.Commit, fmt.Sprintf("node %d of %d, %s", p.NodeRank, m.WorldNodes, describeHost(p.Host)), p.CompleteAt})
+		}
+	}
+	for _, p := range st.Parts {
+		multi = append(multi, entry{p.Checkpoint, p.Commit, fmt.Sprintf("node %d of %d, %s", p.Part.NodeRank, p.Part.WorldNodes, describeHost(p.Host)), p.Order().At})
+	}
+	if len(singles) == 0 || len(multi) == 0 {
+		return nil
+	}
+	newest := func(es []entry) entry {
+		return slices.MaxFunc(es, func(a, b entry) int { return a.at.Compare(b.at) })
+	}
+	var both []string
+	for _, s := range singles {
+		if slices.Contains(both, s.name) {
+			continue
+		}
+		if slices.ContainsFunc(multi, func(m entry) bool { return m.name == s.name && m.at.Sub(s.at).Abs() <= SaveSpread }) {
+			both = append(both, s.name)
+		}
+	}
+	ns, nm := newest(singles), newest(multi)
+	msg := fmt.Sprintf("I6: the job holds single-node commits (%d, the newest %s/%s from %s) and multi-node ones (%d job checkpoints, %d parts in none of them; the newest part %s/%s from %s)",
+		len(singles), ns.name, ns.commit, ns.host, jobs, len(st.Parts), nm.name, nm.commit, nm.host)
+	if len(both) > 0 {
+		slices.Sort(both)
+		const show = 5
+		list := strings.Join(both[:min(len(both), show)], ", ")
+		if len(both) > show {
+			list += fmt.Sprintf(" and %d more", len(both)-show)
+		}
+		msg += fmt.Sprintf("; saved both ways, a single-node commit beside the parts of the same save: %s", list)
+	}
+	msg += ": a node of a multi-node job with store.world_nodes unset (1) commits its own files alone as the job's checkpoint (torn); a job resized to or from one node should give each size its own store.job"
+	return errors.New(msg)
 }
 
 // FormatIncomplete writes saves as a table for `spotguard list`: the checkpoint's name, "parts

@@ -214,3 +214,72 @@ func TestListHumanBytes(t *testing.T) {
 		}
 	}
 }
+
+// `list --check` (CheckJob) flags a job that holds single-node commits and multi-node ones (job
+// manifests or parts): a node of a multi-node job left at store.world_nodes 1, whose torn
+// commits of the same saves it names; a job of one layout passes.
+func TestCheckNodeLayout(t *testing.T) {
+	t0 := time.Now().Add(-time.Hour)
+	jobSave := func(t *testing.T, s Store, name string, at time.Time) {
+		var p *Manifest
+		for rank := range 2 {
+			p = putPart(t, s, name, rank, 2, fmt.Sprintf("i-node%d", rank), nodeFiles(t, rank, []byte("c")), at, time.Now())
+		}
+		if r := completeSave(t.Context(), s, p, "_COMPLETE", Host{}, time.Hour, nil); !r.written {
+			t.Fatalf("completeSave(%s) = %+v", name, r)
+		}
+	}
+	tests := []struct {
+		name  string
+		setup func(t *testing.T, s Store)
+		want  []string // substrings of the one error; nil: none
+	}{
+		{"single-node only", func(t *testing.T, s Store) {
+			putSingle(t, s, "step-000100", "i-a", nodeFiles(t, 0, nil), t0)
+			putSingle(t, s, "step-000200", "i-a", nodeFiles(t, 0, nil), t0.Add(time.Minute))
+		}, nil},
+		{"multi-node only", func(t *testing.T, s Store) {
+			jobSave(t, s, "step-000100", t0)
+			putPart(t, s, "step-000200", 0, 2, "i-node0", nodeFiles(t, 0, nil), t0.Add(time.Minute), time.Now())
+		}, nil},
+		{"a node left at world_nodes 1", func(t *testing.T, s Store) {
+			putPart(t, s, "step-000100", 0, 2, "i-u0", nodeFiles(t, 0, nil), t0, time.Now())
+			putSingle(t, s, "step-000100", "i-u1", nodeFiles(t, 1, nil), t0.Add(2*time.Second))
+		}, []string{"single-node commits (1, the newest step-000100/", "from i-u1", "0 job checkpoints, 1 parts in none of them",
+			"saved both ways, a single-node commit beside the parts of the same save: step-000100", "store.world_nodes unset"}},
+		{"beside job checkpoints", func(t *testing.T, s Store) {
+			jobSave(t, s, "step-000100", t0)
+			putSingle(t, s, "step-000100", "i-u1", nodeFiles(t, 1, nil), t0.Add(30*time.Second))
+			jobSave(t, s, "step-000200", t0.Add(10*time.Minute))
+		}, []string{"2 job checkpoints", "saved both ways", "step-000100"}},
+		{"resized from one node", func(t *testing.T, s Store) {
+			putSingle(t, s, "step-000100", "i-a", nodeFiles(t, 0, nil), t0)
+			jobSave(t, s, "step-000200", t0.Add(10*time.Minute))
+		}, []string{"single-node commits (1", "1 job checkpoints", "give each size its own store.job"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s := newMemStore()
+			tt.setup(t, s)
+			st, err := readJob(t.Context(), s, "job", nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			err = checkNodeLayout(st)
+			if tt.want == nil {
+				if err != nil {
+					t.Errorf("checkNodeLayout = %v; want nil", err)
+				}
+				return
+			}
+			for _, w := range tt.want {
+				if err == nil || !strings.Contains(err.Error(), w) {
+					t.Errorf("checkNodeLayout = %v; want it to say %q", err, w)
+				}
+			}
+			if strings.Contains(tt.name, "resized") && err != nil && strings.Contains(err.Error(), "saved both ways") {
+				t.Errorf("checkNodeLayout = %v; names no save both ways (none is)", err)
+			}
+		})
+	}
+}

@@ -14,12 +14,15 @@ package checkpoint
 //
 // No node's PUT can replace another node's object (each writes under its own commit), and a
 // checkpoint saved again after a rollback is a new save (new commits), never a collision. Which
-// parts are one save: parts of one name whose completion times lie within SaveSpread of each
-// other and whose marker files have the same bytes (a trainer that writes the same token into
-// the marker on every node makes this exact; parts whose markers complete more than SaveSpread
-// apart are never one save). Two parts of one rank in one save from two
-// instances, parts that disagree on world_nodes, and one path in two parts with different bytes
-// are errors, never resolved by picking one.
+// parts are one save: parts of one name whose completion times all lie within SaveSpread of
+// each other (the first to the last, not each to its neighbour) and whose marker files have the
+// same bytes (a trainer that writes the same token into the marker on every node makes this
+// exact; parts whose markers complete more than SaveSpread apart are never one save). Two parts
+// of one rank in one save from two instances (in a job manifest already or not), parts that
+// disagree on world_nodes, one path in two parts with different bytes, and a single-node commit
+// of the save (an agent of the job left at store.world_nodes 1) are errors, never resolved by
+// picking one. LATEST is never moved back from a single-node commit (I3): a save older than the
+// one LATEST names is not committed, and when that is a single-node commit, it is an error.
 //
 // An agent that dies between its part and the job manifest is covered by the others: every
 // agent whose part is not in a job manifest yet looks again (Uploader: every partRecheck, and at
@@ -109,15 +112,18 @@ type nameParts struct {
 	jobs []*Manifest
 	// open are its parts that no job manifest lists.
 	open []*Manifest
+	// singles are its single-node commits: manifests without parts, of commits without a part
+	// (an agent with store.world_nodes 1 wrote them).
+	singles []*Manifest
 	// problems are the manifests and parts left out.
 	problems []error
 }
 
-// readNameParts reads the job manifests and parts of checkpoint name of job: one delimiter
-// listing, then (readConcurrency at a time) each commit's part, and the manifest of each commit
-// whose part is rank 0's (where a save's job manifest is). Parts are read afresh; job manifests
-// come from cache when it holds them (they never change). Commits without a part (uploads in
-// progress, single-node commits) are not read.
+// readNameParts reads the job manifests, parts and single-node commits of checkpoint name of
+// job: one delimiter listing, then (readConcurrency at a time) each commit's part, and the
+// manifest of each commit whose part is rank 0's (where a save's job manifest is) or that has no
+// part (an upload in progress, or a single-node commit). Parts are read afresh; manifests come
+// from cache when it holds them (they never change).
 func readNameParts(ctx context.Context, s Store, job, name string, cache *manifestCache) (nameParts, error) {
 	var np nameParts
 	refs, err := listCommits(ctx, s, job, name)
@@ -129,6 +135,7 @@ func readNameParts(ctx context.Context, s Store, job, name string, cache *manife
 		part, job         *Manifest
 		partProb, jobProb error
 	}
+	absent := func(problem error) bool { return errors.Is(problem, ErrNotFound) }
 	reads := make([]read, len(refs))
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(readConcurrency)
@@ -139,7 +146,7 @@ func readNameParts(ctx context.Context, s Store, job, name string, cache *manife
 				return err
 			}
 			reads[i].part, reads[i].partProb = p, problem
-			if p == nil || p.Part.NodeRank != 0 {
+			if (p == nil && !absent(problem)) || (p != nil && p.Part.NodeRank != 0) {
 				return nil
 			}
 			m, problem, err := readManifest(gctx, s, job, ref, cache)
@@ -154,12 +161,17 @@ func readNameParts(ctx context.Context, s Store, job, name string, cache *manife
 	for _, r := range reads {
 		if r.part != nil {
 			parts = append(parts, r.part)
-		} else if !errors.Is(r.partProb, ErrNotFound) {
+		} else if !absent(r.partProb) {
 			np.problems = append(np.problems, r.partProb)
 		}
-		if r.job != nil {
+		switch {
+		case r.job != nil && r.part != nil:
 			np.jobs = append(np.jobs, r.job)
-		} else if r.jobProb != nil && !errors.Is(r.jobProb, ErrNotFound) {
+		case r.job != nil && r.job.Parts == nil:
+			np.singles = append(np.singles, r.job)
+		case r.job != nil:
+			// A job manifest whose rank 0's part retention deleted: it is being deleted.
+		case r.jobProb != nil && !absent(r.jobProb):
 			np.problems = append(np.problems, r.jobProb)
 		}
 	}
@@ -215,14 +227,45 @@ func sameSave(mine, p *Manifest, marker string) bool {
 
 // describePart names a part for messages: rank, commit and instance.
 func describePart(p *Manifest) string {
-	host := p.Host.InstanceID
-	if host == "" {
-		host = p.Host.Hostname
+	return fmt.Sprintf("node %d (commit %s, %s)", p.Part.NodeRank, p.Commit, describeHost(p.Host))
+}
+
+// describeHost names the instance of a host for messages: its instance id, else its host name.
+func describeHost(h Host) string {
+	switch {
+	case h.InstanceID != "":
+		return h.InstanceID
+	case h.Hostname != "":
+		return h.Hostname
 	}
-	if host == "" {
-		host = "unknown instance"
+	return "unknown instance"
+}
+
+// apartError says why parts that are all there are not one save: two of them completed more
+// than SaveSpread apart, or have markers with other bytes. It is no conflict: a part saved
+// again may still make the save whole, so the save is looked at again until part_wait has passed.
+type apartError struct{ a, b *Manifest }
+
+func (e *apartError) Error() string {
+	a, b := e.a, e.b
+	if b.Order().At.Before(a.Order().At) {
+		a, b = b, a
 	}
-	return fmt.Sprintf("node %d (commit %s, %s)", p.Part.NodeRank, p.Commit, host)
+	if d := b.Order().At.Sub(a.Order().At); d > SaveSpread {
+		return fmt.Sprintf("%s and %s completed more than %v apart (%v): never one save; the trainer writes the marker on every node once the save returned everywhere",
+			describePart(a), describePart(b), SaveSpread, d.Round(time.Second))
+	}
+	return fmt.Sprintf("%s and %s have markers with other bytes: not one save", describePart(a), describePart(b))
+}
+
+// jobPartManifest returns part p of job manifest m as a part manifest (without keys), for
+// sameSave and sameInstance: its rank, commit, host, completion time and files.
+func jobPartManifest(m *Manifest, p JobPart) *Manifest {
+	complete := p.CompleteAt
+	pm := &Manifest{Job: m.Job, Checkpoint: m.Checkpoint, Commit: p.Commit, Host: p.Host, Files: m.PartFiles(p.NodeRank),
+		CommittedAt: p.CommittedAt, Part: &Part{NodeRank: p.NodeRank, WorldNodes: m.WorldNodes}}
+	pm.Timings.CompleteAt = &complete
+	return pm
 }
 
 // sameInstance reports whether two parts were written by one instance (by instance id, else
@@ -238,11 +281,15 @@ func sameInstance(a, b *Manifest) bool {
 }
 
 // assembleSave returns the parts of the save mine belongs to, one per rank sorted by rank, from
-// open (the name's parts no job manifest lists; mine among them or not). It returns the ranks
-// still missing when there is no part of some rank yet; errSuperseded when the same instance
-// wrote a newer part of mine's rank for this save; and an error for a save that can never be
-// committed as it is: two instances claiming one rank, parts disagreeing on world_nodes, or one
-// path in two parts with different bytes.
+// open (the name's parts no job manifest lists; mine among them or not). A save is a set of
+// parts whose completion times all lie within SaveSpread of each other (the whole span, not
+// each one's neighbours) and whose markers, where they have one, have the same bytes. It returns
+//   - the ranks still missing when there is no part of some rank within SaveSpread of mine;
+//   - an *apartError when every rank has a part near mine, but two of them are not of one save
+//     (more than SaveSpread apart, or other markers);
+//   - errSuperseded when the same instance wrote a newer part of mine's rank for this save;
+//   - an error for a save that can never be committed as it is: two instances claiming one
+//     rank, parts disagreeing on world_nodes, or one path in two parts with different bytes.
 func assembleSave(mine *Manifest, open []*Manifest, marker string) ([]*Manifest, []int, error) {
 	world := mine.Part.WorldNodes
 	byRank := make([]*Manifest, world)
@@ -283,6 +330,14 @@ func assembleSave(mine *Manifest, open []*Manifest, marker string) ([]*Manifest,
 	}
 	if len(missing) > 0 {
 		return nil, missing, nil
+	}
+	// Each part is near mine; all of them must be near each other.
+	for i, p := range byRank {
+		for _, q := range byRank[i+1:] {
+			if !sameSave(p, q, marker) {
+				return nil, nil, &apartError{a: p, b: q}
+			}
+		}
 	}
 	// One path in two parts: the same bytes (shared, e.g. a marker on every node) or an error.
 	first := map[string]*Manifest{}
@@ -405,6 +460,10 @@ type saveResult struct {
 	written, latestMoved bool
 	// missing are the ranks without a part yet.
 	missing []int
+	// waiting says why the save is not whole yet when more than a missing rank tells: parts of
+	// the missing ranks that are of other saves, or parts of every rank that are not of one
+	// save (apartError). It is no conflict: the save is looked at again.
+	waiting error
 	// superseded: this instance wrote a newer part of the save; this one is dropped.
 	superseded bool
 	// older: the save is complete but older than LATEST's target; it is not committed.
@@ -447,34 +506,56 @@ func completeSave(ctx context.Context, s Store, mine *Manifest, marker string, h
 		}
 	}
 	// A job checkpoint of this save committed with another part of this rank: a newer one of
-	// this instance's (this one is superseded), or another instance's (a conflict).
+	// this instance's (this one is superseded), or another instance's (a conflict, whichever
+	// completed first). An older one of this instance's: the trainer saved again after the
+	// save was committed; the other nodes' parts saved again may make a new save with this one.
+	var conflicts []error
 	for _, m := range np.jobs {
 		for _, p := range m.Parts {
-			if p.NodeRank != mine.Part.NodeRank || p.CompleteAt.Sub(mine.Order().At).Abs() > SaveSpread || !p.CompleteAt.After(mine.Order().At) {
+			if p.NodeRank != mine.Part.NodeRank {
 				continue
 			}
-			other := &Manifest{Commit: p.Commit, Host: p.Host, Part: &Part{NodeRank: p.NodeRank}}
-			if sameInstance(mine, other) {
+			other := jobPartManifest(m, p)
+			switch {
+			case !sameSave(mine, other, marker):
+				// Another save of this name.
+			case !sameInstance(mine, other):
+				conflicts = append(conflicts, fmt.Errorf("node rank %d is claimed by two instances for one save: %s, in job commit %s, and %s (is store.node_rank set twice?)",
+					p.NodeRank, describePart(other), m.Commit, describePart(mine)))
+			case other.Order().After(mine.Order()):
 				r.superseded = true
 				return r
 			}
-			r.err = conflict(fmt.Errorf("checkpoint %s cannot be committed for the job: node rank %d is claimed by two instances for one save: %s, in job commit %s, and %s (is store.node_rank set twice?)",
-				mine.Checkpoint, p.NodeRank, describePart(other), m.Commit, describePart(mine)))
-			return r
 		}
+	}
+	// A single-node commit of this save: an agent of this job with store.world_nodes 1 (unset)
+	// committed its node's files alone. It is never this save's job checkpoint, nor made one.
+	for _, m := range np.singles {
+		if sameSave(mine, m, marker) {
+			conflicts = append(conflicts, singleNodeError(m, mine))
+		}
+	}
+	if len(conflicts) > 0 {
+		r.err = conflict(fmt.Errorf("checkpoint %s cannot be committed for the job: %w", mine.Checkpoint, errors.Join(conflicts...)))
+		return r
 	}
 	now := time.Now()
 	open := slices.DeleteFunc(np.open, func(p *Manifest) bool { return p.Commit != mine.Commit && now.Sub(p.CommittedAt) > partWait })
 	parts, missing, err := assembleSave(mine, open, marker)
+	var apart *apartError
 	switch {
 	case errors.Is(err, errSuperseded):
 		r.superseded = true
+		return r
+	case errors.As(err, &apart):
+		r.waiting = fmt.Errorf("every node's part is in, but not of one save: %w", err)
 		return r
 	case err != nil:
 		r.err = conflict(fmt.Errorf("checkpoint %s cannot be committed for the job: %w", mine.Checkpoint, err))
 		return r
 	case len(missing) > 0:
 		r.missing = missing
+		r.waiting = otherSaves(mine, open, missing)
 		return r
 	}
 	m := buildJobManifest(parts, host, now)
@@ -490,6 +571,12 @@ func completeSave(ctx context.Context, s Store, mine *Manifest, marker string, h
 		return r
 	default:
 		if cur, ok := latestOrder(ctx, s, mine.Job, data, cache); ok && !m.Order().After(cur) && cur.Commit != m.Commit {
+			if single := latestSingle(ctx, s, mine.Job, data, cache); single != nil {
+				// Not moved back (I3), nor taken for the job's: said, as a conflict.
+				r.err = conflict(fmt.Errorf("checkpoint %s cannot be committed for the job: LATEST names a newer checkpoint that is %w",
+					mine.Checkpoint, singleNodeError(single, mine)))
+				return r
+			}
 			r.older = true
 			return r
 		}
@@ -512,6 +599,52 @@ func completeSave(ctx context.Context, s Store, mine *Manifest, marker string, h
 	cache.put(ManifestKey(m.Job, m.Checkpoint, m.Commit), m)
 	r.latestMoved, r.latestErr = advanceLatest(ctx, s, m, host, cache)
 	return r
+}
+
+// singleNodeError describes single, a single-node commit found by the agent of part mine, in a
+// job of mine's world_nodes.
+func singleNodeError(single, mine *Manifest) error {
+	return fmt.Errorf("a single-node commit %s of %s (%s, no parts), in this job of world_nodes %d: an agent with store.world_nodes 1 committed its own node's files alone (is store.world_nodes unset on that node?); it is not taken for the job's checkpoint, and LATEST is not moved back from it",
+		single.Commit, single.Checkpoint, describeHost(single.Host), mine.Part.WorldNodes)
+}
+
+// latestSingle returns the manifest LATEST (data) names when it is a single-node commit (a
+// manifest without parts); nil when it is a job manifest or cannot be read.
+func latestSingle(ctx context.Context, s Store, job string, data []byte, cache *manifestCache) *Manifest {
+	var l Latest
+	if json.Unmarshal(data, &l) != nil || ValidName(l.Checkpoint) != nil || (l.Commit != "" && ValidCommitID(l.Commit) != nil) {
+		return nil
+	}
+	m, _, err := readManifest(ctx, s, job, CommitRef{Checkpoint: l.Checkpoint, Commit: l.Commit}, cache)
+	if err != nil || m == nil || m.Parts != nil {
+		return nil
+	}
+	return m
+}
+
+// otherSaves explains, for the missing ranks of mine's save, the parts of those ranks in open
+// that are of other saves (more than SaveSpread from mine, or with other marker bytes): the
+// nearest of each rank. It returns nil when there are none.
+func otherSaves(mine *Manifest, open []*Manifest, missing []int) error {
+	var notes []error
+	for _, r := range missing {
+		var near *Manifest
+		for _, p := range open {
+			if p.Part.NodeRank != r || p.Part.WorldNodes != mine.Part.WorldNodes {
+				continue
+			}
+			if near == nil || p.Order().At.Sub(mine.Order().At).Abs() < near.Order().At.Sub(mine.Order().At).Abs() {
+				near = p
+			}
+		}
+		if near != nil {
+			notes = append(notes, &apartError{a: mine, b: near})
+		}
+	}
+	if len(notes) == 0 {
+		return nil
+	}
+	return fmt.Errorf("parts of the missing node(s) are of other saves: %w", errors.Join(notes...))
 }
 
 // collectParts deletes the parts of job that never made a save: not listed by any job manifest,

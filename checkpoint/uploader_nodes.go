@@ -118,18 +118,37 @@ func (u *Uploader) saveDone(ctx context.Context, ps *pendingSave, r saveResult) 
 		}
 		retry()
 	default:
-		if r.missing != nil {
+		// An attempt that looked (not one made after part_wait) says what is missing, and why
+		// when more than a missing rank tells; the reason is kept (as the last thing logged) for
+		// the message when the save is given up.
+		if r.missing != nil || r.waiting != nil {
 			ps.missing = r.missing
+			if r.waiting == nil {
+				ps.lastErr = ""
+			} else if msg := r.waiting.Error(); msg != ps.lastErr {
+				ps.lastErr = msg
+				log.Warn().Err(r.waiting).Ints("missing_node_ranks", r.missing).Msg("job checkpoint waits: parts of this checkpoint are in the store but not of this save")
+			}
 		}
 		if time.Since(p.CommittedAt) > u.cfg.PartWait {
 			delete(u.saves, p.Commit)
-			err := fmt.Errorf("checkpoint %s: the parts of node(s) %v did not come within part_wait (%v); it is not committed for the job (LATEST stays where it is)",
-				p.Checkpoint, ps.missing, u.cfg.PartWait)
+			what := fmt.Sprintf("the parts of node(s) %v did not come", ps.missing)
+			if len(ps.missing) == 0 {
+				what = "its parts did not make one save"
+			}
+			if ps.lastErr != "" {
+				what = fmt.Sprintf("%s within part_wait (%v) (last said: %s)", what, u.cfg.PartWait, ps.lastErr)
+			} else {
+				what = fmt.Sprintf("%s within part_wait (%v)", what, u.cfg.PartWait)
+			}
+			err := fmt.Errorf("checkpoint %s: %s; it is not committed for the job (LATEST stays where it is)", p.Checkpoint, what)
 			log.Error().Err(err).Msg("job checkpoint given up")
 			u.emit(UploadEvent{Kind: JobCheckpointFailed, Checkpoint: p.Checkpoint, At: time.Now(), Err: err})
 			return
 		}
-		log.Debug().Ints("missing_node_ranks", r.missing).Msg("job checkpoint waits for other nodes' parts")
+		if r.waiting == nil {
+			log.Debug().Ints("missing_node_ranks", r.missing).Msg("job checkpoint waits for other nodes' parts")
+		}
 		retry()
 	}
 }

@@ -1,0 +1,298 @@
+package checkpoint
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+)
+
+// Scenarios found from outside (a real binary, versitygw, several agents as the nodes of one
+// job): saves that must never be taken for one job checkpoint, and conflicts that must be
+// named for what they are.
+
+// putSingle writes a single-node commit of job/name directly into s (its files, then its
+// manifest), as an agent with store.world_nodes 1 would, and returns its manifest.
+func putSingle(t testing.TB, s Store, name, host string, files map[string][]byte, complete time.Time) *Manifest {
+	t.Helper()
+	commit := NewCommitID(complete)
+	m := &Manifest{Version: ManifestVersion, Job: "job", Checkpoint: name, Commit: commit, Host: Host{InstanceID: host},
+		Trigger: "periodic", CommittedAt: complete}
+	m.Timings.CompleteAt = &complete
+	for rel, data := range files {
+		key := DataKey("job", name, commit, rel)
+		if _, err := s.PutBytes(t.Context(), key, data, Cond{}); err != nil {
+			t.Fatal(err)
+		}
+		sum, _ := ChecksumOf(bytes.NewReader(data))
+		m.Files = append(m.Files, File{Path: rel, Key: key, Size: int64(len(data)), Mode: "0644", Checksum: sum})
+		m.TotalBytes += int64(len(data))
+	}
+	slices.SortFunc(m.Files, func(a, b File) int { return strings.Compare(a.Path, b.Path) })
+	if err := m.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	if err := writeManifest(t.Context(), s, m); err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
+// A node left at the default store.world_nodes (1) in a two-node job commits its own files of a
+// save as a single-node checkpoint (torn: node 0's files are not in it), and moves LATEST to it.
+// The multi-node agent of node 0 finds it beside its part of the same save: an error (event and
+// log), never taken for the job checkpoint, and LATEST is left where the stray agent put it (not
+// moved back). Whichever comes first, the single-node commit or node 0's part.
+func TestMultiNodeSingleNodeCommitOfSameSave(t *testing.T) {
+	for _, singleFirst := range []bool{true, false} {
+		t.Run(fmt.Sprintf("single-node first=%v", singleFirst), func(t *testing.T) {
+			store := newMemStore()
+			config := []byte("c")
+			u0 := startNode(t, store, 0, 2, "i-u0")
+			u1 := startUploaderWith(t, t.TempDir(), store, UploaderConfig{Host: func() Host { return Host{InstanceID: "i-u1"} }})
+			save := func(r *uploaderRig, rank int) {
+				files := nodeFiles(t, rank, config)
+				delete(files, "_COMPLETE")
+				writeCheckpoint(t, r.dir, "step-000100", files)
+			}
+			var single *Manifest
+			if singleFirst {
+				save(u1, 1)
+				single = u1.waitCommitted("step-000100").Manifest
+				save(u0, 0)
+				u0.waitPart("step-000100")
+			} else {
+				save(u0, 0)
+				u0.waitPart("step-000100")
+				save(u1, 1)
+				single = u1.waitCommitted("step-000100").Manifest
+			}
+			if single.Part != nil || single.Parts != nil {
+				t.Fatalf("the world_nodes-1 agent committed %+v; want a single-node manifest", single)
+			}
+			ev := u0.waitEvent(JobCheckpointFailed, "step-000100")
+			for _, want := range []string{"single-node commit " + single.Commit, "i-u1", "store.world_nodes"} {
+				if ev.Err == nil || !strings.Contains(ev.Err.Error(), want) {
+					t.Errorf("node 0's job checkpoint failure = %v; want it to say %q", ev.Err, want)
+				}
+			}
+			if !strings.Contains(u0.logs.String(), "single-node commit "+single.Commit) {
+				t.Errorf("the error is not logged:\n%s", u0.logs)
+			}
+			cs, _, err := ListCommitted(t.Context(), store, "job")
+			if err != nil || len(cs) != 1 || cs[0].Manifest.Commit != single.Commit || !cs[0].Latest {
+				t.Errorf("commits = %d (%v); want the single-node one alone, LATEST (never moved back)", len(cs), err)
+			}
+		})
+	}
+}
+
+// A save is parts whose completion times all lie within SaveSpread of each other: three or four
+// ranks whose neighbours are each under a minute apart, but the first and the last more, are
+// not one save, for every rank's agent; with every part within a minute it is.
+func TestMultiNodeSaveSpanIsOneMinute(t *testing.T) {
+	tests := []struct {
+		name    string
+		offsets []time.Duration // each rank's completion after the first's
+		commit  bool
+	}{
+		{"3 ranks over 100 s", []time.Duration{0, 50 * time.Second, 100 * time.Second}, false},
+		{"4 ranks over 70 s", []time.Duration{0, 20 * time.Second, 40 * time.Second, 70 * time.Second}, false},
+		{"4 ranks out of order over 61 s", []time.Duration{40 * time.Second, 61 * time.Second, 0, 30 * time.Second}, false},
+		{"3 ranks within 60 s", []time.Duration{0, 30 * time.Second, 60 * time.Second}, true},
+		{"4 ranks within 55 s", []time.Duration{0, 20 * time.Second, 40 * time.Second, 55 * time.Second}, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			store := newMemStore()
+			world := len(tt.offsets)
+			t0 := time.Now().Add(-2 * time.Minute)
+			var parts []*Manifest
+			for rank, off := range tt.offsets {
+				at := t0.Add(off)
+				parts = append(parts, putPart(t, store, "step-000100", rank, world, fmt.Sprintf("i-node%d", rank), nodeFiles(t, rank, []byte("c")), at, at))
+			}
+			committed := 0
+			for rank, p := range parts {
+				r := completeSave(t.Context(), store, p, "_COMPLETE", Host{}, time.Hour, nil)
+				if r.err != nil {
+					t.Fatalf("node %d: completeSave error %v", rank, r.err)
+				}
+				if r.job == nil {
+					if tt.commit {
+						t.Errorf("node %d: not committed (missing %v, %v); want the job checkpoint", rank, r.missing, r.waiting)
+					}
+					// Every rank has a part in the store: a wait is explained, never bare.
+					if r.waiting == nil || !strings.Contains(r.waiting.Error(), "apart") {
+						t.Errorf("node %d: waits for %v saying %v; want it to say which parts are too far apart", rank, r.missing, r.waiting)
+					}
+					continue
+				}
+				committed++
+				if !tt.commit {
+					var spans []string
+					for _, jp := range r.job.Parts {
+						spans = append(spans, jp.CompleteAt.Sub(t0).String())
+					}
+					t.Fatalf("node %d: job manifest written of parts completed at +%v; want none: they span more than %v", rank, spans, SaveSpread)
+				}
+			}
+			if tt.commit && committed != world {
+				t.Errorf("%d of %d agents found the job checkpoint", committed, world)
+			}
+			if !tt.commit {
+				if cs, _, _ := ListCommitted(t.Context(), store, "job"); len(cs) != 0 {
+					t.Errorf("committed: %+v", cs[0].Manifest.Parts)
+				}
+			}
+		})
+	}
+}
+
+// The agent of a rank whose parts are all in but more than a minute apart says why it waits, and
+// when part_wait has passed, gives up saying that (not that parts did not come).
+func TestMultiNodeSaveSpanGivenUp(t *testing.T) {
+	store := newMemStore()
+	now := time.Now()
+	putPart(t, store, "step-000100", 0, 3, "i-node0", nodeFiles(t, 0, []byte("c")), now.Add(-50*time.Second), now)
+	putPart(t, store, "step-000100", 2, 3, "i-node2", nodeFiles(t, 2, []byte("c")), now.Add(50*time.Second), now)
+	r := startUploaderWith(t, t.TempDir(), store, UploaderConfig{NodeRank: 1, WorldNodes: 3, PartWait: 3 * time.Second,
+		Host: func() Host { return Host{InstanceID: "i-node1"} }})
+	files := nodeFiles(t, 1, []byte("c"))
+	delete(files, "_COMPLETE")
+	writeCheckpoint(t, r.dir, "step-000100", files)
+	r.waitPart("step-000100")
+	ev := r.waitEvent(JobCheckpointFailed, "step-000100")
+	if ev.Err == nil || !strings.Contains(ev.Err.Error(), "more than 1m0s apart") || strings.Contains(ev.Err.Error(), "did not come") {
+		t.Errorf("given up with %v; want it to say the parts completed more than a minute apart", ev.Err)
+	}
+	if !strings.Contains(r.logs.String(), "more than 1m0s apart") {
+		t.Errorf("the wait is not explained in the log:\n%s", r.logs)
+	}
+}
+
+// A second instance claiming rank 1 of a save whose job manifest is written already (with the
+// first instance's part of rank 1): the documented two-instances error, at once, whether its
+// part completed before or after the committed one, never a wait for rank 0's part (in the job
+// manifest) until part_wait.
+func TestMultiNodeRankClaimedAfterJobManifest(t *testing.T) {
+	for _, later := range []bool{true, false} {
+		t.Run(fmt.Sprintf("later=%v", later), func(t *testing.T) {
+			store := newMemStore()
+			now := time.Now().Add(-30 * time.Second)
+			var parts []*Manifest
+			for rank := range 2 {
+				parts = append(parts, putPart(t, store, "step-000100", rank, 2, fmt.Sprintf("i-node%d", rank), nodeFiles(t, rank, []byte("c")), now, now))
+			}
+			if r := completeSave(t.Context(), store, parts[1], "_COMPLETE", Host{}, time.Hour, nil); !r.written {
+				t.Fatalf("completeSave = %+v", r)
+			}
+			at := now.Add(10 * time.Second)
+			if !later {
+				at = now.Add(-10 * time.Second)
+			}
+			late := putPart(t, store, "step-000100", 1, 2, "i-other", nodeFiles(t, 1, []byte("c")), at, at)
+			r := completeSave(t.Context(), store, late, "_COMPLETE", Host{}, time.Hour, nil)
+			var c *ConflictError
+			if !errors.As(r.err, &c) || !strings.Contains(r.err.Error(), "node rank 1 is claimed by two instances") ||
+				!strings.Contains(r.err.Error(), "is store.node_rank set twice?") {
+				t.Errorf("the second instance's completeSave = err %v, missing %v; want the two-instances conflict", r.err, r.missing)
+			}
+		})
+	}
+
+	// Through the agent: its event and its log say so.
+	store := newMemStore()
+	now := time.Now().Add(-time.Second)
+	var parts []*Manifest
+	for rank := range 2 {
+		parts = append(parts, putPart(t, store, "step-000200", rank, 2, fmt.Sprintf("i-node%d", rank), nodeFiles(t, rank, []byte("c")), now, now))
+	}
+	if r := completeSave(t.Context(), store, parts[0], "_COMPLETE", Host{}, time.Hour, nil); !r.written {
+		t.Fatalf("completeSave = %+v", r)
+	}
+	rig := startNode(t, store, 1, 2, "i-other")
+	files := nodeFiles(t, 1, []byte("c"))
+	delete(files, "_COMPLETE")
+	writeCheckpoint(t, rig.dir, "step-000200", files)
+	rig.waitPart("step-000200")
+	ev := rig.waitEvent(JobCheckpointFailed, "step-000200")
+	if ev.Err == nil || !strings.Contains(ev.Err.Error(), "node rank 1 is claimed by two instances") {
+		t.Errorf("job checkpoint failure = %v; want the two-instances conflict", ev.Err)
+	}
+	if !strings.Contains(rig.logs.String(), "node rank 1 is claimed by two instances") {
+		t.Errorf("the error is not logged:\n%s", rig.logs)
+	}
+}
+
+// Markers, like completion times, must agree across the whole save: a part without a marker
+// (DCP's .metadata is on node 0 only) is near parts with either of two tokens, but those are two
+// saves, never one.
+func TestAssembleSaveMarkersAcrossTheSave(t *testing.T) {
+	now := time.Now()
+	part := func(rank int, marker string) *Manifest {
+		m := &Manifest{Version: ManifestVersion, Job: "job", Checkpoint: "c", Commit: NewCommitID(now), Host: Host{InstanceID: fmt.Sprint("i-", rank)},
+			CommittedAt: now, Part: &Part{NodeRank: rank, WorldNodes: 3}}
+		m.Timings.CompleteAt = &now
+		m.Files = []File{{Path: fmt.Sprintf("shard-%d", rank), Size: 1, Checksum: Checksum{Algorithm: ChecksumCRC32C, Value: "x"}}}
+		if marker != "" {
+			m.Files = append(m.Files, File{Path: "_COMPLETE", Size: int64(len(marker)), Checksum: Checksum{Algorithm: ChecksumCRC32C, Value: marker}})
+		}
+		return m
+	}
+	mine := part(1, "")
+	_, missing, err := assembleSave(mine, []*Manifest{part(0, "run-a"), mine, part(2, "run-b")}, "_COMPLETE")
+	var apart *apartError
+	if !errors.As(err, &apart) || missing != nil || !strings.Contains(err.Error(), "markers with other bytes") {
+		t.Errorf("assembleSave = missing %v, %v; want the parts found not of one save (other markers)", missing, err)
+	}
+	if got, _, err := assembleSave(mine, []*Manifest{part(0, "run-a"), mine, part(2, "run-a")}, "_COMPLETE"); err != nil || len(got) != 3 {
+		t.Errorf("assembleSave with one token = %d parts, %v; want the save", len(got), err)
+	}
+}
+
+// LATEST on a single-node commit (a stray node's, see above): a job save older than it is an
+// error naming it, not committed, and LATEST is not moved back; a newer job save commits and
+// moves LATEST forward, onto the job's checkpoint.
+func TestMultiNodeLatestOnSingleNodeCommit(t *testing.T) {
+	store := newMemStore()
+	now := time.Now()
+	single := putSingle(t, store, "step-000150", "i-stray", nodeFiles(t, 1, nil), now.Add(-time.Minute))
+	if moved, err := advanceLatest(t.Context(), store, single, Host{}, nil); !moved || err != nil {
+		t.Fatalf("advanceLatest(single-node commit) = %v, %v", moved, err)
+	}
+	save := func(name string, at time.Time) saveResult {
+		var p *Manifest
+		for rank := range 2 {
+			p = putPart(t, store, name, rank, 2, fmt.Sprintf("i-node%d", rank), nodeFiles(t, rank, nil), at, now)
+		}
+		return completeSave(t.Context(), store, p, "_COMPLETE", Host{}, time.Hour, nil)
+	}
+	latest := func() string {
+		l, _, err := store.GetBytes(t.Context(), LatestKey("job"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return string(l)
+	}
+
+	r := save("step-000100", now.Add(-2*time.Minute))
+	var c *ConflictError
+	if !errors.As(r.err, &c) || !strings.Contains(r.err.Error(), "LATEST names a newer checkpoint that is a single-node commit "+single.Commit) || r.older {
+		t.Errorf("older job save = err %v, older %v; want a conflict naming the single-node commit LATEST is on", r.err, r.older)
+	}
+	if l := latest(); !strings.Contains(l, single.Commit) {
+		t.Errorf("LATEST = %s; want it left on %s", l, single.Commit)
+	}
+
+	r = save("step-000200", now)
+	if r.err != nil || !r.written || !r.latestMoved {
+		t.Fatalf("newer job save = %+v; want it committed, LATEST moved", r)
+	}
+	if l := latest(); !strings.Contains(l, r.job.Commit) {
+		t.Errorf("LATEST = %s; want the job checkpoint %s", l, r.job.Commit)
+	}
+}
