@@ -316,7 +316,7 @@ func (a *Agent) agentDatums(now time.Time) []metrics.Datum {
 		}
 	}
 	ds := []metrics.Datum{
-		{Name: "IMDSUp", Unit: metrics.UnitCount, Value: b2f(st.Healthy(now)), At: now, Aggregate: true},
+		{Name: "IMDSUp", Unit: metrics.UnitCount, Value: b2f(imdsUp(st, now)), At: now, Aggregate: true},
 		{Name: "TrainerProcesses", Unit: metrics.UnitCount, Value: float64(len(cs.Trainers)), At: now, Aggregate: true},
 		{Name: "TrainerSignalUncaught", Unit: metrics.UnitCount, Value: float64(uncaught), At: now, Aggregate: true},
 	}

@@ -41,6 +41,16 @@ func (v *healthVerdict) warn(long, short string) {
 	v.short = append(v.short, short)
 }
 
+// imdsUp is whether IMDS is up as /healthz judges it: the spot source answered within
+// imds.HealthWindow (every source, when spot is not polled). Another source failing is a warning,
+// and does not make IMDS down: spotguard_imds_up, CloudWatch's IMDSUp and /status say the same.
+func imdsUp(st imds.Stats, now time.Time) bool {
+	if spot, polled := st.Sources[imds.SourceSpot]; polled {
+		return spot.Healthy(now)
+	}
+	return st.Healthy(now)
+}
+
 // health judges the agent as of now.
 func (a *Agent) health(now time.Time) healthVerdict {
 	v := healthVerdict{Reasons: []string{}}

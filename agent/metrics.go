@@ -176,7 +176,7 @@ func newMetrics(reg prometheus.Registerer, stats func() imds.Stats) *promMetrics
 	reg.MustRegister(&imdsCollector{stats: stats,
 		errors: prometheus.NewDesc("spotguard_imds_errors_total", "Failed IMDS reads (timeouts, 5xx, 401, refused connections, unreadable bodies), by source.", []string{"source"}, nil),
 		polls:  prometheus.NewDesc("spotguard_imds_polls_total", "IMDS reads, by source.", []string{"source"}, nil),
-		up:     prometheus.NewDesc("spotguard_imds_up", "1 when IMDS answered within the last 30 seconds (or has not failed yet), else 0.", nil, nil),
+		up:     prometheus.NewDesc("spotguard_imds_up", "1 when IMDS is up as /healthz judges it: the spot source answered within the last 30 seconds (or has not failed yet; every source when spot is not polled), else 0.", nil, nil),
 		sourceUp: prometheus.NewDesc("spotguard_imds_source_up", "1 when this IMDS source answered within the last 30 seconds (or has not failed yet), else 0, by source.",
 			[]string{"source"}, nil),
 	})
@@ -205,7 +205,7 @@ func (c *imdsCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(c.polls, prometheus.CounterValue, float64(s.Polls), string(src))
 		ch <- prometheus.MustNewConstMetric(c.sourceUp, prometheus.GaugeValue, b2f(s.Healthy(now)), string(src))
 	}
-	ch <- prometheus.MustNewConstMetric(c.up, prometheus.GaugeValue, b2f(st.Healthy(now)))
+	ch <- prometheus.MustNewConstMetric(c.up, prometheus.GaugeValue, b2f(imdsUp(st, now)))
 }
 
 // healthCollector exports the /healthz verdict and the store probe at scrape time. Its funcs are

@@ -78,7 +78,7 @@ func timePtr(t time.Time) *time.Time {
 }
 
 func newIMDSStatus(st imds.Stats, now time.Time) imdsStatus {
-	out := imdsStatus{Healthy: st.Healthy(now), LastSuccess: timePtr(st.LastSuccess), Sources: map[imds.Source]sourceStatus{}}
+	out := imdsStatus{Healthy: imdsUp(st, now), LastSuccess: timePtr(st.LastSuccess), Sources: map[imds.Source]sourceStatus{}}
 	for src, s := range st.Sources {
 		out.Sources[src] = sourceStatus{
 			Healthy: s.Healthy(now), Polls: s.Polls, Errors: s.Errors, Streak: s.Streak,

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -192,8 +193,18 @@ func TestHealthzPerIMDSSource(t *testing.T) {
 						t.Errorf("/status imds.sources.%s.healthy = %v; want %v", src, s.Healthy, want)
 					}
 				}
-				if !strings.Contains(scrape(t, a), `spotguard_imds_source_up{source="`+tc.wantUnsound+`"} 0`) {
+				metrics := scrape(t, a)
+				if !strings.Contains(metrics, `spotguard_imds_source_up{source="`+tc.wantUnsound+`"} 0`) {
 					t.Errorf("/metrics lacks spotguard_imds_source_up 0 for %s", tc.wantUnsound)
+				}
+				// IMDS is up as /healthz judges it, in /metrics and /status alike (it said 1 while
+				// the spot source had failed for 40 s, and /healthz 503).
+				up := tc.wantCode == http.StatusOK
+				if want := fmt.Sprintf("spotguard_imds_up %d", map[bool]int{false: 0, true: 1}[up]); !strings.Contains(metrics, want) {
+					t.Errorf("/metrics lacks %q", want)
+				}
+				if st.IMDS.Healthy != up {
+					t.Errorf("/status imds.healthy = %v; want %v", st.IMDS.Healthy, up)
 				}
 				if line := a.statusLine(ctx); !strings.HasPrefix(line, tc.wantInLine) {
 					t.Errorf("STATUS line = %q; want it to start with %q", line, tc.wantInLine)
