@@ -455,6 +455,7 @@ func (u *Uploader) Run(ctx context.Context, events <-chan WatchEvent) error {
 			// whether to drain.
 			u.handleNotices()
 			if u.cfg.StopBudget < 0 || !u.draining() {
+				u.logUnfinished()
 				return nil
 			}
 			select {
@@ -518,6 +519,24 @@ func (u *Uploader) Run(ctx context.Context, events <-chan WatchEvent) error {
 		}
 		u.dispatch(work)
 	}
+}
+
+// logUnfinished says, at a stop that does not drain, which checkpoints are being written (files
+// there, no marker yet): no notice asked for them, so the stop does not wait; what is complete
+// of them later is committed by the next agent.
+func (u *Uploader) logUnfinished() {
+	var left []string
+	for name, g := range u.gens {
+		if (g.state == genMatching || g.state == genUploading) && !g.complete && len(g.files) > 0 {
+			left = append(left, name)
+		}
+	}
+	if len(left) == 0 {
+		return
+	}
+	slices.Sort(left)
+	u.log.Warn().Strs("not_complete", left).
+		Msg("stopping without waiting for checkpoints still being written (no marker yet, and no notice asked for them); the next agent commits them once they are complete")
 }
 
 // logLeft says why a drain ended and what it left: the checkpoints not committed (they stay on

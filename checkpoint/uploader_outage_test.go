@@ -587,3 +587,30 @@ func TestUploaderNegativeStopBudgetDoesNotDrain(t *testing.T) {
 		t.Fatal("a stop with a negative stop budget drained an uncommitted checkpoint for 10 s")
 	}
 }
+
+// TestUploaderStopNamesCheckpointsBeingWritten: a stop with no notice does not wait for a
+// checkpoint still being written (no marker yet), but says which it leaves; it stopped silently.
+// (Found from outside: SIGTERM while the trainer wrote left it uncommitted without a word.)
+func TestUploaderStopNamesCheckpointsBeingWritten(t *testing.T) {
+	dir := t.TempDir()
+	r := startUploader(t, dir, newMemStore(), 0)
+	p := filepath.Join(dir, "step-1", "a")
+	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(p, randomBytes(t, 1<<10), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	eventuallyUploader(t, "step-1's file to be tracked", func() bool {
+		for _, c := range r.up.Status(t.Context()).Checkpoints {
+			if c.Name == "step-1" && c.Files > 0 {
+				return true
+			}
+		}
+		return false
+	})
+	r.stop()
+	if !strings.Contains(r.logs.String(), `"not_complete":["step-1"]`) {
+		t.Errorf("the stop did not name the checkpoint being written; log:\n%s", r.logs.String())
+	}
+}
