@@ -1011,7 +1011,12 @@ func (u *Uploader) commit(ctx context.Context, c commitJob) commitResult {
 
 // matchesDone reports whether commit m holds exactly the files done. A job manifest matches a
 // node that has every node's files (a full restore) or only its own part's (restore --part).
+// A node of a multi-node job never takes a single-node commit (one a node left at world_nodes 1
+// wrote) for its part.
 func (u *Uploader) matchesDone(m *Manifest, done map[string]doneFile) bool {
+	if u.cfg.WorldNodes > 1 && m.Parts == nil {
+		return false
+	}
 	return sameAsDone(m.Files, done) || (m.Parts != nil && u.cfg.WorldNodes > 1 && sameAsDone(m.PartFiles(u.cfg.NodeRank), done))
 }
 

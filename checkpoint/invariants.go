@@ -25,7 +25,9 @@ import (
 //     removed before the manifest is written; incomplete uploads are the store's to show: the
 //     tests list them with the store's own client);
 //   - I6, when settled (no commit in flight, since LATEST is written after the manifest): no
-//     commit is newer than LATEST's target.
+//     commit is newer than LATEST's target;
+//   - I6: the job's commits are all single-node or all multi-node (checkNodeLayout): both is a
+//     node left at store.world_nodes 1 beside the others, or a job resized.
 //
 // It returns a single error if the job cannot be read.
 func CheckJob(ctx context.Context, s Store, job string, settled bool) []error {
@@ -34,6 +36,9 @@ func CheckJob(ctx context.Context, s Store, job string, settled bool) []error {
 		return []error{err}
 	}
 	problems := append([]error(nil), st.Problems...)
+	if err := checkNodeLayout(st); err != nil {
+		problems = append(problems, err)
+	}
 	for _, c := range st.Commits {
 		m := c.Manifest
 		name := m.Checkpoint + "/" + m.Commit

@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/rs/zerolog"
 )
 
 // Scenarios found from outside (a real binary, versitygw, several agents as the nodes of one
@@ -85,6 +87,18 @@ func TestMultiNodeSingleNodeCommitOfSameSave(t *testing.T) {
 			cs, _, err := ListCommitted(t.Context(), store, "job")
 			if err != nil || len(cs) != 1 || cs[0].Manifest.Commit != single.Commit || !cs[0].Latest {
 				t.Errorf("commits = %d (%v); want the single-node one alone, LATEST (never moved back)", len(cs), err)
+			}
+			// Node 0's restore of its part never takes node 1's files for it, and the store
+			// check says what is wrong.
+			zero := 0
+			if _, err := Restore(t.Context(), store, RestoreOptions{Job: "job", To: t.TempDir(), Part: &zero, Logger: zerolog.Nop()}); err == nil ||
+				!strings.Contains(err.Error(), "single-node commit") {
+				t.Errorf("restore --part 0 of a single-node commit = %v; want it refused", err)
+			}
+			if problems := CheckJob(t.Context(), store, "job", true); !slices.ContainsFunc(problems, func(err error) bool {
+				return strings.Contains(err.Error(), "step-000100")
+			}) {
+				t.Errorf("store check = %v; want it to name the checkpoint saved both ways", problems)
 			}
 		})
 	}

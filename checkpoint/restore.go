@@ -65,8 +65,9 @@ type RestoreOptions struct {
 	// Logger receives the summary and warnings (a fallback, skipped manifests).
 	Logger zerolog.Logger
 	// Part, if not nil, restores of a multi-node job's checkpoint only the files of node rank
-	// *Part (its own and those its part shares with others; Manifest.PartFiles). A checkpoint
-	// of a single-node job is restored whole.
+	// *Part (its own and those its part shares with others; Manifest.PartFiles). A single-node
+	// commit (no parts: what a node left at store.world_nodes 1 commits) is refused, not taken
+	// for the node's part.
 	Part *int
 }
 
@@ -157,6 +158,9 @@ func Restore(ctx context.Context, s Store, opts RestoreOptions) (RestoreResult, 
 			return RestoreResult{}, err
 		}
 		return fail(err)
+	}
+	if opts.Part != nil && m.Parts == nil && m.Version == ManifestVersion {
+		return fail(fmt.Errorf("checkpoint %q commit %s is a single-node commit (no parts): --part restores one node's part of a multi-node job's checkpoint; restore it whole, and check the job with spotguard list --check (a node left at store.world_nodes 1?)", m.Checkpoint, m.Commit))
 	}
 	if opts.Part != nil && m.Parts != nil {
 		if *opts.Part < 0 || *opts.Part >= m.WorldNodes {

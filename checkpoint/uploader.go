@@ -720,7 +720,13 @@ func (u *Uploader) jobRead(ctx context.Context, st *JobState) {
 	}
 	u.log.Info().Int("commits", len(st.Commits)).Int("unfinished", len(st.Unfinished)).Int("open_parts", len(st.Parts)).Msg("store read")
 	if n := st.Newest(); n != nil && !n.Latest {
-		u.repairLatest(ctx, st, n.Manifest)
+		if u.cfg.WorldNodes > 1 && n.Manifest.Parts == nil {
+			// A node left at store.world_nodes 1 committed its own files alone: not the job's.
+			u.log.Error().Str("checkpoint", n.Manifest.Checkpoint).Str("commit", n.Manifest.Commit).Str("host", n.Manifest.Host.InstanceID).
+				Msg("the job's newest commit is a single-node commit in a multi-node job (a node left at store.world_nodes 1?); LATEST is not moved to it")
+		} else {
+			u.repairLatest(ctx, st, n.Manifest)
+		}
 	}
 	if u.cfg.WorldNodes > 1 {
 		// This rank's parts whose save is not committed: another node's part may have come
