@@ -161,7 +161,7 @@ func newScanWalker(dir, marker, pattern string, log zerolog.Logger) (*scanWalker
 		dir:     root.Name(),
 		marker:  marker,
 		pattern: pattern,
-		owner:   scanOwnerOf(self),
+		owner:   scanOwnerOfPath(dir, self),
 		skip: func(rel, kind string, err error) {
 			scanLogSkip(log, filepath.Join(root.Name(), filepath.FromSlash(rel)), kind, err)
 		},
@@ -220,6 +220,33 @@ func scanSkipPath(p string) bool {
 // directory. A zero scanOwner (uid 0, or not known) can read everything.
 type scanOwner struct {
 	uid, gid uint32
+}
+
+// scanOwnerOfPath returns the owner of the checkpoint directory dir, fi its Stat: its own, unless
+// the path to it passes through a symbolic link that a user other than root owns, then that
+// user: whoever could point checkpoint.dir anywhere is the one whose reading rights count (a
+// trainer that replaced its checkpoint.dir by a link to a directory of root's would otherwise
+// have root's files uploaded).
+func scanOwnerOfPath(dir string, fi fs.FileInfo) scanOwner {
+	abs, err := filepath.Abs(dir)
+	if err != nil {
+		return scanOwnerOf(fi)
+	}
+	p := string(filepath.Separator)
+	for _, el := range strings.Split(abs, string(filepath.Separator)) {
+		if el == "" {
+			continue
+		}
+		p = filepath.Join(p, el)
+		li, err := os.Lstat(p)
+		if err != nil || li.Mode()&fs.ModeSymlink == 0 {
+			continue
+		}
+		if o := scanOwnerOf(li); o.uid != 0 {
+			return o
+		}
+	}
+	return scanOwnerOf(fi)
 }
 
 // scanOwnerOf returns the owner of the checkpoint directory fi.

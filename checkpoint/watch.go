@@ -166,7 +166,7 @@ func NewWatcher(cfg WatchConfig) (*Watcher, error) {
 	} else if !fi.IsDir() {
 		problems = append(problems, fmt.Errorf("checkpoint dir %s is not a directory", dir))
 	} else {
-		owner = scanOwnerOf(fi)
+		owner = scanOwnerOfPath(dir, fi)
 	}
 	marker, err := scanCheckNames(cfg.Marker, cfg.Pattern)
 	if err != nil {
