@@ -1536,9 +1536,15 @@ func (u *Uploader) handleResult(ctx context.Context, r fileResult) {
 		}
 		f.attempts++
 		delay := retryDelay(f.attempts, u.urgent())
-		// The agent counts these by reason and logs them once per interval (OnEvent).
-		log.Debug().Err(r.err).Int("attempt", f.attempts).Float64("retry_in_s", logSeconds(delay)).Msg("upload failed; retrying")
-		u.emit(UploadEvent{Kind: UploadFailed, Checkpoint: g.name, At: time.Now(), Err: r.err})
+		if errors.Is(r.err, errChangedWhileSending) {
+			// Still being written (a marker read between its creation and its write, a file
+			// written again): the trainer's doing, not a failure of the store's.
+			log.Debug().Err(r.err).Int("attempt", f.attempts).Float64("retry_in_s", logSeconds(delay)).Msg("file changed while it was read; reading it again")
+		} else {
+			// The agent counts these by reason and logs them once per interval (OnEvent).
+			log.Debug().Err(r.err).Int("attempt", f.attempts).Float64("retry_in_s", logSeconds(delay)).Msg("upload failed; retrying")
+			u.emit(UploadEvent{Kind: UploadFailed, Checkpoint: g.name, At: time.Now(), Err: r.err})
+		}
 		g.retrying++
 		u.after(ctx, delay, func() {
 			g.retrying--

@@ -11,6 +11,7 @@ import (
 	"runtime"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -27,6 +28,8 @@ type uploaderRig struct {
 	cancel context.CancelFunc
 	done   chan struct{}
 	logs   *rigLog // the uploader's log, warnings and errors only
+	// failed counts the UploadFailed events (the agent counts them as store failures).
+	failed atomic.Int32
 }
 
 // rigLog is a log sink safe for the uploader's goroutines.
@@ -71,6 +74,8 @@ func startUploaderWith(t *testing.T, dir string, store Store, cfg UploaderConfig
 	cfg.OnEvent = func(ev UploadEvent) {
 		if ev.Kind != UploadFailed { // one per failed try: the rig waits for the others only
 			r.events <- ev
+		} else {
+			r.failed.Add(1)
 		}
 	}
 	r.up = NewUploader(cfg)
