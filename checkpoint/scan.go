@@ -78,8 +78,9 @@ const scanDefaultMarker = "_COMPLETE"
 //   - symbolic links, sockets, devices, FIFOs and other non-regular files, anywhere;
 //   - names that fail ValidName (top level) or ValidPath (inside a checkpoint), such as names
 //     with a backslash, and MetaDir at the top of a checkpoint directory;
-//   - regular files with more than one hard link: another name of the same file may be one
-//     the trainer could not read (a link to a file outside dir);
+//   - regular files with more than one hard link that the owner of dir does not own (unless
+//     that owner is root): another name of the same file may be one the trainer could not read
+//     (a link to a file outside dir); its own files linked (cp -al) are the trainer's;
 //   - regular files that the owner of dir could not read (see above).
 //
 // A skipped file is left out of its checkpoint as if it were not there; a skipped marker
@@ -260,7 +261,7 @@ func scanOwnerOf(fi fs.FileInfo) scanOwner {
 
 // Why a regular file is skipped; fixed texts, so that the watcher logs each path once.
 var (
-	errScanHardLink   = errors.New("checkpoint: more than one hard link; another name of the file may not be the trainer's")
+	errScanHardLink   = errors.New("checkpoint: more than one hard link, and not the owner's; another name of the file may not be the trainer's")
 	errScanUnreadable = errors.New("checkpoint: the owner of the checkpoint directory could not read it")
 )
 
@@ -270,7 +271,7 @@ func (o scanOwner) check(fi fs.FileInfo) error {
 	if !ok {
 		return nil
 	}
-	if st.nlink > 1 {
+	if st.nlink > 1 && !o.mayLink(st.uid) {
 		return errScanHardLink
 	}
 	if !o.canRead(st.uid, st.gid, fi.Mode().Perm()) {
@@ -278,6 +279,12 @@ func (o scanOwner) check(fi fs.FileInfo) error {
 	}
 	return nil
 }
+
+// mayLink reports whether a file with owner uid and more than one hard link may be read for o: o
+// owns it, or o is root. A trainer that keeps checkpoints as hard links of each other (cp -al,
+// rsync --link-dest) owns their files; another user's file with a second name inside dir may be
+// one the trainer could not reach by its other name.
+func (o scanOwner) mayLink(uid uint32) bool { return o.uid == 0 || uid == o.uid }
 
 // canRead reports whether o could read a file with owner uid, group gid and permission bits
 // perm: o is root, or owns the file and perm has 0400, or has its group and perm has 0040, or

@@ -1416,8 +1416,9 @@ var errChangedWhileSending = errors.New("file changed while it was being read")
 
 // openLocal opens the regular file rel below dir through an os.Root, so nothing outside dir is
 // ever read even if the trainer swaps a directory for a symlink. It refuses a symlink as the file
-// itself, anything that is not a regular file and a file with more than one hard link (the agent
-// may read what the trainer could not), and returns the file's FileID.
+// itself, anything that is not a regular file and a file with more than one hard link that the
+// owner of dir does not own (the agent may read what the trainer could not; scanOwner.mayLink),
+// and returns the file's FileID.
 func openLocal(dir, rel string) (*os.File, FileID, error) {
 	local := filepath.Join(dir, rel)
 	root, err := os.OpenRoot(dir)
@@ -1440,8 +1441,11 @@ func openLocal(dir, rel string) (*os.File, FileID, error) {
 		f.Close()
 		return nil, FileID{}, fmt.Errorf("%s is not a regular file: %w", local, errUnusable)
 	case id.Nlink > 1:
-		f.Close()
-		return nil, FileID{}, fmt.Errorf("%s has %d hard links: %w", local, id.Nlink, errUnusable)
+		st, _ := fileStat(fi)
+		if ds, err := root.Stat("."); err != nil || !scanOwnerOfPath(dir, ds).mayLink(st.uid) {
+			f.Close()
+			return nil, FileID{}, fmt.Errorf("%s has %d hard links and is not the owner's of %s: %w", local, id.Nlink, dir, errUnusable)
+		}
 	}
 	return f, id, nil
 }

@@ -9,6 +9,7 @@ import (
 	"path"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -676,12 +677,18 @@ func TestUploaderTwoAgentsOneJob(t *testing.T) {
 	}
 }
 
-// A hard link in a checkpoint (the agent may read what the trainer could not) is not uploaded;
-// the checkpoint commits without it (case 12).
+// A hard link in a checkpoint to a file that is not the trainer's (the agent may read what the
+// trainer could not) is not uploaded; the checkpoint commits without it (case 12). A checkpoint
+// made of the trainer's own files linked (cp -al of the one before, a new file in place of one)
+// is committed whole: its files were left out, and the newest commit lacked its shards.
 func TestUploaderSkipsHardLinks(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: the checkpoint directory must belong to another user than the secret")
+	}
+	const trainer = 12345
 	dir := t.TempDir()
 	secret := filepath.Join(t.TempDir(), "secret")
-	if err := os.WriteFile(secret, []byte("not the trainer's"), 0o600); err != nil {
+	if err := os.WriteFile(secret, []byte("not the trainer's"), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	if err := os.MkdirAll(filepath.Join(dir, "step-1"), 0o755); err != nil {
@@ -690,9 +697,28 @@ func TestUploaderSkipsHardLinks(t *testing.T) {
 	if err := os.Link(secret, filepath.Join(dir, "step-1", "linked")); err != nil {
 		t.Skipf("hard links not possible here: %v", err)
 	}
+	chown := func(paths ...string) {
+		for _, p := range paths {
+			if err := os.Chown(p, trainer, trainer); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	chown(dir, filepath.Join(dir, "step-1"))
 	store := newMemStore()
 	r := startUploader(t, dir, store, 0)
-	writeCheckpoint(t, dir, "step-1", map[string][]byte{"w": randomBytes(t, 1<<10)})
+	files := map[string][]byte{"w": randomBytes(t, 1<<10), "x": randomBytes(t, 1<<10)}
+	for rel, data := range files {
+		p := filepath.Join(dir, "step-1", rel)
+		if err := os.WriteFile(p, data, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		chown(p)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "step-1", "_COMPLETE"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	chown(filepath.Join(dir, "step-1", "_COMPLETE"))
 	ev := r.waitCommitted("step-1")
 	for _, f := range ev.Manifest.Files {
 		if f.Path == "linked" {
@@ -704,6 +730,32 @@ func TestUploaderSkipsHardLinks(t *testing.T) {
 		if strings.HasSuffix(o.Key, "/linked") {
 			t.Errorf("the hard link was uploaded to %s", o.Key)
 		}
+	}
+
+	// cp -al step-1 step-2, then x written anew and a new marker.
+	step2 := filepath.Join(dir, "step-2")
+	if err := os.Mkdir(step2, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	chown(step2)
+	if err := os.Link(filepath.Join(dir, "step-1", "w"), filepath.Join(step2, "w")); err != nil {
+		t.Fatal(err)
+	}
+	x := randomBytes(t, 1<<10)
+	if err := os.WriteFile(filepath.Join(step2, "x"), x, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(step2, "_COMPLETE"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	chown(filepath.Join(step2, "x"), filepath.Join(step2, "_COMPLETE"))
+	ev = r.waitCommitted("step-2")
+	var paths []string
+	for _, f := range ev.Manifest.Files {
+		paths = append(paths, f.Path)
+	}
+	if want := []string{"_COMPLETE", "w", "x"}; !slices.Equal(paths, want) {
+		t.Errorf("step-2 (cp -al of step-1) committed with %v; want %v", paths, want)
 	}
 }
 
