@@ -11,6 +11,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"time"
 )
 
@@ -37,8 +38,11 @@ const (
 	journalFile journalOp = "file"
 	// journalDone: the commit is committed (by this agent or found committed and adopted).
 	journalDone journalOp = "done"
-	// journalDrop: the commit was abandoned and its objects deleted.
+	// journalDrop: the commit was abandoned; its objects are being deleted.
 	journalDrop journalOp = "drop"
+	// journalCleaned: the dropped commit's objects are deleted. A drop without it is a clean-up
+	// a restart does again (journalCleanups).
+	journalCleaned journalOp = "cleaned"
 )
 
 // journalLine is one line of the journal.
@@ -116,6 +120,34 @@ func readJournal(path string) (map[string]*journalEntry, error) {
 		}
 	}
 	return entries, nil
+}
+
+// journalCleanups reads the journal at path for the commits dropped and not cleaned up (the
+// agent stopped or was killed while it deleted their objects), oldest first.
+func journalCleanups(path string) []CommitRef {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil
+	}
+	var order []CommitRef
+	pending := map[CommitRef]bool{}
+	for line := range bytes.SplitSeq(data, []byte("\n")) {
+		var l journalLine
+		if len(line) == 0 || json.Unmarshal(line, &l) != nil || ValidName(l.Checkpoint) != nil || ValidCommitID(l.Commit) != nil {
+			continue
+		}
+		ref := CommitRef{Checkpoint: l.Checkpoint, Commit: l.Commit}
+		switch l.Op {
+		case journalDrop:
+			if !pending[ref] {
+				order = append(order, ref)
+			}
+			pending[ref] = true
+		case journalCleaned:
+			delete(pending, ref)
+		}
+	}
+	return slices.DeleteFunc(order, func(r CommitRef) bool { return !pending[r] })
 }
 
 // writeJournal rewrites the journal at path with entries (through a temporary file renamed into

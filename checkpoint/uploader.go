@@ -147,6 +147,8 @@ type Uploader struct {
 	inflight   int           // files being read or sent
 	commitQ    []*generation
 	committing *generation
+	// earlyDrops are the commits start dropped before the journal was open (journalCleanups).
+	earlyDrops []CommitRef
 	// started is when Run began: a file modified before then was written while no agent
 	// watched (completedAt).
 	started time.Time
@@ -700,11 +702,22 @@ func (u *Uploader) start(ctx context.Context) {
 		u.resolveJournal(ctx, name, e, st)
 	}
 	if jpath != "" {
+		cleanups := journalCleanups(jpath)
 		j, err := writeJournal(jpath, u.resume)
 		if err != nil {
 			u.log.Warn().Err(err).Str("journal", jpath).Msg("no journal: after a restart, uncommitted files are sent again")
 		}
 		u.journal = j
+		for _, c := range u.earlyDrops { // dropped by resolveJournal, before the journal was open
+			u.journal.add(journalLine{Op: journalDrop, Checkpoint: c.Checkpoint, Commit: c.Commit})
+		}
+		u.earlyDrops = nil
+		for _, c := range cleanups {
+			if g := u.resume[c.Checkpoint]; g != nil && g.commit == c.Commit {
+				continue // resumed (or committed) after all
+			}
+			u.cleanupCommit(ctx, c.Checkpoint, c.Commit, "an earlier run's abandoned commit, whose clean-up it did not finish")
+		}
 	}
 }
 
@@ -926,12 +939,20 @@ func (u *Uploader) resolveJournal(ctx context.Context, name string, e *journalEn
 // never committed and never will be.
 func (u *Uploader) cleanupCommit(ctx context.Context, name, commit, why string) {
 	u.journal.add(journalLine{Op: journalDrop, Checkpoint: name, Commit: commit})
+	if u.journal == nil && u.cfg.StateDir != "" {
+		u.earlyDrops = append(u.earlyDrops, CommitRef{Checkpoint: name, Commit: commit})
+	}
 	log := u.log.With().Str("checkpoint", name).Str("commit", commit).Logger()
 	prefix := CommitPrefix(u.cfg.Job, name, commit)
 	u.goRetry(ctx, log, "cannot delete an abandoned commit's objects", func() error {
 		return deletePrefix(ctx, u.cfg.Store, prefix)
 	}, func() {
 		log.Info().Str("why", why).Msg("abandoned commit deleted")
+		// Until this line is written, a restart deletes it again (journalCleanups).
+		select {
+		case u.wake <- func() { u.journal.add(journalLine{Op: journalCleaned, Checkpoint: name, Commit: commit}) }:
+		case <-ctx.Done():
+		}
 		u.goLateCleanup(ctx, prefix, nil, true) // its cancelled uploads and held writes may still land
 	})
 }
