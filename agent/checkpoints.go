@@ -83,11 +83,9 @@ func (a *Agent) onUpload(ev checkpoint.UploadEvent) {
 		if !ev.Already {
 			a.metrics.committed.WithLabelValues(m.Trigger).Inc()
 		}
-		a.metrics.newestCommitted.Set(float64(m.CommittedAt.Unix()))
-		a.newestCommit.Store(m.CommittedAt.UnixNano())
-		a.mu.Lock()
-		a.newestName = m.Checkpoint
-		a.mu.Unlock()
+		if m.Part == nil { // a node's part is not the job's checkpoint: JobCheckpointCommitted
+			a.noteNewest(m)
+		}
 		if ev.Throughput > 0 {
 			a.metrics.uploadBytes.Add(float64(m.TotalBytes))
 			a.metrics.uploadThroughput.Set(ev.Throughput)
@@ -105,6 +103,7 @@ func (a *Agent) onUpload(ev checkpoint.UploadEvent) {
 			writer = "other"
 		}
 		a.metrics.jobCommitted.WithLabelValues(writer).Inc()
+		a.noteNewest(ev.Manifest)
 		a.mu.Lock()
 		if a.jobProblem != nil && !ev.Manifest.Order().At.Before(a.jobProblem.At.Add(-checkpoint.SaveSpread)) {
 			a.jobProblem = nil
@@ -119,9 +118,23 @@ func (a *Agent) onUpload(ev checkpoint.UploadEvent) {
 	a.coord.onUpload(ev)
 }
 
+// noteNewest records m as the newest checkpoint committed.
+func (a *Agent) noteNewest(m *checkpoint.Manifest) {
+	a.metrics.newestCommitted.Set(float64(m.CommittedAt.Unix()))
+	a.newestCommit.Store(m.CommittedAt.UnixNano())
+	a.mu.Lock()
+	a.newestName = m.Checkpoint
+	a.mu.Unlock()
+}
+
 // onUpload moves every active notice detected before the checkpoint completed along:
-// trainer_signalled (or not) → checkpoint_written → committed.
+// trainer_signalled (or not) → checkpoint_written → committed. In a multi-node job the notice's
+// checkpoint is durable once the job's checkpoint is committed, not this node's part.
 func (c *Coordinator) onUpload(ev checkpoint.UploadEvent) {
+	durable := checkpoint.CheckpointCommitted
+	if c.config().Store.WorldNodes > 1 {
+		durable = checkpoint.JobCheckpointCommitted
+	}
 	c.mu.Lock()
 	var affected []*NoticeStatus
 	for _, ns := range c.notices {
@@ -136,7 +149,7 @@ func (c *Coordinator) onUpload(ev checkpoint.UploadEvent) {
 				ns.written = ev.Checkpoint
 				affected = append(affected, ns)
 			}
-		case checkpoint.CheckpointCommitted:
+		case durable:
 			if ns.written == ev.Checkpoint {
 				ns.committed = true
 				affected = append(affected, ns)
@@ -153,7 +166,7 @@ func (c *Coordinator) onUpload(ev checkpoint.UploadEvent) {
 				c.record(metrics.Datum{Name: "CheckpointWriteSeconds", Unit: metrics.UnitSeconds, Value: ev.At.Sub(*ns.signalledAt).Seconds(),
 					Dimensions: map[string]string{"Source": string(ns.Source)}})
 			}
-		case checkpoint.CheckpointCommitted:
+		case durable:
 			detail := ev.Checkpoint
 			c.metrics.timeToDurable.Observe(ev.At.Sub(ns.detectedAt).Seconds())
 			durable := []metrics.Datum{{Name: "NoticeToDurableSeconds", Unit: metrics.UnitSeconds, Value: ev.At.Sub(ns.detectedAt).Seconds(),

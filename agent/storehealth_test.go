@@ -252,3 +252,48 @@ func TestStoreAttemptFailureProbesTheStore(t *testing.T) {
 		t.Errorf("%d log lines for two failed attempts within a minute; want 1:\n%s", n, logs)
 	}
 }
+
+// In a multi-node job a notice's checkpoint is durable once the job's checkpoint is committed,
+// not when this node's part is: the part alone said "committed", time to durable and the newest
+// commit's age were set, while the job checkpoint was given up. (Found from outside.)
+func TestMultiNodeNoticeDurableWithTheJobCheckpoint(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		cfg := mustLoad(t, LoadOptions{Environ: []string{"SPOTGUARD_HTTP_LISTEN=", "SPOTGUARD_TRAINER_MATCH=train",
+			"SPOTGUARD_AGENT_RUNTIME_DIR=" + t.TempDir(), "SPOTGUARD_STORE_WORLD_NODES=2", "SPOTGUARD_STORE_NODE_RANK=1",
+			"SPOTGUARD_METRICS_CLOUDWATCH=false"}})
+		fimds := newFakeIMDS()
+		a, err := New(cfg, Deps{Logger: zerolog.Nop(), IMDS: fimds})
+		if err != nil {
+			t.Fatal(err)
+		}
+		a.coord.trainers = &fakeTrainers{}
+		ctx, cancel := context.WithCancel(t.Context())
+		done := make(chan error)
+		go func() { done <- a.Run(ctx) }()
+		passFakeTime(2 * time.Second)
+		fimds.set("spot/instance-action", `{"action": "terminate", "time": "`+time.Now().Add(2*time.Minute).UTC().Format(time.RFC3339)+`"}`)
+		passFakeTime(2 * time.Second)
+		a.onUpload(checkpoint.UploadEvent{Kind: checkpoint.CheckpointComplete, Checkpoint: "step-1", At: time.Now()})
+		passFakeTime(time.Second)
+		now := time.Now()
+		a.onUpload(checkpoint.UploadEvent{Kind: checkpoint.CheckpointCommitted, Checkpoint: "step-1", At: now,
+			Manifest: &checkpoint.Manifest{Checkpoint: "step-1", Trigger: "notice", CommittedAt: now, Part: &checkpoint.Part{NodeRank: 1, WorldNodes: 2}}})
+		if n, _ := a.Status().noticeByKey("spot/terminate"); n.State == StateCommitted {
+			t.Errorf("notice state %s once this node's part alone is committed; want it not durable yet", n.State)
+		}
+		if strings.Contains(scrape(t, a), "spotguard_notice_time_to_durable_seconds_count 1") {
+			t.Error("time to durable observed for a part")
+		}
+		passFakeTime(time.Second)
+		now = time.Now()
+		a.onUpload(checkpoint.UploadEvent{Kind: checkpoint.JobCheckpointCommitted, Checkpoint: "step-1", At: now,
+			Manifest: &checkpoint.Manifest{Checkpoint: "step-1", Trigger: "notice", CommittedAt: now, WorldNodes: 2}})
+		if n, _ := a.Status().noticeByKey("spot/terminate"); n.State != StateCommitted {
+			t.Errorf("notice state %s once the job checkpoint is committed; want %s", n.State, StateCommitted)
+		}
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run() = %v", err)
+		}
+	})
+}
