@@ -97,6 +97,8 @@ type Agent struct {
 	// jobProblem is the last multi-node job checkpoint that could not be committed, until one
 	// commits after it: /healthz is 503 meanwhile.
 	jobProblem *checkpoint.UploadEvent
+	// newestJobAt is the completion of the newest job checkpoint committed (multi-node).
+	newestJobAt time.Time
 	// needRestart are the keys the last reload could not apply (their running values stay);
 	// reloadedAt is when it was.
 	needRestart []string

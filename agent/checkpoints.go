@@ -105,17 +105,34 @@ func (a *Agent) onUpload(ev checkpoint.UploadEvent) {
 		a.metrics.jobCommitted.WithLabelValues(writer).Inc()
 		a.noteNewest(ev.Manifest)
 		a.mu.Lock()
-		if a.jobProblem != nil && !ev.Manifest.Order().At.Before(a.jobProblem.At.Add(-checkpoint.SaveSpread)) {
+		at := ev.Manifest.Order().At
+		if at.After(a.newestJobAt) {
+			a.newestJobAt = at
+		}
+		if a.jobProblem != nil && !at.Before(saveAt(*a.jobProblem).Add(-checkpoint.SaveSpread)) {
 			a.jobProblem = nil
 		}
 		a.mu.Unlock()
 	case checkpoint.JobCheckpointFailed:
 		a.metrics.jobFailures.Inc()
 		a.mu.Lock()
-		a.jobProblem = &ev
+		// A save older than the newest job checkpoint committed (looked at again until
+		// part_wait passes) is an error of its own, not trouble now: checkpoints commit.
+		if a.newestJobAt.IsZero() || saveAt(ev).Add(checkpoint.SaveSpread).After(a.newestJobAt) {
+			a.jobProblem = &ev
+		}
 		a.mu.Unlock()
 	}
 	a.coord.onUpload(ev)
+}
+
+// saveAt is when the save of a JobCheckpointFailed completed on this node (its part's
+// completion), or when the failure was seen.
+func saveAt(ev checkpoint.UploadEvent) time.Time {
+	if ev.Manifest != nil {
+		return ev.Manifest.Order().At
+	}
+	return ev.At
 }
 
 // noteNewest records m as the newest checkpoint committed.

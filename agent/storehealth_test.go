@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"slices"
 	"strings"
 	"testing"
 	"testing/synctest"
@@ -296,4 +297,42 @@ func TestMultiNodeNoticeDurableWithTheJobCheckpoint(t *testing.T) {
 			t.Errorf("Run() = %v", err)
 		}
 	})
+}
+
+// A job checkpoint that cannot be committed is a /healthz 503 until a job checkpoint commits; a
+// later look at that old save (until part_wait passes, or its giving up) does not bring the 503
+// back once a newer one committed, and one conflict is one failure, not one per look. (Found
+// from outside: 503 for an hour while checkpoints committed.)
+func TestJobProblemEndsWithANewerJobCheckpoint(t *testing.T) {
+	cfg := mustLoad(t, LoadOptions{Environ: []string{"SPOTGUARD_HTTP_LISTEN=", "SPOTGUARD_TRAINER_MATCH=train",
+		"SPOTGUARD_AGENT_RUNTIME_DIR=" + t.TempDir(), "SPOTGUARD_STORE_WORLD_NODES=2", "SPOTGUARD_STORE_NODE_RANK=0"}})
+	a, err := New(cfg, Deps{Logger: zerolog.Nop(), IMDS: newFakeIMDS()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t0 := time.Now().Add(-10 * time.Minute)
+	part := func(name string, at time.Time) *checkpoint.Manifest {
+		return &checkpoint.Manifest{Checkpoint: name, Commit: "c-" + name, Timings: checkpoint.Timings{CompleteAt: &at},
+			Part: &checkpoint.Part{NodeRank: 0, WorldNodes: 2}}
+	}
+	jobProblem := func() bool {
+		return slices.ContainsFunc(a.health(time.Now()).Reasons, func(r string) bool { return strings.Contains(r, "job checkpoint step-100") })
+	}
+	failed := checkpoint.UploadEvent{Kind: checkpoint.JobCheckpointFailed, Checkpoint: "step-100", At: time.Now(),
+		Manifest: part("step-100", t0), Err: errors.New("node rank 1 is claimed by two instances")}
+	a.onUpload(failed)
+	if !jobProblem() {
+		t.Fatal("a job checkpoint that cannot be committed is not a /healthz reason")
+	}
+	newer := t0.Add(2 * time.Minute)
+	a.onUpload(checkpoint.UploadEvent{Kind: checkpoint.JobCheckpointCommitted, Checkpoint: "step-200", At: time.Now(),
+		Manifest: &checkpoint.Manifest{Checkpoint: "step-200", Commit: "c-step-200", Timings: checkpoint.Timings{CompleteAt: &newer}, WorldNodes: 2}})
+	if jobProblem() {
+		t.Error("still unhealthy after a newer job checkpoint committed")
+	}
+	failed.At = time.Now() // step-100 looked at again, or given up
+	a.onUpload(failed)
+	if jobProblem() {
+		t.Error("an old save looked at again made the agent unhealthy again, after a newer job checkpoint committed")
+	}
 }

@@ -103,7 +103,8 @@ type UploadEvent struct {
 	Kind       UploadEventKind
 	Checkpoint string
 	At         time.Time
-	// Manifest is set for CheckpointCommitted.
+	// Manifest is set for CheckpointCommitted, JobCheckpointCommitted (the job manifest) and
+	// JobCheckpointFailed (this node's part of the save).
 	Manifest *Manifest
 	// Already is set for CheckpointCommitted when nothing was sent: the store held a commit
 	// with exactly these files (a restored checkpoint, or one committed before a restart).

@@ -99,8 +99,9 @@ func (u *Uploader) saveDone(ctx context.Context, ps *pendingSave, r saveResult) 
 	case r.err != nil:
 		var c *ConflictError
 		conflicting := errors.As(r.err, &c)
-		if msg := r.err.Error(); msg != ps.lastErr {
-			ps.lastErr = msg
+		news := r.err.Error() != ps.lastErr
+		if news {
+			ps.lastErr = r.err.Error()
 			if conflicting {
 				log.Error().Err(r.err).Msg("job checkpoint cannot be committed; looking again until part_wait has passed")
 			} else {
@@ -108,7 +109,9 @@ func (u *Uploader) saveDone(ctx context.Context, ps *pendingSave, r saveResult) 
 			}
 		}
 		if conflicting {
-			u.emit(UploadEvent{Kind: JobCheckpointFailed, Checkpoint: p.Checkpoint, At: time.Now(), Err: r.err})
+			if news { // not again at every look: one conflict, one failure
+				u.emit(UploadEvent{Kind: JobCheckpointFailed, Checkpoint: p.Checkpoint, At: time.Now(), Manifest: p, Err: r.err})
+			}
 		} else {
 			u.emit(UploadEvent{Kind: CheckpointFailed, Checkpoint: p.Checkpoint, At: time.Now(), Err: r.err})
 		}
@@ -143,7 +146,7 @@ func (u *Uploader) saveDone(ctx context.Context, ps *pendingSave, r saveResult) 
 			}
 			err := fmt.Errorf("checkpoint %s: %s; it is not committed for the job (LATEST stays where it is)", p.Checkpoint, what)
 			log.Error().Err(err).Msg("job checkpoint given up")
-			u.emit(UploadEvent{Kind: JobCheckpointFailed, Checkpoint: p.Checkpoint, At: time.Now(), Err: err})
+			u.emit(UploadEvent{Kind: JobCheckpointFailed, Checkpoint: p.Checkpoint, At: time.Now(), Manifest: p, Err: err})
 			return
 		}
 		if r.waiting == nil {
