@@ -707,7 +707,7 @@ func (r *watchRun) couldNotWatch(abs string, err error) {
 		}
 		return
 	}
-	r.log.Error().Err(err).Str("path", abs).Dur("poll_interval", r.pollEvery).
+	r.log.Error().Err(err).Str("path", abs).Float64("poll_interval_s", logSeconds(r.pollEvery)).
 		Msg("cannot watch directory; it is polled instead")
 }
 
@@ -731,7 +731,7 @@ func (r *watchRun) sayUnwatched() {
 		if r.limitLogged.IsZero() || time.Since(r.limitLogged) >= watchLimitLogEvery {
 			r.limitLogged = time.Now()
 			ev := r.log.Error().Err(syscall.ENOSPC).Str("path", r.limitPath).Int("unwatched_dirs", n).
-				Dur("poll_interval", r.pollEvery).Str("fix", watchLimitFix)
+				Float64("poll_interval_s", logSeconds(r.pollEvery)).Str("fix", watchLimitFix)
 			if limit, ok := watchLimit(); ok {
 				ev = ev.Str("max_user_watches", limit)
 			}
