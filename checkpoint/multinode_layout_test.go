@@ -1,7 +1,6 @@
 package checkpoint
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
 	"slices"
@@ -20,27 +19,7 @@ import (
 // manifest), as an agent with store.world_nodes 1 would, and returns its manifest.
 func putSingle(t testing.TB, s Store, name, host string, files map[string][]byte, complete time.Time) *Manifest {
 	t.Helper()
-	commit := NewCommitID(complete)
-	m := &Manifest{Version: ManifestVersion, Job: "job", Checkpoint: name, Commit: commit, Host: Host{InstanceID: host},
-		Trigger: "periodic", CommittedAt: complete}
-	m.Timings.CompleteAt = &complete
-	for rel, data := range files {
-		key := DataKey("job", name, commit, rel)
-		if _, err := s.PutBytes(t.Context(), key, data, Cond{}); err != nil {
-			t.Fatal(err)
-		}
-		sum, _ := ChecksumOf(bytes.NewReader(data))
-		m.Files = append(m.Files, File{Path: rel, Key: key, Size: int64(len(data)), Mode: "0644", Checksum: sum})
-		m.TotalBytes += int64(len(data))
-	}
-	slices.SortFunc(m.Files, func(a, b File) int { return strings.Compare(a.Path, b.Path) })
-	if err := m.Validate(); err != nil {
-		t.Fatal(err)
-	}
-	if err := writeManifest(t.Context(), s, m); err != nil {
-		t.Fatal(err)
-	}
-	return m
+	return putCommit(t, s, name, host, files, complete, complete, nil)
 }
 
 // A node left at the default store.world_nodes (1) in a two-node job commits its own files of a

@@ -37,9 +37,16 @@ func (r *uploaderRig) waitPart(name string) *Manifest {
 // died: its files under a commit of its own, then its part manifest.
 func putPart(t testing.TB, s Store, name string, rank, world int, host string, files map[string][]byte, complete, committed time.Time) *Manifest {
 	t.Helper()
+	return putCommit(t, s, name, host, files, complete, committed, &Part{NodeRank: rank, WorldNodes: world})
+}
+
+// putCommit writes files under a new commit of job/name directly into s, then its part manifest
+// (part set) or its manifest, and returns it.
+func putCommit(t testing.TB, s Store, name, host string, files map[string][]byte, complete, committed time.Time, part *Part) *Manifest {
+	t.Helper()
 	commit := NewCommitID(committed)
 	m := &Manifest{Version: ManifestVersion, Job: "job", Checkpoint: name, Commit: commit, Host: Host{InstanceID: host},
-		Trigger: "periodic", CommittedAt: committed, Part: &Part{NodeRank: rank, WorldNodes: world}}
+		Trigger: "periodic", CommittedAt: committed, Part: part}
 	m.Timings.CompleteAt = &complete
 	for rel, data := range files {
 		key := DataKey("job", name, commit, rel)
@@ -54,7 +61,11 @@ func putPart(t testing.TB, s Store, name string, rank, world int, host string, f
 	if err := m.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	if err := writePart(t.Context(), s, m); err != nil {
+	write := writeManifest
+	if part != nil {
+		write = writePart
+	}
+	if err := write(t.Context(), s, m); err != nil {
 		t.Fatal(err)
 	}
 	return m

@@ -849,12 +849,9 @@ func TestS3ClientKeepsAConnectionPerRequest(t *testing.T) {
 	}
 }
 
-// A request the store accepts and never answers is given up after s3ResponseHeaderTimeout and
-// retried, on the SDK's own client: it does not hold the caller for as long as the connection
-// lives (a route that drops packets, a server that hangs).
-func TestS3ClientGivesUpOnARequestNeverAnswered(t *testing.T) {
-	defer func(d time.Duration) { s3ResponseHeaderTimeout = d }(s3ResponseHeaderTimeout)
-	s3ResponseHeaderTimeout = 200 * time.Millisecond
+// firstRequestHangs starts a server whose first request is never answered and whose others
+// are answered "ok", and returns an AWS config for it and the count of requests it got.
+func firstRequestHangs(t *testing.T) (aws.Config, func() int) {
 	var mu sync.Mutex
 	requests := 0
 	release := make(chan struct{})
@@ -874,10 +871,24 @@ func TestS3ClientGivesUpOnARequestNeverAnswered(t *testing.T) {
 		w.Header().Set("Content-Length", "2")
 		w.Write([]byte("ok"))
 	}))
-	defer srv.Close()
-	defer close(release)
+	t.Cleanup(srv.Close)
+	t.Cleanup(func() { close(release) })
 	cfg := aws.Config{Region: "us-east-1", BaseEndpoint: aws.String(srv.URL),
 		Credentials: aws.NewCredentialsCache(credentials.NewStaticCredentialsProvider("k", "s", ""))}
+	return cfg, func() int {
+		mu.Lock()
+		defer mu.Unlock()
+		return requests
+	}
+}
+
+// A request the store accepts and never answers is given up after s3ResponseHeaderTimeout and
+// retried, on the SDK's own client: it does not hold the caller for as long as the connection
+// lives (a route that drops packets, a server that hangs).
+func TestS3ClientGivesUpOnARequestNeverAnswered(t *testing.T) {
+	defer func(d time.Duration) { s3ResponseHeaderTimeout = d }(s3ResponseHeaderTimeout)
+	s3ResponseHeaderTimeout = 200 * time.Millisecond
+	cfg, requests := firstRequestHangs(t)
 	s, err := OpenStore("s3://bucket/p", cfg, S3Options{})
 	if err != nil {
 		t.Fatal(err)
@@ -888,10 +899,8 @@ func TestS3ClientGivesUpOnARequestNeverAnswered(t *testing.T) {
 	if err != nil || string(got) != "ok" {
 		t.Fatalf("GetBytes with the first request never answered = %q, %v; want the retry's answer", got, err)
 	}
-	mu.Lock()
-	defer mu.Unlock()
-	if requests != 2 {
-		t.Errorf("requests = %d; want 2 (one never answered, one retried)", requests)
+	if n := requests(); n != 2 {
+		t.Errorf("requests = %d; want 2 (one never answered, one retried)", n)
 	}
 }
 
@@ -901,29 +910,7 @@ func TestS3ClientGivesUpOnARequestNeverAnswered(t *testing.T) {
 func TestS3StoreTellsOfEveryFailedAttempt(t *testing.T) {
 	defer func(d time.Duration) { s3ResponseHeaderTimeout = d }(s3ResponseHeaderTimeout)
 	s3ResponseHeaderTimeout = 200 * time.Millisecond
-	var mu sync.Mutex
-	requests := 0
-	release := make(chan struct{})
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		mu.Lock()
-		requests++
-		n := requests
-		mu.Unlock()
-		if n == 1 {
-			select { // the first request hangs
-			case <-release:
-			case <-r.Context().Done():
-			}
-			return
-		}
-		w.Header().Set("ETag", `"e1"`)
-		w.Header().Set("Content-Length", "2")
-		w.Write([]byte("ok"))
-	}))
-	defer srv.Close()
-	defer close(release)
-	cfg := aws.Config{Region: "us-east-1", BaseEndpoint: aws.String(srv.URL),
-		Credentials: aws.NewCredentialsCache(credentials.NewStaticCredentialsProvider("k", "s", ""))}
+	cfg, _ := firstRequestHangs(t)
 	st, err := OpenStore("s3://bucket/p", cfg, S3Options{})
 	if err != nil {
 		t.Fatal(err)

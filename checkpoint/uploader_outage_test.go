@@ -383,30 +383,7 @@ func TestUploaderAbortsUploadsThatLandLate(t *testing.T) {
 
 	// A checkpoint deleted while it is sent: its commit is abandoned and deleted; a part
 	// landing then is aborted too.
-	s.mu.Lock()
-	s.hold = make(chan struct{})
-	s.held = make(chan struct{})
-	s.heldOnce = sync.Once{}
-	s.mu.Unlock()
-	writeCheckpoint(t, dir, "step-2", map[string][]byte{"b": randomBytes(t, 8<<10)})
-	<-s.held
-	var commit string
-	eventuallyUploader(t, "step-2's commit to be chosen", func() bool {
-		for _, c := range r.up.Status(t.Context()).Checkpoints {
-			if c.Name == "step-2" {
-				commit = c.Commit
-			}
-		}
-		return commit != ""
-	})
-	if err := os.RemoveAll(filepath.Join(dir, "step-2")); err != nil {
-		t.Fatal(err)
-	}
-	close(s.hold)
-	eventuallyUploader(t, "step-2's abandoned commit to be deleted", func() bool {
-		objs, err := s.memStore.List(t.Context(), CommitPrefix("job", "step-2", commit))
-		return err == nil && len(objs) == 0 && !slices.ContainsFunc(r.up.Status(t.Context()).Checkpoints, func(c CheckpointStatus) bool { return c.Name == "step-2" })
-	})
+	commit := abandonWhileHeld(t, r, s, "step-2")
 	s.openUpload(DataKey("job", "step-2", commit, "b")) // a part landing after the deletion
 	eventuallyUploader(t, "the upload under the abandoned commit to be aborted", func() bool { return len(s.openUploads()) == 0 })
 }
@@ -464,31 +441,8 @@ func TestUploaderDeletesObjectsThatLandLate(t *testing.T) {
 
 	// A checkpoint deleted while it is sent: its commit is abandoned and deleted; an object
 	// landing then is deleted too.
-	s.mu.Lock()
-	s.hold = make(chan struct{})
-	s.held = make(chan struct{})
-	s.heldOnce = sync.Once{}
-	s.mu.Unlock()
-	writeCheckpoint(t, dir, "step-2", map[string][]byte{"b": randomBytes(t, 8<<10)})
-	<-s.held
-	var commit string
-	eventuallyUploader(t, "step-2's commit to be chosen", func() bool {
-		for _, c := range r.up.Status(t.Context()).Checkpoints {
-			if c.Name == "step-2" {
-				commit = c.Commit
-			}
-		}
-		return commit != ""
-	})
-	if err := os.RemoveAll(filepath.Join(dir, "step-2")); err != nil {
-		t.Fatal(err)
-	}
-	close(s.hold)
+	commit := abandonWhileHeld(t, r, s, "step-2")
 	prefix := CommitPrefix("job", "step-2", commit)
-	eventuallyUploader(t, "step-2's abandoned commit to be deleted", func() bool {
-		objs, err := s.memStore.List(t.Context(), prefix)
-		return err == nil && len(objs) == 0 && !slices.ContainsFunc(r.up.Status(t.Context()).Checkpoints, func(c CheckpointStatus) bool { return c.Name == "step-2" })
-	})
 	if _, err := s.memStore.PutBytes(t.Context(), DataKey("job", "step-2", commit, "b"), data, Cond{}); err != nil {
 		t.Fatal(err)
 	}
@@ -704,4 +658,36 @@ func TestUploaderCleanupOfAnAbandonedCommitSurvivesARestart(t *testing.T) {
 		objs, _ := mem.List(t.Context(), "job/step-1/")
 		return len(objs) == 0
 	})
+}
+
+// abandonWhileHeld holds s's next upload, writes checkpoint name, deletes it while its first file
+// is held, lets the upload go, and waits for its commit, abandoned, to be deleted; it returns
+// that commit.
+func abandonWhileHeld(t *testing.T, r *uploaderRig, s *outageStore, name string) string {
+	t.Helper()
+	s.mu.Lock()
+	s.hold = make(chan struct{})
+	s.held = make(chan struct{})
+	s.heldOnce = sync.Once{}
+	s.mu.Unlock()
+	writeCheckpoint(t, r.dir, name, map[string][]byte{"b": randomBytes(t, 8<<10)})
+	<-s.held
+	var commit string
+	eventuallyUploader(t, name+"'s commit to be chosen", func() bool {
+		for _, c := range r.up.Status(t.Context()).Checkpoints {
+			if c.Name == name {
+				commit = c.Commit
+			}
+		}
+		return commit != ""
+	})
+	if err := os.RemoveAll(filepath.Join(r.dir, name)); err != nil {
+		t.Fatal(err)
+	}
+	close(s.hold)
+	eventuallyUploader(t, name+"'s abandoned commit to be deleted", func() bool {
+		objs, err := s.memStore.List(t.Context(), CommitPrefix("job", name, commit))
+		return err == nil && len(objs) == 0 && !slices.ContainsFunc(r.up.Status(t.Context()).Checkpoints, func(c CheckpointStatus) bool { return c.Name == name })
+	})
+	return commit
 }
