@@ -4,6 +4,7 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 )
 
 // chmodTree gives every file below dir/name group write permission: a chmod -R, which changes
@@ -15,6 +16,46 @@ func chmodTree(t *testing.T, dir, name string) {
 			return err
 		}
 		return os.Chmod(p, 0o664)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// laterTick waits until a file written now gets a later change time than dir/name's marker: the
+// kernel's file times move in ticks of a few milliseconds, and two checkpoints completed in one
+// tick are ordered by their commit ids alone.
+func laterTick(t *testing.T, dir, name string) {
+	t.Helper()
+	fi, err := os.Lstat(filepath.Join(dir, name, "_COMPLETE"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	marker := FileIDOf(fi).ChangeTime
+	probe := filepath.Join(t.TempDir(), "tick")
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		if err := os.WriteFile(probe, nil, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if pi, err := os.Lstat(probe); err == nil && FileIDOf(pi).ChangeTime.After(marker) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the file system's clock did not move in 5 s")
+		}
+	}
+}
+
+// ageTree sets the modification time of every file below dir/name to age ago.
+func ageTree(t *testing.T, dir, name string, age time.Duration) {
+	t.Helper()
+	at := time.Now().Add(-age)
+	err := filepath.WalkDir(filepath.Join(dir, name), func(p string, d os.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return err
+		}
+		return os.Chtimes(p, at, at)
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -47,6 +88,7 @@ func TestChmodOfAnOldCheckpointKeepsItsPlace(t *testing.T) {
 		r := startUploader(t, dir, s, 1)
 		writeCheckpoint(t, dir, "step-1", map[string][]byte{"a": randomBytes(t, 8<<10)})
 		r.waitCommitted("step-1")
+		laterTick(t, dir, "step-1")
 		writeCheckpoint(t, dir, "step-2", map[string][]byte{"a": randomBytes(t, 8<<10)})
 		newest := r.waitCommitted("step-2")
 		latestIs(t, s, "step-2", newest.Manifest.Commit)
@@ -63,10 +105,14 @@ func TestChmodOfAnOldCheckpointKeepsItsPlace(t *testing.T) {
 		r := startUploaderWith(t, dir, s, UploaderConfig{Keep: 1, StateDir: state})
 		writeCheckpoint(t, dir, "step-1", map[string][]byte{"a": randomBytes(t, 8<<10)})
 		r.waitCommitted("step-1")
+		laterTick(t, dir, "step-1")
 		writeCheckpoint(t, dir, "step-2", map[string][]byte{"a": randomBytes(t, 8<<10)})
 		newest := r.waitCommitted("step-2")
 		r.stop()
 
+		// The checkpoints were written a while before the agent restarts (say, before a reboot).
+		ageTree(t, dir, "step-1", 2*time.Minute)
+		ageTree(t, dir, "step-2", time.Minute)
 		chmodTree(t, dir, "step-1")
 		chmodTree(t, dir, "step-2")
 		r = startUploaderWith(t, dir, s, UploaderConfig{Keep: 1, StateDir: state})

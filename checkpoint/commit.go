@@ -803,6 +803,8 @@ type commitJob struct {
 	sealed bool
 	// completeAt, if not nil, is the version's completion time (see commitResult.completeAt).
 	completeAt *time.Time
+	// unseenBefore: see Uploader.unseenBefore and completedAt.
+	unseenBefore time.Time
 	// unread: the store's commits of the name were not read before its files were sent
 	// (generation.unread); the commit reads them and adopts one with exactly these files.
 	unread bool
@@ -916,7 +918,7 @@ func (u *Uploader) commit(ctx context.Context, c commitJob) commitResult {
 		}
 		return 0
 	})
-	complete := completedAt(lc, u.started)
+	complete := completedAt(lc, c.unseenBefore)
 	if c.completeAt != nil {
 		complete = *c.completeAt
 	}
@@ -1033,12 +1035,13 @@ func sameAsDone(files []File, done map[string]doneFile) bool {
 // A file rewritten after the marker makes a later version than the one committed before, even if
 // its modification time was set back; where ctime is unknown, the marker's modification time.
 //
-// But a checkpoint whose files were all last modified before the agent started (started) was
-// written while no agent watched, and its ctimes may be later than its bytes: a chmod -R or
-// chown -R at boot sets every file's ctime to now. Taken as its completion, an old checkpoint
-// whose commit retention deleted would come back as the newest one, LATEST would move back to
-// it, and retention would delete the truly newest. Its latest modification time is taken then.
-func completedAt(lc LocalCheckpoint, started time.Time) time.Time {
+// But a checkpoint whose files were all last modified before unseenBefore (before the agent
+// started, of a name the store holds no commit of) was written while no agent watched, and its
+// ctimes may be later than its bytes: a chmod -R or chown -R at boot sets every file's ctime to
+// now. Taken as its completion, an old checkpoint whose commit retention deleted would come back
+// as the newest one, LATEST would move back to it, and retention would delete the truly newest.
+// Its latest modification time is taken then.
+func completedAt(lc LocalCheckpoint, unseenBefore time.Time) time.Time {
 	at, modified := lc.CompleteAt, lc.CompleteAt
 	for _, f := range lc.Files {
 		if f.ID.ChangeTime.After(at) {
@@ -1048,7 +1051,7 @@ func completedAt(lc LocalCheckpoint, started time.Time) time.Time {
 			modified = f.ID.ModTime
 		}
 	}
-	if modified.Before(started) && modified.Before(at) {
+	if modified.Before(unseenBefore) && modified.Before(at) {
 		return modified
 	}
 	return at

@@ -1378,6 +1378,17 @@ func (u *Uploader) dispatch(ctx context.Context) {
 	}
 }
 
+// unseenBefore is the time before which a version of name that no commit in the store holds was
+// modified while no agent watched (completedAt): a second before Run began (the kernel's file
+// times lag the clock by a tick). Zero when the store holds a commit of name: then a version
+// different from it is newer, however its modification times were set.
+func (u *Uploader) unseenBefore(name string) time.Time {
+	if len(u.index[name]) > 0 {
+		return time.Time{}
+	}
+	return u.started.Add(-time.Second)
+}
+
 // localPath is the file's path relative to Dir.
 func (g *generation) localPath(rel string) string {
 	if g.single {
@@ -1686,7 +1697,7 @@ func (u *Uploader) after(ctx context.Context, d time.Duration, fn func()) {
 // work until the result is in (events for it wait in deferred).
 func (u *Uploader) startCommit(ctx context.Context, g *generation) {
 	c := commitJob{name: g.name, commit: g.commit, single: g.single, adopt: g.state == genMatching, resumed: g.resumed, sealed: g.sealed,
-		completeAt: g.completeAt, unread: g.unread,
+		completeAt: g.completeAt, unread: g.unread, unseenBefore: u.unseenBefore(g.name),
 		files: make(map[string]doneFile, len(g.files)), candidates: g.candidates, strays: g.strays,
 		timings: Timings{UploadSeconds: g.uploadBusy.Seconds()}}
 	for rel, f := range g.files {
