@@ -23,7 +23,8 @@ type drillNode struct {
 	Rank     int         `json:"rank"`
 	Notified bool        `json:"notified"`
 	Timeline []drillStep `json:"timeline"`
-	// PartS is when its part was committed, in seconds after the notice.
+	// PartS is when its notice's checkpoint was durable, in seconds after the notice: when its
+	// agent saw the job checkpoint committed.
 	PartS float64 `json:"part_committed_seconds"`
 }
 
@@ -177,10 +178,28 @@ func drillNodes(ctx context.Context, p drillPlan, nodes int, log zerolog.Logger,
 		}
 		return false
 	})
+	// The node's notice: the spot notice on the notified node, the job notice on the others.
+	mine := func(rank int, st agent.NoticeStatus) bool {
+		return (rank == notified) == (st.Source == imds.SourceSpot) && (rank == notified || st.Source == agent.SourceJob)
+	}
+	if job != nil {
+		// Each agent takes the job checkpoint for committed (its notice's checkpoint durable) when
+		// it next looks for the other nodes' parts, within seconds of the job manifest.
+		waitUntil(ctx, 15*time.Second, func() bool {
+			for rank, n := range ns {
+				if !slices.ContainsFunc(n.a.Status().Notices, func(st agent.NoticeStatus) bool {
+					return mine(rank, st) && st.State == agent.StateCommitted
+				}) {
+					return false
+				}
+			}
+			return true
+		})
+	}
 	for rank, n := range ns {
 		dn := drillNode{Rank: rank, Notified: rank == notified, Timeline: []drillStep{}}
 		for _, st := range n.a.Status().Notices {
-			if (rank == notified) != (st.Source == imds.SourceSpot) || (rank != notified && st.Source != agent.SourceJob) {
+			if !mine(rank, st) {
 				continue
 			}
 			for _, tr := range st.Transitions {
