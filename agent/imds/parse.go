@@ -61,10 +61,14 @@ func ParseSpot(body []byte, now time.Time) (Notice, error) {
 		}
 	}
 	n.Action = "terminate"
-	n.Deadline = now.Add(FailSafeDelay)
+	n.Deadline = failSafeDeadline(now)
 	n.Malformed = true
 	return n, fmt.Errorf("%w: %s: %w", ErrMalformed, SourceSpot.Path(), cause)
 }
+
+// failSafeDeadline is now + FailSafeDelay to the whole second below, as IMDS's own times are (and
+// sooner, not later: fail safe).
+func failSafeDeadline(now time.Time) time.Time { return now.Add(FailSafeDelay).Truncate(time.Second) }
 
 // ParseRebalance parses an events/recommendations/rebalance body, e.g.
 // {"noticeTime": "2020-10-27T08:22:00Z"}. It returns:
@@ -197,7 +201,7 @@ func ParseASG(body []byte, now time.Time) ([]Notice, error) {
 		return []Notice{{
 			Source:   SourceASG,
 			Action:   "Terminated",
-			Deadline: now.Add(FailSafeDelay),
+			Deadline: failSafeDeadline(now),
 			Raw:      truncate(body),
 		}}, nil
 	}

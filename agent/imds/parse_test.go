@@ -284,3 +284,23 @@ func TestEventKindString(t *testing.T) {
 		}
 	}
 }
+
+// A deadline the agent makes up (a malformed spot notice, an ASG termination) is in whole seconds
+// like IMDS's own, and never later than two minutes on: notice.json and /status showed it to the
+// nanosecond.
+func TestFailSafeDeadlineInWholeSeconds(t *testing.T) {
+	now := time.Date(2026, 12, 1, 17, 13, 3, 886302266, time.UTC)
+	spot, err := ParseSpot([]byte("\x00garbage"), now)
+	if err == nil || !spot.Malformed {
+		t.Fatalf("ParseSpot(garbage) = %+v, %v; want a malformed notice", spot, err)
+	}
+	asg, err := ParseASG([]byte("Terminated"), now)
+	if err != nil || len(asg) != 1 {
+		t.Fatalf("ParseASG(Terminated) = %+v, %v", asg, err)
+	}
+	for _, d := range []time.Time{spot.Deadline, asg[0].Deadline} {
+		if d.Nanosecond() != 0 || d.After(now.Add(FailSafeDelay)) || !d.After(now.Add(FailSafeDelay-time.Second)) {
+			t.Errorf("deadline %v; want %v to the whole second below", d, now.Add(FailSafeDelay))
+		}
+	}
+}
