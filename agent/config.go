@@ -772,7 +772,9 @@ func (c *Config) Validate() error {
 	if off == len(imds.Sources) {
 		problems = append(problems, errors.New("notices: every source is off, so there is nothing to watch"))
 	}
-	if c.Trainer.PIDFile == "" && c.Trainer.Unit == "" && c.Trainer.Match == nil && c.Trainer.Container == "" && !failed["trainer.match"] && !failed["trainer.container"] {
+	// A file that is not YAML leaves every key of it unknown: what it lacks is not said.
+	fileBroken := slices.ContainsFunc(c.problems, func(p error) bool { return strings.Contains(p.Error(), ": not valid YAML: ") })
+	if c.Trainer.PIDFile == "" && c.Trainer.Unit == "" && c.Trainer.Match == nil && c.Trainer.Container == "" && !failed["trainer.match"] && !failed["trainer.container"] && !fileBroken {
 		problems = append(problems, errors.New("trainer: no way to find the trainer: set trainer.pidfile, trainer.unit, trainer.match or trainer.container"))
 	}
 	if c.Checkpoint.Dir != "" && !failed["checkpoint.dir"] {

@@ -330,3 +330,20 @@ trainer:
 		}
 	}
 }
+
+// A configuration file that is not YAML (or sets a key twice) leaves its keys unknown: the
+// problem is the file, not a trainer nobody said how to find. (Found from outside: a reload with
+// a syntax error reported both.)
+func TestBrokenFileReportsOnlyItself(t *testing.T) {
+	for _, text := range []string{"trainer:\n  match: [unclosed\n", "trainer:\n  match: a\n  match: b\n"} {
+		c := mustLoad(t, LoadOptions{Path: writeConfig(t, text)})
+		err := c.Validate()
+		if err == nil {
+			t.Errorf("%q: Validate() = nil; want the file's problem", text)
+			continue
+		}
+		if strings.Contains(err.Error(), "no way to find the trainer") {
+			t.Errorf("%q: Validate() = %v; want the file's problem alone", text, err)
+		}
+	}
+}
