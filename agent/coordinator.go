@@ -580,6 +580,20 @@ func (c *Coordinator) checkMissing(now time.Time) {
 
 // Scan looks for trainer processes and reports, loudly, each newly found one that does not catch
 // trainer.signal. Problems (no match, stale pidfile, …) are logged when they change.
+// activeOf returns the keys of the notices of src in force, whatever their policy.
+func (c *Coordinator) activeOf(src imds.Source) []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var keys []string
+	for _, ns := range c.active {
+		if ns.Source == src {
+			keys = append(keys, ns.Key)
+		}
+	}
+	slices.Sort(keys)
+	return keys
+}
+
 func (c *Coordinator) Scan() {
 	cfg := c.config()
 	procs, problems := c.trainers.Find(cfg)

@@ -83,6 +83,16 @@ func (a *Agent) reload() {
 		a.log.Warn().Strs("need_restart", pending).
 			Msg("config reloaded, but these keys are read only at start and keep their running values until a restart (systemctl restart spotguard)")
 	}
+	for _, k := range applied {
+		src, ok := strings.CutPrefix(k, "notices.")
+		if !ok {
+			continue
+		}
+		if keys := a.coord.activeOf(imds.Source(src)); len(keys) > 0 {
+			a.log.Warn().Str("key", k).Strs("notices", keys).
+				Msg("a notice policy changed while a notice of that source is in force: the notice keeps the policy it was detected with until it ends; the new one applies to the next")
+		}
+	}
 	a.coord.Scan()
 }
 

@@ -97,3 +97,22 @@ func TestReloadLogLevelWithoutSetter(t *testing.T) {
 		t.Errorf("need_restart %q, level %v; want [log.level] and info kept", got, ta.a.Config().Log.Level)
 	}
 }
+
+// A reload that changes a notice policy leaves a notice already in force as it was detected, and
+// says so: it had logged the key as applied and nothing more. (Found from outside.)
+func TestReloadPolicyWithANoticeInForceSaysSo(t *testing.T) {
+	ta := startAgentWith(t, nil, "SPOTGUARD_TRAINER_MATCH=no-such-trainer-anywhere", "SPOTGUARD_IMDS_POLL_INTERVAL=100ms",
+		"SPOTGUARD_NOTICES_REBALANCE=ignore")
+	ta.imds.set("events/recommendations/rebalance", `{"noticeTime": "2026-12-01T10:00:00Z"}`)
+	eventually(t, "the rebalance notice", func() bool {
+		_, ok := ta.a.Status().noticeByKey("rebalance/rebalance")
+		return ok
+	})
+	cfg := mustLoad(t, LoadOptions{Environ: []string{"SPOTGUARD_HTTP_LISTEN=127.0.0.1:0", "SPOTGUARD_AGENT_RUNTIME_DIR=" + ta.runtime,
+		"SPOTGUARD_IMDS_POLL_INTERVAL=100ms", "SPOTGUARD_TRAINER_MATCH=no-such-trainer-anywhere"}})
+	ta.reload = func() (*Config, error) { return cfg, nil }
+	ta.sigs <- syscall.SIGHUP
+	eventually(t, "the warning", func() bool {
+		return strings.Contains(ta.logs.String(), "the notice keeps the policy it was detected with")
+	})
+}
