@@ -691,3 +691,33 @@ func abandonWhileHeld(t *testing.T, r *uploaderRig, s *outageStore, name string)
 	})
 	return commit
 }
+
+// TestUploaderMarkerRewrittenAfterItsCommit: a marker written again after its checkpoint was
+// committed (another token; multi-node jobs group parts by the marker's bytes) is a new version
+// of the checkpoint, committed with the marker's new bytes, as a data file written again is. The
+// running agent did not see it. (Found from outside.)
+func TestUploaderMarkerRewrittenAfterItsCommit(t *testing.T) {
+	s, dir := newMemStore(), t.TempDir()
+	r := startUploader(t, dir, s, 0)
+	writeCheckpoint(t, dir, "step-1", map[string][]byte{"a": randomBytes(t, 1<<10)})
+	first := r.waitCommitted("step-1")
+	marker := filepath.Join(dir, "step-1", "_COMPLETE")
+	tmp := filepath.Join(dir, "step-1", ".marker.tmp")
+	if err := os.WriteFile(tmp, []byte("run-2"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, marker); err != nil {
+		t.Fatal(err)
+	}
+	again := r.waitCommitted("step-1")
+	if again.Manifest.Commit == first.Manifest.Commit {
+		t.Fatalf("the checkpoint with its marker written again is commit %s, the first", first.Manifest.Commit)
+	}
+	to := t.TempDir()
+	if _, err := Restore(t.Context(), s, RestoreOptions{Job: "job", Checkpoint: "step-1", To: to, Logger: zerolog.Nop()}); err != nil {
+		t.Fatal(err)
+	}
+	if b, _ := os.ReadFile(filepath.Join(to, "step-1", "_COMPLETE")); string(b) != "run-2" {
+		t.Errorf("restored marker = %q; want the one written last", b)
+	}
+}

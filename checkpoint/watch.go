@@ -232,7 +232,8 @@ func NewWatcher(cfg WatchConfig) (*Watcher, error) {
 //     (FileReady after its debounce). Removing the marker of a complete checkpoint (or renaming
 //     it away, or it no longer being a file that can be reported) gives FileGone with Path the
 //     marker and an Info log line "marker removed; the checkpoint is no longer complete"; a
-//     marker that appears again gives another Complete. Removing a checkpoint directory with
+//     marker that appears again gives another Complete, and so does the marker of a complete
+//     checkpoint written again (another version of it: its checkpoint is read again at once). Removing a checkpoint directory with
 //     everything in it (rm -r) gives a FileGone for each reported file and for the marker, then
 //     Removed.
 //   - Removed when a checkpoint directory or single file is removed or renamed away, or the
@@ -333,8 +334,10 @@ var ErrDirGone = errors.New("checkpoint: the checkpoint directory was removed or
 // watchCkpt is what a watchRun knows about one checkpoint.
 type watchCkpt struct {
 	single bool
-	// complete is true once its Complete was sent, until its marker goes.
+	// complete is true once its Complete was sent, until its marker goes; marker is the version
+	// of the marker that Complete named.
 	complete bool
+	marker   FileID
 	// inPlace: a single file seen being written under its own name (warned once).
 	inPlace bool
 }
@@ -1070,7 +1073,7 @@ func (r *watchRun) emitFound(c *watchCkpt, f scanFound, onlyChanged bool) {
 	if !f.complete() || (f.single && waits(f.marker)) {
 		return
 	}
-	c.complete = true
+	c.complete, c.marker = true, FileIDOf(f.marker)
 	markerPath := r.marker
 	if f.single {
 		markerPath = f.name
@@ -1242,12 +1245,18 @@ func (r *watchRun) changed(rel string) {
 			r.refreshDir(name, c, rel, fi)
 		}
 	case fi.Mode().IsRegular():
-		if sub != r.marker {
+		switch {
+		case sub != r.marker:
 			r.touch(rel)
-		} else if !c.complete {
+		case !c.complete:
 			r.refresh(name, c)
-		} else if !r.walker.usable(rel, fi) {
+		case !r.walker.usable(rel, fi):
 			r.markerGone(name, c)
+		case !FileIDOf(fi).Same(c.marker):
+			// The marker written again (another token, a rename over it): the checkpoint
+			// completes again, as this version, with the marker's new bytes.
+			c.complete = false
+			r.refresh(name, c)
 		}
 	default:
 		r.skip(rel, scanKind(fi.Mode()), nil)
