@@ -64,6 +64,10 @@ type RestoreOptions struct {
 	Progress func(done, total int64)
 	// Logger receives the summary and warnings (a fallback, skipped manifests).
 	Logger zerolog.Logger
+	// Marker is checkpoint.marker ("" means "_COMPLETE"): at the top of a checkpoint directory,
+	// it is downloaded once every other file is in and verified, so that a staging directory a
+	// killed restore leaves behind never holds a marker beside files that are not.
+	Marker string
 	// Part, if not nil, restores of a multi-node job's checkpoint only the files of node rank
 	// *Part (its own and those its part shares with others; Manifest.PartFiles). A single-node
 	// commit (no parts: what a node left at store.world_nodes 1 commits) is refused, not taken
@@ -213,7 +217,7 @@ func Restore(ctx context.Context, s Store, opts RestoreOptions) (RestoreResult, 
 		return done(true)
 	}
 
-	staging, err := restoreStage(ctx, s, to, m, conc, opts.Progress, log)
+	staging, err := restoreStage(ctx, s, to, m, conc, opts.Marker, opts.Progress, log)
 	if err != nil {
 		return failCP(err)
 	}
@@ -463,7 +467,7 @@ func restoreChecksumFile(dir *os.Root, rel string) (Checksum, int64, error) {
 // restoreStage creates a staging directory in to, downloads and verifies m's files into it and
 // fsyncs them and its directories. It returns the staging directory's name (relative to to),
 // or an error after removing it.
-func restoreStage(ctx context.Context, s Store, to *os.Root, m *Manifest, conc int, progress func(done, total int64), log zerolog.Logger) (string, error) {
+func restoreStage(ctx context.Context, s Store, to *os.Root, m *Manifest, conc int, marker string, progress func(done, total int64), log zerolog.Logger) (string, error) {
 	hurry(s) // the instance waits for its checkpoint
 	restoreRemoveStale(to, log)
 	name := fmt.Sprintf("%s%d-%s", restoreStagingPrefix, os.Getpid(), rand.Text())
@@ -499,15 +503,26 @@ func restoreStage(ctx context.Context, s Store, to *os.Root, m *Manifest, conc i
 		prog = &restoreProgress{fn: progress, total: m.TotalBytes}
 		prog.add(0)
 	}
-	g, gctx := errgroup.WithContext(ctx)
-	g.SetLimit(conc)
-	for _, f := range m.Files {
-		g.Go(func() error {
-			return restoreFile(gctx, s, stage, m.FileKey(f), f, prog)
-		})
+	if marker == "" {
+		marker = scanDefaultMarker
 	}
-	if err := g.Wait(); err != nil {
-		return "", err
+	// The marker last: a staging directory left by a killed restore never holds it beside files
+	// not all there and verified (a trainer that looks for it itself would take it for whole).
+	isMarker := func(f File) bool { return f.Path == marker && !m.SingleFile() }
+	for _, last := range []bool{false, true} {
+		g, gctx := errgroup.WithContext(ctx)
+		g.SetLimit(conc)
+		for _, f := range m.Files {
+			if isMarker(f) != last {
+				continue
+			}
+			g.Go(func() error {
+				return restoreFile(gctx, s, stage, m.FileKey(f), f, prog)
+			})
+		}
+		if err := g.Wait(); err != nil {
+			return "", err
+		}
 	}
 	for _, d := range slices.Backward(append([]string{"."}, dirs...)) {
 		if err := restoreSyncDir(stage, filepath.FromSlash(d)); err != nil {

@@ -103,7 +103,8 @@ func runRestore(ctx context.Context, args, environ []string, stdout, stderr io.W
 	if cfg.Log.Level == zerolog.DebugLevel {
 		level = zerolog.DebugLevel
 	}
-	opts := checkpoint.RestoreOptions{Job: cfg.Store.Job, Checkpoint: *name, Commit: *commit, CommitSet: *commit != "", To: *to, Logger: log.Level(level)}
+	opts := checkpoint.RestoreOptions{Job: cfg.Store.Job, Checkpoint: *name, Commit: *commit, CommitSet: *commit != "", To: *to,
+		Marker: cfg.Checkpoint.Marker, Logger: log.Level(level)}
 	opts.Part = partRank
 	// Progress: a bar on a terminal (none with --json); elsewhere (spotguard-restore.service, a
 	// pipe) a log line every progressLogEvery and one at the end.
