@@ -353,10 +353,12 @@ func (a *Agent) Run(ctx context.Context) error {
 			return fmt.Errorf("http.listen: %w", err)
 		}
 	}
+	// What an earlier run signalled the trainer for (its notice.json): not signalled again.
+	a.coord.previous = readSignalled(cfg.Agent.RuntimeDir, a.log)
 	if err := os.MkdirAll(cfg.Agent.RuntimeDir, 0o755); err != nil {
 		a.log.Error().Err(err).Str("dir", cfg.Agent.RuntimeDir).Msg("cannot create runtime dir; notice.json will be missing")
 		a.coord.setNoticeFileProblem(err)
-	} else if err := writeNoticeFile(cfg.Agent.RuntimeDir, nil); err != nil {
+	} else if err := writeNoticeFile(cfg.Agent.RuntimeDir, nil, nil); err != nil {
 		// No notice is in force before this run sees one: a notice.json an earlier run left
 		// (stopped or killed with notices in force) would name notices this one does not hold,
 		// such as a job notice, which only lives in the agent that took it.

@@ -436,7 +436,7 @@ func TestNewRejectsInvalidConfig(t *testing.T) {
 func TestWriteNoticeFileIsAtomic(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "nested")
 	ns := &NoticeStatus{Source: imds.SourceRebalance, Action: "rebalance"}
-	if err := writeNoticeFile(dir, []*NoticeStatus{ns}); err != nil {
+	if err := writeNoticeFile(dir, []*NoticeStatus{ns}, nil); err != nil {
 		t.Fatal(err)
 	}
 	b, _ := os.ReadFile(filepath.Join(dir, NoticeFile))
@@ -448,7 +448,7 @@ func TestWriteNoticeFileIsAtomic(t *testing.T) {
 	if len(entries) != 1 {
 		t.Errorf("runtime dir holds %d entries; want only notice.json (no temp files left)", len(entries))
 	}
-	if err := writeNoticeFile(dir, nil); err != nil {
+	if err := writeNoticeFile(dir, nil, nil); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := os.Stat(filepath.Join(dir, NoticeFile)); !errors.Is(err, fs.ErrNotExist) {

@@ -183,6 +183,9 @@ type Coordinator struct {
 	active       map[string]*NoticeStatus // by key
 	found        []TrainerStatus
 	lastProblems string
+	// previous holds, by key, when an earlier run signalled the trainer for a notice
+	// (readSignalled); set before Run.
+	previous map[string]time.Time
 	// noticeFileErr is why the last write of notice.json failed; nil once one succeeds.
 	noticeFileErr error
 }
@@ -277,6 +280,19 @@ func (c *Coordinator) begin(ev imds.Event) {
 	// Before signalling: the files the trainer writes now get every connection, and notice.json
 	// says what to act on.
 	c.noticesChanged(cfg)
+
+	if at, ok := c.previousSignal(ns.Key); ok {
+		// A restart (a crash, kill -9) during the notice: the trainer saved for it, or is
+		// saving; asked again, it would save twice in the window.
+		c.mu.Lock()
+		ns.signalledAt = &at
+		c.mu.Unlock()
+		detail := "signalled by the agent's previous run at " + at.UTC().Format(time.RFC3339) + "; not again"
+		c.transition(ns, StateTrainerSignalled, detail)
+		log.Warn().Time("signalled_at", at).Msg("the trainer was signalled for this notice before the agent restarted; not signalled again")
+		c.noticesChanged(cfg) // a stop waits for its checkpoint, as for one signalled now
+		return
+	}
 
 	procs, problems := c.trainers.Find(cfg)
 	for _, p := range problems {
@@ -446,6 +462,14 @@ func noticeRank(ns *NoticeStatus) int {
 // it when none is).
 func (c *Coordinator) noticesChanged(cfg *Config) {
 	active := c.inForce()
+	signalled := map[*NoticeStatus]time.Time{}
+	c.mu.Lock()
+	for _, ns := range active {
+		if ns.signalledAt != nil {
+			signalled[ns] = *ns.signalledAt
+		}
+	}
+	c.mu.Unlock()
 	if c.uploader != nil {
 		un := make([]checkpoint.ActiveNotice, 0, len(active))
 		c.mu.Lock()
@@ -467,7 +491,7 @@ func (c *Coordinator) noticesChanged(cfg *Config) {
 		c.mu.Unlock()
 		c.uploader.SetNotices(un)
 	}
-	err := writeNoticeFile(cfg.Agent.RuntimeDir, active)
+	err := writeNoticeFile(cfg.Agent.RuntimeDir, active, signalled)
 	if err != nil {
 		// The signal matters more than the file: go on.
 		c.log.Error().Err(err).Msg("cannot write notice file")
@@ -687,13 +711,16 @@ type noticeEntry struct {
 	Deadline *time.Time  `json:"deadline"`
 	// NotAfter is when a scheduled event's window ends; omitted for other notices.
 	NotAfter *time.Time `json:"not_after,omitempty"`
+	// SignalledAt is when the agent signalled the trainer for it; omitted before, or when it
+	// did not. A restarted agent does not signal again for a notice its previous run did.
+	SignalledAt *time.Time `json:"signalled_at,omitempty"`
 }
 
 // writeNoticeFile writes notice.json for the notices in force (most severe first) atomically
 // (temp file, fsync, rename) so a trainer never reads half of it, or removes it when there are
 // none. A scheduled event whose start has passed is due now: its deadline stays its start, and
 // not_after says when its window ends.
-func writeNoticeFile(dir string, active []*NoticeStatus) error {
+func writeNoticeFile(dir string, active []*NoticeStatus, signalled map[*NoticeStatus]time.Time) error {
 	path := filepath.Join(dir, NoticeFile)
 	if len(active) == 0 {
 		if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
@@ -710,6 +737,10 @@ func writeNoticeFile(dir string, active []*NoticeStatus) error {
 		if !ns.notAfter.IsZero() {
 			d := ns.notAfter.UTC()
 			e.NotAfter = &d
+		}
+		if at, ok := signalled[ns]; ok {
+			at = at.UTC()
+			e.SignalledAt = &at
 		}
 		return e
 	}
@@ -748,6 +779,41 @@ func writeNoticeFile(dir string, active []*NoticeStatus) error {
 		return fmt.Errorf("write notice file: %w", err)
 	}
 	return nil
+}
+
+// readSignalled reads the notice.json an earlier run left in dir (killed, or restarted, during a
+// notice) for the notices it signalled the trainer for, by key, and when.
+func readSignalled(dir string, log zerolog.Logger) map[string]time.Time {
+	data, err := os.ReadFile(filepath.Join(dir, NoticeFile))
+	if err != nil {
+		return nil
+	}
+	var nf noticeFile
+	if err := json.Unmarshal(data, &nf); err != nil {
+		log.Warn().Err(err).Msg("the notice file an earlier run left cannot be read; a notice in force is signalled again")
+		return nil
+	}
+	out := map[string]time.Time{}
+	for _, e := range nf.Active {
+		if e.SignalledAt != nil {
+			out[imds.Notice{Source: e.Source, Action: e.Action, EventID: e.EventID}.Key()] = *e.SignalledAt
+		}
+	}
+	return out
+}
+
+// previousSignalWithin bounds how long ago an earlier run's signal for a notice may be for a
+// restarted agent not to signal again: a notice still in force after that is asked for anew.
+const previousSignalWithin = 10 * time.Minute
+
+// previousSignal returns when an earlier run signalled the trainer for the notice key (its
+// notice.json), if it did within previousSignalWithin; once per key.
+func (c *Coordinator) previousSignal(key string) (time.Time, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	at, ok := c.previous[key]
+	delete(c.previous, key)
+	return at, ok && time.Since(at) < previousSignalWithin
 }
 
 // checkWritable reports whether a file can be created in dir (it creates and removes one).

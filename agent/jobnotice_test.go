@@ -4,10 +4,12 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io/fs"
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -343,5 +345,60 @@ func TestJobNoticeAfterItsEndIsNew(t *testing.T) {
 	st := tc.c.status()
 	if len(st.Notices) != 2 || st.Notices[0].Active || st.Notices[0].State != StateDetected || !st.Notices[1].Active {
 		t.Errorf("/status notices = %+v; want the first ended, the second active", st.Notices)
+	}
+}
+
+// A restart during a notice (the agent killed, crashing, restarted by systemd) does not signal
+// the trainer again for a notice its previous run signalled it for: asked twice, the trainer
+// saves twice in the window, and a crash loop asks at every start. notice.json carries when
+// each notice was signalled. (Found from outside: a second SIGUSR1 5 s after the first.)
+func TestRestartDoesNotSignalAgain(t *testing.T) {
+	for _, previous := range []bool{false, true} {
+		t.Run(fmt.Sprintf("previous run signalled=%v", previous), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				runtime := t.TempDir()
+				deadline := time.Now().Add(2 * time.Minute).UTC().Truncate(time.Second)
+				if previous {
+					signalled := time.Now().Add(-5 * time.Second)
+					ns := &NoticeStatus{Source: imds.SourceSpot, Action: "terminate", Deadline: &deadline}
+					if err := writeNoticeFile(runtime, []*NoticeStatus{ns}, map[*NoticeStatus]time.Time{ns: signalled}); err != nil {
+						t.Fatal(err)
+					}
+				}
+				cfg := mustLoad(t, LoadOptions{Environ: []string{"SPOTGUARD_HTTP_LISTEN=", "SPOTGUARD_TRAINER_MATCH=train",
+					"SPOTGUARD_AGENT_RUNTIME_DIR=" + runtime, "SPOTGUARD_METRICS_CLOUDWATCH=false"}})
+				fimds := newFakeIMDS()
+				fimds.set("spot/instance-action", `{"action": "terminate", "time": "`+deadline.Format(time.RFC3339)+`"}`)
+				a, err := New(cfg, Deps{Logger: zerolog.Nop(), IMDS: fimds})
+				if err != nil {
+					t.Fatal(err)
+				}
+				tr := &fakeTrainers{}
+				a.coord.trainers = tr
+				ctx, cancel := context.WithCancel(t.Context())
+				done := make(chan error)
+				go func() { done <- a.Run(ctx) }()
+				passFakeTime(3 * time.Second)
+				n, ok := a.Status().noticeByKey("spot/terminate")
+				if !ok || n.State != StateTrainerSignalled {
+					t.Errorf("notice = %+v; want it trainer_signalled", n)
+				}
+				want := 1
+				if previous {
+					want = 0
+				}
+				if got := tr.signals(); got != want {
+					t.Errorf("signals sent = %d; want %d", got, want)
+				}
+				data, _ := os.ReadFile(filepath.Join(runtime, NoticeFile))
+				if !strings.Contains(string(data), `"signalled_at"`) {
+					t.Errorf("notice.json = %s; want when the trainer was signalled", data)
+				}
+				cancel()
+				if err := <-done; err != nil {
+					t.Errorf("Run() = %v", err)
+				}
+			})
+		})
 	}
 }
