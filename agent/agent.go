@@ -245,11 +245,14 @@ func (a *Agent) statusLine(ctx context.Context) (out string) {
 	}
 	for i := len(cs.Notices) - 1; i >= 0; i-- {
 		n := cs.Notices[i]
-		if !n.Active || n.Policy != PolicyCheckpoint || n.State == StateCommitted {
+		if !n.Active || n.Policy != PolicyCheckpoint {
 			continue
 		}
 		line := "notice " + n.Key + ": " + n.State
-		if uploads != nil && uploads.Urgent {
+		if n.State == StateCommitted {
+			// Still in force (a reclaim on its way, a scheduled event not over): say so.
+			line = "notice " + n.Key + " in force: its checkpoint is committed"
+		} else if uploads != nil && uploads.Urgent {
 			var total, stored int64
 			for _, c := range uploads.Checkpoints {
 				if !c.Committed {
@@ -262,7 +265,11 @@ func (a *Agent) statusLine(ctx context.Context) (out string) {
 			}
 		}
 		if n.Deadline != nil {
-			line += fmt.Sprintf(" (deadline in %.0f s)", time.Until(*n.Deadline).Seconds())
+			if left := time.Until(*n.Deadline); left >= 0 {
+				line += fmt.Sprintf(" (deadline in %.0f s)", left.Seconds())
+			} else {
+				line += fmt.Sprintf(" (deadline passed %.0f s ago)", -left.Seconds())
+			}
 		}
 		return line
 	}

@@ -336,3 +336,40 @@ func TestJobProblemEndsWithANewerJobCheckpoint(t *testing.T) {
 		t.Error("an old save looked at again made the agent unhealthy again, after a newer job checkpoint committed")
 	}
 }
+
+// The STATUS line names a notice in force after its checkpoint committed (it said "watching"
+// with a reclaim on its way), and a deadline that passed as passed (it said "deadline in -9 s").
+// (Found from outside.)
+func TestStatusLineNoticeInForceAfterItsCommit(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		cfg := mustLoad(t, LoadOptions{Environ: []string{"SPOTGUARD_HTTP_LISTEN=", "SPOTGUARD_TRAINER_MATCH=train",
+			"SPOTGUARD_AGENT_RUNTIME_DIR=" + t.TempDir(), "SPOTGUARD_METRICS_CLOUDWATCH=false"}})
+		fimds := newFakeIMDS()
+		a, err := New(cfg, Deps{Logger: zerolog.Nop(), IMDS: fimds})
+		if err != nil {
+			t.Fatal(err)
+		}
+		a.coord.trainers = &fakeTrainers{}
+		ctx, cancel := context.WithCancel(t.Context())
+		done := make(chan error)
+		go func() { done <- a.Run(ctx) }()
+		passFakeTime(2 * time.Second)
+		fimds.set("spot/instance-action", `{"action": "terminate", "time": "`+time.Now().Add(time.Minute).UTC().Format(time.RFC3339)+`"}`)
+		passFakeTime(2 * time.Second)
+		a.onUpload(checkpoint.UploadEvent{Kind: checkpoint.CheckpointComplete, Checkpoint: "step-1", At: time.Now()})
+		now := time.Now()
+		a.onUpload(checkpoint.UploadEvent{Kind: checkpoint.CheckpointCommitted, Checkpoint: "step-1", At: now,
+			Manifest: &checkpoint.Manifest{Checkpoint: "step-1", Trigger: "notice", CommittedAt: now}})
+		if line := a.statusLine(ctx); !strings.HasPrefix(line, "notice spot/terminate in force: its checkpoint is committed (deadline in ") {
+			t.Errorf("STATUS line = %q; want the notice in force, committed", line)
+		}
+		passFakeTime(2 * time.Minute)
+		if line := a.statusLine(ctx); !strings.Contains(line, "(deadline passed ") {
+			t.Errorf("STATUS line = %q; want the deadline said passed", line)
+		}
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run() = %v", err)
+		}
+	})
+}
