@@ -251,7 +251,7 @@ func (a *Agent) statusLine(ctx context.Context) (out string) {
 		line := "notice " + n.Key + ": " + n.State
 		if n.State == StateCommitted {
 			// Still in force (a reclaim on its way, a scheduled event not over): say so.
-			line = "notice " + n.Key + " in force: its checkpoint is committed"
+			line = "notice " + n.Key + " in force: checkpoint " + n.written + " committed"
 		} else if uploads != nil && uploads.Urgent {
 			var total, stored int64
 			for _, c := range uploads.Checkpoints {

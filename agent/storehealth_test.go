@@ -360,7 +360,7 @@ func TestStatusLineNoticeInForceAfterItsCommit(t *testing.T) {
 		now := time.Now()
 		a.onUpload(checkpoint.UploadEvent{Kind: checkpoint.CheckpointCommitted, Checkpoint: "step-1", At: now,
 			Manifest: &checkpoint.Manifest{Checkpoint: "step-1", Trigger: "notice", CommittedAt: now}})
-		if line := a.statusLine(ctx); !strings.HasPrefix(line, "notice spot/terminate in force: its checkpoint is committed (deadline in ") {
+		if line := a.statusLine(ctx); !strings.HasPrefix(line, "notice spot/terminate in force: checkpoint step-1 committed (deadline in ") {
 			t.Errorf("STATUS line = %q; want the notice in force, committed", line)
 		}
 		passFakeTime(2 * time.Minute)

@@ -93,8 +93,10 @@ func TestSdNotifyThroughANotice(t *testing.T) {
 	ns.until(t, "WATCHDOG=1", func(m string) bool { return m == "WATCHDOG=1" })
 	ns.until(t, "a status about the notice", func(m string) bool { return strings.HasPrefix(m, "STATUS=notice spot/terminate") })
 	ap.waitNoticeState(t, "spot/terminate", "committed", 30*time.Second)
+	// The spot notice stays in force (the instance is going away): the status names it and
+	// the checkpoint committed for it.
 	ns.until(t, "a status naming the durable checkpoint", func(m string) bool {
-		return strings.HasPrefix(m, "STATUS=watching; last durable checkpoint step-")
+		return strings.HasPrefix(m, "STATUS=notice spot/terminate in force: checkpoint step-")
 	})
 	ap.cmd.Process.Signal(syscall.SIGTERM)
 	ns.until(t, "STOPPING=1", func(m string) bool { return strings.HasPrefix(m, "STOPPING=1") })
