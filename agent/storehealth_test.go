@@ -259,21 +259,8 @@ func TestStoreAttemptFailureProbesTheStore(t *testing.T) {
 // commit's age were set, while the job checkpoint was given up. (Found from outside.)
 func TestMultiNodeNoticeDurableWithTheJobCheckpoint(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		cfg := mustLoad(t, LoadOptions{Environ: []string{"SPOTGUARD_HTTP_LISTEN=", "SPOTGUARD_TRAINER_MATCH=train",
-			"SPOTGUARD_AGENT_RUNTIME_DIR=" + t.TempDir(), "SPOTGUARD_STORE_WORLD_NODES=2", "SPOTGUARD_STORE_NODE_RANK=1",
-			"SPOTGUARD_METRICS_CLOUDWATCH=false"}})
-		fimds := newFakeIMDS()
-		a, err := New(cfg, Deps{Logger: zerolog.Nop(), IMDS: fimds})
-		if err != nil {
-			t.Fatal(err)
-		}
-		a.coord.trainers = &fakeTrainers{}
-		ctx, cancel := context.WithCancel(t.Context())
-		done := make(chan error)
-		go func() { done <- a.Run(ctx) }()
-		passFakeTime(2 * time.Second)
-		fimds.set("spot/instance-action", `{"action": "terminate", "time": "`+time.Now().Add(2*time.Minute).UTC().Format(time.RFC3339)+`"}`)
-		passFakeTime(2 * time.Second)
+		a, _, stop := runAgentWithASpotNotice(t, 2*time.Minute, "SPOTGUARD_STORE_WORLD_NODES=2", "SPOTGUARD_STORE_NODE_RANK=1")
+		defer stop()
 		a.onUpload(checkpoint.UploadEvent{Kind: checkpoint.CheckpointComplete, Checkpoint: "step-1", At: time.Now()})
 		passFakeTime(time.Second)
 		now := time.Now()
@@ -291,10 +278,6 @@ func TestMultiNodeNoticeDurableWithTheJobCheckpoint(t *testing.T) {
 			Manifest: &checkpoint.Manifest{Checkpoint: "step-1", Trigger: "notice", CommittedAt: now, WorldNodes: 2}})
 		if n, _ := a.Status().noticeByKey("spot/terminate"); n.State != StateCommitted {
 			t.Errorf("notice state %s once the job checkpoint is committed; want %s", n.State, StateCommitted)
-		}
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("Run() = %v", err)
 		}
 	})
 }
@@ -342,20 +325,8 @@ func TestJobProblemEndsWithANewerJobCheckpoint(t *testing.T) {
 // (Found from outside.)
 func TestStatusLineNoticeInForceAfterItsCommit(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		cfg := mustLoad(t, LoadOptions{Environ: []string{"SPOTGUARD_HTTP_LISTEN=", "SPOTGUARD_TRAINER_MATCH=train",
-			"SPOTGUARD_AGENT_RUNTIME_DIR=" + t.TempDir(), "SPOTGUARD_METRICS_CLOUDWATCH=false"}})
-		fimds := newFakeIMDS()
-		a, err := New(cfg, Deps{Logger: zerolog.Nop(), IMDS: fimds})
-		if err != nil {
-			t.Fatal(err)
-		}
-		a.coord.trainers = &fakeTrainers{}
-		ctx, cancel := context.WithCancel(t.Context())
-		done := make(chan error)
-		go func() { done <- a.Run(ctx) }()
-		passFakeTime(2 * time.Second)
-		fimds.set("spot/instance-action", `{"action": "terminate", "time": "`+time.Now().Add(time.Minute).UTC().Format(time.RFC3339)+`"}`)
-		passFakeTime(2 * time.Second)
+		a, ctx, stop := runAgentWithASpotNotice(t, time.Minute)
+		defer stop()
 		a.onUpload(checkpoint.UploadEvent{Kind: checkpoint.CheckpointComplete, Checkpoint: "step-1", At: time.Now()})
 		now := time.Now()
 		a.onUpload(checkpoint.UploadEvent{Kind: checkpoint.CheckpointCommitted, Checkpoint: "step-1", At: now,
@@ -367,9 +338,31 @@ func TestStatusLineNoticeInForceAfterItsCommit(t *testing.T) {
 		if line := a.statusLine(ctx); !strings.Contains(line, "(deadline passed ") {
 			t.Errorf("STATUS line = %q; want the deadline said passed", line)
 		}
+	})
+}
+
+// runAgentWithASpotNotice runs, in a synctest bubble, an agent (a fake trainer found, env added)
+// that sees a spot notice due in within; stop ends it and checks Run's error.
+func runAgentWithASpotNotice(t *testing.T, within time.Duration, env ...string) (*Agent, context.Context, func()) {
+	t.Helper()
+	cfg := mustLoad(t, LoadOptions{Environ: append([]string{"SPOTGUARD_HTTP_LISTEN=", "SPOTGUARD_TRAINER_MATCH=train",
+		"SPOTGUARD_AGENT_RUNTIME_DIR=" + t.TempDir(), "SPOTGUARD_METRICS_CLOUDWATCH=false"}, env...)})
+	fimds := newFakeIMDS()
+	a, err := New(cfg, Deps{Logger: zerolog.Nop(), IMDS: fimds})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a.coord.trainers = &fakeTrainers{}
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error)
+	go func() { done <- a.Run(ctx) }()
+	passFakeTime(2 * time.Second)
+	fimds.set("spot/instance-action", `{"action": "terminate", "time": "`+time.Now().Add(within).UTC().Format(time.RFC3339)+`"}`)
+	passFakeTime(2 * time.Second)
+	return a, ctx, func() {
 		cancel()
 		if err := <-done; err != nil {
 			t.Errorf("Run() = %v", err)
 		}
-	})
+	}
 }
