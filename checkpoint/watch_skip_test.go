@@ -207,8 +207,13 @@ func TestHardLinksAreSkipped(t *testing.T) {
 		link(t, secret, filepath.Join(ck2, "secret.bin"))
 		link(t, filepath.Join(ck2, "a.bin"), filepath.Join(ck2, "a-twin.bin"))
 		link(t, secret, filepath.Join(dir, "model.pt"))
-		scanWrite(t, filepath.Join(ck2, "_COMPLETE"), "")
-		own(t, filepath.Join(ck2, "_COMPLETE"))
+		// The trainer's marker, renamed into place (a chown after it would be a change of the
+		// marker, which completes the checkpoint again).
+		scanWrite(t, filepath.Join(ck2, ".marker.tmp"), "")
+		own(t, filepath.Join(ck2, ".marker.tmp"))
+		if err := os.Rename(filepath.Join(ck2, ".marker.tmp"), filepath.Join(ck2, "_COMPLETE")); err != nil {
+			t.Fatal(err)
+		}
 		evs = h.untilComplete("step-2")
 		ready := map[string]bool{}
 		for _, ev := range evs {
