@@ -206,7 +206,7 @@ func (a *Agent) lifecycle(ctx context.Context, ln net.Listener, stopped <-chan s
 		select {
 		case <-done:
 			done = nil
-			a.notifyErr(a.deps.Notify.Stopping(a.statusLine(context.Background())))
+			a.notifyErr(a.deps.Notify.Stopping("stopping; " + a.statusLine(context.Background())))
 			continue
 		case <-stopped:
 			return
@@ -284,8 +284,12 @@ func (a *Agent) statusLine(ctx context.Context) (out string) {
 	} else {
 		line += "; no checkpoint committed by this agent yet"
 	}
-	if len(cs.Trainers) == 0 {
+	switch {
+	case len(cs.Trainers) > 0:
+	case a.coord.hasScanned():
 		line += "; no trainer found"
+	default:
+		line += "; looking for the trainer" // READY can come before the first look
 	}
 	return line
 }

@@ -183,6 +183,8 @@ type Coordinator struct {
 	active       map[string]*NoticeStatus // by key
 	found        []TrainerStatus
 	lastProblems string
+	// scanned: Scan has looked for the trainer at least once.
+	scanned bool
 	// previous holds, by key, when an earlier run signalled the trainer for a notice
 	// (readSignalled); set before Run.
 	previous map[string]time.Time
@@ -604,6 +606,13 @@ func (c *Coordinator) checkMissing(now time.Time) {
 
 // Scan looks for trainer processes and reports, loudly, each newly found one that does not catch
 // trainer.signal. Problems (no match, stale pidfile, …) are logged when they change.
+// hasScanned reports whether Scan has looked for the trainer yet.
+func (c *Coordinator) hasScanned() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.scanned
+}
+
 // activeOf returns the keys of the notices of src in force, whatever their policy.
 func (c *Coordinator) activeOf(src imds.Source) []string {
 	c.mu.Lock()
@@ -660,7 +669,7 @@ func (c *Coordinator) Scan() {
 	c.mu.Lock()
 	changed := problemText != c.lastProblems
 	c.lastProblems = problemText
-	c.found = found
+	c.found, c.scanned = found, true
 	c.mu.Unlock()
 
 	c.metrics.trainerProcesses.Set(float64(len(found)))

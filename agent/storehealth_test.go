@@ -366,3 +366,21 @@ func runAgentWithASpotNotice(t *testing.T, within time.Duration, env ...string) 
 		}
 	}
 }
+
+// Before the agent has looked for the trainer (READY can come first) the STATUS line does not say
+// that none was found: it said "no trainer found" in the second the trainer was found.
+func TestStatusLineBeforeTheFirstLookForTheTrainer(t *testing.T) {
+	cfg := mustLoad(t, LoadOptions{Environ: []string{"SPOTGUARD_HTTP_LISTEN=", "SPOTGUARD_TRAINER_MATCH=no-such-trainer-anywhere",
+		"SPOTGUARD_AGENT_RUNTIME_DIR=" + t.TempDir()}})
+	a, err := New(cfg, Deps{Logger: zerolog.Nop(), IMDS: newFakeIMDS()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if line := a.statusLine(t.Context()); strings.Contains(line, "no trainer found") || !strings.Contains(line, "looking for the trainer") {
+		t.Errorf("STATUS line before the first look = %q; want it looking for the trainer", line)
+	}
+	a.coord.Scan()
+	if line := a.statusLine(t.Context()); !strings.Contains(line, "no trainer found") {
+		t.Errorf("STATUS line after a look that found none = %q; want no trainer found", line)
+	}
+}
