@@ -296,11 +296,7 @@ func TestUploaderStartsWithAStoreThatHangs(t *testing.T) {
 	writeCheckpoint(t, dir, "step-1", map[string][]byte{"w": randomBytes(t, 8<<10)})
 	r.waitCommitted("step-1")
 	r.cancel()
-	select {
-	case <-r.done:
-	case <-time.After(10 * time.Second):
-		t.Fatal("the uploader did not stop within 10 s")
-	}
+	r.waitDone("the uploader did not stop within 10 s")
 }
 
 // A stop waits for the checkpoint the trainer was signalled for only while the trainer is
@@ -470,6 +466,16 @@ func (h *hookStore) PutBytes(ctx context.Context, key string, data []byte, cond 
 	return h.Store.PutBytes(ctx, key, data, cond)
 }
 
+// failManifestWrites is s with every manifest write failing.
+func failManifestWrites(s Store) *hookStore {
+	return &hookStore{Store: s, before: func(key string) error {
+		if strings.HasSuffix(key, "/"+MetaDir+"/manifest.json") {
+			return errors.New("connection reset")
+		}
+		return nil
+	}}
+}
+
 // TestUploaderResumedCommitDeletedMeanwhileIsNotTorn: a killed run's manifest request can land
 // after it died, and retention (another agent's) then deletes that commit, manifest first, while
 // the next run resumes the commit from its journal. The resumed commit's manifest must not be
@@ -479,12 +485,7 @@ func (h *hookStore) PutBytes(ctx context.Context, key string, data []byte, cond 
 func TestUploaderResumedCommitDeletedMeanwhileIsNotTorn(t *testing.T) {
 	mem := newMemStore()
 	dir, state := t.TempDir(), t.TempDir()
-	failManifests := &hookStore{Store: mem, before: func(key string) error {
-		if strings.HasSuffix(key, "/"+MetaDir+"/manifest.json") {
-			return errors.New("connection reset")
-		}
-		return nil
-	}}
+	failManifests := failManifestWrites(mem)
 	first := startUploaderWith(t, dir, failManifests, UploaderConfig{StateDir: state, StopBudget: -1})
 	writeCheckpoint(t, dir, "step-1", map[string][]byte{"a": randomBytes(t, 8<<10), "b": randomBytes(t, 8<<10)})
 	first.waitEvent(CheckpointFailed, "step-1")
@@ -525,21 +526,12 @@ func TestUploaderResumedCommitDeletedMeanwhileIsNotTorn(t *testing.T) {
 // TestUploaderNegativeStopBudgetDoesNotDrain: agent.stop_budget 0s is a negative StopBudget,
 // "stop at once"; it had become the default 140 s.
 func TestUploaderNegativeStopBudgetDoesNotDrain(t *testing.T) {
-	failManifests := &hookStore{Store: newMemStore(), before: func(key string) error {
-		if strings.HasSuffix(key, "/"+MetaDir+"/manifest.json") {
-			return errors.New("connection reset")
-		}
-		return nil
-	}}
+	failManifests := failManifestWrites(newMemStore())
 	r := startUploaderWith(t, t.TempDir(), failManifests, UploaderConfig{StopBudget: -1})
 	writeCheckpoint(t, r.dir, "step-1", map[string][]byte{"a": randomBytes(t, 8<<10)})
 	r.waitEvent(CheckpointFailed, "step-1")
 	r.cancel()
-	select {
-	case <-r.done:
-	case <-time.After(10 * time.Second):
-		t.Fatal("a stop with a negative stop budget drained an uncommitted checkpoint for 10 s")
-	}
+	r.waitDone("a stop with a negative stop budget drained an uncommitted checkpoint for 10 s")
 }
 
 // TestUploaderStopNamesCheckpointsBeingWritten: a stop with no notice does not wait for a

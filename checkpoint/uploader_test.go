@@ -98,6 +98,16 @@ func (r *uploaderRig) stop() {
 	<-r.done
 }
 
+// waitDone waits for Run (and the watcher) to return; not within 10 s, it fails with what.
+func (r *uploaderRig) waitDone(what string) {
+	r.t.Helper()
+	select {
+	case <-r.done:
+	case <-time.After(10 * time.Second):
+		r.t.Fatal(what)
+	}
+}
+
 // waitCommitted waits for the checkpoint to be committed and returns its event.
 func (r *uploaderRig) waitCommitted(name string) UploadEvent {
 	r.t.Helper()
@@ -422,11 +432,7 @@ func TestUploaderEndDrainStopsAtOnce(t *testing.T) {
 	}
 	r.up.EndDrain() // the second
 	r.up.EndDrain() // and a third changes nothing
-	select {
-	case <-r.done:
-	case <-time.After(10 * time.Second):
-		t.Fatal("Run still draining 10 s after EndDrain")
-	}
+	r.waitDone("Run still draining 10 s after EndDrain")
 	if got := commitsOf(t, mem, "step-9"); len(got) != 0 {
 		t.Errorf("step-9 has %d commits; want none (the store never answered)", len(got))
 	}
@@ -447,11 +453,7 @@ func TestUploaderEndDrainBeforeStop(t *testing.T) {
 	r.waitEvent(CheckpointComplete, "step-1")
 	r.up.EndDrain()
 	r.cancel()
-	select {
-	case <-r.done:
-	case <-time.After(10 * time.Second):
-		t.Fatal("Run drained although the drain was ended before the stop")
-	}
+	r.waitDone("Run drained although the drain was ended before the stop")
 	if log := r.logs.String(); !strings.Contains(log, `"not_committed":["step-1"]`) {
 		t.Errorf("log does not name what was left:\n%s", log)
 	}

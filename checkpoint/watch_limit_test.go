@@ -104,18 +104,7 @@ func TestWatchPollsWhatItCannotWatch(t *testing.T) {
 	w.addWatch = watchLimitAdd(func(p string) bool {
 		return full && (p == filepath.Join(dir, "step-1") || strings.HasPrefix(p, filepath.Join(dir, "step-1")+"/"))
 	})
-	fw, err := fsnotify.NewWatcher()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer fw.Close()
-	root, err := os.OpenRoot(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer root.Close()
-	r := newWatchRun(w, fw, root)
-	defer r.deb.Stop()
+	r := testWatchRun(t, w, dir)
 	step := func(what, want string, unwatched ...string) {
 		t.Helper()
 		if got := watchFormat(r.queue); got != want {

@@ -557,18 +557,7 @@ func TestWatchOverflowRescans(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	fw, err := fsnotify.NewWatcher()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer fw.Close()
-	root, err := os.OpenRoot(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer root.Close()
-	r := newWatchRun(w, fw, root)
-	defer r.deb.Stop()
+	r := testWatchRun(t, w, dir)
 	if err := r.rescan(); err != nil {
 		t.Fatalf("rescan() error: %v", err)
 	}
@@ -1103,4 +1092,23 @@ func TestWatchWarnsOfASingleFileWrittenInPlace(t *testing.T) {
 			t.Errorf("warning for model.pt has fix %q; want the rename", fix)
 		}
 	}
+}
+
+// testWatchRun returns a run of w on dir, driven by the test step by step (not by Run), with
+// its fsnotify watcher, root and debouncer closed when the test ends.
+func testWatchRun(t *testing.T, w *Watcher, dir string) *watchRun {
+	t.Helper()
+	fw, err := fsnotify.NewWatcher()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { fw.Close() })
+	root, err := os.OpenRoot(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { root.Close() })
+	r := newWatchRun(w, fw, root)
+	t.Cleanup(r.deb.Stop)
+	return r
 }
