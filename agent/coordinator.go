@@ -187,7 +187,7 @@ type Coordinator struct {
 	scanned bool
 	// previous holds, by key, when an earlier run signalled the trainer for a notice
 	// (readSignalled); set before Run.
-	previous map[string]time.Time
+	previous map[string]signalRecord
 	// noticeFileErr is why the last write of notice.json failed; nil once one succeeds.
 	noticeFileErr error
 }
@@ -283,20 +283,20 @@ func (c *Coordinator) begin(ev imds.Event) {
 	// says what to act on.
 	c.noticesChanged(cfg)
 
-	if at, ok := c.previousSignal(ns.Key); ok {
-		// A restart (a crash, kill -9) during the notice: the trainer saved for it, or is
-		// saving; asked again, it would save twice in the window.
+	procs, problems := c.trainers.Find(cfg)
+	if prev, ok := c.previousSignal(ns.Key, procs); ok {
+		// A restart (a crash, kill -9) during the notice, with the same trainer processes: they
+		// saved for it, or are saving; asked again, they would save twice in the window.
 		c.mu.Lock()
-		ns.signalledAt = &at
+		ns.signalledAt = &prev.At
 		c.mu.Unlock()
-		detail := "signalled by the agent's previous run at " + at.UTC().Format(time.RFC3339) + "; not again"
+		detail := "signalled by the agent's previous run at " + prev.At.UTC().Format(time.RFC3339) + "; not again"
 		c.transition(ns, StateTrainerSignalled, detail)
-		log.Warn().Time("signalled_at", at).Msg("the trainer was signalled for this notice before the agent restarted; not signalled again")
+		log.Warn().Time("signalled_at", prev.At).Ints("pids", prev.PIDs).
+			Msg("the trainer was signalled for this notice before the agent restarted; not signalled again")
 		c.noticesChanged(cfg) // a stop waits for its checkpoint, as for one signalled now
 		return
 	}
-
-	procs, problems := c.trainers.Find(cfg)
 	for _, p := range problems {
 		c.metrics.discoveryProblems.WithLabelValues(p.Reason).Inc()
 		log.Error().Str("reason", p.Reason).Str("detail", p.Detail).Msg("trainer discovery problem")
@@ -464,12 +464,19 @@ func noticeRank(ns *NoticeStatus) int {
 // it when none is).
 func (c *Coordinator) noticesChanged(cfg *Config) {
 	active := c.inForce()
-	signalled := map[*NoticeStatus]time.Time{}
+	signalled := map[*NoticeStatus]signalRecord{}
 	c.mu.Lock()
 	for _, ns := range active {
-		if ns.signalledAt != nil {
-			signalled[ns] = *ns.signalledAt
+		if ns.signalledAt == nil {
+			continue
 		}
+		rec := signalRecord{At: *ns.signalledAt}
+		for _, s := range ns.Signals {
+			if s.Outcome == trainer.OutcomeSent {
+				rec.PIDs = append(rec.PIDs, s.PID)
+			}
+		}
+		signalled[ns] = rec
 	}
 	c.mu.Unlock()
 	if c.uploader != nil {
@@ -723,13 +730,21 @@ type noticeEntry struct {
 	// SignalledAt is when the agent signalled the trainer for it; omitted before, or when it
 	// did not. A restarted agent does not signal again for a notice its previous run did.
 	SignalledAt *time.Time `json:"signalled_at,omitempty"`
+	// SignalledPIDs are the trainer processes it signalled.
+	SignalledPIDs []int `json:"signalled_pids,omitempty"`
+}
+
+// signalRecord is when, and which trainer processes, the agent signalled for a notice.
+type signalRecord struct {
+	At   time.Time
+	PIDs []int
 }
 
 // writeNoticeFile writes notice.json for the notices in force (most severe first) atomically
 // (temp file, fsync, rename) so a trainer never reads half of it, or removes it when there are
 // none. A scheduled event whose start has passed is due now: its deadline stays its start, and
 // not_after says when its window ends.
-func writeNoticeFile(dir string, active []*NoticeStatus, signalled map[*NoticeStatus]time.Time) error {
+func writeNoticeFile(dir string, active []*NoticeStatus, signalled map[*NoticeStatus]signalRecord) error {
 	path := filepath.Join(dir, NoticeFile)
 	if len(active) == 0 {
 		if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
@@ -747,9 +762,9 @@ func writeNoticeFile(dir string, active []*NoticeStatus, signalled map[*NoticeSt
 			d := ns.notAfter.UTC()
 			e.NotAfter = &d
 		}
-		if at, ok := signalled[ns]; ok {
-			at = at.UTC()
-			e.SignalledAt = &at
+		if rec, ok := signalled[ns]; ok {
+			at := rec.At.UTC()
+			e.SignalledAt, e.SignalledPIDs = &at, rec.PIDs
 		}
 		return e
 	}
@@ -792,7 +807,7 @@ func writeNoticeFile(dir string, active []*NoticeStatus, signalled map[*NoticeSt
 
 // readSignalled reads the notice.json an earlier run left in dir (killed, or restarted, during a
 // notice) for the notices it signalled the trainer for, by key, and when.
-func readSignalled(dir string, log zerolog.Logger) map[string]time.Time {
+func readSignalled(dir string, log zerolog.Logger) map[string]signalRecord {
 	data, err := os.ReadFile(filepath.Join(dir, NoticeFile))
 	if err != nil {
 		return nil
@@ -802,10 +817,10 @@ func readSignalled(dir string, log zerolog.Logger) map[string]time.Time {
 		log.Warn().Err(err).Msg("the notice file an earlier run left cannot be read; a notice in force is signalled again")
 		return nil
 	}
-	out := map[string]time.Time{}
+	out := map[string]signalRecord{}
 	for _, e := range nf.Active {
 		if e.SignalledAt != nil {
-			out[imds.Notice{Source: e.Source, Action: e.Action, EventID: e.EventID}.Key()] = *e.SignalledAt
+			out[imds.Notice{Source: e.Source, Action: e.Action, EventID: e.EventID}.Key()] = signalRecord{At: *e.SignalledAt, PIDs: e.SignalledPIDs}
 		}
 	}
 	return out
@@ -815,14 +830,23 @@ func readSignalled(dir string, log zerolog.Logger) map[string]time.Time {
 // restarted agent not to signal again: a notice still in force after that is asked for anew.
 const previousSignalWithin = 10 * time.Minute
 
-// previousSignal returns when an earlier run signalled the trainer for the notice key (its
-// notice.json), if it did within previousSignalWithin; once per key.
-func (c *Coordinator) previousSignal(key string) (time.Time, bool) {
+// previousSignal returns what an earlier run signalled for the notice key (its notice.json), if
+// it did within previousSignalWithin and every trainer process found now (procs) is one it
+// signalled: a trainer restarted since has not been asked. Once per key.
+func (c *Coordinator) previousSignal(key string, procs []trainer.Process) (signalRecord, bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	at, ok := c.previous[key]
+	prev, ok := c.previous[key]
 	delete(c.previous, key)
-	return at, ok && time.Since(at) < previousSignalWithin
+	if !ok || time.Since(prev.At) >= previousSignalWithin || len(procs) == 0 {
+		return prev, false
+	}
+	for _, p := range procs {
+		if !slices.Contains(prev.PIDs, p.PID) {
+			return prev, false
+		}
+	}
+	return prev, true
 }
 
 // checkWritable reports whether a file can be created in dir (it creates and removes one).

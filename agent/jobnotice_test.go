@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -349,19 +348,28 @@ func TestJobNoticeAfterItsEndIsNew(t *testing.T) {
 }
 
 // A restart during a notice (the agent killed, crashing, restarted by systemd) does not signal
-// the trainer again for a notice its previous run signalled it for: asked twice, the trainer
+// the trainer again for a notice its previous run signalled it for (the same processes; one
+// restarted since was not asked): asked twice, the trainer
 // saves twice in the window, and a crash loop asks at every start. notice.json carries when
 // each notice was signalled. (Found from outside: a second SIGUSR1 5 s after the first.)
 func TestRestartDoesNotSignalAgain(t *testing.T) {
-	for _, previous := range []bool{false, true} {
-		t.Run(fmt.Sprintf("previous run signalled=%v", previous), func(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		previous []int // the PIDs the previous run signalled; nil: it signalled none
+		want     int
+	}{
+		{"no previous run", nil, 1},
+		{"previous run signalled this trainer", []int{4242}, 0},
+		{"previous run signalled a trainer since restarted", []int{4141}, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				runtime := t.TempDir()
 				deadline := time.Now().Add(2 * time.Minute).UTC().Truncate(time.Second)
-				if previous {
-					signalled := time.Now().Add(-5 * time.Second)
+				if tc.previous != nil {
+					signalled := signalRecord{At: time.Now().Add(-5 * time.Second), PIDs: tc.previous}
 					ns := &NoticeStatus{Source: imds.SourceSpot, Action: "terminate", Deadline: &deadline}
-					if err := writeNoticeFile(runtime, []*NoticeStatus{ns}, map[*NoticeStatus]time.Time{ns: signalled}); err != nil {
+					if err := writeNoticeFile(runtime, []*NoticeStatus{ns}, map[*NoticeStatus]signalRecord{ns: signalled}); err != nil {
 						t.Fatal(err)
 					}
 				}
@@ -383,12 +391,8 @@ func TestRestartDoesNotSignalAgain(t *testing.T) {
 				if !ok || n.State != StateTrainerSignalled {
 					t.Errorf("notice = %+v; want it trainer_signalled", n)
 				}
-				want := 1
-				if previous {
-					want = 0
-				}
-				if got := tr.signals(); got != want {
-					t.Errorf("signals sent = %d; want %d", got, want)
+				if got := tr.signals(); got != tc.want {
+					t.Errorf("signals sent = %d; want %d", got, tc.want)
 				}
 				data, _ := os.ReadFile(filepath.Join(runtime, NoticeFile))
 				if !strings.Contains(string(data), `"signalled_at"`) {
