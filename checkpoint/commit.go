@@ -809,7 +809,9 @@ type commitJob struct {
 	// (generation.unread); the commit reads them and adopts one with exactly these files.
 	unread bool
 
-	files           map[string]doneFile
+	files map[string]doneFile
+	// refused are versions of files left out because they cannot be uploaded (generation.refused).
+	refused         map[string]FileID
 	candidates      []*Manifest
 	strays          []string
 	timings         Timings
@@ -824,6 +826,10 @@ func (u *Uploader) commit(ctx context.Context, c commitJob) commitResult {
 	if err != nil {
 		return commitResult{notComplete: err}
 	}
+	lc.Files = slices.DeleteFunc(lc.Files, func(lf LocalFile) bool {
+		id, ok := c.refused[lf.Path]
+		return ok && id.Same(lf.ID) // left out, as when it was refused
+	})
 	var r commitResult
 	local := make(map[string]LocalFile, len(lc.Files))
 	for _, lf := range lc.Files {

@@ -28,6 +28,7 @@ type memStore struct {
 	listErr   error
 	downloads []string // keys passed to Download, in call order
 	listed    memListStats
+	maxKey    int // longer keys fail with errKeyTooLong, as S3 refuses keys over 1024 bytes; 0: any
 }
 
 // memListStats counts a memStore's listings, so tests and benchmarks can show how much of the
@@ -112,6 +113,9 @@ func (s *memStore) check(ctx context.Context, key string) error {
 	}
 	if key == "" || strings.HasPrefix(key, "/") || slices.Contains(strings.Split(key, "/"), "..") {
 		return fmt.Errorf("memstore: key %q leaves the prefix", key)
+	}
+	if s.maxKey > 0 && len(key) > s.maxKey {
+		return fmt.Errorf("memstore: key %q is %d bytes: %w", key, len(key), errKeyTooLong)
 	}
 	return s.fail[key]
 }

@@ -147,12 +147,20 @@ func (s *S3Store) keyPrefix() string {
 	return s.prefix + "/"
 }
 
-// objectKey validates key and returns the S3 object key for it.
+// s3MaxKeyBytes is the longest object key S3 accepts, in bytes of UTF-8.
+const s3MaxKeyBytes = 1024
+
+// objectKey validates key and returns the S3 object key for it; one longer than S3 accepts fails
+// with errKeyTooLong, without a request.
 func (s *S3Store) objectKey(key string) (string, error) {
 	if err := checkStoreKey(key); err != nil {
 		return "", err
 	}
-	return s.keyPrefix() + key, nil
+	okey := s.keyPrefix() + key
+	if len(okey) > s3MaxKeyBytes {
+		return "", fmt.Errorf("key %q is %d bytes with the store's prefix; S3 accepts %d: %w", key, len(okey), s3MaxKeyBytes, errKeyTooLong)
+	}
+	return okey, nil
 }
 
 // acquire takes a slot for a request that moves data of the transfer numbered order (see
@@ -450,6 +458,9 @@ func (s *S3Store) PutFile(ctx context.Context, key string, f *os.File, size int6
 		sum, err = s.putMultipart(ctx, okey, f, size, progress)
 	}
 	if err != nil {
+		if s3ErrorCode(err) == "KeyTooLongError" { // a server whose limit is lower than S3's
+			err = fmt.Errorf("%w: %w", err, errKeyTooLong)
+		}
 		return Checksum{}, fmt.Errorf("put %s: %w", s.URL()+"/"+key, err)
 	}
 	return sum, nil

@@ -424,6 +424,33 @@ func TestS3PutFileServerDown(t *testing.T) {
 	}
 }
 
+// TestS3PutFileKeyTooLong: a key longer than S3's 1024 bytes, the store's prefix included, fails
+// with errKeyTooLong before any request (S3 would refuse it with KeyTooLongError), one that fits
+// is sent, and a server's own KeyTooLongError (a posix backend's 255-byte names) is errKeyTooLong.
+func TestS3PutFileKeyTooLong(t *testing.T) {
+	peer := s3StartPeer(t)
+	proxy := s3StartProxy(t, peer.endpoint)
+	s := peer.openS3(t, proxy.URL(), "long", S3Options{})
+	data := storeTestData(11, 1<<10)
+	// Elements of 100 bytes: a file system under the server holds no longer names.
+	fits := strings.Repeat(strings.Repeat("k", 99)+"/", 10) + strings.Repeat("k", s3MaxKeyBytes-len("long/")-1000)
+	if _, err := s.PutFile(t.Context(), fits, storeTestFile(t, data), int64(len(data)), nil); err != nil {
+		t.Fatalf("PutFile of a %d-byte key = %v", len("long/"+fits), err)
+	}
+	before := proxy.count("forward")
+	_, err := s.PutFile(t.Context(), fits+"k", storeTestFile(t, data), int64(len(data)), nil)
+	if !errors.Is(err, errKeyTooLong) || !strings.Contains(err.Error(), "1025 bytes") {
+		t.Errorf("PutFile of a 1025-byte key = %v; want errKeyTooLong saying 1025 bytes", err)
+	}
+	if got := proxy.count("forward"); got != before {
+		t.Errorf("PutFile of a 1025-byte key sent %d requests; want none", got-before)
+	}
+	_, err = s.PutFile(t.Context(), strings.Repeat("n", 300), storeTestFile(t, data), int64(len(data)), nil)
+	if !errors.Is(err, errKeyTooLong) {
+		t.Errorf("PutFile of a 300-byte name the server refuses = %v; want errKeyTooLong", err)
+	}
+}
+
 // TestS3DownloadFaults: a Download survives SlowDown answers and ranged reads cut off mid-body.
 func TestS3DownloadFaults(t *testing.T) {
 	peer := s3StartPeer(t)

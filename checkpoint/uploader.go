@@ -271,7 +271,10 @@ type generation struct {
 	// deferred are watch events that arrived while it was committing.
 	deferred []WatchEvent
 	// strays are keys stored into commit for files that are no longer part of it.
-	strays   []string
+	strays []string
+	// refused are the versions of files that cannot be uploaded (errUnusable), left out of the
+	// checkpoint until they change.
+	refused  map[string]FileID
 	manifest *Manifest
 	ctx      context.Context
 	cancel   context.CancelFunc
@@ -1153,6 +1156,12 @@ func (u *Uploader) fileReady(ev WatchEvent) {
 		g = u.nextGen(g)
 		f = g.files[ev.Path]
 	}
+	if id, ok := g.refused[ev.Path]; ok {
+		if id.Same(ev.ID) {
+			return // refused already, and said so
+		}
+		delete(g.refused, ev.Path)
+	}
 	if g.sealed && (f == nil || f.done == nil || !f.done.id.Same(ev.ID)) {
 		g = u.replaceSealed(g)
 		f = g.files[ev.Path]
@@ -1441,8 +1450,13 @@ func (u *Uploader) send(ctx context.Context, r fileResult) {
 	}
 }
 
-// errUnusable marks a file that must not be uploaded (a hard link, or not a regular file).
+// errUnusable marks a file that must not be uploaded (a hard link, or not a regular file) or
+// cannot be (its key is longer than the store accepts).
 var errUnusable = errors.New("not uploaded")
+
+// errKeyTooLong is a store's error for a key longer than it accepts (S3: 1024 bytes, the store's
+// prefix included).
+var errKeyTooLong = errors.New("key too long for the store")
 
 // errChangedWhileSending is returned when a file changed while it was being read.
 var errChangedWhileSending = errors.New("file changed while it was being read")
@@ -1506,6 +1520,10 @@ func uploadFile(ctx context.Context, s Store, dir, rel, key string) (doneFile, e
 	defer f.Close()
 	readAt := time.Now()
 	sum, err := s.PutFile(ctx, key, f, before.Size, nil)
+	if errors.Is(err, errKeyTooLong) {
+		// No retry makes it fit: the path is too deep or too long for the store.
+		return doneFile{}, fmt.Errorf("upload %s: %w (shorten the path, store.prefix or store.job): %w", filepath.Join(dir, rel), err, errUnusable)
+	}
 	if err != nil {
 		return doneFile{}, fmt.Errorf("upload %s: %w", filepath.Join(dir, rel), err)
 	}
@@ -1568,6 +1586,13 @@ func (u *Uploader) handleResult(ctx context.Context, r fileResult) {
 			return
 		case errors.Is(r.err, errUnusable):
 			log.Warn().Err(r.err).Msg("file skipped: the checkpoint is committed without it")
+			if g.refused == nil {
+				g.refused = map[string]FileID{}
+			}
+			g.refused[r.rel] = f.id // the commit's scan finds it again: not a change
+			if errors.Is(r.err, errKeyTooLong) {
+				f.key = "" // nothing can be stored there: not a stray to delete
+			}
 			u.dropFile(g, r.rel, f)
 			return
 		}
@@ -1698,7 +1723,7 @@ func (u *Uploader) after(ctx context.Context, d time.Duration, fn func()) {
 func (u *Uploader) startCommit(ctx context.Context, g *generation) {
 	c := commitJob{name: g.name, commit: g.commit, single: g.single, adopt: g.state == genMatching, resumed: g.resumed, sealed: g.sealed,
 		completeAt: g.completeAt, unread: g.unread, unseenBefore: u.unseenBefore(g.name),
-		files: make(map[string]doneFile, len(g.files)), candidates: g.candidates, strays: g.strays,
+		files: make(map[string]doneFile, len(g.files)), refused: maps.Clone(g.refused), candidates: g.candidates, strays: g.strays,
 		timings: Timings{UploadSeconds: g.uploadBusy.Seconds()}}
 	for rel, f := range g.files {
 		if f.done == nil { // never so when ready; checked here once rather than at every event

@@ -1049,3 +1049,34 @@ func TestUploaderSendsASingleFileOnce(t *testing.T) {
 		t.Errorf("model.pt sent %d times; want once", n)
 	}
 }
+
+// A file whose key is longer than the store accepts (S3: 1024 bytes) is skipped with a warning
+// naming it, and the checkpoint is committed without it: retrying cannot make the key fit, and
+// the agent used to retry it for ever, so the checkpoint was never committed.
+func TestUploaderSkipsAFileWhoseKeyIsTooLong(t *testing.T) {
+	dir := t.TempDir()
+	store := newMemStore()
+	store.maxKey = 200
+	r := startUploader(t, dir, store, 0)
+	deep := path.Join(strings.Repeat("d", 60), strings.Repeat("e", 60), strings.Repeat("f", 60), "shard.bin")
+	for _, rel := range []string{"model.bin", deep, "_COMPLETE"} { // the marker last
+		p := filepath.Join(dir, "step-1", filepath.FromSlash(rel))
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, []byte(rel), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ev := r.waitCommitted("step-1")
+	var got []string
+	for _, f := range ev.Manifest.Files {
+		got = append(got, f.Path)
+	}
+	if want := []string{"_COMPLETE", "model.bin"}; !slices.Equal(got, want) {
+		t.Errorf("committed %q, want %q", got, want)
+	}
+	if logs := r.logs.String(); !strings.Contains(logs, "shard.bin") || !strings.Contains(logs, "key too long") {
+		t.Errorf("no warning names the file and its too long key:\n%s", logs)
+	}
+}
