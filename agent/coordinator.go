@@ -95,6 +95,13 @@ type NoticeStatus struct {
 	endedAt     time.Time         // when it ended; zero while active
 	committed   bool              // written is committed
 	problems    []trainer.Problem // discovery problems met when signalling
+	// handled: begin has dealt with it (signalled, or found nothing to signal); from then on a
+	// trainer process found that was not tried is signalled too (signalNew).
+	handled bool
+	// signalledPIDs are the trainer processes signalled for it (by this run, or by the previous
+	// one, which a restart inherits); tried also has those that could not be.
+	signalledPIDs []int
+	tried         map[int]bool
 }
 
 // SignalOutcome is what happened to one trainer process on a notice.
@@ -244,11 +251,31 @@ func (c *Coordinator) Run(ctx context.Context, events <-chan imds.Event) error {
 			c.ExpireJobNotices(time.Now())
 			c.armExpiry(expire)
 		case <-t.C:
-			c.Scan()
+			cfg := c.config()
+			c.signalNew(cfg, c.scan(cfg))
 		case <-beat.C:
+			if c.signalledInForce() {
+				// During a notice the trainer is looked for every second: one restarted (or
+				// started) since the signal is signalled too, while there is time to save.
+				cfg := c.config()
+				c.signalNew(cfg, c.scan(cfg))
+			}
 		}
 		c.checkMissing(time.Now())
 	}
+}
+
+// signalledInForce reports whether a checkpoint notice that begin handled is in force.
+func (c *Coordinator) signalledInForce() bool {
+	for _, ns := range c.inForce() {
+		c.mu.Lock()
+		handled := ns.handled && ns.Source != SourceJob
+		c.mu.Unlock()
+		if handled {
+			return true
+		}
+	}
+	return false
 }
 
 // loopBeat is how often the coordinator's loop shows it is alive when nothing happens.
@@ -289,6 +316,12 @@ func (c *Coordinator) begin(ev imds.Event) {
 		// saved for it, or are saving; asked again, they would save twice in the window.
 		c.mu.Lock()
 		ns.signalledAt = &prev.At
+		ns.signalledPIDs = slices.Clone(prev.PIDs) // carried on in notice.json, for the next restart
+		ns.tried = map[int]bool{}
+		for _, pid := range prev.PIDs {
+			ns.tried[pid] = true
+		}
+		ns.handled = true
 		c.mu.Unlock()
 		detail := "signalled by the agent's previous run at " + prev.At.UTC().Format(time.RFC3339) + "; not again"
 		c.transition(ns, StateTrainerSignalled, detail)
@@ -301,32 +334,10 @@ func (c *Coordinator) begin(ev imds.Event) {
 		c.metrics.discoveryProblems.WithLabelValues(p.Reason).Inc()
 		log.Error().Str("reason", p.Reason).Str("detail", p.Detail).Msg("trainer discovery problem")
 	}
-	sig := cfg.Trainer.Signal
-	results := c.trainers.Signal(procs, sig)
-	sent := 0
-	for _, r := range results {
-		c.metrics.signals.WithLabelValues(string(r.Outcome)).Inc()
-		out := SignalOutcome{PID: r.PID, Cmdline: r.Cmdline, Outcome: r.Outcome}
-		if r.Err != nil {
-			out.Error = r.Err.Error()
-		}
-		c.mu.Lock()
-		ns.Signals = append(ns.Signals, out)
-		ns.problems = problems
-		c.mu.Unlock()
-		l := log.With().Int("pid", r.PID).Str("signal", trainer.SignalName(sig)).Str("cmdline", r.Cmdline).Logger()
-		switch r.Outcome {
-		case trainer.OutcomeSent:
-			sent++
-			l.Info().Msg("trainer signalled")
-		case trainer.OutcomeNotCaught:
-			l.Error().Msg("trainer does not catch the signal; NOT sent, because its default action would kill the trainer")
-		case trainer.OutcomeGone:
-			l.Warn().Msg("trainer process exited before it could be signalled")
-		default:
-			l.Error().Err(r.Err).Msg("cannot signal trainer")
-		}
-	}
+	c.mu.Lock()
+	ns.problems, ns.handled = problems, true
+	c.mu.Unlock()
+	sent, results := c.signal(ns, procs, cfg.Trainer.Signal, log)
 	if sent == 0 {
 		detail := "no trainer process found"
 		if len(results) > 0 {
@@ -350,6 +361,90 @@ func (c *Coordinator) begin(ev imds.Event) {
 	c.record(metrics.Datum{Name: "SignalLatencySeconds", Unit: metrics.UnitSeconds, Value: latency.Seconds(),
 		Dimensions: map[string]string{"Source": string(n.Source)}})
 	log.Info().Int("signalled", sent).Int("found", len(results)).Float64("since_detected_s", logSeconds(latency)).Msg("notice handled: trainer signalled")
+}
+
+// signal sends sig to procs for ns, records each outcome in ns (Signals, signalledPIDs, tried)
+// and the metrics, logs it, and returns how many were sent.
+func (c *Coordinator) signal(ns *NoticeStatus, procs []trainer.Process, sig syscall.Signal, log zerolog.Logger) (int, []trainer.Result) {
+	results := c.trainers.Signal(procs, sig)
+	sent := 0
+	for _, r := range results {
+		c.metrics.signals.WithLabelValues(string(r.Outcome)).Inc()
+		out := SignalOutcome{PID: r.PID, Cmdline: r.Cmdline, Outcome: r.Outcome}
+		if r.Err != nil {
+			out.Error = r.Err.Error()
+		}
+		c.mu.Lock()
+		ns.Signals = append(ns.Signals, out)
+		if ns.tried == nil {
+			ns.tried = map[int]bool{}
+		}
+		ns.tried[r.PID] = true
+		if r.Outcome == trainer.OutcomeSent {
+			ns.signalledPIDs = append(ns.signalledPIDs, r.PID)
+		}
+		c.mu.Unlock()
+		l := log.With().Int("pid", r.PID).Str("signal", trainer.SignalName(sig)).Str("cmdline", r.Cmdline).Logger()
+		switch r.Outcome {
+		case trainer.OutcomeSent:
+			sent++
+			l.Info().Msg("trainer signalled")
+		case trainer.OutcomeNotCaught:
+			l.Error().Msg("trainer does not catch the signal; NOT sent, because its default action would kill the trainer")
+		case trainer.OutcomeGone:
+			l.Warn().Msg("trainer process exited before it could be signalled")
+		default:
+			l.Error().Err(r.Err).Msg("cannot signal trainer")
+		}
+	}
+	return sent, results
+}
+
+// signalNew (called on the coordinator's loop only, as begin is) signals, for every checkpoint
+// notice in force that begin has handled, the trainer
+// processes among procs not tried for it yet: a trainer restarted during the notice (torchrun's
+// workers after a crash have new PIDs), or one started after the notice came. Each is signalled
+// once per notice, as those found when it came were.
+func (c *Coordinator) signalNew(cfg *Config, procs []trainer.Process) {
+	changed := false
+	for _, ns := range c.inForce() {
+		c.mu.Lock()
+		var fresh []trainer.Process
+		if ns.handled && ns.Source != SourceJob {
+			for _, p := range procs {
+				if !ns.tried[p.PID] {
+					fresh = append(fresh, p)
+				}
+			}
+		}
+		first := ns.signalledAt == nil
+		c.mu.Unlock()
+		if len(fresh) == 0 {
+			continue
+		}
+		log := c.log.With().Str("notice", ns.Key).Logger()
+		sent, results := c.signal(ns, fresh, cfg.Trainer.Signal, log)
+		if sent == 0 {
+			continue
+		}
+		changed = true
+		now := time.Now()
+		c.mu.Lock()
+		if ns.signalledAt == nil {
+			ns.signalledAt = &now // the checkpoint_missing timer starts now
+		}
+		state := ns.State
+		c.mu.Unlock()
+		detail := fmt.Sprintf("%d of %d trainer processes found after the notice came", sent, len(results))
+		if state == StateTrainerSignalled || state == StateTrainerNotSignalled {
+			c.transition(ns, StateTrainerSignalled, detail)
+		}
+		log.Warn().Int("signalled", sent).Bool("first", first).
+			Msg("trainer processes found during the notice that were not signalled for it (restarted, or started since); signalled now")
+	}
+	if changed {
+		c.noticesChanged(cfg) // notice.json names them; a stop waits for their checkpoint
+	}
 }
 
 // detect records a notice that begins at at: a new active NoticeStatus in state detected (with
@@ -470,13 +565,7 @@ func (c *Coordinator) noticesChanged(cfg *Config) {
 		if ns.signalledAt == nil {
 			continue
 		}
-		rec := signalRecord{At: *ns.signalledAt}
-		for _, s := range ns.Signals {
-			if s.Outcome == trainer.OutcomeSent {
-				rec.PIDs = append(rec.PIDs, s.PID)
-			}
-		}
-		signalled[ns] = rec
+		signalled[ns] = signalRecord{At: *ns.signalledAt, PIDs: slices.Clone(ns.signalledPIDs)}
 	}
 	c.mu.Unlock()
 	if c.uploader != nil {
@@ -634,8 +723,10 @@ func (c *Coordinator) activeOf(src imds.Source) []string {
 	return keys
 }
 
-func (c *Coordinator) Scan() {
-	cfg := c.config()
+func (c *Coordinator) Scan() { c.scan(c.config()) }
+
+// scan is Scan with cfg; it returns the processes found.
+func (c *Coordinator) scan(cfg *Config) []trainer.Process {
 	procs, problems := c.trainers.Find(cfg)
 	sig := cfg.Trainer.Signal
 	c.mu.Lock()
@@ -687,6 +778,7 @@ func (c *Coordinator) Scan() {
 		}
 		c.log.Warn().Str("problems", problemText).Msg("trainer not found")
 	}
+	return procs
 }
 
 // coordinatorStatus is the coordinator's part of /status.

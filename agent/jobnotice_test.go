@@ -24,14 +24,34 @@ import (
 	"github.com/spotguard/spotguard/checkpoint"
 )
 
-// fakeTrainers finds one trainer process that catches every signal, and records each signal sent.
+// fakeTrainers finds trainer processes that catch every signal (one, PID 4242, unless setPIDs
+// says otherwise), and records each signal sent.
 type fakeTrainers struct {
-	mu   sync.Mutex
-	sent []syscall.Signal
+	mu      sync.Mutex
+	sent    []syscall.Signal
+	sentTo  []int
+	pids    []int
+	pidsSet bool
+}
+
+// setPIDs makes Find return these processes from now on.
+func (f *fakeTrainers) setPIDs(pids ...int) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.pids, f.pidsSet = pids, true
 }
 
 func (f *fakeTrainers) Find(*Config) ([]trainer.Process, []trainer.Problem) {
-	return []trainer.Process{{PID: 4242, Cmdline: "python train.py", Via: trainer.ViaMatch}}, nil
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if !f.pidsSet {
+		return []trainer.Process{{PID: 4242, Cmdline: "python train.py", Via: trainer.ViaMatch}}, nil
+	}
+	var out []trainer.Process
+	for _, pid := range f.pids {
+		out = append(out, trainer.Process{PID: pid, Cmdline: "python train.py", Via: trainer.ViaMatch})
+	}
+	return out, nil
 }
 
 func (f *fakeTrainers) Catches(int, syscall.Signal) (bool, error) { return true, nil }
@@ -42,6 +62,7 @@ func (f *fakeTrainers) Signal(procs []trainer.Process, sig syscall.Signal) []tra
 	var out []trainer.Result
 	for _, p := range procs {
 		f.sent = append(f.sent, sig)
+		f.sentTo = append(f.sentTo, p.PID)
 		out = append(out, trainer.Result{PID: p.PID, Cmdline: p.Cmdline, Outcome: trainer.OutcomeSent})
 	}
 	return out
@@ -51,6 +72,13 @@ func (f *fakeTrainers) signals() int {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return len(f.sent)
+}
+
+// signalledPIDs returns the processes signalled, in order.
+func (f *fakeTrainers) signalledPIDs() []int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return slices.Clone(f.sentTo)
 }
 
 // recordingUploader remembers every set of notices the coordinator hands it.
@@ -397,6 +425,73 @@ func TestRestartDoesNotSignalAgain(t *testing.T) {
 				data, _ := os.ReadFile(filepath.Join(runtime, NoticeFile))
 				if !strings.Contains(string(data), `"signalled_at"`) {
 					t.Errorf("notice.json = %s; want when the trainer was signalled", data)
+				}
+				// The PIDs too: a second restart must not signal the same trainer again (found
+				// from outside: a crash loop signalled it at every other restart).
+				if !strings.Contains(string(data), `"signalled_pids":[4242]`) {
+					t.Errorf("notice.json = %s; want signalled_pids [4242]", data)
+				}
+				cancel()
+				if err := <-done; err != nil {
+					t.Errorf("Run() = %v", err)
+				}
+			})
+		})
+	}
+}
+
+// TestNewTrainerDuringANoticeIsSignalled: a trainer process found while a checkpoint notice is in
+// force that was not signalled for it (torchrun's workers restarted with new PIDs, a trainer
+// started after the notice came) is signalled within seconds, once; notice.json names every
+// process signalled. (Found from outside: they were never signalled, and /status went on saying
+// trainer_signalled for the dead PIDs.)
+func TestNewTrainerDuringANoticeIsSignalled(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		atNotice  []int // the trainer processes when the notice comes
+		later     []int // the trainer processes 5 s later
+		want      []int // every process signalled, in order
+		wantState string
+	}{
+		{"restarted", []int{4242}, []int{5151}, []int{4242, 5151}, StateTrainerSignalled},
+		{"started late", nil, []int{6161}, []int{6161}, StateTrainerSignalled},
+		{"the same", []int{4242}, []int{4242}, []int{4242}, StateTrainerSignalled},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				runtime := t.TempDir()
+				deadline := time.Now().Add(2 * time.Minute).UTC().Truncate(time.Second)
+				cfg := mustLoad(t, LoadOptions{Environ: []string{"SPOTGUARD_HTTP_LISTEN=", "SPOTGUARD_TRAINER_MATCH=train",
+					"SPOTGUARD_AGENT_RUNTIME_DIR=" + runtime, "SPOTGUARD_METRICS_CLOUDWATCH=false"}})
+				fimds := newFakeIMDS()
+				fimds.set("spot/instance-action", `{"action": "terminate", "time": "`+deadline.Format(time.RFC3339)+`"}`)
+				a, err := New(cfg, Deps{Logger: zerolog.Nop(), IMDS: fimds})
+				if err != nil {
+					t.Fatal(err)
+				}
+				tr := &fakeTrainers{}
+				tr.setPIDs(tc.atNotice...)
+				a.coord.trainers = tr
+				ctx, cancel := context.WithCancel(t.Context())
+				done := make(chan error)
+				go func() { done <- a.Run(ctx) }()
+				passFakeTime(3 * time.Second)
+				tr.setPIDs(tc.later...)
+				passFakeTime(5 * time.Second)
+				if got := tr.signalledPIDs(); !slices.Equal(got, tc.want) {
+					t.Errorf("signalled %v; want %v", got, tc.want)
+				}
+				n, ok := a.Status().noticeByKey("spot/terminate")
+				if !ok || n.State != tc.wantState {
+					t.Errorf("notice = %+v; want it %s", n, tc.wantState)
+				}
+				data, _ := os.ReadFile(filepath.Join(runtime, NoticeFile))
+				var nf noticeFile
+				if err := json.Unmarshal(data, &nf); err != nil {
+					t.Fatalf("notice.json: %v", err)
+				}
+				if got := nf.SignalledPIDs; !slices.Equal(got, tc.want) || nf.SignalledAt == nil {
+					t.Errorf("notice.json signalled_pids = %v, signalled_at %v; want %v and a time", got, nf.SignalledAt, tc.want)
 				}
 				cancel()
 				if err := <-done; err != nil {
