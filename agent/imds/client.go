@@ -5,11 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
-	awshttp "github.com/aws/aws-sdk-go-v2/aws/transport/http"
 	sdkimds "github.com/aws/aws-sdk-go-v2/feature/ec2/imds"
 	smithyhttp "github.com/aws/smithy-go/transport/http"
 )
@@ -34,7 +34,12 @@ var _ Getter = (*Client)(nil)
 //     once, at once, after the SDK has dropped the token and fetched a new one. Token expiry is
 //     routine every few minutes and is not worth an error streak;
 //   - never through an HTTP proxy: IMDS is link-local, and HTTP_PROXY without
-//     NO_PROXY=169.254.169.254 would otherwise send every poll to the proxy.
+//     NO_PROXY=169.254.169.254 would otherwise send every poll to the proxy;
+//   - no HTTP timeout but a 1 s dial timeout: the deadline of Get's ctx alone bounds a request,
+//     so an IMDS that answers slowly is read, late. (Given its default HTTP client, the SDK
+//     gives up on any answer whose headers take over 500 ms, whatever the ctx allows.);
+//   - redirects are not followed: a 3xx answer is an error, and the session token is never
+//     sent anywhere but the endpoint.
 //
 // AWS_EC2_METADATA_DISABLED=true makes every Get fail.
 func NewClient(cfg aws.Config, endpoint string) *Client {
@@ -45,12 +50,30 @@ func NewClient(cfg aws.Config, endpoint string) *Client {
 		o.EnableFallback = aws.FalseTernary
 		o.Retryer = tokenRetryer{}
 		o.DisableDefaultMaxBackoff = true
-		// A BuildableClient keeps the SDK's short IMDS dial and header timeouts.
-		o.HTTPClient = awshttp.NewBuildableClient().WithTransportOptions(func(tr *http.Transport) {
-			tr.Proxy = nil
-		})
+		o.HTTPClient = newHTTPClient()
 	})
 	return &Client{api: api}
+}
+
+// dialTimeout bounds connecting to IMDS. Off EC2 the link-local address may swallow the
+// connection attempt; on EC2 a connection takes well under a millisecond.
+const dialTimeout = time.Second
+
+// newHTTPClient returns the HTTP client of [NewClient]. It must not be an
+// *awshttp.BuildableClient: the SDK's imds.New gives one of those a 250 ms dial timeout and a
+// 500 ms ResponseHeaderTimeout, and passes any other client through unchanged.
+func newHTTPClient() *http.Client {
+	d := &net.Dialer{Timeout: dialTimeout, KeepAlive: 30 * time.Second}
+	return &http.Client{
+		Transport: &http.Transport{
+			Proxy:               nil,
+			DialContext:         d.DialContext,
+			MaxIdleConns:        len(Sources) * 2,
+			MaxIdleConnsPerHost: len(Sources) * 2,
+			IdleConnTimeout:     90 * time.Second,
+		},
+		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+	}
 }
 
 // Get reads path below /latest/meta-data/ with ctx (which should carry a deadline; without

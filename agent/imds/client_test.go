@@ -27,6 +27,7 @@ type fakeIMDS struct {
 	values      map[string]string // by metadata path
 	tokenStatus int               // when non-zero, the token PUT answers this status
 	fault       string            // "", "5xx", "hang" (until the request is cancelled), "garbage"
+	delay       time.Duration     // when non-zero, every request is answered after this long
 	puts        int               // token requests
 	gets        int               // metadata requests
 	unauth      int               // metadata requests answered 401
@@ -53,6 +54,19 @@ func newFakeIMDS(values map[string]string) *fakeIMDS {
 }
 
 func (f *fakeIMDS) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	f.mu.Lock()
+	delay := f.delay
+	f.mu.Unlock()
+	if delay > 0 {
+		t := time.NewTimer(delay)
+		defer t.Stop()
+		select {
+		case <-t.C:
+		case <-r.Context().Done():
+			return
+		case <-f.released:
+		}
+	}
 	switch {
 	case r.Method == http.MethodPut && r.URL.Path == "/latest/api/token":
 		f.mu.Lock()
@@ -155,6 +169,60 @@ func TestClientGet(t *testing.T) {
 	}
 	if puts, gets, _ := f.counts(); puts != 1 || gets != 3 {
 		t.Errorf("server saw %d token requests and %d gets; want 1 token (long-lived) and 3 gets (no SDK retries)", puts, gets)
+	}
+}
+
+// TestClientWaitsForASlowAnswer: an IMDS that takes longer than 500 ms to answer (the SDK's
+// own response-header timeout) is read, as long as ctx allows; ctx's deadline still ends a
+// request that takes longer.
+func TestClientWaitsForASlowAnswer(t *testing.T) {
+	t.Parallel()
+	f := newFakeIMDS(map[string]string{"instance-id": "i-1234567890abcdef0"})
+	f.delay = 700 * time.Millisecond
+	srv := serve(t, f)
+	c := NewClient(aws.Config{}, srv.URL)
+
+	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+	defer cancel()
+	body, found, err := c.Get(ctx, "instance-id") // a token, then the value: 1.4 s
+	if string(body) != "i-1234567890abcdef0" || !found || err != nil {
+		t.Errorf("Get() from an IMDS answering in 700ms = %q, %v, %v; want the id", body, found, err)
+	}
+
+	ctx, cancel = context.WithTimeout(t.Context(), 200*time.Millisecond)
+	defer cancel()
+	t0 := time.Now()
+	if _, found, err := c.Get(ctx, "instance-id"); found || err == nil {
+		t.Errorf("Get() with a 200ms deadline = %v, %v; want an error", found, err)
+	}
+	if d := time.Since(t0); d > 600*time.Millisecond {
+		t.Errorf("Get() with a 200ms deadline returned after %v; want about 200ms", d)
+	}
+}
+
+// TestClientNoRedirect: a redirect is an error and is not followed, so the session token
+// never leaves the endpoint. (The SDK's own HTTP client did not follow one either.)
+func TestClientNoRedirect(t *testing.T) {
+	var elsewhere atomic.Int64
+	other := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		elsewhere.Add(1)
+	}))
+	defer other.Close()
+	f := newFakeIMDS(nil)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodGet {
+			http.Redirect(w, r, other.URL+r.URL.Path, http.StatusFound)
+			return
+		}
+		f.ServeHTTP(w, r)
+	}))
+	defer srv.Close()
+	body, found, err := NewClient(aws.Config{}, srv.URL).Get(t.Context(), "instance-id")
+	if body != nil || found || err == nil {
+		t.Errorf("Get() answered by a redirect = %q, %v, %v; want an error", body, found, err)
+	}
+	if n := elsewhere.Load(); n != 0 {
+		t.Errorf("the redirect's target saw %d requests; want 0", n)
 	}
 }
 
