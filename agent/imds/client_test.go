@@ -440,6 +440,50 @@ func TestFaults(t *testing.T) {
 	}
 }
 
+// TestSlowIMDSNoticeIsDelivered: an IMDS that answers every request (the token PUT and each
+// GET) after 1.5 s, three times the SDK's header timeout and the spot source's default request
+// timeout, still delivers its spot notice: the watcher, with the agent's settings, stretches its
+// timeout until the reads get through.
+func TestSlowIMDSNoticeIsDelivered(t *testing.T) {
+	t.Parallel()
+	f := newFakeIMDS(map[string]string{"spot/instance-action": spotNotice})
+	f.delay = 1500 * time.Millisecond
+	srv := serve(t, f)
+	logs := &logBuffer{}
+	w := NewWatcher(NewClient(aws.Config{}, srv.URL), Config{
+		Sources:          []Source{SourceSpot, SourceRebalance},
+		PollInterval:     time.Second,
+		SpotPollInterval: 250 * time.Millisecond,
+		Logger:           zerolog.New(logs),
+	})
+	out := make(chan Event, 16)
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	go func() { done <- w.Run(ctx, out) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run() = %v; want nil after cancel", err)
+		}
+	}()
+
+	// 0.5 s, 1 s and 2 s time out (the last after the token came), 4 s gets the notice:
+	// about 6 s in all.
+	deadline := time.NewTimer(20 * time.Second)
+	defer deadline.Stop()
+	select {
+	case ev := <-out:
+		if ev.Kind != Begin || ev.Notice.Key() != "spot/terminate" {
+			t.Fatalf("event = %v %q; want begin spot/terminate", ev.Kind, ev.Notice.Key())
+		}
+	case <-deadline.C:
+		t.Fatalf("no event within 20 s from an IMDS answering in 1.5 s; stats %+v\n%s", w.Stats(), logs)
+	}
+	if got := len(logs.lines(t, "warn", msgSlow, SourceSpot)); got != 1 {
+		t.Errorf("%d Warn lines about a slow IMDS for spot; want 1\n%s", got, logs)
+	}
+}
+
 // TestFaultGarbageSpot: a 200 with garbage on spot is a fail-safe notice, logged once.
 func TestFaultGarbageSpot(t *testing.T) {
 	f := newFakeIMDS(nil)

@@ -17,6 +17,12 @@ const (
 	DefaultPollInterval = time.Second
 	// minDefaultRequestTimeout is the floor of the default per-request timeout.
 	minDefaultRequestTimeout = 500 * time.Millisecond
+	// maxStretchedTimeout caps how far a source's request timeout is stretched after reads
+	// that timed out (unless the configured timeout is longer still).
+	maxStretchedTimeout = 5 * time.Second
+	// fastReadsToShrink is how many reads in a row must answer within a quarter of a
+	// stretched timeout before it is halved.
+	fastReadsToShrink = 3
 	// HealthWindow is how long IMDS may fail before [Stats.Healthy] reports false.
 	HealthWindow = 30 * time.Second
 	// otherBackoffFactor times PollInterval caps the backoff of every source but spot.
@@ -67,9 +73,9 @@ type Config struct {
 	// SpotPollInterval is the spot source's own interval (it has the shortest notice). Zero or
 	// negative means PollInterval.
 	SpotPollInterval time.Duration
-	// RequestTimeout bounds each IMDS request. Zero or negative means the source's interval,
-	// but at least 500 ms. ([Client] with the SDK's default HTTP client also gives up on response
-	// headers after 500 ms.)
+	// RequestTimeout bounds each IMDS request while IMDS answers in time. Zero or negative
+	// means the source's interval, but at least 500 ms. Run stretches it, up to 5 s, for a
+	// source whose reads time out (see [Watcher.Run]); [Watcher.Check] always uses it as is.
 	RequestTimeout time.Duration
 	// Logger receives the watcher's logs, with component=imds added. The zero Logger
 	// discards them.
@@ -207,24 +213,44 @@ func NewWatcher(g Getter, cfg Config) *Watcher {
 //
 // An unknown src is an error.
 func (w *Watcher) Check(ctx context.Context, src Source) ([]Notice, error) {
+	notices, _, err := w.read(ctx, src, w.requestTimeout(src))
+	return notices, err
+}
+
+// readEnd says how the Get of one read ended.
+type readEnd int
+
+const (
+	answered  readEnd = iota // IMDS answered: 2xx or 404, whatever the body
+	timedOut                 // the read's own timeout ran out (not ctx)
+	getFailed                // any other error of the Getter, or an unknown source
+)
+
+// read is Check with the request timeout given; it also says how the Get ended.
+func (w *Watcher) read(ctx context.Context, src Source, timeout time.Duration) ([]Notice, readEnd, error) {
 	path := src.Path()
 	if path == "" {
-		return nil, fmt.Errorf("imds: unknown notice source %q", src)
+		return nil, getFailed, fmt.Errorf("imds: unknown notice source %q", src)
 	}
-	rctx, cancel := context.WithTimeout(ctx, w.requestTimeout(src))
+	rctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	body, found, err := w.g.Get(rctx, path)
 	if err != nil {
-		return nil, fmt.Errorf("get %s: %w", path, err)
+		end := getFailed
+		// The SDK's errors do not always unwrap to the context's: ask the context itself.
+		if ctx.Err() == nil && errors.Is(rctx.Err(), context.DeadlineExceeded) {
+			end = timedOut
+		}
+		return nil, end, fmt.Errorf("get %s: %w", path, err)
 	}
 	if !found {
-		return nil, nil
+		return nil, answered, nil
 	}
 	notices, err := parse(src, body, time.Now())
 	if err != nil {
 		err = fmt.Errorf("%w (body %q)", err, excerpt(body))
 	}
-	return notices, err
+	return notices, answered, err
 }
 
 // parse runs the parser of src, a known source.
@@ -262,14 +288,25 @@ func excerpt(body []byte) string {
 //     canceled or completed) no longer shows an active key.
 //
 // Each source is polled at once, then every PollInterval (SpotPollInterval for spot) from the
-// start of the previous poll. A failed read never changes the active set (the fail-safe spot notice of a malformed
-// body is added, as a successful read would add it); it is counted and followed by a
-// jittered exponential backoff from 100 ms, capped at SpotPollInterval for spot and at 10 ×
-// PollInterval for other sources, measured from the end of the failed read. A source that
-// recovers from an error streak ends the backoff of every other source: they poll at once
-// (after an outage of IMDS, a rebalance recommendation is not left unread for 10 s because
-// its source backed off further than spot's). Each error streak logs one Warn at its first
-// error and one Info when the source recovers.
+// start of the previous poll. A failed read never changes the active set (the fail-safe spot
+// notice of a malformed body is added, as a successful read would add it); it is counted and
+// followed by a jittered exponential backoff from 100 ms, capped at SpotPollInterval for spot
+// and at 10 × PollInterval for other sources, measured from the end of the failed read. A
+// source that recovers from an error streak ends the backoff of every other source: they poll
+// at once (after an outage of IMDS, a rebalance recommendation is not left unread for 10 s
+// because its source backed off further than spot's). Each error streak logs one Warn at its
+// first error and one Info when the source recovers.
+//
+// Each read is bounded by its source's request timeout, which starts at RequestTimeout (see
+// [Config]) and adapts to how fast IMDS answers that source, so that an IMDS that answers
+// slowly is read, late, rather than never:
+//   - after a read that timed out, the source's timeout doubles, up to 5 s (or RequestTimeout,
+//     if that is longer);
+//   - after 3 reads in a row that IMDS answered (2xx or 404) within a quarter of a stretched
+//     timeout, it is halved, but never below RequestTimeout. Other failures change nothing.
+//
+// A healthy IMDS keeps RequestTimeout. A source logs one Warn when its timeout is first
+// stretched and one Info when it is back at RequestTimeout (the steps between are Debug).
 //
 // Run returns an error at once, polling nothing, when the Config named an unknown source.
 // Otherwise it returns nil, once ctx is done and all its goroutines have exited.
@@ -301,6 +338,39 @@ type sourceState struct {
 	bo           backoff
 	streak       int
 	failingSince time.Time
+	limit        readLimit
+}
+
+// readLimit is the request timeout of one source, stretched while IMDS answers it slowly.
+type readLimit struct {
+	base time.Duration // the configured or default timeout, where cur starts and returns
+	max  time.Duration // the cap on cur: maxStretchedTimeout, or base if longer
+	cur  time.Duration // the timeout of the next read
+	fast int           // reads in a row that answered within cur/4, while cur > base
+}
+
+// newReadLimit returns the limit of a source whose request timeout is base.
+func newReadLimit(base time.Duration) readLimit {
+	return readLimit{base: base, max: max(base, maxStretchedTimeout), cur: base}
+}
+
+// observe adapts cur to a read that ended as end after took, and reports whether cur changed.
+func (l *readLimit) observe(end readEnd, took time.Duration) bool {
+	prev := l.cur
+	switch {
+	case end == timedOut:
+		l.fast = 0
+		l.cur = min(2*l.cur, l.max)
+	case end == answered && l.cur > l.base && took <= l.cur/4:
+		l.fast++
+		if l.fast >= fastReadsToShrink {
+			l.fast = 0
+			l.cur = max(l.cur/2, l.base)
+		}
+	default:
+		l.fast = 0
+	}
+	return l.cur != prev
 }
 
 // intervalOf is the poll interval of src.
@@ -326,7 +396,8 @@ func (w *Watcher) watch(ctx context.Context, src Source, out chan<- Event) {
 	if src != SourceSpot {
 		bmax *= otherBackoffFactor
 	}
-	s := &sourceState{src: src, active: make(map[string]Notice), bo: backoff{max: max(bmax, 1)}}
+	s := &sourceState{src: src, active: make(map[string]Notice), bo: backoff{max: max(bmax, 1)},
+		limit: newReadLimit(w.requestTimeout(src))}
 	for {
 		start := time.Now()
 		back := w.backCh() // taken before the read: a recovery during it ends the backoff too
@@ -354,14 +425,17 @@ func (w *Watcher) backCh() <-chan struct{} {
 	return w.back
 }
 
-// poll is one step of watch: Check, then bookkeeping, logging and events. It reports whether
-// the read failed, and live=false when ctx ended (the step was then abandoned).
+// poll is one step of watch: a read with the current timeout of s, then bookkeeping, logging
+// and events. It reports whether the read failed, and live=false when ctx ended (the step was
+// then abandoned).
 func (w *Watcher) poll(ctx context.Context, s *sourceState, out chan<- Event) (failed, live bool) {
-	notices, err := w.Check(ctx, s.src)
+	start := time.Now()
+	notices, end, err := w.read(ctx, s.src, s.limit.cur)
 	if ctx.Err() != nil {
 		return false, false // stopping: an aborted read says nothing about IMDS
 	}
 	now := time.Now()
+	w.adapt(s, end, now.Sub(start))
 	w.record(s, now, err)
 
 	current := make(map[string]Notice, len(notices))
@@ -396,6 +470,32 @@ func (w *Watcher) poll(ctx context.Context, s *sourceState, out chan<- Event) (f
 	}
 	return err != nil, true
 }
+
+// adapt stretches or shrinks the request timeout of s after a read that ended as end after
+// took, and logs when the timeout leaves its base and when it returns to it.
+func (w *Watcher) adapt(s *sourceState, end readEnd, took time.Duration) {
+	prev := s.limit.cur
+	if !s.limit.observe(end, took) {
+		return
+	}
+	l := s.limit
+	switch {
+	case prev == l.base:
+		w.log.Warn().Str("source", string(s.src)).Float64("timeout_s", logSeconds(l.cur)).
+			Float64("default_timeout_s", logSeconds(l.base)).Msg(msgSlow)
+	case l.cur == l.base:
+		w.log.Info().Str("source", string(s.src)).Float64("timeout_s", logSeconds(l.cur)).Msg(msgInTime)
+	default:
+		w.log.Debug().Str("source", string(s.src)).Float64("timeout_s", logSeconds(l.cur)).
+			Float64("took_s", logSeconds(took)).Msg("imds request timeout changed")
+	}
+}
+
+// The messages of adapt, at the start and the end of a stretch.
+const (
+	msgSlow   = "imds answers slowly; waiting longer for each read"
+	msgInTime = "imds answers in time again; reads back to the default timeout"
+)
 
 // record updates the counters after a read that ended at now, logs the first error of a
 // streak and the recovery that ends it, and on a recovery ends every source's backoff.

@@ -19,9 +19,10 @@ func (f getterFunc) Get(ctx context.Context, path string) ([]byte, bool, error) 
 
 // call is one Get on a stepGetter, waiting for the test to answer it.
 type call struct {
-	path  string
-	at    time.Time
-	reply chan reply
+	path     string
+	at       time.Time
+	deadline time.Time // of the read's context
+	reply    chan reply
 }
 
 type reply struct {
@@ -41,7 +42,8 @@ var errIMDSDown = errors.New("connection refused")
 type stepGetter struct{ calls chan *call }
 
 func (g *stepGetter) Get(ctx context.Context, path string) ([]byte, bool, error) {
-	c := &call{path: path, at: time.Now(), reply: make(chan reply, 1)}
+	deadline, _ := ctx.Deadline()
+	c := &call{path: path, at: time.Now(), deadline: deadline, reply: make(chan reply, 1)}
 	select {
 	case g.calls <- c:
 	case <-ctx.Done():
@@ -530,6 +532,93 @@ func TestRunStops(t *testing.T) {
 			})
 		})
 	}
+}
+
+// TestRunSlowSourceGetsLongerTimeouts: a source whose reads time out waits twice as long on
+// each next read, up to 5 s, and comes back to its default once IMDS answers well in time
+// again; it logs one Warn and one Info for the whole stretch.
+func TestRunSlowSourceGetsLongerTimeouts(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := start(t, Config{Sources: []Source{SourceSpot}, PollInterval: time.Second, SpotPollInterval: 250 * time.Millisecond}, 16)
+		defer h.stop(t)
+		ms := time.Millisecond
+		// timeout returns the timeout of the next read, and leaves that read unanswered.
+		timeout := func() time.Duration {
+			c := h.next(t)
+			return c.deadline.Sub(c.at)
+		}
+		// read returns the timeout of the next read, and answers it (404) after took.
+		read := func(took time.Duration) time.Duration {
+			c := h.next(t)
+			advance(took)
+			c.notFound()
+			return c.deadline.Sub(c.at)
+		}
+		var got []time.Duration
+		for range 6 { // IMDS answers nothing in time: 500ms, then doubling up to 5s
+			got = append(got, timeout())
+		}
+		got = append(got, read(2*time.Second)) // answered in 2 s: not well within 5 s
+		for range 2 * fastReadsToShrink {      // answered at once: halved every 3 reads
+			got = append(got, read(0))
+		}
+		got = append(got, timeout()) // too slow again: doubled
+		for range 3 * fastReadsToShrink {
+			got = append(got, read(10*ms))
+		}
+		for range 3 {
+			got = append(got, read(0))
+		}
+		want := []time.Duration{500 * ms, 1000 * ms, 2000 * ms, 4000 * ms, 5000 * ms, 5000 * ms,
+			5000 * ms, 5000 * ms, 5000 * ms, 5000 * ms, 2500 * ms, 2500 * ms, 2500 * ms,
+			1250 * ms,
+			2500 * ms, 2500 * ms, 2500 * ms, 1250 * ms, 1250 * ms, 1250 * ms, 625 * ms, 625 * ms, 625 * ms,
+			500 * ms, 500 * ms, 500 * ms}
+		if !slices.Equal(got, want) {
+			t.Errorf("timeouts of successive reads = %v; want %v", got, want)
+		}
+		synctest.Wait()
+		warns := h.logs.lines(t, "warn", msgSlow, SourceSpot)
+		infos := h.logs.lines(t, "info", msgInTime, SourceSpot)
+		if len(warns) != 1 || len(infos) != 1 {
+			t.Fatalf("%d Warn and %d Info lines for one stretch; want 1 and 1\n%s", len(warns), len(infos), h.logs)
+		}
+		if warns[0]["timeout_s"] != 1.0 || warns[0]["default_timeout_s"] != 0.5 || infos[0]["timeout_s"] != 0.5 {
+			t.Errorf("Warn, Info = %v, %v; want timeout_s 1 and default_timeout_s 0.5, then timeout_s 0.5", warns[0], infos[0])
+		}
+		if st := h.w.Stats().Sources[SourceSpot]; st.Errors != 7 {
+			t.Errorf("Stats() = %+v; want 7 errors (the reads that timed out)", st)
+		}
+	})
+}
+
+// TestRunHealthySourceKeepsDefaultTimeout: reads that answer in time, however slowly, and
+// failures other than timeouts leave the request timeout as configured.
+func TestRunHealthySourceKeepsDefaultTimeout(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := start(t, Config{Sources: []Source{SourceRebalance}, PollInterval: time.Second}, 16)
+		defer h.stop(t)
+		steps := []func(c *call){
+			(*call).notFound,
+			func(c *call) { advance(999 * time.Millisecond); c.notFound() },
+			(*call).fail,
+			(*call).fail,
+			func(c *call) { c.ok("{}") }, // malformed
+			func(c *call) { advance(900 * time.Millisecond); c.fail() },
+			(*call).notFound,
+		}
+		for i, step := range steps {
+			c := h.next(t)
+			if d := c.deadline.Sub(c.at); d != time.Second {
+				t.Errorf("read %d: timeout %v; want 1s", i, d)
+			}
+			step(c)
+		}
+		synctest.Wait()
+		if lines := h.logs.lines(t, "warn", msgSlow, ""); len(lines) != 0 {
+			t.Errorf("%d Warn lines about a slow IMDS; want 0\n%s", len(lines), h.logs)
+		}
+	})
 }
 
 func TestRunUnknownSource(t *testing.T) {
