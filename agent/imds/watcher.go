@@ -29,34 +29,45 @@ const (
 	otherBackoffFactor = 10
 )
 
-// EventKind says whether a notice began or ended.
+// EventKind says whether a notice began, changed or ended.
 type EventKind int
 
-// The event kinds. The zero EventKind is neither.
+// The event kinds. The zero EventKind is none of them. A notice key has one Begin, then any
+// number of Updates, then at most one End; after its End it may Begin again.
 const (
 	// Begin: a notice key became active.
 	Begin EventKind = iota + 1
 	// End: a successful read no longer shows an active notice key.
 	End
+	// Update: a notice key that is active was read properly (not Malformed) and either its
+	// Deadline is earlier than the Deadline of the notice last delivered for it (by its Begin or
+	// its last Update), or the notice last delivered was Malformed (a fail-safe guess, whatever
+	// the new Deadline). A Deadline that moves later gives no event: AWS's simulator recomputes
+	// "now + 2 minutes" on every read, so the earliest deadline wins. A Notice with no Deadline
+	// (rebalance) never gives an Update.
+	Update
 )
 
-// String returns "begin", "end", or "EventKind(N)" for anything else.
+// String returns "begin", "end", "update", or "EventKind(N)" for anything else.
 func (k EventKind) String() string {
 	switch k {
 	case Begin:
 		return "begin"
 	case End:
 		return "end"
+	case Update:
+		return "update"
 	default:
 		return fmt.Sprintf("EventKind(%d)", int(k))
 	}
 }
 
-// Event is a change in the set of active notices.
+// Event is a change in the set of active notices, or in what is known of one.
 type Event struct {
 	Kind EventKind
-	// Notice is the notice as last read: for Begin the notice that began, for End the
-	// notice as it was last seen before it ended.
+	// Notice is the notice as read: for Begin the notice that began; for Update the notice as
+	// now read (same Key, its new Deadline, Malformed false); for End the notice as it was last
+	// seen before it ended.
 	Notice Notice
 	// At is when the watcher saw the change (the end of the poll that showed it).
 	At time.Time
@@ -284,12 +295,15 @@ func excerpt(body []byte) string {
 // Run polls every enabled source on its own goroutine until ctx is done, sending an Event
 // on out (a send waits for the receiver or for ctx) whenever:
 //   - Begin: a notice key becomes active; a key stays active however often its time changes;
+//   - Update: an active key is read properly with a Deadline earlier than the one last
+//     delivered, or properly after it was delivered Malformed (see [Update]);
 //   - End: a successful read (404, or a body without it, e.g. a scheduled event turned
 //     canceled or completed) no longer shows an active key.
 //
 // Each source is polled at once, then every PollInterval (SpotPollInterval for spot) from the
 // start of the previous poll. A failed read never changes the active set (the fail-safe spot
-// notice of a malformed body is added, as a successful read would add it); it is counted and
+// notice of a malformed body is added, as a successful read would add it), and a fail-safe
+// (Malformed) notice never replaces one already active; a failed read is counted and
 // followed by a jittered exponential backoff from 100 ms, capped at SpotPollInterval for spot
 // and at 10 × PollInterval for other sources, measured from the end of the failed read. A
 // source that recovers from an error streak ends the backoff of every other source: they poll
@@ -334,7 +348,8 @@ func (w *Watcher) Stats() Stats {
 // sourceState is what the goroutine of one source owns.
 type sourceState struct {
 	src          Source
-	active       map[string]Notice // by Notice.Key
+	active       map[string]Notice // by Notice.Key: as last read
+	delivered    map[string]Notice // by Notice.Key: as last sent in a Begin or Update
 	bo           backoff
 	streak       int
 	failingSince time.Time
@@ -396,8 +411,8 @@ func (w *Watcher) watch(ctx context.Context, src Source, out chan<- Event) {
 	if src != SourceSpot {
 		bmax *= otherBackoffFactor
 	}
-	s := &sourceState{src: src, active: make(map[string]Notice), bo: backoff{max: max(bmax, 1)},
-		limit: newReadLimit(w.requestTimeout(src))}
+	s := &sourceState{src: src, active: make(map[string]Notice), delivered: make(map[string]Notice),
+		bo: backoff{max: max(bmax, 1)}, limit: newReadLimit(w.requestTimeout(src))}
 	for {
 		start := time.Now()
 		back := w.backCh() // taken before the read: a recovery during it ends the backoff too
@@ -444,18 +459,26 @@ func (w *Watcher) poll(ctx context.Context, s *sourceState, out chan<- Event) (f
 	}
 	var events []Event
 	for _, k := range slices.Sorted(maps.Keys(current)) {
-		if _, ok := s.active[k]; !ok {
-			events = append(events, Event{Kind: Begin, Notice: current[k], At: now})
-		} else if err != nil {
-			continue // keep the notice as last read successfully
+		n := current[k]
+		_, ok := s.active[k]
+		switch {
+		case !ok:
+			events = append(events, Event{Kind: Begin, Notice: n, At: now})
+			s.delivered[k] = n
+		case n.Malformed:
+			continue // a fail-safe guess: keep the notice as last read properly
+		case updates(s.delivered[k], n):
+			events = append(events, Event{Kind: Update, Notice: n, At: now})
+			s.delivered[k] = n
 		}
-		s.active[k] = current[k]
+		s.active[k] = n
 	}
 	if err == nil {
 		for _, k := range slices.Sorted(maps.Keys(s.active)) {
 			if _, ok := current[k]; !ok {
 				events = append(events, Event{Kind: End, Notice: s.active[k], At: now})
 				delete(s.active, k)
+				delete(s.delivered, k)
 			}
 		}
 	}
@@ -469,6 +492,19 @@ func (w *Watcher) poll(ctx context.Context, s *sourceState, out chan<- Event) (f
 		}
 	}
 	return err != nil, true
+}
+
+// updates reports whether n, read properly for the key of last (the notice last delivered),
+// deserves an Update: last was a fail-safe guess, or n's Deadline is earlier (a zero Deadline
+// is no deadline, later than any).
+func updates(last, n Notice) bool {
+	if n.Malformed {
+		return false
+	}
+	if last.Malformed {
+		return true
+	}
+	return !n.Deadline.IsZero() && (last.Deadline.IsZero() || n.Deadline.Before(last.Deadline))
 }
 
 // adapt stretches or shrinks the request timeout of s after a read that ended as end after

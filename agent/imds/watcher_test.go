@@ -377,6 +377,74 @@ func TestRunBeginOncePerKey(t *testing.T) {
 	})
 }
 
+// TestRunUpdateWhenDeadlineMovesEarlier: a notice in force read again with a deadline earlier
+// than the one last delivered gives an Update with the notice as now read; a deadline that
+// moves later gives nothing (the earliest wins), and so does a fail-safe reading.
+func TestRunUpdateWhenDeadlineMovesEarlier(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := start(t, Config{Sources: []Source{SourceSpot}, PollInterval: time.Second}, 16)
+		defer h.stop(t)
+		d0 := time.Now().Add(time.Hour).Truncate(time.Second)
+		h.next(t).ok(spotBody("terminate", d0))
+		wantEvents(t, h.events(), "begin spot/terminate")
+		h.next(t).ok(spotBody("terminate", d0.Add(10*time.Second))) // later: noise
+		wantEvents(t, h.events())
+		c := h.next(t)
+		c.ok(spotBody("terminate", d0.Add(-30*time.Second)))
+		evs := h.events()
+		wantEvents(t, evs, "update spot/terminate")
+		if len(evs) == 1 && (!evs[0].Notice.Deadline.Equal(d0.Add(-30*time.Second)) || !evs[0].At.Equal(c.at)) {
+			t.Errorf("Update = %+v; want deadline %v, At %v", evs[0], d0.Add(-30*time.Second), c.at)
+		}
+		h.next(t).ok(spotBody("terminate", d0.Add(-20*time.Second))) // earlier than the last read, not the last delivered
+		h.next(t).ok(spotBody("terminate", d0))
+		h.next(t).ok("<html>") // fail safe: due in 2 minutes, earlier, but a guess
+		wantEvents(t, h.events())
+		h.next(t).ok(spotBody("terminate", d0.Add(-31*time.Second)))
+		wantEvents(t, h.events(), "update spot/terminate")
+		h.next(t).notFound()
+		evs = h.events()
+		wantEvents(t, evs, "end spot/terminate")
+		if len(evs) == 1 && !evs[0].Notice.Deadline.Equal(d0.Add(-31*time.Second)) {
+			t.Errorf("End notice = %+v; want the notice last read", evs[0].Notice)
+		}
+		// A new notice is compared with its own Begin, not with the one that ended.
+		h.next(t).ok(spotBody("terminate", d0.Add(time.Hour)))
+		h.next(t).ok(spotBody("terminate", d0.Add(time.Hour)))
+		wantEvents(t, h.events(), "begin spot/terminate")
+	})
+}
+
+// TestRunUpdateScheduled: a scheduled event moved earlier is updated; a rebalance
+// recommendation, which has no deadline, never is.
+func TestRunUpdateScheduled(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := start(t, Config{Sources: []Source{SourceScheduled, SourceRebalance}, PollInterval: time.Second}, 16)
+		defer h.stop(t)
+		event := func(notBefore string) string {
+			return `[{"Code":"instance-stop","State":"active","EventId":"e-1","NotBefore":"` + notBefore + `"}]`
+		}
+		answers := map[string][]string{
+			SourceScheduled.Path(): {event("21 Jan 2019 09:00:43 GMT"), event("22 Jan 2019 09:00:43 GMT"), event("20 Jan 2019 09:00:43 GMT")},
+			SourceRebalance.Path(): {`{"noticeTime": "2020-10-27T08:22:00Z"}`, `{"noticeTime": "2020-10-27T08:21:00Z"}`, `{"noticeTime": "2020-10-27T08:20:00Z"}`},
+		}
+		for range 6 {
+			c := h.next(t)
+			c.ok(answers[c.path][0])
+			answers[c.path] = answers[c.path][1:]
+		}
+		var got []string
+		for _, ev := range h.events() {
+			got = append(got, ev.Kind.String()+" "+ev.Notice.Key()+" "+ev.Notice.Deadline.Format(time.DateOnly))
+		}
+		slices.Sort(got)
+		want := []string{"begin rebalance/rebalance 0001-01-01", "begin scheduled/instance-stop/e-1 2019-01-21", "update scheduled/instance-stop/e-1 2019-01-20"}
+		if !slices.Equal(got, want) {
+			t.Errorf("events = %q; want %q", got, want)
+		}
+	})
+}
+
 func TestRunEndWhenScheduledCanceled(t *testing.T) {
 	for _, name := range []string{"scheduled-docs-canceled.json", "scheduled-docs-completed.json"} {
 		t.Run(name, func(t *testing.T) {
@@ -463,8 +531,16 @@ func TestRunMalformedSpot(t *testing.T) {
 		if st := h.w.Stats().Sources[SourceSpot]; st.Errors != 3 || st.Polls != 4 {
 			t.Errorf("Stats() = %+v; want 3 errors in 4 polls", st)
 		}
-		// A real notice follows: same key, no new event; it recovers the streak.
+		// A real notice follows: same key, an Update with its real deadline, though later than
+		// the guess; it recovers the streak.
 		h.next(t).ok(`{"action": "terminate", "time": "2017-09-18T08:22:00Z"}`)
+		evs = h.events()
+		wantEvents(t, evs, "update spot/terminate")
+		if len(evs) == 1 && (evs[0].Notice.Malformed || !evs[0].Notice.Deadline.Equal(utc("2017-09-18T08:22:00Z"))) {
+			t.Errorf("Update notice = %+v; want the well-formed notice", evs[0].Notice)
+		}
+		// Read again, even later: nothing.
+		h.next(t).ok(`{"action": "terminate", "time": "2017-09-18T08:23:00Z"}`)
 		wantEvents(t, h.events())
 		if got := len(h.logs.lines(t, "info", msgRecovered, SourceSpot)); got != 1 {
 			t.Errorf("%d Info lines after recovery; want 1\n%s", got, h.logs)
@@ -472,7 +548,7 @@ func TestRunMalformedSpot(t *testing.T) {
 		h.next(t).notFound()
 		evs = h.events()
 		wantEvents(t, evs, "end spot/terminate")
-		if len(evs) == 1 && (evs[0].Notice.Malformed || !evs[0].Notice.Time.Equal(utc("2017-09-18T08:22:00Z"))) {
+		if len(evs) == 1 && (evs[0].Notice.Malformed || !evs[0].Notice.Time.Equal(utc("2017-09-18T08:23:00Z"))) {
 			t.Errorf("End notice = %+v; want the well-formed notice last read", evs[0].Notice)
 		}
 	})
