@@ -71,6 +71,15 @@ type Event struct {
 	Notice Notice
 	// At is when the watcher saw the change (the end of the poll that showed it).
 	At time.Time
+	// First is set on a Begin that comes from the first successful read of its source since
+	// Run started: no read of that source had shown the notice absent, so it may have been in
+	// force before the agent started. A restarted agent uses it to tell the notice its
+	// previous run already handled from a new one. It is false on a Begin that follows a
+	// successful read of the source (which did not show the notice), and on every Update and
+	// End. A successful read is one that counts in [SourceStats.LastSuccess]: 404 or a body
+	// read without error; failed reads (errors, timeouts, malformed bodies) do not count, so a
+	// fail-safe notice read before any successful read is First too.
+	First bool
 }
 
 // Config configures a [Watcher].
@@ -294,7 +303,8 @@ func excerpt(body []byte) string {
 
 // Run polls every enabled source on its own goroutine until ctx is done, sending an Event
 // on out (a send waits for the receiver or for ctx) whenever:
-//   - Begin: a notice key becomes active; a key stays active however often its time changes;
+//   - Begin: a notice key becomes active; a key stays active however often its time changes.
+//     First is set when no read of the source had succeeded before (see [Event.First]);
 //   - Update: an active key is read properly with a Deadline earlier than the one last
 //     delivered, or properly after it was delivered Malformed (see [Update]);
 //   - End: a successful read (404, or a body without it, e.g. a scheduled event turned
@@ -354,6 +364,7 @@ type sourceState struct {
 	streak       int
 	failingSince time.Time
 	limit        readLimit
+	succeeded    bool // a read has succeeded since Run started; see Event.First
 }
 
 // readLimit is the request timeout of one source, stretched while IMDS answers it slowly.
@@ -463,7 +474,7 @@ func (w *Watcher) poll(ctx context.Context, s *sourceState, out chan<- Event) (f
 		_, ok := s.active[k]
 		switch {
 		case !ok:
-			events = append(events, Event{Kind: Begin, Notice: n, At: now})
+			events = append(events, Event{Kind: Begin, Notice: n, At: now, First: !s.succeeded})
 			s.delivered[k] = n
 		case n.Malformed:
 			continue // a fail-safe guess: keep the notice as last read properly
@@ -474,6 +485,7 @@ func (w *Watcher) poll(ctx context.Context, s *sourceState, out chan<- Event) (f
 		s.active[k] = n
 	}
 	if err == nil {
+		s.succeeded = true
 		for _, k := range slices.Sorted(maps.Keys(s.active)) {
 			if _, ok := current[k]; !ok {
 				events = append(events, Event{Kind: End, Notice: s.active[k], At: now})
@@ -484,7 +496,7 @@ func (w *Watcher) poll(ctx context.Context, s *sourceState, out chan<- Event) (f
 	}
 	for _, ev := range events {
 		w.log.Debug().Str("source", string(s.src)).Str("event", ev.Kind.String()).
-			Str("key", ev.Notice.Key()).Bool("malformed", ev.Notice.Malformed).Msg("notice")
+			Str("key", ev.Notice.Key()).Bool("malformed", ev.Notice.Malformed).Bool("first", ev.First).Msg("notice")
 		select {
 		case out <- ev:
 		case <-ctx.Done():

@@ -393,8 +393,8 @@ func TestRunUpdateWhenDeadlineMovesEarlier(t *testing.T) {
 		c.ok(spotBody("terminate", d0.Add(-30*time.Second)))
 		evs := h.events()
 		wantEvents(t, evs, "update spot/terminate")
-		if len(evs) == 1 && (!evs[0].Notice.Deadline.Equal(d0.Add(-30*time.Second)) || !evs[0].At.Equal(c.at)) {
-			t.Errorf("Update = %+v; want deadline %v, At %v", evs[0], d0.Add(-30*time.Second), c.at)
+		if len(evs) == 1 && (!evs[0].Notice.Deadline.Equal(d0.Add(-30*time.Second)) || !evs[0].At.Equal(c.at) || evs[0].First) {
+			t.Errorf("Update = %+v; want deadline %v, At %v, First false", evs[0], d0.Add(-30*time.Second), c.at)
 		}
 		h.next(t).ok(spotBody("terminate", d0.Add(-20*time.Second))) // earlier than the last read, not the last delivered
 		h.next(t).ok(spotBody("terminate", d0))
@@ -441,6 +441,82 @@ func TestRunUpdateScheduled(t *testing.T) {
 		want := []string{"begin rebalance/rebalance 0001-01-01", "begin scheduled/instance-stop/e-1 2019-01-21", "update scheduled/instance-stop/e-1 2019-01-20"}
 		if !slices.Equal(got, want) {
 			t.Errorf("events = %q; want %q", got, want)
+		}
+	})
+}
+
+// TestRunFirst: a Begin is First when no read of its source had succeeded before the read
+// that showed it (the notice was in force when the watcher started); a notice that appears
+// after a successful read of its source is not First, nor is any Update or End.
+func TestRunFirst(t *testing.T) {
+	spot := func(c *call) { c.ok(spotBody("terminate", c.at.Add(2*time.Minute))) }
+	tests := []struct {
+		name  string
+		src   Source
+		steps []func(*call)
+		want  []string // "kind key first"
+	}{
+		{"in force at start", SourceSpot, []func(*call){spot, spot, (*call).notFound},
+			[]string{"begin spot/terminate true", "end spot/terminate false"}},
+		{"after failed reads", SourceSpot, []func(*call){(*call).fail, (*call).fail, spot},
+			[]string{"begin spot/terminate true"}},
+		{"after a 404", SourceSpot, []func(*call){(*call).notFound, spot},
+			[]string{"begin spot/terminate false"}},
+		{"begins again after its end", SourceSpot, []func(*call){spot, (*call).notFound, spot},
+			[]string{"begin spot/terminate true", "end spot/terminate false", "begin spot/terminate false"}},
+		{"fail-safe at start, then read", SourceSpot, []func(*call){func(c *call) { c.ok("<html>") }, spot},
+			[]string{"begin spot/terminate true", "update spot/terminate false"}},
+		{"fail-safe after a 404", SourceSpot, []func(*call){(*call).notFound, func(c *call) { c.ok("<html>") }},
+			[]string{"begin spot/terminate false"}},
+		{"after a malformed body", SourceRebalance, []func(*call){func(c *call) { c.ok("{}") }, func(c *call) { c.ok(`{"noticeTime": "2020-10-27T08:22:00Z"}`) }},
+			[]string{"begin rebalance/rebalance true"}},
+		{"every notice of the first read", SourceScheduled, []func(*call){
+			func(c *call) {
+				c.ok(`[{"Code":"instance-stop","State":"active","EventId":"e-1","NotBefore":"21 Jan 2019 09:00:43 GMT"},` +
+					`{"Code":"system-reboot","State":"active","EventId":"e-2","NotBefore":"21 Jan 2019 09:00:43 GMT"}]`)
+			},
+			func(c *call) {
+				c.ok(`[{"Code":"instance-stop","State":"active","EventId":"e-1","NotBefore":"21 Jan 2019 09:00:43 GMT"},` +
+					`{"Code":"system-reboot","State":"active","EventId":"e-2","NotBefore":"21 Jan 2019 09:00:43 GMT"},` +
+					`{"Code":"instance-retirement","State":"active","EventId":"e-3","NotBefore":"21 Jan 2019 09:00:43 GMT"}]`)
+			},
+		}, []string{"begin scheduled/instance-stop/e-1 true", "begin scheduled/system-reboot/e-2 true", "begin scheduled/instance-retirement/e-3 false"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				h := start(t, Config{Sources: []Source{tt.src}, PollInterval: time.Second}, 16)
+				defer h.stop(t)
+				var got []string
+				for _, step := range tt.steps {
+					step(h.next(t))
+					for _, ev := range h.events() {
+						got = append(got, fmt.Sprintf("%s %s %v", ev.Kind, ev.Notice.Key(), ev.First))
+					}
+				}
+				if !slices.Equal(got, tt.want) {
+					t.Errorf("events = %q; want %q", got, tt.want)
+				}
+			})
+		})
+	}
+	// Each source counts its own reads: spot has read nothing but 404s, rebalance nothing yet.
+	synctest.Test(t, func(t *testing.T) {
+		h := start(t, Config{Sources: []Source{SourceSpot, SourceRebalance}, PollInterval: time.Second}, 16)
+		defer h.stop(t)
+		for {
+			c := h.next(t)
+			if c.path == SourceSpot.Path() {
+				c.notFound()
+				continue
+			}
+			c.ok(`{"noticeTime": "2020-10-27T08:22:00Z"}`)
+			break
+		}
+		evs := h.events()
+		wantEvents(t, evs, "begin rebalance/rebalance")
+		if len(evs) == 1 && !evs[0].First {
+			t.Errorf("Begin of the first read of rebalance after spot's reads: First = false; want true")
 		}
 	})
 }
