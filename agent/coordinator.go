@@ -294,7 +294,42 @@ func (c *Coordinator) Handle(ev imds.Event) {
 		c.begin(ev)
 	case imds.End:
 		c.end(ev)
+	case imds.Update:
+		c.update(ev)
 	}
+}
+
+// update takes a notice in force read again with an earlier deadline, or readable where its
+// deadline was a fail-safe guess: notice.json, the uploads and /status get the new deadline.
+// The trainer is not signalled again.
+func (c *Coordinator) update(ev imds.Event) {
+	c.mu.Lock()
+	ns, ok := c.active[ev.Notice.Key()]
+	if !ok {
+		c.mu.Unlock()
+		return
+	}
+	was := ns.Deadline
+	if !ev.Notice.Deadline.IsZero() {
+		d := ev.Notice.Deadline
+		ns.Deadline = &d
+	}
+	ns.Malformed = ev.Notice.Malformed
+	policy := ns.Policy
+	c.mu.Unlock()
+	ev2 := c.log.Warn().Str("notice", ns.Key).Time("deadline", ev.Notice.Deadline).
+		Float64("time_left_s", logSeconds(time.Until(ev.Notice.Deadline)))
+	if was != nil {
+		ev2 = ev2.Time("was", *was)
+	}
+	ev2.Msg("notice's deadline moved earlier (or was a guess): acting on the new one")
+	if policy != PolicyCheckpoint {
+		return
+	}
+	if ns.Deadline != nil {
+		c.metrics.noticeDeadlineLeft.WithLabelValues(string(ns.Source)).Set(time.Until(*ns.Deadline).Seconds())
+	}
+	c.noticesChanged(c.config())
 }
 
 func (c *Coordinator) begin(ev imds.Event) {
@@ -311,7 +346,7 @@ func (c *Coordinator) begin(ev imds.Event) {
 	c.noticesChanged(cfg)
 
 	procs, problems := c.trainers.Find(cfg)
-	if prev, ok := c.previousSignal(ns.Key, procs); ok {
+	if prev, ok := c.previousSignal(ns.Key, procs, ev.First); ok {
 		// A restart (a crash, kill -9) during the notice, with the same trainer processes: they
 		// saved for it, or are saving; asked again, they would save twice in the window.
 		c.mu.Lock()
@@ -923,14 +958,16 @@ func readSignalled(dir string, log zerolog.Logger) map[string]signalRecord {
 const previousSignalWithin = 10 * time.Minute
 
 // previousSignal returns what an earlier run signalled for the notice key (its notice.json), if
-// it did within previousSignalWithin and every trainer process found now (procs) is one it
-// signalled: a trainer restarted since has not been asked. Once per key.
-func (c *Coordinator) previousSignal(key string, procs []trainer.Process) (signalRecord, bool) {
+// it did within previousSignalWithin, the notice was in force when this run first read its
+// source (first: imds.Event.First; one that appeared later is a new notice, even of the same
+// key), and every trainer process found now (procs) is one it signalled: a trainer restarted
+// since has not been asked. Once per key.
+func (c *Coordinator) previousSignal(key string, procs []trainer.Process, first bool) (signalRecord, bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	prev, ok := c.previous[key]
 	delete(c.previous, key)
-	if !ok || time.Since(prev.At) >= previousSignalWithin || len(procs) == 0 {
+	if !ok || !first || time.Since(prev.At) >= previousSignalWithin || len(procs) == 0 {
 		return prev, false
 	}
 	for _, p := range procs {

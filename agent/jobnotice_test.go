@@ -501,3 +501,93 @@ func TestNewTrainerDuringANoticeIsSignalled(t *testing.T) {
 		})
 	}
 }
+
+// TestNoticeAfterARestartIsNew: a restarted agent does not signal again for the notice its
+// previous run signalled the trainer for, but only when that notice is in force at the first read
+// of its source. One that appears after this run saw none is a new notice, signalled as usual.
+// (Found from outside: the new notice was taken for the old one, and the trainer never saved.)
+func TestNoticeAfterARestartIsNew(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		runtime := t.TempDir()
+		deadline := time.Now().Add(2 * time.Minute).UTC().Truncate(time.Second)
+		signalled := signalRecord{At: time.Now().Add(-5 * time.Second), PIDs: []int{4242}}
+		ns := &NoticeStatus{Source: imds.SourceSpot, Action: "terminate", Deadline: &deadline}
+		if err := writeNoticeFile(runtime, []*NoticeStatus{ns}, map[*NoticeStatus]signalRecord{ns: signalled}); err != nil {
+			t.Fatal(err)
+		}
+		cfg := mustLoad(t, LoadOptions{Environ: []string{"SPOTGUARD_HTTP_LISTEN=", "SPOTGUARD_TRAINER_MATCH=train",
+			"SPOTGUARD_AGENT_RUNTIME_DIR=" + runtime, "SPOTGUARD_METRICS_CLOUDWATCH=false"}})
+		fimds := newFakeIMDS() // no notice at first: the previous run's ended
+		a, err := New(cfg, Deps{Logger: zerolog.Nop(), IMDS: fimds})
+		if err != nil {
+			t.Fatal(err)
+		}
+		tr := &fakeTrainers{}
+		a.coord.trainers = tr
+		ctx, cancel := context.WithCancel(t.Context())
+		done := make(chan error)
+		go func() { done <- a.Run(ctx) }()
+		passFakeTime(3 * time.Second)
+		fimds.set("spot/instance-action", `{"action": "terminate", "time": "`+deadline.Format(time.RFC3339)+`"}`)
+		passFakeTime(3 * time.Second)
+		if got := tr.signals(); got != 1 {
+			t.Errorf("signals sent = %d; want 1: a notice that appeared after the restart is a new one", got)
+		}
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run() = %v", err)
+		}
+	})
+}
+
+// TestNoticeDeadlineMovesEarlier: a spot notice whose time moves earlier (or whose first reading
+// was a fail-safe guess) gets the earlier deadline in notice.json and /status; the trainer is
+// not signalled again. (Found from outside: the first deadline stayed, 85 s too late.)
+func TestNoticeDeadlineMovesEarlier(t *testing.T) {
+	for _, first := range []string{"later", "malformed"} {
+		t.Run(first, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				runtime := t.TempDir()
+				cfg := mustLoad(t, LoadOptions{Environ: []string{"SPOTGUARD_HTTP_LISTEN=", "SPOTGUARD_TRAINER_MATCH=train",
+					"SPOTGUARD_AGENT_RUNTIME_DIR=" + runtime, "SPOTGUARD_METRICS_CLOUDWATCH=false"}})
+				fimds := newFakeIMDS()
+				body := `{"action": "terminate", "time": "` + time.Now().Add(2*time.Minute).UTC().Format(time.RFC3339) + `"}`
+				if first == "malformed" {
+					body = `<html>not json</html>`
+				}
+				fimds.set("spot/instance-action", body)
+				a, err := New(cfg, Deps{Logger: zerolog.Nop(), IMDS: fimds})
+				if err != nil {
+					t.Fatal(err)
+				}
+				tr := &fakeTrainers{}
+				a.coord.trainers = tr
+				ctx, cancel := context.WithCancel(t.Context())
+				done := make(chan error)
+				go func() { done <- a.Run(ctx) }()
+				passFakeTime(3 * time.Second)
+				real := time.Now().Add(30 * time.Second).UTC().Truncate(time.Second)
+				fimds.set("spot/instance-action", `{"action": "terminate", "time": "`+real.Format(time.RFC3339)+`"}`)
+				passFakeTime(3 * time.Second)
+				data, _ := os.ReadFile(filepath.Join(runtime, NoticeFile))
+				var nf noticeFile
+				if err := json.Unmarshal(data, &nf); err != nil {
+					t.Fatalf("notice.json: %v", err)
+				}
+				if nf.Deadline == nil || !nf.Deadline.Equal(real) {
+					t.Errorf("notice.json deadline = %v; want %v", nf.Deadline, real)
+				}
+				if n, ok := a.Status().noticeByKey("spot/terminate"); !ok || n.Deadline == nil || !n.Deadline.Equal(real) || n.Malformed {
+					t.Errorf("/status notice = %+v; want deadline %v, not malformed", n, real)
+				}
+				if got := tr.signals(); got != 1 {
+					t.Errorf("signals sent = %d; want 1", got)
+				}
+				cancel()
+				if err := <-done; err != nil {
+					t.Errorf("Run() = %v", err)
+				}
+			})
+		})
+	}
+}
