@@ -542,13 +542,9 @@ func restoreRemoveStale(to *os.Root, log zerolog.Logger) {
 		return
 	}
 	for _, name := range names {
-		rest, ok := strings.CutPrefix(name, restoreStagingPrefix)
-		if !ok {
-			continue
-		}
-		pidText, _, _ := strings.Cut(rest, "-")
-		if pid, err := strconv.Atoi(pidText); err == nil && pid > 0 && processAlive(pid) {
-			continue
+		pid, ok := restoreStagingPID(name)
+		if !ok || processAlive(pid) {
+			continue // not a staging directory's name (the user's own), or its restore runs
 		}
 		if err := to.RemoveAll(name); err != nil {
 			log.Warn().Err(err).Str("dir", filepath.Join(to.Name(), name)).Msg("cannot remove a killed restore's staging directory")
@@ -556,6 +552,23 @@ func restoreRemoveStale(to *os.Root, log zerolog.Logger) {
 		}
 		log.Info().Str("dir", filepath.Join(to.Name(), name)).Msg("removed a killed restore's staging directory")
 	}
+}
+
+// restoreStagingPID returns the pid in name if name is a staging directory's, as restoreStage
+// makes it: restoreStagingPrefix, a pid, "-" and rand.Text()'s 26 base32 characters. A name that
+// only starts like one (".spotguard-restore-notes") is not.
+func restoreStagingPID(name string) (int, bool) {
+	rest, ok := strings.CutPrefix(name, restoreStagingPrefix)
+	if !ok {
+		return 0, false
+	}
+	pidText, random, ok := strings.Cut(rest, "-")
+	pid, err := strconv.Atoi(pidText)
+	if !ok || err != nil || pid <= 0 || strconv.Itoa(pid) != pidText || len(random) != 26 ||
+		strings.TrimLeft(random, "ABCDEFGHIJKLMNOPQRSTUVWXYZ234567") != "" {
+		return 0, false
+	}
+	return pid, true
 }
 
 // processAlive reports whether a process with this pid exists.

@@ -887,14 +887,16 @@ func TestRestoreVersion1(t *testing.T) {
 }
 
 // A killed restore's staging directory is removed by the next restore; one of a restore still
-// running (its pid alive) is left alone.
+// running (its pid alive) is left alone, and so is a directory of the user's whose name only
+// starts like one (found from outside: .spotguard-restore-notes was deleted).
 func TestRestoreRemovesStaleStaging(t *testing.T) {
 	s := newMemStore()
 	restoreTestCommit(t, s, restoreTestJob, "step-1", restoreTestT0, restoreTestFiles(1))
 	_, to := restoreTestDirs(t)
-	stale := filepath.Join(to, ".spotguard-restore-999999999-ABC")
-	live := filepath.Join(to, fmt.Sprintf(".spotguard-restore-%d-DEF", os.Getpid()))
-	for _, d := range []string{stale, live} {
+	stale := filepath.Join(to, ".spotguard-restore-999999999-"+strings.Repeat("A7", 13))
+	live := filepath.Join(to, fmt.Sprintf(".spotguard-restore-%d-%s", os.Getpid(), strings.Repeat("B2", 13)))
+	users := []string{filepath.Join(to, ".spotguard-restore-notes"), filepath.Join(to, ".spotguard-restore-999999999-mine")}
+	for _, d := range append([]string{stale, live}, users...) {
 		restoreTestMust(t, os.MkdirAll(filepath.Join(d, "sub"), 0o755))
 		restoreTestMust(t, os.WriteFile(filepath.Join(d, "sub", "half.bin"), make([]byte, 100), 0o644))
 	}
@@ -907,6 +909,11 @@ func TestRestoreRemovesStaleStaging(t *testing.T) {
 	}
 	if _, err := os.Stat(live); err != nil {
 		t.Errorf("Got(%q) = %v; want a live restore's staging left alone", live, err)
+	}
+	for _, d := range users {
+		if _, err := os.Stat(filepath.Join(d, "sub", "half.bin")); err != nil {
+			t.Errorf("Got(%q) = %v; want the user's directory left alone", d, err)
+		}
 	}
 }
 
