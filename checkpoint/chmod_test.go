@@ -1,6 +1,7 @@
 package checkpoint
 
 import (
+	"errors"
 	"os"
 	"path/filepath"
 	"testing"
@@ -98,6 +99,32 @@ func TestChmodOfAnOldCheckpointKeepsItsPlace(t *testing.T) {
 		if again.Manifest.Order().After(newest.Manifest.Order()) {
 			t.Errorf("step-1 committed again completed at %v, after step-2 (%v)", again.Manifest.Order().At, newest.Manifest.Order().At)
 		}
+		latestIs(t, s, "step-2", newest.Manifest.Commit)
+	})
+	t.Run("during a notice, the store not listing", func(t *testing.T) {
+		// A notice sends a changed checkpoint without reading the store's commits of it first,
+		// and its commit, unable to read them, writes a new one: with the place of the commit
+		// these bytes were (found by the simulation).
+		s, dir := newMemStore(), t.TempDir()
+		r := startUploader(t, dir, s, 0)
+		writeCheckpoint(t, dir, "step-1", map[string][]byte{"a": randomBytes(t, 8<<10)})
+		r.waitCommitted("step-1")
+		laterTick(t, dir, "step-1")
+		writeCheckpoint(t, dir, "step-2", map[string][]byte{"a": randomBytes(t, 8<<10)})
+		newest := r.waitCommitted("step-2")
+
+		r.up.SetNotices([]ActiveNotice{{Key: "spot/terminate", Deadline: time.Now().Add(2 * time.Minute), SignalledAt: time.Now()}})
+		s.mu.Lock()
+		s.listErr = errors.New("memstore: 503 SlowDown")
+		s.mu.Unlock()
+		chmodTree(t, dir, "step-1")
+		again := r.waitCommitted("step-1")
+		if again.Manifest.Order().After(newest.Manifest.Order()) {
+			t.Errorf("step-1 committed again completed at %v, after step-2 (%v)", again.Manifest.Order().At, newest.Manifest.Order().At)
+		}
+		s.mu.Lock()
+		s.listErr = nil
+		s.mu.Unlock()
 		latestIs(t, s, "step-2", newest.Manifest.Commit)
 	})
 	t.Run("after a restart", func(t *testing.T) {

@@ -803,15 +803,17 @@ type commitJob struct {
 	sealed bool
 	// completeAt, if not nil, is the version's completion time (see commitResult.completeAt).
 	completeAt *time.Time
-	// unseenBefore: see Uploader.unseenBefore and completedAt.
-	unseenBefore time.Time
+	// unseenBefore and unseenAfter: see Uploader.unseen and completedAt.
+	unseenBefore, unseenAfter time.Time
 	// unread: the store's commits of the name were not read before its files were sent
 	// (generation.unread); the commit reads them and adopts one with exactly these files.
 	unread bool
 
 	files map[string]doneFile
 	// refused are versions of files left out because they cannot be uploaded (generation.refused).
-	refused         map[string]FileID
+	refused map[string]FileID
+	// prior is the commit the generation before was (generation.prior), or nil.
+	prior           *Manifest
 	candidates      []*Manifest
 	strays          []string
 	timings         Timings
@@ -878,6 +880,14 @@ func (u *Uploader) commit(ctx context.Context, c commitJob) commitResult {
 			}
 		}
 	}
+	if p := c.prior; p != nil && !c.adopt && c.completeAt == nil && u.matchesDone(p, c.files) {
+		// The bytes of the commit this checkpoint was (a chmod -R since changed every file's
+		// ctime), which the store could not show (or a try of this commit was cut short) or no
+		// longer holds: committed again, they keep its place in the order rather than
+		// becoming the newest.
+		at := u.placeOf(p)
+		c.completeAt = &at
+	}
 	if c.adopt {
 		for _, m := range c.candidates {
 			if !u.matchesDone(m, c.files) {
@@ -893,10 +903,7 @@ func (u *Uploader) commit(ctx context.Context, c commitJob) commitResult {
 				// that place in the order (a restored checkpoint's files are new to the file
 				// system, but not a newer version).
 				r.deleted = append(r.deleted, CommitRef{Checkpoint: m.Checkpoint, Commit: m.Commit})
-				at := m.Order().At
-				if r := u.cfg.NodeRank; m.Parts != nil && u.cfg.WorldNodes > 1 && r < len(m.Parts) {
-					at = m.Parts[r].CompleteAt // this node's part's place, not the job's
-				}
+				at := u.placeOf(m)
 				r.completeAt = &at
 			default:
 				r.err = fmt.Errorf("read manifest of the matching commit: %w", err)
@@ -924,7 +931,7 @@ func (u *Uploader) commit(ctx context.Context, c commitJob) commitResult {
 		}
 		return 0
 	})
-	complete := completedAt(lc, c.unseenBefore)
+	complete := completedAt(lc, c.unseenBefore, c.unseenAfter)
 	if c.completeAt != nil {
 		complete = *c.completeAt
 	}
@@ -1042,12 +1049,14 @@ func sameAsDone(files []File, done map[string]doneFile) bool {
 // its modification time was set back; where ctime is unknown, the marker's modification time.
 //
 // But a checkpoint whose files were all last modified before unseenBefore (before the agent
-// started, of a name the store holds no commit of) was written while no agent watched, and its
-// ctimes may be later than its bytes: a chmod -R or chown -R at boot sets every file's ctime to
-// now. Taken as its completion, an old checkpoint whose commit retention deleted would come back
-// as the newest one, LATEST would move back to it, and retention would delete the truly newest.
-// Its latest modification time is taken then.
-func completedAt(lc LocalCheckpoint, unseenBefore time.Time) time.Time {
+// started) and after unseenAfter (the newest commit of its name the store holds) was written
+// while no agent watched, and its ctimes may be later than its bytes: a chmod -R or chown -R at
+// boot sets every file's ctime to now. Taken as its completion, an old checkpoint whose commit
+// retention deleted would come back as the newest one, LATEST would move back to it, and
+// retention would delete the truly newest. Its latest modification time is taken then. (One
+// modified before the newest commit of its name is a rewrite of that commit's checkpoint with
+// its modification times set back: newer than that commit, so its ctime.)
+func completedAt(lc LocalCheckpoint, unseenBefore, unseenAfter time.Time) time.Time {
 	at, modified := lc.CompleteAt, lc.CompleteAt
 	for _, f := range lc.Files {
 		if f.ID.ChangeTime.After(at) {
@@ -1057,10 +1066,19 @@ func completedAt(lc LocalCheckpoint, unseenBefore time.Time) time.Time {
 			modified = f.ID.ModTime
 		}
 	}
-	if modified.Before(unseenBefore) && modified.Before(at) {
+	if modified.Before(unseenBefore) && modified.After(unseenAfter) && modified.Before(at) {
 		return modified
 	}
 	return at
+}
+
+// placeOf is the completion time a version with the bytes of commit m keeps when it is committed
+// again: m's, or in a multi-node job this node's part's.
+func (u *Uploader) placeOf(m *Manifest) time.Time {
+	if r := u.cfg.NodeRank; m.Parts != nil && u.cfg.WorldNodes > 1 && r < len(m.Parts) {
+		return m.Parts[r].CompleteAt // this node's part's place, not the job's
+	}
+	return m.Order().At
 }
 
 // missingObjects lists m's commit prefix and returns the first of m's files whose object is not

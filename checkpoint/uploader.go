@@ -157,10 +157,13 @@ type Uploader struct {
 	lateAbortWarned atomic.Bool
 	// index holds the committed manifests of each checkpoint name, newest first, as last read
 	// (at start, at each new generation's lookup) or committed.
-	index   map[string][]*Manifest
-	resume  map[string]*journalEntry
-	journal *journal
-	dirty   []*generation
+	index map[string][]*Manifest
+	// uncertain holds, by commit, when a manifest write of this run's failed without an answer:
+	// it may still land, and land after retention deleted that commit (handleCommit).
+	uncertain map[string]time.Time
+	resume    map[string]*journalEntry
+	journal   *journal
+	dirty     []*generation
 	// active are the notices in force (SetNotices), most severe first; lastSignal is when the
 	// trainer was last signalled for one (a stop waits for the checkpoint it writes).
 	active     []ActiveNotice
@@ -346,20 +349,21 @@ func NewUploader(cfg UploaderConfig) *Uploader {
 		cfg.PartWait = DefaultPartWait
 	}
 	return &Uploader{
-		cfg:      cfg,
-		log:      cfg.Logger.With().Str("component", "uploader").Str("store", cfg.Store.URL()).Str("job", cfg.Job).Logger(),
-		cache:    &manifestCache{},
-		gens:     map[string]*generation{},
-		index:    map[string][]*Manifest{},
-		resume:   map[string]*journalEntry{},
-		results:  make(chan fileResult),
-		commits:  make(chan commitResult),
-		wake:     make(chan func()),
-		notices:  make(chan struct{}, 1),
-		syncs:    make(chan struct{}),
-		statusCh: make(chan chan UploaderStatus),
-		endDrain: make(chan struct{}),
-		saves:    map[string]*pendingSave{},
+		cfg:       cfg,
+		log:       cfg.Logger.With().Str("component", "uploader").Str("store", cfg.Store.URL()).Str("job", cfg.Job).Logger(),
+		cache:     &manifestCache{},
+		gens:      map[string]*generation{},
+		index:     map[string][]*Manifest{},
+		uncertain: map[string]time.Time{},
+		resume:    map[string]*journalEntry{},
+		results:   make(chan fileResult),
+		commits:   make(chan commitResult),
+		wake:      make(chan func()),
+		notices:   make(chan struct{}, 1),
+		syncs:     make(chan struct{}),
+		statusCh:  make(chan chan UploaderStatus),
+		endDrain:  make(chan struct{}),
+		saves:     map[string]*pendingSave{},
 	}
 }
 
@@ -1387,15 +1391,17 @@ func (u *Uploader) dispatch(ctx context.Context) {
 	}
 }
 
-// unseenBefore is the time before which a version of name that no commit in the store holds was
-// modified while no agent watched (completedAt): a second before Run began (the kernel's file
-// times lag the clock by a tick). Zero when the store holds a commit of name: then a version
-// different from it is newer, however its modification times were set.
-func (u *Uploader) unseenBefore(name string) time.Time {
-	if len(u.index[name]) > 0 {
-		return time.Time{}
+// unseen is the span in which a version of name last modified was modified while no agent watched
+// (completedAt): before a second before Run began (the kernel's file times lag the clock by a
+// tick), and after the newest of the store's commits of name that this agent knows of, which a
+// version different from it replaced, however its modification times were set.
+func (u *Uploader) unseen(name string) (before, after time.Time) {
+	for _, m := range u.index[name] {
+		if at := u.placeOf(m); at.After(after) {
+			after = at
+		}
 	}
-	return u.started.Add(-time.Second)
+	return u.started.Add(-time.Second), after
 }
 
 // localPath is the file's path relative to Dir.
@@ -1722,9 +1728,10 @@ func (u *Uploader) after(ctx context.Context, d time.Duration, fn func()) {
 // work until the result is in (events for it wait in deferred).
 func (u *Uploader) startCommit(ctx context.Context, g *generation) {
 	c := commitJob{name: g.name, commit: g.commit, single: g.single, adopt: g.state == genMatching, resumed: g.resumed, sealed: g.sealed,
-		completeAt: g.completeAt, unread: g.unread, unseenBefore: u.unseenBefore(g.name),
-		files: make(map[string]doneFile, len(g.files)), refused: maps.Clone(g.refused), candidates: g.candidates, strays: g.strays,
+		completeAt: g.completeAt, unread: g.unread,
+		files: make(map[string]doneFile, len(g.files)), refused: maps.Clone(g.refused), prior: g.prior, candidates: g.candidates, strays: g.strays,
 		timings: Timings{UploadSeconds: g.uploadBusy.Seconds()}}
+	c.unseenBefore, c.unseenAfter = u.unseen(g.name)
 	for rel, f := range g.files {
 		if f.done == nil { // never so when ready; checked here once rather than at every event
 			u.enqueue(g, rel, f)
@@ -1760,7 +1767,21 @@ func (u *Uploader) handleCommit(ctx context.Context, r commitResult) {
 	g.committing = false
 	u.committing = nil
 	u.markDirty(g)
+	if r.attempted && r.err != nil {
+		now := time.Now()
+		maps.DeleteFunc(u.uncertain, func(_ string, at time.Time) bool { return now.Sub(at) > lateAborts[len(lateAborts)-1] })
+		u.uncertain[g.commit] = now
+	}
 	for _, d := range r.deleted {
+		if at, ok := u.uncertain[d.Commit]; ok {
+			delete(u.uncertain, d.Commit)
+			if time.Since(at) <= lateAborts[len(lateAborts)-1] {
+				// A manifest write of it whose answer was lost may land after retention
+				// deleted the commit, listing deleted objects: cleared again, as an abandoned
+				// commit's prefix is.
+				u.goLateCleanup(ctx, CommitPrefix(u.cfg.Job, d.Checkpoint, d.Commit), nil, true)
+			}
+		}
 		u.index[d.Checkpoint] = slices.DeleteFunc(u.index[d.Checkpoint], func(m *Manifest) bool { return m.Commit == d.Commit })
 		if len(u.index[d.Checkpoint]) == 0 {
 			delete(u.index, d.Checkpoint)
