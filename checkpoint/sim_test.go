@@ -74,7 +74,9 @@ func TestSimulation(t *testing.T) {
 // store that answers nothing for a while, trainers that die after their signal, and notices that
 // begin or end in the middle of a save. Its draws come from a generator of their own, so the
 // seeds above replay as they did.
-var simTroubleSeeds = []uint64{1, 2, 3, 4, 5, 6, 7, 8}
+var simTroubleSeeds = []uint64{1, 2, 3, 4, 5, 6, 7, 8,
+	15502045643967214264, // a marker written again in place, of the same size, within one tick of the file system's clock
+}
 
 func TestSimulationTrouble(t *testing.T) {
 	runSeeds(t, "TestSimulationTrouble", simTroubleSeeds, func(t *testing.T, seed uint64, steps int) { runSim(t, seed, steps, true) })
@@ -186,6 +188,16 @@ func runSim(t *testing.T, seed uint64, steps int, trouble bool) {
 		s.check()
 	}
 	s.settle()
+}
+
+// trace writes a line saying what the simulation did at this step into the agents' log, for a
+// failure's report.
+func (s *sim) trace(what string, a *simAgent, name string) {
+	agent := ""
+	if a != nil {
+		agent = a.name
+	}
+	fmt.Fprintf(s.logs, "{\"sim_step\":%d,\"do\":%q,\"on\":%q,\"checkpoint\":%q}\n", s.step, what, agent, name)
 }
 
 // fail stops the run with what went wrong and the agents' last log lines.
@@ -441,6 +453,9 @@ func localCheckpoints(a *simAgent) []string {
 // act takes one random step.
 func (s *sim) act() {
 	a := s.pickAgent()
+	if s.trouble && s.more.IntN(100) < 8 {
+		s.troubleAct(a) // as well: the steps below draw as they did
+	}
 	switch r := s.rng.IntN(100); {
 	case r < 30:
 		s.save(s.anyAgent(a))
@@ -563,6 +578,7 @@ func (s *sim) size() int {
 func (s *sim) save(a *simAgent) {
 	a.trainerGone.Store(false)
 	name := s.name()
+	s.trace("save", a, name)
 	dir := filepath.Join(a.dir, name)
 	if _, err := os.Lstat(dir); err == nil {
 		os.RemoveAll(dir)
@@ -613,6 +629,7 @@ func (s *sim) save(a *simAgent) {
 // saveSingle writes a single-file checkpoint through a temporary name.
 func (s *sim) saveSingle(a *simAgent) {
 	name := fmt.Sprintf("model-%d.pt", s.rng.IntN(4))
+	s.trace("save a single file", a, name)
 	tmp := filepath.Join(a.dir, "."+name+".tmp")
 	s.writeFile(tmp, s.size())
 	if fi, err := os.Lstat(filepath.Join(a.dir, name)); err == nil && fi.IsDir() {
@@ -641,6 +658,10 @@ func (s *sim) rewrite(a *simAgent) {
 	}
 	p := files[s.rng.IntN(len(files))]
 	fi, _ := os.Lstat(p)
+	s.trace("rewrite "+p, a, name)
+	if FileIDOf(fi).Nlink > 1 {
+		os.Remove(p) // written anew, not through the other name too (linkCopy)
+	}
 	s.writeFile(p, int(fi.Size()))
 	if s.rng.IntN(2) == 0 {
 		os.Chtimes(p, fi.ModTime(), fi.ModTime())
@@ -684,6 +705,7 @@ func (s *sim) deleteCheckpoint(a *simAgent) {
 	if !ok {
 		return
 	}
+	s.trace("delete", a, name)
 	os.RemoveAll(filepath.Join(a.dir, name))
 	s.send(a, WatchEvent{Kind: Removed, Checkpoint: name})
 }
@@ -699,6 +721,7 @@ func (s *sim) deleteFile(a *simAgent) {
 		return
 	}
 	p := files[s.rng.IntN(len(files))]
+	s.trace("delete "+p, a, name)
 	os.Remove(p)
 	s.snapshot(a)
 	r, _ := filepath.Rel(root, p)
@@ -722,6 +745,7 @@ func (s *sim) restore(a *simAgent) {
 		return
 	}
 	prev := s.manifestWrites(m.Checkpoint)
+	s.trace("restore "+m.Commit, a, m.Checkpoint)
 	s.b.setFaults(simFaults{})
 	res, err := Restore(s.t.Context(), clean, RestoreOptions{Job: s.job, Checkpoint: m.Checkpoint, Commit: m.Commit, CommitSet: true,
 		To: a.dir, Logger: zerolog.Nop()})
@@ -918,4 +942,129 @@ func errStrings(errs []error) []string {
 		out[i] = e.Error()
 	}
 	return out
+}
+
+// troubleAct takes one of the trouble mode's steps that change a checkpoint directory besides a
+// save: a chmod -R of it, a marker written again, a checkpoint copied with hard links (cp -al).
+// Its draws come from s.more.
+func (s *sim) troubleAct(a *simAgent) {
+	if a == nil {
+		a = s.agents[s.more.IntN(len(s.agents))]
+	}
+	switch s.more.IntN(3) {
+	case 0:
+		s.chmodAll(a)
+	case 1:
+		s.rewriteMarker(a)
+	default:
+		s.linkCopy(a)
+	}
+}
+
+// moreFile writes size random bytes from s.more to p.
+func (s *sim) moreFile(p string, size int) {
+	b := make([]byte, size)
+	for i := range b {
+		b[i] = byte(s.more.Uint32())
+	}
+	if err := os.WriteFile(p, b, 0o644); err != nil {
+		s.fail("%v", err)
+	}
+}
+
+// pickComplete returns one of a's complete checkpoint directories (not single files), drawn from
+// s.more, or false.
+func (s *sim) pickComplete(a *simAgent) (string, bool) {
+	var names []string
+	for _, name := range localCheckpoints(a) {
+		fi, err := os.Lstat(filepath.Join(a.dir, name))
+		if _, ok := s.fingerprint(a, name); ok && err == nil && fi.IsDir() {
+			names = append(names, name)
+		}
+	}
+	if len(names) == 0 {
+		return "", false
+	}
+	return names[s.more.IntN(len(names))], true
+}
+
+// sendAll sends what the watcher sends when every file of checkpoint name changed its
+// attributes or appeared at once: each file ready, and the marker completing it.
+func (s *sim) sendAll(a *simAgent, name string) {
+	root := filepath.Join(a.dir, name)
+	for _, p := range regularFiles(root, func(p string) bool { return p == root || filepath.Base(p) != "_COMPLETE" }) {
+		rel := name
+		if p != root {
+			r, _ := filepath.Rel(root, p)
+			rel = filepath.ToSlash(r)
+		}
+		s.send(a, WatchEvent{Kind: FileReady, Checkpoint: name, Path: rel, ID: s.fileID(p)})
+	}
+	if _, ok := s.fingerprint(a, name); ok {
+		s.complete(a, name)
+	}
+}
+
+// chmodAll is chmod -R of a's checkpoint directory: every file's change time moves, and no byte.
+func (s *sim) chmodAll(a *simAgent) {
+	mode := fs.FileMode(0o640)
+	if s.more.IntN(2) == 0 {
+		mode = 0o644
+	}
+	s.trace("chmod -R", a, "")
+	names := localCheckpoints(a)
+	for _, name := range names {
+		for _, p := range regularFiles(filepath.Join(a.dir, name), func(string) bool { return true }) {
+			os.Chmod(p, mode)
+		}
+	}
+	for _, name := range names {
+		s.sendAll(a, name)
+	}
+}
+
+// rewriteMarker writes the marker of a complete checkpoint again, with other bytes (another
+// token), after its commit perhaps.
+func (s *sim) rewriteMarker(a *simAgent) {
+	name, ok := s.pickComplete(a)
+	if !ok {
+		return
+	}
+	// Of another size: the simulation runs through its steps within the file system's timestamp
+	// granularity, where a rewrite of the same size in place leaves the file's FileID as it was
+	// (which a real trainer, writing the marker once per save, never does within a tick of its
+	// commit).
+	s.trace("rewrite the marker", a, name)
+	p := filepath.Join(a.dir, name, "_COMPLETE")
+	fi, err := os.Lstat(p)
+	if err != nil {
+		s.fail("%v", err)
+	}
+	s.moreFile(p, int(fi.Size())+1+s.more.IntN(64))
+	s.snapshot(a)
+	s.complete(a, name)
+}
+
+// linkCopy copies a complete checkpoint under a new name with hard links (cp -al), as a trainer
+// keeping a "best" copy does.
+func (s *sim) linkCopy(a *simAgent) {
+	from, ok := s.pickComplete(a)
+	if !ok {
+		return
+	}
+	s.names++
+	name := fmt.Sprintf("step-%06d", 100*s.names)
+	s.trace("cp -al "+from, a, name)
+	src, dst := filepath.Join(a.dir, from), filepath.Join(a.dir, name)
+	for _, p := range regularFiles(src, func(string) bool { return true }) {
+		rel, _ := filepath.Rel(src, p)
+		if err := os.MkdirAll(filepath.Dir(filepath.Join(dst, rel)), 0o755); err != nil {
+			s.fail("%v", err)
+		}
+		if err := os.Link(p, filepath.Join(dst, rel)); err != nil {
+			s.fail("%v", err)
+		}
+	}
+	s.snapshot(a)
+	s.sendAll(a, name)
 }
