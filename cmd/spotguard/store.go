@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"math"
@@ -52,6 +53,15 @@ func runRestore(ctx context.Context, args, environ []string, stdout, stderr io.W
 	allowEmpty := fs.Bool("allow-empty", false, "exit 0 when the job has no committed checkpoint yet (a first run); other errors still fail")
 	if code, ok := fs.parse(args); !ok {
 		return code
+	}
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	for _, f := range []string{"checkpoint", "commit"} {
+		if set[f] && fs.Lookup(f).Value.String() == "" {
+			// An unset variable in a script ("--checkpoint $STEP"): restoring the newest
+			// instead would resume from another step than the one asked for.
+			return fs.usageError("--%s is empty: give a value, or leave the flag out", f)
+		}
 	}
 	if *commit != "" && *name == "" {
 		return fs.usageError("--commit needs --checkpoint")
