@@ -597,17 +597,21 @@ func retained(st *JobState, keep int) map[string]bool {
 //
 // With partWait > 0 (a multi-node job), it then deletes the parts that never made a save
 // (collectParts).
-func applyRetention(ctx context.Context, s Store, job string, keep int, partWait time.Duration, cache *manifestCache, log zerolog.Logger) ([]CommitRef, error) {
+//
+// It also returns the deletes that failed: a store that refuses them (an IAM policy without
+// delete) must be seen, and data left behind after its manifest went is no commit's any more,
+// so only this run can clear it (the caller clears those prefixes again, goLateCleanup).
+func applyRetention(ctx context.Context, s Store, job string, keep int, partWait time.Duration, cache *manifestCache, log zerolog.Logger) ([]CommitRef, []retentionFailure, error) {
 	st, err := readJob(ctx, s, job, cache)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	var collected []CommitRef
 	if partWait > 0 {
 		collected = collectParts(ctx, s, st, partWait, log)
 	}
 	if keep <= 0 {
-		return collected, nil
+		return collected, nil, nil
 	}
 	for _, p := range st.Problems {
 		log.Warn().Err(p).Msg("retention: left alone")
@@ -615,12 +619,13 @@ func applyRetention(ctx context.Context, s Store, job string, keep int, partWait
 	kept := retained(st, keep)
 	if kept == nil {
 		log.Info().Msg("retention: LATEST names a commit not seen yet; nothing deleted this time")
-		return collected, nil
+		return collected, nil, nil
 	}
 	if st.Latest != nil {
 		log.Debug().Str("latest", st.Latest.Checkpoint+"/"+st.Latest.Commit).Int("commits", len(st.Commits)).Int("kept", len(kept)).Msg("retention")
 	}
 	deleted := collected
+	var failed []retentionFailure
 	for _, c := range st.Commits {
 		if kept[c.Key] {
 			continue
@@ -637,22 +642,49 @@ func applyRetention(ctx context.Context, s Store, job string, keep int, partWait
 			// same save again once the job manifest is gone (it would list deleted data).
 			if err := s.Delete(ctx, partKeys(m)...); err != nil {
 				clog.Warn().Err(err).Msg("retention: cannot delete the parts of a job checkpoint")
+				failed = append(failed, retentionFailure{Checkpoint: m.Checkpoint, Err: err})
 				continue
 			}
 		}
 		if err := s.Delete(ctx, c.Key); err != nil {
 			clog.Warn().Err(err).Msg("retention: cannot delete manifest")
+			failed = append(failed, retentionFailure{Checkpoint: m.Checkpoint, Err: err})
 			continue
 		}
 		cache.drop(c.Key)
 		if err := deleteCommitData(ctx, s, m); err != nil {
-			clog.Warn().Err(err).Msg("retention: manifest deleted but data left behind")
+			clog.Warn().Err(err).Msg("retention: manifest deleted but data left behind; deleting it again later")
+			failed = append(failed, retentionFailure{Checkpoint: m.Checkpoint, Err: err, Left: commitDataPrefixes(m)})
 			continue
 		}
 		deleted = append(deleted, CommitRef{Checkpoint: m.Checkpoint, Commit: m.Commit})
 		clog.Info().Int("keep", keep).Msg("retention: old checkpoint deleted")
 	}
-	return deleted, nil
+	return deleted, failed, nil
+}
+
+// retentionFailure is a delete of retention's that failed.
+type retentionFailure struct {
+	Checkpoint string
+	Err        error
+	// Left are the commit prefixes whose data is left behind after their manifest went.
+	Left []string
+}
+
+// commitDataPrefixes are the prefixes deleteCommitData clears for m (none for a version 1
+// manifest, whose keys are listed).
+func commitDataPrefixes(m *Manifest) []string {
+	if len(m.Parts) > 0 {
+		out := make([]string, 0, len(m.Parts))
+		for _, p := range m.Parts {
+			out = append(out, CommitPrefix(m.Job, m.Checkpoint, p.Commit))
+		}
+		return out
+	}
+	if m.Version == 1 {
+		return nil
+	}
+	return []string{CommitPrefix(m.Job, m.Checkpoint, m.Commit)}
 }
 
 // deleteCommitData deletes the data of m's commit (its manifest must be gone already); for a job
@@ -738,6 +770,8 @@ type commitResult struct {
 	latestMoved bool
 	// deleted are commits found deleted or deleted by retention: no longer candidates.
 	deleted []CommitRef
+	// retentionFailed are retention's deletes that failed (handleCommit reports them).
+	retentionFailed []retentionFailure
 	// completeAt, with noMatch, is when a deleted commit with exactly these files completed: the
 	// new commit of them takes it as its own.
 	completeAt *time.Time
@@ -1015,11 +1049,12 @@ func (u *Uploader) commit(ctx context.Context, c commitJob) commitResult {
 	}
 	u.goLateCleanup(ctx, CommitPrefix(m.Job, m.Checkpoint, m.Commit), strays, false)
 	if u.cfg.Keep > 0 {
-		deleted, err := applyRetention(ctx, u.cfg.Store, u.cfg.Job, u.cfg.Keep, 0, u.cache, u.log)
+		deleted, failed, err := applyRetention(ctx, u.cfg.Store, u.cfg.Job, u.cfg.Keep, 0, u.cache, u.log)
 		if err != nil {
 			u.log.Warn().Err(err).Msg("retention: cannot read the job")
 		}
 		r.deleted = append(r.deleted, deleted...)
+		r.retentionFailed = failed
 	}
 	return r
 }

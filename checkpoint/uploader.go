@@ -860,6 +860,17 @@ func (u *Uploader) lookupDone(ctx context.Context, g *generation, ms []*Manifest
 
 // repairLatest moves LATEST to the newest commit m, which it lags.
 func (u *Uploader) repairLatest(ctx context.Context, st *JobState, m *Manifest) {
+	if m.Parts == nil {
+		// A manifest this agent did not see written (another writer, a partial copy of a job)
+		// may list objects that are not there: LATEST never names such a commit.
+		missing, err := u.missingObjects(ctx, m)
+		if err == nil && missing != "" {
+			u.log.Error().Str("checkpoint", m.Checkpoint).Str("commit", m.Commit).Str("missing", missing).
+				Str("host", m.Host.InstanceID).Str("hostname", m.Host.Hostname).
+				Msg("the job's newest commit lists an object the store does not hold (a partial copy of a job? another writer?); LATEST is not moved to it, and restore refuses it as damaged: delete its manifest, or restore another commit with --checkpoint and --commit")
+			return
+		}
+	}
 	ev := u.log.Warn().Str("checkpoint", m.Checkpoint).Str("commit", m.Commit)
 	if t := st.LatestTarget(); t != nil {
 		ev = ev.Str("latest_was", t.Manifest.Checkpoint+"/"+t.Manifest.Commit)
@@ -1329,8 +1340,26 @@ func (u *Uploader) ready(g *generation) bool {
 		!g.committing && !g.commitWait && g.queuedN == 0 && g.inflight == 0 && g.retrying == 0 && len(g.files) > 0
 }
 
-// dispatch starts the next commit and queued file jobs while there are free slots. The newest
-// generation goes first: after a notice it is the one that matters.
+// next returns the index in u.queued of the generation whose files go next: the newest, which
+// after a notice is the one that matters. Without one, a generation whose upload has begun
+// keeps its turn over newer ones until its files are sent: a trainer that saves faster than the
+// store takes them, and deletes its older checkpoints, would otherwise have each overtaken by the
+// next and deleted before it is committed, so that none ever is (found from outside).
+func (u *Uploader) next(urgent bool) int {
+	newest := len(u.queued) - 1
+	if urgent {
+		return newest
+	}
+	for i := newest; i >= 0; i-- {
+		if g := u.queued[i]; g.state == genUploading && !g.lookup && g.commit != "" && u.gens[g.name] == g {
+			return i
+		}
+	}
+	return newest
+}
+
+// dispatch starts the next commit and queued file jobs while there are free slots: the files of
+// the generation next picks.
 func (u *Uploader) dispatch(ctx context.Context) {
 	for _, g := range u.dirty {
 		if !g.inCommitQ && u.ready(g) {
@@ -1356,7 +1385,8 @@ func (u *Uploader) dispatch(ctx context.Context) {
 		hurry(u.cfg.Store)
 	}
 	for u.inflight < limit && len(u.queued) > 0 {
-		g := u.queued[len(u.queued)-1]
+		i := u.next(urgent)
+		g := u.queued[i]
 		if g.lookup && urgent && u.gens[g.name] == g {
 			// A notice does not wait for the store's commits of the name: it is sent, and its
 			// commit reads them.
@@ -1364,14 +1394,14 @@ func (u *Uploader) dispatch(ctx context.Context) {
 			u.sendAll(g)
 		}
 		if g.lookup {
-			u.queued = u.queued[:len(u.queued)-1]
+			u.queued = slices.Delete(u.queued, i, i+1)
 			g.inQueued = false
 			continue
 		}
 		rel, f, ok := g.pop()
 		if !ok || u.gens[g.name] != g || (g.state != genMatching && g.state != genUploading) {
 			g.inQueued = false
-			u.queued = u.queued[:len(u.queued)-1]
+			u.queued = slices.Delete(u.queued, i, i+1)
 			continue
 		}
 		f.inflight = true
@@ -1388,6 +1418,18 @@ func (u *Uploader) dispatch(ctx context.Context) {
 			u.flushJournal()
 		}
 		u.goUpload(ctx, g, rel, f)
+	}
+}
+
+// retentionFailed reports retention's failed deletes as failed uploads (counted by reason, in
+// /status: a store that refuses deletes lets the bucket grow without end), and clears the data
+// left behind after a manifest went again, as an abandoned commit's (goLateCleanup).
+func (u *Uploader) retentionFailed(ctx context.Context, failed []retentionFailure) {
+	for _, f := range failed {
+		u.emit(UploadEvent{Kind: UploadFailed, Checkpoint: f.Checkpoint, At: time.Now(), Err: fmt.Errorf("retention: %w", f.Err)})
+		for _, p := range f.Left {
+			u.goLateCleanup(ctx, p, nil, true)
+		}
 	}
 }
 
@@ -1767,6 +1809,7 @@ func (u *Uploader) handleCommit(ctx context.Context, r commitResult) {
 	g.committing = false
 	u.committing = nil
 	u.markDirty(g)
+	u.retentionFailed(ctx, r.retentionFailed)
 	if r.attempted && r.err != nil {
 		now := time.Now()
 		maps.DeleteFunc(u.uncertain, func(_ string, at time.Time) bool { return now.Sub(at) > lateAborts[len(lateAborts)-1] })

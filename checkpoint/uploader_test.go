@@ -5,11 +5,13 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/json"
+	"errors"
 	"os"
 	"path"
 	"path/filepath"
 	"runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -1078,5 +1080,151 @@ func TestUploaderSkipsAFileWhoseKeyIsTooLong(t *testing.T) {
 	}
 	if logs := r.logs.String(); !strings.Contains(logs, "shard.bin") || !strings.Contains(logs, "key too long") {
 		t.Errorf("no warning names the file and its too long key:\n%s", logs)
+	}
+}
+
+// gateStore holds every PutFile until the test lets it through, and tells the test its key.
+type gateStore struct {
+	*memStore
+	puts    chan string
+	release chan struct{}
+}
+
+func (s *gateStore) PutFile(ctx context.Context, key string, f *os.File, size int64, progress func(n int64)) (Checksum, error) {
+	select {
+	case s.puts <- key:
+	case <-ctx.Done():
+		return Checksum{}, ctx.Err()
+	}
+	select {
+	case <-s.release:
+	case <-ctx.Done():
+		return Checksum{}, ctx.Err()
+	}
+	return s.memStore.PutFile(ctx, key, f, size, progress)
+}
+
+// Without a notice, a checkpoint whose upload has begun is sent to the end before a newer one
+// takes the connections: a trainer that saves faster than the store takes its checkpoints, and
+// deletes its older ones, otherwise had each overtaken by the next and deleted before its
+// commit, and none was ever committed (found from outside: 0 of 90). With a notice, the newest
+// goes first.
+func TestUploaderFinishesTheCheckpointItBegan(t *testing.T) {
+	for _, notice := range []bool{false, true} {
+		t.Run("notice="+strconv.FormatBool(notice), func(t *testing.T) {
+			dir := t.TempDir()
+			s := &gateStore{memStore: newMemStore(), puts: make(chan string), release: make(chan struct{})}
+			r := startUploaderWith(t, dir, s, UploaderConfig{BackgroundFiles: 1, UrgentFiles: 1})
+			if notice {
+				r.up.SetNotices([]ActiveNotice{{Key: "spot/terminate", Deadline: time.Now().Add(2 * time.Minute), SignalledAt: time.Now()}})
+			}
+			writeCheckpoint(t, dir, "step-1", map[string][]byte{"a": randomBytes(t, 1<<10), "b": randomBytes(t, 1<<10)})
+			var order []string
+			timeout := time.After(20 * time.Second)
+			take := func() {
+				t.Helper()
+				select {
+				case k := <-s.puts:
+					order = append(order, k)
+				case <-timeout:
+					t.Fatalf("no upload within 20 s; so far %q", order)
+				}
+			}
+			take() // step-1's first file, held
+			writeCheckpoint(t, dir, "step-2", map[string][]byte{"c": randomBytes(t, 1<<10), "d": randomBytes(t, 1<<10)})
+			r.waitEvent(CheckpointComplete, "step-2")
+			for len(order) < 6 {
+				s.release <- struct{}{}
+				take()
+			}
+			close(s.release)
+			var names []string
+			for _, k := range order {
+				names = append(names, strings.Split(k, "/")[1])
+			}
+			want := []string{"step-1", "step-1", "step-1", "step-2", "step-2", "step-2"}
+			if notice {
+				want = []string{"step-1", "step-2", "step-2", "step-2", "step-1", "step-1"}
+			}
+			if !slices.Equal(names, want) {
+				t.Errorf("uploads went to %q; want %q", names, want)
+			}
+		})
+	}
+}
+
+// TestUploaderNextKeepsTheBegunCheckpoint: without a notice the files of the newest generation
+// whose upload has begun go next, before those of a newer one not begun (the starvation above);
+// with a notice, the newest's.
+func TestUploaderNextKeepsTheBegunCheckpoint(t *testing.T) {
+	u := &Uploader{gens: map[string]*generation{}}
+	for i, name := range []string{"step-1", "step-2", "step-3"} {
+		g := &generation{name: name, seq: uint64(i + 1), state: genUploading}
+		u.gens[name] = g
+		u.queued = append(u.queued, g)
+	}
+	u.queued[0].commit = "20261201T000000Z-000000000001" // step-1 has begun
+	if i := u.next(false); u.queued[i].name != "step-1" {
+		t.Errorf("next without a notice = %s; want step-1, whose upload has begun", u.queued[i].name)
+	}
+	if i := u.next(true); u.queued[i].name != "step-3" {
+		t.Errorf("next with a notice = %s; want step-3, the newest", u.queued[i].name)
+	}
+	u.queued[0].commit = ""
+	if i := u.next(false); u.queued[i].name != "step-3" {
+		t.Errorf("next without a notice, none begun = %s; want step-3, the newest", u.queued[i].name)
+	}
+}
+
+// TestRetentionLeftoversAreDeletedAgain: retention deletes an old commit's manifest, then its
+// data; when the data delete fails (a throttled or refused DeleteObjects), the failure is reported
+// as a failed upload (counted, in /status) and the prefix is cleared again later, once the store
+// lets it. (Found from outside: the data stayed in the bucket for good, and nothing said so.)
+func TestRetentionLeftoversAreDeletedAgain(t *testing.T) {
+	defer func(l []time.Duration) { lateAborts = l }(lateAborts)
+	lateAborts = []time.Duration{0, 200 * time.Millisecond, 500 * time.Millisecond}
+	s, dir := newMemStore(), t.TempDir()
+	r := startUploader(t, dir, s, 1)
+	writeCheckpoint(t, dir, "step-1", map[string][]byte{"a": randomBytes(t, 1<<10)})
+	old := r.waitCommitted("step-1").Manifest
+	data := old.Files[0].Key
+	if old.Files[0].Path == "_COMPLETE" {
+		data = old.Files[1].Key
+	}
+	s.failKey(data, errors.New("memstore: 503 SlowDown"))
+	laterTick(t, dir, "step-1")
+	writeCheckpoint(t, dir, "step-2", map[string][]byte{"a": randomBytes(t, 1<<10)})
+	r.waitCommitted("step-2")
+	eventuallyUploader(t, "retention's failed delete to be reported", func() bool { return r.failed.Load() > 0 })
+	if _, _, err := s.GetBytes(t.Context(), ManifestKey("job", "step-1", old.Commit)); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("step-1's manifest: %v; want it deleted by retention", err)
+	}
+	s.failKey(data, nil)
+	eventuallyUploader(t, "step-1's data to be deleted again", func() bool {
+		objs, err := s.List(t.Context(), CommitPrefix("job", "step-1", old.Commit))
+		return err == nil && len(objs) == 0
+	})
+}
+
+// TestLatestIsNotRepairedOntoATornCommit: a manifest newer than LATEST's commit that lists objects
+// the store does not hold (a partial copy of a job, another writer) is not where a starting agent
+// moves LATEST. (Found from outside: LATEST was "repaired" onto it, and the boot restore failed.)
+func TestLatestIsNotRepairedOntoATornCommit(t *testing.T) {
+	s, dir := newMemStore(), t.TempDir()
+	good := restoreTestCommit(t, s, "job", "step-1", restoreTestT0, map[string]string{"a": "good"})
+	restoreTestPutJSON(t, s, "job/LATEST", Latest{Version: ManifestVersion, Checkpoint: good.Checkpoint, Commit: good.Commit,
+		CompleteAt: good.Timings.CompleteAt, CommittedAt: good.CommittedAt})
+	// Completed later than anything this agent will commit (another writer's clock ahead).
+	torn := restoreTestManifest(t, "job", "step-2", time.Now().Add(time.Hour), map[string]string{"a": "gone"})
+	restoreTestPutJSON(t, s, ManifestKey("job", "step-2", torn.Commit), torn) // no data
+	r := startUploader(t, dir, s, 0)
+	writeCheckpoint(t, dir, "step-3", map[string][]byte{"a": randomBytes(t, 1<<10)})
+	r.waitCommitted("step-3") // the store was read, and LATEST looked at, before
+	st, err := readJob(t.Context(), s, "job", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Latest == nil || st.Latest.Checkpoint == "step-2" {
+		t.Errorf("LATEST = %+v; want it never on the torn step-2", st.Latest)
 	}
 }
