@@ -74,6 +74,18 @@ type journal struct {
 	f    *os.File
 	w    *bufio.Writer
 	err  error // the first write error; the journal is off after it
+	// size is the file's size; base what it was when written compactly (writeJournal).
+	size, base int64
+}
+
+// journalCompactAt is the size from which a journal grown to four times its compact size is
+// written compactly again (Uploader.compactJournal): appended to at every file stored, it would
+// otherwise grow in memory (/run is a tmpfs) for as long as the agent runs.
+var journalCompactAt int64 = 1 << 20
+
+// grown reports whether j is due to be written compactly.
+func (j *journal) grown() bool {
+	return j != nil && j.err == nil && j.size > journalCompactAt && j.size > 4*j.base
 }
 
 // journalPath is the journal's file for job, dir and store in stateDir.
@@ -171,7 +183,8 @@ func writeJournal(path string, entries map[string]*journalEntry) (*journal, erro
 	if err != nil {
 		return nil, fmt.Errorf("open journal: %w", err)
 	}
-	return &journal{path: path, f: f, w: bufio.NewWriter(f)}, nil
+	n := int64(buf.Len())
+	return &journal{path: path, f: f, w: bufio.NewWriter(f), size: n, base: n}, nil
 }
 
 // writeJournalEntry writes e as journal lines to buf.
@@ -199,7 +212,9 @@ func (j *journal) add(l journalLine) {
 	}
 	b, err := json.Marshal(l)
 	if err == nil {
-		_, err = j.w.Write(append(b, '\n'))
+		var n int
+		n, err = j.w.Write(append(b, '\n'))
+		j.size += int64(n)
 	}
 	j.err = err
 }

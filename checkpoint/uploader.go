@@ -570,6 +570,35 @@ func (u *Uploader) flushJournal() {
 		u.log.Warn().Err(err).Str("journal", u.journal.path).Msg("journal could not be written; a restart will send uncommitted files again")
 		_ = u.journal.close()
 		u.journal = nil
+		return
+	}
+	if u.journal.grown() {
+		u.compactJournal()
+	}
+}
+
+// compactJournal writes the journal again with what a restart needs of it: the last commit of
+// each checkpoint still tracked, and the clean-ups not done yet.
+func (u *Uploader) compactJournal() {
+	path := u.journal.path
+	entries, err := readJournal(path)
+	if err == nil {
+		maps.DeleteFunc(entries, func(name string, _ *journalEntry) bool { return u.gens[name] == nil })
+		cleanups := journalCleanups(path)
+		_ = u.journal.close()
+		var j *journal
+		if j, err = writeJournal(path, entries); err == nil {
+			for _, c := range cleanups {
+				j.add(journalLine{Op: journalDrop, Checkpoint: c.Checkpoint, Commit: c.Commit})
+			}
+			err = j.flush()
+		}
+		u.journal = j
+	}
+	if err != nil {
+		u.log.Warn().Err(err).Str("journal", path).Msg("journal could not be written again; a restart will send uncommitted files again")
+		_ = u.journal.close()
+		u.journal = nil
 	}
 }
 
