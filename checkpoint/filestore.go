@@ -214,7 +214,7 @@ func (s *FileStore) lockKey(r *os.Root, key string) (unlock func(), err error) {
 
 // fileSyncDir flushes the directory of key, so a rename or link in it is durable.
 func fileSyncDir(r *os.Root, key string) error {
-	d, err := r.Open(path.Dir(key))
+	d, err := r.OpenFile(path.Dir(key), os.O_RDONLY|syscall.O_DIRECTORY, 0)
 	if err != nil {
 		return err
 	}
@@ -389,14 +389,20 @@ func fileIsNotFound(err error) bool {
 	return errors.Is(err, fs.ErrNotExist) || errors.Is(err, syscall.ENOTDIR)
 }
 
-// openObject opens the regular file of key. It returns ErrNotFound if there is none (a
-// directory is not an object).
+// openObject opens the regular file of key for reading. It returns ErrNotFound if there is
+// none (a directory is not an object), and an error for anything else that is not a regular
+// file (a named pipe, a socket, a device): it opens without blocking (O_NONBLOCK) and checks the
+// type of what it opened before anything reads it, so a named pipe never holds a reader waiting
+// for a writer that does not come.
 func (s *FileStore) openObject(r *os.Root, key string) (*os.File, fs.FileInfo, error) {
-	f, err := r.Open(key)
-	if fileIsNotFound(err) {
+	f, err := r.OpenFile(key, os.O_RDONLY|syscall.O_NONBLOCK, 0)
+	switch {
+	case fileIsNotFound(err):
 		return nil, nil, ErrNotFound
-	}
-	if err != nil {
+	case errors.Is(err, syscall.ENXIO):
+		// A socket, or a device without its driver: nothing to read either way.
+		return nil, nil, fmt.Errorf("%s is not a regular file (%w); a store holds only regular files", key, err)
+	case err != nil:
 		return nil, nil, err
 	}
 	fi, err := f.Stat()
@@ -404,11 +410,30 @@ func (s *FileStore) openObject(r *os.Root, key string) (*os.File, fs.FileInfo, e
 		f.Close()
 		return nil, nil, err
 	}
-	if !fi.Mode().IsRegular() {
+	switch {
+	case fi.IsDir():
 		f.Close()
 		return nil, nil, ErrNotFound
+	case !fi.Mode().IsRegular():
+		f.Close()
+		return nil, nil, fmt.Errorf("%s is not a regular file (%s); a store holds only regular files", key, fileTypeName(fi.Mode()))
 	}
 	return f, fi, nil
+}
+
+// fileTypeName names the type of a file that is not a regular file or a directory.
+func fileTypeName(m fs.FileMode) string {
+	switch {
+	case m&fs.ModeNamedPipe != 0:
+		return "a named pipe"
+	case m&fs.ModeSocket != 0:
+		return "a socket"
+	case m&fs.ModeCharDevice != 0:
+		return "a character device"
+	case m&fs.ModeDevice != 0:
+		return "a block device"
+	}
+	return "type " + m.Type().String()
 }
 
 // read returns the content of key and its ETag; ErrNotFound if there is no such regular file.
@@ -427,7 +452,8 @@ func (s *FileStore) read(r *os.Root, key string) ([]byte, string, error) {
 
 // GetBytes returns the content of key and its ETag (see FileStore). It returns ErrNotFound if
 // there is no such file (a directory or a symbolic link is not one), and an error for an
-// invalid key, ctx done first, and any I/O error.
+// invalid key, something at key that is not a regular file (a named pipe: see openObject), ctx
+// done first, and any I/O error.
 func (s *FileStore) GetBytes(ctx context.Context, key string) ([]byte, string, error) {
 	r, err := s.open(key)
 	if err != nil {
@@ -445,8 +471,9 @@ func (s *FileStore) GetBytes(ctx context.Context, key string) ([]byte, string, e
 }
 
 // Download copies key into w with parallel ReadAt/WriteAt of 8 MiB chunks. It returns
-// ErrNotFound if there is no such file, and an error for an invalid key, a file whose size is
-// not size, any I/O error, and when ctx is done first.
+// ErrNotFound if there is no such file, and an error for an invalid key, something at key that
+// is not a regular file (see openObject), a file whose size is not size, any I/O error, and
+// when ctx is done first.
 func (s *FileStore) Download(ctx context.Context, key string, w io.WriterAt, size int64) error {
 	r, err := s.open(key)
 	if err != nil {

@@ -10,7 +10,9 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 )
 
 // fileTempFiles returns the temporary files under the store's root.
@@ -350,5 +352,54 @@ func TestFileStorePutFileOverDirectory(t *testing.T) {
 	}
 	if temps := fileTempFiles(t, s); len(temps) != 0 {
 		t.Errorf("temporary files left: %q; want none", temps)
+	}
+}
+
+// TestFileStoreNamedPipe: a named pipe where an object should be is refused at once, not opened
+// and waited on for a writer that never comes (found from outside: a FIFO in place of a data
+// object, a manifest or LATEST hung restore for good, and SIGTERM did not end it).
+func TestFileStoreNamedPipe(t *testing.T) {
+	for _, key := range []string{"j/LATEST", "j/step-1/" + restoreTestCommitID("step-1", restoreTestT0) + "/_spotguard/manifest.json", "j/step-1/shard.bin"} {
+		t.Run(key, func(t *testing.T) {
+			root := filepath.Join(t.TempDir(), "store")
+			s, err := NewFileStore(root)
+			if err != nil {
+				t.Fatal(err)
+			}
+			fifo := filepath.Join(root, filepath.FromSlash(key))
+			if err := os.MkdirAll(filepath.Dir(fifo), 0o755); err != nil {
+				t.Fatal(err)
+			}
+			if err := syscall.Mkfifo(fifo, 0o644); err != nil {
+				t.Skipf("mkfifo: %v", err)
+			}
+			calls := map[string]func() error{
+				"GetBytes": func() error { _, _, err := s.GetBytes(t.Context(), key); return err },
+				"Download": func() error { return s.Download(t.Context(), key, storeDiscardAt{}, 0) },
+				"PutBytes IfMatch": func() error {
+					_, err := s.PutBytes(t.Context(), key, []byte("x"), Cond{IfMatch: `"x"`})
+					return err
+				},
+			}
+			for name, call := range calls {
+				errc := make(chan error, 1)
+				go func() { errc <- call() }()
+				var err error
+				select {
+				case err = <-errc:
+				case <-time.After(10 * time.Second):
+					// Let the blocked open return, so that the goroutine ends.
+					w, _ := os.OpenFile(fifo, os.O_WRONLY|syscall.O_NONBLOCK, 0)
+					err = <-errc
+					if w != nil {
+						w.Close()
+					}
+					t.Fatalf("%s(%q) waited on the named pipe; want an error at once (then: %v)", name, key, err)
+				}
+				if err == nil || !strings.Contains(err.Error(), "not a regular file") || !strings.Contains(err.Error(), key) {
+					t.Errorf("%s(%q) = %v; want an error naming the key and saying it is not a regular file", name, key, err)
+				}
+			}
+		})
 	}
 }
