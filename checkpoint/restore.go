@@ -26,9 +26,10 @@ import (
 // job J in s3://bucket/prefix", so callers can print it as it is.
 var ErrNothingToRestore = errors.New("checkpoint: nothing complete to restore")
 
-// ErrDamaged marks a restore that failed because a committed file is missing from the store or
-// its bytes differ from the manifest's (an object deleted or changed behind the agent's back):
-// that commit cannot be restored; another may.
+// ErrDamaged marks a restore that failed because a committed file is missing from the store, or
+// its size differs from the manifest's, or its bytes failed the manifest's checksum in two
+// downloads (an object deleted or changed behind the agent's back): that commit cannot be
+// restored; another may.
 var ErrDamaged = errors.New("the commit is damaged in the store")
 
 // restoreDefaultConcurrency is RestoreOptions.Concurrency when it is not positive.
@@ -118,8 +119,9 @@ type RestoreResult struct {
 //     (or commit) without a manifest (wrapping ErrNotFound) or with an invalid or mismatched one; a store
 //     failure other than a missing object while resolving (no fallback then: a transient error
 //     must not make it restore an older checkpoint); a missing data object (wrapping
-//     ErrNotFound) or failed download; a size or checksum mismatch (naming the file, expected
-//     and actual); To/<checkpoint> existing with other content or not as a directory (a regular
+//     ErrNotFound) or failed download; a size mismatch, or a checksum mismatch in two downloads
+//     (naming the file, expected and actual; the first mismatch is logged and the file
+//     downloaded again); To/<checkpoint> existing with other content or not as a directory (a regular
 //     file for a single-file checkpoint); a local
 //     file system error; ctx ended.
 //
@@ -498,6 +500,7 @@ func restoreStage(ctx context.Context, s Store, to *os.Root, m *Manifest, conc i
 		}
 	}
 
+	run := &restoreRun{log: log}
 	var prog *restoreProgress
 	if progress != nil {
 		prog = &restoreProgress{fn: progress, total: m.TotalBytes}
@@ -517,7 +520,7 @@ func restoreStage(ctx context.Context, s Store, to *os.Root, m *Manifest, conc i
 				continue
 			}
 			g.Go(func() error {
-				return restoreFile(gctx, s, stage, m.FileKey(f), f, prog)
+				return restoreFile(gctx, s, stage, m.FileKey(f), f, prog, run)
 			})
 		}
 		if err := g.Wait(); err != nil {
@@ -594,8 +597,10 @@ func restoreDirs(m *Manifest) []string {
 }
 
 // restoreFile downloads key into the new file f.Path in stage, fsyncs it and checks its size and
-// CRC-32C, read back from disk, against f.
-func restoreFile(ctx context.Context, s Store, stage *os.Root, key string, f File, prog *restoreProgress) error {
+// CRC-32C, read back from disk, against f. A file whose checksum does not match is downloaded
+// once more, over the same file: bytes damaged on their way (a proxy, a flipped bit in a NIC) are
+// no damage in the store, and only a second mismatch makes the error wrap ErrDamaged.
+func restoreFile(ctx context.Context, s Store, stage *os.Root, key string, f File, prog *restoreProgress, run *restoreRun) error {
 	out, err := stage.OpenFile(filepath.FromSlash(f.Path), os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o644)
 	if err != nil {
 		return fmt.Errorf("create file %q: %w", f.Path, err)
@@ -606,31 +611,42 @@ func restoreFile(ctx context.Context, s Store, stage *os.Root, key string, f Fil
 	}
 	var w io.WriterAt = out
 	if prog != nil {
-		w = restoreCountingWriter{w: out, prog: prog}
+		w = &restoreCountingWriter{w: out, prog: prog, size: f.Size}
 	}
-	if err := s.Download(ctx, key, w, f.Size); err != nil {
-		if errors.Is(err, ErrNotFound) {
-			return fmt.Errorf("download file %q: %w: %w", f.Path, ErrDamaged, err)
+	var first Checksum
+	for attempt := 1; ; attempt++ {
+		if err := s.Download(ctx, key, w, f.Size); err != nil {
+			if errors.Is(err, ErrNotFound) {
+				return fmt.Errorf("download file %q: %w: %w", f.Path, ErrDamaged, err)
+			}
+			return fmt.Errorf("download file %q: %w", f.Path, err)
 		}
-		return fmt.Errorf("download file %q: %w", f.Path, err)
-	}
-	if err := out.Sync(); err != nil {
-		return fmt.Errorf("sync file %q: %w", f.Path, err)
-	}
-	fi, err := out.Stat()
-	if err != nil {
-		return fmt.Errorf("stat file %q: %w", f.Path, err)
-	}
-	if fi.Size() != f.Size {
-		return fmt.Errorf("%w: file %q: %d bytes after download; the manifest says %d", ErrDamaged, f.Path, fi.Size(), f.Size)
-	}
-	got, err := ChecksumOf(io.NewSectionReader(out, 0, f.Size))
-	if err != nil {
-		return fmt.Errorf("read back file %q: %w", f.Path, err)
-	}
-	if got != f.Checksum {
-		return fmt.Errorf("%w: file %q: checksum mismatch: the manifest says %s %s, the downloaded file has %s %s",
-			ErrDamaged, f.Path, f.Checksum.Algorithm, f.Checksum.Value, got.Algorithm, got.Value)
+		if err := out.Sync(); err != nil {
+			return fmt.Errorf("sync file %q: %w", f.Path, err)
+		}
+		fi, err := out.Stat()
+		if err != nil {
+			return fmt.Errorf("stat file %q: %w", f.Path, err)
+		}
+		if fi.Size() != f.Size {
+			return fmt.Errorf("%w: file %q: %d bytes after download; the manifest says %d", ErrDamaged, f.Path, fi.Size(), f.Size)
+		}
+		got, err := ChecksumOf(io.NewSectionReader(out, 0, f.Size))
+		if err != nil {
+			return fmt.Errorf("read back file %q: %w", f.Path, err)
+		}
+		if got == f.Checksum {
+			break
+		}
+		if attempt == restoreChecksumTries {
+			return fmt.Errorf("%w: file %q: checksum mismatch in two downloads: the manifest says %s %s; the first download had %s, the second %s",
+				ErrDamaged, f.Path, f.Checksum.Algorithm, f.Checksum.Value, first.Value, got.Value)
+		}
+		first = got
+		run.warn(func(log zerolog.Logger) {
+			log.Warn().Str("file", f.Path).Str("key", key).Str("want", f.Checksum.Value).Str("got", got.Value).
+				Msg("a downloaded file failed its checksum; downloading it again")
+		})
 	}
 	if err := out.Chmod(f.Perm()); err != nil {
 		return fmt.Errorf("set mode of file %q: %w", f.Path, err)
@@ -639,6 +655,23 @@ func restoreFile(ctx context.Context, s Store, stage *os.Root, key string, f Fil
 		return fmt.Errorf("close file %q: %w", f.Path, err)
 	}
 	return nil
+}
+
+// restoreChecksumTries is how often restoreFile downloads a file whose checksum does not match.
+const restoreChecksumTries = 2
+
+// restoreRun is what the downloads of one restore share: its log, which they write one line at
+// a time (the caller's writer need not be safe for concurrent use).
+type restoreRun struct {
+	mu  sync.Mutex
+	log zerolog.Logger
+}
+
+// warn has fn write to the log, alone.
+func (r *restoreRun) warn(fn func(log zerolog.Logger)) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	fn(r.log)
 }
 
 // restoreSyncDir fsyncs the directory name in root, so that the entries in it are durable.
@@ -663,8 +696,7 @@ type restoreProgress struct {
 	done, total int64
 }
 
-// add counts n more bytes and reports the sum, capped at the total (a retrying store may write
-// a range twice).
+// add counts n more bytes and reports the sum, capped at the total.
 func (p *restoreProgress) add(n int64) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -672,16 +704,34 @@ func (p *restoreProgress) add(n int64) {
 	p.fn(p.done, p.total)
 }
 
-// restoreCountingWriter reports to prog the bytes written through it.
-type restoreCountingWriter struct {
-	w    io.WriterAt
-	prog *restoreProgress
+// addFile counts n more bytes written into a file of size bytes of which *counted were counted
+// already, at most size in all: a store that retries writes a range twice, and a file
+// downloaded again is written whole again.
+func (p *restoreProgress) addFile(n int64, counted *int64, size int64) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	n = min(n, size-*counted)
+	if n <= 0 {
+		return
+	}
+	*counted += n
+	p.done = min(p.done+n, p.total)
+	p.fn(p.done, p.total)
 }
 
-func (c restoreCountingWriter) WriteAt(b []byte, off int64) (int, error) {
+// restoreCountingWriter reports to prog the bytes written through it into a file of size bytes,
+// each of them once (restoreProgress.addFile).
+type restoreCountingWriter struct {
+	w       io.WriterAt
+	prog    *restoreProgress
+	size    int64
+	counted int64 // guarded by prog.mu
+}
+
+func (c *restoreCountingWriter) WriteAt(b []byte, off int64) (int, error) {
 	n, err := c.w.WriteAt(b, off)
 	if n > 0 {
-		c.prog.add(int64(n))
+		c.prog.addFile(int64(n), &c.counted, c.size)
 	}
 	return n, err
 }

@@ -540,8 +540,8 @@ func TestRestoreDownloadFailures(t *testing.T) {
 			ErrDamaged, []string{`"optim/deep/er/__1_0.distcp"`, "not found"}, false},
 		{"data has another size", func(s *memStore, m *Manifest) { s.put(key("model.pt"), []byte("short")) },
 			ErrDamaged, []string{`"model.pt"`}, false},
-		{"corrupted in transit", func(s *memStore, m *Manifest) { s.corruptKey(key("model.pt")) },
-			ErrDamaged, []string{`"model.pt"`, "checksum mismatch", goodSum.Value, corruptSum.Value}, false},
+		{"corrupted in every download", func(s *memStore, m *Manifest) { s.corruptKey(key("model.pt")) },
+			ErrDamaged, []string{`"model.pt"`, "checksum mismatch in two downloads", goodSum.Value, corruptSum.Value}, false},
 		{"manifest checksum wrong", func(s *memStore, m *Manifest) {
 			for i := range m.Files {
 				if m.Files[i].Path == ".metadata" {
@@ -1054,5 +1054,92 @@ func TestRestoreMarkerLast(t *testing.T) {
 		if want := []int{12}; !slices.Equal(s.before, want) {
 			t.Errorf("marker %q: downloads done before the marker's = %v; want %v", last, s.before, want)
 		}
+	}
+}
+
+// flakyBytesStore is a memStore whose Download of key writes the object with one bit flipped
+// the first bad times, as a network or a proxy that damages a response would; the object in the
+// store is intact. It counts the Downloads of key.
+type flakyBytesStore struct {
+	*memStore
+	key string
+
+	mu    sync.Mutex
+	bad   int
+	calls int
+}
+
+func (s *flakyBytesStore) Download(ctx context.Context, key string, w io.WriterAt, size int64) error {
+	s.mu.Lock()
+	flip := key == s.key && s.calls < s.bad
+	if key == s.key {
+		s.calls++
+	}
+	s.mu.Unlock()
+	if !flip {
+		return s.memStore.Download(ctx, key, w, size)
+	}
+	data, _, err := s.memStore.GetBytes(ctx, key)
+	if err != nil {
+		return err
+	}
+	data[len(data)/2] ^= 0x01
+	_, err = w.WriteAt(data, 0)
+	return err
+}
+
+func (s *flakyBytesStore) downloads() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.calls
+}
+
+// TestRestoreDownloadsAgainAfterAChecksumMismatch: a file whose bytes arrive damaged once is
+// downloaded again, and restored when the second download matches; only a file that fails its
+// checksum twice makes the commit damaged, and the error says so (found from outside: one GET
+// answered with a changed byte made restore call an intact commit damaged in the store and
+// suggest an older one).
+func TestRestoreDownloadsAgainAfterAChecksumMismatch(t *testing.T) {
+	files := restoreTestFiles(1)
+	for _, bad := range []int{1, 2} {
+		t.Run(fmt.Sprintf("damaged %d times", bad), func(t *testing.T) {
+			mem := newMemStore()
+			m := restoreTestCommit(t, mem, restoreTestJob, "step-000100", restoreTestT0, files)
+			restoreTestSetLatest(t, mem, restoreTestJob, "step-000100")
+			key := DataKey(restoreTestJob, "step-000100", m.Commit, "model.pt")
+			s := &flakyBytesStore{memStore: mem, key: key, bad: bad}
+			parent, to := restoreTestDirs(t)
+			before := restoreTestTree(t, parent)
+
+			var log bytes.Buffer
+			var last [2]int64
+			opts := restoreTestOpts(to, &log)
+			opts.Progress = func(done, total int64) { last = [2]int64{done, total} }
+			res, err := Restore(t.Context(), s, opts)
+			if got := s.downloads(); got != 2 {
+				t.Errorf("Got(%q) = %d; want 2 (once more after the mismatch, no more)", "downloads of model.pt", got)
+			}
+			if !strings.Contains(log.String(), `"file":"model.pt"`) || !strings.Contains(log.String(), "checksum") {
+				t.Errorf("Got(%q) = %s; want a warning naming the file that failed its checksum", "log", log.String())
+			}
+			if bad == 2 {
+				if !errors.Is(err, ErrDamaged) || !strings.Contains(err.Error(), `"model.pt"`) || !strings.Contains(err.Error(), "checksum mismatch in two downloads") {
+					t.Errorf("Got(%q) = %v; want ErrDamaged naming model.pt and saying it failed twice", "error", err)
+				}
+				if d := restoreTestDiff(restoreTestTree(t, parent), before); d != "" {
+					t.Errorf("the failed restore left something behind:%s", d)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("Restore() error: %v; want the second download restored", err)
+			}
+			if d := restoreTestDiff(restoreTestTree(t, res.Dir), restoreTestWant(files)); d != "" {
+				t.Errorf("restored tree differs from the checkpoint:%s", d)
+			}
+			if want := [2]int64{m.TotalBytes, m.TotalBytes}; last != want {
+				t.Errorf("Got(%q) = %v; want %v (a file downloaded twice counts once)", "progress", last, want)
+			}
+		})
 	}
 }
