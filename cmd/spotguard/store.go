@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -135,7 +136,16 @@ func runRestore(ctx context.Context, args, environ []string, stdout, stderr io.W
 		go func() { defer close(logged); plog.run(pctx, tick.C) }()
 		defer func() { stop(); <-logged }()
 	}
-	res, err := checkpoint.Restore(ctx, store, opts)
+	// The checkpoint's size, once known: what a full destination would have needed.
+	var need atomic.Int64
+	show := opts.Progress
+	opts.Progress = func(done, total int64) {
+		need.Store(total)
+		if show != nil {
+			show(done, total)
+		}
+	}
+	res, err := checkpoint.Restore(ctx, restoreSource{store}, opts)
 	bar.finish()
 	plog.finish()
 	// With --json, stdout has one object on exit 0 only: "restored" says whether a checkpoint is
@@ -159,7 +169,7 @@ func runRestore(ctx context.Context, args, environ []string, stdout, stderr io.W
 		case *name != "":
 			notFound = fmt.Sprintf("job %s has no valid commit of checkpoint %q in %s: `spotguard list` shows the job's checkpoints and commits", cfg.Store.Job, *name, store.URL())
 		}
-		storeHint(stderr, "restore", cfg.Store.URL, err, notFound)
+		restoreHint(stderr, cfg.Store.URL, *to, err, notFound, need.Load(), freeSpace)
 		if errors.Is(err, checkpoint.ErrDamaged) {
 			fmt.Fprintf(stderr, "spotguard restore: this commit cannot be restored; `spotguard list` shows the others, and\n"+
 				"`spotguard restore --checkpoint NAME --commit ID` restores one of them.\n"+

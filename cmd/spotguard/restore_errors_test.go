@@ -1,0 +1,204 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"syscall"
+	"testing"
+
+	"github.com/spotguard/spotguard/checkpoint"
+)
+
+// restoreEnv is a file:// store with job j for restore tests, and its configuration file.
+func restoreEnv(t *testing.T) (store, cfgPath string, env []string) {
+	t.Helper()
+	store = t.TempDir()
+	return store, emptyConfigFile(t), []string{"SPOTGUARD_STORE_URL=file://" + store, "SPOTGUARD_STORE_JOB=j"}
+}
+
+// A destination restore cannot write is the destination's problem, said with a local fix naming
+// it: a read-only or unwritable --to used to get the store's fix (an IAM policy for s3://, the
+// permissions of the store's directory for file://).
+func TestRestoreToAnUnwritableDestinationNamesIt(t *testing.T) {
+	store, cfgPath, env := restoreEnv(t)
+	commitForTest(t, store, "j", "step-000100", map[string][]byte{"model.pt": []byte("weights"), "_COMPLETE": nil})
+	file := filepath.Join(t.TempDir(), "file")
+	if err := os.WriteFile(file, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	readOnly := filepath.Join(t.TempDir(), "ro")
+	if err := os.Mkdir(readOnly, 0o555); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name, to, want string
+		notRoot        bool // root writes into a directory whatever its mode
+	}{
+		{"under a regular file", filepath.Join(file, "ckpt"), "fix: cannot write the destination " + filepath.Join(file, "ckpt") + " (not a directory)", false},
+		{"without write permission", readOnly, "cannot write the destination " + readOnly + " (permission denied): fix its owner or permissions", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if tc.notRoot && asNobody(t) {
+				return
+			}
+			code, _, stderr := runCLI(t, t.Context(), env, "restore", "--config", cfgPath, "--to", tc.to)
+			if code != exitFail || !strings.Contains(stderr, tc.want) {
+				t.Errorf("Got(restore --to %s) exit %d, stderr:\n%s\nwant 1 and %q", tc.to, code, stderr, tc.want)
+			}
+			for _, wrong := range []string{"s3:", "cannot write " + store, store + " is a writable directory"} {
+				if strings.Contains(stderr, wrong) {
+					t.Errorf("Got(restore --to %s) stderr:\n%s\nwant no fix for the store (%q): it is not the store's problem", tc.to, stderr, wrong)
+				}
+			}
+		})
+	}
+}
+
+// The errors of the destination's file system (a read-only mount, no permission, a full disk,
+// as Restore returns them) get a local fix naming the destination, for an S3 store and a file://
+// store alike; the store's errors keep the store's fix.
+func TestRestoreHintTellsTheDestinationFromTheStore(t *testing.T) {
+	const dir = "/mnt/nvme/ckpt"
+	restoreErr := func(err error) error {
+		return fmt.Errorf("restore job j from s3://b/p: checkpoint %q: %w", "step-000300", err)
+	}
+	for _, tc := range []struct {
+		name string
+		err  error
+		need int64
+		free diskSpace
+		want string
+	}{
+		{"read-only", restoreErr(fmt.Errorf("create staging directory: %w",
+			&fs.PathError{Op: "mkdirat", Path: ".spotguard-restore-19586-ABC", Err: syscall.EROFS})), 0, diskSpace{},
+			"cannot write the destination " + dir + " (read-only file system): mount it read-write, or choose another --to"},
+		{"permission denied", restoreErr(fmt.Errorf("create destination: %w",
+			&fs.PathError{Op: "mkdir", Path: dir, Err: syscall.EACCES})), 0, diskSpace{},
+			"cannot write the destination " + dir + " (permission denied): fix its owner or permissions"},
+		{"disk full", restoreErr(fmt.Errorf("allocate file %q (%d bytes): %w", "shard-3.bin", 20<<20,
+			&fs.PathError{Op: "fallocate", Path: dir + "/.spotguard-restore-1-X/shard-3.bin", Err: syscall.ENOSPC})), 80 << 20, diskSpace{ok: true, bytes: 50 << 20, inodes: 1000},
+			"the destination " + dir + " is too small: the checkpoint needs 80.0 MiB and 50.0 MiB is free (df -h " + dir + ")"},
+		{"no inodes", restoreErr(fmt.Errorf("create file %q: %w", "d19/f00019",
+			&fs.PathError{Op: "openat", Path: "d19/f00019", Err: syscall.ENOSPC})), 1 << 20, diskSpace{ok: true, bytes: 50 << 20},
+			"has no inode left for another file (df -i " + dir + ")"},
+		{"a write in a download", restoreErr(fmt.Errorf("download file %q: %w", "a.bin", markStore(fmt.Errorf("download j/a: %w",
+			&destinationFailure{&fs.PathError{Op: "write", Path: "a.bin", Err: syscall.ENOSPC}})))), 80 << 20, diskSpace{ok: true, bytes: 10 << 20, inodes: 5},
+			"the checkpoint needs 80.0 MiB and 10.0 MiB is free"},
+	} {
+		for _, url := range []string{"s3://b/p", "file:///srv/store"} {
+			t.Run(tc.name+"/"+strings.SplitN(url, ":", 2)[0], func(t *testing.T) {
+				var b strings.Builder
+				restoreHint(&b, url, dir, tc.err, "", tc.need, func(string) diskSpace { return tc.free })
+				got := b.String()
+				if !strings.Contains(got, "spotguard restore: fix: ") || !strings.Contains(got, tc.want) {
+					t.Errorf("Got(restoreHint(%v)) = %q; want %q", tc.err, got, tc.want)
+				}
+				for _, wrong := range []string{"s3:ListBucket", "/srv/store"} {
+					if strings.Contains(got, wrong) {
+						t.Errorf("Got(restoreHint(%v)) = %q; want no fix for the store (%q)", tc.err, got, wrong)
+					}
+				}
+			})
+		}
+	}
+
+	// A store's own error, a file store's permission denied included, keeps the store's fix.
+	storeErr := restoreErr(markStore(&fs.PathError{Op: "openat", Path: "j/LATEST", Err: syscall.EACCES}))
+	var b strings.Builder
+	restoreHint(&b, "file:///srv/store", dir, storeErr, "", 0, freeSpace)
+	if want := "fix: the agent cannot write /srv/store"; !strings.Contains(b.String(), want) || strings.Contains(b.String(), dir) {
+		t.Errorf("Got(restoreHint(%v)) = %q; want %q and not the destination", storeErr, b.String(), want)
+	}
+}
+
+// freeSpace reads the file system of the nearest directory that exists.
+func TestFreeSpaceOfADirectoryNotCreatedYet(t *testing.T) {
+	if got := freeSpace(filepath.Join(t.TempDir(), "not", "yet")); !got.ok || got.bytes == 0 {
+		t.Errorf("Got(freeSpace(a missing directory in TempDir)) = %+v; want the space of TempDir's file system", got)
+	}
+}
+
+// asNobody, in a test run as root (which writes into a directory whatever its mode), runs the
+// test t again as uid and gid 65534, in a copy of this test binary that user may run, and makes
+// t pass, fail or skip as it did; it returns true, and the caller returns. As any other user it
+// returns false, and the caller goes on.
+func asNobody(t *testing.T) bool {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		return false
+	}
+	if os.Getenv("SPOTGUARD_TEST_AS_NOBODY") != "" {
+		t.Fatal("still root as uid 65534")
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir, err := os.MkdirTemp("", "spotguard-nobody-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	tmp := filepath.Join(dir, "tmp")
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Mkdir(tmp, 0o777); err != nil || os.Chmod(tmp, 0o1777) != nil {
+		t.Fatalf("a TMPDIR for uid 65534: %v", err)
+	}
+	bin := filepath.Join(dir, "test")
+	data, err := os.ReadFile(exe)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(bin, data, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	var run []string
+	for _, el := range strings.Split(t.Name(), "/") {
+		run = append(run, "^"+regexp.QuoteMeta(el)+"$")
+	}
+	cmd := exec.CommandContext(t.Context(), bin, "-test.run", strings.Join(run, "/"), "-test.v", "-test.count=1")
+	cmd.Dir = dir
+	cmd.Env = append(os.Environ(), "SPOTGUARD_TEST_AS_NOBODY=1", "TMPDIR="+tmp, "HOME="+tmp)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
+	out, err := cmd.CombinedOutput()
+	var exit *exec.ExitError
+	switch {
+	case err != nil && !errors.As(err, &exit):
+		t.Skipf("cannot run the test as uid 65534: %v", err)
+	case strings.Contains(string(out), "--- SKIP: "+t.Name()+" "):
+		t.Skipf("as uid 65534:\n%s", out)
+	case err != nil || !strings.Contains(string(out), "--- PASS: "+t.Name()+" "):
+		t.Errorf("as uid 65534: %v\n%s", err, out)
+	}
+	return true
+}
+
+// hurryStore counts Hurry calls.
+type hurryStore struct {
+	checkpoint.Store
+	hurried int
+}
+
+func (h *hurryStore) Hurry() { h.hurried++ }
+
+// restoreSource keeps the store's Hurry, which checkpoint.Restore calls so that a store sends
+// the restore's requests at full speed: the wrapper must not hide it.
+func TestRestoreSourceHurriesTheStore(t *testing.T) {
+	h := &hurryStore{}
+	var s checkpoint.Store = restoreSource{h}
+	hs, ok := s.(interface{ Hurry() })
+	if !ok {
+		t.Fatal("Got(restoreSource has Hurry) = false; want true")
+	}
+	if hs.Hurry(); h.hurried != 1 {
+		t.Errorf("Got(hurried) = %d; want 1", h.hurried)
+	}
+}
