@@ -203,3 +203,13 @@ func restoreHint(w io.Writer, url, dir string, err error, notFound string, need 
 	}
 	fmt.Fprintf(w, "spotguard restore: fix: %s\n", destinationFix(dir, err, need, free))
 }
+
+// interruptedText says that a command was interrupted: with the signal when ctx's cause names
+// it ("interrupt signal received"), as signal.NotifyContext's does.
+func interruptedText(ctx context.Context) string {
+	cause := context.Cause(ctx)
+	if cause == nil || cause == context.Canceled { // a plain cancel, no signal named
+		return "interrupted"
+	}
+	return "interrupted (" + cause.Error() + ")"
+}

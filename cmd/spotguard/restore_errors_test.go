@@ -1,6 +1,8 @@
 package main
 
 import (
+	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -9,6 +11,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 
@@ -200,5 +203,58 @@ func TestRestoreSourceHurriesTheStore(t *testing.T) {
 	}
 	if hs.Hurry(); h.hurried != 1 {
 		t.Errorf("Got(hurried) = %d; want 1", h.hurried)
+	}
+}
+
+// cancelOnWrite is a stderr that cancels the command's context with cause at its first write: a
+// signal arriving at that point of the command.
+type cancelOnWrite struct {
+	mu     sync.Mutex
+	buf    bytes.Buffer
+	cancel context.CancelCauseFunc
+	cause  error
+}
+
+func (c *cancelOnWrite) Write(p []byte) (int, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.cancel(c.cause)
+	return c.buf.Write(p)
+}
+
+// A restore that SIGINT or SIGTERM ends says it was interrupted, by which signal (exit 1, as
+// any failed restore), not "context canceled", and leaves nothing in --to.
+func TestRestoreInterruptedSaysInterrupted(t *testing.T) {
+	store, cfgPath, env := restoreEnv(t)
+	commitForTest(t, store, "j", "step-000100", map[string][]byte{"model.pt": []byte("weights"), "_COMPLETE": nil})
+	for _, tc := range []struct {
+		name   string
+		before bool // the signal came before the restore started
+	}{
+		// No LATEST: the restore's first line on stderr is its warning that it takes the newest
+		// commit, which it then downloads. The signal comes with that line.
+		{"during the restore", false},
+		{"before the restore", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx, cancel := context.WithCancelCause(t.Context())
+			defer cancel(nil)
+			cause := errors.New("interrupt signal received") // as signal.NotifyContext's
+			if tc.before {
+				cancel(cause)
+			}
+			stderr := &cancelOnWrite{cancel: cancel, cause: cause}
+			to := t.TempDir()
+			var stdout bytes.Buffer
+			code := run(ctx, []string{"restore", "--config", cfgPath, "--to", to}, env, &stdout, stderr)
+			got := stderr.buf.String()
+			if want := "spotguard restore: interrupted (interrupt signal received); no checkpoint was put in " + to; code != exitFail ||
+				!strings.Contains(got, want) || strings.Contains(got, "context canceled") {
+				t.Errorf("Got(restore, interrupted) exit %d, stderr:\n%s\nwant 1 and %q, not \"context canceled\"", code, got, want)
+			}
+			if left, err := os.ReadDir(to); err != nil || len(left) != 0 {
+				t.Errorf("Got(--to after an interrupted restore) = %v, %v; want it empty", left, err)
+			}
+		})
 	}
 }

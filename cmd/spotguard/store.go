@@ -97,6 +97,10 @@ func runRestore(ctx context.Context, args, environ []string, stdout, stderr io.W
 			fmt.Fprintf(atPriority(stderr, 5), "spotguard restore: %v; waiting up to %v for it\n", err, *mountWait)
 			err = waitRestoreTarget(ctx, *to, *mountWait, time.Second)
 		}
+		if err != nil && ctx.Err() != nil {
+			fmt.Fprintf(stderr, "spotguard restore: %s while waiting for %s; nothing restored\n", interruptedText(ctx), *to)
+			return exitFail
+		}
 		if err != nil {
 			fmt.Fprintf(stderr, "spotguard restore: %v\n", err)
 			return exitFail
@@ -159,6 +163,11 @@ func runRestore(ctx context.Context, args, environ []string, stdout, stderr io.W
 		}
 		fmt.Fprintf(stdout, "%v; nothing to restore (first run)\n", err)
 		return exitOK
+	}
+	if err != nil && ctx.Err() != nil {
+		// SIGINT or SIGTERM (main's context): what failed then is only that it was cut short.
+		fmt.Fprintf(stderr, "spotguard restore: %s; no checkpoint was put in %s: run it again to restore\n", interruptedText(ctx), *to)
+		return exitFail
 	}
 	if err != nil {
 		fmt.Fprintf(stderr, "spotguard restore: %v\n", err)
