@@ -258,3 +258,30 @@ func TestRestoreInterruptedSaysInterrupted(t *testing.T) {
 		})
 	}
 }
+
+// A --checkpoint or --commit that cannot be a name or a commit id is a usage error (exit 2, with
+// the hint line), as docs/cli.md says of usage errors; it used to be exit 1 without the hint. One
+// that is valid but not in the store is still exit 1.
+func TestRestoreRefusesAnInvalidCheckpointOrCommitAsUsage(t *testing.T) {
+	_, cfgPath, env := restoreEnv(t)
+	for _, args := range [][]string{
+		{"--checkpoint", "../x"},
+		{"--checkpoint", "a/b"},
+		{"--checkpoint", "LATEST"},
+		{"--checkpoint", "_spotguard"},
+		{"--checkpoint", "step-1", "--commit", "nope"},
+	} {
+		t.Run(strings.Join(args, " "), func(t *testing.T) {
+			code, stdout, stderr := runCLI(t, t.Context(), env, append([]string{"restore", "--config", cfgPath, "--to", t.TempDir()}, args...)...)
+			flag := args[len(args)-2]
+			if code != exitUsage || stdout != "" || !strings.Contains(stderr, "spotguard restore: "+flag+" ") ||
+				!strings.HasSuffix(stderr, "run 'spotguard restore -h' for its flags\n") {
+				t.Errorf("Got(restore %s) exit %d, stderr:\n%s\nwant 2, naming %s, and the hint line", strings.Join(args, " "), code, stderr, flag)
+			}
+		})
+	}
+	code, _, stderr := runCLI(t, t.Context(), env, "restore", "--config", cfgPath, "--to", t.TempDir(), "--checkpoint", "nope")
+	if code != exitFail {
+		t.Errorf("Got(restore --checkpoint nope) exit %d, stderr:\n%s\nwant 1: a valid name that is not there is no usage error", code, stderr)
+	}
+}

@@ -67,6 +67,12 @@ func runRestore(ctx context.Context, args, environ []string, stdout, stderr io.W
 	if *commit != "" && *name == "" {
 		return fs.usageError("--commit needs --checkpoint")
 	}
+	if err := checkpoint.ValidName(*name); *name != "" && err != nil {
+		return fs.usageError("--checkpoint %v (`spotguard list` shows the job's checkpoints)", err)
+	}
+	if err := checkpoint.ValidCommitID(*commit); *commit != "" && err != nil {
+		return fs.usageError("--commit %v: want an id as `spotguard list` shows it (20261201T194432Z-0123456789ab)", err)
+	}
 	if *mountWait != 0 && !*noCreate {
 		return fs.usageError("--mount-wait needs --no-create (without it a missing DIR is created at once)")
 	}
