@@ -285,3 +285,36 @@ func TestRestoreRefusesAnInvalidCheckpointOrCommitAsUsage(t *testing.T) {
 		t.Errorf("Got(restore --checkpoint nope) exit %d, stderr:\n%s\nwant 1: a valid name that is not there is no usage error", code, stderr)
 	}
 }
+
+// What is in the way at --to/<checkpoint> is said in words ("a symbolic link"), not as Go's mode
+// string ("L---------").
+func TestRestoreSaysWhatIsInTheWayInWords(t *testing.T) {
+	store, cfgPath, env := restoreEnv(t)
+	commitForTest(t, store, "j", "step-000100", map[string][]byte{"model.pt": []byte("weights"), "_COMPLETE": nil})
+	commitForTest(t, store, "j", "model.pt", map[string][]byte{"model.pt": []byte("weights")}) // a single-file checkpoint
+	for _, tc := range []struct {
+		name, checkpoint, want string
+		make                   func(path string) error
+	}{
+		{"symlink", "step-000100", "(a symbolic link)", func(p string) error { return os.Symlink("/nowhere", p) }},
+		{"file", "step-000100", "(a regular file)", func(p string) error { return os.WriteFile(p, nil, 0o644) }},
+		{"symlink for a single file", "model.pt", "(a symbolic link)", func(p string) error { return os.Symlink("/nowhere", p) }},
+		{"symlink inside", "step-000100", `"model.pt" is not a regular file (a symbolic link)`, func(p string) error {
+			if err := os.Mkdir(p, 0o755); err != nil {
+				return err
+			}
+			return os.Symlink("/nowhere", filepath.Join(p, "model.pt"))
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			to := t.TempDir()
+			if err := tc.make(filepath.Join(to, tc.checkpoint)); err != nil {
+				t.Fatal(err)
+			}
+			code, _, stderr := runCLI(t, t.Context(), env, "restore", "--config", cfgPath, "--to", to, "--checkpoint", tc.checkpoint)
+			if code != exitFail || !strings.Contains(stderr, tc.want) || strings.Contains(stderr, "---------") {
+				t.Errorf("Got(restore into a %s) exit %d, stderr:\n%s\nwant 1 and %q, no mode string", tc.name, code, stderr, tc.want)
+			}
+		})
+	}
+}

@@ -176,7 +176,7 @@ func runRestore(ctx context.Context, args, environ []string, stdout, stderr io.W
 		return exitFail
 	}
 	if err != nil {
-		fmt.Fprintf(stderr, "spotguard restore: %v\n", err)
+		fmt.Fprintf(stderr, "spotguard restore: %s\n", restoreErrorText(err))
 		notFound := ""
 		switch {
 		case *commit != "":
