@@ -318,3 +318,18 @@ func TestRestoreSaysWhatIsInTheWayInWords(t *testing.T) {
 		})
 	}
 }
+
+// An invalid store.url is reported as what is wrong with it, not also as "not set".
+func TestRestoreReportsOnlyTheRealStoreURLProblem(t *testing.T) {
+	cfgPath := emptyConfigFile(t)
+	for _, url := range []string{"bogus://x", "s3://", "file://relative"} {
+		code, _, stderr := runCLI(t, t.Context(), []string{"SPOTGUARD_STORE_JOB=j"}, "restore", "--config", cfgPath, "--to", t.TempDir(), "--store.url", url)
+		if code != exitFail || !strings.Contains(stderr, "store.url: \""+url+"\"") || strings.Contains(stderr, "not set") {
+			t.Errorf("Got(restore --store.url %s) exit %d, stderr:\n%s\nwant 1, what is wrong with it, and not \"not set\"", url, code, stderr)
+		}
+	}
+	code, _, stderr := runCLI(t, t.Context(), []string{"SPOTGUARD_STORE_JOB=j"}, "restore", "--config", cfgPath, "--to", t.TempDir())
+	if code != exitFail || !strings.Contains(stderr, "store.url: not set") {
+		t.Errorf("Got(restore without store.url) exit %d, stderr:\n%s\nwant 1 and \"store.url: not set\"", code, stderr)
+	}
+}

@@ -10,6 +10,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -34,12 +35,24 @@ func loadStoreConfig(cf *configFlags, environ []string, stderr io.Writer, cmd st
 	}
 	if err := cfg.ValidateStore(); err != nil {
 		fmt.Fprintf(stderr, "spotguard %s: invalid configuration:\n", cmd)
-		for _, p := range strings.Split(err.Error(), "\n") {
+		for _, p := range storeProblems(err) {
 			fmt.Fprintf(stderr, "  - %s\n", p)
 		}
 		return nil, false
 	}
 	return cfg, true
+}
+
+// storeProblems are the lines of ValidateStore's err but "store.url: not set" when another line
+// says what is wrong with store.url: a URL that does not parse leaves store.url empty, and
+// ValidateStore says both (agent.Config.ValidateStore should not: then this is a no-op).
+func storeProblems(err error) []string {
+	lines := strings.Split(err.Error(), "\n")
+	notSet := func(p string) bool { return strings.HasPrefix(p, "store.url: not set") }
+	if !slices.ContainsFunc(lines, func(p string) bool { return strings.HasPrefix(p, "store.url: ") && !notSet(p) }) {
+		return lines
+	}
+	return slices.DeleteFunc(lines, notSet)
 }
 
 func runRestore(ctx context.Context, args, environ []string, stdout, stderr io.Writer) int {
