@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -331,5 +332,36 @@ func TestRestoreReportsOnlyTheRealStoreURLProblem(t *testing.T) {
 	code, _, stderr := runCLI(t, t.Context(), []string{"SPOTGUARD_STORE_JOB=j"}, "restore", "--config", cfgPath, "--to", t.TempDir())
 	if code != exitFail || !strings.Contains(stderr, "store.url: not set") {
 		t.Errorf("Got(restore without store.url) exit %d, stderr:\n%s\nwant 1 and \"store.url: not set\"", code, stderr)
+	}
+}
+
+// The summary says "1 file", not "1 files".
+func TestRestoreSummaryOfOneFile(t *testing.T) {
+	store, cfgPath, env := restoreEnv(t)
+	commitForTest(t, store, "j", "model.pt", map[string][]byte{"model.pt": []byte("weights")})
+	code, stdout, stderr := runCLI(t, t.Context(), env, "restore", "--config", cfgPath, "--to", t.TempDir())
+	if code != exitOK || !strings.Contains(stdout, "restored model.pt (1 file, ") {
+		t.Errorf("Got(restore of a single file) exit %d, stdout %q, stderr:\n%s\nwant 0 and \"(1 file, \"", code, stdout, stderr)
+	}
+}
+
+// A relative --to is restored into, and reported as, the absolute directory.
+func TestRestoreJSONDirIsAbsolute(t *testing.T) {
+	store, cfgPath, env := restoreEnv(t)
+	commitForTest(t, store, "j", "step-000100", map[string][]byte{"model.pt": []byte("weights"), "_COMPLETE": nil})
+	wd := t.TempDir()
+	t.Chdir(wd)
+	code, stdout, stderr := runCLI(t, t.Context(), env, "restore", "--config", cfgPath, "--to", "out", "--json")
+	var got struct{ Dir string }
+	if err := json.Unmarshal([]byte(stdout), &got); code != exitOK || err != nil {
+		t.Fatalf("Got(restore --to out --json) exit %d, stdout %q (%v), stderr:\n%s\nwant 0 and an object", code, stdout, err, stderr)
+	}
+	// wd itself may be reached through a symbolic link (macOS's /var): compare what Getwd says.
+	abs, err := os.Getwd()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := filepath.Join(abs, "out", "step-000100"); got.Dir != want {
+		t.Errorf("Got(restore --to out --json) dir %q; want %q", got.Dir, want)
 	}
 }

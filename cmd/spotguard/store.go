@@ -102,6 +102,10 @@ func runRestore(ctx context.Context, args, environ []string, stdout, stderr io.W
 	if *to == "" {
 		return fs.usageError("--to DIR is required when checkpoint.dir is not set")
 	}
+	// Absolute, so that the messages and --json's "dir" say where it is wherever they are read.
+	if abs, err := filepath.Abs(*to); err == nil {
+		*to = abs
+	}
 	var partRank *int
 	if *part {
 		if cfg.Store.WorldNodes < 2 || cfg.Store.NodeRank >= cfg.Store.WorldNodes {
@@ -224,8 +228,8 @@ func runRestore(ctx context.Context, args, environ []string, stdout, stderr io.W
 		if res.FellBack {
 			note = " (LATEST was missing, unusable or older: restored the newest commit)"
 		}
-		fmt.Fprintf(stdout, "restored %s (%d files, %s) from %s job %s to %s in %.1f s (%s/s), every checksum verified%s\n",
-			res.Checkpoint, res.Files, checkpoint.HumanBytes(res.Bytes), store.URL(), cfg.Store.Job, res.Dir, res.Elapsed.Seconds(), checkpoint.HumanBytes(int64(rate)), note)
+		fmt.Fprintf(stdout, "restored %s (%d file%s, %s) from %s job %s to %s in %.1f s (%s/s), every checksum verified%s\n",
+			res.Checkpoint, res.Files, plural(res.Files), checkpoint.HumanBytes(res.Bytes), store.URL(), cfg.Store.Job, res.Dir, res.Elapsed.Seconds(), checkpoint.HumanBytes(int64(rate)), note)
 	}
 	return exitOK
 }
