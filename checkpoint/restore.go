@@ -125,6 +125,12 @@ type RestoreResult struct {
 //     file for a single-file checkpoint); a local
 //     file system error; ctx ended.
 //
+// A read of the store (the job's listings and manifests, one file's download) that fails for a
+// reason that passes (a connection refused, reset or timed out, HTTP 5xx, SlowDown; see
+// restoreTransient) is tried again, with backoff, for up to 5 minutes from its first failure
+// (restoreRun.retry); the log says when the store starts failing and when it answers again.
+// Anything else fails at once.
+//
 // On every error the staging directory is removed and To/<checkpoint> is untouched (To itself
 // may have been created).
 func Restore(ctx context.Context, s Store, opts RestoreOptions) (RestoreResult, error) {
@@ -157,8 +163,9 @@ func Restore(ctx context.Context, s Store, opts RestoreOptions) (RestoreResult, 
 		conc = restoreDefaultConcurrency
 	}
 	log := opts.Logger.With().Str("component", "restore").Str("store", url).Str("job", opts.Job).Logger()
+	run := &restoreRun{log: log}
 
-	m, fellBack, err := restoreResolve(ctx, s, opts, log)
+	m, fellBack, err := restoreResolve(ctx, s, opts, run)
 	if err != nil {
 		if errors.Is(err, ErrNothingToRestore) {
 			return RestoreResult{}, err
@@ -219,7 +226,7 @@ func Restore(ctx context.Context, s Store, opts RestoreOptions) (RestoreResult, 
 		return done(true)
 	}
 
-	staging, err := restoreStage(ctx, s, to, m, conc, opts.Marker, opts.Progress, log)
+	staging, err := restoreStage(ctx, s, to, m, conc, opts.Marker, opts.Progress, run)
 	if err != nil {
 		return failCP(err)
 	}
@@ -261,16 +268,24 @@ func Restore(ctx context.Context, s Store, opts RestoreOptions) (RestoreResult, 
 // is missing, unusable or names an older commit (a reclaim between the manifest and LATEST), the
 // newest commit (fellBack true, with a warning); an error wrapping ErrNothingToRestore when the
 // job has no commit. A store failure other than ErrNotFound is an error in every case.
-func restoreResolve(ctx context.Context, s Store, opts RestoreOptions, log zerolog.Logger) (*Manifest, bool, error) {
-	job := opts.Job
+func restoreResolve(ctx context.Context, s Store, opts RestoreOptions, run *restoreRun) (*Manifest, bool, error) {
+	job, log := opts.Job, run.log
 	if opts.CommitSet {
-		m, err := ReadManifest(ctx, s, job, opts.Checkpoint, opts.Commit)
+		var m *Manifest
+		err := run.retry(ctx, "manifest", func() (err error) {
+			m, err = ReadManifest(ctx, s, job, opts.Checkpoint, opts.Commit)
+			return err
+		})
 		if err != nil {
 			return nil, false, fmt.Errorf("checkpoint %q commit %q: %w", opts.Checkpoint, opts.Commit, err)
 		}
 		return m, false, nil
 	}
-	st, err := readJob(ctx, s, job, nil)
+	var st *JobState
+	err := run.retry(ctx, "job", func() (err error) {
+		st, err = readJob(ctx, s, job, nil)
+		return err
+	})
 	if err != nil {
 		return nil, false, err
 	}
@@ -469,7 +484,8 @@ func restoreChecksumFile(dir *os.Root, rel string) (Checksum, int64, error) {
 // restoreStage creates a staging directory in to, downloads and verifies m's files into it and
 // fsyncs them and its directories. It returns the staging directory's name (relative to to),
 // or an error after removing it.
-func restoreStage(ctx context.Context, s Store, to *os.Root, m *Manifest, conc int, marker string, progress func(done, total int64), log zerolog.Logger) (string, error) {
+func restoreStage(ctx context.Context, s Store, to *os.Root, m *Manifest, conc int, marker string, progress func(done, total int64), run *restoreRun) (string, error) {
+	log := run.log
 	hurry(s) // the instance waits for its checkpoint
 	restoreRemoveStale(to, log)
 	name := fmt.Sprintf("%s%d-%s", restoreStagingPrefix, os.Getpid(), rand.Text())
@@ -500,7 +516,6 @@ func restoreStage(ctx context.Context, s Store, to *os.Root, m *Manifest, conc i
 		}
 	}
 
-	run := &restoreRun{log: log}
 	var prog *restoreProgress
 	if progress != nil {
 		prog = &restoreProgress{fn: progress, total: m.TotalBytes}
@@ -615,7 +630,8 @@ func restoreFile(ctx context.Context, s Store, stage *os.Root, key string, f Fil
 	}
 	var first Checksum
 	for attempt := 1; ; attempt++ {
-		if err := s.Download(ctx, key, w, f.Size); err != nil {
+		err := run.retry(ctx, "file", func() error { return s.Download(ctx, key, w, f.Size) })
+		if err != nil {
 			if errors.Is(err, ErrNotFound) {
 				return fmt.Errorf("download file %q: %w: %w", f.Path, ErrDamaged, err)
 			}
@@ -660,11 +676,15 @@ func restoreFile(ctx context.Context, s Store, stage *os.Root, key string, f Fil
 // restoreChecksumTries is how often restoreFile downloads a file whose checksum does not match.
 const restoreChecksumTries = 2
 
-// restoreRun is what the downloads of one restore share: its log, which they write one line at
-// a time (the caller's writer need not be safe for concurrent use).
+// restoreRun is what the reads of one restore share: its log, which they write one line at a
+// time (the caller's writer need not be safe for concurrent use), and the outage they retry
+// through (retry).
 type restoreRun struct {
-	mu  sync.Mutex
 	log zerolog.Logger
+
+	mu           sync.Mutex // guards the log's writes and what follows
+	failing      int        // reads that failed and are being retried
+	failingSince time.Time  // when failing last went from 0 to 1
 }
 
 // warn has fn write to the log, alone.

@@ -85,6 +85,26 @@ func restoreTestCommit(t testing.TB, s *memStore, job, cp string, at time.Time, 
 	return m
 }
 
+// restoreTestCommitTo is restoreTestCommit for any store: it writes files and then the manifest
+// with PutBytes. LATEST is not touched.
+func restoreTestCommitTo(t testing.TB, s Store, job, cp string, at time.Time, files map[string]string) *Manifest {
+	t.Helper()
+	m := restoreTestManifest(t, job, cp, at, files)
+	for _, f := range m.Files {
+		if _, err := s.PutBytes(t.Context(), f.Key, []byte(files[f.Path]), Cond{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	data, err := json.Marshal(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.PutBytes(t.Context(), ManifestKey(job, cp, m.Commit), data, Cond{IfAbsent: true}); err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
 // restoreTestCommitV1 stores files and a version 1 manifest (the layout before commit ids) of
 // checkpoint cp of job, and returns the manifest.
 func restoreTestCommitV1(t testing.TB, s *memStore, job, cp string, at time.Time, files map[string]string) *Manifest {
