@@ -105,10 +105,11 @@ type RestoreResult struct {
 // its permission bits from the manifest (never setuid, setgid or sticky), and only then renames
 // the staging directory to To/<checkpoint> (a single-file checkpoint, Manifest.SingleFile, is
 // put back as the file To/<name>, as it was in the checkpoint directory). It never overwrites:
-// if To/<checkpoint> exists already, Restore compares it with the manifest. Before it stages, it
-// removes the staging directories in To that a killed restore left behind
-// (.spotguard-restore-<pid>-*, whose process is gone); the agent never uploads them (the watcher
-// skips ".spotguard-*").
+// if To/<checkpoint> exists already, Restore compares it with the manifest. It holds a lock on
+// its staging directory for as long as the directory exists, and before it stages, it removes
+// the staging directories in To that a killed restore left behind (.spotguard-restore-<pid>-*
+// that no restore holds, in any PID namespace; see restoreRemoveStale); the agent never uploads
+// them (the watcher skips ".spotguard-*").
 //
 // It returns:
 //   - the result, nil: the checkpoint is at Dir, complete and verified; AlreadyPresent says
@@ -226,10 +227,12 @@ func Restore(ctx context.Context, s Store, opts RestoreOptions) (RestoreResult, 
 		return done(true)
 	}
 
-	staging, err := restoreStage(ctx, s, to, m, conc, opts.Marker, opts.Progress, run)
+	staging, release, err := restoreStage(ctx, s, to, m, conc, opts.Marker, opts.Progress, run)
 	if err != nil {
 		return failCP(err)
 	}
+	// The lock on the staging directory is held until it has been renamed into place or removed.
+	defer release()
 	removeStaging := func() {
 		if rerr := to.RemoveAll(staging); rerr != nil {
 			log.Warn().Err(rerr).Str("dir", filepath.Join(opts.To, staging)).Msg("cannot remove the staging directory")
@@ -481,16 +484,17 @@ func restoreChecksumFile(dir *os.Root, rel string) (Checksum, int64, error) {
 	return sum, fi.Size(), nil
 }
 
-// restoreStage creates a staging directory in to, downloads and verifies m's files into it and
-// fsyncs them and its directories. It returns the staging directory's name (relative to to),
-// or an error after removing it.
-func restoreStage(ctx context.Context, s Store, to *os.Root, m *Manifest, conc int, marker string, progress func(done, total int64), run *restoreRun) (string, error) {
+// restoreStage creates a staging directory in to, locked (restoreMkStaging), downloads and
+// verifies m's files into it and fsyncs them and its directories. It returns the staging
+// directory's name (relative to to) and the function that releases its lock, which the caller
+// calls once the directory has been renamed or removed; or an error after removing it.
+func restoreStage(ctx context.Context, s Store, to *os.Root, m *Manifest, conc int, marker string, progress func(done, total int64), run *restoreRun) (string, func(), error) {
 	log := run.log
 	hurry(s) // the instance waits for its checkpoint
 	restoreRemoveStale(to, log)
-	name := fmt.Sprintf("%s%d-%s", restoreStagingPrefix, os.Getpid(), rand.Text())
-	if err := to.Mkdir(name, 0o755); err != nil {
-		return "", fmt.Errorf("create staging directory: %w", err)
+	name, release, err := restoreMkStaging(to, log)
+	if err != nil {
+		return "", nil, err
 	}
 	staged := false
 	defer func() {
@@ -500,10 +504,11 @@ func restoreStage(ctx context.Context, s Store, to *os.Root, m *Manifest, conc i
 		if err := to.RemoveAll(name); err != nil {
 			log.Warn().Err(err).Str("dir", filepath.Join(to.Name(), name)).Msg("cannot remove the staging directory")
 		}
+		release()
 	}()
 	stage, err := to.OpenRoot(name)
 	if err != nil {
-		return "", fmt.Errorf("open staging directory: %w", err)
+		return "", nil, fmt.Errorf("open staging directory: %w", err)
 	}
 	defer func() { _ = stage.Close() }() // a directory handle: nothing to flush
 
@@ -512,7 +517,7 @@ func restoreStage(ctx context.Context, s Store, to *os.Root, m *Manifest, conc i
 	dirs := restoreDirs(m)
 	for _, d := range dirs {
 		if err := stage.MkdirAll(filepath.FromSlash(d), 0o755); err != nil {
-			return "", fmt.Errorf("create directory %q: %w", d, err)
+			return "", nil, fmt.Errorf("create directory %q: %w", d, err)
 		}
 	}
 
@@ -539,21 +544,68 @@ func restoreStage(ctx context.Context, s Store, to *os.Root, m *Manifest, conc i
 			})
 		}
 		if err := g.Wait(); err != nil {
-			return "", err
+			return "", nil, err
 		}
 	}
 	for _, d := range slices.Backward(append([]string{"."}, dirs...)) {
 		if err := restoreSyncDir(stage, filepath.FromSlash(d)); err != nil {
-			return "", err
+			return "", nil, err
 		}
 	}
 	staged = true
-	return name, nil
+	return name, release, nil
 }
 
+// errRestoreStagingTaken says that a staging directory just made was locked or removed by
+// another restore before this one could lock it.
+var errRestoreStagingTaken = errors.New("staging directory taken by another restore")
+
+// restoreMkStagingTries bounds how often restoreMkStaging makes a staging directory that another
+// restore takes before it is locked.
+const restoreMkStagingTries = 3
+
+// restoreMkStaging creates a staging directory in to, .spotguard-restore-<pid>-<random>, and
+// locks it (restoreLockStaging) for as long as it exists; another restore, in this PID namespace
+// or another (a container sharing the volume), never takes it for a killed restore's while the
+// lock is held. It returns the directory's name and the function that releases the lock.
+func restoreMkStaging(to *os.Root, log zerolog.Logger) (string, func(), error) {
+	for try := 1; ; try++ {
+		name := fmt.Sprintf("%s%d-%s", restoreStagingPrefix, os.Getpid(), rand.Text())
+		if err := to.Mkdir(name, 0o755); err != nil {
+			return "", nil, fmt.Errorf("create staging directory: %w", err)
+		}
+		release, err := restoreLockStaging(to, name, log)
+		switch {
+		case err == nil:
+			return name, release, nil
+		case errors.Is(err, errRestoreStagingTaken) && try < restoreMkStagingTries:
+			continue // the restore that took it removes it
+		case errors.Is(err, errRestoreStagingTaken):
+			return "", nil, fmt.Errorf("create staging directory: %w %d times; is a restore running in a loop?", err, try)
+		}
+		if rerr := to.RemoveAll(name); rerr != nil {
+			log.Warn().Err(rerr).Str("dir", filepath.Join(to.Name(), name)).Msg("cannot remove the staging directory")
+		}
+		return "", nil, fmt.Errorf("lock staging directory: %w", err)
+	}
+}
+
+// restoreStaleState is what restoreLockStale found out about a staging directory.
+type restoreStaleState int
+
+const (
+	restoreStaleFree    restoreStaleState = iota // locked now by the caller: its restore is gone
+	restoreStaleHeld                             // a running restore holds it
+	restoreStaleUnknown                          // cannot be locked here: go by its pid
+)
+
 // restoreRemoveStale removes the staging directories in to that a restore killed mid-way left
-// behind: .spotguard-restore-<pid>-* whose process no longer exists (one of a restore still
-// running is left alone). Failures are logged; they do not stop the restore.
+// behind: those named as restoreMkStaging names them (restoreStagingPID) that no restore holds,
+// which it can lock itself without waiting (restoreLockStale; a running restore, in any PID
+// namespace, holds the lock on its own); where locks cannot tell (not Linux, a file system
+// without flock), those whose pid names no process. Anything else at such a name (a symlink, a
+// file: a restore never makes one) is removed too, never followed. Failures are logged; they do
+// not stop the restore.
 func restoreRemoveStale(to *os.Root, log zerolog.Logger) {
 	names, err := scanReadDir(to, ".")
 	if err != nil {
@@ -561,10 +613,28 @@ func restoreRemoveStale(to *os.Root, log zerolog.Logger) {
 	}
 	for _, name := range names {
 		pid, ok := restoreStagingPID(name)
-		if !ok || processAlive(pid) {
-			continue // not a staging directory's name (the user's own), or its restore runs
+		if !ok {
+			continue // not a staging directory's name (the user's own)
 		}
-		if err := to.RemoveAll(name); err != nil {
+		release := func() {}
+		fi, err := to.Lstat(name)
+		switch {
+		case errors.Is(err, fs.ErrNotExist):
+			continue // removed by another restore meanwhile
+		case err == nil && fi.IsDir():
+			unlock, state := restoreLockStale(to, name)
+			switch {
+			case state == restoreStaleHeld:
+				continue // its restore runs
+			case state == restoreStaleUnknown && processAlive(pid):
+				continue // its restore may run
+			case state == restoreStaleFree:
+				release = unlock
+			}
+		}
+		err = to.RemoveAll(name)
+		release()
+		if err != nil {
 			log.Warn().Err(err).Str("dir", filepath.Join(to.Name(), name)).Msg("cannot remove a killed restore's staging directory")
 			continue
 		}

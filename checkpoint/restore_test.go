@@ -14,9 +14,11 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -906,9 +908,24 @@ func TestRestoreVersion1(t *testing.T) {
 	}
 }
 
+// restoreTestHold holds an exclusive flock on the directory dir, as a running restore holds one
+// on its staging directory, until the test ends.
+func restoreTestHold(t *testing.T, dir string) {
+	t.Helper()
+	f, err := os.Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.Close() })
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		t.Fatalf("flock %s: %v", dir, err)
+	}
+}
+
 // A killed restore's staging directory is removed by the next restore; one of a restore still
-// running (its pid alive) is left alone, and so is a directory of the user's whose name only
-// starts like one (found from outside: .spotguard-restore-notes was deleted).
+// running (it holds a lock on it) is left alone, whatever its pid, and so is a directory of the
+// user's whose name only starts like one (found from outside: .spotguard-restore-notes was
+// deleted).
 func TestRestoreRemovesStaleStaging(t *testing.T) {
 	s := newMemStore()
 	restoreTestCommit(t, s, restoreTestJob, "step-1", restoreTestT0, restoreTestFiles(1))
@@ -920,6 +937,7 @@ func TestRestoreRemovesStaleStaging(t *testing.T) {
 		restoreTestMust(t, os.MkdirAll(filepath.Join(d, "sub"), 0o755))
 		restoreTestMust(t, os.WriteFile(filepath.Join(d, "sub", "half.bin"), make([]byte, 100), 0o644))
 	}
+	restoreTestHold(t, live)
 	var log bytes.Buffer
 	if _, err := Restore(t.Context(), s, restoreTestOpts(to, &log)); err != nil {
 		t.Fatalf("Restore() error: %v", err)
@@ -934,6 +952,81 @@ func TestRestoreRemovesStaleStaging(t *testing.T) {
 		if _, err := os.Stat(filepath.Join(d, "sub", "half.bin")); err != nil {
 			t.Errorf("Got(%q) = %v; want the user's directory left alone", d, err)
 		}
+	}
+}
+
+// TestRestoreStagingLockedAcrossPIDNamespaces: a running restore holds a lock on its staging
+// directory for as long as it exists, and another restore leaves a locked one alone even when
+// its pid names no process it can see (found from outside: a restore in a container, another PID
+// namespace, removed a running restore's staging directory under it). Once nothing holds it, it
+// is a killed restore's and is removed, even when its pid now names another process.
+func TestRestoreStagingLockedAcrossPIDNamespaces(t *testing.T) {
+	if runtime.GOOS != "linux" {
+		t.Skip("staging directories are locked on Linux; elsewhere their pid says whether their restore runs")
+	}
+	s := newMemStore()
+	files := restoreTestFiles(1)
+	restoreTestCommit(t, s, restoreTestJob, "step-1", restoreTestT0, files)
+	_, to := restoreTestDirs(t)
+	// Another namespace's restore: a pid this one cannot see, a lock it holds.
+	other := filepath.Join(to, ".spotguard-restore-999999999-"+strings.Repeat("C3", 13))
+	restoreTestMust(t, os.MkdirAll(filepath.Join(other, "d19"), 0o755))
+	restoreTestMust(t, os.WriteFile(filepath.Join(other, "d19", "f00018"), []byte("half"), 0o644))
+	lock, err := os.Open(other)
+	restoreTestMust(t, err)
+	defer lock.Close()
+	restoreTestMust(t, syscall.Flock(int(lock.Fd()), syscall.LOCK_EX|syscall.LOCK_NB))
+
+	// While this restore downloads, its own staging directory is locked.
+	var mu sync.Mutex
+	var ownLock []error
+	opts := restoreTestOpts(to, &bytes.Buffer{})
+	opts.Progress = func(done, total int64) {
+		if done == 0 {
+			return
+		}
+		// Called on the downloads' goroutines: errors are kept, and checked on the test's.
+		mu.Lock()
+		defer mu.Unlock()
+		entries, err := os.ReadDir(to)
+		if err != nil {
+			ownLock = append(ownLock, err)
+		}
+		for _, e := range entries {
+			if p := filepath.Join(to, e.Name()); p != other && strings.HasPrefix(e.Name(), restoreStagingPrefix) {
+				f, err := os.Open(p)
+				if err == nil {
+					err = syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
+					f.Close()
+				}
+				ownLock = append(ownLock, err)
+			}
+		}
+	}
+	res, err := Restore(t.Context(), s, opts)
+	if err != nil {
+		t.Fatalf("Restore() error: %v", err)
+	}
+	if got, err := os.ReadFile(filepath.Join(other, "d19", "f00018")); err != nil || string(got) != "half" {
+		t.Errorf("Got(%q) = %q, %v; want the running restore's staging left alone", other, got, err)
+	}
+	mu.Lock()
+	if len(ownLock) == 0 || slices.ContainsFunc(ownLock, func(err error) bool { return !errors.Is(err, syscall.EWOULDBLOCK) }) {
+		t.Errorf("Got(%q) = %v; want EWOULDBLOCK each time (the restore holds its staging directory's lock)", "flock of the staging directory", ownLock)
+	}
+	mu.Unlock()
+
+	// The other restore is killed: its lock goes with it. Its pid is now this process's (a pid
+	// used again after a reboot): the lock, not the pid, says it is stale.
+	restoreTestMust(t, lock.Close())
+	reused := filepath.Join(to, fmt.Sprintf(".spotguard-restore-%d-%s", os.Getpid(), strings.Repeat("D4", 13)))
+	restoreTestMust(t, os.Mkdir(reused, 0o755))
+	restoreTestMust(t, os.RemoveAll(res.Dir))
+	if _, err := Restore(t.Context(), s, restoreTestOpts(to, &bytes.Buffer{})); err != nil {
+		t.Fatalf("second Restore() error: %v", err)
+	}
+	if got := restoreTestNames(t, to); !slices.Equal(got, []string{"step-1"}) {
+		t.Errorf("Got(%q) = %q; want only %q (the killed restores' staging removed)", to, got, []string{"step-1"})
 	}
 }
 
