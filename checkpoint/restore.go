@@ -3,6 +3,7 @@ package checkpoint
 import (
 	"context"
 	"crypto/rand"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -26,6 +27,14 @@ import (
 // job J in s3://bucket/prefix", so callers can print it as it is.
 var ErrNothingToRestore = errors.New("checkpoint: nothing complete to restore")
 
+// ErrUnusableManifest is wrapped by Restore's error when the commit it should restore, the newest
+// (of the checkpoint asked for), has a manifest in the store that this spotguard cannot use: a
+// newer spotguard's format, not valid JSON, invalid, or naming another job, checkpoint or commit
+// than its key. Restore then restores nothing: an older commit is restored only when asked for
+// by its id. The error's message names the commit, says why, and says how to restore an older
+// one.
+var ErrUnusableManifest = errors.New("checkpoint: the newest commit's manifest cannot be used")
+
 // ErrDamaged marks a restore that failed because a committed file is missing from the store, or
 // its size differs from the manifest's, or its bytes failed the manifest's checksum in two
 // downloads (an object deleted or changed behind the agent's back): that commit cannot be
@@ -46,7 +55,9 @@ type RestoreOptions struct {
 	Job string
 	// Checkpoint is the checkpoint to restore: its newest commit (Manifest.Order). "" means the
 	// newest commit of the job: the one LATEST names, or a newer one when LATEST lags (a reclaim
-	// between a manifest and LATEST) or cannot be used.
+	// between a manifest and LATEST), is missing, is not valid JSON or names a commit without a
+	// manifest. Either way, a newest commit whose manifest cannot be used is an error
+	// (ErrUnusableManifest), never a reason to restore an older one.
 	Checkpoint string
 	// Commit, with Checkpoint, restores that commit of it ("" for a version 1 checkpoint when
 	// CommitSet is true).
@@ -89,8 +100,11 @@ type RestoreResult struct {
 	Elapsed time.Duration
 	// Commit is the restored commit's id ("" for a version 1 checkpoint).
 	Commit string
-	// FellBack is true when Checkpoint was "" and LATEST was missing, unusable or older than
-	// the newest commit, so the newest commit was restored instead of what LATEST names.
+	// FellBack is true when Checkpoint was "" and the restored commit, the newest, is not the
+	// one LATEST names: LATEST is missing, is not valid JSON or names no checkpoint, names a
+	// commit that has no manifest (so does not exist), or names an older commit than the newest
+	// (a reclaim between a manifest and LATEST; the agent repairs LATEST when it starts). It is
+	// never true because a manifest could not be used: that is an error (ErrUnusableManifest).
 	FellBack bool
 	// AlreadyPresent is true when Dir already held the checkpoint (the same files, sizes and
 	// checksums): nothing was downloaded or changed.
@@ -115,7 +129,9 @@ type RestoreResult struct {
 //   - the result, nil: the checkpoint is at Dir, complete and verified; AlreadyPresent says
 //     it was there already with identical content (a re-run is a no-op);
 //   - an error wrapping ErrNothingToRestore, whose message names the job and the store:
-//     opts.Checkpoint is "" and the job has no valid manifest at all;
+//     opts.Checkpoint is "" and the job has no manifest at all;
+//   - an error wrapping ErrUnusableManifest, naming the commit, why and how to restore an older
+//     one: the commit to restore has a manifest this spotguard cannot use (restoreBlocking);
 //   - another error, naming the store and job: invalid options; an explicit opts.Checkpoint
 //     (or commit) without a manifest (wrapping ErrNotFound) or with an invalid or mismatched one; a store
 //     failure other than a missing object while resolving (no fallback then: a transient error
@@ -265,12 +281,14 @@ func Restore(ctx context.Context, s Store, opts RestoreOptions) (RestoreResult, 
 	return done(false)
 }
 
-// restoreResolve returns the manifest to restore. With an explicit checkpoint it is that
-// checkpoint's newest commit (or the commit asked for) or an error. Otherwise it is the newest
-// commit of the job by Manifest.Order: normally the one LATEST names (fellBack false); when LATEST
-// is missing, unusable or names an older commit (a reclaim between the manifest and LATEST), the
-// newest commit (fellBack true, with a warning); an error wrapping ErrNothingToRestore when the
-// job has no commit. A store failure other than ErrNotFound is an error in every case.
+// restoreResolve returns the manifest to restore. With a commit asked for, it is that commit or
+// an error. Otherwise it is the newest usable commit by Manifest.Order (of the checkpoint asked
+// for, if any): normally the one LATEST names (fellBack false); when LATEST is missing, unusable,
+// names a commit without a manifest or names an older commit (a reclaim between the manifest and
+// LATEST), the newest commit (fellBack true, with a warning). It returns an error wrapping
+// ErrUnusableManifest when a commit whose manifest cannot be used may be newer than that one
+// (restoreBlocking), an error wrapping ErrNothingToRestore when the job has no commit, and an
+// error for a store failure other than ErrNotFound in every case (retried while it passes).
 func restoreResolve(ctx context.Context, s Store, opts RestoreOptions, run *restoreRun) (*Manifest, bool, error) {
 	job, log := opts.Job, run.log
 	if opts.CommitSet {
@@ -295,11 +313,20 @@ func restoreResolve(ctx context.Context, s Store, opts RestoreOptions, run *rest
 	for _, p := range st.Problems {
 		log.Warn().Err(p).Msg("skipping unusable store entry")
 	}
+	// The newest usable commit (of the checkpoint asked for).
+	var newest *Committed
+	for i, c := range st.Commits {
+		if opts.Checkpoint == "" || c.Manifest.Checkpoint == opts.Checkpoint {
+			newest = &st.Commits[i]
+			break
+		}
+	}
+	if blocking := restoreBlocking(restoreUnusableCommits(job, st), opts.Checkpoint, newest); len(blocking) > 0 {
+		return nil, false, restoreUnusableErr(ctx, s, job, opts.Checkpoint, blocking, newest)
+	}
 	if opts.Checkpoint != "" {
-		for _, c := range st.Commits {
-			if c.Manifest.Checkpoint == opts.Checkpoint {
-				return c.Manifest, false, nil
-			}
+		if newest != nil {
+			return newest.Manifest, false, nil
 		}
 		// Say why: the problems with its manifests, if it has any.
 		why := []error{ErrNotFound}
@@ -310,7 +337,6 @@ func restoreResolve(ctx context.Context, s Store, opts RestoreOptions, run *rest
 		}
 		return nil, false, fmt.Errorf("checkpoint %q has no valid manifest: %w", opts.Checkpoint, errors.Join(why...))
 	}
-	newest := st.Newest()
 	if newest == nil {
 		return nil, false, &restoreNothingError{job: job, url: s.URL(), problems: len(st.Problems)}
 	}
@@ -326,6 +352,152 @@ func restoreResolve(ctx context.Context, s Store, opts RestoreOptions, run *rest
 	}
 	return newest.Manifest, true, nil
 }
+
+// restoreUnusable is a commit whose manifest is in the store but cannot be used.
+type restoreUnusable struct {
+	ref CommitRef
+	// latest is true when LATEST names it.
+	latest bool
+	// problem is readJob's: it names the manifest's key and says why.
+	problem error
+	// version is the manifest's "version", when restoreUnusableErr could read one.
+	version int
+}
+
+// restoreUnusableCommits returns the commits whose manifest readJob read and could not use, the
+// latest commit id first: the problems in st that begin with a manifest's key (readMeta writes
+// "<key>: <why>"; other problems, LATEST's or a part's, are not manifests of a commit).
+func restoreUnusableCommits(job string, st *JobState) []restoreUnusable {
+	const tail = "/" + MetaDir + "/manifest.json: "
+	var us []restoreUnusable
+	for _, p := range st.Problems {
+		msg := p.Error()
+		i := strings.Index(msg, tail)
+		if i < 0 {
+			continue
+		}
+		rest, ok := strings.CutPrefix(msg[:i], job+"/")
+		if !ok {
+			continue
+		}
+		name, commit, _ := strings.Cut(rest, "/")
+		if ValidName(name) != nil || (commit != "" && ValidCommitID(commit) != nil) ||
+			ManifestKey(job, name, commit) != msg[:i+len(tail)-2] {
+			continue
+		}
+		latest := st.Latest != nil && st.Latest.Checkpoint == name && st.Latest.Commit == commit
+		us = append(us, restoreUnusable{ref: CommitRef{Checkpoint: name, Commit: commit}, latest: latest, problem: p})
+	}
+	slices.SortStableFunc(us, func(a, b restoreUnusable) int { return strings.Compare(b.ref.Commit, a.ref.Commit) })
+	return us
+}
+
+// restoreBlocking returns the commits of us (of checkpoint, when it is not "") that may be newer
+// than newest, the newest usable commit (nil when there is none), so that restoring newest could
+// restore an older checkpoint than the job's newest. A manifest that cannot be read gives no
+// completion time, so a commit's place is judged by what is known without it:
+//   - every one when there is no usable commit: something was committed, and it is not nothing
+//     to restore;
+//   - the one LATEST names: it was the newest when LATEST was written;
+//   - one whose commit id began (NewCommitID) no earlier than newest's (its completion time
+//     for a version 1 commit, which has no id). One that began earlier is taken for older: a
+//     hand-edited or damaged old commit never blocks the restores that come after it.
+//
+// A version 1 commit (no id) that LATEST does not name blocks only when there is no usable commit.
+func restoreBlocking(us []restoreUnusable, checkpoint string, newest *Committed) []restoreUnusable {
+	var began time.Time
+	if newest != nil {
+		began = newest.Manifest.Order().At
+		if id := newest.Manifest.Commit; id != "" {
+			began = commitIDStarted(id)
+		}
+	}
+	var blocking []restoreUnusable
+	for _, u := range us {
+		if checkpoint != "" && u.ref.Checkpoint != checkpoint {
+			continue
+		}
+		if newest == nil || u.latest || (u.ref.Commit != "" && !commitIDStarted(u.ref.Commit).Before(began)) {
+			blocking = append(blocking, u)
+		}
+	}
+	return blocking
+}
+
+// restoreUnusableShown is how many unusable commits an error names.
+const restoreUnusableShown = 3
+
+// restoreUnusableErr returns the error for the blocking commits, with older, the newest usable
+// commit (nil if none), as the one to ask for instead. It reads the "version" of each manifest it
+// names, so that it can say one was written by a newer spotguard (a read that fails says nothing).
+func restoreUnusableErr(ctx context.Context, s Store, job, checkpoint string, blocking []restoreUnusable, older *Committed) error {
+	for i := range blocking[:min(len(blocking), restoreUnusableShown)] {
+		u := &blocking[i]
+		data, _, err := s.GetBytes(ctx, ManifestKey(job, u.ref.Checkpoint, u.ref.Commit))
+		var v struct {
+			Version int `json:"version"`
+		}
+		if err == nil && json.Unmarshal(data, &v) == nil {
+			u.version = v.Version
+		}
+	}
+	e := &restoreUnusableError{checkpoint: checkpoint, blocking: blocking}
+	if older != nil {
+		e.older = older.Manifest
+	}
+	return e
+}
+
+// restoreUnusableError is Restore's error when the commit to restore has a manifest it cannot
+// use (restoreBlocking).
+type restoreUnusableError struct {
+	checkpoint string // the checkpoint asked for, or ""
+	blocking   []restoreUnusable
+	older      *Manifest // the newest usable commit, nil if none
+}
+
+func (e *restoreUnusableError) Error() string {
+	var b strings.Builder
+	if e.checkpoint == "" {
+		b.WriteString("the newest commit cannot be restored: ")
+	} else {
+		fmt.Fprintf(&b, "the newest commit of checkpoint %q cannot be restored: ", e.checkpoint)
+	}
+	for i, u := range e.blocking[:min(len(e.blocking), restoreUnusableShown)] {
+		if i > 0 {
+			b.WriteString("; ")
+		}
+		commit := u.ref.Commit
+		if commit == "" {
+			commit = "- (version 1)"
+		}
+		fmt.Fprintf(&b, "checkpoint %q commit %s", u.ref.Checkpoint, commit)
+		if u.latest {
+			b.WriteString(" (named by LATEST)")
+		}
+		fmt.Fprintf(&b, " has a manifest this spotguard cannot use: %v", u.problem)
+		if u.version > ManifestVersion {
+			fmt.Fprintf(&b, ": written by a newer spotguard (manifest version %d; this one reads versions 1 to %d): upgrade spotguard to restore it",
+				u.version, ManifestVersion)
+		}
+	}
+	if n := len(e.blocking) - restoreUnusableShown; n > 0 {
+		fmt.Fprintf(&b, "; and %d more like these", n)
+	}
+	switch {
+	case e.older == nil:
+		b.WriteString(". There is no older commit this spotguard can use; `spotguard list` shows the job's commits")
+	case e.older.Commit == "":
+		fmt.Fprintf(&b, ". An older commit is restored only when asked for: `spotguard restore --checkpoint %s` restores the newest this spotguard can use; `spotguard list` shows them all",
+			e.older.Checkpoint)
+	default:
+		fmt.Fprintf(&b, ". An older commit is restored only when asked for: `spotguard restore --checkpoint %s --commit %s` restores the newest this spotguard can use; `spotguard list` shows them all",
+			e.older.Checkpoint, e.older.Commit)
+	}
+	return b.String()
+}
+
+func (e *restoreUnusableError) Unwrap() error { return ErrUnusableManifest }
 
 // restoreNothingError is the error of a restore with nothing to restore.
 type restoreNothingError struct {

@@ -380,21 +380,10 @@ func TestRestoreFallback(t *testing.T) {
 			s.put(DataKey(restoreTestJob, "step-000300", restoreTestCommitID("step-000300", restoreTestT0), "model.pt"), []byte("torn"))
 			restoreTestSetLatest(t, s, restoreTestJob, "step-000300")
 		}},
-		{"LATEST names a checkpoint with a manifest that is not JSON", func(t *testing.T, s *memStore) {
-			s.put(ManifestKey(restoreTestJob, "step-000300", restoreTestCommitID("step-000300", restoreTestT0)), []byte("{"))
-			restoreTestSetLatest(t, s, restoreTestJob, "step-000300")
-		}},
-		{"LATEST names a checkpoint with a hostile manifest", func(t *testing.T, s *memStore) {
-			m := restoreTestManifest(t, restoreTestJob, "step-000300", restoreTestT0.Add(2*time.Hour), map[string]string{"x": "x"})
-			m.Files[0].Path = "../../etc/cron.d/x"
-			restoreTestPutJSON(t, s, ManifestKey(restoreTestJob, "step-000300", restoreTestCommitID("step-000300", restoreTestT0)), m)
-			restoreTestSetLatest(t, s, restoreTestJob, "step-000300")
-		}},
-		{"LATEST names a checkpoint whose manifest names another job", func(t *testing.T, s *memStore) {
-			restoreTestCommit(t, s, "other-job", "step-000300", restoreTestT0.Add(2*time.Hour), restoreTestFiles(3))
-			m := restoreTestManifest(t, "other-job", "step-000300", restoreTestT0.Add(2*time.Hour), restoreTestFiles(3))
-			restoreTestPutJSON(t, s, ManifestKey(restoreTestJob, "step-000300", restoreTestCommitID("step-000300", restoreTestT0)), m)
-			restoreTestSetLatest(t, s, restoreTestJob, "step-000300")
+		{"LATEST missing, and an older commit's manifest is unusable", func(t *testing.T, s *memStore) {
+			// A commit that began before the newest usable one is older: it does not stop the
+			// restore of the newest.
+			s.put(ManifestKey(restoreTestJob, "step-000050", restoreTestCommitID("step-000050", restoreTestT0.Add(-time.Hour))), []byte("{"))
 		}},
 	}
 	for _, tt := range tests {
@@ -434,9 +423,6 @@ func TestRestoreNothingToRestore(t *testing.T) {
 		{"data without manifest", func(t *testing.T, s *memStore) {
 			s.put(DataKey(restoreTestJob, "step-000100", restoreTestCommitID("step-000100", restoreTestT0), "model.pt"), []byte("torn"))
 			restoreTestSetLatest(t, s, restoreTestJob, "step-000100")
-		}},
-		{"only an invalid manifest", func(t *testing.T, s *memStore) {
-			s.put(ManifestKey(restoreTestJob, "step-000100", restoreTestCommitID("step-000100", restoreTestT0)), []byte(`{"version":1}`))
 		}},
 		{"only another job", func(t *testing.T, s *memStore) {
 			restoreTestCommit(t, s, "other-job", "step-000100", restoreTestT0, restoreTestFiles(1))
@@ -518,10 +504,11 @@ func TestRestoreRefusesHostileManifest(t *testing.T) {
 				t.Errorf("Got(%q) = %q; want no downloads", "downloads", got)
 			}
 
-			// Through LATEST, the hostile manifest is skipped, and there is nothing else.
+			// Through LATEST, the newest commit's manifest cannot be used: a refusal, never
+			// "nothing to restore" (with --allow-empty the trainer would start from scratch).
 			opts.Checkpoint = ""
-			if _, err := Restore(t.Context(), s, opts); !errors.Is(err, ErrNothingToRestore) {
-				t.Errorf("Got(%q) = %v; want ErrNothingToRestore", tt.name+" via LATEST", err)
+			if _, err := Restore(t.Context(), s, opts); !errors.Is(err, ErrUnusableManifest) || errors.Is(err, ErrNothingToRestore) || !strings.Contains(err.Error(), tt.want) {
+				t.Errorf("Got(%q) = %v; want ErrUnusableManifest containing %q", tt.name+" via LATEST", err, tt.want)
 			}
 			if d := restoreTestDiff(restoreTestTree(t, parent), before); d != "" {
 				t.Errorf("the restore changed the file system:%s", d)
@@ -1254,5 +1241,120 @@ func TestRestoreDownloadsAgainAfterAChecksumMismatch(t *testing.T) {
 				t.Errorf("Got(%q) = %v; want %v (a file downloaded twice counts once)", "progress", last, want)
 			}
 		})
+	}
+}
+
+// TestRestoreNeverSkipsAnUnusableNewestCommit: when the newest commit's manifest cannot be used
+// (a newer spotguard's format, a hand edit, garbage), restore refuses and says which commit and
+// why, and how to restore an older one on purpose; it never restores an older commit instead
+// and says it restored the newest (found from outside: a "version": 3 manifest named by LATEST
+// made restore take the previous checkpoint, exit 0, and report the newest).
+func TestRestoreNeverSkipsAnUnusableNewestCommit(t *testing.T) {
+	t1, t2 := restoreTestT0.Add(time.Hour), restoreTestT0.Add(2*time.Hour)
+	newID := restoreTestCommitID("step-000200", t2)
+	newKey := ManifestKey(restoreTestJob, "step-000200", newID)
+	// newer writes step-000200's commit at t2 with its manifest changed by edit.
+	newer := func(edit func(m *Manifest)) func(t *testing.T, s *memStore) {
+		return func(t *testing.T, s *memStore) {
+			m := restoreTestCommit(t, s, restoreTestJob, "step-000200", t2, restoreTestFiles(2))
+			edit(m)
+			restoreTestPutJSON(t, s, newKey, m)
+		}
+	}
+	tests := []struct {
+		name       string
+		setup      func(t *testing.T, s *memStore)
+		checkpoint string // --checkpoint
+		latest     string // the checkpoint LATEST names, "" for none
+		wants      []string
+	}{
+		{"a newer spotguard's manifest, named by LATEST", newer(func(m *Manifest) { m.Version = 3 }), "", "step-000200",
+			[]string{"named by LATEST", "manifest version 3", "written by a newer spotguard", "upgrade spotguard"}},
+		{"a newer spotguard's manifest, LATEST not moved yet", newer(func(m *Manifest) { m.Version = 3 }), "", "step-000100",
+			[]string{"manifest version 3", "written by a newer spotguard"}},
+		{"a newer spotguard's manifest, LATEST missing", newer(func(m *Manifest) { m.Version = 3 }), "", "",
+			[]string{"manifest version 3", "written by a newer spotguard"}},
+		{"a manifest that is not JSON", func(t *testing.T, s *memStore) { s.put(newKey, []byte("{")) }, "", "",
+			[]string{"not valid JSON"}},
+		{"a hostile manifest", newer(func(m *Manifest) { m.Files[0].Path = "../../etc/cron.d/x" }), "", "",
+			[]string{`has a ".." element`}},
+		{"a manifest of another job", newer(func(m *Manifest) { m.Job = "other-job" }), "", "",
+			[]string{"other-job"}},
+		{"a total that does not add up", newer(func(m *Manifest) { m.TotalBytes++ }), "", "step-000100",
+			[]string{"total_bytes"}},
+		{"the newest commit of the checkpoint asked for", func(t *testing.T, s *memStore) {
+			restoreTestCommit(t, s, restoreTestJob, "step-000200", t1, restoreTestFiles(3))
+			newer(func(m *Manifest) { m.Version = 3 })(t, s)
+		}, "step-000200", "", []string{"manifest version 3", "--checkpoint step-000200 --commit " + restoreTestCommitID("step-000200", t1)}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s := newMemStore()
+			older := restoreTestCommit(t, s, restoreTestJob, "step-000100", restoreTestT0, restoreTestFiles(1))
+			tt.setup(t, s)
+			if tt.latest != "" {
+				// LATEST names the commit whatever its manifest holds.
+				id := newID
+				if tt.latest == "step-000100" {
+					id = older.Commit
+				}
+				restoreTestPutJSON(t, s, LatestKey(restoreTestJob), Latest{Version: ManifestVersion, Checkpoint: tt.latest, Commit: id, CommittedAt: t2})
+			}
+			parent, to := restoreTestDirs(t)
+			before := restoreTestTree(t, parent)
+
+			var log bytes.Buffer
+			opts := restoreTestOpts(to, &log)
+			opts.Checkpoint = tt.checkpoint
+			res, err := Restore(t.Context(), s, opts)
+			if err == nil {
+				t.Fatalf("Restore() = %+v; want a refusal (an older commit restored in place of the newest)", res)
+			}
+			if !errors.Is(err, ErrUnusableManifest) || errors.Is(err, ErrNothingToRestore) {
+				t.Errorf("Got(%q) = %v; want ErrUnusableManifest, not ErrNothingToRestore", tt.name, err)
+			}
+			wants := append([]string{`checkpoint "step-000200" commit ` + newID, "mem://bucket/prefix", "spotguard list"}, tt.wants...)
+			if tt.checkpoint == "" {
+				wants = append(wants, "--checkpoint step-000100 --commit "+older.Commit)
+			}
+			for _, want := range wants {
+				if !strings.Contains(err.Error(), want) {
+					t.Errorf("Got(%q) = %v; want it to contain %q", tt.name, err, want)
+				}
+			}
+			if got := s.downloaded(); len(got) != 0 {
+				t.Errorf("Got(%q) = %q; want no downloads", "downloads", got)
+			}
+			if d := restoreTestDiff(restoreTestTree(t, parent), before); d != "" {
+				t.Errorf("the refused restore changed the file system:%s", d)
+			}
+
+			// The fix the error gives: the older commit, asked for by name.
+			opts.Checkpoint, opts.Commit, opts.CommitSet = "step-000100", older.Commit, true
+			if res, err := Restore(t.Context(), s, opts); err != nil || res.Commit != older.Commit {
+				t.Errorf("Restore(--checkpoint step-000100 --commit %s) = %+v, %v; want it restored", older.Commit, res, err)
+			}
+		})
+	}
+}
+
+// TestRestoreNoUsableCommitIsNotNothing: a job whose only commits have manifests this spotguard
+// cannot use has something to restore: the restore refuses, and never says "nothing committed"
+// (with --allow-empty, spotguard-restore.service would then start the trainer from scratch).
+func TestRestoreNoUsableCommitIsNotNothing(t *testing.T) {
+	s := newMemStore()
+	m := restoreTestCommit(t, s, restoreTestJob, "step-000100", restoreTestT0, restoreTestFiles(1))
+	m.Version = 3
+	restoreTestPutJSON(t, s, ManifestKey(restoreTestJob, "step-000100", m.Commit), m)
+	restoreTestSetLatest(t, s, restoreTestJob, "step-000100")
+	var log bytes.Buffer
+	_, err := Restore(t.Context(), s, restoreTestOpts(filepath.Join(t.TempDir(), "restore"), &log))
+	if !errors.Is(err, ErrUnusableManifest) || errors.Is(err, ErrNothingToRestore) {
+		t.Fatalf("Got(%q) = %v; want ErrUnusableManifest, not ErrNothingToRestore", "error", err)
+	}
+	for _, want := range []string{"written by a newer spotguard", "no older commit"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("Got(%q) = %v; want it to contain %q", "error", err, want)
+		}
 	}
 }
