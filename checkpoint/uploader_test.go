@@ -6,6 +6,7 @@ import (
 	"crypto/rand"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"path"
 	"path/filepath"
@@ -1226,5 +1227,48 @@ func TestLatestIsNotRepairedOntoATornCommit(t *testing.T) {
 	}
 	if st.Latest == nil || st.Latest.Checkpoint == "step-2" {
 		t.Errorf("LATEST = %+v; want it never on the torn step-2", st.Latest)
+	}
+}
+
+// A file deleted from a complete checkpoint before its commit is a warning (the marker had
+// declared it part of it), once, when the checkpoint is committed without it; the whole
+// checkpoint deleted (its marker too) is not one warning per file.
+func TestUploaderVanishedFilesOfADeletedCheckpoint(t *testing.T) {
+	dir := t.TempDir()
+	s := &gateStore{memStore: newMemStore(), puts: make(chan string, 100), release: make(chan struct{})}
+	r := startUploaderWith(t, dir, s, UploaderConfig{BackgroundFiles: 1})
+	files := map[string][]byte{}
+	for i := range 6 {
+		files[fmt.Sprintf("shard-%d.bin", i)] = []byte{byte(i)}
+	}
+	writeCheckpoint(t, dir, "step-1", files)
+	writeCheckpoint(t, dir, "step-2", files)
+	r.waitEvent(CheckpointComplete, "step-1")
+	r.waitEvent(CheckpointComplete, "step-2")
+	if err := os.RemoveAll(filepath.Join(dir, "step-1")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(filepath.Join(dir, "step-2", "shard-3.bin")); err != nil {
+		t.Fatal(err)
+	}
+	eventuallyUploader(t, "step-2 to leave shard-3.bin out", func() bool {
+		for _, c := range r.up.Status(t.Context()).Checkpoints {
+			if c.Name == "step-2" && c.Files == 6 { // 5 shards and the marker
+				return true
+			}
+		}
+		return false
+	})
+	close(s.release)
+	m := r.waitCommitted("step-2").Manifest
+	if len(m.Files) != 6 {
+		t.Errorf("step-2 committed with %d files; want 6", len(m.Files))
+	}
+	logs := r.logs.String()
+	if n := strings.Count(logs, `"checkpoint":"step-2","files":["shard-3.bin"],"count":1`); n != 1 {
+		t.Errorf("%d warnings naming step-2's one deleted file; want 1:\n%s", n, logs)
+	}
+	if n := strings.Count(logs, `"checkpoint":"step-1","file`); n != 0 {
+		t.Errorf("%d file warnings for step-1, deleted whole; want none:\n%s", n, logs)
 	}
 }
