@@ -1272,3 +1272,39 @@ func TestUploaderVanishedFilesOfADeletedCheckpoint(t *testing.T) {
 		t.Errorf("%d file warnings for step-1, deleted whole; want none:\n%s", n, logs)
 	}
 }
+
+// TestUploaderForgetsCommitsOfNamesGone: without checkpoint.keep, the store's commits of
+// checkpoints no longer on disk are forgotten once there are many; a name that comes back is
+// looked up again, and a restored checkpoint is still found committed.
+func TestUploaderForgetsCommitsOfNamesGone(t *testing.T) {
+	defer func(n int) { indexKeep = n }(indexKeep)
+	indexKeep = 4
+	s, dir := newMemStore(), t.TempDir()
+	r := startUploader(t, dir, s, 0)
+	first := map[string][]byte{"a": randomBytes(t, 1<<10)}
+	for i := range 12 {
+		name := fmt.Sprintf("step-%03d", i)
+		files := map[string][]byte{"a": randomBytes(t, 1<<10)}
+		if i == 0 {
+			files = first
+		}
+		writeCheckpoint(t, dir, name, files)
+		r.waitCommitted(name)
+		if i < 11 {
+			if err := os.RemoveAll(filepath.Join(dir, name)); err != nil { // the trainer's rotation
+				t.Fatal(err)
+			}
+		}
+	}
+	eventuallyUploader(t, "the index to shrink", func() bool {
+		n := make(chan int)
+		r.up.wake <- func() { n <- len(r.up.index) }
+		return <-n <= indexKeep+1
+	})
+	// step-000 restored: found committed, nothing sent.
+	writeCheckpoint(t, dir, "step-000", first)
+	ev := r.waitCommitted("step-000")
+	if !ev.Already {
+		t.Errorf("step-000 written again with the bytes of its commit was committed anew (%s); want it found committed", ev.Manifest.Commit)
+	}
+}
