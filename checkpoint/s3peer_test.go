@@ -1,6 +1,7 @@
 package checkpoint
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -213,6 +214,12 @@ type s3FaultProxy struct {
 	cutGets int
 	// resetParts cuts the connection of the next resetParts part uploads after 1 MiB of body.
 	resetParts int
+	// trickleParts reads the body of the next trickleParts part uploads at 200 KiB/s, and then
+	// forwards them: a connection that moves, but slowly.
+	trickleParts int
+	// closing is closed as the test ends: a trickling handler stops (what the client sent into
+	// the loopback's buffers before it gave up would otherwise keep it reading for long).
+	closing chan struct{}
 	// loseResponses lets the server handle the next loseResponses object PUTs (not parts) and
 	// then resets the connection instead of answering, as a network that fails after the
 	// server acted does.
@@ -267,7 +274,7 @@ func s3StartProxy(t testing.TB, target string) *s3FaultProxy {
 		t.Fatal(err)
 	}
 	tr := http.DefaultTransport.(*http.Transport).Clone()
-	p := &s3FaultProxy{seen: map[string]int{}}
+	p := &s3FaultProxy{seen: map[string]int{}, closing: make(chan struct{})}
 	p.rp = &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.SetURL(u)
@@ -281,6 +288,7 @@ func s3StartProxy(t testing.TB, target string) *s3FaultProxy {
 	}
 	p.srv = httptest.NewServer(p)
 	t.Cleanup(func() {
+		close(p.closing)
 		p.srv.Close()
 		tr.CloseIdleConnections()
 	})
@@ -337,6 +345,9 @@ func (p *s3FaultProxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	case isPart && p.resetParts > 0:
 		p.resetParts--
 		what = "reset"
+	case isPart && p.trickleParts > 0:
+		p.trickleParts--
+		what = "trickle"
 	case isObjectPut && p.loseResponses > 0:
 		p.loseResponses--
 		what = "lose"
@@ -374,6 +385,30 @@ func (p *s3FaultProxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	case "reset":
 		io.CopyN(io.Discard, r.Body, 1<<20)
 		s3CloseConn(w)
+	case "trickle":
+		tick := time.NewTicker(20 * time.Millisecond)
+		defer tick.Stop()
+		var body bytes.Buffer
+		buf := make([]byte, 4<<10)
+		for {
+			select {
+			case <-tick.C:
+			case <-r.Context().Done():
+				return
+			case <-p.closing:
+				return
+			}
+			n, err := r.Body.Read(buf)
+			body.Write(buf[:n])
+			if errors.Is(err, io.EOF) {
+				break
+			}
+			if err != nil {
+				return // the client gave up on it
+			}
+		}
+		r.Body = io.NopCloser(&body)
+		p.rp.ServeHTTP(w, r)
 	case "lose":
 		p.rp.ServeHTTP(httptest.NewRecorder(), r)
 		s3CloseConn(w)

@@ -281,6 +281,69 @@ func (b *s3Body) Read(p []byte) (int, error) {
 // errStalled is the cause of a request cut because its body stopped moving.
 var errStalled = errors.New("no byte moved for 30 s: the connection stalled")
 
+// errStraggling is the cause of a part upload cut because it took far longer than the other
+// parts of its file: a connection that still moves, but trickles. It is a stall, as far as
+// trying again goes.
+var errStraggling = fmt.Errorf("the part took far longer than the others of its file: %w", errStalled)
+
+// partPace is how long the parts of one multipart upload took. A part that takes more than
+// s3StragglerFactor times their median plus s3StragglerSlack, once two are done, is cut and sent
+// again on another connection: a connection that trickles (one route of many that is congested,
+// a server that reads one request slowly) is no stall, and held a notice's checkpoint for 100 s
+// (found from outside).
+type partPace struct {
+	mu   sync.Mutex
+	took []time.Duration
+}
+
+// Straggling parts (partPace). Variables for tests.
+var (
+	s3StragglerFactor      = 4
+	s3StragglerSlack       = 5 * time.Second
+	s3StragglerCheckPeriod = time.Second
+)
+
+// done records a part that took d.
+func (p *partPace) done(d time.Duration) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.took = append(p.took, d)
+}
+
+// limit is how long a part may take now; 0 while fewer than two parts are done.
+func (p *partPace) limit() time.Duration {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if len(p.took) < 2 {
+		return 0
+	}
+	sorted := slices.Clone(p.took)
+	slices.Sort(sorted)
+	return time.Duration(s3StragglerFactor)*sorted[len(sorted)/2] + s3StragglerSlack
+}
+
+// watch cuts the request w watches, with errStraggling, once it has run for longer than limit
+// since began; the function it returns ends the watch.
+func (p *partPace) watch(w *stallWatch, began time.Time) func() {
+	quit := make(chan struct{})
+	go func() {
+		t := time.NewTicker(s3StragglerCheckPeriod)
+		defer t.Stop()
+		for {
+			select {
+			case <-quit:
+				return
+			case <-t.C:
+				if l := p.limit(); l > 0 && time.Since(began) > l {
+					w.cut(errStraggling)
+					return
+				}
+			}
+		}
+	}()
+	return func() { close(quit) }
+}
+
 // s3StallTimeout is how long a request body may go unread, or a response body bring nothing,
 // before the request is cut and tried again: a connection whose peer stopped reading or sending
 // (a route that drops packets) would otherwise hold its part until the kernel gives up, minutes
@@ -293,15 +356,19 @@ const s3StallAttempts = 3
 // stallWatch cancels its request's context, with errStalled, when its body has not moved for
 // s3StallTimeout.
 type stallWatch struct {
-	timer *time.Timer
-	d     time.Duration
+	timer  *time.Timer
+	d      time.Duration
+	cancel context.CancelCauseFunc
 }
+
+// cut cancels the request now, with cause.
+func (w *stallWatch) cut(cause error) { w.cancel(cause) }
 
 // watchStall returns ctx for one request, cancelled with errStalled once the body has not moved
 // for s3StallTimeout (armed now, unless idle is called), and the function that ends the watch.
 func watchStall(ctx context.Context) (context.Context, *stallWatch, func()) {
 	ctx, cancel := context.WithCancelCause(ctx)
-	w := &stallWatch{d: s3StallTimeout}
+	w := &stallWatch{d: s3StallTimeout, cancel: cancel}
 	w.timer = time.AfterFunc(w.d, func() { cancel(errStalled) })
 	return ctx, w, func() { w.timer.Stop(); cancel(nil) }
 }
@@ -314,8 +381,8 @@ func (w *stallWatch) idle() { w.timer.Stop() }
 
 // stalled returns err, marked as a stall (errors.Is errStalled) when ctx was cut for one.
 func stalled(ctx context.Context, err error) error {
-	if err != nil && errors.Is(context.Cause(ctx), errStalled) {
-		return fmt.Errorf("%w (%w)", errStalled, err)
+	if cause := context.Cause(ctx); err != nil && errors.Is(cause, errStalled) {
+		return fmt.Errorf("%w (%w)", cause, err)
 	}
 	return err
 }
@@ -607,6 +674,7 @@ func (s *S3Store) ownedUploads(ids []string) map[string]bool {
 func (s *S3Store) uploadParts(ctx context.Context, okey string, uploadID *string, f *os.File, parts []s3Part, completed []types.CompletedPart, crcs []uint32, progress func(int64)) error {
 	g, gctx := errgroup.WithContext(ctx)
 	order := s.nextOrder()
+	pace := &partPace{}
 	for i, p := range parts {
 		if s.acquire(gctx, order) != nil {
 			break
@@ -624,6 +692,8 @@ func (s *S3Store) uploadParts(ctx context.Context, okey string, uploadID *string
 			var out *s3.UploadPartOutput
 			for attempt := 1; ; attempt++ {
 				rctx, stall, unwatch := watchStall(gctx)
+				began := time.Now()
+				unpace := pace.watch(stall, began)
 				out, err = s.client.UploadPart(rctx, &s3.UploadPartInput{
 					Bucket:            &s.bucket,
 					Key:               &okey,
@@ -634,8 +704,12 @@ func (s *S3Store) uploadParts(ctx context.Context, okey string, uploadID *string
 					ChecksumAlgorithm: types.ChecksumAlgorithmCrc32c,
 					ChecksumCRC32C:    &want,
 				}, s.observed)
+				unpace()
 				err = stalled(rctx, err)
 				unwatch()
+				if err == nil {
+					pace.done(time.Since(began))
+				}
 				if !errors.Is(err, errStalled) || attempt == s3StallAttempts || gctx.Err() != nil {
 					break
 				}

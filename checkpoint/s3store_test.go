@@ -18,6 +18,7 @@ import (
 	"sync/atomic"
 	"testing"
 	"testing/iotest"
+	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/s3"
@@ -449,6 +450,33 @@ func TestS3PutFileKeyTooLong(t *testing.T) {
 	if !errors.Is(err, errKeyTooLong) {
 		t.Errorf("PutFile of a 300-byte name the server refuses = %v; want errKeyTooLong", err)
 	}
+}
+
+// TestS3PutFileStragglingPart: a part whose connection trickles while the other parts of its
+// file are done is cut and sent again once it takes far longer than they did, instead of holding
+// the file (and a notice's checkpoint) for as long as it trickles.
+func TestS3PutFileStragglingPart(t *testing.T) {
+	defer func(f int, d, c time.Duration) { s3StragglerFactor, s3StragglerSlack, s3StragglerCheckPeriod = f, d, c }(
+		s3StragglerFactor, s3StragglerSlack, s3StragglerCheckPeriod)
+	s3StragglerSlack, s3StragglerCheckPeriod = 500*time.Millisecond, 50*time.Millisecond
+	peer := s3StartPeer(t)
+	proxy := s3StartProxy(t, peer.endpoint)
+	s := peer.openS3(t, proxy.URL(), "straggle", S3Options{PartSize: 5 << 20, Concurrency: 4})
+	proxy.set(func(p *s3FaultProxy) { p.trickleParts = 1 }) // 5 MiB at 200 KiB/s: 25 s
+	data := storeTestData(12, 20<<20)
+	ctx, cancel := context.WithTimeout(t.Context(), 15*time.Second)
+	defer cancel()
+	start := time.Now()
+	if _, err := s.PutFile(ctx, "j/c/x/file", storeTestFile(t, data), int64(len(data)), nil); err != nil {
+		t.Fatalf("PutFile with one trickling part = %v; want it sent again and done well within 15 s", err)
+	}
+	if took := time.Since(start); took > 10*time.Second {
+		t.Errorf("PutFile with one trickling part took %v; want the part cut after about 4 times the others' time plus %v", took, s3StragglerSlack)
+	}
+	if got := proxy.count("trickle"); got != 1 {
+		t.Errorf("trickled parts = %d; want 1", got)
+	}
+	s3TestRoundTrip(t, peer, s, "j/c/x/file", data)
 }
 
 // TestS3DownloadFaults: a Download survives SlowDown answers and ranged reads cut off mid-body.
