@@ -1260,7 +1260,14 @@ func (u *Uploader) abandon(ctx context.Context, g *generation, why string) {
 	if !u.lastSignal.IsZero() && !g.firstFileAt.Before(u.lastSignal) {
 		u.signalAnswered = true // the checkpoint written for the signal is gone: nothing to wait for
 	}
-	u.log.Info().Str("checkpoint", g.name).Str("why", why).Msg("checkpoint no longer tracked")
+	if g.complete && g.commit != "" {
+		// Complete, begun, and gone before its commit: the trainer's own rotation outran the
+		// upload (a store slower than the trainer saves), or someone deleted it.
+		u.log.Warn().Str("checkpoint", g.name).Str("why", why).Int("files", len(g.files)).Int("stored", g.doneCount()).
+			Msg("complete checkpoint gone before it was committed: if the trainer deletes its older checkpoints, it saves faster than the store takes them; keep more of them on disk, or save less often")
+	} else {
+		u.log.Info().Str("checkpoint", g.name).Str("why", why).Msg("checkpoint no longer tracked")
+	}
 	if g.commit != "" && !g.sealed {
 		u.cleanupCommit(ctx, g.name, g.commit, why)
 	}

@@ -261,7 +261,7 @@ func TestUploaderSaysAFileVanishedFromACompleteCheckpoint(t *testing.T) {
 	if slices.Contains(paths, "b") {
 		t.Fatalf("committed files %v; b was deleted before it was read", paths)
 	}
-	if log := r.logs.String(); !strings.Contains(log, `"file":"b"`) || !strings.Contains(log, "file vanished from a complete checkpoint") {
+	if log := r.logs.String(); !strings.Contains(log, `"files":["b"]`) || !strings.Contains(log, "files vanished from a complete checkpoint") {
 		t.Errorf("warnings:\n%s\nwant one naming b, vanished from the complete checkpoint", log)
 	}
 }
