@@ -910,8 +910,13 @@ func (u *Uploader) repairLatest(ctx context.Context, st *JobState, m *Manifest) 
 	switch {
 	case err != nil:
 		u.log.Error().Err(err).Msg("LATEST lags the newest commit and cannot be repaired; restore still takes the newest")
-	case moved:
+	case moved && st.LatestTarget() != nil:
 		ev.Msg("LATEST named an older commit (a reclaim between a manifest and LATEST?); repaired")
+	case moved && st.Latest != nil:
+		ev.Str("latest_named", st.Latest.Checkpoint+"/"+st.Latest.Commit).
+			Msg("LATEST named a commit the store does not hold (deleted by hand, or by another tool?); moved to the newest commit")
+	case moved:
+		ev.Msg("LATEST was missing or unreadable; written again, naming the newest commit")
 	}
 }
 
