@@ -1179,7 +1179,7 @@ func (s *flakyBytesStore) Download(ctx context.Context, key string, w io.WriterA
 	if !flip {
 		return s.memStore.Download(ctx, key, w, size)
 	}
-	data, _, err := s.memStore.GetBytes(ctx, key)
+	data, _, err := s.GetBytes(ctx, key)
 	if err != nil {
 		return err
 	}
