@@ -401,19 +401,10 @@ func TestRestartDoesNotSignalAgain(t *testing.T) {
 						t.Fatal(err)
 					}
 				}
-				cfg := mustLoad(t, LoadOptions{Environ: []string{"SPOTGUARD_HTTP_LISTEN=", "SPOTGUARD_TRAINER_MATCH=train",
-					"SPOTGUARD_AGENT_RUNTIME_DIR=" + runtime, "SPOTGUARD_METRICS_CLOUDWATCH=false"}})
 				fimds := newFakeIMDS()
 				fimds.set("spot/instance-action", `{"action": "terminate", "time": "`+deadline.Format(time.RFC3339)+`"}`)
-				a, err := New(cfg, Deps{Logger: zerolog.Nop(), IMDS: fimds})
-				if err != nil {
-					t.Fatal(err)
-				}
 				tr := &fakeTrainers{}
-				a.coord.trainers = tr
-				ctx, cancel := context.WithCancel(t.Context())
-				done := make(chan error)
-				go func() { done <- a.Run(ctx) }()
+				a, stop := runSignalAgent(t, runtime, fimds, tr)
 				passFakeTime(3 * time.Second)
 				n, ok := a.Status().noticeByKey("spot/terminate")
 				if !ok || n.State != StateTrainerSignalled {
@@ -431,10 +422,7 @@ func TestRestartDoesNotSignalAgain(t *testing.T) {
 				if !strings.Contains(string(data), `"signalled_pids":[4242]`) {
 					t.Errorf("notice.json = %s; want signalled_pids [4242]", data)
 				}
-				cancel()
-				if err := <-done; err != nil {
-					t.Errorf("Run() = %v", err)
-				}
+				stop()
 			})
 		})
 	}
@@ -461,20 +449,11 @@ func TestNewTrainerDuringANoticeIsSignalled(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				runtime := t.TempDir()
 				deadline := time.Now().Add(2 * time.Minute).UTC().Truncate(time.Second)
-				cfg := mustLoad(t, LoadOptions{Environ: []string{"SPOTGUARD_HTTP_LISTEN=", "SPOTGUARD_TRAINER_MATCH=train",
-					"SPOTGUARD_AGENT_RUNTIME_DIR=" + runtime, "SPOTGUARD_METRICS_CLOUDWATCH=false"}})
 				fimds := newFakeIMDS()
 				fimds.set("spot/instance-action", `{"action": "terminate", "time": "`+deadline.Format(time.RFC3339)+`"}`)
-				a, err := New(cfg, Deps{Logger: zerolog.Nop(), IMDS: fimds})
-				if err != nil {
-					t.Fatal(err)
-				}
 				tr := &fakeTrainers{}
 				tr.setPIDs(tc.atNotice...)
-				a.coord.trainers = tr
-				ctx, cancel := context.WithCancel(t.Context())
-				done := make(chan error)
-				go func() { done <- a.Run(ctx) }()
+				a, stop := runSignalAgent(t, runtime, fimds, tr)
 				passFakeTime(3 * time.Second)
 				tr.setPIDs(tc.later...)
 				passFakeTime(5 * time.Second)
@@ -493,10 +472,7 @@ func TestNewTrainerDuringANoticeIsSignalled(t *testing.T) {
 				if got := nf.SignalledPIDs; !slices.Equal(got, tc.want) || nf.SignalledAt == nil {
 					t.Errorf("notice.json signalled_pids = %v, signalled_at %v; want %v and a time", got, nf.SignalledAt, tc.want)
 				}
-				cancel()
-				if err := <-done; err != nil {
-					t.Errorf("Run() = %v", err)
-				}
+				stop()
 			})
 		})
 	}
@@ -515,28 +491,16 @@ func TestNoticeAfterARestartIsNew(t *testing.T) {
 		if err := writeNoticeFile(runtime, []*NoticeStatus{ns}, map[*NoticeStatus]signalRecord{ns: signalled}); err != nil {
 			t.Fatal(err)
 		}
-		cfg := mustLoad(t, LoadOptions{Environ: []string{"SPOTGUARD_HTTP_LISTEN=", "SPOTGUARD_TRAINER_MATCH=train",
-			"SPOTGUARD_AGENT_RUNTIME_DIR=" + runtime, "SPOTGUARD_METRICS_CLOUDWATCH=false"}})
 		fimds := newFakeIMDS() // no notice at first: the previous run's ended
-		a, err := New(cfg, Deps{Logger: zerolog.Nop(), IMDS: fimds})
-		if err != nil {
-			t.Fatal(err)
-		}
 		tr := &fakeTrainers{}
-		a.coord.trainers = tr
-		ctx, cancel := context.WithCancel(t.Context())
-		done := make(chan error)
-		go func() { done <- a.Run(ctx) }()
+		_, stop := runSignalAgent(t, runtime, fimds, tr)
 		passFakeTime(3 * time.Second)
 		fimds.set("spot/instance-action", `{"action": "terminate", "time": "`+deadline.Format(time.RFC3339)+`"}`)
 		passFakeTime(3 * time.Second)
 		if got := tr.signals(); got != 1 {
 			t.Errorf("signals sent = %d; want 1: a notice that appeared after the restart is a new one", got)
 		}
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("Run() = %v", err)
-		}
+		stop()
 	})
 }
 
@@ -548,23 +512,14 @@ func TestNoticeDeadlineMovesEarlier(t *testing.T) {
 		t.Run(first, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				runtime := t.TempDir()
-				cfg := mustLoad(t, LoadOptions{Environ: []string{"SPOTGUARD_HTTP_LISTEN=", "SPOTGUARD_TRAINER_MATCH=train",
-					"SPOTGUARD_AGENT_RUNTIME_DIR=" + runtime, "SPOTGUARD_METRICS_CLOUDWATCH=false"}})
 				fimds := newFakeIMDS()
 				body := `{"action": "terminate", "time": "` + time.Now().Add(2*time.Minute).UTC().Format(time.RFC3339) + `"}`
 				if first == "malformed" {
 					body = `<html>not json</html>`
 				}
 				fimds.set("spot/instance-action", body)
-				a, err := New(cfg, Deps{Logger: zerolog.Nop(), IMDS: fimds})
-				if err != nil {
-					t.Fatal(err)
-				}
 				tr := &fakeTrainers{}
-				a.coord.trainers = tr
-				ctx, cancel := context.WithCancel(t.Context())
-				done := make(chan error)
-				go func() { done <- a.Run(ctx) }()
+				a, stop := runSignalAgent(t, runtime, fimds, tr)
 				passFakeTime(3 * time.Second)
 				real := time.Now().Add(30 * time.Second).UTC().Truncate(time.Second)
 				fimds.set("spot/instance-action", `{"action": "terminate", "time": "`+real.Format(time.RFC3339)+`"}`)
@@ -583,11 +538,31 @@ func TestNoticeDeadlineMovesEarlier(t *testing.T) {
 				if got := tr.signals(); got != 1 {
 					t.Errorf("signals sent = %d; want 1", got)
 				}
-				cancel()
-				if err := <-done; err != nil {
-					t.Errorf("Run() = %v", err)
-				}
+				stop()
 			})
 		})
+	}
+}
+
+// runSignalAgent runs an agent on fimds, with runtime as agent.runtime_dir and tr as its trainer
+// processes (SPOTGUARD_TRAINER_MATCH=train), inside the test's synctest bubble; stop ends it and
+// checks what Run returned.
+func runSignalAgent(t *testing.T, runtime string, fimds *fakeIMDS, tr *fakeTrainers) (*Agent, func()) {
+	t.Helper()
+	cfg := mustLoad(t, LoadOptions{Environ: []string{"SPOTGUARD_HTTP_LISTEN=", "SPOTGUARD_TRAINER_MATCH=train",
+		"SPOTGUARD_AGENT_RUNTIME_DIR=" + runtime, "SPOTGUARD_METRICS_CLOUDWATCH=false"}})
+	a, err := New(cfg, Deps{Logger: zerolog.Nop(), IMDS: fimds})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a.coord.trainers = tr
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error)
+	go func() { done <- a.Run(ctx) }()
+	return a, func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run() = %v", err)
+		}
 	}
 }
