@@ -70,7 +70,7 @@ func TestJournalMissingIsEmpty(t *testing.T) {
 // again once it has grown (found from outside: 1.6 MB after 31 minutes, 44 MB for one checkpoint
 // of 100 000 files, in /run, until a restart). What a restart needs stays in it.
 func TestJournalStaysSmall(t *testing.T) {
-	defer func(n int64) { journalCompactAt = n }(journalCompactAt)
+	t.Cleanup(func(n int64) func() { return func() { journalCompactAt = n } }(journalCompactAt)) // after the uploader stops
 	journalCompactAt = 8 << 10
 	s, dir, state := newMemStore(), t.TempDir(), t.TempDir()
 	r := startUploaderWith(t, dir, s, UploaderConfig{StateDir: state})

@@ -292,8 +292,16 @@ var errStraggling = fmt.Errorf("the part took far longer than the others of its 
 // a server that reads one request slowly) is no stall, and held a notice's checkpoint for 100 s
 // (found from outside).
 type partPace struct {
+	factor        int
+	slack, period time.Duration
+
 	mu   sync.Mutex
 	took []time.Duration
+}
+
+// newPartPace returns a partPace with the straggler settings as they are now.
+func newPartPace() *partPace {
+	return &partPace{factor: s3StragglerFactor, slack: s3StragglerSlack, period: s3StragglerCheckPeriod}
 }
 
 // Straggling parts (partPace). Variables for tests.
@@ -319,7 +327,7 @@ func (p *partPace) limit() time.Duration {
 	}
 	sorted := slices.Clone(p.took)
 	slices.Sort(sorted)
-	return time.Duration(s3StragglerFactor)*sorted[len(sorted)/2] + s3StragglerSlack
+	return time.Duration(p.factor)*sorted[len(sorted)/2] + p.slack
 }
 
 // watch cuts the request w watches, with errStraggling, once it has run for longer than limit
@@ -327,7 +335,7 @@ func (p *partPace) limit() time.Duration {
 func (p *partPace) watch(w *stallWatch, began time.Time) func() {
 	quit := make(chan struct{})
 	go func() {
-		t := time.NewTicker(s3StragglerCheckPeriod)
+		t := time.NewTicker(p.period)
 		defer t.Stop()
 		for {
 			select {
@@ -674,7 +682,7 @@ func (s *S3Store) ownedUploads(ids []string) map[string]bool {
 func (s *S3Store) uploadParts(ctx context.Context, okey string, uploadID *string, f *os.File, parts []s3Part, completed []types.CompletedPart, crcs []uint32, progress func(int64)) error {
 	g, gctx := errgroup.WithContext(ctx)
 	order := s.nextOrder()
-	pace := &partPace{}
+	pace := newPartPace()
 	for i, p := range parts {
 		if s.acquire(gctx, order) != nil {
 			break

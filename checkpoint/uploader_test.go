@@ -1182,7 +1182,7 @@ func TestUploaderNextKeepsTheBegunCheckpoint(t *testing.T) {
 // as a failed upload (counted, in /status) and the prefix is cleared again later, once the store
 // lets it. (Found from outside: the data stayed in the bucket for good, and nothing said so.)
 func TestRetentionLeftoversAreDeletedAgain(t *testing.T) {
-	defer func(l []time.Duration) { lateAborts = l }(lateAborts)
+	t.Cleanup(func(l []time.Duration) func() { return func() { lateAborts = l } }(lateAborts)) // after the uploader stops
 	lateAborts = []time.Duration{0, 200 * time.Millisecond, 500 * time.Millisecond}
 	s, dir := newMemStore(), t.TempDir()
 	r := startUploader(t, dir, s, 1)
@@ -1277,7 +1277,7 @@ func TestUploaderVanishedFilesOfADeletedCheckpoint(t *testing.T) {
 // checkpoints no longer on disk are forgotten once there are many; a name that comes back is
 // looked up again, and a restored checkpoint is still found committed.
 func TestUploaderForgetsCommitsOfNamesGone(t *testing.T) {
-	defer func(n int) { indexKeep = n }(indexKeep)
+	t.Cleanup(func(n int) func() { return func() { indexKeep = n } }(indexKeep)) // after the uploader stops
 	indexKeep = 4
 	s, dir := newMemStore(), t.TempDir()
 	r := startUploader(t, dir, s, 0)
