@@ -75,7 +75,7 @@ func TestSimulation(t *testing.T) {
 // begin or end in the middle of a save. Its draws come from a generator of their own, so the
 // seeds above replay as they did.
 var simTroubleSeeds = []uint64{1, 2, 3, 4, 5, 6, 7, 8,
-	15502045643967214264, // a marker written again in place, of the same size, within one tick of the file system's clock
+	15502045643967214264, // a stop waited for a LATEST repair against a hung store, past its budget
 }
 
 func TestSimulationTrouble(t *testing.T) {

@@ -777,7 +777,10 @@ func (u *Uploader) jobRead(ctx context.Context, st *JobState) {
 			u.log.Error().Str("checkpoint", n.Manifest.Checkpoint).Str("commit", n.Manifest.Commit).Str("host", n.Manifest.Host.InstanceID).
 				Msg("the job's newest commit is a single-node commit in a multi-node job (a node left at store.world_nodes 1?); LATEST is not moved to it")
 		} else {
-			u.repairLatest(ctx, st, n.Manifest)
+			// Off the loop: the listing and LATEST's read and write may each wait the store's
+			// full timeout, and a stop must not wait for them (the work context ends them).
+			m := n.Manifest
+			u.wg.Go(func() { u.repairLatest(ctx, st, m) })
 		}
 	}
 	if u.cfg.WorldNodes > 1 {
