@@ -601,7 +601,10 @@ func retained(st *JobState, keep int) map[string]bool {
 // It also returns the deletes that failed: a store that refuses them (an IAM policy without
 // delete) must be seen, and data left behind after its manifest went is no commit's any more,
 // so only this run can clear it (the caller clears those prefixes again, goLateCleanup).
-func applyRetention(ctx context.Context, s Store, job string, keep int, partWait time.Duration, cache *manifestCache, log zerolog.Logger) ([]CommitRef, []retentionFailure, error) {
+//
+// A commit in hold (by commit id) is kept this time: a manifest write of it whose answer was lost
+// may still land, and would then list deleted objects.
+func applyRetention(ctx context.Context, s Store, job string, keep int, partWait time.Duration, cache *manifestCache, hold map[string]bool, log zerolog.Logger) ([]CommitRef, []retentionFailure, error) {
 	st, err := readJob(ctx, s, job, cache)
 	if err != nil {
 		return nil, nil, err
@@ -628,6 +631,11 @@ func applyRetention(ctx context.Context, s Store, job string, keep int, partWait
 	var failed []retentionFailure
 	for _, c := range st.Commits {
 		if kept[c.Key] {
+			continue
+		}
+		if hold[c.Manifest.Commit] {
+			log.Debug().Str("checkpoint", c.Manifest.Checkpoint).Str("commit", c.Manifest.Commit).
+				Msg("retention: kept while a write of its manifest may still land")
 			continue
 		}
 		if young := youngPart(c.Manifest, partWait, time.Now()); young != nil {
@@ -847,7 +855,10 @@ type commitJob struct {
 	// refused are versions of files left out because they cannot be uploaded (generation.refused).
 	refused map[string]FileID
 	// prior is the commit the generation before was (generation.prior), or nil.
-	prior           *Manifest
+	prior *Manifest
+	// uncertain are this run's commits with a manifest write whose answer was lost lately
+	// (Uploader.uncertain): retention keeps them.
+	uncertain       map[string]bool
 	candidates      []*Manifest
 	strays          []string
 	timings         Timings
@@ -1049,7 +1060,7 @@ func (u *Uploader) commit(ctx context.Context, c commitJob) commitResult {
 	}
 	u.goLateCleanup(ctx, CommitPrefix(m.Job, m.Checkpoint, m.Commit), strays, false)
 	if u.cfg.Keep > 0 {
-		deleted, failed, err := applyRetention(ctx, u.cfg.Store, u.cfg.Job, u.cfg.Keep, 0, u.cache, u.log)
+		deleted, failed, err := applyRetention(ctx, u.cfg.Store, u.cfg.Job, u.cfg.Keep, 0, u.cache, c.uncertain, u.log)
 		if err != nil {
 			u.log.Warn().Err(err).Msg("retention: cannot read the job")
 		}

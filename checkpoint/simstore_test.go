@@ -39,13 +39,12 @@ type simBackend struct {
 	late    int // held writes not landed yet
 	// landing: a held write that arrived at arrived is landing now; lateKeys are the keys
 	// written so.
-	landing        bool
-	arrived        time.Time
-	lateKeys       map[string]bool
-	lateRng        *rand.Rand // draws for late landings only, so the older seeds replay as they did
-	violations     []string
-	manifestWrites map[string]int // by checkpoint name
-	partWrites     map[string]int // by checkpoint name
+	landing    bool
+	arrived    time.Time
+	lateKeys   map[string]bool
+	lateRng    *rand.Rand // draws for late landings only, so the older seeds replay as they did
+	violations []string
+	partWrites map[string]int // by checkpoint name
 	// everCommitted holds every version ever committed, by name: manifestFingerprint.
 	everCommitted map[string][]string
 }
@@ -64,16 +63,15 @@ type simUpload struct {
 
 func newSimBackend(seed uint64) *simBackend {
 	return &simBackend{
-		rng:            rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)),
-		lateRng:        rand.New(rand.NewPCG(seed, 0x5eed1a7e)),
-		objs:           map[string]*simObject{},
-		uploads:        map[int]*simUpload{},
-		partSize:       64 << 10,
-		covered:        map[string]string{},
-		manifestWrites: map[string]int{},
-		partWrites:     map[string]int{},
-		everCommitted:  map[string][]string{},
-		lateKeys:       map[string]bool{},
+		rng:           rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)),
+		lateRng:       rand.New(rand.NewPCG(seed, 0x5eed1a7e)),
+		objs:          map[string]*simObject{},
+		uploads:       map[int]*simUpload{},
+		partSize:      64 << 10,
+		covered:       map[string]string{},
+		partWrites:    map[string]int{},
+		everCommitted: map[string][]string{},
+		lateKeys:      map[string]bool{},
 	}
 }
 
@@ -166,7 +164,6 @@ func (b *simBackend) write(key string, data []byte) string {
 			b.violate("manifest %s is invalid: %v", key, err)
 			return etag
 		}
-		b.manifestWrites[m.Checkpoint]++
 		b.everCommitted[m.Checkpoint] = append(b.everCommitted[m.Checkpoint], manifestFingerprint(m))
 		b.covered[key] = key
 		for _, f := range m.Files {

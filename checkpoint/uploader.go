@@ -159,7 +159,7 @@ type Uploader struct {
 	// (at start, at each new generation's lookup) or committed.
 	index map[string][]*Manifest
 	// uncertain holds, by commit, when a manifest write of this run's failed without an answer:
-	// it may still land, and land after retention deleted that commit (handleCommit).
+	// it may still land, so retention keeps that commit for uncertainFor (startCommit).
 	uncertain map[string]time.Time
 	resume    map[string]*journalEntry
 	journal   *journal
@@ -1469,6 +1469,10 @@ func (u *Uploader) dispatch(ctx context.Context) {
 	}
 }
 
+// uncertainFor is how long retention keeps a commit after a write of its manifest whose answer
+// was lost: a write the network held may land that long after (the late clean-up's last pass).
+var uncertainFor = 2 * time.Minute
+
 // indexKeep is how many checkpoint names the uploader keeps the store's commits of in memory
 // (index, and their manifests in cache) before it forgets those of names no longer on disk.
 var indexKeep = 64
@@ -1845,6 +1849,14 @@ func (u *Uploader) startCommit(ctx context.Context, g *generation) {
 		files: make(map[string]doneFile, len(g.files)), refused: maps.Clone(g.refused), prior: g.prior, candidates: g.candidates, strays: g.strays,
 		timings: Timings{UploadSeconds: g.uploadBusy.Seconds()}}
 	c.unseenBefore, c.unseenAfter = u.unseen(g.name)
+	now := time.Now()
+	maps.DeleteFunc(u.uncertain, func(_ string, at time.Time) bool { return now.Sub(at) > uncertainFor })
+	for id := range u.uncertain {
+		if c.uncertain == nil {
+			c.uncertain = map[string]bool{}
+		}
+		c.uncertain[id] = true
+	}
 	for rel, f := range g.files {
 		if f.done == nil { // never so when ready; checked here once rather than at every event
 			u.enqueue(g, rel, f)
@@ -1889,20 +1901,9 @@ func (u *Uploader) handleCommit(ctx context.Context, r commitResult) {
 	u.markDirty(g)
 	u.retentionFailed(ctx, r.retentionFailed)
 	if r.attempted && r.err != nil {
-		now := time.Now()
-		maps.DeleteFunc(u.uncertain, func(_ string, at time.Time) bool { return now.Sub(at) > lateAborts[len(lateAborts)-1] })
-		u.uncertain[g.commit] = now
+		u.uncertain[g.commit] = time.Now()
 	}
 	for _, d := range r.deleted {
-		if at, ok := u.uncertain[d.Commit]; ok {
-			delete(u.uncertain, d.Commit)
-			if time.Since(at) <= lateAborts[len(lateAborts)-1] {
-				// A manifest write of it whose answer was lost may land after retention
-				// deleted the commit, listing deleted objects: cleared again, as an abandoned
-				// commit's prefix is.
-				u.goLateCleanup(ctx, CommitPrefix(u.cfg.Job, d.Checkpoint, d.Commit), nil, true)
-			}
-		}
 		u.index[d.Checkpoint] = slices.DeleteFunc(u.index[d.Checkpoint], func(m *Manifest) bool { return m.Commit == d.Commit })
 		if len(u.index[d.Checkpoint]) == 0 {
 			delete(u.index, d.Checkpoint)

@@ -52,7 +52,7 @@ func (u *Uploader) trySave(ctx context.Context, ps *pendingSave) {
 		var failed []retentionFailure
 		if r.written && (u.cfg.Keep > 0 || u.cfg.PartWait > 0) {
 			var err error
-			if _, failed, err = applyRetention(ctx, u.cfg.Store, u.cfg.Job, u.cfg.Keep, u.cfg.PartWait, u.cache, u.log); err != nil {
+			if _, failed, err = applyRetention(ctx, u.cfg.Store, u.cfg.Job, u.cfg.Keep, u.cfg.PartWait, u.cache, nil, u.log); err != nil {
 				u.log.Warn().Err(err).Msg("retention: cannot read the job")
 			}
 		}

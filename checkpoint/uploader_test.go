@@ -1308,3 +1308,51 @@ func TestUploaderForgetsCommitsOfNamesGone(t *testing.T) {
 		t.Errorf("step-000 written again with the bytes of its commit was committed anew (%s); want it found committed", ev.Manifest.Commit)
 	}
 }
+
+// heldManifestStore loses the answer of the first manifest write of checkpoint name: it is not
+// stored then, and land puts it in the store later, as a write the network held does.
+type heldManifestStore struct {
+	*memStore
+	name string
+	mu   sync.Mutex
+	key  string
+	data []byte
+}
+
+func (s *heldManifestStore) PutBytes(ctx context.Context, key string, data []byte, cond Cond) (string, error) {
+	s.mu.Lock()
+	if s.key == "" && strings.HasPrefix(key, "job/"+s.name+"/") && strings.HasSuffix(key, "/"+MetaDir+"/manifest.json") {
+		s.key, s.data = key, slices.Clone(data)
+		s.mu.Unlock()
+		return "", errors.New("heldstore: timeout awaiting response headers")
+	}
+	s.mu.Unlock()
+	return s.memStore.PutBytes(ctx, key, data, cond)
+}
+
+// land stores the held manifest write.
+func (s *heldManifestStore) land() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.memStore.put(s.key, s.data)
+}
+
+// A commit whose manifest write lost its answer is kept by retention for uncertainFor: that write
+// may land late, and would otherwise list the objects retention deleted (found by the
+// simulation: a torn commit).
+func TestRetentionKeepsACommitWhoseManifestMayStillLand(t *testing.T) {
+	t.Cleanup(func(d time.Duration) func() { return func() { uncertainFor = d } }(uncertainFor)) // after the uploader stops
+	uncertainFor = time.Hour
+	s := &heldManifestStore{memStore: newMemStore(), name: "step-1"}
+	dir := t.TempDir()
+	r := startUploader(t, dir, s, 1)
+	writeCheckpoint(t, dir, "step-1", map[string][]byte{"a": randomBytes(t, 1<<10)})
+	old := r.waitCommitted("step-1").Manifest
+	laterTick(t, dir, "step-1")
+	writeCheckpoint(t, dir, "step-2", map[string][]byte{"a": randomBytes(t, 1<<10)})
+	r.waitCommitted("step-2")
+	s.land()
+	if missing, err := r.up.missingObjects(t.Context(), old); err != nil || missing != "" {
+		t.Errorf("step-1's commit after its held manifest write landed: missing %q (%v); want it whole", missing, err)
+	}
+}
