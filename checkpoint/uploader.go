@@ -1510,15 +1510,13 @@ func (u *Uploader) retentionFailed(ctx context.Context, failed []retentionFailur
 
 // unseen is the span in which a version of name last modified was modified while no agent watched
 // (completedAt): before a second before Run began (the kernel's file times lag the clock by a
-// tick), and after the newest of the store's commits of name that this agent knows of, which a
-// version different from it replaced, however its modification times were set.
+// tick), for a name the store holds no commit of. When it holds one, a version different from it
+// is newer, however its modification times were set: no span (zero times).
 func (u *Uploader) unseen(name string) (before, after time.Time) {
-	for _, m := range u.index[name] {
-		if at := u.placeOf(m); at.After(after) {
-			after = at
-		}
+	if len(u.index[name]) > 0 {
+		return time.Time{}, time.Time{}
 	}
-	return u.started.Add(-time.Second), after
+	return u.started.Add(-time.Second), time.Time{}
 }
 
 // localPath is the file's path relative to Dir.
