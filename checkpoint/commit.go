@@ -665,6 +665,13 @@ func applyRetention(ctx context.Context, s Store, job string, keep int, partWait
 			failed = append(failed, retentionFailure{Checkpoint: m.Checkpoint, Err: err, Left: commitDataPrefixes(m)})
 			continue
 		}
+		if revived, err := clearRevived(ctx, s, m); err != nil {
+			clog.Warn().Err(err).Msg("retention: cannot look again at a deleted commit's prefix; clearing it again later")
+			failed = append(failed, retentionFailure{Checkpoint: m.Checkpoint, Err: err, Left: commitDataPrefixes(m)})
+			continue
+		} else if revived {
+			clog.Error().Msg("retention: another agent wrote this commit's manifest again (a retry whose first answer it lost) while the commit was deleted; that manifest listed deleted objects and is deleted too")
+		}
 		deleted = append(deleted, CommitRef{Checkpoint: m.Checkpoint, Commit: m.Commit})
 		clog.Info().Int("keep", keep).Msg("retention: old checkpoint deleted")
 	}
@@ -693,6 +700,49 @@ func commitDataPrefixes(m *Manifest) []string {
 		return nil
 	}
 	return []string{CommitPrefix(m.Job, m.Checkpoint, m.Commit)}
+}
+
+// clearRevived lists the prefixes of m's commit once more after its manifest and data went, and
+// deletes what is there, manifests first; it reports whether a manifest was. Another agent that
+// lost the answer to a write of this manifest writes it again (If-None-Match) when the commit's
+// objects are all there: between retention's delete of the manifest and of the data, that write
+// succeeds, and S3 cannot make the two deletes one step. The writer lists the objects after its
+// write and deletes its manifest when they are gone (Uploader.commit); this catches the write
+// that landed before that look. A version 1 commit (listed keys) has nothing to look at: no agent
+// writes one now.
+func clearRevived(ctx context.Context, s Store, m *Manifest) (bool, error) {
+	prefixes := commitDataPrefixes(m)
+	if len(prefixes) == 0 {
+		return false, nil
+	}
+	if own := CommitPrefix(m.Job, m.Checkpoint, m.Commit); !slices.Contains(prefixes, own) {
+		prefixes = append(prefixes, own)
+	}
+	revived := false
+	for _, p := range prefixes {
+		objs, err := s.List(ctx, p)
+		if err != nil {
+			return revived, err
+		}
+		var meta, data []string
+		for _, o := range objs {
+			if strings.HasPrefix(o.Key, p+MetaDir+"/") {
+				meta = append(meta, o.Key)
+				revived = revived || path.Base(o.Key) == "manifest.json"
+			} else {
+				data = append(data, o.Key)
+			}
+		}
+		for _, keys := range [][]string{meta, data} {
+			if len(keys) == 0 {
+				continue
+			}
+			if err := s.Delete(ctx, keys...); err != nil {
+				return revived, err
+			}
+		}
+	}
+	return revived, nil
 }
 
 // deleteCommitData deletes the data of m's commit (its manifest must be gone already); for a job
@@ -1000,6 +1050,11 @@ func (u *Uploader) commit(ctx context.Context, c commitJob) commitResult {
 			return commitResult{err: err}
 		}
 		if missing != "" {
+			// A write of this manifest by an earlier try may have landed over them (its look
+			// after the write failed): it must not stay.
+			if err := u.cfg.Store.Delete(ctx, ManifestKey(m.Job, m.Checkpoint, m.Commit)); err != nil {
+				return commitResult{err: fmt.Errorf("delete the manifest of a commit whose objects are gone: %w", err)}
+			}
 			return commitResult{changed: lc.Files}
 		}
 	}
@@ -1027,7 +1082,12 @@ func (u *Uploader) commit(ctx context.Context, c commitJob) commitResult {
 		// Another agent's retention may have deleted the earlier commit between the look above
 		// and the write: then this manifest lists deleted objects, and goes at once.
 		missing, err := u.missingObjects(ctx, m)
-		if err == nil && missing != "" {
+		if err != nil {
+			// Not known to be whole: the commit is tried again (the write then finds this
+			// manifest, and this look is taken again).
+			return commitResult{attempted: true, err: fmt.Errorf("look at the objects of a commit written again: %w", err)}
+		}
+		if missing != "" {
 			u.log.Error().Str("checkpoint", c.name).Str("commit", c.commit).Str("missing", missing).
 				Msg("commit's objects were deleted (by retention) as its manifest was written again; deleting that manifest and committing the checkpoint anew")
 			if derr := u.cfg.Store.Delete(ctx, key); derr != nil {

@@ -409,6 +409,7 @@ func manifestFingerprint(m *Manifest) string {
 // check asserts the invariants after a step.
 func (s *sim) check() {
 	s.t.Helper()
+	s.b.checkTorn(false)
 	if v := s.b.takeViolations(); len(v) > 0 {
 		s.fail("invariants violated:\n  %s", strings.Join(v, "\n  "))
 	}
@@ -859,6 +860,10 @@ func (s *sim) settle() {
 		s.stopAgent(a)
 	}
 	s.awaitLate()
+	s.b.checkTorn(true)
+	if s.b.tears > 0 {
+		s.t.Logf("%d manifests were written over deleted objects by two agents' race, and deleted by them", s.b.tears)
+	}
 	s.check()
 	clean := s.b.connect("check")
 	s.storeCheck(clean)

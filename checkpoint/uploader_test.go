@@ -1356,3 +1356,59 @@ func TestRetentionKeepsACommitWhoseManifestMayStillLand(t *testing.T) {
 		t.Errorf("step-1's commit after its held manifest write landed: missing %q (%v); want it whole", missing, err)
 	}
 }
+
+// revivingStore writes a commit's manifest back after its delete, just before the delete of its
+// data (after their listing), as another agent does that lost the answer to its write of that
+// manifest and writes it again while retention deletes the commit (found by the simulation: two
+// agents on one job).
+type revivingStore struct {
+	*memStore
+	name    string
+	mu      sync.Mutex
+	key     string
+	data    []byte
+	revived int
+}
+
+func (s *revivingStore) Delete(ctx context.Context, keys ...string) error {
+	s.mu.Lock()
+	for _, k := range keys {
+		switch {
+		case !strings.HasPrefix(k, "job/"+s.name+"/"):
+		case strings.HasSuffix(k, "/"+MetaDir+"/manifest.json") && s.key == "":
+			if data, _, err := s.memStore.GetBytes(ctx, k); err == nil {
+				s.key, s.data = k, data
+			}
+		case s.key != "" && s.revived == 0 && !strings.Contains(k, "/"+MetaDir+"/"):
+			s.memStore.put(s.key, s.data)
+			s.revived++
+		}
+	}
+	s.mu.Unlock()
+	return s.memStore.Delete(ctx, keys...)
+}
+
+// Retention that deletes a commit whose manifest another agent writes again between the delete
+// of the manifest and of the data leaves no manifest over deleted objects.
+func TestRetentionDeletesAManifestWrittenAgainMeanwhile(t *testing.T) {
+	s := &revivingStore{memStore: newMemStore(), name: "step-1"}
+	dir := t.TempDir()
+	r := startUploader(t, dir, s, 1)
+	writeCheckpoint(t, dir, "step-1", map[string][]byte{"a": randomBytes(t, 1<<10)})
+	old := r.waitCommitted("step-1").Manifest
+	laterTick(t, dir, "step-1")
+	writeCheckpoint(t, dir, "step-2", map[string][]byte{"a": randomBytes(t, 1<<10)})
+	r.waitCommitted("step-2")
+	s.mu.Lock()
+	revived := s.revived
+	s.mu.Unlock()
+	if revived != 1 {
+		t.Fatalf("step-1's manifest was written back %d times; want once (the test's premise)", revived)
+	}
+	if _, _, err := s.GetBytes(t.Context(), ManifestKey(old.Job, old.Checkpoint, old.Commit)); !errors.Is(err, ErrNotFound) {
+		t.Errorf("step-1's manifest after retention: %v; want it deleted (its objects are)", err)
+	}
+	if problems := CheckJob(t.Context(), s, "job", true); len(problems) > 0 {
+		t.Errorf("job after retention: %v", problems)
+	}
+}
