@@ -38,6 +38,10 @@ const (
 	journalFile journalOp = "file"
 	// journalDone: the commit is committed (by this agent or found committed and adopted).
 	journalDone journalOp = "done"
+	// journalSeal: a manifest PUT for the commit may be sent from now on (before the first). A
+	// restarted agent treats the commit as one whose manifest may exist or still land: nothing
+	// is written into it again, and it is not deleted as abandoned.
+	journalSeal journalOp = "seal"
 	// journalDrop: the commit was abandoned; its objects are being deleted.
 	journalDrop journalOp = "drop"
 	// journalCleaned: the dropped commit's objects are deleted. A drop without it is a clean-up
@@ -65,6 +69,8 @@ type journalEntry struct {
 	dropped bool
 	// adopted: commit is not this agent's (journalAdopt); only a done one is kept.
 	adopted bool
+	// sealed: a manifest PUT for commit may have been sent (journalSeal).
+	sealed bool
 }
 
 // journal appends lines to the journal file. Only the uploader's Run goroutine uses it. A nil
@@ -122,6 +128,8 @@ func readJournal(path string) (map[string]*journalEntry, error) {
 			}
 		case journalDone:
 			e.done = true
+		case journalSeal:
+			e.sealed = true
 		case journalDrop:
 			e.dropped = true
 		}
@@ -199,6 +207,9 @@ func writeJournalEntry(buf *bytes.Buffer, name string, e *journalEntry) {
 		id := d.id
 		_ = enc.Encode(journalLine{Op: journalFile, Checkpoint: name, Commit: e.commit, Path: p, Key: d.key, ID: &id,
 			Checksum: d.checksum, ReadAt: d.readAt})
+	}
+	if e.sealed {
+		_ = enc.Encode(journalLine{Op: journalSeal, Checkpoint: name, Commit: e.commit})
 	}
 	if e.done {
 		_ = enc.Encode(journalLine{Op: journalDone, Checkpoint: name, Commit: e.commit})

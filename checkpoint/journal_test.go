@@ -16,6 +16,7 @@ func TestJournalRoundTrip(t *testing.T) {
 		"step-1": {commit: "20261130T000000Z-000000000001", done: true,
 			files: map[string]doneFile{"a": {id: id, checksum: sum, key: "J/step-1/20261130T000000Z-000000000001/a"}}},
 		"step-2": {commit: "20261130T000000Z-000000000002", files: map[string]doneFile{}},
+		"step-7": {commit: "20261130T000000Z-000000000007", sealed: true, files: map[string]doneFile{}},
 		"step-3": {commit: "20261130T000000Z-000000000003", adopted: true, done: true, files: map[string]doneFile{}},
 	}
 	j, err := writeJournal(path, entries)
@@ -40,8 +41,14 @@ func TestJournalRoundTrip(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(got) != 3 {
-		t.Fatalf("Got(%q) = %d entries %v; want step-1, step-2, step-3", "readJournal", len(got), got)
+	if len(got) != 4 {
+		t.Fatalf("Got(%q) = %d entries %v; want step-1, step-2, step-3, step-7", "readJournal", len(got), got)
+	}
+	if e := got["step-7"]; e == nil || !e.sealed || e.done {
+		t.Errorf("Got(%q) = %+v; want unfinished and sealed (its manifest PUT may have been sent)", "step-7", e)
+	}
+	if e := got["step-2"]; e != nil && e.sealed {
+		t.Errorf("Got(%q) = %+v; want not sealed", "step-2", e)
 	}
 	if e := got["step-1"]; e == nil || !e.done || !e.files["a"].id.Same(id) || e.files["a"].checksum != sum {
 		t.Errorf("Got(%q) = %+v; want done with file a", "step-1", e)

@@ -990,6 +990,12 @@ func (u *Uploader) resolveJournal(ctx context.Context, name string, e *journalEn
 		log.Warn().Err(err).Msg("cannot list the unfinished commit; starting over")
 	}
 	delete(u.resume, name)
+	if e.sealed {
+		// Its manifest PUT may still land: deleted now, the commit would list deleted objects.
+		// It is left, as a commit of this run's whose manifest answer was lost is.
+		log.Info().Msg("an earlier run's unfinished commit whose manifest write may still land is left as it is")
+		return
+	}
 	u.cleanupCommit(ctx, name, e.commit, "an earlier run's unfinished commit that cannot be resumed")
 }
 
@@ -1063,7 +1069,7 @@ func (u *Uploader) current(name string) *generation {
 				}
 			}
 		} else {
-			g.state, g.resumed = genUploading, true
+			g.state, g.resumed, g.sealed = genUploading, true, e.sealed
 		}
 		for p, d := range e.files {
 			g.files[p] = &fileState{id: d.id, done: &d}
@@ -1879,6 +1885,12 @@ func (u *Uploader) startCommit(ctx context.Context, g *generation) {
 	c.trigger = "periodic"
 	if g.notice != "" {
 		c.trigger, c.notice = "notice", g.notice
+	}
+	if !c.adopt && !g.sealed {
+		// Written out before the manifest PUT can be sent: a request of a killed run can land
+		// after the restart, which must then neither write into this commit nor delete it.
+		u.journal.add(journalLine{Op: journalSeal, Checkpoint: g.name, Commit: g.commit})
+		u.flushJournal()
 	}
 	g.committing = true
 	u.committing = g

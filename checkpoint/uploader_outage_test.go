@@ -523,6 +523,71 @@ func TestUploaderResumedCommitDeletedMeanwhileIsNotTorn(t *testing.T) {
 	}
 }
 
+// TestUploaderResumedCommitWhoseManifestMayLandIsNotWrittenInto: a killed run's manifest request
+// can land after the restart. The next run must treat that commit as sealed: a file changed since
+// goes to a new commit, not into the old one under the manifest about to land (found by
+// TestSimulationTrouble seed 7: a manifest listing a marker of 16 bytes over one of 65).
+func TestUploaderResumedCommitWhoseManifestMayLandIsNotWrittenInto(t *testing.T) {
+	mem := newMemStore()
+	dir, state := t.TempDir(), t.TempDir()
+	var mu sync.Mutex
+	var heldKey string
+	var held []byte
+	holding := &heldPutStore{Store: mem, hold: func(key string, data []byte) bool {
+		mu.Lock()
+		defer mu.Unlock()
+		if strings.HasSuffix(key, "/"+MetaDir+"/manifest.json") {
+			heldKey, held = key, slices.Clone(data)
+			return true
+		}
+		return false
+	}}
+	first := startUploaderWith(t, dir, holding, UploaderConfig{StateDir: state, StopBudget: -1})
+	writeCheckpoint(t, dir, "step-1", map[string][]byte{"a": randomBytes(t, 8<<10), "b": randomBytes(t, 8<<10)})
+	first.waitEvent(CheckpointFailed, "step-1")
+	first.stop()
+	mu.Lock()
+	oldKey, oldData := heldKey, held
+	mu.Unlock()
+	if oldKey == "" {
+		t.Fatal("the first run sent no manifest (the test's premise)")
+	}
+	// The trainer rewrites a file; the held manifest lands just as the next run's goes out.
+	laterTick(t, dir, "step-1")
+	if err := os.WriteFile(filepath.Join(dir, "step-1", "a"), randomBytes(t, 12<<10), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var once sync.Once
+	landing := &hookStore{Store: mem, before: func(key string) error {
+		if strings.HasSuffix(key, "/"+MetaDir+"/manifest.json") {
+			once.Do(func() { mem.put(oldKey, oldData) })
+		}
+		return nil
+	}}
+	second := startUploaderWith(t, dir, landing, UploaderConfig{StateDir: state})
+	ev := second.waitCommitted("step-1")
+	if ManifestKey("job", "step-1", ev.Manifest.Commit) == oldKey {
+		t.Errorf("the changed checkpoint was committed into the commit whose manifest the killed run sent")
+	}
+	if problems := CheckJob(t.Context(), mem, "job", true); len(problems) > 0 {
+		t.Errorf("store check: %v", problems)
+	}
+}
+
+// heldPutStore is Store with the writes hold picks answered by a timeout and not done: held by
+// the network until the test lands them.
+type heldPutStore struct {
+	Store
+	hold func(key string, data []byte) bool
+}
+
+func (h *heldPutStore) PutBytes(ctx context.Context, key string, data []byte, cond Cond) (string, error) {
+	if h.hold(key, data) {
+		return "", errors.New("timeout awaiting response headers")
+	}
+	return h.Store.PutBytes(ctx, key, data, cond)
+}
+
 // TestUploaderNegativeStopBudgetDoesNotDrain: agent.stop_budget 0s is a negative StopBudget,
 // "stop at once"; it had become the default 140 s.
 func TestUploaderNegativeStopBudgetDoesNotDrain(t *testing.T) {
