@@ -994,6 +994,7 @@ func (u *Uploader) resolveJournal(ctx context.Context, name string, e *journalEn
 		// Its manifest PUT may still land: deleted now, the commit would list deleted objects.
 		// It is left, as a commit of this run's whose manifest answer was lost is.
 		log.Info().Msg("an earlier run's unfinished commit whose manifest write may still land is left as it is")
+		u.goLateCleanup(ctx, prefix, nil, false) // its incomplete uploads go, as in replaceSealed
 		return
 	}
 	u.cleanupCommit(ctx, name, e.commit, "an earlier run's unfinished commit that cannot be resumed")
@@ -1109,6 +1110,9 @@ func (u *Uploader) replaceSealed(g *generation) *generation {
 	}
 	g.state = genAbandoned
 	g.cancel()
+	// Its manifest may exist or still land, so its objects stay; its uploads cut short (or held
+	// by the network and landing later) would stay under that commit for good.
+	u.goLateCleanup(u.work, CommitPrefix(u.cfg.Job, g.name, g.commit), nil, false)
 	u.markDirty(ng)
 	return ng
 }
@@ -1282,8 +1286,11 @@ func (u *Uploader) abandon(ctx context.Context, g *generation, why string) {
 	} else {
 		u.log.Info().Str("checkpoint", g.name).Str("why", why).Msg("checkpoint no longer tracked")
 	}
-	if g.commit != "" && !g.sealed {
+	switch {
+	case g.commit != "" && !g.sealed:
 		u.cleanupCommit(ctx, g.name, g.commit, why)
+	case g.commit != "":
+		u.goLateCleanup(ctx, CommitPrefix(u.cfg.Job, g.name, g.commit), nil, false) // as in replaceSealed
 	}
 }
 
