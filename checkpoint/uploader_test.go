@@ -1337,13 +1337,11 @@ func (s *heldManifestStore) land() {
 	s.memStore.put(s.key, s.data)
 }
 
-// A commit whose manifest write lost its answer is kept by retention for uncertainFor: that write
-// may land late, and would otherwise list the objects retention deleted (found by the
-// simulation: a torn commit).
-func TestRetentionKeepsACommitWhoseManifestMayStillLand(t *testing.T) {
-	t.Cleanup(func(d time.Duration) func() { return func() { uncertainFor = d } }(uncertainFor)) // after the uploader stops
-	uncertainFor = time.Hour
-	s := &heldManifestStore{memStore: newMemStore(), name: "step-1"}
+// commitTwoKeepOne runs an uploader on s with checkpoint.keep 1 and commits step-1, then step-2
+// (completed later, so retention then deletes step-1); it returns the uploader and step-1's
+// manifest as committed.
+func commitTwoKeepOne(t *testing.T, s Store) (*uploaderRig, *Manifest) {
+	t.Helper()
 	dir := t.TempDir()
 	r := startUploader(t, dir, s, 1)
 	writeCheckpoint(t, dir, "step-1", map[string][]byte{"a": randomBytes(t, 1<<10)})
@@ -1351,6 +1349,17 @@ func TestRetentionKeepsACommitWhoseManifestMayStillLand(t *testing.T) {
 	laterTick(t, dir, "step-1")
 	writeCheckpoint(t, dir, "step-2", map[string][]byte{"a": randomBytes(t, 1<<10)})
 	r.waitCommitted("step-2")
+	return r, old
+}
+
+// A commit whose manifest write lost its answer is kept by retention for uncertainFor: that write
+// may land late, and would otherwise list the objects retention deleted (found by the
+// simulation: a torn commit).
+func TestRetentionKeepsACommitWhoseManifestMayStillLand(t *testing.T) {
+	t.Cleanup(func(d time.Duration) func() { return func() { uncertainFor = d } }(uncertainFor)) // after the uploader stops
+	uncertainFor = time.Hour
+	s := &heldManifestStore{memStore: newMemStore(), name: "step-1"}
+	r, old := commitTwoKeepOne(t, s)
 	s.land()
 	if missing, err := r.up.missingObjects(t.Context(), old); err != nil || missing != "" {
 		t.Errorf("step-1's commit after its held manifest write landed: missing %q (%v); want it whole", missing, err)
@@ -1392,13 +1401,7 @@ func (s *revivingStore) Delete(ctx context.Context, keys ...string) error {
 // of the manifest and of the data leaves no manifest over deleted objects.
 func TestRetentionDeletesAManifestWrittenAgainMeanwhile(t *testing.T) {
 	s := &revivingStore{memStore: newMemStore(), name: "step-1"}
-	dir := t.TempDir()
-	r := startUploader(t, dir, s, 1)
-	writeCheckpoint(t, dir, "step-1", map[string][]byte{"a": randomBytes(t, 1<<10)})
-	old := r.waitCommitted("step-1").Manifest
-	laterTick(t, dir, "step-1")
-	writeCheckpoint(t, dir, "step-2", map[string][]byte{"a": randomBytes(t, 1<<10)})
-	r.waitCommitted("step-2")
+	_, old := commitTwoKeepOne(t, s)
 	s.mu.Lock()
 	revived := s.revived
 	s.mu.Unlock()
