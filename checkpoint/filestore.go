@@ -416,24 +416,9 @@ func (s *FileStore) openObject(r *os.Root, key string) (*os.File, fs.FileInfo, e
 		return nil, nil, ErrNotFound
 	case !fi.Mode().IsRegular():
 		f.Close()
-		return nil, nil, fmt.Errorf("%s is not a regular file (%s); a store holds only regular files", key, fileTypeName(fi.Mode()))
+		return nil, nil, fmt.Errorf("%s is not a regular file (%s); a store holds only regular files", key, typeWords(fi.Mode()))
 	}
 	return f, fi, nil
-}
-
-// fileTypeName names the type of a file that is not a regular file or a directory.
-func fileTypeName(m fs.FileMode) string {
-	switch {
-	case m&fs.ModeNamedPipe != 0:
-		return "a named pipe"
-	case m&fs.ModeSocket != 0:
-		return "a socket"
-	case m&fs.ModeCharDevice != 0:
-		return "a character device"
-	case m&fs.ModeDevice != 0:
-		return "a block device"
-	}
-	return "type " + m.Type().String()
 }
 
 // read returns the content of key and its ETag; ErrNotFound if there is no such regular file.

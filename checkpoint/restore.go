@@ -545,12 +545,8 @@ func restoreExisting(ctx context.Context, to *os.Root, m *Manifest, conc int) (b
 	case err != nil:
 		return false, fmt.Errorf("inspect existing destination: %w", err)
 	case m.SingleFile() && !fi.Mode().IsRegular():
-		what := "a directory"
-		if !fi.IsDir() {
-			what = fi.Mode().Type().String()
-		}
 		return false, fmt.Errorf("destination %s exists and is not a regular file (%s); not overwriting it",
-			filepath.Join(to.Name(), m.Checkpoint), what)
+			filepath.Join(to.Name(), m.Checkpoint), typeWords(fi.Mode()))
 	case m.SingleFile():
 		f := m.Files[0]
 		got, size, err := restoreChecksumFile(to, f.Path)
@@ -564,7 +560,7 @@ func restoreExisting(ctx context.Context, to *os.Root, m *Manifest, conc int) (b
 		return true, nil
 	case !fi.IsDir():
 		return false, fmt.Errorf("destination %s exists and is not a directory (%s); not overwriting it",
-			filepath.Join(to.Name(), m.Checkpoint), fi.Mode().Type())
+			filepath.Join(to.Name(), m.Checkpoint), typeWords(fi.Mode()))
 	}
 	dir, err := to.OpenRoot(m.Checkpoint)
 	if err != nil {
@@ -588,7 +584,7 @@ func restoreExisting(ctx context.Context, to *os.Root, m *Manifest, conc int) (b
 		case d.IsDir():
 			return nil
 		case !d.Type().IsRegular():
-			return fmt.Errorf("%q is not a regular file (%s)", p, d.Type())
+			return fmt.Errorf("%q is not a regular file (%s)", p, typeWords(d.Type()))
 		}
 		have = append(have, p)
 		return nil

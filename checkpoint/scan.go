@@ -296,7 +296,8 @@ func (o scanOwner) canRead(uid, gid uint32, perm fs.FileMode) bool {
 		perm&0o004 != 0
 }
 
-// scanKind names the type of a file that is neither regular nor a directory, for log lines.
+// scanKind names the type of a file that is neither regular nor a directory, for log fields
+// (typeWords says it in a sentence).
 func scanKind(mode fs.FileMode) string {
 	switch {
 	case mode&fs.ModeSymlink != 0:
@@ -312,6 +313,27 @@ func scanKind(mode fs.FileMode) string {
 	default:
 		return "irregular"
 	}
+}
+
+// typeWords says in words the type of a file of mode ("a symbolic link"), for errors.
+func typeWords(mode fs.FileMode) string {
+	switch {
+	case mode.IsRegular():
+		return "a regular file"
+	case mode.IsDir():
+		return "a directory"
+	case mode&fs.ModeSymlink != 0:
+		return "a symbolic link"
+	case mode&fs.ModeNamedPipe != 0:
+		return "a named pipe"
+	case mode&fs.ModeSocket != 0:
+		return "a socket"
+	case mode&fs.ModeCharDevice != 0:
+		return "a character device"
+	case mode&fs.ModeDevice != 0:
+		return "a block device"
+	}
+	return "an irregular file"
 }
 
 // scanLogSkip writes the one log line for a skipped path: kind names its type, or err says

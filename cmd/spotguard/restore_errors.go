@@ -8,8 +8,6 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
-	"regexp"
-	"strings"
 	"syscall"
 
 	"golang.org/x/sys/unix"
@@ -214,42 +212,4 @@ func interruptedText(ctx context.Context) string {
 		return "interrupted"
 	}
 	return "interrupted (" + cause.Error() + ")"
-}
-
-// goModeType matches a file type as Go's fs.FileMode.String writes it for a mode without
-// permission bits, in parentheses: "(L---------)" for a symbolic link, "(----------)" for a
-// regular file.
-var goModeType = regexp.MustCompile(`\(([dLDpSc?]+|-)---------\)`)
-
-// restoreErrorText is err's text with the file types checkpoint.Restore writes as Go mode strings
-// ("exists and is not a directory (L---------)") said in words ("(a symbolic link)").
-// TODO: once checkpoint/restore.go says what is in the way in words itself, this finds nothing
-// to replace and can go.
-func restoreErrorText(err error) string {
-	return goModeType.ReplaceAllStringFunc(err.Error(), func(m string) string {
-		letters := strings.TrimSuffix(strings.TrimPrefix(m, "("), "---------)")
-		return "(" + fileTypeWords(letters) + ")"
-	})
-}
-
-// fileTypeWords says in words the file type whose letters fs.FileMode.String writes ("-" for a
-// regular file).
-func fileTypeWords(letters string) string {
-	switch {
-	case letters == "-":
-		return "a regular file"
-	case strings.Contains(letters, "L"):
-		return "a symbolic link"
-	case strings.Contains(letters, "d"):
-		return "a directory"
-	case strings.Contains(letters, "p"):
-		return "a named pipe"
-	case strings.Contains(letters, "S"):
-		return "a socket"
-	case strings.Contains(letters, "c"):
-		return "a character device"
-	case strings.Contains(letters, "D"):
-		return "a block device"
-	}
-	return "an irregular file"
 }

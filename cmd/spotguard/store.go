@@ -193,7 +193,7 @@ func runRestore(ctx context.Context, args, environ []string, stdout, stderr io.W
 		return exitFail
 	}
 	if err != nil {
-		fmt.Fprintf(stderr, "spotguard restore: %s\n", restoreErrorText(err))
+		fmt.Fprintf(stderr, "spotguard restore: %s\n", err)
 		notFound := ""
 		switch {
 		case *commit != "":
