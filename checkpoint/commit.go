@@ -230,6 +230,8 @@ func readJob(ctx context.Context, s Store, job string, cache *manifestCache) (*J
 		m, part *Manifest
 		problem error
 		absent  bool
+		// partProblem: problem is the part manifest's (the commit has no manifest).
+		partProblem bool
 	}
 	reads := make([]read, len(all))
 	g, gctx = errgroup.WithContext(ctx)
@@ -252,7 +254,7 @@ func readJob(ctx context.Context, s Store, job string, cache *manifestCache) (*J
 			case part != nil:
 				reads[i].part = part
 			case !errors.Is(problem, ErrNotFound):
-				reads[i] = read{problem: problem}
+				reads[i] = read{problem: problem, partProblem: true}
 			}
 			return nil
 		})
@@ -294,7 +296,7 @@ func readJob(ctx context.Context, s Store, job string, cache *manifestCache) (*J
 		case r.absent:
 			// A version 1 MetaDir without a manifest: nothing was committed there.
 		default:
-			st.Problems = append(st.Problems, r.problem)
+			st.Problems = append(st.Problems, &ManifestProblem{Ref: all[i], Part: r.partProblem, Err: r.problem})
 		}
 	}
 	sortCommits(st.Commits)
@@ -397,6 +399,18 @@ func readManifest(ctx context.Context, s Store, job string, ref CommitRef, cache
 		return nil
 	})
 }
+
+// ManifestProblem is a commit's manifest (or, with Part, its part manifest) in the store that
+// cannot be used: not valid JSON, invalid, of a newer version, naming another job, checkpoint or
+// commit than its key. Its text is the problem's, which begins with the key.
+type ManifestProblem struct {
+	Ref  CommitRef
+	Part bool
+	Err  error
+}
+
+func (p *ManifestProblem) Error() string { return p.Err.Error() }
+func (p *ManifestProblem) Unwrap() error { return p.Err }
 
 // readMeta reads the manifest (or part) at key, from cache when it holds it, parses and
 // validates it and checks it with match, with readManifest's three outcomes; a problem names key.

@@ -321,7 +321,7 @@ func restoreResolve(ctx context.Context, s Store, opts RestoreOptions, run *rest
 			break
 		}
 	}
-	if blocking := restoreBlocking(restoreUnusableCommits(job, st), opts.Checkpoint, newest); len(blocking) > 0 {
+	if blocking := restoreBlocking(restoreUnusableCommits(st), opts.Checkpoint, newest); len(blocking) > 0 {
 		return nil, false, restoreUnusableErr(ctx, s, job, opts.Checkpoint, blocking, newest)
 	}
 	if opts.Checkpoint != "" {
@@ -331,7 +331,7 @@ func restoreResolve(ctx context.Context, s Store, opts RestoreOptions, run *rest
 		// Say why: the problems with its manifests, if it has any.
 		why := []error{ErrNotFound}
 		for _, p := range st.Problems {
-			if strings.HasPrefix(p.Error(), job+"/"+opts.Checkpoint+"/") {
+			if mp, ok := errors.AsType[*ManifestProblem](p); ok && mp.Ref.Checkpoint == opts.Checkpoint {
 				why = append(why, p)
 			}
 		}
@@ -365,28 +365,16 @@ type restoreUnusable struct {
 }
 
 // restoreUnusableCommits returns the commits whose manifest readJob read and could not use, the
-// latest commit id first: the problems in st that begin with a manifest's key (readMeta writes
-// "<key>: <why>"; other problems, LATEST's or a part's, are not manifests of a commit).
-func restoreUnusableCommits(job string, st *JobState) []restoreUnusable {
-	const tail = "/" + MetaDir + "/manifest.json: "
+// latest commit id first (other problems, LATEST's or a part's, are not manifests of a commit).
+func restoreUnusableCommits(st *JobState) []restoreUnusable {
 	var us []restoreUnusable
 	for _, p := range st.Problems {
-		msg := p.Error()
-		i := strings.Index(msg, tail)
-		if i < 0 {
+		mp, ok := errors.AsType[*ManifestProblem](p)
+		if !ok || mp.Part {
 			continue
 		}
-		rest, ok := strings.CutPrefix(msg[:i], job+"/")
-		if !ok {
-			continue
-		}
-		name, commit, _ := strings.Cut(rest, "/")
-		if ValidName(name) != nil || (commit != "" && ValidCommitID(commit) != nil) ||
-			ManifestKey(job, name, commit) != msg[:i+len(tail)-2] {
-			continue
-		}
-		latest := st.Latest != nil && st.Latest.Checkpoint == name && st.Latest.Commit == commit
-		us = append(us, restoreUnusable{ref: CommitRef{Checkpoint: name, Commit: commit}, latest: latest, problem: p})
+		latest := st.Latest != nil && st.Latest.Checkpoint == mp.Ref.Checkpoint && st.Latest.Commit == mp.Ref.Commit
+		us = append(us, restoreUnusable{ref: mp.Ref, latest: latest, problem: p})
 	}
 	slices.SortStableFunc(us, func(a, b restoreUnusable) int { return strings.Compare(b.ref.Commit, a.ref.Commit) })
 	return us
