@@ -991,10 +991,7 @@ func (u *Uploader) resolveJournal(ctx context.Context, name string, e *journalEn
 	}
 	delete(u.resume, name)
 	if e.sealed {
-		// Its manifest PUT may still land: deleted now, the commit would list deleted objects.
-		// It is left, as a commit of this run's whose manifest answer was lost is.
-		log.Info().Msg("an earlier run's unfinished commit whose manifest write may still land is left as it is")
-		u.goLateCleanup(ctx, prefix, nil, false) // its incomplete uploads go, as in replaceSealed
+		u.goSealedCleanup(ctx, name, e.commit)
 		return
 	}
 	u.cleanupCommit(ctx, name, e.commit, "an earlier run's unfinished commit that cannot be resumed")
@@ -1019,6 +1016,55 @@ func (u *Uploader) cleanupCommit(ctx context.Context, name, commit, why string) 
 		case <-ctx.Done():
 		}
 		u.goLateCleanup(ctx, prefix, nil, true) // its cancelled uploads and held writes may still land
+	})
+}
+
+// goSealedCleanup clears commit of name, which this agent left after a manifest PUT for it got no
+// answer (its checkpoint changed or went, or a restart could not resume it). That PUT may still
+// land: deleted now, the commit would list deleted objects. So its incomplete uploads are
+// aborted now and later (goLateCleanup), and its objects are deleted once uncertainFor has
+// passed, unless the manifest is there by then: the write landed after all, and the commit stands.
+func (u *Uploader) goSealedCleanup(ctx context.Context, name, commit string) {
+	u.goLateCleanup(ctx, CommitPrefix(u.cfg.Job, name, commit), nil, false)
+	key := ManifestKey(u.cfg.Job, name, commit)
+	if u.cfg.WorldNodes > 1 {
+		key = PartKey(u.cfg.Job, name, commit)
+	}
+	log := u.log.With().Str("checkpoint", name).Str("commit", commit).Logger()
+	u.wg.Go(func() {
+		t := time.NewTimer(uncertainFor)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return
+		}
+		for attempt := 1; ; attempt++ {
+			_, _, err := u.cfg.Store.GetBytes(ctx, key)
+			switch {
+			case err == nil:
+				log.Info().Msg("a manifest write whose answer was lost landed after all: that commit stands")
+				return
+			case errors.Is(err, ErrNotFound):
+				select {
+				case u.wake <- func() {
+					u.cleanupCommit(ctx, name, commit, "left after a manifest write whose answer was lost, which never landed")
+				}:
+				case <-ctx.Done():
+				}
+				return
+			case ctx.Err() != nil:
+				return
+			}
+			log.Debug().Err(err).Int("attempt", attempt).Msg("cannot tell whether a left commit's manifest landed; looking again")
+			t := time.NewTimer(retryDelay(attempt, false))
+			select {
+			case <-t.C:
+			case <-ctx.Done():
+				t.Stop()
+				return
+			}
+		}
 	})
 }
 
@@ -1110,9 +1156,7 @@ func (u *Uploader) replaceSealed(g *generation) *generation {
 	}
 	g.state = genAbandoned
 	g.cancel()
-	// Its manifest may exist or still land, so its objects stay; its uploads cut short (or held
-	// by the network and landing later) would stay under that commit for good.
-	u.goLateCleanup(u.work, CommitPrefix(u.cfg.Job, g.name, g.commit), nil, false)
+	u.goSealedCleanup(u.work, g.name, g.commit)
 	u.markDirty(ng)
 	return ng
 }
@@ -1290,7 +1334,7 @@ func (u *Uploader) abandon(ctx context.Context, g *generation, why string) {
 	case g.commit != "" && !g.sealed:
 		u.cleanupCommit(ctx, g.name, g.commit, why)
 	case g.commit != "":
-		u.goLateCleanup(ctx, CommitPrefix(u.cfg.Job, g.name, g.commit), nil, false) // as in replaceSealed
+		u.goSealedCleanup(ctx, g.name, g.commit)
 	}
 }
 

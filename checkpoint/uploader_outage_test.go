@@ -3,6 +3,7 @@ package checkpoint
 import (
 	"context"
 	"errors"
+	"fmt"
 	"maps"
 	"os"
 	"path/filepath"
@@ -575,10 +576,29 @@ func TestUploaderResumedCommitWhoseManifestMayLandIsNotWrittenInto(t *testing.T)
 }
 
 // heldPutStore is Store with the writes hold picks answered by a timeout and not done: held by
-// the network until the test lands them.
+// the network until the test lands them. It counts the reads of each key.
 type heldPutStore struct {
 	Store
 	hold func(key string, data []byte) bool
+	mu   sync.Mutex
+	read map[string]int
+}
+
+func (h *heldPutStore) GetBytes(ctx context.Context, key string) ([]byte, string, error) {
+	h.mu.Lock()
+	if h.read == nil {
+		h.read = map[string]int{}
+	}
+	h.read[key]++
+	h.mu.Unlock()
+	return h.Store.GetBytes(ctx, key)
+}
+
+// reads is how often key was read.
+func (h *heldPutStore) reads(key string) int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.read[key]
 }
 
 func (h *heldPutStore) PutBytes(ctx context.Context, key string, data []byte, cond Cond) (string, error) {
@@ -776,5 +796,62 @@ func TestUploaderMarkerRewrittenAfterItsCommit(t *testing.T) {
 	}
 	if b, _ := os.ReadFile(filepath.Join(to, "step-1", "_COMPLETE")); string(b) != "run-2" {
 		t.Errorf("restored marker = %q; want the one written last", b)
+	}
+}
+
+// A commit left after its manifest write got no answer (the checkpoint then changed) keeps its
+// objects while that write may still land, then has them deleted unless it landed: a write that
+// never lands leaves nothing behind for good, one that landed leaves a whole commit.
+func TestUploaderLeftSealedCommitIsClearedUnlessItsManifestLanded(t *testing.T) {
+	for _, landed := range []bool{false, true} {
+		t.Run(fmt.Sprintf("landed=%v", landed), func(t *testing.T) {
+			t.Cleanup(func(d time.Duration) func() { return func() { uncertainFor = d } }(uncertainFor))
+			uncertainFor = 200 * time.Millisecond
+			mem := newMemStore()
+			var mu sync.Mutex
+			var heldKey string
+			var held []byte
+			s := &heldPutStore{Store: mem, hold: func(key string, data []byte) bool {
+				mu.Lock()
+				defer mu.Unlock()
+				if heldKey == "" && strings.HasSuffix(key, "/"+MetaDir+"/manifest.json") {
+					heldKey, held = key, slices.Clone(data)
+					return true
+				}
+				return false
+			}}
+			dir := t.TempDir()
+			r := startUploaderWith(t, dir, s, UploaderConfig{})
+			writeCheckpoint(t, dir, "step-1", map[string][]byte{"a": randomBytes(t, 8<<10)})
+			r.waitEvent(CheckpointFailed, "step-1")
+			mu.Lock()
+			oldKey, oldData := heldKey, held
+			mu.Unlock()
+			if landed {
+				mem.put(oldKey, oldData)
+			}
+			laterTick(t, dir, "step-1")
+			if err := os.WriteFile(filepath.Join(dir, "step-1", "a"), randomBytes(t, 12<<10), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			ev := r.waitCommitted("step-1")
+			if ManifestKey("job", "step-1", ev.Manifest.Commit) == oldKey {
+				t.Fatal("the changed checkpoint went into the commit whose manifest write got no answer")
+			}
+			oldPrefix := strings.TrimSuffix(oldKey, MetaDir+"/manifest.json")
+			eventuallyUploader(t, "the left commit's clean-up", func() bool {
+				if landed {
+					return s.reads(oldKey) > 0 // it looked, found the manifest and left the commit
+				}
+				objs, _ := mem.List(t.Context(), oldPrefix)
+				return len(objs) == 0
+			})
+			if problems := CheckJob(t.Context(), mem, "job", true); len(problems) > 0 {
+				t.Errorf("store check: %v", problems)
+			}
+			if objs, _ := mem.List(t.Context(), oldPrefix); landed && len(objs) != 3 {
+				t.Errorf("the commit whose manifest landed holds %d objects; want its file, its marker and its manifest", len(objs))
+			}
+		})
 	}
 }
