@@ -98,6 +98,7 @@ func runSeeds(t *testing.T, name string, fixed []uint64, run func(t *testing.T, 
 	}
 	for _, seed := range seeds {
 		t.Run(fmt.Sprintf("seed=%d", seed), func(t *testing.T) {
+			t.Parallel() // each run is a world of its own: its store, directories and clock
 			synctest.Test(t, func(t *testing.T) { run(t, seed, *simSteps) })
 			if t.Failed() {
 				t.Logf("replay: go test ./checkpoint -run '%s' -sim.seed=%d -v", name, seed)
