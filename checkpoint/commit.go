@@ -1066,7 +1066,11 @@ func (u *Uploader) commit(ctx context.Context, c commitJob) commitResult {
 		if missing != "" {
 			// A write of this manifest by an earlier try may have landed over them (its look
 			// after the write failed): it must not stay.
-			if err := u.cfg.Store.Delete(ctx, ManifestKey(m.Job, m.Checkpoint, m.Commit)); err != nil {
+			key := ManifestKey(m.Job, m.Checkpoint, m.Commit)
+			if m.Part != nil {
+				key = PartKey(m.Job, m.Checkpoint, m.Commit)
+			}
+			if err := u.cfg.Store.Delete(ctx, key); err != nil {
 				return commitResult{err: fmt.Errorf("delete the manifest of a commit whose objects are gone: %w", err)}
 			}
 			return commitResult{changed: lc.Files}
