@@ -102,6 +102,9 @@ type NoticeStatus struct {
 	// one, which a restart inherits); tried also has those that could not be.
 	signalledPIDs []int
 	tried         map[int]bool
+	// notCaught are the processes found not catching the signal (yet): not tried, so the next
+	// scan (signalNew) looks again; said once each.
+	notCaught map[int]bool
 }
 
 // SignalOutcome is what happened to one trainer process on a notice.
@@ -404,28 +407,48 @@ func (c *Coordinator) signal(ns *NoticeStatus, procs []trainer.Process, sig sysc
 	results := c.trainers.Signal(procs, sig)
 	sent := 0
 	for _, r := range results {
-		c.metrics.signals.WithLabelValues(string(r.Outcome)).Inc()
 		out := SignalOutcome{PID: r.PID, Cmdline: r.Cmdline, Outcome: r.Outcome}
 		if r.Err != nil {
 			out.Error = r.Err.Error()
 		}
 		c.mu.Lock()
-		ns.Signals = append(ns.Signals, out)
-		if ns.tried == nil {
-			ns.tried = map[int]bool{}
+		again := ns.notCaught[r.PID]
+		if r.Outcome == trainer.OutcomeNotCaught {
+			// Not tried: a trainer still starting up (a launcher or a shim that execs the
+			// interpreter, imports that take seconds) installs its handler later, and the next
+			// scan looks again.
+			if ns.notCaught == nil {
+				ns.notCaught = map[int]bool{}
+			}
+			ns.notCaught[r.PID] = true
+		} else {
+			if ns.tried == nil {
+				ns.tried = map[int]bool{}
+			}
+			ns.tried[r.PID] = true
 		}
-		ns.tried[r.PID] = true
 		if r.Outcome == trainer.OutcomeSent {
 			ns.signalledPIDs = append(ns.signalledPIDs, r.PID)
 		}
+		if !again || r.Outcome != trainer.OutcomeNotCaught {
+			ns.Signals = append(ns.Signals, out)
+		}
 		c.mu.Unlock()
+		if again && r.Outcome == trainer.OutcomeNotCaught {
+			continue // said when first found
+		}
+		c.metrics.signals.WithLabelValues(string(r.Outcome)).Inc()
 		l := log.With().Int("pid", r.PID).Str("signal", trainer.SignalName(sig)).Str("cmdline", r.Cmdline).Logger()
 		switch r.Outcome {
 		case trainer.OutcomeSent:
 			sent++
-			l.Info().Msg("trainer signalled")
+			if again {
+				l.Warn().Msg("trainer signalled once it caught the signal (it did not when the notice came)")
+			} else {
+				l.Info().Msg("trainer signalled")
+			}
 		case trainer.OutcomeNotCaught:
-			l.Error().Msg("trainer does not catch the signal; NOT sent, because its default action would kill the trainer")
+			l.Error().Msg("trainer does not catch the signal; NOT sent, because its default action would kill the trainer; looked at again every second while the notice is in force")
 		case trainer.OutcomeGone:
 			l.Warn().Msg("trainer process exited before it could be signalled")
 		default:
@@ -438,8 +461,9 @@ func (c *Coordinator) signal(ns *NoticeStatus, procs []trainer.Process, sig sysc
 // signalNew (called on the coordinator's loop only, as begin is) signals, for every checkpoint
 // notice in force that begin has handled, the trainer
 // processes among procs not tried for it yet: a trainer restarted during the notice (torchrun's
-// workers after a crash have new PIDs), or one started after the notice came. Each is signalled
-// once per notice, as those found when it came were.
+// workers after a crash have new PIDs), one started after the notice came, or one that did not
+// catch the signal when last looked at. Each is signalled once per notice, as those found when it
+// came were.
 func (c *Coordinator) signalNew(cfg *Config, procs []trainer.Process) {
 	changed := false
 	for _, ns := range c.inForce() {

@@ -32,6 +32,18 @@ type fakeTrainers struct {
 	sentTo  []int
 	pids    []int
 	pidsSet bool
+	// uncaught are the processes that do not catch the signal (yet).
+	uncaught map[int]bool
+}
+
+// setUncaught makes these processes not catch the signal from now on (none: every one does).
+func (f *fakeTrainers) setUncaught(pids ...int) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.uncaught = map[int]bool{}
+	for _, pid := range pids {
+		f.uncaught[pid] = true
+	}
 }
 
 // setPIDs makes Find return these processes from now on.
@@ -61,6 +73,10 @@ func (f *fakeTrainers) Signal(procs []trainer.Process, sig syscall.Signal) []tra
 	defer f.mu.Unlock()
 	var out []trainer.Result
 	for _, p := range procs {
+		if f.uncaught[p.PID] {
+			out = append(out, trainer.Result{PID: p.PID, Cmdline: p.Cmdline, Outcome: trainer.OutcomeNotCaught})
+			continue
+		}
 		f.sent = append(f.sent, sig)
 		f.sentTo = append(f.sentTo, p.PID)
 		out = append(out, trainer.Result{PID: p.PID, Cmdline: p.Cmdline, Outcome: trainer.OutcomeSent})
@@ -471,6 +487,55 @@ func TestNewTrainerDuringANoticeIsSignalled(t *testing.T) {
 				}
 				if got := nf.SignalledPIDs; !slices.Equal(got, tc.want) || nf.SignalledAt == nil {
 					t.Errorf("notice.json signalled_pids = %v, signalled_at %v; want %v and a time", got, nf.SignalledAt, tc.want)
+				}
+				stop()
+			})
+		})
+	}
+}
+
+// TestTrainerThatCatchesTheSignalLateIsSignalled: a trainer that does not catch the signal when
+// the notice comes (a shim that has not yet exec'd the interpreter, imports that take seconds
+// before the handler) is not signalled then, and is once it catches it; one that never does is
+// never signalled. (Found by the drill under CI's load: pyenv's shim was the trainer's PID for the
+// first second, and the checkpoint was never asked for.)
+func TestTrainerThatCatchesTheSignalLateIsSignalled(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		catches   bool // after 3 s
+		want      []int
+		wantState string
+	}{
+		{"catches later", true, []int{4242}, StateTrainerSignalled},
+		{"never", false, nil, StateTrainerNotSignalled},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				runtime := t.TempDir()
+				deadline := time.Now().Add(2 * time.Minute).UTC().Truncate(time.Second)
+				fimds := newFakeIMDS()
+				fimds.set("spot/instance-action", `{"action": "terminate", "time": "`+deadline.Format(time.RFC3339)+`"}`)
+				tr := &fakeTrainers{}
+				tr.setPIDs(4242)
+				tr.setUncaught(4242)
+				a, stop := runSignalAgent(t, runtime, fimds, tr)
+				passFakeTime(3 * time.Second)
+				if got := tr.signalledPIDs(); len(got) > 0 {
+					t.Errorf("signalled %v while it did not catch the signal", got)
+				}
+				if tc.catches {
+					tr.setUncaught()
+				}
+				passFakeTime(5 * time.Second)
+				if got := tr.signalledPIDs(); !slices.Equal(got, tc.want) {
+					t.Errorf("signalled %v; want %v", got, tc.want)
+				}
+				n, ok := a.Status().noticeByKey("spot/terminate")
+				if !ok || n.State != tc.wantState {
+					t.Errorf("notice = %+v; want it %s", n, tc.wantState)
+				}
+				if ok && len(n.Signals) > 2 {
+					t.Errorf("notice's signal outcomes %+v; want the not-caught one once (and the sent one)", n.Signals)
 				}
 				stop()
 			})
