@@ -111,7 +111,9 @@ func TestSdNotifyThroughANotice(t *testing.T) {
 func TestSIGTERMMidUploadStillCommits(t *testing.T) {
 	needPeers(t)
 	s3 := startS3(t)
-	slow := startThrottle(t, strings.TrimPrefix(s3.endpoint, "http://"), 4<<20) // 4 MiB/s
+	// 512 KiB/s a connection: 24 MiB in 5 MiB parts take about 8 s, longer than an awscli listing
+	// takes to start under load (at 4 MiB/s the upload was done before it answered).
+	slow := startThrottle(t, strings.TrimPrefix(s3.endpoint, "http://"), 512<<10)
 	sim := newIMDS(t)
 	trigger := time.Now().Truncate(time.Second).Add(4 * time.Second)
 	sim.start("spot", "-a", "terminate", "--mock-trigger-time", trigger.UTC().Format(time.RFC3339), "--rebalance-delay-sec", "100000")
