@@ -464,22 +464,13 @@ func TestNewTrainerDuringANoticeIsSignalled(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				runtime := t.TempDir()
-				deadline := time.Now().Add(2 * time.Minute).UTC().Truncate(time.Second)
-				fimds := newFakeIMDS()
-				fimds.set("spot/instance-action", `{"action": "terminate", "time": "`+deadline.Format(time.RFC3339)+`"}`)
 				tr := &fakeTrainers{}
 				tr.setPIDs(tc.atNotice...)
-				a, stop := runSignalAgent(t, runtime, fimds, tr)
+				a, stop := runSpotNoticeAgent(t, runtime, tr)
 				passFakeTime(3 * time.Second)
 				tr.setPIDs(tc.later...)
 				passFakeTime(5 * time.Second)
-				if got := tr.signalledPIDs(); !slices.Equal(got, tc.want) {
-					t.Errorf("signalled %v; want %v", got, tc.want)
-				}
-				n, ok := a.Status().noticeByKey("spot/terminate")
-				if !ok || n.State != tc.wantState {
-					t.Errorf("notice = %+v; want it %s", n, tc.wantState)
-				}
+				checkSignalled(t, a, tr, tc.want, tc.wantState)
 				data, _ := os.ReadFile(filepath.Join(runtime, NoticeFile))
 				var nf noticeFile
 				if err := json.Unmarshal(data, &nf); err != nil {
@@ -511,14 +502,10 @@ func TestTrainerThatCatchesTheSignalLateIsSignalled(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
-				runtime := t.TempDir()
-				deadline := time.Now().Add(2 * time.Minute).UTC().Truncate(time.Second)
-				fimds := newFakeIMDS()
-				fimds.set("spot/instance-action", `{"action": "terminate", "time": "`+deadline.Format(time.RFC3339)+`"}`)
 				tr := &fakeTrainers{}
 				tr.setPIDs(4242)
 				tr.setUncaught(4242)
-				a, stop := runSignalAgent(t, runtime, fimds, tr)
+				a, stop := runSpotNoticeAgent(t, t.TempDir(), tr)
 				passFakeTime(3 * time.Second)
 				if got := tr.signalledPIDs(); len(got) > 0 {
 					t.Errorf("signalled %v while it did not catch the signal", got)
@@ -527,13 +514,7 @@ func TestTrainerThatCatchesTheSignalLateIsSignalled(t *testing.T) {
 					tr.setUncaught()
 				}
 				passFakeTime(5 * time.Second)
-				if got := tr.signalledPIDs(); !slices.Equal(got, tc.want) {
-					t.Errorf("signalled %v; want %v", got, tc.want)
-				}
-				n, ok := a.Status().noticeByKey("spot/terminate")
-				if !ok || n.State != tc.wantState {
-					t.Errorf("notice = %+v; want it %s", n, tc.wantState)
-				}
+				n, ok := checkSignalled(t, a, tr, tc.want, tc.wantState)
 				if ok && len(n.Signals) > 2 {
 					t.Errorf("notice's signal outcomes %+v; want the not-caught one once (and the sent one)", n.Signals)
 				}
@@ -612,6 +593,30 @@ func TestNoticeDeadlineMovesEarlier(t *testing.T) {
 // runSignalAgent runs an agent on fimds, with runtime as agent.runtime_dir and tr as its trainer
 // processes (SPOTGUARD_TRAINER_MATCH=train), inside the test's synctest bubble; stop ends it and
 // checks what Run returned.
+// checkSignalled checks that tr's processes signalled are want, in order, and that the spot
+// notice is in state; it returns the notice.
+func checkSignalled(t *testing.T, a *Agent, tr *fakeTrainers, want []int, state string) (NoticeStatus, bool) {
+	t.Helper()
+	if got := tr.signalledPIDs(); !slices.Equal(got, want) {
+		t.Errorf("signalled %v; want %v", got, want)
+	}
+	n, ok := a.Status().noticeByKey("spot/terminate")
+	if !ok || n.State != state {
+		t.Errorf("notice = %+v; want it %s", n, state)
+	}
+	return n, ok
+}
+
+// runSpotNoticeAgent is runSignalAgent with a spot notice (terminate, 2 minutes from now) in
+// force from the start.
+func runSpotNoticeAgent(t *testing.T, runtime string, tr *fakeTrainers) (*Agent, func()) {
+	t.Helper()
+	deadline := time.Now().Add(2 * time.Minute).UTC().Truncate(time.Second)
+	fimds := newFakeIMDS()
+	fimds.set("spot/instance-action", `{"action": "terminate", "time": "`+deadline.Format(time.RFC3339)+`"}`)
+	return runSignalAgent(t, runtime, fimds, tr)
+}
+
 func runSignalAgent(t *testing.T, runtime string, fimds *fakeIMDS, tr *fakeTrainers) (*Agent, func()) {
 	t.Helper()
 	cfg := mustLoad(t, LoadOptions{Environ: []string{"SPOTGUARD_HTTP_LISTEN=", "SPOTGUARD_TRAINER_MATCH=train",

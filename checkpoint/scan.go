@@ -296,23 +296,28 @@ func (o scanOwner) canRead(uid, gid uint32, perm fs.FileMode) bool {
 		perm&0o004 != 0
 }
 
-// scanKind names the type of a file that is neither regular nor a directory, for log fields
-// (typeWords says it in a sentence).
+// fileTypes name the types of files that are neither regular nor directories: kind for log
+// fields (scanKind), words for sentences (typeWords). A character device has ModeDevice too, so
+// it comes first.
+var fileTypes = []struct {
+	bit         fs.FileMode
+	kind, words string
+}{
+	{fs.ModeSymlink, "symlink", "a symbolic link"},
+	{fs.ModeNamedPipe, "fifo", "a named pipe"},
+	{fs.ModeSocket, "socket", "a socket"},
+	{fs.ModeCharDevice, "char device", "a character device"},
+	{fs.ModeDevice, "block device", "a block device"},
+}
+
+// scanKind names the type of a file that is neither regular nor a directory, for log fields.
 func scanKind(mode fs.FileMode) string {
-	switch {
-	case mode&fs.ModeSymlink != 0:
-		return "symlink"
-	case mode&fs.ModeNamedPipe != 0:
-		return "fifo"
-	case mode&fs.ModeSocket != 0:
-		return "socket"
-	case mode&fs.ModeCharDevice != 0:
-		return "char device"
-	case mode&fs.ModeDevice != 0:
-		return "block device"
-	default:
-		return "irregular"
+	for _, t := range fileTypes {
+		if mode&t.bit != 0 {
+			return t.kind
+		}
 	}
+	return "irregular"
 }
 
 // typeWords says in words the type of a file of mode ("a symbolic link"), for errors.
@@ -322,16 +327,11 @@ func typeWords(mode fs.FileMode) string {
 		return "a regular file"
 	case mode.IsDir():
 		return "a directory"
-	case mode&fs.ModeSymlink != 0:
-		return "a symbolic link"
-	case mode&fs.ModeNamedPipe != 0:
-		return "a named pipe"
-	case mode&fs.ModeSocket != 0:
-		return "a socket"
-	case mode&fs.ModeCharDevice != 0:
-		return "a character device"
-	case mode&fs.ModeDevice != 0:
-		return "a block device"
+	}
+	for _, t := range fileTypes {
+		if mode&t.bit != 0 {
+			return t.words
+		}
 	}
 	return "an irregular file"
 }
