@@ -86,7 +86,30 @@ func TestFindLeavesOutTheWrappersOfSpotguardRealProcesses(t *testing.T) {
 				shells = append(shells, pid)
 			}
 		}
-		return len(shells) == 2
+		if len(shells) != 2 {
+			return false
+		}
+		// Each shell's sleep must have exec'd: until then the forked child still runs the
+		// shell's argument list, token included, and would be found as a third shell.
+		procs, err := os.ReadDir("/proc")
+		if err != nil {
+			t.Fatal(err)
+		}
+		sleeping := 0
+		for _, e := range procs {
+			pid, err := strconv.Atoi(e.Name())
+			if err != nil {
+				continue
+			}
+			st, err := readStatus("/proc", pid)
+			if err != nil || (st.ppid != shells[0] && st.ppid != shells[1]) {
+				continue
+			}
+			if argv, _ := readArgv("/proc", pid); len(argv) > 0 && argv[0] == "sleep" {
+				sleeping++
+			}
+		}
+		return sleeping == 2
 	})
 	st, err := readStatus("/proc", shells[0])
 	if err != nil {
