@@ -1039,32 +1039,26 @@ func (u *Uploader) goSealedCleanup(ctx context.Context, name, commit string) {
 			t.Stop()
 			return
 		}
-		for attempt := 1; ; attempt++ {
+		landed := false
+		u.goRetry(ctx, log, "cannot tell whether a left commit's manifest landed; looking again", func() error {
 			_, _, err := u.cfg.Store.GetBytes(ctx, key)
-			switch {
-			case err == nil:
+			landed = err == nil
+			if errors.Is(err, ErrNotFound) {
+				return nil
+			}
+			return err
+		}, func() {
+			if landed {
 				log.Info().Msg("a manifest write whose answer was lost landed after all: that commit stands")
 				return
-			case errors.Is(err, ErrNotFound):
-				select {
-				case u.wake <- func() {
-					u.cleanupCommit(ctx, name, commit, "left after a manifest write whose answer was lost, which never landed")
-				}:
-				case <-ctx.Done():
-				}
-				return
-			case ctx.Err() != nil:
-				return
 			}
-			log.Debug().Err(err).Int("attempt", attempt).Msg("cannot tell whether a left commit's manifest landed; looking again")
-			t := time.NewTimer(retryDelay(attempt, false))
 			select {
-			case <-t.C:
+			case u.wake <- func() {
+				u.cleanupCommit(ctx, name, commit, "left after a manifest write whose answer was lost, which never landed")
+			}:
 			case <-ctx.Done():
-				t.Stop()
-				return
 			}
-		}
+		})
 	})
 }
 
