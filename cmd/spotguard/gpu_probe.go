@@ -147,11 +147,12 @@ func runProbe(ctx context.Context, stdout, stderr io.Writer, gpus gpuSource, dep
 		t := time.NewTicker(every)
 		defer t.Stop()
 		for {
-			s := gpus.Sample(runCtx)
+			// A sample that comes back after the copies ended is kept: judgeProbe counts it
+			// only if it was taken while they ran.
+			ticks = append(ticks, gpus.Sample(runCtx))
 			if runCtx.Err() != nil {
 				return
 			}
-			ticks = append(ticks, s)
 			select {
 			case <-runCtx.Done():
 				return

@@ -183,7 +183,8 @@ func pausePipes(t *testing.T) (toTest, toFake *os.File, pause string) {
 
 // A hardware slowdown seen while the copies run makes the GPU degraded. The fake driver stops
 // after the first timed batch until NVML has been read, so the sample is under the probe's load
-// without any timing.
+// without any timing. The sample comes back only after the copies have ended, as it does when
+// the sampler is not scheduled in time on a loaded machine: it counts all the same.
 func TestGPUProbeSlowdownUnderLoad(t *testing.T) {
 	lib := fakeCUDA(t)
 	toTest, toFake, pause := pausePipes(t)
@@ -192,6 +193,7 @@ func TestGPUProbeSlowdownUnderLoad(t *testing.T) {
 	g := newFakeNVML(fakeH200s(1))
 	g.sm = map[int]uint32{0: 1500}
 	g.reasons = map[int][]string{0: {"hw_thermal_slowdown", "sw_power_cap"}}
+	g.late = true
 	g.during = func(read func()) {
 		var b [1]byte
 		if _, err := toTest.Read(b[:]); err != nil { // the first timed batch is done

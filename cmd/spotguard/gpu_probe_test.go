@@ -316,6 +316,9 @@ type fakeNVML struct {
 	// during, when set, is called by the first Sample with the function that reads the GPUs;
 	// it calls it while the probe's copies are under way.
 	during func(read func())
+	// late makes the Sample that called during return only once its ctx is done, as a sampler
+	// that the scheduler leaves alone until the copies have ended would.
+	late bool
 
 	listening chan struct{}
 	listen    sync.Once
@@ -359,6 +362,8 @@ func (g *fakeNVML) Sample(ctx context.Context) []nvml.Sample {
 	}
 	if !called {
 		read()
+	} else if g.late {
+		<-ctx.Done()
 	}
 	return out
 }
