@@ -1,6 +1,7 @@
 package checkpoint
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -45,4 +46,17 @@ func TestScanOwnerThroughALinkAUserOwns(t *testing.T) {
 	if got := skipNames(list); !slices.Contains(got, "step-1/secret") {
 		t.Errorf("Scan through root's link = %v; want the secret (root reads everything)", got)
 	}
+}
+
+// skipNames returns the names of the checkpoints in list and the paths of their files, as
+// "name" and "name/path", for comparisons.
+func skipNames(list []LocalCheckpoint) []string {
+	var got []string
+	for _, c := range list {
+		got = append(got, fmt.Sprintf("%s complete=%v", c.Name, c.Complete))
+		for _, f := range c.Files {
+			got = append(got, c.Name+"/"+f.Path)
+		}
+	}
+	return got
 }

@@ -3,7 +3,6 @@
 package checkpoint
 
 import (
-	"fmt"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -13,19 +12,6 @@ import (
 
 	"github.com/rs/zerolog"
 )
-
-// skipNames returns the names of the checkpoints in list and the paths of their files, as
-// "name" and "name/path", for comparisons.
-func skipNames(list []LocalCheckpoint) []string {
-	var got []string
-	for _, c := range list {
-		got = append(got, fmt.Sprintf("%s complete=%v", c.Name, c.Complete))
-		for _, f := range c.Files {
-			got = append(got, c.Name+"/"+f.Path)
-		}
-	}
-	return got
-}
 
 // skipReady returns the sorted "checkpoint/path" of the FileReady events in evs.
 func skipReady(evs []WatchEvent) []string {
