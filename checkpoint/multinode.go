@@ -473,6 +473,9 @@ type saveResult struct {
 	err      error
 	// latestErr: job is committed, but LATEST could not be moved to it (it is tried again).
 	latestErr error
+	// writing: every part was in and the job manifest was written, or its write was tried
+	// and may have landed: the save is being committed, and a stop waits for it (draining).
+	writing bool
 }
 
 // completeSave tries to complete the save of part mine: when the store holds a part of every
@@ -581,10 +584,12 @@ func completeSave(ctx context.Context, s Store, mine *Manifest, marker string, h
 			return r
 		}
 	}
+	r.writing = true
 	written, err := writeJobManifest(ctx, s, m)
 	if err != nil {
 		if errors.Is(err, ErrExists) {
 			err = conflict(err) // another agent's job manifest of other parts
+			r.writing = false   // this save is not being committed
 		}
 		r.err = err
 		return r

@@ -197,6 +197,9 @@ type Uploader struct {
 type pendingSave struct {
 	part    *Manifest
 	running bool
+	// committing: an attempt found every part in and wrote the job manifest (or tried to, and
+	// it may have landed); LATEST is still to be moved to it. A stop waits for it (draining).
+	committing bool
 	// lastErr is the last error logged for it, so that a repeated one is logged once.
 	lastErr string
 	// missing are the ranks whose parts were missing at the last look that could tell.
@@ -680,13 +683,21 @@ func (u *Uploader) notCommitted() int {
 	return n
 }
 
-// draining reports whether a stop must wait: a checkpoint is complete and not committed, or the
-// trainer was signalled for a notice and no checkpoint has completed since (its marker is still
-// to come) nor vanished. An incomplete checkpoint the trainer abandoned before the signal holds
-// nothing up; the stop budget bounds the wait.
+// draining reports whether a stop must wait: a checkpoint is complete and not committed, a job
+// checkpoint is being committed by this agent (an attempt to complete a save runs, or one wrote
+// its job manifest and LATEST is not on it yet: stopping then left LATEST behind for good when
+// the other nodes' agents had stopped too), or the trainer was signalled for a notice and no
+// checkpoint has completed since (its marker is still to come) nor vanished. An incomplete
+// checkpoint the trainer abandoned before the signal holds nothing up, nor does a save that
+// waits for other nodes' parts between its looks; the stop budget bounds the wait.
 func (u *Uploader) draining() bool {
 	for _, g := range u.gens {
 		if (g.state == genMatching || g.state == genUploading) && g.complete {
+			return true
+		}
+	}
+	for _, ps := range u.saves {
+		if ps.running || ps.committing {
 			return true
 		}
 	}

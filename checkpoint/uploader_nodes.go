@@ -66,6 +66,7 @@ func (u *Uploader) trySave(ctx context.Context, ps *pendingSave) {
 // saveDone takes the result of an attempt to complete ps's save.
 func (u *Uploader) saveDone(ctx context.Context, ps *pendingSave, r saveResult) {
 	ps.running = false
+	ps.committing = ps.committing || r.writing || r.job != nil && r.latestErr != nil
 	p := ps.part
 	log := u.log.With().Str("checkpoint", p.Checkpoint).Str("commit", p.Commit).Int("node_rank", p.Part.NodeRank).Int("world_nodes", p.Part.WorldNodes).Logger()
 	for _, pr := range r.problems {
