@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 )
@@ -100,7 +101,14 @@ func CheckJob(ctx context.Context, s Store, job string, settled bool) []error {
 			ref := CommitRef{Checkpoint: m.Checkpoint, Commit: p.Commit}
 			own[PartKey(m.Job, m.Checkpoint, p.Commit)] = true
 			// A file the job manifest lists once may be in several parts (the same bytes): each
-			// part's copy is its own. A part manifest already deleted (retention) shows none.
+			// part's copy is its own. The job manifest names the ranks that have it, which tells
+			// even when the part manifest is gone: retention deletes a job checkpoint's part
+			// manifests first, and a stop between that and the rest leaves it so until the next.
+			for _, f := range m.Files {
+				if slices.Contains(f.Nodes, p.NodeRank) {
+					own[DataKey(m.Job, m.Checkpoint, p.Commit, f.Path)] = true
+				}
+			}
 			part, _, err := readPart(ctx, s, m.Job, ref, nil)
 			if err != nil {
 				return append(problems, err)

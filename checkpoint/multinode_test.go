@@ -619,3 +619,39 @@ func TestMultiNodeStopWaitsForTheJobCommitInProgress(t *testing.T) {
 		t.Errorf("invariants: %v", v)
 	}
 }
+
+// `list --check` on a job checkpoint that retention has begun to delete (its part manifests
+// first, then a stop): the shared files' copies under a part whose part manifest is gone are the
+// part's own, as the job manifest's ranks say; an object no file accounts for is still flagged.
+func TestCheckJobWithAPartManifestDeleted(t *testing.T) {
+	store := newMemStore()
+	now := time.Now()
+	var parts []*Manifest
+	for rank := range 2 {
+		parts = append(parts, putPart(t, store, "step-000600", rank, 2, fmt.Sprintf("i-node%d", rank), nodeFiles(t, rank, []byte("c")), now, now))
+	}
+	m := buildJobManifest(parts, Host{InstanceID: "i-node0"}, now)
+	if _, err := writeJobManifest(t.Context(), store, m); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := advanceLatest(t.Context(), store, m, Host{InstanceID: "i-node0"}, nil); err != nil {
+		t.Fatal(err)
+	}
+	if v := CheckJob(t.Context(), store, "job", true); len(v) > 0 {
+		t.Fatalf("invariants of the whole job checkpoint: %v", v)
+	}
+	if err := store.Delete(t.Context(), PartKey("job", "step-000600", parts[1].Commit)); err != nil {
+		t.Fatal(err)
+	}
+	if v := CheckJob(t.Context(), store, "job", true); len(v) > 0 {
+		t.Errorf("invariants with node 1's part manifest deleted: %v; want none", v)
+	}
+	stray := DataKey("job", "step-000600", parts[1].Commit, "stray.bin")
+	if _, err := store.PutBytes(t.Context(), stray, []byte("x"), Cond{}); err != nil {
+		t.Fatal(err)
+	}
+	v := CheckJob(t.Context(), store, "job", true)
+	if len(v) != 1 || !strings.Contains(v[0].Error(), "I7: ") || !strings.Contains(v[0].Error(), stray) {
+		t.Errorf("invariants with a stray object under node 1's part = %v; want one I7 naming %s", v, stray)
+	}
+}
