@@ -486,6 +486,7 @@ func (u *Uploader) Run(ctx context.Context, events <-chan WatchEvent) error {
 				trainerTick = tick.C
 			}
 			logTime(u.log.Warn(), "deadline", u.deadline()).Float64("stop_budget_s", logSeconds(u.cfg.StopBudget)).Int("not_committed", u.notCommitted()).
+				Int("job_saves_in_progress", u.savesInProgress()).
 				Msg("stop requested while checkpoints are being written or are not committed yet; finishing them first (a second SIGTERM stops at once)")
 			t := time.NewTimer(u.cfg.StopBudget)
 			defer t.Stop()
@@ -683,6 +684,17 @@ func (u *Uploader) notCommitted() int {
 	return n
 }
 
+// savesInProgress counts the multi-node saves a stop waits for (see draining).
+func (u *Uploader) savesInProgress() int {
+	n := 0
+	for _, ps := range u.saves {
+		if ps.running || ps.committing {
+			n++
+		}
+	}
+	return n
+}
+
 // draining reports whether a stop must wait: a checkpoint is complete and not committed, a job
 // checkpoint is being committed by this agent (an attempt to complete a save runs, or one wrote
 // its job manifest and LATEST is not on it yet: stopping then left LATEST behind for good when
@@ -696,10 +708,8 @@ func (u *Uploader) draining() bool {
 			return true
 		}
 	}
-	for _, ps := range u.saves {
-		if ps.running || ps.committing {
-			return true
-		}
+	if u.savesInProgress() > 0 {
+		return true
 	}
 	return !u.lastSignal.IsZero() && !u.signalAnswered && !u.trainerGone
 }
