@@ -676,12 +676,12 @@ func applyRetention(ctx context.Context, s Store, job string, keep int, partWait
 		cache.drop(c.Key)
 		if err := deleteCommitData(ctx, s, m); err != nil {
 			clog.Warn().Err(err).Msg("retention: manifest deleted but data left behind; deleting it again later")
-			failed = append(failed, retentionFailure{Checkpoint: m.Checkpoint, Err: err, Left: commitDataPrefixes(m)})
+			failed = append(failed, retentionFailure{Checkpoint: m.Checkpoint, Err: err, Left: commitDataRefs(m)})
 			continue
 		}
 		if revived, err := clearRevived(ctx, s, m); err != nil {
 			clog.Warn().Err(err).Msg("retention: cannot look again at a deleted commit's prefix; clearing it again later")
-			failed = append(failed, retentionFailure{Checkpoint: m.Checkpoint, Err: err, Left: commitDataPrefixes(m)})
+			failed = append(failed, retentionFailure{Checkpoint: m.Checkpoint, Err: err, Left: commitDataRefs(m)})
 			continue
 		} else if revived {
 			clog.Error().Msg("retention: another agent wrote this commit's manifest again (a retry whose first answer it lost) while the commit was deleted; that manifest listed deleted objects and is deleted too")
@@ -696,24 +696,33 @@ func applyRetention(ctx context.Context, s Store, job string, keep int, partWait
 type retentionFailure struct {
 	Checkpoint string
 	Err        error
-	// Left are the commit prefixes whose data is left behind after their manifest went.
-	Left []string
+	// Left are the commits whose data is left behind after their manifest went.
+	Left []CommitRef
 }
 
-// commitDataPrefixes are the prefixes deleteCommitData clears for m (none for a version 1
-// manifest, whose keys are listed).
-func commitDataPrefixes(m *Manifest) []string {
+// commitDataRefs are the commits whose prefixes deleteCommitData clears for m (its parts' for a
+// job checkpoint; none for a version 1 manifest, whose keys are listed).
+func commitDataRefs(m *Manifest) []CommitRef {
 	if len(m.Parts) > 0 {
-		out := make([]string, 0, len(m.Parts))
+		out := make([]CommitRef, 0, len(m.Parts))
 		for _, p := range m.Parts {
-			out = append(out, CommitPrefix(m.Job, m.Checkpoint, p.Commit))
+			out = append(out, CommitRef{Checkpoint: m.Checkpoint, Commit: p.Commit})
 		}
 		return out
 	}
 	if m.Version == 1 {
 		return nil
 	}
-	return []string{CommitPrefix(m.Job, m.Checkpoint, m.Commit)}
+	return []CommitRef{{Checkpoint: m.Checkpoint, Commit: m.Commit}}
+}
+
+// commitDataPrefixes are the prefixes deleteCommitData clears for m (commitDataRefs).
+func commitDataPrefixes(m *Manifest) []string {
+	var out []string
+	for _, r := range commitDataRefs(m) {
+		out = append(out, CommitPrefix(m.Job, r.Checkpoint, r.Commit))
+	}
+	return out
 }
 
 // clearRevived lists the prefixes of m's commit once more after its manifest and data went, and
@@ -844,23 +853,45 @@ type commitResult struct {
 	deleted []CommitRef
 	// retentionFailed are retention's deletes that failed (handleCommit reports them).
 	retentionFailed []retentionFailure
+	// late, once the manifest is written, is the commit's late clean-up (handleCommit starts it).
+	late *lateCleanup
 	// completeAt, with noMatch, is when a deleted commit with exactly these files completed: the
 	// new commit of them takes it as its own.
 	completeAt *time.Time
 }
 
-// goLateCleanup clears prefix, a commit's, at each of lateAborts, on a goroutine: nothing of this
-// agent's may still write there, so whatever is there and not the commit's is a leftover. It
-// aborts the incomplete uploads under it and deletes strays (keys of files that left a committed
-// checkpoint, whose writes may land after the commit), or, for an abandoned commit (abandoned),
-// every object under it. The first failure is a warning, the next ones debug lines (a policy
-// without s3:ListBucketMultipartUploads would otherwise warn at every commit).
-func (u *Uploader) goLateCleanup(ctx context.Context, prefix string, strays []string, abandoned bool) {
+// startLate begins l, a commit's late clean-up (goLateCleanup), and writes it in the journal,
+// where it stays until its last pass: a write held by the network can land after this agent
+// stopped, and the next one resumes it (Uploader.start). On the Run loop only.
+func (u *Uploader) startLate(ctx context.Context, l lateCleanup) {
+	if l.At.IsZero() {
+		l.At = time.Now()
+	}
+	u.journal.add(l.line())
+	if u.journal == nil && u.cfg.StateDir != "" {
+		u.earlyLates = append(u.earlyLates, l) // start: written once the journal is open
+	}
+	u.goLateCleanup(ctx, l)
+}
+
+// goLateCleanup clears l's commit prefix at each of lateAborts after l.At, on a goroutine: nothing
+// of this agent's may still write there, so whatever is there and not the commit's is a leftover.
+// It aborts the incomplete uploads under it and deletes l.Strays (keys of files that left a
+// committed checkpoint, whose writes may land after the commit), or, for an abandoned commit
+// (l.Abandoned), every object under it. Of passes already due (a clean-up an earlier run began),
+// only the last is run. The first failure is a warning, the next ones debug lines (a policy
+// without s3:ListBucketMultipartUploads would otherwise warn at every commit). After the last
+// pass, journalLateDone is written.
+func (u *Uploader) goLateCleanup(ctx context.Context, l lateCleanup) {
+	prefix := CommitPrefix(u.cfg.Job, l.Checkpoint, l.Commit)
 	log := u.log.With().Str("prefix", prefix).Logger()
 	u.wg.Go(func() {
-		began := time.Now()
-		for _, at := range lateAborts {
-			t := time.NewTimer(time.Until(began.Add(at)))
+		passes := lateAborts
+		for i, at := range passes {
+			if i+1 < len(passes) && !time.Now().Before(l.At.Add(passes[i+1])) {
+				continue // the next pass is due as well: one pass for both
+			}
+			t := time.NewTimer(time.Until(l.At.Add(at)))
 			select {
 			case <-t.C:
 			case <-ctx.Done():
@@ -874,10 +905,10 @@ func (u *Uploader) goLateCleanup(ctx context.Context, prefix string, strays []st
 			var objs int
 			var derr error
 			switch {
-			case abandoned:
+			case l.Abandoned:
 				objs, derr = deleteObjects(actx, u.cfg.Store, prefix)
-			case len(strays) > 0:
-				derr = u.cfg.Store.Delete(actx, strays...)
+			case len(l.Strays) > 0:
+				derr = u.cfg.Store.Delete(actx, l.Strays...)
 			}
 			cancel()
 			err = errors.Join(err, derr)
@@ -895,6 +926,12 @@ func (u *Uploader) goLateCleanup(ctx context.Context, prefix string, strays []st
 			if objs > 0 {
 				log.Info().Int("deleted", objs).Msg("deleted objects that landed in an abandoned commit after it was deleted")
 			}
+		}
+		select {
+		case u.wake <- func() {
+			u.journal.add(journalLine{Op: journalLateDone, Checkpoint: l.Checkpoint, Commit: l.Commit, Abandoned: l.Abandoned})
+		}:
+		case <-ctx.Done():
 		}
 	})
 }
@@ -1116,8 +1153,8 @@ func (u *Uploader) commit(ctx context.Context, c commitJob) commitResult {
 	}
 	r.manifest = m
 	u.cache.put(key, m)
+	r.late = &lateCleanup{CommitRef: CommitRef{Checkpoint: m.Checkpoint, Commit: m.Commit}, Strays: strays, At: time.Now()}
 	if m.Part != nil {
-		u.goLateCleanup(ctx, CommitPrefix(m.Job, m.Checkpoint, m.Commit), strays, false)
 		return r
 	}
 	for attempt := 1; ; attempt++ {
@@ -1136,7 +1173,6 @@ func (u *Uploader) commit(ctx context.Context, c commitJob) commitResult {
 			return r
 		}
 	}
-	u.goLateCleanup(ctx, CommitPrefix(m.Job, m.Checkpoint, m.Commit), strays, false)
 	if u.cfg.Keep > 0 {
 		deleted, failed, err := applyRetention(ctx, u.cfg.Store, u.cfg.Job, u.cfg.Keep, 0, u.cache, c.uncertain, u.log)
 		if err != nil {

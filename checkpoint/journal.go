@@ -10,8 +10,10 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
+	"path"
 	"path/filepath"
 	"slices"
+	"strings"
 	"time"
 )
 
@@ -47,6 +49,12 @@ const (
 	// journalCleaned: the dropped commit's objects are deleted. A drop without it is a clean-up
 	// a restart does again (journalCleanups).
 	journalCleaned journalOp = "cleaned"
+	// journalLate: the late clean-up passes of a commit's prefix began (lateCleanup: At, Keys
+	// for its strays, Abandoned). One without journalLateDone is resumed by a restart
+	// (journalLates): a write held by the network can land after the agent is gone.
+	journalLate journalOp = "late"
+	// journalLateDone: the late clean-up of the commit (and Abandoned) ran its last pass.
+	journalLateDone journalOp = "late_done"
 )
 
 // journalLine is one line of the journal.
@@ -59,6 +67,10 @@ type journalLine struct {
 	ID         *FileID   `json:"id,omitempty"`
 	Checksum   Checksum  `json:"checksum,omitzero"`
 	ReadAt     time.Time `json:"read_at,omitzero"`
+	// At, Keys and Abandoned are a journalLate's (lateCleanup); Abandoned a journalLateDone's too.
+	At        time.Time `json:"at,omitzero"`
+	Keys      []string  `json:"keys,omitempty"`
+	Abandoned bool      `json:"abandoned,omitempty"`
 }
 
 // journalEntry is what the journal says of one checkpoint: its last commit.
@@ -168,6 +180,76 @@ func journalCleanups(path string) []CommitRef {
 		}
 	}
 	return slices.DeleteFunc(order, func(r CommitRef) bool { return !pending[r] })
+}
+
+// lateCleanup is a commit's late clean-up (Uploader.goLateCleanup): its prefix is cleared of
+// incomplete uploads, and of Strays (keys of files that left the committed checkpoint), or, if
+// Abandoned, of every object, at each of lateAborts after At.
+type lateCleanup struct {
+	CommitRef
+	Strays    []string
+	Abandoned bool
+	At        time.Time
+}
+
+// journalLateKeys is how many of a late clean-up's strays the journal keeps: the line is written
+// again at each compaction while the clean-up runs, and a trainer that renames 100 000 temporary
+// files would make it megabytes. A restart clears the others only through retention.
+const journalLateKeys = 1000
+
+// line is the journalLate line of l.
+func (l lateCleanup) line() journalLine {
+	return journalLine{Op: journalLate, Checkpoint: l.Checkpoint, Commit: l.Commit, At: l.At,
+		Keys: l.Strays[:min(len(l.Strays), journalLateKeys)], Abandoned: l.Abandoned}
+}
+
+// journalLates reads the journal file for the late clean-ups begun and not done (the agent
+// stopped or was killed before their last pass), oldest first. Only strays under the commit's
+// prefix in job are taken: nothing in the journal is trusted to name another key.
+func journalLates(file, job string) []lateCleanup {
+	data, err := os.ReadFile(file)
+	if err != nil {
+		return nil
+	}
+	type key struct {
+		CommitRef
+		abandoned bool
+	}
+	var order []key
+	pending := map[key]*lateCleanup{}
+	for line := range bytes.SplitSeq(data, []byte("\n")) {
+		var l journalLine
+		if len(line) == 0 || json.Unmarshal(line, &l) != nil || ValidName(l.Checkpoint) != nil || ValidCommitID(l.Commit) != nil {
+			continue
+		}
+		k := key{CommitRef{Checkpoint: l.Checkpoint, Commit: l.Commit}, l.Abandoned}
+		switch l.Op {
+		case journalLate:
+			prefix := CommitPrefix(job, l.Checkpoint, l.Commit)
+			strays := slices.DeleteFunc(l.Keys, func(s string) bool {
+				return !strings.HasPrefix(s, prefix) || len(s) == len(prefix) || path.Clean(s) != s
+			})
+			if p := pending[k]; p != nil { // begun again: one clean-up of both
+				p.Strays = append(p.Strays, strays...)
+				p.At = l.At
+				continue
+			}
+			order = append(order, k)
+			pending[k] = &lateCleanup{CommitRef: k.CommitRef, Strays: strays, Abandoned: l.Abandoned, At: l.At}
+		case journalLateDone:
+			delete(pending, k)
+		}
+	}
+	var out []lateCleanup
+	for _, k := range order {
+		if p := pending[k]; p != nil {
+			slices.Sort(p.Strays)
+			p.Strays = slices.Compact(p.Strays)
+			out = append(out, *p)
+			delete(pending, k) // begun, done and begun again: once
+		}
+	}
+	return out
 }
 
 // writeJournal rewrites the journal at path with entries (through a temporary file renamed into

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"testing"
 	"time"
 )
@@ -62,6 +63,44 @@ func TestJournalRoundTrip(t *testing.T) {
 	for _, name := range []string{"step-4", "step-5", "step-6"} {
 		if got[name] != nil {
 			t.Errorf("Got(%q) = %+v; want nothing (an adoption cut short is never resumed; dropped; no start)", name, got[name])
+		}
+	}
+}
+
+// TestJournalLates: a late clean-up begun and not done is read back for the next run, once, with
+// only the strays under its own commit's prefix (nothing in the journal is trusted to name another
+// key); one done is not, and a done of the abandoned clean-up of a commit leaves its other one.
+func TestJournalLates(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "uploads.jsonl")
+	j, err := writeJournal(path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	at := time.Date(2026, 12, 2, 4, 0, 0, 0, time.UTC)
+	c1, c3, c4 := "20261202T040000Z-000000000001", "20261202T040000Z-000000000003", "20261202T040000Z-000000000004"
+	own := DataKey("job", "step-1", c1, "a.tmp")
+	j.add(lateCleanup{CommitRef: CommitRef{Checkpoint: "step-1", Commit: c1}, At: at,
+		Strays: []string{own, "job/step-2/" + c1 + "/a", CommitPrefix("job", "step-1", c1), CommitPrefix("job", "step-1", c1) + "../../step-2/x"}}.line())
+	j.add(lateCleanup{CommitRef: CommitRef{Checkpoint: "step-3", Commit: c3}, At: at, Abandoned: true}.line())
+	j.add(journalLine{Op: journalLateDone, Checkpoint: "step-3", Commit: c3, Abandoned: true})
+	j.add(lateCleanup{CommitRef: CommitRef{Checkpoint: "step-4", Commit: c4}, At: at}.line())
+	j.add(journalLine{Op: journalLateDone, Checkpoint: "step-4", Commit: c4, Abandoned: true})
+	j.add(lateCleanup{CommitRef: CommitRef{Checkpoint: "step-1", Commit: c1}, At: at.Add(time.Second), Strays: []string{own}}.line())
+	if err := j.close(); err != nil {
+		t.Fatal(err)
+	}
+	got := journalLates(path, "job")
+	want := []lateCleanup{
+		{CommitRef: CommitRef{Checkpoint: "step-1", Commit: c1}, At: at.Add(time.Second), Strays: []string{own}},
+		{CommitRef: CommitRef{Checkpoint: "step-4", Commit: c4}, At: at},
+	}
+	if len(got) != len(want) {
+		t.Fatalf("Got(%q) = %+v; want %+v", "journalLates", got, want)
+	}
+	for i := range want {
+		if got[i].CommitRef != want[i].CommitRef || !got[i].At.Equal(want[i].At) || got[i].Abandoned != want[i].Abandoned ||
+			!slices.Equal(got[i].Strays, want[i].Strays) {
+			t.Errorf("Got(%q)[%d] = %+v; want %+v", "journalLates", i, got[i], want[i])
 		}
 	}
 }

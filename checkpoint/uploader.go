@@ -148,8 +148,10 @@ type Uploader struct {
 	inflight   int           // files being read or sent
 	commitQ    []*generation
 	committing *generation
-	// earlyDrops are the commits start dropped before the journal was open (journalCleanups).
+	// earlyDrops are the commits start dropped before the journal was open (journalCleanups);
+	// earlyLates the late clean-ups it began then (startLate).
 	earlyDrops []CommitRef
+	earlyLates []lateCleanup
 	// started is when Run began: a file modified before then was written while no agent
 	// watched (completedAt).
 	started time.Time
@@ -584,18 +586,21 @@ func (u *Uploader) flushJournal() {
 }
 
 // compactJournal writes the journal again with what a restart needs of it: the last commit of
-// each checkpoint still tracked, and the clean-ups not done yet.
+// each checkpoint still tracked, and the clean-ups (and late clean-ups) not done yet.
 func (u *Uploader) compactJournal() {
 	path := u.journal.path
 	entries, err := readJournal(path)
 	if err == nil {
 		maps.DeleteFunc(entries, func(name string, _ *journalEntry) bool { return u.gens[name] == nil })
-		cleanups := journalCleanups(path)
+		cleanups, lates := journalCleanups(path), journalLates(path, u.cfg.Job)
 		_ = u.journal.close()
 		var j *journal
 		if j, err = writeJournal(path, entries); err == nil {
 			for _, c := range cleanups {
 				j.add(journalLine{Op: journalDrop, Checkpoint: c.Checkpoint, Commit: c.Commit})
+			}
+			for _, l := range lates {
+				j.add(l.line())
 			}
 			err = j.flush()
 		}
@@ -762,7 +767,7 @@ func (u *Uploader) start(ctx context.Context) {
 		u.resolveJournal(ctx, name, e, st)
 	}
 	if jpath != "" {
-		cleanups := journalCleanups(jpath)
+		cleanups, lates := journalCleanups(jpath), journalLates(jpath, u.cfg.Job)
 		j, err := writeJournal(jpath, u.resume)
 		if err != nil {
 			u.log.Warn().Err(err).Str("journal", jpath).Msg("no journal: after a restart, uncommitted files are sent again")
@@ -771,7 +776,20 @@ func (u *Uploader) start(ctx context.Context) {
 		for _, c := range u.earlyDrops { // dropped by resolveJournal, before the journal was open
 			u.journal.add(journalLine{Op: journalDrop, Checkpoint: c.Checkpoint, Commit: c.Commit})
 		}
-		u.earlyDrops = nil
+		for _, l := range u.earlyLates { // begun by resolveJournal, before the journal was open
+			u.journal.add(l.line())
+		}
+		u.earlyDrops, u.earlyLates = nil, nil
+		if len(lates) > 0 {
+			u.log.Info().Int("commits", len(lates)).Msg("resuming an earlier run's late clean-ups (writes that may land after a commit)")
+		}
+		for _, l := range lates {
+			if now := time.Now(); l.At.After(now) {
+				l.At = now // a clock set back: not later than its last pass would be now
+			}
+			u.journal.add(l.line())
+			u.goLateCleanup(ctx, l)
+		}
 		for _, c := range cleanups {
 			if g := u.resume[c.Checkpoint]; g != nil && g.commit == c.Commit {
 				continue // resumed (or committed) after all
@@ -1033,10 +1051,13 @@ func (u *Uploader) cleanupCommit(ctx context.Context, name, commit, why string) 
 		log.Info().Str("why", why).Msg("abandoned commit deleted")
 		// Until this line is written, a restart deletes it again (journalCleanups).
 		select {
-		case u.wake <- func() { u.journal.add(journalLine{Op: journalCleaned, Checkpoint: name, Commit: commit}) }:
+		case u.wake <- func() {
+			u.journal.add(journalLine{Op: journalCleaned, Checkpoint: name, Commit: commit})
+			// Its cancelled uploads and held writes may still land.
+			u.startLate(ctx, lateCleanup{CommitRef: CommitRef{Checkpoint: name, Commit: commit}, Abandoned: true})
+		}:
 		case <-ctx.Done():
 		}
-		u.goLateCleanup(ctx, prefix, nil, true) // its cancelled uploads and held writes may still land
 	})
 }
 
@@ -1046,7 +1067,7 @@ func (u *Uploader) cleanupCommit(ctx context.Context, name, commit, why string) 
 // aborted now and later (goLateCleanup), and its objects are deleted once uncertainFor has
 // passed, unless the manifest is there by then: the write landed after all, and the commit stands.
 func (u *Uploader) goSealedCleanup(ctx context.Context, name, commit string) {
-	u.goLateCleanup(ctx, CommitPrefix(u.cfg.Job, name, commit), nil, false)
+	u.startLate(ctx, lateCleanup{CommitRef: CommitRef{Checkpoint: name, Commit: commit}})
 	key := ManifestKey(u.cfg.Job, name, commit)
 	if u.cfg.WorldNodes > 1 {
 		key = PartKey(u.cfg.Job, name, commit)
@@ -1574,8 +1595,8 @@ func (u *Uploader) forgetGone() {
 func (u *Uploader) retentionFailed(ctx context.Context, failed []retentionFailure) {
 	for _, f := range failed {
 		u.emit(UploadEvent{Kind: UploadFailed, Checkpoint: f.Checkpoint, At: time.Now(), Err: fmt.Errorf("retention: %w", f.Err)})
-		for _, p := range f.Left {
-			u.goLateCleanup(ctx, p, nil, true)
+		for _, c := range f.Left {
+			u.startLate(ctx, lateCleanup{CommitRef: c, Abandoned: true})
 		}
 	}
 }
@@ -1975,6 +1996,9 @@ func (u *Uploader) handleCommit(ctx context.Context, r commitResult) {
 	g.committing = false
 	u.committing = nil
 	u.markDirty(g)
+	if r.late != nil {
+		u.startLate(ctx, *r.late)
+	}
 	u.retentionFailed(ctx, r.retentionFailed)
 	if r.attempted && r.err != nil {
 		u.uncertain[g.commit] = time.Now()

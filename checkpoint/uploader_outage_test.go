@@ -454,6 +454,73 @@ func TestUploaderDeletesObjectsThatLandLate(t *testing.T) {
 	}
 }
 
+// TestUploaderLateCleanupOutlivesARestart: a write held by the network can land after the agent
+// that gave up on it has stopped (a systemd restart, kill -9). The late clean-up is in the
+// journal, and the next agent finishes it: an object of a file that left a committed checkpoint,
+// an incomplete upload under that commit, and an object under an abandoned commit, all landing
+// between the two runs, are cleared, and the commit's own files stay. (Before, the passes lived in
+// the agent's memory, and what landed stayed until retention deleted the commit, if ever.)
+func TestUploaderLateCleanupOutlivesARestart(t *testing.T) {
+	t.Cleanup(func(l []time.Duration) func() { return func() { lateAborts = l } }(lateAborts)) // after the uploaders stop
+	lateAborts = []time.Duration{0, time.Hour}                                                 // the first run never reaches its second pass
+	s := newOutageStore(newMemStore())
+	dir, state := t.TempDir(), t.TempDir()
+	first := startUploaderWith(t, dir, s, UploaderConfig{StateDir: state})
+
+	// A visible temporary file is sent, then renamed into place: its object is a stray.
+	tmp := filepath.Join(dir, "step-1", "a.tmp")
+	if err := os.MkdirAll(filepath.Dir(tmp), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	data := randomBytes(t, 8<<10)
+	if err := os.WriteFile(tmp, data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var strayKey string
+	eventuallyUploader(t, "the temporary file to be stored", func() bool {
+		objs, _ := s.memStore.List(t.Context(), "job/step-1/")
+		for _, o := range objs {
+			if strings.HasSuffix(o.Key, "/a.tmp") {
+				strayKey = o.Key
+			}
+		}
+		return strayKey != ""
+	})
+	if err := os.Rename(tmp, filepath.Join(dir, "step-1", "a")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "step-1", "_COMPLETE"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	ev := first.waitCommitted("step-1")
+	abandoned := abandonWhileHeld(t, first, s, "step-2")
+	first.stop()
+
+	// Between the runs, the held writes land.
+	if _, err := s.memStore.PutBytes(t.Context(), strayKey, data, Cond{}); err != nil {
+		t.Fatal(err)
+	}
+	s.openUpload(DataKey("job", "step-1", ev.Manifest.Commit, "b"))
+	late := DataKey("job", "step-2", abandoned, "b")
+	if _, err := s.memStore.PutBytes(t.Context(), late, data, Cond{}); err != nil {
+		t.Fatal(err)
+	}
+
+	startUploaderWith(t, dir, s, UploaderConfig{StateDir: state})
+	eventuallyUploader(t, "what landed between the runs to be cleared by the next one", func() bool {
+		_, _, serr := s.memStore.GetBytes(t.Context(), strayKey)
+		_, _, lerr := s.memStore.GetBytes(t.Context(), late)
+		return errors.Is(serr, ErrNotFound) && errors.Is(lerr, ErrNotFound) && len(s.openUploads()) == 0
+	})
+	if problems := CheckJob(t.Context(), s.memStore, "job", true); len(problems) > 0 {
+		t.Fatalf("store check after the clean-up: %v", problems)
+	}
+	res, err := Restore(t.Context(), s.memStore, RestoreOptions{Job: "job", Checkpoint: "step-1", To: t.TempDir(), Logger: zerolog.Nop()})
+	if err != nil || res.Commit != ev.Manifest.Commit {
+		t.Fatalf("restore of step-1: %+v, %v", res, err)
+	}
+}
+
 // hookStore calls before for each PutBytes; an error from it fails the write.
 type hookStore struct {
 	Store
