@@ -134,6 +134,9 @@ func New(cfg *Config, deps Deps) (*Agent, error) {
 	if a.ckptWatcher, a.uploader, err = newUploader(cfg, deps, a); err != nil {
 		return nil, err
 	}
+	if a.uploader != nil {
+		a.metrics.health.uploads = a.uploader.Status
+	}
 	if deps.CloudWatch != nil {
 		a.cw = metrics.NewCloudWatch(deps.CloudWatch, metrics.CloudWatchConfig{
 			Namespace: cfg.Metrics.Namespace, Interval: cfg.Metrics.CloudWatchInterval, Logger: deps.Logger,

@@ -13,6 +13,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -630,4 +631,59 @@ func TestCheckpointAfterTheNoticeEndedIsNotItsCheckpoint(t *testing.T) {
 			t.Errorf("transitions = %+v; want none crediting step-1, completed after the notice ended", ns.Transitions)
 		}
 	}
+}
+
+// manifestGate is a file store whose manifest writes fail while closed is set: a store that takes
+// the data and refuses the commit.
+type manifestGate struct {
+	checkpoint.Store
+	closed atomic.Bool
+}
+
+func (g *manifestGate) PutBytes(ctx context.Context, key string, data []byte, cond checkpoint.Cond) (string, error) {
+	if g.closed.Load() && strings.HasSuffix(key, "/manifest.json") {
+		return "", errors.New("503 SlowDown")
+	}
+	return g.Store.PutBytes(ctx, key, data, cond)
+}
+
+// A complete checkpoint that is not committed shows in the metrics, with how long it has waited,
+// so an alert can say the agent is behind (a store that refuses, a trainer saving faster than the
+// store takes its checkpoints) before the newest commit is old; it goes back to 0 once committed.
+func TestCheckpointsNotCommittedMetric(t *testing.T) {
+	dir := t.TempDir()
+	gate := &manifestGate{}
+	gate.closed.Store(true)
+	ta := startAgentWith(t, func(d *Deps) {
+		d.OpenStore = func(url string, _ checkpoint.S3Options) (checkpoint.Store, error) {
+			s, err := checkpoint.NewFileStore(strings.TrimPrefix(url, "file://"))
+			gate.Store = s
+			return gate, err
+		}
+	}, "SPOTGUARD_CHECKPOINT_DIR="+dir, "SPOTGUARD_STORE_URL=file://"+t.TempDir(), "SPOTGUARD_STORE_JOB=j", "SPOTGUARD_TRAINER_MATCH=no-such-trainer")
+	metric := func(name string) float64 {
+		for _, l := range strings.Split(scrape(t, ta.a), "\n") {
+			if v, ok := strings.CutPrefix(l, name+" "); ok {
+				f, err := strconv.ParseFloat(v, 64)
+				if err != nil {
+					t.Fatalf("%s: %v", l, err)
+				}
+				return f
+			}
+		}
+		return -1
+	}
+	if n := metric("spotguard_checkpoints_not_committed"); n != 0 {
+		t.Fatalf("spotguard_checkpoints_not_committed = %v before any checkpoint; want 0", n)
+	}
+	os.MkdirAll(filepath.Join(dir, "step-1"), 0o755)
+	os.WriteFile(filepath.Join(dir, "step-1", "w.bin"), []byte("weights"), 0o644)
+	os.WriteFile(filepath.Join(dir, "step-1", "_COMPLETE"), nil, 0o644)
+	eventually(t, "step-1 to wait, complete, for its commit", func() bool {
+		return metric("spotguard_checkpoints_not_committed") == 1 && metric("spotguard_checkpoint_not_committed_seconds") > 0
+	})
+	gate.closed.Store(false)
+	eventually(t, "step-1 to be committed and the metrics back to 0", func() bool {
+		return metric("spotguard_checkpoints_not_committed") == 0 && metric("spotguard_checkpoint_not_committed_seconds") == 0
+	})
 }

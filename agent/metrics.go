@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"context"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -170,6 +171,8 @@ func newMetrics(reg prometheus.Registerer, stats func() imds.Stats) *promMetrics
 		storeUp:   prometheus.NewDesc("spotguard_store_up", "1 when the last store probe passed, 0 when it failed; absent without a store or before the first probe.", nil, nil),
 		limit:     prometheus.NewDesc("spotguard_store_concurrency_limit", "S3 requests the uploader and restores may have in flight now: it grows while throughput grows, up to store.concurrency, and backs off on throttling; absent for file:// stores.", nil, nil),
 		throttled: prometheus.NewDesc("spotguard_store_throttled_total", "Times the S3 store halved its requests in flight on a 503 SlowDown, a reset or a timed-out connection; absent for file:// stores.", nil, nil),
+		waiting:   prometheus.NewDesc("spotguard_checkpoints_not_committed", "Complete local checkpoints not committed yet (being uploaded, or waiting for the store); absent without a store.", nil, nil),
+		waited:    prometheus.NewDesc("spotguard_checkpoint_not_committed_seconds", "How long the oldest complete local checkpoint not committed yet has been complete (0 when none); absent without a store.", nil, nil),
 	}
 	reg.MustRegister(m.storeProbeFailures, m.uploadErrors, m.health)
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
@@ -211,11 +214,14 @@ func (c *imdsCollector) Collect(ch chan<- prometheus.Metric) {
 // healthCollector exports the /healthz verdict and the store probe at scrape time. Its funcs are
 // set once, before the agent runs; a nil one exports nothing.
 type healthCollector struct {
-	verdict          func(now time.Time) healthVerdict
-	store            func() storeProbeState
-	concurrency      func() checkpoint.LimiterStats // the uploader's S3 store; nil for others
+	verdict     func(now time.Time) healthVerdict
+	store       func() storeProbeState
+	concurrency func() checkpoint.LimiterStats // the uploader's S3 store; nil for others
+	// uploads is the uploader's status (Uploader.Status); nil without a store.
+	uploads          func(context.Context) checkpoint.UploaderStatus
 	healthy, storeUp *prometheus.Desc
 	limit, throttled *prometheus.Desc
+	waiting, waited  *prometheus.Desc
 }
 
 func (c *healthCollector) Describe(ch chan<- *prometheus.Desc) {
@@ -223,6 +229,27 @@ func (c *healthCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.storeUp
 	ch <- c.limit
 	ch <- c.throttled
+	ch <- c.waiting
+	ch <- c.waited
+}
+
+// uploadsStatusTimeout bounds a scrape's wait for the uploader's status: its loop answers between
+// two events, and a scrape must not hang on a stopped one.
+const uploadsStatusTimeout = time.Second
+
+// notCommitted counts the complete checkpoints in st that are not committed, and how long the
+// oldest of them has been complete at now (0 when none).
+func notCommitted(st checkpoint.UploaderStatus, now time.Time) (n int, oldest time.Duration) {
+	for _, c := range st.Checkpoints {
+		if !c.Complete || c.Committed {
+			continue
+		}
+		n++
+		if c.CompleteSince != nil {
+			oldest = max(oldest, now.Sub(*c.CompleteSince))
+		}
+	}
+	return n, oldest
 }
 
 func (c *healthCollector) Collect(ch chan<- prometheus.Metric) {
@@ -238,5 +265,16 @@ func (c *healthCollector) Collect(ch chan<- prometheus.Metric) {
 		st := c.concurrency()
 		ch <- prometheus.MustNewConstMetric(c.limit, prometheus.GaugeValue, float64(st.Limit))
 		ch <- prometheus.MustNewConstMetric(c.throttled, prometheus.CounterValue, float64(st.Throttled))
+	}
+	if c.uploads != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), uploadsStatusTimeout)
+		st := c.uploads(ctx)
+		answered := ctx.Err() == nil
+		cancel()
+		if answered {
+			n, oldest := notCommitted(st, time.Now())
+			ch <- prometheus.MustNewConstMetric(c.waiting, prometheus.GaugeValue, float64(n))
+			ch <- prometheus.MustNewConstMetric(c.waited, prometheus.GaugeValue, oldest.Seconds())
+		}
 	}
 }

@@ -427,7 +427,9 @@ type CheckpointStatus struct {
 	Bytes       int64  `json:"bytes"`
 	BytesStored int64  `json:"bytes_stored"`
 	Complete    bool   `json:"complete"`
-	Committed   bool   `json:"committed"`
+	// CompleteSince is when the uploader learned that the checkpoint is complete.
+	CompleteSince *time.Time `json:"complete_since,omitempty"`
+	Committed     bool       `json:"committed"`
 }
 
 // Status returns a snapshot of the uploader's state; the zero status if Run is not running.
@@ -2148,6 +2150,10 @@ func (u *Uploader) status() UploaderStatus {
 	for _, name := range slices.Sorted(maps.Keys(u.gens)) {
 		g := u.gens[name]
 		cs := CheckpointStatus{Name: name, Commit: g.commit, Files: len(g.files), Complete: g.complete, Committed: g.state == genCommitted}
+		if g.complete && !g.completeSeen.IsZero() {
+			t := g.completeSeen
+			cs.CompleteSince = &t
+		}
 		for _, f := range g.files {
 			cs.Bytes += f.id.Size
 			if f.done != nil && (f.done.key != "" || g.state == genCommitted) {
