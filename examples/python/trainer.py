@@ -31,6 +31,7 @@ import re
 import signal
 import socket
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -83,19 +84,39 @@ def random_chunks(size):
         size -= n
 
 
-def save_checkpoint(root, step, files, size, write_seconds=0.0, rank=None):
+def save_checkpoint(root, step, files, size, write_seconds=0.0, rank=None, parallel=False):
     """Write root/step-NNNNNN/ with files shards of size bytes each, then the marker, taking
     about write_seconds in all. With rank (one node of several), the shards are
     shard-RANK-I.bin, so no two nodes write a file of the same name with other bytes; the marker
-    is the same on every node that saves the step."""
+    is the same on every node that saves the step. With parallel, every shard is written at
+    once, each by a thread of its own, as the ranks of torch DCP write theirs: they all appear
+    at about the end."""
     start = time.monotonic()
     final = os.path.join(root, "step-%06d" % step)
     os.makedirs(final, exist_ok=True)
-    chunks = files * max(1, -(-size // CHUNK))
+    per_file = max(1, -(-size // CHUNK))
+    chunks = per_file if parallel else files * per_file
     pause = write_seconds / chunks if write_seconds > 0 else 0.0
-    for i in range(files):
-        name = "shard-%d.bin" % i if rank is None else "shard-%d-%d.bin" % (rank, i)
-        write_atomic(os.path.join(final, name), random_chunks(size), pause)
+    names = ["shard-%d.bin" % i if rank is None else "shard-%d-%d.bin" % (rank, i) for i in range(files)]
+    if parallel:
+        errors = []
+
+        def write(name):
+            try:
+                write_atomic(os.path.join(final, name), random_chunks(size), pause)
+            except Exception as e:  # said by the caller's thread
+                errors.append(e)
+
+        threads = [threading.Thread(target=write, args=(name,)) for name in names]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        if errors:
+            raise errors[0]
+    else:
+        for name in names:
+            write_atomic(os.path.join(final, name), random_chunks(size), pause)
     fsync_dir(final)  # every shard is in place and durable before the marker exists
     write_atomic(os.path.join(final, MARKER), [json.dumps({"step": step}).encode() + b"\n"])
     fsync_dir(final)
@@ -233,6 +254,8 @@ def main(argv=None):
     p.add_argument("--pidfile", help="write our PID to this file")
     p.add_argument("--write-seconds", type=float, default=0.0,
                    help="spread the writing of one checkpoint over this many seconds (default 0: as fast as it goes)")
+    p.add_argument("--parallel", action="store_true",
+                   help="write a checkpoint's files all at once, a thread each, as torch DCP's ranks do (default: one after another)")
     p.add_argument("--save-every", type=int, default=0,
                    help="also checkpoint every N steps on its own, as trainers do (default 0: only when signalled)")
     p.add_argument("--peer-notice", metavar="FILE",
@@ -304,7 +327,8 @@ def main(argv=None):
             # the next one.
             req.checkpoint = False
             if args.checkpoint_dir:
-                save_checkpoint(args.checkpoint_dir, save_step or step, args.files, size, args.write_seconds, args.rank)
+                save_checkpoint(args.checkpoint_dir, save_step or step, args.files, size, args.write_seconds, args.rank,
+                                args.parallel)
             save_step = None
         if req.stop:
             # A SIGTERM that came during a save finds the current state already saved.

@@ -543,7 +543,9 @@ func treeBytes(b *testing.B, root string) int64 {
 // really took (notice → marker, from /status). It reports notice → manifest against
 // max(W, S/throughput) + 1 s (the target) and W + S/throughput (uploading after the marker), with
 // the throughput measured by uploading the same amount first, urgently (a notice pending), as
-// the agent uploads after a notice (uploadWithAgentMode).
+// the agent uploads after a notice (uploadWithAgentMode). With BENCH_DURABLE_PARALLEL=1 the
+// trainer writes its 8 files at once (trainer.py --parallel), as torch DCP's ranks do, so they all
+// appear at about W.
 func BenchmarkTimeToDurable(b *testing.B) {
 	needPeers(b)
 	s3 := startS3(b)
@@ -572,6 +574,7 @@ func BenchmarkTimeToDurableS3Model(b *testing.B) {
 func timeToDurable(b *testing.B, margin float64, server *s3Server, open func(*testing.B) (s3Endpoint, *s3model.Proxy)) {
 	wantW := envFloat(b, "BENCH_WRITE_SECONDS", 8)
 	mib := envFloat(b, "BENCH_DURABLE_MIB", 1024)
+	parallel := envFloat(b, "BENCH_DURABLE_PARALLEL", 0) != 0
 	// Throughput of this server for this size, uploaded after the fact with a notice pending.
 	ref := b.TempDir()
 	b.Setenv("BENCH_CKPT_MIB", strconv.Itoa(int(mib)))
@@ -588,8 +591,12 @@ func timeToDurable(b *testing.B, margin float64, server *s3Server, open func(*te
 		trigger := time.Now().Truncate(time.Second).Add(3 * time.Second)
 		sim.start("spot", "-a", "terminate", "--mock-trigger-time", trigger.UTC().Format(time.RFC3339), "--rebalance-delay-sec", "100000")
 		ckdir := b.TempDir()
-		tp := startTrainer(b, "--checkpoint-dir", ckdir, "--files", "8", "--checkpoint-mb", strconv.FormatFloat(mib/8, 'f', -1, 64),
-			"--write-seconds", strconv.FormatFloat(wantW, 'f', -1, 64))
+		targs := []string{"--checkpoint-dir", ckdir, "--files", "8", "--checkpoint-mb", strconv.FormatFloat(mib/8, 'f', -1, 64),
+			"--write-seconds", strconv.FormatFloat(wantW, 'f', -1, 64)}
+		if parallel {
+			targs = append(targs, "--parallel")
+		}
+		tp := startTrainer(b, targs...)
 		at, model := open(b)
 		ap := startAgent(b, sim, append(append([]string{"SPOTGUARD_TRAINER_PIDFILE=" + tp.pidfile, "SPOTGUARD_NOTICES_REBALANCE=ignore",
 			"SPOTGUARD_CHECKPOINT_DIR=" + ckdir, "SPOTGUARD_STORE_URL=s3://" + s3Bucket + fmt.Sprintf("/durable-%d", i),
@@ -613,8 +620,8 @@ func timeToDurable(b *testing.B, margin float64, server *s3Server, open func(*te
 		}
 		w := written
 		send := float64(size) / throughput
-		b.Logf("S=%.0f MiB, trainer took W=%.2fs (asked for %.1fs), throughput %.0f MB/s: notice→durable %.2fs; target max(W,S/T)+%.0f = %.2fs; upload-after-marker W+S/T = %.2fs",
-			mib, w, wantW, throughput/1e6, durable, margin, max(w, send)+margin, w+send)
+		b.Logf("S=%.0f MiB (files written in parallel: %v), trainer took W=%.2fs (asked for %.1fs), throughput %.0f MB/s: notice→durable %.2fs; target max(W,S/T)+%.0f = %.2fs; upload-after-marker W+S/T = %.2fs",
+			mib, parallel, w, wantW, throughput/1e6, durable, margin, max(w, send)+margin, w+send)
 		b.ReportMetric(w, "trainer_write_s")
 		b.ReportMetric(durable, "notice_to_durable_s")
 		b.ReportMetric(max(w, send)+margin, "target_s")
