@@ -396,31 +396,7 @@ func TestUploaderDeletesObjectsThatLandLate(t *testing.T) {
 	dir := t.TempDir()
 	r := startUploader(t, dir, s, 0)
 
-	// A visible temporary file is sent, then renamed into place: its object is a stray.
-	tmp := filepath.Join(dir, "step-1", "a.tmp")
-	if err := os.MkdirAll(filepath.Dir(tmp), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	data := randomBytes(t, 8<<10)
-	if err := os.WriteFile(tmp, data, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	var strayKey string
-	eventuallyUploader(t, "the temporary file to be stored", func() bool {
-		objs, _ := s.memStore.List(t.Context(), "job/step-1/")
-		for _, o := range objs {
-			if strings.HasSuffix(o.Key, "/a.tmp") {
-				strayKey = o.Key
-			}
-		}
-		return strayKey != ""
-	})
-	if err := os.Rename(tmp, filepath.Join(dir, "step-1", "a")); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(dir, "step-1", "_COMPLETE"), nil, 0o644); err != nil {
-		t.Fatal(err)
-	}
+	strayKey, data := sendThenRename(t, s, dir)
 	ev := r.waitCommitted("step-1")
 	if !strings.HasPrefix(strayKey, CommitPrefix("job", "step-1", ev.Manifest.Commit)) {
 		t.Fatalf("the temporary file went to %s, not to commit %s", strayKey, ev.Manifest.Commit)
@@ -467,31 +443,7 @@ func TestUploaderLateCleanupOutlivesARestart(t *testing.T) {
 	dir, state := t.TempDir(), t.TempDir()
 	first := startUploaderWith(t, dir, s, UploaderConfig{StateDir: state})
 
-	// A visible temporary file is sent, then renamed into place: its object is a stray.
-	tmp := filepath.Join(dir, "step-1", "a.tmp")
-	if err := os.MkdirAll(filepath.Dir(tmp), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	data := randomBytes(t, 8<<10)
-	if err := os.WriteFile(tmp, data, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	var strayKey string
-	eventuallyUploader(t, "the temporary file to be stored", func() bool {
-		objs, _ := s.memStore.List(t.Context(), "job/step-1/")
-		for _, o := range objs {
-			if strings.HasSuffix(o.Key, "/a.tmp") {
-				strayKey = o.Key
-			}
-		}
-		return strayKey != ""
-	})
-	if err := os.Rename(tmp, filepath.Join(dir, "step-1", "a")); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(dir, "step-1", "_COMPLETE"), nil, 0o644); err != nil {
-		t.Fatal(err)
-	}
+	strayKey, data := sendThenRename(t, s, dir)
 	ev := first.waitCommitted("step-1")
 	abandoned := abandonWhileHeld(t, first, s, "step-2")
 	first.stop()
@@ -519,6 +471,37 @@ func TestUploaderLateCleanupOutlivesARestart(t *testing.T) {
 	if err != nil || res.Commit != ev.Manifest.Commit {
 		t.Fatalf("restore of step-1: %+v, %v", res, err)
 	}
+}
+
+// sendThenRename writes step-1/a.tmp below dir, a visible temporary file, waits for it to be
+// stored in s, then renames it to step-1/a and completes step-1: the object it returns the key of
+// is a stray of step-1's commit, whose bytes (data) a write held by the network may still land.
+func sendThenRename(t *testing.T, s *outageStore, dir string) (strayKey string, data []byte) {
+	t.Helper()
+	tmp := filepath.Join(dir, "step-1", "a.tmp")
+	if err := os.MkdirAll(filepath.Dir(tmp), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	data = randomBytes(t, 8<<10)
+	if err := os.WriteFile(tmp, data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	eventuallyUploader(t, "the temporary file to be stored", func() bool {
+		objs, _ := s.memStore.List(t.Context(), "job/step-1/")
+		for _, o := range objs {
+			if strings.HasSuffix(o.Key, "/a.tmp") {
+				strayKey = o.Key
+			}
+		}
+		return strayKey != ""
+	})
+	if err := os.Rename(tmp, filepath.Join(dir, "step-1", "a")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "step-1", "_COMPLETE"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return strayKey, data
 }
 
 // hookStore calls before for each PutBytes; an error from it fails the write.
