@@ -879,53 +879,73 @@ func (u *Uploader) startLate(ctx context.Context, l lateCleanup) {
 // It aborts the incomplete uploads under it and deletes l.Strays (keys of files that left a
 // committed checkpoint, whose writes may land after the commit), or, for an abandoned commit
 // (l.Abandoned), every object under it. Of passes already due (a clean-up an earlier run began),
-// only the last is run. The first failure is a warning, the next ones debug lines (a policy
-// without s3:ListBucketMultipartUploads would otherwise warn at every commit). After the last
-// pass, journalLateDone is written.
+// only the last is run. While the last pass fails (a store that is down), it is tried again every
+// lateRetry until lateExpiry after l.At. The first failure is a warning, the next ones debug
+// lines (a policy without s3:ListBucketMultipartUploads would otherwise warn at every commit).
+// Then journalLateDone is written; until then a restart resumes it.
 func (u *Uploader) goLateCleanup(ctx context.Context, l lateCleanup) {
 	prefix := CommitPrefix(u.cfg.Job, l.Checkpoint, l.Commit)
 	log := u.log.With().Str("prefix", prefix).Logger()
+	wait := func(at time.Time) bool {
+		t := time.NewTimer(time.Until(at))
+		defer t.Stop()
+		select {
+		case <-t.C:
+			return true
+		case <-ctx.Done():
+			return false
+		}
+	}
+	pass := func() error {
+		// A pass begun is finished (within s3AbortTimeout) even when a stop comes: a request
+		// cut half way is one more failure for the store to see.
+		actx, cancel := s3CleanupContext(ctx)
+		defer cancel()
+		n, err := u.cfg.Store.AbortIncomplete(actx, prefix)
+		var objs int
+		var derr error
+		switch {
+		case l.Abandoned:
+			objs, derr = deleteObjects(actx, u.cfg.Store, prefix)
+		case len(l.Strays) > 0:
+			derr = u.cfg.Store.Delete(actx, l.Strays...)
+		}
+		err = errors.Join(err, derr)
+		switch {
+		case err != nil && ctx.Err() != nil:
+		case err != nil && u.lateAbortWarned.CompareAndSwap(false, true):
+			log.Warn().Err(err).Msg("cannot clear the commit's prefix of leftovers (said once; later failures are debug lines)")
+		case err != nil:
+			log.Debug().Err(err).Msg("cannot clear the commit's prefix of leftovers")
+		}
+		if n > 0 {
+			log.Info().Int("aborted", n).Msg("aborted incomplete uploads left under the commit (a killed run's, or one whose abort failed)")
+		}
+		if objs > 0 {
+			log.Info().Int("deleted", objs).Msg("deleted objects that landed in an abandoned commit after it was deleted")
+		}
+		return err
+	}
 	u.wg.Go(func() {
-		passes := lateAborts
+		passes, retry, expiry := lateAborts, lateRetry, lateExpiry
+		var err error
 		for i, at := range passes {
 			if i+1 < len(passes) && !time.Now().Before(l.At.Add(passes[i+1])) {
 				continue // the next pass is due as well: one pass for both
 			}
-			t := time.NewTimer(time.Until(l.At.Add(at)))
-			select {
-			case <-t.C:
-			case <-ctx.Done():
-				t.Stop()
+			if !wait(l.At.Add(at)) {
 				return
 			}
-			// A pass begun is finished (within s3AbortTimeout) even when a stop comes: a
-			// request cut half way is one more failure for the store to see.
-			actx, cancel := s3CleanupContext(ctx)
-			n, err := u.cfg.Store.AbortIncomplete(actx, prefix)
-			var objs int
-			var derr error
-			switch {
-			case l.Abandoned:
-				objs, derr = deleteObjects(actx, u.cfg.Store, prefix)
-			case len(l.Strays) > 0:
-				derr = u.cfg.Store.Delete(actx, l.Strays...)
-			}
-			cancel()
-			err = errors.Join(err, derr)
-			switch {
-			case err != nil && ctx.Err() != nil:
+			err = pass()
+		}
+		for err != nil && time.Now().Add(retry).Before(l.At.Add(expiry)) {
+			if !wait(time.Now().Add(retry)) {
 				return
-			case err != nil && u.lateAbortWarned.CompareAndSwap(false, true):
-				log.Warn().Err(err).Msg("cannot clear the commit's prefix of leftovers (said once; later failures are debug lines)")
-			case err != nil:
-				log.Debug().Err(err).Msg("cannot clear the commit's prefix of leftovers")
 			}
-			if n > 0 {
-				log.Info().Int("aborted", n).Msg("aborted incomplete uploads left under the commit (a killed run's, or one whose abort failed)")
-			}
-			if objs > 0 {
-				log.Info().Int("deleted", objs).Msg("deleted objects that landed in an abandoned commit after it was deleted")
-			}
+			err = pass()
+		}
+		if ctx.Err() != nil {
+			return // a pass cut short by the stop: the next agent runs it
 		}
 		select {
 		case u.wake <- func() {
@@ -1306,3 +1326,9 @@ func (u *Uploader) removeStrays(ctx context.Context, c commitJob, m *Manifest) (
 // and a failed upload's own abort fails when the store is down. Each such upload or object stays,
 // and costs, until aborted or deleted.
 var lateAborts = []time.Duration{0, 5 * time.Second, 30 * time.Second, 2 * time.Minute}
+
+// lateRetry and lateExpiry: after the last of lateAborts failed (the store down), the pass is
+// tried again every lateRetry, until lateExpiry after the commit. An upload left by a store that
+// never lets it be aborted (a policy without s3:ListBucketMultipartUploads or s3:AbortMultipartUpload)
+// is the bucket's lifecycle rule's to end (docs/s3.md).
+var lateRetry, lateExpiry = 2 * time.Minute, time.Hour

@@ -33,6 +33,9 @@ type outageStore struct {
 	listOnce  sync.Once
 	failed    map[string]bool // keys whose PutFile failed once
 	open      map[string]bool // keys with an incomplete upload left behind
+	// abortDown: AbortIncomplete fails (the store down); abortsRefused counts those calls.
+	abortDown     bool
+	abortsRefused int
 }
 
 var errOutage = errors.New("connect: connection refused")
@@ -92,6 +95,13 @@ func (s *outageStore) PutFile(ctx context.Context, key string, f *os.File, size 
 }
 
 func (s *outageStore) AbortIncomplete(ctx context.Context, prefix string) (int, error) {
+	s.mu.Lock()
+	if s.abortDown {
+		s.abortsRefused++
+		s.mu.Unlock()
+		return 0, errOutage
+	}
+	s.mu.Unlock()
 	if _, err := s.memStore.AbortIncomplete(ctx, prefix); err != nil {
 		return 0, err
 	}
@@ -470,6 +480,45 @@ func TestUploaderLateCleanupOutlivesARestart(t *testing.T) {
 	res, err := Restore(t.Context(), s.memStore, RestoreOptions{Job: "job", Checkpoint: "step-1", To: t.TempDir(), Logger: zerolog.Nop()})
 	if err != nil || res.Commit != ev.Manifest.Commit {
 		t.Fatalf("restore of step-1: %+v, %v", res, err)
+	}
+}
+
+// TestUploaderLateCleanupAfterAnOutage: the late passes after a commit fail while the store is
+// down. What they were to clear is cleared once it answers again: by the same agent, which tries
+// again, or by the next one, as the clean-up stays in the journal until a pass succeeded. (Found
+// by TestSimulationTrouble seed 3: every pass failed, the last one was written down as done, and
+// an upload a failed send had left under the commit stayed for good.)
+func TestUploaderLateCleanupAfterAnOutage(t *testing.T) {
+	t.Cleanup(func(l []time.Duration, r, e time.Duration) func() {
+		return func() { lateAborts, lateRetry, lateExpiry = l, r, e }
+	}(lateAborts, lateRetry, lateExpiry)) // after the uploaders stop
+	lateAborts, lateRetry, lateExpiry = []time.Duration{0, 50 * time.Millisecond}, 100*time.Millisecond, time.Hour
+	for _, restart := range []bool{false, true} {
+		s := newOutageStore(newMemStore())
+		dir, state := t.TempDir(), t.TempDir()
+		r := startUploaderWith(t, dir, s, UploaderConfig{StateDir: state})
+		s.mu.Lock()
+		s.abortDown = true
+		s.mu.Unlock()
+		writeCheckpoint(t, dir, "step-1", map[string][]byte{"a": randomBytes(t, 8<<10)})
+		ev := r.waitCommitted("step-1")
+		s.openUpload(DataKey("job", "step-1", ev.Manifest.Commit, "a")) // a failed send's, whose abort failed too
+		eventuallyUploader(t, "the late passes to fail", func() bool {
+			s.mu.Lock()
+			defer s.mu.Unlock()
+			return s.abortsRefused >= len(lateAborts)
+		})
+		if restart {
+			r.stop()
+		}
+		s.mu.Lock()
+		s.abortDown = false
+		s.mu.Unlock()
+		if restart {
+			startUploaderWith(t, dir, s, UploaderConfig{StateDir: state})
+		}
+		eventuallyUploader(t, fmt.Sprintf("the upload left under the commit to be aborted once the store answers (restart: %v)", restart),
+			func() bool { return len(s.openUploads()) == 0 })
 	}
 }
 
