@@ -53,7 +53,8 @@ const (
 	// for its strays, Abandoned). One without journalLateDone is resumed by a restart
 	// (journalLates): a write held by the network can land after the agent is gone.
 	journalLate journalOp = "late"
-	// journalLateDone: the late clean-up of the commit (and Abandoned) ran its last pass.
+	// journalLateDone: the late clean-up of the commit (and Abandoned) is over: its last pass
+	// succeeded, or its time to try again ran out (lateExpiry).
 	journalLateDone journalOp = "late_done"
 )
 
