@@ -356,9 +356,19 @@ func (a *Agent) Config() *Config { return a.cfg.Load() }
 
 // Run runs the agent until ctx is done: the IMDS watcher, the coordinator, the identity lookup,
 // the agent's own signals and the HTTP listener. It returns after all of them have stopped; the
-// error is non-nil only if the listener could not start or failed.
+// error is non-nil only if another agent holds agent.runtime_dir (lockRuntimeDir), or the
+// listener could not start or failed.
 func (a *Agent) Run(ctx context.Context) error {
 	cfg := a.cfg.Load()
+	_ = os.MkdirAll(cfg.Agent.RuntimeDir, 0o755) // a failure is said below
+	switch release, err := lockRuntimeDir(cfg.Agent.RuntimeDir); {
+	case errors.Is(err, errRuntimeDirInUse):
+		return err
+	case err != nil:
+		a.log.Warn().Err(err).Msg("agent.runtime_dir cannot be locked: a second agent started on it would not be refused")
+	default:
+		defer release()
+	}
 	var ln net.Listener
 	if cfg.HTTP.Listen != "" {
 		var err error

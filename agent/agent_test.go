@@ -687,3 +687,48 @@ func TestCheckpointsNotCommittedMetric(t *testing.T) {
 		return metric("spotguard_checkpoints_not_committed") == 0 && metric("spotguard_checkpoint_not_committed_seconds") == 0
 	})
 }
+
+// A second agent started on the agent.runtime_dir of a running one is refused, naming the first
+// one's PID: it would have removed the notice.json the first one wrote for its trainer, and
+// resumed the first one's commits from their journal while it still wrote them. Once the first
+// one has stopped, an agent starts there again.
+func TestSecondAgentOnARuntimeDirIsRefused(t *testing.T) {
+	ta := startAgent(t, "SPOTGUARD_TRAINER_MATCH=no-such-trainer")
+	ta.imds.set("spot/instance-action", spotBody)
+	notice := filepath.Join(ta.runtime, NoticeFile)
+	eventually(t, "notice.json to be written", func() bool { _, err := os.Stat(notice); return err == nil })
+	second := func() (*Agent, *Config) {
+		cfg := mustLoad(t, LoadOptions{Environ: []string{"SPOTGUARD_HTTP_LISTEN=", "SPOTGUARD_AGENT_RUNTIME_DIR=" + ta.runtime,
+			"SPOTGUARD_METRICS_CLOUDWATCH=false", "SPOTGUARD_TRAINER_MATCH=no-such-trainer"}})
+		a, err := New(cfg, Deps{Logger: zerolog.Nop(), IMDS: newFakeIMDS()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return a, cfg
+	}
+	b, _ := second()
+	bctx, bcancel := context.WithTimeout(t.Context(), 10*time.Second) // not refused: it would run on
+	defer bcancel()
+	err := b.Run(bctx)
+	if !errors.Is(err, errRuntimeDirInUse) || !strings.Contains(err.Error(), "PID "+strconv.Itoa(os.Getpid())) {
+		t.Fatalf("second agent's Run() = %v; want it refused, naming PID %d", err, os.Getpid())
+	}
+	if _, err := os.Stat(notice); err != nil {
+		t.Errorf("the first agent's notice.json after the second one was refused: %v; want it kept", err)
+	}
+
+	ta.cancel()
+	if err := <-ta.done; err != nil {
+		t.Fatalf("first agent's Run() = %v", err)
+	}
+	ta.done <- nil // for the cleanup
+	c, _ := second()
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	go func() { done <- c.Run(ctx) }()
+	eventually(t, "the next agent to poll IMDS", func() bool { return c.watcher.Stats().Sources[imds.SourceSpot].Polls > 0 })
+	cancel()
+	if err := <-done; err != nil {
+		t.Errorf("an agent on the runtime dir after the first one stopped: Run() = %v; want nil", err)
+	}
+}

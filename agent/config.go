@@ -349,7 +349,7 @@ var fields = []field{
 		c.HTTP.PProf = b
 		return nil
 	}},
-	{"agent.runtime_dir", "/run/spotguard", "directory for runtime state: notice.json, and the upload journal that lets a restarted agent resume its commits; an absolute path, not inside checkpoint.dir", func(c *Config, v string) error {
+	{"agent.runtime_dir", "/run/spotguard", "directory for runtime state: notice.json, and the upload journal that lets a restarted agent resume its commits; one agent per directory (`agent.lock`); an absolute path, not inside checkpoint.dir", func(c *Config, v string) error {
 		if v == "" {
 			return errors.New("must not be empty")
 		}
