@@ -861,7 +861,7 @@ type commitResult struct {
 }
 
 // startLate begins l, a commit's late clean-up (goLateCleanup), and writes it in the journal,
-// where it stays until its last pass: a write held by the network can land after this agent
+// where it stays until it is over: a write held by the network can land after this agent
 // stopped, and the next one resumes it (Uploader.start). On the Run loop only.
 func (u *Uploader) startLate(ctx context.Context, l lateCleanup) {
 	if l.At.IsZero() {
