@@ -1280,10 +1280,11 @@ func (u *Uploader) missingObjects(ctx context.Context, m *Manifest) (string, err
 	return "", nil
 }
 
-// removeStrays makes m's commit prefix hold nothing but m's files before its manifest is
-// written: it deletes the keys stored for files that left the checkpoint, and in a commit an
-// earlier run began, everything else there and every incomplete upload under it (none of this
-// agent's is running for it now). In a commit of this run's alone, a failed PutFile aborts its
+// removeStrays makes m's commit prefix hold nothing but m's files (and its manifest or part
+// manifest, which a try whose answer was lost may have written) before its manifest is written:
+// it deletes the keys stored for files that left the checkpoint, and in a commit an earlier run
+// began, everything else there and every incomplete upload under it (none of this agent's is
+// running for it now). In a commit of this run's alone, a failed PutFile aborts its
 // own upload, and goLateCleanup clears whatever is left after the commit. It returns the keys
 // it deleted: a write of one may still land (goLateCleanup).
 func (u *Uploader) removeStrays(ctx context.Context, c commitJob, m *Manifest) ([]string, error) {
@@ -1291,8 +1292,10 @@ func (u *Uploader) removeStrays(ctx context.Context, c commitJob, m *Manifest) (
 	for _, f := range m.Files {
 		keep[f.Key] = true
 	}
-	// The manifest itself may be there already: a try whose answer was lost.
+	// The manifest or part manifest itself may be there already: a try whose answer was lost.
+	// And a job manifest lives under the commit of its save's part of rank 0.
 	keep[ManifestKey(m.Job, m.Checkpoint, m.Commit)] = true
+	keep[PartKey(m.Job, m.Checkpoint, m.Commit)] = true
 	prefix := CommitPrefix(m.Job, m.Checkpoint, m.Commit)
 	strays := slices.DeleteFunc(slices.Clone(c.strays), func(k string) bool { return keep[k] })
 	if c.resumed {

@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -653,5 +654,79 @@ func TestCheckJobWithAPartManifestDeleted(t *testing.T) {
 	v := CheckJob(t.Context(), store, "job", true)
 	if len(v) != 1 || !strings.Contains(v[0].Error(), "I7: ") || !strings.Contains(v[0].Error(), stray) {
 		t.Errorf("invariants with a stray object under node 1's part = %v; want one I7 naming %s", v, stray)
+	}
+}
+
+// partLossStore fails every part manifest write while down (the write not done), and does the
+// next one after that but answers it with an error (the answer lost). It records the part
+// manifests deleted.
+type partLossStore struct {
+	Store
+	down, lose atomic.Bool
+	mu         sync.Mutex
+	deleted    []string
+}
+
+func (s *partLossStore) PutBytes(ctx context.Context, key string, data []byte, cond Cond) (string, error) {
+	if !strings.HasSuffix(key, "/"+MetaDir+"/part.json") {
+		return s.Store.PutBytes(ctx, key, data, cond)
+	}
+	if s.down.Load() {
+		return "", errors.New("connect: connection refused")
+	}
+	etag, err := s.Store.PutBytes(ctx, key, data, cond)
+	if err == nil && s.lose.CompareAndSwap(true, false) {
+		return "", errors.New("connection reset after the request was sent")
+	}
+	return etag, err
+}
+
+func (s *partLossStore) Delete(ctx context.Context, keys ...string) error {
+	s.mu.Lock()
+	for _, k := range keys {
+		if strings.HasSuffix(k, "/"+MetaDir+"/part.json") {
+			s.deleted = append(s.deleted, k)
+		}
+	}
+	s.mu.Unlock()
+	return s.Store.Delete(ctx, keys...)
+}
+
+// A node's part manifest is never taken for a stray of its own commit. A restarted agent resumes
+// its commit and, before the part manifest, clears that commit's prefix of what is not its own;
+// a write of the part manifest whose answer was lost had put it there, and it was deleted as a
+// stray, written again, and deleted once more by the late clean-up, so that the save could no
+// longer be assembled from it. (Found by TestSimulationNodes, 400 steps, seed
+// 172556476682931846: the part manifest was written again after the job manifest that listed it.)
+func TestMultiNodePartManifestIsNotAStray(t *testing.T) {
+	t.Cleanup(func(l []time.Duration) func() { return func() { lateAborts = l } }(lateAborts)) // after the uploaders stop
+	lateAborts = []time.Duration{0, 50 * time.Millisecond}
+	store := &partLossStore{Store: newMemStore()}
+	store.down.Store(true)
+	dir, state := t.TempDir(), t.TempDir()
+	cfg := UploaderConfig{NodeRank: 0, WorldNodes: 2, PartWait: 30 * time.Second, StateDir: state, StopBudget: -1,
+		Host: func() Host { return Host{InstanceID: "i-node0"} }}
+	first := startUploaderWith(t, dir, store, cfg)
+	writeCheckpoint(t, dir, "step-000600", nodeFiles(t, 0, []byte("c")))
+	first.waitEvent(CheckpointFailed, "step-000600")
+	first.stop()
+
+	store.lose.Store(true)
+	store.down.Store(false)
+	second := startUploaderWith(t, dir, store, cfg)
+	m := second.waitPart("step-000600")
+	key := PartKey("job", "step-000600", m.Commit)
+	eventuallyUploader(t, "the late clean-up of the part's commit to be over", func() bool {
+		entries, _ := os.ReadFile(journalPath(state, "job", dir, store.URL()))
+		return strings.Contains(string(entries), `"op":"late_done","ckpt":"step-000600","commit":"`+m.Commit+`"`)
+	})
+	store.mu.Lock()
+	deleted := slices.Clone(store.deleted)
+	store.mu.Unlock()
+	if len(deleted) > 0 {
+		t.Errorf("part manifests deleted: %v; want none (the part's own, %s, is not a stray)", deleted, key)
+	}
+	if _, _, err := store.GetBytes(t.Context(), key); err != nil {
+		t.Errorf("the part manifest: %v; want it in the store", err)
 	}
 }
