@@ -910,6 +910,9 @@ func (u *Uploader) goLateCleanup(ctx context.Context, l lateCleanup) {
 		case len(l.Strays) > 0:
 			derr = u.cfg.Store.Delete(actx, l.Strays...)
 		}
+		if l.Sealed && !l.Abandoned {
+			derr = errors.Join(derr, u.dropTorn(actx, l.CommitRef))
+		}
 		err = errors.Join(err, derr)
 		switch {
 		case err != nil && ctx.Err() != nil:
@@ -954,6 +957,37 @@ func (u *Uploader) goLateCleanup(ctx context.Context, l lateCleanup) {
 		case <-ctx.Done():
 		}
 	})
+}
+
+// dropTorn deletes the manifest (part manifest, in a multi-node job) of this agent's commit ref
+// if it names objects the store does not hold. A write of it whose answer was lost can land
+// after another agent's retention deleted the commit, manifest first: the write succeeds then
+// (If-None-Match), over deleted objects. The look commit takes after its write, and retention's
+// look after its delete (clearRevived), both come before such a write lands.
+func (u *Uploader) dropTorn(ctx context.Context, ref CommitRef) error {
+	key := ManifestKey(u.cfg.Job, ref.Checkpoint, ref.Commit)
+	if u.cfg.WorldNodes > 1 {
+		key = PartKey(u.cfg.Job, ref.Checkpoint, ref.Commit)
+	}
+	data, _, err := u.cfg.Store.GetBytes(ctx, key)
+	if errors.Is(err, ErrNotFound) {
+		return nil // deleted, by retention: nothing landed (yet)
+	}
+	if err != nil {
+		return fmt.Errorf("read %s: %w", key, err)
+	}
+	m, err := ParseManifest(data)
+	if err != nil || m.Job != u.cfg.Job || m.Checkpoint != ref.Checkpoint || m.Commit != ref.Commit {
+		return nil // not a manifest of this commit's: not this agent's to judge
+	}
+	missing, err := u.missingObjects(ctx, m)
+	if err != nil || missing == "" {
+		return err
+	}
+	u.log.Error().Str("checkpoint", ref.Checkpoint).Str("commit", ref.Commit).Str("missing", missing).
+		Msg("a manifest write of this commit whose answer was lost landed after its objects were deleted (by another agent's retention); deleting that manifest")
+	u.cache.drop(key)
+	return u.cfg.Store.Delete(ctx, key)
 }
 
 // commitJob is what a commit needs, copied from the Run loop's state.
@@ -1173,7 +1207,8 @@ func (u *Uploader) commit(ctx context.Context, c commitJob) commitResult {
 	}
 	r.manifest = m
 	u.cache.put(key, m)
-	r.late = &lateCleanup{CommitRef: CommitRef{Checkpoint: m.Checkpoint, Commit: m.Commit}, Strays: strays, At: time.Now()}
+	r.late = &lateCleanup{CommitRef: CommitRef{Checkpoint: m.Checkpoint, Commit: m.Commit}, Strays: strays, Sealed: maybeWritten,
+		At: time.Now()}
 	if m.Part != nil {
 		return r
 	}

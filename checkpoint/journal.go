@@ -68,10 +68,12 @@ type journalLine struct {
 	ID         *FileID   `json:"id,omitempty"`
 	Checksum   Checksum  `json:"checksum,omitzero"`
 	ReadAt     time.Time `json:"read_at,omitzero"`
-	// At, Keys and Abandoned are a journalLate's (lateCleanup); Abandoned a journalLateDone's too.
+	// At, Keys, Abandoned and Sealed are a journalLate's (lateCleanup); Abandoned a
+	// journalLateDone's too.
 	At        time.Time `json:"at,omitzero"`
 	Keys      []string  `json:"keys,omitempty"`
 	Abandoned bool      `json:"abandoned,omitempty"`
+	Sealed    bool      `json:"sealed,omitempty"`
 }
 
 // journalEntry is what the journal says of one checkpoint: its last commit.
@@ -185,11 +187,14 @@ func journalCleanups(path string) []CommitRef {
 
 // lateCleanup is a commit's late clean-up (Uploader.goLateCleanup): its prefix is cleared of
 // incomplete uploads, and of Strays (keys of files that left the committed checkpoint), or, if
-// Abandoned, of every object, at each of lateAborts after At.
+// Abandoned, of every object, at each of lateAborts after At. Sealed: a write of the commit's
+// manifest (or part manifest) whose answer was lost may still land, after another agent's
+// retention deleted the commit; each pass then deletes a manifest that names missing objects.
 type lateCleanup struct {
 	CommitRef
 	Strays    []string
 	Abandoned bool
+	Sealed    bool
 	At        time.Time
 }
 
@@ -201,7 +206,7 @@ const journalLateKeys = 1000
 // line is the journalLate line of l.
 func (l lateCleanup) line() journalLine {
 	return journalLine{Op: journalLate, Checkpoint: l.Checkpoint, Commit: l.Commit, At: l.At,
-		Keys: l.Strays[:min(len(l.Strays), journalLateKeys)], Abandoned: l.Abandoned}
+		Keys: l.Strays[:min(len(l.Strays), journalLateKeys)], Abandoned: l.Abandoned, Sealed: l.Sealed}
 }
 
 // journalLates reads the journal file for the late clean-ups begun and not done (the agent
@@ -232,11 +237,11 @@ func journalLates(file, job string) []lateCleanup {
 			})
 			if p := pending[k]; p != nil { // begun again: one clean-up of both
 				p.Strays = append(p.Strays, strays...)
-				p.At = l.At
+				p.At, p.Sealed = l.At, p.Sealed || l.Sealed
 				continue
 			}
 			order = append(order, k)
-			pending[k] = &lateCleanup{CommitRef: k.CommitRef, Strays: strays, Abandoned: l.Abandoned, At: l.At}
+			pending[k] = &lateCleanup{CommitRef: k.CommitRef, Strays: strays, Abandoned: l.Abandoned, Sealed: l.Sealed, At: l.At}
 		case journalLateDone:
 			delete(pending, k)
 		}

@@ -954,3 +954,55 @@ func TestUploaderLeftSealedCommitIsClearedUnlessItsManifestLanded(t *testing.T) 
 		})
 	}
 }
+
+// TestUploaderTornManifestLandingLateIsDeleted: the first write of a commit's manifest gets no
+// answer and is held by the network; the retry commits. Another agent's retention then deletes
+// the commit, manifest first, then its objects, and only then does the held write land, over
+// deleted objects (If-None-Match passes: the manifest is gone). The committing agent's later
+// passes see its manifest naming missing objects and delete it. (Found by TestSimulationTrouble,
+// 400 steps, seed 3079921235426036863: the torn manifest stayed.)
+func TestUploaderTornManifestLandingLateIsDeleted(t *testing.T) {
+	t.Cleanup(func(l []time.Duration) func() { return func() { lateAborts = l } }(lateAborts)) // after the uploader stops
+	lateAborts = []time.Duration{0, time.Second, 3 * time.Second}
+	mem := newMemStore()
+	var mu sync.Mutex
+	var heldKey string
+	var held []byte
+	holding := &heldPutStore{Store: mem, hold: func(key string, data []byte) bool {
+		mu.Lock()
+		defer mu.Unlock()
+		if heldKey == "" && strings.HasSuffix(key, "/"+MetaDir+"/manifest.json") {
+			heldKey, held = key, slices.Clone(data)
+			return true
+		}
+		return false
+	}}
+	r := startUploaderWith(t, t.TempDir(), holding, UploaderConfig{})
+	writeCheckpoint(t, r.dir, "step-1", map[string][]byte{"a": randomBytes(t, 8<<10)})
+	ev := r.waitCommitted("step-1")
+	key := ManifestKey("job", "step-1", ev.Manifest.Commit)
+	mu.Lock()
+	if heldKey != key {
+		t.Fatalf("held %q; want the first write of the committed manifest %s (the test's premise)", heldKey, key)
+	}
+	mu.Unlock()
+	writeCheckpoint(t, r.dir, "step-2", map[string][]byte{"a": randomBytes(t, 8<<10)})
+	r.waitCommitted("step-2") // LATEST moves on: step-1 may go
+
+	// Another agent's retention, then the held write.
+	if err := mem.Delete(t.Context(), key); err != nil {
+		t.Fatal(err)
+	}
+	objs, _ := mem.List(t.Context(), CommitPrefix("job", "step-1", ev.Manifest.Commit))
+	for _, o := range objs {
+		mem.Delete(t.Context(), o.Key)
+	}
+	mem.put(key, held)
+	eventuallyUploader(t, "the manifest that landed over deleted objects to be deleted", func() bool {
+		_, _, err := mem.GetBytes(t.Context(), key)
+		return errors.Is(err, ErrNotFound)
+	})
+	if problems := CheckJob(t.Context(), mem, "job", true); len(problems) > 0 {
+		t.Errorf("store check: %v", problems)
+	}
+}
