@@ -982,7 +982,7 @@ func (u *Uploader) resolveJournal(ctx context.Context, name string, e *journalEn
 		delete(u.resume, name)
 		return
 	}
-	committed := false
+	committed, unknown := false, false
 	if st != nil {
 		committed = slices.ContainsFunc(u.index[name], func(m *Manifest) bool { return m.Commit == e.commit }) ||
 			slices.ContainsFunc(st.Parts, func(p *Manifest) bool { return p.Checkpoint == name && p.Commit == e.commit }) ||
@@ -999,9 +999,10 @@ func (u *Uploader) resolveJournal(ctx context.Context, name string, e *journalEn
 		case err == nil:
 			committed = true
 		case !errors.Is(err, ErrNotFound):
+			// Not resumed (it may be committed), and not forgotten: its incomplete uploads
+			// and, once it is known not to be committed, its objects are cleared below.
 			log.Warn().Err(err).Msg("cannot tell whether the journal's commit is committed; starting over")
-			delete(u.resume, name)
-			return
+			unknown = true
 		}
 	}
 	if committed {
@@ -1009,7 +1010,7 @@ func (u *Uploader) resolveJournal(ctx context.Context, name string, e *journalEn
 		return
 	}
 	prefix := CommitPrefix(u.cfg.Job, name, e.commit)
-	if lerr == nil && time.Since(commitIDStarted(e.commit)) < resumeWithin {
+	if !unknown && lerr == nil && time.Since(commitIDStarted(e.commit)) < resumeWithin {
 		objs, err := u.cfg.Store.List(sctx, prefix)
 		if err == nil {
 			have := map[string]int64{}

@@ -36,6 +36,7 @@ type outageStore struct {
 	// abortDown: AbortIncomplete fails (the store down); abortsRefused counts those calls.
 	abortDown     bool
 	abortsRefused int
+	getDown       bool // GetBytes fails
 }
 
 var errOutage = errors.New("connect: connection refused")
@@ -92,6 +93,16 @@ func (s *outageStore) PutFile(ctx context.Context, key string, f *os.File, size 
 		return Checksum{}, errOutage
 	}
 	return s.memStore.PutFile(ctx, key, f, size, progress)
+}
+
+func (s *outageStore) GetBytes(ctx context.Context, key string) ([]byte, string, error) {
+	s.mu.Lock()
+	down := s.getDown
+	s.mu.Unlock()
+	if down {
+		return nil, "", errOutage
+	}
+	return s.memStore.GetBytes(ctx, key)
 }
 
 func (s *outageStore) AbortIncomplete(ctx context.Context, prefix string) (int, error) {
@@ -520,6 +531,37 @@ func TestUploaderLateCleanupAfterAnOutage(t *testing.T) {
 		eventuallyUploader(t, fmt.Sprintf("the upload left under the commit to be aborted once the store answers (restart: %v)", restart),
 			func() bool { return len(s.openUploads()) == 0 })
 	}
+}
+
+// TestUploaderJournalCommitOfUnknownStateIsCleared: a restarted agent cannot tell whether the
+// journal's commit is committed (the store does not answer at start; a manifest write whose
+// answer was lost may have landed). It does not resume that commit, and it does not forget it
+// either: the uploads a failed send left under it are aborted. (Found by TestSimulationTrouble,
+// 400 steps, seed 3: the commit turned out committed, and an upload stayed under it for good.)
+func TestUploaderJournalCommitOfUnknownStateIsCleared(t *testing.T) {
+	s := newOutageStore(newMemStore())
+	dir, state := t.TempDir(), t.TempDir()
+	failing := failManifestWrites(s)
+	first := startUploaderWith(t, dir, failing, UploaderConfig{StateDir: state, StopBudget: -1})
+	writeCheckpoint(t, dir, "step-1", map[string][]byte{"a": randomBytes(t, 8<<10)})
+	first.waitEvent(CheckpointFailed, "step-1")
+	first.stop()
+	objs, _ := s.memStore.List(t.Context(), "job/step-1/")
+	if len(objs) == 0 {
+		t.Fatal("the first run stored nothing (the test's premise)")
+	}
+	commit := strings.Split(objs[0].Key, "/")[2]
+	s.openUpload(DataKey("job", "step-1", commit, "b")) // a failed send's, whose abort failed too
+
+	s.mu.Lock()
+	s.listDown, s.getDown = true, true
+	s.mu.Unlock()
+	startUploaderWith(t, dir, s, UploaderConfig{StateDir: state, StopBudget: -1})
+	eventuallyUploader(t, "the earlier run's upload under its commit of unknown state to be aborted",
+		func() bool { return len(s.openUploads()) == 0 })
+	s.mu.Lock()
+	s.listDown, s.getDown = false, false
+	s.mu.Unlock()
 }
 
 // sendThenRename writes step-1/a.tmp below dir, a visible temporary file, waits for it to be
