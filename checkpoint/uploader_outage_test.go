@@ -716,6 +716,28 @@ func TestUploaderResumedCommitWhoseManifestMayLandIsNotWrittenInto(t *testing.T)
 	}
 }
 
+// holdFirstManifest is mem with its first manifest write held by the network: answered by a
+// timeout and not done. held returns that write's key and bytes, for the test to land them.
+func holdFirstManifest(mem Store) (s *heldPutStore, held func() (string, []byte)) {
+	var mu sync.Mutex
+	var heldKey string
+	var heldData []byte
+	s = &heldPutStore{Store: mem, hold: func(key string, data []byte) bool {
+		mu.Lock()
+		defer mu.Unlock()
+		if heldKey == "" && strings.HasSuffix(key, "/"+MetaDir+"/manifest.json") {
+			heldKey, heldData = key, slices.Clone(data)
+			return true
+		}
+		return false
+	}}
+	return s, func() (string, []byte) {
+		mu.Lock()
+		defer mu.Unlock()
+		return heldKey, heldData
+	}
+}
+
 // heldPutStore is Store with the writes hold picks answered by a timeout and not done: held by
 // the network until the test lands them. It counts the reads of each key.
 type heldPutStore struct {
@@ -949,25 +971,12 @@ func TestUploaderLeftSealedCommitIsClearedUnlessItsManifestLanded(t *testing.T) 
 			t.Cleanup(func(d time.Duration) func() { return func() { uncertainFor = d } }(uncertainFor))
 			uncertainFor = 200 * time.Millisecond
 			mem := newMemStore()
-			var mu sync.Mutex
-			var heldKey string
-			var held []byte
-			s := &heldPutStore{Store: mem, hold: func(key string, data []byte) bool {
-				mu.Lock()
-				defer mu.Unlock()
-				if heldKey == "" && strings.HasSuffix(key, "/"+MetaDir+"/manifest.json") {
-					heldKey, held = key, slices.Clone(data)
-					return true
-				}
-				return false
-			}}
+			s, held := holdFirstManifest(mem)
 			dir := t.TempDir()
 			r := startUploaderWith(t, dir, s, UploaderConfig{})
 			writeCheckpoint(t, dir, "step-1", map[string][]byte{"a": randomBytes(t, 8<<10)})
 			r.waitEvent(CheckpointFailed, "step-1")
-			mu.Lock()
-			oldKey, oldData := heldKey, held
-			mu.Unlock()
+			oldKey, oldData := held()
 			if landed {
 				mem.put(oldKey, oldData)
 			}
@@ -1007,27 +1016,15 @@ func TestUploaderTornManifestLandingLateIsDeleted(t *testing.T) {
 	t.Cleanup(func(l []time.Duration) func() { return func() { lateAborts = l } }(lateAborts)) // after the uploader stops
 	lateAborts = []time.Duration{0, time.Second, 3 * time.Second}
 	mem := newMemStore()
-	var mu sync.Mutex
-	var heldKey string
-	var held []byte
-	holding := &heldPutStore{Store: mem, hold: func(key string, data []byte) bool {
-		mu.Lock()
-		defer mu.Unlock()
-		if heldKey == "" && strings.HasSuffix(key, "/"+MetaDir+"/manifest.json") {
-			heldKey, held = key, slices.Clone(data)
-			return true
-		}
-		return false
-	}}
+	holding, held := holdFirstManifest(mem)
 	r := startUploaderWith(t, t.TempDir(), holding, UploaderConfig{})
 	writeCheckpoint(t, r.dir, "step-1", map[string][]byte{"a": randomBytes(t, 8<<10)})
 	ev := r.waitCommitted("step-1")
 	key := ManifestKey("job", "step-1", ev.Manifest.Commit)
-	mu.Lock()
+	heldKey, heldData := held()
 	if heldKey != key {
 		t.Fatalf("held %q; want the first write of the committed manifest %s (the test's premise)", heldKey, key)
 	}
-	mu.Unlock()
 	writeCheckpoint(t, r.dir, "step-2", map[string][]byte{"a": randomBytes(t, 8<<10)})
 	r.waitCommitted("step-2") // LATEST moves on: step-1 may go
 
@@ -1039,7 +1036,7 @@ func TestUploaderTornManifestLandingLateIsDeleted(t *testing.T) {
 	for _, o := range objs {
 		mem.Delete(t.Context(), o.Key)
 	}
-	mem.put(key, held)
+	mem.put(key, heldData)
 	eventuallyUploader(t, "the manifest that landed over deleted objects to be deleted", func() bool {
 		_, _, err := mem.GetBytes(t.Context(), key)
 		return errors.Is(err, ErrNotFound)
