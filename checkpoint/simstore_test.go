@@ -449,7 +449,7 @@ func (s *simStore) landLate(ctx context.Context, apply func()) error {
 	return s.noAnswer(ctx)
 }
 
-func (s *simStore) URL() string { return "s3://sim/" + s.name }
+func (s *simStore) URL() string { base, _, _ := strings.Cut(s.name, "#"); return "s3://sim/" + base }
 
 func (s *simStore) PutFile(ctx context.Context, key string, f *os.File, size int64, progress func(n int64)) (Checksum, error) {
 	if err := checkStoreKey(key); err != nil {
