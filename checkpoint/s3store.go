@@ -233,12 +233,19 @@ func (s *S3Store) partSize(size int64, urgent bool) int64 {
 // partSize to a multiple of 1 MiB if that would take more than s3MaxParts parts. An empty
 // object has no parts.
 func s3PartPlan(size, partSize int64) []s3Part {
-	if least := (size + s3MaxParts - 1) / s3MaxParts; partSize < least {
+	return s3PartPlanFrom(0, size, partSize, 1)
+}
+
+// s3PartPlanFrom is s3PartPlan for the bytes from off to end, numbered from first: partSize is
+// raised so that the parts end at number s3MaxParts at most.
+func s3PartPlanFrom(off, end, partSize int64, first int32) []s3Part {
+	left := int64(s3MaxParts) - int64(first) + 1
+	if least := (end - off + left - 1) / left; partSize < least {
 		partSize = (least + 1<<20 - 1) &^ (1<<20 - 1)
 	}
 	var parts []s3Part
-	for off := int64(0); off < size; off += partSize {
-		parts = append(parts, s3Part{num: int32(len(parts) + 1), off: off, n: min(partSize, size-off)})
+	for ; off < end; off += partSize {
+		parts = append(parts, s3Part{num: first + int32(len(parts)), off: off, n: min(partSize, end-off)})
 	}
 	return parts
 }
@@ -593,7 +600,44 @@ func (s *S3Store) putSingle(ctx context.Context, okey string, f *os.File, size i
 
 // putMultipart sends f as a multipart upload.
 func (s *S3Store) putMultipart(ctx context.Context, okey string, f *os.File, size int64, progress func(int64)) (Checksum, error) {
-	fullObject := !s.composite.Load()
+	uploadID, fullObject, err := s.createUpload(ctx, okey)
+	if err != nil {
+		return Checksum{}, err
+	}
+	// After the completion or the abort below: an upload that could not be aborted is no
+	// longer running, so a later AbortIncomplete may abort it.
+	defer s.setRunning(aws.ToString(uploadID), false)
+
+	parts := s3PartPlan(size, s.partSize(size, urgentOf(ctx)))
+	completed := make([]types.CompletedPart, len(parts))
+	crcs := make([]uint32, len(parts))
+	err = s.uploadParts(ctx, okey, uploadID, f, parts, completed, crcs, progress)
+	if err == nil {
+		err = s.complete(ctx, okey, uploadID, size, completed, crcs, s3FullCRC(parts, crcs), fullObject)
+	}
+	if err != nil {
+		if aerr := s.abortUpload(ctx, okey, uploadID); aerr != nil {
+			err = errors.Join(err, aerr)
+		}
+		return Checksum{}, err
+	}
+	return CRC32CChecksum(s3FullCRC(parts, crcs)), nil
+}
+
+// s3FullCRC is the full-object CRC-32C of an object made of parts, whose CRC-32Cs are crcs.
+func s3FullCRC(parts []s3Part, crcs []uint32) uint32 {
+	var full uint32
+	for i, p := range parts {
+		full = s3CRC32CCombine(full, crcs[i], p.n)
+	}
+	return full
+}
+
+// createUpload creates a multipart upload of okey, with a FULL_OBJECT checksum unless the server
+// refused one (fullObject says which), and enters it in the running set: the caller removes it
+// (setRunning) once the upload is completed or aborted.
+func (s *S3Store) createUpload(ctx context.Context, okey string) (uploadID *string, fullObject bool, err error) {
+	fullObject = !s.composite.Load()
 	create := &s3.CreateMultipartUploadInput{
 		Bucket:            &s.bucket,
 		Key:               &okey,
@@ -620,31 +664,9 @@ func (s *S3Store) putMultipart(ctx context.Context, okey string, f *os.File, siz
 	}
 	s.createMu.RUnlock()
 	if err != nil {
-		return Checksum{}, fmt.Errorf("create multipart upload: %w", err)
+		return nil, false, fmt.Errorf("create multipart upload: %w", err)
 	}
-	uploadID := created.UploadId
-	// After the completion or the abort below: an upload that could not be aborted is no
-	// longer running, so a later AbortIncomplete may abort it.
-	defer s.setRunning(aws.ToString(uploadID), false)
-
-	parts := s3PartPlan(size, s.partSize(size, urgentOf(ctx)))
-	completed := make([]types.CompletedPart, len(parts))
-	crcs := make([]uint32, len(parts))
-	err = s.uploadParts(ctx, okey, uploadID, f, parts, completed, crcs, progress)
-	var full uint32
-	for i, p := range parts {
-		full = s3CRC32CCombine(full, crcs[i], p.n)
-	}
-	if err == nil {
-		err = s.complete(ctx, okey, uploadID, size, completed, crcs, full, fullObject)
-	}
-	if err != nil {
-		if aerr := s.abortUpload(ctx, okey, uploadID); aerr != nil {
-			err = errors.Join(err, aerr)
-		}
-		return Checksum{}, err
-	}
-	return CRC32CChecksum(full), nil
+	return created.UploadId, fullObject, nil
 }
 
 // setRunning adds the upload id to the running set, or removes it.
