@@ -38,6 +38,10 @@ type WatchConfig struct {
 	// Ready, if not nil, is called once by Run when the watches are in place and the first
 	// full scan is done (the moment a service may say it is ready).
 	Ready func()
+	// GrowStep: a file of a checkpoint directory that is being written has a FileGrowing each
+	// time it has grown by this many bytes since its last one; default watchGrowStep, and
+	// negative for none.
+	GrowStep int64
 	// Unwatched, if not nil, is called by Run each time the number of directories it could
 	// not watch changes: with what is wrong, in a sentence that names the cause (for the inotify
 	// watch limit, fs.inotify.max_user_watches and how to raise it) and says they are polled
@@ -48,6 +52,13 @@ type WatchConfig struct {
 
 // watchDefaultDebounce is the Debounce used when none is configured.
 const watchDefaultDebounce = 500 * time.Millisecond
+
+// watchGrowStep is the GrowStep used when none is configured.
+const watchGrowStep = 8 << 20
+
+// watchGrowEvery is how often a file being written is looked at (Lstat) at most, for its
+// FileGrowing: a trainer's every write is an fsnotify event.
+const watchGrowEvery = 20 * time.Millisecond
 
 // watchPollInterval is how often Run looks whether Dir is still the directory it opened, and
 // polls the directories it could not watch.
@@ -84,11 +95,16 @@ const (
 	// Removed: the checkpoint's directory (or single file) was removed or renamed away, or
 	// its single file can no longer be reported (see Run).
 	Removed
-	// FileGone: a file of a checkpoint directory that had a FileReady was removed or renamed
-	// away (alone or with a directory above it) or can no longer be reported, or the marker
-	// of a complete checkpoint was removed or renamed away: the checkpoint is not complete
-	// any more.
+	// FileGone: a file of a checkpoint directory that had a FileReady (or a FileGrowing) was
+	// removed or renamed away (alone or with a directory above it) or can no longer be
+	// reported, or the marker of a complete checkpoint was removed or renamed away: the
+	// checkpoint is not complete any more.
 	FileGone
+	// FileGrowing: a regular file of a checkpoint directory (not its marker, nor a file at the
+	// top of Dir) is being written, and has grown by GrowStep since its last FileGrowing. Its
+	// FileReady follows once it is closed, unless it goes (FileGone). Size and ID are as Lstat
+	// saw it; the file is not ready, and what it holds may still change anywhere.
+	FileGrowing
 )
 
 // String returns the kind's name.
@@ -102,6 +118,8 @@ func (k WatchEventKind) String() string {
 		return "Removed"
 	case FileGone:
 		return "FileGone"
+	case FileGrowing:
+		return "FileGrowing"
 	default:
 		return fmt.Sprintf("WatchEventKind(%d)", int(k))
 	}
@@ -113,18 +131,18 @@ type WatchEvent struct {
 	// Checkpoint is the checkpoint's sub-directory name, or the single file's name. It always
 	// passes ValidName.
 	Checkpoint string
-	// Path is, for FileReady and FileGone, the file's path relative to the checkpoint's
+	// Path is, for FileReady, FileGrowing and FileGone, the file's path relative to the checkpoint's
 	// directory, slash-separated and valid for ValidPath (the file's name for a single-file
 	// checkpoint; FileGone never names one). For Complete it is the marker's name (the file's
 	// name for a single-file checkpoint); so is it for the FileGone of a marker. For Removed
 	// it is empty.
 	Path string
-	// Size and ModTime are the file's (FileReady) or the marker's (Complete) as Lstat saw them
+	// Size and ModTime are the file's (FileReady, FileGrowing) or the marker's (Complete) as Lstat saw them
 	// when the watcher decided; zero for Removed and FileGone. A consumer reads the file
 	// itself and must check them again.
 	Size    int64
 	ModTime time.Time
-	// ID identifies the version of the file (FileReady) or marker (Complete) that Lstat saw,
+	// ID identifies the version of the file (FileReady, FileGrowing) or marker (Complete) that Lstat saw,
 	// as Size and ModTime; zero for Removed and FileGone. A consumer that opened the file
 	// compares FileIDOf(its Stat) with ID.Same rather than trusting size and time alone.
 	ID FileID
@@ -139,10 +157,14 @@ type Watcher struct {
 	marker      string
 	pattern     string
 	debounce    time.Duration
+	growStep    int64     // 0: no FileGrowing
 	owner       scanOwner // of dir, when NewWatcher looked
 	log         zerolog.Logger
 	ready       func()
 	onUnwatched func(problem string)
+	// growEvery is how often a file being written is looked at for its FileGrowing at most;
+	// watchGrowEvery unless a test sets it.
+	growEvery time.Duration
 	// pollEvery is how often Run looks whether Dir is still the directory it opened, and polls
 	// what it could not watch; watchPollInterval unless a test sets it.
 	pollEvery time.Duration
@@ -181,15 +203,24 @@ func NewWatcher(cfg WatchConfig) (*Watcher, error) {
 	if err := errors.Join(problems...); err != nil {
 		return nil, err
 	}
+	growStep := cfg.GrowStep
+	switch {
+	case growStep == 0:
+		growStep = watchGrowStep
+	case growStep < 0:
+		growStep = 0
+	}
 	return &Watcher{
 		dir:         dir,
 		marker:      marker,
 		pattern:     cfg.Pattern,
 		debounce:    debounce,
+		growStep:    growStep,
 		owner:       owner,
 		log:         cfg.Logger.With().Str("component", "checkpoint-watcher").Logger(),
 		ready:       cfg.Ready,
 		onUnwatched: cfg.Unwatched,
+		growEvery:   watchGrowEvery,
 		pollEvery:   watchPollInterval,
 		addWatch:    (*fsnotify.Watcher).Add,
 	}, nil
@@ -353,6 +384,10 @@ type watchNode struct {
 	kids   map[string]*watchNode
 	// stamp is the FileID of the file's last FileReady; zero if it has none.
 	stamp FileID
+	// grown is the size of the file's last FileGrowing since its last FileReady, 0 if none;
+	// grewAt is when it was last looked at for one.
+	grown  int64
+	grewAt time.Time
 	// warned is the reason of the path's skip log line; "" if none.
 	warned string
 	// watched is true for a directory with an fsnotify watch.
@@ -365,7 +400,7 @@ type watchNode struct {
 // keeps reports whether n keeps something: a stamp, a skip log line, a watch or a failed one,
 // a pending debounce (deb's), or nodes below it.
 func (n *watchNode) keeps(deb *watchDebouncer) bool {
-	return len(n.kids) > 0 || !n.stamp.isZero() || n.warned != "" || n.watched || n.unwatched != nil || deb.Pending(n.rel)
+	return len(n.kids) > 0 || !n.stamp.isZero() || n.grown > 0 || n.warned != "" || n.watched || n.unwatched != nil || deb.Pending(n.rel)
 }
 
 // watchRun is the state of one Run. Only Run's goroutine uses it.
@@ -623,6 +658,7 @@ func (r *watchRun) touch(rel string) {
 // Lstat described as fi, with id its FileID, and remembers it.
 func (r *watchRun) report(n *watchNode, name, sub string, fi fs.FileInfo, id FileID) {
 	n.stamp = id
+	n.grown = 0
 	n.warned = "" // a later skip is a new one, worth a log line
 	r.emit(WatchEvent{Kind: FileReady, Checkpoint: name, Path: sub, Size: fi.Size(), ModTime: fi.ModTime(), ID: id})
 }
@@ -646,10 +682,10 @@ func (r *watchRun) skip(rel, kind string, err error) {
 // Removed for a single-file checkpoint. It does nothing if rel had no FileReady.
 func (r *watchRun) unreport(rel string) {
 	n := r.nodes[rel]
-	if n == nil || n.stamp.isZero() {
+	if n == nil || (n.stamp.isZero() && n.grown == 0) {
 		return
 	}
-	n.stamp = FileID{}
+	n.stamp, n.grown = FileID{}, 0
 	name, sub, nested := strings.Cut(rel, "/")
 	if nested {
 		r.emit(WatchEvent{Kind: FileGone, Checkpoint: name, Path: sub})
@@ -1135,7 +1171,7 @@ func (r *watchRun) drop(rel string, gone bool) {
 			_ = r.fw.Remove(r.abs(n.rel))
 		}
 		r.unlist(n)
-		if gone && !n.stamp.isZero() {
+		if gone && (!n.stamp.isZero() || n.grown > 0) {
 			lost = append(lost, n.rel)
 		}
 		delete(r.nodes, n.rel)
@@ -1173,7 +1209,34 @@ func (r *watchRun) handle(ev fsnotify.Event) {
 	}
 	if ev.Has(fsnotify.Write) {
 		r.writtenInPlace(rel)
+		r.grew(rel)
 	}
+}
+
+// grew sends a FileGrowing for rel, a file of a checkpoint directory just written to and waiting
+// for its debounce, if it has grown by growStep since its last one (looking at most every
+// growEvery).
+func (r *watchRun) grew(rel string) {
+	name, sub, nested := strings.Cut(rel, "/")
+	if r.growStep == 0 || !nested || sub == r.marker {
+		return
+	}
+	c := r.ckpts[name]
+	n := r.nodes[rel]
+	if c == nil || c.single || c.complete || n == nil || !r.deb.Pending(rel) {
+		return
+	}
+	now := time.Now()
+	if now.Sub(n.grewAt) < r.growEvery {
+		return
+	}
+	n.grewAt = now
+	fi, err := r.walker.lstat(rel)
+	if err != nil || !fi.Mode().IsRegular() || fi.Size() < n.grown+r.growStep || r.walker.owner.check(fi) != nil {
+		return // what is wrong with it is said at its debounce
+	}
+	n.grown = fi.Size()
+	r.emit(WatchEvent{Kind: FileGrowing, Checkpoint: name, Path: sub, Size: fi.Size(), ModTime: fi.ModTime(), ID: FileIDOf(fi)})
 }
 
 // writtenInPlace warns, once per single-file checkpoint, that rel is one being written under

@@ -1112,3 +1112,121 @@ func testWatchRun(t *testing.T, w *Watcher, dir string) *watchRun {
 	t.Cleanup(r.deb.Stop)
 	return r
 }
+
+// TestWatchFileGrowing: a file of a checkpoint directory being written has a FileGrowing each
+// time it has grown by GrowStep, then its FileReady once closed; one that goes before it is
+// closed has a FileGone. The marker and files at the top of Dir have none, nor has anything
+// with GrowStep negative.
+func TestWatchFileGrowing(t *testing.T) {
+	growing := func(evs []WatchEvent) []WatchEvent {
+		return slices.DeleteFunc(slices.Clone(evs), func(ev WatchEvent) bool { return ev.Kind != FileGrowing })
+	}
+	open := func(t *testing.T, h *watchHarness, path string) *os.File {
+		t.Helper()
+		if _, err := os.Stat(filepath.Dir(path)); err != nil {
+			if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+				t.Fatal(err)
+			}
+			// Watched before the file is written: its writes are events, not found by a scan.
+			if evs := h.barrier(); len(evs) != 0 {
+				t.Fatalf("events for an empty directory: %s", watchFormat(evs))
+			}
+		}
+		f, err := os.Create(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { f.Close() })
+		return f
+	}
+	write := func(t *testing.T, f *os.File, n int) {
+		t.Helper()
+		if _, err := f.Write(make([]byte, n)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	noLimit := func(w *Watcher) { w.growEvery = 0 }
+	// A long debounce: no FileReady comes between the writes of a slow test machine.
+	cfg := WatchConfig{GrowStep: 1000, Debounce: 2 * time.Second}
+
+	t.Run("grows then closes", func(t *testing.T) {
+		dir := t.TempDir()
+		h, _ := watchStartWith(t, dir, cfg, noLimit)
+		f := open(t, h, filepath.Join(dir, "step-1", "sub", "shard.bin"))
+		write(t, f, 1500)
+		evs := h.until("FileGrowing", func(ev WatchEvent) bool { return ev.Kind == FileGrowing })
+		write(t, f, 300) // 1800: less than a step since the last one
+		write(t, f, 800) // 2600
+		evs = append(evs, h.until("FileGrowing 2600", func(ev WatchEvent) bool { return ev.Kind == FileGrowing && ev.Size == 2600 })...)
+		f.Close()
+		evs = append(evs, h.until("FileReady", func(ev WatchEvent) bool { return ev.Kind == FileReady })...)
+		if got, want := watchFormat(evs), "[FileGrowing step-1 sub/shard.bin 1500, FileGrowing step-1 sub/shard.bin 2600, FileReady step-1 sub/shard.bin 2600]"; got != want {
+			t.Errorf("events = %s; want %s", got, want)
+		}
+		if g := growing(evs); len(g) > 0 && g[0].ID.Ino == 0 {
+			t.Errorf("FileGrowing has no file ID: %+v", g[0])
+		}
+		// Written again after its FileReady: growing again.
+		f2, err := os.OpenFile(filepath.Join(dir, "step-1", "sub", "shard.bin"), os.O_WRONLY|os.O_APPEND, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f2.Close()
+		write(t, f2, 1200)
+		evs = h.until("FileGrowing 3800", func(ev WatchEvent) bool { return ev.Kind == FileGrowing })
+		if got, want := watchFormat(evs), "[FileGrowing step-1 sub/shard.bin 3800]"; got != want {
+			t.Errorf("events after a rewrite = %s; want %s", got, want)
+		}
+	})
+
+	t.Run("removed or renamed away while growing", func(t *testing.T) {
+		dir := t.TempDir()
+		h, _ := watchStartWith(t, dir, cfg, noLimit)
+		for _, name := range []string{"a.bin", "b.bin"} {
+			f := open(t, h, filepath.Join(dir, "step-1", name))
+			write(t, f, 1000)
+			h.until("FileGrowing "+name, func(ev WatchEvent) bool { return ev.Kind == FileGrowing && ev.Path == name })
+		}
+		if err := os.Remove(filepath.Join(dir, "step-1", "a.bin")); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Rename(filepath.Join(dir, "step-1", "b.bin"), filepath.Join(dir, "b.bin.moved")); err != nil {
+			t.Fatal(err)
+		}
+		evs := h.until("FileGone b.bin", func(ev WatchEvent) bool { return ev.Kind == FileGone && ev.Path == "b.bin" })
+		if got, want := watchFormat(evs), "[FileGone step-1 a.bin 0, FileGone step-1 b.bin 0]"; got != want {
+			t.Errorf("events = %s; want %s", got, want)
+		}
+	})
+
+	t.Run("none for the marker, single files, or GrowStep negative", func(t *testing.T) {
+		dir := t.TempDir()
+		h, _ := watchStartWith(t, dir, WatchConfig{GrowStep: 1000}, noLimit)
+		m := open(t, h, filepath.Join(dir, "step-2", "_COMPLETE"))
+		f := open(t, h, filepath.Join(dir, "model.pt"))
+		write(t, f, 5000)
+		f.Close()
+		write(t, m, 5000)
+		m.Close()
+		seen := map[string]bool{}
+		evs := h.until("both Completes", func(ev WatchEvent) bool {
+			if ev.Kind == Complete {
+				seen[ev.Checkpoint] = true
+			}
+			return seen["model.pt"] && seen["step-2"]
+		})
+		if g := growing(evs); len(g) != 0 {
+			t.Errorf("FileGrowing for the marker or a single file: %s", watchFormat(g))
+		}
+
+		dir = t.TempDir()
+		h, _ = watchStartWith(t, dir, WatchConfig{GrowStep: -1}, noLimit)
+		f = open(t, h, filepath.Join(dir, "step-1", "shard.bin"))
+		write(t, f, 20<<20)
+		f.Close()
+		evs = h.until("FileReady", func(ev WatchEvent) bool { return ev.Kind == FileReady })
+		if g := growing(evs); len(g) != 0 {
+			t.Errorf("FileGrowing with GrowStep -1: %s", watchFormat(g))
+		}
+	})
+}
