@@ -169,6 +169,31 @@ type Store interface {
 	AbortIncomplete(ctx context.Context, prefix string) (int, error)
 }
 
+// GrowingStore is a Store that can send a file while it is still being written, so that when the
+// file is closed only its end and whatever was rewritten are left to send (S3Store: a multipart
+// upload whose whole parts go as the file grows past them).
+type GrowingStore interface {
+	// StartGrowing begins a transfer to key of the file f, which is being written, and takes f
+	// over (Growing closes it). It returns nil, and closes nothing, if it cannot: the file is
+	// then sent whole with PutFile once it is closed.
+	StartGrowing(ctx context.Context, key string, f *os.File) Growing
+}
+
+// Growing is a transfer begun by StartGrowing. Its methods may be called from any goroutine, but
+// Finish or Abort only once (whichever comes first ends it; later calls do nothing).
+type Growing interface {
+	// Grew says the file is at least size bytes long now: what lies wholly below that may be
+	// sent.
+	Grew(size int64)
+	// Finish ends the transfer as PutFile would (same result, same guarantees) for the first size
+	// bytes of f, the file now that it is closed, opened anew: every byte sent while it grew is
+	// read again from f and checked against its checksum, and what differs is sent again, so the
+	// object holds f's bytes as Finish read them whatever the writer did meanwhile.
+	Finish(ctx context.Context, f *os.File, size int64, progress func(n int64)) (Checksum, error)
+	// Abort stops the transfer and throws away what it sent, in the background.
+	Abort()
+}
+
 // checkDirPrefix returns an error unless prefix is "" or a valid key followed by "/", the
 // prefixes ListDir and AbortIncomplete take (AbortIncomplete refuses "" itself).
 func checkDirPrefix(prefix string) error {

@@ -1,0 +1,168 @@
+package checkpoint
+
+import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"testing"
+)
+
+// growingTestFile is a file being written, and a second handle of it for reading.
+type growingTestFile struct {
+	w, r *os.File
+	data []byte // what w holds so far
+}
+
+func newGrowingTestFile(t *testing.T) *growingTestFile {
+	t.Helper()
+	name := filepath.Join(t.TempDir(), "shard")
+	w, err := os.Create(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { w.Close() })
+	r, err := os.Open(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &growingTestFile{w: w, r: r}
+}
+
+// write writes data at off (growing the file, or rewriting part of it).
+func (f *growingTestFile) write(t *testing.T, off int64, data []byte) {
+	t.Helper()
+	if _, err := f.w.WriteAt(data, off); err != nil {
+		t.Fatal(err)
+	}
+	if end := off + int64(len(data)); end > int64(len(f.data)) {
+		f.data = append(f.data, make([]byte, end-int64(len(f.data)))...)
+	}
+	copy(f.data[off:], data)
+}
+
+// reopen opens the file anew, as the uploader does at its FileReady.
+func (f *growingTestFile) reopen(t *testing.T) *os.File {
+	t.Helper()
+	r, err := os.Open(f.w.Name())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { r.Close() })
+	return r
+}
+
+// partsSeen is how many part uploads reached the proxy.
+func partsSeen(p *s3FaultProxy) int {
+	n := 0
+	for _, w := range p.writesSeen() {
+		if w.kind == "part" {
+			n++
+		}
+	}
+	return n
+}
+
+// sentParts is how many parts the transfer has had taken by the server.
+func sentParts(g Growing) int {
+	sg := g.(*s3Growing)
+	sg.mu.Lock()
+	defer sg.mu.Unlock()
+	return len(sg.sent)
+}
+
+// TestS3GrowingRewrittenPartIsSentAgain: a file is sent while it grows; the writer then rewrites
+// a part that was sent, grows it further and closes it. The object holds the file's final bytes
+// (the rewritten part was sent again, the untouched ones were not), with the checksum PutFile
+// would give, and no upload is left behind.
+func TestS3GrowingRewrittenPartIsSentAgain(t *testing.T) {
+	peer := s3StartPeer(t)
+	proxy := s3StartProxy(t, peer.endpoint)
+	s := peer.openS3(t, proxy.URL(), "grow", S3Options{PartSize: 5 << 20, Concurrency: 4})
+	f := newGrowingTestFile(t)
+	g := s.StartGrowing(t.Context(), "step-1/shard", f.r)
+	f.write(t, 0, storeTestData(1, 16<<20))
+	g.Grew(16 << 20)
+	eventuallyUploader(t, "3 whole parts sent", func() bool { return sentParts(g) == 3 })
+	if got := partsSeen(proxy); got != 3 {
+		t.Fatalf("parts sent while growing = %d; want 3", got)
+	}
+	f.write(t, 6<<20, []byte("rewritten after it was sent")) // inside part 2
+	f.write(t, 16<<20, storeTestData(2, 3<<20+17))
+	size := int64(len(f.data))
+	sum, err := g.Finish(t.Context(), f.reopen(t), size, nil)
+	if err != nil {
+		t.Fatalf("Finish = %v; want no error", err)
+	}
+	if want := storeTestWant(t, f.data); sum != want {
+		t.Errorf("Finish = %v; want %v", sum, want)
+	}
+	// Part 2 again, and the rest (3 MiB, one part): 5 parts in all.
+	if got := partsSeen(proxy); got != 5 {
+		t.Errorf("parts sent in all = %d; want 5 (3 while growing, the rewritten one, the end)", got)
+	}
+	if got := storeTestDownload(t, s, "step-1/shard", size); !bytes.Equal(got, f.data) {
+		t.Errorf("object differs from the file as it was closed")
+	}
+	if left := peer.incompleteUploads(t, ""); len(left) != 0 {
+		t.Errorf("incomplete uploads = %q; want none", left)
+	}
+}
+
+// TestS3GrowingFileShrunk: a file truncated below a part that was sent goes whole with PutFile,
+// and the growing upload is aborted.
+func TestS3GrowingFileShrunk(t *testing.T) {
+	peer := s3StartPeer(t)
+	s := peer.openS3(t, peer.endpoint, "shrunk", S3Options{PartSize: 5 << 20, Concurrency: 4})
+	f := newGrowingTestFile(t)
+	g := s.StartGrowing(t.Context(), "step-1/shard", f.r)
+	f.write(t, 0, storeTestData(3, 11<<20))
+	g.Grew(11 << 20)
+	eventuallyUploader(t, "2 whole parts sent", func() bool { return sentParts(g) == 2 })
+	if err := f.w.Truncate(7 << 20); err != nil {
+		t.Fatal(err)
+	}
+	f.data = f.data[:7<<20]
+	sum, err := g.Finish(t.Context(), f.reopen(t), 7<<20, nil)
+	if err != nil {
+		t.Fatalf("Finish = %v; want no error", err)
+	}
+	if want := storeTestWant(t, f.data); sum != want {
+		t.Errorf("Finish = %v; want %v", sum, want)
+	}
+	if got := storeTestDownload(t, s, "step-1/shard", 7<<20); !bytes.Equal(got, f.data) {
+		t.Errorf("object differs from the truncated file")
+	}
+	if left := peer.incompleteUploads(t, ""); len(left) != 0 {
+		t.Errorf("incomplete uploads = %q; want none", left)
+	}
+}
+
+// TestS3GrowingAbort: an aborted transfer leaves no object and no upload, and ignores what comes
+// after.
+func TestS3GrowingAbort(t *testing.T) {
+	peer := s3StartPeer(t)
+	s := peer.openS3(t, peer.endpoint, "abort", S3Options{PartSize: 5 << 20, Concurrency: 4})
+	f := newGrowingTestFile(t)
+	g := s.StartGrowing(t.Context(), "step-1/shard", f.r)
+	f.write(t, 0, storeTestData(4, 10<<20))
+	g.Grew(10 << 20)
+	eventuallyUploader(t, "2 whole parts sent", func() bool { return sentParts(g) == 2 })
+	g.Abort()
+	g.Grew(20 << 20)
+	if _, err := g.Finish(t.Context(), f.reopen(t), 10<<20, nil); err == nil {
+		t.Errorf("Finish after Abort = nil; want an error")
+	}
+	if left := peer.incompleteUploads(t, ""); len(left) != 0 {
+		t.Errorf("incomplete uploads = %q; want none", left)
+	}
+	objs, err := s.List(t.Context(), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(objs) != 0 {
+		t.Errorf("objects = %v; want none", objs)
+	}
+	if len(s.running) != 0 {
+		t.Errorf("store still counts %d uploads as running; want none", len(s.running))
+	}
+}
