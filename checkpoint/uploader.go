@@ -146,6 +146,7 @@ type Uploader struct {
 	seq        uint64
 	queued     []*generation // generations with files waiting, by seq
 	inflight   int           // files being read or sent
+	growingN   int           // files sent while they are written (fileGrowing)
 	commitQ    []*generation
 	committing *generation
 	// earlyDrops are the commits start dropped before the journal was open (journalCleanups);
@@ -284,7 +285,10 @@ type generation struct {
 	vanished []string
 	// refused are the versions of files that cannot be uploaded (errUnusable), left out of the
 	// checkpoint until they change.
-	refused  map[string]FileID
+	refused map[string]FileID
+	// growing are the files being sent while they are written (fileGrowing), until their
+	// upload takes them over (goUpload) or they are stopped (stopGrowing).
+	growing  map[string]*growingFile
 	manifest *Manifest
 	ctx      context.Context
 	cancel   context.CancelFunc
@@ -305,6 +309,13 @@ type fileState struct {
 	key      string
 	done     *doneFile
 	attempts int
+}
+
+// growingFile is a file sent while it is written: the transfer, and the file's version when it
+// began (its FileReady must be of the same device and inode for the transfer to be finished).
+type growingFile struct {
+	t  Growing
+	id FileID
 }
 
 // doneFile is what was done with a file: stored (uploading; key set) or checksummed (matching),
@@ -454,6 +465,9 @@ func (u *Uploader) Run(ctx context.Context, events <-chan WatchEvent) error {
 	work, cancelWork := context.WithCancel(context.WithoutCancel(ctx))
 	u.work, u.started = work, time.Now()
 	defer func() {
+		for _, g := range u.gens {
+			u.stopAllGrowing(g)
+		}
 		cancelWork()
 		u.wg.Wait()
 		if err := u.journal.close(); err != nil {
@@ -1194,6 +1208,7 @@ func (u *Uploader) replaceSealed(g *generation) *generation {
 		u.enqueue(ng, p, nf)
 	}
 	g.state = genAbandoned
+	u.stopAllGrowing(g)
 	g.cancel()
 	u.goSealedCleanup(u.work, g.name, g.commit)
 	u.markDirty(ng)
@@ -1231,7 +1246,7 @@ func (u *Uploader) handleWatch(ctx context.Context, ev WatchEvent) {
 		u.log.Warn().Str("checkpoint", ev.Checkpoint).Err(err).Msg("checkpoint name refused")
 		return
 	}
-	if ev.Kind == FileReady || ev.Kind == FileGone {
+	if ev.Kind == FileReady || ev.Kind == FileGone || ev.Kind == FileGrowing {
 		if err := ValidPath(ev.Path); err != nil {
 			u.log.Warn().Str("checkpoint", ev.Checkpoint).Err(err).Msg("file refused")
 			return
@@ -1242,6 +1257,8 @@ func (u *Uploader) handleWatch(ctx context.Context, ev WatchEvent) {
 		return
 	}
 	switch ev.Kind {
+	case FileGrowing:
+		u.fileGrowing(ev)
 	case FileReady:
 		u.fileReady(ev)
 	case Complete:
@@ -1264,6 +1281,7 @@ func (u *Uploader) handleWatch(ctx context.Context, ev WatchEvent) {
 		if g == nil || g.state == genCommitted || g.state == genAbandoned {
 			return
 		}
+		u.stopGrowing(g, ev.Path)
 		f := g.files[ev.Path]
 		if f != nil && g.sealed {
 			// Its manifest may list the file: its key must stay. The rest goes to a new commit.
@@ -1337,6 +1355,94 @@ func (u *Uploader) fileReady(ev WatchEvent) {
 	u.markDirty(g)
 }
 
+// growingMax bounds the files sent while they are written at once (each holds an open file).
+const growingMax = 256
+
+// fileGrowing begins sending a file of ev's checkpoint while it is written (GrowingStore), or
+// tells its transfer how far it has grown: during a notice only, for a file the checkpoint has
+// not had a FileReady of, of a checkpoint whose files go to a commit (not one matching the
+// store's commits of its name, nor one whose commit was tried). The file's FileReady then
+// finishes the transfer (goUpload); anything else stops it.
+func (u *Uploader) fileGrowing(ev WatchEvent) {
+	g := u.gens[ev.Checkpoint]
+	if g != nil {
+		if gf := g.growing[ev.Path]; gf != nil {
+			gf.t.Grew(ev.Size)
+			return
+		}
+	}
+	gs, ok := u.cfg.Store.(GrowingStore)
+	if !ok || !u.urgent() || u.growingN >= growingMax {
+		return
+	}
+	if g == nil {
+		g = u.current(ev.Checkpoint)
+	}
+	if g.lookup {
+		// As dispatch does during a notice: the store's commits of the name are read at commit.
+		g.lookup, g.unread = false, true
+		u.sendAll(g)
+	}
+	if g.state != genUploading || g.lookup || g.sealed || g.single || g.files[ev.Path] != nil {
+		return
+	}
+	f, id, err := openLocal(u.cfg.Dir, g.localPath(ev.Path))
+	if err != nil {
+		return // its FileReady says what is wrong with it
+	}
+	u.beginCommit(g)
+	t := gs.StartGrowing(withRank(g.ctx, g.seq), DataKey(u.cfg.Job, g.name, g.commit, ev.Path), f)
+	if t == nil {
+		f.Close()
+		return
+	}
+	if g.growing == nil {
+		g.growing = map[string]*growingFile{}
+	}
+	g.growing[ev.Path] = &growingFile{t: t, id: id}
+	u.growingN++
+	if g.firstFileAt.IsZero() {
+		g.firstFileAt = ev.At
+	}
+	u.labelNotice(g)
+	t.Grew(ev.Size)
+}
+
+// takeGrowing removes the transfer of rel from g and returns it (nil if there is none).
+func (u *Uploader) takeGrowing(g *generation, rel string) *growingFile {
+	gf := g.growing[rel]
+	if gf != nil {
+		delete(g.growing, rel)
+		u.growingN--
+	}
+	return gf
+}
+
+// stopGrowing aborts the transfer of rel, if there is one, in the background.
+func (u *Uploader) stopGrowing(g *generation, rel string) {
+	if gf := u.takeGrowing(g, rel); gf != nil {
+		u.wg.Go(gf.t.Abort)
+	}
+}
+
+// stopAllGrowing aborts every transfer of g's files, in the background.
+func (u *Uploader) stopAllGrowing(g *generation) {
+	for rel := range g.growing {
+		u.stopGrowing(g, rel)
+	}
+}
+
+// beginCommit chooses g's commit if it has none, and writes it to the journal before anything
+// is sent to it: a restart must know every commit it began.
+func (u *Uploader) beginCommit(g *generation) {
+	if g.commit != "" {
+		return
+	}
+	g.commit = NewCommitID(time.Now())
+	u.journal.add(journalLine{Op: journalCommit, Checkpoint: g.name, Commit: g.commit})
+	u.flushJournal()
+}
+
 // inForce reports whether the notice key is in force.
 func (u *Uploader) inForce(key string) bool {
 	return slices.ContainsFunc(u.active, func(n ActiveNotice) bool { return n.Key == key })
@@ -1357,6 +1463,7 @@ func (u *Uploader) abandon(ctx context.Context, g *generation, why string) {
 		return
 	}
 	g.state = genAbandoned
+	u.stopAllGrowing(g)
 	g.cancel()
 	if !u.lastSignal.IsZero() && !g.firstFileAt.Before(u.lastSignal) {
 		u.signalAnswered = true // the checkpoint written for the signal is gone: nothing to wait for
@@ -1394,6 +1501,7 @@ func (u *Uploader) fileVanished(g *generation, rel string, f *fileState) {
 // dropFile removes rel from g (it vanished, or cannot be used); a stored copy becomes a stray.
 func (u *Uploader) dropFile(g *generation, rel string, f *fileState) {
 	delete(g.files, rel)
+	u.stopGrowing(g, rel)
 	if f.queued {
 		f.queued = false
 		g.queuedN--
@@ -1555,12 +1663,7 @@ func (u *Uploader) dispatch(ctx context.Context) {
 			u.goHash(ctx, g, rel, f)
 			continue
 		}
-		if g.commit == "" {
-			g.commit = NewCommitID(time.Now())
-			// Written through before the first PUT: a restart must know every commit it began.
-			u.journal.add(journalLine{Op: journalCommit, Checkpoint: g.name, Commit: g.commit})
-			u.flushJournal()
-		}
+		u.beginCommit(g)
 		u.goUpload(ctx, g, rel, f)
 	}
 }
@@ -1639,6 +1742,7 @@ func (u *Uploader) goUpload(ctx context.Context, g *generation, rel string, f *f
 	local := g.localPath(rel)
 	key := DataKey(u.cfg.Job, g.name, g.commit, rel)
 	f.key = key
+	gf := u.takeGrowing(g, rel)
 	gctx := withRank(g.ctx, g.seq) // a newer checkpoint's parts go first
 	if u.urgent() && u.inflight == 1 && u.queuedFiles() == 0 && (g.sent > 0 || g.single) {
 		// A notice waits for this file, it is all there is to send, and a file of its
@@ -1655,7 +1759,7 @@ func (u *Uploader) goUpload(ctx context.Context, g *generation, rel string, f *f
 	}
 	u.wg.Go(func() {
 		start := time.Now()
-		d, err := uploadFile(gctx, u.cfg.Store, u.cfg.Dir, local, key)
+		d, err := uploadFile(gctx, u.cfg.Store, u.cfg.Dir, local, key, gf)
 		u.send(ctx, fileResult{gen: g, rel: rel, file: f, kind: jobUpload, done: d, start: start, duration: time.Since(start), err: err})
 	})
 }
@@ -1728,15 +1832,28 @@ func readDone(f *os.File, before FileID, readAt time.Time, sum Checksum) (doneFi
 }
 
 // uploadFile sends the file rel below dir to key (see openLocal) and fails if the file changed
-// while it was being sent.
-func uploadFile(ctx context.Context, s Store, dir, rel, key string) (doneFile, error) {
+// while it was being sent. gf, if not nil, is the file's transfer begun while it was written: it
+// is finished if the file is still the one it began with, and aborted otherwise.
+func uploadFile(ctx context.Context, s Store, dir, rel, key string, gf *growingFile) (doneFile, error) {
 	f, before, err := openLocal(dir, rel)
 	if err != nil {
+		if gf != nil {
+			gf.t.Abort()
+		}
 		return doneFile{}, err
 	}
 	defer f.Close()
 	readAt := time.Now()
-	sum, err := s.PutFile(ctx, key, f, before.Size, nil)
+	var sum Checksum
+	switch {
+	case gf != nil && gf.id.Dev == before.Dev && gf.id.Ino == before.Ino && before.Ino != 0:
+		sum, err = gf.t.Finish(ctx, f, before.Size, nil)
+	case gf != nil:
+		gf.t.Abort()
+		fallthrough
+	default:
+		sum, err = s.PutFile(ctx, key, f, before.Size, nil)
+	}
 	if errors.Is(err, errKeyTooLong) {
 		// No retry makes it fit: the path is too deep or too long for the store.
 		return doneFile{}, fmt.Errorf("upload %s: %w (shorten the path, store.prefix or store.job): %w", filepath.Join(dir, rel), err, errUnusable)
@@ -1961,6 +2078,9 @@ func (u *Uploader) startCommit(ctx context.Context, g *generation) {
 	if g.queuedN > 0 {
 		return
 	}
+	// A file that grew and never became ready is not part of it: nothing of it may land once
+	// the manifest is written.
+	u.stopAllGrowing(g)
 	if gone := slices.DeleteFunc(g.vanished, func(rel string) bool { return g.files[rel] != nil }); len(gone) > 0 {
 		slices.Sort(gone)
 		gone = slices.Compact(gone)

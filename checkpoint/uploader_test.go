@@ -63,12 +63,22 @@ func startUploader(t *testing.T, dir string, store Store, keep int) *uploaderRig
 // Dir, Logger, Host and OnEvent are the rig's).
 func startUploaderWith(t *testing.T, dir string, store Store, cfg UploaderConfig) *uploaderRig {
 	t.Helper()
+	return startUploaderTweaked(t, dir, store, cfg, nil)
+}
+
+// startUploaderTweaked is startUploaderWith that lets tweak, if not nil, change the Watcher
+// before it runs.
+func startUploaderTweaked(t *testing.T, dir string, store Store, cfg UploaderConfig, tweak func(*Watcher)) *uploaderRig {
+	t.Helper()
 	keep := cfg.Keep
 	r := &uploaderRig{t: t, dir: dir, store: store, events: make(chan UploadEvent, 64), done: make(chan struct{}), logs: &rigLog{}}
 	// A *.pt file at the top is a single-file checkpoint.
 	w, err := NewWatcher(WatchConfig{Dir: dir, Pattern: "*.pt", Debounce: 30 * time.Millisecond, Logger: zerolog.Nop()})
 	if err != nil {
 		t.Fatal(err)
+	}
+	if tweak != nil {
+		tweak(w)
 	}
 	cfg.Store, cfg.Job, cfg.Dir, cfg.Keep, cfg.Logger = store, "job", dir, keep, zerolog.New(r.logs).Level(zerolog.WarnLevel)
 	cfg.Pattern = "*.pt"

@@ -176,3 +176,12 @@ func (l *lazyStore) OnAttemptError(f func(error)) {
 		o.OnAttemptError(f)
 	}
 }
+
+// StartGrowing begins a transfer of a file being written, if the store is open and can
+// (checkpoint.GrowingStore); nil otherwise: the file is then sent once it is closed.
+func (l *lazyStore) StartGrowing(ctx context.Context, key string, f *os.File) checkpoint.Growing {
+	if gs, ok := l.opened().(checkpoint.GrowingStore); ok {
+		return gs.StartGrowing(ctx, key, f)
+	}
+	return nil
+}

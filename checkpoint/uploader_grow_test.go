@@ -1,0 +1,85 @@
+package checkpoint
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestUploaderSendsFilesWhileTheyAreWritten: during a notice, the files of a checkpoint written
+// in place (as torch DCP's ranks and torch.save to the final name write them) are sent to S3
+// while they grow, so little is left when the marker comes. A part the trainer rewrote after
+// it was sent is sent again, and a file deleted while it grew is left out, its upload aborted:
+// the commit holds exactly what the trainer left, and no upload is left behind.
+func TestUploaderSendsFilesWhileTheyAreWritten(t *testing.T) {
+	peer := s3StartPeer(t)
+	proxy := s3StartProxy(t, peer.endpoint)
+	store := peer.openS3(t, proxy.URL(), "grow", S3Options{PartSize: 5 << 20, Concurrency: 8})
+	dir := t.TempDir()
+	r := startUploaderTweaked(t, dir, store, UploaderConfig{}, func(w *Watcher) {
+		w.growEvery = 0
+		w.debounce = time.Minute // no file is ready before the marker, however slow the machine
+	})
+	r.up.SetNotices([]ActiveNotice{{Key: "spot/terminate", Deadline: time.Now().Add(2 * time.Minute), SignalledAt: time.Now()}})
+	ck := filepath.Join(dir, "step-1")
+	if err := os.Mkdir(ck, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	files := map[string]*growingTestFile{}
+	for _, name := range []string{"a.bin", "b.bin", "c.bin"} {
+		f, err := os.Create(filepath.Join(ck, name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { f.Close() })
+		files[name] = &growingTestFile{w: f}
+	}
+	// grow appends n MiB to the file, a MiB a write.
+	grow := func(name string, n int) {
+		f := files[name]
+		for range n {
+			f.write(t, int64(len(f.data)), randomBytes(t, 1<<20))
+		}
+	}
+	grow("a.bin", 9)
+	grow("c.bin", 9)
+	eventuallyUploader(t, "a part of a.bin and of c.bin sent while they are written", func() bool { return partsSeen(proxy) >= 2 })
+	files["a.bin"].write(t, 1<<20, []byte("rewritten after its part was sent"))
+	if err := os.Remove(filepath.Join(ck, "c.bin")); err != nil {
+		t.Fatal(err)
+	}
+	delete(files, "c.bin")
+	grow("a.bin", 7)
+	grow("b.bin", 12)
+	eventuallyUploader(t, "parts of b.bin sent while it is written", func() bool { return partsSeen(proxy) >= 4 })
+	want := map[string][]byte{}
+	for name, f := range files {
+		if err := f.w.Close(); err != nil {
+			t.Fatal(err)
+		}
+		want[name] = f.data
+	}
+	early := partsSeen(proxy)
+	if err := os.WriteFile(filepath.Join(ck, "_COMPLETE"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	r.waitCommitted("step-1")
+	restoreAndCompare(t, store, "step-1", want)
+	eventuallyUploader(t, "no incomplete upload left", func() bool { return len(peer.incompleteUploads(t, "")) == 0 })
+	// a.bin: 3 parts while written, part 1 again, its last MiB; b.bin: 2 while written, its
+	// last 2 MiB; c.bin: 1 while written. So 6 parts before the marker (the test waited for 4),
+	// 3 after it.
+	if early < 4 {
+		t.Errorf("parts sent before the marker = %d; want 4 or more", early)
+	}
+	if got := partsSeen(proxy); got != 9 {
+		t.Errorf("parts sent in all = %d; want 9", got)
+	}
+	for _, line := range strings.Split(strings.TrimSpace(r.logs.String()), "\n") {
+		if !strings.Contains(line, "notice: uploading with every connection") {
+			t.Errorf("warning or error logged: %s", line)
+		}
+	}
+}
