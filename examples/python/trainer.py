@@ -11,6 +11,8 @@ signal (SIGUSR1 by default). The pattern to copy into a real training script:
 3. At the next step boundary, write the checkpoint into a new directory step-NNNNNN/: every
    file to a temporary name, fsync, rename; the marker file _COMPLETE last. spotguard uploads
    each file as soon as it is closed and commits the checkpoint when the marker appears.
+   (--in-place writes each file under its own name instead, as torch DCP does: with a notice
+   pending, spotguard then sends a file to S3 while it is still being written.)
 4. Keep training: a checkpoint signal is not a stop. SIGTERM saves and exits 0.
 
 Run it:  python3 trainer.py --checkpoint-dir /tmp/ckpt --pidfile /run/trainer.pid
@@ -84,13 +86,26 @@ def random_chunks(size):
         size -= n
 
 
-def save_checkpoint(root, step, files, size, write_seconds=0.0, rank=None, parallel=False):
+def write_in_place(path, chunks, pause=0.0):
+    """Write the byte strings of chunks straight to path, as torch DCP's ranks and
+    torch.save(obj, path) do: the file is seen growing, and is whole only once the marker says so."""
+    with open(path, "wb") as f:
+        for chunk in chunks:
+            f.write(chunk)
+            f.flush()  # in the file as it is written, not when Python's buffer fills
+            if pause:
+                time.sleep(pause)
+        os.fsync(f.fileno())
+
+
+def save_checkpoint(root, step, files, size, write_seconds=0.0, rank=None, parallel=False, in_place=False):
     """Write root/step-NNNNNN/ with files shards of size bytes each, then the marker, taking
     about write_seconds in all. With rank (one node of several), the shards are
     shard-RANK-I.bin, so no two nodes write a file of the same name with other bytes; the marker
     is the same on every node that saves the step. With parallel, every shard is written at
     once, each by a thread of its own, as the ranks of torch DCP write theirs: they all appear
-    at about the end."""
+    at about the end. With in_place, shards are written under their own names rather than renamed
+    into place, as DCP and torch.save(obj, path) write them."""
     start = time.monotonic()
     final = os.path.join(root, "step-%06d" % step)
     os.makedirs(final, exist_ok=True)
@@ -98,12 +113,13 @@ def save_checkpoint(root, step, files, size, write_seconds=0.0, rank=None, paral
     chunks = per_file if parallel else files * per_file
     pause = write_seconds / chunks if write_seconds > 0 else 0.0
     names = ["shard-%d.bin" % i if rank is None else "shard-%d-%d.bin" % (rank, i) for i in range(files)]
+    write_shard = write_in_place if in_place else write_atomic
     if parallel:
         errors = []
 
         def write(name):
             try:
-                write_atomic(os.path.join(final, name), random_chunks(size), pause)
+                write_shard(os.path.join(final, name), random_chunks(size), pause)
             except Exception as e:  # said by the caller's thread
                 errors.append(e)
 
@@ -116,7 +132,7 @@ def save_checkpoint(root, step, files, size, write_seconds=0.0, rank=None, paral
             raise errors[0]
     else:
         for name in names:
-            write_atomic(os.path.join(final, name), random_chunks(size), pause)
+            write_shard(os.path.join(final, name), random_chunks(size), pause)
     fsync_dir(final)  # every shard is in place and durable before the marker exists
     write_atomic(os.path.join(final, MARKER), [json.dumps({"step": step}).encode() + b"\n"])
     fsync_dir(final)
@@ -256,6 +272,9 @@ def main(argv=None):
                    help="spread the writing of one checkpoint over this many seconds (default 0: as fast as it goes)")
     p.add_argument("--parallel", action="store_true",
                    help="write a checkpoint's files all at once, a thread each, as torch DCP's ranks do (default: one after another)")
+    p.add_argument("--in-place", action="store_true",
+                   help="write each shard under its own name, as torch DCP and torch.save(obj, path) do "
+                        "(default: a temporary name, then a rename)")
     p.add_argument("--save-every", type=int, default=0,
                    help="also checkpoint every N steps on its own, as trainers do (default 0: only when signalled)")
     p.add_argument("--peer-notice", metavar="FILE",
@@ -328,7 +347,7 @@ def main(argv=None):
             req.checkpoint = False
             if args.checkpoint_dir:
                 save_checkpoint(args.checkpoint_dir, save_step or step, args.files, size, args.write_seconds, args.rank,
-                                args.parallel)
+                                args.parallel, args.in_place)
             save_step = None
         if req.stop:
             # A SIGTERM that came during a save finds the current state already saved.

@@ -545,7 +545,9 @@ func treeBytes(b *testing.B, root string) int64 {
 // the throughput measured by uploading the same amount first, urgently (a notice pending), as
 // the agent uploads after a notice (uploadWithAgentMode). With BENCH_DURABLE_PARALLEL=1 the
 // trainer writes its 8 files at once (trainer.py --parallel), as torch DCP's ranks do, so they all
-// appear at about W.
+// appear at about W. With BENCH_DURABLE_IN_PLACE=1 it writes them under their own names
+// (trainer.py --in-place), as DCP and torch.save(obj, path) do, rather than renaming each into
+// place: the agent sends them while they grow.
 func BenchmarkTimeToDurable(b *testing.B) {
 	needPeers(b)
 	s3 := startS3(b)
@@ -575,6 +577,7 @@ func timeToDurable(b *testing.B, margin float64, server *s3Server, open func(*te
 	wantW := envFloat(b, "BENCH_WRITE_SECONDS", 8)
 	mib := envFloat(b, "BENCH_DURABLE_MIB", 1024)
 	parallel := envFloat(b, "BENCH_DURABLE_PARALLEL", 0) != 0
+	inPlace := envFloat(b, "BENCH_DURABLE_IN_PLACE", 0) != 0
 	// Throughput of this server for this size, uploaded after the fact with a notice pending.
 	ref := b.TempDir()
 	b.Setenv("BENCH_CKPT_MIB", strconv.Itoa(int(mib)))
@@ -595,6 +598,9 @@ func timeToDurable(b *testing.B, margin float64, server *s3Server, open func(*te
 			"--write-seconds", strconv.FormatFloat(wantW, 'f', -1, 64)}
 		if parallel {
 			targs = append(targs, "--parallel")
+		}
+		if inPlace {
+			targs = append(targs, "--in-place")
 		}
 		tp := startTrainer(b, targs...)
 		at, model := open(b)
@@ -620,8 +626,8 @@ func timeToDurable(b *testing.B, margin float64, server *s3Server, open func(*te
 		}
 		w := written
 		send := float64(size) / throughput
-		b.Logf("S=%.0f MiB (files written in parallel: %v), trainer took W=%.2fs (asked for %.1fs), throughput %.0f MB/s: notice→durable %.2fs; target max(W,S/T)+%.0f = %.2fs; upload-after-marker W+S/T = %.2fs",
-			mib, parallel, w, wantW, throughput/1e6, durable, margin, max(w, send)+margin, w+send)
+		b.Logf("S=%.0f MiB (files written in parallel: %v, in place: %v), trainer took W=%.2fs (asked for %.1fs), throughput %.0f MB/s: notice→durable %.2fs; target max(W,S/T)+%.0f = %.2fs; upload-after-marker W+S/T = %.2fs",
+			mib, parallel, inPlace, w, wantW, throughput/1e6, durable, margin, max(w, send)+margin, w+send)
 		b.ReportMetric(w, "trainer_write_s")
 		b.ReportMetric(durable, "notice_to_durable_s")
 		b.ReportMetric(max(w, send)+margin, "target_s")
