@@ -13,17 +13,38 @@ import (
 	"golang.org/x/sync/errgroup"
 )
 
-// s3GrowParts is the most parts a file is sent in while it grows: the rest of s3MaxParts is for
-// what is left when it is closed. With parts of s3SmallPart, the first 40 GiB of a file can go
-// while it is written.
-const s3GrowParts = s3MaxParts / 2
+// s3GrowTiers are the parts a file is sent in while it grows: S3's least part size first, so
+// that the parts still in flight when the file is closed, and its end, are short to send (on a
+// connection of about 11 MB/s, 5 MiB is half a second); larger ones further on, so that a large
+// file has most of its bytes sent before its close: 2000 parts of 5 MiB (about 10 GB), then 2000
+// of 20 MiB and 4000 of 100 MiB (about 450 GB in all). The rest of s3MaxParts (2000) is for what
+// is left when it is closed.
+var s3GrowTiers = []struct {
+	count int32
+	size  int64
+}{{2000, s3MinPart}, {2000, 20 << 20}, {4000, 100 << 20}}
+
+// s3GrowParts is the most parts a file is sent in while it grows (s3GrowTiers).
+const s3GrowParts = 8000
+
+// s3GrowPart is part num (from 1) of a file sent while it grows; n is 0 beyond s3GrowParts.
+func s3GrowPart(num int32) s3Part {
+	off, k := int64(0), num-1
+	for _, t := range s3GrowTiers {
+		if k < t.count {
+			return s3Part{num: num, off: off + int64(k)*t.size, n: t.size}
+		}
+		off += int64(t.count) * t.size
+		k -= t.count
+	}
+	return s3Part{num: num, off: off}
+}
 
 var _ GrowingStore = (*S3Store)(nil)
 
-// StartGrowing begins a multipart upload of key that sends each whole part of f (of
-// min(s3SmallPart, PartSize) bytes) as soon as the file has grown past it (Grew), on the
-// store's limiter like any part, in ctx's rank. Nothing is created until the first part is
-// whole. It never returns nil.
+// StartGrowing begins a multipart upload of key that sends each whole part of f (see
+// s3GrowTiers) as soon as the file has grown past it (Grew), on the store's limiter like any
+// part, in ctx's rank. Nothing is created until the first part is whole. It never returns nil.
 //
 // Finish reads every part sent again, in parallel, and compares its CRC-32C with the one the
 // server verified when it was sent: a part whose bytes changed since is sent again under its
@@ -35,7 +56,7 @@ var _ GrowingStore = (*S3Store)(nil)
 // (a chance of one in 2^32 for each part the writer changed after it was sent).
 func (s *S3Store) StartGrowing(ctx context.Context, key string, f *os.File) Growing {
 	ctx, cancel := context.WithCancel(ctx)
-	return &s3Growing{s: s, key: key, f: f, part: min(int64(s3SmallPart), s.opts.PartSize), ctx: ctx, cancel: cancel, sent: map[int32]s3SentPart{}}
+	return &s3Growing{s: s, key: key, f: f, ctx: ctx, cancel: cancel, sent: map[int32]s3SentPart{}}
 }
 
 // s3Growing is a multipart upload begun by StartGrowing.
@@ -43,20 +64,23 @@ type s3Growing struct {
 	s      *S3Store
 	key    string
 	f      *os.File // its own handle of the file, read while it grows; closed when it ends
-	part   int64
 	ctx    context.Context // the parts' context; cancelled by Abort
 	cancel context.CancelFunc
 	sends  sync.WaitGroup // batches of parts in flight
 	ended  sync.Once      // Finish or Abort
 
-	mu         sync.Mutex
-	stopped    bool  // no more parts are begun: it ended, or a batch failed
-	next       int32 // the number of the next part to send
+	// created creates the upload, once (create); then okey, uploadID and fullObject are set,
+	// or createErr.
+	created    sync.Once
 	okey       string
-	uploadID   *string // once created
+	uploadID   *string
 	fullObject bool
 	createErr  error
-	sent       map[int32]s3SentPart
+
+	mu      sync.Mutex
+	stopped bool  // no more parts are begun: it ended, or a batch failed
+	next    int32 // the number of the next part to begin
+	sent    map[int32]s3SentPart
 }
 
 // s3SentPart is a part the server took: its CRC-32C as sent, and what completes it.
@@ -72,13 +96,14 @@ func (g *s3Growing) Grew(size int64) {
 	if g.stopped {
 		return
 	}
-	first := g.next
-	if first == 0 {
-		first = 1
-	}
+	first := max(g.next, 1)
 	var batch []s3Part
-	for num := first; num <= s3GrowParts && int64(num)*g.part <= size; num++ {
-		batch = append(batch, s3Part{num: num, off: int64(num-1) * g.part, n: g.part})
+	for num := first; num <= s3GrowParts; num++ {
+		p := s3GrowPart(num)
+		if p.off+p.n > size {
+			break
+		}
+		batch = append(batch, p)
 	}
 	if len(batch) == 0 {
 		return
@@ -88,20 +113,15 @@ func (g *s3Growing) Grew(size int64) {
 	go g.send(batch)
 }
 
-// create creates the upload once; it returns what the first call got.
+// create creates the upload the first time it is called; every call returns the result.
 func (g *s3Growing) create() (*string, error) {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	if g.uploadID != nil || g.createErr != nil {
-		return g.uploadID, g.createErr
-	}
-	okey, err := g.s.objectKey(g.key)
-	if err == nil {
-		g.okey = okey
-		g.uploadID, g.fullObject, err = g.s.createUpload(g.ctx, okey)
-	}
-	g.createErr = err
-	return g.uploadID, err
+	g.created.Do(func() {
+		g.okey, g.createErr = g.s.objectKey(g.key)
+		if g.createErr == nil {
+			g.uploadID, g.fullObject, g.createErr = g.s.createUpload(g.ctx, g.okey)
+		}
+	})
+	return g.uploadID, g.createErr
 }
 
 // send sends a batch of parts and records those the server took. A failed batch stops the
@@ -128,25 +148,36 @@ func (g *s3Growing) send(batch []s3Part) {
 	}
 }
 
-// stop ends the sending of new parts and waits for those in flight.
-func (g *s3Growing) stop() {
+// stop ends the sending of new parts and returns the number of the next part it would have
+// begun (0: none was).
+func (g *s3Growing) stop() int32 {
 	g.mu.Lock()
+	defer g.mu.Unlock()
 	g.stopped = true
-	g.mu.Unlock()
-	g.sends.Wait()
+	return g.next
 }
 
 // Abort stops the sending and aborts the upload, on a clean-up context.
 func (g *s3Growing) Abort() {
 	g.ended.Do(func() {
 		g.cancel()
-		g.stop()
+		next := g.stop()
+		g.sends.Wait()
 		g.f.Close()
-		if g.uploadID != nil {
-			_ = g.s.abortUpload(g.ctx, g.okey, g.uploadID) // failing, the late clean-up's passes abort it
-			g.s.setRunning(aws.ToString(g.uploadID), false)
+		if next > 0 {
+			g.drop(g.ctx)
 		}
 	})
+}
+
+// drop aborts the upload if it was created (failing, the late clean-up's passes abort it) and
+// takes it off the store's running set. A part must have been begun (its send created the
+// upload or failed to), and the sending must have stopped.
+func (g *s3Growing) drop(ctx context.Context) {
+	if id, err := g.create(); err == nil {
+		_ = g.s.abortUpload(ctx, g.okey, id)
+		g.s.setRunning(aws.ToString(id), false)
+	}
 }
 
 // Finish sends what is left of f and completes the upload (see StartGrowing).
@@ -158,21 +189,26 @@ func (g *s3Growing) Finish(ctx context.Context, f *os.File, size int64, progress
 }
 
 func (g *s3Growing) finish(ctx context.Context, f *os.File, size int64, progress func(n int64)) (Checksum, error) {
-	g.stop()
-	g.f.Close()
 	defer g.cancel()
-	if g.uploadID == nil || len(g.sent) == 0 || g.next == 0 || int64(g.next-1)*g.part > size {
-		// Nothing to build on, or the file is shorter now than a part it sent.
-		if g.uploadID != nil {
-			_ = g.s.abortUpload(ctx, g.okey, g.uploadID) // failing, the late clean-up's passes abort it
-			g.s.setRunning(aws.ToString(g.uploadID), false)
+	defer g.f.Close()
+	next := g.stop()
+	var id *string
+	err := errors.New("no part begun")
+	if next > 0 {
+		id, err = g.create()
+	}
+	if last := s3GrowPart(next - 1); err != nil || last.off+last.n > size {
+		// Nothing to build on, or the file is shorter now than a part begun.
+		g.sends.Wait()
+		if next > 0 {
+			g.drop(ctx)
 		}
 		return g.s.PutFile(ctx, g.key, f, size, progress)
 	}
-	defer g.s.setRunning(aws.ToString(g.uploadID), false)
-	sum, err := g.complete(ctx, f, size, progress)
+	defer g.s.setRunning(aws.ToString(id), false)
+	sum, err := g.complete(ctx, f, size, next-1, progress)
 	if err != nil {
-		if aerr := g.s.abortUpload(ctx, g.okey, g.uploadID); aerr != nil {
+		if aerr := g.s.abortUpload(ctx, g.okey, id); aerr != nil {
 			err = errors.Join(err, aerr)
 		}
 		return Checksum{}, fmt.Errorf("put %s: %w", g.s.URL()+"/"+g.key, err)
@@ -180,29 +216,75 @@ func (g *s3Growing) finish(ctx context.Context, f *os.File, size int64, progress
 	return sum, nil
 }
 
-// complete checks the parts sent, sends the rest and completes the upload.
-func (g *s3Growing) complete(ctx context.Context, f *os.File, size int64, progress func(n int64)) (Checksum, error) {
-	grown := g.next - 1 // parts 1..grown were begun; each lies wholly below size
+// complete sends the parts after the grown ones begun while the file grew, checks those (once
+// their sends are done) and sends again any that failed or whose bytes changed, all at once, and
+// completes the upload.
+func (g *s3Growing) complete(ctx context.Context, f *os.File, size int64, grown int32, progress func(n int64)) (Checksum, error) {
 	parts := make([]s3Part, 0, grown)
 	for num := int32(1); num <= grown; num++ {
-		parts = append(parts, s3Part{num: num, off: int64(num-1) * g.part, n: g.part})
+		parts = append(parts, s3GrowPart(num))
 	}
-	end := int64(grown) * g.part
-	parts = append(parts, s3PartPlanFrom(end, size, g.s.partSize(size-end, urgentOf(ctx)), grown+1)...)
+	last := parts[grown-1]
+	rest := s3PartPlanFrom(last.off+last.n, size, g.s.partSize(size-last.off-last.n, urgentOf(ctx)), grown+1)
+	parts = append(parts, rest...)
 	completed := make([]types.CompletedPart, len(parts))
 	crcs := make([]uint32, len(parts))
-	// Every part sent is read again; the ones whose bytes changed join the ones never sent.
+	eg, ectx := errgroup.WithContext(ctx)
+	if len(rest) > 0 {
+		eg.Go(func() error {
+			return g.s.uploadParts(ectx, g.okey, g.uploadID, f, rest, completed[grown:], crcs[grown:], progress)
+		})
+	}
+	eg.Go(func() error {
+		g.sends.Wait()
+		if err := g.check(ectx, f, parts[:grown], completed, crcs); err != nil {
+			return err
+		}
+		var todo []s3Part
+		var at []int
+		for i, p := range parts[:grown] {
+			if completed[i].ETag == nil {
+				todo = append(todo, p)
+				at = append(at, i)
+			}
+		}
+		if len(todo) == 0 {
+			return nil
+		}
+		tc := make([]types.CompletedPart, len(todo))
+		tcrcs := make([]uint32, len(todo))
+		if err := g.s.uploadParts(ectx, g.okey, g.uploadID, f, todo, tc, tcrcs, progress); err != nil {
+			return err
+		}
+		for j, i := range at {
+			completed[i], crcs[i] = tc[j], tcrcs[j]
+		}
+		return nil
+	})
+	if err := eg.Wait(); err != nil {
+		return Checksum{}, err
+	}
+	full := s3FullCRC(parts, crcs)
+	if err := g.s.complete(ctx, g.okey, g.uploadID, size, completed, crcs, full, g.fullObject); err != nil {
+		return Checksum{}, err
+	}
+	return CRC32CChecksum(full), nil
+}
+
+// check reads every part of parts the server took while the file grew again from f, in
+// parallel, and fills completed and crcs (by index in parts) for those whose bytes are as sent.
+func (g *s3Growing) check(ctx context.Context, f *os.File, parts []s3Part, completed []types.CompletedPart, crcs []uint32) error {
 	eg, ectx := errgroup.WithContext(ctx)
 	eg.SetLimit(runtime.GOMAXPROCS(0))
-	for i := range grown {
-		sp, ok := g.sent[i+1]
+	for i, p := range parts {
+		sp, ok := g.sent[p.num] // no send is running: no lock needed
 		if !ok {
 			continue
 		}
 		eg.Go(func() error {
-			crc, err := s3SectionCRC(ectx, f, parts[i].off, parts[i].n)
+			crc, err := s3SectionCRC(ectx, f, p.off, p.n)
 			if err != nil {
-				return fmt.Errorf("part %d: %w", i+1, err)
+				return fmt.Errorf("part %d: %w", p.num, err)
 			}
 			if crc == sp.crc {
 				completed[i], crcs[i] = sp.done, crc
@@ -210,30 +292,5 @@ func (g *s3Growing) complete(ctx context.Context, f *os.File, size int64, progre
 			return nil
 		})
 	}
-	if err := eg.Wait(); err != nil {
-		return Checksum{}, err
-	}
-	var todo []s3Part
-	var at []int
-	for i, p := range parts {
-		if completed[i].ETag == nil {
-			todo = append(todo, p)
-			at = append(at, i)
-		}
-	}
-	if len(todo) > 0 {
-		tc := make([]types.CompletedPart, len(todo))
-		tcrcs := make([]uint32, len(todo))
-		if err := g.s.uploadParts(ctx, g.okey, g.uploadID, f, todo, tc, tcrcs, progress); err != nil {
-			return Checksum{}, err
-		}
-		for j, i := range at {
-			completed[i], crcs[i] = tc[j], tcrcs[j]
-		}
-	}
-	full := s3FullCRC(parts, crcs)
-	if err := g.s.complete(ctx, g.okey, g.uploadID, size, completed, crcs, full, g.fullObject); err != nil {
-		return Checksum{}, err
-	}
-	return CRC32CChecksum(full), nil
+	return eg.Wait()
 }

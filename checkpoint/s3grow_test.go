@@ -166,3 +166,25 @@ func TestS3GrowingAbort(t *testing.T) {
 		t.Errorf("store still counts %d uploads as running; want none", len(s.running))
 	}
 }
+
+// TestS3GrowPart: the parts of a growing file follow each other without a gap, none is smaller
+// than S3 allows, and there are s3GrowParts of them, leaving parts for the end.
+func TestS3GrowPart(t *testing.T) {
+	var end int64
+	for num := int32(1); num <= s3GrowParts; num++ {
+		p := s3GrowPart(num)
+		if p.num != num || p.off != end || p.n < s3MinPart {
+			t.Fatalf("s3GrowPart(%d) = %+v; want part %d at %d of %d bytes at least", num, p, num, end, s3MinPart)
+		}
+		end += p.n
+	}
+	if p := s3GrowPart(s3GrowParts + 1); p.n != 0 {
+		t.Errorf("s3GrowPart(%d) = %+v; want none (n 0)", s3GrowParts+1, p)
+	}
+	if want := int64(2000*5+2000*20+4000*100) << 20; end != want {
+		t.Errorf("bytes in growing parts = %d; want %d", end, want)
+	}
+	if left := s3MaxParts - s3GrowParts; left < 1000 {
+		t.Errorf("parts left for a file's end = %d; want 1000 at least", left)
+	}
+}

@@ -54,7 +54,7 @@ type WatchConfig struct {
 const watchDefaultDebounce = 500 * time.Millisecond
 
 // watchGrowStep is the GrowStep used when none is configured.
-const watchGrowStep = 8 << 20
+const watchGrowStep = 1 << 20
 
 // watchGrowEvery is how often a file being written is looked at (Lstat) at most, for its
 // FileGrowing: a trainer's every write is an fsnotify event.
