@@ -325,6 +325,7 @@ type doneFile struct {
 	checksum Checksum
 	readAt   time.Time
 	key      string
+	grown    bool // stored by a transfer begun while it was written (fileGrowing)
 }
 
 // jobKind says what a file job does.
@@ -1845,9 +1846,11 @@ func uploadFile(ctx context.Context, s Store, dir, rel, key string, gf *growingF
 	defer f.Close()
 	readAt := time.Now()
 	var sum Checksum
+	grown := false
 	switch {
 	case gf != nil && gf.id.Dev == before.Dev && gf.id.Ino == before.Ino && before.Ino != 0:
 		sum, err = gf.t.Finish(ctx, f, before.Size, nil)
+		grown = true
 	case gf != nil:
 		gf.t.Abort()
 		fallthrough
@@ -1862,7 +1865,7 @@ func uploadFile(ctx context.Context, s Store, dir, rel, key string, gf *growingF
 		return doneFile{}, fmt.Errorf("upload %s: %w", filepath.Join(dir, rel), err)
 	}
 	d, err := readDone(f, before, readAt, sum)
-	d.key = key
+	d.key, d.grown = key, grown
 	return d, err
 }
 
@@ -1972,7 +1975,7 @@ func (u *Uploader) handleResult(ctx context.Context, r fileResult) {
 	g.uploadBusy += r.duration
 	g.sent += d.id.Size
 	u.journal.file(g.name, g.commit, r.rel, d)
-	log.Debug().Int64("bytes", d.id.Size).Float64("took_s", logSeconds(r.duration)).Msg("file stored")
+	log.Debug().Int64("bytes", d.id.Size).Float64("took_s", logSeconds(r.duration)).Bool("sent_while_written", d.grown).Msg("file stored")
 }
 
 // matched narrows a matching generation's candidates by the checksum of rel; with none left, the

@@ -301,6 +301,47 @@ func TestNoticeCheckpointDurableInS3(t *testing.T) {
 	})
 }
 
+// A trainer that writes its shards all at once under their own names, as torch DCP's ranks do:
+// during the notice the agent sends each shard to S3 while it is written (the log says so for
+// every shard), and the commit is the shards as they were closed, bit for bit.
+func TestNoticeCheckpointWrittenInPlaceDurableInS3(t *testing.T) {
+	needPeers(t)
+	s3 := startS3(t)
+	storeURL := "s3://" + s3Bucket + "/inplace"
+	sim := newIMDS(t)
+	trigger := time.Now().Truncate(time.Second).Add(4 * time.Second)
+	sim.start("spot", "-a", "terminate", "--mock-trigger-time", trigger.UTC().Format(time.RFC3339), "--rebalance-delay-sec", "100000")
+	ckdir := t.TempDir()
+	tp := startTrainer(t, "--checkpoint-dir", ckdir, "--files", "4", "--checkpoint-mb", "16", "--write-seconds", "3",
+		"--parallel", "--in-place")
+	ap := startAgent(t, sim, append([]string{"SPOTGUARD_TRAINER_PIDFILE=" + tp.pidfile, "SPOTGUARD_NOTICES_REBALANCE=ignore",
+		"SPOTGUARD_CHECKPOINT_DIR=" + ckdir, "SPOTGUARD_STORE_URL=" + storeURL, "SPOTGUARD_STORE_JOB=e2e",
+		"SPOTGUARD_STORE_PART_SIZE=5MiB"}, s3.env("")...)...)
+	ap.waitNoticeState(t, "spot/terminate", "committed", 60*time.Second)
+	ckpt := newestLocal(t, ckdir)
+	grown := map[string]bool{}
+	for _, l := range ap.logLines(t, "file stored") {
+		if l["checkpoint"] == ckpt && l["sent_while_written"] == true {
+			grown[fmt.Sprint(l["file"])] = true
+		}
+	}
+	for i := range 4 {
+		if name := fmt.Sprintf("shard-%d.bin", i); !grown[name] {
+			t.Errorf("%s was not sent while it was written (files that were: %v)", name, grown)
+		}
+	}
+	to := t.TempDir()
+	code, stdout, stderr := runSpotguard(t, append([]string{"SPOTGUARD_STORE_URL=" + storeURL, "SPOTGUARD_STORE_JOB=e2e"}, s3.env("")...),
+		"restore", "--config", ap.configPath, "--to", to)
+	if code != 0 {
+		t.Fatalf("spotguard restore: exit %d\n%s%s", code, stdout, stderr)
+	}
+	sameTree(t, filepath.Join(ckdir, ckpt), filepath.Join(to, ckpt))
+	if out := s3.aws(t, "s3api", "list-multipart-uploads", "--bucket", s3Bucket, "--prefix", "inplace/"); strings.Contains(out, "UploadId") {
+		t.Errorf("incomplete uploads left:\n%s", out)
+	}
+}
+
 func TestNoticeCheckpointDurableInFileStore(t *testing.T) {
 	needPeers(t)
 	storeDir := t.TempDir()
