@@ -63,7 +63,7 @@ func (s *S3Store) StartGrowing(ctx context.Context, key string, f *os.File) Grow
 type s3Growing struct {
 	s      *S3Store
 	key    string
-	f      *os.File // its own handle of the file, read while it grows; closed when it ends
+	f      *os.File        // its own handle of the file, read while it grows; closed when it ends
 	ctx    context.Context // the parts' context; cancelled by Abort
 	cancel context.CancelFunc
 	sends  sync.WaitGroup // batches of parts in flight
