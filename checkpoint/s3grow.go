@@ -54,9 +54,14 @@ var _ GrowingStore = (*S3Store)(nil)
 // shorter than a part sent has it aborted and goes whole with PutFile. So the object is f's bytes
 // as Finish read them, as with PutFile, unless a rewritten part has the CRC-32C of its old bytes
 // (a chance of one in 2^32 for each part the writer changed after it was sent).
+//
+// A transfer whose ctx ends before Finish is aborted, as by Abort: an upload in the store's
+// running set that nobody aborts would be kept from AbortIncomplete for good.
 func (s *S3Store) StartGrowing(ctx context.Context, key string, f *os.File) Growing {
 	ctx, cancel := context.WithCancel(ctx)
-	return &s3Growing{s: s, key: key, f: f, ctx: ctx, cancel: cancel, sent: map[int32]s3SentPart{}}
+	g := &s3Growing{s: s, key: key, f: f, ctx: ctx, cancel: cancel, sent: map[int32]s3SentPart{}}
+	context.AfterFunc(ctx, g.Abort) // after Finish or Abort, it does nothing
+	return g
 }
 
 // s3Growing is a multipart upload begun by StartGrowing.

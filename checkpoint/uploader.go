@@ -1402,9 +1402,6 @@ func (u *Uploader) fileGrowing(ev WatchEvent) {
 	}
 	g.growing[ev.Path] = &growingFile{t: t, id: id}
 	u.growingN++
-	if g.firstFileAt.IsZero() {
-		g.firstFileAt = ev.At
-	}
 	u.labelNotice(g)
 	t.Grew(ev.Size)
 }

@@ -83,3 +83,45 @@ func TestUploaderSendsFilesWhileTheyAreWritten(t *testing.T) {
 		}
 	}
 }
+
+// TestUploaderGrowingCheckpointRemoved: a checkpoint moved away while its files are sent as they
+// are written leaves nothing in the store: no upload, no object.
+func TestUploaderGrowingCheckpointRemoved(t *testing.T) {
+	peer := s3StartPeer(t)
+	proxy := s3StartProxy(t, peer.endpoint)
+	store := peer.openS3(t, proxy.URL(), "removed", S3Options{PartSize: 5 << 20, Concurrency: 8})
+	dir := t.TempDir()
+	// StopBudget -1: the stop at the end does not wait for a checkpoint that will never come.
+	r := startUploaderTweaked(t, dir, store, UploaderConfig{StopBudget: -1}, func(w *Watcher) {
+		w.growEvery = 0
+		w.debounce = time.Minute
+	})
+	r.up.SetNotices([]ActiveNotice{{Key: "spot/terminate", Deadline: time.Now().Add(2 * time.Minute), SignalledAt: time.Now()}})
+	ck := filepath.Join(dir, "step-1")
+	if err := os.Mkdir(ck, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.Create(filepath.Join(ck, "a.bin"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	gf := &growingTestFile{w: f}
+	for range 12 {
+		gf.write(t, int64(len(gf.data)), randomBytes(t, 1<<20))
+	}
+	eventuallyUploader(t, "parts sent while a.bin is written", func() bool { return partsSeen(proxy) >= 2 })
+	// Moved away whole (a rotation's mv, or rm -r on another file system's view): one Removed,
+	// no FileGone for the file.
+	if err := os.Rename(ck, filepath.Join(t.TempDir(), "step-1")); err != nil {
+		t.Fatal(err)
+	}
+	eventuallyUploader(t, "the upload aborted", func() bool { return len(peer.incompleteUploads(t, "")) == 0 })
+	objs, err := store.List(t.Context(), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(objs) != 0 {
+		t.Errorf("objects left = %v; want none", objs)
+	}
+}
