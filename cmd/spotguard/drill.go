@@ -17,6 +17,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -175,6 +176,13 @@ func runDrill(ctx context.Context, args, environ []string, stdout, stderr io.Wri
 			if l, err := zerolog.ParseLevel(kv.Value); err == nil {
 				level = l
 			}
+		}
+	}
+	if _, ok := stderr.(*os.File); !ok {
+		// The trainer's output is copied into it from a goroutine of os/exec's while the agent
+		// logs to it (a file is written by the child itself, and journald's is locked already).
+		if _, ok := stderr.(*journalLines); !ok {
+			stderr = &lockedWriter{w: stderr}
 		}
 	}
 	log := newLogger(stderr, environ, level)
@@ -802,4 +810,16 @@ func writeDrillCheckpoint(dir string, size int64, files, rank int) error {
 		}
 	}
 	return os.WriteFile(filepath.Join(dir, "_COMPLETE"), []byte("{}\n"), 0o644)
+}
+
+// lockedWriter serializes the Writes to w.
+type lockedWriter struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+func (l *lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
 }
