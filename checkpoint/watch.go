@@ -1227,6 +1227,11 @@ func (r *watchRun) grew(rel string) {
 		return
 	}
 	now := time.Now()
+	if n.grewAt.IsZero() && r.growEvery > 0 {
+		// Its first write: a file written whole within growEvery (most are) costs no Lstat.
+		n.grewAt = now
+		return
+	}
 	if now.Sub(n.grewAt) < r.growEvery {
 		return
 	}
