@@ -127,6 +127,8 @@ type sim struct {
 	// trouble is the trouble mode (TestSimulationTrouble); more draws its events.
 	trouble bool
 	more    *rand.Rand
+	// grow draws how files are seen growing before they are ready (growing).
+	grow *rand.Rand
 	// world > 1 is the multi-node mode (sim_nodes_test.go): one agent per node rank.
 	world int
 	// lastSave is when each name was last saved on the nodes, and with which marker (multi-node).
@@ -174,7 +176,7 @@ func runSim(t *testing.T, seed uint64, steps int, trouble bool) {
 	s := &sim{
 		t: t, seed: seed, rng: rand.New(rand.NewPCG(seed, 7)), b: newSimBackend(seed), root: t.TempDir(), job: "sim",
 		snaps: map[string]map[string]bool{}, checked: map[string]bool{}, logs: &simLog{},
-		trouble: trouble, more: rand.New(rand.NewPCG(seed, 13)),
+		trouble: trouble, more: rand.New(rand.NewPCG(seed, 13)), grow: rand.New(rand.NewPCG(seed, 17)),
 	}
 	if s.rng.IntN(3) == 0 {
 		s.keep = 1 + s.rng.IntN(3)
@@ -614,6 +616,9 @@ func (s *sim) save(a *simAgent) {
 			s.send(a, WatchEvent{Kind: FileGone, Checkpoint: name, Path: rel + ".tmp"})
 		default:
 			s.writeFile(p, s.size())
+			if s.grow.IntN(3) == 0 {
+				s.growing(a, name, rel, p)
+			}
 		}
 		s.send(a, WatchEvent{Kind: FileReady, Checkpoint: name, Path: rel, ID: s.fileID(p)})
 		if n < 10 {
@@ -630,6 +635,45 @@ func (s *sim) save(a *simAgent) {
 	s.writeFile(filepath.Join(dir, "_COMPLETE"), s.rng.IntN(64))
 	s.snapshot(a)
 	s.complete(a, name)
+}
+
+// growing replays the writing of the file p (rel of checkpoint name), written whole just now, as
+// the watcher sees a file written in place: it is cut back to a part or more, seen growing,
+// sometimes has bytes already seen overwritten (a writer that seeks back), then is written
+// whole again. Its FileReady is the caller's.
+func (s *sim) growing(a *simAgent, name, rel, p string) {
+	data, err := os.ReadFile(p)
+	part := int(s.b.partSize)
+	if err != nil || len(data) <= part {
+		return
+	}
+	cut := part + s.grow.IntN(len(data)-part+1)
+	if err := os.Truncate(p, int64(cut)); err != nil {
+		s.fail("%v", err)
+	}
+	s.trace(fmt.Sprintf("grow %s to %d of %d", rel, cut, len(data)), a, name)
+	s.send(a, WatchEvent{Kind: FileGrowing, Checkpoint: name, Path: rel, Size: int64(cut), ID: s.fileID(p)})
+	advance(time.Duration(s.grow.IntN(1500)) * time.Millisecond)
+	f, err := os.OpenFile(p, os.O_WRONLY, 0)
+	if err != nil {
+		s.fail("%v", err)
+	}
+	defer f.Close()
+	if s.grow.IntN(3) == 0 {
+		junk := make([]byte, 1+s.grow.IntN(100))
+		for i := range junk {
+			junk[i] = byte(s.grow.Uint32())
+		}
+		at := s.grow.IntN(cut - len(junk) + 1)
+		if _, err := f.WriteAt(junk, int64(at)); err != nil {
+			s.fail("%v", err)
+		}
+		advance(time.Duration(s.grow.IntN(500)) * time.Millisecond)
+	}
+	if _, err := f.WriteAt(data, 0); err != nil {
+		s.fail("%v", err)
+	}
+	s.send(a, WatchEvent{Kind: FileGrowing, Checkpoint: name, Path: rel, Size: int64(len(data)), ID: s.fileID(p)})
 }
 
 // saveSingle writes a single-file checkpoint through a temporary name.

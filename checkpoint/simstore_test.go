@@ -471,61 +471,15 @@ func (s *simStore) PutFile(ctx context.Context, key string, f *os.File, size int
 		s.b.write(key, data, s.name)
 		s.b.mu.Unlock()
 	} else {
-		s.b.mu.Lock()
-		s.b.nextID++
-		up := &simUpload{id: s.b.nextID, key: key, owner: s}
-		s.b.uploads[up.id] = up
-		s.b.mu.Unlock()
-		s.mu.Lock()
-		s.active[up.id] = true
-		s.mu.Unlock()
-		finish := func(abort bool) {
-			s.mu.Lock()
-			delete(s.active, up.id)
-			s.mu.Unlock()
-			if abort {
-				s.b.mu.Lock()
-				delete(s.b.uploads, up.id)
-				s.b.mu.Unlock()
-			}
-		}
+		up := s.newUpload(key)
 		for off := int64(0); off < size; off += s.b.partSize {
 			n := min(s.b.partSize, size-off)
-			if _, err := s.begin(ctx, false); err != nil {
-				finish(!errors.Is(err, errSimDead) && !errors.Is(err, errSimTimeout)) // a dead agent aborts nothing
+			if err := s.sendPart(ctx, up, f, data[off:off+n], off); err != nil {
 				return Checksum{}, err
 			}
-			if _, err := f.ReadAt(data[off:off+n], off); err != nil {
-				finish(true)
-				return Checksum{}, err
-			}
-			s.b.mu.Lock()
-			_, ok := s.b.uploads[up.id]
-			s.b.mu.Unlock()
-			if !ok {
-				finish(false)
-				return Checksum{}, errors.New("sim: NoSuchUpload")
-			}
 		}
-		// The completion, a write, may be held and land later.
-		complete := func() bool {
-			if _, ok := s.b.uploads[up.id]; !ok {
-				return false
-			}
-			delete(s.b.uploads, up.id)
-			s.b.write(key, data, s.name)
-			return true
-		}
-		if s.lateDraw() {
-			finish(false)
-			return Checksum{}, s.landLate(ctx, func() { complete() })
-		}
-		s.b.mu.Lock()
-		ok := complete()
-		s.b.mu.Unlock()
-		finish(false)
-		if !ok {
-			return Checksum{}, errors.New("sim: NoSuchUpload")
+		if err := s.completeUpload(ctx, up, data); err != nil {
+			return Checksum{}, err
 		}
 	}
 	if progress != nil {
@@ -535,6 +489,77 @@ func (s *simStore) PutFile(ctx context.Context, key string, f *os.File, size int
 		return Checksum{}, errSimLost
 	}
 	return ChecksumOf(bytes.NewReader(data))
+}
+
+// newUpload creates a multipart upload of key, running (active) until endUpload.
+func (s *simStore) newUpload(key string) *simUpload {
+	s.b.mu.Lock()
+	s.b.nextID++
+	up := &simUpload{id: s.b.nextID, key: key, owner: s}
+	s.b.uploads[up.id] = up
+	s.b.mu.Unlock()
+	s.mu.Lock()
+	s.active[up.id] = true
+	s.mu.Unlock()
+	return up
+}
+
+// endUpload takes up off the running set, and aborts it if abort.
+func (s *simStore) endUpload(up *simUpload, abort bool) {
+	s.mu.Lock()
+	delete(s.active, up.id)
+	s.mu.Unlock()
+	if abort {
+		s.b.mu.Lock()
+		delete(s.b.uploads, up.id)
+		s.b.mu.Unlock()
+	}
+}
+
+// sendPart sends one part of up: the bytes of f at off, read into buf. On failure the upload is
+// ended (aborted, unless the agent is dead or the answer never came).
+func (s *simStore) sendPart(ctx context.Context, up *simUpload, f *os.File, buf []byte, off int64) error {
+	if _, err := s.begin(ctx, false); err != nil {
+		s.endUpload(up, !errors.Is(err, errSimDead) && !errors.Is(err, errSimTimeout)) // a dead agent aborts nothing
+		return err
+	}
+	if _, err := f.ReadAt(buf, off); err != nil {
+		s.endUpload(up, true)
+		return err
+	}
+	s.b.mu.Lock()
+	_, ok := s.b.uploads[up.id]
+	s.b.mu.Unlock()
+	if !ok {
+		s.endUpload(up, false)
+		return errors.New("sim: NoSuchUpload")
+	}
+	return nil
+}
+
+// completeUpload completes up as the object data; the completion, a write, may be held and land
+// later. It ends the upload.
+func (s *simStore) completeUpload(ctx context.Context, up *simUpload, data []byte) error {
+	complete := func() bool {
+		if _, ok := s.b.uploads[up.id]; !ok {
+			return false
+		}
+		delete(s.b.uploads, up.id)
+		s.b.write(up.key, data, s.name)
+		return true
+	}
+	if s.lateDraw() {
+		s.endUpload(up, false)
+		return s.landLate(ctx, func() { complete() })
+	}
+	s.b.mu.Lock()
+	ok := complete()
+	s.b.mu.Unlock()
+	s.endUpload(up, false)
+	if !ok {
+		return errors.New("sim: NoSuchUpload")
+	}
+	return nil
 }
 
 func (s *simStore) PutBytes(ctx context.Context, key string, data []byte, cond Cond) (string, error) {
@@ -700,4 +725,132 @@ func (s *simStore) AbortIncomplete(ctx context.Context, prefix string) (int, err
 		n++
 	}
 	return n, nil
+}
+
+var _ GrowingStore = (*simStore)(nil)
+
+// StartGrowing is S3Store.StartGrowing in the simulation: whole parts of partSize are sent as the
+// file grows past them (their bytes kept as the store took them), and Finish compares each with
+// the file's bytes then, sends again those that differ and the rest, and completes the upload
+// with the parts as the store holds them: a wrong comparison stores other bytes than the file's.
+func (s *simStore) StartGrowing(ctx context.Context, key string, f *os.File) Growing {
+	ctx, cancel := context.WithCancel(ctx)
+	g := &simGrowing{s: s, key: key, f: f, ctx: ctx, cancel: cancel, parts: map[int64][]byte{}}
+	context.AfterFunc(ctx, g.Abort)
+	return g
+}
+
+// simGrowing is a transfer begun by simStore.StartGrowing.
+type simGrowing struct {
+	s      *simStore
+	key    string
+	f      *os.File
+	ctx    context.Context
+	cancel context.CancelFunc
+	sends  sync.WaitGroup
+	ended  sync.Once
+
+	mu      sync.Mutex
+	up      *simUpload       // created with the first part
+	parts   map[int64][]byte // by offset: the bytes the store took
+	next    int64            // offset of the next part to begin
+	stopped bool             // a part failed, or it ended
+}
+
+func (g *simGrowing) Grew(size int64) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	var offs []int64
+	for ; !g.stopped && g.next+g.s.b.partSize <= size; g.next += g.s.b.partSize {
+		offs = append(offs, g.next)
+	}
+	if len(offs) == 0 {
+		return
+	}
+	if g.up == nil {
+		g.up = g.s.newUpload(g.key)
+	}
+	up := g.up
+	g.sends.Go(func() {
+		for _, off := range offs {
+			buf := make([]byte, g.s.b.partSize)
+			if err := g.s.sendPart(g.ctx, up, g.f, buf, off); err != nil {
+				g.mu.Lock()
+				g.stopped = true // sendPart ended the upload
+				g.mu.Unlock()
+				return
+			}
+			g.mu.Lock()
+			g.parts[off] = buf
+			g.mu.Unlock()
+		}
+	})
+}
+
+// stop ends the sending and waits for what is in flight; it returns the upload, nil if none
+// was created or it failed.
+func (g *simGrowing) stop() *simUpload {
+	g.mu.Lock()
+	g.stopped = true
+	g.mu.Unlock()
+	g.sends.Wait()
+	g.s.mu.Lock()
+	running := g.up != nil && g.s.active[g.up.id]
+	g.s.mu.Unlock()
+	if !running {
+		return nil
+	}
+	return g.up
+}
+
+func (g *simGrowing) Abort() {
+	g.ended.Do(func() {
+		g.cancel()
+		g.f.Close()
+		if up := g.stop(); up != nil {
+			g.s.endUpload(up, !g.s.isDead())
+		}
+	})
+}
+
+func (g *simGrowing) Finish(ctx context.Context, f *os.File, size int64, progress func(n int64)) (Checksum, error) {
+	sum, err := Checksum{}, errors.New("growing upload ended already")
+	g.ended.Do(func() {
+		defer g.cancel()
+		defer g.f.Close()
+		sum, err = g.finish(ctx, f, size, progress)
+	})
+	return sum, err
+}
+
+func (g *simGrowing) finish(ctx context.Context, f *os.File, size int64, progress func(n int64)) (Checksum, error) {
+	up := g.stop()
+	if up == nil || g.next > size {
+		if up != nil {
+			g.s.endUpload(up, !g.s.isDead())
+		}
+		return g.s.PutFile(ctx, g.key, f, size, progress)
+	}
+	if _, err := g.s.begin(ctx, false); err != nil { // reading the file again is local; this stands for the rest
+		g.s.endUpload(up, !errors.Is(err, errSimDead) && !errors.Is(err, errSimTimeout))
+		return Checksum{}, err
+	}
+	data := make([]byte, size)
+	if _, err := f.ReadAt(data, 0); err != nil && (!errors.Is(err, io.EOF) || size != 0) {
+		g.s.endUpload(up, true)
+		return Checksum{}, err
+	}
+	obj := slices.Clone(data)
+	for off, b := range g.parts {
+		if bytes.Equal(b, data[off:off+int64(len(b))]) {
+			copy(obj[off:], b) // kept as the store took it
+		}
+	}
+	if err := g.s.completeUpload(ctx, up, obj); err != nil {
+		return Checksum{}, err
+	}
+	if progress != nil {
+		progress(size)
+	}
+	return ChecksumOf(bytes.NewReader(obj))
 }
