@@ -88,6 +88,18 @@ func TestS3GrowingRewrittenPartIsSentAgain(t *testing.T) {
 	}
 	f.write(t, 6<<20, []byte("rewritten after it was sent")) // inside part 2
 	f.write(t, 16<<20, storeTestData(2, 3<<20+17))
+	finishGrowing(t, peer, s, g, f)
+	// Part 2 again, and the rest (3 MiB, one part): 5 parts in all.
+	if got := partsSeen(proxy); got != 5 {
+		t.Errorf("parts sent in all = %d; want 5 (3 while growing, the rewritten one, the end)", got)
+	}
+}
+
+// finishGrowing finishes g, the transfer of f to "step-1/shard" in s, and checks that it
+// returns the file's checksum, that the object holds the file's bytes as they are now, and that
+// no upload is left.
+func finishGrowing(t *testing.T, peer *s3Peer, s *S3Store, g Growing, f *growingTestFile) {
+	t.Helper()
 	size := int64(len(f.data))
 	sum, err := g.Finish(t.Context(), f.reopen(t), size, nil)
 	if err != nil {
@@ -95,10 +107,6 @@ func TestS3GrowingRewrittenPartIsSentAgain(t *testing.T) {
 	}
 	if want := storeTestWant(t, f.data); sum != want {
 		t.Errorf("Finish = %v; want %v", sum, want)
-	}
-	// Part 2 again, and the rest (3 MiB, one part): 5 parts in all.
-	if got := partsSeen(proxy); got != 5 {
-		t.Errorf("parts sent in all = %d; want 5 (3 while growing, the rewritten one, the end)", got)
 	}
 	if got := storeTestDownload(t, s, "step-1/shard", size); !bytes.Equal(got, f.data) {
 		t.Errorf("object differs from the file as it was closed")
@@ -122,19 +130,7 @@ func TestS3GrowingFileShrunk(t *testing.T) {
 		t.Fatal(err)
 	}
 	f.data = f.data[:7<<20]
-	sum, err := g.Finish(t.Context(), f.reopen(t), 7<<20, nil)
-	if err != nil {
-		t.Fatalf("Finish = %v; want no error", err)
-	}
-	if want := storeTestWant(t, f.data); sum != want {
-		t.Errorf("Finish = %v; want %v", sum, want)
-	}
-	if got := storeTestDownload(t, s, "step-1/shard", 7<<20); !bytes.Equal(got, f.data) {
-		t.Errorf("object differs from the truncated file")
-	}
-	if left := peer.incompleteUploads(t, ""); len(left) != 0 {
-		t.Errorf("incomplete uploads = %q; want none", left)
-	}
+	finishGrowing(t, peer, s, g, f)
 }
 
 // TestS3GrowingAbort: an aborted transfer leaves no object and no upload, and ignores what comes

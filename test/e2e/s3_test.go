@@ -330,13 +330,7 @@ func TestNoticeCheckpointWrittenInPlaceDurableInS3(t *testing.T) {
 			t.Errorf("%s was not sent while it was written (files that were: %v)", name, grown)
 		}
 	}
-	to := t.TempDir()
-	code, stdout, stderr := runSpotguard(t, append([]string{"SPOTGUARD_STORE_URL=" + storeURL, "SPOTGUARD_STORE_JOB=e2e"}, s3.env("")...),
-		"restore", "--config", ap.configPath, "--to", to)
-	if code != 0 {
-		t.Fatalf("spotguard restore: exit %d\n%s%s", code, stdout, stderr)
-	}
-	sameTree(t, filepath.Join(ckdir, ckpt), filepath.Join(to, ckpt))
+	restoreSameTree(t, append([]string{"SPOTGUARD_STORE_URL=" + storeURL, "SPOTGUARD_STORE_JOB=e2e"}, s3.env("")...), ap.configPath, ckdir, ckpt)
 	if out := s3.aws(t, "s3api", "list-multipart-uploads", "--bucket", s3Bucket, "--prefix", "inplace/"); strings.Contains(out, "UploadId") {
 		t.Errorf("incomplete uploads left:\n%s", out)
 	}
@@ -397,18 +391,12 @@ func testNoticeCheckpoint(t *testing.T, storeURL string, storeEnv []string, insp
 	inspect(t, ckpt, filepath.Join(ckdir, ckpt))
 
 	// The next instance restores it, bit for bit.
-	to := t.TempDir()
-	code, stdout, stderr := runSpotguard(t, append([]string{"SPOTGUARD_STORE_URL=" + storeURL, "SPOTGUARD_STORE_JOB=e2e"}, storeEnv...),
-		"restore", "--config", ap.configPath, "--to", to)
-	if code != 0 {
-		t.Fatalf("spotguard restore: exit %d\n%s%s", code, stdout, stderr)
-	}
+	stdout := restoreSameTree(t, append([]string{"SPOTGUARD_STORE_URL=" + storeURL, "SPOTGUARD_STORE_JOB=e2e"}, storeEnv...), ap.configPath, ckdir, ckpt)
 	if !strings.Contains(stdout, "restored "+ckpt) || !strings.Contains(stdout, "every checksum verified") {
 		t.Errorf("restore summary = %q", stdout)
 	}
-	sameTree(t, filepath.Join(ckdir, ckpt), filepath.Join(to, ckpt))
 
-	code, stdout, _ = runSpotguard(t, append([]string{"SPOTGUARD_STORE_URL=" + storeURL, "SPOTGUARD_STORE_JOB=e2e"}, storeEnv...),
+	code, stdout, _ := runSpotguard(t, append([]string{"SPOTGUARD_STORE_URL=" + storeURL, "SPOTGUARD_STORE_JOB=e2e"}, storeEnv...),
 		"list", "--config", ap.configPath)
 	if code != 0 || !strings.Contains(stdout, ckpt) || !strings.Contains(stdout, "LATEST") || !strings.Contains(stdout, "notice") {
 		t.Errorf("spotguard list: exit %d\n%s", code, stdout)
@@ -591,11 +579,19 @@ func TestKillMidUploadThenRestart(t *testing.T) {
 	eventually(t, 20*time.Second, "the killed run's multipart uploads to be aborted", func() bool {
 		return !strings.Contains(s3.aws(t, "s3api", "list-multipart-uploads", "--bucket", s3Bucket), "UploadId")
 	})
+	restoreSameTree(t, append([]string{"SPOTGUARD_STORE_URL=" + storeURL, "SPOTGUARD_STORE_JOB=e2e"}, s3.env("")...), ap2.configPath, ckdir, ckpt)
+}
+
+// restoreSameTree runs `spotguard restore` with env and the configuration at config into a new
+// directory, fails the test unless it succeeds with checkpoint ckpt of ckdir restored bit for
+// bit, and returns its standard output.
+func restoreSameTree(t *testing.T, env []string, config, ckdir, ckpt string) string {
+	t.Helper()
 	to := t.TempDir()
-	code, stdout, stderr := runSpotguard(t, append([]string{"SPOTGUARD_STORE_URL=" + storeURL, "SPOTGUARD_STORE_JOB=e2e"}, s3.env("")...),
-		"restore", "--config", ap2.configPath, "--to", to)
+	code, stdout, stderr := runSpotguard(t, env, "restore", "--config", config, "--to", to)
 	if code != 0 {
-		t.Fatalf("restore: exit %d\n%s%s", code, stdout, stderr)
+		t.Fatalf("spotguard restore: exit %d\n%s%s", code, stdout, stderr)
 	}
 	sameTree(t, filepath.Join(ckdir, ckpt), filepath.Join(to, ckpt))
+	return stdout
 }
