@@ -116,16 +116,25 @@ func finishGrowing(t *testing.T, peer *s3Peer, s *S3Store, g Growing, f *growing
 	}
 }
 
+// startGrowing starts a growing transfer of a file to "step-1/shard" in a store under prefix
+// (5 MiB parts), writes mib MiB to the file and waits until the transfer has sent its 2 whole
+// parts (mib is 10 to 14).
+func startGrowing(t *testing.T, prefix string, mib int64) (*s3Peer, *S3Store, Growing, *growingTestFile) {
+	t.Helper()
+	peer := s3StartPeer(t)
+	s := peer.openS3(t, peer.endpoint, prefix, S3Options{PartSize: 5 << 20, Concurrency: 4})
+	f := newGrowingTestFile(t)
+	g := s.StartGrowing(t.Context(), "step-1/shard", f.r)
+	f.write(t, 0, storeTestData(uint64(mib), int(mib<<20)))
+	g.Grew(mib << 20)
+	eventuallyUploader(t, "2 whole parts sent", func() bool { return sentParts(g) == 2 })
+	return peer, s, g, f
+}
+
 // TestS3GrowingFileShrunk: a file truncated below a part that was sent goes whole with PutFile,
 // and the growing upload is aborted.
 func TestS3GrowingFileShrunk(t *testing.T) {
-	peer := s3StartPeer(t)
-	s := peer.openS3(t, peer.endpoint, "shrunk", S3Options{PartSize: 5 << 20, Concurrency: 4})
-	f := newGrowingTestFile(t)
-	g := s.StartGrowing(t.Context(), "step-1/shard", f.r)
-	f.write(t, 0, storeTestData(3, 11<<20))
-	g.Grew(11 << 20)
-	eventuallyUploader(t, "2 whole parts sent", func() bool { return sentParts(g) == 2 })
+	peer, s, g, f := startGrowing(t, "shrunk", 11)
 	if err := f.w.Truncate(7 << 20); err != nil {
 		t.Fatal(err)
 	}
@@ -136,13 +145,7 @@ func TestS3GrowingFileShrunk(t *testing.T) {
 // TestS3GrowingAbort: an aborted transfer leaves no object and no upload, and ignores what comes
 // after.
 func TestS3GrowingAbort(t *testing.T) {
-	peer := s3StartPeer(t)
-	s := peer.openS3(t, peer.endpoint, "abort", S3Options{PartSize: 5 << 20, Concurrency: 4})
-	f := newGrowingTestFile(t)
-	g := s.StartGrowing(t.Context(), "step-1/shard", f.r)
-	f.write(t, 0, storeTestData(4, 10<<20))
-	g.Grew(10 << 20)
-	eventuallyUploader(t, "2 whole parts sent", func() bool { return sentParts(g) == 2 })
+	peer, s, g, f := startGrowing(t, "abort", 10)
 	g.Abort()
 	g.Grew(20 << 20)
 	if _, err := g.Finish(t.Context(), f.reopen(t), 10<<20, nil); err == nil {
