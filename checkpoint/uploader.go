@@ -311,11 +311,14 @@ type fileState struct {
 	attempts int
 }
 
-// growingFile is a file sent while it is written: the transfer, and the file's version when it
-// began (its FileReady must be of the same device and inode for the transfer to be finished).
+// growingFile is a file sent while it is written: the transfer, the file's version when it
+// began (its FileReady must be of the same device and inode for the transfer to be finished),
+// and when it began (the upload's start, for the throughput: a transfer paced by the writer
+// counts from there, rather than looking as fast as what was left at the close).
 type growingFile struct {
-	t  Growing
-	id FileID
+	t     Growing
+	id    FileID
+	began time.Time
 }
 
 // doneFile is what was done with a file: stored (uploading; key set) or checksummed (matching),
@@ -1400,7 +1403,7 @@ func (u *Uploader) fileGrowing(ev WatchEvent) {
 	if g.growing == nil {
 		g.growing = map[string]*growingFile{}
 	}
-	g.growing[ev.Path] = &growingFile{t: t, id: id}
+	g.growing[ev.Path] = &growingFile{t: t, id: id, began: time.Now()}
 	u.growingN++
 	u.labelNotice(g)
 	t.Grew(ev.Size)
@@ -1757,6 +1760,9 @@ func (u *Uploader) goUpload(ctx context.Context, g *generation, rel string, f *f
 	}
 	u.wg.Go(func() {
 		start := time.Now()
+		if gf != nil {
+			start = gf.began
+		}
 		d, err := uploadFile(gctx, u.cfg.Store, u.cfg.Dir, local, key, gf)
 		u.send(ctx, fileResult{gen: g, rel: rel, file: f, kind: jobUpload, done: d, start: start, duration: time.Since(start), err: err})
 	})

@@ -43,6 +43,7 @@ func TestUploaderSendsFilesWhileTheyAreWritten(t *testing.T) {
 			f.write(t, int64(len(f.data)), randomBytes(t, 1<<20))
 		}
 	}
+	t0 := time.Now()
 	grow("a.bin", 9)
 	grow("c.bin", 9)
 	eventuallyUploader(t, "a part of a.bin and of c.bin sent while they are written", func() bool { return partsSeen(proxy) >= 2 })
@@ -65,7 +66,12 @@ func TestUploaderSendsFilesWhileTheyAreWritten(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(ck, "_COMPLETE"), nil, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	r.waitCommitted("step-1")
+	ev := r.waitCommitted("step-1")
+	// The throughput counts the time the files were sent while written, not only what was left
+	// at their close: the writer paced them (28 MiB over the test's writes and waits).
+	if limit := 2 * float64(28<<20) / time.Since(t0).Seconds(); ev.Throughput > limit {
+		t.Errorf("throughput = %.0f B/s; want at most %.0f (twice 28 MiB over the time since the first write)", ev.Throughput, limit)
+	}
 	restoreAndCompare(t, store, "step-1", want)
 	eventuallyUploader(t, "no incomplete upload left", func() bool { return len(peer.incompleteUploads(t, "")) == 0 })
 	// a.bin: 3 parts while written, part 1 again, its last MiB; b.bin: 2 while written, its
