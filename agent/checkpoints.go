@@ -49,7 +49,8 @@ func newUploader(cfg *Config, deps Deps, a *Agent) (*checkpointWatch, *checkpoin
 	u := checkpoint.NewUploader(checkpoint.UploaderConfig{
 		Store: store, Job: cfg.Store.Job, Dir: cfg.Checkpoint.Dir, Marker: cfg.Checkpoint.Marker,
 		Pattern: cfg.Checkpoint.Pattern, Keep: cfg.Checkpoint.Keep, Logger: deps.Logger, StateDir: cfg.Agent.RuntimeDir,
-		StopBudget: stopBudget(cfg.Agent.StopBudget),
+		WaitForClose: !cfg.Checkpoint.SendWhileWritten,
+		StopBudget:   stopBudget(cfg.Agent.StopBudget),
 		// A stop waits for the signalled trainer's checkpoint only while a trainer is there.
 		TrainerAlive: a.coord.trainerThere,
 		Host: func() checkpoint.Host {

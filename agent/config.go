@@ -82,6 +82,8 @@ type Config struct {
 		Marker  string
 		Pattern string
 		Keep    int
+		// SendWhileWritten: during a notice, files written in place go to S3 as they grow.
+		SendWhileWritten bool
 	}
 	Store struct {
 		URL         string
@@ -243,6 +245,14 @@ var fields = []field{
 			return errors.New("want a whole number, 0 or more")
 		}
 		c.Checkpoint.Keep = n
+		return nil
+	}},
+	{"checkpoint.send_while_written", "true", "during a notice, send a file written under its own name (as torch DCP writes its shards) to S3 while it grows, each part checked again at its close (checkpoints.md); false: only once it is closed", func(c *Config, v string) error {
+		b, err := strconv.ParseBool(v)
+		if err != nil {
+			return errors.New("want true or false")
+		}
+		c.Checkpoint.SendWhileWritten = b
 		return nil
 	}},
 	{"store.url", "", "where checkpoints go: s3://bucket/prefix or file:///path; empty: no upload (signal only)", func(c *Config, v string) error {

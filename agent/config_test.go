@@ -109,6 +109,7 @@ notices:
   spot: maybe
 checkpoint:
   dir: `+unreadable+`
+  send_while_written: sometimes
 bogus:
   key: 1
 `)
@@ -129,6 +130,7 @@ bogus:
 		"notices.spot: \"maybe\"",
 		"checkpoint.dir: \"" + unreadable + "\" from " + path + ":",
 		" is not a directory",
+		`checkpoint.send_while_written: "sometimes" from ` + path + `:11: want true or false`,
 		"unknown section bogus (line",
 		"SPOTGUARD_IMDS_TIMEOUT: unknown environment variable",
 		"log.level: \"loud\" from SPOTGUARD_LOG_LEVEL",
@@ -140,8 +142,8 @@ bogus:
 			t.Errorf("Validate() lacks %q; got:\n%s", want, msg)
 		}
 	}
-	if n := len(strings.Split(msg, "\n")); n != 11 {
-		t.Errorf("Validate() gave %d problems; want 11:\n%s", n, msg)
+	if n := len(strings.Split(msg, "\n")); n != 12 {
+		t.Errorf("Validate() gave %d problems; want 12:\n%s", n, msg)
 	}
 }
 

@@ -74,6 +74,9 @@ type UploaderConfig struct {
 	// when zero) is how long it tries to complete a save whose parts are not all there.
 	NodeRank, WorldNodes int
 	PartWait             time.Duration
+	// WaitForClose (checkpoint.send_while_written false) sends every file only once it is
+	// ready, never while it is written (fileGrowing).
+	WaitForClose bool
 }
 
 // UploadEventKind says what happened to a checkpoint.
@@ -1376,7 +1379,7 @@ func (u *Uploader) fileGrowing(ev WatchEvent) {
 		}
 	}
 	gs, ok := u.cfg.Store.(GrowingStore)
-	if !ok || !u.urgent() || u.growingN >= growingMax {
+	if !ok || u.cfg.WaitForClose || !u.urgent() || u.growingN >= growingMax {
 		return
 	}
 	if g == nil {

@@ -303,36 +303,48 @@ func TestNoticeCheckpointDurableInS3(t *testing.T) {
 
 // A trainer that writes its shards all at once under their own names, as torch DCP's ranks do:
 // during the notice the agent sends each shard to S3 while it is written (the log says so for
-// every shard), and the commit is the shards as they were closed, bit for bit.
+// every shard), and the commit is the shards as they were closed, bit for bit. With
+// checkpoint.send_while_written false, each is sent only once closed.
 func TestNoticeCheckpointWrittenInPlaceDurableInS3(t *testing.T) {
 	needPeers(t)
-	s3 := startS3(t)
-	storeURL := "s3://" + s3Bucket + "/inplace"
-	sim := newIMDS(t)
-	trigger := time.Now().Truncate(time.Second).Add(4 * time.Second)
-	sim.start("spot", "-a", "terminate", "--mock-trigger-time", trigger.UTC().Format(time.RFC3339), "--rebalance-delay-sec", "100000")
-	ckdir := t.TempDir()
-	tp := startTrainer(t, "--checkpoint-dir", ckdir, "--files", "4", "--checkpoint-mb", "16", "--write-seconds", "3",
-		"--parallel", "--in-place")
-	ap := startAgent(t, sim, append([]string{"SPOTGUARD_TRAINER_PIDFILE=" + tp.pidfile, "SPOTGUARD_NOTICES_REBALANCE=ignore",
-		"SPOTGUARD_CHECKPOINT_DIR=" + ckdir, "SPOTGUARD_STORE_URL=" + storeURL, "SPOTGUARD_STORE_JOB=e2e",
-		"SPOTGUARD_STORE_PART_SIZE=5MiB"}, s3.env("")...)...)
-	ap.waitNoticeState(t, "spot/terminate", "committed", 60*time.Second)
-	ckpt := newestLocal(t, ckdir)
-	grown := map[string]bool{}
-	for _, l := range ap.logLines(t, "file stored") {
-		if l["checkpoint"] == ckpt && l["sent_while_written"] == true {
-			grown[fmt.Sprint(l["file"])] = true
-		}
-	}
-	for i := range 4 {
-		if name := fmt.Sprintf("shard-%d.bin", i); !grown[name] {
-			t.Errorf("%s was not sent while it was written (files that were: %v)", name, grown)
-		}
-	}
-	restoreSameTree(t, append([]string{"SPOTGUARD_STORE_URL=" + storeURL, "SPOTGUARD_STORE_JOB=e2e"}, s3.env("")...), ap.configPath, ckdir, ckpt)
-	if out := s3.aws(t, "s3api", "list-multipart-uploads", "--bucket", s3Bucket, "--prefix", "inplace/"); strings.Contains(out, "UploadId") {
-		t.Errorf("incomplete uploads left:\n%s", out)
+	for _, whileWritten := range []bool{true, false} {
+		t.Run(fmt.Sprint("send_while_written=", whileWritten), func(t *testing.T) {
+			s3 := startS3(t)
+			storeURL := "s3://" + s3Bucket + "/inplace"
+			sim := newIMDS(t)
+			trigger := time.Now().Truncate(time.Second).Add(4 * time.Second)
+			sim.start("spot", "-a", "terminate", "--mock-trigger-time", trigger.UTC().Format(time.RFC3339), "--rebalance-delay-sec", "100000")
+			ckdir := t.TempDir()
+			tp := startTrainer(t, "--checkpoint-dir", ckdir, "--files", "4", "--checkpoint-mb", "16", "--write-seconds", "3",
+				"--parallel", "--in-place")
+			ap := startAgent(t, sim, append([]string{"SPOTGUARD_TRAINER_PIDFILE=" + tp.pidfile, "SPOTGUARD_NOTICES_REBALANCE=ignore",
+				"SPOTGUARD_CHECKPOINT_DIR=" + ckdir, "SPOTGUARD_STORE_URL=" + storeURL, "SPOTGUARD_STORE_JOB=e2e",
+				"SPOTGUARD_STORE_PART_SIZE=5MiB", fmt.Sprint("SPOTGUARD_CHECKPOINT_SEND_WHILE_WRITTEN=", whileWritten)}, s3.env("")...)...)
+			ap.waitNoticeState(t, "spot/terminate", "committed", 60*time.Second)
+			ckpt := newestLocal(t, ckdir)
+			grown := map[string]bool{}
+			stored := 0
+			for _, l := range ap.logLines(t, "file stored") {
+				if l["checkpoint"] == ckpt && strings.HasPrefix(fmt.Sprint(l["file"]), "shard-") {
+					stored++
+					if l["sent_while_written"] == true {
+						grown[fmt.Sprint(l["file"])] = true
+					}
+				}
+			}
+			if stored != 4 {
+				t.Errorf("%d shards stored; want 4", stored)
+			}
+			for i := range 4 {
+				if name := fmt.Sprintf("shard-%d.bin", i); grown[name] != whileWritten {
+					t.Errorf("%s sent while it was written: %v; want %v", name, grown[name], whileWritten)
+				}
+			}
+			restoreSameTree(t, append([]string{"SPOTGUARD_STORE_URL=" + storeURL, "SPOTGUARD_STORE_JOB=e2e"}, s3.env("")...), ap.configPath, ckdir, ckpt)
+			if out := s3.aws(t, "s3api", "list-multipart-uploads", "--bucket", s3Bucket, "--prefix", "inplace/"); strings.Contains(out, "UploadId") {
+				t.Errorf("incomplete uploads left:\n%s", out)
+			}
+		})
 	}
 }
 
