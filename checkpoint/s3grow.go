@@ -46,12 +46,12 @@ var _ GrowingStore = (*S3Store)(nil)
 // s3GrowTiers) as soon as the file has grown past it (Grew), on the store's limiter like any
 // part, in ctx's rank. Nothing is created until the first part is whole. It never returns nil.
 //
-// Finish reads every part sent again, in parallel, and compares its CRC-32C with the one the
-// server verified when it was sent: a part whose bytes changed since is sent again under its
-// number. The parts the file has not grown past yet, and the rest of the file when it is larger
-// than s3GrowParts parts, are then sent as PutFile sends a file (urgently cut, if ctx says so),
-// and the upload is completed with the full-object CRC-32C combined from the parts'. A file now
-// shorter than a part sent has it aborted and goes whole with PutFile. So the object is f's bytes
+// Finish sends the rest of the file (past the last part begun) as PutFile sends a file (cut
+// finer if ctx is urgent) while, once the parts in flight are in, it reads every part sent again,
+// in parallel, and compares its CRC-32C with the one the server verified when it was sent: a
+// part whose bytes changed since, or that failed, is sent again under its number. The upload is
+// then completed with the full-object CRC-32C combined from the parts'. A file now shorter than a
+// part begun has the upload aborted and goes whole with PutFile. So the object is f's bytes
 // as Finish read them, as with PutFile, unless a rewritten part has the CRC-32C of its old bytes
 // (a chance of one in 2^32 for each part the writer changed after it was sent).
 //
