@@ -397,8 +397,8 @@ type watchNode struct {
 	unwatched *list.Element
 }
 
-// keeps reports whether n keeps something: a stamp, a skip log line, a watch or a failed one,
-// a pending debounce (deb's), or nodes below it.
+// keeps reports whether n keeps something: a stamp, a FileGrowing sent, a skip log line, a watch
+// or a failed one, a pending debounce (deb's), or nodes below it.
 func (n *watchNode) keeps(deb *watchDebouncer) bool {
 	return len(n.kids) > 0 || !n.stamp.isZero() || n.grown > 0 || n.warned != "" || n.watched || n.unwatched != nil || deb.Pending(n.rel)
 }
@@ -679,7 +679,8 @@ func (r *watchRun) skip(rel, kind string, err error) {
 
 // unreport takes back the FileReady of the file rel, which can no longer be reported (it is
 // not a regular file that may be reported): a FileGone for a file of a checkpoint directory,
-// Removed for a single-file checkpoint. It does nothing if rel had no FileReady.
+// Removed for a single-file checkpoint. It does nothing if rel had no FileReady (nor a
+// FileGrowing since).
 func (r *watchRun) unreport(rel string) {
 	n := r.nodes[rel]
 	if n == nil || (n.stamp.isZero() && n.grown == 0) {
