@@ -247,14 +247,7 @@ var fields = []field{
 		c.Checkpoint.Keep = n
 		return nil
 	}},
-	{"checkpoint.send_while_written", "true", "during a notice, send a file written under its own name (as torch DCP writes its shards) to S3 while it grows, each part checked again at its close (checkpoints.md); false: only once it is closed", func(c *Config, v string) error {
-		b, err := strconv.ParseBool(v)
-		if err != nil {
-			return errors.New("want true or false")
-		}
-		c.Checkpoint.SendWhileWritten = b
-		return nil
-	}},
+	{"checkpoint.send_while_written", "true", "during a notice, send a file written under its own name (as torch DCP writes its shards) to S3 while it grows, each part checked again at its close (checkpoints.md); false: only once it is closed", boolKey(func(c *Config) *bool { return &c.Checkpoint.SendWhileWritten })},
 	{"store.url", "", "where checkpoints go: s3://bucket/prefix or file:///path; empty: no upload (signal only)", func(c *Config, v string) error {
 		c.Store.URL = ""
 		if v == "" {
@@ -351,14 +344,7 @@ var fields = []field{
 		c.HTTP.Listen = v
 		return nil
 	}},
-	{"http.pprof", "false", "also serve Go's profiles (CPU, heap, goroutines) under /debug/pprof/ on http.listen, to measure the agent's cost; anyone who can reach the listener can read them", func(c *Config, v string) error {
-		b, err := strconv.ParseBool(v)
-		if err != nil {
-			return errors.New("want true or false")
-		}
-		c.HTTP.PProf = b
-		return nil
-	}},
+	{"http.pprof", "false", "also serve Go's profiles (CPU, heap, goroutines) under /debug/pprof/ on http.listen, to measure the agent's cost; anyone who can reach the listener can read them", boolKey(func(c *Config) *bool { return &c.HTTP.PProf })},
 	{"agent.runtime_dir", "/run/spotguard", "directory for runtime state: notice.json, and the upload journal that lets a restarted agent resume its commits; one agent per directory (`agent.lock`); an absolute path, not inside checkpoint.dir", func(c *Config, v string) error {
 		if v == "" {
 			return errors.New("must not be empty")
@@ -393,14 +379,7 @@ var fields = []field{
 		c.GPU.DegradedThreshold = f
 		return nil
 	}},
-	{"metrics.cloudwatch", "true", "send metrics to CloudWatch (credentials and region from the AWS SDK chain, e.g. the instance profile)", func(c *Config, v string) error {
-		b, err := strconv.ParseBool(v)
-		if err != nil {
-			return errors.New("want true or false")
-		}
-		c.Metrics.CloudWatch = b
-		return nil
-	}},
+	{"metrics.cloudwatch", "true", "send metrics to CloudWatch (credentials and region from the AWS SDK chain, e.g. the instance profile)", boolKey(func(c *Config) *bool { return &c.Metrics.CloudWatch })},
 	{"metrics.cloudwatch_interval", "60s", "how often buffered metrics are sent to CloudWatch (GPU series as statistic sets); a notice flushes at once", func(c *Config, v string) error {
 		d, err := parseDuration(v)
 		if err == nil && d < time.Second {
@@ -409,14 +388,7 @@ var fields = []field{
 		c.Metrics.CloudWatchInterval = d
 		return err
 	}},
-	{"metrics.cloudwatch_per_gpu", "false", "also send every GPU reading to CloudWatch per GPU (dimension GPU): 14 more metrics per GPU, 16 with GPM (Hopper and newer), each billed; constants only when they change; see docs/metrics.md", func(c *Config, v string) error {
-		b, err := strconv.ParseBool(v)
-		if err != nil {
-			return errors.New("want true or false")
-		}
-		c.Metrics.CloudWatchPerGPU = b
-		return nil
-	}},
+	{"metrics.cloudwatch_per_gpu", "false", "also send every GPU reading to CloudWatch per GPU (dimension GPU): 14 more metrics per GPU, 16 with GPM (Hopper and newer), each billed; constants only when they change; see docs/metrics.md", boolKey(func(c *Config) *bool { return &c.Metrics.CloudWatchPerGPU })},
 	{"metrics.cloudwatch_aggregate", AggregateInstanceType, "dimension sets without InstanceId that the default CloudWatch series are also sent with, for alarms across instances: InstanceType (one series per instance type), Region (one for every instance in the region), both as InstanceType,Region, or none", func(c *Config, v string) error {
 		sets, err := parseAggregate(v)
 		c.Metrics.CloudWatchAggregate = sets
@@ -1065,3 +1037,15 @@ func configSections() []string {
 
 // knownSection reports whether section is one of the configuration's.
 func knownSection(section string) bool { return slices.Contains(configSections(), section) }
+
+// boolKey is the setter of a key that is true or false, into the field that field returns.
+func boolKey(field func(c *Config) *bool) func(*Config, string) error {
+	return func(c *Config, v string) error {
+		b, err := strconv.ParseBool(v)
+		if err != nil {
+			return errors.New("want true or false")
+		}
+		*field(c) = b
+		return nil
+	}
+}
