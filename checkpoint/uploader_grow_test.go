@@ -14,28 +14,7 @@ import (
 // it was sent is sent again, and a file deleted while it grew is left out, its upload aborted:
 // the commit holds exactly what the trainer left, and no upload is left behind.
 func TestUploaderSendsFilesWhileTheyAreWritten(t *testing.T) {
-	peer := s3StartPeer(t)
-	proxy := s3StartProxy(t, peer.endpoint)
-	store := peer.openS3(t, proxy.URL(), "grow", S3Options{PartSize: 5 << 20, Concurrency: 8})
-	dir := t.TempDir()
-	r := startUploaderTweaked(t, dir, store, UploaderConfig{}, func(w *Watcher) {
-		w.growEvery = 0
-		w.debounce = time.Minute // no file is ready before the marker, however slow the machine
-	})
-	r.up.SetNotices([]ActiveNotice{{Key: "spot/terminate", Deadline: time.Now().Add(2 * time.Minute), SignalledAt: time.Now()}})
-	ck := filepath.Join(dir, "step-1")
-	if err := os.Mkdir(ck, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	files := map[string]*growingTestFile{}
-	for _, name := range []string{"a.bin", "b.bin", "c.bin"} {
-		f, err := os.Create(filepath.Join(ck, name))
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { f.Close() })
-		files[name] = &growingTestFile{w: f}
-	}
+	peer, proxy, store, r, ck, files := startGrowingRig(t, "grow", UploaderConfig{}, "a.bin", "b.bin", "c.bin")
 	// grow appends n MiB to the file, a MiB a write.
 	grow := func(name string, n int) {
 		f := files[name]
@@ -93,26 +72,9 @@ func TestUploaderSendsFilesWhileTheyAreWritten(t *testing.T) {
 // TestUploaderGrowingCheckpointRemoved: a checkpoint moved away while its files are sent as they
 // are written leaves nothing in the store: no upload, no object.
 func TestUploaderGrowingCheckpointRemoved(t *testing.T) {
-	peer := s3StartPeer(t)
-	proxy := s3StartProxy(t, peer.endpoint)
-	store := peer.openS3(t, proxy.URL(), "removed", S3Options{PartSize: 5 << 20, Concurrency: 8})
-	dir := t.TempDir()
 	// StopBudget -1: the stop at the end does not wait for a checkpoint that will never come.
-	r := startUploaderTweaked(t, dir, store, UploaderConfig{StopBudget: -1}, func(w *Watcher) {
-		w.growEvery = 0
-		w.debounce = time.Minute
-	})
-	r.up.SetNotices([]ActiveNotice{{Key: "spot/terminate", Deadline: time.Now().Add(2 * time.Minute), SignalledAt: time.Now()}})
-	ck := filepath.Join(dir, "step-1")
-	if err := os.Mkdir(ck, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	f, err := os.Create(filepath.Join(ck, "a.bin"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	gf := &growingTestFile{w: f}
+	peer, proxy, store, _, ck, files := startGrowingRig(t, "removed", UploaderConfig{StopBudget: -1}, "a.bin")
+	gf := files["a.bin"]
 	for range 12 {
 		gf.write(t, int64(len(gf.data)), randomBytes(t, 1<<20))
 	}
@@ -130,4 +92,35 @@ func TestUploaderGrowingCheckpointRemoved(t *testing.T) {
 	if len(objs) != 0 {
 		t.Errorf("objects left = %v; want none", objs)
 	}
+}
+
+// startGrowingRig runs an uploader with cfg into an S3 store under prefix (5 MiB parts), behind
+// a proxy that counts its requests, with a notice in force and a watcher that looks at every
+// write and never finds a file ready before the marker, however slow the machine. It creates the
+// checkpoint directory step-1 and the named files in it, empty and open for writing.
+func startGrowingRig(t *testing.T, prefix string, cfg UploaderConfig, names ...string) (*s3Peer, *s3FaultProxy, *S3Store, *uploaderRig, string, map[string]*growingTestFile) {
+	t.Helper()
+	peer := s3StartPeer(t)
+	proxy := s3StartProxy(t, peer.endpoint)
+	store := peer.openS3(t, proxy.URL(), prefix, S3Options{PartSize: 5 << 20, Concurrency: 8})
+	dir := t.TempDir()
+	r := startUploaderTweaked(t, dir, store, cfg, func(w *Watcher) {
+		w.growEvery = 0
+		w.debounce = time.Minute
+	})
+	r.up.SetNotices([]ActiveNotice{{Key: "spot/terminate", Deadline: time.Now().Add(2 * time.Minute), SignalledAt: time.Now()}})
+	ck := filepath.Join(dir, "step-1")
+	if err := os.Mkdir(ck, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	files := map[string]*growingTestFile{}
+	for _, name := range names {
+		f, err := os.Create(filepath.Join(ck, name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { f.Close() })
+		files[name] = &growingTestFile{w: f}
+	}
+	return peer, proxy, store, r, ck, files
 }
