@@ -612,8 +612,9 @@ func (s *S3Store) putMultipart(ctx context.Context, okey string, f *os.File, siz
 	completed := make([]types.CompletedPart, len(parts))
 	crcs := make([]uint32, len(parts))
 	err = s.uploadParts(ctx, okey, uploadID, f, parts, completed, crcs, progress)
+	full := s3FullCRC(parts, crcs)
 	if err == nil {
-		err = s.complete(ctx, okey, uploadID, size, completed, crcs, s3FullCRC(parts, crcs), fullObject)
+		err = s.complete(ctx, okey, uploadID, size, completed, crcs, full, fullObject)
 	}
 	if err != nil {
 		if aerr := s.abortUpload(ctx, okey, uploadID); aerr != nil {
@@ -621,7 +622,7 @@ func (s *S3Store) putMultipart(ctx context.Context, okey string, f *os.File, siz
 		}
 		return Checksum{}, err
 	}
-	return CRC32CChecksum(s3FullCRC(parts, crcs)), nil
+	return CRC32CChecksum(full), nil
 }
 
 // s3FullCRC is the full-object CRC-32C of an object made of parts, whose CRC-32Cs are crcs.
