@@ -59,7 +59,8 @@ var _ GrowingStore = (*S3Store)(nil)
 // running set that nobody aborts would be kept from AbortIncomplete for good.
 func (s *S3Store) StartGrowing(ctx context.Context, key string, f *os.File) Growing {
 	ctx, cancel := context.WithCancel(ctx)
-	g := &s3Growing{s: s, key: key, f: f, ctx: ctx, cancel: cancel, sent: map[int32]s3SentPart{}}
+	g := &s3Growing{s: s, key: key, f: f, ctx: ctx, cancel: cancel, order: s.nextOrder(), pace: newPartPace(),
+		sent: map[int32]s3SentPart{}}
 	context.AfterFunc(ctx, g.Abort) // after Finish or Abort, it does nothing
 	return g
 }
@@ -71,7 +72,9 @@ type s3Growing struct {
 	f      *os.File        // its own handle of the file, read while it grows; closed when it ends
 	ctx    context.Context // the parts' context; cancelled by Abort
 	cancel context.CancelFunc
-	sends  sync.WaitGroup // batches of parts in flight
+	order  uint64         // the file's rank among transfers (S3Store.nextOrder)
+	pace   *partPace      // the file's parts' pace
+	sends  sync.WaitGroup // the sending loop and the parts in flight
 	ended  sync.Once      // Finish or Abort
 
 	// created creates the upload, once (create); then okey, uploadID and fullObject are set,
@@ -83,8 +86,10 @@ type s3Growing struct {
 	createErr  error
 
 	mu      sync.Mutex
-	stopped bool  // no more parts are begun: it ended, or a batch failed
-	next    int32 // the number of the next part to begin
+	stopped bool     // no more parts are begun: it ended, or a part failed
+	next    int32    // the number of the next part to queue
+	queue   []s3Part // whole parts not begun yet
+	sending bool     // the sending loop runs
 	sent    map[int32]s3SentPart
 }
 
@@ -94,7 +99,8 @@ type s3SentPart struct {
 	done types.CompletedPart
 }
 
-// Grew begins sending the parts that now lie wholly below size.
+// Grew queues the parts that now lie wholly below size, and starts the sending loop if it is
+// not running.
 func (g *s3Growing) Grew(size int64) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -102,20 +108,23 @@ func (g *s3Growing) Grew(size int64) {
 		return
 	}
 	first := max(g.next, 1)
-	var batch []s3Part
-	for num := first; num <= s3GrowParts; num++ {
+	num := first
+	for ; num <= s3GrowParts; num++ {
 		p := s3GrowPart(num)
 		if p.off+p.n > size {
 			break
 		}
-		batch = append(batch, p)
+		g.queue = append(g.queue, p)
 	}
-	if len(batch) == 0 {
+	if num == first {
 		return
 	}
-	g.next = first + int32(len(batch))
-	g.sends.Add(1)
-	go g.send(batch)
+	g.next = num
+	if !g.sending {
+		g.sending = true
+		g.sends.Add(1)
+		go g.send()
+	}
 }
 
 // create creates the upload the first time it is called; every call returns the result.
@@ -129,28 +138,52 @@ func (g *s3Growing) create() (*string, error) {
 	return g.uploadID, g.createErr
 }
 
-// send sends a batch of parts and records those the server took. A failed batch stops the
-// sending: what is left goes at Finish.
-func (g *s3Growing) send(batch []s3Part) {
+// send creates the upload and sends the queued parts, each as soon as the store's limiter
+// gives it a slot, until the queue is empty. So a file waiting on a busy store holds one
+// goroutine, not one for each part it has made whole. A failed part stops the sending: what is
+// left goes at Finish.
+func (g *s3Growing) send() {
 	defer g.sends.Done()
 	id, err := g.create()
-	if err == nil {
-		completed := make([]types.CompletedPart, len(batch))
-		crcs := make([]uint32, len(batch))
-		err = g.s.uploadParts(g.ctx, g.okey, id, g.f, batch, completed, crcs, nil)
-		g.mu.Lock()
-		for i, p := range batch {
-			if completed[i].ETag != nil {
-				g.sent[p.num] = s3SentPart{crc: crcs[i], done: completed[i]}
-			}
+	for err == nil {
+		p, ok := g.take()
+		if !ok {
+			return
 		}
-		g.mu.Unlock()
+		if err = g.s.acquire(g.ctx, g.order); err == nil {
+			g.sends.Add(1)
+			go g.sendPart(id, p)
+		}
 	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.stopped, g.sending, g.queue = true, false, nil
+}
+
+// take takes the next queued part. With none, or the sending stopped, it ends the loop: false.
+func (g *s3Growing) take() (s3Part, bool) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.stopped || len(g.queue) == 0 {
+		g.sending, g.queue = false, nil
+		return s3Part{}, false
+	}
+	p := g.queue[0]
+	g.queue = g.queue[1:]
+	return p, true
+}
+
+// sendPart sends part p, for which a slot was acquired, and records it if the server took it.
+func (g *s3Growing) sendPart(id *string, p s3Part) {
+	defer g.sends.Done()
+	crc, done, err := g.s.uploadPart(g.ctx, g.okey, id, g.f, p, g.pace, nil)
+	g.mu.Lock()
+	defer g.mu.Unlock()
 	if err != nil {
-		g.mu.Lock()
 		g.stopped = true
-		g.mu.Unlock()
+		return
 	}
+	g.sent[p.num] = s3SentPart{crc: crc, done: done}
 }
 
 // stop ends the sending of new parts and returns the number of the next part it would have

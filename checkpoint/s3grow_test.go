@@ -4,7 +4,10 @@ import (
 	"bytes"
 	"os"
 	"path/filepath"
+	"runtime/pprof"
+	"strings"
 	"testing"
+	"time"
 )
 
 // growingTestFile is a file being written, and a second handle of it for reading.
@@ -164,6 +167,38 @@ func TestS3GrowingAbort(t *testing.T) {
 	if len(s.running) != 0 {
 		t.Errorf("store still counts %d uploads as running; want none", len(s.running))
 	}
+}
+
+// TestS3GrowingWaitsWithOneGoroutine: a file made whole a part at a time while the store has no
+// slot free waits for it with one goroutine, not one for each part; once a slot is free, every
+// part goes, and the object is the file.
+func TestS3GrowingWaitsWithOneGoroutine(t *testing.T) {
+	peer := s3StartPeer(t)
+	s := peer.openS3(t, peer.endpoint, "wait", S3Options{PartSize: 5 << 20, Concurrency: 1})
+	if err := s.acquire(t.Context(), 0); err != nil { // the one slot, as a busy store's
+		t.Fatal(err)
+	}
+	f := newGrowingTestFile(t)
+	g := s.StartGrowing(t.Context(), "step-1/shard", f.r)
+	const parts = 12
+	f.write(t, 0, storeTestData(3, parts*s3MinPart+123))
+	for num := int64(1); num <= parts; num++ {
+		g.Grew(num * s3MinPart)
+	}
+	if loops, sends := growingGoroutines(); loops != 1 || sends != 0 {
+		t.Errorf("goroutines sending the file = %d, and %d parts in flight; want 1 and none while no slot is free", loops, sends)
+	}
+	s.release(0, time.Now(), true)
+	eventuallyUploader(t, "every whole part sent", func() bool { return sentParts(g) == parts })
+	eventuallyUploader(t, "the sending to end", func() bool { loops, sends := growingGoroutines(); return loops+sends == 0 })
+	finishGrowing(t, peer, s, g, f)
+}
+
+// growingGoroutines counts the goroutines in s3Growing's sending loop, and those sending a part.
+func growingGoroutines() (loops, sends int) {
+	var buf bytes.Buffer
+	_ = pprof.Lookup("goroutine").WriteTo(&buf, 2)
+	return strings.Count(buf.String(), ".(*s3Growing).send("), strings.Count(buf.String(), ".(*s3Growing).sendPart(")
 }
 
 // TestS3GrowPart: the parts of a growing file follow each other without a gap, none is smaller

@@ -711,57 +711,63 @@ func (s *S3Store) uploadParts(ctx context.Context, okey string, uploadID *string
 			break
 		}
 		g.Go(func() error {
-			var start time.Time
-			ok := false
-			defer func() { s.release(p.n, start, ok) }()
-			crc, err := s3SectionCRC(gctx, f, p.off, p.n)
-			if err != nil {
-				return fmt.Errorf("part %d: %w", p.num, err)
-			}
-			want := s3CRC32CValue(crc)
-			start = time.Now()
-			var out *s3.UploadPartOutput
-			for attempt := 1; ; attempt++ {
-				rctx, stall, unwatch := watchStall(gctx)
-				began := time.Now()
-				unpace := pace.watch(stall, began)
-				out, err = s.client.UploadPart(rctx, &s3.UploadPartInput{
-					Bucket:            &s.bucket,
-					Key:               &okey,
-					UploadId:          uploadID,
-					PartNumber:        aws.Int32(p.num),
-					Body:              newS3Body(f, p.off, p.n, progress, stall),
-					ContentLength:     aws.Int64(p.n),
-					ChecksumAlgorithm: types.ChecksumAlgorithmCrc32c,
-					ChecksumCRC32C:    &want,
-				}, s.observed)
-				unpace()
-				err = stalled(rctx, err)
-				unwatch()
-				if err == nil {
-					pace.done(time.Since(began))
-				}
-				if !errors.Is(err, errStalled) || attempt == s3StallAttempts || gctx.Err() != nil {
-					break
-				}
-				s.lim.observe(err) // the SDK's retryer never saw it
-			}
-			if err != nil {
-				return fmt.Errorf("upload part %d: %w", p.num, err)
-			}
-			ok = true
-			if got := aws.ToString(out.ChecksumCRC32C); got != "" && got != want {
-				return fmt.Errorf("upload part %d: server stored CRC-32C %s; sent %s", p.num, got, want)
-			}
-			crcs[i] = crc
-			completed[i] = types.CompletedPart{ETag: out.ETag, PartNumber: aws.Int32(p.num), ChecksumCRC32C: &want}
-			return nil
+			var err error
+			crcs[i], completed[i], err = s.uploadPart(gctx, okey, uploadID, f, p, pace, progress)
+			return err
 		})
 	}
 	if err := g.Wait(); err != nil {
 		return err
 	}
 	return ctx.Err() // set if acquire stopped the loop
+}
+
+// uploadPart uploads part p of f, for which a slot was acquired, and releases the slot. It
+// returns the part's CRC-32C and what completes it; pace is shared by the parts of one file.
+func (s *S3Store) uploadPart(ctx context.Context, okey string, uploadID *string, f *os.File, p s3Part, pace *partPace, progress func(int64)) (uint32, types.CompletedPart, error) {
+	var start time.Time
+	ok := false
+	defer func() { s.release(p.n, start, ok) }()
+	crc, err := s3SectionCRC(ctx, f, p.off, p.n)
+	if err != nil {
+		return 0, types.CompletedPart{}, fmt.Errorf("part %d: %w", p.num, err)
+	}
+	want := s3CRC32CValue(crc)
+	start = time.Now()
+	var out *s3.UploadPartOutput
+	for attempt := 1; ; attempt++ {
+		rctx, stall, unwatch := watchStall(ctx)
+		began := time.Now()
+		unpace := pace.watch(stall, began)
+		out, err = s.client.UploadPart(rctx, &s3.UploadPartInput{
+			Bucket:            &s.bucket,
+			Key:               &okey,
+			UploadId:          uploadID,
+			PartNumber:        aws.Int32(p.num),
+			Body:              newS3Body(f, p.off, p.n, progress, stall),
+			ContentLength:     aws.Int64(p.n),
+			ChecksumAlgorithm: types.ChecksumAlgorithmCrc32c,
+			ChecksumCRC32C:    &want,
+		}, s.observed)
+		unpace()
+		err = stalled(rctx, err)
+		unwatch()
+		if err == nil {
+			pace.done(time.Since(began))
+		}
+		if !errors.Is(err, errStalled) || attempt == s3StallAttempts || ctx.Err() != nil {
+			break
+		}
+		s.lim.observe(err) // the SDK's retryer never saw it
+	}
+	if err != nil {
+		return 0, types.CompletedPart{}, fmt.Errorf("upload part %d: %w", p.num, err)
+	}
+	ok = true
+	if got := aws.ToString(out.ChecksumCRC32C); got != "" && got != want {
+		return 0, types.CompletedPart{}, fmt.Errorf("upload part %d: server stored CRC-32C %s; sent %s", p.num, got, want)
+	}
+	return crc, types.CompletedPart{ETag: out.ETag, PartNumber: aws.Int32(p.num), ChecksumCRC32C: &want}, nil
 }
 
 // s3CompositeValue is the composite CRC-32C of a multipart object: the CRC-32C of the parts'
