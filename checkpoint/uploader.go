@@ -404,7 +404,8 @@ func (u *Uploader) EndDrain() {
 // changes (a notice begins, the trainer is signalled for it, it ends). While any is, or while a
 // checkpoint written for one is not committed, the uploader is urgent: every connection goes to
 // the newest checkpoint and failed work is retried sooner. Checkpoints written while a notice is
-// in force are labelled with it (Manifest.Trigger "notice", Manifest.Notice its key). It never
+// in force are labelled with it (Manifest.Trigger "notice", Manifest.Notice its key): Run handles
+// every event it takes after SetNotices returned with these notices in force. It never
 // blocks, so the notice path does not wait on the uploader; it may be called from any goroutine,
 // before or while Run runs.
 func (u *Uploader) SetNotices(active []ActiveNotice) {
@@ -488,6 +489,10 @@ func (u *Uploader) Run(ctx context.Context, events <-chan WatchEvent) error {
 	var endDrain chan struct{}       // u.endDrain once draining
 	for {
 		u.flushJournal()
+		// A notice set before anything the loop takes next is in force when it is handled: select
+		// picks at random among ready cases, and a checkpoint's events must not overtake the
+		// notice the trainer wrote it for.
+		u.handleNotices()
 		select {
 		case <-done:
 			// A notice set before the stop may still wait in u.notices (select picks at random

@@ -70,8 +70,6 @@ func startUploaderWith(t *testing.T, dir string, store Store, cfg UploaderConfig
 // before it runs.
 func startUploaderTweaked(t *testing.T, dir string, store Store, cfg UploaderConfig, tweak func(*Watcher)) *uploaderRig {
 	t.Helper()
-	keep := cfg.Keep
-	r := &uploaderRig{t: t, dir: dir, store: store, events: make(chan UploadEvent, 64), done: make(chan struct{}), logs: &rigLog{}}
 	// A *.pt file at the top is a single-file checkpoint.
 	w, err := NewWatcher(WatchConfig{Dir: dir, Pattern: "*.pt", Debounce: 30 * time.Millisecond, Logger: zerolog.Nop()})
 	if err != nil {
@@ -80,6 +78,37 @@ func startUploaderTweaked(t *testing.T, dir string, store Store, cfg UploaderCon
 	if tweak != nil {
 		tweak(w)
 	}
+	r := newUploaderRig(t, dir, store, cfg)
+	ctx, cancel := context.WithCancel(context.Background())
+	r.cancel = cancel
+	files := make(chan WatchEvent)
+	// As in the agent, the watcher runs until the uploader is done: a stop drains with it.
+	watchCtx, stopWatch := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Go(func() { w.Run(watchCtx, files) })
+	wg.Go(func() { defer stopWatch(); r.up.Run(ctx, files) })
+	go func() { wg.Wait(); close(r.done) }()
+	t.Cleanup(r.stop)
+	return r
+}
+
+// startUploaderFed is startUploaderWith with no watcher: the uploader runs on the events the test
+// sends on the channel returned.
+func startUploaderFed(t *testing.T, dir string, store Store, cfg UploaderConfig) (*uploaderRig, chan<- WatchEvent) {
+	t.Helper()
+	r := newUploaderRig(t, dir, store, cfg)
+	ctx, cancel := context.WithCancel(context.Background())
+	r.cancel = cancel
+	events := make(chan WatchEvent, 16)
+	go func() { r.up.Run(ctx, events); close(r.done) }()
+	t.Cleanup(r.stop)
+	return r, events
+}
+
+// newUploaderRig is the rig of an uploader of dir into store with cfg, not running yet.
+func newUploaderRig(t *testing.T, dir string, store Store, cfg UploaderConfig) *uploaderRig {
+	keep := cfg.Keep
+	r := &uploaderRig{t: t, dir: dir, store: store, events: make(chan UploadEvent, 64), done: make(chan struct{}), logs: &rigLog{}}
 	cfg.Store, cfg.Job, cfg.Dir, cfg.Keep, cfg.Logger = store, "job", dir, keep, zerolog.New(r.logs).Level(zerolog.WarnLevel)
 	cfg.Pattern = "*.pt"
 	if cfg.Host == nil {
@@ -93,16 +122,6 @@ func startUploaderTweaked(t *testing.T, dir string, store Store, cfg UploaderCon
 		}
 	}
 	r.up = NewUploader(cfg)
-	ctx, cancel := context.WithCancel(context.Background())
-	r.cancel = cancel
-	files := make(chan WatchEvent)
-	// As in the agent, the watcher runs until the uploader is done: a stop drains with it.
-	watchCtx, stopWatch := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	wg.Go(func() { w.Run(watchCtx, files) })
-	wg.Go(func() { defer stopWatch(); r.up.Run(ctx, files) })
-	go func() { wg.Wait(); close(r.done) }()
-	t.Cleanup(r.stop)
 	return r
 }
 
@@ -808,6 +827,37 @@ func TestUploaderUrgencyEndsWithTheNotice(t *testing.T) {
 	writeCheckpoint(t, dir, "step-2", map[string][]byte{"w": randomBytes(t, 1<<10)})
 	if ev := r.waitCommitted("step-2"); ev.Manifest.Trigger != "periodic" || ev.Manifest.Notice != "" {
 		t.Errorf("step-2 trigger %q notice %q; want periodic", ev.Manifest.Trigger, ev.Manifest.Notice)
+	}
+}
+
+// A notice set before the uploader handles a checkpoint's events is in force for it, however
+// busy the uploader was when both came: the checkpoint is labelled with the notice. (The notice
+// and the events wait for the same loop; it must not take the events first.)
+func TestUploaderNoticeSetBeforeTheEventsLabelsTheCheckpoint(t *testing.T) {
+	for i := range 8 { // before the fix, each run failed one time in two
+		dir := t.TempDir()
+		r, events := startUploaderFed(t, dir, newMemStore(), UploaderConfig{StopBudget: -1})
+		unblock := make(chan struct{})
+		r.up.wake <- func() { <-unblock } // the loop is busy
+		r.up.SetNotices([]ActiveNotice{{Key: "spot/terminate", Deadline: time.Now().Add(2 * time.Minute), SignalledAt: time.Now()}})
+		name := fmt.Sprintf("step-%d", i)
+		writeCheckpoint(t, dir, name, map[string][]byte{"w": randomBytes(t, 1<<10)})
+		for _, rel := range []string{"w", "_COMPLETE"} {
+			fi, err := os.Lstat(filepath.Join(dir, name, rel))
+			if err != nil {
+				t.Fatal(err)
+			}
+			ev := WatchEvent{Kind: FileReady, Checkpoint: name, Path: rel, Size: fi.Size(), ModTime: fi.ModTime(), ID: FileIDOf(fi)}
+			if rel == "_COMPLETE" {
+				ev.Kind = Complete
+			}
+			events <- ev
+		}
+		close(unblock)
+		if ev := r.waitCommitted(name); ev.Manifest.Trigger != "notice" || ev.Manifest.Notice != "spot/terminate" {
+			t.Fatalf("run %d: trigger %q notice %q; want the notice set before the checkpoint was seen", i, ev.Manifest.Trigger, ev.Manifest.Notice)
+		}
+		r.stop()
 	}
 }
 
