@@ -594,6 +594,50 @@ func TestKillMidUploadThenRestart(t *testing.T) {
 	restoreSameTree(t, append([]string{"SPOTGUARD_STORE_URL=" + storeURL, "SPOTGUARD_STORE_JOB=e2e"}, s3.env("")...), ap2.configPath, ckdir, ckpt)
 }
 
+// TestKillMidGrowthThenRestart: during a notice, the agent is killed (-9) while the trainer writes
+// its shards in place and they are sent as they grow. Restarted with the runtime directory the
+// killed run had, it does not signal the trainer again, commits the checkpoint the trainer
+// finishes, bit for bit, and leaves none of the killed run's uploads behind.
+func TestKillMidGrowthThenRestart(t *testing.T) {
+	needPeers(t)
+	s3 := startS3(t)
+	slow := startThrottle(t, strings.TrimPrefix(s3.endpoint, "http://"), 4<<20) // 4 MiB/s a connection
+	storeURL := "s3://" + s3Bucket + "/killgrow"
+	sim := newIMDS(t)
+	trigger := time.Now().Truncate(time.Second).Add(4 * time.Second)
+	sim.start("spot", "-a", "terminate", "--mock-trigger-time", trigger.UTC().Format(time.RFC3339), "--rebalance-delay-sec", "100000")
+	ckdir := t.TempDir()
+	tp := startTrainer(t, "--checkpoint-dir", ckdir, "--files", "4", "--checkpoint-mb", "32", "--write-seconds", "8",
+		"--parallel", "--in-place")
+	env := func(endpoint string, extra ...string) []string {
+		return append(append([]string{"SPOTGUARD_TRAINER_PIDFILE=" + tp.pidfile, "SPOTGUARD_NOTICES_REBALANCE=ignore",
+			"SPOTGUARD_CHECKPOINT_DIR=" + ckdir, "SPOTGUARD_STORE_URL=" + storeURL, "SPOTGUARD_STORE_JOB=e2e",
+			"SPOTGUARD_STORE_PART_SIZE=5MiB"}, s3.env(endpoint)...), extra...)
+	}
+	ap := startAgent(t, sim, env(slow.url())...)
+	eventually(t, 30*time.Second, "a shard to be sent while it is written", func() bool {
+		return strings.Contains(s3.aws(t, "s3api", "list-multipart-uploads", "--bucket", s3Bucket, "--prefix", "killgrow/"), "UploadId")
+	})
+	if markers, _ := filepath.Glob(filepath.Join(ckdir, "*", "_COMPLETE")); len(markers) != 0 {
+		t.Fatalf("the trainer finished its checkpoint before the agent was killed (%v); it must still be writing", markers)
+	}
+	ap.cmd.Process.Kill()
+	<-ap.done
+
+	ap2 := startAgent(t, sim, env("", "SPOTGUARD_AGENT_RUNTIME_DIR="+ap.runtimeDir)...)
+	ap2.waitNoticeState(t, "spot/terminate", "committed", 60*time.Second)
+	if got := tp.signals(t); len(got) != 1 {
+		t.Errorf("the trainer was signalled %d times; want once, by the killed run", len(got))
+	}
+	ckpt := newestLocal(t, ckdir)
+	restoreSameTree(t, append([]string{"SPOTGUARD_STORE_URL=" + storeURL, "SPOTGUARD_STORE_JOB=e2e"}, s3.env("")...), ap2.configPath, ckdir, ckpt)
+	// The killed run's parts still in the throttle's buffers may land after the restart aborted
+	// its uploads, and bring them back; the agent aborts again a few seconds later.
+	eventually(t, 30*time.Second, "the killed run's multipart uploads to be aborted", func() bool {
+		return !strings.Contains(s3.aws(t, "s3api", "list-multipart-uploads", "--bucket", s3Bucket, "--prefix", "killgrow/"), "UploadId")
+	})
+}
+
 // restoreSameTree runs `spotguard restore` with env and the configuration at config into a new
 // directory, fails the test unless it succeeds with checkpoint ckpt of ckdir restored bit for
 // bit, and returns its standard output.
