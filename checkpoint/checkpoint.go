@@ -192,6 +192,10 @@ type Growing interface {
 	Finish(ctx context.Context, f *os.File, size int64, progress func(n int64)) (Checksum, error)
 	// Abort stops the transfer and throws away what it sent, in the background.
 	Abort()
+	// Kept is, once Finish has succeeded, how many of the object's bytes were sent while the
+	// file grew and kept, not sent again by Finish: what the transfer took off the time after
+	// the close. It is 0 when the file went whole.
+	Kept() int64
 }
 
 // checkDirPrefix returns an error unless prefix is "" or a valid key followed by "/", the

@@ -91,6 +91,7 @@ type s3Growing struct {
 	queue   []s3Part // whole parts not begun yet
 	sending bool     // the sending loop runs
 	sent    map[int32]s3SentPart
+	kept    int64 // bytes of the parts sent while it grew and kept (set by complete)
 }
 
 // s3SentPart is a part the server took: its CRC-32C as sent, and what completes it.
@@ -280,12 +281,18 @@ func (g *s3Growing) complete(ctx context.Context, f *os.File, size int64, grown 
 		}
 		var todo []s3Part
 		var at []int
+		kept := int64(0)
 		for i, p := range parts[:grown] {
 			if completed[i].ETag == nil {
 				todo = append(todo, p)
 				at = append(at, i)
+			} else {
+				kept += p.n
 			}
 		}
+		g.mu.Lock()
+		g.kept = kept
+		g.mu.Unlock()
 		if len(todo) == 0 {
 			return nil
 		}
@@ -307,6 +314,13 @@ func (g *s3Growing) complete(ctx context.Context, f *os.File, size int64, grown 
 		return Checksum{}, err
 	}
 	return CRC32CChecksum(full), nil
+}
+
+// Kept is the bytes of the parts sent while the file grew and kept by Finish.
+func (g *s3Growing) Kept() int64 {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.kept
 }
 
 // check reads every part of parts the server took while the file grew again from f, in

@@ -96,6 +96,9 @@ func TestS3GrowingRewrittenPartIsSentAgain(t *testing.T) {
 	if got := partsSeen(proxy); got != 5 {
 		t.Errorf("parts sent in all = %d; want 5 (3 while growing, the rewritten one, the end)", got)
 	}
+	if got := g.Kept(); got != 10<<20 {
+		t.Errorf("Kept = %d; want %d (parts 1 and 3)", got, 10<<20)
+	}
 }
 
 // finishGrowing finishes g, the transfer of f to "step-1/shard" in s, and checks that it
@@ -143,6 +146,9 @@ func TestS3GrowingFileShrunk(t *testing.T) {
 	}
 	f.data = f.data[:7<<20]
 	finishGrowing(t, peer, s, g, f)
+	if got := g.Kept(); got != 0 {
+		t.Errorf("Kept = %d; want 0 (the file went whole)", got)
+	}
 }
 
 // TestS3GrowingAbort: an aborted transfer leaves no object and no upload, and ignores what comes
@@ -192,6 +198,9 @@ func TestS3GrowingWaitsWithOneGoroutine(t *testing.T) {
 	eventuallyUploader(t, "every whole part sent", func() bool { return sentParts(g) == parts })
 	eventuallyUploader(t, "the sending to end", func() bool { loops, sends := growingGoroutines(); return loops+sends == 0 })
 	finishGrowing(t, peer, s, g, f)
+	if got := g.Kept(); got != parts*s3MinPart {
+		t.Errorf("Kept = %d; want %d (every part sent while it grew)", got, parts*s3MinPart)
+	}
 }
 
 // growingGoroutines counts the goroutines in s3Growing's sending loop, and those sending a part.

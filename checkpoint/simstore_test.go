@@ -755,6 +755,7 @@ type simGrowing struct {
 	parts   map[int64][]byte // by offset: the bytes the store took
 	next    int64            // offset of the next part to begin
 	stopped bool             // a part failed, or it ended
+	kept    int64            // bytes of parts kept by Finish
 }
 
 func (g *simGrowing) Grew(size int64) {
@@ -803,6 +804,12 @@ func (g *simGrowing) stop() *simUpload {
 	return g.up
 }
 
+func (g *simGrowing) Kept() int64 {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.kept
+}
+
 func (g *simGrowing) Abort() {
 	g.ended.Do(func() {
 		g.cancel()
@@ -841,14 +848,19 @@ func (g *simGrowing) finish(ctx context.Context, f *os.File, size int64, progres
 		return Checksum{}, err
 	}
 	obj := slices.Clone(data)
+	kept := int64(0)
 	for off, b := range g.parts {
 		if bytes.Equal(b, data[off:off+int64(len(b))]) {
 			copy(obj[off:], b) // kept as the store took it
+			kept += int64(len(b))
 		}
 	}
 	if err := g.s.completeUpload(ctx, up, obj); err != nil {
 		return Checksum{}, err
 	}
+	g.mu.Lock()
+	g.kept = kept
+	g.mu.Unlock()
 	if progress != nil {
 		progress(size)
 	}

@@ -119,7 +119,10 @@ type UploadEvent struct {
 	// Throughput is the upload throughput of this checkpoint in bytes per second (0 if
 	// nothing was sent).
 	Throughput float64
-	Err        error
+	// SentWhileWritten is set for CheckpointCommitted: how many bytes of its files were in the
+	// store before the files were closed (sent while the trainer wrote them, during a notice).
+	SentWhileWritten int64
+	Err              error
 }
 
 // Uploader streams checkpoint files to the Store as the watcher reports them ready, commits each
@@ -331,7 +334,8 @@ type doneFile struct {
 	checksum Checksum
 	readAt   time.Time
 	key      string
-	grown    bool // stored by a transfer begun while it was written (fileGrowing)
+	grown    bool  // stored by a transfer begun while it was written (fileGrowing)
+	kept     int64 // of which the bytes sent before its close (Growing.Kept)
 }
 
 // jobKind says what a file job does.
@@ -1857,11 +1861,11 @@ func uploadFile(ctx context.Context, s Store, dir, rel, key string, gf *growingF
 	defer f.Close()
 	readAt := time.Now()
 	var sum Checksum
-	grown := false
+	grown, kept := false, int64(0)
 	switch {
 	case gf != nil && gf.id.Dev == before.Dev && gf.id.Ino == before.Ino && before.Ino != 0:
 		sum, err = gf.t.Finish(ctx, f, before.Size, nil)
-		grown = true
+		grown, kept = true, gf.t.Kept()
 	case gf != nil:
 		gf.t.Abort()
 		fallthrough
@@ -1876,7 +1880,7 @@ func uploadFile(ctx context.Context, s Store, dir, rel, key string, gf *growingF
 		return doneFile{}, fmt.Errorf("upload %s: %w", filepath.Join(dir, rel), err)
 	}
 	d, err := readDone(f, before, readAt, sum)
-	d.key, d.grown = key, grown
+	d.key, d.grown, d.kept = key, grown, kept
 	return d, err
 }
 
@@ -1986,7 +1990,8 @@ func (u *Uploader) handleResult(ctx context.Context, r fileResult) {
 	g.uploadBusy += r.duration
 	g.sent += d.id.Size
 	u.journal.file(g.name, g.commit, r.rel, d)
-	log.Debug().Int64("bytes", d.id.Size).Float64("took_s", logSeconds(r.duration)).Bool("sent_while_written", d.grown).Msg("file stored")
+	log.Debug().Int64("bytes", d.id.Size).Float64("took_s", logSeconds(r.duration)).Bool("sent_while_written", d.grown).
+		Int64("bytes_sent_while_written", d.kept).Msg("file stored")
 }
 
 // matched narrows a matching generation's candidates by the checksum of rel; with none left, the
@@ -2221,9 +2226,17 @@ func (u *Uploader) handleCommit(ctx context.Context, r commitResult) {
 		u.journal.add(journalLine{Op: journalDone, Checkpoint: g.name, Commit: g.commit})
 		ev := UploadEvent{Kind: CheckpointCommitted, Checkpoint: g.name, At: time.Now(), Manifest: m}
 		ev.Throughput, ev.Forecast = forecast(g, m)
+		for _, mf := range m.Files {
+			if f := g.files[mf.Path]; f != nil && f.done != nil && f.done.checksum == mf.Checksum {
+				ev.SentWhileWritten += f.done.kept
+			}
+		}
 		ev2 := log.Info()
 		if ev.Forecast > ForecastWarn {
 			ev2 = log.Warn()
+		}
+		if ev.SentWhileWritten > 0 {
+			ev2 = ev2.Int64("bytes_sent_while_written", ev.SentWhileWritten)
 		}
 		ev2.Int("files", len(m.Files)).Int64("bytes", m.TotalBytes).Bool("latest", r.latestMoved).
 			Float64("throughput_mb_per_s", ev.Throughput/1e6).Float64("durable_after_notice_forecast_s", logSeconds(ev.Forecast)).

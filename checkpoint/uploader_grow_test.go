@@ -62,6 +62,11 @@ func TestUploaderSendsFilesWhileTheyAreWritten(t *testing.T) {
 	if got := partsSeen(proxy); got != 9 {
 		t.Errorf("parts sent in all = %d; want 9", got)
 	}
+	// Kept: a.bin's parts 2 and 3 and b.bin's 2, those of them sent before the close (at least
+	// the 2 the test waited for); a.bin's part 1 was sent again, c.bin is gone.
+	if kept := ev.SentWhileWritten; kept < 10<<20 || kept > 20<<20 || kept%(5<<20) != 0 {
+		t.Errorf("bytes sent while written = %d; want 10, 15 or 20 MiB", kept)
+	}
 	for _, line := range strings.Split(strings.TrimSpace(r.logs.String()), "\n") {
 		if !strings.Contains(line, "notice: uploading with every connection") {
 			t.Errorf("warning or error logged: %s", line)
