@@ -89,6 +89,7 @@ func (a *Agent) onUpload(ev checkpoint.UploadEvent) {
 		}
 		if ev.Throughput > 0 {
 			a.metrics.uploadBytes.Add(float64(m.TotalBytes))
+			a.metrics.uploadEarly.Add(float64(ev.SentWhileWritten))
 			a.metrics.uploadThroughput.Set(ev.Throughput)
 			a.metrics.forecast.Set(ev.Forecast.Seconds())
 			a.forecast.Store(int64(ev.Forecast))

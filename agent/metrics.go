@@ -31,6 +31,7 @@ type promMetrics struct {
 	jobCommitted     *prometheus.CounterVec
 	jobFailures      prometheus.Counter
 	uploadBytes      prometheus.Counter
+	uploadEarly      prometheus.Counter
 	uploadSeconds    prometheus.Histogram
 	uploadThroughput prometheus.Gauge
 	forecast         prometheus.Gauge
@@ -101,6 +102,10 @@ func newMetrics(reg prometheus.Registerer, stats func() imds.Stats) *promMetrics
 		Name: "spotguard_checkpoint_upload_bytes_total",
 		Help: "Bytes of committed checkpoints uploaded by this agent.",
 	})
+	m.uploadEarly = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "spotguard_checkpoint_upload_sent_while_written_bytes_total",
+		Help: "Bytes of committed checkpoints that were in the store before their files were closed (sent while the trainer wrote them, during a notice).",
+	})
 	m.uploadSeconds = prometheus.NewHistogram(prometheus.HistogramOpts{
 		Name:    "spotguard_checkpoint_upload_seconds",
 		Help:    "Time spent sending a committed checkpoint's files (summed over files in flight).",
@@ -140,7 +145,7 @@ func newMetrics(reg prometheus.Registerer, stats func() imds.Stats) *promMetrics
 		Name: "spotguard_job_checkpoint_failures_total",
 		Help: "Multi-node jobs: attempts to complete a job checkpoint that failed for good reasons (a conflict between nodes, other parts in the job manifest, parts missing after store.part_wait).",
 	})
-	reg.MustRegister(m.committed, m.commitFailures, m.jobCommitted, m.jobFailures, m.uploadBytes, m.uploadSeconds, m.uploadThroughput,
+	reg.MustRegister(m.committed, m.commitFailures, m.jobCommitted, m.jobFailures, m.uploadBytes, m.uploadEarly, m.uploadSeconds, m.uploadThroughput,
 		m.forecast, m.newestCommitted, m.writeSeconds, m.timeToDurable, m.deadlineMargin)
 	reg.MustRegister(m.notices, m.signals, m.discoveryProblems, m.signalLatency, m.trainerProcesses,
 		m.trainerUncaught, m.syncRequests, m.reloads, m.noticeDeadlineLeft, m.checkpointMissing)

@@ -15,6 +15,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -451,6 +452,23 @@ func (ap *agentProc) metrics(t testing.TB) string {
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
 	return string(b)
+}
+
+// metricValue returns the value of the series name (with its labels, if any) in metrics, the
+// text /metrics serves; the test fails if it is not there.
+func metricValue(t testing.TB, metrics, name string) float64 {
+	t.Helper()
+	for _, l := range strings.Split(metrics, "\n") {
+		if v, ok := strings.CutPrefix(l, name+" "); ok {
+			f, err := strconv.ParseFloat(v, 64)
+			if err != nil {
+				t.Fatalf("%s: %v", name, err)
+			}
+			return f
+		}
+	}
+	t.Fatalf("no series %s in the metrics", name)
+	return 0
 }
 
 // hasLine reports whether text has a line starting with prefix.

@@ -324,13 +324,21 @@ func TestNoticeCheckpointWrittenInPlaceDurableInS3(t *testing.T) {
 			ckpt := newestLocal(t, ckdir)
 			grown := map[string]bool{}
 			stored := 0
+			kept := 0.0 // bytes sent before the files' close, by their "file stored" lines
 			for _, l := range ap.logLines(t, "file stored") {
 				if l["checkpoint"] == ckpt && strings.HasPrefix(fmt.Sprint(l["file"]), "shard-") {
 					stored++
 					if l["sent_while_written"] == true {
 						grown[fmt.Sprint(l["file"])] = true
 					}
+					n, _ := l["bytes_sent_while_written"].(float64)
+					kept += n
 				}
+			}
+			metric := metricValue(t, ap.metrics(t), "spotguard_checkpoint_upload_sent_while_written_bytes_total")
+			t.Logf("bytes sent while written: %.0f of %d", metric, 4*16<<20)
+			if metric != kept || (kept > 0) != whileWritten || kept > 4*16<<20 {
+				t.Errorf("bytes sent while written: %v by the metric, %v by the files' lines; want them equal, and more than none only when on (at most the 64 MiB written)", metric, kept)
 			}
 			if stored != 4 {
 				t.Errorf("%d shards stored; want 4", stored)
