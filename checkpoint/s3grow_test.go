@@ -2,6 +2,8 @@ package checkpoint
 
 import (
 	"bytes"
+	"fmt"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"runtime/pprof"
@@ -208,6 +210,68 @@ func growingGoroutines() (loops, sends int) {
 	var buf bytes.Buffer
 	_ = pprof.Lookup("goroutine").WriteTo(&buf, 2)
 	return strings.Count(buf.String(), ".(*s3Growing).send("), strings.Count(buf.String(), ".(*s3Growing).sendPart(")
+}
+
+// TestS3GrowingRandomWrites: a writer grows a file in random steps, rewrites random ranges of
+// it (some sent already) and now and then cuts it shorter, while the transfer hears of the growth
+// at random moments, its parts land or not, and the server refuses or cuts some part uploads. Whatever the order, Finish
+// stores exactly the file as it is at the close, with PutFile's checksum, keeps no more than whole
+// parts of it, and leaves no upload. Seeded: -sim.seed=S replays one, -sim.seeds=N adds random
+// ones.
+func TestS3GrowingRandomWrites(t *testing.T) {
+	peer := s3StartPeer(t)
+	proxy := s3StartProxy(t, peer.endpoint)
+	seeds := []uint64{1, 2, 3, 4}
+	if *simSeed != 0 {
+		seeds = []uint64{*simSeed}
+	}
+	for range *simSeeds {
+		seeds = append(seeds, rand.Uint64())
+	}
+	for _, seed := range seeds {
+		t.Run(fmt.Sprint("seed=", seed), func(t *testing.T) {
+			rng := rand.New(rand.NewPCG(seed, 0))
+			s := peer.openS3(t, proxy.URL(), fmt.Sprint("random-", seed), S3Options{PartSize: 5 << 20, Concurrency: 4})
+			f := newGrowingTestFile(t)
+			g := s.StartGrowing(t.Context(), "step-1/shard", f.r)
+			for range 8 + rng.IntN(16) {
+				size := int64(len(f.data))
+				switch x := rng.IntN(20); {
+				case x < 2 && size > 0:
+					n := rng.Int64N(size)
+					if err := f.w.Truncate(n); err != nil {
+						t.Fatal(err)
+					}
+					f.data = f.data[:n]
+				case x < 6 && size > 0:
+					off := rng.Int64N(size)
+					f.write(t, off, storeTestData(rng.Uint64(), int(min(1+rng.Int64N(64<<10), size-off))))
+				case x < 8:
+					// Let the parts in flight land.
+					eventuallyUploader(t, "the parts in flight sent", func() bool { loops, sends := growingGoroutines(); return loops+sends == 0 })
+				case x < 9:
+					proxy.set(func(p *s3FaultProxy) {
+						if rng.IntN(2) == 0 {
+							p.slowDownParts++
+						} else {
+							p.resetParts++
+						}
+					})
+				default:
+					f.write(t, size, storeTestData(rng.Uint64(), 1+rng.IntN(3<<20)))
+				}
+				if rng.IntN(3) > 0 {
+					g.Grew(int64(len(f.data)))
+				}
+			}
+			sent := sentParts(g)
+			finishGrowing(t, peer, s, g, f)
+			t.Logf("%d bytes; %d parts sent while it grew, %d bytes of them kept", len(f.data), sent, g.Kept())
+			if kept := g.Kept(); kept > int64(len(f.data)) || kept%s3MinPart != 0 {
+				t.Errorf("Kept = %d of a file of %d; want whole parts of it", kept, len(f.data))
+			}
+		})
+	}
 }
 
 // TestS3GrowPart: the parts of a growing file follow each other without a gap, none is smaller
