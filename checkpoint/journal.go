@@ -38,6 +38,9 @@ const (
 	// journalFile: a file is stored in the commit (or, before journalDone of an adopted commit,
 	// matched one of its files).
 	journalFile journalOp = "file"
+	// journalGone: a file stored in the commit left the checkpoint (removed, renamed away, or
+	// found gone) before the commit: it is not part of it.
+	journalGone journalOp = "gone"
 	// journalDone: the commit is committed (by this agent or found committed and adopted).
 	journalDone journalOp = "done"
 	// journalSeal: a manifest PUT for the commit may be sent from now on (before the first). A
@@ -141,6 +144,8 @@ func readJournal(path string) (map[string]*journalEntry, error) {
 			if l.ID != nil && ValidPath(l.Path) == nil {
 				e.files[l.Path] = doneFile{id: *l.ID, checksum: l.Checksum, readAt: l.ReadAt, key: l.Key}
 			}
+		case journalGone:
+			delete(e.files, l.Path)
 		case journalDone:
 			e.done = true
 		case journalSeal:

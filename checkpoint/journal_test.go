@@ -24,9 +24,13 @@ func TestJournalRoundTrip(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// The run goes on: a file of step-2, an adoption cut short by a kill, a dropped commit, and a
-	// torn last line.
+	// The run goes on: a file of step-2, and one that left it again (a line that names another
+	// commit does not count), an adoption cut short by a kill, a dropped commit, and a torn last
+	// line.
 	j.file("step-2", "20261130T000000Z-000000000002", "b", doneFile{id: id, checksum: sum, key: "k"})
+	j.file("step-2", "20261130T000000Z-000000000002", "c", doneFile{id: id, checksum: sum, key: "kc"})
+	j.add(journalLine{Op: journalGone, Checkpoint: "step-2", Commit: "20261130T000000Z-000000000002", Path: "c"})
+	j.add(journalLine{Op: journalGone, Checkpoint: "step-2", Commit: "20261130T000000Z-000000000009", Path: "b"})
 	j.add(journalLine{Op: journalAdopt, Checkpoint: "step-4", Commit: "20261130T000000Z-000000000004"})
 	j.add(journalLine{Op: journalCommit, Checkpoint: "step-5", Commit: "20261130T000000Z-000000000005"})
 	j.add(journalLine{Op: journalDrop, Checkpoint: "step-5", Commit: "20261130T000000Z-000000000005"})

@@ -315,6 +315,15 @@ func (m *Manifest) SingleFile() bool {
 	return len(m.Files) == 1 && m.Files[0].Path == m.Checkpoint
 }
 
+// file returns the file of m at path (Files is sorted by path), and whether there is one.
+func (m *Manifest) file(path string) (File, bool) {
+	i, ok := slices.BinarySearchFunc(m.Files, path, func(f File, p string) int { return strings.Compare(f.Path, p) })
+	if !ok {
+		return File{}, false
+	}
+	return m.Files[i], true
+}
+
 // PartFiles returns the files of m that node rank has: all of them in a manifest without parts;
 // in a job manifest, those whose Nodes include rank (its own and those shared with it).
 func (m *Manifest) PartFiles(rank int) []File {

@@ -1037,6 +1037,9 @@ func (u *Uploader) resolveJournal(ctx context.Context, name string, e *journalEn
 	}
 	if committed {
 		e.done = true
+		if lerr != nil {
+			delete(u.resume, name) // as for one the journal says is done
+		}
 		return
 	}
 	prefix := CommitPrefix(u.cfg.Job, name, e.commit)
@@ -1188,6 +1191,11 @@ func (u *Uploader) current(name string) *generation {
 			g.state, g.resumed, g.sealed = genUploading, true, e.sealed
 		}
 		for p, d := range e.files {
+			if g.manifest != nil {
+				if _, ok := g.manifest.file(p); !ok {
+					continue // left before the commit (a journal without its gone line)
+				}
+			}
 			g.files[p] = &fileState{id: d.id, done: &d}
 		}
 	}
@@ -1519,11 +1527,17 @@ func (u *Uploader) dropFile(g *generation, rel string, f *fileState) {
 		f.queued = false
 		g.queuedN--
 	}
+	stored := ""
 	switch {
 	case f.key != "":
-		g.strays = append(g.strays, f.key)
+		stored = f.key
 	case f.done != nil && f.done.key != "":
-		g.strays = append(g.strays, f.done.key)
+		stored = f.done.key
+	}
+	if stored != "" {
+		g.strays = append(g.strays, stored)
+		// Journalled as stored: a restart must not count it in the commit.
+		u.journal.add(journalLine{Op: journalGone, Checkpoint: g.name, Commit: g.commit, Path: rel})
 	}
 }
 
@@ -1998,16 +2012,8 @@ func (u *Uploader) handleResult(ctx context.Context, r fileResult) {
 // checkpoint holds bytes the store does not, and it is committed anew.
 func (u *Uploader) matched(g *generation, rel string, f *fileState) {
 	g.candidates = slices.DeleteFunc(g.candidates, func(m *Manifest) bool {
-		i, ok := slices.BinarySearchFunc(m.Files, rel, func(a File, p string) int {
-			switch {
-			case a.Path < p:
-				return -1
-			case a.Path > p:
-				return 1
-			}
-			return 0
-		})
-		return !ok || m.Files[i].Size != f.done.id.Size || m.Files[i].Checksum != f.done.checksum
+		mf, ok := m.file(rel)
+		return !ok || mf.Size != f.done.id.Size || mf.Checksum != f.done.checksum
 	})
 	if len(g.candidates) == 0 {
 		u.toUploading(g, "file "+rel+" differs from every commit of this checkpoint in the store")

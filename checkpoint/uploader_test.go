@@ -339,6 +339,103 @@ func TestUploaderRecoversAfterRestart(t *testing.T) {
 	restoreAndCompare(t, store, "step-2", newer)
 }
 
+// A file stored and then renamed away before the marker (a trainer's visible temporary file)
+// is not part of the commit, for the journal either: after a restart, the checkpoint restored
+// into the directory again is found to be that commit, and nothing is sent.
+func TestUploaderRestartKnowsOnlyTheCommittedFiles(t *testing.T) {
+	dir, state := t.TempDir(), t.TempDir()
+	store := newMemStore()
+	cfg := UploaderConfig{StateDir: state, StopBudget: -1}
+	r, events := startUploaderFed(t, dir, store, cfg)
+	ck := filepath.Join(dir, "step-1")
+	if err := os.MkdirAll(ck, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	// ready sends the FileReady (or, for the marker, Complete) of the files of step-1 under dir.
+	ready := func(events chan<- WatchEvent, dir string, rels ...string) {
+		for _, rel := range rels {
+			fi, err := os.Lstat(filepath.Join(dir, "step-1", rel))
+			if err != nil {
+				t.Fatal(err)
+			}
+			ev := WatchEvent{Kind: FileReady, Checkpoint: "step-1", Path: rel, Size: fi.Size(), ModTime: fi.ModTime(), ID: FileIDOf(fi), At: time.Now()}
+			if rel == "_COMPLETE" {
+				ev.Kind = Complete
+			}
+			events <- ev
+		}
+	}
+	w := randomBytes(t, 64<<10)
+	if err := os.WriteFile(filepath.Join(ck, "w.tmp"), w, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	ready(events, dir, "w.tmp")
+	eventuallyUploader(t, "w.tmp stored", func() bool {
+		store.mu.Lock()
+		defer store.mu.Unlock()
+		for k := range store.objs {
+			if strings.HasSuffix(k, "/w.tmp") {
+				return true
+			}
+		}
+		return false
+	})
+	if err := os.Rename(filepath.Join(ck, "w.tmp"), filepath.Join(ck, "w")); err != nil {
+		t.Fatal(err)
+	}
+	events <- WatchEvent{Kind: FileGone, Checkpoint: "step-1", Path: "w.tmp", At: time.Now()}
+	if err := os.WriteFile(filepath.Join(ck, "_COMPLETE"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	ready(events, dir, "w", "_COMPLETE")
+	first := r.waitCommitted("step-1").Manifest
+	r.stop()
+	entries, err := readJournal(journalPath(state, "job", dir, store.URL()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if e := entries["step-1"]; e == nil || !e.done || len(e.files) != 2 || e.files["w.tmp"].key != "" {
+		t.Fatalf("journal of step-1: %+v; want its commit done with w and the marker only", e)
+	}
+
+	// The agent was killed after its manifest landed, before the journal said so (its done line
+	// is lost); the checkpoint is deleted; the agent restarts while the store cannot list, so it
+	// knows the commit from its journal and the manifest's key alone; and the commit is restored
+	// into the directory again (by hand, or spotguard-restore on the same instance).
+	jpath := journalPath(state, "job", dir, store.URL())
+	lines, err := os.ReadFile(jpath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var kept []string
+	for l := range strings.Lines(string(lines)) {
+		if !strings.Contains(l, `"op":"done"`) {
+			kept = append(kept, l)
+		}
+	}
+	if err := os.WriteFile(jpath, []byte(strings.Join(kept, "")), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.RemoveAll(ck); err != nil {
+		t.Fatal(err)
+	}
+	store.mu.Lock()
+	store.listErr = errors.New("503 SlowDown")
+	store.mu.Unlock()
+	r2, events2 := startUploaderFed(t, dir, store, cfg)
+	eventuallyUploader(t, "the restarted agent to fail to read the job", func() bool { return strings.Contains(r2.logs.String(), "cannot read the job") })
+	store.mu.Lock()
+	store.listErr = nil
+	store.mu.Unlock()
+	if _, err := Restore(t.Context(), store, RestoreOptions{Job: "job", Checkpoint: "step-1", To: dir, Logger: zerolog.Nop()}); err != nil {
+		t.Fatal(err)
+	}
+	ready(events2, dir, "w", "_COMPLETE")
+	if ev := r2.waitCommitted("step-1"); !ev.Already || ev.Manifest.Commit != first.Commit {
+		t.Errorf("restored step-1: committed as %s (already in the store: %v); want found to be %s, nothing sent", ev.Manifest.Commit, ev.Already, first.Commit)
+	}
+}
+
 func TestUploaderRetention(t *testing.T) {
 	dir := t.TempDir()
 	store := newMemStore()
