@@ -46,10 +46,10 @@ var _ GrowingStore = (*S3Store)(nil)
 // s3GrowTiers) as soon as the file has grown past it (Grew), on the store's limiter like any
 // part, in ctx's rank. Nothing is created until the first part is whole. It never returns nil.
 //
-// Finish sends the rest of the file (past the last part begun) as PutFile sends a file (cut
-// finer if ctx is urgent) while, once the parts in flight are in, it reads every part sent again,
-// in parallel, and compares its CRC-32C with the one the server verified when it was sent: a
-// part whose bytes changed since, or that failed, is sent again under its number. The upload is
+// Finish sends the rest of the file (past the last part made whole) as PutFile sends a file
+// (cut finer if ctx is urgent) while, once the parts queued or in flight are in, it reads every
+// part sent again, in parallel, and compares its CRC-32C with the one the server verified when
+// it was sent: a part whose bytes changed since, or that failed, is sent again under its number. The upload is
 // then completed with the full-object CRC-32C combined from the parts'. A file now shorter than a
 // part begun has the upload aborted and goes whole with PutFile. So the object is f's bytes
 // as Finish read them, as with PutFile, unless a rewritten part has the CRC-32C of its old bytes
@@ -59,8 +59,7 @@ var _ GrowingStore = (*S3Store)(nil)
 // running set that nobody aborts would be kept from AbortIncomplete for good.
 func (s *S3Store) StartGrowing(ctx context.Context, key string, f *os.File) Growing {
 	ctx, cancel := context.WithCancel(ctx)
-	g := &s3Growing{s: s, key: key, f: f, ctx: ctx, cancel: cancel, order: s.nextOrder(), pace: newPartPace(),
-		sent: map[int32]s3SentPart{}}
+	g := &s3Growing{s: s, key: key, f: f, ctx: ctx, cancel: cancel, pace: newPartPace(), sent: map[int32]s3SentPart{}}
 	context.AfterFunc(ctx, g.Abort) // after Finish or Abort, it does nothing
 	return g
 }
@@ -72,7 +71,6 @@ type s3Growing struct {
 	f      *os.File        // its own handle of the file, read while it grows; closed when it ends
 	ctx    context.Context // the parts' context; cancelled by Abort
 	cancel context.CancelFunc
-	order  uint64         // the file's rank among transfers (S3Store.nextOrder)
 	pace   *partPace      // the file's parts' pace
 	sends  sync.WaitGroup // the sending loop and the parts in flight
 	ended  sync.Once      // Finish or Abort
@@ -86,12 +84,21 @@ type s3Growing struct {
 	createErr  error
 
 	mu      sync.Mutex
-	stopped bool     // no more parts are begun: it ended, or a part failed
-	next    int32    // the number of the next part to queue
-	queue   []s3Part // whole parts not begun yet
-	sending bool     // the sending loop runs
+	stopped bool         // no more parts are queued: it ends, or a part failed
+	halted  bool         // no more queued parts are begun either: aborted, or a part failed
+	next    int32        // the number of the next part to queue
+	queue   []queuedPart // whole parts not begun yet, in order
+	sending bool         // the sending loop runs
 	sent    map[int32]s3SentPart
 	kept    int64 // bytes of the parts sent while it grew and kept (set by complete)
+}
+
+// queuedPart is a part made whole, waiting to be sent, and its place among the store's transfers
+// (S3Store.nextOrder): that of the Grew that made it whole, so that the parts of files growing
+// at once take free slots in the order they became whole, as transfers begun then would.
+type queuedPart struct {
+	s3Part
+	order uint64
 }
 
 // s3SentPart is a part the server took: its CRC-32C as sent, and what completes it.
@@ -110,12 +117,16 @@ func (g *s3Growing) Grew(size int64) {
 	}
 	first := max(g.next, 1)
 	num := first
+	order := uint64(0)
 	for ; num <= s3GrowParts; num++ {
 		p := s3GrowPart(num)
 		if p.off+p.n > size {
 			break
 		}
-		g.queue = append(g.queue, p)
+		if order == 0 {
+			order = g.s.nextOrder()
+		}
+		g.queue = append(g.queue, queuedPart{p, order})
 	}
 	if num == first {
 		return
@@ -151,23 +162,23 @@ func (g *s3Growing) send() {
 		if !ok {
 			return
 		}
-		if err = g.s.acquire(g.ctx, g.order); err == nil {
+		if err = g.s.acquire(g.ctx, p.order); err == nil {
 			g.sends.Add(1)
-			go g.sendPart(id, p)
+			go g.sendPart(id, p.s3Part)
 		}
 	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	g.stopped, g.sending, g.queue = true, false, nil
+	g.stopped, g.halted, g.sending, g.queue = true, true, false, nil
 }
 
-// take takes the next queued part. With none, or the sending stopped, it ends the loop: false.
-func (g *s3Growing) take() (s3Part, bool) {
+// take takes the next queued part. With none, or the sending halted, it ends the loop: false.
+func (g *s3Growing) take() (queuedPart, bool) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if g.stopped || len(g.queue) == 0 {
+	if g.halted || len(g.queue) == 0 {
 		g.sending, g.queue = false, nil
-		return s3Part{}, false
+		return queuedPart{}, false
 	}
 	p := g.queue[0]
 	g.queue = g.queue[1:]
@@ -181,18 +192,20 @@ func (g *s3Growing) sendPart(id *string, p s3Part) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if err != nil {
-		g.stopped = true
+		g.stopped, g.halted = true, true
 		return
 	}
 	g.sent[p.num] = s3SentPart{crc: crc, done: done}
 }
 
-// stop ends the sending of new parts and returns the number of the next part it would have
-// begun (0: none was).
-func (g *s3Growing) stop() int32 {
+// stop ends the queueing of parts and returns the number of the next part it would have queued
+// (0: none was). With halt, the parts queued are not begun either; without, the sending loop
+// goes on with them (Finish: they are whole parts of the file, and sending them now costs less
+// than after the parts in flight are in).
+func (g *s3Growing) stop(halt bool) int32 {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	g.stopped = true
+	g.stopped, g.halted = true, g.halted || halt
 	return g.next
 }
 
@@ -200,7 +213,7 @@ func (g *s3Growing) stop() int32 {
 func (g *s3Growing) Abort() {
 	g.ended.Do(func() {
 		g.cancel()
-		next := g.stop()
+		next := g.stop(true)
 		g.sends.Wait()
 		g.f.Close()
 		if next > 0 {
@@ -230,7 +243,7 @@ func (g *s3Growing) Finish(ctx context.Context, f *os.File, size int64, progress
 func (g *s3Growing) finish(ctx context.Context, f *os.File, size int64, progress func(n int64)) (Checksum, error) {
 	defer g.cancel()
 	defer g.f.Close()
-	next := g.stop()
+	next := g.stop(false)
 	var id *string
 	err := errors.New("no part begun")
 	if next > 0 {
@@ -238,6 +251,8 @@ func (g *s3Growing) finish(ctx context.Context, f *os.File, size int64, progress
 	}
 	if last := s3GrowPart(next - 1); err != nil || last.off+last.n > size {
 		// Nothing to build on, or the file is shorter now than a part begun.
+		g.stop(true)
+		g.cancel()
 		g.sends.Wait()
 		if next > 0 {
 			g.drop(ctx)

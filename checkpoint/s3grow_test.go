@@ -5,8 +5,10 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
+	"path"
 	"path/filepath"
 	"runtime/pprof"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -202,6 +204,42 @@ func TestS3GrowingWaitsWithOneGoroutine(t *testing.T) {
 	finishGrowing(t, peer, s, g, f)
 	if got := g.Kept(); got != parts*s3MinPart {
 		t.Errorf("Kept = %d; want %d (every part sent while it grew)", got, parts*s3MinPart)
+	}
+}
+
+// TestS3GrowingFilesShareSlotsInOrder: parts of two files growing at once take the store's free
+// slots in the order they were made whole, not one file first: a file that began growing first
+// must not hold the others' parts back until it is done (their ends would all wait at the close).
+func TestS3GrowingFilesShareSlotsInOrder(t *testing.T) {
+	peer := s3StartPeer(t)
+	proxy := s3StartProxy(t, peer.endpoint)
+	s := peer.openS3(t, proxy.URL(), "order", S3Options{PartSize: 5 << 20, Concurrency: 1})
+	if err := s.acquire(t.Context(), 0); err != nil { // the one slot, until both files wait
+		t.Fatal(err)
+	}
+	a, b := newGrowingTestFile(t), newGrowingTestFile(t)
+	ga := s.StartGrowing(t.Context(), "step-1/a", a.r)
+	gb := s.StartGrowing(t.Context(), "step-1/b", b.r)
+	a.write(t, 0, storeTestData(1, 2*s3MinPart))
+	b.write(t, 0, storeTestData(2, 2*s3MinPart))
+	ga.Grew(s3MinPart)
+	gb.Grew(s3MinPart)
+	ga.Grew(2 * s3MinPart)
+	gb.Grew(2 * s3MinPart)
+	eventuallyUploader(t, "both files' loops waiting for a slot", func() bool { return len(peer.incompleteUploads(t, "")) == 2 })
+	s.release(0, time.Now(), true)
+	eventuallyUploader(t, "every part sent", func() bool { return sentParts(ga)+sentParts(gb) == 4 })
+	var order []string
+	for _, w := range proxy.writesSeen() {
+		if w.kind == "part" {
+			order = append(order, path.Base(w.key))
+		}
+	}
+	if want := []string{"a", "b", "a", "b"}; !slices.Equal(order, want) {
+		t.Errorf("parts sent in the order %v; want %v (as they were made whole)", order, want)
+	}
+	for _, g := range []Growing{ga, gb} {
+		g.Abort()
 	}
 }
 
