@@ -125,6 +125,15 @@ func (s *imdsSim) endpoint() string { return fmt.Sprintf("http://127.0.0.1:%d", 
 
 // start runs the simulator with args (a subcommand and its flags) in IMDSv2-only mode, answering
 // every client IP, and waits until it hands out tokens.
+// startSpotTermination starts the simulator with a spot termination notice that begins 4 s from
+// now (on a whole second), no rebalance recommendation, and extra arguments.
+func (s *imdsSim) startSpotTermination(extra ...string) {
+	s.t.Helper()
+	trigger := time.Now().Truncate(time.Second).Add(4 * time.Second)
+	s.start(append([]string{"spot", "-a", "terminate", "--mock-trigger-time", trigger.UTC().Format(time.RFC3339),
+		"--rebalance-delay-sec", "100000"}, extra...)...)
+}
+
 func (s *imdsSim) start(args ...string) {
 	t := s.t
 	t.Helper()

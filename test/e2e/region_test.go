@@ -33,9 +33,7 @@ func TestRegionOnlyFromIMDS(t *testing.T) {
 	cwSrv := httptest.NewServer(cw)
 	defer cwSrv.Close()
 	sim := newIMDS(t)
-	trigger := time.Now().Truncate(time.Second).Add(4 * time.Second)
-	sim.start("spot", "-a", "terminate", "--mock-trigger-time", trigger.UTC().Format(time.RFC3339), "--rebalance-delay-sec", "100000",
-		"-c", imdsRegionConfig(t, region))
+	sim.startSpotTermination("-c", imdsRegionConfig(t, region))
 
 	// A first run: nothing committed yet, the region only in IMDS.
 	storeEnv := append([]string{"SPOTGUARD_STORE_URL=s3://" + s3Bucket + "/region", "SPOTGUARD_STORE_JOB=e2e",
@@ -76,8 +74,7 @@ func TestBucketInAnotherRegion(t *testing.T) {
 	needPeers(t)
 	s3 := startS3In(t, "eu-west-1") // the instance (the simulator) is in us-east-1
 	sim := newIMDS(t)
-	trigger := time.Now().Truncate(time.Second).Add(4 * time.Second)
-	sim.start("spot", "-a", "terminate", "--mock-trigger-time", trigger.UTC().Format(time.RFC3339), "--rebalance-delay-sec", "100000")
+	sim.startSpotTermination()
 	ckdir := t.TempDir()
 	tp := startTrainer(t, "--checkpoint-dir", ckdir, "--files", "2", "--checkpoint-mb", "1")
 	storeURL := "s3://" + s3Bucket + "/elsewhere"

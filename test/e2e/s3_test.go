@@ -312,14 +312,12 @@ func TestNoticeCheckpointWrittenInPlaceDurableInS3(t *testing.T) {
 			s3 := startS3(t)
 			storeURL := "s3://" + s3Bucket + "/inplace"
 			sim := newIMDS(t)
-			trigger := time.Now().Truncate(time.Second).Add(4 * time.Second)
-			sim.start("spot", "-a", "terminate", "--mock-trigger-time", trigger.UTC().Format(time.RFC3339), "--rebalance-delay-sec", "100000")
+			sim.startSpotTermination()
 			ckdir := t.TempDir()
 			tp := startTrainer(t, "--checkpoint-dir", ckdir, "--files", "4", "--checkpoint-mb", "16", "--write-seconds", "3",
 				"--parallel", "--in-place")
-			ap := startAgent(t, sim, append([]string{"SPOTGUARD_TRAINER_PIDFILE=" + tp.pidfile, "SPOTGUARD_NOTICES_REBALANCE=ignore",
-				"SPOTGUARD_CHECKPOINT_DIR=" + ckdir, "SPOTGUARD_STORE_URL=" + storeURL, "SPOTGUARD_STORE_JOB=e2e",
-				"SPOTGUARD_STORE_PART_SIZE=5MiB", fmt.Sprint("SPOTGUARD_CHECKPOINT_SEND_WHILE_WRITTEN=", whileWritten)}, s3.env("")...)...)
+			ap := startAgent(t, sim, noticeEnv(tp, ckdir, storeURL,
+				append(s3.env(""), fmt.Sprint("SPOTGUARD_CHECKPOINT_SEND_WHILE_WRITTEN=", whileWritten))...)...)
 			ap.waitNoticeState(t, "spot/terminate", "committed", 60*time.Second)
 			ckpt := newestLocal(t, ckdir)
 			grown := map[string]bool{}
@@ -372,16 +370,21 @@ func TestNoticeCheckpointDurableInFileStore(t *testing.T) {
 	})
 }
 
+// noticeEnv is the environment of an agent that acts on a spot notice (not a rebalance) for
+// trainer tp, whose checkpoints are in ckdir, and stores them in job e2e at storeURL in parts of
+// 5 MiB; extra follows.
+func noticeEnv(tp *trainerProc, ckdir, storeURL string, extra ...string) []string {
+	return append([]string{"SPOTGUARD_TRAINER_PIDFILE=" + tp.pidfile, "SPOTGUARD_NOTICES_REBALANCE=ignore",
+		"SPOTGUARD_CHECKPOINT_DIR=" + ckdir, "SPOTGUARD_STORE_URL=" + storeURL, "SPOTGUARD_STORE_JOB=e2e",
+		"SPOTGUARD_STORE_PART_SIZE=5MiB"}, extra...)
+}
+
 func testNoticeCheckpoint(t *testing.T, storeURL string, storeEnv []string, inspect func(t *testing.T, ckpt, local string)) {
 	sim := newIMDS(t)
-	trigger := time.Now().Truncate(time.Second).Add(4 * time.Second)
-	sim.start("spot", "-a", "terminate", "--mock-trigger-time", trigger.UTC().Format(time.RFC3339), "--rebalance-delay-sec", "100000")
+	sim.startSpotTermination()
 	ckdir := t.TempDir()
 	tp := startTrainer(t, "--checkpoint-dir", ckdir, "--files", "4", "--checkpoint-mb", "6", "--write-seconds", "2")
-	env := append([]string{"SPOTGUARD_TRAINER_PIDFILE=" + tp.pidfile, "SPOTGUARD_NOTICES_REBALANCE=ignore",
-		"SPOTGUARD_CHECKPOINT_DIR=" + ckdir, "SPOTGUARD_STORE_URL=" + storeURL, "SPOTGUARD_STORE_JOB=e2e",
-		"SPOTGUARD_STORE_PART_SIZE=5MiB"}, storeEnv...)
-	ap := startAgent(t, sim, env...)
+	ap := startAgent(t, sim, noticeEnv(tp, ckdir, storeURL, storeEnv...)...)
 	ap.waitNoticeState(t, "spot/terminate", "committed", 60*time.Second)
 
 	ckpt := newestLocal(t, ckdir)
@@ -612,15 +615,12 @@ func TestKillMidGrowthThenRestart(t *testing.T) {
 	slow := startThrottle(t, strings.TrimPrefix(s3.endpoint, "http://"), 4<<20) // 4 MiB/s a connection
 	storeURL := "s3://" + s3Bucket + "/killgrow"
 	sim := newIMDS(t)
-	trigger := time.Now().Truncate(time.Second).Add(4 * time.Second)
-	sim.start("spot", "-a", "terminate", "--mock-trigger-time", trigger.UTC().Format(time.RFC3339), "--rebalance-delay-sec", "100000")
+	sim.startSpotTermination()
 	ckdir := t.TempDir()
 	tp := startTrainer(t, "--checkpoint-dir", ckdir, "--files", "4", "--checkpoint-mb", "32", "--write-seconds", "8",
 		"--parallel", "--in-place")
 	env := func(endpoint string, extra ...string) []string {
-		return append(append([]string{"SPOTGUARD_TRAINER_PIDFILE=" + tp.pidfile, "SPOTGUARD_NOTICES_REBALANCE=ignore",
-			"SPOTGUARD_CHECKPOINT_DIR=" + ckdir, "SPOTGUARD_STORE_URL=" + storeURL, "SPOTGUARD_STORE_JOB=e2e",
-			"SPOTGUARD_STORE_PART_SIZE=5MiB"}, s3.env(endpoint)...), extra...)
+		return noticeEnv(tp, ckdir, storeURL, append(s3.env(endpoint), extra...)...)
 	}
 	ap := startAgent(t, sim, env(slow.url())...)
 	eventually(t, 30*time.Second, "a shard to be sent while it is written", func() bool {

@@ -109,8 +109,7 @@ func TestServerSideEncryptionEveryCommand(t *testing.T) {
 
 	t.Run("run", func(t *testing.T) {
 		sim := newIMDS(t)
-		trigger := time.Now().Truncate(time.Second).Add(4 * time.Second)
-		sim.start("spot", "-a", "terminate", "--mock-trigger-time", trigger.UTC().Format(time.RFC3339), "--rebalance-delay-sec", "100000")
+		sim.startSpotTermination()
 		ckdir := t.TempDir()
 		// 4 files of 6 MiB with 5 MiB parts: every file is a multipart upload; the marker and the
 		// manifest are single PutObjects.

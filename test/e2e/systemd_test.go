@@ -76,8 +76,7 @@ func TestSdNotifyThroughANotice(t *testing.T) {
 	needPeers(t)
 	ns := listenNotify(t)
 	sim := newIMDS(t)
-	trigger := time.Now().Truncate(time.Second).Add(4 * time.Second)
-	sim.start("spot", "-a", "terminate", "--mock-trigger-time", trigger.UTC().Format(time.RFC3339), "--rebalance-delay-sec", "100000")
+	sim.startSpotTermination()
 	ckdir := t.TempDir()
 	tp := startTrainer(t, "--checkpoint-dir", ckdir, "--files", "2", "--checkpoint-mb", "2", "--write-seconds", "3")
 	ap := startAgent(t, sim, "SPOTGUARD_TRAINER_PIDFILE="+tp.pidfile, "SPOTGUARD_NOTICES_REBALANCE=ignore",
@@ -115,8 +114,7 @@ func TestSIGTERMMidUploadStillCommits(t *testing.T) {
 	// takes to start under load (at 4 MiB/s the upload was done before it answered).
 	slow := startThrottle(t, strings.TrimPrefix(s3.endpoint, "http://"), 512<<10)
 	sim := newIMDS(t)
-	trigger := time.Now().Truncate(time.Second).Add(4 * time.Second)
-	sim.start("spot", "-a", "terminate", "--mock-trigger-time", trigger.UTC().Format(time.RFC3339), "--rebalance-delay-sec", "100000")
+	sim.startSpotTermination()
 	ckdir := t.TempDir()
 	tp := startTrainer(t, "--checkpoint-dir", ckdir, "--files", "3", "--checkpoint-mb", "8")
 	storeURL := "s3://" + s3Bucket + "/sigterm"
@@ -152,8 +150,7 @@ func TestSecondSIGTERMEndsDrain(t *testing.T) {
 	s3 := startS3(t)
 	slow := startThrottle(t, strings.TrimPrefix(s3.endpoint, "http://"), 256<<10) // 256 KiB/s: ~90 s for 24 MiB
 	sim := newIMDS(t)
-	trigger := time.Now().Truncate(time.Second).Add(4 * time.Second)
-	sim.start("spot", "-a", "terminate", "--mock-trigger-time", trigger.UTC().Format(time.RFC3339), "--rebalance-delay-sec", "100000")
+	sim.startSpotTermination()
 	ckdir := t.TempDir()
 	tp := startTrainer(t, "--checkpoint-dir", ckdir, "--files", "3", "--checkpoint-mb", "8")
 	storeURL := "s3://" + s3Bucket + "/sigterm2"
@@ -208,8 +205,7 @@ func TestSecondSIGTERMEndsDrain(t *testing.T) {
 func TestSIGTERMBeforeMarkerStillCommits(t *testing.T) {
 	needPeers(t)
 	sim := newIMDS(t)
-	trigger := time.Now().Truncate(time.Second).Add(4 * time.Second)
-	sim.start("spot", "-a", "terminate", "--mock-trigger-time", trigger.UTC().Format(time.RFC3339), "--rebalance-delay-sec", "100000")
+	sim.startSpotTermination()
 	ckdir, storeDir := t.TempDir(), t.TempDir()
 	// 4 files over 6 s: the first is there well before the marker.
 	tp := startTrainer(t, "--checkpoint-dir", ckdir, "--files", "4", "--checkpoint-mb", "2", "--write-seconds", "6")
