@@ -49,9 +49,9 @@ var _ GrowingStore = (*S3Store)(nil)
 // Finish sends the rest of the file (past the last part made whole) as PutFile sends a file
 // (cut finer if ctx is urgent) while, once the parts queued or in flight are in, it reads every
 // part sent again, in parallel, and compares its CRC-32C with the one the server verified when
-// it was sent: a part whose bytes changed since, or that failed, is sent again under its number. The upload is
-// then completed with the full-object CRC-32C combined from the parts'. A file now shorter than a
-// part begun has the upload aborted and goes whole with PutFile. So the object is f's bytes
+// it was sent: a part whose bytes changed since, or that failed, is sent again under its number.
+// The upload is then completed with the full-object CRC-32C combined from the parts'. A file now
+// shorter than a part made whole has the upload aborted and goes whole with PutFile. So the object is f's bytes
 // as Finish read them, as with PutFile, unless a rewritten part has the CRC-32C of its old bytes
 // (a chance of one in 2^32 for each part the writer changed after it was sent).
 //
@@ -290,7 +290,10 @@ func (g *s3Growing) complete(ctx context.Context, f *os.File, size int64, grown 
 		})
 	}
 	eg.Go(func() error {
+		// Should the rest fail (or ctx end), the parts still queued are not needed.
+		stop := context.AfterFunc(ectx, g.cancel)
 		g.sends.Wait()
+		stop()
 		if err := g.check(ectx, f, parts[:grown], completed, crcs); err != nil {
 			return err
 		}
