@@ -344,3 +344,10 @@ func TestS3PartSizeUrgent(t *testing.T) {
 		}
 	}
 }
+
+// waiting returns how many acquire calls wait for a slot.
+func (l *limiter) waiting() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.waiters)
+}

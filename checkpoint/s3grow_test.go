@@ -226,7 +226,9 @@ func TestS3GrowingFilesShareSlotsInOrder(t *testing.T) {
 	gb.Grew(s3MinPart)
 	ga.Grew(2 * s3MinPart)
 	gb.Grew(2 * s3MinPart)
-	eventuallyUploader(t, "both files' loops waiting for a slot", func() bool { return len(peer.incompleteUploads(t, "")) == 2 })
+	// Both loops wait on the limiter: their uploads created is not enough (under load, a loop
+	// that had not asked for its slot yet lost its turn to the other).
+	eventuallyUploader(t, "both files' loops waiting for a slot", func() bool { return s.lim.waiting() == 2 })
 	s.release(0, time.Now(), true)
 	eventuallyUploader(t, "every part sent", func() bool { return sentParts(ga)+sentParts(gb) == 4 })
 	var order []string
