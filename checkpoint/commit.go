@@ -31,7 +31,7 @@ package checkpoint
 import (
 	"context"
 	"crypto/rand"
-	"encoding/hex"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -79,9 +79,14 @@ const commitIDLen = len(commitIDTime) + 1 + 12
 // NewCommitID returns a fresh commit id: the UTC time now, to the second, then 48 random bits,
 // e.g. "20261130T203714Z-1f2e3d4c5b6a". Ids sort by the time their commit began.
 func NewCommitID(now time.Time) string {
-	var b [6]byte
+	var b [8]byte
 	_, _ = rand.Read(b[:]) // never fails on Linux
-	return now.UTC().Format(commitIDTime) + "-" + hex.EncodeToString(b[:])
+	return commitIDAt(now, binary.BigEndian.Uint64(b[:]))
+}
+
+// commitIDAt is the commit id of now with the low 48 bits of bits as its random part.
+func commitIDAt(now time.Time, bits uint64) string {
+	return fmt.Sprintf("%s-%012x", now.UTC().Format(commitIDTime), bits&(1<<48-1))
 }
 
 // ValidCommitID reports whether id has the form NewCommitID returns.
@@ -1220,7 +1225,7 @@ func (u *Uploader) commit(ctx context.Context, c commitJob) commitResult {
 		}
 		u.log.Error().Err(err).Str("checkpoint", c.name).Int("attempt", attempt).
 			Msg("checkpoint committed but LATEST cannot be moved to it; retrying (restore takes it anyway)")
-		t := time.NewTimer(retryDelay(attempt, true))
+		t := time.NewTimer(u.retryDelay("LATEST "+m.Checkpoint, attempt, true))
 		select {
 		case <-t.C:
 		case <-ctx.Done():

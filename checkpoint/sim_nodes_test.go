@@ -3,7 +3,6 @@ package checkpoint
 import (
 	"fmt"
 	"maps"
-	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"slices"
@@ -36,15 +35,8 @@ func TestSimulationNodes(t *testing.T) {
 }
 
 func runNodeSim(t *testing.T, seed uint64, steps int) {
-	s := &sim{
-		t: t, seed: seed, rng: rand.New(rand.NewPCG(seed, 7)), b: newSimBackend(seed), root: t.TempDir(), job: "sim",
-		snaps: map[string]map[string]bool{}, checked: map[string]bool{}, logs: &simLog{},
-		world: 2 + int(seed%3), lastSave: map[string]time.Time{}, lastMarker: map[string][]byte{},
-	}
-	if s.rng.IntN(3) == 0 {
-		s.keep = 1 + s.rng.IntN(3)
-	}
-	s.b.setFaults(simFaults{errRate: 0.05, lostRate: 0.02, maxLatency: 300 * time.Millisecond})
+	s := newSim(t, seed)
+	s.world, s.lastSave, s.lastMarker = 2+int(seed%3), map[string]time.Time{}, map[string][]byte{}
 	for rank := range s.world {
 		a := &simAgent{name: fmt.Sprintf("n%d", rank), rank: rank}
 		a.dir, a.state = filepath.Join(s.root, a.name, "ckpt"), filepath.Join(s.root, a.name, "run-0")

@@ -34,13 +34,21 @@ import (
 // prefix clean) and a restore of the newest commit, bit for bit.
 //
 // Every `go test` runs simFixedSeeds; a seed that ever found a bug stays there. A failure prints
-// the command that replays it.
+// the command that replays it. A seed replays its run: the simulation's own draws, each request's
+// fate (drawn for that request and the moment it is made, whatever order concurrent requests come
+// in), and the agents' retry jitter and commit ids (UploaderConfig.seed) all come from it, and the
+// scripted trainer lets the agents finish what they do at a moment before it acts (synctest.Wait).
+// What is left to chance is the order in which an agent takes results that come at one moment
+// (say, two files checksummed at once), which now and then changes which file goes next; two
+// runs of a seed, with -sim.log -sim.logall -sim.requests, show where they part.
 
 var (
-	simSeed  = flag.Uint64("sim.seed", 0, "run the simulation with only this seed")
-	simSeeds = flag.Int("sim.seeds", 0, "run the simulation with this many random seeds besides the fixed ones")
-	simSteps = flag.Int("sim.steps", 150, "trainer steps per simulated run")
-	simLogTo = flag.String("sim.log", "", "write the agents' log lines of a failed run to this file, .<seed> added")
+	simSeed   = flag.Uint64("sim.seed", 0, "run the simulation with only this seed")
+	simSeeds  = flag.Int("sim.seeds", 0, "run the simulation with this many random seeds besides the fixed ones")
+	simSteps  = flag.Int("sim.steps", 150, "trainer steps per simulated run")
+	simLogTo  = flag.String("sim.log", "", "write the agents' log lines of a failed run to this file, .<test>.<seed> added")
+	simLogAll = flag.Bool("sim.logall", false, "with -sim.log, write the log of every run, failed or not (to compare two runs of a seed)")
+	simReqs   = flag.Bool("sim.requests", false, "log every request made of the store, with -sim.log")
 )
 
 // simFixedSeeds run on every `go test`: a few plain ones, then every seed that once found a bug
@@ -153,6 +161,13 @@ type simAgent struct {
 	trainerGone atomic.Bool
 }
 
+// simClock stamps each log line with the fake clock's time, to the microsecond.
+type simClock struct{}
+
+func (simClock) Run(e *zerolog.Event, _ zerolog.Level, _ string) {
+	e.Str("at", time.Now().UTC().Format("15:04:05.000000"))
+}
+
 // simLog keeps the agents' log lines, for a failure's report.
 type simLog struct {
 	mu  sync.Mutex
@@ -172,16 +187,28 @@ func (l *simLog) tail(n int) string {
 	return strings.Join(lines[max(0, len(lines)-n):], "\n")
 }
 
-func runSim(t *testing.T, seed uint64, steps int, trouble bool) {
+// newSim returns a simulated run of seed: its store, with its first faults, and retention.
+func newSim(t *testing.T, seed uint64) *sim {
 	s := &sim{
 		t: t, seed: seed, rng: rand.New(rand.NewPCG(seed, 7)), b: newSimBackend(seed), root: t.TempDir(), job: "sim",
 		snaps: map[string]map[string]bool{}, checked: map[string]bool{}, logs: &simLog{},
-		trouble: trouble, more: rand.New(rand.NewPCG(seed, 13)), grow: rand.New(rand.NewPCG(seed, 17)),
 	}
 	if s.rng.IntN(3) == 0 {
 		s.keep = 1 + s.rng.IntN(3)
 	}
+	if *simReqs {
+		s.b.requests = s.logs
+	}
 	s.b.setFaults(simFaults{errRate: 0.05, lostRate: 0.02, maxLatency: 300 * time.Millisecond})
+	if *simLogAll {
+		t.Cleanup(s.writeLog)
+	}
+	return s
+}
+
+func runSim(t *testing.T, seed uint64, steps int, trouble bool) {
+	s := newSim(t, seed)
+	s.trouble, s.more, s.grow = trouble, rand.New(rand.NewPCG(seed, 13)), rand.New(rand.NewPCG(seed, 17))
 	s.addAgent("a")
 	defer func() {
 		for _, a := range s.agents {
@@ -204,18 +231,26 @@ func (s *sim) trace(what string, a *simAgent, name string) {
 	if a != nil {
 		agent = a.name
 	}
-	fmt.Fprintf(s.logs, "{\"sim_step\":%d,\"do\":%q,\"on\":%q,\"checkpoint\":%q}\n", s.step, what, agent, name)
+	fmt.Fprintf(s.logs, "{\"sim_step\":%d,\"do\":%q,\"on\":%q,\"checkpoint\":%q,\"at\":%q}\n", s.step, what, agent, name,
+		time.Now().UTC().Format("15:04:05.000000"))
 }
 
 // fail stops the run with what went wrong and the agents' last log lines.
 func (s *sim) fail(format string, args ...any) {
 	s.t.Helper()
-	if *simLogTo != "" {
-		s.logs.mu.Lock()
-		_ = os.WriteFile(fmt.Sprintf("%s.%d", *simLogTo, s.seed), s.logs.buf.Bytes(), 0o644)
-		s.logs.mu.Unlock()
-	}
+	s.writeLog()
 	s.t.Fatalf("step %d: %s\nlast log lines:\n%s", s.step, fmt.Sprintf(format, args...), s.logs.tail(60))
+}
+
+// writeLog writes the run's log to -sim.log, if set.
+func (s *sim) writeLog() {
+	if *simLogTo == "" {
+		return
+	}
+	s.logs.mu.Lock()
+	defer s.logs.mu.Unlock()
+	test, _, _ := strings.Cut(s.t.Name(), "/")
+	_ = os.WriteFile(fmt.Sprintf("%s.%s.%d", *simLogTo, test, s.seed), s.logs.buf.Bytes(), 0o644)
 }
 
 func (s *sim) addAgent(name string) *simAgent {
@@ -232,10 +267,11 @@ func (s *sim) addAgent(name string) *simAgent {
 func (s *sim) startAgent(a *simAgent) {
 	a.store = s.b.connect(fmt.Sprintf("%s#%d", a.name, a.incarnation))
 	a.noticed, a.inForce = false, false
-	log := zerolog.New(s.logs).With().Str("agent", a.store.name).Logger()
+	log := zerolog.New(s.logs).Hook(simClock{}).With().Str("agent", a.store.name).Logger()
 	cfg := UploaderConfig{
 		Store: a.store, Job: s.job, Dir: a.dir, Pattern: "*.pt", Keep: s.keep, StateDir: a.state,
 		StopBudget: simStopBudget, Logger: log, Host: func() Host { return Host{Hostname: a.name} },
+		seed: seeded(s.seed, fmt.Sprint("agent ", a.store.conn)).Uint64(),
 	}
 	if s.world > 1 {
 		cfg.NodeRank, cfg.WorldNodes, cfg.PartWait = a.rank, s.world, simPartWait
@@ -253,6 +289,7 @@ func (s *sim) startAgent(a *simAgent) {
 		}
 		close(done)
 	}()
+	synctest.Wait()
 	found, err := Scan(a.dir, "", "*.pt", zerolog.Nop())
 	if err != nil {
 		s.fail("scan: %v", err)
@@ -278,6 +315,7 @@ func (s *sim) stopAgent(a *simAgent) {
 	start := time.Now()
 	a.cancel()
 	<-a.done
+	synctest.Wait()
 	a.events = nil
 	if took := time.Since(start); took > simStopBudget+simStopSlack {
 		s.fail("agent %s took %v to stop; its stop budget is %v", a.name, took, simStopBudget)
@@ -331,6 +369,7 @@ func (s *sim) send(a *simAgent, ev WatchEvent) {
 	}
 	ev.At = time.Now()
 	a.events <- ev
+	synctest.Wait()
 }
 
 func (s *sim) fileID(p string) FileID {
@@ -513,6 +552,7 @@ func (s *sim) toggleNotice(a *simAgent) {
 		a.up.SetNotices([]ActiveNotice{{Key: "spot/terminate", Deadline: now.Add(2 * time.Minute), SignalledAt: now}})
 		a.noticed, a.inForce = true, true
 	}
+	synctest.Wait()
 }
 
 // startAll starts every agent that is not running.
@@ -796,6 +836,7 @@ func (s *sim) restore(a *simAgent) {
 	}
 	prev := s.commitsOf(m)
 	s.trace("restore "+m.Commit, a, m.Checkpoint)
+	synctest.Wait() // the agents' requests of this moment see the faults they saw so far
 	s.b.setFaults(simFaults{})
 	res, err := Restore(s.t.Context(), clean, RestoreOptions{Job: s.job, Checkpoint: m.Checkpoint, Commit: m.Commit, CommitSet: true,
 		To: a.dir, Logger: zerolog.Nop()})
@@ -997,7 +1038,11 @@ func (s *sim) awaitLate() {
 }
 
 // advance lets d pass on the bubble's fake clock (the agents run meanwhile).
-func advance(d time.Duration) { <-time.After(d) }
+// advance lets d pass on the fake clock, and what the agents do at its end.
+func advance(d time.Duration) {
+	<-time.After(d)
+	synctest.Wait()
+}
 
 func errStrings(errs []error) []string {
 	out := make([]string, len(errs))

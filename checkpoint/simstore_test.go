@@ -24,8 +24,12 @@ import (
 // to a commit that exists (I3), retention never deletes LATEST's target or anything newer (I3),
 // and no agent aborts an upload another live agent is running (I7).
 type simBackend struct {
-	mu       sync.Mutex
-	rng      *rand.Rand
+	mu sync.Mutex
+	// seed and conns (connections made so far) seed each request's draws (simStore.request).
+	seed  uint64
+	conns int
+	// requests, if not nil, gets a line for each request (-sim.requests).
+	requests io.Writer
 	objs     map[string]*simObject
 	uploads  map[int]*simUpload
 	nextID   int
@@ -42,7 +46,6 @@ type simBackend struct {
 	landing    bool
 	arrived    time.Time
 	lateKeys   map[string]bool
-	lateRng    *rand.Rand // draws for late landings only, so the older seeds replay as they did
 	violations []string
 	partWrites map[string]int // by checkpoint name
 	// everCommitted holds every version ever committed, by name: manifestFingerprint.
@@ -69,8 +72,7 @@ type simUpload struct {
 
 func newSimBackend(seed uint64) *simBackend {
 	return &simBackend{
-		rng:           rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)),
-		lateRng:       rand.New(rand.NewPCG(seed, 0x5eed1a7e)),
+		seed:          seed,
 		objs:          map[string]*simObject{},
 		uploads:       map[int]*simUpload{},
 		partSize:      64 << 10,
@@ -325,16 +327,52 @@ func (b *simBackend) incomplete() []string {
 type simStore struct {
 	b      *simBackend
 	name   string
+	conn   int // which connection of the backend's it is
 	mu     sync.Mutex
 	dead   bool
 	active map[int]bool
+	// requests counts the requests of each kind made at requestsAt (request).
+	requests   map[string]int
+	requestsAt time.Time
 }
 
 var _ Store = (*simStore)(nil)
 
 func (b *simBackend) connect(name string) *simStore {
-	return &simStore{b: b, name: name, active: map[int]bool{}}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.conns++
+	return &simStore{b: b, name: name, conn: b.conns, active: map[int]bool{}, requests: map[string]int{}}
 }
+
+// request returns the draws for one request: what, its operation and key. They are a function
+// of the backend's seed, the connection, the request and the (fake) time it is made, never of
+// the order in which concurrent requests arrive, so that a seed replays its run: requests of one
+// kind made at one moment (two goroutines reading one listing) share their fate, in whatever
+// order they come. Past simSameFate of them, each draws anew, so that a loop that retried at
+// once would not meet the same fault for ever.
+func (s *simStore) request(what string) *rand.Rand {
+	s.mu.Lock()
+	if now := time.Now(); !now.Equal(s.requestsAt) {
+		clear(s.requests)
+		s.requestsAt = now
+	}
+	s.requests[what]++
+	n, at := s.requests[what], s.requestsAt
+	s.mu.Unlock()
+	name := fmt.Sprintf("%d %s %d", s.conn, what, at.UnixNano())
+	if n > simSameFate {
+		name += fmt.Sprint(" ", n)
+	}
+	if s.b.requests != nil {
+		fmt.Fprintf(s.b.requests, "{\"request\":%q,\"agent\":%q,\"n\":%d,\"at\":%q}\n", what, s.name, n,
+			at.UTC().Format("15:04:05.000000"))
+	}
+	return seeded(s.b.seed, name)
+}
+
+// simSameFate is how many requests of one kind made at one moment share their fate.
+const simSameFate = 8
 
 func (s *simStore) kill() {
 	s.mu.Lock()
@@ -365,13 +403,13 @@ const (
 	fateLate             // a write: no answer comes; it takes effect later (landLate)
 )
 
-// begin waits a random latency and decides the fate of one request: an error before anything
-// happens, answered, lost, or (write) late.
-func (s *simStore) begin(ctx context.Context, write bool) (simFate, error) {
+// begin waits a random latency and decides the fate of one request, drawn from r (request): an
+// error before anything happens, answered, lost, or (write) late.
+func (s *simStore) begin(ctx context.Context, r *rand.Rand, write bool) (simFate, error) {
 	s.b.mu.Lock()
 	d := time.Duration(0)
 	if s.b.faults.maxLatency > 0 {
-		d = time.Duration(s.b.rng.Int64N(int64(s.b.faults.maxLatency)))
+		d = time.Duration(r.Int64N(int64(s.b.faults.maxLatency)))
 	}
 	hang := s.b.faults.hang
 	s.b.mu.Unlock()
@@ -398,21 +436,21 @@ func (s *simStore) begin(ctx context.Context, write bool) (simFate, error) {
 	switch {
 	case s.b.faults.outage:
 		return fateAnswered, errSimOutage
-	case s.b.rng.Float64() < s.b.faults.errRate:
+	case r.Float64() < s.b.faults.errRate:
 		return fateAnswered, errSimFault
-	case write && s.b.faults.lateRate > 0 && s.b.lateRng.Float64() < s.b.faults.lateRate:
+	case write && s.b.faults.lateRate > 0 && r.Float64() < s.b.faults.lateRate:
 		return fateLate, nil
-	case s.b.rng.Float64() < s.b.faults.lostRate:
+	case r.Float64() < s.b.faults.lostRate:
 		return fateLost, nil
 	}
 	return fateAnswered, nil
 }
 
 // lateDraw says whether a write is held (with lateRate), for a write begin did not judge.
-func (s *simStore) lateDraw() bool {
+func (s *simStore) lateDraw(r *rand.Rand) bool {
 	s.b.mu.Lock()
 	defer s.b.mu.Unlock()
-	return s.b.faults.lateRate > 0 && s.b.lateRng.Float64() < s.b.faults.lateRate
+	return s.b.faults.lateRate > 0 && r.Float64() < s.b.faults.lateRate
 }
 
 // noAnswer waits for an answer that never comes, until the client gives up.
@@ -431,9 +469,9 @@ func (s *simStore) noAnswer(ctx context.Context) error {
 // from now, as a write the network held lands, while the client waits for an answer that never
 // comes and gives up: it returns what the client is told. A killed agent's held writes land
 // too.
-func (s *simStore) landLate(ctx context.Context, apply func()) error {
+func (s *simStore) landLate(ctx context.Context, r *rand.Rand, apply func()) error {
 	s.b.mu.Lock()
-	d := time.Duration(s.b.lateRng.Int64N(int64(simAnswerTimeout + simLateBy)))
+	d := time.Duration(r.Int64N(int64(simAnswerTimeout + simLateBy)))
 	s.b.late++
 	s.b.mu.Unlock()
 	arrived := time.Now()
@@ -455,7 +493,8 @@ func (s *simStore) PutFile(ctx context.Context, key string, f *os.File, size int
 	if err := checkStoreKey(key); err != nil {
 		return Checksum{}, err
 	}
-	fate, err := s.begin(ctx, size <= s.b.partSize)
+	r := s.request("put file " + key)
+	fate, err := s.begin(ctx, r, size <= s.b.partSize)
 	if err != nil {
 		return Checksum{}, err
 	}
@@ -465,7 +504,7 @@ func (s *simStore) PutFile(ctx context.Context, key string, f *os.File, size int
 			return Checksum{}, err
 		}
 		if fate == fateLate {
-			return Checksum{}, s.landLate(ctx, func() { s.b.write(key, data, s.name) })
+			return Checksum{}, s.landLate(ctx, r, func() { s.b.write(key, data, s.name) })
 		}
 		s.b.mu.Lock()
 		s.b.write(key, data, s.name)
@@ -519,7 +558,7 @@ func (s *simStore) endUpload(up *simUpload, abort bool) {
 // sendPart sends one part of up: the bytes of f at off, read into buf. On failure the upload is
 // ended (aborted, unless the agent is dead or the answer never came).
 func (s *simStore) sendPart(ctx context.Context, up *simUpload, f *os.File, buf []byte, off int64) error {
-	if _, err := s.begin(ctx, false); err != nil {
+	if _, err := s.begin(ctx, s.request(fmt.Sprintf("part %s %d", up.key, off)), false); err != nil {
 		s.endUpload(up, !errors.Is(err, errSimDead) && !errors.Is(err, errSimTimeout)) // a dead agent aborts nothing
 		return err
 	}
@@ -548,9 +587,9 @@ func (s *simStore) completeUpload(ctx context.Context, up *simUpload, data []byt
 		s.b.write(up.key, data, s.name)
 		return true
 	}
-	if s.lateDraw() {
+	if r := s.request("complete " + up.key); s.lateDraw(r) {
 		s.endUpload(up, false)
-		return s.landLate(ctx, func() { complete() })
+		return s.landLate(ctx, r, func() { complete() })
 	}
 	s.b.mu.Lock()
 	ok := complete()
@@ -569,7 +608,8 @@ func (s *simStore) PutBytes(ctx context.Context, key string, data []byte, cond C
 	if err := cond.check(); err != nil {
 		return "", err
 	}
-	fate, err := s.begin(ctx, true)
+	r := s.request("put " + key)
+	fate, err := s.begin(ctx, r, true)
 	if err != nil {
 		return "", err
 	}
@@ -586,7 +626,7 @@ func (s *simStore) PutBytes(ctx context.Context, key string, data []byte, cond C
 		return s.b.write(key, data, s.name), nil
 	}
 	if fate == fateLate {
-		return "", s.landLate(ctx, func() { put() })
+		return "", s.landLate(ctx, r, func() { put() })
 	}
 	s.b.mu.Lock()
 	etag, err := put()
@@ -601,7 +641,7 @@ func (s *simStore) PutBytes(ctx context.Context, key string, data []byte, cond C
 }
 
 func (s *simStore) GetBytes(ctx context.Context, key string) ([]byte, string, error) {
-	if _, err := s.begin(ctx, false); err != nil {
+	if _, err := s.begin(ctx, s.request("get "+key), false); err != nil {
 		return nil, "", err
 	}
 	s.b.mu.Lock()
@@ -614,7 +654,7 @@ func (s *simStore) GetBytes(ctx context.Context, key string) ([]byte, string, er
 }
 
 func (s *simStore) Download(ctx context.Context, key string, w io.WriterAt, size int64) error {
-	if _, err := s.begin(ctx, false); err != nil {
+	if _, err := s.begin(ctx, s.request("download "+key), false); err != nil {
 		return err
 	}
 	s.b.mu.Lock()
@@ -635,7 +675,7 @@ func (s *simStore) Download(ctx context.Context, key string, w io.WriterAt, size
 }
 
 func (s *simStore) List(ctx context.Context, prefix string) ([]ObjectInfo, error) {
-	if _, err := s.begin(ctx, false); err != nil {
+	if _, err := s.begin(ctx, s.request("list "+prefix), false); err != nil {
 		return nil, err
 	}
 	s.b.mu.Lock()
@@ -654,7 +694,7 @@ func (s *simStore) ListDir(ctx context.Context, prefix string) ([]string, []Obje
 	if err := checkDirPrefix(prefix); err != nil {
 		return nil, nil, err
 	}
-	if _, err := s.begin(ctx, false); err != nil {
+	if _, err := s.begin(ctx, s.request("list dir "+prefix), false); err != nil {
 		return nil, nil, err
 	}
 	s.b.mu.Lock()
@@ -677,7 +717,8 @@ func (s *simStore) ListDir(ctx context.Context, prefix string) ([]string, []Obje
 }
 
 func (s *simStore) Delete(ctx context.Context, keys ...string) error {
-	fate, err := s.begin(ctx, true)
+	r := s.request("delete " + strings.Join(slices.Sorted(slices.Values(keys)), " ")) // whatever order they come in
+	fate, err := s.begin(ctx, r, true)
 	if err != nil {
 		return err
 	}
@@ -688,7 +729,7 @@ func (s *simStore) Delete(ctx context.Context, keys ...string) error {
 		}
 	}
 	if fate == fateLate {
-		return s.landLate(ctx, del)
+		return s.landLate(ctx, r, del)
 	}
 	s.b.mu.Lock()
 	defer s.b.mu.Unlock()
@@ -700,7 +741,7 @@ func (s *simStore) AbortIncomplete(ctx context.Context, prefix string) (int, err
 	if !strings.HasSuffix(prefix, "/") {
 		return 0, fmt.Errorf("prefix %q does not end with a slash", prefix)
 	}
-	if _, err := s.begin(ctx, false); err != nil {
+	if _, err := s.begin(ctx, s.request("abort "+prefix), false); err != nil {
 		return 0, err
 	}
 	s.mu.Lock()
@@ -838,7 +879,7 @@ func (g *simGrowing) finish(ctx context.Context, f *os.File, size int64, progres
 		}
 		return g.s.PutFile(ctx, g.key, f, size, progress)
 	}
-	if _, err := g.s.begin(ctx, false); err != nil { // reading the file again is local; this stands for the rest
+	if _, err := g.s.begin(ctx, g.s.request("finish "+g.key), false); err != nil { // reading the file again is local; this stands for the rest
 		g.s.endUpload(up, !errors.Is(err, errSimDead) && !errors.Is(err, errSimTimeout))
 		return Checksum{}, err
 	}

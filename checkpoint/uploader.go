@@ -1,9 +1,11 @@
 package checkpoint
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"io/fs"
 	"maps"
 	"math/rand/v2"
@@ -77,6 +79,11 @@ type UploaderConfig struct {
 	// WaitForClose (checkpoint.send_while_written false) sends every file only once it is
 	// ready, never while it is written (fileGrowing).
 	WaitForClose bool
+
+	// seed, if not zero, seeds the retry jitter and the random bits of commit ids, each drawn
+	// for what it is for (seeded), so that a seeded simulation replays whatever order
+	// concurrent work ends in; zero: the runtime's generators.
+	seed uint64
 }
 
 // UploadEventKind says what happened to a checkpoint.
@@ -549,7 +556,7 @@ func (u *Uploader) Run(ctx context.Context, events <-chan WatchEvent) error {
 			u.handleNotices()
 		case <-u.syncs:
 			pending := 0
-			for _, g := range u.gens {
+			for _, g := range u.gensInOrder() {
 				g.failures = 0
 				if g.commitWait {
 					g.commitWait = false
@@ -675,7 +682,7 @@ func (u *Uploader) handleNotices() {
 	logTime(u.log.Warn().Strs("notices", keys), "deadline", u.deadline()).Int("files_in_flight", u.inflight).
 		Int("files_queued", u.queuedFiles()).Msg("notice: uploading with every connection")
 	// Anything complete and not committed is now worth retrying at once.
-	for _, g := range u.gens {
+	for _, g := range u.gensInOrder() {
 		g.failures = 0
 		if g.commitWait {
 			g.commitWait = false
@@ -795,8 +802,8 @@ func (u *Uploader) start(ctx context.Context) {
 	} else {
 		u.jobRead(ctx, st)
 	}
-	for name, e := range u.resume {
-		u.resolveJournal(ctx, name, e, st)
+	for _, name := range slices.Sorted(maps.Keys(u.resume)) {
+		u.resolveJournal(ctx, name, u.resume[name], st)
 	}
 	if jpath != "" {
 		cleanups, lates := journalCleanups(jpath), journalLates(jpath, u.cfg.Job)
@@ -868,7 +875,7 @@ func (u *Uploader) jobRead(ctx context.Context, st *JobState) {
 // readJobLater reads the job again after a pause, in the background, until it succeeds.
 func (u *Uploader) readJobLater(ctx context.Context, attempt int) {
 	u.wg.Go(func() {
-		t := time.NewTimer(retryDelay(attempt, false))
+		t := time.NewTimer(u.retryDelay("job", attempt, false))
 		defer t.Stop()
 		select {
 		case <-t.C:
@@ -899,7 +906,7 @@ const lookupAttempts = 4
 func (u *Uploader) goLookup(ctx context.Context, g *generation) {
 	delay := time.Duration(0)
 	if g.lookupFails > 0 {
-		delay = retryDelay(g.lookupFails, u.urgent())
+		delay = u.retryDelay("lookup "+g.name, g.lookupFails, u.urgent())
 	}
 	u.wg.Go(func() {
 		if delay > 0 {
@@ -956,8 +963,8 @@ func (u *Uploader) lookupDone(ctx context.Context, g *generation, ms []*Manifest
 		return
 	}
 	g.candidates = cands
-	for rel, f := range g.files {
-		if f.done != nil && g.state == genMatching {
+	for _, rel := range g.paths() {
+		if f := g.files[rel]; f.done != nil && g.state == genMatching {
 			u.matched(g, rel, f)
 		}
 	}
@@ -1081,7 +1088,7 @@ func (u *Uploader) cleanupCommit(ctx context.Context, name, commit, why string) 
 	}
 	log := u.log.With().Str("checkpoint", name).Str("commit", commit).Logger()
 	prefix := CommitPrefix(u.cfg.Job, name, commit)
-	u.goRetry(ctx, log, "cannot delete an abandoned commit's objects", func() error {
+	u.goRetry(ctx, log, "cannot delete an abandoned commit's objects", commit, func() error {
 		return deletePrefix(ctx, u.cfg.Store, prefix)
 	}, func() {
 		log.Info().Str("why", why).Msg("abandoned commit deleted")
@@ -1118,7 +1125,7 @@ func (u *Uploader) goSealedCleanup(ctx context.Context, name, commit string) {
 			return
 		}
 		landed := false
-		u.goRetry(ctx, log, "cannot tell whether a left commit's manifest landed; looking again", func() error {
+		u.goRetry(ctx, log, "cannot tell whether a left commit's manifest landed; looking again", commit, func() error {
 			_, _, err := u.cfg.Store.GetBytes(ctx, key)
 			landed = err == nil
 			if errors.Is(err, ErrNotFound) {
@@ -1141,8 +1148,8 @@ func (u *Uploader) goSealedCleanup(ctx context.Context, name, commit string) {
 }
 
 // goRetry runs fn on a goroutine until it succeeds (then done, if not nil) or ctx ends, with
-// backoff between attempts and a warning (what) for each failure.
-func (u *Uploader) goRetry(ctx context.Context, log zerolog.Logger, what string, fn func() error, done func()) {
+// backoff between attempts and a warning (what) for each failure; commit names what it is for.
+func (u *Uploader) goRetry(ctx context.Context, log zerolog.Logger, what, commit string, fn func() error, done func()) {
 	u.wg.Go(func() {
 		for attempt := 1; ; attempt++ {
 			err := fn()
@@ -1155,7 +1162,7 @@ func (u *Uploader) goRetry(ctx context.Context, log zerolog.Logger, what string,
 			if ctx.Err() != nil {
 				return
 			}
-			delay := retryDelay(attempt, false)
+			delay := u.retryDelay(what+" "+commit, attempt, false)
 			log.Warn().Err(err).Int("attempt", attempt).Float64("retry_in_s", logSeconds(delay)).Msg(what)
 			t := time.NewTimer(delay)
 			select {
@@ -1226,8 +1233,8 @@ func (u *Uploader) replaceSealed(g *generation) *generation {
 		Msg("checkpoint changed after its commit was tried; committing it as a new commit")
 	ng := u.newGen(g.name, false)
 	ng.complete, ng.completeSeen, ng.firstFileAt, ng.notice = g.complete, g.completeSeen, g.firstFileAt, g.notice
-	for p, f := range g.files {
-		nf := &fileState{id: f.id}
+	for _, p := range g.paths() {
+		nf := &fileState{id: g.files[p].id}
 		ng.files[p] = nf
 		u.enqueue(ng, p, nf)
 	}
@@ -1459,7 +1466,7 @@ func (u *Uploader) beginCommit(g *generation) {
 	if g.commit != "" {
 		return
 	}
-	g.commit = NewCommitID(time.Now())
+	g.commit = u.newCommitID(g, time.Now())
 	u.journal.add(journalLine{Op: journalCommit, Checkpoint: g.name, Commit: g.commit})
 	u.flushJournal()
 }
@@ -1539,6 +1546,17 @@ func (u *Uploader) dropFile(g *generation, rel string, f *fileState) {
 		// Journalled as stored: a restart must not count it in the commit.
 		u.journal.add(journalLine{Op: journalGone, Checkpoint: g.name, Commit: g.commit, Path: rel})
 	}
+}
+
+// paths returns the paths of g's files in order: work on them is queued in this order, the
+// same in every run.
+func (g *generation) paths() []string { return slices.Sorted(maps.Keys(g.files)) }
+
+// gensInOrder returns the current generations, oldest first.
+func (u *Uploader) gensInOrder() []*generation {
+	gens := slices.Collect(maps.Values(u.gens))
+	slices.SortFunc(gens, func(a, b *generation) int { return cmp.Compare(a.seq, b.seq) })
+	return gens
 }
 
 func (g *generation) doneCount() int {
@@ -1963,7 +1981,7 @@ func (u *Uploader) handleResult(ctx context.Context, r fileResult) {
 			return
 		}
 		f.attempts++
-		delay := retryDelay(f.attempts, u.urgent())
+		delay := u.retryDelay(g.name+"/"+r.rel, f.attempts, u.urgent())
 		if errors.Is(r.err, errChangedWhileSending) {
 			// Still being written (a marker read between its creation and its write, a file
 			// written again): the trainer's doing, not a failure of the store's.
@@ -2038,8 +2056,8 @@ func (u *Uploader) logNewCommitOfName(name, why string) {
 // sendAll makes g uploading: every file goes to its commit (what was only checksummed is sent).
 func (u *Uploader) sendAll(g *generation) {
 	g.state, g.candidates = genUploading, nil
-	for rel, f := range g.files {
-		if f.done == nil || f.done.key == "" {
+	for _, rel := range g.paths() {
+		if f := g.files[rel]; f.done == nil || f.done.key == "" {
 			f.done = nil
 			u.enqueue(g, rel, f)
 		}
@@ -2048,16 +2066,35 @@ func (u *Uploader) sendAll(g *generation) {
 	u.markDirty(g)
 }
 
-// retryDelay grows with the attempts: 250 ms doubling, capped at 2 s during a notice and 30 s
-// otherwise, with jitter.
-func retryDelay(attempt int, urgent bool) time.Duration {
+// retryDelay is the wait before retry attempt of what (a name for it): 250 ms doubling, capped
+// at 2 s during a notice and 30 s otherwise, drawn between half and all of it.
+func (u *Uploader) retryDelay(what string, attempt int, urgent bool) time.Duration {
 	capd := 30 * time.Second
 	if urgent {
 		capd = 2 * time.Second
 	}
 	d := 250 * time.Millisecond << min(max(attempt, 1)-1, 10)
 	d = min(d, capd)
-	return d/2 + rand.N(d/2+1)
+	if u.cfg.seed == 0 {
+		return d/2 + rand.N(d/2+1)
+	}
+	return d/2 + time.Duration(seeded(u.cfg.seed, fmt.Sprint("retry ", what, " ", attempt)).Int64N(int64(d/2+1)))
+}
+
+// newCommitID is NewCommitID for g, its random bits seeded (by g's name and sequence number)
+// when cfg.seed is set.
+func (u *Uploader) newCommitID(g *generation, now time.Time) string {
+	if u.cfg.seed == 0 {
+		return NewCommitID(now)
+	}
+	return commitIDAt(now, seeded(u.cfg.seed, fmt.Sprint("commit ", g.name, " ", g.seq)).Uint64())
+}
+
+// seeded returns a generator seeded by seed and the name of what draws from it.
+func seeded(seed uint64, name string) *rand.Rand {
+	h := fnv.New64a()
+	h.Write([]byte(name))
+	return rand.New(rand.NewPCG(seed, h.Sum64()))
 }
 
 // after runs fn on the Run loop once d has passed, unless ctx ends first.
@@ -2093,12 +2130,17 @@ func (u *Uploader) startCommit(ctx context.Context, g *generation) {
 		}
 		c.uncertain[id] = true
 	}
+	var missing []string
 	for rel, f := range g.files {
 		if f.done == nil { // never so when ready; checked here once rather than at every event
-			u.enqueue(g, rel, f)
+			missing = append(missing, rel)
 			continue
 		}
 		c.files[rel] = *f.done
+	}
+	slices.Sort(missing)
+	for _, rel := range missing {
+		u.enqueue(g, rel, g.files[rel])
 	}
 	if g.queuedN > 0 {
 		return
@@ -2183,8 +2225,8 @@ func (u *Uploader) handleCommit(ctx context.Context, r commitResult) {
 			f.id, f.done = lf.ID, nil
 			u.enqueue(g, lf.Path, f)
 		}
-		for p, f := range g.files {
-			if f.done == nil {
+		for _, p := range g.paths() {
+			if f := g.files[p]; f.done == nil {
 				u.enqueue(g, p, f)
 			}
 		}
@@ -2204,7 +2246,7 @@ func (u *Uploader) handleCommit(ctx context.Context, r commitResult) {
 		log.Debug().Err(r.err).Int("failures", g.failures).Msg("commit failed")
 		u.emit(UploadEvent{Kind: CheckpointFailed, Checkpoint: g.name, At: time.Now(), Err: r.err})
 		g.commitWait = true
-		u.after(ctx, retryDelay(g.failures, u.urgent()), func() {
+		u.after(ctx, u.retryDelay("commit "+g.name, g.failures, u.urgent()), func() {
 			g.commitWait = false
 			u.markDirty(g)
 		})
