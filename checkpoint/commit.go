@@ -934,6 +934,7 @@ func (u *Uploader) goLateCleanup(ctx context.Context, l lateCleanup) {
 		}
 		return err
 	}
+	started := time.Now()
 	u.wg.Go(func() {
 		passes, retry, expiry := lateAborts, lateRetry, lateExpiry
 		var err error
@@ -941,7 +942,9 @@ func (u *Uploader) goLateCleanup(ctx context.Context, l lateCleanup) {
 			if i+1 < len(passes) && !time.Now().Before(l.At.Add(passes[i+1])) {
 				continue // the next pass is due as well: one pass for both
 			}
-			if !wait(l.At.Add(at)) {
+			// A pass due when the clean-up started was begun then: a stop that comes before this
+			// goroutine runs does not skip it.
+			if l.At.Add(at).After(started) && !wait(l.At.Add(at)) {
 				return
 			}
 			err = pass()

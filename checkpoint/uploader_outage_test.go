@@ -1045,3 +1045,49 @@ func TestUploaderTornManifestLandingLateIsDeleted(t *testing.T) {
 		t.Errorf("store check: %v", problems)
 	}
 }
+
+// manifestHoldStore holds the first manifest write until release is closed; held is closed, with
+// key set, when it waits.
+type manifestHoldStore struct {
+	*outageStore
+	key           string
+	held, release chan struct{}
+	once          sync.Once
+}
+
+func (s *manifestHoldStore) PutBytes(ctx context.Context, key string, data []byte, cond Cond) (string, error) {
+	if strings.HasSuffix(key, "/"+MetaDir+"/manifest.json") {
+		first := false
+		s.once.Do(func() { s.key, first = key, true })
+		if first {
+			close(s.held)
+			<-s.release
+		}
+	}
+	return s.outageStore.PutBytes(ctx, key, data, cond)
+}
+
+// TestUploaderStopRightAfterACommitClearsItsPrefix: a stop that comes while a commit's manifest is
+// being written drains until it is in, and the clean-up pass due at the commit runs before Run
+// returns: an upload that landed under the commit meanwhile is aborted. (Before, that pass ran or
+// not as its goroutine and the stop raced; the simulation found it in its seeds not replaying.)
+func TestUploaderStopRightAfterACommitClearsItsPrefix(t *testing.T) {
+	for round := range 10 {
+		s := &manifestHoldStore{outageStore: newOutageStore(newMemStore()), held: make(chan struct{}), release: make(chan struct{})}
+		dir := t.TempDir()
+		r := startUploader(t, dir, s, 0)
+		writeCheckpoint(t, dir, "step-1", map[string][]byte{"a": randomBytes(t, 8<<10)})
+		<-s.held
+		late := strings.TrimSuffix(s.key, MetaDir+"/manifest.json") + "late.bin"
+		s.openUpload(late) // a part of an upload the agent gave up on, landing now
+		r.cancel()         // the stop: it drains, for the commit under way
+		close(s.release)
+		r.waitDone("the uploader to stop once the commit is in")
+		if _, _, err := s.memStore.GetBytes(t.Context(), s.key); err != nil {
+			t.Fatalf("round %d: the commit's manifest: %v", round, err)
+		}
+		if open := s.openUploads(); len(open) > 0 {
+			t.Fatalf("round %d: incomplete uploads left under the commit at the stop: %v", round, open)
+		}
+	}
+}
