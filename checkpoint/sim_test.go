@@ -38,9 +38,11 @@ import (
 // fate (drawn for that request and the moment it is made, whatever order concurrent requests come
 // in), and the agents' retry jitter and commit ids (UploaderConfig.seed) all come from it, and the
 // scripted trainer lets the agents finish what they do at a moment before it acts (synctest.Wait).
-// What is left to chance is the order in which an agent takes results that come at one moment
-// (say, two files checksummed at once), which now and then changes which file goes next; two
-// runs of a seed, with -sim.log -sim.logall -sim.requests, show where they part.
+// Two things are left to chance: the order in which an agent takes results that come at one
+// moment (two files checksummed at once), which now and then changes which file goes next; and
+// the files' change times, which the real clock sets (a checkpoint's complete_at, and so the
+// order of commits), so two checkpoints saved within one tick of it may tie in one run and not in
+// the next. Two runs of a seed, with -sim.log -sim.logall -sim.requests, show where they part.
 
 var (
 	simSeed   = flag.Uint64("sim.seed", 0, "run the simulation with only this seed")
