@@ -1039,8 +1039,8 @@ func (s *sim) awaitLate() {
 	}
 }
 
-// advance lets d pass on the bubble's fake clock (the agents run meanwhile).
-// advance lets d pass on the fake clock, and what the agents do at its end.
+// advance lets d pass on the bubble's fake clock (the agents run meanwhile), and waits for what
+// the agents do at its end.
 func advance(d time.Duration) {
 	<-time.After(d)
 	synctest.Wait()
