@@ -112,11 +112,14 @@ func do(t *testing.T, c *http.Client, req *http.Request) (*http.Response, []byte
 // Each connection is held to its cap each way, and two connections get twice as much: the cap
 // is per connection, not for the proxy.
 func TestConnCapHolds(t *testing.T) {
-	const rate, size = 4e6, 2_000_000 // 4 MB/s, 2 MB: half a second a transfer
+	// 1 MB/s, 500 kB: half a second a transfer. A low rate keeps the proxy's own work (in small
+	// pieces, 500 writes a transfer) small beside the cap on a loaded machine: at 4 MB/s and 2 MB,
+	// two connections once took 1.005 s in CI, running beside the e2e tests.
+	const rate, size = 1e6, 500_000
 	u := newUpstream(t)
 	p, endpoint := startProxy(t, Options{Upstream: u.URL, ConnUpRate: rate, ConnDownRate: rate})
 	c := httpClient(t)
-	lo := time.Duration(float64(size-2*64<<10) / rate * float64(time.Second)) // two chunks may go ahead
+	lo := time.Duration(float64(size-2*newPacer(rate).chunk) / rate * float64(time.Second)) // two chunks may go ahead
 	hi := 2 * time.Duration(float64(size)/rate*float64(time.Second))          // a loaded machine is slower, never faster
 
 	for _, dir := range []string{"down", "down in small pieces", "up"} {
