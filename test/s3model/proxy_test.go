@@ -120,7 +120,7 @@ func TestConnCapHolds(t *testing.T) {
 	p, endpoint := startProxy(t, Options{Upstream: u.URL, ConnUpRate: rate, ConnDownRate: rate})
 	c := httpClient(t)
 	lo := time.Duration(float64(size-2*newPacer(rate).chunk) / rate * float64(time.Second)) // two chunks may go ahead
-	hi := 2 * time.Duration(float64(size)/rate*float64(time.Second))          // a loaded machine is slower, never faster
+	hi := 2 * time.Duration(float64(size)/rate*float64(time.Second))                        // a loaded machine is slower, never faster
 
 	for _, dir := range []string{"down", "down in small pieces", "up"} {
 		t.Run(dir, func(t *testing.T) {
