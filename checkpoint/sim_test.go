@@ -90,6 +90,7 @@ var simTroubleSeeds = []uint64{1, 2, 3, 4, 5, 6, 7, 8,
 	15502045643967214264, // a stop waited for a LATEST repair against a hung store, past its budget
 	6753539153906812938,  // a manifest write held past its timeout landed after retention deleted its commit: torn
 	8532108675264824729,  // a held manifest write landed on a sealed commit left behind, over an incomplete upload
+	2400494668816226632,  // (at 400 steps) a restart counted a sealed commit it found committed, and never looked for a held write landing torn
 }
 
 func TestSimulationTrouble(t *testing.T) {

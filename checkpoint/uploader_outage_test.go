@@ -1091,3 +1091,59 @@ func TestUploaderStopRightAfterACommitClearsItsPrefix(t *testing.T) {
 		}
 	}
 }
+
+// TestUploaderRestartWatchesASealedCommitForATornManifest: a killed run sent its commit's
+// manifest, one write landed, and others had their answers lost (held by the network); the
+// journal says the commit is sealed, not done. The restarted agent finds the manifest and counts
+// the commit, and, as after a commit of its own, looks again for a torn manifest: another
+// agent's retention deletes the commit, then a held write lands over deleted objects, and the
+// restarted agent deletes it. (Found by TestSimulationTrouble, 400 steps, seed
+// 2400494668816226632: the torn manifest stayed.)
+func TestUploaderRestartWatchesASealedCommitForATornManifest(t *testing.T) {
+	t.Cleanup(func(l []time.Duration, h time.Duration) func() {
+		return func() { lateAborts, s3ResponseHeaderTimeout = l, h }
+	}(lateAborts, s3ResponseHeaderTimeout)) // after the uploaders stop
+	// Passes late enough to come after the tear below, on a loaded machine too.
+	lateAborts, s3ResponseHeaderTimeout = []time.Duration{0, 3 * time.Second, 10 * time.Second}, 100*time.Millisecond
+	mem, dir, state := newMemStore(), t.TempDir(), t.TempDir()
+
+	// The killed run's commit, as it is in the store: its files and its manifest.
+	first := startUploaderWith(t, dir, mem, UploaderConfig{})
+	writeCheckpoint(t, dir, "step-1", map[string][]byte{"a": randomBytes(t, 8<<10)})
+	m := first.waitCommitted("step-1").Manifest
+	first.stop()
+	key := ManifestKey("job", "step-1", m.Commit)
+	data, _, err := mem.GetBytes(t.Context(), key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Its journal: the commit sealed, not done.
+	files := map[string]doneFile{}
+	for _, f := range m.Files {
+		files[f.Path] = doneFile{key: m.FileKey(f), checksum: f.Checksum}
+	}
+	j, err := writeJournal(journalPath(state, "job", dir, mem.URL()), map[string]*journalEntry{
+		"step-1": {commit: m.Commit, files: files, sealed: true},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	j.close()
+
+	second := startUploaderWith(t, dir, mem, UploaderConfig{StateDir: state})
+	writeCheckpoint(t, dir, "step-2", map[string][]byte{"a": randomBytes(t, 8<<10)})
+	second.waitCommitted("step-2") // LATEST moves on: step-1 may go
+	// Another agent's retention, then a held write of the killed run's lands.
+	objs, _ := mem.List(t.Context(), CommitPrefix("job", "step-1", m.Commit))
+	for _, o := range objs {
+		mem.remove(o.Key)
+	}
+	mem.put(key, data)
+	eventuallyUploader(t, "the manifest that landed over deleted objects to be deleted", func() bool {
+		_, _, err := mem.GetBytes(t.Context(), key)
+		return errors.Is(err, ErrNotFound)
+	})
+	if problems := CheckJob(t.Context(), mem, "job", true); len(problems) > 0 {
+		t.Errorf("store check: %v", problems)
+	}
+}
