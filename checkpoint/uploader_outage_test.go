@@ -1028,15 +1028,21 @@ func TestUploaderTornManifestLandingLateIsDeleted(t *testing.T) {
 	writeCheckpoint(t, r.dir, "step-2", map[string][]byte{"a": randomBytes(t, 8<<10)})
 	r.waitCommitted("step-2") // LATEST moves on: step-1 may go
 
-	// Another agent's retention, then the held write.
-	if err := mem.Delete(t.Context(), key); err != nil {
-		t.Fatal(err)
-	}
-	objs, _ := mem.List(t.Context(), CommitPrefix("job", "step-1", ev.Manifest.Commit))
+	landTorn(t, mem, "step-1", ev.Manifest.Commit, heldData)
+}
+
+// landTorn deletes commit of checkpoint (job "job") as another agent's retention does, manifest
+// first, then lands data as its manifest, as a write the network held does, over deleted objects;
+// it waits for the uploader to delete that manifest, and checks the store.
+func landTorn(t *testing.T, mem *memStore, checkpoint, commit string, data []byte) {
+	t.Helper()
+	key := ManifestKey("job", checkpoint, commit)
+	mem.remove(key)
+	objs, _ := mem.List(t.Context(), CommitPrefix("job", checkpoint, commit))
 	for _, o := range objs {
-		mem.Delete(t.Context(), o.Key)
+		mem.remove(o.Key)
 	}
-	mem.put(key, heldData)
+	mem.put(key, data)
 	eventuallyUploader(t, "the manifest that landed over deleted objects to be deleted", func() bool {
 		_, _, err := mem.GetBytes(t.Context(), key)
 		return errors.Is(err, ErrNotFound)
@@ -1134,16 +1140,5 @@ func TestUploaderRestartWatchesASealedCommitForATornManifest(t *testing.T) {
 	writeCheckpoint(t, dir, "step-2", map[string][]byte{"a": randomBytes(t, 8<<10)})
 	second.waitCommitted("step-2") // LATEST moves on: step-1 may go
 	// Another agent's retention, then a held write of the killed run's lands.
-	objs, _ := mem.List(t.Context(), CommitPrefix("job", "step-1", m.Commit))
-	for _, o := range objs {
-		mem.remove(o.Key)
-	}
-	mem.put(key, data)
-	eventuallyUploader(t, "the manifest that landed over deleted objects to be deleted", func() bool {
-		_, _, err := mem.GetBytes(t.Context(), key)
-		return errors.Is(err, ErrNotFound)
-	})
-	if problems := CheckJob(t.Context(), mem, "job", true); len(problems) > 0 {
-		t.Errorf("store check: %v", problems)
-	}
+	landTorn(t, mem, "step-1", m.Commit, data)
 }
