@@ -197,9 +197,11 @@ const readConcurrency = 16
 // readJob reads what job holds in s: one delimiter listing of J/, one of each J/C/, and each
 // commit's manifest (from cache when it holds it; cache may be nil). It never lists every
 // object. A manifest that is not valid, or names another job, checkpoint or commit than its key,
-// is a problem and left out; so is a LATEST that cannot be used. It returns an error (and no
-// state) when job is not a valid name, ctx ends, or the store fails to list or read (any error
-// but ErrNotFound): a state with holes could make a restore pick an older checkpoint.
+// is a problem and left out; so is a LATEST that cannot be used. A LATEST that names a commit
+// the listing did not show (committed while it read) has that commit's manifest read too, and
+// the commit taken. It returns an error (and no state) when job is not a valid name, ctx ends,
+// or the store fails to list or read (any error but ErrNotFound): a state with holes could make
+// a restore pick an older checkpoint.
 func readJob(ctx context.Context, s Store, job string, cache *manifestCache) (*JobState, error) {
 	if err := ValidName(job); err != nil {
 		return nil, fmt.Errorf("job: %w", err)
@@ -267,25 +269,46 @@ func readJob(ctx context.Context, s Store, job string, cache *manifestCache) (*J
 	var latest *Latest
 	var latestETag string
 	var latestProblem error
-	g.Go(func() error {
-		data, etag, err := s.GetBytes(gctx, LatestKey(job))
-		switch {
-		case errors.Is(err, ErrNotFound):
-			return nil
-		case err != nil:
-			return fmt.Errorf("read %s: %w", LatestKey(job), err)
-		}
-		latestETag = etag
-		var l Latest
-		if err := json.Unmarshal(data, &l); err != nil {
-			latestProblem = fmt.Errorf("%s is not valid JSON: %w", LatestKey(job), err)
-			return nil
-		}
-		latest = &l
-		return nil
+	g.Go(func() (err error) {
+		latest, latestETag, latestProblem, err = getLatest(gctx, s, job)
+		return err
 	})
 	if err := g.Wait(); err != nil {
 		return fail(err)
+	}
+	// A LATEST that names a commit this reading has no manifest of was read in the middle of a
+	// commit (its manifest written after the listing or the read of it, then LATEST), or of a
+	// retention that deleted its target after LATEST moved on. The manifest is read itself;
+	// if it is not there, LATEST once more.
+	for range latestRereads {
+		if latest == nil || latestProblem != nil || ValidName(latest.Checkpoint) != nil ||
+			slices.ContainsFunc(reads, func(r read) bool {
+				return r.m != nil && r.m.Checkpoint == latest.Checkpoint && r.m.Commit == latest.Commit
+			}) {
+			break
+		}
+		ref := CommitRef{Checkpoint: latest.Checkpoint, Commit: latest.Commit}
+		m, problem, err := readManifest(ctx, s, job, ref, cache)
+		if err != nil {
+			return fail(err)
+		}
+		if m != nil && problem == nil {
+			i := slices.Index(all, ref)
+			if i < 0 {
+				all, reads = append(all, ref), append(reads, read{})
+				i = len(all) - 1
+			}
+			reads[i] = read{m: m}
+			break
+		}
+		l, etag, lproblem, err := getLatest(ctx, s, job)
+		if err != nil {
+			return fail(err)
+		}
+		if etag == latestETag {
+			break // it names a commit without a valid manifest: a problem, below
+		}
+		latest, latestETag, latestProblem = l, etag, lproblem
 	}
 
 	st := &JobState{Latest: latest, LatestETag: latestETag}
@@ -329,6 +352,27 @@ func readJob(ctx context.Context, s Store, job string, cache *manifestCache) (*J
 		st.Commits[i].Latest = true
 	}
 	return st, nil
+}
+
+// latestRereads bounds how often readJob reads LATEST again when it names a commit the reading
+// did not find.
+const latestRereads = 3
+
+// getLatest reads job's LATEST: nil and no problem when there is none, a problem when it is not
+// valid JSON, an error when the store fails.
+func getLatest(ctx context.Context, s Store, job string) (*Latest, string, error, error) {
+	data, etag, err := s.GetBytes(ctx, LatestKey(job))
+	switch {
+	case errors.Is(err, ErrNotFound):
+		return nil, "", nil, nil
+	case err != nil:
+		return nil, "", nil, fmt.Errorf("read %s: %w", LatestKey(job), err)
+	}
+	var l Latest
+	if err := json.Unmarshal(data, &l); err != nil {
+		return nil, etag, fmt.Errorf("%s is not valid JSON: %w", LatestKey(job), err), nil
+	}
+	return &l, etag, nil, nil
 }
 
 // listCommits lists the commits of checkpoint name with one delimiter listing: version 2 commit

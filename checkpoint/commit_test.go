@@ -1,6 +1,7 @@
 package checkpoint
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -272,5 +273,97 @@ func TestReadJobListsManifestsNotObjects(t *testing.T) {
 	few, many := count(2), count(200)
 	if few != many || few.Lists != 0 {
 		t.Errorf("reading a job: %+v with 2 files per checkpoint, %+v with 200; want the same, and no full listing", few, many)
+	}
+}
+
+// readHookStore is a memStore that runs a hook registered for a key once, before the first read of
+// that key.
+type readHookStore struct {
+	*memStore
+	mu    sync.Mutex
+	hooks map[string]func()
+}
+
+func (s *readHookStore) on(key string, hook func()) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.hooks[key] = hook
+}
+
+func (s *readHookStore) GetBytes(ctx context.Context, key string) ([]byte, string, error) {
+	s.mu.Lock()
+	hook := s.hooks[key]
+	delete(s.hooks, key)
+	s.mu.Unlock()
+	if hook != nil {
+		hook()
+	}
+	return s.memStore.GetBytes(ctx, key)
+}
+
+// A reading of the job is not one step: an agent can commit between its listing and its read of
+// LATEST, and its retention can then delete what LATEST named. readJob still gives LATEST's
+// target, with no problem (`spotguard list --check` on a live job, and the soak, saw "LATEST
+// names ... which has no valid manifest").
+func TestReadJobWhileAnAgentCommits(t *testing.T) {
+	t0 := restoreTestT0
+	commit := func(t *testing.T, s Store, name string, at time.Time) *Manifest {
+		m := putSingle(t, s, name, "i-a", map[string][]byte{"a": randomBytes(t, 1<<10)}, at)
+		if _, err := advanceLatest(t.Context(), s, m, m.Host, nil); err != nil {
+			t.Fatal(err)
+		}
+		return m
+	}
+	for _, tt := range []struct {
+		name string
+		// race registers what happens during the reading.
+		race func(t *testing.T, s *readHookStore)
+	}{
+		{"committed after the listing", func(t *testing.T, s *readHookStore) {
+			s.on(LatestKey("job"), func() { commit(t, s, "step-2", t0.Add(2*time.Minute)) })
+		}},
+		{"committed after the listing, then LATEST moved on and retention deleted it", func(t *testing.T, s *readHookStore) {
+			s.on(LatestKey("job"), func() {
+				x := commit(t, s, "step-2", t0.Add(2*time.Minute))
+				s.on(ManifestKey("job", x.Checkpoint, x.Commit), func() {
+					commit(t, s, "step-3", t0.Add(3*time.Minute))
+					s.remove(ManifestKey("job", x.Checkpoint, x.Commit))
+					for _, f := range x.Files {
+						s.remove(x.FileKey(f))
+					}
+				})
+			})
+		}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			s := &readHookStore{memStore: newMemStore(), hooks: map[string]func(){}}
+			commit(t, s, "step-1", t0.Add(time.Minute))
+			tt.race(t, s)
+			st, err := readJob(t.Context(), s, "job", nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(st.Problems) > 0 {
+				t.Errorf("problems: %v; want none", st.Problems)
+			}
+			target := st.LatestTarget()
+			if target == nil || st.Latest == nil {
+				t.Fatalf("no LATEST target (LATEST %+v)", st.Latest)
+			}
+			if n := len(s.hooks); n > 0 {
+				t.Errorf("%d hooks did not run: the reading did not go as the test means", n)
+			}
+			data, _, err := s.GetBytes(t.Context(), LatestKey("job"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			var l Latest
+			if err := json.Unmarshal(data, &l); err != nil {
+				t.Fatal(err)
+			}
+			if target.Manifest.Commit != l.Commit || st.Latest.Commit != l.Commit {
+				t.Errorf("LATEST target %s, LATEST as read %s; want LATEST's %s/%s", target.Key, st.Latest.Commit, l.Checkpoint, l.Commit)
+			}
+		})
 	}
 }
