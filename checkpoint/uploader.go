@@ -174,8 +174,10 @@ type Uploader struct {
 	// index holds the committed manifests of each checkpoint name, newest first, as last read
 	// (at start, at each new generation's lookup) or committed.
 	index map[string][]*Manifest
-	// uncertain holds, by commit, when a manifest write of this run's failed without an answer:
-	// it may still land, so retention keeps that commit for uncertainFor (startCommit).
+	// uncertain holds, by commit, when a manifest write of this run's failed without an answer,
+	// or when this run found an earlier run's commit sealed in the journal (a write of it may
+	// have been sent): it may still land, so retention keeps that commit for uncertainFor
+	// (startCommit).
 	uncertain map[string]time.Time
 	resume    map[string]*journalEntry
 	journal   *journal
@@ -826,6 +828,10 @@ func (u *Uploader) start(ctx context.Context) {
 			if now := time.Now(); l.At.After(now) {
 				l.At = now // a clock set back: not later than its last pass would be now
 			}
+			if l.Sealed {
+				// A write of its manifest may still land: kept as in the run that wrote it.
+				u.uncertain[l.Commit] = l.At
+			}
 			u.journal.add(l.line())
 			u.goLateCleanup(ctx, l)
 		}
@@ -1018,6 +1024,13 @@ func (u *Uploader) resolveJournal(ctx context.Context, name string, e *journalEn
 	if ValidCommitID(e.commit) != nil {
 		delete(u.resume, name)
 		return
+	}
+	if e.sealed {
+		// The earlier run may have sent a write of the manifest whose answer it never had:
+		// until such a write would have landed, this run's retention keeps the commit, as it
+		// keeps one of its own, so the write cannot land over deleted objects after this run
+		// commits the commit itself (resumed), or finds it committed.
+		u.uncertain[e.commit] = time.Now()
 	}
 	committed, unknown := false, false
 	if st != nil {

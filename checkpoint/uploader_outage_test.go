@@ -1137,8 +1137,116 @@ func TestUploaderRestartWatchesASealedCommitForATornManifest(t *testing.T) {
 	j.close()
 
 	second := startUploaderWith(t, dir, mem, UploaderConfig{StateDir: state})
+	laterTick(t, dir, "step-1")
 	writeCheckpoint(t, dir, "step-2", map[string][]byte{"a": randomBytes(t, 8<<10)})
 	second.waitCommitted("step-2") // LATEST moves on: step-1 may go
 	// Another agent's retention, then a held write of the killed run's lands.
 	landTorn(t, mem, "step-1", m.Commit, data)
+}
+
+// sealedRestartRig is an earlier run's work for the two tests below: commits of step-0, step-1
+// and step-2 (in that order, so step-1 is old once step-2 is in), made by a run without a
+// journal, of which only step-1 stays on disk; then the journal of a run that sealed step-1 (the
+// entry given, with the late line, if any), written for the next run to read.
+func sealedRestartRig(t *testing.T, mem *memStore, dir, state string, entry func(*Manifest) *journalEntry, late bool) (m *Manifest, data []byte) {
+	t.Helper()
+	first := startUploaderWith(t, dir, mem, UploaderConfig{})
+	var ms []*Manifest
+	for i, name := range []string{"step-0", "step-1", "step-2"} {
+		if i > 0 {
+			laterTick(t, dir, fmt.Sprintf("step-%d", i-1))
+		}
+		writeCheckpoint(t, dir, name, map[string][]byte{"a": randomBytes(t, 8<<10)})
+		ms = append(ms, first.waitCommitted(name).Manifest)
+	}
+	first.stop()
+	laterTick(t, dir, "step-2") // what the next run writes completes later
+	// Only step-1 is left on disk, so the next run has nothing else to commit or adopt.
+	for _, name := range []string{"step-0", "step-2"} {
+		if err := os.RemoveAll(filepath.Join(dir, name)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	m = ms[1]
+	data, _, err := mem.GetBytes(t.Context(), ManifestKey("job", "step-1", m.Commit))
+	if err != nil {
+		t.Fatal(err)
+	}
+	j, err := writeJournal(journalPath(state, "job", dir, mem.URL()), map[string]*journalEntry{"step-1": entry(m)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if late {
+		j.add(lateCleanup{CommitRef: CommitRef{Checkpoint: "step-1", Commit: m.Commit}, Sealed: true, At: time.Now()}.line())
+	}
+	if err := j.close(); err != nil {
+		t.Fatal(err)
+	}
+	return m, data
+}
+
+// landsAfterRetention checks what a held manifest write of commit would do now: the manifest is
+// still there, so the write finds it (If-None-Match) and lands nothing; and that retention did
+// run, deleting step-0.
+func landsAfterRetention(t *testing.T, mem *memStore, m *Manifest, data []byte) {
+	t.Helper()
+	if _, _, err := mem.GetBytes(t.Context(), ManifestKey("job", "step-1", m.Commit)); err != nil {
+		t.Fatalf("step-1's manifest: %v; want it kept while an earlier run's write of it may land", err)
+	}
+	if _, err := mem.PutBytes(t.Context(), ManifestKey("job", "step-1", m.Commit), data, Cond{IfAbsent: true}); !errors.Is(err, ErrExists) {
+		t.Errorf("the held write landing: %v; want ErrExists", err)
+	}
+	cs, _, err := ListCommitted(t.Context(), mem, "job")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if slices.ContainsFunc(cs, func(c Committed) bool { return c.Manifest.Checkpoint == "step-0" }) {
+		t.Errorf("step-0 is still committed; want it deleted by retention (keep 1)")
+	}
+	if problems := CheckJob(t.Context(), mem, "job", true); len(problems) > 0 {
+		t.Errorf("store check: %v", problems)
+	}
+}
+
+// TestUploaderRestartKeepsAResumedSealedCommitFromRetention: the run before a restart sent a
+// manifest write of step-1 that the network holds (the journal says sealed; no manifest in the
+// store yet). The restart resumes the commit and writes the manifest itself, and its retention
+// must not delete the commit then, old as it is (keep 1, step-2 newer): the held write would land
+// after the delete (If-None-Match finds nothing) over deleted objects, when no agent may be left
+// to look (the simulation, seed 7037552981613227466 at 400 steps).
+func TestUploaderRestartKeepsAResumedSealedCommitFromRetention(t *testing.T) {
+	mem, dir, state := newMemStore(), t.TempDir(), t.TempDir()
+	m, data := sealedRestartRig(t, mem, dir, state, func(m *Manifest) *journalEntry {
+		files := map[string]doneFile{}
+		for _, f := range m.Files {
+			fi, err := os.Lstat(filepath.Join(dir, "step-1", f.Path))
+			if err != nil {
+				t.Fatal(err)
+			}
+			files[f.Path] = doneFile{id: FileIDOf(fi), key: m.FileKey(f), checksum: f.Checksum, readAt: time.Now()}
+		}
+		return &journalEntry{commit: m.Commit, files: files, sealed: true}
+	}, false)
+	mem.remove(ManifestKey("job", "step-1", m.Commit)) // the write the network holds
+
+	second := startUploaderWith(t, dir, mem, UploaderConfig{StateDir: state, Keep: 1})
+	if got := second.waitCommitted("step-1").Manifest.Commit; got != m.Commit {
+		t.Fatalf("step-1 committed as %s; want the resumed commit %s", got, m.Commit)
+	}
+	landsAfterRetention(t, mem, m, data)
+}
+
+// TestUploaderRestartKeepsASealedLateCommitFromRetention: the same for a commit the earlier run
+// finished after a write whose answer it lost (its late clean-up, in the journal, says sealed):
+// the restart's retention keeps it too while that write may land.
+func TestUploaderRestartKeepsASealedLateCommitFromRetention(t *testing.T) {
+	mem, dir, state := newMemStore(), t.TempDir(), t.TempDir()
+	m, data := sealedRestartRig(t, mem, dir, state, func(m *Manifest) *journalEntry {
+		return &journalEntry{commit: m.Commit, done: true}
+	}, true)
+
+	second := startUploaderWith(t, dir, mem, UploaderConfig{StateDir: state, Keep: 1})
+	writeCheckpoint(t, dir, "step-3", map[string][]byte{"a": randomBytes(t, 8<<10)})
+	second.waitCommitted("step-3") // and retention, keep 1
+	landsAfterRetention(t, mem, m, data)
 }
