@@ -269,6 +269,7 @@ func (s *sim) addAgent(name string) *simAgent {
 // startAgent starts a's agent and sends it what the watcher's first scan would.
 func (s *sim) startAgent(a *simAgent) {
 	a.store = s.b.connect(fmt.Sprintf("%s#%d", a.name, a.incarnation))
+	s.b.agentUp(a.name, true)
 	a.noticed, a.inForce = false, false
 	log := zerolog.New(s.logs).Hook(simClock{}).With().Str("agent", a.store.name).Logger()
 	cfg := UploaderConfig{
@@ -320,6 +321,7 @@ func (s *sim) stopAgent(a *simAgent) {
 	<-a.done
 	synctest.Wait()
 	a.events = nil
+	s.b.agentUp(a.name, false)
 	if took := time.Since(start); took > simStopBudget+simStopSlack {
 		s.fail("agent %s took %v to stop; its stop budget is %v", a.name, took, simStopBudget)
 	}

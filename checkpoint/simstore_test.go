@@ -55,6 +55,8 @@ type simBackend struct {
 	deletedBy map[string]string
 	torn      map[string]simTear
 	tears     int // every one recorded
+	// up holds, for each agent running (its name, not an incarnation), when it last started.
+	up map[string]time.Time
 }
 
 type simObject struct {
@@ -82,6 +84,18 @@ func newSimBackend(seed uint64) *simBackend {
 		lateKeys:      map[string]bool{},
 		deletedBy:     map[string]string{},
 		torn:          map[string]simTear{},
+		up:            map[string]time.Time{},
+	}
+}
+
+// agentUp records that the agent name started now (up) or stopped.
+func (b *simBackend) agentUp(name string, up bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if up {
+		b.up[name] = time.Now()
+	} else {
+		delete(b.up, name)
 	}
 }
 
@@ -182,7 +196,7 @@ func (b *simBackend) write(key string, data []byte, by string) string {
 			o, ok := b.objs[k]
 			switch {
 			case !ok && b.otherAgent(b.deletedBy[k], by):
-				b.tear(key, fmt.Sprintf("written by %s, lists %s, which %s deleted", by, k, b.deletedBy[k]))
+				b.tear(key, by, fmt.Sprintf("written by %s, lists %s, which %s deleted", by, k, b.deletedBy[k]))
 			case !ok:
 				b.violate("I2: manifest %s lists %s, which is not in the store", key, k)
 			case int64(len(o.data)) != f.Size:
@@ -227,7 +241,7 @@ func (b *simBackend) remove(key, by string) {
 	if m, ok := b.covered[key]; ok && m != key {
 		if om, present := b.objs[m]; present {
 			if b.otherAgent(by, om.by) {
-				b.tear(m, fmt.Sprintf("written by %s, lists %s, which %s deleted", om.by, key, by))
+				b.tear(m, om.by, fmt.Sprintf("written by %s, lists %s, which %s deleted", om.by, key, by))
 			} else {
 				b.violate("I2: %s deleted while manifest %s lists it", key, m)
 			}
@@ -259,35 +273,43 @@ func (b *simBackend) otherAgent(x, y string) bool {
 	return x != "" && y != "" && bx != by
 }
 
-// tear records that manifest key lists an object deleted, in the one race between two agents
-// that S3 cannot exclude: one agent's retention deletes a commit, manifest first, while another
-// that lost the answer to its write of that manifest writes it again. Both look afterwards
-// (clearRevived, Uploader.commit) and delete the manifest; checkTorn holds them to it. Called
-// with b.mu held.
-func (b *simBackend) tear(key, why string) {
+// tear records that manifest key, written by the agent incarnation writer, lists an object
+// deleted, in the one race between two agents that S3 cannot exclude: one agent's retention
+// deletes a commit, manifest first, while another that lost the answer to its write of that
+// manifest writes it again. Both look afterwards (clearRevived, Uploader.commit) and delete the
+// manifest; checkTorn holds them to it. Called with b.mu held.
+func (b *simBackend) tear(key, writer, why string) {
 	if _, ok := b.torn[key]; !ok {
-		b.torn[key] = simTear{at: time.Now(), why: why}
+		name, _, _ := strings.Cut(writer, "#")
+		b.torn[key] = simTear{at: time.Now(), writer: name, why: why}
 		b.tears++
 	}
 }
 
-// simTear is a manifest over deleted objects (tear).
+// simTear is a manifest over deleted objects (tear), written by the agent writer.
 type simTear struct {
-	at  time.Time
-	why string
+	at          time.Time
+	writer, why string
 }
 
-// tornFor is how long a manifest over deleted objects may stay (tear): the agents' looks after
-// their writes and deletes, and the late clean-up of a prefix that failed them, 0, 5 and 30 s on.
+// tornFor is how long a manifest over deleted objects may stay (tear) while the agent that wrote
+// it runs: the agents' looks after their writes and deletes, and the late clean-up of a prefix
+// that failed them, 0, 5 and 30 s on. A stopped agent looks again when it starts (its journal
+// keeps the clean-up), so the time counts from then.
 const tornFor = time.Minute
 
-// checkTorn records a violation for each manifest over deleted objects older than tornFor, or
-// for each one at all when final.
+// checkTorn records a violation for each manifest over deleted objects that has stayed longer
+// than tornFor while its writer ran (tornFor), or for each one at all when final.
 func (b *simBackend) checkTorn(final bool) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	for _, k := range slices.Sorted(maps.Keys(b.torn)) {
-		if t := b.torn[k]; final || time.Since(t.at) > tornFor {
+		t := b.torn[k]
+		since, running := b.up[t.writer]
+		if t.at.After(since) {
+			since = t.at
+		}
+		if final || running && time.Since(since) > tornFor {
 			b.violate("I2: manifest %s lists deleted objects since %s (%s), not deleted by its agents", k, t.at.Format("15:04:05.000"), t.why)
 			delete(b.torn, k)
 		}
