@@ -828,7 +828,7 @@ func (u *Uploader) start(ctx context.Context) {
 			if now := time.Now(); l.At.After(now) {
 				l.At = now // a clock set back: not later than its last pass would be now
 			}
-			if l.Sealed {
+			if t, ok := u.uncertain[l.Commit]; l.Sealed && (!ok || l.At.After(t)) {
 				// A write of its manifest may still land: kept as in the run that wrote it.
 				u.uncertain[l.Commit] = l.At
 			}
