@@ -1185,9 +1185,9 @@ func sealedRestartRig(t *testing.T, mem *memStore, dir, state string, entry func
 	return m, data
 }
 
-// landsAfterRetention checks what a held manifest write of commit would do now: the manifest is
-// still there, so the write finds it (If-None-Match) and lands nothing; and that retention did
-// run, deleting step-0.
+// landsAfterRetention checks what a held write of m (step-1's manifest) would do now: the
+// manifest is still there, so the write finds it (If-None-Match) and lands nothing; and that
+// retention did run, deleting step-0.
 func landsAfterRetention(t *testing.T, mem *memStore, m *Manifest, data []byte) {
 	t.Helper()
 	if _, _, err := mem.GetBytes(t.Context(), ManifestKey("job", "step-1", m.Commit)); err != nil {
