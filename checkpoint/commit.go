@@ -278,8 +278,9 @@ func readJob(ctx context.Context, s Store, job string, cache *manifestCache) (*J
 	}
 	// A LATEST that names a commit this reading has no manifest of was read in the middle of a
 	// commit (its manifest written after the listing or the read of it, then LATEST), or of a
-	// retention that deleted its target after LATEST moved on. The manifest is read itself;
-	// if it is not there, LATEST once more.
+	// retention that deleted its target after LATEST moved on. The manifest is read itself, from
+	// the store (a cached copy may be of a commit deleted since); if it is not there, LATEST once
+	// more.
 	for range latestRereads {
 		if latest == nil || latestProblem != nil || ValidName(latest.Checkpoint) != nil ||
 			slices.ContainsFunc(reads, func(r read) bool {
@@ -288,7 +289,7 @@ func readJob(ctx context.Context, s Store, job string, cache *manifestCache) (*J
 			break
 		}
 		ref := CommitRef{Checkpoint: latest.Checkpoint, Commit: latest.Commit}
-		m, problem, err := readManifest(ctx, s, job, ref, cache)
+		m, problem, err := readManifest(ctx, s, job, ref, nil)
 		if err != nil {
 			return fail(err)
 		}

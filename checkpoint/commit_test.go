@@ -367,3 +367,32 @@ func TestReadJobWhileAnAgentCommits(t *testing.T) {
 		})
 	}
 }
+
+// A LATEST whose target was deleted by hand (the whole commit) names no valid manifest, also for
+// a reader whose cache still holds that manifest (the agent's, which committed it): the agent
+// then moves LATEST to the newest commit there is.
+func TestReadJobLatestTargetDeletedByHand(t *testing.T) {
+	s := newMemStore()
+	old := putSingle(t, s, "step-1", "i-a", map[string][]byte{"a": randomBytes(t, 1<<10)}, restoreTestT0)
+	m := putSingle(t, s, "step-2", "i-a", map[string][]byte{"a": randomBytes(t, 1<<10)}, restoreTestT0.Add(time.Minute))
+	if _, err := advanceLatest(t.Context(), s, m, m.Host, nil); err != nil {
+		t.Fatal(err)
+	}
+	cache := &manifestCache{}
+	key := ManifestKey("job", m.Checkpoint, m.Commit)
+	cache.put(key, m)
+	s.remove(key)
+	for _, f := range m.Files {
+		s.remove(m.FileKey(f))
+	}
+	st, err := readJob(t.Context(), s, "job", cache)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(st.Commits) != 1 || st.Commits[0].Manifest.Commit != old.Commit {
+		t.Errorf("commits %v; want only step-1's", st.Commits)
+	}
+	if len(st.Problems) != 1 || !strings.Contains(st.Problems[0].Error(), "which has no valid manifest") {
+		t.Errorf("problems %v; want LATEST naming no valid manifest", st.Problems)
+	}
+}
