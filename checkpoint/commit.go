@@ -937,6 +937,11 @@ func (u *Uploader) goLateCleanup(ctx context.Context, l lateCleanup) {
 	prefix := CommitPrefix(u.cfg.Job, l.Checkpoint, l.Commit)
 	log := u.log.With().Str("prefix", prefix).Logger()
 	wait := func(at time.Time) bool {
+		if ctx.Err() != nil {
+			// Stopped: no pass begins now, even one already due (select would pick between a
+			// timer that fired and the stop at random, and each pass may take s3AbortTimeout).
+			return false
+		}
 		t := time.NewTimer(time.Until(at))
 		defer t.Stop()
 		select {
