@@ -121,7 +121,7 @@ func CheckJob(ctx context.Context, s Store, job string, settled bool) []error {
 		}
 		for _, o := range objs {
 			if _, ok := listed[o.Key]; !ok && !own[o.Key] {
-				problems = append(problems, fmt.Errorf("I7: commit %s holds %s, which its manifest does not list", name, o.Key))
+				problems = append(problems, &StrayObject{Commit: name, Key: o.Key})
 			}
 		}
 	}
@@ -171,4 +171,16 @@ func CheckLatestForward(prev, next *Latest) error {
 			p.At.Format("15:04:05.000"), next.Checkpoint, next.Commit, n.At.Format("15:04:05.000"))
 	}
 	return nil
+}
+
+// StrayObject is CheckJob's problem for an object under a commit that its manifest does not
+// list: a leftover, or a write that landed after the commit and that the committing agent's late
+// clean-up passes have not deleted yet.
+type StrayObject struct {
+	Commit string // checkpoint/commit
+	Key    string
+}
+
+func (e *StrayObject) Error() string {
+	return fmt.Sprintf("I7: commit %s holds %s, which its manifest does not list", e.Commit, e.Key)
 }

@@ -987,14 +987,13 @@ func (s *sim) settle() {
 // cleaning up there (goLateCleanup ends with the agent) is left, not a fault.
 func (s *sim) storeCheck(clean Store) {
 	var problems []string
-	for _, p := range errStrings(CheckJob(s.t.Context(), clean, s.job, true)) {
+	for _, p := range CheckJob(s.t.Context(), clean, s.job, true) {
 		s.b.mu.Lock()
-		late := slices.ContainsFunc(slices.Collect(maps.Keys(s.b.lateKeys)), func(k string) bool {
-			return strings.Contains(p, " holds "+k+", which its manifest does not list")
-		})
+		stray, ok := errors.AsType[*StrayObject](p)
+		late := ok && s.b.lateKeys[stray.Key]
 		s.b.mu.Unlock()
 		if !late {
-			problems = append(problems, p)
+			problems = append(problems, p.Error())
 		}
 	}
 	if len(problems) > 0 {

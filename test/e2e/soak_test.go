@@ -558,7 +558,7 @@ var soakNameRE = regexp.MustCompile(`step-\d{6}|model-\d\.pt`)
 // check checks the store after a phase: CheckJob (settled=false) finds nothing, every manifest
 // lists a version its checkpoint had, LATEST moved forward.
 func (s *soak) check(when string) {
-	ctx, cancel := context.WithTimeout(s.t.Context(), 2*time.Minute)
+	ctx, cancel := context.WithTimeout(s.t.Context(), soakStrayWait+2*time.Minute)
 	defer cancel()
 	s.checkLatest(ctx)
 	problems := checkpoint.CheckJob(ctx, s.store, soakJob, false)
@@ -587,10 +587,10 @@ func (s *soak) check(when string) {
 const soakStrayWait = 2*time.Minute + 15*time.Second
 
 // onlyStrays reports whether every problem is an object under a commit that its manifest does
-// not list (CheckJob's I7).
+// not list (checkpoint.StrayObject).
 func onlyStrays(problems []error) bool {
 	for _, p := range problems {
-		if !strings.Contains(p.Error(), ", which its manifest does not list") {
+		if _, ok := errors.AsType[*checkpoint.StrayObject](p); !ok {
 			return false
 		}
 	}
