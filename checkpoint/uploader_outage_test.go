@@ -12,6 +12,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/rs/zerolog"
@@ -1276,20 +1277,19 @@ func TestLateCleanupBeginsNoPassAfterAStop(t *testing.T) {
 	t.Cleanup(func(l []time.Duration) func() { return func() { lateAborts = l } }(lateAborts))
 	lateAborts = []time.Duration{0, time.Millisecond, time.Hour}
 	for round := range 20 {
-		s := &passStore{memStore: newMemStore(), held: make(chan struct{}), release: make(chan struct{})}
-		u := NewUploader(UploaderConfig{Store: s, Job: "job", Dir: t.TempDir(), Logger: zerolog.Nop()})
-		ctx, cancel := context.WithCancel(t.Context())
-		u.goLateCleanup(ctx, lateCleanup{CommitRef: CommitRef{Checkpoint: "step-1", Commit: NewCommitID(time.Now())}, At: time.Now()})
-		<-s.held
-		// The second pass falls due while the first runs; then the stop comes.
-		for due := time.Now().Add(time.Millisecond); time.Now().Before(due); {
-			<-time.After(time.Millisecond)
-		}
-		cancel()
-		close(s.release)
-		u.wg.Wait()
-		if n := s.passes.Load(); n != 1 {
-			t.Fatalf("round %d: %d passes; want 1 (the one begun before the stop)", round, n)
-		}
+		synctest.Test(t, func(t *testing.T) {
+			s := &passStore{memStore: newMemStore(), held: make(chan struct{}), release: make(chan struct{})}
+			u := NewUploader(UploaderConfig{Store: s, Job: "job", Dir: t.TempDir(), Logger: zerolog.Nop()})
+			ctx, cancel := context.WithCancel(t.Context())
+			u.goLateCleanup(ctx, lateCleanup{CommitRef: CommitRef{Checkpoint: "step-1", Commit: NewCommitID(time.Now())}, At: time.Now()})
+			<-s.held
+			<-time.After(time.Millisecond) // the second pass falls due while the first runs (the bubble's clock)
+			cancel()                       // then the stop comes
+			close(s.release)
+			u.wg.Wait()
+			if n := s.passes.Load(); n != 1 {
+				t.Fatalf("round %d: %d passes; want 1 (the one begun before the stop)", round, n)
+			}
+		})
 	}
 }
