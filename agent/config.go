@@ -268,7 +268,7 @@ var fields = []field{
 			return err
 		}
 		if err := checkpoint.ValidName(v); err != nil {
-			return fmt.Errorf("want a name without slashes: %w", err)
+			return fmt.Errorf("want the run's name, one plain path element: %w", err)
 		}
 		c.Store.Job = v
 		return nil
