@@ -373,6 +373,21 @@ type scanFound struct {
 // complete reports whether f is a complete checkpoint.
 func (f scanFound) complete() bool { return f.marker != nil && f.err == nil }
 
+// changedAt is the latest change time among f's files and its marker: when it was last
+// written. A checkpoint with neither is zero.
+func (f scanFound) changedAt() time.Time {
+	var at time.Time
+	if f.marker != nil {
+		at = FileIDOf(f.marker).ChangeTime
+	}
+	for _, sf := range f.files {
+		if sf.ID.ChangeTime.After(at) {
+			at = sf.ID.ChangeTime
+		}
+	}
+	return at
+}
+
 // local converts f to a LocalCheckpoint.
 func (f scanFound) local() LocalCheckpoint {
 	lc := LocalCheckpoint{Name: f.name, Single: f.single, Complete: f.complete()}

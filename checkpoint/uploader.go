@@ -162,6 +162,12 @@ type Uploader struct {
 	growingN   int           // files sent while they are written (fileGrowing)
 	commitQ    []*generation
 	committing *generation
+	// batching: the last watch event said More (another of a full read of the directory
+	// follows); nothing is dispatched until the last of them.
+	batching bool
+	// lookups are the generations made with a lookup (newGen), by seq; those whose lookup is
+	// over are dropped from the end as newestLookup comes to them.
+	lookups []*generation
 	// earlyDrops are the commits start dropped before the journal was open (journalCleanups);
 	// earlyLates the late clean-ups it began then (startLate).
 	earlyDrops []CommitRef
@@ -544,10 +550,11 @@ func (u *Uploader) Run(ctx context.Context, events <-chan WatchEvent) error {
 			return nil
 		case ev, ok := <-events:
 			if !ok {
-				events = nil
+				events, u.batching = nil, false
 				continue
 			}
 			u.handleWatch(work, ev)
+			u.batching = ev.More
 		case r := <-u.results:
 			u.handleResult(work, r)
 		case r := <-u.commits:
@@ -575,6 +582,11 @@ func (u *Uploader) Run(ctx context.Context, events <-chan WatchEvent) error {
 		if done == nil && !u.draining() {
 			u.log.Info().Msg("checkpoints committed; stopping")
 			return nil
+		}
+		if u.batching {
+			// The rest of a full read of the directory follows at once: every checkpoint it
+			// found is known before any is sent, so that the newest goes first.
+			continue
 		}
 		u.dispatch(work)
 	}
@@ -1243,9 +1255,23 @@ func (u *Uploader) newGen(name string, lookup bool) *generation {
 	u.gens[name] = g
 	if lookup {
 		g.state, g.lookup = genMatching, true
+		u.lookups = append(u.lookups, g)
 		u.goLookup(u.work, g)
 	}
 	return g
+}
+
+// newestLookup returns the seq of the newest current generation still waiting for its lookup,
+// 0 if none.
+func (u *Uploader) newestLookup() uint64 {
+	for n := len(u.lookups); n > 0; n = len(u.lookups) {
+		if g := u.lookups[n-1]; g.lookup && u.gens[g.name] == g {
+			return g.seq
+		}
+		u.lookups[n-1] = nil
+		u.lookups = u.lookups[:n-1]
+	}
+	return 0
 }
 
 // replaceSealed replaces g, whose commit was tried (it may exist), by a new generation that sends
@@ -1659,11 +1685,14 @@ func (u *Uploader) ready(g *generation) bool {
 		!g.committing && !g.commitWait && g.queuedN == 0 && g.inflight == 0 && g.retrying == 0 && len(g.files) > 0
 }
 
-// next returns the index in u.queued of the generation whose files go next: the newest, which
-// after a notice is the one that matters. Without one, a generation whose upload has begun
-// keeps its turn over newer ones until its files are sent: a trainer that saves faster than the
-// store takes them, and deletes its older checkpoints, would otherwise have each overtaken by the
-// next and deleted before it is committed, so that none ever is (found from outside).
+// next returns the index in u.queued of the generation whose files go next, or -1 for none now:
+// the newest, which after a notice is the one that matters. Without one, a generation whose
+// upload has begun keeps its turn over newer ones until its files are sent: a trainer that saves
+// faster than the store takes them, and deletes its older checkpoints, would otherwise have each
+// overtaken by the next and deleted before it is committed, so that none ever is (found from
+// outside). Nor does an older one begin while a newer one waits for its lookup: the checkpoints
+// a restart finds come back from their lookups in any order, and the first back would keep its
+// turn over the newest (found from outside).
 func (u *Uploader) next(urgent bool) int {
 	newest := len(u.queued) - 1
 	if urgent {
@@ -1673,6 +1702,9 @@ func (u *Uploader) next(urgent bool) int {
 		if g := u.queued[i]; g.state == genUploading && !g.lookup && g.commit != "" && u.gens[g.name] == g {
 			return i
 		}
+	}
+	if u.newestLookup() > u.queued[newest].seq {
+		return -1 // lookupDone dispatches again
 	}
 	return newest
 }
@@ -1705,6 +1737,9 @@ func (u *Uploader) dispatch(ctx context.Context) {
 	}
 	for u.inflight < limit && len(u.queued) > 0 {
 		i := u.next(urgent)
+		if i < 0 {
+			break
+		}
 		g := u.queued[i]
 		if g.lookup && urgent && u.gens[g.name] == g {
 			// A notice does not wait for the store's commits of the name: it is sent, and its

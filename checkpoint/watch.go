@@ -148,6 +148,11 @@ type WatchEvent struct {
 	ID FileID
 	// At is when the watcher decided.
 	At time.Time
+	// More is true when the event is one of those a full read of Dir sent at once (at start,
+	// and after an event overflow) and another of them follows: a consumer that orders its work
+	// across checkpoints can take them all before it begins any. A read sends the checkpoints
+	// it found oldest first, by their latest change time (see Run).
+	More bool
 }
 
 // Watcher watches a checkpoint directory with fsnotify and reports checkpoint files as they
@@ -1047,6 +1052,15 @@ func (r *watchRun) rescan() error {
 	if err != nil {
 		return err
 	}
+	// Oldest first, as a consumer numbers what it meets in turn: the checkpoint written last is
+	// the newest whatever its name (Hugging Face's checkpoint-1000 sorts before checkpoint-500).
+	slices.SortStableFunc(found, func(a, b scanFound) int { return a.changedAt().Compare(b.changedAt()) })
+	first := len(r.queue)
+	defer func() {
+		for i := first; i < len(r.queue)-1; i++ {
+			r.queue[i].More = true
+		}
+	}()
 	present := map[string]bool{}
 	for _, f := range found {
 		present[f.name] = f.single

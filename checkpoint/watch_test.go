@@ -590,8 +590,9 @@ func TestWatchOverflowRescans(t *testing.T) {
 	scanWrite(t, filepath.Join(dir, "step-4", "d.bin"), "ddd")
 	scanWrite(t, filepath.Join(dir, "model.pt"), "mmmm")
 	r.fsError(fsnotify.ErrEventOverflow)
+	// Oldest first by change time: step-3 was written after step-5's file, whose marker went.
 	want := "[Removed step-2, FileGone step-1 old/gone.bin 0, FileReady step-1 a.bin 1, Complete step-1 _COMPLETE 0, " +
-		"FileReady step-3 c.bin 2, Complete step-3 _COMPLETE 0, FileGone step-5 _COMPLETE 0, FileReady step-5 e.bin 1]"
+		"FileGone step-5 _COMPLETE 0, FileReady step-5 e.bin 1, FileReady step-3 c.bin 2, Complete step-3 _COMPLETE 0]"
 	if got := watchFormat(r.queue); got != want {
 		t.Errorf("after an overflow = %s; want %s", got, want)
 	}

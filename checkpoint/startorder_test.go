@@ -1,0 +1,127 @@
+package checkpoint
+
+import (
+	"context"
+	"os"
+	"path"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+)
+
+// startOrderStore tells started of the checkpoint of every data file it is given, in order, and
+// holds each until release is closed.
+type startOrderStore struct {
+	Store
+	started chan string
+	release chan struct{}
+}
+
+func (s *startOrderStore) PutFile(ctx context.Context, key string, f *os.File, size int64, progress func(int64)) (Checksum, error) {
+	s.started <- path.Base(path.Dir(path.Dir(key))) // job/<checkpoint>/<commit>/<file>
+	select {
+	case <-s.release:
+	case <-ctx.Done():
+		return Checksum{}, ctx.Err()
+	}
+	return s.Store.PutFile(ctx, key, f, size, progress)
+}
+
+// Checkpoints found at start (a restarted agent, a new instance with the trainer's disk) are
+// taken newest first by when they completed, not by name: trainers number their saves without
+// padding (Hugging Face's checkpoint-500, checkpoint-1000), and the name that sorts last is then
+// an older save. With a notice the newest is the one that matters; without one, it is the one
+// that must not wait behind the older saves (found from outside: checkpoint-500 went first).
+func TestUploaderStartsWithTheNewestCheckpointNotTheLastName(t *testing.T) {
+	for _, urgent := range []bool{false, true} {
+		name := "background"
+		if urgent {
+			name = "notice"
+		}
+		t.Run(name, func(t *testing.T) {
+			dir := t.TempDir()
+			writeCheckpoint(t, dir, "checkpoint-500", map[string][]byte{"w": randomBytes(t, 1<<10)})
+			laterTick(t, dir, "checkpoint-500")
+			writeCheckpoint(t, dir, "checkpoint-1000", map[string][]byte{"w": randomBytes(t, 1<<10)})
+			laterTick(t, dir, "checkpoint-1000")
+			writeCheckpoint(t, dir, "checkpoint-750", map[string][]byte{"w": randomBytes(t, 1<<10)})
+			// checkpoint-750 completed last: a rollback saved it after checkpoint-1000.
+			s := &startOrderStore{Store: newMemStore(), started: make(chan string, 16), release: make(chan struct{})}
+			cfg := UploaderConfig{BackgroundFiles: 1, UrgentFiles: 1}
+			r := newUploaderRig(t, dir, s, cfg)
+			if urgent {
+				r.up.SetNotices([]ActiveNotice{{Key: "spot/terminate", Deadline: time.Now().Add(2 * time.Minute), SignalledAt: time.Now()}})
+			}
+			w, err := NewWatcher(WatchConfig{Dir: dir, Debounce: 30 * time.Millisecond})
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithCancel(context.Background())
+			r.cancel = cancel
+			files := make(chan WatchEvent)
+			watchCtx, stopWatch := context.WithCancel(context.Background())
+			var wg sync.WaitGroup
+			wg.Go(func() { w.Run(watchCtx, files) })
+			wg.Go(func() { defer stopWatch(); r.up.Run(ctx, files) })
+			go func() { wg.Wait(); close(r.done) }()
+			t.Cleanup(r.stop)
+
+			select {
+			case got := <-s.started:
+				if got != "checkpoint-750" {
+					t.Errorf("the first file sent was checkpoint %s's; want checkpoint-750's, the newest", got)
+				}
+			case <-time.After(20 * time.Second):
+				t.Fatal("no file was sent within 20 s")
+			}
+			close(s.release)
+			committed := map[string]bool{}
+			timeout := time.After(20 * time.Second)
+			for len(committed) < 3 {
+				select {
+				case ev := <-r.events:
+					if ev.Kind == CheckpointCommitted {
+						committed[ev.Checkpoint] = true
+					}
+				case <-timeout:
+					t.Fatalf("committed within 20 s: %v; want all three", committed)
+				}
+			}
+		})
+	}
+}
+
+// A full read of the directory sends the checkpoints it finds oldest first by their latest
+// change time, whatever their names, and every event of it but the last says More.
+func TestWatchReadSendsOldestFirstWithMore(t *testing.T) {
+	dir := t.TempDir()
+	scanWrite(t, filepath.Join(dir, "checkpoint-500", "w"), "5")
+	scanWrite(t, filepath.Join(dir, "checkpoint-500", "_COMPLETE"), "")
+	laterTick(t, dir, "checkpoint-500")
+	scanWrite(t, filepath.Join(dir, "checkpoint-1000", "w"), "10")
+	scanWrite(t, filepath.Join(dir, "checkpoint-1000", "_COMPLETE"), "")
+	laterTick(t, dir, "checkpoint-1000")
+	scanWrite(t, filepath.Join(dir, "checkpoint-750", "w"), "75")
+	scanWrite(t, filepath.Join(dir, "checkpoint-750", "_COMPLETE"), "")
+	w, err := NewWatcher(WatchConfig{Dir: dir, Debounce: time.Nanosecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := testWatchRun(t, w, dir)
+	r.queue = []WatchEvent{{Kind: FileReady, Checkpoint: "before", Path: "x"}} // not the read's
+	if err := r.rescan(); err != nil {
+		t.Fatalf("rescan() error: %v", err)
+	}
+	want := "[FileReady before x 0, FileReady checkpoint-500 w 1, Complete checkpoint-500 _COMPLETE 0, " +
+		"FileReady checkpoint-1000 w 2, Complete checkpoint-1000 _COMPLETE 0, " +
+		"FileReady checkpoint-750 w 2, Complete checkpoint-750 _COMPLETE 0]"
+	if got := watchFormat(r.queue); got != want {
+		t.Errorf("read = %s; want %s", got, want)
+	}
+	for i, ev := range r.queue {
+		if want := i > 0 && i < len(r.queue)-1; ev.More != want {
+			t.Errorf("event %d (%s %s %s) More = %v; want %v", i, ev.Kind, ev.Checkpoint, ev.Path, ev.More, want)
+		}
+	}
+}
