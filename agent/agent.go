@@ -94,6 +94,8 @@ type Agent struct {
 	mu         sync.Mutex
 	identity   imds.Identity
 	newestName string // the newest checkpoint this agent committed
+	// newestOrder is newestName's commit's place in the order of commits.
+	newestOrder checkpoint.CommitOrder
 	// jobProblem is the last multi-node job checkpoint that could not be committed, until one
 	// commits after it: /healthz is 503 meanwhile.
 	jobProblem *checkpoint.UploadEvent

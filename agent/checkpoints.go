@@ -137,13 +137,20 @@ func saveAt(ev checkpoint.UploadEvent) time.Time {
 	return ev.At
 }
 
-// noteNewest records m as the newest checkpoint committed.
+// noteNewest records m as the newest checkpoint committed, unless one this agent committed or
+// found committed before is newer in the order of commits (Manifest.Order, as LATEST's): a
+// restart matches what it finds newest first, and an older checkpoint committed after a newer
+// one (one found whose commit retention had deleted) does not make the newest any older.
 func (a *Agent) noteNewest(m *checkpoint.Manifest) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	o := m.Order()
+	if a.newestName != "" && !o.After(a.newestOrder) {
+		return
+	}
+	a.newestName, a.newestOrder = m.Checkpoint, o
 	a.metrics.newestCommitted.Set(float64(m.CommittedAt.Unix()))
 	a.newestCommit.Store(m.CommittedAt.UnixNano())
-	a.mu.Lock()
-	a.newestName = m.Checkpoint
-	a.mu.Unlock()
 }
 
 // onUpload moves every active notice detected before the checkpoint completed along:

@@ -121,7 +121,7 @@ func newMetrics(reg prometheus.Registerer, stats func() imds.Stats) *promMetrics
 	})
 	m.newestCommitted = prometheus.NewGauge(prometheus.GaugeOpts{
 		Name: "spotguard_checkpoint_newest_committed_timestamp_seconds",
-		Help: "Unix time of the newest checkpoint this agent committed; its age is time() minus this.",
+		Help: "Commit time (Unix) of the newest checkpoint this agent committed or found committed, newest by completion; its age is time() minus this.",
 	})
 	m.writeSeconds = prometheus.NewHistogram(prometheus.HistogramOpts{
 		Name:    "spotguard_checkpoint_write_seconds",
