@@ -2,6 +2,7 @@ package checkpoint
 
 import (
 	"context"
+	"errors"
 	"os"
 	"path"
 	"path/filepath"
@@ -16,6 +17,14 @@ type startOrderStore struct {
 	Store
 	started chan string
 	release chan struct{}
+	refuse  string // a checkpoint whose commits ListDir refuses to list
+}
+
+func (s *startOrderStore) ListDir(ctx context.Context, prefix string) ([]string, []ObjectInfo, error) {
+	if s.refuse != "" && prefix == "job/"+s.refuse+"/" {
+		return nil, nil, errors.New("AccessDenied: not allowed to list")
+	}
+	return s.Store.ListDir(ctx, prefix)
 }
 
 func (s *startOrderStore) PutFile(ctx context.Context, key string, f *os.File, size int64, progress func(int64)) (Checksum, error) {
@@ -34,12 +43,19 @@ func (s *startOrderStore) PutFile(ctx context.Context, key string, f *os.File, s
 // an older save. With a notice the newest is the one that matters; without one, it is the one
 // that must not wait behind the older saves (found from outside: checkpoint-500 went first).
 func TestUploaderStartsWithTheNewestCheckpointNotTheLastName(t *testing.T) {
-	for _, urgent := range []bool{false, true} {
-		name := "background"
-		if urgent {
-			name = "notice"
-		}
-		t.Run(name, func(t *testing.T) {
+	for _, tt := range []struct {
+		name   string
+		urgent bool
+		// refuse: the store refuses to list this checkpoint's commits (its lookup fails).
+		refuse string
+		first  string
+	}{
+		{name: "background", first: "checkpoint-750"},
+		{name: "notice", urgent: true, first: "checkpoint-750"},
+		// A newer checkpoint whose lookup failed is not waited for: the newest of the others goes.
+		{name: "newest lookup refused", refuse: "checkpoint-750", first: "checkpoint-1000"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
 			dir := t.TempDir()
 			writeCheckpoint(t, dir, "checkpoint-500", map[string][]byte{"w": randomBytes(t, 1<<10)})
 			laterTick(t, dir, "checkpoint-500")
@@ -47,10 +63,10 @@ func TestUploaderStartsWithTheNewestCheckpointNotTheLastName(t *testing.T) {
 			laterTick(t, dir, "checkpoint-1000")
 			writeCheckpoint(t, dir, "checkpoint-750", map[string][]byte{"w": randomBytes(t, 1<<10)})
 			// checkpoint-750 completed last: a rollback saved it after checkpoint-1000.
-			s := &startOrderStore{Store: newMemStore(), started: make(chan string, 16), release: make(chan struct{})}
+			s := &startOrderStore{Store: newMemStore(), started: make(chan string, 16), release: make(chan struct{}), refuse: tt.refuse}
 			cfg := UploaderConfig{BackgroundFiles: 1, UrgentFiles: 1}
 			r := newUploaderRig(t, dir, s, cfg)
-			if urgent {
+			if tt.urgent {
 				r.up.SetNotices([]ActiveNotice{{Key: "spot/terminate", Deadline: time.Now().Add(2 * time.Minute), SignalledAt: time.Now()}})
 			}
 			w, err := NewWatcher(WatchConfig{Dir: dir, Debounce: 30 * time.Millisecond})
@@ -69,8 +85,8 @@ func TestUploaderStartsWithTheNewestCheckpointNotTheLastName(t *testing.T) {
 
 			select {
 			case got := <-s.started:
-				if got != "checkpoint-750" {
-					t.Errorf("the first file sent was checkpoint %s's; want checkpoint-750's, the newest", got)
+				if got != tt.first {
+					t.Errorf("the first file sent was checkpoint %s's; want %s's", got, tt.first)
 				}
 			case <-time.After(20 * time.Second):
 				t.Fatal("no file was sent within 20 s")

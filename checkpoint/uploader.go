@@ -1261,11 +1261,12 @@ func (u *Uploader) newGen(name string, lookup bool) *generation {
 	return g
 }
 
-// newestLookup returns the seq of the newest current generation still waiting for its lookup,
-// 0 if none.
+// newestLookup returns the seq of the newest current generation waiting for its first lookup,
+// 0 if none. One whose lookup failed is not waited for: a store that refuses listings must not
+// keep older checkpoints from being sent while newer ones keep coming.
 func (u *Uploader) newestLookup() uint64 {
 	for n := len(u.lookups); n > 0; n = len(u.lookups) {
-		if g := u.lookups[n-1]; g.lookup && u.gens[g.name] == g {
+		if g := u.lookups[n-1]; g.lookup && g.lookupFails == 0 && u.gens[g.name] == g {
 			return g.seq
 		}
 		u.lookups[n-1] = nil
