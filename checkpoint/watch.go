@@ -235,8 +235,10 @@ func NewWatcher(cfg WatchConfig) (*Watcher, error) {
 // order. It never closes out. Only one Run of a Watcher may be active at a time.
 //
 // It first watches the directory and sends what a full scan finds (see Scan): for each
-// checkpoint in name order, a FileReady for each of its regular files in path order, then a
-// Complete if it is complete (always for single-file checkpoints). Only a file modified less
+// checkpoint, oldest first by the latest change time of its files and marker (names tied by it
+// in name order), a FileReady for each of its regular files in path order, then a Complete if
+// it is complete (always for single-file checkpoints); every event of the scan but its last has
+// More set. Only a file modified less
 // than Debounce ago in a checkpoint without its marker (or a single file modified that
 // recently) is not sent at once: it may still be being written, and is reported like a file
 // seen by its events, after its debounce. Then it sends events as they happen:
