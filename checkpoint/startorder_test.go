@@ -3,7 +3,6 @@ package checkpoint
 import (
 	"context"
 	"errors"
-	"os"
 	"path"
 	"path/filepath"
 	"sync"
@@ -11,13 +10,10 @@ import (
 	"time"
 )
 
-// startOrderStore tells started of the checkpoint of every data file it is given, in order, and
-// holds each until release is closed.
+// startOrderStore is a blockingStore whose ListDir refuses to list the commits of refuse.
 type startOrderStore struct {
-	Store
-	started chan string
-	release chan struct{}
-	refuse  string // a checkpoint whose commits ListDir refuses to list
+	blockingStore
+	refuse string
 }
 
 func (s *startOrderStore) ListDir(ctx context.Context, prefix string) ([]string, []ObjectInfo, error) {
@@ -25,16 +21,6 @@ func (s *startOrderStore) ListDir(ctx context.Context, prefix string) ([]string,
 		return nil, nil, errors.New("AccessDenied: not allowed to list")
 	}
 	return s.Store.ListDir(ctx, prefix)
-}
-
-func (s *startOrderStore) PutFile(ctx context.Context, key string, f *os.File, size int64, progress func(int64)) (Checksum, error) {
-	s.started <- path.Base(path.Dir(path.Dir(key))) // job/<checkpoint>/<commit>/<file>
-	select {
-	case <-s.release:
-	case <-ctx.Done():
-		return Checksum{}, ctx.Err()
-	}
-	return s.Store.PutFile(ctx, key, f, size, progress)
 }
 
 // Checkpoints found at start (a restarted agent, a new instance with the trainer's disk) are
@@ -63,7 +49,7 @@ func TestUploaderStartsWithTheNewestCheckpointNotTheLastName(t *testing.T) {
 			laterTick(t, dir, "checkpoint-1000")
 			writeCheckpoint(t, dir, "checkpoint-750", map[string][]byte{"w": randomBytes(t, 1<<10)})
 			// checkpoint-750 completed last: a rollback saved it after checkpoint-1000.
-			s := &startOrderStore{Store: newMemStore(), started: make(chan string, 16), release: make(chan struct{}), refuse: tt.refuse}
+			s := &startOrderStore{blockingStore{Store: newMemStore(), started: make(chan string, 16), release: make(chan struct{})}, tt.refuse}
 			cfg := UploaderConfig{BackgroundFiles: 1, UrgentFiles: 1}
 			r := newUploaderRig(t, dir, s, cfg)
 			if tt.urgent {
@@ -84,8 +70,8 @@ func TestUploaderStartsWithTheNewestCheckpointNotTheLastName(t *testing.T) {
 			t.Cleanup(r.stop)
 
 			select {
-			case got := <-s.started:
-				if got != tt.first {
+			case key := <-s.started:
+				if got := path.Base(path.Dir(path.Dir(key))); got != tt.first { // job/<checkpoint>/<commit>/<file>
 					t.Errorf("the first file sent was checkpoint %s's; want %s's", got, tt.first)
 				}
 			case <-time.After(20 * time.Second):
