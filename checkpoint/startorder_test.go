@@ -5,7 +5,6 @@ import (
 	"errors"
 	"path"
 	"path/filepath"
-	"sync"
 	"testing"
 	"time"
 )
@@ -59,15 +58,7 @@ func TestUploaderStartsWithTheNewestCheckpointNotTheLastName(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			ctx, cancel := context.WithCancel(context.Background())
-			r.cancel = cancel
-			files := make(chan WatchEvent)
-			watchCtx, stopWatch := context.WithCancel(context.Background())
-			var wg sync.WaitGroup
-			wg.Go(func() { w.Run(watchCtx, files) })
-			wg.Go(func() { defer stopWatch(); r.up.Run(ctx, files) })
-			go func() { wg.Wait(); close(r.done) }()
-			t.Cleanup(r.stop)
+			r.run(w)
 
 			select {
 			case key := <-s.started:

@@ -79,6 +79,12 @@ func startUploaderTweaked(t *testing.T, dir string, store Store, cfg UploaderCon
 		tweak(w)
 	}
 	r := newUploaderRig(t, dir, store, cfg)
+	r.run(w)
+	return r
+}
+
+// run runs r's uploader on what w sees; cleanup stops both.
+func (r *uploaderRig) run(w *Watcher) {
 	ctx, cancel := context.WithCancel(context.Background())
 	r.cancel = cancel
 	files := make(chan WatchEvent)
@@ -88,8 +94,7 @@ func startUploaderTweaked(t *testing.T, dir string, store Store, cfg UploaderCon
 	wg.Go(func() { w.Run(watchCtx, files) })
 	wg.Go(func() { defer stopWatch(); r.up.Run(ctx, files) })
 	go func() { wg.Wait(); close(r.done) }()
-	t.Cleanup(r.stop)
-	return r
+	r.t.Cleanup(r.stop)
 }
 
 // startUploaderFed is startUploaderWith with no watcher: the uploader runs on the events the test
