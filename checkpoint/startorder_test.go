@@ -3,6 +3,7 @@ package checkpoint
 import (
 	"context"
 	"errors"
+	"os"
 	"path"
 	"path/filepath"
 	"testing"
@@ -117,4 +118,25 @@ func TestWatchReadSendsOldestFirstWithMore(t *testing.T) {
 			t.Errorf("event %d (%s %s %s) More = %v; want %v", i, ev.Kind, ev.Checkpoint, ev.Path, ev.More, want)
 		}
 	}
+}
+
+// A full read of the directory whose last event never comes (its watcher stopped half way, and
+// the next cannot read the directory) does not hold the uploads for good: the uploader goes on
+// batchWaitMax after the read's last event seen.
+func TestUploaderGoesOnWhenAReadStopsHalfWay(t *testing.T) {
+	dir := t.TempDir()
+	writeCheckpoint(t, dir, "step-1", map[string][]byte{"w": randomBytes(t, 1<<10)})
+	r, events := startUploaderFed(t, dir, newMemStore(), UploaderConfig{})
+	for _, rel := range []string{"w", "_COMPLETE"} {
+		fi, err := os.Lstat(filepath.Join(dir, "step-1", rel))
+		if err != nil {
+			t.Fatal(err)
+		}
+		ev := WatchEvent{Kind: FileReady, Checkpoint: "step-1", Path: rel, Size: fi.Size(), ModTime: fi.ModTime(), ID: FileIDOf(fi), At: time.Now(), More: true}
+		if rel == "_COMPLETE" {
+			ev.Kind = Complete
+		}
+		events <- ev
+	}
+	r.waitCommitted("step-1")
 }

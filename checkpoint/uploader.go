@@ -506,6 +506,11 @@ func (u *Uploader) Run(ctx context.Context, events <-chan WatchEvent) error {
 	var drainTimer <-chan time.Time
 	var trainerTick <-chan time.Time // once draining, with TrainerAlive
 	var endDrain chan struct{}       // u.endDrain once draining
+	// batchWait ends a full read of the directory whose last event never comes (its watcher
+	// stopped half way): the work waits at most batchWait after the read's last event seen.
+	batchWait := time.NewTimer(time.Hour)
+	batchWait.Stop()
+	defer batchWait.Stop()
 	for {
 		u.flushJournal()
 		// A notice set before anything the loop takes next is in force when it is handled: select
@@ -555,6 +560,13 @@ func (u *Uploader) Run(ctx context.Context, events <-chan WatchEvent) error {
 			}
 			u.handleWatch(work, ev)
 			u.batching = ev.More
+			if ev.More {
+				batchWait.Reset(batchWaitMax)
+			} else {
+				batchWait.Stop()
+			}
+		case <-batchWait.C:
+			u.batching = false
 		case r := <-u.results:
 			u.handleResult(work, r)
 		case r := <-u.commits:
@@ -1770,6 +1782,10 @@ func (u *Uploader) dispatch(ctx context.Context) {
 		u.goUpload(ctx, g, rel, f)
 	}
 }
+
+// batchWaitMax is how long the uploader waits for the next event of a full read of the
+// directory (WatchEvent.More) before it goes on without the rest.
+var batchWaitMax = time.Second
 
 // uncertainFor is how long retention keeps a commit after a write of its manifest whose answer
 // was lost: a write the network held may land that long after (the late clean-up's last pass).
