@@ -27,7 +27,7 @@ func (s *startOrderStore) ListDir(ctx context.Context, prefix string) ([]string,
 // taken newest first by when they completed, not by name: trainers number their saves without
 // padding (Hugging Face's checkpoint-500, checkpoint-1000), and the name that sorts last is then
 // an older save. With a notice the newest is the one that matters; without one, it is the one
-// that must not wait behind the older saves (found from outside: checkpoint-500 went first).
+// that must not wait behind the older saves (found from outside: an older save went first).
 func TestUploaderStartsWithTheNewestCheckpointNotTheLastName(t *testing.T) {
 	for _, tt := range []struct {
 		name   string

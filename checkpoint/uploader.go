@@ -162,9 +162,6 @@ type Uploader struct {
 	growingN   int           // files sent while they are written (fileGrowing)
 	commitQ    []*generation
 	committing *generation
-	// batching: the last watch event said More (another of a full read of the directory
-	// follows); nothing is dispatched until the last of them.
-	batching bool
 	// lookups are the generations made with a lookup (newGen), by seq; those whose lookup is
 	// over are dropped from the end as newestLookup comes to them.
 	lookups []*generation
@@ -506,8 +503,10 @@ func (u *Uploader) Run(ctx context.Context, events <-chan WatchEvent) error {
 	var drainTimer <-chan time.Time
 	var trainerTick <-chan time.Time // once draining, with TrainerAlive
 	var endDrain chan struct{}       // u.endDrain once draining
-	// batchWait ends a full read of the directory whose last event never comes (its watcher
-	// stopped half way): the work waits at most batchWait after the read's last event seen.
+	// batching: the last watch event said More (another of a full read of the directory
+	// follows); nothing is dispatched until the last of them, or until batchWait fires
+	// batchWaitMax after the last event seen (a read whose watcher stopped half way).
+	batching := false
 	batchWait := time.NewTimer(time.Hour)
 	batchWait.Stop()
 	defer batchWait.Stop()
@@ -555,18 +554,18 @@ func (u *Uploader) Run(ctx context.Context, events <-chan WatchEvent) error {
 			return nil
 		case ev, ok := <-events:
 			if !ok {
-				events, u.batching = nil, false
+				events, batching = nil, false
 				continue
 			}
 			u.handleWatch(work, ev)
-			u.batching = ev.More
-			if ev.More {
+			batching = ev.More
+			if batching {
 				batchWait.Reset(batchWaitMax)
 			} else {
 				batchWait.Stop()
 			}
 		case <-batchWait.C:
-			u.batching = false
+			batching = false
 		case r := <-u.results:
 			u.handleResult(work, r)
 		case r := <-u.commits:
@@ -595,7 +594,7 @@ func (u *Uploader) Run(ctx context.Context, events <-chan WatchEvent) error {
 			u.log.Info().Msg("checkpoints committed; stopping")
 			return nil
 		}
-		if u.batching {
+		if batching {
 			// The rest of a full read of the directory follows at once: every checkpoint it
 			// found is known before any is sent, so that the newest goes first.
 			continue

@@ -1056,7 +1056,11 @@ func (r *watchRun) rescan() error {
 	}
 	// Oldest first, as a consumer numbers what it meets in turn: the checkpoint written last is
 	// the newest whatever its name (Hugging Face's checkpoint-1000 sorts before checkpoint-500).
-	slices.SortStableFunc(found, func(a, b scanFound) int { return a.changedAt().Compare(b.changedAt()) })
+	changed := make(map[string]time.Time, len(found))
+	for _, f := range found {
+		changed[f.name] = f.changedAt()
+	}
+	slices.SortStableFunc(found, func(a, b scanFound) int { return changed[a.name].Compare(changed[b.name]) })
 	first := len(r.queue)
 	defer func() {
 		for i := first; i < len(r.queue)-1; i++ {
