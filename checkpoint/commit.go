@@ -896,6 +896,9 @@ type commitResult struct {
 	notComplete error
 	changed     []LocalFile
 	gone        []string
+	// rewritten, with changed, names a file written again since it was stored while the marker
+	// stayed as it was (rewrittenAfterMarker): the checkpoint is not complete.
+	rewritten   string
 	attempted   bool
 	err         error
 	latestMoved bool
@@ -1063,6 +1066,8 @@ type commitJob struct {
 	// unread: the store's commits of the name were not read before its files were sent
 	// (generation.unread); the commit reads them and adopts one with exactly these files.
 	unread bool
+	// marker is the version of the marker the checkpoint is complete with (generation.marker).
+	marker FileID
 
 	files map[string]doneFile
 	// refused are versions of files left out because they cannot be uploaded (generation.refused).
@@ -1097,6 +1102,9 @@ func (u *Uploader) commit(ctx context.Context, c commitJob) commitResult {
 		d, ok := c.files[lf.Path]
 		if !ok || !d.id.Same(lf.ID) {
 			r.changed = append(r.changed, lf)
+			if ok && r.rewritten == "" && lf.Path != u.cfg.Marker && rewriteOf(d.id, lf.ID) {
+				r.rewritten = lf.Path
+			}
 			continue
 		}
 		if racy(d.id, d.readAt) {
@@ -1114,6 +1122,9 @@ func (u *Uploader) commit(ctx context.Context, c commitJob) commitResult {
 		if _, ok := local[p]; !ok {
 			r.gone = append(r.gone, p)
 		}
+	}
+	if r.rewritten != "" && (c.single || c.marker.isZero() || !local[u.cfg.Marker].ID.Same(c.marker)) {
+		r.rewritten = "" // the marker was written again too: its Complete comes
 	}
 	if len(r.changed) > 0 || len(r.gone) > 0 {
 		return r

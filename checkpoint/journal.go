@@ -59,6 +59,10 @@ const (
 	// journalLateDone: the late clean-up of the commit (and Abandoned) is over: its last pass
 	// succeeded, or its time to try again ran out (lateExpiry).
 	journalLateDone journalOp = "late_done"
+	// journalStale: a file of the checkpoint was written again after its marker, the version ID
+	// (Uploader.reopen): the checkpoint is not complete with that marker. Of the checkpoint, not
+	// of a commit (Commit is empty). One without ID ends it (another marker came).
+	journalStale journalOp = "stale"
 )
 
 // journalLine is one line of the journal.
@@ -160,6 +164,38 @@ func readJournal(path string) (map[string]*journalEntry, error) {
 		}
 	}
 	return entries, nil
+}
+
+// journalStales reads the journal at path for the checkpoints whose marker is stale
+// (journalStale): by name, the marker version a file was written again after.
+func journalStales(path string) map[string]FileID {
+	stale := map[string]FileID{}
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return stale
+	}
+	for line := range bytes.SplitSeq(data, []byte("\n")) {
+		var l journalLine
+		if len(line) == 0 || json.Unmarshal(line, &l) != nil || l.Op != journalStale || ValidName(l.Checkpoint) != nil {
+			continue
+		}
+		if l.ID == nil {
+			delete(stale, l.Checkpoint)
+		} else {
+			stale[l.Checkpoint] = *l.ID
+		}
+	}
+	return stale
+}
+
+// staleLine is the journalStale line of checkpoint name: its marker id is stale, or, with a
+// zero id, no longer.
+func staleLine(name string, id FileID) journalLine {
+	l := journalLine{Op: journalStale, Checkpoint: name}
+	if !id.isZero() {
+		l.ID = &id
+	}
+	return l
 }
 
 // journalCleanups reads the journal at path for the commits dropped and not cleaned up (the

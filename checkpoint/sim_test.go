@@ -134,7 +134,12 @@ type sim struct {
 	// (path, checksum) of every file.
 	snaps   map[string]map[string]bool
 	checked map[string]bool // manifests checked against snaps
-	logs    *simLog
+	// reopened are the checkpoints ("agent:name") with a file written again (rewriteOf) since
+	// their marker was last written: not complete (the agent waits for the marker), so I5 does
+	// not ask for them; a commit of such a version is no fault (an agent that did not know the
+	// marker it was complete with commits it, as before), so it is a snapshot too.
+	reopened map[string]bool
+	logs     *simLog
 	// trouble is the trouble mode (TestSimulationTrouble); more draws its events.
 	trouble bool
 	more    *rand.Rand
@@ -194,7 +199,7 @@ func (l *simLog) tail(n int) string {
 func newSim(t *testing.T, seed uint64) *sim {
 	s := &sim{
 		t: t, seed: seed, rng: rand.New(rand.NewPCG(seed, 7)), b: newSimBackend(seed), root: t.TempDir(), job: "sim",
-		snaps: map[string]map[string]bool{}, checked: map[string]bool{}, logs: &simLog{},
+		snaps: map[string]map[string]bool{}, checked: map[string]bool{}, reopened: map[string]bool{}, logs: &simLog{},
 	}
 	if s.rng.IntN(3) == 0 {
 		s.keep = 1 + s.rng.IntN(3)
@@ -637,6 +642,7 @@ func (s *sim) save(a *simAgent) {
 		os.RemoveAll(dir)
 		s.send(a, WatchEvent{Kind: Removed, Checkpoint: name})
 	}
+	delete(s.reopened, a.name+":"+name)
 	n := 1 + s.rng.IntN(6)
 	if s.rng.IntN(10) == 0 {
 		n = 20 + s.rng.IntN(100)
@@ -761,6 +767,9 @@ func (s *sim) rewrite(a *simAgent) {
 	if s.rng.IntN(2) == 0 {
 		os.Chtimes(p, fi.ModTime(), fi.ModTime())
 	}
+	if p != root && rewriteOf(FileIDOf(fi), s.fileID(p)) {
+		s.reopened[a.name+":"+name] = true
+	}
 	s.snapshot(a)
 	rel := name
 	if p != root {
@@ -801,6 +810,7 @@ func (s *sim) deleteCheckpoint(a *simAgent) {
 		return
 	}
 	s.trace("delete", a, name)
+	delete(s.reopened, a.name+":"+name)
 	os.RemoveAll(filepath.Join(a.dir, name))
 	s.send(a, WatchEvent{Kind: Removed, Checkpoint: name})
 }
@@ -1013,7 +1023,7 @@ func (s *sim) uncommitted() []string {
 	for _, a := range s.agents {
 		for _, name := range localCheckpoints(a) {
 			fp, ok := s.fingerprint(a, name)
-			if !ok {
+			if !ok || s.reopened[a.name+":"+name] {
 				continue
 			}
 			local := strings.Split(fp, "\n")
@@ -1158,6 +1168,7 @@ func (s *sim) rewriteMarker(a *simAgent) {
 		os.Remove(p)
 	}
 	s.moreFile(p, int(fi.Size())+1+s.more.IntN(64))
+	delete(s.reopened, a.name+":"+name)
 	s.snapshot(a)
 	s.complete(a, name)
 }

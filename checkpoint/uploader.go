@@ -183,8 +183,10 @@ type Uploader struct {
 	// (startCommit).
 	uncertain map[string]time.Time
 	resume    map[string]*journalEntry
-	journal   *journal
-	dirty     []*generation
+	// stale are the journal's stale markers (journalStales) of names with no generation yet.
+	stale   map[string]FileID
+	journal *journal
+	dirty   []*generation
 	// active are the notices in force (SetNotices), most severe first; lastSignal is when the
 	// trainer was last signalled for one (a stop waits for the checkpoint it writes).
 	active     []ActiveNotice
@@ -271,6 +273,11 @@ type generation struct {
 	inQueued           bool
 	complete           bool
 	completeSeen       time.Time // when the uploader learned it is complete
+	// marker is the version of the marker its completeness rests on: its Complete's, or for a
+	// commit resumed from the journal, the one committed; zero for a single file, or none yet.
+	// stale, if not zero, is a version of the marker that no longer vouches for it: a file was
+	// written again after it (rewriteOf), so only another version of the marker completes it.
+	marker, stale FileID
 	// notice is the key of the notice this version was written for (in force when its first file
 	// or its marker came), "" for a periodic checkpoint.
 	notice      string
@@ -666,6 +673,14 @@ func (u *Uploader) compactJournal() {
 			for _, l := range lates {
 				j.add(l.line())
 			}
+			for name, g := range u.gens {
+				if !g.stale.isZero() {
+					j.add(staleLine(name, g.stale))
+				}
+			}
+			for name, id := range u.stale {
+				j.add(staleLine(name, id))
+			}
 			err = j.flush()
 		}
 		u.journal = j
@@ -815,7 +830,7 @@ func (u *Uploader) start(ctx context.Context) {
 		if err != nil {
 			u.log.Warn().Err(err).Str("journal", jpath).Msg("journal unreadable; starting without it")
 		}
-		u.resume = entries
+		u.resume, u.stale = entries, journalStales(jpath)
 	}
 	rctx, cancel := context.WithTimeout(ctx, startReadTimeout)
 	st, err := readJob(rctx, u.cfg.Store, u.cfg.Job, u.cache)
@@ -837,6 +852,9 @@ func (u *Uploader) start(ctx context.Context) {
 			u.log.Warn().Err(err).Str("journal", jpath).Msg("no journal: after a restart, uncommitted files are sent again")
 		}
 		u.journal = j
+		for _, name := range slices.Sorted(maps.Keys(u.stale)) {
+			u.journal.add(staleLine(name, u.stale[name]))
+		}
 		for _, c := range u.earlyDrops { // dropped by resolveJournal, before the journal was open
 			u.journal.add(journalLine{Op: journalDrop, Checkpoint: c.Checkpoint, Commit: c.Commit})
 		}
@@ -1250,6 +1268,16 @@ func (u *Uploader) current(name string) *generation {
 			}
 			g.files[p] = &fileState{id: d.id, done: &d}
 		}
+		if f := g.files[u.cfg.Marker]; f != nil && e.done && !g.single {
+			g.marker = f.id // the marker the commit was complete with
+		}
+	}
+	if id, ok := u.stale[name]; ok {
+		// A file was written again after this marker before the restart (reopen).
+		delete(u.stale, name)
+		if !g.single {
+			g.complete, g.stale = false, id
+		}
 	}
 	return g
 }
@@ -1293,6 +1321,7 @@ func (u *Uploader) replaceSealed(g *generation) *generation {
 		Msg("checkpoint changed after its commit was tried; committing it as a new commit")
 	ng := u.newGen(g.name, false)
 	ng.complete, ng.completeSeen, ng.firstFileAt, ng.notice = g.complete, g.completeSeen, g.firstFileAt, g.notice
+	ng.marker, ng.stale = g.marker, g.stale
 	for _, p := range g.paths() {
 		nf := &fileState{id: g.files[p].id}
 		ng.files[p] = nf
@@ -1311,6 +1340,7 @@ func (u *Uploader) replaceSealed(g *generation) *generation {
 func (u *Uploader) nextGen(old *generation) *generation {
 	g := u.newGen(old.name, true)
 	g.complete, g.completeSeen, g.firstFileAt = old.complete, time.Now(), old.firstFileAt
+	g.marker, g.stale = old.marker, old.stale
 	if old.state == genCommitted {
 		g.prior = old.manifest
 	}
@@ -1355,6 +1385,15 @@ func (u *Uploader) handleWatch(ctx context.Context, ev WatchEvent) {
 	case Complete:
 		u.fileReady(ev)
 		g := u.gens[ev.Checkpoint]
+		if !g.single {
+			if !g.stale.isZero() && ev.ID.Same(g.stale) {
+				return // the marker a file was written again after (a rescan sends it again)
+			}
+			if !g.stale.isZero() {
+				u.journal.add(staleLine(g.name, FileID{}))
+			}
+			g.marker, g.stale = ev.ID, FileID{}
+		}
 		if g.complete || g.state == genCommitted {
 			return
 		}
@@ -1369,6 +1408,11 @@ func (u *Uploader) handleWatch(ctx context.Context, ev WatchEvent) {
 			Msg("checkpoint complete; committing once every file is stored")
 	case FileGone:
 		g := u.gens[ev.Checkpoint]
+		if g != nil && g.state == genCommitted && ev.Path == u.cfg.Marker && !g.single {
+			// The trainer saves into it again, the marker taken away first: what it writes
+			// now is not written after a marker (rewrittenAfterMarker).
+			u.markerGone(g)
+		}
 		if g == nil || g.state == genCommitted || g.state == genAbandoned {
 			return
 		}
@@ -1383,16 +1427,20 @@ func (u *Uploader) handleWatch(ctx context.Context, ev WatchEvent) {
 			u.fileVanished(g, ev.Path, f)
 		}
 		if ev.Path == u.cfg.Marker || g.single {
-			g.complete = false
+			u.markerGone(g)
 		}
 		u.markDirty(g)
 	case Removed:
 		delete(u.resume, ev.Checkpoint)
+		delete(u.stale, ev.Checkpoint)
 		g := u.gens[ev.Checkpoint]
 		if g == nil {
 			return
 		}
 		delete(u.gens, ev.Checkpoint)
+		if !g.stale.isZero() {
+			u.journal.add(staleLine(g.name, FileID{}))
+		}
 		u.abandon(ctx, g, "checkpoint removed")
 	}
 }
@@ -1401,6 +1449,9 @@ func (u *Uploader) handleWatch(ctx context.Context, ev WatchEvent) {
 func (u *Uploader) fileReady(ev WatchEvent) {
 	g := u.current(ev.Checkpoint)
 	f := g.files[ev.Path]
+	if f != nil && u.rewrittenAfterMarker(g, ev.Path, f.id, ev.ID) {
+		u.reopen(g, ev.Path)
+	}
 	if g.state == genCommitted {
 		if f != nil && f.done != nil && f.done.id.Same(ev.ID) {
 			return // still the committed version
@@ -1445,6 +1496,46 @@ func (u *Uploader) fileReady(ev WatchEvent) {
 	u.enqueue(g, ev.Path, f)
 	u.markDirty(g)
 }
+
+// rewriteOf reports whether now is the file that was old written again, not only its metadata
+// changed (a chmod, a chown, a new link): another inode, size or modification time.
+func rewriteOf(old, now FileID) bool {
+	return old.known() && now.known() &&
+		(old.Dev != now.Dev || old.Ino != now.Ino || old.Size != now.Size || !old.ModTime.Equal(now.ModTime))
+}
+
+// rewrittenAfterMarker reports whether the file rel of g, last seen as old, now written again as
+// now (rewriteOf), is the trainer writing into the complete checkpoint directory g anew (a
+// rollback saving a step again, a trainer saving into one directory each time) while its marker
+// stays: the marker no longer says the files are one save, and committing them now could mix
+// two saves.
+func (u *Uploader) rewrittenAfterMarker(g *generation, rel string, old, now FileID) bool {
+	return g.complete && !g.single && rel != u.cfg.Marker && !g.marker.isZero() && rewriteOf(old, now)
+}
+
+// reopen takes the completeness of g back, after its file rel was written again after its marker
+// (rewrittenAfterMarker): g is complete again only with another version of the marker (written
+// again, renamed into place, touched). Its files go on being sent as they are written.
+func (u *Uploader) reopen(g *generation, rel string) {
+	g.complete, g.stale = false, g.marker
+	u.journal.add(staleLine(g.name, g.stale))
+	u.flushJournal()
+	u.log.Warn().Str("checkpoint", g.name).Str("file", rel).
+		Str("fix", "write the marker last, and remove it before writing into the checkpoint directory again").
+		Msg(msgRewrittenAfterMarker)
+}
+
+// markerGone takes the completeness of g back, its marker gone (or g itself): whatever marker
+// comes next is another.
+func (u *Uploader) markerGone(g *generation) {
+	if !g.stale.isZero() {
+		u.journal.add(staleLine(g.name, FileID{}))
+	}
+	g.complete, g.marker, g.stale = false, FileID{}, FileID{}
+}
+
+// msgRewrittenAfterMarker is reopen's log line.
+const msgRewrittenAfterMarker = "file written again after its checkpoint's marker: the checkpoint is not complete until its marker is written again"
 
 // growingMax bounds the files sent while they are written at once (each holds an open file).
 const growingMax = 256
@@ -2082,7 +2173,11 @@ func (u *Uploader) handleResult(ctx context.Context, r fileResult) {
 	} else {
 		// The read's view is the newest: an older event (a marker caught mid-write) is
 		// superseded, and one that reported the version just read again (a single file's
-		// Complete after its FileReady) asks for nothing.
+		// Complete after its FileReady) asks for nothing. A version written after the marker
+		// (its event still to come) is a save into the directory again.
+		if u.rewrittenAfterMarker(g, r.rel, f.id, d.id) {
+			u.reopen(g, r.rel)
+		}
 		f.id = d.id
 	}
 	if r.kind == jobHash {
@@ -2191,7 +2286,7 @@ func (u *Uploader) after(ctx context.Context, d time.Duration, fn func()) {
 // work until the result is in (events for it wait in deferred).
 func (u *Uploader) startCommit(ctx context.Context, g *generation) {
 	c := commitJob{name: g.name, commit: g.commit, single: g.single, adopt: g.state == genMatching, resumed: g.resumed, sealed: g.sealed,
-		completeAt: g.completeAt, unread: g.unread,
+		completeAt: g.completeAt, unread: g.unread, marker: g.marker,
 		files: make(map[string]doneFile, len(g.files)), refused: maps.Clone(g.refused), prior: g.prior, candidates: g.candidates, strays: g.strays,
 		timings: Timings{UploadSeconds: g.uploadBusy.Seconds()}}
 	c.unseenBefore, c.unseenAfter = u.unseen(g.name)
@@ -2302,6 +2397,9 @@ func (u *Uploader) handleCommit(ctx context.Context, r commitResult) {
 			if f := g.files[p]; f.done == nil {
 				u.enqueue(g, p, f)
 			}
+		}
+		if r.rewritten != "" && g.complete && g.marker.Same(r.gen.marker) {
+			u.reopen(g, r.rewritten)
 		}
 		u.markDirty(g)
 	case r.notComplete != nil:

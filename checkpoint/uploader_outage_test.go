@@ -811,11 +811,12 @@ func TestUploaderStopNamesCheckpointsBeingWritten(t *testing.T) {
 }
 
 // rewritingStore rewrites the local file of the first PutFile of a key ending in suffix while
-// it is being sent: the trainer still writing it.
+// it is being sent: the trainer still writing it. rewritten is closed once it has.
 type rewritingStore struct {
 	Store
-	suffix string
-	once   sync.Once
+	suffix    string
+	once      sync.Once
+	rewritten chan struct{}
 }
 
 func (s *rewritingStore) PutFile(ctx context.Context, key string, f *os.File, size int64, progress func(n int64)) (Checksum, error) {
@@ -824,6 +825,7 @@ func (s *rewritingStore) PutFile(ctx context.Context, key string, f *os.File, si
 			if err := os.WriteFile(f.Name(), []byte("written again"), 0o644); err != nil {
 				panic(err)
 			}
+			close(s.rewritten)
 		})
 	}
 	return s.Store.PutFile(ctx, key, f, size, progress)
@@ -835,10 +837,17 @@ func (s *rewritingStore) PutFile(ctx context.Context, key string, f *os.File, si
 // every such marker was a warning with reason "changed" and the fix "give every training run its
 // own store.job".)
 func TestUploaderFileStillBeingWrittenIsNoStoreFailure(t *testing.T) {
-	s := &rewritingStore{Store: newMemStore(), suffix: "/a"}
+	s := &rewritingStore{Store: newMemStore(), suffix: "/a", rewritten: make(chan struct{})}
 	dir := t.TempDir()
 	r := startUploader(t, dir, s, 0)
 	writeCheckpoint(t, dir, "step-1", map[string][]byte{"a": []byte("first")})
+	select {
+	case <-s.rewritten:
+	case <-time.After(20 * time.Second):
+		t.Fatal("a was never sent")
+	}
+	// Written after the marker, a is part of the checkpoint once the marker is written again.
+	writeMarker(t, filepath.Join(dir, "step-1"))
 	ev := r.waitCommitted("step-1")
 	if n := r.failed.Load(); n != 0 {
 		t.Errorf("%d upload failures reported for a file that changed while it was read; want 0", n)
@@ -985,6 +994,7 @@ func TestUploaderLeftSealedCommitIsClearedUnlessItsManifestLanded(t *testing.T) 
 			if err := os.WriteFile(filepath.Join(dir, "step-1", "a"), randomBytes(t, 12<<10), 0o644); err != nil {
 				t.Fatal(err)
 			}
+			writeMarker(t, filepath.Join(dir, "step-1")) // saved again: the marker last
 			ev := r.waitCommitted("step-1")
 			if ManifestKey("job", "step-1", ev.Manifest.Commit) == oldKey {
 				t.Fatal("the changed checkpoint went into the commit whose manifest write got no answer")

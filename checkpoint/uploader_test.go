@@ -287,6 +287,7 @@ func TestUploaderResendsFileChangedAfterMarker(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(dir, "step-2", "a.bin"), files2["a.bin"], 0o644); err != nil {
 		t.Fatal(err)
 	}
+	writeMarker(t, filepath.Join(dir, "step-2")) // the marker last, as a trainer saving again writes it
 	ev := r.waitCommitted("step-2")
 	if ev.Manifest.TotalBytes != 2<<20 {
 		// Committed before the rewrite was seen: then the store holds the first version,
@@ -296,6 +297,219 @@ func TestUploaderResendsFileChangedAfterMarker(t *testing.T) {
 	to := t.TempDir()
 	if _, err := Restore(t.Context(), store, RestoreOptions{Job: "job", Checkpoint: "step-2", To: to, Logger: zerolog.Nop()}); err != nil {
 		t.Fatalf("Restore: %v (the manifest does not match the stored bytes)", err)
+	}
+}
+
+// writeMarker writes the marker of the checkpoint directory ck again, as a trainer does at the
+// end of a save: a new file renamed into place.
+func writeMarker(t *testing.T, ck string) {
+	t.Helper()
+	tmp := filepath.Join(ck, "._COMPLETE.tmp")
+	if err := os.WriteFile(tmp, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, filepath.Join(ck, "_COMPLETE")); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// rewriteLater writes data over the file p in place, with a modification time a second after
+// the one it had, as a save some time later would leave it.
+func rewriteLater(t *testing.T, p string, data []byte) {
+	t.Helper()
+	fi, err := os.Stat(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(p, data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chtimes(p, fi.ModTime().Add(time.Second), fi.ModTime().Add(time.Second)); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// waitRewriteSeen waits (20 s at most) for the uploader to say that a file of checkpoint name
+// was written again after its marker. A commit of name meanwhile fails the test: the directory
+// holds files of two saves.
+func (r *uploaderRig) waitRewriteSeen(name string) {
+	r.t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for !strings.Contains(r.logs.String(), msgRewrittenAfterMarker) {
+		if time.Now().After(deadline) {
+			r.t.Fatalf("the rewrite of %s after its marker not seen within 20 s", name)
+		}
+		select {
+		case ev := <-r.events:
+			if ev.Kind == CheckpointCommitted && ev.Checkpoint == name {
+				r.t.Fatalf("%s committed as %s half way through a save into it again: a mix of two saves", name, ev.Manifest.Commit)
+			}
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+}
+
+// A trainer that saves into a complete checkpoint directory again (a rollback saving a step
+// again, one directory for every save) while the marker of the last save stays: half way, the
+// directory holds some files of each save. The checkpoint is not complete until the marker is
+// written again, and then its commit is the new save whole, never a mix of the two.
+func TestUploaderWaitsForTheMarkerAfterARewrite(t *testing.T) {
+	for _, restart := range []bool{false, true} {
+		t.Run(map[bool]string{false: "running", true: "restarted"}[restart], func(t *testing.T) {
+			dir, state := t.TempDir(), t.TempDir()
+			store := newMemStore()
+			cfg := UploaderConfig{StateDir: state, StopBudget: -1}
+			r := startUploaderWith(t, dir, store, cfg)
+			save1 := map[string][]byte{"a.bin": randomBytes(t, 64<<10), "b.bin": randomBytes(t, 64<<10)}
+			writeCheckpoint(t, dir, "step-1", save1)
+			first := r.waitCommitted("step-1").Manifest
+			if restart {
+				r.stop()
+			}
+
+			// The second save has written a.bin when the agent looks (or, restarted, comes back).
+			ck := filepath.Join(dir, "step-1")
+			save2 := map[string][]byte{"a.bin": randomBytes(t, 64<<10), "b.bin": randomBytes(t, 64<<10)}
+			rewriteLater(t, filepath.Join(ck, "a.bin"), save2["a.bin"])
+			if restart {
+				r = startUploaderWith(t, dir, store, cfg)
+			}
+			r.waitRewriteSeen("step-1")
+			rewriteLater(t, filepath.Join(ck, "b.bin"), save2["b.bin"])
+			writeMarker(t, ck)
+			ev := r.waitCommitted("step-1")
+			if ev.Manifest.Commit == first.Commit {
+				t.Fatalf("the second save was taken for the first one's commit %s", first.Commit)
+			}
+			restoreAndCompare(t, store, "step-1", save2)
+			cs := commitsOf(t, store, "step-1")
+			if len(cs) != 2 || cs[0].Commit != ev.Manifest.Commit {
+				t.Errorf("%d commits of step-1, newest %s; want 2, the second save's %s newest", len(cs), cs[0].Commit, ev.Manifest.Commit)
+			}
+		})
+	}
+}
+
+// An agent restarted half way through a save into a complete directory again, after it had
+// seen the first file written again and begun to send it to a new commit, still waits for the
+// marker: the journal says which marker no longer vouches for the files.
+func TestUploaderRestartMidRewriteWaitsForTheMarker(t *testing.T) {
+	dir, state := t.TempDir(), t.TempDir()
+	store := newMemStore()
+	cfg := UploaderConfig{StateDir: state, StopBudget: -1}
+	r := startUploaderWith(t, dir, store, cfg)
+	writeCheckpoint(t, dir, "step-1", map[string][]byte{"a.bin": randomBytes(t, 64<<10), "b.bin": randomBytes(t, 64<<10)})
+	first := r.waitCommitted("step-1").Manifest
+	ck := filepath.Join(dir, "step-1")
+	save2 := map[string][]byte{"a.bin": randomBytes(t, 64<<10), "b.bin": randomBytes(t, 64<<10)}
+	rewriteLater(t, filepath.Join(ck, "a.bin"), save2["a.bin"])
+	r.waitRewriteSeen("step-1")
+	eventuallyUploader(t, "the new a.bin stored in a new commit", func() bool {
+		for _, c := range r.up.Status(t.Context()).Checkpoints {
+			if c.Name == "step-1" && c.Commit != "" && c.Commit != first.Commit && c.FilesStored > 0 {
+				return true
+			}
+		}
+		return false
+	})
+	r.stop()
+
+	r = startUploaderWith(t, dir, store, cfg)
+	var st CheckpointStatus
+	eventuallyUploader(t, "the restarted agent to store what it found", func() bool {
+		for _, c := range r.up.Status(t.Context()).Checkpoints {
+			if c.Name == "step-1" {
+				st = c
+			}
+		}
+		return st.Commit != first.Commit && (st.Committed || (st.Files == 3 && st.FilesStored == 3))
+	})
+	if st.Committed || st.Complete {
+		t.Fatalf("restarted half way through the second save, step-1 is %+v; want not complete (a mix of two saves)", st)
+	}
+	rewriteLater(t, filepath.Join(ck, "b.bin"), save2["b.bin"])
+	writeMarker(t, ck)
+	r.waitCommitted("step-1")
+	restoreAndCompare(t, store, "step-1", save2)
+	if cs := commitsOf(t, store, "step-1"); len(cs) != 2 {
+		t.Errorf("%d commits of step-1; want 2, one per save", len(cs))
+	}
+}
+
+// A trainer that takes the marker away before it saves into the directory again does what it
+// should: the new save is committed once its marker is there, with no warning.
+func TestUploaderSaveIntoADirectoryAgainMarkerRemovedFirst(t *testing.T) {
+	dir := t.TempDir()
+	store := newMemStore()
+	r := startUploader(t, dir, store, 0)
+	writeCheckpoint(t, dir, "step-1", map[string][]byte{"a.bin": randomBytes(t, 64<<10), "b.bin": randomBytes(t, 64<<10)})
+	first := r.waitCommitted("step-1").Manifest
+	ck := filepath.Join(dir, "step-1")
+	if err := os.Remove(filepath.Join(ck, "_COMPLETE")); err != nil {
+		t.Fatal(err)
+	}
+	eventuallyUploader(t, "the marker's removal seen", func() bool {
+		for _, c := range r.up.Status(t.Context()).Checkpoints {
+			if c.Name == "step-1" && !c.Complete {
+				return true
+			}
+		}
+		return false
+	})
+	save2 := map[string][]byte{"a.bin": randomBytes(t, 64<<10), "b.bin": randomBytes(t, 64<<10)}
+	rewriteLater(t, filepath.Join(ck, "a.bin"), save2["a.bin"])
+	rewriteLater(t, filepath.Join(ck, "b.bin"), save2["b.bin"])
+	writeMarker(t, ck)
+	if ev := r.waitCommitted("step-1"); ev.Manifest.Commit == first.Commit {
+		t.Fatalf("the second save was taken for the first one's commit %s", first.Commit)
+	}
+	restoreAndCompare(t, store, "step-1", save2)
+	if strings.Contains(r.logs.String(), msgRewrittenAfterMarker) {
+		t.Errorf("warned of a file written after the marker, which had been taken away first:\n%s", r.logs.String())
+	}
+}
+
+// A file written again after the marker but before its watch event (its debounce) is found by
+// the commit's last look at the directory: the checkpoint is not committed as it is then (the
+// new file beside the old save's others), but once its marker is written again.
+func TestUploaderCommitFindsARewriteAfterTheMarker(t *testing.T) {
+	dir := t.TempDir()
+	store := newMemStore()
+	r, events := startUploaderFed(t, dir, store, UploaderConfig{})
+	ck := filepath.Join(dir, "step-1")
+	save1 := map[string][]byte{"a.bin": randomBytes(t, 64<<10), "b.bin": randomBytes(t, 64<<10)}
+	writeCheckpoint(t, dir, "step-1", save1)
+	ready := func(rel string) {
+		fi, err := os.Lstat(filepath.Join(ck, rel))
+		if err != nil {
+			t.Fatal(err)
+		}
+		ev := WatchEvent{Kind: FileReady, Checkpoint: "step-1", Path: rel, Size: fi.Size(), ModTime: fi.ModTime(), ID: FileIDOf(fi), At: time.Now()}
+		if rel == "_COMPLETE" {
+			ev.Kind = Complete
+		}
+		events <- ev
+	}
+	ready("a.bin")
+	ready("b.bin")
+	eventuallyUploader(t, "both files stored", func() bool {
+		store.mu.Lock()
+		defer store.mu.Unlock()
+		return len(store.objs) >= 2
+	})
+	save2 := map[string][]byte{"a.bin": randomBytes(t, 64<<10), "b.bin": randomBytes(t, 64<<10)}
+	rewriteLater(t, filepath.Join(ck, "a.bin"), save2["a.bin"])
+	ready("_COMPLETE") // the marker of the first save: its commit looks at the directory once more
+	r.waitRewriteSeen("step-1")
+	rewriteLater(t, filepath.Join(ck, "b.bin"), save2["b.bin"])
+	writeMarker(t, ck)
+	ready("a.bin")
+	ready("b.bin")
+	ready("_COMPLETE")
+	r.waitCommitted("step-1")
+	restoreAndCompare(t, store, "step-1", save2)
+	if cs := commitsOf(t, store, "step-1"); len(cs) != 1 {
+		t.Errorf("%d commits of step-1; want 1, the second save", len(cs))
 	}
 }
 
