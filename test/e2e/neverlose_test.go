@@ -374,6 +374,25 @@ func writeSynced(t testing.TB, path string, data []byte) {
 	}
 }
 
+// writeInPlace writes data over the file at path, the same file cut short and written again
+// (as torch.save(obj, path) does), and syncs it.
+func writeInPlace(t testing.TB, path string, data []byte) {
+	t.Helper()
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_TRUNC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.Write(data); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Close(); err != nil {
+		t.Fatal(err)
+	}
+}
+
 func syncDir(t testing.TB, dir string) {
 	t.Helper()
 	d, err := os.Open(dir)
@@ -966,4 +985,68 @@ func dirNames(t testing.TB, dir string) []string {
 		names = append(names, e.Name())
 	}
 	return names
+}
+
+// A run rolled back saves a step it had saved into the same directory, in place, with the last
+// save's marker still there (as torch DCP saving over its last save, or a trainer that does not
+// take the marker away first, leaves it). Half way, the directory holds files of both saves; the
+// agent must not commit that, only the new save whole once its marker is written again, and the
+// commit of the first save stays as it was.
+func TestSaveIntoACompleteDirectoryAgainIsNeverCommittedHalfWay(t *testing.T) {
+	needPeers(t)
+	s3 := startS3(t)
+	ts := newS3TestStore(s3, "again-in-place")
+	const job, name = "rolled-back", "step-000100"
+	sim := quietIMDS(t)
+	dir := t.TempDir()
+	ap := startStoreAgent(t, sim, dir, ts, job, noTrainer)
+	save1 := map[string][]byte{"shard-0.bin": randomBytes(t, 1<<20), "shard-1.bin": randomBytes(t, 1<<20)}
+	writeCheckpoint(t, dir, name, save1, "")
+	first := waitCommitted(t, ap, ts, job, name, 15*time.Second)
+	firstObjects := ts.objects(t, job, name+"/"+first+"/")
+
+	// The second save writes shard-0.bin over the first one's, in place.
+	ck := filepath.Join(dir, name)
+	save2 := map[string][]byte{"shard-0.bin": randomBytes(t, 1<<20), "shard-1.bin": randomBytes(t, 1<<20)}
+	writeInPlace(t, filepath.Join(ck, "shard-0.bin"), save2["shard-0.bin"])
+	waitIdle(t, ap) // three seconds in which a commit of the half-written save would have come
+	if cs := ts.list(t, job); len(cs) != 1 || cs[0].Commit != first {
+		t.Fatalf("half way through the second save, the job has %d commits (newest %s); want only %s", len(cs), cs[0].Commit, first)
+	}
+	const msg = "file written again after its checkpoint's marker: the checkpoint is not complete until its marker is written again"
+	eventually(t, 15*time.Second, "the agent to see shard-0.bin written again", func() bool { return len(ap.logLines(t, msg)) > 0 })
+	if l := ap.logLines(t, msg)[0]; l["level"] != "warn" || l["checkpoint"] != name || l["file"] != "shard-0.bin" {
+		t.Errorf("log line %v; want a warning naming %s and shard-0.bin", l, name)
+	}
+	for _, c := range ap.uploads(t).Checkpoints {
+		if c.Name == name && c.Complete {
+			t.Errorf("half way through the second save, %s is %+v; want not complete", name, c)
+		}
+	}
+	if cs := ts.list(t, job); len(cs) != 1 {
+		t.Fatalf("half way through the second save, the job has %d commits; want only %s", len(cs), first)
+	}
+
+	// The second save ends: shard-1.bin, then the marker, renamed into place.
+	writeInPlace(t, filepath.Join(ck, "shard-1.bin"), save2["shard-1.bin"])
+	tmp := filepath.Join(ck, "._COMPLETE.tmp")
+	writeSynced(t, tmp, []byte("save 2\n"))
+	if err := os.Rename(tmp, filepath.Join(ck, "_COMPLETE")); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 15*time.Second, "the second save's commit", func() bool {
+		l, _, ok := ts.latest(t, job)
+		return ok && l.Checkpoint == name && l.Commit != first
+	})
+	ap.stop(t)
+	to := t.TempDir()
+	ts.restore(t, job, to)
+	sameTree(t, ck, filepath.Join(to, name))
+	if cs := ts.list(t, job); len(cs) != 2 {
+		t.Errorf("the job has %d commits; want 2, one per save", len(cs))
+	}
+	if d := diffObjects(firstObjects, ts.objects(t, job, name+"/"+first+"/")); d != "" {
+		t.Errorf("the first save's commit %s changed:\n%s", first, d)
+	}
+	ts.check(t, job)
 }
