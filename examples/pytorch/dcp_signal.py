@@ -292,6 +292,17 @@ def write_marker(directory, name="_COMPLETE", body=b""):
     os.replace(tmp, os.path.join(directory, name))
 
 
+def remove_marker(directory, name="_COMPLETE"):
+    """Before saving into directory again (a run rolled back saves a step it had saved): take its
+    marker away first, so that neither spotguard nor a resume takes the files of two saves for one
+    checkpoint while the new save is half written. (spotguard also holds a checkpoint whose files
+    are written again after its marker until the marker is written again.)"""
+    try:
+        os.remove(os.path.join(directory, name))
+    except FileNotFoundError:
+        pass
+
+
 def newest_complete(root, marker=".metadata", prefix="step-"):
     """(step, path) of the newest root/<prefix>N/ that holds marker, or None."""
     pattern = re.compile(re.escape(prefix) + r"(\d+)$")
@@ -337,6 +348,7 @@ def save(root, step, model, optimizer):
     path = os.path.join(root, "step-%06d" % step)
     if not dist.is_initialized() or dist.get_rank() == 0:
         os.makedirs(path, exist_ok=True)  # created on rank 0's node: see multinode.md (shared FS)
+        remove_marker(path, ".metadata")  # a step saved again: not complete until the new one
     if dist.is_initialized():
         dist.barrier()
     dcp.save({"app": AppState(model, optimizer)}, checkpoint_id=path)
@@ -377,13 +389,19 @@ def save_files(root, step, model, optimizer, marker="_COMPLETE", every_node=Fals
     save), so that the agents tell this save's parts from another save of the same step."""
     path = os.path.join(root, "step-%06d" % step)
     rank = dist.get_rank() if dist.is_initialized() else 0
+    marks = rank == 0 or (every_node and int(os.environ.get("LOCAL_RANK", "0")) == 0)
     box = [None]
     if rank == 0:
         os.makedirs(path, exist_ok=True)  # first, on rank 0's node: see multinode.md (shared FS)
         box = [os.urandom(8).hex()]  # this save's id
+    if marks:
+        os.makedirs(path, exist_ok=True)  # every other node's own, on node-local disks
+        remove_marker(path, marker)  # saved again: not complete until this save's marker
     if dist.is_initialized():
         dist.broadcast_object_list(box, src=0)  # the others go on once rank 0 has made path
-    os.makedirs(path, exist_ok=True)  # every other node's own, on node-local disks
+        if every_node:
+            dist.barrier()  # and once every node's old marker is gone
+    os.makedirs(path, exist_ok=True)
     torch.save({"step": step, "model": model.state_dict(), "optim": optimizer.state_dict()},
                os.path.join(path, "rank-%d.pt" % rank))
     if dist.is_initialized():

@@ -27,7 +27,7 @@ import os
 import torch.distributed as dist
 from transformers import TrainerCallback
 
-from dcp_signal import SaveRequested, newest_complete, write_marker
+from dcp_signal import SaveRequested, newest_complete, remove_marker, write_marker
 
 
 class SpotguardCallback(TrainerCallback):
@@ -42,6 +42,11 @@ class SpotguardCallback(TrainerCallback):
             control.should_save = True  # the Trainer saves checkpoint-<global_step>/ right after this
             if what == SaveRequested.EXIT:
                 control.should_training_stop = True  # after that save; train() then returns
+        if control.should_save and state.is_world_process_zero:
+            # A step saved again (a run rolled back): its old marker goes before the Trainer
+            # writes over the files (the Trainer's own flow callback, which runs before this
+            # one, has set should_save for a periodic save by now).
+            remove_marker(os.path.join(args.output_dir, "checkpoint-%d" % state.global_step), self.marker)
         return control
 
     def on_save(self, args, state, control, **kwargs):
