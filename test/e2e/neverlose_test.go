@@ -356,29 +356,23 @@ func randomBytes(t testing.TB, n int) []byte {
 	return b
 }
 
-// writeSynced writes data to path, fsyncs and closes it.
+// writeSynced writes data to path, a new file, fsyncs and closes it.
 func writeSynced(t testing.TB, path string, data []byte) {
 	t.Helper()
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := f.Write(data); err != nil {
-		t.Fatal(err)
-	}
-	if err := f.Sync(); err != nil {
-		t.Fatal(err)
-	}
-	if err := f.Close(); err != nil {
-		t.Fatal(err)
-	}
+	writeSyncedFlag(t, path, os.O_CREATE|os.O_EXCL, data)
 }
 
 // writeInPlace writes data over the file at path, the same file cut short and written again
-// (as torch.save(obj, path) does), and syncs it.
+// (as torch.save(obj, path) does), fsyncs and closes it.
 func writeInPlace(t testing.TB, path string, data []byte) {
 	t.Helper()
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_TRUNC, 0)
+	writeSyncedFlag(t, path, os.O_TRUNC, data)
+}
+
+// writeSyncedFlag writes data to path opened write-only with flag, fsyncs and closes it.
+func writeSyncedFlag(t testing.TB, path string, flag int, data []byte) {
+	t.Helper()
+	f, err := os.OpenFile(path, os.O_WRONLY|flag, 0o644)
 	if err != nil {
 		t.Fatal(err)
 	}
