@@ -731,11 +731,11 @@ func (s *soak) settle() {
 	ts := s.trainer.stats
 	t.Logf("soak done: %d phases (%d agents: %d SIGKILLed, %d SIGTERMed (longest stop %.1f s, %d spent the stop budget; %d complete checkpoints left uncommitted by a stop without a drain), %d went on; %d through the slow link, %d rate changes), %d spot notices, %d syncs; "+
 		"trainer: %d checkpoints saved (%d rollbacks, %d of many files, %d died before the marker, %d single files), %d files (%d over 5 MiB, %d via visible .tmp), "+
-		"%d rewrites (%d in place, %d with mtime set back), %d checkpoints and %d files deleted, %d SIGUSR1 saves; "+
+		"%d rewrites (%d in place, %d with mtime set back, %d followed by the marker), %d checkpoints and %d files deleted, %d SIGUSR1 saves; "+
 		"store: %d commits, %s; %d transient store readings",
 		s.stats.phases, s.incarnation, s.stats.kills, s.stats.terms, s.stats.longestStop.Seconds(), s.stats.budgetSpent, s.stats.leftAtStop, s.stats.keeps, s.stats.throttledRuns, s.stats.rateChanges,
 		s.stats.notices, s.stats.syncs, ts.saves, ts.rollbacks, ts.many, ts.died, ts.singles, ts.files, ts.multipart, ts.visibleTmp,
-		ts.rewrites, ts.inPlace, ts.mtimeBack, ts.deletes, ts.fileDeletes, ts.signalled, len(cs), checkpoint.HumanBytes(bytes), s.stats.transient)
+		ts.rewrites, ts.inPlace, ts.mtimeBack, ts.remarks, ts.deletes, ts.fileDeletes, ts.signalled, len(cs), checkpoint.HumanBytes(bytes), s.stats.transient)
 }
 
 // haltTrainer stops the trainer and waits for it; a trainer that failed fails the test.
@@ -1091,8 +1091,8 @@ type soakTrainer struct {
 	model    map[string]map[string]string
 	complete map[string]bool
 	stats    struct {
-		saves, rollbacks, many, died, singles, files, multipart, visibleTmp int
-		rewrites, inPlace, mtimeBack, deletes, fileDeletes, signalled       int
+		saves, rollbacks, many, died, singles, files, multipart, visibleTmp    int
+		rewrites, inPlace, mtimeBack, remarks, deletes, fileDeletes, signalled int
 	}
 }
 
@@ -1366,7 +1366,10 @@ func (tr *soakTrainer) pick(names []string) string {
 }
 
 // rewrite changes one file of a complete checkpoint after its marker, keeping its size: the whole
-// file, or a range in place; sometimes with its modification time set back.
+// file, or a range in place; sometimes with its modification time set back. A file of a checkpoint
+// directory written again (its modification time moved) takes the checkpoint's completeness back
+// until its marker is written again, which the trainer then does, as one that saves into the
+// directory again would (sometimes after a change the agent sees by its change time alone too).
 func (tr *soakTrainer) rewrite() error {
 	var names []string
 	for name, ok := range tr.complete {
@@ -1429,7 +1432,8 @@ func (tr *soakTrainer) rewrite() error {
 	} else if err := os.WriteFile(p, next, 0o644); err != nil {
 		return err
 	}
-	if tr.rng.IntN(2) == 0 {
+	setBack := tr.rng.IntN(2) == 0
+	if setBack {
 		tr.stats.mtimeBack++
 		if err := os.Chtimes(p, fi.ModTime(), fi.ModTime()); err != nil {
 			return err
@@ -1437,6 +1441,28 @@ func (tr *soakTrainer) rewrite() error {
 	}
 	tr.model[name] = files
 	tr.stats.rewrites++
+	if rel != name && (!setBack || tr.rng.IntN(2) == 0) {
+		return tr.remark(name)
+	}
+	return nil
+}
+
+// remark writes the marker of the checkpoint directory name again (other bytes, renamed into
+// place), as at the end of a save.
+func (tr *soakTrainer) remark(name string) error {
+	marker := tr.data(1 + tr.rng.IntN(64))
+	files := withFile(tr.model[name], soakMarker, sumOf(marker))
+	tr.rec.add(name, files)
+	dir := filepath.Join(tr.dir, name)
+	tmp := filepath.Join(dir, "."+soakMarker+".tmp")
+	if err := os.WriteFile(tmp, marker, 0o644); err != nil {
+		return err
+	}
+	if err := os.Rename(tmp, filepath.Join(dir, soakMarker)); err != nil {
+		return err
+	}
+	tr.model[name] = files
+	tr.stats.remarks++
 	return nil
 }
 
