@@ -1389,10 +1389,8 @@ func (u *Uploader) handleWatch(ctx context.Context, ev WatchEvent) {
 			if !g.stale.isZero() && ev.ID.Same(g.stale) {
 				return // the marker a file was written again after (a rescan sends it again)
 			}
-			if !g.stale.isZero() {
-				u.journal.add(staleLine(g.name, FileID{}))
-			}
-			g.marker, g.stale = ev.ID, FileID{}
+			u.unstale(g)
+			g.marker = ev.ID
 		}
 		if g.complete || g.state == genCommitted {
 			return
@@ -1438,9 +1436,7 @@ func (u *Uploader) handleWatch(ctx context.Context, ev WatchEvent) {
 			return
 		}
 		delete(u.gens, ev.Checkpoint)
-		if !g.stale.isZero() {
-			u.journal.add(staleLine(g.name, FileID{}))
-		}
+		u.unstale(g)
 		u.abandon(ctx, g, "checkpoint removed")
 	}
 }
@@ -1528,10 +1524,17 @@ func (u *Uploader) reopen(g *generation, rel string) {
 // markerGone takes the completeness of g back, its marker gone (or g itself): whatever marker
 // comes next is another.
 func (u *Uploader) markerGone(g *generation) {
+	u.unstale(g)
+	g.complete, g.marker = false, FileID{}
+}
+
+// unstale ends g's stale marker, if it has one, in the journal too: another marker came, the
+// marker went, or the checkpoint did.
+func (u *Uploader) unstale(g *generation) {
 	if !g.stale.isZero() {
 		u.journal.add(staleLine(g.name, FileID{}))
+		g.stale = FileID{}
 	}
-	g.complete, g.marker, g.stale = false, FileID{}, FileID{}
 }
 
 // msgRewrittenAfterMarker is reopen's log line.
