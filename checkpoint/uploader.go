@@ -1638,6 +1638,13 @@ func (u *Uploader) labelNotice(g *generation) {
 	}
 }
 
+// msgGoneBeforeCommitFix is the advice given when a complete checkpoint is gone before its
+// commit.
+const msgGoneBeforeCommitFix = "if the trainer deletes its older checkpoints, it saves faster than the store takes them: " +
+	"keep more of them on disk, or save less often; if it renames a checkpoint's directory into place, " +
+	"write the marker after the rename, or write the directory under a name that starts with \".\" and ends in \".tmp\" " +
+	"(never looked at): a directory renamed after its marker is sent again under its new name"
+
 // abandon forgets g, whose checkpoint is gone: its work is cancelled and what it wrote into its
 // own (never committed) commit is deleted.
 func (u *Uploader) abandon(ctx context.Context, g *generation, why string) {
@@ -1652,9 +1659,11 @@ func (u *Uploader) abandon(ctx context.Context, g *generation, why string) {
 	}
 	if g.complete && g.commit != "" {
 		// Complete, begun, and gone before its commit: the trainer's own rotation outran the
-		// upload (a store slower than the trainer saves), or someone deleted it.
+		// upload (a store slower than the trainer saves), someone deleted it, or the trainer
+		// renamed its directory after writing the marker (a staging name renamed into place).
 		u.log.Warn().Str("checkpoint", g.name).Str("why", why).Int("files", len(g.files)).Int("stored", g.doneCount()).
-			Msg("complete checkpoint gone before it was committed: if the trainer deletes its older checkpoints, it saves faster than the store takes them; keep more of them on disk, or save less often")
+			Str("fix", msgGoneBeforeCommitFix).
+			Msg("complete checkpoint gone before it was committed (deleted, or its directory renamed)")
 	} else {
 		u.log.Info().Str("checkpoint", g.name).Str("why", why).Msg("checkpoint no longer tracked")
 	}

@@ -1791,3 +1791,58 @@ func TestRetentionDeletesAManifestWrittenAgainMeanwhile(t *testing.T) {
 		t.Errorf("job after retention: %v", problems)
 	}
 }
+
+// A complete checkpoint directory renamed before its commit (a staging name renamed into place
+// after the marker was written in it) is committed under its new name only: the commit begun
+// under the old name is abandoned and its objects deleted, and the warning says what to do.
+// Staged under a dot-".tmp" name instead, the directory is never looked at before its rename.
+func TestUploaderCheckpointDirectoryRenamedBeforeItsCommit(t *testing.T) {
+	dir := t.TempDir()
+	s := &gateStore{memStore: newMemStore(), puts: make(chan string, 100), release: make(chan struct{})}
+	r := startUploader(t, dir, s, 0)
+	files := map[string][]byte{"w.bin": randomBytes(t, 64<<10), "sub/v.bin": randomBytes(t, 1<<10)}
+	writeCheckpoint(t, dir, "tmp-step-1", files)
+	r.waitEvent(CheckpointComplete, "tmp-step-1")
+	<-s.puts // its upload has begun
+	if err := os.Rename(filepath.Join(dir, "tmp-step-1"), filepath.Join(dir, "step-1")); err != nil {
+		t.Fatal(err)
+	}
+	eventuallyUploader(t, "tmp-step-1 to leave tracking", func() bool {
+		return !slices.ContainsFunc(r.up.Status(t.Context()).Checkpoints, func(c CheckpointStatus) bool { return c.Name == "tmp-step-1" })
+	})
+	close(s.release)
+	r.waitCommitted("step-1")
+	restoreAndCompare(t, s.memStore, "step-1", files)
+
+	writeCheckpoint(t, dir, ".step-2.tmp", files)
+	if err := os.Rename(filepath.Join(dir, ".step-2.tmp"), filepath.Join(dir, "step-2")); err != nil {
+		t.Fatal(err)
+	}
+	r.waitCommitted("step-2")
+	r.stop()
+
+	for _, name := range []string{"tmp-step-1", ".step-2.tmp"} {
+		if got := commitsOf(t, s.memStore, name); len(got) != 0 {
+			t.Errorf("%s committed %d times after it was renamed away; want never", name, len(got))
+		}
+	}
+	objs, err := s.memStore.List(context.Background(), "job/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, o := range objs {
+		if strings.HasPrefix(o.Key, "job/tmp-step-1/") || strings.HasPrefix(o.Key, "job/.step-2.tmp/") {
+			t.Errorf("object %s of a staging name left in the store", o.Key)
+		}
+	}
+	logs := r.logs.String()
+	if n := strings.Count(logs, `"checkpoint":"tmp-step-1","why":"checkpoint removed"`); n != 1 {
+		t.Errorf("%d warnings for tmp-step-1 renamed before its commit; want 1:\n%s", n, logs)
+	}
+	if !strings.Contains(logs, `write the marker after the rename`) {
+		t.Errorf("the warning does not say to write the marker after the rename:\n%s", logs)
+	}
+	if strings.Contains(logs, `.step-2.tmp`) {
+		t.Errorf("a dot-.tmp staging directory was looked at:\n%s", logs)
+	}
+}
