@@ -1437,7 +1437,11 @@ func (u *Uploader) handleWatch(ctx context.Context, ev WatchEvent) {
 		}
 		delete(u.gens, ev.Checkpoint)
 		u.unstale(g)
-		u.abandon(ctx, g, "checkpoint removed")
+		if ev.Moved {
+			u.abandon(ctx, g, whyRenamedAway)
+		} else {
+			u.abandon(ctx, g, "checkpoint removed")
+		}
 	}
 }
 
@@ -1638,12 +1642,15 @@ func (u *Uploader) labelNotice(g *generation) {
 	}
 }
 
-// msgGoneBeforeCommitFix is the advice given when a complete checkpoint is gone before its
-// commit.
-const msgGoneBeforeCommitFix = "if the trainer deletes its older checkpoints, it saves faster than the store takes them: " +
-	"keep more of them on disk, or save less often; if it renames a checkpoint's directory into place, " +
-	"write the marker after the rename, or write the directory under a name that starts with \".\" and ends in \".tmp\" " +
-	"(never looked at): a directory renamed after its marker is sent again under its new name"
+// whyRenamedAway is abandon's why for a checkpoint directory renamed away: a trainer renaming
+// a staging directory into place brings it back under another name.
+const whyRenamedAway = "checkpoint renamed away"
+
+// msgRenamedBeforeCommitFix is the advice given when a complete checkpoint's directory is
+// renamed before its commit.
+const msgRenamedBeforeCommitFix = "write the marker after renaming the directory into place, or write the directory " +
+	"under a name that starts with \".\" and ends in \".tmp\" (never looked at): a directory renamed after its marker " +
+	"is a complete checkpoint under both names, and is sent again under its new one"
 
 // abandon forgets g, whose checkpoint is gone: its work is cancelled and what it wrote into its
 // own (never committed) commit is deleted.
@@ -1654,17 +1661,24 @@ func (u *Uploader) abandon(ctx context.Context, g *generation, why string) {
 	g.state = genAbandoned
 	u.stopAllGrowing(g)
 	g.cancel()
-	if !u.lastSignal.IsZero() && !g.firstFileAt.Before(u.lastSignal) {
-		u.signalAnswered = true // the checkpoint written for the signal is gone: nothing to wait for
+	moved := why == whyRenamedAway
+	if !moved && !u.lastSignal.IsZero() && !g.firstFileAt.Before(u.lastSignal) {
+		// The checkpoint written for the signal is deleted: nothing to wait for. One renamed
+		// away is awaited under its new name (a staging directory renamed into place).
+		u.signalAnswered = true
 	}
-	if g.complete && g.commit != "" {
-		// Complete, begun, and gone before its commit: the trainer's own rotation outran the
-		// upload (a store slower than the trainer saves), someone deleted it, or the trainer
-		// renamed its directory after writing the marker (a staging name renamed into place).
+	switch {
+	case g.complete && g.commit != "" && moved:
+		// The trainer renamed a staging directory into place after writing the marker in it.
 		u.log.Warn().Str("checkpoint", g.name).Str("why", why).Int("files", len(g.files)).Int("stored", g.doneCount()).
-			Str("fix", msgGoneBeforeCommitFix).
-			Msg("complete checkpoint gone before it was committed (deleted, or its directory renamed)")
-	} else {
+			Str("fix", msgRenamedBeforeCommitFix).
+			Msg("complete checkpoint's directory renamed away before it was committed; renamed within checkpoint.dir, it is committed under its new name")
+	case g.complete && g.commit != "":
+		// Complete, begun, and gone before its commit: the trainer's own rotation outran the
+		// upload (a store slower than the trainer saves), or someone deleted it.
+		u.log.Warn().Str("checkpoint", g.name).Str("why", why).Int("files", len(g.files)).Int("stored", g.doneCount()).
+			Msg("complete checkpoint gone before it was committed: if the trainer deletes its older checkpoints, it saves faster than the store takes them; keep more of them on disk, or save less often")
+	default:
 		u.log.Info().Str("checkpoint", g.name).Str("why", why).Msg("checkpoint no longer tracked")
 	}
 	switch {

@@ -1836,13 +1836,67 @@ func TestUploaderCheckpointDirectoryRenamedBeforeItsCommit(t *testing.T) {
 		}
 	}
 	logs := r.logs.String()
-	if n := strings.Count(logs, `"checkpoint":"tmp-step-1","why":"checkpoint removed"`); n != 1 {
+	if n := strings.Count(logs, `"checkpoint":"tmp-step-1","why":"checkpoint renamed away"`); n != 1 {
 		t.Errorf("%d warnings for tmp-step-1 renamed before its commit; want 1:\n%s", n, logs)
 	}
-	if !strings.Contains(logs, `write the marker after the rename`) {
+	if !strings.Contains(logs, `write the marker after renaming the directory into place`) {
 		t.Errorf("the warning does not say to write the marker after the rename:\n%s", logs)
 	}
 	if strings.Contains(logs, `.step-2.tmp`) {
 		t.Errorf("a dot-.tmp staging directory was looked at:\n%s", logs)
+	}
+}
+
+// A stop that comes while the trainer writes the checkpoint it was signalled for under a staging
+// name, renamed into place before its marker (as Hugging Face's Trainer did with
+// tmp-checkpoint-N), waits for the checkpoint under its new name: the staging name renamed away
+// is not a checkpoint deleted, after which nothing is awaited.
+func TestUploaderStopWaitsForASignalledCheckpointRenamedIntoPlace(t *testing.T) {
+	dir := t.TempDir()
+	store := newMemStore()
+	r := startUploaderWith(t, dir, store, UploaderConfig{StopBudget: time.Minute})
+	r.up.SetNotices([]ActiveNotice{{Key: "spot/terminate", Deadline: time.Now().Add(2 * time.Minute), SignalledAt: time.Now()}})
+	eventuallyUploader(t, "the notice to be taken", func() bool { return r.up.Status(t.Context()).Urgent })
+	files := map[string][]byte{"w.bin": randomBytes(t, 64<<10), "v.bin": randomBytes(t, 1<<10)}
+	for rel, data := range files {
+		p := filepath.Join(dir, "tmp-step-1", rel)
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, data, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	eventuallyUploader(t, "the staging directory's files to be stored", func() bool {
+		st := r.up.Status(t.Context())
+		return len(st.Checkpoints) == 1 && st.Checkpoints[0].FilesStored == 2
+	})
+	stopped := make(chan struct{})
+	go func() { r.cancel(); <-r.done; close(stopped) }() // SIGTERM while the trainer saves
+	const drainMsg = "stop requested while checkpoints are being written or are not committed yet; finishing them first (a second SIGTERM stops at once)"
+	eventuallyUploader(t, "the stop to wait for the checkpoint", func() bool { return strings.Contains(r.logs.String(), drainMsg) })
+	if err := os.Rename(filepath.Join(dir, "tmp-step-1"), filepath.Join(dir, "step-1")); err != nil {
+		t.Fatal(err)
+	}
+	running, endStatus := context.WithCancel(t.Context()) // Status waits for a Run that has returned
+	go func() { <-stopped; endStatus() }()
+	eventuallyUploader(t, "the renamed checkpoint to be tracked", func() bool {
+		cs := r.up.Status(running).Checkpoints
+		select {
+		case <-stopped:
+			t.Fatalf("the stop ended when the staging directory was renamed, before the marker:\n%s", r.logs)
+		default:
+		}
+		return len(cs) == 1 && cs[0].Name == "step-1" && cs[0].Files == 2
+	})
+	if err := os.WriteFile(filepath.Join(dir, "step-1", "_COMPLETE"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	<-stopped
+	if got := commitsOf(t, store, "step-1"); len(got) != 1 {
+		t.Errorf("after the stop, step-1 has %d commits; want it committed before Run returned", len(got))
+	}
+	if got := commitsOf(t, store, "tmp-step-1"); len(got) != 0 {
+		t.Errorf("the staging name has %d commits; want none", len(got))
 	}
 }

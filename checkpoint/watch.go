@@ -148,6 +148,11 @@ type WatchEvent struct {
 	ID FileID
 	// At is when the watcher decided.
 	At time.Time
+	// Moved is true for the Removed of a checkpoint directory that was renamed away (fsnotify
+	// said so) rather than deleted: a trainer renaming a staging directory into place brings it
+	// back under another name. A Removed the watcher found without its event (a rescan, a poll)
+	// is never Moved.
+	Moved bool
 	// More is true when the event is one of those a full read of Dir sent at once (at start,
 	// and after an event overflow) and another of them follows: a consumer that orders its work
 	// across checkpoints can take them all before it begins any. A read sends the checkpoints
@@ -886,7 +891,7 @@ func (r *watchRun) pollMarkers() {
 		case err == nil && (!c.complete || !fi.Mode().IsRegular()):
 			r.changed(rel)
 		case errors.Is(err, fs.ErrNotExist) && c.complete:
-			r.gone(rel)
+			r.gone(rel, false)
 		}
 	}
 }
@@ -908,12 +913,12 @@ func (r *watchRun) pollDir(rel string, watched bool) int {
 	fi, err := r.walker.lstat(rel)
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
-		r.gone(rel)
+		r.gone(rel, false)
 		return 1
 	case err != nil:
 		return 1 // tried again at the next poll
 	case !fi.IsDir():
-		r.gone(rel)
+		r.gone(rel, false)
 		r.changed(rel) // what is there now
 		return 1
 	}
@@ -936,7 +941,7 @@ func (r *watchRun) pollDir(rel string, watched bool) int {
 	if n := r.nodes[rel]; n != nil {
 		for _, base := range slices.Sorted(maps.Keys(n.kids)) {
 			if !present[base] {
-				r.gone(rel + "/" + base)
+				r.gone(rel+"/"+base, false)
 			}
 		}
 	}
@@ -987,7 +992,7 @@ func (r *watchRun) pollTop(watched bool) {
 	}
 	for _, name := range slices.Sorted(maps.Keys(r.ckpts)) {
 		if !present[name] {
-			r.gone(name)
+			r.gone(name, false)
 		}
 	}
 	now := time.Now()
@@ -1223,7 +1228,7 @@ func (r *watchRun) handle(ev fsnotify.Event) {
 		return
 	}
 	if ev.Has(fsnotify.Remove) || ev.Has(fsnotify.Rename) {
-		r.gone(rel)
+		r.gone(rel, ev.Has(fsnotify.Rename) && !ev.Has(fsnotify.Remove))
 	}
 	if ev.Has(fsnotify.Create) || ev.Has(fsnotify.Write) || ev.Has(fsnotify.Chmod) {
 		r.changed(rel)
@@ -1281,8 +1286,9 @@ func (r *watchRun) writtenInPlace(rel string) {
 		Msg(watchMsgInPlace)
 }
 
-// gone handles the removal (or renaming away) of rel.
-func (r *watchRun) gone(rel string) {
+// gone handles the removal (or renaming away) of rel; moved says fsnotify reported a rename
+// (the Removed of a checkpoint directory is then Moved).
+func (r *watchRun) gone(rel string, moved bool) {
 	name, sub, nested := strings.Cut(rel, "/")
 	c := r.ckpts[name]
 	switch {
@@ -1291,7 +1297,7 @@ func (r *watchRun) gone(rel string) {
 	case !nested:
 		r.drop(name, false)
 		delete(r.ckpts, name)
-		r.emit(WatchEvent{Kind: Removed, Checkpoint: name})
+		r.emit(WatchEvent{Kind: Removed, Checkpoint: name, Moved: moved && !c.single})
 	case c.single:
 	default:
 		r.drop(rel, true)
@@ -1390,7 +1396,7 @@ func (r *watchRun) changedTop(name string) {
 			return
 		}
 		if c != nil {
-			r.gone(name)
+			r.gone(name, false)
 		}
 		c = &watchCkpt{}
 		r.ckpts[name] = c
@@ -1400,7 +1406,7 @@ func (r *watchRun) changedTop(name string) {
 			return
 		}
 		if c != nil && !c.single {
-			r.gone(name)
+			r.gone(name, false)
 			c = nil
 		}
 		if c == nil {

@@ -477,6 +477,9 @@ func TestWatchRemoved(t *testing.T) {
 	if got, want := watchFormat(evs), "[FileGone step-1 _COMPLETE 0, FileGone step-1 a.bin 0, FileGone step-1 sub/b.bin 0, Removed step-1]"; got != want {
 		t.Errorf("events = %s; want %s", got, want)
 	}
+	if evs[len(evs)-1].Moved {
+		t.Errorf("Removed step-1 deleted is Moved; want not")
+	}
 
 	if err := os.Remove(filepath.Join(dir, "model.pt")); err != nil {
 		t.Fatal(err)
@@ -491,8 +494,8 @@ func TestWatchRemoved(t *testing.T) {
 		t.Fatal(err)
 	}
 	evs = h.untilComplete("step-3")
-	if len(evs) == 0 || evs[0].Kind != Removed || evs[0].Checkpoint != "step-2" {
-		t.Fatalf("events = %s; want Removed step-2 first", watchFormat(evs))
+	if len(evs) == 0 || evs[0].Kind != Removed || evs[0].Checkpoint != "step-2" || !evs[0].Moved {
+		t.Fatalf("events = %s (first Moved: %v); want Removed step-2 first, Moved", watchFormat(evs), len(evs) > 0 && evs[0].Moved)
 	}
 	watchCheckReady(t, dir, "step-3", "_COMPLETE", evs[1:], "c.bin")
 
