@@ -783,7 +783,8 @@ func (u *Uploader) savesInProgress() int {
 // checkpoint is being committed by this agent (an attempt to complete a save runs, or one wrote
 // its job manifest and LATEST is not on it yet: stopping then left LATEST behind for good when
 // the other nodes' agents had stopped too), or the trainer was signalled for a notice and no
-// checkpoint has completed since (its marker is still to come) nor vanished. An incomplete
+// checkpoint has completed since (its marker is still to come) nor been deleted (one renamed
+// away is awaited under its new name). An incomplete
 // checkpoint the trainer abandoned before the signal holds nothing up, nor does a save that
 // waits for other nodes' parts between its looks; the stop budget bounds the wait.
 func (u *Uploader) draining() bool {

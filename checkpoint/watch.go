@@ -282,7 +282,7 @@ func NewWatcher(cfg WatchConfig) (*Watcher, error) {
 //   - Removed when a checkpoint directory or single file is removed or renamed away, or the
 //     single file, once reported, can no longer be reported. Pending events for it are
 //     dropped. It may name a checkpoint no other event named. Renaming a checkpoint directory
-//     is a Removed of the old name (without FileGone events) and a new checkpoint.
+//     is a Removed of the old name (without FileGone events; Moved) and a new checkpoint.
 //
 // A new sub-directory is watched, then read at once (only it, not its whole checkpoint), so
 // files written before its watch was added are seen too. Names are skipped as Scan skips them:
