@@ -1173,8 +1173,14 @@ func (u *Uploader) cleanupCommit(ctx context.Context, name, commit, why string) 
 // land: deleted now, the commit would list deleted objects. So its incomplete uploads are
 // aborted now and later (goLateCleanup), and its objects are deleted once uncertainFor has
 // passed, unless the manifest is there by then: the write landed after all, and the commit stands.
+//
+// An earlier write of the manifest may have landed, and another agent's retention deleted the
+// commit since; a held write landing after that lists deleted objects. The late passes look for
+// such a manifest (dropTorn), and so does the look after uncertainFor: a torn manifest is deleted,
+// and the commit's objects with it.
 func (u *Uploader) goSealedCleanup(ctx context.Context, name, commit string) {
-	u.startLate(ctx, lateCleanup{CommitRef: CommitRef{Checkpoint: name, Commit: commit}})
+	ref := CommitRef{Checkpoint: name, Commit: commit}
+	u.startLate(ctx, lateCleanup{CommitRef: ref, Sealed: true})
 	key := ManifestKey(u.cfg.Job, name, commit)
 	if u.cfg.WorldNodes > 1 {
 		key = PartKey(u.cfg.Job, name, commit)
@@ -1190,6 +1196,9 @@ func (u *Uploader) goSealedCleanup(ctx context.Context, name, commit string) {
 		}
 		landed := false
 		u.goRetry(ctx, log, "cannot tell whether a left commit's manifest landed; looking again", commit, func() error {
+			if err := u.dropTorn(ctx, ref); err != nil {
+				return err
+			}
 			_, _, err := u.cfg.Store.GetBytes(ctx, key)
 			landed = err == nil
 			if errors.Is(err, ErrNotFound) {

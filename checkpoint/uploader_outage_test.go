@@ -1017,6 +1017,52 @@ func TestUploaderLeftSealedCommitIsClearedUnlessItsManifestLanded(t *testing.T) 
 	}
 }
 
+// TestUploaderLeftSealedCommitTornByAnotherAgentIsDeleted: a commit left after a write of its
+// manifest got no answer (the checkpoint then changed) was committed by an earlier write that
+// landed; another agent's retention deletes it, manifest first, then its objects; and only then
+// does the held write land, over deleted objects. The agent that left the commit must delete that
+// manifest: by its late passes while the write may land, and when it looks once uncertainFor
+// has passed. (Found by TestSimulationTrouble, seed 1469398931652351021: the torn manifest
+// stayed, and after uncertainFor the agent took it for a commit that stands.)
+func TestUploaderLeftSealedCommitTornByAnotherAgentIsDeleted(t *testing.T) {
+	for _, by := range []string{"late-passes", "uncertain-look"} {
+		t.Run(by, func(t *testing.T) {
+			t.Cleanup(func(l []time.Duration, d time.Duration) func() {
+				return func() { lateAborts, uncertainFor = l, d }
+			}(lateAborts, uncertainFor)) // after the uploader stops
+			if by == "late-passes" {
+				lateAborts, uncertainFor = []time.Duration{0, time.Second, 3 * time.Second}, time.Hour
+			} else {
+				lateAborts, uncertainFor = []time.Duration{0, time.Hour}, 3*time.Second
+			}
+			mem := newMemStore()
+			s, held := holdFirstManifest(mem)
+			dir := t.TempDir()
+			r := startUploaderWith(t, dir, s, UploaderConfig{})
+			writeCheckpoint(t, dir, "step-1", map[string][]byte{"a": randomBytes(t, 8<<10)})
+			r.waitEvent(CheckpointFailed, "step-1")
+			oldKey, oldData := held()
+			laterTick(t, dir, "step-1")
+			if err := os.WriteFile(filepath.Join(dir, "step-1", "a"), randomBytes(t, 12<<10), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			writeMarker(t, filepath.Join(dir, "step-1")) // saved again: the marker last
+			ev := r.waitCommitted("step-1")
+			if ManifestKey("job", "step-1", ev.Manifest.Commit) == oldKey {
+				t.Fatal("the changed checkpoint went into the commit whose manifest write got no answer")
+			}
+			old, err := ParseManifest(oldData)
+			if err != nil {
+				t.Fatal(err)
+			}
+			// An earlier write landed (the old commit stood for a while), then: another agent's
+			// retention, and the held write landing over what it deleted.
+			mem.put(oldKey, oldData)
+			landTorn(t, mem, "step-1", old.Commit, oldData)
+		})
+	}
+}
+
 // TestUploaderTornManifestLandingLateIsDeleted: the first write of a commit's manifest gets no
 // answer and is held by the network; the retry commits. Another agent's retention then deletes
 // the commit, manifest first, then its objects, and only then does the held write land, over
