@@ -46,8 +46,8 @@ bench-scale: ## I8 benchmarks: commit of 1k/10k/100k files, start-up with 100/10
 soak: tools ## the seeded soak for SOAK (default 10m): real agent killed and restarted, checked against the store; SPOTGUARD_SOAK_SEED=N replays
 	SPOTGUARD_SOAK=$(SOAK) PATH=$(CURDIR)/bin:$$PATH go test -count=1 -run TestSoak -v -timeout 0 ./test/e2e/
 
-fuzz: ## run every parser fuzzer for FUZZTIME each (default 10s)
-	./test/fuzz.sh $${FUZZTIME:-10s}
+fuzz: ## run every parser fuzzer for FUZZTIME each (default 100000x inputs; a duration such as 10s works too)
+	./test/fuzz.sh $${FUZZTIME:-100000x}
 
 lint: ## golangci-lint, pinned
 	go run github.com/golangci/golangci-lint/v2/cmd/golangci-lint@$(GOLANGCI_LINT_VERSION) run ./...
