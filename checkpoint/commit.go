@@ -1063,6 +1063,8 @@ type commitJob struct {
 	completeAt *time.Time
 	// unseenBefore and unseenAfter: see Uploader.unseen and completedAt.
 	unseenBefore, unseenAfter time.Time
+	// known: see Uploader.known and afterKnown.
+	known []knownOrder
 	// unread: the store's commits of the name were not read before its files were sent
 	// (generation.unread); the commit reads them and adopts one with exactly these files.
 	unread bool
@@ -1203,6 +1205,12 @@ func (u *Uploader) commit(ctx context.Context, c commitJob) commitResult {
 	complete := completedAt(lc, c.unseenBefore, c.unseenAfter)
 	if c.completeAt != nil {
 		complete = *c.completeAt
+	} else if at, o, behind := afterKnown(c.known, complete); behind {
+		u.log.Warn().Str("checkpoint", c.name).Time("complete_at", complete).Str("after_commit", o.Commit).Time("after_complete_at", o.At).
+			Float64("clock_behind_s", logSeconds(o.At.Sub(complete))).
+			Str("fix", "synchronize this instance's clock (chronyc tracking; on EC2 the Amazon Time Sync Service at 169.254.169.123)").
+			Msg("this instance's clock is behind the one that wrote a commit the agent knew of before this checkpoint completed; ordering the checkpoint just after that commit, so that it is the newer")
+		complete = at
 	}
 	m.Timings.CompleteAt = &complete
 	m.Timings.LastByteAt = &now

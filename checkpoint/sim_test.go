@@ -271,6 +271,23 @@ func (s *sim) addAgent(name string) *simAgent {
 	return a
 }
 
+// fileClock returns the time by the clock that sets files' change times, the real one (the
+// bubble's is fake): the change time of probe, written for it. One caller at a time per probe.
+func fileClock(t *testing.T, probe string) func() time.Time {
+	return func() time.Time {
+		if err := os.WriteFile(probe, nil, 0o644); err != nil {
+			t.Errorf("file clock: %v", err)
+			return time.Now()
+		}
+		fi, err := os.Lstat(probe)
+		if err != nil {
+			t.Errorf("file clock: %v", err)
+			return time.Now()
+		}
+		return FileIDOf(fi).ChangeTime
+	}
+}
+
 // startAgent starts a's agent and sends it what the watcher's first scan would.
 func (s *sim) startAgent(a *simAgent) {
 	a.store = s.b.connect(fmt.Sprintf("%s#%d", a.name, a.incarnation))
@@ -280,7 +297,8 @@ func (s *sim) startAgent(a *simAgent) {
 	cfg := UploaderConfig{
 		Store: a.store, Job: s.job, Dir: a.dir, Pattern: "*.pt", Keep: s.keep, StateDir: a.state,
 		StopBudget: simStopBudget, Logger: log, Host: func() Host { return Host{Hostname: a.name} },
-		seed: seeded(s.seed, fmt.Sprint("agent ", a.store.conn)).Uint64(),
+		seed:      seeded(s.seed, fmt.Sprint("agent ", a.store.conn)).Uint64(),
+		fileClock: fileClock(s.t, filepath.Join(s.root, "clock-"+a.store.name)),
 	}
 	if s.world > 1 {
 		cfg.NodeRank, cfg.WorldNodes, cfg.PartWait = a.rank, s.world, simPartWait

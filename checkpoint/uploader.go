@@ -84,6 +84,9 @@ type UploaderConfig struct {
 	// for what it is for (seeded), so that a seeded simulation replays whatever order
 	// concurrent work ends in; zero: the runtime's generators.
 	seed uint64
+	// fileClock, if not nil, is the time by the clock that sets files' change times, for learn;
+	// nil: time.Now. (The simulation's agents run on a fake clock, its file system on the real one.)
+	fileClock func() time.Time
 }
 
 // UploadEventKind says what happened to a checkpoint.
@@ -174,6 +177,9 @@ type Uploader struct {
 	started time.Time
 	// lateAbortWarned: a late clean-up failed and was said at warn level (goLateCleanup).
 	lateAbortWarned atomic.Bool
+	// known are commits this agent has learned of (learn), each with when it did: ascending in
+	// both.
+	known []knownOrder
 	// index holds the committed manifests of each checkpoint name, newest first, as last read
 	// (at start, at each new generation's lookup) or committed.
 	index map[string][]*Manifest
@@ -896,6 +902,9 @@ func (u *Uploader) jobRead(ctx context.Context, st *JobState) {
 	for _, c := range st.Commits { // newest first
 		u.index[c.Manifest.Checkpoint] = append(u.index[c.Manifest.Checkpoint], c.Manifest)
 	}
+	if n := st.Newest(); n != nil {
+		u.learn(n.Manifest.Order())
+	}
 	u.log.Info().Int("commits", len(st.Commits)).Int("unfinished", len(st.Unfinished)).Int("open_parts", len(st.Parts)).Msg("store read")
 	if n := st.Newest(); n != nil && !n.Latest {
 		if u.cfg.WorldNodes > 1 && n.Manifest.Parts == nil {
@@ -997,6 +1006,9 @@ func (u *Uploader) lookupDone(ctx context.Context, g *generation, ms []*Manifest
 	}
 	g.lookup = false
 	u.index[g.name] = ms
+	if len(ms) > 0 {
+		u.learn(ms[0].Order())
+	}
 	u.markDirty(g)
 	u.requeue(g)
 	cands := slices.Clone(ms)
@@ -1963,6 +1975,53 @@ func (u *Uploader) unseen(name string) (before, after time.Time) {
 	return u.started.Add(-time.Second), time.Time{}
 }
 
+// knownOrder is a commit's place in the order (Manifest.Order) and when this agent learned of it,
+// by this instance's clock.
+type knownOrder struct {
+	order CommitOrder
+	at    time.Time
+}
+
+// knownOrders bounds Uploader.known: the oldest entries matter only to a version completed long
+// ago and still not committed.
+const knownOrders = 64
+
+// learn records that the agent knows, from now on, of a commit in order o (read from the store or
+// written by it). A version completed after that completed after the commit, whatever the clock of
+// the instance that wrote the commit said (afterKnown).
+func (u *Uploader) learn(o CommitOrder) {
+	if n := len(u.known); n > 0 && !o.After(u.known[n-1].order) {
+		return // a newer one was known before
+	}
+	now := time.Now
+	if u.cfg.fileClock != nil {
+		now = u.cfg.fileClock
+	}
+	u.known = append(u.known, knownOrder{order: o, at: now().Round(0)})
+	if n := len(u.known); n > knownOrders {
+		u.known = slices.Delete(u.known, 0, n-knownOrders)
+	}
+}
+
+// afterKnown returns complete, the completion time of a version by this instance's clock, or, when
+// the version completed after the agent learned of a commit whose order is not before it, a time
+// just after that commit's (and true): the commit completed before the agent learned of it, so
+// before the version, and this instance's clock is behind the one that wrote the commit (a clock
+// set back, or not yet synchronized after boot). Taken as it stands, complete would order the
+// version before an older commit: LATEST would stay there, restore would take the older commit,
+// and retention would delete the newer ones first.
+func afterKnown(known []knownOrder, complete time.Time) (time.Time, CommitOrder, bool) {
+	for i := len(known) - 1; i >= 0; i-- {
+		if k := known[i]; complete.After(k.at) {
+			if k.order.At.Before(complete) {
+				return complete, CommitOrder{}, false
+			}
+			return k.order.At.Add(time.Millisecond), k.order, true
+		}
+	}
+	return complete, CommitOrder{}, false
+}
+
 // localPath is the file's path relative to Dir.
 func (g *generation) localPath(rel string) string {
 	if g.single {
@@ -2322,7 +2381,7 @@ func (u *Uploader) after(ctx context.Context, d time.Duration, fn func()) {
 // work until the result is in (events for it wait in deferred).
 func (u *Uploader) startCommit(ctx context.Context, g *generation) {
 	c := commitJob{name: g.name, commit: g.commit, single: g.single, adopt: g.state == genMatching, resumed: g.resumed, sealed: g.sealed,
-		completeAt: g.completeAt, unread: g.unread, marker: g.marker,
+		completeAt: g.completeAt, unread: g.unread, marker: g.marker, known: slices.Clone(u.known),
 		files: make(map[string]doneFile, len(g.files)), refused: maps.Clone(g.refused), prior: g.prior, candidates: g.candidates, strays: g.strays,
 		timings: Timings{UploadSeconds: g.uploadBusy.Seconds()}}
 	c.unseenBefore, c.unseenAfter = u.unseen(g.name)
@@ -2460,6 +2519,7 @@ func (u *Uploader) handleCommit(ctx context.Context, r commitResult) {
 	case r.adopted:
 		own := g.commit
 		g.state, g.commit, g.manifest = genCommitted, r.manifest.Commit, r.manifest
+		u.learn(r.manifest.Order())
 		if own != "" && own != g.commit {
 			// Sent without knowing the store had these bytes: the copy goes.
 			u.cleanupCommit(ctx, g.name, own, "the store has these bytes committed already")
@@ -2474,6 +2534,7 @@ func (u *Uploader) handleCommit(ctx context.Context, r commitResult) {
 	default:
 		m := r.manifest
 		g.state, g.manifest = genCommitted, m
+		u.learn(m.Order())
 		if m.Part == nil {
 			u.index[g.name] = append([]*Manifest{m}, u.index[g.name]...)
 			u.forgetGone()

@@ -83,6 +83,7 @@ func (u *Uploader) saveDone(ctx context.Context, ps *pendingSave, r saveResult) 
 	case r.job != nil:
 		delete(u.saves, p.Commit)
 		m := r.job
+		u.learn(m.Order())
 		if !slices.ContainsFunc(u.index[m.Checkpoint], func(x *Manifest) bool { return x.Commit == m.Commit }) {
 			u.index[m.Checkpoint] = append([]*Manifest{m}, u.index[m.Checkpoint]...)
 		}

@@ -176,17 +176,43 @@ func (ts *testStore) latest(t testing.TB, job string) (latestDoc, string, bool) 
 // putLatest overwrites the job's LATEST with body, as an outside writer would.
 func (ts *testStore) putLatest(t testing.TB, job string, body []byte) {
 	t.Helper()
+	ts.put(t, job+"/LATEST", body)
+}
+
+// put writes body at key (relative to the store's prefix) with the independent client, as an
+// outside writer would.
+func (ts *testStore) put(t testing.TB, key string, body []byte) {
+	t.Helper()
 	if ts.s3 == nil {
-		if err := os.WriteFile(filepath.Join(ts.dir, job, "LATEST"), body, 0o644); err != nil {
+		if err := os.WriteFile(filepath.Join(ts.dir, filepath.FromSlash(key)), body, 0o644); err != nil {
 			t.Fatal(err)
 		}
 		return
 	}
-	f := filepath.Join(t.TempDir(), "LATEST")
+	f := filepath.Join(t.TempDir(), "object")
 	if err := os.WriteFile(f, body, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	ts.s3.aws(t, "s3", "cp", f, "s3://"+s3Bucket+"/"+ts.prefix+"/"+job+"/LATEST")
+	ts.s3.aws(t, "s3", "cp", f, "s3://"+s3Bucket+"/"+ts.prefix+"/"+key)
+}
+
+// get reads the object at key (relative to the store's prefix) with the independent client.
+func (ts *testStore) get(t testing.TB, key string) []byte {
+	t.Helper()
+	if ts.s3 == nil {
+		b, err := os.ReadFile(filepath.Join(ts.dir, filepath.FromSlash(key)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	f := filepath.Join(t.TempDir(), "object")
+	ts.s3.aws(t, "s3", "cp", "s3://"+s3Bucket+"/"+ts.prefix+"/"+key, f)
+	b, err := os.ReadFile(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
 }
 
 // listedCommit is one entry of `spotguard list --json`: a version 2 manifest and whether LATEST
@@ -964,6 +990,84 @@ func TestRestoreTakesCommitNewerThanLatest(t *testing.T) {
 		return ok && l.Checkpoint == "step-2" && l.Commit == c2
 	})
 	ap2.stop(t)
+	ts.check(t, job)
+}
+
+// shiftTimes adds d to the times named in the JSON object at key (each a path of fields), as the
+// clock of an instance d ahead would have written them.
+func (ts *testStore) shiftTimes(t testing.TB, key string, d time.Duration, fields ...[]string) {
+	t.Helper()
+	var doc map[string]any
+	if err := json.Unmarshal(ts.get(t, key), &doc); err != nil {
+		t.Fatalf("%s: %v", key, err)
+	}
+	for _, path := range fields {
+		obj := doc
+		for _, f := range path[:len(path)-1] {
+			obj = obj[f].(map[string]any)
+		}
+		last := path[len(path)-1]
+		at, err := time.Parse(time.RFC3339Nano, obj[last].(string))
+		if err != nil {
+			t.Fatalf("%s: %v: %v", key, path, err)
+		}
+		obj[last] = at.Add(d).Format(time.RFC3339Nano)
+	}
+	body, err := json.Marshal(doc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ts.put(t, key, body)
+}
+
+// The instance that wrote the job's newest commit had its clock ahead of the next instance's (or
+// the next one's is behind: not yet synchronized after boot, set back). The next instance's
+// checkpoints, saved after it read that commit, are dated before it by their own clock: LATEST
+// stayed on the old commit, restore took it, and retention deleted the new checkpoints first, so
+// training done on the new instance was lost. They are the newest, with a warning.
+func TestCheckpointSavedAfterAClockAheadIsTheNewest(t *testing.T) {
+	needPeers(t)
+	s3 := startS3(t)
+	ts := newS3TestStore(s3, "clock")
+	const job = "clock-ahead"
+	sim := quietIMDS(t)
+
+	dir1 := t.TempDir()
+	ap1 := startStoreAgent(t, sim, dir1, ts, job, noTrainer)
+	writeCheckpoint(t, dir1, "step-100", map[string][]byte{"model.bin": randomBytes(t, 2<<20)}, `{"step": 100}`+"\n")
+	c1 := waitCommitted(t, ap1, ts, job, "step-100", 15*time.Second)
+	ap1.stop(t)
+	// Its clock was an hour ahead: its manifest and LATEST say so.
+	ts.shiftTimes(t, job+"/step-100/"+c1+"/_spotguard/manifest.json", time.Hour, []string{"timings", "complete_at"}, []string{"committed_at"})
+	ts.shiftTimes(t, job+"/LATEST", time.Hour, []string{"complete_at"}, []string{"committed_at"})
+	ts.check(t, job)
+
+	// The next instance restores step-100, trains, and saves step-200 and step-300, keeping 2.
+	dir2 := t.TempDir()
+	ts.restore(t, job, dir2)
+	ap2 := startStoreAgent(t, sim, dir2, ts, job, noTrainer, "SPOTGUARD_CHECKPOINT_KEEP=2")
+	waitIdle(t, ap2) // it has read the store
+	writeCheckpoint(t, dir2, "step-200", map[string][]byte{"model.bin": randomBytes(t, 2<<20)}, `{"step": 200}`+"\n")
+	c2 := waitCommitted(t, ap2, ts, job, "step-200", 15*time.Second)
+	writeCheckpoint(t, dir2, "step-300", map[string][]byte{"model.bin": randomBytes(t, 2<<20)}, `{"step": 300}`+"\n")
+	c3 := waitCommitted(t, ap2, ts, job, "step-300", 15*time.Second)
+	ap2.stop(t)
+
+	const msg = "this instance's clock is behind the one that wrote a commit the agent knew of before this checkpoint completed; ordering the checkpoint just after that commit, so that it is the newer"
+	if lines := ap2.logLines(t, msg); len(lines) != 2 || lines[0]["level"] != "warn" || lines[0]["after_commit"] != c1 || lines[1]["after_commit"] != c2 {
+		t.Errorf("the agent logged %v; want two warn lines %q, after %s then after %s", lines, msg, c1, c2)
+	}
+	cs := ts.list(t, job)
+	var commits []string
+	for _, c := range cs {
+		commits = append(commits, c.Checkpoint+"/"+c.Commit)
+	}
+	if want := []string{"step-300/" + c3, "step-200/" + c2}; !slices.Equal(commits, want) {
+		t.Errorf("spotguard list --json (newest first) = %v; want %v (retention keeps the two newest)", commits, want)
+	}
+	to := t.TempDir()
+	ts.restore(t, job, to)
+	sameTree(t, filepath.Join(dir2, "step-300"), filepath.Join(to, "step-300"))
 	ts.check(t, job)
 }
 
