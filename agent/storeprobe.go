@@ -245,6 +245,13 @@ type StoreProbe struct {
 	Err error
 	// Reason is StoreErrorReason(Err); "" when the probe passed.
 	Reason string
+	// ClockOffset is how far this instance's clock is at least from the store's, by the probe
+	// object's last-modified time (S3's clock, to the second) and the local times around its
+	// write: positive when this clock is behind, negative when ahead, zero within the second and
+	// the write's round trip. ClockKnown is false when the probe could not tell (it failed, or the
+	// listing did not show the object).
+	ClockOffset time.Duration
+	ClockKnown  bool
 }
 
 // OK reports whether the probe passed.
@@ -266,7 +273,8 @@ func (p StoreProbe) Problem() string {
 
 // ProbeStore checks that store works for job as the uploader needs it: it lists
 // J/_spotguard/, writes a small probe object J/_spotguard/probe-<host>-<random>, reads it back
-// (the same bytes), and deletes it; the first step that fails ends the probe (a probe object that
+// (the same bytes), lists it (its last-modified time, the store's clock, gives ClockOffset), and
+// deletes it; the first step that fails ends the probe (a probe object that
 // was written is still deleted, best effort). Probe objects of host older than 10 minutes, left
 // by a probe that was killed, are deleted too. host names this machine (the instance id, else the
 // host name); characters outside [A-Za-z0-9._-] become '-'. ctx bounds the whole probe: the
@@ -287,9 +295,11 @@ func ProbeStore(ctx context.Context, store checkpoint.Store, job, host string) S
 		return fail(ProbeList, err)
 	}
 	body, _ := json.Marshal(map[string]any{"probe": "spotguard store probe; safe to delete", "host": host, "at": p.At.UTC()})
+	sent := time.Now()
 	if _, err := store.PutBytes(ctx, p.Key, body, checkpoint.Cond{}); err != nil {
 		return fail(ProbeWrite, err)
 	}
+	written := time.Now()
 	got, _, err := store.GetBytes(ctx, p.Key)
 	if err == nil && !bytes.Equal(got, body) {
 		err = fmt.Errorf("read back %d bytes that differ from the %d written", len(got), len(body))
@@ -300,6 +310,13 @@ func ProbeStore(ctx context.Context, store checkpoint.Store, job, host string) S
 		_ = store.Delete(dctx, p.Key)
 		cancel()
 		return fail(ProbeRead, err)
+	}
+	if objs, err := store.List(ctx, p.Key); err == nil {
+		for _, o := range objs {
+			if o.Key == p.Key && !o.LastModified.IsZero() {
+				p.ClockOffset, p.ClockKnown = clockOffset(o.LastModified, sent, written), true
+			}
+		}
 	}
 	if err := store.Delete(ctx, p.Key); err != nil {
 		return fail(ProbeDelete, err)
@@ -317,6 +334,27 @@ func ProbeStore(ctx context.Context, store checkpoint.Store, job, host string) S
 	p.Took = time.Since(p.At)
 	return p
 }
+
+// clockOffset is how far this clock is at least behind the store's (negative: ahead) for an
+// object the store stamped modified (to the second, rounded down) while this clock went from
+// sent to written.
+func clockOffset(modified, sent, written time.Time) time.Duration {
+	switch {
+	case modified.After(written):
+		return modified.Sub(written)
+	case modified.Add(time.Second).Before(sent):
+		return modified.Add(time.Second).Sub(sent)
+	}
+	return 0
+}
+
+// ClockFix says how to mend a clock that is off.
+const ClockFix = "synchronize the clock: chronyc tracking shows its offset; on EC2 use chrony with the Amazon Time Sync Service (169.254.169.123)"
+
+// ClockWarn is the clock offset from the store's at which the agent and doctor warn: commits
+// are ordered by the clock of the instance that writes them, and a synchronized clock (chrony)
+// is within milliseconds.
+const ClockWarn = 5 * time.Second
 
 // sanitizeKeyPart keeps s usable inside one key element.
 func sanitizeKeyPart(s string) string {
@@ -368,6 +406,7 @@ type storeProber struct {
 	failures     uint64
 	streak       int
 	limiter      *logLimiter
+	clockOff     bool // the last probe that could tell found the clock ClockWarn or more off
 }
 
 func newStoreProber(store checkpoint.Store, job string, host func() string, log zerolog.Logger) *storeProber {
@@ -451,7 +490,21 @@ func (p *storeProber) record(res StoreProbe) {
 	if res.OK() {
 		p.streak, p.failingSince, p.lastOK = 0, time.Time{}, res.At
 	}
+	wasOff := p.clockOff
+	if res.ClockKnown {
+		p.clockOff = res.ClockOffset.Abs() >= ClockWarn
+	}
+	isOff := p.clockOff
 	p.mu.Unlock()
+
+	switch {
+	case res.ClockKnown && isOff && !wasOff:
+		p.log.Warn().Str("store", res.URL).Float64("clock_behind_s", logSeconds(res.ClockOffset)).
+			Str("fix", ClockFix).
+			Msg("this instance's clock is off from the store's (negative clock_behind_s: ahead): commits are ordered by the clock of the instance that writes them")
+	case res.ClockKnown && !isOff && wasOff:
+		p.log.Info().Str("store", res.URL).Msg("this instance's clock agrees with the store's again")
+	}
 
 	switch {
 	case res.OK() && streak > 0:

@@ -10,6 +10,7 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"testing/synctest"
@@ -341,4 +342,80 @@ func TestStoreProbeSchedule(t *testing.T) {
 			t.Errorf("onProbe called %d times; want 5", len(results))
 		}
 	})
+}
+
+// skewedStore is a file store whose listings give last-modified times d later: the clock of a
+// store d ahead of this instance's (behind, for a negative d).
+type skewedStore struct {
+	checkpoint.Store
+	d atomic.Int64
+}
+
+func (s *skewedStore) List(ctx context.Context, prefix string) ([]checkpoint.ObjectInfo, error) {
+	objs, err := s.Store.List(ctx, prefix)
+	for i := range objs {
+		objs[i].LastModified = objs[i].LastModified.Add(time.Duration(s.d.Load()))
+	}
+	return objs, err
+}
+
+func TestClockOffset(t *testing.T) {
+	at := func(s string) time.Time {
+		v, err := time.Parse("15:04:05.000", s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+	for _, tc := range []struct {
+		modified, sent, written string
+		want                    time.Duration
+	}{
+		{"12:00:00.000", "12:00:00.300", "12:00:00.500", 0},                               // within the second S3 rounds down to
+		{"12:00:00.000", "11:59:59.900", "12:00:00.100", 0},                               // a round trip across it
+		{"12:00:00.000", "11:59:50.000", "11:59:50.200", 9800 * time.Millisecond},         // this clock 9.8 s behind at least
+		{"12:00:00.000", "12:00:10.000", "12:00:10.200", -9 * time.Second},                // 9 s ahead at least
+		{"12:00:00.000", "11:00:00.000", "11:00:00.050", time.Hour - 50*time.Millisecond}, // an hour behind
+	} {
+		if got := clockOffset(at(tc.modified), at(tc.sent), at(tc.written)); got != tc.want {
+			t.Errorf("clockOffset(%s, %s, %s) = %v; want %v", tc.modified, tc.sent, tc.written, got, tc.want)
+		}
+	}
+}
+
+// The probe tells how far this instance's clock is from the store's, by the last-modified time
+// the store gives its probe object; the agent warns once when it is ClockWarn or more off, and
+// says so when it agrees again.
+func TestProbeStoreClockOffset(t *testing.T) {
+	fsStore, err := checkpoint.NewFileStore(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &skewedStore{Store: fsStore}
+	p := ProbeStore(t.Context(), s, "job1", "h")
+	if !p.OK() || !p.ClockKnown || p.ClockOffset != 0 {
+		t.Fatalf("a store on this clock: ProbeStore = ok %v, known %v, offset %v; want ok, known, 0", p.OK(), p.ClockKnown, p.ClockOffset)
+	}
+	for _, d := range []time.Duration{time.Hour, -time.Hour} {
+		s.d.Store(int64(d))
+		p := ProbeStore(t.Context(), s, "job1", "h")
+		if !p.OK() || !p.ClockKnown || (p.ClockOffset-d).Abs() > 2*time.Second {
+			t.Errorf("a store %v off: ProbeStore = ok %v, known %v, offset %v; want ok, known, about %v", d, p.OK(), p.ClockKnown, p.ClockOffset, d)
+		}
+	}
+
+	var logs syncBuffer
+	s.d.Store(int64(time.Hour))
+	pr := newStoreProber(s, "job1", func() string { return "h" }, zerolog.New(&logs))
+	pr.Check(t.Context())
+	pr.Check(t.Context())
+	const warn = "this instance's clock is off from the store's (negative clock_behind_s: ahead): commits are ordered by the clock of the instance that writes them"
+	if n := strings.Count(logs.String(), warn); n != 1 || !strings.Contains(logs.String(), `"level":"warn"`) {
+		t.Errorf("two probes an hour off logged the warning %d times; want once, at warn level:\n%s", n, logs.String())
+	}
+	s.d.Store(0)
+	pr.Check(t.Context())
+	if !strings.Contains(logs.String(), "this instance's clock agrees with the store's again") {
+		t.Errorf("no line when the clock agrees again:\n%s", logs.String())
+	}
 }

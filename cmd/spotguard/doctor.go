@@ -281,6 +281,18 @@ func doctorStore(ctx context.Context, rep *doctorReport, cfg *agent.Config, deps
 	}
 	rep.add("store", doctorPass, fmt.Sprintf("%s job %s: list, write, read and delete of %s/%s/probe-* work",
 		p.URL, p.Job, p.Job, checkpoint.MetaDir), "")
+	switch off := p.ClockOffset; {
+	case !p.ClockKnown:
+	case off.Abs() >= agent.ClockWarn:
+		how := "behind"
+		if off < 0 {
+			how = "ahead of"
+		}
+		rep.add("clock", doctorWarn, fmt.Sprintf("this instance's clock is at least %.0f s %s the store's (the probe object's last-modified time): commits are ordered by the clock of the instance that writes them, so checkpoints saved here and on other instances can be ordered wrongly",
+			off.Abs().Seconds(), how), agent.ClockFix)
+	default:
+		rep.add("clock", doctorPass, fmt.Sprintf("within %.0f s of the store's (the probe object's last-modified time)", agent.ClockWarn.Seconds()), "")
+	}
 }
 
 // doctorTrainer finds the trainer as the agent does and checks that it catches the signal.

@@ -124,6 +124,49 @@ func TestDoctorOutput(t *testing.T) {
 	}
 }
 
+// laterStore is a file store whose listings give last-modified times d later: a store whose clock
+// is d ahead of this instance's.
+type laterStore struct {
+	checkpoint.Store
+	d time.Duration
+}
+
+func (s laterStore) List(ctx context.Context, prefix string) ([]checkpoint.ObjectInfo, error) {
+	objs, err := s.Store.List(ctx, prefix)
+	for i := range objs {
+		objs[i].LastModified = objs[i].LastModified.Add(s.d)
+	}
+	return objs, err
+}
+
+// This instance's clock an hour off the store's is a WARN naming the offset, with the fix; the
+// agent still runs (exit 0 with warnings alone).
+func TestDoctorClockOffFromTheStore(t *testing.T) {
+	for _, tc := range []struct {
+		d    time.Duration
+		want string
+	}{
+		{time.Hour, "this instance's clock is at least 3600 s behind the store's"},
+		{-time.Hour, "this instance's clock is at least 3599 s ahead of the store's"},
+	} {
+		r := newDoctorRig(t)
+		r.store = func(dir string) checkpoint.Store {
+			s, err := checkpoint.NewFileStore(dir)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return laterStore{s, tc.d}
+		}
+		code, out := r.run(t)
+		if !strings.Contains(out, "\nWARN  clock ") || !strings.Contains(out, tc.want) || !strings.Contains(out, "fix: synchronize the clock: chronyc tracking") {
+			t.Errorf("store %v off: doctor said\n%s\nwant a WARN clock line %q with the fix", tc.d, out, tc.want)
+		}
+		if code != exitOK {
+			t.Errorf("store %v off: doctor exit = %d; want 0 (a warning)", tc.d, code)
+		}
+	}
+}
+
 // A bucket that does not exist is a FAIL naming the bucket and the error, with the fix; exit 1.
 func TestDoctorMissingBucketFails(t *testing.T) {
 	r := newDoctorRig(t)
@@ -163,7 +206,7 @@ func TestDoctorIMDSDownJSON(t *testing.T) {
 			t.Errorf("imds check = %+v; want it unreachable with the fix", c)
 		}
 	}
-	if got, want := strings.Join(names, " "), "config=PASS imds=FAIL store=PASS trainer=WARN checkpoint.dir=WARN runtime_dir=PASS nvml=WARN cloudwatch=PASS"; got != want {
+	if got, want := strings.Join(names, " "), "config=PASS imds=FAIL store=PASS clock=PASS trainer=WARN checkpoint.dir=WARN runtime_dir=PASS nvml=WARN cloudwatch=PASS"; got != want {
 		t.Errorf("checks = %s; want %s", got, want)
 	}
 }

@@ -129,13 +129,24 @@ func TestDoctorStore(t *testing.T) {
 	if err := json.Unmarshal([]byte(stdout), &rep); err != nil {
 		t.Fatalf("doctor --json %q: %v\n%s", stdout, err, stderr)
 	}
+	clock := false
 	for _, c := range rep.Checks {
 		if c.Name == "store" && (c.Status != "PASS" || !strings.Contains(c.Detail, "s3://"+s3Bucket+"/doctor job e2e-doctor")) {
 			t.Errorf("store check = %+v; want PASS naming the store", c)
 		}
+		// The server runs on this clock: the probe object's last-modified time agrees with it.
+		if c.Name == "clock" {
+			clock = true
+			if c.Status != "PASS" {
+				t.Errorf("clock check = %+v; want PASS (the S3 server shares this clock)", c)
+			}
+		}
 		if c.Status == "FAIL" {
 			t.Errorf("check %s failed: %s", c.Name, c.Detail)
 		}
+	}
+	if !clock {
+		t.Errorf("no clock check after the store check passed:\n%s", stdout)
 	}
 	if code != 0 || !rep.Pass {
 		t.Errorf("doctor with a working store: exit %d, pass %v; want 0, true\n%s", code, rep.Pass, stdout)
