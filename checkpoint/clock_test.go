@@ -73,25 +73,33 @@ func TestClockBehindTheLastWriterStillMakesTheNewestCheckpointNewest(t *testing.
 
 	b.up.Status(t.Context()) // the agent has read the job
 	waitFileClockAfter(t, time.Now())
+	// Two saves in a row, the second complete before the first is committed: both are ordered
+	// after step-100, and in the order they completed in.
 	writeCheckpoint(t, dir, "step-200", map[string][]byte{"a": randomBytes(t, 8<<10)})
-	second := b.waitCommitted("step-200")
+	laterTick(t, dir, "step-200")
+	writeCheckpoint(t, dir, "step-300", map[string][]byte{"a": randomBytes(t, 8<<10)})
+	second, third := b.waitCommitted("step-200"), b.waitCommitted("step-300")
 	if !second.Manifest.Order().After(old.Order()) {
 		t.Fatalf("step-200, saved after step-100 was read, ordered before it: %v, %v", second.Manifest.Order().At, old.Order().At)
 	}
-	latestIs(t, s, "step-200", second.Manifest.Commit)
-	if logs := b.logs.String(); !strings.Contains(logs, "clock is behind") || !strings.Contains(logs, old.Commit) {
-		t.Errorf("no warning naming the commit and the clock; logs:\n%s", logs)
-	}
-
-	// The next one is after step-200, though this clock dates it before both.
-	laterTick(t, dir, "step-200")
-	writeCheckpoint(t, dir, "step-300", map[string][]byte{"a": randomBytes(t, 8<<10)})
-	third := b.waitCommitted("step-300")
 	if !third.Manifest.Order().After(second.Manifest.Order()) {
 		t.Fatalf("step-300 ordered before step-200: %v, %v", third.Manifest.Order().At, second.Manifest.Order().At)
 	}
 	latestIs(t, s, "step-300", third.Manifest.Commit)
-	// Retention (keep 2) deleted the old instance's step-100 and step-050, not the new ones.
+	if logs := b.logs.String(); !strings.Contains(logs, "clock is behind") || !strings.Contains(logs, old.Commit) {
+		t.Errorf("no warning naming the commit and the clock; logs:\n%s", logs)
+	}
+
+	// The next one, saved after those were committed, is after them, though this clock dates it
+	// before all three.
+	laterTick(t, dir, "step-300")
+	writeCheckpoint(t, dir, "step-400", map[string][]byte{"a": randomBytes(t, 8<<10)})
+	fourth := b.waitCommitted("step-400")
+	if !fourth.Manifest.Order().After(third.Manifest.Order()) {
+		t.Fatalf("step-400 ordered before step-300: %v, %v", fourth.Manifest.Order().At, third.Manifest.Order().At)
+	}
+	latestIs(t, s, "step-400", fourth.Manifest.Commit)
+	// Retention (keep 2) deleted the old instance's step-100 and the older ones, not the newest.
 	st, err := readJob(t.Context(), s, "job", nil)
 	if err != nil {
 		t.Fatal(err)
@@ -100,7 +108,36 @@ func TestClockBehindTheLastWriterStillMakesTheNewestCheckpointNewest(t *testing.
 	for _, c := range st.Commits {
 		names = append(names, c.Manifest.Checkpoint)
 	}
-	if got := strings.Join(names, " "); got != "step-300 step-200" {
-		t.Errorf("commits after retention, newest first: %s; want step-300 step-200", got)
+	if got := strings.Join(names, " "); got != "step-400 step-300" {
+		t.Errorf("commits after retention, newest first: %s; want step-400 step-300", got)
+	}
+}
+
+// afterKnown orders a version after every commit learned before it completed, shifted by the
+// most any of them shows this clock behind, so that versions keep the order they completed in.
+func TestAfterKnown(t *testing.T) {
+	t0 := time.Date(2026, 12, 3, 12, 0, 0, 0, time.UTC)
+	sec := func(n float64) time.Time { return t0.Add(time.Duration(n * float64(time.Second))) }
+	known := []knownOrder{
+		{order: CommitOrder{At: sec(-10), Commit: "a"}, at: sec(0)},   // completed before it was learned: no skew
+		{order: CommitOrder{At: sec(3600), Commit: "b"}, at: sec(10)}, // completed an hour after it was learned: this clock 3590 s behind at least
+		{order: CommitOrder{At: sec(3611), Commit: "c"}, at: sec(20)}, // this agent's own, ordered after b (as by 3591 s)
+	}
+	const ms = time.Millisecond
+	for _, tc := range []struct {
+		complete, want time.Duration // from t0
+		by             string
+	}{
+		{-5 * time.Second, -5 * time.Second, ""},            // before anything was learned
+		{5 * time.Second, 5 * time.Second, ""},              // after a alone: a clock that agrees
+		{10 * time.Second, 10 * time.Second, ""},            // as b was learned: not after it
+		{11 * time.Second, (11+3590)*time.Second + ms, "b"}, // after b: shifted past it
+		{15 * time.Second, (15+3590)*time.Second + ms, "b"}, // later, shifted as much: the order kept
+		{25 * time.Second, (25+3591)*time.Second + ms, "c"}, // after c, which shows more: past c too
+	} {
+		at, by, behind := afterKnown(known, t0.Add(tc.complete))
+		if got := at.Sub(t0); got != tc.want || by.order.Commit != tc.by || behind != (tc.by != "") {
+			t.Errorf("afterKnown(t0%+v) = t0%+v, by %q, %v; want t0%+v by %q", tc.complete, got, by.order.Commit, behind, tc.want, tc.by)
+		}
 	}
 }

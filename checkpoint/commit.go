@@ -1205,11 +1205,12 @@ func (u *Uploader) commit(ctx context.Context, c commitJob) commitResult {
 	complete := completedAt(lc, c.unseenBefore, c.unseenAfter)
 	if c.completeAt != nil {
 		complete = *c.completeAt
-	} else if at, o, behind := afterKnown(c.known, complete); behind {
-		u.log.Warn().Str("checkpoint", c.name).Time("complete_at", complete).Str("after_commit", o.Commit).Time("after_complete_at", o.At).
-			Float64("clock_behind_s", logSeconds(o.At.Sub(complete))).
+	} else if at, k, behind := afterKnown(c.known, complete); behind {
+		u.log.Warn().Str("checkpoint", c.name).Time("complete_at_here", complete).Time("complete_at", at).
+			Str("after_commit", k.order.Commit).Time("after_complete_at", k.order.At).Time("learned_at", k.at).
+			Float64("clock_behind_s", logSeconds(k.order.At.Sub(k.at))).
 			Str("fix", "synchronize this instance's clock (chronyc tracking; on EC2 the Amazon Time Sync Service at 169.254.169.123)").
-			Msg("this instance's clock is behind the one that wrote a commit the agent knew of before this checkpoint completed; ordering the checkpoint just after that commit, so that it is the newer")
+			Msg("this instance's clock is behind the one that wrote a commit the agent knew of before this checkpoint completed; ordering the checkpoint after that commit, as if this clock were that much ahead")
 		complete = at
 	}
 	m.Timings.CompleteAt = &complete

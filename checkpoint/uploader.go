@@ -2003,23 +2003,29 @@ func (u *Uploader) learn(o CommitOrder) {
 	}
 }
 
-// afterKnown returns complete, the completion time of a version by this instance's clock, or, when
-// the version completed after the agent learned of a commit whose order is not before it, a time
-// just after that commit's (and true): the commit completed before the agent learned of it, so
-// before the version, and this instance's clock is behind the one that wrote the commit (a clock
-// set back, or not yet synchronized after boot). Taken as it stands, complete would order the
-// version before an older commit: LATEST would stay there, restore would take the older commit,
-// and retention would delete the newer ones first.
-func afterKnown(known []knownOrder, complete time.Time) (time.Time, CommitOrder, bool) {
-	for i := len(known) - 1; i >= 0; i-- {
-		if k := known[i]; complete.After(k.at) {
-			if k.order.At.Before(complete) {
-				return complete, CommitOrder{}, false
-			}
-			return k.order.At.Add(time.Millisecond), k.order, true
+// afterKnown returns the place in the order of a version completed at complete by this
+// instance's clock. A commit completed before the agent learned of it; so one whose order is not
+// before the moment the agent learned of it, by this clock, shows this clock behind the one that
+// wrote it (set back, or not yet synchronized after boot) by at least the difference. A version
+// completed after that moment is ordered as if this clock were ahead by the most any commit learned
+// before it shows, and 1 ms (and known is the commit that shows it, behind true): after every
+// commit learned before it, in the order the versions completed in. Taken as it stands, complete
+// would order the version before an older commit: LATEST would stay there, restore would take the
+// older commit, and retention would delete the newer ones first.
+func afterKnown(known []knownOrder, complete time.Time) (at time.Time, by knownOrder, behind bool) {
+	most := time.Duration(-1)
+	for _, k := range known { // ascending in at
+		if !complete.After(k.at) {
+			break
+		}
+		if d := k.order.At.Sub(k.at); d > most {
+			most, by = d, k
 		}
 	}
-	return complete, CommitOrder{}, false
+	if most < 0 {
+		return complete, knownOrder{}, false
+	}
+	return complete.Add(most + time.Millisecond), by, true
 }
 
 // localPath is the file's path relative to Dir.

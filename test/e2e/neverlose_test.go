@@ -1053,9 +1053,15 @@ func TestCheckpointSavedAfterAClockAheadIsTheNewest(t *testing.T) {
 	c3 := waitCommitted(t, ap2, ts, job, "step-300", 15*time.Second)
 	ap2.stop(t)
 
-	const msg = "this instance's clock is behind the one that wrote a commit the agent knew of before this checkpoint completed; ordering the checkpoint just after that commit, so that it is the newer"
-	if lines := ap2.logLines(t, msg); len(lines) != 2 || lines[0]["level"] != "warn" || lines[0]["after_commit"] != c1 || lines[1]["after_commit"] != c2 {
-		t.Errorf("the agent logged %v; want two warn lines %q, after %s then after %s", lines, msg, c1, c2)
+	const msg = "this instance's clock is behind the one that wrote a commit the agent knew of before this checkpoint completed; ordering the checkpoint after that commit, as if this clock were that much ahead"
+	lines := ap2.logLines(t, msg)
+	if len(lines) != 2 || lines[0]["level"] != "warn" || lines[0]["checkpoint"] != "step-200" || lines[1]["checkpoint"] != "step-300" {
+		t.Errorf("the agent logged %v; want two warn lines %q, for step-200 and step-300", lines, msg)
+	}
+	for _, l := range lines {
+		if behind, _ := l["clock_behind_s"].(float64); l["after_commit"] != c1 || behind < 3500 || behind > 3600 {
+			t.Errorf("the warning for %v says after_commit %v, clock_behind_s %v; want %s and about 3600", l["checkpoint"], l["after_commit"], l["clock_behind_s"], c1)
+		}
 	}
 	cs := ts.list(t, job)
 	var commits []string
