@@ -119,6 +119,9 @@ func newUploaderRig(t *testing.T, dir string, store Store, cfg UploaderConfig) *
 	if cfg.Host == nil {
 		cfg.Host = func() Host { return Host{InstanceID: "i-test"} }
 	}
+	if cfg.fileClock == nil { // in a synctest bubble, time.Now is not the clock of files' times
+		cfg.fileClock = fileClock(t, filepath.Join(t.TempDir(), "clock"))
+	}
 	cfg.OnEvent = func(ev UploadEvent) {
 		if ev.Kind != UploadFailed { // one per failed try: the rig waits for the others only
 			r.events <- ev
