@@ -109,6 +109,10 @@ type RestoreResult struct {
 	// AlreadyPresent is true when Dir already held the checkpoint (the same files, sizes and
 	// checksums): nothing was downloaded or changed.
 	AlreadyPresent bool
+	// Deleted is how many commits, each the newest when Restore began it, were deleted from the
+	// store while they were restored (by the retention of an agent still running the job) before
+	// this one.
+	Deleted int
 }
 
 // Restore downloads a committed checkpoint of opts.Job from s into opts.To/<checkpoint>,
@@ -148,6 +152,11 @@ type RestoreResult struct {
 // (restoreRun.retry); the log says when the store starts failing and when it answers again.
 // Anything else fails at once.
 //
+// A commit deleted from the store while it is restored (its manifest gone as well as a data
+// object: retention by an agent still running the job deletes commits beyond checkpoint.keep) is
+// no damage: without a commit asked for, Restore starts again with the newest commit, with a
+// warning, up to restoreDeletedTries times; with one, it fails saying so.
+//
 // On every error the staging directory is removed and To/<checkpoint> is untouched (To itself
 // may have been created).
 func Restore(ctx context.Context, s Store, opts RestoreOptions) (RestoreResult, error) {
@@ -182,10 +191,40 @@ func Restore(ctx context.Context, s Store, opts RestoreOptions) (RestoreResult, 
 	log := opts.Logger.With().Str("component", "restore").Str("store", url).Str("job", opts.Job).Logger()
 	run := &restoreRun{log: log}
 
+	for tries := 1; ; tries++ {
+		res, gone, err := restoreOnce(ctx, s, opts, conc, run, start)
+		if gone == nil {
+			res.Deleted = tries - 1
+			return res, err
+		}
+		what := fmt.Sprintf("checkpoint %q commit %s", gone.Checkpoint, gone.Commit)
+		switch {
+		case opts.CommitSet:
+			return fail(fmt.Errorf("%s was deleted from the store while it was restored (retention by an agent still running the job, or a delete by hand); `spotguard list` shows the commits left", what))
+		case tries == restoreDeletedTries:
+			return fail(fmt.Errorf("%s, the newest commit, was deleted from the store while it was restored, and so were the %d newest before it: an agent still running the job deletes commits faster than they can be restored here; raise its checkpoint.keep, or restore an older commit by its id (`spotguard list`)", what, tries-1))
+		}
+		log.Warn().Str("checkpoint", gone.Checkpoint).Str("commit", gone.Commit).Int("try", tries).
+			Msg("the commit being restored was deleted from the store (retention by an agent still running the job, or a delete by hand); restoring the newest commit now")
+	}
+}
+
+// restoreDeletedTries bounds how often Restore starts again with the newest commit after the one it
+// was restoring was deleted from the store under it.
+const restoreDeletedTries = 5
+
+// restoreOnce is one try of Restore: it restores the commit restoreResolve gives. deleted is true
+// when the restore failed (err) because that commit was deleted from the store while it was
+// restored (restoreDeleted).
+func restoreOnce(ctx context.Context, s Store, opts RestoreOptions, conc int, run *restoreRun, start time.Time) (_ RestoreResult, deleted *Manifest, _ error) {
+	url, log := s.URL(), run.log
+	fail := func(err error) (RestoreResult, *Manifest, error) {
+		return RestoreResult{}, nil, fmt.Errorf("restore job %s from %s: %w", opts.Job, url, err)
+	}
 	m, fellBack, err := restoreResolve(ctx, s, opts, run)
 	if err != nil {
 		if errors.Is(err, ErrNothingToRestore) {
-			return RestoreResult{}, err
+			return RestoreResult{}, nil, err
 		}
 		return fail(err)
 	}
@@ -212,7 +251,7 @@ func Restore(ctx context.Context, s Store, opts RestoreOptions) (RestoreResult, 
 		Bytes:      m.TotalBytes,
 		FellBack:   fellBack,
 	}
-	failCP := func(err error) (RestoreResult, error) {
+	failCP := func(err error) (RestoreResult, *Manifest, error) {
 		return fail(fmt.Errorf("checkpoint %q: %w", m.Checkpoint, err))
 	}
 
@@ -225,13 +264,13 @@ func Restore(ctx context.Context, s Store, opts RestoreOptions) (RestoreResult, 
 	}
 	defer func() { _ = to.Close() }() // a directory handle: nothing to flush
 
-	done := func(already bool) (RestoreResult, error) {
+	done := func(already bool) (RestoreResult, *Manifest, error) {
 		res.AlreadyPresent = already
 		res.Elapsed = time.Since(start)
 		log.Info().Str("checkpoint", res.Checkpoint).Str("commit", res.Commit).Str("dir", res.Dir).Int("files", res.Files).
 			Int64("bytes", res.Bytes).Float64("elapsed_s", logSeconds(res.Elapsed)).Bool("fell_back", res.FellBack).
 			Bool("already_present", already).Msg("checkpoint restored")
-		return res, nil
+		return res, nil, nil
 	}
 
 	// Never overwrite what is there; succeed only if it is this very checkpoint.
@@ -245,6 +284,9 @@ func Restore(ctx context.Context, s Store, opts RestoreOptions) (RestoreResult, 
 
 	staging, release, err := restoreStage(ctx, s, to, m, conc, opts.Marker, opts.Progress, run)
 	if err != nil {
+		if restoreDeleted(ctx, s, opts.Job, m, err, run) {
+			return RestoreResult{}, m, err
+		}
 		return failCP(err)
 	}
 	// The lock on the staging directory is held until it has been renamed into place or removed.
@@ -279,6 +321,26 @@ func Restore(ctx context.Context, s Store, opts RestoreOptions) (RestoreResult, 
 		log.Warn().Err(err).Str("dir", opts.To).Msg("cannot sync the destination directory")
 	}
 	return done(false)
+}
+
+// restoreDeleted reports whether err, from restoring commit m, is a missing data object because m
+// was deleted from the store while it was restored: its manifest is gone too (retention deletes
+// the manifest first; an agent still running the job deletes commits beyond checkpoint.keep). A
+// manifest still there means the commit is damaged.
+func restoreDeleted(ctx context.Context, s Store, job string, m *Manifest, err error, run *restoreRun) bool {
+	if !errors.Is(err, ErrNotFound) || ctx.Err() != nil {
+		return false
+	}
+	gone := false
+	rerr := run.retry(ctx, "manifest", func() error {
+		_, err := ReadManifest(ctx, s, job, m.Checkpoint, m.Commit)
+		gone = errors.Is(err, ErrNotFound)
+		if gone {
+			return nil
+		}
+		return err
+	})
+	return rerr == nil && gone
 }
 
 // restoreResolve returns the manifest to restore. With a commit asked for, it is that commit or

@@ -65,8 +65,8 @@ func TestRestoreJSONWhenNothingIsCommitted(t *testing.T) {
 		t.Fatalf("Got(restore --json) exit %d; want 0\nstderr: %s", code, stderr)
 	}
 	got = object("restore --json", stdout)
-	if got["restored"] != true || got["checkpoint"] != "step-000100" || got["dir"] != filepath.Join(to, "step-000100") || got["files"] != 2.0 {
-		t.Errorf("Got(restore --json) = %v; want restored true, step-000100 in %s, 2 files", got, to)
+	if got["restored"] != true || got["checkpoint"] != "step-000100" || got["dir"] != filepath.Join(to, "step-000100") || got["files"] != 2.0 || got["deleted_while_restored"] != 0.0 {
+		t.Errorf("Got(restore --json) = %v; want restored true, step-000100 in %s, 2 files, none deleted while restored", got, to)
 	}
 }
 

@@ -214,7 +214,7 @@ func runRestore(ctx context.Context, args, environ []string, stdout, stderr io.W
 		json.NewEncoder(stdout).Encode(map[string]any{
 			"restored":   true,
 			"checkpoint": res.Checkpoint, "commit": res.Commit, "dir": res.Dir, "files": res.Files, "bytes": res.Bytes,
-			"seconds": res.Elapsed.Seconds(), "fell_back": res.FellBack, "already_present": res.AlreadyPresent,
+			"seconds": res.Elapsed.Seconds(), "fell_back": res.FellBack, "already_present": res.AlreadyPresent, "deleted_while_restored": res.Deleted,
 			"store": store.URL(), "job": cfg.Store.Job,
 		})
 		return exitOK
@@ -227,6 +227,9 @@ func runRestore(ctx context.Context, args, environ []string, stdout, stderr io.W
 		note := ""
 		if res.FellBack {
 			note = " (LATEST was missing, unusable or older: restored the newest commit)"
+		}
+		if res.Deleted > 0 {
+			note += fmt.Sprintf(" (%d newest commit%s deleted from the store while restored, by an agent still running the job: restored the newest since)", res.Deleted, plural(res.Deleted))
 		}
 		fmt.Fprintf(stdout, "restored %s (%d file%s, %s) from %s job %s to %s in %.1f s (%s/s), every checksum verified%s\n",
 			res.Checkpoint, res.Files, plural(res.Files), checkpoint.HumanBytes(res.Bytes), store.URL(), cfg.Store.Job, res.Dir, res.Elapsed.Seconds(), checkpoint.HumanBytes(int64(rate)), note)
