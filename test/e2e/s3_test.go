@@ -75,17 +75,24 @@ func startS3(t testing.TB) *s3Server {
 // startS3In is startS3 with the server in region.
 func startS3In(t testing.TB, region string) *s3Server {
 	t.Helper()
-	return startS3Server(t, region, false)
+	return startS3Server(t, region, false, false)
+}
+
+// startS3Versioned is startS3 with versioning enabled on the bucket: a delete adds a delete
+// marker and keeps what was there as a noncurrent version.
+func startS3Versioned(t testing.TB) *s3Server {
+	t.Helper()
+	return startS3Server(t, "us-east-1", false, true)
 }
 
 // startS3TLS is startS3 serving HTTPS, with a throwaway self-signed certificate for 127.0.0.1
 // (ECDSA P-256) that the clients started with s3Server.env and s3Server.aws trust.
 func startS3TLS(t testing.TB) *s3Server {
 	t.Helper()
-	return startS3Server(t, "us-east-1", true)
+	return startS3Server(t, "us-east-1", true, false)
 }
 
-func startS3Server(t testing.TB, region string, withTLS bool) *s3Server {
+func startS3Server(t testing.TB, region string, withTLS, versioned bool) *s3Server {
 	t.Helper()
 	bin := versitygwBin(t)
 	dir := t.TempDir()
@@ -104,7 +111,13 @@ func startS3Server(t testing.TB, region string, withTLS bool) *s3Server {
 		s.endpoint = fmt.Sprintf("https://127.0.0.1:%d", port)
 		args = append(args, "--cert", s.certFile, "--key", s.keyFile)
 	}
-	s.cmd = exec.Command(bin, append(args, "posix", "--sidecar", meta, data)...)
+	args = append(args, "posix", "--sidecar", meta)
+	if versioned {
+		versions := filepath.Join(dir, "versions")
+		os.MkdirAll(versions, 0o755)
+		args = append(args, "--versioning-dir", versions)
+	}
+	s.cmd = exec.Command(bin, append(args, data)...)
 	logf, _ := os.Create(filepath.Join(dir, "versitygw.log"))
 	s.cmd.Stdout, s.cmd.Stderr = logf, logf
 	if err := s.cmd.Start(); err != nil {
@@ -121,6 +134,9 @@ func startS3Server(t testing.TB, region string, withTLS bool) *s3Server {
 		return true
 	})
 	s.aws(t, "s3api", "create-bucket", "--bucket", s3Bucket)
+	if versioned {
+		s.aws(t, "s3api", "put-bucket-versioning", "--bucket", s3Bucket, "--versioning-configuration", "Status=Enabled")
+	}
 	return s
 }
 
