@@ -520,10 +520,15 @@ func (s *FileStore) walk(ctx context.Context, prefix string, temps bool, fn func
 	}
 	err = fs.WalkDir(r.FS(), start, func(p string, d fs.DirEntry, err error) error {
 		if err != nil {
-			if p == start && fileIsNotFound(err) {
+			switch {
+			case !fileIsNotFound(err):
+				return err
+			case p == start:
 				return fs.SkipAll
+			case d != nil && d.IsDir():
+				return fs.SkipDir // removed while it was walked (retention, a clean-up)
 			}
-			return err
+			return nil
 		}
 		if err := ctx.Err(); err != nil {
 			return err
@@ -615,6 +620,9 @@ func (s *FileStore) ListDir(ctx context.Context, prefix string) ([]string, []Obj
 	}
 	defer d.Close()
 	entries, err := d.ReadDir(-1)
+	if fileIsNotFound(err) {
+		return nil, nil, nil // removed since it was opened (retention, a clean-up)
+	}
 	if err != nil {
 		return nil, nil, fmt.Errorf("list %q: %w", prefix, err)
 	}

@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -401,5 +402,57 @@ func TestFileStoreNamedPipe(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestFileStoreListsWhileDirectoriesGo: List and ListDir of prefixes whose directories are
+// removed while they are read (retention deleting commits, which prunes their emptied
+// directories) give what is there, never an error. (Found from outside: `spotguard list --check`
+// on a file:// store failed with "readdirent ...: no such file or directory" while the agent's
+// retention deleted commits.)
+func TestFileStoreListsWhileDirectoriesGo(t *testing.T) {
+	s, err := NewFileStore(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := t.Context()
+	const rounds = 300
+	done := make(chan error, 1)
+	go func() {
+		for i := range rounds {
+			keys := []string{fmt.Sprintf("job/step-%d/c/a", i%4), fmt.Sprintf("job/step-%d/c/d/b", i%4)}
+			for _, k := range keys {
+				if _, err := s.PutBytes(ctx, k, []byte("x"), Cond{}); err != nil {
+					done <- err
+					return
+				}
+			}
+			if err := s.Delete(ctx, keys...); err != nil {
+				done <- err
+				return
+			}
+		}
+		done <- nil
+	}()
+	for n := 0; ; n++ {
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Logf("%d listings while %d commits came and went", n, rounds)
+			return
+		default:
+		}
+		prefix := fmt.Sprintf("job/step-%d/", n%4)
+		if _, _, err := s.ListDir(ctx, prefix); err != nil {
+			t.Fatalf("ListDir(%q) while its directories come and go: %v; want what is there", prefix, err)
+		}
+		if _, _, err := s.ListDir(ctx, prefix+"c/"); err != nil {
+			t.Fatalf("ListDir(%q) while its directories come and go: %v; want what is there", prefix+"c/", err)
+		}
+		if _, err := s.List(ctx, "job/"); err != nil {
+			t.Fatalf("List(job/) while its directories come and go: %v; want what is there", err)
+		}
 	}
 }
