@@ -41,89 +41,11 @@ func CheckJob(ctx context.Context, s Store, job string, settled bool) []error {
 		problems = append(problems, err)
 	}
 	for _, c := range st.Commits {
-		m := c.Manifest
-		name := m.Checkpoint + "/" + m.Commit
-		listed := map[string]int64{}
-		// A commit's prefix, or every part's commit's prefix for a job manifest; each file must
-		// be under its own (its first node's).
-		var prefixes []string
-		var objs []ObjectInfo
-		if m.Version == ManifestVersion {
-			prefixes = []string{CommitPrefix(m.Job, m.Checkpoint, m.Commit)}
-			if len(m.Parts) > 0 {
-				prefixes = prefixes[:0]
-				for _, p := range m.Parts {
-					prefixes = append(prefixes, CommitPrefix(m.Job, m.Checkpoint, p.Commit))
-				}
-			}
-			for _, prefix := range prefixes {
-				o, err := s.List(ctx, prefix)
-				if err != nil {
-					return append(problems, err)
-				}
-				objs = append(objs, o...)
-			}
+		found, err := checkCommit(ctx, s, c.Manifest)
+		if err != nil {
+			return append(problems, err)
 		}
-		for _, f := range m.Files {
-			key := m.FileKey(f)
-			listed[key] = f.Size
-			if m.Version == ManifestVersion {
-				prefix := prefixes[0]
-				if len(m.Parts) > 0 && len(f.Nodes) > 0 && f.Nodes[0] < len(prefixes) {
-					prefix = prefixes[f.Nodes[0]]
-				}
-				if !strings.HasPrefix(key, prefix) {
-					problems = append(problems, fmt.Errorf("I1: commit %s lists %s outside its prefix %s", name, key, prefix))
-				}
-			}
-			if ownFile(f.Path) {
-				problems = append(problems, fmt.Errorf("I4: commit %s lists spotguard's own file %s", name, f.Path))
-			}
-		}
-		if m.Version != ManifestVersion {
-			continue
-		}
-		have := map[string]int64{}
-		for _, o := range objs {
-			have[o.Key] = o.Size
-		}
-		for key, size := range listed {
-			got, ok := have[key]
-			switch {
-			case !ok:
-				problems = append(problems, fmt.Errorf("I2: commit %s lists %s, which is not in the store", name, key))
-			case got != size:
-				problems = append(problems, fmt.Errorf("I2: commit %s lists %s with %d bytes; the object has %d", name, key, size, got))
-			}
-		}
-		own := map[string]bool{ManifestKey(m.Job, m.Checkpoint, m.Commit): true}
-		for _, p := range m.Parts {
-			ref := CommitRef{Checkpoint: m.Checkpoint, Commit: p.Commit}
-			own[PartKey(m.Job, m.Checkpoint, p.Commit)] = true
-			// A file the job manifest lists once may be in several parts (the same bytes): each
-			// part's copy is its own. The job manifest names the ranks that have it, which tells
-			// even when the part manifest is gone: retention deletes a job checkpoint's part
-			// manifests first, and a stop between that and the rest leaves it so until the next.
-			for _, f := range m.Files {
-				if slices.Contains(f.Nodes, p.NodeRank) {
-					own[DataKey(m.Job, m.Checkpoint, p.Commit, f.Path)] = true
-				}
-			}
-			part, _, err := readPart(ctx, s, m.Job, ref, nil)
-			if err != nil {
-				return append(problems, err)
-			}
-			if part != nil {
-				for _, f := range part.Files {
-					own[f.Key] = true
-				}
-			}
-		}
-		for _, o := range objs {
-			if _, ok := listed[o.Key]; !ok && !own[o.Key] {
-				problems = append(problems, &StrayObject{Commit: name, Key: o.Key})
-			}
-		}
+		problems = append(problems, found...)
 	}
 	newest, target := st.Newest(), st.LatestTarget()
 	switch {
@@ -139,6 +61,101 @@ func CheckJob(ctx context.Context, s Store, job string, settled bool) []error {
 			target.Manifest.Checkpoint, target.Manifest.Commit, l.CompleteAt.UTC().Format(time.RFC3339Nano), target.Manifest.Order().At.UTC().Format(time.RFC3339Nano)))
 	}
 	return problems
+}
+
+// checkCommit checks the commit of m as CheckJob does, and returns its violations. A commit that
+// was deleted while it was checked (an agent's retention deletes a manifest, then the commit's
+// objects) has none: its objects missing are its deletion, not damage.
+func checkCommit(ctx context.Context, s Store, m *Manifest) ([]error, error) {
+	var problems []error
+	name := m.Checkpoint + "/" + m.Commit
+	listed := map[string]int64{}
+	// A commit's prefix, or every part's commit's prefix for a job manifest; each file must
+	// be under its own (its first node's).
+	var prefixes []string
+	var objs []ObjectInfo
+	if m.Version == ManifestVersion {
+		prefixes = []string{CommitPrefix(m.Job, m.Checkpoint, m.Commit)}
+		if len(m.Parts) > 0 {
+			prefixes = prefixes[:0]
+			for _, p := range m.Parts {
+				prefixes = append(prefixes, CommitPrefix(m.Job, m.Checkpoint, p.Commit))
+			}
+		}
+		for _, prefix := range prefixes {
+			o, err := s.List(ctx, prefix)
+			if err != nil {
+				return nil, err
+			}
+			objs = append(objs, o...)
+		}
+	}
+	for _, f := range m.Files {
+		key := m.FileKey(f)
+		listed[key] = f.Size
+		if m.Version == ManifestVersion {
+			prefix := prefixes[0]
+			if len(m.Parts) > 0 && len(f.Nodes) > 0 && f.Nodes[0] < len(prefixes) {
+				prefix = prefixes[f.Nodes[0]]
+			}
+			if !strings.HasPrefix(key, prefix) {
+				problems = append(problems, fmt.Errorf("I1: commit %s lists %s outside its prefix %s", name, key, prefix))
+			}
+		}
+		if ownFile(f.Path) {
+			problems = append(problems, fmt.Errorf("I4: commit %s lists spotguard's own file %s", name, f.Path))
+		}
+	}
+	if m.Version != ManifestVersion {
+		return problems, nil
+	}
+	have := map[string]int64{}
+	for _, o := range objs {
+		have[o.Key] = o.Size
+	}
+	for key, size := range listed {
+		got, ok := have[key]
+		switch {
+		case !ok:
+			problems = append(problems, fmt.Errorf("I2: commit %s lists %s, which is not in the store", name, key))
+		case got != size:
+			problems = append(problems, fmt.Errorf("I2: commit %s lists %s with %d bytes; the object has %d", name, key, size, got))
+		}
+	}
+	own := map[string]bool{ManifestKey(m.Job, m.Checkpoint, m.Commit): true}
+	for _, p := range m.Parts {
+		ref := CommitRef{Checkpoint: m.Checkpoint, Commit: p.Commit}
+		own[PartKey(m.Job, m.Checkpoint, p.Commit)] = true
+		// A file the job manifest lists once may be in several parts (the same bytes): each
+		// part's copy is its own. The job manifest names the ranks that have it, which tells
+		// even when the part manifest is gone: retention deletes a job checkpoint's part
+		// manifests first, and a stop between that and the rest leaves it so until the next.
+		for _, f := range m.Files {
+			if slices.Contains(f.Nodes, p.NodeRank) {
+				own[DataKey(m.Job, m.Checkpoint, p.Commit, f.Path)] = true
+			}
+		}
+		part, _, err := readPart(ctx, s, m.Job, ref, nil)
+		if err != nil {
+			return nil, err
+		}
+		if part != nil {
+			for _, f := range part.Files {
+				own[f.Key] = true
+			}
+		}
+	}
+	for _, o := range objs {
+		if _, ok := listed[o.Key]; !ok && !own[o.Key] {
+			problems = append(problems, &StrayObject{Commit: name, Key: o.Key})
+		}
+	}
+	if len(problems) > 0 {
+		if _, err := ReadManifest(ctx, s, m.Job, m.Checkpoint, m.Commit); errors.Is(err, ErrNotFound) {
+			return nil, nil // deleted since the job was read
+		}
+	}
+	return problems, nil
 }
 
 // ownFile reports whether rel names a file of spotguard's own or a writer's temporary file, which

@@ -1,0 +1,60 @@
+package checkpoint
+
+import (
+	"context"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// deletingStore deletes a commit, as an agent's retention does (manifest first, then its
+// objects), when its prefix is first listed: between CheckJob's read of the job and its look at
+// the commit.
+type deletingStore struct {
+	Store
+	t      testing.TB
+	mu     sync.Mutex
+	delete map[string]*Manifest // by commit prefix
+}
+
+func (s *deletingStore) List(ctx context.Context, prefix string) ([]ObjectInfo, error) {
+	s.mu.Lock()
+	if m := s.delete[prefix]; m != nil {
+		delete(s.delete, prefix)
+		keys := []string{ManifestKey(m.Job, m.Checkpoint, m.Commit)}
+		for _, f := range m.Files {
+			keys = append(keys, f.Key)
+		}
+		for _, k := range keys {
+			if err := s.Store.Delete(ctx, k); err != nil {
+				s.t.Errorf("delete %s: %v", k, err)
+			}
+		}
+	}
+	s.mu.Unlock()
+	return s.Store.List(ctx, prefix)
+}
+
+// TestCheckJobWhileRetentionDeletes: a commit deleted while CheckJob looks at it (an agent
+// still running the job deletes commits beyond checkpoint.keep) is no violation; a commit whose
+// objects are missing while its manifest stays is. (Found from outside: `spotguard list --check`
+// in a loop beside an agent with checkpoint.keep 1 reported "I2: commit ... lists ..., which is
+// not in the store" for commits retention was deleting.)
+func TestCheckJobWhileRetentionDeletes(t *testing.T) {
+	mem := newMemStore()
+	old := restoreTestCommit(t, mem, restoreTestJob, "step-000100", restoreTestT0, restoreTestFiles(1))
+	torn := restoreTestCommit(t, mem, restoreTestJob, "step-000200", restoreTestT0.Add(time.Minute), restoreTestFiles(2))
+	restoreTestCommit(t, mem, restoreTestJob, "step-000300", restoreTestT0.Add(2*time.Minute), restoreTestFiles(3))
+	restoreTestSetLatest(t, mem, restoreTestJob, "step-000300")
+	mem.remove(torn.Files[0].Key) // damage: the manifest stays
+	s := &deletingStore{Store: mem, t: t, delete: map[string]*Manifest{CommitPrefix(old.Job, old.Checkpoint, old.Commit): old}}
+
+	problems := CheckJob(t.Context(), s, restoreTestJob, true)
+	if len(problems) != 1 || !strings.Contains(problems[0].Error(), "I2: commit step-000200/"+torn.Commit) {
+		t.Errorf("CheckJob() = %v; want only step-000200's missing object (step-000100 was deleted while it was checked)", problems)
+	}
+	if len(s.delete) != 0 {
+		t.Fatal("step-000100 was not deleted while CheckJob ran: the test tests nothing")
+	}
+}
