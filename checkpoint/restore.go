@@ -213,9 +213,9 @@ func Restore(ctx context.Context, s Store, opts RestoreOptions) (RestoreResult, 
 // was restoring was deleted from the store under it.
 const restoreDeletedTries = 5
 
-// restoreOnce is one try of Restore: it restores the commit restoreResolve gives. deleted is true
-// when the restore failed (err) because that commit was deleted from the store while it was
-// restored (restoreDeleted).
+// restoreOnce is one try of Restore: it restores the commit restoreResolve gives. deleted is that
+// commit when the restore failed (err) because it was deleted from the store while it was
+// restored (restoreDeleted), else nil.
 func restoreOnce(ctx context.Context, s Store, opts RestoreOptions, conc int, run *restoreRun, start time.Time) (_ RestoreResult, deleted *Manifest, _ error) {
 	url, log := s.URL(), run.log
 	fail := func(err error) (RestoreResult, *Manifest, error) {
