@@ -1023,8 +1023,8 @@ func (ts *testStore) shiftTimes(t testing.TB, key string, d time.Duration, field
 // The instance that wrote the job's newest commit had its clock ahead of the next instance's (or
 // the next one's is behind: not yet synchronized after boot, set back). The next instance's
 // checkpoints, saved after it read that commit, are dated before it by their own clock: LATEST
-// stayed on the old commit, restore took it, and retention deleted the new checkpoints first, so
-// training done on the new instance was lost. They are the newest, with a warning.
+// stayed on the old commit, restore took it, and retention would delete the new checkpoints
+// first, so training done on the new instance was lost. They are the newest, with a warning.
 func TestCheckpointSavedAfterAClockAheadIsTheNewest(t *testing.T) {
 	needPeers(t)
 	s3 := startS3(t)
