@@ -154,6 +154,25 @@ func (r *uploaderRig) waitCommitted(name string) UploadEvent {
 	return r.waitEvent(CheckpointCommitted, name)
 }
 
+// waitCommittedAll waits until every one of names is committed, in whatever order, and returns
+// their events by name.
+func (r *uploaderRig) waitCommittedAll(names ...string) map[string]UploadEvent {
+	r.t.Helper()
+	got := map[string]UploadEvent{}
+	timeout := time.After(20 * time.Second)
+	for len(got) < len(names) {
+		select {
+		case ev := <-r.events:
+			if ev.Kind == CheckpointCommitted && slices.Contains(names, ev.Checkpoint) {
+				got[ev.Checkpoint] = ev
+			}
+		case <-timeout:
+			r.t.Fatalf("of %v, only %d committed within 20 s", names, len(got))
+		}
+	}
+	return got
+}
+
 // waitEvent waits for an event of kind for the checkpoint and returns it.
 func (r *uploaderRig) waitEvent(kind UploadEventKind, name string) UploadEvent {
 	r.t.Helper()
