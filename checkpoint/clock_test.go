@@ -48,8 +48,8 @@ func shiftCommit(t *testing.T, s Store, d time.Duration) *Manifest {
 // completion time the writing instance's clock gave them. An instance whose clock is behind the
 // one that wrote the job's newest commit (a clock not yet synchronized after boot, or set back)
 // saves checkpoints after that commit that its clock dates before it. Taken as dated, LATEST stayed
-// on the older commit, restore took it, and retention deleted the new instance's checkpoints first:
-// training lost. A checkpoint completed after the agent learned of a commit is ordered after it,
+// on the older commit, restore took it, and retention would delete the new instance's checkpoints
+// first: training lost. A checkpoint completed after the agent learned of a commit is ordered after it,
 // with a warning; one complete before the agent knew of the commit keeps its own time.
 func TestClockBehindTheLastWriterStillMakesTheNewestCheckpointNewest(t *testing.T) {
 	s := newMemStore()
@@ -73,8 +73,8 @@ func TestClockBehindTheLastWriterStillMakesTheNewestCheckpointNewest(t *testing.
 
 	b.up.Status(t.Context()) // the agent has read the job
 	waitFileClockAfter(t, time.Now())
-	// Two saves in a row, the second complete before the first is committed: both are ordered
-	// after step-100, and in the order they completed in.
+	// Two saves in a row (the second may complete before the first is committed): both are
+	// ordered after step-100, and in the order they completed in.
 	writeCheckpoint(t, dir, "step-200", map[string][]byte{"a": randomBytes(t, 8<<10)})
 	laterTick(t, dir, "step-200")
 	writeCheckpoint(t, dir, "step-300", map[string][]byte{"a": randomBytes(t, 8<<10)})
