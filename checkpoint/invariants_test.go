@@ -22,18 +22,24 @@ func (s *deletingStore) List(ctx context.Context, prefix string) ([]ObjectInfo, 
 	s.mu.Lock()
 	if m := s.delete[prefix]; m != nil {
 		delete(s.delete, prefix)
-		keys := []string{ManifestKey(m.Job, m.Checkpoint, m.Commit)}
-		for _, f := range m.Files {
-			keys = append(keys, f.Key)
-		}
-		for _, k := range keys {
-			if err := s.Store.Delete(ctx, k); err != nil {
-				s.t.Errorf("delete %s: %v", k, err)
-			}
-		}
+		deleteAsRetention(s.t, s.Store, m)
 	}
 	s.mu.Unlock()
 	return s.Store.List(ctx, prefix)
+}
+
+// deleteAsRetention deletes m's commit from s as an agent's retention does: the manifest first,
+// then the objects, one at a time.
+func deleteAsRetention(t testing.TB, s Store, m *Manifest) {
+	keys := []string{ManifestKey(m.Job, m.Checkpoint, m.Commit)}
+	for _, f := range m.Files {
+		keys = append(keys, f.Key)
+	}
+	for _, k := range keys {
+		if err := s.Delete(context.Background(), k); err != nil {
+			t.Errorf("delete %s: %v", k, err)
+		}
+	}
 }
 
 // TestCheckJobWhileRetentionDeletes: a commit deleted while CheckJob looks at it (an agent

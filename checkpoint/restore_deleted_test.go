@@ -40,15 +40,7 @@ func (r *rotatingStore) Download(ctx context.Context, key string, w io.WriterAt,
 		r.step += 100
 		at := restoreTestT0.Add(time.Duration(r.step) * time.Second)
 		r.newest = restoreTestCommitTo(r.t, r.Store, restoreTestJob, fmt.Sprintf("step-%06d", r.step), at, restoreTestFiles(uint64(r.step)))
-		keys := []string{ManifestKey(m.Job, m.Checkpoint, m.Commit)}
-		for _, f := range m.Files {
-			keys = append(keys, f.Key)
-		}
-		for _, k := range keys { // one at a time, manifest first, as retention deletes
-			if err := r.Store.Delete(context.Background(), k); err != nil {
-				r.t.Errorf("delete %s: %v", k, err)
-			}
-		}
+		deleteAsRetention(r.t, r.Store, m)
 		r.deleted = append(r.deleted, m.Commit)
 	}
 	r.mu.Unlock()
