@@ -249,6 +249,15 @@ func (c listedCommit) paths() []string {
 	return ps
 }
 
+// commitNames returns "checkpoint/commit" of each of cs, in their order.
+func commitNames(cs []listedCommit) []string {
+	var names []string
+	for _, c := range cs {
+		names = append(names, c.Checkpoint+"/"+c.Commit)
+	}
+	return names
+}
+
 // list runs `spotguard list --json` and returns its commits, newest first.
 func (ts *testStore) list(t testing.TB, job string) []listedCommit {
 	t.Helper()
@@ -668,11 +677,7 @@ func testKilledRestore(t *testing.T, agentRunning bool) {
 		}
 		listAfter := ts.list(t, job)
 		if len(listAfter) != 1 || listAfter[0].Checkpoint != ckpt || listAfter[0].Commit != commit {
-			var got []string
-			for _, c := range listAfter {
-				got = append(got, c.Checkpoint+"/"+c.Commit)
-			}
-			t.Errorf("spotguard list --json %s = %v; want only %s/%s", when, got, ckpt, commit)
+			t.Errorf("spotguard list --json %s = %v; want only %s/%s", when, commitNames(listAfter), ckpt, commit)
 		}
 		if l, text, ok := ts.latest(t, job); !ok || l.Checkpoint != ckpt || l.Commit != commit {
 			t.Errorf("LATEST %s = %s; want %s commit %s", when, text, ckpt, commit)
@@ -824,10 +829,7 @@ func TestNameCommittedAgainIsANewCommit(t *testing.T) {
 	}
 
 	cs := ts.list(t, job)
-	var commits []string
-	for _, c := range cs {
-		commits = append(commits, c.Checkpoint+"/"+c.Commit)
-	}
+	commits := commitNames(cs)
 	if len(cs) != 2 || cs[0].Checkpoint != name || cs[1].Checkpoint != name || cs[0].Commit != newCommit || cs[1].Commit != oldCommit {
 		t.Fatalf("spotguard list --json (newest first) = %v; want %s/%s then %s/%s", commits, name, newCommit, name, oldCommit)
 	}
@@ -1063,11 +1065,7 @@ func TestCheckpointSavedAfterAClockAheadIsTheNewest(t *testing.T) {
 			t.Errorf("the warning for %v says after_commit %v, clock_behind_s %v; want %s and about 3600", l["checkpoint"], l["after_commit"], l["clock_behind_s"], c1)
 		}
 	}
-	cs := ts.list(t, job)
-	var commits []string
-	for _, c := range cs {
-		commits = append(commits, c.Checkpoint+"/"+c.Commit)
-	}
+	commits := commitNames(ts.list(t, job))
 	if want := []string{"step-300/" + c3, "step-200/" + c2}; !slices.Equal(commits, want) {
 		t.Errorf("spotguard list --json (newest first) = %v; want %v (retention keeps the two newest)", commits, want)
 	}

@@ -42,13 +42,7 @@ func TestVersionedBucket(t *testing.T) {
 		writeCheckpoint(t, dir, name, map[string][]byte{"model.bin": randomBytes(t, 6<<20)}, fmt.Sprintf(`{"step": %d}`+"\n", step))
 		commits[name] = waitCommitted(t, ap, ts, job, name, 15*time.Second)
 	}
-	listed := func() []string {
-		var got []string
-		for _, c := range ts.list(t, job) {
-			got = append(got, c.Checkpoint+"/"+c.Commit)
-		}
-		return got
-	}
+	listed := func() []string { return commitNames(ts.list(t, job)) }
 	want := []string{"step-4/" + commits["step-4"], "step-3/" + commits["step-3"]}
 	eventually(t, 15*time.Second, "retention to keep the two newest", func() bool { return slices.Equal(listed(), want) })
 	ap.stop(t)
