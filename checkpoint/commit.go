@@ -501,6 +501,17 @@ func ReadManifest(ctx context.Context, s Store, job, name, commit string) (*Mani
 	return m, nil
 }
 
+// commitDeleted reports whether m's commit has no manifest in s any more: deleted (retention
+// deletes the manifest first, then the objects). It returns an error when the store cannot tell
+// (the error of reading the manifest, also when one is there but cannot be used).
+func commitDeleted(ctx context.Context, s Store, m *Manifest) (bool, error) {
+	_, err := ReadManifest(ctx, s, m.Job, m.Checkpoint, m.Commit)
+	if errors.Is(err, ErrNotFound) {
+		return true, nil
+	}
+	return false, err
+}
+
 // writeManifest writes m's manifest with If-None-Match. If one is there already (a retry after
 // an answer that was lost), it is m's commit when it lists the same files with the same keys,
 // sizes and checksums: that is success. Anything else there is an error wrapping ErrExists: a

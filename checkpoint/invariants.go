@@ -151,7 +151,7 @@ func checkCommit(ctx context.Context, s Store, m *Manifest) ([]error, error) {
 		}
 	}
 	if len(problems) > 0 {
-		if _, err := ReadManifest(ctx, s, m.Job, m.Checkpoint, m.Commit); errors.Is(err, ErrNotFound) {
+		if gone, _ := commitDeleted(ctx, s, m); gone {
 			return nil, nil // deleted since the job was read
 		}
 	}

@@ -284,7 +284,7 @@ func restoreOnce(ctx context.Context, s Store, opts RestoreOptions, conc int, ru
 
 	staging, release, err := restoreStage(ctx, s, to, m, conc, opts.Marker, opts.Progress, run)
 	if err != nil {
-		if restoreDeleted(ctx, s, opts.Job, m, err, run) {
+		if restoreDeleted(ctx, s, m, err, run) {
 			return RestoreResult{}, m, err
 		}
 		return failCP(err)
@@ -327,17 +327,13 @@ func restoreOnce(ctx context.Context, s Store, opts RestoreOptions, conc int, ru
 // was deleted from the store while it was restored: its manifest is gone too (retention deletes
 // the manifest first; an agent still running the job deletes commits beyond checkpoint.keep). A
 // manifest still there means the commit is damaged.
-func restoreDeleted(ctx context.Context, s Store, job string, m *Manifest, err error, run *restoreRun) bool {
+func restoreDeleted(ctx context.Context, s Store, m *Manifest, err error, run *restoreRun) bool {
 	if !errors.Is(err, ErrNotFound) || ctx.Err() != nil {
 		return false
 	}
 	gone := false
-	rerr := run.retry(ctx, "manifest", func() error {
-		_, err := ReadManifest(ctx, s, job, m.Checkpoint, m.Commit)
-		gone = errors.Is(err, ErrNotFound)
-		if gone {
-			return nil
-		}
+	rerr := run.retry(ctx, "manifest", func() (err error) {
+		gone, err = commitDeleted(ctx, s, m)
 		return err
 	})
 	return rerr == nil && gone
