@@ -155,7 +155,7 @@ type RestoreResult struct {
 // A commit deleted from the store while it is restored (its manifest gone as well as a data
 // object: retention by an agent still running the job deletes commits beyond checkpoint.keep) is
 // no damage: without a commit asked for, Restore starts again with the newest commit, with a
-// warning, up to restoreDeletedTries times; with one, it fails saying so.
+// warning, on at most restoreDeletedTries commits in all; with one, it fails saying so.
 //
 // On every error the staging directory is removed and To/<checkpoint> is untouched (To itself
 // may have been created).
