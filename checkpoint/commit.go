@@ -1083,8 +1083,8 @@ type commitJob struct {
 	marker FileID
 
 	files map[string]doneFile
-	// refused are versions of files left out because they cannot be uploaded (generation.refused).
-	refused map[string]FileID
+	// refused are versions of files that cannot be uploaded (generation.refused).
+	refused map[string]refusal
 	// prior is the commit the generation before was (generation.prior), or nil.
 	prior *Manifest
 	// uncertain are this run's commits with a manifest write whose answer was lost lately
@@ -1104,10 +1104,13 @@ func (u *Uploader) commit(ctx context.Context, c commitJob) commitResult {
 	if err != nil {
 		return commitResult{notComplete: err}
 	}
-	lc.Files = slices.DeleteFunc(lc.Files, func(lf LocalFile) bool {
-		id, ok := c.refused[lf.Path]
-		return ok && id.Same(lf.ID) // left out, as when it was refused
-	})
+	for _, lf := range lc.Files {
+		if why, ok := c.refused[lf.Path]; ok && why.id.Same(lf.ID) {
+			// Still the version that could not be stored: committing the checkpoint without
+			// it would present a torn checkpoint as complete.
+			return commitResult{notComplete: fmt.Errorf("checkpoint %s: %w: %s: %w; %s", c.name, ErrNotStorable, lf.Path, why.err, notStorableFix)}
+		}
+	}
 	var r commitResult
 	local := make(map[string]LocalFile, len(lc.Files))
 	for _, lf := range lc.Files {

@@ -1,11 +1,13 @@
 package checkpoint
 
 import (
+	"errors"
 	"os"
 	"path"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/rs/zerolog"
 )
@@ -13,8 +15,9 @@ import (
 // TestNamesTheStoreCannotHold: a checkpoint named LATEST would write its commits under the job's
 // LATEST key (on a file:// store LATEST became a directory and every later commit wedged), and a
 // file name that is not UTF-8 was stored under its raw bytes while the manifest listed it with
-// U+FFFD: a LATEST commit that could not be restored. Both are refused, with a warning, and the
-// rest is committed and restores. (Found from outside.)
+// U+FFFD: a LATEST commit that could not be restored. Both are refused, with a warning. The
+// checkpoint with the file is withheld (committed without it, it would be torn) until the file
+// goes, and then restores; the other checkpoints are committed. (Found from outside.)
 func TestNamesTheStoreCannotHold(t *testing.T) {
 	for _, name := range []string{"LATEST", "caf\xe9"} {
 		if ValidName(name) == nil {
@@ -39,9 +42,15 @@ func TestNamesTheStoreCannotHold(t *testing.T) {
 		t.Skipf("this file system refuses names that are not UTF-8: %v", err)
 	}
 	writeCheckpoint(t, dir, "step-1", map[string][]byte{"a": randomBytes(t, 1<<10)})
-	ev := r.waitCommitted("step-1")
+	if ev := r.waitEvent(CheckpointWithheld, "step-1"); !errors.Is(ev.Err, ErrNotStorable) || !strings.Contains(ev.Err.Error(), "not valid UTF-8") {
+		t.Errorf("step-1 withheld for %v; want ErrNotStorable, not valid UTF-8", ev.Err)
+	}
 	writeCheckpoint(t, dir, "step-2", map[string][]byte{"a": randomBytes(t, 1<<10)})
 	r.waitCommitted("step-2")
+	if err := os.Remove(bad); err != nil {
+		t.Fatal(err)
+	}
+	ev := r.waitCommitted("step-1")
 	objs, _ := s.List(t.Context(), "job/")
 	for _, o := range objs {
 		if strings.HasPrefix(o.Key, "job/LATEST/") {
@@ -59,5 +68,47 @@ func TestNamesTheStoreCannotHold(t *testing.T) {
 	}
 	if problems := CheckJob(t.Context(), s, "job", true); len(problems) > 0 {
 		t.Errorf("store check: %v", problems)
+	}
+}
+
+// A withheld checkpoint older than a commit the agent knows of (a save left behind, found at a
+// restart) is only logged, by the watcher: it is no trouble now, and must not turn the agent unhealthy until the
+// next commit. A new one is reported.
+func TestOldWithheldCheckpointIsNotReported(t *testing.T) {
+	s, dir := newMemStore(), t.TempDir()
+	r := startUploader(t, dir, s, 0)
+	writeCheckpoint(t, dir, "step-2", map[string][]byte{"a": randomBytes(t, 1<<10)})
+	r.waitCommitted("step-2")
+	withBadName := func(name string, at time.Time) {
+		t.Helper()
+		bad := filepath.Join(dir, name, "caf\xe9.bin")
+		if err := os.MkdirAll(filepath.Dir(bad), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(bad, []byte("x"), 0o644); err != nil {
+			t.Skipf("this file system refuses names that are not UTF-8: %v", err)
+		}
+		marker := filepath.Join(dir, name, "_COMPLETE")
+		tmp := filepath.Join(dir, name, ".marker.tmp")
+		if err := os.WriteFile(tmp, nil, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chtimes(tmp, at, at); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Rename(tmp, marker); err != nil {
+			t.Fatal(err)
+		}
+	}
+	withBadName("step-1", time.Now().Add(-time.Hour))
+	withBadName("step-3", time.Now())
+	for ev := range r.events {
+		if ev.Kind != CheckpointWithheld {
+			continue
+		}
+		if ev.Checkpoint != "step-3" {
+			t.Fatalf("%s reported withheld; want only step-3, newer than the commit of step-2", ev.Checkpoint)
+		}
+		break
 	}
 }

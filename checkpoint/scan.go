@@ -77,14 +77,18 @@ const scanDefaultMarker = "_COMPLETE"
 // Skipped with one Warn log line each (fields path and type, or path and error):
 //   - symbolic links, sockets, devices, FIFOs and other non-regular files, anywhere;
 //   - names that fail ValidName (top level) or ValidPath (inside a checkpoint), such as names
-//     with a backslash, and MetaDir at the top of a checkpoint directory;
+//     with a backslash, and MetaDir at the top of a checkpoint directory (spotguard's own, as
+//     in a commit copied from the store with awscli; the only one of these that is not
+//     ErrNotStorable);
 //   - regular files with more than one hard link that the owner of dir does not own (unless
 //     that owner is root): another name of the same file may be one the trainer could not read
 //     (a link to a file outside dir); its own files linked (cp -al) are the trainer's;
 //   - regular files that the owner of dir could not read (see above).
 //
-// A skipped file is left out of its checkpoint as if it were not there; a skipped marker
-// leaves its checkpoint not complete, and a skipped single file is no checkpoint.
+// A skipped non-regular file is left out of its checkpoint as if it were not there, and a
+// skipped single file is no checkpoint. A checkpoint directory with a name or a regular file
+// skipped with an error (the last three above) is not complete (ErrNotStorable): it cannot be
+// committed whole, and never is without them.
 //
 // A checkpoint directory part of which cannot be read (permission denied, or a directory
 // replaced while it was read) is logged at Error level and returned with Complete false, so
@@ -129,6 +133,8 @@ func ScanCheckpoint(dir, name, marker, pattern string, log zerolog.Logger) (Loca
 	switch {
 	case !ok:
 		return LocalCheckpoint{}, fmt.Errorf("checkpoint %s: %w", name, fs.ErrNotExist)
+	case errors.Is(f.err, ErrNotStorable):
+		return LocalCheckpoint{}, fmt.Errorf("checkpoint %s: %w", name, f.err)
 	case f.err != nil:
 		return LocalCheckpoint{}, fmt.Errorf("checkpoint %s could not be read in full: %w", name, f.err)
 	case f.marker == nil:
@@ -258,6 +264,44 @@ func scanOwnerOf(fi fs.FileInfo) scanOwner {
 	}
 	return scanOwner{uid: st.uid, gid: st.gid}
 }
+
+// ErrNotStorable is the error of a checkpoint directory holding a name or a regular file that
+// cannot be stored (see Scan): it is not complete, since committing it without them would
+// present a torn checkpoint as complete.
+var ErrNotStorable = errors.New("a file of the checkpoint cannot be stored, so the checkpoint is not committed")
+
+// scanRefused counts the names and regular files a walk of one checkpoint directory skipped
+// with an error, and keeps the first: what makes it ErrNotStorable.
+type scanRefused struct {
+	n     int
+	first string // relative to the checkpoint directory
+	err   error  // why first was skipped
+}
+
+// add counts the path rel, skipped because of err.
+func (r *scanRefused) add(rel string, err error) {
+	if r.n == 0 {
+		r.first, r.err = rel, err
+	}
+	r.n++
+}
+
+// error returns the ErrNotStorable of the checkpoint directory ckpt, or nil if nothing was
+// skipped with an error.
+func (r *scanRefused) error(ckpt string) error {
+	if r.n == 0 {
+		return nil
+	}
+	more := ""
+	if r.n > 1 {
+		more = fmt.Sprintf(" (and %d more)", r.n-1)
+	}
+	return fmt.Errorf("%w: %s/%s: %w%s; %s", ErrNotStorable, ckpt, r.first, r.err, more, notStorableFix)
+}
+
+// notStorableFix says what to do about a checkpoint that is ErrNotStorable.
+const notStorableFix = "fix the file (make it readable by the owner of checkpoint.dir, give it its own name or " +
+	"a name the store can hold) or delete it, then write the marker again"
 
 // Why a regular file is skipped; fixed texts, so that the watcher logs each path once.
 var (
@@ -416,6 +460,16 @@ type scanWalker struct {
 	// onDir, if not nil, is called with every checkpoint directory and nested sub-directory
 	// (relative to root, slash-separated) before it is read.
 	onDir func(rel string)
+	// refused, if not nil, counts what walkDir skips with an error (top sets it).
+	refused *scanRefused
+}
+
+// refuse counts the path rel of a checkpoint directory, skipped because of err, if a count is
+// kept.
+func (s *scanWalker) refuse(rel string, err error) {
+	if s.refused != nil {
+		s.refused.add(rel, err)
+	}
 }
 
 // usable reports whether the regular file at rel (relative to root, slash-separated), which
@@ -474,7 +528,13 @@ func (s *scanWalker) top(name string) (scanFound, bool) {
 	case fi.IsDir():
 		f := scanFound{name: name}
 		var files []scanFile
+		var refused scanRefused
+		s.refused = &refused
 		f.err = s.walkDir(s.root, name, fi, name, "", &files)
+		s.refused = nil
+		if err := refused.error(name); err != nil {
+			f.err = errors.Join(err, f.err)
+		}
 		for _, sf := range files {
 			if sf.Path == s.marker {
 				f.marker = sf.info
@@ -533,6 +593,9 @@ func (s *scanWalker) walkDir(parent *os.Root, base string, want fs.FileInfo, ckp
 		p := path.Join(sub, name)
 		if err := ValidPath(p); err != nil {
 			s.skip(ckpt+"/"+p, "", err)
+			if p != MetaDir { // spotguard's own (a commit copied with awscli), not the trainer's
+				s.refuse(p, err)
+			}
 			continue
 		}
 		fi, err := d.Lstat(name)
@@ -545,6 +608,8 @@ func (s *scanWalker) walkDir(parent *os.Root, base string, want fs.FileInfo, ckp
 		case fi.Mode().IsRegular():
 			if s.usable(ckpt+"/"+p, fi) {
 				*files = append(*files, newScanFile(p, fi))
+			} else {
+				s.refuse(p, s.owner.check(fi))
 			}
 		default:
 			s.skip(ckpt+"/"+p, scanKind(fi.Mode()), nil)

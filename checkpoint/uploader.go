@@ -109,6 +109,10 @@ const (
 	// as it is (Err: two instances with one rank, parts disagreeing, other parts in the job
 	// manifest another agent wrote), or its other parts did not come within part_wait.
 	JobCheckpointFailed
+	// CheckpointWithheld: its marker is there, but it is not complete, and is not committed
+	// until that is fixed: part of it could not be read, or a file of it cannot be stored
+	// (ErrNotStorable; Err says which). At is the marker's modification time.
+	CheckpointWithheld
 )
 
 // UploadEvent reports progress of one checkpoint.
@@ -314,9 +318,9 @@ type generation struct {
 	strays []string
 	// vanished are files that left the checkpoint after its marker (fileVanished).
 	vanished []string
-	// refused are the versions of files that cannot be uploaded (errUnusable), left out of the
-	// checkpoint until they change.
-	refused map[string]FileID
+	// refused are the versions of files that cannot be uploaded (errUnusable): while one is
+	// there as it was, the checkpoint is not committed (ErrNotStorable).
+	refused map[string]refusal
 	// growing are the files being sent while they are written (fileGrowing), until their
 	// upload takes them over (goUpload) or they are stopped (stopGrowing).
 	growing  map[string]*growingFile
@@ -327,6 +331,12 @@ type generation struct {
 	uploadStart time.Time
 	uploadBusy  time.Duration
 	sent        int64
+}
+
+// refusal is a version of a file that cannot be uploaded, and why (errUnusable).
+type refusal struct {
+	id  FileID
+	err error
 }
 
 // fileState is one file of a generation.
@@ -1436,6 +1446,7 @@ func (u *Uploader) handleWatch(ctx context.Context, ev WatchEvent) {
 		if g == nil || g.state == genCommitted || g.state == genAbandoned {
 			return
 		}
+		delete(g.refused, ev.Path)
 		u.stopGrowing(g, ev.Path)
 		f := g.files[ev.Path]
 		if f != nil && g.sealed {
@@ -1450,6 +1461,18 @@ func (u *Uploader) handleWatch(ctx context.Context, ev WatchEvent) {
 			u.markerGone(g)
 		}
 		u.markDirty(g)
+	case Withheld:
+		if !u.lastSignal.IsZero() && !ev.At.Before(u.lastSignal) {
+			u.signalAnswered = true // the trainer saved; what it saved cannot be committed
+		}
+		if g := u.gens[ev.Checkpoint]; g != nil && g.complete && g.state != genCommitted && g.state != genAbandoned {
+			u.markerGone(g) // its marker no longer vouches for it
+			u.markDirty(g)
+		}
+		if n := len(u.known); n > 0 && u.known[n-1].order.At.After(ev.ModTime) {
+			return // an old save left behind, older than a commit: the watcher's error says it
+		}
+		u.emit(UploadEvent{Kind: CheckpointWithheld, Checkpoint: ev.Checkpoint, At: ev.ModTime, Err: ev.Err})
 	case Removed:
 		delete(u.resume, ev.Checkpoint)
 		delete(u.stale, ev.Checkpoint)
@@ -1485,8 +1508,8 @@ func (u *Uploader) fileReady(ev WatchEvent) {
 		g = u.nextGen(g)
 		f = g.files[ev.Path]
 	}
-	if id, ok := g.refused[ev.Path]; ok {
-		if id.Same(ev.ID) {
+	if why, ok := g.refused[ev.Path]; ok {
+		if why.id.Same(ev.ID) {
 			return // refused already, and said so
 		}
 		delete(g.refused, ev.Path)
@@ -2234,11 +2257,12 @@ func (u *Uploader) handleResult(ctx context.Context, r fileResult) {
 			u.fileVanished(g, r.rel, f)
 			return
 		case errors.Is(r.err, errUnusable):
-			log.Warn().Err(r.err).Msg("file skipped: the checkpoint is committed without it")
+			log.Error().Err(r.err).Str("fix", notStorableFix).
+				Msg("file cannot be stored: its checkpoint is not committed while the file is there as it is")
 			if g.refused == nil {
-				g.refused = map[string]FileID{}
+				g.refused = map[string]refusal{}
 			}
-			g.refused[r.rel] = f.id // the commit's scan finds it again: not a change
+			g.refused[r.rel] = refusal{id: f.id, err: r.err} // the commit's scan finds it again
 			if errors.Is(r.err, errKeyTooLong) {
 				f.key = "" // nothing can be stored there: not a stray to delete
 			}
@@ -2503,6 +2527,10 @@ func (u *Uploader) handleCommit(ctx context.Context, r commitResult) {
 			u.reopen(g, r.rewritten)
 		}
 		u.markDirty(g)
+	case errors.Is(r.notComplete, ErrNotStorable):
+		log.Error().Err(r.notComplete).Msg("checkpoint not committed: a file of it cannot be stored; waiting for its marker to be written again")
+		g.complete = false
+		u.emit(UploadEvent{Kind: CheckpointWithheld, Checkpoint: g.name, At: g.completeSeen, Err: r.notComplete})
 	case r.notComplete != nil:
 		log.Warn().Err(r.notComplete).Msg("checkpoint is no longer complete on disk; waiting for its marker")
 		g.complete = false

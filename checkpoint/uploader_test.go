@@ -1050,9 +1050,11 @@ func TestUploaderTwoAgentsOneJob(t *testing.T) {
 }
 
 // A hard link in a checkpoint to a file that is not the trainer's (the agent may read what the
-// trainer could not) is not uploaded; the checkpoint commits without it (case 12). A checkpoint
-// made of the trainer's own files linked (cp -al of the one before, a new file in place of one)
-// is committed whole: its files were left out, and the newest commit lacked its shards.
+// trainer could not) is never uploaded (case 12), and the checkpoint is not committed without
+// it, which would present a torn checkpoint as complete: it is withheld, saying which file, until
+// the link goes. A checkpoint made of the trainer's own files linked (cp -al of the one before,
+// a new file in place of one) is committed whole: its files were left out, and the newest
+// commit lacked its shards.
 func TestUploaderSkipsHardLinks(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root: the checkpoint directory must belong to another user than the secret")
@@ -1091,17 +1093,28 @@ func TestUploaderSkipsHardLinks(t *testing.T) {
 		t.Fatal(err)
 	}
 	chown(filepath.Join(dir, "step-1", "_COMPLETE"))
-	ev := r.waitCommitted("step-1")
-	for _, f := range ev.Manifest.Files {
-		if f.Path == "linked" {
-			t.Fatalf("the hard link was committed: %+v", ev.Manifest.Files)
-		}
+	ev := r.waitEvent(CheckpointWithheld, "step-1")
+	if !errors.Is(ev.Err, ErrNotStorable) || !strings.Contains(ev.Err.Error(), "step-1/linked") {
+		t.Errorf("withheld for %v; want ErrNotStorable naming step-1/linked", ev.Err)
 	}
 	objs, _ := store.List(t.Context(), "job/")
 	for _, o := range objs {
-		if strings.HasSuffix(o.Key, "/linked") {
-			t.Errorf("the hard link was uploaded to %s", o.Key)
+		if strings.HasSuffix(o.Key, "/linked") || strings.HasSuffix(o.Key, "manifest.json") {
+			t.Errorf("%s is in the store while the checkpoint is withheld", o.Key)
 		}
+	}
+	// The link deleted, the checkpoint is complete as it is now, without waiting for its marker
+	// to be written again.
+	if err := os.Remove(filepath.Join(dir, "step-1", "linked")); err != nil {
+		t.Fatal(err)
+	}
+	ev = r.waitCommitted("step-1")
+	var paths1 []string
+	for _, f := range ev.Manifest.Files {
+		paths1 = append(paths1, f.Path)
+	}
+	if want := []string{"_COMPLETE", "w", "x"}; !slices.Equal(paths1, want) {
+		t.Errorf("step-1 committed with %v; want %v", paths1, want)
 	}
 
 	// cp -al step-1 step-2, then x written anew and a new marker.
@@ -1451,10 +1464,11 @@ func TestUploaderSendsASingleFileOnce(t *testing.T) {
 	}
 }
 
-// A file whose key is longer than the store accepts (S3: 1024 bytes) is skipped with a warning
-// naming it, and the checkpoint is committed without it: retrying cannot make the key fit, and
-// the agent used to retry it for ever, so the checkpoint was never committed.
-func TestUploaderSkipsAFileWhoseKeyIsTooLong(t *testing.T) {
+// A file whose key is longer than the store accepts (S3: 1024 bytes) is not retried (retrying
+// cannot make the key fit, and the agent used to retry it for ever), and its checkpoint is not
+// committed without it, which would present a torn checkpoint as complete: it is withheld, with an
+// error naming the file, until the file has another name and the marker is written again.
+func TestUploaderWithholdsACheckpointWithAKeyTooLong(t *testing.T) {
 	dir := t.TempDir()
 	store := newMemStore()
 	store.maxKey = 200
@@ -1469,16 +1483,31 @@ func TestUploaderSkipsAFileWhoseKeyIsTooLong(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	ev := r.waitCommitted("step-1")
+	ev := r.waitEvent(CheckpointWithheld, "step-1")
+	if !errors.Is(ev.Err, ErrNotStorable) || !strings.Contains(ev.Err.Error(), "shard.bin") || !strings.Contains(ev.Err.Error(), "key too long") {
+		t.Errorf("withheld for %v; want ErrNotStorable naming shard.bin and its key too long", ev.Err)
+	}
+	if logs := r.logs.String(); !strings.Contains(logs, `"level":"error"`) || !strings.Contains(logs, "checkpoint not committed: a file of it cannot be stored") {
+		t.Errorf("no error says the checkpoint is not committed:\n%s", logs)
+	}
+	if _, _, err := store.GetBytes(t.Context(), "job/LATEST"); err == nil {
+		t.Error("LATEST was written while the checkpoint was withheld")
+	}
+	// The trainer moves the file up and writes the marker again: the checkpoint is committed
+	// whole.
+	if err := os.Rename(filepath.Join(dir, "step-1", filepath.FromSlash(deep)), filepath.Join(dir, "step-1", "shard.bin")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "step-1", "_COMPLETE"), []byte("again"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	ev = r.waitCommitted("step-1")
 	var got []string
 	for _, f := range ev.Manifest.Files {
 		got = append(got, f.Path)
 	}
-	if want := []string{"_COMPLETE", "model.bin"}; !slices.Equal(got, want) {
+	if want := []string{"_COMPLETE", "model.bin", "shard.bin"}; !slices.Equal(got, want) {
 		t.Errorf("committed %q, want %q", got, want)
-	}
-	if logs := r.logs.String(); !strings.Contains(logs, "shard.bin") || !strings.Contains(logs, "key too long") {
-		t.Errorf("no warning names the file and its too long key:\n%s", logs)
 	}
 }
 

@@ -105,6 +105,11 @@ const (
 	// FileReady follows once it is closed, unless it goes (FileGone). Size and ID are as Lstat
 	// saw it; the file is not ready, and what it holds may still change anywhere.
 	FileGrowing
+	// Withheld: the marker of a checkpoint directory is there, but its Complete is withheld:
+	// part of it could not be read, or a name or file in it cannot be stored (Err says which;
+	// ErrNotStorable). Size, ModTime and ID are the marker's. It comes again only with another
+	// reason; the Complete follows once the trouble is fixed.
+	Withheld
 )
 
 // String returns the kind's name.
@@ -120,6 +125,8 @@ func (k WatchEventKind) String() string {
 		return "FileGone"
 	case FileGrowing:
 		return "FileGrowing"
+	case Withheld:
+		return "Withheld"
 	default:
 		return fmt.Sprintf("WatchEventKind(%d)", int(k))
 	}
@@ -158,6 +165,8 @@ type WatchEvent struct {
 	// across checkpoints can take them all before it begins any. A read sends the checkpoints
 	// it found oldest first, by their latest change time (see Run).
 	More bool
+	// Err is, for Withheld, why the checkpoint is not complete.
+	Err error
 }
 
 // Watcher watches a checkpoint directory with fsnotify and reports checkpoint files as they
@@ -259,8 +268,11 @@ func NewWatcher(cfg WatchConfig) (*Watcher, error) {
 //     again at once, a FileGone is sent for each file reported before that is no longer there
 //     (or may no longer be reported), a FileReady for each of its files not yet reported as it
 //     is now, without waiting for the debounce, then Complete. If part of it cannot be read,
-//     Complete is withheld (Error log line) until the marker changes again, a new directory
-//     appears in the checkpoint, or a rescan.
+//     or a name or regular file in it is skipped with an error (ErrNotStorable: committed
+//     without it, the checkpoint would be torn), Complete is withheld (Error log line and a
+//     Withheld event, once for each reason) until the marker changes again, a new directory
+//     appears in the checkpoint, something in it changes (it is read again at the next poll),
+//     or a rescan.
 //   - FileReady then Complete for a single-file checkpoint (a regular file at the top of Dir
 //     matching Pattern) once it has been quiet for Debounce, and again each time it changes.
 //   - FileGone when a file of a checkpoint directory that had a FileReady is removed or renamed
@@ -383,6 +395,10 @@ type watchCkpt struct {
 	marker   FileID
 	// inPlace: a single file seen being written under its own name (warned once).
 	inPlace bool
+	// withheld is the error its Complete was last withheld for (Withheld), "" if none; retry:
+	// something in it changed since, so the next tick reads it again to try the Complete.
+	withheld string
+	retry    bool
 }
 
 // watchNode is what a watchRun keeps about one path below Dir: a file it reported, a
@@ -519,6 +535,14 @@ func (r *watchRun) tick() {
 		return
 	}
 	r.poll()
+	for _, name := range slices.Sorted(maps.Keys(r.ckpts)) {
+		if c := r.ckpts[name]; c.retry {
+			c.retry = false
+			if !c.complete && c.withheld != "" {
+				r.refresh(name, c)
+			}
+		}
+	}
 }
 
 // dirStillThere reports whether Dir's path still leads to the directory the run opened. It does
@@ -1089,8 +1113,13 @@ func (r *watchRun) rescan() error {
 		c := &watchCkpt{single: f.single}
 		r.ckpts[f.name] = c
 		switch {
+		case f.err != nil && f.marker != nil:
+			if old != nil {
+				c.withheld = old.withheld
+			}
+			r.notComplete(c, f)
 		case f.err != nil:
-			r.log.Error().Err(f.err).Str("checkpoint", f.name).Msg("checkpoint directory could not be read in full; not complete")
+			r.log.Error().Err(f.err).Str("checkpoint", f.name).Msg(notReadMsg(f.err))
 		case old != nil && !f.single:
 			r.goneSince(f)
 			if old.complete && f.marker == nil {
@@ -1135,7 +1164,7 @@ func (r *watchRun) emitFound(c *watchCkpt, f scanFound, onlyChanged bool) {
 	if !f.complete() || (f.single && waits(f.marker)) {
 		return
 	}
-	c.complete, c.marker = true, FileIDOf(f.marker)
+	c.complete, c.marker, c.withheld = true, FileIDOf(f.marker), ""
 	markerPath := r.marker
 	if f.single {
 		markerPath = f.name
@@ -1227,6 +1256,14 @@ func (r *watchRun) handle(ev fsnotify.Event) {
 		}
 		return
 	}
+	if name, _, nested := strings.Cut(rel, "/"); nested {
+		if c := r.ckpts[name]; c != nil && c.withheld != "" {
+			// Whatever changed may be what kept it from being complete (a chmod, a file
+			// deleted or renamed): read it again at the next tick, once for any number of
+			// events (chmod -R).
+			c.retry = true
+		}
+	}
 	if ev.Has(fsnotify.Remove) || ev.Has(fsnotify.Rename) {
 		r.gone(rel, ev.Has(fsnotify.Rename) && !ev.Has(fsnotify.Remove))
 	}
@@ -1301,8 +1338,11 @@ func (r *watchRun) gone(rel string, moved bool) {
 	case c.single:
 	default:
 		r.drop(rel, true)
-		if sub == r.marker && c.complete {
-			r.markerGone(name, c)
+		if sub == r.marker {
+			c.withheld = "" // the next marker's trouble, if any, is said again
+			if c.complete {
+				r.markerGone(name, c)
+			}
 		}
 	}
 }
@@ -1439,12 +1479,35 @@ func (r *watchRun) refresh(name string, c *watchCkpt) {
 			r.emitFound(c, f, true)
 			return
 		}
-		r.log.Error().Err(f.err).Str("checkpoint", name).
-			Msg("marker is there but the checkpoint directory could not be read in full; not complete")
+		r.notComplete(c, f)
 	} else if f.err != nil {
-		r.log.Error().Err(f.err).Str("checkpoint", name).Msg("checkpoint directory could not be read in full")
+		r.log.Error().Err(f.err).Str("checkpoint", name).Msg(notReadMsg(f.err))
 	}
 	r.touchNew(name, f.files)
+}
+
+// notComplete logs and sends the Withheld of the checkpoint directory f (c), read in full or
+// not, whose marker is there while f.err keeps it from being complete: once for each reason.
+func (r *watchRun) notComplete(c *watchCkpt, f scanFound) {
+	if c.withheld == f.err.Error() {
+		return
+	}
+	c.withheld = f.err.Error()
+	msg := "marker is there but the checkpoint directory could not be read in full; not complete"
+	if errors.Is(f.err, ErrNotStorable) {
+		msg = "marker is there but a file of the checkpoint cannot be stored; not complete, and never committed without it"
+	}
+	r.log.Error().Err(f.err).Str("checkpoint", f.name).Msg(msg)
+	r.emit(WatchEvent{Kind: Withheld, Checkpoint: f.name, Path: r.marker, Size: f.marker.Size(), ModTime: f.marker.ModTime(),
+		ID: FileIDOf(f.marker), Err: f.err})
+}
+
+// notReadMsg is the log message for the error err of a checkpoint directory without its marker.
+func notReadMsg(err error) string {
+	if errors.Is(err, ErrNotStorable) {
+		return "a file of the checkpoint directory cannot be stored; it is not complete until that is fixed"
+	}
+	return "checkpoint directory could not be read in full"
 }
 
 // refreshDir reads the new sub-directory rel of the checkpoint directory name (Lstat saw it

@@ -3,6 +3,7 @@
 package checkpoint
 
 import (
+	"errors"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -169,10 +170,17 @@ func TestHardLinksAreSkipped(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if got, want := skipNames(list), []string{"step-1 complete=true", "step-1/a.bin", "step-1/sub/b.bin", "step-1/twin-1.bin", "step-1/twin-2.bin"}; !slices.Equal(got, want) {
+		// Not complete: committed without the link, it would be a torn checkpoint.
+		if got, want := skipNames(list), []string{"step-1 complete=false", "step-1/a.bin", "step-1/sub/b.bin", "step-1/twin-1.bin", "step-1/twin-2.bin"}; !slices.Equal(got, want) {
 			t.Errorf("Scan() = %v; want %v", got, want)
 		}
 		skipCheckLines(t, logs, errScanHardLink, filepath.Join(ck, "sub", "secret.bin"), filepath.Join(dir, "model.pt"))
+		if err := os.Remove(filepath.Join(ck, "sub", "secret.bin")); err != nil {
+			t.Fatal(err)
+		}
+		if list, _ := Scan(dir, "", "*.pt", zerolog.Nop()); !slices.Contains(skipNames(list), "step-1 complete=true") {
+			t.Errorf("Scan() after the link is gone = %v; want step-1 complete", skipNames(list))
+		}
 	})
 	t.Run("watcher", func(t *testing.T) {
 		dir := t.TempDir()
@@ -182,7 +190,14 @@ func TestHardLinksAreSkipped(t *testing.T) {
 		scanWrite(t, filepath.Join(ck1, "_COMPLETE"), "")
 		own(t, dir, ck1, filepath.Join(ck1, "a.bin"), filepath.Join(ck1, "_COMPLETE"))
 		h, evs := watchStart(t, dir, WatchConfig{})
-		watchCheckReady(t, dir, "step-1", "_COMPLETE", evs, "a.bin")
+		// Withheld, naming the link, and complete once it is gone.
+		if len(evs) == 0 || evs[0].Kind != Withheld || !errors.Is(evs[0].Err, ErrNotStorable) || !strings.Contains(evs[0].Err.Error(), "step-1/secret.bin") {
+			t.Errorf("events at start = %s; want Withheld step-1 first, naming step-1/secret.bin", watchFormat(evs))
+		}
+		if err := os.Remove(filepath.Join(ck1, "secret.bin")); err != nil {
+			t.Fatal(err)
+		}
+		h.untilComplete("step-1")
 
 		// After the start: a link to the secret is skipped; the trainer's own file with a second
 		// name is reported under both.
@@ -200,7 +215,11 @@ func TestHardLinksAreSkipped(t *testing.T) {
 		if err := os.Rename(filepath.Join(ck2, ".marker.tmp"), filepath.Join(ck2, "_COMPLETE")); err != nil {
 			t.Fatal(err)
 		}
-		evs = h.untilComplete("step-2")
+		evs = h.until("Withheld step-2", func(ev WatchEvent) bool { return ev.Kind == Withheld && ev.Checkpoint == "step-2" })
+		if err := os.Remove(filepath.Join(ck2, "secret.bin")); err != nil {
+			t.Fatal(err)
+		}
+		evs = append(evs, h.untilComplete("step-2")...)
 		ready := map[string]bool{}
 		for _, ev := range evs {
 			if ev.Kind == FileReady {
@@ -314,10 +333,26 @@ func TestFilesTheOwnerCannotReadAreSkipped(t *testing.T) {
 			t.Errorf("events = %s; want FileReady for %v", watchFormat(evs), readable)
 		}
 		scanWrite(t, filepath.Join(ck, "_COMPLETE"), "")
-		if evs := h.untilComplete("step-1"); len(evs) != 1 {
-			t.Errorf("events = %s; want Complete step-1", watchFormat(evs))
+		// Not complete while they are there: committed without them, it would be torn.
+		evs = h.until("Withheld step-1", func(ev WatchEvent) bool { return ev.Kind == Withheld })
+		if len(evs) != 1 || evs[0].Checkpoint != "step-1" || !errors.Is(evs[0].Err, ErrNotStorable) {
+			t.Errorf("events = %s (%v); want Withheld step-1, ErrNotStorable", watchFormat(evs), evs[len(evs)-1].Err)
+		}
+		if rest := h.barrier(); len(rest) != 0 {
+			t.Errorf("events after Withheld: %s", watchFormat(rest))
 		}
 		skipCheckLines(t, h.logs, errScanUnreadable, unreadable...)
+		// Made readable (chmod), they are reported, then the checkpoint is complete, without its
+		// marker written again.
+		for _, p := range unreadable {
+			if err := os.Chmod(p, 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+		evs = h.untilComplete("step-1")
+		if got := skipReady(evs); len(got) != len(unreadable) {
+			t.Errorf("events = %s; want a FileReady for each of %v, then Complete", watchFormat(evs), unreadable)
+		}
 
 		// A file made unreadable after its FileReady is taken back (its chmod is an event).
 		if err := os.Chmod(filepath.Join(ck, "own.bin"), 0o200); err != nil {
