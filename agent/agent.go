@@ -101,6 +101,10 @@ type Agent struct {
 	jobProblem *checkpoint.UploadEvent
 	// newestJobAt is the completion of the newest job checkpoint committed (multi-node).
 	newestJobAt time.Time
+	// withheld is the newest checkpoint whose marker is there but which cannot be committed
+	// (CheckpointWithheld: a file of it cannot be stored, or part of it cannot be read), until
+	// it or a checkpoint completed after it commits: /healthz is 503 meanwhile.
+	withheld *checkpoint.UploadEvent
 	// needRestart are the keys the last reload could not apply (their running values stay);
 	// reloadedAt is when it was.
 	needRestart []string

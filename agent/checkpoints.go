@@ -87,6 +87,11 @@ func (a *Agent) onUpload(ev checkpoint.UploadEvent) {
 		if m.Part == nil { // a node's part is not the job's checkpoint: JobCheckpointCommitted
 			a.noteNewest(m)
 		}
+		a.mu.Lock()
+		if w := a.withheld; w != nil && (m.Checkpoint == w.Checkpoint || !m.Order().At.Before(w.At)) {
+			a.withheld = nil
+		}
+		a.mu.Unlock()
 		if ev.Throughput > 0 {
 			a.metrics.uploadBytes.Add(float64(m.TotalBytes))
 			a.metrics.uploadEarly.Add(float64(ev.SentWhileWritten))
@@ -99,6 +104,14 @@ func (a *Agent) onUpload(ev checkpoint.UploadEvent) {
 		}
 	case checkpoint.CheckpointFailed:
 		a.metrics.commitFailures.Inc()
+	case checkpoint.CheckpointWithheld:
+		a.metrics.withheld.Inc()
+		a.mu.Lock()
+		// One older than the newest commit is an error of its own (logged), not trouble now.
+		if a.newestName == "" || a.newestOrder.At.Before(ev.At) {
+			a.withheld = &ev
+		}
+		a.mu.Unlock()
 	case checkpoint.JobCheckpointCommitted:
 		writer := "this"
 		if ev.Already {

@@ -103,6 +103,7 @@ func (a *Agent) health(now time.Time) healthVerdict {
 	a.mu.Lock()
 	pending := strings.Join(a.needRestart, ", ")
 	jobProblem := a.jobProblem
+	withheld := a.withheld
 	refused := a.reloadRefused
 	a.mu.Unlock()
 	if refused != "" {
@@ -114,12 +115,25 @@ func (a *Agent) health(now time.Time) healthVerdict {
 			jobProblem.Checkpoint, jobProblem.At.UTC().Format(time.RFC3339), jobProblem.Err),
 			"job checkpoint "+jobProblem.Checkpoint+" not committed")
 	}
+	if withheld != nil {
+		v.reason(fmt.Sprintf("checkpoint %s has its marker (%s) but is not committed: %v; healthy again once it or a checkpoint completed after it commits",
+			withheld.Checkpoint, withheld.At.UTC().Format(time.RFC3339), withheld.Err),
+			"checkpoint "+withheld.Checkpoint+" not committed: "+withheldWhy(withheld.Err))
+	}
 	if pending != "" {
 		v.warn("the configuration file changes "+pending+", which only a restart applies (systemctl restart spotguard); the running values stay until then",
 			"restart to apply "+pending)
 	}
 	v.Healthy = len(v.Reasons) == 0
 	return v
+}
+
+// withheldWhy says in a few words why a checkpoint was withheld (checkpoint.CheckpointWithheld).
+func withheldWhy(err error) string {
+	if errors.Is(err, checkpoint.ErrNotStorable) {
+		return "a file cannot be stored"
+	}
+	return "part cannot be read"
 }
 
 // shortStoreError is the S3 error code, or the classified reason, of err: a word or two.

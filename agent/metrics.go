@@ -28,6 +28,7 @@ type promMetrics struct {
 
 	committed        *prometheus.CounterVec
 	commitFailures   prometheus.Counter
+	withheld         prometheus.Counter
 	jobCommitted     *prometheus.CounterVec
 	jobFailures      prometheus.Counter
 	uploadBytes      prometheus.Counter
@@ -98,6 +99,10 @@ func newMetrics(reg prometheus.Registerer, stats func() imds.Stats) *promMetrics
 		Name: "spotguard_checkpoint_commit_failures_total",
 		Help: "Failed attempts to commit a checkpoint (it is retried).",
 	})
+	m.withheld = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "spotguard_checkpoints_withheld_total",
+		Help: "Times a checkpoint whose marker is there was not committed because a file of it cannot be stored or part of it cannot be read.",
+	})
 	m.uploadBytes = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "spotguard_checkpoint_upload_bytes_total",
 		Help: "Bytes of committed checkpoints uploaded by this agent.",
@@ -145,7 +150,7 @@ func newMetrics(reg prometheus.Registerer, stats func() imds.Stats) *promMetrics
 		Name: "spotguard_job_checkpoint_failures_total",
 		Help: "Multi-node jobs: attempts to complete a job checkpoint that failed for good reasons (a conflict between nodes, other parts in the job manifest, parts missing after store.part_wait).",
 	})
-	reg.MustRegister(m.committed, m.commitFailures, m.jobCommitted, m.jobFailures, m.uploadBytes, m.uploadEarly, m.uploadSeconds, m.uploadThroughput,
+	reg.MustRegister(m.committed, m.commitFailures, m.withheld, m.jobCommitted, m.jobFailures, m.uploadBytes, m.uploadEarly, m.uploadSeconds, m.uploadThroughput,
 		m.forecast, m.newestCommitted, m.writeSeconds, m.timeToDurable, m.deadlineMargin)
 	reg.MustRegister(m.notices, m.signals, m.discoveryProblems, m.signalLatency, m.trainerProcesses,
 		m.trainerUncaught, m.syncRequests, m.reloads, m.noticeDeadlineLeft, m.checkpointMissing)

@@ -320,6 +320,56 @@ func TestJobProblemEndsWithANewerJobCheckpoint(t *testing.T) {
 	}
 }
 
+// A checkpoint whose marker is there but which cannot be committed (a file that cannot be
+// stored) is a /healthz 503 and counted, until it or a checkpoint completed after it commits;
+// one older than the newest commit is not trouble now.
+func TestWithheldCheckpointIsUnhealthyUntilALaterCommit(t *testing.T) {
+	cfg := mustLoad(t, LoadOptions{Environ: []string{"SPOTGUARD_HTTP_LISTEN=", "SPOTGUARD_TRAINER_MATCH=train",
+		"SPOTGUARD_AGENT_RUNTIME_DIR=" + t.TempDir()}})
+	a, err := New(cfg, Deps{Logger: zerolog.Nop(), IMDS: newFakeIMDS()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t0 := time.Now().Add(-10 * time.Minute)
+	commit := func(name string, at time.Time) {
+		a.onUpload(checkpoint.UploadEvent{Kind: checkpoint.CheckpointCommitted, Checkpoint: name, At: time.Now(),
+			Manifest: &checkpoint.Manifest{Checkpoint: name, Commit: "c-" + name, Trigger: "periodic", CommittedAt: time.Now(),
+				Timings: checkpoint.Timings{CompleteAt: &at}}})
+	}
+	withheld := func() bool {
+		return slices.ContainsFunc(a.health(time.Now()).Reasons, func(r string) bool {
+			return strings.Contains(r, "checkpoint step-200 has its marker") && strings.Contains(r, "optimizer.pt")
+		})
+	}
+	commit("step-100", t0)
+	ev := checkpoint.UploadEvent{Kind: checkpoint.CheckpointWithheld, Checkpoint: "step-200", At: t0.Add(time.Minute),
+		Err: fmt.Errorf("%w: step-200/optimizer.pt: the owner could not read it", checkpoint.ErrNotStorable)}
+	a.onUpload(ev)
+	if !withheld() {
+		t.Fatalf("a withheld checkpoint is not a /healthz reason: %v", a.health(time.Now()).Reasons)
+	}
+	if v := a.health(time.Now()); v.Healthy || !slices.Contains(v.short, "checkpoint step-200 not committed: a file cannot be stored") {
+		t.Errorf("health %+v; want unhealthy, saying a file of step-200 cannot be stored", v)
+	}
+	if !strings.Contains(scrape(t, a), "spotguard_checkpoints_withheld_total 1") {
+		t.Error("spotguard_checkpoints_withheld_total is not 1")
+	}
+	commit("step-150", t0.Add(30*time.Second)) // older than step-200: the trouble stays
+	if !withheld() {
+		t.Error("healthy again after an older checkpoint committed")
+	}
+	commit("step-300", t0.Add(2*time.Minute))
+	if withheld() {
+		t.Error("still unhealthy after a later checkpoint committed")
+	}
+	ev.Checkpoint = "step-50" // an old one found withheld (a rescan): not trouble now
+	ev.At = t0.Add(-time.Minute)
+	a.onUpload(ev)
+	if v := a.health(time.Now()); !v.Healthy && slices.ContainsFunc(v.Reasons, func(r string) bool { return strings.Contains(r, "step-50") }) {
+		t.Errorf("a checkpoint older than the newest commit, withheld, made the agent unhealthy: %v", v.Reasons)
+	}
+}
+
 // The STATUS line names a notice in force after its checkpoint committed (it said "watching"
 // with a reclaim on its way), and a deadline that passed as passed (it said "deadline in -9 s").
 // (Found from outside.)
