@@ -263,6 +263,7 @@ func restoreOnce(ctx context.Context, s Store, opts RestoreOptions, conc int, ru
 		return failCP(fmt.Errorf("open destination: %w", err))
 	}
 	defer func() { _ = to.Close() }() // a directory handle: nothing to flush
+	run.owner = restoreOwnerOf(to)
 
 	done := func(already bool) (RestoreResult, *Manifest, error) {
 		res.AlreadyPresent = already
@@ -720,6 +721,7 @@ func restoreStage(ctx context.Context, s Store, to *os.Root, m *Manifest, conc i
 		}
 		release()
 	}()
+	run.chown(to, name)
 	stage, err := to.OpenRoot(name)
 	if err != nil {
 		return "", nil, fmt.Errorf("open staging directory: %w", err)
@@ -733,6 +735,7 @@ func restoreStage(ctx context.Context, s Store, to *os.Root, m *Manifest, conc i
 		if err := stage.MkdirAll(filepath.FromSlash(d), 0o755); err != nil {
 			return "", nil, fmt.Errorf("create directory %q: %w", d, err)
 		}
+		run.chown(stage, filepath.FromSlash(d))
 	}
 
 	var prog *restoreProgress
@@ -951,6 +954,10 @@ func restoreFile(ctx context.Context, s Store, stage *os.Root, key string, f Fil
 	if err := out.Chmod(f.Perm()); err != nil {
 		return fmt.Errorf("set mode of file %q: %w", f.Path, err)
 	}
+	// After the mode (permission bits only: a chown would clear no set-id bit), which a root
+	// without CAP_FOWNER, as in the spotguard-restore unit, can no longer set once it is not
+	// the file's owner.
+	run.chown(stage, filepath.FromSlash(f.Path))
 	if err := out.Close(); err != nil {
 		return fmt.Errorf("close file %q: %w", f.Path, err)
 	}
@@ -965,10 +972,58 @@ const restoreChecksumTries = 2
 // through (retry).
 type restoreRun struct {
 	log zerolog.Logger
+	// owner, if not nil, is whom the files and directories the restore writes are made to
+	// belong to (restoreOwnerOf).
+	owner *restoreOwner
 
 	mu           sync.Mutex // guards the log's writes and what follows
 	failing      int        // reads that failed and are being retried
 	failingSince time.Time  // when failing last went from 0 to 1
+}
+
+// restoreOwner is a user and group that a restore makes what it writes belong to.
+type restoreOwner struct {
+	uid, gid int
+	failed   bool // a chown failed, and was logged: the rest are not tried
+}
+
+// restoreOwnerOf returns the owner of the destination to when the restore runs as root and to
+// belongs to another user (the trainer's checkpoint.dir): a restore as root (the
+// spotguard-restore unit) then makes the files and directories it writes belong to that user
+// and group, as if the trainer had written them. The trainer can then read the files it saved
+// as 0600 (tempfile.mkstemp) and delete the checkpoints it rotates away, and the agent, which
+// never uploads what the owner of checkpoint.dir could not read, finds the restored checkpoint
+// whole. It returns nil otherwise: what is written belongs to this user.
+func restoreOwnerOf(to *os.Root) *restoreOwner {
+	if os.Geteuid() != 0 {
+		return nil
+	}
+	fi, err := to.Stat(".")
+	if err != nil {
+		return nil
+	}
+	st, ok := fileStat(fi)
+	if !ok || st.uid == 0 {
+		return nil
+	}
+	return &restoreOwner{uid: int(st.uid), gid: int(st.gid)}
+}
+
+// chown makes name in root belong to r.owner, if there is one. A failure (a file system that
+// refuses it, such as NFS squashing root) is logged once and leaves what follows as it is: the
+// checkpoint is still restored, belonging to root.
+func (r *restoreRun) chown(root *os.Root, name string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	o := r.owner
+	if o == nil || o.failed {
+		return
+	}
+	if err := root.Lchown(name, o.uid, o.gid); err != nil {
+		o.failed = true
+		r.log.Warn().Err(err).Int("uid", o.uid).Int("gid", o.gid).
+			Msg("cannot give the restored files to the owner of the destination; they belong to root, and a trainer of that user may not read or delete them")
+	}
 }
 
 // warn has fn write to the log, alone.

@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -97,4 +98,91 @@ func TestFileTheOwnerCannotReadWithholdsTheCheckpoint(t *testing.T) {
 	to := t.TempDir()
 	ts.restore(t, job, to)
 	sameTree(t, filepath.Join(dir, "step-2"), filepath.Join(to, "step-2"))
+}
+
+// The trainer's user owns checkpoint.dir and saves a file as 0600 (tempfile.mkstemp); on the next
+// instance `spotguard restore` runs as root (the spotguard-restore unit) into that user's
+// checkpoint.dir. The restored files belong to that user, so the trainer can read the 0600 file
+// and delete what it rotates away, and the agent there finds the checkpoint committed already:
+// nothing is sent, no new commit. (Found from outside: the files were root's, the trainer could
+// not read optimizer.pt, and the agent committed the restored checkpoint again without it, as
+// the newest commit, which LATEST then named.)
+func TestRestoreAsRootIntoTheTrainersDirIsAdopted(t *testing.T) {
+	needPeers(t)
+	if os.Geteuid() != 0 {
+		if os.Getenv("CI") != "" {
+			t.Fatal("this test needs root, to restore as root into another user's directory (CI runs as root)")
+		}
+		t.Skip("needs root, to restore as root into another user's directory")
+	}
+	const trainer = 65534
+	ts := newS3TestStore(startS3(t), "owner")
+	const job = "restore-owner"
+	sim := quietIMDS(t)
+	dir1 := t.TempDir()
+	if err := os.Chown(dir1, trainer, trainer); err != nil {
+		t.Fatal(err)
+	}
+	ap1 := startStoreAgent(t, sim, dir1, ts, job, noTrainer)
+	ck := filepath.Join(dir1, "step-1")
+	if err := os.Mkdir(ck, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for name, mode := range map[string]os.FileMode{"model.pt": 0o644, "optimizer.pt": 0o600} {
+		p := filepath.Join(ck, "."+name+".tmp")
+		writeSynced(t, p, randomBytes(t, 1<<20))
+		if err := os.Chown(p, trainer, trainer); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chmod(p, mode); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Rename(p, filepath.Join(ck, name)); err != nil { // as the trainer's atomic save
+			t.Fatal(err)
+		}
+	}
+	if err := os.Chown(ck, trainer, trainer); err != nil {
+		t.Fatal(err)
+	}
+	writeSynced(t, filepath.Join(ck, "_COMPLETE"), nil)
+	commit := waitCommitted(t, ap1, ts, job, "step-1", 15*time.Second)
+	if got := ts.list(t, job); len(got) != 1 || len(got[0].Files) != 3 {
+		t.Fatalf("spotguard list --json = %+v; want step-1 with its three files", got)
+	}
+
+	// The next instance: restore as root into the trainer's checkpoint.dir, then its agent.
+	dir2 := t.TempDir()
+	if err := os.Chown(dir2, trainer, trainer); err != nil {
+		t.Fatal(err)
+	}
+	ts.restore(t, job, dir2)
+	err := filepath.WalkDir(filepath.Join(dir2, "step-1"), func(p string, d os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		fi, err := os.Lstat(p)
+		if err != nil {
+			return err
+		}
+		if st := fi.Sys().(*syscall.Stat_t); st.Uid != trainer || st.Gid != trainer {
+			t.Errorf("restored %s belongs to %d:%d; want the trainer's user, %d:%d", p, st.Uid, st.Gid, trainer, trainer)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fi, err := os.Stat(filepath.Join(dir2, "step-1", "optimizer.pt")); err != nil || fi.Mode().Perm() != 0o600 {
+		t.Errorf("restored optimizer.pt: mode %v (%v); want 0600, as saved", fi.Mode().Perm(), err)
+	}
+	ap2 := startStoreAgent(t, sim, dir2, ts, job, noTrainer)
+	eventually(t, 15*time.Second, "the agent on the next instance to find step-1 committed", func() bool {
+		return len(ap2.logLines(t, "checkpoint already committed with these bytes; nothing sent")) > 0
+	})
+	if got := ts.list(t, job); len(got) != 1 || got[0].Commit != commit {
+		t.Errorf("spotguard list --json = %+v; want step-1's commit %s alone", got, commit)
+	}
+	if code, h := ap2.healthz(t); code != 200 {
+		t.Errorf("/healthz %d on the next instance: %v", code, h.Reasons)
+	}
 }

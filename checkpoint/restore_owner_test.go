@@ -1,0 +1,109 @@
+//go:build linux
+
+package checkpoint
+
+import (
+	"bytes"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"slices"
+	"syscall"
+	"testing"
+
+	"github.com/rs/zerolog"
+)
+
+// A restore as root (the spotguard-restore unit) into a destination another user owns (the
+// trainer's checkpoint.dir) gives every file and directory it writes to that user and group,
+// with the modes the manifest lists. Restored as root's, a file the trainer saved as 0600
+// (tempfile.mkstemp) could not be read by the trainer, nor a checkpoint it rotates away be
+// deleted; and the agent, which never uploads what the owner of checkpoint.dir could not read,
+// committed the restored checkpoint again without that file, as the newest commit. (Found from
+// outside.) A destination of root's keeps root's files.
+func TestRestoreAsRootGivesTheFilesToTheDestinationsOwner(t *testing.T) {
+	if os.Geteuid() != 0 {
+		if os.Getenv("CI") != "" {
+			t.Fatal("this test needs root, to restore into another user's directory (CI runs as root)")
+		}
+		t.Skip("needs root, to restore into another user's directory")
+	}
+	const uid, gid = 12345, 23456
+	files := map[string]string{"model.pt": "weights", "optimizer.pt": "state", "optim/deep/__0_0.distcp": "shard", "_COMPLETE": ""}
+	s := newMemStore()
+	m := restoreTestManifest(t, restoreTestJob, "step-1", restoreTestT0, files)
+	for i := range m.Files {
+		if m.Files[i].Path == "optimizer.pt" {
+			m.Files[i].Mode = "0600"
+		}
+		s.put(m.Files[i].Key, []byte(files[m.Files[i].Path]))
+	}
+	restoreTestPutJSON(t, s, ManifestKey(restoreTestJob, "step-1", m.Commit), m)
+
+	owned := func(t *testing.T, dir string) map[string][2]uint32 {
+		t.Helper()
+		got := map[string][2]uint32{}
+		err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+			if err != nil {
+				return err
+			}
+			fi, err := os.Lstat(p)
+			if err != nil {
+				return err
+			}
+			st := fi.Sys().(*syscall.Stat_t)
+			rel, _ := filepath.Rel(dir, p)
+			got[rel] = [2]uint32{st.Uid, st.Gid}
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return got
+	}
+
+	t.Run("another user's", func(t *testing.T) {
+		_, to := restoreTestDirs(t)
+		if err := os.Chown(to, uid, gid); err != nil {
+			t.Fatal(err)
+		}
+		var log bytes.Buffer
+		res, err := Restore(t.Context(), s, restoreTestOpts(to, &log))
+		if err != nil {
+			t.Fatalf("Restore() error: %v", err)
+		}
+		got := owned(t, res.Dir)
+		for _, rel := range []string{".", "model.pt", "optimizer.pt", "optim", "optim/deep", "optim/deep/__0_0.distcp", "_COMPLETE"} {
+			if got[rel] != [2]uint32{uid, gid} {
+				t.Errorf("%s belongs to %v; want %d:%d", rel, got[rel], uid, gid)
+			}
+		}
+		if len(got) != 7 {
+			t.Errorf("restored %d paths: %v; want 7", len(got), got)
+		}
+		if fi, err := os.Stat(filepath.Join(res.Dir, "optimizer.pt")); err != nil || fi.Mode().Perm() != 0o600 {
+			t.Errorf("optimizer.pt mode %v (%v); want 0600", fi.Mode().Perm(), err)
+		}
+		// As the agent sees it: complete, every file there.
+		list, err := Scan(to, "", "", zerolog.Nop())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if names, want := skipNames(list), []string{"step-1 complete=true", "step-1/model.pt", "step-1/optim/deep/__0_0.distcp", "step-1/optimizer.pt"}; !slices.Equal(names, want) {
+			t.Errorf("Scan of the restored checkpoint = %v; want %v", names, want)
+		}
+	})
+	t.Run("root's", func(t *testing.T) {
+		_, to := restoreTestDirs(t)
+		var log bytes.Buffer
+		res, err := Restore(t.Context(), s, restoreTestOpts(to, &log))
+		if err != nil {
+			t.Fatalf("Restore() error: %v", err)
+		}
+		for rel, o := range owned(t, res.Dir) {
+			if o != [2]uint32{0, 0} {
+				t.Errorf("%s belongs to %v; want root's", rel, o)
+			}
+		}
+	})
+}
