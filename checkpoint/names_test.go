@@ -112,3 +112,34 @@ func TestOldWithheldCheckpointIsNotReported(t *testing.T) {
 		break
 	}
 }
+
+// A stop that waits for the checkpoint the trainer was signalled for ends once that checkpoint's
+// marker is there, withheld: it will not be committed as it is, and waiting out agent.stop_budget
+// for it holds the instance's shutdown for nothing.
+func TestStopDoesNotWaitForAWithheldSignalledCheckpoint(t *testing.T) {
+	dir := t.TempDir()
+	store := newMemStore()
+	r := startUploaderWith(t, dir, store, UploaderConfig{StopBudget: time.Minute})
+	r.up.SetNotices([]ActiveNotice{{Key: "spot/terminate", Deadline: time.Now().Add(2 * time.Minute), SignalledAt: time.Now()}})
+	eventuallyUploader(t, "the notice to be taken", func() bool { return r.up.Status(t.Context()).Urgent })
+	stopped := make(chan struct{})
+	go func() { r.cancel(); <-r.done; close(stopped) }() // SIGTERM before the trainer saves
+	const drainMsg = "stop requested while checkpoints are being written or are not committed yet; finishing them first (a second SIGTERM stops at once)"
+	eventuallyUploader(t, "the stop to wait for the checkpoint", func() bool { return strings.Contains(r.logs.String(), drainMsg) })
+	bad := filepath.Join(dir, "step-1", "caf\xe9.bin")
+	if err := os.MkdirAll(filepath.Dir(bad), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(bad, []byte("x"), 0o644); err != nil {
+		t.Skipf("this file system refuses names that are not UTF-8: %v", err)
+	}
+	writeCheckpoint(t, dir, "step-1", map[string][]byte{"a": randomBytes(t, 1<<10)})
+	select {
+	case <-stopped:
+	case <-time.After(10 * time.Second):
+		t.Fatalf("the stop still waits 10 s after the signalled checkpoint was withheld:\n%s", r.logs)
+	}
+	if got := commitsOf(t, store, "step-1"); len(got) != 0 {
+		t.Errorf("step-1 has %d commits; want none, withheld", len(got))
+	}
+}
