@@ -9,6 +9,7 @@ import (
 	"io/fs"
 	"maps"
 	"os"
+	"path"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -399,6 +400,8 @@ type watchCkpt struct {
 	// something in it changed since, so the next tick reads it again to try the Complete.
 	withheld string
 	retry    bool
+	// nestedSaid: a file named like the marker below its top was warned of (nestedMarker).
+	nestedSaid bool
 }
 
 // watchNode is what a watchRun keeps about one path below Dir: a file it reported, a
@@ -693,10 +696,29 @@ func (r *watchRun) touch(rel string) {
 // report sends a FileReady for the file whose node is n, path sub of checkpoint name, which
 // Lstat described as fi, with id its FileID, and remembers it.
 func (r *watchRun) report(n *watchNode, name, sub string, fi fs.FileInfo, id FileID) {
+	r.nestedMarker(name, sub)
 	n.stamp = id
 	n.grown = 0
 	n.warned = "" // a later skip is a new one, worth a log line
 	r.emit(WatchEvent{Kind: FileReady, Checkpoint: name, Path: sub, Size: fi.Size(), ModTime: fi.ModTime(), ID: id})
+}
+
+// nestedMarker warns, once per checkpoint directory, of a file sub named like the marker below
+// the top of the checkpoint directory name, which is not complete: only a marker at its top
+// completes it, so nothing of it is ever committed. That is what a checkpoint.dir one level (or
+// more) above the trainer's checkpoints looks like (checkpoint.dir set to checkpoints while Hugging
+// Face's output_dir is checkpoints/run1): each of its saves is sent, as part of run1, and never
+// committed.
+func (r *watchRun) nestedMarker(name, sub string) {
+	c := r.ckpts[name]
+	if c == nil || c.single || c.complete || c.nestedSaid || !strings.Contains(sub, "/") || path.Base(sub) != r.marker {
+		return
+	}
+	c.nestedSaid = true
+	want := filepath.Join(r.dir, name, filepath.FromSlash(path.Dir(path.Dir(sub))))
+	r.log.Warn().Str("checkpoint", name).Str("marker", sub).Str("checkpoint_dir", r.dir).
+		Str("fix", "set checkpoint.dir to "+want+", the directory the trainer writes its checkpoint directories into").
+		Msg("a file named like the marker is below the top of a checkpoint directory, which it does not complete: nothing of it is committed; checkpoint.dir looks too high")
 }
 
 // skip logs a skipped path once (again only if the reason changes).

@@ -391,3 +391,39 @@ func TestScanOwnerCanRead(t *testing.T) {
 		})
 	}
 }
+
+// checkpoint.dir one level above the trainer's checkpoints (Hugging Face's output_dir
+// checkpoints/run1 under checkpoint.dir checkpoints): its markers are below the top of run1,
+// which never completes, so nothing is ever committed. The watcher says so once per checkpoint
+// directory, with the checkpoint.dir to set, whether it finds it at its start or as it is written.
+func TestMarkerBelowTheTopIsWarnedOf(t *testing.T) {
+	const msg = "a file named like the marker is below the top of a checkpoint directory, which it does not complete: nothing of it is committed; checkpoint.dir looks too high"
+	dir := t.TempDir()
+	scanWrite(t, filepath.Join(dir, "run1", "checkpoint-100", "model.safetensors"), "w")
+	scanWrite(t, filepath.Join(dir, "run1", "checkpoint-100", "_COMPLETE"), "")
+	scanWrite(t, filepath.Join(dir, "step-1", "a.bin"), "a") // at the right level: no warning
+	scanWrite(t, filepath.Join(dir, "step-1", "_COMPLETE"), "")
+	h, evs := watchStart(t, dir, WatchConfig{})
+	// Live: a save one level down in another run, and a second one in run1.
+	scanWrite(t, filepath.Join(dir, "run2", "checkpoint-5", "deep", "model.safetensors"), "w")
+	scanWrite(t, filepath.Join(dir, "run2", "checkpoint-5", "deep", "_COMPLETE"), "")
+	scanWrite(t, filepath.Join(dir, "run1", "checkpoint-200", "_COMPLETE"), "")
+	evs = append(evs, h.barrier()...)
+	for _, ev := range evs {
+		if ev.Kind == Complete && ev.Checkpoint != "step-1" {
+			t.Errorf("%s complete: %s", ev.Checkpoint, watchFormat([]WatchEvent{ev}))
+		}
+	}
+	lines := h.logs.lines(t, "warn", msg)
+	got := map[string]string{}
+	for _, l := range lines {
+		got[l["checkpoint"].(string)] = l["fix"].(string)
+	}
+	want := map[string]string{
+		"run1": "set checkpoint.dir to " + filepath.Join(dir, "run1") + ", the directory the trainer writes its checkpoint directories into",
+		"run2": "set checkpoint.dir to " + filepath.Join(dir, "run2", "checkpoint-5") + ", the directory the trainer writes its checkpoint directories into",
+	}
+	if len(lines) != 2 || got["run1"] != want["run1"] || got["run2"] != want["run2"] {
+		t.Errorf("warnings %v; want one for run1 and one for run2: %v", lines, want)
+	}
+}

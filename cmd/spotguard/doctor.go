@@ -376,7 +376,40 @@ func doctorCheckpointDir(rep *doctorReport, cfg *agent.Config) {
 		rep.add("checkpoint.dir", doctorFail, dir+" cannot be read: "+err.Error(), "make it readable by the agent's user")
 		return
 	}
+	if top, below := doctorMarkerBelow(dir, entries, cfg.Checkpoint.Marker); top != "" {
+		rep.add("checkpoint.dir", doctorWarn, fmt.Sprintf("%s holds %s, below the top of %s, which it does not complete: nothing of it is ever committed (checkpoint.dir looks one level too high)",
+			dir, filepath.Join(top, below), top),
+			"set checkpoint.dir to "+filepath.Join(dir, top)+", the directory the trainer writes its checkpoint directories into")
+		return
+	}
 	rep.add("checkpoint.dir", doctorPass, fmt.Sprintf("%s is a readable directory (%d entries)", dir, len(entries)), "")
+}
+
+// doctorMarkerBelow looks, in each directory at the top of checkpoint.dir dir (its entries) that
+// has no marker at its top, for a directory just below with the marker at its top: the trainer's
+// checkpoints one level down (top/below). It returns the first, or "", "".
+func doctorMarkerBelow(dir string, entries []os.DirEntry, marker string) (top, below string) {
+	if marker == "" {
+		marker = "_COMPLETE"
+	}
+	for _, e := range entries {
+		if !e.IsDir() {
+			continue
+		}
+		if _, err := os.Lstat(filepath.Join(dir, e.Name(), marker)); err == nil {
+			continue
+		}
+		subs, err := os.ReadDir(filepath.Join(dir, e.Name()))
+		if err != nil {
+			continue
+		}
+		for _, sub := range subs {
+			if fi, err := os.Lstat(filepath.Join(dir, e.Name(), sub.Name(), marker)); sub.IsDir() && err == nil && fi.Mode().IsRegular() {
+				return e.Name(), filepath.Join(sub.Name(), marker)
+			}
+		}
+	}
+	return "", ""
 }
 
 // doctorRuntimeDir checks that agent.runtime_dir can be written (or created): notice.json, the

@@ -312,3 +312,48 @@ func TestDoctorRuntimeDir(t *testing.T) {
 		}
 	}
 }
+
+// doctor warns of a checkpoint.dir one level above the trainer's checkpoints (Hugging Face's
+// output_dir checkpoints/run1 under checkpoint.dir checkpoints): its markers are below the top of
+// run1, which never completes, and nothing is committed. Checkpoints at the right level pass.
+func TestDoctorCheckpointDirTooHigh(t *testing.T) {
+	write := func(t *testing.T, p string) {
+		t.Helper()
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, nil, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, tc := range []struct {
+		name   string
+		files  []string
+		marker string
+		state  string
+		want   string
+	}{
+		{"right level", []string{"step-1/_COMPLETE", "step-2/a.bin"}, "", doctorPass, "readable directory (2 entries)"},
+		{"one level too high", []string{"run1/checkpoint-100/_COMPLETE", "run1/checkpoint-100/model.safetensors"}, "", doctorWarn,
+			"holds run1/checkpoint-100/_COMPLETE, below the top of run1"},
+		{"DCP marker", []string{"run1/step-100/.metadata"}, ".metadata", doctorWarn, "holds run1/step-100/.metadata"},
+		{"in progress", []string{"step-3/sub/a.bin"}, "", doctorPass, "readable directory"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			for _, f := range tc.files {
+				write(t, filepath.Join(dir, filepath.FromSlash(f)))
+			}
+			var rep doctorReport
+			cfg := &agent.Config{}
+			cfg.Checkpoint.Dir, cfg.Checkpoint.Marker = dir, tc.marker
+			doctorCheckpointDir(&rep, cfg)
+			if len(rep.Checks) != 1 || rep.Checks[0].Status != tc.state || !strings.Contains(rep.Checks[0].Detail, tc.want) {
+				t.Fatalf("doctorCheckpointDir = %+v; want %s containing %q", rep.Checks, tc.state, tc.want)
+			}
+			if tc.state == doctorWarn && rep.Checks[0].Fix != "set checkpoint.dir to "+filepath.Join(dir, "run1")+", the directory the trainer writes its checkpoint directories into" {
+				t.Errorf("fix %q; want checkpoint.dir %s", rep.Checks[0].Fix, filepath.Join(dir, "run1"))
+			}
+		})
+	}
+}
