@@ -283,6 +283,9 @@ type generation struct {
 	inQueued           bool
 	complete           bool
 	completeSeen       time.Time // when the uploader learned it is complete
+	// withheld: its marker is there but it cannot be committed (CheckpointWithheld), until
+	// another Complete.
+	withheld bool
 	// marker is the version of the marker its completeness rests on: its Complete's, or for a
 	// commit resumed from the journal, the one committed; zero for a single file, or none yet.
 	// stale, if not zero, is a version of the marker that no longer vouches for it: a file was
@@ -488,6 +491,9 @@ type CheckpointStatus struct {
 	// CompleteSince is when the uploader learned that the checkpoint is complete.
 	CompleteSince *time.Time `json:"complete_since,omitempty"`
 	Committed     bool       `json:"committed"`
+	// Withheld is true while its marker is there but it cannot be committed: a file of it
+	// cannot be stored (CheckpointWithheld).
+	Withheld bool `json:"withheld,omitempty"`
 }
 
 // Status returns a snapshot of the uploader's state; the zero status if Run is not running.
@@ -630,11 +636,20 @@ func (u *Uploader) Run(ctx context.Context, events <-chan WatchEvent) error {
 // there, no marker yet): no notice asked for them, so the stop does not wait; what is complete
 // of them later is committed by the next agent.
 func (u *Uploader) logUnfinished() {
-	var left []string
+	var left, withheld []string
 	for name, g := range u.gens {
-		if (g.state == genMatching || g.state == genUploading) && !g.complete && len(g.files) > 0 {
+		switch {
+		case g.state != genMatching && g.state != genUploading || g.complete:
+		case g.withheld:
+			withheld = append(withheld, name)
+		case len(g.files) > 0:
 			left = append(left, name)
 		}
+	}
+	if len(withheld) > 0 {
+		slices.Sort(withheld)
+		u.log.Error().Strs("withheld", withheld).
+			Msg("stopping with checkpoints that have their marker but cannot be committed: a file of each cannot be stored (logged when it was found)")
 	}
 	if len(left) == 0 {
 		return
@@ -1424,6 +1439,7 @@ func (u *Uploader) handleWatch(ctx context.Context, ev WatchEvent) {
 			u.unstale(g)
 			g.marker = ev.ID
 		}
+		g.withheld = false
 		if g.complete || g.state == genCommitted {
 			return
 		}
@@ -1465,9 +1481,12 @@ func (u *Uploader) handleWatch(ctx context.Context, ev WatchEvent) {
 		if !u.lastSignal.IsZero() && !ev.At.Before(u.lastSignal) {
 			u.signalAnswered = true // the trainer saved; what it saved cannot be committed
 		}
-		if g := u.gens[ev.Checkpoint]; g != nil && g.complete && g.state != genCommitted && g.state != genAbandoned {
-			u.markerGone(g) // its marker no longer vouches for it
-			u.markDirty(g)
+		if g := u.current(ev.Checkpoint); g.state != genCommitted && g.state != genAbandoned {
+			if g.complete {
+				u.markerGone(g) // its marker no longer vouches for it
+				u.markDirty(g)
+			}
+			g.withheld = true
 		}
 		if n := len(u.known); n > 0 && u.known[n-1].order.At.After(ev.ModTime) {
 			return // an old save left behind, older than a commit: the watcher's error says it
@@ -2529,7 +2548,7 @@ func (u *Uploader) handleCommit(ctx context.Context, r commitResult) {
 		u.markDirty(g)
 	case errors.Is(r.notComplete, ErrNotStorable):
 		log.Error().Err(r.notComplete).Msg("checkpoint not committed: a file of it cannot be stored; waiting for its marker to be written again")
-		g.complete = false
+		g.complete, g.withheld = false, true
 		u.emit(UploadEvent{Kind: CheckpointWithheld, Checkpoint: g.name, At: g.completeSeen, Err: r.notComplete})
 	case r.notComplete != nil:
 		log.Warn().Err(r.notComplete).Msg("checkpoint is no longer complete on disk; waiting for its marker")
@@ -2647,7 +2666,8 @@ func (u *Uploader) status() UploaderStatus {
 	}
 	for _, name := range slices.Sorted(maps.Keys(u.gens)) {
 		g := u.gens[name]
-		cs := CheckpointStatus{Name: name, Commit: g.commit, Files: len(g.files), Complete: g.complete, Committed: g.state == genCommitted}
+		cs := CheckpointStatus{Name: name, Commit: g.commit, Files: len(g.files), Complete: g.complete, Committed: g.state == genCommitted,
+			Withheld: g.withheld && !g.complete}
 		if g.complete && !g.completeSeen.IsZero() {
 			t := g.completeSeen
 			cs.CompleteSince = &t

@@ -309,18 +309,22 @@ func startStoreAgent(t testing.TB, sim *imdsSim, ckdir string, ts *testStore, jo
 
 // uploadsStatus is the uploader's part of /status.
 type uploadsStatus struct {
-	InFlight    int `json:"files_in_flight"`
-	Queued      int `json:"files_queued"`
-	Checkpoints []struct {
-		Name        string `json:"name"`
-		Commit      string `json:"commit"`
-		Files       int    `json:"files"`
-		FilesStored int    `json:"files_stored"`
-		Bytes       int64  `json:"bytes"`
-		BytesStored int64  `json:"bytes_stored"`
-		Complete    bool   `json:"complete"`
-		Committed   bool   `json:"committed"`
-	} `json:"checkpoints"`
+	InFlight    int                `json:"files_in_flight"`
+	Queued      int                `json:"files_queued"`
+	Checkpoints []checkpointStatus `json:"checkpoints"`
+}
+
+// checkpointStatus is one local checkpoint in the uploader's part of /status.
+type checkpointStatus struct {
+	Name        string `json:"name"`
+	Commit      string `json:"commit"`
+	Files       int    `json:"files"`
+	FilesStored int    `json:"files_stored"`
+	Bytes       int64  `json:"bytes"`
+	BytesStored int64  `json:"bytes_stored"`
+	Complete    bool   `json:"complete"`
+	Committed   bool   `json:"committed"`
+	Withheld    bool   `json:"withheld"`
 }
 
 // uploads returns the uploader's state from /status (nil while the uploader does not answer).

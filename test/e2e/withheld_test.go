@@ -76,6 +76,11 @@ func TestFileTheOwnerCannotReadWithholdsTheCheckpoint(t *testing.T) {
 			t.Fatalf("step-2 was committed without optimizer.pt: %+v", c)
 		}
 	}
+	if u := ap.uploads(t); u == nil || !slices.ContainsFunc(u.Checkpoints, func(c checkpointStatus) bool {
+		return c.Name == "step-2" && c.Withheld && !c.Complete && !c.Committed
+	}) {
+		t.Errorf("/status uploads = %+v; want step-2 withheld, not complete, not committed", u)
+	}
 	// LATEST, and so restore, stay on step-1.
 	if out := ts.restore(t, job, t.TempDir()); !strings.Contains(out, "step-1") {
 		t.Errorf("restore while step-2 is withheld: %s; want step-1", out)
