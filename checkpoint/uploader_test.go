@@ -1493,6 +1493,9 @@ func TestUploaderWithholdsACheckpointWithAKeyTooLong(t *testing.T) {
 	if _, _, err := store.GetBytes(t.Context(), "job/LATEST"); err == nil {
 		t.Error("LATEST was written while the checkpoint was withheld")
 	}
+	if st := r.up.Status(t.Context()); len(st.Checkpoints) != 1 || !st.Checkpoints[0].Withheld || st.Checkpoints[0].Complete {
+		t.Errorf("status %+v; want step-1 withheld, not complete", st.Checkpoints)
+	}
 	// The trainer moves the file up and writes the marker again: the checkpoint is committed
 	// whole.
 	if err := os.Rename(filepath.Join(dir, "step-1", filepath.FromSlash(deep)), filepath.Join(dir, "step-1", "shard.bin")); err != nil {
