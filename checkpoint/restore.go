@@ -721,7 +721,6 @@ func restoreStage(ctx context.Context, s Store, to *os.Root, m *Manifest, conc i
 		}
 		release()
 	}()
-	run.chown(to, name)
 	stage, err := to.OpenRoot(name)
 	if err != nil {
 		return "", nil, fmt.Errorf("open staging directory: %w", err)
@@ -735,7 +734,6 @@ func restoreStage(ctx context.Context, s Store, to *os.Root, m *Manifest, conc i
 		if err := stage.MkdirAll(filepath.FromSlash(d), 0o755); err != nil {
 			return "", nil, fmt.Errorf("create directory %q: %w", d, err)
 		}
-		run.chown(stage, filepath.FromSlash(d))
 	}
 
 	var prog *restoreProgress
@@ -768,6 +766,9 @@ func restoreStage(ctx context.Context, s Store, to *os.Root, m *Manifest, conc i
 		if err := restoreSyncDir(stage, filepath.FromSlash(d)); err != nil {
 			return "", nil, err
 		}
+		// The directories last, deepest first: until then the trainer's user cannot change
+		// what is in them (a name replaced by a link to a file of root's, chowned in its place).
+		run.chownDir(stage, filepath.FromSlash(d))
 	}
 	staged = true
 	return name, release, nil
@@ -956,8 +957,8 @@ func restoreFile(ctx context.Context, s Store, stage *os.Root, key string, f Fil
 	}
 	// After the mode (permission bits only: a chown would clear no set-id bit), which a root
 	// without CAP_FOWNER, as in the spotguard-restore unit, can no longer set once it is not
-	// the file's owner.
-	run.chown(stage, filepath.FromSlash(f.Path))
+	// the file's owner; through the file itself, never its name.
+	run.chown(out)
 	if err := out.Close(); err != nil {
 		return fmt.Errorf("close file %q: %w", f.Path, err)
 	}
@@ -1009,21 +1010,49 @@ func restoreOwnerOf(to *os.Root) *restoreOwner {
 	return &restoreOwner{uid: int(st.uid), gid: int(st.gid)}
 }
 
-// chown makes name in root belong to r.owner, if there is one. A failure (a file system that
+// chown makes the file f belong to r.owner, if there is one. A failure (a file system that
 // refuses it, such as NFS squashing root) is logged once and leaves what follows as it is: the
 // checkpoint is still restored, belonging to root.
-func (r *restoreRun) chown(root *os.Root, name string) {
+func (r *restoreRun) chown(f *os.File) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	o := r.owner
-	if o == nil || o.failed {
+	if o := r.owner; o != nil && !o.failed {
+		if err := f.Chown(o.uid, o.gid); err != nil {
+			r.chownFailed(err)
+		}
+	}
+}
+
+// chownDir is chown of the directory name in root, opened as one.
+func (r *restoreRun) chownDir(root *os.Root, name string) {
+	if r.owner == nil {
 		return
 	}
-	if err := root.Lchown(name, o.uid, o.gid); err != nil {
-		o.failed = true
-		r.log.Warn().Err(err).Int("uid", o.uid).Int("gid", o.gid).
-			Msg("cannot give the restored files to the owner of the destination; they belong to root, and a trainer of that user may not read or delete them")
+	d, err := root.Open(name)
+	if err == nil {
+		defer func() { _ = d.Close() }() // a directory handle: nothing to flush
+		if fi, serr := d.Stat(); serr != nil || !fi.IsDir() {
+			err = fmt.Errorf("%s is no longer a directory", filepath.Join(root.Name(), name))
+		}
 	}
+	if err != nil {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		if !r.owner.failed {
+			r.chownFailed(err)
+		}
+		return
+	}
+	r.chown(d)
+}
+
+// chownFailed logs that what the restore writes cannot be given to r.owner, and that it is not
+// tried again. r.mu is held.
+func (r *restoreRun) chownFailed(err error) {
+	o := r.owner
+	o.failed = true
+	r.log.Warn().Err(err).Int("uid", o.uid).Int("gid", o.gid).
+		Msg("cannot give the restored files to the owner of the destination; they belong to root, and a trainer of that user may not read or delete them")
 }
 
 // warn has fn write to the log, alone.
