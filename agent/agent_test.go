@@ -554,10 +554,11 @@ func mustFileStore(t *testing.T, dir string) checkpoint.Store {
 
 // A trainer signalled for a notice that writes no checkpoint by the notice's deadline is said:
 // an error naming the reason, the state checkpoint_missing and its metric; with the trainer
-// gone, the reason says so. A checkpoint that completes later still moves the notice on.
+// gone, the reason says so, and with the checkpoint it wrote withheld (a file of it cannot be
+// stored), so does it. A checkpoint that completes later still moves the notice on.
 func TestCheckpointMissingByTheDeadlineIsSaid(t *testing.T) {
-	for _, gone := range []bool{false, true} {
-		t.Run(map[bool]string{false: "no_marker", true: "trainer_gone"}[gone], func(t *testing.T) {
+	for _, reason := range []string{"no_marker", "trainer_gone", "withheld"} {
+		t.Run(reason, func(t *testing.T) {
 			tr := startShTrainer(t, true)
 			dir := t.TempDir()
 			ta := startAgentWith(t, fileStores, "SPOTGUARD_TRAINER_PIDFILE="+tr.pidfile, "SPOTGUARD_CHECKPOINT_DIR="+dir,
@@ -565,12 +566,18 @@ func TestCheckpointMissingByTheDeadlineIsSaid(t *testing.T) {
 			deadline := time.Now().Add(2 * time.Second).UTC().Truncate(time.Second).Add(time.Second)
 			ta.imds.set("spot/instance-action", `{"action": "terminate", "time": "`+deadline.Format(time.RFC3339)+`"}`)
 			ta.waitState(t, "spot/terminate", StateTrainerSignalled)
-			if gone {
+			switch reason {
+			case "trainer_gone":
 				tr.cmd.Process.Kill()
 				<-tr.done
+			case "withheld":
+				os.MkdirAll(filepath.Join(dir, "step-0"), 0o755)
+				if err := os.WriteFile(filepath.Join(dir, "step-0", "caf\xe9.bin"), []byte("x"), 0o644); err != nil {
+					t.Skipf("this file system refuses names that are not UTF-8: %v", err)
+				}
+				os.WriteFile(filepath.Join(dir, "step-0", "_COMPLETE"), nil, 0o644)
 			}
 			ns := ta.waitState(t, "spot/terminate", StateCheckpointMissing)
-			reason := map[bool]string{false: "no_marker", true: "trainer_gone"}[gone]
 			if last := ns.Transitions[len(ns.Transitions)-1]; last.Detail != reason || last.At.Before(deadline) {
 				t.Errorf("last transition = %+v; want checkpoint_missing (%s) at the deadline %v or after", last, reason, deadline)
 			}

@@ -188,6 +188,10 @@ func (c *Coordinator) onUpload(ev checkpoint.UploadEvent) {
 				ns.written = ev.Checkpoint
 				affected = append(affected, ns)
 			}
+		case checkpoint.CheckpointWithheld:
+			if ev.At.After(ns.detectedAt) && ns.written == "" && ns.endedAt.IsZero() {
+				ns.withheld = ev.Checkpoint
+			}
 		case durable:
 			if ns.written == ev.Checkpoint {
 				ns.committed = true

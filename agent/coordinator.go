@@ -91,6 +91,7 @@ type NoticeStatus struct {
 	detectedAt  time.Time         // for timings
 	signalledAt *time.Time        // when the trainer was signalled, if it was
 	written     string            // the checkpoint completed after the notice, once seen
+	withheld    string            // a checkpoint withheld after the notice (its marker came; not storable)
 	missingSaid bool              // reported as checkpoint_missing
 	endedAt     time.Time         // when it ended; zero while active
 	committed   bool              // written is committed
@@ -741,17 +742,20 @@ func (c *Coordinator) checkMissing(now time.Time) {
 	if len(due) == 0 {
 		return
 	}
-	reason := "trainer_gone"
-	if c.trainerThere() {
-		reason = "no_marker"
-	}
+	there := c.trainerThere()
 	for _, ns := range due {
-		c.metrics.checkpointMissing.WithLabelValues(string(ns.Source), reason).Inc()
-		why := "the trainer is still running but its checkpoint's marker never came: check that it saves on " +
-			trainer.SignalName(c.config().Trainer.Signal) + " and writes " + c.config().Checkpoint.Marker + " last"
-		if reason == "trainer_gone" {
-			why = "the trainer is gone (it exited or was killed before its checkpoint completed)"
+		reason := "trainer_gone"
+		why := "the trainer is gone (it exited or was killed before its checkpoint completed)"
+		switch {
+		case ns.withheld != "":
+			reason = "withheld"
+			why = "the trainer wrote " + ns.withheld + " and its marker, but a file of it cannot be stored, so it is withheld, not committed (its error says which file and what to do)"
+		case there:
+			reason = "no_marker"
+			why = "the trainer is still running but its checkpoint's marker never came: check that it saves on " +
+				trainer.SignalName(c.config().Trainer.Signal) + " and writes " + c.config().Checkpoint.Marker + " last"
 		}
+		c.metrics.checkpointMissing.WithLabelValues(string(ns.Source), reason).Inc()
 		c.log.Error().Str("notice", ns.Key).Str("reason", reason).Float64("since_signal_s", logSeconds(now.Sub(*ns.signalledAt))).
 			Msg("no checkpoint completed since the trainer was signalled for this notice: " + why +
 				"; only checkpoints saved before (committed, or still being uploaded) will be there to restore")
