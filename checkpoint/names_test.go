@@ -34,13 +34,7 @@ func TestNamesTheStoreCannotHold(t *testing.T) {
 	s, dir := newMemStore(), t.TempDir()
 	r := startUploader(t, dir, s, 0)
 	writeCheckpoint(t, dir, "LATEST", map[string][]byte{"a": randomBytes(t, 1<<10)})
-	bad := filepath.Join(dir, "step-1", "caf\xe9.bin")
-	if err := os.MkdirAll(filepath.Dir(bad), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(bad, []byte("x"), 0o644); err != nil {
-		t.Skipf("this file system refuses names that are not UTF-8: %v", err)
-	}
+	bad := writeNotUTF8(t, dir, "step-1")
 	writeCheckpoint(t, dir, "step-1", map[string][]byte{"a": randomBytes(t, 1<<10)})
 	if ev := r.waitEvent(CheckpointWithheld, "step-1"); !errors.Is(ev.Err, ErrNotStorable) || !strings.Contains(ev.Err.Error(), "not valid UTF-8") {
 		t.Errorf("step-1 withheld for %v; want ErrNotStorable, not valid UTF-8", ev.Err)
@@ -81,13 +75,7 @@ func TestOldWithheldCheckpointIsNotReported(t *testing.T) {
 	r.waitCommitted("step-2")
 	withBadName := func(name string, at time.Time) {
 		t.Helper()
-		bad := filepath.Join(dir, name, "caf\xe9.bin")
-		if err := os.MkdirAll(filepath.Dir(bad), 0o755); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(bad, []byte("x"), 0o644); err != nil {
-			t.Skipf("this file system refuses names that are not UTF-8: %v", err)
-		}
+		writeNotUTF8(t, dir, name)
 		marker := filepath.Join(dir, name, "_COMPLETE")
 		tmp := filepath.Join(dir, name, ".marker.tmp")
 		if err := os.WriteFile(tmp, nil, 0o644); err != nil {
@@ -126,13 +114,7 @@ func TestStopDoesNotWaitForAWithheldSignalledCheckpoint(t *testing.T) {
 	go func() { r.cancel(); <-r.done; close(stopped) }() // SIGTERM before the trainer saves
 	const drainMsg = "stop requested while checkpoints are being written or are not committed yet; finishing them first (a second SIGTERM stops at once)"
 	eventuallyUploader(t, "the stop to wait for the checkpoint", func() bool { return strings.Contains(r.logs.String(), drainMsg) })
-	bad := filepath.Join(dir, "step-1", "caf\xe9.bin")
-	if err := os.MkdirAll(filepath.Dir(bad), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(bad, []byte("x"), 0o644); err != nil {
-		t.Skipf("this file system refuses names that are not UTF-8: %v", err)
-	}
+	writeNotUTF8(t, dir, "step-1")
 	writeCheckpoint(t, dir, "step-1", map[string][]byte{"a": randomBytes(t, 1<<10)})
 	select {
 	case <-stopped:
@@ -142,4 +124,19 @@ func TestStopDoesNotWaitForAWithheldSignalledCheckpoint(t *testing.T) {
 	if got := commitsOf(t, store, "step-1"); len(got) != 0 {
 		t.Errorf("step-1 has %d commits; want none, withheld", len(got))
 	}
+}
+
+// writeNotUTF8 writes the file caf\xe9.bin, whose name is not UTF-8 (the store cannot hold it),
+// into the checkpoint directory ckpt below dir and returns its path; it skips the test where the
+// file system refuses such a name.
+func writeNotUTF8(t *testing.T, dir, ckpt string) string {
+	t.Helper()
+	bad := filepath.Join(dir, ckpt, "caf\xe9.bin")
+	if err := os.MkdirAll(filepath.Dir(bad), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(bad, []byte("x"), 0o644); err != nil {
+		t.Skipf("this file system refuses names that are not UTF-8: %v", err)
+	}
+	return bad
 }

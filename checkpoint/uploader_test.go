@@ -1109,12 +1109,8 @@ func TestUploaderSkipsHardLinks(t *testing.T) {
 		t.Fatal(err)
 	}
 	ev = r.waitCommitted("step-1")
-	var paths1 []string
-	for _, f := range ev.Manifest.Files {
-		paths1 = append(paths1, f.Path)
-	}
-	if want := []string{"_COMPLETE", "w", "x"}; !slices.Equal(paths1, want) {
-		t.Errorf("step-1 committed with %v; want %v", paths1, want)
+	if got, want := manifestPaths(ev.Manifest), []string{"_COMPLETE", "w", "x"}; !slices.Equal(got, want) {
+		t.Errorf("step-1 committed with %v; want %v", got, want)
 	}
 
 	// cp -al step-1 step-2, then x written anew and a new marker.
@@ -1135,12 +1131,8 @@ func TestUploaderSkipsHardLinks(t *testing.T) {
 	}
 	chown(filepath.Join(step2, "x"), filepath.Join(step2, "_COMPLETE"))
 	ev = r.waitCommitted("step-2")
-	var paths []string
-	for _, f := range ev.Manifest.Files {
-		paths = append(paths, f.Path)
-	}
-	if want := []string{"_COMPLETE", "w", "x"}; !slices.Equal(paths, want) {
-		t.Errorf("step-2 (cp -al of step-1) committed with %v; want %v", paths, want)
+	if got, want := manifestPaths(ev.Manifest), []string{"_COMPLETE", "w", "x"}; !slices.Equal(got, want) {
+		t.Errorf("step-2 (cp -al of step-1) committed with %v; want %v", got, want)
 	}
 }
 
@@ -1505,13 +1497,18 @@ func TestUploaderWithholdsACheckpointWithAKeyTooLong(t *testing.T) {
 		t.Fatal(err)
 	}
 	ev = r.waitCommitted("step-1")
-	var got []string
-	for _, f := range ev.Manifest.Files {
-		got = append(got, f.Path)
-	}
-	if want := []string{"_COMPLETE", "model.bin", "shard.bin"}; !slices.Equal(got, want) {
+	if got, want := manifestPaths(ev.Manifest), []string{"_COMPLETE", "model.bin", "shard.bin"}; !slices.Equal(got, want) {
 		t.Errorf("committed %q, want %q", got, want)
 	}
+}
+
+// manifestPaths returns the paths of m's files, in its order.
+func manifestPaths(m *Manifest) []string {
+	var paths []string
+	for _, f := range m.Files {
+		paths = append(paths, f.Path)
+	}
+	return paths
 }
 
 // gateStore holds every PutFile until the test lets it through, and tells the test its key.

@@ -21,16 +21,23 @@ type bystander struct {
 	done chan struct{}
 }
 
+// needRoot skips the test unless it runs as root, saying why it needs root (to do what); under
+// CI, which runs as root, it fails instead: a test CI skips is a test that never runs.
+func needRoot(t testing.TB, why string) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		if os.Getenv("CI") != "" {
+			t.Fatalf("this test needs root, %s (CI runs as root)", why)
+		}
+		t.Skipf("needs root, %s", why)
+	}
+}
+
 // startBystander starts a shell as uid/gid 65534 whose $0 is name; it waits (reading stdin, a
 // pipe kept open) until SIGUSR1, which it logs before it exits. It needs root; CI runs as root.
 func startBystander(t *testing.T, name string) *bystander {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		if os.Getenv("CI") != "" {
-			t.Fatal("this test needs root, to start a process of another user (CI runs as root)")
-		}
-		t.Skip("needs root, to start a process of another user")
-	}
+	needRoot(t, "to start a process of another user")
 	dir, err := os.MkdirTemp("", "spotguard-bystander-")
 	if err != nil {
 		t.Fatal(err)

@@ -21,12 +21,7 @@ import (
 // restore` said every checksum verified.)
 func TestFileTheOwnerCannotReadWithholdsTheCheckpoint(t *testing.T) {
 	needPeers(t)
-	if os.Geteuid() != 0 {
-		if os.Getenv("CI") != "" {
-			t.Fatal("this test needs root, to write files checkpoint.dir's owner cannot read (CI runs as root)")
-		}
-		t.Skip("needs root, to write files checkpoint.dir's owner cannot read")
-	}
+	needRoot(t, "to write files checkpoint.dir's owner cannot read")
 	ts := newS3TestStore(startS3(t), "withheld")
 	const job = "withheld"
 	sim := quietIMDS(t)
@@ -114,12 +109,7 @@ func TestFileTheOwnerCannotReadWithholdsTheCheckpoint(t *testing.T) {
 // the newest commit, which LATEST then named.)
 func TestRestoreAsRootIntoTheTrainersDirIsAdopted(t *testing.T) {
 	needPeers(t)
-	if os.Geteuid() != 0 {
-		if os.Getenv("CI") != "" {
-			t.Fatal("this test needs root, to restore as root into another user's directory (CI runs as root)")
-		}
-		t.Skip("needs root, to restore as root into another user's directory")
-	}
+	needRoot(t, "to restore as root into another user's directory")
 	const trainer = 65534
 	ts := newS3TestStore(startS3(t), "owner")
 	const job = "restore-owner"
