@@ -717,7 +717,8 @@ func (r *watchRun) nestedMarker(name, sub string) {
 	c.nestedSaid = true
 	want := filepath.Join(r.dir, name, filepath.FromSlash(path.Dir(path.Dir(sub))))
 	r.log.Warn().Str("checkpoint", name).Str("marker", sub).Str("checkpoint_dir", r.dir).
-		Str("fix", "set checkpoint.dir to "+want+", the directory the trainer writes its checkpoint directories into").
+		Str("fix", "set checkpoint.dir to "+want+", if that is the directory the trainer writes its checkpoint directories into; "+
+			"otherwise write "+r.marker+" at the top of "+filepath.Join(r.dir, name)+" once all of it is written").
 		Msg("a file named like the marker is below the top of a checkpoint directory, which it does not complete: nothing of it is committed; checkpoint.dir looks too high")
 }
 

@@ -420,8 +420,10 @@ func TestMarkerBelowTheTopIsWarnedOf(t *testing.T) {
 		got[l["checkpoint"].(string)] = l["fix"].(string)
 	}
 	want := map[string]string{
-		"run1": "set checkpoint.dir to " + filepath.Join(dir, "run1") + ", the directory the trainer writes its checkpoint directories into",
-		"run2": "set checkpoint.dir to " + filepath.Join(dir, "run2", "checkpoint-5") + ", the directory the trainer writes its checkpoint directories into",
+		"run1": "set checkpoint.dir to " + filepath.Join(dir, "run1") + ", if that is the directory the trainer writes its checkpoint directories into; " +
+			"otherwise write _COMPLETE at the top of " + filepath.Join(dir, "run1") + " once all of it is written",
+		"run2": "set checkpoint.dir to " + filepath.Join(dir, "run2", "checkpoint-5") + ", if that is the directory the trainer writes its checkpoint directories into; " +
+			"otherwise write _COMPLETE at the top of " + filepath.Join(dir, "run2") + " once all of it is written",
 	}
 	if len(lines) != 2 || got["run1"] != want["run1"] || got["run2"] != want["run2"] {
 		t.Errorf("warnings %v; want one for run1 and one for run2: %v", lines, want)

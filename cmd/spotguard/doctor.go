@@ -379,7 +379,7 @@ func doctorCheckpointDir(rep *doctorReport, cfg *agent.Config) {
 	if top, below := doctorMarkerBelow(dir, entries, cfg.Checkpoint.Marker); top != "" {
 		rep.add("checkpoint.dir", doctorWarn, fmt.Sprintf("%s holds %s, below the top of %s, which it does not complete: nothing of it is ever committed (checkpoint.dir looks one level too high)",
 			dir, filepath.Join(top, below), top),
-			"set checkpoint.dir to "+filepath.Join(dir, top)+", the directory the trainer writes its checkpoint directories into")
+			"set checkpoint.dir to "+filepath.Join(dir, top)+", if that is the directory the trainer writes its checkpoint directories into; otherwise write the marker at the top of "+filepath.Join(dir, top))
 		return
 	}
 	rep.add("checkpoint.dir", doctorPass, fmt.Sprintf("%s is a readable directory (%d entries)", dir, len(entries)), "")

@@ -351,7 +351,7 @@ func TestDoctorCheckpointDirTooHigh(t *testing.T) {
 			if len(rep.Checks) != 1 || rep.Checks[0].Status != tc.state || !strings.Contains(rep.Checks[0].Detail, tc.want) {
 				t.Fatalf("doctorCheckpointDir = %+v; want %s containing %q", rep.Checks, tc.state, tc.want)
 			}
-			if tc.state == doctorWarn && rep.Checks[0].Fix != "set checkpoint.dir to "+filepath.Join(dir, "run1")+", the directory the trainer writes its checkpoint directories into" {
+			if tc.state == doctorWarn && !strings.HasPrefix(rep.Checks[0].Fix, "set checkpoint.dir to "+filepath.Join(dir, "run1")+", if that is") {
 				t.Errorf("fix %q; want checkpoint.dir %s", rep.Checks[0].Fix, filepath.Join(dir, "run1"))
 			}
 		})
