@@ -2,6 +2,7 @@ package checkpoint
 
 import (
 	"errors"
+	"io/fs"
 	"os"
 	"path"
 	"path/filepath"
@@ -139,4 +140,41 @@ func writeNotUTF8(t *testing.T, dir, ckpt string) string {
 		t.Skipf("this file system refuses names that are not UTF-8: %v", err)
 	}
 	return bad
+}
+
+// A single-file checkpoint the owner of checkpoint.dir could not read (a root trainer's 0600
+// file in a directory another user owns) is never uploaded; it used to be skipped with a warning
+// alone, never committed and never said to be. It is withheld now, an error, until it is
+// readable; then it is committed.
+func TestSingleFileTheOwnerCannotReadIsWithheld(t *testing.T) {
+	dir := t.TempDir()
+	mode := fs.FileMode(0) // its owner, this user, cannot read it
+	if os.Geteuid() == 0 {
+		if err := os.Chown(dir, 12345, 12345); err != nil { // the trainer's user owns checkpoint.dir
+			t.Fatal(err)
+		}
+		mode = 0o600 // root's, as a root trainer's tempfile.mkstemp makes it
+	}
+	r := startUploader(t, dir, newMemStore(), 0)
+	tmp := filepath.Join(dir, ".model.pt.tmp")
+	if err := os.WriteFile(tmp, randomBytes(t, 4<<10), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(tmp, mode); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, filepath.Join(dir, "model.pt")); err != nil {
+		t.Fatal(err)
+	}
+	ev := r.waitEvent(CheckpointWithheld, "model.pt")
+	if !errors.Is(ev.Err, ErrNotStorable) || !strings.Contains(ev.Err.Error(), "could not read it") {
+		t.Errorf("model.pt withheld for %v; want ErrNotStorable, the owner could not read it", ev.Err)
+	}
+	if st := r.up.Status(t.Context()); len(st.Checkpoints) != 1 || !st.Checkpoints[0].Withheld {
+		t.Errorf("status %+v; want model.pt withheld", st.Checkpoints)
+	}
+	if err := os.Chmod(filepath.Join(dir, "model.pt"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	r.waitCommitted("model.pt")
 }

@@ -304,7 +304,9 @@ func NewWatcher(cfg WatchConfig) (*Watcher, error) {
 // only if the reason changes, or after the path was reported in between) invalid names,
 // symbolic links and other non-regular files, and regular files with more than one hard link or
 // that the owner of Dir (as NewWatcher saw it) could not read. Nothing outside Dir is reported,
-// and no symbolic link is followed.
+// and no symbolic link is followed. A single-file checkpoint skipped for either of the last two
+// reasons gets a Withheld (and an Error log line): the trainer saved it, and it is never
+// committed as it is.
 //
 // On fsnotify.ErrEventOverflow it logs a Warn, scans again in full and sends everything again
 // as at the start, then continues: first Removed for the checkpoints that are gone; then, for
@@ -734,6 +736,23 @@ func (r *watchRun) skip(rel, kind string, err error) {
 	}
 	n.warned = reason
 	scanLogSkip(r.log, r.abs(rel), kind, err)
+	if err != nil && !strings.Contains(rel, "/") && r.walker.isSingle(rel) && (errors.Is(err, errScanUnreadable) || errors.Is(err, errScanHardLink)) {
+		r.singleWithheld(rel, err)
+	}
+}
+
+// singleWithheld sends the Withheld of the single-file checkpoint name, a regular file matching
+// the pattern that is skipped because of err (the owner of Dir could not read it, or it is
+// another user's hard link): a checkpoint the trainer saved that is never committed, which must
+// be an error, not a warning alone.
+func (r *watchRun) singleWithheld(name string, err error) {
+	fi, lerr := r.walker.root.Lstat(name)
+	if lerr != nil || !fi.Mode().IsRegular() {
+		return
+	}
+	err = fmt.Errorf("%w: %s: %w; %s", ErrNotStorable, name, err, notStorableFix)
+	r.log.Error().Err(err).Str("checkpoint", name).Msg("single-file checkpoint cannot be stored; never committed as it is")
+	r.emit(WatchEvent{Kind: Withheld, Checkpoint: name, Path: name, Size: fi.Size(), ModTime: fi.ModTime(), ID: FileIDOf(fi), Err: err})
 }
 
 // unreport takes back the FileReady of the file rel, which can no longer be reported (it is
