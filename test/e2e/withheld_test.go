@@ -38,10 +38,7 @@ func TestFileTheOwnerCannotReadWithholdsTheCheckpoint(t *testing.T) {
 			t.Fatal(err)
 		}
 		for _, f := range slices.Sorted(maps.Keys(files)) {
-			writeSynced(t, filepath.Join(ck, f), randomBytes(t, 1<<20))
-			if err := os.Chmod(filepath.Join(ck, f), files[f]); err != nil {
-				t.Fatal(err)
-			}
+			saveAtomically(t, filepath.Join(ck, f), files[f], -1) // root's, as a container's trainer
 		}
 		syncDir(t, ck)
 		writeSynced(t, filepath.Join(ck, "_COMPLETE"), nil)
@@ -124,17 +121,7 @@ func TestRestoreAsRootIntoTheTrainersDirIsAdopted(t *testing.T) {
 		t.Fatal(err)
 	}
 	for name, mode := range map[string]os.FileMode{"model.pt": 0o644, "optimizer.pt": 0o600} {
-		p := filepath.Join(ck, "."+name+".tmp")
-		writeSynced(t, p, randomBytes(t, 1<<20))
-		if err := os.Chown(p, trainer, trainer); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.Chmod(p, mode); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.Rename(p, filepath.Join(ck, name)); err != nil { // as the trainer's atomic save
-			t.Fatal(err)
-		}
+		saveAtomically(t, filepath.Join(ck, name), mode, trainer)
 	}
 	if err := os.Chown(ck, trainer, trainer); err != nil {
 		t.Fatal(err)
@@ -179,5 +166,26 @@ func TestRestoreAsRootIntoTheTrainersDirIsAdopted(t *testing.T) {
 	}
 	if code, h := ap2.healthz(t); code != 200 {
 		t.Errorf("/healthz %d on the next instance: %v", code, h.Reasons)
+	}
+}
+
+// saveAtomically saves 1 MiB of random bytes at path as a trainer's atomic save does: written to
+// a temporary name beside it (".NAME.tmp", which the agent never looks at) with its mode and, for
+// uid not -1, its owner, then renamed into place; so the file never appears with another mode
+// or owner than its own.
+func saveAtomically(t testing.TB, path string, mode os.FileMode, uid int) {
+	t.Helper()
+	tmp := filepath.Join(filepath.Dir(path), "."+filepath.Base(path)+".tmp")
+	writeSynced(t, tmp, randomBytes(t, 1<<20))
+	if uid != -1 {
+		if err := os.Chown(tmp, uid, uid); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.Chmod(tmp, mode); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		t.Fatal(err)
 	}
 }
