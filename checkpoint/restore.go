@@ -255,7 +255,7 @@ func restoreOnce(ctx context.Context, s Store, opts RestoreOptions, conc int, ru
 		return fail(fmt.Errorf("checkpoint %q: %w", m.Checkpoint, err))
 	}
 
-	if err := os.MkdirAll(opts.To, 0o755); err != nil {
+	if err := restoreMkdirAll(opts.To, run); err != nil {
 		return failCP(fmt.Errorf("create destination: %w", err))
 	}
 	to, err := os.OpenRoot(opts.To)
@@ -1008,6 +1008,91 @@ func restoreOwnerOf(to *os.Root) *restoreOwner {
 		return nil
 	}
 	return &restoreOwner{uid: int(st.uid), gid: int(st.gid)}
+}
+
+// restoreMkdirAll creates dir and the parents it lacks, as os.MkdirAll does. Run as root, the
+// directories it creates belong to the owner (and group) of the nearest directory above them
+// that exists, as if that user had made them, unless that is root: `sudo spotguard restore --to
+// /home/ubuntu/ckpt` on a new instance leaves a ckpt the trainer (ubuntu) can save into, and
+// [restoreOwnerOf] then gives it the restored files too. Each directory is created and given
+// away through a handle below that existing directory, and only when it is still the empty
+// directory of root's just made: a user who swaps a name for a link meanwhile gets nothing
+// outside the directory it owns.
+func restoreMkdirAll(dir string, run *restoreRun) error {
+	if os.Geteuid() != 0 {
+		return os.MkdirAll(dir, 0o755)
+	}
+	base, missing := filepath.Clean(dir), []string(nil)
+	for {
+		fi, err := os.Stat(base)
+		if err == nil {
+			if !fi.IsDir() {
+				return os.MkdirAll(dir, 0o755) // which says what is in the way
+			}
+			break
+		}
+		parent := filepath.Dir(base)
+		if !errors.Is(err, fs.ErrNotExist) || parent == base {
+			return os.MkdirAll(dir, 0o755)
+		}
+		missing, base = append(missing, filepath.Base(base)), parent
+	}
+	if len(missing) == 0 {
+		return nil
+	}
+	fi, err := os.Stat(base)
+	if err != nil {
+		return err
+	}
+	st, ok := fileStat(fi)
+	if !ok || st.uid == 0 {
+		return os.MkdirAll(dir, 0o755)
+	}
+	root, err := os.OpenRoot(base)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = root.Close() }() // a directory handle: nothing to flush
+	owner := &restoreOwner{uid: int(st.uid), gid: int(st.gid)}
+	rel := ""
+	for i := len(missing) - 1; i >= 0; i-- {
+		rel = filepath.Join(rel, missing[i])
+		if err := root.Mkdir(rel, 0o755); err != nil {
+			if errors.Is(err, fs.ErrExist) {
+				continue // made meanwhile by someone else: theirs
+			}
+			return err
+		}
+		if err := restoreGiveDir(root, rel, owner); err != nil {
+			run.warn(func(log zerolog.Logger) {
+				log.Warn().Err(err).Str("dir", filepath.Join(base, rel)).Int("uid", owner.uid).Int("gid", owner.gid).
+					Msg("cannot give the directory the restore created to the owner of the directory it is in; it belongs to root")
+			})
+		}
+	}
+	return nil
+}
+
+// restoreGiveDir gives the directory name in root, just made by this (root) process, to owner,
+// through a handle, if it is still that: a directory of root's with nothing in it.
+func restoreGiveDir(root *os.Root, name string, owner *restoreOwner) error {
+	d, err := root.Open(name)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = d.Close() }() // a directory handle: nothing to flush
+	fi, err := d.Stat()
+	if err != nil {
+		return err
+	}
+	st, ok := fileStat(fi)
+	if !fi.IsDir() || !ok || st.uid != 0 {
+		return fmt.Errorf("%s is no longer the directory the restore created", filepath.Join(root.Name(), name))
+	}
+	if _, err := d.Readdirnames(1); !errors.Is(err, io.EOF) {
+		return fmt.Errorf("%s is no longer the empty directory the restore created", filepath.Join(root.Name(), name))
+	}
+	return d.Chown(owner.uid, owner.gid)
 }
 
 // chown makes the file f belong to r.owner, if there is one. A failure (a file system that

@@ -93,6 +93,43 @@ func TestRestoreAsRootGivesTheFilesToTheDestinationsOwner(t *testing.T) {
 			t.Errorf("Scan of the restored checkpoint = %v; want %v", names, want)
 		}
 	})
+	// sudo spotguard restore --to /home/ubuntu/ckpt on a new instance: the directories it has to
+	// create are the owner's of the one they are made in, and so are the files. (Found from
+	// outside: they were root's, and the trainer could not save into ckpt.)
+	t.Run("created in another user's", func(t *testing.T) {
+		_, home := restoreTestDirs(t)
+		if err := os.Chown(home, uid, gid); err != nil {
+			t.Fatal(err)
+		}
+		to := filepath.Join(home, "run", "ckpt")
+		var log bytes.Buffer
+		res, err := Restore(t.Context(), s, restoreTestOpts(to, &log))
+		if err != nil {
+			t.Fatalf("Restore() error: %v", err)
+		}
+		got := owned(t, home)
+		for _, rel := range []string{"run", "run/ckpt", "run/ckpt/step-1", "run/ckpt/step-1/optimizer.pt", "run/ckpt/step-1/optim/deep"} {
+			if got[rel] != [2]uint32{uid, gid} {
+				t.Errorf("%s belongs to %v; want %d:%d", rel, got[rel], uid, gid)
+			}
+		}
+		if res.Dir != filepath.Join(to, "step-1") {
+			t.Errorf("restored into %s; want %s", res.Dir, filepath.Join(to, "step-1"))
+		}
+	})
+	t.Run("created in root's", func(t *testing.T) {
+		_, base := restoreTestDirs(t)
+		to := filepath.Join(base, "run", "ckpt")
+		var log bytes.Buffer
+		if _, err := Restore(t.Context(), s, restoreTestOpts(to, &log)); err != nil {
+			t.Fatalf("Restore() error: %v", err)
+		}
+		for rel, o := range owned(t, base) {
+			if o != [2]uint32{0, 0} {
+				t.Errorf("%s belongs to %v; want root's", rel, o)
+			}
+		}
+	})
 	t.Run("root's", func(t *testing.T) {
 		_, to := restoreTestDirs(t)
 		var log bytes.Buffer
