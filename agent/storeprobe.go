@@ -168,6 +168,25 @@ func StoreErrorSummary(err error) string {
 	return err.Error()
 }
 
+// codeFixes say what to do about S3 error codes whose fix does not follow from their reason
+// (most are "other"), given the bucket.
+var codeFixes = map[string]func(bucket string) string{
+	"PermanentRedirect":                  storeFixRegion,
+	"AuthorizationHeaderMalformed":       storeFixRegion,
+	"IllegalLocationConstraintException": storeFixRegion,
+	"InvalidBucketName": func(bucket string) string {
+		return fmt.Sprintf("S3 does not take %q as a bucket name (3 to 63 lowercase letters, digits, dots and hyphens): fix the bucket in store.url", bucket)
+	},
+}
+
+func storeFixRegion(string) string {
+	return "the bucket is in another region: set AWS_REGION (or the profile's region) to the bucket's region"
+}
+
+// StoreFixKnown reports whether [StoreFix] knows what to do about err itself (its S3 error code),
+// beyond what its reason says: worth saying even for the reason "other".
+func StoreFixKnown(err error) bool { return codeFixes[storeErrorCode(err)] != nil }
+
 // StoreFix says what to do about a store failure of reason (see [StoreErrorReason]) on the store
 // at url; err, if not nil, refines it (missing credentials, a wrong region).
 func StoreFix(reason, url string, err error) string {
@@ -178,9 +197,10 @@ func StoreFix(reason, url string, err error) string {
 	if prefix != "" {
 		objects = where + "/" + prefix + "/*"
 	}
+	if fix := codeFixes[code]; fix != nil {
+		return fix(bucket)
+	}
 	switch {
-	case code == "PermanentRedirect" || code == "AuthorizationHeaderMalformed" || code == "IllegalLocationConstraintException":
-		return "the bucket is in another region: set AWS_REGION (or the profile's region) to the bucket's region"
 	case scheme == "file" && reason == StoreDenied:
 		return "the agent cannot write " + prefix + ": fix its owner or permissions, or mount it read-write"
 	case scheme == "file":

@@ -98,6 +98,7 @@ func TestStoreErrorSummaryAndFix(t *testing.T) {
 		{StoreDenied, "s3://b/runs", s3Err(403, "SignatureDoesNotMatch", "The request signature we calculated does not match"), "the secret access key does not belong to the access key id"},
 		{StoreDenied, "s3://b/runs", s3Err(403, "InvalidAccessKeyId", "no such key id"), "S3 does not know the access key id"},
 		{StoreOther, "s3://b", s3Err(301, "PermanentRedirect", "elsewhere"), "AWS_REGION"},
+		{StoreOther, "s3://Ckpt/runs", s3Err(400, "InvalidBucketName", "The specified bucket is not valid."), `S3 does not take "Ckpt" as a bucket name`},
 		{StoreNetwork, "s3://b", errors.New("dial tcp: connection refused"), "AWS_ENDPOINT_URL_S3"},
 		{StoreThrottled, "s3://b", nil, "store.concurrency"},
 		{StoreChanged, "s3://b", nil, "store.job"},

@@ -509,7 +509,7 @@ func (p *progressLog) line(now time.Time, end bool) {
 // when S3 said NoSuchBucket.
 func storeHint(w io.Writer, cmd, url string, err error, notFound string) {
 	reason := agent.StoreErrorReason(err)
-	if reason == "" || reason == agent.StoreOther || errors.Is(err, checkpoint.ErrDamaged) || errors.Is(err, context.Canceled) {
+	if reason == "" || reason == agent.StoreOther && !agent.StoreFixKnown(err) || errors.Is(err, checkpoint.ErrDamaged) || errors.Is(err, context.Canceled) {
 		return
 	}
 	if objectMissing(err) {

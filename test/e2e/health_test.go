@@ -178,6 +178,20 @@ func TestDrillMissingBucketFailsFast(t *testing.T) {
 	}
 }
 
+// A bucket name S3 refuses (capitals) gets the fix for it from list and restore, against a real
+// S3 server: it used to get S3's InvalidBucketName and no fix at all.
+func TestInvalidBucketNameIsSaid(t *testing.T) {
+	needPeers(t)
+	s3 := startS3(t)
+	for _, args := range [][]string{{"list"}, {"restore", "--to", t.TempDir()}} {
+		code, _, stderr := runSpotguard(t, append(s3.env(""), "AWS_REGION=us-east-1"), append(args, "--store.url", "s3://Checkpoints/x", "--store.job", "j")...)
+		want := `fix: S3 does not take "Checkpoints" as a bucket name (3 to 63 lowercase letters, digits, dots and hyphens): fix the bucket in store.url`
+		if code != 1 || !strings.Contains(stderr, "InvalidBucketName") || !strings.Contains(stderr, want) {
+			t.Errorf("spotguard %s with bucket Checkpoints: exit %d, stderr:\n%s\nwant 1, InvalidBucketName and %q", args[0], code, stderr, want)
+		}
+	}
+}
+
 // failPath is a reverse proxy to target that answers 500 for one path and passes the rest.
 func failPath(t *testing.T, target, path string) string {
 	t.Helper()
