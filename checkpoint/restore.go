@@ -1,6 +1,7 @@
 package checkpoint
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/json"
@@ -383,6 +384,11 @@ func restoreResolve(ctx context.Context, s Store, opts RestoreOptions, run *rest
 	if blocking := restoreBlocking(restoreUnusableCommits(st), opts.Checkpoint, newest); len(blocking) > 0 {
 		return nil, false, restoreUnusableErr(ctx, s, job, opts.Checkpoint, blocking, newest)
 	}
+	if newest != nil {
+		if err := restoreSplit(st, opts, newest.Manifest); err != nil {
+			return nil, false, err
+		}
+	}
 	if opts.Checkpoint != "" {
 		if newest != nil {
 			return newest.Manifest, false, nil
@@ -410,6 +416,40 @@ func restoreResolve(ctx context.Context, s Store, opts RestoreOptions, run *rest
 		ev.Msg("LATEST is missing or unusable; restoring the newest commit")
 	}
 	return newest.Manifest, true, nil
+}
+
+// restoreSplit returns an error wrapping a *SplitSaveError when m, the newest commit (of the
+// checkpoint asked for), is one piece of a save committed in pieces (splitWith): none of the
+// pieces is the whole checkpoint, and a restore of one would put a torn checkpoint in place as
+// complete. The error names every piece with its instance, and the newest whole commit before
+// that save, if there is one, as the one to ask for instead. nil when m is whole.
+func restoreSplit(st *JobState, opts RestoreOptions, m *Manifest) error {
+	var ms []*Manifest
+	for _, c := range st.Commits {
+		ms = append(ms, c.Manifest)
+	}
+	marker := cmp.Or(opts.Marker, scanDefaultMarker)
+	others := splitWith(m, ms, marker)
+	if len(others) == 0 {
+		return nil
+	}
+	split := &SplitSaveError{Commit: m, Others: others}
+	first := others[0].Order() // the save's first piece
+	if first.After(m.Order()) {
+		first = m.Order()
+	}
+	var older *Manifest
+	for _, o := range ms { // newest first
+		if first.After(o.Order()) && (opts.Checkpoint == "" || o.Checkpoint == opts.Checkpoint) && len(splitWith(o, ms, marker)) == 0 {
+			older = o
+			break
+		}
+	}
+	msg := "restore each piece on the node that wrote it (spotguard restore --checkpoint " + m.Checkpoint + " --commit ID, the commit of that node's instance)"
+	if older != nil {
+		msg += fmt.Sprintf(", or the newest whole commit before it: --checkpoint %s --commit %s", older.Checkpoint, older.Commit)
+	}
+	return fmt.Errorf("the newest commit cannot be restored as the checkpoint: %w; %s", split, msg)
 }
 
 // restoreUnusable is a commit whose manifest is in the store but cannot be used.

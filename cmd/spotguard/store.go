@@ -202,6 +202,10 @@ func runRestore(ctx context.Context, args, environ []string, stdout, stderr io.W
 			notFound = fmt.Sprintf("job %s has no valid commit of checkpoint %q in %s: `spotguard list` shows the job's checkpoints and commits", cfg.Store.Job, *name, store.URL())
 		}
 		restoreHint(stderr, cfg.Store.URL, *to, err, notFound, need.Load(), freeSpace)
+		if errors.Is(err, checkpoint.ErrSplitSave) {
+			fmt.Fprintf(stderr, "spotguard restore: fix: a multi-node job: set store.world_nodes (the node count) and store.node_rank on every node's agent\n"+
+				"(docs/multinode.md), so that its nodes' files make one checkpoint; two runs: give each its own store.job\n")
+		}
 		if errors.Is(err, checkpoint.ErrDamaged) {
 			fmt.Fprintf(stderr, "spotguard restore: this commit cannot be restored; `spotguard list` shows the others, and\n"+
 				"`spotguard restore --checkpoint NAME --commit ID` restores one of them.\n"+
@@ -341,6 +345,7 @@ func runList(ctx context.Context, args, environ []string, stdout, stderr io.Writ
 	code := exitOK
 	if *check {
 		violations := checkpoint.CheckJob(ctx, store, cfg.Store.Job, false)
+		violations = append(violations, checkpoint.SplitSaves(cs, cfg.Checkpoint.Marker)...)
 		for _, v := range violations {
 			fmt.Fprintf(stderr, "spotguard list: check: %v\n", v)
 		}

@@ -1,0 +1,134 @@
+package checkpoint
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+)
+
+// A save committed in pieces. The nodes of a multi-node job that all run with store.world_nodes
+// 1 (unset) each commit their own files alone, as the checkpoint of one node, under the same name
+// and within seconds of each other: every commit is whole as a single-node commit, and none is
+// the job's checkpoint, whose other files are in the other commits. Restoring the newest would
+// restore a torn checkpoint as complete. Two runs that share one store.job and save the same
+// name at the same time leave the same (I6: whichever is newer is not the run's own).
+//
+// Nothing in one commit shows it; side by side they do: single-node commits of one name by
+// different instances, of one save (completed within SaveSpread, with the same marker bytes), and
+// with other files (a path only one of them has, or other bytes under one path). Copies of the
+// same bytes (every node saving the same replicated model) are no pieces: each is whole.
+
+// ErrSplitSave is wrapped by the errors that say a commit is one piece of a save committed in
+// pieces (see [SplitSaveError]).
+var ErrSplitSave = errors.New("checkpoint: a save was committed in pieces by several instances")
+
+// SplitSaveError says that Commit is one piece of a save that Others, committed by other
+// instances, are pieces of too.
+type SplitSaveError struct {
+	Commit *Manifest
+	Others []*Manifest
+}
+
+func (e *SplitSaveError) Error() string {
+	pieces := append([]*Manifest{e.Commit}, e.Others...)
+	slices.SortFunc(pieces, byOrder)
+	first, last := pieces[0].Order().At, pieces[len(pieces)-1].Order().At
+	var b strings.Builder
+	fmt.Fprintf(&b, "checkpoint %s was committed in %d pieces by %d instances within %v of each other, each with other files (",
+		e.Commit.Checkpoint, len(pieces), len(pieces), last.Sub(first).Round(time.Millisecond))
+	for i, m := range pieces {
+		if i > 0 {
+			b.WriteString("; ")
+		}
+		fmt.Fprintf(&b, "commit %s by %s, %d files", m.Commit, describeHost(m.Host), len(m.Files))
+	}
+	b.WriteString("): the nodes of a multi-node job with store.world_nodes unset (1), or two runs sharing one store.job; no one of them is the whole checkpoint")
+	return b.String()
+}
+
+func (e *SplitSaveError) Unwrap() error { return ErrSplitSave }
+
+// splitWith returns the commits among ms that are other pieces of the save that m is a piece of
+// (see above), oldest first; nil when m is whole. Only version 2 single-node commits by known
+// instances (an instance id or a host name) are judged: a commit without its instance cannot be
+// told from one of the same instance, which saves the same name again only after a rollback.
+func splitWith(m *Manifest, ms []*Manifest, marker string) []*Manifest {
+	if !splittable(m) {
+		return nil
+	}
+	var others []*Manifest
+	for _, o := range ms {
+		if o.Checkpoint != m.Checkpoint || o.Commit == m.Commit || !splittable(o) || sameInstance(m, o) ||
+			!sameSave(m, o, marker) || sameBytes(m, o) {
+			continue
+		}
+		others = append(others, o)
+	}
+	slices.SortFunc(others, byOrder)
+	return others
+}
+
+// byOrder orders manifests oldest first (Manifest.Order).
+func byOrder(a, b *Manifest) int {
+	switch ao, bo := a.Order(), b.Order(); {
+	case bo.After(ao):
+		return -1
+	case ao.After(bo):
+		return 1
+	}
+	return 0
+}
+
+// splittable reports whether m may be a piece of a split save: a version 2 single-node commit
+// (no parts) whose instance is known.
+func splittable(m *Manifest) bool {
+	return m.Commit != "" && m.Part == nil && m.Parts == nil && (m.Host.InstanceID != "" || m.Host.Hostname != "")
+}
+
+// sameBytes reports whether a and b list the same paths with the same bytes (wherever they are
+// stored).
+func sameBytes(a, b *Manifest) bool {
+	if len(a.Files) != len(b.Files) {
+		return false
+	}
+	sums := make(map[string]File, len(a.Files))
+	for _, f := range a.Files {
+		sums[f.Path] = f
+	}
+	for _, f := range b.Files {
+		if g, ok := sums[f.Path]; !ok || g.Size != f.Size || g.Checksum != f.Checksum {
+			return false
+		}
+	}
+	return true
+}
+
+// SplitSaves returns one *SplitSaveError per save committed in pieces among cs (as ListCommitted
+// returns them, newest first), newest first, each naming its newest piece and the others;
+// marker is checkpoint.marker ("" means "_COMPLETE"). For `spotguard list --check`.
+func SplitSaves(cs []Committed, marker string) []error {
+	marker = cmp.Or(marker, scanDefaultMarker)
+	ms := make([]*Manifest, 0, len(cs))
+	for _, c := range cs {
+		ms = append(ms, c.Manifest)
+	}
+	seen := map[string]bool{}
+	var errs []error
+	for _, m := range ms {
+		if seen[m.Commit] {
+			continue
+		}
+		others := splitWith(m, ms, marker)
+		if len(others) == 0 {
+			continue
+		}
+		for _, o := range others {
+			seen[o.Commit] = true
+		}
+		errs = append(errs, &SplitSaveError{Commit: m, Others: others})
+	}
+	return errs
+}
