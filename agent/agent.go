@@ -105,6 +105,10 @@ type Agent struct {
 	// (CheckpointWithheld: a file of it cannot be stored, or part of it cannot be read), until
 	// it or a checkpoint completed after it commits: /healthz is 503 meanwhile.
 	withheld *checkpoint.UploadEvent
+	// split is the newest commit of this agent's found to be one piece of a save committed in
+	// pieces (CheckpointSplit), until a commit completed after it is found whole
+	// (CheckpointWhole): /healthz is 503 meanwhile.
+	split *checkpoint.UploadEvent
 	// needRestart are the keys the last reload could not apply (their running values stay);
 	// reloadedAt is when it was.
 	needRestart []string

@@ -112,6 +112,19 @@ func (a *Agent) onUpload(ev checkpoint.UploadEvent) {
 			a.withheld = &ev
 		}
 		a.mu.Unlock()
+	case checkpoint.CheckpointSplit:
+		a.metrics.split.Inc()
+		a.mu.Lock()
+		if a.split == nil || ev.At.After(a.split.At) {
+			a.split = &ev
+		}
+		a.mu.Unlock()
+	case checkpoint.CheckpointWhole:
+		a.mu.Lock()
+		if a.split != nil && ev.At.After(a.split.At) {
+			a.split = nil
+		}
+		a.mu.Unlock()
 	case checkpoint.JobCheckpointCommitted:
 		writer := "this"
 		if ev.Already {

@@ -104,6 +104,7 @@ func (a *Agent) health(now time.Time) healthVerdict {
 	pending := strings.Join(a.needRestart, ", ")
 	jobProblem := a.jobProblem
 	withheld := a.withheld
+	split := a.split
 	refused := a.reloadRefused
 	a.mu.Unlock()
 	if refused != "" {
@@ -119,6 +120,10 @@ func (a *Agent) health(now time.Time) healthVerdict {
 		v.reason(fmt.Sprintf("checkpoint %s has its marker (%s) but is not committed: %v; healthy again once it or a checkpoint completed after it commits",
 			withheld.Checkpoint, withheld.At.UTC().Format(time.RFC3339), withheld.Err),
 			"checkpoint "+withheld.Checkpoint+" not committed: "+withheldWhy(withheld.Err))
+	}
+	if split != nil {
+		v.reason(fmt.Sprintf("%v; set store.world_nodes and store.node_rank on every node of a multi-node job (docs/multinode.md), or give each run its own store.job; healthy again once a checkpoint completed after it is found whole",
+			split.Err), "checkpoint "+split.Checkpoint+" committed in pieces by several instances")
 	}
 	if pending != "" {
 		v.warn("the configuration file changes "+pending+", which only a restart applies (systemctl restart spotguard); the running values stay until then",

@@ -29,6 +29,7 @@ type promMetrics struct {
 	committed        *prometheus.CounterVec
 	commitFailures   prometheus.Counter
 	withheld         prometheus.Counter
+	split            prometheus.Counter
 	jobCommitted     *prometheus.CounterVec
 	jobFailures      prometheus.Counter
 	uploadBytes      prometheus.Counter
@@ -103,6 +104,10 @@ func newMetrics(reg prometheus.Registerer, stats func() imds.Stats) *promMetrics
 		Name: "spotguard_checkpoints_withheld_total",
 		Help: "Times a checkpoint whose marker is there was not committed because a file of it cannot be stored or part of it cannot be read.",
 	})
+	m.split = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "spotguard_checkpoints_split_total",
+		Help: "Commits of this agent's found to be one piece of a save other instances committed pieces of, each with other files (the nodes of a multi-node job at store.world_nodes 1, or two runs sharing one store.job).",
+	})
 	m.uploadBytes = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "spotguard_checkpoint_upload_bytes_total",
 		Help: "Bytes of committed checkpoints uploaded by this agent.",
@@ -150,7 +155,7 @@ func newMetrics(reg prometheus.Registerer, stats func() imds.Stats) *promMetrics
 		Name: "spotguard_job_checkpoint_failures_total",
 		Help: "Multi-node jobs: attempts to complete a job checkpoint that failed for good reasons (a conflict between nodes, other parts in the job manifest, parts missing after store.part_wait).",
 	})
-	reg.MustRegister(m.committed, m.commitFailures, m.withheld, m.jobCommitted, m.jobFailures, m.uploadBytes, m.uploadEarly, m.uploadSeconds, m.uploadThroughput,
+	reg.MustRegister(m.committed, m.commitFailures, m.withheld, m.split, m.jobCommitted, m.jobFailures, m.uploadBytes, m.uploadEarly, m.uploadSeconds, m.uploadThroughput,
 		m.forecast, m.newestCommitted, m.writeSeconds, m.timeToDurable, m.deadlineMargin)
 	reg.MustRegister(m.notices, m.signals, m.discoveryProblems, m.signalLatency, m.trainerProcesses,
 		m.trainerUncaught, m.syncRequests, m.reloads, m.noticeDeadlineLeft, m.checkpointMissing)

@@ -434,3 +434,41 @@ func TestStatusLineBeforeTheFirstLookForTheTrainer(t *testing.T) {
 		t.Errorf("STATUS line after a look that found none = %q; want no trainer found", line)
 	}
 }
+
+// A commit of this agent's found to be one piece of a save other instances committed pieces of
+// makes /healthz 503 naming it, and counts; a commit completed after it and found whole (looked
+// at again at the commit after it) makes it healthy again; one found whole that completed
+// before it does not.
+func TestSplitSaveIsUnhealthyUntilALaterCommitIsWhole(t *testing.T) {
+	cfg := mustLoad(t, LoadOptions{Environ: []string{"SPOTGUARD_HTTP_LISTEN=", "SPOTGUARD_TRAINER_MATCH=train",
+		"SPOTGUARD_AGENT_RUNTIME_DIR=" + t.TempDir()}})
+	a, err := New(cfg, Deps{Logger: zerolog.Nop(), IMDS: newFakeIMDS()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t0 := time.Now().Add(-10 * time.Minute)
+	commit := func(name string, at time.Time) *checkpoint.Manifest {
+		return &checkpoint.Manifest{Checkpoint: name, Commit: "c-" + name, Trigger: "periodic", CommittedAt: at, Timings: checkpoint.Timings{CompleteAt: &at}}
+	}
+	split := func() bool {
+		return slices.ContainsFunc(a.health(time.Now()).Reasons, func(r string) bool {
+			return strings.Contains(r, "pieces of step-200") && strings.Contains(r, "store.world_nodes")
+		})
+	}
+	a.onUpload(checkpoint.UploadEvent{Kind: checkpoint.CheckpointSplit, Checkpoint: "step-200", At: t0, Manifest: commit("step-200", t0),
+		Err: errors.New("pieces of step-200")})
+	if v := a.health(time.Now()); !split() || v.Healthy || !slices.Contains(v.short, "checkpoint step-200 committed in pieces by several instances") {
+		t.Fatalf("health after a save in pieces: %+v; want 503 naming it", v)
+	}
+	if !strings.Contains(scrape(t, a), "spotguard_checkpoints_split_total 1") {
+		t.Error("spotguard_checkpoints_split_total is not 1")
+	}
+	a.onUpload(checkpoint.UploadEvent{Kind: checkpoint.CheckpointWhole, Checkpoint: "step-100", At: t0.Add(-time.Minute), Manifest: commit("step-100", t0.Add(-time.Minute))})
+	if !split() {
+		t.Error("healthy again after an older commit was found whole")
+	}
+	a.onUpload(checkpoint.UploadEvent{Kind: checkpoint.CheckpointWhole, Checkpoint: "step-300", At: t0.Add(time.Minute), Manifest: commit("step-300", t0.Add(time.Minute))})
+	if split() {
+		t.Error("still unhealthy after a later commit was found whole")
+	}
+}

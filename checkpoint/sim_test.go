@@ -999,13 +999,24 @@ func (s *sim) settle() {
 	}
 	to := filepath.Join(s.root, "restored")
 	res, err := Restore(s.t.Context(), clean, RestoreOptions{Job: s.job, To: to, Logger: zerolog.Nop()})
+	st, _ := readJob(s.t.Context(), clean, s.job, nil)
+	if errors.Is(err, ErrSplitSave) && st.Newest() != nil {
+		// Agents a and b are two runs sharing the job: the same name saved by both within a
+		// minute, with other bytes, is a save in pieces, never restored as the checkpoint.
+		var ms []*Manifest
+		for _, c := range st.Commits {
+			ms = append(ms, c.Manifest)
+		}
+		if len(splitWith(st.Newest().Manifest, ms, scanDefaultMarker)) > 0 {
+			return
+		}
+	}
 	if err != nil {
 		if len(s.b.manifests()) == 0 {
 			return
 		}
 		s.fail("restore of the newest commit: %v", err)
 	}
-	st, _ := readJob(s.t.Context(), clean, s.job, nil)
 	if n := st.Newest().Manifest; n.Commit != res.Commit || n.Checkpoint != res.Checkpoint {
 		s.fail("I6: restore took %s/%s, not the newest commit %s/%s", res.Checkpoint, res.Commit, n.Checkpoint, n.Commit)
 	}

@@ -113,6 +113,15 @@ const (
 	// until that is fixed: part of it could not be read, or a file of it cannot be stored
 	// (ErrNotStorable; Err says which). At is the marker's modification time.
 	CheckpointWithheld
+	// CheckpointSplit: a single-node commit of this agent's (Manifest) is one piece of a save
+	// other instances committed pieces of too, each with other files (Err, a *SplitSaveError):
+	// the nodes of a multi-node job at store.world_nodes 1, or two runs sharing one store.job.
+	// Said once per commit, when it commits or at the commit after it. At is its completion.
+	CheckpointSplit
+	// CheckpointWhole: a single-node commit of this agent's (Manifest), looked at again at the
+	// commit after it, with other instances' commits of the same save in, is whole (not a
+	// piece of a split save). At is its completion.
+	CheckpointWhole
 )
 
 // UploadEvent reports progress of one checkpoint.
@@ -120,8 +129,9 @@ type UploadEvent struct {
 	Kind       UploadEventKind
 	Checkpoint string
 	At         time.Time
-	// Manifest is set for CheckpointCommitted, JobCheckpointCommitted (the job manifest) and
-	// JobCheckpointFailed (this node's part of the save).
+	// Manifest is set for CheckpointCommitted, JobCheckpointCommitted (the job manifest),
+	// JobCheckpointFailed (this node's part of the save), CheckpointSplit and CheckpointWhole
+	// (this agent's commit).
 	Manifest *Manifest
 	// Already is set for CheckpointCommitted when nothing was sent: the store held a commit
 	// with exactly these files (a restored checkpoint, or one committed before a restart).
@@ -224,6 +234,10 @@ type Uploader struct {
 
 	// saves are this node's parts whose save is not committed yet, by commit (multi-node).
 	saves map[string]*pendingSave
+	// lastOwn is the last single-node commit this agent made (checkSplit); splitSaid holds the
+	// commits said to be pieces of a save committed in pieces, with their completion.
+	lastOwn   *Manifest
+	splitSaid map[string]time.Time
 }
 
 // pendingSave is a part of this node's whose job manifest is not seen yet.
@@ -431,6 +445,7 @@ func NewUploader(cfg UploaderConfig) *Uploader {
 		statusCh:  make(chan chan UploaderStatus),
 		endDrain:  make(chan struct{}),
 		saves:     map[string]*pendingSave{},
+		splitSaid: map[string]time.Time{},
 	}
 }
 
@@ -2614,6 +2629,8 @@ func (u *Uploader) handleCommit(ctx context.Context, r commitResult) {
 		u.emit(ev)
 		if m.Part != nil {
 			u.trackSave(ctx, m)
+		} else {
+			u.checkSplit(ctx, m)
 		}
 	}
 	deferred := g.deferred
@@ -2622,6 +2639,66 @@ func (u *Uploader) handleCommit(ctx context.Context, r commitResult) {
 		u.handleWatch(ctx, ev)
 	}
 }
+
+// checkSplit looks, on a goroutine, whether m, a single-node commit this agent just made, or the
+// one it made before m is one piece of a save committed in pieces by several instances
+// (splitWith: the nodes of a multi-node job each at store.world_nodes 1); splitChecked takes the
+// result. Each reads its name's commits from the store: a delimiter listing, and the manifests
+// not read before. The commit before m is looked at again because another node's piece of it
+// may have landed after it was first looked at: so every commit is judged, with the others'
+// pieces in, by the next commit at the latest. A store that fails leaves it to the next commit.
+func (u *Uploader) checkSplit(ctx context.Context, m *Manifest) {
+	prev := u.lastOwn
+	u.lastOwn = m
+	u.wg.Go(func() {
+		ctx, cancel := context.WithTimeout(ctx, completeAttempt)
+		defer cancel()
+		var split []*SplitSaveError
+		var whole *Manifest
+		for _, c := range []*Manifest{prev, m} {
+			if c == nil {
+				continue
+			}
+			ms, err := readName(ctx, u.cfg.Store, u.cfg.Job, c.Checkpoint, u.cache)
+			switch others := splitWith(c, ms, u.cfg.Marker); {
+			case err != nil:
+				u.log.Debug().Err(err).Str("checkpoint", c.Checkpoint).Msg("cannot read the checkpoint's commits to look for pieces of its save from other instances; the next commit looks again")
+			case len(others) > 0:
+				split = append(split, &SplitSaveError{Commit: c, Others: others})
+			case c == prev:
+				whole = c
+			}
+		}
+		select {
+		case u.wake <- func() { u.splitChecked(split, whole) }:
+		case <-ctx.Done():
+		}
+	})
+}
+
+// splitChecked says once of each commit in split that it is one piece of a save committed in
+// pieces (CheckpointSplit), and of whole, a commit looked at again by the commit after it, that
+// it is whole (CheckpointWhole).
+func (u *Uploader) splitChecked(split []*SplitSaveError, whole *Manifest) {
+	maps.DeleteFunc(u.splitSaid, func(_ string, at time.Time) bool { return time.Since(at) > splitSaidFor })
+	for _, e := range split {
+		m := e.Commit
+		if _, said := u.splitSaid[m.Commit]; said {
+			continue
+		}
+		u.splitSaid[m.Commit] = m.Order().At
+		u.log.Error().Err(e).Str("checkpoint", m.Checkpoint).Str("commit", m.Commit).
+			Msg("this checkpoint is one piece of a save other instances committed pieces of, each with its own files: no commit of it is the whole checkpoint, and restore refuses it. Set store.world_nodes and store.node_rank on every node of a multi-node job (docs/multinode.md), or give each run its own store.job")
+		u.emit(UploadEvent{Kind: CheckpointSplit, Checkpoint: m.Checkpoint, At: m.Order().At, Manifest: m, Err: e})
+	}
+	if whole != nil {
+		u.emit(UploadEvent{Kind: CheckpointWhole, Checkpoint: whole.Checkpoint, At: whole.Order().At, Manifest: whole})
+	}
+}
+
+// splitSaidFor is how long a commit said to be a piece of a split save is remembered, so that
+// it is said once: far longer than between two commits.
+const splitSaidFor = 6 * time.Hour
 
 // what names what a commit of m made durable, for the log.
 func what(m *Manifest) string {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
@@ -285,5 +286,64 @@ func TestMultiNodeKilledAgentBetweenPartAndJob(t *testing.T) {
 		if err != nil || !bytes.Equal(got, want) {
 			t.Errorf("restored shard of node %d differs (err %v)", rank, err)
 		}
+	}
+}
+
+// Two nodes of one job, both at the default store.world_nodes 1, each an instance of its own:
+// each commits its own shard alone as checkpoint step-1, then step-2. No commit is the job's
+// checkpoint, and a restore of the newest was a torn checkpoint presented as complete. Now both
+// agents say so (an error, spotguard_checkpoints_split_total, /healthz 503), restore refuses
+// with the fix, and `list --check` fails naming the save. (Found from outside.)
+func TestEveryNodeAtWorldNodesOneIsSaid(t *testing.T) {
+	needPeers(t)
+	s3 := startS3(t)
+	storeURL := "s3://" + s3Bucket + "/split"
+	dirs := []string{t.TempDir(), t.TempDir()}
+	var agents []*agentProc
+	for rank, id := range []string{"i-0aaaaaaaaaaaaaaa0", "i-0bbbbbbbbbbbbbbb1"} {
+		cfg := filepath.Join(t.TempDir(), "aemm-config.json")
+		writeFile(t, cfg, `{"metadata": {"values": {"instance-id": "`+id+`"}}}`)
+		sim := newIMDS(t)
+		sim.start("spot", "-d", "100000", "--rebalance-delay-sec", "100000", "-c", cfg)
+		agents = append(agents, startAgent(t, sim, append([]string{"SPOTGUARD_CHECKPOINT_DIR=" + dirs[rank],
+			"SPOTGUARD_STORE_URL=" + storeURL, "SPOTGUARD_STORE_JOB=nodes-unset", "SPOTGUARD_TRAINER_PIDFILE=" + filepath.Join(t.TempDir(), "none.pid")},
+			s3.env("")...)...))
+	}
+	for i, name := range []string{"step-1", "step-2"} {
+		for rank, dir := range dirs {
+			writeNodeCheckpoint(t, dir, name, rank)
+		}
+		for rank, ap := range agents {
+			eventually(t, 60*time.Second, fmt.Sprintf("agent %d to commit %s", rank, name), func() bool {
+				return metricValue(t, ap.metrics(t), `spotguard_checkpoints_committed_total{trigger="periodic"}`) == float64(i+1)
+			})
+		}
+	}
+	for rank, ap := range agents {
+		eventually(t, 30*time.Second, fmt.Sprintf("agent %d to find a checkpoint committed in pieces", rank), func() bool {
+			return metricValue(t, ap.metrics(t), "spotguard_checkpoints_split_total") >= 1
+		})
+		code, h := ap.healthz(t)
+		if code != http.StatusServiceUnavailable || !strings.Contains(strings.Join(h.Reasons, " "), "committed in 2 pieces by 2 instances") {
+			t.Errorf("agent %d: /healthz %d %v; want 503 saying the checkpoint was committed in pieces", rank, code, h.Reasons)
+		}
+		if log := ap.log(t); !strings.Contains(log, "is one piece of a save other instances committed pieces of") {
+			t.Errorf("agent %d logged no error about the save in pieces", rank)
+		}
+	}
+
+	env := append([]string{"SPOTGUARD_STORE_URL=" + storeURL, "SPOTGUARD_STORE_JOB=nodes-unset"}, s3.env("")...)
+	to := t.TempDir()
+	code, _, stderr := runSpotguard(t, env, "restore", "--to", to, "--config", writeEmptyConfig(t))
+	if code != 1 || !strings.Contains(stderr, "checkpoint step-2 was committed in 2 pieces by 2 instances") ||
+		!strings.Contains(stderr, "fix: a multi-node job: set store.world_nodes") {
+		t.Errorf("spotguard restore: exit %d, stderr:\n%s\nwant 1, the pieces named, and the fix", code, stderr)
+	}
+	if entries, _ := os.ReadDir(to); len(entries) != 0 {
+		t.Errorf("restore put %v in place; want nothing", entries)
+	}
+	code, _, stderr = runSpotguard(t, env, "list", "--check", "--config", writeEmptyConfig(t))
+	if code != 1 || strings.Count(stderr, "check: checkpoint step-") != 2 {
+		t.Errorf("spotguard list --check: exit %d, stderr:\n%s\nwant 1, naming step-1 and step-2", code, stderr)
 	}
 }
