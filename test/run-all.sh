@@ -8,6 +8,8 @@ export PATH="$PWD/bin:$PATH"
 echo "== go vet"
 go vet ./...
 echo "== go test -race"
-go test -race -count=1 -timeout 15m ./...
+# The end-to-end package runs its tests one after another, about 10 minutes on 2 cores; the
+# timeout leaves room for a slower machine.
+go test -race -count=1 -timeout 25m ./...
 echo "== fuzz (short)"
 ./test/fuzz.sh "${FUZZTIME:-30000x}"
