@@ -428,8 +428,8 @@ func restoreSplit(st *JobState, opts RestoreOptions, m *Manifest) error {
 	for _, c := range st.Commits {
 		ms = append(ms, c.Manifest)
 	}
-	marker := cmp.Or(opts.Marker, scanDefaultMarker)
-	others := splitWith(m, ms, marker)
+	marker, byName := cmp.Or(opts.Marker, scanDefaultMarker), commitsByName(ms)
+	others := splitWith(m, byName[m.Checkpoint], marker)
 	if len(others) == 0 {
 		return nil
 	}
@@ -440,7 +440,7 @@ func restoreSplit(st *JobState, opts RestoreOptions, m *Manifest) error {
 	}
 	var older *Manifest
 	for _, o := range ms { // newest first
-		if first.After(o.Order()) && (opts.Checkpoint == "" || o.Checkpoint == opts.Checkpoint) && len(splitWith(o, ms, marker)) == 0 {
+		if first.After(o.Order()) && (opts.Checkpoint == "" || o.Checkpoint == opts.Checkpoint) && len(splitWith(o, byName[o.Checkpoint], marker)) == 0 {
 			older = o
 			break
 		}

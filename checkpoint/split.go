@@ -82,6 +82,15 @@ func byOrder(a, b *Manifest) int {
 	return 0
 }
 
+// commitsByName groups ms by checkpoint name, each in ms's order.
+func commitsByName(ms []*Manifest) map[string][]*Manifest {
+	by := map[string][]*Manifest{}
+	for _, m := range ms {
+		by[m.Checkpoint] = append(by[m.Checkpoint], m)
+	}
+	return by
+}
+
 // splittable reports whether m may be a piece of a split save: a version 2 single-node commit
 // (no parts) whose instance is known.
 func splittable(m *Manifest) bool {
@@ -115,13 +124,14 @@ func SplitSaves(cs []Committed, marker string) []error {
 	for _, c := range cs {
 		ms = append(ms, c.Manifest)
 	}
+	byName := commitsByName(ms)
 	seen := map[string]bool{}
 	var errs []error
 	for _, m := range ms {
 		if seen[m.Commit] {
 			continue
 		}
-		others := splitWith(m, ms, marker)
+		others := splitWith(m, byName[m.Checkpoint], marker)
 		if len(others) == 0 {
 			continue
 		}
