@@ -36,6 +36,10 @@ var ErrNothingToRestore = errors.New("checkpoint: nothing complete to restore")
 // one.
 var ErrUnusableManifest = errors.New("checkpoint: the newest commit's manifest cannot be used")
 
+// ErrDestinationExists is wrapped by Restore's error when something else is already where the
+// checkpoint goes (To/<checkpoint>): it is never overwritten.
+var ErrDestinationExists = errors.New("checkpoint: the destination holds something else under the checkpoint's name")
+
 // ErrDamaged marks a restore that failed because a committed file is missing from the store, or
 // its size differs from the manifest's, or its bytes failed the manifest's checksum in two
 // downloads (an object deleted or changed behind the agent's back): that commit cannot be
@@ -616,6 +620,21 @@ func restorePlaceFile(to *os.Root, from, name string) error {
 	return to.Rename(from, name)
 }
 
+// existsError is a *DestinationExistsError for path saying what fmt.Sprintf(format, args) says.
+func existsError(path, format string, args ...any) error {
+	return &DestinationExistsError{Path: path, msg: fmt.Sprintf(format, args...)}
+}
+
+// DestinationExistsError is Restore's error when something else is already at Path, where the
+// checkpoint goes (To/<checkpoint>); it wraps ErrDestinationExists.
+type DestinationExistsError struct {
+	Path string
+	msg  string
+}
+
+func (e *DestinationExistsError) Error() string { return e.msg }
+func (e *DestinationExistsError) Unwrap() error { return ErrDestinationExists }
+
 // restoreExisting reports whether To/<checkpoint> (inside to) holds exactly m's files. It
 // returns:
 //   - false, nil: there is nothing at To/<checkpoint>;
@@ -632,7 +651,7 @@ func restoreExisting(ctx context.Context, to *os.Root, m *Manifest, conc int) (b
 	case err != nil:
 		return false, fmt.Errorf("inspect existing destination: %w", err)
 	case m.SingleFile() && !fi.Mode().IsRegular():
-		return false, fmt.Errorf("destination %s exists and is not a regular file (%s); not overwriting it",
+		return false, existsError(filepath.Join(to.Name(), m.Checkpoint), "destination %s exists and is not a regular file (%s); not overwriting it",
 			filepath.Join(to.Name(), m.Checkpoint), typeWords(fi.Mode()))
 	case m.SingleFile():
 		f := m.Files[0]
@@ -641,12 +660,12 @@ func restoreExisting(ctx context.Context, to *os.Root, m *Manifest, conc int) (b
 		case err != nil:
 			return false, fmt.Errorf("inspect existing destination: %w", err)
 		case size != f.Size || got != f.Checksum:
-			return false, fmt.Errorf("destination %s exists with other content (%d bytes, checksum %s %s; the checkpoint's has %d, %s %s); not overwriting it",
+			return false, existsError(filepath.Join(to.Name(), m.Checkpoint), "destination %s exists with other content (%d bytes, checksum %s %s; the checkpoint's has %d, %s %s); not overwriting it",
 				filepath.Join(to.Name(), m.Checkpoint), size, got.Algorithm, got.Value, f.Size, f.Checksum.Algorithm, f.Checksum.Value)
 		}
 		return true, nil
 	case !fi.IsDir():
-		return false, fmt.Errorf("destination %s exists and is not a directory (%s); not overwriting it",
+		return false, existsError(filepath.Join(to.Name(), m.Checkpoint), "destination %s exists and is not a directory (%s); not overwriting it",
 			filepath.Join(to.Name(), m.Checkpoint), typeWords(fi.Mode()))
 	}
 	dir, err := to.OpenRoot(m.Checkpoint)
@@ -655,7 +674,7 @@ func restoreExisting(ctx context.Context, to *os.Root, m *Manifest, conc int) (b
 	}
 	defer func() { _ = dir.Close() }() // a directory handle: nothing to flush
 	differs := func(format string, args ...any) (bool, error) {
-		return false, fmt.Errorf("destination %s exists with other content (%s); not overwriting it",
+		return false, existsError(filepath.Join(to.Name(), m.Checkpoint), "destination %s exists with other content (%s); not overwriting it",
 			filepath.Join(to.Name(), m.Checkpoint), fmt.Sprintf(format, args...))
 	}
 

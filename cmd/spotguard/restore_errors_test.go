@@ -365,3 +365,33 @@ func TestRestoreJSONDirIsAbsolute(t *testing.T) {
 		t.Errorf("Got(restore --to out --json) dir %q; want %q", got.Dir, want)
 	}
 }
+
+// Something else where the checkpoint goes (a save of the same name the agent had not committed
+// yet, on an instance stopped and started again) is never overwritten: restore fails naming it,
+// and says what to do, where it used to end with the refusal alone.
+func TestRestoreOntoOtherContentSaysWhatToDo(t *testing.T) {
+	store, cfgPath, env := restoreEnv(t)
+	commitForTest(t, store, "j", "step-000100", map[string][]byte{"model.pt": []byte("weights"), "_COMPLETE": nil})
+	to := t.TempDir()
+	local := filepath.Join(to, "step-000100")
+	if err := os.MkdirAll(local, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(local, "model.pt"), []byte("newer weights"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	code, _, stderr := runCLI(t, t.Context(), env, "restore", "--config", cfgPath, "--to", to)
+	for _, want := range []string{"exists with other content", "not overwriting it",
+		"fix: restore never overwrites what is there. If " + local + " is a save the agent had not committed",
+		"mv " + local + " " + local + ".old"} {
+		if !strings.Contains(stderr, want) {
+			t.Errorf("restore onto other content: stderr lacks %q:\n%s", want, stderr)
+		}
+	}
+	if code != exitFail {
+		t.Errorf("restore onto other content: exit %d; want %d", code, exitFail)
+	}
+	if got, err := os.ReadFile(filepath.Join(local, "model.pt")); err != nil || string(got) != "newer weights" {
+		t.Errorf("the local model.pt is now %q (%v); want it untouched", got, err)
+	}
+}

@@ -202,6 +202,11 @@ func runRestore(ctx context.Context, args, environ []string, stdout, stderr io.W
 			notFound = fmt.Sprintf("job %s has no valid commit of checkpoint %q in %s: `spotguard list` shows the job's checkpoints and commits", cfg.Store.Job, *name, store.URL())
 		}
 		restoreHint(stderr, cfg.Store.URL, *to, err, notFound, need.Load(), freeSpace)
+		if de, ok := errors.AsType[*checkpoint.DestinationExistsError](err); ok {
+			fmt.Fprintf(stderr, "spotguard restore: fix: restore never overwrites what is there. If %s is a save the agent had not committed\n"+
+				"yet (this instance stopped and started again), it is newer than the commit: the trainer resumes from it and the agent\n"+
+				"commits it, with nothing to restore. Otherwise move it away (mv %s %s.old) and run restore again\n", de.Path, de.Path, de.Path)
+		}
 		if errors.Is(err, checkpoint.ErrSplitSave) {
 			fmt.Fprintf(stderr, "spotguard restore: fix: a multi-node job: set store.world_nodes (the node count) and store.node_rank on every node's agent\n"+
 				"(docs/multinode.md), so that its nodes' files make one checkpoint; two runs: give each its own store.job\n")
