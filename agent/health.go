@@ -122,7 +122,7 @@ func (a *Agent) health(now time.Time) healthVerdict {
 			"checkpoint "+withheld.Checkpoint+" not committed: "+withheldWhy(withheld.Err))
 	}
 	if split != nil {
-		v.reason(fmt.Sprintf("%v; set store.world_nodes and store.node_rank on every node of a multi-node job (docs/multinode.md), or give each run its own store.job; healthy again once a checkpoint completed after it is found whole",
+		v.reason(fmt.Sprintf("%v; set store.world_nodes and store.node_rank on every node of a multi-node job (docs/multinode.md); healthy again once a checkpoint completed after it is found whole",
 			split.Err), "checkpoint "+split.Checkpoint+" committed in pieces by several instances")
 	}
 	if pending != "" {

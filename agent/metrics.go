@@ -106,7 +106,7 @@ func newMetrics(reg prometheus.Registerer, stats func() imds.Stats) *promMetrics
 	})
 	m.split = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "spotguard_checkpoints_split_total",
-		Help: "Commits of this agent's found to be one piece of a save other instances committed pieces of, each with other files (the nodes of a multi-node job at store.world_nodes 1, or two runs sharing one store.job).",
+		Help: "Commits of this agent's found to be one piece of a save other instances committed pieces of, each with other files (the nodes of a multi-node job at store.world_nodes 1).",
 	})
 	m.uploadBytes = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "spotguard_checkpoint_upload_bytes_total",

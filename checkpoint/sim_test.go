@@ -1001,8 +1001,8 @@ func (s *sim) settle() {
 	res, err := Restore(s.t.Context(), clean, RestoreOptions{Job: s.job, To: to, Logger: zerolog.Nop()})
 	st, _ := readJob(s.t.Context(), clean, s.job, nil)
 	if errors.Is(err, ErrSplitSave) && st.Newest() != nil {
-		// Agents a and b are two runs sharing the job: the same name saved by both within a
-		// minute, with other bytes, is a save in pieces, never restored as the checkpoint.
+		// Agents a and b share the job: the same name saved by both within a minute, each with
+		// paths the other lacks, is a save in pieces, never restored as the checkpoint.
 		var ms []*Manifest
 		for _, c := range st.Commits {
 			ms = append(ms, c.Manifest)

@@ -13,13 +13,16 @@ import (
 // 1 (unset) each commit their own files alone, as the checkpoint of one node, under the same name
 // and within seconds of each other: every commit is whole as a single-node commit, and none is
 // the job's checkpoint, whose other files are in the other commits. Restoring the newest would
-// restore a torn checkpoint as complete. Two runs that share one store.job and save the same
-// name at the same time leave the same (I6: whichever is newer is not the run's own).
+// restore a torn checkpoint as complete.
 //
 // Nothing in one commit shows it; side by side they do: single-node commits of one name by
 // different instances, of one save (completed within SaveSpread, with the same marker bytes), and
-// with other files (a path only one of them has, or other bytes under one path). Copies of the
-// same bytes (every node saving the same replicated model) are no pieces: each is whole.
+// with other files: a path only one of them has, as every multi-node layout gives each node files
+// named by its ranks (DCP's __<rank>_0.distcp, DeepSpeed's zero_pp_rank_<rank>_*, Hugging Face's
+// rng_state_<rank>.pth). Commits with the same paths are no pieces: copies of the same bytes
+// (every node saving the same replicated model), or two whole saves with other bytes (two
+// instances training the same job at once, as during a capacity rebalance: the newest stays the
+// one restored).
 
 // ErrSplitSave is wrapped by the errors that say a commit is one piece of a save committed in
 // pieces (see [SplitSaveError]).
@@ -45,7 +48,7 @@ func (e *SplitSaveError) Error() string {
 		}
 		fmt.Fprintf(&b, "commit %s by %s, %d files", m.Commit, describeHost(m.Host), len(m.Files))
 	}
-	b.WriteString("): the nodes of a multi-node job with store.world_nodes unset (1), or two runs sharing one store.job; no one of them is the whole checkpoint")
+	b.WriteString("): the nodes of a multi-node job with store.world_nodes unset (1); no one of them is the whole checkpoint")
 	return b.String()
 }
 
@@ -62,7 +65,7 @@ func splitWith(m *Manifest, ms []*Manifest, marker string) []*Manifest {
 	var others []*Manifest
 	for _, o := range ms {
 		if o.Checkpoint != m.Checkpoint || o.Commit == m.Commit || !splittable(o) || sameInstance(m, o) ||
-			!sameSave(m, o, marker) || sameBytes(m, o) {
+			!sameSave(m, o, marker) || samePaths(m, o) {
 			continue
 		}
 		others = append(others, o)
@@ -97,22 +100,9 @@ func splittable(m *Manifest) bool {
 	return m.Commit != "" && m.Part == nil && m.Parts == nil && (m.Host.InstanceID != "" || m.Host.Hostname != "")
 }
 
-// sameBytes reports whether a and b list the same paths with the same bytes (wherever they are
-// stored).
-func sameBytes(a, b *Manifest) bool {
-	if len(a.Files) != len(b.Files) {
-		return false
-	}
-	sums := make(map[string]File, len(a.Files))
-	for _, f := range a.Files {
-		sums[f.Path] = f
-	}
-	for _, f := range b.Files {
-		if g, ok := sums[f.Path]; !ok || g.Size != f.Size || g.Checksum != f.Checksum {
-			return false
-		}
-	}
-	return true
+// samePaths reports whether a and b list the same paths (whatever their bytes).
+func samePaths(a, b *Manifest) bool {
+	return slices.EqualFunc(a.Files, b.Files, func(x, y File) bool { return x.Path == y.Path }) // sorted by path
 }
 
 // SplitSaves returns one *SplitSaveError per save committed in pieces among cs (as ListCommitted

@@ -115,7 +115,7 @@ const (
 	CheckpointWithheld
 	// CheckpointSplit: a single-node commit of this agent's (Manifest) is one piece of a save
 	// other instances committed pieces of too, each with other files (Err, a *SplitSaveError):
-	// the nodes of a multi-node job at store.world_nodes 1, or two runs sharing one store.job.
+	// the nodes of a multi-node job at store.world_nodes 1.
 	// Said once per commit, when it commits or at the commit after it. At is its completion.
 	CheckpointSplit
 	// CheckpointWhole: a single-node commit of this agent's (Manifest), looked at again at the
@@ -2688,7 +2688,7 @@ func (u *Uploader) splitChecked(split []*SplitSaveError, whole *Manifest) {
 		}
 		u.splitSaid[m.Commit] = m.Order().At
 		u.log.Error().Err(e).Str("checkpoint", m.Checkpoint).Str("commit", m.Commit).
-			Msg("this checkpoint is one piece of a save other instances committed pieces of, each with its own files: no commit of it is the whole checkpoint, and restore refuses it. Set store.world_nodes and store.node_rank on every node of a multi-node job (docs/multinode.md), or give each run its own store.job")
+			Msg("this checkpoint is one piece of a save other instances committed pieces of, each with its own files: no commit of it is the whole checkpoint, and restore refuses it. Set store.world_nodes and store.node_rank on every node of a multi-node job (docs/multinode.md)")
 		u.emit(UploadEvent{Kind: CheckpointSplit, Checkpoint: m.Checkpoint, At: m.Order().At, Manifest: m, Err: e})
 	}
 	if whole != nil {

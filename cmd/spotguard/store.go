@@ -209,7 +209,7 @@ func runRestore(ctx context.Context, args, environ []string, stdout, stderr io.W
 		}
 		if errors.Is(err, checkpoint.ErrSplitSave) {
 			fmt.Fprintf(stderr, "spotguard restore: fix: a multi-node job: set store.world_nodes (the node count) and store.node_rank on every node's agent\n"+
-				"(docs/multinode.md), so that its nodes' files make one checkpoint; two runs: give each its own store.job\n")
+				"(docs/multinode.md), so that its nodes' files make one checkpoint\n")
 		}
 		if errors.Is(err, checkpoint.ErrDamaged) {
 			fmt.Fprintf(stderr, "spotguard restore: this commit cannot be restored; `spotguard list` shows the others, and\n"+
