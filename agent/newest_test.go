@@ -6,8 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/rs/zerolog"
-
 	"github.com/spotguard/spotguard/checkpoint"
 )
 
@@ -16,12 +14,7 @@ import (
 // ones (found already committed), and a checkpoint whose commit retention had deleted is
 // committed anew; neither made the newest older (the age alarm would have fired on a healthy job).
 func TestNewestCheckpointNeverMovesBack(t *testing.T) {
-	cfg := mustLoad(t, LoadOptions{Environ: []string{"SPOTGUARD_HTTP_LISTEN=", "SPOTGUARD_TRAINER_MATCH=train",
-		"SPOTGUARD_AGENT_RUNTIME_DIR=" + t.TempDir()}})
-	a, err := New(cfg, Deps{Logger: zerolog.Nop(), IMDS: newFakeIMDS()})
-	if err != nil {
-		t.Fatal(err)
-	}
+	a := newIdleAgent(t)
 	base := time.Date(2026, 12, 3, 4, 0, 0, 0, time.UTC)
 	commit := func(name string, complete, committed time.Time, already bool) {
 		a.onUpload(checkpoint.UploadEvent{Kind: checkpoint.CheckpointCommitted, Checkpoint: name, At: committed, Already: already,

@@ -287,12 +287,7 @@ func TestMultiNodeNoticeDurableWithTheJobCheckpoint(t *testing.T) {
 // back once a newer one committed, and one conflict is one failure, not one per look. (Found
 // from outside: 503 for an hour while checkpoints committed.)
 func TestJobProblemEndsWithANewerJobCheckpoint(t *testing.T) {
-	cfg := mustLoad(t, LoadOptions{Environ: []string{"SPOTGUARD_HTTP_LISTEN=", "SPOTGUARD_TRAINER_MATCH=train",
-		"SPOTGUARD_AGENT_RUNTIME_DIR=" + t.TempDir(), "SPOTGUARD_STORE_WORLD_NODES=2", "SPOTGUARD_STORE_NODE_RANK=0"}})
-	a, err := New(cfg, Deps{Logger: zerolog.Nop(), IMDS: newFakeIMDS()})
-	if err != nil {
-		t.Fatal(err)
-	}
+	a := newIdleAgent(t, "SPOTGUARD_STORE_WORLD_NODES=2", "SPOTGUARD_STORE_NODE_RANK=0")
 	t0 := time.Now().Add(-10 * time.Minute)
 	part := func(name string, at time.Time) *checkpoint.Manifest {
 		return &checkpoint.Manifest{Checkpoint: name, Commit: "c-" + name, Timings: checkpoint.Timings{CompleteAt: &at},
@@ -320,16 +315,24 @@ func TestJobProblemEndsWithANewerJobCheckpoint(t *testing.T) {
 	}
 }
 
-// A checkpoint whose marker is there but which cannot be committed (a file that cannot be
-// stored) is a /healthz 503 and counted, until it or a checkpoint completed after it commits;
-// one older than the newest commit is not trouble now.
-func TestWithheldCheckpointIsUnhealthyUntilALaterCommit(t *testing.T) {
-	cfg := mustLoad(t, LoadOptions{Environ: []string{"SPOTGUARD_HTTP_LISTEN=", "SPOTGUARD_TRAINER_MATCH=train",
-		"SPOTGUARD_AGENT_RUNTIME_DIR=" + t.TempDir()}})
+// newIdleAgent builds (does not run) an agent with no store, whose trainer is matched by name,
+// configured by env as well, for tests that hand it upload events.
+func newIdleAgent(t *testing.T, env ...string) *Agent {
+	t.Helper()
+	cfg := mustLoad(t, LoadOptions{Environ: append([]string{"SPOTGUARD_HTTP_LISTEN=", "SPOTGUARD_TRAINER_MATCH=train",
+		"SPOTGUARD_AGENT_RUNTIME_DIR=" + t.TempDir()}, env...)})
 	a, err := New(cfg, Deps{Logger: zerolog.Nop(), IMDS: newFakeIMDS()})
 	if err != nil {
 		t.Fatal(err)
 	}
+	return a
+}
+
+// A checkpoint whose marker is there but which cannot be committed (a file that cannot be
+// stored) is a /healthz 503 and counted, until it or a checkpoint completed after it commits;
+// one older than the newest commit is not trouble now.
+func TestWithheldCheckpointIsUnhealthyUntilALaterCommit(t *testing.T) {
+	a := newIdleAgent(t)
 	t0 := time.Now().Add(-10 * time.Minute)
 	commit := func(name string, at time.Time) {
 		a.onUpload(checkpoint.UploadEvent{Kind: checkpoint.CheckpointCommitted, Checkpoint: name, At: time.Now(),
@@ -440,12 +443,7 @@ func TestStatusLineBeforeTheFirstLookForTheTrainer(t *testing.T) {
 // at again at the commit after it) makes it healthy again; one found whole that completed
 // before it does not.
 func TestSplitSaveIsUnhealthyUntilALaterCommitIsWhole(t *testing.T) {
-	cfg := mustLoad(t, LoadOptions{Environ: []string{"SPOTGUARD_HTTP_LISTEN=", "SPOTGUARD_TRAINER_MATCH=train",
-		"SPOTGUARD_AGENT_RUNTIME_DIR=" + t.TempDir()}})
-	a, err := New(cfg, Deps{Logger: zerolog.Nop(), IMDS: newFakeIMDS()})
-	if err != nil {
-		t.Fatal(err)
-	}
+	a := newIdleAgent(t)
 	t0 := time.Now().Add(-10 * time.Minute)
 	commit := func(name string, at time.Time) *checkpoint.Manifest {
 		return &checkpoint.Manifest{Checkpoint: name, Commit: "c-" + name, Trigger: "periodic", CommittedAt: at, Timings: checkpoint.Timings{CompleteAt: &at}}
