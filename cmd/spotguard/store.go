@@ -348,9 +348,15 @@ func runList(ctx context.Context, args, environ []string, stdout, stderr io.Writ
 		fmt.Fprintf(stderr, "spotguard list: skipped: %v\n", p)
 	}
 	code := exitOK
+	split := checkpoint.SplitSaves(cs, cfg.Checkpoint.Marker)
+	if !*check {
+		for _, e := range split {
+			fmt.Fprintf(stderr, "spotguard list: warning: %v (restore refuses it; set store.world_nodes and store.node_rank on every node, docs/multinode.md)\n", e)
+		}
+	}
 	if *check {
 		violations := checkpoint.CheckJob(ctx, store, cfg.Store.Job, false)
-		violations = append(violations, checkpoint.SplitSaves(cs, cfg.Checkpoint.Marker)...)
+		violations = append(violations, split...)
 		for _, v := range violations {
 			fmt.Fprintf(stderr, "spotguard list: check: %v\n", v)
 		}

@@ -346,4 +346,8 @@ func TestEveryNodeAtWorldNodesOneIsSaid(t *testing.T) {
 	if code != 1 || strings.Count(stderr, "check: checkpoint step-") != 2 {
 		t.Errorf("spotguard list --check: exit %d, stderr:\n%s\nwant 1, naming step-1 and step-2", code, stderr)
 	}
+	code, _, stderr = runSpotguard(t, env, "list", "--config", writeEmptyConfig(t))
+	if code != 0 || strings.Count(stderr, "warning: checkpoint step-") != 2 {
+		t.Errorf("spotguard list: exit %d, stderr:\n%s\nwant 0, and a warning about step-1 and step-2", code, stderr)
+	}
 }
