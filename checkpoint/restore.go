@@ -449,7 +449,7 @@ func restoreSplit(st *JobState, opts RestoreOptions, m *Manifest) error {
 			break
 		}
 	}
-	msg := "restore each piece on the node that wrote it (spotguard restore --checkpoint " + m.Checkpoint + " --commit ID, the commit of that node's instance)"
+	msg := "to resume from it, restore on each node the piece that holds that node's files (spotguard list --json shows each commit's files): spotguard restore --checkpoint " + m.Checkpoint + " --commit ID"
 	if older != nil {
 		msg += fmt.Sprintf(", or the newest whole commit before it: --checkpoint %s --commit %s", older.Checkpoint, older.Commit)
 	}
