@@ -39,9 +39,13 @@ func (e *SplitSaveError) Error() string {
 	pieces := append([]*Manifest{e.Commit}, e.Others...)
 	slices.SortFunc(pieces, byOrder)
 	first, last := pieces[0].Order().At, pieces[len(pieces)-1].Order().At
+	instances := map[string]bool{}
+	for _, m := range pieces {
+		instances[describeHost(m.Host)] = true
+	}
 	var b strings.Builder
 	fmt.Fprintf(&b, "checkpoint %s was committed in %d pieces by %d instances within %v of each other, each with other files (",
-		e.Commit.Checkpoint, len(pieces), len(pieces), last.Sub(first).Round(time.Millisecond))
+		e.Commit.Checkpoint, len(pieces), len(instances), last.Sub(first).Round(time.Millisecond))
 	for i, m := range pieces {
 		if i > 0 {
 			b.WriteString("; ")
@@ -107,7 +111,8 @@ func samePaths(a, b *Manifest) bool {
 
 // SplitSaves returns one *SplitSaveError per save committed in pieces among cs (as ListCommitted
 // returns them, newest first), newest first, each naming its newest piece and the others;
-// marker is checkpoint.marker ("" means "_COMPLETE"). For `spotguard list --check`.
+// marker is checkpoint.marker ("" means "_COMPLETE"). For `spotguard list` (a warning) and
+// `list --check` (a violation).
 func SplitSaves(cs []Committed, marker string) []error {
 	marker = cmp.Or(marker, scanDefaultMarker)
 	ms := make([]*Manifest, 0, len(cs))
