@@ -2647,11 +2647,13 @@ func (u *Uploader) handleCommit(ctx context.Context, r commitResult) {
 // not read before. The commit before m is looked at again because another node's piece of it
 // may have landed after it was first looked at: so every commit is judged, with the others'
 // pieces in, by the next commit at the latest. A store that fails leaves it to the next commit.
+// A stop does not cut the reads short (a request dropped half way is a failure to the store's
+// side), but they end within splitCheckFor.
 func (u *Uploader) checkSplit(ctx context.Context, m *Manifest) {
 	prev := u.lastOwn
 	u.lastOwn = m
 	u.wg.Go(func() {
-		ctx, cancel := context.WithTimeout(ctx, completeAttempt)
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), splitCheckFor)
 		defer cancel()
 		var split []*SplitSaveError
 		var whole *Manifest
@@ -2659,7 +2661,7 @@ func (u *Uploader) checkSplit(ctx context.Context, m *Manifest) {
 			if c == nil {
 				continue
 			}
-			ms, err := readName(ctx, u.cfg.Store, u.cfg.Job, c.Checkpoint, u.cache)
+			ms, err := readName(rctx, u.cfg.Store, u.cfg.Job, c.Checkpoint, u.cache)
 			switch others := splitWith(c, ms, u.cfg.Marker); {
 			case err != nil:
 				u.log.Debug().Err(err).Str("checkpoint", c.Checkpoint).Msg("cannot read the checkpoint's commits to look for pieces of its save from other instances; the next commit looks again")
@@ -2695,6 +2697,9 @@ func (u *Uploader) splitChecked(split []*SplitSaveError, whole *Manifest) {
 		u.emit(UploadEvent{Kind: CheckpointWhole, Checkpoint: whole.Checkpoint, At: whole.Order().At, Manifest: whole})
 	}
 }
+
+// splitCheckFor bounds the reads of one checkSplit.
+const splitCheckFor = 5 * time.Second
 
 // splitSaidFor is how long a commit said to be a piece of a split save is remembered, so that
 // it is said once: far longer than between two commits.
