@@ -238,6 +238,16 @@ type Uploader struct {
 	// commits said to be pieces of a save committed in pieces, with their completion.
 	lastOwn   *Manifest
 	splitSaid map[string]time.Time
+	// lastSingle is the single-file checkpoint that completed last, and when its file was
+	// modified; singleWarned: two were said to come together (noteSingle).
+	lastSingle   singleSeen
+	singleWarned bool
+}
+
+// singleSeen is a single-file checkpoint and its file's modification time.
+type singleSeen struct {
+	name string
+	mod  time.Time
 }
 
 // pendingSave is a part of this node's whose job manifest is not seen yet.
@@ -1464,6 +1474,9 @@ func (u *Uploader) handleWatch(ctx context.Context, ev WatchEvent) {
 		}
 		u.labelNotice(g)
 		u.markDirty(g)
+		if g.single {
+			u.noteSingle(g.name, ev.ModTime)
+		}
 		u.emit(UploadEvent{Kind: CheckpointComplete, Checkpoint: g.name, At: ev.At})
 		u.log.Info().Str("checkpoint", g.name).Int("files", len(g.files)).Int("done", g.doneCount()).
 			Msg("checkpoint complete; committing once every file is stored")
@@ -1523,6 +1536,25 @@ func (u *Uploader) handleWatch(ctx context.Context, ev WatchEvent) {
 		}
 	}
 }
+
+// noteSingle warns, once, when single-file checkpoint name, whose file was modified at mod, and
+// the one that completed before it were written within singleTogether of each other. A save
+// that writes a file per rank (rank0.pt, rank1.pt), or model and optimizer apart, into
+// checkpoint.dir is that many checkpoints, each committed on its own, and a restore brings back
+// the newest alone: the others are missing when the trainer resumes.
+func (u *Uploader) noteSingle(name string, mod time.Time) {
+	last := u.lastSingle
+	u.lastSingle = singleSeen{name: name, mod: mod}
+	if u.singleWarned || last.name == "" || last.name == name || mod.Sub(last.mod).Abs() > singleTogether {
+		return
+	}
+	u.singleWarned = true
+	u.log.Warn().Str("checkpoint", name).Str("other", last.name).Float64("apart_s", logSeconds(mod.Sub(last.mod).Abs())).
+		Msg("two single-file checkpoints were written within 2 s of each other: if they are one save (a file per rank, or model and optimizer apart), each is a checkpoint of its own and a restore brings back only the newest; write such a save into a directory of its own with the marker last (docs/checkpoints.md)")
+}
+
+// singleTogether is how close in time two single-file checkpoints are taken for one save.
+const singleTogether = 2 * time.Second
 
 // fileReady records that a file of ev's checkpoint is (again) ready as ev.ID.
 func (u *Uploader) fileReady(ev WatchEvent) {
