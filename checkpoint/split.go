@@ -17,12 +17,13 @@ import (
 //
 // Nothing in one commit shows it; side by side they do: single-node commits of one name by
 // different instances, of one save (completed within SaveSpread, with the same marker bytes), and
-// with other files: a path only one of them has, as every multi-node layout gives each node files
-// named by its ranks (DCP's __<rank>_0.distcp, DeepSpeed's zero_pp_rank_<rank>_*, Hugging Face's
+// each with paths the others lack, as every multi-node layout gives each node files named by its
+// ranks (DCP's __<rank>_0.distcp, DeepSpeed's zero_pp_rank_<rank>_*, Hugging Face's
 // rng_state_<rank>.pth). Commits with the same paths are no pieces: copies of the same bytes
 // (every node saving the same replicated model), or two whole saves with other bytes (two
 // instances training the same job at once, as during a capacity rebalance: the newest stays the
-// one restored).
+// one restored). Nor is a commit whose paths another's include: the same save committed again
+// with a file written after its marker (by an agent restarted in a container of another name).
 
 // ErrSplitSave is wrapped by the errors that say a commit is one piece of a save committed in
 // pieces (see [SplitSaveError]).
@@ -69,7 +70,7 @@ func splitWith(m *Manifest, ms []*Manifest, marker string) []*Manifest {
 	var others []*Manifest
 	for _, o := range ms {
 		if o.Checkpoint != m.Checkpoint || o.Commit == m.Commit || !splittable(o) || sameInstance(m, o) ||
-			!sameSave(m, o, marker) || samePaths(m, o) {
+			!sameSave(m, o, marker) || !ownPaths(m, o) || !ownPaths(o, m) {
 			continue
 		}
 		others = append(others, o)
@@ -104,9 +105,14 @@ func splittable(m *Manifest) bool {
 	return m.Commit != "" && m.Part == nil && m.Parts == nil && (m.Host.InstanceID != "" || m.Host.Hostname != "")
 }
 
-// samePaths reports whether a and b list the same paths (whatever their bytes).
-func samePaths(a, b *Manifest) bool {
-	return slices.EqualFunc(a.Files, b.Files, func(x, y File) bool { return x.Path == y.Path }) // sorted by path
+// ownPaths reports whether a lists a path that b does not.
+func ownPaths(a, b *Manifest) bool {
+	for _, f := range a.Files {
+		if _, ok := b.file(f.Path); !ok {
+			return true
+		}
+	}
+	return false
 }
 
 // SplitSaves returns one *SplitSaveError per save committed in pieces among cs (as ListCommitted

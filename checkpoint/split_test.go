@@ -84,7 +84,8 @@ func TestSaveCommittedInPiecesIsNotRestored(t *testing.T) {
 
 // What is no save in pieces: the same bytes from every node (a replicated model each node saves),
 // the same paths with other bytes (two instances training the job at once, as in a capacity
-// rebalance: the newest is restored), one instance saving a name again (a rollback), another instance saving it minutes later (a
+// rebalance: the newest is restored), one save committed again with a file written after its
+// marker (by an agent restarted in a container of another host name), one instance saving a name again (a rollback), another instance saving it minutes later (a
 // resumed run), markers with other bytes (two saves), commits whose instance is unknown.
 func TestSavesNotInPieces(t *testing.T) {
 	t1 := restoreTestT0.Add(time.Minute)
@@ -96,6 +97,7 @@ func TestSavesNotInPieces(t *testing.T) {
 	}{
 		{"same bytes", "i-0aaa", "i-0bbb", t1, map[string]string{"model.pt": "w", "_COMPLETE": ""}, map[string]string{"model.pt": "w", "_COMPLETE": ""}},
 		{"same paths", "i-0aaa", "i-0bbb", t1, map[string]string{"model.pt": "w1", "_COMPLETE": ""}, map[string]string{"model.pt": "w2", "_COMPLETE": ""}},
+		{"a file more", "host-a", "host-b", t1, map[string]string{"__0_0.distcp": "a", ".metadata": ""}, map[string]string{"__0_0.distcp": "a", ".metadata": "", "metadata.json": "{}"}},
 		{"one instance", "i-0aaa", "i-0aaa", t1, map[string]string{"model.pt": "w1", "_COMPLETE": ""}, map[string]string{"model.pt": "w2", "_COMPLETE": ""}},
 		{"minutes apart", "i-0aaa", "i-0bbb", restoreTestT0.Add(5 * time.Minute), map[string]string{"rank0.pt": "a", "_COMPLETE": ""}, map[string]string{"rank1.pt": "b", "_COMPLETE": ""}},
 		{"other markers", "i-0aaa", "i-0bbb", t1, map[string]string{"rank0.pt": "a", "_COMPLETE": "step 100"}, map[string]string{"rank1.pt": "b", "_COMPLETE": "step 101"}},
