@@ -1545,7 +1545,7 @@ func (u *Uploader) handleWatch(ctx context.Context, ev WatchEvent) {
 func (u *Uploader) noteSingle(name string, mod time.Time) {
 	last := u.lastSingle
 	u.lastSingle = singleSeen{name: name, mod: mod}
-	if u.singleWarned || last.name == "" || last.name == name || mod.Sub(last.mod).Abs() > singleTogether {
+	if u.singleWarned || last.name == "" || last.name == name || mod.IsZero() || last.mod.IsZero() || mod.Sub(last.mod).Abs() > singleTogether {
 		return
 	}
 	u.singleWarned = true
