@@ -428,10 +428,7 @@ func restoreResolve(ctx context.Context, s Store, opts RestoreOptions, run *rest
 // complete. The error names every piece with its instance, and the newest whole commit before
 // that save, if there is one, as the one to ask for instead. nil when m is whole.
 func restoreSplit(st *JobState, opts RestoreOptions, m *Manifest) error {
-	var ms []*Manifest
-	for _, c := range st.Commits {
-		ms = append(ms, c.Manifest)
-	}
+	ms := manifestsOf(st.Commits)
 	marker, byName := cmp.Or(opts.Marker, scanDefaultMarker), commitsByName(ms)
 	others := splitWith(m, byName[m.Checkpoint], marker)
 	if len(others) == 0 {

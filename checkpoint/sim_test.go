@@ -1003,11 +1003,7 @@ func (s *sim) settle() {
 	if errors.Is(err, ErrSplitSave) && st.Newest() != nil {
 		// Agents a and b share the job: the same name saved by both within a minute, each with
 		// paths the other lacks, is a save in pieces, never restored as the checkpoint.
-		var ms []*Manifest
-		for _, c := range st.Commits {
-			ms = append(ms, c.Manifest)
-		}
-		if len(splitWith(st.Newest().Manifest, ms, scanDefaultMarker)) > 0 {
+		if len(splitWith(st.Newest().Manifest, manifestsOf(st.Commits), scanDefaultMarker)) > 0 {
 			return
 		}
 	}

@@ -90,6 +90,15 @@ func byOrder(a, b *Manifest) int {
 	return 0
 }
 
+// manifestsOf returns the manifests of cs, in cs's order.
+func manifestsOf(cs []Committed) []*Manifest {
+	ms := make([]*Manifest, 0, len(cs))
+	for _, c := range cs {
+		ms = append(ms, c.Manifest)
+	}
+	return ms
+}
+
 // commitsByName groups ms by checkpoint name, each in ms's order.
 func commitsByName(ms []*Manifest) map[string][]*Manifest {
 	by := map[string][]*Manifest{}
@@ -121,10 +130,7 @@ func ownPaths(a, b *Manifest) bool {
 // `list --check` (a violation).
 func SplitSaves(cs []Committed, marker string) []error {
 	marker = cmp.Or(marker, scanDefaultMarker)
-	ms := make([]*Manifest, 0, len(cs))
-	for _, c := range cs {
-		ms = append(ms, c.Manifest)
-	}
+	ms := manifestsOf(cs)
 	byName := commitsByName(ms)
 	seen := map[string]bool{}
 	var errs []error
