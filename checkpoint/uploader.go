@@ -1806,12 +1806,27 @@ func (u *Uploader) abandon(ctx context.Context, g *generation, why string) {
 // being deleted while it is committed).
 func (u *Uploader) fileVanished(g *generation, rel string, f *fileState) {
 	if g.complete && !g.single && rel != u.cfg.Marker {
-		// Said when the checkpoint is committed without them (startCommit), not now: a whole
+		// Said when the checkpoint is committed without them (sayVanished), not now: a whole
 		// checkpoint being deleted (a trainer's rotation, rm -r) is not committed, and a warning
 		// per file said nothing but that (found from outside: 38 000 lines in 2.5 minutes).
 		g.vanished = append(g.vanished, rel)
 	}
 	u.dropFile(g, rel, f)
+}
+
+// sayVanished logs, at warn level, the files that left g after its marker and are not in m, its
+// commit: said once the commit landed, not when it began, as a file that can no longer be read
+// (made unreadable, not deleted) keeps the checkpoint from being committed at all.
+func (u *Uploader) sayVanished(g *generation, m *Manifest) {
+	gone := slices.DeleteFunc(g.vanished, func(rel string) bool { _, ok := m.file(rel); return ok })
+	g.vanished = nil
+	if len(gone) == 0 {
+		return
+	}
+	slices.Sort(gone)
+	gone = slices.Compact(gone)
+	u.log.Warn().Str("checkpoint", g.name).Str("commit", m.Commit).Strs("files", gone[:min(len(gone), 10)]).Int("count", len(gone)).
+		Msg("files vanished from a complete checkpoint after its marker; it was committed without them")
 }
 
 // dropFile removes rel from g (it vanished, or cannot be used); a stored copy becomes a stray.
@@ -2507,13 +2522,6 @@ func (u *Uploader) startCommit(ctx context.Context, g *generation) {
 	// A file that grew and never became ready is not part of it: nothing of it may land once
 	// the manifest is written.
 	u.stopAllGrowing(g)
-	if gone := slices.DeleteFunc(g.vanished, func(rel string) bool { return g.files[rel] != nil }); len(gone) > 0 {
-		slices.Sort(gone)
-		gone = slices.Compact(gone)
-		u.log.Warn().Str("checkpoint", g.name).Strs("files", gone[:min(len(gone), 10)]).Int("count", len(gone)).
-			Msg("files vanished from a complete checkpoint after its marker; committing the checkpoint without them")
-		g.vanished = nil
-	}
 	if !g.firstFileAt.IsZero() {
 		t := g.firstFileAt
 		c.timings.FirstFileAt = &t
@@ -2640,6 +2648,7 @@ func (u *Uploader) handleCommit(ctx context.Context, r commitResult) {
 			u.forgetGone()
 		}
 		u.journal.add(journalLine{Op: journalDone, Checkpoint: g.name, Commit: g.commit})
+		u.sayVanished(g, m)
 		ev := UploadEvent{Kind: CheckpointCommitted, Checkpoint: g.name, At: time.Now(), Manifest: m}
 		ev.Throughput, ev.Forecast = forecast(g, m)
 		for _, mf := range m.Files {

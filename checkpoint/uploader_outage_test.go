@@ -289,6 +289,66 @@ func TestUploaderSaysAFileVanishedFromACompleteCheckpoint(t *testing.T) {
 	}
 }
 
+// A file made unreadable to the trainer after the marker, before the commit, keeps the checkpoint
+// from being committed (CheckpointWithheld), and nothing says it is being committed without the
+// file: before, a warning said "committing the checkpoint without them" just before the error
+// that it was not committed (found from outside, chmod 000 on a file during a slow upload).
+func TestUploaderFileMadeUnreadableAfterTheMarkerIsNotSaidToLeave(t *testing.T) {
+	s := newOutageStore(newMemStore())
+	s.hold = make(chan struct{})
+	dir := t.TempDir()
+	if os.Geteuid() == 0 {
+		// The trainer is another user: root, the agent, reads what it cannot.
+		if err := os.Chown(dir, 12345, 12345); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r := startUploaderWith(t, dir, s, UploaderConfig{BackgroundFiles: 1})
+	writeCheckpoint(t, dir, "step-1", map[string][]byte{"a": randomBytes(t, 8<<10), "b": randomBytes(t, 8<<10)})
+	select {
+	case <-s.held:
+	case <-time.After(20 * time.Second):
+		t.Fatal("no upload started")
+	}
+	r.waitEvent(CheckpointComplete, "step-1")
+	files := func() int {
+		for _, c := range r.up.Status(t.Context()).Checkpoints {
+			if c.Name == "step-1" {
+				return c.Files
+			}
+		}
+		return -1
+	}
+	before := files()
+	if err := os.Chmod(filepath.Join(dir, "step-1", "b"), 0o200); err != nil {
+		t.Fatal(err)
+	}
+	// The watcher takes b back (its chmod is an event) before the commit begins.
+	eventuallyUploader(t, "b taken back from step-1", func() bool { return files() == before-1 })
+	close(s.hold)
+	ev := r.waitEvent(CheckpointWithheld, "step-1")
+	if !errors.Is(ev.Err, ErrNotStorable) {
+		t.Errorf("withheld for %v; want ErrNotStorable", ev.Err)
+	}
+	if log := r.logs.String(); strings.Contains(log, "vanished") {
+		t.Errorf("warnings:\n%s\nwant none that b vanished: it is there, and the checkpoint is not committed", log)
+	}
+	// Readable again, the whole checkpoint is committed, b in it, and nothing said vanished.
+	if err := os.Chmod(filepath.Join(dir, "step-1", "b"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "step-1", "_COMPLETE"), []byte("again"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	m := r.waitCommitted("step-1").Manifest
+	if _, ok := m.file("b"); !ok {
+		t.Errorf("committed %d files without b", len(m.Files))
+	}
+	if log := r.logs.String(); strings.Contains(log, "vanished") {
+		t.Errorf("warnings:\n%s\nwant none that b vanished", log)
+	}
+}
+
 // A store that never answers at start (a route that drops packets) does not keep the uploader
 // from its loop: a stop with nothing to drain stops, and a checkpoint written meanwhile is
 // committed once the store answers.
