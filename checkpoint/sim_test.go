@@ -145,6 +145,10 @@ type sim struct {
 	more    *rand.Rand
 	// grow draws how files are seen growing before they are ready (growing).
 	grow *rand.Rand
+	// odd draws the trouble mode's trainers that stage their saves under another name and files
+	// the trainer cannot read (oddAct); locked are those files ("agent:checkpoint/path").
+	odd    *rand.Rand
+	locked map[string]bool
 	// world > 1 is the multi-node mode (sim_nodes_test.go): one agent per node rank.
 	world int
 	// lastSave is when each name was last saved on the nodes, and with which marker (multi-node).
@@ -217,6 +221,7 @@ func newSim(t *testing.T, seed uint64) *sim {
 func runSim(t *testing.T, seed uint64, steps int, trouble bool) {
 	s := newSim(t, seed)
 	s.trouble, s.more, s.grow = trouble, rand.New(rand.NewPCG(seed, 13)), rand.New(rand.NewPCG(seed, 17))
+	s.odd, s.locked = rand.New(rand.NewPCG(seed, 19)), map[string]bool{}
 	s.addAgent("a")
 	defer func() {
 		for _, a := range s.agents {
@@ -265,6 +270,12 @@ func (s *sim) addAgent(name string) *simAgent {
 	a := &simAgent{name: name, dir: filepath.Join(s.root, name, "ckpt"), state: filepath.Join(s.root, name, "run-0")}
 	if err := os.MkdirAll(a.dir, 0o755); err != nil {
 		s.t.Fatal(err)
+	}
+	if os.Geteuid() == 0 {
+		// The trainer is another user than the agent (root), which reads what it cannot (lock).
+		if err := os.Chown(a.dir, simTrainerUID, simTrainerUID); err != nil {
+			s.t.Fatal(err)
+		}
 	}
 	s.agents = append(s.agents, a)
 	s.startAgent(a)
@@ -417,6 +428,15 @@ func (s *sim) complete(a *simAgent, name string) {
 	} else {
 		p = filepath.Join(p, marker)
 	}
+	if s.hasLocked(a, name) {
+		// The watcher withholds its Complete while a file of it cannot be read by the trainer.
+		fi, err := os.Lstat(p)
+		if err != nil {
+			s.fail("%v", err)
+		}
+		s.send(a, WatchEvent{Kind: Withheld, Checkpoint: name, Path: marker, Size: fi.Size(), ModTime: fi.ModTime(), ID: FileIDOf(fi), Err: ErrNotStorable})
+		return
+	}
 	s.send(a, WatchEvent{Kind: Complete, Checkpoint: name, Path: marker, ID: s.fileID(p)})
 }
 
@@ -531,6 +551,9 @@ func (s *sim) act() {
 	if s.trouble && s.more.IntN(100) < 8 {
 		s.troubleAct(a) // as well: the steps below draw as they did
 	}
+	if s.trouble && s.odd.IntN(100) < 5 {
+		s.oddAct(a) // as well, from a generator of its own
+	}
 	switch r := s.rng.IntN(100); {
 	case r < 30:
 		s.save(s.anyAgent(a))
@@ -636,6 +659,7 @@ func (s *sim) writeFile(p string, size int) {
 	if err := os.WriteFile(p, b, 0o644); err != nil {
 		s.fail("%v", err)
 	}
+	s.own(p)
 }
 
 func (s *sim) size() int {
@@ -661,6 +685,7 @@ func (s *sim) save(a *simAgent) {
 		s.send(a, WatchEvent{Kind: Removed, Checkpoint: name})
 	}
 	delete(s.reopened, a.name+":"+name)
+	s.forgetLocks(a, name)
 	n := 1 + s.rng.IntN(6)
 	if s.rng.IntN(10) == 0 {
 		n = 20 + s.rng.IntN(100)
@@ -776,6 +801,9 @@ func (s *sim) rewrite(a *simAgent) {
 		return
 	}
 	p := files[s.rng.IntN(len(files))]
+	if s.lockedPath(a, name, p) {
+		return // written by the other user, it stays what the trainer cannot read: nothing to see
+	}
 	fi, _ := os.Lstat(p)
 	s.trace("rewrite "+p, a, name)
 	if FileIDOf(fi).Nlink > 1 {
@@ -829,6 +857,7 @@ func (s *sim) deleteCheckpoint(a *simAgent) {
 	}
 	s.trace("delete", a, name)
 	delete(s.reopened, a.name+":"+name)
+	s.forgetLocks(a, name)
 	os.RemoveAll(filepath.Join(a.dir, name))
 	s.send(a, WatchEvent{Kind: Removed, Checkpoint: name})
 }
@@ -845,9 +874,19 @@ func (s *sim) deleteFile(a *simAgent) {
 	}
 	p := files[s.rng.IntN(len(files))]
 	s.trace("delete "+p, a, name)
+	locked := s.lockedPath(a, name, p)
 	os.Remove(p)
 	s.snapshot(a)
 	r, _ := filepath.Rel(root, p)
+	if locked {
+		// The watcher reads a checkpoint it withholds again when something in it changes: with
+		// no file left that the trainer cannot read, it is complete.
+		delete(s.locked, a.name+":"+name+"/"+filepath.ToSlash(r))
+		if _, ok := s.fingerprint(a, name); ok && !s.hasLocked(a, name) {
+			s.complete(a, name)
+		}
+		return
+	}
 	s.send(a, WatchEvent{Kind: FileGone, Checkpoint: name, Path: filepath.ToSlash(r)})
 }
 
@@ -927,6 +966,9 @@ func (s *sim) settle() {
 		if !s.running(a) {
 			s.startAgent(a)
 		}
+	}
+	for _, a := range s.agents {
+		s.unlockAll(a) // the trainer's files, readable again, are committed too
 	}
 	const bound = 20 * time.Minute
 	deadline := time.Now().Add(bound)
@@ -1048,7 +1090,7 @@ func (s *sim) uncommitted() []string {
 	for _, a := range s.agents {
 		for _, name := range localCheckpoints(a) {
 			fp, ok := s.fingerprint(a, name)
-			if !ok || s.reopened[a.name+":"+name] {
+			if !ok || s.reopened[a.name+":"+name] || s.hasLocked(a, name) {
 				continue
 			}
 			local := strings.Split(fp, "\n")
@@ -1117,6 +1159,7 @@ func (s *sim) moreFile(p string, size int) {
 	if err := os.WriteFile(p, b, 0o644); err != nil {
 		s.fail("%v", err)
 	}
+	s.own(p)
 }
 
 // pickComplete returns one of a's complete checkpoint directories (not single files), drawn from
@@ -1145,6 +1188,9 @@ func (s *sim) sendAll(a *simAgent, name string) {
 			r, _ := filepath.Rel(root, p)
 			rel = filepath.ToSlash(r)
 		}
+		if s.locked[a.name+":"+name+"/"+rel] {
+			continue // skipped by the watcher
+		}
 		s.send(a, WatchEvent{Kind: FileReady, Checkpoint: name, Path: rel, ID: s.fileID(p)})
 	}
 	if _, ok := s.fingerprint(a, name); ok {
@@ -1159,6 +1205,7 @@ func (s *sim) chmodAll(a *simAgent) {
 		mode = 0o644
 	}
 	s.trace("chmod -R", a, "")
+	s.unlockAll(a)
 	names := localCheckpoints(a)
 	for _, name := range names {
 		for _, p := range regularFiles(filepath.Join(a.dir, name), func(string) bool { return true }) {
@@ -1202,7 +1249,7 @@ func (s *sim) rewriteMarker(a *simAgent) {
 // keeping a "best" copy does.
 func (s *sim) linkCopy(a *simAgent) {
 	from, ok := s.pickComplete(a)
-	if !ok {
+	if !ok || s.hasLocked(a, from) {
 		return
 	}
 	s.names++
@@ -1220,4 +1267,179 @@ func (s *sim) linkCopy(a *simAgent) {
 	}
 	s.snapshot(a)
 	s.sendAll(a, name)
+}
+
+// simTrainerUID owns the agents' checkpoint directories when the simulation runs as root: the
+// trainer's user, another than the agent's.
+const simTrainerUID = 12345
+
+// own gives p, a file the trainer wrote, to the trainer's user when the simulation runs as root.
+func (s *sim) own(p string) {
+	if os.Geteuid() != 0 {
+		return
+	}
+	if err := os.Chown(p, simTrainerUID, simTrainerUID); err != nil {
+		s.fail("%v", err)
+	}
+}
+
+// oddAct is one step of a trainer doing something less usual, in the trouble mode, drawn from
+// s.odd: a save staged under another name and renamed into place, a file of a complete
+// checkpoint the trainer cannot read (only as root: the agent reads what the trainer cannot),
+// or such files made readable again.
+func (s *sim) oddAct(a *simAgent) {
+	a = s.anyAgent(a)
+	switch r := s.odd.IntN(10); {
+	case r < 5:
+		s.stagedSave(a)
+	case r < 8:
+		if os.Geteuid() == 0 {
+			s.lock(a)
+		}
+	default:
+		s.unlockAll(a)
+	}
+}
+
+// oddFile writes size random bytes from s.odd to p.
+func (s *sim) oddFile(p string, size int) {
+	b := make([]byte, size)
+	for i := range b {
+		b[i] = byte(s.odd.Uint32())
+	}
+	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+		s.fail("%v", err)
+	}
+	if err := os.WriteFile(p, b, 0o644); err != nil {
+		s.fail("%v", err)
+	}
+	s.own(p)
+}
+
+// stagedSave writes a checkpoint under a staging name (tmp-step-N), then renames the directory
+// into place, as trainers that stage their saves do (Hugging Face's tmp-checkpoint-N): its marker
+// is written before the rename (a complete checkpoint under the staging name, committed or not
+// by the time it is renamed) or after it.
+func (s *sim) stagedSave(a *simAgent) {
+	a.trainerGone.Store(false)
+	s.names++
+	name := fmt.Sprintf("step-%06d", 100*s.names)
+	stage := "tmp-" + name
+	s.trace("save staged as "+stage, a, name)
+	dir := filepath.Join(a.dir, stage)
+	for i := range 1 + s.odd.IntN(4) {
+		rel := fmt.Sprintf("shard-%d.bin", i)
+		p := filepath.Join(dir, rel)
+		s.oddFile(p, 1+s.odd.IntN(150<<10))
+		s.send(a, WatchEvent{Kind: FileReady, Checkpoint: stage, Path: rel, ID: s.fileID(p)})
+		advance(time.Duration(s.odd.IntN(1500)) * time.Millisecond)
+	}
+	early := s.odd.IntN(2) == 0
+	if early {
+		s.oddFile(filepath.Join(dir, "_COMPLETE"), s.odd.IntN(64))
+		s.snapshot(a)
+		s.complete(a, stage)
+		advance(time.Duration(s.odd.IntN(4000)) * time.Millisecond)
+		synctest.Wait()
+	}
+	if err := os.Rename(dir, filepath.Join(a.dir, name)); err != nil {
+		s.fail("%v", err)
+	}
+	s.send(a, WatchEvent{Kind: Removed, Checkpoint: stage, Moved: true})
+	if !early {
+		s.oddFile(filepath.Join(a.dir, name, "_COMPLETE"), s.odd.IntN(64))
+	}
+	s.snapshot(a)
+	s.sendAll(a, name)
+}
+
+// lock makes one file of a complete checkpoint of a unreadable to the trainer (another user's,
+// mode 200), as a save run by another user leaves it: the watcher takes it back (FileGone), and
+// the checkpoint is withheld, never committed without it, until it is readable again.
+func (s *sim) lock(a *simAgent) {
+	var names []string
+	for _, name := range localCheckpoints(a) {
+		fi, err := os.Lstat(filepath.Join(a.dir, name))
+		if _, ok := s.fingerprint(a, name); ok && err == nil && fi.IsDir() {
+			names = append(names, name)
+		}
+	}
+	if len(names) == 0 {
+		return
+	}
+	name := names[s.odd.IntN(len(names))]
+	root := filepath.Join(a.dir, name)
+	files := regularFiles(root, func(p string) bool { return filepath.Base(p) != "_COMPLETE" && !s.lockedPath(a, name, p) })
+	if len(files) == 0 {
+		return
+	}
+	p := files[s.odd.IntN(len(files))]
+	fi, err := os.Lstat(p)
+	if err != nil || FileIDOf(fi).Nlink > 1 {
+		return // a hard link (linkCopy): the other checkpoint's file would change with it
+	}
+	r, _ := filepath.Rel(root, p)
+	rel := filepath.ToSlash(r)
+	s.trace("chmod 200 "+rel, a, name)
+	if err := os.Chown(p, 0, 0); err != nil {
+		s.fail("%v", err)
+	}
+	if err := os.Chmod(p, 0o200); err != nil {
+		s.fail("%v", err)
+	}
+	s.locked[a.name+":"+name+"/"+rel] = true
+	s.send(a, WatchEvent{Kind: FileGone, Checkpoint: name, Path: rel})
+}
+
+// unlockAll makes every file of a that the trainer could not read readable again: the watcher
+// reports each, then each checkpoint that has its marker and no other such file is complete,
+// without its marker written again.
+func (s *sim) unlockAll(a *simAgent) {
+	var names []string
+	for _, k := range slices.Sorted(maps.Keys(s.locked)) { // in one order: the seed replays
+		agent, path, _ := strings.Cut(k, ":")
+		if agent != a.name {
+			continue
+		}
+		name, rel, _ := strings.Cut(path, "/")
+		delete(s.locked, k)
+		p := filepath.Join(a.dir, name, filepath.FromSlash(rel))
+		if err := os.Chmod(p, 0o644); err != nil {
+			s.fail("%v", err)
+		}
+		s.own(p)
+		names = append(names, name)
+		s.trace("chmod 644 "+rel, a, name)
+		s.send(a, WatchEvent{Kind: FileReady, Checkpoint: name, Path: rel, ID: s.fileID(p)})
+	}
+	slices.Sort(names)
+	for _, name := range slices.Compact(names) {
+		if _, ok := s.fingerprint(a, name); ok {
+			s.complete(a, name)
+		}
+	}
+}
+
+// lockedPath reports whether p, a file of a's checkpoint name, is one the trainer cannot read.
+func (s *sim) lockedPath(a *simAgent, name, p string) bool {
+	r, err := filepath.Rel(filepath.Join(a.dir, name), p)
+	return err == nil && s.locked[a.name+":"+name+"/"+filepath.ToSlash(r)]
+}
+
+// hasLocked reports whether a's checkpoint name has a file the trainer cannot read.
+func (s *sim) hasLocked(a *simAgent, name string) bool {
+	prefix := a.name + ":" + name + "/"
+	for k := range s.locked {
+		if strings.HasPrefix(k, prefix) {
+			return true
+		}
+	}
+	return false
+}
+
+// forgetLocks forgets the files of a's checkpoint name that the trainer could not read: it was
+// deleted, or is written anew.
+func (s *sim) forgetLocks(a *simAgent, name string) {
+	prefix := a.name + ":" + name + "/"
+	maps.DeleteFunc(s.locked, func(k string, _ bool) bool { return strings.HasPrefix(k, prefix) })
 }
