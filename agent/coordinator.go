@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -373,6 +374,10 @@ func (c *Coordinator) begin(ev imds.Event) {
 		c.metrics.discoveryProblems.WithLabelValues(p.Reason).Inc()
 		log.Error().Str("reason", p.Reason).Str("detail", p.Detail).Msg("trainer discovery problem")
 	}
+	if c.cover(ns, procs, log) {
+		c.noticesChanged(cfg) // notice.json carries its signal record, for a restart
+		return
+	}
 	c.mu.Lock()
 	ns.problems, ns.handled = problems, true
 	c.mu.Unlock()
@@ -400,6 +405,63 @@ func (c *Coordinator) begin(ev imds.Event) {
 	c.record(metrics.Datum{Name: "SignalLatencySeconds", Unit: metrics.UnitSeconds, Value: latency.Seconds(),
 		Dimensions: map[string]string{"Source": string(n.Source)}})
 	log.Info().Int("signalled", sent).Int("found", len(results)).Float64("since_detected_s", logSeconds(latency)).Msg("notice handled: trainer signalled")
+}
+
+// cover takes ns, a notice just detected, as covered by the save the trainer is making for
+// another notice in force at least as severe (a spot reclaim, then the rebalance recommendation
+// AWS may send with it or after it): a save signalled for whose checkpoint is not durable yet. Signalled again, a trainer that keeps training after a save
+// would save twice in the window, and its second save's uploads would compete with the first's,
+// which may then miss the deadline. So ns is not signalled: the trainer's save for the other
+// notice is ns's save too (its signal record, the checkpoint written for it, once committed its
+// commit), and processes found now count as signalled for it. A more severe notice is signalled
+// as always (the trainer learns from notice.json what it must do, e.g. exit after saving), and so
+// is any notice once the other's checkpoint is durable (a new save can then only add) or went
+// missing, or when the other was signalled more than checkpointDue ago (without a store, when the
+// agent sees no checkpoint, that alone decides). A job notice covers nothing: a script may post one while the trainer saves nothing.
+// It reports whether ns was covered.
+func (c *Coordinator) cover(ns *NoticeStatus, procs []trainer.Process, log zerolog.Logger) bool {
+	c.mu.Lock()
+	var by *NoticeStatus
+	for _, o := range c.active {
+		if o == ns || o.Policy != PolicyCheckpoint || o.committed || noticeRank(o) > noticeRank(ns) ||
+			(o.written == "" && o.missingSaid) {
+			continue
+		}
+		if o.Source == SourceJob || o.signalledAt == nil || time.Since(*o.signalledAt) > checkpointDue {
+			// Not signalled (no trainer found, or it did not catch the signal); a job notice
+			// (posted by the trainer as its save begins, or by a script, whose trainer may not
+			// save); or signalled too long ago: a save older than a reclaim's window (a scheduled
+			// event's, days before; one a store that is down holds back) is not a fresh one.
+			continue
+		}
+		if by == nil || noticeRank(o) < noticeRank(by) || (noticeRank(o) == noticeRank(by) && o.Key < by.Key) {
+			by = o
+		}
+	}
+	if by == nil {
+		c.mu.Unlock()
+		return false
+	}
+	at := *by.signalledAt
+	ns.signalledAt, ns.signalledPIDs, ns.handled = &at, slices.Clone(by.signalledPIDs), true
+	ns.tried = maps.Clone(by.tried)
+	if ns.tried == nil {
+		ns.tried = map[int]bool{}
+	}
+	for _, p := range procs {
+		ns.tried[p.PID] = true
+	}
+	written := by.written
+	ns.written = written
+	c.mu.Unlock()
+	c.transition(ns, StateTrainerSignalled, fmt.Sprintf("not signalled again: the trainer is saving for %s (since %s), and that save is this notice's too",
+		by.Key, at.UTC().Format(time.RFC3339Nano)))
+	if written != "" {
+		c.transition(ns, StateCheckpointWritten, written)
+	}
+	log.Info().Str("covered_by", by.Key).Str("checkpoint", written).
+		Msg("notice came while the trainer's save for a notice at least as severe is not durable yet: not signalled again, so that it does not save twice in the window")
+	return true
 }
 
 // signal sends sig to procs for ns, records each outcome in ns (Signals, signalledPIDs, tried)
@@ -467,23 +529,51 @@ func (c *Coordinator) signal(ns *NoticeStatus, procs []trainer.Process, sig sysc
 // came were.
 func (c *Coordinator) signalNew(cfg *Config, procs []trainer.Process) {
 	changed := false
+	// A process is signalled once here, for the most severe notice that had not tried it; the
+	// others count it as signalled for them too (one save, as at a notice that comes while the
+	// trainer saves for another: cover).
+	sentFor := map[int]string{}
 	for _, ns := range c.inForce() {
 		c.mu.Lock()
 		var fresh []trainer.Process
+		other := ""
 		if ns.handled && ns.Source != SourceJob {
 			for _, p := range procs {
-				if !ns.tried[p.PID] {
+				switch {
+				case ns.tried[p.PID]:
+				case sentFor[p.PID] != "":
+					if ns.tried == nil {
+						ns.tried = map[int]bool{}
+					}
+					ns.tried[p.PID] = true
+					ns.signalledPIDs = append(ns.signalledPIDs, p.PID)
+					other = sentFor[p.PID]
+				default:
 					fresh = append(fresh, p)
 				}
 			}
 		}
 		first := ns.signalledAt == nil
+		if other != "" && first && len(fresh) == 0 {
+			now := time.Now()
+			ns.signalledAt = &now
+		}
 		c.mu.Unlock()
+		if other != "" && first && len(fresh) == 0 {
+			changed = true
+			c.transition(ns, StateTrainerSignalled, "signalled for "+other+", at the same time; not twice")
+			continue
+		}
 		if len(fresh) == 0 {
 			continue
 		}
 		log := c.log.With().Str("notice", ns.Key).Logger()
 		sent, results := c.signal(ns, fresh, cfg.Trainer.Signal, log)
+		for _, r := range results {
+			if r.Outcome == trainer.OutcomeSent {
+				sentFor[r.PID] = ns.Key
+			}
+		}
 		if sent == 0 {
 			continue
 		}

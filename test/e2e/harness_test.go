@@ -405,6 +405,7 @@ type agentStatus struct {
 		Transitions []struct {
 			State           string  `json:"state"`
 			SinceDetectedMS float64 `json:"since_detected_ms"`
+			Detail          string  `json:"detail"`
 		} `json:"transitions"`
 		Signals []struct {
 			PID     int    `json:"pid"`

@@ -80,6 +80,50 @@ func TestSpotAndRebalanceInEitherOrder(t *testing.T) {
 	}
 }
 
+// AWS may send the rebalance recommendation with the reclaim notice or after it. The trainer
+// (examples/python/trainer.py, which keeps training after a save) is signalled once: a second
+// signal, for the rebalance, made it save again in the window, its second save's uploads
+// competing with the first's. The rebalance's save is the reclaim's: both end committed with it.
+// The other way round, the reclaim is more severe, and signalled.
+func TestRebalanceDuringTheReclaimsSaveIsNotSignalledAgain(t *testing.T) {
+	needPeers(t)
+	sim := newIMDS(t)
+	now := time.Now().Truncate(time.Second)
+	sim.start("spot", "-a", "terminate", "--mock-trigger-time", now.Add(2*time.Second).UTC().Format(time.RFC3339),
+		"--rebalance-trigger-time", now.Add(4*time.Second).UTC().Format(time.RFC3339))
+	ckdir, storeDir := t.TempDir(), t.TempDir()
+	tp := startTrainer(t, "--checkpoint-dir", ckdir, "--files", "4", "--checkpoint-mb", "4", "--write-seconds", "6")
+	ap := startAgent(t, sim, "SPOTGUARD_TRAINER_PIDFILE="+tp.pidfile, "SPOTGUARD_CHECKPOINT_DIR="+ckdir,
+		"SPOTGUARD_STORE_URL=file://"+storeDir, "SPOTGUARD_STORE_JOB=e2e")
+	ap.waitNoticeState(t, "spot/terminate", "committed", 60*time.Second)
+	ap.waitNoticeState(t, "rebalance/rebalance", "committed", 30*time.Second)
+	if got := tp.signals(t); len(got) != 1 {
+		t.Errorf("the trainer got %d signals (%+v); want 1: the rebalance came while it saved for the reclaim", len(got), got)
+	}
+	for _, ns := range ap.status(t).Notices {
+		if ns.Key == "rebalance/rebalance" && len(ns.Signals) != 0 {
+			t.Errorf("rebalance signals %+v; want none", ns.Signals)
+		}
+		if ns.Key == "rebalance/rebalance" && !strings.Contains(ns.Transitions[1].Detail, "not signalled again: the trainer is saving for spot/terminate") {
+			t.Errorf("rebalance transitions %+v; want trainer_signalled saying it shares the reclaim's save", ns.Transitions)
+		}
+	}
+	if got, _ := filepath.Glob(filepath.Join(storeDir, "e2e", "*", "*", "_spotguard", "manifest.json")); len(got) != 1 {
+		t.Errorf("committed %v; want the one save", got)
+	}
+
+	// Another instance (its own IMDS): the rebalance first, then the reclaim.
+	sim2 := newIMDS(t)
+	sim2.start("spot", "-a", "terminate", "--mock-trigger-time", time.Now().Add(4*time.Second).UTC().Format(time.RFC3339),
+		"--rebalance-trigger-time", time.Now().Add(time.Second).UTC().Format(time.RFC3339))
+	tp2 := startTrainer(t, "--checkpoint-dir", t.TempDir())
+	ap2 := startAgent(t, sim2, "SPOTGUARD_TRAINER_PIDFILE="+tp2.pidfile)
+	ap2.waitNoticeState(t, "spot/terminate", "trainer_signalled", 30*time.Second)
+	if got := tp2.signals(t); len(got) != 2 {
+		t.Errorf("the trainer got %d signals (%+v); want 2: the reclaim after the rebalance is more severe", len(got), got)
+	}
+}
+
 // A scheduled event whose start is already past (the instance keeps running): it stays in force,
 // notice.json gives its start and not_after, and the checkpoints written after it are committed,
 // both of them; the past deadline never makes an upload give up.

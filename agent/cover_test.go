@@ -1,0 +1,205 @@
+package agent
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/spotguard/spotguard/agent/imds"
+	"github.com/spotguard/spotguard/checkpoint"
+)
+
+// coverRig runs a test coordinator's loop on events.
+type coverRig struct {
+	*testCoordinator
+	events chan imds.Event
+}
+
+func startCoverRig(t *testing.T) *coverRig {
+	tc := newTestCoordinator(t, "SPOTGUARD_STORE_URL=file:///nonexistent", "SPOTGUARD_STORE_JOB=j", "SPOTGUARD_CHECKPOINT_DIR="+t.TempDir())
+	r := &coverRig{testCoordinator: tc, events: make(chan imds.Event)}
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error)
+	go func() { done <- tc.c.Run(ctx, r.events) }()
+	t.Cleanup(func() { cancel(); <-done })
+	synctest.Wait()
+	return r
+}
+
+func (r *coverRig) begin(src imds.Source, action string, deadline time.Time) {
+	n := imds.Notice{Source: src, Action: action, Time: deadline, Deadline: deadline}
+	if src == imds.SourceScheduled {
+		n.EventID = "instance-event-" + action
+	}
+	r.events <- imds.Event{Kind: imds.Begin, At: time.Now(), Notice: n}
+	synctest.Wait()
+}
+
+func (r *coverRig) upload(kind checkpoint.UploadEventKind, name string) {
+	r.c.onUpload(checkpoint.UploadEvent{Kind: kind, Checkpoint: name, At: time.Now()})
+	synctest.Wait()
+}
+
+// notice returns the status of the notice with key.
+func (r *coverRig) notice(t *testing.T, key string) NoticeStatus {
+	t.Helper()
+	for _, n := range r.c.status().Notices {
+		if n.Key == key {
+			return n
+		}
+	}
+	t.Fatalf("no notice %s", key)
+	return NoticeStatus{}
+}
+
+// AWS may send the rebalance recommendation with the reclaim notice or after it. A trainer that
+// keeps training after its save, signalled for both, saved twice in the window, the second save's
+// uploads competing with the first's. A notice that comes while the trainer's save for one at
+// least as severe is not durable is not signalled: that save is its save too. Once the save is
+// durable, or for a more severe notice, the trainer is signalled as always.
+func TestNoticeDuringASaveForAnotherIsNotSignalledAgain(t *testing.T) {
+	t.Run("rebalance while the reclaim's save is written", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			r := startCoverRig(t)
+			r.begin(imds.SourceSpot, "terminate", time.Now().Add(2*time.Minute))
+			if n := r.tr.signals(); n != 1 {
+				t.Fatalf("signals after the reclaim = %d; want 1", n)
+			}
+			passFakeTime(3 * time.Second)
+			r.begin(imds.SourceRebalance, "rebalance", time.Time{})
+			if n := r.tr.signals(); n != 1 {
+				t.Errorf("signals after a rebalance during the reclaim's save = %d; want still 1", n)
+			}
+			rb := r.notice(t, "rebalance/rebalance")
+			if rb.State != StateTrainerSignalled || !strings.Contains(rb.Transitions[len(rb.Transitions)-1].Detail, "not signalled again") {
+				t.Errorf("rebalance state %s, transitions %+v; want trainer_signalled, not signalled again", rb.State, rb.Transitions)
+			}
+			nf, _ := r.noticeFile(t)
+			if len(nf.Active) != 2 || nf.Active[1].SignalledAt == nil || nf.Active[0].SignalledAt == nil || !nf.Active[1].SignalledAt.Equal(*nf.Active[0].SignalledAt) {
+				t.Errorf("notice.json active %+v; want both, the rebalance with the reclaim's signal (a restart does not signal it)", nf.Active)
+			}
+			// The loop's rescans (every second) do not signal it either.
+			passFakeTime(5 * time.Second)
+			if n := r.tr.signals(); n != 1 {
+				t.Errorf("signals 5 s later = %d; want still 1", n)
+			}
+			// Its checkpoint is the reclaim's, written and committed.
+			r.upload(checkpoint.CheckpointComplete, "step-10")
+			r.upload(checkpoint.CheckpointCommitted, "step-10")
+			for _, key := range []string{"spot/terminate", "rebalance/rebalance"} {
+				if n := r.notice(t, key); n.State != StateCommitted {
+					t.Errorf("%s state %s; want committed (step-10)", key, n.State)
+				}
+			}
+		})
+	})
+	t.Run("second notice after the first's checkpoint was written, before its commit", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			r := startCoverRig(t)
+			r.begin(imds.SourceScheduled, "system-reboot", time.Now().Add(time.Hour))
+			passFakeTime(time.Second)
+			r.upload(checkpoint.CheckpointComplete, "step-10")
+			r.begin(imds.SourceASG, "Terminated", time.Now().Add(2*time.Minute))
+			if n := r.tr.signals(); n != 1 {
+				t.Errorf("signals = %d; want 1: the scheduled event's save is being uploaded", n)
+			}
+			if n := r.notice(t, "asg/Terminated"); n.State != StateCheckpointWritten {
+				t.Errorf("asg state %s; want checkpoint_written (step-10, the save it shares)", n.State)
+			}
+			r.upload(checkpoint.CheckpointCommitted, "step-10")
+			if n := r.notice(t, "asg/Terminated"); n.State != StateCommitted {
+				t.Errorf("asg state %s; want committed", n.State)
+			}
+		})
+	})
+	t.Run("more severe notice is signalled", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			r := startCoverRig(t)
+			r.begin(imds.SourceRebalance, "rebalance", time.Time{})
+			passFakeTime(2 * time.Second)
+			r.begin(imds.SourceSpot, "terminate", time.Now().Add(2*time.Minute))
+			if n := r.tr.signals(); n != 2 {
+				t.Errorf("signals = %d; want 2: the reclaim is more severe (the trainer reads notice.json to learn it must exit)", n)
+			}
+		})
+	})
+	t.Run("after the save is durable", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			r := startCoverRig(t)
+			r.begin(imds.SourceSpot, "terminate", time.Now().Add(2*time.Minute))
+			passFakeTime(time.Second)
+			r.upload(checkpoint.CheckpointComplete, "step-10")
+			r.upload(checkpoint.CheckpointCommitted, "step-10")
+			r.begin(imds.SourceRebalance, "rebalance", time.Time{})
+			if n := r.tr.signals(); n != 2 {
+				t.Errorf("signals = %d; want 2: the reclaim's save is durable, a new one can only add", n)
+			}
+		})
+	})
+	t.Run("after the save went missing", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			r := startCoverRig(t)
+			r.begin(imds.SourceScheduled, "system-reboot", time.Now().Add(-time.Minute)) // due now: missing after 2 minutes
+			passFakeTime(checkpointDue + 2*time.Second)
+			if n := r.notice(t, "scheduled/system-reboot/instance-event-system-reboot"); n.State != StateCheckpointMissing {
+				t.Fatalf("scheduled state %s; want checkpoint_missing", n.State)
+			}
+			r.begin(imds.SourceScheduled, "instance-stop", time.Now().Add(time.Hour))
+			if n := r.tr.signals(); n != 2 {
+				t.Errorf("signals = %d; want 2: the first save never came", n)
+			}
+		})
+	})
+	t.Run("a save signalled for long ago and not committed covers nothing", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			r := startCoverRig(t)
+			r.begin(imds.SourceScheduled, "system-reboot", time.Now().Add(72*time.Hour)) // days ahead
+			passFakeTime(time.Second)
+			r.upload(checkpoint.CheckpointComplete, "step-10") // written; the store is down since
+			passFakeTime(checkpointDue + time.Second)
+			r.begin(imds.SourceASG, "Terminated", time.Now().Add(2*time.Minute))
+			if n := r.tr.signals(); n != 2 {
+				t.Errorf("signals = %d; want 2: the save it would share is older than a reclaim's window", n)
+			}
+		})
+	})
+	t.Run("without a store", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			tc := newTestCoordinator(t)
+			tc.c.uploader = nil // signal only: the agent sees no checkpoint
+			r := &coverRig{testCoordinator: tc, events: make(chan imds.Event)}
+			ctx, cancel := context.WithCancel(t.Context())
+			done := make(chan error)
+			go func() { done <- tc.c.Run(ctx, r.events) }()
+			defer func() { cancel(); <-done }()
+			r.begin(imds.SourceSpot, "terminate", time.Now().Add(2*time.Minute))
+			passFakeTime(5 * time.Second)
+			r.begin(imds.SourceRebalance, "rebalance", time.Time{})
+			if n := r.tr.signals(); n != 1 {
+				t.Errorf("signals = %d; want 1: the reclaim's signal is 5 s old", n)
+			}
+			r.begin(imds.SourceScheduled, "system-reboot", time.Now().Add(72*time.Hour))
+			passFakeTime(checkpointDue)
+			r.begin(imds.SourceASG, "Terminated", time.Now().Add(2*time.Minute))
+			if n := r.tr.signals(); n != 2 {
+				t.Errorf("signals = %d; want 2: every signal in force is older than a reclaim's window", n)
+			}
+		})
+	})
+	t.Run("a trainer restarted during two notices is signalled once", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			r := startCoverRig(t)
+			r.begin(imds.SourceRebalance, "rebalance", time.Time{})
+			passFakeTime(time.Second)
+			r.begin(imds.SourceSpot, "terminate", time.Now().Add(2*time.Minute))
+			before := r.tr.signals()
+			r.tr.setPIDs(5151) // torchrun's workers, restarted with new PIDs
+			passFakeTime(2 * time.Second)
+			if got := r.tr.signalledPIDs()[before:]; len(got) != 1 || got[0] != 5151 {
+				t.Errorf("signalled after the restart: %v; want 5151 once, for both notices", got)
+			}
+		})
+	})
+}
