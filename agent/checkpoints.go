@@ -180,7 +180,8 @@ func (a *Agent) noteNewest(m *checkpoint.Manifest) {
 }
 
 // onUpload moves every active notice detected before the checkpoint completed along:
-// trainer_signalled (or not) → checkpoint_written → committed. In a multi-node job the notice's
+// trainer_signalled (or not) → checkpoint_written → committed; a checkpoint renamed away before
+// its commit is awaited under its new name (checkpoint_written again, with it). In a multi-node job the notice's
 // checkpoint is durable once the job's checkpoint is committed, not this node's part.
 func (c *Coordinator) onUpload(ev checkpoint.UploadEvent) {
 	durable := checkpoint.CheckpointCommitted
@@ -204,6 +205,12 @@ func (c *Coordinator) onUpload(ev checkpoint.UploadEvent) {
 		case checkpoint.CheckpointWithheld:
 			if ev.At.After(ns.detectedAt) && ns.written == "" && ns.endedAt.IsZero() {
 				ns.withheld = ev.Checkpoint
+			}
+		case checkpoint.CheckpointRenamedAway:
+			if ns.written == ev.Checkpoint {
+				// A staging directory renamed into place after its marker: the notice's
+				// checkpoint completes again under its new name.
+				ns.written = ""
 			}
 		case durable:
 			if ns.written == ev.Checkpoint {

@@ -203,3 +203,23 @@ func TestNoticeDuringASaveForAnotherIsNotSignalledAgain(t *testing.T) {
 		})
 	})
 }
+
+// A trainer that stages its save (tmp-step-N, marker, renamed to step-N) completes the notice's
+// checkpoint twice: the staging name, renamed away before its commit, then the new name. The
+// notice's checkpoint is the one committed: before, the notice waited for the staging name's
+// commit, which never comes, and never reached committed (nor its time-to-durable metrics).
+func TestNoticeCheckpointRenamedIntoPlaceIsCommitted(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		r := startCoverRig(t)
+		r.begin(imds.SourceSpot, "terminate", time.Now().Add(2*time.Minute))
+		passFakeTime(time.Second)
+		r.upload(checkpoint.CheckpointComplete, "tmp-step-10")
+		r.upload(checkpoint.CheckpointRenamedAway, "tmp-step-10")
+		r.upload(checkpoint.CheckpointComplete, "step-10")
+		r.upload(checkpoint.CheckpointCommitted, "step-10")
+		n := r.notice(t, "spot/terminate")
+		if n.State != StateCommitted || !strings.HasPrefix(n.Transitions[len(n.Transitions)-1].Detail, "step-10") {
+			t.Errorf("state %s, transitions %+v; want committed with step-10", n.State, n.Transitions)
+		}
+	})
+}

@@ -122,6 +122,11 @@ const (
 	// commit after it, with other instances' commits of the same save in, is whole (not a
 	// piece of a split save). At is its completion.
 	CheckpointWhole
+	// CheckpointRenamedAway: a complete checkpoint's directory was renamed away before its
+	// commit (a staging directory renamed into place after its marker): it is not committed
+	// under this name; renamed within the checkpoint directory, it completes again under its new
+	// one (CheckpointComplete). At is when the uploader learned it.
+	CheckpointRenamedAway
 )
 
 // UploadEvent reports progress of one checkpoint.
@@ -1791,6 +1796,10 @@ func (u *Uploader) abandon(ctx context.Context, g *generation, why string) {
 			Msg("complete checkpoint gone before it was committed: if the trainer deletes its older checkpoints, it saves faster than the store takes them; keep more of them on disk, or save less often")
 	default:
 		u.log.Info().Str("checkpoint", g.name).Str("why", why).Msg("checkpoint no longer tracked")
+	}
+	if g.complete && moved {
+		// A notice whose checkpoint this was waits for it under its new name.
+		u.emit(UploadEvent{Kind: CheckpointRenamedAway, Checkpoint: g.name, At: time.Now()})
 	}
 	switch {
 	case g.commit != "" && !g.sealed:

@@ -1861,6 +1861,7 @@ func TestUploaderCheckpointDirectoryRenamedBeforeItsCommit(t *testing.T) {
 	eventuallyUploader(t, "tmp-step-1 to leave tracking", func() bool {
 		return !slices.ContainsFunc(r.up.Status(t.Context()).Checkpoints, func(c CheckpointStatus) bool { return c.Name == "tmp-step-1" })
 	})
+	r.waitEvent(CheckpointRenamedAway, "tmp-step-1") // a notice it was written for waits for step-1
 	close(s.release)
 	r.waitCommitted("step-1")
 	restoreAndCompare(t, s.memStore, "step-1", files)

@@ -9,11 +9,14 @@ import (
 	"errors"
 	"io/fs"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/spotguard/spotguard/test/s3model"
 )
 
 // noticeFileJSON is notice.json with the list of notices in force.
@@ -121,6 +124,86 @@ func TestRebalanceDuringTheReclaimsSaveIsNotSignalledAgain(t *testing.T) {
 	ap2.waitNoticeState(t, "spot/terminate", "trainer_signalled", 30*time.Second)
 	if got := tp2.signals(t); len(got) != 2 {
 		t.Errorf("the trainer got %d signals (%+v); want 2: the reclaim after the rebalance is more severe", len(got), got)
+	}
+}
+
+// stagingTrainer saves, on SIGUSR1, under a staging name with its marker, then renames the
+// directory into place (as Hugging Face's Trainer did with tmp-checkpoint-N); argv: checkpoint
+// dir, pidfile.
+const stagingTrainer = `import os, signal, sys, time
+d, pidfile = sys.argv[1], sys.argv[2]
+asked = []
+signal.signal(signal.SIGUSR1, lambda *a: asked.append(1))
+with open(pidfile + ".tmp", "w") as f:
+    f.write(str(os.getpid()))
+os.replace(pidfile + ".tmp", pidfile)
+step = 0
+while True:
+    time.sleep(0.05)
+    step += 1
+    if asked:
+        asked.clear()
+        name = "step-%06d" % step
+        stage = os.path.join(d, "tmp-" + name)
+        os.makedirs(stage)
+        for i in range(3):
+            with open(os.path.join(stage, "shard-%d.bin" % i), "wb") as f:
+                f.write(os.urandom(4 << 20))
+        open(os.path.join(stage, "_COMPLETE"), "w").close()
+        time.sleep(0.5)
+        os.rename(stage, os.path.join(d, name))
+        print("saved", name, flush=True)
+`
+
+// A trainer that stages its save and renames the directory into place after the marker: the
+// notice's checkpoint is the one committed under the new name. Before, the notice took the
+// staging name as its checkpoint, waited for its commit (never: it was renamed away) and never
+// reached committed, nor recorded its time to durable.
+func TestNoticeCheckpointStagedAndRenamedIsCommitted(t *testing.T) {
+	needPeers(t)
+	sim := newIMDS(t)
+	sim.startSpotTermination()
+	dir := t.TempDir()
+	ckdir, pidfile := filepath.Join(dir, "ckpt"), filepath.Join(dir, "trainer.pid")
+	if err := os.Mkdir(ckdir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	script := filepath.Join(dir, "staging.py")
+	if err := os.WriteFile(script, []byte(stagingTrainer), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(pythonBin, script, ckdir, pidfile)
+	out, err := os.Create(filepath.Join(dir, "trainer.out"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stdout, cmd.Stderr = out, out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait(); out.Close() })
+	eventually(t, 15*time.Second, "the trainer's pidfile", func() bool {
+		_, err := os.Stat(pidfile)
+		return err == nil
+	})
+	// Each connection at 2 MB/s: the staging directory is renamed (0.5 s after its marker) while
+	// its 4 MiB files are still being sent, before its commit.
+	model := startModel(t, startS3(t), s3model.Options{ConnUpRate: 2e6, ConnDownRate: 16e6})
+	ap := startAgent(t, sim, append([]string{"SPOTGUARD_TRAINER_PIDFILE=" + pidfile, "SPOTGUARD_NOTICES_REBALANCE=ignore",
+		"SPOTGUARD_CHECKPOINT_DIR=" + ckdir, "SPOTGUARD_STORE_URL=s3://" + s3Bucket + "/staged", "SPOTGUARD_STORE_JOB=e2e"},
+		model.s3Endpoint.agentEnv()...)...)
+	ap.waitNoticeState(t, "spot/terminate", "committed", 60*time.Second)
+	for _, ns := range ap.status(t).Notices {
+		if ns.Key != "spot/terminate" {
+			continue
+		}
+		last := ns.Transitions[len(ns.Transitions)-1]
+		if !strings.HasPrefix(last.Detail, "step-") {
+			t.Errorf("committed with %q; want the checkpoint under its new name", last.Detail)
+		}
+	}
+	if !hasLine(ap.metrics(t), `spotguard_notice_time_to_durable_seconds_count 1`) {
+		t.Errorf("time to durable not recorded")
 	}
 }
 
