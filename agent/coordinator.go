@@ -409,16 +409,17 @@ func (c *Coordinator) begin(ev imds.Event) {
 
 // cover takes ns, a notice just detected, as covered by the save the trainer is making for
 // another notice in force at least as severe (a spot reclaim, then the rebalance recommendation
-// AWS may send with it or after it): a save signalled for whose checkpoint is not durable yet. Signalled again, a trainer that keeps training after a save
-// would save twice in the window, and its second save's uploads would compete with the first's,
-// which may then miss the deadline. So ns is not signalled: the trainer's save for the other
-// notice is ns's save too (its signal record, the checkpoint written for it, once committed its
-// commit), and processes found now count as signalled for it. A more severe notice is signalled
-// as always (the trainer learns from notice.json what it must do, e.g. exit after saving), and so
-// is any notice once the other's checkpoint is durable (a new save can then only add) or went
-// missing, or when the other was signalled more than checkpointDue ago (without a store, when the
-// agent sees no checkpoint, that alone decides). A job notice covers nothing: a script may post one while the trainer saves nothing.
-// It reports whether ns was covered.
+// AWS may send with it or after it): a save signalled for whose checkpoint is not durable yet.
+// Signalled again, a trainer that keeps training after a save would save twice in the window,
+// and its second save's uploads would compete with the first's, which could then miss the
+// deadline. So ns is not signalled: the trainer's save for the other notice is ns's save too (its
+// signal record, the checkpoint written for it, once committed its commit), and the processes
+// found now count as signalled for it. A more severe notice is signalled as always (the trainer
+// learns from notice.json what it must do, e.g. exit after saving), and so is any notice once the
+// other's checkpoint is durable (a new save can then only add) or went missing, or when the
+// other was signalled more than checkpointDue ago (without a store, when the agent sees no
+// checkpoint, that alone decides). A job notice covers nothing: a script may post one while the
+// trainer saves nothing. It reports whether ns was covered.
 func (c *Coordinator) cover(ns *NoticeStatus, procs []trainer.Process, log zerolog.Logger) bool {
 	c.mu.Lock()
 	var by *NoticeStatus
@@ -554,13 +555,16 @@ func (c *Coordinator) signalNew(cfg *Config, procs []trainer.Process) {
 			}
 		}
 		first := ns.signalledAt == nil
-		if other != "" && first && len(fresh) == 0 {
+		shared := other != "" && first && len(fresh) == 0
+		if shared {
 			now := time.Now()
-			ns.signalledAt = &now
+			ns.signalledAt = &now // the checkpoint_missing timer starts now
 		}
 		c.mu.Unlock()
-		if other != "" && first && len(fresh) == 0 {
-			changed = true
+		if other != "" {
+			changed = true // notice.json lists the processes
+		}
+		if shared {
 			c.transition(ns, StateTrainerSignalled, "signalled for "+other+", at the same time; not twice")
 			continue
 		}
