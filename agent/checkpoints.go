@@ -181,8 +181,9 @@ func (a *Agent) noteNewest(m *checkpoint.Manifest) {
 
 // onUpload moves every active notice detected before the checkpoint completed along:
 // trainer_signalled (or not) → checkpoint_written → committed; a checkpoint renamed away before
-// its commit is awaited under its new name (checkpoint_written again, with it). In a multi-node job the notice's
-// checkpoint is durable once the job's checkpoint is committed, not this node's part.
+// its commit is awaited under its new name (checkpoint_written again, with it). In a multi-node
+// job the notice's checkpoint is durable once the job's checkpoint is committed, not this node's
+// part.
 func (c *Coordinator) onUpload(ev checkpoint.UploadEvent) {
 	durable := checkpoint.CheckpointCommitted
 	if c.config().Store.WorldNodes > 1 {
