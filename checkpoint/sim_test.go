@@ -648,10 +648,13 @@ func (s *sim) name() string {
 	return fmt.Sprintf("step-%06d", 100*s.names)
 }
 
-func (s *sim) writeFile(p string, size int) {
+func (s *sim) writeFile(p string, size int) { s.fileFrom(s.rng, p, size) }
+
+// fileFrom writes size random bytes drawn from rng to p, as the trainer (s.own).
+func (s *sim) fileFrom(rng *rand.Rand, p string, size int) {
 	b := make([]byte, size)
 	for i := range b {
-		b[i] = byte(s.rng.Uint32())
+		b[i] = byte(rng.Uint32())
 	}
 	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
 		s.fail("%v", err)
@@ -1151,16 +1154,7 @@ func (s *sim) troubleAct(a *simAgent) {
 }
 
 // moreFile writes size random bytes from s.more to p.
-func (s *sim) moreFile(p string, size int) {
-	b := make([]byte, size)
-	for i := range b {
-		b[i] = byte(s.more.Uint32())
-	}
-	if err := os.WriteFile(p, b, 0o644); err != nil {
-		s.fail("%v", err)
-	}
-	s.own(p)
-}
+func (s *sim) moreFile(p string, size int) { s.fileFrom(s.more, p, size) }
 
 // pickComplete returns one of a's complete checkpoint directories (not single files), drawn from
 // s.more, or false.
@@ -1302,19 +1296,7 @@ func (s *sim) oddAct(a *simAgent) {
 }
 
 // oddFile writes size random bytes from s.odd to p.
-func (s *sim) oddFile(p string, size int) {
-	b := make([]byte, size)
-	for i := range b {
-		b[i] = byte(s.odd.Uint32())
-	}
-	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
-		s.fail("%v", err)
-	}
-	if err := os.WriteFile(p, b, 0o644); err != nil {
-		s.fail("%v", err)
-	}
-	s.own(p)
-}
+func (s *sim) oddFile(p string, size int) { s.fileFrom(s.odd, p, size) }
 
 // stagedSave writes a checkpoint under a staging name (tmp-step-N), then renames the directory
 // into place, as trainers that stage their saves do (Hugging Face's tmp-checkpoint-N): its marker
