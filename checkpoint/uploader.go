@@ -1834,7 +1834,7 @@ func (u *Uploader) sayVanished(g *generation, m *Manifest) {
 	}
 	slices.Sort(gone)
 	gone = slices.Compact(gone)
-	u.log.Warn().Str("checkpoint", g.name).Str("commit", m.Commit).Strs("files", gone[:min(len(gone), 10)]).Int("count", len(gone)).
+	u.log.Warn().Str("checkpoint", g.name).Strs("files", gone[:min(len(gone), 10)]).Int("count", len(gone)).Str("commit", m.Commit).
 		Msg("files vanished from a complete checkpoint after its marker; it was committed without them")
 }
 
