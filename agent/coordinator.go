@@ -107,6 +107,10 @@ type NoticeStatus struct {
 	// notCaught are the processes found not catching the signal (yet): not tried, so the next
 	// scan (signalNew) looks again; said once each.
 	notCaught map[int]bool
+	// heldUntil is when a rebalance recommendation held back (holdRebalance) is acted on; zero
+	// when it is not held. heldFirst is its Event.First.
+	heldUntil time.Time
+	heldFirst bool
 }
 
 // SignalOutcome is what happened to one trainer process on a notice.
@@ -202,6 +206,9 @@ type Coordinator struct {
 	previous map[string]signalRecord
 	// noticeFileErr is why the last write of notice.json failed; nil once one succeeds.
 	noticeFileErr error
+	// hold fires when a rebalance recommendation held back (holdRebalance) is due; Run's loop
+	// owns it (nil when Run is not running: nothing is held).
+	hold *time.Timer
 }
 
 // noticeFileProblem returns why notice.json could not be written last, or nil.
@@ -242,6 +249,9 @@ func (c *Coordinator) Run(ctx context.Context, events <-chan imds.Event) error {
 	expire := time.NewTimer(time.Hour)
 	expire.Stop()
 	defer expire.Stop()
+	c.hold = time.NewTimer(time.Hour)
+	c.hold.Stop()
+	defer c.hold.Stop()
 	for {
 		c.alive.Store(time.Now().UnixNano())
 		select {
@@ -255,6 +265,8 @@ func (c *Coordinator) Run(ctx context.Context, events <-chan imds.Event) error {
 		case <-expire.C:
 			c.ExpireJobNotices(time.Now())
 			c.armExpiry(expire)
+		case <-c.hold.C:
+			c.releaseHeld(time.Now())
 		case <-t.C:
 			cfg := c.config()
 			c.signalNew(cfg, c.scan(cfg))
@@ -339,9 +351,7 @@ func (c *Coordinator) update(ev imds.Event) {
 
 func (c *Coordinator) begin(ev imds.Event) {
 	cfg := c.config()
-	n := ev.Notice
-	ns := c.detect(cfg, n, ev.At, "", nil)
-	log := c.log.With().Str("notice", ns.Key).Logger()
+	ns := c.detect(cfg, ev.Notice, ev.At, "", nil)
 	if ns.Policy == PolicyIgnore {
 		return
 	}
@@ -349,9 +359,82 @@ func (c *Coordinator) begin(ev imds.Event) {
 	// Before signalling: the files the trainer writes now get every connection, and notice.json
 	// says what to act on.
 	c.noticesChanged(cfg)
+	if c.holdRebalance(ns, cfg, ev.First) {
+		return
+	}
+	c.act(cfg, ns, ev.First)
+}
 
+// holdRebalance holds back the signal of ns, if it is a rebalance recommendation and the spot
+// source is polled, for rebalanceHold: AWS may send the recommendation at the same time as a
+// reclaim notice, and when both come together the trainer is signalled once, for the reclaim
+// (the recommendation then shares its save: cover), not for the recommendation first and the
+// reclaim a moment later, which a trainer would take for two saves (one to keep training, then
+// one to exit). The recommendation has no deadline; its uploads are urgent at once. It reports
+// whether ns was held; releaseHeld acts on it.
+func (c *Coordinator) holdRebalance(ns *NoticeStatus, cfg *Config, first bool) bool {
+	if ns.Source != imds.SourceRebalance || c.hold == nil || cfg.Notices[imds.SourceSpot] == PolicyOff {
+		return false
+	}
+	d := max(rebalanceHold, 2*cfg.IMDS.SpotPollInterval)
+	c.mu.Lock()
+	ns.heldUntil, ns.heldFirst = ns.detectedAt.Add(d), first
+	c.mu.Unlock()
+	c.armHold()
+	c.log.Info().Str("notice", ns.Key).Float64("for_s", d.Seconds()).
+		Msg("rebalance recommendation: the trainer is signalled after a short wait for a reclaim notice that comes with it, so that it saves once")
+	return true
+}
+
+// rebalanceHold is the least time a rebalance recommendation's signal is held back
+// (holdRebalance): the spot source is read at least twice meanwhile (every 250 ms by default).
+const rebalanceHold = time.Second
+
+// armHold sets the hold timer for the earliest held notice, if any.
+func (c *Coordinator) armHold() {
+	c.mu.Lock()
+	var next time.Time
+	for _, ns := range c.active {
+		if !ns.heldUntil.IsZero() && (next.IsZero() || ns.heldUntil.Before(next)) {
+			next = ns.heldUntil
+		}
+	}
+	c.mu.Unlock()
+	if !next.IsZero() {
+		c.hold.Reset(time.Until(next))
+	}
+}
+
+// releaseHeld acts on every notice held back (holdRebalance) whose time has come, as begin does
+// on a notice that is not held; one that ended meanwhile is not there any more.
+func (c *Coordinator) releaseHeld(now time.Time) {
+	c.mu.Lock()
+	var due []*NoticeStatus
+	for _, ns := range c.active {
+		if !ns.heldUntil.IsZero() && !now.Before(ns.heldUntil) {
+			due = append(due, ns)
+		}
+	}
+	c.mu.Unlock()
+	slices.SortFunc(due, func(a, b *NoticeStatus) int { return a.detectedAt.Compare(b.detectedAt) })
+	cfg := c.config()
+	for _, ns := range due {
+		c.mu.Lock()
+		first := ns.heldFirst
+		ns.heldUntil = time.Time{}
+		c.mu.Unlock()
+		c.act(cfg, ns, first)
+	}
+	c.armHold()
+}
+
+// act signals the trainer for ns, a checkpoint notice that begins (detected, and in notice.json
+// and the uploads' urgency already), unless its previous run did (a restart during the notice)
+// or the trainer saves for another notice already (cover). first is the notice's Event.First.
+func (c *Coordinator) act(cfg *Config, ns *NoticeStatus, first bool) {
+	log := c.log.With().Str("notice", ns.Key).Logger()
 	procs, problems := c.trainers.Find(cfg)
-	if prev, ok := c.previousSignal(ns.Key, procs, ev.First); ok {
+	if prev, ok := c.previousSignal(ns.Key, procs, first); ok {
 		// A restart (a crash, kill -9) during the notice, with the same trainer processes: they
 		// saved for it, or are saving; asked again, they would save twice in the window.
 		c.mu.Lock()
@@ -391,7 +474,7 @@ func (c *Coordinator) begin(ev imds.Event) {
 		log.Error().Int("found", len(procs)).Msg(detail + "; the newest complete checkpoint is all there is")
 		return
 	}
-	latency := time.Since(ev.At)
+	latency := time.Since(ns.detectedAt)
 	c.metrics.signalLatency.Observe(latency.Seconds())
 	now := time.Now()
 	c.mu.Lock()
@@ -399,11 +482,11 @@ func (c *Coordinator) begin(ev imds.Event) {
 	c.mu.Unlock()
 	c.noticesChanged(cfg) // a stop now waits for the checkpoint the trainer writes
 	if ns.Deadline != nil {
-		c.metrics.noticeDeadlineLeft.WithLabelValues(string(n.Source)).Set(time.Until(*ns.Deadline).Seconds())
+		c.metrics.noticeDeadlineLeft.WithLabelValues(string(ns.Source)).Set(time.Until(*ns.Deadline).Seconds())
 	}
 	c.transition(ns, StateTrainerSignalled, fmt.Sprintf("%d of %d processes", sent, len(results)))
 	c.record(metrics.Datum{Name: "SignalLatencySeconds", Unit: metrics.UnitSeconds, Value: latency.Seconds(),
-		Dimensions: map[string]string{"Source": string(n.Source)}})
+		Dimensions: map[string]string{"Source": string(ns.Source)}})
 	log.Info().Int("signalled", sent).Int("found", len(results)).Float64("since_detected_s", logSeconds(latency)).Msg("notice handled: trainer signalled")
 }
 

@@ -115,6 +115,19 @@ func TestRebalanceDuringTheReclaimsSaveIsNotSignalledAgain(t *testing.T) {
 		t.Errorf("committed %v; want the one save", got)
 	}
 
+	// Another instance: both at the same time, read in either order (the spot source every 250 ms,
+	// the rebalance source every second): one signal.
+	sim3 := newIMDS(t)
+	at := time.Now().Truncate(time.Second).Add(2 * time.Second).UTC().Format(time.RFC3339)
+	sim3.start("spot", "-a", "terminate", "--mock-trigger-time", at, "--rebalance-trigger-time", at)
+	tp3 := startTrainer(t)
+	ap3 := startAgent(t, sim3, "SPOTGUARD_TRAINER_PIDFILE="+tp3.pidfile)
+	ap3.waitNoticeState(t, "spot/terminate", "trainer_signalled", 30*time.Second)
+	ap3.waitNoticeState(t, "rebalance/rebalance", "trainer_signalled", 30*time.Second)
+	if got := tp3.signals(t); len(got) != 1 {
+		t.Errorf("the trainer got %d signals (%+v) for a reclaim and a recommendation at the same time; want 1", len(got), got)
+	}
+
 	// Another instance (its own IMDS): the rebalance first, then the reclaim.
 	sim2 := newIMDS(t)
 	sim2.start("spot", "-a", "terminate", "--mock-trigger-time", time.Now().Add(4*time.Second).UTC().Format(time.RFC3339),
