@@ -107,8 +107,8 @@ type NoticeStatus struct {
 	// notCaught are the processes found not catching the signal (yet): not tried, so the next
 	// scan (signalNew) looks again; said once each.
 	notCaught map[int]bool
-	// heldUntil is when a rebalance recommendation held back (holdRebalance) is acted on; zero
-	// when it is not held. heldFirst is its Event.First.
+	// heldUntil is when a notice held back (holdForReclaim) is acted on; zero when it is not
+	// held. heldFirst is its Event.First.
 	heldUntil time.Time
 	heldFirst bool
 }
@@ -206,8 +206,8 @@ type Coordinator struct {
 	previous map[string]signalRecord
 	// noticeFileErr is why the last write of notice.json failed; nil once one succeeds.
 	noticeFileErr error
-	// hold fires when a rebalance recommendation held back (holdRebalance) is due; Run's loop
-	// owns it (nil when Run is not running: nothing is held).
+	// hold fires when a notice held back (holdForReclaim) is due; Run's loop owns it (nil when
+	// Run is not running: nothing is held).
 	hold *time.Timer
 }
 
@@ -359,36 +359,37 @@ func (c *Coordinator) begin(ev imds.Event) {
 	// Before signalling: the files the trainer writes now get every connection, and notice.json
 	// says what to act on.
 	c.noticesChanged(cfg)
-	if c.holdRebalance(ns, cfg, ev.First) {
+	if c.holdForReclaim(ns, cfg, ev.First) {
 		return
 	}
 	c.act(cfg, ns, ev.First)
 }
 
-// holdRebalance holds back the signal of ns, if it is a rebalance recommendation and the spot
-// source is polled, for rebalanceHold: AWS may send the recommendation at the same time as a
-// reclaim notice, and when both come together the trainer is signalled once, for the reclaim
-// (the recommendation then shares its save: cover), not for the recommendation first and the
-// reclaim a moment later, which a trainer would take for two saves (one to keep training, then
-// one to exit). The recommendation has no deadline; its uploads are urgent at once. It reports
-// whether ns was held; releaseHeld acts on it.
-func (c *Coordinator) holdRebalance(ns *NoticeStatus, cfg *Config, first bool) bool {
-	if ns.Source != imds.SourceRebalance || c.hold == nil || cfg.Notices[imds.SourceSpot] == PolicyOff {
+// holdForReclaim holds back the signal of ns, a notice of a source read every poll_interval (a
+// rebalance recommendation, a scheduled event, an ASG termination), while the spot source, read
+// four times as often, is polled, for holdFor: AWS may send a reclaim notice at the same time
+// (the rebalance recommendation with it or after it, the ASG termination of a reclaimed
+// instance), and when both come together the trainer is signalled once, for the reclaim (ns then
+// shares its save: cover), not for ns first and the reclaim a moment later, which a trainer takes
+// for two saves (one to keep training, then one to exit). ns's uploads are urgent at once. It
+// reports whether ns was held; releaseHeld acts on it.
+func (c *Coordinator) holdForReclaim(ns *NoticeStatus, cfg *Config, first bool) bool {
+	if ns.Source == imds.SourceSpot || ns.Source == SourceJob || c.hold == nil || cfg.Notices[imds.SourceSpot] == PolicyOff {
 		return false
 	}
-	d := max(rebalanceHold, 2*cfg.IMDS.SpotPollInterval)
+	d := max(holdFor, 2*cfg.IMDS.SpotPollInterval)
 	c.mu.Lock()
 	ns.heldUntil, ns.heldFirst = ns.detectedAt.Add(d), first
 	c.mu.Unlock()
 	c.armHold()
 	c.log.Info().Str("notice", ns.Key).Float64("for_s", d.Seconds()).
-		Msg("rebalance recommendation: the trainer is signalled after a short wait for a reclaim notice that comes with it, so that it saves once")
+		Msg("notice: the trainer is signalled after a short wait for a reclaim notice that comes with it, so that it saves once")
 	return true
 }
 
-// rebalanceHold is the least time a rebalance recommendation's signal is held back
-// (holdRebalance): the spot source is read at least twice meanwhile (every 250 ms by default).
-const rebalanceHold = time.Second
+// holdFor is the least time a notice's signal is held back (holdForReclaim): the spot source
+// is read at least twice meanwhile (every 250 ms by default).
+const holdFor = time.Second
 
 // armHold sets the hold timer for the earliest held notice, if any.
 func (c *Coordinator) armHold() {
@@ -405,7 +406,7 @@ func (c *Coordinator) armHold() {
 	}
 }
 
-// releaseHeld acts on every notice held back (holdRebalance) whose time has come, as begin does
+// releaseHeld acts on every notice held back (holdForReclaim) whose time has come, as begin does
 // on a notice that is not held; one that ended meanwhile is not there any more.
 func (c *Coordinator) releaseHeld(now time.Time) {
 	c.mu.Lock()
