@@ -362,7 +362,7 @@ func (c *Coordinator) begin(ev imds.Event) {
 	if c.holdForReclaim(ns, cfg, ev.First) {
 		return
 	}
-	c.act(cfg, ns, ev.First)
+	c.act(cfg, ns, ev.First, ns.detectedAt)
 }
 
 // holdForReclaim holds back the signal of ns, a notice of a source read every poll_interval (a
@@ -421,18 +421,20 @@ func (c *Coordinator) releaseHeld(now time.Time) {
 	cfg := c.config()
 	for _, ns := range due {
 		c.mu.Lock()
-		first := ns.heldFirst
+		first, from := ns.heldFirst, ns.heldUntil
 		ns.heldUntil = time.Time{}
 		c.mu.Unlock()
-		c.act(cfg, ns, first)
+		c.act(cfg, ns, first, from)
 	}
 	c.armHold()
 }
 
 // act signals the trainer for ns, a checkpoint notice that begins (detected, and in notice.json
 // and the uploads' urgency already), unless its previous run did (a restart during the notice)
-// or the trainer saves for another notice already (cover). first is the notice's Event.First.
-func (c *Coordinator) act(cfg *Config, ns *NoticeStatus, first bool) {
+// or the trainer saves for another notice already (cover). first is the notice's Event.First;
+// the signal latency is measured from from: its detection, or the end of its hold
+// (holdForReclaim), which is the agent's choice, not its delay.
+func (c *Coordinator) act(cfg *Config, ns *NoticeStatus, first bool, from time.Time) {
 	log := c.log.With().Str("notice", ns.Key).Logger()
 	procs, problems := c.trainers.Find(cfg)
 	if prev, ok := c.previousSignal(ns.Key, procs, first); ok {
@@ -475,7 +477,7 @@ func (c *Coordinator) act(cfg *Config, ns *NoticeStatus, first bool) {
 		log.Error().Int("found", len(procs)).Msg(detail + "; the newest complete checkpoint is all there is")
 		return
 	}
-	latency := time.Since(ns.detectedAt)
+	latency := time.Since(from)
 	c.metrics.signalLatency.Observe(latency.Seconds())
 	now := time.Now()
 	c.mu.Lock()
@@ -488,7 +490,7 @@ func (c *Coordinator) act(cfg *Config, ns *NoticeStatus, first bool) {
 	c.transition(ns, StateTrainerSignalled, fmt.Sprintf("%d of %d processes", sent, len(results)))
 	c.record(metrics.Datum{Name: "SignalLatencySeconds", Unit: metrics.UnitSeconds, Value: latency.Seconds(),
 		Dimensions: map[string]string{"Source": string(ns.Source)}})
-	log.Info().Int("signalled", sent).Int("found", len(results)).Float64("since_detected_s", logSeconds(latency)).Msg("notice handled: trainer signalled")
+	log.Info().Int("signalled", sent).Int("found", len(results)).Float64("since_detected_s", logSeconds(time.Since(ns.detectedAt))).Msg("notice handled: trainer signalled")
 }
 
 // cover takes ns, a notice just detected, as covered by the save the trainer is making for

@@ -7,6 +7,8 @@ import (
 	"testing/synctest"
 	"time"
 
+	dto "github.com/prometheus/client_model/go"
+
 	"github.com/spotguard/spotguard/agent/imds"
 	"github.com/spotguard/spotguard/checkpoint"
 )
@@ -276,6 +278,14 @@ func TestNoticeIsHeldForAReclaimThatComesWithIt(t *testing.T) {
 				passFakeTime(time.Millisecond)
 				if got := r.tr.signals(); got != 1 {
 					t.Errorf("signals after the hold = %d; want 1", got)
+				}
+				// The wait is the agent's choice, not a delay: the latency is from its end.
+				var m dto.Metric
+				if err := r.c.metrics.signalLatency.Write(&m); err != nil {
+					t.Fatal(err)
+				}
+				if h := m.GetHistogram(); h.GetSampleCount() != 1 || h.GetSampleSum() >= holdFor.Seconds() {
+					t.Errorf("signal latency: %d samples, sum %v s; want 1, under %v", h.GetSampleCount(), h.GetSampleSum(), holdFor)
 				}
 			})
 		})
