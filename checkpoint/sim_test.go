@@ -1158,7 +1158,10 @@ func (s *sim) moreFile(p string, size int) { s.fileFrom(s.more, p, size) }
 
 // pickComplete returns one of a's complete checkpoint directories (not single files), drawn from
 // s.more, or false.
-func (s *sim) pickComplete(a *simAgent) (string, bool) {
+func (s *sim) pickComplete(a *simAgent) (string, bool) { return s.pickCompleteFrom(s.more, a) }
+
+// pickCompleteFrom is pickComplete drawing from rng.
+func (s *sim) pickCompleteFrom(rng *rand.Rand, a *simAgent) (string, bool) {
 	var names []string
 	for _, name := range localCheckpoints(a) {
 		fi, err := os.Lstat(filepath.Join(a.dir, name))
@@ -1169,7 +1172,7 @@ func (s *sim) pickComplete(a *simAgent) (string, bool) {
 	if len(names) == 0 {
 		return "", false
 	}
-	return names[s.more.IntN(len(names))], true
+	return names[rng.IntN(len(names))], true
 }
 
 // sendAll sends what the watcher sends when every file of checkpoint name changed its
@@ -1339,17 +1342,10 @@ func (s *sim) stagedSave(a *simAgent) {
 // mode 200), as a save run by another user leaves it: the watcher takes it back (FileGone), and
 // the checkpoint is withheld, never committed without it, until it is readable again.
 func (s *sim) lock(a *simAgent) {
-	var names []string
-	for _, name := range localCheckpoints(a) {
-		fi, err := os.Lstat(filepath.Join(a.dir, name))
-		if _, ok := s.fingerprint(a, name); ok && err == nil && fi.IsDir() {
-			names = append(names, name)
-		}
-	}
-	if len(names) == 0 {
+	name, ok := s.pickCompleteFrom(s.odd, a)
+	if !ok {
 		return
 	}
-	name := names[s.odd.IntN(len(names))]
 	root := filepath.Join(a.dir, name)
 	files := regularFiles(root, func(p string) bool { return filepath.Base(p) != "_COMPLETE" && !s.lockedPath(a, name, p) })
 	if len(files) == 0 {
