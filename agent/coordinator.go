@@ -256,6 +256,9 @@ func (c *Coordinator) Run(ctx context.Context, events <-chan imds.Event) error {
 		c.alive.Store(time.Now().UnixNano())
 		select {
 		case <-ctx.Done():
+			// A stop does not wait for a held notice's reclaim: it is signalled now, as it was
+			// when it came.
+			c.releaseHeld(time.Now().Add(time.Hour))
 			return nil
 		case ev := <-events:
 			c.Handle(ev)

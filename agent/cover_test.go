@@ -291,3 +291,28 @@ func TestNoticeIsHeldForAReclaimThatComesWithIt(t *testing.T) {
 		})
 	}
 }
+
+// A stop (SIGTERM) during a notice's hold signals the trainer at once: the instance may be going
+// down (an ASG termination), and the agent's loop ends with the stop.
+func TestHeldNoticeIsSignalledAtAStop(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		tc := newTestCoordinator(t, "SPOTGUARD_STORE_URL=file:///nonexistent", "SPOTGUARD_STORE_JOB=j", "SPOTGUARD_CHECKPOINT_DIR="+t.TempDir())
+		events := make(chan imds.Event)
+		ctx, cancel := context.WithCancel(t.Context())
+		done := make(chan error)
+		go func() { done <- tc.c.Run(ctx, events) }()
+		synctest.Wait()
+		events <- imds.Event{Kind: imds.Begin, At: time.Now(), Notice: imds.Notice{Source: imds.SourceASG, Action: "Terminated", Deadline: time.Now().Add(2 * time.Minute)}}
+		synctest.Wait()
+		if got := tc.tr.signals(); got != 0 {
+			t.Fatalf("signals during the hold = %d; want 0", got)
+		}
+		cancel()
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+		if got := tc.tr.signals(); got != 1 {
+			t.Errorf("signals after a stop during the hold = %d; want 1", got)
+		}
+	})
+}
