@@ -3,6 +3,7 @@ package agent
 import (
 	"context"
 	"strings"
+	"sync"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -13,19 +14,31 @@ import (
 	"github.com/spotguard/spotguard/checkpoint"
 )
 
-// coverRig runs a test coordinator's loop on events.
+// coverRig runs a test coordinator's loop on events; stop ends it (as a SIGTERM does).
 type coverRig struct {
 	*testCoordinator
 	events chan imds.Event
+	stop   func()
 }
 
-func startCoverRig(t *testing.T) *coverRig {
+// startCoverRig starts a coordinator with a store (its uploader a recording one), or without one
+// (signal only: the agent sees no checkpoint).
+func startCoverRig(t *testing.T, withStore bool) *coverRig {
 	tc := newTestCoordinator(t, "SPOTGUARD_STORE_URL=file:///nonexistent", "SPOTGUARD_STORE_JOB=j", "SPOTGUARD_CHECKPOINT_DIR="+t.TempDir())
+	if !withStore {
+		tc.c.uploader = nil
+	}
 	r := &coverRig{testCoordinator: tc, events: make(chan imds.Event)}
 	ctx, cancel := context.WithCancel(t.Context())
-	done := make(chan error)
+	done := make(chan error, 1)
 	go func() { done <- tc.c.Run(ctx, r.events) }()
-	t.Cleanup(func() { cancel(); <-done })
+	r.stop = sync.OnceFunc(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run() = %v", err)
+		}
+	})
+	t.Cleanup(r.stop)
 	synctest.Wait()
 	return r
 }
@@ -67,7 +80,7 @@ func (r *coverRig) notice(t *testing.T, key string) NoticeStatus {
 func TestNoticeDuringASaveForAnotherIsNotSignalledAgain(t *testing.T) {
 	t.Run("rebalance while the reclaim's save is written", func(t *testing.T) {
 		synctest.Test(t, func(t *testing.T) {
-			r := startCoverRig(t)
+			r := startCoverRig(t, true)
 			r.begin(imds.SourceSpot, "terminate", time.Now().Add(2*time.Minute))
 			if n := r.tr.signals(); n != 1 {
 				t.Fatalf("signals after the reclaim = %d; want 1", n)
@@ -102,7 +115,7 @@ func TestNoticeDuringASaveForAnotherIsNotSignalledAgain(t *testing.T) {
 	})
 	t.Run("second notice after the first's checkpoint was written, before its commit", func(t *testing.T) {
 		synctest.Test(t, func(t *testing.T) {
-			r := startCoverRig(t)
+			r := startCoverRig(t, true)
 			r.begin(imds.SourceScheduled, "system-reboot", time.Now().Add(time.Hour))
 			passFakeTime(time.Second)
 			r.upload(checkpoint.CheckpointComplete, "step-10")
@@ -121,7 +134,7 @@ func TestNoticeDuringASaveForAnotherIsNotSignalledAgain(t *testing.T) {
 	})
 	t.Run("more severe notice is signalled", func(t *testing.T) {
 		synctest.Test(t, func(t *testing.T) {
-			r := startCoverRig(t)
+			r := startCoverRig(t, true)
 			r.begin(imds.SourceRebalance, "rebalance", time.Time{})
 			passFakeTime(2 * time.Second)
 			r.begin(imds.SourceSpot, "terminate", time.Now().Add(2*time.Minute))
@@ -132,7 +145,7 @@ func TestNoticeDuringASaveForAnotherIsNotSignalledAgain(t *testing.T) {
 	})
 	t.Run("after the save is durable", func(t *testing.T) {
 		synctest.Test(t, func(t *testing.T) {
-			r := startCoverRig(t)
+			r := startCoverRig(t, true)
 			r.begin(imds.SourceSpot, "terminate", time.Now().Add(2*time.Minute))
 			passFakeTime(time.Second)
 			r.upload(checkpoint.CheckpointComplete, "step-10")
@@ -145,7 +158,7 @@ func TestNoticeDuringASaveForAnotherIsNotSignalledAgain(t *testing.T) {
 	})
 	t.Run("after the save went missing", func(t *testing.T) {
 		synctest.Test(t, func(t *testing.T) {
-			r := startCoverRig(t)
+			r := startCoverRig(t, true)
 			r.begin(imds.SourceScheduled, "system-reboot", time.Now().Add(-time.Minute)) // due now: missing after 2 minutes
 			passFakeTime(checkpointDue + 2*time.Second)
 			if n := r.notice(t, "scheduled/system-reboot/instance-event-system-reboot"); n.State != StateCheckpointMissing {
@@ -159,7 +172,7 @@ func TestNoticeDuringASaveForAnotherIsNotSignalledAgain(t *testing.T) {
 	})
 	t.Run("a save signalled for long ago and not committed covers nothing", func(t *testing.T) {
 		synctest.Test(t, func(t *testing.T) {
-			r := startCoverRig(t)
+			r := startCoverRig(t, true)
 			r.begin(imds.SourceScheduled, "system-reboot", time.Now().Add(72*time.Hour)) // days ahead
 			passFakeTime(time.Second)
 			r.upload(checkpoint.CheckpointComplete, "step-10") // written; the store is down since
@@ -172,13 +185,7 @@ func TestNoticeDuringASaveForAnotherIsNotSignalledAgain(t *testing.T) {
 	})
 	t.Run("without a store", func(t *testing.T) {
 		synctest.Test(t, func(t *testing.T) {
-			tc := newTestCoordinator(t)
-			tc.c.uploader = nil // signal only: the agent sees no checkpoint
-			r := &coverRig{testCoordinator: tc, events: make(chan imds.Event)}
-			ctx, cancel := context.WithCancel(t.Context())
-			done := make(chan error)
-			go func() { done <- tc.c.Run(ctx, r.events) }()
-			defer func() { cancel(); <-done }()
+			r := startCoverRig(t, false)
 			r.begin(imds.SourceSpot, "terminate", time.Now().Add(2*time.Minute))
 			passFakeTime(5 * time.Second)
 			r.begin(imds.SourceRebalance, "rebalance", time.Time{})
@@ -195,7 +202,7 @@ func TestNoticeDuringASaveForAnotherIsNotSignalledAgain(t *testing.T) {
 	})
 	t.Run("a trainer restarted during two notices is signalled once", func(t *testing.T) {
 		synctest.Test(t, func(t *testing.T) {
-			r := startCoverRig(t)
+			r := startCoverRig(t, true)
 			r.begin(imds.SourceRebalance, "rebalance", time.Time{})
 			passFakeTime(time.Second)
 			r.begin(imds.SourceSpot, "terminate", time.Now().Add(2*time.Minute))
@@ -215,7 +222,7 @@ func TestNoticeDuringASaveForAnotherIsNotSignalledAgain(t *testing.T) {
 // commit, which never comes, and never reached committed (nor its time-to-durable metrics).
 func TestNoticeCheckpointRenamedIntoPlaceIsCommitted(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		r := startCoverRig(t)
+		r := startCoverRig(t, true)
 		r.begin(imds.SourceSpot, "terminate", time.Now().Add(2*time.Minute))
 		passFakeTime(time.Second)
 		r.upload(checkpoint.CheckpointComplete, "tmp-step-10")
@@ -244,7 +251,7 @@ func TestNoticeIsHeldForAReclaimThatComesWithIt(t *testing.T) {
 	} {
 		t.Run(string(n.Source), func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
-				r := startCoverRig(t)
+				r := startCoverRig(t, true)
 				n.Deadline = time.Now().Add(2 * time.Minute)
 				if n.Source == imds.SourceRebalance {
 					n.Deadline = time.Time{}
@@ -268,7 +275,7 @@ func TestNoticeIsHeldForAReclaimThatComesWithIt(t *testing.T) {
 				}
 			})
 			synctest.Test(t, func(t *testing.T) {
-				r := startCoverRig(t)
+				r := startCoverRig(t, true)
 				r.events <- imds.Event{Kind: imds.Begin, At: time.Now(), Notice: n}
 				synctest.Wait()
 				passFakeTime(holdFor - time.Millisecond)
@@ -296,22 +303,14 @@ func TestNoticeIsHeldForAReclaimThatComesWithIt(t *testing.T) {
 // down (an ASG termination), and the agent's loop ends with the stop.
 func TestHeldNoticeIsSignalledAtAStop(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		tc := newTestCoordinator(t, "SPOTGUARD_STORE_URL=file:///nonexistent", "SPOTGUARD_STORE_JOB=j", "SPOTGUARD_CHECKPOINT_DIR="+t.TempDir())
-		events := make(chan imds.Event)
-		ctx, cancel := context.WithCancel(t.Context())
-		done := make(chan error)
-		go func() { done <- tc.c.Run(ctx, events) }()
+		r := startCoverRig(t, true)
+		r.events <- imds.Event{Kind: imds.Begin, At: time.Now(), Notice: imds.Notice{Source: imds.SourceASG, Action: "Terminated", Deadline: time.Now().Add(2 * time.Minute)}}
 		synctest.Wait()
-		events <- imds.Event{Kind: imds.Begin, At: time.Now(), Notice: imds.Notice{Source: imds.SourceASG, Action: "Terminated", Deadline: time.Now().Add(2 * time.Minute)}}
-		synctest.Wait()
-		if got := tc.tr.signals(); got != 0 {
+		if got := r.tr.signals(); got != 0 {
 			t.Fatalf("signals during the hold = %d; want 0", got)
 		}
-		cancel()
-		if err := <-done; err != nil {
-			t.Fatal(err)
-		}
-		if got := tc.tr.signals(); got != 1 {
+		r.stop()
+		if got := r.tr.signals(); got != 1 {
 			t.Errorf("signals after a stop during the hold = %d; want 1", got)
 		}
 	})
