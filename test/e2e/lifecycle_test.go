@@ -130,8 +130,9 @@ func TestRebalanceDuringTheReclaimsSaveIsNotSignalledAgain(t *testing.T) {
 
 	// Another instance (its own IMDS): the rebalance first, then the reclaim.
 	sim2 := newIMDS(t)
-	sim2.start("spot", "-a", "terminate", "--mock-trigger-time", time.Now().Add(4*time.Second).UTC().Format(time.RFC3339),
-		"--rebalance-trigger-time", time.Now().Add(time.Second).UTC().Format(time.RFC3339))
+	base := time.Now().Truncate(time.Second)
+	sim2.start("spot", "-a", "terminate", "--mock-trigger-time", base.Add(6*time.Second).UTC().Format(time.RFC3339),
+		"--rebalance-trigger-time", base.Add(time.Second).UTC().Format(time.RFC3339))
 	tp2 := startTrainer(t, "--checkpoint-dir", t.TempDir())
 	ap2 := startAgent(t, sim2, "SPOTGUARD_TRAINER_PIDFILE="+tp2.pidfile)
 	ap2.waitNoticeState(t, "spot/terminate", "trainer_signalled", 30*time.Second)
