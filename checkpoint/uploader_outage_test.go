@@ -258,12 +258,13 @@ func TestUploaderStopRightAfterANoticeDrains(t *testing.T) {
 	}
 }
 
-// A file deleted after the marker, before it was read, leaves the commit, and that is said at
-// warn level, naming the file (never silent, I6); before, nothing was logged at any level.
-func TestUploaderSaysAFileVanishedFromACompleteCheckpoint(t *testing.T) {
+// heldCompleteCheckpoint starts an uploader of dir whose store holds every upload, writes the
+// complete checkpoint step-1 (files a and b), and returns once its first upload is held and it
+// is complete; close(s.hold) lets the store go on.
+func heldCompleteCheckpoint(t *testing.T, dir string) (*outageStore, *uploaderRig) {
+	t.Helper()
 	s := newOutageStore(newMemStore())
 	s.hold = make(chan struct{})
-	dir := t.TempDir()
 	r := startUploaderWith(t, dir, s, UploaderConfig{BackgroundFiles: 1})
 	writeCheckpoint(t, dir, "step-1", map[string][]byte{"a": randomBytes(t, 8<<10), "b": randomBytes(t, 8<<10)})
 	select {
@@ -272,6 +273,14 @@ func TestUploaderSaysAFileVanishedFromACompleteCheckpoint(t *testing.T) {
 		t.Fatal("no upload started")
 	}
 	r.waitEvent(CheckpointComplete, "step-1")
+	return s, r
+}
+
+// A file deleted after the marker, before it was read, leaves the commit, and that is said at
+// warn level, naming the file (never silent, I6); before, nothing was logged at any level.
+func TestUploaderSaysAFileVanishedFromACompleteCheckpoint(t *testing.T) {
+	dir := t.TempDir()
+	s, r := heldCompleteCheckpoint(t, dir)
 	if err := os.Remove(filepath.Join(dir, "step-1", "b")); err != nil {
 		t.Fatal(err)
 	}
@@ -294,8 +303,6 @@ func TestUploaderSaysAFileVanishedFromACompleteCheckpoint(t *testing.T) {
 // file: before, a warning said "committing the checkpoint without them" just before the error
 // that it was not committed (found from outside, chmod 000 on a file during a slow upload).
 func TestUploaderFileMadeUnreadableAfterTheMarkerIsNotSaidToLeave(t *testing.T) {
-	s := newOutageStore(newMemStore())
-	s.hold = make(chan struct{})
 	dir := t.TempDir()
 	if os.Geteuid() == 0 {
 		// The trainer is another user: root, the agent, reads what it cannot.
@@ -303,14 +310,7 @@ func TestUploaderFileMadeUnreadableAfterTheMarkerIsNotSaidToLeave(t *testing.T) 
 			t.Fatal(err)
 		}
 	}
-	r := startUploaderWith(t, dir, s, UploaderConfig{BackgroundFiles: 1})
-	writeCheckpoint(t, dir, "step-1", map[string][]byte{"a": randomBytes(t, 8<<10), "b": randomBytes(t, 8<<10)})
-	select {
-	case <-s.held:
-	case <-time.After(20 * time.Second):
-		t.Fatal("no upload started")
-	}
-	r.waitEvent(CheckpointComplete, "step-1")
+	s, r := heldCompleteCheckpoint(t, dir)
 	files := func() int {
 		for _, c := range r.up.Status(t.Context()).Checkpoints {
 			if c.Name == "step-1" {
