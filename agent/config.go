@@ -132,6 +132,9 @@ type Config struct {
 	values map[string]setting
 	// problems are the parse problems met while loading; Validate reports them with the rest.
 	problems []error
+	// fileUnread is set when the config file is not a YAML mapping of sections, so that none of
+	// its keys was read.
+	fileUnread bool
 }
 
 // setting is one key's effective text value and its origin ("default", the file name, the env
@@ -672,6 +675,7 @@ func (c *Config) loadYAML(data []byte, path string, byKey map[string]field) {
 	var doc yaml.Node
 	if err := yaml.Unmarshal(data, &doc); err != nil {
 		c.problems = append(c.problems, fmt.Errorf("%s: not valid YAML: %w", path, err))
+		c.fileUnread = true
 		return
 	}
 	if len(doc.Content) == 0 {
@@ -680,6 +684,7 @@ func (c *Config) loadYAML(data []byte, path string, byKey map[string]field) {
 	root := doc.Content[0]
 	if root.Kind != yaml.MappingNode {
 		c.problems = append(c.problems, fmt.Errorf("%s: want a mapping of sections at the top level", path))
+		c.fileUnread = true
 		return
 	}
 	sections, keys := map[string]int{}, map[string]int{}
@@ -754,9 +759,8 @@ func (c *Config) Validate() error {
 	if off == len(imds.Sources) {
 		problems = append(problems, errors.New("notices: every source is off, so there is nothing to watch"))
 	}
-	// A file that is not YAML leaves every key of it unknown: what it lacks is not said.
-	fileBroken := slices.ContainsFunc(c.problems, func(p error) bool { return strings.Contains(p.Error(), ": not valid YAML: ") })
-	if c.Trainer.PIDFile == "" && c.Trainer.Unit == "" && c.Trainer.Match == nil && c.Trainer.Container == "" && !failed["trainer.match"] && !failed["trainer.container"] && !fileBroken {
+	// A file that could not be read leaves every key of it unknown: what it lacks is not said.
+	if c.Trainer.PIDFile == "" && c.Trainer.Unit == "" && c.Trainer.Match == nil && c.Trainer.Container == "" && !failed["trainer.match"] && !failed["trainer.container"] && !c.fileUnread {
 		problems = append(problems, errors.New("trainer: no way to find the trainer: set trainer.pidfile, trainer.unit, trainer.match or trainer.container"))
 	}
 	if c.Checkpoint.Dir != "" && !failed["checkpoint.dir"] {
@@ -784,6 +788,13 @@ func (c *Config) Validate() error {
 		problems = append(problems, fmt.Errorf("checkpoint.marker: %s must be a plain file name", c.valueFrom("checkpoint.marker")))
 	}
 	return errors.Join(problems...)
+}
+
+// FileUnread reports whether the config file was there but not a YAML mapping of sections (it
+// does not parse, or holds a list or a scalar), so that none of its keys was read: the effective
+// values are then the defaults and the environment's, not what the file meant to set.
+func (c *Config) FileUnread() bool {
+	return c.fileUnread
 }
 
 // LoadProblems returns the problems met while loading (a file that is not valid YAML, a

@@ -158,7 +158,7 @@ func (cf *configFlags) load(environ []string) (*agent.Config, error) {
 }
 
 func runConfig(ctx context.Context, args, environ []string, stdout, stderr io.Writer) int {
-	fs, cf := newFlagSet("config", "Print the effective configuration (with where each value came from), then every problem that would\nstop `spotguard run` from starting (exit 1) and every warning (exit 0).", stdout, stderr)
+	fs, cf := newFlagSet("config", "Print the effective configuration (with where each value came from; nothing when the file is not\nYAML), then every problem that would stop `spotguard run` from starting (exit 1) and every warning\n(exit 0).", stdout, stderr)
 	get := fs.String("get", "", "print only the effective value of `KEY` (e.g. checkpoint.dir), for scripts; exit 1 if the configuration\ndoes not load (bad YAML, a duplicate or unknown key, a bad value), but checks across keys are skipped")
 	isConfigured := fs.Bool("configured", false, "print nothing and exit 0 if anything sets a key (the file, SPOTGUARD_*, a flag) or the configuration\ndoes not load; exit 1, saying so, if nothing does yet (the shipped default): spotguard.service's ExecCondition=")
 	if code, ok := fs.parse(args); !ok {
@@ -190,7 +190,11 @@ func runConfig(ctx context.Context, args, environ []string, stdout, stderr io.Wr
 		}
 		return fs.usageError("--get %s: no such key", *get)
 	}
-	fmt.Fprint(stdout, cfg.YAML())
+	// A file that could not be read would be shown as every key at its default: not what the
+	// file sets, and not what `run` would do (it refuses to start).
+	if !cfg.FileUnread() {
+		fmt.Fprint(stdout, cfg.YAML())
+	}
 	var problems []string
 	if err := cfg.Validate(); err != nil {
 		problems = strings.Split(err.Error(), "\n")

@@ -46,6 +46,17 @@ func TestConfigCommand(t *testing.T) {
 		}
 	}
 
+	// A file that is not YAML, or not a mapping of sections, is shown as nothing rather than as
+	// every key at its default: the file sets them, `run` would refuse it.
+	for name, text := range map[string]string{"notyaml.yaml": "store:\n  url: [\n", "list.yaml": "- store\n- trainer\n"} {
+		path := filepath.Join(dir, name)
+		os.WriteFile(path, []byte(text), 0o644)
+		code, stdout, stderr = runCLI(t, t.Context(), nil, "config", "--config", path)
+		if code != exitFail || stdout != "" || !strings.Contains(stderr, path+": ") {
+			t.Errorf("config (%s): exit %d, stdout %q, stderr %q; want 1, nothing on stdout, the file named", name, code, stdout, stderr)
+		}
+	}
+
 	code, _, stderr = runCLI(t, t.Context(), nil, "config", "--config", filepath.Join(dir, "absent.yaml"))
 	if code != exitFail || !strings.Contains(stderr, "absent.yaml") {
 		t.Errorf("config (absent file): exit %d, stderr %q; want 1 naming the file", code, stderr)
