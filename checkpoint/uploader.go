@@ -127,6 +127,14 @@ const (
 	// under this name; renamed within the checkpoint directory, it completes again under its new
 	// one (CheckpointComplete). At is when the uploader learned it.
 	CheckpointRenamedAway
+	// CheckpointDeleted: a complete checkpoint was deleted before its commit (the trainer's
+	// rotation outran the upload, or someone deleted it): it is not committed. At is when the
+	// uploader learned it.
+	CheckpointDeleted
+	// CheckpointFound: the job's newest commit (Manifest), read from the store when the
+	// uploader starts (or, if the store did not answer then, once it does): what an earlier run
+	// committed, or another instance. At is when it was read.
+	CheckpointFound
 )
 
 // UploadEvent reports progress of one checkpoint.
@@ -959,6 +967,9 @@ func (u *Uploader) jobRead(ctx context.Context, st *JobState) {
 	}
 	if n := st.Newest(); n != nil {
 		u.learn(n.Manifest.Order())
+		// A notice an earlier run signalled the trainer for may have had its checkpoint
+		// committed by that run.
+		u.emit(UploadEvent{Kind: CheckpointFound, Checkpoint: n.Manifest.Checkpoint, At: time.Now(), Manifest: n.Manifest})
 	}
 	u.log.Info().Int("commits", len(st.Commits)).Int("unfinished", len(st.Unfinished)).Int("open_parts", len(st.Parts)).Msg("store read")
 	if n := st.Newest(); n != nil && !n.Latest {
@@ -1778,28 +1789,36 @@ func (u *Uploader) abandon(ctx context.Context, g *generation, why string) {
 	u.stopAllGrowing(g)
 	g.cancel()
 	moved := why == whyRenamedAway
+	// Deleted whole (rm -r, shutil.rmtree), its files go first, the marker among them: it was
+	// complete if its marker came.
+	wasComplete := g.complete || !g.completeSeen.IsZero()
 	if !moved && !u.lastSignal.IsZero() && !g.firstFileAt.Before(u.lastSignal) {
 		// The checkpoint written for the signal is deleted: nothing to wait for. One renamed
 		// away is awaited under its new name (a staging directory renamed into place).
 		u.signalAnswered = true
 	}
 	switch {
-	case g.complete && g.commit != "" && moved:
+	case wasComplete && g.commit != "" && moved:
 		// The trainer renamed a staging directory into place after writing the marker in it.
 		u.log.Warn().Str("checkpoint", g.name).Str("why", why).Int("files", len(g.files)).Int("stored", g.doneCount()).
 			Str("fix", msgRenamedBeforeCommitFix).
 			Msg("complete checkpoint's directory renamed away before it was committed; renamed within checkpoint.dir, it is committed under its new name")
-	case g.complete && g.commit != "":
+	case wasComplete && g.commit != "":
 		// Complete, begun, and gone before its commit: the trainer's own rotation outran the
 		// upload (a store slower than the trainer saves), or someone deleted it.
-		u.log.Warn().Str("checkpoint", g.name).Str("why", why).Int("files", len(g.files)).Int("stored", g.doneCount()).
+		// Its files went first (counted as vanished), so how many were stored is not known.
+		u.log.Warn().Str("checkpoint", g.name).Str("why", why).Int("files", len(g.files)+len(g.vanished)).
 			Msg("complete checkpoint gone before it was committed: if the trainer deletes its older checkpoints, it saves faster than the store takes them; keep more of them on disk, or save less often")
 	default:
 		u.log.Info().Str("checkpoint", g.name).Str("why", why).Msg("checkpoint no longer tracked")
 	}
-	if g.complete && moved {
+	switch {
+	case wasComplete && moved:
 		// A notice whose checkpoint this was waits for it under its new name.
 		u.emit(UploadEvent{Kind: CheckpointRenamedAway, Checkpoint: g.name, At: time.Now()})
+	case wasComplete:
+		// A notice whose checkpoint this was no longer waits for it.
+		u.emit(UploadEvent{Kind: CheckpointDeleted, Checkpoint: g.name, At: time.Now()})
 	}
 	switch {
 	case g.commit != "" && !g.sealed:

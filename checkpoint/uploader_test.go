@@ -173,14 +173,15 @@ func (r *uploaderRig) waitCommittedAll(names ...string) map[string]UploadEvent {
 	return got
 }
 
-// waitEvent waits for an event of kind for the checkpoint and returns it.
+// waitEvent waits for an event of kind for the checkpoint and returns it (kind 0: the next event,
+// whatever it is).
 func (r *uploaderRig) waitEvent(kind UploadEventKind, name string) UploadEvent {
 	r.t.Helper()
 	timeout := time.After(20 * time.Second)
 	for {
 		select {
 		case ev := <-r.events:
-			if ev.Kind == kind && ev.Checkpoint == name {
+			if kind == 0 || ev.Kind == kind && ev.Checkpoint == name {
 				return ev
 			}
 		case <-timeout:
@@ -1840,6 +1841,78 @@ func TestRetentionDeletesAManifestWrittenAgainMeanwhile(t *testing.T) {
 	}
 	if problems := CheckJob(t.Context(), s, "job", true); len(problems) > 0 {
 		t.Errorf("job after retention: %v", problems)
+	}
+}
+
+// The uploader says, as it starts, which commit of the job is the newest (CheckpointFound): a
+// notice the agent's previous run signalled the trainer for may have had its checkpoint committed
+// by that run.
+func TestUploaderReportsTheJobsNewestCommitAtStart(t *testing.T) {
+	s := newMemStore()
+	dir := t.TempDir()
+	r := startUploader(t, dir, s, 0)
+	files := map[string][]byte{"w.bin": randomBytes(t, 4<<10)}
+	writeCheckpoint(t, dir, "step-2", files)
+	want := r.waitCommitted("step-2").Manifest
+	writeCheckpoint(t, dir, "step-1", files) // a rollback's name, completed later: the newest
+	want2 := r.waitCommitted("step-1").Manifest
+	if !want2.Order().After(want.Order()) {
+		t.Fatalf("step-1 %v is not after step-2 %v (the test's premise)", want2.Order(), want.Order())
+	}
+	r.stop()
+
+	r2 := startUploader(t, t.TempDir(), s, 0)
+	ev := r2.waitEvent(CheckpointFound, "step-1")
+	if ev.Manifest == nil || ev.Manifest.Commit != want2.Commit {
+		t.Errorf("CheckpointFound manifest %+v; want step-1's commit %s", ev.Manifest, want2.Commit)
+	}
+}
+
+// A complete checkpoint deleted before its commit is reported (CheckpointDeleted: a notice whose
+// checkpoint it was stops waiting for it); one deleted after its commit, or before its marker,
+// is not.
+func TestUploaderReportsACompleteCheckpointDeletedBeforeItsCommit(t *testing.T) {
+	dir := t.TempDir()
+	s := &gateStore{memStore: newMemStore(), puts: make(chan string, 100), release: make(chan struct{})}
+	r := startUploader(t, dir, s, 0)
+	files := map[string][]byte{"w.bin": randomBytes(t, 64<<10)}
+	writeCheckpoint(t, dir, "step-1", files)
+	r.waitEvent(CheckpointComplete, "step-1")
+	<-s.puts // its upload has begun, and is held
+	if err := os.RemoveAll(filepath.Join(dir, "step-1")); err != nil {
+		t.Fatal(err)
+	}
+	r.waitEvent(CheckpointDeleted, "step-1")
+	close(s.release)
+
+	writeCheckpoint(t, dir, "step-2", files)
+	r.waitCommitted("step-2")
+	if err := os.MkdirAll(filepath.Join(dir, "step-3"), 0o755); err != nil { // no marker: never complete
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "step-3", "w.bin"), files["w.bin"], 0o644); err != nil {
+		t.Fatal(err)
+	}
+	eventuallyUploader(t, "step-3 to be tracked", func() bool {
+		return slices.ContainsFunc(r.up.Status(t.Context()).Checkpoints, func(c CheckpointStatus) bool { return c.Name == "step-3" })
+	})
+	for _, name := range []string{"step-2", "step-3"} {
+		if err := os.RemoveAll(filepath.Join(dir, name)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	eventuallyUploader(t, "step-2 and step-3 to leave tracking", func() bool {
+		return !slices.ContainsFunc(r.up.Status(t.Context()).Checkpoints, func(c CheckpointStatus) bool { return c.Name == "step-2" || c.Name == "step-3" })
+	})
+	writeCheckpoint(t, dir, "step-4", files)
+	for {
+		ev := r.waitEvent(0, "")
+		if ev.Kind == CheckpointDeleted {
+			t.Errorf("CheckpointDeleted for %s; want none: committed before, or never complete", ev.Checkpoint)
+		}
+		if ev.Kind == CheckpointCommitted && ev.Checkpoint == "step-4" {
+			break
+		}
 	}
 }
 
