@@ -3,6 +3,7 @@ package agent
 import (
 	"fmt"
 	"os"
+	"slices"
 	"time"
 
 	"github.com/spotguard/spotguard/agent/metrics"
@@ -180,17 +181,26 @@ func (a *Agent) noteNewest(m *checkpoint.Manifest) {
 }
 
 // onUpload moves every active notice detected before the checkpoint completed along:
-// trainer_signalled (or not) → checkpoint_written → committed; a checkpoint renamed away before
-// its commit is awaited under its new name (checkpoint_written again, with it). In a multi-node
-// job the notice's checkpoint is durable once the job's checkpoint is committed, not this node's
-// part.
+// trainer_signalled (or not) → checkpoint_written → committed. The notice's checkpoint is the
+// first one completed after it; it is durable when that one, or one completed after it, is
+// committed (in urgent mode the newest goes first). One renamed away before its commit is awaited
+// under its new name (checkpoint_written again, with it); one deleted before its commit gives its
+// place to the next one completed, or, when none did, moves the notice to checkpoint_missing
+// (deleted). In a multi-node job the notice's checkpoint is durable once the job's checkpoint is
+// committed, not this node's part.
 func (c *Coordinator) onUpload(ev checkpoint.UploadEvent) {
 	durable := checkpoint.CheckpointCommitted
 	if c.config().Store.WorldNodes > 1 {
 		durable = checkpoint.JobCheckpointCommitted
 	}
+	type change struct {
+		ns     *NoticeStatus
+		state  string // StateCheckpointWritten, StateCommitted or StateCheckpointMissing
+		name   string // the checkpoint
+		detail string // for StateCheckpointWritten and StateCheckpointMissing
+	}
+	var changes []change
 	c.mu.Lock()
-	var affected []*NoticeStatus
 	for _, ns := range c.notices {
 		if ns.Policy != PolicyCheckpoint || ns.committed {
 			continue
@@ -199,71 +209,173 @@ func (c *Coordinator) onUpload(ev checkpoint.UploadEvent) {
 		case checkpoint.CheckpointComplete:
 			// A checkpoint completed after the notice ended is not its (a trainer restarted
 			// after a torn save, saving on its own).
-			if ev.At.After(ns.detectedAt) && ns.written == "" && (ns.endedAt.IsZero() || ev.At.Before(ns.endedAt)) {
+			if !ev.At.After(ns.detectedAt) || (!ns.endedAt.IsZero() && !ev.At.Before(ns.endedAt)) {
+				continue
+			}
+			switch {
+			case ns.written == "":
 				ns.written = ev.Checkpoint
-				affected = append(affected, ns)
+				changes = append(changes, change{ns: ns, state: StateCheckpointWritten, name: ev.Checkpoint, detail: ev.Checkpoint})
+			case ev.Checkpoint != ns.written && !slices.Contains(ns.later, ev.Checkpoint):
+				// Saved again while the notice's checkpoint is uploaded (a trainer that keeps
+				// training, the newest going first in urgent mode).
+				ns.later = append(ns.later, ev.Checkpoint)
+				if len(ns.later) > maxLater {
+					ns.later = slices.Delete(ns.later, 0, len(ns.later)-maxLater)
+				}
 			}
 		case checkpoint.CheckpointWithheld:
 			if ev.At.After(ns.detectedAt) && ns.written == "" && ns.endedAt.IsZero() {
 				ns.withheld = ev.Checkpoint
 			}
-		case checkpoint.CheckpointRenamedAway:
-			if ns.written == ev.Checkpoint {
+		case checkpoint.CheckpointRenamedAway, checkpoint.CheckpointDeleted:
+			ns.later = slices.DeleteFunc(ns.later, func(n string) bool { return n == ev.Checkpoint })
+			if ns.written != ev.Checkpoint {
+				continue
+			}
+			gone := "renamed away"
+			if ev.Kind == checkpoint.CheckpointDeleted {
+				gone = "deleted"
+			}
+			if len(ns.later) > 0 {
+				// One completed since is the notice's checkpoint now.
+				next := ns.later[0]
+				ns.written, ns.later = next, ns.later[1:]
+				changes = append(changes, change{ns: ns, state: StateCheckpointWritten, name: next,
+					detail: fmt.Sprintf("%s (%s, written first, was %s before its commit)", next, ev.Checkpoint, gone)})
+				continue
+			}
+			ns.written = ""
+			if ev.Kind == checkpoint.CheckpointRenamedAway {
 				// A staging directory renamed into place after its marker: the notice's
 				// checkpoint completes again under its new name.
-				ns.written = ""
+				continue
 			}
-		case durable:
-			if ns.written == ev.Checkpoint {
-				ns.committed = true
-				affected = append(affected, ns)
+			// Deleted before its commit, nothing completed since: what was committed before is
+			// all there is, unless the trainer saves again while the notice is in force.
+			if !ns.missingSaid {
+				ns.missingSaid = true
+				changes = append(changes, change{ns: ns, state: StateCheckpointMissing, name: ev.Checkpoint, detail: missingDeleted})
 			}
+		case durable, checkpoint.CheckpointFound:
+			switch {
+			case ev.Kind == durable && (ns.written == ev.Checkpoint || slices.Contains(ns.later, ev.Checkpoint)):
+				// One completed after the notice's checkpoint is as good: restored, it is
+				// newer still.
+			case ns.written == "" && ev.Manifest != nil && completedFor(ev.Manifest, ns):
+				// Completed after the signal, and committed, without its completion seen here:
+				// the agent restarted during the notice, after the trainer's save (committed
+				// then, found in the store now; or committed by this run, which found it
+				// complete as it started).
+				ns.written = ev.Checkpoint
+				changes = append(changes, change{ns: ns, state: StateCheckpointWritten, name: ev.Checkpoint, detail: ev.Checkpoint})
+			default:
+				continue
+			}
+			ns.committed = true
+			changes = append(changes, change{ns: ns, state: StateCommitted, name: ev.Checkpoint})
 		}
 	}
+	if (ev.Kind == durable || ev.Kind == checkpoint.CheckpointFound) && ev.Manifest != nil &&
+		(c.storeNewest == nil || ev.Manifest.Order().After(c.storeNewest.Order())) {
+		c.storeNewest = ev.Manifest
+	}
 	c.mu.Unlock()
-	for _, ns := range affected {
-		switch ev.Kind {
-		case checkpoint.CheckpointComplete:
-			c.transition(ns, StateCheckpointWritten, ev.Checkpoint)
-			if ns.signalledAt != nil {
+	for _, ch := range changes {
+		ns := ch.ns
+		switch ch.state {
+		case StateCheckpointWritten:
+			c.transition(ns, StateCheckpointWritten, ch.detail)
+			if ns.signalledAt != nil && ch.detail == ch.name {
 				c.metrics.writeSeconds.Observe(ev.At.Sub(*ns.signalledAt).Seconds())
 				c.record(metrics.Datum{Name: "CheckpointWriteSeconds", Unit: metrics.UnitSeconds, Value: ev.At.Sub(*ns.signalledAt).Seconds(),
 					Dimensions: map[string]string{"Source": string(ns.Source)}})
 			}
-		case durable:
-			detail := ev.Checkpoint
-			c.metrics.timeToDurable.Observe(ev.At.Sub(ns.detectedAt).Seconds())
-			durable := []metrics.Datum{{Name: "NoticeToDurableSeconds", Unit: metrics.UnitSeconds, Value: ev.At.Sub(ns.detectedAt).Seconds(),
-				Dimensions: map[string]string{"Source": string(ns.Source)}}}
-			if ns.Deadline != nil {
-				durable = append(durable, metrics.Datum{Name: "DeadlineMarginSeconds", Unit: metrics.UnitSeconds, Value: ns.Deadline.Sub(ev.At).Seconds(),
-					Dimensions: map[string]string{"Source": string(ns.Source)}})
+		case StateCheckpointMissing:
+			c.metrics.checkpointMissing.WithLabelValues(string(ns.Source), ch.detail).Inc()
+			c.log.Error().Str("notice", ns.Key).Str("reason", ch.detail).Str("checkpoint", ch.name).
+				Msg("the checkpoint written for this notice was deleted before it was committed, and none completed since: " +
+					"only checkpoints committed before (or still being uploaded) will be there to restore; keep the newest checkpoints on disk until they are committed")
+			c.transition(ns, StateCheckpointMissing, ch.detail)
+		case StateCommitted:
+			if ev.Kind == checkpoint.CheckpointFound {
+				// Committed when its manifest says, not when it was found.
+				ev.At = ev.Manifest.CommittedAt
 			}
-			if m := ev.Manifest; m != nil && m.Timings.UploadSeconds > 0 {
-				durable = append(durable, metrics.Datum{Name: "UploadBytes", Unit: metrics.UnitBytes, Value: float64(m.TotalBytes)},
-					metrics.Datum{Name: "UploadThroughput", Unit: metrics.UnitBytesPerSecond, Value: ev.Throughput})
-			}
-			c.record(durable...)
-			if ns.Deadline != nil {
-				margin := ns.Deadline.Sub(ev.At)
-				c.metrics.deadlineMargin.WithLabelValues(string(ns.Source)).Set(margin.Seconds())
-				switch {
-				case margin >= 0:
-					detail = fmt.Sprintf("%s, %.1f s before the deadline", ev.Checkpoint, margin.Seconds())
-				case !ns.Deadline.After(ns.detectedAt):
-					// Past when the notice came (a scheduled event due now, a notice read late):
-					// nothing could have been on time.
-					detail = fmt.Sprintf("%s; the deadline had passed when the notice was detected", ev.Checkpoint)
-				default:
-					detail = fmt.Sprintf("%s, %.1f s after the deadline", ev.Checkpoint, -margin.Seconds())
-					c.log.Error().Str("notice", ns.Key).Float64("late_by_s", logSeconds(-margin)).Msg("checkpoint committed after the notice deadline")
-				}
-			}
-			c.transition(ns, StateCommitted, detail)
-			c.log.Warn().Str("notice", ns.Key).Str("checkpoint", ev.Checkpoint).
-				Float64("notice_to_durable_s", logSeconds(ev.At.Sub(ns.detectedAt))).Msg("notice's checkpoint is durable")
+			c.committed(ns, ev)
 		}
 	}
+}
+
+// fileTimeLag is how far a file's times may lag the clock (the kernel's coarse clock ticks):
+// a checkpoint completed right after a signal may seem to have completed that much before it.
+const fileTimeLag = 10 * time.Millisecond
+
+// completedFor reports whether m, a commit, completed after the trainer was signalled for ns
+// (after its detection, if it was not signalled) and before ns ended. Called with c.mu held.
+func completedFor(m *checkpoint.Manifest, ns *NoticeStatus) bool {
+	since := ns.detectedAt
+	if ns.signalledAt != nil {
+		since = *ns.signalledAt
+	}
+	at := m.Order().At
+	return !at.Before(since.Add(-fileTimeLag)) && (ns.endedAt.IsZero() || at.Before(ns.endedAt))
+}
+
+// maxLater bounds NoticeStatus.later.
+const maxLater = 16
+
+// missingDeleted is the checkpoint_missing reason of a notice whose checkpoint was deleted
+// before its commit.
+const missingDeleted = "deleted"
+
+// committed records ns as durable with ev's commit: its time to durable, its deadline margin,
+// and its state.
+func (c *Coordinator) committed(ns *NoticeStatus, ev checkpoint.UploadEvent) {
+	detail := ev.Checkpoint
+	var durable []metrics.Datum
+	c.mu.Lock()
+	inherited := ns.inherited
+	c.mu.Unlock()
+	if !inherited {
+		// A notice the agent's previous run signalled for was detected before this run's
+		// detection: how long before is not known.
+		c.metrics.timeToDurable.Observe(ev.At.Sub(ns.detectedAt).Seconds())
+		durable = append(durable, metrics.Datum{Name: "NoticeToDurableSeconds", Unit: metrics.UnitSeconds, Value: ev.At.Sub(ns.detectedAt).Seconds(),
+			Dimensions: map[string]string{"Source": string(ns.Source)}})
+	}
+	if ns.Deadline != nil {
+		durable = append(durable, metrics.Datum{Name: "DeadlineMarginSeconds", Unit: metrics.UnitSeconds, Value: ns.Deadline.Sub(ev.At).Seconds(),
+			Dimensions: map[string]string{"Source": string(ns.Source)}})
+	}
+	if m := ev.Manifest; m != nil && m.Timings.UploadSeconds > 0 && ev.Throughput > 0 { // not one committed before
+		durable = append(durable, metrics.Datum{Name: "UploadBytes", Unit: metrics.UnitBytes, Value: float64(m.TotalBytes)},
+			metrics.Datum{Name: "UploadThroughput", Unit: metrics.UnitBytesPerSecond, Value: ev.Throughput})
+	}
+	if len(durable) > 0 {
+		c.record(durable...)
+	}
+	if ns.Deadline != nil {
+		margin := ns.Deadline.Sub(ev.At)
+		c.metrics.deadlineMargin.WithLabelValues(string(ns.Source)).Set(margin.Seconds())
+		switch {
+		case margin >= 0:
+			detail = fmt.Sprintf("%s, %.1f s before the deadline", ev.Checkpoint, margin.Seconds())
+		case !ns.Deadline.After(ns.detectedAt):
+			// Past when the notice came (a scheduled event due now, a notice read late):
+			// nothing could have been on time.
+			detail = fmt.Sprintf("%s; the deadline had passed when the notice was detected", ev.Checkpoint)
+		default:
+			detail = fmt.Sprintf("%s, %.1f s after the deadline", ev.Checkpoint, -margin.Seconds())
+			c.log.Error().Str("notice", ns.Key).Float64("late_by_s", logSeconds(-margin)).Msg("checkpoint committed after the notice deadline")
+		}
+	}
+	c.transition(ns, StateCommitted, detail)
+	l := c.log.Warn().Str("notice", ns.Key).Str("checkpoint", ev.Checkpoint)
+	if !inherited {
+		l = l.Float64("notice_to_durable_s", logSeconds(ev.At.Sub(ns.detectedAt)))
+	}
+	l.Msg("notice's checkpoint is durable")
 }
 
 // noticeUploader is told which notices with policy checkpoint are in force whenever that set

@@ -88,15 +88,22 @@ type NoticeStatus struct {
 	// which end when IMDS withdraws them.
 	EndsAt *time.Time `json:"ends_at,omitempty"`
 
-	notAfter    time.Time         // a scheduled event's NotAfter
-	detectedAt  time.Time         // for timings
-	signalledAt *time.Time        // when the trainer was signalled, if it was
-	written     string            // the checkpoint completed after the notice, once seen
-	withheld    string            // a checkpoint withheld after the notice (its marker came; not storable)
-	missingSaid bool              // reported as checkpoint_missing
-	endedAt     time.Time         // when it ended; zero while active
-	committed   bool              // written is committed
-	problems    []trainer.Problem // discovery problems met when signalling
+	notAfter    time.Time  // a scheduled event's NotAfter
+	detectedAt  time.Time  // for timings
+	signalledAt *time.Time // when the trainer was signalled, if it was
+	written     string     // the checkpoint completed after the notice, once seen
+	// later are the checkpoints completed after written, while it is not committed, oldest first
+	// (at most maxLater): one of them committed makes the notice durable too, and one takes
+	// written's place when written is deleted or renamed away before its commit.
+	later       []string
+	withheld    string    // a checkpoint withheld after the notice (its marker came; not storable)
+	missingSaid bool      // reported as checkpoint_missing
+	endedAt     time.Time // when it ended; zero while active
+	committed   bool      // written is committed
+	// inherited: the trainer was signalled for it by the agent's previous run (a restart during
+	// the notice): its detection here is not the notice's, so no time to durable is measured.
+	inherited bool
+	problems  []trainer.Problem // discovery problems met when signalling
 	// handled: begin has dealt with it (signalled, or found nothing to signal); from then on a
 	// trainer process found that was not tried is signalled too (signalNew).
 	handled bool
@@ -206,6 +213,9 @@ type Coordinator struct {
 	previous map[string]signalRecord
 	// noticeFileErr is why the last write of notice.json failed; nil once one succeeds.
 	noticeFileErr error
+	// storeNewest is the newest commit of the job known: read from the store at the uploader's
+	// start (CheckpointFound), or committed since.
+	storeNewest *checkpoint.Manifest
 	// hold fires when a notice held back (holdForReclaim) is due; Run's loop owns it (nil when
 	// Run is not running: nothing is held).
 	hold *time.Timer
@@ -450,13 +460,18 @@ func (c *Coordinator) act(cfg *Config, ns *NoticeStatus, first bool, from time.T
 		for _, pid := range prev.PIDs {
 			ns.tried[pid] = true
 		}
-		ns.handled = true
+		ns.handled, ns.inherited = true, true
+		found := c.storeNewest
 		c.mu.Unlock()
 		detail := "signalled by the agent's previous run at " + prev.At.UTC().Format(time.RFC3339) + "; not again"
 		c.transition(ns, StateTrainerSignalled, detail)
 		log.Warn().Time("signalled_at", prev.At).Ints("pids", prev.PIDs).
 			Msg("the trainer was signalled for this notice before the agent restarted; not signalled again")
 		c.noticesChanged(cfg) // a stop waits for its checkpoint, as for one signalled now
+		if found != nil {
+			// Its checkpoint may have been committed before the restart.
+			c.onUpload(checkpoint.UploadEvent{Kind: checkpoint.CheckpointFound, Checkpoint: found.Checkpoint, At: time.Now(), Manifest: found})
+		}
 		return
 	}
 	for _, p := range problems {
@@ -542,7 +557,7 @@ func (c *Coordinator) cover(ns *NoticeStatus, procs []trainer.Process, log zerol
 		ns.tried[p.PID] = true
 	}
 	written := by.written
-	ns.written = written
+	ns.written, ns.later = written, slices.Clone(by.later)
 	c.mu.Unlock()
 	c.transition(ns, StateTrainerSignalled, fmt.Sprintf("not signalled again: the trainer is saving for %s (since %s), and that save is this notice's too",
 		by.Key, at.UTC().Format(time.RFC3339Nano)))

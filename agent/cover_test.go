@@ -24,10 +24,17 @@ type coverRig struct {
 // startCoverRig starts a coordinator with a store (its uploader a recording one), or without one
 // (signal only: the agent sees no checkpoint).
 func startCoverRig(t *testing.T, withStore bool) *coverRig {
+	return startRestartedRig(t, withStore, nil)
+}
+
+// startRestartedRig is startCoverRig for an agent restarted during notices its previous run
+// signalled the trainer for (previous, by key, as notice.json says).
+func startRestartedRig(t *testing.T, withStore bool, previous map[string]signalRecord) *coverRig {
 	tc := newTestCoordinator(t, "SPOTGUARD_STORE_URL=file:///nonexistent", "SPOTGUARD_STORE_JOB=j", "SPOTGUARD_CHECKPOINT_DIR="+t.TempDir())
 	if !withStore {
 		tc.c.uploader = nil
 	}
+	tc.c.previous = previous
 	r := &coverRig{testCoordinator: tc, events: make(chan imds.Event)}
 	ctx, cancel := context.WithCancel(t.Context())
 	done := make(chan error, 1)
@@ -44,11 +51,17 @@ func startCoverRig(t *testing.T, withStore bool) *coverRig {
 }
 
 func (r *coverRig) begin(src imds.Source, action string, deadline time.Time) {
+	r.beginRead(src, action, deadline, false)
+}
+
+// beginRead is begin with the event's First: the notice was there at the first read of its
+// source.
+func (r *coverRig) beginRead(src imds.Source, action string, deadline time.Time, first bool) {
 	n := imds.Notice{Source: src, Action: action, Time: deadline, Deadline: deadline}
 	if src == imds.SourceScheduled {
 		n.EventID = "instance-event-" + action
 	}
-	r.events <- imds.Event{Kind: imds.Begin, At: time.Now(), Notice: n}
+	r.events <- imds.Event{Kind: imds.Begin, At: time.Now(), Notice: n, First: first}
 	synctest.Wait()
 	if src != imds.SourceSpot {
 		passFakeTime(holdFor) // its signal is held back that long (holdForReclaim)

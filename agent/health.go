@@ -312,6 +312,12 @@ func (a *Agent) noteUploadHealth(ev checkpoint.UploadEvent) {
 		if ps := s.prober.state(); ps.Probes > 0 && !ps.Last.OK() {
 			s.prober.Kick()
 		}
+	case checkpoint.CheckpointDeleted:
+		// Never committed now: its failures are not counted on for a later one of the name.
+		s.limiter.forget(ev.Checkpoint + "|")
+		s.mu.Lock()
+		delete(s.failures, ev.Checkpoint)
+		s.mu.Unlock()
 	}
 }
 

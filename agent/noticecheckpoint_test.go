@@ -1,0 +1,195 @@
+package agent
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+
+	"github.com/spotguard/spotguard/agent/imds"
+	"github.com/spotguard/spotguard/checkpoint"
+)
+
+// A notice's checkpoint is the first one completed after it. A trainer that keeps training saves
+// again while that one is uploaded, and may delete it (keeping the newest on disk); in urgent mode
+// the newest goes first. The notice is durable once its checkpoint or one completed after it is
+// committed; its checkpoint deleted before its commit gives its place to one completed since, or,
+// with none, moves the notice to checkpoint_missing (deleted). Before, the notice waited for ever
+// in checkpoint_written, and its time to durable and deadline margin were never recorded.
+func TestNoticeCheckpointOvertakenOrDeleted(t *testing.T) {
+	spot := "spot/terminate"
+	type step struct {
+		kind checkpoint.UploadEventKind
+		name string
+	}
+	for _, c := range []struct {
+		name       string
+		steps      []step
+		state      string // of spot/terminate after the steps
+		detail     string // prefix of its last transition's detail
+		rebalance  bool   // a rebalance recommendation comes during the save, and shares it
+		thenCommit string // then this one completes and commits: committed with it
+	}{
+		{name: "a later checkpoint committed first",
+			steps: []step{{checkpoint.CheckpointComplete, "step-10"}, {checkpoint.CheckpointComplete, "step-11"}, {checkpoint.CheckpointCommitted, "step-11"}},
+			state: StateCommitted, detail: "step-11, "},
+		{name: "a later checkpoint committed first, shared by a covered notice", rebalance: true,
+			steps: []step{{checkpoint.CheckpointComplete, "step-10"}, {checkpoint.CheckpointComplete, "step-11"}, {checkpoint.CheckpointCommitted, "step-11"}},
+			state: StateCommitted, detail: "step-11"}, // the recommendation has no deadline to say
+		{name: "its checkpoint deleted, a later one there",
+			steps: []step{{checkpoint.CheckpointComplete, "step-10"}, {checkpoint.CheckpointComplete, "step-11"}, {checkpoint.CheckpointDeleted, "step-10"}},
+			state: StateCheckpointWritten, detail: "step-11 (step-10, written first, was deleted before its commit)", thenCommit: "step-11"},
+		{name: "its checkpoint and the later one deleted",
+			steps: []step{{checkpoint.CheckpointComplete, "step-10"}, {checkpoint.CheckpointComplete, "step-11"}, {checkpoint.CheckpointDeleted, "step-11"}, {checkpoint.CheckpointDeleted, "step-10"}},
+			state: StateCheckpointMissing, detail: missingDeleted, thenCommit: "step-12"},
+		{name: "its checkpoint deleted, none since",
+			steps: []step{{checkpoint.CheckpointComplete, "step-10"}, {checkpoint.CheckpointDeleted, "step-10"}},
+			state: StateCheckpointMissing, detail: missingDeleted, thenCommit: "step-12"},
+		{name: "staged, its new name seen complete before the rename",
+			steps: []step{{checkpoint.CheckpointComplete, "tmp-step-10"}, {checkpoint.CheckpointComplete, "step-10"}, {checkpoint.CheckpointRenamedAway, "tmp-step-10"}, {checkpoint.CheckpointCommitted, "step-10"}},
+			state: StateCommitted, detail: "step-10, "},
+		{name: "its checkpoint committed after a later one: once",
+			steps: []step{{checkpoint.CheckpointComplete, "step-10"}, {checkpoint.CheckpointComplete, "step-11"}, {checkpoint.CheckpointCommitted, "step-11"}, {checkpoint.CheckpointCommitted, "step-10"}},
+			state: StateCommitted, detail: "step-11, "},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				r := startCoverRig(t, true)
+				r.begin(imds.SourceSpot, "terminate", time.Now().Add(2*time.Minute))
+				if c.rebalance {
+					r.begin(imds.SourceRebalance, "rebalance", time.Time{})
+				}
+				passFakeTime(time.Second)
+				for _, s := range c.steps {
+					r.upload(s.kind, s.name)
+				}
+				keys := []string{spot}
+				if c.rebalance {
+					keys = append(keys, "rebalance/rebalance")
+				}
+				for _, key := range keys {
+					n := r.notice(t, key)
+					last := n.Transitions[len(n.Transitions)-1]
+					if n.State != c.state || !strings.HasPrefix(last.Detail, c.detail) {
+						t.Errorf("%s: state %s (%q); want %s (%q...)", key, n.State, last.Detail, c.state, c.detail)
+					}
+					if n.State == StateCommitted && strings.Count(strings.Join(transitionStates(n), " "), StateCommitted) != 1 {
+						t.Errorf("%s: transitions %v; want committed once", key, transitionStates(n))
+					}
+				}
+				if got := counterValue(t, r.c.metrics.checkpointMissing.WithLabelValues("spot", missingDeleted)); (c.state == StateCheckpointMissing) != (got == 1) {
+					t.Errorf("checkpoint_missing_total{spot,deleted} = %v in state %s", got, c.state)
+				}
+				if c.thenCommit == "" {
+					return
+				}
+				if c.thenCommit != "step-11" {
+					r.upload(checkpoint.CheckpointComplete, c.thenCommit)
+				}
+				r.upload(checkpoint.CheckpointCommitted, c.thenCommit)
+				if n := r.notice(t, spot); n.State != StateCommitted || !strings.HasPrefix(n.Transitions[len(n.Transitions)-1].Detail, c.thenCommit+", ") {
+					t.Errorf("after %s committed: state %s, transitions %+v; want committed with it", c.thenCommit, n.State, n.Transitions)
+				}
+			})
+		})
+	}
+}
+
+// transitionStates lists n's states in order.
+func transitionStates(n NoticeStatus) []string {
+	var out []string
+	for _, tr := range n.Transitions {
+		out = append(out, tr.State)
+	}
+	return out
+}
+
+// An agent restarted during a notice (kill -9, a crash, the watchdog) does not signal the trainer
+// again for it, and the checkpoint the trainer wrote for it may be committed already (by the
+// previous run: found in the store at start) or be committed by this run without its completion
+// being seen (found complete at start, before the notice was read). Either way the notice is
+// committed with it. Before, it stayed trainer_signalled and went to checkpoint_missing
+// (no_marker) 2 minutes after the signal, an error saying the trainer saved nothing when its
+// checkpoint was in the store (found from outside, kill -9 during a reclaim notice).
+func TestNoticeCheckpointOfThePreviousRun(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		// found: the commit is in the store when the agent starts; its store read answers
+		// before IMDS (foundFirst) or after. Else this run commits it.
+		found, foundFirst bool
+		// completedBefore: the commit completed before the previous run's signal (a periodic
+		// save): not the notice's.
+		completedBefore bool
+	}{
+		{name: "committed by the previous run, found after the notice", found: true},
+		{name: "committed by the previous run, found before the notice", found: true, foundFirst: true},
+		{name: "committed by this run, its completion not seen", found: false},
+		{name: "a commit completed before the signal", found: true, completedBefore: true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				signalled := time.Now().Add(-20 * time.Second)
+				r := startRestartedRig(t, true, map[string]signalRecord{"spot/terminate": {At: signalled, PIDs: []int{4242}}})
+				complete, committed := signalled.Add(4*time.Second), signalled.Add(9*time.Second)
+				if c.completedBefore {
+					complete = signalled.Add(-time.Second)
+				}
+				if !c.found {
+					committed = time.Now().Add(3 * time.Second)
+				}
+				m := &checkpoint.Manifest{Checkpoint: "step-10", Commit: "20261205T000000Z-000000000001", CommittedAt: committed,
+					Timings: checkpoint.Timings{CompleteAt: &complete}}
+				found := func() {
+					r.c.onUpload(checkpoint.UploadEvent{Kind: checkpoint.CheckpointFound, Checkpoint: m.Checkpoint, At: time.Now(), Manifest: m})
+					synctest.Wait()
+				}
+				if c.foundFirst {
+					found()
+				}
+				deadline := time.Now().Add(100 * time.Second)
+				r.beginRead(imds.SourceSpot, "terminate", deadline, true)
+				if c.found && !c.foundFirst {
+					found()
+				}
+				if !c.found {
+					passFakeTime(3 * time.Second)
+					r.c.onUpload(checkpoint.UploadEvent{Kind: checkpoint.CheckpointCommitted, Checkpoint: m.Checkpoint, At: time.Now(), Manifest: m})
+					synctest.Wait()
+				}
+				passFakeTime(3 * time.Minute) // past the deadline, and 2 minutes after the signal
+				n := r.notice(t, "spot/terminate")
+				if got := r.tr.signals(); got != 0 {
+					t.Errorf("signals = %d; want 0 (the previous run signalled)", got)
+				}
+				missing := counterValue(t, r.c.metrics.checkpointMissing.WithLabelValues("spot", "no_marker"))
+				if c.completedBefore {
+					if n.State != StateCheckpointMissing || missing != 1 {
+						t.Errorf("state %s, checkpoint_missing_total{no_marker} %v; want checkpoint_missing: that commit is older than the signal", n.State, missing)
+					}
+					return
+				}
+				want := fmt.Sprintf("step-10, %.1f s before the deadline", deadline.Sub(committed).Seconds())
+				if last := n.Transitions[len(n.Transitions)-1]; n.State != StateCommitted || last.Detail != want || missing != 0 {
+					t.Errorf("state %s (%q), checkpoint_missing_total %v; want committed (%q), nothing missing", n.State, last.Detail, missing, want)
+				}
+				if got := histogramCount(t, r.c.metrics.timeToDurable); got != 0 {
+					t.Errorf("time to durable observed %d times; want none: the notice was detected before this run", got)
+				}
+			})
+		})
+	}
+}
+
+// histogramCount is how many observations a Prometheus histogram has.
+func histogramCount(t *testing.T, h prometheus.Histogram) uint64 {
+	t.Helper()
+	var m dto.Metric
+	if err := h.Write(&m); err != nil {
+		t.Fatal(err)
+	}
+	return m.GetHistogram().GetSampleCount()
+}
