@@ -142,6 +142,10 @@ type UploadEvent struct {
 	Kind       UploadEventKind
 	Checkpoint string
 	At         time.Time
+	// CompletedAt is set for CheckpointComplete: when the trainer completed it, as its marker's
+	// change time says (its modification time where that is unknown). At is when the uploader
+	// learned it, which after a restart is long after.
+	CompletedAt time.Time
 	// Manifest is set for CheckpointCommitted, JobCheckpointCommitted (the job manifest),
 	// JobCheckpointFailed (this node's part of the save), CheckpointSplit and CheckpointWhole
 	// (this agent's commit).
@@ -1493,7 +1497,11 @@ func (u *Uploader) handleWatch(ctx context.Context, ev WatchEvent) {
 		if g.single {
 			u.noteSingle(g.name, ev.ModTime)
 		}
-		u.emit(UploadEvent{Kind: CheckpointComplete, Checkpoint: g.name, At: ev.At})
+		completed := ev.ID.ChangeTime
+		if completed.IsZero() {
+			completed = ev.ModTime
+		}
+		u.emit(UploadEvent{Kind: CheckpointComplete, Checkpoint: g.name, At: ev.At, CompletedAt: completed})
 		u.log.Info().Str("checkpoint", g.name).Int("files", len(g.files)).Int("done", g.doneCount()).
 			Msg("checkpoint complete; committing once every file is stored")
 	case FileGone:
