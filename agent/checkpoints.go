@@ -201,15 +201,20 @@ func (c *Coordinator) onUpload(ev checkpoint.UploadEvent) {
 	}
 	var changes []change
 	c.mu.Lock()
+	c.noteComplete(ev, durable)
 	for _, ns := range c.notices {
-		if ns.Policy != PolicyCheckpoint || ns.committed {
+		if ns.Policy != PolicyCheckpoint || ns.committed || !ns.heldUntil.IsZero() {
+			// A notice held back (holdForReclaim) has not asked for its save yet: a checkpoint
+			// completed meanwhile is not it.
 			continue
 		}
 		switch ev.Kind {
 		case checkpoint.CheckpointComplete:
 			// A checkpoint completed after the notice ended is not its (a trainer restarted
-			// after a torn save, saving on its own).
-			if !ev.At.After(ns.detectedAt) || (!ns.endedAt.IsZero() && !ev.At.Before(ns.endedAt)) {
+			// after a torn save, saving on its own). One completed after the signal but
+			// reported before the notice was read (an agent restarted during the notice) is.
+			after := ev.At.After(ns.detectedAt) || (!ev.CompletedAt.IsZero() && completedAfter(ev.CompletedAt, ns))
+			if !after || (!ns.endedAt.IsZero() && !ev.At.Before(ns.endedAt)) {
 				continue
 			}
 			switch {
@@ -258,19 +263,18 @@ func (c *Coordinator) onUpload(ev checkpoint.UploadEvent) {
 				changes = append(changes, change{ns: ns, state: StateCheckpointMissing, name: ev.Checkpoint, detail: missingDeleted})
 			}
 		case durable, checkpoint.CheckpointFound:
-			switch {
-			case ev.Kind == durable && (ns.written == ev.Checkpoint || slices.Contains(ns.later, ev.Checkpoint)):
-				// One completed after the notice's checkpoint is as good: restored, it is
-				// newer still.
-			case ns.written == "" && ev.Manifest != nil && completedFor(ev.Manifest, ns):
-				// Completed after the signal, and committed, without its completion seen here:
-				// the agent restarted during the notice, after the trainer's save (committed
-				// then, found in the store now; or committed by this run, which found it
-				// complete as it started).
+			// Its checkpoint, or one completed after it (as good: restored, it is newer
+			// still), or any completed after the signal: after an agent restarted during the
+			// notice, the trainer's save may have been committed by its previous run (found in
+			// the store now), or be committed by this run, which found it complete as it
+			// started, before it read the notice.
+			if !(ev.Kind == durable && (ns.written == ev.Checkpoint || slices.Contains(ns.later, ev.Checkpoint))) &&
+				!(ev.Manifest != nil && completedFor(ev.Manifest, ns)) {
+				continue
+			}
+			if ns.written == "" {
 				ns.written = ev.Checkpoint
 				changes = append(changes, change{ns: ns, state: StateCheckpointWritten, name: ev.Checkpoint, detail: ev.Checkpoint})
-			default:
-				continue
 			}
 			ns.committed = true
 			changes = append(changes, change{ns: ns, state: StateCommitted, name: ev.Checkpoint})
@@ -314,12 +318,44 @@ const fileTimeLag = 10 * time.Millisecond
 // completedFor reports whether m, a commit, completed after the trainer was signalled for ns
 // (after its detection, if it was not signalled) and before ns ended. Called with c.mu held.
 func completedFor(m *checkpoint.Manifest, ns *NoticeStatus) bool {
+	return completedAfter(m.Order().At, ns)
+}
+
+// completedAfter reports whether a checkpoint completed at at completed after the trainer was
+// signalled for ns (after its detection, if it was not signalled) and before ns ended. Called
+// with c.mu held.
+func completedAfter(at time.Time, ns *NoticeStatus) bool {
 	since := ns.detectedAt
 	if ns.signalledAt != nil {
 		since = *ns.signalledAt
 	}
-	at := m.Order().At
-	return !at.Before(since.Add(-fileTimeLag)) && (ns.endedAt.IsZero() || at.Before(ns.endedAt))
+	return !at.Before(since.Add(-fileTimeLag)) && (ns.endedAt.IsZero() || at.Add(fileTimeLag).Before(ns.endedAt))
+}
+
+// maxComplete bounds Coordinator.complete.
+const maxComplete = 64
+
+// noteComplete keeps Coordinator.complete up to date with ev. Called with c.mu held.
+func (c *Coordinator) noteComplete(ev checkpoint.UploadEvent, durable checkpoint.UploadEventKind) {
+	switch ev.Kind {
+	case checkpoint.CheckpointComplete:
+		at := ev.CompletedAt
+		if at.IsZero() {
+			at = ev.At
+		}
+		c.complete[ev.Checkpoint] = at
+		for len(c.complete) > maxComplete {
+			var oldest string
+			for name, t := range c.complete {
+				if oldest == "" || t.Before(c.complete[oldest]) {
+					oldest = name
+				}
+			}
+			delete(c.complete, oldest)
+		}
+	case durable, checkpoint.CheckpointDeleted, checkpoint.CheckpointRenamedAway:
+		delete(c.complete, ev.Checkpoint)
+	}
 }
 
 // maxLater bounds NoticeStatus.later.

@@ -126,6 +126,8 @@ type SignalOutcome struct {
 	Cmdline string          `json:"cmdline"`
 	Outcome trainer.Outcome `json:"outcome"`
 	Error   string          `json:"error,omitempty"`
+	// At is when it was tried.
+	At time.Time `json:"at"`
 }
 
 // TrainerStatus is one trainer process found by the last scan.
@@ -216,6 +218,12 @@ type Coordinator struct {
 	// storeNewest is the newest commit of the job known: read from the store at the uploader's
 	// start (CheckpointFound), or committed since.
 	storeNewest *checkpoint.Manifest
+	// complete holds the checkpoints complete and not committed (CheckpointComplete), with when
+	// each completed: a notice read after the uploader reported them (an agent restarted
+	// during a notice) may have one of them for its checkpoint. At most maxComplete.
+	complete map[string]time.Time
+	// procSignals holds, by process, its last signal: when, and for which notice.
+	procSignals map[int]procSignal
 	// hold fires when a notice held back (holdForReclaim) is due; Run's loop owns it (nil when
 	// Run is not running: nothing is held).
 	hold *time.Timer
@@ -237,13 +245,15 @@ func (c *Coordinator) setNoticeFileProblem(err error) {
 
 func newCoordinator(log zerolog.Logger, m *promMetrics, config func() *Config, t trainers) *Coordinator {
 	return &Coordinator{
-		log:      log.With().Str("component", "coordinator").Logger(),
-		metrics:  m,
-		config:   config,
-		trainers: t,
-		active:   map[string]*NoticeStatus{},
-		posts:    make(chan jobPost),
-		stopped:  make(chan struct{}),
+		log:         log.With().Str("component", "coordinator").Logger(),
+		metrics:     m,
+		config:      config,
+		trainers:    t,
+		active:      map[string]*NoticeStatus{},
+		complete:    map[string]time.Time{},
+		procSignals: map[int]procSignal{},
+		posts:       make(chan jobPost),
+		stopped:     make(chan struct{}),
 	}
 }
 
@@ -429,8 +439,27 @@ func (c *Coordinator) releaseHeld(now time.Time) {
 			due = append(due, ns)
 		}
 	}
+	// One that a more severe notice still held came after (read in the next poll) waits for
+	// it, and then shares its save: acted on first, it had the trainer signalled twice.
+	due = slices.DeleteFunc(due, func(ns *NoticeStatus) bool {
+		for _, o := range c.active {
+			if o.heldUntil.After(now) && noticeRank(o) < noticeRank(ns) {
+				ns.heldUntil = o.heldUntil
+				return true
+			}
+		}
+		return false
+	})
 	c.mu.Unlock()
-	slices.SortFunc(due, func(a, b *NoticeStatus) int { return a.detectedAt.Compare(b.detectedAt) })
+	// The most severe first: notices read in the same round (a scheduled event and an ASG
+	// termination) are held together, and the others then share its save (cover); the less
+	// severe first, the trainer was signalled for both.
+	slices.SortFunc(due, func(a, b *NoticeStatus) int {
+		if r := cmp.Compare(noticeRank(a), noticeRank(b)); r != 0 {
+			return r
+		}
+		return a.detectedAt.Compare(b.detectedAt)
+	})
 	cfg := c.config()
 	for _, ns := range due {
 		c.mu.Lock()
@@ -461,17 +490,15 @@ func (c *Coordinator) act(cfg *Config, ns *NoticeStatus, first bool, from time.T
 			ns.tried[pid] = true
 		}
 		ns.handled, ns.inherited = true, true
-		found := c.storeNewest
 		c.mu.Unlock()
 		detail := "signalled by the agent's previous run at " + prev.At.UTC().Format(time.RFC3339) + "; not again"
 		c.transition(ns, StateTrainerSignalled, detail)
 		log.Warn().Time("signalled_at", prev.At).Ints("pids", prev.PIDs).
 			Msg("the trainer was signalled for this notice before the agent restarted; not signalled again")
 		c.noticesChanged(cfg) // a stop waits for its checkpoint, as for one signalled now
-		if found != nil {
-			// Its checkpoint may have been committed before the restart.
-			c.onUpload(checkpoint.UploadEvent{Kind: checkpoint.CheckpointFound, Checkpoint: found.Checkpoint, At: time.Now(), Manifest: found})
-		}
+		// Its checkpoint may have been committed before the restart, or be complete and not
+		// committed yet, reported by the uploader as it started, before the notice was read.
+		c.adoptCompleted(prev.At)
 		return
 	}
 	for _, p := range problems {
@@ -484,8 +511,39 @@ func (c *Coordinator) act(cfg *Config, ns *NoticeStatus, first bool, from time.T
 	}
 	c.mu.Lock()
 	ns.problems, ns.handled = problems, true
+	// A process signalled for another notice whose save it is making (one found since that
+	// notice came, signalled on its own) saves for this one too.
+	var fresh []trainer.Process
+	var sharedAt *time.Time
+	saving := ""
+	for _, p := range procs {
+		key, at := c.savingFor(p.PID, ns)
+		if key == "" {
+			fresh = append(fresh, p)
+			continue
+		}
+		if ns.tried == nil {
+			ns.tried = map[int]bool{}
+		}
+		ns.tried[p.PID] = true
+		ns.signalledPIDs = append(ns.signalledPIDs, p.PID)
+		if sharedAt == nil || at.Before(*sharedAt) {
+			sharedAt, saving = &at, key
+		}
+	}
+	if len(fresh) == 0 && sharedAt != nil {
+		ns.signalledAt = sharedAt
+	}
 	c.mu.Unlock()
-	sent, results := c.signal(ns, procs, cfg.Trainer.Signal, log)
+	if len(fresh) == 0 && sharedAt != nil {
+		c.transition(ns, StateTrainerSignalled, fmt.Sprintf("not signalled again: its processes are saving for %s (since %s), and that save is this notice's too",
+			saving, sharedAt.UTC().Format(time.RFC3339Nano)))
+		log.Info().Str("covered_by", saving).Msg("notice came while the trainer's processes save for a notice at least as severe: not signalled again")
+		c.noticesChanged(cfg)
+		c.adoptCompleted(*sharedAt) // that save may be complete already
+		return
+	}
+	sent, results := c.signal(ns, fresh, cfg.Trainer.Signal, log)
 	if sent == 0 {
 		detail := "no trainer process found"
 		if len(results) > 0 {
@@ -569,13 +627,68 @@ func (c *Coordinator) cover(ns *NoticeStatus, procs []trainer.Process, log zerol
 	return true
 }
 
+// adoptCompleted tells onUpload again of the checkpoints completed since since that it heard of
+// before a notice whose save began then was there to take them: the job's newest commit (found in
+// the store at start, or committed since) and every complete checkpoint not committed, oldest
+// first. A notice inherited from the agent's previous run, or sharing a save that began before it
+// came, takes them as its checkpoint; the others are not moved (they saw them, or completedAfter
+// says they are not theirs).
+func (c *Coordinator) adoptCompleted(since time.Time) {
+	c.mu.Lock()
+	found := c.storeNewest
+	var names []string
+	for name, at := range c.complete {
+		if !at.Before(since.Add(-fileTimeLag)) {
+			names = append(names, name)
+		}
+	}
+	slices.SortFunc(names, func(a, b string) int { return c.complete[a].Compare(c.complete[b]) })
+	at := make([]time.Time, len(names))
+	for i, name := range names {
+		at[i] = c.complete[name]
+	}
+	c.mu.Unlock()
+	if found != nil {
+		c.onUpload(checkpoint.UploadEvent{Kind: checkpoint.CheckpointFound, Checkpoint: found.Checkpoint, At: time.Now(), Manifest: found})
+	}
+	for i, name := range names {
+		c.onUpload(checkpoint.UploadEvent{Kind: checkpoint.CheckpointComplete, Checkpoint: name, At: at[i], CompletedAt: at[i]})
+	}
+}
+
+// procSignal is a trainer process's last signal: when, and for which notice (and its rank).
+type procSignal struct {
+	at   time.Time
+	key  string
+	rank int
+}
+
+// savingFor returns the notice process pid is saving for, and when it was signalled for it, if
+// that save is ns's too: the process was signalled for another notice in force at least as severe
+// less than checkpointDue ago, and no checkpoint completed since is committed (as cover, for one
+// process: one found during a notice is signalled on its own, after the notice's first signal).
+// "" if not. Called with c.mu held.
+func (c *Coordinator) savingFor(pid int, ns *NoticeStatus) (string, time.Time) {
+	ps, ok := c.procSignals[pid]
+	if !ok || ps.key == ns.Key || ps.rank > noticeRank(ns) || time.Since(ps.at) > checkpointDue {
+		return "", time.Time{}
+	}
+	if c.active[ps.key] == nil {
+		return "", time.Time{} // ended
+	}
+	if n := c.storeNewest; n != nil && !n.Order().At.Before(ps.at.Add(-fileTimeLag)) {
+		return "", time.Time{} // its save is durable: a new one can only add
+	}
+	return ps.key, ps.at
+}
+
 // signal sends sig to procs for ns, records each outcome in ns (Signals, signalledPIDs, tried)
 // and the metrics, logs it, and returns how many were sent.
 func (c *Coordinator) signal(ns *NoticeStatus, procs []trainer.Process, sig syscall.Signal, log zerolog.Logger) (int, []trainer.Result) {
 	results := c.trainers.Signal(procs, sig)
 	sent := 0
 	for _, r := range results {
-		out := SignalOutcome{PID: r.PID, Cmdline: r.Cmdline, Outcome: r.Outcome}
+		out := SignalOutcome{PID: r.PID, Cmdline: r.Cmdline, Outcome: r.Outcome, At: time.Now()}
 		if r.Err != nil {
 			out.Error = r.Err.Error()
 		}
@@ -597,6 +710,7 @@ func (c *Coordinator) signal(ns *NoticeStatus, procs []trainer.Process, sig sysc
 		}
 		if r.Outcome == trainer.OutcomeSent {
 			ns.signalledPIDs = append(ns.signalledPIDs, r.PID)
+			c.procSignals[r.PID] = procSignal{at: time.Now(), key: ns.Key, rank: noticeRank(ns)}
 		}
 		if !again || r.Outcome != trainer.OutcomeNotCaught {
 			ns.Signals = append(ns.Signals, out)
@@ -644,6 +758,9 @@ func (c *Coordinator) signalNew(cfg *Config, procs []trainer.Process) {
 		other := ""
 		if ns.handled && ns.Source != SourceJob {
 			for _, p := range procs {
+				if key, _ := c.savingFor(p.PID, ns); key != "" && sentFor[p.PID] == "" {
+					sentFor[p.PID] = key // signalled before this round, for a notice at least as severe
+				}
 				switch {
 				case ns.tried[p.PID]:
 				case sentFor[p.PID] != "":

@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
@@ -19,6 +20,8 @@ type coverRig struct {
 	*testCoordinator
 	events chan imds.Event
 	stop   func()
+	// completed is when each checkpoint last completed (upload).
+	completed map[string]time.Time
 }
 
 // startCoverRig starts a coordinator with a store (its uploader a recording one), or without one
@@ -35,7 +38,7 @@ func startRestartedRig(t *testing.T, withStore bool, previous map[string]signalR
 		tc.c.uploader = nil
 	}
 	tc.c.previous = previous
-	r := &coverRig{testCoordinator: tc, events: make(chan imds.Event)}
+	r := &coverRig{testCoordinator: tc, events: make(chan imds.Event), completed: map[string]time.Time{}}
 	ctx, cancel := context.WithCancel(t.Context())
 	done := make(chan error, 1)
 	go func() { done <- tc.c.Run(ctx, r.events) }()
@@ -68,8 +71,19 @@ func (r *coverRig) beginRead(src imds.Source, action string, deadline time.Time,
 	}
 }
 
+// upload tells the coordinator what the uploader would of checkpoint name: a commit comes with
+// its manifest, which says when the checkpoint completed (its last CheckpointComplete).
 func (r *coverRig) upload(kind checkpoint.UploadEventKind, name string) {
-	r.c.onUpload(checkpoint.UploadEvent{Kind: kind, Checkpoint: name, At: time.Now()})
+	ev := checkpoint.UploadEvent{Kind: kind, Checkpoint: name, At: time.Now()}
+	switch kind {
+	case checkpoint.CheckpointComplete:
+		ev.CompletedAt = ev.At
+		r.completed[name] = ev.At
+	case checkpoint.CheckpointCommitted:
+		complete := r.completed[name]
+		ev.Manifest = &checkpoint.Manifest{Checkpoint: name, Commit: "c-" + name, CommittedAt: ev.At, Timings: checkpoint.Timings{CompleteAt: &complete}}
+	}
+	r.c.onUpload(ev)
 	synctest.Wait()
 }
 
@@ -327,4 +341,33 @@ func TestHeldNoticeIsSignalledAtAStop(t *testing.T) {
 			t.Errorf("signals after a stop during the hold = %d; want 1", got)
 		}
 	})
+}
+
+// Notices of the sources read every poll_interval are held back together: the most severe is
+// signalled, the others share its save. One read a poll later than a less severe one, while that
+// one is still held, is waited for. Before, the less severe could be signalled first, and the more
+// severe signalled the trainer again.
+func TestHeldNoticesAreSignalledOnceMostSevereFirst(t *testing.T) {
+	for _, lag := range []time.Duration{0, 300 * time.Millisecond} {
+		t.Run(fmt.Sprintf("read %v apart", lag), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				r := startCoverRig(t, true)
+				r.events <- imds.Event{Kind: imds.Begin, At: time.Now(), Notice: imds.Notice{Source: imds.SourceASG, Action: "Terminated", Deadline: time.Now().Add(2 * time.Minute)}}
+				synctest.Wait()
+				passFakeTime(lag)
+				r.events <- imds.Event{Kind: imds.Begin, At: time.Now(), Notice: imds.Notice{Source: imds.SourceScheduled, Action: "system-reboot", EventID: "instance-event-1", Deadline: time.Now().Add(time.Hour)}}
+				synctest.Wait()
+				passFakeTime(holdFor)
+				if got := r.tr.signals(); got != 1 {
+					t.Errorf("signals = %d; want 1, for the scheduled event", got)
+				}
+				if n := r.notice(t, "scheduled/system-reboot/instance-event-1"); len(n.Signals) != 1 {
+					t.Errorf("scheduled event signals %+v; want one (it is more severe)", n.Signals)
+				}
+				if n := r.notice(t, "asg/Terminated"); n.State != StateTrainerSignalled || len(n.Signals) != 0 {
+					t.Errorf("asg %s, signals %+v; want trainer_signalled through the scheduled event's save", n.State, n.Signals)
+				}
+			})
+		})
+	}
 }

@@ -193,3 +193,27 @@ func histogramCount(t *testing.T, h prometheus.Histogram) uint64 {
 	}
 	return m.GetHistogram().GetSampleCount()
 }
+
+// An agent restarted during a notice, whose trainer's checkpoint for it is complete but not
+// committed (the store is down): the uploader reports it complete as it starts, before the
+// notice is read again. The notice takes it (its marker is younger than the previous run's
+// signal) and is not said missing 2 minutes after the signal. Before, it went to
+// checkpoint_missing (no_marker) at once, the deadline having passed.
+func TestNoticeCheckpointCompleteBeforeTheRestartIsNotMissing(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		signalled := time.Now().Add(-3 * time.Minute)
+		r := startRestartedRig(t, true, map[string]signalRecord{"spot/terminate": {At: signalled, PIDs: []int{4242}}})
+		r.c.onUpload(checkpoint.UploadEvent{Kind: checkpoint.CheckpointComplete, Checkpoint: "step-9", At: time.Now(), CompletedAt: signalled.Add(-time.Second)})
+		r.c.onUpload(checkpoint.UploadEvent{Kind: checkpoint.CheckpointComplete, Checkpoint: "step-10", At: time.Now(), CompletedAt: signalled.Add(5 * time.Second)})
+		synctest.Wait()
+		r.beginRead(imds.SourceSpot, "terminate", signalled.Add(2*time.Minute), true)
+		passFakeTime(time.Minute)
+		n := r.notice(t, "spot/terminate")
+		if last := n.Transitions[len(n.Transitions)-1]; n.State != StateCheckpointWritten || last.Detail != "step-10" {
+			t.Errorf("state %s (%q); want checkpoint_written step-10 (step-9 completed before the signal)", n.State, last.Detail)
+		}
+		if got := counterValue(t, r.c.metrics.checkpointMissing.WithLabelValues("spot", "no_marker")); got != 0 {
+			t.Errorf("checkpoint_missing_total{no_marker} = %v; want 0", got)
+		}
+	})
+}
