@@ -1,0 +1,633 @@
+package agent
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"maps"
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/rs/zerolog"
+
+	"github.com/spotguard/spotguard/agent/imds"
+	"github.com/spotguard/spotguard/agent/trainer"
+	"github.com/spotguard/spotguard/checkpoint"
+)
+
+var (
+	noticeSimSeed  = flag.Uint64("noticesim.seed", 0, "run the notice simulation with only this seed")
+	noticeSimMore  = flag.Int("noticesim.seeds", 0, "run the notice simulation with this many random seeds besides the fixed ones")
+	noticeSimSteps = flag.Int("noticesim.steps", 300, "steps per notice simulation run")
+)
+
+// noticeSimSeeds run on every `go test`. Without its fix, each of the first eight found one of the
+// faults below; the others found what their comments say.
+var noticeSimSeeds = []uint64{1, 2, 3, 4, 5, 6, 7, 8,
+	6670483282495475636,  // a trainer process found during a notice and signalled for it was signalled again by a notice a second later
+	10024272527420279446, // a notice held back took a checkpoint completed during its hold for its own, then signalled the trainer and stayed trainer_signalled
+}
+
+// TestNoticeSimulation drives the notice path (the coordinator: signals, notice.json, the
+// uploads' urgency, each notice's states) through seeded random sequences of events, in a
+// synctest bubble: notices of every source beginning and ending, alone or together; a trainer
+// of one to three processes that saves when signalled (and on its own), restarts (all of it, or
+// one rank), dies and comes back; its checkpoints completing, committed in any order by a store
+// that goes down for minutes, deleted by the trainer's rotation before or after their commit;
+// and the agent restarted (kill -9: its notice.json kept, the notices read again as at a first
+// read, the uploader's start reporting the job's newest commit and every complete checkpoint not
+// committed, in any order with the notices). After every step it checks, against its own model
+// of what happened:
+//   - notice.json lists exactly the notices in force, the most severe first, and is absent when
+//     none is; the uploads are urgent for exactly those (notice lifecycle);
+//   - every notice is acted on within its hold and a second;
+//   - every trainer process alive while a notice was in force has been signalled;
+//   - a process is not signalled twice for one save: a second signal within 2 minutes comes only
+//     when a more severe notice began, a notice in force at the first ended or reached its
+//     deadline, a checkpoint completed after the first was committed or deleted, or a new
+//     process came with an agent restart;
+//   - a notice is committed exactly when a checkpoint completed after its signal is committed,
+//     and never says checkpoint_missing while such a checkpoint is on disk or in the store.
+//
+// Replay a seed with -noticesim.seed; -noticesim.seeds N adds N random ones.
+func TestNoticeSimulation(t *testing.T) {
+	seeds := noticeSimSeeds
+	if *noticeSimSeed != 0 {
+		seeds = []uint64{*noticeSimSeed}
+	}
+	for range *noticeSimMore {
+		seeds = append(seeds, rand.Uint64())
+	}
+	for _, seed := range seeds {
+		t.Run(fmt.Sprintf("seed=%d", seed), func(t *testing.T) {
+			t.Parallel()
+			synctest.Test(t, func(t *testing.T) { runNoticeSim(t, seed, *noticeSimSteps) })
+			if t.Failed() {
+				t.Logf("replay: go test ./agent -run 'TestNoticeSimulation' -noticesim.seed=%d -v", seed)
+			}
+		})
+	}
+}
+
+// nsNotice is a notice IMDS (the model) has in force.
+type nsNotice struct {
+	n     imds.Notice
+	began time.Time
+}
+
+// nsSpan is when a notice was in force.
+type nsSpan struct {
+	key        string
+	rank       int
+	deadline   time.Time
+	began, end time.Time // end zero while in force
+}
+
+// nsCkpt is a checkpoint the trainer completed.
+type nsCkpt struct {
+	name                  string
+	completed             time.Time
+	committed, deleted    bool
+	committedAt, deletedA time.Time
+	commitDue             time.Time // when the store commits it
+}
+
+// simTrainers are the trainer's processes as the coordinator finds and signals them; each signal
+// is recorded with its time.
+type simTrainers struct {
+	mu   sync.Mutex
+	pids []int
+	sent []nsSignal
+}
+
+type nsSignal struct {
+	pid int
+	at  time.Time
+	key string // the notice it was for
+}
+
+func (s *simTrainers) Find(*Config) ([]trainer.Process, []trainer.Problem) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []trainer.Process
+	for _, pid := range s.pids {
+		out = append(out, trainer.Process{PID: pid, Cmdline: "python train.py", Via: trainer.ViaMatch})
+	}
+	return out, nil
+}
+
+func (s *simTrainers) Catches(int, syscall.Signal) (bool, error) { return true, nil }
+
+func (s *simTrainers) Signal(procs []trainer.Process, sig syscall.Signal) []trainer.Result {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []trainer.Result
+	for _, p := range procs {
+		if !slices.Contains(s.pids, p.PID) {
+			out = append(out, trainer.Result{PID: p.PID, Cmdline: p.Cmdline, Outcome: trainer.OutcomeGone})
+			continue
+		}
+		s.sent = append(s.sent, nsSignal{pid: p.PID, at: time.Now()})
+		out = append(out, trainer.Result{PID: p.PID, Cmdline: p.Cmdline, Outcome: trainer.OutcomeSent})
+	}
+	return out
+}
+
+// noticeSim is one simulated run.
+type noticeSim struct {
+	t       *testing.T
+	rng     *rand.Rand
+	runtime string
+	dir     string
+	tr      *simTrainers
+
+	// The agent's current run.
+	c        *Coordinator
+	up       *recordingUploader
+	events   chan imds.Event
+	stopRun  func()
+	runStart time.Time
+	restarts []time.Time
+
+	active   map[string]*nsNotice // IMDS's notices in force, by key
+	spans    []*nsSpan
+	ckpts    []*nsCkpt
+	step     int
+	pidStart map[int]time.Time // the trainer's processes, when each started
+	nextPID  int
+	seen     int                // signals of tr.sent looked at
+	signals  map[int][]nsSignal // by process
+	saves    []time.Time        // the trainer's saves in progress, when each completes
+	downTill time.Time          // the store commits nothing before
+	log      []string           // what happened, for a failure
+}
+
+func runNoticeSim(t *testing.T, seed uint64, steps int) {
+	s := &noticeSim{
+		t: t, rng: rand.New(rand.NewPCG(seed, 0x6e6f74696365)), runtime: t.TempDir(), dir: t.TempDir(),
+		tr: &simTrainers{}, active: map[string]*nsNotice{}, pidStart: map[int]time.Time{}, nextPID: 1000,
+		signals: map[int][]nsSignal{},
+	}
+	s.setPIDs(1 + s.rng.IntN(3))
+	s.startRun(false)
+	defer func() {
+		s.stopRun()
+		if t.Failed() {
+			t.Logf("what happened (the last 60 events):\n%s", strings.Join(s.log[max(0, len(s.log)-60):], "\n"))
+		}
+	}()
+	for i := 0; i < steps && !t.Failed(); i++ {
+		s.act()
+		s.check()
+	}
+}
+
+func (s *noticeSim) say(format string, args ...any) {
+	s.log = append(s.log, time.Now().UTC().Format("15:04:05.000")+" "+fmt.Sprintf(format, args...))
+}
+
+// startRun starts the agent's coordinator; restarted, it reads the notice.json its previous run
+// left, reads every notice in force as at a first read, and is told what its uploader's start
+// finds, in a random order.
+func (s *noticeSim) startRun(restarted bool) {
+	cfg := mustLoad(s.t, LoadOptions{Environ: []string{"SPOTGUARD_TRAINER_MATCH=train", "SPOTGUARD_AGENT_RUNTIME_DIR=" + s.runtime,
+		"SPOTGUARD_STORE_URL=file:///nonexistent", "SPOTGUARD_STORE_JOB=j", "SPOTGUARD_CHECKPOINT_DIR=" + s.dir}})
+	m := newMetrics(prometheus.NewRegistry(), func() imds.Stats { return imds.Stats{} })
+	s.c = newCoordinator(zerolog.Nop(), m, func() *Config { return cfg }, s.tr)
+	s.up = &recordingUploader{}
+	s.c.uploader = s.up
+	s.c.previous = readSignalled(s.runtime, zerolog.Nop())
+	s.events = make(chan imds.Event)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	c, events := s.c, s.events
+	go func() { c.Run(ctx, events); close(done) }()
+	s.stopRun = func() { cancel(); <-done }
+	s.runStart = time.Now()
+	synctest.Wait()
+	if !restarted {
+		return
+	}
+	var acts []func()
+	for _, key := range slices.Sorted(maps.Keys(s.active)) {
+		n := s.active[key].n
+		acts = append(acts, func() { s.send(imds.Event{Kind: imds.Begin, At: time.Now(), Notice: n, First: true}) })
+	}
+	var newest *nsCkpt
+	for _, k := range s.ckpts {
+		switch {
+		case k.committed && (newest == nil || k.completed.After(newest.completed)):
+			newest = k
+		case !k.committed && !k.deleted:
+			acts = append(acts, func() { s.upload(checkpoint.CheckpointComplete, k) })
+		}
+	}
+	if newest != nil {
+		acts = append(acts, func() { s.upload(checkpoint.CheckpointFound, newest) })
+	}
+	s.rng.Shuffle(len(acts), func(i, j int) { acts[i], acts[j] = acts[j], acts[i] })
+	for _, a := range acts {
+		a()
+	}
+}
+
+func (s *noticeSim) send(ev imds.Event) {
+	s.events <- ev
+	synctest.Wait()
+	s.noteSignals()
+}
+
+// upload tells the coordinator what the uploader would of k.
+func (s *noticeSim) upload(kind checkpoint.UploadEventKind, k *nsCkpt) {
+	ev := checkpoint.UploadEvent{Kind: kind, Checkpoint: k.name, At: time.Now()}
+	if kind == checkpoint.CheckpointComplete {
+		ev.CompletedAt = k.completed
+	}
+	if kind == checkpoint.CheckpointCommitted || kind == checkpoint.CheckpointFound {
+		complete := k.completed
+		ev.Manifest = &checkpoint.Manifest{Checkpoint: k.name, Commit: "c-" + k.name, CommittedAt: k.committedAt,
+			Timings: checkpoint.Timings{CompleteAt: &complete}}
+	}
+	s.c.onUpload(ev)
+	synctest.Wait()
+	s.noteSignals()
+}
+
+// setPIDs replaces the trainer's processes by n new ones (0: none); its saves in progress die.
+func (s *noticeSim) setPIDs(n int) {
+	var pids []int
+	clear(s.pidStart)
+	for range n {
+		s.nextPID++
+		pids = append(pids, s.nextPID)
+		s.pidStart[s.nextPID] = time.Now()
+	}
+	s.tr.mu.Lock()
+	s.tr.pids = pids
+	s.tr.mu.Unlock()
+	s.saves = nil
+}
+
+// noteSignals records the signals sent since last looked at, each with the notice it was for
+// (from /status); the trainer saves for each batch.
+func (s *noticeSim) noteSignals() {
+	s.tr.mu.Lock()
+	fresh := slices.Clone(s.tr.sent[s.seen:])
+	s.seen = len(s.tr.sent)
+	s.tr.mu.Unlock()
+	if len(fresh) == 0 {
+		return
+	}
+	// The notices' signal outcomes say which notice each one was for.
+	type sent struct {
+		pid int
+		at  time.Time
+	}
+	forSignal := map[sent]string{}
+	for _, n := range s.c.status().Notices {
+		for _, o := range n.Signals {
+			if o.Outcome == trainer.OutcomeSent {
+				forSignal[sent{o.PID, o.At}] = n.Key
+			}
+		}
+	}
+	var last time.Time
+	for _, sg := range fresh {
+		key := forSignal[sent{sg.pid, sg.at}] // "" for one the previous run sent at its stop
+		sg.key = key
+		s.checkSecondSignal(sg)
+		s.signals[sg.pid] = append(s.signals[sg.pid], sg)
+		s.log = append(s.log, sg.at.UTC().Format("15:04:05.000")+fmt.Sprintf(" signal pid %d for %s", sg.pid, key))
+		if !sg.at.Equal(last) {
+			last = sg.at
+			s.saves = append(s.saves, sg.at.Add(time.Duration(300+s.rng.IntN(40000))*time.Millisecond))
+		}
+	}
+}
+
+func (s *noticeSim) act() {
+	now := time.Now()
+	switch r := s.rng.IntN(100); {
+	case r < 14: // a notice begins
+		s.beginNotice()
+	case r < 20: // a notice ends
+		if len(s.active) > 0 {
+			keys := slices.Sorted(maps.Keys(s.active))
+			key := keys[s.rng.IntN(len(keys))]
+			n := s.active[key].n
+			delete(s.active, key)
+			for _, sp := range s.spans {
+				if sp.key == key && sp.end.IsZero() {
+					sp.end = now
+				}
+			}
+			s.say("end %s", key)
+			s.send(imds.Event{Kind: imds.End, At: now, Notice: n})
+		}
+	case r < 24: // the trainer restarts, dies, or comes back
+		n := s.rng.IntN(4)
+		s.say("trainer now %d processes (new)", n)
+		s.setPIDs(n)
+	case r < 27: // one rank restarts
+		s.tr.mu.Lock()
+		if len(s.tr.pids) > 0 {
+			i := s.rng.IntN(len(s.tr.pids))
+			delete(s.pidStart, s.tr.pids[i])
+			s.nextPID++
+			s.tr.pids[i] = s.nextPID
+			s.pidStart[s.nextPID] = now
+			s.say("rank %d restarted as %d", i, s.nextPID)
+		}
+		s.tr.mu.Unlock()
+	case r < 31: // a save on its own
+		if len(s.tr.pids) > 0 {
+			s.saves = append(s.saves, now.Add(time.Duration(100+s.rng.IntN(20000))*time.Millisecond))
+		}
+	case r < 34: // the store goes down
+		s.downTill = now.Add(time.Duration(s.rng.IntN(240)) * time.Second)
+		s.say("store down until %s", s.downTill.UTC().Format("15:04:05"))
+	case r < 39: // the trainer deletes a checkpoint
+		var live []*nsCkpt
+		for _, k := range s.ckpts {
+			if !k.deleted {
+				live = append(live, k)
+			}
+		}
+		if len(live) > 1 {
+			k := live[s.rng.IntN(len(live)-1)] // never the newest
+			k.deleted, k.deletedA = true, now
+			s.say("delete %s (committed %v)", k.name, k.committed)
+			if !k.committed {
+				s.upload(checkpoint.CheckpointDeleted, k)
+			}
+		}
+	case r < 43: // kill -9, and start again
+		s.stopRun() // a stop signals a notice it held at once
+		s.noteSignals()
+		s.say("agent restarted; in force: %v", slices.Sorted(maps.Keys(s.active)))
+		s.restarts = append(s.restarts, now)
+		s.startRun(true)
+	default: // time goes by
+		d := []time.Duration{50 * time.Millisecond, 300 * time.Millisecond, time.Second, 2 * time.Second, 5 * time.Second,
+			20 * time.Second, 60 * time.Second, 150 * time.Second}[s.rng.IntN(8)]
+		s.pass(d)
+	}
+}
+
+// beginNotice has IMDS begin a notice of a random source not in force.
+func (s *noticeSim) beginNotice() {
+	now := time.Now()
+	var n imds.Notice
+	switch s.rng.IntN(5) {
+	case 0, 1:
+		n = imds.Notice{Source: imds.SourceSpot, Action: []string{"terminate", "stop", "hibernate"}[s.rng.IntN(3)]}
+		n.Deadline = now.Add(2 * time.Minute)
+		for key := range s.active {
+			if strings.HasPrefix(key, "spot/") {
+				return // one action at a time
+			}
+		}
+	case 2:
+		n = imds.Notice{Source: imds.SourceRebalance, Action: "rebalance"}
+	case 3:
+		n = imds.Notice{Source: imds.SourceScheduled, Action: "system-reboot", EventID: fmt.Sprintf("instance-event-%d", s.rng.IntN(3))}
+		n.Deadline = now.Add(time.Duration(10+s.rng.IntN(600)) * time.Second)
+	default:
+		n = imds.Notice{Source: imds.SourceASG, Action: "Terminated"}
+		n.Deadline = now.Add(2 * time.Minute)
+	}
+	n.Time = n.Deadline
+	key := n.Key()
+	if s.active[key] != nil {
+		return
+	}
+	s.active[key] = &nsNotice{n: n, began: now}
+	s.spans = append(s.spans, &nsSpan{key: key, rank: noticeRank(&NoticeStatus{Source: n.Source, Action: n.Action}), deadline: n.Deadline, began: now})
+	s.say("begin %s", key)
+	s.send(imds.Event{Kind: imds.Begin, At: now, Notice: n})
+}
+
+// pass lets d go by, completing and committing checkpoints on the way.
+func (s *noticeSim) pass(d time.Duration) {
+	end := time.Now().Add(d)
+	for {
+		next, what := end, ""
+		for _, at := range s.saves {
+			if at.Before(next) {
+				next, what = at, "save"
+			}
+		}
+		for _, k := range s.ckpts {
+			if !k.committed && !k.deleted && k.commitDue.Before(next) {
+				next, what = k.commitDue, "commit"
+			}
+		}
+		if d := time.Until(next); d > 0 {
+			<-time.After(d)
+			synctest.Wait()
+			s.noteSignals()
+		}
+		now := time.Now()
+		switch what {
+		case "":
+			return
+		case "save":
+			s.saves = slices.DeleteFunc(s.saves, func(at time.Time) bool { return !at.After(now) })
+			s.step++
+			k := &nsCkpt{name: fmt.Sprintf("step-%04d", s.step), completed: now}
+			k.commitDue = now.Add(time.Duration(100+s.rng.IntN(30000)) * time.Millisecond)
+			s.ckpts = append(s.ckpts, k)
+			s.say("complete %s", k.name)
+			s.upload(checkpoint.CheckpointComplete, k)
+		case "commit":
+			for _, k := range s.ckpts {
+				if k.committed || k.deleted || k.commitDue.After(now) {
+					continue
+				}
+				if now.Before(s.downTill) {
+					k.commitDue = s.downTill.Add(time.Duration(s.rng.IntN(5000)) * time.Millisecond)
+					continue
+				}
+				k.committed, k.committedAt = true, now
+				s.say("commit %s", k.name)
+				s.upload(checkpoint.CheckpointCommitted, k)
+			}
+		}
+		s.check()
+		if s.t.Failed() {
+			return
+		}
+	}
+}
+
+// checkSecondSignal fails when sg signals a process a second time for the save it was signalled
+// for already: within 2 minutes, for a notice not more severe than the first one's, which is
+// still in force, before its deadline, and with no checkpoint completed since committed or
+// deleted (as the agent's cover rule says), unless an agent restart came between (a restarted
+// agent asks again for a notice in force for 10 minutes, and signals every process when one of
+// them is new).
+func (s *noticeSim) checkSecondSignal(sg nsSignal) {
+	prev := s.signals[sg.pid]
+	if len(prev) == 0 {
+		return
+	}
+	first := prev[len(prev)-1]
+	t1, t2 := first.at, sg.at
+	if t2.Sub(t1) >= checkpointDue-time.Second || t2.Equal(t1) {
+		return // at the same instant: the kernel delivers one (a signal pending is not queued twice)
+	}
+	for _, k := range s.ckpts {
+		if !k.completed.Before(t1.Add(-fileTimeLag)) && ((k.committed && !k.committedAt.After(t2)) || (k.deleted && !k.deletedA.After(t2))) {
+			return // that save is durable, or gone
+		}
+	}
+	var a, b *nsSpan // the notices of the first signal and of this one
+	for _, sp := range s.spans {
+		if a == nil && sp.key == first.key && !sp.began.After(t1) && (sp.end.IsZero() || !sp.end.Before(t1)) {
+			a = sp // the earliest: a notice that ended at that instant had its signal first
+		}
+		if sp.key == sg.key && !sp.began.After(t2) && (sp.end.IsZero() || sp.end.After(t2)) {
+			b = sp
+		}
+	}
+	if a == nil || b == nil {
+		return // not told apart (a notice that ended or began at that instant)
+	}
+	if b.rank < a.rank || (!a.end.IsZero() && !a.end.After(t2)) || (!a.deadline.IsZero() && a.deadline.After(t1) && !a.deadline.After(t2)) {
+		return // more severe; or the first one's ended, or its checkpoint may be said missing at its deadline
+	}
+	if slices.ContainsFunc(s.restarts, func(r time.Time) bool { return !r.Before(t1) && !r.After(t2) }) {
+		return
+	}
+	var states []string
+	for _, n := range s.c.status().Notices {
+		if n.Active {
+			states = append(states, fmt.Sprintf("%s: %s", n.Key, n.Transitions[len(n.Transitions)-1].Detail))
+		}
+	}
+	s.t.Errorf("process %d signalled at %s for %s and again at %s for %s, for one save; notices: %s", sg.pid,
+		t1.UTC().Format("15:04:05.000"), first.key, t2.UTC().Format("15:04:05.000"), sg.key, strings.Join(states, "; "))
+}
+
+// check checks the invariants.
+func (s *noticeSim) check() {
+	t := s.t
+	now := time.Now()
+	keys := slices.Sorted(maps.Keys(s.active))
+
+	// notice.json and the uploads' urgency: exactly the notices in force, the most severe first.
+	tc := &testCoordinator{runtime: s.runtime}
+	nf, ok := tc.noticeFile(t)
+	if ok != (len(keys) > 0) {
+		t.Fatalf("notice.json there: %v; notices in force: %v", ok, keys)
+	}
+	if ok {
+		var got []string
+		for _, e := range nf.Active {
+			got = append(got, imds.Notice{Source: e.Source, Action: e.Action, EventID: e.EventID}.Key())
+		}
+		slices.Sort(got)
+		if !slices.Equal(got, keys) {
+			t.Fatalf("notice.json lists %v; in force: %v", got, keys)
+		}
+		best := 100
+		for _, k := range keys {
+			best = min(best, noticeRank(&NoticeStatus{Source: s.active[k].n.Source, Action: s.active[k].n.Action}))
+		}
+		if r := noticeRank(&NoticeStatus{Source: nf.Source, Action: nf.Action}); r != best {
+			t.Fatalf("notice.json's notice is %s/%s (rank %d); the most severe in force ranks %d", nf.Source, nf.Action, r, best)
+		}
+	}
+	un, _ := s.up.last()
+	var urgent []string
+	for _, n := range un {
+		urgent = append(urgent, n.Key)
+	}
+	slices.Sort(urgent)
+	if !slices.Equal(urgent, keys) {
+		t.Fatalf("uploads urgent for %v; in force: %v", urgent, keys)
+	}
+
+	st := s.c.status()
+	byKey := map[string]NoticeStatus{}
+	for _, n := range st.Notices {
+		if n.Active {
+			byKey[n.Key] = n
+		}
+	}
+	// oldest is when the longest in force of the notices began (in this run).
+	oldest := time.Time{}
+	for _, key := range keys {
+		n, ok := byKey[key]
+		if !ok {
+			t.Fatalf("notice %s in force is not active in /status", key)
+		}
+		since := s.active[key].began
+		if since.Before(s.runStart) {
+			since = s.runStart
+		}
+		if oldest.IsZero() || since.Before(oldest) {
+			oldest = since
+		}
+		// Acted on within its hold and a second.
+		if n.State == StateDetected && now.Sub(since) > holdFor+1500*time.Millisecond {
+			t.Fatalf("notice %s still detected %v after it began", key, now.Sub(since))
+		}
+		if n.signalledAt == nil {
+			continue
+		}
+		// Committed exactly when a checkpoint completed after its signal is (one completed
+		// after its detection, during its hold, counts too; one completed within a tick of the
+		// signal may count).
+		var durable, onDisk, anyAfter *nsCkpt
+		from := *n.signalledAt
+		if n.detectedAt.Before(from) {
+			from = n.detectedAt
+		}
+		for _, k := range s.ckpts {
+			if k.committed && anyAfter == nil && !k.completed.Before(from.Add(-fileTimeLag)) {
+				anyAfter = k
+			}
+			if !k.completed.After(*n.signalledAt) {
+				continue
+			}
+			if k.committed && durable == nil {
+				durable = k
+			}
+			if !k.deleted && onDisk == nil {
+				onDisk = k
+			}
+		}
+		switch {
+		case durable != nil && n.State != StateCommitted:
+			t.Fatalf("notice %s is %s; %s, completed after its signal, is committed (transitions %+v)", key, n.State, durable.name, n.Transitions)
+		case anyAfter == nil && n.State == StateCommitted:
+			t.Fatalf("notice %s is committed (%s); no checkpoint completed after its signal (%s) is", key,
+				n.Transitions[len(n.Transitions)-1].Detail, n.signalledAt.UTC().Format("15:04:05.000"))
+		case onDisk != nil && n.State == StateCheckpointMissing:
+			t.Fatalf("notice %s is checkpoint_missing (%s); %s completed after its signal and is there", key,
+				n.Transitions[len(n.Transitions)-1].Detail, onDisk.name)
+		}
+	}
+
+	// Every trainer process alive while a notice was in force has been signalled.
+	if !oldest.IsZero() {
+		for pid, started := range s.pidStart {
+			from := oldest
+			if started.After(from) {
+				from = started
+			}
+			if now.Sub(from) > holdFor+2500*time.Millisecond && len(s.signals[pid]) == 0 {
+				t.Fatalf("process %d (since %s) never signalled, with notices %v in force since %s", pid,
+					started.UTC().Format("15:04:05.000"), keys, oldest.UTC().Format("15:04:05.000"))
+			}
+		}
+	}
+}
