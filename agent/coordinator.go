@@ -710,7 +710,9 @@ func (c *Coordinator) signal(ns *NoticeStatus, procs []trainer.Process, sig sysc
 		}
 		if r.Outcome == trainer.OutcomeSent {
 			ns.signalledPIDs = append(ns.signalledPIDs, r.PID)
-			c.procSignals[r.PID] = procSignal{at: time.Now(), key: ns.Key, rank: noticeRank(ns)}
+			now := time.Now()
+			maps.DeleteFunc(c.procSignals, func(_ int, ps procSignal) bool { return now.Sub(ps.at) > checkpointDue })
+			c.procSignals[r.PID] = procSignal{at: now, key: ns.Key, rank: noticeRank(ns)}
 		}
 		if !again || r.Outcome != trainer.OutcomeNotCaught {
 			ns.Signals = append(ns.Signals, out)
@@ -786,7 +788,7 @@ func (c *Coordinator) signalNew(cfg *Config, procs []trainer.Process) {
 			changed = true // notice.json lists the processes
 		}
 		if shared {
-			c.transition(ns, StateTrainerSignalled, "signalled for "+other+", at the same time; not twice")
+			c.transition(ns, StateTrainerSignalled, "signalled for "+other+", whose save is this notice's too; not twice")
 			continue
 		}
 		if len(fresh) == 0 {
