@@ -781,6 +781,7 @@ func (u *Uploader) handleNotices() {
 		if n.SignalledAt.After(u.lastSignal) {
 			u.lastSignal, u.signalAnswered = n.SignalledAt, false
 			u.trainerAbsent, u.trainerGone = 0, false
+			u.answeredByKnown()
 		}
 	}
 	u.active = active
@@ -2140,6 +2141,19 @@ func (u *Uploader) learn(o CommitOrder) {
 	u.known = append(u.known, knownOrder{order: o, at: now().Round(0)})
 	if n := len(u.known); n > knownOrders {
 		u.known = slices.Delete(u.known, 0, n-knownOrders)
+	}
+	u.answeredByKnown()
+}
+
+// answeredByKnown takes the trainer's signal (lastSignal) as answered when the newest commit
+// known completed after it: a restarted agent (kill -9, the watchdog) inherits the signal its
+// previous run sent, and finds the checkpoint the trainer wrote for it committed by that run,
+// in the store, not on its own; a stop then waited its whole budget for one more (found from
+// outside: 140 s, and an error saying the signalled checkpoint was missing). File times may lag
+// the clock by a tick.
+func (u *Uploader) answeredByKnown() {
+	if n := len(u.known); n > 0 && !u.lastSignal.IsZero() && !u.known[n-1].order.At.Before(u.lastSignal.Add(-10*time.Millisecond)) {
+		u.signalAnswered = true
 	}
 }
 

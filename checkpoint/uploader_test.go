@@ -1868,6 +1868,32 @@ func TestUploaderReportsTheJobsNewestCommitAtStart(t *testing.T) {
 	}
 }
 
+// An agent restarted during a notice inherits the signal its previous run sent; when the
+// trainer's checkpoint for it was committed by that run, a stop does not wait for another one.
+// Before, it waited its whole stop budget, and said the signalled checkpoint was missing (found
+// from outside: 140 s).
+func TestUploaderStopAfterARestartFindsTheSignalAnswered(t *testing.T) {
+	s := newMemStore()
+	dir, state := t.TempDir(), t.TempDir()
+	r := startUploaderWith(t, dir, s, UploaderConfig{StateDir: state})
+	signalled := time.Now()
+	writeCheckpoint(t, dir, "step-1", map[string][]byte{"w.bin": randomBytes(t, 4<<10)})
+	if m := r.waitCommitted("step-1").Manifest; m.Order().At.Before(signalled.Add(-10 * time.Millisecond)) {
+		t.Fatalf("step-1 completed at %v, before the signal at %v (the test's premise)", m.Order().At, signalled)
+	}
+	r.stop()
+
+	// Its journal says step-1 is committed, so it is not reported complete again.
+	r2 := startUploaderWith(t, dir, s, UploaderConfig{StateDir: state, StopBudget: time.Minute})
+	r2.waitEvent(CheckpointFound, "step-1")
+	r2.up.SetNotices([]ActiveNotice{{Key: "spot/terminate", Deadline: signalled.Add(2 * time.Minute), SignalledAt: signalled}})
+	r2.cancel() // SIGTERM
+	r2.waitDone("a stop waited for a checkpoint the previous run committed")
+	if logs := r2.logs.String(); strings.Contains(logs, `"signalled_checkpoint_missing":true`) {
+		t.Errorf("the stop said the signalled checkpoint was missing:\n%s", logs)
+	}
+}
+
 // A complete checkpoint deleted before its commit is reported (CheckpointDeleted: a notice whose
 // checkpoint it was stops waiting for it); one deleted after its commit, or before its marker,
 // is not.
