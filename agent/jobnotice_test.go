@@ -30,6 +30,7 @@ type fakeTrainers struct {
 	mu      sync.Mutex
 	sent    []syscall.Signal
 	sentTo  []int
+	sentAt  []time.Time
 	pids    []int
 	pidsSet bool
 	// uncaught are the processes that do not catch the signal (yet).
@@ -79,6 +80,7 @@ func (f *fakeTrainers) Signal(procs []trainer.Process, sig syscall.Signal) []tra
 		}
 		f.sent = append(f.sent, sig)
 		f.sentTo = append(f.sentTo, p.PID)
+		f.sentAt = append(f.sentAt, time.Now())
 		out = append(out, trainer.Result{PID: p.PID, Cmdline: p.Cmdline, Outcome: trainer.OutcomeSent})
 	}
 	return out

@@ -8,8 +8,6 @@ import (
 	"math/rand/v2"
 	"slices"
 	"strings"
-	"sync"
-	"syscall"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -99,45 +97,11 @@ type nsCkpt struct {
 	commitDue             time.Time // when the store commits it
 }
 
-// simTrainers are the trainer's processes as the coordinator finds and signals them; each signal
-// is recorded with its time.
-type simTrainers struct {
-	mu   sync.Mutex
-	pids []int
-	sent []nsSignal
-}
-
+// nsSignal is a signal the trainer got.
 type nsSignal struct {
 	pid int
 	at  time.Time
 	key string // the notice it was for
-}
-
-func (s *simTrainers) Find(*Config) ([]trainer.Process, []trainer.Problem) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	var out []trainer.Process
-	for _, pid := range s.pids {
-		out = append(out, trainer.Process{PID: pid, Cmdline: "python train.py", Via: trainer.ViaMatch})
-	}
-	return out, nil
-}
-
-func (s *simTrainers) Catches(int, syscall.Signal) (bool, error) { return true, nil }
-
-func (s *simTrainers) Signal(procs []trainer.Process, sig syscall.Signal) []trainer.Result {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	var out []trainer.Result
-	for _, p := range procs {
-		if !slices.Contains(s.pids, p.PID) {
-			out = append(out, trainer.Result{PID: p.PID, Cmdline: p.Cmdline, Outcome: trainer.OutcomeGone})
-			continue
-		}
-		s.sent = append(s.sent, nsSignal{pid: p.PID, at: time.Now()})
-		out = append(out, trainer.Result{PID: p.PID, Cmdline: p.Cmdline, Outcome: trainer.OutcomeSent})
-	}
-	return out
 }
 
 // noticeSim is one simulated run.
@@ -146,7 +110,7 @@ type noticeSim struct {
 	rng     *rand.Rand
 	runtime string
 	dir     string
-	tr      *simTrainers
+	tr      *fakeTrainers
 
 	// The agent's current run.
 	c        *Coordinator
@@ -172,7 +136,7 @@ type noticeSim struct {
 func runNoticeSim(t *testing.T, seed uint64, steps int) {
 	s := &noticeSim{
 		t: t, rng: rand.New(rand.NewPCG(seed, 0x6e6f74696365)), runtime: t.TempDir(), dir: t.TempDir(),
-		tr: &simTrainers{}, active: map[string]*nsNotice{}, pidStart: map[int]time.Time{}, nextPID: 1000,
+		tr: &fakeTrainers{}, active: map[string]*nsNotice{}, pidStart: map[int]time.Time{}, nextPID: 1000,
 		signals: map[int][]nsSignal{},
 	}
 	s.setPIDs(1 + s.rng.IntN(3))
@@ -269,9 +233,7 @@ func (s *noticeSim) setPIDs(n int) {
 		pids = append(pids, s.nextPID)
 		s.pidStart[s.nextPID] = time.Now()
 	}
-	s.tr.mu.Lock()
-	s.tr.pids = pids
-	s.tr.mu.Unlock()
+	s.tr.setPIDs(pids...)
 	s.saves = nil
 }
 
@@ -279,8 +241,11 @@ func (s *noticeSim) setPIDs(n int) {
 // (from /status); the trainer saves for each batch.
 func (s *noticeSim) noteSignals() {
 	s.tr.mu.Lock()
-	fresh := slices.Clone(s.tr.sent[s.seen:])
-	s.seen = len(s.tr.sent)
+	var fresh []nsSignal
+	for i := s.seen; i < len(s.tr.sentTo); i++ {
+		fresh = append(fresh, nsSignal{pid: s.tr.sentTo[i], at: s.tr.sentAt[i]})
+	}
+	s.seen = len(s.tr.sentTo)
 	s.tr.mu.Unlock()
 	if len(fresh) == 0 {
 		return
