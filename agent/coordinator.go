@@ -779,6 +779,7 @@ func (c *Coordinator) signalNew(cfg *Config, procs []trainer.Process) {
 		}
 		first := ns.signalledAt == nil
 		shared := other != "" && first && len(fresh) == 0
+		state := ns.State
 		if shared {
 			now := time.Now()
 			ns.signalledAt = &now // the checkpoint_missing timer starts now
@@ -788,7 +789,9 @@ func (c *Coordinator) signalNew(cfg *Config, procs []trainer.Process) {
 			changed = true // notice.json lists the processes
 		}
 		if shared {
-			c.transition(ns, StateTrainerSignalled, "signalled for "+other+", whose save is this notice's too; not twice")
+			if state == StateTrainerNotSignalled { // not a notice further on (its checkpoint written, or committed)
+				c.transition(ns, StateTrainerSignalled, "signalled for "+other+", whose save is this notice's too; not twice")
+			}
 			continue
 		}
 		if len(fresh) == 0 {
@@ -810,7 +813,7 @@ func (c *Coordinator) signalNew(cfg *Config, procs []trainer.Process) {
 		if ns.signalledAt == nil {
 			ns.signalledAt = &now // the checkpoint_missing timer starts now
 		}
-		state := ns.State
+		state = ns.State
 		c.mu.Unlock()
 		detail := fmt.Sprintf("%d of %d trainer processes found after the notice came", sent, len(results))
 		if state == StateTrainerSignalled || state == StateTrainerNotSignalled {

@@ -31,6 +31,7 @@ var (
 var noticeSimSeeds = []uint64{1, 2, 3, 4, 5, 6, 7, 8,
 	6670483282495475636,  // a trainer process found during a notice and signalled for it was signalled again by a notice a second later
 	10024272527420279446, // a notice held back took a checkpoint completed during its hold for its own, then signalled the trainer and stayed trainer_signalled
+	18190345884127578443, // a committed notice whose first trainer process came later went back to trainer_signalled
 }
 
 // TestNoticeSimulation drives the notice path (the coordinator: signals, notice.json, the
