@@ -269,7 +269,7 @@ func (c *Coordinator) onUpload(ev checkpoint.UploadEvent) {
 			// the store now), or be committed by this run, which found it complete as it
 			// started, before it read the notice.
 			if !(ev.Kind == durable && (ns.written == ev.Checkpoint || slices.Contains(ns.later, ev.Checkpoint))) &&
-				!(ev.Manifest != nil && completedFor(ev.Manifest, ns)) {
+				!(ev.Manifest != nil && completedAfter(ev.Manifest.Order().At, ns)) {
 				continue
 			}
 			if ns.written == "" {
@@ -311,16 +311,6 @@ func (c *Coordinator) onUpload(ev checkpoint.UploadEvent) {
 	}
 }
 
-// fileTimeLag is how far a file's times may lag the clock (the kernel's coarse clock ticks):
-// a checkpoint completed right after a signal may seem to have completed that much before it.
-const fileTimeLag = 10 * time.Millisecond
-
-// completedFor reports whether m, a commit, completed after the trainer was signalled for ns
-// (after its detection, if it was not signalled) and before ns ended. Called with c.mu held.
-func completedFor(m *checkpoint.Manifest, ns *NoticeStatus) bool {
-	return completedAfter(m.Order().At, ns)
-}
-
 // completedAfter reports whether a checkpoint completed at at completed after the trainer was
 // signalled for ns (after its detection, if it was not signalled) and before ns ended. Called
 // with c.mu held.
@@ -329,7 +319,7 @@ func completedAfter(at time.Time, ns *NoticeStatus) bool {
 	if ns.signalledAt != nil {
 		since = *ns.signalledAt
 	}
-	return !at.Before(since.Add(-fileTimeLag)) && (ns.endedAt.IsZero() || at.Add(fileTimeLag).Before(ns.endedAt))
+	return !at.Before(since.Add(-checkpoint.FileTimeLag)) && (ns.endedAt.IsZero() || at.Add(checkpoint.FileTimeLag).Before(ns.endedAt))
 }
 
 // maxComplete bounds Coordinator.complete.

@@ -638,7 +638,7 @@ func (c *Coordinator) adoptCompleted(since time.Time) {
 	found := c.storeNewest
 	var names []string
 	for name, at := range c.complete {
-		if !at.Before(since.Add(-fileTimeLag)) {
+		if !at.Before(since.Add(-checkpoint.FileTimeLag)) {
 			names = append(names, name)
 		}
 	}
@@ -676,7 +676,7 @@ func (c *Coordinator) savingFor(pid int, ns *NoticeStatus) (string, time.Time) {
 	if c.active[ps.key] == nil {
 		return "", time.Time{} // ended
 	}
-	if n := c.storeNewest; n != nil && !n.Order().At.Before(ps.at.Add(-fileTimeLag)) {
+	if n := c.storeNewest; n != nil && !n.Order().At.Before(ps.at.Add(-checkpoint.FileTimeLag)) {
 		return "", time.Time{} // its save is durable: a new one can only add
 	}
 	return ps.key, ps.at

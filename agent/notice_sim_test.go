@@ -450,7 +450,7 @@ func (s *noticeSim) checkSecondSignal(sg nsSignal) {
 		return // at the same instant: the kernel delivers one (a signal pending is not queued twice)
 	}
 	for _, k := range s.ckpts {
-		if !k.completed.Before(t1.Add(-fileTimeLag)) && ((k.committed && !k.committedAt.After(t2)) || (k.deleted && !k.deletedA.After(t2))) {
+		if !k.completed.Before(t1.Add(-checkpoint.FileTimeLag)) && ((k.committed && !k.committedAt.After(t2)) || (k.deleted && !k.deletedA.After(t2))) {
 			return // that save is durable, or gone
 		}
 	}
@@ -558,7 +558,7 @@ func (s *noticeSim) check() {
 			from = n.detectedAt
 		}
 		for _, k := range s.ckpts {
-			if k.committed && anyAfter == nil && !k.completed.Before(from.Add(-fileTimeLag)) {
+			if k.committed && anyAfter == nil && !k.completed.Before(from.Add(-checkpoint.FileTimeLag)) {
 				anyAfter = k
 			}
 			if !k.completed.After(*n.signalledAt) {

@@ -2152,7 +2152,7 @@ func (u *Uploader) learn(o CommitOrder) {
 // outside: 140 s, and an error saying the signalled checkpoint was missing). File times may lag
 // the clock by a tick.
 func (u *Uploader) answeredByKnown() {
-	if n := len(u.known); n > 0 && !u.lastSignal.IsZero() && !u.known[n-1].order.At.Before(u.lastSignal.Add(-10*time.Millisecond)) {
+	if n := len(u.known); n > 0 && !u.lastSignal.IsZero() && !u.known[n-1].order.At.Before(u.lastSignal.Add(-FileTimeLag)) {
 		u.signalAnswered = true
 	}
 }
@@ -2350,13 +2350,18 @@ func hashFile(ctx context.Context, dir, rel string) (doneFile, error) {
 	return readDone(f, before, readAt, sum)
 }
 
+// FileTimeLag is how far a file's times may lag the clock on file systems with fine timestamps:
+// the kernel's clock for them ticks that coarsely at worst. A file written right after a moment
+// may seem to have been written that much before it.
+const FileTimeLag = 10 * time.Millisecond
+
 // racy reports whether a change to a file right after it was read from readAt could leave its
 // FileID as it was: its ctime is within the file system's timestamp granularity of the read
 // (10 ms on file systems with fine timestamps, whose kernel clock ticks that coarsely at worst;
 // 2 s where ctime has no sub-second part, as on Lustre or ext3). Such a file is read again at
 // commit and compared by checksum.
 func racy(id FileID, readAt time.Time) bool {
-	g := 10 * time.Millisecond
+	g := FileTimeLag
 	if id.ChangeTime.Nanosecond() == 0 {
 		g = 2 * time.Second
 	}
