@@ -210,11 +210,17 @@ func (c *Coordinator) onUpload(ev checkpoint.UploadEvent) {
 		}
 		switch ev.Kind {
 		case checkpoint.CheckpointComplete:
-			// A checkpoint completed after the notice ended is not its (a trainer restarted
-			// after a torn save, saving on its own). One completed after the signal but
-			// reported before the notice was read (an agent restarted during the notice) is.
-			after := ev.At.After(ns.detectedAt) || (!ev.CompletedAt.IsZero() && completedAfter(ev.CompletedAt, ns))
-			if !after || (!ns.endedAt.IsZero() && !ev.At.Before(ns.endedAt)) {
+			// When it completed decides, not when it was reported: one completed before the
+			// notice's save began may be reported after it (found by an agent restarted during
+			// the notice, by a rescan, or by a poll of a directory without a watch), and one
+			// completed after the signal may be reported before the notice was read (an agent
+			// restarted during the notice). One completed after the notice ended is not its (a
+			// trainer restarted after a torn save, saving on its own).
+			at := ev.CompletedAt
+			if at.IsZero() {
+				at = ev.At
+			}
+			if !completedAfter(at, ns) {
 				continue
 			}
 			switch {

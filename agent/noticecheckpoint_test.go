@@ -217,3 +217,38 @@ func TestNoticeCheckpointCompleteBeforeTheRestartIsNotMissing(t *testing.T) {
 		}
 	})
 }
+
+// The same restart, with the uploader's start reporting the complete checkpoints after the notice
+// was read again (a rescan of many files takes a while): step-9, completed before the previous
+// run's signal, is not the notice's checkpoint, though it is reported after the notice was
+// detected; step-10, completed after the signal, is. Before, the notice took step-9 (reported
+// after its detection) and was committed with a checkpoint older than its save.
+func TestNoticeCheckpointReportedAfterARestartIsOlderThanTheSignal(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		signalled := time.Now().Add(-30 * time.Second)
+		r := startRestartedRig(t, true, map[string]signalRecord{"spot/terminate": {At: signalled, PIDs: []int{4242}}})
+		r.tr.setPIDs(4242)
+		r.beginRead(imds.SourceSpot, "terminate", signalled.Add(2*time.Minute), true)
+		passFakeTime(200 * time.Millisecond)
+		r.c.onUpload(checkpoint.UploadEvent{Kind: checkpoint.CheckpointComplete, Checkpoint: "step-9", At: time.Now(), CompletedAt: signalled.Add(-time.Second)})
+		synctest.Wait()
+		if n := r.notice(t, "spot/terminate"); n.State != StateTrainerSignalled {
+			t.Errorf("state %s (%q) after step-9, completed before the signal, was reported; want trainer_signalled", n.State, n.Transitions[len(n.Transitions)-1].Detail)
+		}
+		complete := signalled.Add(-time.Second)
+		r.c.onUpload(checkpoint.UploadEvent{Kind: checkpoint.CheckpointCommitted, Checkpoint: "step-9", At: time.Now(),
+			Manifest: &checkpoint.Manifest{Checkpoint: "step-9", Commit: "c-9", CommittedAt: time.Now(), Timings: checkpoint.Timings{CompleteAt: &complete}}})
+		synctest.Wait()
+		if n := r.notice(t, "spot/terminate"); n.State != StateTrainerSignalled {
+			t.Errorf("state %s (%q) after step-9 was committed; want trainer_signalled: step-9 is older than the save", n.State, n.Transitions[len(n.Transitions)-1].Detail)
+		}
+		r.c.onUpload(checkpoint.UploadEvent{Kind: checkpoint.CheckpointComplete, Checkpoint: "step-10", At: time.Now(), CompletedAt: signalled.Add(5 * time.Second)})
+		synctest.Wait()
+		if n := r.notice(t, "spot/terminate"); n.State != StateCheckpointWritten || n.Transitions[len(n.Transitions)-1].Detail != "step-10" {
+			t.Errorf("state %s (%q); want checkpoint_written step-10", n.State, n.Transitions[len(n.Transitions)-1].Detail)
+		}
+		if got := r.tr.signals(); got != 0 {
+			t.Errorf("signals = %d; want 0 (the previous run signalled)", got)
+		}
+	})
+}
