@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io/fs"
 	"maps"
+	"math"
 	"os"
 	"path/filepath"
 	"slices"
@@ -292,13 +293,13 @@ func (c *Coordinator) Run(ctx context.Context, events <-chan imds.Event) error {
 			c.releaseHeld(time.Now())
 		case <-t.C:
 			cfg := c.config()
-			c.signalNew(cfg, c.scan(cfg))
+			c.signalNew(cfg, c.scan(cfg), math.MaxInt)
 		case <-beat.C:
 			if c.signalledInForce() {
 				// During a notice the trainer is looked for every second: one restarted (or
 				// started) since the signal is signalled too, while there is time to save.
 				cfg := c.config()
-				c.signalNew(cfg, c.scan(cfg))
+				c.signalNew(cfg, c.scan(cfg), math.MaxInt)
 			}
 		}
 		c.checkMissing(time.Now())
@@ -505,6 +506,9 @@ func (c *Coordinator) act(cfg *Config, ns *NoticeStatus, first bool, from time.T
 		c.metrics.discoveryProblems.WithLabelValues(p.Reason).Inc()
 		log.Error().Str("reason", p.Reason).Str("detail", p.Detail).Msg("trainer discovery problem")
 	}
+	// Processes found since a notice at least as severe was signalled (a trainer restarted) are
+	// signalled for it first, as its next scan would: this notice may then share that save.
+	c.signalNew(cfg, procs, noticeRank(ns))
 	if c.cover(ns, procs, log) {
 		c.noticesChanged(cfg) // notice.json carries its signal record, for a restart
 		return
@@ -581,7 +585,9 @@ func (c *Coordinator) act(cfg *Config, ns *NoticeStatus, first bool, from time.T
 // other's checkpoint is durable (a new save can then only add) or went missing, or when the
 // other was signalled more than checkpointDue ago (without a store, when the agent sees no
 // checkpoint, that alone decides). A job notice covers nothing: a script may post one while the
-// trainer saves nothing. It reports whether ns was covered.
+// trainer saves nothing. Nor does a notice whose signal did not reach every process found now
+// (a trainer restarted since): those are looked at one by one (savingFor). It reports whether
+// ns was covered.
 func (c *Coordinator) cover(ns *NoticeStatus, procs []trainer.Process, log zerolog.Logger) bool {
 	c.mu.Lock()
 	var by *NoticeStatus
@@ -595,6 +601,11 @@ func (c *Coordinator) cover(ns *NoticeStatus, procs []trainer.Process, log zerol
 			// (posted by the trainer as its save begins, or by a script, whose trainer may not
 			// save); or signalled too long ago: a save older than a reclaim's window (a scheduled
 			// event's, days before; one a store that is down holds back) is not a fresh one.
+			continue
+		}
+		if slices.ContainsFunc(procs, func(p trainer.Process) bool { return !o.tried[p.PID] }) {
+			// A process the other's signal did not reach (a trainer restarted since) is not
+			// saving for it: the processes are looked at one by one (savingFor).
 			continue
 		}
 		if by == nil || noticeRank(o) < noticeRank(by) || (noticeRank(o) == noticeRank(by) && o.Key < by.Key) {
@@ -614,16 +625,15 @@ func (c *Coordinator) cover(ns *NoticeStatus, procs []trainer.Process, log zerol
 	for _, p := range procs {
 		ns.tried[p.PID] = true
 	}
-	written := by.written
-	ns.written, ns.later = written, slices.Clone(by.later)
 	c.mu.Unlock()
 	c.transition(ns, StateTrainerSignalled, fmt.Sprintf("not signalled again: the trainer is saving for %s (since %s), and that save is this notice's too",
 		by.Key, at.UTC().Format(time.RFC3339Nano)))
-	if written != "" {
-		c.transition(ns, StateCheckpointWritten, written)
-	}
-	log.Info().Str("covered_by", by.Key).Str("checkpoint", written).
+	log.Info().Str("covered_by", by.Key).
 		Msg("notice came while the trainer's save for a notice at least as severe is not durable yet: not signalled again, so that it does not save twice in the window")
+	// Its checkpoint is the first completed since that signal: not necessarily the other's, which
+	// may have completed before it (the other notice came with no trainer to signal, and took
+	// the next checkpoint completed).
+	c.adoptCompleted(at)
 	return true
 }
 
@@ -747,14 +757,17 @@ func (c *Coordinator) signal(ns *NoticeStatus, procs []trainer.Process, sig sysc
 // processes among procs not tried for it yet: a trainer restarted during the notice (torchrun's
 // workers after a crash have new PIDs), one started after the notice came, or one that did not
 // catch the signal when last looked at. Each is signalled once per notice, as those found when it
-// came were.
-func (c *Coordinator) signalNew(cfg *Config, procs []trainer.Process) {
+// came were. Only notices at least as severe as rank (noticeRank) are looked at.
+func (c *Coordinator) signalNew(cfg *Config, procs []trainer.Process, rank int) {
 	changed := false
 	// A process is signalled once here, for the most severe notice that had not tried it; the
 	// others count it as signalled for them too (one save, as at a notice that comes while the
 	// trainer saves for another: cover).
 	sentFor := map[int]string{}
 	for _, ns := range c.inForce() {
+		if noticeRank(ns) > rank {
+			continue
+		}
 		c.mu.Lock()
 		var fresh []trainer.Process
 		other := ""

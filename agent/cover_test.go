@@ -3,6 +3,7 @@ package agent
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -366,6 +367,90 @@ func TestHeldNoticesAreSignalledOnceMostSevereFirst(t *testing.T) {
 				}
 				if n := r.notice(t, "asg/Terminated"); n.State != StateTrainerSignalled || len(n.Signals) != 0 {
 					t.Errorf("asg %s, signals %+v; want trainer_signalled through the scheduled event's save", n.State, n.Signals)
+				}
+			})
+		})
+	}
+}
+
+// A notice that came with no trainer to signal takes the next checkpoint completed; a trainer
+// found later is signalled for it, and a notice covered by that signal shares the save the
+// signal asked for, not the checkpoint completed before it. Before, the covered notice took the
+// other's checkpoint (completed before the signal, before the covered notice itself) and was
+// committed with it while the save it waited for was still being written.
+func TestCoveredNoticeTakesTheCheckpointOfTheSaveItShares(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		r := startCoverRig(t, true)
+		r.tr.setPIDs()
+		r.begin(imds.SourceSpot, "terminate", time.Now().Add(2*time.Minute))
+		if n := r.notice(t, "spot/terminate"); n.State != StateTrainerNotSignalled {
+			t.Fatalf("spot/terminate is %s with no trainer; want trainer_not_signalled", n.State)
+		}
+		r.tr.setPIDs(4242)
+		r.upload(checkpoint.CheckpointComplete, "step-5") // saved on its own, as it started
+		passFakeTime(trainerScanInterval)                 // the trainer is found, and signalled
+		if got := r.tr.signals(); got != 1 {
+			t.Fatalf("signals = %d once the trainer is found; want 1", got)
+		}
+		if n := r.notice(t, "spot/terminate"); n.Transitions[len(n.Transitions)-1].Detail != "step-5" {
+			t.Fatalf("spot/terminate is %s (%q); want its checkpoint step-5, the first completed after it", n.State, n.Transitions[len(n.Transitions)-1].Detail)
+		}
+		passFakeTime(5 * time.Second)
+		r.begin(imds.SourceRebalance, "rebalance", time.Time{})
+		if got := r.tr.signals(); got != 1 {
+			t.Errorf("signals = %d after the rebalance recommendation; want 1 (covered by the reclaim's save)", got)
+		}
+		if n := r.notice(t, "rebalance/rebalance"); n.State != StateTrainerSignalled {
+			t.Errorf("rebalance is %s (%q); want trainer_signalled: step-5 completed before the save it shares", n.State, n.Transitions[len(n.Transitions)-1].Detail)
+		}
+		r.upload(checkpoint.CheckpointCommitted, "step-5")
+		if n := r.notice(t, "rebalance/rebalance"); n.State == StateCommitted {
+			t.Errorf("rebalance committed with step-5, completed before the save it shares")
+		}
+		r.upload(checkpoint.CheckpointComplete, "step-6")
+		if n := r.notice(t, "rebalance/rebalance"); n.State != StateCheckpointWritten || n.Transitions[len(n.Transitions)-1].Detail != "step-6" {
+			t.Errorf("rebalance is %s (%q); want checkpoint_written step-6", n.State, n.Transitions[len(n.Transitions)-1].Detail)
+		}
+		r.upload(checkpoint.CheckpointCommitted, "step-6")
+		if n := r.notice(t, "rebalance/rebalance"); n.State != StateCommitted {
+			t.Errorf("rebalance is %s after step-6 was committed; want committed", n.State)
+		}
+	})
+}
+
+// A trainer restarted (new processes) during a reclaim's save, just before a less severe notice's
+// hold ends, and before the next scan: the new processes were never asked by the reclaim's
+// signal, so the other notice does not take them as saving for it. They are signalled at once, for
+// the reclaim (the most severe), and the other notice shares that save: one signal each, whether
+// the reclaim's notice stays or ends. Before, the other notice counted them as signalled (cover),
+// and when the reclaim's notice ended before the next scan, they were never signalled at all;
+// signalled for the less severe notice, the reclaim's next scan would have signalled them again.
+func TestTrainerRestartedBeforeACoveredNoticeIsSignalled(t *testing.T) {
+	for _, spotEnds := range []bool{false, true} {
+		t.Run(fmt.Sprintf("reclaim ends=%v", spotEnds), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				r := startCoverRig(t, true)
+				passFakeTime(trainerScanInterval + 100*time.Millisecond) // just after a scan
+				r.begin(imds.SourceSpot, "terminate", time.Now().Add(2*time.Minute))
+				passFakeTime(100 * time.Millisecond)
+				n := imds.Notice{Source: imds.SourceScheduled, Action: "system-reboot", EventID: "instance-event-1"}
+				n.Deadline = time.Now().Add(time.Hour)
+				n.Time = n.Deadline
+				r.events <- imds.Event{Kind: imds.Begin, At: time.Now(), Notice: n}
+				synctest.Wait()
+				passFakeTime(holdFor - 100*time.Millisecond) // past the next scan
+				r.tr.setPIDs(5000, 5001)                     // the trainer restarted
+				passFakeTime(200 * time.Millisecond)         // the scheduled event's hold ends
+				if spotEnds {
+					r.events <- imds.Event{Kind: imds.End, At: time.Now(), Notice: imds.Notice{Source: imds.SourceSpot, Action: "terminate"}}
+					synctest.Wait()
+				}
+				passFakeTime(5 * time.Second)
+				if got, want := r.tr.signalledPIDs(), []int{4242, 5000, 5001}; !slices.Equal(got, want) {
+					t.Errorf("signalled %v; want %v: the new processes once each", got, want)
+				}
+				if s := r.notice(t, n.Key()); s.State != StateTrainerSignalled {
+					t.Errorf("%s is %s (%q); want trainer_signalled", n.Key(), s.State, s.Transitions[len(s.Transitions)-1].Detail)
 				}
 			})
 		})
