@@ -387,15 +387,16 @@ func (a *Agent) Run(ctx context.Context) error {
 			return fmt.Errorf("http.listen: %w", err)
 		}
 	}
-	// What an earlier run signalled the trainer for (its notice.json): not signalled again.
-	a.coord.previous = readSignalled(cfg.Agent.RuntimeDir, a.log)
+	// What an earlier run signalled the trainer for (its notice.json): not signalled again; and
+	// the job notices it held, in force until they end.
+	a.coord.previous, a.coord.previousJobs = readPrevious(cfg.Agent.RuntimeDir, a.log)
 	if err := os.MkdirAll(cfg.Agent.RuntimeDir, 0o755); err != nil {
 		a.log.Error().Err(err).Str("dir", cfg.Agent.RuntimeDir).Msg("cannot create runtime dir; notice.json will be missing")
 		a.coord.setNoticeFileProblem(err)
 	} else if err := writeNoticeFile(cfg.Agent.RuntimeDir, nil, nil); err != nil {
 		// No notice is in force before this run sees one: a notice.json an earlier run left
-		// (stopped or killed with notices in force) would name notices this one does not hold,
-		// such as a job notice, which only lives in the agent that took it.
+		// (stopped or killed with notices in force) would name notices this one does not hold
+		// (yet: IMDS's are read again, job notices taken back as the coordinator starts).
 		a.log.Error().Err(err).Msg("cannot remove the notice file an earlier run left")
 		a.coord.setNoticeFileProblem(err)
 	} else if err := checkWritable(cfg.Agent.RuntimeDir); err != nil {

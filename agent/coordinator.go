@@ -212,8 +212,11 @@ type Coordinator struct {
 	// scanned: Scan has looked for the trainer at least once.
 	scanned bool
 	// previous holds, by key, when an earlier run signalled the trainer for a notice
-	// (readSignalled); set before Run.
+	// (readPrevious); set before Run.
 	previous map[string]signalRecord
+	// previousJobs are the job notices an earlier run held (readPrevious); set before Run, which
+	// takes back those not ended.
+	previousJobs []jobRecord
 	// noticeFileErr is why the last write of notice.json failed; nil once one succeeds.
 	noticeFileErr error
 	// storeNewest is the newest commit of the job known: read from the store at the uploader's
@@ -270,6 +273,8 @@ func (c *Coordinator) Run(ctx context.Context, events <-chan imds.Event) error {
 	expire := time.NewTimer(time.Hour)
 	expire.Stop()
 	defer expire.Stop()
+	c.resumeJobNotices(time.Now())
+	c.armExpiry(expire)
 	c.hold = time.NewTimer(time.Hour)
 	c.hold.Stop()
 	defer c.hold.Stop()
@@ -952,15 +957,6 @@ func noticeRank(ns *NoticeStatus) int {
 // it when none is).
 func (c *Coordinator) noticesChanged(cfg *Config) {
 	active := c.inForce()
-	signalled := map[*NoticeStatus]signalRecord{}
-	c.mu.Lock()
-	for _, ns := range active {
-		if ns.signalledAt == nil {
-			continue
-		}
-		signalled[ns] = signalRecord{At: *ns.signalledAt, PIDs: slices.Clone(ns.signalledPIDs)}
-	}
-	c.mu.Unlock()
 	if c.uploader != nil {
 		un := make([]checkpoint.ActiveNotice, 0, len(active))
 		c.mu.Lock()
@@ -982,6 +978,20 @@ func (c *Coordinator) noticesChanged(cfg *Config) {
 		c.mu.Unlock()
 		c.uploader.SetNotices(un)
 	}
+	c.rewriteNoticeFile(cfg, active)
+}
+
+// rewriteNoticeFile writes notice.json for active, the notices in force.
+func (c *Coordinator) rewriteNoticeFile(cfg *Config, active []*NoticeStatus) {
+	signalled := map[*NoticeStatus]signalRecord{}
+	c.mu.Lock()
+	for _, ns := range active {
+		if ns.signalledAt == nil {
+			continue
+		}
+		signalled[ns] = signalRecord{At: *ns.signalledAt, PIDs: slices.Clone(ns.signalledPIDs)}
+	}
+	c.mu.Unlock()
 	err := writeNoticeFile(cfg.Agent.RuntimeDir, active, signalled)
 	if err != nil {
 		// The signal matters more than the file: go on.
@@ -1220,6 +1230,10 @@ type noticeEntry struct {
 	SignalledAt *time.Time `json:"signalled_at,omitempty"`
 	// SignalledPIDs are the trainer processes it signalled.
 	SignalledPIDs []int `json:"signalled_pids,omitempty"`
+	// PostedAt and EndsAt are, for a job notice, when it was first posted and when it ends: a
+	// restarted agent keeps it until then. Omitted for other notices.
+	PostedAt *time.Time `json:"posted_at,omitempty"`
+	EndsAt   *time.Time `json:"ends_at,omitempty"`
 }
 
 // signalRecord is when, and which trainer processes, the agent signalled for a notice.
@@ -1253,6 +1267,10 @@ func writeNoticeFile(dir string, active []*NoticeStatus, signalled map[*NoticeSt
 		if rec, ok := signalled[ns]; ok {
 			at := rec.At.UTC()
 			e.SignalledAt, e.SignalledPIDs = &at, rec.PIDs
+		}
+		if ns.Source == SourceJob && ns.EndsAt != nil {
+			posted, ends := ns.detectedAt.UTC(), ns.EndsAt.UTC()
+			e.PostedAt, e.EndsAt = &posted, &ends
 		}
 		return e
 	}
@@ -1293,25 +1311,31 @@ func writeNoticeFile(dir string, active []*NoticeStatus, signalled map[*NoticeSt
 	return nil
 }
 
-// readSignalled reads the notice.json an earlier run left in dir (killed, or restarted, during a
-// notice) for the notices it signalled the trainer for, by key, and when.
-func readSignalled(dir string, log zerolog.Logger) map[string]signalRecord {
+// readPrevious reads the notice.json an earlier run left in dir (killed, or restarted, during a
+// notice): the notices it signalled the trainer for, by key, and when; and the job notices it
+// held (their ends are not looked at here).
+func readPrevious(dir string, log zerolog.Logger) (map[string]signalRecord, []jobRecord) {
 	data, err := os.ReadFile(filepath.Join(dir, NoticeFile))
 	if err != nil {
-		return nil
+		return nil, nil
 	}
 	var nf noticeFile
 	if err := json.Unmarshal(data, &nf); err != nil {
-		log.Warn().Err(err).Msg("the notice file an earlier run left cannot be read; a notice in force is signalled again")
-		return nil
+		log.Warn().Err(err).Msg("the notice file an earlier run left cannot be read; a notice in force is signalled again, and a job notice it held is lost")
+		return nil, nil
 	}
 	out := map[string]signalRecord{}
+	var jobs []jobRecord
 	for _, e := range nf.Active {
 		if e.SignalledAt != nil {
 			out[imds.Notice{Source: e.Source, Action: e.Action, EventID: e.EventID}.Key()] = signalRecord{At: *e.SignalledAt, PIDs: e.SignalledPIDs}
 		}
+		if e.Source == SourceJob && e.PostedAt != nil && e.EndsAt != nil && e.Deadline != nil {
+			jobs = append(jobs, jobRecord{notice: imds.Notice{Source: SourceJob, Action: e.Action, Time: *e.Deadline, Deadline: *e.Deadline},
+				postedAt: *e.PostedAt, endsAt: *e.EndsAt})
+		}
 	}
-	return out
+	return out, jobs
 }
 
 // previousSignalWithin bounds how long ago an earlier run's signal for a notice may be for a

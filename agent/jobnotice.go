@@ -155,14 +155,19 @@ func (c *Coordinator) TakeJobNotice(n imds.Notice, at time.Time) JobNoticeReply 
 			d := n.Deadline
 			ns.Deadline = &d
 		}
-		if ns.EndsAt == nil || end.After(*ns.EndsAt) {
+		later := ns.EndsAt == nil || end.After(*ns.EndsAt)
+		if later {
 			ns.EndsAt = &end
 		}
 		c.mu.Unlock()
 		logTime(c.log.Info().Str("notice", key), "deadline", n.Deadline).Bool("earlier", earlier).
 			Msg("job notice posted again: refreshed, not doubled")
-		if earlier && ns.Policy == PolicyCheckpoint {
+		switch {
+		case ns.Policy != PolicyCheckpoint:
+		case earlier:
 			c.noticesChanged(cfg)
+		case later:
+			c.rewriteNoticeFile(cfg, c.inForce()) // its end, for a restart
 		}
 	}
 	reply := JobNoticeReply{Result: result}
@@ -173,6 +178,48 @@ func (c *Coordinator) TakeJobNotice(n imds.Notice, at time.Time) JobNoticeReply 
 	reply.Notice = snapshot(ns)
 	c.mu.Unlock()
 	return reply
+}
+
+// jobRecord is a job notice an earlier run of the agent held (notice.json).
+type jobRecord struct {
+	notice           imds.Notice
+	postedAt, endsAt time.Time
+}
+
+// resumeJobNotices takes back the job notices the agent's previous run held (previousJobs) that
+// have not ended by now: a job notice only lives in the agent that took it, and an agent
+// restarted during one (a crash, kill -9, the watchdog) would otherwise drop its urgency, its
+// line in notice.json, and the stop's wait for the checkpoint the trainer writes for it. Each
+// keeps its first post as its detection (its checkpoint is the first completed after it), its
+// deadline and its end.
+func (c *Coordinator) resumeJobNotices(now time.Time) {
+	cfg := c.config()
+	changed := false
+	for _, r := range c.previousJobs {
+		if !r.endsAt.After(now) {
+			continue
+		}
+		c.mu.Lock()
+		_, ok := c.active[r.notice.Key()]
+		c.mu.Unlock()
+		if ok {
+			continue
+		}
+		ns := c.detect(cfg, r.notice, r.postedAt, "handed over by the job before the agent restarted (its notice.json); in force until it ends",
+			func(ns *NoticeStatus) {
+				d, posted, ends := r.notice.Deadline, r.postedAt, r.endsAt
+				ns.Deadline, ns.Posts, ns.LastPostAt, ns.EndsAt = &d, 1, &posted, &ends
+			})
+		c.log.Warn().Str("notice", ns.Key).Time("posted_at", r.postedAt).Time("ends_at", r.endsAt).
+			Msg("job notice taken back from the agent's previous run")
+		changed = changed || ns.Policy == PolicyCheckpoint
+		// Its checkpoint may be complete already, reported by the uploader as it started.
+		c.adoptCompleted(r.postedAt)
+	}
+	c.previousJobs = nil
+	if changed {
+		c.noticesChanged(cfg)
+	}
 }
 
 // ExpireJobNotices ends every job notice whose EndsAt is not after now.

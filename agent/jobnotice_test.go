@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -636,5 +637,88 @@ func runSignalAgent(t *testing.T, runtime string, fimds *fakeIMDS, tr *fakeTrain
 		if err := <-done; err != nil {
 			t.Errorf("Run() = %v", err)
 		}
+	}
+}
+
+// A job notice lives only in the agent that took it: an agent restarted while one is in force (a
+// crash, kill -9, the watchdog, systemctl restart) takes it back from the notice.json its
+// previous run left, with its first post, its deadline and its end, so its uploads stay urgent,
+// notice.json still lists it, a stop still waits for the checkpoint the trainer writes for it,
+// and that checkpoint (the first completed after the post, whenever the uploader reports it)
+// makes it durable. One that ended before the restart is not taken back. Before, the restarted
+// agent dropped it.
+func TestJobNoticeIsKeptAcrossARestart(t *testing.T) {
+	for _, late := range []bool{false, true} {
+		t.Run(fmt.Sprintf("restarted after its end=%v", late), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				runtime := t.TempDir()
+				a, stop := runSignalAgent(t, runtime, newFakeIMDS(), &fakeTrainers{})
+				synctest.Wait()
+				posted := time.Now()
+				deadline := posted.Add(90 * time.Second)
+				if _, err := a.coord.Post(t.Context(), jobNotice("terminate", deadline)); err != nil {
+					t.Fatal(err)
+				}
+				passFakeTime(10 * time.Second)
+				later := posted.Add(200 * time.Second) // posted again: the deadline stays, the end moves
+				if _, err := a.coord.Post(t.Context(), jobNotice("terminate", later)); err != nil {
+					t.Fatal(err)
+				}
+				ends := later.Add(JobNoticeGrace)
+				passFakeTime(5 * time.Second)
+				stop()
+				if late {
+					passFakeTime(time.Until(ends))
+				}
+
+				tr := &fakeTrainers{}
+				up := &recordingUploader{}
+				cfg := mustLoad(t, LoadOptions{Environ: []string{"SPOTGUARD_HTTP_LISTEN=", "SPOTGUARD_TRAINER_MATCH=train",
+					"SPOTGUARD_AGENT_RUNTIME_DIR=" + runtime, "SPOTGUARD_METRICS_CLOUDWATCH=false"}})
+				a2, err := New(cfg, Deps{Logger: zerolog.Nop(), IMDS: newFakeIMDS()})
+				if err != nil {
+					t.Fatal(err)
+				}
+				a2.coord.trainers, a2.coord.uploader = tr, up
+				ctx, cancel := context.WithCancel(t.Context())
+				done := make(chan error)
+				go func() { done <- a2.Run(ctx) }()
+				defer func() { cancel(); <-done }()
+				passFakeTime(time.Second)
+				tc := &testCoordinator{runtime: runtime}
+				nf, ok := tc.noticeFile(t)
+				un, _ := up.last()
+				if late {
+					if ok || len(un) != 0 || len(a2.Status().Notices) != 0 {
+						t.Errorf("notice.json %+v (there: %v), uploads urgent for %+v, after the job notice's end; want none", nf, ok, un)
+					}
+					return
+				}
+				if !ok || !slices.Equal(activeKeys(nf), []string{"job/terminate"}) || nf.Deadline == nil || !nf.Deadline.Equal(deadline) ||
+					nf.PostedAt == nil || !nf.PostedAt.Equal(posted) || nf.EndsAt == nil || !nf.EndsAt.Equal(ends) {
+					t.Errorf("notice.json after the restart = %+v (there: %v); want job/terminate, deadline %v, posted %v, ends %v", nf, ok, deadline, posted, ends)
+				}
+				if len(un) != 1 || un[0].Key != "job/terminate" || !un[0].Deadline.Equal(deadline) || !un[0].SignalledAt.Equal(posted) {
+					t.Errorf("uploads urgent for %+v; want job/terminate, its deadline, its checkpoint asked for at the first post", un)
+				}
+				a2.coord.onUpload(checkpoint.UploadEvent{Kind: checkpoint.CheckpointComplete, Checkpoint: "step-1", At: time.Now(), CompletedAt: posted.Add(-time.Minute)})
+				a2.coord.onUpload(checkpoint.UploadEvent{Kind: checkpoint.CheckpointComplete, Checkpoint: "step-2", At: time.Now(), CompletedAt: posted.Add(12 * time.Second)})
+				complete := posted.Add(12 * time.Second)
+				a2.coord.onUpload(checkpoint.UploadEvent{Kind: checkpoint.CheckpointCommitted, Checkpoint: "step-2", At: time.Now(),
+					Manifest: &checkpoint.Manifest{Checkpoint: "step-2", Commit: "c-2", CommittedAt: time.Now(), Timings: checkpoint.Timings{CompleteAt: &complete}}})
+				synctest.Wait()
+				n, _ := a2.Status().noticeByKey("job/terminate")
+				if n.State != StateCommitted || !strings.HasPrefix(n.Transitions[len(n.Transitions)-1].Detail, "step-2,") || n.EndsAt == nil || !n.EndsAt.Equal(ends) {
+					t.Errorf("job/terminate after the restart: %s (%+v), ends %v; want committed with step-2, ending %v", n.State, n.Transitions, n.EndsAt, ends)
+				}
+				if got := tr.signals(); got != 0 {
+					t.Errorf("signals = %d; want 0 (a job notice signals nobody)", got)
+				}
+				passFakeTime(time.Until(ends) + time.Second)
+				if nf, ok := tc.noticeFile(t); ok {
+					t.Errorf("notice.json = %+v after the job notice's end; want it removed", nf)
+				}
+			})
+		})
 	}
 }
