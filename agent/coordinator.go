@@ -590,9 +590,9 @@ func (c *Coordinator) act(cfg *Config, ns *NoticeStatus, first bool, from time.T
 // other's checkpoint is durable (a new save can then only add) or went missing, or when the
 // other was signalled more than checkpointDue ago (without a store, when the agent sees no
 // checkpoint, that alone decides). A job notice covers nothing: a script may post one while the
-// trainer saves nothing. Nor does a notice whose signal did not reach every process found now
-// (a trainer restarted since): those are looked at one by one (savingFor). It reports whether
-// ns was covered.
+// trainer saves nothing. Processes found since the other's signal (a trainer restarted) are
+// signalled for it before (act), so that they save for it too. It reports whether ns was
+// covered.
 func (c *Coordinator) cover(ns *NoticeStatus, procs []trainer.Process, log zerolog.Logger) bool {
 	c.mu.Lock()
 	var by *NoticeStatus
@@ -606,11 +606,6 @@ func (c *Coordinator) cover(ns *NoticeStatus, procs []trainer.Process, log zerol
 			// (posted by the trainer as its save begins, or by a script, whose trainer may not
 			// save); or signalled too long ago: a save older than a reclaim's window (a scheduled
 			// event's, days before; one a store that is down holds back) is not a fresh one.
-			continue
-		}
-		if slices.ContainsFunc(procs, func(p trainer.Process) bool { return !o.tried[p.PID] }) {
-			// A process the other's signal did not reach (a trainer restarted since) is not
-			// saving for it: the processes are looked at one by one (savingFor).
 			continue
 		}
 		if by == nil || noticeRank(o) < noticeRank(by) || (noticeRank(o) == noticeRank(by) && o.Key < by.Key) {

@@ -35,12 +35,12 @@ var noticeSimSeeds = []uint64{1, 2, 3, 4, 5, 6, 7, 8,
 	12882447296787963857, // a notice held back took a checkpoint completed during its hold for its own, then signalled the trainer and stayed trainer_signalled
 	18190345884127578443, // a committed notice whose first trainer process came later went back to trainer_signalled
 	6744897190125379763,  // a notice covered by another's save took the other's checkpoint, completed before that save was asked for
-	11224318716166940120, // a notice covered by another's save took processes started since that save was asked for as saving for it: never signalled
 }
 
 // TestNoticeSimulation drives the notice path (the coordinator: signals, notice.json, the
 // uploads' urgency, each notice's states) through seeded random sequences of events, in a
-// synctest bubble: notices of every source beginning and ending, alone or together; a trainer
+// synctest bubble: notices of every source beginning and ending, alone or together; job notices
+// the trainer posts (new ones, the same again, deadlines ahead or past), ending on their own; a trainer
 // of one to three processes that saves when signalled (and on its own), restarts (all of it, or
 // one rank), dies and comes back; its checkpoints completing, committed in any order by a store
 // that goes down for minutes, deleted by the trainer's rotation before or after their commit;
@@ -50,15 +50,18 @@ var noticeSimSeeds = []uint64{1, 2, 3, 4, 5, 6, 7, 8,
 // every step it checks, against its own model
 // of what happened:
 //   - notice.json lists exactly the notices in force, the most severe first, and is absent when
-//     none is; the uploads are urgent for exactly those (notice lifecycle);
+//     none is, a job notice with its earliest deadline, its first post and its latest end; the
+//     uploads are urgent for exactly those (notice lifecycle);
+//   - no process is signalled for a job notice;
 //   - every notice is acted on within its hold and a second;
 //   - every trainer process alive while a notice was in force has been signalled;
 //   - a process is not signalled twice for one save: a second signal within 2 minutes comes only
 //     when a more severe notice began, a notice in force at the first ended or reached its
 //     deadline, a checkpoint completed after the first was committed or deleted, or a new
 //     process came with an agent restart;
-//   - a notice is committed exactly when a checkpoint completed after its signal is committed,
-//     and never says checkpoint_missing while such a checkpoint is on disk or in the store.
+//   - a notice is committed exactly when a checkpoint completed after its signal (a job
+//     notice's: after its first post) is committed, and never says checkpoint_missing while such
+//     a checkpoint is on disk or in the store.
 //
 // Replay a seed with -noticesim.seed; -noticesim.seeds N adds N random ones.
 func TestNoticeSimulation(t *testing.T) {
@@ -84,6 +87,11 @@ func TestNoticeSimulation(t *testing.T) {
 type nsNotice struct {
 	n     imds.Notice
 	began time.Time
+}
+
+// nsJob is a job notice the trainer posted (POST /notice), in force until end.
+type nsJob struct {
+	posted, deadline, end time.Time // its first post, its earliest deadline, its latest end
 }
 
 // nsSpan is when a notice was in force.
@@ -129,6 +137,8 @@ type noticeSim struct {
 	restarts []time.Time
 
 	active   map[string]*nsNotice // IMDS's notices in force, by key
+	jobs     map[string]*nsJob    // the job notices in force (posted), by key
+	jobRng   *rand.Rand           // when and what the job posts, apart so rng's sequence stays as it was
 	spans    []*nsSpan
 	ckpts    []*nsCkpt
 	step     int
@@ -143,7 +153,7 @@ type noticeSim struct {
 
 func runNoticeSim(t *testing.T, seed uint64, steps int) {
 	s := &noticeSim{
-		t: t, rng: rand.New(rand.NewPCG(seed, 0x6e6f74696365)), lag: rand.New(rand.NewPCG(seed, 0x6c6167)), runtime: t.TempDir(), dir: t.TempDir(),
+		t: t, rng: rand.New(rand.NewPCG(seed, 0x6e6f74696365)), lag: rand.New(rand.NewPCG(seed, 0x6c6167)), jobRng: rand.New(rand.NewPCG(seed, 0x6a6f62)), jobs: map[string]*nsJob{}, runtime: t.TempDir(), dir: t.TempDir(),
 		tr: &fakeTrainers{}, active: map[string]*nsNotice{}, pidStart: map[int]time.Time{}, nextPID: 1000,
 		signals: map[int][]nsSignal{},
 	}
@@ -284,6 +294,9 @@ func (s *noticeSim) noteSignals() {
 	for _, sg := range fresh {
 		key := forSignal[sent{sg.pid, sg.at}] // "" for one the previous run sent at its stop
 		sg.key = key
+		if strings.HasPrefix(key, string(SourceJob)+"/") {
+			s.t.Errorf("process %d signalled for %s: a job notice signals nobody", sg.pid, key)
+		}
 		s.checkSecondSignal(sg)
 		s.signals[sg.pid] = append(s.signals[sg.pid], sg)
 		s.log = append(s.log, sg.at.UTC().Format("15:04:05.000")+fmt.Sprintf(" signal pid %d for %s", sg.pid, key))
@@ -296,6 +309,10 @@ func (s *noticeSim) noteSignals() {
 
 func (s *noticeSim) act() {
 	now := time.Now()
+	if s.jobRng.IntN(100) < 6 {
+		s.postJob()
+		return
+	}
 	switch r := s.rng.IntN(100); {
 	case r < 14: // a notice begins
 		s.beginNotice()
@@ -353,7 +370,7 @@ func (s *noticeSim) act() {
 	case r < 43: // kill -9, and start again
 		s.stopRun() // a stop signals a notice it held at once
 		s.noteSignals()
-		s.say("agent restarted; in force: %v", slices.Sorted(maps.Keys(s.active)))
+		s.say("agent restarted; in force: %v, job notices %v", slices.Sorted(maps.Keys(s.active)), slices.Sorted(maps.Keys(s.jobs)))
 		s.restarts = append(s.restarts, now)
 		s.startRun(true)
 	default: // time goes by
@@ -361,6 +378,43 @@ func (s *noticeSim) act() {
 			20 * time.Second, 60 * time.Second, 150 * time.Second}[s.rng.IntN(8)]
 		s.pass(d)
 	}
+}
+
+// postJob has the trainer hand the agent a notice of the job's (another node's reclaim): a new
+// one, or the same again, with a deadline ahead, or already past.
+func (s *noticeSim) postJob() {
+	now := time.Now()
+	action := []string{"terminate", "stop", "system-reboot", "rebalance"}[s.jobRng.IntN(4)]
+	deadline := now.Add(time.Duration(s.jobRng.IntN(260)-60) * time.Second)
+	n := imds.Notice{Source: SourceJob, Action: action, Time: deadline, Deadline: deadline}
+	key := n.Key()
+	j := s.jobs[key]
+	if j == nil {
+		j = &nsJob{posted: now, deadline: deadline}
+		s.jobs[key] = j
+	}
+	j.deadline = minTime(j.deadline, deadline)
+	j.end = maxTime(j.end, jobEnd(deadline, now))
+	s.say("post %s, deadline %s", key, deadline.UTC().Format("15:04:05"))
+	if _, err := s.c.Post(context.Background(), n); err != nil {
+		s.t.Fatalf("post %s: %v", key, err)
+	}
+	synctest.Wait()
+	s.noteSignals()
+}
+
+func minTime(a, b time.Time) time.Time {
+	if b.Before(a) {
+		return b
+	}
+	return a
+}
+
+func maxTime(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+	return a
 }
 
 // beginNotice has IMDS begin a notice of a random source not in force.
@@ -499,11 +553,50 @@ func (s *noticeSim) checkSecondSignal(sg nsSignal) {
 		t1.UTC().Format("15:04:05.000"), first.key, t2.UTC().Format("15:04:05.000"), sg.key, strings.Join(states, "; "))
 }
 
+// checkCommitted fails unless notice n (key) is committed exactly when a checkpoint completed
+// after signalled (its save asked for) is committed, one completed after from (its detection, if
+// earlier) or within a tick of signalled may count; and it is never checkpoint_missing while
+// such a checkpoint is on disk.
+func (s *noticeSim) checkCommitted(key string, n NoticeStatus, signalled, from time.Time) {
+	t := s.t
+	var durable, onDisk, anyAfter *nsCkpt
+	for _, k := range s.ckpts {
+		if k.committed && anyAfter == nil && !k.completed.Before(from.Add(-checkpoint.FileTimeLag)) {
+			anyAfter = k
+		}
+		if !k.completed.After(signalled) {
+			continue
+		}
+		if k.committed && durable == nil {
+			durable = k
+		}
+		if !k.deleted && onDisk == nil {
+			onDisk = k
+		}
+	}
+	switch {
+	case durable != nil && n.State != StateCommitted:
+		t.Fatalf("notice %s is %s; %s, completed after its signal, is committed (transitions %+v)", key, n.State, durable.name, n.Transitions)
+	case anyAfter == nil && n.State == StateCommitted:
+		t.Fatalf("notice %s is committed (%s); no checkpoint completed after its signal (%s) is", key,
+			n.Transitions[len(n.Transitions)-1].Detail, signalled.UTC().Format("15:04:05.000"))
+	case onDisk != nil && n.State == StateCheckpointMissing:
+		t.Fatalf("notice %s is checkpoint_missing (%s); %s completed after its signal and is there", key,
+			n.Transitions[len(n.Transitions)-1].Detail, onDisk.name)
+	}
+}
+
 // check checks the invariants.
 func (s *noticeSim) check() {
 	t := s.t
 	now := time.Now()
-	keys := slices.Sorted(maps.Keys(s.active))
+	for key, j := range s.jobs {
+		if !j.end.After(now) {
+			delete(s.jobs, key) // ended
+		}
+	}
+	keys := slices.Concat(slices.Collect(maps.Keys(s.active)), slices.Collect(maps.Keys(s.jobs)))
+	slices.Sort(keys)
 
 	// notice.json and the uploads' urgency: exactly the notices in force, the most severe first.
 	tc := &testCoordinator{runtime: s.runtime}
@@ -514,7 +607,13 @@ func (s *noticeSim) check() {
 	if ok {
 		var got []string
 		for _, e := range nf.Active {
-			got = append(got, imds.Notice{Source: e.Source, Action: e.Action, EventID: e.EventID}.Key())
+			key := imds.Notice{Source: e.Source, Action: e.Action, EventID: e.EventID}.Key()
+			got = append(got, key)
+			if j := s.jobs[key]; j != nil && (e.Deadline == nil || !e.Deadline.Equal(j.deadline) || e.PostedAt == nil || !e.PostedAt.Equal(j.posted) ||
+				e.EndsAt == nil || !e.EndsAt.Equal(j.end)) {
+				t.Fatalf("notice.json has %s with deadline %v, posted %v, ending %v; want %v, %v, %v", key, e.Deadline, e.PostedAt, e.EndsAt,
+					j.deadline, j.posted, j.end)
+			}
 		}
 		slices.Sort(got)
 		if !slices.Equal(got, keys) {
@@ -522,7 +621,11 @@ func (s *noticeSim) check() {
 		}
 		best := 100
 		for _, k := range keys {
-			best = min(best, noticeRank(&NoticeStatus{Source: s.active[k].n.Source, Action: s.active[k].n.Action}))
+			if n := s.active[k]; n != nil {
+				best = min(best, noticeRank(&NoticeStatus{Source: n.n.Source, Action: n.n.Action}))
+			} else {
+				best = min(best, jobActionRank(strings.TrimPrefix(k, string(SourceJob)+"/")))
+			}
 		}
 		if r := noticeRank(&NoticeStatus{Source: nf.Source, Action: nf.Action}); r != best {
 			t.Fatalf("notice.json's notice is %s/%s (rank %d); the most severe in force ranks %d", nf.Source, nf.Action, r, best)
@@ -552,6 +655,11 @@ func (s *noticeSim) check() {
 		if !ok {
 			t.Fatalf("notice %s in force is not active in /status", key)
 		}
+		if j := s.jobs[key]; j != nil {
+			// Never signalled: its checkpoint is the first completed after its first post.
+			s.checkCommitted(key, n, j.posted, j.posted)
+			continue
+		}
 		since := s.readAt[key]
 		if oldest.IsZero() || since.Before(oldest) {
 			oldest = since
@@ -563,38 +671,12 @@ func (s *noticeSim) check() {
 		if n.signalledAt == nil {
 			continue
 		}
-		// Committed exactly when a checkpoint completed after its signal is (one completed
-		// after its detection, during its hold, counts too; one completed within a tick of the
-		// signal may count).
-		var durable, onDisk, anyAfter *nsCkpt
+		// One completed after its detection, during its hold, counts too.
 		from := *n.signalledAt
 		if n.detectedAt.Before(from) {
 			from = n.detectedAt
 		}
-		for _, k := range s.ckpts {
-			if k.committed && anyAfter == nil && !k.completed.Before(from.Add(-checkpoint.FileTimeLag)) {
-				anyAfter = k
-			}
-			if !k.completed.After(*n.signalledAt) {
-				continue
-			}
-			if k.committed && durable == nil {
-				durable = k
-			}
-			if !k.deleted && onDisk == nil {
-				onDisk = k
-			}
-		}
-		switch {
-		case durable != nil && n.State != StateCommitted:
-			t.Fatalf("notice %s is %s; %s, completed after its signal, is committed (transitions %+v)", key, n.State, durable.name, n.Transitions)
-		case anyAfter == nil && n.State == StateCommitted:
-			t.Fatalf("notice %s is committed (%s); no checkpoint completed after its signal (%s) is", key,
-				n.Transitions[len(n.Transitions)-1].Detail, n.signalledAt.UTC().Format("15:04:05.000"))
-		case onDisk != nil && n.State == StateCheckpointMissing:
-			t.Fatalf("notice %s is checkpoint_missing (%s); %s completed after its signal and is there", key,
-				n.Transitions[len(n.Transitions)-1].Detail, onDisk.name)
-		}
+		s.checkCommitted(key, n, *n.signalledAt, from)
 	}
 
 	// Every trainer process alive while a notice was in force has been signalled.
