@@ -198,6 +198,7 @@ func (c *Coordinator) onUpload(ev checkpoint.UploadEvent) {
 		state  string // StateCheckpointWritten, StateCommitted or StateCheckpointMissing
 		name   string // the checkpoint
 		detail string // for StateCheckpointWritten and StateCheckpointMissing
+		again  bool   // StateCheckpointMissing said before: not counted or logged again
 	}
 	var changes []change
 	c.mu.Lock()
@@ -236,6 +237,23 @@ func (c *Coordinator) onUpload(ev checkpoint.UploadEvent) {
 				}
 			}
 		case checkpoint.CheckpointWithheld:
+			ns.later = slices.DeleteFunc(ns.later, func(n string) bool { return n == ev.Checkpoint })
+			if ns.written == ev.Checkpoint {
+				// Found as it was sent: a file of it cannot be stored (a key too long for the
+				// store, a file the agent cannot read). It is not committed as it is.
+				if len(ns.later) > 0 {
+					next := ns.later[0]
+					ns.written, ns.later = next, ns.later[1:]
+					changes = append(changes, change{ns: ns, state: StateCheckpointWritten, name: next,
+						detail: fmt.Sprintf("%s (%s, written first, is withheld: a file of it cannot be stored)", next, ev.Checkpoint)})
+					continue
+				}
+				ns.written, ns.withheld = "", ev.Checkpoint
+				// Withheld again after its marker was written again: said (and counted) once.
+				changes = append(changes, change{ns: ns, state: StateCheckpointMissing, name: ev.Checkpoint, detail: missingWithheld, again: ns.missingSaid})
+				ns.missingSaid = true
+				continue
+			}
 			if ev.At.After(ns.detectedAt) && ns.written == "" && ns.endedAt.IsZero() {
 				ns.withheld = ev.Checkpoint
 			}
@@ -302,10 +320,19 @@ func (c *Coordinator) onUpload(ev checkpoint.UploadEvent) {
 					Dimensions: map[string]string{"Source": string(ns.Source)}})
 			}
 		case StateCheckpointMissing:
+			if ch.again {
+				c.transition(ns, StateCheckpointMissing, ch.detail)
+				continue
+			}
 			c.metrics.checkpointMissing.WithLabelValues(string(ns.Source), ch.detail).Inc()
-			c.log.Error().Str("notice", ns.Key).Str("reason", ch.detail).Str("checkpoint", ch.name).
-				Msg("the checkpoint written for this notice was deleted before it was committed, and none completed since: " +
-					"only checkpoints committed before (or still being uploaded) will be there to restore; keep the newest checkpoints on disk until they are committed")
+			msg := "the checkpoint written for this notice was deleted before it was committed, and none completed since: " +
+				"only checkpoints committed before (or still being uploaded) will be there to restore; keep the newest checkpoints on disk until they are committed"
+			if ch.detail == missingWithheld {
+				msg = "a file of the checkpoint written for this notice cannot be stored, so it is withheld, not committed, and none completed since " +
+					"(the uploader's error says which file and what to do; written again with its marker, it is committed): " +
+					"only checkpoints committed before (or still being uploaded) will be there to restore"
+			}
+			c.log.Error().Str("notice", ns.Key).Str("reason", ch.detail).Str("checkpoint", ch.name).Msg(msg)
 			c.transition(ns, StateCheckpointMissing, ch.detail)
 		case StateCommitted:
 			if ev.Kind == checkpoint.CheckpointFound {
@@ -360,6 +387,10 @@ const maxLater = 16
 // missingDeleted is the checkpoint_missing reason of a notice whose checkpoint was deleted
 // before its commit.
 const missingDeleted = "deleted"
+
+// missingWithheld is the checkpoint_missing reason of a notice whose checkpoint is withheld (a
+// file of it cannot be stored).
+const missingWithheld = "withheld"
 
 // committed records ns as durable with ev's commit: its time to durable, its deadline margin,
 // and its state.

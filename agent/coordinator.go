@@ -1086,7 +1086,7 @@ func (c *Coordinator) checkMissing(now time.Time) {
 		why := "the trainer is gone (it exited or was killed before its checkpoint completed)"
 		switch {
 		case ns.withheld != "":
-			reason = "withheld"
+			reason = missingWithheld
 			why = "the trainer wrote " + ns.withheld + " and its marker, but a file of it cannot be stored, so it is withheld, not committed (its error says which file and what to do)"
 		case there:
 			reason = "no_marker"

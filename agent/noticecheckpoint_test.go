@@ -252,3 +252,62 @@ func TestNoticeCheckpointReportedAfterARestartIsOlderThanTheSignal(t *testing.T)
 		}
 	})
 }
+
+// A file of the notice's checkpoint may turn out, as it is sent, not to be storable (its key too
+// long for the store, a file the agent cannot read): the checkpoint is withheld after it was
+// reported complete. The notice does not wait for its commit for ever (it said checkpoint_written
+// and never moved on): with none completed since, it is checkpoint_missing (withheld) at once,
+// and moves on again if the trainer writes the marker again (the checkpoint completes again) or
+// saves again; with one completed since, that one is its checkpoint.
+func TestNoticeCheckpointWithheldAfterItCompleted(t *testing.T) {
+	for _, later := range []bool{false, true} {
+		t.Run(fmt.Sprintf("a later one=%v", later), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				r := startCoverRig(t, true)
+				r.begin(imds.SourceSpot, "terminate", time.Now().Add(2*time.Minute))
+				passFakeTime(3 * time.Second)
+				r.upload(checkpoint.CheckpointComplete, "step-5")
+				if later {
+					passFakeTime(time.Second)
+					r.upload(checkpoint.CheckpointComplete, "step-6")
+				}
+				passFakeTime(time.Second)
+				r.upload(checkpoint.CheckpointWithheld, "step-5")
+				n := r.notice(t, "spot/terminate")
+				last := n.Transitions[len(n.Transitions)-1]
+				missing := counterValue(t, r.c.metrics.checkpointMissing.WithLabelValues("spot", "withheld"))
+				if later {
+					if n.State != StateCheckpointWritten || !strings.HasPrefix(last.Detail, "step-6 (step-5") || missing != 0 {
+						t.Errorf("state %s (%q), missing %v; want checkpoint_written step-6, naming step-5", n.State, last.Detail, missing)
+					}
+					r.upload(checkpoint.CheckpointCommitted, "step-6")
+				} else {
+					if n.State != StateCheckpointMissing || last.Detail != "withheld" || missing != 1 {
+						t.Errorf("state %s (%q), checkpoint_missing_total{withheld} %v; want checkpoint_missing (withheld), counted once", n.State, last.Detail, missing)
+					}
+					// Its marker is written again as it was (the file still there): complete again,
+					// withheld again.
+					passFakeTime(time.Second)
+					r.upload(checkpoint.CheckpointComplete, "step-5")
+					r.upload(checkpoint.CheckpointWithheld, "step-5")
+					if n := r.notice(t, "spot/terminate"); n.State != StateCheckpointMissing {
+						t.Errorf("state %s after step-5 was withheld again; want checkpoint_missing", n.State)
+					}
+					passFakeTime(5 * time.Second) // the trainer moves the file and writes the marker again
+					r.upload(checkpoint.CheckpointComplete, "step-5")
+					if n := r.notice(t, "spot/terminate"); n.State != StateCheckpointWritten {
+						t.Errorf("state %s after step-5 completed again; want checkpoint_written", n.State)
+					}
+					r.upload(checkpoint.CheckpointCommitted, "step-5")
+				}
+				if n := r.notice(t, "spot/terminate"); n.State != StateCommitted {
+					t.Errorf("state %s after the commit; want committed", n.State)
+				}
+				passFakeTime(3 * time.Minute)
+				if got := counterValue(t, r.c.metrics.checkpointMissing.WithLabelValues("spot", "withheld")); got != map[bool]float64{false: 1, true: 0}[later] {
+					t.Errorf("checkpoint_missing_total{withheld} = %v at the end", got)
+				}
+			})
+		})
+	}
+}
