@@ -314,9 +314,12 @@ func (c *Coordinator) onUpload(ev checkpoint.UploadEvent) {
 		switch ch.state {
 		case StateCheckpointWritten:
 			c.transition(ns, StateCheckpointWritten, ch.detail)
-			if ns.signalledAt != nil && ch.detail == ch.name {
-				c.metrics.writeSeconds.Observe(ev.At.Sub(*ns.signalledAt).Seconds())
-				c.record(metrics.Datum{Name: "CheckpointWriteSeconds", Unit: metrics.UnitSeconds, Value: ev.At.Sub(*ns.signalledAt).Seconds(),
+			c.mu.Lock() // the coordinator's loop may signal for it meanwhile
+			signalled := ns.signalledAt
+			c.mu.Unlock()
+			if signalled != nil && ch.detail == ch.name {
+				c.metrics.writeSeconds.Observe(ev.At.Sub(*signalled).Seconds())
+				c.record(metrics.Datum{Name: "CheckpointWriteSeconds", Unit: metrics.UnitSeconds, Value: ev.At.Sub(*signalled).Seconds(),
 					Dimensions: map[string]string{"Source": string(ns.Source)}})
 			}
 		case StateCheckpointMissing:
@@ -399,6 +402,11 @@ func (c *Coordinator) committed(ns *NoticeStatus, ev checkpoint.UploadEvent) {
 	var durable []metrics.Datum
 	c.mu.Lock()
 	inherited := ns.inherited
+	var deadline *time.Time // moved earlier by the coordinator's loop, under c.mu
+	if ns.Deadline != nil {
+		d := *ns.Deadline
+		deadline = &d
+	}
 	c.mu.Unlock()
 	if !inherited {
 		// A notice the agent's previous run signalled for was detected before this run's
@@ -407,8 +415,8 @@ func (c *Coordinator) committed(ns *NoticeStatus, ev checkpoint.UploadEvent) {
 		durable = append(durable, metrics.Datum{Name: "NoticeToDurableSeconds", Unit: metrics.UnitSeconds, Value: ev.At.Sub(ns.detectedAt).Seconds(),
 			Dimensions: map[string]string{"Source": string(ns.Source)}})
 	}
-	if ns.Deadline != nil {
-		durable = append(durable, metrics.Datum{Name: "DeadlineMarginSeconds", Unit: metrics.UnitSeconds, Value: ns.Deadline.Sub(ev.At).Seconds(),
+	if deadline != nil {
+		durable = append(durable, metrics.Datum{Name: "DeadlineMarginSeconds", Unit: metrics.UnitSeconds, Value: deadline.Sub(ev.At).Seconds(),
 			Dimensions: map[string]string{"Source": string(ns.Source)}})
 	}
 	if m := ev.Manifest; m != nil && m.Timings.UploadSeconds > 0 && ev.Throughput > 0 { // not one committed before
@@ -418,13 +426,13 @@ func (c *Coordinator) committed(ns *NoticeStatus, ev checkpoint.UploadEvent) {
 	if len(durable) > 0 {
 		c.record(durable...)
 	}
-	if ns.Deadline != nil {
-		margin := ns.Deadline.Sub(ev.At)
+	if deadline != nil {
+		margin := deadline.Sub(ev.At)
 		c.metrics.deadlineMargin.WithLabelValues(string(ns.Source)).Set(margin.Seconds())
 		switch {
 		case margin >= 0:
 			detail = fmt.Sprintf("%s, %.1f s before the deadline", ev.Checkpoint, margin.Seconds())
-		case !ns.Deadline.After(ns.detectedAt):
+		case !deadline.After(ns.detectedAt):
 			// Past when the notice came (a scheduled event due now, a notice read late):
 			// nothing could have been on time.
 			detail = fmt.Sprintf("%s; the deadline had passed when the notice was detected", ev.Checkpoint)
