@@ -198,7 +198,7 @@ func (c *Coordinator) onUpload(ev checkpoint.UploadEvent) {
 		state  string // StateCheckpointWritten, StateCommitted or StateCheckpointMissing
 		name   string // the checkpoint
 		detail string // for StateCheckpointWritten and StateCheckpointMissing
-		again  bool   // StateCheckpointMissing said before: not counted or logged again
+		again  bool   // StateCheckpointMissing said before (and a checkpoint came since): not counted or logged again
 	}
 	var changes []change
 	c.mu.Lock()
@@ -249,7 +249,6 @@ func (c *Coordinator) onUpload(ev checkpoint.UploadEvent) {
 					continue
 				}
 				ns.written, ns.withheld = "", ev.Checkpoint
-				// Withheld again after its marker was written again: said (and counted) once.
 				changes = append(changes, change{ns: ns, state: StateCheckpointMissing, name: ev.Checkpoint, detail: missingWithheld, again: ns.missingSaid})
 				ns.missingSaid = true
 				continue
@@ -281,11 +280,11 @@ func (c *Coordinator) onUpload(ev checkpoint.UploadEvent) {
 				continue
 			}
 			// Deleted before its commit, nothing completed since: what was committed before is
-			// all there is, unless the trainer saves again while the notice is in force.
-			if !ns.missingSaid {
-				ns.missingSaid = true
-				changes = append(changes, change{ns: ns, state: StateCheckpointMissing, name: ev.Checkpoint, detail: missingDeleted})
-			}
+			// all there is, unless the trainer saves again while the notice is in force. (Said
+			// and counted once: a notice said missing before, whose checkpoint came since, says
+			// it again, and that is all.)
+			changes = append(changes, change{ns: ns, state: StateCheckpointMissing, name: ev.Checkpoint, detail: missingDeleted, again: ns.missingSaid})
+			ns.missingSaid = true
 		case durable, checkpoint.CheckpointFound:
 			// Its checkpoint, or one completed after it (as good: restored, it is newer
 			// still), or any completed after the signal: after an agent restarted during the
@@ -379,7 +378,9 @@ func (c *Coordinator) noteComplete(ev checkpoint.UploadEvent, durable checkpoint
 			}
 			delete(c.complete, oldest)
 		}
-	case durable, checkpoint.CheckpointDeleted, checkpoint.CheckpointRenamedAway:
+	case durable, checkpoint.CheckpointDeleted, checkpoint.CheckpointRenamedAway, checkpoint.CheckpointWithheld:
+		// Withheld, it is not committed as it is: complete again (its marker written again),
+		// it is reported again.
 		delete(c.complete, ev.Checkpoint)
 	}
 }

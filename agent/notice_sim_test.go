@@ -35,6 +35,7 @@ var noticeSimSeeds = []uint64{1, 2, 3, 4, 5, 6, 7, 8,
 	12882447296787963857, // a notice held back took a checkpoint completed during its hold for its own, then signalled the trainer and stayed trainer_signalled
 	18190345884127578443, // a committed notice whose first trainer process came later went back to trainer_signalled
 	6744897190125379763,  // a notice covered by another's save took the other's checkpoint, completed before that save was asked for
+	903726339598809270,   // a notice said missing whose checkpoint came, then was deleted, said checkpoint_written for ever
 }
 
 // TestNoticeSimulation drives the notice path (the coordinator: signals, notice.json, the
@@ -43,7 +44,8 @@ var noticeSimSeeds = []uint64{1, 2, 3, 4, 5, 6, 7, 8,
 // the trainer posts (new ones, the same again, deadlines ahead or past), ending on their own; a trainer
 // of one to three processes that saves when signalled (and on its own), restarts (all of it, or
 // one rank), dies and comes back; its checkpoints completing, committed in any order by a store
-// that goes down for minutes, deleted by the trainer's rotation before or after their commit;
+// that goes down for minutes, deleted by the trainer's rotation before or after their commit,
+// withheld as they are sent (a file that cannot be stored), and sometimes written again;
 // and the agent restarted (kill -9: its notice.json kept, the notices read again as at a first
 // read, the uploader's start reporting the job's newest commit and every complete checkpoint not
 // committed, in any order with the notices, and up to a few hundred milliseconds apart). After
@@ -109,6 +111,11 @@ type nsCkpt struct {
 	committed, deleted    bool
 	committedAt, deletedA time.Time
 	commitDue             time.Time // when the store commits it
+	// unstorable: a file of it cannot be stored (a key too long): it is withheld once found, as
+	// it is sent (withholdDue), and never committed until the trainer moves the file and writes
+	// the marker again (fixDue, zero if it never does).
+	unstorable, withheld bool
+	withholdDue, fixDue  time.Time
 }
 
 // nsSignal is a signal the trainer got.
@@ -139,6 +146,7 @@ type noticeSim struct {
 	active   map[string]*nsNotice // IMDS's notices in force, by key
 	jobs     map[string]*nsJob    // the job notices in force (posted), by key
 	jobRng   *rand.Rand           // when and what the job posts, apart so rng's sequence stays as it was
+	trouble  *rand.Rand           // which checkpoints cannot be stored, apart too
 	spans    []*nsSpan
 	ckpts    []*nsCkpt
 	step     int
@@ -153,7 +161,7 @@ type noticeSim struct {
 
 func runNoticeSim(t *testing.T, seed uint64, steps int) {
 	s := &noticeSim{
-		t: t, rng: rand.New(rand.NewPCG(seed, 0x6e6f74696365)), lag: rand.New(rand.NewPCG(seed, 0x6c6167)), jobRng: rand.New(rand.NewPCG(seed, 0x6a6f62)), jobs: map[string]*nsJob{}, runtime: t.TempDir(), dir: t.TempDir(),
+		t: t, rng: rand.New(rand.NewPCG(seed, 0x6e6f74696365)), lag: rand.New(rand.NewPCG(seed, 0x6c6167)), jobRng: rand.New(rand.NewPCG(seed, 0x6a6f62)), trouble: rand.New(rand.NewPCG(seed, 0x77697468)), jobs: map[string]*nsJob{}, runtime: t.TempDir(), dir: t.TempDir(),
 		tr: &fakeTrainers{}, active: map[string]*nsNotice{}, pidStart: map[int]time.Time{}, nextPID: 1000,
 		signals: map[int][]nsSignal{},
 	}
@@ -212,6 +220,10 @@ func (s *noticeSim) startRun(restarted bool) {
 		case k.committed && (newest == nil || k.completed.After(newest.completed)):
 			newest = k
 		case !k.committed && !k.deleted:
+			if k.unstorable {
+				// Sent again from the start: found again.
+				k.withheld, k.withholdDue = false, time.Now().Add(time.Duration(50+s.trouble.IntN(2000))*time.Millisecond)
+			}
 			acts = append(acts, func() { s.upload(checkpoint.CheckpointComplete, k) })
 		}
 	}
@@ -462,8 +474,14 @@ func (s *noticeSim) pass(d time.Duration) {
 			}
 		}
 		for _, k := range s.ckpts {
-			if !k.committed && !k.deleted && k.commitDue.Before(next) {
+			switch {
+			case k.committed || k.deleted:
+			case !k.unstorable && k.commitDue.Before(next):
 				next, what = k.commitDue, "commit"
+			case k.unstorable && !k.withheld && k.withholdDue.Before(next):
+				next, what = k.withholdDue, "withhold"
+			case k.withheld && !k.fixDue.IsZero() && k.fixDue.Before(next):
+				next, what = k.fixDue, "fix"
 			}
 		}
 		if d := time.Until(next); d > 0 {
@@ -480,12 +498,35 @@ func (s *noticeSim) pass(d time.Duration) {
 			s.step++
 			k := &nsCkpt{name: fmt.Sprintf("step-%04d", s.step), completed: now}
 			k.commitDue = now.Add(time.Duration(100+s.rng.IntN(30000)) * time.Millisecond)
+			if s.trouble.IntN(100) < 8 {
+				k.unstorable, k.withholdDue = true, now.Add(time.Duration(50+s.trouble.IntN(3000))*time.Millisecond)
+			}
 			s.ckpts = append(s.ckpts, k)
-			s.say("complete %s", k.name)
+			s.say("complete %s (storable %v)", k.name, !k.unstorable)
 			s.upload(checkpoint.CheckpointComplete, k)
+		case "withhold":
+			for _, k := range s.ckpts {
+				if k.unstorable && !k.withheld && !k.deleted && !k.withholdDue.After(now) {
+					k.withheld = true
+					if s.trouble.IntN(2) == 0 {
+						k.fixDue = now.Add(time.Duration(1+s.trouble.IntN(90)) * time.Second)
+					}
+					s.say("withhold %s", k.name)
+					s.upload(checkpoint.CheckpointWithheld, k)
+				}
+			}
+		case "fix":
+			for _, k := range s.ckpts {
+				if k.withheld && !k.deleted && !k.fixDue.IsZero() && !k.fixDue.After(now) {
+					k.unstorable, k.withheld, k.fixDue = false, false, time.Time{}
+					k.completed, k.commitDue = now, now.Add(time.Duration(100+s.trouble.IntN(30000))*time.Millisecond)
+					s.say("marker of %s written again (storable now)", k.name)
+					s.upload(checkpoint.CheckpointComplete, k)
+				}
+			}
 		case "commit":
 			for _, k := range s.ckpts {
-				if k.committed || k.deleted || k.commitDue.After(now) {
+				if k.committed || k.deleted || k.unstorable || k.commitDue.After(now) {
 					continue
 				}
 				if now.Before(s.downTill) {
@@ -555,8 +596,8 @@ func (s *noticeSim) checkSecondSignal(sg nsSignal) {
 
 // checkCommitted fails unless notice n (key) is committed exactly when a checkpoint completed
 // after signalled (its save asked for) is committed, one completed after from (its detection, if
-// earlier) or within a tick of signalled may count; and it is never checkpoint_missing while
-// such a checkpoint is on disk.
+// earlier) or within a tick of signalled may count; it is never checkpoint_missing while such a
+// checkpoint is on disk; and the checkpoint it says it waits for can be committed.
 func (s *noticeSim) checkCommitted(key string, n NoticeStatus, signalled, from time.Time) {
 	t := s.t
 	var durable, onDisk, anyAfter *nsCkpt
@@ -570,8 +611,16 @@ func (s *noticeSim) checkCommitted(key string, n NoticeStatus, signalled, from t
 		if k.committed && durable == nil {
 			durable = k
 		}
-		if !k.deleted && onDisk == nil {
+		if !k.deleted && !k.withheld && onDisk == nil {
 			onDisk = k
+		}
+	}
+	if n.State == StateCheckpointWritten {
+		// Its checkpoint is one that can still be committed.
+		i := slices.IndexFunc(s.ckpts, func(k *nsCkpt) bool { return k.name == n.written })
+		if i < 0 || s.ckpts[i].deleted || s.ckpts[i].withheld {
+			t.Fatalf("notice %s is checkpoint_written (%s); that checkpoint (%q) is deleted, withheld or unknown", key,
+				n.Transitions[len(n.Transitions)-1].Detail, n.written)
 		}
 	}
 	switch {
