@@ -1225,10 +1225,12 @@ type noticeEntry struct {
 	SignalledAt *time.Time `json:"signalled_at,omitempty"`
 	// SignalledPIDs are the trainer processes it signalled.
 	SignalledPIDs []int `json:"signalled_pids,omitempty"`
-	// PostedAt and EndsAt are, for a job notice, when it was first posted and when it ends: a
-	// restarted agent keeps it until then. Omitted for other notices.
+	// PostedAt, EndsAt and Posts are, for a job notice, when it was first posted, when it ends
+	// (a restarted agent keeps it until then) and how many times it was posted. Omitted for
+	// other notices.
 	PostedAt *time.Time `json:"posted_at,omitempty"`
 	EndsAt   *time.Time `json:"ends_at,omitempty"`
+	Posts    int        `json:"posts,omitempty"`
 }
 
 // signalRecord is when, and which trainer processes, the agent signalled for a notice.
@@ -1265,7 +1267,7 @@ func writeNoticeFile(dir string, active []*NoticeStatus, signalled map[*NoticeSt
 		}
 		if ns.Source == SourceJob && ns.EndsAt != nil {
 			posted, ends := ns.detectedAt.UTC(), ns.EndsAt.UTC()
-			e.PostedAt, e.EndsAt = &posted, &ends
+			e.PostedAt, e.EndsAt, e.Posts = &posted, &ends, ns.Posts
 		}
 		return e
 	}
@@ -1327,7 +1329,7 @@ func readPrevious(dir string, log zerolog.Logger) (map[string]signalRecord, []jo
 		}
 		if e.Source == SourceJob && e.PostedAt != nil && e.EndsAt != nil && e.Deadline != nil {
 			jobs = append(jobs, jobRecord{notice: imds.Notice{Source: SourceJob, Action: e.Action, Time: *e.Deadline, Deadline: *e.Deadline},
-				postedAt: *e.PostedAt, endsAt: *e.EndsAt})
+				postedAt: *e.PostedAt, endsAt: *e.EndsAt, posts: max(e.Posts, 1)})
 		}
 	}
 	return out, jobs

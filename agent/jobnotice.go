@@ -184,6 +184,7 @@ func (c *Coordinator) TakeJobNotice(n imds.Notice, at time.Time) JobNoticeReply 
 type jobRecord struct {
 	notice           imds.Notice
 	postedAt, endsAt time.Time
+	posts            int
 }
 
 // resumeJobNotices takes back the job notices the agent's previous run held (previousJobs) that
@@ -208,7 +209,7 @@ func (c *Coordinator) resumeJobNotices(now time.Time) {
 		ns := c.detect(cfg, r.notice, r.postedAt, "handed over by the job before the agent restarted (its notice.json); in force until it ends",
 			func(ns *NoticeStatus) {
 				d, posted, ends := r.notice.Deadline, r.postedAt, r.endsAt
-				ns.Deadline, ns.Posts, ns.LastPostAt, ns.EndsAt = &d, 1, &posted, &ends
+				ns.Deadline, ns.Posts, ns.LastPostAt, ns.EndsAt = &d, r.posts, &posted, &ends
 			})
 		c.log.Warn().Str("notice", ns.Key).Time("posted_at", r.postedAt).Time("ends_at", r.endsAt).
 			Msg("job notice taken back from the agent's previous run")

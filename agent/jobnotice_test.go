@@ -708,8 +708,9 @@ func TestJobNoticeIsKeptAcrossARestart(t *testing.T) {
 					Manifest: &checkpoint.Manifest{Checkpoint: "step-2", Commit: "c-2", CommittedAt: time.Now(), Timings: checkpoint.Timings{CompleteAt: &complete}}})
 				synctest.Wait()
 				n, _ := a2.Status().noticeByKey("job/terminate")
-				if n.State != StateCommitted || !strings.HasPrefix(n.Transitions[len(n.Transitions)-1].Detail, "step-2,") || n.EndsAt == nil || !n.EndsAt.Equal(ends) {
-					t.Errorf("job/terminate after the restart: %s (%+v), ends %v; want committed with step-2, ending %v", n.State, n.Transitions, n.EndsAt, ends)
+				if n.State != StateCommitted || !strings.HasPrefix(n.Transitions[len(n.Transitions)-1].Detail, "step-2,") || n.EndsAt == nil || !n.EndsAt.Equal(ends) || n.Posts != 2 {
+					t.Errorf("job/terminate after the restart: %s (%+v), ends %v, posted %d times; want committed with step-2, ending %v, posted twice",
+						n.State, n.Transitions, n.EndsAt, n.Posts, ends)
 				}
 				if got := tr.signals(); got != 0 {
 					t.Errorf("signals = %d; want 0 (a job notice signals nobody)", got)
