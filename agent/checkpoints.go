@@ -236,54 +236,44 @@ func (c *Coordinator) onUpload(ev checkpoint.UploadEvent) {
 					ns.later = slices.Delete(ns.later, 0, len(ns.later)-maxLater)
 				}
 			}
-		case checkpoint.CheckpointWithheld:
-			ns.later = slices.DeleteFunc(ns.later, func(n string) bool { return n == ev.Checkpoint })
-			if ns.written == ev.Checkpoint {
-				// Found as it was sent: a file of it cannot be stored (a key too long for the
-				// store, a file the agent cannot read). It is not committed as it is.
-				if len(ns.later) > 0 {
-					next := ns.later[0]
-					ns.written, ns.later = next, ns.later[1:]
-					changes = append(changes, change{ns: ns, state: StateCheckpointWritten, name: next,
-						detail: fmt.Sprintf("%s (%s, written first, is withheld: a file of it cannot be stored)", next, ev.Checkpoint)})
-					continue
-				}
-				ns.written, ns.withheld = "", ev.Checkpoint
-				changes = append(changes, change{ns: ns, state: StateCheckpointMissing, name: ev.Checkpoint, detail: missingWithheld, again: ns.missingSaid})
-				ns.missingSaid = true
-				continue
-			}
-			if ev.At.After(ns.detectedAt) && ns.written == "" && ns.endedAt.IsZero() {
-				ns.withheld = ev.Checkpoint
-			}
-		case checkpoint.CheckpointRenamedAway, checkpoint.CheckpointDeleted:
+		case checkpoint.CheckpointRenamedAway, checkpoint.CheckpointDeleted, checkpoint.CheckpointWithheld:
 			ns.later = slices.DeleteFunc(ns.later, func(n string) bool { return n == ev.Checkpoint })
 			if ns.written != ev.Checkpoint {
+				if ev.Kind == checkpoint.CheckpointWithheld && ev.At.After(ns.detectedAt) && ns.written == "" && ns.endedAt.IsZero() {
+					ns.withheld = ev.Checkpoint
+				}
 				continue
 			}
-			gone := "renamed away"
-			if ev.Kind == checkpoint.CheckpointDeleted {
-				gone = "deleted"
-			}
+			// Withheld: found as it was sent, a file of it cannot be stored (a key too long for
+			// the store, a file the agent cannot read); it is not committed as it is.
+			why := map[checkpoint.UploadEventKind]string{
+				checkpoint.CheckpointRenamedAway: "was renamed away before its commit",
+				checkpoint.CheckpointDeleted:     "was deleted before its commit",
+				checkpoint.CheckpointWithheld:    "is withheld: a file of it cannot be stored",
+			}[ev.Kind]
 			if len(ns.later) > 0 {
 				// One completed since is the notice's checkpoint now.
 				next := ns.later[0]
 				ns.written, ns.later = next, ns.later[1:]
 				changes = append(changes, change{ns: ns, state: StateCheckpointWritten, name: next,
-					detail: fmt.Sprintf("%s (%s, written first, was %s before its commit)", next, ev.Checkpoint, gone)})
+					detail: fmt.Sprintf("%s (%s, written first, %s)", next, ev.Checkpoint, why)})
 				continue
 			}
 			ns.written = ""
-			if ev.Kind == checkpoint.CheckpointRenamedAway {
+			reason := missingDeleted
+			switch ev.Kind {
+			case checkpoint.CheckpointRenamedAway:
 				// A staging directory renamed into place after its marker: the notice's
 				// checkpoint completes again under its new name.
 				continue
+			case checkpoint.CheckpointWithheld:
+				ns.withheld, reason = ev.Checkpoint, missingWithheld
 			}
-			// Deleted before its commit, nothing completed since: what was committed before is
-			// all there is, unless the trainer saves again while the notice is in force. (Said
-			// and counted once: a notice said missing before, whose checkpoint came since, says
-			// it again, and that is all.)
-			changes = append(changes, change{ns: ns, state: StateCheckpointMissing, name: ev.Checkpoint, detail: missingDeleted, again: ns.missingSaid})
+			// Nothing completed since: what was committed before is all there is, unless the
+			// trainer saves again (or writes the withheld one's marker again) while the notice is
+			// in force. (Said and counted once: a notice said missing before, whose checkpoint
+			// came since, says it again, and that is all.)
+			changes = append(changes, change{ns: ns, state: StateCheckpointMissing, name: ev.Checkpoint, detail: reason, again: ns.missingSaid})
 			ns.missingSaid = true
 		case durable, checkpoint.CheckpointFound:
 			// Its checkpoint, or one completed after it (as good: restored, it is newer

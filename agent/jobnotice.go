@@ -196,6 +196,7 @@ type jobRecord struct {
 func (c *Coordinator) resumeJobNotices(now time.Time) {
 	cfg := c.config()
 	changed := false
+	var since time.Time // the first post of those taken back
 	for _, r := range c.previousJobs {
 		if !r.endsAt.After(now) {
 			continue
@@ -214,12 +215,15 @@ func (c *Coordinator) resumeJobNotices(now time.Time) {
 		c.log.Warn().Str("notice", ns.Key).Time("posted_at", r.postedAt).Time("ends_at", r.endsAt).
 			Msg("job notice taken back from the agent's previous run")
 		changed = changed || ns.Policy == PolicyCheckpoint
-		// Its checkpoint may be complete already, reported by the uploader as it started.
-		c.adoptCompleted(r.postedAt)
+		if since.IsZero() || r.postedAt.Before(since) {
+			since = r.postedAt
+		}
 	}
 	c.previousJobs = nil
 	if changed {
 		c.noticesChanged(cfg)
+		// Their checkpoints may be complete already, reported by the uploader as it started.
+		c.adoptCompleted(since)
 	}
 }
 
