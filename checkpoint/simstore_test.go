@@ -316,6 +316,13 @@ func (b *simBackend) checkTorn(final bool) {
 	}
 }
 
+// tornLeft reports whether a manifest over deleted objects is in the store (tear).
+func (b *simBackend) tornLeft() bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return len(b.torn) > 0
+}
+
 // manifests returns every manifest in the store.
 func (b *simBackend) manifests() []*Manifest {
 	b.mu.Lock()
