@@ -679,17 +679,21 @@ func retained(st *JobState, keep int) map[string]bool {
 //
 // A commit in hold (by commit id) is kept this time: a manifest write of it whose answer was lost
 // may still land, and would then list deleted objects.
-func applyRetention(ctx context.Context, s Store, job string, keep int, partWait time.Duration, cache *manifestCache, hold map[string]bool, log zerolog.Logger) ([]CommitRef, []retentionFailure, error) {
+//
+// The prefixes of the commits it deleted that were committed within lateExpiry are in Watch: a
+// write of such a commit's manifest by another agent, whose answer that agent lost, may still
+// land there over deleted objects (the caller looks again later, lateCleanup.Deleted).
+func applyRetention(ctx context.Context, s Store, job string, keep int, partWait time.Duration, cache *manifestCache, hold map[string]bool, log zerolog.Logger) (retention, error) {
 	st, err := readJob(ctx, s, job, cache)
 	if err != nil {
-		return nil, nil, err
+		return retention{}, err
 	}
-	var collected []CommitRef
+	var r retention
 	if partWait > 0 {
-		collected = collectParts(ctx, s, st, partWait, log)
+		r.Deleted = collectParts(ctx, s, st, partWait, log)
 	}
 	if keep <= 0 {
-		return collected, nil, nil
+		return r, nil
 	}
 	for _, p := range st.Problems {
 		log.Warn().Err(p).Msg("retention: left alone")
@@ -697,13 +701,11 @@ func applyRetention(ctx context.Context, s Store, job string, keep int, partWait
 	kept := retained(st, keep)
 	if kept == nil {
 		log.Info().Msg("retention: LATEST names a commit not seen yet; nothing deleted this time")
-		return collected, nil, nil
+		return r, nil
 	}
 	if st.Latest != nil {
 		log.Debug().Str("latest", st.Latest.Checkpoint+"/"+st.Latest.Commit).Int("commits", len(st.Commits)).Int("kept", len(kept)).Msg("retention")
 	}
-	deleted := collected
-	var failed []retentionFailure
 	for _, c := range st.Commits {
 		if kept[c.Key] {
 			continue
@@ -725,32 +727,46 @@ func applyRetention(ctx context.Context, s Store, job string, keep int, partWait
 			// same save again once the job manifest is gone (it would list deleted data).
 			if err := s.Delete(ctx, partKeys(m)...); err != nil {
 				clog.Warn().Err(err).Msg("retention: cannot delete the parts of a job checkpoint")
-				failed = append(failed, retentionFailure{Checkpoint: m.Checkpoint, Err: err})
+				r.Failed = append(r.Failed, retentionFailure{Checkpoint: m.Checkpoint, Err: err})
 				continue
 			}
 		}
 		if err := s.Delete(ctx, c.Key); err != nil {
 			clog.Warn().Err(err).Msg("retention: cannot delete manifest")
-			failed = append(failed, retentionFailure{Checkpoint: m.Checkpoint, Err: err})
+			r.Failed = append(r.Failed, retentionFailure{Checkpoint: m.Checkpoint, Err: err})
 			continue
 		}
 		cache.drop(c.Key)
 		if err := deleteCommitData(ctx, s, m); err != nil {
 			clog.Warn().Err(err).Msg("retention: manifest deleted but data left behind; deleting it again later")
-			failed = append(failed, retentionFailure{Checkpoint: m.Checkpoint, Err: err, Left: commitDataRefs(m)})
+			r.Failed = append(r.Failed, retentionFailure{Checkpoint: m.Checkpoint, Err: err, Left: commitDataRefs(m)})
 			continue
 		}
 		if revived, err := clearRevived(ctx, s, m); err != nil {
 			clog.Warn().Err(err).Msg("retention: cannot look again at a deleted commit's prefix; clearing it again later")
-			failed = append(failed, retentionFailure{Checkpoint: m.Checkpoint, Err: err, Left: commitDataRefs(m)})
+			r.Failed = append(r.Failed, retentionFailure{Checkpoint: m.Checkpoint, Err: err, Left: commitDataRefs(m)})
 			continue
 		} else if revived {
 			clog.Error().Msg("retention: another agent wrote this commit's manifest again (a retry whose first answer it lost) while the commit was deleted; that manifest listed deleted objects and is deleted too")
 		}
-		deleted = append(deleted, CommitRef{Checkpoint: m.Checkpoint, Commit: m.Commit})
+		r.Deleted = append(r.Deleted, CommitRef{Checkpoint: m.Checkpoint, Commit: m.Commit})
+		if time.Since(m.CommittedAt) < lateExpiry {
+			r.Watch = append(r.Watch, commitDataRefs(m)...)
+		}
 		clog.Info().Int("keep", keep).Msg("retention: old checkpoint deleted")
 	}
-	return deleted, failed, nil
+	return r, nil
+}
+
+// retention is what applyRetention did.
+type retention struct {
+	// Deleted are the commits deleted (and the parts collected).
+	Deleted []CommitRef
+	// Failed are the deletes that failed.
+	Failed []retentionFailure
+	// Watch are the prefixes of commits deleted that a manifest write held by the network may
+	// still revive.
+	Watch []CommitRef
 }
 
 // retentionFailure is a delete of retention's that failed.
@@ -917,6 +933,9 @@ type commitResult struct {
 	deleted []CommitRef
 	// retentionFailed are retention's deletes that failed (handleCommit reports them).
 	retentionFailed []retentionFailure
+	// watch are the prefixes of commits retention deleted that a held write may revive
+	// (handleCommit watches them).
+	watch []CommitRef
 	// late, once the manifest is written, is the commit's late clean-up (handleCommit starts it).
 	late *lateCleanup
 	// completeAt, with noMatch, is when a deleted commit with exactly these files completed: the
@@ -942,7 +961,9 @@ func (u *Uploader) startLate(ctx context.Context, l lateCleanup) {
 // of this agent's may still write there, so whatever is there and not the commit's is a leftover.
 // It aborts the incomplete uploads under it and deletes l.Strays (keys of files that left a
 // committed checkpoint, whose writes may land after the commit), or, for an abandoned commit
-// (l.Abandoned), every object under it. Of passes already due (a clean-up an earlier run began),
+// (l.Abandoned), every object under it. For a commit this agent's retention deleted
+// (l.Deleted), it only deletes a manifest written there again over deleted objects
+// (dropRevived). Of passes already due (a clean-up an earlier run began),
 // only the last is run. While the last pass fails (a store that is down), it is tried again every
 // lateRetry until lateExpiry after l.At. The first failure is a warning, the next ones debug
 // lines (a policy without s3:ListBucketMultipartUploads would otherwise warn at every commit).
@@ -970,10 +991,15 @@ func (u *Uploader) goLateCleanup(ctx context.Context, l lateCleanup) {
 		// cut half way is one more failure for the store to see.
 		actx, cancel := s3CleanupContext(ctx)
 		defer cancel()
-		n, err := u.cfg.Store.AbortIncomplete(actx, prefix)
-		var objs int
-		var derr error
+		var n, objs int
+		var err, derr error
+		if !l.Deleted {
+			// A commit another agent wrote may be resumed by it: its uploads are its own.
+			n, err = u.cfg.Store.AbortIncomplete(actx, prefix)
+		}
 		switch {
+		case l.Deleted:
+			derr = u.dropRevived(actx, l.CommitRef)
 		case l.Abandoned:
 			objs, derr = deleteObjects(actx, u.cfg.Store, prefix)
 		case len(l.Strays) > 0:
@@ -1024,7 +1050,7 @@ func (u *Uploader) goLateCleanup(ctx context.Context, l lateCleanup) {
 		}
 		select {
 		case u.wake <- func() {
-			u.journal.add(journalLine{Op: journalLateDone, Checkpoint: l.Checkpoint, Commit: l.Commit, Abandoned: l.Abandoned})
+			u.journal.add(journalLine{Op: journalLateDone, Checkpoint: l.Checkpoint, Commit: l.Commit, Abandoned: l.Abandoned, Deleted: l.Deleted})
 		}:
 		case <-ctx.Done():
 		}
@@ -1041,6 +1067,33 @@ func (u *Uploader) dropTorn(ctx context.Context, ref CommitRef) error {
 	if u.cfg.WorldNodes > 1 {
 		key = PartKey(u.cfg.Job, ref.Checkpoint, ref.Commit)
 	}
+	return u.dropTornKey(ctx, ref, key, "a manifest write of this commit whose answer was lost landed after its objects were deleted (by another agent's retention); deleting that manifest")
+}
+
+// dropRevived deletes the manifest, part manifest or job manifest of commit ref, which this
+// agent's retention deleted, if one is there again and names objects the store does not hold:
+// another agent's write of it whose answer was lost, held by the network, landed after the
+// delete (dropTorn is that agent's own look, which it cannot take once it is gone: a reclaim
+// often comes with the lost answers). Nothing else under the prefix is touched: that agent may
+// be resuming the commit, and a manifest whose objects are all there is its commit made again.
+func (u *Uploader) dropRevived(ctx context.Context, ref CommitRef) error {
+	meta := CommitPrefix(u.cfg.Job, ref.Checkpoint, ref.Commit) + MetaDir + "/"
+	objs, err := u.cfg.Store.List(ctx, meta)
+	if err != nil {
+		return fmt.Errorf("list %s: %w", meta, err)
+	}
+	var errs []error
+	for _, o := range objs {
+		if b := path.Base(o.Key); b == "manifest.json" || b == "part.json" {
+			errs = append(errs, u.dropTornKey(ctx, ref, o.Key, "a manifest of a commit this agent's retention deleted was written again since, over deleted objects (another agent's write whose answer was lost, held by the network); deleting it"))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// dropTornKey deletes the manifest at key, of commit ref, if it names objects the store does not
+// hold, with the error line msg.
+func (u *Uploader) dropTornKey(ctx context.Context, ref CommitRef, key, msg string) error {
 	data, _, err := u.cfg.Store.GetBytes(ctx, key)
 	if errors.Is(err, ErrNotFound) {
 		return nil // deleted, by retention: nothing landed (yet)
@@ -1056,8 +1109,7 @@ func (u *Uploader) dropTorn(ctx context.Context, ref CommitRef) error {
 	if err != nil || missing == "" {
 		return err
 	}
-	u.log.Error().Str("checkpoint", ref.Checkpoint).Str("commit", ref.Commit).Str("missing", missing).
-		Msg("a manifest write of this commit whose answer was lost landed after its objects were deleted (by another agent's retention); deleting that manifest")
+	u.log.Error().Str("checkpoint", ref.Checkpoint).Str("commit", ref.Commit).Str("key", key).Str("missing", missing).Msg(msg)
 	u.cache.drop(key)
 	return u.cfg.Store.Delete(ctx, key)
 }
@@ -1321,12 +1373,12 @@ func (u *Uploader) commit(ctx context.Context, c commitJob) commitResult {
 		}
 	}
 	if u.cfg.Keep > 0 {
-		deleted, failed, err := applyRetention(ctx, u.cfg.Store, u.cfg.Job, u.cfg.Keep, 0, u.cache, c.uncertain, u.log)
+		ret, err := applyRetention(ctx, u.cfg.Store, u.cfg.Job, u.cfg.Keep, 0, u.cache, c.uncertain, u.log)
 		if err != nil {
 			u.log.Warn().Err(err).Msg("retention: cannot read the job")
 		}
-		r.deleted = append(r.deleted, deleted...)
-		r.retentionFailed = failed
+		r.deleted = append(r.deleted, ret.Deleted...)
+		r.retentionFailed, r.watch = ret.Failed, ret.Watch
 	}
 	return r
 }
@@ -1388,16 +1440,22 @@ func (u *Uploader) placeOf(m *Manifest) time.Time {
 	return m.Order().At
 }
 
-// missingObjects lists m's commit prefix and returns the first of m's files whose object is not
-// there with its size, or "".
+// missingObjects lists m's commit prefix (a job manifest's: its parts') and returns the first of
+// m's files whose object is not there with its size, or "".
 func (u *Uploader) missingObjects(ctx context.Context, m *Manifest) (string, error) {
-	objs, err := u.cfg.Store.List(ctx, CommitPrefix(m.Job, m.Checkpoint, m.Commit))
-	if err != nil {
-		return "", fmt.Errorf("list the commit's objects: %w", err)
+	prefixes := commitDataPrefixes(m)
+	if len(prefixes) == 0 {
+		prefixes = []string{CommitPrefix(m.Job, m.Checkpoint, m.Commit)}
 	}
-	have := make(map[string]int64, len(objs))
-	for _, o := range objs {
-		have[o.Key] = o.Size
+	have := map[string]int64{}
+	for _, p := range prefixes {
+		objs, err := u.cfg.Store.List(ctx, p)
+		if err != nil {
+			return "", fmt.Errorf("list the commit's objects: %w", err)
+		}
+		for _, o := range objs {
+			have[o.Key] = o.Size
+		}
 	}
 	for _, f := range m.Files {
 		if size, ok := have[f.Key]; !ok || size != f.Size {

@@ -223,10 +223,11 @@ func TestApplyRetention(t *testing.T) {
 	}
 	restoreTestCommitV1(t, s, restoreTestJob, "old", t0.Add(-time.Hour), restoreTestFiles(9))
 	restoreTestSetLatest(t, s, restoreTestJob, "step-3")
-	deleted, _, err := applyRetention(t.Context(), s, restoreTestJob, 1, 0, nil, nil, zerolog.Nop())
+	ret, err := applyRetention(t.Context(), s, restoreTestJob, 1, 0, nil, nil, zerolog.Nop())
 	if err != nil {
 		t.Fatal(err)
 	}
+	deleted := ret.Deleted
 	var names []string
 	for _, d := range deleted {
 		names = append(names, d.Checkpoint)

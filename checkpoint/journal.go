@@ -53,10 +53,10 @@ const (
 	// a restart does again (journalCleanups).
 	journalCleaned journalOp = "cleaned"
 	// journalLate: the late clean-up passes of a commit's prefix began (lateCleanup: At, Keys
-	// for its strays, Abandoned). One without journalLateDone is resumed by a restart
+	// for its strays, Abandoned, Deleted, Sealed). One without journalLateDone is resumed by a restart
 	// (journalLates): a write held by the network can land after the agent is gone.
 	journalLate journalOp = "late"
-	// journalLateDone: the late clean-up of the commit (and Abandoned) is over: its last pass
+	// journalLateDone: the late clean-up of the commit (and Abandoned, Deleted) is over: its last pass
 	// succeeded, or its time to try again ran out (lateExpiry).
 	journalLateDone journalOp = "late_done"
 	// journalStale: a file of the checkpoint was written again after its marker, the version ID
@@ -75,11 +75,12 @@ type journalLine struct {
 	ID         *FileID   `json:"id,omitempty"`
 	Checksum   Checksum  `json:"checksum,omitzero"`
 	ReadAt     time.Time `json:"read_at,omitzero"`
-	// At, Keys, Abandoned and Sealed are a journalLate's (lateCleanup); Abandoned a
-	// journalLateDone's too.
+	// At, Keys, Abandoned, Deleted and Sealed are a journalLate's (lateCleanup); Abandoned and
+	// Deleted a journalLateDone's too.
 	At        time.Time `json:"at,omitzero"`
 	Keys      []string  `json:"keys,omitempty"`
 	Abandoned bool      `json:"abandoned,omitempty"`
+	Deleted   bool      `json:"deleted,omitempty"`
 	Sealed    bool      `json:"sealed,omitempty"`
 }
 
@@ -231,10 +232,13 @@ func journalCleanups(path string) []CommitRef {
 // Abandoned, of every object, at each of lateAborts after At. Sealed: a write of the commit's
 // manifest (or part manifest) whose answer was lost may still land, after another agent's
 // retention deleted the commit; each pass then deletes a manifest that names missing objects.
+// Deleted: this agent's retention deleted the commit, which another agent may have written; each
+// pass deletes a manifest written there again over deleted objects, and nothing else.
 type lateCleanup struct {
 	CommitRef
 	Strays    []string
 	Abandoned bool
+	Deleted   bool
 	Sealed    bool
 	At        time.Time
 }
@@ -247,7 +251,7 @@ const journalLateKeys = 1000
 // line is the journalLate line of l.
 func (l lateCleanup) line() journalLine {
 	return journalLine{Op: journalLate, Checkpoint: l.Checkpoint, Commit: l.Commit, At: l.At,
-		Keys: l.Strays[:min(len(l.Strays), journalLateKeys)], Abandoned: l.Abandoned, Sealed: l.Sealed}
+		Keys: l.Strays[:min(len(l.Strays), journalLateKeys)], Abandoned: l.Abandoned, Deleted: l.Deleted, Sealed: l.Sealed}
 }
 
 // journalLates reads the journal file for the late clean-ups begun and not done (the agent
@@ -260,7 +264,7 @@ func journalLates(file, job string) []lateCleanup {
 	}
 	type key struct {
 		CommitRef
-		abandoned bool
+		abandoned, deleted bool
 	}
 	var order []key
 	pending := map[key]*lateCleanup{}
@@ -269,7 +273,7 @@ func journalLates(file, job string) []lateCleanup {
 		if len(line) == 0 || json.Unmarshal(line, &l) != nil || ValidName(l.Checkpoint) != nil || ValidCommitID(l.Commit) != nil {
 			continue
 		}
-		k := key{CommitRef{Checkpoint: l.Checkpoint, Commit: l.Commit}, l.Abandoned}
+		k := key{CommitRef{Checkpoint: l.Checkpoint, Commit: l.Commit}, l.Abandoned, l.Deleted}
 		switch l.Op {
 		case journalLate:
 			prefix := CommitPrefix(job, l.Checkpoint, l.Commit)
@@ -282,7 +286,7 @@ func journalLates(file, job string) []lateCleanup {
 				continue
 			}
 			order = append(order, k)
-			pending[k] = &lateCleanup{CommitRef: k.CommitRef, Strays: strays, Abandoned: l.Abandoned, Sealed: l.Sealed, At: l.At}
+			pending[k] = &lateCleanup{CommitRef: k.CommitRef, Strays: strays, Abandoned: l.Abandoned, Deleted: l.Deleted, Sealed: l.Sealed, At: l.At}
 		case journalLateDone:
 			delete(pending, k)
 		}

@@ -73,7 +73,8 @@ func TestJournalRoundTrip(t *testing.T) {
 
 // TestJournalLates: a late clean-up begun and not done is read back for the next run, once, with
 // only the strays under its own commit's prefix (nothing in the journal is trusted to name another
-// key); one done is not, and a done of the abandoned clean-up of a commit leaves its other one.
+// key); one done is not, and a done of the abandoned clean-up of a commit leaves its other one,
+// as retention's look at a commit it deleted is apart from the commit's own clean-up.
 func TestJournalLates(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "uploads.jsonl")
 	j, err := writeJournal(path, nil)
@@ -90,6 +91,10 @@ func TestJournalLates(t *testing.T) {
 	j.add(lateCleanup{CommitRef: CommitRef{Checkpoint: "step-4", Commit: c4}, At: at}.line())
 	j.add(journalLine{Op: journalLateDone, Checkpoint: "step-4", Commit: c4, Abandoned: true})
 	j.add(lateCleanup{CommitRef: CommitRef{Checkpoint: "step-1", Commit: c1}, At: at.Add(time.Second), Strays: []string{own}}.line())
+	// Retention's looks at commits it deleted: one done, one not (beside step-4's own).
+	j.add(lateCleanup{CommitRef: CommitRef{Checkpoint: "step-3", Commit: c3}, At: at, Deleted: true}.line())
+	j.add(journalLine{Op: journalLateDone, Checkpoint: "step-3", Commit: c3, Deleted: true})
+	j.add(lateCleanup{CommitRef: CommitRef{Checkpoint: "step-4", Commit: c4}, At: at.Add(2 * time.Second), Deleted: true}.line())
 	if err := j.close(); err != nil {
 		t.Fatal(err)
 	}
@@ -97,13 +102,14 @@ func TestJournalLates(t *testing.T) {
 	want := []lateCleanup{
 		{CommitRef: CommitRef{Checkpoint: "step-1", Commit: c1}, At: at.Add(time.Second), Strays: []string{own}},
 		{CommitRef: CommitRef{Checkpoint: "step-4", Commit: c4}, At: at},
+		{CommitRef: CommitRef{Checkpoint: "step-4", Commit: c4}, At: at.Add(2 * time.Second), Deleted: true},
 	}
 	if len(got) != len(want) {
 		t.Fatalf("Got(%q) = %+v; want %+v", "journalLates", got, want)
 	}
 	for i := range want {
 		if got[i].CommitRef != want[i].CommitRef || !got[i].At.Equal(want[i].At) || got[i].Abandoned != want[i].Abandoned ||
-			!slices.Equal(got[i].Strays, want[i].Strays) {
+			got[i].Deleted != want[i].Deleted || !slices.Equal(got[i].Strays, want[i].Strays) {
 			t.Errorf("Got(%q)[%d] = %+v; want %+v", "journalLates", i, got[i], want[i])
 		}
 	}

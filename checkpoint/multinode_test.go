@@ -457,14 +457,16 @@ func TestMultiNodeRetention(t *testing.T) {
 		commitSave("step-200")
 
 		// Young: nothing goes yet, though step-100 is beyond keep.
-		deleted, _, err := applyRetention(t.Context(), store, "job", 1, partWait, nil, nil, zerolog.Nop())
+		ret, err := applyRetention(t.Context(), store, "job", 1, partWait, nil, nil, zerolog.Nop())
+		deleted := ret.Deleted
 		if err != nil || len(deleted) != 0 {
 			t.Fatalf("retention with young parts deleted %v (%v); want nothing", deleted, err)
 		}
 
 		<-time.After(partWait + partMargin + time.Minute)
 		young := putPart(t, store, "step-300", 0, 2, "i-node0", nodeFiles(t, 0, []byte("c")), time.Now(), time.Now())
-		deleted, _, err = applyRetention(t.Context(), store, "job", 1, partWait, nil, nil, zerolog.Nop())
+		ret, err = applyRetention(t.Context(), store, "job", 1, partWait, nil, nil, zerolog.Nop())
+		deleted = ret.Deleted
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -478,7 +480,8 @@ func TestMultiNodeRetention(t *testing.T) {
 		}
 
 		<-time.After(partWait)
-		deleted, _, err = applyRetention(t.Context(), store, "job", 1, partWait, nil, nil, zerolog.Nop())
+		ret, err = applyRetention(t.Context(), store, "job", 1, partWait, nil, nil, zerolog.Nop())
+		deleted = ret.Deleted
 		if err != nil || !slices.Equal(deleted, []CommitRef{{Checkpoint: "step-050", Commit: stale.Commit}}) {
 			t.Errorf("deleted %v (%v); want the stale part of step-050 alone", deleted, err)
 		}

@@ -2093,15 +2093,19 @@ func (u *Uploader) forgetGone() {
 	}
 }
 
-// retentionFailed reports retention's failed deletes as failed uploads (counted by reason, in
+// retentionDone reports retention's failed deletes as failed uploads (counted by reason, in
 // /status: a store that refuses deletes lets the bucket grow without end), and clears the data
-// left behind after a manifest went again, as an abandoned commit's (goLateCleanup).
-func (u *Uploader) retentionFailed(ctx context.Context, failed []retentionFailure) {
+// left behind after a manifest went again, as an abandoned commit's (goLateCleanup). It watches
+// the prefixes of the commits deleted that a held manifest write may revive (lateCleanup.Deleted).
+func (u *Uploader) retentionDone(ctx context.Context, failed []retentionFailure, watch []CommitRef) {
 	for _, f := range failed {
 		u.emit(UploadEvent{Kind: UploadFailed, Checkpoint: f.Checkpoint, At: time.Now(), Err: fmt.Errorf("retention: %w", f.Err)})
 		for _, c := range f.Left {
 			u.startLate(ctx, lateCleanup{CommitRef: c, Abandoned: true})
 		}
+	}
+	for _, c := range watch {
+		u.startLate(ctx, lateCleanup{CommitRef: c, Deleted: true})
 	}
 }
 
@@ -2611,7 +2615,7 @@ func (u *Uploader) handleCommit(ctx context.Context, r commitResult) {
 	if r.late != nil {
 		u.startLate(ctx, *r.late)
 	}
-	u.retentionFailed(ctx, r.retentionFailed)
+	u.retentionDone(ctx, r.retentionFailed, r.watch)
 	if r.attempted && r.err != nil {
 		u.uncertain[g.commit] = time.Now()
 	}

@@ -49,15 +49,15 @@ func (u *Uploader) trySave(ctx context.Context, ps *pendingSave) {
 	host := u.cfg.Host()
 	u.wg.Go(func() {
 		r := completeSave(ctx, u.cfg.Store, ps.part, u.cfg.Marker, host, u.cfg.PartWait, u.cache)
-		var failed []retentionFailure
+		var ret retention
 		if r.written && (u.cfg.Keep > 0 || u.cfg.PartWait > 0) {
 			var err error
-			if _, failed, err = applyRetention(ctx, u.cfg.Store, u.cfg.Job, u.cfg.Keep, u.cfg.PartWait, u.cache, nil, u.log); err != nil {
+			if ret, err = applyRetention(ctx, u.cfg.Store, u.cfg.Job, u.cfg.Keep, u.cfg.PartWait, u.cache, nil, u.log); err != nil {
 				u.log.Warn().Err(err).Msg("retention: cannot read the job")
 			}
 		}
 		select {
-		case u.wake <- func() { u.retentionFailed(ctx, failed); u.saveDone(ctx, ps, r) }:
+		case u.wake <- func() { u.retentionDone(ctx, ret.Failed, ret.Watch); u.saveDone(ctx, ps, r) }:
 		case <-ctx.Done():
 		}
 	})

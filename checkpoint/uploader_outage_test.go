@@ -1409,3 +1409,40 @@ func TestLateCleanupBeginsNoPassAfterAStop(t *testing.T) {
 		})
 	}
 }
+
+// TestUploaderRetentionDeletesAManifestRevivedAfterItsDelete: another agent committed step-1
+// while a write of its manifest, whose answer it lost, was held by the network, and is gone
+// (reclaimed: its own late passes never run). This agent's retention deletes step-1, manifest
+// first, and only then does the held write land, over deleted objects (If-None-Match passes: the
+// manifest is gone). The agent that deleted the commit looks again and deletes that manifest.
+// (TestSimulationTrouble, seed 5, in CI: the torn manifest stayed while no agent that wrote it
+// ran.)
+func TestUploaderRetentionDeletesAManifestRevivedAfterItsDelete(t *testing.T) {
+	t.Cleanup(func(l []time.Duration) func() { return func() { lateAborts = l } }(lateAborts)) // after the uploaders stop
+	lateAborts = []time.Duration{0, 2 * time.Second, 6 * time.Second}
+	mem := newMemStore()
+	otherDir := t.TempDir()
+	other := startUploaderWith(t, otherDir, mem, UploaderConfig{})
+	writeCheckpoint(t, otherDir, "step-1", map[string][]byte{"a": randomBytes(t, 8<<10)})
+	m := other.waitCommitted("step-1").Manifest
+	other.stop()
+	key := ManifestKey("job", "step-1", m.Commit)
+	data, _, err := mem.GetBytes(t.Context(), key)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	laterTick(t, otherDir, "step-1") // step-2 completes later
+	dir := t.TempDir()
+	r := startUploaderWith(t, dir, mem, UploaderConfig{Keep: 1})
+	writeCheckpoint(t, dir, "step-2", map[string][]byte{"a": randomBytes(t, 8<<10)})
+	r.waitCommitted("step-2")
+	eventuallyUploader(t, "retention to delete step-1", func() bool {
+		_, _, err := mem.GetBytes(t.Context(), key)
+		return errors.Is(err, ErrNotFound)
+	})
+	landTorn(t, mem, "step-1", m.Commit, data)
+	if objs, _ := mem.List(t.Context(), CommitPrefix("job", "step-2", "")); len(objs) == 0 {
+		t.Error("step-2 went too")
+	}
+}
