@@ -623,7 +623,11 @@ func (c *Coordinator) cover(ns *NoticeStatus, procs []trainer.Process, log zerol
 		ns.tried = map[int]bool{}
 	}
 	for _, p := range procs {
-		ns.tried[p.PID] = true
+		// One that did not catch the signal is not saving: once it does, it is signalled for
+		// the notices in force (signalNew), this one too if the other has ended by then.
+		if !by.notCaught[p.PID] {
+			ns.tried[p.PID] = true
+		}
 	}
 	c.mu.Unlock()
 	c.transition(ns, StateTrainerSignalled, fmt.Sprintf("not signalled again: the trainer is saving for %s (since %s), and that save is this notice's too",

@@ -456,3 +456,35 @@ func TestTrainerRestartedBeforeACoveredNoticeIsSignalled(t *testing.T) {
 		})
 	}
 }
+
+// TestProcessCatchingTheSignalLateIsSignalledForACoveredNotice: of the trainer's two processes,
+// one has no handler yet when an ASG termination and a rebalance recommendation come: the other
+// is signalled for the termination, and the rebalance is covered by that save. The termination
+// ends, and the second process then installs its handler while the rebalance is in force: it is
+// signalled for the rebalance (its rank's part of a save). (Found by TestNoticeSimulation with
+// processes that do not catch the signal, seed 2182839187476772552: cover counted it as
+// signalled for the rebalance, and it never was.)
+func TestProcessCatchingTheSignalLateIsSignalledForACoveredNotice(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		r := startCoverRig(t, true)
+		r.tr.setPIDs(4242, 5000)
+		r.tr.setUncaught(5000)
+		passFakeTime(trainerScanInterval + 100*time.Millisecond) // just after a scan
+		r.begin(imds.SourceASG, "Terminated", time.Now().Add(2*time.Minute))
+		r.begin(imds.SourceRebalance, "rebalance", time.Time{})
+		passFakeTime(holdFor + time.Second)
+		if got, want := r.tr.signalledPIDs(), []int{4242}; !slices.Equal(got, want) {
+			t.Fatalf("signalled %v; want %v (the test's premise: 5000 does not catch the signal)", got, want)
+		}
+		if s := r.notice(t, "rebalance/rebalance"); s.State != StateTrainerSignalled {
+			t.Fatalf("rebalance is %s (%q); want trainer_signalled, covered (the test's premise)", s.State, s.Transitions[len(s.Transitions)-1].Detail)
+		}
+		r.events <- imds.Event{Kind: imds.End, At: time.Now(), Notice: imds.Notice{Source: imds.SourceASG, Action: "Terminated"}}
+		synctest.Wait()
+		r.tr.setUncaught() // its handler is in now
+		passFakeTime(3 * time.Second)
+		if got, want := r.tr.signalledPIDs(), []int{4242, 5000}; !slices.Equal(got, want) {
+			t.Errorf("signalled %v; want %v: the process that caught the signal late, for the rebalance in force", got, want)
+		}
+	})
+}

@@ -38,12 +38,19 @@ var noticeSimSeeds = []uint64{1, 2, 3, 4, 5, 6, 7, 8,
 	903726339598809270,   // a notice said missing whose checkpoint came, then was deleted, said checkpoint_written for ever
 }
 
+// noticeSimDeafSeeds run on every `go test` with trainer processes that do not catch the signal
+// (noticeSim.deaf); the seeds above run without them, so that each still reaches its fault.
+var noticeSimDeafSeeds = []uint64{9, 10, 11, 12, 13, 14, 15, 16,
+	2182839187476772552, // a process that caught the signal late, after the notice that covered another's ended, was never signalled
+}
+
 // TestNoticeSimulation drives the notice path (the coordinator: signals, notice.json, the
 // uploads' urgency, each notice's states) through seeded random sequences of events, in a
 // synctest bubble: notices of every source beginning and ending, alone or together; job notices
 // the trainer posts (new ones, the same again, deadlines ahead or past), ending on their own; a trainer
 // of one to three processes that saves when signalled (and on its own), restarts (all of it, or
-// one rank), dies and comes back; its checkpoints completing, committed in any order by a store
+// one rank), dies and comes back, some of whose processes do not catch the signal (yet: a
+// handler installed late, or never); its checkpoints completing, committed in any order by a store
 // that goes down for minutes, deleted by the trainer's rotation before or after their commit,
 // withheld as they are sent (a file that cannot be stored), and sometimes written again;
 // and the agent restarted (kill -9: its notice.json kept, the notices read again as at a first
@@ -56,7 +63,8 @@ var noticeSimSeeds = []uint64{1, 2, 3, 4, 5, 6, 7, 8,
 //     uploads are urgent for exactly those (notice lifecycle);
 //   - no process is signalled for a job notice;
 //   - every notice is acted on within its hold and a second;
-//   - every trainer process alive while a notice was in force has been signalled;
+//   - every trainer process alive and catching the signal while a notice was in force has been
+//     signalled;
 //   - a process is not signalled twice for one save: a second signal within 2 minutes comes only
 //     when a more severe notice began, a notice in force at the first ended or reached its
 //     deadline, a checkpoint completed after the first was committed or deleted, or a new
@@ -67,19 +75,29 @@ var noticeSimSeeds = []uint64{1, 2, 3, 4, 5, 6, 7, 8,
 //
 // Replay a seed with -noticesim.seed; -noticesim.seeds N adds N random ones.
 func TestNoticeSimulation(t *testing.T) {
-	seeds := noticeSimSeeds
+	type run struct {
+		seed uint64
+		deaf bool
+	}
+	var runs []run
+	for _, seed := range noticeSimSeeds {
+		runs = append(runs, run{seed, false})
+	}
+	for _, seed := range noticeSimDeafSeeds {
+		runs = append(runs, run{seed, true})
+	}
 	if *noticeSimSeed != 0 {
-		seeds = []uint64{*noticeSimSeed}
+		runs = []run{{*noticeSimSeed, !slices.Contains(noticeSimSeeds, *noticeSimSeed)}}
 	}
 	for range *noticeSimMore {
-		seeds = append(seeds, rand.Uint64())
+		runs = append(runs, run{rand.Uint64(), true})
 	}
-	for _, seed := range seeds {
-		t.Run(fmt.Sprintf("seed=%d", seed), func(t *testing.T) {
+	for _, r := range runs {
+		t.Run(fmt.Sprintf("seed=%d", r.seed), func(t *testing.T) {
 			t.Parallel()
-			synctest.Test(t, func(t *testing.T) { runNoticeSim(t, seed, *noticeSimSteps) })
+			synctest.Test(t, func(t *testing.T) { runNoticeSim(t, r.seed, *noticeSimSteps, r.deaf) })
 			if t.Failed() {
-				t.Logf("replay: go test ./agent -run 'TestNoticeSimulation' -noticesim.seed=%d -v", seed)
+				t.Logf("replay: go test ./agent -run 'TestNoticeSimulation' -noticesim.seed=%d -v", r.seed)
 			}
 		})
 	}
@@ -143,14 +161,19 @@ type noticeSim struct {
 	readAt   map[string]time.Time // when this run read each notice in force
 	restarts []time.Time
 
-	active   map[string]*nsNotice // IMDS's notices in force, by key
-	jobs     map[string]*nsJob    // the job notices in force (posted), by key
-	jobRng   *rand.Rand           // when and what the job posts, apart so rng's sequence stays as it was
-	trouble  *rand.Rand           // which checkpoints cannot be stored, apart too
+	active  map[string]*nsNotice // IMDS's notices in force, by key
+	jobs    map[string]*nsJob    // the job notices in force (posted), by key
+	jobRng  *rand.Rand           // when and what the job posts, apart so rng's sequence stays as it was
+	trouble *rand.Rand           // which checkpoints cannot be stored, apart too
+	// deaf, if not nil, draws which trainer processes do not catch the signal, and when one
+	// begins to (apart too); nil: every one does.
+	deaf *rand.Rand
+	// catching holds, for each of the trainer's processes that catches the signal, since when.
+	catching map[int]time.Time
+	uncaught []int // the processes that do not catch it (yet)
 	spans    []*nsSpan
 	ckpts    []*nsCkpt
 	step     int
-	pidStart map[int]time.Time // the trainer's processes, when each started
 	nextPID  int
 	seen     int                // signals of tr.sent looked at
 	signals  map[int][]nsSignal // by process
@@ -159,11 +182,14 @@ type noticeSim struct {
 	log      []string           // what happened, for a failure
 }
 
-func runNoticeSim(t *testing.T, seed uint64, steps int) {
+func runNoticeSim(t *testing.T, seed uint64, steps int, deaf bool) {
 	s := &noticeSim{
 		t: t, rng: rand.New(rand.NewPCG(seed, 0x6e6f74696365)), lag: rand.New(rand.NewPCG(seed, 0x6c6167)), jobRng: rand.New(rand.NewPCG(seed, 0x6a6f62)), trouble: rand.New(rand.NewPCG(seed, 0x77697468)), jobs: map[string]*nsJob{}, runtime: t.TempDir(), dir: t.TempDir(),
-		tr: &fakeTrainers{}, active: map[string]*nsNotice{}, pidStart: map[int]time.Time{}, nextPID: 1000,
-		signals: map[int][]nsSignal{},
+		tr: &fakeTrainers{}, active: map[string]*nsNotice{}, nextPID: 1000,
+		signals: map[int][]nsSignal{}, catching: map[int]time.Time{},
+	}
+	if deaf {
+		s.deaf = rand.New(rand.NewPCG(seed, 0x64656166))
 	}
 	s.setPIDs(1 + s.rng.IntN(3))
 	s.startRun(false)
@@ -266,14 +292,34 @@ func (s *noticeSim) upload(kind checkpoint.UploadEventKind, k *nsCkpt) {
 // setPIDs replaces the trainer's processes by n new ones (0: none); its saves in progress die.
 func (s *noticeSim) setPIDs(n int) {
 	var pids []int
-	clear(s.pidStart)
+	clear(s.catching)
+	s.uncaught = nil
 	for range n {
 		s.nextPID++
 		pids = append(pids, s.nextPID)
-		s.pidStart[s.nextPID] = time.Now()
+		s.newPID(s.nextPID)
 	}
 	s.tr.setPIDs(pids...)
+	s.tr.setUncaught(s.uncaught...)
 	s.saves = nil
+}
+
+// newPID records a new process of the trainer's, started now: with deaf, one in five does not
+// catch the signal. The caller tells tr.
+func (s *noticeSim) newPID(pid int) {
+	now := time.Now()
+	if s.deaf != nil && s.deaf.IntN(5) == 0 {
+		s.uncaught = append(s.uncaught, pid)
+		s.say("process %d does not catch the signal", pid)
+		return
+	}
+	s.catching[pid] = now
+}
+
+// forget drops a process of the trainer's that is gone. The caller tells tr.
+func (s *noticeSim) forget(pid int) {
+	delete(s.catching, pid)
+	s.uncaught = slices.DeleteFunc(s.uncaught, func(p int) bool { return p == pid })
 }
 
 // noteSignals records the signals sent since last looked at, each with the notice it was for
@@ -325,6 +371,15 @@ func (s *noticeSim) act() {
 		s.postJob()
 		return
 	}
+	if s.deaf != nil && len(s.uncaught) > 0 && s.deaf.IntN(100) < 4 {
+		// A process installs its handler (late: after the model is built).
+		pid := s.uncaught[s.deaf.IntN(len(s.uncaught))]
+		s.uncaught = slices.DeleteFunc(s.uncaught, func(p int) bool { return p == pid })
+		s.catching[pid] = now
+		s.tr.setUncaught(s.uncaught...)
+		s.say("process %d catches the signal now", pid)
+		return
+	}
 	switch r := s.rng.IntN(100); {
 	case r < 14: // a notice begins
 		s.beginNotice()
@@ -350,13 +405,14 @@ func (s *noticeSim) act() {
 		s.tr.mu.Lock()
 		if len(s.tr.pids) > 0 {
 			i := s.rng.IntN(len(s.tr.pids))
-			delete(s.pidStart, s.tr.pids[i])
+			s.forget(s.tr.pids[i])
 			s.nextPID++
 			s.tr.pids[i] = s.nextPID
-			s.pidStart[s.nextPID] = now
 			s.say("rank %d restarted as %d", i, s.nextPID)
+			s.newPID(s.nextPID)
 		}
 		s.tr.mu.Unlock()
+		s.tr.setUncaught(s.uncaught...)
 	case r < 31: // a save on its own
 		if len(s.tr.pids) > 0 {
 			s.saves = append(s.saves, now.Add(time.Duration(100+s.rng.IntN(20000))*time.Millisecond))
@@ -741,16 +797,17 @@ func (s *noticeSim) check() {
 		s.checkCommitted(key, n, *n.signalledAt, from)
 	}
 
-	// Every trainer process alive while a notice was in force has been signalled.
+	// Every trainer process alive and catching the signal while a notice was in force has been
+	// signalled (one that does not is looked at again every second).
 	if !oldest.IsZero() {
-		for pid, started := range s.pidStart {
+		for pid, since := range s.catching {
 			from := oldest
-			if started.After(from) {
-				from = started
+			if since.After(from) {
+				from = since
 			}
 			if now.Sub(from) > holdFor+2500*time.Millisecond && len(s.signals[pid]) == 0 {
-				t.Fatalf("process %d (since %s) never signalled, with notices %v in force since %s", pid,
-					started.UTC().Format("15:04:05.000"), keys, oldest.UTC().Format("15:04:05.000"))
+				t.Fatalf("process %d (catching the signal since %s) never signalled, with notices %v in force since %s", pid,
+					since.UTC().Format("15:04:05.000"), keys, oldest.UTC().Format("15:04:05.000"))
 			}
 		}
 	}
