@@ -38,9 +38,10 @@ var noticeSimSeeds = []uint64{1, 2, 3, 4, 5, 6, 7, 8,
 	903726339598809270,   // a notice said missing whose checkpoint came, then was deleted, said checkpoint_written for ever
 }
 
-// noticeSimDeafSeeds run on every `go test` with trainer processes that do not catch the signal
-// (noticeSim.deaf); the seeds above run without them, so that each still reaches its fault.
-var noticeSimDeafSeeds = []uint64{9, 10, 11, 12, 13, 14, 15, 16,
+// noticeSimMoreSeeds run on every `go test` with the model's later additions (noticeSim.more:
+// trainer processes that do not catch the signal, deadlines moved earlier); the seeds above run
+// without them, so that each still reaches its fault.
+var noticeSimMoreSeeds = []uint64{9, 10, 11, 12, 13, 14, 15, 16,
 	2182839187476772552, // a process that caught the signal late, after the notice that covered another's ended, was never signalled
 }
 
@@ -50,7 +51,7 @@ var noticeSimDeafSeeds = []uint64{9, 10, 11, 12, 13, 14, 15, 16,
 // the trainer posts (new ones, the same again, deadlines ahead or past), ending on their own; a trainer
 // of one to three processes that saves when signalled (and on its own), restarts (all of it, or
 // one rank), dies and comes back, some of whose processes do not catch the signal (yet: a
-// handler installed late, or never); its checkpoints completing, committed in any order by a store
+// handler installed late, or never); deadlines moved earlier, into the past too; its checkpoints completing, committed in any order by a store
 // that goes down for minutes, deleted by the trainer's rotation before or after their commit,
 // withheld as they are sent (a file that cannot be stored), and sometimes written again;
 // and the agent restarted (kill -9: its notice.json kept, the notices read again as at a first
@@ -59,7 +60,8 @@ var noticeSimDeafSeeds = []uint64{9, 10, 11, 12, 13, 14, 15, 16,
 // every step it checks, against its own model
 // of what happened:
 //   - notice.json lists exactly the notices in force, the most severe first, and is absent when
-//     none is, a job notice with its earliest deadline, its first post and its latest end; the
+//     none is, each with its deadline as last read, a job notice with its earliest deadline,
+//     its first post and its latest end; the
 //     uploads are urgent for exactly those (notice lifecycle);
 //   - no process is signalled for a job notice;
 //   - every notice is acted on within its hold and a second;
@@ -77,13 +79,13 @@ var noticeSimDeafSeeds = []uint64{9, 10, 11, 12, 13, 14, 15, 16,
 func TestNoticeSimulation(t *testing.T) {
 	type run struct {
 		seed uint64
-		deaf bool
+		more bool
 	}
 	var runs []run
 	for _, seed := range noticeSimSeeds {
 		runs = append(runs, run{seed, false})
 	}
-	for _, seed := range noticeSimDeafSeeds {
+	for _, seed := range noticeSimMoreSeeds {
 		runs = append(runs, run{seed, true})
 	}
 	if *noticeSimSeed != 0 {
@@ -95,7 +97,7 @@ func TestNoticeSimulation(t *testing.T) {
 	for _, r := range runs {
 		t.Run(fmt.Sprintf("seed=%d", r.seed), func(t *testing.T) {
 			t.Parallel()
-			synctest.Test(t, func(t *testing.T) { runNoticeSim(t, r.seed, *noticeSimSteps, r.deaf) })
+			synctest.Test(t, func(t *testing.T) { runNoticeSim(t, r.seed, *noticeSimSteps, r.more) })
 			if t.Failed() {
 				t.Logf("replay: go test ./agent -run 'TestNoticeSimulation' -noticesim.seed=%d -v", r.seed)
 			}
@@ -165,9 +167,11 @@ type noticeSim struct {
 	jobs    map[string]*nsJob    // the job notices in force (posted), by key
 	jobRng  *rand.Rand           // when and what the job posts, apart so rng's sequence stays as it was
 	trouble *rand.Rand           // which checkpoints cannot be stored, apart too
-	// deaf, if not nil, draws which trainer processes do not catch the signal, and when one
-	// begins to (apart too); nil: every one does.
-	deaf *rand.Rand
+	// more, if not nil, draws the model's later additions (apart too): which trainer processes
+	// do not catch the signal, and when one begins to; moves (apart again), a notice's deadline
+	// moved earlier. Nil: every process catches it, and no deadline moves (the seeds that
+	// predate them).
+	more, moves *rand.Rand
 	// catching holds, for each of the trainer's processes that catches the signal, since when.
 	catching map[int]time.Time
 	uncaught []int // the processes that do not catch it (yet)
@@ -182,14 +186,14 @@ type noticeSim struct {
 	log      []string           // what happened, for a failure
 }
 
-func runNoticeSim(t *testing.T, seed uint64, steps int, deaf bool) {
+func runNoticeSim(t *testing.T, seed uint64, steps int, more bool) {
 	s := &noticeSim{
 		t: t, rng: rand.New(rand.NewPCG(seed, 0x6e6f74696365)), lag: rand.New(rand.NewPCG(seed, 0x6c6167)), jobRng: rand.New(rand.NewPCG(seed, 0x6a6f62)), trouble: rand.New(rand.NewPCG(seed, 0x77697468)), jobs: map[string]*nsJob{}, runtime: t.TempDir(), dir: t.TempDir(),
 		tr: &fakeTrainers{}, active: map[string]*nsNotice{}, nextPID: 1000,
 		signals: map[int][]nsSignal{}, catching: map[int]time.Time{},
 	}
-	if deaf {
-		s.deaf = rand.New(rand.NewPCG(seed, 0x64656166))
+	if more {
+		s.more, s.moves = rand.New(rand.NewPCG(seed, 0x64656166)), rand.New(rand.NewPCG(seed, 0x6d6f7665))
 	}
 	s.setPIDs(1 + s.rng.IntN(3))
 	s.startRun(false)
@@ -304,11 +308,11 @@ func (s *noticeSim) setPIDs(n int) {
 	s.saves = nil
 }
 
-// newPID records a new process of the trainer's, started now: with deaf, one in five does not
+// newPID records a new process of the trainer's, started now: with more, one in five does not
 // catch the signal. The caller tells tr.
 func (s *noticeSim) newPID(pid int) {
 	now := time.Now()
-	if s.deaf != nil && s.deaf.IntN(5) == 0 {
+	if s.more != nil && s.more.IntN(5) == 0 {
 		s.uncaught = append(s.uncaught, pid)
 		s.say("process %d does not catch the signal", pid)
 		return
@@ -371,13 +375,17 @@ func (s *noticeSim) act() {
 		s.postJob()
 		return
 	}
-	if s.deaf != nil && len(s.uncaught) > 0 && s.deaf.IntN(100) < 4 {
+	if s.more != nil && len(s.uncaught) > 0 && s.more.IntN(100) < 4 {
 		// A process installs its handler (late: after the model is built).
-		pid := s.uncaught[s.deaf.IntN(len(s.uncaught))]
+		pid := s.uncaught[s.more.IntN(len(s.uncaught))]
 		s.uncaught = slices.DeleteFunc(s.uncaught, func(p int) bool { return p == pid })
 		s.catching[pid] = now
 		s.tr.setUncaught(s.uncaught...)
 		s.say("process %d catches the signal now", pid)
+		return
+	}
+	if s.moves != nil && s.moves.IntN(100) < 3 {
+		s.moveDeadline()
 		return
 	}
 	switch r := s.rng.IntN(100); {
@@ -446,6 +454,37 @@ func (s *noticeSim) act() {
 			20 * time.Second, 60 * time.Second, 150 * time.Second}[s.rng.IntN(8)]
 		s.pass(d)
 	}
+}
+
+// moveDeadline moves the deadline of a notice in force earlier, maybe into the past, as IMDS
+// does when a scheduled event is brought forward or a notice read as a fail-safe guess is read
+// properly (imds.Update).
+func (s *noticeSim) moveDeadline() {
+	var keys []string
+	for _, key := range slices.Sorted(maps.Keys(s.active)) {
+		if !s.active[key].n.Deadline.IsZero() {
+			keys = append(keys, key)
+		}
+	}
+	if len(keys) == 0 {
+		return
+	}
+	key := keys[s.moves.IntN(len(keys))]
+	a := s.active[key]
+	now := time.Now()
+	earliest := now.Add(-time.Minute)
+	if !a.n.Deadline.After(earliest) {
+		return
+	}
+	d := earliest.Add(time.Duration(s.moves.Int64N(int64(a.n.Deadline.Sub(earliest)))))
+	a.n.Deadline, a.n.Time = d, d
+	for _, sp := range s.spans {
+		if sp.key == key && sp.end.IsZero() {
+			sp.deadline = d
+		}
+	}
+	s.say("deadline of %s moved to %s", key, d.UTC().Format("15:04:05.000"))
+	s.send(imds.Event{Kind: imds.Update, At: now, Notice: a.n})
 }
 
 // postJob has the trainer hand the agent a notice of the job's (another node's reclaim): a new
@@ -714,6 +753,11 @@ func (s *noticeSim) check() {
 		for _, e := range nf.Active {
 			key := imds.Notice{Source: e.Source, Action: e.Action, EventID: e.EventID}.Key()
 			got = append(got, key)
+			if a := s.active[key]; a != nil {
+				if want := a.n.Deadline; (e.Deadline == nil) != want.IsZero() || e.Deadline != nil && !e.Deadline.Equal(want) {
+					t.Fatalf("notice.json has %s with deadline %v; want %v", key, e.Deadline, want)
+				}
+			}
 			if j := s.jobs[key]; j != nil && (e.Deadline == nil || !e.Deadline.Equal(j.deadline) || e.PostedAt == nil || !e.PostedAt.Equal(j.posted) ||
 				e.EndsAt == nil || !e.EndsAt.Equal(j.end)) {
 				t.Fatalf("notice.json has %s with deadline %v, posted %v, ending %v; want %v, %v, %v", key, e.Deadline, e.PostedAt, e.EndsAt,
