@@ -39,30 +39,33 @@ var noticeSimSeeds = []uint64{1, 2, 3, 4, 5, 6, 7, 8,
 }
 
 // noticeSimMoreSeeds run on every `go test` with the model's later additions (noticeSim.more:
-// trainer processes that do not catch the signal, deadlines moved earlier); the seeds above run
-// without them, so that each still reaches its fault.
+// trainer processes that do not catch the signal, deadlines moved earlier, multi-node jobs); the
+// seeds above run without them, so that each still reaches its fault.
 var noticeSimMoreSeeds = []uint64{9, 10, 11, 12, 13, 14, 15, 16,
 	2182839187476772552, // a process that caught the signal late, after the notice that covered another's ended, was never signalled
 }
 
 // TestNoticeSimulation drives the notice path (the coordinator: signals, notice.json, the
 // uploads' urgency, each notice's states) through seeded random sequences of events, in a
-// synctest bubble: notices of every source beginning and ending, alone or together; job notices
-// the trainer posts (new ones, the same again, deadlines ahead or past), ending on their own; a trainer
-// of one to three processes that saves when signalled (and on its own), restarts (all of it, or
-// one rank), dies and comes back, some of whose processes do not catch the signal (yet: a
-// handler installed late, or never); deadlines moved earlier, into the past too; its checkpoints completing, committed in any order by a store
-// that goes down for minutes, deleted by the trainer's rotation before or after their commit,
-// withheld as they are sent (a file that cannot be stored), and sometimes written again;
-// and the agent restarted (kill -9: its notice.json kept, the notices read again as at a first
-// read, the uploader's start reporting the job's newest commit and every complete checkpoint not
-// committed, in any order with the notices, and up to a few hundred milliseconds apart). After
-// every step it checks, against its own model
+// synctest bubble: notices of every source beginning and ending, alone or together, their
+// deadlines moved earlier (into the past too); job notices the trainer posts (new ones, the same
+// again, deadlines ahead or past), ending on their own; a trainer of one to three processes that
+// saves when signalled (and on its own), restarts (all of it, or one rank), dies and comes back,
+// some of whose processes do not catch the signal (yet: a handler installed late, or never); its
+// checkpoints completing, committed in any order by a store that goes down for minutes, deleted
+// by the trainer's rotation before or after their commit, withheld as they are sent (a file that
+// cannot be stored), and sometimes written again; in a multi-node job (this node rank 0 of two),
+// committed as this node's part first and as the job's checkpoint later, or never (another
+// node's part never comes); and the agent restarted (kill -9: its notice.json kept, the notices
+// read again as at a first read, the uploader's start reporting the job's newest commit and
+// every complete checkpoint not committed (a save of its own part, in a multi-node job, whose
+// job checkpoint is not), in any order with the notices, and up to a few
+// hundred milliseconds apart). After every step it checks, against its own model
 // of what happened:
 //   - notice.json lists exactly the notices in force, the most severe first, and is absent when
 //     none is, each with its deadline as last read, a job notice with its earliest deadline,
-//     its first post and its latest end; the
-//     uploads are urgent for exactly those (notice lifecycle);
+//     its first post and its latest end; the uploads are urgent for exactly those (notice
+//     lifecycle);
 //   - no process is signalled for a job notice;
 //   - every notice is acted on within its hold and a second;
 //   - every trainer process alive and catching the signal while a notice was in force has been
@@ -72,8 +75,8 @@ var noticeSimMoreSeeds = []uint64{9, 10, 11, 12, 13, 14, 15, 16,
 //     deadline, a checkpoint completed after the first was committed or deleted, or a new
 //     process came with an agent restart;
 //   - a notice is committed exactly when a checkpoint completed after its signal (a job
-//     notice's: after its first post) is committed, and never says checkpoint_missing while such
-//     a checkpoint is on disk or in the store.
+//     notice's: after its first post) is committed (the job's checkpoint, in a multi-node job),
+//     and never says checkpoint_missing while such a checkpoint is on disk or in the store.
 //
 // Replay a seed with -noticesim.seed; -noticesim.seeds N adds N random ones.
 func TestNoticeSimulation(t *testing.T) {
@@ -136,6 +139,11 @@ type nsCkpt struct {
 	// the marker again (fixDue, zero if it never does).
 	unstorable, withheld bool
 	withholdDue, fixDue  time.Time
+	// partCommitted (a multi-node job): this node's part of it is committed; the job's
+	// checkpoint is committed (committed) at jobDue, once the other nodes' parts are in, or
+	// never (zero: another node's part never comes).
+	partCommitted  bool
+	partAt, jobDue time.Time
 }
 
 // nsSignal is a signal the trainer got.
@@ -172,6 +180,10 @@ type noticeSim struct {
 	// moved earlier. Nil: every process catches it, and no deadline moves (the seeds that
 	// predate them).
 	more, moves *rand.Rand
+	// world is the number of nodes of the job (store.world_nodes; this one is rank 0); nodes
+	// draws when the job's checkpoints are committed, with more than one.
+	world int
+	nodes *rand.Rand
 	// catching holds, for each of the trainer's processes that catches the signal, since when.
 	catching map[int]time.Time
 	uncaught []int // the processes that do not catch it (yet)
@@ -190,10 +202,14 @@ func runNoticeSim(t *testing.T, seed uint64, steps int, more bool) {
 	s := &noticeSim{
 		t: t, rng: rand.New(rand.NewPCG(seed, 0x6e6f74696365)), lag: rand.New(rand.NewPCG(seed, 0x6c6167)), jobRng: rand.New(rand.NewPCG(seed, 0x6a6f62)), trouble: rand.New(rand.NewPCG(seed, 0x77697468)), jobs: map[string]*nsJob{}, runtime: t.TempDir(), dir: t.TempDir(),
 		tr: &fakeTrainers{}, active: map[string]*nsNotice{}, nextPID: 1000,
-		signals: map[int][]nsSignal{}, catching: map[int]time.Time{},
+		signals: map[int][]nsSignal{}, catching: map[int]time.Time{}, world: 1,
 	}
 	if more {
 		s.more, s.moves = rand.New(rand.NewPCG(seed, 0x64656166)), rand.New(rand.NewPCG(seed, 0x6d6f7665))
+		s.nodes = rand.New(rand.NewPCG(seed, 0x6e6f646573))
+		if s.nodes.IntN(3) == 0 {
+			s.world = 2
+		}
 	}
 	s.setPIDs(1 + s.rng.IntN(3))
 	s.startRun(false)
@@ -217,8 +233,12 @@ func (s *noticeSim) say(format string, args ...any) {
 // left, reads every notice in force as at a first read, and is told what its uploader's start
 // finds, in a random order.
 func (s *noticeSim) startRun(restarted bool) {
-	cfg := mustLoad(s.t, LoadOptions{Environ: []string{"SPOTGUARD_TRAINER_MATCH=train", "SPOTGUARD_AGENT_RUNTIME_DIR=" + s.runtime,
-		"SPOTGUARD_STORE_URL=file:///nonexistent", "SPOTGUARD_STORE_JOB=j", "SPOTGUARD_CHECKPOINT_DIR=" + s.dir}})
+	env := []string{"SPOTGUARD_TRAINER_MATCH=train", "SPOTGUARD_AGENT_RUNTIME_DIR=" + s.runtime,
+		"SPOTGUARD_STORE_URL=file:///nonexistent", "SPOTGUARD_STORE_JOB=j", "SPOTGUARD_CHECKPOINT_DIR=" + s.dir}
+	if s.world > 1 {
+		env = append(env, fmt.Sprintf("SPOTGUARD_STORE_WORLD_NODES=%d", s.world), "SPOTGUARD_STORE_NODE_RANK=0")
+	}
+	cfg := mustLoad(s.t, LoadOptions{Environ: env})
 	m := newMetrics(prometheus.NewRegistry(), func() imds.Stats { return imds.Stats{} })
 	s.c = newCoordinator(zerolog.Nop(), m, func() *Config { return cfg }, s.tr)
 	s.up = &recordingUploader{}
@@ -249,6 +269,11 @@ func (s *noticeSim) startRun(restarted bool) {
 		switch {
 		case k.committed && (newest == nil || k.completed.After(newest.completed)):
 			newest = k
+		case !k.committed && k.partCommitted:
+			// Its save, tracked again for part_wait (an hour), is reported complete.
+			if time.Since(k.partAt) < time.Hour {
+				acts = append(acts, func() { s.upload(checkpoint.CheckpointComplete, k) })
+			}
 		case !k.committed && !k.deleted:
 			if k.unstorable {
 				// Sent again from the start: found again.
@@ -283,10 +308,13 @@ func (s *noticeSim) upload(kind checkpoint.UploadEventKind, k *nsCkpt) {
 	if kind == checkpoint.CheckpointComplete {
 		ev.CompletedAt = k.completed
 	}
-	if kind == checkpoint.CheckpointCommitted || kind == checkpoint.CheckpointFound {
+	if kind == checkpoint.CheckpointCommitted || kind == checkpoint.CheckpointFound || kind == checkpoint.JobCheckpointCommitted {
 		complete := k.completed
 		ev.Manifest = &checkpoint.Manifest{Checkpoint: k.name, Commit: "c-" + k.name, CommittedAt: k.committedAt,
 			Timings: checkpoint.Timings{CompleteAt: &complete}}
+		if kind == checkpoint.CheckpointCommitted && s.world > 1 {
+			ev.Manifest.Part = &checkpoint.Part{NodeRank: 0, WorldNodes: s.world}
+		}
 	}
 	s.c.onUpload(ev)
 	synctest.Wait()
@@ -439,7 +467,7 @@ func (s *noticeSim) act() {
 			k := live[s.rng.IntN(len(live)-1)] // never the newest
 			k.deleted, k.deletedA = true, now
 			s.say("delete %s (committed %v)", k.name, k.committed)
-			if !k.committed {
+			if !k.committed && !k.partCommitted {
 				s.upload(checkpoint.CheckpointDeleted, k)
 			}
 		}
@@ -570,7 +598,12 @@ func (s *noticeSim) pass(d time.Duration) {
 		}
 		for _, k := range s.ckpts {
 			switch {
-			case k.committed || k.deleted:
+			case k.committed:
+			case k.partCommitted: // deleted on disk or not, the other nodes' parts may come
+				if !k.jobDue.IsZero() && k.jobDue.Before(next) {
+					next, what = k.jobDue, "job"
+				}
+			case k.deleted:
 			case !k.unstorable && k.commitDue.Before(next):
 				next, what = k.commitDue, "commit"
 			case k.unstorable && !k.withheld && k.withholdDue.Before(next):
@@ -628,9 +661,31 @@ func (s *noticeSim) pass(d time.Duration) {
 					k.commitDue = s.downTill.Add(time.Duration(s.rng.IntN(5000)) * time.Millisecond)
 					continue
 				}
+				if s.world > 1 {
+					k.partCommitted, k.partAt = true, now
+					if s.nodes.IntN(8) > 0 {
+						k.jobDue = now.Add(time.Duration(s.nodes.IntN(60000)) * time.Millisecond)
+					}
+					s.say("commit %s: this node's part (the job's checkpoint at %s)", k.name, k.jobDue.UTC().Format("15:04:05.000"))
+					s.upload(checkpoint.CheckpointCommitted, k)
+					continue
+				}
 				k.committed, k.committedAt = true, now
 				s.say("commit %s", k.name)
 				s.upload(checkpoint.CheckpointCommitted, k)
+			}
+		case "job":
+			for _, k := range s.ckpts {
+				if k.committed || !k.partCommitted || k.jobDue.IsZero() || k.jobDue.After(now) {
+					continue
+				}
+				if now.Before(s.downTill) {
+					k.jobDue = s.downTill.Add(time.Duration(s.nodes.IntN(5000)) * time.Millisecond)
+					continue
+				}
+				k.committed, k.committedAt = true, now
+				s.say("job checkpoint %s committed", k.name)
+				s.upload(checkpoint.JobCheckpointCommitted, k)
 			}
 		}
 		s.check()
@@ -713,7 +768,7 @@ func (s *noticeSim) checkCommitted(key string, n NoticeStatus, signalled, from t
 	if n.State == StateCheckpointWritten {
 		// Its checkpoint is one that can still be committed.
 		i := slices.IndexFunc(s.ckpts, func(k *nsCkpt) bool { return k.name == n.written })
-		if i < 0 || s.ckpts[i].deleted || s.ckpts[i].withheld {
+		if i < 0 || s.ckpts[i].deleted && !s.ckpts[i].partCommitted || s.ckpts[i].withheld {
 			t.Fatalf("notice %s is checkpoint_written (%s); that checkpoint (%q) is deleted, withheld or unknown", key,
 				n.Transitions[len(n.Transitions)-1].Detail, n.written)
 		}

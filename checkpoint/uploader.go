@@ -994,6 +994,11 @@ func (u *Uploader) jobRead(ctx context.Context, st *JobState) {
 		// while this agent was down, or the agent died between its part and the job manifest.
 		for _, p := range st.Parts {
 			if p.Part.NodeRank == u.cfg.NodeRank && p.Part.WorldNodes == u.cfg.WorldNodes && time.Since(p.CommittedAt) < u.cfg.PartWait {
+				// Complete, and not durable until its job checkpoint is: a notice read again
+				// after a restart takes it for the save it asked for, as before the restart
+				// (its marker came then; a generation the journal says is committed does not
+				// report it again).
+				u.emit(UploadEvent{Kind: CheckpointComplete, Checkpoint: p.Checkpoint, At: time.Now(), CompletedAt: p.Order().At})
 				u.trackSave(ctx, p)
 			}
 		}
