@@ -53,11 +53,11 @@ const (
 	// a restart does again (journalCleanups).
 	journalCleaned journalOp = "cleaned"
 	// journalLate: the late clean-up passes of a commit's prefix began (lateCleanup: At, Keys
-	// for its strays, Abandoned, Deleted, Sealed). One without journalLateDone is resumed by a restart
-	// (journalLates): a write held by the network can land after the agent is gone.
+	// for its strays, Abandoned, Deleted, Sealed). One without journalLateDone is resumed by a
+	// restart (journalLates): a write held by the network can land after the agent is gone.
 	journalLate journalOp = "late"
-	// journalLateDone: the late clean-up of the commit (and Abandoned, Deleted) is over: its last pass
-	// succeeded, or its time to try again ran out (lateExpiry).
+	// journalLateDone: the late clean-up of the commit (and Abandoned, Deleted) is over: its
+	// last pass succeeded, or its time to try again ran out (lateExpiry).
 	journalLateDone journalOp = "late_done"
 	// journalStale: a file of the checkpoint was written again after its marker, the version ID
 	// (Uploader.reopen): the checkpoint is not complete with that marker. Of the checkpoint, not
