@@ -1231,15 +1231,7 @@ func TestUploaderRestartWatchesASealedCommitForATornManifest(t *testing.T) {
 	mem, dir, state := newMemStore(), t.TempDir(), t.TempDir()
 
 	// The killed run's commit, as it is in the store: its files and its manifest.
-	first := startUploaderWith(t, dir, mem, UploaderConfig{})
-	writeCheckpoint(t, dir, "step-1", map[string][]byte{"a": randomBytes(t, 8<<10)})
-	m := first.waitCommitted("step-1").Manifest
-	first.stop()
-	key := ManifestKey("job", "step-1", m.Commit)
-	data, _, err := mem.GetBytes(t.Context(), key)
-	if err != nil {
-		t.Fatal(err)
-	}
+	m, data := commitStep1(t, dir, mem)
 	// Its journal: the commit sealed, not done.
 	files := map[string]doneFile{}
 	for _, f := range m.Files {
@@ -1422,15 +1414,8 @@ func TestUploaderRetentionDeletesAManifestRevivedAfterItsDelete(t *testing.T) {
 	lateAborts = []time.Duration{0, 2 * time.Second, 6 * time.Second}
 	mem := newMemStore()
 	otherDir := t.TempDir()
-	other := startUploaderWith(t, otherDir, mem, UploaderConfig{})
-	writeCheckpoint(t, otherDir, "step-1", map[string][]byte{"a": randomBytes(t, 8<<10)})
-	m := other.waitCommitted("step-1").Manifest
-	other.stop()
+	m, data := commitStep1(t, otherDir, mem)
 	key := ManifestKey("job", "step-1", m.Commit)
-	data, _, err := mem.GetBytes(t.Context(), key)
-	if err != nil {
-		t.Fatal(err)
-	}
 
 	laterTick(t, otherDir, "step-1") // step-2 completes later
 	dir := t.TempDir()
@@ -1445,4 +1430,19 @@ func TestUploaderRetentionDeletesAManifestRevivedAfterItsDelete(t *testing.T) {
 	if objs, _ := mem.List(t.Context(), CommitPrefix("job", "step-2", "")); len(objs) == 0 {
 		t.Error("step-2 went too")
 	}
+}
+
+// commitStep1 has an uploader on dir commit a checkpoint step-1 into mem and stop; it returns the
+// commit's manifest and its bytes in the store.
+func commitStep1(t *testing.T, dir string, mem *memStore) (*Manifest, []byte) {
+	t.Helper()
+	r := startUploaderWith(t, dir, mem, UploaderConfig{})
+	writeCheckpoint(t, dir, "step-1", map[string][]byte{"a": randomBytes(t, 8<<10)})
+	m := r.waitCommitted("step-1").Manifest
+	r.stop()
+	data, _, err := mem.GetBytes(t.Context(), ManifestKey("job", "step-1", m.Commit))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m, data
 }
