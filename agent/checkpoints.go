@@ -226,7 +226,7 @@ func (c *Coordinator) onUpload(ev checkpoint.UploadEvent) {
 			}
 			switch {
 			case ns.written == "":
-				ns.written = ev.Checkpoint
+				ns.written, ns.renamed = ev.Checkpoint, ""
 				changes = append(changes, change{ns: ns, state: StateCheckpointWritten, name: ev.Checkpoint, detail: ev.Checkpoint})
 			case ev.Checkpoint != ns.written && !slices.Contains(ns.later, ev.Checkpoint):
 				// Saved again while the notice's checkpoint is uploaded (a trainer that keeps
@@ -264,7 +264,9 @@ func (c *Coordinator) onUpload(ev checkpoint.UploadEvent) {
 			switch ev.Kind {
 			case checkpoint.CheckpointRenamedAway:
 				// A staging directory renamed into place after its marker: the notice's
-				// checkpoint completes again under its new name.
+				// checkpoint completes again under its new name. Renamed out of the directory,
+				// it never does: said missing in time (checkMissing), as renamed away.
+				ns.renamed = ev.Checkpoint
 				continue
 			case checkpoint.CheckpointWithheld:
 				ns.withheld, reason = ev.Checkpoint, missingWithheld
@@ -385,6 +387,10 @@ const missingDeleted = "deleted"
 // missingWithheld is the checkpoint_missing reason of a notice whose checkpoint is withheld (a
 // file of it cannot be stored).
 const missingWithheld = "withheld"
+
+// missingRenamedAway is the checkpoint_missing reason of a notice whose checkpoint was renamed
+// away before its commit, and nothing completed since (renamed out of checkpoint.dir).
+const missingRenamedAway = "renamed_away"
 
 // committed records ns as durable with ev's commit: its time to durable, its deadline margin,
 // and its state.

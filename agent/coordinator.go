@@ -98,6 +98,7 @@ type NoticeStatus struct {
 	// written's place when written is deleted or renamed away before its commit.
 	later       []string
 	withheld    string    // a checkpoint withheld after the notice (its marker came; not storable)
+	renamed     string    // its checkpoint, renamed away before its commit, awaited under a new name
 	missingSaid bool      // reported as checkpoint_missing
 	endedAt     time.Time // when it ended; zero while active
 	committed   bool      // written is committed
@@ -1092,6 +1093,10 @@ func (c *Coordinator) checkMissing(now time.Time) {
 		case ns.withheld != "":
 			reason = missingWithheld
 			why = "the trainer wrote " + ns.withheld + " and its marker, but a file of it cannot be stored, so it is withheld, not committed (its error says which file and what to do)"
+		case ns.renamed != "":
+			reason = missingRenamedAway
+			why = "the trainer wrote " + ns.renamed + " and its marker, and it was renamed away before its commit, but nothing completed since under a new name in " +
+				c.config().Checkpoint.Dir + " (moved out of it?): rename a checkpoint within checkpoint.dir, and move it elsewhere only once it is committed"
 		case there:
 			reason = "no_marker"
 			why = "the trainer is still running but its checkpoint's marker never came: check that it saves on " +

@@ -488,3 +488,24 @@ func TestProcessCatchingTheSignalLateIsSignalledForACoveredNotice(t *testing.T) 
 		}
 	})
 }
+
+// A checkpoint written for a notice and renamed away before its commit is awaited under its new
+// name; moved out of checkpoint.dir, it never completes again, and the notice is said missing in
+// time, as renamed away (not no_marker: its marker came).
+func TestNoticeCheckpointRenamedOutIsMissingAsRenamedAway(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		r := startCoverRig(t, true)
+		r.begin(imds.SourceSpot, "terminate", time.Now().Add(2*time.Minute))
+		passFakeTime(time.Second)
+		r.upload(checkpoint.CheckpointComplete, "step-10")
+		r.upload(checkpoint.CheckpointRenamedAway, "step-10")
+		if n := r.notice(t, "spot/terminate"); n.State != StateCheckpointWritten {
+			t.Fatalf("state %s right after the rename; want checkpoint_written, awaiting it under its new name", n.State)
+		}
+		passFakeTime(2 * time.Minute)
+		n := r.notice(t, "spot/terminate")
+		if last := n.Transitions[len(n.Transitions)-1]; n.State != StateCheckpointMissing || last.Detail != missingRenamedAway {
+			t.Errorf("state %s (%q); want checkpoint_missing, %s", n.State, last.Detail, missingRenamedAway)
+		}
+	})
+}
