@@ -54,6 +54,13 @@ func startRestartedRig(t *testing.T, withStore bool, previous map[string]signalR
 	return r
 }
 
+// startSpotRig is startCoverRig with a store, and a spot reclaim 2 minutes ahead begun.
+func startSpotRig(t *testing.T) *coverRig {
+	r := startCoverRig(t, true)
+	r.begin(imds.SourceSpot, "terminate", time.Now().Add(2*time.Minute))
+	return r
+}
+
 func (r *coverRig) begin(src imds.Source, action string, deadline time.Time) {
 	r.beginRead(src, action, deadline, false)
 }
@@ -108,8 +115,7 @@ func (r *coverRig) notice(t *testing.T, key string) NoticeStatus {
 func TestNoticeDuringASaveForAnotherIsNotSignalledAgain(t *testing.T) {
 	t.Run("rebalance while the reclaim's save is written", func(t *testing.T) {
 		synctest.Test(t, func(t *testing.T) {
-			r := startCoverRig(t, true)
-			r.begin(imds.SourceSpot, "terminate", time.Now().Add(2*time.Minute))
+			r := startSpotRig(t)
 			if n := r.tr.signals(); n != 1 {
 				t.Fatalf("signals after the reclaim = %d; want 1", n)
 			}
@@ -173,8 +179,7 @@ func TestNoticeDuringASaveForAnotherIsNotSignalledAgain(t *testing.T) {
 	})
 	t.Run("after the save is durable", func(t *testing.T) {
 		synctest.Test(t, func(t *testing.T) {
-			r := startCoverRig(t, true)
-			r.begin(imds.SourceSpot, "terminate", time.Now().Add(2*time.Minute))
+			r := startSpotRig(t)
 			passFakeTime(time.Second)
 			r.upload(checkpoint.CheckpointComplete, "step-10")
 			r.upload(checkpoint.CheckpointCommitted, "step-10")
@@ -244,24 +249,40 @@ func TestNoticeDuringASaveForAnotherIsNotSignalledAgain(t *testing.T) {
 	})
 }
 
-// A trainer that stages its save (tmp-step-N, marker, renamed to step-N) completes the notice's
-// checkpoint twice: the staging name, renamed away before its commit, then the new name. The
-// notice's checkpoint is the one committed: before, the notice waited for the staging name's
-// commit, which never comes, and never reached committed (nor its time-to-durable metrics).
-func TestNoticeCheckpointRenamedIntoPlaceIsCommitted(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		r := startCoverRig(t, true)
-		r.begin(imds.SourceSpot, "terminate", time.Now().Add(2*time.Minute))
-		passFakeTime(time.Second)
-		r.upload(checkpoint.CheckpointComplete, "tmp-step-10")
-		r.upload(checkpoint.CheckpointRenamedAway, "tmp-step-10")
-		r.upload(checkpoint.CheckpointComplete, "step-10")
-		r.upload(checkpoint.CheckpointCommitted, "step-10")
-		n := r.notice(t, "spot/terminate")
-		if n.State != StateCommitted || !strings.HasPrefix(n.Transitions[len(n.Transitions)-1].Detail, "step-10") {
-			t.Errorf("state %s, transitions %+v; want committed with step-10", n.State, n.Transitions)
-		}
-	})
+// A checkpoint written for a notice and renamed away before its commit is awaited under its new
+// name. A trainer that stages its save (tmp-step-N, marker, renamed to step-N) completes the
+// notice's checkpoint twice, and the notice's checkpoint is the one committed (before, the notice
+// waited for the staging name's commit, which never comes, and never reached committed, nor its
+// time-to-durable metrics). Moved out of checkpoint.dir, it never completes again, and the notice
+// is said missing in time, as renamed away (not no_marker: its marker came).
+func TestNoticeCheckpointRenamedAway(t *testing.T) {
+	for _, out := range []bool{false, true} {
+		t.Run(fmt.Sprintf("out=%v", out), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				r := startSpotRig(t)
+				passFakeTime(time.Second)
+				r.upload(checkpoint.CheckpointComplete, "tmp-step-10")
+				r.upload(checkpoint.CheckpointRenamedAway, "tmp-step-10")
+				if n := r.notice(t, "spot/terminate"); n.State != StateCheckpointWritten {
+					t.Fatalf("state %s right after the rename; want checkpoint_written, awaiting it under its new name", n.State)
+				}
+				if out {
+					passFakeTime(2 * time.Minute)
+					n := r.notice(t, "spot/terminate")
+					if last := n.Transitions[len(n.Transitions)-1]; n.State != StateCheckpointMissing || last.Detail != missingRenamedAway {
+						t.Errorf("state %s (%q); want checkpoint_missing, %s", n.State, last.Detail, missingRenamedAway)
+					}
+					return
+				}
+				r.upload(checkpoint.CheckpointComplete, "step-10")
+				r.upload(checkpoint.CheckpointCommitted, "step-10")
+				n := r.notice(t, "spot/terminate")
+				if n.State != StateCommitted || !strings.HasPrefix(n.Transitions[len(n.Transitions)-1].Detail, "step-10") {
+					t.Errorf("state %s, transitions %+v; want committed with step-10", n.State, n.Transitions)
+				}
+			})
+		})
+	}
 }
 
 // AWS may send the rebalance recommendation at the same time as the reclaim notice (and an ASG
@@ -485,27 +506,6 @@ func TestProcessCatchingTheSignalLateIsSignalledForACoveredNotice(t *testing.T) 
 		passFakeTime(3 * time.Second)
 		if got, want := r.tr.signalledPIDs(), []int{4242, 5000}; !slices.Equal(got, want) {
 			t.Errorf("signalled %v; want %v: the process that caught the signal late, for the rebalance in force", got, want)
-		}
-	})
-}
-
-// A checkpoint written for a notice and renamed away before its commit is awaited under its new
-// name; moved out of checkpoint.dir, it never completes again, and the notice is said missing in
-// time, as renamed away (not no_marker: its marker came).
-func TestNoticeCheckpointRenamedOutIsMissingAsRenamedAway(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		r := startCoverRig(t, true)
-		r.begin(imds.SourceSpot, "terminate", time.Now().Add(2*time.Minute))
-		passFakeTime(time.Second)
-		r.upload(checkpoint.CheckpointComplete, "step-10")
-		r.upload(checkpoint.CheckpointRenamedAway, "step-10")
-		if n := r.notice(t, "spot/terminate"); n.State != StateCheckpointWritten {
-			t.Fatalf("state %s right after the rename; want checkpoint_written, awaiting it under its new name", n.State)
-		}
-		passFakeTime(2 * time.Minute)
-		n := r.notice(t, "spot/terminate")
-		if last := n.Transitions[len(n.Transitions)-1]; n.State != StateCheckpointMissing || last.Detail != missingRenamedAway {
-			t.Errorf("state %s (%q); want checkpoint_missing, %s", n.State, last.Detail, missingRenamedAway)
 		}
 	})
 }

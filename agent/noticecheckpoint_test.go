@@ -58,8 +58,7 @@ func TestNoticeCheckpointOvertakenOrDeleted(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
-				r := startCoverRig(t, true)
-				r.begin(imds.SourceSpot, "terminate", time.Now().Add(2*time.Minute))
+				r := startSpotRig(t)
 				if c.rebalance {
 					r.begin(imds.SourceRebalance, "rebalance", time.Time{})
 				}
@@ -263,8 +262,7 @@ func TestNoticeCheckpointWithheldAfterItCompleted(t *testing.T) {
 	for _, later := range []bool{false, true} {
 		t.Run(fmt.Sprintf("a later one=%v", later), func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
-				r := startCoverRig(t, true)
-				r.begin(imds.SourceSpot, "terminate", time.Now().Add(2*time.Minute))
+				r := startSpotRig(t)
 				passFakeTime(3 * time.Second)
 				r.upload(checkpoint.CheckpointComplete, "step-5")
 				if later {
