@@ -224,9 +224,10 @@ func (c *Coordinator) onUpload(ev checkpoint.UploadEvent) {
 			if !completedAfter(at, ns) {
 				continue
 			}
+			ns.renamed = "" // a checkpoint renamed away came back under its new name, or another came
 			switch {
 			case ns.written == "":
-				ns.written, ns.renamed = ev.Checkpoint, ""
+				ns.written = ev.Checkpoint
 				changes = append(changes, change{ns: ns, state: StateCheckpointWritten, name: ev.Checkpoint, detail: ev.Checkpoint})
 			case ev.Checkpoint != ns.written && !slices.Contains(ns.later, ev.Checkpoint):
 				// Saved again while the notice's checkpoint is uploaded (a trainer that keeps
@@ -251,6 +252,12 @@ func (c *Coordinator) onUpload(ev checkpoint.UploadEvent) {
 				checkpoint.CheckpointDeleted:     "was deleted before its commit",
 				checkpoint.CheckpointWithheld:    "is withheld: a file of it cannot be stored",
 			}[ev.Kind]
+			if ev.Kind == checkpoint.CheckpointRenamedAway {
+				// A staging directory renamed into place after its marker: the notice's
+				// checkpoint completes again under its new name, awaited even when one completed
+				// since takes its place now. Renamed out of the directory, it never does.
+				ns.renamed, ns.renamedAt, ns.renamedSaid = ev.Checkpoint, ev.At, false
+			}
 			if len(ns.later) > 0 {
 				// One completed since is the notice's checkpoint now.
 				next := ns.later[0]
@@ -261,15 +268,13 @@ func (c *Coordinator) onUpload(ev checkpoint.UploadEvent) {
 			}
 			ns.written = ""
 			reason := missingDeleted
-			switch ev.Kind {
-			case checkpoint.CheckpointRenamedAway:
-				// A staging directory renamed into place after its marker: the notice's
-				// checkpoint completes again under its new name. Renamed out of the directory,
-				// it never does: said missing in time (checkMissing), as renamed away.
-				ns.renamed = ev.Checkpoint
-				continue
-			case checkpoint.CheckpointWithheld:
+			if ev.Kind == checkpoint.CheckpointWithheld {
 				ns.withheld, reason = ev.Checkpoint, missingWithheld
+			}
+			if ns.renamed != "" && !ns.renamedSaid {
+				// One renamed away is awaited under its new name, and said missing in time if
+				// it never comes (checkMissing: renamed out of the directory).
+				continue
 			}
 			// Nothing completed since: what was committed before is all there is, unless the
 			// trainer saves again (or writes the withheld one's marker again) while the notice is
@@ -391,6 +396,11 @@ const missingWithheld = "withheld"
 // missingRenamedAway is the checkpoint_missing reason of a notice whose checkpoint was renamed
 // away before its commit, and nothing completed since (renamed out of checkpoint.dir).
 const missingRenamedAway = "renamed_away"
+
+// renameGrace is how long a notice's checkpoint renamed away is awaited under its new name
+// (checkMissing) after the notice's own time is up: a staging directory renamed into place is
+// seen under its new name within a scan.
+const renameGrace = 10 * time.Second
 
 // committed records ns as durable with ev's commit: its time to durable, its deadline margin,
 // and its state.

@@ -96,9 +96,13 @@ type NoticeStatus struct {
 	// later are the checkpoints completed after written, while it is not committed, oldest first
 	// (at most maxLater): one of them committed makes the notice durable too, and one takes
 	// written's place when written is deleted or renamed away before its commit.
-	later       []string
-	withheld    string    // a checkpoint withheld after the notice (its marker came; not storable)
-	renamed     string    // its checkpoint, renamed away before its commit, awaited under a new name
+	later    []string
+	withheld string // a checkpoint withheld after the notice (its marker came; not storable)
+	// renamed is its checkpoint, renamed away before its commit (at renamedAt), awaited under
+	// a new name; renamedSaid: said missing since, as renamed away.
+	renamed     string
+	renamedAt   time.Time
+	renamedSaid bool
 	missingSaid bool      // reported as checkpoint_missing
 	endedAt     time.Time // when it ended; zero while active
 	committed   bool      // written is committed
@@ -1067,18 +1071,30 @@ func (c *Coordinator) checkMissing(now time.Time) {
 	}
 	c.mu.Lock()
 	var due []*NoticeStatus
+	again := map[*NoticeStatus]bool{}
 	for _, ns := range c.active {
-		if ns.signalledAt == nil || ns.written != "" || ns.missingSaid || ns.Policy != PolicyCheckpoint {
+		if ns.signalledAt == nil || ns.written != "" || ns.Policy != PolicyCheckpoint {
+			continue
+		}
+		// A checkpoint renamed away is awaited under its new name for renameGrace, and said
+		// missing then if it never completed (moved out of the directory), even when the
+		// notice was said missing before it came.
+		renamed := ns.renamed != "" && !ns.renamedSaid
+		if ns.missingSaid && !renamed {
 			continue
 		}
 		by := ns.signalledAt.Add(checkpointDue)
 		if ns.Deadline != nil && ns.Deadline.After(*ns.signalledAt) && ns.Deadline.Before(by) {
 			by = *ns.Deadline
 		}
+		if renamed && ns.renamedAt.Add(renameGrace).After(by) {
+			by = ns.renamedAt.Add(renameGrace)
+		}
 		if now.Before(by) {
 			continue
 		}
-		ns.missingSaid = true
+		again[ns] = ns.missingSaid
+		ns.missingSaid, ns.renamedSaid = true, renamed
 		due = append(due, ns)
 	}
 	c.mu.Unlock()
@@ -1090,17 +1106,23 @@ func (c *Coordinator) checkMissing(now time.Time) {
 		reason := "trainer_gone"
 		why := "the trainer is gone (it exited or was killed before its checkpoint completed)"
 		switch {
-		case ns.withheld != "":
-			reason = missingWithheld
-			why = "the trainer wrote " + ns.withheld + " and its marker, but a file of it cannot be stored, so it is withheld, not committed (its error says which file and what to do)"
-		case ns.renamed != "":
+		case ns.renamed != "": // awaited under its new name (the notice's own time is up)
 			reason = missingRenamedAway
 			why = "the trainer wrote " + ns.renamed + " and its marker, and it was renamed away before its commit, but nothing completed since under a new name in " +
 				c.config().Checkpoint.Dir + " (moved out of it?): rename a checkpoint within checkpoint.dir, and move it elsewhere only once it is committed"
+		case ns.withheld != "":
+			reason = missingWithheld
+			why = "the trainer wrote " + ns.withheld + " and its marker, but a file of it cannot be stored, so it is withheld, not committed (its error says which file and what to do)"
 		case there:
 			reason = "no_marker"
 			why = "the trainer is still running but its checkpoint's marker never came: check that it saves on " +
 				trainer.SignalName(c.config().Trainer.Signal) + " and writes " + c.config().Checkpoint.Marker + " last"
+		}
+		if again[ns] {
+			// Said and counted once: a notice said missing before, whose checkpoint came since
+			// and was renamed away, says it again, and that is all.
+			c.transition(ns, StateCheckpointMissing, reason)
+			continue
 		}
 		c.metrics.checkpointMissing.WithLabelValues(string(ns.Source), reason).Inc()
 		c.log.Error().Str("notice", ns.Key).Str("reason", reason).Float64("since_signal_s", logSeconds(now.Sub(*ns.signalledAt))).

@@ -254,31 +254,60 @@ func TestNoticeDuringASaveForAnotherIsNotSignalledAgain(t *testing.T) {
 // notice's checkpoint twice, and the notice's checkpoint is the one committed (before, the notice
 // waited for the staging name's commit, which never comes, and never reached committed, nor its
 // time-to-durable metrics). Moved out of checkpoint.dir, it never completes again, and the notice
-// is said missing in time, as renamed away (not no_marker: its marker came).
+// is said missing in time, as renamed away (not no_marker: its marker came). The other cases were
+// found by TestNoticeSimulation once it renamed checkpoints: renamed into place just as the
+// notice's time was up, it was said missing before its new name came (seed 16894924382658958694);
+// said missing before (no checkpoint within 2 minutes), its checkpoint then came and was moved
+// out, and it stayed checkpoint_written for ever (seed 6892712036031422412); renamed into place
+// while the trainer saved again, the later one took its place and was withheld before the new
+// name came, and it was said missing (seed 17223679492708376692).
 func TestNoticeCheckpointRenamedAway(t *testing.T) {
-	for _, out := range []bool{false, true} {
-		t.Run(fmt.Sprintf("out=%v", out), func(t *testing.T) {
+	const key = "spot/terminate"
+	state := func(t *testing.T, r *coverRig, want, detail string) {
+		t.Helper()
+		n := r.notice(t, key)
+		if last := n.Transitions[len(n.Transitions)-1]; n.State != want || !strings.HasPrefix(last.Detail, detail) {
+			t.Fatalf("state %s (%q); want %s (%q)", n.State, last.Detail, want, detail)
+		}
+	}
+	for _, tc := range []string{"into place", "out", "into place as time is up", "out after said missing", "into place, a later one withheld"} {
+		t.Run(tc, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				r := startSpotRig(t)
-				passFakeTime(time.Second)
-				r.upload(checkpoint.CheckpointComplete, "tmp-step-10")
-				r.upload(checkpoint.CheckpointRenamedAway, "tmp-step-10")
-				if n := r.notice(t, "spot/terminate"); n.State != StateCheckpointWritten {
-					t.Fatalf("state %s right after the rename; want checkpoint_written, awaiting it under its new name", n.State)
+				switch tc {
+				case "into place as time is up":
+					passFakeTime(checkpointDue - time.Second)
+				case "out after said missing":
+					passFakeTime(checkpointDue + time.Second)
+					state(t, r, StateCheckpointMissing, "no_marker")
+				default:
+					passFakeTime(time.Second)
 				}
-				if out {
+				r.upload(checkpoint.CheckpointComplete, "tmp-step-10")
+				if tc == "into place, a later one withheld" {
+					r.upload(checkpoint.CheckpointComplete, "step-11")
+				}
+				passFakeTime(2 * time.Second)
+				r.upload(checkpoint.CheckpointRenamedAway, "tmp-step-10")
+				if tc == "into place, a later one withheld" {
+					state(t, r, StateCheckpointWritten, "step-11")
+					r.upload(checkpoint.CheckpointWithheld, "step-11")
+				}
+				passFakeTime(time.Second)
+				state(t, r, StateCheckpointWritten, "")
+				if strings.HasPrefix(tc, "out") {
 					passFakeTime(2 * time.Minute)
-					n := r.notice(t, "spot/terminate")
-					if last := n.Transitions[len(n.Transitions)-1]; n.State != StateCheckpointMissing || last.Detail != missingRenamedAway {
-						t.Errorf("state %s (%q); want checkpoint_missing, %s", n.State, last.Detail, missingRenamedAway)
-					}
+					state(t, r, StateCheckpointMissing, missingRenamedAway)
 					return
 				}
 				r.upload(checkpoint.CheckpointComplete, "step-10")
 				r.upload(checkpoint.CheckpointCommitted, "step-10")
-				n := r.notice(t, "spot/terminate")
-				if n.State != StateCommitted || !strings.HasPrefix(n.Transitions[len(n.Transitions)-1].Detail, "step-10") {
-					t.Errorf("state %s, transitions %+v; want committed with step-10", n.State, n.Transitions)
+				state(t, r, StateCommitted, "step-10")
+				n := r.notice(t, key)
+				for _, tr := range n.Transitions {
+					if tr.State == StateCheckpointMissing {
+						t.Errorf("said checkpoint_missing (%q) on the way: %+v", tr.Detail, n.Transitions)
+					}
 				}
 			})
 		})

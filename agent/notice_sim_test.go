@@ -144,6 +144,7 @@ type nsCkpt struct {
 	// never (zero: another node's part never comes).
 	partCommitted  bool
 	partAt, jobDue time.Time
+	appearAt       time.Time // renamed into place: when the watcher sees it under its new name
 }
 
 // nsSignal is a signal the trainer got.
@@ -184,6 +185,11 @@ type noticeSim struct {
 	// draws when the job's checkpoints are committed, with more than one.
 	world int
 	nodes *rand.Rand
+	// renames draws checkpoints renamed away before their commit (with more): into place (a
+	// staging directory; the new name completes at appearAt, in appear) or out of the directory.
+	renames    *rand.Rand
+	appear     []*nsCkpt
+	lastRename time.Time
 	// catching holds, for each of the trainer's processes that catches the signal, since when.
 	catching map[int]time.Time
 	uncaught []int // the processes that do not catch it (yet)
@@ -207,6 +213,7 @@ func runNoticeSim(t *testing.T, seed uint64, steps int, more bool) {
 	if more {
 		s.more, s.moves = rand.New(rand.NewPCG(seed, 0x64656166)), rand.New(rand.NewPCG(seed, 0x6d6f7665))
 		s.nodes = rand.New(rand.NewPCG(seed, 0x6e6f646573))
+		s.renames = rand.New(rand.NewPCG(seed, 0x72656e616d65))
 		if s.nodes.IntN(3) == 0 {
 			s.world = 2
 		}
@@ -284,6 +291,9 @@ func (s *noticeSim) startRun(restarted bool) {
 	}
 	if newest != nil {
 		acts = append(acts, func() { s.upload(checkpoint.CheckpointFound, newest) })
+	}
+	for _, k := range s.appear {
+		acts = append(acts, func() { s.appeared(k) }) // on disk under its new name: found by the rescan
 	}
 	s.rng.Shuffle(len(acts), func(i, j int) { acts[i], acts[j] = acts[j], acts[i] })
 	for _, a := range acts {
@@ -416,6 +426,10 @@ func (s *noticeSim) act() {
 		s.moveDeadline()
 		return
 	}
+	if s.renames != nil && s.renames.IntN(100) < 3 {
+		s.renameAway()
+		return
+	}
 	switch r := s.rng.IntN(100); {
 	case r < 14: // a notice begins
 		s.beginNotice()
@@ -482,6 +496,41 @@ func (s *noticeSim) act() {
 			20 * time.Second, 60 * time.Second, 150 * time.Second}[s.rng.IntN(8)]
 		s.pass(d)
 	}
+}
+
+// renameAway has the trainer rename a complete checkpoint not committed yet away: into place
+// (two in three: a staging directory, seen under its new name up to 3 s later) or out of the
+// checkpoint directory (an archival step run too early).
+func (s *noticeSim) renameAway() {
+	var live []*nsCkpt
+	for _, k := range s.ckpts {
+		if !k.committed && !k.partCommitted && !k.deleted && !k.unstorable {
+			live = append(live, k)
+		}
+	}
+	if len(live) == 0 {
+		return
+	}
+	k := live[s.renames.IntN(len(live))]
+	now := time.Now()
+	k.deleted, k.deletedA, s.lastRename = true, now, now
+	if s.renames.IntN(3) > 0 {
+		in := &nsCkpt{name: k.name + "-in", completed: k.completed, appearAt: now.Add(time.Duration(s.renames.IntN(3000)) * time.Millisecond)}
+		s.appear = append(s.appear, in)
+		s.say("rename %s to %s", k.name, in.name)
+	} else {
+		s.say("rename %s out of the directory", k.name)
+	}
+	s.upload(checkpoint.CheckpointRenamedAway, k)
+}
+
+// appeared has the watcher see in, a checkpoint renamed into place, under its new name.
+func (s *noticeSim) appeared(in *nsCkpt) {
+	s.appear = slices.DeleteFunc(s.appear, func(k *nsCkpt) bool { return k == in })
+	in.commitDue = time.Now().Add(time.Duration(100+s.renames.IntN(30000)) * time.Millisecond)
+	s.ckpts = append(s.ckpts, in)
+	s.say("complete %s (renamed into place)", in.name)
+	s.upload(checkpoint.CheckpointComplete, in)
 }
 
 // moveDeadline moves the deadline of a notice in force earlier, maybe into the past, as IMDS
@@ -596,6 +645,11 @@ func (s *noticeSim) pass(d time.Duration) {
 				next, what = at, "save"
 			}
 		}
+		for _, k := range s.appear {
+			if k.appearAt.Before(next) {
+				next, what = k.appearAt, "appear"
+			}
+		}
 		for _, k := range s.ckpts {
 			switch {
 			case k.committed:
@@ -632,6 +686,12 @@ func (s *noticeSim) pass(d time.Duration) {
 			s.ckpts = append(s.ckpts, k)
 			s.say("complete %s (storable %v)", k.name, !k.unstorable)
 			s.upload(checkpoint.CheckpointComplete, k)
+		case "appear":
+			for _, k := range slices.Clone(s.appear) {
+				if !k.appearAt.After(now) {
+					s.appeared(k)
+				}
+			}
 		case "withhold":
 			for _, k := range s.ckpts {
 				if k.unstorable && !k.withheld && !k.deleted && !k.withholdDue.After(now) {
@@ -765,7 +825,21 @@ func (s *noticeSim) checkCommitted(key string, n NoticeStatus, signalled, from t
 			onDisk = k
 		}
 	}
-	if n.State == StateCheckpointWritten {
+	for _, k := range s.appear { // renamed into place: on disk, under a name not seen yet
+		if k.completed.After(signalled) && onDisk == nil {
+			onDisk = k
+		}
+	}
+	if n.State == StateCheckpointWritten && n.written == "" {
+		// Its checkpoint was renamed away: awaited under its new name (for renameGrace once
+		// the notice's own time is up), and said missing in time when it never completes
+		// (renamed out); a job notice, never signalled, is never said missing.
+		late := time.Since(signalled) > checkpointDue+1500*time.Millisecond && time.Since(s.lastRename) > renameGrace+1500*time.Millisecond
+		if !strings.HasPrefix(key, string(SourceJob)+"/") && late && len(s.appear) == 0 {
+			t.Fatalf("notice %s is checkpoint_written (%s) with no checkpoint %v after its signal", key,
+				n.Transitions[len(n.Transitions)-1].Detail, time.Since(signalled))
+		}
+	} else if n.State == StateCheckpointWritten {
 		// Its checkpoint is one that can still be committed.
 		i := slices.IndexFunc(s.ckpts, func(k *nsCkpt) bool { return k.name == n.written })
 		if i < 0 || s.ckpts[i].deleted && !s.ckpts[i].partCommitted || s.ckpts[i].withheld {
