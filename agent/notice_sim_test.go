@@ -39,10 +39,14 @@ var noticeSimSeeds = []uint64{1, 2, 3, 4, 5, 6, 7, 8,
 }
 
 // noticeSimMoreSeeds run on every `go test` with the model's later additions (noticeSim.more:
-// trainer processes that do not catch the signal, deadlines moved earlier, multi-node jobs); the
-// seeds above run without them, so that each still reaches its fault.
+// trainer processes that do not catch the signal, deadlines moved earlier, multi-node jobs,
+// checkpoints renamed away); the seeds above run without them, so that each still reaches its
+// fault.
 var noticeSimMoreSeeds = []uint64{9, 10, 11, 12, 13, 14, 15, 16,
-	2182839187476772552, // a process that caught the signal late, after the notice that covered another's ended, was never signalled
+	2182839187476772552,  // a process that caught the signal late, after the notice that covered another's ended, was never signalled
+	16894924382658958694, // a checkpoint renamed into place just as the notice's time was up was said missing before its new name came
+	6892712036031422412,  // a notice said missing, whose checkpoint then came and was moved out, stayed checkpoint_written for ever
+	17223679492708376692, // a checkpoint renamed into place, whose place a later one took, was said missing when that one was withheld
 }
 
 // TestNoticeSimulation drives the notice path (the coordinator: signals, notice.json, the
@@ -53,8 +57,10 @@ var noticeSimMoreSeeds = []uint64{9, 10, 11, 12, 13, 14, 15, 16,
 // saves when signalled (and on its own), restarts (all of it, or one rank), dies and comes back,
 // some of whose processes do not catch the signal (yet: a handler installed late, or never); its
 // checkpoints completing, committed in any order by a store that goes down for minutes, deleted
-// by the trainer's rotation before or after their commit, withheld as they are sent (a file that
-// cannot be stored), and sometimes written again; in a multi-node job (this node rank 0 of two),
+// by the trainer's rotation before or after their commit, renamed away before it (into place, a
+// staging directory seen under its new name a moment later, or out of the directory), withheld
+// as they are sent (a file that cannot be stored), and sometimes written again; in a multi-node
+// job (this node rank 0 of two),
 // committed as this node's part first and as the job's checkpoint later, or never (another
 // node's part never comes); and the agent restarted (kill -9: its notice.json kept, the notices
 // read again as at a first read, the uploader's start reporting the job's newest commit and
@@ -76,7 +82,9 @@ var noticeSimMoreSeeds = []uint64{9, 10, 11, 12, 13, 14, 15, 16,
 //     process came with an agent restart;
 //   - a notice is committed exactly when a checkpoint completed after its signal (a job
 //     notice's: after its first post) is committed (the job's checkpoint, in a multi-node job),
-//     and never says checkpoint_missing while such a checkpoint is on disk or in the store.
+//     and never says checkpoint_missing while such a checkpoint is on disk (under a name not
+//     seen yet, too) or in the store; one whose checkpoint was renamed away is said missing in
+//     time when it never comes back.
 //
 // Replay a seed with -noticesim.seed; -noticesim.seeds N adds N random ones.
 func TestNoticeSimulation(t *testing.T) {
