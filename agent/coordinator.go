@@ -1070,8 +1070,14 @@ func (c *Coordinator) checkMissing(now time.Time) {
 		return // signal only: the agent does not see checkpoints
 	}
 	c.mu.Lock()
-	var due []*NoticeStatus
-	again := map[*NoticeStatus]bool{}
+	// A notice due, with what its line says, read under the lock (onUpload sets them).
+	type missing struct {
+		ns                *NoticeStatus
+		again             bool
+		renamed, withheld string
+		signalledAt       time.Time
+	}
+	var due []missing
 	for _, ns := range c.active {
 		if ns.signalledAt == nil || ns.written != "" || ns.Policy != PolicyCheckpoint {
 			continue
@@ -1093,39 +1099,43 @@ func (c *Coordinator) checkMissing(now time.Time) {
 		if now.Before(by) {
 			continue
 		}
-		again[ns] = ns.missingSaid
+		m := missing{ns: ns, again: ns.missingSaid, withheld: ns.withheld, signalledAt: *ns.signalledAt}
+		if renamed {
+			m.renamed = ns.renamed
+		}
 		ns.missingSaid, ns.renamedSaid = true, renamed
-		due = append(due, ns)
+		due = append(due, m)
 	}
 	c.mu.Unlock()
 	if len(due) == 0 {
 		return
 	}
 	there := c.trainerThere()
-	for _, ns := range due {
+	for _, m := range due {
+		ns := m.ns
 		reason := "trainer_gone"
 		why := "the trainer is gone (it exited or was killed before its checkpoint completed)"
 		switch {
-		case ns.renamed != "": // awaited under its new name (the notice's own time is up)
+		case m.renamed != "": // awaited under its new name (the notice's own time is up)
 			reason = missingRenamedAway
-			why = "the trainer wrote " + ns.renamed + " and its marker, and it was renamed away before its commit, but nothing completed since under a new name in " +
+			why = "the trainer wrote " + m.renamed + " and its marker, and it was renamed away before its commit, but nothing completed since under a new name in " +
 				c.config().Checkpoint.Dir + " (moved out of it?): rename a checkpoint within checkpoint.dir, and move it elsewhere only once it is committed"
-		case ns.withheld != "":
+		case m.withheld != "":
 			reason = missingWithheld
-			why = "the trainer wrote " + ns.withheld + " and its marker, but a file of it cannot be stored, so it is withheld, not committed (its error says which file and what to do)"
+			why = "the trainer wrote " + m.withheld + " and its marker, but a file of it cannot be stored, so it is withheld, not committed (its error says which file and what to do)"
 		case there:
 			reason = "no_marker"
 			why = "the trainer is still running but its checkpoint's marker never came: check that it saves on " +
 				trainer.SignalName(c.config().Trainer.Signal) + " and writes " + c.config().Checkpoint.Marker + " last"
 		}
-		if again[ns] {
+		if m.again {
 			// Said and counted once: a notice said missing before, whose checkpoint came since
 			// and was renamed away, says it again, and that is all.
 			c.transition(ns, StateCheckpointMissing, reason)
 			continue
 		}
 		c.metrics.checkpointMissing.WithLabelValues(string(ns.Source), reason).Inc()
-		c.log.Error().Str("notice", ns.Key).Str("reason", reason).Float64("since_signal_s", logSeconds(now.Sub(*ns.signalledAt))).
+		c.log.Error().Str("notice", ns.Key).Str("reason", reason).Float64("since_signal_s", logSeconds(now.Sub(m.signalledAt))).
 			Msg("no checkpoint completed since the trainer was signalled for this notice: " + why +
 				"; only checkpoints saved before (committed, or still being uploaded) will be there to restore")
 		c.transition(ns, StateCheckpointMissing, reason)
