@@ -1857,6 +1857,7 @@ func TestUploaderReportsTheJobsNewestCommitAtStart(t *testing.T) {
 	files := map[string][]byte{"w.bin": randomBytes(t, 4<<10)}
 	writeCheckpoint(t, dir, "step-2", files)
 	want := r.waitCommitted("step-2").Manifest
+	laterTick(t, dir, "step-2")              // the file clock moves on: step-1 completes later
 	writeCheckpoint(t, dir, "step-1", files) // a rollback's name, completed later: the newest
 	want2 := r.waitCommitted("step-1").Manifest
 	if !want2.Order().After(want.Order()) {
