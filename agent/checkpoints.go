@@ -256,7 +256,7 @@ func (c *Coordinator) onUpload(ev checkpoint.UploadEvent) {
 				// A staging directory renamed into place after its marker: the notice's
 				// checkpoint completes again under its new name, awaited even when one completed
 				// since takes its place now. Renamed out of the directory, it never does.
-				ns.renamed, ns.renamedAt, ns.renamedSaid = ev.Checkpoint, ev.At, false
+				ns.renamed, ns.renamedAt = ev.Checkpoint, ev.At
 			}
 			if len(ns.later) > 0 {
 				// One completed since is the notice's checkpoint now.
@@ -271,7 +271,7 @@ func (c *Coordinator) onUpload(ev checkpoint.UploadEvent) {
 			if ev.Kind == checkpoint.CheckpointWithheld {
 				ns.withheld, reason = ev.Checkpoint, missingWithheld
 			}
-			if ns.renamed != "" && !ns.renamedSaid {
+			if ns.renamed != "" {
 				// One renamed away is awaited under its new name, and said missing in time if
 				// it never comes (checkMissing: renamed out of the directory).
 				continue

@@ -99,10 +99,9 @@ type NoticeStatus struct {
 	later    []string
 	withheld string // a checkpoint withheld after the notice (its marker came; not storable)
 	// renamed is its checkpoint, renamed away before its commit (at renamedAt), awaited under
-	// a new name; renamedSaid: said missing since, as renamed away.
+	// a new name until something completes or it is said missing.
 	renamed     string
 	renamedAt   time.Time
-	renamedSaid bool
 	missingSaid bool      // reported as checkpoint_missing
 	endedAt     time.Time // when it ended; zero while active
 	committed   bool      // written is committed
@@ -1085,7 +1084,7 @@ func (c *Coordinator) checkMissing(now time.Time) {
 		// A checkpoint renamed away is awaited under its new name for renameGrace, and said
 		// missing then if it never completed (moved out of the directory), even when the
 		// notice was said missing before it came.
-		renamed := ns.renamed != "" && !ns.renamedSaid
+		renamed := ns.renamed != ""
 		if ns.missingSaid && !renamed {
 			continue
 		}
@@ -1100,10 +1099,8 @@ func (c *Coordinator) checkMissing(now time.Time) {
 			continue
 		}
 		m := missing{ns: ns, again: ns.missingSaid, withheld: ns.withheld, signalledAt: *ns.signalledAt}
-		if renamed {
-			m.renamed = ns.renamed
-		}
-		ns.missingSaid, ns.renamedSaid = true, renamed
+		m.renamed, ns.renamed = ns.renamed, "" // said once per rename
+		ns.missingSaid = true
 		due = append(due, m)
 	}
 	c.mu.Unlock()

@@ -963,7 +963,7 @@ func (u *Uploader) startLate(ctx context.Context, l lateCleanup) {
 // committed checkpoint, whose writes may land after the commit), or, for an abandoned commit
 // (l.Abandoned), every object under it. For a commit this agent's retention deleted
 // (l.Deleted), it only deletes a manifest written there again over deleted objects
-// (dropRevived). Of passes already due (a clean-up an earlier run began),
+// (dropRevived), and skips the first pass: retention looked as it deleted (clearRevived). Of passes already due (a clean-up an earlier run began),
 // only the last is run. While the last pass fails (a store that is down), it is tried again every
 // lateRetry until lateExpiry after l.At. The first failure is a warning, the next ones debug
 // lines (a policy without s3:ListBucketMultipartUploads would otherwise warn at every commit).
@@ -1031,6 +1031,9 @@ func (u *Uploader) goLateCleanup(ctx context.Context, l lateCleanup) {
 		for i, at := range passes {
 			if i+1 < len(passes) && !time.Now().Before(l.At.Add(passes[i+1])) {
 				continue // the next pass is due as well: one pass for both
+			}
+			if l.Deleted && at == 0 {
+				continue // retention looked as it deleted the commit (clearRevived)
 			}
 			// A pass due when the clean-up started was begun then: a stop that comes before this
 			// goroutine runs does not skip it.
