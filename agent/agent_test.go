@@ -555,10 +555,12 @@ func mustFileStore(t *testing.T, dir string) checkpoint.Store {
 // A trainer signalled for a notice that writes no checkpoint by the notice's deadline is said:
 // an error naming the reason, the state checkpoint_missing and its metric; with the trainer
 // gone, the reason says so, and with the checkpoint it wrote withheld (a file of it cannot be
-// stored), so does it. A checkpoint that completes later still moves the notice on.
+// stored, or its name cannot), so does it, and /healthz is 503. A checkpoint that completes
+// later still moves the notice on.
 func TestCheckpointMissingByTheDeadlineIsSaid(t *testing.T) {
-	for _, reason := range []string{"no_marker", "trainer_gone", "withheld"} {
-		t.Run(reason, func(t *testing.T) {
+	for _, tc := range []string{"no_marker", "trainer_gone", "withheld", "withheld name"} {
+		reason := strings.Fields(tc)[0]
+		t.Run(tc, func(t *testing.T) {
 			tr := startShTrainer(t, true)
 			dir := t.TempDir()
 			ta := startAgentWith(t, fileStores, "SPOTGUARD_TRAINER_PIDFILE="+tr.pidfile, "SPOTGUARD_CHECKPOINT_DIR="+dir,
@@ -566,7 +568,7 @@ func TestCheckpointMissingByTheDeadlineIsSaid(t *testing.T) {
 			deadline := time.Now().Add(2 * time.Second).UTC().Truncate(time.Second).Add(time.Second)
 			ta.imds.set("spot/instance-action", `{"action": "terminate", "time": "`+deadline.Format(time.RFC3339)+`"}`)
 			ta.waitState(t, "spot/terminate", StateTrainerSignalled)
-			switch reason {
+			switch tc {
 			case "trainer_gone":
 				tr.cmd.Process.Kill()
 				<-tr.done
@@ -576,8 +578,21 @@ func TestCheckpointMissingByTheDeadlineIsSaid(t *testing.T) {
 					t.Skipf("this file system refuses names that are not UTF-8: %v", err)
 				}
 				os.WriteFile(filepath.Join(dir, "step-0", "_COMPLETE"), nil, 0o644)
+			case "withheld name":
+				os.MkdirAll(filepath.Join(dir, "LATEST"), 0o755)
+				os.WriteFile(filepath.Join(dir, "LATEST", "w.bin"), []byte("weights"), 0o644)
+				os.WriteFile(filepath.Join(dir, "LATEST", "_COMPLETE"), nil, 0o644)
 			}
 			ns := ta.waitState(t, "spot/terminate", StateCheckpointMissing)
+			if strings.HasPrefix(tc, "withheld") {
+				why := map[string]string{"withheld": "a file cannot be stored", "withheld name": "its name cannot be stored"}[tc]
+				if v := ta.a.health(time.Now()); v.Healthy || !strings.Contains(strings.Join(v.short, "; "), why) {
+					t.Errorf("health = %+v; want 503: %s", v, why)
+				}
+				if tc == "withheld name" && !strings.Contains(ta.logs.String(), "the store cannot hold that name") {
+					t.Errorf("log does not say the checkpoint's name cannot be stored:\n%s", ta.logs)
+				}
+			}
 			if last := ns.Transitions[len(ns.Transitions)-1]; last.Detail != reason || last.At.Before(deadline) {
 				t.Errorf("last transition = %+v; want checkpoint_missing (%s) at the deadline %v or after", last, reason, deadline)
 			}

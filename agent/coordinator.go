@@ -1120,6 +1120,9 @@ func (c *Coordinator) checkMissing(now time.Time) {
 		case m.withheld != "":
 			reason = missingWithheld
 			why = "the trainer wrote " + m.withheld + " and its marker, but a file of it cannot be stored, so it is withheld, not committed (its error says which file and what to do)"
+			if checkpoint.ValidName(m.withheld) != nil {
+				why = "the trainer wrote " + m.withheld + " and its marker, but the store cannot hold that name, so it is withheld, not committed: rename the checkpoint (its error says why)"
+			}
 		case there:
 			reason = "no_marker"
 			why = "the trainer is still running but its checkpoint's marker never came: check that it saves on " +

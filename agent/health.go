@@ -135,7 +135,10 @@ func (a *Agent) health(now time.Time) healthVerdict {
 
 // withheldWhy says in a few words why a checkpoint was withheld (checkpoint.CheckpointWithheld).
 func withheldWhy(err error) string {
-	if errors.Is(err, checkpoint.ErrNotStorable) {
+	switch {
+	case errors.Is(err, checkpoint.ErrNameNotStorable):
+		return "its name cannot be stored"
+	case errors.Is(err, checkpoint.ErrNotStorable):
 		return "a file cannot be stored"
 	}
 	return "part cannot be read"

@@ -102,7 +102,7 @@ func newMetrics(reg prometheus.Registerer, stats func() imds.Stats) *promMetrics
 	})
 	m.withheld = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "spotguard_checkpoints_withheld_total",
-		Help: "Times a checkpoint whose marker is there was not committed because a file of it cannot be stored or part of it cannot be read.",
+		Help: "Times a checkpoint whose marker is there was not committed because a file of it (or its name) cannot be stored or part of it cannot be read.",
 	})
 	m.split = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "spotguard_checkpoints_split_total",

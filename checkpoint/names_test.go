@@ -3,9 +3,11 @@ package checkpoint
 import (
 	"errors"
 	"io/fs"
+	"maps"
 	"os"
 	"path"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -16,9 +18,10 @@ import (
 // TestNamesTheStoreCannotHold: a checkpoint named LATEST would write its commits under the job's
 // LATEST key (on a file:// store LATEST became a directory and every later commit wedged), and a
 // file name that is not UTF-8 was stored under its raw bytes while the manifest listed it with
-// U+FFFD: a LATEST commit that could not be restored. Both are refused, with a warning. The
-// checkpoint with the file is withheld (committed without it, it would be torn) until the file
-// goes, and then restores; the other checkpoints are committed. (Found from outside.)
+// U+FFFD: a LATEST commit that could not be restored. Both are refused: the checkpoint named
+// LATEST is withheld (TestCheckpointWhoseNameCannotBeStoredIsWithheld), and so is the checkpoint
+// with the file (committed without it, it would be torn) until the file goes, and then it
+// restores; the other checkpoints are committed. (Found from outside.)
 func TestNamesTheStoreCannotHold(t *testing.T) {
 	for _, name := range []string{"LATEST", "caf\xe9"} {
 		if ValidName(name) == nil {
@@ -63,6 +66,86 @@ func TestNamesTheStoreCannotHold(t *testing.T) {
 	}
 	if problems := CheckJob(t.Context(), s, "job", true); len(problems) > 0 {
 		t.Errorf("store check: %v", problems)
+	}
+}
+
+// A checkpoint whose own name the store cannot hold (LATEST, a backslash, not UTF-8) was skipped
+// with a warning alone: the trainer's save was never committed, /healthz stayed 200, and a notice
+// it saved for was said missing as if no marker came. It is withheld now, an error, once its
+// marker is there (found as the watcher starts, or written later, or written again), a
+// single-file checkpoint too; renamed to a name the store can hold, it is committed. (Found from
+// outside.)
+func TestCheckpointWhoseNameCannotBeStoredIsWithheld(t *testing.T) {
+	dir := t.TempDir()
+	writeCheckpoint(t, dir, "LATEST", map[string][]byte{"a": randomBytes(t, 1<<10)}) // there at start
+	s := newMemStore()
+	r := startUploader(t, dir, s, 0)
+	waitWithheld := func(names ...string) {
+		t.Helper()
+		want := map[string]bool{}
+		for _, n := range names {
+			want[n] = true
+		}
+		timeout := time.After(20 * time.Second)
+		for len(want) > 0 {
+			select {
+			case ev := <-r.events:
+				switch {
+				case ev.Kind == CheckpointWithheld && want[ev.Checkpoint]:
+					if !errors.Is(ev.Err, ErrNameNotStorable) || !strings.Contains(ev.Err.Error(), ValidName(ev.Checkpoint).Error()) {
+						t.Errorf("%q withheld for %v; want ErrNameNotStorable, saying why", ev.Checkpoint, ev.Err)
+					}
+					delete(want, ev.Checkpoint)
+				case ev.Kind == CheckpointComplete || ev.Kind == CheckpointCommitted:
+					t.Fatalf("%q %v; want it withheld", ev.Checkpoint, ev.Kind)
+				}
+			case <-timeout:
+				t.Fatalf("not withheld within 20 s: %v", slices.Sorted(maps.Keys(want)))
+			}
+		}
+	}
+	waitWithheld("LATEST")
+
+	// The marker written a moment after the rest, a directory not UTF-8, a single file.
+	backslash := filepath.Join(dir, `step\2`)
+	if err := os.MkdirAll(backslash, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(backslash, "a"), randomBytes(t, 1<<10), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	writeCheckpoint(t, dir, "caf\xe9-3", map[string][]byte{"a": randomBytes(t, 1<<10)})
+	tmp := filepath.Join(dir, ".model.pt.tmp")
+	if err := os.WriteFile(tmp, randomBytes(t, 1<<10), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, filepath.Join(dir, `m\odel.pt`)); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(backslash, "_COMPLETE"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	waitWithheld(`step\2`, "caf\xe9-3", `m\odel.pt`)
+
+	// Its marker written again is another save, withheld again.
+	laterTick(t, dir, `step\2`)
+	if err := os.Remove(filepath.Join(backslash, "_COMPLETE")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(backslash, "_COMPLETE"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	waitWithheld(`step\2`)
+
+	if err := os.Rename(backslash, filepath.Join(dir, "step-2")); err != nil {
+		t.Fatal(err)
+	}
+	r.waitCommitted("step-2")
+	objs, _ := s.List(t.Context(), "job/")
+	for _, o := range objs {
+		if !strings.HasPrefix(o.Key, "job/step-2/") && !strings.HasPrefix(o.Key, "job/_spotguard/") && o.Key != "job/LATEST" {
+			t.Errorf("stored %q; want only step-2's commit", o.Key)
+		}
 	}
 }
 

@@ -76,8 +76,9 @@ const scanDefaultMarker = "_COMPLETE"
 //
 // Skipped with one Warn log line each (fields path and type, or path and error):
 //   - symbolic links, sockets, devices, FIFOs and other non-regular files, anywhere;
-//   - names that fail ValidName (top level) or ValidPath (inside a checkpoint), such as names
-//     with a backslash, and MetaDir at the top of a checkpoint directory (spotguard's own, as
+//   - names that fail ValidName (top level: a Watcher withholds such a checkpoint once its
+//     marker is there) or ValidPath (inside a checkpoint), such as names with a backslash, and
+//     MetaDir at the top of a checkpoint directory (spotguard's own, as
 //     in a commit copied from the store with awscli; the only one of these that is not
 //     ErrNotStorable);
 //   - regular files with more than one hard link that the owner of dir does not own (unless
@@ -269,6 +270,10 @@ func scanOwnerOf(fi fs.FileInfo) scanOwner {
 // cannot be stored (see Scan): it is not complete, since committing it without them would
 // present a torn checkpoint as complete.
 var ErrNotStorable = errors.New("a file of the checkpoint cannot be stored, so the checkpoint is not committed")
+
+// ErrNameNotStorable is the error of a checkpoint whose own name the store cannot hold (see
+// ValidName): it is never committed under that name.
+var ErrNameNotStorable = errors.New("the checkpoint's name cannot be stored, so the checkpoint is not committed")
 
 // scanRefused counts the names and regular files a walk of one checkpoint directory skipped
 // with an error, and keeps the first: what makes it ErrNotStorable.

@@ -1462,6 +1462,11 @@ func (u *Uploader) nextGen(old *generation) *generation {
 
 func (u *Uploader) handleWatch(ctx context.Context, ev WatchEvent) {
 	if err := ValidName(ev.Checkpoint); err != nil {
+		if ev.Kind == Withheld {
+			// A checkpoint whose own name the store cannot hold: never committed under it.
+			u.withheld(ev)
+			return
+		}
 		u.log.Warn().Str("checkpoint", ev.Checkpoint).Err(err).Msg("checkpoint name refused")
 		return
 	}
@@ -1536,9 +1541,6 @@ func (u *Uploader) handleWatch(ctx context.Context, ev WatchEvent) {
 		}
 		u.markDirty(g)
 	case Withheld:
-		if !u.lastSignal.IsZero() && !ev.At.Before(u.lastSignal) {
-			u.signalAnswered = true // the trainer saved; what it saved cannot be committed
-		}
 		if g := u.current(ev.Checkpoint); g.state != genCommitted && g.state != genAbandoned {
 			if g.complete {
 				u.markerGone(g) // its marker no longer vouches for it
@@ -1546,10 +1548,7 @@ func (u *Uploader) handleWatch(ctx context.Context, ev WatchEvent) {
 			}
 			g.withheld = true
 		}
-		if n := len(u.known); n > 0 && u.known[n-1].order.At.After(ev.ModTime) {
-			return // an old save left behind, older than a commit: the watcher's error says it
-		}
-		u.emit(UploadEvent{Kind: CheckpointWithheld, Checkpoint: ev.Checkpoint, At: ev.ModTime, Err: ev.Err})
+		u.withheld(ev)
 	case Removed:
 		delete(u.resume, ev.Checkpoint)
 		delete(u.stale, ev.Checkpoint)
@@ -1565,6 +1564,20 @@ func (u *Uploader) handleWatch(ctx context.Context, ev WatchEvent) {
 			u.abandon(ctx, g, "checkpoint removed")
 		}
 	}
+}
+
+// withheld reports the Withheld ev, a checkpoint whose marker is there but that cannot be
+// committed as it is: a CheckpointWithheld, unless it is an old save left behind (older than
+// a commit: the watcher's error says it). A stop does not wait for the trainer's save any more
+// once it is one: the trainer saved, and what it saved cannot be committed.
+func (u *Uploader) withheld(ev WatchEvent) {
+	if !u.lastSignal.IsZero() && !ev.At.Before(u.lastSignal) {
+		u.signalAnswered = true
+	}
+	if n := len(u.known); n > 0 && u.known[n-1].order.At.After(ev.ModTime) {
+		return
+	}
+	u.emit(UploadEvent{Kind: CheckpointWithheld, Checkpoint: ev.Checkpoint, At: ev.ModTime, Err: ev.Err})
 }
 
 // noteSingle warns, once, when single-file checkpoint name, whose file was modified at mod, and

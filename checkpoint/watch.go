@@ -108,8 +108,9 @@ const (
 	FileGrowing
 	// Withheld: the marker of a checkpoint directory is there, but its Complete is withheld:
 	// part of it could not be read, or a name or file in it cannot be stored (Err says which;
-	// ErrNotStorable). Size, ModTime and ID are the marker's. It comes again only with another
-	// reason; the Complete follows once the trouble is fixed.
+	// ErrNotStorable), or its own name cannot (ErrNameNotStorable: Checkpoint fails ValidName,
+	// and no other event names it). Size, ModTime and ID are the marker's. It comes again only
+	// with another reason (or marker); the Complete follows once the trouble is fixed.
 	Withheld
 )
 
@@ -136,8 +137,8 @@ func (k WatchEventKind) String() string {
 // WatchEvent is one thing a Watcher saw happen to a checkpoint.
 type WatchEvent struct {
 	Kind WatchEventKind
-	// Checkpoint is the checkpoint's sub-directory name, or the single file's name. It always
-	// passes ValidName.
+	// Checkpoint is the checkpoint's sub-directory name, or the single file's name. It passes
+	// ValidName, except in the Withheld of a checkpoint whose own name the store cannot hold.
 	Checkpoint string
 	// Path is, for FileReady, FileGrowing and FileGone, the file's path relative to the checkpoint's
 	// directory, slash-separated and valid for ValidPath (the file's name for a single-file
@@ -306,7 +307,10 @@ func NewWatcher(cfg WatchConfig) (*Watcher, error) {
 // that the owner of Dir (as NewWatcher saw it) could not read. Nothing outside Dir is reported,
 // and no symbolic link is followed. A single-file checkpoint skipped for either of the last two
 // reasons gets a Withheld (and an Error log line): the trainer saved it, and it is never
-// committed as it is.
+// committed as it is. So does an entry at the top of Dir whose own name the store cannot hold
+// (named LATEST, with a backslash, not UTF-8): it is not watched, but looked at every 2 s, and a
+// checkpoint directory of that name whose marker is there (a single file of that name matching
+// Pattern) gets a Withheld, once for each version of its marker, whose Checkpoint is that name.
 //
 // On fsnotify.ErrEventOverflow it logs a Warn, scans again in full and sends everything again
 // as at the start, then continues: first Removed for the checkpoints that are gone; then, for
@@ -464,15 +468,21 @@ type watchRun struct {
 	limitLogged         time.Time
 	// saidUnwatched is the number of unwatched directories last passed to Unwatched.
 	saidUnwatched int
+	// badNames are the entries at the top of Dir whose names the store cannot hold (ValidName),
+	// each with the marker (the file, for a single-file checkpoint) whose Withheld was sent for
+	// it; zero while it has none. They are skipped, not watched, and looked at every tick
+	// (checkBadName).
+	badNames map[string]FileID
 }
 
 func newWatchRun(w *Watcher, fw *fsnotify.Watcher, root *os.Root) *watchRun {
 	r := &watchRun{
-		Watcher: w,
-		fw:      fw,
-		deb:     newWatchDebouncer(w.debounce),
-		ckpts:   map[string]*watchCkpt{},
-		nodes:   map[string]*watchNode{},
+		Watcher:  w,
+		fw:       fw,
+		deb:      newWatchDebouncer(w.debounce),
+		ckpts:    map[string]*watchCkpt{},
+		nodes:    map[string]*watchNode{},
+		badNames: map[string]FileID{},
 	}
 	r.walker = &scanWalker{
 		root:    root,
@@ -540,6 +550,9 @@ func (r *watchRun) tick() {
 		return
 	}
 	r.poll()
+	for _, name := range slices.Sorted(maps.Keys(r.badNames)) {
+		r.checkBadName(name)
+	}
 	for _, name := range slices.Sorted(maps.Keys(r.ckpts)) {
 		if c := r.ckpts[name]; c.retry {
 			c.retry = false
@@ -726,6 +739,12 @@ func (r *watchRun) nestedMarker(name, sub string) {
 
 // skip logs a skipped path once (again only if the reason changes).
 func (r *watchRun) skip(rel, kind string, err error) {
+	if err != nil && !strings.Contains(rel, "/") && ValidName(rel) != nil {
+		if _, ok := r.badNames[rel]; !ok {
+			r.badNames[rel] = FileID{}
+		}
+		defer r.checkBadName(rel) // after its skip's line
+	}
 	reason := kind
 	if err != nil {
 		reason = err.Error()
@@ -753,6 +772,52 @@ func (r *watchRun) singleWithheld(name string, err error) {
 	err = fmt.Errorf("%w: %s: %w; %s", ErrNotStorable, name, err, notStorableFix)
 	r.log.Error().Err(err).Str("checkpoint", name).Msg("single-file checkpoint cannot be stored; never committed as it is")
 	r.emit(WatchEvent{Kind: Withheld, Checkpoint: name, Path: name, Size: fi.Size(), ModTime: fi.ModTime(), ID: FileIDOf(fi), Err: err})
+}
+
+// checkBadName looks at name, at the top of Dir, whose name the store cannot hold (a checkpoint
+// named LATEST, with a backslash, or not UTF-8): once a checkpoint directory of that name has its
+// marker (or a regular file of that name matches Pattern), the trainer saved a checkpoint that is
+// never committed under that name, which must be an error, not the skip's warning alone. It
+// sends its Withheld (ErrNameNotStorable), once for each version of the marker. A name that is gone
+// is forgotten.
+func (r *watchRun) checkBadName(name string) {
+	said, ok := r.badNames[name]
+	if !ok {
+		return
+	}
+	fi, err := r.walker.root.Lstat(name)
+	if errors.Is(err, fs.ErrNotExist) {
+		delete(r.badNames, name)
+		if n := r.nodes[name]; n != nil {
+			n.warned = "" // made again, it is said again
+			r.prune(n)
+		}
+		return
+	}
+	if err != nil {
+		return
+	}
+	marker, rel := fi, name
+	switch {
+	case fi.IsDir():
+		rel = r.marker
+		marker, err = r.walker.root.Lstat(name + "/" + r.marker)
+		if err != nil || !marker.Mode().IsRegular() {
+			r.badNames[name] = FileID{} // a marker written later is said
+			return
+		}
+	case !fi.Mode().IsRegular() || !r.walker.isSingle(name):
+		return
+	}
+	id := FileIDOf(marker)
+	if said.Same(id) {
+		return
+	}
+	r.badNames[name] = id
+	err = fmt.Errorf("%w: %w; rename it to a name the store can hold (valid UTF-8, without a backslash, not LATEST): it is committed under its new name",
+		ErrNameNotStorable, ValidName(name))
+	r.log.Error().Err(err).Str("checkpoint", name).Msg("marker is there but the checkpoint's own name cannot be stored; never committed under this name")
+	r.emit(WatchEvent{Kind: Withheld, Checkpoint: name, Path: rel, Size: marker.Size(), ModTime: marker.ModTime(), ID: id, Err: err})
 }
 
 // unreport takes back the FileReady of the file rel, which can no longer be reported (it is
