@@ -114,6 +114,9 @@ type RestoreResult struct {
 	// AlreadyPresent is true when Dir already held the checkpoint (the same files, sizes and
 	// checksums): nothing was downloaded or changed.
 	AlreadyPresent bool
+	// MovedAside is where an incomplete save of the checkpoint's name that was at Dir went
+	// (see restoreIncomplete); "" when none was there.
+	MovedAside string
 	// Deleted is how many commits, each the newest when Restore began it, were deleted from the
 	// store while they were restored (by the retention of an agent still running the job) before
 	// this one.
@@ -128,7 +131,11 @@ type RestoreResult struct {
 // its permission bits from the manifest (never setuid, setgid or sticky), and only then renames
 // the staging directory to To/<checkpoint> (a single-file checkpoint, Manifest.SingleFile, is
 // put back as the file To/<name>, as it was in the checkpoint directory). It never overwrites:
-// if To/<checkpoint> exists already, Restore compares it with the manifest. It holds a lock on
+// if To/<checkpoint> exists already, Restore compares it with the manifest, except when it is an
+// incomplete save of that name (a directory without the marker the commit has at its top, left
+// alone for a minute): that is moved aside, to To/.spotguard-incomplete-<checkpoint>-<time>
+// (RestoreResult.MovedAside; removed if it held nothing), as the commit is put in its place,
+// and moved back if that fails. It holds a lock on
 // its staging directory for as long as the directory exists, and before it stages, it removes
 // the staging directories in To that a killed restore left behind (.spotguard-restore-<pid>-*
 // that no restore holds, in any PID namespace; see restoreRemoveStale); the agent never uploads
@@ -279,13 +286,20 @@ func restoreOnce(ctx context.Context, s Store, opts RestoreOptions, conc int, ru
 		return res, nil, nil
 	}
 
-	// Never overwrite what is there; succeed only if it is this very checkpoint.
-	same, err := restoreExisting(ctx, to, m, conc)
+	// Never overwrite what is there; succeed only if it is this very checkpoint. An incomplete
+	// save of that name (a save cut short on this disk) goes aside as the commit is put in place.
+	incomplete, err := restoreIncomplete(to, m, opts.Marker, start)
 	if err != nil {
 		return failCP(err)
 	}
-	if same {
-		return done(true)
+	if !incomplete {
+		same, err := restoreExisting(ctx, to, m, conc)
+		if err != nil {
+			return failCP(err)
+		}
+		if same {
+			return done(true)
+		}
 	}
 
 	staging, release, err := restoreStage(ctx, s, to, m, conc, opts.Marker, opts.Progress, run)
@@ -307,6 +321,12 @@ func restoreOnce(ctx context.Context, s Store, opts RestoreOptions, conc int, ru
 		place = func() error {
 			defer removeStaging() // the file has left it, or failed to
 			return restorePlaceFile(to, filepath.Join(staging, m.Checkpoint), m.Checkpoint)
+		}
+	}
+	if incomplete {
+		if place, err = restoreAside(to, m, cmp.Or(opts.Marker, scanDefaultMarker), start, place, &res, log); err != nil {
+			removeStaging()
+			return failCP(err)
 		}
 	}
 	if err := place(); err != nil {
@@ -617,6 +637,87 @@ func restorePlaceFile(to *os.Root, from, name string) error {
 	return to.Rename(from, name)
 }
 
+// incompleteQuiet is how long an incomplete save at To/<checkpoint> must have been left alone
+// before a restore moves it aside: one modified more recently may be being written.
+const incompleteQuiet = time.Minute
+
+// restoreIncomplete reports whether To/<checkpoint> (inside to) is an incomplete save of m's
+// name: a directory without the marker m has at its top (a save into that name cut short, on a
+// disk that outlived its instance's stop, by a trainer that saves into one directory every time
+// or saved that name again). It is not a checkpoint, and nothing of it is committed; it must not
+// keep the commit from being restored, so Restore moves it aside (restoreAsideName) as it puts
+// the commit in place. One that was modified less than incompleteQuiet before now (the
+// directory or what is at its top) may be being written: an error then.
+func restoreIncomplete(to *os.Root, m *Manifest, marker string, now time.Time) (bool, error) {
+	marker = cmp.Or(marker, scanDefaultMarker)
+	if m.SingleFile() || !slices.ContainsFunc(m.Files, func(f File) bool { return f.Path == marker }) {
+		return false, nil
+	}
+	fi, err := to.Lstat(m.Checkpoint)
+	if err != nil || !fi.IsDir() {
+		return false, nil // restoreExisting says
+	}
+	if _, err := to.Lstat(m.Checkpoint + "/" + marker); !errors.Is(err, fs.ErrNotExist) {
+		return false, nil
+	}
+	dir := filepath.Join(to.Name(), m.Checkpoint)
+	latest := fi.ModTime()
+	if names, err := scanReadDir(to, m.Checkpoint); err == nil {
+		for _, name := range names {
+			if fi, err := to.Lstat(m.Checkpoint + "/" + name); err == nil && fi.ModTime().After(latest) {
+				latest = fi.ModTime()
+			}
+		}
+	}
+	if ago := now.Sub(latest); ago < incompleteQuiet {
+		return false, &DestinationExistsError{Path: dir, Incomplete: true,
+			msg: fmt.Sprintf("destination %s holds an incomplete save (no %s at its top), modified %s ago: it may be being written; not moving it aside",
+				dir, marker, ago.Round(time.Second))}
+	}
+	return true, nil
+}
+
+// restoreAside moves the incomplete save at To/<checkpoint> (restoreIncomplete) aside, if it is
+// still there without its marker (a concurrent restore may have put the commit there since), and
+// returns place made to move it back if placing the commit fails, or else to remove it if it held
+// nothing, or to say where it went (res.MovedAside, a warning).
+func restoreAside(to *os.Root, m *Manifest, marker string, now time.Time, place func() error, res *RestoreResult, log zerolog.Logger) (func() error, error) {
+	if _, err := to.Lstat(m.Checkpoint + "/" + marker); !errors.Is(err, fs.ErrNotExist) {
+		return place, nil
+	}
+	aside := restoreAsideName(m.Checkpoint, now)
+	switch err := to.Rename(m.Checkpoint, aside); {
+	case errors.Is(err, fs.ErrNotExist):
+		return place, nil
+	case err != nil:
+		return nil, fmt.Errorf("move the incomplete save %s aside: %w", filepath.Join(to.Name(), m.Checkpoint), err)
+	}
+	return func() error {
+		err := place()
+		switch {
+		case err != nil:
+			_ = to.Rename(aside, m.Checkpoint) // untouched on error, as far as it can be
+		case to.Remove(aside) == nil:
+			// It held nothing (a directory made before a save).
+		default:
+			res.MovedAside = filepath.Join(to.Name(), aside)
+			log.Warn().Str("checkpoint", m.Checkpoint).Str("moved_to", res.MovedAside).
+				Msg("an incomplete save of this name was there (no " + marker + " at its top: a save cut short); moved aside, kept for you to look at, and never uploaded: delete it when done")
+		}
+		return err
+	}, nil
+}
+
+// restoreAsideName is the name an incomplete save of checkpoint name is moved to: spotguard's
+// own (".spotguard-", never uploaded, never looked at by the trainer's glob), with the time.
+func restoreAsideName(name string, now time.Time) string {
+	const most = 200 // NAME_MAX is 255 bytes
+	if len(name) > most {
+		name = strings.ToValidUTF8(name[:most], "")
+	}
+	return ".spotguard-incomplete-" + name + "-" + now.UTC().Format("20060102T150405Z")
+}
+
 // existsError is a *DestinationExistsError for path saying what fmt.Sprintf(format, args) says.
 func existsError(path, format string, args ...any) error {
 	return &DestinationExistsError{Path: path, msg: fmt.Sprintf(format, args...)}
@@ -626,7 +727,10 @@ func existsError(path, format string, args ...any) error {
 // checkpoint goes (To/<checkpoint>); it wraps ErrDestinationExists.
 type DestinationExistsError struct {
 	Path string
-	msg  string
+	// Incomplete: what is there is an incomplete save, modified too recently to be moved aside
+	// (see restoreIncomplete).
+	Incomplete bool
+	msg        string
 }
 
 func (e *DestinationExistsError) Error() string { return e.msg }

@@ -1358,3 +1358,102 @@ func TestRestoreNoUsableCommitIsNotNothing(t *testing.T) {
 		}
 	}
 }
+
+// A trainer that saves into one directory every time (or saves a step's name again), cut short on
+// a disk that outlived its instance (a spot stop, a reboot), leaves a directory of the commit's
+// name without its marker. Restore refused it ("exists with other content"), so the restore unit
+// failed and the trainer did not start until someone moved it by hand. It is moved aside now, and
+// kept, as the commit takes its place: unless it was modified within the last minute (it may be
+// being written), or the restore fails, when it is left as it was. An empty directory of that
+// name goes; one with its marker is a save of its own, refused as before.
+func TestRestoreMovesAnIncompleteSaveAside(t *testing.T) {
+	files := restoreTestFiles(1)
+	files["_COMPLETE"] = ""
+	torn := map[string]string{"model.pt": "half of a save", "optim/__0_0.distcp": "rank0"}
+	old := time.Now().Add(-2 * incompleteQuiet)
+	tests := []struct {
+		name    string
+		prepare func(t *testing.T, dir string) // dir: To/step-000100, not there yet
+		fail    bool                           // a file of the commit cannot be downloaded
+		aside   map[string]string              // what is moved aside; nil: nothing is
+		refused string                         // the error; "": restored
+	}{
+		{"incomplete", func(t *testing.T, dir string) { restoreTestWrite(t, dir, torn, old) }, false, restoreTestWant(torn), ""},
+		{"empty", func(t *testing.T, dir string) { restoreTestWrite(t, dir, nil, old) }, false, nil, ""},
+		{"incomplete, written a moment ago", func(t *testing.T, dir string) { restoreTestWrite(t, dir, torn, time.Now()) }, false, nil,
+			"holds an incomplete save (no _COMPLETE at its top), modified"},
+		{"incomplete, a download fails", func(t *testing.T, dir string) { restoreTestWrite(t, dir, torn, old) }, true, nil, "boom"},
+		{"with its marker", func(t *testing.T, dir string) {
+			restoreTestWrite(t, dir, map[string]string{"model.pt": "another save", "_COMPLETE": ""}, old)
+		}, false, nil, "exists with other content"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s := newMemStore()
+			m := restoreTestCommit(t, s, restoreTestJob, "step-000100", restoreTestT0, files)
+			restoreTestSetLatest(t, s, restoreTestJob, "step-000100")
+			if tt.fail {
+				s.failKey(m.FileKey(m.Files[0]), errors.New("boom"))
+			}
+			_, to := restoreTestDirs(t)
+			dir := filepath.Join(to, "step-000100")
+			tt.prepare(t, dir)
+			before := restoreTestTree(t, to)
+			var log bytes.Buffer
+			res, err := Restore(t.Context(), s, restoreTestOpts(to, &log))
+			if tt.refused != "" {
+				var de *DestinationExistsError
+				if err == nil || !strings.Contains(err.Error(), tt.refused) ||
+					(strings.Contains(tt.name, "moment") && (!errors.As(err, &de) || !de.Incomplete)) {
+					t.Errorf("Restore() = %+v, %v; want an error containing %q", res, err, tt.refused)
+				}
+				if d := restoreTestDiff(restoreTestTree(t, to), before); d != "" {
+					t.Errorf("a refused restore changed the destination:%s", d)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("Restore() error: %v", err)
+			}
+			want := map[string]string{}
+			for p, v := range restoreTestWant(files) {
+				want["step-000100/"+p] = v
+			}
+			want["step-000100"] = "dir"
+			if tt.aside != nil {
+				if filepath.Dir(res.MovedAside) != to || !strings.HasPrefix(filepath.Base(res.MovedAside), ".spotguard-incomplete-step-000100-") {
+					t.Fatalf("MovedAside = %q; want %s/.spotguard-incomplete-step-000100-<time>", res.MovedAside, to)
+				}
+				want[filepath.Base(res.MovedAside)] = "dir"
+				for p, v := range tt.aside {
+					want[filepath.Base(res.MovedAside)+"/"+p] = v
+				}
+				if !strings.Contains(log.String(), "an incomplete save of this name was there") {
+					t.Errorf("log does not say the incomplete save was moved aside:\n%s", log.String())
+				}
+			} else if res.MovedAside != "" {
+				t.Errorf("MovedAside = %q; want \"\" (nothing kept)", res.MovedAside)
+			}
+			if d := restoreTestDiff(restoreTestTree(t, to), want); d != "" {
+				t.Errorf("the destination differs from the commit, and what was moved aside:%s", d)
+			}
+		})
+	}
+}
+
+// restoreTestWrite makes the directory dir holding files, everything in it modified at at.
+func restoreTestWrite(t *testing.T, dir string, files map[string]string, at time.Time) {
+	t.Helper()
+	restoreTestMust(t, os.MkdirAll(dir, 0o755))
+	for p, data := range files {
+		f := filepath.Join(dir, filepath.FromSlash(p))
+		restoreTestMust(t, os.MkdirAll(filepath.Dir(f), 0o755))
+		restoreTestMust(t, os.WriteFile(f, []byte(data), 0o644))
+	}
+	restoreTestMust(t, filepath.WalkDir(dir, func(p string, _ fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		return os.Chtimes(p, at, at)
+	}))
+}

@@ -15,6 +15,7 @@ import (
 	"sync"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/spotguard/spotguard/checkpoint"
 )
@@ -304,6 +305,9 @@ func TestRestoreSaysWhatIsInTheWayInWords(t *testing.T) {
 			if err := os.Mkdir(p, 0o755); err != nil {
 				return err
 			}
+			if err := os.WriteFile(filepath.Join(p, "_COMPLETE"), nil, 0o644); err != nil {
+				return err
+			}
 			return os.Symlink("/nowhere", filepath.Join(p, "model.pt"))
 		}},
 	} {
@@ -380,6 +384,9 @@ func TestRestoreOntoOtherContentSaysWhatToDo(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(local, "model.pt"), []byte("newer weights"), 0o644); err != nil {
 		t.Fatal(err)
 	}
+	if err := os.WriteFile(filepath.Join(local, "_COMPLETE"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
 	code, _, stderr := runCLI(t, t.Context(), env, "restore", "--config", cfgPath, "--to", to)
 	for _, want := range []string{"exists with other content", "not overwriting it",
 		"fix: restore never overwrites what is there. If " + local + " is a save the agent had not committed",
@@ -393,5 +400,44 @@ func TestRestoreOntoOtherContentSaysWhatToDo(t *testing.T) {
 	}
 	if got, err := os.ReadFile(filepath.Join(local, "model.pt")); err != nil || string(got) != "newer weights" {
 		t.Errorf("the local model.pt is now %q (%v); want it untouched", got, err)
+	}
+}
+
+// An incomplete save of the checkpoint's name (no marker: a save cut short on a disk that outlived
+// its instance) is moved aside as the commit takes its place, and the summary says where it went;
+// one written a moment ago is left alone, and restore says to stop what writes it.
+func TestRestoreMovesAnIncompleteSaveAsideAndSaysWhere(t *testing.T) {
+	store, cfgPath, env := restoreEnv(t)
+	commitForTest(t, store, "j", "step-000100", map[string][]byte{"model.pt": []byte("weights"), "_COMPLETE": nil})
+	to := t.TempDir()
+	local := filepath.Join(to, "step-000100")
+	if err := os.MkdirAll(local, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(local, "model.pt"), []byte("half"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	code, _, stderr := runCLI(t, t.Context(), env, "restore", "--config", cfgPath, "--to", to)
+	if want := "fix: stop what writes " + local; code != exitFail || !strings.Contains(stderr, "holds an incomplete save") || !strings.Contains(stderr, want) {
+		t.Errorf("restore onto an incomplete save written a moment ago: exit %d, stderr:\n%s\nwant 1, saying so, and %q", code, stderr, want)
+	}
+	old := time.Now().Add(-5 * time.Minute)
+	for _, p := range []string{filepath.Join(local, "model.pt"), local} {
+		if err := os.Chtimes(p, old, old); err != nil {
+			t.Fatal(err)
+		}
+	}
+	code, stdout, stderr := runCLI(t, t.Context(), env, "restore", "--config", cfgPath, "--to", to, "--json")
+	var got struct {
+		MovedAside string `json:"moved_aside"`
+	}
+	if err := json.Unmarshal([]byte(stdout), &got); code != exitOK || err != nil || !strings.HasPrefix(got.MovedAside, filepath.Join(to, ".spotguard-incomplete-step-000100-")) {
+		t.Fatalf("restore onto an incomplete save: exit %d, stdout %q (%v), stderr:\n%s\nwant 0 and moved_aside", code, stdout, err, stderr)
+	}
+	if b, err := os.ReadFile(filepath.Join(got.MovedAside, "model.pt")); err != nil || string(b) != "half" {
+		t.Errorf("the incomplete save's model.pt, moved aside, is %q (%v); want it kept", b, err)
+	}
+	if b, err := os.ReadFile(filepath.Join(local, "model.pt")); err != nil || string(b) != "weights" {
+		t.Errorf("the restored model.pt is %q (%v); want the commit's", b, err)
 	}
 }

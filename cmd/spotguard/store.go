@@ -202,7 +202,10 @@ func runRestore(ctx context.Context, args, environ []string, stdout, stderr io.W
 			notFound = fmt.Sprintf("job %s has no valid commit of checkpoint %q in %s: `spotguard list` shows the job's checkpoints and commits", cfg.Store.Job, *name, store.URL())
 		}
 		restoreHint(stderr, cfg.Store.URL, *to, err, notFound, need.Load(), freeSpace)
-		if de, ok := errors.AsType[*checkpoint.DestinationExistsError](err); ok {
+		if de, ok := errors.AsType[*checkpoint.DestinationExistsError](err); ok && de.Incomplete {
+			fmt.Fprintf(stderr, "spotguard restore: fix: stop what writes %s (a trainer saving into that name) and run restore again;\n"+
+				"an incomplete save left alone for a minute is moved aside, and the commit put in its place\n", de.Path)
+		} else if ok {
 			fmt.Fprintf(stderr, "spotguard restore: fix: restore never overwrites what is there. If %s is a save the agent had not committed\n"+
 				"yet (this instance stopped and started again), it is newer than the commit: the trainer resumes from it and the agent\n"+
 				"commits it, with nothing to restore. Otherwise move it away (mv %s %s.old) and run restore again\n", de.Path, de.Path, de.Path)
@@ -224,7 +227,8 @@ func runRestore(ctx context.Context, args, environ []string, stdout, stderr io.W
 			"restored":   true,
 			"checkpoint": res.Checkpoint, "commit": res.Commit, "dir": res.Dir, "files": res.Files, "bytes": res.Bytes,
 			"seconds": res.Elapsed.Seconds(), "fell_back": res.FellBack, "already_present": res.AlreadyPresent, "deleted_while_restored": res.Deleted,
-			"store": store.URL(), "job": cfg.Store.Job,
+			"moved_aside": res.MovedAside,
+			"store":       store.URL(), "job": cfg.Store.Job,
 		})
 		return exitOK
 	}
@@ -236,6 +240,9 @@ func runRestore(ctx context.Context, args, environ []string, stdout, stderr io.W
 		note := ""
 		if res.FellBack {
 			note = " (LATEST was missing, unusable or older: restored the newest commit)"
+		}
+		if res.MovedAside != "" {
+			note += fmt.Sprintf(" (an incomplete save of that name was there: moved to %s; delete it when done)", res.MovedAside)
 		}
 		if res.Deleted > 0 {
 			note += fmt.Sprintf(" (%d newest commit%s deleted from the store while restored, by an agent still running the job: restored the newest since)", res.Deleted, plural(res.Deleted))
