@@ -1008,6 +1008,9 @@ func (u *Uploader) goLateCleanup(ctx context.Context, l lateCleanup) {
 		if l.Sealed && !l.Abandoned {
 			derr = errors.Join(derr, u.dropTorn(actx, l.CommitRef))
 		}
+		if l.Listed && !l.Abandoned && !l.Deleted {
+			derr = errors.Join(derr, u.dropUnlisted(actx, l.CommitRef))
+		}
 		err = errors.Join(err, derr)
 		switch {
 		case err != nil && ctx.Err() != nil:
@@ -1092,6 +1095,60 @@ func (u *Uploader) dropRevived(ctx context.Context, ref CommitRef) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// dropUnlisted deletes every object under the prefix of commit ref, this agent's and committed,
+// that its manifest (its part manifest, in a multi-node job) does not list: a write of a file that
+// left the checkpoint before the commit, sent by an earlier run of this agent (whose list of such
+// keys died with it) and held by the network, that landed after the commit. Without a manifest
+// of this commit's there (deleted since, by retention), nothing is touched.
+func (u *Uploader) dropUnlisted(ctx context.Context, ref CommitRef) error {
+	key := ManifestKey(u.cfg.Job, ref.Checkpoint, ref.Commit)
+	if u.cfg.WorldNodes > 1 {
+		key = PartKey(u.cfg.Job, ref.Checkpoint, ref.Commit)
+	}
+	data, _, err := u.cfg.Store.GetBytes(ctx, key)
+	if errors.Is(err, ErrNotFound) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("read %s: %w", key, err)
+	}
+	m, err := ParseManifest(data)
+	if err != nil || m.Job != u.cfg.Job || m.Checkpoint != ref.Checkpoint || m.Commit != ref.Commit {
+		return nil // not a manifest of this commit's: not this agent's to judge
+	}
+	prefix := CommitPrefix(u.cfg.Job, ref.Checkpoint, ref.Commit)
+	objs, err := u.cfg.Store.List(ctx, prefix)
+	if err != nil {
+		return fmt.Errorf("list %s: %w", prefix, err)
+	}
+	keep := commitKeeps(m)
+	var strays []string
+	for _, o := range objs {
+		if !keep[o.Key] {
+			strays = append(strays, o.Key)
+		}
+	}
+	if len(strays) == 0 {
+		return nil
+	}
+	u.log.Info().Str("checkpoint", ref.Checkpoint).Str("commit", ref.Commit).Strs("keys", strays[:min(len(strays), 10)]).Int("objects", len(strays)).
+		Msg("deleting objects under the commit that its manifest does not list (writes of files that left the checkpoint, landed after the commit)")
+	return u.cfg.Store.Delete(ctx, strays...)
+}
+
+// commitKeeps is the set of keys under m's commit prefix that are the commit's: its files, and
+// its manifest or part manifest (a job manifest lives under the commit of its save's part of
+// rank 0).
+func commitKeeps(m *Manifest) map[string]bool {
+	keep := make(map[string]bool, len(m.Files)+2)
+	for _, f := range m.Files {
+		keep[f.Key] = true
+	}
+	keep[ManifestKey(m.Job, m.Checkpoint, m.Commit)] = true
+	keep[PartKey(m.Job, m.Checkpoint, m.Commit)] = true
+	return keep
 }
 
 // dropTornKey deletes the manifest at key, of commit ref, if it names objects the store does not
@@ -1355,7 +1412,7 @@ func (u *Uploader) commit(ctx context.Context, c commitJob) commitResult {
 	r.manifest = m
 	u.cache.put(key, m)
 	r.late = &lateCleanup{CommitRef: CommitRef{Checkpoint: m.Checkpoint, Commit: m.Commit}, Strays: strays, Sealed: maybeWritten,
-		At: time.Now()}
+		Listed: c.resumed, At: time.Now()}
 	if m.Part != nil {
 		return r
 	}
@@ -1476,14 +1533,8 @@ func (u *Uploader) missingObjects(ctx context.Context, m *Manifest) (string, err
 // own upload, and goLateCleanup clears whatever is left after the commit. It returns the keys
 // it deleted: a write of one may still land (goLateCleanup).
 func (u *Uploader) removeStrays(ctx context.Context, c commitJob, m *Manifest) ([]string, error) {
-	keep := make(map[string]bool, len(m.Files)+1)
-	for _, f := range m.Files {
-		keep[f.Key] = true
-	}
 	// The manifest or part manifest itself may be there already: a try whose answer was lost.
-	// And a job manifest lives under the commit of its save's part of rank 0.
-	keep[ManifestKey(m.Job, m.Checkpoint, m.Commit)] = true
-	keep[PartKey(m.Job, m.Checkpoint, m.Commit)] = true
+	keep := commitKeeps(m)
 	prefix := CommitPrefix(m.Job, m.Checkpoint, m.Commit)
 	strays := slices.DeleteFunc(slices.Clone(c.strays), func(k string) bool { return keep[k] })
 	if c.resumed {

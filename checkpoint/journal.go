@@ -75,13 +75,14 @@ type journalLine struct {
 	ID         *FileID   `json:"id,omitempty"`
 	Checksum   Checksum  `json:"checksum,omitzero"`
 	ReadAt     time.Time `json:"read_at,omitzero"`
-	// At, Keys, Abandoned, Deleted and Sealed are a journalLate's (lateCleanup); Abandoned and
-	// Deleted a journalLateDone's too.
+	// At, Keys, Abandoned, Deleted, Sealed and Listed are a journalLate's (lateCleanup);
+	// Abandoned and Deleted a journalLateDone's too.
 	At        time.Time `json:"at,omitzero"`
 	Keys      []string  `json:"keys,omitempty"`
 	Abandoned bool      `json:"abandoned,omitempty"`
 	Deleted   bool      `json:"deleted,omitempty"`
 	Sealed    bool      `json:"sealed,omitempty"`
+	Listed    bool      `json:"listed,omitempty"`
 }
 
 // journalEntry is what the journal says of one checkpoint: its last commit.
@@ -233,13 +234,17 @@ func journalCleanups(path string) []CommitRef {
 // manifest (or part manifest) whose answer was lost may still land, after another agent's
 // retention deleted the commit; each pass then deletes a manifest that names missing objects.
 // Deleted: this agent's retention deleted the commit, which another agent may have written; each
-// pass deletes a manifest written there again over deleted objects, and nothing else.
+// pass deletes a manifest written there again over deleted objects, and nothing else. Listed: the
+// strays are not all known (the commit was begun by an earlier run of this agent, which kept
+// them in memory: one resumed, or found committed at start); each pass lists the prefix and
+// deletes whatever the commit's manifest does not list (dropUnlisted).
 type lateCleanup struct {
 	CommitRef
 	Strays    []string
 	Abandoned bool
 	Deleted   bool
 	Sealed    bool
+	Listed    bool
 	At        time.Time
 }
 
@@ -251,7 +256,7 @@ const journalLateKeys = 1000
 // line is the journalLate line of l.
 func (l lateCleanup) line() journalLine {
 	return journalLine{Op: journalLate, Checkpoint: l.Checkpoint, Commit: l.Commit, At: l.At,
-		Keys: l.Strays[:min(len(l.Strays), journalLateKeys)], Abandoned: l.Abandoned, Deleted: l.Deleted, Sealed: l.Sealed}
+		Keys: l.Strays[:min(len(l.Strays), journalLateKeys)], Abandoned: l.Abandoned, Deleted: l.Deleted, Sealed: l.Sealed, Listed: l.Listed}
 }
 
 // journalLates reads the journal file for the late clean-ups begun and not done (the agent
@@ -282,11 +287,12 @@ func journalLates(file, job string) []lateCleanup {
 			})
 			if p := pending[k]; p != nil { // begun again: one clean-up of both
 				p.Strays = append(p.Strays, strays...)
-				p.At, p.Sealed = l.At, p.Sealed || l.Sealed
+				p.At, p.Sealed, p.Listed = l.At, p.Sealed || l.Sealed, p.Listed || l.Listed
 				continue
 			}
 			order = append(order, k)
-			pending[k] = &lateCleanup{CommitRef: k.CommitRef, Strays: strays, Abandoned: l.Abandoned, Deleted: l.Deleted, Sealed: l.Sealed, At: l.At}
+			pending[k] = &lateCleanup{CommitRef: k.CommitRef, Strays: strays, Abandoned: l.Abandoned, Deleted: l.Deleted, Sealed: l.Sealed,
+				Listed: l.Listed, At: l.At}
 		case journalLateDone:
 			delete(pending, k)
 		}

@@ -90,7 +90,7 @@ func TestJournalLates(t *testing.T) {
 	j.add(journalLine{Op: journalLateDone, Checkpoint: "step-3", Commit: c3, Abandoned: true})
 	j.add(lateCleanup{CommitRef: CommitRef{Checkpoint: "step-4", Commit: c4}, At: at}.line())
 	j.add(journalLine{Op: journalLateDone, Checkpoint: "step-4", Commit: c4, Abandoned: true})
-	j.add(lateCleanup{CommitRef: CommitRef{Checkpoint: "step-1", Commit: c1}, At: at.Add(time.Second), Strays: []string{own}}.line())
+	j.add(lateCleanup{CommitRef: CommitRef{Checkpoint: "step-1", Commit: c1}, At: at.Add(time.Second), Strays: []string{own}, Listed: true}.line())
 	// Retention's looks at commits it deleted: one done, one not (beside step-4's own).
 	j.add(lateCleanup{CommitRef: CommitRef{Checkpoint: "step-3", Commit: c3}, At: at, Deleted: true}.line())
 	j.add(journalLine{Op: journalLateDone, Checkpoint: "step-3", Commit: c3, Deleted: true})
@@ -100,7 +100,7 @@ func TestJournalLates(t *testing.T) {
 	}
 	got := journalLates(path, "job")
 	want := []lateCleanup{
-		{CommitRef: CommitRef{Checkpoint: "step-1", Commit: c1}, At: at.Add(time.Second), Strays: []string{own}},
+		{CommitRef: CommitRef{Checkpoint: "step-1", Commit: c1}, At: at.Add(time.Second), Strays: []string{own}, Listed: true},
 		{CommitRef: CommitRef{Checkpoint: "step-4", Commit: c4}, At: at},
 		{CommitRef: CommitRef{Checkpoint: "step-4", Commit: c4}, At: at.Add(2 * time.Second), Deleted: true},
 	}
@@ -109,7 +109,7 @@ func TestJournalLates(t *testing.T) {
 	}
 	for i := range want {
 		if got[i].CommitRef != want[i].CommitRef || !got[i].At.Equal(want[i].At) || got[i].Abandoned != want[i].Abandoned ||
-			got[i].Deleted != want[i].Deleted || !slices.Equal(got[i].Strays, want[i].Strays) {
+			got[i].Deleted != want[i].Deleted || got[i].Listed != want[i].Listed || !slices.Equal(got[i].Strays, want[i].Strays) {
 			t.Errorf("Got(%q)[%d] = %+v; want %+v", "journalLates", i, got[i], want[i])
 		}
 	}

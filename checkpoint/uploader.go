@@ -1187,15 +1187,15 @@ func (u *Uploader) resolveJournal(ctx context.Context, name string, e *journalEn
 	}
 	if committed {
 		e.done = true
-		if e.sealed {
-			// The killed run may have sent more than one write of the manifest and had their
-			// answers lost: one the network holds can still land, after another agent's
-			// retention deleted the commit, over deleted objects. Its late passes look for that,
-			// counted from when such a write would have had its answer (a commit of this run's
-			// has them from its last write's answer on).
-			u.startLate(ctx, lateCleanup{CommitRef: CommitRef{Checkpoint: name, Commit: e.commit}, Sealed: true,
-				At: time.Now().Add(s3ResponseHeaderTimeout)})
-		}
+		// The killed run's writes of files that left the checkpoint before its commit may land
+		// after it (held by the network), and the keys it would have deleted then died with it:
+		// the late passes delete what the manifest does not list. And it may have sent more than
+		// one write of the manifest and had their answers lost: one the network holds can still
+		// land, after another agent's retention deleted the commit, over deleted objects. Its
+		// late passes look for that too, counted from when such a write would have had its
+		// answer (a commit of this run's has them from its last write's answer on).
+		u.startLate(ctx, lateCleanup{CommitRef: CommitRef{Checkpoint: name, Commit: e.commit}, Sealed: e.sealed, Listed: true,
+			At: time.Now().Add(s3ResponseHeaderTimeout)})
 		if lerr != nil {
 			delete(u.resume, name) // as for one the journal says is done
 		}

@@ -1446,3 +1446,99 @@ func commitStep1(t *testing.T, dir string, mem *memStore) (*Manifest, []byte) {
 	}
 	return m, data
 }
+
+// TestUploaderStrayOfAnEarlierRunLandingLateIsDeleted: a run sends a file that then leaves the
+// checkpoint (a temporary name, renamed into place) and is killed; its write, held by the
+// network (a slow link), lands after the next run committed the checkpoint, a commit it resumed
+// or found committed (the killed run committed it, but its journal did not say so yet). The
+// killed run's list of such keys died with it: the next run's late passes list the commit and
+// delete what its manifest does not list. (Found by the soak, seed 11686355102673217854:
+// shard-2.bin.tmp under a resumed commit, for good.)
+func TestUploaderStrayOfAnEarlierRunLandingLateIsDeleted(t *testing.T) {
+	t.Cleanup(func(l []time.Duration, h time.Duration) func() {
+		return func() { lateAborts, s3ResponseHeaderTimeout = l, h }
+	}(lateAborts, s3ResponseHeaderTimeout)) // after the uploaders stop
+	lateAborts, s3ResponseHeaderTimeout = []time.Duration{0, 100 * time.Millisecond, 300 * time.Millisecond}, 100*time.Millisecond
+	for _, tc := range []string{"resumed", "found committed"} {
+		t.Run(tc, func(t *testing.T) {
+			mem, dir, state := newMemStore(), t.TempDir(), t.TempDir()
+			var store Store = mem
+			if tc == "resumed" {
+				store = failManifestWrites(mem) // killed before its commit
+			}
+			first := startUploaderWith(t, dir, store, UploaderConfig{StateDir: state, StopBudget: -1})
+			tmp := filepath.Join(dir, "step-1", "a.tmp")
+			data := randomBytes(t, 8<<10)
+			if err := os.MkdirAll(filepath.Dir(tmp), 0o755); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(tmp, data, 0o644); err != nil {
+				t.Fatal(err)
+			}
+			var strayKey string
+			eventuallyUploader(t, "the temporary file to be stored", func() bool {
+				objs, _ := mem.List(t.Context(), "job/step-1/")
+				for _, o := range objs {
+					if strings.HasSuffix(o.Key, "/a.tmp") {
+						strayKey = o.Key
+					}
+				}
+				return strayKey != ""
+			})
+			if err := os.Rename(tmp, filepath.Join(dir, "step-1", "a")); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(filepath.Join(dir, "step-1", "_COMPLETE"), nil, 0o644); err != nil {
+				t.Fatal(err)
+			}
+			if tc == "resumed" {
+				first.waitEvent(CheckpointFailed, "step-1")
+				first.stop()
+			} else {
+				m := first.waitCommitted("step-1").Manifest
+				first.stop()
+				// Killed before its journal said the commit was done: the journal says sealed.
+				files := map[string]doneFile{}
+				for _, f := range m.Files {
+					fi, err := os.Lstat(filepath.Join(dir, "step-1", f.Path))
+					if err != nil {
+						t.Fatal(err)
+					}
+					files[f.Path] = doneFile{id: FileIDOf(fi), key: m.FileKey(f), checksum: f.Checksum, readAt: time.Now()}
+				}
+				j, err := writeJournal(journalPath(state, "job", dir, mem.URL()), map[string]*journalEntry{"step-1": {commit: m.Commit, files: files, sealed: true}})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := j.close(); err != nil {
+					t.Fatal(err)
+				}
+			}
+
+			second := startUploaderWith(t, dir, mem, UploaderConfig{StateDir: state})
+			var commit string
+			if tc == "resumed" {
+				commit = second.waitCommitted("step-1").Manifest.Commit
+			} else {
+				eventuallyUploader(t, "the next run to read its journal", func() bool { return len(second.up.Status(t.Context()).Checkpoints) > 0 })
+				commit = strings.Split(strayKey, "/")[2]
+			}
+			if !strings.HasPrefix(strayKey, CommitPrefix("job", "step-1", commit)) {
+				t.Fatalf("the temporary file went to %s, not under the commit %s", strayKey, commit)
+			}
+			if _, err := mem.PutBytes(t.Context(), strayKey, data, Cond{}); err != nil { // the held write lands
+				t.Fatal(err)
+			}
+			eventuallyUploader(t, "the earlier run's stray that landed after the commit to be deleted", func() bool {
+				_, _, err := mem.GetBytes(t.Context(), strayKey)
+				return errors.Is(err, ErrNotFound)
+			})
+			if problems := CheckJob(t.Context(), mem, "job", true); len(problems) > 0 {
+				t.Fatalf("store check after the clean-up: %v", problems)
+			}
+			if _, err := Restore(t.Context(), mem, RestoreOptions{Job: "job", Checkpoint: "step-1", To: t.TempDir(), Logger: zerolog.Nop()}); err != nil {
+				t.Fatalf("restore of step-1: %v", err)
+			}
+		})
+	}
+}
