@@ -1144,7 +1144,7 @@ func (u *Uploader) dropUnlisted(ctx context.Context, ref CommitRef) error {
 func commitKeeps(m *Manifest) map[string]bool {
 	keep := make(map[string]bool, len(m.Files)+2)
 	for _, f := range m.Files {
-		keep[f.Key] = true
+		keep[m.FileKey(f)] = true
 	}
 	keep[ManifestKey(m.Job, m.Checkpoint, m.Commit)] = true
 	keep[PartKey(m.Job, m.Checkpoint, m.Commit)] = true

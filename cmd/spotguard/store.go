@@ -56,7 +56,7 @@ func storeProblems(err error) []string {
 }
 
 func runRestore(ctx context.Context, args, environ []string, stdout, stderr io.Writer) int {
-	fs, cf := newFlagSet("restore", "Download the newest committed checkpoint (the newest commit: what LATEST names, or a newer one if\nLATEST lags) into DIR/<checkpoint>, verifying every checksum; nothing is put in place until all of\nit is verified.", stdout, stderr)
+	fs, cf := newFlagSet("restore", "Download the newest committed checkpoint (the newest commit: what LATEST names, or a newer one if\nLATEST lags) into DIR/<checkpoint>, verifying every checksum; nothing is put in place until all of\nit is verified. What is at DIR/<checkpoint> already is never overwritten; an incomplete save of\nthat name (no marker) is moved aside, to DIR/.spotguard-incomplete-<checkpoint>-<time>.", stdout, stderr)
 	to := fs.String("to", "", "destination `DIR` (default: checkpoint.dir); the checkpoint lands in DIR/<checkpoint> (a single-file checkpoint as the file DIR/<name>)")
 	noCreate := fs.Bool("no-create", false, "do not create a missing DIR unless its parent is a mount point: a disk not mounted yet fails\nloudly instead of filling the root volume under the mount point (the restore unit uses it)")
 	mountWait := fs.Duration("mount-wait", 0, "with --no-create, wait up to `DURATION` for a missing DIR to appear or its parent to become a\nmount point (a disk mounted late at boot) before failing")
