@@ -250,13 +250,15 @@ type lateCleanup struct {
 
 // journalLateKeys is how many of a late clean-up's strays the journal keeps: the line is written
 // again at each compaction while the clean-up runs, and a trainer that renames 100 000 temporary
-// files would make it megabytes. A restart clears the others only through retention.
+// files would make it megabytes. A line that leaves some out is Listed: a restart lists the
+// commit instead.
 const journalLateKeys = 1000
 
 // line is the journalLate line of l.
 func (l lateCleanup) line() journalLine {
 	return journalLine{Op: journalLate, Checkpoint: l.Checkpoint, Commit: l.Commit, At: l.At,
-		Keys: l.Strays[:min(len(l.Strays), journalLateKeys)], Abandoned: l.Abandoned, Deleted: l.Deleted, Sealed: l.Sealed, Listed: l.Listed}
+		Keys: l.Strays[:min(len(l.Strays), journalLateKeys)], Abandoned: l.Abandoned, Deleted: l.Deleted, Sealed: l.Sealed,
+		Listed: l.Listed || len(l.Strays) > journalLateKeys}
 }
 
 // journalLates reads the journal file for the late clean-ups begun and not done (the agent

@@ -115,6 +115,36 @@ func TestJournalLates(t *testing.T) {
 	}
 }
 
+// A late clean-up with more strays than the journal keeps is Listed there: a restart lists the
+// commit rather than leave the others to retention.
+func TestJournalLateOfManyStraysIsListed(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "uploads.jsonl")
+	j, err := writeJournal(path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := "20261202T040000Z-000000000001"
+	for _, n := range []int{journalLateKeys, journalLateKeys + 1} {
+		l := lateCleanup{CommitRef: CommitRef{Checkpoint: fmt.Sprintf("step-%d", n), Commit: c}, At: time.Now()}
+		for i := range n {
+			l.Strays = append(l.Strays, DataKey("job", l.Checkpoint, c, fmt.Sprintf("f%d.tmp", i)))
+		}
+		j.add(l.line())
+	}
+	if err := j.close(); err != nil {
+		t.Fatal(err)
+	}
+	lates := journalLates(path, "job")
+	if len(lates) != 2 {
+		t.Fatalf("journalLates = %d clean-ups; want 2", len(lates))
+	}
+	for _, l := range lates {
+		if want := l.Checkpoint != fmt.Sprintf("step-%d", journalLateKeys); l.Listed != want || len(l.Strays) != journalLateKeys {
+			t.Errorf("%s: Listed %v with %d strays; want Listed %v with %d", l.Checkpoint, l.Listed, len(l.Strays), want, journalLateKeys)
+		}
+	}
+}
+
 func TestJournalMissingIsEmpty(t *testing.T) {
 	got, err := readJournal(filepath.Join(t.TempDir(), "none.jsonl"))
 	if err != nil || len(got) != 0 {
