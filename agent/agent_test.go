@@ -592,6 +592,9 @@ func TestCheckpointMissingByTheDeadlineIsSaid(t *testing.T) {
 				if tc == "withheld name" && !strings.Contains(ta.logs.String(), "the store cannot hold that name") {
 					t.Errorf("log does not say the checkpoint's name cannot be stored:\n%s", ta.logs)
 				}
+				// Deleted, it no longer waits to be fixed: healthy again.
+				os.RemoveAll(filepath.Join(dir, map[string]string{"withheld": "step-0", "withheld name": "LATEST"}[tc]))
+				eventually(t, "healthy again once the withheld checkpoint is deleted", func() bool { return ta.a.health(time.Now()).Healthy })
 			}
 			if last := ns.Transitions[len(ns.Transitions)-1]; last.Detail != reason || last.At.Before(deadline) {
 				t.Errorf("last transition = %+v; want checkpoint_missing (%s) at the deadline %v or after", last, reason, deadline)

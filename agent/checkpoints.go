@@ -113,6 +113,13 @@ func (a *Agent) onUpload(ev checkpoint.UploadEvent) {
 			a.withheld = &ev
 		}
 		a.mu.Unlock()
+	case checkpoint.CheckpointDeleted, checkpoint.CheckpointRenamedAway:
+		a.mu.Lock()
+		if w := a.withheld; w != nil && w.Checkpoint == ev.Checkpoint {
+			// Gone, it no longer waits to be fixed (under a new name it is seen anew).
+			a.withheld = nil
+		}
+		a.mu.Unlock()
 	case checkpoint.CheckpointSplit:
 		a.metrics.split.Inc()
 		a.mu.Lock()

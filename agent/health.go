@@ -117,7 +117,7 @@ func (a *Agent) health(now time.Time) healthVerdict {
 			"job checkpoint "+jobProblem.Checkpoint+" not committed")
 	}
 	if withheld != nil {
-		v.reason(fmt.Sprintf("checkpoint %s has its marker (%s) but is not committed: %v; healthy again once it or a checkpoint completed after it commits",
+		v.reason(fmt.Sprintf("checkpoint %s has its marker (%s) but is not committed: %v; healthy again once it or a checkpoint completed after it commits, or it is deleted",
 			withheld.Checkpoint, withheld.At.UTC().Format(time.RFC3339), withheld.Err),
 			"checkpoint "+withheld.Checkpoint+" not committed: "+withheldWhy(withheld.Err))
 	}

@@ -127,6 +127,12 @@ func TestCheckpointWhoseNameCannotBeStoredIsWithheld(t *testing.T) {
 	}
 	waitWithheld(`step\2`, "caf\xe9-3", `m\odel.pt`)
 
+	// Deleted, it no longer waits for a fix.
+	if err := os.RemoveAll(filepath.Join(dir, "caf\xe9-3")); err != nil {
+		t.Fatal(err)
+	}
+	r.waitEvent(CheckpointDeleted, "caf\xe9-3")
+
 	// Its marker written again is another save, withheld again.
 	laterTick(t, dir, `step\2`)
 	if err := os.Remove(filepath.Join(backslash, "_COMPLETE")); err != nil {

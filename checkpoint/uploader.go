@@ -1462,9 +1462,14 @@ func (u *Uploader) nextGen(old *generation) *generation {
 
 func (u *Uploader) handleWatch(ctx context.Context, ev WatchEvent) {
 	if err := ValidName(ev.Checkpoint); err != nil {
-		if ev.Kind == Withheld {
+		switch ev.Kind {
+		case Withheld:
 			// A checkpoint whose own name the store cannot hold: never committed under it.
 			u.withheld(ev)
+			return
+		case Removed:
+			// Such a checkpoint gone: its CheckpointWithheld no longer waits for a fix.
+			u.emit(UploadEvent{Kind: CheckpointDeleted, Checkpoint: ev.Checkpoint, At: time.Now()})
 			return
 		}
 		u.log.Warn().Str("checkpoint", ev.Checkpoint).Err(err).Msg("checkpoint name refused")
@@ -1845,6 +1850,9 @@ func (u *Uploader) abandon(ctx context.Context, g *generation, why string) {
 		u.emit(UploadEvent{Kind: CheckpointRenamedAway, Checkpoint: g.name, At: time.Now()})
 	case wasComplete:
 		// A notice whose checkpoint this was no longer waits for it.
+		u.emit(UploadEvent{Kind: CheckpointDeleted, Checkpoint: g.name, At: time.Now()})
+	case g.withheld:
+		// Its CheckpointWithheld no longer waits for a fix.
 		u.emit(UploadEvent{Kind: CheckpointDeleted, Checkpoint: g.name, At: time.Now()})
 	}
 	switch {

@@ -779,7 +779,7 @@ func (r *watchRun) singleWithheld(name string, err error) {
 // marker (or a regular file of that name matches Pattern), the trainer saved a checkpoint that is
 // never committed under that name, which must be an error, not the skip's warning alone. It
 // sends its Withheld (ErrNameNotStorable), once for each version of the marker. A name that is gone
-// is forgotten.
+// is forgotten, with a Removed if it had a Withheld.
 func (r *watchRun) checkBadName(name string) {
 	said, ok := r.badNames[name]
 	if !ok {
@@ -787,6 +787,9 @@ func (r *watchRun) checkBadName(name string) {
 	}
 	fi, err := r.walker.root.Lstat(name)
 	if errors.Is(err, fs.ErrNotExist) {
+		if said.known() {
+			r.emit(WatchEvent{Kind: Removed, Checkpoint: name}) // its Withheld is void
+		}
 		delete(r.badNames, name)
 		if n := r.nodes[name]; n != nil {
 			n.warned = "" // made again, it is said again
@@ -803,8 +806,7 @@ func (r *watchRun) checkBadName(name string) {
 		rel = r.marker
 		marker, err = r.walker.root.Lstat(name + "/" + r.marker)
 		if err != nil || !marker.Mode().IsRegular() {
-			r.badNames[name] = FileID{} // a marker written later is said
-			return
+			return // a marker written later (another version) is said
 		}
 	case !fi.Mode().IsRegular() || !r.walker.isSingle(name):
 		return
