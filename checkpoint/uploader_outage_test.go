@@ -478,7 +478,7 @@ func TestUploaderDeletesObjectsThatLandLate(t *testing.T) {
 	dir := t.TempDir()
 	r := startUploader(t, dir, s, 0)
 
-	strayKey, data := sendThenRename(t, s, dir)
+	strayKey, data := sendThenRename(t, s.memStore, dir)
 	ev := r.waitCommitted("step-1")
 	if !strings.HasPrefix(strayKey, CommitPrefix("job", "step-1", ev.Manifest.Commit)) {
 		t.Fatalf("the temporary file went to %s, not to commit %s", strayKey, ev.Manifest.Commit)
@@ -525,7 +525,7 @@ func TestUploaderLateCleanupOutlivesARestart(t *testing.T) {
 	dir, state := t.TempDir(), t.TempDir()
 	first := startUploaderWith(t, dir, s, UploaderConfig{StateDir: state})
 
-	strayKey, data := sendThenRename(t, s, dir)
+	strayKey, data := sendThenRename(t, s.memStore, dir)
 	ev := first.waitCommitted("step-1")
 	abandoned := abandonWhileHeld(t, first, s, "step-2")
 	first.stop()
@@ -626,9 +626,9 @@ func TestUploaderJournalCommitOfUnknownStateIsCleared(t *testing.T) {
 }
 
 // sendThenRename writes step-1/a.tmp below dir, a visible temporary file, waits for it to be
-// stored in s, then renames it to step-1/a and completes step-1: the object it returns the key of
-// is a stray of step-1's commit, whose bytes (data) a write held by the network may still land.
-func sendThenRename(t *testing.T, s *outageStore, dir string) (strayKey string, data []byte) {
+// stored in mem, then renames it to step-1/a and completes step-1: the object it returns the key
+// of is a stray of step-1's commit, whose bytes (data) a write held by the network may still land.
+func sendThenRename(t *testing.T, mem *memStore, dir string) (strayKey string, data []byte) {
 	t.Helper()
 	tmp := filepath.Join(dir, "step-1", "a.tmp")
 	if err := os.MkdirAll(filepath.Dir(tmp), 0o755); err != nil {
@@ -639,7 +639,7 @@ func sendThenRename(t *testing.T, s *outageStore, dir string) (strayKey string, 
 		t.Fatal(err)
 	}
 	eventuallyUploader(t, "the temporary file to be stored", func() bool {
-		objs, _ := s.memStore.List(t.Context(), "job/step-1/")
+		objs, _ := mem.List(t.Context(), "job/step-1/")
 		for _, o := range objs {
 			if strings.HasSuffix(o.Key, "/a.tmp") {
 				strayKey = o.Key
@@ -1467,30 +1467,7 @@ func TestUploaderStrayOfAnEarlierRunLandingLateIsDeleted(t *testing.T) {
 				store = failManifestWrites(mem) // killed before its commit
 			}
 			first := startUploaderWith(t, dir, store, UploaderConfig{StateDir: state, StopBudget: -1})
-			tmp := filepath.Join(dir, "step-1", "a.tmp")
-			data := randomBytes(t, 8<<10)
-			if err := os.MkdirAll(filepath.Dir(tmp), 0o755); err != nil {
-				t.Fatal(err)
-			}
-			if err := os.WriteFile(tmp, data, 0o644); err != nil {
-				t.Fatal(err)
-			}
-			var strayKey string
-			eventuallyUploader(t, "the temporary file to be stored", func() bool {
-				objs, _ := mem.List(t.Context(), "job/step-1/")
-				for _, o := range objs {
-					if strings.HasSuffix(o.Key, "/a.tmp") {
-						strayKey = o.Key
-					}
-				}
-				return strayKey != ""
-			})
-			if err := os.Rename(tmp, filepath.Join(dir, "step-1", "a")); err != nil {
-				t.Fatal(err)
-			}
-			if err := os.WriteFile(filepath.Join(dir, "step-1", "_COMPLETE"), nil, 0o644); err != nil {
-				t.Fatal(err)
-			}
+			strayKey, data := sendThenRename(t, mem, dir)
 			if tc == "resumed" {
 				first.waitEvent(CheckpointFailed, "step-1")
 				first.stop()

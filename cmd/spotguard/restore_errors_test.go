@@ -374,19 +374,7 @@ func TestRestoreJSONDirIsAbsolute(t *testing.T) {
 // yet, on an instance stopped and started again) is never overwritten: restore fails naming it,
 // and says what to do, where it used to end with the refusal alone.
 func TestRestoreOntoOtherContentSaysWhatToDo(t *testing.T) {
-	store, cfgPath, env := restoreEnv(t)
-	commitForTest(t, store, "j", "step-000100", map[string][]byte{"model.pt": []byte("weights"), "_COMPLETE": nil})
-	to := t.TempDir()
-	local := filepath.Join(to, "step-000100")
-	if err := os.MkdirAll(local, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(local, "model.pt"), []byte("newer weights"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(local, "_COMPLETE"), nil, 0o644); err != nil {
-		t.Fatal(err)
-	}
+	cfgPath, env, to, local := restoreOnto(t, map[string]string{"model.pt": "newer weights", "_COMPLETE": ""})
 	code, _, stderr := runCLI(t, t.Context(), env, "restore", "--config", cfgPath, "--to", to)
 	for _, want := range []string{"exists with other content", "not overwriting it",
 		"fix: restore never overwrites what is there. If " + local + " is a save the agent had not committed",
@@ -407,16 +395,7 @@ func TestRestoreOntoOtherContentSaysWhatToDo(t *testing.T) {
 // its instance) is moved aside as the commit takes its place, and the summary says where it went;
 // one written a moment ago is left alone, and restore says to stop what writes it.
 func TestRestoreMovesAnIncompleteSaveAsideAndSaysWhere(t *testing.T) {
-	store, cfgPath, env := restoreEnv(t)
-	commitForTest(t, store, "j", "step-000100", map[string][]byte{"model.pt": []byte("weights"), "_COMPLETE": nil})
-	to := t.TempDir()
-	local := filepath.Join(to, "step-000100")
-	if err := os.MkdirAll(local, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(local, "model.pt"), []byte("half"), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	cfgPath, env, to, local := restoreOnto(t, map[string]string{"model.pt": "half"})
 	code, _, stderr := runCLI(t, t.Context(), env, "restore", "--config", cfgPath, "--to", to)
 	if want := "fix: stop what writes " + local; code != exitFail || !strings.Contains(stderr, "holds an incomplete save") || !strings.Contains(stderr, want) {
 		t.Errorf("restore onto an incomplete save written a moment ago: exit %d, stderr:\n%s\nwant 1, saying so, and %q", code, stderr, want)
@@ -440,4 +419,24 @@ func TestRestoreMovesAnIncompleteSaveAsideAndSaysWhere(t *testing.T) {
 	if b, err := os.ReadFile(filepath.Join(local, "model.pt")); err != nil || string(b) != "weights" {
 		t.Errorf("the restored model.pt is %q (%v); want the commit's", b, err)
 	}
+}
+
+// restoreOnto commits step-000100 (model.pt "weights" and its marker) and makes the directory
+// local, --to/step-000100, holding files: what a restore into to then finds where the checkpoint
+// goes.
+func restoreOnto(t *testing.T, files map[string]string) (cfgPath string, env []string, to, local string) {
+	t.Helper()
+	store, cfgPath, env := restoreEnv(t)
+	commitForTest(t, store, "j", "step-000100", map[string][]byte{"model.pt": []byte("weights"), "_COMPLETE": nil})
+	to = t.TempDir()
+	local = filepath.Join(to, "step-000100")
+	if err := os.MkdirAll(local, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for name, data := range files {
+		if err := os.WriteFile(filepath.Join(local, name), []byte(data), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return cfgPath, env, to, local
 }
