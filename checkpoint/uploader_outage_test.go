@@ -1294,6 +1294,21 @@ func sealedRestartRig(t *testing.T, mem *memStore, dir, state string, entry func
 	return m, data
 }
 
+// sealedEntry is the journal's entry of m, step-1's commit, as a run that sent its manifest
+// write leaves it: its files as they are below dir, sealed, not done.
+func sealedEntry(t *testing.T, dir string, m *Manifest) *journalEntry {
+	t.Helper()
+	files := map[string]doneFile{}
+	for _, f := range m.Files {
+		fi, err := os.Lstat(filepath.Join(dir, "step-1", f.Path))
+		if err != nil {
+			t.Fatal(err)
+		}
+		files[f.Path] = doneFile{id: FileIDOf(fi), key: m.FileKey(f), checksum: f.Checksum, readAt: time.Now()}
+	}
+	return &journalEntry{commit: m.Commit, files: files, sealed: true}
+}
+
 // landsAfterRetention checks what a held write of m (step-1's manifest) would do now: the
 // manifest is still there, so the write finds it (If-None-Match) and lands nothing; and that
 // retention did run, deleting step-0.
@@ -1325,17 +1340,7 @@ func landsAfterRetention(t *testing.T, mem *memStore, m *Manifest, data []byte) 
 // to look (the simulation, seed 7037552981613227466 at 400 steps).
 func TestUploaderRestartKeepsAResumedSealedCommitFromRetention(t *testing.T) {
 	mem, dir, state := newMemStore(), t.TempDir(), t.TempDir()
-	m, data := sealedRestartRig(t, mem, dir, state, func(m *Manifest) *journalEntry {
-		files := map[string]doneFile{}
-		for _, f := range m.Files {
-			fi, err := os.Lstat(filepath.Join(dir, "step-1", f.Path))
-			if err != nil {
-				t.Fatal(err)
-			}
-			files[f.Path] = doneFile{id: FileIDOf(fi), key: m.FileKey(f), checksum: f.Checksum, readAt: time.Now()}
-		}
-		return &journalEntry{commit: m.Commit, files: files, sealed: true}
-	}, false)
+	m, data := sealedRestartRig(t, mem, dir, state, func(m *Manifest) *journalEntry { return sealedEntry(t, dir, m) }, false)
 	mem.remove(ManifestKey("job", "step-1", m.Commit)) // the write the network holds
 
 	second := startUploaderWith(t, dir, mem, UploaderConfig{StateDir: state, Keep: 1})
@@ -1475,15 +1480,7 @@ func TestUploaderStrayOfAnEarlierRunLandingLateIsDeleted(t *testing.T) {
 				m := first.waitCommitted("step-1").Manifest
 				first.stop()
 				// Killed before its journal said the commit was done: the journal says sealed.
-				files := map[string]doneFile{}
-				for _, f := range m.Files {
-					fi, err := os.Lstat(filepath.Join(dir, "step-1", f.Path))
-					if err != nil {
-						t.Fatal(err)
-					}
-					files[f.Path] = doneFile{id: FileIDOf(fi), key: m.FileKey(f), checksum: f.Checksum, readAt: time.Now()}
-				}
-				j, err := writeJournal(journalPath(state, "job", dir, mem.URL()), map[string]*journalEntry{"step-1": {commit: m.Commit, files: files, sealed: true}})
+				j, err := writeJournal(journalPath(state, "job", dir, mem.URL()), map[string]*journalEntry{"step-1": sealedEntry(t, dir, m)})
 				if err != nil {
 					t.Fatal(err)
 				}
