@@ -1119,10 +1119,11 @@ func (c *Coordinator) checkMissing(now time.Time) {
 				c.config().Checkpoint.Dir + " (moved out of it?): rename a checkpoint within checkpoint.dir, and move it elsewhere only once it is committed"
 		case m.withheld != "":
 			reason = missingWithheld
-			why = "the trainer wrote " + m.withheld + " and its marker, but a file of it cannot be stored, so it is withheld, not committed (its error says which file and what to do)"
+			what := "a file of it cannot be stored, so it is withheld, not committed (its error says which file and what to do)"
 			if checkpoint.ValidName(m.withheld) != nil {
-				why = "the trainer wrote " + m.withheld + " and its marker, but the store cannot hold that name, so it is withheld, not committed: rename the checkpoint (its error says why)"
+				what = "the store cannot hold that name, so it is withheld, not committed: rename the checkpoint (its error says why)"
 			}
+			why = "the trainer wrote " + m.withheld + " and its marker, but " + what
 		case there:
 			reason = "no_marker"
 			why = "the trainer is still running but its checkpoint's marker never came: check that it saves on " +

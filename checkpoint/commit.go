@@ -1100,24 +1100,33 @@ func (u *Uploader) dropRevived(ctx context.Context, ref CommitRef) error {
 // dropUnlisted deletes every object under the prefix of commit ref, this agent's and committed,
 // that its manifest (its part manifest, in a multi-node job) does not list: a write of a file that
 // left the checkpoint before the commit, sent by an earlier run of this agent (whose list of such
-// keys died with it) and held by the network, that landed after the commit. Without a manifest
-// of this commit's there (deleted since, by retention), nothing is touched.
+// keys died with it) and held by the network, that landed after the commit. The manifest is read
+// once (a manifest never changes; the cache keeps it for the next passes). Without a manifest of
+// this commit's there (deleted since, by this agent's retention, which drops it from the cache),
+// nothing is touched; another agent's retention deleting the commit meanwhile leaves only the
+// commit's own objects for this pass to keep, and it deletes nothing else.
 func (u *Uploader) dropUnlisted(ctx context.Context, ref CommitRef) error {
 	key := ManifestKey(u.cfg.Job, ref.Checkpoint, ref.Commit)
 	if u.cfg.WorldNodes > 1 {
 		key = PartKey(u.cfg.Job, ref.Checkpoint, ref.Commit)
 	}
-	data, _, err := u.cfg.Store.GetBytes(ctx, key)
-	if errors.Is(err, ErrNotFound) {
-		return nil
+	m := u.cache.get(key)
+	if m == nil {
+		data, _, err := u.cfg.Store.GetBytes(ctx, key)
+		if errors.Is(err, ErrNotFound) {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("read %s: %w", key, err)
+		}
+		if m, err = ParseManifest(data); err != nil {
+			return nil // not a manifest: not this agent's to judge
+		}
 	}
-	if err != nil {
-		return fmt.Errorf("read %s: %w", key, err)
-	}
-	m, err := ParseManifest(data)
-	if err != nil || m.Job != u.cfg.Job || m.Checkpoint != ref.Checkpoint || m.Commit != ref.Commit {
+	if m.Job != u.cfg.Job || m.Checkpoint != ref.Checkpoint || m.Commit != ref.Commit {
 		return nil // not a manifest of this commit's: not this agent's to judge
 	}
+	u.cache.put(key, m)
 	prefix := CommitPrefix(u.cfg.Job, ref.Checkpoint, ref.Commit)
 	objs, err := u.cfg.Store.List(ctx, prefix)
 	if err != nil {

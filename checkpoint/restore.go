@@ -679,10 +679,11 @@ func restoreIncomplete(to *os.Root, m *Manifest, marker string, now time.Time) (
 
 // restoreAside moves the incomplete save at To/<checkpoint> (restoreIncomplete) aside, if it is
 // still there without its marker (a concurrent restore may have put the commit there since), and
-// returns place made to move it back if placing the commit fails, or else to remove it if it held
-// nothing, or to say where it went (res.MovedAside, a warning).
+// says where it went (res.MovedAside, a warning) before the commit goes in its place: a restore
+// killed in between leaves it there, said. One that holds nothing is removed instead. It returns
+// place made to move it back if placing the commit fails.
 func restoreAside(to *os.Root, m *Manifest, marker string, now time.Time, place func() error, res *RestoreResult, log zerolog.Logger) (func() error, error) {
-	if _, err := to.Lstat(m.Checkpoint + "/" + marker); !errors.Is(err, fs.ErrNotExist) {
+	if _, err := to.Lstat(m.Checkpoint + "/" + marker); !errors.Is(err, fs.ErrNotExist) || to.Remove(m.Checkpoint) == nil {
 		return place, nil
 	}
 	aside := restoreAsideName(m.Checkpoint, now)
@@ -692,17 +693,14 @@ func restoreAside(to *os.Root, m *Manifest, marker string, now time.Time, place 
 	case err != nil:
 		return nil, fmt.Errorf("move the incomplete save %s aside: %w", filepath.Join(to.Name(), m.Checkpoint), err)
 	}
+	res.MovedAside = filepath.Join(to.Name(), aside)
+	log.Warn().Str("checkpoint", m.Checkpoint).Str("moved_to", res.MovedAside).
+		Msg("an incomplete save of this name was there (no " + marker + " at its top: a save cut short); moved aside, kept for you to look at, and never uploaded: delete it when done")
 	return func() error {
 		err := place()
-		switch {
-		case err != nil:
-			_ = to.Rename(aside, m.Checkpoint) // untouched on error, as far as it can be
-		case to.Remove(aside) == nil:
-			// It held nothing (a directory made before a save).
-		default:
-			res.MovedAside = filepath.Join(to.Name(), aside)
-			log.Warn().Str("checkpoint", m.Checkpoint).Str("moved_to", res.MovedAside).
-				Msg("an incomplete save of this name was there (no " + marker + " at its top: a save cut short); moved aside, kept for you to look at, and never uploaded: delete it when done")
+		if err != nil && to.Rename(aside, m.Checkpoint) == nil { // untouched on error, as far as it can be
+			log.Info().Str("checkpoint", m.Checkpoint).Msg("the incomplete save moved aside is back in place: the commit could not be put there")
+			res.MovedAside = ""
 		}
 		return err
 	}, nil
