@@ -114,9 +114,14 @@ type RestoreResult struct {
 	// AlreadyPresent is true when Dir already held the checkpoint (the same files, sizes and
 	// checksums): nothing was downloaded or changed.
 	AlreadyPresent bool
-	// MovedAside is where an incomplete save of the checkpoint's name that was at Dir went
-	// (see restoreIncomplete); "" when none was there.
-	MovedAside string
+	// MovedAside is where a save of the checkpoint's name that was at Dir went, and
+	// MovedAsideKind what it was: "incomplete" (restoreIncomplete) or "older" (restoreJudge);
+	// both "" when none was there.
+	MovedAside, MovedAsideKind string
+	// NewerPresent is true when Dir held a newer save of the checkpoint's name than the commit,
+	// one the agent had not committed yet (restoreJudge): it was left as it is, and nothing was
+	// downloaded or changed.
+	NewerPresent bool
 	// Deleted is how many commits, each the newest when Restore began it, were deleted from the
 	// store while they were restored (by the retention of an agent still running the job) before
 	// this one.
@@ -135,7 +140,10 @@ type RestoreResult struct {
 // incomplete save of that name (a directory without the marker the commit has at its top, left
 // alone for a minute): that is moved aside, to To/.spotguard-incomplete-<checkpoint>-<time>
 // (RestoreResult.MovedAside; removed if it held nothing), as the commit is put in its place,
-// and moved back if that fails. It holds a lock on
+// and moved back if that fails. Without CommitSet, a complete save of that name with other
+// content (restoreJudge) is left as it is when it is newer than the commit
+// (RestoreResult.NewerPresent: nothing is downloaded), and moved aside like an incomplete one,
+// to To/.spotguard-older-<checkpoint>-<time>, when it is older. It holds a lock on
 // its staging directory for as long as the directory exists, and before it stages, it removes
 // the staging directories in To that a killed restore left behind (.spotguard-restore-<pid>-*
 // that no restore holds, in any PID namespace; see restoreRemoveStale); the agent never uploads
@@ -143,7 +151,8 @@ type RestoreResult struct {
 //
 // It returns:
 //   - the result, nil: the checkpoint is at Dir, complete and verified; AlreadyPresent says
-//     it was there already with identical content (a re-run is a no-op);
+//     it was there already with identical content (a re-run is a no-op); NewerPresent that a
+//     newer save of its name is there instead, left as it is;
 //   - an error wrapping ErrNothingToRestore, whose message names the job and the store:
 //     opts.Checkpoint is "" and the job has no manifest at all;
 //   - an error wrapping ErrUnusableManifest, naming the commit, why and how to restore an older
@@ -154,8 +163,9 @@ type RestoreResult struct {
 //     must not make it restore an older checkpoint); a missing data object (wrapping
 //     ErrNotFound) or failed download; a size mismatch, or a checksum mismatch in two downloads
 //     (naming the file, expected and actual; the first mismatch is logged and the file
-//     downloaded again); To/<checkpoint> existing with other content or not as a directory (a regular
-//     file for a single-file checkpoint); a local
+//     downloaded again); To/<checkpoint> existing with other content (but a save of its name,
+//     without CommitSet), or not as a directory (a regular file for a single-file checkpoint),
+//     or modified within incompleteQuiet where it would be moved aside; a local
 //     file system error; ctx ended.
 //
 // A read of the store (the job's listings and manifests, one file's download) that fails for a
@@ -233,7 +243,7 @@ func restoreOnce(ctx context.Context, s Store, opts RestoreOptions, conc int, ru
 	fail := func(err error) (RestoreResult, *Manifest, error) {
 		return RestoreResult{}, nil, fmt.Errorf("restore job %s from %s: %w", opts.Job, url, err)
 	}
-	m, fellBack, err := restoreResolve(ctx, s, opts, run)
+	m, others, fellBack, err := restoreResolve(ctx, s, opts, run)
 	if err != nil {
 		if errors.Is(err, ErrNothingToRestore) {
 			return RestoreResult{}, nil, err
@@ -286,14 +296,31 @@ func restoreOnce(ctx context.Context, s Store, opts RestoreOptions, conc int, ru
 		return res, nil, nil
 	}
 
-	// Never overwrite what is there; succeed only if it is this very checkpoint. An incomplete
-	// save of that name (a save cut short on this disk) goes aside as the commit is put in place.
-	incomplete, err := restoreIncomplete(to, m, opts.Marker, start)
+	// Never overwrite what is there; succeed only if it is this very checkpoint, or a newer save
+	// of its name. An incomplete save of that name (a save cut short on this disk), or an older
+	// save of it, goes aside as the commit is put in place.
+	marker := cmp.Or(opts.Marker, scanDefaultMarker)
+	aside, err := restoreIncomplete(to, m, marker, start)
 	if err != nil {
 		return failCP(err)
 	}
-	if !incomplete {
+	if aside == nil {
 		same, err := restoreExisting(ctx, to, m, conc)
+		if errors.Is(err, ErrDestinationExists) && !opts.CommitSet {
+			// Whatever else is there is refused (err), and so is any save with a commit asked for.
+			newer, older, jerr := restoreJudge(ctx, to, m, others, opts.Part, marker, start)
+			switch {
+			case jerr != nil:
+				return failCP(jerr)
+			case newer != "":
+				res.NewerPresent, res.Elapsed = true, time.Since(start)
+				log.Warn().Str("checkpoint", m.Checkpoint).Str("commit", m.Commit).Str("dir", res.Dir).
+					Msg(newer + ": a save the agent had not committed yet; left as it is, and nothing restored: the trainer resumes from it, and the agent commits it")
+				return res, nil, nil
+			case older != nil:
+				aside, err = older, nil
+			}
+		}
 		if err != nil {
 			return failCP(err)
 		}
@@ -323,8 +350,8 @@ func restoreOnce(ctx context.Context, s Store, opts RestoreOptions, conc int, ru
 			return restorePlaceFile(to, filepath.Join(staging, m.Checkpoint), m.Checkpoint)
 		}
 	}
-	if incomplete {
-		if place, err = restoreAside(to, m, cmp.Or(opts.Marker, scanDefaultMarker), start, place, &res, log); err != nil {
+	if aside != nil {
+		if place, err = restoreAside(to, m, aside, marker, start, place, &res, log); err != nil {
 			removeStaging()
 			return failCP(err)
 		}
@@ -373,7 +400,8 @@ func restoreDeleted(ctx context.Context, s Store, m *Manifest, err error, run *r
 // ErrUnusableManifest when a commit whose manifest cannot be used may be newer than that one
 // (restoreBlocking), an error wrapping ErrNothingToRestore when the job has no commit, and an
 // error for a store failure other than ErrNotFound in every case (retried while it passes).
-func restoreResolve(ctx context.Context, s Store, opts RestoreOptions, run *restoreRun) (*Manifest, bool, error) {
+// others are the job's other commits of that checkpoint's name (none with a commit asked for).
+func restoreResolve(ctx context.Context, s Store, opts RestoreOptions, run *restoreRun) (m *Manifest, others []*Manifest, fellBack bool, err error) {
 	job, log := opts.Job, run.log
 	if opts.CommitSet {
 		var m *Manifest
@@ -382,17 +410,17 @@ func restoreResolve(ctx context.Context, s Store, opts RestoreOptions, run *rest
 			return err
 		})
 		if err != nil {
-			return nil, false, fmt.Errorf("checkpoint %q commit %q: %w", opts.Checkpoint, opts.Commit, err)
+			return nil, nil, false, fmt.Errorf("checkpoint %q commit %q: %w", opts.Checkpoint, opts.Commit, err)
 		}
-		return m, false, nil
+		return m, nil, false, nil
 	}
 	var st *JobState
-	err := run.retry(ctx, "job", func() (err error) {
+	err = run.retry(ctx, "job", func() (err error) {
 		st, err = readJob(ctx, s, job, nil)
 		return err
 	})
 	if err != nil {
-		return nil, false, err
+		return nil, nil, false, err
 	}
 	for _, p := range st.Problems {
 		log.Warn().Err(p).Msg("skipping unusable store entry")
@@ -406,16 +434,23 @@ func restoreResolve(ctx context.Context, s Store, opts RestoreOptions, run *rest
 		}
 	}
 	if blocking := restoreBlocking(restoreUnusableCommits(st), opts.Checkpoint, newest); len(blocking) > 0 {
-		return nil, false, restoreUnusableErr(ctx, s, job, opts.Checkpoint, blocking, newest)
+		return nil, nil, false, restoreUnusableErr(ctx, s, job, opts.Checkpoint, blocking, newest)
 	}
 	if newest != nil {
 		if err := restoreSplit(st, opts, newest.Manifest); err != nil {
-			return nil, false, err
+			return nil, nil, false, err
+		}
+	}
+	if newest != nil {
+		for _, c := range st.Commits {
+			if c.Manifest.Checkpoint == newest.Manifest.Checkpoint && c.Manifest != newest.Manifest {
+				others = append(others, c.Manifest)
+			}
 		}
 	}
 	if opts.Checkpoint != "" {
 		if newest != nil {
-			return newest.Manifest, false, nil
+			return newest.Manifest, others, false, nil
 		}
 		// Say why: the problems with its manifests, if it has any.
 		why := []error{ErrNotFound}
@@ -424,13 +459,13 @@ func restoreResolve(ctx context.Context, s Store, opts RestoreOptions, run *rest
 				why = append(why, p)
 			}
 		}
-		return nil, false, fmt.Errorf("checkpoint %q has no valid manifest: %w", opts.Checkpoint, errors.Join(why...))
+		return nil, nil, false, fmt.Errorf("checkpoint %q has no valid manifest: %w", opts.Checkpoint, errors.Join(why...))
 	}
 	if newest == nil {
-		return nil, false, &restoreNothingError{job: job, url: s.URL(), problems: len(st.Problems)}
+		return nil, nil, false, &restoreNothingError{job: job, url: s.URL(), problems: len(st.Problems)}
 	}
 	if newest.Latest {
-		return newest.Manifest, false, nil
+		return newest.Manifest, others, false, nil
 	}
 	ev := log.Warn().Str("newest", newest.Manifest.Checkpoint).Str("newest_commit", newest.Manifest.Commit)
 	if t := st.LatestTarget(); t != nil {
@@ -439,7 +474,7 @@ func restoreResolve(ctx context.Context, s Store, opts RestoreOptions, run *rest
 	} else {
 		ev.Msg("LATEST is missing or unusable; restoring the newest commit")
 	}
-	return newest.Manifest, true, nil
+	return newest.Manifest, others, true, nil
 }
 
 // restoreSplit returns an error wrapping a *SplitSaveError when m, the newest commit (of the
@@ -641,24 +676,31 @@ func restorePlaceFile(to *os.Root, from, name string) error {
 // before a restore moves it aside: one modified more recently may be being written.
 const incompleteQuiet = time.Minute
 
-// restoreIncomplete reports whether To/<checkpoint> (inside to) is an incomplete save of m's
+// restoreSave is a save of the checkpoint's name that is at To/<checkpoint> and goes aside as the
+// commit is put in its place (restoreAside).
+type restoreSave struct {
+	kind string      // "incomplete" or "older": in the name it goes to (restoreAsideName)
+	fi   fs.FileInfo // what was judged: it goes only if it is still there
+	what string      // what the warning says it is
+}
+
+// restoreIncomplete returns To/<checkpoint> (inside to) when it is an incomplete save of m's
 // name: a directory without the marker m has at its top (a save into that name cut short, on a
 // disk that outlived its instance's stop, by a trainer that saves into one directory every time
 // or saved that name again). It is not a checkpoint, and nothing of it is committed; it must not
-// keep the commit from being restored, so Restore moves it aside (restoreAsideName) as it puts
-// the commit in place. One that was modified less than incompleteQuiet before now (the
-// directory or what is at its top) may be being written: an error then.
-func restoreIncomplete(to *os.Root, m *Manifest, marker string, now time.Time) (bool, error) {
-	marker = cmp.Or(marker, scanDefaultMarker)
+// keep the commit from being restored, so Restore moves it aside (restoreAside) as it puts the
+// commit in place. One that was modified less than incompleteQuiet before now (the directory or
+// what is at its top) may be being written: an error then. nil, nil: it is not.
+func restoreIncomplete(to *os.Root, m *Manifest, marker string, now time.Time) (*restoreSave, error) {
 	if m.SingleFile() || !slices.ContainsFunc(m.Files, func(f File) bool { return f.Path == marker }) {
-		return false, nil
+		return nil, nil
 	}
 	fi, err := to.Lstat(m.Checkpoint)
 	if err != nil || !fi.IsDir() {
-		return false, nil // restoreExisting says
+		return nil, nil // restoreExisting says
 	}
 	if _, err := to.Lstat(m.Checkpoint + "/" + marker); !errors.Is(err, fs.ErrNotExist) {
-		return false, nil
+		return nil, nil
 	}
 	dir := filepath.Join(to.Name(), m.Checkpoint)
 	latest := fi.ModTime()
@@ -670,50 +712,162 @@ func restoreIncomplete(to *os.Root, m *Manifest, marker string, now time.Time) (
 		}
 	}
 	if ago := now.Sub(latest); ago < incompleteQuiet {
-		return false, &DestinationExistsError{Path: dir, Incomplete: true,
+		return nil, &DestinationExistsError{Path: dir, Recent: true,
 			msg: fmt.Sprintf("destination %s holds an incomplete save (no %s at its top), modified %s ago: it may be being written; not moving it aside",
 				dir, marker, ago.Round(time.Second))}
 	}
-	return true, nil
+	return &restoreSave{kind: "incomplete", fi: fi,
+		what: "an incomplete save of this name was there (no " + marker + " at its top: a save cut short)"}, nil
 }
 
-// restoreAside moves the incomplete save at To/<checkpoint> (restoreIncomplete) aside, if it is
-// still there without its marker (a concurrent restore may have put the commit there since), and
-// says where it went (res.MovedAside, a warning) before the commit goes in its place: a restore
-// killed in between leaves it there, said. One that holds nothing is removed instead. It returns
-// place made to move it back if placing the commit fails.
-func restoreAside(to *os.Root, m *Manifest, marker string, now time.Time, place func() error, res *RestoreResult, log zerolog.Logger) (func() error, error) {
-	if _, err := to.Lstat(m.Checkpoint + "/" + marker); !errors.Is(err, fs.ErrNotExist) || to.Remove(m.Checkpoint) == nil {
-		return place, nil
+// restoreJudge judges what restoreExisting found at To/<checkpoint> with other content than m,
+// the newest commit (of the job, or of the checkpoint asked for), when it is a complete save of
+// m's name: nothing but regular files, with the marker at the top of a directory, or the file of
+// a single-file checkpoint. That is the trainer's own save (an instance stopped and started again
+// with its disk; a trainer that saves into one name every time, a latest/ directory or
+// Lightning's last.ckpt), and spotguard-restore.service must not fail on it: with Requires= the
+// trainer would not start. It returns:
+//   - newer (what it is, in words): it is newer than m: written (its files' latest modification
+//     time) after m completed, and not the bytes of another commit of its name (others; their
+//     files of node rank *part with a part asked for). The agent had not committed it: the trainer resumes from it and the
+//     agent commits it. It is left as it is.
+//   - older: it is older than m: the bytes of another commit of its name, or written before m
+//     completed. It goes aside as m is put in place, unless it was modified less than
+//     incompleteQuiet before now (it may be being written): an error then.
+//   - neither, nil: it is no such save; restoreExisting's error stands.
+func restoreJudge(ctx context.Context, to *os.Root, m *Manifest, others []*Manifest, part *int, marker string, now time.Time) (newer string, older *restoreSave, _ error) {
+	fi, err := to.Lstat(m.Checkpoint)
+	if err != nil {
+		return "", nil, nil
 	}
-	aside := restoreAsideName(m.Checkpoint, now)
+	type local struct {
+		size int64
+		sum  *Checksum
+	}
+	files := map[string]*local{}
+	written := fi.ModTime()
+	root := to
+	switch {
+	case m.SingleFile() && fi.Mode().IsRegular():
+		files[m.Files[0].Path] = &local{size: fi.Size()}
+	case !m.SingleFile() && fi.IsDir():
+		dir, err := to.OpenRoot(m.Checkpoint)
+		if err != nil {
+			return "", nil, nil
+		}
+		defer func() { _ = dir.Close() }() // a directory handle: nothing to flush
+		root, written = dir, time.Time{}
+		err = fs.WalkDir(dir.FS(), ".", func(p string, d fs.DirEntry, err error) error {
+			if err != nil || d.IsDir() {
+				return err
+			}
+			fi, err := d.Info()
+			if err != nil || !fi.Mode().IsRegular() {
+				return errors.New("not a save")
+			}
+			files[p] = &local{size: fi.Size()}
+			if fi.ModTime().After(written) {
+				written = fi.ModTime()
+			}
+			return nil
+		})
+		if err != nil || files[marker] == nil {
+			return "", nil, nil
+		}
+	default:
+		return "", nil, nil
+	}
+	name := filepath.Join(to.Name(), m.Checkpoint)
+	at := func(t time.Time) string { return t.UTC().Format(time.RFC3339) }
+	what := ""
+	for _, o := range others {
+		fs := o.Files
+		if part != nil && o.Parts != nil {
+			fs = o.PartFiles(*part) // as restored
+		}
+		if len(fs) != len(files) || slices.ContainsFunc(fs, func(f File) bool { l := files[f.Path]; return l == nil || l.size != f.Size }) {
+			continue
+		}
+		same := true
+		for _, f := range fs {
+			l := files[f.Path]
+			if l.sum == nil {
+				if err := ctx.Err(); err != nil {
+					return "", nil, err
+				}
+				sum, _, err := restoreChecksumFile(root, f.Path)
+				if err != nil {
+					return "", nil, fmt.Errorf("inspect existing destination: %w", err)
+				}
+				l.sum = &sum
+			}
+			if *l.sum != f.Checksum {
+				same = false
+				break
+			}
+		}
+		if same {
+			what = fmt.Sprintf("an older save of this name was there: the bytes of its commit %s (completed %s), before commit %s (completed %s)",
+				o.Commit, at(o.Order().At), m.Commit, at(m.Order().At))
+			break
+		}
+	}
+	switch {
+	case what == "" && written.After(m.Order().At):
+		return fmt.Sprintf("a newer save of this name is there (written %s, after commit %s completed, %s)", at(written), m.Commit, at(m.Order().At)), nil, nil
+	case what == "":
+		what = fmt.Sprintf("an older save of this name was there (written %s, before commit %s completed, %s)", at(written), m.Commit, at(m.Order().At))
+	}
+	if ago := now.Sub(written); ago < incompleteQuiet {
+		return "", nil, &DestinationExistsError{Path: name, Recent: true,
+			msg: fmt.Sprintf("destination %s holds an older save of this name than commit %s, modified %s ago: it may be being written; not moving it aside",
+				name, m.Commit, ago.Round(time.Second))}
+	}
+	return "", &restoreSave{kind: "older", fi: fi, what: what}, nil
+}
+
+// restoreAside moves the save at To/<checkpoint> (restoreIncomplete, restoreJudge) aside, if it
+// is still there (a concurrent restore may have put the commit there since), and says where it
+// went (res.MovedAside, a warning) before the commit goes in its place: a restore killed in
+// between leaves it there, said. An incomplete one that holds nothing is removed instead. It
+// returns place made to move it back if placing the commit fails.
+func restoreAside(to *os.Root, m *Manifest, save *restoreSave, marker string, now time.Time, place func() error, res *RestoreResult, log zerolog.Logger) (func() error, error) {
+	if fi, err := to.Lstat(m.Checkpoint); err != nil || !os.SameFile(fi, save.fi) {
+		return place, nil // gone, or another in its place: place says
+	}
+	if save.kind == "incomplete" {
+		if _, err := to.Lstat(m.Checkpoint + "/" + marker); !errors.Is(err, fs.ErrNotExist) || to.Remove(m.Checkpoint) == nil {
+			return place, nil
+		}
+	}
+	aside := restoreAsideName(save.kind, m.Checkpoint, now)
 	switch err := to.Rename(m.Checkpoint, aside); {
 	case errors.Is(err, fs.ErrNotExist):
 		return place, nil
 	case err != nil:
-		return nil, fmt.Errorf("move the incomplete save %s aside: %w", filepath.Join(to.Name(), m.Checkpoint), err)
+		return nil, fmt.Errorf("move the %s save %s aside: %w", save.kind, filepath.Join(to.Name(), m.Checkpoint), err)
 	}
-	res.MovedAside = filepath.Join(to.Name(), aside)
+	res.MovedAside, res.MovedAsideKind = filepath.Join(to.Name(), aside), save.kind
 	log.Warn().Str("checkpoint", m.Checkpoint).Str("moved_to", res.MovedAside).
-		Msg("an incomplete save of this name was there (no " + marker + " at its top: a save cut short); moved aside, kept for you to look at, and never uploaded: delete it when done")
+		Msg(save.what + "; moved aside, kept for you to look at, and never uploaded: delete it when done")
 	return func() error {
 		err := place()
 		if err != nil && to.Rename(aside, m.Checkpoint) == nil { // untouched on error, as far as it can be
-			log.Info().Str("checkpoint", m.Checkpoint).Msg("the incomplete save moved aside is back in place: the commit could not be put there")
-			res.MovedAside = ""
+			log.Info().Str("checkpoint", m.Checkpoint).Msg("the save moved aside is back in place: the commit could not be put there")
+			res.MovedAside, res.MovedAsideKind = "", ""
 		}
 		return err
 	}, nil
 }
 
-// restoreAsideName is the name an incomplete save of checkpoint name is moved to: spotguard's
-// own (".spotguard-", never uploaded, never looked at by the trainer's glob), with the time.
-func restoreAsideName(name string, now time.Time) string {
+// restoreAsideName is the name a save of checkpoint name is moved to, by its kind (incomplete,
+// older; restoreSave): spotguard's own (".spotguard-", never uploaded, never looked at by the trainer's glob), with the time.
+func restoreAsideName(kind, name string, now time.Time) string {
 	const most = 200 // NAME_MAX is 255 bytes
 	if len(name) > most {
 		name = strings.ToValidUTF8(name[:most], "")
 	}
-	return ".spotguard-incomplete-" + name + "-" + now.UTC().Format("20060102T150405Z")
+	return ".spotguard-" + kind + "-" + name + "-" + now.UTC().Format("20060102T150405Z")
 }
 
 // existsError is a *DestinationExistsError for path saying what fmt.Sprintf(format, args) says.
@@ -725,10 +879,11 @@ func existsError(path, format string, args ...any) error {
 // checkpoint goes (To/<checkpoint>); it wraps ErrDestinationExists.
 type DestinationExistsError struct {
 	Path string
-	// Incomplete: what is there is an incomplete save, modified too recently to be moved aside
-	// (see restoreIncomplete).
-	Incomplete bool
-	msg        string
+	// Recent: what is there is a save that would be moved aside, an incomplete one or an older
+	// one of the checkpoint's name, but it was modified too recently: it may be being written
+	// (see restoreIncomplete, restoreJudge).
+	Recent bool
+	msg    string
 }
 
 func (e *DestinationExistsError) Error() string { return e.msg }

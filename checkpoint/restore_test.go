@@ -1030,7 +1030,8 @@ func TestRestoreSingleFile(t *testing.T) {
 		want    string
 	}{
 		{"identical", func(t *testing.T, p string) {}, true, ""},
-		{"other bytes", func(t *testing.T, p string) {
+		{"other bytes, its commit asked for", func(t *testing.T, p string) {
+			// Not asked for, a save of its name is left or moved aside: TestRestoreJudgesASaveOfItsName.
 			restoreTestMust(t, os.WriteFile(p, []byte(strings.ToUpper(body)), 0o644))
 		}, false, "exists with other content"},
 		{"a directory", func(t *testing.T, p string) {
@@ -1067,7 +1068,11 @@ func TestRestoreSingleFile(t *testing.T) {
 			before := restoreTestTree(t, parent)
 			downloads := len(s.downloaded())
 
-			res, err = Restore(t.Context(), s, restoreTestOpts(to, &log))
+			opts := restoreTestOpts(to, &log)
+			if strings.HasSuffix(tt.name, "asked for") {
+				opts.Checkpoint, opts.Commit, opts.CommitSet = m.Checkpoint, m.Commit, true
+			}
+			res, err = Restore(t.Context(), s, opts)
 			switch {
 			case tt.same && (err != nil || !res.AlreadyPresent):
 				t.Errorf("second Restore() = %+v, %v; want AlreadyPresent", res, err)
@@ -1365,7 +1370,7 @@ func TestRestoreNoUsableCommitIsNotNothing(t *testing.T) {
 // failed and the trainer did not start until someone moved it by hand. It is moved aside now, and
 // kept, as the commit takes its place: unless it was modified within the last minute (it may be
 // being written), or the restore fails, when it is left as it was. An empty directory of that
-// name goes; one with its marker is a save of its own, refused as before.
+// name goes; one with its marker is a save of its own (TestRestoreJudgesASaveOfItsName).
 func TestRestoreMovesAnIncompleteSaveAside(t *testing.T) {
 	files := restoreTestFiles(1)
 	files["_COMPLETE"] = ""
@@ -1383,9 +1388,6 @@ func TestRestoreMovesAnIncompleteSaveAside(t *testing.T) {
 		{"incomplete, written a moment ago", func(t *testing.T, dir string) { restoreTestWrite(t, dir, torn, time.Now()) }, false, nil,
 			"holds an incomplete save (no _COMPLETE at its top), modified"},
 		{"incomplete, a download fails", func(t *testing.T, dir string) { restoreTestWrite(t, dir, torn, old) }, true, nil, "boom"},
-		{"with its marker", func(t *testing.T, dir string) {
-			restoreTestWrite(t, dir, map[string]string{"model.pt": "another save", "_COMPLETE": ""}, old)
-		}, false, nil, "exists with other content"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -1404,7 +1406,7 @@ func TestRestoreMovesAnIncompleteSaveAside(t *testing.T) {
 			if tt.refused != "" {
 				var de *DestinationExistsError
 				if err == nil || !strings.Contains(err.Error(), tt.refused) ||
-					(strings.Contains(tt.name, "moment") && (!errors.As(err, &de) || !de.Incomplete)) {
+					(strings.Contains(tt.name, "moment") && (!errors.As(err, &de) || !de.Recent)) {
 					t.Errorf("Restore() = %+v, %v; want an error containing %q", res, err, tt.refused)
 				}
 				if d := restoreTestDiff(restoreTestTree(t, to), before); d != "" {
@@ -1436,6 +1438,125 @@ func TestRestoreMovesAnIncompleteSaveAside(t *testing.T) {
 			}
 			if d := restoreTestDiff(restoreTestTree(t, to), want); d != "" {
 				t.Errorf("the destination differs from the commit, and what was moved aside:%s", d)
+			}
+		})
+	}
+}
+
+// A complete save of the checkpoint's name where the newest commit goes, with other content, is
+// the trainer's own: an instance stopped and started again with its disk, whose last save the
+// agent had not committed, or a trainer that saves into one name every time. Restore refused it
+// ("exists with other content"), so the restore unit failed and the trainer did not start. Now a
+// newer save (written after the commit completed, and not the bytes of another commit) is left for
+// the trainer to resume from, with nothing downloaded; an older one (written before, or the bytes
+// of an older commit, whatever its times say) is moved aside, kept, as the commit takes its place,
+// unless it was modified within the last minute. With its commit asked for, and for what is no
+// save (a symbolic link in it), the refusal stands.
+func TestRestoreJudgesASaveOfItsName(t *testing.T) {
+	withMarker := func(files map[string]string) map[string]string {
+		files["_COMPLETE"] = ""
+		return files
+	}
+	older, newest, other := withMarker(restoreTestFiles(1)), withMarker(restoreTestFiles(2)), withMarker(restoreTestFiles(3))
+	single := func(body string) map[string]string { return map[string]string{"model.pt": body} }
+	linked := func(t *testing.T, p string) { restoreTestMust(t, os.Symlink("model.pt", filepath.Join(p, "link"))) }
+	before, after, now := restoreTestT0.Add(-30*time.Minute), restoreTestT0.Add(time.Hour), time.Now()
+	tests := []struct {
+		name    string
+		cp      string
+		local   map[string]string
+		at      time.Time
+		more    func(t *testing.T, p string) // after writing local
+		asked   bool                         // the commit asked for by its id
+		outcome string                       // "newer", "older" (moved aside), or the refusal
+		log     string
+	}{
+		{"newer", "step-000100", other, after, nil, false, "newer", "a newer save of this name is there (written 2026-03-01T13:00:00Z, after commit"},
+		{"newer, written a moment ago", "step-000100", other, now, nil, false, "newer", "a newer save of this name is there"},
+		{"older", "step-000100", other, before, nil, false, "older", "an older save of this name was there (written 2026-03-01T11:30:00Z, before commit"},
+		{"the bytes of an older commit", "step-000100", older, after, nil, false, "older", "an older save of this name was there: the bytes of its commit " +
+			restoreTestCommitID("step-000100", restoreTestT0.Add(-time.Hour))},
+		{"the bytes of an older commit, written a moment ago", "step-000100", older, now, nil, false,
+			"holds an older save of this name than commit " + restoreTestCommitID("step-000100", restoreTestT0) + ", modified 0s ago: it may be being written", ""},
+		{"newer, its commit asked for", "step-000100", other, after, nil, true, "exists with other content", ""},
+		{"older, with a symbolic link", "step-000100", other, before, linked, false, "is not a regular file (a symbolic link)", ""},
+		{"a single file, newer", "model.pt", single("other weights"), after, nil, false, "newer", "a newer save of this name is there"},
+		{"a single file, older", "model.pt", single("other weights"), before, nil, false, "older", "an older save of this name was there"},
+		{"a single file, the bytes of an older commit", "model.pt", single("older weights"), after, nil, false, "older", "the bytes of its commit"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s := newMemStore()
+			first, last := older, newest
+			if tt.cp == "model.pt" {
+				first, last = single("older weights"), single("newest weights")
+			}
+			restoreTestCommit(t, s, restoreTestJob, tt.cp, restoreTestT0.Add(-time.Hour), first)
+			m := restoreTestCommit(t, s, restoreTestJob, tt.cp, restoreTestT0, last)
+			restoreTestSetLatest(t, s, restoreTestJob, tt.cp)
+			_, to := restoreTestDirs(t)
+			p := filepath.Join(to, tt.cp)
+			if tt.cp == "model.pt" {
+				restoreTestMust(t, os.WriteFile(p, []byte(tt.local["model.pt"]), 0o644))
+				restoreTestMust(t, os.Chtimes(p, tt.at, tt.at))
+			} else {
+				restoreTestWrite(t, p, tt.local, tt.at)
+			}
+			if tt.more != nil {
+				tt.more(t, p)
+			}
+			was := restoreTestTree(t, to)
+			var log bytes.Buffer
+			opts := restoreTestOpts(to, &log)
+			if tt.asked {
+				opts.Checkpoint, opts.Commit, opts.CommitSet = m.Checkpoint, m.Commit, true
+			}
+			res, err := Restore(t.Context(), s, opts)
+			switch tt.outcome {
+			case "newer":
+				if err != nil || !res.NewerPresent || res.AlreadyPresent || res.MovedAside != "" || res.Commit != m.Commit {
+					t.Fatalf("Restore() = %+v, %v; want NewerPresent, of commit %s", res, err, m.Commit)
+				}
+				if got := s.downloaded(); len(got) != 0 {
+					t.Errorf("downloads = %q; want none", got)
+				}
+				if d := restoreTestDiff(restoreTestTree(t, to), was); d != "" {
+					t.Errorf("a newer save was changed:%s", d)
+				}
+			case "older":
+				if err != nil || res.NewerPresent || res.MovedAsideKind != "older" || filepath.Dir(res.MovedAside) != to ||
+					!strings.HasPrefix(filepath.Base(res.MovedAside), ".spotguard-older-"+tt.cp+"-") {
+					t.Fatalf("Restore() = %+v, %v; want the older save moved to %s/.spotguard-older-%s-<time>", res, err, to, tt.cp)
+				}
+				want := map[string]string{}
+				for k, v := range was {
+					want[strings.Replace(k, tt.cp, filepath.Base(res.MovedAside), 1)] = v
+				}
+				if tt.cp == "model.pt" {
+					want["model.pt"] = "file:" + last["model.pt"]
+				} else {
+					want[tt.cp] = "dir"
+					for k, v := range restoreTestWant(last) {
+						want[tt.cp+"/"+k] = v
+					}
+				}
+				if d := restoreTestDiff(restoreTestTree(t, to), want); d != "" {
+					t.Errorf("the destination is not the commit beside the older save moved aside:%s", d)
+				}
+			default:
+				if err == nil || !strings.Contains(err.Error(), tt.outcome) {
+					t.Fatalf("Restore() = %+v, %v; want an error containing %q", res, err, tt.outcome)
+				}
+				var de *DestinationExistsError
+				if !errors.As(err, &de) || de.Recent != strings.Contains(tt.name, "a moment ago") {
+					t.Errorf("Restore() error %v: want a *DestinationExistsError, Recent %v", err, strings.Contains(tt.name, "a moment ago"))
+				}
+				if d := restoreTestDiff(restoreTestTree(t, to), was); d != "" {
+					t.Errorf("a refused restore changed the destination:%s", d)
+				}
+			}
+			if !strings.Contains(log.String(), tt.log) {
+				t.Errorf("the log lacks %q:\n%s", tt.log, log.String())
 			}
 		})
 	}

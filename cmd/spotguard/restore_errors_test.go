@@ -370,24 +370,102 @@ func TestRestoreJSONDirIsAbsolute(t *testing.T) {
 	}
 }
 
-// Something else where the checkpoint goes (a save of the same name the agent had not committed
-// yet, on an instance stopped and started again) is never overwritten: restore fails naming it,
-// and says what to do, where it used to end with the refusal alone.
-func TestRestoreOntoOtherContentSaysWhatToDo(t *testing.T) {
-	cfgPath, env, to, local := restoreOnto(t, map[string]string{"model.pt": "newer weights", "_COMPLETE": ""})
-	code, _, stderr := runCLI(t, t.Context(), env, "restore", "--config", cfgPath, "--to", to)
-	for _, want := range []string{"exists with other content", "not overwriting it",
-		"fix: restore never overwrites what is there. If " + local + " is a save the agent had not committed",
-		"mv " + local + " " + local + ".old"} {
-		if !strings.Contains(stderr, want) {
-			t.Errorf("restore onto other content: stderr lacks %q:\n%s", want, stderr)
+// A complete save of the checkpoint's name where it goes, with other content: a newer one (a
+// save the agent had not committed yet, on an instance stopped and started again) is left for the
+// trainer to resume from, exit 0, where restore used to fail and so keep the trainer from starting;
+// an older one is moved aside as the commit takes its place. Asked for by --commit, neither is
+// touched; and what is not a save is never moved: restore fails naming it, and says what to do.
+func TestRestoreOntoASaveOfItsName(t *testing.T) {
+	save := map[string]string{"model.pt": "other weights", "_COMPLETE": ""}
+	t.Run("newer", func(t *testing.T) {
+		cfgPath, env, to, local := restoreOnto(t, save)
+		restoreTestAge(t, local, -time.Minute) // written after the commit completed
+		code, stdout, stderr := runCLI(t, t.Context(), env, "restore", "--config", cfgPath, "--to", to)
+		if want := local + " holds a newer save of step-000100 than its newest commit"; code != exitOK || !strings.Contains(stdout, want) ||
+			!strings.Contains(stdout, "left as it is for the trainer to resume from") {
+			t.Errorf("restore onto a newer save: exit %d, stdout %q, stderr:\n%s\nwant 0 and %q", code, stdout, stderr, want)
 		}
+		code, stdout, _ = runCLI(t, t.Context(), env, "restore", "--config", cfgPath, "--to", to, "--json")
+		var got struct {
+			Restored     bool   `json:"restored"`
+			NewerPresent bool   `json:"newer_present"`
+			MovedAside   string `json:"moved_aside"`
+		}
+		if err := json.Unmarshal([]byte(stdout), &got); code != exitOK || err != nil || !got.Restored || !got.NewerPresent || got.MovedAside != "" {
+			t.Errorf("restore --json onto a newer save: exit %d, stdout %q (%v); want restored and newer_present true", code, stdout, err)
+		}
+		restoreTestHolds(t, local, "other weights")
+	})
+	t.Run("older", func(t *testing.T) {
+		cfgPath, env, to, local := restoreOnto(t, save)
+		restoreTestAge(t, local, time.Hour) // written before the commit completed
+		code, stdout, stderr := runCLI(t, t.Context(), env, "restore", "--config", cfgPath, "--to", to)
+		aside, _ := filepath.Glob(filepath.Join(to, ".spotguard-older-step-000100-*"))
+		if code != exitOK || len(aside) != 1 || !strings.Contains(stdout, "(an older save of that name was there: moved to "+aside[0]) {
+			t.Fatalf("restore onto an older save: exit %d, stdout %q, moved to %q, stderr:\n%s\nwant 0, moved aside and said", code, stdout, aside, stderr)
+		}
+		restoreTestHolds(t, aside[0], "other weights")
+		restoreTestHolds(t, local, "weights")
+	})
+	t.Run("with --commit", func(t *testing.T) {
+		cfgPath, env, to, local := restoreOnto(t, save)
+		restoreTestAge(t, local, -time.Minute)
+		code, stdout, _ := runCLI(t, t.Context(), env, "list", "--config", cfgPath, "--json")
+		var listed []struct{ Commit string }
+		if err := json.Unmarshal([]byte(stdout), &listed); code != exitOK || err != nil || len(listed) != 1 {
+			t.Fatalf("list --json: exit %d, %q (%v)", code, stdout, err)
+		}
+		code, _, stderr := runCLI(t, t.Context(), env, "restore", "--config", cfgPath, "--to", to,
+			"--checkpoint", "step-000100", "--commit", listed[0].Commit)
+		for _, want := range []string{"exists with other content", "not overwriting it",
+			"fix: restore never overwrites what is there: move it away (mv " + local + " " + local + ".old)"} {
+			if !strings.Contains(stderr, want) {
+				t.Errorf("restore --commit onto a save of its name: stderr lacks %q:\n%s", want, stderr)
+			}
+		}
+		if code != exitFail {
+			t.Errorf("restore --commit onto a save of its name: exit %d; want %d", code, exitFail)
+		}
+		restoreTestHolds(t, local, "other weights")
+	})
+	t.Run("no save", func(t *testing.T) {
+		cfgPath, env, to, local := restoreOnto(t, nil)
+		if err := os.Remove(local); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(local, []byte("a file"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		restoreTestAge(t, local, time.Hour)
+		code, _, stderr := runCLI(t, t.Context(), env, "restore", "--config", cfgPath, "--to", to)
+		if want := "mv " + local + " " + local + ".old"; code != exitFail || !strings.Contains(stderr, "exists and is not a directory") || !strings.Contains(stderr, want) {
+			t.Errorf("restore onto a file where the checkpoint's directory goes: exit %d, stderr:\n%s\nwant 1, naming it, and %q", code, stderr, want)
+		}
+		if b, err := os.ReadFile(local); err != nil || string(b) != "a file" {
+			t.Errorf("%s is now %q (%v); want it untouched", local, b, err)
+		}
+	})
+}
+
+// restoreTestAge sets the modification time of p and everything in it to ago before now.
+func restoreTestAge(t *testing.T, p string, ago time.Duration) {
+	t.Helper()
+	at := time.Now().Add(-ago)
+	if err := filepath.WalkDir(p, func(p string, _ fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		return os.Chtimes(p, at, at)
+	}); err != nil {
+		t.Fatal(err)
 	}
-	if code != exitFail {
-		t.Errorf("restore onto other content: exit %d; want %d", code, exitFail)
-	}
-	if got, err := os.ReadFile(filepath.Join(local, "model.pt")); err != nil || string(got) != "newer weights" {
-		t.Errorf("the local model.pt is now %q (%v); want it untouched", got, err)
+}
+
+// restoreTestHolds fails t unless dir/model.pt holds want.
+func restoreTestHolds(t *testing.T, dir, want string) {
+	t.Helper()
+	if b, err := os.ReadFile(filepath.Join(dir, "model.pt")); err != nil || string(b) != want {
+		t.Errorf("%s/model.pt is %q (%v); want %q", dir, b, err, want)
 	}
 }
 

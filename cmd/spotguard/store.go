@@ -56,7 +56,7 @@ func storeProblems(err error) []string {
 }
 
 func runRestore(ctx context.Context, args, environ []string, stdout, stderr io.Writer) int {
-	fs, cf := newFlagSet("restore", "Download the newest committed checkpoint (the newest commit: what LATEST names, or a newer one if\nLATEST lags) into DIR/<checkpoint>, verifying every checksum; nothing is put in place until all of\nit is verified. What is at DIR/<checkpoint> already is never overwritten; an incomplete save of\nthat name (no marker) is moved aside, to DIR/.spotguard-incomplete-<checkpoint>-<time>.", stdout, stderr)
+	fs, cf := newFlagSet("restore", "Download the newest committed checkpoint (the newest commit: what LATEST names, or a newer one if\nLATEST lags) into DIR/<checkpoint>, verifying every checksum; nothing is put in place until all of\nit is verified. What is at DIR/<checkpoint> already is never overwritten: an incomplete save of\nthat name (no marker), or an older one, is moved aside (DIR/.spotguard-incomplete-* or -older-*);\na newer one (not committed yet) is left for the trainer to resume from, and nothing restored.", stdout, stderr)
 	to := fs.String("to", "", "destination `DIR` (default: checkpoint.dir); the checkpoint lands in DIR/<checkpoint> (a single-file checkpoint as the file DIR/<name>)")
 	noCreate := fs.Bool("no-create", false, "do not create a missing DIR unless its parent is a mount point: a disk not mounted yet fails\nloudly instead of filling the root volume under the mount point (the restore unit uses it)")
 	mountWait := fs.Duration("mount-wait", 0, "with --no-create, wait up to `DURATION` for a missing DIR to appear or its parent to become a\nmount point (a disk mounted late at boot) before failing")
@@ -202,13 +202,12 @@ func runRestore(ctx context.Context, args, environ []string, stdout, stderr io.W
 			notFound = fmt.Sprintf("job %s has no valid commit of checkpoint %q in %s: `spotguard list` shows the job's checkpoints and commits", cfg.Store.Job, *name, store.URL())
 		}
 		restoreHint(stderr, cfg.Store.URL, *to, err, notFound, need.Load(), freeSpace)
-		if de, ok := errors.AsType[*checkpoint.DestinationExistsError](err); ok && de.Incomplete {
+		if de, ok := errors.AsType[*checkpoint.DestinationExistsError](err); ok && de.Recent {
 			fmt.Fprintf(stderr, "spotguard restore: fix: stop what writes %s (a trainer saving into that name) and run restore again;\n"+
-				"an incomplete save left alone for a minute is moved aside, and the commit put in its place\n", de.Path)
+				"a save left alone for a minute, incomplete or older than the commit, is moved aside, and the commit put in its place\n", de.Path)
 		} else if ok {
-			fmt.Fprintf(stderr, "spotguard restore: fix: restore never overwrites what is there. If %s is a save the agent had not committed\n"+
-				"yet (this instance stopped and started again), it is newer than the commit: the trainer resumes from it and the agent\n"+
-				"commits it, with nothing to restore. Otherwise move it away (mv %s %s.old) and run restore again\n", de.Path, de.Path, de.Path)
+			fmt.Fprintf(stderr, "spotguard restore: fix: restore never overwrites what is there: move it away (mv %s %s.old) and run\n"+
+				"restore again. (Without --commit, a save of this name is no obstacle: a newer one is left in place, an older one moved aside.)\n", de.Path, de.Path)
 		}
 		if errors.Is(err, checkpoint.ErrSplitSave) {
 			fmt.Fprintf(stderr, "spotguard restore: fix: a multi-node job: set store.world_nodes (the node count) and store.node_rank on every node's agent\n"+
@@ -227,14 +226,17 @@ func runRestore(ctx context.Context, args, environ []string, stdout, stderr io.W
 			"restored":   true,
 			"checkpoint": res.Checkpoint, "commit": res.Commit, "dir": res.Dir, "files": res.Files, "bytes": res.Bytes,
 			"seconds": res.Elapsed.Seconds(), "fell_back": res.FellBack, "already_present": res.AlreadyPresent, "deleted_while_restored": res.Deleted,
-			"moved_aside": res.MovedAside,
-			"store":       store.URL(), "job": cfg.Store.Job,
+			"moved_aside": res.MovedAside, "newer_present": res.NewerPresent,
+			"store": store.URL(), "job": cfg.Store.Job,
 		})
 		return exitOK
 	}
 	switch {
 	case res.AlreadyPresent:
 		fmt.Fprintf(stdout, "%s is already in %s with identical content; nothing to do\n", res.Checkpoint, res.Dir)
+	case res.NewerPresent:
+		fmt.Fprintf(stdout, "%s holds a newer save of %s than its newest commit %s in %s job %s, one not committed yet: left as it is for the trainer to resume from (the agent commits it); nothing restored\n",
+			res.Dir, res.Checkpoint, res.Commit, store.URL(), cfg.Store.Job)
 	default:
 		rate := float64(res.Bytes) / max(res.Elapsed.Seconds(), 1e-9)
 		note := ""
@@ -242,7 +244,7 @@ func runRestore(ctx context.Context, args, environ []string, stdout, stderr io.W
 			note = " (LATEST was missing, unusable or older: restored the newest commit)"
 		}
 		if res.MovedAside != "" {
-			note += fmt.Sprintf(" (an incomplete save of that name was there: moved to %s; delete it when done)", res.MovedAside)
+			note += fmt.Sprintf(" (an %s save of that name was there: moved to %s; delete it when done)", res.MovedAsideKind, res.MovedAside)
 		}
 		if res.Deleted > 0 {
 			note += fmt.Sprintf(" (%d newest commit%s deleted from the store while restored, by an agent still running the job: restored the newest since)", res.Deleted, plural(res.Deleted))
