@@ -941,6 +941,82 @@ func TestSingleFileCheckpointRestoredAsTheFile(t *testing.T) {
 	ts.check(t, job)
 }
 
+// An instance stopped and started again keeps its disk. Its trainer saves into one name every
+// time (Lightning's last.ckpt; here last.pt), and its last save was not committed before the
+// stop. spotguard-restore.service runs at boot: restore used to fail on that save ("exists with
+// other content"), so the trainer, which Requires= it, never started. It leaves the save for the
+// trainer now (exit 0, newer_present), and the agent commits it. On a disk holding an older
+// commit's bytes of that name (restored a while ago), the newest commit takes its place, and the
+// older save is moved aside, kept.
+func TestStoppedInstanceResumesFromItsUncommittedSave(t *testing.T) {
+	needPeers(t)
+	s3 := startS3(t)
+	ts := newS3TestStore(s3, "stopped")
+	const job = "stopped-job"
+	sim := quietIMDS(t)
+	pattern := "SPOTGUARD_CHECKPOINT_PATTERN=*.pt"
+	save := func(dir string, data []byte) {
+		t.Helper()
+		tmp := filepath.Join(dir, ".last.pt.tmp")
+		writeSynced(t, tmp, data)
+		if err := os.Rename(tmp, filepath.Join(dir, "last.pt")); err != nil {
+			t.Fatalf("the trainer's save: %v", err)
+		}
+		syncDir(t, dir)
+	}
+	dir := t.TempDir()
+	ap1 := startStoreAgent(t, sim, dir, ts, job, noTrainer, pattern)
+	first := randomBytes(t, 2<<20)
+	save(dir, first)
+	c1 := waitCommitted(t, ap1, ts, job, "last.pt", 15*time.Second)
+	ap1.kill9(t) // the instance stops before its agent sees the next save
+	second := randomBytes(t, 2<<20)
+	save(dir, second)
+
+	// Boot: the restore unit, then the agent.
+	code, stdout, stderr := ts.cli(t, job, "restore", "--to", dir, "--allow-empty", "--json")
+	var got struct {
+		Restored     bool   `json:"restored"`
+		NewerPresent bool   `json:"newer_present"`
+		Commit       string `json:"commit"`
+	}
+	if err := json.Unmarshal([]byte(stdout), &got); code != 0 || err != nil || !got.Restored || !got.NewerPresent || got.Commit != c1 {
+		t.Fatalf("spotguard restore onto the uncommitted save: exit %d, %q (%v)\n%s\nwant 0, newer_present, commit %s", code, stdout, err, stderr, c1)
+	}
+	if b, _ := os.ReadFile(filepath.Join(dir, "last.pt")); !bytes.Equal(b, second) {
+		t.Fatalf("last.pt after the restore is not the trainer's last save")
+	}
+	ap2 := startStoreAgent(t, sim, dir, ts, job, noTrainer, pattern)
+	c2 := ""
+	eventually(t, 15*time.Second, "the agent to commit the save it had not committed", func() bool {
+		l, _, ok := ts.latest(t, job)
+		c2 = l.Commit
+		return ok && l.Checkpoint == "last.pt" && l.Commit != c1
+	})
+	ap2.stop(t)
+
+	// Another disk holds the first commit's bytes, restored a while ago: the newest goes in its
+	// place.
+	old := t.TempDir()
+	ts.restore(t, job, old, "--checkpoint", "last.pt", "--commit", c1)
+	ago := time.Now().Add(-5 * time.Minute)
+	if err := os.Chtimes(filepath.Join(old, "last.pt"), ago, ago); err != nil {
+		t.Fatal(err)
+	}
+	summary := ts.restore(t, job, old)
+	aside, _ := filepath.Glob(filepath.Join(old, ".spotguard-older-last.pt-*"))
+	if len(aside) != 1 || !strings.Contains(summary, "an older save of that name was there: moved to "+aside[0]) {
+		t.Fatalf("restore onto the older commit's bytes: moved aside %q, summary %q; want it moved aside and said", aside, summary)
+	}
+	if b, _ := os.ReadFile(aside[0]); !bytes.Equal(b, first) {
+		t.Errorf("the older save moved aside is not the first commit's bytes")
+	}
+	if b, _ := os.ReadFile(filepath.Join(old, "last.pt")); !bytes.Equal(b, second) {
+		t.Errorf("last.pt restored is not the newest commit %s's bytes", c2)
+	}
+	ts.check(t, job)
+}
+
 // A reclaim between a manifest and LATEST leaves LATEST on an older commit: restore takes the
 // newest commit anyway (and says so), and the next agent repairs LATEST at start (I3).
 func TestRestoreTakesCommitNewerThanLatest(t *testing.T) {
