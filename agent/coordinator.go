@@ -1078,19 +1078,24 @@ func (c *Coordinator) checkMissing(now time.Time) {
 	}
 	var due []missing
 	for _, ns := range c.active {
-		if ns.signalledAt == nil || ns.written != "" || ns.Policy != PolicyCheckpoint {
-			continue
-		}
 		// A checkpoint renamed away is awaited under its new name for renameGrace, and said
 		// missing then if it never completed (moved out of the directory), even when the
-		// notice was said missing before it came.
+		// notice was said missing before it came, and when the trainer was not signalled for
+		// it (a job notice, or no trainer found): it was the notice's checkpoint all the same.
 		renamed := ns.renamed != ""
+		if (ns.signalledAt == nil && !renamed) || ns.written != "" || ns.Policy != PolicyCheckpoint {
+			continue
+		}
 		if ns.missingSaid && !renamed {
 			continue
 		}
-		by := ns.signalledAt.Add(checkpointDue)
-		if ns.Deadline != nil && ns.Deadline.After(*ns.signalledAt) && ns.Deadline.Before(by) {
-			by = *ns.Deadline
+		var by, signalledAt time.Time
+		if ns.signalledAt != nil {
+			signalledAt = *ns.signalledAt
+			by = signalledAt.Add(checkpointDue)
+			if ns.Deadline != nil && ns.Deadline.After(signalledAt) && ns.Deadline.Before(by) {
+				by = *ns.Deadline
+			}
 		}
 		if renamed && ns.renamedAt.Add(renameGrace).After(by) {
 			by = ns.renamedAt.Add(renameGrace)
@@ -1098,7 +1103,7 @@ func (c *Coordinator) checkMissing(now time.Time) {
 		if now.Before(by) {
 			continue
 		}
-		m := missing{ns: ns, again: ns.missingSaid, withheld: ns.withheld, signalledAt: *ns.signalledAt}
+		m := missing{ns: ns, again: ns.missingSaid, withheld: ns.withheld, signalledAt: signalledAt}
 		m.renamed, ns.renamed = ns.renamed, "" // said once per rename
 		ns.missingSaid = true
 		due = append(due, m)
@@ -1136,9 +1141,15 @@ func (c *Coordinator) checkMissing(now time.Time) {
 			continue
 		}
 		c.metrics.checkpointMissing.WithLabelValues(string(ns.Source), reason).Inc()
-		c.log.Error().Str("notice", ns.Key).Str("reason", reason).Float64("since_signal_s", logSeconds(now.Sub(m.signalledAt))).
-			Msg("no checkpoint completed since the trainer was signalled for this notice: " + why +
-				"; only checkpoints saved before (committed, or still being uploaded) will be there to restore")
+		ev := c.log.Error().Str("notice", ns.Key).Str("reason", reason)
+		since := "since the trainer was signalled for this notice"
+		if m.signalledAt.IsZero() {
+			since = "for this notice (the trainer was not signalled for it)"
+		} else {
+			ev.Float64("since_signal_s", logSeconds(now.Sub(m.signalledAt)))
+		}
+		ev.Msg("no checkpoint completed " + since + ": " + why +
+			"; only checkpoints saved before (committed, or still being uploaded) will be there to restore")
 		c.transition(ns, StateCheckpointMissing, reason)
 	}
 }

@@ -314,6 +314,54 @@ func TestNoticeCheckpointRenamedAway(t *testing.T) {
 	}
 }
 
+// A notice the trainer was not signalled for (a job notice, which the trainer sent itself; a
+// reclaim while no trainer is found) has a checkpoint all the same: the first completed after
+// it. Renamed out of checkpoint.dir before its commit, it never completes again; the notice
+// stayed checkpoint_written until it ended, and is said missing (renamed away) in time now, as a
+// signalled notice is. Renamed into place, it is committed under its new name.
+func TestUnsignalledNoticeCheckpointRenamedAway(t *testing.T) {
+	for _, tc := range []struct{ name, key string }{{"job notice", "job/terminate"}, {"no trainer", "spot/terminate"}} {
+		for _, out := range []bool{true, false} {
+			t.Run(fmt.Sprintf("%s, renamed out %v", tc.name, out), func(t *testing.T) {
+				synctest.Test(t, func(t *testing.T) {
+					r := startCoverRig(t, true)
+					if tc.key == "job/terminate" {
+						if _, err := r.c.Post(t.Context(), jobNotice("terminate", time.Now().Add(2*time.Minute))); err != nil {
+							t.Fatal(err)
+						}
+					} else {
+						r.tr.setPIDs() // none found
+						r.begin(imds.SourceSpot, "terminate", time.Now().Add(2*time.Minute))
+					}
+					synctest.Wait()
+					passFakeTime(time.Second)
+					r.upload(checkpoint.CheckpointComplete, "tmp-step-10")
+					if n := r.notice(t, tc.key); n.State != StateCheckpointWritten {
+						t.Fatalf("state %s; want %s", n.State, StateCheckpointWritten)
+					}
+					r.upload(checkpoint.CheckpointRenamedAway, "tmp-step-10")
+					if !out {
+						r.upload(checkpoint.CheckpointComplete, "step-10")
+						r.upload(checkpoint.CheckpointCommitted, "step-10")
+					}
+					passFakeTime(renameGrace + 2*time.Second)
+					n := r.notice(t, tc.key)
+					last := n.Transitions[len(n.Transitions)-1]
+					switch {
+					case out && (n.State != StateCheckpointMissing || last.Detail != missingRenamedAway):
+						t.Errorf("state %s (%q) after its checkpoint was moved out; want %s (%s)", n.State, last.Detail, StateCheckpointMissing, missingRenamedAway)
+					case !out && n.State != StateCommitted:
+						t.Errorf("state %s (%q) after its checkpoint was renamed into place and committed; want %s", n.State, last.Detail, StateCommitted)
+					}
+					if n := r.tr.signals(); n != 0 {
+						t.Errorf("signals = %d; want none", n)
+					}
+				})
+			})
+		}
+	}
+}
+
 // AWS may send the rebalance recommendation at the same time as the reclaim notice (and an ASG
 // terminates a reclaimed instance), and the spot source is read every 250 ms, the others every
 // second: read first, the other notice got the trainer signalled, and the reclaim a moment later
