@@ -440,8 +440,6 @@ func restoreResolve(ctx context.Context, s Store, opts RestoreOptions, run *rest
 		if err := restoreSplit(st, opts, newest.Manifest); err != nil {
 			return nil, nil, false, err
 		}
-	}
-	if newest != nil {
 		for _, c := range st.Commits {
 			if c.Manifest.Checkpoint == newest.Manifest.Checkpoint && c.Manifest != newest.Manifest {
 				others = append(others, c.Manifest)
@@ -729,8 +727,8 @@ func restoreIncomplete(to *os.Root, m *Manifest, marker string, now time.Time) (
 // trainer would not start. It returns:
 //   - newer (what it is, in words): it is newer than m: written (its files' latest modification
 //     time) after m completed, and not the bytes of another commit of its name (others; their
-//     files of node rank *part with a part asked for). The agent had not committed it: the trainer resumes from it and the
-//     agent commits it. It is left as it is.
+//     files of node rank *part with a part asked for). The agent had not committed it: the
+//     trainer resumes from it and the agent commits it. It is left as it is.
 //   - older: it is older than m: the bytes of another commit of its name, or written before m
 //     completed. It goes aside as m is put in place, unless it was modified less than
 //     incompleteQuiet before now (it may be being written): an error then.
@@ -781,15 +779,15 @@ func restoreJudge(ctx context.Context, to *os.Root, m *Manifest, others []*Manif
 	at := func(t time.Time) string { return t.UTC().Format(time.RFC3339) }
 	what := ""
 	for _, o := range others {
-		fs := o.Files
+		want := o.Files
 		if part != nil && o.Parts != nil {
-			fs = o.PartFiles(*part) // as restored
+			want = o.PartFiles(*part) // as restored
 		}
-		if len(fs) != len(files) || slices.ContainsFunc(fs, func(f File) bool { l := files[f.Path]; return l == nil || l.size != f.Size }) {
+		if len(want) != len(files) || slices.ContainsFunc(want, func(f File) bool { l := files[f.Path]; return l == nil || l.size != f.Size }) {
 			continue
 		}
 		same := true
-		for _, f := range fs {
+		for _, f := range want {
 			l := files[f.Path]
 			if l.sum == nil {
 				if err := ctx.Err(); err != nil {
