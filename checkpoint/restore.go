@@ -858,6 +858,13 @@ func restoreAside(to *os.Root, m *Manifest, save *restoreSave, marker string, no
 	}, nil
 }
 
+// MovedAside reports whether name, in a restore's destination, is a save a restore moved aside
+// (restoreAsideName): an incomplete save, or an older one, of a checkpoint's name that it put a
+// commit in place of.
+func MovedAside(name string) bool {
+	return strings.HasPrefix(name, ".spotguard-incomplete-") || strings.HasPrefix(name, ".spotguard-older-")
+}
+
 // restoreAsideName is the name a save of checkpoint name is moved to, by its kind (incomplete,
 // older; restoreSave): spotguard's own (".spotguard-", never uploaded, never looked at by the trainer's glob), with the time.
 func restoreAsideName(kind, name string, now time.Time) string {

@@ -8,6 +8,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"strings"
 	"syscall"
 
 	"golang.org/x/sys/unix"
@@ -202,6 +203,40 @@ func restoreHint(w io.Writer, url, dir string, err error, notFound string, need 
 		free = space(dir)
 	}
 	fmt.Fprintf(w, "spotguard restore: fix: %s\n", destinationFix(dir, err, need, free))
+	if errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT) {
+		if names, size := movedAside(dir); len(names) > 0 {
+			fmt.Fprintf(w, "spotguard restore: %d save%s that earlier restores moved aside take %s there (%s): delete what you have looked at\n",
+				len(names), plural(len(names)), checkpoint.HumanBytes(size), strings.Join(names, ", "))
+		}
+	}
+}
+
+// movedAside returns the saves restores moved aside in dir (checkpoint.MovedAside: an incomplete
+// save, or an older one, of a checkpoint's name that a restore put a commit in place of), by
+// path, and the bytes their files take.
+func movedAside(dir string) ([]string, int64) {
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return nil, 0
+	}
+	var names []string
+	var size int64
+	for _, e := range entries {
+		if !checkpoint.MovedAside(e.Name()) {
+			continue
+		}
+		p := filepath.Join(dir, e.Name())
+		names = append(names, p)
+		_ = filepath.WalkDir(p, func(_ string, d fs.DirEntry, err error) error {
+			if err == nil && d.Type().IsRegular() {
+				if fi, err := d.Info(); err == nil {
+					size += fi.Size()
+				}
+			}
+			return nil // what cannot be read is not counted
+		})
+	}
+	return names, size
 }
 
 // interruptedText says that a command was interrupted: with the signal when ctx's cause names

@@ -122,6 +122,40 @@ func TestRestoreHintTellsTheDestinationFromTheStore(t *testing.T) {
 	}
 }
 
+// A full destination may be full of saves that earlier restores moved aside (an incomplete or
+// older save of the checkpoint's name, kept for the user to look at, one per restore): the fix
+// says which, and how much they take. Other errors do not list them.
+func TestRestoreHintNamesTheSavesMovedAside(t *testing.T) {
+	dir := t.TempDir()
+	torn := filepath.Join(dir, ".spotguard-incomplete-step-000100-20261206T000000Z")
+	older := filepath.Join(dir, ".spotguard-older-last.pt-20261206T000000Z")
+	for p, data := range map[string]string{
+		filepath.Join(torn, "optim", "__0_0.distcp"): "abc",
+		older: "12345",
+		filepath.Join(dir, ".spotguard-restore-1-X", "model.pt"): "a staging directory is no save",
+		filepath.Join(dir, "step-000100", "model.pt"):            "a checkpoint",
+	} {
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, []byte(data), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	full := fmt.Errorf("restore job j from s3://b/p: checkpoint %q: %w", "step-000200",
+		&fs.PathError{Op: "fallocate", Path: dir + "/.spotguard-restore-2-Y/model.pt", Err: syscall.ENOSPC})
+	var b strings.Builder
+	restoreHint(&b, "s3://b/p", dir, full, "", 1<<30, func(string) diskSpace { return diskSpace{ok: true, bytes: 1 << 20, inodes: 100} })
+	if want := "2 saves that earlier restores moved aside take 8 B there (" + torn + ", " + older + "): delete what you have looked at"; !strings.Contains(b.String(), want) {
+		t.Errorf("Got(restoreHint(a full disk)) = %q; want %q", b.String(), want)
+	}
+	b.Reset()
+	restoreHint(&b, "s3://b/p", dir, fmt.Errorf("create destination: %w", &fs.PathError{Op: "mkdir", Path: dir, Err: syscall.EROFS}), "", 0, freeSpace)
+	if strings.Contains(b.String(), "moved aside") {
+		t.Errorf("Got(restoreHint(a read-only disk)) = %q; want no list of saves moved aside", b.String())
+	}
+}
+
 // freeSpace reads the file system of the nearest directory that exists.
 func TestFreeSpaceOfADirectoryNotCreatedYet(t *testing.T) {
 	if got := freeSpace(filepath.Join(t.TempDir(), "not", "yet")); !got.ok || got.bytes == 0 {
