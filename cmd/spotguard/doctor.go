@@ -382,6 +382,12 @@ func doctorCheckpointDir(rep *doctorReport, cfg *agent.Config) {
 			"set checkpoint.dir to "+filepath.Join(dir, top)+", if that is the directory the trainer writes its checkpoint directories into; otherwise write the marker at the top of "+filepath.Join(dir, top))
 		return
 	}
+	if names, size := movedAside(dir); len(names) > 0 {
+		rep.add("checkpoint.dir", doctorWarn, fmt.Sprintf("%s holds %d save%s that restores moved aside, taking %s (%s): incomplete or older saves of a checkpoint's name, kept, never uploaded",
+			dir, len(names), plural(len(names)), checkpoint.HumanBytes(size), strings.Join(names, ", ")),
+			"look at them, and delete them: the trainer does not resume from them, and they fill the disk")
+		return
+	}
 	rep.add("checkpoint.dir", doctorPass, fmt.Sprintf("%s is a readable directory (%d entries)", dir, len(entries)), "")
 }
 

@@ -338,6 +338,8 @@ func TestDoctorCheckpointDirTooHigh(t *testing.T) {
 			"holds run1/checkpoint-100/_COMPLETE, below the top of run1"},
 		{"DCP marker", []string{"run1/step-100/.metadata"}, ".metadata", doctorWarn, "holds run1/step-100/.metadata"},
 		{"in progress", []string{"step-3/sub/a.bin"}, "", doctorPass, "readable directory"},
+		{"saves moved aside", []string{"step-1/_COMPLETE", ".spotguard-incomplete-step-1-20261206T000000Z/a.bin", ".spotguard-older-model.pt-20261206T000000Z"},
+			"", doctorWarn, "holds 2 saves that restores moved aside, taking 0 B ("},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			dir := t.TempDir()
@@ -351,7 +353,11 @@ func TestDoctorCheckpointDirTooHigh(t *testing.T) {
 			if len(rep.Checks) != 1 || rep.Checks[0].Status != tc.state || !strings.Contains(rep.Checks[0].Detail, tc.want) {
 				t.Fatalf("doctorCheckpointDir = %+v; want %s containing %q", rep.Checks, tc.state, tc.want)
 			}
-			if tc.state == doctorWarn && !strings.HasPrefix(rep.Checks[0].Fix, "set checkpoint.dir to "+filepath.Join(dir, "run1")+", if that is") {
+			if tc.name == "saves moved aside" {
+				if want := filepath.Join(dir, ".spotguard-incomplete-step-1-20261206T000000Z"); !strings.Contains(rep.Checks[0].Detail, want) || !strings.HasPrefix(rep.Checks[0].Fix, "look at them, and delete them") {
+					t.Errorf("doctorCheckpointDir = %+v; want %s named, and to delete them", rep.Checks, want)
+				}
+			} else if tc.state == doctorWarn && !strings.HasPrefix(rep.Checks[0].Fix, "set checkpoint.dir to "+filepath.Join(dir, "run1")+", if that is") {
 				t.Errorf("fix %q; want checkpoint.dir %s", rep.Checks[0].Fix, filepath.Join(dir, "run1"))
 			}
 		})
