@@ -467,6 +467,45 @@ func writeCheckpoint(t testing.TB, dir, name string, files map[string][]byte, ma
 	syncDir(t, dir)
 }
 
+// singleRig is versitygw (the store at prefix), AWS's IMDS simulator with no notice, and job,
+// whose trainer saves a single-file checkpoint, name (*.pt).
+type singleRig struct {
+	t         *testing.T
+	ts        *testStore
+	sim       *imdsSim
+	job, name string
+}
+
+func newSingleRig(t *testing.T, prefix, job, name string) *singleRig {
+	needPeers(t)
+	return &singleRig{t: t, ts: newS3TestStore(startS3(t), prefix), sim: quietIMDS(t), job: job, name: name}
+}
+
+// agent starts an agent watching dir.
+func (r *singleRig) agent(dir string) *agentProc {
+	return startStoreAgent(r.t, r.sim, dir, r.ts, r.job, noTrainer, "SPOTGUARD_CHECKPOINT_PATTERN=*.pt")
+}
+
+// firstCommit starts an agent watching dir, saves 2 MiB there, and waits for its commit.
+func (r *singleRig) firstCommit(dir string) (*agentProc, []byte, string) {
+	r.t.Helper()
+	ap := r.agent(dir)
+	data := randomBytes(r.t, 2<<20)
+	r.save(dir, data)
+	return ap, data, waitCommitted(r.t, ap, r.ts, r.job, r.name, 15*time.Second)
+}
+
+// save plays the trainer's save: data written under a dot-.tmp name, then renamed into dir.
+func (r *singleRig) save(dir string, data []byte) {
+	r.t.Helper()
+	tmp := filepath.Join(dir, "."+r.name+".tmp")
+	writeSynced(r.t, tmp, data)
+	if err := os.Rename(tmp, filepath.Join(dir, r.name)); err != nil {
+		r.t.Fatalf("the trainer's save: %v", err)
+	}
+	syncDir(r.t, dir)
+}
+
 // spotguardProc is a spotguard command running in the background.
 type spotguardProc struct {
 	cmd  *exec.Cmd
@@ -882,28 +921,9 @@ func TestNameCommittedAgainIsANewCommit(t *testing.T) {
 // os.replace onto model.pt fails with EISDIR), the next instance's agent finds it committed
 // already and sends nothing, and the trainer's next save there is committed.
 func TestSingleFileCheckpointRestoredAsTheFile(t *testing.T) {
-	needPeers(t)
-	s3 := startS3(t)
-	ts := newS3TestStore(s3, "single")
-	const job = "single-file-job"
-	sim := quietIMDS(t)
-	pattern := "SPOTGUARD_CHECKPOINT_PATTERN=*.pt"
-
-	save := func(dir string, data []byte) {
-		t.Helper()
-		tmp := filepath.Join(dir, ".model.pt.tmp")
-		if err := os.WriteFile(tmp, data, 0o644); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.Rename(tmp, filepath.Join(dir, "model.pt")); err != nil {
-			t.Fatalf("the trainer's save: %v", err)
-		}
-	}
-	dir1 := t.TempDir()
-	ap1 := startStoreAgent(t, sim, dir1, ts, job, noTrainer, pattern)
-	first := randomBytes(t, 3<<20)
-	save(dir1, first)
-	commit := waitCommitted(t, ap1, ts, job, "model.pt", 15*time.Second)
+	r := newSingleRig(t, "single", "single-file-job", "model.pt")
+	ts, job, save := r.ts, r.job, r.save
+	ap1, first, commit := r.firstCommit(t.TempDir())
 	ap1.stop(t)
 
 	// The next instance restores into its checkpoint directory before its agent starts.
@@ -921,7 +941,7 @@ func TestSingleFileCheckpointRestoredAsTheFile(t *testing.T) {
 	}
 	ts.restore(t, job, dir2) // again: already in place, nothing changed
 
-	ap2 := startStoreAgent(t, sim, dir2, ts, job, noTrainer, pattern)
+	ap2 := r.agent(dir2)
 	waitIdle(t, ap2)
 	if cs := ts.list(t, job); len(cs) != 1 || cs[0].Commit != commit {
 		t.Fatalf("after the next agent started, the job has %d commits; want only %s (the restored file is committed already)", len(cs), commit)
@@ -949,26 +969,10 @@ func TestSingleFileCheckpointRestoredAsTheFile(t *testing.T) {
 // commit's bytes of that name (restored a while ago), the newest commit takes its place, and the
 // older save is moved aside, kept.
 func TestStoppedInstanceResumesFromItsUncommittedSave(t *testing.T) {
-	needPeers(t)
-	s3 := startS3(t)
-	ts := newS3TestStore(s3, "stopped")
-	const job = "stopped-job"
-	sim := quietIMDS(t)
-	pattern := "SPOTGUARD_CHECKPOINT_PATTERN=*.pt"
-	save := func(dir string, data []byte) {
-		t.Helper()
-		tmp := filepath.Join(dir, ".last.pt.tmp")
-		writeSynced(t, tmp, data)
-		if err := os.Rename(tmp, filepath.Join(dir, "last.pt")); err != nil {
-			t.Fatalf("the trainer's save: %v", err)
-		}
-		syncDir(t, dir)
-	}
+	r := newSingleRig(t, "stopped", "stopped-job", "last.pt")
+	ts, job, save := r.ts, r.job, r.save
 	dir := t.TempDir()
-	ap1 := startStoreAgent(t, sim, dir, ts, job, noTrainer, pattern)
-	first := randomBytes(t, 2<<20)
-	save(dir, first)
-	c1 := waitCommitted(t, ap1, ts, job, "last.pt", 15*time.Second)
+	ap1, first, c1 := r.firstCommit(dir)
 	ap1.kill9(t) // the instance stops before its agent sees the next save
 	second := randomBytes(t, 2<<20)
 	save(dir, second)
@@ -986,7 +990,7 @@ func TestStoppedInstanceResumesFromItsUncommittedSave(t *testing.T) {
 	if b, _ := os.ReadFile(filepath.Join(dir, "last.pt")); !bytes.Equal(b, second) {
 		t.Fatalf("last.pt after the restore is not the trainer's last save")
 	}
-	ap2 := startStoreAgent(t, sim, dir, ts, job, noTrainer, pattern)
+	ap2 := r.agent(dir)
 	c2 := ""
 	eventually(t, 15*time.Second, "the agent to commit the save it had not committed", func() bool {
 		l, _, ok := ts.latest(t, job)
