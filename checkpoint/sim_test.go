@@ -1047,15 +1047,17 @@ func (s *sim) settle() {
 	}
 	s.check()
 	clean := s.b.connect("check")
-	if strays := s.lateStrays(clean); len(strays) > 0 {
-		// Held writes landed under commits after the agents stopped (their late passes end
-		// with them): the next run of each resumes its journal's late clean-ups. Run them once
-		// more, as the job's next runs, for as long as those passes take.
-		s.t.Logf("held writes landed under commits after the agents stopped (%s); running them once more", strings.Join(strays, ", "))
+	if left := append(s.lateStrays(clean), s.incompleteLeft()...); len(left) > 0 {
+		// Held writes landed under commits after the agents stopped, or an upload whose abort
+		// failed is left under one while the store refused every late pass until the agents
+		// stopped (their late passes end with them): the next run of each resumes its
+		// journal's late clean-ups. Run them once more, as the job's next runs, for as long as
+		// those passes take.
+		s.t.Logf("leftovers under commits after the agents stopped (%s); running them once more", strings.Join(left, ", "))
 		for _, a := range s.agents {
 			s.startAgent(a)
 		}
-		for deadline := time.Now().Add(lateAborts[len(lateAborts)-1] + 30*time.Second); len(s.lateStrays(clean)) > 0 && time.Now().Before(deadline); {
+		for deadline := time.Now().Add(lateAborts[len(lateAborts)-1] + 30*time.Second); len(s.lateStrays(clean))+len(s.incompleteLeft()) > 0 && time.Now().Before(deadline); {
 			advance(time.Second)
 		}
 		for _, a := range s.agents {
@@ -1064,16 +1066,8 @@ func (s *sim) settle() {
 		s.awaitLate()
 	}
 	s.storeCheck(clean)
-	committed := map[string]bool{}
-	for _, m := range s.b.manifests() {
-		committed[CommitPrefix(m.Job, m.Checkpoint, m.Commit)] = true
-	}
-	for _, k := range s.b.incomplete() {
-		for p := range committed {
-			if strings.HasPrefix(k, p) {
-				s.fail("I7: an incomplete upload is left under a commit: %s", k)
-			}
-		}
+	for _, k := range s.incompleteLeft() {
+		s.fail("I7: an incomplete upload is left under a commit: %s", k)
 	}
 	to := filepath.Join(s.root, "restored")
 	res, err := Restore(s.t.Context(), clean, RestoreOptions{Job: s.job, To: to, Logger: zerolog.Nop()})
@@ -1106,6 +1100,25 @@ func (s *sim) storeCheck(clean Store) {
 	if len(problems) > 0 {
 		s.fail("store check:\n  %s", strings.Join(problems, "\n  "))
 	}
+}
+
+// incompleteLeft lists the keys of the incomplete uploads under commits: the late clean-ups of
+// the agent that wrote the commit abort them, while it runs.
+func (s *sim) incompleteLeft() []string {
+	committed := map[string]bool{}
+	for _, m := range s.b.manifests() {
+		committed[CommitPrefix(m.Job, m.Checkpoint, m.Commit)] = true
+	}
+	var keys []string
+	for _, k := range s.b.incomplete() {
+		for p := range committed {
+			if strings.HasPrefix(k, p) {
+				keys = append(keys, k)
+				break
+			}
+		}
+	}
+	return keys
 }
 
 // lateStrays lists the objects under commits that their manifests do not list and that a held
