@@ -143,7 +143,8 @@ type RestoreResult struct {
 // and moved back if that fails. Without CommitSet, a complete save of that name with other
 // content (restoreJudge) is left as it is when it is newer than the commit
 // (RestoreResult.NewerPresent: nothing is downloaded), and moved aside like an incomplete one,
-// to To/.spotguard-older-<checkpoint>-<time>, when it is older. It holds a lock on
+// to To/.spotguard-older-<checkpoint>-<time>, when it is older (to .spotguard-incomplete-* when
+// it holds some of the commit's files and nothing else). It holds a lock on
 // its staging directory for as long as the directory exists, and before it stages, it removes
 // the staging directories in To that a killed restore left behind (.spotguard-restore-<pid>-*
 // that no restore holds, in any PID namespace; see restoreRemoveStale); the agent never uploads
@@ -680,6 +681,9 @@ type restoreSave struct {
 	kind string      // "incomplete" or "older": in the name it goes to (restoreAsideName)
 	fi   fs.FileInfo // what was judged: it goes only if it is still there
 	what string      // what the warning says it is
+	// noMarker: a directory without the marker at its top (restoreIncomplete); it goes only
+	// while the marker is still missing, and is removed instead if it holds nothing.
+	noMarker bool
 }
 
 // restoreIncomplete returns To/<checkpoint> (inside to) when it is an incomplete save of m's
@@ -714,7 +718,7 @@ func restoreIncomplete(to *os.Root, m *Manifest, marker string, now time.Time) (
 			msg: fmt.Sprintf("destination %s holds an incomplete save (no %s at its top), modified %s ago: it may be being written; not moving it aside",
 				dir, marker, ago.Round(time.Second))}
 	}
-	return &restoreSave{kind: "incomplete", fi: fi,
+	return &restoreSave{kind: "incomplete", fi: fi, noMarker: true,
 		what: "an incomplete save of this name was there (no " + marker + " at its top: a save cut short)"}, nil
 }
 
@@ -730,8 +734,10 @@ func restoreIncomplete(to *os.Root, m *Manifest, marker string, now time.Time) (
 //     files of node rank *part with a part asked for). The agent had not committed it: the
 //     trainer resumes from it and the agent commits it. It is left as it is.
 //   - older: it is older than m: the bytes of another commit of its name, or written before m
-//     completed. It goes aside as m is put in place, unless it was modified less than
-//     incompleteQuiet before now (it may be being written): an error then.
+//     completed; or some of m's own files and nothing else (a node's part of a multi-node
+//     checkpoint restored whole, files the trainer deleted since), an incomplete copy of m. It
+//     goes aside as m is put in place, unless it was modified less than incompleteQuiet before
+//     now (it may be being written): an error then.
 //   - neither, nil: it is no such save; restoreExisting's error stands.
 func restoreJudge(ctx context.Context, to *os.Root, m *Manifest, others []*Manifest, part *int, marker string, now time.Time) (newer string, older *restoreSave, _ error) {
 	fi, err := to.Lstat(m.Checkpoint)
@@ -777,8 +783,44 @@ func restoreJudge(ctx context.Context, to *os.Root, m *Manifest, others []*Manif
 	}
 	name := filepath.Join(to.Name(), m.Checkpoint)
 	at := func(t time.Time) string { return t.UTC().Format(time.RFC3339) }
-	what := ""
+	sum := func(l *local, p string) (Checksum, error) {
+		if l.sum == nil {
+			if err := ctx.Err(); err != nil {
+				return Checksum{}, err
+			}
+			got, _, err := restoreChecksumFile(root, p)
+			if err != nil {
+				return Checksum{}, fmt.Errorf("inspect existing destination: %w", err)
+			}
+			l.sum = &got
+		}
+		return *l.sum, nil
+	}
+	// Some of m's own files and nothing else (a node's part of a multi-node checkpoint restored
+	// whole, files the trainer deleted since): m is all of it.
+	kind, what := "older", ""
+	if len(files) < len(m.Files) {
+		part := true
+		for _, f := range m.Files {
+			if l := files[f.Path]; l != nil {
+				got, err := sum(l, f.Path)
+				if err != nil {
+					return "", nil, err
+				}
+				part = part && l.size == f.Size && got == f.Checksum
+			}
+		}
+		for p := range files {
+			part = part && slices.ContainsFunc(m.Files, func(f File) bool { return f.Path == p })
+		}
+		if part {
+			kind, what = "incomplete", fmt.Sprintf("an incomplete copy of commit %s was there (%d of its %d files, the rest missing)", m.Commit, len(files), len(m.Files))
+		}
+	}
 	for _, o := range others {
+		if what != "" {
+			break
+		}
 		want := o.Files
 		if part != nil && o.Parts != nil {
 			want = o.PartFiles(*part) // as restored
@@ -788,18 +830,11 @@ func restoreJudge(ctx context.Context, to *os.Root, m *Manifest, others []*Manif
 		}
 		same := true
 		for _, f := range want {
-			l := files[f.Path]
-			if l.sum == nil {
-				if err := ctx.Err(); err != nil {
-					return "", nil, err
-				}
-				sum, _, err := restoreChecksumFile(root, f.Path)
-				if err != nil {
-					return "", nil, fmt.Errorf("inspect existing destination: %w", err)
-				}
-				l.sum = &sum
+			got, err := sum(files[f.Path], f.Path)
+			if err != nil {
+				return "", nil, err
 			}
-			if *l.sum != f.Checksum {
+			if got != f.Checksum {
 				same = false
 				break
 			}
@@ -818,22 +853,23 @@ func restoreJudge(ctx context.Context, to *os.Root, m *Manifest, others []*Manif
 	}
 	if ago := now.Sub(written); ago < incompleteQuiet {
 		return "", nil, &DestinationExistsError{Path: name, Recent: true,
-			msg: fmt.Sprintf("destination %s holds an older save of this name than commit %s, modified %s ago: it may be being written; not moving it aside",
-				name, m.Commit, ago.Round(time.Second))}
+			msg: fmt.Sprintf("destination %s holds %s, modified %s ago: it may be being written; not moving it aside",
+				name, map[string]string{"older": "an older save of this name than commit " + m.Commit, "incomplete": "an incomplete copy of commit " + m.Commit}[kind],
+				ago.Round(time.Second))}
 	}
-	return "", &restoreSave{kind: "older", fi: fi, what: what}, nil
+	return "", &restoreSave{kind: kind, fi: fi, what: what}, nil
 }
 
 // restoreAside moves the save at To/<checkpoint> (restoreIncomplete, restoreJudge) aside, if it
 // is still there (a concurrent restore may have put the commit there since), and says where it
 // went (res.MovedAside, a warning) before the commit goes in its place: a restore killed in
-// between leaves it there, said. An incomplete one that holds nothing is removed instead. It
+// between leaves it there, said. One without its marker that holds nothing is removed instead. It
 // returns place made to move it back if placing the commit fails.
 func restoreAside(to *os.Root, m *Manifest, save *restoreSave, marker string, now time.Time, place func() error, res *RestoreResult, log zerolog.Logger) (func() error, error) {
 	if fi, err := to.Lstat(m.Checkpoint); err != nil || !os.SameFile(fi, save.fi) {
 		return place, nil // gone, or another in its place: place says
 	}
-	if save.kind == "incomplete" {
+	if save.noMarker {
 		if _, err := to.Lstat(m.Checkpoint + "/" + marker); !errors.Is(err, fs.ErrNotExist) || to.Remove(m.Checkpoint) == nil {
 			return place, nil
 		}

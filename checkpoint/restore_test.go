@@ -1458,6 +1458,9 @@ func TestRestoreJudgesASaveOfItsName(t *testing.T) {
 		return files
 	}
 	older, newest, other := withMarker(restoreTestFiles(1)), withMarker(restoreTestFiles(2)), withMarker(restoreTestFiles(3))
+	part := maps.Clone(newest) // a node's part of a multi-node checkpoint: some of its files
+	delete(part, "model.pt")
+	delete(part, "optim/deep/er/__1_0.distcp")
 	single := func(body string) map[string]string { return map[string]string{"model.pt": body} }
 	linked := func(t *testing.T, p string) { restoreTestMust(t, os.Symlink("model.pt", filepath.Join(p, "link"))) }
 	before, after, now := restoreTestT0.Add(-30*time.Minute), restoreTestT0.Add(time.Hour), time.Now()
@@ -1468,7 +1471,7 @@ func TestRestoreJudgesASaveOfItsName(t *testing.T) {
 		at      time.Time
 		more    func(t *testing.T, p string) // after writing local
 		asked   bool                         // the commit asked for by its id
-		outcome string                       // "newer", "older" (moved aside), or the refusal
+		outcome string                       // "newer", "older" or "incomplete" (moved aside so), or the refusal
 		log     string
 	}{
 		{"newer", "step-000100", other, after, nil, false, "newer", "a newer save of this name is there (written 2026-03-01T13:00:00Z, after commit"},
@@ -1476,6 +1479,10 @@ func TestRestoreJudgesASaveOfItsName(t *testing.T) {
 		{"older", "step-000100", other, before, nil, false, "older", "an older save of this name was there (written 2026-03-01T11:30:00Z, before commit"},
 		{"the bytes of an older commit", "step-000100", older, after, nil, false, "older", "an older save of this name was there: the bytes of its commit " +
 			restoreTestCommitID("step-000100", restoreTestT0.Add(-time.Hour))},
+		{"some of the commit's files", "step-000100", part, after, nil, false, "incomplete",
+			"an incomplete copy of commit " + restoreTestCommitID("step-000100", restoreTestT0) + " was there (4 of its 6 files, the rest missing)"},
+		{"some of the commit's files, written a moment ago", "step-000100", part, now, nil, false,
+			"holds an incomplete copy of commit " + restoreTestCommitID("step-000100", restoreTestT0) + ", modified 0s ago", ""},
 		{"the bytes of an older commit, written a moment ago", "step-000100", older, now, nil, false,
 			"holds an older save of this name than commit " + restoreTestCommitID("step-000100", restoreTestT0) + ", modified 0s ago: it may be being written", ""},
 		{"newer, its commit asked for", "step-000100", other, after, nil, true, "exists with other content", ""},
@@ -1523,10 +1530,10 @@ func TestRestoreJudgesASaveOfItsName(t *testing.T) {
 				if d := restoreTestDiff(restoreTestTree(t, to), was); d != "" {
 					t.Errorf("a newer save was changed:%s", d)
 				}
-			case "older":
-				if err != nil || res.NewerPresent || res.MovedAsideKind != "older" || filepath.Dir(res.MovedAside) != to ||
-					!strings.HasPrefix(filepath.Base(res.MovedAside), ".spotguard-older-"+tt.cp+"-") {
-					t.Fatalf("Restore() = %+v, %v; want the older save moved to %s/.spotguard-older-%s-<time>", res, err, to, tt.cp)
+			case "older", "incomplete":
+				if err != nil || res.NewerPresent || res.MovedAsideKind != tt.outcome || filepath.Dir(res.MovedAside) != to ||
+					!strings.HasPrefix(filepath.Base(res.MovedAside), ".spotguard-"+tt.outcome+"-"+tt.cp+"-") {
+					t.Fatalf("Restore() = %+v, %v; want the save moved to %s/.spotguard-%s-%s-<time>", res, err, to, tt.outcome, tt.cp)
 				}
 				want := map[string]string{}
 				for k, v := range was {
