@@ -247,8 +247,13 @@ func (c *Coordinator) onUpload(ev checkpoint.UploadEvent) {
 		case checkpoint.CheckpointRenamedAway, checkpoint.CheckpointDeleted, checkpoint.CheckpointWithheld:
 			ns.later = slices.DeleteFunc(ns.later, func(n string) bool { return n == ev.Checkpoint })
 			if ns.written != ev.Checkpoint {
-				if ev.Kind == checkpoint.CheckpointWithheld && ev.At.After(ns.detectedAt) && ns.written == "" && ns.endedAt.IsZero() {
-					ns.withheld = ev.Checkpoint
+				switch {
+				case ev.Kind == checkpoint.CheckpointWithheld && ev.At.After(ns.detectedAt) && ns.written == "" && ns.endedAt.IsZero():
+					ns.withheld, ns.withheldGone = ev.Checkpoint, ""
+				case ev.Kind != checkpoint.CheckpointWithheld && ns.withheld == ev.Checkpoint && ns.written == "":
+					// Gone: it is no longer what keeps the notice from its checkpoint (renamed
+					// within the directory, it completes anew under its new name).
+					ns.withheld, ns.withheldGone = "", ev.Checkpoint
 				}
 				continue
 			}

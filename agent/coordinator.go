@@ -98,6 +98,9 @@ type NoticeStatus struct {
 	// written's place when written is deleted or renamed away before its commit.
 	later    []string
 	withheld string // a checkpoint withheld after the notice (its marker came; not storable)
+	// withheldGone is the withheld checkpoint, once it was deleted (or renamed: under its new
+	// name it completes anew) without another completing.
+	withheldGone string
 	// renamed is its checkpoint, renamed away before its commit (at renamedAt), awaited under
 	// a new name until something completes or it is said missing.
 	renamed     string
@@ -1074,6 +1077,7 @@ func (c *Coordinator) checkMissing(now time.Time) {
 		ns                *NoticeStatus
 		again             bool
 		renamed, withheld string
+		withheldGone      string
 		signalledAt       time.Time
 	}
 	var due []missing
@@ -1103,7 +1107,7 @@ func (c *Coordinator) checkMissing(now time.Time) {
 		if now.Before(by) {
 			continue
 		}
-		m := missing{ns: ns, again: ns.missingSaid, withheld: ns.withheld, signalledAt: signalledAt}
+		m := missing{ns: ns, again: ns.missingSaid, withheld: ns.withheld, withheldGone: ns.withheldGone, signalledAt: signalledAt}
 		m.renamed, ns.renamed = ns.renamed, "" // said once per rename
 		ns.missingSaid = true
 		due = append(due, m)
@@ -1122,6 +1126,10 @@ func (c *Coordinator) checkMissing(now time.Time) {
 			reason = missingRenamedAway
 			why = "the trainer wrote " + m.renamed + " and its marker, and it was renamed away before its commit, but nothing completed since under a new name in " +
 				c.config().Checkpoint.Dir + " (moved out of it?): rename a checkpoint within checkpoint.dir, and move it elsewhere only once it is committed"
+		case m.withheldGone != "" && m.withheld == "":
+			reason = missingDeleted
+			why = "the trainer wrote " + m.withheldGone + " and its marker, but it was withheld, not committed (a file of it, or its name, cannot be stored), and it is gone since (deleted, or renamed out of " +
+				c.config().Checkpoint.Dir + ")"
 		case m.withheld != "":
 			reason = missingWithheld
 			what := "a file of it cannot be stored, so it is withheld, not committed (its error says which file and what to do)"

@@ -362,6 +362,44 @@ func TestUnsignalledNoticeCheckpointRenamedAway(t *testing.T) {
 	}
 }
 
+// A checkpoint the trainer wrote for a notice that is withheld (its name cannot be stored: it
+// never completes under that name) and then deleted is no longer what keeps the notice from its
+// checkpoint: at the deadline the notice said withheld all the same, and told to rename a
+// checkpoint that was gone. It says deleted now; renamed within the directory, it completes and
+// is committed under its new name.
+func TestNoticeWithheldCheckpointGoneIsSaid(t *testing.T) {
+	for _, tc := range []struct{ name, want string }{{"kept", missingWithheld}, {"deleted", missingDeleted}, {"renamed", StateCommitted}} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				r := startSpotRig(t)
+				passFakeTime(time.Second)
+				r.upload(checkpoint.CheckpointWithheld, "LATEST")
+				passFakeTime(time.Second)
+				switch tc.name {
+				case "deleted":
+					r.upload(checkpoint.CheckpointDeleted, "LATEST")
+				case "renamed": // the watcher sees the name go, then the new one complete
+					r.upload(checkpoint.CheckpointDeleted, "LATEST")
+					r.upload(checkpoint.CheckpointComplete, "step-10")
+					r.upload(checkpoint.CheckpointCommitted, "step-10")
+				}
+				passFakeTime(checkpointDue)
+				n := r.notice(t, "spot/terminate")
+				last := n.Transitions[len(n.Transitions)-1]
+				if tc.want == StateCommitted {
+					if n.State != StateCommitted {
+						t.Errorf("state %s (%q); want %s", n.State, last.Detail, StateCommitted)
+					}
+					return
+				}
+				if n.State != StateCheckpointMissing || last.Detail != tc.want {
+					t.Errorf("state %s (%q) at the deadline; want %s (%s)", n.State, last.Detail, StateCheckpointMissing, tc.want)
+				}
+			})
+		})
+	}
+}
+
 // AWS may send the rebalance recommendation at the same time as the reclaim notice (and an ASG
 // terminates a reclaimed instance), and the spot source is read every 250 ms, the others every
 // second: read first, the other notice got the trainer signalled, and the reclaim a moment later
