@@ -800,20 +800,24 @@ func restoreJudge(ctx context.Context, to *os.Root, m *Manifest, others []*Manif
 	// whole, files the trainer deleted since): m is all of it.
 	kind, what := "older", ""
 	if len(files) < len(m.Files) {
-		part := true
+		var in []File // m's files that are there, with their sizes
 		for _, f := range m.Files {
-			if l := files[f.Path]; l != nil {
-				got, err := sum(l, f.Path)
-				if err != nil {
-					return "", nil, err
-				}
-				part = part && l.size == f.Size && got == f.Checksum
+			if l := files[f.Path]; l != nil && l.size == f.Size {
+				in = append(in, f)
 			}
 		}
-		for p := range files {
-			part = part && slices.ContainsFunc(m.Files, func(f File) bool { return f.Path == p })
+		copyOf := len(in) == len(files) // nothing else
+		for _, f := range in {
+			if !copyOf {
+				break
+			}
+			got, err := sum(files[f.Path], f.Path)
+			if err != nil {
+				return "", nil, err
+			}
+			copyOf = got == f.Checksum
 		}
-		if part {
+		if copyOf {
 			kind, what = "incomplete", fmt.Sprintf("an incomplete copy of commit %s was there (%d of its %d files, the rest missing)", m.Commit, len(files), len(m.Files))
 		}
 	}
