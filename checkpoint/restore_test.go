@@ -1450,8 +1450,9 @@ func TestRestoreMovesAnIncompleteSaveAside(t *testing.T) {
 // newer save (written after the commit completed, and not the bytes of another commit) is left for
 // the trainer to resume from, with nothing downloaded; an older one (written before, or the bytes
 // of an older commit, whatever its times say) is moved aside, kept, as the commit takes its place,
-// unless it was modified within the last minute. With its commit asked for, and for what is no
-// save (a symbolic link in it), the refusal stands.
+// unless it was modified within the last minute; so is some of the commit's own files (a node's
+// part of a multi-node checkpoint restored whole), as an incomplete copy, whatever its times say.
+// With its commit asked for, and for what is no save (a symbolic link in it), the refusal stands.
 func TestRestoreJudgesASaveOfItsName(t *testing.T) {
 	withMarker := func(files map[string]string) map[string]string {
 		files["_COMPLETE"] = ""
