@@ -761,21 +761,17 @@ func restoreJudge(ctx context.Context, to *os.Root, m *Manifest, others []*Manif
 		}
 		defer func() { _ = dir.Close() }() // a directory handle: nothing to flush
 		root, written = dir, time.Time{}
-		err = fs.WalkDir(dir.FS(), ".", func(p string, d fs.DirEntry, err error) error {
-			if err != nil || d.IsDir() {
-				return err
+		found, err := restoreLocalFiles(dir)
+		if err != nil {
+			return "", nil, nil // no save
+		}
+		for _, l := range found {
+			files[l.path] = &local{size: l.fi.Size()}
+			if l.fi.ModTime().After(written) {
+				written = l.fi.ModTime()
 			}
-			fi, err := d.Info()
-			if err != nil || !fi.Mode().IsRegular() {
-				return errors.New("not a save")
-			}
-			files[p] = &local{size: fi.Size()}
-			if fi.ModTime().After(written) {
-				written = fi.ModTime()
-			}
-			return nil
-		})
-		if err != nil || files[marker] == nil {
+		}
+		if files[marker] == nil {
 			return "", nil, nil
 		}
 	default:
@@ -981,26 +977,16 @@ func restoreExisting(ctx context.Context, to *os.Root, m *Manifest, conc int) (b
 	for _, f := range m.Files {
 		want[f.Path] = f
 	}
-	var have []string
-	err = fs.WalkDir(dir.FS(), ".", func(p string, d fs.DirEntry, err error) error {
-		switch {
-		case err != nil:
-			return err
-		case d.IsDir():
-			return nil
-		case !d.Type().IsRegular():
-			return fmt.Errorf("%q is not a regular file (%s)", p, typeWords(d.Type()))
-		}
-		have = append(have, p)
-		return nil
-	})
+	local, err := restoreLocalFiles(dir)
 	if err != nil {
 		return differs("%v", err)
 	}
-	for _, p := range have {
-		if _, ok := want[p]; !ok {
-			return differs("file %q is not in the checkpoint", p)
+	have := make([]string, 0, len(local))
+	for _, l := range local {
+		if _, ok := want[l.path]; !ok {
+			return differs("file %q is not in the checkpoint", l.path)
 		}
+		have = append(have, l.path)
 	}
 	if len(have) != len(want) {
 		for _, f := range m.Files {
@@ -1037,6 +1023,36 @@ func restoreExisting(ctx context.Context, to *os.Root, m *Manifest, conc int) (b
 		return differs("%v", err)
 	}
 	return true, nil
+}
+
+// restoreLocalFile is a regular file below a directory at the destination, by its slash-separated
+// path there.
+type restoreLocalFile struct {
+	path string
+	fi   fs.FileInfo
+}
+
+// restoreLocalFiles lists the regular files below dir, in lexical order; anything else there but
+// directories (a symbolic link, a device) is an error naming it.
+func restoreLocalFiles(dir *os.Root) ([]restoreLocalFile, error) {
+	var out []restoreLocalFile
+	err := fs.WalkDir(dir.FS(), ".", func(p string, d fs.DirEntry, err error) error {
+		switch {
+		case err != nil:
+			return err
+		case d.IsDir():
+			return nil
+		case !d.Type().IsRegular():
+			return fmt.Errorf("%q is not a regular file (%s)", p, typeWords(d.Type()))
+		}
+		fi, err := d.Info()
+		if err != nil {
+			return err
+		}
+		out = append(out, restoreLocalFile{path: p, fi: fi})
+		return nil
+	})
+	return out, err
 }
 
 // restoreChecksumFile returns the CRC-32C and size of the file rel (slash-separated) in dir.
