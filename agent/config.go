@@ -597,6 +597,12 @@ func Keys() []Key {
 	return keys
 }
 
+// defaultOf returns the default of key, a name in fields.
+func defaultOf(key string) string {
+	i := slices.IndexFunc(fields, func(f field) bool { return f.key == key })
+	return fields[i].def
+}
+
 // LoadOptions says where Load takes its values from.
 type LoadOptions struct {
 	// Path is the YAML file. If it is DefaultConfigPath and does not exist, defaults are used.
@@ -804,24 +810,37 @@ func (c *Config) LoadProblems() []error {
 	return slices.Clone(c.problems)
 }
 
+// Warning is something allowed but risky in a configuration: Text names its key and says what
+// the risk is; Fix says what to do about it.
+type Warning struct {
+	Text string
+	Fix  string
+}
+
 // Warnings lists what is allowed but risky, each naming its key: polling so slow that a good
 // part of a spot notice's 2 minutes goes by before it is seen, and a listener (which has no
 // authentication) on an address that is not loopback.
-func (c *Config) Warnings() []string {
-	var w []string
+func (c *Config) Warnings() []Warning {
+	var w []Warning
 	if host, _, err := net.SplitHostPort(c.HTTP.Listen); err == nil && !isLoopbackHost(host) {
 		what := "read /status and /metrics and POST /notice"
 		if c.HTTP.PProf {
 			what = "read /status, /metrics and Go's profiles (/debug/pprof/) and POST /notice"
 		}
-		w = append(w, fmt.Sprintf("http.listen: %s: not a loopback address, and the listener has no authentication: whoever can reach it can %s; keep it on 127.0.0.1 (the default) or [::1]", c.HTTP.Listen, what))
+		w = append(w, Warning{
+			Text: fmt.Sprintf("http.listen: %s: not a loopback address, and the listener has no authentication: whoever can reach it can %s", c.HTTP.Listen, what),
+			Fix:  "keep http.listen on 127.0.0.1 (the default) or [::1]",
+		})
 	}
 	for _, p := range []struct {
 		key string
 		d   time.Duration
 	}{{"imds.poll_interval", c.IMDS.PollInterval}, {"imds.spot_poll_interval", c.IMDS.SpotPollInterval}} {
 		if p.d > WarnPollInterval && p.d <= MaxPollInterval { // above it, a problem
-			w = append(w, fmt.Sprintf("%s: %s: a notice may be seen %s late, out of the 2 minutes a spot notice gives; 1s is the default", p.key, p.d, p.d))
+			w = append(w, Warning{
+				Text: fmt.Sprintf("%s: %s: a notice may be seen %s late, out of the 2 minutes a spot notice gives", p.key, p.d, p.d),
+				Fix:  fmt.Sprintf("set %s to %s (the default) or less", p.key, defaultOf(p.key)),
+			})
 		}
 	}
 	return w

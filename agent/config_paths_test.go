@@ -180,8 +180,9 @@ func TestHTTPListenNotOnLoopbackWarns(t *testing.T) {
 				t.Fatalf("Validate() = %v; want nil (a warning only)", err)
 			}
 			w := c.Warnings()
-			got := slices.ContainsFunc(w, func(s string) bool {
-				return strings.HasPrefix(s, "http.listen: "+tt.value+": not a loopback address") && strings.Contains(s, "no authentication")
+			got := slices.ContainsFunc(w, func(w Warning) bool {
+				return strings.HasPrefix(w.Text, "http.listen: "+tt.value+": not a loopback address") && strings.Contains(w.Text, "no authentication") &&
+					strings.Contains(w.Fix, "127.0.0.1")
 			})
 			if got != tt.warn || len(w) > 1 {
 				t.Errorf("Got(%q) = %q; want a warning about http.listen: %v", tt.value, w, tt.warn)
@@ -189,7 +190,7 @@ func TestHTTPListenNotOnLoopbackWarns(t *testing.T) {
 		})
 	}
 	c := mustLoad(t, LoadOptions{Environ: []string{"SPOTGUARD_HTTP_LISTEN=0.0.0.0:9402", "SPOTGUARD_HTTP_PPROF=true"}})
-	if w := c.Warnings(); len(w) != 1 || !strings.Contains(w[0], "/debug/pprof/") {
+	if w := c.Warnings(); len(w) != 1 || !strings.Contains(w[0].Text, "/debug/pprof/") {
 		t.Errorf("Warnings() with http.pprof = %q; want the warning to name the profiles", w)
 	}
 }

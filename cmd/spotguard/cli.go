@@ -205,7 +205,10 @@ func runConfig(ctx context.Context, args, environ []string, stdout, stderr io.Wr
 	if awsProblem != "" {
 		problems = append(problems, awsProblem)
 	}
-	warnings := cfg.Warnings()
+	var warnings []string
+	for _, w := range cfg.Warnings() {
+		warnings = append(warnings, w.Text+": "+w.Fix)
+	}
 	if awsWarning != "" {
 		warnings = append(warnings, awsWarning)
 	}
@@ -270,7 +273,7 @@ func runAgent(ctx context.Context, args, environ []string, stdout, stderr io.Wri
 	defer zerolog.SetGlobalLevel(zerolog.GlobalLevel())
 	zerolog.SetGlobalLevel(cfg.Log.Level)
 	for _, w := range cfg.Warnings() {
-		log.Warn().Msg(w)
+		log.Warn().Str("fix", w.Fix).Msg(w.Text)
 	}
 
 	// Only what talks to AWS needs its configuration: an S3 store cannot start without; CloudWatch

@@ -131,7 +131,7 @@ func doctor(ctx context.Context, cf *configFlags, environ []string, deps doctorD
 		rep.add("config", doctorPass, "valid", "")
 	}
 	for _, w := range cfg.Warnings() {
-		rep.add("config", doctorWarn, w, "poll at 1s (the default) or faster")
+		rep.add("config", doctorWarn, w.Text, w.Fix)
 	}
 	setup, awsErr := deps.loadAWS(ctx, cfg.IMDS.Endpoint)
 	if awsErr == nil && (strings.HasPrefix(cfg.Store.URL, "s3://") || cfg.Metrics.CloudWatch) {

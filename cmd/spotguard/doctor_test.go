@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -121,6 +122,37 @@ func TestDoctorOutput(t *testing.T) {
 	}
 	if code != exitOK {
 		t.Errorf("doctor exit = %d with warnings only; want 0", code)
+	}
+}
+
+// Each configuration warning comes with its own fix: the listener's says to keep it on loopback,
+// and a slow poll names its key and that key's default (the spot source's is 250ms, not 1s).
+func TestDoctorConfigWarningsSayTheirFix(t *testing.T) {
+	for _, tc := range []struct {
+		args      []string
+		text, fix string
+	}{
+		{[]string{"--http.listen", "0.0.0.0:9402"}, "http.listen: 0.0.0.0:9402: not a loopback address", "keep http.listen on 127.0.0.1 (the default) or [::1]"},
+		{[]string{"--imds.poll_interval", "3s"}, "imds.poll_interval: 3s: a notice may be seen 3s late", "set imds.poll_interval to 1s (the default) or less"},
+		{[]string{"--imds.spot_poll_interval", "3s"}, "imds.spot_poll_interval: 3s: a notice may be seen 3s late", "set imds.spot_poll_interval to 250ms (the default) or less"},
+	} {
+		r := newDoctorRig(t)
+		code, out := r.run(t, append(tc.args, "--json")...)
+		var rep doctorReport
+		if err := json.Unmarshal([]byte(out), &rep); err != nil {
+			t.Fatalf("%v: %v\n%s", tc.args, err, out)
+		}
+		i := slices.IndexFunc(rep.Checks, func(c doctorCheck) bool { return c.Name == "config" && c.Status == doctorWarn })
+		if i < 0 {
+			t.Errorf("%v: no config WARN in %s", tc.args, out)
+			continue
+		}
+		if c := rep.Checks[i]; !strings.HasPrefix(c.Detail, tc.text) || c.Fix != tc.fix {
+			t.Errorf("%v: config WARN %q, fix %q; want %q…, fix %q", tc.args, c.Detail, c.Fix, tc.text, tc.fix)
+		}
+		if code != exitOK {
+			t.Errorf("%v: doctor exit = %d with a warning; want 0", tc.args, code)
+		}
 	}
 }
 
