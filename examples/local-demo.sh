@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Runs the notice path on this machine: AWS's IMDS simulator announces a spot reclaim 5 s after it
-# starts, spotguard (go run ./cmd/spotguard run --config examples/local.yaml) signals the example
-# trainer, the trainer writes a checkpoint, spotguard streams it into a file:// store and commits
-# it, and `spotguard restore` brings it back, verified. Prints the timeline.
+# starts, spotguard (built into /tmp/spotguard-demo, run with --config examples/local.yaml) signals
+# the example trainer, the trainer writes a checkpoint, spotguard streams it into a file:// store
+# and commits it, and `spotguard restore` brings it back, verified. Prints the timeline.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 demo=/tmp/spotguard-demo

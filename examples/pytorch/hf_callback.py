@@ -1,11 +1,11 @@
-"""spotguard + Hugging Face transformers.Trainer: a TrainerCallback that asks the Trainer to save
+r"""spotguard + Hugging Face transformers.Trainer: a TrainerCallback that asks the Trainer to save
 checkpoint-<step>/ when spotguard signals (every rank at the same step), and writes the
 _COMPLETE marker once every rank has finished writing it.
 
 /etc/spotguard/spotguard.yaml:
 
     trainer:
-      match: 'python[0-9.]* -u \\S*train\\.py'  # torchrun's / accelerate's workers
+      match: 'python[0-9.]* -u \S*train\.py'  # torchrun's / accelerate's workers
       signal: SIGUSR1
     checkpoint:
       dir: /opt/ml/output      # = TrainingArguments.output_dir

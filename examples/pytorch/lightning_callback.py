@@ -1,10 +1,10 @@
-"""spotguard + PyTorch Lightning (2.x): a Callback that saves <dirpath>/step-NNNNNN/model.ckpt,
+r"""spotguard + PyTorch Lightning (2.x): a Callback that saves <dirpath>/step-NNNNNN/model.ckpt,
 then the _COMPLETE marker, when spotguard signals; every rank saves at the same step.
 
 /etc/spotguard/spotguard.yaml:
 
     trainer:
-      match: 'python[0-9.]* (-u )?\\S*train\\.py'  # every rank (Lightning's own launcher or torchrun's workers)
+      match: 'python[0-9.]* (-u )?\S*train\.py'  # every rank (Lightning's own launcher or torchrun's workers)
       signal: SIGUSR1          # SIGUSR2 under SLURM: see README.md
     checkpoint:
       dir: /opt/ml/checkpoints # = dirpath below
