@@ -24,7 +24,7 @@ import os
 
 import lightning.pytorch as L  # or: import pytorch_lightning as L
 
-from dcp_signal import SaveRequested, newest_complete, write_marker
+from dcp_signal import SaveRequested, newest_complete, remove_marker, write_marker
 
 
 class SpotguardCheckpoint(L.Callback):
@@ -42,6 +42,11 @@ class SpotguardCheckpoint(L.Callback):
             return
         path = os.path.join(self.dirpath, "step-%06d" % trainer.global_step)
         os.makedirs(path, exist_ok=True)
+        if trainer.is_global_zero:
+            # A step saved again (a run rolled back): its old marker goes before any rank writes
+            # over the files.
+            remove_marker(path, self.marker)
+        trainer.strategy.barrier()
         # On every rank: rank 0 writes the file (DDP), or every rank its shards (FSDP, sharded).
         trainer.save_checkpoint(os.path.join(path, self.filename))
         trainer.strategy.barrier()  # every rank's part is written
