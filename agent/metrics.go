@@ -118,7 +118,7 @@ func newMetrics(reg prometheus.Registerer, stats func() imds.Stats) *promMetrics
 	})
 	m.uploadSeconds = prometheus.NewHistogram(prometheus.HistogramOpts{
 		Name:    "spotguard_checkpoint_upload_seconds",
-		Help:    "Time spent sending a committed checkpoint's files (summed over files in flight).",
+		Help:    "Time a committed checkpoint's upload took, from the start of its first file's send to the end of its last.",
 		Buckets: prometheus.ExponentialBuckets(0.5, 2, 12),
 	})
 	m.uploadThroughput = prometheus.NewGauge(prometheus.GaugeOpts{

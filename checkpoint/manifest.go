@@ -31,9 +31,9 @@ type Manifest struct {
 	Files      []File `json:"files"`
 	TotalBytes int64  `json:"total_bytes"`
 	Host       Host   `json:"host"`
-	// Trigger says why it was committed: "periodic" (the trainer saved on its own), "notice"
-	// (after an interruption notice), "sync" (asked for with SIGUSR1) or "recovery" (found
-	// complete but uncommitted at start-up).
+	// Trigger says why it was committed: "notice" (written while a notice was in force) or
+	// "periodic" (any other: the trainer saved on its own, a sync, one found complete at
+	// start-up).
 	Trigger string `json:"trigger"`
 	// Notice is the key of the notice that triggered it, e.g. "spot/terminate", if any.
 	Notice      string    `json:"notice,omitempty"`
@@ -124,7 +124,9 @@ type Timings struct {
 	CompleteAt *time.Time `json:"complete_at,omitempty"`
 	// LastByteAt is when the last byte of the last file was stored.
 	LastByteAt *time.Time `json:"last_byte_at,omitempty"`
-	// UploadSeconds is the time spent sending, first byte to last byte.
+	// UploadSeconds is how long sending the files took: from the start of the first file's send
+	// to the end of the last one's (a file sent while it was written counts from its first
+	// part), whatever ran at once. 0 when the agent that wrote the manifest sent none of them.
 	UploadSeconds float64 `json:"upload_seconds"`
 }
 
@@ -340,8 +342,8 @@ func (m *Manifest) PartFiles(rank int) []File {
 }
 
 // Order returns what orders commits, in LATEST, restore and retention alike: the time the
-// checkpoint completed (its marker's modification time; a version 1 manifest without one uses
-// its commit time), then the commit id. A commit is newer than another when it completed later;
+// checkpoint completed (Timings.CompleteAt, the latest change time of its files; a version 1
+// manifest without one uses its commit time), then the commit id. A commit is newer than another when it completed later;
 // equal times are ordered by commit id, so the order is total and every reader agrees on it.
 func (m *Manifest) Order() CommitOrder {
 	at := m.CommittedAt

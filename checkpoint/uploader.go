@@ -371,10 +371,11 @@ type generation struct {
 	manifest *Manifest
 	ctx      context.Context
 	cancel   context.CancelFunc
-	// Upload statistics, for the forecast.
-	uploadStart time.Time
-	uploadBusy  time.Duration
-	sent        int64
+	// Upload statistics, for the manifest's upload_seconds and the forecast: when the first
+	// file's send began and the last one's ended, and the sum of every file's send time.
+	uploadStart, uploadEnd time.Time
+	uploadBusy             time.Duration
+	sent                   int64
 }
 
 // refusal is a version of a file that cannot be uploaded, and why (errUnusable).
@@ -1642,7 +1643,7 @@ func (u *Uploader) fileReady(ev WatchEvent) {
 		u.log.Info().Str("checkpoint", g.name).Str("notice", g.notice).Str("file", ev.Path).
 			Msg("checkpoint written again after its notice ended; it is no longer that notice's")
 		g.notice, g.firstFileAt = "", time.Time{}
-		g.uploadStart, g.uploadBusy, g.sent = time.Time{}, 0, 0 // the forecast is of this save
+		g.uploadStart, g.uploadEnd, g.uploadBusy, g.sent = time.Time{}, time.Time{}, 0, 0 // the forecast is of this save
 	}
 	if g.firstFileAt.IsZero() {
 		g.firstFileAt = ev.At
@@ -2478,6 +2479,9 @@ func (u *Uploader) handleResult(ctx context.Context, r fileResult) {
 	if g.uploadStart.IsZero() || r.start.Before(g.uploadStart) {
 		g.uploadStart = r.start
 	}
+	if end := r.start.Add(r.duration); end.After(g.uploadEnd) {
+		g.uploadEnd = end
+	}
 	g.uploadBusy += r.duration
 	g.sent += d.id.Size
 	u.journal.file(g.name, g.commit, r.rel, d)
@@ -2579,7 +2583,7 @@ func (u *Uploader) startCommit(ctx context.Context, g *generation) {
 	c := commitJob{name: g.name, commit: g.commit, single: g.single, adopt: g.state == genMatching, resumed: g.resumed, sealed: g.sealed,
 		completeAt: g.completeAt, unread: g.unread, marker: g.marker, known: slices.Clone(u.known),
 		files: make(map[string]doneFile, len(g.files)), refused: maps.Clone(g.refused), prior: g.prior, candidates: g.candidates, strays: g.strays,
-		timings: Timings{UploadSeconds: g.uploadBusy.Seconds()}}
+		timings: Timings{UploadSeconds: g.uploadEnd.Sub(g.uploadStart).Seconds()}}
 	c.unseenBefore, c.unseenAfter = u.unseen(g.name)
 	now := time.Now()
 	maps.DeleteFunc(u.uncertain, func(_ string, at time.Time) bool { return now.Sub(at) > uncertainFor })

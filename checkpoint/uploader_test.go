@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"path"
 	"path/filepath"
@@ -17,6 +18,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/rs/zerolog"
@@ -2090,4 +2092,47 @@ func TestSingleFilesWrittenTogetherAreWarnedOf(t *testing.T) {
 	if n := strings.Count(r.logs.String(), warning); n != 1 {
 		t.Errorf("warned %d times of single-file checkpoints written together; want once:\n%s", n, r.logs)
 	}
+}
+
+// slowPutStore is a memStore whose PutFile takes d (of the clock: a synctest bubble's).
+type slowPutStore struct {
+	*memStore
+	d time.Duration
+}
+
+func (s slowPutStore) PutFile(ctx context.Context, key string, f *os.File, size int64, progress func(n int64)) (Checksum, error) {
+	<-time.After(s.d)
+	return s.memStore.PutFile(ctx, key, f, size, progress)
+}
+
+// A manifest's upload_seconds is how long the upload took, from the first file's send to the
+// last one's end, not the sum of every file's send time: four files and the marker, sent two at a
+// time, each taking 1 s, took 3 s at most, not 5.
+func TestUploaderUploadSecondsIsWallTime(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		dir := t.TempDir()
+		store := slowPutStore{memStore: newMemStore(), d: time.Second}
+		r, events := startUploaderFed(t, dir, store, UploaderConfig{BackgroundFiles: 2})
+		files := map[string][]byte{}
+		for i := range 4 {
+			files[fmt.Sprintf("shard-%d.bin", i)] = randomBytes(t, 4<<10)
+		}
+		writeCheckpoint(t, dir, "step-1", files)
+		rels := append(slices.Sorted(maps.Keys(files)), "_COMPLETE")
+		for _, rel := range rels {
+			fi, err := os.Lstat(filepath.Join(dir, "step-1", rel))
+			if err != nil {
+				t.Fatal(err)
+			}
+			ev := WatchEvent{Kind: FileReady, Checkpoint: "step-1", Path: rel, Size: fi.Size(), ModTime: fi.ModTime(), ID: FileIDOf(fi), At: time.Now()}
+			if rel == "_COMPLETE" {
+				ev.Kind = Complete
+			}
+			events <- ev
+		}
+		m := r.waitCommitted("step-1").Manifest
+		if got := m.Timings.UploadSeconds; got < 2 || got > 3.5 {
+			t.Errorf("upload_seconds = %v; want the wall time, 2 to 3 s (5 files of 1 s, 2 at a time), not their sum (5 s)", got)
+		}
+	})
 }
