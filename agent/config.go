@@ -276,7 +276,7 @@ var fields = []field{
 		c.Store.Job = v
 		return nil
 	}},
-	{"store.part_size", "64MiB", "the largest multipart part for S3 (at least 5MiB): a file goes in 16 parts or more of at least 8MiB (finer, down to 5MiB, for the last file a notice waits for); parts are read straight from the file, not buffered", func(c *Config, v string) error {
+	{"store.part_size", "64MiB", "the largest multipart part for S3 (at least 5MiB): a file goes in parts of 8MiB up to this, 16 of them where those sizes allow (finer, down to 5MiB, for the last file a notice waits for); parts are read straight from the file, not buffered", func(c *Config, v string) error {
 		n, err := ParseSize(v)
 		if err != nil {
 			return err
@@ -374,7 +374,7 @@ var fields = []field{
 		c.GPU.SampleInterval = d
 		return err
 	}},
-	{"gpu.degraded_threshold", "0.10", "a GPU more than this fraction below its peers' median (clocks, bandwidth under equal load) is degraded", func(c *Config, v string) error {
+	{"gpu.degraded_threshold", "0.10", "a GPU more than this fraction below its peers' median (SM and memory clocks under comparable load, peak memory bandwidth) is degraded", func(c *Config, v string) error {
 		f, err := strconv.ParseFloat(v, 64)
 		if err != nil || f <= 0 || f >= 1 {
 			return errors.New("want a fraction between 0 and 1, e.g. 0.10")

@@ -71,8 +71,8 @@ func ParseStoreURL(u string) (scheme, bucket, prefix string, err error) {
 // S3Options tune an S3 store.
 type S3Options struct {
 	// PartSize is the largest part of a multipart upload and ranged read of a download: a
-	// file is cut into 16 parts or more, of at least 8 MiB (or PartSize, if smaller) and at
-	// most PartSize; one of at most 8 MiB goes in one PutObject. 0 means 64 MiB; it must be at
+	// file is cut into parts of at least 8 MiB (or PartSize, if smaller) and at most PartSize,
+	// 16 of them where those sizes allow; one of at most 8 MiB goes in one PutObject. 0 means 64 MiB; it must be at
 	// least 5 MiB and at most 5 GiB. PutFile raises it for a file that would need more than
 	// 10,000 parts.
 	PartSize int64

@@ -77,7 +77,8 @@ type gpuDeps struct {
 // gpuHelp is the description of `spotguard gpu -h`.
 const gpuHelp = `Sample every GPU --samples times, --interval apart, and judge it: clocks now/max, peak and
 achieved memory bandwidth, utilization, temperature, power, clock-event reasons, verdict. A reading
-of a moment (clocks, throttling, a peer comparison) counts only when it holds in 3 of the samples;
+of a moment (clocks, throttling, a peer comparison) counts only when it holds in 3 of the samples
+(in all of them, with fewer than 3);
 ECC, row remapping, critical XIDs and a lost GPU count at once. The report shows the last sample.
 
 --probe is the launch check for the silicon lottery: it times device-to-device copies on every GPU
