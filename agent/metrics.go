@@ -170,6 +170,12 @@ func newMetrics(reg prometheus.Registerer, stats func() imds.Stats) *promMetrics
 	for _, tr := range []string{"periodic", "notice"} {
 		m.committed.WithLabelValues(tr)
 	}
+	for _, r := range trainer.Reasons() {
+		m.discoveryProblems.WithLabelValues(r)
+	}
+	for _, w := range []string{"this", "other"} {
+		m.jobCommitted.WithLabelValues(w)
+	}
 	m.storeProbeFailures = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "spotguard_store_probe_failures_total",
 		Help: "Store probes (list, write, read, delete of a probe object under J/_spotguard/) that failed.",
