@@ -594,7 +594,9 @@ func (c *Coordinator) act(cfg *Config, ns *NoticeStatus, first bool, from time.T
 // signal record, the checkpoint written for it, once committed its commit), and the processes
 // found now count as signalled for it. A more severe notice is signalled as always (the trainer
 // learns from notice.json what it must do, e.g. exit after saving), and so is any notice once the
-// other's checkpoint is durable (a new save can then only add) or went missing, or when the
+// other's checkpoint is durable (a new save can then only add; but not when the other's signal
+// came after ns was read, as for a reclaim read during ns's hold: that save is ns's, committed)
+// or went missing, or when the
 // other was signalled more than checkpointDue ago (without a store, when the agent sees no
 // checkpoint, that alone decides). A job notice covers nothing: a script may post one while the
 // trainer saves nothing. Processes found since the other's signal (a trainer restarted) are
@@ -604,8 +606,7 @@ func (c *Coordinator) cover(ns *NoticeStatus, procs []trainer.Process, log zerol
 	c.mu.Lock()
 	var by *NoticeStatus
 	for _, o := range c.active {
-		if o == ns || o.Policy != PolicyCheckpoint || o.committed || noticeRank(o) > noticeRank(ns) ||
-			(o.written == "" && o.missingSaid) {
+		if o == ns || o.Policy != PolicyCheckpoint || noticeRank(o) > noticeRank(ns) || (o.written == "" && o.missingSaid) {
 			continue
 		}
 		if o.Source == SourceJob || o.signalledAt == nil || time.Since(*o.signalledAt) > checkpointDue {
@@ -613,6 +614,12 @@ func (c *Coordinator) cover(ns *NoticeStatus, procs []trainer.Process, log zerol
 			// (posted by the trainer as its save begins, or by a script, whose trainer may not
 			// save); or signalled too long ago: a save older than a reclaim's window (a scheduled
 			// event's, days before; one a store that is down holds back) is not a fresh one.
+			continue
+		}
+		if o.committed && o.signalledAt.Before(ns.detectedAt) {
+			// Its save is durable and was asked for before ns came: a new one can only add. (One
+			// asked for after ns came, as a reclaim read during ns's hold, is ns's save too,
+			// however quickly it was committed.)
 			continue
 		}
 		if by == nil || noticeRank(o) < noticeRank(by) || (noticeRank(o) == noticeRank(by) && o.Key < by.Key) {
@@ -636,11 +643,19 @@ func (c *Coordinator) cover(ns *NoticeStatus, procs []trainer.Process, log zerol
 			ns.tried[p.PID] = true
 		}
 	}
+	durable := by.committed
 	c.mu.Unlock()
-	c.transition(ns, StateTrainerSignalled, fmt.Sprintf("not signalled again: the trainer is saving for %s (since %s), and that save is this notice's too",
-		by.Key, at.UTC().Format(time.RFC3339Nano)))
-	log.Info().Str("covered_by", by.Key).
-		Msg("notice came while the trainer's save for a notice at least as severe is not durable yet: not signalled again, so that it does not save twice in the window")
+	if durable {
+		c.transition(ns, StateTrainerSignalled, fmt.Sprintf("not signalled again: the trainer saved for %s (since %s), after this notice came, and that save is this notice's too",
+			by.Key, at.UTC().Format(time.RFC3339Nano)))
+		log.Info().Str("covered_by", by.Key).
+			Msg("the trainer saved for a notice at least as severe after this notice came: not signalled again, so that it does not save twice in the window")
+	} else {
+		c.transition(ns, StateTrainerSignalled, fmt.Sprintf("not signalled again: the trainer is saving for %s (since %s), and that save is this notice's too",
+			by.Key, at.UTC().Format(time.RFC3339Nano)))
+		log.Info().Str("covered_by", by.Key).
+			Msg("notice came while the trainer's save for a notice at least as severe is not durable yet: not signalled again, so that it does not save twice in the window")
+	}
 	// Its checkpoint is the first completed since that signal: not necessarily the other's, which
 	// may have completed before it (the other notice came with no trainer to signal, and took
 	// the next checkpoint completed).
@@ -697,8 +712,8 @@ func (c *Coordinator) savingFor(pid int, ns *NoticeStatus) (string, time.Time) {
 	if c.active[ps.key] == nil {
 		return "", time.Time{} // ended
 	}
-	if n := c.storeNewest; n != nil && !n.Order().At.Before(ps.at.Add(-checkpoint.FileTimeLag)) {
-		return "", time.Time{} // its save is durable: a new one can only add
+	if n := c.storeNewest; n != nil && !n.Order().At.Before(ps.at.Add(-checkpoint.FileTimeLag)) && ps.at.Before(ns.detectedAt) {
+		return "", time.Time{} // its save is durable and was asked for before ns came: a new one can only add
 	}
 	return ps.key, ps.at
 }

@@ -463,6 +463,51 @@ func TestNoticeIsHeldForAReclaimThatComesWithIt(t *testing.T) {
 	}
 }
 
+// AWS's simulator, run as it comes (every notice at once), and AWS itself may serve a rebalance
+// recommendation, an ASG termination or a scheduled event with the reclaim. The reclaim is
+// signalled at once and the others held; a trainer that saves quickly has that save committed
+// before their hold ends. That save began after they were read: it is theirs too, and they are
+// committed with it. Before, the hold's end found the reclaim's save durable ("a new save can
+// only add") and signalled the trainer again: a second save in the window (found from outside,
+// with ec2-metadata-mock's default mode and examples/python/trainer.py).
+func TestNoticeHeldForAReclaimSharesItsSaveCommittedDuringTheHold(t *testing.T) {
+	for _, lag := range []time.Duration{0, 250 * time.Millisecond} {
+		t.Run(fmt.Sprintf("reclaim read %v later", lag), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				r := startCoverRig(t, true)
+				deadline := time.Now().Add(2 * time.Minute)
+				for _, n := range []imds.Notice{
+					{Source: imds.SourceRebalance, Action: "rebalance"},
+					{Source: imds.SourceASG, Action: "Terminated", Deadline: deadline},
+					{Source: imds.SourceScheduled, Action: "system-reboot", EventID: "instance-event-1", Deadline: time.Now().Add(-time.Second)},
+				} {
+					r.events <- imds.Event{Kind: imds.Begin, At: time.Now(), Notice: n}
+				}
+				synctest.Wait()
+				passFakeTime(lag)
+				r.events <- imds.Event{Kind: imds.Begin, At: time.Now(), Notice: imds.Notice{Source: imds.SourceSpot, Action: "terminate", Deadline: deadline}}
+				synctest.Wait()
+				if got := r.tr.signals(); got != 1 {
+					t.Fatalf("signals once the reclaim is read = %d; want 1", got)
+				}
+				passFakeTime(100 * time.Millisecond)
+				r.upload(checkpoint.CheckpointComplete, "step-9")
+				r.upload(checkpoint.CheckpointCommitted, "step-9")
+				passFakeTime(2 * holdFor)
+				if got := r.tr.signals(); got != 1 {
+					t.Errorf("signals after the holds = %d; want 1, the reclaim's save shared by the others", got)
+				}
+				for _, key := range []string{"spot/terminate", "rebalance/rebalance", "asg/Terminated", "scheduled/system-reboot/instance-event-1"} {
+					n := r.notice(t, key)
+					if last := n.Transitions[len(n.Transitions)-1]; n.State != StateCommitted || !strings.HasPrefix(last.Detail, "step-9") {
+						t.Errorf("%s is %s (%q); want committed with step-9", key, n.State, last.Detail)
+					}
+				}
+			})
+		})
+	}
+}
+
 // A stop (SIGTERM) during a notice's hold signals the trainer at once: the instance may be going
 // down (an ASG termination), and the agent's loop ends with the stop.
 func TestHeldNoticeIsSignalledAtAStop(t *testing.T) {
