@@ -245,8 +245,14 @@ func (c *Coordinator) onUpload(ev checkpoint.UploadEvent) {
 				}
 			}
 		case checkpoint.CheckpointRenamedAway, checkpoint.CheckpointDeleted, checkpoint.CheckpointWithheld:
+			wasLater := slices.Contains(ns.later, ev.Checkpoint)
 			ns.later = slices.DeleteFunc(ns.later, func(n string) bool { return n == ev.Checkpoint })
 			if ns.written != ev.Checkpoint {
+				if wasLater && ev.Kind == checkpoint.CheckpointRenamedAway {
+					// One completed since the notice's checkpoint, renamed away: awaited under its
+					// new name as the notice's own would be, should that one not be committed.
+					ns.renamed, ns.renamedAt = ev.Checkpoint, ev.At
+				}
 				switch {
 				case ev.Kind == checkpoint.CheckpointWithheld && ev.At.After(ns.detectedAt) && ns.written == "" && ns.endedAt.IsZero():
 					ns.withheld, ns.withheldGone = ev.Checkpoint, ""

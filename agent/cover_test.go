@@ -314,6 +314,47 @@ func TestNoticeCheckpointRenamedAway(t *testing.T) {
 	}
 }
 
+// The notice's checkpoint is uploaded while the trainer saves another (kept as the next in line)
+// and renames that one away: a staging name renamed into place, which completes anew under its
+// new name. Then the notice's own turns out withheld (a file of it cannot be stored). The one
+// renamed is awaited under its new name, and the notice committed with it; renamed out of
+// checkpoint.dir, it is said missing (renamed away) at the deadline. Before, the withheld
+// one, with none left in line, made the notice checkpoint_missing at once, and a completion under
+// the new name that came next found the notice said missing (the notice simulation, seed
+// 8860111930492107775).
+func TestNoticeAwaitsALaterCheckpointRenamedWhenItsOwnIsWithheld(t *testing.T) {
+	const key = "spot/terminate"
+	for _, out := range []bool{false, true} {
+		t.Run(fmt.Sprintf("renamed out %v", out), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				r := startSpotRig(t)
+				passFakeTime(time.Second)
+				r.upload(checkpoint.CheckpointComplete, "step-15")
+				r.upload(checkpoint.CheckpointComplete, "tmp-step-16")
+				passFakeTime(time.Second)
+				r.upload(checkpoint.CheckpointRenamedAway, "tmp-step-16")
+				r.upload(checkpoint.CheckpointWithheld, "step-15")
+				n := r.notice(t, key)
+				if n.State == StateCheckpointMissing {
+					t.Fatalf("said %s (%q) with tmp-step-16 renamed a moment ago, awaited under its new name", n.State, n.Transitions[len(n.Transitions)-1].Detail)
+				}
+				if out {
+					passFakeTime(2 * time.Minute)
+					if n := r.notice(t, key); n.State != StateCheckpointMissing || n.Transitions[len(n.Transitions)-1].Detail != missingRenamedAway {
+						t.Errorf("state %s (%q) at the deadline; want checkpoint_missing (%s)", n.State, n.Transitions[len(n.Transitions)-1].Detail, missingRenamedAway)
+					}
+					return
+				}
+				r.upload(checkpoint.CheckpointComplete, "step-16")
+				r.upload(checkpoint.CheckpointCommitted, "step-16")
+				if n := r.notice(t, key); n.State != StateCommitted || !strings.HasPrefix(n.Transitions[len(n.Transitions)-1].Detail, "step-16") {
+					t.Errorf("state %s (%q); want committed with step-16", n.State, n.Transitions[len(n.Transitions)-1].Detail)
+				}
+			})
+		})
+	}
+}
+
 // A notice the trainer was not signalled for (a job notice, which the trainer sent itself; a
 // reclaim while no trainer is found) has a checkpoint all the same: the first completed after
 // it. Renamed out of checkpoint.dir before its commit, it never completes again; the notice
