@@ -2,6 +2,7 @@ package agent
 
 import (
 	"fmt"
+	"maps"
 	"os"
 	"slices"
 	"time"
@@ -396,8 +397,18 @@ func (c *Coordinator) noteComplete(ev checkpoint.UploadEvent, durable checkpoint
 	case durable, checkpoint.CheckpointDeleted, checkpoint.CheckpointRenamedAway, checkpoint.CheckpointWithheld:
 		// Withheld, it is not committed as it is: complete again (its marker written again),
 		// it is reported again.
+		if at, ok := c.complete[ev.Checkpoint]; ok && ev.Kind == checkpoint.CheckpointRenamedAway {
+			c.renamed[ev.Checkpoint] = renamedCheckpoint{completed: at, at: ev.At}
+		}
 		delete(c.complete, ev.Checkpoint)
 	}
+	maps.DeleteFunc(c.renamed, func(_ string, r renamedCheckpoint) bool { return time.Since(r.at) > renameGrace })
+}
+
+// renamedCheckpoint is a complete checkpoint renamed away: when it completed, and when it was
+// renamed.
+type renamedCheckpoint struct {
+	completed, at time.Time
 }
 
 // maxLater bounds NoticeStatus.later.

@@ -233,6 +233,11 @@ type Coordinator struct {
 	// each completed: a notice read after the uploader reported them (an agent restarted
 	// during a notice) may have one of them for its checkpoint. At most maxComplete.
 	complete map[string]time.Time
+	// renamed holds the complete checkpoints renamed away (a staging name renamed into place)
+	// in the last renameGrace, by name: when each completed, and when it was renamed. A notice
+	// that takes the checkpoints completed before it asked (adoptCompleted) awaits them under
+	// their new names as it would have, had it seen the rename.
+	renamed map[string]renamedCheckpoint
 	// procSignals holds, by process, its last signal: when, and for which notice.
 	procSignals map[int]procSignal
 	// hold fires when a notice held back (holdForReclaim) is due; Run's loop owns it (nil when
@@ -262,6 +267,7 @@ func newCoordinator(log zerolog.Logger, m *promMetrics, config func() *Config, t
 		trainers:    t,
 		active:      map[string]*NoticeStatus{},
 		complete:    map[string]time.Time{},
+		renamed:     map[string]renamedCheckpoint{},
 		procSignals: map[int]procSignal{},
 		posts:       make(chan jobPost),
 		stopped:     make(chan struct{}),
@@ -689,6 +695,20 @@ func (c *Coordinator) adoptCompleted(since time.Time) {
 	}
 	for i, name := range names {
 		c.onUpload(checkpoint.UploadEvent{Kind: checkpoint.CheckpointComplete, Checkpoint: name, At: at[i], CompletedAt: at[i]})
+	}
+	// One completed since and renamed away before the notice could see it (held, or read only
+	// now) completes again under its new name: awaited as the notice's own would be.
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for name, r := range c.renamed {
+		if r.completed.Before(since.Add(-checkpoint.FileTimeLag)) || time.Since(r.at) > renameGrace {
+			continue
+		}
+		for _, ns := range c.notices {
+			if ns.Policy == PolicyCheckpoint && !ns.committed && ns.heldUntil.IsZero() && ns.renamed == "" && completedAfter(r.completed, ns) {
+				ns.renamed, ns.renamedAt = name, r.at
+			}
+		}
 	}
 }
 

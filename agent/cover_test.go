@@ -355,6 +355,40 @@ func TestNoticeAwaitsALaterCheckpointRenamedWhenItsOwnIsWithheld(t *testing.T) {
 	}
 }
 
+// The same, for a notice that could not see the rename: held for a second (holdForReclaim), it
+// takes the checkpoints completed since the save it shares when its hold ends, and the one
+// renamed away during the hold is no longer among them. Before, the other one's withholding made
+// it checkpoint_missing at once (the notice simulation, seed 12687203839664305782: an agent
+// restarted just after the rename read the notice only then).
+func TestHeldNoticeAwaitsACheckpointRenamedDuringItsHold(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		r := startSpotRig(t)
+		r.events <- imds.Event{Kind: imds.Begin, At: time.Now(), Notice: imds.Notice{Source: imds.SourceASG, Action: "Terminated", Deadline: time.Now().Add(2 * time.Minute)}}
+		synctest.Wait()
+		r.upload(checkpoint.CheckpointComplete, "tmp-step-10")
+		r.upload(checkpoint.CheckpointComplete, "step-11")
+		passFakeTime(100 * time.Millisecond)
+		r.upload(checkpoint.CheckpointRenamedAway, "tmp-step-10")
+		passFakeTime(holdFor)
+		if got := r.tr.signals(); got != 1 {
+			t.Fatalf("signals = %d; want 1, the reclaim's, shared by the ASG notice", got)
+		}
+		r.upload(checkpoint.CheckpointWithheld, "step-11")
+		for _, key := range []string{"spot/terminate", "asg/Terminated"} {
+			if n := r.notice(t, key); n.State == StateCheckpointMissing {
+				t.Errorf("%s said %s (%q) with tmp-step-10 renamed a moment ago, awaited under its new name", key, n.State, n.Transitions[len(n.Transitions)-1].Detail)
+			}
+		}
+		r.upload(checkpoint.CheckpointComplete, "step-10")
+		r.upload(checkpoint.CheckpointCommitted, "step-10")
+		for _, key := range []string{"spot/terminate", "asg/Terminated"} {
+			if n := r.notice(t, key); n.State != StateCommitted || !strings.HasPrefix(n.Transitions[len(n.Transitions)-1].Detail, "step-10") {
+				t.Errorf("%s is %s (%q); want committed with step-10", key, n.State, n.Transitions[len(n.Transitions)-1].Detail)
+			}
+		}
+	})
+}
+
 // A notice the trainer was not signalled for (a job notice, which the trainer sent itself; a
 // reclaim while no trainer is found) has a checkpoint all the same: the first completed after
 // it. Renamed out of checkpoint.dir before its commit, it never completes again; the notice

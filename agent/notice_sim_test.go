@@ -48,6 +48,7 @@ var noticeSimMoreSeeds = []uint64{9, 10, 11, 12, 13, 14, 15, 16,
 	6892712036031422412,  // a notice said missing, whose checkpoint then came and was moved out, stayed checkpoint_written for ever
 	17223679492708376692, // a checkpoint renamed into place, whose place a later one took, was said missing when that one was withheld
 	8860111930492107775,  // a checkpoint completed after the notice's, renamed into place, was not awaited when the notice's was withheld
+	12687203839664305782, // the same, renamed before a restarted agent read the notice
 }
 
 // TestNoticeSimulation drives the notice path (the coordinator: signals, notice.json, the
