@@ -83,6 +83,37 @@ func TestSpotAndRebalanceInEitherOrder(t *testing.T) {
 	}
 }
 
+// AWS's simulator as it comes, with no subcommand, serves every notice at once: a spot reclaim, a
+// rebalance recommendation, a scheduled reboot whose start has passed and an ASG termination. The
+// trainer (examples/python/trainer.py, which keeps training after a save) is signalled once, for
+// the reclaim, and every notice is committed with that save. Before, the reclaim's quick save was
+// committed within the second the others are held for, and their hold's end signalled the trainer
+// again: two saves in the window.
+func TestEveryNoticeAtOnceIsOneSave(t *testing.T) {
+	needPeers(t)
+	sim := newIMDS(t)
+	sim.start()
+	ckdir, storeDir := t.TempDir(), t.TempDir()
+	tp := startTrainer(t, "--checkpoint-dir", ckdir)
+	ap := startAgent(t, sim, "SPOTGUARD_TRAINER_PIDFILE="+tp.pidfile, "SPOTGUARD_CHECKPOINT_DIR="+ckdir,
+		"SPOTGUARD_STORE_URL=file://"+storeDir, "SPOTGUARD_STORE_JOB=e2e")
+	keys := []string{"spot/terminate", "rebalance/rebalance", "asg/Terminated", "scheduled/system-reboot/instance-event-1234567890abcdef0"}
+	for _, key := range keys {
+		ap.waitNoticeState(t, key, "committed", 60*time.Second)
+	}
+	if got := tp.signals(t); len(got) != 1 {
+		t.Errorf("the trainer got %d signals (%+v); want 1, for the reclaim", len(got), got)
+	}
+	for _, ns := range ap.status(t).Notices {
+		if ns.Key != "spot/terminate" && len(ns.Signals) != 0 {
+			t.Errorf("%s signals %+v; want none: it shares the reclaim's save", ns.Key, ns.Signals)
+		}
+	}
+	if got, _ := filepath.Glob(filepath.Join(storeDir, "e2e", "*", "*", "_spotguard", "manifest.json")); len(got) != 1 {
+		t.Errorf("committed %v; want the one save", got)
+	}
+}
+
 // AWS may send the rebalance recommendation with the reclaim notice or after it. The trainer
 // (examples/python/trainer.py, which keeps training after a save) is signalled once: a second
 // signal, for the rebalance, made it save again in the window, its second save's uploads
