@@ -366,8 +366,8 @@ func (a *Agent) Config() *Config { return a.cfg.Load() }
 
 // Run runs the agent until ctx is done: the IMDS watcher, the coordinator, the identity lookup,
 // the agent's own signals and the HTTP listener. It returns after all of them have stopped; the
-// error is non-nil only if another agent holds agent.runtime_dir (lockRuntimeDir), or the
-// listener could not start or failed.
+// error is non-nil only if another agent holds agent.runtime_dir (lockRuntimeDir) or watches
+// checkpoint.dir (checkpoint.LockDir), or the listener could not start or failed.
 func (a *Agent) Run(ctx context.Context) error {
 	cfg := a.cfg.Load()
 	_ = os.MkdirAll(cfg.Agent.RuntimeDir, 0o755) // a failure is said below
@@ -378,6 +378,15 @@ func (a *Agent) Run(ctx context.Context) error {
 		a.log.Warn().Err(err).Msg("agent.runtime_dir cannot be locked: a second agent started on it would not be refused")
 	default:
 		defer release()
+	}
+	if a.uploader != nil {
+		// Another agent uploading checkpoint.dir: refused, as on agent.runtime_dir. (One made
+		// after the start is locked by the watcher, which says so while another holds it.)
+		if release, err := checkpoint.LockDir(cfg.Checkpoint.Dir); errors.Is(err, checkpoint.ErrDirInUse) {
+			return dirInUse(err)
+		} else if err == nil {
+			release() // the watcher takes it
+		}
 	}
 	var ln net.Listener
 	if cfg.HTTP.Listen != "" {

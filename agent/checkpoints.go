@@ -45,7 +45,7 @@ func newUploader(cfg *Config, deps Deps, a *Agent) (*checkpointWatch, *checkpoin
 		newWatcher = newCheckpointWatcher
 	}
 	w := newCheckpointWatch(checkpoint.WatchConfig{
-		Dir: cfg.Checkpoint.Dir, Marker: cfg.Checkpoint.Marker, Pattern: cfg.Checkpoint.Pattern, Logger: deps.Logger,
+		Dir: cfg.Checkpoint.Dir, Marker: cfg.Checkpoint.Marker, Pattern: cfg.Checkpoint.Pattern, Logger: deps.Logger, Lock: true,
 	}, newWatcher, deps.Logger, func() { close(a.watchReady) })
 	hostname, _ := os.Hostname()
 	u := checkpoint.NewUploader(checkpoint.UploaderConfig{

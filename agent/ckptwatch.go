@@ -126,7 +126,16 @@ func (w *checkpointWatch) runOnce(ctx context.Context, out chan<- checkpoint.Wat
 	if err == nil && ctx.Err() == nil {
 		err = errors.New("checkpoint watcher stopped")
 	}
-	return err
+	return dirInUse(err)
+}
+
+// dirInUse explains err when it says that another agent watches checkpoint.dir
+// (checkpoint.ErrDirInUse); other errors are returned as they are.
+func dirInUse(err error) error {
+	if !errors.Is(err, checkpoint.ErrDirInUse) {
+		return err
+	}
+	return fmt.Errorf("checkpoint.dir %w: two agents uploading one directory commit every checkpoint twice, and both signal the trainer; stop the other, or give each agent its own checkpoint.dir", err)
 }
 
 // set moves to state (with the error text of a failure) and reports whether the state changed.

@@ -49,7 +49,14 @@ type WatchConfig struct {
 	// instead, while there are any; with "" once every directory is watched again, and when Run
 	// returns after it said anything else. It must not block.
 	Unwatched func(problem string)
+	// Lock: Run holds an exclusive flock(2) on Dir while it watches (LockDir), and returns an
+	// error wrapping ErrDirInUse when another holds it: another agent uploads the directory.
+	Lock bool
 }
+
+// ErrDirInUse is LockDir's (and a locking Watcher.Run's) error for a checkpoint directory whose
+// lock another process holds.
+var ErrDirInUse = errors.New("watched by another spotguard agent")
 
 // watchDefaultDebounce is the Debounce used when none is configured.
 const watchDefaultDebounce = 500 * time.Millisecond
@@ -183,6 +190,7 @@ type Watcher struct {
 	log         zerolog.Logger
 	ready       func()
 	onUnwatched func(problem string)
+	lock        bool
 	// growEvery is how often a file being written is looked at for its FileGrowing at most;
 	// watchGrowEvery unless a test sets it.
 	growEvery time.Duration
@@ -241,6 +249,7 @@ func NewWatcher(cfg WatchConfig) (*Watcher, error) {
 		log:         cfg.Logger.With().Str("component", "checkpoint-watcher").Logger(),
 		ready:       cfg.Ready,
 		onUnwatched: cfg.Unwatched,
+		lock:        cfg.Lock,
 		growEvery:   watchGrowEvery,
 		pollEvery:   watchPollInterval,
 		addWatch:    (*fsnotify.Watcher).Add,
@@ -363,6 +372,16 @@ func (w *Watcher) Run(ctx context.Context, out chan<- WatchEvent) error {
 	self, err := root.Stat(".")
 	if err != nil {
 		return fmt.Errorf("stat checkpoint dir: %w", err)
+	}
+	if w.lock {
+		switch release, err := LockDir(w.dir); {
+		case errors.Is(err, ErrDirInUse):
+			return err
+		case err != nil:
+			w.log.Warn().Err(err).Msg("the checkpoint directory cannot be locked here: a second agent watching it would not be refused")
+		default:
+			defer release()
+		}
 	}
 	r := newWatchRun(w, fw, root)
 	r.self = self
