@@ -602,9 +602,8 @@ func (c *Coordinator) act(cfg *Config, ns *NoticeStatus, first bool, from time.T
 // learns from notice.json what it must do, e.g. exit after saving), and so is any notice once the
 // other's checkpoint is durable (a new save can then only add; but not when the other's signal
 // came after ns was read, as for a reclaim read during ns's hold: that save is ns's, committed)
-// or went missing, or when the
-// other was signalled more than checkpointDue ago (without a store, when the agent sees no
-// checkpoint, that alone decides). A job notice covers nothing: a script may post one while the
+// or went missing, or when the other was signalled more than checkpointDue ago (without a store,
+// when the agent sees no checkpoint, that alone decides). A job notice covers nothing: a script may post one while the
 // trainer saves nothing. Processes found since the other's signal (a trainer restarted) are
 // signalled for it before (act), so that they save for it too. It reports whether ns was
 // covered.
@@ -649,19 +648,14 @@ func (c *Coordinator) cover(ns *NoticeStatus, procs []trainer.Process, log zerol
 			ns.tried[p.PID] = true
 		}
 	}
-	durable := by.committed
-	c.mu.Unlock()
-	if durable {
-		c.transition(ns, StateTrainerSignalled, fmt.Sprintf("not signalled again: the trainer saved for %s (since %s), after this notice came, and that save is this notice's too",
-			by.Key, at.UTC().Format(time.RFC3339Nano)))
-		log.Info().Str("covered_by", by.Key).
-			Msg("the trainer saved for a notice at least as severe after this notice came: not signalled again, so that it does not save twice in the window")
-	} else {
-		c.transition(ns, StateTrainerSignalled, fmt.Sprintf("not signalled again: the trainer is saving for %s (since %s), and that save is this notice's too",
-			by.Key, at.UTC().Format(time.RFC3339Nano)))
-		log.Info().Str("covered_by", by.Key).
-			Msg("notice came while the trainer's save for a notice at least as severe is not durable yet: not signalled again, so that it does not save twice in the window")
+	saving, why := "is saving", "notice came while the trainer's save for a notice at least as severe is not durable yet"
+	if by.committed {
+		saving, why = "saved, after this notice came,", "the trainer saved for a notice at least as severe after this notice came"
 	}
+	c.mu.Unlock()
+	c.transition(ns, StateTrainerSignalled, fmt.Sprintf("not signalled again: the trainer %s for %s (since %s), and that save is this notice's too",
+		saving, by.Key, at.UTC().Format(time.RFC3339Nano)))
+	log.Info().Str("covered_by", by.Key).Msg(why + ": not signalled again, so that it does not save twice in the window")
 	// Its checkpoint is the first completed since that signal: not necessarily the other's, which
 	// may have completed before it (the other notice came with no trainer to signal, and took
 	// the next checkpoint completed).
