@@ -80,8 +80,8 @@ var noticeSimMoreSeeds = []uint64{9, 10, 11, 12, 13, 14, 15, 16,
 //     signalled;
 //   - a process is not signalled twice for one save: a second signal within 2 minutes comes only
 //     when a more severe notice began, a notice in force at the first ended or reached its
-//     deadline, a checkpoint completed after the first was committed or deleted, or a new
-//     process came with an agent restart;
+//     deadline, a checkpoint completed after the first was deleted, or committed and the notice
+//     came after the first signal, or a new process came with an agent restart;
 //   - a notice is committed exactly when a checkpoint completed after its signal (a job
 //     notice's: after its first post) is committed (the job's checkpoint, in a multi-node job),
 //     and never says checkpoint_missing while such a checkpoint is on disk (under a name not
@@ -767,8 +767,9 @@ func (s *noticeSim) pass(d time.Duration) {
 
 // checkSecondSignal fails when sg signals a process a second time for the save it was signalled
 // for already: within 2 minutes, for a notice not more severe than the first one's, which is
-// still in force, before its deadline, and with no checkpoint completed since committed or
-// deleted (as the agent's cover rule says), unless an agent restart came between (a restarted
+// still in force, before its deadline, and with no checkpoint completed since deleted, nor
+// committed unless this notice came after the first signal (as the agent's cover rule says: one
+// read before it shares that save, durable or not), unless an agent restart came between (a restarted
 // agent asks again for a notice in force for 10 minutes, and signals every process when one of
 // them is new).
 func (s *noticeSim) checkSecondSignal(sg nsSignal) {
@@ -781,10 +782,15 @@ func (s *noticeSim) checkSecondSignal(sg nsSignal) {
 	if t2.Sub(t1) >= checkpointDue-time.Second || t2.Equal(t1) {
 		return // at the same instant: the kernel delivers one (a signal pending is not queued twice)
 	}
+	durable := false
 	for _, k := range s.ckpts {
-		if !k.completed.Before(t1.Add(-checkpoint.FileTimeLag)) && ((k.committed && !k.committedAt.After(t2)) || (k.deleted && !k.deletedA.After(t2))) {
-			return // that save is durable, or gone
+		if k.completed.Before(t1.Add(-checkpoint.FileTimeLag)) {
+			continue
 		}
+		if k.deleted && !k.deletedA.After(t2) {
+			return // that save is gone
+		}
+		durable = durable || (k.committed && !k.committedAt.After(t2))
 	}
 	var a, b *nsSpan // the notices of the first signal and of this one
 	for _, sp := range s.spans {
@@ -797,6 +803,9 @@ func (s *noticeSim) checkSecondSignal(sg nsSignal) {
 	}
 	if a == nil || b == nil {
 		return // not told apart (a notice that ended or began at that instant)
+	}
+	if durable && !b.began.Before(t1) {
+		return // that save is durable, and was asked for before this notice came (read before it, the save is its too)
 	}
 	if b.rank < a.rank || (!a.end.IsZero() && !a.end.After(t2)) || (!a.deadline.IsZero() && a.deadline.After(t1) && !a.deadline.After(t2)) {
 		return // more severe; or the first one's ended, or its checkpoint may be said missing at its deadline
