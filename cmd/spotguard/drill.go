@@ -332,17 +332,35 @@ func drill(ctx context.Context, p drillPlan, log zerolog.Logger, rep *drillRepor
 		return fail("%v", err)
 	}
 	actx, stop := context.WithCancel(ctx)
-	agentDone := make(chan error, 1)
-	go func() { agentDone <- a.Run(actx) }()
-	defer func() { stop(); <-agentDone }()
+	var agentErr error
+	agentStopped := make(chan struct{})
+	go func() { agentErr = a.Run(actx); close(agentStopped) }()
+	defer func() { stop(); <-agentStopped }()
+	// agentFailed reports whether the agent has stopped on its own (another agent holds its
+	// runtime directory or watches the checkpoint directory, its listener failed), and why.
+	agentFailed := func() (error, bool) {
+		select {
+		case <-agentStopped:
+			if agentErr == nil {
+				agentErr = errors.New("it stopped")
+			}
+			return agentErr, true
+		default:
+			return nil, false
+		}
+	}
 
 	if sim != nil {
 		// Give the agent a moment to be watching, as on a real instance, then announce.
 		// A trainer that exits (a command not found, a crash at start) fails the drill at once.
 		found := waitUntil(ctx, 10*time.Second, func() bool {
 			_, gone := exited(trainerDone)
-			return gone || len(a.Status().Trainers) > 0
+			_, failed := agentFailed()
+			return gone || failed || len(a.Status().Trainers) > 0
 		})
+		if err, ok := agentFailed(); ok {
+			return fail("the agent could not run: %v", err)
+		}
 		if err, ok := exited(trainerDone); ok {
 			return fail("%s %s before the agent found it", what, describeExit(err))
 		}
@@ -379,9 +397,13 @@ func drill(ctx context.Context, p drillPlan, log zerolog.Logger, rep *drillRepor
 			}
 		}
 		_, gone := exited(trainerDone)
-		return gone
+		_, failed := agentFailed()
+		return gone || failed
 	})
 	if !found {
+		if err, ok := agentFailed(); ok {
+			return fail("the agent could not run: %v", err)
+		}
 		if err, ok := exited(trainerDone); ok {
 			return fail("%s %s before the notice arrived", what, describeExit(err))
 		}

@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/spotguard/spotguard/checkpoint"
 )
 
 // emptyConfig writes an empty configuration file, so that a drill reads no installed one.
@@ -82,6 +84,30 @@ func TestDrillTrainerCommandThatExitsFailsAtOnce(t *testing.T) {
 		"--trainer-cmd", "sh -c 'exit 3'", "--checkpoint-dir", t.TempDir())
 	if code != exitFail || !strings.Contains(stdout, "FAIL: the trainer command exited with status 3 before") || strings.Contains(stdout, "Advice") {
 		t.Errorf("Got(drill --trainer-cmd \"sh -c 'exit 3'\") exit %d, stdout %q; want 1, FAIL with status 3 and no advice", code, stdout)
+	}
+}
+
+// A --checkpoint-dir another agent watches (the service's own checkpoint.dir) fails the drill at
+// once with the agent's reason. Before, the drill waited for its agent to find the trainer, which
+// it never did (the agent had stopped), and said "the agent did not find the trainer".
+func TestDrillOnADirectoryAnotherAgentWatchesFailsWithWhy(t *testing.T) {
+	dir := t.TempDir()
+	release, err := checkpoint.LockDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer release()
+	code, stdout, stderr := runCLI(t, t.Context(), nil, "drill", "--config", emptyConfig(t), "--json", "--trainer-cmd", "sleep 30", "--checkpoint-dir", dir)
+	if code != exitFail {
+		t.Errorf("Got(drill) exit %d; want %d\nstderr: %s", code, exitFail, stderr)
+	}
+	var raw map[string]any
+	if err := json.Unmarshal([]byte(stdout), &raw); err != nil {
+		t.Fatalf("Got(drill --json) stdout %q: %v", stdout, err)
+	}
+	want := fmt.Sprintf("the agent could not run: checkpoint.dir %s: watched by another spotguard agent (PID %d)", dir, os.Getpid())
+	if reason, _ := raw["reason"].(string); !strings.HasPrefix(reason, want) {
+		t.Errorf("Got(drill) reason %q; want it to start with %q", reason, want)
 	}
 }
 
