@@ -504,17 +504,7 @@ func TestUploaderCommitFindsARewriteAfterTheMarker(t *testing.T) {
 	ck := filepath.Join(dir, "step-1")
 	save1 := map[string][]byte{"a.bin": randomBytes(t, 64<<10), "b.bin": randomBytes(t, 64<<10)}
 	writeCheckpoint(t, dir, "step-1", save1)
-	ready := func(rel string) {
-		fi, err := os.Lstat(filepath.Join(ck, rel))
-		if err != nil {
-			t.Fatal(err)
-		}
-		ev := WatchEvent{Kind: FileReady, Checkpoint: "step-1", Path: rel, Size: fi.Size(), ModTime: fi.ModTime(), ID: FileIDOf(fi), At: time.Now()}
-		if rel == "_COMPLETE" {
-			ev.Kind = Complete
-		}
-		events <- ev
-	}
+	ready := func(rel string) { sendReady(t, events, dir, "step-1", rel) }
 	ready("a.bin")
 	ready("b.bin")
 	eventuallyUploader(t, "both files stored", func() bool {
@@ -596,19 +586,7 @@ func TestUploaderRestartKnowsOnlyTheCommittedFiles(t *testing.T) {
 		t.Fatal(err)
 	}
 	// ready sends the FileReady (or, for the marker, Complete) of the files of step-1 under dir.
-	ready := func(events chan<- WatchEvent, dir string, rels ...string) {
-		for _, rel := range rels {
-			fi, err := os.Lstat(filepath.Join(dir, "step-1", rel))
-			if err != nil {
-				t.Fatal(err)
-			}
-			ev := WatchEvent{Kind: FileReady, Checkpoint: "step-1", Path: rel, Size: fi.Size(), ModTime: fi.ModTime(), ID: FileIDOf(fi), At: time.Now()}
-			if rel == "_COMPLETE" {
-				ev.Kind = Complete
-			}
-			events <- ev
-		}
-	}
+	ready := func(events chan<- WatchEvent, dir string, rels ...string) { sendReady(t, events, dir, "step-1", rels...) }
 	w := randomBytes(t, 64<<10)
 	if err := os.WriteFile(filepath.Join(ck, "w.tmp"), w, 0o644); err != nil {
 		t.Fatal(err)
@@ -2094,6 +2072,23 @@ func TestSingleFilesWrittenTogetherAreWarnedOf(t *testing.T) {
 	}
 }
 
+// sendReady sends an uploader fed by events the FileReady (for the marker, Complete) of each of
+// rels, files of checkpoint name under dir, as its watcher would.
+func sendReady(t *testing.T, events chan<- WatchEvent, dir, name string, rels ...string) {
+	t.Helper()
+	for _, rel := range rels {
+		fi, err := os.Lstat(filepath.Join(dir, name, rel))
+		if err != nil {
+			t.Fatal(err)
+		}
+		ev := WatchEvent{Kind: FileReady, Checkpoint: name, Path: rel, Size: fi.Size(), ModTime: fi.ModTime(), ID: FileIDOf(fi), At: time.Now()}
+		if rel == "_COMPLETE" {
+			ev.Kind = Complete
+		}
+		events <- ev
+	}
+}
+
 // slowPutStore is a memStore whose PutFile takes d (of the clock: a synctest bubble's).
 type slowPutStore struct {
 	*memStore
@@ -2118,18 +2113,7 @@ func TestUploaderUploadSecondsIsWallTime(t *testing.T) {
 			files[fmt.Sprintf("shard-%d.bin", i)] = randomBytes(t, 4<<10)
 		}
 		writeCheckpoint(t, dir, "step-1", files)
-		rels := append(slices.Sorted(maps.Keys(files)), "_COMPLETE")
-		for _, rel := range rels {
-			fi, err := os.Lstat(filepath.Join(dir, "step-1", rel))
-			if err != nil {
-				t.Fatal(err)
-			}
-			ev := WatchEvent{Kind: FileReady, Checkpoint: "step-1", Path: rel, Size: fi.Size(), ModTime: fi.ModTime(), ID: FileIDOf(fi), At: time.Now()}
-			if rel == "_COMPLETE" {
-				ev.Kind = Complete
-			}
-			events <- ev
-		}
+		sendReady(t, events, dir, "step-1", append(slices.Sorted(maps.Keys(files)), "_COMPLETE")...)
 		m := r.waitCommitted("step-1").Manifest
 		if got := m.Timings.UploadSeconds; got < 2 || got > 3.5 {
 			t.Errorf("upload_seconds = %v; want the wall time, 2 to 3 s (5 files of 1 s, 2 at a time), not their sum (5 s)", got)
