@@ -586,7 +586,9 @@ func TestUploaderRestartKnowsOnlyTheCommittedFiles(t *testing.T) {
 		t.Fatal(err)
 	}
 	// ready sends the FileReady (or, for the marker, Complete) of the files of step-1 under dir.
-	ready := func(events chan<- WatchEvent, dir string, rels ...string) { sendReady(t, events, dir, "step-1", rels...) }
+	ready := func(events chan<- WatchEvent, dir string, rels ...string) {
+		sendReady(t, events, dir, "step-1", rels...)
+	}
 	w := randomBytes(t, 64<<10)
 	if err := os.WriteFile(filepath.Join(ck, "w.tmp"), w, 0o644); err != nil {
 		t.Fatal(err)
