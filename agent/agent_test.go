@@ -592,6 +592,11 @@ func TestCheckpointMissingByTheDeadlineIsSaid(t *testing.T) {
 				if tc == "withheld name" && !strings.Contains(ta.logs.String(), "the store cannot hold that name") {
 					t.Errorf("log does not say the checkpoint's name cannot be stored:\n%s", ta.logs)
 				}
+				// /status lists it as withheld, whether the uploader took it in or not (its name).
+				name := map[string]string{"withheld": "step-0", "withheld name": "LATEST"}[tc]
+				if us := ta.a.Status().Uploads; us == nil || !slices.ContainsFunc(us.Checkpoints, func(c checkpoint.CheckpointStatus) bool { return c.Name == name && c.Withheld }) {
+					t.Errorf("/status uploads %+v; want %s listed as withheld", us, name)
+				}
 				// Deleted, it no longer waits to be fixed: healthy again.
 				os.RemoveAll(filepath.Join(dir, map[string]string{"withheld": "step-0", "withheld name": "LATEST"}[tc]))
 				eventually(t, "healthy again once the withheld checkpoint is deleted", func() bool { return ta.a.health(time.Now()).Healthy })

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"net/http"
 	"net/http/pprof"
+	"slices"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -110,6 +111,14 @@ func (a *Agent) Status() Status {
 		us := a.uploader.Status(ctx)
 		cancel()
 		uploads = &us
+		// A checkpoint withheld before the uploader took it in (its own name cannot be stored)
+		// is listed too, as /healthz names it.
+		a.mu.Lock()
+		w := a.withheld
+		a.mu.Unlock()
+		if w != nil && !slices.ContainsFunc(us.Checkpoints, func(c checkpoint.CheckpointStatus) bool { return c.Name == w.Checkpoint }) {
+			uploads.Checkpoints = append(uploads.Checkpoints, checkpoint.CheckpointStatus{Name: w.Checkpoint, Withheld: true})
+		}
 	}
 	return Status{
 		GPU:             a.gpu.status(),
