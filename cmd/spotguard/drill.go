@@ -342,7 +342,7 @@ func drill(ctx context.Context, p drillPlan, log zerolog.Logger, rep *drillRepor
 		select {
 		case <-agentStopped:
 			if agentErr == nil {
-				agentErr = errors.New("it stopped")
+				return errors.New("it stopped"), true
 			}
 			return agentErr, true
 		default:
