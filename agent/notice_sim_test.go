@@ -51,6 +51,11 @@ var noticeSimMoreSeeds = []uint64{9, 10, 11, 12, 13, 14, 15, 16,
 	12687203839664305782, // the same, renamed before a restarted agent read the notice
 }
 
+// noticeSimQuickSeeds run on every `go test` with the model's quick additions besides (notices
+// that begin together, saves and commits quicker than a notice's hold), as random seeds do; the
+// seeds above run without them, so that each still reaches its fault.
+var noticeSimQuickSeeds = []uint64{17, 18, 19, 20, 21, 22, 23, 24}
+
 // TestNoticeSimulation drives the notice path (the coordinator: signals, notice.json, the
 // uploads' urgency, each notice's states) through seeded random sequences of events, in a
 // synctest bubble: notices of every source beginning and ending, alone or together, their
@@ -91,26 +96,30 @@ var noticeSimMoreSeeds = []uint64{9, 10, 11, 12, 13, 14, 15, 16,
 // Replay a seed with -noticesim.seed; -noticesim.seeds N adds N random ones.
 func TestNoticeSimulation(t *testing.T) {
 	type run struct {
-		seed uint64
-		more bool
+		seed        uint64
+		more, quick bool
 	}
 	var runs []run
 	for _, seed := range noticeSimSeeds {
-		runs = append(runs, run{seed, false})
+		runs = append(runs, run{seed, false, false})
 	}
 	for _, seed := range noticeSimMoreSeeds {
-		runs = append(runs, run{seed, true})
+		runs = append(runs, run{seed, true, false})
 	}
-	if *noticeSimSeed != 0 {
-		runs = []run{{*noticeSimSeed, !slices.Contains(noticeSimSeeds, *noticeSimSeed)}}
+	for _, seed := range noticeSimQuickSeeds {
+		runs = append(runs, run{seed, true, true})
+	}
+	if seed := *noticeSimSeed; seed != 0 {
+		more := !slices.Contains(noticeSimSeeds, seed)
+		runs = []run{{seed, more, more && !slices.Contains(noticeSimMoreSeeds, seed)}}
 	}
 	for range *noticeSimMore {
-		runs = append(runs, run{rand.Uint64(), true})
+		runs = append(runs, run{rand.Uint64(), true, true})
 	}
 	for _, r := range runs {
 		t.Run(fmt.Sprintf("seed=%d", r.seed), func(t *testing.T) {
 			t.Parallel()
-			synctest.Test(t, func(t *testing.T) { runNoticeSim(t, r.seed, *noticeSimSteps, r.more) })
+			synctest.Test(t, func(t *testing.T) { runNoticeSim(t, r.seed, *noticeSimSteps, r.more, r.quick) })
 			if t.Failed() {
 				t.Logf("replay: go test ./agent -run 'TestNoticeSimulation' -noticesim.seed=%d -v", r.seed)
 			}
@@ -197,8 +206,11 @@ type noticeSim struct {
 	nodes *rand.Rand
 	// renames draws checkpoints renamed away before their commit (with more): into place (a
 	// staging directory; the new name completes at appearAt, in appear) or out of the directory.
-	renames    *rand.Rand
-	appear     []*nsCkpt
+	renames *rand.Rand
+	appear  []*nsCkpt
+	// quick draws (with quick) notices that begin together, as AWS's simulator serves them in
+	// its default mode, and saves and commits that take well under a notice's hold.
+	quick      *rand.Rand
 	lastRename time.Time
 	// catching holds, for each of the trainer's processes that catches the signal, since when.
 	catching map[int]time.Time
@@ -214,7 +226,7 @@ type noticeSim struct {
 	log      []string           // what happened, for a failure
 }
 
-func runNoticeSim(t *testing.T, seed uint64, steps int, more bool) {
+func runNoticeSim(t *testing.T, seed uint64, steps int, more, quick bool) {
 	s := &noticeSim{
 		t: t, rng: rand.New(rand.NewPCG(seed, 0x6e6f74696365)), lag: rand.New(rand.NewPCG(seed, 0x6c6167)), jobRng: rand.New(rand.NewPCG(seed, 0x6a6f62)), trouble: rand.New(rand.NewPCG(seed, 0x77697468)), jobs: map[string]*nsJob{}, runtime: t.TempDir(), dir: t.TempDir(),
 		tr: &fakeTrainers{}, active: map[string]*nsNotice{}, nextPID: 1000,
@@ -227,6 +239,9 @@ func runNoticeSim(t *testing.T, seed uint64, steps int, more bool) {
 		if s.nodes.IntN(3) == 0 {
 			s.world = 2
 		}
+	}
+	if quick {
+		s.quick = rand.New(rand.NewPCG(seed, 0x717569636b))
 	}
 	s.setPIDs(1 + s.rng.IntN(3))
 	s.startRun(false)
@@ -412,7 +427,11 @@ func (s *noticeSim) noteSignals() {
 		s.log = append(s.log, sg.at.UTC().Format("15:04:05.000")+fmt.Sprintf(" signal pid %d for %s", sg.pid, key))
 		if !sg.at.Equal(last) {
 			last = sg.at
-			s.saves = append(s.saves, sg.at.Add(time.Duration(300+s.rng.IntN(40000))*time.Millisecond))
+			d := time.Duration(300+s.rng.IntN(40000)) * time.Millisecond
+			if s.quick != nil && s.quick.IntN(3) == 0 {
+				d = time.Duration(50+s.quick.IntN(600)) * time.Millisecond
+			}
+			s.saves = append(s.saves, sg.at.Add(d))
 		}
 	}
 }
@@ -434,6 +453,10 @@ func (s *noticeSim) act() {
 	}
 	if s.moves != nil && s.moves.IntN(100) < 3 {
 		s.moveDeadline()
+		return
+	}
+	if s.quick != nil && s.quick.IntN(100) < 3 {
+		s.beginTogether()
 		return
 	}
 	if s.renames != nil && s.renames.IntN(100) < 3 {
@@ -613,9 +636,33 @@ func maxTime(a, b time.Time) time.Time {
 
 // beginNotice has IMDS begin a notice of a random source not in force.
 func (s *noticeSim) beginNotice() {
+	s.beginSource(s.rng.IntN(5))
+}
+
+// beginTogether has IMDS begin notices of two to four sources at one instant, the spot source's
+// among them one time in two, as AWS's simulator does in its default mode.
+func (s *noticeSim) beginTogether() {
+	sources := []int{2, 3, 4} // rebalance, scheduled, ASG
+	s.quick.Shuffle(len(sources), func(i, j int) { sources[i], sources[j] = sources[j], sources[i] })
+	sources = sources[:1+s.quick.IntN(3)]
+	if s.quick.IntN(2) == 0 {
+		sources = append(sources, 0) // spot
+	}
+	if len(sources) < 2 {
+		sources = append(sources, 0)
+	}
+	s.say("notices together")
+	for _, i := range sources {
+		s.beginSource(i)
+	}
+}
+
+// beginSource has IMDS begin a notice of source i (0 and 1 spot, 2 rebalance, 3 scheduled, 4
+// ASG) if none of it is in force.
+func (s *noticeSim) beginSource(i int) {
 	now := time.Now()
 	var n imds.Notice
-	switch s.rng.IntN(5) {
+	switch i {
 	case 0, 1:
 		n = imds.Notice{Source: imds.SourceSpot, Action: []string{"terminate", "stop", "hibernate"}[s.rng.IntN(3)]}
 		n.Deadline = now.Add(2 * time.Minute)
@@ -690,6 +737,9 @@ func (s *noticeSim) pass(d time.Duration) {
 			s.step++
 			k := &nsCkpt{name: fmt.Sprintf("step-%04d", s.step), completed: now}
 			k.commitDue = now.Add(time.Duration(100+s.rng.IntN(30000)) * time.Millisecond)
+			if s.quick != nil && s.quick.IntN(3) == 0 {
+				k.commitDue = now.Add(time.Duration(20+s.quick.IntN(400)) * time.Millisecond)
+			}
 			if s.trouble.IntN(100) < 8 {
 				k.unstorable, k.withholdDue = true, now.Add(time.Duration(50+s.trouble.IntN(3000))*time.Millisecond)
 			}
@@ -804,8 +854,12 @@ func (s *noticeSim) checkSecondSignal(sg nsSignal) {
 	if a == nil || b == nil {
 		return // not told apart (a notice that ended or began at that instant)
 	}
-	if durable && !b.began.Before(t1) {
-		return // that save is durable, and was asked for before this notice came (read before it, the save is its too)
+	read, ok := s.readAt[sg.key] // by this run of the agent
+	if !ok {
+		read = b.began
+	}
+	if durable && !read.Before(t1) {
+		return // that save is durable, and was asked for before this notice was read (read before it, the save is its too)
 	}
 	if b.rank < a.rank || (!a.end.IsZero() && !a.end.After(t2)) || (!a.deadline.IsZero() && a.deadline.After(t1) && !a.deadline.After(t2)) {
 		return // more severe; or the first one's ended, or its checkpoint may be said missing at its deadline
