@@ -232,7 +232,12 @@ func (c *Coordinator) onUpload(ev checkpoint.UploadEvent) {
 			if !completedAfter(at, ns) {
 				continue
 			}
-			ns.renamed = "" // a checkpoint renamed away came back under its new name, or another came
+			if ns.renamed != "" && (ns.renamedDone.IsZero() || at.Sub(ns.renamedDone).Abs() <= checkpoint.FileTimeLag) {
+				// The checkpoint renamed away came back under its new name (its files complete
+				// when they did). Another completing does not end the wait: withheld or deleted,
+				// it would leave the notice with nothing while the renamed one is on its way.
+				ns.renamed = ""
+			}
 			switch {
 			case ns.written == "":
 				ns.written = ev.Checkpoint
@@ -252,7 +257,7 @@ func (c *Coordinator) onUpload(ev checkpoint.UploadEvent) {
 				if wasLater && ev.Kind == checkpoint.CheckpointRenamedAway {
 					// One completed since the notice's checkpoint, renamed away: awaited under its
 					// new name as the notice's own would be, should that one not be committed.
-					ns.renamed, ns.renamedAt = ev.Checkpoint, ev.At
+					ns.renamed, ns.renamedAt, ns.renamedDone = ev.Checkpoint, ev.At, c.renamed[ev.Checkpoint].completed
 				}
 				switch {
 				case ev.Kind == checkpoint.CheckpointWithheld && ev.At.After(ns.detectedAt) && ns.written == "" && ns.endedAt.IsZero():
@@ -275,7 +280,7 @@ func (c *Coordinator) onUpload(ev checkpoint.UploadEvent) {
 				// A staging directory renamed into place after its marker: the notice's
 				// checkpoint completes again under its new name, awaited even when one completed
 				// since takes its place now. Renamed out of the directory, it never does.
-				ns.renamed, ns.renamedAt = ev.Checkpoint, ev.At
+				ns.renamed, ns.renamedAt, ns.renamedDone = ev.Checkpoint, ev.At, c.renamed[ev.Checkpoint].completed
 			}
 			if len(ns.later) > 0 {
 				// One completed since is the notice's checkpoint now.

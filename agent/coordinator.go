@@ -101,10 +101,12 @@ type NoticeStatus struct {
 	// withheldGone is the withheld checkpoint, once it was deleted (or renamed: under its new
 	// name it completes anew) without another completing.
 	withheldGone string
-	// renamed is its checkpoint, renamed away before its commit (at renamedAt), awaited under
-	// a new name until something completes or it is said missing.
+	// renamed is its checkpoint (or one completed after it), renamed away before its commit (at
+	// renamedAt), awaited under a new name until a checkpoint completed when it did (renamedDone:
+	// the same files) completes, or it is said missing.
 	renamed     string
 	renamedAt   time.Time
+	renamedDone time.Time
 	missingSaid bool      // reported as checkpoint_missing
 	endedAt     time.Time // when it ended; zero while active
 	committed   bool      // written is committed
@@ -700,7 +702,7 @@ func (c *Coordinator) adoptCompleted(since time.Time) {
 		}
 		for _, ns := range c.notices {
 			if ns.Policy == PolicyCheckpoint && !ns.committed && ns.heldUntil.IsZero() && ns.renamed == "" && completedAfter(r.completed, ns) {
-				ns.renamed, ns.renamedAt = name, r.at
+				ns.renamed, ns.renamedAt, ns.renamedDone = name, r.at, r.completed
 			}
 		}
 	}

@@ -355,6 +355,37 @@ func TestNoticeAwaitsALaterCheckpointRenamedWhenItsOwnIsWithheld(t *testing.T) {
 	}
 }
 
+// The notice's checkpoint is renamed from a staging name into place, and before it shows under
+// its new name another save completes and turns out withheld. The renamed one is still awaited:
+// another completing does not end the wait, only the renamed one coming back (its files complete
+// when they did). Before, the other's completion ended the wait, and its withholding made the
+// notice checkpoint_missing at once (the notice simulation, seed 13717273107233184669).
+func TestNoticeAwaitsItsRenamedCheckpointPastAnotherWithheld(t *testing.T) {
+	const key = "spot/terminate"
+	synctest.Test(t, func(t *testing.T) {
+		r := startSpotRig(t)
+		passFakeTime(time.Second)
+		r.upload(checkpoint.CheckpointComplete, "tmp-step-2")
+		passFakeTime(300 * time.Millisecond)
+		r.upload(checkpoint.CheckpointRenamedAway, "tmp-step-2")
+		passFakeTime(time.Second)
+		r.upload(checkpoint.CheckpointComplete, "step-3")
+		r.upload(checkpoint.CheckpointWithheld, "step-3")
+		if n := r.notice(t, key); n.State == StateCheckpointMissing {
+			t.Fatalf("said %s (%q) with tmp-step-2 renamed a moment ago, awaited under its new name", n.State, n.Transitions[len(n.Transitions)-1].Detail)
+		}
+		// Under its new name: the same files, completed when they did.
+		done := r.completed["tmp-step-2"]
+		r.completed["step-2"] = done
+		r.c.onUpload(checkpoint.UploadEvent{Kind: checkpoint.CheckpointComplete, Checkpoint: "step-2", At: time.Now(), CompletedAt: done})
+		synctest.Wait()
+		r.upload(checkpoint.CheckpointCommitted, "step-2")
+		if n := r.notice(t, key); n.State != StateCommitted || !strings.HasPrefix(n.Transitions[len(n.Transitions)-1].Detail, "step-2") {
+			t.Errorf("state %s (%q); want committed with step-2", n.State, n.Transitions[len(n.Transitions)-1].Detail)
+		}
+	})
+}
+
 // The same, for a notice that could not see the rename: held for a second (holdForReclaim), it
 // takes the checkpoints completed since the save it shares when its hold ends, and the one
 // renamed away during the hold is no longer among them. Before, the other one's withholding made
