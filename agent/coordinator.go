@@ -605,10 +605,10 @@ func (c *Coordinator) act(cfg *Config, ns *NoticeStatus, first bool, from time.T
 // other's checkpoint is durable (a new save can then only add; but not when the other's signal
 // came after ns was read, as for a reclaim read during ns's hold: that save is ns's, committed)
 // or went missing, or when the other was signalled more than checkpointDue ago (without a store,
-// when the agent sees no checkpoint, that alone decides). A job notice covers nothing: a script may post one while the
-// trainer saves nothing. Processes found since the other's signal (a trainer restarted) are
-// signalled for it before (act), so that they save for it too. It reports whether ns was
-// covered.
+// when the agent sees no checkpoint, that alone decides). A job notice covers nothing: a script
+// may post one while the trainer saves nothing. Processes found since the other's signal (a
+// trainer restarted) are signalled for it before (act), so that they save for it too. It reports
+// whether ns was covered.
 func (c *Coordinator) cover(ns *NoticeStatus, procs []trainer.Process, log zerolog.Logger) bool {
 	c.mu.Lock()
 	var by *NoticeStatus
