@@ -343,8 +343,9 @@ func (m *Manifest) PartFiles(rank int) []File {
 
 // Order returns what orders commits, in LATEST, restore and retention alike: the time the
 // checkpoint completed (Timings.CompleteAt, the latest change time of its files; a version 1
-// manifest without one uses its commit time), then the commit id. A commit is newer than another when it completed later;
-// equal times are ordered by commit id, so the order is total and every reader agrees on it.
+// manifest without one uses its commit time), then the commit id. A commit is newer than
+// another when it completed later; equal times are ordered by commit id, so the order is total
+// and every reader agrees on it.
 func (m *Manifest) Order() CommitOrder {
 	at := m.CommittedAt
 	if m.Timings.CompleteAt != nil {
