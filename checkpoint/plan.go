@@ -369,6 +369,8 @@ func NewPlan(in PlanInput) (Plan, error) {
 	}
 	if in.Upload > p.Recommendation.Daly {
 		p.Warnings = append(p.Warnings, fmt.Sprintf("an upload (%s) takes longer than the interval (%s): the next save starts before the last one is in the store, so the store falls behind; upload faster or save less often", PlanHumanDuration(in.Upload), PlanHumanDuration(p.Recommendation.Daly)))
+	} else if p.Save.Durable > p.Recommendation.Daly && in.SaveCost < p.Recommendation.Daly { // a longer save is said above
+		p.Warnings = append(p.Warnings, fmt.Sprintf("a save is in the store only %s after it starts, longer than the interval (%s): the next save starts before the last one is in the store; save no more often than every %s", PlanHumanDuration(p.Save.Durable), PlanHumanDuration(p.Recommendation.Daly), PlanHumanDuration(p.Save.Durable)))
 	}
 	if in.Price > 0 && in.SpotPrice > in.Price {
 		p.Warnings = append(p.Warnings, fmt.Sprintf("the spot price $%.4g/h is above the on-demand price $%.4g/h: on-demand is cheaper and is never interrupted", in.SpotPrice, in.Price))

@@ -335,6 +335,9 @@ func TestPlanWarnings(t *testing.T) {
 		{"slow save but no notice saves", PlanInput{SaveCost: 10 * time.Minute, Restart: time.Minute, MTBI: 24 * time.Hour, GPUs: 1}, nil},
 		{"save longer than the notice", PlanInput{SaveCost: 3 * time.Minute, Restart: time.Minute, MTBI: 24 * time.Hour, NoticeSuccess: 0.5, GPUs: 1}, []string{"later than the 2m Spot notice"}},
 		{"save at least 2M", PlanInput{SaveCost: 2 * time.Hour, Restart: time.Minute, MTBI: time.Hour, GPUs: 1}, []string{"at least twice", "no progress"}},
+		// A save that costs next to nothing gets an interval shorter than its commit.
+		{"interval shorter than the commit", PlanInput{SaveCost: time.Nanosecond, Commit: time.Second, Restart: time.Minute, MTBI: 72 * time.Hour, NoticeSuccess: 0.9, GPUs: 1},
+			[]string{"a save is in the store only 1s after it starts, longer than the interval (100ms): the next save starts before the last one is in the store; save no more often than every 1s"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
