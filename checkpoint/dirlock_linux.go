@@ -25,6 +25,13 @@ func LockDir(dir string) (release func(), err error) {
 	if err != nil {
 		return nil, err
 	}
+	return lockOpenDir(f, dir)
+}
+
+// lockOpenDir is LockDir on f, the directory dir already open (a Watcher's os.Root on it, so that
+// the lock is on the directory watched even if dir's path is changed meanwhile). It takes f: the
+// release closes it, and so does a failure.
+func lockOpenDir(f *os.File, dir string) (release func(), err error) {
 	for {
 		err = syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
 		if !errors.Is(err, syscall.EINTR) {

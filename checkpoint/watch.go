@@ -374,7 +374,7 @@ func (w *Watcher) Run(ctx context.Context, out chan<- WatchEvent) error {
 		return fmt.Errorf("stat checkpoint dir: %w", err)
 	}
 	if w.lock {
-		switch release, err := LockDir(w.dir); {
+		switch release, err := lockRoot(root, w.dir); {
 		case errors.Is(err, ErrDirInUse):
 			return err
 		case err != nil:
@@ -402,6 +402,15 @@ func (w *Watcher) Run(ctx context.Context, out chan<- WatchEvent) error {
 		w.ready()
 	}
 	return r.loop(ctx, out)
+}
+
+// lockRoot is LockDir on the directory root holds open (the one watched), named dir.
+func lockRoot(root *os.Root, dir string) (release func(), err error) {
+	f, err := root.Open(".")
+	if err != nil {
+		return nil, err
+	}
+	return lockOpenDir(f, dir)
 }
 
 // watchMsgInPlace starts the warning for a single-file checkpoint written in place.
