@@ -501,8 +501,9 @@ func (c *Coordinator) act(cfg *Config, ns *NoticeStatus, first bool, from time.T
 	log := c.log.With().Str("notice", ns.Key).Logger()
 	procs, problems := c.trainers.Find(cfg)
 	if prev, ok := c.previousSignal(ns.Key, procs, first); ok {
-		// A restart (a crash, kill -9) during the notice, with the same trainer processes: they
-		// saved for it, or are saving; asked again, they would save twice in the window.
+		// A restart (a crash, kill -9) during the notice, with trainer processes it signalled
+		// still there: they saved for it, or are saving; asked again, they would save twice in
+		// the window.
 		c.mu.Lock()
 		ns.signalledAt = &prev.At
 		ns.signalledPIDs = slices.Clone(prev.PIDs) // carried on in notice.json, for the next restart
@@ -520,6 +521,7 @@ func (c *Coordinator) act(cfg *Config, ns *NoticeStatus, first bool, from time.T
 		// Its checkpoint may have been committed before the restart, or be complete and not
 		// committed yet, reported by the uploader as it started, before the notice was read.
 		c.adoptCompleted(prev.At)
+		c.signalNew(cfg, procs, noticeRank(ns)) // those it did not signal (found since), alone
 		return
 	}
 	for _, p := range problems {
@@ -1434,7 +1436,7 @@ const previousSignalWithin = 10 * time.Minute
 // previousSignal returns what an earlier run signalled for the notice key (its notice.json), if
 // it did within previousSignalWithin, the notice was in force when this run first read its
 // source (first: imds.Event.First; one that appeared later is a new notice, even of the same
-// key), and every trainer process found now (procs) is one it signalled: a trainer restarted
+// key), and a trainer process found now (procs) is one it signalled: a trainer restarted whole
 // since has not been asked. Once per key.
 func (c *Coordinator) previousSignal(key string, procs []trainer.Process, first bool) (signalRecord, bool) {
 	c.mu.Lock()
@@ -1444,12 +1446,15 @@ func (c *Coordinator) previousSignal(key string, procs []trainer.Process, first 
 	if !ok || !first || time.Since(prev.At) >= previousSignalWithin || len(procs) == 0 {
 		return prev, false
 	}
+	// One of the processes it signalled still there is enough: the others are new since (a data
+	// loader's worker, a rank restarted on its own), signalled alone as a running agent signals
+	// one found during a notice (signalNew). A trainer restarted whole has none of them left.
 	for _, p := range procs {
-		if !slices.Contains(prev.PIDs, p.PID) {
-			return prev, false
+		if slices.Contains(prev.PIDs, p.PID) {
+			return prev, true
 		}
 	}
-	return prev, true
+	return prev, false
 }
 
 // checkWritable reports whether a file can be created in dir (it creates and removes one).

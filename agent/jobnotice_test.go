@@ -395,19 +395,26 @@ func TestJobNoticeAfterItsEndIsNew(t *testing.T) {
 }
 
 // A restart during a notice (the agent killed, crashing, restarted by systemd) does not signal
-// the trainer again for a notice its previous run signalled it for (the same processes; one
-// restarted since was not asked): asked twice, the trainer
-// saves twice in the window, and a crash loop asks at every start. notice.json carries when
-// each notice was signalled. (Found from outside: a second SIGUSR1 5 s after the first.)
+// the trainer again for a notice its previous run signalled it for (the processes it signalled
+// that are still there; one found since, such as a data loader's worker forked since, is
+// signalled alone, as a running agent signals one; a trainer restarted whole is asked again):
+// asked twice, the trainer saves twice in the window, and a crash loop asks at every start.
+// notice.json carries when each notice was signalled. (Found from outside: a second SIGUSR1 5 s
+// after the first; and, with a data loader's workers, the trainer asked again because its workers
+// were new.)
 func TestRestartDoesNotSignalAgain(t *testing.T) {
 	for _, tc := range []struct {
 		name     string
 		previous []int // the PIDs the previous run signalled; nil: it signalled none
-		want     int
+		trainers []int // the trainer's processes now
+		want     []int // the processes signalled
+		wantPIDs string
 	}{
-		{"no previous run", nil, 1},
-		{"previous run signalled this trainer", []int{4242}, 0},
-		{"previous run signalled a trainer since restarted", []int{4141}, 1},
+		{"no previous run", nil, []int{4242}, []int{4242}, "[4242]"},
+		{"previous run signalled this trainer", []int{4242}, []int{4242}, nil, "[4242]"},
+		{"previous run signalled a trainer since restarted", []int{4141}, []int{4242}, []int{4242}, "[4242]"},
+		{"a process found since", []int{4242}, []int{4242, 5151}, []int{5151}, "[4242,5151]"},
+		{"one of two restarted", []int{4141, 4242}, []int{4242, 5151}, []int{5151}, "[4141,4242,5151]"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
@@ -423,14 +430,15 @@ func TestRestartDoesNotSignalAgain(t *testing.T) {
 				fimds := newFakeIMDS()
 				fimds.set("spot/instance-action", `{"action": "terminate", "time": "`+deadline.Format(time.RFC3339)+`"}`)
 				tr := &fakeTrainers{}
+				tr.setPIDs(tc.trainers...)
 				a, stop := runSignalAgent(t, runtime, fimds, tr)
 				passFakeTime(3 * time.Second)
 				n, ok := a.Status().noticeByKey("spot/terminate")
 				if !ok || n.State != StateTrainerSignalled {
 					t.Errorf("notice = %+v; want it trainer_signalled", n)
 				}
-				if got := tr.signals(); got != tc.want {
-					t.Errorf("signals sent = %d; want %d", got, tc.want)
+				if got := tr.signalledPIDs(); !slices.Equal(got, tc.want) {
+					t.Errorf("signalled %v; want %v", got, tc.want)
 				}
 				data, _ := os.ReadFile(filepath.Join(runtime, NoticeFile))
 				if !strings.Contains(string(data), `"signalled_at"`) {
@@ -438,8 +446,8 @@ func TestRestartDoesNotSignalAgain(t *testing.T) {
 				}
 				// The PIDs too: a second restart must not signal the same trainer again (found
 				// from outside: a crash loop signalled it at every other restart).
-				if !strings.Contains(string(data), `"signalled_pids":[4242]`) {
-					t.Errorf("notice.json = %s; want signalled_pids [4242]", data)
+				if !strings.Contains(string(data), `"signalled_pids":`+tc.wantPIDs) {
+					t.Errorf("notice.json = %s; want signalled_pids %s", data, tc.wantPIDs)
 				}
 				stop()
 			})

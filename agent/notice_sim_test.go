@@ -56,6 +56,7 @@ var noticeSimMoreSeeds = []uint64{9, 10, 11, 12, 13, 14, 15, 16,
 // seeds above run without them, so that each still reaches its fault.
 var noticeSimQuickSeeds = []uint64{17, 18, 19, 20, 21, 22, 23, 24,
 	13717273107233184669, // a checkpoint renamed into place was no longer awaited once another completed, and that one's withholding made the notice missing
+	4386915002818939784,  // a restarted agent signalled the trainer again for a notice its previous run had signalled, because one of its processes was new
 }
 
 // TestNoticeSimulation drives the notice path (the coordinator: signals, notice.json, the
@@ -88,7 +89,9 @@ var noticeSimQuickSeeds = []uint64{17, 18, 19, 20, 21, 22, 23, 24,
 //   - a process is not signalled twice for one save: a second signal within 2 minutes comes only
 //     when a more severe notice began, a notice in force at the first ended or reached its
 //     deadline, a checkpoint completed after the first was deleted, or committed and the notice
-//     came after the first signal, or a new process came with an agent restart;
+//     came after the first signal, or an agent restart came between that did not find the
+//     process signalled for that notice by its previous run (or the notice in force for 10
+//     minutes);
 //   - a notice is committed exactly when a checkpoint completed after its signal (a job
 //     notice's: after its first post) is committed (the job's checkpoint, in a multi-node job),
 //     and never says checkpoint_missing while such a checkpoint is on disk (under a name not
@@ -821,9 +824,9 @@ func (s *noticeSim) pass(d time.Duration) {
 // for already: within 2 minutes, for a notice not more severe than the first one's, which is
 // still in force, before its deadline, and with no checkpoint completed since deleted, nor
 // committed unless this notice came after the first signal (as the agent's cover rule says: one
-// read before it shares that save, durable or not), unless an agent restart came between (a restarted
-// agent asks again for a notice in force for 10 minutes, and signals every process when one of
-// them is new).
+// read before it shares that save, durable or not), unless an agent restart came between and the
+// previous run had not signalled this process for that notice (a restarted agent signals alone a
+// process found since), or the notice was in force for 10 minutes (it is asked for anew).
 func (s *noticeSim) checkSecondSignal(sg nsSignal) {
 	prev := s.signals[sg.pid]
 	if len(prev) == 0 {
@@ -866,7 +869,11 @@ func (s *noticeSim) checkSecondSignal(sg nsSignal) {
 	if b.rank < a.rank || (!a.end.IsZero() && !a.end.After(t2)) || (!a.deadline.IsZero() && a.deadline.After(t1) && !a.deadline.After(t2)) {
 		return // more severe; or the first one's ended, or its checkpoint may be said missing at its deadline
 	}
-	if slices.ContainsFunc(s.restarts, func(r time.Time) bool { return !r.Before(t1) && !r.After(t2) }) {
+	if slices.ContainsFunc(s.restarts, func(r time.Time) bool { return !r.Before(t1) && !r.After(t2) }) &&
+		(t2.Sub(b.began) >= previousSignalWithin ||
+			!slices.ContainsFunc(prev, func(p nsSignal) bool { return p.key == sg.key && t2.Sub(p.at) < checkpointDue-time.Second })) {
+		// A restarted agent signals a notice in force for 10 minutes anew, and one its previous
+		// run did not signal this process for.
 		return
 	}
 	var states []string
