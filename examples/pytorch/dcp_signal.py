@@ -426,6 +426,29 @@ def resume_files(root, model, optimizer, marker="_COMPLETE"):
     return found[0]
 
 
+class _Inputs(torch.utils.data.Dataset):
+    """64 random inputs: an epoch of two batches."""
+
+    def __len__(self):
+        return 64
+
+    def __getitem__(self, i):
+        return torch.randn(1024)
+
+
+def _batches(workers):
+    """Batches of 32 random inputs for ever; with workers, from a DataLoader, whose worker
+    processes are started again at every epoch (its default). They are forks of the rank, with its
+    command line: trainer.match finds them too, and they catch spotguard's signal with the rank's
+    handler. It only sets a flag in their copy of SaveRequested, which nothing polls."""
+    if not workers:
+        while True:
+            yield torch.randn(32, 1024)
+    loader = torch.utils.data.DataLoader(_Inputs(), batch_size=32, num_workers=workers)
+    while True:
+        yield from loader
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--checkpoint-dir", required=True, help="spotguard's checkpoint.dir")
@@ -440,6 +463,9 @@ def main():
     p.add_argument("--marker-every-node", action="store_true",
                    help="with --save-with torch: a _COMPLETE on every node (several nodes on "
                         "node-local disks, store.world_nodes > 1)")
+    p.add_argument("--loader-workers", type=int, default=0,
+                   help="draw the inputs from a DataLoader with this many worker processes, started "
+                        "again every two steps (0: no DataLoader)")
     args = p.parse_args()
 
     req = SaveRequested(same_signal=args.same_signal)  # first: spotguard signals only processes that catch it
@@ -468,8 +494,9 @@ def main():
     if rank == 0:
         print("starting at step %d" % step, flush=True)
 
+    batches = _batches(args.loader_workers)
     while step < args.steps:
-        loss = model(torch.randn(32, 1024, device=device)).square().mean()
+        loss = model(next(batches).to(device)).square().mean()
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()

@@ -381,6 +381,9 @@ func workerPID(t *testing.T, dir string, rank int) int {
 				bytes.Contains(cmd, []byte("torchrun")) {
 				continue
 			}
+			if pcmd, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", parentPID(filepath.Dir(p)))); err == nil && bytes.Equal(pcmd, cmd) {
+				continue // a fork of the rank: its DataLoader's worker
+			}
 			env, err := os.ReadFile(filepath.Join(filepath.Dir(p), "environ"))
 			if err == nil && slices.ContainsFunc(bytes.Split(env, []byte{0}), func(kv []byte) bool { return string(kv) == want }) {
 				pid, _ = strconv.Atoi(filepath.Base(filepath.Dir(p)))
@@ -390,6 +393,127 @@ func workerPID(t *testing.T, dir string, rank int) int {
 		return false
 	})
 	return pid
+}
+
+// parentPID is the parent's PID of the process whose /proc directory is dir (0 if gone).
+func parentPID(dir string) int {
+	stat, err := os.ReadFile(filepath.Join(dir, "stat"))
+	if err != nil {
+		return 0
+	}
+	// pid (comm) state ppid ...: comm may hold spaces and parentheses, so after the last ')'.
+	f := strings.Fields(string(stat[bytes.LastIndexByte(stat, ')')+1:]))
+	if len(f) < 2 {
+		return 0
+	}
+	ppid, _ := strconv.Atoi(f[1])
+	return ppid
+}
+
+// children are the PIDs of pid's child processes now.
+func children(pid int) map[int]bool {
+	out := map[int]bool{}
+	data, _ := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/children", pid, pid))
+	for _, f := range strings.Fields(string(data)) {
+		n, _ := strconv.Atoi(f)
+		out[n] = true
+	}
+	return out
+}
+
+// TestTorchrunAgentKilledDuringANoticeDoesNotAskAgain: two ranks that draw their inputs from a
+// DataLoader with two workers each, started again every two steps (forks of the rank, with its
+// command line: trainer.match finds them, and they catch SIGUSR1 with the rank's handler). A
+// rebalance recommendation: the agent signals the ranks, and the job saves once and trains on.
+// The agent is killed (kill -9) and started again while the recommendation is in force; its
+// previous run signalled the ranks for it, so it does not signal them again, though the workers
+// it finds now are new: those it signals alone, as a running agent does. (Found from outside with
+// a DataLoader: one process not signalled before made the restarted agent signal every one again,
+// and the job saved a second time.)
+func TestTorchrunAgentKilledDuringANoticeDoesNotAskAgain(t *testing.T) {
+	needPeers(t)
+	torchrunBin(t)
+	sim := newIMDS(t)
+	sim.start("spot", "-d", "100000", "--rebalance-delay-sec", "100000")
+	ckdir, store := t.TempDir(), t.TempDir()
+	env := []string{`SPOTGUARD_TRAINER_MATCH=python[0-9.]* -u \S*dcp_signal\.py --save-with torch --checkpoint-dir ` + regexp.QuoteMeta(ckdir),
+		"SPOTGUARD_CHECKPOINT_DIR=" + ckdir, "SPOTGUARD_STORE_URL=file://" + store, "SPOTGUARD_STORE_JOB=torch"}
+	ap := startAgent(t, sim, env...)
+	job := startTorchJob(t, []string{"SPOTGUARD_AGENT_RUNTIME_DIR=" + ap.runtimeDir, "SPOTGUARD_HTTP_LISTEN=127.0.0.1:9"},
+		"--checkpoint-dir", ckdir, "--save-every", "0", "--loader-workers", "2")
+	job.waitLine(t, 60*time.Second, regexp.MustCompile(`\[default0\]:starting at step 0\n`))
+	ranks := []int{workerPID(t, ckdir, 0), workerPID(t, ckdir, 1)}
+	eventually(t, 30*time.Second, "the agent to find both ranks catching SIGUSR1", func() bool {
+		n := 0
+		for _, tr := range ap.status(t).Trainers {
+			if slices.Contains(ranks, tr.PID) && tr.CatchesSignal {
+				n++
+			}
+		}
+		return n == 2
+	})
+
+	sim.stop()
+	sim.start("spot", "-a", "terminate", "--rebalance-trigger-time", time.Now().UTC().Format(time.RFC3339),
+		"--mock-trigger-time", time.Now().Add(time.Hour).UTC().Format(time.RFC3339))
+	saved := regexp.MustCompile(`\[default0\]:saved \S*/(step-\d+) in`)
+	job.waitLine(t, 60*time.Second, saved)
+	ap.waitNoticeState(t, "rebalance/rebalance", "committed", 60*time.Second)
+	signalled := map[int]bool{}
+	for _, ns := range ap.status(t).Notices {
+		for _, s := range ns.Signals {
+			signalled[s.PID] = true
+		}
+	}
+	if !signalled[ranks[0]] || !signalled[ranks[1]] {
+		t.Fatalf("the agent signalled %v; want both ranks %v", slices.Sorted(maps.Keys(signalled)), ranks)
+	}
+	ap.kill9(t)
+	eventually(t, 30*time.Second, "a DataLoader worker the agent did not signal", func() bool {
+		for pid := range children(ranks[0]) {
+			if !signalled[pid] {
+				return true
+			}
+		}
+		return false
+	})
+
+	again := startAgent(t, sim, append(env, "SPOTGUARD_AGENT_RUNTIME_DIR="+ap.runtimeDir)...)
+	var workers map[int]bool
+	eventually(t, 30*time.Second, "the restarted agent to signal a worker found since", func() bool {
+		st := again.status(t)
+		for _, ns := range st.Notices {
+			for _, s := range ns.Signals {
+				if s.Outcome == "sent" && !slices.Contains(ranks, s.PID) {
+					workers = children(ranks[0])
+					return true
+				}
+			}
+		}
+		return false
+	})
+	for _, ns := range again.status(t).Notices {
+		for _, s := range ns.Signals {
+			if slices.Contains(ranks, s.PID) {
+				t.Errorf("the restarted agent signalled rank %d (%s) for %s; its previous run had", s.PID, s.Outcome, ns.Key)
+			}
+		}
+		if ns.Key == "rebalance/rebalance" && !strings.Contains(fmt.Sprint(ns.Transitions), "signalled by the agent's previous run") {
+			t.Errorf("rebalance/rebalance transitions %+v; want it taken from the previous run", ns.Transitions)
+		}
+	}
+	// Two steps on, rank 0 starts new workers: it has polled since the restarted agent signalled.
+	eventually(t, 30*time.Second, "rank 0 to train on", func() bool {
+		for pid := range children(ranks[0]) {
+			if !workers[pid] {
+				return true
+			}
+		}
+		return false
+	})
+	if got := saved.FindAllStringSubmatch(job.output(), -1); len(got) != 1 {
+		t.Errorf("the job saved %d times; want once, for the rebalance recommendation", len(got))
+	}
 }
 
 // TestTorchrunLateSignalSavesOnce plays the agent's part against two real ranks: it signals rank
