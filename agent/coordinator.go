@@ -89,8 +89,12 @@ type NoticeStatus struct {
 	// which end when IMDS withdraws them.
 	EndsAt *time.Time `json:"ends_at,omitempty"`
 
-	notAfter    time.Time  // a scheduled event's NotAfter
-	detectedAt  time.Time  // for timings
+	notAfter   time.Time // a scheduled event's NotAfter
+	detectedAt time.Time // for timings
+	// readAt is when the notice was first read: at detectedAt, or earlier by the agent's previous
+	// run, for one in force across a restart (its notice.json). A save asked for after it is the
+	// notice's save (cover, savingFor).
+	readAt      time.Time
 	signalledAt *time.Time // when the trainer was signalled, if it was
 	written     string     // the checkpoint completed after the notice, once seen
 	// later are the checkpoints completed after written, while it is not committed, oldest first
@@ -223,6 +227,9 @@ type Coordinator struct {
 	// previous holds, by key, when an earlier run signalled the trainer for a notice
 	// (readPrevious); set before Run.
 	previous map[string]signalRecord
+	// previousRead holds, by key, when an earlier run first read each notice in force
+	// (readPrevious); set before Run.
+	previousRead map[string]time.Time
 	// previousJobs are the job notices an earlier run held (readPrevious); set before Run, which
 	// takes back those not ended.
 	previousJobs []jobRecord
@@ -395,7 +402,16 @@ func (c *Coordinator) update(ev imds.Event) {
 
 func (c *Coordinator) begin(ev imds.Event) {
 	cfg := c.config()
-	ns := c.detect(cfg, ev.Notice, ev.At, "", nil)
+	ns := c.detect(cfg, ev.Notice, ev.At, "", func(ns *NoticeStatus) {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		// In force at this run's first read, and read earlier by its previous run: a save that
+		// run asked for after it read the notice is the notice's save (a restart during its hold).
+		if at, ok := c.previousRead[ns.Key]; ok && ev.First && at.Before(ns.readAt) {
+			ns.readAt = at
+		}
+		delete(c.previousRead, ns.Key)
+	})
 	if ns.Policy == PolicyIgnore {
 		return
 	}
@@ -625,7 +641,7 @@ func (c *Coordinator) cover(ns *NoticeStatus, procs []trainer.Process, log zerol
 			// event's, days before; one a store that is down holds back) is not a fresh one.
 			continue
 		}
-		if o.committed && o.signalledAt.Before(ns.detectedAt) {
+		if o.committed && o.signalledAt.Before(ns.readAt) {
 			// Its save is durable and was asked for before ns came: a new one can only add. (One
 			// asked for after ns came, as a reclaim read during ns's hold, is ns's save too,
 			// however quickly it was committed.)
@@ -730,7 +746,7 @@ func (c *Coordinator) savingFor(pid int, ns *NoticeStatus) (string, time.Time) {
 	if c.active[ps.key] == nil {
 		return "", time.Time{} // ended
 	}
-	if n := c.storeNewest; n != nil && !n.Order().At.Before(ps.at.Add(-checkpoint.FileTimeLag)) && ps.at.Before(ns.detectedAt) {
+	if n := c.storeNewest; n != nil && !n.Order().At.Before(ps.at.Add(-checkpoint.FileTimeLag)) && ps.at.Before(ns.readAt) {
 		return "", time.Time{} // its save is durable and was asked for before ns came: a new one can only add
 	}
 	return ps.key, ps.at
@@ -891,7 +907,7 @@ func (c *Coordinator) detect(cfg *Config, n imds.Notice, at time.Time, detail st
 	policy := cfg.Notices[n.Source]
 	ns := &NoticeStatus{
 		Key: n.Key(), Source: n.Source, Action: n.Action, EventID: n.EventID,
-		Policy: policy, Malformed: n.Malformed, Active: true, detectedAt: at, notAfter: n.NotAfter,
+		Policy: policy, Malformed: n.Malformed, Active: true, detectedAt: at, readAt: at, notAfter: n.NotAfter,
 	}
 	if !n.Deadline.IsZero() {
 		d := n.Deadline
@@ -1314,6 +1330,9 @@ type noticeEntry struct {
 	Deadline *time.Time  `json:"deadline"`
 	// NotAfter is when a scheduled event's window ends; omitted for other notices.
 	NotAfter *time.Time `json:"not_after,omitempty"`
+	// DetectedAt is when the agent first read it (its previous run, for one in force across a
+	// restart).
+	DetectedAt *time.Time `json:"detected_at,omitempty"`
 	// SignalledAt is when the agent signalled the trainer for it; omitted before, or when it
 	// did not. A restarted agent does not signal again for a notice its previous run did.
 	SignalledAt *time.Time `json:"signalled_at,omitempty"`
@@ -1347,6 +1366,10 @@ func writeNoticeFile(dir string, active []*NoticeStatus, signalled map[*NoticeSt
 	}
 	entry := func(ns *NoticeStatus) noticeEntry {
 		e := noticeEntry{Source: ns.Source, Action: ns.Action, EventID: ns.EventID}
+		if !ns.readAt.IsZero() && ns.Source != SourceJob {
+			at := ns.readAt.UTC()
+			e.DetectedAt = &at
+		}
 		if ns.Deadline != nil {
 			d := ns.Deadline.UTC()
 			e.Deadline = &d
@@ -1403,30 +1426,34 @@ func writeNoticeFile(dir string, active []*NoticeStatus, signalled map[*NoticeSt
 }
 
 // readPrevious reads the notice.json an earlier run left in dir (killed, or restarted, during a
-// notice): the notices it signalled the trainer for, by key, and when; and the job notices it
-// held (their ends are not looked at here).
-func readPrevious(dir string, log zerolog.Logger) (map[string]signalRecord, []jobRecord) {
+// notice): the notices it signalled the trainer for, by key, and when; when it first read each
+// notice in force, by key; and the job notices it held (their ends are not looked at here).
+func readPrevious(dir string, log zerolog.Logger) (map[string]signalRecord, map[string]time.Time, []jobRecord) {
 	data, err := os.ReadFile(filepath.Join(dir, NoticeFile))
 	if err != nil {
-		return nil, nil
+		return nil, nil, nil
 	}
 	var nf noticeFile
 	if err := json.Unmarshal(data, &nf); err != nil {
 		log.Warn().Err(err).Msg("the notice file an earlier run left cannot be read; a notice in force is signalled again, and a job notice it held is lost")
-		return nil, nil
+		return nil, nil, nil
 	}
-	out := map[string]signalRecord{}
+	out, read := map[string]signalRecord{}, map[string]time.Time{}
 	var jobs []jobRecord
 	for _, e := range nf.Active {
+		key := imds.Notice{Source: e.Source, Action: e.Action, EventID: e.EventID}.Key()
 		if e.SignalledAt != nil {
-			out[imds.Notice{Source: e.Source, Action: e.Action, EventID: e.EventID}.Key()] = signalRecord{At: *e.SignalledAt, PIDs: e.SignalledPIDs}
+			out[key] = signalRecord{At: *e.SignalledAt, PIDs: e.SignalledPIDs}
+		}
+		if e.DetectedAt != nil && e.Source != SourceJob {
+			read[key] = *e.DetectedAt
 		}
 		if e.Source == SourceJob && e.PostedAt != nil && e.EndsAt != nil && e.Deadline != nil {
 			jobs = append(jobs, jobRecord{notice: imds.Notice{Source: SourceJob, Action: e.Action, Time: *e.Deadline, Deadline: *e.Deadline},
 				postedAt: *e.PostedAt, endsAt: *e.EndsAt, posts: max(e.Posts, 1)})
 		}
 	}
-	return out, jobs
+	return out, read, jobs
 }
 
 // previousSignalWithin bounds how long ago an earlier run's signal for a notice may be for a

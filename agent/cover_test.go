@@ -11,6 +11,7 @@ import (
 	"time"
 
 	dto "github.com/prometheus/client_model/go"
+	"github.com/rs/zerolog"
 
 	"github.com/spotguard/spotguard/agent/imds"
 	"github.com/spotguard/spotguard/checkpoint"
@@ -774,4 +775,73 @@ func TestProcessCatchingTheSignalLateIsSignalledForACoveredNotice(t *testing.T) 
 			t.Errorf("signalled %v; want %v: the process that caught the signal late, for the rebalance in force", got, want)
 		}
 	})
+}
+
+// An agent killed while it held a rebalance recommendation back for the reclaim read with it
+// (holdForReclaim), after it signalled the trainer for the reclaim and the save was committed:
+// restarted, it reads both again. The recommendation was read before that save was asked for, by
+// its previous run (notice.json's detected_at), so the save is its too: it is not signalled.
+// Before, the restarted agent took its own read for the recommendation's, after the save, which
+// was durable: "a new save can only add", and the trainer saved a second time in the window.
+// (Found from outside: AWS's simulator in spot mode serves both at once, and kill -9 within the
+// hold.) A recommendation its previous run did not list is read now, after that save: signalled.
+func TestRestartDuringAHoldTakesThePreviousRunsRead(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		listed bool // the previous run's notice.json lists the recommendation
+		want   int
+	}{
+		{"listed by the previous run", true, 0},
+		{"new", false, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				signalled := time.Now().Add(-500 * time.Millisecond)
+				read := signalled.Add(-10 * time.Millisecond)
+				dir := t.TempDir()
+				deadline := signalled.Add(2 * time.Minute)
+				spot := &NoticeStatus{Key: "spot/terminate", Source: imds.SourceSpot, Action: "terminate", Deadline: &deadline, readAt: read}
+				active := []*NoticeStatus{spot}
+				if tc.listed {
+					active = append(active, &NoticeStatus{Key: "rebalance/rebalance", Source: imds.SourceRebalance, Action: "rebalance", readAt: read})
+				}
+				if err := writeNoticeFile(dir, active, map[*NoticeStatus]signalRecord{spot: {At: signalled, PIDs: []int{4242}}}); err != nil {
+					t.Fatal(err)
+				}
+				previous, previousRead, _ := readPrevious(dir, zerolog.Nop())
+				r := startRestartedRig(t, true, previous)
+				r.c.mu.Lock()
+				r.c.previousRead = previousRead
+				r.c.mu.Unlock()
+				r.tr.setPIDs(4242)
+				complete := signalled.Add(100 * time.Millisecond)
+				m := &checkpoint.Manifest{Checkpoint: "step-10", Commit: "20261205T000000Z-000000000001", CommittedAt: signalled.Add(300 * time.Millisecond),
+					Timings: checkpoint.Timings{CompleteAt: &complete}}
+				r.c.onUpload(checkpoint.UploadEvent{Kind: checkpoint.CheckpointFound, Checkpoint: m.Checkpoint, At: time.Now(), Manifest: m})
+				synctest.Wait()
+				now := time.Now()
+				r.beginRead(imds.SourceSpot, "terminate", deadline, true)
+				r.beginRead(imds.SourceRebalance, "rebalance", time.Time{}, true)
+				passFakeTime(3 * time.Second)
+				if got := r.tr.signals(); got != tc.want {
+					t.Errorf("signals = %d; want %d", got, tc.want)
+				}
+				n := r.notice(t, "rebalance/rebalance")
+				if tc.want == 0 && (n.State != StateCommitted || !strings.Contains(n.Transitions[len(n.Transitions)-1].Detail, "step-10")) {
+					t.Errorf("rebalance/rebalance: %s (%+v); want committed with the reclaim's step-10", n.State, n.Transitions)
+				}
+				nf, ok := r.noticeFile(t)
+				if !ok || len(nf.Active) != 2 || nf.Active[1].DetectedAt == nil {
+					t.Fatalf("notice.json %+v; want both notices, with when they were read", nf)
+				}
+				wantRead := now // this run's read
+				if tc.listed {
+					wantRead = read
+				}
+				if got := *nf.Active[1].DetectedAt; !got.Equal(wantRead.UTC()) {
+					t.Errorf("notice.json rebalance detected_at %v; want %v", got, wantRead.UTC())
+				}
+			})
+		})
+	}
 }

@@ -57,6 +57,7 @@ var noticeSimMoreSeeds = []uint64{9, 10, 11, 12, 13, 14, 15, 16,
 var noticeSimQuickSeeds = []uint64{17, 18, 19, 20, 21, 22, 23, 24,
 	13717273107233184669, // a checkpoint renamed into place was no longer awaited once another completed, and that one's withholding made the notice missing
 	4386915002818939784,  // a restarted agent signalled the trainer again for a notice its previous run had signalled, because one of its processes was new
+	3221614374752414746,  // a restarted agent signalled for a notice its previous run held back for a reclaim whose save was durable since
 }
 
 // TestNoticeSimulation drives the notice path (the coordinator: signals, notice.json, the
@@ -280,7 +281,7 @@ func (s *noticeSim) startRun(restarted bool) {
 	s.c = newCoordinator(zerolog.Nop(), m, func() *Config { return cfg }, s.tr)
 	s.up = &recordingUploader{}
 	s.c.uploader = s.up
-	s.c.previous, s.c.previousJobs = readPrevious(s.runtime, zerolog.Nop())
+	s.c.previous, s.c.previousRead, s.c.previousJobs = readPrevious(s.runtime, zerolog.Nop())
 	s.events = make(chan imds.Event)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
@@ -859,10 +860,8 @@ func (s *noticeSim) checkSecondSignal(sg nsSignal) {
 	if a == nil || b == nil {
 		return // not told apart (a notice that ended or began at that instant)
 	}
-	read, ok := s.readAt[sg.key] // by this run of the agent
-	if !ok {
-		read = b.began
-	}
+	// When the agent first read it: a restarted one takes its previous run's read (notice.json).
+	read := b.began
 	if durable && !read.Before(t1) {
 		return // that save is durable, and was asked for before this notice was read (read before it, the save is its too)
 	}

@@ -114,6 +114,42 @@ func TestEveryNoticeAtOnceIsOneSave(t *testing.T) {
 	}
 }
 
+// The same simulator, and the agent killed (kill -9) while it holds the other notices back for
+// the reclaim (two spot polls: 10 s here), after the reclaim's save was committed; started again,
+// it reads every notice anew. Their save is the reclaim's, asked for after its previous run read
+// them (notice.json's detected_at): the trainer is not signalled again. Before, the restarted
+// agent took its own read for theirs, after that save was durable, and signalled: a second save
+// in the window.
+func TestAgentKilledWhileItHoldsNoticesDoesNotAskAgain(t *testing.T) {
+	needPeers(t)
+	sim := newIMDS(t)
+	sim.start()
+	ckdir, storeDir := t.TempDir(), t.TempDir()
+	tp := startTrainer(t, "--checkpoint-dir", ckdir)
+	env := []string{"SPOTGUARD_TRAINER_PIDFILE=" + tp.pidfile, "SPOTGUARD_CHECKPOINT_DIR=" + ckdir,
+		"SPOTGUARD_STORE_URL=file://" + storeDir, "SPOTGUARD_STORE_JOB=e2e", "SPOTGUARD_IMDS_SPOT_POLL_INTERVAL=5s"}
+	ap := startAgent(t, sim, env...)
+	ap.waitNoticeState(t, "spot/terminate", "committed", 8*time.Second)
+	held := ap.status(t)
+	ap.kill9(t)
+	for _, ns := range held.Notices {
+		if ns.Key != "spot/terminate" && ns.State != "detected" {
+			t.Fatalf("%s was %s when the agent was killed; want detected (held back for the reclaim)", ns.Key, ns.State)
+		}
+	}
+
+	again := startAgent(t, sim, append(env, "SPOTGUARD_AGENT_RUNTIME_DIR="+ap.runtimeDir)...)
+	for _, key := range []string{"spot/terminate", "rebalance/rebalance", "asg/Terminated", "scheduled/system-reboot/instance-event-1234567890abcdef0"} {
+		again.waitNoticeState(t, key, "committed", 30*time.Second)
+	}
+	if got := tp.signals(t); len(got) != 1 {
+		t.Errorf("the trainer got %d signals (%+v); want 1, for the reclaim", len(got), got)
+	}
+	if got, _ := filepath.Glob(filepath.Join(storeDir, "e2e", "*", "*", "_spotguard", "manifest.json")); len(got) != 1 {
+		t.Errorf("committed %v; want the one save", got)
+	}
+}
+
 // AWS may send the rebalance recommendation with the reclaim notice or after it. The trainer
 // (examples/python/trainer.py, which keeps training after a save) is signalled once: a second
 // signal, for the rebalance, made it save again in the window, its second save's uploads
