@@ -80,6 +80,9 @@ type NoticeStatus struct {
 	Active      bool            `json:"active"`
 	Transitions []Transition    `json:"transitions"`
 	Signals     []SignalOutcome `json:"signals"`
+	// SignalsOmitted counts the outcomes dropped from Signals: those of processes gone, once
+	// there are more than maxSignalRecords (a DataLoader's workers, new every epoch).
+	SignalsOmitted int `json:"signals_omitted,omitempty"`
 	// Posts counts the times a job notice was posted (POST /notice); 0 for IMDS notices.
 	Posts int `json:"posts,omitempty"`
 	// LastPostAt is when a job notice was last posted; absent for IMDS notices.
@@ -820,6 +823,10 @@ func (c *Coordinator) signal(ns *NoticeStatus, procs []trainer.Process, sig sysc
 // came were. Only notices at least as severe as rank (noticeRank) are looked at.
 func (c *Coordinator) signalNew(cfg *Config, procs []trainer.Process, rank int) {
 	changed := false
+	alive := make(map[int]bool, len(procs))
+	for _, p := range procs {
+		alive[p.PID] = true
+	}
 	// A process is signalled once here, for the most severe notice that had not tried it; the
 	// others count it as signalled for them too (one save, as at a notice that comes while the
 	// trainer saves for another: cover).
@@ -829,6 +836,7 @@ func (c *Coordinator) signalNew(cfg *Config, procs []trainer.Process, rank int) 
 			continue
 		}
 		c.mu.Lock()
+		ns.trimGone(alive)
 		var fresh []trainer.Process
 		other := ""
 		if ns.handled && ns.Source != SourceJob {
@@ -897,6 +905,33 @@ func (c *Coordinator) signalNew(cfg *Config, procs []trainer.Process, rank int) 
 	}
 	if changed {
 		c.noticesChanged(cfg) // notice.json names them; a stop waits for their checkpoint
+	}
+}
+
+// maxSignalRecords bounds what a notice keeps of the trainer processes it signalled or tried
+// (signalledPIDs, tried, notCaught, Signals): a DataLoader starts new workers every epoch (forks
+// of the rank, with its command line: found, and signalled, too), and a rebalance recommendation
+// stays in force for the instance's life.
+const maxSignalRecords = 256
+
+// trimGone drops the records of processes not alive now (not found by the last scan) from each
+// of ns's records that holds more than maxSignalRecords, counting the outcomes dropped from
+// Signals in SignalsOmitted. A process found again with a PID dropped is a new one (the PID
+// reused), signalled as such. Called with c.mu held.
+func (ns *NoticeStatus) trimGone(alive map[int]bool) {
+	gone := func(pid int) bool { return !alive[pid] }
+	if len(ns.signalledPIDs) > maxSignalRecords {
+		ns.signalledPIDs = slices.DeleteFunc(ns.signalledPIDs, gone)
+	}
+	if len(ns.tried) > maxSignalRecords {
+		maps.DeleteFunc(ns.tried, func(pid int, _ bool) bool { return gone(pid) })
+	}
+	if len(ns.notCaught) > maxSignalRecords {
+		maps.DeleteFunc(ns.notCaught, func(pid int, _ bool) bool { return gone(pid) })
+	}
+	if n := len(ns.Signals); n > maxSignalRecords {
+		ns.Signals = slices.DeleteFunc(ns.Signals, func(o SignalOutcome) bool { return gone(o.PID) })
+		ns.SignalsOmitted += n - len(ns.Signals)
 	}
 }
 

@@ -496,6 +496,49 @@ func TestNewTrainerDuringANoticeIsSignalled(t *testing.T) {
 	}
 }
 
+// A rebalance recommendation stays in force for the instance's life, and a DataLoader starts new
+// workers every epoch (forks of the rank, found by trainer.match and signalled too): what a notice
+// keeps of the processes it signalled (/status signals, notice.json's signalled_pids) stays
+// bounded, the rank's record kept. Before, it grew by every worker for as long as the notice
+// lasted, and notice.json, rewritten at each, with it.
+func TestNoticeRecordsOfSignalledProcessesStayBounded(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		runtime := t.TempDir()
+		tr := &fakeTrainers{}
+		tr.setPIDs(4242)
+		fimds := newFakeIMDS()
+		fimds.set("events/recommendations/rebalance", `{"noticeTime": "`+time.Now().UTC().Format(time.RFC3339)+`"}`)
+		a, stop := runSignalAgent(t, runtime, fimds, tr)
+		defer stop()
+		passFakeTime(3 * time.Second)
+		const workers = 3 * maxSignalRecords
+		for i := range workers {
+			tr.setPIDs(4242, 10000+i) // the last epoch's worker gone, a new one
+			passFakeTime(time.Second)
+		}
+		sent := tr.signalledPIDs()
+		if len(sent) != 1+workers || sent[0] != 4242 || slices.Contains(sent[1:], 4242) {
+			t.Fatalf("signalled %d processes (the rank %d times); want the rank once and each of %d workers once", len(sent), slices.Index(sent, 4242)+1, workers)
+		}
+		n, ok := a.Status().noticeByKey("rebalance/rebalance")
+		if !ok {
+			t.Fatal("no rebalance notice")
+		}
+		if len(n.Signals) > maxSignalRecords+1 || n.Signals[0].PID != 4242 || len(n.Signals)+n.SignalsOmitted != 1+workers {
+			t.Errorf("/status signals: %d kept (first %d), %d omitted; want at most %d, the rank's first, %d in all",
+				len(n.Signals), n.Signals[0].PID, n.SignalsOmitted, maxSignalRecords+1, 1+workers)
+		}
+		var nf noticeFile
+		data, _ := os.ReadFile(filepath.Join(runtime, NoticeFile))
+		if err := json.Unmarshal(data, &nf); err != nil {
+			t.Fatalf("notice.json: %v", err)
+		}
+		if got := nf.SignalledPIDs; len(got) > maxSignalRecords+1 || !slices.Contains(got, 4242) || !slices.Contains(got, 10000+workers-1) {
+			t.Errorf("notice.json signalled_pids: %d of them; want at most %d, the rank and the last worker among them", len(got), maxSignalRecords+1)
+		}
+	})
+}
+
 // TestTrainerThatCatchesTheSignalLateIsSignalled: a trainer that does not catch the signal when
 // the notice comes (a shim that has not yet exec'd the interpreter, imports that take seconds
 // before the handler) is not signalled then, and is once it catches it; one that never does is
