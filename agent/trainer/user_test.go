@@ -50,6 +50,7 @@ func TestFindUserFiltersEveryMethod(t *testing.T) {
 		}
 		return f
 	}
+	u1001 := describeUID(1001) // with its name, where a user has it on this machine
 	tests := []struct {
 		name   string
 		f      Finder
@@ -58,16 +59,16 @@ func TestFindUserFiltersEveryMethod(t *testing.T) {
 		others string // the other users' processes the detail lists
 	}{
 		{"pidfile", with(Finder{PIDFile: pidfile(2000)}), map[int]string{2000: ViaPIDFile}, "", ""},
-		{"pidfile of another user", with(Finder{PIDFile: pidfile(2001)}), nil, ReasonOtherUser, "2001 (uid 1001)"},
+		{"pidfile of another user", with(Finder{PIDFile: pidfile(2001)}), nil, ReasonOtherUser, strings.ReplaceAll("2001 (uid 1001)", "uid 1001", u1001)},
 		{"unit", with(Finder{Unit: "alice"}), map[int]string{2000: ViaUnit}, "", ""},
-		{"unit of another user", with(Finder{Unit: "bob"}), nil, ReasonOtherUser, "2001 (uid 1001), 2002 (uid 1001)"},
+		{"unit of another user", with(Finder{Unit: "bob"}), nil, ReasonOtherUser, strings.ReplaceAll("2001 (uid 1001), 2002 (uid 1001)", "uid 1001", u1001)},
 		{"match", with(Finder{Match: regexp.MustCompile(`train\.py`)}), map[int]string{2000: ViaMatch}, "", ""},
-		{"match of another user", with(Finder{Match: regexp.MustCompile(`--bob`)}), nil, ReasonOtherUser, "2001 (uid 1001), 2002 (uid 1001), 3100 (uid 1001)"},
+		{"match of another user", with(Finder{Match: regexp.MustCompile(`--bob`)}), nil, ReasonOtherUser, strings.ReplaceAll("2001 (uid 1001), 2002 (uid 1001), 3100 (uid 1001)", "uid 1001", u1001)},
 		{"container", with(Finder{Container: ctrID[:12]}), map[int]string{3000: ViaContainer}, "", ""},
-		{"container of another user", with(Finder{Container: otherID}), nil, ReasonOtherUser, "3100 (uid 1001)"},
+		{"container of another user", with(Finder{Container: otherID}), nil, ReasonOtherUser, strings.ReplaceAll("3100 (uid 1001)", "uid 1001", u1001)},
 		{"root's", with(Finder{Container: ctrID[:12], User: uidPtr(0)}), map[int]string{3001: ViaContainer}, "", ""},
 		{"tree", with(Finder{Under: 2001, User: uidPtr(1001)}), map[int]string{2001: ViaTree, 2002: ViaTree}, "", ""},
-		{"tree of another user", with(Finder{Under: 2001}), nil, ReasonOtherUser, "2001 (uid 1001), 2002 (uid 1001)"},
+		{"tree of another user", with(Finder{Under: 2001}), nil, ReasonOtherUser, strings.ReplaceAll("2001 (uid 1001), 2002 (uid 1001)", "uid 1001", u1001)},
 		{"any user", Finder{Match: regexp.MustCompile(`--bob`), ProcRoot: proc, Self: fakeAgent},
 			map[int]string{2001: ViaMatch, 2002: ViaMatch, 3100: ViaMatch}, "", ""},
 	}
