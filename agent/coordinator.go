@@ -1385,6 +1385,9 @@ type noticeEntry struct {
 type signalRecord struct {
 	At   time.Time
 	PIDs []int
+	// written is when an earlier run wrote the notice.json it was read from (its modification
+	// time): each of PIDs was held then by the process it signalled.
+	written time.Time
 }
 
 // writeNoticeFile writes notice.json for the notices in force (most severe first) atomically
@@ -1464,9 +1467,14 @@ func writeNoticeFile(dir string, active []*NoticeStatus, signalled map[*NoticeSt
 // notice): the notices it signalled the trainer for, by key, and when; when it first read each
 // notice in force, by key; and the job notices it held (their ends are not looked at here).
 func readPrevious(dir string, log zerolog.Logger) (map[string]signalRecord, map[string]time.Time, []jobRecord) {
-	data, err := os.ReadFile(filepath.Join(dir, NoticeFile))
+	path := filepath.Join(dir, NoticeFile)
+	data, err := os.ReadFile(path)
 	if err != nil {
 		return nil, nil, nil
+	}
+	var written time.Time
+	if fi, err := os.Stat(path); err == nil {
+		written = fi.ModTime()
 	}
 	var nf noticeFile
 	if err := json.Unmarshal(data, &nf); err != nil {
@@ -1478,7 +1486,7 @@ func readPrevious(dir string, log zerolog.Logger) (map[string]signalRecord, map[
 	for _, e := range nf.Active {
 		key := imds.Notice{Source: e.Source, Action: e.Action, EventID: e.EventID}.Key()
 		if e.SignalledAt != nil {
-			out[key] = signalRecord{At: *e.SignalledAt, PIDs: e.SignalledPIDs}
+			out[key] = signalRecord{At: *e.SignalledAt, PIDs: e.SignalledPIDs, written: written}
 		}
 		if e.DetectedAt != nil && e.Source != SourceJob {
 			read[key] = *e.DetectedAt
@@ -1511,8 +1519,10 @@ func (c *Coordinator) previousSignal(key string, procs []trainer.Process, first 
 	// One of the processes it signalled still there is enough: the others are new since (a data
 	// loader's worker, a rank restarted on its own), signalled alone as a running agent signals
 	// one found during a notice (signalNew). A trainer restarted whole has none of them left.
+	// A process started after notice.json was written is not the one it signalled under its PID
+	// (the PID reused: a DataLoader's workers go through PIDs quickly).
 	for _, p := range procs {
-		if slices.Contains(prev.PIDs, p.PID) {
+		if slices.Contains(prev.PIDs, p.PID) && (p.Started.IsZero() || prev.written.IsZero() || p.Started.Before(prev.written)) {
 			return prev, true
 		}
 	}

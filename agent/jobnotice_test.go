@@ -36,6 +36,18 @@ type fakeTrainers struct {
 	pidsSet bool
 	// uncaught are the processes that do not catch the signal (yet).
 	uncaught map[int]bool
+	// started holds when processes started (Process.Started); zero for the others.
+	started map[int]time.Time
+}
+
+// setStarted says when a process started.
+func (f *fakeTrainers) setStarted(pid int, at time.Time) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.started == nil {
+		f.started = map[int]time.Time{}
+	}
+	f.started[pid] = at
 }
 
 // setUncaught makes these processes not catch the signal from now on (none: every one does).
@@ -63,7 +75,7 @@ func (f *fakeTrainers) Find(*Config) ([]trainer.Process, []trainer.Problem) {
 	}
 	var out []trainer.Process
 	for _, pid := range f.pids {
-		out = append(out, trainer.Process{PID: pid, Cmdline: "python train.py", Via: trainer.ViaMatch})
+		out = append(out, trainer.Process{PID: pid, Cmdline: "python train.py", Via: trainer.ViaMatch, Started: f.started[pid]})
 	}
 	return out, nil
 }
@@ -405,16 +417,19 @@ func TestJobNoticeAfterItsEndIsNew(t *testing.T) {
 func TestRestartDoesNotSignalAgain(t *testing.T) {
 	for _, tc := range []struct {
 		name     string
-		previous []int // the PIDs the previous run signalled; nil: it signalled none
-		trainers []int // the trainer's processes now
-		want     []int // the processes signalled
+		previous []int         // the PIDs the previous run signalled; nil: it signalled none
+		trainers []int         // the trainer's processes now
+		started  time.Duration // when the first of them started, after notice.json was written (0: unknown)
+		want     []int         // the processes signalled
 		wantPIDs string
 	}{
-		{"no previous run", nil, []int{4242}, []int{4242}, "[4242]"},
-		{"previous run signalled this trainer", []int{4242}, []int{4242}, nil, "[4242]"},
-		{"previous run signalled a trainer since restarted", []int{4141}, []int{4242}, []int{4242}, "[4242]"},
-		{"a process found since", []int{4242}, []int{4242, 5151}, []int{5151}, "[4242,5151]"},
-		{"one of two restarted", []int{4141, 4242}, []int{4242, 5151}, []int{5151}, "[4141,4242,5151]"},
+		{"no previous run", nil, []int{4242}, 0, []int{4242}, "[4242]"},
+		{"previous run signalled this trainer", []int{4242}, []int{4242}, 0, nil, "[4242]"},
+		{"previous run signalled a trainer since restarted", []int{4141}, []int{4242}, 0, []int{4242}, "[4242]"},
+		{"a process found since", []int{4242}, []int{4242, 5151}, 0, []int{5151}, "[4242,5151]"},
+		{"one of two restarted", []int{4141, 4242}, []int{4242, 5151}, 0, []int{5151}, "[4141,4242,5151]"},
+		{"the trainer restarted whole, one PID reused", []int{4242}, []int{4242}, time.Second, []int{4242}, "[4242]"},
+		{"the same process, started before", []int{4242}, []int{4242}, -time.Hour, nil, "[4242]"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
@@ -431,6 +446,14 @@ func TestRestartDoesNotSignalAgain(t *testing.T) {
 				fimds.set("spot/instance-action", `{"action": "terminate", "time": "`+deadline.Format(time.RFC3339)+`"}`)
 				tr := &fakeTrainers{}
 				tr.setPIDs(tc.trainers...)
+				if tc.started != 0 {
+					// notice.json's modification time is the wall clock's, not the bubble's.
+					fi, err := os.Stat(filepath.Join(runtime, NoticeFile))
+					if err != nil {
+						t.Fatal(err)
+					}
+					tr.setStarted(tc.trainers[0], fi.ModTime().Add(tc.started))
+				}
 				a, stop := runSignalAgent(t, runtime, fimds, tr)
 				passFakeTime(3 * time.Second)
 				n, ok := a.Status().noticeByKey("spot/terminate")

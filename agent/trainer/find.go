@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 )
 
 // How a Process was found: the values of Process.Via.
@@ -164,6 +165,10 @@ type Process struct {
 	// Via is how it was found: ViaPIDFile, ViaUnit, ViaMatch, ViaContainer or ViaTree. A
 	// process found by several methods has the first of them in that order.
 	Via string
+	// Started is when the process started, no later than it did (to within a second); zero if
+	// unknown. A process that started after something happened to a PID is not the one that
+	// had the PID then.
+	Started time.Time
 }
 
 // Problem is an expected trouble met by Find, to report rather than to fail on.
@@ -250,6 +255,7 @@ type finder struct {
 	// all is every process's status, read once on demand (scanned is true then).
 	all     map[int]procStatus
 	scanned bool
+	boot    *time.Time // when the machine booted, read once on demand (zero if unknown)
 }
 
 func (s *finder) problem(reason, format string, args ...any) {
@@ -329,7 +335,11 @@ func (s *finder) consider(t *tally, pid int, via string) {
 	if !ok {
 		return
 	}
-	s.found[pid] = Process{PID: pid, Cmdline: cmdline, Via: via}
+	if s.boot == nil {
+		boot := readBootTime(s.procRoot)
+		s.boot = &boot
+	}
+	s.found[pid] = Process{PID: pid, Cmdline: cmdline, Via: via, Started: readStarted(s.procRoot, pid, *s.boot)}
 	t.added++
 }
 

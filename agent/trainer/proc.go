@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+	"time"
 )
 
 const (
@@ -112,6 +113,54 @@ func readCmdline(procRoot string, pid int) (cmdline string, ok bool) {
 	}
 	data = bytes.TrimRight(data, "\x00")
 	return string(bytes.ReplaceAll(data, []byte{0}, []byte{' '})), true
+}
+
+// userHZ is the unit of the times in /proc/PID/stat: USER_HZ, 100 on every Linux architecture.
+const userHZ = 100
+
+// readBootTime returns when the machine booted (btime in procRoot/stat, to the second; zero if
+// it cannot be read).
+func readBootTime(procRoot string) time.Time {
+	data, err := os.ReadFile(filepath.Join(procRoot, "stat"))
+	if err != nil {
+		return time.Time{}
+	}
+	for line := range strings.Lines(string(data)) {
+		if v, ok := strings.CutPrefix(line, "btime "); ok {
+			if sec, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64); err == nil && sec > 0 {
+				return time.Unix(sec, 0)
+			}
+		}
+	}
+	return time.Time{}
+}
+
+// readStarted returns when pid started: boot plus its starttime (the 22nd field of
+// procRoot/PID/stat), no later than it did (boot is read to the second, and truncated). Zero if
+// boot is zero or the file cannot be read.
+func readStarted(procRoot string, pid int, boot time.Time) time.Time {
+	if boot.IsZero() {
+		return time.Time{}
+	}
+	data, err := os.ReadFile(filepath.Join(procRoot, strconv.Itoa(pid), "stat"))
+	if err != nil {
+		return time.Time{}
+	}
+	// pid (comm) state ppid ...: comm may hold spaces and parentheses, so after the last ')';
+	// there the state is field 3, and starttime field 22.
+	i := bytes.LastIndexByte(data, ')')
+	if i < 0 {
+		return time.Time{}
+	}
+	f := strings.Fields(string(data[i+1:]))
+	if len(f) < 20 {
+		return time.Time{}
+	}
+	ticks, err := strconv.ParseInt(f[19], 10, 64)
+	if err != nil || ticks < 0 {
+		return time.Time{}
+	}
+	return boot.Add(time.Duration(ticks) * time.Second / userHZ)
 }
 
 // readArgv returns the argument list of pid: /proc/PID/cmdline split at its NUL separators (an

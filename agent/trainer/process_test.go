@@ -345,6 +345,33 @@ func TestFindByMatch(t *testing.T) {
 	checkFound(t, Finder{Match: regexp.MustCompile("."), ProcRoot: filepath.Join(t.TempDir(), "none")}, nil, "", ReasonNoMatch)
 }
 
+// Find says when each process started, from the kernel (its starttime after boot), no later than
+// it did and within a second of it: a restarted agent tells by it a process it signalled from a
+// new one that has its PID since.
+func TestFindSaysWhenAProcessStarted(t *testing.T) {
+	t.Parallel()
+	token := fmt.Sprintf("sgstarted-%d-%d", os.Getpid(), time.Now().UnixNano())
+	before := time.Now()
+	c := start(t, t.TempDir(), "sh", "-c", "sleep 30; : "+token)
+	after := time.Now()
+	var procs []Process
+	for deadline := time.Now().Add(pollTimeout); len(procs) == 0; { // until it has exec'd sh
+		if time.Now().After(deadline) {
+			t.Fatalf("Find found no %s within %v", token, pollTimeout)
+		}
+		procs, _ = Finder{Match: regexp.MustCompile(regexp.QuoteMeta(token))}.Find()
+	}
+	if len(procs) != 1 || procs[0].PID != c.pid() {
+		t.Fatalf("Find = %+v; want pid %d", procs, c.pid())
+	}
+	if got := procs[0].Started; got.Before(before.Add(-time.Second-10*time.Millisecond)) || got.After(after) {
+		t.Errorf("Started = %v; want between %v (less a second) and %v", got, before, after)
+	}
+	if got := readStarted(t.TempDir(), c.pid(), before); !got.IsZero() {
+		t.Errorf("readStarted(no such proc) = %v; want zero", got)
+	}
+}
+
 func TestFindNothingConfigured(t *testing.T) {
 	t.Parallel()
 	checkFound(t, Finder{}, nil, "", ReasonNoProcess)
