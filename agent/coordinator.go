@@ -125,9 +125,10 @@ type NoticeStatus struct {
 	// trainer process found that was not tried is signalled too (signalNew).
 	handled bool
 	// signalledPIDs are the trainer processes signalled for it (by this run, or by the previous
-	// one, which a restart inherits); tried also has those that could not be.
+	// one, which a restart inherits); tried also has those that could not be, with their start
+	// ticks (0: unknown), which tell them from a process that has the PID later (wasTried).
 	signalledPIDs []int
-	tried         map[int]bool
+	tried         map[int]uint64
 	// notCaught are the processes found not catching the signal (yet): not tried, so the next
 	// scan (signalNew) looks again; said once each.
 	notCaught map[int]bool
@@ -526,9 +527,14 @@ func (c *Coordinator) act(cfg *Config, ns *NoticeStatus, first bool, from time.T
 		c.mu.Lock()
 		ns.signalledAt = &prev.At
 		ns.signalledPIDs = slices.Clone(prev.PIDs) // carried on in notice.json, for the next restart
-		ns.tried = map[int]bool{}
+		ns.tried = map[int]uint64{}
 		for _, pid := range prev.PIDs {
-			ns.tried[pid] = true
+			ns.tried[pid] = 0 // not there now: any process with the PID later counts as it
+		}
+		for _, p := range procs {
+			if prev.holds(p) {
+				ns.tried[p.PID] = p.StartTicks
+			}
 		}
 		ns.handled, ns.inherited = true, true
 		c.mu.Unlock()
@@ -568,9 +574,9 @@ func (c *Coordinator) act(cfg *Config, ns *NoticeStatus, first bool, from time.T
 			continue
 		}
 		if ns.tried == nil {
-			ns.tried = map[int]bool{}
+			ns.tried = map[int]uint64{}
 		}
-		ns.tried[p.PID] = true
+		ns.tried[p.PID] = p.StartTicks
 		ns.signalledPIDs = append(ns.signalledPIDs, p.PID)
 		if sharedAt == nil || at.Before(*sharedAt) {
 			sharedAt, saving = &at, key
@@ -662,13 +668,13 @@ func (c *Coordinator) cover(ns *NoticeStatus, procs []trainer.Process, log zerol
 	ns.signalledAt, ns.signalledPIDs, ns.handled = &at, slices.Clone(by.signalledPIDs), true
 	ns.tried = maps.Clone(by.tried)
 	if ns.tried == nil {
-		ns.tried = map[int]bool{}
+		ns.tried = map[int]uint64{}
 	}
 	for _, p := range procs {
 		// One that did not catch the signal is not saving: once it does, it is signalled for
 		// the notices in force (signalNew), this one too if the other has ended by then.
 		if !by.notCaught[p.PID] {
-			ns.tried[p.PID] = true
+			ns.tried[p.PID] = p.StartTicks
 		}
 	}
 	saving, why := "is saving", "notice came while the trainer's save for a notice at least as severe is not durable yet"
@@ -759,6 +765,10 @@ func (c *Coordinator) savingFor(pid int, ns *NoticeStatus) (string, time.Time) {
 // and the metrics, logs it, and returns how many were sent.
 func (c *Coordinator) signal(ns *NoticeStatus, procs []trainer.Process, sig syscall.Signal, log zerolog.Logger) (int, []trainer.Result) {
 	results := c.trainers.Signal(procs, sig)
+	ticks := make(map[int]uint64, len(procs))
+	for _, p := range procs {
+		ticks[p.PID] = p.StartTicks
+	}
 	sent := 0
 	for _, r := range results {
 		out := SignalOutcome{PID: r.PID, Cmdline: r.Cmdline, Outcome: r.Outcome, At: time.Now()}
@@ -777,9 +787,9 @@ func (c *Coordinator) signal(ns *NoticeStatus, procs []trainer.Process, sig sysc
 			ns.notCaught[r.PID] = true
 		} else {
 			if ns.tried == nil {
-				ns.tried = map[int]bool{}
+				ns.tried = map[int]uint64{}
 			}
-			ns.tried[r.PID] = true
+			ns.tried[r.PID] = ticks[r.PID]
 		}
 		if r.Outcome == trainer.OutcomeSent {
 			ns.signalledPIDs = append(ns.signalledPIDs, r.PID)
@@ -845,12 +855,12 @@ func (c *Coordinator) signalNew(cfg *Config, procs []trainer.Process, rank int) 
 					sentFor[p.PID] = key // signalled before this round, for a notice at least as severe
 				}
 				switch {
-				case ns.tried[p.PID]:
+				case ns.wasTried(p):
 				case sentFor[p.PID] != "":
 					if ns.tried == nil {
-						ns.tried = map[int]bool{}
+						ns.tried = map[int]uint64{}
 					}
-					ns.tried[p.PID] = true
+					ns.tried[p.PID] = p.StartTicks
 					ns.signalledPIDs = append(ns.signalledPIDs, p.PID)
 					other = sentFor[p.PID]
 				default:
@@ -908,6 +918,14 @@ func (c *Coordinator) signalNew(cfg *Config, procs []trainer.Process, rank int) 
 	}
 }
 
+// wasTried reports whether p was tried for ns: its PID was, by p (the same start ticks; one
+// started since has the PID reused), or by a process whose start is unknown. Called with c.mu
+// held.
+func (ns *NoticeStatus) wasTried(p trainer.Process) bool {
+	ticks, ok := ns.tried[p.PID]
+	return ok && (ticks == 0 || p.StartTicks == 0 || ticks == p.StartTicks)
+}
+
 // maxSignalRecords bounds what a notice keeps of the trainer processes it signalled or tried
 // (signalledPIDs, tried, notCaught, Signals): a DataLoader starts new workers every epoch (forks
 // of the rank, with its command line: found, and signalled, too), and a rebalance recommendation
@@ -924,7 +942,7 @@ func (ns *NoticeStatus) trimGone(alive map[int]bool) {
 		ns.signalledPIDs = slices.DeleteFunc(ns.signalledPIDs, gone)
 	}
 	if len(ns.tried) > maxSignalRecords {
-		maps.DeleteFunc(ns.tried, func(pid int, _ bool) bool { return gone(pid) })
+		maps.DeleteFunc(ns.tried, func(pid int, _ uint64) bool { return gone(pid) })
 	}
 	if len(ns.notCaught) > maxSignalRecords {
 		maps.DeleteFunc(ns.notCaught, func(pid int, _ bool) bool { return gone(pid) })
@@ -1522,11 +1540,17 @@ func (c *Coordinator) previousSignal(key string, procs []trainer.Process, first 
 	// A process started after notice.json was written is not the one it signalled under its PID
 	// (the PID reused: a DataLoader's workers go through PIDs quickly).
 	for _, p := range procs {
-		if slices.Contains(prev.PIDs, p.PID) && (p.Started.IsZero() || prev.written.IsZero() || p.Started.Before(prev.written)) {
+		if prev.holds(p) {
 			return prev, true
 		}
 	}
 	return prev, false
+}
+
+// holds reports whether p is a process the record says was signalled: one of its PIDs, held by a
+// process that started before the record was written (or either time is unknown).
+func (r signalRecord) holds(p trainer.Process) bool {
+	return slices.Contains(r.PIDs, p.PID) && (p.Started.IsZero() || r.written.IsZero() || p.Started.Before(r.written))
 }
 
 // checkWritable reports whether a file can be created in dir (it creates and removes one).

@@ -75,7 +75,11 @@ func (f *fakeTrainers) Find(*Config) ([]trainer.Process, []trainer.Problem) {
 	}
 	var out []trainer.Process
 	for _, pid := range f.pids {
-		out = append(out, trainer.Process{PID: pid, Cmdline: "python train.py", Via: trainer.ViaMatch, Started: f.started[pid]})
+		var ticks uint64
+		if at := f.started[pid]; !at.IsZero() {
+			ticks = uint64(at.UnixNano() / 1e7) // as if booted at the epoch
+		}
+		out = append(out, trainer.Process{PID: pid, Cmdline: "python train.py", Via: trainer.ViaMatch, StartTicks: ticks, Started: f.started[pid]})
 	}
 	return out, nil
 }
@@ -487,22 +491,32 @@ func TestNewTrainerDuringANoticeIsSignalled(t *testing.T) {
 	for _, tc := range []struct {
 		name      string
 		atNotice  []int // the trainer processes when the notice comes
-		later     []int // the trainer processes 5 s later
+		later     []int // the trainer processes 5 s later (-PID: a new process with that PID)
 		want      []int // every process signalled, in order
 		wantState string
 	}{
 		{"restarted", []int{4242}, []int{5151}, []int{4242, 5151}, StateTrainerSignalled},
 		{"started late", nil, []int{6161}, []int{6161}, StateTrainerSignalled},
 		{"the same", []int{4242}, []int{4242}, []int{4242}, StateTrainerSignalled},
+		{"restarted with its PID", []int{4242}, []int{-4242}, []int{4242, 4242}, StateTrainerSignalled},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				runtime := t.TempDir()
 				tr := &fakeTrainers{}
 				tr.setPIDs(tc.atNotice...)
+				tr.setStarted(4242, time.Now().Add(-time.Hour))
 				a, stop := runSpotNoticeAgent(t, runtime, tr)
 				passFakeTime(3 * time.Second)
-				tr.setPIDs(tc.later...)
+				var later []int
+				for _, pid := range tc.later {
+					if pid < 0 { // a new process, started now, with the PID -pid
+						pid = -pid
+						tr.setStarted(pid, time.Now())
+					}
+					later = append(later, pid)
+				}
+				tr.setPIDs(later...)
 				passFakeTime(5 * time.Second)
 				checkSignalled(t, a, tr, tc.want, tc.wantState)
 				data, _ := os.ReadFile(filepath.Join(runtime, NoticeFile))

@@ -165,9 +165,12 @@ type Process struct {
 	// Via is how it was found: ViaPIDFile, ViaUnit, ViaMatch, ViaContainer or ViaTree. A
 	// process found by several methods has the first of them in that order.
 	Via string
-	// Started is when the process started, no later than it did (to within a second); zero if
-	// unknown. A process that started after something happened to a PID is not the one that
-	// had the PID then.
+	// StartTicks is when the process started, in clock ticks after boot (0 if unknown): with the
+	// PID, it tells the process from another that has the PID later.
+	StartTicks uint64
+	// Started is the same as a time, no later than the process started (to within a second);
+	// zero if unknown. A process that started after something happened to a PID is not the one
+	// that had the PID then.
 	Started time.Time
 }
 
@@ -339,7 +342,8 @@ func (s *finder) consider(t *tally, pid int, via string) {
 		boot := readBootTime(s.procRoot)
 		s.boot = &boot
 	}
-	s.found[pid] = Process{PID: pid, Cmdline: cmdline, Via: via, Started: readStarted(s.procRoot, pid, *s.boot)}
+	ticks := readStartTicks(s.procRoot, pid)
+	s.found[pid] = Process{PID: pid, Cmdline: cmdline, Via: via, StartTicks: ticks, Started: startedAt(*s.boot, ticks)}
 	t.added++
 }
 

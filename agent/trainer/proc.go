@@ -135,29 +135,35 @@ func readBootTime(procRoot string) time.Time {
 	return time.Time{}
 }
 
-// readStarted returns when pid started: boot plus its starttime (the 22nd field of
-// procRoot/PID/stat), no later than it did (boot is read to the second, and truncated). Zero if
-// boot is zero or the file cannot be read.
-func readStarted(procRoot string, pid int, boot time.Time) time.Time {
-	if boot.IsZero() {
-		return time.Time{}
-	}
+// readStartTicks returns when pid started, in clock ticks after boot (starttime, the 22nd field
+// of procRoot/PID/stat); 0 if the file cannot be read. With its PID it names one process: a PID
+// used again is used by a process with other start ticks.
+func readStartTicks(procRoot string, pid int) uint64 {
 	data, err := os.ReadFile(filepath.Join(procRoot, strconv.Itoa(pid), "stat"))
 	if err != nil {
-		return time.Time{}
+		return 0
 	}
 	// pid (comm) state ppid ...: comm may hold spaces and parentheses, so after the last ')';
 	// there the state is field 3, and starttime field 22.
 	i := bytes.LastIndexByte(data, ')')
 	if i < 0 {
-		return time.Time{}
+		return 0
 	}
 	f := strings.Fields(string(data[i+1:]))
 	if len(f) < 20 {
-		return time.Time{}
+		return 0
 	}
-	ticks, err := strconv.ParseInt(f[19], 10, 64)
-	if err != nil || ticks < 0 {
+	ticks, err := strconv.ParseUint(f[19], 10, 64)
+	if err != nil {
+		return 0
+	}
+	return ticks
+}
+
+// startedAt turns start ticks into a time: boot plus ticks, no later than the process started
+// (boot is read to the second, and truncated). Zero if either is unknown.
+func startedAt(boot time.Time, ticks uint64) time.Time {
+	if boot.IsZero() || ticks == 0 {
 		return time.Time{}
 	}
 	return boot.Add(time.Duration(ticks) * time.Second / userHZ)
