@@ -196,6 +196,9 @@ type noticeSim struct {
 	runStart time.Time
 	readAt   map[string]time.Time // when this run read each notice in force
 	restarts []time.Time
+	// asked holds, for each restart, when its previous run had asked for the save of each
+	// notice in force (its signalledAt: its own signal's, or the one whose save it shares).
+	asked []map[string]time.Time
 
 	active  map[string]*nsNotice // IMDS's notices in force, by key
 	jobs    map[string]*nsJob    // the job notices in force (posted), by key
@@ -528,7 +531,15 @@ func (s *noticeSim) act() {
 		s.stopRun() // a stop signals a notice it held at once
 		s.noteSignals()
 		s.say("agent restarted; in force: %v, job notices %v", slices.Sorted(maps.Keys(s.active)), slices.Sorted(maps.Keys(s.jobs)))
-		s.restarts = append(s.restarts, now)
+		asked := map[string]time.Time{}
+		s.c.mu.Lock()
+		for key, ns := range s.c.active {
+			if ns.signalledAt != nil {
+				asked[key] = *ns.signalledAt
+			}
+		}
+		s.c.mu.Unlock()
+		s.restarts, s.asked = append(s.restarts, now), append(s.asked, asked)
 		s.startRun(true)
 	default: // time goes by
 		d := []time.Duration{50 * time.Millisecond, 300 * time.Millisecond, time.Second, 2 * time.Second, 5 * time.Second,
@@ -868,12 +879,16 @@ func (s *noticeSim) checkSecondSignal(sg nsSignal) {
 	if b.rank < a.rank || (!a.end.IsZero() && !a.end.After(t2)) || (!a.deadline.IsZero() && a.deadline.After(t1) && !a.deadline.After(t2)) {
 		return // more severe; or the first one's ended, or its checkpoint may be said missing at its deadline
 	}
-	if slices.ContainsFunc(s.restarts, func(r time.Time) bool { return !r.Before(t1) && !r.After(t2) }) &&
-		(t2.Sub(b.began) >= previousSignalWithin ||
-			!slices.ContainsFunc(prev, func(p nsSignal) bool { return p.key == sg.key && t2.Sub(p.at) < checkpointDue-time.Second })) {
-		// A restarted agent signals a notice in force for 10 minutes anew, and one its previous
-		// run did not signal this process for.
-		return
+	signalledFor := slices.ContainsFunc(prev, func(p nsSignal) bool { return p.key == sg.key && t2.Sub(p.at) < checkpointDue-time.Second })
+	for i, r := range s.restarts {
+		if r.Before(t1) || r.After(t2) {
+			continue
+		}
+		if asked, ok := s.asked[i][sg.key]; !signalledFor || (ok && t2.Sub(asked) >= previousSignalWithin) {
+			// A restarted agent signals a notice its previous run did not signal this process
+			// for, and one whose save was asked for 10 minutes before, anew.
+			return
+		}
 	}
 	var states []string
 	for _, n := range s.c.status().Notices {
