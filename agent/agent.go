@@ -426,6 +426,10 @@ func (a *Agent) Run(ctx context.Context) error {
 	// else when the uploader's drain is over. The listener serves until then (/status shows the
 	// drain, POST /notice answers 503).
 	drained := ctx.Done()
+	// The coordinator ends first at a stop: it signals the trainer for a notice it held back
+	// (holdForReclaim) as it ends, and the uploader's stop, which decides whether to wait for
+	// the checkpoint the trainer was signalled for, must see that signal.
+	coordDone := make(chan struct{})
 	if a.uploader != nil {
 		a.coord.uploader = a.uploader
 		files := make(chan checkpoint.WatchEvent)
@@ -435,10 +439,21 @@ func (a *Agent) Run(ctx context.Context) error {
 		uploaded := make(chan struct{})
 		drained = uploaded
 		g.Go(func() error { return a.ckptWatcher.Run(watchCtx, files) })
+		upCtx, stopUploads := context.WithCancel(context.WithoutCancel(ctx))
+		g.Go(func() error {
+			<-ctx.Done()
+			select {
+			case <-coordDone:
+			case <-time.After(coordStopWait):
+			}
+			stopUploads()
+			return nil
+		})
 		g.Go(func() error {
 			defer close(uploaded)
 			defer stopWatch()
-			return a.uploader.Run(ctx, files)
+			defer stopUploads()
+			return a.uploader.Run(upCtx, files)
 		})
 		a.log.Info().Str("dir", cfg.Checkpoint.Dir).Str("store", cfg.Store.URL).Str("job", cfg.Store.Job).
 			Msg("checkpoint upload on")
@@ -447,7 +462,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	events := make(chan imds.Event)
 	g.Go(func() error { return a.watcher.Run(ctx, events) })
-	g.Go(func() error { return a.coord.Run(ctx, events) })
+	g.Go(func() error { defer close(coordDone); return a.coord.Run(ctx, events) })
 	g.Go(func() error {
 		id, err := imds.FetchIdentity(ctx, a.deps.IMDS, a.log)
 		if err != nil {
@@ -488,6 +503,10 @@ func (a *Agent) Run(ctx context.Context) error {
 	a.log.Info().Msg("spotguard agent stopped")
 	return err
 }
+
+// coordStopWait bounds how long a stop waits for the coordinator to end (it signals the notices
+// it held back as it does) before the uploader's stop begins.
+const coordStopWait = 5 * time.Second
 
 // EndDrain ends the drain after a stop (the CLI calls it on a second SIGTERM or SIGINT): the
 // agent stops without waiting for uncommitted checkpoints, and logs what it left.

@@ -233,6 +233,47 @@ func TestSIGTERMBeforeMarkerStillCommits(t *testing.T) {
 	}
 }
 
+// SIGTERM while a rebalance recommendation is held back for a reclaim that may come with it (two
+// spot polls: 10 s here): the stop signals the trainer at once, and then waits for that
+// checkpoint and commits it, as for a notice signalled before the stop. Before, the agent
+// signalled the trainer and exited 0.2 s later without a commit: its uploader had decided there
+// was nothing to wait for before the held notice was signalled. (Found from outside.)
+func TestSIGTERMDuringAHeldNoticeStillCommits(t *testing.T) {
+	needPeers(t)
+	sim := newIMDS(t)
+	sim.start("spot", "-d", "100000") // the rebalance recommendation alone
+	ckdir, storeDir := t.TempDir(), t.TempDir()
+	tp := startTrainer(t, "--checkpoint-dir", ckdir, "--files", "2", "--checkpoint-mb", "2", "--write-seconds", "3")
+	ap := startAgent(t, sim, "SPOTGUARD_TRAINER_PIDFILE="+tp.pidfile, "SPOTGUARD_IMDS_SPOT_POLL_INTERVAL=5s",
+		"SPOTGUARD_CHECKPOINT_DIR="+ckdir, "SPOTGUARD_STORE_URL=file://"+storeDir, "SPOTGUARD_STORE_JOB=e2e")
+	ap.waitNoticeState(t, "rebalance/rebalance", "detected", 30*time.Second)
+	if got := tp.signals(t); len(got) != 0 {
+		t.Fatalf("the trainer was signalled during the hold: %+v", got)
+	}
+	ap.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-ap.done:
+	case <-time.After(60 * time.Second):
+		t.Fatal("agent still running 60 s after SIGTERM")
+	}
+	if ap.exitErr != nil {
+		t.Errorf("exit after SIGTERM during the hold: %v; want 0", ap.exitErr)
+	}
+	if got := tp.signals(t); len(got) != 1 {
+		t.Fatalf("the trainer got %d signals; want 1, at the stop", len(got))
+	}
+	eventually(t, 30*time.Second, "the trainer's checkpoint to be complete", func() bool {
+		marks, _ := filepath.Glob(filepath.Join(ckdir, "step-*", "_COMPLETE"))
+		return len(marks) > 0
+	})
+	ckpt := newestLocal(t, ckdir)
+	code, stdout, stderr := runSpotguard(t, []string{"SPOTGUARD_STORE_URL=file://" + storeDir, "SPOTGUARD_STORE_JOB=e2e"},
+		"list", "--check", "--config", writeEmptyConfig(t))
+	if code != 0 || !strings.Contains(stdout, ckpt) {
+		t.Fatalf("after the agent exited, list: exit %d\n%s%s; want %s, saved at the stop, committed", code, stdout, stderr, ckpt)
+	}
+}
+
 // SIGTERM after the trainer was signalled and then died without a checkpoint (killed, OOM): no
 // marker will come, so the stop does not wait out the stop budget (140 s) for one; it exits
 // within seconds, saying why.
