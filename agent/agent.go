@@ -398,7 +398,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	// What an earlier run signalled the trainer for (its notice.json): not signalled again; and
 	// the job notices it held, in force until they end.
-	a.coord.previous, a.coord.previousRead, a.coord.previousJobs = readPrevious(cfg.Agent.RuntimeDir, a.log)
+	a.coord.previous, a.coord.previousSeen, a.coord.previousJobs = readPrevious(cfg.Agent.RuntimeDir, a.log)
 	if err := os.MkdirAll(cfg.Agent.RuntimeDir, 0o755); err != nil {
 		a.log.Error().Err(err).Str("dir", cfg.Agent.RuntimeDir).Msg("cannot create runtime dir; notice.json will be missing")
 		a.coord.setNoticeFileProblem(err)

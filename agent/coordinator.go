@@ -231,9 +231,9 @@ type Coordinator struct {
 	// previous holds, by key, when an earlier run signalled the trainer for a notice
 	// (readPrevious); set before Run.
 	previous map[string]signalRecord
-	// previousRead holds, by key, when an earlier run first read each notice in force
+	// previousSeen holds, by key, what an earlier run read of each notice in force
 	// (readPrevious); set before Run.
-	previousRead map[string]time.Time
+	previousSeen map[string]seenRecord
 	// previousJobs are the job notices an earlier run held (readPrevious); set before Run, which
 	// takes back those not ended.
 	previousJobs []jobRecord
@@ -410,11 +410,20 @@ func (c *Coordinator) begin(ev imds.Event) {
 		c.mu.Lock()
 		defer c.mu.Unlock()
 		// In force at this run's first read, and read earlier by its previous run: a save that
-		// run asked for after it read the notice is the notice's save (a restart during its hold).
-		if at, ok := c.previousRead[ns.Key]; ok && ev.First && at.Before(ns.readAt) {
-			ns.readAt = at
+		// run asked for after it read the notice is the notice's save (a restart during its
+		// hold); and the earliest deadline wins, as within one run (AWS's simulator gives a
+		// spot notice's time anew at every read, an ASG termination's is 2 minutes after it was
+		// read).
+		if seen, ok := c.previousSeen[ns.Key]; ok && ev.First {
+			if seen.read.Before(ns.readAt) {
+				ns.readAt = seen.read
+			}
+			if seen.deadline != nil && ns.Deadline != nil && seen.deadline.Before(*ns.Deadline) {
+				d := *seen.deadline
+				ns.Deadline = &d
+			}
 		}
-		delete(c.previousRead, ns.Key)
+		delete(c.previousSeen, ns.Key)
 	})
 	if ns.Policy == PolicyIgnore {
 		return
@@ -1399,6 +1408,13 @@ type noticeEntry struct {
 	Posts    int        `json:"posts,omitempty"`
 }
 
+// seenRecord is what an earlier run read of a notice in force: when it first read it, and its
+// deadline (nil if none).
+type seenRecord struct {
+	read     time.Time
+	deadline *time.Time
+}
+
 // signalRecord is when, and which trainer processes, the agent signalled for a notice.
 type signalRecord struct {
 	At   time.Time
@@ -1482,9 +1498,9 @@ func writeNoticeFile(dir string, active []*NoticeStatus, signalled map[*NoticeSt
 }
 
 // readPrevious reads the notice.json an earlier run left in dir (killed, or restarted, during a
-// notice): the notices it signalled the trainer for, by key, and when; when it first read each
+// notice): the notices it signalled the trainer for, by key, and when; what it read of each
 // notice in force, by key; and the job notices it held (their ends are not looked at here).
-func readPrevious(dir string, log zerolog.Logger) (map[string]signalRecord, map[string]time.Time, []jobRecord) {
+func readPrevious(dir string, log zerolog.Logger) (map[string]signalRecord, map[string]seenRecord, []jobRecord) {
 	path := filepath.Join(dir, NoticeFile)
 	data, err := os.ReadFile(path)
 	if err != nil {
@@ -1499,7 +1515,7 @@ func readPrevious(dir string, log zerolog.Logger) (map[string]signalRecord, map[
 		log.Warn().Err(err).Msg("the notice file an earlier run left cannot be read; a notice in force is signalled again, and a job notice it held is lost")
 		return nil, nil, nil
 	}
-	out, read := map[string]signalRecord{}, map[string]time.Time{}
+	out, read := map[string]signalRecord{}, map[string]seenRecord{}
 	var jobs []jobRecord
 	for _, e := range nf.Active {
 		key := imds.Notice{Source: e.Source, Action: e.Action, EventID: e.EventID}.Key()
@@ -1507,7 +1523,7 @@ func readPrevious(dir string, log zerolog.Logger) (map[string]signalRecord, map[
 			out[key] = signalRecord{At: *e.SignalledAt, PIDs: e.SignalledPIDs, written: written}
 		}
 		if e.DetectedAt != nil && e.Source != SourceJob {
-			read[key] = *e.DetectedAt
+			read[key] = seenRecord{read: *e.DetectedAt, deadline: e.Deadline}
 		}
 		if e.Source == SourceJob && e.PostedAt != nil && e.EndsAt != nil && e.Deadline != nil {
 			jobs = append(jobs, jobRecord{notice: imds.Notice{Source: SourceJob, Action: e.Action, Time: *e.Deadline, Deadline: *e.Deadline},

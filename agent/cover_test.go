@@ -808,10 +808,10 @@ func TestRestartDuringAHoldTakesThePreviousRunsRead(t *testing.T) {
 				if err := writeNoticeFile(dir, active, map[*NoticeStatus]signalRecord{spot: {At: signalled, PIDs: []int{4242}}}); err != nil {
 					t.Fatal(err)
 				}
-				previous, previousRead, _ := readPrevious(dir, zerolog.Nop())
+				previous, previousSeen, _ := readPrevious(dir, zerolog.Nop())
 				r := startRestartedRig(t, true, previous)
 				r.c.mu.Lock()
-				r.c.previousRead = previousRead
+				r.c.previousSeen = previousSeen
 				r.c.mu.Unlock()
 				r.tr.setPIDs(4242)
 				complete := signalled.Add(100 * time.Millisecond)

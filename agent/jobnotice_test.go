@@ -482,6 +482,38 @@ func TestRestartDoesNotSignalAgain(t *testing.T) {
 	}
 }
 
+// A restarted agent keeps the deadline its previous run read for a notice in force, when the one
+// it reads now is later: AWS's simulator gives a spot notice's time anew at every read, and an ASG
+// termination's deadline is 2 minutes after it was read, so read again after a restart it moved
+// later by the restart's length; the earliest deadline wins, as within one run. (Found from
+// outside: a margin of 127 s reported for a 2-minute notice.)
+func TestRestartKeepsTheEarlierDeadline(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		runtime := t.TempDir()
+		read := time.Now().Add(-9 * time.Second)
+		was := read.Add(2 * time.Minute).UTC().Truncate(time.Second)
+		ns := &NoticeStatus{Key: "spot/terminate", Source: imds.SourceSpot, Action: "terminate", Deadline: &was, readAt: read}
+		if err := writeNoticeFile(runtime, []*NoticeStatus{ns}, map[*NoticeStatus]signalRecord{ns: {At: read, PIDs: []int{4242}}}); err != nil {
+			t.Fatal(err)
+		}
+		later := time.Now().Add(2 * time.Minute).UTC().Truncate(time.Second)
+		fimds := newFakeIMDS()
+		fimds.set("spot/instance-action", `{"action": "terminate", "time": "`+later.Format(time.RFC3339)+`"}`)
+		a, stop := runSignalAgent(t, runtime, fimds, &fakeTrainers{})
+		defer stop()
+		passFakeTime(3 * time.Second)
+		n, ok := a.Status().noticeByKey("spot/terminate")
+		if !ok || n.Deadline == nil || !n.Deadline.Equal(was) {
+			t.Errorf("/status deadline %v; want the previous run's %v, not %v", n.Deadline, was, later)
+		}
+		var nf noticeFile
+		data, _ := os.ReadFile(filepath.Join(runtime, NoticeFile))
+		if err := json.Unmarshal(data, &nf); err != nil || nf.Deadline == nil || !nf.Deadline.Equal(was) || nf.DetectedAt == nil || !nf.DetectedAt.Equal(read.UTC()) {
+			t.Errorf("notice.json %s; want deadline %v and detected_at %v", data, was, read.UTC())
+		}
+	})
+}
+
 // TestNewTrainerDuringANoticeIsSignalled: a trainer process found while a checkpoint notice is in
 // force that was not signalled for it (torchrun's workers restarted with new PIDs, a trainer
 // started after the notice came) is signalled within seconds, once; notice.json names every
