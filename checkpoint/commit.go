@@ -1239,7 +1239,9 @@ func (u *Uploader) commit(ctx context.Context, c commitJob) commitResult {
 		d, ok := c.files[lf.Path]
 		if !ok || !d.id.Same(lf.ID) {
 			r.changed = append(r.changed, lf)
-			if ok && r.rewritten == "" && lf.Path != u.cfg.Marker && rewriteOf(d.id, lf.ID) {
+			// Written again since it was read, or new since the marker came (the watcher reported
+			// every file there was then): a save into the directory after the marker.
+			if r.rewritten == "" && lf.Path != u.cfg.Marker && (!ok || rewriteOf(d.id, lf.ID)) {
 				r.rewritten = lf.Path
 			}
 			continue

@@ -1519,6 +1519,13 @@ func (u *Uploader) handleWatch(ctx context.Context, ev WatchEvent) {
 			completed = ev.ModTime
 		}
 		u.emit(UploadEvent{Kind: CheckpointComplete, Checkpoint: g.name, At: ev.At, CompletedAt: completed})
+		if !u.hasData(g) {
+			// Complete as the contract has it, and committed so; but a marker written first is
+			// the likelier cause, and what comes after it is not committed without the marker
+			// written again (newAfterMarker).
+			u.log.Warn().Str("checkpoint", g.name).Str("fix", "write the marker last, after every file of the save").
+				Msg(msgOnlyMarker)
+		}
 		u.log.Info().Str("checkpoint", g.name).Int("files", len(g.files)).Int("done", g.doneCount()).
 			Msg("checkpoint complete; committing once every file is stored")
 	case FileGone:
@@ -1609,7 +1616,7 @@ const singleTogether = 2 * time.Second
 func (u *Uploader) fileReady(ev WatchEvent) {
 	g := u.current(ev.Checkpoint)
 	f := g.files[ev.Path]
-	if f != nil && u.rewrittenAfterMarker(g, ev.Path, f.id, ev.ID) {
+	if f != nil && u.rewrittenAfterMarker(g, ev.Path, f.id, ev.ID) || f == nil && u.newAfterMarker(g, ev.Path) {
 		u.reopen(g, ev.Path)
 	}
 	if g.state == genCommitted {
@@ -1673,8 +1680,16 @@ func (u *Uploader) rewrittenAfterMarker(g *generation, rel string, old, now File
 	return g.complete && !g.single && rel != u.cfg.Marker && !g.marker.isZero() && rewriteOf(old, now)
 }
 
+// newAfterMarker reports whether rel, a file g did not have, reported now, is the trainer writing
+// into the complete checkpoint directory g after its marker: the watcher reports every file
+// there is when the marker appears before its Complete, so one reported after it came later (a
+// save into the directory again whose first file is a new one, a marker written first).
+func (u *Uploader) newAfterMarker(g *generation, rel string) bool {
+	return g.complete && !g.single && rel != u.cfg.Marker && !g.marker.isZero()
+}
+
 // reopen takes the completeness of g back, after its file rel was written again after its marker
-// (rewrittenAfterMarker): g is complete again only with another version of the marker (written
+// (rewrittenAfterMarker), or came after it (newAfterMarker): g is complete again only with another version of the marker (written
 // again, renamed into place, touched). Its files go on being sent as they are written.
 func (u *Uploader) reopen(g *generation, rel string) {
 	g.complete, g.stale = false, g.marker
@@ -1700,6 +1715,9 @@ func (u *Uploader) unstale(g *generation) {
 		g.stale = FileID{}
 	}
 }
+
+// msgOnlyMarker is logged for a checkpoint directory complete with nothing but its marker.
+const msgOnlyMarker = "checkpoint directory is complete with nothing but its marker (committed so): if the marker was written first, the files that come after it are not committed until it is written again"
 
 // msgRewrittenAfterMarker is reopen's log line.
 const msgRewrittenAfterMarker = "file written again after its checkpoint's marker: the checkpoint is not complete until its marker is written again"
@@ -2002,6 +2020,17 @@ func (u *Uploader) markDirty(g *generation) { u.dirty = append(u.dirty, g) }
 func (u *Uploader) ready(g *generation) bool {
 	return u.gens[g.name] == g && (g.state == genMatching || g.state == genUploading) && g.complete &&
 		!g.committing && !g.commitWait && g.queuedN == 0 && g.inflight == 0 && g.retrying == 0 && len(g.files) > 0
+}
+
+// hasData reports whether g has a file besides its marker: a checkpoint directory with nothing
+// but its marker is complete, but more likely a marker written before the save's files.
+func (u *Uploader) hasData(g *generation) bool {
+	for rel := range g.files {
+		if g.single || rel != u.cfg.Marker {
+			return true
+		}
+	}
+	return false
 }
 
 // next returns the index in u.queued of the generation whose files go next, or -1 for none now:

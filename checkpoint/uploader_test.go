@@ -359,10 +359,37 @@ func rewriteLater(t *testing.T, p string, data []byte) {
 // holds files of two saves.
 func (r *uploaderRig) waitRewriteSeen(name string) {
 	r.t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for !strings.Contains(r.logs.String(), msgRewrittenAfterMarker) {
+	r.waitSaidNotComplete(name, msgRewrittenAfterMarker)
+}
+
+// waitStored waits (20 s at most) for the store to hold an object whose key begins with prefix
+// and ends with suffix: a file sent.
+func waitStored(t *testing.T, store *memStore, prefix, suffix string) {
+	t.Helper()
+	for deadline := time.Now().Add(20 * time.Second); ; {
+		store.mu.Lock()
+		found := slices.ContainsFunc(slices.Collect(maps.Keys(store.objs)), func(k string) bool {
+			return strings.HasPrefix(k, prefix) && strings.HasSuffix(k, suffix)
+		})
+		store.mu.Unlock()
+		if found {
+			return
+		}
 		if time.Now().After(deadline) {
-			r.t.Fatalf("the rewrite of %s after its marker not seen within 20 s", name)
+			t.Fatalf("no %s...%s in the store within 20 s", prefix, suffix)
+		}
+		<-time.After(5 * time.Millisecond) // poll
+	}
+}
+
+// waitSaidNotComplete waits (20 s at most) for the uploader to log msg, which says checkpoint
+// name is not complete. A commit of name meanwhile fails the test.
+func (r *uploaderRig) waitSaidNotComplete(name, msg string) {
+	r.t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for !strings.Contains(r.logs.String(), msg) {
+		if time.Now().After(deadline) {
+			r.t.Fatalf("%s not said within 20 s: %q", name, msg)
 		}
 		select {
 		case ev := <-r.events:
@@ -410,6 +437,87 @@ func TestUploaderWaitsForTheMarkerAfterARewrite(t *testing.T) {
 			cs := commitsOf(t, store, "step-1")
 			if len(cs) != 2 || cs[0].Commit != ev.Manifest.Commit {
 				t.Errorf("%d commits of step-1, newest %s; want 2, the second save's %s newest", len(cs), cs[0].Commit, ev.Manifest.Commit)
+			}
+		})
+	}
+}
+
+// The same, with the second save's first write a file the first save did not have (a set of
+// shards that changed, as DCP's after a change of world size), and a trainer that writes its
+// marker first: a file that comes after the marker is not part of the save it vouches for. The
+// checkpoint is not complete until the marker is written again; before, the new file was sent
+// and committed with the old ones, a mix of two saves as LATEST. (Found from outside.)
+func TestUploaderWaitsForTheMarkerAfterANewFile(t *testing.T) {
+	for _, restart := range []bool{false, true} {
+		t.Run(map[bool]string{false: "running", true: "restarted"}[restart], func(t *testing.T) {
+			dir, state := t.TempDir(), t.TempDir()
+			store := newMemStore()
+			cfg := UploaderConfig{StateDir: state, StopBudget: -1}
+			r := startUploaderWith(t, dir, store, cfg)
+			save1 := map[string][]byte{"a.bin": randomBytes(t, 64<<10), "b.bin": randomBytes(t, 64<<10)}
+			writeCheckpoint(t, dir, "step-1", save1)
+			first := r.waitCommitted("step-1").Manifest
+			if restart {
+				r.stop()
+			}
+
+			ck := filepath.Join(dir, "step-1")
+			save2 := map[string][]byte{"a.bin": randomBytes(t, 64<<10), "b.bin": randomBytes(t, 64<<10), "c.bin": randomBytes(t, 64<<10)}
+			if err := os.WriteFile(filepath.Join(ck, "c.bin"), save2["c.bin"], 0o644); err != nil {
+				t.Fatal(err)
+			}
+			if restart {
+				r = startUploaderWith(t, dir, store, cfg)
+			}
+			r.waitRewriteSeen("step-1")
+			rewriteLater(t, filepath.Join(ck, "a.bin"), save2["a.bin"])
+			rewriteLater(t, filepath.Join(ck, "b.bin"), save2["b.bin"])
+			writeMarker(t, ck)
+			ev := r.waitCommitted("step-1")
+			if ev.Manifest.Commit == first.Commit {
+				t.Fatalf("the second save was taken for the first one's commit %s", first.Commit)
+			}
+			restoreAndCompare(t, store, "step-1", save2)
+		})
+	}
+	for _, restart := range []bool{false, true} {
+		t.Run(map[bool]string{false: "marker first", true: "marker first, restarted"}[restart], func(t *testing.T) {
+			dir := t.TempDir()
+			store := newMemStore()
+			cfg := UploaderConfig{StateDir: t.TempDir(), StopBudget: -1}
+			r := startUploaderWith(t, dir, store, cfg)
+			ck := filepath.Join(dir, "step-2")
+			if err := os.MkdirAll(ck, 0o755); err != nil {
+				t.Fatal(err)
+			}
+			writeMarker(t, ck)
+			r.waitCommitted("step-2") // complete with nothing but its marker, as the contract has it
+			if !strings.Contains(r.logs.String(), msgOnlyMarker) {
+				t.Errorf("no warning that step-2 has nothing but its marker")
+			}
+			save := map[string][]byte{"a.bin": randomBytes(t, 64<<10), "b.bin": randomBytes(t, 64<<10)}
+			if err := os.WriteFile(filepath.Join(ck, "a.bin"), save["a.bin"], 0o644); err != nil {
+				t.Fatal(err)
+			}
+			r.waitRewriteSeen("step-2")
+			if restart {
+				// The restarted agent finds the file and the marker together; the journal says
+				// the file came after that marker.
+				r.stop()
+				r = startUploaderWith(t, dir, store, cfg)
+			}
+			waitStored(t, store, "job/step-2/", "/a.bin")
+			if err := os.WriteFile(filepath.Join(ck, "b.bin"), save["b.bin"], 0o644); err != nil {
+				t.Fatal(err)
+			}
+			waitStored(t, store, "job/step-2/", "/b.bin")
+			writeMarker(t, ck) // written again, last: now it vouches for a.bin and b.bin
+			r.waitCommitted("step-2")
+			restoreAndCompare(t, store, "step-2", save)
+			for _, c := range commitsOf(t, store, "step-2") {
+				if n := len(c.Files); n != 1 && n != 3 {
+					t.Errorf("commit %s of step-2 has %d files; want the marker alone or the whole save", c.Commit, n)
+				}
 			}
 		})
 	}
