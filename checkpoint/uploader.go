@@ -1146,9 +1146,24 @@ func (u *Uploader) resolveJournal(ctx context.Context, name string, e *journalEn
 	sctx, cancel := context.WithTimeout(ctx, startReadTimeout) // the store's part; clean-up goes on
 	defer cancel()
 	_, lerr := os.Lstat(filepath.Join(u.cfg.Dir, name))
+	inStore := func() bool {
+		return slices.ContainsFunc(u.index[name], func(m *Manifest) bool { return m.Commit == e.commit }) ||
+			slices.ContainsFunc(st.Parts, func(p *Manifest) bool { return p.Checkpoint == name && p.Commit == e.commit }) ||
+			slices.ContainsFunc(u.index[name], func(m *Manifest) bool {
+				return slices.ContainsFunc(m.Parts, func(p JobPart) bool { return p.Commit == e.commit })
+			})
+	}
 	if e.done {
 		if lerr != nil {
 			delete(u.resume, name) // committed, and no longer here: nothing to remember
+			return
+		}
+		if st != nil && !inStore() && u.newerThanStore(name, st) {
+			// Gone from the store (deleted by hand, a lifecycle rule, a prefix wiped to start
+			// over), and newer than everything there, so not retention's doing: retention never
+			// deletes the newest commit. The journal is a cache: committed again.
+			log.Warn().Msg("the journal's commit of this checkpoint is not in the store, and nothing there is newer: committing it again")
+			delete(u.resume, name)
 		}
 		return
 	}
@@ -1165,11 +1180,7 @@ func (u *Uploader) resolveJournal(ctx context.Context, name string, e *journalEn
 	}
 	committed, unknown := false, false
 	if st != nil {
-		committed = slices.ContainsFunc(u.index[name], func(m *Manifest) bool { return m.Commit == e.commit }) ||
-			slices.ContainsFunc(st.Parts, func(p *Manifest) bool { return p.Checkpoint == name && p.Commit == e.commit }) ||
-			slices.ContainsFunc(u.index[name], func(m *Manifest) bool {
-				return slices.ContainsFunc(m.Parts, func(p JobPart) bool { return p.Commit == e.commit })
-			})
+		committed = inStore()
 	} else {
 		key := ManifestKey(u.cfg.Job, name, e.commit)
 		if u.cfg.WorldNodes > 1 {
@@ -1230,6 +1241,17 @@ func (u *Uploader) resolveJournal(ctx context.Context, name string, e *journalEn
 		return
 	}
 	u.cleanupCommit(ctx, name, e.commit, "an earlier run's unfinished commit that cannot be resumed")
+}
+
+// newerThanStore reports whether the checkpoint name on disk is complete and completed (as its
+// commit would say) after the job's newest commit in the store (st).
+func (u *Uploader) newerThanStore(name string, st *JobState) bool {
+	lc, err := ScanCheckpoint(u.cfg.Dir, name, u.cfg.Marker, u.cfg.Pattern, u.log)
+	if err != nil || !lc.Complete {
+		return false
+	}
+	n := st.Newest()
+	return n == nil || completedAt(lc, time.Time{}, time.Time{}).After(n.Manifest.Order().At)
 }
 
 // cleanupCommit deletes, in the background, what this agent wrote into commit of name, which was

@@ -523,6 +523,53 @@ func TestUploaderWaitsForTheMarkerAfterANewFile(t *testing.T) {
 	}
 }
 
+// The journal is a cache of what the store holds: a restarted agent whose journal says its
+// newest checkpoint is committed, while the store no longer holds that commit (its manifest
+// deleted by hand, a prefix wiped, a lifecycle rule) and nothing there is newer, commits it again.
+// Before, the journal won: the checkpoint was never sent again, /status said it was committed,
+// and LATEST went back to the one before. A commit retention deleted (older than what the store
+// keeps) is not sent again. (Found from outside, with awscli.)
+func TestRestartCommitsAgainWhatTheStoreLost(t *testing.T) {
+	dir, state := t.TempDir(), t.TempDir()
+	store := newMemStore()
+	cfg := UploaderConfig{StateDir: state, StopBudget: -1, Keep: 2}
+	r := startUploaderWith(t, dir, store, cfg)
+	saves := map[string]map[string][]byte{}
+	var last *Manifest
+	for _, name := range []string{"step-1", "step-2", "step-3"} {
+		if last != nil {
+			// Saves some time apart, as a trainer's are: each completes after the last commit's
+			// completion (the clock read, not waited on for an event).
+			for !time.Now().After(last.Order().At.Add(10 * time.Millisecond)) {
+				<-time.After(time.Millisecond)
+			}
+		}
+		saves[name] = map[string][]byte{"a.bin": randomBytes(t, 4<<10)}
+		writeCheckpoint(t, dir, name, saves[name])
+		last = r.waitCommitted(name).Manifest
+	}
+	r.stop()
+	if cs := commitsOf(t, store, "step-1"); len(cs) != 0 {
+		t.Fatalf("step-1 not deleted by retention (checkpoint.keep 2): %d commits", len(cs))
+	}
+	store.remove(ManifestKey("job", "step-3", last.Commit))
+
+	r = startUploaderWith(t, dir, store, cfg)
+	again := r.waitCommitted("step-3").Manifest
+	if again.Commit == last.Commit {
+		t.Errorf("step-3 committed as %s again; want a new commit", again.Commit)
+	}
+	restoreAndCompare(t, store, "step-3", saves["step-3"])
+	var l Latest
+	if data, _, err := store.GetBytes(t.Context(), LatestKey("job")); err != nil || json.Unmarshal(data, &l) != nil || l.Checkpoint != "step-3" || l.Commit != again.Commit {
+		t.Errorf("LATEST = %s (%v); want step-3 %s", data, err, again.Commit)
+	}
+	r.stop()
+	if cs := commitsOf(t, store, "step-1"); len(cs) != 0 {
+		t.Errorf("step-1, deleted by retention, sent again: %d commits", len(cs))
+	}
+}
+
 // An agent restarted half way through a save into a complete directory again, after it had
 // seen the first file written again and begun to send it to a new commit, still waits for the
 // marker: the journal says which marker no longer vouches for the files.
