@@ -538,6 +538,8 @@ func checkJob(v string) error {
 		return errors.New("must not contain control characters (such as a newline or a tab)")
 	case len(v) > maxJobBytes:
 		return fmt.Errorf("%d bytes long: want at most %d (it begins every key in the store, and an S3 key is at most 1024 bytes)", len(v), maxJobBytes)
+	case strings.HasPrefix(v, ".spotguard-"):
+		return errors.New("names beginning with .spotguard- are spotguard's own (a file:// store's temporary files, a restore's staging)")
 	}
 	return nil
 }

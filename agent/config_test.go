@@ -161,6 +161,7 @@ func TestValidateBadValues(t *testing.T) {
 		{"SPOTGUARD_STORE_URL=http://x", "store.url: \"http://x\""},
 		{"SPOTGUARD_STORE_JOB=a/b", "store.job: \"a/b\""},
 		{"SPOTGUARD_STORE_JOB=LATEST", "store.job: \"LATEST\" from SPOTGUARD_STORE_JOB: want the run's name, one plain path element: \"LATEST\" is reserved"},
+		{"SPOTGUARD_STORE_JOB=.spotguard-x", "names beginning with .spotguard- are spotguard's own"},
 		{"SPOTGUARD_AGENT_RUNTIME_DIR=", "agent.runtime_dir: \"\""},
 		// What `run` refused although the value parsed (issue 11).
 		{"SPOTGUARD_STORE_URL=s3://", "store.url: \"s3://\" from SPOTGUARD_STORE_URL: missing bucket"},
