@@ -36,8 +36,12 @@ func ParseStoreURL(u string) (scheme, bucket, prefix string, err error) {
 		if bucket == "" {
 			return "", "", "", fmt.Errorf("store url %q: missing bucket (want s3://bucket/prefix)", u)
 		}
-		if strings.ContainsAny(bucket, "\\\x00 ") {
-			return "", "", "", fmt.Errorf("store url %q: invalid bucket name %q", u, bucket)
+		if strings.ContainsFunc(bucket, func(r rune) bool {
+			return !('a' <= r && r <= 'z' || 'A' <= r && r <= 'Z' || '0' <= r && r <= '9' || r == '.' || r == '-' || r == '_')
+		}) {
+			// A user in it (s3://user@bucket), a port (s3://bucket:9000), a space: the SDK would
+			// take it all for the bucket's name. An endpoint goes in AWS_ENDPOINT_URL_S3.
+			return "", "", "", fmt.Errorf("store url %q: invalid bucket name %q: a bucket name has letters, digits, dots and hyphens only (an endpoint or port goes in AWS_ENDPOINT_URL_S3)", u, bucket)
 		}
 		prefix = strings.TrimSuffix(prefix, "/")
 		if prefix != "" {
