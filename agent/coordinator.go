@@ -878,33 +878,36 @@ func (c *Coordinator) signalNew(cfg *Config, procs []trainer.Process, rank int) 
 			}
 		}
 		first := ns.signalledAt == nil
-		shared := other != "" && first && len(fresh) == 0
 		state := ns.State
-		if shared {
-			now := time.Now()
-			ns.signalledAt = &now // the checkpoint_missing timer starts now
-		}
 		c.mu.Unlock()
 		if other != "" {
 			changed = true // notice.json lists the processes
 		}
-		if shared {
-			if state == StateTrainerNotSignalled { // not a notice further on (its checkpoint written, or committed)
-				c.transition(ns, StateTrainerSignalled, "signalled for "+other+", whose save is this notice's too; not twice")
-			}
-			continue
-		}
-		if len(fresh) == 0 {
-			continue
-		}
 		log := c.log.With().Str("notice", ns.Key).Logger()
-		sent, results := c.signal(ns, fresh, cfg.Trainer.Signal, log)
-		for _, r := range results {
-			if r.Outcome == trainer.OutcomeSent {
-				sentFor[r.PID] = ns.Key
+		sent, results := 0, []trainer.Result(nil)
+		if len(fresh) > 0 {
+			sent, results = c.signal(ns, fresh, cfg.Trainer.Signal, log)
+			for _, r := range results {
+				if r.Outcome == trainer.OutcomeSent {
+					sentFor[r.PID] = ns.Key
+				}
 			}
 		}
 		if sent == 0 {
+			if other != "" && first {
+				// Its processes that can save are saving for other: so is it. (The others, not
+				// catching the signal yet, are tried again at the next scan.)
+				c.mu.Lock()
+				if ns.signalledAt == nil {
+					now := time.Now()
+					ns.signalledAt = &now // the checkpoint_missing timer starts now
+				}
+				state = ns.State
+				c.mu.Unlock()
+				if state == StateTrainerNotSignalled { // not a notice further on (its checkpoint written, or committed)
+					c.transition(ns, StateTrainerSignalled, "signalled for "+other+", whose save is this notice's too; not twice")
+				}
+			}
 			continue
 		}
 		changed = true

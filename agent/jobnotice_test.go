@@ -514,6 +514,44 @@ func TestRestartKeepsTheEarlierDeadline(t *testing.T) {
 	})
 }
 
+// A reclaim and a rebalance recommendation in force, and the only trainer process found at first
+// does not catch the signal (a launcher, such as torchrun, matched with its workers): both notices
+// are trainer_not_signalled. A worker found since is signalled once, for the reclaim, and the
+// recommendation shares that save: trainer_signalled, with the process in notice.json. Before,
+// the launcher, still not catching, kept the recommendation from sharing it: it stayed
+// trainer_not_signalled for good. (Found from outside.)
+func TestNoticeSharesASaveWhileAProcessDoesNotCatch(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		runtime := t.TempDir()
+		tr := &fakeTrainers{}
+		tr.setPIDs(4242)
+		tr.setUncaught(4242)
+		deadline := time.Now().Add(2 * time.Minute).UTC().Truncate(time.Second)
+		fimds := newFakeIMDS()
+		fimds.set("spot/instance-action", `{"action": "terminate", "time": "`+deadline.Format(time.RFC3339)+`"}`)
+		fimds.set("events/recommendations/rebalance", `{"noticeTime": "`+time.Now().UTC().Format(time.RFC3339)+`"}`)
+		a, stop := runSignalAgent(t, runtime, fimds, tr)
+		defer stop()
+		passFakeTime(3 * time.Second)
+		tr.setPIDs(4242, 5151)
+		passFakeTime(2 * time.Second)
+		if got := tr.signalledPIDs(); !slices.Equal(got, []int{5151}) {
+			t.Errorf("signalled %v; want [5151] once", got)
+		}
+		for _, key := range []string{"spot/terminate", "rebalance/rebalance"} {
+			n, ok := a.Status().noticeByKey(key)
+			if !ok || n.State != StateTrainerSignalled {
+				t.Errorf("%s: %+v; want trainer_signalled", key, n)
+			}
+		}
+		data, _ := os.ReadFile(filepath.Join(runtime, NoticeFile))
+		var nf noticeFile
+		if err := json.Unmarshal(data, &nf); err != nil || len(nf.Active) != 2 || !slices.Contains(nf.Active[1].SignalledPIDs, 5151) || nf.Active[1].SignalledAt == nil {
+			t.Errorf("notice.json %s; want the recommendation signalled with 5151", data)
+		}
+	})
+}
+
 // TestNewTrainerDuringANoticeIsSignalled: a trainer process found while a checkpoint notice is in
 // force that was not signalled for it (torchrun's workers restarted with new PIDs, a trainer
 // started after the notice came) is signalled within seconds, once; notice.json names every
