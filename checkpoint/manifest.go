@@ -225,6 +225,11 @@ func (m *Manifest) Validate() error {
 			problems = append(problems, fmt.Errorf("file %q listed twice", f.Path))
 		}
 		seen[f.Path] = true
+		if slices.ContainsFunc(strings.Split(f.Path, "/"), func(el string) bool { return strings.HasPrefix(el, scanOwnPrefix) }) {
+			// Never uploaded (I4); restored, it would pass for spotguard's own (a restore's
+			// staging, a file store's temporary file).
+			problems = append(problems, fmt.Errorf("file %q: names beginning with %s are spotguard's own files", f.Path, scanOwnPrefix))
+		}
 		if m.Version == ManifestVersion {
 			if err := checkStoreKey(f.Key); err != nil || !strings.HasPrefix(f.Key, m.Job+"/") {
 				problems = append(problems, fmt.Errorf("file %q: key %q is not a key inside job %s", f.Path, f.Key, m.Job))

@@ -473,6 +473,7 @@ func TestRestoreRefusesHostileManifest(t *testing.T) {
 		{"setuid mode", func(m *Manifest) { m.Files[0].Mode = "4755" }, "not octal permission bits"},
 		{"checkpoint mismatch", func(m *Manifest) { m.Checkpoint = "step-999999" }, `checkpoint "step-999999"`},
 		{"spotguard's own directory", func(m *Manifest) { m.Files[0].Path = MetaDir + "/manifest.json" }, "inside _spotguard"},
+		{"spotguard's own file", func(m *Manifest) { m.Files[0].Path = "sub/.spotguard-restore-1-abc" }, "are spotguard's own files"},
 		{"file and directory", func(m *Manifest) { m.Files[0].Path = "a"; m.Files[1].Path = "a/b" }, "also a directory"},
 		{"negative size", func(m *Manifest) { m.Files[0].Size = -1; m.TotalBytes = m.Files[1].Size - 1 }, "negative size"},
 		{"unknown checksum", func(m *Manifest) { m.Files[0].Checksum.Algorithm = "MD5" }, "unsupported checksum"},
