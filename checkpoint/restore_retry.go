@@ -101,7 +101,8 @@ func (r *restoreRun) outageEnd(ok bool) {
 	if r.failing > 0 || !ok {
 		return
 	}
-	r.log.Info().Float64("outage_s", logSeconds(time.Since(r.failingSince))).
+	// At the failing line's level: where one is shown, so is its end (the CLI shows warnings).
+	r.log.Warn().Float64("outage_s", logSeconds(time.Since(r.failingSince))).
 		Msg("the store answers again; restore goes on")
 }
 
