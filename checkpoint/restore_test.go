@@ -894,6 +894,14 @@ func TestRestoreVersion1(t *testing.T) {
 	if d := restoreTestDiff(restoreTestTree(t, res.Dir), restoreTestWant(files)); d != "" {
 		t.Errorf("restored tree differs from the checkpoint:%s", d)
 	}
+	// Asked for by its checkpoint and its commit, which has no id ("-" in spotguard list, and
+	// to restore --commit).
+	_, to = restoreTestDirs(t)
+	opts := restoreTestOpts(to, &log)
+	opts.Checkpoint, opts.CommitSet = "step-000100", true
+	if res, err := Restore(t.Context(), s, opts); err != nil || res.Checkpoint != "step-000100" || res.Commit != "" {
+		t.Errorf("Restore(step-000100, commit \"\") = %+v, %v; want it restored", res, err)
+	}
 }
 
 // restoreTestHold holds an exclusive flock on the directory dir, as a running restore holds one

@@ -258,3 +258,18 @@ func TestListCheckFindsSizesAndRestoreFindsBytes(t *testing.T) {
 		t.Errorf("Got(list --check) of a file of another size exit %d\n%s\nwant 1 and I2 naming it", code, stderr)
 	}
 }
+
+// --commit - asks for a version 1 checkpoint's commit, which has no id: list shows it so. It is
+// not a usage error; restore looks for that commit.
+func TestRestoreCommitDashIsTheVersion1Commit(t *testing.T) {
+	store := t.TempDir()
+	env := []string{"SPOTGUARD_STORE_URL=file://" + store, "SPOTGUARD_STORE_JOB=j"}
+	code, _, stderr := runCLI(t, t.Context(), env, "restore", "--config", emptyConfig(t), "--to", t.TempDir(), "--checkpoint", "step-1", "--commit", "-")
+	if code != exitFail || strings.Contains(stderr, "is not a commit id") || !strings.Contains(stderr, "step-1") {
+		t.Errorf("Got(restore --commit -) exit %d, %q; want 1, the checkpoint not found", code, stderr)
+	}
+	code, _, stderr = runCLI(t, t.Context(), env, "restore", "--config", emptyConfig(t), "--to", t.TempDir(), "--checkpoint", "step-1", "--commit", "--")
+	if code != exitUsage || !strings.Contains(stderr, "is not a commit id") {
+		t.Errorf("Got(restore --commit --) exit %d, %q; want a usage error", code, stderr)
+	}
+}

@@ -61,7 +61,7 @@ func runRestore(ctx context.Context, args, environ []string, stdout, stderr io.W
 	noCreate := fs.Bool("no-create", false, "do not create a missing DIR unless its parent is a mount point: a disk not mounted yet fails\nloudly instead of filling the root volume under the mount point (the restore unit uses it)")
 	mountWait := fs.Duration("mount-wait", 0, "with --no-create, wait up to `DURATION` for a missing DIR to appear or its parent to become a\nmount point (a disk mounted late at boot) before failing")
 	name := fs.String("checkpoint", "", "restore this checkpoint `NAME` (its newest commit) instead of the newest")
-	commit := fs.String("commit", "", "with --checkpoint, restore this commit `ID` of it (spotguard list shows them)")
+	commit := fs.String("commit", "", "with --checkpoint, restore this commit `ID` of it (spotguard list shows them; - for a version 1 checkpoint's)")
 	part := fs.Bool("part", false, "multi-node jobs: restore only this node's part (store.node_rank) and the files it shares with the other\nparts, not every node's files (for trainers whose ranks read only their own files, with static node ranks)")
 	jsonOut := fs.Bool("json", false, "print the result as JSON")
 	allowEmpty := fs.Bool("allow-empty", false, "exit 0 when the job has no committed checkpoint yet (a first run); other errors still fail")
@@ -83,7 +83,7 @@ func runRestore(ctx context.Context, args, environ []string, stdout, stderr io.W
 	if err := checkpoint.ValidName(*name); *name != "" && err != nil {
 		return fs.usageError("--checkpoint %v (`spotguard list` shows the job's checkpoints)", err)
 	}
-	if err := checkpoint.ValidCommitID(*commit); *commit != "" && err != nil {
+	if err := checkpoint.ValidCommitID(*commit); *commit != "" && *commit != "-" && err != nil {
 		return fs.usageError("--commit %v: want an id as `spotguard list` shows it (20261201T194432Z-0123456789ab)", err)
 	}
 	if *mountWait != 0 && !*noCreate {
@@ -141,7 +141,11 @@ func runRestore(ctx context.Context, args, environ []string, stdout, stderr io.W
 	if cfg.Log.Level == zerolog.DebugLevel {
 		level = zerolog.DebugLevel
 	}
-	opts := checkpoint.RestoreOptions{Job: cfg.Store.Job, Checkpoint: *name, Commit: *commit, CommitSet: *commit != "", To: *to,
+	commitID := *commit
+	if commitID == "-" {
+		commitID = "" // how list shows a version 1 checkpoint's commit, which has no id
+	}
+	opts := checkpoint.RestoreOptions{Job: cfg.Store.Job, Checkpoint: *name, Commit: commitID, CommitSet: *commit != "", To: *to,
 		Marker: cfg.Checkpoint.Marker, Logger: log.Level(level)}
 	opts.Part = partRank
 	// Progress: a bar on a terminal (none with --json); elsewhere (spotguard-restore.service, a
