@@ -1711,8 +1711,9 @@ func (u *Uploader) newAfterMarker(g *generation, rel string) bool {
 }
 
 // reopen takes the completeness of g back, after its file rel was written again after its marker
-// (rewrittenAfterMarker), or came after it (newAfterMarker): g is complete again only with another version of the marker (written
-// again, renamed into place, touched). Its files go on being sent as they are written.
+// (rewrittenAfterMarker), or came after it (newAfterMarker): g is complete again only with
+// another version of the marker (written again, renamed into place, touched). Its files go on
+// being sent as they are written.
 func (u *Uploader) reopen(g *generation, rel string) {
 	g.complete, g.stale = false, g.marker
 	u.journal.add(staleLine(g.name, g.stale))
