@@ -404,82 +404,67 @@ func (r *uploaderRig) waitSaidNotComplete(name, msg string) {
 // A trainer that saves into a complete checkpoint directory again (a rollback saving a step
 // again, one directory for every save) while the marker of the last save stays: half way, the
 // directory holds some files of each save. The checkpoint is not complete until the marker is
-// written again, and then its commit is the new save whole, never a mix of the two.
+// written again, and then its commit is the new save whole, never a mix of the two. The second
+// save's first write is a file written again, or a file the first save did not have (a set of
+// shards that changed, as DCP's after a change of world size: before, the new file was sent and
+// committed with the old ones, a mix of two saves as LATEST; found from outside).
 func TestUploaderWaitsForTheMarkerAfterARewrite(t *testing.T) {
-	for _, restart := range []bool{false, true} {
-		t.Run(map[bool]string{false: "running", true: "restarted"}[restart], func(t *testing.T) {
-			dir, state := t.TempDir(), t.TempDir()
-			store := newMemStore()
-			cfg := UploaderConfig{StateDir: state, StopBudget: -1}
-			r := startUploaderWith(t, dir, store, cfg)
-			save1 := map[string][]byte{"a.bin": randomBytes(t, 64<<10), "b.bin": randomBytes(t, 64<<10)}
-			writeCheckpoint(t, dir, "step-1", save1)
-			first := r.waitCommitted("step-1").Manifest
-			if restart {
-				r.stop()
-			}
+	for _, newFile := range []bool{false, true} {
+		for _, restart := range []bool{false, true} {
+			name := map[bool]string{false: "rewrite", true: "new file"}[newFile] + map[bool]string{false: ", running", true: ", restarted"}[restart]
+			t.Run(name, func(t *testing.T) {
+				dir, state := t.TempDir(), t.TempDir()
+				store := newMemStore()
+				cfg := UploaderConfig{StateDir: state, StopBudget: -1}
+				r := startUploaderWith(t, dir, store, cfg)
+				save1 := map[string][]byte{"a.bin": randomBytes(t, 64<<10), "b.bin": randomBytes(t, 64<<10)}
+				writeCheckpoint(t, dir, "step-1", save1)
+				first := r.waitCommitted("step-1").Manifest
+				if restart {
+					r.stop()
+				}
 
-			// The second save has written a.bin when the agent looks (or, restarted, comes back).
-			ck := filepath.Join(dir, "step-1")
-			save2 := map[string][]byte{"a.bin": randomBytes(t, 64<<10), "b.bin": randomBytes(t, 64<<10)}
-			rewriteLater(t, filepath.Join(ck, "a.bin"), save2["a.bin"])
-			if restart {
-				r = startUploaderWith(t, dir, store, cfg)
-			}
-			r.waitRewriteSeen("step-1")
-			rewriteLater(t, filepath.Join(ck, "b.bin"), save2["b.bin"])
-			writeMarker(t, ck)
-			ev := r.waitCommitted("step-1")
-			if ev.Manifest.Commit == first.Commit {
-				t.Fatalf("the second save was taken for the first one's commit %s", first.Commit)
-			}
-			restoreAndCompare(t, store, "step-1", save2)
-			cs := commitsOf(t, store, "step-1")
-			if len(cs) != 2 || cs[0].Commit != ev.Manifest.Commit {
-				t.Errorf("%d commits of step-1, newest %s; want 2, the second save's %s newest", len(cs), cs[0].Commit, ev.Manifest.Commit)
-			}
-		})
+				// The second save has written its first file when the agent looks (or,
+				// restarted, comes back).
+				ck := filepath.Join(dir, "step-1")
+				save2 := map[string][]byte{"a.bin": randomBytes(t, 64<<10), "b.bin": randomBytes(t, 64<<10)}
+				if newFile {
+					save2["c.bin"] = randomBytes(t, 64<<10)
+					if err := os.WriteFile(filepath.Join(ck, "c.bin"), save2["c.bin"], 0o644); err != nil {
+						t.Fatal(err)
+					}
+				} else {
+					rewriteLater(t, filepath.Join(ck, "a.bin"), save2["a.bin"])
+				}
+				if restart {
+					r = startUploaderWith(t, dir, store, cfg)
+				}
+				r.waitRewriteSeen("step-1")
+				if newFile {
+					rewriteLater(t, filepath.Join(ck, "a.bin"), save2["a.bin"])
+				}
+				rewriteLater(t, filepath.Join(ck, "b.bin"), save2["b.bin"])
+				writeMarker(t, ck)
+				ev := r.waitCommitted("step-1")
+				if ev.Manifest.Commit == first.Commit {
+					t.Fatalf("the second save was taken for the first one's commit %s", first.Commit)
+				}
+				restoreAndCompare(t, store, "step-1", save2)
+				cs := commitsOf(t, store, "step-1")
+				if len(cs) != 2 || cs[0].Commit != ev.Manifest.Commit {
+					t.Errorf("%d commits of step-1, newest %s; want 2, the second save's %s newest", len(cs), cs[0].Commit, ev.Manifest.Commit)
+				}
+			})
+		}
 	}
 }
 
-// The same, with the second save's first write a file the first save did not have (a set of
-// shards that changed, as DCP's after a change of world size), and a trainer that writes its
-// marker first: a file that comes after the marker is not part of the save it vouches for. The
-// checkpoint is not complete until the marker is written again; before, the new file was sent
-// and committed with the old ones, a mix of two saves as LATEST. (Found from outside.)
-func TestUploaderWaitsForTheMarkerAfterANewFile(t *testing.T) {
-	for _, restart := range []bool{false, true} {
-		t.Run(map[bool]string{false: "running", true: "restarted"}[restart], func(t *testing.T) {
-			dir, state := t.TempDir(), t.TempDir()
-			store := newMemStore()
-			cfg := UploaderConfig{StateDir: state, StopBudget: -1}
-			r := startUploaderWith(t, dir, store, cfg)
-			save1 := map[string][]byte{"a.bin": randomBytes(t, 64<<10), "b.bin": randomBytes(t, 64<<10)}
-			writeCheckpoint(t, dir, "step-1", save1)
-			first := r.waitCommitted("step-1").Manifest
-			if restart {
-				r.stop()
-			}
-
-			ck := filepath.Join(dir, "step-1")
-			save2 := map[string][]byte{"a.bin": randomBytes(t, 64<<10), "b.bin": randomBytes(t, 64<<10), "c.bin": randomBytes(t, 64<<10)}
-			if err := os.WriteFile(filepath.Join(ck, "c.bin"), save2["c.bin"], 0o644); err != nil {
-				t.Fatal(err)
-			}
-			if restart {
-				r = startUploaderWith(t, dir, store, cfg)
-			}
-			r.waitRewriteSeen("step-1")
-			rewriteLater(t, filepath.Join(ck, "a.bin"), save2["a.bin"])
-			rewriteLater(t, filepath.Join(ck, "b.bin"), save2["b.bin"])
-			writeMarker(t, ck)
-			ev := r.waitCommitted("step-1")
-			if ev.Manifest.Commit == first.Commit {
-				t.Fatalf("the second save was taken for the first one's commit %s", first.Commit)
-			}
-			restoreAndCompare(t, store, "step-1", save2)
-		})
-	}
+// A trainer that writes its marker first, into an empty directory: a checkpoint with nothing but
+// its marker, complete as the contract has it (committed, with a warning). A file that comes
+// after the marker is not part of the save it vouches for: the checkpoint is not complete again
+// until the marker is written again. Before, each file was committed with the marker as it
+// came. (Found from outside.)
+func TestUploaderWaitsForTheMarkerWrittenFirst(t *testing.T) {
 	for _, restart := range []bool{false, true} {
 		t.Run(map[bool]string{false: "marker first", true: "marker first, restarted"}[restart], func(t *testing.T) {
 			dir := t.TempDir()
