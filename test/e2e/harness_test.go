@@ -362,6 +362,22 @@ func (ap *agentProc) stop(t testing.TB) {
 	}
 }
 
+// sigtermWithin sends SIGTERM and waits for the agent to exit: the test fails at once if it is
+// still running after within, and fails unless it exits 0 (when says what the SIGTERM came
+// during).
+func (ap *agentProc) sigtermWithin(t testing.TB, within time.Duration, when string) {
+	t.Helper()
+	ap.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-ap.done:
+	case <-time.After(within):
+		t.Fatalf("agent still running %v after SIGTERM", within)
+	}
+	if ap.exitErr != nil {
+		t.Errorf("exit after SIGTERM %s: %v; want 0", when, ap.exitErr)
+	}
+}
+
 // agentStatus is the part of /status the tests read.
 type agentStatus struct {
 	Config struct {

@@ -125,15 +125,7 @@ func TestSIGTERMMidUploadStillCommits(t *testing.T) {
 	if ls, _ := s3.tryAWS(t, "s3", "ls", "--recursive", "s3://"+s3Bucket+"/sigterm/"); strings.Contains(ls, "manifest.json") {
 		t.Fatalf("already committed before SIGTERM; the link is not slow enough:\n%s", ls)
 	}
-	ap.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-ap.done:
-	case <-time.After(120 * time.Second):
-		t.Fatal("agent still running 120 s after SIGTERM")
-	}
-	if ap.exitErr != nil {
-		t.Errorf("exit after SIGTERM mid-upload: %v; want 0", ap.exitErr)
-	}
+	ap.sigtermWithin(t, 120*time.Second, "mid-upload")
 	ls := s3.aws(t, "s3", "ls", "--recursive", "s3://"+s3Bucket+"/sigterm/")
 	if !strings.Contains(ls, "manifest.json") {
 		t.Fatalf("no manifest after the agent exited: the upload was abandoned\n%s", ls)
@@ -216,15 +208,7 @@ func TestSIGTERMBeforeMarkerStillCommits(t *testing.T) {
 	if marks, _ := filepath.Glob(filepath.Join(ckdir, "step-*", "_COMPLETE")); len(marks) > 0 {
 		t.Fatalf("the marker is there already; the trainer is not slow enough: %v", marks)
 	}
-	ap.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-ap.done:
-	case <-time.After(60 * time.Second):
-		t.Fatal("agent still running 60 s after SIGTERM")
-	}
-	if ap.exitErr != nil {
-		t.Errorf("exit after SIGTERM before the marker: %v; want 0", ap.exitErr)
-	}
+	ap.sigtermWithin(t, 60*time.Second, "before the marker")
 	ckpt := newestLocal(t, ckdir)
 	code, stdout, stderr := runSpotguard(t, []string{"SPOTGUARD_STORE_URL=file://" + storeDir, "SPOTGUARD_STORE_JOB=e2e"},
 		"list", "--check", "--config", writeEmptyConfig(t))
@@ -250,15 +234,7 @@ func TestSIGTERMDuringAHeldNoticeStillCommits(t *testing.T) {
 	if got := tp.signals(t); len(got) != 0 {
 		t.Fatalf("the trainer was signalled during the hold: %+v", got)
 	}
-	ap.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-ap.done:
-	case <-time.After(60 * time.Second):
-		t.Fatal("agent still running 60 s after SIGTERM")
-	}
-	if ap.exitErr != nil {
-		t.Errorf("exit after SIGTERM during the hold: %v; want 0", ap.exitErr)
-	}
+	ap.sigtermWithin(t, 60*time.Second, "during the hold")
 	if got := tp.signals(t); len(got) != 1 {
 		t.Fatalf("the trainer got %d signals; want 1, at the stop", len(got))
 	}
