@@ -171,7 +171,7 @@ func newScanWalker(dir, marker, pattern string, log zerolog.Logger) (*scanWalker
 		pattern: pattern,
 		owner:   scanOwnerOfPath(dir, self),
 		skip: func(rel, kind string, err error) {
-			scanLogSkip(log, filepath.Join(root.Name(), filepath.FromSlash(rel)), kind, err)
+			scanLogSkip(log, filepath.Join(root.Name(), filepath.FromSlash(rel)), kind, err, isMarkerPath(rel, marker))
 		},
 	}
 	return s, func() { _ = root.Close() }, nil
@@ -386,13 +386,29 @@ func typeWords(mode fs.FileMode) string {
 }
 
 // scanLogSkip writes the one log line for a skipped path: kind names its type, or err says
-// why its name or it cannot be used.
-func scanLogSkip(log zerolog.Logger, abs, kind string, err error) {
+// why its name or it cannot be used. A checkpoint's marker (marker) that is not a regular file
+// (a symbolic link, a FIFO) says so: the checkpoint never completes while it is one.
+func scanLogSkip(log zerolog.Logger, abs, kind string, err error, marker bool) {
+	if err == nil && marker {
+		log.Warn().Str("path", abs).Str("type", kind).Str("fix", "write the marker as a regular file, last").
+			Msg(msgMarkerNotRegular)
+		return
+	}
 	if err != nil {
 		log.Warn().Str("path", abs).Err(err).Msg("skipping a file that cannot be used")
 		return
 	}
 	log.Warn().Str("path", abs).Str("type", kind).Msg("skipping a file that is not a regular file or directory")
+}
+
+// msgMarkerNotRegular is scanLogSkip's line for a marker that is not a regular file.
+const msgMarkerNotRegular = "the checkpoint's marker is not a regular file: the checkpoint is not complete until it is one"
+
+// isMarkerPath reports whether rel (relative to the checkpoint directory, slash-separated) is the
+// marker of a checkpoint directory: marker at its top.
+func isMarkerPath(rel, marker string) bool {
+	ckpt, name, ok := strings.Cut(rel, "/")
+	return ok && ckpt != "" && name == marker
 }
 
 // scanFile is a LocalFile with the FileInfo it came from.

@@ -161,7 +161,7 @@ func TestScan(t *testing.T) {
 	}
 
 	special := logs.countPaths(t, "warn", scanMsgSpecial)
-	for _, rel := range []string{"step-2/link.bin", "step-2/linkdir", "step-3/_COMPLETE", "latest", "evil.pt"} {
+	for _, rel := range []string{"step-2/link.bin", "step-2/linkdir", "latest", "evil.pt"} {
 		if n := special[filepath.Join(dir, rel)]; n != 1 {
 			t.Errorf("warn lines %q for %s = %d; want 1\n%s", scanMsgSpecial, rel, n, logs)
 		}
@@ -170,6 +170,11 @@ func TestScan(t *testing.T) {
 		if m["type"] != "symlink" {
 			t.Errorf("skip line type = %v; want symlink", m["type"])
 		}
+	}
+	// A marker that is a symbolic link is skipped too, and its line says it is the marker.
+	markers := logs.countPaths(t, "warn", msgMarkerNotRegular)
+	if n := markers[filepath.Join(dir, "step-3", "_COMPLETE")]; n != 1 || len(markers) != 1 {
+		t.Errorf("warn lines %q = %v; want 1, for step-3/_COMPLETE\n%s", msgMarkerNotRegular, markers, logs)
 	}
 	bad := logs.countPaths(t, "warn", scanMsgBadName)
 	wantBad := []string{filepath.Join(dir, "step-2", MetaDir)}
@@ -181,8 +186,8 @@ func TestScan(t *testing.T) {
 			t.Errorf("warn lines %q for %s = %d; want 1\n%s", scanMsgBadName, p, bad[p], logs)
 		}
 	}
-	if len(special)+len(bad) != 5+len(wantBad) {
-		t.Errorf("got %d skip lines; want %d\n%s", len(special)+len(bad), 5+len(wantBad), logs)
+	if len(special)+len(markers)+len(bad) != 5+len(wantBad) {
+		t.Errorf("got %d skip lines; want %d\n%s", len(special)+len(markers)+len(bad), 5+len(wantBad), logs)
 	}
 }
 

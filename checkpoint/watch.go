@@ -782,7 +782,7 @@ func (r *watchRun) skip(rel, kind string, err error) {
 		return
 	}
 	n.warned = reason
-	scanLogSkip(r.log, r.abs(rel), kind, err)
+	scanLogSkip(r.log, r.abs(rel), kind, err, isMarkerPath(rel, r.marker))
 	if err != nil && !strings.Contains(rel, "/") && r.walker.isSingle(rel) && (errors.Is(err, errScanUnreadable) || errors.Is(err, errScanHardLink)) {
 		r.singleWithheld(rel, err)
 	}
