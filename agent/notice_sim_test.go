@@ -90,9 +90,9 @@ var noticeSimQuickSeeds = []uint64{17, 18, 19, 20, 21, 22, 23, 24,
 //   - a process is not signalled twice for one save: a second signal within 2 minutes comes only
 //     when a more severe notice began, a notice in force at the first ended or reached its
 //     deadline, a checkpoint completed after the first was deleted, or committed and the notice
-//     came after the first signal, or an agent restart came between that did not find the
-//     process signalled for that notice by its previous run (or the notice in force for 10
-//     minutes);
+//     came after the first signal, or an agent restart came between whose previous run had not
+//     signalled the process for that notice (or had asked for the notice's save 10 minutes
+//     before);
 //   - a notice is committed exactly when a checkpoint completed after its signal (a job
 //     notice's: after its first post) is committed (the job's checkpoint, in a multi-node job),
 //     and never says checkpoint_missing while such a checkpoint is on disk (under a name not
@@ -838,7 +838,8 @@ func (s *noticeSim) pass(d time.Duration) {
 // committed unless this notice came after the first signal (as the agent's cover rule says: one
 // read before it shares that save, durable or not), unless an agent restart came between and the
 // previous run had not signalled this process for that notice (a restarted agent signals alone a
-// process found since), or the notice was in force for 10 minutes (it is asked for anew).
+// process found since), or had asked for the notice's save 10 minutes before (it is asked for
+// anew).
 func (s *noticeSim) checkSecondSignal(sg nsSignal) {
 	prev := s.signals[sg.pid]
 	if len(prev) == 0 {
