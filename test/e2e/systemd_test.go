@@ -209,11 +209,18 @@ func TestSIGTERMBeforeMarkerStillCommits(t *testing.T) {
 		t.Fatalf("the marker is there already; the trainer is not slow enough: %v", marks)
 	}
 	ap.sigtermWithin(t, 60*time.Second, "before the marker")
+	wantNewestCommitted(t, ckdir, storeDir, "")
+}
+
+// wantNewestCommitted fails the test unless the newest complete checkpoint in ckdir is committed
+// in the file store storeDir (job e2e), by spotguard list --check; what says which it is.
+func wantNewestCommitted(t *testing.T, ckdir, storeDir, what string) {
+	t.Helper()
 	ckpt := newestLocal(t, ckdir)
 	code, stdout, stderr := runSpotguard(t, []string{"SPOTGUARD_STORE_URL=file://" + storeDir, "SPOTGUARD_STORE_JOB=e2e"},
 		"list", "--check", "--config", writeEmptyConfig(t))
 	if code != 0 || !strings.Contains(stdout, ckpt) {
-		t.Fatalf("after the agent exited, list: exit %d\n%s%s; want %s committed", code, stdout, stderr, ckpt)
+		t.Fatalf("after the agent exited, list: exit %d\n%s%s; want %s%s committed", code, stdout, stderr, ckpt, what)
 	}
 }
 
@@ -242,12 +249,7 @@ func TestSIGTERMDuringAHeldNoticeStillCommits(t *testing.T) {
 		marks, _ := filepath.Glob(filepath.Join(ckdir, "step-*", "_COMPLETE"))
 		return len(marks) > 0
 	})
-	ckpt := newestLocal(t, ckdir)
-	code, stdout, stderr := runSpotguard(t, []string{"SPOTGUARD_STORE_URL=file://" + storeDir, "SPOTGUARD_STORE_JOB=e2e"},
-		"list", "--check", "--config", writeEmptyConfig(t))
-	if code != 0 || !strings.Contains(stdout, ckpt) {
-		t.Fatalf("after the agent exited, list: exit %d\n%s%s; want %s, saved at the stop, committed", code, stdout, stderr, ckpt)
-	}
+	wantNewestCommitted(t, ckdir, storeDir, ", saved at the stop,")
 }
 
 // SIGTERM after the trainer was signalled and then died without a checkpoint (killed, OOM): no
