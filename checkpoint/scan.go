@@ -625,6 +625,9 @@ func (s *scanWalker) walkDir(parent *os.Root, base string, want fs.FileInfo, ckp
 		case err != nil:
 			errs = append(errs, fmt.Errorf("lstat %s/%s: %w", ckpt, p, err))
 		case fi.IsDir():
+			if p == s.marker {
+				s.skip(ckpt+"/"+p, "directory", nil) // never completes it; its files are the checkpoint's
+			}
 			errs = append(errs, s.walkDir(d, name, fi, ckpt, p, files))
 		case fi.Mode().IsRegular():
 			if s.usable(ckpt+"/"+p, fi) {

@@ -1513,6 +1513,9 @@ func (r *watchRun) changed(rel string) {
 		r.skip(rel, "", err)
 		r.notUsable(name, sub, c)
 	case fi.IsDir():
+		if sub == r.marker {
+			r.skip(rel, "directory", nil) // never completes it; its files are the checkpoint's
+		}
 		if !r.watched(rel) {
 			r.refreshDir(name, c, rel, fi)
 		}

@@ -391,29 +391,44 @@ func TestWatchSymlinksAreNeverFollowed(t *testing.T) {
 // A checkpoint whose marker is a symbolic link never completes (the link is never followed), and
 // the log line says that it is the marker: the generic line for a skipped file left the trainer's
 // author guessing why nothing was committed. (Found from outside.)
-func TestWatchMarkerThatIsASymlinkSaysSo(t *testing.T) {
-	dir := t.TempDir()
+func TestWatchMarkerThatIsNotARegularFileSaysSo(t *testing.T) {
 	target := filepath.Join(t.TempDir(), "marker")
 	scanWrite(t, target, "")
-	scanWrite(t, filepath.Join(dir, "step-1", "real.bin"), "real")
-	if err := os.Symlink(target, filepath.Join(dir, "step-1", "_COMPLETE")); err != nil {
-		t.Fatal(err)
-	}
-	h, evs := watchStart(t, dir, WatchConfig{})
-	scanWrite(t, filepath.Join(dir, "step-2", "real.bin"), "real")
-	if err := os.Symlink(target, filepath.Join(dir, "step-2", "_COMPLETE")); err != nil {
-		t.Fatal(err)
-	}
-	for _, ev := range append(evs, h.barrier()...) {
-		if ev.Kind == Complete {
-			t.Errorf("Complete of %s, whose marker is a symbolic link", ev.Checkpoint)
-		}
-	}
-	got := h.logs.countPaths(t, "warn", msgMarkerNotRegular)
-	for _, ck := range []string{"step-1", "step-2"} {
-		if n := got[filepath.Join(dir, ck, "_COMPLETE")]; n != 1 {
-			t.Errorf("warn lines saying %s's marker is not a regular file = %d; want 1\n%s", ck, n, h.logs)
-		}
+	for _, tc := range []struct {
+		kind string
+		make func(t *testing.T, p string)
+	}{
+		{"symlink", func(t *testing.T, p string) {
+			if err := os.Symlink(target, p); err != nil {
+				t.Fatal(err)
+			}
+		}},
+		{"directory", func(t *testing.T, p string) { scanWrite(t, filepath.Join(p, "inside.bin"), "x") }},
+	} {
+		t.Run(tc.kind, func(t *testing.T) {
+			dir := t.TempDir()
+			scanWrite(t, filepath.Join(dir, "step-1", "real.bin"), "real")
+			tc.make(t, filepath.Join(dir, "step-1", "_COMPLETE"))
+			h, evs := watchStart(t, dir, WatchConfig{})
+			scanWrite(t, filepath.Join(dir, "step-2", "real.bin"), "real")
+			tc.make(t, filepath.Join(dir, "step-2", "_COMPLETE"))
+			for _, ev := range append(evs, h.barrier()...) {
+				if ev.Kind == Complete {
+					t.Errorf("Complete of %s, whose marker is a %s", ev.Checkpoint, tc.kind)
+				}
+			}
+			got := h.logs.countPaths(t, "warn", msgMarkerNotRegular)
+			for _, ck := range []string{"step-1", "step-2"} {
+				if n := got[filepath.Join(dir, ck, "_COMPLETE")]; n != 1 {
+					t.Errorf("warn lines saying %s's marker is not a regular file = %d; want 1\n%s", ck, n, h.logs)
+				}
+			}
+			for _, m := range h.logs.lines(t, "warn", msgMarkerNotRegular) {
+				if m["type"] != tc.kind {
+					t.Errorf("line %v: type = %v; want %s", m, m["type"], tc.kind)
+				}
+			}
+		})
 	}
 }
 
