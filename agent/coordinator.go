@@ -603,7 +603,7 @@ func (c *Coordinator) act(cfg *Config, ns *NoticeStatus, first bool, from time.T
 		c.adoptCompleted(*sharedAt) // that save may be complete already
 		return
 	}
-	sent, results := c.signal(ns, fresh, cfg.Trainer.Signal, log)
+	sent, results := c.signal(ns, fresh, cfg.Trainer.Signal, log, nil)
 	if sent == 0 {
 		detail := "no trainer process found"
 		if len(results) > 0 {
@@ -771,8 +771,9 @@ func (c *Coordinator) savingFor(pid int, ns *NoticeStatus) (string, time.Time) {
 }
 
 // signal sends sig to procs for ns, records each outcome in ns (Signals, signalledPIDs, tried)
-// and the metrics, logs it, and returns how many were sent.
-func (c *Coordinator) signal(ns *NoticeStatus, procs []trainer.Process, sig syscall.Signal, log zerolog.Logger) (int, []trainer.Result) {
+// and the metrics, logs it, and returns how many were sent. A process in forks (see forksOf) that
+// is sent the signal is logged at Debug.
+func (c *Coordinator) signal(ns *NoticeStatus, procs []trainer.Process, sig syscall.Signal, log zerolog.Logger, forks map[int]bool) (int, []trainer.Result) {
 	results := c.trainers.Signal(procs, sig)
 	ticks := make(map[int]uint64, len(procs))
 	for _, p := range procs {
@@ -818,9 +819,12 @@ func (c *Coordinator) signal(ns *NoticeStatus, procs []trainer.Process, sig sysc
 		switch r.Outcome {
 		case trainer.OutcomeSent:
 			sent++
-			if again {
+			switch {
+			case again:
 				l.Warn().Msg("trainer signalled once it caught the signal (it did not when the notice came)")
-			} else {
+			case forks[r.PID]:
+				l.Debug().Msg("trainer signalled, a fork of a trainer process signalled before")
+			default:
 				l.Info().Msg("trainer signalled")
 			}
 		case trainer.OutcomeNotCaught:
@@ -885,8 +889,9 @@ func (c *Coordinator) signalNew(cfg *Config, procs []trainer.Process, rank int) 
 		}
 		log := c.log.With().Str("notice", ns.Key).Logger()
 		sent, results := 0, []trainer.Result(nil)
+		forks := forksOf(fresh, procs)
 		if len(fresh) > 0 {
-			sent, results = c.signal(ns, fresh, cfg.Trainer.Signal, log)
+			sent, results = c.signal(ns, fresh, cfg.Trainer.Signal, log, forks)
 			for _, r := range results {
 				if r.Outcome == trainer.OutcomeSent {
 					sentFor[r.PID] = ns.Key
@@ -922,12 +927,35 @@ func (c *Coordinator) signalNew(cfg *Config, procs []trainer.Process, rank int) 
 		if state == StateTrainerSignalled || state == StateTrainerNotSignalled {
 			c.transition(ns, StateTrainerSignalled, detail)
 		}
-		log.Warn().Int("signalled", sent).Bool("first", first).
+		lev := log.Warn()
+		if len(forks) == len(fresh) {
+			lev = log.Debug() // a DataLoader's new workers, their parents signalled before
+		}
+		lev.Int("signalled", sent).Bool("first", first).
 			Msg("trainer processes found during the notice that were not signalled for it (restarted, or started since); signalled now")
 	}
 	if changed {
 		c.noticesChanged(cfg) // notice.json names them; a stop waits for their checkpoint
 	}
+}
+
+// forksOf returns the PIDs of those of fresh that are a fork of a process in procs that is not in
+// fresh, with its command line: a DataLoader's worker whose rank was signalled before.
+func forksOf(fresh, procs []trainer.Process) map[int]bool {
+	byPID := make(map[int]trainer.Process, len(procs))
+	for _, p := range procs {
+		byPID[p.PID] = p
+	}
+	for _, p := range fresh {
+		delete(byPID, p.PID)
+	}
+	forks := map[int]bool{}
+	for _, p := range fresh {
+		if parent, ok := byPID[p.PPID]; ok && parent.Cmdline == p.Cmdline {
+			forks[p.PID] = true
+		}
+	}
+	return forks
 }
 
 // wasTried reports whether p was tried for ns: its PID was, by p (the same start ticks; one
@@ -1312,6 +1340,10 @@ func (c *Coordinator) scan(cfg *Config) []trainer.Process {
 	}
 	c.mu.Unlock()
 
+	cmdlines := make(map[int]string, len(procs))
+	for _, p := range procs {
+		cmdlines[p.PID] = p.Cmdline
+	}
 	found := make([]TrainerStatus, 0, len(procs))
 	uncaught := 0
 	for _, p := range procs {
@@ -1328,9 +1360,14 @@ func (c *Coordinator) scan(cfg *Config) []trainer.Process {
 			continue
 		}
 		l := c.log.With().Int("pid", p.PID).Str("via", p.Via).Str("cmdline", p.Cmdline).Str("signal", ts.Signal).Logger()
-		if caught {
+		switch parent, ok := cmdlines[p.PPID]; {
+		case caught && ok && parent == p.Cmdline:
+			// A fork of a trainer process: a DataLoader's workers are new every epoch, and a
+			// line at Info for each would be noise.
+			l.Debug().Int("parent", p.PPID).Msg(msgTrainerFork)
+		case caught:
 			l.Info().Msg("trainer found; it catches the signal")
-		} else {
+		default:
 			l.Error().Msg("trainer found but it does NOT catch the signal: on a notice it will not be signalled (the default action would kill it); install a handler in the trainer")
 		}
 	}
@@ -1356,6 +1393,10 @@ func (c *Coordinator) scan(cfg *Config) []trainer.Process {
 	}
 	return procs
 }
+
+// msgTrainerFork is scan's line, at Debug, for a process found that is a fork of a trainer
+// process with its command line and catches the signal.
+const msgTrainerFork = "trainer found, a fork of a trainer process (such as a DataLoader's worker); it catches the signal"
 
 // coordinatorStatus is the coordinator's part of /status.
 type coordinatorStatus struct {

@@ -38,6 +38,17 @@ type fakeTrainers struct {
 	uncaught map[int]bool
 	// started holds when processes started (Process.Started); zero for the others.
 	started map[int]time.Time
+	parents map[int]int // PPID by PID (none: 1)
+}
+
+// setParent says that pid is a fork of parent.
+func (f *fakeTrainers) setParent(pid, parent int) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.parents == nil {
+		f.parents = map[int]int{}
+	}
+	f.parents[pid] = parent
 }
 
 // setStarted says when a process started.
@@ -79,7 +90,11 @@ func (f *fakeTrainers) Find(*Config) ([]trainer.Process, []trainer.Problem) {
 		if at := f.started[pid]; !at.IsZero() {
 			ticks = uint64(at.UnixNano() / 1e7) // as if booted at the epoch
 		}
-		out = append(out, trainer.Process{PID: pid, Cmdline: "python train.py", Via: trainer.ViaMatch, StartTicks: ticks, Started: f.started[pid]})
+		ppid := f.parents[pid]
+		if ppid == 0 {
+			ppid = 1
+		}
+		out = append(out, trainer.Process{PID: pid, Cmdline: "python train.py", Via: trainer.ViaMatch, StartTicks: ticks, Started: f.started[pid], PPID: ppid})
 	}
 	return out, nil
 }
@@ -603,6 +618,61 @@ func TestNewTrainerDuringANoticeIsSignalled(t *testing.T) {
 	}
 }
 
+// A DataLoader's workers, forks of a rank with its command line, are new every epoch: found and
+// signalled during a notice, they are logged at Debug, and a process that is not a fork (a rank
+// restarted) still at Info, with the warning that it was found during the notice. Before, each
+// worker was a line at Info when found and a warning when signalled.
+func TestForksOfATrainerAreLoggedQuietly(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		tr := &fakeTrainers{}
+		tr.setPIDs(4242)
+		fimds := newFakeIMDS()
+		fimds.set("events/recommendations/rebalance", `{"noticeTime": "`+time.Now().UTC().Format(time.RFC3339)+`"}`)
+		logs := &syncBuffer{}
+		_, stop := runSignalAgentLog(t, t.TempDir(), fimds, tr, zerolog.New(logs).Level(zerolog.DebugLevel))
+		defer stop()
+		passFakeTime(3 * time.Second)
+		tr.setParent(5000, 4242)
+		tr.setPIDs(4242, 5000) // a worker
+		passFakeTime(3 * time.Second)
+		tr.setPIDs(4242, 6000) // a process that is not a fork of one found
+		passFakeTime(3 * time.Second)
+		if got, want := tr.signalledPIDs(), []int{4242, 5000, 6000}; !slices.Equal(got, want) {
+			t.Fatalf("signalled %v; want %v (a fork is signalled as any process)", got, want)
+		}
+		pids := func(level, msg string) []int {
+			var out []int
+			for line := range strings.Lines(logs.String()) {
+				var m map[string]any
+				if err := json.Unmarshal([]byte(line), &m); err != nil {
+					t.Fatalf("log line %q: %v", line, err)
+				}
+				if m["level"] == level && m["message"] == msg {
+					pid, _ := m["pid"].(float64)
+					out = append(out, int(pid))
+				}
+			}
+			return out
+		}
+		const summary = "trainer processes found during the notice that were not signalled for it (restarted, or started since); signalled now"
+		for _, c := range []struct {
+			level, msg string
+			want       []int
+		}{
+			{"info", "trainer found; it catches the signal", []int{4242, 6000}},
+			{"debug", msgTrainerFork, []int{5000}},
+			{"info", "trainer signalled", []int{4242, 6000}},
+			{"debug", "trainer signalled, a fork of a trainer process signalled before", []int{5000}},
+			{"warn", summary, []int{0}},
+			{"debug", summary, []int{0}},
+		} {
+			if got := pids(c.level, c.msg); !slices.Equal(got, c.want) {
+				t.Errorf("%s lines %q for PIDs %v; want %v (0: no pid)", c.level, c.msg, got, c.want)
+			}
+		}
+	})
+}
+
 // A rebalance recommendation stays in force for the instance's life, and a DataLoader starts new
 // workers every epoch (forks of the rank, found by trainer.match and signalled too): what a notice
 // keeps of the processes it signalled (/status signals, notice.json's signalled_pids) stays
@@ -780,9 +850,15 @@ func runSpotNoticeAgent(t *testing.T, runtime string, tr *fakeTrainers) (*Agent,
 
 func runSignalAgent(t *testing.T, runtime string, fimds *fakeIMDS, tr *fakeTrainers) (*Agent, func()) {
 	t.Helper()
+	return runSignalAgentLog(t, runtime, fimds, tr, zerolog.Nop())
+}
+
+// runSignalAgentLog is runSignalAgent with the agent's logger.
+func runSignalAgentLog(t *testing.T, runtime string, fimds *fakeIMDS, tr *fakeTrainers, log zerolog.Logger) (*Agent, func()) {
+	t.Helper()
 	cfg := mustLoad(t, LoadOptions{Environ: []string{"SPOTGUARD_HTTP_LISTEN=", "SPOTGUARD_TRAINER_MATCH=train",
 		"SPOTGUARD_AGENT_RUNTIME_DIR=" + runtime, "SPOTGUARD_METRICS_CLOUDWATCH=false"}})
-	a, err := New(cfg, Deps{Logger: zerolog.Nop(), IMDS: fimds})
+	a, err := New(cfg, Deps{Logger: log, IMDS: fimds})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -172,6 +172,9 @@ type Process struct {
 	// zero if unknown. A process that started after something happened to a PID is not the one
 	// that had the PID then.
 	Started time.Time
+	// PPID is its parent's PID (0 if unknown): a process whose parent is a trainer process with
+	// its command line is a fork of it, such as a DataLoader's worker.
+	PPID int
 }
 
 // Problem is an expected trouble met by Find, to report rather than to fail on.
@@ -342,8 +345,8 @@ func (s *finder) consider(t *tally, pid int, via string) {
 		boot := readBootTime(s.procRoot)
 		s.boot = &boot
 	}
-	ticks := readStartTicks(s.procRoot, pid)
-	s.found[pid] = Process{PID: pid, Cmdline: cmdline, Via: via, StartTicks: ticks, Started: startedAt(*s.boot, ticks)}
+	ppid, ticks := readStat(s.procRoot, pid)
+	s.found[pid] = Process{PID: pid, Cmdline: cmdline, Via: via, StartTicks: ticks, Started: startedAt(*s.boot, ticks), PPID: ppid}
 	t.added++
 }
 

@@ -135,29 +135,34 @@ func readBootTime(procRoot string) time.Time {
 	return time.Time{}
 }
 
-// readStartTicks returns when pid started, in clock ticks after boot (starttime, the 22nd field
-// of procRoot/PID/stat); 0 if the file cannot be read. With its PID it names one process: a PID
-// used again is used by a process with other start ticks.
-func readStartTicks(procRoot string, pid int) uint64 {
+// readStat returns pid's parent's PID (ppid, the 4th field of procRoot/PID/stat) and when pid
+// started, in clock ticks after boot (starttime, the 22nd field); 0 for what cannot be read. With
+// its PID the start names one process: a PID used again is used by a process with other start
+// ticks.
+func readStat(procRoot string, pid int) (ppid int, ticks uint64) {
 	data, err := os.ReadFile(filepath.Join(procRoot, strconv.Itoa(pid), "stat"))
 	if err != nil {
-		return 0
+		return 0, 0
 	}
 	// pid (comm) state ppid ...: comm may hold spaces and parentheses, so after the last ')';
-	// there the state is field 3, and starttime field 22.
+	// there the state is field 3, the ppid field 4 and starttime field 22.
 	i := bytes.LastIndexByte(data, ')')
 	if i < 0 {
-		return 0
+		return 0, 0
 	}
 	f := strings.Fields(string(data[i+1:]))
 	if len(f) < 20 {
-		return 0
+		return 0, 0
 	}
-	ticks, err := strconv.ParseUint(f[19], 10, 64)
+	ppid, err = strconv.Atoi(f[1])
 	if err != nil {
-		return 0
+		ppid = 0
 	}
-	return ticks
+	ticks, err = strconv.ParseUint(f[19], 10, 64)
+	if err != nil {
+		ticks = 0
+	}
+	return ppid, ticks
 }
 
 // startedAt turns start ticks into a time: boot plus ticks, no later than the process started

@@ -347,7 +347,7 @@ func TestFindByMatch(t *testing.T) {
 
 // Find says when each process started, from the kernel (its starttime after boot), no later than
 // it did and within a second of it: a restarted agent tells by it a process it signalled from a
-// new one that has its PID since.
+// new one that has its PID since. It says its parent too.
 func TestFindSaysWhenAProcessStarted(t *testing.T) {
 	t.Parallel()
 	token := fmt.Sprintf("sgstarted-%d-%d", os.Getpid(), time.Now().UnixNano())
@@ -367,8 +367,11 @@ func TestFindSaysWhenAProcessStarted(t *testing.T) {
 	if got := procs[0].Started; got.Before(before.Add(-time.Second-10*time.Millisecond)) || got.After(after) {
 		t.Errorf("Started = %v; want between %v (less a second) and %v", got, before, after)
 	}
-	if got := readStartTicks(t.TempDir(), c.pid()); got != 0 {
-		t.Errorf("readStartTicks(no such proc) = %v; want 0", got)
+	if got := procs[0].PPID; got != os.Getpid() {
+		t.Errorf("PPID = %d; want %d, the test that started it", got, os.Getpid())
+	}
+	if ppid, ticks := readStat(t.TempDir(), c.pid()); ppid != 0 || ticks != 0 {
+		t.Errorf("readStat(no such proc) = %d, %d; want 0, 0", ppid, ticks)
 	}
 }
 
