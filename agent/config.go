@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"io"
@@ -132,6 +133,8 @@ type Config struct {
 	values map[string]setting
 	// problems are the parse problems met while loading; Validate reports them with the rest.
 	problems []error
+	// fileProblems are those of problems that concern the file as a whole (fileProblem).
+	fileProblems []error
 	// fileUnread is set when the config file is not a YAML mapping of sections, so that none of
 	// its keys was read.
 	fileUnread bool
@@ -230,14 +233,17 @@ var fields = []field{
 		return nil
 	}},
 	{"checkpoint.marker", "_COMPLETE", "file whose appearance marks a checkpoint directory complete (.metadata for torch DCP)", func(c *Config, v string) error {
+		if v != "" { // empty: Validate says it
+			if err := checkpoint.CheckMarker(v); err != nil {
+				return err
+			}
+		}
 		c.Checkpoint.Marker = v
 		return nil
 	}},
 	{"checkpoint.pattern", "", "glob for single-file checkpoints renamed into checkpoint.dir (e.g. *.pt); one written in place is warned of (checkpoints.md)", func(c *Config, v string) error {
-		if v != "" {
-			if _, err := filepath.Match(v, ""); err != nil {
-				return fmt.Errorf("not a glob: %w", err)
-			}
+		if err := checkpoint.CheckPattern(v); err != nil {
+			return err
 		}
 		c.Checkpoint.Pattern = v
 		return nil
@@ -376,7 +382,7 @@ var fields = []field{
 	}},
 	{"gpu.degraded_threshold", "0.10", "a GPU more than this fraction below its peers' median (SM and memory clocks under comparable load, peak memory bandwidth) is degraded", func(c *Config, v string) error {
 		f, err := strconv.ParseFloat(v, 64)
-		if err != nil || f <= 0 || f >= 1 {
+		if err != nil || !(f > 0 && f < 1) { // NaN too
 			return errors.New("want a fraction between 0 and 1, e.g. 0.10")
 		}
 		c.GPU.DegradedThreshold = f
@@ -678,20 +684,33 @@ func (c *Config) apply(f field, value, origin string) {
 	}
 }
 
-// loadYAML reads a two-level mapping (section → key → scalar).
+// loadYAML reads a two-level mapping (section → key → scalar), one YAML document.
 func (c *Config) loadYAML(data []byte, path string, byKey map[string]field) {
+	dec := yaml.NewDecoder(bytes.NewReader(data))
 	var doc yaml.Node
-	if err := yaml.Unmarshal(data, &doc); err != nil {
-		c.problems = append(c.problems, fmt.Errorf("%s: not valid YAML: %w", path, err))
+	if err := dec.Decode(&doc); errors.Is(err, io.EOF) {
+		return // empty file
+	} else if err != nil {
+		c.fileProblem(fmt.Errorf("%s: not valid YAML: %w", path, err))
 		c.fileUnread = true
 		return
 	}
+	var more yaml.Node
+	if err := dec.Decode(&more); !errors.Is(err, io.EOF) {
+		line := 0
+		if err == nil {
+			line = more.Line
+		}
+		// A parser that reads the first document alone would drop the rest unread.
+		c.fileProblem(fmt.Errorf("%s: holds more than one YAML document (a line --- or ... ends the first; the next begins near line %d): "+
+			"put every section in one", path, line))
+	}
 	if len(doc.Content) == 0 {
-		return // empty file
+		return // empty document
 	}
 	root := doc.Content[0]
 	if root.Kind != yaml.MappingNode {
-		c.problems = append(c.problems, fmt.Errorf("%s: want a mapping of sections at the top level", path))
+		c.fileProblem(fmt.Errorf("%s: want a mapping of sections at the top level", path))
 		c.fileUnread = true
 		return
 	}
@@ -700,13 +719,13 @@ func (c *Config) loadYAML(data []byte, path string, byKey map[string]field) {
 		section, body := root.Content[i].Value, root.Content[i+1]
 		if first, dup := sections[section]; dup {
 			// YAML forbids it, and a parser that merges the two silently would keep one half.
-			c.problems = append(c.problems, fmt.Errorf("%s: section %s appears twice (lines %d and %d): merge them into one",
+			c.fileProblem(fmt.Errorf("%s: section %s appears twice (lines %d and %d): merge them into one",
 				path, section, first, root.Content[i].Line))
 			continue
 		}
 		sections[section] = root.Content[i].Line
 		if !knownSection(section) {
-			c.problems = append(c.problems, fmt.Errorf("%s: unknown section %s (line %d): the sections are %s", path, section,
+			c.fileProblem(fmt.Errorf("%s: unknown section %s (line %d): the sections are %s", path, section,
 				root.Content[i].Line, strings.Join(configSections(), ", ")))
 			continue
 		}
@@ -714,24 +733,24 @@ func (c *Config) loadYAML(data []byte, path string, byKey map[string]field) {
 			if body.Tag == "!!null" {
 				continue // "section:" with nothing under it
 			}
-			c.problems = append(c.problems, fmt.Errorf("%s: %s (line %d): want a mapping of keys", path, section, body.Line))
+			c.fileProblem(fmt.Errorf("%s: %s (line %d): want a mapping of keys", path, section, body.Line))
 			continue
 		}
 		for j := 0; j+1 < len(body.Content); j += 2 {
 			k, v := body.Content[j], body.Content[j+1]
 			key := section + "." + k.Value
 			if first, dup := keys[key]; dup {
-				c.problems = append(c.problems, fmt.Errorf("%s: set twice (%s lines %d and %d): keep one", key, path, first, k.Line))
+				c.fileProblem(fmt.Errorf("%s: set twice (%s lines %d and %d): keep one", key, path, first, k.Line))
 				continue
 			}
 			keys[key] = k.Line
 			f, known := byKey[key]
 			if !known {
-				c.problems = append(c.problems, fmt.Errorf("%s: unknown key (%s line %d)", key, path, k.Line))
+				c.fileProblem(fmt.Errorf("%s: unknown key (%s line %d)", key, path, k.Line))
 				continue
 			}
 			if v.Kind != yaml.ScalarNode {
-				c.problems = append(c.problems, fmt.Errorf("%s: want a single value (%s line %d)", key, path, v.Line))
+				c.fileProblem(fmt.Errorf("%s: want a single value (%s line %d)", key, path, v.Line))
 				continue
 			}
 			value := v.Value
@@ -741,6 +760,13 @@ func (c *Config) loadYAML(data []byte, path string, byKey map[string]field) {
 			c.apply(f, value, fmt.Sprintf("%s:%d", path, v.Line))
 		}
 	}
+}
+
+// fileProblem records a problem with the config file as a whole (not YAML, an unknown section),
+// which any command reading the file reports, whatever keys it needs.
+func (c *Config) fileProblem(err error) {
+	c.problems = append(c.problems, err)
+	c.fileProblems = append(c.fileProblems, err)
 }
 
 // errJobRequired is the problem of a store without a job.
@@ -792,7 +818,7 @@ func (c *Config) Validate() error {
 			c.valueFrom("store.node_rank"), c.valueFrom("store.world_nodes"), c.Store.WorldNodes-1))
 	}
 	problems = append(problems, c.sseProblems(failed)...)
-	if strings.ContainsAny(c.Checkpoint.Marker, "/\\") || c.Checkpoint.Marker == "" {
+	if c.Checkpoint.Marker == "" && !failed["checkpoint.marker"] {
 		problems = append(problems, fmt.Errorf("checkpoint.marker: %s must be a plain file name", c.valueFrom("checkpoint.marker")))
 	}
 	return errors.Join(problems...)
@@ -855,7 +881,7 @@ func (c *Config) ValidateStore() error {
 	for _, p := range c.problems {
 		text := p.Error()
 		if strings.HasPrefix(text, "store.") || strings.HasPrefix(text, "log.") || strings.HasPrefix(text, "SPOTGUARD_") ||
-			strings.HasSuffix(strings.SplitN(text, ":", 2)[0], ".yaml") {
+			slices.Contains(c.fileProblems, p) {
 			problems = append(problems, p)
 		}
 	}

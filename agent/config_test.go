@@ -157,7 +157,15 @@ func TestValidateBadValues(t *testing.T) {
 		{"SPOTGUARD_TRAINER_SIGNAL=SIGFOO", "trainer.signal: \"SIGFOO\""},
 		{"SPOTGUARD_TRAINER_MATCH=(", "trainer.match: \"(\" from SPOTGUARD_TRAINER_MATCH: not a regular expression"},
 		{"SPOTGUARD_CHECKPOINT_PATTERN=[", "checkpoint.pattern: \"[\""},
-		{"SPOTGUARD_CHECKPOINT_MARKER=a/b", "checkpoint.marker: \"a/b\" from SPOTGUARD_CHECKPOINT_MARKER must be a plain file name"},
+		{"SPOTGUARD_CHECKPOINT_MARKER=a/b", "checkpoint.marker: \"a/b\" from SPOTGUARD_CHECKPOINT_MARKER: must be a single file name, with no slash"},
+		// Markers and patterns the watcher refuses: `config` passed them and `run` failed for good.
+		{"SPOTGUARD_CHECKPOINT_MARKER=..", "checkpoint.marker: \"..\" from SPOTGUARD_CHECKPOINT_MARKER: must be a single file name, not a directory's"},
+		{"SPOTGUARD_CHECKPOINT_MARKER=.", "must be a single file name, not a directory's"},
+		{"SPOTGUARD_CHECKPOINT_MARKER=.ckpt.tmp", "checkpoint.marker: \".ckpt.tmp\" from SPOTGUARD_CHECKPOINT_MARKER: must not be a name that is never uploaded"},
+		{"SPOTGUARD_CHECKPOINT_MARKER=.spotguard-done", "must not be a name that is never uploaded"},
+		{"SPOTGUARD_CHECKPOINT_MARKER=_spotguard", "must not be _spotguard, spotguard's own"},
+		{"SPOTGUARD_CHECKPOINT_PATTERN=sub/*.pt", "checkpoint.pattern: \"sub/*.pt\" from SPOTGUARD_CHECKPOINT_PATTERN: must not contain a slash"},
+		{"SPOTGUARD_GPU_DEGRADED_THRESHOLD=NaN", "gpu.degraded_threshold: \"NaN\" from SPOTGUARD_GPU_DEGRADED_THRESHOLD: want a fraction between 0 and 1"},
 		{"SPOTGUARD_STORE_URL=http://x", "store.url: \"http://x\""},
 		{"SPOTGUARD_STORE_JOB=a/b", "store.job: \"a/b\""},
 		{"SPOTGUARD_STORE_JOB=LATEST", "store.job: \"LATEST\" from SPOTGUARD_STORE_JOB: want the run's name, one plain path element: \"LATEST\" is reserved"},
@@ -215,10 +223,43 @@ func TestLoadFileErrors(t *testing.T) {
 			t.Errorf("Got(%q) = nil; want a problem", text)
 		}
 	}
-	// Empty sections and empty files are fine.
-	c := mustLoad(t, LoadOptions{Path: writeConfig(t, "imds:\n"), Environ: []string{"SPOTGUARD_TRAINER_PIDFILE=/x"}})
+	// More than one document: a parser reading the first alone dropped the rest unread.
+	for _, text := range []string{"trainer:\n  match: x\n---\nbogus:\n  x: 1\n", "trainer:\n  match: x\n---\ngarbage: [\n",
+		"trainer:\n  match: x\n...\n---\nimds:\n  poll_interval: 50ms\n"} {
+		path := writeConfig(t, text)
+		c := mustLoad(t, LoadOptions{Path: path})
+		err := c.Validate()
+		if want := path + ": holds more than one YAML document"; err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("Got(%q) = %v; want %q", text, err, want)
+		}
+	}
+	// Empty sections and empty files are fine, and so is a document's start marked.
+	c := mustLoad(t, LoadOptions{Path: writeConfig(t, "---\ntrainer:\n  match: x\n...\n")})
+	if err := c.Validate(); err != nil {
+		t.Errorf("Validate(one document, marked) = %v; want nil", err)
+	}
+	c = mustLoad(t, LoadOptions{Path: writeConfig(t, "imds:\n"), Environ: []string{"SPOTGUARD_TRAINER_PIDFILE=/x"}})
 	if err := c.Validate(); err != nil {
 		t.Errorf("Validate(empty section) = %v; want nil", err)
+	}
+}
+
+// restore and list (ValidateStore) report what is wrong with the file as a whole, whatever its
+// name: they said nothing of a file not ending in .yaml, and read the store from a file that did
+// not parse when the environment gave the store.
+func TestValidateStoreReportsTheFile(t *testing.T) {
+	for _, text := range []string{"store:\n  url: file:///st\n  job: j1\nimds: [\n", "store:\n  url: file:///st\nstore:\n  job: j1\n",
+		"stroe:\n  url: file:///st\n", "store:\n  url: file:///st\n  job: j1\n---\nstore:\n  job: j2\n"} {
+		for _, name := range []string{"spotguard.yaml", "spotguard.yml", "spotguard.conf"} {
+			path := filepath.Join(t.TempDir(), name)
+			if err := os.WriteFile(path, []byte(text), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			c := mustLoad(t, LoadOptions{Path: path, Environ: []string{"SPOTGUARD_STORE_URL=file:///st", "SPOTGUARD_STORE_JOB=j1"}})
+			if err := c.ValidateStore(); err == nil || !strings.Contains(err.Error(), path+": ") {
+				t.Errorf("ValidateStore(%s holding %q) = %v; want its problem, naming it", name, text, err)
+			}
+		}
 	}
 }
 

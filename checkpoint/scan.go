@@ -183,17 +183,49 @@ func scanCheckNames(marker, pattern string) (string, error) {
 		marker = scanDefaultMarker
 	}
 	var problems []error
-	if err := ValidPath(marker); err != nil || strings.Contains(marker, "/") || scanSkipName(marker) {
-		problems = append(problems, fmt.Errorf("marker %q must be a single file name that is not skipped", marker))
+	if err := CheckMarker(marker); err != nil {
+		problems = append(problems, fmt.Errorf("marker %q %w", marker, err))
 	}
-	if pattern != "" {
-		if _, err := path.Match(pattern, ""); err != nil {
-			problems = append(problems, fmt.Errorf("pattern %q: %w", pattern, err))
-		} else if strings.Contains(pattern, "/") {
-			problems = append(problems, fmt.Errorf("pattern %q must not contain a slash", pattern))
-		}
+	if err := CheckPattern(pattern); err != nil {
+		problems = append(problems, fmt.Errorf("pattern %q %w", pattern, err))
 	}
 	return marker, errors.Join(problems...)
+}
+
+// CheckMarker reports why marker cannot be a checkpoint's marker, as words that follow its name
+// ("must be a single file name ..."), or nil: it must be a single file name, not one skipped (a
+// temporary file, spotguard's own).
+func CheckMarker(marker string) error {
+	switch {
+	case strings.Contains(marker, "/"):
+		return errors.New("must be a single file name, with no slash")
+	case marker == ".." || marker == ".":
+		return errors.New("must be a single file name, not a directory's")
+	case marker == MetaDir:
+		return fmt.Errorf("must not be %s, spotguard's own in every commit", MetaDir)
+	case ValidPath(marker) != nil:
+		return fmt.Errorf("must be a single file name: %w", ValidPath(marker))
+	case scanSkipName(marker):
+		return fmt.Errorf("must not be a name that is never uploaded (starting with %q and ending with %q: a temporary file; starting with %q: spotguard's own)",
+			".", ".tmp", scanOwnPrefix)
+	}
+	return nil
+}
+
+// CheckPattern reports why pattern cannot be checkpoint.pattern, as words that follow it, or
+// nil: a glob (path.Match) of names at the top of the checkpoint directory, so without a slash.
+// The empty pattern (no single-file checkpoints) is valid.
+func CheckPattern(pattern string) error {
+	if pattern == "" {
+		return nil
+	}
+	if _, err := path.Match(pattern, ""); err != nil {
+		return fmt.Errorf("is not a glob: %w", err)
+	}
+	if strings.Contains(pattern, "/") {
+		return errors.New("must not contain a slash: it matches names at the top of checkpoint.dir")
+	}
+	return nil
 }
 
 // scanOwnPrefix begins the name of everything spotguard itself makes in or below a

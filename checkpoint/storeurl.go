@@ -41,7 +41,7 @@ func ParseStoreURL(u string) (scheme, bucket, prefix string, err error) {
 		}) {
 			// A user in it (s3://user@bucket), a port (s3://bucket:9000), a space: the SDK would
 			// take it all for the bucket's name. An endpoint goes in AWS_ENDPOINT_URL_S3.
-			return "", "", "", fmt.Errorf("store url %q: invalid bucket name %q: a bucket name has letters, digits, dots and hyphens only (an endpoint or port goes in AWS_ENDPOINT_URL_S3)", u, bucket)
+			return "", "", "", fmt.Errorf("store url %q: invalid bucket name %q: a bucket name has letters, digits, dots, hyphens and underscores only (an endpoint or port goes in AWS_ENDPOINT_URL_S3)", u, bucket)
 		}
 		prefix = strings.TrimSuffix(prefix, "/")
 		if prefix != "" {
