@@ -26,6 +26,20 @@ const JobNoticeGrace = 2 * time.Minute
 // few weeks ahead.
 const MaxJobDeadlineAhead = 31 * 24 * time.Hour
 
+// CheckJobDeadline reports why d cannot be a job notice's deadline at now, as words that follow
+// it, or nil: no more than MaxJobDeadlineAhead ahead. One already past is due now, but not one
+// before 2000: the zero time 0001-01-01 of a deadline never set, which would show in the log and
+// /status.
+func CheckJobDeadline(d, now time.Time) error {
+	switch {
+	case d.After(now.Add(MaxJobDeadlineAhead)):
+		return fmt.Errorf("is more than %s ahead: not a notice's deadline", MaxJobDeadlineAhead)
+	case d.Year() < 2000:
+		return errors.New("is before 2000: not a notice's deadline (a time never set?); one already past is due now: give the time the instance goes, or now")
+	}
+	return nil
+}
+
 // jobActions are the actions a job notice may carry, the ones the IMDS sources use, each with its
 // rank in notice.json (as noticeRank gives the IMDS notice with that action): spot's terminate,
 // stop and hibernate, the scheduled event codes, ASG's Terminated and rebalance.

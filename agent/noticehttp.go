@@ -9,6 +9,7 @@ import (
 	"io"
 	"mime"
 	"net/http"
+	"slices"
 	"strings"
 	"time"
 
@@ -45,49 +46,135 @@ func (e *requestError) Error() string {
 }
 
 // parseJobNotice reads a POST /notice body into the notice it hands over. It returns a
-// *requestError for a body that is not one JSON object of the fields of JobNotice (400, naming
-// the field), too large (413), or a source other than job, an unknown action, a deadline that is
-// missing, not RFC 3339 or more than MaxJobDeadlineAhead after now (400, naming the field).
+// *requestError for a body that is not one JSON object of the fields of JobNotice, each at most
+// once and spelled exactly so (400, naming the field), too large (413), or a source other than
+// job, an unknown action, a deadline that is missing, not RFC 3339 or more than
+// MaxJobDeadlineAhead from now (400, naming the field).
 func parseJobNotice(body io.Reader, now time.Time) (imds.Notice, error) {
-	var raw struct {
-		Source   *string `json:"source"`
-		Action   *string `json:"action"`
-		Deadline *string `json:"deadline"`
-	}
-	dec := json.NewDecoder(body)
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&raw); err != nil {
-		return imds.Notice{}, decodeError(err)
-	}
-	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
-		if mbe := (*http.MaxBytesError)(nil); errors.As(err, &mbe) {
-			return imds.Notice{}, decodeError(err)
-		}
-		return imds.Notice{}, &requestError{http.StatusBadRequest, "", "want one JSON object, and nothing after it"}
+	raw, err := readNoticeFields(body)
+	if err != nil {
+		return imds.Notice{}, err
 	}
 	n := imds.Notice{Source: SourceJob, Action: "terminate"}
-	if raw.Source != nil && *raw.Source != string(SourceJob) {
-		return imds.Notice{}, &requestError{http.StatusBadRequest, "source", fmt.Sprintf("%q: want \"job\" (or no source): the agent polls IMDS itself", *raw.Source)}
+	if v, ok := raw["source"]; ok && v != string(SourceJob) {
+		return imds.Notice{}, &requestError{http.StatusBadRequest, "source", fmt.Sprintf("%q: want \"job\" (or no source): the agent polls IMDS itself", v)}
 	}
-	if raw.Action != nil {
-		a, err := ParseJobAction(*raw.Action)
+	if v, ok := raw["action"]; ok {
+		a, err := ParseJobAction(v)
 		if err != nil {
 			return imds.Notice{}, &requestError{http.StatusBadRequest, "action", err.Error()}
 		}
 		n.Action = a
 	}
-	if raw.Deadline == nil || strings.TrimSpace(*raw.Deadline) == "" {
+	v := raw["deadline"]
+	if strings.TrimSpace(v) == "" {
 		return imds.Notice{}, &requestError{http.StatusBadRequest, "deadline", "required: when the notified instance goes, RFC 3339 (e.g. 2026-11-29T16:44:18Z)"}
 	}
-	d, err := time.Parse(time.RFC3339, strings.TrimSpace(*raw.Deadline))
+	d, err := time.Parse(time.RFC3339, strings.TrimSpace(v))
 	if err != nil {
-		return imds.Notice{}, &requestError{http.StatusBadRequest, "deadline", fmt.Sprintf("%q is not RFC 3339 (want e.g. 2026-11-29T16:44:18Z)", *raw.Deadline)}
+		return imds.Notice{}, &requestError{http.StatusBadRequest, "deadline", fmt.Sprintf("%q is not RFC 3339 (want e.g. 2026-11-29T16:44:18Z)", v)}
 	}
-	if d.After(now.Add(MaxJobDeadlineAhead)) {
-		return imds.Notice{}, &requestError{http.StatusBadRequest, "deadline", fmt.Sprintf("%s is more than %s ahead: not a notice's deadline", d.Format(time.RFC3339), MaxJobDeadlineAhead)}
+	if err := CheckJobDeadline(d, now); err != nil {
+		return imds.Notice{}, &requestError{http.StatusBadRequest, "deadline", d.Format(time.RFC3339) + " " + err.Error()}
 	}
 	n.Time, n.Deadline = d, d
 	return n, nil
+}
+
+// noticeFields are the fields of JobNotice, as POST /notice spells them.
+var noticeFields = []string{"source", "action", "deadline"}
+
+// readNoticeFields reads body as one JSON object of string fields among noticeFields, each at
+// most once (a null one is absent), and nothing after it. encoding/json alone would take a field
+// in any case ("DEADLINE") and the last of one given twice.
+func readNoticeFields(body io.Reader) (map[string]string, error) {
+	dec := json.NewDecoder(body)
+	const want = "want one JSON object of source, action, deadline"
+	tok, err := dec.Token()
+	if err != nil {
+		return nil, decodeError(err)
+	}
+	fields := map[string]string{}
+	switch tok {
+	case nil: // null: an object without fields
+		return fields, noticeBodyEnds(dec)
+	case json.Delim('{'):
+	default:
+		return nil, &requestError{http.StatusBadRequest, "", fmt.Sprintf("%s, not %s", want, jsonKind(tok))}
+	}
+	seen := map[string]bool{}
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			return nil, decodeError(err)
+		}
+		key, _ := tok.(string)
+		var v json.RawMessage
+		if err := dec.Decode(&v); err != nil {
+			return nil, decodeError(err)
+		}
+		switch {
+		case !slices.Contains(noticeFields, key):
+			return nil, &requestError{http.StatusBadRequest, key, "unknown field (want source, action, deadline)"}
+		case seen[key]:
+			return nil, &requestError{http.StatusBadRequest, key, "given twice"}
+		}
+		seen[key] = true
+		var s *string
+		if err := json.Unmarshal(v, &s); err != nil {
+			return nil, &requestError{http.StatusBadRequest, key, "want a JSON string, not " + jsonKindOf(v)}
+		}
+		if s != nil {
+			fields[key] = *s
+		}
+	}
+	if _, err := dec.Token(); err != nil { // the closing brace
+		return nil, decodeError(err)
+	}
+	return fields, noticeBodyEnds(dec)
+}
+
+// noticeBodyEnds returns nil when dec is at the end of the body, else a *requestError.
+func noticeBodyEnds(dec *json.Decoder) error {
+	_, err := dec.Token()
+	switch {
+	case errors.Is(err, io.EOF):
+		return nil
+	case errors.As(err, new(*http.MaxBytesError)):
+		return decodeError(err)
+	}
+	return &requestError{http.StatusBadRequest, "", "want one JSON object, and nothing after it"}
+}
+
+// jsonKind names the JSON value that begins with tok, for errors.
+func jsonKind(tok json.Token) string {
+	switch tok.(type) {
+	case json.Delim:
+		if tok == json.Delim('[') {
+			return "an array"
+		}
+	case string:
+		return "a string"
+	case float64, json.Number:
+		return "a number"
+	case bool:
+		return "a boolean"
+	case nil:
+		return "null"
+	}
+	return "a " + fmt.Sprint(tok)
+}
+
+// jsonKindOf names the JSON value v, for errors.
+func jsonKindOf(v json.RawMessage) string {
+	tok, err := json.NewDecoder(bytes.NewReader(v)).Token()
+	if err != nil {
+		return "valid JSON"
+	}
+	if tok == json.Delim('{') {
+		return "an object"
+	}
+	return jsonKind(tok)
 }
 
 // PostNotice hands the agent a notice of the job (source job), as POST /notice does: for callers

@@ -54,6 +54,14 @@ func TestParseJobNotice(t *testing.T) {
 		{"source empty", `{"source":"","deadline":"2026-11-29T16:44:18Z"}`, 400, "source", "", time.Time{}},
 		{"action unknown", `{"action":"reboot","deadline":"2026-11-29T16:44:18Z"}`, 400, "action", "", time.Time{}},
 		{"action a number", `{"action":1,"deadline":"2026-11-29T16:44:18Z"}`, 400, "action", "", time.Time{}},
+		// Found from outside: taken, the zero time then in the log and /status; the last of a
+		// field given twice taken; a field in another case taken.
+		{"deadline the zero time", `{"deadline":"0001-01-01T00:00:00Z"}`, 400, "deadline", "", time.Time{}},
+		{"deadline twice", `{"deadline":"2026-11-29T16:44:18Z","deadline":"2026-11-29T16:50:18Z"}`, 400, "deadline", "", time.Time{}},
+		{"field in capitals", `{"DEADLINE":"2026-11-29T16:44:18Z"}`, 400, "DEADLINE", "", time.Time{}},
+		{"an empty array", `[]`, 400, "", "", time.Time{}},
+		{"a string", `"2026-11-29T16:44:18Z"`, 400, "", "", time.Time{}},
+		{"source an object", `{"source":{},"deadline":"2026-11-29T16:44:18Z"}`, 400, "source", "", time.Time{}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -67,6 +75,9 @@ func TestParseJobNotice(t *testing.T) {
 			var re *requestError
 			if !errors.As(err, &re) || re.status != tt.status || re.field != tt.field {
 				t.Errorf("Got(%q) = %v; want a %d naming field %q", tt.body, err, tt.status, tt.field)
+			}
+			if err != nil && strings.Contains(err.Error(), "struct") {
+				t.Errorf("Got(%q) = %v; want words, not a Go type", tt.body, err)
 			}
 		})
 	}

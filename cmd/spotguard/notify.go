@@ -47,8 +47,8 @@ func runNotify(ctx context.Context, args, environ []string, stdout, stderr io.Wr
 	if err != nil {
 		return fs.usageError("--deadline %q is not RFC 3339 (want e.g. %s)", *deadline, time.Now().Add(2*time.Minute).UTC().Format(time.RFC3339))
 	}
-	if d.After(time.Now().Add(agent.MaxJobDeadlineAhead)) {
-		return fs.usageError("--deadline %s is more than %s ahead: not a notice's deadline", d.Format(time.RFC3339), agent.MaxJobDeadlineAhead)
+	if err := agent.CheckJobDeadline(d, time.Now()); err != nil {
+		return fs.usageError("--deadline %s %v", d.Format(time.RFC3339), err)
 	}
 	act, err := agent.ParseJobAction(*action)
 	if err != nil {
