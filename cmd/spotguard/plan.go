@@ -247,7 +247,11 @@ func planParsePositiveDuration(v string) (time.Duration, error) {
 	return d, nil
 }
 
-// planParsePrice reads a price in USD per hour, with an optional "$" and "/h"; it must be positive.
+// planMaxPrice bounds a price in USD per hour (a p5.48xlarge costs about 100).
+const planMaxPrice = 1e6
+
+// planParsePrice reads a price in USD per hour, with an optional "$" and "/h"; it must be positive
+// and at most planMaxPrice.
 func planParsePrice(v string) (float64, error) {
 	s := strings.TrimSuffix(strings.TrimPrefix(strings.TrimSpace(v), "$"), "/h")
 	n, err := strconv.ParseFloat(s, 64)
@@ -259,6 +263,10 @@ func planParsePrice(v string) (float64, error) {
 	}
 	if n == 0 {
 		return 0, errors.New("a price of 0 leaves nothing to plan: leave the flag out")
+	}
+	if n > planMaxPrice {
+		// A month's cost, and the JSON, would overflow to +Inf.
+		return 0, fmt.Errorf("more than %g USD an hour: not an instance's price", float64(planMaxPrice))
 	}
 	return n, nil
 }

@@ -440,6 +440,7 @@ func TestPlanRejects(t *testing.T) {
 		{"zero price", with("--price", "0"), `flag -price: a price of 0`},
 		{"negative spot price", with("--spot-price", "-1.5"), `flag -spot-price: a price cannot be negative`},
 		{"bad price", with("--price", "cheap"), `flag -price: not a price`},
+		{"price too large", with("--price", "1e306", "--json"), `flag -price: more than 1e+06 USD an hour`},
 		{"unknown flag", with("--bogus"), "flag provided but not defined: -bogus"},
 		{"stray argument", with("extra"), `unexpected argument "extra"`},
 	}
