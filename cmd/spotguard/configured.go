@@ -1,8 +1,11 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"io"
+	"io/fs"
+	"os"
 
 	"github.com/spotguard/spotguard/agent"
 )
@@ -27,8 +30,12 @@ func configured(cfg *agent.Config, path string, stderr io.Writer) int {
 			return exitOK
 		}
 	}
-	fmt.Fprintf(stderr, "spotguard config: not configured yet: %s sets no key (nor does a SPOTGUARD_* variable or a flag): "+
+	what := path + " sets no key"
+	if _, err := os.Stat(path); errors.Is(err, fs.ErrNotExist) {
+		what = "there is no " + path
+	}
+	fmt.Fprintf(stderr, "spotguard config: not configured yet: %s (nor does a SPOTGUARD_* variable or a flag set a key): "+
 		"set trainer.* (and checkpoint.dir, store.url, store.job), check it with `spotguard config`, "+
-		"then `systemctl enable --now spotguard`\n", path)
+		"then `systemctl enable --now spotguard`\n", what)
 	return exitFail
 }

@@ -5,6 +5,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/spotguard/spotguard/agent"
 )
 
 // TestConfigConfigured: `spotguard config --configured`, spotguard.service's ExecCondition=,
@@ -61,5 +63,19 @@ func TestConfigConfigured(t *testing.T) {
 				t.Errorf("Got(%q) stderr = %q; want nothing for a configured agent", args, stderr)
 			}
 		})
+	}
+}
+
+// With no file at the default path (loaded as no key set), --configured says there is none,
+// not that the file sets no key.
+func TestConfigConfiguredWithoutAFile(t *testing.T) {
+	cfg, err := agent.Load(agent.LoadOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	absent := filepath.Join(t.TempDir(), "spotguard.yaml")
+	var stderr strings.Builder
+	if code := configured(cfg, absent, &stderr); code != exitFail || !strings.Contains(stderr.String(), "not configured yet: there is no "+absent+" (") {
+		t.Errorf("configured(no file) = %d, %q; want %d saying there is no %s", code, stderr.String(), exitFail, absent)
 	}
 }
