@@ -2924,7 +2924,8 @@ func (u *Uploader) emit(ev UploadEvent) {
 }
 
 func (u *Uploader) status() UploaderStatus {
-	st := UploaderStatus{Urgent: u.urgent(), InFlight: u.inflight, Queued: u.queuedFiles()}
+	st := UploaderStatus{Urgent: u.urgent(), InFlight: u.inflight, Queued: u.queuedFiles(),
+		Checkpoints: []CheckpointStatus{}} // [] in /status, not null
 	if d := u.deadline(); !d.IsZero() {
 		st.Deadline = &d
 	}

@@ -2262,3 +2262,16 @@ func TestUploaderUploadSecondsIsWallTime(t *testing.T) {
 		}
 	})
 }
+
+// /status's uploads.checkpoints is a list, [] before any checkpoint, never null: a script
+// iterating it (jq '.uploads.checkpoints[]') fails on null.
+func TestUploaderStatusListsNoCheckpointAsEmpty(t *testing.T) {
+	r := startUploaderWith(t, t.TempDir(), newMemStore(), UploaderConfig{})
+	b, err := json.Marshal(r.up.Status(t.Context()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(b), `"checkpoints":[]`) {
+		t.Errorf("status = %s; want \"checkpoints\":[]", b)
+	}
+}
