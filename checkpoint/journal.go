@@ -41,7 +41,9 @@ const (
 	// journalGone: a file stored in the commit left the checkpoint (removed, renamed away, or
 	// found gone) before the commit: it is not part of it.
 	journalGone journalOp = "gone"
-	// journalDone: the commit is committed (by this agent or found committed and adopted).
+	// journalDone: the commit is committed (by this agent or found committed and adopted); At
+	// is its place in the order (Manifest.Order, this node's part's in a multi-node job), when
+	// known (zero in journals written before it was).
 	journalDone journalOp = "done"
 	// journalSeal: a manifest PUT for the commit may be sent from now on (before the first). A
 	// restarted agent treats the commit as one whose manifest may exist or still land: nothing
@@ -76,7 +78,7 @@ type journalLine struct {
 	Checksum   Checksum  `json:"checksum,omitzero"`
 	ReadAt     time.Time `json:"read_at,omitzero"`
 	// At, Keys, Abandoned, Deleted, Sealed and Listed are a journalLate's (lateCleanup);
-	// Abandoned and Deleted a journalLateDone's too.
+	// Abandoned and Deleted a journalLateDone's too; At a journalDone's too.
 	At        time.Time `json:"at,omitzero"`
 	Keys      []string  `json:"keys,omitempty"`
 	Abandoned bool      `json:"abandoned,omitempty"`
@@ -90,7 +92,9 @@ type journalEntry struct {
 	commit  string
 	files   map[string]doneFile
 	done    bool
-	dropped bool
+	// completeAt is a done commit's place in the order (journalDone's At), if known.
+	completeAt time.Time
+	dropped    bool
 	// adopted: commit is not this agent's (journalAdopt); only a done one is kept.
 	adopted bool
 	// sealed: a manifest PUT for commit may have been sent (journalSeal).
@@ -153,7 +157,7 @@ func readJournal(path string) (map[string]*journalEntry, error) {
 		case journalGone:
 			delete(e.files, l.Path)
 		case journalDone:
-			e.done = true
+			e.done, e.completeAt = true, l.At
 		case journalSeal:
 			e.sealed = true
 		case journalDrop:
@@ -353,7 +357,7 @@ func writeJournalEntry(buf *bytes.Buffer, name string, e *journalEntry) {
 		_ = enc.Encode(journalLine{Op: journalSeal, Checkpoint: name, Commit: e.commit})
 	}
 	if e.done {
-		_ = enc.Encode(journalLine{Op: journalDone, Checkpoint: name, Commit: e.commit})
+		_ = enc.Encode(journalLine{Op: journalDone, Checkpoint: name, Commit: e.commit, At: e.completeAt})
 	}
 }
 
@@ -398,4 +402,19 @@ func (j *journal) close() error {
 		return nil
 	}
 	return errors.Join(j.flush(), j.f.Close())
+}
+
+// holds reports whether lc, a checkpoint on disk, is the version e's commit was made of: the
+// same files, each the version (FileID) the journal recorded.
+func (e *journalEntry) holds(lc LocalCheckpoint) bool {
+	if len(lc.Files) != len(e.files) {
+		return false
+	}
+	for _, f := range lc.Files {
+		d, ok := e.files[f.Path]
+		if !ok || !d.id.Same(f.ID) {
+			return false
+		}
+	}
+	return true
 }

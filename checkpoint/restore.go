@@ -1129,7 +1129,7 @@ func restoreStage(ctx context.Context, s Store, to *os.Root, m *Manifest, conc i
 				continue
 			}
 			g.Go(func() error {
-				return restoreFile(gctx, s, stage, m.FileKey(f), f, prog, run)
+				return restoreFile(gctx, s, stage, m.FileKey(f), f, m.Order().At, prog, run)
 			})
 		}
 		if err := g.Wait(); err != nil {
@@ -1276,8 +1276,9 @@ func restoreDirs(m *Manifest) []string {
 // restoreFile downloads key into the new file f.Path in stage, fsyncs it and checks its size and
 // CRC-32C, read back from disk, against f. A file whose checksum does not match is downloaded
 // once more, over the same file: bytes damaged on their way (a proxy, a flipped bit in a NIC) are
-// no damage in the store, and only a second mismatch makes the error wrap ErrDamaged.
-func restoreFile(ctx context.Context, s Store, stage *os.Root, key string, f File, prog *restoreProgress, run *restoreRun) error {
+// no damage in the store, and only a second mismatch makes the error wrap ErrDamaged. Its
+// modification time is completed, when its commit completed.
+func restoreFile(ctx context.Context, s Store, stage *os.Root, key string, f File, completed time.Time, prog *restoreProgress, run *restoreRun) error {
 	out, err := stage.OpenFile(filepath.FromSlash(f.Path), os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o644)
 	if err != nil {
 		return fmt.Errorf("create file %q: %w", f.Path, err)
@@ -1328,6 +1329,13 @@ func restoreFile(ctx context.Context, s Store, stage *os.Root, key string, f Fil
 	}
 	if err := out.Chmod(f.Perm()); err != nil {
 		return fmt.Errorf("set mode of file %q: %w", f.Path, err)
+	}
+	// Its modification time is when its commit completed, not now: a restored copy of a commit
+	// is not a newer save than a commit that completed before the restore (restoreJudge, and the
+	// agent's order of a checkpoint whose commit retention deleted: completedAt). Before the
+	// chown, as the mode; through the staging directory, which only root can change yet.
+	if err := stage.Chtimes(filepath.FromSlash(f.Path), completed, completed); err != nil {
+		return fmt.Errorf("set modification time of file %q: %w", f.Path, err)
 	}
 	// After the mode (permission bits only: a chown would clear no set-id bit), which a root
 	// without CAP_FOWNER, as in the spotguard-restore unit, can no longer set once it is not

@@ -1158,7 +1158,7 @@ func (u *Uploader) resolveJournal(ctx context.Context, name string, e *journalEn
 			delete(u.resume, name) // committed, and no longer here: nothing to remember
 			return
 		}
-		if st != nil && !inStore() && u.newerThanStore(name, st) {
+		if st != nil && !inStore() && u.newerThanStore(name, st, e) {
 			// Gone from the store (deleted by hand, a lifecycle rule, a prefix wiped to start
 			// over), and newer than everything there, so not retention's doing: retention never
 			// deletes the newest commit. The journal is a cache: committed again.
@@ -1243,15 +1243,27 @@ func (u *Uploader) resolveJournal(ctx context.Context, name string, e *journalEn
 	u.cleanupCommit(ctx, name, e.commit, "an earlier run's unfinished commit that cannot be resumed")
 }
 
-// newerThanStore reports whether the checkpoint name on disk is complete and completed (as its
-// commit would say) after the job's newest commit in the store (st).
-func (u *Uploader) newerThanStore(name string, st *JobState) bool {
+// newerThanStore reports whether the checkpoint name on disk is complete and completed after the
+// job's newest commit in the store (st). Unchanged since the journal's done commit e of it was
+// made of it, it completed when that commit did (a restored copy, adopted as its commit, is not a
+// newer save however new its files are to the file system); otherwise as a commit of it would
+// say, with the span in which it was modified while no agent watched (restore dates a restored
+// file to its commit).
+func (u *Uploader) newerThanStore(name string, st *JobState, e *journalEntry) bool {
 	lc, err := ScanCheckpoint(u.cfg.Dir, name, u.cfg.Marker, u.cfg.Pattern, u.log)
 	if err != nil || !lc.Complete {
 		return false
 	}
 	n := st.Newest()
-	return n == nil || completedAt(lc, time.Time{}, time.Time{}).After(n.Manifest.Order().At)
+	if n == nil {
+		return true
+	}
+	before, after := u.unseen(name)
+	at := completedAt(lc, before, after)
+	if !e.completeAt.IsZero() && e.holds(lc) {
+		at = e.completeAt
+	}
+	return at.After(n.Manifest.Order().At)
 }
 
 // cleanupCommit deletes, in the background, what this agent wrote into commit of name, which was
@@ -2777,7 +2789,7 @@ func (u *Uploader) handleCommit(ctx context.Context, r commitResult) {
 		for p, f := range g.files {
 			u.journal.file(g.name, g.commit, p, *f.done)
 		}
-		u.journal.add(journalLine{Op: journalDone, Checkpoint: g.name, Commit: g.commit})
+		u.journal.add(journalLine{Op: journalDone, Checkpoint: g.name, Commit: g.commit, At: u.placeOf(r.manifest)})
 		u.log.Info().Str("checkpoint", g.name).Str("commit", g.commit).Msg("checkpoint already committed with these bytes; nothing sent")
 		u.emit(UploadEvent{Kind: CheckpointCommitted, Checkpoint: g.name, At: time.Now(), Manifest: r.manifest, Already: true})
 	default:
@@ -2788,7 +2800,7 @@ func (u *Uploader) handleCommit(ctx context.Context, r commitResult) {
 			u.index[g.name] = append([]*Manifest{m}, u.index[g.name]...)
 			u.forgetGone()
 		}
-		u.journal.add(journalLine{Op: journalDone, Checkpoint: g.name, Commit: g.commit})
+		u.journal.add(journalLine{Op: journalDone, Checkpoint: g.name, Commit: g.commit, At: u.placeOf(m)})
 		u.sayVanished(g, m)
 		ev := UploadEvent{Kind: CheckpointCommitted, Checkpoint: g.name, At: time.Now(), Manifest: m}
 		ev.Throughput, ev.Forecast = forecast(g, m)

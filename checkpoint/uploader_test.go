@@ -555,6 +555,98 @@ func TestRestartCommitsAgainWhatTheStoreLost(t *testing.T) {
 	}
 }
 
+// A restored copy of a commit is not a newer save than a commit that completed before the
+// restore. Instance B commits step-1 and completes step-2, whose upload is slow; its replacement
+// A restores step-1 (the newest commit then), and its agent takes it as committed; B then commits
+// step-2, and retention (checkpoint.keep 1) deletes step-1. A's agent, restarted, took its
+// restored copy, dated by the restore, for newer than step-2: it committed step-1 again as
+// LATEST, and retention deleted step-2. A second restore onto a disk that kept the first one's
+// copy (a trainer saving into one name) took that copy for a newer save and restored nothing.
+// Restored files are dated to their commit's completion now, and the journal keeps a done
+// commit's place.
+func TestRestoredCopyKeepsItsCommitsPlace(t *testing.T) {
+	for _, name2 := range []string{"step-2", "step-1"} { // a new name, or the same name saved again
+		t.Run(name2, func(t *testing.T) {
+			dirA, dirB, stateA := t.TempDir(), t.TempDir(), t.TempDir()
+			store := newMemStore()
+			cfg := UploaderConfig{StopBudget: -1, Keep: 1}
+			b := startUploaderWith(t, dirB, store, cfg)
+			writeCheckpoint(t, dirB, "step-1", map[string][]byte{"a.bin": randomBytes(t, 4<<10)})
+			first := b.waitCommitted("step-1").Manifest
+			b.stop()
+			save2 := map[string][]byte{"a.bin": randomBytes(t, 4<<10)}
+			stage := filepath.Join(t.TempDir(), "stage") // completed now, sent later
+			writeCheckpoint(t, stage, name2, save2)
+			// The restore comes after B completed the save (the clock read, not waited on for an
+			// event: file times advance in ticks).
+			done := filepath.Join(stage, name2, "_COMPLETE")
+			fi, err := os.Stat(done)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for !time.Now().After(fi.ModTime().Add(20 * time.Millisecond)) {
+				<-time.After(time.Millisecond)
+			}
+			if _, err := Restore(t.Context(), store, RestoreOptions{Job: "job", To: dirA, Logger: zerolog.Nop()}); err != nil {
+				t.Fatal(err)
+			}
+			a := startUploaderWith(t, dirA, store, UploaderConfig{StopBudget: -1, Keep: 1, StateDir: stateA})
+			eventuallyUploader(t, "A to take its restored copy as committed", func() bool {
+				for _, c := range a.up.Status(t.Context()).Checkpoints {
+					if c.Name == "step-1" && c.Committed {
+						return true
+					}
+				}
+				return false
+			})
+			a.stop()
+			if err := os.Rename(filepath.Join(stage, name2), filepath.Join(dirB, name2+".moving")); err != nil {
+				t.Fatal(err)
+			}
+			if name2 == "step-1" {
+				if err := os.RemoveAll(filepath.Join(dirB, "step-1")); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := os.Rename(filepath.Join(dirB, name2+".moving"), filepath.Join(dirB, name2)); err != nil {
+				t.Fatal(err)
+			}
+			b = startUploaderWith(t, dirB, store, cfg)
+			var second *Manifest
+			eventuallyUploader(t, "B to commit the second save", func() bool {
+				for _, m := range commitsOf(t, store, name2) {
+					if m.Commit != first.Commit {
+						second = m
+						return true
+					}
+				}
+				return false
+			})
+			b.stop()
+
+			a = startUploaderWith(t, dirA, store, UploaderConfig{StopBudget: -1, Keep: 1, StateDir: stateA})
+			a.stop()
+			var l Latest
+			if data, _, err := store.GetBytes(t.Context(), LatestKey("job")); err != nil || json.Unmarshal(data, &l) != nil ||
+				l.Checkpoint != name2 || l.Commit != second.Commit {
+				t.Errorf("LATEST = %s (%v); want %s %s, the second save\n%s", data, err, name2, second.Commit, a.logs)
+			}
+			if strings.Contains(a.logs.String(), "committing it again") {
+				t.Errorf("A committed its restored copy again:\n%s", a.logs)
+			}
+			restoreAndCompare(t, store, name2, save2)
+			// Dated to its commit: a restore onto A's disk, which holds the first restore's
+			// copy, takes it for an older save than the second (restoreJudge), not a newer one.
+			for _, rel := range []string{"a.bin", "_COMPLETE"} {
+				fi, err := os.Stat(filepath.Join(dirA, "step-1", rel))
+				if err != nil || !fi.ModTime().Equal(first.Order().At) {
+					t.Errorf("restored %s: modified %v (%v); want %v, when its commit completed", rel, fi.ModTime(), err, first.Order().At)
+				}
+			}
+		})
+	}
+}
+
 // An agent restarted half way through a save into a complete directory again, after it had
 // seen the first file written again and begun to send it to a new commit, still waits for the
 // marker: the journal says which marker no longer vouches for the files.
