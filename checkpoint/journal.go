@@ -89,9 +89,9 @@ type journalLine struct {
 
 // journalEntry is what the journal says of one checkpoint: its last commit.
 type journalEntry struct {
-	commit  string
-	files   map[string]doneFile
-	done    bool
+	commit string
+	files  map[string]doneFile
+	done   bool
 	// completeAt is a done commit's place in the order (journalDone's At), if known.
 	completeAt time.Time
 	dropped    bool
