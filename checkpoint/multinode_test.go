@@ -753,3 +753,111 @@ func TestMultiNodePartManifestIsNotAStray(t *testing.T) {
 		t.Errorf("the part manifest: %v; want it in the store", err)
 	}
 }
+
+// latestFailingStore answers every write of the job's LATEST with an error while failing is set,
+// and counts those writes.
+type latestFailingStore struct {
+	Store
+	failing atomic.Bool
+	tries   atomic.Int32
+}
+
+func (s *latestFailingStore) PutBytes(ctx context.Context, key string, data []byte, cond Cond) (string, error) {
+	if key == LatestKey("job") && s.failing.Load() {
+		s.tries.Add(1)
+		return "", errors.New("503 SlowDown")
+	}
+	return s.Store.PutBytes(ctx, key, data, cond)
+}
+
+// A job checkpoint committed while LATEST cannot be written for longer than part_wait is still a
+// committed checkpoint: its agent keeps moving LATEST to it until it can. It used to give the
+// save up once part_wait had passed, saying its parts "did not make one save", a failure on
+// /healthz for a committed checkpoint, and stopped trying. (Found from outside.)
+func TestMultiNodeLatestFailingLongerThanPartWait(t *testing.T) {
+	mem := newMemStore()
+	now := time.Now()
+	putPart(t, mem, "step-000700", 0, 2, "i-node0", nodeFiles(t, 0, []byte("c")), now, now)
+	store := &latestFailingStore{Store: mem}
+	store.failing.Store(true)
+	const partWait = 2 * time.Second
+	r := startUploaderWith(t, t.TempDir(), store, UploaderConfig{NodeRank: 1, WorldNodes: 2, PartWait: partWait,
+		Host: func() Host { return Host{InstanceID: "i-node1"} }})
+	writeCheckpoint(t, r.dir, "step-000700", nodeFiles(t, 1, []byte("c")))
+	part := r.waitPart("step-000700")
+	// Past part_wait with LATEST still failing (the clock read, not waited on for an event).
+	eventuallyUploader(t, "LATEST to fail past part_wait", func() bool {
+		return time.Since(part.CommittedAt) > partWait+time.Second && store.tries.Load() >= 2
+	})
+	store.failing.Store(false)
+	for {
+		ev := r.waitEvent(0, "")
+		if ev.Kind == JobCheckpointFailed {
+			t.Fatalf("the committed job checkpoint was given up: %v\n%s", ev.Err, r.logs)
+		}
+		if ev.Kind == JobCheckpointCommitted {
+			break
+		}
+	}
+	eventuallyUploader(t, "LATEST on the job checkpoint", func() bool {
+		jobs, _, err := ListCommitted(t.Context(), mem, "job")
+		l, _, lerr := mem.GetBytes(t.Context(), LatestKey("job"))
+		return err == nil && lerr == nil && len(jobs) == 1 && strings.Contains(string(l), jobs[0].Manifest.Commit)
+	})
+	if v := CheckJob(t.Context(), mem, "job", true); len(v) > 0 {
+		t.Errorf("invariants: %v", v)
+	}
+}
+
+// listFailingStore fails every listing of one prefix; with slow set, every one after the first
+// answers only once slow has passed (a store retrying and failing for a while).
+type listFailingStore struct {
+	Store
+	prefix string
+	slow   time.Time
+	calls  atomic.Int32
+}
+
+func (s *listFailingStore) ListDir(ctx context.Context, prefix string) ([]string, []ObjectInfo, error) {
+	if prefix != s.prefix {
+		return s.Store.ListDir(ctx, prefix)
+	}
+	if s.calls.Add(1) > 1 {
+		for time.Now().Before(s.slow) && ctx.Err() == nil { // the clock read, a slow answer
+			<-time.After(time.Millisecond)
+		}
+	}
+	return nil, nil, errors.New("503 SlowDown")
+}
+
+// A save whose parts the agent could not look for (the store failing) until part_wait passed is
+// given up loudly, naming the store's error, whether the last look failed after part_wait (a
+// slow failure) or before: an error, JobCheckpointFailed (a failure on /healthz). The first used
+// to be dropped without a word, the second said its parts "did not make one save". (Found from
+// outside.)
+func TestMultiNodeStoreFailingPastPartWaitIsAFailure(t *testing.T) {
+	for _, slow := range []bool{false, true} {
+		t.Run(fmt.Sprintf("slow=%v", slow), func(t *testing.T) {
+			mem := newMemStore()
+			now := time.Now()
+			putPart(t, mem, "step-000800", 0, 2, "i-node0", nodeFiles(t, 0, []byte("c")), now, now)
+			const partWait = 2 * time.Second
+			store := &listFailingStore{Store: mem, prefix: "job/step-000800/"}
+			r := startUploaderWith(t, t.TempDir(), store, UploaderConfig{NodeRank: 1, WorldNodes: 2, PartWait: partWait,
+				Host: func() Host { return Host{InstanceID: "i-node1"} }})
+			if slow {
+				store.slow = time.Now().Add(partWait + 500*time.Millisecond)
+			}
+			writeCheckpoint(t, r.dir, "step-000800", nodeFiles(t, 1, []byte("c")))
+			r.waitPart("step-000800")
+			ev := r.waitEvent(JobCheckpointFailed, "step-000800")
+			if ev.Err == nil || !strings.Contains(ev.Err.Error(), "did not let this agent look for the other nodes' parts within part_wait (2s)") ||
+				!strings.Contains(ev.Err.Error(), "503 SlowDown") {
+				t.Errorf("given up with %v; want it to say the store did not answer within part_wait, and what it said", ev.Err)
+			}
+			if !strings.Contains(r.logs.String(), "job checkpoint given up") {
+				t.Errorf("not said in the log:\n%s", r.logs)
+			}
+		})
+	}
+}

@@ -278,6 +278,11 @@ type pendingSave struct {
 	lastErr string
 	// missing are the ranks whose parts were missing at the last look that could tell.
 	missing []int
+	// storeErr is the store's error at the last look, if it failed (nil once one succeeds).
+	storeErr error
+	// job is the save's job checkpoint once committed with LATEST not moved to it yet: the next
+	// attempts only move LATEST (whatever part_wait says: the save is committed).
+	job *Manifest
 }
 
 // ActiveNotice is a notice in force that the uploader works for (one whose policy is

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"slices"
 	"time"
+
+	"github.com/rs/zerolog"
 )
 
 // The uploader's side of a multi-node save (multinode.go): after this node's part is in, look
@@ -47,8 +49,15 @@ func (u *Uploader) trySave(ctx context.Context, ps *pendingSave) {
 	}
 	ps.running = true
 	host := u.cfg.Host()
+	job := ps.job
 	u.wg.Go(func() {
-		r := completeSave(ctx, u.cfg.Store, ps.part, u.cfg.Marker, host, u.cfg.PartWait, u.cache)
+		var r saveResult
+		if job != nil {
+			r.job = job
+			r.latestMoved, r.latestErr = advanceLatest(ctx, u.cfg.Store, job, host, u.cache)
+		} else {
+			r = completeSave(ctx, u.cfg.Store, ps.part, u.cfg.Marker, host, u.cfg.PartWait, u.cache)
+		}
 		var ret retention
 		if r.written && (u.cfg.Keep > 0 || u.cfg.PartWait > 0) {
 			var err error
@@ -77,8 +86,11 @@ func (u *Uploader) saveDone(ctx context.Context, ps *pendingSave, r saveResult) 
 	}
 	switch {
 	case r.job != nil && r.latestErr != nil:
-		log.Error().Err(r.latestErr).Str("job_commit", r.job.Commit).
-			Msg("job checkpoint committed but LATEST cannot be moved to it; retrying (restore takes it anyway)")
+		if ps.job == nil || r.latestErr.Error() != ps.lastErr {
+			log.Error().Err(r.latestErr).Str("job_commit", r.job.Commit).
+				Msg("job checkpoint committed but LATEST cannot be moved to it; retrying (restore takes it anyway)")
+		}
+		ps.job, ps.lastErr = r.job, r.latestErr.Error()
 		retry()
 	case r.job != nil:
 		delete(u.saves, p.Commit)
@@ -119,8 +131,14 @@ func (u *Uploader) saveDone(ctx context.Context, ps *pendingSave, r saveResult) 
 		} else {
 			u.emit(UploadEvent{Kind: CheckpointFailed, Checkpoint: p.Checkpoint, At: time.Now(), Err: r.err})
 		}
+		if !conflicting {
+			ps.storeErr = r.err
+		}
 		if time.Since(p.CommittedAt) > u.cfg.PartWait {
 			delete(u.saves, p.Commit)
+			if !conflicting { // a conflict was said as a failure when it came
+				u.storeGaveOut(ps, log)
+			}
 			return
 		}
 		retry()
@@ -129,7 +147,7 @@ func (u *Uploader) saveDone(ctx context.Context, ps *pendingSave, r saveResult) 
 		// when more than a missing rank tells; the reason is kept (as the last thing logged) for
 		// the message when the save is given up.
 		if r.missing != nil || r.waiting != nil {
-			ps.missing = r.missing
+			ps.missing, ps.storeErr = r.missing, nil
 			if r.waiting == nil {
 				ps.lastErr = ""
 			} else if msg := r.waiting.Error(); msg != ps.lastErr {
@@ -139,6 +157,10 @@ func (u *Uploader) saveDone(ctx context.Context, ps *pendingSave, r saveResult) 
 		}
 		if time.Since(p.CommittedAt) > u.cfg.PartWait {
 			delete(u.saves, p.Commit)
+			if ps.storeErr != nil { // the last look the store answered is not the last one tried
+				u.storeGaveOut(ps, log)
+				return
+			}
 			what := fmt.Sprintf("the parts of node(s) %v did not come", ps.missing)
 			if len(ps.missing) == 0 {
 				what = "its parts did not make one save"
@@ -158,4 +180,15 @@ func (u *Uploader) saveDone(ctx context.Context, ps *pendingSave, r saveResult) 
 		}
 		retry()
 	}
+}
+
+// storeGaveOut gives up ps's save, whose last look for the other nodes' parts the store failed
+// (ps.storeErr), part_wait having passed: an error, and JobCheckpointFailed.
+func (u *Uploader) storeGaveOut(ps *pendingSave, log zerolog.Logger) {
+	p := ps.part
+	err := fmt.Errorf("checkpoint %s: the store did not let this agent look for the other nodes' parts within part_wait (%v) (last said: %w); "+
+		"it is not committed for the job (LATEST stays where it is), even if every node's part is in: "+
+		"parts older than part_wait are never assembled (their collection may have begun)", p.Checkpoint, u.cfg.PartWait, ps.storeErr)
+	log.Error().Err(err).Msg("job checkpoint given up")
+	u.emit(UploadEvent{Kind: JobCheckpointFailed, Checkpoint: p.Checkpoint, At: time.Now(), Manifest: p, Err: err})
 }
