@@ -226,6 +226,10 @@ type Coordinator struct {
 	active       map[string]*NoticeStatus // by key
 	found        []TrainerStatus
 	lastProblems string
+	// stoppedCatching are the processes seen to stop catching the signal at the last scan, not said
+	// yet: a Python process resets its handlers as it exits, so one exiting after its save is
+	// said only if it is still there, not catching, at the next scan.
+	stoppedCatching map[int]bool
 	// scanned: Scan has looked for the trainer at least once.
 	scanned bool
 	// previous holds, by key, when an earlier run signalled the trainer for a notice
@@ -1338,8 +1342,10 @@ func (c *Coordinator) scan(cfg *Config) []trainer.Process {
 	for _, t := range c.found {
 		prev[t.PID] = t
 	}
+	wasStopped := c.stoppedCatching
 	c.mu.Unlock()
 
+	stopped := map[int]bool{}
 	cmdlines := make(map[int]string, len(procs))
 	for _, p := range procs {
 		cmdlines[p.PID] = p.Cmdline
@@ -1352,11 +1358,25 @@ func (c *Coordinator) scan(cfg *Config) []trainer.Process {
 			continue // exited since Find
 		}
 		ts := TrainerStatus{PID: p.PID, Cmdline: p.Cmdline, Via: p.Via, CatchesSignal: caught, Signal: trainer.SignalName(sig)}
+		old, seen := prev[p.PID]
+		switch {
+		case !seen || caught || old.Signal != ts.Signal || !old.CatchesSignal:
+			delete(stopped, p.PID)
+		case !wasStopped[p.PID]:
+			// It caught the signal at the last scan: exiting, most likely (Python resets its
+			// handlers as it shuts down). Said at the next scan if it is still there.
+			stopped[p.PID] = true
+			ts.CatchesSignal = true
+			found = append(found, ts)
+			c.log.Debug().Int("pid", p.PID).Str("cmdline", p.Cmdline).Str("signal", ts.Signal).
+				Msg("trainer process no longer catches the signal (exiting?); said at the next look if it is still there")
+			continue
+		}
 		found = append(found, ts)
 		if !caught {
 			uncaught++
 		}
-		if old, seen := prev[p.PID]; seen && old.CatchesSignal == caught && old.Signal == ts.Signal {
+		if seen && old.CatchesSignal == caught && old.Signal == ts.Signal {
 			continue
 		}
 		l := c.log.With().Int("pid", p.PID).Str("via", p.Via).Str("cmdline", p.Cmdline).Str("signal", ts.Signal).Logger()
@@ -1380,7 +1400,7 @@ func (c *Coordinator) scan(cfg *Config) []trainer.Process {
 	c.mu.Lock()
 	changed := problemText != c.lastProblems
 	c.lastProblems = problemText
-	c.found, c.scanned = found, true
+	c.found, c.scanned, c.stoppedCatching = found, true, stopped
 	c.mu.Unlock()
 
 	c.metrics.trainerProcesses.Set(float64(len(found)))

@@ -39,6 +39,18 @@ type fakeTrainers struct {
 	// started holds when processes started (Process.Started); zero for the others.
 	started map[int]time.Time
 	parents map[int]int // PPID by PID (none: 1)
+	// notCatching are the processes that do not catch the signal (Catches); none: every one does.
+	notCatching map[int]bool
+}
+
+// setNotCatching makes these processes not catch the signal from now on, as Catches says.
+func (f *fakeTrainers) setNotCatching(pids ...int) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.notCatching = map[int]bool{}
+	for _, pid := range pids {
+		f.notCatching[pid] = true
+	}
 }
 
 // setParent says that pid is a fork of parent.
@@ -99,7 +111,11 @@ func (f *fakeTrainers) Find(*Config) ([]trainer.Process, []trainer.Problem) {
 	return out, nil
 }
 
-func (f *fakeTrainers) Catches(int, syscall.Signal) (bool, error) { return true, nil }
+func (f *fakeTrainers) Catches(pid int, _ syscall.Signal) (bool, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return !f.notCatching[pid], nil
+}
 
 func (f *fakeTrainers) Signal(procs []trainer.Process, sig syscall.Signal) []trainer.Result {
 	f.mu.Lock()
@@ -671,6 +687,39 @@ func TestForksOfATrainerAreLoggedQuietly(t *testing.T) {
 			}
 		}
 	})
+}
+
+// A trainer process that stops catching the signal is said to (an error) only when it is still
+// there, not catching, at the next look: a Python process resets its handlers as it exits, and
+// every rank exiting after its save was an error line ("does NOT catch the signal") at every
+// notice. (Found from outside, with torchrun.)
+func TestTrainerExitingIsNotSaidToStopCatching(t *testing.T) {
+	for _, stays := range []bool{false, true} {
+		t.Run(fmt.Sprintf("stays=%v", stays), func(t *testing.T) {
+			tc := newTestCoordinator(t)
+			logs := &syncBuffer{}
+			tc.c.log = zerolog.New(logs)
+			tc.tr.setPIDs(4242)
+			tc.c.Scan()
+			tc.tr.setNotCatching(4242) // exiting: its handlers reset
+			tc.c.Scan()
+			if st := tc.c.status(); len(st.Trainers) != 1 || !st.Trainers[0].CatchesSignal {
+				t.Errorf("status after one look = %+v; want the process, still counted as catching", st.Trainers)
+			}
+			if !stays {
+				tc.tr.setPIDs() // gone
+			}
+			tc.c.Scan()
+			tc.c.Scan()
+			const msg = "does NOT catch the signal"
+			if got, want := strings.Count(logs.String(), msg), map[bool]int{false: 0, true: 1}[stays]; got != want {
+				t.Errorf("lines %q = %d; want %d\n%s", msg, got, want, logs)
+			}
+			if st := tc.c.status(); stays && (len(st.Trainers) != 1 || st.Trainers[0].CatchesSignal) {
+				t.Errorf("status = %+v; want the process, not catching", st.Trainers)
+			}
+		})
+	}
 }
 
 // A rebalance recommendation stays in force for the instance's life, and a DataLoader starts new
