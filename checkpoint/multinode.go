@@ -543,7 +543,14 @@ func completeSave(ctx context.Context, s Store, mine *Manifest, marker string, h
 		return r
 	}
 	now := time.Now()
-	open := slices.DeleteFunc(np.open, func(p *Manifest) bool { return p.Commit != mine.Commit && now.Sub(p.CommittedAt) > partWait })
+	var aged []int // ranks of parts of this save left out for their age
+	open := slices.DeleteFunc(np.open, func(p *Manifest) bool {
+		old := p.Commit != mine.Commit && now.Sub(p.CommittedAt) > partWait
+		if old && p.Part.WorldNodes == mine.Part.WorldNodes && sameSave(mine, p, marker) && !slices.Contains(aged, p.Part.NodeRank) {
+			aged = append(aged, p.Part.NodeRank)
+		}
+		return old
+	})
 	parts, missing, err := assembleSave(mine, open, marker)
 	var apart *apartError
 	switch {
@@ -559,6 +566,12 @@ func completeSave(ctx context.Context, s Store, mine *Manifest, marker string, h
 	case len(missing) > 0:
 		r.missing = missing
 		r.waiting = otherSaves(mine, open, missing)
+		if late := slices.DeleteFunc(slices.Clone(missing), func(rank int) bool { return !slices.Contains(aged, rank) }); len(late) > 0 {
+			slices.Sort(late)
+			// Not missing: in the store, too old to be taken (their collection may begin).
+			r.waiting = errors.Join(fmt.Errorf("the part(s) of node(s) %v of this save are in the store, but were committed more than part_wait (%v) before this look, "+
+				"and a part older than part_wait is never assembled: set store.part_wait above the time from the first node's part to the last one's, uploads included", late, partWait), r.waiting)
+		}
 		return r
 	}
 	m := buildJobManifest(parts, host, now)

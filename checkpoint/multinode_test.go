@@ -861,3 +861,22 @@ func TestMultiNodeStoreFailingPastPartWaitIsAFailure(t *testing.T) {
 		})
 	}
 }
+
+// A part of the save committed more than part_wait before the last node's (parts 50 s apart, the
+// last one's upload slow) is in the store, but never assembled: the agent says so, and what to
+// change, instead of waiting for a "missing" rank whose part is there. (Found from outside.)
+func TestMultiNodePartOlderThanPartWaitIsSaid(t *testing.T) {
+	store := newMemStore()
+	now := time.Now()
+	const partWait = 2 * time.Second
+	putPart(t, store, "step-000900", 0, 2, "i-node0", nodeFiles(t, 0, []byte("c")), now.Add(-3*time.Second), now.Add(-3*time.Second))
+	r := startUploaderWith(t, t.TempDir(), store, UploaderConfig{NodeRank: 1, WorldNodes: 2, PartWait: partWait,
+		Host: func() Host { return Host{InstanceID: "i-node1"} }})
+	writeCheckpoint(t, r.dir, "step-000900", nodeFiles(t, 1, []byte("c")))
+	r.waitPart("step-000900")
+	ev := r.waitEvent(JobCheckpointFailed, "step-000900")
+	const want = "the part(s) of node(s) [0] of this save are in the store, but were committed more than part_wait (2s) before this look"
+	if ev.Err == nil || !strings.Contains(ev.Err.Error(), want) || !strings.Contains(ev.Err.Error(), "set store.part_wait above") {
+		t.Errorf("given up with %v; want it to say %q, and what to set", ev.Err, want)
+	}
+}

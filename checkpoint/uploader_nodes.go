@@ -152,7 +152,7 @@ func (u *Uploader) saveDone(ctx context.Context, ps *pendingSave, r saveResult) 
 				ps.lastErr = ""
 			} else if msg := r.waiting.Error(); msg != ps.lastErr {
 				ps.lastErr = msg
-				log.Warn().Err(r.waiting).Ints("missing_node_ranks", r.missing).Msg("job checkpoint waits: parts of this checkpoint are in the store but not of this save")
+				log.Warn().Err(r.waiting).Ints("missing_node_ranks", r.missing).Msg("job checkpoint waits: parts of this checkpoint are in the store that it cannot take for this save (the error says why)")
 			}
 		}
 		if time.Since(p.CommittedAt) > u.cfg.PartWait {
