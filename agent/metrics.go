@@ -94,7 +94,7 @@ func newMetrics(reg prometheus.Registerer, stats func() imds.Stats) *promMetrics
 	}
 	m.committed = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "spotguard_checkpoints_committed_total",
-		Help: "Checkpoints committed to the store (manifest written), by trigger (periodic, notice).",
+		Help: "Checkpoints committed to the store (manifest written; in a multi-node job, this node's parts written), by trigger (periodic, notice).",
 	}, []string{"trigger"})
 	m.commitFailures = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "spotguard_checkpoint_commit_failures_total",
