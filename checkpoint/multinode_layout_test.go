@@ -3,6 +3,7 @@ package checkpoint
 import (
 	"errors"
 	"fmt"
+	"os"
 	"slices"
 	"strings"
 	"testing"
@@ -287,5 +288,40 @@ func TestMultiNodeLatestOnSingleNodeCommit(t *testing.T) {
 	}
 	if l := latest(); !strings.Contains(l, r.job.Commit) {
 		t.Errorf("LATEST = %s; want the job checkpoint %s", l, r.job.Commit)
+	}
+}
+
+// A plain restore of a job whose newest commit is a single-node commit of a save that the other
+// nodes wrote parts of (a node left at store.world_nodes 1) refuses it, naming it: one node's
+// files alone. It used to restore it, exit 0, as complete. --commit still restores it when asked.
+// (Found from outside.)
+func TestRestoreRefusesATornSingleNodeCommit(t *testing.T) {
+	store := newMemStore()
+	now := time.Now()
+	older := putSingle(t, store, "step-000050", "i-node0", nodeFiles(t, 0, nil), now.Add(-time.Hour)) // a job resized, say
+	for _, rank := range []int{0, 2} {
+		putPart(t, store, "step-000100", rank, 3, fmt.Sprintf("i-node%d", rank), nodeFiles(t, rank, nil), now.Add(-time.Second), now)
+	}
+	single := putSingle(t, store, "step-000100", "i-stray", nodeFiles(t, 1, nil), now)
+	if moved, err := advanceLatest(t.Context(), store, single, Host{}, nil); !moved || err != nil {
+		t.Fatalf("advanceLatest(single-node commit) = %v, %v", moved, err)
+	}
+	for _, name := range []string{"", "step-000100"} {
+		to := t.TempDir()
+		_, err := Restore(t.Context(), store, RestoreOptions{Job: "job", Checkpoint: name, To: to, Logger: zerolog.Nop()})
+		if err == nil || !strings.Contains(err.Error(), "is a single-node commit of a save that node(s) [0 2] of this multi-node job wrote parts of") ||
+			!strings.Contains(err.Error(), single.Commit) {
+			t.Errorf("Restore(checkpoint %q) = %v; want the torn single-node commit %s refused, naming it", name, err, single.Commit)
+		}
+		if ents, _ := os.ReadDir(to); len(ents) != 0 {
+			t.Errorf("Restore(checkpoint %q) left %v", name, ents)
+		}
+	}
+	if _, err := Restore(t.Context(), store, RestoreOptions{Job: "job", Checkpoint: "step-000100", Commit: single.Commit, CommitSet: true,
+		To: t.TempDir(), Logger: zerolog.Nop()}); err != nil {
+		t.Errorf("Restore(--commit %s) = %v; want it restored when asked for", single.Commit, err)
+	}
+	if _, err := Restore(t.Context(), store, RestoreOptions{Job: "job", Checkpoint: "step-000050", To: t.TempDir(), Logger: zerolog.Nop()}); err != nil {
+		t.Errorf("Restore(step-000050, %s) = %v; want a single-node commit of no multi-node save restored", older.Commit, err)
 	}
 }

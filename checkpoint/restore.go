@@ -438,6 +438,11 @@ func restoreResolve(ctx context.Context, s Store, opts RestoreOptions, run *rest
 		return nil, nil, false, restoreUnusableErr(ctx, s, job, opts.Checkpoint, blocking, newest)
 	}
 	if newest != nil {
+		if err := restoreTornSingle(st, newest.Manifest, opts.Marker); err != nil {
+			return nil, nil, false, err
+		}
+	}
+	if newest != nil {
 		if err := restoreSplit(st, opts, newest.Manifest); err != nil {
 			return nil, nil, false, err
 		}
@@ -474,6 +479,40 @@ func restoreResolve(ctx context.Context, s Store, opts RestoreOptions, run *rest
 		ev.Msg("LATEST is missing or unusable; restoring the newest commit")
 	}
 	return newest.Manifest, others, true, nil
+}
+
+// restoreTornSingle returns an error when m, the newest commit, is a single-node commit of a
+// save that other nodes of a multi-node job wrote parts of (an agent left at store.world_nodes 1
+// in that job: the agents say so, and `list --check` fails): one node's files alone, a torn
+// checkpoint, which a restore must not present as complete. A job resized to one node writes no
+// parts of the same save.
+func restoreTornSingle(st *JobState, m *Manifest, marker string) error {
+	if m.Parts != nil || m.Part != nil {
+		return nil
+	}
+	if marker == "" {
+		marker = scanDefaultMarker
+	}
+	parts := slices.Clone(st.Parts)
+	for _, c := range st.Commits {
+		for _, p := range c.Manifest.Parts {
+			parts = append(parts, jobPartManifest(c.Manifest, p))
+		}
+	}
+	var ranks []int
+	for _, p := range parts {
+		if p.Checkpoint == m.Checkpoint && p.Part != nil && sameSave(m, p, marker) && !slices.Contains(ranks, p.Part.NodeRank) {
+			ranks = append(ranks, p.Part.NodeRank)
+		}
+	}
+	if len(ranks) == 0 {
+		return nil
+	}
+	slices.Sort(ranks)
+	return fmt.Errorf("the newest commit, %s of %s (%s), is a single-node commit of a save that node(s) %v of this multi-node job wrote parts of: "+
+		"one node's files alone, a torn checkpoint; not restored. An agent with store.world_nodes 1 (unset?) wrote it: fix that node's configuration; "+
+		"`spotguard list` shows the job's checkpoints, and `spotguard restore --checkpoint NAME --commit ID` restores one of them",
+		m.Commit, m.Checkpoint, describeHost(m.Host), ranks)
 }
 
 // restoreSplit returns an error wrapping a *SplitSaveError when m, the newest commit (of the
