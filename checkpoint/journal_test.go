@@ -175,7 +175,7 @@ func TestJournalStaysSmall(t *testing.T) {
 			}
 		}
 	}
-	path := journalPath(state, "job", dir, s.URL())
+	path := JournalPath(state, "job", dir, s.URL())
 	// The commit's event comes before the loop writes out the line that says it is done.
 	var entries map[string]*journalEntry
 	eventuallyUploader(t, "the journal to say step-029 is done", func() bool {

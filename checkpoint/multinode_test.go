@@ -740,7 +740,7 @@ func TestMultiNodePartManifestIsNotAStray(t *testing.T) {
 	m := second.waitPart("step-000600")
 	key := PartKey("job", "step-000600", m.Commit)
 	eventuallyUploader(t, "the late clean-up of the part's commit to be over", func() bool {
-		entries, _ := os.ReadFile(journalPath(state, "job", dir, store.URL()))
+		entries, _ := os.ReadFile(JournalPath(state, "job", dir, store.URL()))
 		return strings.Contains(string(entries), `"op":"late_done","ckpt":"step-000600","commit":"`+m.Commit+`"`)
 	})
 	store.mu.Lock()

@@ -1,6 +1,7 @@
 package checkpoint
 
 import (
+	"bytes"
 	"cmp"
 	"context"
 	"crypto/rand"
@@ -90,6 +91,11 @@ type RestoreOptions struct {
 	// commit (no parts: what a node left at store.world_nodes 1 commits) is refused, not taken
 	// for the node's part.
 	Part *int
+	// Journal, when To is the agent's checkpoint.dir, is the agent's journal (JournalPath): the
+	// restore tells it that the checkpoint in place is its commit (a single-node commit), as the
+	// agent records one it finds committed, so that an agent that starts later knows the copy
+	// for that commit even when the store no longer holds it.
+	Journal string
 }
 
 // RestoreResult describes a successful restore.
@@ -289,6 +295,12 @@ func restoreOnce(ctx context.Context, s Store, opts RestoreOptions, conc int, ru
 	run.owner = restoreOwnerOf(to)
 
 	done := func(already bool) (RestoreResult, *Manifest, error) {
+		if opts.Journal != "" && opts.Part == nil {
+			if err := restoreTellJournal(to, m, opts.Journal); err != nil {
+				log.Warn().Err(err).Str("checkpoint", m.Checkpoint).
+					Msg("cannot tell the agent's journal what was restored; the agent checks the files against the store instead")
+			}
+		}
 		res.AlreadyPresent = already
 		res.Elapsed = time.Since(start)
 		log.Info().Str("checkpoint", res.Checkpoint).Str("commit", res.Commit).Str("dir", res.Dir).Int("files", res.Files).
@@ -375,6 +387,44 @@ func restoreOnce(ctx context.Context, s Store, opts RestoreOptions, conc int, ru
 		log.Warn().Err(err).Str("dir", opts.To).Msg("cannot sync the destination directory")
 	}
 	return done(false)
+}
+
+// restoreTellJournal appends to the agent's journal at path that the checkpoint m.Checkpoint in
+// to is m's commit, adopted and done, with its place in the order: each file's FileID as it now
+// is, so that a file changed since is not taken for it. Only a version 2 single-node commit. An
+// agent running meanwhile may rewrite its journal without these lines: it then finds the commit
+// in the store itself.
+func restoreTellJournal(to *os.Root, m *Manifest, path string) error {
+	if m.Version != ManifestVersion || m.Commit == "" || m.Parts != nil || m.Part != nil {
+		return nil
+	}
+	e := &journalEntry{commit: m.Commit, files: map[string]doneFile{}, done: true, adopted: true, completeAt: m.Order().At}
+	now := time.Now()
+	for _, f := range m.Files {
+		p := m.Checkpoint
+		if !m.SingleFile() {
+			p = filepath.Join(m.Checkpoint, filepath.FromSlash(f.Path))
+		}
+		fi, err := to.Lstat(p)
+		if err != nil {
+			return err
+		}
+		e.files[f.Path] = doneFile{id: FileIDOf(fi), checksum: f.Checksum, readAt: now, key: m.FileKey(f)}
+	}
+	var buf bytes.Buffer
+	writeJournalEntry(&buf, m.Checkpoint, e)
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return err
+	}
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o600)
+	if err != nil {
+		return err
+	}
+	if _, err := f.Write(buf.Bytes()); err != nil {
+		_ = f.Close()
+		return err
+	}
+	return f.Close()
 }
 
 // restoreDeleted reports whether err, from restoring commit m, is a missing data object because m

@@ -906,7 +906,7 @@ var startReadTimeout = 10 * time.Second
 func (u *Uploader) start(ctx context.Context) {
 	jpath := ""
 	if u.cfg.StateDir != "" {
-		jpath = journalPath(u.cfg.StateDir, u.cfg.Job, u.cfg.Dir, u.cfg.Store.URL())
+		jpath = JournalPath(u.cfg.StateDir, u.cfg.Job, u.cfg.Dir, u.cfg.Store.URL())
 		entries, err := readJournal(jpath)
 		if err != nil {
 			u.log.Warn().Err(err).Str("journal", jpath).Msg("journal unreadable; starting without it")

@@ -1237,7 +1237,7 @@ func TestUploaderRestartWatchesASealedCommitForATornManifest(t *testing.T) {
 	for _, f := range m.Files {
 		files[f.Path] = doneFile{key: m.FileKey(f), checksum: f.Checksum}
 	}
-	j, err := writeJournal(journalPath(state, "job", dir, mem.URL()), map[string]*journalEntry{
+	j, err := writeJournal(JournalPath(state, "job", dir, mem.URL()), map[string]*journalEntry{
 		"step-1": {commit: m.Commit, files: files, sealed: true},
 	})
 	if err != nil {
@@ -1281,7 +1281,7 @@ func sealedRestartRig(t *testing.T, mem *memStore, dir, state string, entry func
 	if err != nil {
 		t.Fatal(err)
 	}
-	j, err := writeJournal(journalPath(state, "job", dir, mem.URL()), map[string]*journalEntry{"step-1": entry(m)})
+	j, err := writeJournal(JournalPath(state, "job", dir, mem.URL()), map[string]*journalEntry{"step-1": entry(m)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -1480,7 +1480,7 @@ func TestUploaderStrayOfAnEarlierRunLandingLateIsDeleted(t *testing.T) {
 				m := first.waitCommitted("step-1").Manifest
 				first.stop()
 				// Killed before its journal said the commit was done: the journal says sealed.
-				j, err := writeJournal(journalPath(state, "job", dir, mem.URL()), map[string]*journalEntry{"step-1": sealedEntry(t, dir, m)})
+				j, err := writeJournal(JournalPath(state, "job", dir, mem.URL()), map[string]*journalEntry{"step-1": sealedEntry(t, dir, m)})
 				if err != nil {
 					t.Fatal(err)
 				}

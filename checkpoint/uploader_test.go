@@ -647,6 +647,69 @@ func TestRestoredCopyKeepsItsCommitsPlace(t *testing.T) {
 	}
 }
 
+// A restore into the agent's checkpoint.dir tells the agent's journal what it put there, so an
+// agent that starts only after another instance committed a newer save of the same name (and
+// retention deleted the restored commit) knows the restored copy for that older commit. Before,
+// that agent took the copy (its files new to the file system, the store holding another version
+// of its name) for a newer save: committed as LATEST, and retention deleted the newer one.
+// (Found from outside.)
+func TestRestoreTellsTheAgentsJournal(t *testing.T) {
+	dirA, dirB, stateA := t.TempDir(), t.TempDir(), t.TempDir()
+	store := newMemStore()
+	cfg := UploaderConfig{StopBudget: -1, Keep: 1}
+	b := startUploaderWith(t, dirB, store, cfg)
+	writeCheckpoint(t, dirB, "step-1", map[string][]byte{"a.bin": randomBytes(t, 4<<10)})
+	first := b.waitCommitted("step-1").Manifest
+	b.stop()
+	stage := filepath.Join(t.TempDir(), "stage") // the second save, completed now, sent later
+	save2 := map[string][]byte{"a.bin": randomBytes(t, 4<<10)}
+	writeCheckpoint(t, stage, "step-1", save2)
+	fi, err := os.Stat(filepath.Join(stage, "step-1", "_COMPLETE"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for !time.Now().After(fi.ModTime().Add(20 * time.Millisecond)) { // the clock read, not waited on for an event
+		<-time.After(time.Millisecond)
+	}
+	opts := RestoreOptions{Job: "job", To: dirA, Logger: zerolog.Nop(), Journal: JournalPath(stateA, "job", dirA, store.URL())}
+	if res, err := Restore(t.Context(), store, opts); err != nil || res.Commit != first.Commit {
+		t.Fatalf("Restore = %+v, %v; want %s", res, err, first.Commit)
+	}
+	if err := os.RemoveAll(filepath.Join(dirB, "step-1")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(filepath.Join(stage, "step-1"), filepath.Join(dirB, "step-1")); err != nil {
+		t.Fatal(err)
+	}
+	b = startUploaderWith(t, dirB, store, cfg)
+	second := b.waitCommitted("step-1").Manifest
+	b.stop()
+	if cs := commitsOf(t, store, "step-1"); len(cs) != 1 || cs[0].Commit != second.Commit {
+		t.Fatalf("step-1's commits = %d; want the second save's alone (checkpoint.keep 1)", len(cs))
+	}
+
+	a := startUploaderWith(t, dirA, store, UploaderConfig{StopBudget: -1, Keep: 1, StateDir: stateA})
+	var got CheckpointStatus
+	eventuallyUploader(t, "A to say what its step-1 is", func() bool {
+		for _, c := range a.up.Status(t.Context()).Checkpoints {
+			if c.Name == "step-1" && c.Committed {
+				got = c
+				return true
+			}
+		}
+		return false
+	})
+	a.stop()
+	if got.Commit != first.Commit {
+		t.Errorf("A's step-1 is commit %s; want %s, the restored one", got.Commit, first.Commit)
+	}
+	var l Latest
+	if data, _, err := store.GetBytes(t.Context(), LatestKey("job")); err != nil || json.Unmarshal(data, &l) != nil || l.Commit != second.Commit {
+		t.Errorf("LATEST = %s (%v); want %s, the second save\n%s", data, err, second.Commit, a.logs)
+	}
+	restoreAndCompare(t, store, "step-1", save2)
+}
+
 // An agent restarted half way through a save into a complete directory again, after it had
 // seen the first file written again and begun to send it to a new commit, still waits for the
 // marker: the journal says which marker no longer vouches for the files.
@@ -846,7 +909,7 @@ func TestUploaderRestartKnowsOnlyTheCommittedFiles(t *testing.T) {
 	ready(events, dir, "w", "_COMPLETE")
 	first := r.waitCommitted("step-1").Manifest
 	r.stop()
-	entries, err := readJournal(journalPath(state, "job", dir, store.URL()))
+	entries, err := readJournal(JournalPath(state, "job", dir, store.URL()))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -858,7 +921,7 @@ func TestUploaderRestartKnowsOnlyTheCommittedFiles(t *testing.T) {
 	// is lost); the checkpoint is deleted; the agent restarts while the store cannot list, so it
 	// knows the commit from its journal and the manifest's key alone; and the commit is restored
 	// into the directory again (by hand, or spotguard-restore on the same instance).
-	jpath := journalPath(state, "job", dir, store.URL())
+	jpath := JournalPath(state, "job", dir, store.URL())
 	lines, err := os.ReadFile(jpath)
 	if err != nil {
 		t.Fatal(err)

@@ -148,6 +148,10 @@ func runRestore(ctx context.Context, args, environ []string, stdout, stderr io.W
 	opts := checkpoint.RestoreOptions{Job: cfg.Store.Job, Checkpoint: *name, Commit: commitID, CommitSet: *commit != "", To: *to,
 		Marker: cfg.Checkpoint.Marker, Logger: log.Level(level)}
 	opts.Part = partRank
+	if cd := cfg.Checkpoint.Dir; cd != "" && filepath.Clean(cd) == *to && cfg.Agent.RuntimeDir != "" {
+		// Into the agent's checkpoint.dir: its journal learns what was put there.
+		opts.Journal = checkpoint.JournalPath(cfg.Agent.RuntimeDir, cfg.Store.Job, cd, store.URL())
+	}
 	// Progress: a bar on a terminal (none with --json); elsewhere (spotguard-restore.service, a
 	// pipe) a log line every progressLogEvery and one at the end.
 	var bar *progressBar
