@@ -213,7 +213,7 @@ func runConfig(ctx context.Context, args, environ []string, stdout, stderr io.Wr
 		warnings = append(warnings, awsWarning)
 	}
 	for _, w := range warnings {
-		fmt.Fprintf(stderr, "warning: %s\n", w)
+		fmt.Fprintf(atPriority(stderr, 4), "warning: %s\n", w)
 	}
 	if len(problems) > 0 {
 		fmt.Fprintf(stderr, "\n%d problem(s) in the configuration:\n", len(problems))

@@ -285,3 +285,24 @@ func TestCommandErrorsInTheJournal(t *testing.T) {
 		t.Errorf("stderr without journald:\n%s\nwant the lines without a priority prefix", b)
 	}
 }
+
+// TestConfigWarningsInTheJournal: under systemd, `spotguard config`'s warnings reach journald as
+// warnings, not errors (as plan's do). (Found from outside: they were at <3>.)
+func TestConfigWarningsInTheJournal(t *testing.T) {
+	stderr := createFile(t, "stderr")
+	cfgPath := filepath.Join(t.TempDir(), "spotguard.yaml")
+	if err := os.WriteFile(cfgPath, []byte("trainer:\n  pidfile: /x\nhttp:\n  listen: 0.0.0.0:9402\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	args := []string{"config", "--config", cfgPath}
+	if code := run(t.Context(), args, []string{"JOURNAL_STREAM=" + journalStreamOf(t, stderr)}, io.Discard, stderr); code != exitOK {
+		t.Fatalf("config with a warning: exit %d; want %d", code, exitOK)
+	}
+	b, err := os.ReadFile(stderr.Name())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasPrefix(string(b), "<4>warning: http.listen: 0.0.0.0:9402: not a loopback address") {
+		t.Errorf("stderr under journald:\n%s\nwant the warning at <4>", b)
+	}
+}

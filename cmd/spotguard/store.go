@@ -368,7 +368,7 @@ func runList(ctx context.Context, args, environ []string, stdout, stderr io.Writ
 	split := checkpoint.SplitSaves(cs, cfg.Checkpoint.Marker)
 	if !*check {
 		for _, e := range split {
-			fmt.Fprintf(stderr, "spotguard list: warning: %v (restore refuses it; set store.world_nodes and store.node_rank on every node, docs/multinode.md)\n", e)
+			fmt.Fprintf(atPriority(stderr, 4), "spotguard list: warning: %v (restore refuses it; set store.world_nodes and store.node_rank on every node, docs/multinode.md)\n", e)
 		}
 	}
 	if *check {
