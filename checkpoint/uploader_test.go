@@ -555,6 +555,47 @@ func TestRestartCommitsAgainWhatTheStoreLost(t *testing.T) {
 	}
 }
 
+// commitThenStage commits step-1 from dirB (an agent with cfg, stopped after) and writes a second
+// save, name2, into a staging directory it returns: completed now, to be moved into dirB and sent
+// later. It returns once the clock is past that save's completion, so that what comes next (a
+// restore) comes after it (the clock read, not waited on for an event: file times advance in
+// ticks).
+func commitThenStage(t *testing.T, dirB string, store Store, cfg UploaderConfig, name2 string) (first *Manifest, stage string, save2 map[string][]byte) {
+	t.Helper()
+	b := startUploaderWith(t, dirB, store, cfg)
+	writeCheckpoint(t, dirB, "step-1", map[string][]byte{"a.bin": randomBytes(t, 4<<10)})
+	first = b.waitCommitted("step-1").Manifest
+	b.stop()
+	stage = filepath.Join(t.TempDir(), "stage")
+	save2 = map[string][]byte{"a.bin": randomBytes(t, 4<<10)}
+	writeCheckpoint(t, stage, name2, save2)
+	fi, err := os.Stat(filepath.Join(stage, name2, "_COMPLETE"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for !time.Now().After(fi.ModTime().Add(20 * time.Millisecond)) {
+		<-time.After(time.Millisecond)
+	}
+	return first, stage, save2
+}
+
+// waitStatusCommitted waits until /status says checkpoint name is committed, and returns its
+// status.
+func (r *uploaderRig) waitStatusCommitted(name string) CheckpointStatus {
+	r.t.Helper()
+	var got CheckpointStatus
+	eventuallyUploader(r.t, name+" committed in the status", func() bool {
+		for _, c := range r.up.Status(r.t.Context()).Checkpoints {
+			if c.Name == name && c.Committed {
+				got = c
+				return true
+			}
+		}
+		return false
+	})
+	return got
+}
+
 // A restored copy of a commit is not a newer save than a commit that completed before the
 // restore. Instance B commits step-1 and completes step-2, whose upload is slow; its replacement
 // A restores step-1 (the newest commit then), and its agent takes it as committed; B then commits
@@ -570,35 +611,12 @@ func TestRestoredCopyKeepsItsCommitsPlace(t *testing.T) {
 			dirA, dirB, stateA := t.TempDir(), t.TempDir(), t.TempDir()
 			store := newMemStore()
 			cfg := UploaderConfig{StopBudget: -1, Keep: 1}
-			b := startUploaderWith(t, dirB, store, cfg)
-			writeCheckpoint(t, dirB, "step-1", map[string][]byte{"a.bin": randomBytes(t, 4<<10)})
-			first := b.waitCommitted("step-1").Manifest
-			b.stop()
-			save2 := map[string][]byte{"a.bin": randomBytes(t, 4<<10)}
-			stage := filepath.Join(t.TempDir(), "stage") // completed now, sent later
-			writeCheckpoint(t, stage, name2, save2)
-			// The restore comes after B completed the save (the clock read, not waited on for an
-			// event: file times advance in ticks).
-			done := filepath.Join(stage, name2, "_COMPLETE")
-			fi, err := os.Stat(done)
-			if err != nil {
-				t.Fatal(err)
-			}
-			for !time.Now().After(fi.ModTime().Add(20 * time.Millisecond)) {
-				<-time.After(time.Millisecond)
-			}
+			first, stage, save2 := commitThenStage(t, dirB, store, cfg, name2)
 			if _, err := Restore(t.Context(), store, RestoreOptions{Job: "job", To: dirA, Logger: zerolog.Nop()}); err != nil {
 				t.Fatal(err)
 			}
 			a := startUploaderWith(t, dirA, store, UploaderConfig{StopBudget: -1, Keep: 1, StateDir: stateA})
-			eventuallyUploader(t, "A to take its restored copy as committed", func() bool {
-				for _, c := range a.up.Status(t.Context()).Checkpoints {
-					if c.Name == "step-1" && c.Committed {
-						return true
-					}
-				}
-				return false
-			})
+			a.waitStatusCommitted("step-1")
 			a.stop()
 			if err := os.Rename(filepath.Join(stage, name2), filepath.Join(dirB, name2+".moving")); err != nil {
 				t.Fatal(err)
@@ -611,7 +629,7 @@ func TestRestoredCopyKeepsItsCommitsPlace(t *testing.T) {
 			if err := os.Rename(filepath.Join(dirB, name2+".moving"), filepath.Join(dirB, name2)); err != nil {
 				t.Fatal(err)
 			}
-			b = startUploaderWith(t, dirB, store, cfg)
+			b := startUploaderWith(t, dirB, store, cfg)
 			var second *Manifest
 			eventuallyUploader(t, "B to commit the second save", func() bool {
 				for _, m := range commitsOf(t, store, name2) {
@@ -657,20 +675,7 @@ func TestRestoreTellsTheAgentsJournal(t *testing.T) {
 	dirA, dirB, stateA := t.TempDir(), t.TempDir(), t.TempDir()
 	store := newMemStore()
 	cfg := UploaderConfig{StopBudget: -1, Keep: 1}
-	b := startUploaderWith(t, dirB, store, cfg)
-	writeCheckpoint(t, dirB, "step-1", map[string][]byte{"a.bin": randomBytes(t, 4<<10)})
-	first := b.waitCommitted("step-1").Manifest
-	b.stop()
-	stage := filepath.Join(t.TempDir(), "stage") // the second save, completed now, sent later
-	save2 := map[string][]byte{"a.bin": randomBytes(t, 4<<10)}
-	writeCheckpoint(t, stage, "step-1", save2)
-	fi, err := os.Stat(filepath.Join(stage, "step-1", "_COMPLETE"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	for !time.Now().After(fi.ModTime().Add(20 * time.Millisecond)) { // the clock read, not waited on for an event
-		<-time.After(time.Millisecond)
-	}
+	first, stage, save2 := commitThenStage(t, dirB, store, cfg, "step-1")
 	opts := RestoreOptions{Job: "job", To: dirA, Logger: zerolog.Nop(), Journal: JournalPath(stateA, "job", dirA, store.URL())}
 	if res, err := Restore(t.Context(), store, opts); err != nil || res.Commit != first.Commit {
 		t.Fatalf("Restore = %+v, %v; want %s", res, err, first.Commit)
@@ -681,7 +686,7 @@ func TestRestoreTellsTheAgentsJournal(t *testing.T) {
 	if err := os.Rename(filepath.Join(stage, "step-1"), filepath.Join(dirB, "step-1")); err != nil {
 		t.Fatal(err)
 	}
-	b = startUploaderWith(t, dirB, store, cfg)
+	b := startUploaderWith(t, dirB, store, cfg)
 	second := b.waitCommitted("step-1").Manifest
 	b.stop()
 	if cs := commitsOf(t, store, "step-1"); len(cs) != 1 || cs[0].Commit != second.Commit {
@@ -689,16 +694,7 @@ func TestRestoreTellsTheAgentsJournal(t *testing.T) {
 	}
 
 	a := startUploaderWith(t, dirA, store, UploaderConfig{StopBudget: -1, Keep: 1, StateDir: stateA})
-	var got CheckpointStatus
-	eventuallyUploader(t, "A to say what its step-1 is", func() bool {
-		for _, c := range a.up.Status(t.Context()).Checkpoints {
-			if c.Name == "step-1" && c.Committed {
-				got = c
-				return true
-			}
-		}
-		return false
-	})
+	got := a.waitStatusCommitted("step-1")
 	a.stop()
 	if got.Commit != first.Commit {
 		t.Errorf("A's step-1 is commit %s; want %s, the restored one", got.Commit, first.Commit)
