@@ -25,8 +25,14 @@ import (
 // if not nil, is the server's listener.
 func stallStore(t *testing.T, handler http.Handler, ln net.Listener) *S3Store {
 	t.Helper()
+	return stallStoreTimeouts(t, handler, ln, 300*time.Millisecond, time.Minute)
+}
+
+// stallStoreTimeouts is stallStore with these stall and answer timeouts.
+func stallStoreTimeouts(t *testing.T, handler http.Handler, ln net.Listener, stall, answer time.Duration) *S3Store {
+	t.Helper()
 	defer func(d, h time.Duration) { t.Cleanup(func() { s3StallTimeout, s3ResponseHeaderTimeout = d, h }) }(s3StallTimeout, s3ResponseHeaderTimeout)
-	s3StallTimeout, s3ResponseHeaderTimeout = 300*time.Millisecond, time.Minute
+	s3StallTimeout, s3ResponseHeaderTimeout = stall, answer
 	srv := httptest.NewUnstartedServer(handler)
 	if ln != nil {
 		srv.Listener.Close()
@@ -97,6 +103,21 @@ func TestS3DownloadRereadsARangeThatStalls(t *testing.T) {
 	}
 }
 
+// windowListener accepts connections with a receive buffer of size bytes (a window that cannot
+// hold a whole body).
+type windowListener struct {
+	net.Listener
+	size int
+}
+
+func (l windowListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if tc, ok := c.(*net.TCPConn); ok {
+		tc.SetReadBuffer(l.size)
+	}
+	return c, err
+}
+
 // tinyWindowListener accepts connections with a 4 KiB receive buffer, so a client sending to a
 // handler that stops reading fills the window at once and blocks.
 type tinyWindowListener struct{ net.Listener }
@@ -139,5 +160,58 @@ func TestS3UploadThatStallsFails(t *testing.T) {
 	_, err = s.PutFile(ctx, "j/c/x/file", f, 8<<20, nil)
 	if !errors.Is(err, errStalled) || ctx.Err() != nil || !strings.Contains(err.Error(), "stalled") {
 		t.Fatalf("PutFile to a server that stops reading = %v (ctx %v); want a stall, well before 20 s", err, ctx.Err())
+	}
+}
+
+// An upload to a server that reads it slowly (a slow route, a proxy that paces) is not cut while
+// its bytes still move: the kernel holds megabytes of the body once the HTTP transport has handed
+// it over, and the wait for the answer begins only once the server has them. It used to begin at
+// the hand-over, and every attempt was cut while its bytes still moved, for good. (Found from
+// outside, with the S3 model at 150 KB/s a connection.)
+func TestS3UploadToASlowReaderIsNotCut(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	const size = 2 << 20
+	var mu sync.Mutex
+	puts := 0
+	s := stallStoreTimeouts(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		puts++
+		mu.Unlock()
+		// 32 KiB every 50 ms: 640 KiB/s, the body in about 3 s (a paced peer, not a wait).
+		tick := time.NewTicker(50 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			if _, err := io.CopyN(io.Discard, r.Body, 32<<10); err != nil {
+				break
+			}
+			select {
+			case <-tick.C:
+			case <-r.Context().Done():
+				return
+			}
+		}
+		w.Header().Set("ETag", `"e1"`)
+	}), windowListener{ln, 64 << 10}, 5*time.Second, 500*time.Millisecond)
+	p := filepath.Join(t.TempDir(), "file")
+	if err := os.WriteFile(p, bytes.Repeat([]byte{7}, size), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.Open(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	if _, err := s.PutFile(ctx, "j/c/x/file", f, size, nil); err != nil {
+		t.Fatalf("PutFile to a server that reads slowly = %v; want it stored", err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if puts != 1 {
+		t.Errorf("PUTs = %d; want 1, never cut while its bytes moved", puts)
 	}
 }

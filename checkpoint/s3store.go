@@ -8,6 +8,8 @@ import (
 	"fmt"
 	"hash/crc32"
 	"io"
+	"net"
+	"net/http/httptrace"
 	"os"
 	"slices"
 	"strings"
@@ -267,9 +269,20 @@ func newS3Body(f *os.File, off, n int64, progress func(int64), stall *stallWatch
 }
 
 func (b *s3Body) Read(p []byte) (int, error) {
+	n, err, end := b.read(p)
+	if end {
+		// Not under mu: the request may be rewound (Seek) meanwhile, as it is cut.
+		b.stall.drain()
+		b.stall.idle() // all sent: the wait for the answer is s3ResponseHeaderTimeout's
+	}
+	return n, err
+}
+
+// read is Read but for what it does at the body's end (end: the end is said now).
+func (b *s3Body) read(p []byte) (n int, err error, end bool) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	n, err := b.r.Read(p)
+	n, err = b.r.Read(p)
 	pos, _ := b.r.Seek(0, io.SeekCurrent)
 	if b.progress != nil && n > 0 && pos > b.high {
 		b.progress(pos - b.high)
@@ -278,11 +291,13 @@ func (b *s3Body) Read(p []byte) (int, error) {
 	if b.stall != nil {
 		if pos < b.r.Size() {
 			b.stall.moved()
+		} else if n == 0 && errors.Is(err, io.EOF) {
+			return n, err, true
 		} else {
-			b.stall.idle() // all sent: the wait for the answer is s3ResponseHeaderTimeout's
+			b.stall.idle()
 		}
 	}
-	return n, err
+	return n, err, false
 }
 
 // errStalled is the cause of a request cut because its body stopped moving.
@@ -373,7 +388,11 @@ const s3StallAttempts = 3
 type stallWatch struct {
 	timer  *time.Timer
 	d      time.Duration
+	ctx    context.Context
 	cancel context.CancelCauseFunc
+
+	mu   sync.Mutex
+	conn net.Conn // the connection the request is being written to (GotConn), if known
 }
 
 // cut cancels the request now, with cause.
@@ -381,11 +400,58 @@ func (w *stallWatch) cut(cause error) { w.cancel(cause) }
 
 // watchStall returns ctx for one request, cancelled with errStalled once the body has not moved
 // for s3StallTimeout (armed now, unless idle is called), and the function that ends the watch.
+// The context also tells the watch which connection the request is written to (drain).
 func watchStall(ctx context.Context) (context.Context, *stallWatch, func()) {
 	ctx, cancel := context.WithCancelCause(ctx)
 	w := &stallWatch{d: s3StallTimeout, cancel: cancel}
 	w.timer = time.AfterFunc(w.d, func() { cancel(errStalled) })
+	ctx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{GotConn: func(i httptrace.GotConnInfo) { w.setConn(i.Conn) }})
+	w.ctx = ctx
 	return ctx, w, func() { w.timer.Stop(); cancel(nil) }
+}
+
+// setConn records the connection the request is written to (nil: none yet).
+func (w *stallWatch) setConn(c net.Conn) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.conn = c
+}
+
+// s3DrainPoll is how often drain looks at what the peer has not acknowledged yet.
+const s3DrainPoll = 100 * time.Millisecond
+
+// drain returns once the peer has acknowledged every byte of the body written to the request's
+// connection (or that cannot be told, or the request is cut), the watch re-armed at every byte
+// acknowledged. The HTTP transport starts s3ResponseHeaderTimeout once the body is handed to the
+// kernel, which can hold megabytes of it (the socket's buffers): on a connection slower than
+// those megabytes in 20 s (a slow route, a server that reads slowly), every attempt was cut
+// while its bytes still moved, and sent again from its start, for good (found from outside).
+// Called at the body's end, before it says so.
+func (w *stallWatch) drain() {
+	w.mu.Lock()
+	c := w.conn
+	w.mu.Unlock()
+	if c == nil {
+		return // not being written to a connection: read for its hash
+	}
+	last := -1
+	tick := time.NewTicker(s3DrainPoll)
+	defer tick.Stop()
+	for {
+		n, ok := unsentBytes(c)
+		if !ok || n == 0 {
+			return
+		}
+		if last < 0 || n < last {
+			w.moved()
+		}
+		last = n
+		select {
+		case <-w.ctx.Done():
+			return
+		case <-tick.C:
+		}
+	}
 }
 
 // moved re-arms the watch: the body moved.
@@ -405,6 +471,9 @@ func stalled(ctx context.Context, err error) error {
 func (b *s3Body) Seek(offset int64, whence int) (int64, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	if b.stall != nil {
+		b.stall.setConn(nil) // read again: for a hash, or for the next attempt's connection
+	}
 	return b.r.Seek(offset, whence)
 }
 
