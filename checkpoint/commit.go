@@ -582,6 +582,13 @@ const latestAttempts = 20
 // replaced. It returns whether it moved LATEST, and an error naming LATEST if the store failed or
 // the race was lost latestAttempts times in a row.
 func advanceLatest(ctx context.Context, s Store, m *Manifest, host Host, cache *manifestCache) (bool, error) {
+	moved, _, err := advanceLatestOrder(ctx, s, m, host, cache)
+	return moved, err
+}
+
+// advanceLatestOrder is advanceLatest that also returns, when LATEST was not moved because it
+// names a commit that is not older, that commit's order (nil otherwise).
+func advanceLatestOrder(ctx context.Context, s Store, m *Manifest, host Host, cache *manifestCache) (bool, *CommitOrder, error) {
 	key := LatestKey(m.Job)
 	for range latestAttempts {
 		data, etag, err := s.GetBytes(ctx, key)
@@ -590,10 +597,10 @@ func advanceLatest(ctx context.Context, s Store, m *Manifest, host Host, cache *
 		case errors.Is(err, ErrNotFound):
 			cond = Cond{IfAbsent: true}
 		case err != nil:
-			return false, fmt.Errorf("read %s: %w", key, err)
+			return false, nil, fmt.Errorf("read %s: %w", key, err)
 		default:
 			if cur, ok := latestOrder(ctx, s, m.Job, data, cache); ok && !m.Order().After(cur) {
-				return false, nil
+				return false, &cur, nil
 			}
 		}
 		complete := m.Order().At
@@ -601,19 +608,19 @@ func advanceLatest(ctx context.Context, s Store, m *Manifest, host Host, cache *
 			CommittedAt: m.CommittedAt, Host: host}
 		b, err := json.Marshal(l)
 		if err != nil {
-			return false, err
+			return false, nil, err
 		}
 		_, err = s.PutBytes(ctx, key, b, cond)
 		switch {
 		case err == nil:
-			return true, nil
+			return true, nil, nil
 		case errors.Is(err, ErrPrecondition) || errors.Is(err, ErrExists):
 			continue // someone else moved it: look again
 		default:
-			return false, fmt.Errorf("write %s: %w", key, err)
+			return false, nil, fmt.Errorf("write %s: %w", key, err)
 		}
 	}
-	return false, fmt.Errorf("write %s: it changed under every one of %d attempts", key, latestAttempts)
+	return false, nil, fmt.Errorf("write %s: it changed under every one of %d attempts", key, latestAttempts)
 }
 
 // latestOrder returns the order of the commit that LATEST (data) names, from that commit's
@@ -929,6 +936,10 @@ type commitResult struct {
 	attempted   bool
 	err         error
 	latestMoved bool
+	// latestNewer is the order of the commit LATEST names when it was not moved, being newer:
+	// read from the store, it is a commit the agent knows of from now on (Uploader.learn), as
+	// it knows those it reads at start (another instance's, whose clock may be ahead).
+	latestNewer *CommitOrder
 	// deleted are commits found deleted or deleted by retention: no longer candidates.
 	deleted []CommitRef
 	// retentionFailed are retention's deletes that failed (handleCommit reports them).
@@ -1428,9 +1439,9 @@ func (u *Uploader) commit(ctx context.Context, c commitJob) commitResult {
 		return r
 	}
 	for attempt := 1; ; attempt++ {
-		moved, err := advanceLatest(ctx, u.cfg.Store, m, m.Host, u.cache)
+		moved, newer, err := advanceLatestOrder(ctx, u.cfg.Store, m, m.Host, u.cache)
 		if err == nil {
-			r.latestMoved = moved
+			r.latestMoved, r.latestNewer = moved, newer
 			break
 		}
 		u.log.Error().Err(err).Str("checkpoint", c.name).Int("attempt", attempt).

@@ -2801,6 +2801,9 @@ func (u *Uploader) handleCommit(ctx context.Context, r commitResult) {
 		m := r.manifest
 		g.state, g.manifest = genCommitted, m
 		u.learn(m.Order())
+		if r.latestNewer != nil {
+			u.learn(*r.latestNewer)
+		}
 		if m.Part == nil {
 			u.index[g.name] = append([]*Manifest{m}, u.index[g.name]...)
 			u.forgetGone()

@@ -2426,3 +2426,39 @@ func TestUploaderStatusListsNoCheckpointAsEmpty(t *testing.T) {
 		t.Errorf("status = %s; want \"checkpoints\":[]", b)
 	}
 }
+
+// A running agent that finds LATEST on another instance's commit whose clock is ahead (LATEST not
+// moved to its own newer commit) knows of that commit from then on: a checkpoint it completes
+// later is ordered after it, with the clock warning, and becomes LATEST. It used to learn of such
+// a commit only at start: every later checkpoint stayed behind it, and with checkpoint.keep 1
+// retention deleted each as it was committed. (Found from outside.)
+func TestRunningAgentLearnsOfACommitFromAClockAhead(t *testing.T) {
+	dir := t.TempDir()
+	store := newMemStore()
+	r := startUploaderWith(t, dir, store, UploaderConfig{StopBudget: -1, Keep: 1})
+	now := time.Now()
+	ahead := putCommit(t, store, "step-100", "i-ahead", map[string][]byte{"a.bin": randomBytes(t, 1<<10), "_COMPLETE": nil},
+		now.Add(time.Hour), now.Add(time.Hour), nil)
+	if moved, err := advanceLatest(t.Context(), store, ahead, Host{InstanceID: "i-ahead"}, nil); !moved || err != nil {
+		t.Fatalf("advanceLatest(the commit from a clock ahead) = %v, %v", moved, err)
+	}
+	writeCheckpoint(t, dir, "step-200", map[string][]byte{"a.bin": randomBytes(t, 1<<10)})
+	r.waitCommitted("step-200")
+	learned := time.Now()
+	for !time.Now().After(learned.Add(20 * time.Millisecond)) { // the clock read, not waited on for an event
+		<-time.After(time.Millisecond)
+	}
+	writeCheckpoint(t, dir, "step-300", map[string][]byte{"a.bin": randomBytes(t, 1<<10)})
+	third := r.waitCommitted("step-300").Manifest
+	r.stop()
+	var l Latest
+	if data, _, err := store.GetBytes(t.Context(), LatestKey("job")); err != nil || json.Unmarshal(data, &l) != nil || l.Commit != third.Commit {
+		t.Errorf("LATEST = %s (%v); want step-300 %s, completed after the agent read the commit from a clock ahead", data, err, third.Commit)
+	}
+	if cs := commitsOf(t, store, "step-300"); len(cs) != 1 {
+		t.Errorf("step-300 has %d commits; want it kept (retention keeps the newest)", len(cs))
+	}
+	if !strings.Contains(r.logs.String(), "this instance's clock is behind the one that wrote a commit the agent knew of") {
+		t.Errorf("no clock warning:\n%s", r.logs)
+	}
+}
