@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"maps"
 	"os"
 	"path"
 	"path/filepath"
@@ -406,17 +407,37 @@ func (j *journal) close() error {
 	return errors.Join(j.flush(), j.f.Close())
 }
 
-// holds reports whether lc, a checkpoint on disk, is the version e's commit was made of: the
-// same files, each the version (FileID) the journal recorded.
+// holds reports whether lc, a checkpoint on disk, still has the bytes of the version e's commit
+// was made of: the same files, each the same file (device and inode) with the size and
+// modification time the journal recorded. Its change time is not asked: a chmod -R or chown -R
+// (at boot, of the whole checkpoint.dir) changes every file's, and none of their bytes.
 func (e *journalEntry) holds(lc LocalCheckpoint) bool {
 	if len(lc.Files) != len(e.files) {
 		return false
 	}
 	for _, f := range lc.Files {
 		d, ok := e.files[f.Path]
-		if !ok || !d.id.Same(f.ID) {
+		if !ok || d.id.Dev != f.ID.Dev || d.id.Ino != f.ID.Ino || d.id.Size != f.ID.Size || !d.id.ModTime.Equal(f.ID.ModTime) {
 			return false
 		}
 	}
 	return true
+}
+
+// manifest returns what the journal knows of e's done commit of checkpoint name of job, when it
+// knows its place in the order: its files (paths, keys, sizes, checksums) and that place, as
+// the commit's manifest has them. nil otherwise.
+func (e *journalEntry) manifest(job, name string) *Manifest {
+	if !e.done || e.completeAt.IsZero() || ValidCommitID(e.commit) != nil {
+		return nil
+	}
+	at := e.completeAt
+	m := &Manifest{Version: ManifestVersion, Job: job, Checkpoint: name, Commit: e.commit}
+	m.Timings.CompleteAt = &at
+	for _, p := range slices.Sorted(maps.Keys(e.files)) {
+		d := e.files[p]
+		m.Files = append(m.Files, File{Path: p, Key: d.key, Size: d.id.Size, Checksum: d.checksum})
+		m.TotalBytes += d.id.Size
+	}
+	return m
 }

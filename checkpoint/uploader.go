@@ -1249,11 +1249,11 @@ func (u *Uploader) resolveJournal(ctx context.Context, name string, e *journalEn
 }
 
 // newerThanStore reports whether the checkpoint name on disk is complete and completed after the
-// job's newest commit in the store (st). Unchanged since the journal's done commit e of it was
-// made of it, it completed when that commit did (a restored copy, adopted as its commit, is not a
-// newer save however new its files are to the file system); otherwise as a commit of it would
-// say, with the span in which it was modified while no agent watched (restore dates a restored
-// file to its commit).
+// job's newest commit in the store (st). With the bytes the journal's done commit e of it was
+// made of (journalEntry.holds: a chmod -R since changes nothing), it completed when that commit
+// did (a restored copy, adopted as its commit, is not a newer save however new its files are to
+// the file system); otherwise as a commit of it would say, with the span in which it was
+// modified while no agent watched (restore dates a restored file to its commit).
 func (u *Uploader) newerThanStore(name string, st *JobState, e *journalEntry) bool {
 	lc, err := ScanCheckpoint(u.cfg.Dir, name, u.cfg.Marker, u.cfg.Pattern, u.log)
 	if err != nil || !lc.Complete {
@@ -1408,6 +1408,12 @@ func (u *Uploader) current(name string) *generation {
 		}
 		if f := g.files[u.cfg.Marker]; f != nil && e.done && !g.single {
 			g.marker = f.id // the marker the commit was complete with
+		}
+		if g.manifest == nil && e.done && u.cfg.WorldNodes <= 1 {
+			// Deleted from the store since (retention): what the journal knows of it, so that
+			// these bytes, found again with other file times (a chmod -R at boot), keep its
+			// place in the order (nextGen's prior) rather than coming back as the newest.
+			g.manifest = e.manifest(u.cfg.Job, name)
 		}
 	}
 	if id, ok := u.stale[name]; ok {

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
 	"maps"
 	"os"
 	"path"
@@ -2460,5 +2461,60 @@ func TestRunningAgentLearnsOfACommitFromAClockAhead(t *testing.T) {
 	}
 	if !strings.Contains(r.logs.String(), "this instance's clock is behind the one that wrote a commit the agent knew of") {
 		t.Errorf("no clock warning:\n%s", r.logs)
+	}
+}
+
+// A checkpoint whose commit retention deleted (another instance saved its name again, and
+// newer), its files' change times moved by a chmod -R while the agent was down, does not come
+// back as the newest when the agent starts again: the journal knows its bytes and its place.
+// It used to be committed again as LATEST ("nothing there is newer"), and retention deleted the
+// other instance's newer save of its name. (Found from outside.)
+func TestChmodWhileDownKeepsAJournalCommitsPlace(t *testing.T) {
+	dirA, dirB, stateA := t.TempDir(), t.TempDir(), t.TempDir()
+	store := newMemStore()
+	cfgA := UploaderConfig{StopBudget: -1, Keep: 2, StateDir: stateA}
+	a := startUploaderWith(t, dirA, store, cfgA)
+	writeCheckpoint(t, dirA, "step-300", map[string][]byte{"a.bin": randomBytes(t, 4<<10)})
+	old := a.waitCommitted("step-300").Manifest
+	a.stop()
+	b := startUploaderWith(t, dirB, store, UploaderConfig{StopBudget: -1, Keep: 2})
+	for !time.Now().After(old.Order().At.Add(20 * time.Millisecond)) { // the clock read, not waited on for an event
+		<-time.After(time.Millisecond)
+	}
+	writeCheckpoint(t, dirB, "step-300", map[string][]byte{"a.bin": randomBytes(t, 4<<10)})
+	newer := b.waitCommitted("step-300").Manifest
+	writeCheckpoint(t, dirB, "step-400", map[string][]byte{"a.bin": randomBytes(t, 4<<10)})
+	newest := b.waitCommitted("step-400").Manifest
+	b.stop()
+	if cs := commitsOf(t, store, "step-300"); len(cs) != 1 || cs[0].Commit != newer.Commit {
+		t.Fatalf("step-300's commits before the restart = %v; want B's alone (A's deleted by retention)", cs)
+	}
+	if err := filepath.WalkDir(dirA, func(p string, _ fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		return os.Chmod(p, 0o775) // every ctime now, no byte changed
+	}); err != nil {
+		t.Fatal(err)
+	}
+	a = startUploaderWith(t, dirA, store, cfgA)
+	eventuallyUploader(t, "A's step-300 to be settled", func() bool {
+		for _, c := range a.up.Status(t.Context()).Checkpoints {
+			if c.Name == "step-300" {
+				return c.Committed
+			}
+		}
+		return false
+	})
+	a.stop()
+	var l Latest
+	if data, _, err := store.GetBytes(t.Context(), LatestKey("job")); err != nil || json.Unmarshal(data, &l) != nil || l.Commit != newest.Commit {
+		t.Errorf("LATEST = %s (%v); want step-400 %s\n%s", data, err, newest.Commit, a.logs)
+	}
+	if cs := commitsOf(t, store, "step-300"); !slices.ContainsFunc(cs, func(m *Manifest) bool { return m.Commit == newer.Commit }) {
+		t.Errorf("B's step-300 %s was deleted\n%s", newer.Commit, a.logs)
+	}
+	if strings.Contains(a.logs.String(), "nothing there is newer") {
+		t.Errorf("A took its old step-300 for newer than the store:\n%s", a.logs)
 	}
 }
