@@ -115,6 +115,7 @@ type NoticeStatus struct {
 	renamedAt   time.Time
 	renamedDone time.Time
 	missingSaid bool      // reported as checkpoint_missing
+	lateSaid    bool      // its deadline passed with written not committed, said (checkLate)
 	endedAt     time.Time // when it ended; zero while active
 	committed   bool      // written is committed
 	// inherited: the trainer was signalled for it by the agent's previous run (a restart during
@@ -338,6 +339,36 @@ func (c *Coordinator) Run(ctx context.Context, events <-chan imds.Event) error {
 			}
 		}
 		c.checkMissing(time.Now())
+		c.checkLate(time.Now())
+	}
+}
+
+// checkLate says, once per notice, an error when a checkpoint notice's deadline passes with the
+// checkpoint written for it not committed yet: the instance may be gone any moment, and what the
+// next one restores is the newest checkpoint committed before (a store too slow, or refusing).
+// The upload goes on; "checkpoint committed after the notice deadline" says when it lands.
+func (c *Coordinator) checkLate(now time.Time) {
+	type late struct {
+		key, written string
+		by           time.Duration
+	}
+	var due []late
+	c.mu.Lock()
+	for _, ns := range c.active {
+		if ns.Policy != PolicyCheckpoint || ns.written == "" || ns.committed || ns.lateSaid || ns.Deadline == nil || !now.After(*ns.Deadline) {
+			continue
+		}
+		if ns.State != StateCheckpointWritten {
+			continue
+		}
+		ns.lateSaid = true
+		due = append(due, late{ns.Key, ns.written, now.Sub(*ns.Deadline)})
+	}
+	c.mu.Unlock()
+	for _, l := range due {
+		c.log.Error().Str("notice", l.key).Str("checkpoint", l.written).Float64("late_by_s", logSeconds(l.by)).
+			Msg("the notice's deadline passed and its checkpoint is not committed yet: its upload goes on while the instance runs, " +
+				"and until it is committed a restore takes the newest checkpoint committed before it (see the store's errors, /status uploads)")
 	}
 }
 

@@ -35,7 +35,15 @@ func startCoverRig(t *testing.T, withStore bool) *coverRig {
 // startRestartedRig is startCoverRig for an agent restarted during notices its previous run
 // signalled the trainer for (previous, by key, as notice.json says).
 func startRestartedRig(t *testing.T, withStore bool, previous map[string]signalRecord) *coverRig {
+	return startRigLogging(t, withStore, previous, nil)
+}
+
+// startRigLogging is startRestartedRig whose coordinator logs to logs (nil: nowhere).
+func startRigLogging(t *testing.T, withStore bool, previous map[string]signalRecord, logs *syncBuffer) *coverRig {
 	tc := newTestCoordinator(t, "SPOTGUARD_STORE_URL=file:///nonexistent", "SPOTGUARD_STORE_JOB=j", "SPOTGUARD_CHECKPOINT_DIR="+t.TempDir())
+	if logs != nil {
+		tc.c.log = zerolog.New(logs)
+	}
 	if !withStore {
 		tc.c.uploader = nil
 	}

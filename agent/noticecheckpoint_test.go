@@ -309,3 +309,32 @@ func TestNoticeCheckpointWithheldAfterItCompleted(t *testing.T) {
 		})
 	}
 }
+
+// A notice whose deadline passes with its checkpoint written but not committed (a store too slow
+// or refusing) is said, once, as an error: the instance may be gone any moment. It used to pass
+// in silence, the notice staying checkpoint_written. (Found from outside.)
+func TestNoticeDeadlinePassingWithItsCheckpointUncommittedIsSaid(t *testing.T) {
+	for _, commit := range []bool{false, true} {
+		t.Run(fmt.Sprintf("committed before=%v", commit), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				logs := &syncBuffer{}
+				r := startRigLogging(t, true, nil, logs)
+				r.begin(imds.SourceSpot, "terminate", time.Now().Add(2*time.Minute))
+				passFakeTime(time.Second)
+				r.upload(checkpoint.CheckpointComplete, "step-10")
+				if commit {
+					r.upload(checkpoint.CheckpointCommitted, "step-10")
+				}
+				passFakeTime(2*time.Minute + 5*time.Second)
+				const msg = "the notice's deadline passed and its checkpoint is not committed yet"
+				want := map[bool]int{false: 1, true: 0}[commit]
+				if got := strings.Count(logs.String(), msg); got != want {
+					t.Errorf("lines %q = %d; want %d\n%s", msg, got, want, logs)
+				}
+				if !commit && !strings.Contains(logs.String(), `"checkpoint":"step-10"`) {
+					t.Errorf("the line does not name the checkpoint:\n%s", logs)
+				}
+			})
+		})
+	}
+}
