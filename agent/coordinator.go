@@ -1392,7 +1392,7 @@ func (c *Coordinator) scan(cfg *Config) []trainer.Process {
 		old, seen := prev[p.PID]
 		switch {
 		case !seen || caught || old.Signal != ts.Signal || !old.CatchesSignal:
-			delete(stopped, p.PID)
+			// Said as it is (new, catching, or not catching before either).
 		case !wasStopped[p.PID]:
 			// It caught the signal at the last scan: exiting, most likely (Python resets its
 			// handlers as it shuts down). Said at the next scan if it is still there.
