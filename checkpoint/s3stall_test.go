@@ -146,15 +146,7 @@ func TestS3UploadThatStallsFails(t *testing.T) {
 		case <-r.Context().Done():
 		}
 	}), tinyWindowListener{ln})
-	p := filepath.Join(t.TempDir(), "file")
-	if err := os.WriteFile(p, bytes.Repeat([]byte{7}, 8<<20), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	f, err := os.Open(p)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
+	f := sevensFile(t, 8<<20)
 	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
 	defer cancel()
 	_, err = s.PutFile(ctx, "j/c/x/file", f, 8<<20, nil)
@@ -195,15 +187,7 @@ func TestS3UploadToASlowReaderIsNotCut(t *testing.T) {
 		}
 		w.Header().Set("ETag", `"e1"`)
 	}), windowListener{ln, 64 << 10}, 5*time.Second, 500*time.Millisecond)
-	p := filepath.Join(t.TempDir(), "file")
-	if err := os.WriteFile(p, bytes.Repeat([]byte{7}, size), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	f, err := os.Open(p)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
+	f := sevensFile(t, size)
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
 	if _, err := s.PutFile(ctx, "j/c/x/file", f, size, nil); err != nil {
@@ -214,4 +198,19 @@ func TestS3UploadToASlowReaderIsNotCut(t *testing.T) {
 	if puts != 1 {
 		t.Errorf("PUTs = %d; want 1, never cut while its bytes moved", puts)
 	}
+}
+
+// sevensFile returns a file of size bytes of 7, open for reading until the test ends.
+func sevensFile(t *testing.T, size int) *os.File {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "file")
+	if err := os.WriteFile(p, bytes.Repeat([]byte{7}, size), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.Open(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.Close() })
+	return f
 }
