@@ -269,7 +269,7 @@ func newS3Body(f *os.File, off, n int64, progress func(int64), stall *stallWatch
 }
 
 func (b *s3Body) Read(p []byte) (int, error) {
-	n, err, end := b.read(p)
+	n, end, err := b.read(p)
 	if end {
 		// Not under mu: the request may be rewound (Seek) meanwhile, as it is cut.
 		b.stall.drain()
@@ -279,7 +279,7 @@ func (b *s3Body) Read(p []byte) (int, error) {
 }
 
 // read is Read but for what it does at the body's end (end: the end is said now).
-func (b *s3Body) read(p []byte) (n int, err error, end bool) {
+func (b *s3Body) read(p []byte) (n int, end bool, err error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	n, err = b.r.Read(p)
@@ -292,12 +292,12 @@ func (b *s3Body) read(p []byte) (n int, err error, end bool) {
 		if pos < b.r.Size() {
 			b.stall.moved()
 		} else if n == 0 && errors.Is(err, io.EOF) {
-			return n, err, true
+			return n, true, err
 		} else {
 			b.stall.idle()
 		}
 	}
-	return n, err, false
+	return n, false, err
 }
 
 // errStalled is the cause of a request cut because its body stopped moving.
