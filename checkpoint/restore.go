@@ -418,9 +418,19 @@ func restoreTellJournal(to *os.Root, m *Manifest, path string) error {
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return err
 	}
+	_, absent := os.Lstat(path)
 	f, err := os.OpenFile(path, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o600)
 	if err != nil {
 		return err
+	}
+	if absent != nil && os.Geteuid() == 0 {
+		// Made by root here (sudo spotguard restore): the journal of an agent that runs as the
+		// directory's owner must stay its own to read and write.
+		if dfi, err := os.Stat(filepath.Dir(path)); err == nil {
+			if st, ok := fileStat(dfi); ok && st.uid != 0 {
+				_ = f.Chown(int(st.uid), int(st.gid))
+			}
+		}
 	}
 	if _, err := f.Write(buf.Bytes()); err != nil {
 		_ = f.Close()

@@ -144,3 +144,43 @@ func TestRestoreAsRootGivesTheFilesToTheDestinationsOwner(t *testing.T) {
 		}
 	})
 }
+
+// A restore as root that makes the agent's journal (sudo spotguard restore, the agent running as
+// the owner of agent.runtime_dir) gives it to that owner: the agent must go on reading and
+// appending to it.
+func TestRestoreAsRootGivesTheJournalToItsDirectorysOwner(t *testing.T) {
+	if os.Geteuid() != 0 {
+		if os.Getenv("CI") != "" {
+			t.Fatal("this test needs root, to make a file for another user (CI runs as root)")
+		}
+		t.Skip("needs root, to make a file for another user")
+	}
+	const uid, gid = 12345, 23456
+	files := map[string]string{"model.pt": "weights", "_COMPLETE": ""}
+	s := newMemStore()
+	m := restoreTestManifest(t, restoreTestJob, "step-1", restoreTestT0, files)
+	for _, f := range m.Files {
+		s.put(f.Key, []byte(files[f.Path]))
+	}
+	restoreTestPutJSON(t, s, ManifestKey(restoreTestJob, "step-1", m.Commit), m)
+	state := t.TempDir()
+	if err := os.Chown(state, uid, gid); err != nil {
+		t.Fatal(err)
+	}
+	to := t.TempDir()
+	journal := JournalPath(state, restoreTestJob, to, s.URL())
+	if _, err := Restore(t.Context(), s, RestoreOptions{Job: restoreTestJob, To: to, Logger: zerolog.Nop(), Journal: journal}); err != nil {
+		t.Fatal(err)
+	}
+	fi, err := os.Stat(journal)
+	if err != nil {
+		t.Fatalf("the journal was not written: %v", err)
+	}
+	if st := fi.Sys().(*syscall.Stat_t); st.Uid != uid || st.Gid != gid {
+		t.Errorf("journal owned by %d:%d; want %d:%d, its directory's owner", st.Uid, st.Gid, uid, gid)
+	}
+	entries, err := readJournal(journal)
+	if e := entries["step-1"]; err != nil || e == nil || !e.done || !e.adopted || e.commit != m.Commit || !e.completeAt.Equal(m.Order().At) || len(e.files) != 2 {
+		t.Errorf("journal entry = %+v, %v; want step-1's commit %s, adopted and done, at its place, with its 2 files", e, err, m.Commit)
+	}
+}
