@@ -214,3 +214,42 @@ func sevensFile(t *testing.T, size int) *os.File {
 	t.Cleanup(func() { f.Close() })
 	return f
 }
+
+// Uploads one after the other to a store that answers at once go over one connection: the
+// body's end waits for the peer's acknowledgements (drain) only milliseconds, well within the
+// 50 ms after the answer in which the transport must see the write end to reuse the connection.
+func TestS3UploadsReuseTheirConnection(t *testing.T) {
+	var mu sync.Mutex
+	conns := 0
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		w.Header().Set("ETag", `"e1"`)
+	}))
+	srv.Config.ConnState = func(_ net.Conn, s http.ConnState) {
+		if s == http.StateNew {
+			mu.Lock()
+			conns++
+			mu.Unlock()
+		}
+	}
+	srv.Start()
+	t.Cleanup(srv.Close)
+	cfg := aws.Config{Region: "us-east-1", BaseEndpoint: aws.String(srv.URL),
+		Credentials: aws.NewCredentialsCache(credentials.NewStaticCredentialsProvider("k", "s", ""))}
+	st, err := OpenStore("s3://bucket/p", cfg, S3Options{Concurrency: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const size = 1 << 20
+	f := sevensFile(t, size)
+	for i := range 5 {
+		if _, err := st.PutFile(t.Context(), fmt.Sprintf("j/c/x/file-%d", i), f, size, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if conns != 1 {
+		t.Errorf("5 uploads opened %d connections; want 1, reused", conns)
+	}
+}

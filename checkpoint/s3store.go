@@ -417,7 +417,11 @@ func (w *stallWatch) setConn(c net.Conn) {
 	w.conn = c
 }
 
-// s3DrainPoll is how often drain looks at what the peer has not acknowledged yet.
+// s3DrainPoll is how often, at most, drain looks at what the peer has not acknowledged yet: at
+// first every millisecond, then less often (twice the time each time), so that on a fast
+// connection the body's end is said within a few milliseconds of its last byte's
+// acknowledgement. (The transport reuses a connection only if the request's write ends within
+// 50 ms of its answer.)
 const s3DrainPoll = 100 * time.Millisecond
 
 // drain returns once the peer has acknowledged every byte of the body written to the request's
@@ -434,9 +438,9 @@ func (w *stallWatch) drain() {
 	if c == nil {
 		return // not being written to a connection: read for its hash
 	}
-	last := -1
-	tick := time.NewTicker(s3DrainPoll)
-	defer tick.Stop()
+	last, wait := -1, time.Millisecond
+	t := time.NewTimer(wait)
+	defer t.Stop()
 	for {
 		n, ok := unsentBytes(c)
 		if !ok || n == 0 {
@@ -446,11 +450,13 @@ func (w *stallWatch) drain() {
 			w.moved()
 		}
 		last = n
+		t.Reset(wait)
 		select {
 		case <-w.ctx.Done():
 			return
-		case <-tick.C:
+		case <-t.C:
 		}
+		wait = min(2*wait, s3DrainPoll)
 	}
 }
 
