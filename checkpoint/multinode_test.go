@@ -780,15 +780,19 @@ func TestMultiNodeLatestFailingLongerThanPartWait(t *testing.T) {
 	putPart(t, mem, "step-000700", 0, 2, "i-node0", nodeFiles(t, 0, []byte("c")), now, now)
 	store := &latestFailingStore{Store: mem}
 	store.failing.Store(true)
-	const partWait = 2 * time.Second
+	// Long enough that a first look, however late under load, comes within it.
+	const partWait = 6 * time.Second
 	r := startUploaderWith(t, t.TempDir(), store, UploaderConfig{NodeRank: 1, WorldNodes: 2, PartWait: partWait,
 		Host: func() Host { return Host{InstanceID: "i-node1"} }})
 	writeCheckpoint(t, r.dir, "step-000700", nodeFiles(t, 1, []byte("c")))
 	part := r.waitPart("step-000700")
 	// Past part_wait with LATEST still failing (the clock read, not waited on for an event).
-	eventuallyUploader(t, "LATEST to fail past part_wait", func() bool {
-		return time.Since(part.CommittedAt) > partWait+time.Second && store.tries.Load() >= 2
-	})
+	for deadline := time.Now().Add(30 * time.Second); time.Since(part.CommittedAt) <= partWait+time.Second || store.tries.Load() < 2; {
+		if time.Now().After(deadline) {
+			t.Fatalf("LATEST written %d times, failing, in 30 s; want 2 or more past part_wait\n%s", store.tries.Load(), r.logs)
+		}
+		<-time.After(5 * time.Millisecond)
+	}
 	store.failing.Store(false)
 	for {
 		ev := r.waitEvent(0, "")
@@ -841,17 +845,18 @@ func TestMultiNodeStoreFailingPastPartWaitIsAFailure(t *testing.T) {
 			mem := newMemStore()
 			now := time.Now()
 			putPart(t, mem, "step-000800", 0, 2, "i-node0", nodeFiles(t, 0, []byte("c")), now, now)
-			const partWait = 2 * time.Second
+			// Long enough that a first look, however late under load, comes within it.
+			const partWait = 6 * time.Second
 			store := &listFailingStore{Store: mem, prefix: "job/step-000800/"}
-			r := startUploaderWith(t, t.TempDir(), store, UploaderConfig{NodeRank: 1, WorldNodes: 2, PartWait: partWait,
-				Host: func() Host { return Host{InstanceID: "i-node1"} }})
 			if slow {
 				store.slow = time.Now().Add(partWait + 500*time.Millisecond)
 			}
+			r := startUploaderWith(t, t.TempDir(), store, UploaderConfig{NodeRank: 1, WorldNodes: 2, PartWait: partWait,
+				Host: func() Host { return Host{InstanceID: "i-node1"} }})
 			writeCheckpoint(t, r.dir, "step-000800", nodeFiles(t, 1, []byte("c")))
 			r.waitPart("step-000800")
 			ev := r.waitEvent(JobCheckpointFailed, "step-000800")
-			if ev.Err == nil || !strings.Contains(ev.Err.Error(), "did not let this agent look for the other nodes' parts within part_wait (2s)") ||
+			if ev.Err == nil || !strings.Contains(ev.Err.Error(), "did not let this agent look for the other nodes' parts within part_wait (6s)") ||
 				!strings.Contains(ev.Err.Error(), "503 SlowDown") {
 				t.Errorf("given up with %v; want it to say the store did not answer within part_wait, and what it said", ev.Err)
 			}
@@ -868,14 +873,14 @@ func TestMultiNodeStoreFailingPastPartWaitIsAFailure(t *testing.T) {
 func TestMultiNodePartOlderThanPartWaitIsSaid(t *testing.T) {
 	store := newMemStore()
 	now := time.Now()
-	const partWait = 2 * time.Second
-	putPart(t, store, "step-000900", 0, 2, "i-node0", nodeFiles(t, 0, []byte("c")), now.Add(-3*time.Second), now.Add(-3*time.Second))
+	const partWait = 6 * time.Second // a first look, however late under load, within it
+	putPart(t, store, "step-000900", 0, 2, "i-node0", nodeFiles(t, 0, []byte("c")), now.Add(-7*time.Second), now.Add(-7*time.Second))
 	r := startUploaderWith(t, t.TempDir(), store, UploaderConfig{NodeRank: 1, WorldNodes: 2, PartWait: partWait,
 		Host: func() Host { return Host{InstanceID: "i-node1"} }})
 	writeCheckpoint(t, r.dir, "step-000900", nodeFiles(t, 1, []byte("c")))
 	r.waitPart("step-000900")
 	ev := r.waitEvent(JobCheckpointFailed, "step-000900")
-	const want = "the part(s) of node(s) [0] of this save are in the store, but were committed more than part_wait (2s) before this look"
+	const want = "the part(s) of node(s) [0] of this save are in the store, but were committed more than part_wait (6s) before this look"
 	if ev.Err == nil || !strings.Contains(ev.Err.Error(), want) || !strings.Contains(ev.Err.Error(), "set store.part_wait above") {
 		t.Errorf("given up with %v; want it to say %q, and what to set", ev.Err, want)
 	}
