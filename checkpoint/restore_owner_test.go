@@ -22,12 +22,7 @@ import (
 // committed the restored checkpoint again without that file, as the newest commit. (Found from
 // outside.) A destination of root's keeps root's files.
 func TestRestoreAsRootGivesTheFilesToTheDestinationsOwner(t *testing.T) {
-	if os.Geteuid() != 0 {
-		if os.Getenv("CI") != "" {
-			t.Fatal("this test needs root, to restore into another user's directory (CI runs as root)")
-		}
-		t.Skip("needs root, to restore into another user's directory")
-	}
+	needRoot(t, "to restore into another user's directory")
 	const uid, gid = 12345, 23456
 	files := map[string]string{"model.pt": "weights", "optimizer.pt": "state", "optim/deep/__0_0.distcp": "shard", "_COMPLETE": ""}
 	s := newMemStore()
@@ -149,12 +144,7 @@ func TestRestoreAsRootGivesTheFilesToTheDestinationsOwner(t *testing.T) {
 // the owner of agent.runtime_dir) gives it to that owner: the agent must go on reading and
 // appending to it.
 func TestRestoreAsRootGivesTheJournalToItsDirectorysOwner(t *testing.T) {
-	if os.Geteuid() != 0 {
-		if os.Getenv("CI") != "" {
-			t.Fatal("this test needs root, to make a file for another user (CI runs as root)")
-		}
-		t.Skip("needs root, to make a file for another user")
-	}
+	needRoot(t, "to make a file for another user")
 	const uid, gid = 12345, 23456
 	files := map[string]string{"model.pt": "weights", "_COMPLETE": ""}
 	s := newMemStore()
@@ -182,5 +172,17 @@ func TestRestoreAsRootGivesTheJournalToItsDirectorysOwner(t *testing.T) {
 	entries, err := readJournal(journal)
 	if e := entries["step-1"]; err != nil || e == nil || !e.done || !e.adopted || e.commit != m.Commit || !e.completeAt.Equal(m.Order().At) || len(e.files) != 2 {
 		t.Errorf("journal entry = %+v, %v; want step-1's commit %s, adopted and done, at its place, with its 2 files", e, err, m.Commit)
+	}
+}
+
+// needRoot skips t when it does not run as root (it needs root why), but fails it in CI, which
+// runs as root: a test skipped there would never run.
+func needRoot(t *testing.T, why string) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		if os.Getenv("CI") != "" {
+			t.Fatalf("this test needs root, %s (CI runs as root)", why)
+		}
+		t.Skipf("needs root, %s", why)
 	}
 }
