@@ -150,8 +150,11 @@ func noticeBodyEnds(dec *json.Decoder) error {
 func jsonKind(tok json.Token) string {
 	switch tok.(type) {
 	case json.Delim:
-		if tok == json.Delim('[') {
+		switch tok {
+		case json.Delim('['):
 			return "an array"
+		case json.Delim('{'):
+			return "an object"
 		}
 	case string:
 		return "a string"
@@ -171,9 +174,6 @@ func jsonKindOf(v json.RawMessage) string {
 	if err != nil {
 		return "valid JSON"
 	}
-	if tok == json.Delim('{') {
-		return "an object"
-	}
 	return jsonKind(tok)
 }
 
@@ -187,26 +187,20 @@ func (a *Agent) PostNotice(ctx context.Context, action string, deadline time.Tim
 	return a.coord.Post(ctx, imds.Notice{Source: SourceJob, Action: act, Time: deadline, Deadline: deadline})
 }
 
-// decodeError turns a JSON decoding error into a requestError naming the field when it can.
+// decodeError turns an error of readNoticeFields's reading (a token or a raw value: syntax, the
+// body's end or size; types and fields it checks itself) into a requestError.
 func decodeError(err error) *requestError {
 	var mbe *http.MaxBytesError
-	var te *json.UnmarshalTypeError
 	var se *json.SyntaxError
 	switch {
 	case errors.As(err, &mbe):
 		return &requestError{http.StatusRequestEntityTooLarge, "", fmt.Sprintf("body larger than %d bytes", mbe.Limit)}
-	case errors.As(err, &te):
-		return &requestError{http.StatusBadRequest, te.Field, fmt.Sprintf("want a JSON %s, not a %s", te.Type, te.Value)}
 	case errors.As(err, &se):
 		return &requestError{http.StatusBadRequest, "", fmt.Sprintf("not valid JSON: %v", err)}
 	case errors.Is(err, io.EOF):
 		return &requestError{http.StatusBadRequest, "", `empty body: want {"deadline": "RFC 3339", "action": "terminate"}`}
 	case errors.Is(err, io.ErrUnexpectedEOF):
 		return &requestError{http.StatusBadRequest, "", "not valid JSON: unexpected end"}
-	}
-	// encoding/json says `json: unknown field "x"`.
-	if f, ok := strings.CutPrefix(err.Error(), "json: unknown field "); ok {
-		return &requestError{http.StatusBadRequest, strings.Trim(f, `"`), "unknown field (want source, action, deadline)"}
 	}
 	return &requestError{http.StatusBadRequest, "", fmt.Sprintf("not a JSON object of source, action, deadline: %v", err)}
 }
