@@ -740,17 +740,17 @@ func (c *Config) loadYAML(data []byte, path string, byKey map[string]field) {
 			k, v := body.Content[j], body.Content[j+1]
 			key := section + "." + k.Value
 			if first, dup := keys[key]; dup {
-				c.fileProblem(fmt.Errorf("%s: set twice (%s lines %d and %d): keep one", key, path, first, k.Line))
+				c.problems = append(c.problems, fmt.Errorf("%s: set twice (%s lines %d and %d): keep one", key, path, first, k.Line))
 				continue
 			}
 			keys[key] = k.Line
 			f, known := byKey[key]
 			if !known {
-				c.fileProblem(fmt.Errorf("%s: unknown key (%s line %d)", key, path, k.Line))
+				c.problems = append(c.problems, fmt.Errorf("%s: unknown key (%s line %d)", key, path, k.Line))
 				continue
 			}
 			if v.Kind != yaml.ScalarNode {
-				c.fileProblem(fmt.Errorf("%s: want a single value (%s line %d)", key, path, v.Line))
+				c.problems = append(c.problems, fmt.Errorf("%s: want a single value (%s line %d)", key, path, v.Line))
 				continue
 			}
 			value := v.Value

@@ -261,6 +261,11 @@ func TestValidateStoreReportsTheFile(t *testing.T) {
 			}
 		}
 	}
+	// A key's own problem in another section is run's, not restore's.
+	path := writeConfig(t, "store:\n  url: file:///st\n  job: j1\ngpu:\n  colour: blue\n  colour: red\n  sample_interval: [1s]\n")
+	if err := mustLoad(t, LoadOptions{Path: path}).ValidateStore(); err != nil {
+		t.Errorf("ValidateStore(unknown, doubled and list keys of gpu) = %v; want nil", err)
+	}
 }
 
 func TestKeysAndEnvNames(t *testing.T) {
