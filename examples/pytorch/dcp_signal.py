@@ -186,7 +186,8 @@ class SaveRequested:
         self.deadline = None if math.isinf(deadline) else deadline
         self.action = ACTIONS[severity - 1] if severity else None
         if code != self.NONE:
-            self._decided = (time.monotonic(), _listed(_read_json(self.notice_path)))
+            # What this rank's own signal read counts too: the agent may be rewriting the file.
+            self._decided = (time.monotonic(), _listed(_read_json(self.notice_path)) | _listed(self.notice))
             self._hand_to_agent()
         return code
 
@@ -195,9 +196,11 @@ class SaveRequested:
         every rank of a notice within milliseconds, so one rank may get it just after another's
         poll() and before its own all-reduce returned. Its next poll() would then save a second
         time, at the next step. A signal that came within same_signal seconds of the last
-        non-NONE answer, while notice.json lists what it listed then, is that same signal."""
+        non-NONE answer, while notice.json lists no notice it did not list then, is that same
+        signal. (The agent rewrites notice.json after it signals, with the processes it signalled,
+        and removes it for a moment as it restarts: neither is a new notice.)"""
         d = self._decided
-        return d is not None and self._signal_at - d[0] < self.same_signal and _listed(notice) == d[1]
+        return d is not None and self._signal_at - d[0] < self.same_signal and _listed(notice) <= d[1]
 
     def _hand_to_agent(self):
         """On each node's local rank 0: POST the job's notice to this node's agent, unless it is
@@ -227,8 +230,13 @@ class SaveRequested:
 
 
 def _listed(notice):
-    """notice.json's list of notices in force, comparable; None without one."""
-    return None if not notice else json.dumps(notice.get("active"), sort_keys=True)
+    """The notices notice.json lists in force, each as what tells it from another (a notice that
+    ends and comes back is read again: a new detected_at); an empty set without one."""
+    out = set()
+    for n in (notice or {}).get("active") or ():
+        if isinstance(n, dict):
+            out.add(json.dumps([n.get(k) for k in ("source", "action", "event_id", "detected_at", "posted_at")]))
+    return out
 
 
 def post_notice(agent, action, deadline, timeout=1.0):

@@ -548,6 +548,85 @@ func TestTorchrunLateSignalSavesOnce(t *testing.T) {
 	}
 }
 
+// TestTorchrunLateSignalSavesOnceWhateverTheAgentWrites plays the agent's part as
+// TestTorchrunLateSignalSavesOnce does, with notice.json as the agent writes it: before it signals,
+// and again after, with the processes it signalled (or removed for a moment, as it restarts).
+// Neither is a new notice: rank 1's late signal is part of the save rank 0's made. A notice that
+// comes after is a new save. (Found in CI: rank 1's signal landed after the job's save, notice.json
+// had been rewritten with the signalled PIDs since, and the job saved again the next step.)
+func TestTorchrunLateSignalSavesOnceWhateverTheAgentWrites(t *testing.T) {
+	needPeers(t)
+	torchrunBin(t)
+	ckdir, rundir := t.TempDir(), t.TempDir()
+	job := startTorchJob(t, []string{"SPOTGUARD_AGENT_RUNTIME_DIR=" + rundir, "SPOTGUARD_HTTP_LISTEN=127.0.0.1:9"},
+		"--checkpoint-dir", ckdir, "--save-every", "0", "--same-signal", "60", "--loader-workers", "2")
+	job.waitLine(t, 60*time.Second, regexp.MustCompile(`\[default0\]:starting at step 0\n`))
+	rank0, rank1 := workerPID(t, ckdir, 0), workerPID(t, ckdir, 1)
+	saved := regexp.MustCompile(`\[default0\]:saved \S*/(step-\d+) in`)
+	saves := func() int { return len(saved.FindAllStringSubmatch(job.output(), -1)) }
+	notice := filepath.Join(rundir, "notice.json")
+	write := func(body string) {
+		t.Helper()
+		if err := os.WriteFile(notice+".tmp", []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Rename(notice+".tmp", notice); err != nil {
+			t.Fatal(err)
+		}
+	}
+	kill := func(pid int) {
+		t.Helper()
+		if err := syscall.Kill(pid, syscall.SIGUSR1); err != nil {
+			t.Fatalf("signal rank %d: %v", pid, err)
+		}
+	}
+	// trainedOn waits until rank 1 has started new DataLoader workers (every two steps) twice: it
+	// has polled since its signal, and rank 0 (a step behind at most: the all-reduce) has printed
+	// any save that poll made.
+	trainedOn := func() {
+		t.Helper()
+		for range 2 {
+			before := children(rank1)
+			eventually(t, 30*time.Second, "rank 1 to train on", func() bool {
+				for pid := range children(rank1) {
+					if !before[pid] {
+						return true
+					}
+				}
+				return false
+			})
+		}
+	}
+	const rebalance = `{"source":"rebalance","action":"rebalance","deadline":null,"detected_at":"2026-12-06T10:00:00Z"%s}`
+	one := fmt.Sprintf(rebalance, "")
+	write(`{"source":"rebalance","action":"rebalance","deadline":null,"detected_at":"2026-12-06T10:00:00Z","active":[` + one + `]}`)
+	kill(rank0)
+	eventually(t, 30*time.Second, "the job to save for the rebalance", func() bool { return saves() == 1 })
+	signalled := fmt.Sprintf(rebalance, fmt.Sprintf(`,"signalled_at":"2026-12-06T10:00:01Z","signalled_pids":[%d,%d]`, rank0, rank1))
+	write(signalled[:len(signalled)-1] + `,"active":[` + signalled + `]}`)
+	kill(rank1) // late, and notice.json rewritten with the PIDs signalled: the same notice
+	trainedOn()
+	if n := saves(); n != 1 {
+		t.Fatalf("saves %d after rank 1's late signal with notice.json rewritten; want 1", n)
+	}
+
+	// A scheduled event an hour away: a new notice within same_signal, so a new save.
+	deadline := time.Now().Add(time.Hour).UTC().Format(time.RFC3339)
+	event := `{"source":"scheduled","action":"system-reboot","event_id":"instance-event-1","deadline":"` + deadline +
+		`","detected_at":"2026-12-06T10:00:05Z"}`
+	write(event[:len(event)-1] + `,"active":[` + event + `,` + signalled + `]}`)
+	kill(rank0)
+	eventually(t, 30*time.Second, "the job to save for the scheduled event", func() bool { return saves() == 2 })
+	if err := os.Remove(notice); err != nil { // the agent restarting
+		t.Fatal(err)
+	}
+	kill(rank1)
+	trainedOn()
+	if n := saves(); n != 2 {
+		t.Errorf("saves %d after rank 1's late signal with notice.json removed; want 2", n)
+	}
+}
+
 // The trainer.match line in dcp_signal.py's header, pasted into YAML as it stands (single quotes:
 // backslashes kept), matches the workers torchrun starts, not torchrun itself. It used to carry
 // doubled backslashes, which matched no worker.
