@@ -2730,7 +2730,11 @@ func (u *Uploader) handleCommit(ctx context.Context, r commitResult) {
 			delete(u.index, d.Checkpoint)
 		}
 	}
-	log := u.log.With().Str("checkpoint", g.name).Str("commit", g.commit).Logger()
+	lc := u.log.With().Str("checkpoint", g.name)
+	if g.commit != "" { // none yet: bytes of a commit in the store, being adopted
+		lc = lc.Str("commit", g.commit)
+	}
+	log := lc.Logger()
 	if r.attempted {
 		g.sealed = true
 	}
@@ -2773,7 +2777,11 @@ func (u *Uploader) handleCommit(ctx context.Context, r commitResult) {
 		log.Warn().Err(r.notComplete).Msg("checkpoint is no longer complete on disk; waiting for its marker")
 		g.complete = false
 	case r.noMatch && r.completeAt != nil:
-		log.Warn().Msg("checkpoint's commit was deleted (retention) since it was restored or committed; committing it again, in its place in the order")
+		ev := log.Warn()
+		if n := len(r.deleted); n > 0 {
+			ev = ev.Str("deleted_commit", r.deleted[n-1].Commit)
+		}
+		ev.Msg("checkpoint's commit was deleted (retention) since it was restored or committed; committing it again, in its place in the order")
 		g.completeAt = r.completeAt
 		u.sendAll(g)
 	case r.noMatch:

@@ -666,6 +666,61 @@ func TestRestoredCopyKeepsItsCommitsPlace(t *testing.T) {
 	}
 }
 
+// deletedBeforeAdoption is a store in which retention (another agent's) deletes a commit just
+// before the uploader reads its manifest for the second time: after it looked the checkpoint up,
+// as it adopts a restored copy of it.
+type deletedBeforeAdoption struct {
+	*memStore
+	manifest, prefix string
+	reads            atomic.Int32
+}
+
+func (s *deletedBeforeAdoption) GetBytes(ctx context.Context, key string) ([]byte, string, error) {
+	if key == s.manifest && s.reads.Add(1) == 2 {
+		var keys []string
+		s.mu.Lock()
+		for k := range s.objs {
+			if strings.HasPrefix(k, s.prefix) {
+				keys = append(keys, k)
+			}
+		}
+		s.mu.Unlock()
+		if err := s.memStore.Delete(ctx, keys...); err != nil {
+			return nil, "", err
+		}
+	}
+	return s.memStore.GetBytes(ctx, key)
+}
+
+// A restored copy whose commit retention deletes while the agent adopts it is committed again, in
+// its place, and the warning names the deleted commit (it had an empty "commit" field).
+func TestRestoredCopyWhoseCommitIsDeletedIsCommittedAgainNamingIt(t *testing.T) {
+	dirA, dirB := t.TempDir(), t.TempDir()
+	store := newMemStore()
+	b := startUploaderWith(t, dirB, store, UploaderConfig{StopBudget: -1})
+	files := map[string][]byte{"a.bin": randomBytes(t, 4<<10)}
+	writeCheckpoint(t, dirB, "step-1", files)
+	first := b.waitCommitted("step-1").Manifest
+	b.stop()
+	if _, err := Restore(t.Context(), store, RestoreOptions{Job: "job", To: dirA, Logger: zerolog.Nop()}); err != nil {
+		t.Fatal(err)
+	}
+	ds := &deletedBeforeAdoption{memStore: store, manifest: ManifestKey("job", "step-1", first.Commit),
+		prefix: CommitPrefix("job", "step-1", first.Commit)}
+	a := startUploaderWith(t, dirA, ds, UploaderConfig{StopBudget: -1})
+	again := a.waitCommitted("step-1").Manifest
+	a.stop()
+	if again.Commit == first.Commit || !again.Order().At.Equal(first.Order().At) {
+		t.Errorf("committed again as %s at %v; want a new commit in %s's place, %v", again.Commit, again.Order().At, first.Commit, first.Order().At)
+	}
+	logs := a.logs.String()
+	if !strings.Contains(logs, "committing it again, in its place") || !strings.Contains(logs, `"deleted_commit":"`+first.Commit+`"`) ||
+		strings.Contains(logs, `"commit":""`) {
+		t.Errorf("want the warning naming the deleted commit %s, and no empty commit field:\n%s", first.Commit, logs)
+	}
+	restoreAndCompare(t, store, "step-1", files)
+}
+
 // A restore into the agent's checkpoint.dir tells the agent's journal what it put there, so an
 // agent that starts only after another instance committed a newer save of the same name (and
 // retention deleted the restored commit) knows the restored copy for that older commit. Before,
