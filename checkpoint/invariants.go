@@ -28,7 +28,9 @@ import (
 //   - I6, when settled (no commit in flight, since LATEST is written after the manifest): no
 //     commit is newer than LATEST's target;
 //   - I6: the job's commits are all single-node or all multi-node (checkNodeLayout): both is a
-//     node left at store.world_nodes 1 beside the others, or a job resized.
+//     node left at store.world_nodes 1 beside the others, or a job resized;
+//   - I6: no save's uncommitted parts claim one node rank from two instances or disagree on
+//     world_nodes (IncompleteSave.Problem): the agents never commit such a save.
 //
 // It returns a single error if the job cannot be read.
 func CheckJob(ctx context.Context, s Store, job string, settled bool) []error {
@@ -46,6 +48,12 @@ func CheckJob(ctx context.Context, s Store, job string, settled bool) []error {
 			return append(problems, err)
 		}
 		problems = append(problems, found...)
+	}
+	for _, is := range incompleteSaves(st.Parts) {
+		if is.Problem != "" {
+			problems = append(problems, fmt.Errorf("I6: the parts of %s completed at %s can never make one save: %s",
+				is.Checkpoint, is.Newest.UTC().Format(time.RFC3339), is.Problem))
+		}
 	}
 	newest, target := st.Newest(), st.LatestTarget()
 	switch {

@@ -119,7 +119,8 @@ func checkNodeLayout(st *JobState) error {
 }
 
 // FormatIncomplete writes saves as a table for `spotguard list`: the checkpoint's name, "parts
-// 3/4" with the node ranks that are in, the size so far and the newest part's completion time.
+// 3/4" with the node ranks that are in, the size so far and the newest part's completion time,
+// then, for a save that can never be committed as it is, why (IncompleteSave.Problem).
 func FormatIncomplete(w io.Writer, saves []IncompleteSave) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "INCOMPLETE\tPARTS\tNODES IN\tSIZE\tNEWEST PART COMPLETED AT")
@@ -128,8 +129,12 @@ func FormatIncomplete(w io.Writer, saves []IncompleteSave) {
 		for i, r := range is.Ranks {
 			ranks[i] = strconv.Itoa(r)
 		}
-		fmt.Fprintf(tw, "%s\tparts %d/%d\t%s\t%s\t%s\n", is.Checkpoint, len(is.Ranks), is.WorldNodes, strings.Join(ranks, ","),
+		line := fmt.Sprintf("%s\tparts %d/%d\t%s\t%s\t%s", is.Checkpoint, len(is.Ranks), is.WorldNodes, strings.Join(ranks, ","),
 			HumanBytes(is.Bytes), is.Newest.UTC().Format(time.RFC3339))
+		if is.Problem != "" {
+			line += "\tnever committed as it is: " + is.Problem
+		}
+		fmt.Fprintln(tw, line)
 	}
 	_ = tw.Flush()
 }

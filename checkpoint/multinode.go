@@ -34,8 +34,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"path"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -701,6 +703,9 @@ type IncompleteSave struct {
 	Commits    []string  `json:"commits"`
 	Bytes      int64     `json:"bytes"`
 	Newest     time.Time `json:"newest_complete_at"`
+	// Problem says why the save can never be committed as it is (a node rank claimed by two
+	// instances, parts disagreeing on world_nodes); empty when it only waits for parts.
+	Problem string `json:"problem,omitempty"`
 }
 
 // incompleteSaves groups st's open parts into saves, newest first: for each name, the parts
@@ -716,7 +721,7 @@ func incompleteSaves(parts []*Manifest) []IncompleteSave {
 		for len(ps) > 0 {
 			newest := ps[0]
 			s := IncompleteSave{Checkpoint: name, WorldNodes: newest.Part.WorldNodes, Newest: newest.Order().At}
-			rest := ps[:0:0]
+			rest, group := ps[:0:0], ps[:0:0]
 			for _, p := range ps {
 				if newest.Order().At.Sub(p.Order().At) > SaveSpread {
 					rest = append(rest, p)
@@ -727,12 +732,46 @@ func incompleteSaves(parts []*Manifest) []IncompleteSave {
 				}
 				s.Commits = append(s.Commits, p.Commit)
 				s.Bytes += p.TotalBytes
+				group = append(group, p)
 			}
 			slices.Sort(s.Ranks)
+			s.Problem = saveProblem(group)
 			out = append(out, s)
 			ps = rest
 		}
 	}
 	slices.SortFunc(out, func(a, b IncompleteSave) int { return b.Newest.Compare(a.Newest) })
 	return out
+}
+
+// saveProblem says why the parts of one save (by time, as incompleteSaves groups them) can never
+// make a job checkpoint as they are, as the agents find it: two instances claiming one node rank,
+// or parts disagreeing on world_nodes. Empty when neither.
+func saveProblem(parts []*Manifest) string {
+	var problems []string
+	worlds := map[int]bool{}
+	for _, p := range parts {
+		worlds[p.Part.WorldNodes] = true
+	}
+	if len(worlds) > 1 {
+		var ws []string
+		for _, w := range slices.Sorted(maps.Keys(worlds)) {
+			ws = append(ws, strconv.Itoa(w))
+		}
+		problems = append(problems, "parts disagree on world_nodes ("+strings.Join(ws, ", ")+"): is store.world_nodes the same on every node?")
+	}
+	byRank := map[int]*Manifest{}
+	claimed := map[int]bool{}
+	for _, p := range parts {
+		r := p.Part.NodeRank
+		switch cur := byRank[r]; {
+		case cur == nil:
+			byRank[r] = p
+		case !sameInstance(cur, p) && !claimed[r]:
+			claimed[r] = true
+			problems = append(problems, fmt.Sprintf("node rank %d is claimed by two instances, %s and %s: is store.node_rank set twice?",
+				r, describeHost(cur.Host), describeHost(p.Host)))
+		}
+	}
+	return strings.Join(problems, "; ")
 }

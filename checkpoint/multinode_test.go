@@ -168,6 +168,48 @@ func TestMultiNodeCommit(t *testing.T) {
 	}
 }
 
+// A save that can never be committed as it is (two instances claiming node rank 1, or parts
+// disagreeing on world_nodes) is listed with why, and `list --check` (CheckJob) fails on it; a
+// save that only waits for a part is neither.
+func TestIncompleteSaveThatCanNeverCommitIsSaid(t *testing.T) {
+	store := newMemStore()
+	at := time.Now().Add(-time.Hour).Truncate(time.Second)
+	files := map[string][]byte{"a.bin": []byte("a")}
+	putPart(t, store, "step-000100", 0, 2, "i-a", files, at, at.Add(time.Second))
+	putPart(t, store, "step-000100", 1, 2, "i-b", files, at.Add(time.Second), at.Add(2*time.Second))
+	putPart(t, store, "step-000100", 1, 2, "i-c", files, at.Add(2*time.Second), at.Add(3*time.Second))
+	putPart(t, store, "step-000200", 0, 2, "i-a", files, at.Add(10*time.Minute), at.Add(10*time.Minute))
+	putPart(t, store, "step-000200", 1, 3, "i-b", files, at.Add(10*time.Minute), at.Add(10*time.Minute))
+	putPart(t, store, "step-000300", 0, 2, "i-a", files, at.Add(20*time.Minute), at.Add(20*time.Minute))
+
+	inc, err := ListIncomplete(t.Context(), store, "job")
+	if err != nil || len(inc) != 3 {
+		t.Fatalf("ListIncomplete = %+v, %v; want three saves", inc, err)
+	}
+	want := map[string]string{
+		"step-000100": "node rank 1 is claimed by two instances, i-c and i-b: is store.node_rank set twice?",
+		"step-000200": "parts disagree on world_nodes (2, 3): is store.world_nodes the same on every node?",
+		"step-000300": "",
+	}
+	for _, is := range inc {
+		if is.Problem != want[is.Checkpoint] {
+			t.Errorf("%s: problem %q; want %q", is.Checkpoint, is.Problem, want[is.Checkpoint])
+		}
+	}
+	var table bytes.Buffer
+	FormatIncomplete(&table, inc)
+	if !strings.Contains(table.String(), "never committed as it is: node rank 1 is claimed by two instances") {
+		t.Errorf("list's table does not say why step-000100 never commits:\n%s", table.String())
+	}
+	var found []string
+	for _, v := range CheckJob(t.Context(), store, "job", true) {
+		found = append(found, v.Error())
+	}
+	if len(found) != 2 || !strings.Contains(found[0]+found[1], "step-000100") || !strings.Contains(found[0]+found[1], "step-000200") {
+		t.Errorf("CheckJob = %q; want a violation for step-000100 and step-000200, none for step-000300", found)
+	}
+}
+
 // A node whose part is not in: no job manifest, no LATEST, `list` shows parts 3/4; when the
 // last node's part comes, the job checkpoint commits.
 func TestMultiNodeWaitsForEveryPart(t *testing.T) {

@@ -342,7 +342,7 @@ func isMountPoint(dir string) (bool, error) {
 func runList(ctx context.Context, args, environ []string, stdout, stderr io.Writer) int {
 	fs, cf := newFlagSet("list", "List the job's commits, newest first (by completion time): checkpoint, commit id, file count, size,\ntrigger.", stdout, stderr)
 	jsonOut := fs.Bool("json", false, "print the manifests as JSON")
-	check := fs.Bool("check", false, "also check the job against spotguard's invariants (every listed object there with its size, nothing\nelse under a commit, LATEST on a valid commit, no spotguard file in a checkpoint, single-node and\nmulti-node commits not mixed in one job); exit 1 on a violation.\nIt reads no object's bytes: a file overwritten with as many bytes passes (restore verifies checksums)")
+	check := fs.Bool("check", false, "also check the job against spotguard's invariants (every listed object there with its size, nothing\nelse under a commit, LATEST on a valid commit, no spotguard file in a checkpoint, single-node and\nmulti-node commits not mixed in one job, no save's parts claiming one node rank twice); exit 1 on a violation.\nIt reads no object's bytes: a file overwritten with as many bytes passes (restore verifies checksums)")
 	if code, ok := fs.parse(args); !ok {
 		return code
 	}
