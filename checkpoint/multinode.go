@@ -744,6 +744,21 @@ func incompleteSaves(parts []*Manifest) []IncompleteSave {
 	return out
 }
 
+// describe says what is of the save and what is missing, for a restore that finds no commit:
+// "multi-node save of step-000100, completed at T, is not committed: parts 1/2 in (nodes 0)".
+func (is IncompleteSave) describe() string {
+	ranks := make([]string, len(is.Ranks))
+	for i, r := range is.Ranks {
+		ranks[i] = strconv.Itoa(r)
+	}
+	msg := fmt.Sprintf("multi-node save of %s, completed at %s, is not committed: parts %d/%d in (nodes %s)",
+		is.Checkpoint, is.Newest.UTC().Format(time.RFC3339), len(is.Ranks), is.WorldNodes, strings.Join(ranks, ", "))
+	if is.Problem != "" {
+		return msg + ", and it never will be as it is: " + is.Problem
+	}
+	return msg + "; its other nodes' parts are not in the store (`spotguard list`)"
+}
+
 // saveProblem says why the parts of one save (by time, as incompleteSaves groups them) can never
 // make a job checkpoint as they are, as the agents find it: two instances claiming one node rank,
 // or parts disagreeing on world_nodes. Empty when neither.

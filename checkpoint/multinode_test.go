@@ -210,6 +210,23 @@ func TestIncompleteSaveThatCanNeverCommitIsSaid(t *testing.T) {
 	}
 }
 
+// A restore that finds only parts of a save (of the name asked for, or of any) says so, with the
+// nodes in and where to look, rather than "no valid manifest: not found".
+func TestRestoreOfASaveWaitingForPartsSaysSo(t *testing.T) {
+	store := newMemStore()
+	at := time.Now().Add(-time.Hour)
+	putPart(t, store, "step-000100", 0, 2, "i-a", map[string][]byte{"a.bin": []byte("a")}, at, at)
+	want := "multi-node save of step-000100, completed at " + at.UTC().Format(time.RFC3339) + ", is not committed: parts 1/2 in (nodes 0)"
+	_, err := Restore(t.Context(), store, RestoreOptions{Job: "job", To: t.TempDir(), Checkpoint: "step-000100", Logger: zerolog.Nop()})
+	if !errors.Is(err, ErrNotFound) || !strings.Contains(fmt.Sprint(err), `checkpoint "step-000100" has no commit; the `+want) {
+		t.Errorf("restore --checkpoint step-000100: %v; want ErrNotFound and %q", err, want)
+	}
+	_, err = Restore(t.Context(), store, RestoreOptions{Job: "job", To: t.TempDir(), Logger: zerolog.Nop()})
+	if !errors.Is(err, ErrNothingToRestore) || !strings.Contains(fmt.Sprint(err), "; the newest "+want) {
+		t.Errorf("restore: %v; want ErrNothingToRestore and %q", err, want)
+	}
+}
+
 // A node whose part is not in: no job manifest, no LATEST, `list` shows parts 3/4; when the
 // last node's part comes, the job checkpoint commits.
 func TestMultiNodeWaitsForEveryPart(t *testing.T) {

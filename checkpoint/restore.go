@@ -518,17 +518,27 @@ func restoreResolve(ctx context.Context, s Store, opts RestoreOptions, run *rest
 		if newest != nil {
 			return newest.Manifest, others, false, nil
 		}
-		// Say why: the problems with its manifests, if it has any.
+		// Say why: the problems with its manifests, if it has any, and its saves waiting for
+		// parts.
 		why := []error{ErrNotFound}
 		for _, p := range st.Problems {
 			if mp, ok := errors.AsType[*ManifestProblem](p); ok && mp.Ref.Checkpoint == opts.Checkpoint {
 				why = append(why, p)
 			}
 		}
+		for _, is := range incompleteSaves(st.Parts) {
+			if is.Checkpoint == opts.Checkpoint {
+				return nil, nil, false, fmt.Errorf("checkpoint %q has no commit; the %s: %w", opts.Checkpoint, is.describe(), errors.Join(why...))
+			}
+		}
 		return nil, nil, false, fmt.Errorf("checkpoint %q has no valid manifest: %w", opts.Checkpoint, errors.Join(why...))
 	}
 	if newest == nil {
-		return nil, nil, false, &restoreNothingError{job: job, url: s.URL(), problems: len(st.Problems)}
+		e := &restoreNothingError{job: job, url: s.URL(), problems: len(st.Problems)}
+		if inc := incompleteSaves(st.Parts); len(inc) > 0 {
+			e.incomplete = inc[0].describe()
+		}
+		return nil, nil, false, e
 	}
 	if newest.Latest {
 		return newest.Manifest, others, false, nil
@@ -746,12 +756,17 @@ func (e *restoreUnusableError) Unwrap() error { return ErrUnusableManifest }
 type restoreNothingError struct {
 	job, url string
 	problems int
+	// incomplete describes the newest multi-node save waiting for parts, if any.
+	incomplete string
 }
 
 func (e *restoreNothingError) Error() string {
 	msg := fmt.Sprintf("no complete checkpoint of job %s in %s", e.job, e.url)
 	if e.problems > 0 {
 		msg += fmt.Sprintf(" (%d unusable entries skipped; see the log)", e.problems)
+	}
+	if e.incomplete != "" {
+		msg += "; the newest " + e.incomplete
 	}
 	return msg
 }
