@@ -334,6 +334,8 @@ func restoreOnce(ctx context.Context, s Store, opts RestoreOptions, conc int, ru
 				return res, nil, nil
 			case older != nil:
 				aside, err = older, nil
+			default:
+				err = restoreNoMarker(err, m, marker)
 			}
 		}
 		if err != nil {
@@ -1040,10 +1042,34 @@ type DestinationExistsError struct {
 	// one of the checkpoint's name, but it was modified too recently: it may be being written
 	// (see restoreIncomplete, restoreJudge).
 	Recent bool
-	msg    string
+	// NoMarker is the marker restore looked for when the commit has none at its top
+	// (checkpoint.marker not the agent's): what is there could not be judged a save of the name.
+	NoMarker string
+	msg      string
 }
 
 func (e *DestinationExistsError) Error() string { return e.msg }
+
+// restoreNoMarker adds to err, what is at a checkpoint's place that restoreJudge could not judge,
+// that the commit m has no marker at its top when that is why: a restore whose checkpoint.marker
+// is not the agent's (a DCP save's .metadata) cannot tell a save of the name from anything else.
+func restoreNoMarker(err error, m *Manifest, marker string) error {
+	de, ok := errors.AsType[*DestinationExistsError](err)
+	if !ok || m.SingleFile() || slices.ContainsFunc(m.Files, func(f File) bool { return f.Path == marker }) {
+		return err
+	}
+	var top []string
+	for _, f := range m.Files {
+		if !strings.Contains(f.Path, "/") && len(top) < 5 {
+			top = append(top, f.Path)
+		}
+	}
+	cp := *de
+	cp.NoMarker = marker
+	cp.msg = fmt.Sprintf("%s; and the commit has no %s (checkpoint.marker) at its top, so a save of its name there cannot be told from other content: is checkpoint.marker the agent's? (at the commit's top: %s)",
+		de.msg, marker, strings.Join(top, ", "))
+	return &cp
+}
 func (e *DestinationExistsError) Unwrap() error { return ErrDestinationExists }
 
 // restoreExisting reports whether To/<checkpoint> (inside to) holds exactly m's files. It

@@ -462,6 +462,41 @@ func TestRestoreOntoASaveOfItsName(t *testing.T) {
 		}
 		restoreTestHolds(t, local, "other weights")
 	})
+	t.Run("DCP, checkpoint.marker not the agent's", func(t *testing.T) {
+		// A DCP save (.metadata its marker) newer than its commit, restored with the default
+		// marker: restore cannot judge it, and says to give it the agent's marker (it said a save
+		// of the name was no obstacle); with it, the newer save is left in place.
+		store, cfgPath, env := restoreEnv(t)
+		commitForTest(t, store, "j", "step-000100", map[string][]byte{"__0_0.distcp": []byte("weights"), ".metadata": []byte("m")})
+		to := t.TempDir()
+		local := filepath.Join(to, "step-000100")
+		for name, data := range map[string]string{"__0_0.distcp": "newer weights", ".metadata": "m2"} {
+			if err := os.MkdirAll(local, 0o755); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(filepath.Join(local, name), []byte(data), 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+		restoreTestAge(t, local, -time.Minute)
+		code, _, stderr := runCLI(t, t.Context(), env, "restore", "--config", cfgPath, "--to", to)
+		for _, want := range []string{"the commit has no _COMPLETE (checkpoint.marker) at its top", "(at the commit's top: .metadata, __0_0.distcp)",
+			"fix: give restore the agent's checkpoint.marker"} {
+			if !strings.Contains(stderr, want) {
+				t.Errorf("restore with the default marker onto a DCP save: stderr lacks %q:\n%s", want, stderr)
+			}
+		}
+		if code != exitFail || strings.Contains(stderr, "no obstacle") {
+			t.Errorf("restore with the default marker onto a DCP save: exit %d, stderr:\n%s\nwant 1, and no word of a save being no obstacle", code, stderr)
+		}
+		code, stdout, stderr := runCLI(t, t.Context(), append(env, "SPOTGUARD_CHECKPOINT_MARKER=.metadata"), "restore", "--config", cfgPath, "--to", to)
+		if code != exitOK || !strings.Contains(stdout, "left as it is for the trainer to resume from") {
+			t.Errorf("restore with the agent's marker onto a newer DCP save: exit %d, stdout %q, stderr:\n%s\nwant 0, left in place", code, stdout, stderr)
+		}
+		if b, err := os.ReadFile(filepath.Join(local, "__0_0.distcp")); err != nil || string(b) != "newer weights" {
+			t.Errorf("the newer DCP save's shard is %q (%v); want it untouched", b, err)
+		}
+	})
 	t.Run("no save", func(t *testing.T) {
 		cfgPath, env, to, local := restoreOnto(t, nil)
 		if err := os.Remove(local); err != nil {

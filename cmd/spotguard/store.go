@@ -213,6 +213,10 @@ func runRestore(ctx context.Context, args, environ []string, stdout, stderr io.W
 		if de, ok := errors.AsType[*checkpoint.DestinationExistsError](err); ok && de.Recent {
 			fmt.Fprintf(stderr, "spotguard restore: fix: stop what writes %s (a trainer saving into that name) and run restore again;\n"+
 				"a save left alone for a minute, incomplete or older than the commit, is moved aside, and the commit put in its place\n", de.Path)
+		} else if ok && de.NoMarker != "" {
+			fmt.Fprintf(stderr, "spotguard restore: fix: give restore the agent's checkpoint.marker (--config with the agent's file, or\n"+
+				"SPOTGUARD_CHECKPOINT_MARKER; .metadata for PyTorch DCP) and run restore again; it then leaves a newer save of\n"+
+				"the name in place and moves an older one aside. Or move it away (mv %s %s.old)\n", de.Path, de.Path)
 		} else if ok {
 			fmt.Fprintf(stderr, "spotguard restore: fix: restore never overwrites what is there: move it away (mv %s %s.old) and run\n"+
 				"restore again. (Without --commit, a save of this name is no obstacle: a newer one is left in place, an older one moved aside.)\n", de.Path, de.Path)
