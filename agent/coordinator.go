@@ -196,6 +196,90 @@ func (p procTrainers) Find(cfg *Config) ([]trainer.Process, []trainer.Problem) {
 	return f.Find()
 }
 
+// discoveryWait is how long the notice path waits for trainer discovery: it reads the pidfile and
+// /proc, and either can hang (a pidfile on a file system that does, the command line of a process
+// stuck in the kernel with its memory locked). Past it, the processes of the last discovery that
+// returned are used, and no other starts until the hung one returns.
+const discoveryWait = 2 * time.Second
+
+// discovery is the state of find: one trainers.Find at a time, and what the last one found.
+type discovery struct {
+	mu sync.Mutex
+	// running is closed when the Find in flight returns; nil when none is.
+	running  chan struct{}
+	procs    []trainer.Process
+	problems []trainer.Problem
+	at       time.Time // when the last Find that returned did
+	// hungSince is when the Find in flight was found not to return within discoveryWait; zero
+	// when it did.
+	hungSince time.Time
+}
+
+// find is trainers.Find, bounded by discoveryWait (see there). While a Find hangs, it returns at
+// once the processes of the last one that returned, and a problem of reason
+// trainer.ReasonDiscoveryHung; said once per hang, and again when it returns.
+func (c *Coordinator) find(cfg *Config) ([]trainer.Process, []trainer.Problem) {
+	d := &c.disc
+	d.mu.Lock()
+	done := d.running
+	if done == nil {
+		done = make(chan struct{})
+		d.running = done
+		go func() {
+			procs, problems := c.trainers.Find(cfg)
+			d.mu.Lock()
+			hung := d.hungSince
+			d.procs, d.problems, d.at, d.running, d.hungSince = procs, problems, time.Now(), nil, time.Time{}
+			d.mu.Unlock()
+			if !hung.IsZero() {
+				c.log.Warn().Float64("hung_s", logSeconds(time.Since(hung)+discoveryWait)).Msg("trainer discovery returns again")
+			}
+			close(done)
+		}()
+	}
+	hung := !d.hungSince.IsZero()
+	d.mu.Unlock()
+	if !hung {
+		t := time.NewTimer(discoveryWait)
+		select {
+		case <-done:
+		case <-t.C:
+		}
+		t.Stop()
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.running != done { // it returned
+		return slices.Clone(d.procs), slices.Clone(d.problems)
+	}
+	if d.hungSince.IsZero() {
+		d.hungSince = time.Now().Add(-discoveryWait)
+		ev := c.log.Error().Ints("using_pids", pidsOf(d.procs))
+		if !d.at.IsZero() {
+			ev = ev.Time("found_at", d.at)
+		}
+		ev.Str("fix", "look for a trainer.pidfile on a file system that hangs (NFS), or a process stuck in the kernel (state D in ps)").
+			Msgf("trainer discovery has not returned for %s; signalling the processes it found last", discoveryWait)
+	}
+	detail := fmt.Sprintf("trainer discovery has not returned since %s (a trainer.pidfile on a file system that hangs, or /proc of a process stuck in the kernel)",
+		d.hungSince.UTC().Format(time.RFC3339))
+	if d.at.IsZero() {
+		detail += "; none found before it hung"
+	} else {
+		detail += fmt.Sprintf("; using the %d processes it found at %s", len(d.procs), d.at.UTC().Format(time.RFC3339))
+	}
+	return slices.Clone(d.procs), []trainer.Problem{{Reason: trainer.ReasonDiscoveryHung, Detail: detail}}
+}
+
+// pidsOf returns the PIDs of procs.
+func pidsOf(procs []trainer.Process) []int {
+	pids := make([]int, len(procs))
+	for i, p := range procs {
+		pids[i] = p.PID
+	}
+	return pids
+}
+
 func (p procTrainers) Catches(pid int, sig syscall.Signal) (bool, error) {
 	return trainer.Catches(p.procRoot, pid, sig)
 }
@@ -218,6 +302,8 @@ type Coordinator struct {
 
 	// alive is when the loop last went round (Unix nanoseconds).
 	alive atomic.Int64
+	// disc bounds trainer discovery (find).
+	disc discovery
 	// posts carries job notices (POST /notice) into the loop; stopped is closed when Run returns.
 	posts   chan jobPost
 	stopped chan struct{}
@@ -394,6 +480,26 @@ func (c *Coordinator) aliveWithin(d time.Duration) bool {
 	return time.Since(time.Unix(0, c.alive.Load())) <= d
 }
 
+// loopStuck is how long the coordinator's loop may go without going round before /healthz says
+// the notice path is stuck (the loop goes round every loopBeat).
+const loopStuck = 10 * time.Second
+
+// stuckFor returns how long the coordinator's loop has not gone round as of now, and true when
+// that is more than loopStuck while it runs (not before its start, nor after its end).
+func (c *Coordinator) stuckFor(now time.Time) (time.Duration, bool) {
+	at := c.alive.Load()
+	if at == 0 {
+		return 0, false
+	}
+	select {
+	case <-c.stopped:
+		return 0, false
+	default:
+	}
+	d := now.Sub(time.Unix(0, at))
+	return d, d > loopStuck
+}
+
 // Handle is one step of the state machine: a notice begins or ends.
 func (c *Coordinator) Handle(ev imds.Event) {
 	switch ev.Kind {
@@ -563,7 +669,7 @@ func (c *Coordinator) releaseHeld(now time.Time) {
 // (holdForReclaim), which is the agent's choice, not its delay.
 func (c *Coordinator) act(cfg *Config, ns *NoticeStatus, first bool, from time.Time) {
 	log := c.log.With().Str("notice", ns.Key).Logger()
-	procs, problems := c.trainers.Find(cfg)
+	procs, problems := c.find(cfg)
 	if prev, ok := c.previousSignal(ns.Key, procs, first); ok {
 		// A restart (a crash, kill -9) during the notice, with trainer processes it signalled
 		// still there: they saved for it, or are saving; asked again, they would save twice in
@@ -1235,7 +1341,7 @@ func (c *Coordinator) transition(ns *NoticeStatus, state, detail string) {
 // trainerThere reports whether a trainer process is running now, found as at a notice: the
 // checkpoint_missing reason, and whether a stop still waits for the signalled checkpoint.
 func (c *Coordinator) trainerThere() bool {
-	procs, _ := c.trainers.Find(c.config())
+	procs, _ := c.find(c.config())
 	return len(procs) > 0
 }
 
@@ -1366,7 +1472,7 @@ func (c *Coordinator) Scan() { c.scan(c.config()) }
 
 // scan is Scan with cfg; it returns the processes found.
 func (c *Coordinator) scan(cfg *Config) []trainer.Process {
-	procs, problems := c.trainers.Find(cfg)
+	procs, problems := c.find(cfg)
 	sig := cfg.Trainer.Signal
 	c.mu.Lock()
 	prev := map[int]TrainerStatus{}

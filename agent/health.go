@@ -64,6 +64,10 @@ func (a *Agent) health(now time.Time) healthVerdict {
 	} else if !st.Healthy(now) {
 		v.reason("IMDS has failed for more than "+imds.HealthWindow.String()+" on every source", "IMDS failing")
 	}
+	if d, stuck := a.coord.stuckFor(now); stuck {
+		v.reason(fmt.Sprintf("the notice path's loop has not gone round for %s: a notice would not be acted on (the log says what it waits for; the systemd watchdog restarts the agent)",
+			d.Round(time.Second)), "notice path stuck for "+d.Round(time.Second).String())
+	}
 	for _, src := range imds.Sources {
 		s, polled := st.Sources[src]
 		if src == imds.SourceSpot || !polled || s.Healthy(now) {

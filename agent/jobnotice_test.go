@@ -41,6 +41,9 @@ type fakeTrainers struct {
 	parents map[int]int // PPID by PID (none: 1)
 	// notCatching are the processes that do not catch the signal (Catches); none: every one does.
 	notCatching map[int]bool
+	// hang, if not nil, keeps Find from returning until it is closed (a pidfile on a file system
+	// that hangs).
+	hang chan struct{}
 }
 
 // setNotCatching makes these processes not catch the signal from now on, as Catches says.
@@ -92,6 +95,11 @@ func (f *fakeTrainers) setPIDs(pids ...int) {
 
 func (f *fakeTrainers) Find(*Config) ([]trainer.Process, []trainer.Problem) {
 	f.mu.Lock()
+	if hang := f.hang; hang != nil {
+		f.mu.Unlock()
+		<-hang
+		f.mu.Lock()
+	}
 	defer f.mu.Unlock()
 	if !f.pidsSet {
 		return []trainer.Process{{PID: 4242, Cmdline: "python train.py", Via: trainer.ViaMatch}}, nil

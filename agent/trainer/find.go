@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 )
 
@@ -54,6 +55,10 @@ const (
 	// ReasonOtherUser: a method found processes, but only of other users than Finder.User; they
 	// are never signalled.
 	ReasonOtherUser = "other_user"
+	// ReasonDiscoveryHung: Find itself did not return in time (the agent's wait; a pidfile on a
+	// file system that hangs, /proc of a process stuck in the kernel). Find never returns it: the
+	// agent does, using the processes its last Find that returned found.
+	ReasonDiscoveryHung = "discovery_hung"
 )
 
 // Reasons returns every Reason, in documentation order.
@@ -61,7 +66,7 @@ func Reasons() []string {
 	return []string{
 		ReasonPIDFileUnreadable, ReasonStalePIDFile, ReasonPIDFileInit, ReasonPIDFileNamespace,
 		ReasonUnitNotFound, ReasonNoMatch, ReasonNoProcess, ReasonContainerNotFound,
-		ReasonContainerAmbiguous, ReasonOtherUser,
+		ReasonContainerAmbiguous, ReasonOtherUser, ReasonDiscoveryHung,
 	}
 }
 
@@ -409,9 +414,21 @@ func (s *finder) otherNS(pid int, st procStatus, agentLink string, agentDepth in
 }
 
 func (s *finder) byPIDFile(path, container string, cs *containerSet) {
-	fh, err := os.Open(path)
+	// Not blocking: a FIFO would wait for a writer for ever, and Find with it.
+	fh, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK, 0)
 	if err != nil {
 		s.problem(ReasonPIDFileUnreadable, "cannot read pidfile: %v", err)
+		return
+	}
+	if fi, err := fh.Stat(); err != nil || !fi.Mode().IsRegular() {
+		_ = fh.Close()
+		what := "not a regular file"
+		if err != nil {
+			what = err.Error()
+		} else if fi.Mode()&fs.ModeNamedPipe != 0 {
+			what = "a named pipe (FIFO), not a regular file"
+		}
+		s.problem(ReasonPIDFileUnreadable, "cannot read pidfile %s: %s", path, what)
 		return
 	}
 	data, err := io.ReadAll(io.LimitReader(fh, maxPIDFileSize+1))

@@ -306,12 +306,25 @@ func TestFindPIDFileProblems(t *testing.T) {
 		{"dead", fmt.Sprintf(" %d\n", neverPID), ReasonStalePIDFile, "not running"},
 		{"zombie", strconv.Itoa(zombie), ReasonStalePIDFile, "not running"},
 		{"self", strconv.Itoa(os.Getpid()), ReasonStalePIDFile, "spotguard itself"},
+		// A named pipe nothing writes: opened, it used to wait for a writer for ever, and the
+		// notice path with it.
+		{"fifo", "", ReasonPIDFileUnreadable, "a named pipe (FIFO), not a regular file"},
+		{"directory", "", ReasonPIDFileUnreadable, "not a regular file"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			path := filepath.Join(dir, tt.name+".pid")
-			if tt.content != "" {
+			switch {
+			case tt.content != "":
 				writeFile(t, path, tt.content)
+			case tt.name == "fifo":
+				if err := syscall.Mkfifo(path, 0o644); err != nil {
+					t.Fatal(err)
+				}
+			case tt.name == "directory":
+				if err := os.Mkdir(path, 0o755); err != nil {
+					t.Fatal(err)
+				}
 			}
 			problems := checkFound(t, Finder{PIDFile: path}, nil, "", tt.reason)
 			if len(problems) == 1 && (!strings.Contains(problems[0].Detail, path) || !strings.Contains(problems[0].Detail, tt.detail)) {

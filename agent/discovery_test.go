@@ -1,0 +1,98 @@
+package agent
+
+import (
+	"strings"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/spotguard/spotguard/agent/imds"
+	"github.com/spotguard/spotguard/agent/trainer"
+)
+
+// Trainer discovery that hangs (a trainer.pidfile on NFS that hangs, /proc of a process stuck in
+// the kernel) held the coordinator's loop: the IMDS watcher then waited to hand it the spot
+// notice, and the notice was never acted on, with /healthz 200. The notice path waits at most
+// discoveryWait for it, then signals the processes found last; it says so once, names the
+// problem, looks no more while the hung look lasts, and says when it returns.
+func TestHungDiscoverySignalsTheProcessesFoundLast(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var logs syncBuffer
+		r := startRigLogging(t, true, nil, &logs)
+		hang := make(chan struct{})
+		r.tr.mu.Lock()
+		r.tr.hang = hang
+		r.tr.mu.Unlock()
+		passFakeTime(trainerScanInterval + discoveryWait + time.Second) // a scan hangs, and is given up
+		if got := r.c.status().TrainerProblems; !strings.Contains(got, trainer.ReasonDiscoveryHung+": trainer discovery has not returned since") ||
+			!strings.Contains(got, "using the 1 processes it found at") {
+			t.Errorf("trainer problems %q; want %s, with the processes used", got, trainer.ReasonDiscoveryHung)
+		}
+
+		begun := time.Now()
+		r.begin(imds.SourceSpot, "terminate", begun.Add(2*time.Minute))
+		if pids := r.tr.signalledPIDs(); len(pids) != 1 || pids[0] != 4242 {
+			t.Fatalf("signalled %v with discovery hung; want 4242, found before it hung", pids)
+		}
+		if at := r.tr.sentAt[0]; at.Sub(begun) > 0 {
+			t.Errorf("signalled %s after the notice; want at once while discovery is known to hang", at.Sub(begun))
+		}
+		if n := strings.Count(logs.String(), "trainer discovery has not returned for"); n != 1 {
+			t.Errorf("%d lines say discovery hangs; want 1:\n%s", n, logs.String())
+		}
+
+		close(hang)
+		passFakeTime(trainerScanInterval + time.Second)
+		if !strings.Contains(logs.String(), "trainer discovery returns again") {
+			t.Errorf("no line says discovery returns again:\n%s", logs.String())
+		}
+		if got := r.c.status().TrainerProblems; got != "" {
+			t.Errorf("trainer problems %q after discovery returned; want none", got)
+		}
+	})
+}
+
+// A notice that comes while discovery hangs for the first time waits discoveryWait for it, no
+// more.
+func TestNoticeWaitsForHungDiscoveryAtMostItsWait(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		r := startRigLogging(t, true, nil, nil)
+		hang := make(chan struct{})
+		defer close(hang)
+		r.tr.mu.Lock()
+		r.tr.hang = hang
+		r.tr.mu.Unlock()
+		begun := time.Now()
+		r.begin(imds.SourceSpot, "terminate", begun.Add(2*time.Minute))
+		passFakeTime(discoveryWait)
+		if pids := r.tr.signalledPIDs(); len(pids) != 1 || r.tr.sentAt[0].Sub(begun) > discoveryWait {
+			t.Fatalf("signalled %v at %v; want 4242 within %s of the notice", pids, r.tr.sentAt, discoveryWait)
+		}
+	})
+}
+
+// /healthz says so when the coordinator's loop has not gone round for more than loopStuck: the
+// watchdog stopped being pinged, but the health said 200.
+func TestHealthSaysTheNoticePathIsStuck(t *testing.T) {
+	cfg := mustLoad(t, LoadOptions{Environ: []string{"SPOTGUARD_HTTP_LISTEN=", "SPOTGUARD_TRAINER_MATCH=x",
+		"SPOTGUARD_AGENT_RUNTIME_DIR=" + t.TempDir()}})
+	a, err := New(cfg, Deps{Logger: zerolog.Nop(), IMDS: newFakeIMDS()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now()
+	if v := a.health(now); strings.Contains(strings.Join(v.Reasons, "\n"), "notice path") {
+		t.Errorf("before the loop runs: %q; want no word of it", v.Reasons)
+	}
+	a.coord.alive.Store(now.Add(-loopStuck + time.Second).UnixNano())
+	if v := a.health(now); strings.Contains(strings.Join(v.Reasons, "\n"), "notice path") {
+		t.Errorf("loop went round %s ago: %q; want no word of it", loopStuck-time.Second, v.Reasons)
+	}
+	a.coord.alive.Store(now.Add(-loopStuck - 2*time.Second).UnixNano())
+	v := a.health(now)
+	if v.Healthy || !strings.Contains(strings.Join(v.Reasons, "\n"), "the notice path's loop has not gone round for 12s: a notice would not be acted on") {
+		t.Errorf("loop stuck for 12 s: healthy %v, %q; want unhealthy, saying so", v.Healthy, v.Reasons)
+	}
+}
