@@ -65,13 +65,13 @@ const dialTimeout = time.Second
 func newHTTPClient() *http.Client {
 	d := &net.Dialer{Timeout: dialTimeout, KeepAlive: 30 * time.Second}
 	return &http.Client{
-		Transport: &http.Transport{
+		Transport: cutTransport{&http.Transport{
 			Proxy:               nil,
 			DialContext:         d.DialContext,
 			MaxIdleConns:        len(Sources) * 2,
 			MaxIdleConnsPerHost: len(Sources) * 2,
 			IdleConnTimeout:     90 * time.Second,
-		},
+		}},
 		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
 	}
 }
@@ -80,24 +80,74 @@ func newHTTPClient() *http.Client {
 // one the SDK applies 5 s). It returns:
 //   - body, true, nil: the body of a 2xx response;
 //   - nil, false, nil: a 404 answer to the metadata GET itself (not to the token request);
+//   - body, true, err: a 2xx response whose body could not be read whole (what was read; err
+//     wraps [ErrBodyCut]);
 //   - nil, false, err: anything else: the token request failed (including 403/404/405, where
 //     an IMDSv1-capable client would have fallen back), timeout, connection error, a status
-//     other than 2xx or 404 (a 401 after the one retry with a fresh token), or a failed read.
+//     other than 2xx or 404 (a 401 after the one retry with a fresh token).
 func (c *Client) Get(ctx context.Context, path string) ([]byte, bool, error) {
 	out, err := c.api.GetMetadata(ctx, &sdkimds.GetMetadataInput{Path: path})
 	if err != nil {
 		if isMetadataNotFound(err) {
 			return nil, false, nil
 		}
+		if bc, ok := errors.AsType[*bodyCutError](err); ok {
+			return bc.read, true, fmt.Errorf("%w: %w", ErrBodyCut, err)
+		}
 		return nil, false, err
 	}
 	defer out.Content.Close()
 	body, err := io.ReadAll(out.Content)
 	if err != nil {
-		return nil, false, fmt.Errorf("read imds %s: %w", path, err)
+		return body, true, fmt.Errorf("read imds %s: %w: %w", path, ErrBodyCut, err)
 	}
 	return body, true, nil
 }
+
+// cutTransport lets Client.Get tell a 2xx answer whose body could not be read whole from a
+// request that failed: the SDK reads the body before it looks at the status, and its error says
+// neither. A 2xx answer to a GET gets a body whose read error (not EOF) is a *bodyCutError
+// carrying what was read, which the SDK's error wraps.
+type cutTransport struct{ next http.RoundTripper }
+
+func (t cutTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	resp, err := t.next.RoundTrip(r)
+	if err == nil && r.Method == http.MethodGet && resp.StatusCode/100 == 2 {
+		resp.Body = &cutReader{body: resp.Body}
+	}
+	return resp, err
+}
+
+// maxCutKept bounds what a cutReader keeps of a body: a notice is a few hundred bytes.
+const maxCutKept = 64 << 10
+
+// cutReader is the body of a 2xx answer (see cutTransport).
+type cutReader struct {
+	body io.ReadCloser
+	read []byte // the start of what was read, up to maxCutKept bytes
+}
+
+func (c *cutReader) Read(p []byte) (int, error) {
+	n, err := c.body.Read(p)
+	if keep := min(n, maxCutKept-len(c.read)); keep > 0 {
+		c.read = append(c.read, p[:keep]...)
+	}
+	if err != nil && !errors.Is(err, io.EOF) {
+		return n, &bodyCutError{read: c.read, err: err}
+	}
+	return n, err
+}
+
+func (c *cutReader) Close() error { return c.body.Close() }
+
+// bodyCutError is the read error of a cutReader: what was read before it.
+type bodyCutError struct {
+	read []byte
+	err  error
+}
+
+func (e *bodyCutError) Error() string { return e.err.Error() }
+func (e *bodyCutError) Unwrap() error { return e.err }
 
 // isMetadataNotFound reports whether err is a 404 answer to a metadata GET. A 404 answer to
 // the token PUT (an IMDS that does not offer v2) must stay an error, so the request method is

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -107,6 +108,11 @@ func (f *fakeIMDS) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			}
 		case "garbage":
 			_, _ = fmt.Fprint(w, "<html><body><h1>502 Bad Gateway</h1></body></html>")
+		case "cut":
+			// A 200 that promises more than it sends: the body of the notice, cut short.
+			w.Header().Set("Content-Length", strconv.Itoa(len(body)))
+			w.WriteHeader(http.StatusOK)
+			_, _ = fmt.Fprint(w, body[:len(body)/2])
 		default:
 			if !ok {
 				http.Error(w, "<html><body><h1>404 - Not Found</h1></body></html>", http.StatusNotFound)
@@ -505,6 +511,47 @@ func TestFaultGarbageSpot(t *testing.T) {
 		t.Fatalf("event = %v %q; want end spot/terminate", ev.Kind, ev.Notice.Key())
 	}
 	r.checkStreakLogs(t, SourceSpot, 1, 1)
+}
+
+// TestFaultCutSpot: a 200 on spot whose body is cut short is a notice read badly, the fail-safe
+// one, as a garbage body is (it was an ordinary failed read: no notice, and /healthz 503 after
+// 30 s). On another source it is a failed read.
+func TestFaultCutSpot(t *testing.T) {
+	t.Run("spot", func(t *testing.T) {
+		f := newFakeIMDS(nil)
+		srv := serve(t, f)
+		r := startFaultRun(t, srv.URL, SourceSpot)
+		eventually(t, "a clean poll", func() bool { return r.w.Stats().Sources[SourceSpot].Polls >= 2 })
+		f.set(func(f *fakeIMDS) { f.fault = "cut"; f.values[SourceSpot.Path()] = spotNotice })
+		ev := r.waitEvent(t)
+		if ev.Kind != Begin || ev.Notice.Key() != "spot/terminate" || !ev.Notice.Malformed {
+			t.Fatalf("event = %v %+v; want begin of a malformed spot/terminate", ev.Kind, ev.Notice)
+		}
+		if d := ev.Notice.Deadline.Sub(ev.At); d > FailSafeDelay || d < FailSafeDelay-time.Second {
+			t.Errorf("deadline = detection + %v; want + 2m", d)
+		}
+		if st := r.w.Stats().Sources[SourceSpot]; !strings.Contains(st.LastError, "cut short") {
+			t.Errorf("last error %q; want it to say the body was cut short", st.LastError)
+		}
+		f.set(func(f *fakeIMDS) { f.fault = "" }) // read whole: the real deadline
+		ev = r.waitEvent(t)
+		if ev.Kind != Update || ev.Notice.Malformed || !ev.Notice.Deadline.Equal(time.Date(2017, 9, 18, 8, 22, 0, 0, time.UTC)) {
+			t.Fatalf("event = %v %+v; want an update to the deadline read", ev.Kind, ev.Notice)
+		}
+	})
+	t.Run("rebalance", func(t *testing.T) {
+		f := newFakeIMDS(nil)
+		srv := serve(t, f)
+		r := startFaultRun(t, srv.URL, SourceRebalance)
+		eventually(t, "a clean poll", func() bool { return r.w.Stats().Sources[SourceRebalance].Polls >= 2 })
+		f.set(func(f *fakeIMDS) { f.fault = "cut"; f.values[SourceRebalance.Path()] = readTestdata(t, "rebalance-aemm.json") })
+		eventually(t, "3 errors", func() bool { return r.errorsOf(SourceRebalance) >= 3 })
+		select {
+		case ev := <-r.out:
+			t.Errorf("event %v %+v from a cut rebalance body; want none", ev.Kind, ev.Notice)
+		default:
+		}
+	})
 }
 
 // TestFault5xxAllSources: every source has its own streak, logged once each.

@@ -97,9 +97,16 @@ type Getter interface {
 	// Get reads path below /latest/meta-data/. It returns:
 	//   - body, true, nil: a 2xx response;
 	//   - nil, false, nil: 404, the path does not exist now (for notices: no notice);
+	//   - body, true, err: a 2xx response whose body could not be read whole (cut short, or its
+	//     read timed out): what was read, and an error wrapping [ErrBodyCut];
 	//   - nil, false, err: anything else (timeout, connection error, other status).
 	Get(ctx context.Context, path string) (body []byte, found bool, err error)
 }
+
+// ErrBodyCut is wrapped by a Getter's error for a 2xx answer whose body could not be read whole.
+// On spot/instance-action that is a notice read badly, never no notice: the fail-safe notice of a
+// malformed body (see [ParseSpot]).
+var ErrBodyCut = errors.New("imds: the body of a 2xx answer was cut short")
 
 // ErrMalformed is wrapped by every error about a body that could not be parsed.
 var ErrMalformed = errors.New("imds: malformed body")

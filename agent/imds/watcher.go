@@ -226,7 +226,7 @@ func NewWatcher(g Getter, cfg Config) *Watcher {
 //     Terminated, or only canceled/completed scheduled events);
 //   - nil, err: the read failed, or the body of a source other than spot was malformed
 //     (errors.Is(err, ErrMalformed));
-//   - notices, err: spot, a 200 whose body was malformed (the fail-safe notice, see
+//   - notices, err: spot, a 200 whose body was malformed or cut short (the fail-safe notice, see
 //     [ParseSpot]); scheduled, some events unreadable (the others, and fail-safe notices, see
 //     [ParseScheduled]): the notices must be acted on, err (wrapping ErrMalformed) is for the
 //     log.
@@ -260,6 +260,15 @@ func (w *Watcher) read(ctx context.Context, src Source, timeout time.Duration) (
 		// The SDK's errors do not always unwrap to the context's: ask the context itself.
 		if ctx.Err() == nil && errors.Is(rctx.Err(), context.DeadlineExceeded) {
 			end = timedOut
+		}
+		if src == SourceSpot && found && errors.Is(err, ErrBodyCut) && ctx.Err() == nil {
+			// A notice whose body could not be read whole is a notice: the fail-safe one of a
+			// malformed body, unless what was read parses.
+			n, perr := ParseSpot(body, time.Now())
+			if perr == nil {
+				perr = ErrMalformed
+			}
+			return []Notice{n}, end, fmt.Errorf("get %s: %w (%w)", path, err, perr)
 		}
 		return nil, end, fmt.Errorf("get %s: %w", path, err)
 	}
