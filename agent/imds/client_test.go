@@ -544,7 +544,10 @@ func TestFaultCutSpot(t *testing.T) {
 		srv := serve(t, f)
 		r := startFaultRun(t, srv.URL, SourceRebalance)
 		eventually(t, "a clean poll", func() bool { return r.w.Stats().Sources[SourceRebalance].Polls >= 2 })
-		f.set(func(f *fakeIMDS) { f.fault = "cut"; f.values[SourceRebalance.Path()] = readTestdata(t, "rebalance-aemm.json") })
+		f.set(func(f *fakeIMDS) {
+			f.fault = "cut"
+			f.values[SourceRebalance.Path()] = readTestdata(t, "rebalance-aemm.json")
+		})
 		eventually(t, "3 errors", func() bool { return r.errorsOf(SourceRebalance) >= 3 })
 		select {
 		case ev := <-r.out:
