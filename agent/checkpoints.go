@@ -46,6 +46,7 @@ func newUploader(cfg *Config, deps Deps, a *Agent) (*checkpointWatch, *checkpoin
 	}
 	w := newCheckpointWatch(checkpoint.WatchConfig{
 		Dir: cfg.Checkpoint.Dir, Marker: cfg.Checkpoint.Marker, Pattern: cfg.Checkpoint.Pattern, Logger: deps.Logger, Lock: true,
+		ReadDone: true,
 	}, newWatcher, deps.Logger, func() { close(a.watchReady) })
 	hostname, _ := os.Hostname()
 	u := checkpoint.NewUploader(checkpoint.UploaderConfig{
@@ -53,6 +54,10 @@ func newUploader(cfg *Config, deps Deps, a *Agent) (*checkpointWatch, *checkpoin
 		Pattern: cfg.Checkpoint.Pattern, Keep: cfg.Checkpoint.Keep, Logger: deps.Logger, StateDir: cfg.Agent.RuntimeDir,
 		WaitForClose: !cfg.Checkpoint.SendWhileWritten,
 		StopBudget:   stopBudget(cfg.Agent.StopBudget),
+		// A stop while the store holds the start up waits for the directory's first read: a
+		// complete checkpoint on disk is drained (checkpointWatch sends a ReadDone of its own
+		// when there is no directory to read).
+		AwaitFirstRead: true,
 		// A stop waits for the signalled trainer's checkpoint only while a trainer is there.
 		TrainerAlive: a.coord.trainerThere,
 		Host: func() checkpoint.Host {

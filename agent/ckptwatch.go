@@ -56,6 +56,8 @@ type checkpointWatch struct {
 	unwatched string
 	// gone: checkpoint.dir was removed while watched, and has not been seen since.
 	gone bool
+	// read: Run sent a ReadDone of its own (noRead).
+	read bool
 }
 
 // The states of a checkpointWatch.
@@ -93,6 +95,7 @@ func (w *checkpointWatch) Run(ctx context.Context, out chan<- checkpoint.WatchEv
 				}
 			}
 			w.readyOnce.Do(w.ready)
+			w.noRead(ctx, out)
 			if !sleepCtx(ctx, dirPollInterval) {
 				break
 			}
@@ -109,11 +112,26 @@ func (w *checkpointWatch) Run(ctx context.Context, out chan<- checkpoint.WatchEv
 		}
 		attempt++
 		w.fail(err)
+		w.noRead(ctx, out)
 		if !sleepCtx(ctx, min(time.Second<<min(attempt-1, 5), watchRetryMax)) {
 			break
 		}
 	}
 	return nil
+}
+
+// noRead sends, once, the ReadDone of a read that cannot be made (checkpoint.dir not there, or
+// the watcher failing): a stop then waits for nothing on disk
+// (checkpoint.UploaderConfig.AwaitFirstRead). One after a watcher's own is taken for nothing.
+func (w *checkpointWatch) noRead(ctx context.Context, out chan<- checkpoint.WatchEvent) {
+	if w.read || !w.cfg.ReadDone {
+		return
+	}
+	w.read = true
+	select {
+	case out <- checkpoint.WatchEvent{Kind: checkpoint.ReadDone, At: time.Now()}:
+	case <-ctx.Done():
+	}
 }
 
 // runOnce makes a watcher and runs it until it returns.

@@ -91,8 +91,15 @@ type unwatchedWatcher struct {
 	says <-chan string
 }
 
-func (u unwatchedWatcher) Run(ctx context.Context, _ chan<- checkpoint.WatchEvent) error {
+func (u unwatchedWatcher) Run(ctx context.Context, out chan<- checkpoint.WatchEvent) error {
 	u.cfg.Ready()
+	if u.cfg.ReadDone { // an empty directory, read
+		select {
+		case out <- checkpoint.WatchEvent{Kind: checkpoint.ReadDone, At: time.Now()}:
+		case <-ctx.Done():
+			return nil
+		}
+	}
 	for {
 		select {
 		case <-ctx.Done():
@@ -130,5 +137,25 @@ func TestUnwatchedDirectoriesAreAHealthWarning(t *testing.T) {
 	eventually(t, "the warning to go", func() bool { return !warned(ta.a.health(time.Now())) })
 	if ok, reason := ta.a.ckptWatcher.health(); !ok || reason != "" {
 		t.Errorf("checkpoint watch health = %v %q; want watching", ok, reason)
+	}
+}
+
+// A stop waits for the first read of checkpoint.dir (a complete checkpoint there is drained),
+// but not for a directory that is not there: the watch says there is nothing to read, and the
+// stop is at once.
+func TestStopWithCheckpointDirMissingIsAtOnce(t *testing.T) {
+	tr := startShTrainer(t, true)
+	ta := startAgentWith(t, fileStores, "SPOTGUARD_TRAINER_PIDFILE="+tr.pidfile,
+		"SPOTGUARD_CHECKPOINT_DIR="+filepath.Join(t.TempDir(), "not-yet"), "SPOTGUARD_STORE_URL=file://"+t.TempDir(), "SPOTGUARD_STORE_JOB=j")
+	eventually(t, "the watch to wait for checkpoint.dir", func() bool {
+		_, reason := ta.a.ckptWatcher.health()
+		return strings.Contains(reason, "to be created")
+	})
+	ta.cancel()
+	select {
+	case err := <-ta.done:
+		ta.done <- err // for the cleanup
+	case <-time.After(10 * time.Second):
+		t.Fatalf("the stop waits with checkpoint.dir missing (the stop budget is %s)\n%s", ta.a.cfg.Load().Agent.StopBudget, ta.logs)
 	}
 }

@@ -62,6 +62,11 @@ type UploaderConfig struct {
 	// StopBudget bounds how long Run goes on after its context ends, to drain: DefaultStopBudget
 	// when zero, no drain at all when negative.
 	StopBudget time.Duration
+	// AwaitFirstRead: the events Run takes end each full read of the directory with a ReadDone
+	// (WatchConfig.ReadDone). A stop that comes before the first one (a store slow to read at
+	// start holds the events up) takes the rest of that read, within StopBudget, before it
+	// decides whether to drain: a complete checkpoint on disk is drained, not left.
+	AwaitFirstRead bool
 	// TrainerAlive, if not nil, says whether a trainer process is still there. A stop waits for
 	// the checkpoint the trainer was signalled for only while it is: once it is gone (seen so
 	// twice, a second apart), nothing more will come, and the drain is what is complete.
@@ -587,6 +592,34 @@ func (u *Uploader) Run(ctx context.Context, events <-chan WatchEvent) error {
 	batchWait := time.NewTimer(time.Hour)
 	batchWait.Stop()
 	defer batchWait.Stop()
+	// reading: a stop came before the first full read of the directory was in (AwaitFirstRead);
+	// it decides once the read's ReadDone comes.
+	reading, firstRead := false, false
+	stopTick := func() {}
+	defer func() { stopTick() }()
+	// drain begins the drain of a stop, or says it does not: false when Run is to return.
+	drain := func() bool {
+		if !u.draining() {
+			u.logUnfinished()
+			return false
+		}
+		select {
+		case <-u.endDrain:
+			u.logLeft("stop requested after the drain was ended; stopping at once")
+			return false
+		default:
+		}
+		if u.cfg.TrainerAlive != nil {
+			tick := time.NewTicker(time.Second)
+			stopTick = tick.Stop
+			trainerTick = tick.C
+		}
+		logTime(u.log.Warn(), "deadline", u.deadline()).Float64("stop_budget_s", logSeconds(u.cfg.StopBudget)).Int("not_committed", u.notCommitted()).
+			Int("job_saves_in_progress", u.savesInProgress()).
+			Msg("stop requested while checkpoints are being written or are not committed yet; finishing them first (a second SIGTERM stops at once)")
+		endDrain = u.endDrain
+		return true
+	}
 	for {
 		u.flushJournal()
 		// A notice set before anything the loop takes next is in force when it is handled: select
@@ -599,28 +632,22 @@ func (u *Uploader) Run(ctx context.Context, events <-chan WatchEvent) error {
 			// among ready cases, and both are ready when the store held up start): it decides
 			// whether to drain.
 			u.handleNotices()
-			if u.cfg.StopBudget < 0 || !u.draining() {
+			if u.cfg.StopBudget < 0 {
 				u.logUnfinished()
 				return nil
 			}
-			select {
-			case <-u.endDrain:
-				u.logLeft("stop requested after the drain was ended; stopping at once")
-				return nil
-			default:
-			}
 			done = nil // keep going for the checkpoints, then stop
-			if u.cfg.TrainerAlive != nil {
-				tick := time.NewTicker(time.Second)
-				defer tick.Stop()
-				trainerTick = tick.C
-			}
-			logTime(u.log.Warn(), "deadline", u.deadline()).Float64("stop_budget_s", logSeconds(u.cfg.StopBudget)).Int("not_committed", u.notCommitted()).
-				Int("job_saves_in_progress", u.savesInProgress()).
-				Msg("stop requested while checkpoints are being written or are not committed yet; finishing them first (a second SIGTERM stops at once)")
 			t := time.NewTimer(u.cfg.StopBudget)
 			defer t.Stop()
-			drainTimer, endDrain = t.C, u.endDrain
+			drainTimer = t.C
+			if u.cfg.AwaitFirstRead && !firstRead && events != nil {
+				reading = true
+				u.log.Info().Msg("stop requested before the checkpoint directory was read in full; reading the rest of it first")
+				continue
+			}
+			if !drain() {
+				return nil
+			}
 		case <-drainTimer:
 			u.logLeft("stop budget spent before every checkpoint was committed (or the one the trainer was signalled for appeared); stopping")
 			return nil
@@ -632,9 +659,25 @@ func (u *Uploader) Run(ctx context.Context, events <-chan WatchEvent) error {
 		case ev, ok := <-events:
 			if !ok {
 				events, batching = nil, false
+				if reading {
+					reading = false
+					if !drain() {
+						return nil
+					}
+				}
 				continue
 			}
-			u.handleWatch(work, ev)
+			if ev.Kind == ReadDone {
+				firstRead = true
+				if reading {
+					reading = false
+					if !drain() {
+						return nil
+					}
+				}
+			} else {
+				u.handleWatch(work, ev)
+			}
 			batching = ev.More
 			if batching {
 				batchWait.Reset(batchWaitMax)
@@ -667,7 +710,7 @@ func (u *Uploader) Run(ctx context.Context, events <-chan WatchEvent) error {
 		case ch := <-u.statusCh:
 			ch <- u.status()
 		}
-		if done == nil && !u.draining() {
+		if done == nil && !reading && !u.draining() {
 			u.log.Info().Msg("checkpoints committed; stopping")
 			return nil
 		}

@@ -666,6 +666,47 @@ func TestRestoredCopyKeepsItsCommitsPlace(t *testing.T) {
 	}
 }
 
+// slowStartStore holds the uploader's first directory listing of the store (its start's read of
+// the job) until release is closed; listed is closed when it begins.
+type slowStartStore struct {
+	*memStore
+	listed, release chan struct{}
+	once            sync.Once
+}
+
+func (s *slowStartStore) ListDir(ctx context.Context, prefix string) ([]string, []ObjectInfo, error) {
+	s.once.Do(func() {
+		close(s.listed)
+		select {
+		case <-s.release:
+		case <-ctx.Done():
+		}
+	})
+	return s.memStore.ListDir(ctx, prefix)
+}
+
+// A stop that comes while the store holds up the uploader's start, with a complete checkpoint on
+// disk that no commit holds (the agent restarted after a crash, then the instance's shutdown):
+// the events of the directory's first read were not in yet, so the stop found nothing to drain
+// (or the checkpoint without its marker) and left it. It reads the rest of the directory first,
+// and drains it.
+func TestStopDuringStartDrainsACompleteCheckpoint(t *testing.T) {
+	dir := t.TempDir()
+	files := map[string][]byte{"a.bin": randomBytes(t, 4<<10), "b.bin": randomBytes(t, 4<<10)}
+	writeCheckpoint(t, dir, "step-1", files)
+	store := &slowStartStore{memStore: newMemStore(), listed: make(chan struct{}), release: make(chan struct{})}
+	r := startUploaderTweaked(t, dir, store, UploaderConfig{StopBudget: 10 * time.Second, AwaitFirstRead: true},
+		func(w *Watcher) { w.readDone = true })
+	<-store.listed
+	r.cancel() // SIGTERM
+	close(store.release)
+	r.waitDone("the stop's drain")
+	if ms := commitsOf(t, store.memStore, "step-1"); len(ms) != 1 {
+		t.Fatalf("step-1 has %d commits after the stop; want 1, drained\n%s", len(ms), r.logs)
+	}
+	restoreAndCompare(t, store.memStore, "step-1", files)
+}
+
 // deletedBeforeAdoption is a store in which retention (another agent's) deletes a commit just
 // before the uploader reads its manifest for the second time: after it looked the checkpoint up,
 // as it adopts a restored copy of it.

@@ -52,6 +52,9 @@ type WatchConfig struct {
 	// Lock: Run holds an exclusive flock(2) on Dir while it watches (LockDir), and returns an
 	// error wrapping ErrDirInUse when another holds it: another agent uploads the directory.
 	Lock bool
+	// ReadDone: each full read of Dir (at start, and after an event overflow) ends with a
+	// ReadDone event, even when it found nothing.
+	ReadDone bool
 }
 
 // ErrDirInUse is LockDir's (and a locking Watcher.Run's) error for a checkpoint directory whose
@@ -119,6 +122,9 @@ const (
 	// and no other event names it). Size, ModTime and ID are the marker's. It comes again only
 	// with another reason (or marker); the Complete follows once the trouble is fixed.
 	Withheld
+	// ReadDone: a full read of Dir has sent all its events (WatchConfig.ReadDone). Only Kind and
+	// At are set.
+	ReadDone
 )
 
 // String returns the kind's name.
@@ -136,6 +142,8 @@ func (k WatchEventKind) String() string {
 		return "FileGrowing"
 	case Withheld:
 		return "Withheld"
+	case ReadDone:
+		return "ReadDone"
 	default:
 		return fmt.Sprintf("WatchEventKind(%d)", int(k))
 	}
@@ -191,6 +199,7 @@ type Watcher struct {
 	ready       func()
 	onUnwatched func(problem string)
 	lock        bool
+	readDone    bool
 	// growEvery is how often a file being written is looked at for its FileGrowing at most;
 	// watchGrowEvery unless a test sets it.
 	growEvery time.Duration
@@ -250,6 +259,7 @@ func NewWatcher(cfg WatchConfig) (*Watcher, error) {
 		ready:       cfg.Ready,
 		onUnwatched: cfg.Unwatched,
 		lock:        cfg.Lock,
+		readDone:    cfg.ReadDone,
 		growEvery:   watchGrowEvery,
 		pollEvery:   watchPollInterval,
 		addWatch:    (*fsnotify.Watcher).Add,
@@ -1208,7 +1218,7 @@ func (r *watchRun) fsError(err error) {
 // checkpoints that are gone (or changed between directory and single file), then for each
 // checkpoint FileGone for what it no longer has, its files and its Complete. Every watch below
 // Dir is set up again, so a directory replaced while events were lost is watched anew.
-func (r *watchRun) rescan() error {
+func (r *watchRun) rescan() (err error) {
 	for _, n := range r.nodes {
 		if n.watched {
 			_ = r.fw.Remove(r.abs(n.rel))
@@ -1229,6 +1239,9 @@ func (r *watchRun) rescan() error {
 	slices.SortStableFunc(found, func(a, b scanFound) int { return changed[a.name].Compare(changed[b.name]) })
 	first := len(r.queue)
 	defer func() {
+		if err == nil && r.readDone {
+			r.queue = append(r.queue, WatchEvent{Kind: ReadDone, At: time.Now()})
+		}
 		for i := first; i < len(r.queue)-1; i++ {
 			r.queue[i].More = true
 		}
