@@ -144,6 +144,22 @@ func (st *JobState) Newest() *Committed {
 	return &st.Commits[0]
 }
 
+// latestUnusable returns the problem of the manifest of the commit LATEST names when there is one
+// (the store holds that manifest, but it is not valid here: a newer spotguard's, or damaged), or
+// nil.
+func (st *JobState) latestUnusable() *ManifestProblem {
+	if st.Latest == nil || st.LatestTarget() != nil {
+		return nil
+	}
+	for _, p := range st.Problems {
+		mp, ok := errors.AsType[*ManifestProblem](p)
+		if ok && !mp.Part && mp.Ref.Checkpoint == st.Latest.Checkpoint && mp.Ref.Commit == st.Latest.Commit && !errors.Is(mp.Err, ErrNotFound) {
+			return mp
+		}
+	}
+	return nil
+}
+
 // LatestTarget returns the commit LATEST names, or nil.
 func (st *JobState) LatestTarget() *Committed {
 	for i := range st.Commits {

@@ -1027,7 +1027,13 @@ func (u *Uploader) jobRead(ctx context.Context, st *JobState) {
 	}
 	u.log.Info().Int("commits", len(st.Commits)).Int("unfinished", len(st.Unfinished)).Int("open_parts", len(st.Parts)).Msg("store read")
 	if n := st.Newest(); n != nil && !n.Latest {
-		if u.cfg.WorldNodes > 1 && n.Manifest.Parts == nil {
+		if p := st.latestUnusable(); p != nil {
+			// A commit this spotguard cannot use (a newer spotguard's manifest, or a damaged
+			// one) is not one the store lacks: LATEST is not moved back off it.
+			u.log.Error().Err(p).Str("latest", st.Latest.Checkpoint+"/"+st.Latest.Commit).
+				Str("newest_usable", n.Manifest.Checkpoint+"/"+n.Manifest.Commit).
+				Msg("LATEST names a commit whose manifest this spotguard cannot use; LATEST is left on it (restore says why, and restores an older commit only when asked for one)")
+		} else if u.cfg.WorldNodes > 1 && n.Manifest.Parts == nil {
 			// A node left at store.world_nodes 1 committed its own files alone: not the job's.
 			u.log.Error().Str("checkpoint", n.Manifest.Checkpoint).Str("commit", n.Manifest.Commit).Str("host", n.Manifest.Host.InstanceID).
 				Msg("the job's newest commit is a single-node commit in a multi-node job (a node left at store.world_nodes 1?); LATEST is not moved to it")

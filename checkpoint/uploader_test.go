@@ -2031,6 +2031,38 @@ func TestLatestIsNotRepairedOntoATornCommit(t *testing.T) {
 	}
 }
 
+// A starting agent whose job's LATEST names a commit with a manifest it cannot use (a newer
+// spotguard's, version 3) moved LATEST back to the newest commit it could use, saying the store
+// did not hold the other: LATEST went back (I3), and awscli's reading of the store and restore
+// disagreed. It is left where it is, and said.
+func TestLatestOnAnUnusableManifestIsNotMovedBack(t *testing.T) {
+	s, dir := newMemStore(), t.TempDir()
+	old := restoreTestCommit(t, s, "job", "step-1", restoreTestT0, map[string]string{"a": "old"})
+	newer := restoreTestCommit(t, s, "job", "step-2", restoreTestT0.Add(time.Minute), map[string]string{"a": "newer"})
+	newer.Version = ManifestVersion + 1
+	restoreTestPutJSON(t, s, ManifestKey("job", "step-2", newer.Commit), newer)
+	latest := Latest{Version: ManifestVersion, Checkpoint: newer.Checkpoint, Commit: newer.Commit, CompleteAt: newer.Timings.CompleteAt, CommittedAt: newer.CommittedAt}
+	restoreTestPutJSON(t, s, "job/LATEST", latest)
+	r := startUploader(t, dir, s, 0)
+	const said = "LATEST names a commit whose manifest this spotguard cannot use; LATEST is left on it"
+	var st *JobState
+	eventuallyUploader(t, "the agent to say LATEST is left, or to move it", func() bool {
+		var err error
+		st, err = readJob(t.Context(), s, "job", nil)
+		return err == nil && (st.Latest == nil || st.Latest.Commit != newer.Commit) || strings.Contains(r.logs.String(), said)
+	})
+	r.stop()
+	if !strings.Contains(r.logs.String(), said) {
+		t.Errorf("the agent does not say LATEST is left:\n%s", r.logs)
+	}
+	if st.Latest == nil || st.Latest.Commit != newer.Commit {
+		t.Errorf("LATEST = %+v; want it left on %s, not moved back to %s", st.Latest, newer.Commit, old.Commit)
+	}
+	if strings.Contains(r.logs.String(), "does not hold") {
+		t.Errorf("the agent says the store does not hold a commit it holds:\n%s", r.logs)
+	}
+}
+
 // A file deleted from a complete checkpoint before its commit is a warning (the marker had
 // declared it part of it), once, when the checkpoint is committed without it; the whole
 // checkpoint deleted (its marker too) is not one warning per file.
