@@ -325,6 +325,9 @@ func (c *Coordinator) onUpload(ev checkpoint.UploadEvent) {
 				ns.written = ev.Checkpoint
 				changes = append(changes, change{ns: ns, state: StateCheckpointWritten, name: ev.Checkpoint, detail: ev.Checkpoint})
 			}
+			if !ns.committed {
+				ns.committedAt = time.Now()
+			}
 			ns.committed = true
 			changes = append(changes, change{ns: ns, state: StateCommitted, name: ev.Checkpoint})
 		}

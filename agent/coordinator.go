@@ -118,6 +118,7 @@ type NoticeStatus struct {
 	lateSaid    bool      // its deadline passed with written not committed, said (checkLate)
 	endedAt     time.Time // when it ended; zero while active
 	committed   bool      // written is committed
+	committedAt time.Time // when this agent learned it was
 	// inherited: the trainer was signalled for it by the agent's previous run (a restart during
 	// the notice): its detection here is not the notice's, so no time to durable is measured.
 	inherited bool
@@ -800,10 +801,11 @@ func (c *Coordinator) cover(ns *NoticeStatus, procs []trainer.Process, log zerol
 			// event's, days before; one a store that is down holds back) is not a fresh one.
 			continue
 		}
-		if o.committed && o.signalledAt.Before(ns.readAt) {
-			// Its save is durable and was asked for before ns came: a new one can only add. (One
-			// asked for after ns came, as a reclaim read during ns's hold, is ns's save too,
-			// however quickly it was committed.)
+		if o.committed && o.signalledAt.Before(ns.readAt) && !o.committedAt.After(ns.readAt) {
+			// Its save was asked for and durable before ns came: a new one can only add. (One
+			// not durable yet when ns came, ns's hold included, is ns's save too, however
+			// quickly it was committed since: a rebalance read while the reclaim's save was
+			// written, committed during the rebalance's hold, was a second save.)
 			continue
 		}
 		if by == nil || noticeRank(o) < noticeRank(by) || (noticeRank(o) == noticeRank(by) && o.Key < by.Key) {

@@ -156,6 +156,26 @@ func TestNoticeDuringASaveForAnotherIsNotSignalledAgain(t *testing.T) {
 			}
 		})
 	})
+	t.Run("rebalance while the reclaim's save is written, committed during the rebalance's hold", func(t *testing.T) {
+		// Found from outside: the reclaim's save committed while the rebalance was held, and
+		// the rebalance then signalled the trainer for a second save.
+		synctest.Test(t, func(t *testing.T) {
+			r := startSpotRig(t)
+			passFakeTime(time.Second)
+			r.upload(checkpoint.CheckpointComplete, "step-10")
+			r.events <- imds.Event{Kind: imds.Begin, At: time.Now(), Notice: imds.Notice{Source: imds.SourceRebalance, Action: "rebalance"}}
+			synctest.Wait()
+			passFakeTime(holdFor / 2)
+			r.upload(checkpoint.CheckpointCommitted, "step-10")
+			passFakeTime(holdFor)
+			if n := r.tr.signals(); n != 1 {
+				t.Errorf("signals = %d; want 1: the rebalance came while the reclaim's save was not durable", n)
+			}
+			if n := r.notice(t, "rebalance/rebalance"); n.State != StateCommitted {
+				t.Errorf("rebalance state %s, transitions %+v; want committed (step-10, the reclaim's save)", n.State, n.Transitions)
+			}
+		})
+	})
 	t.Run("second notice after the first's checkpoint was written, before its commit", func(t *testing.T) {
 		synctest.Test(t, func(t *testing.T) {
 			r := startCoverRig(t, true)
