@@ -87,6 +87,12 @@ func (a *Agent) health(now time.Time) healthVerdict {
 		case !ps.Last.OK():
 			v.reason(ps.Last.Problem()+"; fix: "+StoreFix(ps.Last.Reason, ps.Last.URL, ps.Last.Err),
 				fmt.Sprintf("store %s: %s failed: %s", ps.Last.URL, ps.Last.Step, shortStoreError(ps.Last.Err)))
+		default:
+			if name, run, ok := a.store.uploadsFailing(now); ok {
+				d := now.Sub(run.first).Round(time.Second)
+				v.reason(fmt.Sprintf("store %s: the uploads of checkpoint %s have failed for %s (%s: %s), though the store's probe passes; healthy again once it commits",
+					a.store.url, name, d, run.reason, run.err), fmt.Sprintf("checkpoint %s: uploads failing for %s", name, d))
+			}
 		}
 	}
 	if ok, reason := a.checkpointHealth(); !ok {
@@ -196,6 +202,40 @@ type storeHealth struct {
 	lastUploadError *uploadErrorStatus
 	// failures counts the failures of each checkpoint not committed since.
 	failures map[string]int
+	// failing is, by checkpoint, its current run of failures: a store that refuses its writes
+	// while the probe's tiny write passes (a full disk, a quota, a policy on some keys) must
+	// make /healthz 503 too (uploadsFailing).
+	failing map[string]failRun
+}
+
+// failRun is a run of failures of one checkpoint's uploads or commit: the first and the last.
+// A failure more than failRunGap after the last begins a new run.
+type failRun struct {
+	first, last time.Time
+	reason, err string
+}
+
+// The health of a checkpoint's failing uploads: a run of failures longer than failingFor, the
+// last one no older than failRunGap, makes the agent unhealthy.
+const (
+	failingFor = time.Minute
+	failRunGap = 30 * time.Second
+)
+
+// uploadsFailing returns, as of now, the checkpoint whose uploads (or commit) have failed the
+// longest without a pause, when that is more than failingFor; ok is false when none has.
+func (s *storeHealth) uploadsFailing(now time.Time) (name string, run failRun, ok bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for n, r := range s.failing {
+		if now.Sub(r.last) > failRunGap || now.Sub(r.first) <= failingFor {
+			continue
+		}
+		if !ok || r.first.Before(run.first) || r.first.Equal(run.first) && n < name {
+			name, run, ok = n, r, true
+		}
+	}
+	return name, run, ok
 }
 
 // uploadErrorStatus is a failed upload or commit, for /status.
@@ -234,6 +274,7 @@ func (a *Agent) initHealth(cfg *Config, deps Deps) error {
 		log:          deps.Logger.With().Str("component", "store").Logger(),
 		uploadErrors: map[string]uint64{},
 		failures:     map[string]int{},
+		failing:      map[string]failRun{},
 	}
 	s.prober.onProbe = func(p StoreProbe) {
 		if !p.OK() {
@@ -299,6 +340,12 @@ func (a *Agent) noteUploadHealth(ev checkpoint.UploadEvent) {
 		s.lastUploadError = &uploadErrorStatus{At: at, Kind: kind, Checkpoint: ev.Checkpoint, Reason: reason, Error: ev.Err.Error()}
 		s.failures[ev.Checkpoint]++
 		n := s.failures[ev.Checkpoint]
+		r := s.failing[ev.Checkpoint]
+		if r.last.IsZero() || at.Sub(r.last) > failRunGap {
+			r.first = at
+		}
+		r.last, r.reason, r.err = at, reason, ev.Err.Error()
+		s.failing[ev.Checkpoint] = r
 		s.mu.Unlock()
 		if ok, held := s.limiter.allow(ev.Checkpoint+"|"+kind+"|"+reason+"|"+storeErrorCode(ev.Err), time.Now()); ok {
 			s.log.Warn().Str("store", s.url).Str("checkpoint", ev.Checkpoint).Str("failed", kind).Str("reason", reason).
@@ -311,6 +358,7 @@ func (a *Agent) noteUploadHealth(ev checkpoint.UploadEvent) {
 		s.mu.Lock()
 		n := s.failures[ev.Checkpoint]
 		delete(s.failures, ev.Checkpoint)
+		delete(s.failing, ev.Checkpoint)
 		s.mu.Unlock()
 		if n > 0 {
 			s.log.Info().Str("checkpoint", ev.Checkpoint).Int("failures", n).Int("repeats_not_logged", held).
@@ -324,6 +372,7 @@ func (a *Agent) noteUploadHealth(ev checkpoint.UploadEvent) {
 		s.limiter.forget(ev.Checkpoint + "|")
 		s.mu.Lock()
 		delete(s.failures, ev.Checkpoint)
+		delete(s.failing, ev.Checkpoint)
 		s.mu.Unlock()
 	}
 }

@@ -470,3 +470,44 @@ func TestSplitSaveIsUnhealthyUntilALaterCommitIsWhole(t *testing.T) {
 		t.Error("still unhealthy after a later commit was found whole")
 	}
 }
+
+// A store that refuses a checkpoint's writes (a full disk, a quota, a policy on some keys) while
+// the probe's tiny write passes was healthy for as long as it lasted: only a warning every minute
+// said so. Past a minute of failures without a 30 s pause, /healthz is 503 naming the checkpoint
+// and the error; a pause, or the commit, ends it.
+func TestUploadsFailingWhileTheProbePassesAreUnhealthy(t *testing.T) {
+	a := newStoreAgent(t, newFaultyStore(t), &syncBuffer{})
+	if _, done := a.store.prober.Check(t.Context()); !done {
+		t.Fatal("probe not done")
+	}
+	t0 := time.Now()
+	fail := func(at time.Time) {
+		a.noteUploadHealth(checkpoint.UploadEvent{Kind: checkpoint.UploadFailed, Checkpoint: "step-1", At: at,
+			Err: errors.New("write /store/job/step-1/x/a.bin: no space left on device")})
+	}
+	for i := range 7 {
+		fail(t0.Add(time.Duration(i) * 10 * time.Second)) // 0 s to 60 s
+	}
+	if v := a.health(t0.Add(60 * time.Second)); !v.Healthy {
+		t.Errorf("after 60 s of failures: %q; want healthy still", v.Reasons)
+	}
+	fail(t0.Add(70 * time.Second))
+	v := a.health(t0.Add(70 * time.Second))
+	if v.Healthy || !strings.Contains(strings.Join(v.Reasons, "\n"), "the uploads of checkpoint step-1 have failed for 1m10s (other: write /store/job/step-1/x/a.bin: no space left on device), though the store's probe passes") {
+		t.Errorf("after 70 s of failures: healthy %v, %q; want unhealthy, naming step-1 and the error", v.Healthy, v.Reasons)
+	}
+	if v := a.health(t0.Add(101 * time.Second)); !v.Healthy {
+		t.Errorf("31 s after the last failure: %q; want healthy (a pause)", v.Reasons)
+	}
+	fail(t0.Add(102 * time.Second))
+	if v := a.health(t0.Add(102 * time.Second)); !v.Healthy {
+		t.Errorf("a failure after the pause: %q; want healthy (a new run)", v.Reasons)
+	}
+	for i := range 8 {
+		fail(t0.Add(102*time.Second + time.Duration(i)*10*time.Second))
+	}
+	a.noteUploadHealth(checkpoint.UploadEvent{Kind: checkpoint.CheckpointCommitted, Checkpoint: "step-1", At: t0.Add(175 * time.Second)})
+	if v := a.health(t0.Add(175 * time.Second)); !v.Healthy {
+		t.Errorf("after the commit: %q; want healthy", v.Reasons)
+	}
+}
