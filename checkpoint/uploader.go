@@ -634,6 +634,10 @@ func (u *Uploader) Run(ctx context.Context, events <-chan WatchEvent) error {
 			u.handleNotices()
 			if u.cfg.StopBudget < 0 {
 				u.logUnfinished()
+				if left := u.completeLeft(); len(left) > 0 {
+					u.log.Warn().Strs("not_committed", left).
+						Msg("stopping without a drain (agent.stop_budget 0s) with complete checkpoints not committed; the next agent on this disk commits them")
+				}
 				return nil
 			}
 			done = nil // keep going for the checkpoints, then stop
@@ -748,6 +752,18 @@ func (u *Uploader) logUnfinished() {
 	slices.Sort(left)
 	u.log.Warn().Strs("not_complete", left).
 		Msg("stopping without waiting for checkpoints still being written (no marker yet, and no notice asked for them); the next agent commits them once they are complete")
+}
+
+// completeLeft returns the complete checkpoints not committed, sorted.
+func (u *Uploader) completeLeft() []string {
+	var left []string
+	for name, g := range u.gens {
+		if (g.state == genMatching || g.state == genUploading) && g.complete {
+			left = append(left, name)
+		}
+	}
+	slices.Sort(left)
+	return left
 }
 
 // logLeft says why a drain ended and what it left: the checkpoints not committed (they stay on

@@ -1906,6 +1906,21 @@ func (s *gateStore) PutFile(ctx context.Context, key string, f *os.File, size in
 	return s.memStore.PutFile(ctx, key, f, size, progress)
 }
 
+// A stop with no drain (agent.stop_budget 0s) names the complete checkpoints it leaves
+// uncommitted; it said nothing of them.
+func TestStopWithoutDrainNamesTheCompleteCheckpointsLeft(t *testing.T) {
+	dir := t.TempDir()
+	s := &gateStore{memStore: newMemStore(), puts: make(chan string, 100), release: make(chan struct{})}
+	r := startUploaderWith(t, dir, s, UploaderConfig{StopBudget: -1})
+	writeCheckpoint(t, dir, "step-1", map[string][]byte{"a.bin": randomBytes(t, 1<<10)})
+	r.waitEvent(CheckpointComplete, "step-1")
+	<-s.puts
+	r.stop()
+	if logs := r.logs.String(); !strings.Contains(logs, `"not_committed":["step-1"]`) || !strings.Contains(logs, "stopping without a drain") {
+		t.Errorf("the stop does not name step-1, complete and not committed:\n%s", logs)
+	}
+}
+
 // Without a notice, a checkpoint whose upload has begun is sent to the end before a newer one
 // takes the connections: a trainer that saves faster than the store takes its checkpoints, and
 // deletes its older ones, otherwise had each overtaken by the next and deleted before its
