@@ -124,10 +124,10 @@ func (j *journal) grown() bool {
 }
 
 // JournalPath is the journal's file for job, dir and store in stateDir: that of the agent with
-// agent.runtime_dir stateDir, store.job job, checkpoint.dir dir (as configured) and the store
-// whose URL is store.
+// agent.runtime_dir stateDir, store.job job, checkpoint.dir dir (as configured, cleaned: "ck/"
+// and "ck" are one directory) and the store whose URL is store.
 func JournalPath(stateDir, job, dir, store string) string {
-	sum := sha256.Sum256([]byte(job + "\x00" + dir + "\x00" + store))
+	sum := sha256.Sum256([]byte(job + "\x00" + filepath.Clean(dir) + "\x00" + store))
 	return filepath.Join(stateDir, "uploads-"+hex.EncodeToString(sum[:8])+".jsonl")
 }
 

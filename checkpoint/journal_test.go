@@ -194,3 +194,15 @@ func TestJournalStaysSmall(t *testing.T) {
 		t.Errorf("journal entry of step-029 = %+v; want its commit %s, done, with its %d files", e, last.Commit, len(last.Files))
 	}
 }
+
+// checkpoint.dir spelled with a trailing slash is the same directory, and the same journal: a
+// restart with "ck/" for "ck" forgot the unfinished commit, sent the checkpoint again whole, and
+// left the killed run's objects in the store.
+func TestJournalPathOfOneDirectorySpelledTwoWays(t *testing.T) {
+	if a, b := JournalPath("/run/spotguard", "job", "/data/ck", "s3://b/p"), JournalPath("/run/spotguard", "job", "/data/ck/", "s3://b/p"); a != b {
+		t.Errorf("JournalPath of /data/ck = %s, of /data/ck/ = %s; want one", a, b)
+	}
+	if a, b := JournalPath("/run/spotguard", "job", "/data/ck", "s3://b/p"), JournalPath("/run/spotguard", "job", "/data/ck2", "s3://b/p"); a == b {
+		t.Errorf("JournalPath of two directories = %s; want two", a)
+	}
+}
