@@ -2626,6 +2626,9 @@ func TestChmodWhileDownKeepsAJournalCommitsPlace(t *testing.T) {
 	}
 	writeCheckpoint(t, dirB, "step-300", map[string][]byte{"a.bin": randomBytes(t, 4<<10)})
 	newer := b.waitCommitted("step-300").Manifest
+	for !time.Now().After(newer.Order().At.Add(20 * time.Millisecond)) { // not in the same tick of the file clock
+		<-time.After(time.Millisecond)
+	}
 	writeCheckpoint(t, dirB, "step-400", map[string][]byte{"a.bin": randomBytes(t, 4<<10)})
 	newest := b.waitCommitted("step-400").Manifest
 	b.stop()
