@@ -12,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -2392,12 +2393,31 @@ func (u *Uploader) goUpload(ctx context.Context, g *generation, rel string, f *f
 		// 88 % with the usual parts).
 		gctx = withUrgency(gctx)
 	}
+	// A file that became a directory of the same name (or the other way round) before the
+	// commit: the stored object of what left is in the way of the new key (a file store, and S3
+	// servers that store objects as files, refuse both), and went only just before the manifest,
+	// so the commit never came. It goes first.
+	var inWay []string
+	for _, k := range g.strays {
+		if strings.HasPrefix(key, k+"/") || strings.HasPrefix(k, key+"/") {
+			inWay = append(inWay, k)
+		}
+	}
 	u.wg.Go(func() {
 		start := time.Now()
 		if gf != nil {
 			start = gf.began
 		}
-		d, err := uploadFile(gctx, u.cfg.Store, u.cfg.Dir, local, key, gf)
+		var d doneFile
+		var err error
+		if len(inWay) > 0 {
+			if err = u.cfg.Store.Delete(gctx, inWay...); err != nil {
+				err = fmt.Errorf("delete %s, in the way of %s: %w", strings.Join(inWay, ", "), key, err)
+			}
+		}
+		if err == nil {
+			d, err = uploadFile(gctx, u.cfg.Store, u.cfg.Dir, local, key, gf)
+		}
 		u.send(ctx, fileResult{gen: g, rel: rel, file: f, kind: jobUpload, done: d, start: start, duration: time.Since(start), err: err})
 	})
 }

@@ -1906,6 +1906,55 @@ func (s *gateStore) PutFile(ctx context.Context, key string, f *os.File, size in
 	return s.memStore.PutFile(ctx, key, f, size, progress)
 }
 
+// A file of a checkpoint, sent, that the trainer replaces by a directory of the same name before
+// the marker (or a directory by a file): the stored object of what left was in the way of the new
+// key until just before the manifest, and a file store (and S3 servers that store objects as
+// files) refused the new one for ever, so the checkpoint was never committed. (Found from
+// outside: a model saved again into latest/ as model/ shards where model was one file.)
+func TestFileBecomingADirectoryBeforeTheMarkerCommits(t *testing.T) {
+	for _, tt := range []struct{ name, first, then string }{
+		{"file to directory", "w.bin", "w.bin/x"},
+		{"directory to file", "sub/a", "sub"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			dir := t.TempDir()
+			store, err := NewFileStore(t.TempDir())
+			if err != nil {
+				t.Fatal(err)
+			}
+			r := startUploaderWith(t, dir, store, UploaderConfig{})
+			ck := filepath.Join(dir, "step-3")
+			write := func(rel string, data []byte) {
+				t.Helper()
+				p := filepath.Join(ck, filepath.FromSlash(rel))
+				if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+					t.Fatal(err)
+				}
+				if err := os.WriteFile(p, data, 0o644); err != nil {
+					t.Fatal(err)
+				}
+			}
+			write(tt.first, []byte("first"))
+			eventuallyUploader(t, tt.first+" to be stored", func() bool {
+				objs, err := store.List(t.Context(), "job/step-3/")
+				return err == nil && slices.ContainsFunc(objs, func(o ObjectInfo) bool { return strings.HasSuffix(o.Key, "/"+tt.first) })
+			})
+			top := strings.Split(tt.first, "/")[0]
+			if err := os.RemoveAll(filepath.Join(ck, top)); err != nil {
+				t.Fatal(err)
+			}
+			then := randomBytes(t, 1<<10)
+			write(tt.then, then)
+			write("_COMPLETE", nil)
+			m := r.waitCommitted("step-3").Manifest
+			if _, ok := m.file(tt.then); !ok || len(m.Files) != 2 {
+				t.Errorf("committed %+v; want %s and the marker", m.Files, tt.then)
+			}
+			restoreAndCompare(t, store, "step-3", map[string][]byte{tt.then: then})
+		})
+	}
+}
+
 // A stop with no drain (agent.stop_budget 0s) names the complete checkpoints it leaves
 // uncommitted; it said nothing of them.
 func TestStopWithoutDrainNamesTheCompleteCheckpointsLeft(t *testing.T) {
