@@ -143,7 +143,7 @@ func ParseScheduled(body []byte, now time.Time) ([]Notice, error) {
 		}
 		code := strings.TrimSpace(e.Code)
 		if code == "" {
-			problems = append(problems, fmt.Errorf("event %d: missing Code", i))
+			problems = append(problems, fmt.Errorf("event %d: %w", i, errUnnamedEvent))
 			continue
 		}
 		n := Notice{
@@ -171,6 +171,18 @@ func ParseScheduled(body []byte, now time.Time) ([]Notice, error) {
 		return notices, fmt.Errorf("%w: %s: %w", ErrMalformed, SourceScheduled.Path(), errors.Join(problems...))
 	}
 	return notices, nil
+}
+
+// errUnnamedEvent is ParseScheduled's problem with an active event without a Code: it cannot be
+// told which notice it is, so the answer does not say which notices ended.
+var errUnnamedEvent = errors.New("missing Code")
+
+// partialRead reports whether err, with notices, is a ParseScheduled answer that names every
+// active event (some unreadable, each a fail-safe notice): what it lacks has ended, as after a
+// read without error.
+func partialRead(src Source, notices []Notice, err error) bool {
+	return src == SourceScheduled && notices != nil && errors.Is(err, ErrMalformed) && !errors.Is(err, errUnnamedEvent) &&
+		!errors.Is(err, ErrBodyCut)
 }
 
 // parseScheduledTime parses a scheduled event time, "2 Jan 2006 15:04:05 GMT", and for

@@ -317,7 +317,8 @@ func excerpt(body []byte) string {
 //   - Update: an active key is read properly with a Deadline earlier than the one last
 //     delivered, or properly after it was delivered Malformed (see [Update]);
 //   - End: a successful read (404, or a body without it, e.g. a scheduled event turned
-//     canceled or completed) no longer shows an active key.
+//     canceled or completed) no longer shows an active key; so does a scheduled answer some of
+//     whose events are unreadable, each with a Code (their fail-safe notices stay).
 //
 // Each source is polled at once, then every PollInterval (SpotPollInterval for spot) from the
 // start of the previous poll. A failed read never changes the active set (the fail-safe spot
@@ -495,6 +496,10 @@ func (w *Watcher) poll(ctx context.Context, s *sourceState, out chan<- Event) (f
 	}
 	if err == nil {
 		s.succeeded = true
+	}
+	if err == nil || partialRead(s.src, notices, err) {
+		// A scheduled answer with an unreadable event still says which of the others are over
+		// (canceled, completed, gone).
 		for _, k := range slices.Sorted(maps.Keys(s.active)) {
 			if _, ok := current[k]; !ok {
 				events = append(events, Event{Kind: End, Notice: s.active[k], At: now})

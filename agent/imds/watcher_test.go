@@ -544,6 +544,30 @@ func TestRunEndWhenScheduledCanceled(t *testing.T) {
 	}
 }
 
+// One unreadable scheduled event (a bad NotBefore: a fail-safe notice) hid the end of the others:
+// the answer counted as a failed read, and no notice of the source ended. Every other event of
+// the answer counts: one canceled ends. An event without a Code cannot be told from any notice,
+// so with one nothing ends.
+func TestRunScheduledUnreadableEventDoesNotHideAnEnd(t *testing.T) {
+	const (
+		a       = `{"Code":"system-reboot","State":"%s","EventId":"e-a","NotBefore":"21 Jan 2030 09:00:43 GMT"}`
+		badB    = `{"Code":"instance-stop","State":"active","EventId":"e-b","NotBefore":"soon"}`
+		noCodeC = `{"State":"active","EventId":"e-c","NotBefore":"21 Jan 2030 09:00:43 GMT"}`
+	)
+	synctest.Test(t, func(t *testing.T) {
+		h := start(t, Config{Sources: []Source{SourceScheduled}, PollInterval: time.Second}, 16)
+		defer h.stop(t)
+		h.next(t).ok("[" + fmt.Sprintf(a, "active") + "]")
+		wantEvents(t, h.events(), "begin scheduled/system-reboot/e-a")
+		h.next(t).ok("[" + fmt.Sprintf(a, "active") + "," + badB + "]")
+		wantEvents(t, h.events(), "begin scheduled/instance-stop/e-b")
+		h.next(t).ok("[" + fmt.Sprintf(a, "canceled") + "," + badB + "]")
+		wantEvents(t, h.events(), "end scheduled/system-reboot/e-a")
+		h.next(t).ok("[" + noCodeC + "]")
+		wantEvents(t, h.events())
+	})
+}
+
 func TestRunNoEndOnErrors(t *testing.T) {
 	tests := []struct {
 		src     Source
