@@ -364,7 +364,7 @@ var fields = []field{
 		}
 		return nil
 	}},
-	{"agent.stop_budget", "140s", "how long a stop (SIGTERM) may go on committing: the checkpoint the trainer was signalled for and every complete one not committed yet (0s: stop at once); keep it under the unit's TimeoutStopSec", func(c *Config, v string) error {
+	{"agent.stop_budget", "140s", "how long a stop (SIGTERM) may go on committing: the checkpoint the trainer was signalled for and every complete one not committed yet (0s: stop at once, with a warning naming the complete checkpoints left); keep it under the unit's TimeoutStopSec", func(c *Config, v string) error {
 		d, err := parseDuration(v)
 		if err == nil && (d < 0 || d > time.Hour) {
 			err = errors.New("between 0s and 1h")
