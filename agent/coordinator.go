@@ -513,9 +513,9 @@ func (c *Coordinator) Handle(ev imds.Event) {
 	}
 }
 
-// update takes a notice in force read again with an earlier deadline, or readable where its
-// deadline was a fail-safe guess: notice.json, the uploads and /status get the new deadline.
-// The trainer is not signalled again.
+// update takes a notice in force read again with an earlier deadline, readable where its
+// deadline was a fail-safe guess, or a scheduled event rescheduled (earlier or later):
+// notice.json, the uploads and /status get the new deadline. The trainer is not signalled again.
 func (c *Coordinator) update(ev imds.Event) {
 	c.mu.Lock()
 	ns, ok := c.active[ev.Notice.Key()]
@@ -529,6 +529,9 @@ func (c *Coordinator) update(ev imds.Event) {
 		ns.Deadline = &d
 	}
 	ns.Malformed = ev.Notice.Malformed
+	if ns.Source == imds.SourceScheduled {
+		ns.notAfter = ev.Notice.NotAfter
+	}
 	policy := ns.Policy
 	c.mu.Unlock()
 	ev2 := c.log.Warn().Str("notice", ns.Key).Time("deadline", ev.Notice.Deadline).
@@ -536,7 +539,11 @@ func (c *Coordinator) update(ev imds.Event) {
 	if was != nil {
 		ev2 = ev2.Time("was", *was)
 	}
-	ev2.Msg("notice's deadline moved earlier (or was a guess): acting on the new one")
+	msg := "notice's deadline moved earlier (or was a guess): acting on the new one"
+	if was != nil && ev.Notice.Deadline.After(*was) {
+		msg = "scheduled event rescheduled later: acting on its new time"
+	}
+	ev2.Msg(msg)
 	if policy != PolicyCheckpoint {
 		return
 	}
@@ -560,7 +567,9 @@ func (c *Coordinator) begin(ev imds.Event) {
 			if seen.read.Before(ns.readAt) {
 				ns.readAt = seen.read
 			}
-			if seen.deadline != nil && ns.Deadline != nil && seen.deadline.Before(*ns.Deadline) {
+			// (A scheduled event's time is what IMDS says now: rescheduled while the agent was
+			// down, it is taken as read.)
+			if seen.deadline != nil && ns.Deadline != nil && seen.deadline.Before(*ns.Deadline) && ns.Source != imds.SourceScheduled {
 				d := *seen.deadline
 				ns.Deadline = &d
 			}

@@ -873,3 +873,28 @@ func TestRestartDuringAHoldTakesThePreviousRunsRead(t *testing.T) {
 		})
 	}
 }
+
+// A scheduled event rescheduled later (the same EventId, a later NotBefore and NotAfter) kept its
+// old times in notice.json and /status: a trainer reading them took the event for due now.
+func TestScheduledEventRescheduledLaterTakesItsNewTimes(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		r := startCoverRig(t, true)
+		first := time.Now().Add(time.Hour).Truncate(time.Second)
+		r.begin(imds.SourceScheduled, "system-reboot", first)
+		later := first.Add(24 * time.Hour)
+		r.events <- imds.Event{Kind: imds.Update, At: time.Now(), Notice: imds.Notice{Source: imds.SourceScheduled, Action: "system-reboot",
+			EventID: "instance-event-system-reboot", Time: later, Deadline: later, NotAfter: later.Add(2 * time.Hour)}}
+		synctest.Wait()
+		n := r.notice(t, "scheduled/system-reboot/instance-event-system-reboot")
+		if n.Deadline == nil || !n.Deadline.Equal(later) {
+			t.Errorf("deadline %v; want %v, the event's new time", n.Deadline, later)
+		}
+		nf, _ := r.noticeFile(t)
+		if nf.Deadline == nil || !nf.Deadline.Equal(later) || nf.NotAfter == nil || !nf.NotAfter.Equal(later.Add(2*time.Hour)) {
+			t.Errorf("notice.json deadline %v, not_after %v; want %v and %v", nf.Deadline, nf.NotAfter, later, later.Add(2*time.Hour))
+		}
+		if n := r.tr.signals(); n != 1 {
+			t.Errorf("signals = %d; want 1: a rescheduled event is not signalled again", n)
+		}
+	})
+}

@@ -522,12 +522,16 @@ func (w *Watcher) poll(ctx context.Context, s *sourceState, out chan<- Event) (f
 
 // updates reports whether n, read properly for the key of last (the notice last delivered),
 // deserves an Update: last was a fail-safe guess, or n's Deadline is earlier (a zero Deadline
-// is no deadline, later than any).
+// is no deadline, later than any), or, for a scheduled event (one EventId), its window moved
+// either way: AWS reschedules events, and what IMDS says now is the event's time.
 func updates(last, n Notice) bool {
 	if n.Malformed {
 		return false
 	}
 	if last.Malformed {
+		return true
+	}
+	if n.Source == SourceScheduled && (!n.Deadline.Equal(last.Deadline) || !n.NotAfter.Equal(last.NotAfter)) {
 		return true
 	}
 	return !n.Deadline.IsZero() && (last.Deadline.IsZero() || n.Deadline.Before(last.Deadline))
