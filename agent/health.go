@@ -100,6 +100,13 @@ func (a *Agent) health(now time.Time) healthVerdict {
 	} else if reason != "" {
 		v.warn(reason, reason) // healthy, and said so: waiting for checkpoint.dir to be created
 	}
+	if a.uploader != nil {
+		if p := a.uploader.JournalProblem(); p != "" {
+			dir := a.cfg.Load().Agent.RuntimeDir
+			v.warn(fmt.Sprintf("the upload journal in agent.runtime_dir %s cannot be used (%s): a restart sends uncommitted files again; fix the directory and restart the agent",
+				dir, p), "upload journal off")
+		}
+	}
 	if err := a.coord.noticeFileProblem(); err != nil {
 		dir := a.cfg.Load().Agent.RuntimeDir
 		v.warn(fmt.Sprintf("agent.runtime_dir %s cannot be written (%v): a trainer reading %s finds no notice and no deadline, and a restart sends uncommitted files again (no journal); fix its permissions or agent.runtime_dir",

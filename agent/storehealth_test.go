@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"os"
 	"slices"
 	"strings"
 	"testing"
@@ -510,4 +511,21 @@ func TestUploadsFailingWhileTheProbePassesAreUnhealthy(t *testing.T) {
 	if v := a.health(t0.Add(175 * time.Second)); !v.Healthy {
 		t.Errorf("after the commit: %q; want healthy", v.Reasons)
 	}
+}
+
+// An upload journal the agent cannot use (here its path is a directory; a runtime_dir made
+// read-only, or full) was a log line at start and nothing else: a /healthz warning says it now.
+func TestUploadJournalOffIsAHealthWarning(t *testing.T) {
+	rd, ck, store := t.TempDir(), t.TempDir(), t.TempDir()
+	if err := os.MkdirAll(checkpoint.JournalPath(rd, "j", ck, "file://"+store), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	tr := startShTrainer(t, true)
+	ta := startAgentWith(t, fileStores, "SPOTGUARD_TRAINER_PIDFILE="+tr.pidfile, "SPOTGUARD_AGENT_RUNTIME_DIR="+rd,
+		"SPOTGUARD_CHECKPOINT_DIR="+ck, "SPOTGUARD_STORE_URL=file://"+store, "SPOTGUARD_STORE_JOB=j")
+	eventually(t, "a warning that the upload journal is off", func() bool {
+		return slices.ContainsFunc(ta.a.health(time.Now()).Warnings, func(w string) bool {
+			return strings.Contains(w, "the upload journal in agent.runtime_dir "+rd+" cannot be used")
+		})
+	})
 }

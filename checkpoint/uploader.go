@@ -193,6 +193,8 @@ type Uploader struct {
 	cache *manifestCache
 	// work is Run's context for the work (not cancelled by a stop; cancelled when Run returns).
 	work context.Context
+	// journalProblem is JournalProblem's.
+	journalProblem atomic.Pointer[string]
 
 	// Owned by the Run loop.
 	gens       map[string]*generation // the current generation of each local checkpoint
@@ -786,6 +788,7 @@ func (u *Uploader) logLeft(why string) {
 func (u *Uploader) flushJournal() {
 	if err := u.journal.flush(); err != nil {
 		u.log.Warn().Err(err).Str("journal", u.journal.path).Msg("journal could not be written; a restart will send uncommitted files again")
+		u.journalFailed(err)
 		_ = u.journal.close()
 		u.journal = nil
 		return
@@ -793,6 +796,21 @@ func (u *Uploader) flushJournal() {
 	if u.journal.grown() {
 		u.compactJournal()
 	}
+}
+
+// journalFailed records err, the journal's trouble, for JournalProblem.
+func (u *Uploader) journalFailed(err error) {
+	p := err.Error()
+	u.journalProblem.Store(&p)
+}
+
+// JournalProblem is why the journal (in StateDir) is off, or "": the last error reading or
+// writing it. A restart sends uncommitted files again. Safe to call from any goroutine.
+func (u *Uploader) JournalProblem() string {
+	if p := u.journalProblem.Load(); p != nil {
+		return *p
+	}
+	return ""
 }
 
 // compactJournal writes the journal again with what a restart needs of it: the last commit of
@@ -826,6 +844,7 @@ func (u *Uploader) compactJournal() {
 	}
 	if err != nil {
 		u.log.Warn().Err(err).Str("journal", path).Msg("journal could not be written again; a restart will send uncommitted files again")
+		u.journalFailed(err)
 		_ = u.journal.close()
 		u.journal = nil
 	}
@@ -970,6 +989,7 @@ func (u *Uploader) start(ctx context.Context) {
 		entries, err := readJournal(jpath)
 		if err != nil {
 			u.log.Warn().Err(err).Str("journal", jpath).Msg("journal unreadable; starting without it")
+			u.journalFailed(err)
 		}
 		u.resume, u.stale = entries, journalStales(jpath)
 	}
@@ -991,6 +1011,7 @@ func (u *Uploader) start(ctx context.Context) {
 		j, err := writeJournal(jpath, u.resume)
 		if err != nil {
 			u.log.Warn().Err(err).Str("journal", jpath).Msg("no journal: after a restart, uncommitted files are sent again")
+			u.journalFailed(err)
 		}
 		u.journal = j
 		for _, name := range slices.Sorted(maps.Keys(u.stale)) {
