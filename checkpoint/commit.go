@@ -1014,9 +1014,14 @@ func (u *Uploader) goLateCleanup(ctx context.Context, l lateCleanup) {
 		}
 	}
 	pass := func() error {
-		// A pass begun is finished (within s3AbortTimeout) even when a stop comes: a request
-		// cut half way is one more failure for the store to see.
-		actx, cancel := s3CleanupContext(ctx)
+		// A pass begun is finished (within s3AbortTimeout) even when a stop comes, but for no
+		// longer than the stop's grace (stopGrace; the next agent does it again, from its
+		// journal): a request cut half way is one more failure for the store to see.
+		base := u.cleanup
+		if base == nil {
+			base = context.WithoutCancel(ctx)
+		}
+		actx, cancel := context.WithTimeout(base, s3AbortTimeout)
 		defer cancel()
 		var n, objs int
 		var err, derr error

@@ -195,6 +195,9 @@ type Uploader struct {
 	work context.Context
 	// journalProblem is JournalProblem's.
 	journalProblem atomic.Pointer[string]
+	// cleanup is the context of the clean-up passes: not cancelled by a stop, but stopGrace
+	// after Run began to return.
+	cleanup context.Context
 
 	// Owned by the Run loop.
 	gens       map[string]*generation // the current generation of each local checkpoint
@@ -572,13 +575,28 @@ func (u *Uploader) Status(ctx context.Context) UploaderStatus {
 // powered off). It returns nil after all its goroutines have exited.
 func (u *Uploader) Run(ctx context.Context, events <-chan WatchEvent) error {
 	work, cancelWork := context.WithCancel(context.WithoutCancel(ctx))
-	u.work, u.started = work, time.Now()
+	cleanup, cancelCleanup := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancelCleanup()
+	u.work, u.cleanup, u.started = work, cleanup, time.Now()
 	defer func() {
 		for _, g := range u.gens {
 			u.stopAllGrowing(g)
 		}
 		cancelWork()
-		u.wg.Wait()
+		waited := make(chan struct{})
+		go func() { u.wg.Wait(); close(waited) }()
+		t := time.NewTimer(stopGrace)
+		defer t.Stop()
+		select {
+		case <-waited:
+		case <-t.C:
+			// A clean-up pass begun is let finish, but not for longer than this at a stop: a
+			// store that hangs would hold the stop past its budget (the next agent does the pass
+			// again, from its journal).
+			u.log.Info().Msg("stopping: clean-up requests still in flight are cut short; the next agent does them again")
+			cancelCleanup()
+			<-waited
+		}
 		if err := u.journal.close(); err != nil {
 			u.log.Warn().Err(err).Msg("journal could not be written")
 		}
@@ -973,6 +991,10 @@ func (u *Uploader) checkTrainer() {
 		u.log.Warn().Msg("the trainer is gone and wrote no checkpoint since it was signalled; the stop does not wait for one")
 	}
 }
+
+// stopGrace is how long Run, returning, waits for clean-up requests in flight before it cuts
+// them short.
+const stopGrace = 2 * time.Second
 
 // startReadTimeout bounds each store read of start: a store that does not answer (a route that
 // drops packets) must not keep the uploader from its notices and events, nor a stop from

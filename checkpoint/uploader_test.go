@@ -1955,6 +1955,42 @@ func TestFileBecomingADirectoryBeforeTheMarkerCommits(t *testing.T) {
 	}
 }
 
+// hangingAbortStore hangs AbortIncomplete, once hang is set, until its context ends; entered is
+// closed when the first such call begins.
+type hangingAbortStore struct {
+	*memStore
+	hang    atomic.Bool
+	entered chan struct{}
+	once    sync.Once
+}
+
+func (s *hangingAbortStore) AbortIncomplete(ctx context.Context, prefix string) (int, error) {
+	if s.hang.Load() {
+		s.once.Do(func() { close(s.entered) })
+		<-ctx.Done()
+		return 0, ctx.Err()
+	}
+	return s.memStore.AbortIncomplete(ctx, prefix)
+}
+
+// A stop while a clean-up pass after a commit waits on a store that hangs waited for the pass's
+// own timeout (10 s), past the stop budget and the 2 s a stop with nothing to drain takes; it
+// waits stopGrace at most.
+func TestStopDoesNotWaitForAHungCleanUpPass(t *testing.T) {
+	dir := t.TempDir()
+	s := &hangingAbortStore{memStore: newMemStore(), entered: make(chan struct{})}
+	r := startUploaderWith(t, dir, s, UploaderConfig{})
+	writeCheckpoint(t, dir, "step-1", map[string][]byte{"a.bin": randomBytes(t, 1<<10)})
+	r.waitCommitted("step-1")
+	s.hang.Store(true)
+	<-s.entered // the first pass, 5 s after the commit
+	began := time.Now()
+	r.stop()
+	if took := time.Since(began); took > stopGrace+time.Second {
+		t.Errorf("the stop took %s with a clean-up pass hung; want at most %s", took, stopGrace)
+	}
+}
+
 // A stop with no drain (agent.stop_budget 0s) names the complete checkpoints it leaves
 // uncommitted; it said nothing of them.
 func TestStopWithoutDrainNamesTheCompleteCheckpointsLeft(t *testing.T) {
