@@ -56,7 +56,13 @@ func (a *Agent) health(now time.Time) healthVerdict {
 	v := healthVerdict{Reasons: []string{}}
 	st := a.watcher.Stats()
 	if spot, polled := st.Sources[imds.SourceSpot]; polled {
-		if !spot.Healthy(now) {
+		switch {
+		case spot.Healthy(now):
+		case spot.LastMalformed:
+			d := now.Sub(spot.FailingSince).Round(time.Second)
+			v.reason(fmt.Sprintf("IMDS spot (%s) has answered with a body it cannot read for %s; the agent acts on a fail-safe notice (terminate, 2 minutes after it came): %s",
+				imds.SourceSpot.Path(), d, spot.LastError), "IMDS spot unreadable for "+d.String())
+		default:
 			d := now.Sub(spot.FailingSince).Round(time.Second)
 			v.reason(fmt.Sprintf("IMDS spot (%s) has failed for %s, so an interruption notice would not be seen: %s",
 				imds.SourceSpot.Path(), d, spot.LastError), "IMDS spot failing for "+d.String())

@@ -5,11 +5,14 @@ import (
 	"errors"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"testing"
 	"testing/synctest"
 	"time"
 
 	"github.com/rs/zerolog"
+
+	"github.com/spotguard/spotguard/agent/imds"
 )
 
 // downIMDS fails every read, as an unreachable IMDS does.
@@ -17,6 +20,46 @@ type downIMDS struct{}
 
 func (downIMDS) Get(ctx context.Context, path string) ([]byte, bool, error) {
 	return nil, false, errors.New("dial tcp 169.254.169.254:80: connect: connection refused")
+}
+
+// garbageSpotIMDS answers spot/instance-action with a page no notice is read from, and 404 on the
+// other sources.
+type garbageSpotIMDS struct{}
+
+func (garbageSpotIMDS) Get(ctx context.Context, path string) ([]byte, bool, error) {
+	if path == imds.SourceSpot.Path() {
+		return []byte("<html>502 Bad Gateway</html>"), true, nil
+	}
+	return nil, false, nil
+}
+
+// A spot answer the agent cannot read for 30 s is a 503 as a failing source is, but it said
+// "an interruption notice would not be seen" while the agent acted on its fail-safe notice; it
+// says that it does.
+func TestHealthzDuringAnUnreadableSpotAnswerSaysTheFailSafeNoticeIsActedOn(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		cfg := mustLoad(t, LoadOptions{Environ: []string{"SPOTGUARD_HTTP_LISTEN=", "SPOTGUARD_TRAINER_MATCH=no-such-trainer",
+			"SPOTGUARD_AGENT_RUNTIME_DIR=" + t.TempDir()}})
+		a, err := New(cfg, Deps{Logger: zerolog.Nop(), IMDS: garbageSpotIMDS{}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(t.Context())
+		done := make(chan error)
+		go func() { done <- a.Run(ctx) }()
+		<-time.After(31 * time.Second)
+		synctest.Wait()
+		v := a.health(time.Now())
+		reasons := strings.Join(v.Reasons, "\n")
+		if v.Healthy || !strings.Contains(reasons, "has answered with a body it cannot read for 31s; the agent acts on a fail-safe notice") ||
+			strings.Contains(reasons, "would not be seen") {
+			t.Errorf("health after 31 s of unreadable spot answers: %v %q; want unhealthy, saying the fail-safe notice is acted on", v.Healthy, v.Reasons)
+		}
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run() = %v; want nil", err)
+		}
+	})
 }
 
 // /healthz stays healthy through 30 s of IMDS failure (start-up grace), then turns 503; the agent

@@ -119,6 +119,9 @@ type SourceStats struct {
 	FailingSince time.Time
 	// LastError is the text of the last error; it is kept after recovery.
 	LastError string
+	// LastMalformed: the last error was a body that could not be read (it wraps ErrMalformed):
+	// IMDS answers, and for spot the agent holds the fail-safe notice.
+	LastMalformed bool
 }
 
 // Healthy reports whether this source is usable as of now: true when it is not in an error
@@ -590,6 +593,7 @@ func (w *Watcher) record(s *sourceState, now time.Time, err error) {
 	if err != nil {
 		st.Errors++
 		st.LastError = err.Error()
+		st.LastMalformed = errors.Is(err, ErrMalformed)
 	} else {
 		st.LastSuccess = now
 		w.stats.LastSuccess = now
