@@ -38,6 +38,12 @@ func CheckJob(ctx context.Context, s Store, job string, settled bool) []error {
 	if err != nil {
 		return []error{err}
 	}
+	return CheckJobRead(ctx, s, st, settled)
+}
+
+// CheckJobRead is CheckJob on the job as ReadJob read it from s: `spotguard list --check` reads
+// the job once for the list and the check.
+func CheckJobRead(ctx context.Context, s Store, st *JobState, settled bool) []error {
 	problems := append([]error(nil), st.Problems...)
 	if err := checkNodeLayout(st); err != nil {
 		problems = append(problems, err)

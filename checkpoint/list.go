@@ -48,6 +48,21 @@ func ListCommitted(ctx context.Context, s Store, job string) ([]Committed, []err
 	return st.Commits, st.Problems, nil
 }
 
+// ReadJob reads the job once, as ListCommitted does (with its errors), for a caller that shows
+// more than one side of it: st.Commits and st.Problems are ListCommitted's, st.Incomplete()
+// ListIncomplete's, and CheckJobRead checks it.
+func ReadJob(ctx context.Context, s Store, job string) (*JobState, error) {
+	st, err := readJob(ctx, s, job, nil)
+	if err != nil {
+		return nil, fmt.Errorf("list committed checkpoints: %w", err)
+	}
+	return st, nil
+}
+
+// Incomplete returns st's multi-node saves whose parts are not all in the store, newest first
+// (see IncompleteSave).
+func (st *JobState) Incomplete() []IncompleteSave { return incompleteSaves(st.Parts) }
+
 // ListIncomplete returns the job's multi-node saves whose parts are not all in the store, newest
 // first (see IncompleteSave), with the same reading and errors as ListCommitted.
 func ListIncomplete(ctx context.Context, s Store, job string) ([]IncompleteSave, error) {

@@ -140,8 +140,11 @@ func storeAWS(ctx context.Context, s *awsSetup, url string, note func(string)) (
 // openStoreToRead is openStore for the commands that only read the store (list, restore): a
 // file:// store's directory must exist. Opened to write, a file store creates it; here a missing
 // one is a file system not mounted yet or a mistyped path, and must not pass for an empty store
-// (restore --allow-empty would start the trainer from scratch).
-func openStoreToRead(ctx context.Context, url, imdsEndpoint string, opts checkpoint.S3Options) (checkpoint.Store, error) {
+// (restore --allow-empty would start the trainer from scratch). A variable, so that a test can
+// see what a command reads.
+var openStoreToRead = openStoreToReadAt
+
+func openStoreToReadAt(ctx context.Context, url, imdsEndpoint string, opts checkpoint.S3Options) (checkpoint.Store, error) {
 	if root, ok := strings.CutPrefix(url, "file://"); ok && filepath.IsAbs(root) {
 		fi, err := os.Stat(root)
 		switch {

@@ -359,12 +359,15 @@ func runList(ctx context.Context, args, environ []string, stdout, stderr io.Writ
 		fmt.Fprintf(stderr, "spotguard list: %v\n", err)
 		return exitFail
 	}
-	cs, problems, err := checkpoint.ListCommitted(ctx, store, cfg.Store.Job)
+	// The job is read once: the list, the check and the saves waiting for parts are of one
+	// reading (store-layout.md, Reading a job).
+	st, err := checkpoint.ReadJob(ctx, store, cfg.Store.Job)
 	if err != nil {
 		fmt.Fprintf(stderr, "spotguard list: %v\n", err)
 		storeHint(stderr, "list", cfg.Store.URL, err, "")
 		return exitFail
 	}
+	cs, problems := st.Commits, st.Problems
 	for _, p := range problems {
 		fmt.Fprintf(stderr, "spotguard list: skipped: %v\n", p)
 	}
@@ -376,7 +379,7 @@ func runList(ctx context.Context, args, environ []string, stdout, stderr io.Writ
 		}
 	}
 	if *check {
-		violations := checkpoint.CheckJob(ctx, store, cfg.Store.Job, false)
+		violations := checkpoint.CheckJobRead(ctx, store, st, false)
 		violations = append(violations, split...)
 		for _, v := range violations {
 			fmt.Fprintf(stderr, "spotguard list: check: %v\n", v)
@@ -385,12 +388,7 @@ func runList(ctx context.Context, args, environ []string, stdout, stderr io.Writ
 			code = exitFail
 		}
 	}
-	incomplete, err := checkpoint.ListIncomplete(ctx, store, cfg.Store.Job)
-	if err != nil {
-		fmt.Fprintf(stderr, "spotguard list: %v\n", err)
-		storeHint(stderr, "list", cfg.Store.URL, err, "")
-		return exitFail
-	}
+	incomplete := st.Incomplete()
 	if *jsonOut {
 		type entry struct {
 			*checkpoint.Manifest
