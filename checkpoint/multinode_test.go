@@ -79,6 +79,14 @@ func nodeFiles(t *testing.T, rank int, config []byte) map[string][]byte {
 	return map[string][]byte{fmt.Sprintf("shard-%d.bin", rank): randomBytes(t, 64<<10+rank), "config.json": config, "_COMPLETE": nil}
 }
 
+// withoutMarker returns files without the marker: writeCheckpoint writes it last, and written in
+// the map's order as a file it could come before another file (which is then written after the
+// marker, a new version of the checkpoint).
+func withoutMarker(files map[string][]byte) map[string][]byte {
+	delete(files, "_COMPLETE")
+	return files
+}
+
 func mustNewFileStore(t *testing.T) *FileStore {
 	t.Helper()
 	s, err := NewFileStore(t.TempDir())
@@ -673,7 +681,7 @@ func TestMultiNodeStopWaitsForTheJobCommitInProgress(t *testing.T) {
 	putPart(t, mem, "step-000500", 0, 2, "i-node0", nodeFiles(t, 0, []byte("c")), now, now)
 	store := &latestHeldStore{Store: mem, arrived: make(chan struct{}), release: make(chan struct{})}
 	r := startNode(t, store, 1, 2, "i-node1")
-	writeCheckpoint(t, r.dir, "step-000500", nodeFiles(t, 1, []byte("c")))
+	writeCheckpoint(t, r.dir, "step-000500", withoutMarker(nodeFiles(t, 1, []byte("c"))))
 	select {
 	case <-store.arrived:
 	case <-time.After(10 * time.Second):
@@ -789,7 +797,7 @@ func TestMultiNodePartManifestIsNotAStray(t *testing.T) {
 	cfg := UploaderConfig{NodeRank: 0, WorldNodes: 2, PartWait: 30 * time.Second, StateDir: state, StopBudget: -1,
 		Host: func() Host { return Host{InstanceID: "i-node0"} }}
 	first := startUploaderWith(t, dir, store, cfg)
-	writeCheckpoint(t, dir, "step-000600", nodeFiles(t, 0, []byte("c")))
+	writeCheckpoint(t, dir, "step-000600", withoutMarker(nodeFiles(t, 0, []byte("c"))))
 	first.waitEvent(CheckpointFailed, "step-000600")
 	first.stop()
 
@@ -843,7 +851,7 @@ func TestMultiNodeLatestFailingLongerThanPartWait(t *testing.T) {
 	const partWait = 6 * time.Second
 	r := startUploaderWith(t, t.TempDir(), store, UploaderConfig{NodeRank: 1, WorldNodes: 2, PartWait: partWait,
 		Host: func() Host { return Host{InstanceID: "i-node1"} }})
-	writeCheckpoint(t, r.dir, "step-000700", nodeFiles(t, 1, []byte("c")))
+	writeCheckpoint(t, r.dir, "step-000700", withoutMarker(nodeFiles(t, 1, []byte("c"))))
 	part := r.waitPart("step-000700")
 	// Past part_wait with LATEST still failing (the clock read, not waited on for an event).
 	for deadline := time.Now().Add(30 * time.Second); time.Since(part.CommittedAt) <= partWait+time.Second || store.tries.Load() < 2; {
@@ -912,7 +920,7 @@ func TestMultiNodeStoreFailingPastPartWaitIsAFailure(t *testing.T) {
 			}
 			r := startUploaderWith(t, t.TempDir(), store, UploaderConfig{NodeRank: 1, WorldNodes: 2, PartWait: partWait,
 				Host: func() Host { return Host{InstanceID: "i-node1"} }})
-			writeCheckpoint(t, r.dir, "step-000800", nodeFiles(t, 1, []byte("c")))
+			writeCheckpoint(t, r.dir, "step-000800", withoutMarker(nodeFiles(t, 1, []byte("c"))))
 			r.waitPart("step-000800")
 			ev := r.waitEvent(JobCheckpointFailed, "step-000800")
 			if ev.Err == nil || !strings.Contains(ev.Err.Error(), "did not let this agent look for the other nodes' parts within part_wait (6s)") ||
@@ -936,7 +944,7 @@ func TestMultiNodePartOlderThanPartWaitIsSaid(t *testing.T) {
 	putPart(t, store, "step-000900", 0, 2, "i-node0", nodeFiles(t, 0, []byte("c")), now.Add(-7*time.Second), now.Add(-7*time.Second))
 	r := startUploaderWith(t, t.TempDir(), store, UploaderConfig{NodeRank: 1, WorldNodes: 2, PartWait: partWait,
 		Host: func() Host { return Host{InstanceID: "i-node1"} }})
-	writeCheckpoint(t, r.dir, "step-000900", nodeFiles(t, 1, []byte("c")))
+	writeCheckpoint(t, r.dir, "step-000900", withoutMarker(nodeFiles(t, 1, []byte("c"))))
 	r.waitPart("step-000900")
 	ev := r.waitEvent(JobCheckpointFailed, "step-000900")
 	const want = "the part(s) of node(s) [0] of this save are in the store, but were committed more than part_wait (6s) before this look"
