@@ -38,15 +38,7 @@ func (garbageSpotIMDS) Get(ctx context.Context, path string) ([]byte, bool, erro
 // says that it does.
 func TestHealthzDuringAnUnreadableSpotAnswerSaysTheFailSafeNoticeIsActedOn(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		cfg := mustLoad(t, LoadOptions{Environ: []string{"SPOTGUARD_HTTP_LISTEN=", "SPOTGUARD_TRAINER_MATCH=no-such-trainer",
-			"SPOTGUARD_AGENT_RUNTIME_DIR=" + t.TempDir()}})
-		a, err := New(cfg, Deps{Logger: zerolog.Nop(), IMDS: garbageSpotIMDS{}})
-		if err != nil {
-			t.Fatal(err)
-		}
-		ctx, cancel := context.WithCancel(t.Context())
-		done := make(chan error)
-		go func() { done <- a.Run(ctx) }()
+		a, stop := runBubbleAgent(t, garbageSpotIMDS{})
 		<-time.After(31 * time.Second)
 		synctest.Wait()
 		v := a.health(time.Now())
@@ -55,27 +47,23 @@ func TestHealthzDuringAnUnreadableSpotAnswerSaysTheFailSafeNoticeIsActedOn(t *te
 			strings.Contains(reasons, "would not be seen") {
 			t.Errorf("health after 31 s of unreadable spot answers: %v %q; want unhealthy, saying the fail-safe notice is acted on", v.Healthy, v.Reasons)
 		}
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("Run() = %v; want nil", err)
-		}
+		stop()
 	})
+}
+
+// runBubbleAgent runs an agent without a listener or a store on the IMDS g, its trainer a fake
+// one (a notice signals no real process), in the synctest bubble of t; stop ends it and checks
+// that Run returned nil.
+func runBubbleAgent(t *testing.T, g imds.Getter) (a *Agent, stop func()) {
+	t.Helper()
+	return runSignalAgentLog(t, t.TempDir(), g, &fakeTrainers{}, zerolog.Nop())
 }
 
 // /healthz stays healthy through 30 s of IMDS failure (start-up grace), then turns 503; the agent
 // keeps running throughout.
 func TestHealthzTurnsUnhealthyAfter30s(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		cfg := mustLoad(t, LoadOptions{Environ: []string{"SPOTGUARD_HTTP_LISTEN=", "SPOTGUARD_TRAINER_MATCH=no-such-trainer",
-			"SPOTGUARD_AGENT_RUNTIME_DIR=" + t.TempDir()}})
-		a, err := New(cfg, Deps{Logger: zerolog.Nop(), IMDS: downIMDS{}})
-		if err != nil {
-			t.Fatal(err)
-		}
-		ctx, cancel := context.WithCancel(t.Context())
-		done := make(chan error)
-		go func() { done <- a.Run(ctx) }()
-
+		a, stop := runBubbleAgent(t, downIMDS{})
 		healthz := func() int {
 			rec := httptest.NewRecorder()
 			a.Handler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/healthz", nil))
@@ -94,10 +82,7 @@ func TestHealthzTurnsUnhealthyAfter30s(t *testing.T) {
 		if st := a.watcher.Stats().Sources["spot"]; st.Errors < 31 {
 			t.Errorf("spot errors after 31 s = %d; want at least one per second (backoff capped at the poll interval)", st.Errors)
 		}
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("Run() = %v; want nil", err)
-		}
+		stop()
 	})
 }
 

@@ -911,7 +911,7 @@ func runSignalAgent(t *testing.T, runtime string, fimds *fakeIMDS, tr *fakeTrain
 }
 
 // runSignalAgentLog is runSignalAgent with the agent's logger.
-func runSignalAgentLog(t *testing.T, runtime string, fimds *fakeIMDS, tr *fakeTrainers, log zerolog.Logger) (*Agent, func()) {
+func runSignalAgentLog(t *testing.T, runtime string, fimds imds.Getter, tr *fakeTrainers, log zerolog.Logger) (*Agent, func()) {
 	t.Helper()
 	cfg := mustLoad(t, LoadOptions{Environ: []string{"SPOTGUARD_HTTP_LISTEN=", "SPOTGUARD_TRAINER_MATCH=train",
 		"SPOTGUARD_AGENT_RUNTIME_DIR=" + runtime, "SPOTGUARD_METRICS_CLOUDWATCH=false"}})
