@@ -140,11 +140,7 @@ func FormatIncomplete(w io.Writer, saves []IncompleteSave) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "INCOMPLETE\tPARTS\tNODES IN\tSIZE\tNEWEST PART COMPLETED AT")
 	for _, is := range saves {
-		ranks := make([]string, len(is.Ranks))
-		for i, r := range is.Ranks {
-			ranks[i] = strconv.Itoa(r)
-		}
-		line := fmt.Sprintf("%s\tparts %d/%d\t%s\t%s\t%s", is.Checkpoint, len(is.Ranks), is.WorldNodes, strings.Join(ranks, ","),
+		line := fmt.Sprintf("%s\tparts %d/%d\t%s\t%s\t%s", is.Checkpoint, len(is.Ranks), is.WorldNodes, is.ranks(","),
 			HumanBytes(is.Bytes), is.Newest.UTC().Format(time.RFC3339))
 		if is.Problem != "" {
 			line += "\tnever committed as it is: " + is.Problem

@@ -744,15 +744,20 @@ func incompleteSaves(parts []*Manifest) []IncompleteSave {
 	return out
 }
 
+// ranks returns the node ranks that are in, joined by sep.
+func (is IncompleteSave) ranks(sep string) string {
+	rs := make([]string, len(is.Ranks))
+	for i, r := range is.Ranks {
+		rs[i] = strconv.Itoa(r)
+	}
+	return strings.Join(rs, sep)
+}
+
 // describe says what is of the save and what is missing, for a restore that finds no commit:
 // "multi-node save of step-000100, completed at T, is not committed: parts 1/2 in (nodes 0)".
 func (is IncompleteSave) describe() string {
-	ranks := make([]string, len(is.Ranks))
-	for i, r := range is.Ranks {
-		ranks[i] = strconv.Itoa(r)
-	}
 	msg := fmt.Sprintf("multi-node save of %s, completed at %s, is not committed: parts %d/%d in (nodes %s)",
-		is.Checkpoint, is.Newest.UTC().Format(time.RFC3339), len(is.Ranks), is.WorldNodes, strings.Join(ranks, ", "))
+		is.Checkpoint, is.Newest.UTC().Format(time.RFC3339), len(is.Ranks), is.WorldNodes, is.ranks(", "))
 	if is.Problem != "" {
 		return msg + ", and it never will be as it is: " + is.Problem
 	}
