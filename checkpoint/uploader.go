@@ -376,8 +376,10 @@ type generation struct {
 	deferred []WatchEvent
 	// strays are keys stored into commit for files that are no longer part of it.
 	strays []string
-	// vanished are files that left the checkpoint after its marker (fileVanished).
-	vanished []string
+	// vanished are files that left the checkpoint after its marker (fileVanished), each as it
+	// was last seen: one that comes back as it was (made unreadable, then readable again) is
+	// the same file, not one written after the marker.
+	vanished map[string]FileID
 	// refused are the versions of files that cannot be uploaded (errUnusable): while one is
 	// there as it was, the checkpoint is not committed (ErrNotStorable).
 	refused map[string]refusal
@@ -1770,7 +1772,7 @@ const singleTogether = 2 * time.Second
 func (u *Uploader) fileReady(ev WatchEvent) {
 	g := u.current(ev.Checkpoint)
 	f := g.files[ev.Path]
-	if f != nil && u.rewrittenAfterMarker(g, ev.Path, f.id, ev.ID) || f == nil && u.newAfterMarker(g, ev.Path) {
+	if f != nil && u.rewrittenAfterMarker(g, ev.Path, f.id, ev.ID) || f == nil && u.newAfterMarker(g, ev.Path) && !u.cameBack(g, ev.Path, ev.ID) {
 		u.reopen(g, ev.Path)
 	}
 	if g.state == genCommitted {
@@ -1840,6 +1842,19 @@ func (u *Uploader) rewrittenAfterMarker(g *generation, rel string, old, now File
 // save into the directory again whose first file is a new one, a marker written first).
 func (u *Uploader) newAfterMarker(g *generation, rel string) bool {
 	return g.complete && !g.single && rel != u.cfg.Marker && !g.marker.isZero()
+}
+
+// cameBack reports whether rel, a file g no longer had, reported now as id, is the version of it
+// that vanished after the marker (fileVanished), back as it was: made unreadable to the trainer,
+// then readable again, its bytes untouched (a chmod changes its ctime alone). That is no write
+// after the marker.
+func (u *Uploader) cameBack(g *generation, rel string, id FileID) bool {
+	old, ok := g.vanished[rel]
+	if !ok || rewriteOf(old, id) || !old.known() || !id.known() {
+		return false
+	}
+	delete(g.vanished, rel)
+	return true
 }
 
 // reopen takes the completeness of g back, after its file rel was written again after its marker
@@ -2046,7 +2061,10 @@ func (u *Uploader) fileVanished(g *generation, rel string, f *fileState) {
 		// Said when the checkpoint is committed without them (sayVanished), not now: a whole
 		// checkpoint being deleted (a trainer's rotation, rm -r) is not committed, and a warning
 		// per file said nothing but that (found from outside: 38 000 lines in 2.5 minutes).
-		g.vanished = append(g.vanished, rel)
+		if g.vanished == nil {
+			g.vanished = map[string]FileID{}
+		}
+		g.vanished[rel] = f.id
 	}
 	u.dropFile(g, rel, f)
 }
@@ -2055,13 +2073,17 @@ func (u *Uploader) fileVanished(g *generation, rel string, f *fileState) {
 // commit: said once the commit landed, not when it began, as a file that can no longer be read
 // (made unreadable, not deleted) keeps the checkpoint from being committed at all.
 func (u *Uploader) sayVanished(g *generation, m *Manifest) {
-	gone := slices.DeleteFunc(g.vanished, func(rel string) bool { _, ok := m.file(rel); return ok })
+	var gone []string
+	for rel := range g.vanished {
+		if _, ok := m.file(rel); !ok {
+			gone = append(gone, rel)
+		}
+	}
 	g.vanished = nil
 	if len(gone) == 0 {
 		return
 	}
 	slices.Sort(gone)
-	gone = slices.Compact(gone)
 	u.log.Warn().Str("checkpoint", g.name).Strs("files", gone[:min(len(gone), 10)]).Int("count", len(gone)).Str("commit", m.Commit).
 		Msg("files vanished from a complete checkpoint after its marker; it was committed without them")
 }

@@ -349,6 +349,47 @@ func TestUploaderFileMadeUnreadableAfterTheMarkerIsNotSaidToLeave(t *testing.T) 
 	}
 }
 
+// A file made unreadable after the marker and readable again, unchanged, before the commit is
+// the same file back, not a file written after the marker: the checkpoint is committed with it,
+// its marker as it was. Before, it was taken for a new file after the marker, and the checkpoint
+// waited for its marker to be written again for ever (found by the simulation: a chmod 200,
+// then 644, while the marker's upload timed out).
+func TestUploaderFileReadableAgainBeforeTheCommitIsNoRewrite(t *testing.T) {
+	dir := t.TempDir()
+	if os.Geteuid() == 0 {
+		if err := os.Chown(dir, 12345, 12345); err != nil { // the trainer is another user
+			t.Fatal(err)
+		}
+	}
+	s, r := heldCompleteCheckpoint(t, dir)
+	files := func() int {
+		for _, c := range r.up.Status(t.Context()).Checkpoints {
+			if c.Name == "step-1" {
+				return c.Files
+			}
+		}
+		return -1
+	}
+	before := files()
+	b := filepath.Join(dir, "step-1", "b")
+	if err := os.Chmod(b, 0o200); err != nil {
+		t.Fatal(err)
+	}
+	eventuallyUploader(t, "b taken back from step-1", func() bool { return files() == before-1 })
+	if err := os.Chmod(b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	eventuallyUploader(t, "b back in step-1", func() bool { return files() == before })
+	close(s.hold)
+	m := r.waitCommitted("step-1").Manifest
+	if _, ok := m.file("b"); !ok {
+		t.Errorf("committed %d files without b", len(m.Files))
+	}
+	if log := r.logs.String(); strings.Contains(log, msgRewrittenAfterMarker) || strings.Contains(log, "vanished") {
+		t.Errorf("warnings:\n%s\nwant none: b came back as it was", log)
+	}
+}
+
 // A store that never answers at start (a route that drops packets) does not keep the uploader
 // from its loop: a stop with nothing to drain stops, and a checkpoint written meanwhile is
 // committed once the store answers.
