@@ -218,6 +218,27 @@ func TestIncompleteSaveThatCanNeverCommitIsSaid(t *testing.T) {
 	}
 }
 
+// A node left at store.world_nodes 1 in a multi-node job commits its own files alone, beside the
+// other nodes' parts of the same save, and moves LATEST there (torn); the other nodes said so, but
+// it was silent and healthy. Its agent now says so (CheckpointSplit: an error, /healthz 503).
+func TestSingleNodeCommitBesideMultiNodePartsIsSaid(t *testing.T) {
+	store := newMemStore()
+	now := time.Now()
+	putPart(t, store, "step-000100", 0, 3, "i-a", map[string][]byte{"shard-0.bin": []byte("0")}, now, now)
+	putPart(t, store, "step-000100", 1, 3, "i-b", map[string][]byte{"shard-1.bin": []byte("1")}, now, now)
+	dir := t.TempDir()
+	r := startUploaderWith(t, dir, store, UploaderConfig{})
+	writeCheckpoint(t, dir, "step-000100", map[string][]byte{"shard-2.bin": []byte("2")})
+	ev := r.waitEvent(CheckpointSplit, "step-000100")
+	e, ok := errors.AsType[*SplitSaveError](ev.Err)
+	if !ok || !e.Parts || len(e.Others) != 2 || !strings.Contains(e.Error(), "beside a multi-node save of it by other instances (part of node 0 of 3") {
+		t.Errorf("CheckpointSplit error %v; want this node's commit beside the two parts", ev.Err)
+	}
+	if !strings.Contains(r.logs.String(), "this checkpoint is this node's files alone") {
+		t.Errorf("no error in the log:\n%s", r.logs)
+	}
+}
+
 // A restore that finds only parts of a save (of the name asked for, or of any) says so, with the
 // nodes in and where to look, rather than "no valid manifest: not found".
 func TestRestoreOfASaveWaitingForPartsSaysSo(t *testing.T) {

@@ -34,9 +34,29 @@ var ErrSplitSave = errors.New("checkpoint: a save was committed in pieces by sev
 type SplitSaveError struct {
 	Commit *Manifest
 	Others []*Manifest
+	// Parts: Others are parts (or job manifests) of a multi-node save of the name, which Commit,
+	// a single-node commit, was made beside: its node alone at store.world_nodes 1.
+	Parts bool
 }
 
 func (e *SplitSaveError) Error() string {
+	if e.Parts {
+		var b strings.Builder
+		fmt.Fprintf(&b, "checkpoint %s was committed by this instance alone (commit %s, %d files, store.world_nodes 1) beside a multi-node save of it by other instances (",
+			e.Commit.Checkpoint, e.Commit.Commit, len(e.Commit.Files))
+		for i, m := range e.Others {
+			if i > 0 {
+				b.WriteString("; ")
+			}
+			if m.Part != nil {
+				fmt.Fprintf(&b, "part of node %d of %d, commit %s by %s", m.Part.NodeRank, m.Part.WorldNodes, m.Commit, describeHost(m.Host))
+			} else {
+				fmt.Fprintf(&b, "job checkpoint %s of %d nodes", m.Commit, len(m.Parts))
+			}
+		}
+		b.WriteString("): this commit is not the whole checkpoint")
+		return b.String()
+	}
 	pieces := append([]*Manifest{e.Commit}, e.Others...)
 	slices.SortFunc(pieces, byOrder)
 	first, last := pieces[0].Order().At, pieces[len(pieces)-1].Order().At

@@ -8,6 +8,7 @@ import (
 	"hash/fnv"
 	"io/fs"
 	"maps"
+	"math"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -3028,11 +3029,17 @@ func (u *Uploader) checkSplit(ctx context.Context, m *Manifest) {
 				continue
 			}
 			ms, err := readName(rctx, u.cfg.Store, u.cfg.Job, c.Checkpoint, u.cache)
+			var beside []*Manifest
+			if err == nil && u.cfg.WorldNodes <= 1 {
+				beside, err = u.multiNodeBeside(rctx, c)
+			}
 			switch others := splitWith(c, ms, u.cfg.Marker); {
 			case err != nil:
 				u.log.Debug().Err(err).Str("checkpoint", c.Checkpoint).Msg("cannot read the checkpoint's commits to look for pieces of its save from other instances; the next commit looks again")
 			case len(others) > 0:
 				split = append(split, &SplitSaveError{Commit: c, Others: others})
+			case len(beside) > 0:
+				split = append(split, &SplitSaveError{Commit: c, Others: beside, Parts: true})
 			case c == prev:
 				whole = c
 			}
@@ -3042,6 +3049,36 @@ func (u *Uploader) checkSplit(ctx context.Context, m *Manifest) {
 		case <-ctx.Done():
 		}
 	})
+}
+
+// multiNodeBeside returns the parts and job manifests of a multi-node save of c's name that c,
+// a single-node commit of this agent's, belongs to by time and marker (sameSave), made by other
+// instances: this node left at store.world_nodes 1 in a multi-node job commits its own files
+// alone, and LATEST on that commit is torn. None for a job that has no parts.
+func (u *Uploader) multiNodeBeside(ctx context.Context, c *Manifest) ([]*Manifest, error) {
+	np, err := readNameParts(ctx, u.cfg.Store, u.cfg.Job, c.Checkpoint, u.cache)
+	if err != nil {
+		return nil, err
+	}
+	var beside []*Manifest
+	for _, m := range append(slices.Clone(np.open), np.jobs...) {
+		if (m.Part != nil || len(m.Parts) > 0) && !sameInstance(c, m) && sameSave(c, m, u.cfg.Marker) {
+			beside = append(beside, m)
+		}
+	}
+	slices.SortFunc(beside, byOrder)
+	slices.SortStableFunc(beside, func(a, b *Manifest) int { // parts by node, then job manifests
+		return cmp.Compare(besideRank(a), besideRank(b))
+	})
+	return beside, nil
+}
+
+// besideRank orders multiNodeBeside's manifests: parts by their node's rank, job manifests after.
+func besideRank(m *Manifest) int {
+	if m.Part != nil {
+		return m.Part.NodeRank
+	}
+	return math.MaxInt
 }
 
 // splitChecked says once of each commit in split that it is one piece of a save committed in
@@ -3055,8 +3092,11 @@ func (u *Uploader) splitChecked(split []*SplitSaveError, whole *Manifest) {
 			continue
 		}
 		u.splitSaid[m.Commit] = m.Order().At
-		u.log.Error().Err(e).Str("checkpoint", m.Checkpoint).Str("commit", m.Commit).
-			Msg("this checkpoint is one piece of a save other instances committed pieces of, each with its own files: no commit of it is the whole checkpoint, and restore refuses it. Set store.world_nodes and store.node_rank on every node of a multi-node job (docs/multinode.md)")
+		msg := "this checkpoint is one piece of a save other instances committed pieces of, each with its own files: no commit of it is the whole checkpoint, and restore refuses it. Set store.world_nodes and store.node_rank on every node of a multi-node job (docs/multinode.md)"
+		if e.Parts {
+			msg = "this checkpoint is this node's files alone, committed beside the other nodes' parts of a multi-node save of it: it is not the whole checkpoint, and restore refuses it (LATEST may name it). Set store.world_nodes and store.node_rank on this node as on the others (docs/multinode.md)"
+		}
+		u.log.Error().Err(e).Str("checkpoint", m.Checkpoint).Str("commit", m.Commit).Msg(msg)
 		u.emit(UploadEvent{Kind: CheckpointSplit, Checkpoint: m.Checkpoint, At: m.Order().At, Manifest: m, Err: e})
 	}
 	if whole != nil {
