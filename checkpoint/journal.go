@@ -124,10 +124,29 @@ func (j *journal) grown() bool {
 }
 
 // JournalPath is the journal's file for job, dir and store in stateDir: that of the agent with
-// agent.runtime_dir stateDir, store.job job, checkpoint.dir dir (as configured, cleaned: "ck/"
-// and "ck" are one directory) and the store whose URL is store.
+// agent.runtime_dir stateDir, store.job job, checkpoint.dir dir and the store whose URL is store.
+// dir is taken as the directory it names: cleaned ("ck/" and "ck" are one directory) and, where
+// it exists, with its symbolic links followed (/data/ck, a link to /mnt/nvme/ck, and
+// /mnt/nvme/ck are one). A journal written under the spelling as configured before links were
+// followed is still found.
 func JournalPath(stateDir, job, dir, store string) string {
-	sum := sha256.Sum256([]byte(job + "\x00" + filepath.Clean(dir) + "\x00" + store))
+	clean := filepath.Clean(dir)
+	at := journalAt(stateDir, job, clean, store)
+	real, err := filepath.EvalSymlinks(clean)
+	if err != nil || real == clean {
+		return at
+	}
+	if _, err := os.Lstat(at); err == nil {
+		if _, err := os.Lstat(journalAt(stateDir, job, real, store)); errors.Is(err, fs.ErrNotExist) {
+			return at
+		}
+	}
+	return journalAt(stateDir, job, real, store)
+}
+
+// journalAt is the journal's file for job, the directory dir and store in stateDir.
+func journalAt(stateDir, job, dir, store string) string {
+	sum := sha256.Sum256([]byte(job + "\x00" + dir + "\x00" + store))
 	return filepath.Join(stateDir, "uploads-"+hex.EncodeToString(sum[:8])+".jsonl")
 }
 

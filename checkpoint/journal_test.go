@@ -206,3 +206,36 @@ func TestJournalPathOfOneDirectorySpelledTwoWays(t *testing.T) {
 		t.Errorf("JournalPath of two directories = %s; want two", a)
 	}
 }
+
+// checkpoint.dir given through a symbolic link to the directory, or as the directory itself, is
+// one journal: before, the unfinished commit of an agent restarted with the other spelling was
+// sent again in full and the killed run's objects were left in the store (found from outside).
+// A journal written under the link's spelling before links were followed is still found.
+func TestJournalPathFollowsSymbolicLinks(t *testing.T) {
+	root := t.TempDir()
+	real := filepath.Join(root, "nvme", "ck")
+	if err := os.MkdirAll(real, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	link := filepath.Join(root, "data-ck")
+	if err := os.Symlink(real, link); err != nil {
+		t.Fatal(err)
+	}
+	state := t.TempDir()
+	a, b := JournalPath(state, "job", link, "s3://b/p"), JournalPath(state, "job", real+"/", "s3://b/p")
+	if a != b {
+		t.Errorf("JournalPath through the link = %s, of the directory = %s; want one", a, b)
+	}
+	// A journal under the link's own spelling (an agent before this one) is still the journal.
+	old := journalAt(state, "job", link, "s3://b/p")
+	if err := os.WriteFile(old, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if got := JournalPath(state, "job", link, "s3://b/p"); got != old {
+		t.Errorf("JournalPath with a journal under the link's spelling = %s; want it, %s", got, old)
+	}
+	// A missing directory is taken as spelled.
+	if got, want := JournalPath(state, "job", filepath.Join(root, "none"), "s3://b/p"), journalAt(state, "job", filepath.Join(root, "none"), "s3://b/p"); got != want {
+		t.Errorf("JournalPath of a missing directory = %s; want %s", got, want)
+	}
+}
