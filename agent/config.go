@@ -268,7 +268,7 @@ var fields = []field{
 		c.Store.URL = v
 		return nil
 	}},
-	{"store.job", "", "name of the training run (required with store.url): the same on every instance of one run, different for every run; at most 256 bytes, no slashes or control characters", func(c *Config, v string) error {
+	{"store.job", "", "name of the training run (required with store.url): the same on every instance of one run, different for every run; at most 256 bytes (255 with a file:// store), no slashes or control characters", func(c *Config, v string) error {
 		if v == "" {
 			c.Store.Job = ""
 			return nil
@@ -530,6 +530,10 @@ var errRelativePath = errors.New("must be an absolute path: a relative one is ta
 // maxJobBytes bounds store.job: it begins every key the agent writes (JOB/CHECKPOINT/COMMIT/FILE,
 // under the store's prefix), and S3 keys are at most 1024 bytes.
 const maxJobBytes = 256
+
+// maxFileName is the longest file name Linux's file systems take (NAME_MAX): a file:// store's
+// directory of store.job.
+const maxFileName = 255
 
 // checkJob refuses a store.job that makes no good key (checkpoint.ValidName then refuses
 // slashes and reserved names): not UTF-8, only white space, with control characters (a newline, a tab, DEL, C1), or
@@ -817,7 +821,7 @@ func (c *Config) Validate() error {
 		problems = append(problems, fmt.Errorf("store.node_rank: %s must be less than store.world_nodes %s: ranks are 0 to %d",
 			c.valueFrom("store.node_rank"), c.valueFrom("store.world_nodes"), c.Store.WorldNodes-1))
 	}
-	problems = append(problems, c.sseProblems(failed)...)
+	problems = append(problems, c.storeProblems(failed)...)
 	if c.Checkpoint.Marker == "" && !failed["checkpoint.marker"] {
 		problems = append(problems, fmt.Errorf("checkpoint.marker: %s must be a plain file name", c.valueFrom("checkpoint.marker")))
 	}
@@ -897,13 +901,14 @@ func (c *Config) ValidateStore() error {
 			failed[k] = true
 		}
 	}
-	problems = append(problems, c.sseProblems(failed)...)
+	problems = append(problems, c.storeProblems(failed)...)
 	return errors.Join(problems...)
 }
 
-// sseProblems reports store.sse and store.kms_key_id that contradict each other or the store,
-// leaving out keys whose values did not parse (failed).
-func (c *Config) sseProblems(failed map[string]bool) []error {
+// storeProblems reports store.sse and store.kms_key_id that contradict each other or the store,
+// and a store.job too long for a file:// store, leaving out keys whose values did not parse
+// (failed).
+func (c *Config) storeProblems(failed map[string]bool) []error {
 	var problems []error
 	if c.Store.KMSKeyID != "" && c.Store.SSE != checkpoint.SSEKMS && !failed["store.sse"] && !failed["store.kms_key_id"] {
 		problems = append(problems, fmt.Errorf("store.kms_key_id: %s is only for store.sse aws:kms; store.sse is %s",
@@ -911,6 +916,10 @@ func (c *Config) sseProblems(failed map[string]bool) []error {
 	}
 	if c.Store.SSE != "" && c.Store.URL != "" && !strings.HasPrefix(c.Store.URL, "s3://") && !failed["store.url"] {
 		problems = append(problems, fmt.Errorf("store.sse: %s is only for an s3:// store; store.url is %s", c.Store.SSE, c.Store.URL))
+	}
+	if len(c.Store.Job) > maxFileName && strings.HasPrefix(c.Store.URL, "file://") && !failed["store.job"] && !failed["store.url"] {
+		problems = append(problems, fmt.Errorf("store.job: %d bytes long: a file:// store keeps it as a directory name, at most %d bytes (store.url %s)",
+			len(c.Store.Job), maxFileName, c.valueFrom("store.url")))
 	}
 	return problems
 }

@@ -213,11 +213,19 @@ func TestStoreJobRefusesBlankControlAndLongNames(t *testing.T) {
 		{strings.Repeat("j", 256), ""},
 		{strings.Repeat("é", 128), ""},
 		{"llama-70b run 3", ""},
+		// A file:// store keeps the job as a directory name: 255 bytes at most (found from
+		// outside: 256 passed config, then every upload failed "file name too long").
+		{"file:" + strings.Repeat("j", 256), `store.job: 256 bytes long: a file:// store keeps it as a directory name, at most 255 bytes (store.url "file:///`},
+		{"file:" + strings.Repeat("j", 255), ""},
 	}
 	for _, tt := range tests {
 		t.Run(tt.job, func(t *testing.T) {
-			c := mustLoad(t, LoadOptions{Environ: []string{"SPOTGUARD_TRAINER_MATCH=x", "SPOTGUARD_STORE_URL=s3://b/p",
-				"SPOTGUARD_CHECKPOINT_DIR=" + t.TempDir(), "SPOTGUARD_STORE_JOB=" + tt.job}})
+			url, job := "s3://b/p", tt.job
+			if j, ok := strings.CutPrefix(job, "file:"); ok {
+				url, job = "file://"+t.TempDir(), j
+			}
+			c := mustLoad(t, LoadOptions{Environ: []string{"SPOTGUARD_TRAINER_MATCH=x", "SPOTGUARD_STORE_URL=" + url,
+				"SPOTGUARD_CHECKPOINT_DIR=" + t.TempDir(), "SPOTGUARD_STORE_JOB=" + job}})
 			for _, err := range []error{c.Validate(), c.ValidateStore()} {
 				switch {
 				case tt.want == "" && err != nil:
