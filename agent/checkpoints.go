@@ -196,7 +196,7 @@ func (a *Agent) noteNewest(m *checkpoint.Manifest) {
 // onUpload moves every active notice detected before the checkpoint completed along:
 // trainer_signalled (or not) → checkpoint_written → committed. The notice's checkpoint is the
 // first one completed after it; it is durable when that one, or one completed after it, is
-// committed (in urgent mode the newest goes first). One renamed away before its commit is awaited
+// committed (checkpoint.Uploader orders the uploads). One renamed away before its commit is awaited
 // under its new name (checkpoint_written again, with it); one deleted before its commit gives its
 // place to the next one completed, or, when none did, moves the notice to checkpoint_missing
 // (deleted). In a multi-node job the notice's checkpoint is durable once the job's checkpoint is

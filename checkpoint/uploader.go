@@ -507,7 +507,8 @@ func (u *Uploader) EndDrain() {
 // SetNotices tells the uploader which notices are in force, most severe first, each time the set
 // changes (a notice begins, the trainer is signalled for it, it ends). While any is, or while a
 // checkpoint written for one is not committed, the uploader is urgent: every connection goes to
-// the newest checkpoint and failed work is retried sooner. Checkpoints written while a notice is
+// the newest checkpoint (or the one the trainer completed since its signal, once begun: next)
+// and failed work is retried sooner. Checkpoints written while a notice is
 // in force are labelled with it (Manifest.Trigger "notice", Manifest.Notice its key): Run handles
 // every event it takes after SetNotices returned with these notices in force. It never
 // blocks, so the notice path does not wait on the uploader; it may be called from any goroutine,
@@ -2211,28 +2212,75 @@ func (u *Uploader) hasData(g *generation) bool {
 	return false
 }
 
-// next returns the index in u.queued of the generation whose files go next, or -1 for none now:
-// the newest, which after a notice is the one that matters. Without one, a generation whose
-// upload has begun keeps its turn over newer ones until its files are sent: a trainer that saves
-// faster than the store takes them, and deletes its older checkpoints, would otherwise have each
-// overtaken by the next and deleted before it is committed, so that none ever is (found from
-// outside). Nor does an older one begin while a newer one waits for its lookup: the checkpoints
-// a restart finds come back from their lookups in any order, and the first back would keep its
-// turn over the newest (found from outside).
+// next returns the index in u.queued of the generation whose files go next, or -1 for none now.
+//
+// After a notice, the newest, which is the one that matters, except that a checkpoint completed
+// since the trainer was last signalled whose upload has begun keeps its turn over newer ones
+// (the oldest such first): it is the notice's checkpoint, or one completed after it, and a
+// trainer that saves faster than the link and saves on after its signal would otherwise have
+// each save overtaken by the next, so that none is committed, not even the notice's (found from
+// outside).
+//
+// Without one, a complete checkpoint goes before one still being written, and a generation whose
+// upload has begun keeps its turn over newer ones (a complete one first) until its files are
+// sent: a trainer that saves faster than the store takes them, and deletes its older
+// checkpoints, would otherwise have each overtaken by the next and deleted before it is
+// committed, so that none ever is; and a checkpoint being written (a directory of 20 000 files)
+// held a complete one back for as long as it had files waiting (both found from outside). Nor
+// does an older one begin while a newer one waits for its lookup: the checkpoints a restart
+// finds come back from their lookups in any order, and the first back would keep its turn over
+// the newest (found from outside).
 func (u *Uploader) next(urgent bool) int {
 	newest := len(u.queued) - 1
+	begun := func(g *generation) bool {
+		return g.state == genUploading && !g.lookup && g.commit != "" && u.gens[g.name] == g
+	}
 	if urgent {
+		if !u.lastSignal.IsZero() {
+			for i, g := range u.queued {
+				if g.complete && begun(g) && !g.completeSeen.Before(u.lastSignal) {
+					return i
+				}
+			}
+		}
 		return newest
 	}
 	for i := newest; i >= 0; i-- {
-		if g := u.queued[i]; g.state == genUploading && !g.lookup && g.commit != "" && u.gens[g.name] == g {
+		if g := u.queued[i]; g.complete && begun(g) {
 			return i
 		}
 	}
-	if u.newestLookup() > u.queued[newest].seq {
-		return -1 // lookupDone dispatches again
+	for i := newest; i >= 0; i-- {
+		if g := u.queued[i]; g.complete && !g.lookup && u.gens[g.name] == g {
+			return u.unlessNewerLookup(i)
+		}
 	}
-	return newest
+	if u.completeLookup() {
+		return -1 // a complete checkpoint reading the store's commits of its name goes first
+	}
+	for i := newest; i >= 0; i-- {
+		if begun(u.queued[i]) {
+			return i
+		}
+	}
+	return u.unlessNewerLookup(newest)
+}
+
+// completeLookup reports whether a complete checkpoint waits for its lookup (newestLookup's
+// kind: not failed, still the checkpoint's generation).
+func (u *Uploader) completeLookup() bool {
+	return slices.ContainsFunc(u.lookups, func(g *generation) bool {
+		return g.complete && g.lookup && g.lookupFails == 0 && u.gens[g.name] == g
+	})
+}
+
+// unlessNewerLookup returns i, or -1 while a generation newer than u.queued[i] waits for its
+// lookup (lookupDone dispatches again).
+func (u *Uploader) unlessNewerLookup(i int) int {
+	if u.newestLookup() > u.queued[i].seq {
+		return -1
+	}
+	return i
 }
 
 // dispatch starts the next commit and queued file jobs while there are free slots: the files of

@@ -2009,17 +2009,15 @@ func TestStopWithoutDrainNamesTheCompleteCheckpointsLeft(t *testing.T) {
 // Without a notice, a checkpoint whose upload has begun is sent to the end before a newer one
 // takes the connections: a trainer that saves faster than the store takes its checkpoints, and
 // deletes its older ones, otherwise had each overtaken by the next and deleted before its
-// commit, and none was ever committed (found from outside: 0 of 90). With a notice, the newest
-// goes first.
+// commit, and none was ever committed (found from outside: 0 of 90). With a notice that came
+// after the begun one completed, the newest (the notice's) goes first
+// (TestUrgentNoticeCheckpointKeepsItsTurn has one completed after the signal).
 func TestUploaderFinishesTheCheckpointItBegan(t *testing.T) {
 	for _, notice := range []bool{false, true} {
 		t.Run("notice="+strconv.FormatBool(notice), func(t *testing.T) {
 			dir := t.TempDir()
 			s := &gateStore{memStore: newMemStore(), puts: make(chan string), release: make(chan struct{})}
 			r := startUploaderWith(t, dir, s, UploaderConfig{BackgroundFiles: 1, UrgentFiles: 1})
-			if notice {
-				r.up.SetNotices([]ActiveNotice{{Key: "spot/terminate", Deadline: time.Now().Add(2 * time.Minute), SignalledAt: time.Now()}})
-			}
 			writeCheckpoint(t, dir, "step-1", map[string][]byte{"a": randomBytes(t, 1<<10), "b": randomBytes(t, 1<<10)})
 			var order []string
 			timeout := time.After(20 * time.Second)
@@ -2033,6 +2031,10 @@ func TestUploaderFinishesTheCheckpointItBegan(t *testing.T) {
 				}
 			}
 			take() // step-1's first file, held
+			if notice {
+				r.waitEvent(CheckpointComplete, "step-1")
+				r.up.SetNotices([]ActiveNotice{{Key: "spot/terminate", Deadline: time.Now().Add(2 * time.Minute), SignalledAt: time.Now()}})
+			}
 			writeCheckpoint(t, dir, "step-2", map[string][]byte{"c": randomBytes(t, 1<<10), "d": randomBytes(t, 1<<10)})
 			r.waitEvent(CheckpointComplete, "step-2")
 			for len(order) < 6 {
