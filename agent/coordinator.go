@@ -791,7 +791,8 @@ func (c *Coordinator) act(cfg *Config, ns *NoticeStatus, first bool, from time.T
 // learns from notice.json what it must do, e.g. exit after saving), and so is any notice once the
 // other's checkpoint is durable (a new save can then only add; but not when the other's signal
 // came after ns was read, as for a reclaim read during ns's hold: that save is ns's, committed)
-// or went missing, or when the other was signalled more than checkpointDue ago (without a store,
+// or went missing (but not the spot answer read properly after its fail-safe guess: one
+// reclaim), or when the other was signalled more than checkpointDue ago (without a store,
 // when the agent sees no checkpoint, that alone decides). A job notice covers nothing: a script
 // may post one while the trainer saves nothing. Processes found since the other's signal (a
 // trainer restarted) are signalled for it before (act), so that they save for it too. It reports
@@ -810,7 +811,10 @@ func (c *Coordinator) cover(ns *NoticeStatus, procs []trainer.Process, log zerol
 			// event's, days before; one a store that is down holds back) is not a fresh one.
 			continue
 		}
-		if o.committed && o.signalledAt.Before(ns.readAt) && !o.committedAt.After(ns.readAt) {
+		// The spot answer read properly after its fail-safe guess (a body that could not be
+		// read): the same reclaim, whose save the trainer made, however its action reads.
+		sameReclaim := o.Source == imds.SourceSpot && ns.Source == imds.SourceSpot && o.Malformed && !ns.Malformed
+		if o.committed && o.signalledAt.Before(ns.readAt) && !o.committedAt.After(ns.readAt) && !sameReclaim {
 			// Its save was asked for and durable before ns came: a new one can only add. (One
 			// not durable yet when ns came, ns's hold included, is ns's save too, however
 			// quickly it was committed since: a rebalance read while the reclaim's save was

@@ -156,6 +156,50 @@ func TestNoticeDuringASaveForAnotherIsNotSignalledAgain(t *testing.T) {
 			}
 		})
 	})
+	t.Run("spot answer read properly after its fail-safe guess, the guess's save committed", func(t *testing.T) {
+		// Found from outside: a spot answer that could not be read (the fail-safe notice,
+		// terminate) and then the real one, stop, were two notices, and the trainer saved twice
+		// for one reclaim once the first save was committed.
+		synctest.Test(t, func(t *testing.T) {
+			r := startCoverRig(t, true)
+			guess := imds.Notice{Source: imds.SourceSpot, Action: "terminate", Deadline: time.Now().Add(2 * time.Minute), Malformed: true}
+			r.events <- imds.Event{Kind: imds.Begin, At: time.Now(), Notice: guess}
+			synctest.Wait()
+			if n := r.tr.signals(); n != 1 {
+				t.Fatalf("signals after the fail-safe notice = %d; want 1", n)
+			}
+			passFakeTime(time.Second)
+			r.upload(checkpoint.CheckpointComplete, "step-10")
+			r.upload(checkpoint.CheckpointCommitted, "step-10")
+			passFakeTime(time.Second)
+			real := imds.Notice{Source: imds.SourceSpot, Action: "stop", Time: time.Now().Add(100 * time.Second), Deadline: time.Now().Add(100 * time.Second)}
+			r.events <- imds.Event{Kind: imds.Begin, At: time.Now(), Notice: real}
+			r.events <- imds.Event{Kind: imds.End, At: time.Now(), Notice: guess}
+			synctest.Wait()
+			if n := r.tr.signals(); n != 1 {
+				t.Errorf("signals after the spot answer was read = %d; want still 1: it is the reclaim the trainer saved for", n)
+			}
+			if n := r.notice(t, "spot/stop"); n.State != StateCommitted {
+				t.Errorf("spot/stop state %s, transitions %+v; want committed (step-10, saved for its guess)", n.State, n.Transitions)
+			}
+		})
+	})
+	t.Run("spot notice after a rebalance's save was committed", func(t *testing.T) {
+		// Not the same notice: the reclaim is signalled (a save for a rebalance is not one for a
+		// reclaim read properly later).
+		synctest.Test(t, func(t *testing.T) {
+			r := startCoverRig(t, true)
+			r.begin(imds.SourceRebalance, "rebalance", time.Time{})
+			passFakeTime(time.Second)
+			r.upload(checkpoint.CheckpointComplete, "step-10")
+			r.upload(checkpoint.CheckpointCommitted, "step-10")
+			passFakeTime(time.Second)
+			r.begin(imds.SourceSpot, "stop", time.Now().Add(2*time.Minute))
+			if n := r.tr.signals(); n != 2 {
+				t.Errorf("signals = %d; want 2: the reclaim came after the rebalance's save was durable", n)
+			}
+		})
+	})
 	t.Run("rebalance while the reclaim's save is written, committed during the rebalance's hold", func(t *testing.T) {
 		// Found from outside: the reclaim's save committed while the rebalance was held, and
 		// the rebalance then signalled the trainer for a second save.
