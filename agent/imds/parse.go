@@ -56,6 +56,7 @@ func ParseSpot(body []byte, now time.Time) (Notice, error) {
 		case err != nil:
 			cause = fmt.Errorf("bad time: %w", err)
 		default:
+			t = t.UTC() // said in UTC, as the agent's own times are
 			n.Action, n.Time, n.Deadline = action, t, t
 			return n, nil
 		}
@@ -97,7 +98,7 @@ func ParseRebalance(body []byte, now time.Time) (Notice, error) {
 	if err != nil {
 		return malformed(fmt.Errorf("bad noticeTime: %w", err))
 	}
-	return Notice{Source: SourceRebalance, Action: "rebalance", Time: t, Raw: truncate(body)}, nil
+	return Notice{Source: SourceRebalance, Action: "rebalance", Time: t.UTC(), Raw: truncate(body)}, nil
 }
 
 // ParseScheduled parses an events/maintenance/scheduled body: a JSON array of events with
@@ -194,7 +195,7 @@ func parseScheduledTime(s string) (time.Time, error) {
 		return t, nil
 	}
 	if t, err2 := time.Parse(time.RFC3339, s); err2 == nil {
-		return t, nil
+		return t.UTC(), nil
 	}
 	return time.Time{}, err
 }

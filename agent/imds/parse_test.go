@@ -97,6 +97,11 @@ func TestParseSpot(t *testing.T) {
 			if got.Raw != tt.body {
 				t.Errorf("ParseSpot(%q).Raw = %q; want the body", tt.body, got.Raw)
 			}
+			if loc := got.Time.Location(); !got.Time.IsZero() && loc != time.UTC {
+				// notice.json and /status say it as read: IMDS's offset (found from outside:
+				// +01:00) in one, Z in the agent's own times.
+				t.Errorf("ParseSpot(%q).Time in %v; want UTC", tt.body, loc)
+			}
 			if k := got.Key(); k != "spot/"+tt.want.Action {
 				t.Errorf("ParseSpot(%q).Key() = %q; want %q", tt.body, k, "spot/"+tt.want.Action)
 			}
@@ -114,6 +119,8 @@ func TestParseRebalance(t *testing.T) {
 		{"aemm", readTestdata(t, "rebalance-aemm.json"),
 			Notice{Source: SourceRebalance, Action: "rebalance", Time: utc("2026-11-29T16:42:18Z")}, false},
 		{"docs", readTestdata(t, "rebalance-docs.json"),
+			Notice{Source: SourceRebalance, Action: "rebalance", Time: utc("2020-10-27T08:22:00Z")}, false},
+		{"offset", `{"noticeTime": "2020-10-27T09:22:00+01:00"}`,
 			Notice{Source: SourceRebalance, Action: "rebalance", Time: utc("2020-10-27T08:22:00Z")}, false},
 		{"empty", ``, Notice{}, true},
 		{"null", `null`, Notice{}, true},
@@ -135,6 +142,9 @@ func TestParseRebalance(t *testing.T) {
 			}
 			if !tt.wantErr && !got.Deadline.IsZero() {
 				t.Errorf("ParseRebalance(%q).Deadline = %v; want zero", tt.body, got.Deadline)
+			}
+			if loc := got.Time.Location(); !got.Time.IsZero() && loc != time.UTC {
+				t.Errorf("ParseRebalance(%q).Time in %v; want UTC", tt.body, loc)
 			}
 		})
 	}
