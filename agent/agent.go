@@ -475,7 +475,7 @@ func (a *Agent) Run(ctx context.Context) error {
 			Str("availability_zone", id.AvailabilityZone).Msg("instance identity read")
 		return nil
 	})
-	g.Go(func() error { a.handleSignals(ctx); return nil })
+	g.Go(func() error { a.handleSignals(ctx, drained); return nil })
 	g.Go(func() error { return a.runStoreProbe(ctx) })
 	if ln != nil {
 		srv := &http.Server{Handler: a.Handler(), ReadHeaderTimeout: 5 * time.Second}
@@ -516,11 +516,13 @@ func (a *Agent) EndDrain() {
 	}
 }
 
-// handleSignals serves SIGHUP (reload) and SIGUSR1 (sync now) until ctx is done.
-func (a *Agent) handleSignals(ctx context.Context) {
+// handleSignals serves SIGHUP (reload) and SIGUSR1 (sync now) until ctx is done, then says of
+// each that comes while the agent drains (until drained) that it is not acted on.
+func (a *Agent) handleSignals(ctx context.Context, drained <-chan struct{}) {
 	for {
 		select {
 		case <-ctx.Done():
+			a.signalsWhileStopping(drained)
 			return
 		case sig, ok := <-a.deps.Signals:
 			if !ok {
@@ -533,6 +535,28 @@ func (a *Agent) handleSignals(ctx context.Context) {
 			case syscall.SIGUSR1:
 				a.metrics.syncRequests.Inc()
 				a.sync(ctx)
+			}
+		}
+	}
+}
+
+// signalsWhileStopping logs each SIGHUP and SIGUSR1 that comes after a stop, until drained: a
+// reload or a sync during the drain would be silently dropped otherwise (found from outside).
+func (a *Agent) signalsWhileStopping(drained <-chan struct{}) {
+	for {
+		select {
+		case <-drained:
+			return
+		case sig, ok := <-a.deps.Signals:
+			if !ok {
+				return
+			}
+			switch sig {
+			case syscall.SIGHUP:
+				a.log.Warn().Msg("config reload (SIGHUP) not done: the agent is stopping, and its next start reads the configuration")
+			case syscall.SIGUSR1:
+				a.metrics.syncRequests.Inc()
+				a.log.Info().Msg("sync requested (SIGUSR1) while the agent stops: the stop already waits for what it drains (docs/checkpoints.md)")
 			}
 		}
 	}

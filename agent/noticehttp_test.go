@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -244,6 +245,11 @@ func TestJobNoticeUploadsUrgentlyAndHoldsAStop(t *testing.T) {
 		return strings.Contains(ta.logs.String(), "stop requested while checkpoints are being written or are not committed yet")
 	})
 	<-ta.a.coord.stopped
+	// A reload during the drain is not done, and says so; before, it was dropped in silence.
+	ta.sigs <- syscall.SIGHUP
+	eventually(t, "the reload during the drain to be refused in the log", func() bool {
+		return strings.Contains(ta.logs.String(), "config reload (SIGHUP) not done: the agent is stopping")
+	})
 	code, _, m := post(t, srv.URL, "application/json", `{"deadline":"`+past.Format(time.RFC3339)+`"}`)
 	if e, _ := m["error"].(string); code != http.StatusServiceUnavailable || !strings.Contains(e, "stopping") {
 		t.Errorf("POST while stopping = %d %v; want 503 saying the agent stops", code, m)
