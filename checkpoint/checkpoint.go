@@ -58,10 +58,15 @@ func (c Cond) check() error {
 	return nil
 }
 
-// ChecksumCRC32C is the checksum algorithm of every file in a manifest: CRC-32C (Castagnoli)
+// ChecksumCRC32C is the checksum algorithm of every file in a manifest the agent writes: CRC-32C (Castagnoli)
 // of the whole object, as S3 computes it for a full-object checksum, base64 of the 4 big-endian
 // bytes.
 const ChecksumCRC32C = "CRC32C"
+
+// ChecksumCRC64NVME is the other full-object checksum a manifest may name (S3's default for new
+// objects): CRC-64/NVME of the whole object, base64 of the 8 big-endian bytes. The agent writes
+// CRC-32C; restore and list --check read either.
+const ChecksumCRC64NVME = "CRC64NVME"
 
 // Checksum is a full-object checksum.
 type Checksum struct {

@@ -864,7 +864,7 @@ func restoreJudge(ctx context.Context, to *os.Root, m *Manifest, others []*Manif
 	}
 	type local struct {
 		size int64
-		sum  *Checksum
+		sums map[string]Checksum // by algorithm
 	}
 	files := map[string]*local{}
 	written := fi.ModTime()
@@ -897,18 +897,22 @@ func restoreJudge(ctx context.Context, to *os.Root, m *Manifest, others []*Manif
 	}
 	name := filepath.Join(to.Name(), m.Checkpoint)
 	at := func(t time.Time) string { return t.UTC().Format(time.RFC3339) }
-	sum := func(l *local, p string) (Checksum, error) {
-		if l.sum == nil {
-			if err := ctx.Err(); err != nil {
-				return Checksum{}, err
-			}
-			got, _, err := restoreChecksumFile(root, p)
-			if err != nil {
-				return Checksum{}, fmt.Errorf("inspect existing destination: %w", err)
-			}
-			l.sum = &got
+	sum := func(l *local, p, alg string) (Checksum, error) {
+		if got, ok := l.sums[alg]; ok {
+			return got, nil
 		}
-		return *l.sum, nil
+		if err := ctx.Err(); err != nil {
+			return Checksum{}, err
+		}
+		got, _, err := restoreChecksumFile(root, p, alg)
+		if err != nil {
+			return Checksum{}, fmt.Errorf("inspect existing destination: %w", err)
+		}
+		if l.sums == nil {
+			l.sums = map[string]Checksum{}
+		}
+		l.sums[alg] = got
+		return got, nil
 	}
 	// Some of m's own files and nothing else (a node's part of a multi-node checkpoint restored
 	// whole, files the trainer deleted since): m is all of it.
@@ -925,7 +929,7 @@ func restoreJudge(ctx context.Context, to *os.Root, m *Manifest, others []*Manif
 			if !copyOf {
 				break
 			}
-			got, err := sum(files[f.Path], f.Path)
+			got, err := sum(files[f.Path], f.Path, f.Checksum.Algorithm)
 			if err != nil {
 				return "", nil, err
 			}
@@ -948,7 +952,7 @@ func restoreJudge(ctx context.Context, to *os.Root, m *Manifest, others []*Manif
 		}
 		same := true
 		for _, f := range want {
-			got, err := sum(files[f.Path], f.Path)
+			got, err := sum(files[f.Path], f.Path, f.Checksum.Algorithm)
 			if err != nil {
 				return "", nil, err
 			}
@@ -1092,7 +1096,7 @@ func restoreExisting(ctx context.Context, to *os.Root, m *Manifest, conc int) (b
 			filepath.Join(to.Name(), m.Checkpoint), typeWords(fi.Mode()))
 	case m.SingleFile():
 		f := m.Files[0]
-		got, size, err := restoreChecksumFile(to, f.Path)
+		got, size, err := restoreChecksumFile(to, f.Path, f.Checksum.Algorithm)
 		switch {
 		case err != nil:
 			return false, fmt.Errorf("inspect existing destination: %w", err)
@@ -1145,7 +1149,7 @@ func restoreExisting(ctx context.Context, to *os.Root, m *Manifest, conc int) (b
 			if err := gctx.Err(); err != nil {
 				return err
 			}
-			got, size, err := restoreChecksumFile(dir, f.Path)
+			got, size, err := restoreChecksumFile(dir, f.Path, f.Checksum.Algorithm)
 			switch {
 			case err != nil:
 				return err
@@ -1197,8 +1201,9 @@ func restoreLocalFiles(dir *os.Root) ([]restoreLocalFile, error) {
 	return out, err
 }
 
-// restoreChecksumFile returns the CRC-32C and size of the file rel (slash-separated) in dir.
-func restoreChecksumFile(dir *os.Root, rel string) (Checksum, int64, error) {
+// restoreChecksumFile returns the checksum with algorithm alg (checksumAs) and size of the file
+// rel (slash-separated) in dir.
+func restoreChecksumFile(dir *os.Root, rel, alg string) (Checksum, int64, error) {
 	f, err := dir.Open(filepath.FromSlash(rel))
 	if err != nil {
 		return Checksum{}, 0, err
@@ -1208,7 +1213,7 @@ func restoreChecksumFile(dir *os.Root, rel string) (Checksum, int64, error) {
 	if err != nil {
 		return Checksum{}, 0, err
 	}
-	sum, err := ChecksumOf(f)
+	sum, err := checksumAs(alg, f)
 	if err != nil {
 		return Checksum{}, 0, fmt.Errorf("read %q: %w", rel, err)
 	}
@@ -1452,7 +1457,7 @@ func restoreFile(ctx context.Context, s Store, stage *os.Root, key string, f Fil
 		if fi.Size() != f.Size {
 			return fmt.Errorf("%w: file %q: %d bytes after download; the manifest says %d", ErrDamaged, f.Path, fi.Size(), f.Size)
 		}
-		got, err := ChecksumOf(io.NewSectionReader(out, 0, f.Size))
+		got, err := checksumAs(f.Checksum.Algorithm, io.NewSectionReader(out, 0, f.Size))
 		if err != nil {
 			return fmt.Errorf("read back file %q: %w", f.Path, err)
 		}
