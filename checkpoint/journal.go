@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"maps"
 	"os"
@@ -354,12 +355,63 @@ func writeJournal(path string, entries map[string]*journalEntry) (*journal, erro
 	if err := os.Rename(tmp, path); err != nil {
 		return nil, fmt.Errorf("write journal: %w", err)
 	}
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_APPEND, 0o600)
+	return openJournal(path, int64(buf.Len()))
+}
+
+// openJournal opens the journal at path, size bytes long, written compactly, for appending (and
+// reading back: restore).
+func openJournal(path string, size int64) (*journal, error) {
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_APPEND, 0o600)
 	if err != nil {
 		return nil, fmt.Errorf("open journal: %w", err)
 	}
-	n := int64(buf.Len())
-	return &journal{path: path, f: f, w: bufio.NewWriter(f), size: n, base: n}, nil
+	return &journal{path: path, f: f, w: bufio.NewWriter(f), size: size, base: size}, nil
+}
+
+// gone reports whether j's file is no longer at its path: removed, or agent.runtime_dir with it
+// (an rm -r of /run/spotguard under a running agent), or another file put there. Its lines then
+// go to a file no restart finds.
+func (j *journal) gone() bool {
+	if j == nil || j.err != nil {
+		return false
+	}
+	open, err := j.f.Stat()
+	if err != nil {
+		return false
+	}
+	at, err := os.Stat(j.path)
+	return errors.Is(err, fs.ErrNotExist) || err == nil && !os.SameFile(open, at)
+}
+
+// restore writes what j's file holds back at its path (a temporary file renamed into place, its
+// directory made again as the agent makes agent.runtime_dir: 0755, notice.json is read there),
+// and returns the journal opened there. j is left open: the caller closes it.
+func (j *journal) restore() (*journal, error) {
+	if err := j.flush(); err != nil {
+		return nil, err
+	}
+	data := make([]byte, j.size)
+	n, err := j.f.ReadAt(data, 0)
+	if err != nil && !errors.Is(err, io.EOF) {
+		return nil, fmt.Errorf("read journal back: %w", err)
+	}
+	data = data[:n]
+	if err := os.MkdirAll(filepath.Dir(j.path), 0o755); err != nil {
+		return nil, fmt.Errorf("create journal directory: %w", err)
+	}
+	tmp := j.path + ".tmp"
+	if err := os.WriteFile(tmp, data, 0o600); err != nil {
+		return nil, fmt.Errorf("write journal: %w", err)
+	}
+	if err := os.Rename(tmp, j.path); err != nil {
+		return nil, fmt.Errorf("write journal: %w", err)
+	}
+	nj, err := openJournal(j.path, int64(n))
+	if err != nil {
+		return nil, err
+	}
+	nj.base = j.base
+	return nj, nil
 }
 
 // writeJournalEntry writes e as journal lines to buf.

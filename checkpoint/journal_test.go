@@ -2,9 +2,11 @@ package checkpoint
 
 import (
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 )
@@ -237,5 +239,36 @@ func TestJournalPathFollowsSymbolicLinks(t *testing.T) {
 	// A missing directory is taken as spelled.
 	if got, want := JournalPath(state, "job", filepath.Join(root, "none"), "s3://b/p"), journalAt(state, "job", filepath.Join(root, "none"), "s3://b/p"); got != want {
 		t.Errorf("JournalPath of a missing directory = %s; want %s", got, want)
+	}
+}
+
+// agent.runtime_dir removed under a running agent (an rm -r of /run/spotguard): its journal went
+// on being appended to a file no restart finds, in silence, and a restart sent again what was
+// stored (found from outside). It is written back at its path, with what it held, at its next
+// flush, and the log says so.
+func TestJournalRemovedUnderTheAgentIsWrittenAgain(t *testing.T) {
+	dir, state := t.TempDir(), filepath.Join(t.TempDir(), "run")
+	store := newMemStore()
+	r := startUploaderWith(t, dir, store, UploaderConfig{StateDir: state, StopBudget: -1})
+	writeCheckpoint(t, dir, "step-1", map[string][]byte{"a": randomBytes(t, 8<<10)})
+	r.waitCommitted("step-1")
+	if err := os.RemoveAll(state); err != nil {
+		t.Fatal(err)
+	}
+	writeCheckpoint(t, dir, "step-2", map[string][]byte{"a": randomBytes(t, 8<<10)})
+	r.waitCommitted("step-2")
+	path := JournalPath(state, "job", dir, store.URL())
+	if _, err := os.Stat(path); err != nil {
+		t.Fatalf("journal after agent.runtime_dir was removed: %v; want it written again", err)
+	}
+	entries, err := readJournal(path)
+	if err != nil || entries["step-1"] == nil || entries["step-2"] == nil || !entries["step-2"].done {
+		t.Errorf("journal entries %v (%v); want step-1's and step-2's, step-2 done", slices.Sorted(maps.Keys(entries)), err)
+	}
+	if fi, err := os.Stat(state); err != nil || fi.Mode().Perm() != 0o755 {
+		t.Errorf("agent.runtime_dir made again: %v, %v; want mode 0755 (the trainer reads notice.json there)", fi, err)
+	}
+	if !strings.Contains(r.logs.String(), "journal was removed under the agent") {
+		t.Errorf("no warning that the journal was removed:\n%s", r.logs)
 	}
 }

@@ -815,6 +815,20 @@ func (u *Uploader) flushJournal() {
 		u.journal = nil
 		return
 	}
+	if u.journal.gone() {
+		path := u.journal.path
+		j, err := u.journal.restore()
+		_ = u.journal.close()
+		u.journal = j
+		if err != nil {
+			u.log.Warn().Err(err).Str("journal", path).Msg("journal was removed under the agent and could not be written again; a restart will send uncommitted files again")
+			u.journalFailed(err)
+			u.journal = nil
+			return
+		}
+		u.log.Warn().Str("journal", path).
+			Msg("journal was removed under the agent (agent.runtime_dir deleted?); written there again")
+	}
 	if u.journal.grown() {
 		u.compactJournal()
 	}
