@@ -343,9 +343,13 @@ func (c *Coordinator) onUpload(ev checkpoint.UploadEvent) {
 		case StateCheckpointWritten:
 			c.transition(ns, StateCheckpointWritten, ch.detail)
 			c.mu.Lock() // the coordinator's loop may signal for it meanwhile
-			signalled := ns.signalledAt
+			signalled, timed := ns.signalledAt, false
+			if signalled != nil {
+				save := ch.name + "\x00" + signalled.String()
+				timed, c.writeTimed = c.writeTimed == save, save
+			}
 			c.mu.Unlock()
-			if signalled != nil && ch.detail == ch.name {
+			if signalled != nil && ch.detail == ch.name && !timed {
 				c.metrics.writeSeconds.Observe(ev.At.Sub(*signalled).Seconds())
 				c.record(metrics.Datum{Name: "CheckpointWriteSeconds", Unit: metrics.UnitSeconds, Value: ev.At.Sub(*signalled).Seconds(),
 					Dimensions: map[string]string{"Source": string(ns.Source)}})

@@ -331,6 +331,9 @@ type Coordinator struct {
 	previousJobs []jobRecord
 	// noticeFileErr is why the last write of notice.json failed; nil once one succeeds.
 	noticeFileErr error
+	// writeTimed is the save (checkpoint, and the signal it answered) whose write time was last
+	// observed: notices that share one save (cover) observe it once.
+	writeTimed string
 	// storeNewest is the newest commit of the job known: read from the store at the uploader's
 	// start (CheckpointFound), or committed since.
 	storeNewest *checkpoint.Manifest

@@ -154,6 +154,11 @@ func TestNoticeDuringASaveForAnotherIsNotSignalledAgain(t *testing.T) {
 					t.Errorf("%s state %s; want committed (step-10)", key, n.State)
 				}
 			}
+			// One save, one write time: it was observed once per notice sharing it (found from
+			// outside).
+			if n := histogramCount(t, r.c.metrics.writeSeconds); n != 1 {
+				t.Errorf("spotguard_checkpoint_write_seconds has %d samples; want 1, the one save", n)
+			}
 		})
 	})
 	t.Run("spot answer read properly after its fail-safe guess, the guess's save committed", func(t *testing.T) {
