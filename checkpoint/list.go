@@ -61,7 +61,7 @@ func ReadJob(ctx context.Context, s Store, job string) (*JobState, error) {
 
 // Incomplete returns st's multi-node saves whose parts are not all in the store, newest first
 // (see IncompleteSave).
-func (st *JobState) Incomplete() []IncompleteSave { return incompleteSaves(st.Parts) }
+func (st *JobState) Incomplete() []IncompleteSave { return incompleteSaves(st.Parts, st.Commits) }
 
 // ListIncomplete returns the job's multi-node saves whose parts are not all in the store, newest
 // first (see IncompleteSave), with the same reading and errors as ListCommitted.
@@ -70,7 +70,7 @@ func ListIncomplete(ctx context.Context, s Store, job string) ([]IncompleteSave,
 	if err != nil {
 		return nil, fmt.Errorf("list incomplete checkpoints: %w", err)
 	}
-	return incompleteSaves(st.Parts), nil
+	return incompleteSaves(st.Parts, st.Commits), nil
 }
 
 // checkNodeLayout checks that the job st holds commits of one layout, for `spotguard list

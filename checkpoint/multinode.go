@@ -514,8 +514,16 @@ func completeSave(ctx context.Context, s Store, mine *Manifest, marker string, h
 	// this instance's (this one is superseded), or another instance's (a conflict, whichever
 	// completed first). An older one of this instance's: the trainer saved again after the
 	// save was committed; the other nodes' parts saved again may make a new save with this one.
+	// One of another world_nodes: the other nodes committed the save without this node's files
+	// (a conflict: that commit is torn).
 	var conflicts []error
 	for _, m := range np.jobs {
+		if m.WorldNodes != mine.Part.WorldNodes {
+			if err := worldApart(m, mine, marker); err != nil {
+				conflicts = append(conflicts, err)
+			}
+			continue
+		}
 		for _, p := range m.Parts {
 			if p.NodeRank != mine.Part.NodeRank {
 				continue
@@ -621,6 +629,18 @@ func completeSave(ctx context.Context, s Store, mine *Manifest, marker string, h
 	return r
 }
 
+// worldApart returns the error of job manifest m, of another world_nodes than mine's, if a part
+// of it is of mine's save: that job checkpoint was committed without mine's files.
+func worldApart(m, mine *Manifest, marker string) error {
+	for _, p := range m.Parts {
+		if sameSave(mine, jobPartManifest(m, p), marker) {
+			return fmt.Errorf("parts disagree on world_nodes: job commit %s of this save was made of %d nodes' parts with world_nodes %d, and %s has world_nodes %d: that commit lacks this node's files (is store.world_nodes the same on every node?)",
+				m.Commit, len(m.Parts), m.WorldNodes, describePart(mine), mine.Part.WorldNodes)
+		}
+	}
+	return nil
+}
+
 // singleNodeError describes single, a single-node commit found by the agent of part mine, in a
 // job of mine's world_nodes.
 func singleNodeError(single, mine *Manifest) error {
@@ -709,8 +729,10 @@ type IncompleteSave struct {
 }
 
 // incompleteSaves groups st's open parts into saves, newest first: for each name, the parts
-// within SaveSpread of the newest one form one save, and so on with the rest.
-func incompleteSaves(parts []*Manifest) []IncompleteSave {
+// within SaveSpread of the newest one form one save, and so on with the rest. Each save's
+// Problem is also what its parts make of the job checkpoints of commits made of the same save
+// (committedProblems).
+func incompleteSaves(parts []*Manifest, commits []Committed) []IncompleteSave {
 	byName := map[string][]*Manifest{}
 	for _, p := range parts {
 		byName[p.Checkpoint] = append(byName[p.Checkpoint], p)
@@ -735,7 +757,7 @@ func incompleteSaves(parts []*Manifest) []IncompleteSave {
 				group = append(group, p)
 			}
 			slices.Sort(s.Ranks)
-			s.Problem = saveProblem(group)
+			s.Problem = strings.Join(append(saveProblems(group), committedProblems(group, commits)...), "; ")
 			out = append(out, s)
 			ps = rest
 		}
@@ -764,10 +786,10 @@ func (is IncompleteSave) describe() string {
 	return msg + "; its other nodes' parts are not in the store (`spotguard list`)"
 }
 
-// saveProblem says why the parts of one save (by time, as incompleteSaves groups them) can never
+// saveProblems say why the parts of one save (by time, as incompleteSaves groups them) can never
 // make a job checkpoint as they are, as the agents find it: two instances claiming one node rank,
-// or parts disagreeing on world_nodes. Empty when neither.
-func saveProblem(parts []*Manifest) string {
+// or parts disagreeing on world_nodes. None when neither.
+func saveProblems(parts []*Manifest) []string {
 	var problems []string
 	worlds := map[int]bool{}
 	for _, p := range parts {
@@ -793,5 +815,37 @@ func saveProblem(parts []*Manifest) string {
 				r, describeHost(cur.Host), describeHost(p.Host)))
 		}
 	}
-	return strings.Join(problems, "; ")
+	return problems
+}
+
+// committedProblems say why the parts of one save (group), which no job manifest lists, show a
+// job checkpoint of the same save in commits to be torn, as the agents of those parts find it
+// (completeSave): one made with another world_nodes (without the group's nodes' files), or with
+// a part of a rank another instance claims in the group. A part of the same instance and rank
+// as the committed one is that node saving again: no problem.
+func committedProblems(group []*Manifest, commits []Committed) []string {
+	var problems []string
+	for _, c := range commits {
+		m := c.Manifest
+		if m == nil || m.Parts == nil || m.Checkpoint != group[0].Checkpoint {
+			continue
+		}
+		worldSaid := false
+		for _, p := range m.Parts {
+			cp := jobPartManifest(m, p)
+			for _, q := range group {
+				switch {
+				case !sameSave(q, cp, ""):
+				case q.Part.WorldNodes != m.WorldNodes && !worldSaid:
+					worldSaid = true
+					problems = append(problems, fmt.Sprintf("job commit %s of this save was made with world_nodes %d, without these parts of world_nodes %d: it lacks their files (is store.world_nodes the same on every node?)",
+						m.Commit, m.WorldNodes, q.Part.WorldNodes))
+				case q.Part.WorldNodes == m.WorldNodes && q.Part.NodeRank == p.NodeRank && !sameInstance(q, cp):
+					problems = append(problems, fmt.Sprintf("node rank %d is claimed by two instances, %s (in job commit %s) and %s: is store.node_rank set twice?",
+						p.NodeRank, describeHost(cp.Host), m.Commit, describeHost(q.Host)))
+				}
+			}
+		}
+	}
+	return slices.Compact(problems)
 }

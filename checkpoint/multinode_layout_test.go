@@ -325,3 +325,60 @@ func TestRestoreRefusesATornSingleNodeCommit(t *testing.T) {
 		t.Errorf("Restore(step-000050, %s) = %v; want a single-node commit of no multi-node save restored", older.Commit, err)
 	}
 }
+
+// A node at another store.world_nodes than the others, whose part comes after theirs made a job
+// checkpoint of the same save: that commit lacks this node's files. Before, it went unnoticed
+// (the node looked at the committed parts of its own rank alone), LATEST named the torn
+// checkpoint, every agent stayed healthy and `list --check` passed (found from outside: nodes 0
+// and 1 at world_nodes 2, node 2 at 3). Now this node's agent says so (a conflict), `list`
+// names the save's problem, and `list --check` fails.
+func TestMultiNodeWorldNodesDisagreeingWithACommittedSave(t *testing.T) {
+	store := newMemStore()
+	now := time.Now().Add(-30 * time.Second)
+	var parts []*Manifest
+	for rank := range 2 {
+		parts = append(parts, putPart(t, store, "step-000100", rank, 2, fmt.Sprintf("i-node%d", rank), nodeFiles(t, rank, []byte("c")), now, now))
+	}
+	if r := completeSave(t.Context(), store, parts[1], "_COMPLETE", Host{}, time.Hour, nil); !r.written {
+		t.Fatalf("completeSave = %+v", r)
+	}
+	late := putPart(t, store, "step-000100", 2, 3, "i-node2", nodeFiles(t, 2, []byte("c")), now.Add(5*time.Second), now.Add(5*time.Second))
+	r := completeSave(t.Context(), store, late, "_COMPLETE", Host{}, time.Hour, nil)
+	var c *ConflictError
+	if !errors.As(r.err, &c) || !strings.Contains(r.err.Error(), "parts disagree on world_nodes") || !strings.Contains(r.err.Error(), "lacks this node's files") {
+		t.Errorf("node 2's completeSave = err %v, missing %v; want the world_nodes conflict with the committed save", r.err, r.missing)
+	}
+	inc, err := ListIncomplete(t.Context(), store, "job")
+	if err != nil || len(inc) != 1 || !strings.Contains(inc[0].Problem, "job commit "+parts[0].Commit+" of this save was made with world_nodes 2") {
+		t.Errorf("ListIncomplete = %+v, %v; want node 2's part, its problem the committed save of world_nodes 2", inc, err)
+	}
+	if v := CheckJob(t.Context(), store, "job", true); !slices.ContainsFunc(v, func(err error) bool { return strings.Contains(err.Error(), "world_nodes") }) {
+		t.Errorf("CheckJob = %v; want a violation naming world_nodes", v)
+	}
+}
+
+// A second instance's part of a rank already in a committed job checkpoint of the same save:
+// `list` names the double claim and `list --check` fails. Before, they looked at parts no job
+// manifest lists alone, and passed (found from outside).
+func TestListSaysARankClaimedAgainstACommittedSave(t *testing.T) {
+	store := newMemStore()
+	now := time.Now().Add(-30 * time.Second)
+	var parts []*Manifest
+	for rank := range 2 {
+		parts = append(parts, putPart(t, store, "step-000100", rank, 2, fmt.Sprintf("i-node%d", rank), nodeFiles(t, rank, []byte("c")), now, now))
+	}
+	if r := completeSave(t.Context(), store, parts[0], "_COMPLETE", Host{}, time.Hour, nil); !r.written {
+		t.Fatalf("completeSave = %+v", r)
+	}
+	putPart(t, store, "step-000100", 1, 2, "i-other", nodeFiles(t, 1, []byte("c")), now.Add(3*time.Second), now.Add(3*time.Second))
+	// The same instance saving its rank again is no claim of another's.
+	putPart(t, store, "step-000100", 0, 2, "i-node0", nodeFiles(t, 0, []byte("c")), now.Add(4*time.Second), now.Add(4*time.Second))
+	inc, err := ListIncomplete(t.Context(), store, "job")
+	if err != nil || len(inc) != 1 || !strings.Contains(inc[0].Problem, "node rank 1 is claimed by two instances, i-node1 (in job commit "+parts[0].Commit+") and i-other") ||
+		strings.Contains(inc[0].Problem, "node rank 0") {
+		t.Errorf("ListIncomplete = %+v, %v; want the save with node rank 1 claimed twice, against the committed one, and nothing of rank 0", inc, err)
+	}
+	if v := CheckJob(t.Context(), store, "job", true); !slices.ContainsFunc(v, func(err error) bool { return strings.Contains(err.Error(), "claimed by two instances") }) {
+		t.Errorf("CheckJob = %v; want a violation naming the double claim", v)
+	}
+}

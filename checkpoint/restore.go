@@ -528,7 +528,7 @@ func restoreResolve(ctx context.Context, s Store, opts RestoreOptions, run *rest
 				why = append(why, p)
 			}
 		}
-		for _, is := range incompleteSaves(st.Parts) {
+		for _, is := range incompleteSaves(st.Parts, st.Commits) {
 			if is.Checkpoint == opts.Checkpoint {
 				return nil, nil, false, fmt.Errorf("checkpoint %q has no commit; the %s: %w", opts.Checkpoint, is.describe(), errors.Join(why...))
 			}
@@ -537,7 +537,7 @@ func restoreResolve(ctx context.Context, s Store, opts RestoreOptions, run *rest
 	}
 	if newest == nil {
 		e := &restoreNothingError{job: job, url: s.URL(), problems: len(st.Problems)}
-		if inc := incompleteSaves(st.Parts); len(inc) > 0 {
+		if inc := incompleteSaves(st.Parts, st.Commits); len(inc) > 0 {
 			e.incomplete = inc[0].describe()
 		}
 		return nil, nil, false, e
