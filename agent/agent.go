@@ -328,8 +328,9 @@ func (a *Agent) recordAgentSeries(ctx context.Context) {
 // agentDatums are the agent's own series, all in the default set (marked Aggregate):
 // IMDSUp (IMDS answered within 30 s, the rule of /healthz; an agent that stopped sending shows as
 // missing data), TrainerProcesses and TrainerSignalUncaught (a notice would signal nobody, or
-// not every rank), and once a checkpoint is committed NewestCheckpointAgeSeconds and
-// DurableForecastSeconds (would the next notice's checkpoint make it?). The IMDS error count is
+// not every rank), once a checkpoint is committed (or found in the store at start)
+// NewestCheckpointAgeSeconds, and once this agent has committed one DurableForecastSeconds
+// (would the next notice's checkpoint make it?). The IMDS error count is
 // left to Prometheus and /status: it moves with every transient timeout, and what a notice
 // needs is whether IMDS answers.
 func (a *Agent) agentDatums(now time.Time) []metrics.Datum {
@@ -347,9 +348,11 @@ func (a *Agent) agentDatums(now time.Time) []metrics.Datum {
 		{Name: "TrainerSignalUncaught", Unit: metrics.UnitCount, Value: float64(uncaught), At: now, Aggregate: true},
 	}
 	if c := a.newestCommit.Load(); c != 0 {
-		ds = append(ds,
-			metrics.Datum{Name: "NewestCheckpointAgeSeconds", Unit: metrics.UnitSeconds, Value: now.Sub(time.Unix(0, c)).Seconds(), At: now, Aggregate: true},
-			metrics.Datum{Name: "DurableForecastSeconds", Unit: metrics.UnitSeconds, Value: time.Duration(a.forecast.Load()).Seconds(), At: now, Aggregate: true})
+		ds = append(ds, metrics.Datum{Name: "NewestCheckpointAgeSeconds", Unit: metrics.UnitSeconds, Value: now.Sub(time.Unix(0, c)).Seconds(), At: now, Aggregate: true})
+	}
+	if f := a.forecast.Load(); f != 0 {
+		// Made by this agent's own commits: a commit found in the store at start has none.
+		ds = append(ds, metrics.Datum{Name: "DurableForecastSeconds", Unit: metrics.UnitSeconds, Value: time.Duration(f).Seconds(), At: now, Aggregate: true})
 	}
 	return ds
 }

@@ -762,3 +762,37 @@ func TestSecondAgentOnARuntimeDirIsRefused(t *testing.T) {
 		t.Errorf("an agent on the runtime dir after the first one stopped: Run() = %v; want nil", err)
 	}
 }
+
+// An agent that finds the job's newest checkpoint committed in the store (a restart, or a
+// replacement instance after a restore) says how old it is: before, the newest-committed gauge
+// (and CloudWatch's NewestCheckpointAgeSeconds) stayed at 0 until it committed one itself (found
+// from outside).
+func TestNewestCommittedFoundAtStart(t *testing.T) {
+	storeDir := t.TempDir()
+	env := []string{"SPOTGUARD_TRAINER_MATCH=no-such-trainer", "SPOTGUARD_STORE_URL=file://" + storeDir, "SPOTGUARD_STORE_JOB=j"}
+	first := startAgentWith(t, fileStores, append(env, "SPOTGUARD_CHECKPOINT_DIR="+t.TempDir())...)
+	ck := filepath.Join(first.a.Config().Checkpoint.Dir, "step-000100")
+	if err := os.MkdirAll(ck, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	os.WriteFile(filepath.Join(ck, "w.bin"), []byte("weights"), 0o644)
+	os.WriteFile(filepath.Join(ck, "_COMPLETE"), nil, 0o644)
+	var committed *checkpoint.Manifest
+	eventually(t, "step-000100 committed", func() bool {
+		cs, _, err := checkpoint.ListCommitted(context.Background(), mustFileStore(t, storeDir), "j")
+		if err == nil && len(cs) == 1 {
+			committed = cs[0].Manifest
+		}
+		return committed != nil
+	})
+	first.cancel()
+	<-first.done
+	first.done <- nil // for the cleanup
+
+	second := startAgentWith(t, fileStores, append(env, "SPOTGUARD_CHECKPOINT_DIR="+t.TempDir())...)
+	want := float64(committed.CommittedAt.Unix())
+	eventually(t, "the newest-committed gauge to be the commit found", func() bool {
+		var m dto.Metric
+		return second.a.metrics.newestCommitted.Write(&m) == nil && m.GetGauge().GetValue() == want
+	})
+}

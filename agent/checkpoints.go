@@ -109,6 +109,13 @@ func (a *Agent) onUpload(ev checkpoint.UploadEvent) {
 				a.metrics.uploadSeconds.Observe(m.Timings.UploadSeconds)
 			}
 		}
+	case checkpoint.CheckpointFound:
+		// The job's newest commit, in the store at start (an earlier run's, or another
+		// instance's): committed, and as old as it is, until this agent commits a newer one. In
+		// a multi-node job, only a job checkpoint is the job's.
+		if m := ev.Manifest; m != nil && m.Part == nil && (m.Parts != nil || a.Config().Store.WorldNodes <= 1) {
+			a.noteNewest(m)
+		}
 	case checkpoint.CheckpointFailed:
 		a.metrics.commitFailures.Inc()
 	case checkpoint.CheckpointWithheld:
