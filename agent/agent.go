@@ -90,6 +90,9 @@ type Agent struct {
 	// newestCommit (Unix nanoseconds) and forecast (nanoseconds) are the last commit's, for the
 	// periodic CloudWatch series; 0 until a checkpoint is committed.
 	newestCommit, forecast atomic.Int64
+	// runtimeDirProblem is why agent.runtime_dir could not be written at its last probe
+	// (probeRuntimeDir), nil when it could.
+	runtimeDirProblem atomic.Pointer[error]
 
 	mu         sync.Mutex
 	identity   imds.Identity
@@ -215,6 +218,7 @@ func (a *Agent) lifecycle(ctx context.Context, ln net.Listener, stopped <-chan s
 	t := time.NewTicker(every)
 	defer t.Stop()
 	done := ctx.Done()
+	probed := time.Now()
 	for {
 		select {
 		case <-done:
@@ -224,6 +228,10 @@ func (a *Agent) lifecycle(ctx context.Context, ln net.Listener, stopped <-chan s
 		case <-stopped:
 			return
 		case <-t.C:
+		}
+		if time.Since(probed) >= runtimeDirProbeEvery {
+			probed = time.Now()
+			a.probeRuntimeDir()
 		}
 		// While running, ping only if the notice path's loop is alive; while stopping, the
 		// loop is gone and the ping says the drain of a notice's upload goes on.
@@ -235,6 +243,29 @@ func (a *Agent) lifecycle(ctx context.Context, ln net.Listener, stopped <-chan s
 			a.log.Error().Msg("the coordinator's loop is stuck; not pinging the watchdog")
 		}
 		a.notifyErr(a.deps.Notify.Status(a.statusLine(context.Background())))
+	}
+}
+
+// runtimeDirProbeEvery is how often a running agent checks that agent.runtime_dir can still be
+// written: a tmpfs filled by something else leaves notice.json unwritten at the next notice.
+const runtimeDirProbeEvery = time.Minute
+
+// probeRuntimeDir writes a probe into agent.runtime_dir (checkWritable) and records the outcome
+// for /healthz, saying in the log when it changes.
+func (a *Agent) probeRuntimeDir() {
+	dir := a.cfg.Load().Agent.RuntimeDir
+	err := checkWritable(dir)
+	was := a.runtimeDirProblem.Load()
+	switch {
+	case err != nil && was == nil:
+		a.log.Error().Err(err).Str("dir", dir).Msg("runtime dir cannot be written; notice.json would be missing at a notice")
+	case err == nil && was != nil:
+		a.log.Info().Str("dir", dir).Msg("runtime dir can be written again")
+	}
+	if err != nil {
+		a.runtimeDirProblem.Store(&err)
+	} else {
+		a.runtimeDirProblem.Store(nil)
 	}
 }
 
@@ -411,9 +442,8 @@ func (a *Agent) Run(ctx context.Context) error {
 		// (yet: IMDS's are read again, job notices taken back as the coordinator starts).
 		a.log.Error().Err(err).Msg("cannot remove the notice file an earlier run left")
 		a.coord.setNoticeFileProblem(err)
-	} else if err := checkWritable(cfg.Agent.RuntimeDir); err != nil {
-		a.log.Error().Err(err).Str("dir", cfg.Agent.RuntimeDir).Msg("runtime dir not writable; notice.json will be missing")
-		a.coord.setNoticeFileProblem(err)
+	} else {
+		a.probeRuntimeDir()
 	}
 	a.log.Info().Float64("poll_interval_s", logSeconds(cfg.IMDS.PollInterval)).Str("listen", cfg.HTTP.Listen).
 		Str("signal", trainer.SignalName(cfg.Trainer.Signal)).Msg("spotguard agent starting")

@@ -1788,13 +1788,15 @@ func (r signalRecord) holds(p trainer.Process) bool {
 	return slices.Contains(r.PIDs, p.PID) && (p.Started.IsZero() || r.written.IsZero() || p.Started.Before(r.written))
 }
 
-// checkWritable reports whether a file can be created in dir (it creates and removes one).
+// checkWritable reports whether a file can be written in dir: it creates one, writes a page
+// into it (a full file system takes an empty file, not notice.json's bytes) and removes it.
 func checkWritable(dir string) error {
 	f, err := os.CreateTemp(dir, ".spotguard-probe-*")
 	if err != nil {
 		return err
 	}
 	name := f.Name()
-	f.Close()
-	return os.Remove(name)
+	_, err = f.Write(make([]byte, 4096))
+	err = errors.Join(err, f.Close())
+	return errors.Join(err, os.Remove(name))
 }

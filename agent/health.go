@@ -113,6 +113,11 @@ func (a *Agent) health(now time.Time) healthVerdict {
 				dir, p), "upload journal off")
 		}
 	}
+	if err := a.runtimeDirProblem.Load(); err != nil && a.coord.noticeFileProblem() == nil {
+		dir := a.cfg.Load().Agent.RuntimeDir
+		v.warn(fmt.Sprintf("agent.runtime_dir %s cannot be written (%v): at a notice, a trainer reading %s would find no notice and no deadline, and the upload journal cannot grow; free space there, fix its permissions, or set agent.runtime_dir",
+			dir, *err, NoticeFile), "runtime dir "+dir+" not writable")
+	}
 	if err := a.coord.noticeFileProblem(); err != nil {
 		dir := a.cfg.Load().Agent.RuntimeDir
 		v.warn(fmt.Sprintf("agent.runtime_dir %s cannot be written (%v): a trainer reading %s finds no notice and no deadline, and a restart sends uncommitted files again (no journal); fix its permissions or agent.runtime_dir",

@@ -418,6 +418,10 @@ func doctorMarkerBelow(dir string, entries []os.DirEntry, marker string) (top, b
 	return "", ""
 }
 
+// runtimeDirRoom is the free space below which doctor takes agent.runtime_dir for full: room for
+// notice.json and some lines of the journal.
+const runtimeDirRoom = 64 << 10
+
 // doctorRuntimeDir checks that agent.runtime_dir can be written (or created): notice.json, the
 // trainer's deadline, and the upload journal live there. It writes nothing: an existing directory
 // must be writable, a missing one creatable in the nearest directory above it that exists.
@@ -438,6 +442,14 @@ func doctorRuntimeDir(rep *doctorReport, cfg *agent.Config) {
 					what = dir + " cannot be created: " + probe + " is not writable"
 				}
 				rep.add("runtime_dir", doctorFail, what+" by this user ("+err.Error()+"): notice.json and the upload journal would be missing", fix)
+				return
+			}
+			var st unix.Statfs_t
+			if err := unix.Statfs(probe, &st); err == nil && (uint64(st.Bavail)*uint64(st.Bsize) < runtimeDirRoom || st.Files > 0 && st.Ffree == 0) {
+				// Writable, and full: notice.json's bytes would not fit (a tmpfs filled by
+				// something else).
+				rep.add("runtime_dir", doctorFail, fmt.Sprintf("%s is full (%d bytes, %d inodes free): notice.json and the upload journal could not be written",
+					probe, uint64(st.Bavail)*uint64(st.Bsize), st.Ffree), "free space in "+probe+", or set agent.runtime_dir")
 				return
 			}
 			what := dir + " is writable"
