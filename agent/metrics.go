@@ -258,11 +258,12 @@ func (c *healthCollector) Describe(ch chan<- *prometheus.Desc) {
 // two events, and a scrape must not hang on a stopped one.
 const uploadsStatusTimeout = time.Second
 
-// notCommitted counts the complete checkpoints in st that are not committed, and how long the
-// oldest of them has been complete at now (0 when none).
+// notCommitted counts the complete checkpoints in st that are not committed (withheld ones
+// too: their marker is there), and how long the oldest of them has been complete at now (0 when
+// none).
 func notCommitted(st checkpoint.UploaderStatus, now time.Time) (n int, oldest time.Duration) {
 	for _, c := range st.Checkpoints {
-		if !c.Complete || c.Committed {
+		if !(c.Complete || c.Withheld) || c.Committed {
 			continue
 		}
 		n++

@@ -2,11 +2,13 @@ package agent
 
 import (
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/spotguard/spotguard/agent/imds"
 	"github.com/spotguard/spotguard/agent/trainer"
+	"github.com/spotguard/spotguard/checkpoint"
 )
 
 // Counters whose labels are a fixed set are exported at 0 from the start, so that a rate or an
@@ -46,5 +48,21 @@ func TestFixedLabelCountersStartAtZero(t *testing.T) {
 				t.Errorf("%s{…=%q} is not exported at 0 from the start", name, v)
 			}
 		}
+	}
+}
+
+// A withheld checkpoint (its marker there, a file of it cannot be stored) is a complete checkpoint
+// not committed: before, the gauges left it out, and the alarm on
+// spotguard_checkpoint_not_committed_seconds never heard of it (found from outside).
+func TestNotCommittedCountsWithheldCheckpoints(t *testing.T) {
+	now := time.Now()
+	since := now.Add(-10 * time.Minute)
+	st := checkpoint.UploaderStatus{Checkpoints: []checkpoint.CheckpointStatus{
+		{Name: "step-1", Complete: true, Committed: true},
+		{Name: "step-2", Withheld: true, CompleteSince: &since},
+		{Name: "step-3"}, // being written
+	}}
+	if n, oldest := notCommitted(st, now); n != 1 || oldest != 10*time.Minute {
+		t.Errorf("notCommitted = %d, %v; want 1 (step-2, withheld), 10m0s", n, oldest)
 	}
 }

@@ -342,8 +342,9 @@ type generation struct {
 	complete           bool
 	completeSeen       time.Time // when the uploader learned it is complete
 	// withheld: its marker is there but it cannot be committed (CheckpointWithheld), until
-	// another Complete.
-	withheld bool
+	// another Complete; withheldAt: since when.
+	withheld   bool
+	withheldAt time.Time
 	// marker is the version of the marker its completeness rests on: its Complete's, or for a
 	// commit resumed from the journal, the one committed; zero for a single file, or none yet.
 	// stale, if not zero, is a version of the marker that no longer vouches for it: a file was
@@ -551,7 +552,8 @@ type CheckpointStatus struct {
 	Bytes       int64  `json:"bytes"`
 	BytesStored int64  `json:"bytes_stored"`
 	Complete    bool   `json:"complete"`
-	// CompleteSince is when the uploader learned that the checkpoint is complete.
+	// CompleteSince is when the uploader learned that the checkpoint is complete (or, for one
+	// withheld, when its marker came).
 	CompleteSince *time.Time `json:"complete_since,omitempty"`
 	Committed     bool       `json:"committed"`
 	// Withheld is true while its marker is there but it cannot be committed: a file of it
@@ -1673,7 +1675,7 @@ func (u *Uploader) handleWatch(ctx context.Context, ev WatchEvent) {
 			u.unstale(g)
 			g.marker = ev.ID
 		}
-		g.withheld = false
+		g.withheld, g.withheldAt = false, time.Time{}
 		if g.complete || g.state == genCommitted {
 			return
 		}
@@ -1730,6 +1732,9 @@ func (u *Uploader) handleWatch(ctx context.Context, ev WatchEvent) {
 			if g.complete {
 				u.markerGone(g) // its marker no longer vouches for it
 				u.markDirty(g)
+			}
+			if !g.withheld {
+				g.withheldAt = ev.At
 			}
 			g.withheld = true
 		}
@@ -2984,6 +2989,9 @@ func (u *Uploader) handleCommit(ctx context.Context, r commitResult) {
 		u.markDirty(g)
 	case errors.Is(r.notComplete, ErrNotStorable):
 		log.Error().Err(r.notComplete).Msg("checkpoint not committed: a file of it cannot be stored; waiting for its marker to be written again")
+		if !g.withheld {
+			g.withheldAt = time.Now()
+		}
 		g.complete, g.withheld = false, true
 		u.emit(UploadEvent{Kind: CheckpointWithheld, Checkpoint: g.name, At: g.completeSeen, Err: r.notComplete})
 	case r.notComplete != nil:
@@ -3219,8 +3227,12 @@ func (u *Uploader) status() UploaderStatus {
 		g := u.gens[name]
 		cs := CheckpointStatus{Name: name, Commit: g.commit, Files: len(g.files), Complete: g.complete, Committed: g.state == genCommitted,
 			Withheld: g.withheld && !g.complete}
-		if g.complete && !g.completeSeen.IsZero() {
+		switch {
+		case g.complete && !g.completeSeen.IsZero():
 			t := g.completeSeen
+			cs.CompleteSince = &t
+		case cs.Withheld && !g.withheldAt.IsZero():
+			t := g.withheldAt // its marker came then; it waits for a fix since
 			cs.CompleteSince = &t
 		}
 		for _, f := range g.files {

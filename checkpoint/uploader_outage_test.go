@@ -333,6 +333,12 @@ func TestUploaderFileMadeUnreadableAfterTheMarkerIsNotSaidToLeave(t *testing.T) 
 	if log := r.logs.String(); strings.Contains(log, "vanished") {
 		t.Errorf("warnings:\n%s\nwant none that b vanished: it is there, and the checkpoint is not committed", log)
 	}
+	// Withheld, it says since when it waits (the agent's not-committed gauges count it).
+	for _, c := range r.up.Status(t.Context()).Checkpoints {
+		if c.Name == "step-1" && (!c.Withheld || c.CompleteSince == nil) {
+			t.Errorf("status of step-1 = %+v; want withheld, with when its marker came", c)
+		}
+	}
 	// Readable again, the whole checkpoint is committed, b in it, and nothing said vanished.
 	if err := os.Chmod(filepath.Join(dir, "step-1", "b"), 0o644); err != nil {
 		t.Fatal(err)
