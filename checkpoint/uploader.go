@@ -240,6 +240,9 @@ type Uploader struct {
 	// trainer was last signalled for one (a stop waits for the checkpoint it writes).
 	active     []ActiveNotice
 	lastSignal time.Time
+	// reach is how long the trainer took, at the last signal whose save was committed, from the
+	// signal to that save's first file (its step boundary): part of every forecast since.
+	reach time.Duration
 	// signalAnswered: a checkpoint completed after lastSignal (or one begun after it vanished,
 	// deleted by the trainer or by hand); a stop no longer waits for a marker.
 	signalAnswered bool
@@ -3046,7 +3049,16 @@ func (u *Uploader) handleCommit(ctx context.Context, r commitResult) {
 		u.journal.add(journalLine{Op: journalDone, Checkpoint: g.name, Commit: g.commit, At: u.placeOf(m)})
 		u.sayVanished(g, m)
 		ev := UploadEvent{Kind: CheckpointCommitted, Checkpoint: g.name, At: time.Now(), Manifest: m}
+		if s := u.lastSignal; !s.IsZero() && !g.firstFileAt.Before(s) && g.firstFileAt.Sub(s) < reachMax {
+			// A save begun after the trainer was signalled: how long it took to begin.
+			u.reach = g.firstFileAt.Sub(s)
+		}
 		ev.Throughput, ev.Forecast = forecast(g, m)
+		var reachNote string
+		if ev.Forecast > 0 && u.reach > 0 {
+			ev.Forecast += u.reach
+			reachNote = fmt.Sprintf(" (%.0f s of it the trainer's, from its last signal to its save's first file)", u.reach.Seconds())
+		}
 		for _, mf := range m.Files {
 			if f := g.files[mf.Path]; f != nil && f.done != nil && f.done.checksum == mf.Checksum {
 				ev.SentWhileWritten += f.done.kept
@@ -3061,8 +3073,8 @@ func (u *Uploader) handleCommit(ctx context.Context, r commitResult) {
 		}
 		ev2.Int("files", len(m.Files)).Int64("bytes", m.TotalBytes).Bool("latest", r.latestMoved).
 			Float64("throughput_mb_per_s", ev.Throughput/1e6).Float64("durable_after_notice_forecast_s", logSeconds(ev.Forecast)).
-			Str("trigger", m.Trigger).
-			Msgf("%s committed; a checkpoint like this one would be durable %.0f s after a notice", what(m), ev.Forecast.Seconds())
+			Str("trigger", m.Trigger).Float64("signal_to_first_file_s", logSeconds(u.reach)).
+			Msgf("%s committed; a checkpoint like this one would be durable %.0f s after a notice%s", what(m), ev.Forecast.Seconds(), reachNote)
 		u.emit(ev)
 		if m.Part != nil {
 			u.trackSave(ctx, m)
@@ -3189,9 +3201,14 @@ func what(m *Manifest) string {
 	return "checkpoint"
 }
 
+// reachMax bounds what is taken for the trainer's time from its signal to its save's first file
+// (Uploader.reach): a save begun later is one of its own.
+const reachMax = 10 * time.Minute
+
 // forecast returns the checkpoint's upload throughput (bytes/s) and how long after a notice a
-// checkpoint like it would be durable: the trainer's write time (first file ready → complete) or
-// the time to send it all at this throughput, whichever is longer, plus the commit.
+// checkpoint like it would be durable once the trainer begins to write it: the trainer's write
+// time (first file ready → complete) or the time to send it all at this throughput, whichever is
+// longer, plus the commit. The caller adds the trainer's time to begin (Uploader.reach).
 func forecast(g *generation, m *Manifest) (float64, time.Duration) {
 	if g.uploadBusy <= 0 || m.TotalBytes == 0 || g.sent == 0 {
 		return 0, 0
