@@ -868,6 +868,8 @@ func restoreJudge(ctx context.Context, to *os.Root, m *Manifest, others []*Manif
 	}
 	files := map[string]*local{}
 	written := fi.ModTime()
+	var newest string      // the file modified last, in a directory
+	var markerAt time.Time // its marker's modification time
 	root := to
 	switch {
 	case m.SingleFile() && fi.Mode().IsRegular():
@@ -886,7 +888,10 @@ func restoreJudge(ctx context.Context, to *os.Root, m *Manifest, others []*Manif
 		for _, l := range found {
 			files[l.path] = &local{size: l.fi.Size()}
 			if l.fi.ModTime().After(written) {
-				written = l.fi.ModTime()
+				written, newest = l.fi.ModTime(), l.path
+			}
+			if l.path == marker {
+				markerAt = l.fi.ModTime()
 			}
 		}
 		if files[marker] == nil {
@@ -916,8 +921,17 @@ func restoreJudge(ctx context.Context, to *os.Root, m *Manifest, others []*Manif
 	}
 	// Some of m's own files and nothing else (a node's part of a multi-node checkpoint restored
 	// whole, files the trainer deleted since): m is all of it.
-	kind, what := "older", ""
-	if len(files) < len(m.Files) {
+	kind, what, held := "older", "", ""
+	if !markerAt.IsZero() && written.After(markerAt) {
+		// A file modified after the marker: a save into the name again (over a restored copy,
+		// or the trainer's own last save) cut short before its marker was written again, the
+		// files of two saves mixed. No save, whatever its times: an incomplete one, as the agent
+		// takes it (its marker no longer vouches for it).
+		kind, what = "incomplete", fmt.Sprintf("a save written into this name after its marker was there (%s modified %s, after its marker, %s): its marker does not vouch for it",
+			newest, at(written), at(markerAt))
+		held = "a save written into this name after its marker"
+	}
+	if len(files) < len(m.Files) && what == "" {
 		var in []File // m's files that are there, with their sizes
 		for _, f := range m.Files {
 			if l := files[f.Path]; l != nil && l.size == f.Size {
@@ -974,10 +988,11 @@ func restoreJudge(ctx context.Context, to *os.Root, m *Manifest, others []*Manif
 		what = fmt.Sprintf("an older save of this name was there (written %s, before commit %s completed, %s)", at(written), m.Commit, at(m.Order().At))
 	}
 	if ago := now.Sub(written); ago < incompleteQuiet {
+		if held == "" {
+			held = map[string]string{"older": "an older save of this name than commit " + m.Commit, "incomplete": "an incomplete copy of commit " + m.Commit}[kind]
+		}
 		return "", nil, &DestinationExistsError{Path: name, Recent: true,
-			msg: fmt.Sprintf("destination %s holds %s, modified %s ago: it may be being written; not moving it aside",
-				name, map[string]string{"older": "an older save of this name than commit " + m.Commit, "incomplete": "an incomplete copy of commit " + m.Commit}[kind],
-				ago.Round(time.Second))}
+			msg: fmt.Sprintf("destination %s holds %s, modified %s ago: it may be being written; not moving it aside", name, held, ago.Round(time.Second))}
 	}
 	return "", &restoreSave{kind: kind, fi: fi, what: what}, nil
 }

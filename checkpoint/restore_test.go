@@ -1473,6 +1473,13 @@ func TestRestoreJudgesASaveOfItsName(t *testing.T) {
 	delete(part, "optim/deep/er/__1_0.distcp")
 	single := func(body string) map[string]string { return map[string]string{"model.pt": body} }
 	linked := func(t *testing.T, p string) { restoreTestMust(t, os.Symlink("model.pt", filepath.Join(p, "link"))) }
+	// A save into the name again, cut short before its marker was written again: a file newer
+	// than the marker (found from outside: restore left such a mix as "a newer save", and the
+	// agent committed it as LATEST).
+	reSaved := func(t *testing.T, p string) {
+		at := restoreTestT0.Add(2 * time.Hour)
+		restoreTestMust(t, os.Chtimes(filepath.Join(p, "model.pt"), at, at))
+	}
 	before, after, now := restoreTestT0.Add(-30*time.Minute), restoreTestT0.Add(time.Hour), time.Now()
 	tests := []struct {
 		name    string
@@ -1486,6 +1493,8 @@ func TestRestoreJudgesASaveOfItsName(t *testing.T) {
 	}{
 		{"newer", "step-000100", other, after, nil, false, "newer", "a newer save of this name is there (written 2026-03-01T13:00:00Z, after commit"},
 		{"newer, written a moment ago", "step-000100", other, now, nil, false, "newer", "a newer save of this name is there"},
+		{"a file written after its marker", "step-000100", other, after, reSaved, false, "incomplete",
+			"a save written into this name after its marker was there (model.pt modified 2026-03-01T14:00:00Z, after its marker, 2026-03-01T13:00:00Z)"},
 		{"older", "step-000100", other, before, nil, false, "older", "an older save of this name was there (written 2026-03-01T11:30:00Z, before commit"},
 		{"the bytes of an older commit", "step-000100", older, after, nil, false, "older", "an older save of this name was there: the bytes of its commit " +
 			restoreTestCommitID("step-000100", restoreTestT0.Add(-time.Hour))},
