@@ -1012,6 +1012,15 @@ func restoreAside(to *os.Root, m *Manifest, save *restoreSave, marker string, no
 		}
 	}
 	aside := restoreAsideName(save.kind, m.Checkpoint, now)
+	for n := 2; ; n++ {
+		// Taken by a save moved aside in the same second (restores one after another): a
+		// rename would replace a file there (lost) or fail on a directory. (Two restores
+		// racing for one name between this look and the rename is left to the rename.)
+		if _, err := to.Lstat(aside); errors.Is(err, fs.ErrNotExist) {
+			break
+		}
+		aside = restoreAsideName(save.kind, m.Checkpoint, now) + "-" + strconv.Itoa(n)
+	}
 	switch err := to.Rename(m.Checkpoint, aside); {
 	case errors.Is(err, fs.ErrNotExist):
 		return place, nil

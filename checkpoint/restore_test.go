@@ -1604,3 +1604,39 @@ func restoreTestWrite(t *testing.T, dir string, files map[string]string, at time
 		return os.Chtimes(p, at, at)
 	}))
 }
+
+// Saves moved aside within one second of each other (a retry loop restoring again and again) got
+// one name: a single file moved over the one before, which was lost, and a directory failed to
+// move, with a misleading fix (found from outside). A name taken gets a number.
+func TestRestoreAsideNameTakenIsNotOverwritten(t *testing.T) {
+	s := newMemStore()
+	restoreTestCommit(t, s, restoreTestJob, "model.pt", restoreTestT0.Add(-time.Hour), map[string]string{"model.pt": "older weights"})
+	restoreTestCommit(t, s, restoreTestJob, "model.pt", restoreTestT0, map[string]string{"model.pt": "newest weights"})
+	restoreTestSetLatest(t, s, restoreTestJob, "model.pt")
+	_, to := restoreTestDirs(t)
+	p := filepath.Join(to, "model.pt")
+	restoreTestMust(t, os.WriteFile(p, []byte("the trainer's own save"), 0o644))
+	before := restoreTestT0.Add(-30 * time.Minute)
+	restoreTestMust(t, os.Chtimes(p, before, before))
+	// Earlier restores' saves, moved aside this second and the next two.
+	now := time.Now()
+	var taken []string
+	for i := range 3 {
+		q := filepath.Join(to, restoreAsideName("older", "model.pt", now.Add(time.Duration(i)*time.Second)))
+		restoreTestMust(t, os.WriteFile(q, []byte("kept"), 0o644))
+		taken = append(taken, q)
+	}
+	var log bytes.Buffer
+	res, err := Restore(t.Context(), s, restoreTestOpts(to, &log))
+	if err != nil || res.MovedAside == "" || slices.Contains(taken, res.MovedAside) {
+		t.Fatalf("Restore() = %+v, %v; want the save moved aside under a name of its own", res, err)
+	}
+	for _, q := range taken {
+		if b, err := os.ReadFile(q); err != nil || string(b) != "kept" {
+			t.Errorf("%s = %q, %v; want what an earlier restore moved aside, kept", q, b, err)
+		}
+	}
+	if b, err := os.ReadFile(res.MovedAside); err != nil || string(b) != "the trainer's own save" {
+		t.Errorf("moved aside = %q, %v; want the trainer's own save", b, err)
+	}
+}
