@@ -450,7 +450,7 @@ func restoreDeleted(ctx context.Context, s Store, m *Manifest, err error, run *r
 		return false
 	}
 	gone := false
-	rerr := run.retry(ctx, "manifest", func() (err error) {
+	rerr := run.retry(ctx, "manifest", func(ctx context.Context) (err error) {
 		gone, err = commitDeleted(ctx, s, m)
 		return err
 	})
@@ -470,7 +470,7 @@ func restoreResolve(ctx context.Context, s Store, opts RestoreOptions, run *rest
 	job, log := opts.Job, run.log
 	if opts.CommitSet {
 		var m *Manifest
-		err := run.retry(ctx, "manifest", func() (err error) {
+		err := run.retry(ctx, "manifest", func(ctx context.Context) (err error) {
 			m, err = ReadManifest(ctx, s, job, opts.Checkpoint, opts.Commit)
 			return err
 		})
@@ -480,7 +480,7 @@ func restoreResolve(ctx context.Context, s Store, opts RestoreOptions, run *rest
 		return m, nil, false, nil
 	}
 	var st *JobState
-	err = run.retry(ctx, "job", func() (err error) {
+	err = run.retry(ctx, "job", func(ctx context.Context) (err error) {
 		st, err = readJob(ctx, s, job, nil)
 		return err
 	})
@@ -1464,7 +1464,7 @@ func restoreFile(ctx context.Context, s Store, stage *os.Root, key string, f Fil
 	}
 	var first Checksum
 	for attempt := 1; ; attempt++ {
-		err := run.retry(ctx, "file", func() error { return s.Download(ctx, key, w, f.Size) })
+		err := run.retry(ctx, "file", func(ctx context.Context) error { return s.Download(ctx, key, w, f.Size) })
 		if err != nil {
 			if errors.Is(err, ErrNotFound) {
 				return fmt.Errorf("download file %q: %w: %w", f.Path, ErrDamaged, err)
@@ -1533,6 +1533,7 @@ type restoreRun struct {
 	mu           sync.Mutex // guards the log's writes and what follows
 	failing      int        // reads that failed and are being retried
 	failingSince time.Time  // when failing last went from 0 to 1
+	slowSaid     bool       // a read unanswered for restoreSlowRead was said (watchSlow)
 }
 
 // restoreOwner is a user and group that a restore makes what it writes belong to.

@@ -34,10 +34,18 @@ func restoreRetryDelay(attempt int) time.Duration {
 	return d/2 + rand.N(d/2+1)
 }
 
+// restoreSlowRead is how long a read of the job (its listings, LATEST, a manifest) may go
+// unanswered before the log says so, once: the S3 client's own attempts at a store that never
+// answers take minutes before the first failure. A variable for tests.
+var restoreSlowRead = 30 * time.Second
+
 // retry runs fn, one read of the store, until it succeeds, fails for a reason that does not
 // pass, or has failed for restoreRetryFor since its first failure; it waits restoreRetryDelay
 // between attempts. The SDK has retried each request of fn already (OpenStore: 10 attempts);
-// this rides out an outage longer than those. It returns:
+// this rides out an outage longer than those. After the first failure, an attempt at a read of
+// the job (what not "file": a download may rightly take longer) is cut at the end of
+// restoreRetryFor, so a store that never answers fails the restore then, not an attempt later.
+// It returns:
 //   - nil: fn succeeded (at once or after retries);
 //   - fn's error, as it is: it does not pass (restoreTransient false: access denied, no such
 //     bucket or key, a damaged or invalid object, a local error), or ctx ended;
@@ -47,17 +55,32 @@ func restoreRetryDelay(attempt int) time.Duration {
 //
 // The log gets one warning when the store starts failing (the first read of the restore to
 // fail while none is failing) and one line when it answers again (the last failing read
-// succeeded), not a line per attempt: reads that fail together are one outage.
-func (r *restoreRun) retry(ctx context.Context, what string, fn func() error) error {
+// succeeded), not a line per attempt: reads that fail together are one outage. A read of the
+// job unanswered for restoreSlowRead is a warning too, once a restore.
+func (r *restoreRun) retry(ctx context.Context, what string, fn func(context.Context) error) error {
 	var first time.Time
+	var last error
 	for attempt := 1; ; attempt++ {
-		err := fn()
+		actx, cancel := ctx, context.CancelFunc(func() {})
+		if !first.IsZero() && what != "file" {
+			actx, cancel = context.WithDeadline(ctx, first.Add(restoreRetryFor))
+		}
+		slow := r.watchSlow(what)
+		err := fn(actx)
+		slow()
+		cut := err != nil && actx.Err() != nil && ctx.Err() == nil
+		cancel()
+		if cut {
+			r.outageEnd(false)
+			return fmt.Errorf("the store kept failing for %.0f s (restore retries for %v): %w", time.Since(first).Seconds(), restoreRetryFor, last)
+		}
 		if err == nil || ctx.Err() != nil || !restoreTransient(err) {
 			if !first.IsZero() {
 				r.outageEnd(err == nil)
 			}
 			return err
 		}
+		last = err
 		now := time.Now()
 		if first.IsZero() {
 			first = now
@@ -77,6 +100,25 @@ func (r *restoreRun) retry(ctx context.Context, what string, fn func() error) er
 			return fmt.Errorf("%w while waiting to retry a failed read of the store (%v)", ctx.Err(), err)
 		}
 	}
+}
+
+// watchSlow says, once a restore, that a read of the job (what not "file") has gone unanswered
+// for restoreSlowRead, if it has by the time the returned function is called.
+func (r *restoreRun) watchSlow(what string) (stop func()) {
+	if what == "file" {
+		return func() {}
+	}
+	t := time.AfterFunc(restoreSlowRead, func() {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		if r.slowSaid {
+			return
+		}
+		r.slowSaid = true
+		r.log.Warn().Str("read", what).Float64("unanswered_s", logSeconds(restoreSlowRead)).Float64("retry_for_s", logSeconds(restoreRetryFor)).
+			Msg("the store has not answered a read of the job yet; restore keeps trying (the S3 client's own attempts, then up to retry_for_s more)")
+	})
+	return func() { t.Stop() }
 }
 
 // outageBegin counts one more read that is failing, and logs the outage if it is the first.

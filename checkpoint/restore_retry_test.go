@@ -340,3 +340,65 @@ func TestRestoreS3FailsFastOnAuthAndBucket(t *testing.T) {
 		})
 	}
 }
+
+// restoreHangStore is a memStore whose reads of the job (listings, GetBytes) go unanswered: each
+// ends after the S3 client's attempts would have (attempts), with a timeout, or when ctx ends.
+type restoreHangStore struct {
+	*memStore
+	attempts time.Duration
+}
+
+func (s *restoreHangStore) hang(ctx context.Context) error {
+	select {
+	case <-time.After(s.attempts):
+		return fmt.Errorf("operation error S3: ListObjectsV2, exceeded maximum number of attempts, 10, https response error: %w",
+			&smithyhttp.RequestSendError{Err: &net.OpError{Op: "read", Net: "tcp", Err: os.ErrDeadlineExceeded}})
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (s *restoreHangStore) GetBytes(ctx context.Context, key string) ([]byte, string, error) {
+	return nil, "", s.hang(ctx)
+}
+
+func (s *restoreHangStore) ListDir(ctx context.Context, prefix string) ([]string, []ObjectInfo, error) {
+	return nil, nil, s.hang(ctx)
+}
+
+// A store that never answers: restore said nothing until the S3 client's attempts failed (214 s),
+// then tried again for 5 minutes, attempt by attempt, failing after 627 s, where the docs say 5
+// minutes from the first failure (found from outside). It now says at 30 s that the store has not
+// answered, and fails restoreRetryFor after the first failure.
+func TestRestoreStoreThatNeverAnswers(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		mem := newMemStore()
+		restoreTestCommit(t, mem, restoreTestJob, "step-000100", restoreTestT0, restoreTestFiles(1))
+		restoreTestSetLatest(t, mem, restoreTestJob, "step-000100")
+		s := &restoreHangStore{memStore: mem, attempts: 200 * time.Second}
+		_, to := restoreTestDirs(t)
+		log := &rigLog{}
+		start := time.Now()
+		done := make(chan error, 1)
+		go func() {
+			_, err := Restore(t.Context(), s, RestoreOptions{Job: restoreTestJob, To: to, Logger: zerolog.New(log)})
+			done <- err
+		}()
+		<-time.After(restoreSlowRead + time.Second) // on the fake clock of the bubble
+		synctest.Wait()
+		if n := strings.Count(log.String(), "the store has not answered a read of the job yet"); n != 1 {
+			t.Errorf("%d lines that the store has not answered, %v after the start; want 1:\n%s", n, time.Since(start), log)
+		}
+		err := <-done
+		took := time.Since(start)
+		if err == nil || !strings.Contains(err.Error(), "kept failing") {
+			t.Errorf("Restore() = %v; want the store kept failing", err)
+		}
+		if want := s.attempts + restoreRetryFor; took > want+time.Second {
+			t.Errorf("failed after %v; want by %v (the client's attempts, then restoreRetryFor)", took, want)
+		}
+		if n := strings.Count(log.String(), "the store has not answered a read of the job yet"); n != 1 {
+			t.Errorf("%d lines that the store has not answered; want 1, once a restore", n)
+		}
+	})
+}
