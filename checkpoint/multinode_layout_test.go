@@ -382,3 +382,39 @@ func TestListSaysARankClaimedAgainstACommittedSave(t *testing.T) {
 		t.Errorf("CheckJob = %v; want a violation naming the double claim", v)
 	}
 }
+
+// A save of this node's whose other parts never came, while a newer save of this node's made a
+// job checkpoint (a slower node's trainer deleted the older save before its part went): given up
+// after part_wait, it was an error and a job checkpoint failure, /healthz 503 until the next job
+// commit, saying LATEST "stays where it is" while it was on the newer one (found from outside).
+// Overtaken, it is a warning, and no failure.
+func TestMultiNodeSaveOvertakenByANewerJobCheckpointIsNoFailure(t *testing.T) {
+	store := newMemStore()
+	r := startUploaderWith(t, t.TempDir(), store, UploaderConfig{NodeRank: 0, WorldNodes: 2, PartWait: 2 * time.Second,
+		Host: func() Host { return Host{InstanceID: "i-node0"} }})
+	files := withoutMarker(nodeFiles(t, 0, []byte("c")))
+	writeCheckpoint(t, r.dir, "step-000010", files)
+	r.waitPart("step-000010")
+	writeCheckpoint(t, r.dir, "step-000011", files)
+	p := r.waitPart("step-000011")
+	putPart(t, store, "step-000011", 1, 2, "i-node1", withoutMarker(nodeFiles(t, 1, []byte("c"))), p.Order().At, time.Now())
+	var failed []string
+	deadline := time.After(20 * time.Second)
+	for !strings.Contains(r.logs.String(), "job checkpoint not committed, overtaken") {
+		select {
+		case ev := <-r.events:
+			if ev.Kind == JobCheckpointFailed {
+				failed = append(failed, ev.Checkpoint+": "+ev.Err.Error())
+			}
+		case <-deadline:
+			t.Fatalf("step-000010 not said to be overtaken within 20 s; failures %v\n%s", failed, r.logs)
+		case <-time.After(10 * time.Millisecond): // the log is polled
+		}
+	}
+	if len(failed) > 0 {
+		t.Errorf("job checkpoint failures %v; want none: step-000010 was overtaken by step-000011", failed)
+	}
+	if cs, _, err := ListCommitted(t.Context(), store, "job"); err != nil || len(cs) != 1 || cs[0].Manifest.Checkpoint != "step-000011" {
+		t.Errorf("committed %v, %v; want step-000011's job checkpoint", cs, err)
+	}
+}

@@ -266,6 +266,9 @@ type Uploader struct {
 
 	// saves are this node's parts whose save is not committed yet, by commit (multi-node).
 	saves map[string]*pendingSave
+	// ownJobNewest is when this node's part of the newest job checkpoint committed that it
+	// knows of completed: a save of this node's older than that, given up, was overtaken.
+	ownJobNewest time.Time
 	// lastOwn is the last single-node commit this agent made (checkSplit); splitSaid holds the
 	// commits said to be pieces of a save committed in pieces, with their completion.
 	lastOwn   *Manifest

@@ -96,6 +96,9 @@ func (u *Uploader) saveDone(ctx context.Context, ps *pendingSave, r saveResult) 
 		delete(u.saves, p.Commit)
 		m := r.job
 		u.learn(m.Order())
+		if at := p.Order().At; at.After(u.ownJobNewest) {
+			u.ownJobNewest = at
+		}
 		if !slices.ContainsFunc(u.index[m.Checkpoint], func(x *Manifest) bool { return x.Commit == m.Commit }) {
 			u.index[m.Checkpoint] = append([]*Manifest{m}, u.index[m.Checkpoint]...)
 		}
@@ -169,6 +172,14 @@ func (u *Uploader) saveDone(ctx context.Context, ps *pendingSave, r saveResult) 
 				what = fmt.Sprintf("%s within part_wait (%v) (last said: %s)", what, u.cfg.PartWait, ps.lastErr)
 			} else {
 				what = fmt.Sprintf("%s within part_wait (%v)", what, u.cfg.PartWait)
+			}
+			if u.ownJobNewest.After(p.Order().At) {
+				// A newer save of this node's is committed for the job: this one was overtaken
+				// (the trainer deleted it on a slower node before its part went), and a save
+				// older than LATEST's is never committed anyway. No failure.
+				log.Warn().Str("why", what).Time("newer_own_part_complete_at", u.ownJobNewest).
+					Msg("job checkpoint not committed, overtaken: a newer save of this node's is committed for the job")
+				return
 			}
 			err := fmt.Errorf("checkpoint %s: %s; it is not committed for the job (LATEST stays where it is)", p.Checkpoint, what)
 			log.Error().Err(err).Msg("job checkpoint given up")
