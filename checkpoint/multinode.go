@@ -780,8 +780,11 @@ func (is IncompleteSave) ranks(sep string) string {
 func (is IncompleteSave) describe() string {
 	msg := fmt.Sprintf("multi-node save of %s, completed at %s, is not committed: parts %d/%d in (nodes %s)",
 		is.Checkpoint, is.Newest.UTC().Format(time.RFC3339), len(is.Ranks), is.WorldNodes, is.ranks(", "))
-	if is.Problem != "" {
+	switch {
+	case is.Problem != "":
 		return msg + ", and it never will be as it is: " + is.Problem
+	case len(is.Ranks) == is.WorldNodes:
+		return msg + ": every node's part is in, but they do not make one save (`spotguard list`; the agents' logs say why)"
 	}
 	return msg + "; its other nodes' parts are not in the store (`spotguard list`)"
 }
@@ -813,6 +816,31 @@ func saveProblems(parts []*Manifest) []string {
 			claimed[r] = true
 			problems = append(problems, fmt.Sprintf("node rank %d is claimed by two instances, %s and %s: is store.node_rank set twice?",
 				r, describeHost(cur.Host), describeHost(p.Host)))
+		}
+	}
+	// One path in the parts of two nodes with different bytes (the marker's token, a config
+	// every node writes): as assembleSave finds it, the parts are not one save. Only where each
+	// rank has one part here: with two of a rank (saves close together), another grouping may
+	// still make one.
+	if len(byRank) != len(parts) {
+		return problems
+	}
+	first := map[string]*Manifest{}
+	firstFile := map[string]File{}
+	said := map[string]bool{}
+	for _, r := range slices.Sorted(maps.Keys(byRank)) {
+		p := byRank[r]
+		for _, f := range p.Files {
+			q, ok := first[f.Path]
+			if !ok {
+				first[f.Path], firstFile[f.Path] = p, f
+				continue
+			}
+			if g := firstFile[f.Path]; (g.Size != f.Size || g.Checksum != f.Checksum) && !said[f.Path] && len(said) < 3 {
+				said[f.Path] = true
+				problems = append(problems, fmt.Sprintf("%s is in the parts of node %d and node %d with different bytes: not one save (is the marker written on every node once the save returned everywhere, with the same token?)",
+					f.Path, q.Part.NodeRank, p.Part.NodeRank))
+			}
 		}
 	}
 	return problems

@@ -418,3 +418,30 @@ func TestMultiNodeSaveOvertakenByANewerJobCheckpointIsNoFailure(t *testing.T) {
 		t.Errorf("committed %v, %v; want step-000011's job checkpoint", cs, err)
 	}
 }
+
+// Every node's part in, one path with different bytes in two of them (the nodes' markers with
+// other tokens, a config written differently): restore said "its other nodes' parts are not in
+// the store", and list gave no reason (found from outside). Both say what is wrong.
+func TestIncompleteSaveWithEveryPartInSaysWhy(t *testing.T) {
+	store := newMemStore()
+	now := time.Now().Add(-time.Minute)
+	putPart(t, store, "step-000100", 0, 2, "i-node0", map[string][]byte{"shard-0.bin": []byte("0"), "_COMPLETE": []byte("token-a")}, now, now)
+	putPart(t, store, "step-000100", 1, 2, "i-node1", map[string][]byte{"shard-1.bin": []byte("1"), "_COMPLETE": []byte("token-b")}, now, now)
+	inc, err := ListIncomplete(t.Context(), store, "job")
+	if err != nil || len(inc) != 1 || !strings.Contains(inc[0].Problem, "_COMPLETE is in the parts of node 0 and node 1 with different bytes") {
+		t.Fatalf("ListIncomplete = %+v, %v; want the save, its problem the marker's bytes", inc, err)
+	}
+	_, err = Restore(t.Context(), store, RestoreOptions{Job: "job", To: t.TempDir(), Logger: zerolog.Nop()})
+	if err == nil || strings.Contains(err.Error(), "parts are not in the store") || !strings.Contains(err.Error(), "different bytes") {
+		t.Errorf("Restore = %v; want it to say why the parts are no save, not that they are missing", err)
+	}
+	// Two parts of one rank close together (a name saved again 10 s later, the other node slower): no
+	// problem, the other node's next part may still come.
+	store = newMemStore()
+	putPart(t, store, "step-000200", 0, 2, "i-node0", map[string][]byte{"_COMPLETE": []byte("token-a")}, now, now)
+	putPart(t, store, "step-000200", 0, 2, "i-node0", map[string][]byte{"_COMPLETE": []byte("token-b")}, now.Add(10*time.Second), now.Add(10*time.Second))
+	putPart(t, store, "step-000200", 1, 2, "i-node1", map[string][]byte{"_COMPLETE": []byte("token-a")}, now, now)
+	if inc, err := ListIncomplete(t.Context(), store, "job"); err != nil || slices.ContainsFunc(inc, func(is IncompleteSave) bool { return is.Problem != "" }) {
+		t.Errorf("ListIncomplete = %+v, %v; want no problem", inc, err)
+	}
+}
