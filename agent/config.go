@@ -865,12 +865,16 @@ func (c *Config) Warnings() []Warning {
 		})
 	}
 	for _, p := range []struct {
-		key string
-		d   time.Duration
-	}{{"imds.poll_interval", c.IMDS.PollInterval}, {"imds.spot_poll_interval", c.IMDS.SpotPollInterval}} {
+		key, what string
+		d         time.Duration
+	}{
+		// imds.spot_poll_interval polls the spot notice; imds.poll_interval the others.
+		{"imds.poll_interval", "a rebalance recommendation, a scheduled event or an ASG termination may be seen %s late (an ASG termination gives 2 minutes too)", c.IMDS.PollInterval},
+		{"imds.spot_poll_interval", "a spot notice may be seen %s late, out of the 2 minutes it gives", c.IMDS.SpotPollInterval},
+	} {
 		if p.d > WarnPollInterval && p.d <= MaxPollInterval { // above it, a problem
 			w = append(w, Warning{
-				Text: fmt.Sprintf("%s: %s: a notice may be seen %s late, out of the 2 minutes a spot notice gives", p.key, p.d, p.d),
+				Text: fmt.Sprintf("%s: %s: "+p.what, p.key, p.d, p.d),
 				Fix:  fmt.Sprintf("set %s to %s (the default) or less", p.key, defaultOf(p.key)),
 			})
 		}

@@ -349,7 +349,7 @@ func TestValidateGoodValuesAndWarnings(t *testing.T) {
 		t.Errorf("imds = %+v", c.IMDS)
 	}
 	w := c.Warnings()
-	if len(w) != 1 || !strings.HasPrefix(w[0].Text, "imds.poll_interval: 5s: a notice may be seen 5s late") || w[0].Fix != "set imds.poll_interval to 1s (the default) or less" {
+	if len(w) != 1 || !strings.HasPrefix(w[0].Text, "imds.poll_interval: 5s: a rebalance recommendation, a scheduled event or an ASG termination may be seen 5s late") || w[0].Fix != "set imds.poll_interval to 1s (the default) or less" {
 		t.Errorf("Warnings() = %q; want one for imds.poll_interval", w)
 	}
 	if w := mustLoad(t, LoadOptions{}).Warnings(); len(w) != 0 {

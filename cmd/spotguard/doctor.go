@@ -226,8 +226,15 @@ func doctorIMDS(ctx context.Context, rep *doctorReport, cfg *agent.Config, g imd
 		notices, err := w.Check(ctx, src)
 		switch {
 		case err != nil && errors.Is(err, imds.ErrMalformed):
+			what := "a body that cannot be read is a failed read: while it lasts, this source's notices are not seen"
+			switch src {
+			case imds.SourceSpot:
+				what = "a spot body that cannot be read counts as a notice 2 minutes out"
+			case imds.SourceScheduled:
+				what = "a scheduled event that cannot be read counts as due at once"
+			}
 			rep.add(name, doctorFail, fmt.Sprintf("%s answers with a body that cannot be parsed: %v", src.Path(), err),
-				"is imds.endpoint a real IMDS? (a spot body that cannot be read counts as a notice 2 minutes out)")
+				"is imds.endpoint a real IMDS? ("+what+")")
 		case err != nil:
 			rep.add(name, doctorFail, fmt.Sprintf("%s fails: %v; its notices would not be seen", src.Path(), err),
 				"check the instance's metadata options (aws ec2 describe-instances ... MetadataOptions) and any firewall in front of "+endpoint)

@@ -133,8 +133,8 @@ func TestDoctorConfigWarningsSayTheirFix(t *testing.T) {
 		text, fix string
 	}{
 		{[]string{"--http.listen", "0.0.0.0:9402"}, "http.listen: 0.0.0.0:9402: not a loopback address", "keep http.listen on 127.0.0.1 (the default) or [::1]"},
-		{[]string{"--imds.poll_interval", "3s"}, "imds.poll_interval: 3s: a notice may be seen 3s late", "set imds.poll_interval to 1s (the default) or less"},
-		{[]string{"--imds.spot_poll_interval", "3s"}, "imds.spot_poll_interval: 3s: a notice may be seen 3s late", "set imds.spot_poll_interval to 250ms (the default) or less"},
+		{[]string{"--imds.poll_interval", "3s"}, "imds.poll_interval: 3s: a rebalance recommendation, a scheduled event or an ASG termination may be seen 3s late", "set imds.poll_interval to 1s (the default) or less"},
+		{[]string{"--imds.spot_poll_interval", "3s"}, "imds.spot_poll_interval: 3s: a spot notice may be seen 3s late", "set imds.spot_poll_interval to 250ms (the default) or less"},
 	} {
 		r := newDoctorRig(t)
 		code, out := r.run(t, append(tc.args, "--json")...)
@@ -393,5 +393,24 @@ func TestDoctorCheckpointDirTooHigh(t *testing.T) {
 				t.Errorf("fix %q; want checkpoint.dir %s", rep.Checks[0].Fix, filepath.Join(dir, "run1"))
 			}
 		})
+	}
+}
+
+// A notice source answering with a body that cannot be parsed fails, and the fix line says what
+// the agent makes of such a body for that source: before, every source's said a spot body's
+// rule (a notice 2 minutes out), which is not what a garbled rebalance or ASG answer does (found
+// from outside).
+func TestDoctorGarbledSourceSaysWhatTheAgentMakesOfIt(t *testing.T) {
+	for _, tc := range []struct{ path, want string }{
+		{"spot/instance-action", "a spot body that cannot be read counts as a notice 2 minutes out"},
+		{"events/maintenance/scheduled", "a scheduled event that cannot be read counts as due at once"},
+		{"events/recommendations/rebalance", "while it lasts, this source's notices are not seen"},
+	} {
+		r := newDoctorRig(t)
+		r.imds.bodies[tc.path] = "<html>proxy error</html>"
+		code, out := r.run(t)
+		if code != exitFail || !strings.Contains(out, "answers with a body that cannot be parsed") || !strings.Contains(out, tc.want) {
+			t.Errorf("doctor with %s garbled: exit %d\n%s\nwant %d, the fix saying %q", tc.path, code, out, exitFail, tc.want)
+		}
 	}
 }
