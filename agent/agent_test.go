@@ -563,7 +563,8 @@ func TestCheckpointMissingByTheDeadlineIsSaid(t *testing.T) {
 		t.Run(tc, func(t *testing.T) {
 			tr := startShTrainer(t, true)
 			dir := t.TempDir()
-			ta := startAgentWith(t, fileStores, "SPOTGUARD_TRAINER_PIDFILE="+tr.pidfile, "SPOTGUARD_CHECKPOINT_DIR="+dir,
+			cw := &recordingCW{}
+			ta := startAgentWith(t, func(d *Deps) { fileStores(d); d.CloudWatch = cw }, "SPOTGUARD_TRAINER_PIDFILE="+tr.pidfile, "SPOTGUARD_CHECKPOINT_DIR="+dir,
 				"SPOTGUARD_STORE_URL=file://"+t.TempDir(), "SPOTGUARD_STORE_JOB=j", "SPOTGUARD_AGENT_STOP_BUDGET=1s")
 			deadline := time.Now().Add(2 * time.Second).UTC().Truncate(time.Second).Add(time.Second)
 			ta.imds.set("spot/instance-action", `{"action": "terminate", "time": "`+deadline.Format(time.RFC3339)+`"}`)
@@ -613,6 +614,20 @@ func TestCheckpointMissingByTheDeadlineIsSaid(t *testing.T) {
 			if n := m.GetCounter().GetValue(); n != 1 {
 				t.Errorf("spotguard_notice_checkpoint_missing_total{spot,%s} = %v; want 1", reason, n)
 			}
+			// And CloudWatch hears of it: no NoticeToDurableSeconds comes for this notice, so the
+			// alarms on it had nothing to fire on (found from outside).
+			eventually(t, "CheckpointMissing sent to CloudWatch", func() bool {
+				cw.mu.Lock()
+				defer cw.mu.Unlock()
+				for _, c := range cw.calls {
+					for _, d := range c.data {
+						if d.name == "CheckpointMissing" && slices.Contains(d.dims, "Source=spot") && slices.Contains(d.dims, "Reason="+reason) {
+							return true
+						}
+					}
+				}
+				return false
+			})
 			// A checkpoint that comes late is still followed.
 			os.MkdirAll(filepath.Join(dir, "step-1"), 0o755)
 			os.WriteFile(filepath.Join(dir, "step-1", "w.bin"), []byte("weights"), 0o644)

@@ -366,7 +366,7 @@ func (c *Coordinator) onUpload(ev checkpoint.UploadEvent) {
 				c.transition(ns, StateCheckpointMissing, ch.detail)
 				continue
 			}
-			c.metrics.checkpointMissing.WithLabelValues(string(ns.Source), ch.detail).Inc()
+			c.countMissing(ns, ch.detail)
 			msg := "the checkpoint written for this notice was deleted before it was committed, and none completed since: " +
 				"only checkpoints committed before (or still being uploaded) will be there to restore; keep the newest checkpoints on disk until they are committed"
 			if ch.detail == missingWithheld {

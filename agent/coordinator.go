@@ -1311,6 +1311,15 @@ func (c *Coordinator) rewriteNoticeFile(cfg *Config, active []*NoticeStatus) {
 // story reaches CloudWatch before the instance is gone. They are in the default set, with
 // aggregate copies (metrics.cloudwatch_aggregate): a fleet's notices and margins in one series.
 // It never waits on the sink.
+// countMissing counts ns's checkpoint gone missing, for reason: the metric, and CloudWatch's one
+// datum of such a notice (no NoticeToDurableSeconds or DeadlineMarginSeconds comes for it, so an
+// alarm on those has nothing to fire on).
+func (c *Coordinator) countMissing(ns *NoticeStatus, reason string) {
+	c.metrics.checkpointMissing.WithLabelValues(string(ns.Source), reason).Inc()
+	c.record(metrics.Datum{Name: "CheckpointMissing", Unit: metrics.UnitCount, Value: 1,
+		Dimensions: map[string]string{"Source": string(ns.Source), "Reason": reason}})
+}
+
 func (c *Coordinator) record(ds ...metrics.Datum) {
 	if c.sink == nil {
 		return
@@ -1449,7 +1458,7 @@ func (c *Coordinator) checkMissing(now time.Time) {
 			c.transition(ns, StateCheckpointMissing, reason)
 			continue
 		}
-		c.metrics.checkpointMissing.WithLabelValues(string(ns.Source), reason).Inc()
+		c.countMissing(ns, reason)
 		ev := c.log.Error().Str("notice", ns.Key).Str("reason", reason)
 		since := "since the trainer was signalled for this notice"
 		if m.signalledAt.IsZero() {
