@@ -864,6 +864,12 @@ func (c *Config) Warnings() []Warning {
 			Fix:  "keep http.listen on 127.0.0.1 (the default) or [::1]",
 		})
 	}
+	if c.Store.WorldNodes > 1 && c.Checkpoint.Marker == ".metadata" {
+		w = append(w, Warning{
+			Text: fmt.Sprintf("checkpoint.marker: .metadata with store.world_nodes %d: DCP writes .metadata on node 0 only, so the other nodes' saves never complete and no job checkpoint is ever committed", c.Store.WorldNodes),
+			Fix:  "set checkpoint.marker to _COMPLETE on every node, written by each node's local rank 0 once dcp.save returns (docs/multinode.md)",
+		})
+	}
 	for _, p := range []struct {
 		key, what string
 		d         time.Duration

@@ -355,6 +355,15 @@ func TestValidateGoodValuesAndWarnings(t *testing.T) {
 	if w := mustLoad(t, LoadOptions{}).Warnings(); len(w) != 0 {
 		t.Errorf("Warnings() of the defaults = %q; want none", w)
 	}
+	// DCP's .metadata as the marker of a multi-node job: node 0 alone has it, and nothing is
+	// ever committed; before, config said nothing (found from outside).
+	w = mustLoad(t, LoadOptions{Environ: []string{"SPOTGUARD_CHECKPOINT_MARKER=.metadata", "SPOTGUARD_STORE_WORLD_NODES=2"}}).Warnings()
+	if len(w) != 1 || !strings.Contains(w[0].Text, "DCP writes .metadata on node 0 only") || !strings.Contains(w[0].Fix, "_COMPLETE") {
+		t.Errorf("Warnings() with .metadata in a 2-node job = %q; want one, saying to use _COMPLETE", w)
+	}
+	if w := mustLoad(t, LoadOptions{Environ: []string{"SPOTGUARD_CHECKPOINT_MARKER=.metadata"}}).Warnings(); len(w) != 0 {
+		t.Errorf("Warnings() with .metadata in a single-node job = %q; want none", w)
+	}
 }
 
 // A key set twice, or a section written twice, is a problem naming both lines: a YAML parser
