@@ -216,6 +216,12 @@ func TestRestoreNoCreate(t *testing.T) {
 	if code != exitUsage || !strings.Contains(stderr, "--to DIR is required when checkpoint.dir is not set") {
 		t.Errorf("restore with neither --to nor checkpoint.dir: exit %d %q", code, stderr)
 	}
+	// Without --allow-empty, nothing committed fails, and the fix names it (found from outside:
+	// the error said nothing of it).
+	code, _, stderr = runCLI(t, t.Context(), env, "restore", "--config", cfgPath, "--to", to)
+	if code != exitFail || !strings.Contains(stderr, "if this is the job's first run, --allow-empty exits 0") {
+		t.Errorf("restore with nothing committed: exit %d %q; want 1, the fix naming --allow-empty", code, stderr)
+	}
 }
 
 // A missing directory in a mount point is a fresh disk: allowed. /proc is one on every Linux.

@@ -210,6 +210,11 @@ func runRestore(ctx context.Context, args, environ []string, stdout, stderr io.W
 			notFound = fmt.Sprintf("job %s has no valid commit of checkpoint %q in %s: `spotguard list` shows the job's checkpoints and commits", cfg.Store.Job, *name, store.URL())
 		}
 		restoreHint(stderr, cfg.Store.URL, *to, err, notFound, need.Load(), freeSpace)
+		if errors.Is(err, checkpoint.ErrNothingToRestore) && *name == "" {
+			// A first run has nothing to restore: a boot-time restore should not fail on it.
+			fmt.Fprintf(stderr, "spotguard restore: fix: if this is the job's first run, --allow-empty exits 0 with nothing to restore\n"+
+				"(spotguard-restore.service passes it); otherwise check store.url and store.job against the agent's\n")
+		}
 		if de, ok := errors.AsType[*checkpoint.DestinationExistsError](err); ok && de.Recent {
 			fmt.Fprintf(stderr, "spotguard restore: fix: stop what writes %s (a trainer saving into that name) and run restore again;\n"+
 				"a save left alone for a minute, incomplete or older than the commit, is moved aside, and the commit put in its place\n", de.Path)
