@@ -242,7 +242,8 @@ type Uploader struct {
 	lastSignal time.Time
 	// reach is how long the trainer took, at the last signal whose save was committed, from the
 	// signal to that save's first file (its step boundary): part of every forecast since.
-	reach time.Duration
+	reach   time.Duration
+	reachOf time.Time // the signal reach was measured at
 	// signalAnswered: a checkpoint completed after lastSignal (or one begun after it vanished,
 	// deleted by the trainer or by hand); a stop no longer waits for a marker.
 	signalAnswered bool
@@ -3053,8 +3054,12 @@ func (u *Uploader) handleCommit(ctx context.Context, r commitResult) {
 		u.sayVanished(g, m)
 		ev := UploadEvent{Kind: CheckpointCommitted, Checkpoint: g.name, At: time.Now(), Manifest: m}
 		if s := u.lastSignal; !s.IsZero() && !g.firstFileAt.Before(s) && g.firstFileAt.Sub(s) < reachMax {
-			// A save begun after the trainer was signalled: how long it took to begin.
-			u.reach = g.firstFileAt.Sub(s)
+			// A save begun after the trainer was signalled: how long it took to begin. The first
+			// one after the signal is its answer; one the trainer made later on its own (a
+			// periodic save minutes after) is not.
+			if d := g.firstFileAt.Sub(s); !u.reachOf.Equal(s) || d < u.reach {
+				u.reach, u.reachOf = d, s
+			}
 		}
 		ev.Throughput, ev.Forecast = forecast(g, m)
 		var reachNote string
