@@ -1334,7 +1334,11 @@ func (u *Uploader) commit(ctx context.Context, c commitJob) commitResult {
 				continue
 			}
 			// Still there? Retention (ours or another agent's) may have deleted it.
-			_, _, err := u.cfg.Store.GetBytes(ctx, ManifestKey(m.Job, m.Checkpoint, m.Commit))
+			key := ManifestKey(m.Job, m.Checkpoint, m.Commit)
+			if m.Part != nil {
+				key = PartKey(m.Job, m.Checkpoint, m.Commit)
+			}
+			_, _, err := u.cfg.Store.GetBytes(ctx, key)
 			switch {
 			case err == nil:
 				return commitResult{manifest: m, adopted: true}
@@ -1491,6 +1495,10 @@ func (u *Uploader) commit(ctx context.Context, c commitJob) commitResult {
 // A node of a multi-node job never takes a single-node commit (one a node left at world_nodes 1
 // wrote) for its part.
 func (u *Uploader) matchesDone(m *Manifest, done map[string]doneFile) bool {
+	if m.Part != nil {
+		// A part (ownParts): this node's, of this job's world, with exactly these files.
+		return u.cfg.WorldNodes > 1 && *m.Part == (Part{NodeRank: u.cfg.NodeRank, WorldNodes: u.cfg.WorldNodes}) && sameAsDone(m.Files, done)
+	}
 	if u.cfg.WorldNodes > 1 && m.Parts == nil {
 		return false
 	}

@@ -3,6 +3,7 @@ package checkpoint
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"slices"
 	"strings"
@@ -444,4 +445,49 @@ func TestIncompleteSaveWithEveryPartInSaysWhy(t *testing.T) {
 	if inc, err := ListIncomplete(t.Context(), store, "job"); err != nil || slices.ContainsFunc(inc, func(is IncompleteSave) bool { return is.Problem != "" }) {
 		t.Errorf("ListIncomplete = %+v, %v; want no problem", inc, err)
 	}
+}
+
+// A node whose disk comes back without its journal (a reboot, or a new instance given the old
+// volume) holds a checkpoint whose part it sent before, in a save not committed yet. It sent the
+// same bytes again as another part of its rank: under a new instance id, the two parts were two
+// instances claiming one rank, a conflict on every node, and the save was never committed
+// (found from outside). It now finds its part in the store, sends nothing, and the save is
+// committed once the other node's part comes.
+func TestMultiNodeNodeBackWithoutItsJournalFindsItsPart(t *testing.T) {
+	store := newMemStore()
+	config := []byte("c")
+	files := nodeFiles(t, 1, config) // the marker among them, empty, as writeCheckpoint writes it
+	at := time.Now().Add(-10 * time.Second)
+	old := putPart(t, store, "step-000100", 1, 2, "i-old", files, at, at)
+	r := startUploaderWith(t, t.TempDir(), store, UploaderConfig{NodeRank: 1, WorldNodes: 2, PartWait: time.Minute, // a look every 2 s
+		Host: func() Host { return Host{InstanceID: "i-new"} }})
+	writeCheckpoint(t, r.dir, "step-000100", withoutMarker(maps.Clone(files))) // the part's bytes, on the disk
+	if ev := r.waitCommitted("step-000100"); ev.Manifest.Commit != old.Commit || !ev.Already {
+		t.Errorf("step-000100 committed as %s (already %v); want node 1's part in the store, %s, found", ev.Manifest.Commit, ev.Already, old.Commit)
+	}
+	putPart(t, store, "step-000100", 0, 2, "i-node0", withoutMarker(nodeFiles(t, 0, config)), at, time.Now())
+	ev := r.waitEvent(JobCheckpointCommitted, "step-000100")
+	if ev.Manifest == nil || len(ev.Manifest.Parts) != 2 || ev.Manifest.Parts[1].Commit != old.Commit {
+		t.Fatalf("job checkpoint %+v; want node 1's part the one in the store, %s", ev.Manifest, old.Commit)
+	}
+	if ps := openPartsOf(t, store, "step-000100"); len(ps) != 0 {
+		t.Errorf("parts no job manifest lists: %v; want none (node 1 sent nothing again)", ps)
+	}
+	if strings.Contains(r.logs.String(), "claimed by two instances") {
+		t.Errorf("a conflict was said:\n%s", r.logs)
+	}
+}
+
+// openPartsOf returns the commits of name's parts that no job manifest lists.
+func openPartsOf(t *testing.T, s Store, name string) []string {
+	t.Helper()
+	np, err := readNameParts(t.Context(), s, "job", name, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, p := range np.open {
+		out = append(out, p.Commit)
+	}
+	return out
 }

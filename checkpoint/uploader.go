@@ -1194,17 +1194,37 @@ func (u *Uploader) goLookup(ctx context.Context, g *generation) {
 			}
 		}
 		ms, err := readName(g.ctx, u.cfg.Store, u.cfg.Job, g.name, u.cache)
+		var parts []*Manifest
+		if err == nil && u.cfg.WorldNodes > 1 {
+			parts, err = u.ownParts(g.ctx, g.name)
+		}
 		select {
-		case u.wake <- func() { u.lookupDone(ctx, g, ms, err) }:
+		case u.wake <- func() { u.lookupDone(ctx, g, ms, parts, err) }:
 		case <-ctx.Done():
 		}
 	})
 }
 
-// lookupDone takes the store's commits of g's name: with none, g is uploading; with some, it
-// is matching them (what it checksummed already is compared now). A failed lookup is tried again
-// after a pause; a notice does not wait for it (see dispatch).
-func (u *Uploader) lookupDone(ctx context.Context, g *generation, ms []*Manifest, err error) {
+// ownParts returns this node's parts of name that no job manifest lists (a multi-node job): a
+// node whose disk comes back without the journal (a reboot, a new instance with the old volume)
+// finds the part it sent of a save not committed yet, rather than sending it again as another
+// (under a new instance id, another instance's claim of its rank: a conflict, and the save
+// never committed; found from outside).
+func (u *Uploader) ownParts(ctx context.Context, name string) ([]*Manifest, error) {
+	np, err := readNameParts(ctx, u.cfg.Store, u.cfg.Job, name, u.cache)
+	if err != nil {
+		return nil, err
+	}
+	return slices.DeleteFunc(np.open, func(p *Manifest) bool {
+		return p.Part.NodeRank != u.cfg.NodeRank || p.Part.WorldNodes != u.cfg.WorldNodes
+	}), nil
+}
+
+// lookupDone takes the store's commits of g's name (and, in a multi-node job, this node's parts
+// of it no job manifest lists): with none, g is uploading; with some, it is matching them (what
+// it checksummed already is compared now). A failed lookup is tried again after a pause; a
+// notice does not wait for it (see dispatch).
+func (u *Uploader) lookupDone(ctx context.Context, g *generation, ms, parts []*Manifest, err error) {
 	if u.gens[g.name] != g || !g.lookup {
 		return
 	}
@@ -1229,7 +1249,7 @@ func (u *Uploader) lookupDone(ctx context.Context, g *generation, ms []*Manifest
 	}
 	u.markDirty(g)
 	u.requeue(g)
-	cands := slices.Clone(ms)
+	cands := append(slices.Clone(ms), parts...)
 	if p := g.prior; p != nil && !slices.ContainsFunc(cands, func(m *Manifest) bool { return m.Commit == p.Commit }) {
 		// Deleted since (retention): these bytes, if they are its, keep its place in the order
 		// (a chmod -R changes every file's ctime, not its bytes), rather than coming back as
@@ -2792,12 +2812,17 @@ func (u *Uploader) handleResult(ctx context.Context, r fileResult) {
 // matched narrows a matching generation's candidates by the checksum of rel; with none left, the
 // checkpoint holds bytes the store does not, and it is committed anew.
 func (u *Uploader) matched(g *generation, rel string, f *fileState) {
+	committed := slices.ContainsFunc(g.candidates, func(m *Manifest) bool { return m.Part == nil })
 	g.candidates = slices.DeleteFunc(g.candidates, func(m *Manifest) bool {
 		mf, ok := m.file(rel)
 		return !ok || mf.Size != f.done.id.Size || mf.Checksum != f.done.checksum
 	})
-	if len(g.candidates) == 0 {
+	switch {
+	case len(g.candidates) > 0:
+	case committed:
 		u.toUploading(g, "file "+rel+" differs from every commit of this checkpoint in the store")
+	default:
+		u.sendAll(g) // this node's parts of the name were of other saves: no commit of it differs
 	}
 }
 
@@ -3039,6 +3064,10 @@ func (u *Uploader) handleCommit(ctx context.Context, r commitResult) {
 		u.journal.add(journalLine{Op: journalDone, Checkpoint: g.name, Commit: g.commit, At: u.placeOf(r.manifest)})
 		u.log.Info().Str("checkpoint", g.name).Str("commit", g.commit).Msg("checkpoint already committed with these bytes; nothing sent")
 		u.emit(UploadEvent{Kind: CheckpointCommitted, Checkpoint: g.name, At: time.Now(), Manifest: r.manifest, Already: true})
+		if r.manifest.Part != nil {
+			// This node's part, sent before (the journal lost): its save is completed as any.
+			u.trackSave(ctx, r.manifest)
+		}
 	default:
 		m := r.manifest
 		g.state, g.manifest = genCommitted, m
