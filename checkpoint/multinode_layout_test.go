@@ -336,13 +336,7 @@ func TestRestoreRefusesATornSingleNodeCommit(t *testing.T) {
 func TestMultiNodeWorldNodesDisagreeingWithACommittedSave(t *testing.T) {
 	store := newMemStore()
 	now := time.Now().Add(-30 * time.Second)
-	var parts []*Manifest
-	for rank := range 2 {
-		parts = append(parts, putPart(t, store, "step-000100", rank, 2, fmt.Sprintf("i-node%d", rank), nodeFiles(t, rank, []byte("c")), now, now))
-	}
-	if r := completeSave(t.Context(), store, parts[1], "_COMPLETE", Host{}, time.Hour, nil); !r.written {
-		t.Fatalf("completeSave = %+v", r)
-	}
+	parts := committedSave(t, store, "step-000100", 2, now)
 	late := putPart(t, store, "step-000100", 2, 3, "i-node2", nodeFiles(t, 2, []byte("c")), now.Add(5*time.Second), now.Add(5*time.Second))
 	r := completeSave(t.Context(), store, late, "_COMPLETE", Host{}, time.Hour, nil)
 	var c *ConflictError
@@ -358,19 +352,27 @@ func TestMultiNodeWorldNodesDisagreeingWithACommittedSave(t *testing.T) {
 	}
 }
 
+// committedSave writes the parts of a save of name by nodes i-node0… of a world-node job, all
+// completed at at, and its job manifest, as their agents would have; it returns the parts.
+func committedSave(t *testing.T, store Store, name string, world int, at time.Time) []*Manifest {
+	t.Helper()
+	var parts []*Manifest
+	for rank := range world {
+		parts = append(parts, putPart(t, store, name, rank, world, fmt.Sprintf("i-node%d", rank), nodeFiles(t, rank, []byte("c")), at, at))
+	}
+	if r := completeSave(t.Context(), store, parts[0], "_COMPLETE", Host{}, time.Hour, nil); !r.written {
+		t.Fatalf("completeSave = %+v", r)
+	}
+	return parts
+}
+
 // A second instance's part of a rank already in a committed job checkpoint of the same save:
 // `list` names the double claim and `list --check` fails. Before, they looked at parts no job
 // manifest lists alone, and passed (found from outside).
 func TestListSaysARankClaimedAgainstACommittedSave(t *testing.T) {
 	store := newMemStore()
 	now := time.Now().Add(-30 * time.Second)
-	var parts []*Manifest
-	for rank := range 2 {
-		parts = append(parts, putPart(t, store, "step-000100", rank, 2, fmt.Sprintf("i-node%d", rank), nodeFiles(t, rank, []byte("c")), now, now))
-	}
-	if r := completeSave(t.Context(), store, parts[0], "_COMPLETE", Host{}, time.Hour, nil); !r.written {
-		t.Fatalf("completeSave = %+v", r)
-	}
+	parts := committedSave(t, store, "step-000100", 2, now)
 	putPart(t, store, "step-000100", 1, 2, "i-other", nodeFiles(t, 1, []byte("c")), now.Add(3*time.Second), now.Add(3*time.Second))
 	// The same instance saving its rank again is no claim of another's.
 	putPart(t, store, "step-000100", 0, 2, "i-node0", nodeFiles(t, 0, []byte("c")), now.Add(4*time.Second), now.Add(4*time.Second))

@@ -311,14 +311,7 @@ func TestUploaderFileMadeUnreadableAfterTheMarkerIsNotSaidToLeave(t *testing.T) 
 		}
 	}
 	s, r := heldCompleteCheckpoint(t, dir)
-	files := func() int {
-		for _, c := range r.up.Status(t.Context()).Checkpoints {
-			if c.Name == "step-1" {
-				return c.Files
-			}
-		}
-		return -1
-	}
+	files := func() int { return r.filesOf(t, "step-1") }
 	before := files()
 	if err := os.Chmod(filepath.Join(dir, "step-1", "b"), 0o200); err != nil {
 		t.Fatal(err)
@@ -368,14 +361,7 @@ func TestUploaderFileReadableAgainBeforeTheCommitIsNoRewrite(t *testing.T) {
 		}
 	}
 	s, r := heldCompleteCheckpoint(t, dir)
-	files := func() int {
-		for _, c := range r.up.Status(t.Context()).Checkpoints {
-			if c.Name == "step-1" {
-				return c.Files
-			}
-		}
-		return -1
-	}
+	files := func() int { return r.filesOf(t, "step-1") }
 	before := files()
 	b := filepath.Join(dir, "step-1", "b")
 	if err := os.Chmod(b, 0o200); err != nil {
@@ -394,6 +380,16 @@ func TestUploaderFileReadableAgainBeforeTheCommitIsNoRewrite(t *testing.T) {
 	if log := r.logs.String(); strings.Contains(log, msgRewrittenAfterMarker) || strings.Contains(log, "vanished") {
 		t.Errorf("warnings:\n%s\nwant none: b came back as it was", log)
 	}
+}
+
+// filesOf is how many files the uploader has of checkpoint name (-1: it does not track it).
+func (r *uploaderRig) filesOf(t *testing.T, name string) int {
+	for _, c := range r.up.Status(t.Context()).Checkpoints {
+		if c.Name == name {
+			return c.Files
+		}
+	}
+	return -1
 }
 
 // A store that never answers at start (a route that drops packets) does not keep the uploader

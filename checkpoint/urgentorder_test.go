@@ -29,6 +29,18 @@ func sentOrder(t *testing.T, r *uploaderRig, s *gateStore, want int) (sent, comm
 	return sent, committed
 }
 
+// firstPut returns the checkpoint of the first file s is asked to store, held there.
+func firstPut(t *testing.T, s *gateStore) string {
+	t.Helper()
+	select {
+	case key := <-s.puts:
+		return path.Base(path.Dir(path.Dir(key))) // job/<checkpoint>/<commit>/<file>
+	case <-time.After(20 * time.Second):
+		t.Fatal("no upload began")
+	}
+	return ""
+}
+
 // In urgent mode, the checkpoint the trainer completed after its signal keeps its turn over newer
 // ones once its upload has begun: before, the newest went first, always, and a trainer that saves
 // faster than the link, signalled and saving on, had each save overtaken by the next, so that a
@@ -41,13 +53,7 @@ func TestUrgentNoticeCheckpointKeepsItsTurn(t *testing.T) {
 	r.up.SetNotices([]ActiveNotice{{Key: "spot/terminate", Deadline: time.Now().Add(2 * time.Minute), SignalledAt: time.Now()}})
 	waitFileClockAfter(t, time.Now())
 	writeCheckpoint(t, dir, "step-1", map[string][]byte{"a": randomBytes(t, 4<<10), "b": randomBytes(t, 4<<10)})
-	var sent []string
-	select {
-	case key := <-s.puts: // step-1's first file, held
-		sent = append(sent, path.Base(path.Dir(path.Dir(key))))
-	case <-time.After(20 * time.Second):
-		t.Fatal("no upload began")
-	}
+	sent := []string{firstPut(t, s)} // step-1's first file, held
 	r.waitEvent(CheckpointComplete, "step-1")
 	writeCheckpoint(t, dir, "step-2", map[string][]byte{"a": randomBytes(t, 4<<10), "b": randomBytes(t, 4<<10)})
 	r.waitEvent(CheckpointComplete, "step-2")
@@ -80,13 +86,7 @@ func TestCompleteCheckpointGoesBeforeOneBeingWritten(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	var sent []string
-	select {
-	case key := <-s.puts: // step-1's first file, held
-		sent = append(sent, path.Base(path.Dir(path.Dir(key))))
-	case <-time.After(20 * time.Second):
-		t.Fatal("no upload began")
-	}
+	sent := []string{firstPut(t, s)} // step-1's first file, held
 	waitFileClockAfter(t, time.Now())
 	writeCheckpoint(t, dir, "step-0", map[string][]byte{"a": randomBytes(t, 4<<10), "b": randomBytes(t, 4<<10)})
 	r.waitEvent(CheckpointComplete, "step-0")
