@@ -1307,10 +1307,6 @@ func (c *Coordinator) rewriteNoticeFile(cfg *Config, active []*NoticeStatus) {
 	c.setNoticeFileProblem(err)
 }
 
-// record sends notice-path datums at 1-second resolution and flushes the sink at once, so the
-// story reaches CloudWatch before the instance is gone. They are in the default set, with
-// aggregate copies (metrics.cloudwatch_aggregate): a fleet's notices and margins in one series.
-// It never waits on the sink.
 // countMissing counts ns's checkpoint gone missing, for reason: the metric, and CloudWatch's one
 // datum of such a notice (no NoticeToDurableSeconds or DeadlineMarginSeconds comes for it, so an
 // alarm on those has nothing to fire on).
@@ -1320,6 +1316,10 @@ func (c *Coordinator) countMissing(ns *NoticeStatus, reason string) {
 		Dimensions: map[string]string{"Source": string(ns.Source), "Reason": reason}})
 }
 
+// record sends notice-path datums at 1-second resolution and flushes the sink at once, so the
+// story reaches CloudWatch before the instance is gone. They are in the default set, with
+// aggregate copies (metrics.cloudwatch_aggregate): a fleet's notices and margins in one series.
+// It never waits on the sink.
 func (c *Coordinator) record(ds ...metrics.Datum) {
 	if c.sink == nil {
 		return
