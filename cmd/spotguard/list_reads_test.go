@@ -5,6 +5,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/spotguard/spotguard/checkpoint"
 )
@@ -69,5 +70,39 @@ func TestListReadsTheJobOnce(t *testing.T) {
 		if manifests != 2 || cs.gets["j/LATEST"] != 1 || cs.lists != 1 {
 			t.Errorf("%v: %d manifests read, LATEST %d times, the job listed %d times; want 2, 1, 1", args, manifests, cs.gets["j/LATEST"], cs.lists)
 		}
+	}
+}
+
+// slowStore answers the job's listing after wait.
+type slowStore struct {
+	checkpoint.Store
+	wait time.Duration
+}
+
+func (s *slowStore) ListDir(ctx context.Context, prefix string) ([]string, []checkpoint.ObjectInfo, error) {
+	select {
+	case <-time.After(s.wait):
+	case <-ctx.Done():
+		return nil, nil, ctx.Err()
+	}
+	return s.Store.ListDir(ctx, prefix)
+}
+
+// A store that does not answer: list said nothing until the S3 client's attempts failed, 214 s
+// later (found from outside). It says it is waiting, and then lists as usual.
+func TestListSaysAStoreThatDoesNotAnswer(t *testing.T) {
+	store, cfgPath, env := restoreEnv(t)
+	commitForTest(t, store, "j", "step-000100", map[string][]byte{"model.pt": []byte("a"), "_COMPLETE": nil})
+	defer func(d time.Duration) { listSlowRead = d }(listSlowRead)
+	listSlowRead = 10 * time.Millisecond
+	open := openStoreToRead
+	defer func() { openStoreToRead = open }()
+	openStoreToRead = func(ctx context.Context, url, imdsEndpoint string, opts checkpoint.S3Options) (checkpoint.Store, error) {
+		s, err := open(ctx, url, imdsEndpoint, opts)
+		return &slowStore{Store: s, wait: 5 * listSlowRead}, err // the timer runs out during the listing
+	}
+	code, stdout, stderr := runCLI(t, t.Context(), env, "list", "--config", cfgPath)
+	if code != exitOK || !strings.Contains(stdout, "step-000100") || !strings.Contains(stderr, "the store has not answered for") {
+		t.Errorf("list with a store answering late: exit %d, stdout %q, stderr %q; want the list, and a line that it waited", code, stdout, stderr)
 	}
 }

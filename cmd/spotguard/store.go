@@ -348,6 +348,10 @@ func isMountPoint(dir string) (bool, error) {
 	return sa.Dev != sb.Dev, nil
 }
 
+// listSlowRead is how long list waits on the store before it says it is waiting. A variable
+// for tests.
+var listSlowRead = 30 * time.Second
+
 func runList(ctx context.Context, args, environ []string, stdout, stderr io.Writer) int {
 	fs, cf := newFlagSet("list", "List the job's commits, newest first (by completion time): checkpoint, commit id, file count, size,\ntrigger.", stdout, stderr)
 	jsonOut := fs.Bool("json", false, "print the manifests as JSON")
@@ -366,7 +370,16 @@ func runList(ctx context.Context, args, environ []string, stdout, stderr io.Writ
 	}
 	// The job is read once: the list, the check and the saves waiting for parts are of one
 	// reading (store-layout.md, Reading a job).
+	said := make(chan struct{})
+	slow := time.AfterFunc(listSlowRead, func() {
+		defer close(said)
+		// The S3 client's own attempts at a store that never answers take minutes: not silence.
+		fmt.Fprintf(stderr, "spotguard list: the store has not answered for %.0f s; still trying (the S3 client's attempts)\n", listSlowRead.Seconds())
+	})
 	st, err := checkpoint.ReadJob(ctx, store, cfg.Store.Job)
+	if !slow.Stop() {
+		<-said // it fired: its line is written before any other
+	}
 	if err != nil {
 		fmt.Fprintf(stderr, "spotguard list: %v\n", err)
 		storeHint(stderr, "list", cfg.Store.URL, err, "")
