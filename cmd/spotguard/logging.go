@@ -189,5 +189,9 @@ func newLogger(w io.Writer, environ []string, level zerolog.Level) zerolog.Logge
 	return zerolog.New(zerolog.SyncWriter(w)).Level(level).With().Timestamp().Logger()
 }
 
+// logTimeFormat is the format of times in log lines (the line's "time", and time fields):
+// RFC 3339 in UTC to the millisecond.
+const logTimeFormat = "2006-01-02T15:04:05.000Z07:00"
+
 // logSeconds is d in seconds, to the millisecond, for a log field whose name ends in _s.
 func logSeconds(d time.Duration) float64 { return d.Round(time.Millisecond).Seconds() }

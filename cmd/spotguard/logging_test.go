@@ -149,6 +149,11 @@ func TestNewLoggerJournal(t *testing.T) {
 		if m["message"] != want[i].msg || (want[i].level != "" && m["level"] != want[i].level) || m["time"] == nil {
 			t.Errorf("line %d = %v; want level %q, message %q and a time", i, m, want[i].level, want[i].msg)
 		}
+		// In UTC to the millisecond: a notice's detection, signal and first file come within a
+		// second (found from outside: a second's resolution told them apart by nothing).
+		if ts, _ := m["time"].(string); len(ts) != len("2006-01-02T15:04:05.000Z") || !strings.HasSuffix(ts, "Z") || ts[19] != '.' {
+			t.Errorf("line %d time %q; want RFC 3339 in UTC with milliseconds", i, m["time"])
+		}
 	}
 }
 
