@@ -684,7 +684,7 @@ func Load(opts LoadOptions) (*Config, error) {
 func (c *Config) apply(f field, value, origin string) {
 	c.values[f.key] = setting{value: value, origin: origin}
 	if err := f.set(c, value); err != nil {
-		c.problems = append(c.problems, fmt.Errorf("%s: %q from %s: %w", f.key, value, origin, err))
+		c.problems = append(c.problems, fmt.Errorf("%s: %q from %s: %w", f.key, redactURL(value), origin, err))
 	}
 }
 
@@ -985,7 +985,24 @@ func (c *Config) ownWritesProblems(failed map[string]bool) []error {
 // /etc/spotguard/spotguard.yaml:12`.
 func (c *Config) valueFrom(key string) string {
 	s := c.values[key]
-	return fmt.Sprintf("%q from %s", s.value, s.origin)
+	return fmt.Sprintf("%q from %s", redactURL(s.value), s.origin)
+}
+
+// redactURL returns v with the password of a URL in it (scheme://user:password@host) replaced
+// by xxxxx, for what is printed: `spotguard config` and problems go to terminals and the journal.
+// Anything else is returned as it is.
+func redactURL(v string) string {
+	if !strings.Contains(v, "://") || !strings.Contains(v, "@") {
+		return v
+	}
+	u, err := url.Parse(v)
+	if err != nil || u.User == nil {
+		return v
+	}
+	if _, ok := u.User.Password(); !ok {
+		return v
+	}
+	return u.Redacted()
 }
 
 // pathWithin reports whether the absolute path child is parent or inside it, comparing them
@@ -1082,7 +1099,7 @@ func (c *Config) YAML() string {
 			fmt.Fprintf(&b, "%s:\n", sec)
 			section = sec
 		}
-		val, _ := yaml.Marshal(kv.Value)
+		val, _ := yaml.Marshal(redactURL(kv.Value))
 		fmt.Fprintf(&b, "  %s: %s  # %s\n", key, strings.TrimSpace(string(val)), kv.Origin)
 	}
 	return b.String()

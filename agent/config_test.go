@@ -406,3 +406,24 @@ func TestBrokenFileReportsOnlyItself(t *testing.T) {
 		}
 	}
 }
+
+// A password in a URL value (a proxy-style imds.endpoint, a store URL with userinfo) is not
+// printed: `spotguard config` and the problem lines go to terminals and the journal (found from
+// outside: both showed it whole). `config --get` still gives the value as set.
+func TestConfigPrintsNoPasswordOfAURL(t *testing.T) {
+	c := mustLoad(t, LoadOptions{Environ: []string{"SPOTGUARD_IMDS_ENDPOINT=http://u:SuperSecret@127.0.0.1:1"}})
+	if y := c.YAML(); strings.Contains(y, "SuperSecret") || !strings.Contains(y, "http://u:xxxxx@127.0.0.1:1") {
+		t.Errorf("YAML() shows the password, or not the redacted URL:\n%s", y)
+	}
+	if err := c.Validate(); err == nil || strings.Contains(err.Error(), "SuperSecret") || !strings.Contains(err.Error(), "imds.endpoint") {
+		t.Errorf("Validate() = %v; want the problem with imds.endpoint, without its password", err)
+	}
+	for _, kv := range c.Effective() {
+		if kv.Key == "imds.endpoint" && kv.Value != "http://u:SuperSecret@127.0.0.1:1" {
+			t.Errorf("Effective() imds.endpoint = %q; want the value as set (config --get)", kv.Value)
+		}
+	}
+	if got := redactURL("s3://bucket/prefix"); got != "s3://bucket/prefix" {
+		t.Errorf("redactURL(s3://bucket/prefix) = %q; want it as it is", got)
+	}
+}
