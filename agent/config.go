@@ -403,9 +403,9 @@ var fields = []field{
 		c.Metrics.CloudWatchAggregate = sets
 		return err
 	}},
-	{"metrics.namespace", "SpotGuard", "CloudWatch namespace", func(c *Config, v string) error {
-		if v == "" || strings.HasPrefix(v, "AWS/") || len(v) > 255 {
-			return errors.New("want a non-empty namespace not starting with AWS/")
+	{"metrics.namespace", "SpotGuard", "CloudWatch namespace: at most 255 ASCII letters, digits, spaces and `. - _ / # :`, not beginning with `AWS/`", func(c *Config, v string) error {
+		if err := checkNamespace(v); err != nil {
+			return err
 		}
 		c.Metrics.Namespace = v
 		return nil
@@ -550,6 +550,27 @@ func checkJob(v string) error {
 		return fmt.Errorf("%d bytes long: want at most %d (it begins every key in the store, and an S3 key is at most 1024 bytes)", len(v), maxJobBytes)
 	case strings.HasPrefix(v, ".spotguard-"):
 		return errors.New("names beginning with .spotguard- are spotguard's own (a file:// store's temporary files, a restore's staging)")
+	}
+	return nil
+}
+
+// checkNamespace refuses a CloudWatch namespace that CloudWatch refuses (every PutMetricData
+// would fail): empty or only spaces, longer than 255 characters, AWS's own (AWS/), or with a
+// character other than ASCII letters, digits, space and . - _ / # :.
+func checkNamespace(v string) error {
+	switch {
+	case strings.TrimSpace(v) == "":
+		return errors.New("want a namespace, not only white space")
+	case len(v) > 255:
+		return fmt.Errorf("%d characters long: CloudWatch takes at most 255", len(v))
+	case strings.HasPrefix(v, "AWS/"):
+		return errors.New("namespaces beginning with AWS/ are AWS's own")
+	}
+	if i := strings.IndexFunc(v, func(r rune) bool {
+		return !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || strings.ContainsRune(" .-_/#:", r))
+	}); i >= 0 {
+		r, _ := utf8.DecodeRuneInString(v[i:])
+		return fmt.Errorf("%q is not a character CloudWatch takes in a namespace: ASCII letters, digits, space and . - _ / # :", r)
 	}
 	return nil
 }

@@ -427,3 +427,28 @@ func TestConfigPrintsNoPasswordOfAURL(t *testing.T) {
 		t.Errorf("redactURL(s3://bucket/prefix) = %q; want it as it is", got)
 	}
 }
+
+// metrics.namespace takes what CloudWatch takes: a tab, a newline or a letter outside ASCII
+// passed, and every PutMetricData then failed, while doctor said PASS (found from outside); an
+// overlong one did not say its limit.
+func TestMetricsNamespaceIsOneCloudWatchTakes(t *testing.T) {
+	for _, tt := range []struct{ v, want string }{
+		{"SpotGuard", ""},
+		{"Team A/train-1:v2.0_#3", ""},
+		{"Spot\tGuard", `'\t' is not a character CloudWatch takes`},
+		{"Spot\nGuard", `'\n' is not a character CloudWatch takes`},
+		{"Spöt", `'ö' is not a character CloudWatch takes`},
+		{"   ", "not only white space"},
+		{"AWS/EC2", "AWS's own"},
+		{strings.Repeat("n", 256), "256 characters long: CloudWatch takes at most 255"},
+	} {
+		c := mustLoad(t, LoadOptions{Environ: []string{"SPOTGUARD_TRAINER_MATCH=x", "SPOTGUARD_METRICS_NAMESPACE=" + tt.v}})
+		err := c.Validate()
+		switch {
+		case tt.want == "" && err != nil:
+			t.Errorf("namespace %q: %v; want it taken", tt.v, err)
+		case tt.want != "" && (err == nil || !strings.Contains(err.Error(), tt.want) || !strings.Contains(err.Error(), "metrics.namespace")):
+			t.Errorf("namespace %q: %v; want a problem of metrics.namespace containing %q", tt.v, err, tt.want)
+		}
+	}
+}
