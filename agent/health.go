@@ -107,6 +107,9 @@ func (a *Agent) health(now time.Time) healthVerdict {
 		v.warn(reason, reason) // healthy, and said so: waiting for checkpoint.dir to be created
 	}
 	if a.uploader != nil {
+		if w := a.markerless(now); w != "" {
+			v.warn(w, "a checkpoint's marker has not come")
+		}
 		if p := a.uploader.JournalProblem(); p != "" {
 			dir := a.cfg.Load().Agent.RuntimeDir
 			v.warn(fmt.Sprintf("the upload journal in agent.runtime_dir %s cannot be used (%s): a restart sends uncommitted files again; fix the directory and restart the agent",
@@ -449,4 +452,41 @@ func (a *Agent) storeStatus() *storeStatus {
 	}
 	s.mu.Unlock()
 	return out
+}
+
+// markerWait is how long after the last of a checkpoint's files, all of them stored, /healthz
+// waits for its marker before it says the marker has not come. A variable for tests.
+var markerWait = 10 * time.Minute
+
+// markerless says, for /healthz, the checkpoints whose files were all written and stored more
+// than markerWait ago and whose marker never came: not committed, and nothing else says so but
+// one log line (found from outside: DCP's .metadata while the agent waits for _COMPLETE, or
+// checkpoint.dir one level too high, uploaded everything and committed nothing, /healthz 200).
+// "" when there are none, or the uploader does not answer at once.
+func (a *Agent) markerless(now time.Time) string {
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	var names []string
+	var oldest time.Time
+	for _, c := range a.uploader.Status(ctx).Checkpoints {
+		if c.Complete || c.Committed || c.Withheld || c.Files == 0 || c.FilesStored < c.Files || c.LastFileAt == nil || now.Sub(*c.LastFileAt) < markerWait {
+			continue
+		}
+		names = append(names, c.Name)
+		if oldest.IsZero() || c.LastFileAt.Before(oldest) {
+			oldest = *c.LastFileAt
+		}
+	}
+	if len(names) == 0 {
+		return ""
+	}
+	shown := names[:min(len(names), 3)]
+	more := ""
+	if len(names) > len(shown) {
+		more = fmt.Sprintf(" and %d more", len(names)-len(shown))
+	}
+	cfg := a.cfg.Load()
+	return fmt.Sprintf("checkpoint %s%s: every file written (the last %s ago) and stored, and no marker %s: not committed. "+
+		"If the trainer's marker is another file (DCP's .metadata), set checkpoint.marker; if checkpoint.dir %s holds directories of checkpoints, set it to the one that holds them; a save that died half way can be deleted",
+		strings.Join(shown, ", "), more, now.Sub(oldest).Round(time.Second), cfg.Checkpoint.Marker, cfg.Checkpoint.Dir)
 }

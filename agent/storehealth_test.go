@@ -9,6 +9,7 @@ import (
 	"net/http/httptest"
 	"net/url"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -528,4 +529,29 @@ func TestUploadJournalOffIsAHealthWarning(t *testing.T) {
 			return strings.Contains(w, "the upload journal in agent.runtime_dir "+rd+" cannot be used")
 		})
 	})
+}
+
+// A checkpoint whose files are all written and stored and whose marker never comes (DCP's
+// .metadata while the agent waits for _COMPLETE, or checkpoint.dir a level too high) is never
+// committed, and /healthz said nothing (found from outside). After markerWait it is a warning,
+// naming it and the fixes; once its marker comes and it commits, the warning goes.
+func TestMarkerThatNeverComesIsAHealthWarning(t *testing.T) {
+	defer func(d time.Duration) { markerWait = d }(markerWait)
+	markerWait = 300 * time.Millisecond
+	dir := t.TempDir()
+	ta := startAgentWith(t, fileStores, "SPOTGUARD_TRAINER_MATCH=no-such-trainer", "SPOTGUARD_CHECKPOINT_DIR="+dir,
+		"SPOTGUARD_STORE_URL=file://"+t.TempDir(), "SPOTGUARD_STORE_JOB=j")
+	ck := filepath.Join(dir, "step-000100")
+	os.MkdirAll(ck, 0o755)
+	os.WriteFile(filepath.Join(ck, "__0_0.distcp"), []byte("weights"), 0o644)
+	os.WriteFile(filepath.Join(ck, ".metadata"), []byte("dcp"), 0o644) // not the marker the agent waits for
+	warned := func() bool {
+		return strings.Contains(strings.Join(ta.a.health(time.Now()).Warnings, " "), "checkpoint step-000100: every file written")
+	}
+	eventually(t, "a warning that step-000100's marker has not come", warned)
+	if v := ta.a.health(time.Now()); !v.Healthy || !strings.Contains(strings.Join(v.Warnings, " "), "set checkpoint.marker") {
+		t.Errorf("health = %+v; want healthy, the warning saying to set checkpoint.marker", v)
+	}
+	os.WriteFile(filepath.Join(ck, "_COMPLETE"), nil, 0o644)
+	eventually(t, "the warning gone once the marker came", func() bool { return !warned() })
 }

@@ -348,6 +348,7 @@ type generation struct {
 	inQueued           bool
 	complete           bool
 	completeSeen       time.Time // when the uploader learned it is complete
+	lastFileAt         time.Time // when a file of it was last reported ready
 	// withheld: its marker is there but it cannot be committed (CheckpointWithheld), until
 	// another Complete; withheldAt: since when.
 	withheld   bool
@@ -562,7 +563,9 @@ type CheckpointStatus struct {
 	// CompleteSince is when the uploader learned that the checkpoint is complete (or, for one
 	// withheld, when its marker came).
 	CompleteSince *time.Time `json:"complete_since,omitempty"`
-	Committed     bool       `json:"committed"`
+	// LastFileAt is when a file of it was last reported written (ready to send).
+	LastFileAt *time.Time `json:"last_file_at,omitempty"`
+	Committed  bool       `json:"committed"`
 	// Withheld is true while its marker is there but it cannot be committed: a file of it
 	// cannot be stored (CheckpointWithheld).
 	Withheld bool `json:"withheld,omitempty"`
@@ -1859,6 +1862,7 @@ func (u *Uploader) fileReady(ev WatchEvent) {
 	if g.firstFileAt.IsZero() {
 		g.firstFileAt = ev.At
 	}
+	g.lastFileAt = ev.At
 	u.labelNotice(g)
 	f.id = ev.ID
 	if f.done != nil && f.done.id.Same(ev.ID) {
@@ -3288,6 +3292,10 @@ func (u *Uploader) status() UploaderStatus {
 		case cs.Withheld && !g.withheldAt.IsZero():
 			t := g.withheldAt // its marker came then; it waits for a fix since
 			cs.CompleteSince = &t
+		}
+		if !g.lastFileAt.IsZero() {
+			t := g.lastFileAt
+			cs.LastFileAt = &t
 		}
 		for _, f := range g.files {
 			cs.Bytes += f.id.Size
