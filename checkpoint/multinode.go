@@ -342,9 +342,31 @@ func assembleSave(mine *Manifest, open []*Manifest, marker string) ([]*Manifest,
 		}
 	}
 	// One path in two parts: the same bytes (shared, e.g. a marker on every node) or an error.
+	for _, d := range pathsApart(byRank) {
+		problems = append(problems, fmt.Errorf("%s is in two parts with different bytes: %s (%d bytes) and %s (%d bytes)",
+			d.path, describePart(d.a), d.fa.Size, describePart(d.b), d.fb.Size))
+	}
+	if len(problems) > 0 {
+		return nil, nil, errors.Join(problems...)
+	}
+	return byRank, nil, nil
+}
+
+// pathApart is one path that two parts of a save hold with different bytes: a's file fa, b's fb.
+type pathApart struct {
+	path   string
+	a, b   *Manifest
+	fa, fb File
+}
+
+// pathsApart returns the paths that two of parts (one per rank, by rank) hold with different
+// bytes (size or checksum): each later part against the first that holds the path. The same
+// bytes are a shared file (a marker on every node); other bytes mean the parts are not one save.
+func pathsApart(parts []*Manifest) []pathApart {
+	var out []pathApart
 	first := map[string]*Manifest{}
 	firstFile := map[string]File{}
-	for _, p := range byRank {
+	for _, p := range parts {
 		for _, f := range p.Files {
 			q, ok := first[f.Path]
 			if !ok {
@@ -352,15 +374,11 @@ func assembleSave(mine *Manifest, open []*Manifest, marker string) ([]*Manifest,
 				continue
 			}
 			if g := firstFile[f.Path]; g.Size != f.Size || g.Checksum != f.Checksum {
-				problems = append(problems, fmt.Errorf("%s is in two parts with different bytes: %s (%d bytes) and %s (%d bytes)",
-					f.Path, describePart(q), g.Size, describePart(p), f.Size))
+				out = append(out, pathApart{path: f.Path, a: q, b: p, fa: g, fb: f})
 			}
 		}
 	}
-	if len(problems) > 0 {
-		return nil, nil, errors.Join(problems...)
-	}
-	return byRank, nil, nil
+	return out
 }
 
 // buildJobManifest makes the job manifest of a save from its parts (one per rank, by rank),
@@ -825,22 +843,16 @@ func saveProblems(parts []*Manifest) []string {
 	if len(byRank) != len(parts) {
 		return problems
 	}
-	first := map[string]*Manifest{}
-	firstFile := map[string]File{}
-	said := map[string]bool{}
+	ranked := make([]*Manifest, 0, len(byRank))
 	for _, r := range slices.Sorted(maps.Keys(byRank)) {
-		p := byRank[r]
-		for _, f := range p.Files {
-			q, ok := first[f.Path]
-			if !ok {
-				first[f.Path], firstFile[f.Path] = p, f
-				continue
-			}
-			if g := firstFile[f.Path]; (g.Size != f.Size || g.Checksum != f.Checksum) && !said[f.Path] && len(said) < 3 {
-				said[f.Path] = true
-				problems = append(problems, fmt.Sprintf("%s is in the parts of node %d and node %d with different bytes: not one save (is the marker written on every node once the save returned everywhere, with the same token?)",
-					f.Path, q.Part.NodeRank, p.Part.NodeRank))
-			}
+		ranked = append(ranked, byRank[r])
+	}
+	said := map[string]bool{}
+	for _, d := range pathsApart(ranked) {
+		if !said[d.path] && len(said) < 3 {
+			said[d.path] = true
+			problems = append(problems, fmt.Sprintf("%s is in the parts of node %d and node %d with different bytes: not one save (is the marker written on every node once the save returned everywhere, with the same token?)",
+				d.path, d.a.Part.NodeRank, d.b.Part.NodeRank))
 		}
 	}
 	return problems
