@@ -110,8 +110,9 @@ type journal struct {
 	f    *os.File
 	w    *bufio.Writer
 	err  error // the first write error; the journal is off after it
-	// size is the file's size; base what it was when written compactly (writeJournal).
-	size, base int64
+	// size is the file's size; base what it was when written compactly (writeJournal); looked
+	// what it was at the last look for the file gone from its path (gone).
+	size, base, looked int64
 }
 
 // journalCompactAt is the size from which a journal grown to four times its compact size is
@@ -372,9 +373,10 @@ func openJournal(path string, size int64) (*journal, error) {
 // (an rm -r of /run/spotguard under a running agent), or another file put there. Its lines then
 // go to a file no restart finds.
 func (j *journal) gone() bool {
-	if j == nil || j.err != nil {
-		return false
+	if j == nil || j.err != nil || j.size == j.looked {
+		return false // nothing written since the last look: the loop flushes at every event
 	}
+	j.looked = j.size
 	open, err := j.f.Stat()
 	if err != nil {
 		return false
