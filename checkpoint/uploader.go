@@ -3112,9 +3112,12 @@ func (u *Uploader) handleCommit(ctx context.Context, r commitResult) {
 		if ev.SentWhileWritten > 0 {
 			ev2 = ev2.Int64("bytes_sent_while_written", ev.SentWhileWritten)
 		}
+		if reachNote != "" {
+			ev2 = ev2.Float64("signal_to_first_file_s", logSeconds(u.reach))
+		}
 		ev2.Int("files", len(m.Files)).Int64("bytes", m.TotalBytes).Bool("latest", r.latestMoved).
 			Float64("throughput_mb_per_s", ev.Throughput/1e6).Float64("durable_after_notice_forecast_s", logSeconds(ev.Forecast)).
-			Str("trigger", m.Trigger).Float64("signal_to_first_file_s", logSeconds(u.reach)).
+			Str("trigger", m.Trigger).
 			Msgf("%s committed; a checkpoint like this one would be durable %.0f s after a notice%s", what(m), ev.Forecast.Seconds(), reachNote)
 		u.emit(ev)
 		if m.Part != nil {
