@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io/fs"
 	"net"
 	"net/http"
@@ -555,20 +556,25 @@ func mustFileStore(t *testing.T, dir string) checkpoint.Store {
 // A trainer signalled for a notice that writes no checkpoint by the notice's deadline is said:
 // an error naming the reason, the state checkpoint_missing and its metric; with the trainer
 // gone, the reason says so, and with the checkpoint it wrote withheld (a file of it cannot be
-// stored, or its name cannot), so does it, and /healthz is 503. A checkpoint that completes
-// later still moves the notice on.
+// stored, or its name cannot), so does it, and /healthz is 503. A trainer that does not catch
+// the signal, so was not signalled, and saved nothing is counted too (not_signalled): the alarm on
+// CheckpointMissing must fire for it. A checkpoint that completes later still moves the notice on.
 func TestCheckpointMissingByTheDeadlineIsSaid(t *testing.T) {
-	for _, tc := range []string{"no_marker", "trainer_gone", "withheld", "withheld name"} {
+	for _, tc := range []string{"no_marker", "trainer_gone", "withheld", "withheld name", "not_signalled"} {
 		reason := strings.Fields(tc)[0]
 		t.Run(tc, func(t *testing.T) {
-			tr := startShTrainer(t, true)
+			tr := startShTrainer(t, tc != "not_signalled")
 			dir := t.TempDir()
 			cw := &recordingCW{}
 			ta := startAgentWith(t, func(d *Deps) { fileStores(d); d.CloudWatch = cw }, "SPOTGUARD_TRAINER_PIDFILE="+tr.pidfile, "SPOTGUARD_CHECKPOINT_DIR="+dir,
 				"SPOTGUARD_STORE_URL=file://"+t.TempDir(), "SPOTGUARD_STORE_JOB=j", "SPOTGUARD_AGENT_STOP_BUDGET=1s")
 			deadline := time.Now().Add(2 * time.Second).UTC().Truncate(time.Second).Add(time.Second)
 			ta.imds.set("spot/instance-action", `{"action": "terminate", "time": "`+deadline.Format(time.RFC3339)+`"}`)
-			ta.waitState(t, "spot/terminate", StateTrainerSignalled)
+			if tc == "not_signalled" {
+				ta.waitState(t, "spot/terminate", StateTrainerNotSignalled)
+			} else {
+				ta.waitState(t, "spot/terminate", StateTrainerSignalled)
+			}
 			switch tc {
 			case "trainer_gone":
 				tr.cmd.Process.Kill()
@@ -605,7 +611,12 @@ func TestCheckpointMissingByTheDeadlineIsSaid(t *testing.T) {
 			if last := ns.Transitions[len(ns.Transitions)-1]; last.Detail != reason || last.At.Before(deadline) {
 				t.Errorf("last transition = %+v; want checkpoint_missing (%s) at the deadline %v or after", last, reason, deadline)
 			}
-			if log := ta.logs.String(); !strings.Contains(log, "no checkpoint completed since the trainer was signalled") ||
+			said := "no checkpoint completed since the trainer was signalled"
+			if tc == "not_signalled" {
+				said = "no checkpoint completed for this notice (the trainer was not signalled for it): no trainer process could be signalled for it (PID " +
+					strconv.Itoa(tr.cmd.Process.Pid) + " does not catch SIGUSR1"
+			}
+			if log := ta.logs.String(); !strings.Contains(log, said) ||
 				!strings.Contains(log, `"reason":"`+reason+`"`) {
 				t.Errorf("log does not say the checkpoint is missing, and why (%s):\n%s", reason, log)
 			}
@@ -809,5 +820,37 @@ func TestNewestCommittedFoundAtStart(t *testing.T) {
 	eventually(t, "the newest-committed gauge to be the commit found", func() bool {
 		var m dto.Metric
 		return second.a.metrics.newestCommitted.Write(&m) == nil && m.GetGauge().GetValue() == want
+	})
+}
+
+// A trainer that is not there, or does not catch trainer.signal, is a /healthz warning (found
+// from outside: /healthz was 200 and said nothing while a notice would have signalled no one).
+// A trainer that catches it is no warning; the agent stays healthy throughout, as it starts
+// before the trainer.
+func TestTrainerNotThereOrNotCatchingIsAHealthWarning(t *testing.T) {
+	bare := startShTrainer(t, false)
+	pidfile := filepath.Join(t.TempDir(), "trainer.pid")
+	os.WriteFile(pidfile, []byte(strconv.Itoa(bare.cmd.Process.Pid)+"\n"), 0o644)
+	ta := startAgent(t, "SPOTGUARD_TRAINER_PIDFILE="+pidfile)
+	warned := func(want string) func() bool {
+		return func() bool {
+			ta.a.coord.Scan()
+			v := ta.a.health(time.Now())
+			return v.Healthy && strings.Contains(strings.Join(v.Warnings, " "), want)
+		}
+	}
+	eventually(t, "a warning that the trainer does not catch the signal", warned(fmt.Sprintf("trainer process %d (sh -c", bare.cmd.Process.Pid)))
+	if v := ta.a.health(time.Now()); !strings.Contains(strings.Join(v.Warnings, " "), "does not catch SIGUSR1") || !slices.Contains(v.short, fmt.Sprintf("trainer %d does not catch SIGUSR1", bare.cmd.Process.Pid)) {
+		t.Errorf("health = %+v; want it to say the trainer does not catch SIGUSR1", v)
+	}
+	bare.cmd.Process.Kill()
+	<-bare.done
+	eventually(t, "a warning that no trainer is found, with the stale pidfile", warned("no trainer process found (stale_pidfile"))
+	good := startShTrainer(t, true)
+	os.WriteFile(pidfile, []byte(strconv.Itoa(good.cmd.Process.Pid)+"\n"), 0o644)
+	eventually(t, "no trainer warning once one that catches the signal runs", func() bool {
+		ta.a.coord.Scan()
+		v := ta.a.health(time.Now())
+		return v.Healthy && !strings.Contains(strings.Join(v.Warnings, " "), "trainer")
 	})
 }

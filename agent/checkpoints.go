@@ -450,6 +450,10 @@ const missingWithheld = "withheld"
 // away before its commit, and nothing completed since (renamed out of checkpoint.dir).
 const missingRenamedAway = "renamed_away"
 
+// missingNotSignalled is the checkpoint_missing reason of a notice whose signal reached no
+// trainer process (none found, or none catches trainer.signal), and no checkpoint completed.
+const missingNotSignalled = "not_signalled"
+
 // renameGrace is how long a notice's checkpoint renamed away is awaited under its new name
 // (checkMissing) after the notice's own time is up: a staging directory renamed into place is
 // seen under its new name within a scan.

@@ -99,7 +99,12 @@ type NoticeStatus struct {
 	// notice's save (cover, savingFor).
 	readAt      time.Time
 	signalledAt *time.Time // when the trainer was signalled, if it was
-	written     string     // the checkpoint completed after the notice, once seen
+	// notSignalledAt is when its signal found no trainer process it could signal (none found, or
+	// none catches trainer.signal); zero when it did, or was not tried. Without a checkpoint by
+	// the deadline, it is checkpoint_missing (not_signalled).
+	notSignalledAt time.Time
+	notSignalledBy string // why: what was found, and the discovery problems
+	written        string // the checkpoint completed after the notice, once seen
 	// later are the checkpoints completed after written, while it is not committed, oldest first
 	// (at most maxLater): one of them committed makes the notice durable too, and one takes
 	// written's place when written is deleted or renamed away before its commit.
@@ -763,6 +768,9 @@ func (c *Coordinator) act(cfg *Config, ns *NoticeStatus, first bool, from time.T
 		if len(results) > 0 {
 			detail = "no trainer process could be signalled"
 		}
+		c.mu.Lock()
+		ns.notSignalledAt, ns.notSignalledBy = time.Now(), notSignalledWhy(results, problems, cfg)
+		c.mu.Unlock()
 		c.transition(ns, StateTrainerNotSignalled, detail)
 		log.Error().Int("found", len(procs)).Msg(detail + "; the newest complete checkpoint is all there is")
 		return
@@ -781,6 +789,29 @@ func (c *Coordinator) act(cfg *Config, ns *NoticeStatus, first bool, from time.T
 	c.record(metrics.Datum{Name: "SignalLatencySeconds", Unit: metrics.UnitSeconds, Value: latency.Seconds(),
 		Dimensions: map[string]string{"Source": string(ns.Source)}})
 	log.Info().Int("signalled", sent).Int("found", len(results)).Float64("since_detected_s", logSeconds(time.Since(ns.detectedAt))).Msg("notice handled: trainer signalled")
+}
+
+// notSignalledWhy says why a notice's signal reached no trainer process: what was found, and
+// what kept it from being signalled (the checkpoint_missing line of such a notice).
+func notSignalledWhy(results []trainer.Result, problems []trainer.Problem, cfg *Config) string {
+	var parts []string
+	for _, r := range results {
+		switch r.Outcome {
+		case trainer.OutcomeNotCaught:
+			parts = append(parts, fmt.Sprintf("PID %d does not catch %s: install a handler in the trainer", r.PID, trainer.SignalName(cfg.Trainer.Signal)))
+		case trainer.OutcomeGone:
+			parts = append(parts, fmt.Sprintf("PID %d exited before its signal", r.PID))
+		case trainer.OutcomeFailed:
+			parts = append(parts, fmt.Sprintf("PID %d could not be signalled: %v", r.PID, r.Err))
+		}
+	}
+	for _, p := range problems {
+		parts = append(parts, p.Reason+": "+p.Detail)
+	}
+	if len(parts) == 0 {
+		return "no trainer process found: see trainer.pidfile, trainer.unit, trainer.match or trainer.container"
+	}
+	return strings.Join(parts, "; ")
 }
 
 // cover takes ns, a notice just detected, as covered by the save the trainer is making for
@@ -1389,6 +1420,8 @@ func (c *Coordinator) checkMissing(now time.Time) {
 		renamed, withheld string
 		withheldGone      string
 		signalledAt       time.Time
+		notSignalled      bool
+		notSignalledBy    string
 	}
 	var due []missing
 	for _, ns := range c.active {
@@ -1396,18 +1429,27 @@ func (c *Coordinator) checkMissing(now time.Time) {
 		// missing then if it never completed (moved out of the directory), even when the
 		// notice was said missing before it came, and when the trainer was not signalled for
 		// it (a job notice, or no trainer found): it was the notice's checkpoint all the same.
+		// One whose signal found no trainer to signal is said missing as a signalled one is,
+		// from when it was tried.
 		renamed := ns.renamed != ""
-		if (ns.signalledAt == nil && !renamed) || ns.written != "" || ns.Policy != PolicyCheckpoint {
+		notSignalled := ns.signalledAt == nil && !ns.notSignalledAt.IsZero()
+		if (ns.signalledAt == nil && !renamed && !notSignalled) || ns.written != "" || ns.Policy != PolicyCheckpoint {
 			continue
 		}
 		if ns.missingSaid && !renamed {
 			continue
 		}
-		var by, signalledAt time.Time
-		if ns.signalledAt != nil {
+		var by, signalledAt, from time.Time
+		switch {
+		case ns.signalledAt != nil:
 			signalledAt = *ns.signalledAt
-			by = signalledAt.Add(checkpointDue)
-			if ns.Deadline != nil && ns.Deadline.After(signalledAt) && ns.Deadline.Before(by) {
+			from = signalledAt
+		case notSignalled && !renamed: // (renamed away, it is awaited as before: renameGrace)
+			from = ns.notSignalledAt
+		}
+		if !from.IsZero() {
+			by = from.Add(checkpointDue)
+			if ns.Deadline != nil && ns.Deadline.After(from) && ns.Deadline.Before(by) {
 				by = *ns.Deadline
 			}
 		}
@@ -1417,7 +1459,8 @@ func (c *Coordinator) checkMissing(now time.Time) {
 		if now.Before(by) {
 			continue
 		}
-		m := missing{ns: ns, again: ns.missingSaid, withheld: ns.withheld, withheldGone: ns.withheldGone, signalledAt: signalledAt}
+		m := missing{ns: ns, again: ns.missingSaid, withheld: ns.withheld, withheldGone: ns.withheldGone, signalledAt: signalledAt,
+			notSignalled: notSignalled && !renamed, notSignalledBy: ns.notSignalledBy}
 		m.renamed, ns.renamed = ns.renamed, "" // said once per rename
 		ns.missingSaid = true
 		due = append(due, m)
@@ -1447,6 +1490,9 @@ func (c *Coordinator) checkMissing(now time.Time) {
 				what = "the store cannot hold that name, so it is withheld, not committed: rename the checkpoint (its error says why)"
 			}
 			why = "the trainer wrote " + m.withheld + " and its marker, but " + what
+		case m.notSignalled:
+			reason = missingNotSignalled
+			why = "no trainer process could be signalled for it (" + m.notSignalledBy + "), and the trainer saved nothing on its own"
 		case there:
 			reason = "no_marker"
 			why = "the trainer is still running but its checkpoint's marker never came: check that it saves on " +
@@ -1576,6 +1622,39 @@ func (c *Coordinator) scan(cfg *Config) []trainer.Process {
 		c.log.Warn().Str("problems", problemText).Msg("trainer not found")
 	}
 	return procs
+}
+
+// trainerWarnings are the /healthz warnings on the trainer as the last scan found it, each long
+// and short: no process found (with the discovery problems), and each process that does not catch
+// trainer.signal. A notice now would signal none of them: its checkpoint would be missing. They
+// are warnings, not reasons: the agent starts before the trainer, and runs on between its runs.
+func (c *Coordinator) trainerWarnings() [][2]string {
+	sig := trainer.SignalName(c.config().Trainer.Signal)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.scanned {
+		return nil
+	}
+	var ws [][2]string
+	if len(c.found) == 0 {
+		why := "no process matches trainer.pidfile, trainer.unit, trainer.match or trainer.container"
+		if c.lastProblems != "" {
+			why = c.lastProblems
+		}
+		ws = append(ws, [2]string{"no trainer process found (" + why + "): a notice now would signal no one, and its checkpoint would be missing; fine before the trainer starts",
+			""}) // the STATUS line says "no trainer found" already
+	}
+	for _, t := range c.found {
+		if t.CatchesSignal {
+			continue
+		}
+		if len(t.Cmdline) > 120 {
+			t.Cmdline = t.Cmdline[:120] + "…"
+		}
+		ws = append(ws, [2]string{fmt.Sprintf("trainer process %d (%s) does not catch %s: a notice now would not signal it (the default action would kill it), and its checkpoint would be missing; install a handler in the trainer (docs/trainers.md)",
+			t.PID, t.Cmdline, sig), fmt.Sprintf("trainer %d does not catch %s", t.PID, sig)})
+	}
+	return ws
 }
 
 // msgTrainerFork is scan's line, at Debug, for a process found that is a fork of a trainer

@@ -36,9 +36,12 @@ func (v *healthVerdict) reason(long, short string) {
 	v.short = append(v.short, short)
 }
 
+// warn adds a warning; an empty short one is not on the STATUS line (which says it its own way).
 func (v *healthVerdict) warn(long, short string) {
 	v.Warnings = append(v.Warnings, long)
-	v.short = append(v.short, short)
+	if short != "" {
+		v.short = append(v.short, short)
+	}
 }
 
 // imdsUp is whether IMDS is up as /healthz judges it: the spot source answered within
@@ -125,6 +128,9 @@ func (a *Agent) health(now time.Time) healthVerdict {
 		dir := a.cfg.Load().Agent.RuntimeDir
 		v.warn(fmt.Sprintf("agent.runtime_dir %s cannot be written (%v): a trainer reading %s finds no notice and no deadline, and a restart sends uncommitted files again (no journal); fix its permissions or agent.runtime_dir",
 			dir, err, NoticeFile), "runtime dir "+dir+" not writable")
+	}
+	for _, w := range a.coord.trainerWarnings() {
+		v.warn(w[0], w[1])
 	}
 	if since, ok := a.gpu.notAnswering(); ok {
 		d := now.Sub(since).Round(time.Second)

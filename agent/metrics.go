@@ -64,7 +64,7 @@ func newMetrics(reg prometheus.Registerer, stats func() imds.Stats) *promMetrics
 		}, []string{"reason"}),
 		checkpointMissing: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "spotguard_notice_checkpoint_missing_total",
-			Help: "Notices whose trainer was signalled but wrote no checkpoint by the deadline (or within 2 minutes), by source and reason (no_marker, trainer_gone, withheld; deleted: the one written was deleted before its commit, and none completed since; renamed_away: it was renamed away before its commit, and nothing completed since).",
+			Help: "Notices whose trainer was signalled but wrote no checkpoint by the deadline (or within 2 minutes), by source and reason (no_marker, trainer_gone, withheld; deleted: the one written was deleted before its commit, and none completed since; renamed_away: it was renamed away before its commit, and nothing completed since; not_signalled: no trainer process could be signalled, none found or none catching the signal, and none completed).",
 		}, []string{"source", "reason"}),
 		signalLatency: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "spotguard_notice_signal_latency_seconds",
