@@ -158,6 +158,9 @@ func (c *Coordinator) TakeJobNotice(n imds.Notice, at time.Time) JobNoticeReply 
 				ns.Deadline, ns.Posts, ns.LastPostAt, ns.EndsAt = &d, 1, &at, &end
 			})
 		if ns.Policy == PolicyCheckpoint {
+			// Not signalled, so the time left is set when it is posted (and when its deadline
+			// moves earlier), as it is at the signal of an IMDS notice.
+			c.metrics.noticeDeadlineLeft.WithLabelValues(string(SourceJob)).Set(time.Until(n.Deadline).Seconds())
 			c.noticesChanged(cfg)
 		}
 	} else {
@@ -179,6 +182,7 @@ func (c *Coordinator) TakeJobNotice(n imds.Notice, at time.Time) JobNoticeReply 
 		switch {
 		case ns.Policy != PolicyCheckpoint:
 		case earlier:
+			c.metrics.noticeDeadlineLeft.WithLabelValues(string(SourceJob)).Set(time.Until(n.Deadline).Seconds())
 			c.noticesChanged(cfg)
 		case later:
 			c.rewriteNoticeFile(cfg, c.inForce()) // its end, for a restart

@@ -225,6 +225,16 @@ func counterValue(t *testing.T, c prometheus.Counter) float64 {
 	return m.GetCounter().GetValue()
 }
 
+// gaugeValue is the value of a Prometheus gauge.
+func gaugeValue(t *testing.T, g prometheus.Gauge) float64 {
+	t.Helper()
+	var m dto.Metric
+	if err := g.Write(&m); err != nil {
+		t.Fatal(err)
+	}
+	return m.GetGauge().GetValue()
+}
+
 func jobNotice(action string, deadline time.Time) imds.Notice {
 	return imds.Notice{Source: SourceJob, Action: action, Time: deadline, Deadline: deadline}
 }
@@ -279,6 +289,10 @@ func TestJobNoticeLifecycle(t *testing.T) {
 		if got := counterValue(t, c.metrics.notices.WithLabelValues("job", "terminate")); got != 1 {
 			t.Errorf("spotguard_notices_total{source=job,action=terminate} = %v; want 1", got)
 		}
+		// Not signalled, it sets the time left when posted (it was never set: found from outside).
+		if got := gaugeValue(t, c.metrics.noticeDeadlineLeft.WithLabelValues("job")); got != 90 {
+			t.Errorf("spotguard_notice_deadline_seconds{source=job} = %v; want 90", got)
+		}
 
 		// Posted again with a later deadline: refreshed, the deadline stays, the end moves.
 		passFakeTime(10 * time.Second)
@@ -293,8 +307,14 @@ func TestJobNoticeLifecycle(t *testing.T) {
 			t.Errorf("the uploader was told again of an unchanged set of notices")
 		}
 		// With an earlier deadline: it moves, and notice.json and the uploader say so.
+		if got := gaugeValue(t, c.metrics.noticeDeadlineLeft.WithLabelValues("job")); got != 90 {
+			t.Errorf("spotguard_notice_deadline_seconds{source=job} = %v after a post with a later deadline; want 90, unchanged", got)
+		}
 		d0 := start.Add(60 * time.Second)
 		r, _ = c.Post(ctx, jobNotice("terminate", d0))
+		if got := gaugeValue(t, c.metrics.noticeDeadlineLeft.WithLabelValues("job")); got != 50 {
+			t.Errorf("spotguard_notice_deadline_seconds{source=job} = %v after a post with an earlier deadline, 10 s later; want 50", got)
+		}
 		if r.Result != JobNoticeRefreshed || r.Notice.Posts != 3 || !r.Notice.Deadline.Equal(d0) || !r.Notice.EndsAt.Equal(d2.Add(JobNoticeGrace)) {
 			t.Errorf("Got(%q) = %s %d posts, deadline %v, ends %v; want refreshed, 3, %v, ends unchanged", "earlier deadline",
 				r.Result, r.Notice.Posts, r.Notice.Deadline, r.Notice.EndsAt, d0)

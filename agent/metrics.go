@@ -89,7 +89,7 @@ func newMetrics(reg prometheus.Registerer, stats func() imds.Stats) *promMetrics
 		}, []string{"result"}),
 		noticeDeadlineLeft: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "spotguard_notice_deadline_seconds",
-			Help: "Seconds from signalling the trainer to the notice's deadline, for the newest notice of each source.",
+			Help: "Seconds from signalling the trainer (posting a job notice) to the notice's deadline, for the newest notice of each source.",
 		}, []string{"source"}),
 	}
 	m.committed = prometheus.NewCounterVec(prometheus.CounterOpts{
