@@ -146,7 +146,8 @@ type Latest struct {
 }
 
 // ValidName reports whether name can be a job or checkpoint name: one path element, not "." or
-// "..", no backslash or NUL, valid UTF-8 (S3 keys and manifests are), not MetaDir or "LATEST"
+// "..", no backslash, NUL or other control character (hasControl), valid UTF-8 (S3 keys and
+// manifests are), not MetaDir or "LATEST"
 // (the job's LATEST is J/LATEST: a checkpoint of that name would write its commits under it).
 func ValidName(name string) error {
 	switch {
@@ -156,8 +157,31 @@ func ValidName(name string) error {
 		return fmt.Errorf("%q must not contain a slash, backslash or NUL", name)
 	case !utf8.ValidString(name):
 		return fmt.Errorf("%q is not valid UTF-8 (S3 keys and manifests are)", name)
+	case hasControl(name):
+		return fmt.Errorf("%q has a control character (S3 lists such a key changed, or not at all)", name)
 	case name == MetaDir || name == "LATEST":
 		return fmt.Errorf("%q is reserved", name)
+	}
+	return nil
+}
+
+// hasControl reports whether s has an ASCII control character (below space, or DEL). S3's XML
+// listings cannot carry most of them unless asked to encode keys (versitygw gives U+FFFD in
+// their place), so a checkpoint named so could not be found by listing, nor its files deleted by
+// retention; and a newline in a name breaks every line of output that shows it.
+func hasControl(s string) bool {
+	return strings.IndexFunc(s, func(r rune) bool { return r < 0x20 || r == 0x7f }) >= 0
+}
+
+// StorablePath is ValidPath for a file of a checkpoint being committed: it also refuses a
+// control character (hasControl). A manifest committed before this rule, whose files are read
+// by their keys, stays valid (ValidPath), so it can be restored.
+func StorablePath(rel string) error {
+	if err := ValidPath(rel); err != nil {
+		return err
+	}
+	if hasControl(rel) {
+		return fmt.Errorf("path %q has a control character (S3 lists such a key changed, or not at all)", rel)
 	}
 	return nil
 }

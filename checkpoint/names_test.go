@@ -267,3 +267,50 @@ func TestSingleFileTheOwnerCannotReadIsWithheld(t *testing.T) {
 	}
 	r.waitCommitted("model.pt")
 }
+
+// A name with a control character (ESC, a newline, a tab, DEL) was committed, and then not found:
+// S3's XML listings cannot carry it (versitygw lists U+FFFD in its place; S3 needs EncodingType
+// url), so `list` and restore did not see the checkpoint, and retention could not delete the
+// files of one; a newline broke list's table. Such a checkpoint is withheld now, as for any name
+// the store cannot hold, and so is one with such a file; a manifest committed before the rule
+// with such a file (restore reads files by their keys) stays valid. Against a real S3 server.
+// (Found from outside.)
+func TestControlCharactersInNamesAreNotStored(t *testing.T) {
+	for _, name := range []string{"step\x1b1", "step\n1", "step\t1", "step\x7f1"} {
+		if ValidName(name) == nil {
+			t.Errorf("ValidName(%q) = nil; want an error", name)
+		}
+		if StorablePath("sub/"+name) == nil {
+			t.Errorf("StorablePath(%q) = nil; want an error", "sub/"+name)
+		}
+		if err := ValidPath("sub/" + name); err != nil {
+			t.Errorf("ValidPath(%q) = %v; want nil: a manifest committed with it restores", "sub/"+name, err)
+		}
+	}
+	peer := s3StartPeer(t)
+	s := peer.openS3(t, peer.endpoint, "ctl", S3Options{Concurrency: 4})
+	dir := t.TempDir()
+	r := startUploader(t, dir, s, 0)
+	writeCheckpoint(t, dir, "step\x1b1", map[string][]byte{"a": randomBytes(t, 1<<10)})
+	if ev := r.waitEvent(CheckpointWithheld, "step\x1b1"); !errors.Is(ev.Err, ErrNameNotStorable) || !strings.Contains(ev.Err.Error(), "control character") {
+		t.Errorf("step\\x1b1 withheld for %v; want ErrNameNotStorable, a control character", ev.Err)
+	}
+	writeCheckpoint(t, dir, "step-2", map[string][]byte{"a": randomBytes(t, 1<<10), "w\x1b.bin": randomBytes(t, 1<<10)})
+	if ev := r.waitEvent(CheckpointWithheld, "step-2"); !errors.Is(ev.Err, ErrNotStorable) || !strings.Contains(ev.Err.Error(), "control character") {
+		t.Errorf("step-2 withheld for %v; want ErrNotStorable, a control character", ev.Err)
+	}
+	if err := os.Remove(filepath.Join(dir, "step-2", "w\x1b.bin")); err != nil {
+		t.Fatal(err)
+	}
+	r.waitCommitted("step-2")
+	cs, _, err := ListCommitted(t.Context(), s, "job")
+	if err != nil || len(cs) != 1 || cs[0].Manifest.Checkpoint != "step-2" {
+		t.Errorf("committed = %+v, %v; want step-2 alone", cs, err)
+	}
+	objs, _ := s.List(t.Context(), "job/")
+	for _, o := range objs {
+		if hasControl(o.Key) || strings.Contains(o.Key, "\ufffd") {
+			t.Errorf("stored a key with a control character: %q", o.Key)
+		}
+	}
+}

@@ -644,7 +644,7 @@ func (s *scanWalker) walkDir(parent *os.Root, base string, want fs.FileInfo, ckp
 			continue
 		}
 		p := path.Join(sub, name)
-		if err := ValidPath(p); err != nil {
+		if err := StorablePath(p); err != nil {
 			s.skip(ckpt+"/"+p, "", err)
 			if p != MetaDir { // spotguard's own (a commit copied with awscli), not the trainer's
 				s.refuse(p, err)

@@ -1681,7 +1681,7 @@ func (u *Uploader) handleWatch(ctx context.Context, ev WatchEvent) {
 		return
 	}
 	if ev.Kind == FileReady || ev.Kind == FileGone || ev.Kind == FileGrowing {
-		if err := ValidPath(ev.Path); err != nil {
+		if err := StorablePath(ev.Path); err != nil {
 			u.log.Warn().Str("checkpoint", ev.Checkpoint).Err(err).Msg("file refused")
 			return
 		}

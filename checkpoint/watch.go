@@ -854,7 +854,7 @@ func (r *watchRun) checkBadName(name string) {
 		return
 	}
 	r.badNames[name] = id
-	err = fmt.Errorf("%w: %w; rename it to a name the store can hold (valid UTF-8, without a backslash, not LATEST): it is committed under its new name",
+	err = fmt.Errorf("%w: %w; rename it to a name the store can hold (valid UTF-8, without a backslash or control character, not LATEST): it is committed under its new name",
 		ErrNameNotStorable, ValidName(name))
 	r.log.Error().Err(err).Str("checkpoint", name).Msg("marker is there but the checkpoint's own name cannot be stored; never committed under this name")
 	r.emit(WatchEvent{Kind: Withheld, Checkpoint: name, Path: rel, Size: marker.Size(), ModTime: marker.ModTime(), ID: id, Err: err})
@@ -1515,7 +1515,7 @@ func (r *watchRun) changed(rel string) {
 	if scanSkipPath(sub) {
 		return
 	}
-	if err := ValidPath(sub); err != nil {
+	if err := StorablePath(sub); err != nil {
 		r.skip(rel, "", err)
 		return
 	}
