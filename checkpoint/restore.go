@@ -535,6 +535,18 @@ func restoreResolve(ctx context.Context, s Store, opts RestoreOptions, run *rest
 		}
 		return nil, nil, false, fmt.Errorf("checkpoint %q has no valid manifest: %w", opts.Checkpoint, errors.Join(why...))
 	}
+	if newest == nil && st.LatestETag != "" {
+		// LATEST is written after a manifest: the job had a checkpoint, and it is gone. Not a
+		// first run: --allow-empty must not start the trainer from scratch.
+		named := "not valid JSON"
+		if st.Latest != nil {
+			named = fmt.Sprintf("naming checkpoint %q commit %s", st.Latest.Checkpoint, st.Latest.Commit)
+		}
+		return nil, nil, false, fmt.Errorf("job %s in %s has a LATEST (%s) but no complete checkpoint: the job had one, and its commits are gone from the store "+
+			"(an S3 lifecycle rule, a hand delete, another tool?); this is not a first run, so nothing is restored, with --allow-empty too: "+
+			"look for the commits (a versioned bucket keeps deleted objects as noncurrent versions), or delete %s to start the job from scratch",
+			job, s.URL(), named, LatestKey(job))
+	}
 	if newest == nil {
 		e := &restoreNothingError{job: job, url: s.URL(), problems: len(st.Problems)}
 		if inc := incompleteSaves(st.Parts, st.Commits); len(inc) > 0 {

@@ -277,3 +277,25 @@ func TestWaitRestoreTarget(t *testing.T) {
 		t.Errorf("waitRestoreTarget after the directory appeared = %v", err)
 	}
 }
+
+// A job whose LATEST is there but whose commits are gone (an S3 lifecycle rule, a hand delete)
+// had a checkpoint: restore --allow-empty exited 0 as for a first run, and the trainer started
+// from scratch. It fails now, saying so and what to do, with a LATEST that is garbage too.
+// (Found from outside.)
+func TestRestoreAllowEmptyRefusesAJobWhoseCommitsAreGone(t *testing.T) {
+	for _, latest := range []string{`{"version":2,"checkpoint":"step-9","commit":"20260101T000000Z-0123456789ab"}`, "garbage"} {
+		store := t.TempDir()
+		if err := os.MkdirAll(filepath.Join(store, "j"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(store, "j", "LATEST"), []byte(latest), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		env := []string{"SPOTGUARD_STORE_URL=file://" + store, "SPOTGUARD_STORE_JOB=j"}
+		code, stdout, stderr := runCLI(t, t.Context(), env, "restore", "--allow-empty", "--to", t.TempDir())
+		if code != exitFail || !strings.Contains(stderr, "has a LATEST") || !strings.Contains(stderr, "this is not a first run") ||
+			!strings.Contains(stderr, "delete j/LATEST to start the job from scratch") || strings.Contains(stdout, "first run") {
+			t.Errorf("restore --allow-empty with LATEST %s and no commit: exit %d, stdout %q, stderr %q; want 1, saying the commits are gone", latest, code, stdout, stderr)
+		}
+	}
+}
