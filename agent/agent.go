@@ -93,6 +93,9 @@ type Agent struct {
 	// runtimeDirProblem is why agent.runtime_dir could not be written at its last probe
 	// (probeRuntimeDir), nil when it could.
 	runtimeDirProblem atomic.Pointer[error]
+	// listenProblem is why http.listen could not be bound (tried again every listenRetry), nil
+	// once it is, or when it was at start.
+	listenProblem atomic.Pointer[error]
 
 	mu         sync.Mutex
 	identity   imds.Identity
@@ -401,7 +404,8 @@ func (a *Agent) Config() *Config { return a.cfg.Load() }
 // Run runs the agent until ctx is done: the IMDS watcher, the coordinator, the identity lookup,
 // the agent's own signals and the HTTP listener. It returns after all of them have stopped; the
 // error is non-nil only if another agent holds agent.runtime_dir (lockRuntimeDir) or watches
-// checkpoint.dir (checkpoint.LockDir), or the listener could not start or failed.
+// checkpoint.dir (checkpoint.LockDir), or the listener failed once serving (one that cannot be
+// bound is tried again, and the agent runs on meanwhile).
 func (a *Agent) Run(ctx context.Context) error {
 	cfg := a.cfg.Load()
 	_ = os.MkdirAll(cfg.Agent.RuntimeDir, 0o755) // a failure is said below
@@ -422,12 +426,17 @@ func (a *Agent) Run(ctx context.Context) error {
 			release() // the watcher takes it
 		}
 	}
+	// A listener that cannot be bound (another program on the port) is trouble to say, not a
+	// reason to leave the instance without its notice path and uploads: the agent runs on
+	// without it, and binds it once it can.
 	var ln net.Listener
 	if cfg.HTTP.Listen != "" {
 		var err error
 		ln, err = (&net.ListenConfig{}).Listen(ctx, "tcp", cfg.HTTP.Listen)
 		if err != nil {
-			return fmt.Errorf("http.listen: %w", err)
+			a.listenProblem.Store(&err)
+			a.log.Error().Err(err).Str("listen", cfg.HTTP.Listen).Float64("retry_every_s", listenRetry.Seconds()).
+				Msg("http.listen cannot be bound: /healthz, /status, /metrics and POST /notice are not served until it can (tried again); the notice path and uploads run; free the port or set http.listen")
 		}
 	}
 	// What an earlier run signalled the trainer for (its notice.json): not signalled again; and
@@ -510,10 +519,16 @@ func (a *Agent) Run(ctx context.Context) error {
 	})
 	g.Go(func() error { a.handleSignals(ctx, drained); return nil })
 	g.Go(func() error { return a.runStoreProbe(ctx) })
-	if ln != nil {
+	if cfg.HTTP.Listen != "" {
 		srv := &http.Server{Handler: a.Handler(), ReadHeaderTimeout: 5 * time.Second}
 		g.Go(func() error {
-			if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			l := ln
+			if l == nil {
+				if l = a.listenAgain(ctx, cfg.HTTP.Listen); l == nil {
+					return nil // stopped before it could
+				}
+			}
+			if err := srv.Serve(l); err != nil && !errors.Is(err, http.ErrServerClosed) {
 				return fmt.Errorf("http listener: %w", err)
 			}
 			return nil
@@ -525,7 +540,9 @@ func (a *Agent) Run(ctx context.Context) error {
 			defer cancel()
 			return srv.Shutdown(shutdownCtx)
 		})
-		a.log.Info().Str("addr", ln.Addr().String()).Msg("listening")
+		if ln != nil {
+			a.log.Info().Str("addr", ln.Addr().String()).Msg("listening")
+		}
 	}
 	stopped := make(chan struct{})
 	var life sync.WaitGroup
@@ -535,6 +552,32 @@ func (a *Agent) Run(ctx context.Context) error {
 	life.Wait()
 	a.log.Info().Msg("spotguard agent stopped")
 	return err
+}
+
+// listenRetry is how often an http.listen that could not be bound is tried again. A variable,
+// so that a test can shorten it.
+var listenRetry = 10 * time.Second
+
+// listenAgain binds addr, trying every listenRetry until it can (then it says so and clears
+// listenProblem) or ctx is done (nil).
+func (a *Agent) listenAgain(ctx context.Context, addr string) net.Listener {
+	t := time.NewTicker(listenRetry)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+		ln, err := (&net.ListenConfig{}).Listen(ctx, "tcp", addr)
+		if err != nil {
+			a.listenProblem.Store(&err)
+			continue
+		}
+		a.listenProblem.Store(nil)
+		a.log.Info().Str("addr", ln.Addr().String()).Msg("http.listen bound at last: listening")
+		return ln
+	}
 }
 
 // coordStopWait bounds how long a stop waits for the coordinator to end (it signals the notices

@@ -854,3 +854,41 @@ func TestTrainerNotThereOrNotCatchingIsAHealthWarning(t *testing.T) {
 		return v.Healthy && !strings.Contains(strings.Join(v.Warnings, " "), "trainer")
 	})
 }
+
+// An http.listen another program holds made `run` exit: under systemd, a restart loop with the
+// instance unprotected, for a port conflict. The agent runs on now, acts on a notice, says why it
+// is not serving (a /healthz reason, for the STATUS line and CloudWatch), and binds the port once
+// it is free.
+func TestListenerInUseIsTriedAgainWhileTheAgentRuns(t *testing.T) {
+	was := listenRetry
+	listenRetry = 20 * time.Millisecond
+	t.Cleanup(func() { listenRetry = was })
+	held, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := held.Addr().String()
+	tr := startShTrainer(t, true)
+	ta := startAgent(t, "SPOTGUARD_TRAINER_PIDFILE="+tr.pidfile, "SPOTGUARD_HTTP_LISTEN="+addr)
+	ta.imds.set("spot/instance-action", spotBody)
+	ta.waitState(t, "spot/terminate", StateTrainerSignalled)
+	if v := ta.a.health(time.Now()); v.Healthy || !slices.Contains(v.short, "http.listen "+addr+" not bound") ||
+		!strings.Contains(strings.Join(v.Reasons, " "), "address already in use") {
+		t.Errorf("health with the port held = %+v; want unhealthy, saying http.listen is not bound and why", v)
+	}
+	if !strings.Contains(ta.logs.String(), "http.listen cannot be bound") {
+		t.Errorf("log does not say http.listen cannot be bound:\n%s", ta.logs)
+	}
+	held.Close()
+	eventually(t, "the agent to serve /healthz once the port is free", func() bool {
+		resp, err := http.Get("http://" + addr + "/healthz")
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return true
+	})
+	if v := ta.a.health(time.Now()); slices.ContainsFunc(v.short, func(s string) bool { return strings.HasPrefix(s, "http.listen") }) {
+		t.Errorf("health once bound = %+v; want no http.listen reason", v)
+	}
+}

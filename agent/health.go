@@ -73,6 +73,11 @@ func (a *Agent) health(now time.Time) healthVerdict {
 	} else if !st.Healthy(now) {
 		v.reason("IMDS has failed for more than "+imds.HealthWindow.String()+" on every source", "IMDS failing")
 	}
+	if err := a.listenProblem.Load(); err != nil {
+		addr := a.cfg.Load().HTTP.Listen
+		v.reason(fmt.Sprintf("http.listen %s cannot be bound (%v): /healthz, /status, /metrics and POST /notice are not served (a multi-node job's notices from other nodes do not reach this agent); the notice path and uploads run; tried again every %s; free the port or set http.listen",
+			addr, *err, listenRetry), "http.listen "+addr+" not bound")
+	}
 	if d, stuck := a.coord.stuckFor(now); stuck {
 		v.reason(fmt.Sprintf("the notice path's loop has not gone round for %s: a notice would not be acted on (the log says what it waits for; the systemd watchdog restarts the agent)",
 			d.Round(time.Second)), "notice path stuck for "+d.Round(time.Second).String())
