@@ -268,6 +268,49 @@ func TestSingleFileTheOwnerCannotReadIsWithheld(t *testing.T) {
 	r.waitCommitted("model.pt")
 }
 
+// A checkpoint directory written by a root trainer under umask 077 (every file 0600, its marker
+// too) in a directory another user owns: the marker was skipped as a file that cannot be stored,
+// so the checkpoint was taken for one still being written: never committed (right), but not said
+// withheld, /healthz 200 (found from outside, the case docs/containers.md names). Its marker is
+// there all the same: withheld, until its files are readable; then committed.
+func TestCheckpointWhoseMarkerTheOwnerCannotReadIsWithheld(t *testing.T) {
+	dir := t.TempDir()
+	mode := fs.FileMode(0) // its owner, this user, cannot read it
+	if os.Geteuid() == 0 {
+		if err := os.Chown(dir, 12345, 12345); err != nil { // the trainer's user owns checkpoint.dir
+			t.Fatal(err)
+		}
+		mode = 0o600 // root's, under umask 077
+	}
+	r := startUploader(t, dir, newMemStore(), 0)
+	ck := filepath.Join(dir, "step-1")
+	if err := os.MkdirAll(ck, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"model.bin", "_COMPLETE"} {
+		p := filepath.Join(ck, name)
+		if err := os.WriteFile(p, randomBytes(t, 4<<10), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chmod(p, mode); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ev := r.waitEvent(CheckpointWithheld, "step-1")
+	if !errors.Is(ev.Err, ErrNotStorable) || !strings.Contains(ev.Err.Error(), "could not read it") {
+		t.Errorf("step-1 withheld for %v; want ErrNotStorable, the owner could not read it", ev.Err)
+	}
+	for _, name := range []string{"model.bin", "_COMPLETE"} {
+		if err := os.Chmod(filepath.Join(ck, name), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(ck, "_COMPLETE"), []byte("again"), 0o644); err != nil { // the marker written again
+		t.Fatal(err)
+	}
+	r.waitCommitted("step-1")
+}
+
 // A name with a control character (ESC, a newline, a tab, DEL) was committed, and then not found:
 // S3's XML listings cannot carry it (versitygw lists U+FFFD in its place; S3 needs EncodingType
 // url), so `list` and restore did not see the checkpoint, and retention could not delete the

@@ -595,6 +595,14 @@ func (s *scanWalker) top(name string) (scanFound, bool) {
 			}
 			f.files = append(f.files, sf)
 		}
+		if f.marker == nil && errors.Is(f.err, ErrNotStorable) {
+			// A marker that cannot be stored itself (a trainer running as root under umask
+			// 077 writes every file 0600, the marker too) is there all the same: the
+			// checkpoint is withheld, said, not taken for one still being written.
+			if mfi, err := s.root.Lstat(name + "/" + s.marker); err == nil && mfi.Mode().IsRegular() {
+				f.marker = mfi
+			}
+		}
 		slices.SortFunc(f.files, func(a, b scanFile) int { return strings.Compare(a.Path, b.Path) })
 		return f, true
 	case fi.Mode().IsRegular():
