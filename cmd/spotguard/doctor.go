@@ -395,6 +395,11 @@ func doctorCheckpointDir(rep *doctorReport, cfg *agent.Config) {
 			"look at them, and delete them: the trainer does not resume from them, and they fill the disk")
 		return
 	}
+	if mounted, _ := isMountPoint(dir); mounted {
+		rep.add("checkpoint.dir", doctorWarn, mountPointWarning("checkpoint.dir", dir),
+			"set checkpoint.dir to "+filepath.Join(dir, "checkpoints")+" (and RESTORE_TO, if set), or give the disk a mount unit (an /etc/fstab line) so that RequiresMountsFor= orders the restore after it")
+		return
+	}
 	rep.add("checkpoint.dir", doctorPass, fmt.Sprintf("%s is a readable directory (%d entries)", dir, len(entries)), "")
 }
 

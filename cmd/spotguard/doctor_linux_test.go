@@ -40,3 +40,45 @@ func TestDoctorRuntimeDirFull(t *testing.T) {
 		t.Errorf("doctorRuntimeDir of a full directory = %+v; want FAIL, full", rep.Checks)
 	}
 }
+
+// A checkpoint.dir that is itself a mount point: at a boot where a script mounts the disk late,
+// the restore wrote onto the root volume under it and the mount hid the checkpoint (found from
+// outside: the trainer started from scratch, and retention then deleted the job's progress).
+// doctor warns, and restore says so as it restores there; a directory below it is fine.
+func TestCheckpointDirThatIsAMountPointIsWarnedOf(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root, to mount a tmpfs")
+	}
+	mnt := filepath.Join(t.TempDir(), "nvme")
+	os.Mkdir(mnt, 0o755)
+	if err := unix.Mount("tmpfs", mnt, "tmpfs", 0, "size=1m"); err != nil {
+		t.Fatalf("mount a tmpfs as root: %v", err)
+	}
+	defer unix.Unmount(mnt, unix.MNT_DETACH)
+	below := filepath.Join(mnt, "checkpoints")
+	os.Mkdir(below, 0o755)
+	for _, tc := range []struct {
+		dir  string
+		want string
+	}{{mnt, doctorWarn}, {below, doctorPass}} {
+		var rep doctorReport
+		cfg := &agent.Config{}
+		cfg.Checkpoint.Dir, cfg.Checkpoint.Marker = tc.dir, "_COMPLETE"
+		doctorCheckpointDir(&rep, cfg)
+		if len(rep.Checks) != 1 || rep.Checks[0].Status != tc.want ||
+			(tc.want == doctorWarn && (!strings.Contains(rep.Checks[0].Detail, "is itself a mount point") || !strings.Contains(rep.Checks[0].Fix, below))) {
+			t.Errorf("doctor's checkpoint.dir %s = %+v; want %v", tc.dir, rep.Checks, tc.want)
+		}
+	}
+	store := t.TempDir()
+	env := []string{"SPOTGUARD_STORE_URL=file://" + store, "SPOTGUARD_STORE_JOB=j"}
+	for _, tc := range []struct {
+		to   string
+		warn bool
+	}{{mnt, true}, {below, false}} {
+		_, _, stderr := runCLI(t, t.Context(), env, "restore", "--allow-empty", "--no-create", "--to", tc.to)
+		if got := strings.Contains(stderr, "warning: --to "+mnt+" is itself a mount point"); got != tc.warn {
+			t.Errorf("restore --to %s: warned %v; want %v:\n%s", tc.to, got, tc.warn, stderr)
+		}
+	}
+}

@@ -129,6 +129,11 @@ func runRestore(ctx context.Context, args, environ []string, stdout, stderr io.W
 			return exitFail
 		}
 	}
+	if mounted, _ := isMountPoint(*to); mounted {
+		// Safe now, with the disk mounted; not at a boot where a script mounts it late: --to is
+		// then a directory of the root volume, restored into, and hidden by the mount.
+		fmt.Fprintf(atPriority(stderr, 4), "spotguard restore: warning: %s\n", mountPointWarning("--to", *to))
+	}
 	store, err := openStoreToRead(ctx, cfg.Store.URL, cfg.IMDS.Endpoint, cfg.S3Options())
 	if err != nil {
 		fmt.Fprintf(stderr, "spotguard restore: %v\n", err)
@@ -301,6 +306,17 @@ func checkRestoreTarget(dir string) error {
 			"If the directory belongs on that file system, create it once: mkdir -p %s", dir, parent, dir)
 	}
 	return nil
+}
+
+// mountPointWarning says why dir (named by what: --to, checkpoint.dir), itself the mount point
+// of a file system, is a hazard: at a boot where the disk is mounted late, by a script with no
+// mount unit (RequiresMountsFor= cannot wait for it), the restore finds dir on the root volume,
+// restores there, and the mount hides it: the trainer starts from scratch.
+func mountPointWarning(what, dir string) string {
+	return fmt.Sprintf("%s %s is itself a mount point: at a boot where its disk is mounted late (by a script, with no mount unit), "+
+		"the restore finds %s on the root volume, restores into it, and the mount then hides the checkpoint: the trainer starts from scratch; "+
+		"use a directory below the mount point (%s) for checkpoint.dir and the restore's --to, which --no-create then waits for",
+		what, dir, dir, filepath.Join(dir, "checkpoints"))
 }
 
 // waitRestoreTarget polls checkRestoreTarget every tick until it passes, wait has gone by (its
