@@ -211,7 +211,7 @@ var fields = []field{
 		c.Trainer.Match = re
 		return nil
 	}},
-	{"trainer.user", "", "user name or numeric uid: only processes of this real user are trainers, whichever way they were found; empty: any user", func(c *Config, v string) error {
+	{"trainer.user", "", "user name or numeric uid: only processes of this real user are trainers, whichever way they were found; empty: any user. A restore as root gives this user the directories it creates in a directory of root's (a disk's mount point)", func(c *Config, v string) error {
 		uid, err := trainer.ParseUser(v)
 		c.Trainer.User = uid
 		return err

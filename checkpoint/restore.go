@@ -11,6 +11,7 @@ import (
 	"io"
 	"io/fs"
 	"os"
+	"os/user"
 	"path"
 	"path/filepath"
 	"slices"
@@ -96,6 +97,11 @@ type RestoreOptions struct {
 	// agent records one it finds committed, so that an agent that starts later knows the copy
 	// for that commit even when the store no longer holds it.
 	Journal string
+	// DirOwner, if not nil, is the user (trainer.user) a restore run as root gives the
+	// directories it creates where the nearest one that exists belongs to root (a disk's mount
+	// point): the trainer can then save into the checkpoint.dir the restore made, and the
+	// restored files are its too. Its group is the user's own, where this system knows the user.
+	DirOwner *int
 }
 
 // RestoreResult describes a successful restore.
@@ -218,7 +224,7 @@ func Restore(ctx context.Context, s Store, opts RestoreOptions) (RestoreResult, 
 		conc = restoreDefaultConcurrency
 	}
 	log := opts.Logger.With().Str("component", "restore").Str("store", url).Str("job", opts.Job).Logger()
-	run := &restoreRun{log: log}
+	run := &restoreRun{log: log, dirOwner: opts.DirOwner}
 
 	for tries := 1; ; tries++ {
 		res, gone, err := restoreOnce(ctx, s, opts, conc, run, start)
@@ -1541,6 +1547,8 @@ type restoreRun struct {
 	// owner, if not nil, is whom the files and directories the restore writes are made to
 	// belong to (restoreOwnerOf).
 	owner *restoreOwner
+	// dirOwner is RestoreOptions.DirOwner.
+	dirOwner *int
 
 	mu           sync.Mutex // guards the log's writes and what follows
 	failing      int        // reads that failed and are being retried
@@ -1580,7 +1588,8 @@ func restoreOwnerOf(to *os.Root) *restoreOwner {
 // directories it creates belong to the owner (and group) of the nearest directory above them
 // that exists, as if that user had made them, unless that is root: `sudo spotguard restore --to
 // /home/ubuntu/ckpt` on a new instance leaves a ckpt the trainer (ubuntu) can save into, and
-// [restoreOwnerOf] then gives it the restored files too. Each directory is created and given
+// [restoreOwnerOf] then gives it the restored files too. Where that directory is root's (a
+// disk's mount point), they belong to run.dirOwner (trainer.user) when it is set, else to root. Each directory is created and given
 // away through a handle below that existing directory, and only when it is still the empty
 // directory of root's just made: a user who swaps a name for a link meanwhile gets nothing
 // outside the directory it owns.
@@ -1611,15 +1620,22 @@ func restoreMkdirAll(dir string, run *restoreRun) error {
 		return err
 	}
 	st, ok := fileStat(fi)
-	if !ok || st.uid == 0 {
+	if !ok {
 		return os.MkdirAll(dir, 0o755)
+	}
+	owner := &restoreOwner{uid: int(st.uid), gid: int(st.gid)}
+	if st.uid == 0 {
+		if run.dirOwner == nil || *run.dirOwner == 0 {
+			return os.MkdirAll(dir, 0o755)
+		}
+		// Root's (a disk's mount point): the trainer's user, so that it can save there.
+		owner = &restoreOwner{uid: *run.dirOwner, gid: primaryGroup(*run.dirOwner, int(st.gid))}
 	}
 	root, err := os.OpenRoot(base)
 	if err != nil {
 		return err
 	}
 	defer func() { _ = root.Close() }() // a directory handle: nothing to flush
-	owner := &restoreOwner{uid: int(st.uid), gid: int(st.gid)}
 	rel := ""
 	for i := len(missing) - 1; i >= 0; i-- {
 		rel = filepath.Join(rel, missing[i])
@@ -1632,11 +1648,24 @@ func restoreMkdirAll(dir string, run *restoreRun) error {
 		if err := restoreGiveDir(root, rel, owner); err != nil {
 			run.warn(func(log zerolog.Logger) {
 				log.Warn().Err(err).Str("dir", filepath.Join(base, rel)).Int("uid", owner.uid).Int("gid", owner.gid).
-					Msg("cannot give the directory the restore created to the owner of the directory it is in; it belongs to root")
+					Msg("cannot give the directory the restore created to the owner of the directory it is in (or trainer.user); it belongs to root")
 			})
 		}
 	}
 	return nil
+}
+
+// primaryGroup returns the primary group of user uid where this system knows the user, else def.
+func primaryGroup(uid, def int) int {
+	u, err := user.LookupId(strconv.Itoa(uid))
+	if err != nil {
+		return def
+	}
+	gid, err := strconv.Atoi(u.Gid)
+	if err != nil {
+		return def
+	}
+	return gid
 }
 
 // restoreGiveDir gives the directory name in root, just made by this (root) process, to owner,
