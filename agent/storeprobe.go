@@ -202,7 +202,8 @@ func StoreFix(reason, url string, err error) string {
 	}
 	switch {
 	case scheme == "file" && reason == StoreDenied:
-		return "the agent cannot write " + prefix + ": fix its owner or permissions, or mount it read-write"
+		return "the agent cannot write " + prefix + ": fix its owner or permissions, or mount it read-write; under systemd, the unit's sandbox (ProtectSystem=strict) lets it write only where ReadWritePaths= says: add " +
+			prefix + " there (sudo systemctl edit spotguard)"
 	case scheme == "file":
 		return "check that " + prefix + " is a writable directory with free space (a mounted file system: is it mounted?)"
 	}

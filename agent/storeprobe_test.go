@@ -103,6 +103,8 @@ func TestStoreErrorSummaryAndFix(t *testing.T) {
 		{StoreThrottled, "s3://b", nil, "store.concurrency"},
 		{StoreChanged, "s3://b", nil, "store.job"},
 		{StoreDenied, "file:///mnt/ckpt", nil, "cannot write /mnt/ckpt"},
+		// A read-only file system under the unit is its sandbox, most likely (found from outside).
+		{StoreDenied, "file:///mnt/ckpt", nil, "ReadWritePaths= says: add /mnt/ckpt there"},
 		// A 404 about an object, or from an S3-compatible server about a user, is not a
 		// missing bucket.
 		{StoreNotFound, "s3://b/runs", s3Err(404, "NoSuchKey", "The specified key does not exist."), "spotguard list --check"},
