@@ -892,3 +892,19 @@ func TestListenerInUseIsTriedAgainWhileTheAgentRuns(t *testing.T) {
 		t.Errorf("health once bound = %+v; want no http.listen reason", v)
 	}
 }
+
+
+// A process that does not catch the signal beside one that does (torchrun's launcher, or tini as
+// `docker run --init` starts it) is no /healthz warning: the notice signals the trainer.
+func TestLauncherBesideATrainerIsNoHealthWarning(t *testing.T) {
+	startShTrainer(t, false) // its temporary directory, in its command line, names this test
+	startShTrainer(t, true)
+	ta := startAgent(t, "SPOTGUARD_TRAINER_MATCH=TestLauncherBesideATrainerIsNoHealthWarning.*/pid")
+	eventually(t, "both found", func() bool {
+		ta.a.coord.Scan()
+		return len(ta.a.Status().Trainers) == 2
+	})
+	if v := ta.a.health(time.Now()); strings.Contains(strings.Join(v.Warnings, " "), "trainer") {
+		t.Errorf("health = %+v; want no trainer warning with a process that catches the signal", v)
+	}
+}

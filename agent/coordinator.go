@@ -1625,8 +1625,8 @@ func (c *Coordinator) scan(cfg *Config) []trainer.Process {
 }
 
 // trainerWarnings are the /healthz warnings on the trainer as the last scan found it, each long
-// and short: no process found (with the discovery problems), and each process that does not catch
-// trainer.signal. A notice now would signal none of them: its checkpoint would be missing. They
+// and short: no process found (with the discovery problems), or processes found of which none
+// catches trainer.signal. A notice now would signal none: its checkpoint would be missing. They
 // are warnings, not reasons: the agent starts before the trainer, and runs on between its runs.
 func (c *Coordinator) trainerWarnings() [][2]string {
 	sig := trainer.SignalName(c.config().Trainer.Signal)
@@ -1644,14 +1644,17 @@ func (c *Coordinator) trainerWarnings() [][2]string {
 		ws = append(ws, [2]string{"no trainer process found (" + why + "): a notice now would signal no one, and its checkpoint would be missing; fine before the trainer starts",
 			""}) // the STATUS line says "no trainer found" already
 	}
+	if slices.ContainsFunc(c.found, func(t TrainerStatus) bool { return t.CatchesSignal }) {
+		// Beside those that catch it, a process that does not is a launcher (torchrun's
+		// agent) or an init (tini, which waits for signals and forwards them): the scan's
+		// line says it, and doctor lists it.
+		return ws
+	}
 	for _, t := range c.found {
-		if t.CatchesSignal {
-			continue
-		}
 		if len(t.Cmdline) > 120 {
 			t.Cmdline = t.Cmdline[:120] + "…"
 		}
-		ws = append(ws, [2]string{fmt.Sprintf("trainer process %d (%s) does not catch %s: a notice now would not signal it (the default action would kill it), and its checkpoint would be missing; install a handler in the trainer (docs/trainers.md)",
+		ws = append(ws, [2]string{fmt.Sprintf("trainer process %d (%s) does not catch %s, nor does any other found: a notice now would signal none of them (the default action would kill them), and its checkpoint would be missing; install a handler in the trainer (docs/trainers.md)",
 			t.PID, t.Cmdline, sig), fmt.Sprintf("trainer %d does not catch %s", t.PID, sig)})
 	}
 	return ws
