@@ -11,6 +11,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"os"
+	"path"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -201,13 +202,18 @@ type Uploader struct {
 	cleanup context.Context
 
 	// Owned by the Run loop.
-	gens       map[string]*generation // the current generation of each local checkpoint
-	seq        uint64
-	queued     []*generation // generations with files waiting, by seq
-	inflight   int           // files being read or sent
-	growingN   int           // files sent while they are written (fileGrowing)
-	commitQ    []*generation
-	committing *generation
+	gens map[string]*generation // the current generation of each local checkpoint
+	// awaitMarkers are the checkpoints whose marker was on disk when a stop came but whose
+	// Complete had not come from the watcher yet (markersOnDisk): the stop waits for them until
+	// awaitMarkersUntil (stopMarkerWait), as for a complete checkpoint.
+	awaitMarkers      map[string]bool
+	awaitMarkersUntil time.Time
+	seq               uint64
+	queued            []*generation // generations with files waiting, by seq
+	inflight          int           // files being read or sent
+	growingN          int           // files sent while they are written (fileGrowing)
+	commitQ           []*generation
+	committing        *generation
 	// lookups are the generations made with a lookup (newGen), by seq; those whose lookup is
 	// over are dropped from the end as newestLookup comes to them.
 	lookups []*generation
@@ -620,6 +626,7 @@ func (u *Uploader) Run(ctx context.Context, events <-chan WatchEvent) error {
 	u.start(work)
 	done := ctx.Done()
 	var drainTimer <-chan time.Time
+	var markerTimer <-chan time.Time // awaitMarkersUntil
 	var trainerTick <-chan time.Time // once draining, with TrainerAlive
 	var endDrain chan struct{}       // u.endDrain once draining
 	// batching: the last watch event said More (another of a full read of the directory
@@ -669,6 +676,18 @@ func (u *Uploader) Run(ctx context.Context, events <-chan WatchEvent) error {
 			// among ready cases, and both are ready when the store held up start): it decides
 			// whether to drain.
 			u.handleNotices()
+			// A marker written a moment before the stop (a trainer that saves on its own SIGTERM
+			// and exits, stopped before the agent) may not have come from the watcher yet: the
+			// stop waits for it a moment, as for a complete checkpoint. Without this, the last
+			// save was left uncommitted, "no marker yet" (found from outside).
+			if names := u.markersOnDisk(); len(names) > 0 && u.cfg.StopBudget >= 0 {
+				u.awaitMarkers, u.awaitMarkersUntil = names, time.Now().Add(stopMarkerWait)
+				markerWait := time.NewTimer(stopMarkerWait)
+				defer markerWait.Stop()
+				markerTimer = markerWait.C
+				u.log.Info().Strs("checkpoints", slices.Sorted(maps.Keys(names))).
+					Msg("stop requested just as checkpoints got their marker; waiting for them to be read")
+			}
 			if u.cfg.StopBudget < 0 {
 				u.logUnfinished()
 				if left := u.completeLeft(); len(left) > 0 {
@@ -694,6 +713,13 @@ func (u *Uploader) Run(ctx context.Context, events <-chan WatchEvent) error {
 			return nil
 		case <-trainerTick:
 			u.checkTrainer()
+		case <-markerTimer:
+			markerTimer = nil
+			if len(u.awaitMarkers) > 0 {
+				u.log.Warn().Strs("checkpoints", slices.Sorted(maps.Keys(u.awaitMarkers))).
+					Msg("checkpoints whose marker was there at the stop did not complete in time (unreadable, or still being read); not waited for")
+				u.awaitMarkers = nil
+			}
 		case <-endDrain:
 			u.logLeft("drain ended by a second stop request; stopping")
 			return nil
@@ -718,6 +744,9 @@ func (u *Uploader) Run(ctx context.Context, events <-chan WatchEvent) error {
 				}
 			} else {
 				u.handleWatch(work, ev)
+				if u.awaitMarkers != nil && (ev.Kind == Complete || ev.Kind == Withheld || ev.Kind == Removed) {
+					delete(u.awaitMarkers, ev.Checkpoint) // known now: the drain judges it
+				}
 			}
 			batching = ev.More
 			if batching {
@@ -995,6 +1024,9 @@ func (u *Uploader) savesInProgress() int {
 // checkpoint the trainer abandoned before the signal holds nothing up, nor does a save that
 // waits for other nodes' parts between its looks; the stop budget bounds the wait.
 func (u *Uploader) draining() bool {
+	if len(u.awaitMarkers) > 0 && time.Now().Before(u.awaitMarkersUntil) {
+		return true
+	}
 	for _, g := range u.gens {
 		if (g.state == genMatching || g.state == genUploading) && g.complete {
 			return true
@@ -1004,6 +1036,60 @@ func (u *Uploader) draining() bool {
 		return true
 	}
 	return !u.lastSignal.IsZero() && !u.signalAnswered && !u.trainerGone
+}
+
+// stopMarkerWait bounds how long a stop waits for the Complete of a checkpoint whose marker was
+// on disk when it came (markersOnDisk): the watcher reads a checkpoint as its marker appears. A
+// variable for tests.
+var stopMarkerWait = 5 * time.Second
+
+// markersOnDisk returns the checkpoints in Dir, at its top, that look complete on disk (a
+// directory with its marker, a single file that matches Pattern) while this uploader has not
+// seen them complete: the newest generation of the name is not complete, or there is none. Read
+// through an os.Root: nothing outside Dir is looked at.
+func (u *Uploader) markersOnDisk() map[string]bool {
+	root, err := os.OpenRoot(u.cfg.Dir)
+	if err != nil {
+		return nil
+	}
+	defer func() { _ = root.Close() }() // a directory handle: nothing to flush
+	d, err := root.Open(".")
+	if err != nil {
+		return nil
+	}
+	entries, err := d.ReadDir(-1)
+	_ = d.Close() // read only
+	if err != nil {
+		return nil
+	}
+	marker := u.cfg.Marker
+	if marker == "" {
+		marker = scanDefaultMarker
+	}
+	names := map[string]bool{}
+	for _, e := range entries {
+		name := e.Name()
+		if scanSkipName(name) || name == MetaDir || ValidName(name) != nil {
+			continue
+		}
+		if g := u.gens[name]; g != nil && (g.complete || g.withheld) {
+			continue // the drain judges it; a withheld one is said already
+		}
+		switch {
+		case e.IsDir():
+			if fi, err := root.Lstat(name + "/" + marker); err != nil || !fi.Mode().IsRegular() {
+				continue
+			}
+		case e.Type().IsRegular():
+			if ok, _ := path.Match(u.cfg.Pattern, name); u.cfg.Pattern == "" || !ok {
+				continue
+			}
+		default:
+			continue
+		}
+		names[name] = true
+	}
+	return names
 }
 
 // checkTrainer looks, while a stop waits for the checkpoint the trainer was signalled for,
