@@ -2351,8 +2351,9 @@ func (u *Uploader) hasData(g *generation) bool {
 // next returns the index in u.queued of the generation whose files go next, or -1 for none now.
 //
 // After a notice, the newest, which is the one that matters, except that a checkpoint completed
-// since the trainer was last signalled whose upload has begun keeps its turn over newer ones
-// (the oldest such first): it is the notice's checkpoint, or one completed after it, and a
+// since the trainer was last signalled whose upload has begun keeps its turn over every other
+// one until its files are sent (the oldest such first; none other begins meanwhile): it is the
+// notice's checkpoint, or one completed after it, and a
 // trainer that saves faster than the link and saves on after its signal would otherwise have
 // each save overtaken by the next, so that none is committed, not even the notice's (found from
 // outside).
@@ -2373,10 +2374,19 @@ func (u *Uploader) next(urgent bool) int {
 	}
 	if urgent {
 		if !u.lastSignal.IsZero() {
-			for i, g := range u.queued {
-				if g.complete && begun(g) && !g.completeSeen.Before(u.lastSignal) {
-					return i
+			// The oldest such is sent to its end alone: its files fill the slots, and no other
+			// checkpoint's begin while its last ones are in flight (sharing the link, every
+			// save since the signal was in flight at once and none was committed: found from
+			// outside).
+			var turn *generation
+			for _, g := range u.gens {
+				if g.complete && begun(g) && !g.completeSeen.Before(u.lastSignal) && (g.queuedN > 0 || g.inflight > 0 || g.retrying > 0) &&
+					(turn == nil || g.seq < turn.seq) {
+					turn = g
 				}
+			}
+			if turn != nil {
+				return slices.Index(u.queued, turn) // -1 while its last files are in flight
 			}
 		}
 		return newest

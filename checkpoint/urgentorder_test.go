@@ -68,6 +68,41 @@ func TestUrgentNoticeCheckpointKeepsItsTurn(t *testing.T) {
 	}
 }
 
+// With more slots than the notice's checkpoint has files, the checkpoint that keeps its turn is
+// sent alone: no newer one's files begin while its last ones are in flight. Before, the free
+// slots took the newer ones' files, every save since the signal was in flight at once, sharing
+// the link, and with a trainer rotating its saves none was committed during the notice (found
+// from outside).
+func TestUrgentNoticeCheckpointIsSentAlone(t *testing.T) {
+	dir := t.TempDir()
+	s := &gateStore{memStore: newMemStore(), puts: make(chan string), release: make(chan struct{})}
+	r := startUploaderWith(t, dir, s, UploaderConfig{BackgroundFiles: 4, UrgentFiles: 4})
+	r.up.SetNotices([]ActiveNotice{{Key: "spot/terminate", Deadline: time.Now().Add(2 * time.Minute), SignalledAt: time.Now()}})
+	waitFileClockAfter(t, time.Now())
+	writeCheckpoint(t, dir, "step-1", map[string][]byte{"a": randomBytes(t, 4<<10), "b": randomBytes(t, 4<<10)})
+	r.waitEvent(CheckpointComplete, "step-1")
+	for range 3 { // a, b and the marker: all in flight, held
+		if got := firstPut(t, s); got != "step-1" {
+			t.Fatalf("a file of %s sent first; want step-1's", got)
+		}
+	}
+	writeCheckpoint(t, dir, "step-2", map[string][]byte{"a": randomBytes(t, 4<<10), "b": randomBytes(t, 4<<10)})
+	r.waitEvent(CheckpointComplete, "step-2")
+	if st := r.up.Status(t.Context()); st.InFlight != 3 {
+		t.Errorf("files in flight with step-1's three held and step-2 complete: %d; want 3, step-1's alone", st.InFlight)
+	}
+	for range 3 {
+		s.release <- struct{}{}
+	}
+	sent, committed := sentOrder(t, r, s, 2)
+	if slices.Contains(sent, "step-1") {
+		t.Errorf("files sent after step-1's three: %v; want step-2's alone", sent)
+	}
+	if !slices.Equal(committed, []string{"step-1", "step-2"}) {
+		t.Errorf("commits %v; want step-1, then step-2", committed)
+	}
+}
+
 // Outside a notice, a complete checkpoint goes before one still being written whose upload has
 // begun: before, a checkpoint being written kept its turn while it had files waiting, and a
 // complete one waited behind it (found from outside: a directory of 20 000 files being written
