@@ -6,6 +6,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -56,4 +57,31 @@ func lockRuntimeDir(dir string) (release func(), err error) {
 		_, _ = f.WriteAt([]byte(strconv.Itoa(os.Getpid())+"\n"), 0)
 	}
 	return func() { _ = f.Close() }, nil // closing the file releases the lock
+}
+
+// RunningAgentPID returns the PID of the agent that holds agent.runtime_dir dir now (its lock
+// taken, its PID in it), or 0: none, or one that cannot be told. spotguard doctor leaves it out of
+// the trainer processes, as the agent leaves itself out.
+func RunningAgentPID(dir string) int {
+	path := filepath.Join(dir, runLockName)
+	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_CLOEXEC, 0)
+	if err != nil {
+		return 0
+	}
+	defer f.Close()
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_SH|syscall.LOCK_NB); err == nil {
+		_ = syscall.Flock(int(f.Fd()), syscall.LOCK_UN)
+		return 0 // not held: the PID in it is an earlier agent's, and may be anyone's now
+	} else if !errors.Is(err, syscall.EWOULDBLOCK) {
+		return 0
+	}
+	b, err := io.ReadAll(io.LimitReader(f, 32))
+	if err != nil {
+		return 0
+	}
+	pid, err := strconv.Atoi(string(bytes.TrimSpace(b)))
+	if err != nil || pid <= 0 {
+		return 0
+	}
+	return pid
 }

@@ -12,3 +12,6 @@ var errRuntimeDirInUse = errors.New("in use by another spotguard agent")
 func lockRuntimeDir(dir string) (release func(), err error) {
 	return nil, errors.New("no lock on agent.runtime_dir on this system")
 }
+
+// RunningAgentPID returns 0 where there is no lock to tell the running agent by.
+func RunningAgentPID(dir string) int { return 0 }

@@ -159,6 +159,10 @@ type Finder struct {
 	// them. Other ancestors (a shell script that starts both the agent and the trainer) are
 	// not wrappers.
 	Self int
+	// Agent, if not 0, is the PID of the running spotguard agent, when Find runs in another
+	// process (spotguard doctor): never returned either, as the agent never returns itself (a
+	// trainer.match that matches its command line, a pidfile that holds its PID).
+	Agent int
 }
 
 // Process is one trainer process.
@@ -211,6 +215,7 @@ func (f Finder) Find() ([]Process, []Problem) {
 	s := finder{
 		procRoot: orDefault(f.ProcRoot, defaultProcRoot),
 		self:     f.Self,
+		agent:    f.Agent,
 		user:     f.User,
 		found:    map[int]Process{},
 		status:   map[int]procStatus{},
@@ -257,6 +262,7 @@ func (f Finder) Find() ([]Process, []Problem) {
 type finder struct {
 	procRoot string
 	self     int
+	agent    int // Finder.Agent
 	wrappers map[int]bool // the ancestors of self that wrap its command (see Finder.Self)
 	user     *int
 	tree     map[int]bool // Finder.Under and its descendants; nil without Under
@@ -319,7 +325,7 @@ type tally struct {
 // consider adds pid as found via via if it is a running process other than s.self and its
 // wrappers, of s.user (when set) and in s.tree (when set); t counts what became of it.
 func (s *finder) consider(t *tally, pid int, via string) {
-	if pid == s.self || s.wrappers[pid] {
+	if pid == s.self || s.wrappers[pid] || (s.agent != 0 && pid == s.agent) {
 		return
 	}
 	st, ok := s.statusOf(pid)
@@ -468,6 +474,10 @@ func (s *finder) byPIDFile(path, container string, cs *containerSet) {
 		s.problem(ReasonStalePIDFile, "pidfile %s holds PID %d, which is spotguard itself", path, pid)
 		return
 	}
+	if s.agent != 0 && pid == s.agent {
+		s.problem(ReasonStalePIDFile, "pidfile %s holds PID %d, which is the running spotguard agent", path, pid)
+		return
+	}
 	if s.wrappers[pid] {
 		s.problem(ReasonStalePIDFile, "pidfile %s holds PID %d, which is %s, a wrapper of spotguard itself (its command line ends with spotguard's)", path, pid, s.describe(pid))
 		return
@@ -557,7 +567,7 @@ func (s *finder) byMatch(re *regexp.Regexp) {
 	var t tally
 	for _, e := range entries {
 		pid, err := strconv.Atoi(e.Name())
-		if err != nil || pid <= 0 || pid == s.self || s.wrappers[pid] {
+		if err != nil || pid <= 0 || pid == s.self || s.wrappers[pid] || (s.agent != 0 && pid == s.agent) {
 			continue
 		}
 		cmdline, ok := readCmdline(s.procRoot, pid)

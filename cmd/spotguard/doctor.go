@@ -305,7 +305,8 @@ func doctorStore(ctx context.Context, rep *doctorReport, cfg *agent.Config, deps
 // doctorTrainer finds the trainer as the agent does and checks that it catches the signal.
 func doctorTrainer(rep *doctorReport, cfg *agent.Config, deps doctorDeps) {
 	f := trainer.Finder{PIDFile: cfg.Trainer.PIDFile, Unit: cfg.Trainer.Unit, Match: cfg.Trainer.Match,
-		Container: cfg.Trainer.Container, User: cfg.Trainer.User, ProcRoot: deps.procRoot, CgroupRoot: deps.cgroupRoot}
+		Container: cfg.Trainer.Container, User: cfg.Trainer.User, ProcRoot: deps.procRoot, CgroupRoot: deps.cgroupRoot,
+		Agent: agent.RunningAgentPID(cfg.Agent.RuntimeDir)} // the running agent is no trainer, as it says itself
 	if f.PIDFile == "" && f.Unit == "" && f.Match == nil && f.Container == "" {
 		rep.add("trainer", doctorFail, "no way to find the trainer is configured", "set trainer.pidfile, trainer.unit, trainer.match or trainer.container")
 		return

@@ -4,9 +4,14 @@ package main
 
 import (
 	"os"
+	"os/exec"
 	"path/filepath"
+	"regexp"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/spotguard/spotguard/agent"
 	"golang.org/x/sys/unix"
@@ -79,6 +84,54 @@ func TestCheckpointDirThatIsAMountPointIsWarnedOf(t *testing.T) {
 		_, _, stderr := runCLI(t, t.Context(), env, "restore", "--allow-empty", "--no-create", "--to", tc.to)
 		if got := strings.Contains(stderr, "warning: --to "+mnt+" is itself a mount point"); got != tc.warn {
 			t.Errorf("restore --to %s: warned %v; want %v:\n%s", tc.to, got, tc.warn, stderr)
+		}
+	}
+}
+
+// The running agent is no trainer for doctor either: a pidfile that holds its PID, or a
+// trainer.match that matches its command line, had doctor PASS with the agent as the trainer,
+// while the agent, which leaves itself out, would signal no one (found from outside).
+func TestDoctorLeavesTheRunningAgentOut(t *testing.T) {
+	runtime := t.TempDir()
+	ready := filepath.Join(t.TempDir(), "ready")
+	// Stands in for the agent: it holds agent.lock with its PID in it, and catches SIGUSR1.
+	a := exec.Command("python3", "-c", `import fcntl, os, signal, sys, time
+signal.signal(signal.SIGUSR1, lambda *a: None)
+f = open(sys.argv[1], "w")
+fcntl.flock(f, fcntl.LOCK_EX)
+f.write(str(os.getpid()) + "\n")
+f.flush()
+open(sys.argv[2], "w").close()
+time.sleep(60)
+`, filepath.Join(runtime, "agent.lock"), ready, "sgdoctor-agent-"+filepath.Base(runtime))
+	if err := a.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { a.Process.Kill(); a.Wait() })
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		if _, err := os.Stat(ready); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the stand-in agent did not start")
+		}
+		<-time.After(10 * time.Millisecond)
+	}
+	pidfile := filepath.Join(t.TempDir(), "trainer.pid")
+	os.WriteFile(pidfile, []byte(strconv.Itoa(a.Process.Pid)+"\n"), 0o644)
+	for _, tc := range []struct{ name, want string }{{"pidfile", "which is the running spotguard agent"}, {"match", "no running process has a command line that matches"}} {
+		cfg := &agent.Config{}
+		cfg.Agent.RuntimeDir = runtime
+		cfg.Trainer.Signal = syscall.SIGUSR1
+		if tc.name == "pidfile" {
+			cfg.Trainer.PIDFile = pidfile
+		} else {
+			cfg.Trainer.Match = regexp.MustCompile("sgdoctor-agent-" + filepath.Base(runtime))
+		}
+		var rep doctorReport
+		doctorTrainer(&rep, cfg, doctorDeps{})
+		if len(rep.Checks) != 1 || rep.Checks[0].Status != doctorWarn || !strings.Contains(rep.Checks[0].Detail, tc.want) {
+			t.Errorf("doctor's trainer check with the running agent's PID by %s = %+v; want WARN, %q", tc.name, rep.Checks, tc.want)
 		}
 	}
 }
