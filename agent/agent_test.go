@@ -893,7 +893,6 @@ func TestListenerInUseIsTriedAgainWhileTheAgentRuns(t *testing.T) {
 	}
 }
 
-
 // A process that does not catch the signal beside one that does (torchrun's launcher, or tini as
 // `docker run --init` starts it) is no /healthz warning: the notice signals the trainer.
 func TestLauncherBesideATrainerIsNoHealthWarning(t *testing.T) {

@@ -262,7 +262,7 @@ func (f Finder) Find() ([]Process, []Problem) {
 type finder struct {
 	procRoot string
 	self     int
-	agent    int // Finder.Agent
+	agent    int          // Finder.Agent
 	wrappers map[int]bool // the ancestors of self that wrap its command (see Finder.Self)
 	user     *int
 	tree     map[int]bool // Finder.Under and its descendants; nil without Under
