@@ -5,10 +5,12 @@ package nvml
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/NVIDIA/go-nvml/pkg/dl"
 	gonvml "github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/rs/zerolog"
 )
@@ -178,7 +180,45 @@ type device struct {
 // A GPU that cannot be opened is logged and left out; one that is lost
 // already is kept and reported Lost.
 func Open(log zerolog.Logger) (*GPUs, error) {
+	if sym, ok := missingSymbol(libraryName); ok {
+		// Called, it would end the process: "symbol lookup error", exit 127 (found from
+		// outside, with a library of that name that was not NVIDIA's).
+		return nil, fmt.Errorf("%w: init NVML: %s lacks the NVML function %s (ERROR_FUNCTION_NOT_FOUND): not NVIDIA's library, or a broken driver install; reinstall the NVIDIA driver",
+			ErrUnavailable, libraryName, sym)
+	}
 	return OpenWith(gonvml.New(), log)
+}
+
+// libraryName is the library Open loads, as go-nvml does.
+const libraryName = "libnvidia-ml.so.1"
+
+// requiredSymbols are the NVML functions that Open and the sampling call whatever the library's
+// version, each as its alternatives: the versioned name go-nvml takes when the library has it,
+// then the older one it falls back to. (The newer functions are looked up before each call.)
+var requiredSymbols = [][]string{
+	{"nvmlInit_v2", "nvmlInit"}, {"nvmlShutdown"}, {"nvmlErrorString"},
+	{"nvmlDeviceGetCount_v2", "nvmlDeviceGetCount"}, {"nvmlDeviceGetHandleByIndex_v2", "nvmlDeviceGetHandleByIndex"},
+	{"nvmlDeviceGetName"}, {"nvmlDeviceGetUUID"}, {"nvmlDeviceGetMaxClockInfo"}, {"nvmlDeviceGetClockInfo"},
+	{"nvmlDeviceGetMemoryInfo"}, {"nvmlDeviceGetMigMode"}, {"nvmlDeviceGetUtilizationRates"},
+	{"nvmlDeviceGetPowerUsage"}, {"nvmlDeviceGetTotalEccErrors"}, {"nvmlDeviceGetViolationStatus"},
+	{"nvmlDeviceGetSupportedEventTypes"}, {"nvmlDeviceRegisterEvents"}, {"nvmlEventSetCreate"},
+	{"nvmlEventSetWait_v2", "nvmlEventSetWait"}, {"nvmlEventSetFree"},
+}
+
+// missingSymbol opens the library name on its own and returns the first of requiredSymbols it
+// lacks; ok is false when it has them all, or cannot be opened (Init then says why).
+func missingSymbol(name string) (sym string, ok bool) {
+	lib := dl.New(name, dl.RTLD_LAZY|dl.RTLD_LOCAL)
+	if err := lib.Open(); err != nil {
+		return "", false
+	}
+	defer func() { _ = lib.Close() }() // go-nvml opens it again, with its own handle
+	for _, alts := range requiredSymbols {
+		if !slices.ContainsFunc(alts, func(s string) bool { return lib.Lookup(s) == nil }) {
+			return alts[0], true
+		}
+	}
+	return "", false
 }
 
 // OpenWith is Open over any NVML implementation, such as go-nvml's
