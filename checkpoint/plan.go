@@ -515,10 +515,16 @@ func ParseBytes(v string, rate bool) (float64, error) {
 	want := "a size (want e.g. 40GiB, 512MiB or 2.5GB)"
 	s := strings.ToLower(strings.TrimSpace(v))
 	if rate {
-		want = "a throughput (want e.g. 250MB/s, 1GiB/s or 10Gbit/s)"
+		want = "a throughput (want e.g. 250MB/s, 1GiB/s, 10Gbit/s or 10Gb/s)"
 		s = strings.TrimSuffix(s, "/s")
 		if n, ok := strings.CutSuffix(s, "bps"); ok {
 			s = n + "bit"
+		}
+		// A lowercase b after a prefix is bits, as links are written ("100 Gb/s"): read as
+		// bytes, a link was 8 times faster than it is (found from outside).
+		raw := strings.TrimSuffix(strings.TrimSpace(v), "/s")
+		if len(raw) >= 2 && raw[len(raw)-1] == 'b' && strings.ContainsRune("kKmMgGtT", rune(raw[len(raw)-2])) {
+			s = s + "it"
 		}
 	}
 	// Units, matched case-insensitively, longest first; "bit" units are for throughputs only.

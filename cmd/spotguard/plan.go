@@ -89,7 +89,7 @@ func runPlan(args []string, stdout, stderr io.Writer) int {
 		f.size, err = checkpoint.ParseBytes(v, false)
 		return err
 	})
-	fs.Func("throughput", "upload throughput to the store in `bytes/s` (e.g. 250MB/s, 1GiB/s, 10Gbit/s)", func(v string) (err error) {
+	fs.Func("throughput", "upload throughput to the store in `bytes/s` (e.g. 250MB/s, 1GiB/s; 10Gbit/s or 10Gb/s: a lowercase b is bits)", func(v string) (err error) {
 		f.rateArg = strings.TrimSpace(v)
 		f.throughput, err = checkpoint.ParseBytes(v, true)
 		return err

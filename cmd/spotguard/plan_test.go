@@ -519,6 +519,13 @@ func TestPlanParseBytes(t *testing.T) {
 		{"10Gbit/s", true, 10e9 / 8},
 		{"10Gbps", true, 10e9 / 8},
 		{"800mbit", true, 100e6},
+		// A lowercase b is bits in a throughput, as links are written; it was read as bytes, 8
+		// times too fast (found from outside). A size has no bits: the same letters are bytes.
+		{"10Gb/s", true, 10e9 / 8},
+		{"100 Mb/s", true, 100e6 / 8},
+		{"2gb/s", true, 2e9 / 8},
+		{"250MB/s", true, 250e6},
+		{"10Gb", false, 10e9},
 	}
 	for _, tt := range tests {
 		got, err := checkpoint.ParseBytes(tt.in, tt.rate)
