@@ -132,6 +132,16 @@ func runGPU(ctx context.Context, args, environ []string, stdout, stderr io.Write
 		fmt.Fprintf(stderr, "spotguard gpu: %v\n", err)
 		return exitFail
 	}
+	// A configuration that does not load (bad YAML, an unknown key, a bad value such as a
+	// gpu.degraded_threshold of 5%) was passed over, and the GPUs judged at the default
+	// threshold without a word (found from outside). Checks across keys (a store) do not apply.
+	if probs := cfg.LoadProblems(); len(probs) > 0 {
+		fmt.Fprintf(stderr, "spotguard gpu: invalid configuration:\n")
+		for _, p := range probs {
+			fmt.Fprintf(stderr, "  - %v\n", p)
+		}
+		return exitFail
+	}
 	pa.threshold = cfg.GPU.DegradedThreshold
 	log := newLogger(stderr, environ, max(cfg.Log.Level, zerolog.WarnLevel))
 	watch := &gpuWatch{limit: cmp.Or(deps.answerLimit, gpuAnswerLimit)}

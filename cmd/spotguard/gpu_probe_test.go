@@ -401,3 +401,33 @@ func TestProbeJSONDocumented(t *testing.T) {
 		}
 	}
 }
+
+// A configuration that does not load is exit 1, naming each problem, before NVML is opened: a
+// gpu.degraded_threshold of "5%" (or a file that is not YAML, an unknown key) was passed over,
+// and the GPUs judged at the default threshold without a word (found from outside).
+func TestGPURefusesAConfigurationThatDoesNotLoad(t *testing.T) {
+	opened := false
+	deps := gpuDeps{open: func(zerolog.Logger) (gpuSource, error) { opened = true; return nil, errors.New("not reached") }}
+	dir := t.TempDir()
+	notYAML, unknown, empty := filepath.Join(dir, "not.yaml"), filepath.Join(dir, "unknown.yaml"), filepath.Join(dir, "empty.yaml")
+	os.WriteFile(notYAML, []byte("gpu: [\n"), 0o644)
+	os.WriteFile(empty, nil, 0o644)
+	os.WriteFile(unknown, []byte("gpu:\n  degraded_treshold: 0.2\n"), 0o644)
+	for _, tt := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--config", notYAML}, "not.yaml"},
+		{[]string{"--config", unknown}, "degraded_treshold"},
+		{[]string{"--config", empty, "--gpu.degraded_threshold", "5%"}, "gpu.degraded_threshold"},
+	} {
+		var stdout, stderr bytes.Buffer
+		code := runGPU(t.Context(), tt.args, nil, &stdout, &stderr, deps)
+		if code != exitFail || !strings.Contains(stderr.String(), tt.want) {
+			t.Errorf("Got(%q) = %d, %q; want %d naming %s", tt.args, code, stderr.String(), exitFail, tt.want)
+		}
+	}
+	if opened {
+		t.Errorf("Got(NVML opened) = true; want the configuration refused first")
+	}
+}
