@@ -35,6 +35,14 @@ import (
 // restored inside it.
 const drillWindow = 2 * time.Minute
 
+// drillMarker is the marker the demo trainer writes last; the drill's agent waits for it,
+// whatever checkpoint.marker says for the real trainer.
+const drillMarker = "_COMPLETE"
+
+// drillStopBudget is the drill's agent.stop_budget: a drill that failed says so without waiting
+// out the configured drain.
+const drillStopBudget = 5 * time.Second
+
 // drillTrainerWait is how long the drill waits for a trainer of your own (--trainer-cmd) to catch
 // the signal before it announces the interruption.
 const drillTrainerWait = 30 * time.Second
@@ -458,8 +466,17 @@ func drill(ctx context.Context, p drillPlan, log zerolog.Logger, rep *drillRepor
 		err, _ := exited(trainerDone)
 		return fail("%s %s before writing a complete checkpoint", what, describeExit(err))
 	case "":
-		if ns.State == agent.StateTrainerSignalled {
+		if ns.State == agent.StateTrainerSignalled || (ns.State == agent.StateCheckpointMissing && transitionDetail(ns, agent.StateCheckpointWritten) == "") {
 			return late("the trainer was signalled but no complete checkpoint (marker %s) appeared before the deadline", cfg.Checkpoint.Marker)
+		}
+		if st := a.Status().Store; st != nil && st.LastUploadError != nil {
+			// The store refused the checkpoint's uploads while its probe's tiny write passed (a
+			// full disk, a quota, a policy on some keys): that is the cause, not the link (found
+			// from outside: the drill said "late" with advice on size and bandwidth).
+			e := st.LastUploadError
+			rep.Cause, rep.storeFix = "store:"+e.Reason, agent.StoreFix(e.Reason, p.store, nil)
+			return fail("the checkpoint was not committed before the deadline (state %s): the store refused its %s of %s (%s): %s",
+				ns.State, e.Kind, e.Checkpoint, e.Reason, e.Error)
 		}
 		return late("the checkpoint was not committed before the deadline (state %s)", ns.State)
 	}
@@ -588,6 +605,16 @@ func drillConfig(p drillPlan, pidfile, ckDir, runDir, endpoint string, extra ...
 	if endpoint != "" {
 		overrides = append(overrides, agent.KeyValue{Key: "imds.endpoint", Value: endpoint})
 	}
+	if p.trainerCmd == "" {
+		// The demo trainer catches SIGUSR1 and writes _COMPLETE last, whatever the configuration
+		// says for the real trainer (.metadata for DCP, another signal): with those the drill
+		// waited out its window and failed, blaming the link (found from outside).
+		overrides = append(overrides, agent.KeyValue{Key: "checkpoint.marker", Value: drillMarker},
+			agent.KeyValue{Key: "trainer.signal", Value: "SIGUSR1"})
+	}
+	// A drill that failed does not drain for the configured budget (140 s by default) before it
+	// says so.
+	overrides = append(overrides, agent.KeyValue{Key: "agent.stop_budget", Value: drillStopBudget.String()})
 	if !strings.HasPrefix(p.store, "s3://") {
 		// Server-side encryption is S3's: a drill in a local store leaves the configured one out.
 		overrides = append(overrides, agent.KeyValue{Key: "store.sse", Value: ""}, agent.KeyValue{Key: "store.kms_key_id", Value: ""})
@@ -831,7 +858,7 @@ func writeDrillCheckpoint(dir string, size int64, files, rank int) error {
 			return err
 		}
 	}
-	return os.WriteFile(filepath.Join(dir, "_COMPLETE"), []byte("{}\n"), 0o644)
+	return os.WriteFile(filepath.Join(dir, drillMarker), []byte("{}\n"), 0o644)
 }
 
 // lockedWriter serializes the Writes to w.

@@ -142,3 +142,4 @@ func TestDrillAdviceOnlyWhereItHelps(t *testing.T) {
 		})
 	}
 }
+

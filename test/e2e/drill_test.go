@@ -89,6 +89,16 @@ func TestDrillOnAMultiNodeJobsInstance(t *testing.T) {
 	checkDrillPass(t, code, r, 16<<20, stderr)
 }
 
+// A drill on an instance configured for DCP (checkpoint.marker .metadata) and another signal:
+// the demo trainer writes _COMPLETE and catches SIGUSR1 whatever the configuration says for the
+// real trainer, and the drill's agent waited for the configured marker and signal, so the drill
+// waited out its window and failed, blaming the link (found from outside). It passes now.
+func TestDrillOnAnInstanceConfiguredForDCP(t *testing.T) {
+	needPeers(t)
+	code, r, stderr := runDrill(t, []string{"SPOTGUARD_CHECKPOINT_MARKER=.metadata", "SPOTGUARD_TRAINER_SIGNAL=SIGUSR2"}, "--size", "16MiB")
+	checkDrillPass(t, code, r, 16<<20, stderr)
+}
+
 func TestDrillS3(t *testing.T) {
 	needPeers(t)
 	s3 := startS3(t)
