@@ -410,23 +410,6 @@ func TestHTTPEndpoints(t *testing.T) {
 	}
 }
 
-func TestRunFailsOnBusyListener(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	cfg := mustLoad(t, LoadOptions{Environ: []string{"SPOTGUARD_HTTP_LISTEN=" + ln.Addr().String(), "SPOTGUARD_TRAINER_MATCH=x",
-		"SPOTGUARD_AGENT_RUNTIME_DIR=" + t.TempDir()}})
-	a, err := New(cfg, Deps{Logger: zerolog.Nop(), IMDS: newFakeIMDS()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := a.Run(t.Context()); err == nil || !strings.Contains(err.Error(), "http.listen") {
-		t.Errorf("Run() = %v; want an http.listen error", err)
-	}
-}
-
 func TestNewRejectsInvalidConfig(t *testing.T) {
 	cfg := mustLoad(t, LoadOptions{Environ: []string{"SPOTGUARD_IMDS_POLL_INTERVAL=1ms"}})
 	_, err := New(cfg, Deps{Logger: zerolog.Nop(), IMDS: newFakeIMDS()})
