@@ -164,7 +164,15 @@ type TrainerStatus struct {
 	// signalled, because the default action would kill it.
 	CatchesSignal bool   `json:"catches_signal"`
 	Signal        string `json:"signal"`
+	// young: found not catching the signal within handlerGrace of its start, said at Info;
+	// said at Error at the first scan after that if it still does not.
+	young bool
 }
+
+// handlerGrace is how long after its start a trainer process that does not catch the signal is
+// taken for one still starting (Python's imports, a launcher starting its workers) rather than
+// one without a handler: at the scan, a line at Info, not an error telling to install one.
+const handlerGrace = 30 * time.Second
 
 // noticeSink takes the notice path's datums; it must never block (metrics.CloudWatch).
 type noticeSink interface {
@@ -1569,6 +1577,7 @@ func (c *Coordinator) scan(cfg *Config) []trainer.Process {
 		}
 		ts := TrainerStatus{PID: p.PID, Cmdline: p.Cmdline, Via: p.Via, CatchesSignal: caught, Signal: trainer.SignalName(sig)}
 		old, seen := prev[p.PID]
+		ts.young = !caught && !p.Started.IsZero() && time.Since(p.Started) < handlerGrace
 		switch {
 		case !seen || caught || old.Signal != ts.Signal || !old.CatchesSignal:
 			// Said as it is (new, catching, or not catching before either).
@@ -1586,7 +1595,7 @@ func (c *Coordinator) scan(cfg *Config) []trainer.Process {
 		if !caught {
 			uncaught++
 		}
-		if seen && old.CatchesSignal == caught && old.Signal == ts.Signal {
+		if seen && old.CatchesSignal == caught && old.Signal == ts.Signal && (caught || old.young == ts.young) {
 			continue
 		}
 		l := c.log.With().Int("pid", p.PID).Str("via", p.Via).Str("cmdline", p.Cmdline).Str("signal", ts.Signal).Logger()
@@ -1597,6 +1606,9 @@ func (c *Coordinator) scan(cfg *Config) []trainer.Process {
 			l.Debug().Int("parent", p.PPID).Msg(msgTrainerFork)
 		case caught:
 			l.Info().Msg("trainer found; it catches the signal")
+		case ts.young:
+			l.Info().Float64("started_s_ago", logSeconds(time.Since(p.Started))).
+				Msg("trainer found; it does not catch the signal yet (a trainer installs its handler as it starts); looked at again at every scan")
 		default:
 			l.Error().Msg("trainer found but it does NOT catch the signal: on a notice it will not be signalled (the default action would kill it); install a handler in the trainer")
 		}

@@ -947,3 +947,35 @@ func TestScheduledEventRescheduledLaterTakesItsNewTimes(t *testing.T) {
 		}
 	})
 }
+
+// A trainer found within handlerGrace of its start that does not catch the signal yet (Python's
+// imports, a launcher starting its workers) is said at Info, not as an error telling to install a
+// handler (found from outside: every drill of a Python trainer logged that error, and then
+// passed). Still not catching it after that, it is the error, once.
+func TestTrainerStartingIsGivenTimeToInstallItsHandler(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		tc := newTestCoordinator(t)
+		logs := &syncBuffer{}
+		tc.c.log = zerolog.New(logs)
+		tc.tr.setPIDs(7)
+		tc.tr.mu.Lock()
+		tc.tr.started = map[int]time.Time{7: time.Now()}
+		tc.tr.mu.Unlock()
+		tc.tr.setNotCatching(7)
+		tc.c.Scan()
+		if l := logs.String(); strings.Contains(l, "does NOT catch") || !strings.Contains(l, "does not catch the signal yet") {
+			t.Errorf("log at the first scan of a trainer just started: %s; want it said at info, as starting", l)
+		}
+		passFakeTime(handlerGrace / 2)
+		tc.c.Scan()
+		if n := strings.Count(logs.String(), "does not catch the signal yet"); n != 1 {
+			t.Errorf("said %d times while starting; want once", n)
+		}
+		passFakeTime(handlerGrace)
+		tc.c.Scan()
+		tc.c.Scan()
+		if n := strings.Count(logs.String(), "does NOT catch"); n != 1 {
+			t.Errorf("errors once past handlerGrace without a handler: %d; want 1:\n%s", n, logs.String())
+		}
+	})
+}

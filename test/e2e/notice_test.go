@@ -256,7 +256,7 @@ func TestUncaughtSignalIsNotSent(t *testing.T) {
 	if m := ap.metrics(t); !hasLine(m, "spotguard_trainer_signal_uncaught_processes 1") {
 		t.Errorf("/metrics: want spotguard_trainer_signal_uncaught_processes 1:\n%s", grepLines(m, "uncaught"))
 	}
-	if log := ap.log(t); !strings.Contains(log, "does NOT catch the signal") {
+	if log := ap.log(t); !strings.Contains(log, "does not catch the signal; NOT sent") {
 		t.Errorf("agent log does not say loudly that the trainer does not catch the signal")
 	}
 }
