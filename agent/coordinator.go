@@ -1607,7 +1607,7 @@ func (c *Coordinator) scan(cfg *Config) []trainer.Process {
 		case caught:
 			l.Info().Msg("trainer found; it catches the signal")
 		case ts.young:
-			l.Info().Float64("started_s_ago", logSeconds(time.Since(p.Started))).
+			l.Info().Float64("since_start_s", logSeconds(time.Since(p.Started))).
 				Msg("trainer found; it does not catch the signal yet (a trainer installs its handler as it starts); looked at again at every scan")
 		default:
 			l.Error().Msg("trainer found but it does NOT catch the signal: on a notice it will not be signalled (the default action would kill it); install a handler in the trainer")
