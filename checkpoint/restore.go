@@ -546,7 +546,10 @@ func restoreResolve(ctx context.Context, s Store, opts RestoreOptions, run *rest
 		// first run: --allow-empty must not start the trainer from scratch.
 		named := "not valid JSON"
 		if st.Latest != nil {
-			named = fmt.Sprintf("naming checkpoint %q commit %s", st.Latest.Checkpoint, st.Latest.Commit)
+			named = fmt.Sprintf("naming checkpoint %q", st.Latest.Checkpoint)
+			if st.Latest.Commit != "" {
+				named += " commit " + st.Latest.Commit
+			}
 		}
 		return nil, nil, false, fmt.Errorf("job %s in %s has a LATEST (%s) but no complete checkpoint: the job had one, and its commits are gone from the store "+
 			"(an S3 lifecycle rule, a hand delete, another tool?); this is not a first run, so nothing is restored, with --allow-empty too: "+
