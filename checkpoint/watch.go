@@ -209,6 +209,9 @@ type Watcher struct {
 	// addWatch adds an fsnotify watch on a directory; fw.Add unless a test sets it (to run out
 	// of inotify watches without using them up).
 	addWatch func(fw *fsnotify.Watcher, dir string) error
+	// newInotify starts fsnotify; fsnotify.NewWatcher unless a test sets it (to have no inotify
+	// instance without using them all up).
+	newInotify func() (*fsnotify.Watcher, error)
 }
 
 // NewWatcher checks cfg and returns a Watcher for it. It returns an error, listing every
@@ -263,6 +266,7 @@ func NewWatcher(cfg WatchConfig) (*Watcher, error) {
 		growEvery:   watchGrowEvery,
 		pollEvery:   watchPollInterval,
 		addWatch:    (*fsnotify.Watcher).Add,
+		newInotify:  fsnotify.NewWatcher,
 	}, nil
 }
 
@@ -366,14 +370,21 @@ func NewWatcher(cfg WatchConfig) (*Watcher, error) {
 // up (fsnotify cannot start, Dir cannot be opened or read, or watched for another reason than the
 // watch limit). Run returns only after its goroutines (and fsnotify's) have exited.
 func (w *Watcher) Run(ctx context.Context, out chan<- WatchEvent) error {
-	fw, err := fsnotify.NewWatcher()
-	if errors.Is(err, syscall.EMFILE) {
-		return fmt.Errorf("start fsnotify: %w (the inotify instance limit fs.inotify.max_user_instances, or the open file limit, is reached)", err)
-	}
-	if err != nil {
+	fw, err := w.newInotify()
+	switch {
+	case errors.Is(err, syscall.EMFILE):
+		// No inotify instance to be had (fs.inotify.max_user_instances, per user and shared by
+		// every container of that user, or the open file limit): everything is polled, as a
+		// directory beyond the watch limit is. Before, nothing was ever uploaded (found from
+		// outside).
+		w.log.Error().Err(err).Float64("poll_interval_s", logSeconds(w.pollEvery)).Str("fix", watchInstanceFix).
+			Msg(watchMsgNoInstance)
+		fw = nil
+	case err != nil:
 		return fmt.Errorf("start fsnotify: %w", err)
+	default:
+		defer func() { _ = fw.Close() }() // waits for fsnotify's goroutine
 	}
-	defer func() { _ = fw.Close() }() // waits for fsnotify's goroutine
 	root, err := os.OpenRoot(w.dir)
 	if err != nil {
 		return fmt.Errorf("open checkpoint dir: %w", err)
@@ -396,8 +407,8 @@ func (w *Watcher) Run(ctx context.Context, out chan<- WatchEvent) error {
 	r := newWatchRun(w, fw, root)
 	r.self = self
 	defer r.deb.Stop()
-	if err := w.addWatch(fw, w.dir); err != nil {
-		if !errors.Is(err, syscall.ENOSPC) {
+	if err := r.add(w.dir); err != nil {
+		if !errors.Is(err, syscall.ENOSPC) && !errors.Is(err, errNoInotify) {
 			return fmt.Errorf("watch checkpoint dir %s: %w", w.dir, err)
 		}
 		r.topUnwatched = true
@@ -412,6 +423,24 @@ func (w *Watcher) Run(ctx context.Context, out chan<- WatchEvent) error {
 		w.ready()
 	}
 	return r.loop(ctx, out)
+}
+
+// watchMsgNoInstance is Run's line when it can have no inotify instance.
+const watchMsgNoInstance = "no inotify instance (fs.inotify.max_user_instances, or the open file limit, is reached): checkpoint.dir is polled instead of watched"
+
+// errNoInotify is add's error when Run has no inotify instance: every directory is polled.
+var errNoInotify = errors.New("no inotify instance")
+
+// watchInstanceFix says how to raise the inotify instance limit.
+const watchInstanceFix = "raise it (sysctl -w fs.inotify.max_user_instances=1024, and a line in /etc/sysctl.d/ to keep it), then restart the agent to watch again"
+
+// add adds a watch on the directory dir (addWatch), or returns errNoInotify without an inotify
+// instance.
+func (r *watchRun) add(dir string) error {
+	if r.fw == nil {
+		return errNoInotify
+	}
+	return r.addWatch(r.fw, dir)
 }
 
 // lockRoot is LockDir on the directory root holds open (the one watched), named dir.
@@ -538,6 +567,11 @@ func newWatchRun(w *Watcher, fw *fsnotify.Watcher, root *os.Root) *watchRun {
 func (r *watchRun) loop(ctx context.Context, out chan<- WatchEvent) error {
 	tick := time.NewTicker(r.pollEvery)
 	defer tick.Stop()
+	var fwEvents <-chan fsnotify.Event // none without an inotify instance: all is polled
+	var fwErrors <-chan error
+	if r.fw != nil {
+		fwEvents, fwErrors = r.fw.Events, r.fw.Errors
+	}
 	for {
 		r.sayUnwatched()
 		var send chan<- WatchEvent
@@ -557,12 +591,12 @@ func (r *watchRun) loop(ctx context.Context, out chan<- WatchEvent) error {
 			if len(r.queue) == 0 {
 				r.queue = nil
 			}
-		case ev, ok := <-r.fw.Events:
+		case ev, ok := <-fwEvents:
 			if !ok {
 				return errors.New("fsnotify stopped")
 			}
 			r.handle(ev)
-		case err, ok := <-r.fw.Errors:
+		case err, ok := <-fwErrors:
 			if !ok {
 				return errors.New("fsnotify stopped")
 			}
@@ -897,7 +931,7 @@ func (r *watchRun) watchDir(rel string) {
 	if n.watched {
 		return
 	}
-	err := r.addWatch(r.fw, r.abs(rel))
+	err := r.add(r.abs(rel))
 	switch {
 	case err == nil:
 		r.unlist(n)
@@ -924,6 +958,9 @@ func (r *watchRun) unlist(n *watchNode) {
 // do with the disk) is logged once for all directories by sayUnwatched; any other error is
 // logged for the directory at once.
 func (r *watchRun) couldNotWatch(abs string, err error) {
+	if errors.Is(err, errNoInotify) {
+		return // said once, as Run began
+	}
 	if errors.Is(err, syscall.ENOSPC) {
 		if !r.limitHit {
 			r.limitHit, r.limitPath = true, abs
@@ -980,6 +1017,10 @@ func (r *watchRun) unwatchedProblem(n int) string {
 	if n == 0 {
 		return ""
 	}
+	if r.fw == nil {
+		return fmt.Sprintf("checkpoint.dir cannot be watched: no inotify instance could be had (fs.inotify.max_user_instances, or the open file limit, is reached), so its %d directories are polled every %v instead; %s",
+			n, r.pollEvery, watchInstanceFix)
+	}
 	if r.limitHit {
 		return fmt.Sprintf("%d directories of checkpoint.dir cannot be watched: the inotify watch limit (fs.inotify.max_user_watches) is reached, so they are polled every %v instead; %s",
 			n, r.pollEvery, watchLimitFix)
@@ -1009,9 +1050,9 @@ func (r *watchRun) poll() {
 	if r.unwatchedCount() == 0 {
 		return
 	}
-	adding := true
+	adding := r.fw != nil
 	if r.topUnwatched {
-		err := r.addWatch(r.fw, r.dir)
+		err := r.add(r.dir)
 		if err == nil {
 			r.topUnwatched = false
 		} else if errors.Is(err, syscall.ENOSPC) {
@@ -1030,7 +1071,7 @@ func (r *watchRun) poll() {
 		r.unwatched.MoveToBack(e)
 		watched := false
 		if adding {
-			switch err := r.addWatch(r.fw, r.abs(n.rel)); {
+			switch err := r.add(r.abs(n.rel)); {
 			case err == nil:
 				r.unlist(n)
 				n.watched = true

@@ -278,3 +278,31 @@ func TestWatchDirItselfPastTheInotifyWatchLimit(t *testing.T) {
 		t.Errorf("Unwatched(%q); want the inotify watch limit", p)
 	}
 }
+
+// No inotify instance to be had (fs.inotify.max_user_instances, per user and shared by every
+// container of that user): Run failed, and was tried again for ever, so nothing was ever
+// uploaded (found from outside, a notice's checkpoint included). Everything is polled now, as
+// past the watch limit: checkpoints complete, and the problem is said.
+func TestWatchWithoutAnInotifyInstance(t *testing.T) {
+	dir := t.TempDir()
+	os.MkdirAll(filepath.Join(dir, "step-0", "sub"), 0o755) // there at start: polled too
+	problems := &watchProblems{}
+	h, _ := watchStartWith(t, dir, WatchConfig{Unwatched: problems.unwatched}, func(w *Watcher) {
+		w.pollEvery = 20 * time.Millisecond
+		w.newInotify = func() (*fsnotify.Watcher, error) { return nil, syscall.EMFILE }
+	})
+	scanWrite(t, filepath.Join(dir, "step-0", "sub", "a.bin"), "aa")
+	scanWrite(t, filepath.Join(dir, "step-0", "_COMPLETE"), "")
+	h.untilComplete("step-0")
+	scanWrite(t, filepath.Join(dir, "step-1", "a.bin"), "aa")
+	scanWrite(t, filepath.Join(dir, "step-1", "_COMPLETE"), "")
+	evs := h.untilComplete("step-1")
+	evs = slices.DeleteFunc(evs, func(ev WatchEvent) bool { return ev.Checkpoint != "step-1" })
+	watchCheckReady(t, dir, "step-1", "_COMPLETE", evs, "a.bin")
+	if p, _ := problems.last(); !strings.Contains(p, "fs.inotify.max_user_instances") {
+		t.Errorf("Unwatched(%q); want the inotify instance limit", p)
+	}
+	if n := len(h.logs.lines(t, "error", watchMsgNoInstance)); n != 1 {
+		t.Errorf("error lines saying there is no inotify instance: %d; want 1\nlog:\n%s", n, h.logs)
+	}
+}
