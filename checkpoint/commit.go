@@ -1217,6 +1217,8 @@ func (u *Uploader) dropTornKey(ctx context.Context, ref CommitRef, key, msg stri
 
 // commitJob is what a commit needs, copied from the Run loop's state.
 type commitJob struct {
+	// retain: applyRetention runs after the commit (startCommit decides).
+	retain        bool
 	name, commit  string
 	single, adopt bool
 	resumed       bool
@@ -1479,7 +1481,7 @@ func (u *Uploader) commit(ctx context.Context, c commitJob) commitResult {
 			return r
 		}
 	}
-	if u.cfg.Keep > 0 {
+	if c.retain {
 		ret, err := applyRetention(ctx, u.cfg.Store, u.cfg.Job, u.cfg.Keep, 0, u.cache, c.uncertain, u.log)
 		if err != nil {
 			u.log.Warn().Err(err).Msg("retention: cannot read the job")

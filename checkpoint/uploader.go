@@ -203,6 +203,8 @@ type Uploader struct {
 
 	// Owned by the Run loop.
 	gens map[string]*generation // the current generation of each local checkpoint
+	// retentionSkipped counts the commits since the last one that applied retention (startCommit).
+	retentionSkipped int
 	// awaitMarkers are the checkpoints whose marker was on disk when a stop came but whose
 	// Complete had not come from the watcher yet (markersOnDisk): the stop waits for them until
 	// awaitMarkersUntil (stopMarkerWait), as for a complete checkpoint.
@@ -1037,6 +1039,10 @@ func (u *Uploader) draining() bool {
 	}
 	return !u.lastSignal.IsZero() && !u.signalAnswered && !u.trainerGone
 }
+
+// retentionEvery is the most commits in a row that skip retention (startCommit), so that a
+// backlog that never ends still has its old commits deleted.
+const retentionEvery = 20
 
 // stopMarkerWait bounds how long a stop waits for the Complete of a checkpoint whose marker was
 // on disk when it came (markersOnDisk): the watcher reads a checkpoint as its marker appears. A
@@ -3010,6 +3016,22 @@ func (u *Uploader) startCommit(ctx context.Context, g *generation) {
 		files: make(map[string]doneFile, len(g.files)), refused: maps.Clone(g.refused), prior: g.prior, candidates: g.candidates, strays: g.strays,
 		timings: Timings{UploadSeconds: g.uploadEnd.Sub(g.uploadStart).Seconds()}}
 	c.unseenBefore, c.unseenAfter = u.unseen(g.name)
+	// Retention reads the whole job: after every commit of a backlog (a restart that finds a
+	// thousand checkpoints, a trainer saving faster than the store takes them) it held each
+	// commit for seconds, and a notice's checkpoint waited behind them past its deadline (found
+	// from outside). It runs after the last commit of a run of them (none other complete and not
+	// committed; at least every retentionEvery commits), and not during a notice: it only
+	// deletes, and can wait.
+	if u.cfg.Keep > 0 {
+		more := slices.ContainsFunc(slices.Collect(maps.Values(u.gens)), func(o *generation) bool {
+			return o != g && o.complete && !o.withheld && (o.state == genMatching || o.state == genUploading)
+		})
+		if !more && !u.urgent() || u.retentionSkipped >= retentionEvery {
+			c.retain, u.retentionSkipped = true, 0
+		} else {
+			u.retentionSkipped++
+		}
+	}
 	now := time.Now()
 	maps.DeleteFunc(u.uncertain, func(_ string, at time.Time) bool { return now.Sub(at) > uncertainFor })
 	for id := range u.uncertain {

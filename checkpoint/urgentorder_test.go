@@ -1,6 +1,7 @@
 package checkpoint
 
 import (
+	"fmt"
 	"os"
 	"path"
 	"slices"
@@ -158,4 +159,57 @@ func TestForecastTakesInTheTrainersTimeToBegin(t *testing.T) {
 	if ev := r.waitCommitted("step-2"); ev.Forecast < 3*time.Second || ev.Forecast > 3*time.Second+time.Second {
 		t.Errorf("forecast of the next checkpoint %v; want it to keep the trainer's 3 s", ev.Forecast)
 	}
+}
+
+// Retention, which reads the whole job, ran after every commit: with checkpoint.keep set, a
+// backlog of complete checkpoints (an agent restarted on a disk of a thousand saves, a trainer
+// saving faster than the store) took seconds a commit, and a notice's checkpoint waited behind
+// them past its deadline (found from outside). It runs after the last commit of a run of them,
+// and not during a notice; what it deletes is the same once it has run.
+func TestRetentionWaitsForTheEndOfABacklog(t *testing.T) {
+	dir := t.TempDir()
+	for i := range 12 {
+		writeCheckpoint(t, dir, fmt.Sprintf("step-%02d", i), map[string][]byte{"a": randomBytes(t, 1<<10)})
+		waitFileClockAfter(t, time.Now())
+	}
+	s := newMemStore()
+	r := startUploader(t, dir, s, 2)
+	commits := 0
+	for commits < 12 {
+		if ev := r.waitEvent(0, ""); ev.Kind == CheckpointCommitted {
+			commits++
+		}
+	}
+	eventuallyUploader(t, "retention to keep the newest two", func() bool {
+		cs, _, err := ListCommitted(t.Context(), s, "job")
+		return err == nil && len(cs) == 2 && cs[0].Manifest.Checkpoint == "step-11"
+	})
+	s.mu.Lock()
+	dirs := s.listed.ListDirs
+	s.mu.Unlock()
+	// The read of the job at start, each commit's look at its name, and one read of the job per
+	// retention: with retention after each of the 12 commits, 169 listings.
+	if dirs > 120 {
+		t.Errorf("%d delimiter listings for 12 commits in a row; want retention run a few times, not after each", dirs)
+	}
+
+	// During a notice, none: the two committed then stay beside the older ones until the next
+	// commit after it.
+	r.up.SetNotices([]ActiveNotice{{Key: "spot/terminate", Deadline: time.Now().Add(2 * time.Minute), SignalledAt: time.Now()}})
+	for _, name := range []string{"step-20", "step-21"} {
+		waitFileClockAfter(t, time.Now())
+		writeCheckpoint(t, dir, name, map[string][]byte{"a": randomBytes(t, 1<<10)})
+		r.waitCommitted(name)
+	}
+	if cs, _, _ := ListCommitted(t.Context(), s, "job"); len(cs) != 4 {
+		t.Errorf("%d commits after two during a notice; want 4, retention left for after it", len(cs))
+	}
+	r.up.SetNotices(nil)
+	waitFileClockAfter(t, time.Now())
+	writeCheckpoint(t, dir, "step-22", map[string][]byte{"a": randomBytes(t, 1<<10)})
+	r.waitCommitted("step-22")
+	eventuallyUploader(t, "retention after the notice", func() bool {
+		cs, _, err := ListCommitted(t.Context(), s, "job")
+		return err == nil && len(cs) == 2
+	})
 }
