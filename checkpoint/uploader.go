@@ -2782,7 +2782,7 @@ func uploadFile(ctx context.Context, s Store, dir, rel, key string, gf *growingF
 	}
 	if errors.Is(err, errKeyTooLong) {
 		// No retry makes it fit: the path is too deep or too long for the store.
-		return doneFile{}, fmt.Errorf("upload %s: %w (shorten the path, store.prefix or store.job): %w", filepath.Join(dir, rel), err, errUnusable)
+		return doneFile{}, fmt.Errorf("upload %s: %w (shorten the path, the prefix of store.url or store.job): %w", filepath.Join(dir, rel), err, errUnusable)
 	}
 	if err != nil {
 		return doneFile{}, fmt.Errorf("upload %s: %w", filepath.Join(dir, rel), err)
