@@ -231,19 +231,26 @@ func writeNotUTF8(t *testing.T, dir, ckpt string) string {
 	return bad
 }
 
+// ownerCannotRead returns a checkpoint.dir and the mode of a file in it that its owner could not
+// read: as root, a directory another user owns and 0600 (a root trainer's file, as
+// tempfile.mkstemp or umask 077 makes it); else this user's and 0.
+func ownerCannotRead(t *testing.T) (string, fs.FileMode) {
+	dir := t.TempDir()
+	if os.Geteuid() != 0 {
+		return dir, 0
+	}
+	if err := os.Chown(dir, 12345, 12345); err != nil { // the trainer's user owns checkpoint.dir
+		t.Fatal(err)
+	}
+	return dir, 0o600
+}
+
 // A single-file checkpoint the owner of checkpoint.dir could not read (a root trainer's 0600
 // file in a directory another user owns) is never uploaded; it used to be skipped with a warning
 // alone, never committed and never said to be. It is withheld now, an error, until it is
 // readable; then it is committed.
 func TestSingleFileTheOwnerCannotReadIsWithheld(t *testing.T) {
-	dir := t.TempDir()
-	mode := fs.FileMode(0) // its owner, this user, cannot read it
-	if os.Geteuid() == 0 {
-		if err := os.Chown(dir, 12345, 12345); err != nil { // the trainer's user owns checkpoint.dir
-			t.Fatal(err)
-		}
-		mode = 0o600 // root's, as a root trainer's tempfile.mkstemp makes it
-	}
+	dir, mode := ownerCannotRead(t)
 	r := startUploader(t, dir, newMemStore(), 0)
 	tmp := filepath.Join(dir, ".model.pt.tmp")
 	if err := os.WriteFile(tmp, randomBytes(t, 4<<10), 0o600); err != nil {
@@ -274,14 +281,7 @@ func TestSingleFileTheOwnerCannotReadIsWithheld(t *testing.T) {
 // withheld, /healthz 200 (found from outside, the case docs/containers.md names). Its marker is
 // there all the same: withheld, until its files are readable; then committed.
 func TestCheckpointWhoseMarkerTheOwnerCannotReadIsWithheld(t *testing.T) {
-	dir := t.TempDir()
-	mode := fs.FileMode(0) // its owner, this user, cannot read it
-	if os.Geteuid() == 0 {
-		if err := os.Chown(dir, 12345, 12345); err != nil { // the trainer's user owns checkpoint.dir
-			t.Fatal(err)
-		}
-		mode = 0o600 // root's, under umask 077
-	}
+	dir, mode := ownerCannotRead(t)
 	r := startUploader(t, dir, newMemStore(), 0)
 	ck := filepath.Join(dir, "step-1")
 	if err := os.MkdirAll(ck, 0o755); err != nil {
