@@ -454,6 +454,9 @@ func (c *Coordinator) checkLate(now time.Time) {
 	type late struct {
 		key, written string
 		by           time.Duration
+		// trainerLate: the checkpoint completed after the deadline (the trainer was late,
+		// not the store).
+		trainerLate time.Duration
 	}
 	var due []late
 	c.mu.Lock()
@@ -465,13 +468,28 @@ func (c *Coordinator) checkLate(now time.Time) {
 			continue
 		}
 		ns.lateSaid = true
-		due = append(due, late{ns.Key, ns.written, now.Sub(*ns.Deadline)})
+		l := late{key: ns.Key, written: ns.written, by: now.Sub(*ns.Deadline)}
+		for _, tr := range slices.Backward(ns.Transitions) {
+			if tr.State == StateCheckpointWritten {
+				l.trainerLate = tr.At.Sub(*ns.Deadline)
+				break
+			}
+		}
+		due = append(due, l)
 	}
 	c.mu.Unlock()
 	for _, l := range due {
-		c.log.Error().Str("notice", l.key).Str("checkpoint", l.written).Float64("late_by_s", logSeconds(l.by)).
-			Msg("the notice's deadline passed and its checkpoint is not committed yet: its upload goes on while the instance runs, " +
-				"and until it is committed a restore takes the newest checkpoint committed before it (see the store's errors, /status uploads)")
+		ev := c.log.Error().Str("notice", l.key).Str("checkpoint", l.written).Float64("late_by_s", logSeconds(l.by))
+		if l.trainerLate > 0 {
+			// Not the store's doing (found from outside: the line sent the operator to the
+			// store's errors, which had none).
+			ev.Float64("completed_after_deadline_s", logSeconds(l.trainerLate)).
+				Msg("the trainer completed the notice's checkpoint after the notice's deadline: its upload goes on while the instance runs, " +
+					"and until it is committed a restore takes the newest checkpoint committed before it; save less on a notice, or save sooner")
+			continue
+		}
+		ev.Msg("the notice's deadline passed and its checkpoint is not committed yet: its upload goes on while the instance runs, " +
+			"and until it is committed a restore takes the newest checkpoint committed before it (see the store's errors, /status uploads)")
 	}
 }
 

@@ -338,3 +338,20 @@ func TestNoticeDeadlinePassingWithItsCheckpointUncommittedIsSaid(t *testing.T) {
 		})
 	}
 }
+
+// A checkpoint the trainer completed after the notice's deadline, not committed yet when the loop
+// looks, is the trainer's lateness: the line sent the operator to the store's errors, which had
+// none (found from outside). It says so now.
+func TestNoticeCheckpointCompletedAfterTheDeadlineIsTheTrainersLateness(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		logs := &syncBuffer{}
+		r := startRigLogging(t, true, nil, logs)
+		r.begin(imds.SourceSpot, "terminate", time.Now().Add(10*time.Second))
+		passFakeTime(15 * time.Second) // a long step: the save begins after the deadline
+		r.upload(checkpoint.CheckpointComplete, "step-10")
+		passFakeTime(2 * time.Second)
+		if l := logs.String(); strings.Contains(l, "see the store's errors") || !strings.Contains(l, "the trainer completed the notice's checkpoint after the notice's deadline") {
+			t.Errorf("log: want the trainer's lateness said, not the store blamed:\n%s", l)
+		}
+	})
+}
