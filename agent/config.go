@@ -662,7 +662,7 @@ func Load(opts LoadOptions) (*Config, error) {
 	}
 
 	if opts.Path != "" {
-		data, err := os.ReadFile(opts.Path)
+		data, err := readConfigFile(opts.Path)
 		switch {
 		case errors.Is(err, os.ErrNotExist) && opts.Path == DefaultConfigPath:
 			// No file at the default place: defaults, environment and flags only.
@@ -1163,4 +1163,44 @@ func boolKey(field func(c *Config) *bool) func(*Config, string) error {
 		*field(c) = b
 		return nil
 	}
+}
+
+// maxConfigSize bounds the configuration file: a few KiB in practice.
+const maxConfigSize = 1 << 20
+
+// readConfigFile reads the configuration file at path: a regular file of at most maxConfigSize
+// bytes. A FIFO blocked every command for ever (SIGTERM too), and /dev/zero was read until memory
+// ran out (found from outside).
+func readConfigFile(path string) ([]byte, error) {
+	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK, 0)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close() // read only
+	fi, err := f.Stat()
+	if err != nil {
+		return nil, err
+	}
+	if !fi.Mode().IsRegular() {
+		what := "not a regular file"
+		switch t := fi.Mode().Type(); {
+		case t&fs.ModeDir != 0:
+			what = "a directory"
+		case t&fs.ModeNamedPipe != 0:
+			what = "a named pipe"
+		case t&(fs.ModeDevice|fs.ModeCharDevice) != 0:
+			what = "a device"
+		case t&fs.ModeSocket != 0:
+			what = "a socket"
+		}
+		return nil, fmt.Errorf("%s is %s, not a configuration file", path, what)
+	}
+	data, err := io.ReadAll(io.LimitReader(f, maxConfigSize+1))
+	if err != nil {
+		return nil, err
+	}
+	if len(data) > maxConfigSize {
+		return nil, fmt.Errorf("%s is larger than %d KiB: not a configuration file", path, maxConfigSize>>10)
+	}
+	return data, nil
 }

@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"bytes"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -449,6 +450,27 @@ func TestMetricsNamespaceIsOneCloudWatchTakes(t *testing.T) {
 			t.Errorf("namespace %q: %v; want it taken", tt.v, err)
 		case tt.want != "" && (err == nil || !strings.Contains(err.Error(), tt.want) || !strings.Contains(err.Error(), "metrics.namespace")):
 			t.Errorf("namespace %q: %v; want a problem of metrics.namespace containing %q", tt.v, err, tt.want)
+		}
+	}
+}
+
+// A configuration path that is not a regular file: a named pipe blocked every command for ever
+// (SIGTERM too), and /dev/zero was read until memory ran out (found from outside). Each is an
+// error naming what it is; a directory too.
+func TestLoadRefusesAConfigurationThatIsNoFile(t *testing.T) {
+	dir := t.TempDir()
+	fifo := filepath.Join(dir, "fifo")
+	if err := syscall.Mkfifo(fifo, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	big := filepath.Join(dir, "big.yaml")
+	if err := os.WriteFile(big, bytes.Repeat([]byte("# x\n"), maxConfigSize/4+1), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for path, want := range map[string]string{fifo: "is a named pipe", "/dev/zero": "is a device", dir: "is a directory", big: "is larger than 1024 KiB"} {
+		_, err := Load(LoadOptions{Path: path})
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("Load(%s) = %v; want an error: %s", path, err, want)
 		}
 	}
 }
