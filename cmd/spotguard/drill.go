@@ -39,6 +39,9 @@ const drillWindow = 2 * time.Minute
 // whatever checkpoint.marker says for the real trainer.
 const drillMarker = "_COMPLETE"
 
+// drillIMDSSilence is how long IMDS may fail before a drill waiting for a real notice says so.
+const drillIMDSSilence = 10 * time.Second
+
 // drillStopBudget is the drill's agent.stop_budget: a drill that failed says so without waiting
 // out the configured drain.
 const drillStopBudget = 5 * time.Second
@@ -329,7 +332,9 @@ func drill(ctx context.Context, p drillPlan, log zerolog.Logger, rep *drillRepor
 	}
 
 	deps := agent.Deps{
-		Logger: log, IMDS: imds.NewClient(awsCfg, endpoint),
+		// The simulator's, or with --imds real the configured imds.endpoint (it was ignored:
+		// the SDK's default took its place).
+		Logger: log, IMDS: imds.NewClient(awsCfg, cfg.IMDS.Endpoint),
 		OpenStore: func(string, checkpoint.S3Options) (checkpoint.Store, error) { return store, nil },
 	}
 	if !p.useTrainerConfig {
@@ -397,8 +402,18 @@ func drill(ctx context.Context, p drillPlan, log zerolog.Logger, rep *drillRepor
 	// A trainer that exits while the drill waits for a real notice ends the wait.
 	var ns agent.NoticeStatus
 	found := false
+	imdsSaid := false
 	waitUntil(ctx, 24*time.Hour, func() bool {
-		for _, n := range a.Status().Notices {
+		st := a.Status()
+		if spot, ok := st.IMDS.Sources[imds.SourceSpot]; ok && sim == nil && !imdsSaid && spot.Streak > 0 &&
+			spot.FailingSince != nil && time.Since(*spot.FailingSince) >= drillIMDSSilence {
+			// Waiting for a notice that cannot be read would be silent for ever (found from
+			// outside: a container with the metadata hop limit at 1).
+			imdsSaid = true
+			fmt.Fprintf(p.progress, "IMDS does not answer (%s for %s): no notice can be read; on EC2, check the metadata options (enabled, hop limit 2 in a container) and imds.endpoint\n",
+				spot.LastError, time.Since(*spot.FailingSince).Round(time.Second))
+		}
+		for _, n := range st.Notices {
 			if n.Source == imds.SourceSpot && n.Active {
 				ns, found = n, true
 				return true

@@ -1,11 +1,15 @@
 package e2e
 
 import (
+	"bufio"
 	"encoding/json"
+	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 )
 
 type drillJSON struct {
@@ -147,4 +151,45 @@ func TestDrillOwnTrainer(t *testing.T) {
 	cmd := pythonBin + " " + repoRoot + "/examples/python/trainer.py --checkpoint-dir " + dir + " --files 8 --checkpoint-mb 2"
 	code, r, stderr := runDrill(t, nil, "--trainer-cmd", cmd, "--checkpoint-dir", dir)
 	checkDrillPass(t, code, r, 16<<20, stderr)
+}
+
+// A drill waiting for a real notice with IMDS not answering (a container with the metadata hop
+// limit at 1) waited in silence for ever (found from outside). It says so once IMDS has failed
+// for 10 s, and goes on waiting (an interrupt ends it).
+func TestDrillRealIMDSNotAnsweringIsSaid(t *testing.T) {
+	needPeers(t)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed := ln.Addr().String()
+	ln.Close() // nothing listens there now
+	cmd := exec.Command(spotguardBin, "drill", "--config", writeEmptyConfig(t), "--imds", "real", "--size", "1MiB")
+	cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "HOME=" + t.TempDir(), "SPOTGUARD_IMDS_ENDPOINT=http://" + closed}
+	out, err := cmd.StderrPipe() // where the drill says how it goes
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { cmd.Process.Kill(); cmd.Wait() }()
+	said := make(chan string, 1)
+	go func() {
+		sc := bufio.NewScanner(out)
+		for sc.Scan() {
+			if strings.HasPrefix(sc.Text(), "IMDS does not answer") {
+				said <- sc.Text()
+				return
+			}
+		}
+	}()
+	select {
+	case line := <-said:
+		if !strings.Contains(line, "hop limit") {
+			t.Errorf("line %q; want the fix (the metadata options)", line)
+		}
+	case <-time.After(60 * time.Second):
+		t.Fatal("the drill did not say within 60 s that IMDS does not answer")
+	}
 }
