@@ -142,4 +142,3 @@ func TestDrillAdviceOnlyWhereItHelps(t *testing.T) {
 		})
 	}
 }
-
