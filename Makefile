@@ -2,7 +2,7 @@
 GOLANGCI_LINT_VERSION := v2.15.0
 BIN := bin/spotguard
 SOAK ?= 10m
-VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+VERSION ?= $(shell git -c safe.directory='$(CURDIR)' describe --tags --always --dirty 2>/dev/null || echo dev)
 # A Debian version: v1.2.0-3-gabc → 1.2.0+3+gabc; without a tag, 0.0.0+git<hash>.
 DEB_VERSION ?= $(shell echo '$(VERSION)' | sed -E -e 's/^v?([0-9]+\.[0-9])/\1/' -e 't done' -e 's/^/0.0.0+git/' -e ':done' -e 's/-/+/g')
 DEB_ARCH ?= $(shell go env GOARCH)
