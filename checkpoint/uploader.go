@@ -3023,8 +3023,10 @@ func (u *Uploader) startCommit(ctx context.Context, g *generation) {
 	// committed; at least every retentionEvery commits), and not during a notice: it only
 	// deletes, and can wait.
 	if u.cfg.Keep > 0 {
+		// (One still matching is most likely committed already, and adopted without a commit
+		// of its own, so without a retention after it: not counted.)
 		more := slices.ContainsFunc(slices.Collect(maps.Values(u.gens)), func(o *generation) bool {
-			return o != g && o.complete && !o.withheld && (o.state == genMatching || o.state == genUploading)
+			return o != g && o.complete && !o.withheld && o.state == genUploading
 		})
 		if !more && !u.urgent() || u.retentionSkipped >= retentionEvery {
 			c.retain, u.retentionSkipped = true, 0
