@@ -258,12 +258,15 @@ func TestJournalRemovedUnderTheAgentIsWrittenAgain(t *testing.T) {
 	writeCheckpoint(t, dir, "step-2", map[string][]byte{"a": randomBytes(t, 8<<10)})
 	r.waitCommitted("step-2")
 	path := JournalPath(state, "job", dir, store.URL())
-	if _, err := os.Stat(path); err != nil {
-		t.Fatalf("journal after agent.runtime_dir was removed: %v; want it written again", err)
-	}
-	entries, err := readJournal(path)
-	if err != nil || entries["step-1"] == nil || entries["step-2"] == nil || !entries["step-2"].done {
-		t.Errorf("journal entries %v (%v); want step-1's and step-2's, step-2 done", slices.Sorted(maps.Keys(entries)), err)
+	// The commit's event comes before the loop writes its journal line out: wait for the line.
+	var entries map[string]*journalEntry
+	var err error
+	eventuallyUploader(t, "step-2 done in the journal written again", func() bool {
+		entries, err = readJournal(path)
+		return err == nil && entries["step-2"] != nil && entries["step-2"].done
+	})
+	if entries["step-1"] == nil {
+		t.Errorf("journal entries %v; want step-1's and step-2's", slices.Sorted(maps.Keys(entries)))
 	}
 	if fi, err := os.Stat(state); err != nil || fi.Mode().Perm() != 0o755 {
 		t.Errorf("agent.runtime_dir made again: %v, %v; want mode 0755 (the trainer reads notice.json there)", fi, err)
