@@ -219,11 +219,13 @@ const discoveryWait = 2 * time.Second
 // discovery is the state of find: one trainers.Find at a time, and what the last one found.
 type discovery struct {
 	mu sync.Mutex
-	// running is closed when the Find in flight returns; nil when none is.
-	running  chan struct{}
-	procs    []trainer.Process
-	problems []trainer.Problem
-	at       time.Time // when the last Find that returned did
+	// running is closed when the Find in flight returns; nil when none is. runningCfg is the
+	// config it was begun with.
+	running    chan struct{}
+	runningCfg *Config
+	procs      []trainer.Process
+	problems   []trainer.Problem
+	at         time.Time // when the last Find that returned did
 	// hungSince is when the Find in flight was found not to return within discoveryWait; zero
 	// when it did.
 	hungSince time.Time
@@ -231,14 +233,29 @@ type discovery struct {
 
 // find is trainers.Find, bounded by discoveryWait (see there). While a Find hangs, it returns at
 // once the processes of the last one that returned, and a problem of reason
-// trainer.ReasonDiscoveryHung; said once per hang, and again when it returns.
+// trainer.ReasonDiscoveryHung; said once per hang, and again when it returns. A Find in flight
+// begun with another config (before a reload) is not joined: find waits for it (within the same
+// discoveryWait), then begins its own.
 func (c *Coordinator) find(cfg *Config) ([]trainer.Process, []trainer.Problem) {
 	d := &c.disc
+	wait, cancel := context.WithTimeout(context.Background(), discoveryWait)
+	defer cancel()
 	d.mu.Lock()
 	done := d.running
+	if done != nil && d.runningCfg != cfg && d.hungSince.IsZero() {
+		// The Find in flight was begun with the config before a reload (another pidfile or
+		// match): its answer is not this config's. It returns in moments; then look again.
+		d.mu.Unlock()
+		select {
+		case <-done:
+		case <-wait.Done():
+		}
+		d.mu.Lock()
+		done = d.running
+	}
 	if done == nil {
 		done = make(chan struct{})
-		d.running = done
+		d.running, d.runningCfg = done, cfg
 		go func() {
 			procs, problems := c.trainers.Find(cfg)
 			d.mu.Lock()
@@ -254,12 +271,10 @@ func (c *Coordinator) find(cfg *Config) ([]trainer.Process, []trainer.Problem) {
 	hung := !d.hungSince.IsZero()
 	d.mu.Unlock()
 	if !hung {
-		t := time.NewTimer(discoveryWait)
 		select {
 		case <-done:
-		case <-t.C:
+		case <-wait.Done():
 		}
-		t.Stop()
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -333,6 +348,10 @@ type Coordinator struct {
 	stoppedCatching map[int]bool
 	// scanned: Scan has looked for the trainer at least once.
 	scanned bool
+	// scanSeq numbers the looks for the trainer as they begin; foundSeq is the number of the look
+	// found, lastProblems and stoppedCatching are from. Looks run at once (the 10 s one, a
+	// notice's, a reload's, /healthz's): one begun earlier that ends later is not kept.
+	scanSeq, foundSeq uint64
 	// previous holds, by key, when an earlier run signalled the trainer for a notice
 	// (readPrevious); set before Run.
 	previous map[string]signalRecord
@@ -1571,6 +1590,10 @@ func (c *Coordinator) Scan() { c.scan(c.config()) }
 
 // scan is Scan with cfg; it returns the processes found.
 func (c *Coordinator) scan(cfg *Config) []trainer.Process {
+	c.mu.Lock()
+	c.scanSeq++
+	seq := c.scanSeq
+	c.mu.Unlock()
 	procs, problems := c.find(cfg)
 	sig := cfg.Trainer.Signal
 	c.mu.Lock()
@@ -1638,13 +1661,19 @@ func (c *Coordinator) scan(cfg *Config) []trainer.Process {
 	problemText := strings.Join(reasons, "; ")
 
 	c.mu.Lock()
+	if seq < c.foundSeq {
+		// A newer look ended first: its answer stands.
+		c.mu.Unlock()
+		return procs
+	}
 	changed := problemText != c.lastProblems
 	c.lastProblems = problemText
-	c.found, c.scanned, c.stoppedCatching = found, true, stopped
-	c.mu.Unlock()
-
+	c.found, c.scanned, c.stoppedCatching, c.foundSeq = found, true, stopped, seq
+	// Set under mu, so that the gauges are the answer kept.
 	c.metrics.trainerProcesses.Set(float64(len(found)))
 	c.metrics.trainerUncaught.Set(float64(uncaught))
+	c.mu.Unlock()
+
 	if changed && problemText != "" {
 		for _, p := range problems {
 			c.metrics.discoveryProblems.WithLabelValues(p.Reason).Inc()

@@ -1,11 +1,14 @@
 package agent
 
 import (
+	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"testing/synctest"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 
 	"github.com/spotguard/spotguard/agent/imds"
@@ -95,4 +98,86 @@ func TestHealthSaysTheNoticePathIsStuck(t *testing.T) {
 	if v.Healthy || !strings.Contains(strings.Join(v.Reasons, "\n"), "the notice path's loop has not gone round for 12s: a notice would not be acted on") {
 		t.Errorf("loop stuck for 12 s: healthy %v, %q; want unhealthy, saying so", v.Healthy, v.Reasons)
 	}
+}
+
+// cfgTrainers finds by trainer.match: "old" finds PID 1, anything else PID 2. Find with "old"
+// waits for findOld, Catches of PID 1 for catchOld (each closed to let them go).
+type cfgTrainers struct {
+	fakeTrainers
+	findOld, catchOld chan struct{}
+}
+
+func (f *cfgTrainers) Find(cfg *Config) ([]trainer.Process, []trainer.Problem) {
+	if cfg.Trainer.Match.String() == "old" {
+		<-f.findOld
+		return []trainer.Process{{PID: 1, Cmdline: "python old.py", Via: trainer.ViaMatch}}, nil
+	}
+	return []trainer.Process{{PID: 2, Cmdline: "python new.py", Via: trainer.ViaMatch}}, nil
+}
+
+func (f *cfgTrainers) Catches(pid int, _ syscall.Signal) (bool, error) {
+	if pid == 1 {
+		<-f.catchOld
+	}
+	return true, nil
+}
+
+// A look for the trainer begun before a reload ends after the reload's own look: its answer, of
+// the old trainer.pidfile or match, was the reload's (the reload joined the Find in flight), or
+// stood over the reload's answer until the next look, 10 s later. (Found by a flaky test.)
+func TestLookBeforeAReloadDoesNotAnswerForIt(t *testing.T) {
+	load := func(match string) *Config {
+		cfg := mustLoad(t, LoadOptions{Environ: []string{"SPOTGUARD_TRAINER_MATCH=" + match, "SPOTGUARD_AGENT_RUNTIME_DIR=" + t.TempDir()}})
+		if err := cfg.Validate(); err != nil {
+			t.Fatal(err)
+		}
+		return cfg
+	}
+	oldCfg, newCfg := load("old"), load("new")
+	pids := func(ts []TrainerStatus) []int {
+		var out []int
+		for _, t := range ts {
+			out = append(out, t.PID)
+		}
+		return out
+	}
+
+	t.Run("the reload's look waits for the old Find", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			ft := &cfgTrainers{findOld: make(chan struct{}), catchOld: make(chan struct{})}
+			close(ft.catchOld)
+			c := newCoordinator(zerolog.Nop(), newMetrics(prometheus.NewRegistry(), func() imds.Stats { return imds.Stats{} }),
+				func() *Config { return newCfg }, ft)
+			go c.scan(oldCfg)
+			synctest.Wait() // the old look's Find is in flight
+			got := make(chan []trainer.Process)
+			go func() { got <- c.scan(newCfg) }()
+			synctest.Wait()
+			close(ft.findOld)
+			if procs := <-got; len(procs) != 1 || procs[0].PID != 2 {
+				t.Errorf("the reload's look found %v; want PID 2, of the new match", procs)
+			}
+			synctest.Wait()
+			if found := pids(c.status().Trainers); !slices.Equal(found, []int{2}) {
+				t.Errorf("trainers found %v; want [2]", found)
+			}
+		})
+	})
+	t.Run("the old look ending last is not kept", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			ft := &cfgTrainers{findOld: make(chan struct{}), catchOld: make(chan struct{})}
+			close(ft.findOld)
+			c := newCoordinator(zerolog.Nop(), newMetrics(prometheus.NewRegistry(), func() imds.Stats { return imds.Stats{} }),
+				func() *Config { return newCfg }, ft)
+			oldDone := make(chan struct{})
+			go func() { c.scan(oldCfg); close(oldDone) }()
+			synctest.Wait() // the old look asks whether PID 1 catches the signal
+			c.scan(newCfg)
+			close(ft.catchOld)
+			<-oldDone
+			if found := pids(c.status().Trainers); !slices.Equal(found, []int{2}) {
+				t.Errorf("trainers found %v after the old look ended last; want [2], the newer look's", found)
+			}
+		})
+	})
 }
