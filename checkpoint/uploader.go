@@ -3025,9 +3025,13 @@ func (u *Uploader) startCommit(ctx context.Context, g *generation) {
 	if u.cfg.Keep > 0 {
 		// (One still matching is most likely committed already, and adopted without a commit
 		// of its own, so without a retention after it: not counted.)
-		more := slices.ContainsFunc(slices.Collect(maps.Values(u.gens)), func(o *generation) bool {
-			return o != g && o.complete && !o.withheld && o.state == genUploading
-		})
+		more := false
+		for _, o := range u.gens {
+			if o != g && o.complete && !o.withheld && o.state == genUploading {
+				more = true
+				break
+			}
+		}
 		if !more && !u.urgent() || u.retentionSkipped >= retentionEvery {
 			c.retain, u.retentionSkipped = true, 0
 		} else {
