@@ -1611,10 +1611,20 @@ func (c *Coordinator) scan(cfg *Config) []trainer.Process {
 	}
 	found := make([]TrainerStatus, 0, len(procs))
 	uncaught := 0
+	catches := make(map[int]bool, len(procs))
+	anyCatches := false
 	for _, p := range procs {
 		caught, err := c.trainers.Catches(p.PID, sig)
 		if err != nil {
 			continue // exited since Find
+		}
+		catches[p.PID] = caught
+		anyCatches = anyCatches || caught
+	}
+	for _, p := range procs {
+		caught, ok := catches[p.PID]
+		if !ok {
+			continue
 		}
 		ts := TrainerStatus{PID: p.PID, Cmdline: p.Cmdline, Via: p.Via, CatchesSignal: caught, Signal: trainer.SignalName(sig)}
 		old, seen := prev[p.PID]
@@ -1650,6 +1660,8 @@ func (c *Coordinator) scan(cfg *Config) []trainer.Process {
 		case ts.young:
 			l.Info().Float64("since_start_s", logSeconds(time.Since(p.Started))).
 				Msg("trainer found; it does not catch the signal yet (a trainer installs its handler as it starts); looked at again at every scan")
+		case anyCatches:
+			l.Warn().Msg(msgTrainerBeside)
 		default:
 			l.Error().Msg("trainer found but it does NOT catch the signal: on a notice it will not be signalled (the default action would kill it); install a handler in the trainer")
 		}
@@ -1718,6 +1730,10 @@ func (c *Coordinator) trainerWarnings() [][2]string {
 	}
 	return ws
 }
+
+// msgTrainerBeside is scan's line, at Warn, for a process found that does not catch the signal
+// while another found does: a launcher or an init, most likely.
+const msgTrainerBeside = "trainer process found that does not catch the signal, beside one that does: it is not signalled; fine for a launcher (torchrun's agent) or an init (tini), which the trainer.* keys need not match"
 
 // msgTrainerFork is scan's line, at Debug, for a process found that is a fork of a trainer
 // process with its command line and catches the signal.

@@ -979,3 +979,35 @@ func TestTrainerStartingIsGivenTimeToInstallItsHandler(t *testing.T) {
 		}
 	})
 }
+
+// An init (tini, as `docker run --init` starts it) or a launcher that the trainer.* keys match
+// with the trainer is not signalled, and the notice reaches the trainer beside it: past
+// handlerGrace it was still an error line telling to install a handler in it (found from
+// outside). Beside a process that catches the signal, it is a warning; alone, still the error.
+func TestInitBesideATrainerIsNoErrorLine(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		tc := newTestCoordinator(t)
+		logs := &syncBuffer{}
+		tc.c.log = zerolog.New(logs)
+		tc.tr.setPIDs(7)
+		tc.tr.setStarted(7, time.Now())
+		tc.tr.setNotCatching(7)
+		tc.c.Scan()
+		passFakeTime(handlerGrace / 2)
+		tc.tr.setPIDs(7, 8) // the trainer, started by the init, catches the signal
+		tc.tr.setParent(8, 7)
+		tc.c.Scan()
+		passFakeTime(handlerGrace)
+		tc.c.Scan()
+		if l := logs.String(); strings.Contains(l, "does NOT catch") || strings.Count(l, msgTrainerBeside) != 1 {
+			t.Errorf("log with an init past handlerGrace beside a trainer that catches the signal:\n%s\nwant one warning, no error", l)
+		}
+		tc.tr.setPIDs(9) // another, alone: it does not catch the signal, and none other does
+		tc.tr.setNotCatching(7, 9)
+		tc.c.Scan()
+		tc.c.Scan()
+		if n := strings.Count(logs.String(), "does NOT catch"); n != 1 {
+			t.Errorf("errors for a process alone not catching the signal: %d; want 1:\n%s", n, logs.String())
+		}
+	})
+}
