@@ -12,6 +12,8 @@ import (
 	"io/fs"
 	"math/rand/v2"
 	"net"
+	neturl "net/url"
+	"os"
 	"strings"
 	"sync"
 	"syscall"
@@ -211,6 +213,10 @@ func StoreFix(reason, url string, err error) string {
 	case StoreNotFound:
 		switch code {
 		case "", "NoSuchBucket", "NotFound":
+			if name, endpoint, path := endpointPath(); path != "" {
+				return fmt.Sprintf("the store's endpoint %s=%s has a path (%s), which goes before the bucket in every request: a server not served under that path takes its first part for the bucket's name; drop the path from %s, or create the bucket %s (aws s3 mb s3://%s)",
+					name, endpoint, path, name, bucket, bucket)
+			}
 			return fmt.Sprintf("the bucket %s does not exist (or not in this account and region): create it (aws s3 mb s3://%s) or fix store.url", bucket, bucket)
 		case "NoSuchKey":
 			return "an object the job needs is not in the store (deleted by hand, or by a lifecycle rule?): `spotguard list --check` says which"
@@ -237,6 +243,22 @@ func StoreFix(reason, url string, err error) string {
 	default:
 		return "check store.url and the AWS settings (spotguard config; aws s3 ls " + url + ")"
 	}
+}
+
+// endpointPath returns the environment variable that sets the S3 endpoint (AWS_ENDPOINT_URL_S3,
+// else AWS_ENDPOINT_URL), its value and the path in it, if it has one ("" otherwise).
+func endpointPath() (name, endpoint, path string) {
+	for _, name := range []string{"AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL"} {
+		v := os.Getenv(name)
+		if v == "" {
+			continue
+		}
+		if u, err := neturl.Parse(v); err == nil && strings.Trim(u.Path, "/") != "" {
+			return name, v, u.Path
+		}
+		return "", "", ""
+	}
+	return "", "", ""
 }
 
 // Probe steps, the values of StoreProbe.Step.

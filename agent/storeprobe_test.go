@@ -422,3 +422,25 @@ func TestProbeStoreClockOffset(t *testing.T) {
 		t.Errorf("no line when the clock agrees again:\n%s", logs.String())
 	}
 }
+
+// An endpoint with a path puts the path before the bucket: a server not served under it answers
+// NoSuchBucket for a bucket that exists, and the fix said to create it (found from outside).
+func TestStoreFixNamesAnEndpointWithAPath(t *testing.T) {
+	err := s3Err(404, "NoSuchBucket", "The specified bucket does not exist")
+	t.Setenv("AWS_ENDPOINT_URL", "")
+	t.Setenv("AWS_ENDPOINT_URL_S3", "http://127.0.0.1:9000/some/path")
+	if got := StoreFix(StoreNotFound, "s3://ckpt/runs", err); !strings.Contains(got, "AWS_ENDPOINT_URL_S3=http://127.0.0.1:9000/some/path has a path (/some/path)") {
+		t.Errorf("StoreFix with an endpoint with a path = %q; want it named", got)
+	}
+	for _, endpoint := range []string{"http://127.0.0.1:9000", "http://127.0.0.1:9000/"} {
+		t.Setenv("AWS_ENDPOINT_URL_S3", endpoint)
+		if got := StoreFix(StoreNotFound, "s3://ckpt/runs", err); !strings.Contains(got, "the bucket ckpt does not exist") {
+			t.Errorf("StoreFix with endpoint %s = %q; want the bucket said not to exist", endpoint, got)
+		}
+	}
+	t.Setenv("AWS_ENDPOINT_URL_S3", "")
+	t.Setenv("AWS_ENDPOINT_URL", "https://s3.example/prefix")
+	if got := StoreFix(StoreNotFound, "s3://ckpt/runs", err); !strings.Contains(got, "AWS_ENDPOINT_URL=https://s3.example/prefix has a path") {
+		t.Errorf("StoreFix with AWS_ENDPOINT_URL with a path = %q; want it named", got)
+	}
+}
