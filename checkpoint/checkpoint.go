@@ -21,6 +21,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path"
 	"strings"
 	"time"
 
@@ -36,6 +37,34 @@ var ErrExists = errors.New("checkpoint: already exists")
 // ErrPrecondition is returned by Store.PutBytes with Cond.IfMatch when the object at the key
 // does not have that ETag: it was replaced, or it is gone.
 var ErrPrecondition = errors.New("checkpoint: precondition failed")
+
+// ErrTooLarge is returned by Store.GetBytes for an object larger than any of its kind spotguard
+// writes (see smallObjectLimit): not read, so that one written there by mistake (a checkpoint
+// copied to J/LATEST) does not take the agent's or a restore's memory. Its ETag is returned with
+// it, so that an unusable LATEST can still be replaced.
+var ErrTooLarge = errors.New("checkpoint: larger than spotguard writes such an object")
+
+// smallObjectLimit is the most bytes GetBytes reads of key: a LATEST pointer is under a KiB, a
+// manifest of 100 000 files some tens of MiB.
+func smallObjectLimit(key string) int64 {
+	if path.Base(key) == "LATEST" {
+		return 1 << 20
+	}
+	return 1 << 30
+}
+
+// tooLarge is the error of GetBytes for key, size bytes long (-1: more than the limit).
+func tooLarge(key string, size int64) error {
+	limit := smallObjectLimit(key)
+	what := "a manifest"
+	if path.Base(key) == "LATEST" {
+		what = "a LATEST pointer"
+	}
+	if size < 0 {
+		return fmt.Errorf("%s is over %s, more than %s can be: %w", key, HumanBytes(limit), what, ErrTooLarge)
+	}
+	return fmt.Errorf("%s is %s, more than %s can be (%s): %w", key, HumanBytes(size), what, HumanBytes(limit), ErrTooLarge)
+}
 
 // Cond makes PutBytes conditional. The zero Cond writes unconditionally.
 type Cond struct {

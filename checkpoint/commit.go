@@ -376,12 +376,14 @@ func readJob(ctx context.Context, s Store, job string, cache *manifestCache) (*J
 const latestRereads = 3
 
 // getLatest reads job's LATEST: nil and no problem when there is none, a problem when it is not
-// valid JSON, an error when the store fails.
+// valid JSON (or too large to be a LATEST), an error when the store fails.
 func getLatest(ctx context.Context, s Store, job string) (*Latest, string, error, error) {
 	data, etag, err := s.GetBytes(ctx, LatestKey(job))
 	switch {
 	case errors.Is(err, ErrNotFound):
 		return nil, "", nil, nil
+	case errors.Is(err, ErrTooLarge):
+		return nil, etag, err, nil
 	case err != nil:
 		return nil, "", nil, fmt.Errorf("read %s: %w", LatestKey(job), err)
 	}
@@ -488,6 +490,8 @@ func readMeta(ctx context.Context, s Store, key string, cache *manifestCache, ma
 	switch {
 	case errors.Is(err, ErrNotFound):
 		return nil, fmt.Errorf("%s: %w", key, err), nil
+	case errors.Is(err, ErrTooLarge):
+		return nil, err, nil
 	case err != nil:
 		return nil, nil, fmt.Errorf("read %s: %w", key, err)
 	}
@@ -612,6 +616,8 @@ func advanceLatestOrder(ctx context.Context, s Store, m *Manifest, host Host, ca
 		switch {
 		case errors.Is(err, ErrNotFound):
 			cond = Cond{IfAbsent: true}
+		case errors.Is(err, ErrTooLarge):
+			// Not a LATEST spotguard writes: replaced, as one that is not JSON is.
 		case err != nil:
 			return false, nil, fmt.Errorf("read %s: %w", key, err)
 		default:
@@ -1145,8 +1151,8 @@ func (u *Uploader) dropUnlisted(ctx context.Context, ref CommitRef) error {
 	m := u.cache.get(key)
 	if m == nil {
 		data, _, err := u.cfg.Store.GetBytes(ctx, key)
-		if errors.Is(err, ErrNotFound) {
-			return nil
+		if errors.Is(err, ErrNotFound) || errors.Is(err, ErrTooLarge) {
+			return nil // none, or not a manifest: not this agent's to judge
 		}
 		if err != nil {
 			return fmt.Errorf("read %s: %w", key, err)
@@ -1198,6 +1204,9 @@ func (u *Uploader) dropTornKey(ctx context.Context, ref CommitRef, key, msg stri
 	data, _, err := u.cfg.Store.GetBytes(ctx, key)
 	if errors.Is(err, ErrNotFound) {
 		return nil // deleted, by retention: nothing landed (yet)
+	}
+	if errors.Is(err, ErrTooLarge) {
+		return nil // not a manifest: not this agent's to judge
 	}
 	if err != nil {
 		return fmt.Errorf("read %s: %w", key, err)

@@ -609,7 +609,7 @@ func completeSave(ctx context.Context, s Store, mine *Manifest, marker string, h
 	}
 	data, _, err := s.GetBytes(ctx, LatestKey(mine.Job))
 	switch {
-	case errors.Is(err, ErrNotFound):
+	case errors.Is(err, ErrNotFound), errors.Is(err, ErrTooLarge): // none, or none usable
 	case err != nil:
 		r.err = fmt.Errorf("read %s: %w", LatestKey(mine.Job), err)
 		return r

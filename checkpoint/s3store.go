@@ -1025,9 +1025,16 @@ func (s *S3Store) GetBytes(ctx context.Context, key string) ([]byte, string, err
 		return nil, "", fmt.Errorf("get %s: %w", s.URL()+"/"+key, err)
 	}
 	defer out.Body.Close()
-	data, err := io.ReadAll(out.Body)
+	limit := smallObjectLimit(key)
+	if n := aws.ToInt64(out.ContentLength); n > limit {
+		return nil, aws.ToString(out.ETag), fmt.Errorf("get %s: %w", s.URL()+"/"+key, tooLarge(key, n))
+	}
+	data, err := io.ReadAll(io.LimitReader(out.Body, limit+1))
 	if err != nil {
 		return nil, "", fmt.Errorf("get %s: %w", s.URL()+"/"+key, err)
+	}
+	if int64(len(data)) > limit {
+		return nil, aws.ToString(out.ETag), fmt.Errorf("get %s: %w", s.URL()+"/"+key, tooLarge(key, -1))
 	}
 	return data, aws.ToString(out.ETag), nil
 }
