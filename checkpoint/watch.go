@@ -90,7 +90,7 @@ const watchMsgLimit = "inotify watch limit reached (fs.inotify.max_user_watches)
 const watchMsgAllWatched = "every directory of the checkpoint directory is watched again"
 
 // watchLimitFix says how to raise the inotify watch limit.
-const watchLimitFix = "raise it: sysctl -w fs.inotify.max_user_watches=1048576, and set it in /etc/sysctl.d/ to keep it after a reboot (each watch costs about 1 KiB of kernel memory)"
+const watchLimitFix = "raise it: sysctl -w fs.inotify.max_user_watches=1048576, and set it in /etc/sysctl.d/ to keep it after a reboot (each watch costs about 1 KiB of kernel memory); in a user namespace of its own (a rootless container), user.max_inotify_watches there as well"
 
 // WatchEventKind says what a WatchEvent reports.
 type WatchEventKind int
@@ -992,8 +992,13 @@ func (r *watchRun) sayUnwatched() {
 			r.limitLogged = time.Now()
 			ev := r.log.Error().Err(syscall.ENOSPC).Str("path", r.limitPath).Int("unwatched_dirs", n).
 				Float64("poll_interval_s", logSeconds(r.pollEvery)).Str("fix", watchLimitFix)
-			if limit, ok := watchLimit(); ok {
+			if limit, ok := watchLimit("/proc/sys/fs/inotify/max_user_watches"); ok {
 				ev = ev.Str("max_user_watches", limit)
+				// In a user namespace of its own (a rootless container), the namespace's limit
+				// counts too, and can be the lower.
+				if ns, ok := watchLimit("/proc/sys/user/max_inotify_watches"); ok && ns != limit {
+					ev = ev.Str("user_namespace_max_inotify_watches", ns)
+				}
 			}
 			ev.Msg(watchMsgLimit)
 		}
@@ -1234,9 +1239,10 @@ func (r *watchRun) pollTop(watched bool) {
 	}
 }
 
-// watchLimit returns fs.inotify.max_user_watches, if it can be read.
-func watchLimit() (string, bool) {
-	b, err := os.ReadFile("/proc/sys/fs/inotify/max_user_watches")
+// watchLimit returns the inotify watch limit at path (fs.inotify.max_user_watches, or the user
+// namespace's user.max_inotify_watches), if it can be read.
+func watchLimit(path string) (string, bool) {
+	b, err := os.ReadFile(path)
 	if err != nil {
 		return "", false
 	}

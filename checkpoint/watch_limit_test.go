@@ -5,6 +5,7 @@ package checkpoint
 import (
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -305,4 +306,50 @@ func TestWatchWithoutAnInotifyInstance(t *testing.T) {
 	if n := len(h.logs.lines(t, "error", watchMsgNoInstance)); n != 1 {
 		t.Errorf("error lines saying there is no inotify instance: %d; want 1\nlog:\n%s", n, h.logs)
 	}
+}
+
+// inUserNamespaceEnv, set, runs TestWatchPastARealLimitInAUserNamespace's inside: the test
+// binary in a user namespace of its own.
+const inUserNamespaceEnv = "SPOTGUARD_TEST_IN_USER_NAMESPACE"
+
+// The real limit, not ENOSPC made up: in a user namespace of its own (a rootless container) whose
+// user.max_inotify_watches is lower than fs.inotify.max_user_watches, real inotify runs out, the
+// directories past it are polled, and the line gives both limits (it gave only the host's, which
+// was not the one reached).
+func TestWatchPastARealLimitInAUserNamespace(t *testing.T) {
+	if os.Getenv(inUserNamespaceEnv) == "" {
+		if out, err := exec.Command("unshare", "--user", "--map-root-user", "true").CombinedOutput(); err != nil {
+			t.Skipf("no user namespace can be made here (unshare: %v: %s)", err, out)
+		}
+		cmd := exec.Command("unshare", "--user", "--map-root-user", os.Args[0], "-test.run=^TestWatchPastARealLimitInAUserNamespace$", "-test.v", "-test.count=1")
+		cmd.Env = append(os.Environ(), inUserNamespaceEnv+"=1")
+		out, err := cmd.CombinedOutput()
+		if err != nil || !strings.Contains(string(out), "--- PASS: TestWatchPastARealLimitInAUserNamespace") {
+			t.Fatalf("in a user namespace: %v\n%s", err, out)
+		}
+		return
+	}
+	if err := os.WriteFile("/proc/sys/user/max_inotify_watches", []byte("4\n"), 0); err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	for i := range 8 {
+		scanWrite(t, filepath.Join(dir, "step-1", fmt.Sprintf("s%d", i), "x.bin"), "x")
+	}
+	watchAge(t, dir, time.Hour)
+	problems := &watchProblems{}
+	h, _ := watchStartWith(t, dir, WatchConfig{Unwatched: problems.unwatched}, func(w *Watcher) { w.pollEvery = 20 * time.Millisecond })
+	watchCheckLimitSaid(t, h.logs)
+	for _, m := range h.logs.lines(t, "error", watchMsgLimit) {
+		if ns, _ := m["user_namespace_max_inotify_watches"].(string); ns != "4" || m["max_user_watches"] == nil {
+			t.Errorf("limit line %v; want the host's limit and the namespace's, 4", m)
+		}
+	}
+	if p, _ := problems.last(); !strings.Contains(p, "directories of checkpoint.dir cannot be watched") {
+		t.Errorf("Unwatched(%q); want the directories past the limit", p)
+	}
+	// What is past the limit is still seen: a checkpoint completed there.
+	scanWrite(t, filepath.Join(dir, "step-1", "s7", "y.bin"), "yy")
+	scanWrite(t, filepath.Join(dir, "step-1", "_COMPLETE"), "")
+	h.untilComplete("step-1")
 }
