@@ -948,21 +948,26 @@ func TestScheduledEventRescheduledLaterTakesItsNewTimes(t *testing.T) {
 	})
 }
 
+// startingTrainer returns a test coordinator logging into logs that has looked once for the
+// trainer and found PID 7, started now, not catching the signal.
+func startingTrainer(t *testing.T) (*testCoordinator, *syncBuffer) {
+	tc := newTestCoordinator(t)
+	logs := &syncBuffer{}
+	tc.c.log = zerolog.New(logs)
+	tc.tr.setPIDs(7)
+	tc.tr.setStarted(7, time.Now())
+	tc.tr.setNotCatching(7)
+	tc.c.Scan()
+	return tc, logs
+}
+
 // A trainer found within handlerGrace of its start that does not catch the signal yet (Python's
 // imports, a launcher starting its workers) is said at Info, not as an error telling to install a
 // handler (found from outside: every drill of a Python trainer logged that error, and then
 // passed). Still not catching it after that, it is the error, once.
 func TestTrainerStartingIsGivenTimeToInstallItsHandler(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		tc := newTestCoordinator(t)
-		logs := &syncBuffer{}
-		tc.c.log = zerolog.New(logs)
-		tc.tr.setPIDs(7)
-		tc.tr.mu.Lock()
-		tc.tr.started = map[int]time.Time{7: time.Now()}
-		tc.tr.mu.Unlock()
-		tc.tr.setNotCatching(7)
-		tc.c.Scan()
+		tc, logs := startingTrainer(t)
 		if l := logs.String(); strings.Contains(l, "does NOT catch") || !strings.Contains(l, "does not catch the signal yet") {
 			t.Errorf("log at the first scan of a trainer just started: %s; want it said at info, as starting", l)
 		}
@@ -986,13 +991,7 @@ func TestTrainerStartingIsGivenTimeToInstallItsHandler(t *testing.T) {
 // outside). Beside a process that catches the signal, it is a warning; alone, still the error.
 func TestInitBesideATrainerIsNoErrorLine(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		tc := newTestCoordinator(t)
-		logs := &syncBuffer{}
-		tc.c.log = zerolog.New(logs)
-		tc.tr.setPIDs(7)
-		tc.tr.setStarted(7, time.Now())
-		tc.tr.setNotCatching(7)
-		tc.c.Scan()
+		tc, logs := startingTrainer(t)
 		passFakeTime(handlerGrace / 2)
 		tc.tr.setPIDs(7, 8) // the trainer, started by the init, catches the signal
 		tc.tr.setParent(8, 7)

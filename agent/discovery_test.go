@@ -142,12 +142,17 @@ func TestLookBeforeAReloadDoesNotAnswerForIt(t *testing.T) {
 		return out
 	}
 
+	// start returns a coordinator whose config is newCfg, on cfgTrainers.
+	start := func() (*cfgTrainers, *Coordinator) {
+		ft := &cfgTrainers{findOld: make(chan struct{}), catchOld: make(chan struct{})}
+		return ft, newCoordinator(zerolog.Nop(), newMetrics(prometheus.NewRegistry(), func() imds.Stats { return imds.Stats{} }),
+			func() *Config { return newCfg }, ft)
+	}
+
 	t.Run("the reload's look waits for the old Find", func(t *testing.T) {
 		synctest.Test(t, func(t *testing.T) {
-			ft := &cfgTrainers{findOld: make(chan struct{}), catchOld: make(chan struct{})}
+			ft, c := start()
 			close(ft.catchOld)
-			c := newCoordinator(zerolog.Nop(), newMetrics(prometheus.NewRegistry(), func() imds.Stats { return imds.Stats{} }),
-				func() *Config { return newCfg }, ft)
 			go c.scan(oldCfg)
 			synctest.Wait() // the old look's Find is in flight
 			got := make(chan []trainer.Process)
@@ -165,10 +170,8 @@ func TestLookBeforeAReloadDoesNotAnswerForIt(t *testing.T) {
 	})
 	t.Run("the old look ending last is not kept", func(t *testing.T) {
 		synctest.Test(t, func(t *testing.T) {
-			ft := &cfgTrainers{findOld: make(chan struct{}), catchOld: make(chan struct{})}
+			ft, c := start()
 			close(ft.findOld)
-			c := newCoordinator(zerolog.Nop(), newMetrics(prometheus.NewRegistry(), func() imds.Stats { return imds.Stats{} }),
-				func() *Config { return newCfg }, ft)
 			oldDone := make(chan struct{})
 			go func() { c.scan(oldCfg); close(oldDone) }()
 			synctest.Wait() // the old look asks whether PID 1 catches the signal
