@@ -336,6 +336,24 @@ func (m *Manifest) validateNodes() []error {
 			problems = append(problems, fmt.Errorf("file %q: key %q is not under the commit of node %d's part, %s", f.Path, f.Key, f.Nodes[0], want))
 		}
 	}
+	if len(problems) > 0 {
+		return problems
+	}
+	// Each part's files and bytes are those the files list for its rank: a job manifest that
+	// lost a node's files is not presented as the whole save.
+	files, bytes := make([]int, m.WorldNodes), make([]int64, m.WorldNodes)
+	for _, f := range m.Files {
+		for _, n := range f.Nodes {
+			files[n]++
+			bytes[n] += f.Size
+		}
+	}
+	for i, p := range m.Parts {
+		if files[i] != p.Files || bytes[i] != p.Bytes {
+			problems = append(problems, fmt.Errorf("job manifest: part %d has %d files of %d bytes, but %d files of %d bytes list node %d",
+				i, p.Files, p.Bytes, files[i], bytes[i], i))
+		}
+	}
 	return problems
 }
 

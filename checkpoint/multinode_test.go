@@ -3,6 +3,7 @@ package checkpoint
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -971,5 +972,58 @@ func TestMultiNodePartOlderThanPartWaitIsSaid(t *testing.T) {
 	const want = "the part(s) of node(s) [0] of this save are in the store, but were committed more than part_wait (6s) before this look"
 	if ev.Err == nil || !strings.Contains(ev.Err.Error(), want) || !strings.Contains(ev.Err.Error(), "set store.part_wait above") {
 		t.Errorf("given up with %v; want it to say %q, and what to set", ev.Err, want)
+	}
+}
+
+// A job manifest that lost one node's files (hand edited, or by a faulty writer) but still
+// says that every part is in was restored as the whole save, every checksum verified, and
+// restore --part of that node gave it the marker alone (found from outside). Each part's files
+// and bytes must be those the files list for its rank.
+func TestJobManifestWithoutANodesFilesIsNotRestored(t *testing.T) {
+	store := mustNewFileStore(t)
+	config := []byte(`{"lr": 0.1}`)
+	var rigs []*uploaderRig
+	for rank := range 2 {
+		r := startNode(t, store, rank, 2, fmt.Sprintf("i-node%d", rank))
+		writeCheckpoint(t, r.dir, "step-000100", withoutMarker(nodeFiles(t, rank, config)))
+		rigs = append(rigs, r)
+	}
+	for _, r := range rigs {
+		r.waitEvent(JobCheckpointCommitted, "step-000100")
+	}
+	cs, problems, err := ListCommitted(t.Context(), store, "job")
+	if err != nil || len(problems) > 0 || len(cs) != 1 {
+		t.Fatalf("ListCommitted = %d commits, %v, %v; want the job checkpoint", len(cs), problems, err)
+	}
+	m := cs[0].Manifest
+	if err := m.Validate(); err != nil {
+		t.Fatalf("the job manifest as written: %v", err)
+	}
+	key := ManifestKey("job", m.Checkpoint, m.Commit)
+	m.Files = slices.DeleteFunc(m.Files, func(f File) bool {
+		if f.Path == "shard-1.bin" {
+			m.TotalBytes -= f.Size
+			return true
+		}
+		return false
+	})
+	data, err := json.Marshal(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := store.PutBytes(t.Context(), key, data, Cond{}); err != nil {
+		t.Fatal(err)
+	}
+
+	want := "part 1 has 3 files of"
+	if _, problems, err := ListCommitted(t.Context(), store, "job"); err != nil || !slices.ContainsFunc(problems, func(p error) bool { return strings.Contains(p.Error(), want) }) {
+		t.Errorf("ListCommitted after the edit: problems %v, %v; want %q", problems, err, want)
+	}
+	one := 1
+	for _, part := range []*int{nil, &one} {
+		_, err := Restore(t.Context(), store, RestoreOptions{Job: "job", To: t.TempDir(), Logger: zerolog.Nop(), Part: part})
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("Restore (part %v) of the edited job manifest: %v; want it refused, saying %q", part != nil, err, want)
+		}
 	}
 }
