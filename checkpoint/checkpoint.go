@@ -29,7 +29,7 @@ import (
 )
 
 // ErrNotFound is returned by Store methods for a key that does not exist.
-var ErrNotFound = errors.New("checkpoint: not found")
+var ErrNotFound = errors.New("not in the store")
 
 // ErrExists is returned by Store.PutBytes with Cond.IfAbsent for a key that already exists.
 var ErrExists = errors.New("checkpoint: already exists")

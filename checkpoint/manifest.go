@@ -267,8 +267,11 @@ func (m *Manifest) Validate() error {
 		if f.Size < 0 {
 			problems = append(problems, fmt.Errorf("file %q: negative size %d", f.Path, f.Size))
 		}
-		if f.Checksum.Algorithm != ChecksumCRC32C && f.Checksum.Algorithm != ChecksumCRC64NVME || f.Checksum.Value == "" {
+		switch {
+		case f.Checksum.Algorithm != ChecksumCRC32C && f.Checksum.Algorithm != ChecksumCRC64NVME:
 			problems = append(problems, fmt.Errorf("file %q: unsupported checksum %q", f.Path, f.Checksum.Algorithm))
+		case f.Checksum.Value == "":
+			problems = append(problems, fmt.Errorf("file %q: checksum %s without a value", f.Path, f.Checksum.Algorithm))
 		}
 		total += f.Size
 	}

@@ -481,7 +481,11 @@ func restoreResolve(ctx context.Context, s Store, opts RestoreOptions, run *rest
 			return err
 		})
 		if err != nil {
-			return nil, nil, false, fmt.Errorf("checkpoint %q commit %q: %w", opts.Checkpoint, opts.Commit, err)
+			commit := opts.Commit
+			if commit == "" {
+				commit = "-" // a version 1 commit, as list shows it and --commit takes it
+			}
+			return nil, nil, false, fmt.Errorf("checkpoint %q commit %s: %w", opts.Checkpoint, commit, err)
 		}
 		return m, nil, false, nil
 	}

@@ -478,6 +478,7 @@ func TestRestoreRefusesHostileManifest(t *testing.T) {
 		{"file and directory", func(m *Manifest) { m.Files[0].Path = "a"; m.Files[1].Path = "a/b" }, "also a directory"},
 		{"negative size", func(m *Manifest) { m.Files[0].Size = -1; m.TotalBytes = m.Files[1].Size - 1 }, "negative size"},
 		{"unknown checksum", func(m *Manifest) { m.Files[0].Checksum.Algorithm = "MD5" }, "unsupported checksum"},
+		{"checksum without a value", func(m *Manifest) { m.Files[0].Checksum.Value = "" }, "checksum CRC32C without a value"},
 		{"total does not add up", func(m *Manifest) { m.TotalBytes++ }, "total_bytes"},
 		{"unknown version", func(m *Manifest) { m.Version = 3 }, "version 3"},
 	}
@@ -548,7 +549,7 @@ func TestRestoreDownloadFailures(t *testing.T) {
 		cancel bool
 	}{
 		{"data missing", func(s *memStore, m *Manifest) { s.remove(key("optim/deep/er/__1_0.distcp")) },
-			ErrDamaged, []string{`"optim/deep/er/__1_0.distcp"`, "not found"}, false},
+			ErrDamaged, []string{`"optim/deep/er/__1_0.distcp"`, "not in the store"}, false},
 		{"data has another size", func(s *memStore, m *Manifest) { s.put(key("model.pt"), []byte("short")) },
 			ErrDamaged, []string{`"model.pt"`}, false},
 		{"corrupted in every download", func(s *memStore, m *Manifest) { s.corruptKey(key("model.pt")) },
