@@ -975,11 +975,12 @@ func TestMultiNodePartOlderThanPartWaitIsSaid(t *testing.T) {
 	}
 }
 
-// A job manifest that lost one node's files (hand edited, or by a faulty writer) but still
-// says that every part is in was restored as the whole save, every checksum verified, and
-// restore --part of that node gave it the marker alone (found from outside). Each part's files
-// and bytes must be those the files list for its rank.
-func TestJobManifestWithoutANodesFilesIsNotRestored(t *testing.T) {
+// Two ways a node's files went to no node (found from outside): restore --part at another
+// count of nodes than the save's, and a job manifest that lost one node's files (hand edited, or
+// by a faulty writer) but still says that every part is in, restored as the whole save with
+// every checksum verified (restore --part of that node gave it the marker alone). Each part's
+// files and bytes must be those the files list for its rank.
+func TestJobCheckpointIsRestoredOnlyWithEveryNodesFiles(t *testing.T) {
 	store := mustNewFileStore(t)
 	config := []byte(`{"lr": 0.1}`)
 	var rigs []*uploaderRig
@@ -999,6 +1000,19 @@ func TestJobManifestWithoutANodesFilesIsNotRestored(t *testing.T) {
 	if err := m.Validate(); err != nil {
 		t.Fatalf("the job manifest as written: %v", err)
 	}
+	// Restored part by part with another count of nodes (a job shrunk to one node, or grown to
+	// three), a part's files would go to no node: refused (found from outside).
+	one := 1
+	for _, world := range []int{1, 3} {
+		_, err := Restore(t.Context(), store, RestoreOptions{Job: "job", To: t.TempDir(), Logger: zerolog.Nop(), Part: &one, WorldNodes: world})
+		if want := fmt.Sprintf("was saved by 2 nodes, and store.world_nodes is %d now", world); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("Restore of part 1 at world_nodes %d = %v; want it refused, saying %q", world, err, want)
+		}
+	}
+	if _, err := Restore(t.Context(), store, RestoreOptions{Job: "job", To: t.TempDir(), Logger: zerolog.Nop(), Part: &one, WorldNodes: 2}); err != nil {
+		t.Errorf("Restore of part 1 at world_nodes 2: %v", err)
+	}
+
 	key := ManifestKey("job", m.Checkpoint, m.Commit)
 	m.Files = slices.DeleteFunc(m.Files, func(f File) bool {
 		if f.Path == "shard-1.bin" {
@@ -1019,7 +1033,6 @@ func TestJobManifestWithoutANodesFilesIsNotRestored(t *testing.T) {
 	if _, problems, err := ListCommitted(t.Context(), store, "job"); err != nil || !slices.ContainsFunc(problems, func(p error) bool { return strings.Contains(p.Error(), want) }) {
 		t.Errorf("ListCommitted after the edit: problems %v, %v; want %q", problems, err, want)
 	}
-	one := 1
 	for _, part := range []*int{nil, &one} {
 		_, err := Restore(t.Context(), store, RestoreOptions{Job: "job", To: t.TempDir(), Logger: zerolog.Nop(), Part: part})
 		if err == nil || !strings.Contains(err.Error(), want) {

@@ -92,6 +92,10 @@ type RestoreOptions struct {
 	// commit (no parts: what a node left at store.world_nodes 1 commits) is refused, not taken
 	// for the node's part.
 	Part *int
+	// WorldNodes, with Part, is the job's node count now (store.world_nodes): a checkpoint
+	// saved by another count of nodes is refused (its parts do not map onto the nodes one to
+	// one). 0: not checked.
+	WorldNodes int
 	// Journal, when To is the agent's checkpoint.dir, is the agent's journal (JournalPath): the
 	// restore tells it that the checkpoint in place is its commit (a single-node commit), as the
 	// agent records one it finds committed, so that an agent that starts later knows the copy
@@ -267,6 +271,10 @@ func restoreOnce(ctx context.Context, s Store, opts RestoreOptions, conc int, ru
 		return fail(fmt.Errorf("checkpoint %q commit %s is a single-node commit (no parts): --part restores one node's part of a multi-node job's checkpoint; restore it whole, and check the job with spotguard list --check (a node left at store.world_nodes 1?)", m.Checkpoint, m.Commit))
 	}
 	if opts.Part != nil && m.Parts != nil {
+		if opts.WorldNodes > 0 && opts.WorldNodes != m.WorldNodes {
+			return fail(fmt.Errorf("checkpoint %q was saved by %d nodes, and store.world_nodes is %d now: with --part each node would get its own rank's part only, and the files of the other ranks no node; restore it whole on every node (without --part) for a trainer that reshards, or set store.world_nodes back to %d",
+				m.Checkpoint, m.WorldNodes, opts.WorldNodes, m.WorldNodes))
+		}
 		if *opts.Part < 0 || *opts.Part >= m.WorldNodes {
 			return fail(fmt.Errorf("checkpoint %q has parts of node ranks 0 to %d; there is no part %d", m.Checkpoint, m.WorldNodes-1, *opts.Part))
 		}

@@ -153,6 +153,9 @@ func runRestore(ctx context.Context, args, environ []string, stdout, stderr io.W
 	opts := checkpoint.RestoreOptions{Job: cfg.Store.Job, Checkpoint: *name, Commit: commitID, CommitSet: *commit != "", To: *to,
 		Marker: cfg.Checkpoint.Marker, Logger: log.Level(level)}
 	opts.Part = partRank
+	if partRank != nil {
+		opts.WorldNodes = cfg.Store.WorldNodes
+	}
 	opts.DirOwner = cfg.Trainer.User // a directory made under root's mount point is the trainer's
 	if cd := cfg.Checkpoint.Dir; cd != "" && filepath.Clean(cd) == *to && cfg.Agent.RuntimeDir != "" {
 		// Into the agent's checkpoint.dir: its journal learns what was put there.
