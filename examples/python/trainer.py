@@ -98,11 +98,13 @@ def write_in_place(path, chunks, pause=0.0):
         os.fsync(f.fileno())
 
 
-def save_checkpoint(root, step, files, size, write_seconds=0.0, rank=None, parallel=False, in_place=False):
+def save_checkpoint(root, step, files, size, write_seconds=0.0, rank=None, parallel=False, in_place=False, run_id=None):
     """Write root/step-NNNNNN/ with files shards of size bytes each, then the marker, taking
     about write_seconds in all. With rank (one node of several), the shards are
     shard-RANK-I.bin, so no two nodes write a file of the same name with other bytes; the marker
-    is the same on every node that saves the step. With parallel, every shard is written at
+    is the same on every node that saves the step: the step, and run_id if given (the same on
+    every node, new at every start of the job; without it, a step saved again within a minute
+    of an earlier save of it, after a rollback, cannot be told from that save). With parallel, every shard is written at
     once, each by a thread of its own, as the ranks of torch DCP write theirs: they all appear
     at about the end. With in_place, shards are written under their own names rather than renamed
     into place, as DCP and torch.save(obj, path) write them."""
@@ -134,7 +136,10 @@ def save_checkpoint(root, step, files, size, write_seconds=0.0, rank=None, paral
         for name in names:
             write_shard(os.path.join(final, name), random_chunks(size), pause)
     fsync_dir(final)  # every shard is in place and durable before the marker exists
-    write_atomic(os.path.join(final, MARKER), [json.dumps({"step": step}).encode() + b"\n"])
+    body = {"step": step}
+    if run_id:
+        body["run"] = run_id
+    write_atomic(os.path.join(final, MARKER), [json.dumps(body).encode() + b"\n"])
     fsync_dir(final)
     fsync_dir(root)
     print("checkpoint %s written in %.3f s" % (final, time.monotonic() - start), flush=True)
@@ -286,6 +291,11 @@ def main(argv=None):
     p.add_argument("--rank", type=int, metavar="R",
                    help="several nodes: this node's rank; its shards are shard-R-I.bin, so no two nodes write one file "
                         "name with other bytes (default: none, shard-I.bin)")
+    p.add_argument("--run-id", metavar="ID",
+                   help="several nodes: written into every marker with the step: the same on every node, new at every start "
+                        "of the job (a real job has rank 0 draw it and broadcast it; torchrun's TORCHELASTIC_RUN_ID and "
+                        "TORCHELASTIC_RESTART_COUNT make one), so that a step saved again after a rollback is told from its "
+                        "earlier save (default: none, the step alone)")
     p.add_argument("--notice-file", default=default_notice_file(),
                    help="this node's agent's notice.json (default: %(default)s)")
     args = p.parse_args(argv)
@@ -347,7 +357,7 @@ def main(argv=None):
             req.checkpoint = False
             if args.checkpoint_dir:
                 save_checkpoint(args.checkpoint_dir, save_step or step, args.files, size, args.write_seconds, args.rank,
-                                args.parallel, args.in_place)
+                                args.parallel, args.in_place, args.run_id)
             save_step = None
         if req.stop:
             # A SIGTERM that came during a save finds the current state already saved.

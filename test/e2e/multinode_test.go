@@ -54,7 +54,7 @@ func TestMultiNodeJob(t *testing.T) {
 			fmt.Sprintf("SPOTGUARD_STORE_NODE_RANK=%d", rank), fmt.Sprintf("SPOTGUARD_STORE_WORLD_NODES=%d", world),
 			"SPOTGUARD_NOTICES_REBALANCE=ignore"}, s3.env("")...)...)
 		n.tp = startTrainer(t, "--pidfile", pidfile, "--checkpoint-dir", n.dir, "--files", "2", "--checkpoint-mb", "3",
-			"--rank", fmt.Sprint(rank), "--peer-notice", peer, "--notify-agent", strings.TrimPrefix(n.ap.base, "http://"),
+			"--rank", fmt.Sprint(rank), "--run-id", "run-1", "--peer-notice", peer, "--notify-agent", strings.TrimPrefix(n.ap.base, "http://"),
 			"--notice-file", filepath.Join(n.ap.runtimeDir, "notice.json"))
 	}
 	for rank, n := range nodes {
