@@ -102,7 +102,11 @@ func (a *Agent) health(now time.Time) healthVerdict {
 			v.reason(ps.Last.Problem()+"; fix: "+StoreFix(ps.Last.Reason, ps.Last.URL, ps.Last.Err),
 				fmt.Sprintf("store %s: %s failed: %s", ps.Last.URL, ps.Last.Step, shortStoreError(ps.Last.Err)))
 		default:
-			if name, run, ok := a.store.uploadsFailing(now); ok {
+			if name, run, ok := a.store.uploadsFailing(now); ok && name == latestFailing {
+				d := now.Sub(run.first).Round(time.Second)
+				v.reason(fmt.Sprintf("store %s: LATEST cannot be moved to the newest commit for %s (%s: %s), though the store's probe passes; restore takes the newest commit anyway; healthy again once it moves",
+					a.store.url, d, run.reason, run.err), fmt.Sprintf("LATEST failing for %s", d))
+			} else if ok {
 				d := now.Sub(run.first).Round(time.Second)
 				v.reason(fmt.Sprintf("store %s: the uploads of checkpoint %s have failed for %s (%s: %s), though the store's probe passes; healthy again once it commits",
 					a.store.url, name, d, run.reason, run.err), fmt.Sprintf("checkpoint %s: uploads failing for %s", name, d))
@@ -254,6 +258,10 @@ const (
 	failRunGap = 30 * time.Second
 )
 
+// latestFailing is the key of storeHealth's failures and failing runs for LATEST that cannot be
+// moved (no checkpoint's: checkpoint.ValidName refuses the name LATEST).
+const latestFailing = "LATEST"
+
 // uploadsFailing returns, as of now, the checkpoint whose uploads (or commit) have failed the
 // longest without a pause, when that is more than failingFor; ok is false when none has.
 func (s *storeHealth) uploadsFailing(now time.Time) (name string, run failRun, ok bool) {
@@ -353,13 +361,17 @@ func (a *Agent) noteUploadHealth(ev checkpoint.UploadEvent) {
 		return
 	}
 	switch ev.Kind {
-	case checkpoint.UploadFailed, checkpoint.CheckpointFailed:
+	case checkpoint.UploadFailed, checkpoint.CheckpointFailed, checkpoint.LatestFailed:
 		if ev.Err == nil || errors.Is(ev.Err, context.Canceled) {
 			return
 		}
-		kind := "upload"
-		if ev.Kind == checkpoint.CheckpointFailed {
+		kind, key := "upload", ev.Checkpoint
+		switch ev.Kind {
+		case checkpoint.CheckpointFailed:
 			kind = "commit"
+		case checkpoint.LatestFailed:
+			// The checkpoint is committed; LATEST is what fails, for whichever commit.
+			kind, key = "latest", latestFailing
 		}
 		reason := StoreErrorReason(ev.Err)
 		a.metrics.uploadErrors.WithLabelValues(reason).Inc()
@@ -370,16 +382,16 @@ func (a *Agent) noteUploadHealth(ev checkpoint.UploadEvent) {
 		s.mu.Lock()
 		s.uploadErrors[reason]++
 		s.lastUploadError = &uploadErrorStatus{At: at, Kind: kind, Checkpoint: ev.Checkpoint, Reason: reason, Error: ev.Err.Error()}
-		s.failures[ev.Checkpoint]++
-		n := s.failures[ev.Checkpoint]
-		r := s.failing[ev.Checkpoint]
+		s.failures[key]++
+		n := s.failures[key]
+		r := s.failing[key]
 		if r.last.IsZero() || at.Sub(r.last) > failRunGap {
 			r.first = at
 		}
 		r.last, r.reason, r.err = at, reason, ev.Err.Error()
-		s.failing[ev.Checkpoint] = r
+		s.failing[key] = r
 		s.mu.Unlock()
-		if ok, held := s.limiter.allow(ev.Checkpoint+"|"+kind+"|"+reason+"|"+storeErrorCode(ev.Err), time.Now()); ok {
+		if ok, held := s.limiter.allow(key+"|"+kind+"|"+reason+"|"+storeErrorCode(ev.Err), time.Now()); ok {
 			s.log.Warn().Str("store", s.url).Str("checkpoint", ev.Checkpoint).Str("failed", kind).Str("reason", reason).
 				Err(ev.Err).Int("failures", n).Int("repeats_not_logged", held).Str("fix", StoreFix(reason, s.url, ev.Err)).
 				Msg("checkpoint upload failing; retrying")
@@ -399,6 +411,12 @@ func (a *Agent) noteUploadHealth(ev checkpoint.UploadEvent) {
 		if ps := s.prober.state(); ps.Probes > 0 && !ps.Last.OK() {
 			s.prober.Kick()
 		}
+	case checkpoint.LatestMoved:
+		s.limiter.forget(latestFailing + "|")
+		s.mu.Lock()
+		delete(s.failures, latestFailing)
+		delete(s.failing, latestFailing)
+		s.mu.Unlock()
 	case checkpoint.CheckpointDeleted:
 		// Never committed now: its failures are not counted on for a later one of the name.
 		s.limiter.forget(ev.Checkpoint + "|")

@@ -555,3 +555,33 @@ func TestMarkerThatNeverComesIsAHealthWarning(t *testing.T) {
 	os.WriteFile(filepath.Join(ck, "_COMPLETE"), nil, 0o644)
 	eventually(t, "the warning gone once the marker came", func() bool { return !warned() })
 }
+
+// LATEST that the store refuses to move for a minute while the probe passes (a policy on the
+// key) was a log line only: /healthz stayed 200 (found from outside). It is a run of failures
+// like a checkpoint's uploads, said as LATEST's; its move ends it.
+func TestLatestFailingWhileTheProbePassesIsUnhealthy(t *testing.T) {
+	a := newStoreAgent(t, newFaultyStore(t), &syncBuffer{})
+	if _, done := a.store.prober.Check(t.Context()); !done {
+		t.Fatal("probe not done")
+	}
+	t0 := time.Now()
+	m := &checkpoint.Manifest{Checkpoint: "step-1", Commit: "c1"}
+	for i := range 8 {
+		a.noteUploadHealth(checkpoint.UploadEvent{Kind: checkpoint.LatestFailed, Checkpoint: "step-1", At: t0.Add(time.Duration(i) * 10 * time.Second),
+			Manifest: m, Err: errors.New("write job/LATEST: AccessDenied: Access Denied (HTTP 403)")})
+	}
+	v := a.health(t0.Add(70 * time.Second))
+	if v.Healthy || !strings.Contains(strings.Join(v.Reasons, "\n"), "LATEST cannot be moved to the newest commit for 1m10s (other: write job/LATEST: AccessDenied") ||
+		!slices.Contains(v.short, "LATEST failing for 1m10s") {
+		t.Errorf("after 70 s of LATEST failing: %+v; want unhealthy, naming LATEST and the error", v)
+	}
+	// The checkpoint's own commit (reported first) does not end LATEST's failures; its move does.
+	a.noteUploadHealth(checkpoint.UploadEvent{Kind: checkpoint.CheckpointCommitted, Checkpoint: "step-1", At: t0.Add(70 * time.Second), Manifest: m})
+	if v := a.health(t0.Add(70 * time.Second)); v.Healthy {
+		t.Error("healthy again at the checkpoint's commit; want LATEST still failing")
+	}
+	a.noteUploadHealth(checkpoint.UploadEvent{Kind: checkpoint.LatestMoved, Checkpoint: "step-1", At: t0.Add(75 * time.Second), Manifest: m})
+	if v := a.health(t0.Add(75 * time.Second)); !v.Healthy {
+		t.Errorf("after LATEST moved: %q; want healthy", v.Reasons)
+	}
+}

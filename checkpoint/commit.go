@@ -958,6 +958,9 @@ type commitResult struct {
 	attempted   bool
 	err         error
 	latestMoved bool
+	// latestErr is why LATEST could not be moved to the commit just made (its manifest is
+	// written: it is committed); handleCommit has it retried (latestFailed).
+	latestErr error
 	// latestNewer is the order of the commit LATEST names when it was not moved, being newer:
 	// read from the store, it is a commit the agent knows of from now on (Uploader.learn), as
 	// it knows those it reads at start (another instance's, whose clock may be ahead).
@@ -1474,22 +1477,10 @@ func (u *Uploader) commit(ctx context.Context, c commitJob) commitResult {
 	if m.Part != nil {
 		return r
 	}
-	for attempt := 1; ; attempt++ {
-		moved, newer, err := advanceLatestOrder(ctx, u.cfg.Store, m, m.Host, u.cache)
-		if err == nil {
-			r.latestMoved, r.latestNewer = moved, newer
-			break
-		}
-		u.log.Error().Err(err).Str("checkpoint", c.name).Int("attempt", attempt).
-			Msg("checkpoint committed but LATEST cannot be moved to it; retrying (restore takes it anyway)")
-		t := time.NewTimer(u.retryDelay("LATEST "+m.Checkpoint, attempt, true))
-		select {
-		case <-t.C:
-		case <-ctx.Done():
-			t.Stop()
-			return r
-		}
-	}
+	// The manifest is the commit: the result goes back now, and a LATEST that cannot be moved
+	// is retried apart (latestFailed), not holding the commit's report, a notice's state or a
+	// stop's drain while it fails.
+	r.latestMoved, r.latestNewer, r.latestErr = advanceLatestOrder(ctx, u.cfg.Store, m, m.Host, u.cache)
 	if c.retain {
 		ret, err := applyRetention(ctx, u.cfg.Store, u.cfg.Job, u.cfg.Keep, 0, u.cache, c.uncertain, u.log)
 		if err != nil {

@@ -143,6 +143,12 @@ const (
 	// uploader starts (or, if the store did not answer then, once it does): what an earlier run
 	// committed, or another instance. At is when it was read.
 	CheckpointFound
+	// LatestFailed: a commit of this agent's (Manifest) is in the store, but LATEST could not be
+	// moved to it (Err says why). It is committed: restore takes it (the newest commit). LATEST
+	// is moved again and again until it moves, or a newer commit moves it (LatestMoved).
+	LatestFailed
+	// LatestMoved: LATEST moved to a commit (Manifest), after LatestFailed.
+	LatestMoved
 )
 
 // UploadEvent reports progress of one checkpoint.
@@ -282,6 +288,8 @@ type Uploader struct {
 	// commits said to be pieces of a save committed in pieces, with their completion.
 	lastOwn   *Manifest
 	splitSaid map[string]time.Time
+	// latest is what is known of a LATEST this agent could not move to its commit.
+	latest latestLag
 	// lastSingle is the single-file checkpoint that completed last, and when its file was
 	// modified; singleWarned: two were said to come together (noteSingle).
 	lastSingle   singleSeen
@@ -3248,6 +3256,14 @@ func (u *Uploader) handleCommit(ctx context.Context, r commitResult) {
 			u.trackSave(ctx, m)
 		} else {
 			u.checkSplit(ctx, m)
+			switch {
+			case r.latestErr != nil && ctx.Err() != nil:
+				// Stopping: the next start repairs LATEST (repairLatest).
+			case r.latestErr != nil:
+				u.latestFailed(ctx, m, r.latestErr)
+			default:
+				u.latestMovedTo(m)
+			}
 		}
 	}
 	deferred := g.deferred
@@ -3255,6 +3271,93 @@ func (u *Uploader) handleCommit(ctx context.Context, r commitResult) {
 	for _, ev := range deferred {
 		u.handleWatch(ctx, ev)
 	}
+}
+
+// latestFailed takes a failure to move LATEST to m, a commit of this agent's: said (at once, then
+// once a minute while it fails alike), reported (LatestFailed), and tried again after a delay,
+// with the newest commit that lags LATEST.
+func (u *Uploader) latestFailed(ctx context.Context, m *Manifest, err error) {
+	l := &u.latest
+	if l.lag == nil || !l.lag.Order().After(m.Order()) {
+		l.lag = m
+	}
+	l.failures++
+	if msg := err.Error(); msg != l.lastErr || time.Since(l.logged) >= time.Minute {
+		u.log.Error().Err(err).Str("checkpoint", l.lag.Checkpoint).Str("commit", l.lag.Commit).Int("failures", l.failures).
+			Int("repeats_not_logged", l.held).
+			Msg("checkpoint committed but LATEST cannot be moved to it; retrying (restore takes it anyway: it is the newest commit)")
+		l.lastErr, l.logged, l.held = msg, time.Now(), 0
+	} else {
+		l.held++
+	}
+	u.emit(UploadEvent{Kind: LatestFailed, Checkpoint: m.Checkpoint, At: time.Now(), Manifest: m, Err: err})
+	u.retryLatest(ctx)
+}
+
+// retryLatest tries, after a delay and on a goroutine, to move LATEST to the newest commit that
+// lags it; latestFailed or latestMovedTo takes the result.
+func (u *Uploader) retryLatest(ctx context.Context) {
+	l := &u.latest
+	if l.retrying || l.lag == nil {
+		return
+	}
+	l.retrying = true
+	// At most latestRetryMax apart, so that a LATEST that keeps failing is one run of failures
+	// to the agent's health, which a pause of 30 s ends.
+	u.after(ctx, min(u.retryDelay("LATEST", l.failures, u.urgent()), latestRetryMax), func() {
+		m := l.lag
+		if m == nil {
+			l.retrying = false
+			return
+		}
+		u.wg.Go(func() {
+			_, newer, err := advanceLatestOrder(ctx, u.cfg.Store, m, m.Host, u.cache)
+			select {
+			case u.wake <- func() {
+				l.retrying = false
+				switch {
+				case err != nil && ctx.Err() != nil:
+				case err != nil:
+					u.latestFailed(ctx, m, err)
+				default:
+					if newer != nil {
+						u.learn(*newer)
+					}
+					u.latestMovedTo(m)
+					u.retryLatest(ctx) // a newer one that lags still
+				}
+			}:
+			case <-ctx.Done():
+			}
+		})
+	})
+}
+
+// latestMovedTo takes LATEST moved to m (or found naming a newer commit): the commits that
+// lagged it up to m no longer do; said, and reported (LatestMoved), when one did.
+func (u *Uploader) latestMovedTo(m *Manifest) {
+	l := &u.latest
+	if l.lag == nil || l.lag.Order().After(m.Order()) {
+		return
+	}
+	u.log.Info().Str("checkpoint", m.Checkpoint).Str("commit", m.Commit).Int("failures", l.failures).Msg("LATEST moved, after failing")
+	u.emit(UploadEvent{Kind: LatestMoved, Checkpoint: m.Checkpoint, At: time.Now(), Manifest: m})
+	*l = latestLag{retrying: l.retrying}
+}
+
+// latestRetryMax is the longest wait between two tries to move LATEST (retryLatest).
+const latestRetryMax = 10 * time.Second
+
+// latestLag is what the uploader knows of a LATEST it could not move.
+type latestLag struct {
+	// lag is the newest commit of this agent's that LATEST could not be moved to; nil when none.
+	lag *Manifest
+	// failures counts the failures since LATEST last moved; held, those not logged.
+	failures, held int
+	lastErr        string
+	logged         time.Time
+	// retrying: a retry is scheduled or in flight.
+	retrying bool
 }
 
 // checkSplit looks, on a goroutine, whether m, a single-node commit this agent just made, or the

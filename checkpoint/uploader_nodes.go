@@ -72,6 +72,27 @@ func (u *Uploader) trySave(ctx context.Context, ps *pendingSave) {
 	})
 }
 
+// jobCommitted takes ps's save committed as r.job (LATEST moved to it, or not yet): learned,
+// said and reported (JobCheckpointCommitted).
+func (u *Uploader) jobCommitted(ps *pendingSave, r saveResult) {
+	p, m := ps.part, r.job
+	u.learn(m.Order())
+	if at := p.Order().At; at.After(u.ownJobNewest) {
+		u.ownJobNewest = at
+	}
+	if !slices.ContainsFunc(u.index[m.Checkpoint], func(x *Manifest) bool { return x.Commit == m.Commit }) {
+		u.index[m.Checkpoint] = append([]*Manifest{m}, u.index[m.Checkpoint]...)
+	}
+	ev := u.log.Info().Str("checkpoint", p.Checkpoint).Str("commit", p.Commit).Int("node_rank", p.Part.NodeRank).Int("world_nodes", p.Part.WorldNodes).
+		Str("job_commit", m.Commit).Int("files", len(m.Files)).Int64("bytes", m.TotalBytes).Bool("latest", r.latestMoved)
+	if r.written {
+		ev.Msg("job checkpoint committed: every node's part is in")
+	} else {
+		ev.Msg("job checkpoint committed (by another node's agent)")
+	}
+	u.emit(UploadEvent{Kind: JobCheckpointCommitted, Checkpoint: m.Checkpoint, At: time.Now(), Manifest: m, Already: !r.written})
+}
+
 // saveDone takes the result of an attempt to complete ps's save.
 func (u *Uploader) saveDone(ctx context.Context, ps *pendingSave, r saveResult) {
 	ps.running = false
@@ -90,25 +111,22 @@ func (u *Uploader) saveDone(ctx context.Context, ps *pendingSave, r saveResult) 
 			log.Error().Err(r.latestErr).Str("job_commit", r.job.Commit).
 				Msg("job checkpoint committed but LATEST cannot be moved to it; retrying (restore takes it anyway)")
 		}
+		if ps.job == nil {
+			// Committed: said so now (a notice's checkpoint is durable), not once LATEST moves.
+			u.jobCommitted(ps, r)
+		}
 		ps.job, ps.lastErr = r.job, r.latestErr.Error()
+		if ctx.Err() == nil {
+			u.emit(UploadEvent{Kind: LatestFailed, Checkpoint: r.job.Checkpoint, At: time.Now(), Manifest: r.job, Err: r.latestErr})
+		}
 		retry()
+	case r.job != nil && ps.job != nil:
+		delete(u.saves, p.Commit)
+		log.Info().Str("job_commit", r.job.Commit).Bool("latest", r.latestMoved).Msg("LATEST moved, after failing")
+		u.emit(UploadEvent{Kind: LatestMoved, Checkpoint: r.job.Checkpoint, At: time.Now(), Manifest: r.job})
 	case r.job != nil:
 		delete(u.saves, p.Commit)
-		m := r.job
-		u.learn(m.Order())
-		if at := p.Order().At; at.After(u.ownJobNewest) {
-			u.ownJobNewest = at
-		}
-		if !slices.ContainsFunc(u.index[m.Checkpoint], func(x *Manifest) bool { return x.Commit == m.Commit }) {
-			u.index[m.Checkpoint] = append([]*Manifest{m}, u.index[m.Checkpoint]...)
-		}
-		ev := log.Info().Str("job_commit", m.Commit).Int("files", len(m.Files)).Int64("bytes", m.TotalBytes).Bool("latest", r.latestMoved)
-		if r.written {
-			ev.Msg("job checkpoint committed: every node's part is in")
-		} else {
-			ev.Msg("job checkpoint committed (by another node's agent)")
-		}
-		u.emit(UploadEvent{Kind: JobCheckpointCommitted, Checkpoint: m.Checkpoint, At: time.Now(), Manifest: m, Already: !r.written})
+		u.jobCommitted(ps, r)
 	case r.superseded:
 		delete(u.saves, p.Commit)
 		log.Info().Msg("a newer part of this checkpoint from this node is in the store; this one is not completed")
