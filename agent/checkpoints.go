@@ -252,7 +252,7 @@ func (c *Coordinator) onUpload(ev checkpoint.UploadEvent) {
 			}
 			switch {
 			case ns.written == "":
-				ns.written = ev.Checkpoint
+				ns.written, ns.writtenAt = ev.Checkpoint, at
 				changes = append(changes, change{ns: ns, state: StateCheckpointWritten, name: ev.Checkpoint, detail: ev.Checkpoint})
 			case ev.Checkpoint != ns.written && !slices.Contains(ns.later, ev.Checkpoint):
 				// Saved again while the notice's checkpoint is uploaded (a trainer that keeps
@@ -297,7 +297,7 @@ func (c *Coordinator) onUpload(ev checkpoint.UploadEvent) {
 			if len(ns.later) > 0 {
 				// One completed since is the notice's checkpoint now.
 				next := ns.later[0]
-				ns.written, ns.later = next, ns.later[1:]
+				ns.written, ns.writtenAt, ns.later = next, time.Time{}, ns.later[1:]
 				changes = append(changes, change{ns: ns, state: StateCheckpointWritten, name: next,
 					detail: fmt.Sprintf("%s (%s, written first, %s)", next, ev.Checkpoint, why)})
 				continue
@@ -330,6 +330,9 @@ func (c *Coordinator) onUpload(ev checkpoint.UploadEvent) {
 			}
 			if ns.written == "" {
 				ns.written = ev.Checkpoint
+				if ev.Manifest != nil {
+					ns.writtenAt = ev.Manifest.Order().At
+				}
 				changes = append(changes, change{ns: ns, state: StateCheckpointWritten, name: ev.Checkpoint, detail: ev.Checkpoint})
 			}
 			if !ns.committed {
@@ -496,9 +499,10 @@ func (c *Coordinator) committed(ns *NoticeStatus, ev checkpoint.UploadEvent) {
 		switch {
 		case margin >= 0:
 			detail = fmt.Sprintf("%s, %.1f s before the deadline", ev.Checkpoint, margin.Seconds())
-		case !deadline.After(ns.detectedAt):
+		case !deadline.After(ns.readAt):
 			// Past when the notice came (a scheduled event due now, a notice read late):
-			// nothing could have been on time.
+			// nothing could have been on time. (When it was first read: by the agent's
+			// previous run, for one in force across a restart.)
 			detail = fmt.Sprintf("%s; the deadline had passed when the notice was detected", ev.Checkpoint)
 		default:
 			detail = fmt.Sprintf("%s, %.1f s after the deadline", ev.Checkpoint, -margin.Seconds())

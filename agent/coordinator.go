@@ -105,6 +105,9 @@ type NoticeStatus struct {
 	notSignalledAt time.Time
 	notSignalledBy string // why: what was found, and the discovery problems
 	written        string // the checkpoint completed after the notice, once seen
+	// writtenAt is when the trainer completed written (its marker's time), when known: after a
+	// restart, long before the agent saw it.
+	writtenAt time.Time
 	// later are the checkpoints completed after written, while it is not committed, oldest first
 	// (at most maxLater): one of them committed makes the notice durable too, and one takes
 	// written's place when written is deleted or renamed away before its commit.
@@ -488,10 +491,14 @@ func (c *Coordinator) checkLate(now time.Time) {
 		}
 		ns.lateSaid = true
 		l := late{key: ns.Key, written: ns.written, by: now.Sub(*ns.Deadline)}
-		for _, tr := range slices.Backward(ns.Transitions) {
-			if tr.State == StateCheckpointWritten {
-				l.trainerLate = tr.At.Sub(*ns.Deadline)
-				break
+		if !ns.writtenAt.IsZero() {
+			l.trainerLate = ns.writtenAt.Sub(*ns.Deadline)
+		} else {
+			for _, tr := range slices.Backward(ns.Transitions) {
+				if tr.State == StateCheckpointWritten {
+					l.trainerLate = tr.At.Sub(*ns.Deadline)
+					break
+				}
 			}
 		}
 		due = append(due, l)

@@ -1010,3 +1010,46 @@ func TestInitBesideATrainerIsNoErrorLine(t *testing.T) {
 		}
 	})
 }
+
+// An agent restarted after the deadline of a notice its previous run read and signalled for,
+// whose checkpoint the trainer completed before the deadline but the store did not take in time:
+// the restarted run said that the deadline had passed when the notice was detected (its own
+// read, not the previous run's), and blamed the trainer's lateness (the time it learned of the
+// checkpoint, not the marker's). Found from outside. It is the store's lateness, from the
+// previous run's read.
+func TestRestartAfterTheDeadlineJudgesByThePreviousRunsTimes(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		read := time.Now().Add(-2 * time.Minute)
+		signalled := read.Add(50 * time.Millisecond)
+		deadline := read.Add(40 * time.Second)
+		dir := t.TempDir()
+		spot := &NoticeStatus{Key: "spot/terminate", Source: imds.SourceSpot, Action: "terminate", Deadline: &deadline, readAt: read}
+		if err := writeNoticeFile(dir, []*NoticeStatus{spot}, map[*NoticeStatus]signalRecord{spot: {At: signalled, PIDs: []int{4242}}}); err != nil {
+			t.Fatal(err)
+		}
+		previous, previousSeen, _ := readPrevious(dir, zerolog.Nop())
+		logs := &syncBuffer{}
+		r := startRigLogging(t, true, previous, logs)
+		r.c.mu.Lock()
+		r.c.previousSeen = previousSeen
+		r.c.mu.Unlock()
+		r.tr.setPIDs(4242)
+		r.beginRead(imds.SourceSpot, "terminate", deadline, true)
+		completed := signalled.Add(time.Second) // 39 s before the deadline
+		r.c.onUpload(checkpoint.UploadEvent{Kind: checkpoint.CheckpointComplete, Checkpoint: "step-10", At: time.Now(), CompletedAt: completed})
+		passFakeTime(2 * time.Second)
+		l := logs.String()
+		if strings.Contains(l, "the trainer completed the notice's checkpoint after the notice's deadline") ||
+			!strings.Contains(l, "the notice's deadline passed and its checkpoint is not committed yet") {
+			t.Errorf("log: want the deadline passed with the checkpoint not committed, not the trainer blamed:\n%s", l)
+		}
+		m := &checkpoint.Manifest{Checkpoint: "step-10", Commit: "c-step-10", CommittedAt: time.Now(), Timings: checkpoint.Timings{CompleteAt: &completed}}
+		r.c.onUpload(checkpoint.UploadEvent{Kind: checkpoint.CheckpointCommitted, Checkpoint: "step-10", At: time.Now(), Manifest: m})
+		synctest.Wait()
+		n := r.notice(t, "spot/terminate")
+		if d := n.Transitions[len(n.Transitions)-1].Detail; n.State != StateCommitted || strings.Contains(d, "had passed when the notice was detected") ||
+			!strings.Contains(d, "after the deadline") {
+			t.Errorf("notice %s, %q; want committed, after the deadline (it was read long before it)", n.State, d)
+		}
+	})
+}
