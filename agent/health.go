@@ -281,7 +281,7 @@ func (s *storeHealth) uploadsFailing(now time.Time) (name string, run failRun, o
 // uploadErrorStatus is a failed upload or commit, for /status.
 type uploadErrorStatus struct {
 	At         time.Time `json:"at"`
-	Kind       string    `json:"kind"` // "upload" (a file) or "commit"
+	Kind       string    `json:"kind"` // "upload" (a file), "commit" or "latest" (LATEST not moved to a commit)
 	Checkpoint string    `json:"checkpoint"`
 	Reason     string    `json:"reason"`
 	Error      string    `json:"error"`
