@@ -275,3 +275,28 @@ func TestJournalRemovedUnderTheAgentIsWrittenAgain(t *testing.T) {
 		t.Errorf("no warning that the journal was removed:\n%s", r.logs)
 	}
 }
+
+// An agent started with a new store.job (or store.url) on a checkpoint.dir that holds an earlier
+// run's checkpoints committed them to the new job without a word, the newest becoming the new
+// job's LATEST: a restore of the new job gave the old run's bytes (found from outside). They are
+// still committed (a run that resumes from one needs it), but a warning names each, from the
+// earlier run's journal; a checkpoint of the new run's own is no such thing.
+func TestAnEarlierRunsCheckpointCommittedForANewJobIsSaid(t *testing.T) {
+	dir, state := t.TempDir(), filepath.Join(t.TempDir(), "run")
+	r := startUploaderWith(t, dir, mustNewFileStore(t), UploaderConfig{StateDir: state, StopBudget: -1})
+	writeCheckpoint(t, dir, "step-1", map[string][]byte{"a": randomBytes(t, 8<<10)})
+	r.waitCommitted("step-1")
+	r.stop()
+
+	r2 := startUploaderWith(t, dir, mustNewFileStore(t), UploaderConfig{StateDir: state, StopBudget: -1})
+	r2.waitCommitted("step-1")
+	writeCheckpoint(t, dir, "step-2", map[string][]byte{"a": randomBytes(t, 8<<10)})
+	r2.waitCommitted("step-2")
+	const said = "committed by an earlier run under another store.job or store.url"
+	if l := r2.logs.String(); strings.Count(l, said) != 1 || !strings.Contains(l, `"checkpoint":"step-1"`) {
+		t.Errorf("log of the new run: want one warning, of step-1:\n%s", l)
+	}
+	if l := r.logs.String(); strings.Contains(l, said) {
+		t.Errorf("log of the first run warns:\n%s", l)
+	}
+}

@@ -290,6 +290,9 @@ type Uploader struct {
 	splitSaid map[string]time.Time
 	// latest is what is known of a LATEST this agent could not move to its commit.
 	latest latestLag
+	// foreign are, by checkpoint name, the commits the other journals in agent.runtime_dir
+	// (another store.job or store.url, an earlier run) hold as done (sayForeign).
+	foreign map[string][]foreignCommit
 	// lastSingle is the single-file checkpoint that completed last, and when its file was
 	// modified; singleWarned: two were said to come together (noteSingle).
 	lastSingle   singleSeen
@@ -1144,6 +1147,7 @@ func (u *Uploader) start(ctx context.Context) {
 			u.journalFailed(err)
 		}
 		u.resume, u.stale = entries, journalStales(jpath)
+		u.foreign = foreignJournals(u.cfg.StateDir, jpath)
 	}
 	rctx, cancel := context.WithTimeout(ctx, startReadTimeout)
 	st, err := readJob(rctx, u.cfg.Store, u.cfg.Job, u.cache)
@@ -1635,6 +1639,67 @@ func (u *Uploader) goRetry(ctx context.Context, log zerolog.Logger, what, commit
 	})
 }
 
+// foreignCommit is a commit another journal holds as done: the journal's path and its entry.
+type foreignCommit struct {
+	journal string
+	entry   *journalEntry
+}
+
+// foreignJournals reads the journals in stateDir other than own (those of another store.job or
+// store.url: an earlier run's), for their done commits by checkpoint name. Any it cannot read
+// is left out.
+func foreignJournals(stateDir, own string) map[string][]foreignCommit {
+	paths, _ := filepath.Glob(filepath.Join(stateDir, "uploads-*.jsonl"))
+	var out map[string][]foreignCommit
+	for _, p := range paths {
+		if p == own {
+			continue
+		}
+		entries, err := readJournal(p)
+		if err != nil {
+			continue
+		}
+		for name, e := range entries {
+			if e.done {
+				if out == nil {
+					out = map[string][]foreignCommit{}
+				}
+				out[name] = append(out[name], foreignCommit{journal: p, entry: e})
+			}
+		}
+	}
+	return out
+}
+
+// sayForeign warns, once, when g, complete, has the very files (device, inode, size, modification
+// time) of a commit another journal holds as done: a checkpoint an earlier run committed under
+// another store.job (or store.url), found on this disk by a run with a new one. It is committed
+// for this job too (a run that resumes from it needs it as its newest until it saves its own),
+// but an old run's bytes must not become a new run's newest in silence (I6).
+func (u *Uploader) sayForeign(g *generation) {
+	for _, fc := range u.foreign[g.name] {
+		if len(fc.entry.files) == 0 || len(fc.entry.files) != len(g.files) {
+			continue
+		}
+		same := true
+		for p, d := range fc.entry.files {
+			f := g.files[p]
+			if f == nil || f.id.Dev != d.id.Dev || f.id.Ino != d.id.Ino || f.id.Size != d.id.Size || !f.id.ModTime.Equal(d.id.ModTime) {
+				same = false
+				break
+			}
+		}
+		if !same {
+			continue
+		}
+		delete(u.foreign, g.name)
+		u.log.Warn().Str("checkpoint", g.name).Str("committed_as", fc.entry.commit).Str("journal", fc.journal).Str("job", u.cfg.Job).
+			Str("fix", "if this run does not resume from it, delete it from checkpoint.dir (or give each run its own checkpoint.dir); if it does, nothing to do").
+			Msg("checkpoint found on disk was committed by an earlier run under another store.job or store.url; committing it to this job too: until this run saves its own, it is this job's newest, and a restore of this job gives it")
+		return
+	}
+}
+
 // current returns the generation of checkpoint name, making it if there is none: from the
 // journal, or new.
 func (u *Uploader) current(name string) *generation {
@@ -1823,6 +1888,7 @@ func (u *Uploader) handleWatch(ctx context.Context, ev WatchEvent) {
 			completed = ev.ModTime
 		}
 		u.emit(UploadEvent{Kind: CheckpointComplete, Checkpoint: g.name, At: ev.At, CompletedAt: completed})
+		u.sayForeign(g)
 		if !u.hasData(g) {
 			// Complete as the contract has it, and committed so; but a marker written first is
 			// the likelier cause, and what comes after it is not committed without the marker
