@@ -237,6 +237,12 @@ func StoreFix(reason, url string, err error) string {
 	case StoreThrottled:
 		return "S3 is throttling this prefix: lower store.concurrency, spread jobs over prefixes, or wait; retries go on"
 	case StoreNetwork:
+		if err != nil && (strings.Contains(err.Error(), "x509: ") || strings.Contains(err.Error(), "tls: failed to verify certificate")) {
+			return "the store's TLS certificate is not trusted: for a private CA (an S3-compatible server, a proxy that inspects TLS), give the service its CA in SSL_CERT_FILE (or AWS_CA_BUNDLE), or add it to the system's roots (update-ca-certificates); see docs/s3.md"
+		}
+		if err != nil && strings.Contains(err.Error(), "server gave HTTP response to HTTPS client") {
+			return "the endpoint speaks plain HTTP: use http:// in AWS_ENDPOINT_URL_S3 (or AWS_ENDPOINT_URL)"
+		}
 		return "the store cannot be reached: check AWS_REGION, AWS_ENDPOINT_URL_S3, the route to S3 (VPC endpoint or NAT), DNS and HTTPS_PROXY/NO_PROXY"
 	case StoreChanged:
 		return "another writer changed the same objects: give every training run its own store.job, and one agent per node"

@@ -100,6 +100,9 @@ func TestStoreErrorSummaryAndFix(t *testing.T) {
 		{StoreOther, "s3://b", s3Err(301, "PermanentRedirect", "elsewhere"), "AWS_REGION"},
 		{StoreOther, "s3://Ckpt/runs", s3Err(400, "InvalidBucketName", "The specified bucket is not valid."), `S3 does not take "Ckpt" as a bucket name`},
 		{StoreNetwork, "s3://b", errors.New("dial tcp: connection refused"), "AWS_ENDPOINT_URL_S3"},
+		// A certificate not trusted is no route to fix, nor is plain HTTP behind https:// (found from outside).
+		{StoreNetwork, "s3://b", errors.New(`Get "https://127.0.0.1:9000/b": tls: failed to verify certificate: x509: certificate signed by unknown authority`), "SSL_CERT_FILE (or AWS_CA_BUNDLE)"},
+		{StoreNetwork, "s3://b", errors.New(`Get "https://127.0.0.1:9000/b": http: server gave HTTP response to HTTPS client`), "use http:// in AWS_ENDPOINT_URL_S3"},
 		{StoreThrottled, "s3://b", nil, "store.concurrency"},
 		{StoreChanged, "s3://b", nil, "store.job"},
 		{StoreDenied, "file:///mnt/ckpt", nil, "cannot write /mnt/ckpt"},
