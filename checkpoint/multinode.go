@@ -254,7 +254,7 @@ func (e *apartError) Error() string {
 		a, b = b, a
 	}
 	if d := b.Order().At.Sub(a.Order().At); d > SaveSpread {
-		return fmt.Sprintf("%s and %s completed more than %v apart (%v): never one save; the trainer writes the marker on every node once the save returned everywhere",
+		return fmt.Sprintf("%s and %s completed more than %v apart (%v): never one save; the trainer writes the marker on every node once the save returned everywhere, or a node's clock is that far off (a part's time is its node's file times: compare the nodes' clocks, chronyc tracking)",
 			describePart(a), describePart(b), SaveSpread, d.Round(time.Second))
 	}
 	return fmt.Sprintf("%s and %s have markers with other bytes: not one save", describePart(a), describePart(b))
