@@ -464,6 +464,17 @@ func readManifest(ctx context.Context, s Store, job string, ref CommitRef, cache
 			return fmt.Errorf("manifest names job %q checkpoint %q commit %q; refusing a manifest that does not match its key",
 				m.Job, m.Checkpoint, m.Commit)
 		}
+		if m.Version == ManifestVersion && m.Parts == nil {
+			// Every file under the commit's own prefix (I1): one elsewhere is another commit's
+			// object, which that commit's retention deletes. (A job manifest's keys are its
+			// parts' commits', checked by Validate.)
+			prefix := CommitPrefix(m.Job, m.Checkpoint, m.Commit)
+			for _, f := range m.Files {
+				if !strings.HasPrefix(f.Key, prefix) {
+					return fmt.Errorf("file %q: key %q is not under the commit's prefix %s; refusing a manifest that lists another commit's objects", f.Path, f.Key, prefix)
+				}
+			}
+		}
 		return nil
 	})
 }

@@ -471,6 +471,10 @@ func TestRestoreRefusesHostileManifest(t *testing.T) {
 			}
 		}, `names job "other-job"`},
 		{"key outside the job", func(m *Manifest) { m.Files[0].Key = "other-job/step-1/x" }, "is not a key inside job"},
+		// Another commit's object (found from outside): that commit's retention deletes it.
+		{"key in another commit", func(m *Manifest) {
+			m.Files[0].Key = restoreTestJob + "/step-000099/20260301T110000Z-0123456789ab/model.pt"
+		}, "is not under the commit's prefix"},
 		{"setuid mode", func(m *Manifest) { m.Files[0].Mode = "4755" }, "not octal permission bits"},
 		{"checkpoint mismatch", func(m *Manifest) { m.Checkpoint = "step-999999" }, `checkpoint "step-999999"`},
 		{"spotguard's own directory", func(m *Manifest) { m.Files[0].Path = MetaDir + "/manifest.json" }, "inside _spotguard"},
