@@ -329,6 +329,13 @@ func restoreOnce(ctx context.Context, s Store, opts RestoreOptions, conc int, ru
 	// of its name. An incomplete save of that name (a save cut short on this disk), or an older
 	// save of it, goes aside as the commit is put in place.
 	marker := cmp.Or(opts.Marker, scanDefaultMarker)
+	if !m.SingleFile() && !slices.ContainsFunc(m.Files, func(f File) bool { return f.Path == marker }) {
+		// Restored, it has no marker: a trainer that resumes from the newest save with its
+		// marker does not take it (a manifest edited by hand; or checkpoint.marker is another
+		// than the agent's, a restore without its --config).
+		log.Warn().Str("checkpoint", m.Checkpoint).Str("commit", m.Commit).Str("marker", marker).
+			Msg("the commit has no checkpoint.marker at its top: a trainer that resumes from a save with its marker will not take this one; is checkpoint.marker the agent's (restore --config)?")
+	}
 	aside, err := restoreIncomplete(to, m, marker, start)
 	if err != nil {
 		return failCP(err)

@@ -1646,3 +1646,27 @@ func TestRestoreAsideNameTakenIsNotOverwritten(t *testing.T) {
 		t.Errorf("moved aside = %q, %v; want the trainer's own save", b, err)
 	}
 }
+
+// A commit without checkpoint.marker at its top (a manifest edited by hand; or a restore without
+// the agent's --config, its marker another) restores a directory no trainer resuming from a save
+// with its marker takes: it was restored without a word (found from outside). It is restored,
+// with a warning naming the marker; a commit with it is restored without one.
+func TestRestoreOfACommitWithoutTheMarkerWarns(t *testing.T) {
+	for _, tc := range []struct {
+		marker string
+		warn   bool
+	}{{"_COMPLETE", true}, {"model.pt", false}} {
+		s := newMemStore()
+		restoreTestCommit(t, s, restoreTestJob, "step-000100", restoreTestT0, restoreTestFiles(1))
+		_, to := restoreTestDirs(t)
+		var log bytes.Buffer
+		opts := restoreTestOpts(to, &log)
+		opts.Marker = tc.marker
+		if _, err := Restore(t.Context(), s, opts); err != nil {
+			t.Fatal(err)
+		}
+		if got := strings.Contains(log.String(), "the commit has no checkpoint.marker at its top"); got != tc.warn {
+			t.Errorf("marker %s: warned %v; want %v:\n%s", tc.marker, got, tc.warn, log.String())
+		}
+	}
+}
