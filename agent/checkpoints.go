@@ -222,6 +222,9 @@ func (c *Coordinator) onUpload(ev checkpoint.UploadEvent) {
 	}
 	var changes []change
 	c.mu.Lock()
+	if ev.Kind == checkpoint.DirRead {
+		c.dirRead = true
+	}
 	c.noteComplete(ev, durable)
 	for _, ns := range c.notices {
 		if ns.Policy != PolicyCheckpoint || ns.committed || !ns.heldUntil.IsZero() {

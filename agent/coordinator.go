@@ -351,6 +351,12 @@ type Coordinator struct {
 	stoppedCatching map[int]bool
 	// scanned: Scan has looked for the trainer at least once.
 	scanned bool
+	// startedAt is when Run began; dirRead, whether the uploader has read checkpoint.dir in full
+	// since (checkpoint.DirRead). Until then, or dirReadGrace, checkMissing says nothing: a
+	// restarted agent judged a notice of its previous run's past its deadline before it had heard
+	// of the checkpoint on disk (found from outside).
+	startedAt time.Time
+	dirRead   bool
 	// scanSeq numbers the looks for the trainer as they begin; foundSeq is the number of the look
 	// found, lastProblems and stoppedCatching are from. Looks run at once (the 10 s one, a
 	// notice's, a reload's, /healthz's): one begun earlier that ends later is not kept.
@@ -421,6 +427,9 @@ func newCoordinator(log zerolog.Logger, m *promMetrics, config func() *Config, t
 // and rescans for trainers every trainerScanInterval until ctx is done. It returns nil.
 func (c *Coordinator) Run(ctx context.Context, events <-chan imds.Event) error {
 	defer close(c.stopped)
+	c.mu.Lock()
+	c.startedAt = time.Now()
+	c.mu.Unlock()
 	c.Scan()
 	t := time.NewTicker(trainerScanInterval)
 	defer t.Stop()
@@ -1460,11 +1469,20 @@ func (c *Coordinator) trainerThere() bool {
 // deadline had passed or is further): an error log, spotguard_notice_checkpoint_missing_total and
 // the state checkpoint_missing. What was committed before, and any complete checkpoint being
 // uploaded, is all the next instance will have.
+// dirReadGrace is how long after its start checkMissing waits for the uploader's first full read
+// of checkpoint.dir (a directory that is not there, or a read that hangs, is not waited for
+// longer).
+const dirReadGrace = 10 * time.Second
+
 func (c *Coordinator) checkMissing(now time.Time) {
 	if c.uploader == nil {
 		return // signal only: the agent does not see checkpoints
 	}
 	c.mu.Lock()
+	if !c.dirRead && !c.startedAt.IsZero() && now.Sub(c.startedAt) < dirReadGrace {
+		c.mu.Unlock()
+		return // what is on disk is not known yet
+	}
 	// A notice due, with what its line says, read under the lock (onUpload sets them).
 	type missing struct {
 		ns                *NoticeStatus

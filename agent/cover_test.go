@@ -1015,8 +1015,8 @@ func TestInitBesideATrainerIsNoErrorLine(t *testing.T) {
 // whose checkpoint the trainer completed before the deadline but the store did not take in time:
 // the restarted run said that the deadline had passed when the notice was detected (its own
 // read, not the previous run's), and blamed the trainer's lateness (the time it learned of the
-// checkpoint, not the marker's). Found from outside. It is the store's lateness, from the
-// previous run's read.
+// checkpoint, not the marker's), and said the checkpoint missing before the uploader had read
+// checkpoint.dir. Found from outside. It is the store's lateness, from the previous run's read.
 func TestRestartAfterTheDeadlineJudgesByThePreviousRunsTimes(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		read := time.Now().Add(-2 * time.Minute)
@@ -1035,10 +1035,17 @@ func TestRestartAfterTheDeadlineJudgesByThePreviousRunsTimes(t *testing.T) {
 		r.c.mu.Unlock()
 		r.tr.setPIDs(4242)
 		r.beginRead(imds.SourceSpot, "terminate", deadline, true)
+		// The notice is read before the uploader has read checkpoint.dir: the checkpoint on
+		// disk is not missing, only not heard of yet.
+		passFakeTime(time.Second)
 		completed := signalled.Add(time.Second) // 39 s before the deadline
 		r.c.onUpload(checkpoint.UploadEvent{Kind: checkpoint.CheckpointComplete, Checkpoint: "step-10", At: time.Now(), CompletedAt: completed})
+		r.c.onUpload(checkpoint.UploadEvent{Kind: checkpoint.DirRead, At: time.Now()})
 		passFakeTime(2 * time.Second)
 		l := logs.String()
+		if strings.Contains(l, "no checkpoint completed since the trainer was signalled") {
+			t.Errorf("log: the checkpoint on disk said missing before the directory was read:\n%s", l)
+		}
 		if strings.Contains(l, "the trainer completed the notice's checkpoint after the notice's deadline") ||
 			!strings.Contains(l, "the notice's deadline passed and its checkpoint is not committed yet") {
 			t.Errorf("log: want the deadline passed with the checkpoint not committed, not the trainer blamed:\n%s", l)

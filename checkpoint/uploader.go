@@ -149,6 +149,9 @@ const (
 	LatestFailed
 	// LatestMoved: LATEST moved to a commit (Manifest), after LatestFailed.
 	LatestMoved
+	// DirRead: checkpoint.dir was read in full for the first time (WatchConfig.ReadDone): every
+	// checkpoint complete on disk at start has been reported (CheckpointComplete) by now.
+	DirRead
 )
 
 // UploadEvent reports progress of one checkpoint.
@@ -748,6 +751,9 @@ func (u *Uploader) Run(ctx context.Context, events <-chan WatchEvent) error {
 				continue
 			}
 			if ev.Kind == ReadDone {
+				if !firstRead {
+					u.emit(UploadEvent{Kind: DirRead, At: time.Now()})
+				}
 				firstRead = true
 				if reading {
 					reading = false
