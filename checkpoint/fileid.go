@@ -47,6 +47,13 @@ func (a FileID) Same(b FileID) bool {
 		a.ModTime.Equal(b.ModTime) && a.ChangeTime.Equal(b.ChangeTime)
 }
 
+// sameContent reports whether a and b are the same file (device and inode) with the same size
+// and modification time: its bytes as they were, whatever its change time says (a chmod or
+// chown -R moves it, and no byte). Unlike Same, it does not ask whether they are known.
+func (a FileID) sameContent(b FileID) bool {
+	return a.Dev == b.Dev && a.Ino == b.Ino && a.Size == b.Size && a.ModTime.Equal(b.ModTime)
+}
+
 // known reports whether a says which file it is.
 func (a FileID) known() bool { return a.Dev != 0 || a.Ino != 0 }
 

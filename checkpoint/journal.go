@@ -490,7 +490,7 @@ func (e *journalEntry) holds(lc LocalCheckpoint) bool {
 	}
 	for _, f := range lc.Files {
 		d, ok := e.files[f.Path]
-		if !ok || d.id.Dev != f.ID.Dev || d.id.Ino != f.ID.Ino || d.id.Size != f.ID.Size || !d.id.ModTime.Equal(f.ID.ModTime) {
+		if !ok || !d.id.sameContent(f.ID) {
 			return false
 		}
 	}

@@ -1690,7 +1690,7 @@ func (u *Uploader) sayForeign(g *generation) {
 		same := true
 		for p, d := range fc.entry.files {
 			f := g.files[p]
-			if f == nil || f.id.Dev != d.id.Dev || f.id.Ino != d.id.Ino || f.id.Size != d.id.Size || !f.id.ModTime.Equal(d.id.ModTime) {
+			if f == nil || !f.id.sameContent(d.id) {
 				same = false
 				break
 			}
@@ -2047,8 +2047,7 @@ func (u *Uploader) fileReady(ev WatchEvent) {
 // rewriteOf reports whether now is the file that was old written again, not only its metadata
 // changed (a chmod, a chown, a new link): another inode, size or modification time.
 func rewriteOf(old, now FileID) bool {
-	return old.known() && now.known() &&
-		(old.Dev != now.Dev || old.Ino != now.Ino || old.Size != now.Size || !old.ModTime.Equal(now.ModTime))
+	return old.known() && now.known() && !old.sameContent(now)
 }
 
 // rewrittenAfterMarker reports whether the file rel of g, last seen as old, now written again as
