@@ -302,6 +302,7 @@ func drill(ctx context.Context, p drillPlan, log zerolog.Logger, rep *drillRepor
 			"--files", strconv.Itoa(p.files), "--ready", ready)
 	}
 	cmd.Stdout, cmd.Stderr = p.progress, p.progress
+	cmd.SysProcAttr = drillChildAttr()
 	if err := cmd.Start(); err != nil {
 		return fail("start the trainer: %v", err)
 	}
@@ -795,6 +796,13 @@ func parseDrillSize(v string) (int64, error) {
 		return 0, errors.New("want more than 0 bytes")
 	}
 	return n, nil
+}
+
+// drillChildAttr makes a trainer the drill starts end with the drill: a drill killed (kill -9,
+// an OOM kill) left its demo trainer running for ever (found in CI). Linux sends it SIGTERM when
+// the drill goes.
+func drillChildAttr() *syscall.SysProcAttr {
+	return &syscall.SysProcAttr{Pdeathsig: syscall.SIGTERM}
 }
 
 // drillTrainerCmd is the hidden subcommand the drill runs as its demo trainer.

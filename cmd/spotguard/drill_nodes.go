@@ -96,6 +96,7 @@ func drillNodes(ctx context.Context, p drillPlan, nodes int, log zerolog.Logger,
 		n.cmd = exec.Command(self, drillTrainerCmd, "--dir", n.dir, "--size", strconv.FormatInt(p.size/int64(nodes), 10),
 			"--files", strconv.Itoa(p.files), "--ready", ready, "--rank", strconv.Itoa(rank))
 		n.cmd.Stdout, n.cmd.Stderr = p.progress, p.progress
+		n.cmd.SysProcAttr = drillChildAttr()
 		if err := n.cmd.Start(); err != nil {
 			return fail("start the demo trainer of node %d: %v", rank, err)
 		}

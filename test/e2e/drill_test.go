@@ -2,12 +2,15 @@ package e2e
 
 import (
 	"bufio"
+	"bytes"
 	"encoding/json"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -173,7 +176,26 @@ func TestDrillRealIMDSNotAnsweringIsSaid(t *testing.T) {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	defer func() { cmd.Process.Kill(); cmd.Wait() }()
+	defer func() {
+		// Killed, the drill takes its demo trainer with it: it was left running for ever.
+		trainers := drillTrainersOf(t, cmd.Process.Pid)
+		cmd.Process.Kill()
+		cmd.Wait()
+		if len(trainers) == 0 {
+			t.Error("no demo trainer found under the drill")
+		}
+		deadline := time.Now().Add(15 * time.Second)
+		for _, pid := range trainers {
+			for syscall.Kill(pid, 0) == nil {
+				if time.Now().After(deadline) {
+					syscall.Kill(pid, syscall.SIGKILL)
+					t.Errorf("the demo trainer %d still runs 15 s after its drill was killed", pid)
+					break
+				}
+				<-time.After(20 * time.Millisecond)
+			}
+		}
+	}()
 	said := make(chan string, 1)
 	go func() {
 		sc := bufio.NewScanner(out)
@@ -192,4 +214,34 @@ func TestDrillRealIMDSNotAnsweringIsSaid(t *testing.T) {
 	case <-time.After(60 * time.Second):
 		t.Fatal("the drill did not say within 60 s that IMDS does not answer")
 	}
+}
+
+// drillTrainersOf returns the demo trainers the drill ppid started (its children running
+// __drill-trainer).
+func drillTrainersOf(t *testing.T, ppid int) []int {
+	t.Helper()
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var pids []int
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		stat, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
+		if err != nil {
+			continue
+		}
+		// pid (comm) state ppid ...: the fields after the last ')'.
+		fields := strings.Fields(string(stat[bytes.LastIndexByte(stat, ')')+1:]))
+		if len(fields) < 2 || fields[1] != strconv.Itoa(ppid) {
+			continue
+		}
+		if cmdline, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline")); err == nil && bytes.Contains(cmdline, []byte("__drill-trainer")) {
+			pids = append(pids, pid)
+		}
+	}
+	return pids
 }
