@@ -264,6 +264,10 @@ type Uploader struct {
 	// signalAnswered: a checkpoint completed after lastSignal (or one begun after it vanished,
 	// deleted by the trainer or by hand); a stop no longer waits for a marker.
 	signalAnswered bool
+	// dirRead: checkpoint.dir was read in full once (its first ReadDone). Before, what the read
+	// finds was written before this agent began, perhaps long before: its own time says when
+	// (foundAt), not the moment it was found.
+	dirRead bool
 	// trainerAbsent counts the looks in a row (checkTrainer) that found no trainer; trainerGone:
 	// two did, and a stop no longer waits for a marker either.
 	trainerAbsent int
@@ -754,7 +758,7 @@ func (u *Uploader) Run(ctx context.Context, events <-chan WatchEvent) error {
 				if !firstRead {
 					u.emit(UploadEvent{Kind: DirRead, At: time.Now()})
 				}
-				firstRead = true
+				firstRead, u.dirRead = true, true
 				if reading {
 					reading = false
 					if !drain() {
@@ -1880,8 +1884,8 @@ func (u *Uploader) handleWatch(ctx context.Context, ev WatchEvent) {
 		if g.complete || g.state == genCommitted {
 			return
 		}
-		g.complete, g.completeSeen = true, ev.At
-		if !u.lastSignal.IsZero() && !ev.At.Before(u.lastSignal) {
+		g.complete, g.completeSeen = true, u.foundAt(ev)
+		if !u.lastSignal.IsZero() && !g.completeSeen.Before(u.lastSignal) {
 			u.signalAnswered = true
 		}
 		u.labelNotice(g)
@@ -2032,7 +2036,7 @@ func (u *Uploader) fileReady(ev WatchEvent) {
 		g.uploadStart, g.uploadEnd, g.uploadBusy, g.sent = time.Time{}, time.Time{}, 0, 0 // the forecast is of this save
 	}
 	if g.firstFileAt.IsZero() {
-		g.firstFileAt = ev.At
+		g.firstFileAt = u.foundAt(ev)
 	}
 	g.lastFileAt = ev.At
 	u.labelNotice(g)
@@ -3568,6 +3572,19 @@ func forecast(g *generation, m *Manifest) (float64, time.Duration) {
 	}
 	commit := time.Since(*m.Timings.LastByteAt)
 	return throughput, max(write, send) + commit
+}
+
+// foundAt returns when ev's file (or marker) was written, for the times a save is judged by (its
+// first file, its completion): when the watcher saw it, or for one the first read of
+// checkpoint.dir found, its modification time if earlier. A restarted agent finds the save the
+// trainer made while it was down, and its own time would count its downtime as the trainer's (a
+// forecast of 18.7 s for a save of a second, found from outside); a save older than the signal
+// would answer it.
+func (u *Uploader) foundAt(ev WatchEvent) time.Time {
+	if !u.dirRead && !ev.ModTime.IsZero() && ev.ModTime.Before(ev.At) {
+		return ev.ModTime
+	}
+	return ev.At
 }
 
 func (u *Uploader) emit(ev UploadEvent) {

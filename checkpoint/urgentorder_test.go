@@ -4,9 +4,12 @@ import (
 	"fmt"
 	"os"
 	"path"
+	"path/filepath"
 	"slices"
 	"testing"
 	"time"
+
+	"github.com/rs/zerolog"
 )
 
 // sentOrder lets the files of the checkpoints through one at a time until want are committed, and
@@ -158,6 +161,36 @@ func TestForecastTakesInTheTrainersTimeToBegin(t *testing.T) {
 	// from the signal is not the trainer's answer to it.
 	if ev := r.waitCommitted("step-2"); ev.Forecast < 3*time.Second || ev.Forecast > 3*time.Second+time.Second {
 		t.Errorf("forecast of the next checkpoint %v; want it to keep the trainer's 3 s", ev.Forecast)
+	}
+}
+
+// A restarted agent finds the save its trainer made while it was down: the forecast took the
+// time from the previous run's signal to this run's first read as the trainer's (18.7 s for a save
+// of a second, found from outside). What the first read finds is timed by its files.
+func TestForecastAfterARestartTimesTheSaveByItsFiles(t *testing.T) {
+	dir := t.TempDir()
+	signalled := time.Now().Add(-time.Minute) // by the agent's previous run
+	writeCheckpoint(t, dir, "step-1", map[string][]byte{"a": randomBytes(t, 4<<10)})
+	written := signalled.Add(2 * time.Second) // the trainer began 2 s after its signal and took 1 s
+	for _, f := range []struct {
+		name string
+		at   time.Time
+	}{{"a", written}, {"_COMPLETE", written.Add(time.Second)}} {
+		if err := os.Chtimes(filepath.Join(dir, "step-1", f.name), f.at, f.at); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r := newUploaderRig(t, dir, newMemStore(), UploaderConfig{})
+	// The journal's notice, as the agent hands it over at start.
+	r.up.SetNotices([]ActiveNotice{{Key: "spot/terminate", Deadline: signalled.Add(2 * time.Minute), SignalledAt: signalled}})
+	w, err := NewWatcher(WatchConfig{Dir: dir, Pattern: "*.pt", Debounce: 30 * time.Millisecond, Logger: zerolog.Nop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.run(w)
+	ev := r.waitCommitted("step-1")
+	if ev.Forecast < 3*time.Second || ev.Forecast > 10*time.Second {
+		t.Errorf("forecast %v; want the trainer's 2 s to begin, its 1 s to write and the rest, not the minute the agent was down", ev.Forecast)
 	}
 }
 
