@@ -55,7 +55,7 @@ func CheckJobRead(ctx context.Context, s Store, st *JobState, settled bool) []er
 		}
 		problems = append(problems, found...)
 	}
-	for _, is := range incompleteSaves(st.Parts, st.Commits) {
+	for _, is := range incompleteSaves(st.Parts, st.Commits, 0) {
 		if is.Problem != "" {
 			problems = append(problems, fmt.Errorf("I6: the parts of %s completed at %s can never make one save: %s",
 				is.Checkpoint, is.Newest.UTC().Format(time.RFC3339), is.Problem))

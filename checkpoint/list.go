@@ -60,8 +60,10 @@ func ReadJob(ctx context.Context, s Store, job string) (*JobState, error) {
 }
 
 // Incomplete returns st's multi-node saves whose parts are not all in the store, newest first
-// (see IncompleteSave).
-func (st *JobState) Incomplete() []IncompleteSave { return incompleteSaves(st.Parts, st.Commits) }
+// (see IncompleteSave); partWait (store.part_wait, or 0 if not known) says which were given up.
+func (st *JobState) Incomplete(partWait time.Duration) []IncompleteSave {
+	return incompleteSaves(st.Parts, st.Commits, partWait)
+}
 
 // ListIncomplete returns the job's multi-node saves whose parts are not all in the store, newest
 // first (see IncompleteSave), with the same reading and errors as ListCommitted.
@@ -70,7 +72,7 @@ func ListIncomplete(ctx context.Context, s Store, job string) ([]IncompleteSave,
 	if err != nil {
 		return nil, fmt.Errorf("list incomplete checkpoints: %w", err)
 	}
-	return incompleteSaves(st.Parts, st.Commits), nil
+	return incompleteSaves(st.Parts, st.Commits, 0), nil
 }
 
 // checkNodeLayout checks that the job st holds commits of one layout, for `spotguard list
@@ -135,7 +137,8 @@ func checkNodeLayout(st *JobState) error {
 
 // FormatIncomplete writes saves as a table for `spotguard list`: the checkpoint's name, "parts
 // 3/4" with the node ranks that are in, the size so far and the newest part's completion time,
-// then, for a save that can never be committed as it is, why (IncompleteSave.Problem).
+// then, for a save that can never be committed as it is, why (IncompleteSave.Problem), and for
+// one the agents gave up, that (IncompleteSave.GivenUp).
 func FormatIncomplete(w io.Writer, saves []IncompleteSave) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "INCOMPLETE\tPARTS\tNODES IN\tSIZE\tNEWEST PART COMPLETED AT")
@@ -144,6 +147,9 @@ func FormatIncomplete(w io.Writer, saves []IncompleteSave) {
 			HumanBytes(is.Bytes), is.Newest.UTC().Format(time.RFC3339))
 		if is.Problem != "" {
 			line += "\tnever committed as it is: " + is.Problem
+		}
+		if is.GivenUp != "" {
+			line += "\tgiven up: " + is.GivenUp
 		}
 		fmt.Fprintln(tw, line)
 	}

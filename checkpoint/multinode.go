@@ -744,18 +744,24 @@ type IncompleteSave struct {
 	// Problem says why the save can never be committed as it is (a node rank claimed by two
 	// instances, parts disagreeing on world_nodes); empty when it only waits for parts.
 	Problem string `json:"problem,omitempty"`
+	// GivenUp says, when the save's parts are older than store.part_wait, that the agents gave it
+	// up: no agent assembles a part that old, so it is never committed (which parts, and when
+	// every part is in, how far apart they came). Empty when part_wait is not known.
+	GivenUp string `json:"given_up,omitempty"`
 }
 
 // incompleteSaves groups st's open parts into saves, newest first: for each name, the parts
 // within SaveSpread of the newest one form one save, and so on with the rest. Each save's
 // Problem is also what its parts make of the job checkpoints of commits made of the same save
-// (committedProblems).
-func incompleteSaves(parts []*Manifest, commits []Committed) []IncompleteSave {
+// (committedProblems). partWait, if not 0, is store.part_wait: a save with a part older than that
+// is said given up (GivenUp).
+func incompleteSaves(parts []*Manifest, commits []Committed, partWait time.Duration) []IncompleteSave {
 	byName := map[string][]*Manifest{}
 	for _, p := range parts {
 		byName[p.Checkpoint] = append(byName[p.Checkpoint], p)
 	}
 	var out []IncompleteSave
+	now := time.Now()
 	for name, ps := range byName {
 		slices.SortFunc(ps, func(a, b *Manifest) int { return b.Order().At.Compare(a.Order().At) })
 		for len(ps) > 0 {
@@ -776,12 +782,47 @@ func incompleteSaves(parts []*Manifest, commits []Committed) []IncompleteSave {
 			}
 			slices.Sort(s.Ranks)
 			s.Problem = strings.Join(append(saveProblems(group), committedProblems(group, commits)...), "; ")
+			s.GivenUp = givenUp(group, s, partWait, now)
 			out = append(out, s)
 			ps = rest
 		}
 	}
 	slices.SortFunc(out, func(a, b IncompleteSave) int { return b.Newest.Compare(a.Newest) })
 	return out
+}
+
+// givenUp says why the parts of one save (group, of save s) are never assembled, when one of them
+// was committed more than partWait before now: an agent takes no part that old (completeSave), so
+// the save waits for nothing (the late last part of a save whose first came more than part_wait
+// before it; found from outside: "parts 3/3" with no word why). "" when none is, or partWait is 0.
+func givenUp(group []*Manifest, s IncompleteSave, partWait time.Duration, now time.Time) string {
+	if partWait <= 0 {
+		return ""
+	}
+	var aged []string
+	first, last := group[0].CommittedAt, group[0].CommittedAt
+	for _, p := range group {
+		if now.Sub(p.CommittedAt) > partWait {
+			aged = append(aged, strconv.Itoa(p.Part.NodeRank))
+		}
+		if p.CommittedAt.Before(first) {
+			first = p.CommittedAt
+		}
+		if p.CommittedAt.After(last) {
+			last = p.CommittedAt
+		}
+	}
+	if len(aged) == 0 {
+		return ""
+	}
+	slices.Sort(aged)
+	aged = slices.Compact(aged)
+	msg := fmt.Sprintf("the part(s) of node(s) %s were committed more than store.part_wait (%v) ago, and no agent assembles a part that old", strings.Join(aged, ", "), partWait)
+	if len(s.Ranks) == s.WorldNodes && last.Sub(first) > partWait {
+		msg += fmt.Sprintf(": its last part came %v after its first; store.part_wait must cover the time from the first node's part to the last one's, uploads included",
+			last.Sub(first).Round(time.Second))
+	}
+	return msg
 }
 
 // ranks returns the node ranks that are in, joined by sep.
@@ -801,6 +842,8 @@ func (is IncompleteSave) describe() string {
 	switch {
 	case is.Problem != "":
 		return msg + ", and it never will be as it is: " + is.Problem
+	case is.GivenUp != "":
+		return msg + ", and it never will be: " + is.GivenUp
 	case len(is.Ranks) == is.WorldNodes:
 		return msg + ": every node's part is in, but they do not make one save (`spotguard list`; the agents' logs say why)"
 	}

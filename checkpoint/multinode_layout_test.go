@@ -1,6 +1,7 @@
 package checkpoint
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"maps"
@@ -493,4 +494,45 @@ func openPartsOf(t *testing.T, s Store, name string) []string {
 		out = append(out, p.Commit)
 	}
 	return out
+}
+
+// A save whose last part was committed more than part_wait after its first: no agent assembles
+// the older parts any more, so it is never committed. `list` showed it as "parts 3/3" waiting,
+// with no word why, and `restore` said every part was in but not one save (found from outside).
+// Both now say it was given up, and why; `list --check` still passes it (nothing torn).
+func TestListSaysASaveWithAPartPastPartWaitIsGivenUp(t *testing.T) {
+	store := newMemStore()
+	saved := time.Now().Add(-75 * time.Second)
+	for rank := range 2 {
+		putPart(t, store, "step-000100", rank, 3, fmt.Sprintf("i-node%d", rank), nodeFiles(t, rank, []byte("c")), saved, saved.Add(time.Second))
+	}
+	late := putPart(t, store, "step-000100", 2, 3, "i-node2", nodeFiles(t, 2, []byte("c")), saved, saved.Add(70*time.Second))
+	if r := completeSave(t.Context(), store, late, "_COMPLETE", Host{}, time.Minute, nil); r.written || r.job != nil {
+		t.Fatalf("completeSave of the late part = %+v; want the save not committed (its other parts are past part_wait)", r)
+	}
+	st, err := ReadJob(t.Context(), store, "job")
+	if err != nil {
+		t.Fatal(err)
+	}
+	inc := st.Incomplete(time.Minute)
+	if len(inc) != 1 || len(inc[0].Ranks) != 3 || inc[0].Problem != "" ||
+		!strings.Contains(inc[0].GivenUp, "node(s) 0, 1 were committed more than store.part_wait (1m0s) ago") ||
+		!strings.Contains(inc[0].GivenUp, "its last part came 1m9s after its first") {
+		t.Errorf("Incomplete(1m) = %+v; want parts 3/3, given up: nodes 0 and 1 past part_wait, the last part 1m9s after the first", inc)
+	}
+	var out bytes.Buffer
+	FormatIncomplete(&out, inc)
+	if !strings.Contains(out.String(), "given up: the part(s) of node(s) 0, 1") {
+		t.Errorf("list shows\n%s\nwant the save given up", out.String())
+	}
+	if inc := st.Incomplete(time.Hour); len(inc) != 1 || inc[0].GivenUp != "" {
+		t.Errorf("Incomplete(1h) = %+v; want the save waiting, not given up, within part_wait", inc)
+	}
+	_, err = Restore(t.Context(), store, RestoreOptions{Job: "job", Checkpoint: "step-000100", To: t.TempDir(), PartWait: time.Minute, Logger: zerolog.Nop()})
+	if err == nil || !strings.Contains(err.Error(), "parts 3/3 in") || !strings.Contains(err.Error(), "it never will be: the part(s) of node(s) 0, 1") {
+		t.Errorf("Restore(step-000100) = %v; want no commit, the save given up", err)
+	}
+	if v := CheckJob(t.Context(), store, "job", true); len(v) != 0 {
+		t.Errorf("CheckJob = %v; want none: a save given up breaks no invariant", v)
+	}
 }

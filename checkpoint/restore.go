@@ -96,6 +96,9 @@ type RestoreOptions struct {
 	// saved by another count of nodes is refused (its parts do not map onto the nodes one to
 	// one). 0: not checked.
 	WorldNodes int
+	// PartWait is store.part_wait, to say of a multi-node save without a commit that the agents
+	// gave it up (IncompleteSave.GivenUp). 0: not said.
+	PartWait time.Duration
 	// Journal, when To is the agent's checkpoint.dir, is the agent's journal (JournalPath): the
 	// restore tells it that the checkpoint in place is its commit (a single-node commit), as the
 	// agent records one it finds committed, so that an agent that starts later knows the copy
@@ -553,7 +556,7 @@ func restoreResolve(ctx context.Context, s Store, opts RestoreOptions, run *rest
 				why = append(why, p)
 			}
 		}
-		for _, is := range incompleteSaves(st.Parts, st.Commits) {
+		for _, is := range incompleteSaves(st.Parts, st.Commits, opts.PartWait) {
 			if is.Checkpoint == opts.Checkpoint {
 				return nil, nil, false, fmt.Errorf("checkpoint %q has no commit; the %s: %w", opts.Checkpoint, is.describe(), errors.Join(why...))
 			}
@@ -577,7 +580,7 @@ func restoreResolve(ctx context.Context, s Store, opts RestoreOptions, run *rest
 	}
 	if newest == nil {
 		e := &restoreNothingError{job: job, url: s.URL(), problems: len(st.Problems)}
-		if inc := incompleteSaves(st.Parts, st.Commits); len(inc) > 0 {
+		if inc := incompleteSaves(st.Parts, st.Commits, opts.PartWait); len(inc) > 0 {
 			e.incomplete = inc[0].describe()
 		}
 		return nil, nil, false, e

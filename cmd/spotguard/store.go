@@ -153,6 +153,7 @@ func runRestore(ctx context.Context, args, environ []string, stdout, stderr io.W
 	opts := checkpoint.RestoreOptions{Job: cfg.Store.Job, Checkpoint: *name, Commit: commitID, CommitSet: *commit != "", To: *to,
 		Marker: cfg.Checkpoint.Marker, Logger: log.Level(level)}
 	opts.Part = partRank
+	opts.PartWait = cfg.Store.PartWait
 	if partRank != nil {
 		opts.WorldNodes = cfg.Store.WorldNodes
 	}
@@ -426,7 +427,7 @@ func runList(ctx context.Context, args, environ []string, stdout, stderr io.Writ
 			code = exitFail
 		}
 	}
-	incomplete := st.Incomplete()
+	incomplete := st.Incomplete(cfg.Store.PartWait)
 	if *jsonOut {
 		type entry struct {
 			*checkpoint.Manifest
