@@ -652,7 +652,7 @@ func completeSave(ctx context.Context, s Store, mine *Manifest, marker string, h
 func worldApart(m, mine *Manifest, marker string) error {
 	for _, p := range m.Parts {
 		if sameSave(mine, jobPartManifest(m, p), marker) {
-			return fmt.Errorf("parts disagree on world_nodes: job commit %s of this save was made of %d nodes' parts with world_nodes %d, and %s has world_nodes %d: that commit lacks this node's files (is store.world_nodes the same on every node?)",
+			return fmt.Errorf("parts disagree on world_nodes: job commit %s of this save was made of %d nodes' parts with world_nodes %d, and %s has world_nodes %d: that commit lacks this node's files (is store.world_nodes the same on every node, or was the job resized mid-save?)",
 				m.Commit, len(m.Parts), m.WorldNodes, describePart(mine), mine.Part.WorldNodes)
 		}
 	}
@@ -851,8 +851,9 @@ func (is IncompleteSave) describe() string {
 }
 
 // saveProblems say why the parts of one save (by time, as incompleteSaves groups them) can never
-// make a job checkpoint as they are, as the agents find it: two instances claiming one node rank,
-// or parts disagreeing on world_nodes. None when neither.
+// make a job checkpoint as they are, as the agents find it: parts disagreeing on world_nodes
+// (that alone), two instances claiming one node rank, or one path in two nodes' parts with other
+// bytes. None when none.
 func saveProblems(parts []*Manifest) []string {
 	var problems []string
 	worlds := map[int]bool{}
@@ -864,7 +865,10 @@ func saveProblems(parts []*Manifest) []string {
 		for _, w := range slices.Sorted(maps.Keys(worlds)) {
 			ws = append(ws, strconv.Itoa(w))
 		}
-		problems = append(problems, "parts disagree on world_nodes ("+strings.Join(ws, ", ")+"): is store.world_nodes the same on every node?")
+		// Ranks of two counts of nodes are not one numbering: no rank is claimed twice, nor a
+		// path in two nodes' parts, across them (a job resized with its disks kept was said to
+		// have a store.node_rank set twice; found from outside).
+		return append(problems, "parts disagree on world_nodes ("+strings.Join(ws, ", ")+"): is store.world_nodes the same on every node, or was the job resized mid-save?")
 	}
 	byRank := map[int]*Manifest{}
 	claimed := map[int]bool{}

@@ -189,6 +189,9 @@ func TestIncompleteSaveThatCanNeverCommitIsSaid(t *testing.T) {
 	putPart(t, store, "step-000100", 1, 2, "i-c", files, at.Add(2*time.Second), at.Add(3*time.Second))
 	putPart(t, store, "step-000200", 0, 2, "i-a", files, at.Add(10*time.Minute), at.Add(10*time.Minute))
 	putPart(t, store, "step-000200", 1, 3, "i-b", files, at.Add(10*time.Minute), at.Add(10*time.Minute))
+	// Rank 0 of the other count, by another instance (a job resized with its disks kept): not
+	// rank 0 claimed twice, only the counts disagreeing.
+	putPart(t, store, "step-000200", 0, 3, "i-c", files, at.Add(10*time.Minute), at.Add(10*time.Minute))
 	putPart(t, store, "step-000300", 0, 2, "i-a", files, at.Add(20*time.Minute), at.Add(20*time.Minute))
 
 	inc, err := ListIncomplete(t.Context(), store, "job")
@@ -197,7 +200,7 @@ func TestIncompleteSaveThatCanNeverCommitIsSaid(t *testing.T) {
 	}
 	want := map[string]string{
 		"step-000100": "node rank 1 is claimed by two instances, i-c and i-b: is store.node_rank set twice?",
-		"step-000200": "parts disagree on world_nodes (2, 3): is store.world_nodes the same on every node?",
+		"step-000200": "parts disagree on world_nodes (2, 3): is store.world_nodes the same on every node, or was the job resized mid-save?",
 		"step-000300": "",
 	}
 	for _, is := range inc {
