@@ -114,6 +114,9 @@ func checkCommit(ctx context.Context, s Store, m *Manifest) ([]error, error) {
 			}
 			if !strings.HasPrefix(key, prefix) {
 				problems = append(problems, fmt.Errorf("I1: commit %s lists %s outside its prefix %s", name, key, prefix))
+				// Not looked for below: only the commit's prefixes are listed, and an object
+				// outside them would be said "not in the store" whether it is or not.
+				delete(listed, key)
 			}
 		}
 		if ownFile(f.Path) {

@@ -64,3 +64,31 @@ func TestCheckJobWhileRetentionDeletes(t *testing.T) {
 		t.Fatal("step-000100 was not deleted while CheckJob ran: the test tests nothing")
 	}
 }
+
+// A manifest that lists another commit's object breaks I1, and that alone is said: only the
+// commit's own prefix is listed, so the object was also said "not in the store" whether it was
+// or not (found from outside).
+func TestCheckCommitSaysAnObjectOutsideItsPrefixOnce(t *testing.T) {
+	s := newMemStore()
+	at := time.Now().Add(-time.Minute)
+	older := putCommit(t, s, "step-000001", "i-a", map[string][]byte{"a.bin": []byte("a")}, at, at, nil)
+	m := putCommit(t, s, "step-000002", "i-a", map[string][]byte{"a.bin": []byte("a")}, at.Add(time.Second), at.Add(time.Second), nil)
+	m.Files[0].Key = older.Files[0].Key
+	problems, err := checkCommit(t.Context(), s, m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var said []string
+	for _, p := range problems {
+		said = append(said, p.Error())
+	}
+	if len(said) != 2 || !strings.HasPrefix(said[0], "I1: commit step-000002/"+m.Commit+" lists "+older.Files[0].Key+" outside its prefix") ||
+		!strings.HasPrefix(said[1], "I7: commit step-000002/"+m.Commit+" holds "+CommitPrefix("job", "step-000002", m.Commit)+"a.bin, which its manifest does not list") {
+		t.Errorf("checkCommit = %q; want I1 for the other commit's object and I7 for its own object unlisted, nothing said missing", said)
+	}
+	for _, p := range said {
+		if strings.Contains(p, "not in the store") {
+			t.Errorf("checkCommit says %q; the object is in the store (outside the commit's prefix)", p)
+		}
+	}
+}
