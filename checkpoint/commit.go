@@ -1286,7 +1286,7 @@ func (u *Uploader) commit(ctx context.Context, c commitJob) commitResult {
 		if why, ok := c.refused[lf.Path]; ok && why.id.Same(lf.ID) {
 			// Still the version that could not be stored: committing the checkpoint without
 			// it would present a torn checkpoint as complete.
-			return commitResult{notComplete: fmt.Errorf("checkpoint %s: %w: %s: %w; %s", c.name, ErrNotStorable, lf.Path, why.err, notStorableFix)}
+			return commitResult{notComplete: fmt.Errorf("checkpoint %s: %w: %s: %w; %s", c.name, ErrNotStorable, lf.Path, why.err, notStorableFixFor(why.err))}
 		}
 	}
 	var r commitResult

@@ -357,3 +357,46 @@ func TestControlCharactersInNamesAreNotStored(t *testing.T) {
 		}
 	}
 }
+
+// A checkpoint holding a symbolic link (to its weights elsewhere) was committed without the file
+// the link names, and restored "complete" (found from outside). It is withheld, and committed once
+// the file itself is in the link's place.
+func TestCheckpointWithASymbolicLinkIsWithheld(t *testing.T) {
+	s, dir := newMemStore(), t.TempDir()
+	r := startUploader(t, dir, s, 0)
+	weights := filepath.Join(t.TempDir(), "model.bin")
+	if err := os.WriteFile(weights, randomBytes(t, 4<<10), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(filepath.Join(dir, "step-1"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(weights, filepath.Join(dir, "step-1", "model.bin")); err != nil {
+		t.Fatal(err)
+	}
+	writeCheckpoint(t, dir, "step-1", map[string][]byte{"optim.bin": randomBytes(t, 1<<10)})
+	if ev := r.waitEvent(CheckpointWithheld, "step-1"); !errors.Is(ev.Err, ErrNotStorable) || !strings.Contains(ev.Err.Error(), "step-1/model.bin") {
+		t.Errorf("step-1 withheld for %v; want ErrNotStorable naming model.bin", ev.Err)
+	}
+	if cs, _, _ := ListCommitted(t.Context(), s, "job"); len(cs) != 0 {
+		t.Fatalf("committed %d checkpoints; want none while the link is there", len(cs))
+	}
+	if err := os.Remove(filepath.Join(dir, "step-1", "model.bin")); err != nil {
+		t.Fatal(err)
+	}
+	data, err := os.ReadFile(weights)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "step-1", "model.bin"), data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	ev := r.waitCommitted("step-1")
+	if got := slices.Collect(func(yield func(string) bool) {
+		for _, f := range ev.Manifest.Files {
+			yield(f.Path)
+		}
+	}); !slices.Equal(got, []string{"_COMPLETE", "model.bin", "optim.bin"}) {
+		t.Errorf("step-1 committed with %v; want the weights in it", got)
+	}
+}

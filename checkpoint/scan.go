@@ -333,18 +333,48 @@ func (r *scanRefused) error(ckpt string) error {
 	if r.n > 1 {
 		more = fmt.Sprintf(" (and %d more)", r.n-1)
 	}
-	return fmt.Errorf("%w: %s/%s: %w%s; %s", ErrNotStorable, ckpt, r.first, r.err, more, notStorableFix)
+	return fmt.Errorf("%w: %s/%s: %w%s; %s", ErrNotStorable, ckpt, r.first, r.err, more, notStorableFixFor(r.err))
 }
 
-// notStorableFix says what to do about a checkpoint that is ErrNotStorable.
+// notStorableFix says what to do about a checkpoint that is ErrNotStorable; notStorableFixFor
+// picks it or keyTooLongFix. The watcher sees the fix within 2 s and the checkpoint commits: the
+// marker need not be written again (found from outside: the text asked for that).
 const notStorableFix = "fix the file (make it readable by the owner of checkpoint.dir, give it its own name or " +
-	"a name the store can hold) or delete it, then write the marker again"
+	"a name the store can hold, put the file itself in place of a symbolic link) or delete it: the checkpoint is then committed as it is"
 
-// Why a regular file is skipped; fixed texts, so that the watcher logs each path once.
+// keyTooLongFix is notStorableFix for a key too long for the store, which is found only when the
+// file is sent: the checkpoint is looked at again only when its marker is written again.
+const keyTooLongFix = "give the file a shorter path (or the checkpoint a shorter name, or store.url and store.job shorter prefixes), " +
+	"then write the checkpoint's marker again"
+
+// notStorableFixFor returns the fix for a file that cannot be stored because of err.
+func notStorableFixFor(err error) string {
+	if errors.Is(err, errKeyTooLong) {
+		return keyTooLongFix
+	}
+	return notStorableFix
+}
+
+// Why a file is skipped; fixed texts, so that the watcher logs each path once.
 var (
 	errScanHardLink   = errors.New("checkpoint: more than one hard link, and not the owner's; another name of the file may not be the trainer's")
 	errScanUnreadable = errors.New("checkpoint: the owner of the checkpoint directory could not read it")
+	// errScanSymlink: a symbolic link in a checkpoint directory is a file of the checkpoint
+	// that is never followed; committed without what it names, the checkpoint would be torn
+	// (found from outside: a link to the weights, committed without them, restored "complete").
+	errScanSymlink = errors.New("checkpoint: a symbolic link, which is never followed; the checkpoint without the file it names would be torn")
 )
+
+// irregularErr returns why a path of mode inside a checkpoint directory (not its marker), neither
+// a regular file nor a directory, keeps its checkpoint from being committed: a symbolic link
+// stands for a file of the checkpoint. Nil for a socket, a device or a FIFO, which hold no data
+// of the save: they are skipped with a log line.
+func irregularErr(mode fs.FileMode) error {
+	if mode&fs.ModeSymlink != 0 {
+		return errScanSymlink
+	}
+	return nil
+}
 
 // check returns why the regular file fi must not be reported, or nil if it may be.
 func (o scanOwner) check(fi fs.FileInfo) error {
@@ -676,6 +706,11 @@ func (s *scanWalker) walkDir(parent *os.Root, base string, want fs.FileInfo, ckp
 				s.refuse(p, s.owner.check(fi))
 			}
 		default:
+			if err := irregularErr(fi.Mode()); err != nil && p != s.marker {
+				s.skip(ckpt+"/"+p, "", err)
+				s.refuse(p, err)
+				continue
+			}
 			s.skip(ckpt+"/"+p, scanKind(fi.Mode()), nil)
 		}
 	}

@@ -2933,7 +2933,7 @@ func (u *Uploader) handleResult(ctx context.Context, r fileResult) {
 			u.fileVanished(g, r.rel, f)
 			return
 		case errors.Is(r.err, errUnusable):
-			log.Error().Err(r.err).Str("fix", notStorableFix).
+			log.Error().Err(r.err).Str("fix", notStorableFixFor(r.err)).
 				Msg("file cannot be stored: its checkpoint is not committed while the file is there as it is")
 			if g.refused == nil {
 				g.refused = map[string]refusal{}

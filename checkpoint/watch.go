@@ -1594,7 +1594,11 @@ func (r *watchRun) changed(rel string) {
 			r.refresh(name, c)
 		}
 	default:
-		r.skip(rel, scanKind(fi.Mode()), nil)
+		if err := irregularErr(fi.Mode()); err != nil && sub != r.marker {
+			r.skip(rel, "", err) // its checkpoint is withheld when its marker comes (walkDir)
+		} else {
+			r.skip(rel, scanKind(fi.Mode()), nil)
+		}
 		r.notUsable(name, sub, c)
 	}
 }
@@ -1761,7 +1765,9 @@ func (r *watchRun) ready(key string) {
 		r.unreport(key)
 		return
 	case !fi.Mode().IsRegular():
-		if !fi.IsDir() {
+		if err := irregularErr(fi.Mode()); err != nil && sub != r.marker {
+			r.skip(key, "", err)
+		} else if !fi.IsDir() {
 			r.skip(key, scanKind(fi.Mode()), nil)
 		}
 		r.unreport(key)

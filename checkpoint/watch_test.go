@@ -340,6 +340,11 @@ func TestWatchSingleFile(t *testing.T) {
 	}
 }
 
+// A symbolic link in a checkpoint directory is never followed, nor stored: it stands for a file of
+// the checkpoint, so the checkpoint is withheld, naming it, until it goes or a file takes its
+// place. Skipped with a warning alone, it was committed without the file it names and restored
+// "complete": a link to the weights, or to a directory of shards (found from outside). A link at
+// the top of checkpoint.dir is no checkpoint, and only skipped.
 func TestWatchSymlinksAreNeverFollowed(t *testing.T) {
 	dir := t.TempDir()
 	outside := t.TempDir()
@@ -351,32 +356,77 @@ func TestWatchSymlinksAreNeverFollowed(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	withheld := func(evs []WatchEvent, ckpt string) {
+		t.Helper()
+		for _, ev := range evs {
+			if ev.Kind == Complete && ev.Checkpoint == ckpt {
+				t.Errorf("Complete of %s, which holds symbolic links", ckpt)
+			}
+			if ev.Path != "" && strings.Contains(ev.Path, "link") && ev.Kind != Withheld {
+				t.Errorf("an event for a symbolic link: %s", watchFormat([]WatchEvent{ev}))
+			}
+		}
+		i := slices.IndexFunc(evs, func(ev WatchEvent) bool { return ev.Kind == Withheld && ev.Checkpoint == ckpt })
+		if i < 0 || !errors.Is(evs[i].Err, ErrNotStorable) || !errors.Is(evs[i].Err, errScanSymlink) ||
+			!strings.Contains(evs[i].Err.Error(), ckpt+"/link") || !strings.Contains(evs[i].Err.Error(), "in place of a symbolic link") {
+			t.Errorf("events %s; want %s withheld, naming a link and the fix", watchFormat(evs), ckpt)
+		}
+	}
+	complete := func(h *watchHarness, ckpt string, paths ...string) {
+		t.Helper()
+		evs := h.untilComplete(ckpt)
+		ready := map[string]bool{}
+		for _, ev := range evs {
+			if ev.Kind == FileReady {
+				ready[ev.Path] = true
+			}
+		}
+		for _, p := range paths {
+			if !ready[p] {
+				t.Errorf("events %s; want %s ready before the Complete", watchFormat(evs), p)
+			}
+		}
+	}
 	// Before the start: seen by the start-up scan.
 	scanWrite(t, filepath.Join(dir, "step-1", "real.bin"), "real")
 	link(filepath.Join(outside, "secret"), "step-1/link.bin")
 	link(filepath.Join(outside, "d"), "step-1/linkdir")
 	scanWrite(t, filepath.Join(dir, "step-1", "_COMPLETE"), "")
 	h, evs := watchStart(t, dir, WatchConfig{})
-	watchCheckReady(t, dir, "step-1", "_COMPLETE", evs, "real.bin")
+	withheld(append(evs, h.barrier()...), "step-1")
 
 	// After the start: seen by events.
 	scanWrite(t, filepath.Join(dir, "step-2", "real.bin"), "real")
 	link(filepath.Join(outside, "secret"), "step-2/link.bin")
 	link(filepath.Join(outside, "d"), "step-2/linkdir")
+	link("real.bin", "step-2/link-alias.bin") // to a file of its own checkpoint: not stored either
 	link(filepath.Join(outside, "secret"), "evil.pt")
 	link(filepath.Join(outside, "d"), "evildir")
 	scanWrite(t, filepath.Join(dir, "step-2", "_COMPLETE"), "")
-	evs = h.untilComplete("step-2")
-	watchCheckReady(t, dir, "step-2", "_COMPLETE", evs, "real.bin")
+	withheld(append(h.until("Withheld step-2", func(ev WatchEvent) bool { return ev.Kind == Withheld && ev.Checkpoint == "step-2" }), h.barrier()...), "step-2")
 	// Writing through the links changes nothing the watcher reports.
 	scanWrite(t, filepath.Join(outside, "d", "new.bin"), "new")
 	scanWrite(t, filepath.Join(outside, "secret"), "changed secret")
 	if rest := h.barrier(); len(rest) != 0 {
 		t.Errorf("events for symbolic links: %s", watchFormat(rest))
 	}
+	// The links gone (step-1), or a file in place of each (step-2): committed as they are.
+	for _, p := range []string{"step-1/link.bin", "step-1/linkdir"} {
+		if err := os.Remove(filepath.Join(dir, p)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	complete(h, "step-1")
+	for _, p := range []string{"step-2/link.bin", "step-2/linkdir", "step-2/link-alias.bin"} {
+		if err := os.Remove(filepath.Join(dir, p)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	scanWrite(t, filepath.Join(dir, "step-2", "link.bin"), "the file itself")
+	complete(h, "step-2", "link.bin")
 
 	got := h.logs.countPaths(t, "warn", scanMsgSpecial)
-	for _, rel := range []string{"step-1/link.bin", "step-1/linkdir", "step-2/link.bin", "step-2/linkdir", "evil.pt", "evildir"} {
+	for _, rel := range []string{"evil.pt", "evildir"} {
 		if n := got[filepath.Join(dir, rel)]; n != 1 {
 			t.Errorf("warn lines %q for %s = %d; want 1\n%s", scanMsgSpecial, rel, n, h.logs)
 		}
@@ -386,6 +436,8 @@ func TestWatchSymlinksAreNeverFollowed(t *testing.T) {
 			t.Errorf("skip line %v: type = %v; want symlink", m, m["type"])
 		}
 	}
+	skipCheckLines(t, h.logs, errScanSymlink, filepath.Join(dir, "step-1", "link.bin"), filepath.Join(dir, "step-1", "linkdir"),
+		filepath.Join(dir, "step-2", "link.bin"), filepath.Join(dir, "step-2", "linkdir"), filepath.Join(dir, "step-2", "link-alias.bin"))
 }
 
 // A checkpoint whose marker is a symbolic link never completes (the link is never followed), and
@@ -1018,8 +1070,8 @@ func TestWatchFileGone(t *testing.T) {
 		if got, want := watchFormat(h.barrier()), "[FileGone step-1 a.bin 0]"; got != want {
 			t.Errorf("events = %s; want %s", got, want)
 		}
-		if n := h.logs.countPaths(t, "warn", scanMsgSpecial)[filepath.Join(ck, "a.bin")]; n != 1 {
-			t.Errorf("warn lines %q for a.bin = %d; want 1\n%s", scanMsgSpecial, n, h.logs)
+		if n := h.logs.countPaths(t, "warn", scanMsgBadName)[filepath.Join(ck, "a.bin")]; n != 1 {
+			t.Errorf("warn lines %q for a.bin = %d; want 1 (a symbolic link in a checkpoint)\n%s", scanMsgBadName, n, h.logs)
 		}
 	})
 	t.Run("marker removed", func(t *testing.T) {
