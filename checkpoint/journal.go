@@ -129,21 +129,36 @@ func (j *journal) grown() bool {
 // agent.runtime_dir stateDir, store.job job, checkpoint.dir dir and the store whose URL is store.
 // dir is taken as the directory it names: cleaned ("ck/" and "ck" are one directory) and, where
 // it exists, with its symbolic links followed (/data/ck, a link to /mnt/nvme/ck, and
-// /mnt/nvme/ck are one). A journal written under the spelling as configured before links were
-// followed is still found.
+// /mnt/nvme/ck are one). While there is no journal at that path, a journal written by an earlier
+// version under the spelling it used is still found: dir cleaned (before links were followed) or
+// as configured (before it was cleaned: "ck/"). Without it, an upgraded agent sent its unfinished
+// commit again and left the killed run's objects, and committed a checkpoint rewritten after its
+// marker, torn (found from outside).
 func JournalPath(stateDir, job, dir, store string) string {
 	clean := filepath.Clean(dir)
-	at := journalAt(stateDir, job, clean, store)
-	real, err := filepath.EvalSymlinks(clean)
-	if err != nil || real == clean {
+	want := clean
+	if real, err := filepath.EvalSymlinks(clean); err == nil {
+		want = real
+	}
+	at := journalAt(stateDir, job, want, store)
+	if _, err := os.Lstat(at); !errors.Is(err, fs.ErrNotExist) {
 		return at
 	}
-	if _, err := os.Lstat(at); err == nil {
-		if _, err := os.Lstat(journalAt(stateDir, job, real, store)); errors.Is(err, fs.ErrNotExist) {
-			return at
+	for _, old := range []string{clean, dir} {
+		if old == want {
+			continue
+		}
+		if p := journalAt(stateDir, job, old, store); fileExists(p) {
+			return p
 		}
 	}
-	return journalAt(stateDir, job, real, store)
+	return at
+}
+
+// fileExists reports whether something is at path.
+func fileExists(path string) bool {
+	_, err := os.Lstat(path)
+	return err == nil
 }
 
 // journalAt is the journal's file for job, the directory dir and store in stateDir.

@@ -207,6 +207,25 @@ func TestJournalPathOfOneDirectorySpelledTwoWays(t *testing.T) {
 	if a, b := JournalPath("/run/spotguard", "job", "/data/ck", "s3://b/p"), JournalPath("/run/spotguard", "job", "/data/ck2", "s3://b/p"); a == b {
 		t.Errorf("JournalPath of two directories = %s; want two", a)
 	}
+	// A journal an agent before this one wrote under "ck/" as configured (before the path was
+	// cleaned) is still the journal, while there is none at the cleaned path: an upgrade with
+	// checkpoint.dir "ck/" lost it, and the new agent committed a checkpoint rewritten after its
+	// marker, torn (found from outside).
+	state, ck := t.TempDir(), t.TempDir()
+	old := journalAt(state, "job", ck+"/", "s3://b/p")
+	if err := os.WriteFile(old, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if got := JournalPath(state, "job", ck+"/", "s3://b/p"); got != old {
+		t.Errorf("JournalPath(%s/) with a journal under the spelling as configured = %s; want it, %s", ck, got, old)
+	}
+	now := journalAt(state, "job", ck, "s3://b/p")
+	if err := os.WriteFile(now, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if got := JournalPath(state, "job", ck+"/", "s3://b/p"); got != now {
+		t.Errorf("JournalPath(%s/) with journals under both spellings = %s; want the cleaned one's, %s", ck, got, now)
+	}
 }
 
 // checkpoint.dir given through a symbolic link to the directory, or as the directory itself, is
