@@ -579,7 +579,7 @@ func restoreResolve(ctx context.Context, s Store, opts RestoreOptions, run *rest
 			job, s.URL(), named, LatestKey(job))
 	}
 	if newest == nil {
-		e := &restoreNothingError{job: job, url: s.URL(), problems: len(st.Problems)}
+		e := &restoreNothingError{job: job, url: s.URL(), problems: len(st.Problems), others: otherJobs(ctx, s, job)}
 		if inc := incompleteSaves(st.Parts, st.Commits, opts.PartWait); len(inc) > 0 {
 			e.incomplete = inc[0].describe()
 		}
@@ -803,6 +803,8 @@ type restoreNothingError struct {
 	problems int
 	// incomplete describes the newest multi-node save waiting for parts, if any.
 	incomplete string
+	// others are other jobs at the top of the store that have a LATEST (otherJobs).
+	others []string
 }
 
 func (e *restoreNothingError) Error() string {
@@ -813,7 +815,46 @@ func (e *restoreNothingError) Error() string {
 	if e.incomplete != "" {
 		msg += "; the newest " + e.incomplete
 	}
+	if len(e.others) > 0 {
+		msg += fmt.Sprintf("; the store holds the checkpoints of other jobs: %s (is store.job the training run's name?", strings.Join(e.others, ", "))
+		if slices.Contains(e.others, "default") {
+			msg += ` job "default" is where an agent without store.job committed, before the key was required`
+		}
+		msg += ")"
+	}
 	return msg
+}
+
+// otherJobsMax bounds the names otherJobs looks at, and says.
+const otherJobsMax = 10
+
+// otherJobs returns the names at the top of s, other than job's first element, that hold a
+// LATEST: jobs a restore that found nothing may have meant (a store.job mistyped, or set anew
+// after an upgrade from a version with a default: training restarted from scratch, found from
+// outside). At most otherJobsMax are looked at; none when the store cannot be listed.
+func otherJobs(ctx context.Context, s Store, job string) []string {
+	dirs, _, err := s.ListDir(ctx, "")
+	if err != nil {
+		return nil
+	}
+	own, _, _ := strings.Cut(job, "/")
+	var found []string
+	looked := 0
+	for _, d := range dirs {
+		if d == own || ValidName(d) != nil {
+			continue
+		}
+		if looked++; looked > otherJobsMax {
+			if len(found) > 0 {
+				found = append(found, "…")
+			}
+			break
+		}
+		if _, _, err := s.GetBytes(ctx, LatestKey(d)); err == nil || errors.Is(err, ErrTooLarge) {
+			found = append(found, d)
+		}
+	}
+	return found
 }
 
 func (e *restoreNothingError) Unwrap() error { return ErrNothingToRestore }

@@ -1670,3 +1670,23 @@ func TestRestoreOfACommitWithoutTheMarkerWarns(t *testing.T) {
 		}
 	}
 }
+
+// A restore that finds nothing for its job names the other jobs the store holds: a store.job
+// mistyped, or set anew after an upgrade from a version that committed to job "default" without
+// it, restored nothing and (with --allow-empty) restarted training from scratch, without a word
+// of the checkpoints beside it (found from outside).
+func TestRestoreOfAnEmptyJobNamesTheOtherJobs(t *testing.T) {
+	s := newMemStore()
+	at := time.Now().Add(-time.Minute)
+	putCommit(t, s, "step-000100", "i-a", map[string][]byte{"a.bin": []byte("a")}, at, at, nil) // job "job", no LATEST
+	for _, job := range []string{"default", "other-run"} {
+		if _, err := s.PutBytes(t.Context(), LatestKey(job), []byte(`{"checkpoint":"step-000100"}`), Cond{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_, err := Restore(t.Context(), s, RestoreOptions{Job: "my-run", To: t.TempDir(), Logger: zerolog.Nop()})
+	if !errors.Is(err, ErrNothingToRestore) || !strings.Contains(err.Error(), "the store holds the checkpoints of other jobs: default, other-run (") ||
+		!strings.Contains(err.Error(), `job "default" is where an agent without store.job committed`) {
+		t.Errorf("Restore(my-run) = %v; want nothing to restore, naming the jobs with a LATEST the store holds", err)
+	}
+}
