@@ -371,7 +371,9 @@ type Coordinator struct {
 	// takes back those not ended.
 	previousJobs []jobRecord
 	// noticeFileErr is why the last write of notice.json failed; nil once one succeeds.
-	noticeFileErr error
+	// noticeFileTried: when retryNoticeFile last tried again (Run's loop).
+	noticeFileErr   error
+	noticeFileTried time.Time
 	// writeTimed is the save (checkpoint, and the signal it answered) whose write time was last
 	// observed: notices that share one save (cover) observe it once.
 	writeTimed string
@@ -465,6 +467,7 @@ func (c *Coordinator) Run(ctx context.Context, events <-chan imds.Event) error {
 			cfg := c.config()
 			c.signalNew(cfg, c.scan(cfg), math.MaxInt)
 		case <-beat.C:
+			c.retryNoticeFile(time.Now())
 			if c.signalledInForce() {
 				// During a notice the trainer is looked for every second: one restarted (or
 				// started) since the signal is signalled too, while there is time to save.
@@ -1382,6 +1385,16 @@ func (c *Coordinator) noticesChanged(cfg *Config) {
 
 // rewriteNoticeFile writes notice.json for active, the notices in force.
 func (c *Coordinator) rewriteNoticeFile(cfg *Config, active []*NoticeStatus) {
+	err := c.writeNoticeFile(cfg, active)
+	if err != nil {
+		// The signal matters more than the file: go on.
+		c.log.Error().Err(err).Msg("cannot write notice file")
+	}
+	c.setNoticeFileProblem(err)
+}
+
+// writeNoticeFile writes notice.json for active, with their signals.
+func (c *Coordinator) writeNoticeFile(cfg *Config, active []*NoticeStatus) error {
 	signalled := map[*NoticeStatus]signalRecord{}
 	c.mu.Lock()
 	for _, ns := range active {
@@ -1391,10 +1404,26 @@ func (c *Coordinator) rewriteNoticeFile(cfg *Config, active []*NoticeStatus) {
 		signalled[ns] = signalRecord{At: *ns.signalledAt, PIDs: slices.Clone(ns.signalledPIDs)}
 	}
 	c.mu.Unlock()
-	err := writeNoticeFile(cfg.Agent.RuntimeDir, active, signalled)
-	if err != nil {
-		// The signal matters more than the file: go on.
-		c.log.Error().Err(err).Msg("cannot write notice file")
+	return writeNoticeFile(cfg.Agent.RuntimeDir, active, signalled)
+}
+
+// noticeFileRetry is how often notice.json is written again while its last write failed.
+const noticeFileRetry = 5 * time.Second
+
+// retryNoticeFile writes notice.json again, if its last write failed and noticeFileRetry has
+// passed since the last try: it was written only when the notices changed, so an
+// agent.runtime_dir full (or read-only) at a notice and fixed seconds later left the trainer
+// without the notice's deadline, and a restart without the record of its signal, for the whole
+// notice (found from outside). A failure again is not logged again: the first one was, and
+// /healthz says it.
+func (c *Coordinator) retryNoticeFile(now time.Time) {
+	if c.noticeFileProblem() == nil || now.Sub(c.noticeFileTried) < noticeFileRetry {
+		return
+	}
+	c.noticeFileTried = now
+	err := c.writeNoticeFile(c.config(), c.inForce())
+	if err == nil {
+		c.log.Info().Msg("notice file written, after failing")
 	}
 	c.setNoticeFileProblem(err)
 }
@@ -1841,6 +1870,9 @@ type signalRecord struct {
 func writeNoticeFile(dir string, active []*NoticeStatus, signalled map[*NoticeStatus]signalRecord) error {
 	path := filepath.Join(dir, NoticeFile)
 	if len(active) == 0 {
+		if _, err := os.Lstat(path); errors.Is(err, fs.ErrNotExist) {
+			return nil // none to remove (a read-only directory refuses even that, as EROFS)
+		}
 		if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
 			return fmt.Errorf("remove notice file: %w", err)
 		}

@@ -3,6 +3,7 @@ package agent
 import (
 	"context"
 	"fmt"
+	"os"
 	"slices"
 	"strings"
 	"sync"
@@ -1057,6 +1058,43 @@ func TestRestartAfterTheDeadlineJudgesByThePreviousRunsTimes(t *testing.T) {
 		if d := n.Transitions[len(n.Transitions)-1].Detail; n.State != StateCommitted || strings.Contains(d, "had passed when the notice was detected") ||
 			!strings.Contains(d, "after the deadline") {
 			t.Errorf("notice %s, %q; want committed, after the deadline (it was read long before it)", n.State, d)
+		}
+	})
+}
+
+// notice.json was written only when the notices in force changed: agent.runtime_dir full or
+// read-only at a notice, and fixed seconds later, left the trainer without the notice's deadline
+// and a restart without the record of its signal (it signalled again) for the whole notice
+// (found from outside). It is written again within noticeFileRetry once the directory takes it.
+func TestNoticeFileThatCouldNotBeWrittenIsWrittenOnceItCan(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		r := startCoverRig(t, true)
+		r.tr.setPIDs(4242)
+		// A file where the directory goes: every write there fails.
+		if err := os.RemoveAll(r.runtime); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(r.runtime, nil, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		r.begin(imds.SourceSpot, "terminate", time.Now().Add(2*time.Minute))
+		if r.c.noticeFileProblem() == nil {
+			t.Fatal("no notice file problem with a file in place of agent.runtime_dir")
+		}
+		passFakeTime(10 * time.Second)
+		if r.c.noticeFileProblem() == nil {
+			t.Fatal("notice file problem cleared while the directory still cannot be written")
+		}
+		if err := os.Remove(r.runtime); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Mkdir(r.runtime, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		passFakeTime(6 * time.Second) // noticeFileRetry and a beat
+		nf, ok := r.noticeFile(t)
+		if err := r.c.noticeFileProblem(); err != nil || !ok || len(nf.Active) != 1 || nf.Active[0].SignalledAt == nil {
+			t.Errorf("notice.json %+v (there: %v), problem %v; want it written with the notice and its signal, once the directory takes it", nf, ok, err)
 		}
 	})
 }
