@@ -195,13 +195,21 @@ func TestRebalanceDuringTheReclaimsSaveIsNotSignalledAgain(t *testing.T) {
 		t.Errorf("the trainer got %d signals (%+v) for a reclaim and a recommendation at the same time; want 1", len(got), got)
 	}
 
-	// Another instance (its own IMDS): the rebalance first, then the reclaim.
+	// Another instance (its own IMDS): the rebalance first, then the reclaim. The trainer is up
+	// before the times are set: its start took 6 s on a loaded machine, and the agent read both
+	// at once (one signal, rightly).
+	tp2 := startTrainer(t, "--checkpoint-dir", t.TempDir())
 	sim2 := newIMDS(t)
 	base := time.Now().Truncate(time.Second)
-	sim2.start("spot", "-a", "terminate", "--mock-trigger-time", base.Add(6*time.Second).UTC().Format(time.RFC3339),
+	sim2.start("spot", "-a", "terminate", "--mock-trigger-time", base.Add(8*time.Second).UTC().Format(time.RFC3339),
 		"--rebalance-trigger-time", base.Add(time.Second).UTC().Format(time.RFC3339))
-	tp2 := startTrainer(t, "--checkpoint-dir", t.TempDir())
 	ap2 := startAgent(t, sim2, "SPOTGUARD_TRAINER_PIDFILE="+tp2.pidfile)
+	ap2.waitNoticeState(t, "rebalance/rebalance", "trainer_signalled", 30*time.Second)
+	for _, ns := range ap2.status(t).Notices {
+		if ns.Key == "spot/terminate" {
+			t.Fatalf("the reclaim was read (%+v) before the rebalance was signalled: the machine is too slow for this case's 8 s", ns.Transitions)
+		}
+	}
 	ap2.waitNoticeState(t, "spot/terminate", "trainer_signalled", 30*time.Second)
 	if got := tp2.signals(t); len(got) != 2 {
 		t.Errorf("the trainer got %d signals (%+v); want 2: the reclaim after the rebalance is more severe", len(got), got)
