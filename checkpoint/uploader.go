@@ -261,7 +261,7 @@ type Uploader struct {
 	// signal to that save's first file (its step boundary): part of every forecast since.
 	reach   time.Duration
 	reachOf time.Time // the signal reach was measured at
-	// signalAnswered: a checkpoint completed after lastSignal (or one begun after it vanished,
+	// signalAnswered: a checkpoint begun and completed after lastSignal (or one begun after it vanished,
 	// deleted by the trainer or by hand); a stop no longer waits for a marker.
 	signalAnswered bool
 	// dirRead: checkpoint.dir was read in full once (its first ReadDone). Before, what the read
@@ -388,6 +388,10 @@ type generation struct {
 	// or its marker came), "" for a periodic checkpoint.
 	notice      string
 	firstFileAt time.Time
+	// begunAt is the earliest modification time of its files as reported (FileReady,
+	// FileGrowing): about when the trainer began to write it. A save begun before the trainer
+	// was signalled is not its answer to the signal (begunBefore).
+	begunAt time.Time
 	// candidates are the commits a matching generation may turn out to be.
 	candidates []*Manifest
 	// prior is the commit the generation before this one was (nextGen): a candidate too, even
@@ -1224,7 +1228,7 @@ func (u *Uploader) jobRead(ctx context.Context, st *JobState) {
 		u.index[c.Manifest.Checkpoint] = append(u.index[c.Manifest.Checkpoint], c.Manifest)
 	}
 	if n := st.Newest(); n != nil {
-		u.learn(n.Manifest.Order())
+		u.learnStored(n.Manifest.Order())
 		// A notice an earlier run signalled the trainer for may have had its checkpoint
 		// committed by that run.
 		u.emit(UploadEvent{Kind: CheckpointFound, Checkpoint: n.Manifest.Checkpoint, At: time.Now(), Manifest: n.Manifest})
@@ -1362,7 +1366,7 @@ func (u *Uploader) lookupDone(ctx context.Context, g *generation, ms, parts []*M
 	g.lookup = false
 	u.index[g.name] = ms
 	if len(ms) > 0 {
-		u.learn(ms[0].Order())
+		u.learnStored(ms[0].Order())
 	}
 	u.markDirty(g)
 	u.requeue(g)
@@ -1798,7 +1802,7 @@ func (u *Uploader) replaceSealed(g *generation) *generation {
 	u.log.Warn().Str("checkpoint", g.name).Str("commit", g.commit).
 		Msg("checkpoint changed after its commit was tried; committing it as a new commit")
 	ng := u.newGen(g.name, false)
-	ng.complete, ng.completeSeen, ng.firstFileAt, ng.notice = g.complete, g.completeSeen, g.firstFileAt, g.notice
+	ng.complete, ng.completeSeen, ng.firstFileAt, ng.begunAt, ng.notice = g.complete, g.completeSeen, g.firstFileAt, g.begunAt, g.notice
 	ng.marker, ng.stale = g.marker, g.stale
 	for _, p := range g.paths() {
 		nf := &fileState{id: g.files[p].id}
@@ -1817,7 +1821,7 @@ func (u *Uploader) replaceSealed(g *generation) *generation {
 // has old's files, and (matching against old's commit among the others) what is known of them.
 func (u *Uploader) nextGen(old *generation) *generation {
 	g := u.newGen(old.name, true)
-	g.complete, g.completeSeen, g.firstFileAt = old.complete, time.Now(), old.firstFileAt
+	g.complete, g.completeSeen, g.firstFileAt, g.begunAt = old.complete, time.Now(), old.firstFileAt, old.begunAt
 	g.marker, g.stale = old.marker, old.stale
 	if old.state == genCommitted {
 		g.prior = old.manifest
@@ -1885,7 +1889,7 @@ func (u *Uploader) handleWatch(ctx context.Context, ev WatchEvent) {
 			return
 		}
 		g.complete, g.completeSeen = true, u.foundAt(ev)
-		if !u.lastSignal.IsZero() && !g.completeSeen.Before(u.lastSignal) {
+		if !u.lastSignal.IsZero() && !g.completeSeen.Before(u.lastSignal) && !u.begunBefore(g) {
 			u.signalAnswered = true
 		}
 		u.labelNotice(g)
@@ -2032,12 +2036,13 @@ func (u *Uploader) fileReady(ev WatchEvent) {
 		// save (a trainer restarted after a torn one), not that notice's checkpoint.
 		u.log.Info().Str("checkpoint", g.name).Str("notice", g.notice).Str("file", ev.Path).
 			Msg("checkpoint written again after its notice ended; it is no longer that notice's")
-		g.notice, g.firstFileAt = "", time.Time{}
+		g.notice, g.firstFileAt, g.begunAt = "", time.Time{}, time.Time{}
 		g.uploadStart, g.uploadEnd, g.uploadBusy, g.sent = time.Time{}, time.Time{}, 0, 0 // the forecast is of this save
 	}
 	if g.firstFileAt.IsZero() {
 		g.firstFileAt = u.foundAt(ev)
 	}
+	g.wroteAt(ev.ModTime)
 	g.lastFileAt = ev.At
 	u.labelNotice(g)
 	f.id = ev.ID
@@ -2130,6 +2135,7 @@ const growingMax = 256
 func (u *Uploader) fileGrowing(ev WatchEvent) {
 	g := u.gens[ev.Checkpoint]
 	if g != nil {
+		g.wroteAt(ev.ModTime)
 		if gf := g.growing[ev.Path]; gf != nil {
 			gf.t.Grew(ev.Size)
 			return
@@ -2663,7 +2669,23 @@ func (u *Uploader) learn(o CommitOrder) {
 	if n := len(u.known); n > knownOrders {
 		u.known = slices.Delete(u.known, 0, n-knownOrders)
 	}
+}
+
+// learnStored is learn of o, the order of a commit read from the store: it may be the answer to
+// the signal (answeredByKnown).
+func (u *Uploader) learnStored(o CommitOrder) {
+	u.learn(o)
 	u.answeredByKnown()
+}
+
+// learnOwn is learn of o, the order of g's commit: the answer to the signal if it completed after
+// it and was not begun before it (begunBefore; the signal may have come after g's Complete, as
+// at a restart).
+func (u *Uploader) learnOwn(g *generation, o CommitOrder) {
+	u.learn(o)
+	if !u.begunBefore(g) {
+		u.answeredByKnown()
+	}
 }
 
 // answeredByKnown takes the trainer's signal (lastSignal) as answered when the newest commit
@@ -3263,7 +3285,7 @@ func (u *Uploader) handleCommit(ctx context.Context, r commitResult) {
 	case r.adopted:
 		own := g.commit
 		g.state, g.commit, g.manifest = genCommitted, r.manifest.Commit, r.manifest
-		u.learn(r.manifest.Order())
+		u.learnOwn(g, r.manifest.Order())
 		if own != "" && own != g.commit {
 			// Sent without knowing the store had these bytes: the copy goes.
 			u.cleanupCommit(ctx, g.name, own, "the store has these bytes committed already")
@@ -3282,9 +3304,9 @@ func (u *Uploader) handleCommit(ctx context.Context, r commitResult) {
 	default:
 		m := r.manifest
 		g.state, g.manifest = genCommitted, m
-		u.learn(m.Order())
+		u.learnOwn(g, m.Order())
 		if r.latestNewer != nil {
-			u.learn(*r.latestNewer)
+			u.learnStored(*r.latestNewer)
 		}
 		if m.Part == nil {
 			u.index[g.name] = append([]*Manifest{m}, u.index[g.name]...)
@@ -3396,7 +3418,7 @@ func (u *Uploader) retryLatest(ctx context.Context) {
 					u.latestFailed(ctx, m, err)
 				default:
 					if newer != nil {
-						u.learn(*newer)
+						u.learnStored(*newer)
 					}
 					u.latestMovedTo(m)
 					u.retryLatest(ctx) // a newer one that lags still
@@ -3572,6 +3594,22 @@ func forecast(g *generation, m *Manifest) (float64, time.Duration) {
 	}
 	commit := time.Since(*m.Timings.LastByteAt)
 	return throughput, max(write, send) + commit
+}
+
+// wroteAt takes mod, the modification time of a file of g as reported, into g.begunAt.
+func (g *generation) wroteAt(mod time.Time) {
+	if !mod.IsZero() && (g.begunAt.IsZero() || mod.Before(g.begunAt)) {
+		g.begunAt = mod
+	}
+}
+
+// begunBefore reports whether g was begun before the trainer's last signal: a save in progress
+// when the notice came (a periodic one), completed after it, is not the trainer's answer, and a
+// stop still waits for the save the trainer makes for the signal. Taken for its answer, a stop
+// during the notice ended at once, and the trainer's save for the notice, a step later, was never
+// sent (found from outside).
+func (u *Uploader) begunBefore(g *generation) bool {
+	return !g.begunAt.IsZero() && g.begunAt.Before(u.lastSignal.Add(-FileTimeLag))
 }
 
 // foundAt returns when ev's file (or marker) was written, for the times a save is judged by (its

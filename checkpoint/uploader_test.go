@@ -1592,6 +1592,41 @@ func TestUploaderStopWaitsForTheSignalledCheckpoint(t *testing.T) {
 	}
 }
 
+// A save in progress when the trainer is signalled (a periodic one), completed after the signal,
+// is not the trainer's answer to it: a stop still waits for the save the trainer makes for the
+// signal. Before, the stop ended once the periodic save was committed, and the trainer's save
+// for the notice, a step later, was never sent (found from outside).
+func TestStopWaitsPastASaveBegunBeforeTheSignal(t *testing.T) {
+	dir := t.TempDir()
+	store := newMemStore()
+	r := startUploader(t, dir, store, 0)
+	if err := os.MkdirAll(filepath.Join(dir, "step-50"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "step-50", "w"), randomBytes(t, 16<<10), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	eventuallyUploader(t, "step-50's first file to be seen", func() bool {
+		st := r.up.Status(t.Context())
+		return len(st.Checkpoints) == 1 && st.Checkpoints[0].Files == 1
+	})
+	waitFileClockAfter(t, time.Now())
+	r.up.SetNotices([]ActiveNotice{{Key: "spot/terminate", Deadline: time.Now().Add(2 * time.Minute), SignalledAt: time.Now()}})
+	eventuallyUploader(t, "the notice to be taken", func() bool { return r.up.Status(t.Context()).Urgent })
+	stopped := make(chan struct{})
+	go func() { r.cancel(); <-r.done; close(stopped) }()
+	if err := os.WriteFile(filepath.Join(dir, "step-50", "_COMPLETE"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	r.waitCommitted("step-50")
+	// The trainer's save for the signal, at its next step boundary.
+	writeCheckpoint(t, dir, "step-51", map[string][]byte{"w": randomBytes(t, 16<<10)})
+	<-stopped
+	if got := commitsOf(t, store, "step-51"); len(got) != 1 {
+		t.Errorf("after the stop, step-51 (the save begun after the signal) has %d commits; want the stop to have waited for it", len(got))
+	}
+}
+
 // A notice without a deadline (a rebalance recommendation) logs none, never the zero time
 // 0001-01-01T00:00:00Z: neither when uploads turn urgent nor when a stop waits for the checkpoint
 // the trainer was signalled for. Durations are in seconds, in fields named *_s.
