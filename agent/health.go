@@ -102,7 +102,7 @@ func (a *Agent) health(now time.Time) healthVerdict {
 			v.reason(ps.Last.Problem()+"; fix: "+StoreFix(ps.Last.Reason, ps.Last.URL, ps.Last.Err),
 				fmt.Sprintf("store %s: %s failed: %s", ps.Last.URL, ps.Last.Step, shortStoreError(ps.Last.Err)))
 		default:
-			if name, run, ok := a.store.uploadsFailing(now); ok && name == latestFailing {
+			if name, run, ok := a.store.uploadsFailing(now, ps.RecoveredAt); ok && name == latestFailing {
 				d := now.Sub(run.first).Round(time.Second)
 				v.reason(fmt.Sprintf("store %s: LATEST cannot be moved to the newest commit for %s (%s: %s), though the store's probe passes; restore takes the newest commit anyway; healthy again once it moves",
 					a.store.url, d, run.reason, run.err), fmt.Sprintf("LATEST failing for %s", d))
@@ -263,12 +263,15 @@ const (
 const latestFailing = "LATEST"
 
 // uploadsFailing returns, as of now, the checkpoint whose uploads (or commit) have failed the
-// longest without a pause, when that is more than failingFor; ok is false when none has.
-func (s *storeHealth) uploadsFailing(now time.Time) (name string, run failRun, ok bool) {
+// longest without a pause, when that is more than failingFor; ok is false when none has. A run
+// whose last failure came before recovered (the store's probe passing again after failing) is
+// not one: nothing was tried since the store came back. (It was: /healthz went back to 503 for
+// seconds after an outage ended, until the uploader's next retry; found from outside.)
+func (s *storeHealth) uploadsFailing(now, recovered time.Time) (name string, run failRun, ok bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for n, r := range s.failing {
-		if now.Sub(r.last) > failRunGap || now.Sub(r.first) <= failingFor {
+		if now.Sub(r.last) > failRunGap || now.Sub(r.first) <= failingFor || !r.last.After(recovered) {
 			continue
 		}
 		if !ok || r.first.Before(run.first) || r.first.Equal(run.first) && n < name {

@@ -585,3 +585,26 @@ func TestLatestFailingWhileTheProbePassesIsUnhealthy(t *testing.T) {
 		t.Errorf("after LATEST moved: %q; want healthy", v.Reasons)
 	}
 }
+
+// After an outage, the store's probe passing again made /healthz 200, and then 503 for seconds,
+// "the uploads of checkpoint X have failed for 1m0s", until the uploader's next retry (up to 30 s
+// outside a notice): failures from before the store came back (found from outside). They no
+// longer count; a failure after the recovery does.
+func TestUploadFailuresBeforeTheStoreRecoveredAreNotUnhealthy(t *testing.T) {
+	a := newStoreAgent(t, newFaultyStore(t), &syncBuffer{})
+	now := time.Now()
+	for at := now.Add(-80 * time.Second); at.Before(now.Add(-5 * time.Second)); at = at.Add(5 * time.Second) {
+		a.noteUploadHealth(checkpoint.UploadEvent{Kind: checkpoint.UploadFailed, Checkpoint: "step-1", At: at,
+			Err: errors.New("dial tcp 127.0.0.1:9: connect: connection refused")})
+	}
+	a.store.prober.record(StoreProbe{URL: "s3://nosuchbucket/x", At: now.Add(-70 * time.Second), Step: ProbeList, Err: errors.New("connection refused")})
+	a.store.prober.record(StoreProbe{URL: "s3://nosuchbucket/x", At: now.Add(-3 * time.Second)})
+	if h := a.health(now); !h.Healthy {
+		t.Errorf("health after the store came back, no upload tried since = %+v; want healthy", h)
+	}
+	a.noteUploadHealth(checkpoint.UploadEvent{Kind: checkpoint.UploadFailed, Checkpoint: "step-1", At: now.Add(-time.Second),
+		Err: s3Err(403, "AccessDenied", "Access Denied")})
+	if h := a.health(now); h.Healthy || !strings.Contains(strings.Join(h.Reasons, " "), "the uploads of checkpoint step-1 have failed for") {
+		t.Errorf("health after an upload failed since the store came back = %+v; want unhealthy, naming step-1", h)
+	}
+}

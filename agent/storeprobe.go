@@ -451,7 +451,9 @@ type storeProber struct {
 	last         StoreProbe // zero until the first probe ends
 	lastOK       time.Time
 	failingSince time.Time
-	probes       uint64
+	// recoveredAt is when a probe last passed after failing ones.
+	recoveredAt time.Time
+	probes      uint64
 	failures     uint64
 	streak       int
 	limiter      *logLimiter
@@ -537,6 +539,9 @@ func (p *storeProber) record(res StoreProbe) {
 	// The streak that this probe continues or ends.
 	streak, since := p.streak, p.failingSince
 	if res.OK() {
+		if streak > 0 {
+			p.recoveredAt = res.At
+		}
 		p.streak, p.failingSince, p.lastOK = 0, time.Time{}, res.At
 	}
 	wasOff := p.clockOff
@@ -582,6 +587,7 @@ type storeProbeState struct {
 	Last         StoreProbe
 	LastOK       time.Time
 	FailingSince time.Time
+	RecoveredAt  time.Time // when a probe last passed after failing ones
 	Probes       uint64
 	Failures     uint64
 }
@@ -589,7 +595,7 @@ type storeProbeState struct {
 func (p *storeProber) state() storeProbeState {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return storeProbeState{Last: p.last, LastOK: p.lastOK, FailingSince: p.failingSince, Probes: p.probes, Failures: p.failures}
+	return storeProbeState{Last: p.last, LastOK: p.lastOK, FailingSince: p.failingSince, RecoveredAt: p.recoveredAt, Probes: p.probes, Failures: p.failures}
 }
 
 // probeJitter returns d ± 10 %, so the agents of a cluster do not probe in step.
