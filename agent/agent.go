@@ -151,7 +151,7 @@ func New(cfg *Config, deps Deps) (*Agent, error) {
 		return nil, err
 	}
 	if a.uploader != nil {
-		a.metrics.health.uploads = a.uploader.Status
+		a.metrics.health.uploads = a.uploadsStatus
 	}
 	if deps.CloudWatch != nil {
 		a.cw = metrics.NewCloudWatch(deps.CloudWatch, metrics.CloudWatchConfig{
