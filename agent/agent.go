@@ -93,6 +93,10 @@ type Agent struct {
 	// runtimeDirProblem is why agent.runtime_dir could not be written at its last probe
 	// (probeRuntimeDir), nil when it could.
 	runtimeDirProblem atomic.Pointer[error]
+	// runLock is agent.runtime_dir's lock, held while Run runs (nil without one); runLockProblem
+	// is why it is not held now: another agent took it after its file was removed (checkRunLock).
+	runLock        *runLock
+	runLockProblem atomic.Pointer[error]
 	// listenProblem is why http.listen could not be bound (tried again every listenRetry), nil
 	// once it is, or when it was at start.
 	listenProblem atomic.Pointer[error]
@@ -236,6 +240,7 @@ func (a *Agent) lifecycle(ctx context.Context, ln net.Listener, stopped <-chan s
 			probed = time.Now()
 			a.probeRuntimeDir()
 		}
+		a.checkRunLock()
 		// While running, ping only if the notice path's loop is alive; while stopping, the
 		// loop is gone and the ping says the drain of a notice's upload goes on.
 		if done == nil || a.coord.aliveWithin(2*every) {
@@ -269,6 +274,28 @@ func (a *Agent) probeRuntimeDir() {
 		a.runtimeDirProblem.Store(&err)
 	} else {
 		a.runtimeDirProblem.Store(nil)
+	}
+}
+
+// checkRunLock makes sure the agent still holds agent.runtime_dir's lock (runLock.check): taken
+// again, with a warning, when the file went; another agent holding it then is an error, and a
+// /healthz reason until this agent holds it again.
+func (a *Agent) checkRunLock() {
+	if a.runLock == nil {
+		return
+	}
+	retaken, err := a.runLock.check()
+	was := a.runLockProblem.Load()
+	switch {
+	case retaken:
+		a.log.Warn().Str("lock", a.runLock.path).Msg("agent.runtime_dir's lock file was removed under the agent (the directory deleted?); taken again, so that a second agent there is refused")
+	case errors.Is(err, errRuntimeDirInUse) && was == nil:
+		a.log.Error().Err(err).Msg("agent.runtime_dir's lock file was removed under the agent, and another agent took it: both write notice.json and a journal there; stop one of them")
+	}
+	if errors.Is(err, errRuntimeDirInUse) {
+		a.runLockProblem.Store(&err)
+	} else {
+		a.runLockProblem.Store(nil)
 	}
 }
 
@@ -409,13 +436,14 @@ func (a *Agent) Config() *Config { return a.cfg.Load() }
 func (a *Agent) Run(ctx context.Context) error {
 	cfg := a.cfg.Load()
 	_ = os.MkdirAll(cfg.Agent.RuntimeDir, 0o755) // a failure is said below
-	switch release, err := lockRuntimeDir(cfg.Agent.RuntimeDir); {
+	switch lock, err := lockRuntimeDir(cfg.Agent.RuntimeDir); {
 	case errors.Is(err, errRuntimeDirInUse):
 		return err
 	case err != nil:
 		a.log.Warn().Err(err).Msg("agent.runtime_dir cannot be locked: a second agent started on it would not be refused")
 	default:
-		defer release()
+		a.runLock = lock // lifecycle checks it
+		defer lock.release()
 	}
 	if a.uploader != nil {
 		// Another agent uploading checkpoint.dir: refused, as on agent.runtime_dir. (One made

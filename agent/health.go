@@ -128,6 +128,10 @@ func (a *Agent) health(now time.Time) healthVerdict {
 				dir, p), "upload journal off")
 		}
 	}
+	if err := a.runLockProblem.Load(); err != nil {
+		v.reason(fmt.Sprintf("another agent holds agent.runtime_dir now, since its lock file was removed under this one: %v", *err),
+			"another agent on agent.runtime_dir")
+	}
 	if err := a.runtimeDirProblem.Load(); err != nil && a.coord.noticeFileProblem() == nil {
 		dir := a.cfg.Load().Agent.RuntimeDir
 		v.warn(fmt.Sprintf("agent.runtime_dir %s cannot be written (%v): at a notice, a trainer reading %s would find no notice and no deadline, and the upload journal cannot grow; free space there, fix its permissions, or set agent.runtime_dir",

@@ -19,15 +19,30 @@ const runLockName = "agent.lock"
 // errRuntimeDirInUse: another agent holds agent.runtime_dir.
 var errRuntimeDirInUse = errors.New("in use by another spotguard agent")
 
+// runLock is the lock on agent.runtime_dir a running agent holds (lockRuntimeDir).
+type runLock struct {
+	dir, path string
+	f         *os.File
+}
+
 // lockRuntimeDir takes an exclusive flock(2) on dir's lock file and writes this process's PID in
 // it, so that no second agent shares dir: it would remove the notice.json the first one wrote
 // for its trainer and resume the first one's commits from the journal while it still writes
-// them. It returns the function that releases the lock, an error wrapping errRuntimeDirInUse
+// them. It returns the lock (its release lets it go), an error wrapping errRuntimeDirInUse
 // (naming the holder's PID) when another process holds it, or another error when the lock
 // cannot be taken (the directory cannot be written, or its file system has no flock): the
 // caller then runs without it.
-func lockRuntimeDir(dir string) (release func(), err error) {
+func lockRuntimeDir(dir string) (*runLock, error) {
 	path := filepath.Join(dir, runLockName)
+	f, err := takeLock(dir, path)
+	if err != nil {
+		return nil, err
+	}
+	return &runLock{dir: dir, path: path, f: f}, nil
+}
+
+// takeLock opens (or creates) the lock file at path and takes its lock, as lockRuntimeDir says.
+func takeLock(dir, path string) (*os.File, error) {
 	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|syscall.O_NOFOLLOW|syscall.O_CLOEXEC, 0o644)
 	if err != nil {
 		return nil, fmt.Errorf("lock %s: %w", path, err)
@@ -56,7 +71,34 @@ func lockRuntimeDir(dir string) (release func(), err error) {
 	if err := f.Truncate(0); err == nil {
 		_, _ = f.WriteAt([]byte(strconv.Itoa(os.Getpid())+"\n"), 0)
 	}
-	return func() { _ = f.Close() }, nil // closing the file releases the lock
+	return f, nil
+}
+
+// release lets the lock go (closing the file releases it).
+func (l *runLock) release() { _ = l.f.Close() }
+
+// check makes sure the lock file at its path is still the one held: agent.runtime_dir removed
+// under the agent (rm -r /run/spotguard) took the lock file with it, and a second agent then
+// started there and ran beside this one (found from outside). One gone or replaced is taken
+// again: retaken is true then. err wraps errRuntimeDirInUse when another agent holds the new
+// one; it is another error when it cannot be taken (the directory gone for good): then it is
+// tried again at the next check.
+func (l *runLock) check() (retaken bool, err error) {
+	held, err := l.f.Stat()
+	if err != nil {
+		return false, err
+	}
+	if now, err := os.Lstat(l.path); err == nil && os.SameFile(held, now) {
+		return false, nil
+	}
+	_ = os.MkdirAll(l.dir, 0o755)
+	f, err := takeLock(l.dir, l.path)
+	if err != nil {
+		return false, err
+	}
+	_ = l.f.Close()
+	l.f = f
+	return true, nil
 }
 
 // RunningAgentPID returns the PID of the agent that holds agent.runtime_dir dir now (its lock

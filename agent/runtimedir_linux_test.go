@@ -60,3 +60,53 @@ func TestRuntimeDirFullIsAHealthWarning(t *testing.T) {
 		t.Errorf("warning after room was made again: %v", ta.a.health(time.Now()).Warnings)
 	}
 }
+
+// agent.runtime_dir removed under a running agent took its lock file with it, and a second agent
+// then started there and ran beside the first (found from outside). The lock is taken again when
+// its file goes; one another agent took meanwhile is a /healthz reason until this one holds it.
+func TestRunLockRemovedUnderTheAgentIsTakenAgain(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "run")
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	l, err := lockRuntimeDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(l.release)
+	if retaken, err := l.check(); retaken || err != nil {
+		t.Fatalf("check() of a lock in place = %v, %v; want nothing done", retaken, err)
+	}
+	if err := os.RemoveAll(dir); err != nil {
+		t.Fatal(err)
+	}
+	if retaken, err := l.check(); !retaken || err != nil {
+		t.Fatalf("check() after agent.runtime_dir was removed = %v, %v; want the lock taken again", retaken, err)
+	}
+	if _, err := lockRuntimeDir(dir); !errors.Is(err, errRuntimeDirInUse) {
+		t.Errorf("a second agent's lock after the first took its lock again = %v; want it refused", err)
+	}
+
+	// Another agent takes the directory before this one looks.
+	a := newIdleAgent(t)
+	a.runLock = l
+	if err := os.RemoveAll(dir); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	other, err := lockRuntimeDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a.checkRunLock()
+	if v := a.health(time.Now()); v.Healthy || !strings.Contains(strings.Join(v.Reasons, " "), "another agent holds agent.runtime_dir now") {
+		t.Errorf("health with another agent holding agent.runtime_dir = %+v; want unhealthy, saying so", v)
+	}
+	other.release()
+	a.checkRunLock()
+	if v := a.health(time.Now()); strings.Contains(strings.Join(v.Reasons, " "), "another agent holds") {
+		t.Errorf("health once this agent holds the lock again = %+v; want the reason gone", v)
+	}
+}
