@@ -1005,6 +1005,10 @@ type procSignal struct {
 	rank int
 }
 
+// msgTrainerSignalledStopsCatching is scan's line for a process signalled for a notice that no
+// longer catches the signal at two looks.
+const msgTrainerSignalledStopsCatching = "trainer process signalled for a notice no longer catches the signal: exiting after its save, most likely (Python resets its handlers as it shuts down); it is not signalled while so"
+
 // savingFor returns the notice process pid is saving for, and when it was signalled for it, if
 // that save is ns's too: the process was signalled for another notice in force at least as severe
 // less than checkpointDue ago, and no checkpoint completed since is committed (as cover, for one
@@ -1675,6 +1679,14 @@ func (c *Coordinator) scan(cfg *Config) []trainer.Process {
 		catches[p.PID] = caught
 		anyCatches = anyCatches || caught
 	}
+	// The processes signalled for a notice lately: one that stops catching the signal after it
+	// is most likely exiting after its save.
+	c.mu.Lock()
+	sent := make(map[int]bool, len(c.procSignals))
+	for pid := range c.procSignals {
+		sent[pid] = true
+	}
+	c.mu.Unlock()
 	for _, p := range procs {
 		caught, ok := catches[p.PID]
 		if !ok {
@@ -1716,6 +1728,11 @@ func (c *Coordinator) scan(cfg *Config) []trainer.Process {
 				Msg("trainer found; it does not catch the signal yet (a trainer installs its handler as it starts); looked at again at every scan")
 		case anyCatches:
 			l.Warn().Msg(msgTrainerBeside)
+		case seen && old.CatchesSignal && sent[p.PID]:
+			// Signalled, it caught the signal; its teardown (torch, gloo, a DataLoader's workers)
+			// may take seconds with its handlers reset: an error telling the user to install a
+			// handler they have was wrong (found from outside, with torchrun).
+			l.Warn().Msg(msgTrainerSignalledStopsCatching)
 		default:
 			l.Error().Msg("trainer found but it does NOT catch the signal: on a notice it will not be signalled (the default action would kill it); install a handler in the trainer")
 		}

@@ -1098,3 +1098,25 @@ func TestNoticeFileThatCouldNotBeWrittenIsWrittenOnceItCan(t *testing.T) {
 		}
 	})
 }
+
+// A trainer process signalled for a notice, that stops catching the signal while it is still
+// there (its teardown after the save: torch, gloo, a DataLoader's workers, seconds with its
+// handlers reset), was an error line telling the user to install a handler (found from outside,
+// with torchrun). It is a warning saying it is most likely exiting.
+func TestSignalledTrainerThatStopsCatchingIsNoErrorLine(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		logs := &syncBuffer{}
+		r := startRigLogging(t, true, nil, logs)
+		r.tr.setPIDs(4242)
+		r.begin(imds.SourceSpot, "terminate", time.Now().Add(2*time.Minute))
+		if got := r.tr.signalledPIDs(); !slices.Equal(got, []int{4242}) {
+			t.Fatalf("signalled %v; want 4242", got)
+		}
+		r.tr.setNotCatching(4242)
+		passFakeTime(5 * time.Second) // a look a second during the notice
+		l := logs.String()
+		if strings.Contains(l, "does NOT catch the signal") || !strings.Contains(l, msgTrainerSignalledStopsCatching) {
+			t.Errorf("log: want the exiting trainer said as such, not an error:\n%s", l)
+		}
+	})
+}
