@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"errors"
 	"fmt"
 	"maps"
 	"os"
@@ -291,6 +292,9 @@ func (c *Coordinator) onUpload(ev checkpoint.UploadEvent) {
 				checkpoint.CheckpointDeleted:     "was deleted before its commit",
 				checkpoint.CheckpointWithheld:    "is withheld: a file of it cannot be stored",
 			}[ev.Kind]
+			if errors.Is(ev.Err, checkpoint.ErrWrittenAfterMarker) {
+				why = "is withheld: a file of it was written after its marker, and it is not complete until the marker is written again"
+			}
 			if ev.Kind == checkpoint.CheckpointRenamedAway {
 				// A staging directory renamed into place after its marker: the notice's
 				// checkpoint completes again under its new name, awaited even when one completed

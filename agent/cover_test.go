@@ -1120,3 +1120,29 @@ func TestSignalledTrainerThatStopsCatchingIsNoErrorLine(t *testing.T) {
 		}
 	})
 }
+
+// A notice's checkpoint into which a file was written after its marker (a marker written first)
+// is not complete until its marker is written again: the notice says so at once, missing
+// (withheld) with why, and takes the checkpoint again once its marker is. Before, it said the
+// checkpoint written until its deadline, then that its upload went on (found from outside).
+func TestNoticeCheckpointWrittenAfterItsMarkerIsSaid(t *testing.T) {
+	const key = "spot/terminate"
+	synctest.Test(t, func(t *testing.T) {
+		r := startSpotRig(t)
+		passFakeTime(time.Second)
+		r.upload(checkpoint.CheckpointComplete, "step-3")
+		r.c.onUpload(checkpoint.UploadEvent{Kind: checkpoint.CheckpointWithheld, Checkpoint: "step-3", At: time.Now(),
+			Err: fmt.Errorf("%w: step-3/rank-0.pt", checkpoint.ErrWrittenAfterMarker)})
+		synctest.Wait()
+		n := r.notice(t, key)
+		if d := n.Transitions[len(n.Transitions)-1].Detail; n.State != StateCheckpointMissing || d != missingWithheld {
+			t.Errorf("state %s (%q); want %s (%s) once a file came after the marker", n.State, d, StateCheckpointMissing, missingWithheld)
+		}
+		passFakeTime(time.Second)
+		r.upload(checkpoint.CheckpointComplete, "step-3") // its marker written again
+		r.upload(checkpoint.CheckpointCommitted, "step-3")
+		if n := r.notice(t, key); n.State != StateCommitted {
+			t.Errorf("state %s; want committed once the marker was written again", n.State)
+		}
+	})
+}

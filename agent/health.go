@@ -188,6 +188,8 @@ func withheldWhy(err error) string {
 	switch {
 	case errors.Is(err, checkpoint.ErrNameNotStorable):
 		return "its name cannot be stored"
+	case errors.Is(err, checkpoint.ErrWrittenAfterMarker):
+		return "a file was written after its marker"
 	case errors.Is(err, checkpoint.ErrNotStorable):
 		return "a file cannot be stored"
 	}

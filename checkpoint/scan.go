@@ -303,6 +303,12 @@ func scanOwnerOf(fi fs.FileInfo) scanOwner {
 // present a torn checkpoint as complete.
 var ErrNotStorable = errors.New("a file of the checkpoint cannot be stored, so the checkpoint is not committed")
 
+// ErrWrittenAfterMarker is the error of a complete checkpoint directory, not committed yet, into
+// which a file was written (again, or new) after its marker: a marker written first, or a save
+// into the directory again without removing it. It is not complete until its marker is written
+// again (CheckpointWithheld).
+var ErrWrittenAfterMarker = errors.New("a file of the checkpoint was written after its marker, so the checkpoint is not complete until its marker is written again")
+
 // ErrNameNotStorable is the error of a checkpoint whose own name the store cannot hold (see
 // ValidName): it is never committed under that name.
 var ErrNameNotStorable = errors.New("the checkpoint's name cannot be stored, so the checkpoint is not committed")

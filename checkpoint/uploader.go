@@ -384,6 +384,8 @@ type generation struct {
 	// stale, if not zero, is a version of the marker that no longer vouches for it: a file was
 	// written again after it (rewriteOf), so only another version of the marker completes it.
 	marker, stale FileID
+	// staleSaid is the stale marker withheldStale last reported.
+	staleSaid FileID
 	// notice is the key of the notice this version was written for (in force when its first file
 	// or its marker came), "" for a periodic checkpoint.
 	notice      string
@@ -741,7 +743,7 @@ func (u *Uploader) Run(ctx context.Context, events <-chan WatchEvent) error {
 			markerTimer = nil
 			if len(u.awaitMarkers) > 0 {
 				u.log.Warn().Strs("checkpoints", slices.Sorted(maps.Keys(u.awaitMarkers))).
-					Msg("checkpoints whose marker was there at the stop did not complete in time (unreadable, or still being read); not waited for")
+					Msg("checkpoints whose marker was there at the stop did not complete in time (unreadable, still being read, or written after their marker); not waited for")
 				u.awaitMarkers = nil
 			}
 		case <-endDrain:
@@ -1879,7 +1881,10 @@ func (u *Uploader) handleWatch(ctx context.Context, ev WatchEvent) {
 		g := u.gens[ev.Checkpoint]
 		if !g.single {
 			if !g.stale.isZero() && ev.ID.Same(g.stale) {
-				return // the marker a file was written again after (a rescan sends it again)
+				// The marker a file was written again after (a rescan sends it again; an agent
+				// restarted has it from its journal, and says so now).
+				u.withheldStale(g, "")
+				return
 			}
 			u.unstale(g)
 			g.marker = ev.ID
@@ -2100,6 +2105,27 @@ func (u *Uploader) reopen(g *generation, rel string) {
 	u.log.Warn().Str("checkpoint", g.name).Str("file", rel).
 		Str("fix", "write the marker last, and remove it before writing into the checkpoint directory again").
 		Msg(msgRewrittenAfterMarker)
+	if g.state != genCommitted {
+		u.withheldStale(g, rel)
+	}
+}
+
+// withheldStale reports g, complete and not committed until a file (rel, "" if not known: one
+// the journal of an earlier run holds) was written after its marker, withheld until its marker is
+// written again (CheckpointWithheld, once per marker version): a notice saved for it said its
+// checkpoint written until its deadline, and then that its upload went on, though every file was
+// stored and the store was fine (found from outside: a marker written before the data).
+func (u *Uploader) withheldStale(g *generation, rel string) {
+	if g.stale.isZero() || g.staleSaid.Same(g.stale) {
+		return
+	}
+	g.staleSaid = g.stale
+	what := "a file"
+	if rel != "" {
+		what = rel
+	}
+	err := fmt.Errorf("%w: %s/%s", ErrWrittenAfterMarker, g.name, what)
+	u.emit(UploadEvent{Kind: CheckpointWithheld, Checkpoint: g.name, At: g.stale.ModTime, Err: err})
 }
 
 // markerGone takes the completeness of g back, its marker gone (or g itself): whatever marker

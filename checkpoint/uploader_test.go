@@ -509,6 +509,34 @@ func TestUploaderWaitsForTheMarkerWrittenFirst(t *testing.T) {
 	}
 }
 
+// A file written into a complete checkpoint directory after its marker, before its commit (a
+// marker written first, its data milliseconds later): the checkpoint is not complete until the
+// marker is written again, and that is said as a CheckpointWithheld naming the file. Before, it
+// was a warning alone: a notice saved for it stayed "checkpoint written" past its deadline, and
+// then said its upload went on, though every file was stored (found from outside).
+func TestFileWrittenAfterTheMarkerBeforeTheCommitIsWithheld(t *testing.T) {
+	dir := t.TempDir()
+	mem := newMemStore()
+	bs := &blockingStore{Store: mem, started: make(chan string, 1), release: make(chan struct{})}
+	r := startUploader(t, dir, bs, 0)
+	files := map[string][]byte{"a.bin": randomBytes(t, 64<<10)}
+	writeCheckpoint(t, dir, "step-1", files)
+	<-bs.started // a.bin's upload, held: no commit before the next file is seen
+	r.waitEvent(CheckpointComplete, "step-1")
+	files["b.bin"] = randomBytes(t, 64<<10)
+	if err := os.WriteFile(filepath.Join(dir, "step-1", "b.bin"), files["b.bin"], 0o644); err != nil {
+		t.Fatal(err)
+	}
+	ev := r.waitEvent(CheckpointWithheld, "step-1")
+	if !errors.Is(ev.Err, ErrWrittenAfterMarker) || !strings.Contains(ev.Err.Error(), "step-1/b.bin") {
+		t.Errorf("withheld for %v; want ErrWrittenAfterMarker naming step-1/b.bin", ev.Err)
+	}
+	close(bs.release)
+	writeMarker(t, filepath.Join(dir, "step-1")) // written again, last
+	r.waitCommitted("step-1")
+	restoreAndCompare(t, mem, "step-1", files)
+}
+
 // The journal is a cache of what the store holds: a restarted agent whose journal says its
 // newest checkpoint is committed, while the store no longer holds that commit (its manifest
 // deleted by hand, a prefix wiped, a lifecycle rule) and nothing there is newer, commits it again.
