@@ -2916,6 +2916,14 @@ func uploadFile(ctx context.Context, s Store, dir, rel, key string, gf *growingF
 		return doneFile{}, fmt.Errorf("upload %s: %w (shorten the path, the prefix of store.url or store.job): %w", filepath.Join(dir, rel), err, errUnusable)
 	}
 	if err != nil {
+		if ctx.Err() == nil {
+			if _, cerr := readDone(f, before, readAt, sum); errors.Is(cerr, errChangedWhileSending) {
+				// The file changed under the send (truncated, rewritten in place): that is
+				// why it failed, not the store (the store's fix was given for it, and it was
+				// counted an upload error; found from outside).
+				return doneFile{}, cerr
+			}
+		}
 		return doneFile{}, fmt.Errorf("upload %s: %w", filepath.Join(dir, rel), err)
 	}
 	d, err := readDone(f, before, readAt, sum)

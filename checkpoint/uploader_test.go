@@ -2867,3 +2867,32 @@ func TestStopWaitsForAMarkerOnDiskOnlyAMoment(t *testing.T) {
 		t.Errorf("log does not say the checkpoint with its marker did not complete:\n%s", r.logs.String())
 	}
 }
+
+// truncatingStore truncates the file it is given to half before it sends it: a trainer
+// truncating a file while it is uploaded.
+type truncatingStore struct{ Store }
+
+func (s truncatingStore) PutFile(ctx context.Context, key string, f *os.File, size int64, progress func(int64)) (Checksum, error) {
+	if err := os.Truncate(f.Name(), size/2); err != nil {
+		return Checksum{}, err
+	}
+	return s.Store.PutFile(ctx, key, f, size, progress)
+}
+
+// A file truncated while it was sent failed the store's PutFile ("has N bytes; want M"), and that
+// was said as the store's failure, with the store's fix, and counted an upload error (found from
+// outside): it is the file that changed.
+func TestFileTruncatedWhileSentIsAChangeNotAStoreFailure(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "big.bin"), randomBytes(t, 1<<20), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	fs, err := NewFileStore(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = uploadFile(t.Context(), truncatingStore{fs}, dir, "big.bin", "job/step-1/c/big.bin", nil)
+	if !errors.Is(err, errChangedWhileSending) {
+		t.Errorf("uploadFile of a file truncated as it was sent = %v; want errChangedWhileSending", err)
+	}
+}
