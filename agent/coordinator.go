@@ -1038,6 +1038,10 @@ func (c *Coordinator) signal(ns *NoticeStatus, procs []trainer.Process, sig sysc
 		ticks[p.PID] = p.StartTicks
 	}
 	sent := 0
+	// A process not catching the signal beside one that was sent it is a launcher or a shell
+	// (torchrun's agent, bash -c): a warning, as scan says it. An error at every notice, for a
+	// trainer.match that also matches torchrun, cried wolf (found from outside).
+	beside := slices.ContainsFunc(results, func(r trainer.Result) bool { return r.Outcome == trainer.OutcomeSent })
 	for _, r := range results {
 		out := SignalOutcome{PID: r.PID, Cmdline: r.Cmdline, Outcome: r.Outcome, At: time.Now()}
 		if r.Err != nil {
@@ -1086,6 +1090,10 @@ func (c *Coordinator) signal(ns *NoticeStatus, procs []trainer.Process, sig sysc
 				l.Info().Msg("trainer signalled")
 			}
 		case trainer.OutcomeNotCaught:
+			if beside {
+				l.Warn().Msg("process found that does not catch the signal, beside one that was sent it: NOT sent (its default action would kill it); fine for a launcher or a shell, which the trainer.* keys need not match")
+				break
+			}
 			l.Error().Msg("trainer does not catch the signal; NOT sent, because its default action would kill the trainer; looked at again every second while the notice is in force")
 		case trainer.OutcomeGone:
 			l.Warn().Msg("trainer process exited before it could be signalled")

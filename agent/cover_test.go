@@ -1146,3 +1146,24 @@ func TestNoticeCheckpointWrittenAfterItsMarkerIsSaid(t *testing.T) {
 		}
 	})
 }
+
+// At a notice, a process found that does not catch the signal beside one that was sent it (a
+// trainer.match that matches torchrun's agent or a wrapping shell too) was an error line at every
+// notice (found from outside). It is a warning; alone, it is still the error.
+func TestLauncherBesideTheTrainerAtANoticeIsNoErrorLine(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		logs := &syncBuffer{}
+		r := startRigLogging(t, true, nil, logs)
+		r.tr.setPIDs(7, 8) // torchrun, and its rank
+		r.tr.setParent(8, 7)
+		r.tr.setNotCatching(7)
+		r.tr.setUncaught(7)
+		r.begin(imds.SourceSpot, "terminate", time.Now().Add(2*time.Minute))
+		if got := r.tr.signalledPIDs(); !slices.Equal(got, []int{8}) {
+			t.Fatalf("signalled %v; want the rank alone", got)
+		}
+		if l := logs.String(); strings.Contains(l, "trainer does not catch the signal; NOT sent") || !strings.Contains(l, "beside one that was sent it: NOT sent") {
+			t.Errorf("log: want a warning for the launcher, no error:\n%s", l)
+		}
+	})
+}
