@@ -29,6 +29,8 @@ import (
 // Deps are the agent's connections to the world, passed in so tests can supply their own.
 type Deps struct {
 	Logger zerolog.Logger
+	// Version is the agent's version ("spotguard 1.2.0"), for /status; "" leaves it out.
+	Version string
 	// IMDS is the metadata service client (one, long-lived).
 	IMDS imds.Getter
 	// Reload loads the configuration again, for SIGHUP. Nil disables reloading.

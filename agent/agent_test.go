@@ -908,3 +908,17 @@ func TestLauncherBesideATrainerIsNoHealthWarning(t *testing.T) {
 		t.Errorf("health = %+v; want no trainer warning with a process that catches the signal", v)
 	}
 }
+
+// /status says which spotguard answers: nothing running said it but the start-up log line, and a
+// store written by several versions could not be told apart by their agents (found from outside).
+func TestStatusSaysTheVersion(t *testing.T) {
+	cfg := mustLoad(t, LoadOptions{Environ: []string{"SPOTGUARD_HTTP_LISTEN=", "SPOTGUARD_TRAINER_MATCH=no-such-trainer",
+		"SPOTGUARD_AGENT_RUNTIME_DIR=" + t.TempDir(), "SPOTGUARD_METRICS_CLOUDWATCH=false"}})
+	a, err := New(cfg, Deps{Logger: zerolog.Nop(), IMDS: newFakeIMDS(), Version: "spotguard 1.2.3"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, body := get(a, "/status"); !strings.Contains(body, `"version": "spotguard 1.2.3"`) {
+		t.Errorf("/status = %s; want the version", body)
+	}
+}

@@ -113,6 +113,7 @@ func (a *Agent) Status() Status {
 		uploads = &us
 	}
 	return Status{
+		Version:         a.deps.Version,
 		GPU:             a.gpu.status(),
 		Uploads:         uploads,
 		StartedAt:       a.started,

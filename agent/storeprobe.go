@@ -454,10 +454,10 @@ type storeProber struct {
 	// recoveredAt is when a probe last passed after failing ones.
 	recoveredAt time.Time
 	probes      uint64
-	failures     uint64
-	streak       int
-	limiter      *logLimiter
-	clockOff     bool // the last probe that could tell found the clock ClockWarn or more off
+	failures    uint64
+	streak      int
+	limiter     *logLimiter
+	clockOff    bool // the last probe that could tell found the clock ClockWarn or more off
 }
 
 func newStoreProber(store checkpoint.Store, job string, host func() string, log zerolog.Logger) *storeProber {

@@ -319,8 +319,9 @@ func runAgent(ctx context.Context, args, environ []string, stdout, stderr io.Wri
 	defer signal.Stop(sigs)
 
 	a, err := agent.New(cfg, agent.Deps{
-		Logger: log,
-		IMDS:   imds.NewClient(awsCfg, cfg.IMDS.Endpoint),
+		Logger:  log,
+		Version: versionString(),
+		IMDS:    imds.NewClient(awsCfg, cfg.IMDS.Endpoint),
 		OpenStore: func(url string, opts checkpoint.S3Options) (checkpoint.Store, error) {
 			if !strings.HasPrefix(url, "s3://") {
 				return checkpoint.OpenStore(url, aws.Config{}, opts)
