@@ -1105,12 +1105,19 @@ func (u *Uploader) markersOnDisk() map[string]bool {
 		if scanSkipName(name) || name == MetaDir || ValidName(name) != nil {
 			continue
 		}
-		if g := u.gens[name]; g != nil && (g.complete || g.withheld) {
+		g := u.gens[name]
+		if g != nil && (g.complete || g.withheld) {
 			continue // the drain judges it; a withheld one is said already
 		}
 		switch {
 		case e.IsDir():
-			if fi, err := root.Lstat(name + "/" + marker); err != nil || !fi.Mode().IsRegular() {
+			fi, err := root.Lstat(name + "/" + marker)
+			if err != nil || !fi.Mode().IsRegular() {
+				continue
+			}
+			if g != nil && !g.stale.isZero() && FileIDOf(fi).Same(g.stale) {
+				// The marker a file was written after: no Complete comes for it (waited for
+				// 5 s at every stop, and said unreadable; found from outside).
 				continue
 			}
 		case e.Type().IsRegular():

@@ -535,6 +535,26 @@ func TestFileWrittenAfterTheMarkerBeforeTheCommitIsWithheld(t *testing.T) {
 	writeMarker(t, filepath.Join(dir, "step-1")) // written again, last
 	r.waitCommitted("step-1")
 	restoreAndCompare(t, mem, "step-1", files)
+
+}
+
+// A stop with such a checkpoint on disk: its marker is no new one to wait for. A stop waited 5 s
+// for it, then said it unreadable or still being read (found from outside).
+func TestStopDoesNotWaitForAMarkerAFileWasWrittenAfter(t *testing.T) {
+	dir := t.TempDir()
+	bs := &blockingStore{Store: newMemStore(), started: make(chan string, 1), release: make(chan struct{})}
+	r := startUploader(t, dir, bs, 0)
+	writeCheckpoint(t, dir, "step-1", map[string][]byte{"a.bin": randomBytes(t, 4<<10)})
+	<-bs.started
+	r.waitEvent(CheckpointComplete, "step-1")
+	if err := os.WriteFile(filepath.Join(dir, "step-1", "late.bin"), randomBytes(t, 4<<10), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	r.waitEvent(CheckpointWithheld, "step-1")
+	r.stop()
+	if l := r.logs.String(); strings.Contains(l, "did not complete in time") {
+		t.Errorf("the stop waited for the marker a file was written after:\n%s", l)
+	}
 }
 
 // The journal is a cache of what the store holds: a restarted agent whose journal says its
