@@ -1811,7 +1811,7 @@ func (u *Uploader) replaceSealed(g *generation) *generation {
 	u.log.Warn().Str("checkpoint", g.name).Str("commit", g.commit).
 		Msg("checkpoint changed after its commit was tried; committing it as a new commit")
 	ng := u.newGen(g.name, false)
-	ng.complete, ng.completeSeen, ng.firstFileAt, ng.begunAt, ng.notice = g.complete, g.completeSeen, g.firstFileAt, g.begunAt, g.notice
+	ng.complete, ng.completeSeen, ng.firstFileAt, ng.notice = g.complete, g.completeSeen, g.firstFileAt, g.notice
 	ng.marker, ng.stale = g.marker, g.stale
 	for _, p := range g.paths() {
 		nf := &fileState{id: g.files[p].id}
@@ -1830,7 +1830,9 @@ func (u *Uploader) replaceSealed(g *generation) *generation {
 // has old's files, and (matching against old's commit among the others) what is known of them.
 func (u *Uploader) nextGen(old *generation) *generation {
 	g := u.newGen(old.name, true)
-	g.complete, g.completeSeen, g.firstFileAt, g.begunAt = old.complete, time.Now(), old.firstFileAt, old.begunAt
+	// begunAt is not old's: this version is begun by the files written again (a trainer that
+	// saves into one directory every time, for a signal, after a periodic save).
+	g.complete, g.completeSeen, g.firstFileAt = old.complete, time.Now(), old.firstFileAt
 	g.marker, g.stale = old.marker, old.stale
 	if old.state == genCommitted {
 		g.prior = old.manifest
@@ -2107,6 +2109,7 @@ func (u *Uploader) cameBack(g *generation, rel string, id FileID) bool {
 // being sent as they are written.
 func (u *Uploader) reopen(g *generation, rel string) {
 	g.complete, g.stale = false, g.marker
+	g.begunAt = time.Time{} // a save into it again begins now (fileReady takes the file's time)
 	u.journal.add(staleLine(g.name, g.stale))
 	u.flushJournal()
 	u.log.Warn().Str("checkpoint", g.name).Str("file", rel).

@@ -1675,6 +1675,34 @@ func TestStopWaitsPastASaveBegunBeforeTheSignal(t *testing.T) {
 	}
 }
 
+// A trainer that saves into one directory every time: its save for the signal, into the
+// directory its periodic save was committed from, answers the signal, though the directory's
+// first version was begun before it; a stop ends once it is committed.
+func TestStopEndsWithASaveForTheSignalIntoTheSameDirectory(t *testing.T) {
+	dir := t.TempDir()
+	store := newMemStore()
+	r := startUploader(t, dir, store, 0)
+	ck := filepath.Join(dir, "latest")
+	writeCheckpoint(t, dir, "latest", map[string][]byte{"w": randomBytes(t, 16<<10)})
+	ev := r.waitCommitted("latest")
+	waitFileClockAfter(t, ev.Manifest.Order().At.Add(3*FileTimeLag)) // the signal well after that save
+	r.up.SetNotices([]ActiveNotice{{Key: "spot/terminate", Deadline: time.Now().Add(2 * time.Minute), SignalledAt: time.Now()}})
+	eventuallyUploader(t, "the notice to be taken", func() bool { return r.up.Status(t.Context()).Urgent })
+	go r.cancel()
+	if err := os.Remove(filepath.Join(ck, "_COMPLETE")); err != nil {
+		t.Fatal(err)
+	}
+	waitFileClockAfter(t, time.Now())
+	if err := os.WriteFile(filepath.Join(ck, "w"), randomBytes(t, 16<<10), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	writeMarker(t, ck)
+	r.waitDone("the stop to end once the save for the signal was committed")
+	if got := commitsOf(t, store, "latest"); len(got) != 2 {
+		t.Errorf("latest has %d commits; want the periodic save and the one for the signal", len(got))
+	}
+}
+
 // A notice without a deadline (a rebalance recommendation) logs none, never the zero time
 // 0001-01-01T00:00:00Z: neither when uploads turn urgent nor when a stop waits for the checkpoint
 // the trainer was signalled for. Durations are in seconds, in fields named *_s.
