@@ -36,3 +36,13 @@ func allocateFile(f *os.File, size int64) error {
 		return &os.PathError{Op: "fallocate", Path: f.Name(), Err: ferr}
 	}
 }
+
+// freeSpace returns the bytes free to this user on dir's file system; ok is false when statfs
+// cannot say.
+func freeSpace(dir string) (free uint64, ok bool) {
+	var st syscall.Statfs_t
+	if err := syscall.Statfs(dir, &st); err != nil {
+		return 0, false
+	}
+	return st.Bavail * uint64(st.Bsize), true
+}

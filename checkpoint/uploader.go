@@ -1144,8 +1144,39 @@ func (u *Uploader) checkTrainer() {
 	}
 	if u.trainerAbsent++; u.trainerAbsent >= 2 {
 		u.trainerGone = true
+		if begun := u.begunSinceSignal(); len(begun) > 0 {
+			// A save begun and never completed: the trainer died in it. Say which, and how
+			// full checkpoint.dir's disk is, the likeliest cause (found from outside: a save
+			// cut by ENOSPC was said as none written).
+			ev := u.log.Warn().Strs("incomplete", begun)
+			if free, ok := freeSpace(u.cfg.Dir); ok {
+				ev = ev.Uint64("checkpoint_dir_free_bytes", free)
+				if free < fullDisk {
+					ev = ev.Str("fix", "checkpoint.dir's file system is full: free space there (df -h "+u.cfg.Dir+"), or keep fewer checkpoints on disk")
+				}
+			}
+			ev.Msg("the trainer is gone, and the checkpoint it began since it was signalled never completed (no marker); the stop does not wait for it")
+			return
+		}
 		u.log.Warn().Msg("the trainer is gone and wrote no checkpoint since it was signalled; the stop does not wait for one")
 	}
+}
+
+// fullDisk is the free space below which checkpoint.dir's file system is said full when a save
+// died half way.
+const fullDisk = 64 << 20
+
+// begunSinceSignal returns the checkpoints begun since the last signal (by their files' times)
+// that are not complete, by name.
+func (u *Uploader) begunSinceSignal() []string {
+	var out []string
+	for _, name := range slices.Sorted(maps.Keys(u.gens)) {
+		g := u.gens[name]
+		if !g.complete && g.state != genCommitted && len(g.files) > 0 && !g.begunAt.IsZero() && !u.begunBefore(g) {
+			out = append(out, name)
+		}
+	}
+	return out
 }
 
 // stopGrace is how long Run, returning, waits for clean-up requests in flight before it cuts

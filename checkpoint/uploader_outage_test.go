@@ -455,6 +455,37 @@ func TestUploaderStopDoesNotWaitForAGoneTrainer(t *testing.T) {
 	}
 }
 
+// A trainer that died in its save for the signal (a full disk: ENOSPC half way) was said to have
+// written no checkpoint since the signal (found from outside): the stop names the save begun and
+// never completed, and how much is free on checkpoint.dir's disk.
+func TestUploaderStopNamesTheSaveAGoneTrainerDiedIn(t *testing.T) {
+	dir := t.TempDir()
+	var gone atomic.Bool
+	r := startUploaderWith(t, dir, newMemStore(), UploaderConfig{StopBudget: time.Minute, TrainerAlive: func() bool { return !gone.Load() }})
+	r.up.SetNotices([]ActiveNotice{{Key: "spot/terminate", Deadline: time.Now().Add(2 * time.Minute), SignalledAt: time.Now()}})
+	r.up.Status(t.Context()) // the notice is in
+	waitFileClockAfter(t, time.Now().Add(3*FileTimeLag))
+	p := filepath.Join(dir, "step-9", "rank-0.pt")
+	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(p, randomBytes(t, 8<<10), 0o644); err != nil { // no marker: cut short
+		t.Fatal(err)
+	}
+	eventuallyUploader(t, "the save's first file to be seen", func() bool {
+		st := r.up.Status(t.Context())
+		return len(st.Checkpoints) == 1 && st.Checkpoints[0].Files == 1
+	})
+	gone.Store(true)
+	r.cancel()
+	r.waitDone("the stop to end once the trainer was gone")
+	l := r.logs.String()
+	if !strings.Contains(l, "the checkpoint it began since it was signalled never completed") || !strings.Contains(l, `"incomplete":["step-9"]`) ||
+		!strings.Contains(l, "checkpoint_dir_free_bytes") {
+		t.Errorf("warnings:\n%s\nwant the save step-9 named, begun and never completed, with the free space", l)
+	}
+}
+
 // A checkpoint whose files were stored under a notice (a save the trainer died in) and are
 // written again after the notice ended (the restarted trainer saving the same step on its own)
 // is a periodic save: not labelled with the notice, timed from its own first file.
