@@ -264,6 +264,12 @@ type Uploader struct {
 	// signalAnswered: a checkpoint begun and completed after lastSignal (or one begun after it vanished,
 	// deleted by the trainer or by hand); a stop no longer waits for a marker.
 	signalAnswered bool
+	// answeredBy is the checkpoint whose completion answered lastSignal, "" when none did or
+	// what answered it was not one this agent saw written (a commit in the store, one deleted):
+	// only its save measures the trainer's time to begin (reach). After a restart during a
+	// notice, a periodic save minutes after the signal was taken for it (a forecast of 105 s for
+	// a save of 0.02 s; found from outside).
+	answeredBy string
 	// dirRead: checkpoint.dir was read in full once (its first ReadDone). Before, what the read
 	// finds was written before this agent began, perhaps long before: its own time says when
 	// (foundAt), not the moment it was found.
@@ -970,7 +976,7 @@ func (u *Uploader) handleNotices() {
 			added = true
 		}
 		if n.SignalledAt.After(u.lastSignal) {
-			u.lastSignal, u.signalAnswered = n.SignalledAt, false
+			u.lastSignal, u.signalAnswered, u.answeredBy = n.SignalledAt, false, ""
 			u.trainerAbsent, u.trainerGone = 0, false
 			u.answeredByKnown()
 		}
@@ -1935,6 +1941,9 @@ func (u *Uploader) handleWatch(ctx context.Context, ev WatchEvent) {
 		}
 		g.complete, g.completeSeen = true, u.foundAt(ev)
 		if !u.lastSignal.IsZero() && !g.completeSeen.Before(u.lastSignal) && !u.begunBefore(g) {
+			if !u.signalAnswered {
+				u.answeredBy = g.name
+			}
 			u.signalAnswered = true
 		}
 		u.labelNotice(g)
@@ -2751,7 +2760,11 @@ func (u *Uploader) learnStored(o CommitOrder) {
 func (u *Uploader) learnOwn(g *generation, o CommitOrder) {
 	u.learn(o)
 	if !u.begunBefore(g) {
+		was := u.signalAnswered
 		u.answeredByKnown()
+		if !was && u.signalAnswered {
+			u.answeredBy = g.name
+		}
 	}
 }
 
@@ -3390,7 +3403,7 @@ func (u *Uploader) handleCommit(ctx context.Context, r commitResult) {
 		u.journal.add(journalLine{Op: journalDone, Checkpoint: g.name, Commit: g.commit, At: u.placeOf(m)})
 		u.sayVanished(g, m)
 		ev := UploadEvent{Kind: CheckpointCommitted, Checkpoint: g.name, At: time.Now(), Manifest: m}
-		if s := u.lastSignal; !s.IsZero() && !g.firstFileAt.Before(s) && g.firstFileAt.Sub(s) < reachMax {
+		if s := u.lastSignal; !s.IsZero() && u.answeredBy == g.name && !g.firstFileAt.Before(s) && g.firstFileAt.Sub(s) < reachMax {
 			// A save begun after the trainer was signalled: how long it took to begin. The first
 			// one after the signal is its answer; one the trainer made later on its own (a
 			// periodic save minutes after) is not.
