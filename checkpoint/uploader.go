@@ -690,9 +690,16 @@ func (u *Uploader) Run(ctx context.Context, events <-chan WatchEvent) error {
 			stopTick = tick.Stop
 			trainerTick = tick.C
 		}
-		logTime(u.log.Warn(), "deadline", u.deadline()).Float64("stop_budget_s", logSeconds(u.cfg.StopBudget)).Int("not_committed", u.notCommitted()).
-			Int("job_saves_in_progress", u.savesInProgress()).
-			Msg("stop requested while checkpoints are being written or are not committed yet; finishing them first (a second SIGTERM stops at once)")
+		ev := logTime(u.log.Warn(), "deadline", u.deadline()).Float64("stop_budget_s", logSeconds(u.cfg.StopBudget)).Int("not_committed", u.notCommitted()).
+			Int("job_saves_in_progress", u.savesInProgress())
+		if u.awaitingSignal() {
+			// Say what it waits for, and why a save completed since does not end it.
+			ev = ev.Bool("awaiting_signalled_checkpoint", true)
+			if before := u.completedButBegunBefore(); len(before) > 0 {
+				ev = ev.Strs("begun_before_the_signal", before)
+			}
+		}
+		ev.Msg("stop requested while checkpoints are being written or are not committed yet; finishing them first (a second SIGTERM stops at once)")
 		endDrain = u.endDrain
 		return true
 	}
@@ -878,8 +885,14 @@ func (u *Uploader) logLeft(why string) {
 		}
 	}
 	slices.Sort(left)
-	u.log.Error().Float64("stop_budget_s", logSeconds(u.cfg.StopBudget)).Strs("not_committed", left).
-		Bool("signalled_checkpoint_missing", !u.lastSignal.IsZero() && !u.signalAnswered).Msg(why)
+	ev := u.log.Error().Float64("stop_budget_s", logSeconds(u.cfg.StopBudget)).Strs("not_committed", left).
+		Bool("signalled_checkpoint_missing", !u.lastSignal.IsZero() && !u.signalAnswered)
+	if before := u.completedButBegunBefore(); !u.lastSignal.IsZero() && !u.signalAnswered && len(before) > 0 {
+		// A trainer that took the save it was in when signalled for its answer, and saved no
+		// more: that save is committed (or on its way), only none begun after the signal came.
+		ev = ev.Strs("begun_before_the_signal", before)
+	}
+	ev.Msg(why)
 }
 
 // flushJournal writes out the journal's lines; after a write error it goes on without one.
@@ -1070,7 +1083,7 @@ func (u *Uploader) draining() bool {
 	if u.savesInProgress() > 0 {
 		return true
 	}
-	return !u.lastSignal.IsZero() && !u.signalAnswered && !u.trainerGone
+	return u.awaitingSignal()
 }
 
 // retentionEvery is the most commits in a row that skip retention (startCommit), so that a
@@ -1166,6 +1179,27 @@ func (u *Uploader) checkTrainer() {
 		}
 		u.log.Warn().Msg("the trainer is gone and wrote no checkpoint since it was signalled; the stop does not wait for one")
 	}
+}
+
+// awaitingSignal reports whether a stop waits for the checkpoint the trainer was signalled for.
+func (u *Uploader) awaitingSignal() bool {
+	return !u.lastSignal.IsZero() && !u.signalAnswered && !u.trainerGone
+}
+
+// completedButBegunBefore returns the checkpoints completed since the last signal that were begun
+// before it (begunBefore), by name: not the trainer's answer to it.
+func (u *Uploader) completedButBegunBefore() []string {
+	var out []string
+	if u.lastSignal.IsZero() {
+		return nil
+	}
+	for _, name := range slices.Sorted(maps.Keys(u.gens)) {
+		g := u.gens[name]
+		if (g.complete || g.state == genCommitted) && !g.completeSeen.Before(u.lastSignal) && u.begunBefore(g) {
+			out = append(out, name)
+		}
+	}
+	return out
 }
 
 // fullDisk is the free space below which checkpoint.dir's file system is said full when a save
@@ -1940,7 +1974,8 @@ func (u *Uploader) handleWatch(ctx context.Context, ev WatchEvent) {
 			return
 		}
 		g.complete, g.completeSeen = true, u.foundAt(ev)
-		if !u.lastSignal.IsZero() && !g.completeSeen.Before(u.lastSignal) && !u.begunBefore(g) {
+		// (completeSeen may be the marker's own time, which lags the clock by a tick.)
+		if !u.lastSignal.IsZero() && !g.completeSeen.Before(u.lastSignal.Add(-FileTimeLag)) && !u.begunBefore(g) {
 			if !u.signalAnswered {
 				u.answeredBy = g.name
 			}
@@ -3702,12 +3737,13 @@ func (u *Uploader) begunBefore(g *generation) bool {
 
 // foundAt returns when ev's file (or marker) was written, for the times a save is judged by (its
 // first file, its completion): when the watcher saw it, or for one the first read of
-// checkpoint.dir found, its modification time if earlier. A restarted agent finds the save the
+// checkpoint.dir found (the events end each read with a ReadDone: AwaitFirstRead), its
+// modification time if earlier. A restarted agent finds the save the
 // trainer made while it was down, and its own time would count its downtime as the trainer's (a
 // forecast of 18.7 s for a save of a second, found from outside); a save older than the signal
 // would answer it.
 func (u *Uploader) foundAt(ev WatchEvent) time.Time {
-	if !u.dirRead && !ev.ModTime.IsZero() && ev.ModTime.Before(ev.At) {
+	if u.cfg.AwaitFirstRead && !u.dirRead && !ev.ModTime.IsZero() && ev.ModTime.Before(ev.At) {
 		return ev.ModTime
 	}
 	return ev.At

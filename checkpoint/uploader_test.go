@@ -1675,6 +1675,37 @@ func TestStopWaitsPastASaveBegunBeforeTheSignal(t *testing.T) {
 	}
 }
 
+// A trainer that takes the save it was in when signalled for its answer, and saves no more: the
+// stop waits its budget for a save begun after the signal, and says why, naming the save begun
+// before it (it gave no reason: "not_committed 0", then "signalled_checkpoint_missing"; found from
+// outside).
+func TestStopAwaitingTheSignalledCheckpointSaysWhy(t *testing.T) {
+	dir := t.TempDir()
+	r := startUploaderWith(t, dir, newMemStore(), UploaderConfig{StopBudget: 2 * time.Second, TrainerAlive: func() bool { return true }})
+	if err := os.MkdirAll(filepath.Join(dir, "step-50"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "step-50", "w"), randomBytes(t, 16<<10), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	eventuallyUploader(t, "step-50's first file to be seen", func() bool {
+		st := r.up.Status(t.Context())
+		return len(st.Checkpoints) == 1 && st.Checkpoints[0].Files == 1
+	})
+	waitFileClockAfter(t, time.Now().Add(3*FileTimeLag))
+	r.up.SetNotices([]ActiveNotice{{Key: "spot/terminate", Deadline: time.Now().Add(2 * time.Minute), SignalledAt: time.Now()}})
+	eventuallyUploader(t, "the notice to be taken", func() bool { return r.up.Status(t.Context()).Urgent })
+	writeMarker(t, filepath.Join(dir, "step-50"))
+	r.waitCommitted("step-50")
+	r.cancel()
+	r.waitDone("the stop to end at its budget")
+	l := r.logs.String()
+	if !strings.Contains(l, `"awaiting_signalled_checkpoint":true,"begun_before_the_signal":["step-50"]`) ||
+		!strings.Contains(l, `"signalled_checkpoint_missing":true,"begun_before_the_signal":["step-50"]`) {
+		t.Errorf("log:\n%s\nwant the stop to say it awaits a save begun after the signal, step-50 begun before it", l)
+	}
+}
+
 // A trainer that saves into one directory every time: its save for the signal, into the
 // directory its periodic save was committed from, answers the signal, though the directory's
 // first version was begun before it; a stop ends once it is committed.

@@ -182,10 +182,10 @@ func TestForecastAfterARestartTimesTheSaveByItsFiles(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	r := newUploaderRig(t, dir, newMemStore(), UploaderConfig{})
+	r := newUploaderRig(t, dir, newMemStore(), UploaderConfig{AwaitFirstRead: true})
 	// The journal's notice, as the agent hands it over at start.
 	r.up.SetNotices([]ActiveNotice{{Key: "spot/terminate", Deadline: signalled.Add(2 * time.Minute), SignalledAt: signalled}})
-	w, err := NewWatcher(WatchConfig{Dir: dir, Pattern: "*.pt", Debounce: 30 * time.Millisecond, Logger: zerolog.Nop()})
+	w, err := NewWatcher(WatchConfig{Dir: dir, Pattern: "*.pt", Debounce: 30 * time.Millisecond, ReadDone: true, Logger: zerolog.Nop()})
 	if err != nil {
 		t.Fatal(err)
 	}
