@@ -376,8 +376,10 @@ type sourceState struct {
 	bo           backoff
 	streak       int
 	failingSince time.Time
-	limit        readLimit
-	succeeded    bool // a read has succeeded since Run started; see Event.First
+	// unhealthySaid: the streak's error line (past HealthWindow) is written.
+	unhealthySaid bool
+	limit         readLimit
+	succeeded     bool // a read has succeeded since Run started; see Event.First
 }
 
 // readLimit is the request timeout of one source, stretched while IMDS answers it slowly.
@@ -575,7 +577,15 @@ func (w *Watcher) record(s *sourceState, now time.Time, err error) {
 		s.streak++
 		if s.streak == 1 {
 			s.failingSince = now
+			s.unhealthySaid = false
 			w.log.Warn().Str("source", string(s.src)).Err(err).Msg("imds read failed; retrying with backoff")
+		}
+		if !s.unhealthySaid && now.Sub(s.failingSince) > HealthWindow {
+			// As /healthz turns 503 for it: an error line too, where journalctl -p err looks
+			// (only warnings said it; found from outside).
+			s.unhealthySaid = true
+			w.log.Error().Str("source", string(s.src)).Err(err).Float64("failing_for_s", logSeconds(now.Sub(s.failingSince))).
+				Msg("imds reads have failed for longer than the agent stays healthy; its notices are not seen while they fail")
 		}
 	case s.streak > 0:
 		w.log.Info().Str("source", string(s.src)).Int("errors", s.streak).

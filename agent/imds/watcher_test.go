@@ -686,6 +686,35 @@ func TestRunLogsOncePerStreak(t *testing.T) {
 	})
 }
 
+// A source failing for longer than HealthWindow makes /healthz 503; that is an error line too,
+// once per streak (it was warnings alone; found from outside).
+func TestRunSaysAnUnhealthySourceAtErrorOnce(t *testing.T) {
+	const msgUnhealthy = "imds reads have failed for longer than the agent stays healthy; its notices are not seen while they fail"
+	synctest.Test(t, func(t *testing.T) {
+		h := start(t, Config{Sources: []Source{SourceRebalance}, PollInterval: time.Second}, 16)
+		defer h.stop(t)
+		first := h.next(t)
+		first.fail()
+		for {
+			c := h.next(t)
+			c.fail()
+			if c.at.Sub(first.at) > 2*HealthWindow {
+				break
+			}
+		}
+		synctest.Wait()
+		if got := len(h.logs.lines(t, "error", msgUnhealthy, SourceRebalance)); got != 1 {
+			t.Errorf("%d Error lines for a source failing past HealthWindow; want 1\n%s", got, h.logs)
+		}
+		h.next(t).notFound()
+		h.next(t).fail()
+		synctest.Wait()
+		if got := len(h.logs.lines(t, "error", msgUnhealthy, SourceRebalance)); got != 1 {
+			t.Errorf("%d Error lines after a short streak; want still 1\n%s", got, h.logs)
+		}
+	})
+}
+
 func TestRunStops(t *testing.T) {
 	tests := []struct {
 		name string
