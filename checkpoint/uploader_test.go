@@ -1640,6 +1640,26 @@ func TestUploaderStopWaitsForTheSignalledCheckpoint(t *testing.T) {
 	}
 }
 
+// signalDuringASave writes the first file of checkpoint name into r's directory, waits for the
+// uploader to see it, then signals the trainer for a spot notice (well after the file's time)
+// and waits for the uploader to take the notice: a notice that comes during a save.
+func signalDuringASave(t *testing.T, r *uploaderRig, name string) {
+	t.Helper()
+	if err := os.MkdirAll(filepath.Join(r.dir, name), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(r.dir, name, "w"), randomBytes(t, 16<<10), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	eventuallyUploader(t, name+"'s first file to be seen", func() bool {
+		st := r.up.Status(t.Context())
+		return len(st.Checkpoints) == 1 && st.Checkpoints[0].Files == 1
+	})
+	waitFileClockAfter(t, time.Now().Add(3*FileTimeLag))
+	r.up.SetNotices([]ActiveNotice{{Key: "spot/terminate", Deadline: time.Now().Add(2 * time.Minute), SignalledAt: time.Now()}})
+	eventuallyUploader(t, "the notice to be taken", func() bool { return r.up.Status(t.Context()).Urgent })
+}
+
 // A save in progress when the trainer is signalled (a periodic one), completed after the signal,
 // is not the trainer's answer to it: a stop still waits for the save the trainer makes for the
 // signal. Before, the stop ended once the periodic save was committed, and the trainer's save
@@ -1648,19 +1668,7 @@ func TestStopWaitsPastASaveBegunBeforeTheSignal(t *testing.T) {
 	dir := t.TempDir()
 	store := newMemStore()
 	r := startUploader(t, dir, store, 0)
-	if err := os.MkdirAll(filepath.Join(dir, "step-50"), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(dir, "step-50", "w"), randomBytes(t, 16<<10), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	eventuallyUploader(t, "step-50's first file to be seen", func() bool {
-		st := r.up.Status(t.Context())
-		return len(st.Checkpoints) == 1 && st.Checkpoints[0].Files == 1
-	})
-	waitFileClockAfter(t, time.Now())
-	r.up.SetNotices([]ActiveNotice{{Key: "spot/terminate", Deadline: time.Now().Add(2 * time.Minute), SignalledAt: time.Now()}})
-	eventuallyUploader(t, "the notice to be taken", func() bool { return r.up.Status(t.Context()).Urgent })
+	signalDuringASave(t, r, "step-50")
 	stopped := make(chan struct{})
 	go func() { r.cancel(); <-r.done; close(stopped) }()
 	if err := os.WriteFile(filepath.Join(dir, "step-50", "_COMPLETE"), nil, 0o644); err != nil {
@@ -1682,19 +1690,7 @@ func TestStopWaitsPastASaveBegunBeforeTheSignal(t *testing.T) {
 func TestStopAwaitingTheSignalledCheckpointSaysWhy(t *testing.T) {
 	dir := t.TempDir()
 	r := startUploaderWith(t, dir, newMemStore(), UploaderConfig{StopBudget: 2 * time.Second, TrainerAlive: func() bool { return true }})
-	if err := os.MkdirAll(filepath.Join(dir, "step-50"), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(dir, "step-50", "w"), randomBytes(t, 16<<10), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	eventuallyUploader(t, "step-50's first file to be seen", func() bool {
-		st := r.up.Status(t.Context())
-		return len(st.Checkpoints) == 1 && st.Checkpoints[0].Files == 1
-	})
-	waitFileClockAfter(t, time.Now().Add(3*FileTimeLag))
-	r.up.SetNotices([]ActiveNotice{{Key: "spot/terminate", Deadline: time.Now().Add(2 * time.Minute), SignalledAt: time.Now()}})
-	eventuallyUploader(t, "the notice to be taken", func() bool { return r.up.Status(t.Context()).Urgent })
+	signalDuringASave(t, r, "step-50")
 	writeMarker(t, filepath.Join(dir, "step-50"))
 	r.waitCommitted("step-50")
 	r.cancel()
