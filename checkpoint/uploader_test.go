@@ -538,6 +538,32 @@ func TestFileWrittenAfterTheMarkerBeforeTheCommitIsWithheld(t *testing.T) {
 
 }
 
+// An agent restarted with such a checkpoint in its journal (its marker stale) held it back and said
+// nothing until a stop, which called it unreadable (found from outside). It says it withheld as
+// it starts.
+func TestRestartWithACheckpointWrittenAfterItsMarkerSaysItWithheld(t *testing.T) {
+	dir, state := t.TempDir(), t.TempDir()
+	mem := newMemStore()
+	bs := &blockingStore{Store: mem, started: make(chan string, 1), release: make(chan struct{})}
+	r := startUploaderWith(t, dir, bs, UploaderConfig{StateDir: state, StopBudget: -1})
+	writeCheckpoint(t, dir, "step-1", map[string][]byte{"a.bin": randomBytes(t, 4<<10)})
+	<-bs.started
+	r.waitEvent(CheckpointComplete, "step-1")
+	if err := os.WriteFile(filepath.Join(dir, "step-1", "b.bin"), randomBytes(t, 4<<10), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	r.waitEvent(CheckpointWithheld, "step-1")
+	r.stop()
+
+	r = startUploaderWith(t, dir, mem, UploaderConfig{StateDir: state, StopBudget: -1})
+	if ev := r.waitEvent(CheckpointWithheld, "step-1"); !errors.Is(ev.Err, ErrWrittenAfterMarker) {
+		t.Errorf("restarted: step-1 withheld for %v; want ErrWrittenAfterMarker", ev.Err)
+	}
+	if got := commitsOf(t, mem, "step-1"); len(got) != 0 {
+		t.Errorf("step-1 has %d commits; want none until its marker is written again", len(got))
+	}
+}
+
 // A stop with such a checkpoint on disk: its marker is no new one to wait for. A stop waited 5 s
 // for it, then said it unreadable or still being read (found from outside).
 func TestStopDoesNotWaitForAMarkerAFileWasWrittenAfter(t *testing.T) {
