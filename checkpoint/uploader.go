@@ -1157,6 +1157,14 @@ func (u *Uploader) checkTrainer() {
 	if u.cfg.TrainerAlive == nil || u.lastSignal.IsZero() || u.signalAnswered || u.trainerGone {
 		return
 	}
+	if before := u.completedButBegunBefore(); len(before) > 0 && time.Since(u.lastWriteSeen()) >= earlierSaveQuiet {
+		// The trainer took the save it was in when signalled for its answer: nothing written
+		// since for a while. (A save for the signal begins at the trainer's next step.)
+		u.signalAnswered = true
+		u.log.Info().Strs("checkpoints", before).Float64("quiet_s", logSeconds(earlierSaveQuiet)).
+			Msg("nothing written since a save completed after the signal, though begun before it: taken for the trainer's answer; the stop no longer waits for another")
+		return
+	}
 	if u.cfg.TrainerAlive() {
 		u.trainerAbsent = 0
 		return
@@ -1179,6 +1187,25 @@ func (u *Uploader) checkTrainer() {
 		}
 		u.log.Warn().Msg("the trainer is gone and wrote no checkpoint since it was signalled; the stop does not wait for one")
 	}
+}
+
+// earlierSaveQuiet is how long checkpoint.dir must go unwritten after a save completed since the
+// signal but begun before it, for a stop to take that save for the trainer's answer: a trainer
+// that saves again for the signal (the examples do) begins at its next step; one that does not
+// made a stop wait its whole budget (140 s). A variable for tests.
+var earlierSaveQuiet = time.Minute
+
+// lastWriteSeen returns when a file or marker of any checkpoint was last reported.
+func (u *Uploader) lastWriteSeen() time.Time {
+	var last time.Time
+	for _, g := range u.gens {
+		for _, t := range []time.Time{g.lastFileAt, g.completeSeen} {
+			if t.After(last) {
+				last = t
+			}
+		}
+	}
+	return last
 }
 
 // awaitingSignal reports whether a stop waits for the checkpoint the trainer was signalled for.

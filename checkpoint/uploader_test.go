@@ -1728,6 +1728,24 @@ func TestStopAwaitingTheSignalledCheckpointSaysWhy(t *testing.T) {
 	}
 }
 
+// The same trainer, with nothing written for earlierSaveQuiet after that save: the save begun
+// before the signal is taken for its answer, and the stop ends without spending its budget.
+func TestStopTakesASaveBegunBeforeTheSignalOnceTheTrainerIsQuiet(t *testing.T) {
+	was := earlierSaveQuiet
+	earlierSaveQuiet = 2 * time.Second
+	t.Cleanup(func() { earlierSaveQuiet = was })
+	dir := t.TempDir()
+	r := startUploaderWith(t, dir, newMemStore(), UploaderConfig{StopBudget: time.Minute, TrainerAlive: func() bool { return true }})
+	signalDuringASave(t, r, "step-50")
+	writeMarker(t, filepath.Join(dir, "step-50"))
+	r.waitCommitted("step-50")
+	r.cancel()
+	r.waitDone("the stop to end once nothing was written for earlierSaveQuiet")
+	if l := r.logs.String(); strings.Contains(l, "stop budget spent") {
+		t.Errorf("log:\n%s\nwant the stop to end before its budget", l)
+	}
+}
+
 // A trainer that saves into one directory every time: its save for the signal, into the
 // directory its periodic save was committed from, answers the signal, though the directory's
 // first version was begun before it; a stop ends once it is committed.
