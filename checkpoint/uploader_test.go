@@ -519,23 +519,30 @@ func TestFileWrittenAfterTheMarkerBeforeTheCommitIsWithheld(t *testing.T) {
 	mem := newMemStore()
 	bs := &blockingStore{Store: mem, started: make(chan string, 1), release: make(chan struct{})}
 	r := startUploader(t, dir, bs, 0)
-	files := map[string][]byte{"a.bin": randomBytes(t, 64<<10)}
-	writeCheckpoint(t, dir, "step-1", files)
-	<-bs.started // a.bin's upload, held: no commit before the next file is seen
-	r.waitEvent(CheckpointComplete, "step-1")
-	files["b.bin"] = randomBytes(t, 64<<10)
-	if err := os.WriteFile(filepath.Join(dir, "step-1", "b.bin"), files["b.bin"], 0o644); err != nil {
-		t.Fatal(err)
-	}
-	ev := r.waitEvent(CheckpointWithheld, "step-1")
-	if !errors.Is(ev.Err, ErrWrittenAfterMarker) || !strings.Contains(ev.Err.Error(), "step-1/b.bin") {
-		t.Errorf("withheld for %v; want ErrWrittenAfterMarker naming step-1/b.bin", ev.Err)
-	}
+	files := writtenAfterMarker(t, r, bs, "step-1", "b.bin")
 	close(bs.release)
 	writeMarker(t, filepath.Join(dir, "step-1")) // written again, last
 	r.waitCommitted("step-1")
 	restoreAndCompare(t, mem, "step-1", files)
+}
 
+// writtenAfterMarker writes checkpoint name into r's directory, whose store bs holds its first
+// file's upload (no commit can come), then the file late into it after its marker: the
+// checkpoint must be withheld, naming it. It returns the files written.
+func writtenAfterMarker(t *testing.T, r *uploaderRig, bs *blockingStore, name, late string) map[string][]byte {
+	t.Helper()
+	files := map[string][]byte{"a.bin": randomBytes(t, 64<<10)}
+	writeCheckpoint(t, r.dir, name, files)
+	<-bs.started // a.bin's upload, held: no commit before the next file is seen
+	r.waitEvent(CheckpointComplete, name)
+	files[late] = randomBytes(t, 64<<10)
+	if err := os.WriteFile(filepath.Join(r.dir, name, late), files[late], 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if ev := r.waitEvent(CheckpointWithheld, name); !errors.Is(ev.Err, ErrWrittenAfterMarker) || !strings.Contains(ev.Err.Error(), name+"/"+late) {
+		t.Errorf("withheld for %v; want ErrWrittenAfterMarker naming %s/%s", ev.Err, name, late)
+	}
+	return files
 }
 
 // An agent restarted with such a checkpoint in its journal (its marker stale) held it back and said
@@ -546,13 +553,7 @@ func TestRestartWithACheckpointWrittenAfterItsMarkerSaysItWithheld(t *testing.T)
 	mem := newMemStore()
 	bs := &blockingStore{Store: mem, started: make(chan string, 1), release: make(chan struct{})}
 	r := startUploaderWith(t, dir, bs, UploaderConfig{StateDir: state, StopBudget: -1})
-	writeCheckpoint(t, dir, "step-1", map[string][]byte{"a.bin": randomBytes(t, 4<<10)})
-	<-bs.started
-	r.waitEvent(CheckpointComplete, "step-1")
-	if err := os.WriteFile(filepath.Join(dir, "step-1", "b.bin"), randomBytes(t, 4<<10), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	r.waitEvent(CheckpointWithheld, "step-1")
+	writtenAfterMarker(t, r, bs, "step-1", "b.bin")
 	r.stop()
 
 	r = startUploaderWith(t, dir, mem, UploaderConfig{StateDir: state, StopBudget: -1})
@@ -567,16 +568,9 @@ func TestRestartWithACheckpointWrittenAfterItsMarkerSaysItWithheld(t *testing.T)
 // A stop with such a checkpoint on disk: its marker is no new one to wait for. A stop waited 5 s
 // for it, then said it unreadable or still being read (found from outside).
 func TestStopDoesNotWaitForAMarkerAFileWasWrittenAfter(t *testing.T) {
-	dir := t.TempDir()
 	bs := &blockingStore{Store: newMemStore(), started: make(chan string, 1), release: make(chan struct{})}
-	r := startUploader(t, dir, bs, 0)
-	writeCheckpoint(t, dir, "step-1", map[string][]byte{"a.bin": randomBytes(t, 4<<10)})
-	<-bs.started
-	r.waitEvent(CheckpointComplete, "step-1")
-	if err := os.WriteFile(filepath.Join(dir, "step-1", "late.bin"), randomBytes(t, 4<<10), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	r.waitEvent(CheckpointWithheld, "step-1")
+	r := startUploader(t, t.TempDir(), bs, 0)
+	writtenAfterMarker(t, r, bs, "step-1", "late.bin")
 	r.stop()
 	if l := r.logs.String(); strings.Contains(l, "did not complete in time") {
 		t.Errorf("the stop waited for the marker a file was written after:\n%s", l)
