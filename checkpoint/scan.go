@@ -371,15 +371,15 @@ var (
 	errScanSymlink = errors.New("checkpoint: a symbolic link, which is never followed; the checkpoint without the file it names would be torn")
 )
 
-// irregularErr returns why a path of mode inside a checkpoint directory (not its marker), neither
-// a regular file nor a directory, keeps its checkpoint from being committed: a symbolic link
-// stands for a file of the checkpoint. Nil for a socket, a device or a FIFO, which hold no data
-// of the save: they are skipped with a log line.
-func irregularErr(mode fs.FileMode) error {
-	if mode&fs.ModeSymlink != 0 {
-		return errScanSymlink
+// irregularSkip says how a path of mode inside a checkpoint directory, neither a regular file nor
+// a directory, is skipped: with err when it keeps its checkpoint from being committed (a symbolic
+// link stands for a file of the checkpoint; not the marker, which then never completes it), else
+// with its kind alone (a socket, a device or a FIFO holds no data of the save).
+func irregularSkip(mode fs.FileMode, marker bool) (kind string, err error) {
+	if mode&fs.ModeSymlink != 0 && !marker {
+		return "", errScanSymlink
 	}
-	return nil
+	return scanKind(mode), nil
 }
 
 // check returns why the regular file fi must not be reported, or nil if it may be.
@@ -712,12 +712,11 @@ func (s *scanWalker) walkDir(parent *os.Root, base string, want fs.FileInfo, ckp
 				s.refuse(p, s.owner.check(fi))
 			}
 		default:
-			if err := irregularErr(fi.Mode()); err != nil && p != s.marker {
-				s.skip(ckpt+"/"+p, "", err)
+			kind, err := irregularSkip(fi.Mode(), p == s.marker)
+			s.skip(ckpt+"/"+p, kind, err)
+			if err != nil {
 				s.refuse(p, err)
-				continue
 			}
-			s.skip(ckpt+"/"+p, scanKind(fi.Mode()), nil)
 		}
 	}
 	return errors.Join(errs...)

@@ -1594,11 +1594,8 @@ func (r *watchRun) changed(rel string) {
 			r.refresh(name, c)
 		}
 	default:
-		if err := irregularErr(fi.Mode()); err != nil && sub != r.marker {
-			r.skip(rel, "", err) // its checkpoint is withheld when its marker comes (walkDir)
-		} else {
-			r.skip(rel, scanKind(fi.Mode()), nil)
-		}
+		kind, err := irregularSkip(fi.Mode(), sub == r.marker) // a link withholds its checkpoint when its marker comes (walkDir)
+		r.skip(rel, kind, err)
 		r.notUsable(name, sub, c)
 	}
 }
@@ -1765,10 +1762,9 @@ func (r *watchRun) ready(key string) {
 		r.unreport(key)
 		return
 	case !fi.Mode().IsRegular():
-		if err := irregularErr(fi.Mode()); err != nil && sub != r.marker {
-			r.skip(key, "", err)
-		} else if !fi.IsDir() {
-			r.skip(key, scanKind(fi.Mode()), nil)
+		if !fi.IsDir() {
+			kind, err := irregularSkip(fi.Mode(), sub == r.marker)
+			r.skip(key, kind, err)
 		}
 		r.unreport(key)
 		r.pruneRel(key)
