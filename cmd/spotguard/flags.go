@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"regexp"
 	"strings"
 
 	"github.com/spotguard/spotguard/agent"
@@ -98,15 +99,25 @@ func (fs *flagSet) parse(args []string) (int, bool) {
 	case fs.refusal != "":
 		return fs.usageError("%s", fs.refusal), false
 	case err != nil:
-		if name, ok := strings.CutPrefix(err.Error(), "flag provided but not defined: -"); ok && strings.Contains(name, ".") && fs.cf != nil {
-			fmt.Fprintf(fs.stderr, "spotguard %s: %v\nrun 'spotguard config -h' for the configuration keys\n", fs.name, err)
+		msg := dashDash(err.Error())
+		if name, ok := strings.CutPrefix(msg, "flag provided but not defined: --"); ok && strings.Contains(name, ".") && fs.cf != nil {
+			fmt.Fprintf(fs.stderr, "spotguard %s: %s\nrun 'spotguard config -h' for the configuration keys\n", fs.name, msg)
 			return exitUsage, false
 		}
-		return fs.usageError("%v", err), false
+		return fs.usageError("%s", msg), false
 	case fs.NArg() > 0:
 		return fs.usageError("unexpected argument %q", fs.Arg(0)), false
 	}
 	return exitOK, true
+}
+
+// flagInMessage is a flag's name as the flag package writes it in its errors: one dash.
+var flagInMessage = regexp.MustCompile(`(: | for flag | for )-([^-\s:][^\s:]*)`)
+
+// dashDash writes the flag names in an error of the flag package as the help and the docs do,
+// with two dashes: "flag provided but not defined: --bogus", not "-bogus".
+func dashDash(msg string) string {
+	return flagInMessage.ReplaceAllString(msg, "$1--$2")
 }
 
 // usageError says what is wrong with the command line in one line, and where its flags are in

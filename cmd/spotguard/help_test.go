@@ -160,7 +160,7 @@ func TestUsageErrorsAreTwoLines(t *testing.T) {
 	var tests []tc
 	for _, c := range commands() {
 		tests = append(tests, tc{[]string{c.name, "--no-such-flag"}, []string{
-			"spotguard " + c.name + ": flag provided but not defined: -no-such-flag",
+			"spotguard " + c.name + ": flag provided but not defined: --no-such-flag",
 			"run 'spotguard " + c.name + " -h' for its flags",
 		}})
 	}
@@ -170,11 +170,11 @@ func TestUsageErrorsAreTwoLines(t *testing.T) {
 		tc{[]string{"--store.url", "s3://b/p", "run"}, []string{"spotguard: --store.url before a command: flags go after the command (spotguard <command> --store.url ...)", names}},
 		tc{[]string{"config", "extra"}, []string{`spotguard config: unexpected argument "extra"`, "run 'spotguard config -h' for its flags"}},
 		tc{[]string{"version", "x"}, []string{`spotguard version: unexpected argument "x"`, "run 'spotguard version -h' for its flags"}},
-		tc{[]string{"restore", "--to"}, []string{"spotguard restore: flag needs an argument: -to", "run 'spotguard restore -h' for its flags"}},
+		tc{[]string{"restore", "--to"}, []string{"spotguard restore: flag needs an argument: --to", "run 'spotguard restore -h' for its flags"}},
 		tc{[]string{"restore", "--commit", "c1"}, []string{"spotguard restore: --commit needs --checkpoint", "run 'spotguard restore -h' for its flags"}},
 		tc{[]string{"restore", "--checkpoint", ""}, []string{"spotguard restore: --checkpoint is empty: give a value, or leave the flag out", "run 'spotguard restore -h' for its flags"}},
 		tc{[]string{"restore", "--checkpoint", "step-1", "--commit="}, []string{"spotguard restore: --commit is empty: give a value, or leave the flag out", "run 'spotguard restore -h' for its flags"}},
-		tc{[]string{"restore", "--imds.pollinterval", "1s"}, []string{"spotguard restore: flag provided but not defined: -imds.pollinterval", "run 'spotguard config -h' for the configuration keys"}},
+		tc{[]string{"restore", "--imds.pollinterval", "1s"}, []string{"spotguard restore: flag provided but not defined: --imds.pollinterval", "run 'spotguard config -h' for the configuration keys"}},
 		tc{[]string{"drill", "--files", "0"}, []string{"spotguard drill: --files 0: want at least 1", "run 'spotguard drill -h' for its flags"}},
 		tc{[]string{"help", "restore", "x"}, []string{`spotguard help: unexpected argument "x"`, "run 'spotguard -h' for the commands"}},
 	)

@@ -136,7 +136,7 @@ func TestNotifyFailures(t *testing.T) {
 		{"unknown action", []string{"--listen", dead, "--deadline", future, "--action", "nap"}, exitUsage, `unknown action "nap"`},
 		{"listen not host:port", []string{"--listen", "http://127.0.0.1:9402", "--deadline", future}, exitUsage, "not host:port"},
 		{"stray argument", []string{"--deadline", future, "now"}, exitUsage, `unexpected argument "now"`},
-		{"unknown flag", []string{"--deadlne", future}, exitUsage, "flag provided but not defined: -deadlne"},
+		{"unknown flag", []string{"--deadlne", future}, exitUsage, "flag provided but not defined: --deadlne"},
 		{"agent not running", []string{"--listen", dead, "--deadline", future}, exitFail, "no agent is listening on " + dead + " (connection refused)"},
 		{"agent stopping", []string{"--listen", strings.TrimPrefix(refusing.URL, "http://"), "--deadline", future}, exitFail, "refused the notice: 503 Service Unavailable: agent: stopping"},
 		{"not an agent", []string{"--listen", strings.TrimPrefix(notAgent.URL, "http://"), "--deadline", future}, exitFail, "404 Not Found: 404 page not found (is this a spotguard agent"},

@@ -18,7 +18,7 @@ func TestCLIVersionAndUsageErrors(t *testing.T) {
 		args []string
 		want string
 	}{
-		{[]string{"restore", "--bogus"}, "spotguard restore: flag provided but not defined: -bogus\nrun 'spotguard restore -h' for its flags\n"},
+		{[]string{"restore", "--bogus"}, "spotguard restore: flag provided but not defined: --bogus\nrun 'spotguard restore -h' for its flags\n"},
 		{[]string{"drill", "--size", "8MiB", "--store.url", "file:///tmp/x"}, "spotguard drill: --store.url is not used by drill: its store is --store URL\nrun 'spotguard drill -h' for its flags\n"},
 		{[]string{"drill", "--size", "8MiB", "--checkpoint.dir", t.TempDir()}, "spotguard drill: --checkpoint.dir is not used by drill: its trainer writes into --checkpoint-dir DIR\nrun 'spotguard drill -h' for its flags\n"},
 		{[]string{"restore", "--mount-wait", "5s", "--to", t.TempDir()}, "spotguard restore: --mount-wait needs --no-create (without it a missing DIR is created at once)\nrun 'spotguard restore -h' for its flags\n"},
