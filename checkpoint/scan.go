@@ -84,15 +84,19 @@ const scanDefaultMarker = "_COMPLETE"
 //   - regular files with more than one hard link that the owner of dir does not own (unless
 //     that owner is root): another name of the same file may be one the trainer could not read
 //     (a link to a file outside dir); its own files linked (cp -al) are the trainer's;
-//   - regular files that the owner of dir could not read (see above).
+//   - regular files that the owner of dir could not read (see above);
+//   - files and directories inside a checkpoint directory that the agent itself may not look
+//     at (permission denied: it runs as another user than the trainer, without root's rights).
 //
 // A skipped non-regular file is left out of its checkpoint as if it were not there, and a
 // skipped single file is no checkpoint. A checkpoint directory with a name or a regular file
-// skipped with an error (the last three above) is not complete (ErrNotStorable): it cannot be
-// committed whole, and never is without them.
+// skipped with an error (the last four above) is not complete (ErrNotStorable): it cannot be
+// committed whole, and never is without them; one whose marker the agent may not look at is
+// returned with the directory standing for its marker, so that it is withheld, not taken for
+// one still being written.
 //
-// A checkpoint directory part of which cannot be read (permission denied, or a directory
-// replaced while it was read) is logged at Error level and returned with Complete false, so
+// A checkpoint directory part of which cannot be read (a directory replaced while it was
+// read, an I/O error) is logged at Error level and returned with Complete false, so
 // a caller never takes a partial listing for a complete checkpoint. Entries that vanish while
 // dir is read are left out without a word.
 //
@@ -339,7 +343,11 @@ func (r *scanRefused) error(ckpt string) error {
 	if r.n > 1 {
 		more = fmt.Sprintf(" (and %d more)", r.n-1)
 	}
-	return fmt.Errorf("%w: %s/%s: %w%s; %s", ErrNotStorable, ckpt, r.first, r.err, more, notStorableFixFor(r.err))
+	p := ckpt
+	if r.first != "" {
+		p += "/" + r.first
+	}
+	return fmt.Errorf("%w: %s: %w%s; %s", ErrNotStorable, p, r.err, more, notStorableFixFor(r.err))
 }
 
 // notStorableFix says what to do about a checkpoint that is ErrNotStorable; notStorableFixFor
@@ -355,8 +363,11 @@ const keyTooLongFix = "give the file a shorter path (or the checkpoint a shorter
 
 // notStorableFixFor returns the fix for a file that cannot be stored because of err.
 func notStorableFixFor(err error) string {
-	if errors.Is(err, errKeyTooLong) {
+	switch {
+	case errors.Is(err, errKeyTooLong):
 		return keyTooLongFix
+	case errors.Is(err, errAgentDenied):
+		return agentDeniedFix
 	}
 	return notStorableFix
 }
@@ -369,7 +380,24 @@ var (
 	// that is never followed; committed without what it names, the checkpoint would be torn
 	// (found from outside: a link to the weights, committed without them, restored "complete").
 	errScanSymlink = errors.New("checkpoint: a symbolic link, which is never followed; the checkpoint without the file it names would be torn")
+	// errAgentDenied: the agent itself may not read a file or directory of a checkpoint
+	// (permission denied): it runs as a user other than the trainer's, without root's rights
+	// (found from outside: an agent run as nobody never committed a trainer's 0700 checkpoint
+	// directory, with a warning alone, and took a 0600 file for the store refusing).
+	errAgentDenied = errors.New("checkpoint: the agent may not read it (permission denied)")
 )
+
+// agentDeniedFix is notStorableFix for a file or directory the agent may not read.
+const agentDeniedFix = "run the agent as root, as the spotguard unit does, or as the trainer's user, or have the trainer write files " +
+	"the agent's user may read (umask, chmod): the checkpoint is then committed as it is"
+
+// agentDenied returns errAgentDenied if err is a permission error, else err.
+func agentDenied(err error) error {
+	if errors.Is(err, fs.ErrPermission) {
+		return errAgentDenied
+	}
+	return err
+}
 
 // irregularSkip says how a path of mode inside a checkpoint directory, neither a regular file nor
 // a directory, is skipped: with err when it keeps its checkpoint from being committed (a symbolic
@@ -561,6 +589,13 @@ func (s *scanWalker) refuse(rel string, err error) {
 	}
 }
 
+// denied skips the path rel (relative to root) of a checkpoint directory, sub within it, which
+// the agent may not look at (errAgentDenied), and counts it.
+func (s *scanWalker) denied(rel, sub string) {
+	s.skip(rel, "", errAgentDenied)
+	s.refuse(sub, errAgentDenied)
+}
+
 // usable reports whether the regular file at rel (relative to root, slash-separated), which
 // Lstat described as fi, may be reported; if not, it calls skip.
 func (s *scanWalker) usable(rel string, fi fs.FileInfo) bool {
@@ -635,8 +670,14 @@ func (s *scanWalker) top(name string) (scanFound, bool) {
 			// A marker that cannot be stored itself (a trainer running as root under umask
 			// 077 writes every file 0600, the marker too) is there all the same: the
 			// checkpoint is withheld, said, not taken for one still being written.
-			if mfi, err := s.root.Lstat(name + "/" + s.marker); err == nil && mfi.Mode().IsRegular() {
+			mfi, err := s.root.Lstat(name + "/" + s.marker)
+			switch {
+			case err == nil && mfi.Mode().IsRegular():
 				f.marker = mfi
+			case errors.Is(err, fs.ErrPermission):
+				// The agent may not look: the directory stands for its marker, which may be
+				// there, so that the checkpoint is withheld, said, never silently left out.
+				f.marker = fi
 			}
 		}
 		slices.SortFunc(f.files, func(a, b scanFile) int { return strings.Compare(a.Path, b.Path) })
@@ -666,10 +707,13 @@ func (s *scanWalker) walkDir(parent *os.Root, base string, want fs.FileInfo, ckp
 		s.onDir(rel)
 	}
 	d, err := parent.OpenRoot(base)
-	if errors.Is(err, fs.ErrNotExist) {
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
 		return nil
-	}
-	if err != nil {
+	case errors.Is(err, fs.ErrPermission):
+		s.denied(rel, sub)
+		return nil
+	case err != nil:
 		return fmt.Errorf("open %s: %w", rel, err)
 	}
 	defer func() { _ = d.Close() }() // a directory: nothing was written
@@ -679,7 +723,11 @@ func (s *scanWalker) walkDir(parent *os.Root, base string, want fs.FileInfo, ckp
 		return fmt.Errorf("%s was replaced while it was read", rel)
 	}
 	names, err := scanReadDir(d, ".")
-	if err != nil {
+	switch {
+	case errors.Is(err, fs.ErrPermission):
+		s.denied(rel, sub)
+		return nil
+	case err != nil:
 		return fmt.Errorf("read %s: %w", rel, err)
 	}
 	var errs []error
@@ -698,6 +746,8 @@ func (s *scanWalker) walkDir(parent *os.Root, base string, want fs.FileInfo, ckp
 		fi, err := d.Lstat(name)
 		switch {
 		case errors.Is(err, fs.ErrNotExist):
+		case errors.Is(err, fs.ErrPermission):
+			s.denied(ckpt+"/"+p, p)
 		case err != nil:
 			errs = append(errs, fmt.Errorf("lstat %s/%s: %w", ckpt, p, err))
 		case fi.IsDir():

@@ -2138,6 +2138,15 @@ func (u *Uploader) fileReady(ev WatchEvent) {
 			return // refused already, and said so
 		}
 		delete(g.refused, ev.Path)
+		if len(g.refused) == 0 && g.withheld && !g.complete && !g.single && !g.marker.isZero() && !rewriteOf(why.id, ev.ID) && !errors.Is(why.err, errKeyTooLong) {
+			// The file its commit was refused for is fixed (a chmod), its bytes as they were at
+			// the marker, which is still the one Complete named: complete again, as the fix
+			// promised, without the marker written again (found from outside: it waited for
+			// the marker for good).
+			g.complete, g.withheld, g.withheldAt = true, false, time.Time{}
+			u.log.Info().Str("checkpoint", g.name).Str("file", ev.Path).
+				Msg("the file that kept the checkpoint from being committed can be stored now; committing it")
+		}
 	}
 	if g.sealed && (f == nil || f.done == nil || !f.done.id.Same(ev.ID)) {
 		g = u.replaceSealed(g)
@@ -2957,7 +2966,8 @@ var errChangedWhileSending = errors.New("file changed while it was being read")
 // ever read even if the trainer swaps a directory for a symlink. It refuses a symlink as the file
 // itself, anything that is not a regular file and a file with more than one hard link that the
 // owner of dir does not own (the agent may read what the trainer could not; scanOwner.mayLink),
-// and returns the file's FileID.
+// and returns the file's FileID. A file the agent may not open (permission denied) is
+// errUnusable too.
 func openLocal(dir, rel string) (*os.File, FileID, error) {
 	local := filepath.Join(dir, rel)
 	root, err := os.OpenRoot(dir)
@@ -2966,6 +2976,10 @@ func openLocal(dir, rel string) (*os.File, FileID, error) {
 	}
 	defer root.Close()
 	f, err := root.OpenFile(rel, os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0)
+	if errors.Is(err, fs.ErrPermission) {
+		// The agent's own rights, not the store's: no retry helps until the file changes.
+		return nil, FileID{}, fmt.Errorf("open %s: %w: %w", local, errAgentDenied, errUnusable)
+	}
 	if err != nil {
 		return nil, FileID{}, fmt.Errorf("open %s: %w", local, err)
 	}
@@ -3403,7 +3417,11 @@ func (u *Uploader) handleCommit(ctx context.Context, r commitResult) {
 		}
 		u.markDirty(g)
 	case errors.Is(r.notComplete, ErrNotStorable):
-		log.Error().Err(r.notComplete).Msg("checkpoint not committed: a file of it cannot be stored; waiting for its marker to be written again")
+		msg := "checkpoint not committed: a file of it cannot be stored; committed once that file is fixed"
+		if errors.Is(r.notComplete, errKeyTooLong) {
+			msg = "checkpoint not committed: a file of it cannot be stored; waiting for its marker to be written again"
+		}
+		log.Error().Err(r.notComplete).Msg(msg)
 		if !g.withheld {
 			g.withheldAt = time.Now()
 		}

@@ -1453,13 +1453,12 @@ func (r *watchRun) handle(ev fsnotify.Event) {
 		}
 		return
 	}
-	if name, _, nested := strings.Cut(rel, "/"); nested {
-		if c := r.ckpts[name]; c != nil && c.withheld != "" {
-			// Whatever changed may be what kept it from being complete (a chmod, a file
-			// deleted or renamed): read it again at the next tick, once for any number of
-			// events (chmod -R).
-			c.retry = true
-		}
+	top, _, _ := strings.Cut(rel, "/")
+	if c := r.ckpts[top]; c != nil && c.withheld != "" {
+		// Whatever changed may be what kept it from being complete (a chmod, of the checkpoint
+		// directory too, a file deleted or renamed): read it again at the next tick, once for
+		// any number of events (chmod -R).
+		c.retry = true
 	}
 	if ev.Has(fsnotify.Remove) || ev.Has(fsnotify.Rename) {
 		r.gone(rel, ev.Has(fsnotify.Rename) && !ev.Has(fsnotify.Remove))
@@ -1569,6 +1568,14 @@ func (r *watchRun) changed(rel string) {
 	fi, err := r.walker.lstat(rel)
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
+	case errors.Is(err, fs.ErrPermission):
+		// The agent may not look at it (its directory is the trainer's, 0700): what it holds,
+		// the marker perhaps, is never committed; the checkpoint is withheld until it may.
+		r.skip(rel, "", errAgentDenied)
+		r.notUsable(name, sub, c)
+		if !c.complete {
+			r.refresh(name, c)
+		}
 	case err != nil:
 		r.skip(rel, "", err)
 		r.notUsable(name, sub, c)
@@ -1630,7 +1637,7 @@ func (r *watchRun) changedTop(name string) {
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
 	case err != nil:
-		r.skip(name, "", err)
+		r.skip(name, "", agentDenied(err))
 		r.unreport(name)
 	case fi.IsDir():
 		if c != nil && !c.single {
@@ -1695,7 +1702,10 @@ func (r *watchRun) notComplete(c *watchCkpt, f scanFound) {
 	}
 	c.withheld = f.err.Error()
 	msg := "marker is there but the checkpoint directory could not be read in full; not complete"
-	if errors.Is(f.err, ErrNotStorable) {
+	switch {
+	case errors.Is(f.err, errAgentDenied):
+		msg = "the agent may not read the checkpoint directory, complete or not: it is not committed while it cannot"
+	case errors.Is(f.err, ErrNotStorable):
 		msg = "marker is there but a file of the checkpoint cannot be stored; not complete, and never committed without it"
 	}
 	r.log.Error().Err(f.err).Str("checkpoint", f.name).Msg(msg)
@@ -1758,7 +1768,7 @@ func (r *watchRun) ready(key string) {
 		r.pruneRel(key)
 		return
 	case err != nil:
-		r.skip(key, "", err)
+		r.skip(key, "", agentDenied(err))
 		r.unreport(key)
 		return
 	case !fi.Mode().IsRegular():

@@ -36,6 +36,9 @@ func TestMain(m *testing.M) {
 	_, file, _, _ := runtime.Caller(0)
 	repoRoot = filepath.Clean(filepath.Join(filepath.Dir(file), "..", ".."))
 	dir, err := os.MkdirTemp("", "spotguard-e2e-")
+	if err == nil {
+		err = os.Chmod(dir, 0o755) // an agent run as another user (startAgentAs) runs the binary in it
+	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
@@ -281,7 +284,30 @@ func startAgent(t testing.TB, sim *imdsSim, env ...string) *agentProc {
 // startAgentWithConfig is startAgent with a config file holding config (ap.configPath).
 func startAgentWithConfig(t testing.TB, sim *imdsSim, config string, env ...string) *agentProc {
 	t.Helper()
+	return startAgentAs(t, sim, 0, config, env...)
+}
+
+// startAgentAs is startAgentWithConfig with the agent running as the user and group uid (0:
+// the test's own); its files (config, runtime_dir, HOME) are in a directory that user owns.
+func startAgentAs(t testing.TB, sim *imdsSim, uid int, config string, env ...string) *agentProc {
+	t.Helper()
 	dir := t.TempDir()
+	if uid != 0 {
+		needRoot(t, "to run the agent as another user")
+		// t.TempDir's parent is the test's own, 0700: this directory is one the user can reach.
+		d, err := os.MkdirTemp("", "spotguard-agent-")
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { os.RemoveAll(d) })
+		if err := os.Chmod(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chown(d, uid, uid); err != nil {
+			t.Fatal(err)
+		}
+		dir = d
+	}
 	port := freePort(t)
 	ap := &agentProc{
 		done:       make(chan struct{}),
@@ -294,6 +320,9 @@ func startAgentWithConfig(t testing.TB, sim *imdsSim, config string, env ...stri
 		t.Fatal(err)
 	}
 	cmd := exec.Command(spotguardBin, "run", "--config", ap.configPath)
+	if uid != 0 {
+		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uint32(uid), Gid: uint32(uid)}}
+	}
 	cmd.Env = append([]string{
 		"PATH=" + os.Getenv("PATH"),
 		"HOME=" + dir,

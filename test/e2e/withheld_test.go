@@ -189,3 +189,98 @@ func saveAtomically(t testing.TB, path string, mode os.FileMode, uid int) {
 		t.Fatal(err)
 	}
 }
+
+// The agent runs as a user other than the trainer's, without root's rights (nobody here; the
+// unit runs it as root), and the trainer, root, saves a checkpoint into a directory it made
+// 0700 and another with a 0600 file: the agent may not read them. Neither is committed, and
+// that is said: an error naming each and the fix, the counter, /healthz 503. Once the agent may
+// read them they are committed whole, without their markers being written again. (Found from
+// outside: the 0700 directory was never committed, with a warning alone and /healthz 200, and
+// the 0600 file was taken for the store refusing, with the store's fix.)
+func TestCheckpointTheAgentMayNotReadIsWithheld(t *testing.T) {
+	needPeers(t)
+	needRoot(t, "to run the agent as another user than the trainer")
+	const agentUID = 65534
+	ts := newS3TestStore(startS3(t), "agent-denied")
+	const job = "agent-denied"
+	sim := quietIMDS(t)
+	dir, err := os.MkdirTemp("", "spotguard-ckpt-") // root's, as the trainer's; the agent may list it
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	env := append([]string{"SPOTGUARD_CHECKPOINT_DIR=" + dir, "SPOTGUARD_STORE_PART_SIZE=5MiB", noTrainer}, ts.jobEnv(job, "")...)
+	ap := startAgentAs(t, sim, agentUID, "# defaults\n", env...)
+
+	// step-1: a directory made 0700 before anything was written into it.
+	step1 := filepath.Join(dir, "step-1")
+	if err := os.Mkdir(step1, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	saveAtomically(t, filepath.Join(step1, "model.pt"), 0o644, -1)
+	writeSynced(t, filepath.Join(step1, "_COMPLETE"), nil)
+	eventually(t, 15*time.Second, "an error saying the agent may not read step-1", func() bool {
+		return len(ap.logLines(t, "the agent may not read the checkpoint directory, complete or not: it is not committed while it cannot")) > 0
+	})
+	// step-2: a 0600 file in a directory the agent may read.
+	step2 := filepath.Join(dir, "step-2")
+	if err := os.Mkdir(step2, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	saveAtomically(t, filepath.Join(step2, "model.pt"), 0o644, -1)
+	saveAtomically(t, filepath.Join(step2, "optimizer.pt"), 0o600, -1)
+	syncDir(t, step2)
+	writeSynced(t, filepath.Join(step2, "_COMPLETE"), nil)
+	var reasons []string
+	eventually(t, 15*time.Second, "/healthz to be 503 naming step-2/optimizer.pt, which the agent may not read", func() bool {
+		code, h := ap.healthz(t)
+		reasons = h.Reasons
+		return code == 503 && slices.ContainsFunc(h.Reasons, func(r string) bool {
+			return strings.Contains(r, "checkpoint step-2") && strings.Contains(r, "optimizer.pt") &&
+				strings.Contains(r, "the agent may not read it") && strings.Contains(r, "run the agent as root")
+		})
+	})
+	t.Logf("/healthz reasons: %q", reasons)
+	lines := ap.logLines(t, "the agent may not read the checkpoint directory, complete or not: it is not committed while it cannot")
+	if len(lines) == 0 || lines[0]["level"] != "error" || lines[0]["checkpoint"] != "step-1" ||
+		!strings.Contains(lines[0]["error"].(string), "run the agent as root") {
+		t.Errorf("log lines for step-1 = %v; want an error naming step-1 and the fix", lines)
+	}
+	for _, l := range ap.logLines(t, "checkpoint upload failing; retrying") {
+		t.Errorf("the agent's own rights were taken for the store failing: %v", l)
+	}
+	if n := metricValue(t, ap.metrics(t), "spotguard_checkpoints_withheld_total"); n < 2 {
+		t.Errorf("spotguard_checkpoints_withheld_total = %v; want at least 2", n)
+	}
+	if got := ts.list(t, job); len(got) != 0 {
+		t.Fatalf("committed while the agent could not read them: %+v", got)
+	}
+
+	// The agent may read both now: both committed whole, healthy, restored byte for byte.
+	if err := os.Chmod(step1, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(filepath.Join(step2, "optimizer.pt"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	waitCommitted(t, ap, ts, job, "step-2", 20*time.Second)
+	want := map[string][]string{"step-1": {"_COMPLETE", "model.pt"}, "step-2": {"_COMPLETE", "model.pt", "optimizer.pt"}}
+	eventually(t, 15*time.Second, "step-1 to be committed too", func() bool {
+		return slices.ContainsFunc(ts.list(t, job), func(c listedCommit) bool { return c.Checkpoint == "step-1" })
+	})
+	for _, c := range ts.list(t, job) {
+		if got := c.paths(); !slices.Equal(got, want[c.Checkpoint]) {
+			t.Errorf("%s committed with %q; want %q", c.Checkpoint, got, want[c.Checkpoint])
+		}
+	}
+	eventually(t, 15*time.Second, "/healthz to be 200 again", func() bool {
+		code, _ := ap.healthz(t)
+		return code == 200
+	})
+	to := t.TempDir()
+	ts.restore(t, job, to)
+	sameTree(t, step2, filepath.Join(to, "step-2"))
+}
