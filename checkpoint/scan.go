@@ -432,13 +432,31 @@ func (o scanOwner) check(fi fs.FileInfo) error {
 func (o scanOwner) mayLink(uid uint32) bool { return o.uid == 0 || uid == o.uid }
 
 // canRead reports whether o could read a file with owner uid, group gid and permission bits
-// perm: o is root, or owns the file and perm has 0400, or has its group and perm has 0040, or
-// perm has 0004.
-func (o scanOwner) canRead(uid, gid uint32, perm fs.FileMode) bool {
-	return o.uid == 0 ||
-		(uid == o.uid && perm&0o400 != 0) ||
-		(gid == o.gid && perm&0o040 != 0) ||
-		perm&0o004 != 0
+// perm (see may).
+func (o scanOwner) canRead(uid, gid uint32, perm fs.FileMode) bool { return o.may(uid, gid, perm, 0o4) }
+
+// canSearch reports whether o could reach what is inside the directory fi (see may): a file
+// in a directory the trainer could not enter (a root trainer's 0700 one) is one it could not
+// read, whatever its own bits.
+func (o scanOwner) canSearch(fi fs.FileInfo) bool {
+	st, ok := fileStat(fi)
+	return !ok || o.may(st.uid, st.gid, fi.Mode().Perm(), 0o1)
+}
+
+// may reports whether o may do what the permission bit bit (0o4 read, 0o1 search) of the
+// others allows, on a file with owner uid, group gid and permission bits perm, as the kernel
+// decides: o is root; or o owns the file, and the owner's bit says; or o has its group, and the
+// group's bit says; or the others' bit says.
+func (o scanOwner) may(uid, gid uint32, perm fs.FileMode, bit fs.FileMode) bool {
+	switch {
+	case o.uid == 0:
+		return true
+	case uid == o.uid:
+		return perm&(bit<<6) != 0
+	case gid == o.gid:
+		return perm&(bit<<3) != 0
+	}
+	return perm&bit != 0
 }
 
 // fileTypes name the types of files that are neither regular nor directories: kind for log
@@ -722,6 +740,13 @@ func (s *scanWalker) walkDir(parent *os.Root, base string, want fs.FileInfo, ckp
 	if got, err := d.Stat("."); err != nil || !os.SameFile(want, got) {
 		return fmt.Errorf("%s was replaced while it was read", rel)
 	}
+	if !s.owner.canSearch(want) {
+		// Nothing below it could the owner of dir read (found from outside: a root-owned 0644
+		// file in a root trainer's 0700 directory was committed and restored to the user).
+		s.skip(rel, "", errScanUnreadable)
+		s.refuse(sub, errScanUnreadable)
+		return nil
+	}
 	names, err := scanReadDir(d, ".")
 	switch {
 	case errors.Is(err, fs.ErrPermission):
@@ -773,7 +798,8 @@ func (s *scanWalker) walkDir(parent *os.Root, base string, want fs.FileInfo, ckp
 }
 
 // lstat is Lstat of rel (relative to root, slash-separated) that also refuses a path any of
-// whose parents is not a directory, such as a symbolic link: that is reported as not existing.
+// whose parents is not a directory, such as a symbolic link: that is reported as not existing;
+// and one with a parent the owner of dir could not enter (errScanUnreadable).
 func (s *scanWalker) lstat(rel string) (fs.FileInfo, error) {
 	for i := range len(rel) {
 		if rel[i] != '/' {
@@ -785,6 +811,9 @@ func (s *scanWalker) lstat(rel string) (fs.FileInfo, error) {
 		}
 		if !fi.IsDir() {
 			return nil, fmt.Errorf("%s is not a directory: %w", rel[:i], fs.ErrNotExist)
+		}
+		if !s.owner.canSearch(fi) {
+			return nil, fmt.Errorf("%s: %w", rel[:i], errScanUnreadable)
 		}
 	}
 	return s.root.Lstat(rel)

@@ -1568,13 +1568,14 @@ func (r *watchRun) changed(rel string) {
 	fi, err := r.walker.lstat(rel)
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
-	case errors.Is(err, fs.ErrPermission):
-		// The agent may not look at it (its directory is the trainer's, 0700): what it holds,
-		// the marker perhaps, is never committed; the checkpoint is withheld until it may.
-		r.skip(rel, "", errAgentDenied)
+	case errors.Is(err, fs.ErrPermission) || errors.Is(err, errScanUnreadable):
+		// The agent may not look at it (its directory is the trainer's, 0700), or the owner of
+		// Dir could not reach it (a root trainer's 0700 directory): what it holds, the marker
+		// perhaps, is never committed; the checkpoint is withheld until that changes.
+		r.skip(rel, "", agentDenied(err))
 		r.notUsable(name, sub, c)
-		if !c.complete {
-			r.refresh(name, c)
+		if sub == r.marker && !c.complete {
+			r.refresh(name, c) // once for the checkpoint, not once for each of its files
 		}
 	case err != nil:
 		r.skip(rel, "", err)

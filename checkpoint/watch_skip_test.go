@@ -383,6 +383,10 @@ func TestScanOwnerCanRead(t *testing.T) {
 		{"owner bit of another user", o, 9, 9, 0o400, false},
 		{"nothing", o, 1000, 2000, 0o000, false},
 		{"write and execute only", o, 1000, 2000, 0o333, false},
+		// As the kernel decides: the owner's bits alone count for the owner, the group's for
+		// the group.
+		{"owner without its bit, though the others have it", o, 1000, 9, 0o044, false},
+		{"group without its bit, though the others have it", o, 9, 2000, 0o404, false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -429,4 +433,89 @@ func TestMarkerBelowTheTopIsWarnedOf(t *testing.T) {
 	if len(lines) != 2 || got["run1"] != want["run1"] || got["run2"] != want["run2"] {
 		t.Errorf("warnings %v; want one for run1 and one for run2: %v", lines, want)
 	}
+}
+
+// TestFilesInADirectoryTheOwnerCannotEnterAreSkipped: a file the trainer (the owner of the
+// checkpoint directory) could not reach, because a directory above it is one it could not enter,
+// is one it could not read, whatever its own bits: never reported, and its checkpoint withheld.
+// (Found from outside: a root-owned 0644 file in a root trainer's 0700 directory was sent while
+// it was written, committed, and restored to the user, readable.)
+func TestFilesInADirectoryTheOwnerCannotEnterAreSkipped(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: the files must belong to another user than the checkpoint directory's owner")
+	}
+	const owner = 12345
+	// place writes step-1 into dir as the h29 trainers did: the owner's a.bin, a 0700 directory
+	// of root's with a 0644 file, and a directory of the owner's made 000 after a file was
+	// written into it. It returns the paths of the files the owner could not read.
+	place := func(t *testing.T, dir string) []string {
+		t.Helper()
+		ck := filepath.Join(dir, "step-1")
+		for _, d := range []string{ck, filepath.Join(ck, "locked")} {
+			if err := os.Mkdir(d, 0o755); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Chown(d, owner, owner); err != nil {
+				t.Fatal(err)
+			}
+		}
+		scanWrite(t, filepath.Join(ck, "a.bin"), "the owner's")
+		if err := os.Mkdir(filepath.Join(ck, "rootdir"), 0o700); err != nil {
+			t.Fatal(err)
+		}
+		scanWrite(t, filepath.Join(ck, "rootdir", "f.bin"), "root's secret")
+		scanWrite(t, filepath.Join(ck, "locked", "h.bin"), "the owner's, locked away")
+		if err := os.Chmod(filepath.Join(ck, "locked"), 0); err != nil {
+			t.Fatal(err)
+		}
+		return []string{filepath.Join(ck, "locked"), filepath.Join(ck, "rootdir")}
+	}
+	newDir := func(t *testing.T) string {
+		t.Helper()
+		dir := t.TempDir()
+		if err := os.Chown(dir, owner, owner); err != nil {
+			t.Fatal(err)
+		}
+		return dir
+	}
+
+	t.Run("Scan", func(t *testing.T) {
+		dir := newDir(t)
+		unreachable := place(t, dir)
+		scanWrite(t, filepath.Join(dir, "step-1", "_COMPLETE"), "")
+		logs := &scanLogs{}
+		list, err := Scan(dir, "", "", zerolog.New(logs))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got, want := skipNames(list), []string{"step-1 complete=false", "step-1/a.bin"}; !slices.Equal(got, want) {
+			t.Errorf("Scan() = %v; want %v", got, want)
+		}
+		skipCheckLines(t, logs, errScanUnreadable, unreachable...)
+	})
+	t.Run("watcher", func(t *testing.T) {
+		dir := newDir(t)
+		h, _ := watchStart(t, dir, WatchConfig{})
+		place(t, dir)
+		if got, want := skipReady(h.barrier()), []string{"step-1/a.bin"}; !slices.Equal(got, want) {
+			t.Errorf("FileReady for %v; want only %v", got, want)
+		}
+		ck := filepath.Join(dir, "step-1")
+		scanWrite(t, filepath.Join(ck, "_COMPLETE"), "")
+		evs := h.until("Withheld step-1", func(ev WatchEvent) bool { return ev.Kind == Withheld })
+		if last := evs[len(evs)-1]; len(evs) != 1 || !errors.Is(last.Err, ErrNotStorable) || !errors.Is(last.Err, errScanUnreadable) {
+			t.Errorf("events = %s (%v); want Withheld step-1, the owner could not read it", watchFormat(evs), last.Err)
+		}
+		// Opened to the owner: the files are reported, and the checkpoint is complete without its
+		// marker written again.
+		for _, d := range []string{"rootdir", "locked"} {
+			if err := os.Chmod(filepath.Join(ck, d), 0o755); err != nil {
+				t.Fatal(err)
+			}
+		}
+		evs = h.untilComplete("step-1")
+		if got, want := skipReady(evs), []string{"step-1/locked/h.bin", "step-1/rootdir/f.bin"}; !slices.Equal(got, want) {
+			t.Errorf("events = %s; want FileReady for %v, then Complete", watchFormat(evs), want)
+		}
+	})
 }
