@@ -213,6 +213,9 @@ func Restore(ctx context.Context, s Store, opts RestoreOptions) (RestoreResult, 
 	if opts.To == "" {
 		return fail(errors.New("no destination directory"))
 	}
+	if err := restoreLinkCheck(opts.To); err != nil {
+		return fail(err)
+	}
 	if opts.Checkpoint != "" {
 		if err := ValidName(opts.Checkpoint); err != nil {
 			return fail(fmt.Errorf("checkpoint: %w", err))
@@ -1648,6 +1651,62 @@ func restoreOwnerOf(to *os.Root) *restoreOwner {
 		return nil
 	}
 	return &restoreOwner{uid: int(st.uid), gid: int(st.gid)}
+}
+
+// restoreLinkCheck refuses, when the restore runs as root, a destination to whose path passes
+// through a symbolic link that a user other than root owns, to a directory that is not that
+// user's: that user could point it anywhere (at /etc/systemd/system), and root would write the
+// checkpoint's directories and files there, with names and bytes the trainer chose (found from
+// outside). The agent counts such a link's owner as the owner of checkpoint.dir
+// (scanOwnerOfPath); a link of the trainer's to a directory of its own is fine. The nearest
+// directory of to that exists is what is looked at.
+func restoreLinkCheck(to string) error {
+	if os.Geteuid() != 0 {
+		return nil
+	}
+	abs, err := filepath.Abs(to)
+	if err != nil {
+		return nil
+	}
+	base := abs
+	fi, err := os.Stat(base)
+	for errors.Is(err, fs.ErrNotExist) && filepath.Dir(base) != base {
+		base = filepath.Dir(base)
+		fi, err = os.Stat(base)
+	}
+	if err != nil {
+		return nil // the restore says what is wrong with it
+	}
+	link, o := userLinkOnPath(base)
+	if link == "" {
+		return nil
+	}
+	if st, ok := fileStat(fi); ok && st.uid == o.uid {
+		return nil
+	}
+	return fmt.Errorf("destination %s passes through the symbolic link %s, which uid %d owns, to %s, which is not that user's: "+
+		"a restore as root does not write where another user's link points (give the real path, or make the directory that user's)",
+		to, link, o.uid, base)
+}
+
+// userLinkOnPath returns the first symbolic link on the path abs that a user other than root
+// owns, and its owner; "" if there is none.
+func userLinkOnPath(abs string) (string, scanOwner) {
+	p := string(filepath.Separator)
+	for _, el := range strings.Split(abs, string(filepath.Separator)) {
+		if el == "" {
+			continue
+		}
+		p = filepath.Join(p, el)
+		li, err := os.Lstat(p)
+		if err != nil || li.Mode()&fs.ModeSymlink == 0 {
+			continue
+		}
+		if o := scanOwnerOf(li); o.uid != 0 {
+			return p, o
+		}
+	}
+	return "", scanOwner{}
 }
 
 // restoreMkdirAll creates dir and the parents it lacks, as os.MkdirAll does. Run as root, the

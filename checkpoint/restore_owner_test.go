@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"syscall"
 	"testing"
 
@@ -209,4 +210,65 @@ func needRoot(t *testing.T, why string) {
 		}
 		t.Skipf("needs root, %s", why)
 	}
+}
+
+// A restore as root whose destination passes through a symbolic link of another user's (the
+// trainer's checkpoint.dir made a link) writes nothing where the link points unless that is a
+// directory of the same user's: that user could point it at /etc/systemd/system, and root would
+// write directories and files of the trainer's choosing there. (Found from outside: a restore
+// wrote root's files into a root directory through the trainer's link.)
+func TestRestoreAsRootDoesNotFollowAnotherUsersLinkElsewhere(t *testing.T) {
+	needRoot(t, "to restore through another user's link")
+	const uid = 12345
+	files := map[string]string{"model.pt": "weights", "_COMPLETE": ""}
+	s := newMemStore()
+	m := restoreTestManifest(t, restoreTestJob, "step-1", restoreTestT0, files)
+	for _, f := range m.Files {
+		s.put(f.Key, []byte(files[f.Path]))
+	}
+	restoreTestPutJSON(t, s, ManifestKey(restoreTestJob, "step-1", m.Commit), m)
+	link := func(t *testing.T, target string) string {
+		t.Helper()
+		home := t.TempDir()
+		if err := os.Chown(home, uid, uid); err != nil {
+			t.Fatal(err)
+		}
+		l := filepath.Join(home, "ckpt")
+		if err := os.Symlink(target, l); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Lchown(l, uid, uid); err != nil {
+			t.Fatal(err)
+		}
+		return l
+	}
+
+	for _, dest := range []string{"", "sub/deeper"} { // the link's target itself, or below it
+		t.Run("to root's directory/"+dest, func(t *testing.T) {
+			rootDir := t.TempDir() // root's
+			to := filepath.Join(link(t, rootDir), dest)
+			var log bytes.Buffer
+			_, err := Restore(t.Context(), s, restoreTestOpts(to, &log))
+			if err == nil || !strings.Contains(err.Error(), "passes through the symbolic link") || !strings.Contains(err.Error(), "uid 12345") {
+				t.Fatalf("Restore(%s) error = %v; want it refused, naming the link and its owner", to, err)
+			}
+			if names, _ := os.ReadDir(rootDir); len(names) != 0 {
+				t.Errorf("root's directory holds %v after the refused restore; want nothing", names)
+			}
+		})
+	}
+	t.Run("to the same user's directory", func(t *testing.T) {
+		own := t.TempDir()
+		if err := os.Chown(own, uid, uid); err != nil {
+			t.Fatal(err)
+		}
+		var log bytes.Buffer
+		res, err := Restore(t.Context(), s, restoreTestOpts(link(t, own), &log))
+		if err != nil {
+			t.Fatalf("Restore() error: %v", err)
+		}
+		if fi, err := os.Stat(filepath.Join(res.Dir, "model.pt")); err != nil || fi.Sys().(*syscall.Stat_t).Uid != uid {
+			t.Errorf("model.pt: %v, %v; want it restored, the user's", fi, err)
+		}
+	})
 }

@@ -276,19 +276,8 @@ func scanOwnerOfPath(dir string, fi fs.FileInfo) scanOwner {
 	if err != nil {
 		return scanOwnerOf(fi)
 	}
-	p := string(filepath.Separator)
-	for _, el := range strings.Split(abs, string(filepath.Separator)) {
-		if el == "" {
-			continue
-		}
-		p = filepath.Join(p, el)
-		li, err := os.Lstat(p)
-		if err != nil || li.Mode()&fs.ModeSymlink == 0 {
-			continue
-		}
-		if o := scanOwnerOf(li); o.uid != 0 {
-			return o
-		}
+	if link, o := userLinkOnPath(abs); link != "" {
+		return o
 	}
 	return scanOwnerOf(fi)
 }
