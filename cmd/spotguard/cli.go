@@ -252,6 +252,12 @@ func runAgent(ctx context.Context, args, environ []string, stdout, stderr io.Wri
 	stops := make(chan os.Signal, 2)
 	signal.Notify(stops, syscall.SIGTERM, syscall.SIGINT)
 	defer signal.Stop(stops)
+	// Caught from the start too, and handled once the agent runs: a SIGHUP or SIGUSR1 before
+	// that (a script signalling an agent just started) used to kill it, their default action
+	// (found from outside: exit 129, no log line).
+	sigs := make(chan os.Signal, 4)
+	signal.Notify(sigs, syscall.SIGHUP, syscall.SIGUSR1)
+	defer signal.Stop(sigs)
 	fs, cf := newFlagSet("run", "Run the agent until SIGTERM or SIGINT (a second one ends the drain of uncommitted checkpoints).", stdout, stderr)
 	if code, ok := fs.parse(args); !ok {
 		return code
@@ -314,9 +320,6 @@ func runAgent(ctx context.Context, args, environ []string, stdout, stderr io.Wri
 	}
 	notify := systemd.NewNotifier(env["NOTIFY_SOCKET"])
 	defer notify.Close()
-	sigs := make(chan os.Signal, 4)
-	signal.Notify(sigs, syscall.SIGHUP, syscall.SIGUSR1)
-	defer signal.Stop(sigs)
 
 	a, err := agent.New(cfg, agent.Deps{
 		Logger:  log,

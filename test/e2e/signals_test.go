@@ -3,8 +3,15 @@ package e2e
 import (
 	"fmt"
 	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
 	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -107,4 +114,73 @@ func TestReloadNamesWhatNeedsARestart(t *testing.T) {
 	if ap.status(t).Uploads != nil {
 		t.Errorf("/status shows uploads: the store was taken up without a restart")
 	}
+}
+
+// A SIGHUP and a SIGUSR1 that come while the agent is still starting (here: while it asks IMDS
+// for its region) are handled once it runs, not their default action: a script or trainer that
+// signals an agent just started killed it (found from outside: exit 129, no log line).
+func TestSignalsWhileTheAgentStartsAreHandledOnceItRuns(t *testing.T) {
+	needPeers(t)
+	sim := quietIMDS(t)
+	target, err := url.Parse(sim.endpoint())
+	if err != nil {
+		t.Fatal(err)
+	}
+	reached, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	proxy := httputil.NewSingleHostReverseProxy(target)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if strings.HasSuffix(r.URL.Path, "/placement/region") {
+			first := false
+			once.Do(func() { first = true; close(reached) })
+			if first {
+				select {
+				case <-release:
+				case <-r.Context().Done():
+					return
+				}
+			}
+		}
+		proxy.ServeHTTP(w, r)
+	}))
+	t.Cleanup(srv.Close)
+	endpoint := "AWS_EC2_METADATA_SERVICE_ENDPOINT=" + srv.URL
+	go func() {
+		select {
+		case <-reached:
+		case <-time.After(20 * time.Second):
+			return // startAgent fails: the agent never asked
+		}
+		defer close(release)
+		pid := pidWithEnv(endpoint)
+		if pid == 0 {
+			return // the test fails below: no reload is logged
+		}
+		syscall.Kill(pid, syscall.SIGHUP)
+		syscall.Kill(pid, syscall.SIGUSR1)
+	}()
+	ap := startAgentWithConfig(t, sim, "trainer:\n  match: no-such-trainer-anywhere\n", endpoint)
+	eventually(t, waitSignal, "the early SIGHUP's reload and SIGUSR1's sync to be counted", func() bool {
+		m := ap.metrics(t)
+		return hasLine(m, `spotguard_config_reloads_total{result="ok"} 1`) && hasLine(m, "spotguard_sync_requests_total 1")
+	})
+	select {
+	case <-ap.done:
+		t.Fatalf("the agent exited: %v", ap.exitErr)
+	default:
+	}
+}
+
+// pidWithEnv returns the pid of a process whose environment holds kv, or 0.
+func pidWithEnv(kv string) int {
+	procs, _ := filepath.Glob("/proc/[0-9]*/environ")
+	for _, p := range procs {
+		data, err := os.ReadFile(p)
+		if err != nil || !slices.Contains(strings.Split(string(data), "\x00"), kv) {
+			continue
+		}
+		pid, _ := strconv.Atoi(filepath.Base(filepath.Dir(p)))
+		return pid
+	}
+	return 0
 }
