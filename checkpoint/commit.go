@@ -1263,6 +1263,9 @@ type commitJob struct {
 	files map[string]doneFile
 	// refused are versions of files that cannot be uploaded (generation.refused).
 	refused map[string]refusal
+	// vanished are files that left the checkpoint after its marker (generation.vanished): one
+	// back as it was is not new since the marker.
+	vanished map[string]FileID
 	// prior is the commit the generation before was (generation.prior), or nil.
 	prior *Manifest
 	// uncertain are this run's commits with a manifest write whose answer was lost lately
@@ -1298,7 +1301,7 @@ func (u *Uploader) commit(ctx context.Context, c commitJob) commitResult {
 			r.changed = append(r.changed, lf)
 			// Written again since it was read, or new since the marker came (the watcher reported
 			// every file there was then): a save into the directory after the marker.
-			if r.rewritten == "" && lf.Path != u.cfg.Marker && (!ok || rewriteOf(d.id, lf.ID)) {
+			if r.rewritten == "" && lf.Path != u.cfg.Marker && (!ok && !sameVersion(c.vanished[lf.Path], lf.ID) || ok && rewriteOf(d.id, lf.ID)) {
 				r.rewritten = lf.Path
 			}
 			continue

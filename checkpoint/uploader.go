@@ -385,6 +385,11 @@ type generation struct {
 	// another Complete; withheldAt: since when.
 	withheld   bool
 	withheldAt time.Time
+	// recheck: withheld by its commit's scan (ErrNotStorable) while its marker is still the one
+	// its Complete named: the next change to its files (the file itself back in place of a
+	// symbolic link, a file made readable) completes it again, for the commit's scan to judge;
+	// a file written again after the marker makes it stale instead (holdsMarker).
+	recheck bool
 	// marker is the version of the marker its completeness rests on: its Complete's, or for a
 	// commit resumed from the journal, the one committed; zero for a single file, or none yet.
 	// stale, if not zero, is a version of the marker that no longer vouches for it: a file was
@@ -1996,7 +2001,7 @@ func (u *Uploader) handleWatch(ctx context.Context, ev WatchEvent) {
 			u.unstale(g)
 			g.marker = ev.ID
 		}
-		g.withheld, g.withheldAt = false, time.Time{}
+		g.withheld, g.withheldAt, g.recheck = false, time.Time{}, false
 		if g.complete || g.state == genCommitted {
 			return
 		}
@@ -2138,16 +2143,8 @@ func (u *Uploader) fileReady(ev WatchEvent) {
 			return // refused already, and said so
 		}
 		delete(g.refused, ev.Path)
-		if len(g.refused) == 0 && g.withheld && !g.complete && !g.single && !g.marker.isZero() && !rewriteOf(why.id, ev.ID) && !errors.Is(why.err, errKeyTooLong) {
-			// The file its commit was refused for is fixed (a chmod), its bytes as they were at
-			// the marker, which is still the one Complete named: complete again, as the fix
-			// promised, without the marker written again (found from outside: it waited for
-			// the marker for good).
-			g.complete, g.withheld, g.withheldAt = true, false, time.Time{}
-			u.log.Info().Str("checkpoint", g.name).Str("file", ev.Path).
-				Msg("the file that kept the checkpoint from being committed can be stored now; committing it")
-		}
 	}
+	u.recheck(g, ev.Path)
 	if g.sealed && (f == nil || f.done == nil || !f.done.id.Same(ev.ID)) {
 		g = u.replaceSealed(g)
 		f = g.files[ev.Path]
@@ -2190,7 +2187,7 @@ func rewriteOf(old, now FileID) bool {
 // stays: the marker no longer says the files are one save, and committing them now could mix
 // two saves.
 func (u *Uploader) rewrittenAfterMarker(g *generation, rel string, old, now FileID) bool {
-	return g.complete && !g.single && rel != u.cfg.Marker && !g.marker.isZero() && rewriteOf(old, now)
+	return g.holdsMarker() && rel != u.cfg.Marker && rewriteOf(old, now)
 }
 
 // newAfterMarker reports whether rel, a file g did not have, reported now, is the trainer writing
@@ -2198,7 +2195,13 @@ func (u *Uploader) rewrittenAfterMarker(g *generation, rel string, old, now File
 // there is when the marker appears before its Complete, so one reported after it came later (a
 // save into the directory again whose first file is a new one, a marker written first).
 func (u *Uploader) newAfterMarker(g *generation, rel string) bool {
-	return g.complete && !g.single && rel != u.cfg.Marker && !g.marker.isZero()
+	return g.holdsMarker() && rel != u.cfg.Marker
+}
+
+// holdsMarker reports whether g is a checkpoint directory whose marker still vouches for its
+// files as they were when it came: complete, or withheld by its commit's scan alone (recheck).
+func (g *generation) holdsMarker() bool {
+	return (g.complete || g.recheck) && !g.single && !g.marker.isZero()
 }
 
 // cameBack reports whether rel, a file g no longer had, reported now as id, is the version of it
@@ -2206,12 +2209,17 @@ func (u *Uploader) newAfterMarker(g *generation, rel string) bool {
 // then readable again, its bytes untouched (a chmod changes its ctime alone). That is no write
 // after the marker.
 func (u *Uploader) cameBack(g *generation, rel string, id FileID) bool {
-	old, ok := g.vanished[rel]
-	if !ok || rewriteOf(old, id) || !old.known() || !id.known() {
+	if !sameVersion(g.vanished[rel], id) {
 		return false
 	}
 	delete(g.vanished, rel)
 	return true
+}
+
+// sameVersion reports whether the file now, as id, is the version old that was seen before (a
+// zero old: none was): the same file, with the same size and modification time.
+func sameVersion(old, id FileID) bool {
+	return old.known() && id.known() && !rewriteOf(old, id)
 }
 
 // reopen takes the completeness of g back, after its file rel was written again after its marker
@@ -2219,7 +2227,7 @@ func (u *Uploader) cameBack(g *generation, rel string, id FileID) bool {
 // another version of the marker (written again, renamed into place, touched). Its files go on
 // being sent as they are written.
 func (u *Uploader) reopen(g *generation, rel string) {
-	g.complete, g.stale = false, g.marker
+	g.complete, g.stale, g.recheck = false, g.marker, false
 	g.begunAt = time.Time{} // a save into it again begins now (fileReady takes the file's time)
 	u.journal.add(staleLine(g.name, g.stale))
 	u.flushJournal()
@@ -2253,7 +2261,24 @@ func (u *Uploader) withheldStale(g *generation, rel string) {
 // comes next is another.
 func (u *Uploader) markerGone(g *generation) {
 	u.unstale(g)
-	g.complete, g.marker = false, FileID{}
+	g.complete, g.marker, g.recheck = false, FileID{}, false
+}
+
+// recheck completes g again after its file rel was reported again (a file gone is not enough: the
+// trainer may be putting it back) while its
+// commit's scan withheld it (generation.recheck), unless a file of it still cannot be stored as
+// it was: its commit's scan judges it anew (found from outside: a symbolic link put in place of
+// a file for a moment after the marker, then the file again, kept a checkpoint withheld for
+// good, for the link, which was long gone; and a file made readable waited for the marker).
+func (u *Uploader) recheck(g *generation, rel string) {
+	if !g.recheck || rel == u.cfg.Marker || len(g.refused) > 0 || g.state == genCommitted || g.state == genAbandoned {
+		return // a marker's own Complete completes it
+	}
+	g.recheck = false
+	g.complete, g.withheld, g.withheldAt = true, false, time.Time{}
+	u.log.Info().Str("checkpoint", g.name).Str("file", rel).
+		Msg("a file of the checkpoint changed since its commit was withheld; looking at the checkpoint again")
+	u.markDirty(g)
 }
 
 // unstale ends g's stale marker, if it has one, in the journal too: another marker came, the
@@ -2437,7 +2462,7 @@ func (u *Uploader) abandon(ctx context.Context, g *generation, why string) {
 // marker had declared part of it (a trainer deleting files after its marker, or a checkpoint
 // being deleted while it is committed).
 func (u *Uploader) fileVanished(g *generation, rel string, f *fileState) {
-	if g.complete && !g.single && rel != u.cfg.Marker {
+	if g.holdsMarker() && rel != u.cfg.Marker {
 		// Said when the checkpoint is committed without them (sayVanished), not now: a whole
 		// checkpoint being deleted (a trainer's rotation, rm -r) is not committed, and a warning
 		// per file said nothing but that (found from outside: 38 000 lines in 2.5 minutes).
@@ -2981,6 +3006,11 @@ func openLocal(dir, rel string) (*os.File, FileID, error) {
 		return nil, FileID{}, fmt.Errorf("open %s: %w: %w", local, errAgentDenied, errUnusable)
 	}
 	if err != nil {
+		if li, lerr := root.Lstat(rel); lerr == nil && !li.Mode().IsRegular() || lerr != nil && !errors.Is(lerr, fs.ErrNotExist) {
+			// A symbolic link in its place, or on its path, now: the trainer's doing, not the
+			// store failing (found from outside: it was said to be, with the store's fix).
+			return nil, FileID{}, fmt.Errorf("open %s: %w: %w", local, err, errChangedWhileSending)
+		}
 		return nil, FileID{}, fmt.Errorf("open %s: %w", local, err)
 	}
 	fi, err := f.Stat()
@@ -3282,7 +3312,7 @@ func (u *Uploader) after(ctx context.Context, d time.Duration, fn func()) {
 func (u *Uploader) startCommit(ctx context.Context, g *generation) {
 	c := commitJob{name: g.name, commit: g.commit, single: g.single, adopt: g.state == genMatching, resumed: g.resumed, sealed: g.sealed,
 		completeAt: g.completeAt, unread: g.unread, marker: g.marker, known: slices.Clone(u.known),
-		files: make(map[string]doneFile, len(g.files)), refused: maps.Clone(g.refused), prior: g.prior, candidates: g.candidates, strays: g.strays,
+		files: make(map[string]doneFile, len(g.files)), refused: maps.Clone(g.refused), vanished: maps.Clone(g.vanished), prior: g.prior, candidates: g.candidates, strays: g.strays,
 		timings: Timings{UploadSeconds: g.uploadEnd.Sub(g.uploadStart).Seconds()}}
 	c.unseenBefore, c.unseenAfter = u.unseen(g.name)
 	// Retention reads the whole job: after every commit of a backlog (a restart that finds a
@@ -3425,7 +3455,7 @@ func (u *Uploader) handleCommit(ctx context.Context, r commitResult) {
 		if !g.withheld {
 			g.withheldAt = time.Now()
 		}
-		g.complete, g.withheld = false, true
+		g.complete, g.withheld, g.recheck = false, true, !g.single && !g.marker.isZero()
 		u.emit(UploadEvent{Kind: CheckpointWithheld, Checkpoint: g.name, At: g.completeSeen, Err: r.notComplete})
 	case r.notComplete != nil:
 		log.Warn().Err(r.notComplete).Msg("checkpoint is no longer complete on disk; waiting for its marker")
