@@ -254,9 +254,45 @@ func TestRestoreOfASaveWaitingForPartsSaysSo(t *testing.T) {
 	if !errors.Is(err, ErrNotFound) || !strings.Contains(fmt.Sprint(err), `checkpoint "step-000100" has no commit; the `+want) {
 		t.Errorf("restore --checkpoint step-000100: %v; want ErrNotFound and %q", err, want)
 	}
+	// Another job with a LATEST is not named: the job's saves are there, its name is right.
+	if _, err := store.PutBytes(t.Context(), LatestKey("other-run"), []byte(`{"checkpoint":"x"}`), Cond{}); err != nil {
+		t.Fatal(err)
+	}
 	_, err = Restore(t.Context(), store, RestoreOptions{Job: "job", To: t.TempDir(), Logger: zerolog.Nop()})
-	if !errors.Is(err, ErrNothingToRestore) || !strings.Contains(fmt.Sprint(err), "; the newest "+want) {
-		t.Errorf("restore: %v; want ErrNothingToRestore and %q", err, want)
+	if !errors.Is(err, ErrNothingToRestore) || !errors.Is(err, ErrOnlyUncommittedSaves) || !strings.Contains(fmt.Sprint(err), "; the newest "+want) ||
+		strings.Contains(fmt.Sprint(err), "other-run") {
+		t.Errorf("restore: %v; want ErrNothingToRestore, ErrOnlyUncommittedSaves and %q, no other job named", err, want)
+	}
+}
+
+// A restore that brings back an older commit while a newer multi-node save is not committed
+// (waiting for parts, or given up) says so: a replacement resuming from an older step than the
+// trainers saved for the reclaim must not do it silently (found from outside: exit 0, not a word).
+func TestRestoreOfAnOlderCommitSaysANewerSaveIsNotCommitted(t *testing.T) {
+	store := newMemStore()
+	old := time.Now().Add(-2 * time.Hour)
+	putCommit(t, store, "step-000050", "i-a", map[string][]byte{"a.bin": []byte("old"), "_COMPLETE": nil}, old, old, nil)
+	at := time.Now().Add(-time.Hour)
+	putPart(t, store, "step-000100", 0, 2, "i-a", map[string][]byte{"a.bin": []byte("a")}, at, at)
+	var log bytes.Buffer
+	res, err := Restore(t.Context(), store, RestoreOptions{Job: "job", To: t.TempDir(), Logger: zerolog.New(&log), PartWait: 2 * time.Minute})
+	if err != nil || res.Checkpoint != "step-000050" {
+		t.Fatalf("Restore() = %+v, %v; want step-000050 restored", res, err)
+	}
+	if l := log.String(); !strings.Contains(l, "a newer multi-node save is not committed, so an older checkpoint is restored") ||
+		!strings.Contains(l, "step-000100") || !strings.Contains(l, "parts 1/2 in (nodes 0)") || !strings.Contains(l, `"level":"warn"`) {
+		t.Errorf("log = %s; want a warning naming the newer save of step-000100 and why it is not committed", l)
+	}
+	// An older save waiting for parts is nothing to say.
+	log.Reset()
+	store2 := newMemStore()
+	putPart(t, store2, "step-000010", 0, 2, "i-a", map[string][]byte{"a.bin": []byte("a")}, old.Add(-time.Hour), old.Add(-time.Hour))
+	putCommit(t, store2, "step-000050", "i-a", map[string][]byte{"a.bin": []byte("old"), "_COMPLETE": nil}, old, old, nil)
+	if _, err := Restore(t.Context(), store2, RestoreOptions{Job: "job", To: t.TempDir(), Logger: zerolog.New(&log)}); err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(log.String(), "newer multi-node save") {
+		t.Errorf("log = %s; want no word of an older save", log.String())
 	}
 }
 

@@ -30,6 +30,11 @@ import (
 // job J in s3://bucket/prefix", so callers can print it as it is.
 var ErrNothingToRestore = errors.New("checkpoint: nothing complete to restore")
 
+// ErrOnlyUncommittedSaves is wrapped, with ErrNothingToRestore, by Restore's error when the job
+// has no complete checkpoint but holds multi-node saves that are not committed: the job name is
+// right, and this is not a first run.
+var ErrOnlyUncommittedSaves = errors.New("checkpoint: the job's saves are not committed")
+
 // ErrUnusableManifest is wrapped by Restore's error when the commit it should restore, the newest
 // (of the checkpoint asked for), has a manifest in the store that this spotguard cannot use: a
 // newer spotguard's format, not valid JSON, invalid, or naming another job, checkpoint or commit
@@ -588,6 +593,7 @@ func restoreResolve(ctx context.Context, s Store, opts RestoreOptions, run *rest
 		}
 		return nil, nil, false, e
 	}
+	restoreSayNewerSaves(log, st, newest.Manifest, opts.PartWait)
 	if newest.Latest {
 		return newest.Manifest, others, false, nil
 	}
@@ -599,6 +605,22 @@ func restoreResolve(ctx context.Context, s Store, opts RestoreOptions, run *rest
 		ev.Msg("LATEST is missing or unusable; restoring the newest commit")
 	}
 	return newest.Manifest, others, true, nil
+}
+
+// restoreSayNewerSaves warns of the multi-node saves of st newer than m, the commit a restore
+// is about to bring back, that are not committed (waiting for parts, given up, or parts that are
+// not one save): multinode.md promises restore says so, and a replacement that resumes from an
+// older step than the trainers saved for the reclaim must not do it silently (found from
+// outside: exit 0, not a word).
+func restoreSayNewerSaves(log zerolog.Logger, st *JobState, m *Manifest, partWait time.Duration) {
+	at := m.Order().At
+	for _, is := range incompleteSaves(st.Parts, st.Commits, partWait) {
+		if !is.Newest.After(at) {
+			continue
+		}
+		log.Warn().Str("restoring", m.Checkpoint).Str("newer", is.Checkpoint).
+			Msg("a newer multi-node save is not committed, so an older checkpoint is restored: the newer " + is.describe() + " (`spotguard list` shows it)")
+	}
 }
 
 // restoreTornSingle returns an error when m, the newest commit, is a single-node commit of a
@@ -818,7 +840,7 @@ func (e *restoreNothingError) Error() string {
 	if e.incomplete != "" {
 		msg += "; the newest " + e.incomplete
 	}
-	if len(e.others) > 0 {
+	if len(e.others) > 0 && e.incomplete == "" {
 		msg += fmt.Sprintf("; the store holds the checkpoints of other jobs: %s (is store.job the training run's name?", strings.Join(e.others, ", "))
 		if slices.Contains(e.others, "default") {
 			msg += ` job "default" is where an agent without store.job committed, before the key was required`
@@ -860,7 +882,12 @@ func otherJobs(ctx context.Context, s Store, job string) []string {
 	return found
 }
 
-func (e *restoreNothingError) Unwrap() error { return ErrNothingToRestore }
+func (e *restoreNothingError) Unwrap() []error {
+	if e.incomplete != "" {
+		return []error{ErrNothingToRestore, ErrOnlyUncommittedSaves}
+	}
+	return []error{ErrNothingToRestore}
+}
 
 // restorePlaceFile moves the staged file from (inside to) to name, never over anything there: a
 // hard link, which fails if name exists, then the staged name goes with the staging directory.

@@ -196,13 +196,17 @@ func runRestore(ctx context.Context, args, environ []string, stdout, stderr io.W
 	// With --json, stdout has one object on exit 0 only: "restored" says whether a checkpoint is
 	// in place (false: --allow-empty and nothing committed yet); errors stay on stderr.
 	if err != nil && *allowEmpty && *name == "" && errors.Is(err, checkpoint.ErrNothingToRestore) {
+		why := "nothing to restore (first run)"
+		if errors.Is(err, checkpoint.ErrOnlyUncommittedSaves) {
+			why = "nothing committed to restore: the job's saves are in the store, none committed (`spotguard list` says why); the trainer starts from scratch"
+		}
 		if *jsonOut {
 			json.NewEncoder(stdout).Encode(map[string]any{
-				"restored": false, "detail": err.Error() + "; nothing to restore (first run)", "store": store.URL(), "job": cfg.Store.Job,
+				"restored": false, "detail": err.Error() + "; " + why, "store": store.URL(), "job": cfg.Store.Job,
 			})
 			return exitOK
 		}
-		fmt.Fprintf(stdout, "%v; nothing to restore (first run)\n", err)
+		fmt.Fprintf(stdout, "%v; %s\n", err, why)
 		return exitOK
 	}
 	if err != nil && ctx.Err() != nil {
@@ -220,7 +224,11 @@ func runRestore(ctx context.Context, args, environ []string, stdout, stderr io.W
 			notFound = fmt.Sprintf("job %s has no valid commit of checkpoint %q in %s: `spotguard list` shows the job's checkpoints and commits", cfg.Store.Job, *name, store.URL())
 		}
 		restoreHint(stderr, cfg.Store.URL, *to, err, notFound, need.Load(), freeSpace)
-		if errors.Is(err, checkpoint.ErrNothingToRestore) && *name == "" {
+		if errors.Is(err, checkpoint.ErrOnlyUncommittedSaves) && *name == "" {
+			fmt.Fprintf(stderr, "spotguard restore: fix: the job's saves are in the store but none was committed: `spotguard list` says why\n"+
+				"(a store.part_wait shorter than the nodes' saves, parts that are not one save); --allow-empty exits 0 with\n"+
+				"nothing restored, and the trainer then starts from scratch\n")
+		} else if errors.Is(err, checkpoint.ErrNothingToRestore) && *name == "" {
 			// A first run has nothing to restore: a boot-time restore should not fail on it.
 			fmt.Fprintf(stderr, "spotguard restore: fix: if this is the job's first run, --allow-empty exits 0 with nothing to restore\n"+
 				"(spotguard-restore.service passes it); otherwise check store.url and store.job against the agent's\n")
