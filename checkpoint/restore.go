@@ -587,7 +587,7 @@ func restoreResolve(ctx context.Context, s Store, opts RestoreOptions, run *rest
 			job, s.URL(), named, LatestKey(job))
 	}
 	if newest == nil {
-		e := &restoreNothingError{job: job, url: s.URL(), problems: len(st.Problems), others: otherJobs(ctx, s, job)}
+		e := &restoreNothingError{job: job, url: s.URL(), problems: len(st.Problems), others: OtherJobs(ctx, s, job)}
 		if inc := incompleteSaves(st.Parts, st.Commits, opts.PartWait); len(inc) > 0 {
 			e.incomplete = inc[0].describe()
 		}
@@ -828,7 +828,7 @@ type restoreNothingError struct {
 	problems int
 	// incomplete describes the newest multi-node save waiting for parts, if any.
 	incomplete string
-	// others are other jobs at the top of the store that have a LATEST (otherJobs).
+	// others are other jobs at the top of the store that have a LATEST (OtherJobs).
 	others []string
 }
 
@@ -850,14 +850,14 @@ func (e *restoreNothingError) Error() string {
 	return msg
 }
 
-// otherJobsMax bounds the names otherJobs looks at, and says.
+// otherJobsMax bounds the names OtherJobs looks at, and says.
 const otherJobsMax = 10
 
-// otherJobs returns the names at the top of s, other than job's first element, that hold a
+// OtherJobs returns the names at the top of s, other than job's first element, that hold a
 // LATEST: jobs a restore that found nothing may have meant (a store.job mistyped, or set anew
 // after an upgrade from a version with a default: training restarted from scratch, found from
 // outside). At most otherJobsMax are looked at; none when the store cannot be listed.
-func otherJobs(ctx context.Context, s Store, job string) []string {
+func OtherJobs(ctx context.Context, s Store, job string) []string {
 	dirs, _, err := s.ListDir(ctx, "")
 	if err != nil {
 		return nil

@@ -106,3 +106,22 @@ func TestListSaysAStoreThatDoesNotAnswer(t *testing.T) {
 		t.Errorf("list with a store answering late: exit %d, stdout %q, stderr %q; want the list, and a line that it waited", code, stdout, stderr)
 	}
 }
+
+// `list` of a job with nothing in the store names the jobs that are there, as restore does: a
+// mistyped store.job listed nothing and exit 0, with no hint (found from outside).
+func TestListOfAnEmptyJobNamesTheOtherJobs(t *testing.T) {
+	store, cfgPath, env := restoreEnv(t)
+	commitForTest(t, store, "j", "step-000100", map[string][]byte{"model.pt": []byte("a"), "_COMPLETE": nil})
+	fs, err := checkpoint.NewFileStore(store)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := fs.PutBytes(t.Context(), checkpoint.LatestKey("j"), []byte(`{"checkpoint":"step-000100"}`), checkpoint.Cond{}); err != nil {
+		t.Fatal(err)
+	}
+	code, stdout, stderr := runCLI(t, t.Context(), env, "list", "--config", cfgPath, "--store.job", "k")
+	if code != exitOK || !strings.Contains(stdout, "no committed checkpoint of job k") ||
+		!strings.Contains(stdout, "the store holds the checkpoints of other jobs: j (is store.job the training run's name?)") {
+		t.Errorf("list --store.job k: exit %d, stdout %q, stderr %q; want exit 0 naming job j", code, stdout, stderr)
+	}
+}

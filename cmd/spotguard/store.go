@@ -70,10 +70,11 @@ func runRestore(ctx context.Context, args, environ []string, stdout, stderr io.W
 	}
 	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
-	for _, f := range []string{"checkpoint", "commit"} {
+	for _, f := range []string{"checkpoint", "commit", "to"} {
 		if set[f] && fs.Lookup(f).Value.String() == "" {
 			// An unset variable in a script ("--checkpoint $STEP"): restoring the newest
-			// instead would resume from another step than the one asked for.
+			// instead would resume from another step than the one asked for (--to: into
+			// checkpoint.dir rather than where the script meant).
 			return fs.usageError("--%s is empty: give a value, or leave the flag out", f)
 		}
 	}
@@ -461,6 +462,10 @@ func runList(ctx context.Context, args, environ []string, stdout, stderr io.Writ
 	}
 	if len(cs) == 0 {
 		fmt.Fprintf(stdout, "no committed checkpoint of job %s in %s\n", cfg.Store.Job, store.URL())
+		if others := checkpoint.OtherJobs(ctx, store, cfg.Store.Job); len(others) > 0 && len(incomplete) == 0 {
+			// As restore says it: a mistyped store.job, or one set anew, lists nothing.
+			fmt.Fprintf(stdout, "the store holds the checkpoints of other jobs: %s (is store.job the training run's name?)\n", strings.Join(others, ", "))
+		}
 	} else {
 		checkpoint.FormatList(stdout, cs)
 	}
