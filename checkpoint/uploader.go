@@ -2429,11 +2429,12 @@ func (u *Uploader) abandon(ctx context.Context, g *generation, why string) {
 		u.log.Warn().Str("checkpoint", g.name).Str("why", why).Int("files", len(g.files)).Int("stored", g.doneCount()).
 			Str("fix", msgRenamedBeforeCommitFix).
 			Msg("complete checkpoint's directory renamed away before it was committed; renamed within checkpoint.dir, it is committed under its new name")
-	case wasComplete && g.commit != "":
-		// Complete, begun, and gone before its commit: the trainer's own rotation outran the
-		// upload (a store slower than the trainer saves), or someone deleted it.
-		// Its files went first (counted as vanished), so how many were stored is not known.
-		u.log.Warn().Str("checkpoint", g.name).Str("why", why).Int("files", len(g.files)+len(g.vanished)).
+	case wasComplete && (g.commit != "" || !u.superseded(g)):
+		// Complete and gone before its commit, begun or still waiting its turn (found from
+		// outside: those said only "no longer tracked"): the trainer's own rotation outran the
+		// upload (a store slower than the trainer saves), or someone deleted it. Its files went
+		// first (counted as vanished), so how many were stored is not known.
+		u.log.Warn().Str("checkpoint", g.name).Str("why", why).Int("files", len(g.files)+len(g.vanished)).Bool("begun", g.commit != "").
 			Msg("complete checkpoint gone before it was committed: if the trainer deletes its older checkpoints, it saves faster than the store takes them; keep more of them on disk, or save less often")
 	default:
 		u.log.Info().Str("checkpoint", g.name).Str("why", why).Msg("checkpoint no longer tracked")
@@ -2455,6 +2456,18 @@ func (u *Uploader) abandon(ctx context.Context, g *generation, why string) {
 	case g.commit != "":
 		u.goSealedCleanup(ctx, g.name, g.commit)
 	}
+}
+
+// superseded reports whether a commit this uploader knows of completed after g did: g, not
+// begun, was no longer needed (a trainer's rotation deleting a save that a newer commit made
+// old is no loss).
+func (u *Uploader) superseded(g *generation) bool {
+	at := g.marker.ModTime
+	if at.IsZero() {
+		at = g.completeSeen
+	}
+	n := len(u.known)
+	return n > 0 && !at.IsZero() && u.known[n-1].order.At.After(at)
 }
 
 // fileVanished drops rel, which is no longer on disk, from g. From a complete checkpoint that is

@@ -3009,3 +3009,60 @@ func TestFileTruncatedWhileSentIsAChangeNotAStoreFailure(t *testing.T) {
 		t.Errorf("uploadFile of a file truncated as it was sent = %v; want errChangedWhileSending", err)
 	}
 }
+
+// firstPutGateStore is a memStore whose first PutFile says its key (reached) and waits until
+// release is closed.
+type firstPutGateStore struct {
+	*memStore
+	reached chan string
+	release chan struct{}
+	once    sync.Once
+}
+
+func (s *firstPutGateStore) PutFile(ctx context.Context, key string, f *os.File, size int64, progress func(n int64)) (Checksum, error) {
+	first := false
+	s.once.Do(func() { first = true; s.reached <- key })
+	if first {
+		select {
+		case <-s.release:
+		case <-ctx.Done():
+			return Checksum{}, ctx.Err()
+		}
+	}
+	return s.memStore.PutFile(ctx, key, f, size, progress)
+}
+
+// A complete checkpoint deleted while it waits its turn, none of it sent yet, is as lost as one
+// deleted half sent: both are warned of (found from outside: one still queued said only
+// "checkpoint no longer tracked", at info level, though the docs say the log warns).
+func TestCompleteCheckpointDeletedWhileQueuedIsWarnedOf(t *testing.T) {
+	s := &firstPutGateStore{memStore: newMemStore(), reached: make(chan string, 1), release: make(chan struct{})}
+	dir := t.TempDir()
+	r := startUploaderWith(t, dir, s, UploaderConfig{BackgroundFiles: 1})
+	writeCheckpoint(t, dir, "step-1", map[string][]byte{"a.bin": randomBytes(t, 1<<10)})
+	writeCheckpoint(t, dir, "step-2", map[string][]byte{"a.bin": randomBytes(t, 1<<10)})
+	var key string
+	select {
+	case key = <-s.reached:
+	case <-time.After(20 * time.Second):
+		t.Fatal("no upload began within 20 s")
+	}
+	queued := "step-2"
+	if strings.Contains(key, "/step-2/") {
+		queued = "step-1"
+	}
+	if err := os.RemoveAll(filepath.Join(dir, queued)); err != nil {
+		t.Fatal(err)
+	}
+	msg := "complete checkpoint gone before it was committed"
+	for deadline := time.Now().Add(20 * time.Second); !strings.Contains(r.logs.String(), msg); <-time.After(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			close(s.release)
+			t.Fatalf("no warning of %s, deleted while queued, within 20 s:\n%s", queued, r.logs)
+		}
+	}
+	close(s.release)
+	if l := r.logs.String(); !strings.Contains(l, `"checkpoint":"`+queued+`"`) || !strings.Contains(l, `"begun":false`) {
+		t.Errorf("log = %s; want the warning naming %s, not begun", l, queued)
+	}
+}
