@@ -701,7 +701,7 @@ func (u *Uploader) Run(ctx context.Context, events <-chan WatchEvent) error {
 			// Say what it waits for, and why a save completed since does not end it.
 			ev = ev.Bool("awaiting_signalled_checkpoint", true)
 			if before := u.completedButBegunBefore(); len(before) > 0 {
-				ev = ev.Strs("begun_before_the_signal", before)
+				ev = ev.Strs("begun_before_the_signal", logNames(before))
 			}
 		}
 		ev.Msg("stop requested while checkpoints are being written or are not committed yet; finishing them first (a second SIGTERM stops at once)")
@@ -729,13 +729,13 @@ func (u *Uploader) Run(ctx context.Context, events <-chan WatchEvent) error {
 				markerWait := time.NewTimer(stopMarkerWait)
 				defer markerWait.Stop()
 				markerTimer = markerWait.C
-				u.log.Info().Strs("checkpoints", slices.Sorted(maps.Keys(names))).
+				u.log.Info().Strs("checkpoints", logNames(slices.Sorted(maps.Keys(names)))).
 					Msg("stop requested just as checkpoints got their marker; waiting for them to be read")
 			}
 			if u.cfg.StopBudget < 0 {
 				u.logUnfinished()
 				if left := u.completeLeft(); len(left) > 0 {
-					u.log.Warn().Strs("not_committed", left).
+					u.log.Warn().Strs("not_committed", logNames(left)).
 						Msg("stopping without a drain (agent.stop_budget 0s) with complete checkpoints not committed; the next agent on this disk commits them")
 				}
 				return nil
@@ -760,7 +760,7 @@ func (u *Uploader) Run(ctx context.Context, events <-chan WatchEvent) error {
 		case <-markerTimer:
 			markerTimer = nil
 			if len(u.awaitMarkers) > 0 {
-				u.log.Warn().Strs("checkpoints", slices.Sorted(maps.Keys(u.awaitMarkers))).
+				u.log.Warn().Strs("checkpoints", logNames(slices.Sorted(maps.Keys(u.awaitMarkers)))).
 					Msg("checkpoints whose marker was there at the stop did not complete in time (unreadable, still being read, or written after their marker); not waited for")
 				u.awaitMarkers = nil
 			}
@@ -856,15 +856,28 @@ func (u *Uploader) logUnfinished() {
 	}
 	if len(withheld) > 0 {
 		slices.Sort(withheld)
-		u.log.Error().Strs("withheld", withheld).
+		u.log.Error().Strs("withheld", logNames(withheld)).
 			Msg("stopping with checkpoints that have their marker but cannot be committed: a file of each cannot be stored (logged when it was found)")
 	}
 	if len(left) == 0 {
 		return
 	}
 	slices.Sort(left)
-	u.log.Warn().Strs("not_complete", left).
+	u.log.Warn().Strs("not_complete", logNames(left)).
 		Msg("stopping without waiting for checkpoints still being written (no marker yet, and no notice asked for them); the next agent commits them once they are complete")
+}
+
+// logNamesMax bounds the checkpoint names one log line lists.
+const logNamesMax = 20
+
+// logNames returns names for a log line: the first logNamesMax, then how many more (found from
+// outside: a stop with 20 000 checkpoints without their marker logged a line of 260 KB, which
+// the journal splits at 48 KiB, breaking its JSON).
+func logNames(names []string) []string {
+	if len(names) <= logNamesMax {
+		return names
+	}
+	return append(slices.Clip(names[:logNamesMax]), fmt.Sprintf("(and %d more)", len(names)-logNamesMax))
 }
 
 // completeLeft returns the complete checkpoints not committed, sorted.
@@ -890,12 +903,12 @@ func (u *Uploader) logLeft(why string) {
 		}
 	}
 	slices.Sort(left)
-	ev := u.log.Error().Float64("stop_budget_s", logSeconds(u.cfg.StopBudget)).Strs("not_committed", left).
+	ev := u.log.Error().Float64("stop_budget_s", logSeconds(u.cfg.StopBudget)).Strs("not_committed", logNames(left)).
 		Bool("signalled_checkpoint_missing", !u.lastSignal.IsZero() && !u.signalAnswered)
 	if before := u.completedButBegunBefore(); !u.lastSignal.IsZero() && !u.signalAnswered && len(before) > 0 {
 		// A trainer that took the save it was in when signalled for its answer, and saved no
 		// more: that save is committed (or on its way), only none begun after the signal came.
-		ev = ev.Strs("begun_before_the_signal", before)
+		ev = ev.Strs("begun_before_the_signal", logNames(before))
 	}
 	ev.Msg(why)
 }
@@ -1166,7 +1179,7 @@ func (u *Uploader) checkTrainer() {
 		// The trainer took the save it was in when signalled for its answer: nothing written
 		// since for a while. (A save for the signal begins at the trainer's next step.)
 		u.signalAnswered = true
-		u.log.Info().Strs("checkpoints", before).Float64("quiet_s", logSeconds(earlierSaveQuiet)).
+		u.log.Info().Strs("checkpoints", logNames(before)).Float64("quiet_s", logSeconds(earlierSaveQuiet)).
 			Msg("nothing written since a save completed after the signal, though begun before it: taken for the trainer's answer; the stop no longer waits for another")
 		return
 	}
@@ -1180,7 +1193,7 @@ func (u *Uploader) checkTrainer() {
 			// A save begun and never completed: the trainer died in it. Say which, and how
 			// full checkpoint.dir's disk is, the likeliest cause (found from outside: a save
 			// cut by ENOSPC was said as none written).
-			ev := u.log.Warn().Strs("incomplete", begun)
+			ev := u.log.Warn().Strs("incomplete", logNames(begun))
 			if free, ok := freeSpace(u.cfg.Dir); ok {
 				ev = ev.Uint64("checkpoint_dir_free_bytes", free)
 				if free < fullDisk {

@@ -1590,3 +1590,33 @@ func TestUploaderStrayOfAnEarlierRunLandingLateIsDeleted(t *testing.T) {
 		})
 	}
 }
+
+// A stop that leaves many checkpoints being written names the first 20 and how many more: one
+// line naming 20 000 was 260 KB, which the journal splits at 48 KiB, breaking its JSON (found
+// from outside).
+func TestUploaderStopNamesAtMostTwentyCheckpoints(t *testing.T) {
+	dir := t.TempDir()
+	r := startUploader(t, dir, newMemStore(), 0)
+	for i := range 25 {
+		p := filepath.Join(dir, fmt.Sprintf("step-%02d", i), "a")
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, []byte("x"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	eventuallyUploader(t, "the 25 checkpoints' files to be tracked", func() bool {
+		n := 0
+		for _, c := range r.up.Status(t.Context()).Checkpoints {
+			if c.Files > 0 {
+				n++
+			}
+		}
+		return n == 25
+	})
+	r.stop()
+	if l := r.logs.String(); !strings.Contains(l, `"step-18","step-19","(and 5 more)"]`) || strings.Contains(l, `"step-20"`) {
+		t.Errorf("the stop's line does not name the first 20 and say 5 more; log:\n%s", l)
+	}
+}
