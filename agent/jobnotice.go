@@ -35,7 +35,7 @@ func CheckJobDeadline(d, now time.Time) error {
 	case d.After(now.Add(MaxJobDeadlineAhead)):
 		return fmt.Errorf("is more than %s ahead: not a notice's deadline", MaxJobDeadlineAhead)
 	case d.Year() < 2000:
-		return errors.New("is before 2000: not a notice's deadline (a time never set?); one already past is due now: give the time the instance goes, or now")
+		return errors.New("is before 2000: not a notice's deadline (a time never set?); one already past is due now: give the time the instance goes (the current time if it goes now)")
 	}
 	return nil
 }

@@ -232,6 +232,12 @@ func (a *Agent) handleNotice(w http.ResponseWriter, r *http.Request) {
 		fail(http.StatusUnsupportedMediaType, "", "want Content-Type: application/json")
 		return
 	}
+	if r.ContentLength > maxNoticeBody {
+		// Said before its first byte is read: a body that is not JSON from the start was a 400
+		// (found from outside: 100 MB of zero bytes).
+		fail(http.StatusRequestEntityTooLarge, "", fmt.Sprintf("body larger than %d bytes", maxNoticeBody))
+		return
+	}
 	n, err := parseJobNotice(http.MaxBytesReader(w, r.Body, maxNoticeBody), time.Now())
 	if err != nil {
 		var re *requestError

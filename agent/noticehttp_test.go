@@ -136,6 +136,10 @@ func TestNoticeEndpointRefuses(t *testing.T) {
 	if code, _, m := post(t, srv.URL, "application/json", big); code != http.StatusRequestEntityTooLarge || m["error"] == "" {
 		t.Errorf("Got(%q) = %d %v; want 413", "a large body", code, m)
 	}
+	// Too large and not JSON from its first byte: still too large.
+	if code, _, m := post(t, srv.URL, "application/json", strings.Repeat("\x00", 2*maxNoticeBody)); code != http.StatusRequestEntityTooLarge || m["error"] == "" {
+		t.Errorf("Got(%q) = %d %v; want 413", "a large body of zero bytes", code, m)
+	}
 	for body, field := range map[string]string{
 		`{}`:                      "deadline",
 		`{"deadline":"tomorrow"}`: "deadline",
