@@ -172,8 +172,7 @@ func (c *Coordinator) TakeJobNotice(n imds.Notice, at time.Time) JobNoticeReply 
 			d := n.Deadline
 			ns.Deadline = &d
 		}
-		later := ns.EndsAt == nil || end.After(*ns.EndsAt)
-		if later {
+		if ns.EndsAt == nil || end.After(*ns.EndsAt) {
 			ns.EndsAt = &end
 		}
 		c.mu.Unlock()
@@ -184,8 +183,10 @@ func (c *Coordinator) TakeJobNotice(n imds.Notice, at time.Time) JobNoticeReply 
 		case earlier:
 			c.metrics.noticeDeadlineLeft.WithLabelValues(string(SourceJob)).Set(time.Until(n.Deadline).Seconds())
 			c.noticesChanged(cfg)
-		case later:
-			c.rewriteNoticeFile(cfg, c.inForce()) // its end, for a restart
+		default:
+			// Its end, and how many times it was posted: for a restart, and for a reader of
+			// notice.json (found from outside: "posts" lagged the count, 1 for 5).
+			c.rewriteNoticeFile(cfg, c.inForce())
 		}
 	}
 	reply := JobNoticeReply{Result: result}

@@ -322,6 +322,11 @@ func TestJobNoticeLifecycle(t *testing.T) {
 		if nf, _ := tc.noticeFile(t); nf.Deadline == nil || !nf.Deadline.Equal(d0) || len(nf.Active) != 1 {
 			t.Errorf("notice.json = %+v; want one notice, deadline %v", nf, d0)
 		}
+		// Posted again, nothing moved: notice.json still counts it.
+		c.Post(ctx, jobNotice("terminate", d0))
+		if nf, _ := tc.noticeFile(t); len(nf.Active) != 1 || nf.Active[0].Posts != 4 {
+			t.Errorf("notice.json = %+v; want the notice posted 4 times", nf)
+		}
 		if un, _ := tc.up.last(); len(un) != 1 || !un[0].Deadline.Equal(d0) || !un[0].SignalledAt.Equal(start) {
 			t.Errorf("uploader notices = %+v; want the earlier deadline, and still the first post as the request", un)
 		}
