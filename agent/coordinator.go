@@ -1005,6 +1005,10 @@ type procSignal struct {
 	rank int
 }
 
+// msgTrainerStopsCatchingDuringNotice is scan's line for a process that no longer catches the
+// signal at two looks while a notice this agent did not signal for is in force (a job notice).
+const msgTrainerStopsCatchingDuringNotice = "trainer process no longer catches the signal while a notice is in force: exiting after its save, most likely (Python resets its handlers as it shuts down); it is not signalled while so"
+
 // msgTrainerSignalledStopsCatching is scan's line for a process signalled for a notice that no
 // longer catches the signal at two looks.
 const msgTrainerSignalledStopsCatching = "trainer process signalled for a notice no longer catches the signal: exiting after its save, most likely (Python resets its handlers as it shuts down); it is not signalled while so"
@@ -1695,6 +1699,9 @@ func (c *Coordinator) scan(cfg *Config) []trainer.Process {
 		sent[pid] = true
 	}
 	c.mu.Unlock()
+	// A notice in force that this agent did not signal for (a job notice: the other node's
+	// trainers were signalled, and these ranks save and exit with it).
+	noticeNow := len(c.inForce()) > 0
 	for _, p := range procs {
 		caught, ok := catches[p.PID]
 		if !ok {
@@ -1741,6 +1748,10 @@ func (c *Coordinator) scan(cfg *Config) []trainer.Process {
 			// may take seconds with its handlers reset: an error telling the user to install a
 			// handler they have was wrong (found from outside, with torchrun).
 			l.Warn().Msg(msgTrainerSignalledStopsCatching)
+		case seen && old.CatchesSignal && noticeNow:
+			// The same, on a node told of the notice by another (POST /notice), whose trainer
+			// saves and exits with the job (found from outside: the error line).
+			l.Warn().Msg(msgTrainerStopsCatchingDuringNotice)
 		default:
 			l.Error().Msg("trainer found but it does NOT catch the signal: on a notice it will not be signalled (the default action would kill it); install a handler in the trainer")
 		}

@@ -1167,3 +1167,27 @@ func TestLauncherBesideTheTrainerAtANoticeIsNoErrorLine(t *testing.T) {
 		}
 	})
 }
+
+// On a node told of the notice by another (a job notice: its trainer is not signalled, it
+// saves with the job), a rank that stops catching the signal as it exits after the save was an
+// error telling the user to install a handler (found from outside, with torchrun). It is a
+// warning, as for a signalled one.
+func TestTrainerThatStopsCatchingDuringAJobNoticeIsNoErrorLine(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		logs := &syncBuffer{}
+		r := startRigLogging(t, true, nil, logs)
+		r.tr.setPIDs(4242)
+		passFakeTime(2 * time.Second) // seen catching it
+		if _, err := r.c.Post(t.Context(), jobNotice("terminate", time.Now().Add(2*time.Minute))); err != nil {
+			t.Fatal(err)
+		}
+		r.tr.setNotCatching(4242)
+		passFakeTime(time.Minute) // the periodic looks
+		if l := logs.String(); strings.Contains(l, "does NOT catch the signal") || !strings.Contains(l, msgTrainerStopsCatchingDuringNotice) {
+			t.Errorf("log: want the exiting trainer said as such, not an error:\n%s", l)
+		}
+		if got := r.tr.signalledPIDs(); len(got) != 0 {
+			t.Errorf("signalled %v for a job notice; want no one", got)
+		}
+	})
+}
