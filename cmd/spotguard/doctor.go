@@ -248,7 +248,12 @@ func doctorIMDS(ctx context.Context, rep *doctorReport, cfg *agent.Config, g imd
 				acts = append(acts, a)
 			}
 			fix := "this instance is being interrupted or has an event scheduled: make sure the newest checkpoint is committed (spotguard list)"
-			if src == imds.SourceRebalance {
+			switch {
+			case cfg.Notices[src] == agent.PolicyIgnore:
+				// The configuration chose to ignore it: "save now" told the user otherwise
+				// (found from outside).
+				fix = "notices." + string(src) + " is ignore: the agent does not act on it; set it to checkpoint for a save when it comes"
+			case src == imds.SourceRebalance:
 				fix = "AWS says this instance is at elevated risk of interruption: save now, and consider moving the job"
 			}
 			rep.add(name, doctorWarn, fmt.Sprintf("%s answers: a notice is active now: %s (policy %s)", src.Path(), strings.Join(acts, ", "), cfg.Notices[src]), fix)
@@ -364,6 +369,12 @@ func doctorCheckpointDir(rep *doctorReport, cfg *agent.Config) {
 	dir := cfg.Checkpoint.Dir
 	if dir == "" {
 		rep.add("checkpoint.dir", doctorWarn, "not set: checkpoints are not watched or uploaded", "set checkpoint.dir to where the trainer writes its checkpoints (with store.url)")
+		return
+	}
+	if !filepath.IsAbs(dir) {
+		// The config check fails it (the agent would not start); looked at from doctor's
+		// working directory it said the agent waits for it (found from outside).
+		rep.add("checkpoint.dir", doctorFail, dir+" is not an absolute path: the agent does not start", "give checkpoint.dir as an absolute path")
 		return
 	}
 	fi, err := os.Stat(dir)

@@ -414,3 +414,27 @@ func TestDoctorGarbledSourceSaysWhatTheAgentMakesOfIt(t *testing.T) {
 		}
 	}
 }
+
+// An active notice of a source the configuration ignores is said, with the policy, not with a
+// fix telling the user to save now (found from outside: a rebalance under notices.rebalance:
+// ignore).
+func TestDoctorNoticeOfAnIgnoredSource(t *testing.T) {
+	r := newDoctorRig(t)
+	_, out := r.run(t, "--notices.rebalance", "ignore")
+	if !strings.Contains(out, "(policy ignore)") || !strings.Contains(out, "notices.rebalance is ignore: the agent does not act on it") || strings.Contains(out, "save now") {
+		t.Errorf("doctor with a rebalance notice ignored:\n%s", out)
+	}
+	if _, out := r.run(t); !strings.Contains(out, "save now") {
+		t.Errorf("doctor with a rebalance notice:\n%s\nwant the fix to save now", out)
+	}
+}
+
+// A relative checkpoint.dir fails the config check; the checkpoint.dir check said too that the
+// agent waits for it to be created, looking from doctor's working directory (found from outside).
+func TestDoctorRelativeCheckpointDir(t *testing.T) {
+	r := newDoctorRig(t)
+	code, out := r.run(t, "--checkpoint.dir", "h29/ck1")
+	if code == exitOK || strings.Contains(out, "the agent waits for it") || !strings.Contains(out, "h29/ck1 is not an absolute path") {
+		t.Errorf("doctor with a relative checkpoint.dir: exit %d\n%s", code, out)
+	}
+}
