@@ -242,7 +242,8 @@ func (m *Manifest) Validate() error {
 	var total int64
 	for _, f := range m.Files {
 		if err := ValidPath(f.Path); err != nil {
-			problems = append(problems, fmt.Errorf("file: %w", err))
+			problems = append(problems, fmt.Errorf("a file's path: %w", err))
+			total += f.Size // the total is no problem of its own
 			continue
 		}
 		if seen[f.Path] {
@@ -287,8 +288,28 @@ func (m *Manifest) Validate() error {
 		problems = append(problems, fmt.Errorf("total_bytes %d; the files add up to %d", m.TotalBytes, total))
 	}
 	problems = append(problems, m.validateNodes()...)
-	return errors.Join(problems...)
+	if len(problems) == 0 {
+		return nil
+	}
+	return manifestProblems(problems)
 }
+
+// manifestProblems are the problems of one manifest, said on one line (a restore's error, a
+// list's note; found from outside: errors.Join's newline broke the line), each for errors.Is.
+type manifestProblems []error
+
+func (p manifestProblems) Error() string {
+	var b strings.Builder
+	for i, err := range p {
+		if i > 0 {
+			b.WriteString("; ")
+		}
+		b.WriteString(err.Error())
+	}
+	return b.String()
+}
+
+func (p manifestProblems) Unwrap() []error { return p }
 
 // validateNodes checks what a part or job manifest adds: a part's rank within its world of at
 // least two nodes; a job manifest's parts, one per rank, its commit being rank 0's, and every

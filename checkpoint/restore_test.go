@@ -1690,3 +1690,24 @@ func TestRestoreOfAnEmptyJobNamesTheOtherJobs(t *testing.T) {
 		t.Errorf("Restore(my-run) = %v; want nothing to restore, naming the jobs with a LATEST the store holds", err)
 	}
 }
+
+// A manifest with an unsafe path is refused with one line naming the path, and only that: its
+// size still counts toward total_bytes (it said a second, spurious problem, and errors.Join's
+// newline broke the restore's one-line error; found from outside).
+func TestManifestWithAnUnsafePathIsOneProblemOnOneLine(t *testing.T) {
+	m := restoreTestManifest(t, restoreTestJob, "step-1", restoreTestT0, map[string]string{"a.bin": "aaaa", "b.bin": "bb"})
+	for i := range m.Files {
+		if m.Files[i].Path == "b.bin" {
+			m.Files[i].Path = "../../escape.bin"
+		}
+	}
+	err := m.Validate()
+	if err == nil || strings.Contains(err.Error(), "\n") || strings.Contains(err.Error(), "total_bytes") ||
+		!strings.Contains(err.Error(), `a file's path: path "../../escape.bin"`) {
+		t.Errorf("Validate() = %q; want one line naming the path alone", err)
+	}
+	m.Version = 7
+	if err := m.Validate(); err == nil || strings.Contains(err.Error(), "\n") || !strings.Contains(err.Error(), "manifest version 7; ") {
+		t.Errorf("Validate() of two problems = %q; want them on one line", err)
+	}
+}
