@@ -174,7 +174,6 @@ func TestUsageErrorsAreTwoLines(t *testing.T) {
 		tc{[]string{"restore", "--commit", "c1"}, []string{"spotguard restore: --commit needs --checkpoint", "run 'spotguard restore -h' for its flags"}},
 		tc{[]string{"restore", "--checkpoint", ""}, []string{"spotguard restore: --checkpoint is empty: give a value, or leave the flag out", "run 'spotguard restore -h' for its flags"}},
 		tc{[]string{"restore", "--checkpoint", "step-1", "--commit="}, []string{"spotguard restore: --commit is empty: give a value, or leave the flag out", "run 'spotguard restore -h' for its flags"}},
-		tc{[]string{"restore", "--to", ""}, []string{"spotguard restore: --to is empty: give a value, or leave the flag out", "run 'spotguard restore -h' for its flags"}},
 		tc{[]string{"restore", "--imds.pollinterval", "1s"}, []string{"spotguard restore: flag provided but not defined: --imds.pollinterval", "run 'spotguard config -h' for the configuration keys"}},
 		tc{[]string{"drill", "--files", "0"}, []string{"spotguard drill: --files 0: want at least 1", "run 'spotguard drill -h' for its flags"}},
 		tc{[]string{"help", "restore", "x"}, []string{`spotguard help: unexpected argument "x"`, "run 'spotguard -h' for the commands"}},

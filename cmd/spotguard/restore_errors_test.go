@@ -452,7 +452,7 @@ func TestRestoreOntoASaveOfItsName(t *testing.T) {
 		code, _, stderr := runCLI(t, t.Context(), env, "restore", "--config", cfgPath, "--to", to,
 			"--checkpoint", "step-000100", "--commit", listed[0].Commit)
 		for _, want := range []string{"exists with other content", "not overwriting it",
-			"fix: restore never overwrites what is there: move it away (mv " + local + " " + local + ".old)"} {
+			"fix: restore never overwrites what is there: move it away and run restore again\n(mv " + local + " " + local + ".old)."} {
 			if !strings.Contains(stderr, want) {
 				t.Errorf("restore --commit onto a save of its name: stderr lacks %q:\n%s", want, stderr)
 			}

@@ -70,11 +70,12 @@ func runRestore(ctx context.Context, args, environ []string, stdout, stderr io.W
 	}
 	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
-	for _, f := range []string{"checkpoint", "commit", "to"} {
+	// An empty --to is checkpoint.dir, as without it: the spotguard-restore unit passes
+	// --to=${RESTORE_TO}, empty unless set.
+	for _, f := range []string{"checkpoint", "commit"} {
 		if set[f] && fs.Lookup(f).Value.String() == "" {
 			// An unset variable in a script ("--checkpoint $STEP"): restoring the newest
-			// instead would resume from another step than the one asked for (--to: into
-			// checkpoint.dir rather than where the script meant).
+			// instead would resume from another step than the one asked for.
 			return fs.usageError("--%s is empty: give a value, or leave the flag out", f)
 		}
 	}
@@ -242,8 +243,8 @@ func runRestore(ctx context.Context, args, environ []string, stdout, stderr io.W
 				"SPOTGUARD_CHECKPOINT_MARKER; .metadata for PyTorch DCP) and run restore again; it then leaves a newer save of\n"+
 				"the name in place and moves an older one aside. Or move it away (mv %s %s.old)\n", de.Path, de.Path)
 		} else if ok {
-			fmt.Fprintf(stderr, "spotguard restore: fix: restore never overwrites what is there: move it away (mv %s %s.old) and run\n"+
-				"restore again. (Without --commit, a save of this name is no obstacle: a newer one is left in place, an older one moved aside.)\n", de.Path, de.Path)
+			fmt.Fprintf(stderr, "spotguard restore: fix: restore never overwrites what is there: move it away and run restore again\n"+
+				"(mv %s %s.old). Without --commit, a save of this name is no obstacle: a newer one is left in place, an older one moved aside.\n", de.Path, de.Path)
 		}
 		if errors.Is(err, checkpoint.ErrSplitSave) {
 			fmt.Fprintf(stderr, "spotguard restore: fix: a multi-node job: set store.world_nodes (the node count) and store.node_rank on every node's agent\n"+
