@@ -1780,7 +1780,14 @@ func (c *Coordinator) scan(cfg *Config) []trainer.Process {
 		for _, p := range problems {
 			c.metrics.discoveryProblems.WithLabelValues(p.Reason).Inc()
 		}
-		c.log.Warn().Str("problems", problemText).Msg("trainer not found")
+		if len(found) > 0 {
+			// Found another way (trainer.match, with a pidfile not written yet): not "not found"
+			// (found from outside).
+			c.log.Warn().Str("problems", problemText).Int("found", len(found)).
+				Msg("a way of finding the trainer found nothing; the trainer was found another way")
+		} else {
+			c.log.Warn().Str("problems", problemText).Msg("trainer not found")
+		}
 	}
 	return procs
 }

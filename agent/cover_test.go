@@ -15,6 +15,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/spotguard/spotguard/agent/imds"
+	"github.com/spotguard/spotguard/agent/trainer"
 	"github.com/spotguard/spotguard/checkpoint"
 )
 
@@ -1188,6 +1189,22 @@ func TestTrainerThatStopsCatchingDuringAJobNoticeIsNoErrorLine(t *testing.T) {
 		}
 		if got := r.tr.signalledPIDs(); len(got) != 0 {
 			t.Errorf("signalled %v for a job notice; want no one", got)
+		}
+	})
+}
+
+// A trainer found by trainer.match while its pidfile is not written yet was said "trainer not
+// found" (found from outside). The line says a way found nothing, and that it was found another.
+func TestTrainerFoundOneWayIsNotSaidNotFound(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		logs := &syncBuffer{}
+		r := startRigLogging(t, true, nil, logs)
+		r.tr.setProblems(trainer.Problem{Reason: trainer.ReasonPIDFileUnreadable, Detail: "/run/train.pid: no such file"})
+		r.tr.setPIDs(4242)
+		passFakeTime(time.Minute)
+		l := logs.String()
+		if strings.Contains(l, `"message":"trainer not found"`) || !strings.Contains(l, "a way of finding the trainer found nothing; the trainer was found another way") {
+			t.Errorf("log: want the pidfile said as a way that found nothing, not the trainer not found:\n%s", l)
 		}
 	})
 }

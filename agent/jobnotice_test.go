@@ -44,6 +44,15 @@ type fakeTrainers struct {
 	// hang, if not nil, keeps Find from returning until it is closed (a pidfile on a file system
 	// that hangs).
 	hang chan struct{}
+	// problems are what Find says of the ways to find the trainer that found nothing.
+	problems []trainer.Problem
+}
+
+// setProblems makes Find say these problems from now on, beside its processes.
+func (f *fakeTrainers) setProblems(ps ...trainer.Problem) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.problems = ps
 }
 
 // setNotCatching makes these processes not catch the signal from now on, as Catches says.
@@ -102,7 +111,7 @@ func (f *fakeTrainers) Find(*Config) ([]trainer.Process, []trainer.Problem) {
 	}
 	defer f.mu.Unlock()
 	if !f.pidsSet {
-		return []trainer.Process{{PID: 4242, Cmdline: "python train.py", Via: trainer.ViaMatch}}, nil
+		return []trainer.Process{{PID: 4242, Cmdline: "python train.py", Via: trainer.ViaMatch}}, f.problems
 	}
 	var out []trainer.Process
 	for _, pid := range f.pids {
@@ -116,7 +125,7 @@ func (f *fakeTrainers) Find(*Config) ([]trainer.Process, []trainer.Problem) {
 		}
 		out = append(out, trainer.Process{PID: pid, Cmdline: "python train.py", Via: trainer.ViaMatch, StartTicks: ticks, Started: f.started[pid], PPID: ppid})
 	}
-	return out, nil
+	return out, f.problems
 }
 
 func (f *fakeTrainers) Catches(pid int, _ syscall.Signal) (bool, error) {
