@@ -1743,12 +1743,13 @@ func (c *Coordinator) scan(cfg *Config) []trainer.Process {
 				Msg("trainer found; it does not catch the signal yet (a trainer installs its handler as it starts); looked at again at every scan")
 		case anyCatches:
 			l.Warn().Msg(msgTrainerBeside)
-		case seen && old.CatchesSignal && sent[p.PID]:
+		case seen && old.CatchesSignal && old.Signal == ts.Signal && sent[p.PID]:
 			// Signalled, it caught the signal; its teardown (torch, gloo, a DataLoader's workers)
 			// may take seconds with its handlers reset: an error telling the user to install a
 			// handler they have was wrong (found from outside, with torchrun).
 			l.Warn().Msg(msgTrainerSignalledStopsCatching)
-		case seen && old.CatchesSignal && noticeNow:
+		case seen && old.CatchesSignal && old.Signal == ts.Signal && noticeNow:
+			// (Another trainer.signal since a reload is another question: the error below.)
 			// The same, on a node told of the notice by another (POST /notice), whose trainer
 			// saves and exits with the job (found from outside: the error line).
 			l.Warn().Msg(msgTrainerStopsCatchingDuringNotice)

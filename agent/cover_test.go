@@ -7,6 +7,8 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
+	"syscall"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -26,6 +28,15 @@ type coverRig struct {
 	stop   func()
 	// completed is when each checkpoint last completed (upload).
 	completed map[string]time.Time
+	// cfg is the coordinator's configuration, which reload replaces.
+	cfg atomic.Pointer[Config]
+}
+
+// reload gives the coordinator a copy of its configuration changed by change, as a SIGHUP would.
+func (r *coverRig) reload(change func(*Config)) {
+	next := *r.cfg.Load()
+	change(&next)
+	r.cfg.Store(&next)
 }
 
 // startCoverRig starts a coordinator with a store (its uploader a recording one), or without one
@@ -51,6 +62,8 @@ func startRigLogging(t *testing.T, withStore bool, previous map[string]signalRec
 	}
 	tc.c.previous = previous
 	r := &coverRig{testCoordinator: tc, events: make(chan imds.Event), completed: map[string]time.Time{}}
+	r.cfg.Store(tc.c.config())
+	tc.c.config = r.cfg.Load
 	ctx, cancel := context.WithCancel(t.Context())
 	done := make(chan error, 1)
 	go func() { done <- tc.c.Run(ctx, r.events) }()
@@ -1205,6 +1218,26 @@ func TestTrainerFoundOneWayIsNotSaidNotFound(t *testing.T) {
 		l := logs.String()
 		if strings.Contains(l, `"message":"trainer not found"`) || !strings.Contains(l, "a way of finding the trainer found nothing; the trainer was found another way") {
 			t.Errorf("log: want the pidfile said as a way that found nothing, not the trainer not found:\n%s", l)
+		}
+	})
+}
+
+// A reload that changes trainer.signal to one the trainer does not catch is said as at start-up,
+// an error: it was said to be the trainer exiting after its save (found from outside).
+func TestTrainerThatDoesNotCatchTheReloadedSignalIsAnError(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		logs := &syncBuffer{}
+		r := startRigLogging(t, true, nil, logs)
+		r.tr.setPIDs(4242)
+		r.begin(imds.SourceSpot, "terminate", time.Now().Add(2*time.Minute))
+		if got := r.tr.signalledPIDs(); !slices.Equal(got, []int{4242}) {
+			t.Fatalf("signalled %v; want 4242", got)
+		}
+		r.reload(func(c *Config) { c.Trainer.Signal = syscall.SIGUSR2 })
+		r.tr.setNotCatching(4242)
+		passFakeTime(time.Minute)
+		if l := logs.String(); strings.Contains(l, msgTrainerSignalledStopsCatching) || !strings.Contains(l, "trainer found but it does NOT catch the signal") {
+			t.Errorf("log: want the error for a signal the trainer does not catch:\n%s", l)
 		}
 	})
 }
