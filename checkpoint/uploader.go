@@ -864,7 +864,7 @@ func (u *Uploader) logUnfinished() {
 	}
 	slices.Sort(left)
 	u.log.Warn().Strs("not_complete", logNames(left)).
-		Msg("stopping without waiting for checkpoints still being written (no marker yet, and no notice asked for them); the next agent commits them once they are complete")
+		Msg("stopping without waiting for checkpoints without their marker, still being written or a save left half done (no notice asked for them); the next agent commits any that completes")
 }
 
 // logNamesMax bounds the checkpoint names one log line lists.
