@@ -1642,13 +1642,13 @@ func (c *Coordinator) hasScanned() bool {
 	return c.scanned
 }
 
-// activeOf returns the keys of the notices of src in force, whatever their policy.
-func (c *Coordinator) activeOf(src imds.Source) []string {
+// activeOf returns the keys of the notices of src in force with a policy other than policy.
+func (c *Coordinator) activeOf(src imds.Source, policy Policy) []string {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	var keys []string
 	for _, ns := range c.active {
-		if ns.Source == src {
+		if ns.Source == src && ns.Policy != policy {
 			keys = append(keys, ns.Key)
 		}
 	}

@@ -88,7 +88,7 @@ func (a *Agent) reload() {
 		if !ok {
 			continue
 		}
-		if keys := a.coord.activeOf(imds.Source(src)); len(keys) > 0 {
+		if keys := a.coord.activeOf(imds.Source(src), next.Notices[imds.Source(src)]); len(keys) > 0 {
 			a.log.Warn().Str("key", k).Strs("notices", keys).
 				Msg("a notice policy changed while a notice of that source is in force: the notice keeps the policy it was detected with until it ends; the new one applies to the next")
 		}

@@ -1,11 +1,13 @@
 package agent
 
 import (
+	"maps"
 	"slices"
 	"strings"
 	"sync"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/rs/zerolog"
 
@@ -118,4 +120,20 @@ func TestReloadPolicyWithANoticeInForceSaysSo(t *testing.T) {
 	eventually(t, "the warning", func() bool {
 		return strings.Contains(ta.logs.String(), "the notice keeps the policy it was detected with")
 	})
+}
+
+// The reload's warning names only the notices whose policy the reload changes: one detected
+// under the new policy already keeps it, and naming it said otherwise (found from outside).
+func TestActiveOfNamesOnlyTheNoticesOfAnotherPolicy(t *testing.T) {
+	tc := newTestCoordinator(t, "SPOTGUARD_NOTICES_JOB=ignore")
+	now := time.Now()
+	tc.c.TakeJobNotice(jobNotice("stop", now.Add(time.Minute)), now)
+	cfg := *tc.c.config()
+	cfg.Notices = maps.Clone(cfg.Notices)
+	cfg.Notices[SourceJob] = PolicyCheckpoint
+	tc.c.config = func() *Config { return &cfg }
+	tc.c.TakeJobNotice(jobNotice("terminate", now.Add(time.Minute)), now)
+	if got := tc.c.activeOf(SourceJob, PolicyCheckpoint); !slices.Equal(got, []string{"job/stop"}) {
+		t.Errorf("activeOf(job, checkpoint) = %q; want [job/stop], the one detected under ignore", got)
+	}
 }
