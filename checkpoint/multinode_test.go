@@ -1079,3 +1079,26 @@ func TestJobCheckpointIsRestoredOnlyWithEveryNodesFiles(t *testing.T) {
 		}
 	}
 }
+
+// A node that saves a name again alone after the job committed it (its trainer saved the step
+// again) has its new part given up after part_wait, as before; the error said only that the
+// other node's part did not come, though it had, for the save committed before. It now says so,
+// and what to do. (Found from outside.)
+func TestMultiNodeNameSavedAgainAloneSaysTheOtherPartsAreCommitted(t *testing.T) {
+	store := newMemStore()
+	config := []byte("c")
+	var rigs []*uploaderRig
+	for rank := range 2 {
+		r := startUploaderWith(t, t.TempDir(), store, UploaderConfig{NodeRank: rank, WorldNodes: 2, PartWait: 4 * time.Second,
+			Host: func() Host { return Host{InstanceID: fmt.Sprintf("i-node%d", rank)} }})
+		writeCheckpoint(t, r.dir, "step-000050", withoutMarker(nodeFiles(t, rank, config)))
+		rigs = append(rigs, r)
+	}
+	first := rigs[0].waitEvent(JobCheckpointCommitted, "step-000050").Manifest
+	// Node 0's trainer saves the step again, alone.
+	writeCheckpoint(t, rigs[0].dir, "step-000050", withoutMarker(nodeFiles(t, 0, config)))
+	ev := rigs[0].waitEvent(JobCheckpointFailed, "step-000050")
+	if ev.Err == nil || !strings.Contains(ev.Err.Error(), "their parts of step-000050 are in job commit "+first.Commit) {
+		t.Errorf("given up with %v; want it to say node 1's part is in job commit %s", ev.Err, first.Commit)
+	}
+}

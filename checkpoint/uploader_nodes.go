@@ -191,6 +191,13 @@ func (u *Uploader) saveDone(ctx context.Context, ps *pendingSave, r saveResult) 
 			} else {
 				what = fmt.Sprintf("%s within part_wait (%v)", what, u.cfg.PartWait)
 			}
+			if jc := u.committedJobOf(p.Checkpoint, ps.missing); jc != "" {
+				// Their parts of this name came, for an earlier save of it that is committed:
+				// this node saved the name again alone (found from outside: the message said
+				// only that node 1's part did not come, though it had, 6 s earlier).
+				what += fmt.Sprintf("; their parts of %s are in job commit %s, committed before: this node saved the name again alone, "+
+					"and a save is assembled only from parts of one save (save again under a new name, a step number, on every node)", p.Checkpoint, jc)
+			}
 			if u.ownJobNewest.After(p.Order().At) {
 				// A newer save of this node's is committed for the job: this one was overtaken
 				// (the trainer deleted it on a slower node before its part went), and a save
@@ -209,6 +216,25 @@ func (u *Uploader) saveDone(ctx context.Context, ps *pendingSave, r saveResult) 
 		}
 		retry()
 	}
+}
+
+// committedJobOf returns the newest job commit of checkpoint name this agent knows of that holds
+// a part of every node rank in ranks, or "" if none does.
+func (u *Uploader) committedJobOf(name string, ranks []int) string {
+	if len(ranks) == 0 {
+		return ""
+	}
+	for _, m := range u.index[name] {
+		if m.Parts == nil {
+			continue
+		}
+		if !slices.ContainsFunc(ranks, func(r int) bool {
+			return !slices.ContainsFunc(m.Parts, func(jp JobPart) bool { return jp.NodeRank == r })
+		}) {
+			return m.Commit
+		}
+	}
+	return ""
 }
 
 // storeGaveOut gives up ps's save, whose last look for the other nodes' parts the store failed
