@@ -3010,40 +3010,18 @@ func TestFileTruncatedWhileSentIsAChangeNotAStoreFailure(t *testing.T) {
 	}
 }
 
-// firstPutGateStore is a memStore whose first PutFile says its key (reached) and waits until
-// release is closed.
-type firstPutGateStore struct {
-	*memStore
-	reached chan string
-	release chan struct{}
-	once    sync.Once
-}
-
-func (s *firstPutGateStore) PutFile(ctx context.Context, key string, f *os.File, size int64, progress func(n int64)) (Checksum, error) {
-	first := false
-	s.once.Do(func() { first = true; s.reached <- key })
-	if first {
-		select {
-		case <-s.release:
-		case <-ctx.Done():
-			return Checksum{}, ctx.Err()
-		}
-	}
-	return s.memStore.PutFile(ctx, key, f, size, progress)
-}
-
 // A complete checkpoint deleted while it waits its turn, none of it sent yet, is as lost as one
 // deleted half sent: both are warned of (found from outside: one still queued said only
 // "checkpoint no longer tracked", at info level, though the docs say the log warns).
 func TestCompleteCheckpointDeletedWhileQueuedIsWarnedOf(t *testing.T) {
-	s := &firstPutGateStore{memStore: newMemStore(), reached: make(chan string, 1), release: make(chan struct{})}
+	s := &gateStore{memStore: newMemStore(), puts: make(chan string, 100), release: make(chan struct{})}
 	dir := t.TempDir()
 	r := startUploaderWith(t, dir, s, UploaderConfig{BackgroundFiles: 1})
 	writeCheckpoint(t, dir, "step-1", map[string][]byte{"a.bin": randomBytes(t, 1<<10)})
 	writeCheckpoint(t, dir, "step-2", map[string][]byte{"a.bin": randomBytes(t, 1<<10)})
 	var key string
 	select {
-	case key = <-s.reached:
+	case key = <-s.puts:
 	case <-time.After(20 * time.Second):
 		t.Fatal("no upload began within 20 s")
 	}
