@@ -2137,7 +2137,12 @@ const singleTogether = 2 * time.Second
 func (u *Uploader) fileReady(ev WatchEvent) {
 	g := u.current(ev.Checkpoint)
 	f := g.files[ev.Path]
-	if f != nil && u.rewrittenAfterMarker(g, ev.Path, f.id, ev.ID) || f == nil && u.newAfterMarker(g, ev.Path) && !u.cameBack(g, ev.Path, ev.ID) {
+	// A file refused as it was (the agent could not read it) back with its bytes as they were, a
+	// chmod later, is no file new since the marker (found from outside: it was taken for one,
+	// and the checkpoint waited for its marker).
+	why, refused := g.refused[ev.Path]
+	fixed := refused && sameVersion(why.id, ev.ID)
+	if f != nil && u.rewrittenAfterMarker(g, ev.Path, f.id, ev.ID) || f == nil && u.newAfterMarker(g, ev.Path) && !fixed && !u.cameBack(g, ev.Path, ev.ID) {
 		u.reopen(g, ev.Path)
 	}
 	if g.state == genCommitted {
