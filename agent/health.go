@@ -167,8 +167,14 @@ func (a *Agent) health(now time.Time) healthVerdict {
 			"job checkpoint "+jobProblem.Checkpoint+" not committed")
 	}
 	if withheld != nil {
-		v.reason(fmt.Sprintf("checkpoint %s has its marker (%s) but is not committed: %v; healthy again once it or a checkpoint completed after it commits, or it is deleted",
-			withheld.Checkpoint, withheld.At.UTC().Format(time.RFC3339), withheld.Err),
+		what := "has its marker"
+		if errors.Is(withheld.Err, checkpoint.ErrAgentDenied) {
+			// Whether its marker is there the agent may not see (found from outside: a 0700
+			// directory without one was said to have it).
+			what = "may hold a save the agent may not read"
+		}
+		v.reason(fmt.Sprintf("checkpoint %s %s (%s) but is not committed: %v; healthy again once it or a checkpoint completed after it commits, or it is deleted",
+			withheld.Checkpoint, what, withheld.At.UTC().Format(time.RFC3339), withheld.Err),
 			"checkpoint "+withheld.Checkpoint+" not committed: "+withheldWhy(withheld.Err))
 	}
 	if split != nil {
@@ -188,6 +194,8 @@ func withheldWhy(err error) string {
 	switch {
 	case errors.Is(err, checkpoint.ErrNameNotStorable):
 		return "its name cannot be stored"
+	case errors.Is(err, checkpoint.ErrAgentDenied):
+		return "the agent may not read it"
 	case errors.Is(err, checkpoint.ErrWrittenAfterMarker):
 		return "a file was written after its marker"
 	case errors.Is(err, checkpoint.ErrNotStorable):

@@ -355,7 +355,7 @@ func notStorableFixFor(err error) string {
 	switch {
 	case errors.Is(err, errKeyTooLong):
 		return keyTooLongFix
-	case errors.Is(err, errAgentDenied):
+	case errors.Is(err, ErrAgentDenied):
 		return agentDeniedFix
 	}
 	return notStorableFix
@@ -369,21 +369,23 @@ var (
 	// that is never followed; committed without what it names, the checkpoint would be torn
 	// (found from outside: a link to the weights, committed without them, restored "complete").
 	errScanSymlink = errors.New("checkpoint: a symbolic link, which is never followed; the checkpoint without the file it names would be torn")
-	// errAgentDenied: the agent itself may not read a file or directory of a checkpoint
-	// (permission denied): it runs as a user other than the trainer's, without root's rights
-	// (found from outside: an agent run as nobody never committed a trainer's 0700 checkpoint
-	// directory, with a warning alone, and took a 0600 file for the store refusing).
-	errAgentDenied = errors.New("checkpoint: the agent may not read it (permission denied)")
 )
+
+// ErrAgentDenied is the error of a file or directory of a checkpoint that the agent itself may
+// not read (permission denied): it runs as a user other than the trainer's, without root's
+// rights. Its checkpoint is withheld (ErrNotStorable). (Found from outside: an agent run as
+// nobody never committed a trainer's 0700 checkpoint directory, with a warning alone, and took a
+// 0600 file for the store refusing.)
+var ErrAgentDenied = errors.New("checkpoint: the agent may not read it (permission denied)")
 
 // agentDeniedFix is notStorableFix for a file or directory the agent may not read.
 const agentDeniedFix = "run the agent as root, as the spotguard unit does, or as the trainer's user, or have the trainer write files " +
 	"the agent's user may read (umask, chmod): the checkpoint is then committed as it is"
 
-// agentDenied returns errAgentDenied if err is a permission error, else err.
+// agentDenied returns ErrAgentDenied if err is a permission error, else err.
 func agentDenied(err error) error {
 	if errors.Is(err, fs.ErrPermission) {
-		return errAgentDenied
+		return ErrAgentDenied
 	}
 	return err
 }
@@ -597,10 +599,10 @@ func (s *scanWalker) refuse(rel string, err error) {
 }
 
 // denied skips the path rel (relative to root) of a checkpoint directory, sub within it, which
-// the agent may not look at (errAgentDenied), and counts it.
+// the agent may not look at (ErrAgentDenied), and counts it.
 func (s *scanWalker) denied(rel, sub string) {
-	s.skip(rel, "", errAgentDenied)
-	s.refuse(sub, errAgentDenied)
+	s.skip(rel, "", ErrAgentDenied)
+	s.refuse(sub, ErrAgentDenied)
 }
 
 // usable reports whether the regular file at rel (relative to root, slash-separated), which

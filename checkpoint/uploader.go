@@ -3034,7 +3034,7 @@ func openLocal(dir, rel string) (*os.File, FileID, error) {
 	f, err := root.OpenFile(rel, os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0)
 	if errors.Is(err, fs.ErrPermission) {
 		// The agent's own rights, not the store's: no retry helps until the file changes.
-		return nil, FileID{}, fmt.Errorf("open %s: %w: %w", local, errAgentDenied, errUnusable)
+		return nil, FileID{}, fmt.Errorf("open %s: %w: %w", local, ErrAgentDenied, errUnusable)
 	}
 	if err != nil {
 		if li, lerr := root.Lstat(rel); lerr == nil && !li.Mode().IsRegular() || lerr != nil && !errors.Is(lerr, fs.ErrNotExist) {

@@ -1704,7 +1704,7 @@ func (r *watchRun) notComplete(c *watchCkpt, f scanFound) {
 	c.withheld = f.err.Error()
 	msg := "marker is there but the checkpoint directory could not be read in full; not complete"
 	switch {
-	case errors.Is(f.err, errAgentDenied):
+	case errors.Is(f.err, ErrAgentDenied):
 		msg = "the agent may not read the checkpoint directory, complete or not: it is not committed while it cannot"
 	case errors.Is(f.err, ErrNotStorable):
 		msg = "marker is there but a file of the checkpoint cannot be stored; not complete, and never committed without it"

@@ -225,6 +225,13 @@ func TestCheckpointTheAgentMayNotReadIsWithheld(t *testing.T) {
 	eventually(t, 15*time.Second, "an error saying the agent may not read step-1", func() bool {
 		return len(ap.logLines(t, "the agent may not read the checkpoint directory, complete or not: it is not committed while it cannot")) > 0
 	})
+	// Whether its marker is there the agent cannot see: /healthz does not say it is.
+	eventually(t, 15*time.Second, "/healthz to be 503 for step-1, which may hold a save the agent may not read", func() bool {
+		code, h := ap.healthz(t)
+		return code == 503 && slices.ContainsFunc(h.Reasons, func(r string) bool {
+			return strings.HasPrefix(r, "checkpoint step-1 may hold a save the agent may not read (")
+		})
+	})
 	// step-2: a 0600 file in a directory the agent may read.
 	step2 := filepath.Join(dir, "step-2")
 	if err := os.Mkdir(step2, 0o755); err != nil {
