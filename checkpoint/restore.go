@@ -317,6 +317,9 @@ func restoreOnce(ctx context.Context, s Store, opts RestoreOptions, conc int, ru
 		return failCP(fmt.Errorf("open destination: %w", err))
 	}
 	defer func() { _ = to.Close() }() // a directory handle: nothing to flush
+	if err := restoreOpenedCheck(opts.To, to); err != nil {
+		return failCP(err)
+	}
 	run.owner = restoreOwnerOf(to)
 
 	done := func(already bool) (RestoreResult, *Manifest, error) {
@@ -1711,9 +1714,52 @@ func restoreLinkCheck(to string) error {
 	if st, ok := fileStat(fi); ok && st.uid == o.uid {
 		return nil
 	}
+	real, err := filepath.EvalSymlinks(base)
+	if err != nil {
+		real = base
+	}
 	return fmt.Errorf("destination %s passes through the symbolic link %s, which uid %d owns, to %s, which is not that user's: "+
 		"a restore as root does not write where another user's link points (give the real path, or make the directory that user's)",
-		to, link, o.uid, base)
+		to, link, o.uid, real)
+}
+
+// restoreOpenedCheck refuses, when the restore runs as root, the destination directory opened
+// as to (the one every file is written through) when it is root's while a user other than root
+// owns something on the path to it, a directory or a link: that user could have pointed the path
+// there between restoreLinkCheck and the open (found from outside: a directory swapped for a link
+// to a root directory while restores ran got root's files in 16 of 100). A destination of that
+// user's own gets the files as that user's (restoreOwnerOf).
+func restoreOpenedCheck(dest string, to *os.Root) error {
+	if os.Geteuid() != 0 {
+		return nil
+	}
+	fi, err := to.Stat(".")
+	if err != nil {
+		return nil
+	}
+	if st, ok := fileStat(fi); !ok || st.uid != 0 {
+		return nil
+	}
+	abs, err := filepath.Abs(dest)
+	if err != nil {
+		return nil
+	}
+	p := string(filepath.Separator)
+	for _, el := range strings.Split(abs, string(filepath.Separator)) {
+		if el == "" {
+			continue
+		}
+		p = filepath.Join(p, el)
+		li, err := os.Lstat(p)
+		if err != nil {
+			continue
+		}
+		if o := scanOwnerOf(li); o.uid != 0 {
+			return fmt.Errorf("destination %s is root's, but %s on its path is uid %d's, who could point the path elsewhere: "+
+				"a restore as root does not write there (make the destination that user's, or give a path only root controls)", dest, p, o.uid)
+		}
+	}
+	return nil
 }
 
 // userLinkOnPath returns the first symbolic link on the path abs that a user other than root
