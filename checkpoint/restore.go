@@ -622,7 +622,7 @@ func restoreSayNewerSaves(log zerolog.Logger, st *JobState, m *Manifest, partWai
 			continue
 		}
 		log.Warn().Str("restoring", m.Checkpoint).Str("newer", is.Checkpoint).
-			Msg("a newer multi-node save is not committed, so an older checkpoint is restored: the newer " + is.describe() + " (`spotguard list` shows it)")
+			Msg("a newer multi-node save is not committed, so an older checkpoint is restored: the newer " + is.describe())
 	}
 }
 
