@@ -560,6 +560,9 @@ func TestRestartWithACheckpointWrittenAfterItsMarkerSaysItWithheld(t *testing.T)
 	if ev := r.waitEvent(CheckpointWithheld, "step-1"); !errors.Is(ev.Err, ErrWrittenAfterMarker) {
 		t.Errorf("restarted: step-1 withheld for %v; want ErrWrittenAfterMarker", ev.Err)
 	}
+	if l := r.logs.String(); !strings.Contains(l, `"checkpoint":"step-1"`) || !strings.Contains(l, "the journal of an earlier run says so") {
+		t.Errorf("restarted: no line says why step-1 is withheld:\n%s", l)
+	}
 	if got := commitsOf(t, mem, "step-1"); len(got) != 0 {
 		t.Errorf("step-1 has %d commits; want none until its marker is written again", len(got))
 	}
