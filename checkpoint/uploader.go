@@ -2287,12 +2287,12 @@ func (u *Uploader) markerGone(g *generation) {
 	g.complete, g.marker, g.recheck = false, FileID{}, false
 }
 
-// recheck completes g again after its file rel was reported again (a file gone is not enough: the
-// trainer may be putting it back) while its
-// commit's scan withheld it (generation.recheck), unless a file of it still cannot be stored as
-// it was: its commit's scan judges it anew (found from outside: a symbolic link put in place of
-// a file for a moment after the marker, then the file again, kept a checkpoint withheld for
-// good, for the link, which was long gone; and a file made readable waited for the marker).
+// recheck completes g again after its file rel was reported again while its commit's scan
+// withheld it (generation.recheck), unless a file of it still cannot be stored as it was: its
+// commit's scan judges it anew. A file gone is not enough: the trainer may be putting it back.
+// (Found from outside: a symbolic link put in place of a file for a moment after the marker,
+// then the file again, kept a checkpoint withheld for good, for the link, long gone; and a file
+// made readable waited for the marker.)
 func (u *Uploader) recheck(g *generation, rel string) {
 	if !g.recheck || rel == u.cfg.Marker || len(g.refused) > 0 || g.state == genCommitted || g.state == genAbandoned {
 		return // a marker's own Complete completes it
