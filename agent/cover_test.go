@@ -78,6 +78,15 @@ func startRigLogging(t *testing.T, withStore bool, previous map[string]signalRec
 	return r
 }
 
+// startLoggedRig is startCoverRig with a store, logging into the buffer it returns, its trainer
+// the processes pids.
+func startLoggedRig(t *testing.T, pids ...int) (*coverRig, *syncBuffer) {
+	logs := &syncBuffer{}
+	r := startRigLogging(t, true, nil, logs)
+	r.tr.setPIDs(pids...)
+	return r, logs
+}
+
 // startSpotRig is startCoverRig with a store, and a spot reclaim 2 minutes ahead begun.
 func startSpotRig(t *testing.T) *coverRig {
 	r := startCoverRig(t, true)
@@ -1119,9 +1128,7 @@ func TestNoticeFileThatCouldNotBeWrittenIsWrittenOnceItCan(t *testing.T) {
 // with torchrun). It is a warning saying it is most likely exiting.
 func TestSignalledTrainerThatStopsCatchingIsNoErrorLine(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		logs := &syncBuffer{}
-		r := startRigLogging(t, true, nil, logs)
-		r.tr.setPIDs(4242)
+		r, logs := startLoggedRig(t, 4242)
 		r.begin(imds.SourceSpot, "terminate", time.Now().Add(2*time.Minute))
 		if got := r.tr.signalledPIDs(); !slices.Equal(got, []int{4242}) {
 			t.Fatalf("signalled %v; want 4242", got)
@@ -1166,9 +1173,7 @@ func TestNoticeCheckpointWrittenAfterItsMarkerIsSaid(t *testing.T) {
 // notice (found from outside). It is a warning; alone, it is still the error.
 func TestLauncherBesideTheTrainerAtANoticeIsNoErrorLine(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		logs := &syncBuffer{}
-		r := startRigLogging(t, true, nil, logs)
-		r.tr.setPIDs(7, 8) // torchrun, and its rank
+		r, logs := startLoggedRig(t, 7, 8) // torchrun, and its rank
 		r.tr.setParent(8, 7)
 		r.tr.setNotCatching(7)
 		r.tr.setUncaught(7)
@@ -1188,9 +1193,7 @@ func TestLauncherBesideTheTrainerAtANoticeIsNoErrorLine(t *testing.T) {
 // warning, as for a signalled one.
 func TestTrainerThatStopsCatchingDuringAJobNoticeIsNoErrorLine(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		logs := &syncBuffer{}
-		r := startRigLogging(t, true, nil, logs)
-		r.tr.setPIDs(4242)
+		r, logs := startLoggedRig(t, 4242)
 		passFakeTime(2 * time.Second) // seen catching it
 		if _, err := r.c.Post(t.Context(), jobNotice("terminate", time.Now().Add(2*time.Minute))); err != nil {
 			t.Fatal(err)
@@ -1210,10 +1213,8 @@ func TestTrainerThatStopsCatchingDuringAJobNoticeIsNoErrorLine(t *testing.T) {
 // found" (found from outside). The line says a way found nothing, and that it was found another.
 func TestTrainerFoundOneWayIsNotSaidNotFound(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		logs := &syncBuffer{}
-		r := startRigLogging(t, true, nil, logs)
+		r, logs := startLoggedRig(t, 4242)
 		r.tr.setProblems(trainer.Problem{Reason: trainer.ReasonPIDFileUnreadable, Detail: "/run/train.pid: no such file"})
-		r.tr.setPIDs(4242)
 		passFakeTime(time.Minute)
 		l := logs.String()
 		if strings.Contains(l, `"message":"trainer not found"`) || !strings.Contains(l, "a way of finding the trainer found nothing; the trainer was found another way") {
@@ -1226,9 +1227,7 @@ func TestTrainerFoundOneWayIsNotSaidNotFound(t *testing.T) {
 // an error: it was said to be the trainer exiting after its save (found from outside).
 func TestTrainerThatDoesNotCatchTheReloadedSignalIsAnError(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		logs := &syncBuffer{}
-		r := startRigLogging(t, true, nil, logs)
-		r.tr.setPIDs(4242)
+		r, logs := startLoggedRig(t, 4242)
 		r.begin(imds.SourceSpot, "terminate", time.Now().Add(2*time.Minute))
 		if got := r.tr.signalledPIDs(); !slices.Equal(got, []int{4242}) {
 			t.Fatalf("signalled %v; want 4242", got)

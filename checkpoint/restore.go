@@ -1744,20 +1744,9 @@ func restoreOpenedCheck(dest string, to *os.Root) error {
 	if err != nil {
 		return nil
 	}
-	p := string(filepath.Separator)
-	for _, el := range strings.Split(abs, string(filepath.Separator)) {
-		if el == "" {
-			continue
-		}
-		p = filepath.Join(p, el)
-		li, err := os.Lstat(p)
-		if err != nil {
-			continue
-		}
-		if o := scanOwnerOf(li); o.uid != 0 {
-			return fmt.Errorf("destination %s is root's, but %s on its path is uid %d's, who could point the path elsewhere: "+
-				"a restore as root does not write there (make the destination that user's, or give a path only root controls)", dest, p, o.uid)
-		}
+	if p, o := userOnPath(abs, func(fs.FileInfo) bool { return true }); p != "" {
+		return fmt.Errorf("destination %s is root's, but %s on its path is uid %d's, who could point the path elsewhere: "+
+			"a restore as root does not write there (make the destination that user's, or give a path only root controls)", dest, p, o.uid)
 	}
 	return nil
 }
@@ -1765,6 +1754,12 @@ func restoreOpenedCheck(dest string, to *os.Root) error {
 // userLinkOnPath returns the first symbolic link on the path abs that a user other than root
 // owns, and its owner; "" if there is none.
 func userLinkOnPath(abs string) (string, scanOwner) {
+	return userOnPath(abs, func(li fs.FileInfo) bool { return li.Mode()&fs.ModeSymlink != 0 })
+}
+
+// userOnPath returns the first element of the path abs (each prefix as Lstat sees it) that kind
+// accepts and a user other than root owns, and its owner; "" if there is none.
+func userOnPath(abs string, kind func(fs.FileInfo) bool) (string, scanOwner) {
 	p := string(filepath.Separator)
 	for _, el := range strings.Split(abs, string(filepath.Separator)) {
 		if el == "" {
@@ -1772,7 +1767,7 @@ func userLinkOnPath(abs string) (string, scanOwner) {
 		}
 		p = filepath.Join(p, el)
 		li, err := os.Lstat(p)
-		if err != nil || li.Mode()&fs.ModeSymlink == 0 {
+		if err != nil || !kind(li) {
 			continue
 		}
 		if o := scanOwnerOf(li); o.uid != 0 {

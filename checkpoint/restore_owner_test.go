@@ -227,13 +227,17 @@ func TestRestoreAsRootDoesNotFollowAnotherUsersLinkElsewhere(t *testing.T) {
 		s.put(f.Key, []byte(files[f.Path]))
 	}
 	restoreTestPutJSON(t, s, ManifestKey(restoreTestJob, "step-1", m.Commit), m)
-	link := func(t *testing.T, target string) string {
+	userDir := func(t *testing.T) string {
 		t.Helper()
-		home := t.TempDir()
-		if err := os.Chown(home, uid, uid); err != nil {
+		d := t.TempDir()
+		if err := os.Chown(d, uid, uid); err != nil {
 			t.Fatal(err)
 		}
-		l := filepath.Join(home, "ckpt")
+		return d
+	}
+	link := func(t *testing.T, target string) string {
+		t.Helper()
+		l := filepath.Join(userDir(t), "ckpt")
 		if err := os.Symlink(target, l); err != nil {
 			t.Fatal(err)
 		}
@@ -261,10 +265,7 @@ func TestRestoreAsRootDoesNotFollowAnotherUsersLinkElsewhere(t *testing.T) {
 	// the check of the path and the open (found from outside: 16 of 100 such races wrote root's
 	// files into a root directory), so it is refused whatever the path holds now.
 	t.Run("root's directory in the user's", func(t *testing.T) {
-		home := t.TempDir()
-		if err := os.Chown(home, uid, uid); err != nil {
-			t.Fatal(err)
-		}
+		home := userDir(t)
 		to := filepath.Join(home, "ckpt")
 		if err := os.Mkdir(to, 0o755); err != nil { // root's
 			t.Fatal(err)
@@ -279,12 +280,8 @@ func TestRestoreAsRootDoesNotFollowAnotherUsersLinkElsewhere(t *testing.T) {
 		}
 	})
 	t.Run("to the same user's directory", func(t *testing.T) {
-		own := t.TempDir()
-		if err := os.Chown(own, uid, uid); err != nil {
-			t.Fatal(err)
-		}
 		var log bytes.Buffer
-		res, err := Restore(t.Context(), s, restoreTestOpts(link(t, own), &log))
+		res, err := Restore(t.Context(), s, restoreTestOpts(link(t, userDir(t)), &log))
 		if err != nil {
 			t.Fatalf("Restore() error: %v", err)
 		}
