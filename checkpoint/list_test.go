@@ -63,7 +63,7 @@ func TestListCommitted(t *testing.T) {
 			restoreTestSetLatest(t, s, restoreTestJob, "step-1")
 		}, []string{"step-1*"}, []string{
 			ManifestKey(restoreTestJob, "step-2", restoreTestCommitID("step-2", t0)) + ": manifest is not valid JSON",
-			ManifestKey(restoreTestJob, "step-3", restoreTestCommitID("step-3", t0)) + `: manifest of llama-70b/step-3 is invalid: file: path "../a" has a ".." element`,
+			ManifestKey(restoreTestJob, "step-3", restoreTestCommitID("step-3", t0)) + `: manifest of llama-70b/step-3 is invalid: a file's path: path "../a" has a ".." element`,
 			ManifestKey(restoreTestJob, "step-4", restoreTestCommitID("step-4", t0)) + `: manifest names job "other" checkpoint "step-4"`,
 		}},
 		{"LATEST names a checkpoint without a valid manifest", func(t *testing.T, s *memStore) {
