@@ -1011,12 +1011,28 @@ func (s *S3Store) holds(ctx context.Context, okey string, data []byte) (string, 
 
 // GetBytes returns the object at key and its ETag as the server sent it ("" if it sent none).
 // It returns ErrNotFound if there is none, and an error for an invalid key and a request that
-// fails for good or is cut short by ctx.
+// fails for good or is cut short by ctx. A body that does not match its checksum is read again.
 func (s *S3Store) GetBytes(ctx context.Context, key string) ([]byte, string, error) {
 	okey, err := s.objectKey(key)
 	if err != nil {
 		return nil, "", fmt.Errorf("get %s: %w", key, err)
 	}
+	for try := 1; ; try++ {
+		data, etag, err := s.getBytes(ctx, key, okey)
+		// A body whose checksum is not the one its headers give: a server answering while the
+		// object is written over (LATEST, by another agent of the job; versitygw does, found in
+		// CI and from outside), or the bytes damaged on the way. Read it again.
+		if err == nil || !strings.Contains(err.Error(), "checksum did not match") || try == s3GetBytesTries || ctx.Err() != nil {
+			return data, etag, err
+		}
+	}
+}
+
+// s3GetBytesTries is how often GetBytes reads an object whose body does not match its checksum.
+const s3GetBytesTries = 3
+
+// getBytes is one GetObject of GetBytes, of the object okey (key to the caller).
+func (s *S3Store) getBytes(ctx context.Context, key, okey string) ([]byte, string, error) {
 	out, err := s.client.GetObject(ctx, &s3.GetObjectInput{Bucket: &s.bucket, Key: &okey})
 	if err != nil {
 		if s3IsNotFound(err) {
