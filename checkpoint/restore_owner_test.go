@@ -171,13 +171,8 @@ func TestRestoreAsRootGivesTheFilesToTheDestinationsOwner(t *testing.T) {
 func TestRestoreAsRootGivesTheJournalToItsDirectorysOwner(t *testing.T) {
 	needRoot(t, "to make a file for another user")
 	const uid, gid = 12345, 23456
-	files := map[string]string{"model.pt": "weights", "_COMPLETE": ""}
 	s := newMemStore()
-	m := restoreTestManifest(t, restoreTestJob, "step-1", restoreTestT0, files)
-	for _, f := range m.Files {
-		s.put(f.Key, []byte(files[f.Path]))
-	}
-	restoreTestPutJSON(t, s, ManifestKey(restoreTestJob, "step-1", m.Commit), m)
+	m := restoreTestCommit(t, s, restoreTestJob, "step-1", restoreTestT0, map[string]string{"model.pt": "weights", "_COMPLETE": ""})
 	state := t.TempDir()
 	if err := os.Chown(state, uid, gid); err != nil {
 		t.Fatal(err)
@@ -220,13 +215,8 @@ func needRoot(t *testing.T, why string) {
 func TestRestoreAsRootDoesNotFollowAnotherUsersLinkElsewhere(t *testing.T) {
 	needRoot(t, "to restore through another user's link")
 	const uid = 12345
-	files := map[string]string{"model.pt": "weights", "_COMPLETE": ""}
 	s := newMemStore()
-	m := restoreTestManifest(t, restoreTestJob, "step-1", restoreTestT0, files)
-	for _, f := range m.Files {
-		s.put(f.Key, []byte(files[f.Path]))
-	}
-	restoreTestPutJSON(t, s, ManifestKey(restoreTestJob, "step-1", m.Commit), m)
+	restoreTestCommit(t, s, restoreTestJob, "step-1", restoreTestT0, map[string]string{"model.pt": "weights", "_COMPLETE": ""})
 	userDir := func(t *testing.T) string {
 		t.Helper()
 		d := t.TempDir()
