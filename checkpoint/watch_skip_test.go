@@ -441,9 +441,7 @@ func TestMarkerBelowTheTopIsWarnedOf(t *testing.T) {
 // (Found from outside: a root-owned 0644 file in a root trainer's 0700 directory was sent while
 // it was written, committed, and restored to the user, readable.)
 func TestFilesInADirectoryTheOwnerCannotEnterAreSkipped(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: the files must belong to another user than the checkpoint directory's owner")
-	}
+	needRoot(t, "for files of another user than the checkpoint directory's owner")
 	const owner = 12345
 	// place writes step-1 into dir as the h29 trainers did: the owner's a.bin, a 0700 directory
 	// of root's with a 0644 file, and a directory of the owner's made 000 after a file was
