@@ -104,7 +104,13 @@ func (r *uploaderRig) run(w *Watcher) {
 // sends on the channel returned.
 func startUploaderFed(t *testing.T, dir string, store Store, cfg UploaderConfig) (*uploaderRig, chan<- WatchEvent) {
 	t.Helper()
-	r := newUploaderRig(t, dir, store, cfg)
+	return startUploaderFedAt(t, dir, store, cfg, zerolog.WarnLevel)
+}
+
+// startUploaderFedAt is startUploaderFed whose r.logs has the lines of level and above.
+func startUploaderFedAt(t *testing.T, dir string, store Store, cfg UploaderConfig, level zerolog.Level) (*uploaderRig, chan<- WatchEvent) {
+	t.Helper()
+	r := newUploaderRigAt(t, dir, store, cfg, level)
 	ctx, cancel := context.WithCancel(context.Background())
 	r.cancel = cancel
 	events := make(chan WatchEvent, 16)
@@ -115,9 +121,14 @@ func startUploaderFed(t *testing.T, dir string, store Store, cfg UploaderConfig)
 
 // newUploaderRig is the rig of an uploader of dir into store with cfg, not running yet.
 func newUploaderRig(t *testing.T, dir string, store Store, cfg UploaderConfig) *uploaderRig {
+	return newUploaderRigAt(t, dir, store, cfg, zerolog.WarnLevel)
+}
+
+// newUploaderRigAt is newUploaderRig whose r.logs has the lines of level and above.
+func newUploaderRigAt(t *testing.T, dir string, store Store, cfg UploaderConfig, level zerolog.Level) *uploaderRig {
 	keep := cfg.Keep
 	r := &uploaderRig{t: t, dir: dir, store: store, events: make(chan UploadEvent, 64), done: make(chan struct{}), logs: &rigLog{}}
-	cfg.Store, cfg.Job, cfg.Dir, cfg.Keep, cfg.Logger = store, "job", dir, keep, zerolog.New(r.logs).Level(zerolog.WarnLevel)
+	cfg.Store, cfg.Job, cfg.Dir, cfg.Keep, cfg.Logger = store, "job", dir, keep, zerolog.New(r.logs).Level(level)
 	cfg.Pattern = "*.pt"
 	if cfg.Host == nil {
 		cfg.Host = func() Host { return Host{InstanceID: "i-test"} }
@@ -2820,6 +2831,57 @@ func TestUploaderUploadSecondsIsWallTime(t *testing.T) {
 		m := r.waitCommitted("step-1").Manifest
 		if got := m.Timings.UploadSeconds; got < 2 || got > 3.5 {
 			t.Errorf("upload_seconds = %v; want the wall time, 2 to 3 s (5 files of 1 s, 2 at a time), not their sum (5 s)", got)
+		}
+	})
+}
+
+// A complete checkpoint whose commit takes long says how far it is every commitProgressEvery
+// (found from outside: a commit of 100 000 files logged nothing for the 339 s between "checkpoint
+// complete" and its commit), and says nothing when nothing more was stored.
+func TestUploaderSaysHowFarALongCommitIs(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		dir := t.TempDir()
+		store := slowPutStore{memStore: newMemStore(), d: 20 * time.Second}
+		r, events := startUploaderFedAt(t, dir, store, UploaderConfig{BackgroundFiles: 1}, zerolog.InfoLevel)
+		files := map[string][]byte{}
+		for i := range 4 {
+			files[fmt.Sprintf("shard-%d.bin", i)] = randomBytes(t, 1<<10)
+		}
+		writeCheckpoint(t, dir, "step-1", files)
+		sendReady(t, events, dir, "step-1", append(slices.Sorted(maps.Keys(files)), "_COMPLETE")...)
+		timeout := time.After(5 * time.Minute) // of the bubble's clock: the commit takes 100 s
+	wait:
+		for {
+			select {
+			case ev := <-r.events:
+				if ev.Kind == CheckpointCommitted && ev.Checkpoint == "step-1" {
+					break wait
+				}
+			case <-timeout:
+				t.Fatalf("step-1 not committed in 5 minutes:\n%s", r.logs)
+			}
+		}
+		var said []map[string]any
+		for line := range strings.Lines(r.logs.String()) {
+			var l map[string]any
+			if json.Unmarshal([]byte(line), &l) == nil && l["message"] == "committing: stored so far" {
+				said = append(said, l)
+			}
+		}
+		// 5 files of 20 s, one at a time: stored at 20, 40, 60, 80 and 100 s; said at 30, 60 and
+		// 90 s (at 60 s, the third file's store and the tick come together).
+		if len(said) < 2 || len(said) > 3 {
+			t.Fatalf("%d progress lines; want 2 or 3 (every 30 s of a 100 s commit, when more was stored):\n%s", len(said), r.logs)
+		}
+		first := said[0]
+		if first["checkpoint"] != "step-1" || first["files"] != 5.0 || first["files_stored"] != 1.0 || first["bytes_stored"] != 1024.0 ||
+			first["bytes"].(float64) < 4096 || first["since_complete_s"].(float64) < 30 {
+			t.Errorf("first progress line = %v; want step-1, 1 of 5 files stored (1024 bytes of 4096 and more) 30 s after it was complete", first)
+		}
+		for i := 1; i < len(said); i++ {
+			if said[i]["bytes_stored"].(float64) <= said[i-1]["bytes_stored"].(float64) {
+				t.Errorf("progress line %d says %v bytes stored after %v; want only lines that say more", i, said[i]["bytes_stored"], said[i-1]["bytes_stored"])
+			}
 		}
 	})
 }
