@@ -310,6 +310,10 @@ func restoreOnce(ctx context.Context, s Store, opts RestoreOptions, conc int, ru
 	}
 
 	if err := restoreMkdirAll(opts.To, run); err != nil {
+		if link, target := danglingLinkOn(opts.To); link != "" {
+			// mkdir's own error says only "file exists".
+			return failCP(fmt.Errorf("create destination: %s is a symbolic link to %s, which does not exist: create %s, or give the directory itself", link, target, target))
+		}
 		return failCP(fmt.Errorf("create destination: %w", err))
 	}
 	to, err := os.OpenRoot(opts.To)
@@ -1775,6 +1779,30 @@ func userOnPath(abs string, kind func(fs.FileInfo) bool) (string, scanOwner) {
 		}
 	}
 	return "", scanOwner{}
+}
+
+// danglingLinkOn returns the first symbolic link on dir's path (dir itself included) that leads
+// nowhere, and where it leads; "" if none does.
+func danglingLinkOn(dir string) (link, target string) {
+	dir = filepath.Clean(dir)
+	var path []string
+	for p := dir; ; p = filepath.Dir(p) {
+		path = append(path, p)
+		if filepath.Dir(p) == p {
+			break
+		}
+	}
+	for _, p := range slices.Backward(path) {
+		fi, err := os.Lstat(p)
+		if err != nil || fi.Mode()&fs.ModeSymlink == 0 {
+			continue
+		}
+		if _, err := os.Stat(p); errors.Is(err, fs.ErrNotExist) {
+			t, _ := os.Readlink(p)
+			return p, t
+		}
+	}
+	return "", ""
 }
 
 // restoreMkdirAll creates dir and the parents it lacks, as os.MkdirAll does. Run as root, the

@@ -1711,3 +1711,32 @@ func TestManifestWithAnUnsafePathIsOneProblemOnOneLine(t *testing.T) {
 		t.Errorf("Validate() of two problems = %q; want them on one line", err)
 	}
 }
+
+// A --to that is, or passes through, a symbolic link leading nowhere is refused naming the link
+// and where it leads: mkdir's own error said only "file exists" (found from outside).
+func TestRestoreToADanglingLinkSaysSo(t *testing.T) {
+	for _, tt := range []struct{ name, to string }{
+		{"the destination", "ckpt"},
+		{"a directory above it", "ckpt/run-1"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			s := newMemStore()
+			restoreTestCommit(t, s, restoreTestJob, "step-000100", restoreTestT0, restoreTestFiles(1))
+			restoreTestSetLatest(t, s, restoreTestJob, "step-000100")
+			parent := t.TempDir()
+			link, target := filepath.Join(parent, "ckpt"), filepath.Join(parent, "gone", "disk")
+			if err := os.Symlink(target, link); err != nil {
+				t.Fatal(err)
+			}
+			var log bytes.Buffer
+			_, err := Restore(t.Context(), s, restoreTestOpts(filepath.Join(parent, tt.to), &log))
+			want := fmt.Sprintf("create destination: %s is a symbolic link to %s, which does not exist", link, target)
+			if err == nil || !strings.Contains(err.Error(), want) {
+				t.Fatalf("Restore(--to %s, a link to nowhere) = %v; want an error saying %q", tt.to, err, want)
+			}
+			if _, err := os.Lstat(target); !errors.Is(err, fs.ErrNotExist) {
+				t.Errorf("the restore made the link's target: %v", err)
+			}
+		})
+	}
+}
