@@ -104,8 +104,10 @@ func (a *Agent) onUpload(ev checkpoint.UploadEvent) {
 			a.metrics.uploadBytes.Add(float64(m.TotalBytes))
 			a.metrics.uploadEarly.Add(float64(ev.SentWhileWritten))
 			a.metrics.uploadThroughput.Set(ev.Throughput)
-			a.metrics.forecast.Set(ev.Forecast.Seconds())
-			a.forecast.Store(int64(ev.Forecast))
+			if ev.Forecast > 0 { // none from a checkpoint that was withheld
+				a.metrics.forecast.Set(ev.Forecast.Seconds())
+				a.forecast.Store(int64(ev.Forecast))
+			}
 			if m.Timings.FirstFileAt != nil && m.Timings.LastByteAt != nil {
 				a.metrics.uploadSeconds.Observe(m.Timings.UploadSeconds)
 			}

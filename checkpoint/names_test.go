@@ -483,4 +483,9 @@ func TestSymbolicLinkForAMomentAfterTheMarkerDoesNotWithholdForGood(t *testing.T
 	if !ok || mf.Size != int64(len(data)) || len(ev.Manifest.Files) != 2 {
 		t.Errorf("step-1 committed with %+v; want a.bin as it was, and the marker", ev.Manifest.Files)
 	}
+	// Its times hold its wait for the fix: no forecast of the time to durable after a notice
+	// (found from outside: 1 KiB withheld for 17 s forecast 17 s).
+	if ev.Forecast != 0 || ev.Throughput <= 0 {
+		t.Errorf("step-1, withheld until then, committed with forecast %v, throughput %v; want no forecast, and its throughput", ev.Forecast, ev.Throughput)
+	}
 }

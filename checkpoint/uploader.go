@@ -383,7 +383,10 @@ type generation struct {
 	lastFileAt         time.Time // when a file of it was last reported ready
 	// withheld: its marker is there but it cannot be committed (CheckpointWithheld), until
 	// another Complete; withheldAt: since when.
-	withheld   bool
+	withheld bool
+	// heldBack: it was withheld since its save began. Its commit's times hold that wait (for a
+	// fix, or for its marker again), not a save's and its upload's: they make no forecast.
+	heldBack   bool
 	withheldAt time.Time
 	// recheck: withheld by its commit's scan (ErrNotStorable) while its marker is still the one
 	// its Complete named: the next change to its files (the file itself back in place of a
@@ -2087,7 +2090,7 @@ func (u *Uploader) handleWatch(ctx context.Context, ev WatchEvent) {
 			if !g.withheld {
 				g.withheldAt = ev.At
 			}
-			g.withheld = true
+			g.withheld, g.heldBack = true, true
 		}
 		u.withheld(ev)
 	case Removed:
@@ -2184,7 +2187,7 @@ func (u *Uploader) fileReady(ev WatchEvent) {
 		u.log.Info().Str("checkpoint", g.name).Str("notice", g.notice).Str("file", ev.Path).
 			Msg("checkpoint written again after its notice ended; it is no longer that notice's")
 		g.notice, g.firstFileAt, g.begunAt = "", time.Time{}, time.Time{}
-		g.uploadStart, g.uploadEnd, g.uploadBusy, g.sent = time.Time{}, time.Time{}, 0, 0 // the forecast is of this save
+		g.uploadStart, g.uploadEnd, g.uploadBusy, g.sent, g.heldBack = time.Time{}, time.Time{}, 0, 0, false // the forecast is of this save
 	}
 	if g.firstFileAt.IsZero() {
 		g.firstFileAt = u.foundAt(ev)
@@ -3498,7 +3501,7 @@ func (u *Uploader) handleCommit(ctx context.Context, r commitResult) {
 		if !g.withheld {
 			g.withheldAt = time.Now()
 		}
-		g.complete, g.withheld, g.recheck = false, true, !g.single && !g.marker.isZero()
+		g.complete, g.withheld, g.recheck, g.heldBack = false, true, !g.single && !g.marker.isZero(), true
 		u.emit(UploadEvent{Kind: CheckpointWithheld, Checkpoint: g.name, At: g.completeSeen, Err: r.notComplete})
 	case r.notComplete != nil:
 		log.Warn().Err(r.notComplete).Msg("checkpoint is no longer complete on disk; waiting for its marker")
@@ -3585,10 +3588,15 @@ func (u *Uploader) handleCommit(ctx context.Context, r commitResult) {
 		if reachNote != "" {
 			ev2 = ev2.Float64("signal_to_first_file_s", logSeconds(u.reach))
 		}
-		ev2.Int("files", len(m.Files)).Int64("bytes", m.TotalBytes).Bool("latest", r.latestMoved).
-			Float64("throughput_mb_per_s", ev.Throughput/1e6).Float64("durable_after_notice_forecast_s", logSeconds(ev.Forecast)).
-			Str("trigger", m.Trigger).
-			Msgf("%s committed; a checkpoint like this one would be durable %.0f s after a notice%s", what(m), ev.Forecast.Seconds(), reachNote)
+		ev2 = ev2.Int("files", len(m.Files)).Int64("bytes", m.TotalBytes).Bool("latest", r.latestMoved).
+			Float64("throughput_mb_per_s", ev.Throughput/1e6)
+		if g.heldBack {
+			ev2.Str("trigger", m.Trigger).
+				Msgf("%s committed (withheld until then: no forecast of the time to durable after a notice from it)", what(m))
+		} else {
+			ev2.Float64("durable_after_notice_forecast_s", logSeconds(ev.Forecast)).Str("trigger", m.Trigger).
+				Msgf("%s committed; a checkpoint like this one would be durable %.0f s after a notice%s", what(m), ev.Forecast.Seconds(), reachNote)
+		}
 		u.emit(ev)
 		if m.Part != nil {
 			u.trackSave(ctx, m)
@@ -3817,7 +3825,8 @@ const reachMax = 10 * time.Minute
 // forecast returns the checkpoint's upload throughput (bytes/s) and how long after a notice a
 // checkpoint like it would be durable once the trainer begins to write it: the trainer's write
 // time (first file ready → complete) or the time to send it all at this throughput, whichever is
-// longer, plus the commit. The caller adds the trainer's time to begin (Uploader.reach).
+// longer, plus the commit. The caller adds the trainer's time to begin (Uploader.reach). A
+// checkpoint that was withheld (generation.heldBack) makes none: 0.
 func forecast(g *generation, m *Manifest) (float64, time.Duration) {
 	if g.uploadBusy <= 0 || m.TotalBytes == 0 || g.sent == 0 {
 		return 0, 0
@@ -3828,6 +3837,11 @@ func forecast(g *generation, m *Manifest) (float64, time.Duration) {
 	}
 	wall = max(wall, time.Microsecond)
 	throughput := float64(g.sent) / wall.Seconds()
+	if g.heldBack {
+		// Found from outside: a checkpoint of 1 KiB withheld for 17 s, until its file was made
+		// readable, forecast 17 s.
+		return throughput, 0
+	}
 	send := time.Duration(float64(m.TotalBytes) / throughput * float64(time.Second))
 	var write time.Duration
 	if !g.firstFileAt.IsZero() && !g.completeSeen.IsZero() {
