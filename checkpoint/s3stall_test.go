@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -290,5 +291,35 @@ func TestS3GetBytesRereadsABodyThatDoesNotMatchItsChecksum(t *testing.T) {
 	data, _, err := s.GetBytes(t.Context(), "job/LATEST")
 	if err != nil || !bytes.Equal(data, latest) || gets.Load() != 2 {
 		t.Errorf("GetBytes = %q, %v after %d GETs; want the body, read again once", data, err, gets.Load())
+	}
+}
+
+// A store whose certificate is not trusted is tried once, not 10 times: no try again makes it
+// trusted (found from outside: about 15 s before doctor or a restore said so).
+func TestS3CertificateNotTrustedIsNotRetried(t *testing.T) {
+	var conns atomic.Int32
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		t.Errorf("request %s %s reached the server over a certificate not trusted", r.Method, r.URL)
+	}))
+	srv.Config.ConnState = func(_ net.Conn, st http.ConnState) {
+		if st == http.StateNew {
+			conns.Add(1)
+		}
+	}
+	srv.Config.ErrorLog = log.New(io.Discard, "", 0) // the handshakes it refuses
+	srv.StartTLS()
+	t.Cleanup(srv.Close)
+	cfg := aws.Config{Region: "us-east-1", BaseEndpoint: aws.String(srv.URL),
+		Credentials: aws.NewCredentialsCache(credentials.NewStaticCredentialsProvider("k", "s", ""))}
+	s, err := OpenStore("s3://bucket/p", cfg, S3Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _, err = s.GetBytes(t.Context(), "job/LATEST")
+	if err == nil || !strings.Contains(err.Error(), "x509: certificate signed by unknown authority") {
+		t.Fatalf("GetBytes over a certificate not trusted = %v; want x509's error", err)
+	}
+	if n := conns.Load(); n != 1 {
+		t.Errorf("%d connections; want 1 (a certificate not trusted is not tried again)", n)
 	}
 }

@@ -2,6 +2,8 @@ package checkpoint
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"net"
@@ -238,6 +240,7 @@ func s3NewClient(awsCfg aws.Config, conns int) *s3.Client {
 			so.MaxAttempts = 10
 			so.MaxBackoff = 2 * time.Second
 			so.RateLimiter = ratelimit.None
+			so.Retryables = append([]retry.IsErrorRetryable{retry.IsErrorRetryableFunc(certificateNotTrusted)}, so.Retryables...)
 		})
 		// The SDK's own client keeps 10 idle connections per host; more requests in flight would
 		// open and close a connection each. A client the SDK's config built (AWS_CA_BUNDLE gives
@@ -283,4 +286,18 @@ func checkStoreKey(key string) error {
 		}
 	}
 	return nil
+}
+
+// certificateNotTrusted is false (not retried) for an error of the store's certificate: no try
+// again makes it trusted (found from outside: an untrusted certificate was tried 10 times, about
+// 15 s, before doctor or a restore said so). Unknown for any other error.
+func certificateNotTrusted(err error) aws.Ternary {
+	var verify *tls.CertificateVerificationError
+	var unknown x509.UnknownAuthorityError
+	var host x509.HostnameError
+	var invalid x509.CertificateInvalidError
+	if errors.As(err, &verify) || errors.As(err, &unknown) || errors.As(err, &host) || errors.As(err, &invalid) {
+		return aws.FalseTernary
+	}
+	return aws.UnknownTernary
 }
