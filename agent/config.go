@@ -910,13 +910,18 @@ func (c *Config) Warnings() []Warning {
 }
 
 // ValidateStore reports the problems that matter to a command that only reads the store
-// (restore, list): the store.* and log.* keys, and store.url being set.
-func (c *Config) ValidateStore() error {
+// (restore, list): the store.* and log.* keys, imds.endpoint (the region comes through it), the
+// other keys the command reads (uses, by name), and store.url being set. (Found from outside: a
+// restore took a relative checkpoint.dir from its working directory, and dropped a trainer.user
+// that does not exist and a checkpoint.marker with a slash for the default, where run refused
+// them.)
+func (c *Config) ValidateStore(uses ...string) error {
 	var problems []error
 	for _, p := range c.problems {
 		text := p.Error()
+		key, _, _ := strings.Cut(text, ":")
 		if strings.HasPrefix(text, "store.") || strings.HasPrefix(text, "log.") || strings.HasPrefix(text, "SPOTGUARD_") ||
-			slices.Contains(c.fileProblems, p) {
+			key == "imds.endpoint" || slices.Contains(uses, key) || slices.Contains(c.fileProblems, p) {
 			problems = append(problems, p)
 		}
 	}

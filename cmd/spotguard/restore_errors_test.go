@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -370,6 +371,45 @@ func TestRestoreReportsOnlyTheRealStoreURLProblem(t *testing.T) {
 	code, _, stderr := runCLI(t, t.Context(), []string{"SPOTGUARD_STORE_JOB=j"}, "restore", "--config", cfgPath, "--to", t.TempDir())
 	if code != exitFail || !strings.Contains(stderr, "store.url: not set") {
 		t.Errorf("Got(restore without store.url) exit %d, stderr:\n%s\nwant 1 and \"store.url: not set\"", code, stderr)
+	}
+}
+
+// restore and list refuse a bad value of a key they read, as run does, naming it, and restore
+// nothing. (Found from outside: a restore took a relative checkpoint.dir from its working
+// directory, / under the restore unit, and used the default for a checkpoint.marker with a slash
+// and no owner for a trainer.user that does not exist, with exit 0.) A bad key they do not read
+// is run's concern.
+func TestRestoreAndListRefuseBadValuesOfTheKeysTheyRead(t *testing.T) {
+	store, cfgPath, env := restoreEnv(t)
+	commitForTest(t, store, "j", "step-1", map[string][]byte{"a.bin": []byte("weights")})
+	wd := t.TempDir()
+	t.Chdir(wd)
+	for _, tt := range []struct {
+		cmd       []string
+		key, want string
+	}{
+		{[]string{"restore"}, "checkpoint.dir", `checkpoint.dir: "relative/ck" from --checkpoint.dir: must be an absolute path`},
+		{[]string{"restore", "--to", t.TempDir()}, "checkpoint.marker", `checkpoint.marker: "a/b" from --checkpoint.marker`},
+		{[]string{"restore", "--to", t.TempDir()}, "trainer.user", `trainer.user: "no-such-user-h33" from --trainer.user`},
+		{[]string{"restore", "--to", t.TempDir()}, "agent.runtime_dir", `agent.runtime_dir: "rel/rt" from --agent.runtime_dir: must be an absolute path`},
+		{[]string{"restore", "--to", t.TempDir()}, "imds.endpoint", `imds.endpoint: "ftp://x" from --imds.endpoint`},
+		{[]string{"list"}, "checkpoint.marker", `checkpoint.marker: "a/b" from --checkpoint.marker`},
+	} {
+		value := map[string]string{"checkpoint.dir": "relative/ck", "checkpoint.marker": "a/b", "trainer.user": "no-such-user-h33",
+			"agent.runtime_dir": "rel/rt", "imds.endpoint": "ftp://x"}[tt.key]
+		args := append(slices.Clone(tt.cmd), "--config", cfgPath, "--"+tt.key, value)
+		code, stdout, stderr := runCLI(t, t.Context(), env, args...)
+		if code != exitFail || !strings.Contains(stderr, "invalid configuration") || !strings.Contains(stderr, tt.want) {
+			t.Errorf("Got(%v) exit %d, stdout %q, stderr:\n%s\nwant 1 and %q", args, code, stdout, stderr, tt.want)
+		}
+	}
+	if entries, _ := os.ReadDir(wd); len(entries) != 0 {
+		t.Errorf("the working directory holds %d entries after the refused restores; want none", len(entries))
+	}
+	// gpu.* is run's: restore goes on.
+	code, _, stderr := runCLI(t, t.Context(), env, "restore", "--config", cfgPath, "--to", t.TempDir(), "--gpu.sample_interval", "often")
+	if code != exitOK {
+		t.Errorf("Got(restore with a bad gpu.sample_interval) exit %d, stderr:\n%s\nwant 0: restore does not read it", code, stderr)
 	}
 }
 

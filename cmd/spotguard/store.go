@@ -26,14 +26,14 @@ import (
 )
 
 // loadStoreConfig loads the configuration for a command that only reads the store: only the
-// store's own keys must be valid.
-func loadStoreConfig(cf *configFlags, environ []string, stderr io.Writer, cmd string) (*agent.Config, bool) {
+// store's own keys, and the others it reads (uses), must be valid.
+func loadStoreConfig(cf *configFlags, environ []string, stderr io.Writer, cmd string, uses ...string) (*agent.Config, bool) {
 	cfg, err := cf.load(environ)
 	if err != nil {
 		fmt.Fprintf(stderr, "spotguard %s: %v\n", cmd, err)
 		return nil, false
 	}
-	if err := cfg.ValidateStore(); err != nil {
+	if err := cfg.ValidateStore(uses...); err != nil {
 		fmt.Fprintf(stderr, "spotguard %s: invalid configuration:\n", cmd)
 		for _, p := range storeProblems(err) {
 			fmt.Fprintf(stderr, "  - %s\n", p)
@@ -94,7 +94,9 @@ func runRestore(ctx context.Context, args, environ []string, stdout, stderr io.W
 	if *mountWait < 0 {
 		return fs.usageError("--mount-wait %v: want a duration of 0 or more", *mountWait)
 	}
-	cfg, ok := loadStoreConfig(cf, environ, stderr, "restore")
+	// checkpoint.dir: the default --to, and whether the agent's journal is told; trainer.user:
+	// the owner of directories made under root's; agent.runtime_dir: the journal's.
+	cfg, ok := loadStoreConfig(cf, environ, stderr, "restore", "checkpoint.dir", "checkpoint.marker", "trainer.user", "agent.runtime_dir")
 	if !ok {
 		return exitFail
 	}
@@ -390,7 +392,7 @@ func runList(ctx context.Context, args, environ []string, stdout, stderr io.Writ
 	if code, ok := fs.parse(args); !ok {
 		return code
 	}
-	cfg, ok := loadStoreConfig(cf, environ, stderr, "list")
+	cfg, ok := loadStoreConfig(cf, environ, stderr, "list", "checkpoint.marker")
 	if !ok {
 		return exitFail
 	}
