@@ -8,6 +8,7 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/rs/zerolog"
@@ -134,13 +135,13 @@ func (a *Agent) health(now time.Time) healthVerdict {
 	}
 	if err := a.runtimeDirProblem.Load(); err != nil && a.coord.noticeFileProblem() == nil {
 		dir := a.cfg.Load().Agent.RuntimeDir
-		v.warn(fmt.Sprintf("agent.runtime_dir %s cannot be written (%v): at a notice, a trainer reading %s would find no notice and no deadline, and the upload journal cannot grow; free space there, fix its permissions, or set agent.runtime_dir",
-			dir, *err, NoticeFile), "runtime dir "+dir+" not writable")
+		v.warn(fmt.Sprintf("agent.runtime_dir %s cannot be written (%v): at a notice, a trainer reading %s would find no notice and no deadline, and the upload journal cannot grow; %s",
+			dir, *err, NoticeFile, RuntimeDirFix(dir, *err)), "runtime dir "+dir+" not writable")
 	}
 	if err := a.coord.noticeFileProblem(); err != nil {
 		dir := a.cfg.Load().Agent.RuntimeDir
-		v.warn(fmt.Sprintf("agent.runtime_dir %s cannot be written (%v): a trainer reading %s finds no notice and no deadline, and a restart sends uncommitted files again (no journal); fix its permissions or agent.runtime_dir",
-			dir, err, NoticeFile), "runtime dir "+dir+" not writable")
+		v.warn(fmt.Sprintf("agent.runtime_dir %s cannot be written (%v): a trainer reading %s finds no notice and no deadline, and a restart sends uncommitted files again (no journal); %s",
+			dir, err, NoticeFile, RuntimeDirFix(dir, err)), "runtime dir "+dir+" not writable")
 	}
 	for _, w := range a.coord.trainerWarnings() {
 		v.warn(w[0], w[1])
@@ -535,4 +536,17 @@ func (a *Agent) markerless(now time.Time) string {
 	return fmt.Sprintf("checkpoint %s%s: every file written (the last %s ago) and stored, and no marker %s: not committed. "+
 		"If the trainer's marker is another file (DCP's .metadata), set checkpoint.marker; if checkpoint.dir %s holds directories of checkpoints, set it to the one that holds them; a save that died half way can be deleted",
 		strings.Join(shown, ", "), more, now.Sub(oldest).Round(time.Second), cfg.Checkpoint.Marker, cfg.Checkpoint.Dir)
+}
+
+// RuntimeDirFix says how to make agent.runtime_dir dir writable, for err, why it is not. (Found
+// from outside: a read-only one, the unit's sandbox, was told to free space or fix permissions.)
+func RuntimeDirFix(dir string, err error) string {
+	switch {
+	case errors.Is(err, syscall.EROFS):
+		return "it is on a read-only file system: under systemd, the unit's sandbox (ProtectSystem=strict) lets the agent write only in /run/spotguard and where ReadWritePaths= says: add " +
+			dir + " there (sudo systemctl edit spotguard), or leave agent.runtime_dir at /run/spotguard"
+	case errors.Is(err, syscall.ENOSPC), errors.Is(err, syscall.EDQUOT):
+		return "free space there, or set agent.runtime_dir"
+	}
+	return "fix its owner or permissions (the agent's user must write it), or set agent.runtime_dir"
 }

@@ -9,6 +9,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -133,20 +134,76 @@ func doctor(ctx context.Context, cf *configFlags, environ []string, deps doctorD
 	for _, w := range cfg.Warnings() {
 		rep.add("config", doctorWarn, w.Text, w.Fix)
 	}
-	setup, awsErr := deps.loadAWS(ctx, cfg.IMDS.Endpoint)
-	if awsErr == nil && (strings.HasPrefix(cfg.Store.URL, "s3://") || cfg.Metrics.CloudWatch) {
-		setup.resolveRegion(ctx)
+	if cfg.FileUnread() {
+		// Every key would be its default: the checks would be of those, not of what the file
+		// sets (found from outside: a tab in one line made doctor probe IMDS at its default
+		// address and say no store and no trainer were configured).
+		rep.add("checks", doctorWarn, "not run: the file could not be read as YAML, so they would check the defaults, not what it sets",
+			"fix the file, then run spotguard doctor again")
+		return rep
 	}
-	doctorAWS(&rep, cfg, setup, awsErr)
-	awsCfg := setup.cfg
-	env := envMap(environ)
-	instance := doctorIMDS(ctx, &rep, cfg, deps.newIMDS(awsCfg, cfg.IMDS.Endpoint), env)
-	doctorStore(ctx, &rep, cfg, deps, instance)
-	doctorTrainer(&rep, cfg, deps)
-	doctorCheckpointDir(&rep, cfg)
-	doctorRuntimeDir(&rep, cfg)
+	// A check of a key whose value is invalid would check its default instead: said, not run.
+	failed := map[string]bool{}
+	for _, p := range cfg.LoadProblems() {
+		if k, _, ok := strings.Cut(p.Error(), ":"); ok {
+			failed[k] = true
+		}
+	}
+	skip := func(name string, keys ...string) bool {
+		var bad []string
+		for k := range failed {
+			for _, want := range keys {
+				if k == want || strings.HasSuffix(want, ".") && strings.HasPrefix(k, want) {
+					bad = append(bad, k)
+				}
+			}
+		}
+		if len(bad) == 0 {
+			return false
+		}
+		slices.Sort(bad)
+		bad = slices.Compact(bad)
+		rep.add(name, doctorWarn, "not checked: the value of "+strings.Join(bad, ", ")+" is invalid (see config above), and its default is not what was meant",
+			"fix "+strings.Join(bad, ", ")+", then run spotguard doctor again")
+		return true
+	}
+	var (
+		awsCfg   aws.Config
+		awsErr   error
+		instance string
+	)
+	if !skip("imds", "imds.endpoint") { // the region comes through it too
+		setup, err := deps.loadAWS(ctx, cfg.IMDS.Endpoint)
+		if err == nil && (strings.HasPrefix(cfg.Store.URL, "s3://") || cfg.Metrics.CloudWatch) {
+			setup.resolveRegion(ctx)
+		}
+		doctorAWS(&rep, cfg, setup, err)
+		awsCfg, awsErr = setup.cfg, err
+		instance = doctorIMDS(ctx, &rep, cfg, deps.newIMDS(awsCfg, cfg.IMDS.Endpoint), envMap(environ))
+	} else {
+		awsErr = errors.New("imds.endpoint is invalid")
+	}
+	storeKeys := []string{"store."}
+	if strings.HasPrefix(cfg.Store.URL, "s3://") {
+		storeKeys = append(storeKeys, "imds.endpoint")
+	}
+	if !skip("store", storeKeys...) {
+		doctorStore(ctx, &rep, cfg, deps, instance)
+	}
+	if !skip("trainer", "trainer.", "agent.runtime_dir") {
+		doctorTrainer(&rep, cfg, deps)
+	}
+	if !skip("checkpoint.dir", "checkpoint.dir", "checkpoint.marker") {
+		doctorCheckpointDir(&rep, cfg)
+	}
+	if !skip("runtime_dir", "agent.runtime_dir") {
+		_, unit := envMap(environ)["INVOCATION_ID"] // set by systemd for a unit's processes
+		doctorRuntimeDir(&rep, cfg, unit)
+	}
 	doctorNVML(&rep, deps, environ, stderr)
-	doctorCloudWatch(ctx, &rep, cfg, awsCfg, awsErr)
+	if !cfg.Metrics.CloudWatch && !failed["metrics.cloudwatch"] || !skip("cloudwatch", "metrics.", "imds.endpoint") {
+		doctorCloudWatch(ctx, &rep, cfg, awsCfg, awsErr)
+	}
 	return rep
 }
 
@@ -371,12 +428,6 @@ func doctorCheckpointDir(rep *doctorReport, cfg *agent.Config) {
 		rep.add("checkpoint.dir", doctorWarn, "not set: checkpoints are not watched or uploaded", "set checkpoint.dir to where the trainer writes its checkpoints (with store.url)")
 		return
 	}
-	if !filepath.IsAbs(dir) {
-		// The config check fails it (the agent would not start); looked at from doctor's
-		// working directory it said the agent waits for it (found from outside).
-		rep.add("checkpoint.dir", doctorFail, dir+" is not an absolute path: the agent does not start", "give checkpoint.dir as an absolute path")
-		return
-	}
 	fi, err := os.Stat(dir)
 	switch {
 	case errors.Is(err, os.ErrNotExist):
@@ -449,7 +500,9 @@ const runtimeDirRoom = 64 << 10
 // doctorRuntimeDir checks that agent.runtime_dir can be written (or created): notice.json, the
 // trainer's deadline, and the upload journal live there. It writes nothing: an existing directory
 // must be writable, a missing one creatable in the nearest directory above it that exists.
-func doctorRuntimeDir(rep *doctorReport, cfg *agent.Config) {
+// Checked outside the unit (not underUnit), a directory other than /run/spotguard is said to need
+// ReadWritePaths= under it.
+func doctorRuntimeDir(rep *doctorReport, cfg *agent.Config, underUnit bool) {
 	dir := cfg.Agent.RuntimeDir
 	fix := "make it writable by the agent's user (the unit's RuntimeDirectory= creates /run/spotguard), or set agent.runtime_dir"
 	probe := dir
@@ -465,10 +518,16 @@ func doctorRuntimeDir(rep *doctorReport, cfg *agent.Config) {
 				if probe != dir {
 					what = dir + " cannot be created: " + probe + " is not writable"
 				}
-				rep.add("runtime_dir", doctorFail, what+" by this user ("+err.Error()+"): notice.json and the upload journal would be missing", fix)
+				rep.add("runtime_dir", doctorFail, what+" by this user ("+err.Error()+"): notice.json and the upload journal would be missing", agent.RuntimeDirFix(dir, err))
 				return
 			}
 			var st unix.Statfs_t
+			if err := unix.Statfs(probe, &st); err == nil && st.Blocks == 0 {
+				// /proc, /sys: no room for files at all, and not "full" (found from outside).
+				rep.add("runtime_dir", doctorFail, fmt.Sprintf("%s is on a file system that holds no files of its own (type %#x, as /proc and /sys): notice.json and the upload journal could not be written",
+					probe, st.Type), "set agent.runtime_dir to a directory on a real file system (the default /run/spotguard)")
+				return
+			}
 			if err := unix.Statfs(probe, &st); err == nil && (uint64(st.Bavail)*uint64(st.Bsize) < runtimeDirRoom || st.Files > 0 && st.Ffree == 0) {
 				// Writable, and full: notice.json's bytes would not fit (a tmpfs filled by
 				// something else).
@@ -479,6 +538,10 @@ func doctorRuntimeDir(rep *doctorReport, cfg *agent.Config) {
 			what := dir + " is writable"
 			if probe != dir {
 				what = dir + " does not exist yet; the agent creates it in " + probe
+			}
+			if !underUnit && !strings.HasPrefix(filepath.Clean(dir)+"/", "/run/spotguard/") {
+				// Run by hand, outside the unit's sandbox, where it may not be (found from outside).
+				what += "; that is here, as this user: under spotguard.service, whose sandbox (ProtectSystem=strict) lets the agent write only in /run/spotguard and where ReadWritePaths= says, it also needs ReadWritePaths=" + dir
 			}
 			rep.add("runtime_dir", doctorPass, what, "")
 			return

@@ -40,9 +40,39 @@ func TestDoctorRuntimeDirFull(t *testing.T) {
 	var rep doctorReport
 	cfg := &agent.Config{}
 	cfg.Agent.RuntimeDir = full
-	doctorRuntimeDir(&rep, cfg)
+	doctorRuntimeDir(&rep, cfg, true)
 	if len(rep.Checks) != 1 || rep.Checks[0].Status != doctorFail || !strings.Contains(rep.Checks[0].Detail, "is full (0 bytes") {
 		t.Errorf("doctorRuntimeDir of a full directory = %+v; want FAIL, full", rep.Checks)
+	}
+}
+
+// doctor's agent.runtime_dir check of a read-only file system (the unit's sandbox, a read-only
+// mount) names ReadWritePaths=, not free space and permissions (found from outside); and of
+// /proc, which is not "full" but holds no files.
+func TestDoctorRuntimeDirReadOnly(t *testing.T) {
+	var rep doctorReport
+	cfg := &agent.Config{}
+	cfg.Agent.RuntimeDir = "/proc/spotguard"
+	doctorRuntimeDir(&rep, cfg, true)
+	if len(rep.Checks) != 1 || rep.Checks[0].Status != doctorFail || strings.Contains(rep.Checks[0].Detail, "full") ||
+		!strings.Contains(rep.Checks[0].Detail, "holds no files of its own") {
+		t.Errorf("doctorRuntimeDir(/proc/spotguard) = %+v; want FAIL, holding no files, not full", rep.Checks)
+	}
+	if os.Geteuid() != 0 {
+		t.Skip("needs root, to mount a read-only tmpfs")
+	}
+	ro := filepath.Join(t.TempDir(), "ro")
+	os.Mkdir(ro, 0o755)
+	if err := unix.Mount("tmpfs", ro, "tmpfs", unix.MS_RDONLY, "size=64k"); err != nil {
+		t.Fatalf("mount a read-only tmpfs as root: %v", err)
+	}
+	defer unix.Unmount(ro, unix.MNT_DETACH)
+	rep = doctorReport{}
+	cfg.Agent.RuntimeDir = filepath.Join(ro, "run")
+	doctorRuntimeDir(&rep, cfg, true)
+	if len(rep.Checks) != 1 || rep.Checks[0].Status != doctorFail || !strings.Contains(rep.Checks[0].Fix, "ReadWritePaths=") ||
+		!strings.Contains(rep.Checks[0].Detail, "read-only file system") {
+		t.Errorf("doctorRuntimeDir on a read-only file system = %+v; want FAIL, its fix naming ReadWritePaths=", rep.Checks)
 	}
 }
 

@@ -102,6 +102,14 @@ func (r *doctorRig) run(t *testing.T, args ...string) (int, string) {
 	return code, strings.ReplaceAll(stdout.String(), r.tmp, "$TMP")
 }
 
+// runConfig runs `spotguard doctor --config path` with the rig's deps and nothing else set.
+func (r *doctorRig) runConfig(t *testing.T, path string) (int, string) {
+	t.Helper()
+	var stdout, stderr bytes.Buffer
+	code := runDoctor(t.Context(), []string{"--config", path}, nil, &stdout, &stderr, r.deps)
+	return code, strings.ReplaceAll(stdout.String(), r.tmp, "$TMP")
+}
+
 // The text report: a line per check with its verdict and, when not PASS, the fix; a summary.
 // Warnings alone exit 0.
 func TestDoctorOutput(t *testing.T) {
@@ -329,16 +337,25 @@ func TestDoctorRuntimeDir(t *testing.T) {
 		var rep doctorReport
 		cfg := &agent.Config{}
 		cfg.Agent.RuntimeDir = tc.dir
-		doctorRuntimeDir(&rep, cfg)
+		doctorRuntimeDir(&rep, cfg, true)
 		if len(rep.Checks) != 1 || rep.Checks[0].Status != tc.state || !strings.Contains(rep.Checks[0].Detail, tc.want) {
 			t.Errorf("doctorRuntimeDir(%s) = %+v; want %s containing %q", tc.dir, rep.Checks, tc.state, tc.want)
 		}
+	}
+	// Run by hand, outside the unit, a directory other than /run/spotguard is said to need
+	// ReadWritePaths= under it (found from outside: it passed, and the agent could not write it).
+	var rep doctorReport
+	cfg := &agent.Config{}
+	cfg.Agent.RuntimeDir = tmp
+	doctorRuntimeDir(&rep, cfg, false)
+	if len(rep.Checks) != 1 || rep.Checks[0].Status != doctorPass || !strings.Contains(rep.Checks[0].Detail, "it also needs ReadWritePaths="+tmp) {
+		t.Errorf("doctorRuntimeDir(%s) outside the unit = %+v; want PASS, saying it needs ReadWritePaths= under the unit", tmp, rep.Checks)
 	}
 	if os.Geteuid() != 0 { // root writes anywhere
 		var rep doctorReport
 		cfg := &agent.Config{}
 		cfg.Agent.RuntimeDir = filepath.Join(ro, "run")
-		doctorRuntimeDir(&rep, cfg)
+		doctorRuntimeDir(&rep, cfg, true)
 		if len(rep.Checks) != 1 || rep.Checks[0].Status != doctorFail {
 			t.Errorf("doctorRuntimeDir under a read-only directory = %+v; want FAIL", rep.Checks)
 		}
@@ -431,10 +448,48 @@ func TestDoctorNoticeOfAnIgnoredSource(t *testing.T) {
 
 // A relative checkpoint.dir fails the config check; the checkpoint.dir check said too that the
 // agent waits for it to be created, looking from doctor's working directory (found from outside).
+// It is not checked: its value is invalid.
 func TestDoctorRelativeCheckpointDir(t *testing.T) {
 	r := newDoctorRig(t)
 	code, out := r.run(t, "--checkpoint.dir", "h29/ck1")
-	if code == exitOK || strings.Contains(out, "the agent waits for it") || !strings.Contains(out, "h29/ck1 is not an absolute path") {
+	if code == exitOK || strings.Contains(out, "the agent waits for it") || !strings.Contains(out, `checkpoint.dir: "h29/ck1" from --checkpoint.dir: must be an absolute path`) ||
+		!strings.Contains(out, "checkpoint.dir    not checked: the value of checkpoint.dir is invalid") {
 		t.Errorf("doctor with a relative checkpoint.dir: exit %d\n%s", code, out)
+	}
+}
+
+// A check of a key whose value is invalid, or of a file that is not YAML, would check the
+// defaults: it is said not checked, not run (found from outside: a tab in one line made doctor
+// probe IMDS at its default address and say no store.url and no trainer were configured; a bad
+// store.url was "no store.url").
+func TestDoctorDoesNotCheckTheDefaultsOfBadValues(t *testing.T) {
+	r := newDoctorRig(t)
+	code, out := r.run(t, "--store.url", "s3://b:9000/x", "--trainer.signal", "SIGNOPE")
+	for _, want := range []string{
+		"store             not checked: the value of store.url is invalid",
+		"trainer           not checked: the value of trainer.signal is invalid",
+		"PASS  imds ", // the rest is checked
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("doctor with a bad store.url and trainer.signal: exit %d\n%s\nwant %q", code, out, want)
+		}
+	}
+	if strings.Contains(out, "no store.url") || code == exitOK {
+		t.Errorf("doctor with a bad store.url: exit %d\n%s\nwant 1, and not \"no store.url\"", code, out)
+	}
+	code, out = r.run(t, "--imds.endpoint", "ftp://x")
+	if !strings.Contains(out, "imds              not checked: the value of imds.endpoint is invalid") || strings.Contains(out, "IMDSv2 session token refused") ||
+		!strings.Contains(out, "PASS  cloudwatch        off") ||
+		!strings.Contains(out, "PASS  store ") { // a file:// store needs no IMDS
+		t.Errorf("doctor with a bad imds.endpoint: exit %d\n%s\nwant IMDS not checked, at no default address, and the file store checked", code, out)
+	}
+	path := filepath.Join(t.TempDir(), "tabbed.yaml")
+	if err := os.WriteFile(path, []byte("store:\n  url: file:///tmp/x\n\tjob: j\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	code, out = r.runConfig(t, path)
+	if code == exitOK || !strings.Contains(out, "not valid YAML") || !strings.Contains(out, "checks            not run: the file could not be read as YAML") ||
+		strings.Contains(out, "imds") || strings.Contains(out, "no store.url") {
+		t.Errorf("doctor with a file that is not YAML: exit %d\n%s\nwant its problem, and no check of the defaults", code, out)
 	}
 }
