@@ -150,3 +150,36 @@ func mustRun(t *testing.T, cmd *exec.Cmd) {
 		t.Fatalf("%v: %v\n%s", cmd.Args, err, out)
 	}
 }
+
+// The .deb's purge under DPKG_ROOT (dpkg --root) removes the state directory under that root,
+// not the running machine's, and never calls the running machine's systemctl (found from
+// outside: prerm and postrm ignored DPKG_ROOT, which postinst honours).
+func TestDebRemoveAndPurgeStayUnderDPKGRoot(t *testing.T) {
+	root := t.TempDir()
+	state := filepath.Join(root, "var", "lib", "spotguard")
+	if err := os.MkdirAll(state, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(state, "x"), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	// A systemctl that records its calls, first on PATH.
+	bin, calls := t.TempDir(), filepath.Join(t.TempDir(), "calls")
+	if err := os.WriteFile(filepath.Join(bin, "systemctl"), []byte("#!/bin/sh\necho \"$@\" >> "+calls+"\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, step := range []struct{ script, arg string }{{"prerm", "remove"}, {"postrm", "remove"}, {"postrm", "purge"}} {
+		cmd := exec.Command("sh", filepath.Join(repoRoot(t), "systemd", "deb", step.script), step.arg)
+		cmd.Env = append(os.Environ(), dpkgEnv(root, step.script)...)
+		cmd.Env = append(cmd.Env, "PATH="+bin+":"+os.Getenv("PATH"))
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("%s %s: %v\n%s", step.script, step.arg, err, out)
+		}
+	}
+	if _, err := os.Stat(state); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("after a purge under DPKG_ROOT, %s: %v; want it removed", state, err)
+	}
+	if data, err := os.ReadFile(calls); err == nil {
+		t.Errorf("under DPKG_ROOT, the maintainer scripts ran the running machine's systemctl: %s", data)
+	}
+}
