@@ -484,7 +484,11 @@ func (a *Agent) Run(ctx context.Context) error {
 	} else {
 		a.probeRuntimeDir()
 	}
-	a.log.Info().Float64("poll_interval_s", logSeconds(cfg.IMDS.PollInterval)).Str("listen", cfg.HTTP.Listen).
+	file := cfg.File()
+	if file == "" {
+		file = "(none: " + DefaultConfigPath + " does not exist)"
+	}
+	a.log.Info().Str("config", file).Float64("poll_interval_s", logSeconds(cfg.IMDS.PollInterval)).Str("listen", cfg.HTTP.Listen).
 		Str("signal", trainer.SignalName(cfg.Trainer.Signal)).Msg("spotguard agent starting")
 
 	g, ctx := errgroup.WithContext(ctx)

@@ -138,7 +138,13 @@ type Config struct {
 	// fileUnread is set when the config file is not a YAML mapping of sections, so that none of
 	// its keys was read.
 	fileUnread bool
+	// file is the config file read, "" when there was none (File).
+	file string
 }
+
+// File returns the path of the configuration file that was read, "" if none was (the default
+// file is absent).
+func (c *Config) File() string { return c.file }
 
 // setting is one key's effective text value and its origin ("default", the file name, the env
 // variable or the flag).
@@ -669,6 +675,7 @@ func Load(opts LoadOptions) (*Config, error) {
 		case err != nil:
 			return nil, fmt.Errorf("read config: %w", err)
 		default:
+			c.file = opts.Path
 			c.loadYAML(data, opts.Path, byKey)
 		}
 	}

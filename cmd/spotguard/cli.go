@@ -193,6 +193,10 @@ func runConfig(ctx context.Context, args, environ []string, stdout, stderr io.Wr
 	// A file that could not be read would be shown as every key at its default: not what the
 	// file sets, and not what `run` would do (it refuses to start).
 	if !cfg.FileUnread() {
+		if cfg.File() == "" {
+			// Said: a newcomer saw only "no way to find the trainer" (found from outside).
+			fmt.Fprintf(stdout, "# no configuration file: %s does not exist (defaults, SPOTGUARD_* variables and flags only)\n", cf.path)
+		}
 		fmt.Fprint(stdout, cfg.YAML())
 	}
 	var problems []string

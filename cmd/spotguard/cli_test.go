@@ -3,6 +3,8 @@ package main
 import (
 	"bytes"
 	"context"
+	"errors"
+	"io/fs"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -11,6 +13,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/spotguard/spotguard/agent"
 )
 
 func runCLI(t *testing.T, ctx context.Context, env []string, args ...string) (int, string, string) {
@@ -297,5 +301,40 @@ func TestRestoreAllowEmptyRefusesAJobWhoseCommitsAreGone(t *testing.T) {
 			!strings.Contains(stderr, "delete j/LATEST to start the job from scratch") || strings.Contains(stdout, "first run") {
 			t.Errorf("restore --allow-empty with LATEST %s and no commit: exit %d, stdout %q, stderr %q; want 1, saying the commits are gone", latest, code, stdout, stderr)
 		}
+	}
+}
+
+// An empty --config (an unset variable in a script, --config "$CFG") is a usage error for every
+// command that loads the configuration: it read no file at all, every key at its default, and
+// said nothing (found from outside).
+func TestEmptyConfigFlagIsAUsageError(t *testing.T) {
+	for _, cmd := range []string{"run", "config", "doctor", "restore", "list", "drill", "notify"} {
+		code, _, stderr := runCLI(t, t.Context(), nil, cmd, "--config", "")
+		if code != exitUsage || !strings.Contains(stderr, "--config is empty") {
+			t.Errorf("Got(%s --config \"\") exit %d, stderr %q; want %d and \"--config is empty\"", cmd, code, stderr, exitUsage)
+		}
+	}
+}
+
+// `config` says so when there is no configuration file at all: a newcomer saw only "no way to
+// find the trainer" (found from outside).
+func TestConfigSaysThereIsNoFile(t *testing.T) {
+	const line = "# no configuration file: " + agent.DefaultConfigPath + " does not exist"
+	_, err := os.Stat(agent.DefaultConfigPath)
+	code, stdout, stderr := runCLI(t, t.Context(), []string{"SPOTGUARD_TRAINER_MATCH=x"}, "config")
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		if code != exitOK || !strings.HasPrefix(stdout, line) {
+			t.Errorf("config without %s: exit %d, stdout:\n%s\nstderr %q; want 0 and a first line %q", agent.DefaultConfigPath, code, stdout, stderr, line)
+		}
+	case err == nil: // this machine has one: not said
+		if strings.Contains(stdout, line) {
+			t.Errorf("config with %s there said:\n%s", agent.DefaultConfigPath, stdout)
+		}
+	}
+	path := filepath.Join(t.TempDir(), "spotguard.yaml")
+	os.WriteFile(path, []byte("trainer:\n  match: x\n"), 0o644)
+	if _, stdout, _ := runCLI(t, t.Context(), nil, "config", "--config", path); strings.Contains(stdout, "# no configuration file") {
+		t.Errorf("config --config %s said there is no file:\n%s", path, stdout)
 	}
 }

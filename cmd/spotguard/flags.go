@@ -107,6 +107,10 @@ func (fs *flagSet) parse(args []string) (int, bool) {
 		return fs.usageError("%s", msg), false
 	case fs.NArg() > 0:
 		return fs.usageError("unexpected argument %q", fs.Arg(0)), false
+	case fs.cf != nil && fs.cf.path == "":
+		// An unset variable in a script (--config "$CFG"): no file read at all, every key at its
+		// default, with no word (found from outside).
+		return fs.usageError("--config is empty: give the configuration file, or leave the flag out for %s", agent.DefaultConfigPath), false
 	}
 	return exitOK, true
 }

@@ -119,8 +119,8 @@ func TestJournalPriorities(t *testing.T) {
 	}
 	one("ready", 6)
 	one("no trainer process found; the newest complete checkpoint is all there is", 3)
-	if l := one("spotguard agent starting", 6); l.fields["poll_interval_s"] != 1.0 {
-		t.Errorf("poll_interval_s = %v; want 1 (seconds): %s", l.fields["poll_interval_s"], l.text)
+	if l := one("spotguard agent starting", 6); l.fields["poll_interval_s"] != 1.0 || l.fields["config"] != ap.configPath {
+		t.Errorf("poll_interval_s = %v, config = %v; want 1 (seconds) and %s, the file read: %s", l.fields["poll_interval_s"], l.fields["config"], ap.configPath, l.text)
 	}
 	if l := one("bye", 6); l.fields["uptime_s"] == nil {
 		t.Errorf("bye: no uptime_s: %s", l.text)
