@@ -288,7 +288,7 @@ var fields = []field{
 		c.Store.Job = v
 		return nil
 	}},
-	{"store.part_size", "64MiB", "the largest multipart part for S3 (at least 5MiB): a file goes in parts of 8MiB up to this, 16 of them where those sizes allow (finer, down to 5MiB, for the last file a notice waits for); parts are read straight from the file, not buffered", func(c *Config, v string) error {
+	{"store.part_size", "64MiB", "the largest multipart part for S3 (5MiB to 5GiB): a file goes in parts of 8MiB up to this, 16 of them where those sizes allow (finer, down to 5MiB, for the last file a notice waits for); parts are read straight from the file, not buffered", func(c *Config, v string) error {
 		n, err := ParseSize(v)
 		if err != nil {
 			return err
@@ -299,7 +299,7 @@ var fields = []field{
 		c.Store.PartSize = n
 		return nil
 	}},
-	{"store.concurrency", "128", "the most S3 requests (parts, ranged reads) in flight; the store starts at 4 (32 with a notice pending or for a restore) and grows while throughput grows, backing off on SlowDown: 128 × ~85 MB/s per connection fills a p5's 100 Gb/s", func(c *Config, v string) error {
+	{"store.concurrency", "128", "the most S3 requests (parts, ranged reads) in flight (1 to 1024); the store starts at 4 (32 with a notice pending or for a restore) and grows while throughput grows, backing off on SlowDown: 128 × ~85 MB/s per connection fills a p5's 100 Gb/s", func(c *Config, v string) error {
 		n, err := strconv.Atoi(v)
 		if err != nil || n < 1 || n > 1024 {
 			return errors.New("want a whole number from 1 to 1024")
@@ -370,7 +370,7 @@ var fields = []field{
 		}
 		return nil
 	}},
-	{"agent.stop_budget", "140s", "how long a stop (SIGTERM) may go on committing: the checkpoint the trainer was signalled for and every complete one not committed yet (0s: stop at once, with a warning naming the complete checkpoints left); keep it under the unit's TimeoutStopSec", func(c *Config, v string) error {
+	{"agent.stop_budget", "140s", "how long a stop (SIGTERM) may go on committing (0s to 1h): the checkpoint the trainer was signalled for and every complete one not committed yet (0s: stop at once, with a warning naming the complete checkpoints left); keep it under the unit's TimeoutStopSec", func(c *Config, v string) error {
 		d, err := parseDuration(v)
 		if err == nil && (d < 0 || d > time.Hour) {
 			err = errors.New("between 0s and 1h")
@@ -526,6 +526,11 @@ func checkEndpoint(v string) error {
 		return errors.New("want a host, e.g. http://169.254.169.254")
 	case u.RawQuery != "" || u.Fragment != "" || u.User != nil:
 		return errors.New("want no user, query or fragment")
+	}
+	if p := u.Port(); p != "" {
+		if n, err := strconv.Atoi(p); err != nil || n < 1 || n > 65535 {
+			return fmt.Errorf("port %s: want 1 to 65535", p)
+		}
 	}
 	return nil
 }

@@ -185,6 +185,7 @@ func TestValidateBadValues(t *testing.T) {
 		{"SPOTGUARD_IMDS_ENDPOINT=169.254.169.254", "imds.endpoint: \"169.254.169.254\""},
 		{"SPOTGUARD_IMDS_ENDPOINT=ftp://x", "want an http:// or https:// URL"},
 		{"SPOTGUARD_IMDS_ENDPOINT=http://", "want a host"},
+		{"SPOTGUARD_IMDS_ENDPOINT=http://127.0.0.1:99999", "imds.endpoint: \"http://127.0.0.1:99999\" from SPOTGUARD_IMDS_ENDPOINT: port 99999: want 1 to 65535"},
 		// Multi-node jobs.
 		{"SPOTGUARD_STORE_NODE_RANK=1", "store.node_rank: \"1\" from SPOTGUARD_STORE_NODE_RANK must be less than store.world_nodes \"1\" from default: ranks are 0 to 0"},
 		{"SPOTGUARD_STORE_NODE_RANK=-1", "store.node_rank: \"-1\" from SPOTGUARD_STORE_NODE_RANK: want a whole number, 0 or more"},
