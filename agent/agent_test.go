@@ -635,6 +635,28 @@ func TestCheckpointMissingByTheDeadlineIsSaid(t *testing.T) {
 	}
 }
 
+// A save complete under another marker than checkpoint.marker is said so when the notice's
+// checkpoint is missing: not a trainer that died in its save (found from outside: a trainer
+// writing _COMPLETE under checkpoint.marker .metadata was said to be gone before its checkpoint
+// completed).
+func TestCheckpointMissingUnderAnotherMarkerIsSaid(t *testing.T) {
+	tr := startShTrainer(t, true)
+	dir := t.TempDir()
+	ta := startAgentWith(t, fileStores, "SPOTGUARD_TRAINER_PIDFILE="+tr.pidfile, "SPOTGUARD_CHECKPOINT_DIR="+dir,
+		"SPOTGUARD_CHECKPOINT_MARKER=.metadata", "SPOTGUARD_STORE_URL=file://"+t.TempDir(), "SPOTGUARD_STORE_JOB=j", "SPOTGUARD_AGENT_STOP_BUDGET=1s")
+	deadline := time.Now().Add(2 * time.Second).UTC().Truncate(time.Second).Add(time.Second)
+	ta.imds.set("spot/instance-action", `{"action": "terminate", "time": "`+deadline.Format(time.RFC3339)+`"}`)
+	ta.waitState(t, "spot/terminate", StateTrainerSignalled)
+	os.MkdirAll(filepath.Join(dir, "step-23"), 0o755)
+	os.WriteFile(filepath.Join(dir, "step-23", "rank-0.pt"), []byte("weights"), 0o644)
+	os.WriteFile(filepath.Join(dir, "step-23", "_COMPLETE"), nil, 0o644)
+	ta.waitState(t, "spot/terminate", StateCheckpointMissing)
+	want := "but step-23 holds _COMPLETE, not the configured marker .metadata (checkpoint.marker): is checkpoint.marker the name the trainer writes last?"
+	if log := ta.logs.String(); !strings.Contains(log, want) {
+		t.Errorf("log does not say the checkpoint holds another marker (%q):\n%s", want, log)
+	}
+}
+
 // An agent.runtime_dir that cannot be created (a file in its path): the agent runs and signals,
 // and /healthz warns that notice.json cannot be written, until it can.
 func TestRuntimeDirNotWritableIsSaid(t *testing.T) {

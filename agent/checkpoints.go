@@ -531,4 +531,7 @@ func (c *Coordinator) committed(ns *NoticeStatus, ev checkpoint.UploadEvent) {
 // it, and holds a stop. SetNotices must not block.
 type noticeUploader interface {
 	SetNotices(active []checkpoint.ActiveNotice)
+	// MarkerHint says whether the newest checkpoint holds a marker by another name than
+	// checkpoint.marker (checkpoint.Uploader.MarkerHint).
+	MarkerHint() string
 }

@@ -1613,6 +1613,11 @@ func (c *Coordinator) checkMissing(now time.Time) {
 			why = "the trainer is still running but its checkpoint's marker never came: check that it saves on " +
 				trainer.SignalName(c.config().Trainer.Signal) + " and writes " + c.config().Checkpoint.Marker + " last"
 		}
+		if h := c.markerHint(); h != "" && (reason == "trainer_gone" || reason == "no_marker") {
+			// A save complete under another name than checkpoint.marker is no crash (found from
+			// outside: a trainer writing _COMPLETE under .metadata was said to be gone).
+			why += "; but " + h + ": is checkpoint.marker the name the trainer writes last?"
+		}
 		if m.again {
 			// Said and counted once: a notice said missing before, whose checkpoint came since
 			// and was renamed away, says it again, and that is all.
@@ -1631,6 +1636,14 @@ func (c *Coordinator) checkMissing(now time.Time) {
 			"; only checkpoints saved before (committed, or still being uploaded) will be there to restore")
 		c.transition(ns, StateCheckpointMissing, reason)
 	}
+}
+
+// markerHint is the uploader's MarkerHint, "" without an uploader.
+func (c *Coordinator) markerHint() string {
+	if c.uploader == nil {
+		return ""
+	}
+	return c.uploader.MarkerHint()
 }
 
 // Scan looks for trainer processes and reports, loudly, each newly found one that does not catch

@@ -176,6 +176,8 @@ func (r *recordingUploader) SetNotices(active []checkpoint.ActiveNotice) {
 	r.sets = append(r.sets, slices.Clone(active))
 }
 
+func (r *recordingUploader) MarkerHint() string { return "" }
+
 func (r *recordingUploader) last() ([]checkpoint.ActiveNotice, int) {
 	r.mu.Lock()
 	defer r.mu.Unlock()

@@ -206,6 +206,8 @@ type Uploader struct {
 	work context.Context
 	// journalProblem is JournalProblem's.
 	journalProblem atomic.Pointer[string]
+	// markerHint is MarkerHint's.
+	markerHint atomic.Pointer[string]
 	// cleanup is the context of the clean-up passes: not cancelled by a stop, but stopGrace
 	// after Run began to return.
 	cleanup context.Context
@@ -620,6 +622,33 @@ type CheckpointStatus struct {
 	Withheld bool `json:"withheld,omitempty"`
 }
 
+// markerNames are the names trainers and libraries give a checkpoint's marker: a file of one of
+// them at the top of a checkpoint whose own marker (UploaderConfig.Marker) has not come hints
+// that the marker is configured wrong.
+var markerNames = []string{"_COMPLETE", ".metadata", "COMPLETE", "_SUCCESS", "DONE", ".done"}
+
+// MarkerHint says, when the newest checkpoint begun holds a file named as markers are, but not
+// the configured marker, which checkpoint and which name ("step-23 holds _COMPLETE, not the
+// configured marker .metadata"); "" otherwise. (Found from outside: a trainer that wrote
+// _COMPLETE under checkpoint.marker .metadata was said to be gone before its checkpoint
+// completed.) Safe to call from any goroutine.
+func (u *Uploader) MarkerHint() string {
+	if h := u.markerHint.Load(); h != nil {
+		return *h
+	}
+	return ""
+}
+
+// noteMarkerName sets MarkerHint's hint when rel, a file of g reported ready, is named as markers
+// are but is not the configured marker, while g has no marker of its own.
+func (u *Uploader) noteMarkerName(g *generation, rel string) {
+	if g == nil || g.single || rel == u.cfg.Marker || !slices.Contains(markerNames, rel) || g.complete || !g.marker.isZero() {
+		return
+	}
+	h := fmt.Sprintf("%s holds %s, not the configured marker %s (checkpoint.marker)", g.name, rel, u.cfg.Marker)
+	u.markerHint.Store(&h)
+}
+
 // Status returns a snapshot of the uploader's state; the zero status if Run is not running.
 func (u *Uploader) Status(ctx context.Context) UploaderStatus {
 	ch := make(chan UploaderStatus, 1)
@@ -838,7 +867,7 @@ func (u *Uploader) Run(ctx context.Context, events <-chan WatchEvent) error {
 			ch <- u.status()
 		}
 		if done == nil && !reading && !u.draining() {
-			u.log.Info().Msg("checkpoints committed; stopping")
+			u.log.Info().Msg("nothing left to commit; stopping")
 			return nil
 		}
 		if batching {
@@ -1209,6 +1238,9 @@ func (u *Uploader) checkTrainer() {
 				if free < fullDisk {
 					ev = ev.Str("fix", "checkpoint.dir's file system is full: free space there (df -h "+u.cfg.Dir+"), or keep fewer checkpoints on disk")
 				}
+			}
+			if h := u.MarkerHint(); h != "" {
+				ev = ev.Str("hint", h+": is checkpoint.marker the name the trainer writes last?")
 			}
 			ev.Msg("the trainer is gone, and the checkpoint it began since it was signalled never completed (no marker); the stop does not wait for it")
 			return
@@ -2011,7 +2043,9 @@ func (u *Uploader) handleWatch(ctx context.Context, ev WatchEvent) {
 		u.fileGrowing(ev)
 	case FileReady:
 		u.fileReady(ev)
+		u.noteMarkerName(u.gens[ev.Checkpoint], ev.Path)
 	case Complete:
+		u.markerHint.Store(nil) // the marker is right
 		u.fileReady(ev)
 		g := u.gens[ev.Checkpoint]
 		if !g.single {

@@ -3109,3 +3109,26 @@ func TestCompleteCheckpointDeletedWhileQueuedIsWarnedOf(t *testing.T) {
 		t.Errorf("log = %s; want the warning naming %s, not begun", l, queued)
 	}
 }
+
+// A checkpoint holding a file named as markers are (_COMPLETE), but not the configured marker
+// (.metadata), gives MarkerHint, which the messages of a save that never completes carry (found
+// from outside: a trainer writing _COMPLETE under checkpoint.marker .metadata was said to be gone
+// before its checkpoint completed). Its own marker ends the hint.
+func TestUploaderHintsAtAMarkerOfAnotherName(t *testing.T) {
+	dir := t.TempDir()
+	r := startUploaderTweaked(t, dir, newMemStore(), UploaderConfig{Marker: ".metadata"}, func(w *Watcher) { w.marker = ".metadata" })
+	writeCheckpoint(t, dir, "step-23", map[string][]byte{"rank-0.pt": randomBytes(t, 1<<10)})
+	want := "step-23 holds _COMPLETE, not the configured marker .metadata (checkpoint.marker)"
+	for deadline := time.Now().Add(20 * time.Second); r.up.MarkerHint() != want; <-time.After(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("MarkerHint = %q after 20 s; want %q", r.up.MarkerHint(), want)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(dir, "step-23", ".metadata"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	r.waitCommitted("step-23")
+	if h := r.up.MarkerHint(); h != "" {
+		t.Errorf("MarkerHint = %q once the checkpoint completed with its own marker; want none", h)
+	}
+}
