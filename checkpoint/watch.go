@@ -510,10 +510,13 @@ func (n *watchNode) keeps(deb *watchDebouncer) bool {
 // watchRun is the state of one Run. Only Run's goroutine uses it.
 type watchRun struct {
 	*Watcher
-	fw     *fsnotify.Watcher
-	walker *scanWalker
-	deb    *watchDebouncer
-	ckpts  map[string]*watchCkpt
+	// strayFileSaid: a file at the top of Dir that looks like a checkpoint but is none was said
+	// (strayFile), once a run.
+	strayFileSaid bool
+	fw            *fsnotify.Watcher
+	walker        *scanWalker
+	deb           *watchDebouncer
+	ckpts         map[string]*watchCkpt
 	// nodes are the watchNodes by relative path; a node's parent is there too.
 	nodes map[string]*watchNode
 	queue []WatchEvent
@@ -1620,6 +1623,28 @@ func (r *watchRun) notUsable(name, sub string, c *watchCkpt) {
 	r.unreport(name + "/" + sub)
 }
 
+// checkpointFileExts are the extensions of the files trainers save checkpoints in.
+var checkpointFileExts = []string{".pt", ".pth", ".bin", ".safetensors", ".ckpt", ".distcp", ".pkl", ".npz", ".h5"}
+
+// strayFile says, once a run, that name, a file at the top of Dir whose extension is a
+// checkpoint's, is not part of any checkpoint: not in a checkpoint's directory, and not matching
+// Pattern. (Found from outside: a trainer's torch.save into checkpoint.dir was never uploaded, and
+// nothing said why.)
+func (r *watchRun) strayFile(name string) {
+	if r.strayFileSaid || !slices.Contains(checkpointFileExts, strings.ToLower(path.Ext(name))) {
+		return
+	}
+	r.strayFileSaid = true
+	fix := "save each checkpoint into a directory of its own in checkpoint.dir, writing the marker " + r.marker + " last"
+	if r.pattern == "" {
+		fix += ", or, for checkpoints of one file each, set checkpoint.pattern (e.g. '*" + path.Ext(name) + "') and write each to a temporary name (." + name + ".tmp), then rename it into place"
+	} else {
+		fix += ", or name it to match checkpoint.pattern " + r.pattern
+	}
+	r.log.Warn().Str("file", name).Str("fix", fix).
+		Msg("a file at the top of checkpoint.dir is not part of any checkpoint, and is not uploaded (said once)")
+}
+
 // changedTop handles the creation or change of name at the top of Dir.
 func (r *watchRun) changedTop(name string) {
 	if scanSkipName(name) || name == MetaDir {
@@ -1652,6 +1677,7 @@ func (r *watchRun) changedTop(name string) {
 		r.refresh(name, c)
 	case fi.Mode().IsRegular():
 		if !r.walker.isSingle(name) {
+			r.strayFile(name)
 			return
 		}
 		if c != nil && !c.single {

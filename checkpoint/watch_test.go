@@ -1330,3 +1330,24 @@ func TestWatchFileGrowing(t *testing.T) {
 		}
 	})
 }
+
+// A file at the top of checkpoint.dir whose extension is a checkpoint's, but that is in no
+// checkpoint's directory and matches no checkpoint.pattern, is said once a run, with the fix (found
+// from outside: a trainer's torch.save into checkpoint.dir was never uploaded, and nothing said
+// why). Other files there (a log) are not.
+func TestWatchSaysOnceOfACheckpointFileThatIsNone(t *testing.T) {
+	dir := t.TempDir()
+	h, _ := watchStart(t, dir, WatchConfig{}) // checkpoint.pattern *.pt
+	scanWrite(t, filepath.Join(dir, "train.log"), "loss 1.0")
+	scanWrite(t, filepath.Join(dir, "checkpoint.safetensors"), "weights")
+	scanWrite(t, filepath.Join(dir, "optimizer.bin"), "state")
+	h.barrier()
+	const msg = "a file at the top of checkpoint.dir is not part of any checkpoint, and is not uploaded (said once)"
+	said := h.logs.lines(t, "warn", msg)
+	if len(said) != 1 {
+		t.Fatalf("%d warnings %q; want 1\nlog:\n%s", len(said), msg, h.logs)
+	}
+	if said[0]["file"] != "checkpoint.safetensors" || !strings.Contains(said[0]["fix"].(string), "or name it to match checkpoint.pattern *.pt") {
+		t.Errorf("warning = %v; want it to name checkpoint.safetensors, and checkpoint.pattern *.pt in its fix", said[0])
+	}
+}
