@@ -10,6 +10,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -33,7 +34,7 @@ import (
 
 // drillWindow is the notice's 2 minutes; a drill passes when the checkpoint is committed and
 // restored inside it.
-const drillWindow = 2 * time.Minute
+var drillWindow = 2 * time.Minute // a variable for tests
 
 // drillMarker is the marker the demo trainer writes last; the drill's agent waits for it,
 // whatever checkpoint.marker says for the real trainer.
@@ -483,6 +484,12 @@ func drill(ctx context.Context, p drillPlan, log zerolog.Logger, rep *drillRepor
 		return fail("%s %s before writing a complete checkpoint", what, describeExit(err))
 	case "":
 		if ns.State == agent.StateTrainerSignalled || (ns.State == agent.StateCheckpointMissing && transitionDetail(ns, agent.StateCheckpointWritten) == "") {
+			if signalled := transitionAt(ns, agent.StateTrainerSignalled); !signalled.IsZero() && !writtenSince(p.ckDir, signalled) {
+				// Not a matter of size or speed (found from outside: README's drill gave the
+				// trainer no directory, and the advice was to save smaller checkpoints).
+				return fail("the trainer was signalled but wrote nothing into --checkpoint-dir %s before the deadline: does it save there? "+
+					"(give it the directory, as in --trainer-cmd 'python train.py --ckpt %s', and make it save on %s)", p.ckDir, p.ckDir, trainer.SignalName(cfg.Trainer.Signal))
+			}
 			return late("the trainer was signalled but no complete checkpoint (marker %s) appeared before the deadline", cfg.Checkpoint.Marker)
 		}
 		if st := a.Status().Store; st != nil && st.LastUploadError != nil {
@@ -887,4 +894,32 @@ func (l *lockedWriter) Write(p []byte) (int, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.w.Write(p)
+}
+
+// transitionAt returns when ns first entered state, zero if it never did.
+func transitionAt(ns agent.NoticeStatus, state string) time.Time {
+	for _, tr := range ns.Transitions {
+		if tr.State == state {
+			return tr.At
+		}
+	}
+	return time.Time{}
+}
+
+// writtenSince reports whether anything under dir (dir's own entries included) was modified at
+// t or after (less the file system's time granularity).
+func writtenSince(dir string, t time.Time) bool {
+	t = t.Add(-checkpoint.FileTimeLag)
+	found := false
+	_ = filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
+		if err != nil || found {
+			return filepath.SkipAll
+		}
+		if fi, err := d.Info(); err == nil && !fi.ModTime().Before(t) && path != dir {
+			found = true
+			return filepath.SkipAll
+		}
+		return nil
+	})
+	return found
 }

@@ -142,3 +142,25 @@ func TestDrillAdviceOnlyWhereItHelps(t *testing.T) {
 		})
 	}
 }
+
+// A trainer that catches the signal but writes nothing into --checkpoint-dir fails the drill
+// saying so, not as late with advice on size and speed (found from outside: README's drill gave
+// the trainer no directory, and the advice was to save smaller checkpoints).
+func TestDrillTrainerThatWritesNothingIsSaid(t *testing.T) {
+	defer func(d time.Duration) { drillWindow = d }(drillWindow)
+	drillWindow = 5 * time.Second
+	dir := t.TempDir()
+	code, stdout, stderr := runCLI(t, t.Context(), nil, "drill", "--config", emptyConfig(t), "--json",
+		"--trainer-cmd", `sh -c 'trap "echo signalled" USR1; while :; do sleep 0.1; done'`, "--checkpoint-dir", dir)
+	var raw map[string]any
+	if err := json.Unmarshal([]byte(stdout), &raw); err != nil {
+		t.Fatalf("Got(drill --json) stdout %q: %v\nstderr: %s", stdout, err, stderr)
+	}
+	reason, _ := raw["reason"].(string)
+	if code != exitFail || !strings.Contains(reason, "the trainer was signalled but wrote nothing into --checkpoint-dir "+dir) {
+		t.Errorf("Got(drill, a trainer that writes nothing) exit %d, reason %q; want 1, saying it wrote nothing into %s", code, reason, dir)
+	}
+	if _, ok := raw["advice"]; ok {
+		t.Errorf("Got(drill --json) advice %v; want none: size and speed are not the cause", raw["advice"])
+	}
+}
