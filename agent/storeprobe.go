@@ -232,6 +232,10 @@ func StoreFix(reason, url string, err error) string {
 			return "S3 refused the request's signature: the secret access key does not belong to the access key id (check AWS_SECRET_ACCESS_KEY or the profile's aws_secret_access_key), or the clock is far off"
 		case "InvalidAccessKeyId":
 			return "S3 does not know the access key id: check AWS_ACCESS_KEY_ID or the profile's aws_access_key_id (and that the key is active), or use the instance profile"
+		case "ExpiredToken", "TokenRefreshRequired", "InvalidToken":
+			// Not a permission (found from outside: the fix said to grant the role S3's).
+			return "S3 says the credentials have expired: new ones are fetched for the next request; if this lasts, check this instance's clock (chronyc tracking), that IMDS answers for the instance profile's credentials " +
+				"(with HTTPS_PROXY set, NO_PROXY=169.254.169.254), or the session token in AWS_SESSION_TOKEN or the profile"
 		}
 		return fmt.Sprintf("grant the instance role s3:ListBucket on %s and s3:PutObject, s3:GetObject, s3:DeleteObject, s3:AbortMultipartUpload on %s; check the bucket policy and, with SSE-KMS, the key policy", where, objects)
 	case StoreThrottled:

@@ -97,6 +97,8 @@ func TestStoreErrorSummaryAndFix(t *testing.T) {
 		{StoreDenied, "s3://b/runs", errors.New("get credentials: failed to refresh cached credentials"), "no AWS credentials"},
 		{StoreDenied, "s3://b/runs", s3Err(403, "SignatureDoesNotMatch", "The request signature we calculated does not match"), "the secret access key does not belong to the access key id"},
 		{StoreDenied, "s3://b/runs", s3Err(403, "InvalidAccessKeyId", "no such key id"), "S3 does not know the access key id"},
+		// Expired credentials are no permission to grant (found from outside).
+		{StoreDenied, "s3://b/runs", s3Err(400, "ExpiredToken", "The provided token has expired."), "S3 says the credentials have expired"},
 		{StoreOther, "s3://b", s3Err(301, "PermanentRedirect", "elsewhere"), "AWS_REGION"},
 		{StoreOther, "s3://Ckpt/runs", s3Err(400, "InvalidBucketName", "The specified bucket is not valid."), `S3 does not take "Ckpt" as a bucket name`},
 		{StoreNetwork, "s3://b", errors.New("dial tcp: connection refused"), "AWS_ENDPOINT_URL_S3"},

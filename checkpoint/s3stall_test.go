@@ -323,3 +323,46 @@ func TestS3CertificateNotTrustedIsNotRetried(t *testing.T) {
 		t.Errorf("%d connections; want 1 (a certificate not trusted is not tried again)", n)
 	}
 }
+
+// countingCreds hands out credentials that say they last an hour, counting the times asked.
+type countingCreds struct{ n atomic.Int32 }
+
+func (c *countingCreds) Retrieve(context.Context) (aws.Credentials, error) {
+	n := c.n.Add(1)
+	return aws.Credentials{AccessKeyID: fmt.Sprintf("k%d", n), SecretAccessKey: "s", SessionToken: "t", Source: "test",
+		CanExpire: true, Expires: time.Now().Add(time.Hour)}, nil
+}
+
+// Credentials S3 says have expired are fetched again for the next request, not used until the
+// time they said they expire (found from outside: a notice's checkpoint was retried with them for
+// as long as the cache held them, while IMDS served new ones).
+func TestS3ExpiredCredentialsAreFetchedAgain(t *testing.T) {
+	var keys []string
+	var mu sync.Mutex
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		auth := r.Header.Get("Authorization")
+		mu.Lock()
+		keys = append(keys, auth[strings.Index(auth, "Credential=")+len("Credential="):][:2])
+		mu.Unlock()
+		if strings.Contains(auth, "Credential=k1/") {
+			w.WriteHeader(http.StatusBadRequest)
+			fmt.Fprint(w, `<?xml version="1.0" encoding="UTF-8"?><Error><Code>ExpiredToken</Code><Message>The provided token has expired.</Message></Error>`)
+			return
+		}
+		fmt.Fprint(w, "latest")
+	}))
+	t.Cleanup(srv.Close)
+	creds := &countingCreds{}
+	cfg := aws.Config{Region: "us-east-1", BaseEndpoint: aws.String(srv.URL), Credentials: aws.NewCredentialsCache(creds)}
+	s, err := OpenStore("s3://bucket/p", cfg, S3Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := s.GetBytes(t.Context(), "job/LATEST"); err == nil || !strings.Contains(err.Error(), "ExpiredToken") {
+		t.Fatalf("GetBytes with expired credentials = %v; want ExpiredToken", err)
+	}
+	data, _, err := s.GetBytes(t.Context(), "job/LATEST")
+	if err != nil || string(data) != "latest" {
+		t.Errorf("GetBytes after S3 said the credentials expired = %q, %v; want them fetched again, and the object (keys used: %v)", data, err, keys)
+	}
+}

@@ -68,6 +68,9 @@ type S3Store struct {
 	running map[string]struct{}
 	// attemptFailed, if set (OnAttemptError), is told of every failed attempt of every request.
 	attemptFailed atomic.Pointer[func(error)]
+	// creds is the client's credentials cache, if it has one: emptied when S3 says the
+	// credentials have expired (noteAttempt).
+	creds *aws.CredentialsCache
 }
 
 var _ Store = (*S3Store)(nil)
@@ -109,6 +112,7 @@ func NewS3Store(client *s3.Client, bucket, prefix string, opts S3Options) (*S3St
 		opts:   opts,
 		lim:    newLimiter(opts.Concurrency),
 	}
+	s.creds, _ = client.Options().Credentials.(*aws.CredentialsCache)
 	// Every request's every attempt is seen (OnAttemptError): the SDK retries a request that
 	// is never answered for minutes before the caller hears of it.
 	s.client = s3.New(client.Options(), func(o *s3.Options) {
@@ -119,6 +123,9 @@ func NewS3Store(client *s3.Client, bucket, prefix string, opts S3Options) (*S3St
 	return s, nil
 }
 
+// expiredCredentialCodes are S3's error codes for credentials that are no longer good.
+var expiredCredentialCodes = map[string]bool{"ExpiredToken": true, "TokenRefreshRequired": true, "InvalidToken": true}
+
 // OnAttemptError has f told of every failed attempt of every request, the SDK's retries
 // included (not of requests the caller cancelled), as it fails: a store that stops answering is
 // seen after one attempt's timeout, not after the SDK has given up. f must not block.
@@ -127,6 +134,14 @@ func (s *S3Store) OnAttemptError(f func(error)) { s.attemptFailed.Store(&f) }
 func (s *S3Store) noteAttempt(err error) {
 	if err == nil || errors.Is(err, context.Canceled) {
 		return
+	}
+	var ae smithy.APIError
+	if s.creds != nil && errors.As(err, &ae) && expiredCredentialCodes[ae.ErrorCode()] {
+		// The cache holds them until the time they said they expire; S3 says they have
+		// (an instance's clock behind, credentials revoked): the next request gets new ones
+		// (found from outside: a notice's checkpoint was retried with the old ones until the
+		// cache's time, while IMDS served new ones).
+		s.creds.Invalidate()
 	}
 	if f := s.attemptFailed.Load(); f != nil {
 		(*f)(err)
