@@ -53,6 +53,7 @@ func TestWireFormat(t *testing.T) {
 	gpu0["GPU"] = "7" // Record copied the map
 	c.FlushNow()
 	calls := f.waitCalls(t, 1)
+	waitSent(t, c, 1) // its answer in: a stop would cut it
 	if err := stop(); err != nil {
 		t.Fatalf("Run() = %v; want nil", err)
 	}
@@ -145,7 +146,8 @@ func TestBatchSplit(t *testing.T) {
 				c.Record(Datum{Name: "Series", Unit: UnitCount, Value: float64(i), Dimensions: dims})
 			}
 			c.FlushNow()
-			if err := stop(); err != nil { // the notice flush finishes before Run returns
+			waitSent(t, c, uint64(tt.series)) // a stop would cut the notice flush
+			if err := stop(); err != nil {
 				t.Fatalf("Run() = %v; want nil", err)
 			}
 			calls := f.got()
@@ -348,6 +350,7 @@ func TestNoticeRetriesOverTCP(t *testing.T) {
 	c.Record(Datum{Name: "NoticeToDurableSeconds", Unit: UnitSeconds, Value: 33, HighRes: true})
 	c.FlushNow()
 	f.waitCalls(t, 4)
+	waitSent(t, c, 1)
 	if err := stop(); err != nil {
 		t.Fatalf("Run() = %v; want nil", err)
 	}
@@ -572,6 +575,41 @@ func TestNoticeFlushNotDelayedByPeriodic(t *testing.T) {
 	})
 }
 
+// A notice flush in progress at the stop (a CloudWatch that hangs) is cut, and what it did not
+// send goes in the final flush: the stop is held 2 s at most (found from outside: 13 to 17 s,
+// the notice flush's retries and then the final flush's).
+func TestNoticeFlushAtTheStopIsCutAndTakenOverByTheFinalFlush(t *testing.T) {
+	for _, tt := range []struct {
+		name     string
+		replies  []reply
+		wantSent uint64
+	}{
+		{"the endpoint answers again", []reply{replyHang, replyOK}, 1},
+		{"the endpoint hangs", []reply{replyHang}, 0},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				f := newFakeCW(func(n int) reply { return tt.replies[min(n, len(tt.replies)-1)] })
+				c := NewCloudWatch(memClient(f), CloudWatchConfig{Interval: time.Hour, Base: testBase})
+				stop := startRun(t, c)
+				c.Record(Datum{Name: "NoticeToDurableSeconds", Unit: UnitSeconds, Value: 33, HighRes: true})
+				c.FlushNow()
+				advance(500 * time.Millisecond) // its first call hangs
+				t0 := time.Now()
+				if err := stop(); err != nil {
+					t.Errorf("Run() = %v; want nil", err)
+				}
+				if d := time.Since(t0); d > finalFlushTimeout {
+					t.Errorf("Run returned %v after cancel; want %v at most", d, finalFlushTimeout)
+				}
+				if st := c.Stats(); st.SentSamples != tt.wantSent || st.SentSamples+st.Dropped() != 1 {
+					t.Errorf("Got(Stats) = %+v; want %d sent, the rest dropped", st, tt.wantSent)
+				}
+			})
+		})
+	}
+}
+
 // TestFinalFlush checks the flush after Run's context ends.
 func TestFinalFlush(t *testing.T) {
 	tests := []struct {
@@ -583,7 +621,7 @@ func TestFinalFlush(t *testing.T) {
 		wantRunAt time.Duration // how long after cancel Run returns
 	}{
 		{name: "sends what is buffered", replies: []reply{replyOK}, cancelAt: 10 * time.Second, wantCalls: 1, wantSent: 1},
-		{name: "bounded when hung", replies: []reply{replyHang}, cancelAt: 10 * time.Second, wantCalls: 3, wantRunAt: 5 * time.Second},
+		{name: "bounded when hung", replies: []reply{replyHang}, cancelAt: 10 * time.Second, wantCalls: 1, wantRunAt: 2 * time.Second},
 		{name: "takes over a cut periodic flush", replies: []reply{replyHang, replyOK}, cancelAt: 65 * time.Second, wantCalls: 2, wantSent: 1},
 	}
 	for _, tt := range tests {

@@ -412,3 +412,14 @@ func f64(v float64) *float64 { return &v }
 // are durably blocked, and the timers due by then fire); no real time passes. Use it only inside
 // synctest.Test.
 func advance(d time.Duration) { <-time.After(d) }
+
+// waitSent waits (polling, at most 10 s) until c has sent n samples: a notice flush done, before
+// a stop would cut it.
+func waitSent(t *testing.T, c *CloudWatch, n uint64) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); c.Stats().SentSamples < n; <-time.After(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("Got(Stats) = %+v after 10 s; want %d samples sent", c.Stats(), n)
+		}
+	}
+}

@@ -31,7 +31,7 @@ type mode int
 const (
 	modePeriodic mode = iota // every Interval: one call per batch, the SDK's retries
 	modeNotice               // on FlushNow: NoticeCallTimeout per attempt, NoticeRetries
-	modeFinal                // after Run's context ended: as notice, within 5 s in all
+	modeFinal                // after Run's context ended: as notice, within 2 s in all
 )
 
 func (m mode) String() string {
@@ -51,8 +51,8 @@ func (m mode) String() string {
 // (counted in DroppedFailed); when the failure says the endpoint or the setup is broken
 // (credentials or region missing, throttling or 5xx after the retries, timeouts, connection
 // errors), the rest of the flush is dropped too rather than waiting on each call in turn.
-// It returns, for a periodic flush cut by ctx, the batches it did not finish (the one in
-// flight included) so that the final flush sends them; nil otherwise.
+// It returns, for a periodic or notice flush cut by ctx, the batches it did not finish (the one
+// in flight included) so that the final flush sends them; nil otherwise.
 func (c *CloudWatch) flush(ctx context.Context, m mode, carry []batch) []batch {
 	hi, lo := c.take()
 	var base []dim
@@ -78,7 +78,7 @@ func (c *CloudWatch) flush(ctx context.Context, m mode, carry []batch) []batch {
 		if err == nil {
 			continue
 		}
-		if m == modePeriodic && ctx.Err() != nil {
+		if m != modeFinal && ctx.Err() != nil {
 			return batches[i:]
 		}
 		if !abandons(err) {
@@ -134,7 +134,7 @@ func (c *CloudWatch) put(ctx context.Context, m mode, b *batch) error {
 		err := c.call(cctx, in, noSDKRetries)
 		timedOut := cctx.Err() != nil && ctx.Err() == nil
 		cancel()
-		c.note(m, attempt, b, err, false)
+		c.note(m, attempt, b, err, m == modeNotice && ctx.Err() != nil) // cut by the stop: the final flush sends it
 		if err == nil {
 			return nil
 		}
