@@ -584,8 +584,14 @@ func (w *Watcher) record(s *sourceState, now time.Time, err error) {
 			// As /healthz turns 503 for it: an error line too, where journalctl -p err looks
 			// (only warnings said it; found from outside).
 			s.unhealthySaid = true
+			msg := "imds reads have failed for longer than the agent stays healthy; its notices are not seen while they fail"
+			if s.src == SourceSpot && errors.Is(err, ErrMalformed) {
+				// A spot body that cannot be read is acted on, as a notice 2 minutes out (found
+				// from outside: the line said its notices were not seen).
+				msg = "imds reads have failed for longer than the agent stays healthy: its answer cannot be read, and is taken for a notice 2 minutes out while it lasts (fail-safe)"
+			}
 			w.log.Error().Str("source", string(s.src)).Err(err).Float64("failing_for_s", logSeconds(now.Sub(s.failingSince))).
-				Msg("imds reads have failed for longer than the agent stays healthy; its notices are not seen while they fail")
+				Msg(msg)
 		}
 	case s.streak > 0:
 		w.log.Info().Str("source", string(s.src)).Int("errors", s.streak).

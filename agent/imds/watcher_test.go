@@ -715,6 +715,29 @@ func TestRunSaysAnUnhealthySourceAtErrorOnce(t *testing.T) {
 	})
 }
 
+// A spot answer that cannot be read is acted on as a notice 2 minutes out: its error line says so,
+// not that its notices are not seen (found from outside).
+func TestRunSaysAnUnreadableSpotAnswerIsActedOn(t *testing.T) {
+	const msg = "imds reads have failed for longer than the agent stays healthy: its answer cannot be read, and is taken for a notice 2 minutes out while it lasts (fail-safe)"
+	synctest.Test(t, func(t *testing.T) {
+		h := start(t, Config{Sources: []Source{SourceSpot}, PollInterval: time.Second}, 64)
+		defer h.stop(t)
+		first := h.next(t)
+		first.ok("<html>not json</html>")
+		for {
+			c := h.next(t)
+			c.ok("<html>not json</html>")
+			if c.at.Sub(first.at) > 2*HealthWindow {
+				break
+			}
+		}
+		synctest.Wait()
+		if got := len(h.logs.lines(t, "error", msg, SourceSpot)); got != 1 {
+			t.Errorf("%d Error lines %q for a spot answer unreadable past HealthWindow; want 1\n%s", got, msg, h.logs)
+		}
+	})
+}
+
 func TestRunStops(t *testing.T) {
 	tests := []struct {
 		name string
