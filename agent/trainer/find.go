@@ -561,7 +561,7 @@ func (s *finder) byUnit(cgroupRoot, unit string) {
 func (s *finder) byMatch(re *regexp.Regexp) {
 	entries, err := os.ReadDir(s.procRoot)
 	if err != nil {
-		s.problem(ReasonNoMatch, "cannot list processes to match %q: %v", re, err)
+		s.problem(ReasonNoMatch, "cannot list processes to match `%s`: %v", re, err)
 		return
 	}
 	var t tally
@@ -578,7 +578,9 @@ func (s *finder) byMatch(re *regexp.Regexp) {
 		s.consider(&t, pid, ViaMatch)
 	}
 	if t.added == 0 {
-		s.none(t, fmt.Sprintf("trainer.match %q", re), ReasonNoMatch, "no running process has a command line that matches %q", re)
+		// In backquotes, as written in the configuration: %q doubled every backslash of the
+		// pattern, and a JSON log line doubled them again (found from outside).
+		s.none(t, fmt.Sprintf("trainer.match `%s`", re), ReasonNoMatch, "no running process has a command line that matches `%s`", re)
 	}
 }
 

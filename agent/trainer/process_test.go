@@ -351,9 +351,10 @@ func TestFindByMatch(t *testing.T) {
 		t.Errorf("Find(%+v) = %v; want no PID %d (Self)", self, procs, os.Getpid())
 	}
 
-	problems := checkFound(t, Finder{Match: regexp.MustCompile(token + "-nothing")}, nil, "", ReasonNoMatch)
-	if len(problems) == 1 && !strings.Contains(problems[0].Detail, token+"-nothing") {
-		t.Errorf("Find detail = %q; want the expression in it", problems[0].Detail)
+	// The expression as written, in backquotes: %q doubled its backslashes (found from outside).
+	problems := checkFound(t, Finder{Match: regexp.MustCompile(token + `-nothing\.py`)}, nil, "", ReasonNoMatch)
+	if len(problems) == 1 && !strings.Contains(problems[0].Detail, "`"+token+`-nothing\.py`+"`") {
+		t.Errorf("Find detail = %q; want the expression in it, as written, in backquotes", problems[0].Detail)
 	}
 	checkFound(t, Finder{Match: regexp.MustCompile("."), ProcRoot: filepath.Join(t.TempDir(), "none")}, nil, "", ReasonNoMatch)
 }
