@@ -921,6 +921,31 @@ func (c *Config) Warnings() []Warning {
 	return w
 }
 
+// UnitWarnings lists what goes wrong only under the shipped units (spotguard.service and
+// spotguard-restore.service), each naming its key: a checkpoint.dir or a file:// store under /tmp
+// or /var/tmp, which PrivateTmp=yes gives each unit a private copy of, where the trainer's
+// checkpoints never appear (found from outside: nothing said so but hardening.md).
+func (c *Config) UnitWarnings() []Warning {
+	var w []Warning
+	private := func(p string) bool {
+		p = filepath.Clean(p)
+		return p == "/tmp" || p == "/var/tmp" || strings.HasPrefix(p, "/tmp/") || strings.HasPrefix(p, "/var/tmp/")
+	}
+	if d := c.Checkpoint.Dir; d != "" && filepath.IsAbs(d) && private(d) {
+		w = append(w, Warning{
+			Text: fmt.Sprintf("checkpoint.dir: %s is under /tmp or /var/tmp: under spotguard.service (PrivateTmp=yes) the agent has a /tmp of its own, where the trainer's checkpoints never appear", d),
+			Fix:  "put checkpoint.dir elsewhere (a disk, or the trainer's home); outside the unit this does not matter",
+		})
+	}
+	if scheme, _, root, err := checkpoint.ParseStoreURL(c.Store.URL); err == nil && scheme == "file" && private(root) {
+		w = append(w, Warning{
+			Text: fmt.Sprintf("store.url: %s is under /tmp or /var/tmp: spotguard.service and spotguard-restore.service (PrivateTmp=yes) each have a /tmp of their own, so the restore would not find what the agent committed", c.Store.URL),
+			Fix:  "put a file:// store elsewhere (a shared file system, with ReadWritePaths=); outside the units this does not matter",
+		})
+	}
+	return w
+}
+
 // ValidateStore reports the problems that matter to a command that only reads the store
 // (restore, list): the store.* and log.* keys, imds.endpoint (the region comes through it), the
 // other keys the command reads (uses, by name), and store.url being set. (Found from outside: a

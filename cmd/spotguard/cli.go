@@ -210,7 +210,7 @@ func runConfig(ctx context.Context, args, environ []string, stdout, stderr io.Wr
 		problems = append(problems, awsProblem)
 	}
 	var warnings []string
-	for _, w := range cfg.Warnings() {
+	for _, w := range append(cfg.Warnings(), cfg.UnitWarnings()...) {
 		warnings = append(warnings, w.Text+": "+w.Fix)
 	}
 	if awsWarning != "" {
@@ -282,7 +282,11 @@ func runAgent(ctx context.Context, args, environ []string, stdout, stderr io.Wri
 	log := newLogger(stderr, environ, zerolog.DebugLevel)
 	defer zerolog.SetGlobalLevel(zerolog.GlobalLevel())
 	zerolog.SetGlobalLevel(cfg.Log.Level)
-	for _, w := range cfg.Warnings() {
+	warnings := cfg.Warnings()
+	if envMap(environ)["INVOCATION_ID"] != "" { // under systemd: the unit's sandbox is this agent's
+		warnings = append(warnings, cfg.UnitWarnings()...)
+	}
+	for _, w := range warnings {
 		log.Warn().Str("fix", w.Fix).Msg(w.Text)
 	}
 

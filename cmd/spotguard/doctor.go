@@ -78,6 +78,9 @@ type doctorDeps struct {
 	gpuAnswerLimit time.Duration
 	// procRoot and cgroupRoot are "" for /proc and /sys/fs/cgroup.
 	procRoot, cgroupRoot string
+	// noUnitWarnings leaves out agent.Config.UnitWarnings (for tests, whose directories are in
+	// /tmp).
+	noUnitWarnings bool
 }
 
 func defaultDoctorDeps() doctorDeps {
@@ -131,7 +134,11 @@ func doctor(ctx context.Context, cf *configFlags, environ []string, deps doctorD
 	} else {
 		rep.add("config", doctorPass, "valid", "")
 	}
-	for _, w := range cfg.Warnings() {
+	warnings := cfg.Warnings()
+	if !deps.noUnitWarnings {
+		warnings = append(warnings, cfg.UnitWarnings()...)
+	}
+	for _, w := range warnings {
 		rep.add("config", doctorWarn, w.Text, w.Fix)
 	}
 	if cfg.FileUnread() {

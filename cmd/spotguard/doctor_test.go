@@ -85,8 +85,33 @@ func newDoctorRig(t *testing.T) *doctorRig {
 		openGPUs: func(zerolog.Logger) (gpuSource, error) {
 			return nil, fmt.Errorf("%w: libnvidia-ml.so.1 not found", nvml.ErrUnavailable)
 		},
+		noUnitWarnings: true, // its directories are in /tmp (TestDoctorWarnsOfTmpUnderTheUnit)
 	}
 	return r
+}
+
+// A checkpoint.dir or file:// store under /tmp is a warning: the units' PrivateTmp=yes gives
+// each a /tmp of its own (found from outside: only hardening.md said so); config says it too.
+func TestDoctorWarnsOfTmpUnderTheUnit(t *testing.T) {
+	r := newDoctorRig(t)
+	r.deps.noUnitWarnings = false
+	_, out := r.run(t, "--checkpoint.dir", "/tmp/ckpt", "--store.url", "file:///var/tmp/store")
+	for _, want := range []string{
+		"WARN  config            checkpoint.dir: /tmp/ckpt is under /tmp or /var/tmp: under spotguard.service (PrivateTmp=yes)",
+		"WARN  config            store.url: file:///var/tmp/store is under /tmp or /var/tmp",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("doctor with checkpoint.dir and store under /tmp:\n%s\nwant %q", out, want)
+		}
+	}
+	if _, out := r.run(t, "--checkpoint.dir", "/opt/ckpt", "--store.url", "file:///opt/store"); strings.Contains(out, "PrivateTmp") {
+		t.Errorf("doctor with checkpoint.dir and store outside /tmp warned:\n%s", out)
+	}
+	path := filepath.Join(t.TempDir(), "c.yaml")
+	os.WriteFile(path, []byte("trainer:\n  match: x\ncheckpoint:\n  dir: /tmp/ckpt\nstore:\n  url: file:///mnt/s\n  job: j\n"), 0o644)
+	if _, _, stderr := runCLI(t, t.Context(), nil, "config", "--config", path); !strings.Contains(stderr, "warning: checkpoint.dir: /tmp/ckpt is under /tmp") {
+		t.Errorf("config with checkpoint.dir under /tmp: stderr\n%s\nwant the warning", stderr)
+	}
 }
 
 // run runs `spotguard doctor` with the rig's store, checkpoint.dir and trainer pidfile, plus args.
