@@ -6,6 +6,14 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 demo=/tmp/spotguard-demo
+# The simulator's port and the agent's listener (examples/local.yaml): an installed agent listens
+# on 9402 too, and the demo would read its /status, not its own agent's.
+for port in 1338 9402; do
+  if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
+    echo "FAIL: 127.0.0.1:$port is in use (an installed spotguard listens on 9402: stop it for the demo, sudo systemctl stop spotguard)"
+    exit 1
+  fi
+done
 rm -rf "$demo"; mkdir -p "$demo/checkpoints"
 
 echo "== building the IMDS simulator (pinned in test/tools/go.mod) and spotguard"
