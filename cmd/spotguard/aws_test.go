@@ -2,13 +2,22 @@ package main
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/credentials"
+	"github.com/aws/aws-sdk-go-v2/service/cloudwatch"
+	cwtypes "github.com/aws/aws-sdk-go-v2/service/cloudwatch/types"
 
 	"github.com/spotguard/spotguard/checkpoint"
 )
@@ -103,5 +112,60 @@ func TestStoreWithoutAnyRegion(t *testing.T) {
 	_, err := openStore(t.Context(), "s3://b/p", noIMDS.URL, checkpoint.S3Options{})
 	if err == nil || !strings.Contains(err.Error(), "no AWS region") || !strings.Contains(err.Error(), "set AWS_REGION") {
 		t.Errorf("openStore = %v; want an error saying there is no region and how to set one", err)
+	}
+}
+
+// An agent that had no region at start (IMDS down then) gets CloudWatch's once IMDS answers:
+// each call until then asks again, and fails as a call without a region does (a setup error,
+// said once). (Found from outside: CloudWatch failed for the agent's whole life.)
+func TestCloudWatchGetsTheRegionOnceIMDSAnswers(t *testing.T) {
+	var up atomic.Bool
+	imdsSrv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch {
+		case r.Method == http.MethodPut && r.URL.Path == "/latest/api/token":
+			w.Header().Set("X-Aws-Ec2-Metadata-Token-Ttl-Seconds", "21600")
+			fmt.Fprint(w, "token")
+		case r.URL.Path == "/latest/meta-data/placement/region" && up.Load():
+			fmt.Fprint(w, "eu-west-1")
+		default:
+			http.NotFound(w, r)
+		}
+	}))
+	t.Cleanup(imdsSrv.Close)
+	var regions []string
+	var mu sync.Mutex
+	cwSrv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		auth := r.Header.Get("Authorization") // Credential=KEY/DATE/REGION/monitoring/aws4_request
+		mu.Lock()
+		regions = append(regions, strings.Split(auth, "/")[2])
+		mu.Unlock()
+		w.Header().Set("Content-Type", "application/cbor") // CloudWatch's rpc-v2-cbor: an empty map
+		w.Header().Set("Smithy-Protocol", "rpc-v2-cbor")
+		w.Write([]byte{0xa0})
+	}))
+	t.Cleanup(cwSrv.Close)
+	cfg := aws.Config{BaseEndpoint: aws.String(cwSrv.URL), Credentials: aws.NewCredentialsCache(credentials.NewStaticCredentialsProvider("k", "s", ""))}
+	s := awsSetup{cfg: cfg, imdsEndpoint: imdsSrv.URL}
+	s.resolveRegion(t.Context())
+	if s.cfg.Region != "" || s.regionErr == nil {
+		t.Fatalf("resolveRegion with IMDS down: region %q, %v; want none and why", s.cfg.Region, s.regionErr)
+	}
+	cw := &regionLaterCloudWatch{setup: s}
+	in := &cloudwatch.PutMetricDataInput{Namespace: aws.String("SpotGuard"), MetricData: []cwtypes.MetricDatum{{MetricName: aws.String("AgentUp"), Value: aws.Float64(1)}}}
+	var mr *aws.MissingRegionError
+	if _, err := cw.PutMetricData(t.Context(), in); !errors.As(err, &mr) {
+		t.Fatalf("PutMetricData with IMDS down = %v; want a missing region", err)
+	}
+	up.Store(true)
+	if _, err := cw.PutMetricData(t.Context(), in); err != nil {
+		t.Fatalf("PutMetricData once IMDS answers = %v; want it sent", err)
+	}
+	if _, err := cw.PutMetricData(t.Context(), in); err != nil {
+		t.Fatalf("PutMetricData again = %v", err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if !slices.Equal(regions, []string{"eu-west-1", "eu-west-1"}) {
+		t.Errorf("CloudWatch calls signed for regions %v; want eu-west-1 twice, the region IMDS gave", regions)
 	}
 }

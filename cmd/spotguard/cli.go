@@ -9,6 +9,7 @@ import (
 	"os/signal"
 	"runtime/debug"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -328,6 +329,10 @@ func runAgent(ctx context.Context, args, environ []string, stdout, stderr io.Wri
 	}
 	notify := systemd.NewNotifier(env["NOTIFY_SOCKET"])
 	defer notify.Close()
+	cwClient := cloudWatchClient(cfg, awsCfg)
+	if cwClient != nil && awsCfg.Region == "" && setup.regionErr != nil {
+		cwClient = &regionLaterCloudWatch{setup: setup, every: regionRetryEvery}
+	}
 
 	a, err := agent.New(cfg, agent.Deps{
 		Logger:  log,
@@ -352,7 +357,7 @@ func runAgent(ctx context.Context, args, environ []string, stdout, stderr io.Wri
 			}
 			return g, nil
 		},
-		CloudWatch:       cloudWatchClient(cfg, awsCfg),
+		CloudWatch:       cwClient,
 		Notify:           notify,
 		WatchdogInterval: watchdog,
 		Signals:          sigs,
@@ -412,4 +417,42 @@ func cloudWatchClient(cfg *agent.Config, awsCfg aws.Config) metrics.PutMetricDat
 		return nil
 	}
 	return cloudwatch.NewFromConfig(awsCfg)
+}
+
+// regionLaterCloudWatch is the CloudWatch client of an agent that had no region at start (IMDS
+// down or slow then): each call until one is had asks IMDS placement/region again, at most every
+// regionRetryEvery, and fails as a call without a region does. (Found from outside: CloudWatch
+// failed for the agent's whole life, though IMDS answered seconds later.)
+type regionLaterCloudWatch struct {
+	setup awsSetup // with no region
+	mu    sync.Mutex
+	api   metrics.PutMetricDataAPI // once the region is had
+	next  time.Time                // when IMDS is asked again
+	err   error                    // why the region is not had yet
+	every time.Duration            // regionRetryEvery; 0 in tests: every call
+}
+
+// regionRetryEvery is how often a regionLaterCloudWatch asks IMDS for the region.
+const regionRetryEvery = 30 * time.Second
+
+func (l *regionLaterCloudWatch) PutMetricData(ctx context.Context, in *cloudwatch.PutMetricDataInput, optFns ...func(*cloudwatch.Options)) (*cloudwatch.PutMetricDataOutput, error) {
+	l.mu.Lock()
+	api := l.api
+	if api == nil && !time.Now().Before(l.next) {
+		s := l.setup
+		s.regionErr = nil
+		s.resolveRegion(ctx)
+		if s.cfg.Region != "" {
+			l.api = cloudwatch.NewFromConfig(s.cfg)
+			api = l.api
+		} else {
+			l.next, l.err = time.Now().Add(l.every), s.needRegion()
+		}
+	}
+	err := l.err
+	l.mu.Unlock()
+	if api == nil {
+		return nil, fmt.Errorf("%w: %w", &aws.MissingRegionError{}, err)
+	}
+	return api.PutMetricData(ctx, in, optFns...)
 }
