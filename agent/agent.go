@@ -420,11 +420,32 @@ func (a *Agent) agentDatums(now time.Time) []metrics.Datum {
 	return ds
 }
 
-// baseDimensions are every CloudWatch datum's dimensions: the instance, once known.
+// identityQuickRead bounds baseDimensions' own read of the instance's identity.
+const identityQuickRead = 500 * time.Millisecond
+
+// baseDimensions are every CloudWatch datum's dimensions: the instance, once known. Before the
+// identity's own fetch has it, each flush tries one quick read: IMDS that failed since the start
+// answers a notice's first read as it comes back, seconds before that fetch's backoff ends, and
+// the notice's datums went without their instance, missed by the alarms per instance and per
+// instance type (found from outside).
 func (a *Agent) baseDimensions() map[string]string {
 	a.mu.Lock()
-	defer a.mu.Unlock()
-	return map[string]string{"InstanceId": a.identity.InstanceID, "InstanceType": a.identity.InstanceType}
+	id := a.identity
+	a.mu.Unlock()
+	if id.InstanceID == "" && a.deps.IMDS != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), identityQuickRead)
+		got, err := imds.ReadIdentity(ctx, a.deps.IMDS)
+		cancel()
+		if err == nil {
+			a.mu.Lock()
+			if a.identity.InstanceID == "" {
+				a.identity = got
+			}
+			id = a.identity
+			a.mu.Unlock()
+		}
+	}
+	return map[string]string{"InstanceId": id.InstanceID, "InstanceType": id.InstanceType}
 }
 
 // Config returns the configuration in force.

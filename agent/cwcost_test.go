@@ -460,3 +460,51 @@ func TestCloudWatchCostTableMatchesDocs(t *testing.T) {
 		})
 	}
 }
+
+// A notice that comes as IMDS comes back, IMDS having failed since the start, is sent to
+// CloudWatch with the instance's dimensions: the identity's own fetch, in its backoff, had them
+// seconds later, and the notice's datums went without, missed by the alarms per instance and per
+// instance type (found from outside, 4 of 4).
+func TestNoticeAsIMDSComesBackHasTheInstancesDimensions(t *testing.T) {
+	cw := &recordingCW{}
+	var fake *fakeIMDS
+	tr := startShTrainer(t, true)
+	ta := startAgentWith(t, func(d *Deps) {
+		d.CloudWatch = cw
+		fake = d.IMDS.(*fakeIMDS)
+		fake.del("instance-id") // down, for the identity
+	}, "SPOTGUARD_TRAINER_PIDFILE="+tr.pidfile)
+	<-time.After(2500 * time.Millisecond) // the identity's fetch well into its backoff (2 s at most)
+	fake.set("instance-id", "i-0abc")
+	ta.imds.set("spot/instance-action", spotBody)
+	ta.waitState(t, "spot/terminate", StateTrainerSignalled)
+	eventually(t, "the notice's datum sent to CloudWatch", func() bool {
+		cw.mu.Lock()
+		defer cw.mu.Unlock()
+		for _, c := range cw.calls {
+			for _, d := range c.data {
+				if d.name == "Notices" {
+					return true
+				}
+			}
+		}
+		return false
+	})
+	cw.mu.Lock()
+	defer cw.mu.Unlock()
+	perInstance := false // besides the copy aggregated by InstanceType (metrics.cloudwatch_aggregate)
+	for _, c := range cw.calls {
+		for _, d := range c.data {
+			if d.name != "Notices" {
+				continue
+			}
+			perInstance = perInstance || slices.Contains(d.dims, "InstanceId=i-0abc")
+			if !slices.Contains(d.dims, "InstanceType=p5.48xlarge") {
+				t.Errorf("Notices datum with dimensions %v; want InstanceType=p5.48xlarge", d.dims)
+			}
+		}
+	}
+	if !perInstance {
+		t.Errorf("no Notices datum with InstanceId=i-0abc: %+v", cw.calls)
+	}
+}

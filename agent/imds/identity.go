@@ -73,6 +73,23 @@ func FetchIdentity(ctx context.Context, g Getter, log zerolog.Logger) (Identity,
 }
 
 // readIdentityValue reads one identity value and checks it looks like one.
+// ReadIdentity reads the instance's identity once, without retries: an error if any of it cannot
+// be read now.
+func ReadIdentity(ctx context.Context, g Getter) (Identity, error) {
+	var id Identity
+	for _, f := range []struct {
+		path string
+		dst  *string
+	}{{"instance-id", &id.InstanceID}, {"instance-type", &id.InstanceType}, {"placement/availability-zone", &id.AvailabilityZone}} {
+		v, err := readIdentityValue(ctx, g, f.path)
+		if err != nil {
+			return Identity{}, err
+		}
+		*f.dst = v
+	}
+	return id, nil
+}
+
 func readIdentityValue(ctx context.Context, g Getter, path string) (string, error) {
 	rctx, cancel := context.WithTimeout(ctx, identityRequestTimeout)
 	defer cancel()
