@@ -728,7 +728,12 @@ func (c *Config) loadYAML(data []byte, path string, byKey map[string]field) {
 	if err := dec.Decode(&doc); errors.Is(err, io.EOF) {
 		return // empty file
 	} else if err != nil {
-		c.fileProblem(fmt.Errorf("%s: not valid YAML: %w", path, err))
+		hint := ""
+		if strings.Contains(err.Error(), "did not find expected alphabetic or numeric character") {
+			// An alias to YAML: pattern: *.pt (found from outside, with the docs' own example).
+			hint = " (a value that begins with *, &, !, |, >, % or @ must be quoted: pattern: '*.pt')"
+		}
+		c.fileProblem(fmt.Errorf("%s: not valid YAML: %w%s", path, err, hint))
 		c.fileUnread = true
 		return
 	}
@@ -762,7 +767,7 @@ func (c *Config) loadYAML(data []byte, path string, byKey map[string]field) {
 		}
 		sections[section] = root.Content[i].Line
 		if !knownSection(section) {
-			c.fileProblem(fmt.Errorf("%s: unknown section %s (line %d): the sections are %s", path, section,
+			c.fileProblem(fmt.Errorf("%s: unknown section %s (line %d): the sections are %s", path, shownName(section),
 				root.Content[i].Line, strings.Join(configSections(), ", ")))
 			continue
 		}
@@ -782,12 +787,22 @@ func (c *Config) loadYAML(data []byte, path string, byKey map[string]field) {
 			}
 			keys[key] = k.Line
 			f, known := byKey[key]
-			if !known {
-				c.problems = append(c.problems, fmt.Errorf("%s: unknown key (%s line %d)", key, path, k.Line))
+			switch {
+			case !known && k.Value == "<<":
+				c.problems = append(c.problems, fmt.Errorf("%s: YAML merge keys (<<: *anchor) are not supported (%s line %d): write each key", key, path, k.Line))
 				continue
-			}
-			if v.Kind != yaml.ScalarNode {
+			case !known:
+				c.problems = append(c.problems, fmt.Errorf("%s: unknown key (%s line %d)", shownName(key), path, k.Line))
+				continue
+			case v.Kind == yaml.AliasNode:
+				c.problems = append(c.problems, fmt.Errorf("%s: YAML anchors and aliases (*name) are not supported (%s line %d): write the value; one that begins with * is quoted ('*.pt')", key, path, v.Line))
+				continue
+			case v.Kind != yaml.ScalarNode:
 				c.problems = append(c.problems, fmt.Errorf("%s: want a single value (%s line %d)", key, path, v.Line))
+				continue
+			case strings.HasPrefix(v.Tag, "!") && !strings.HasPrefix(v.Tag, "!!"):
+				// marker: !done is a tag and an empty value to YAML (found from outside).
+				c.problems = append(c.problems, fmt.Errorf("%s: %s is a YAML tag (%s line %d): quote a value that begins with ! ('%s')", key, v.Tag, path, v.Line, v.Tag))
 				continue
 			}
 			value := v.Value
@@ -797,6 +812,17 @@ func (c *Config) loadYAML(data []byte, path string, byKey map[string]field) {
 			c.apply(f, value, fmt.Sprintf("%s:%d", path, v.Line))
 		}
 	}
+}
+
+// shownName is a section or key name for a problem: quoted when it holds what cannot be seen (a
+// byte-order mark in the middle of a file, two files joined; found from outside).
+func shownName(name string) string {
+	for _, r := range name {
+		if !unicode.IsPrint(r) || r == '\ufeff' {
+			return strconv.Quote(name)
+		}
+	}
+	return name
 }
 
 // fileProblem records a problem with the config file as a whole (not YAML, an unknown section),

@@ -392,6 +392,25 @@ trainer:
 	}
 }
 
+// YAML's own syntax met in a value is said for what it is (found from outside): an unquoted
+// pattern: *.pt (the docs' own example) is an alias, marker: !done a tag and an empty value, and
+// anchors, aliases and merge keys are not supported; a byte-order mark in a section's name (two
+// files joined) is shown.
+func TestYAMLSyntaxInValuesIsSaid(t *testing.T) {
+	for _, tt := range []struct{ text, want string }{
+		{"checkpoint:\n  pattern: *.pt\n", "a value that begins with *, &, !, |, >, % or @ must be quoted: pattern: '*.pt'"},
+		{"checkpoint:\n  marker: !done\n", "checkpoint.marker: !done is a YAML tag"},
+		{"imds:\n  poll_interval: &p 1s\n  spot_poll_interval: *p\n", "imds.spot_poll_interval: YAML anchors and aliases (*name) are not supported"},
+		{"d: &d\n  poll_interval: 1s\nimds:\n  <<: *d\n", "imds.<<: YAML merge keys (<<: *anchor) are not supported"},
+		{"imds:\n  poll_interval: 1s\n\ufefflog:\n  level: info\n", `unknown section "\ufefflog"`},
+	} {
+		err := mustLoad(t, LoadOptions{Path: writeConfig(t, tt.text), Environ: []string{"SPOTGUARD_TRAINER_PIDFILE=/x"}}).Validate()
+		if err == nil || !strings.Contains(err.Error(), tt.want) {
+			t.Errorf("Validate(%q) = %v; want %q", tt.text, err, tt.want)
+		}
+	}
+}
+
 // A configuration file that is not YAML (or sets a key twice) leaves its keys unknown: the
 // problem is the file, not a trainer nobody said how to find. (Found from outside: a reload with
 // a syntax error reported both.)
