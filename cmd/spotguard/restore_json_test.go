@@ -234,8 +234,8 @@ func TestListCheckFindsSizesAndRestoreFindsBytes(t *testing.T) {
 		code, _, stderr := runCLI(t, t.Context(), env, "list", "--config", cfgPath, "--check")
 		return code, stderr
 	}
-	if code, stderr := listCheck(); code != exitOK {
-		t.Fatalf("Got(list --check) of a sound commit exit %d; want 0\n%s", code, stderr)
+	if code, stderr := listCheck(); code != exitOK || !strings.Contains(stderr, "spotguard list: check: passed: 1 commit(s) of job j") {
+		t.Fatalf("Got(list --check) of a sound commit exit %d; want 0, saying it passed\n%s", code, stderr)
 	}
 
 	model := filepath.Join(store, "j", "step-000100", m.Commit, "model.pt")
@@ -254,7 +254,7 @@ func TestListCheckFindsSizesAndRestoreFindsBytes(t *testing.T) {
 	if err := os.WriteFile(model, []byte("w"), 0o644); err != nil { // another size
 		t.Fatal(err)
 	}
-	if code, stderr := listCheck(); code != exitFail || !strings.Contains(stderr, "I2: commit step-000100/"+m.Commit+" lists j/step-000100/"+m.Commit+"/model.pt with 7 bytes; the object has 1") {
+	if code, stderr := listCheck(); code != exitFail || strings.Contains(stderr, "passed") || !strings.Contains(stderr, "I2: commit step-000100/"+m.Commit+" lists j/step-000100/"+m.Commit+"/model.pt with 7 bytes; the object has 1") {
 		t.Errorf("Got(list --check) of a file of another size exit %d\n%s\nwant 1 and I2 naming it", code, stderr)
 	}
 }
