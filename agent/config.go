@@ -516,6 +516,10 @@ func parsePollInterval(v string) (time.Duration, error) {
 // checkEndpoint accepts an absolute http or https URL with a host and nothing after it but a
 // path.
 func checkEndpoint(v string) error {
+	if v != "" && !strings.Contains(v, "://") {
+		// 127.0.0.1:1338 did not parse, and the error did not say why (found from outside).
+		return fmt.Errorf("want an http:// or https:// URL: http://%s?", v)
+	}
 	u, err := url.Parse(v)
 	switch {
 	case err != nil:

@@ -183,6 +183,7 @@ func TestValidateBadValues(t *testing.T) {
 		{"SPOTGUARD_IMDS_SPOT_POLL_INTERVAL=6s", "imds.spot_poll_interval: \"6s\" from SPOTGUARD_IMDS_SPOT_POLL_INTERVAL: want 100ms to 5s"},
 		{"SPOTGUARD_IMDS_ENDPOINT=not a url", "imds.endpoint: \"not a url\" from SPOTGUARD_IMDS_ENDPOINT: want an http:// or https:// URL"},
 		{"SPOTGUARD_IMDS_ENDPOINT=169.254.169.254", "imds.endpoint: \"169.254.169.254\""},
+		{"SPOTGUARD_IMDS_ENDPOINT=127.0.0.1:1338", "imds.endpoint: \"127.0.0.1:1338\" from SPOTGUARD_IMDS_ENDPOINT: want an http:// or https:// URL: http://127.0.0.1:1338?"},
 		{"SPOTGUARD_IMDS_ENDPOINT=ftp://x", "want an http:// or https:// URL"},
 		{"SPOTGUARD_IMDS_ENDPOINT=http://", "want a host"},
 		{"SPOTGUARD_IMDS_ENDPOINT=http://127.0.0.1:99999", "imds.endpoint: \"http://127.0.0.1:99999\" from SPOTGUARD_IMDS_ENDPOINT: port 99999: want 1 to 65535"},
