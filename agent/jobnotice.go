@@ -33,7 +33,7 @@ const MaxJobDeadlineAhead = 31 * 24 * time.Hour
 func CheckJobDeadline(d, now time.Time) error {
 	switch {
 	case d.After(now.Add(MaxJobDeadlineAhead)):
-		return fmt.Errorf("is more than %s ahead: not a notice's deadline", MaxJobDeadlineAhead)
+		return fmt.Errorf("is more than %d days ahead: not a notice's deadline", int(MaxJobDeadlineAhead/(24*time.Hour)))
 	case d.Year() < 2000:
 		return errors.New("is before 2000: not a notice's deadline (a time never set?); one already past is due now: give the time the instance goes (the current time if it goes now)")
 	}
