@@ -15,7 +15,7 @@ export CGO_CFLAGS
 .PHONY: demo help build test test-unit test-e2e bench bench-s3 bench-scale soak lint fuzz tools clean install uninstall deb
 
 help: ## list the targets
-	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_-]+:.*## / {printf "  %-10s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_-]+:.*## / {printf "  %-12s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 build: ## build bin/spotguard
 	go build -ldflags "-X main.version=$(VERSION)" -o $(BIN) ./cmd/spotguard
