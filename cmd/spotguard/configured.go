@@ -34,7 +34,9 @@ func configured(cfg *agent.Config, path string, stderr io.Writer) int {
 	if _, err := os.Stat(path); errors.Is(err, fs.ErrNotExist) {
 		what = "there is no " + path
 	}
-	fmt.Fprintf(stderr, "spotguard config: not configured yet: %s (nor does a SPOTGUARD_* variable or a flag set a key): "+
+	// At notice priority: the expected state of an install not configured yet, not an error in
+	// journalctl -p err (found from outside).
+	fmt.Fprintf(atPriority(stderr, 5), "spotguard config: not configured yet: %s (nor does a SPOTGUARD_* variable or a flag set a key): "+
 		"set trainer.* (and checkpoint.dir, store.url, store.job), check it with `spotguard config`, "+
 		"then `systemctl enable --now spotguard`\n", what)
 	return exitFail

@@ -311,3 +311,25 @@ func TestConfigWarningsInTheJournal(t *testing.T) {
 		t.Errorf("stderr under journald:\n%s\nwant the warning at <4>", b)
 	}
 }
+
+// `config --configured` (spotguard.service's ExecCondition=) says an install not configured yet
+// at notice priority under journald: the expected state, not an error in journalctl -p err (found
+// from outside).
+func TestConfigNotConfiguredYetIsANoticeInTheJournal(t *testing.T) {
+	stderr := createFile(t, "stderr")
+	cfgPath := filepath.Join(t.TempDir(), "spotguard.yaml")
+	if err := os.WriteFile(cfgPath, []byte("# nothing set yet\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	args := []string{"config", "--configured", "--config", cfgPath}
+	if code := run(t.Context(), args, []string{"JOURNAL_STREAM=" + journalStreamOf(t, stderr)}, io.Discard, stderr); code != exitFail {
+		t.Fatalf("config --configured, nothing set: exit %d; want %d", code, exitFail)
+	}
+	b, err := os.ReadFile(stderr.Name())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasPrefix(string(b), "<5>spotguard config: not configured yet: ") {
+		t.Errorf("stderr under journald:\n%s\nwant the line at <5>", b)
+	}
+}
