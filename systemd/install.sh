@@ -172,6 +172,7 @@ install_mounts() {
 	/*) ;;
 	*)
 		say "skipped    $mounts_dropin: the restore's destination \"$dest\" is not an absolute path"
+		say_stale_dropin
 		return 1
 		;;
 	esac
@@ -179,6 +180,7 @@ install_mounts() {
 	*[[:space:]\"\'\\]*)
 		say "skipped    $mounts_dropin: the restore's destination \"$dest\" has white space, quotes or"
 		say "           backslashes; order spotguard-restore.service after its mount yourself (systemctl edit)"
+		say_stale_dropin
 		return 1
 		;;
 	esac
@@ -193,6 +195,15 @@ install_mounts() {
 	if put "$tmp" "$mounts_dropin" 644; then rc=0; fi
 	rm -f "$tmp"
 	return $rc
+}
+
+# say_stale_dropin says that the mounts drop-in written before, if any, is left as it was: it
+# names the destination of before, not the one skipped (found from outside: it was left silently,
+# and the run ended "nothing to do").
+say_stale_dropin() {
+	if [ -f "$mounts_dropin" ]; then
+		say "           left as it was: the drop-in there still says $(grep '^RequiresMountsFor=' "$mounts_dropin" | tail -n 1)"
+	fi
 }
 
 install_config() {

@@ -452,6 +452,17 @@ func TestInstallRestoreMounts(t *testing.T) {
 		t.Errorf("with RESTORE_TO set, RequiresMountsFor=%s; want RESTORE_TO", got)
 	}
 
+	// A RESTORE_TO that is not an absolute path: the drop-in is left as it was, and it says so,
+	// naming what it still says (found from outside: left silently).
+	if err := os.WriteFile(envfile, []byte("RESTORE_TO=ckpt\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out = mustInstall(t, dest, "--binary", bin)
+	if got := requires(); got != "/mnt/scratch/ckpt" || !strings.Contains(out, "is not an absolute path") ||
+		!strings.Contains(out, "left as it was: the drop-in there still says RequiresMountsFor=/mnt/scratch/ckpt") {
+		t.Errorf("with a relative RESTORE_TO, RequiresMountsFor=%s; want it untouched, and said:\n%s", got, out)
+	}
+
 	// A configuration that does not load: the drop-in is left as it was, and it says why.
 	os.Remove(envfile)
 	if err := os.WriteFile(conf, []byte("checkpoint:\n  dir: [\n"), 0o644); err != nil {
