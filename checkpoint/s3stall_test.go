@@ -42,13 +42,19 @@ func stallStoreTimeouts(t *testing.T, handler http.Handler, ln net.Listener, sta
 	}
 	srv.Start()
 	t.Cleanup(srv.Close)
-	cfg := aws.Config{Region: "us-east-1", BaseEndpoint: aws.String(srv.URL),
+	return openTestS3(t, srv.URL).(*S3Store)
+}
+
+// openTestS3 opens s3://bucket/p at endpoint, with static credentials.
+func openTestS3(t *testing.T, endpoint string) Store {
+	t.Helper()
+	cfg := aws.Config{Region: "us-east-1", BaseEndpoint: aws.String(endpoint),
 		Credentials: aws.NewCredentialsCache(credentials.NewStaticCredentialsProvider("k", "s", ""))}
 	s, err := OpenStore("s3://bucket/p", cfg, S3Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	return s.(*S3Store)
+	return s
 }
 
 // A ranged read whose body stops coming (the server went quiet mid-answer) is cut after
@@ -309,13 +315,7 @@ func TestS3CertificateNotTrustedIsNotRetried(t *testing.T) {
 	srv.Config.ErrorLog = log.New(io.Discard, "", 0) // the handshakes it refuses
 	srv.StartTLS()
 	t.Cleanup(srv.Close)
-	cfg := aws.Config{Region: "us-east-1", BaseEndpoint: aws.String(srv.URL),
-		Credentials: aws.NewCredentialsCache(credentials.NewStaticCredentialsProvider("k", "s", ""))}
-	s, err := OpenStore("s3://bucket/p", cfg, S3Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, _, err = s.GetBytes(t.Context(), "job/LATEST")
+	_, _, err := openTestS3(t, srv.URL).GetBytes(t.Context(), "job/LATEST")
 	if err == nil || !strings.Contains(err.Error(), "x509: certificate signed by unknown authority") {
 		t.Fatalf("GetBytes over a certificate not trusted = %v; want x509's error", err)
 	}

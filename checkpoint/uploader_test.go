@@ -191,7 +191,13 @@ func (r *uploaderRig) waitCommittedAll(names ...string) map[string]UploadEvent {
 // whatever it is).
 func (r *uploaderRig) waitEvent(kind UploadEventKind, name string) UploadEvent {
 	r.t.Helper()
-	timeout := time.After(20 * time.Second)
+	return r.waitEventWithin(kind, name, 20*time.Second)
+}
+
+// waitEventWithin is waitEvent that waits up to within.
+func (r *uploaderRig) waitEventWithin(kind UploadEventKind, name string, within time.Duration) UploadEvent {
+	r.t.Helper()
+	timeout := time.After(within)
 	for {
 		select {
 		case ev := <-r.events:
@@ -199,7 +205,7 @@ func (r *uploaderRig) waitEvent(kind UploadEventKind, name string) UploadEvent {
 				return ev
 			}
 		case <-timeout:
-			r.t.Fatalf("no event %d for checkpoint %s within 20 s", kind, name)
+			r.t.Fatalf("no event %d for checkpoint %s within %v\n%s", kind, name, within, r.logs)
 		}
 	}
 }
@@ -2849,18 +2855,7 @@ func TestUploaderSaysHowFarALongCommitIs(t *testing.T) {
 		}
 		writeCheckpoint(t, dir, "step-1", files)
 		sendReady(t, events, dir, "step-1", append(slices.Sorted(maps.Keys(files)), "_COMPLETE")...)
-		timeout := time.After(5 * time.Minute) // of the bubble's clock: the commit takes 100 s
-	wait:
-		for {
-			select {
-			case ev := <-r.events:
-				if ev.Kind == CheckpointCommitted && ev.Checkpoint == "step-1" {
-					break wait
-				}
-			case <-timeout:
-				t.Fatalf("step-1 not committed in 5 minutes:\n%s", r.logs)
-			}
-		}
+		r.waitEventWithin(CheckpointCommitted, "step-1", 5*time.Minute) // of the bubble's clock: the commit takes 100 s
 		var said []map[string]any
 		for line := range strings.Lines(r.logs.String()) {
 			var l map[string]any

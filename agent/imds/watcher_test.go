@@ -693,15 +693,7 @@ func TestRunSaysAnUnhealthySourceAtErrorOnce(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		h := start(t, Config{Sources: []Source{SourceRebalance}, PollInterval: time.Second}, 16)
 		defer h.stop(t)
-		first := h.next(t)
-		first.fail()
-		for {
-			c := h.next(t)
-			c.fail()
-			if c.at.Sub(first.at) > 2*HealthWindow {
-				break
-			}
-		}
+		h.answerPastHealthWindow(t, (*call).fail)
 		synctest.Wait()
 		if got := len(h.logs.lines(t, "error", msgUnhealthy, SourceRebalance)); got != 1 {
 			t.Errorf("%d Error lines for a source failing past HealthWindow; want 1\n%s", got, h.logs)
@@ -715,6 +707,21 @@ func TestRunSaysAnUnhealthySourceAtErrorOnce(t *testing.T) {
 	})
 }
 
+// answerPastHealthWindow answers every read with answer until twice HealthWindow has passed since
+// the first.
+func (h *harness) answerPastHealthWindow(t *testing.T, answer func(*call)) {
+	t.Helper()
+	first := h.next(t)
+	answer(first)
+	for {
+		c := h.next(t)
+		answer(c)
+		if c.at.Sub(first.at) > 2*HealthWindow {
+			return
+		}
+	}
+}
+
 // A spot answer that cannot be read is acted on as a notice 2 minutes out: its error line says so,
 // not that its notices are not seen (found from outside).
 func TestRunSaysAnUnreadableSpotAnswerIsActedOn(t *testing.T) {
@@ -722,15 +729,7 @@ func TestRunSaysAnUnreadableSpotAnswerIsActedOn(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		h := start(t, Config{Sources: []Source{SourceSpot}, PollInterval: time.Second}, 64)
 		defer h.stop(t)
-		first := h.next(t)
-		first.ok("<html>not json</html>")
-		for {
-			c := h.next(t)
-			c.ok("<html>not json</html>")
-			if c.at.Sub(first.at) > 2*HealthWindow {
-				break
-			}
-		}
+		h.answerPastHealthWindow(t, func(c *call) { c.ok("<html>not json</html>") })
 		synctest.Wait()
 		if got := len(h.logs.lines(t, "error", msg, SourceSpot)); got != 1 {
 			t.Errorf("%d Error lines %q for a spot answer unreadable past HealthWindow; want 1\n%s", got, msg, h.logs)
