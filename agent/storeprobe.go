@@ -225,6 +225,10 @@ func StoreFix(reason, url string, err error) string {
 		}
 	case StoreDenied:
 		if err != nil && (strings.Contains(err.Error(), "credentials") || strings.Contains(err.Error(), "no EC2 IMDS role")) {
+			if proxyWithoutIMDS() {
+				// The notices bypass the proxy; the SDK's credentials do not (found from outside).
+				return "no AWS credentials: HTTPS_PROXY (or HTTP_PROXY) is set and NO_PROXY does not name 169.254.169.254, so the SDK asks IMDS for the instance profile's credentials through the proxy: add NO_PROXY=169.254.169.254 for the service"
+			}
 			return "no AWS credentials: attach an instance profile (IAM role) to the instance, or set AWS_PROFILE / AWS_ACCESS_KEY_ID for the service"
 		}
 		switch code {
@@ -253,6 +257,26 @@ func StoreFix(reason, url string, err error) string {
 	default:
 		return "check store.url and the AWS settings (spotguard config; aws s3 ls " + url + ")"
 	}
+}
+
+// proxyWithoutIMDS reports whether a proxy is set for the SDK's requests with NO_PROXY not
+// naming IMDS's address.
+func proxyWithoutIMDS() bool {
+	proxy := false
+	for _, k := range []string{"HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy"} {
+		proxy = proxy || os.Getenv(k) != ""
+	}
+	if !proxy {
+		return false
+	}
+	for _, k := range []string{"NO_PROXY", "no_proxy"} {
+		for _, h := range strings.Split(os.Getenv(k), ",") {
+			if h = strings.TrimSpace(h); h == "*" || h == "169.254.169.254" || h == "169.254.0.0/16" {
+				return false
+			}
+		}
+	}
+	return true
 }
 
 // endpointPath returns the environment variable that sets the S3 endpoint (AWS_ENDPOINT_URL_S3,

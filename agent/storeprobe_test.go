@@ -449,3 +449,24 @@ func TestStoreFixNamesAnEndpointWithAPath(t *testing.T) {
 		t.Errorf("StoreFix with AWS_ENDPOINT_URL with a path = %q; want it named", got)
 	}
 }
+
+// No credentials behind a proxy whose NO_PROXY leaves out IMDS: the fix names NO_PROXY (found from
+// outside: the notices bypass the proxy, the SDK's credentials did not, and the fix said to attach
+// an instance profile, which was attached).
+func TestStoreFixNamesNoProxyForCredentials(t *testing.T) {
+	err := errors.New("get credentials: failed to refresh cached credentials, no EC2 IMDS role found")
+	for _, k := range []string{"HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "NO_PROXY", "no_proxy"} {
+		t.Setenv(k, "")
+	}
+	if got := StoreFix(StoreDenied, "s3://b/runs", err); !strings.Contains(got, "attach an instance profile") {
+		t.Errorf("StoreFix without a proxy = %q; want the instance profile", got)
+	}
+	t.Setenv("HTTPS_PROXY", "http://proxy.internal:3128")
+	if got := StoreFix(StoreDenied, "s3://b/runs", err); !strings.Contains(got, "add NO_PROXY=169.254.169.254") {
+		t.Errorf("StoreFix behind a proxy = %q; want NO_PROXY named", got)
+	}
+	t.Setenv("NO_PROXY", "localhost, 169.254.169.254")
+	if got := StoreFix(StoreDenied, "s3://b/runs", err); !strings.Contains(got, "attach an instance profile") {
+		t.Errorf("StoreFix behind a proxy that IMDS bypasses = %q; want the instance profile", got)
+	}
+}
