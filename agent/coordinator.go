@@ -1389,7 +1389,7 @@ func (c *Coordinator) noticesChanged(cfg *Config) {
 			if ns.Source == SourceJob {
 				// The trainer sent it: it is writing a checkpoint for it, and a stop waits for
 				// that checkpoint as for one the agent signalled.
-				n.SignalledAt = ns.detectedAt
+				n.SignalledAt, n.Posted = ns.detectedAt, true
 			}
 			un = append(un, n)
 		}

@@ -259,6 +259,8 @@ type Uploader struct {
 	// trainer was last signalled for one (a stop waits for the checkpoint it writes).
 	active     []ActiveNotice
 	lastSignal time.Time
+	// lastSignalPosted: lastSignal is a job notice's post (ActiveNotice.Posted), not a signal.
+	lastSignalPosted bool
 	// reach is how long the trainer took, at the last signal whose save was committed, from the
 	// signal to that save's first file (its step boundary): part of every forecast since.
 	reach   time.Duration
@@ -349,6 +351,9 @@ type ActiveNotice struct {
 	// SignalledAt is when the trainer was signalled for it (zero: not signalled): a stop waits
 	// for the checkpoint the trainer writes after it (its marker, then its commit).
 	SignalledAt time.Time
+	// Posted: the trainer posted it (a job notice), and SignalledAt is when; no signal reached
+	// the trainer, so its save's time to begin tells nothing of its answer to one (no reach).
+	Posted bool
 }
 
 // genState is where a generation is.
@@ -1047,6 +1052,7 @@ func (u *Uploader) handleNotices() {
 		}
 		if n.SignalledAt.After(u.lastSignal) {
 			u.lastSignal, u.signalAnswered, u.answeredBy = n.SignalledAt, false, ""
+			u.lastSignalPosted = n.Posted
 			u.trainerAbsent, u.trainerGone = 0, false
 			u.answeredByKnown()
 		}
@@ -3593,7 +3599,9 @@ func (u *Uploader) handleCommit(ctx context.Context, r commitResult) {
 		u.journal.add(journalLine{Op: journalDone, Checkpoint: g.name, Commit: g.commit, At: u.placeOf(m)})
 		u.sayVanished(g, m)
 		ev := UploadEvent{Kind: CheckpointCommitted, Checkpoint: g.name, At: time.Now(), Manifest: m}
-		if s := u.lastSignal; !s.IsZero() && u.answeredBy == g.name && !g.firstFileAt.Before(s) && g.firstFileAt.Sub(s) < reachMax {
+		if s := u.lastSignal; !s.IsZero() && !u.lastSignalPosted && u.answeredBy == g.name && !g.firstFileAt.Before(s) && g.firstFileAt.Sub(s) < reachMax {
+			// (Not a job notice's post: found from outside, the wait for the trainer's next
+			// periodic save after `spotguard notify` was counted as its answer to a signal.)
 			// A save begun after the trainer was signalled: how long it took to begin. The first
 			// one after the signal is its answer; one the trainer made later on its own (a
 			// periodic save minutes after) is not.

@@ -3127,3 +3127,31 @@ func TestUploaderHintsAtAMarkerOfAnotherName(t *testing.T) {
 		t.Errorf("MarkerHint = %q once the checkpoint completed with its own marker; want none", h)
 	}
 }
+
+// A job notice's post is no signal: the trainer's save after it does not give the forecast the
+// time the trainer took to answer a signal (found from outside: the wait for the trainer's next
+// periodic save after `spotguard notify` was counted in every forecast until the next signal).
+func TestUploaderForecastTakesNoReachFromAPostedNotice(t *testing.T) {
+	for _, posted := range []bool{false, true} {
+		t.Run(fmt.Sprintf("posted=%v", posted), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				dir := t.TempDir()
+				// Sends take time, as on a real link: a forecast needs a throughput.
+				r, events := startUploaderFed(t, dir, slowPutStore{memStore: newMemStore(), d: time.Second}, UploaderConfig{})
+				r.up.SetNotices([]ActiveNotice{{Key: "job/terminate", SignalledAt: time.Now(), Posted: posted}})
+				<-time.After(5 * time.Second) // the trainer's step, to its save
+				writeCheckpoint(t, dir, "step-1", map[string][]byte{"a.bin": randomBytes(t, 1<<10)})
+				sendReady(t, events, dir, "step-1", "a.bin", "_COMPLETE")
+				ev := r.waitCommitted("step-1")
+				switch {
+				case ev.Forecast <= 0:
+					t.Errorf("forecast %v; want one", ev.Forecast)
+				case !posted && ev.Forecast < 5*time.Second:
+					t.Errorf("forecast %v after a signal answered 5 s later; want the 5 s in it", ev.Forecast)
+				case posted && ev.Forecast >= 5*time.Second:
+					t.Errorf("forecast %v after a posted notice; want no time taken for the trainer's answer to a signal", ev.Forecast)
+				}
+			})
+		})
+	}
+}
