@@ -254,7 +254,7 @@ var fields = []field{
 		c.Checkpoint.Pattern = v
 		return nil
 	}},
-	{"checkpoint.keep", "0", "committed checkpoints to keep in the store, newest first (0 keeps all); the one LATEST names is never deleted", func(c *Config, v string) error {
+	{"checkpoint.keep", "0", "committed checkpoints to keep in the store, newest first (0 keeps all); the one LATEST names is never deleted; while a notice is in force (a rebalance recommendation too) nothing is deleted, up to keep+20, and the store may hold that many", func(c *Config, v string) error {
 		n, err := strconv.Atoi(v)
 		if err != nil || n < 0 {
 			return errors.New("want a whole number, 0 or more")
