@@ -489,3 +489,39 @@ func TestSymbolicLinkForAMomentAfterTheMarkerDoesNotWithholdForGood(t *testing.T
 		t.Errorf("step-1, withheld until then, committed with forecast %v, throughput %v; want no forecast, and its throughput", ev.Forecast, ev.Throughput)
 	}
 }
+
+// A committed checkpoint the trainer deletes (rotation) says nothing at Info of its marker; one
+// whose marker is removed before its commit does (found from outside: "marker removed; the
+// checkpoint is no longer complete" made a sixth of a day's log, for rotation alone).
+func TestMarkerRemovedIsSaidOnlyBeforeTheCommit(t *testing.T) {
+	s := &markerGateStore{memStore: newMemStore(), reached: make(chan struct{}), release: make(chan struct{})}
+	dir := t.TempDir()
+	w, err := NewWatcher(WatchConfig{Dir: dir, Pattern: "*.pt", Debounce: 30 * time.Millisecond, Logger: zerolog.Nop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := newUploaderRigAt(t, dir, s, UploaderConfig{}, zerolog.InfoLevel)
+	r.run(w)
+	const said = "marker removed before the commit"
+	writeCheckpoint(t, dir, "step-1", map[string][]byte{"a.bin": randomBytes(t, 1<<10)})
+	<-s.reached // its marker is being sent: not committed yet
+	if err := os.Remove(filepath.Join(dir, "step-1", "_COMPLETE")); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(20 * time.Second); !strings.Contains(r.logs.String(), said); <-time.After(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("no line %q within 20 s of the marker removed before the commit:\n%s", said, r.logs)
+		}
+	}
+	close(s.release)
+	writeCheckpoint(t, dir, "step-2", map[string][]byte{"a.bin": randomBytes(t, 1<<10)})
+	r.waitCommitted("step-2")
+	if err := os.RemoveAll(filepath.Join(dir, "step-2")); err != nil {
+		t.Fatal(err)
+	}
+	writeCheckpoint(t, dir, "step-3", map[string][]byte{"a.bin": randomBytes(t, 1<<10)})
+	r.waitCommitted("step-3") // after step-2's deletion was seen
+	if n := strings.Count(r.logs.String(), said); n != 1 {
+		t.Errorf("%d lines %q; want 1, for step-1 alone (step-2 was committed before it was deleted):\n%s", n, said, r.logs)
+	}
+}

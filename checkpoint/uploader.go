@@ -2118,6 +2118,9 @@ func (u *Uploader) handleWatch(ctx context.Context, ev WatchEvent) {
 			u.fileVanished(g, ev.Path, f)
 		}
 		if ev.Path == u.cfg.Marker || g.single {
+			if g.complete && !g.single {
+				u.log.Info().Str("checkpoint", g.name).Msg("marker removed before the commit; the checkpoint is no longer complete, and waits for its marker again")
+			}
 			u.markerGone(g)
 		}
 		u.markDirty(g)

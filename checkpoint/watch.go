@@ -311,7 +311,7 @@ func NewWatcher(cfg WatchConfig) (*Watcher, error) {
 //     renamed inside its checkpoint is a FileGone of the old path and a new file at the new one
 //     (FileReady after its debounce). Removing the marker of a complete checkpoint (or renaming
 //     it away, or it no longer being a file that can be reported) gives FileGone with Path the
-//     marker and an Info log line "marker removed; the checkpoint is no longer complete"; a
+//     marker and a Debug log line "marker removed; the checkpoint is no longer complete"; a
 //     marker that appears again gives another Complete, and so does the marker of a complete
 //     checkpoint written again (another version of it: its checkpoint is read again at once). Removing a checkpoint directory with
 //     everything in it (rm -r) gives a FileGone for each reported file and for the marker, then
@@ -922,7 +922,9 @@ func (r *watchRun) unreport(rel string) {
 // markerGone handles the marker of the complete checkpoint name going away.
 func (r *watchRun) markerGone(name string, c *watchCkpt) {
 	c.complete = false
-	r.log.Info().Str("checkpoint", name).Msg("marker removed; the checkpoint is no longer complete")
+	// Debug: the uploader says it where it matters, a checkpoint not committed yet; the trainer
+	// deleting committed checkpoints made a sixth of the log of this line (found from outside).
+	r.log.Debug().Str("checkpoint", name).Msg("marker removed; the checkpoint is no longer complete")
 	r.emit(WatchEvent{Kind: FileGone, Checkpoint: name, Path: r.marker})
 }
 

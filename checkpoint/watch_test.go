@@ -1087,8 +1087,8 @@ func TestWatchFileGone(t *testing.T) {
 		if got, want := watchFormat(h.barrier()), "[FileGone step-1 _COMPLETE 0, FileReady step-1 _COMPLETE.old 0]"; got != want {
 			t.Errorf("events = %s; want %s", got, want)
 		}
-		if n := len(h.logs.lines(t, "info", "marker removed; the checkpoint is no longer complete")); n != 1 {
-			t.Errorf("info lines about the marker = %d; want 1\n%s", n, h.logs)
+		if n := len(h.logs.lines(t, "debug", "marker removed; the checkpoint is no longer complete")); n != 1 {
+			t.Errorf("debug lines about the marker = %d; want 1\n%s", n, h.logs)
 		}
 		// While it is not complete, files are not "changed after complete".
 		if n := len(h.logs.lines(t, "warn", watchMsgChanged)); n != 0 {
