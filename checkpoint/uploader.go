@@ -3603,11 +3603,11 @@ func (u *Uploader) handleCommit(ctx context.Context, r commitResult) {
 		u.sayVanished(g, m)
 		ev := UploadEvent{Kind: CheckpointCommitted, Checkpoint: g.name, At: time.Now(), Manifest: m}
 		if s := u.lastSignal; !s.IsZero() && !u.lastSignalPosted && u.answeredBy == g.name && !g.firstFileAt.Before(s) && g.firstFileAt.Sub(s) < reachMax {
-			// (Not a job notice's post: found from outside, the wait for the trainer's next
-			// periodic save after `spotguard notify` was counted as its answer to a signal.)
 			// A save begun after the trainer was signalled: how long it took to begin. The first
 			// one after the signal is its answer; one the trainer made later on its own (a
-			// periodic save minutes after) is not.
+			// periodic save minutes after) is not. A job notice's post is no signal (found from
+			// outside: the wait for the trainer's next periodic save after `spotguard notify` was
+			// counted as its answer to one).
 			if d := g.firstFileAt.Sub(s); !u.reachOf.Equal(s) || d < u.reach {
 				u.reach, u.reachOf = d, s
 			}
