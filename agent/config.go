@@ -164,7 +164,7 @@ type field struct {
 // fields lists every configuration key. It drives defaults, the YAML keys, the SPOTGUARD_* names,
 // the flags, `spotguard config` and the README's reference table.
 var fields = []field{
-	{"imds.endpoint", "", "IMDS endpoint URL (http:// or https://, e.g. http://[fd00:ec2::254] for IPv6); empty uses the SDK's (AWS_EC2_METADATA_SERVICE_ENDPOINT or http://169.254.169.254); the AWS region is read from it too", func(c *Config, v string) error {
+	{"imds.endpoint", "", "IMDS endpoint URL (http:// or https://, e.g. http://[fd00:ec2::254] for IPv6); empty uses the SDK's (AWS_EC2_METADATA_SERVICE_ENDPOINT or http://169.254.169.254); the AWS region and the instance profile's credentials are read from it too", func(c *Config, v string) error {
 		c.IMDS.Endpoint = ""
 		if v == "" {
 			return nil

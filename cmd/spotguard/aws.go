@@ -43,7 +43,14 @@ var regionPattern = regexp.MustCompile(`^[a-z]{2}(-[a-z0-9]+)+-[0-9]+$`)
 // profile that does not exist, a file that cannot be read). The region may still be "":
 // resolveRegion asks IMDS.
 func loadAWS(ctx context.Context, imdsEndpoint string) (awsSetup, error) {
-	cfg, err := awsconfig.LoadDefaultConfig(ctx)
+	var opts []func(*awsconfig.LoadOptions) error
+	if imdsEndpoint != "" {
+		// The instance profile's credentials from the IMDS the notices come from (found from
+		// outside: with imds.endpoint set, the SDK asked its own default for them, and the
+		// failure was said as the route to S3).
+		opts = append(opts, awsconfig.WithEC2IMDSEndpoint(imdsEndpoint))
+	}
+	cfg, err := awsconfig.LoadDefaultConfig(ctx, opts...)
 	if err != nil {
 		return awsSetup{cfg: envOnlyAWS(), imdsEndpoint: imdsEndpoint}, awsConfigError(err)
 	}

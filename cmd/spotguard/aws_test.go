@@ -13,6 +13,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/credentials"
@@ -167,5 +168,40 @@ func TestCloudWatchGetsTheRegionOnceIMDSAnswers(t *testing.T) {
 	defer mu.Unlock()
 	if !slices.Equal(regions, []string{"eu-west-1", "eu-west-1"}) {
 		t.Errorf("CloudWatch calls signed for regions %v; want eu-west-1 twice, the region IMDS gave", regions)
+	}
+}
+
+// With imds.endpoint set, the instance profile's credentials come from that IMDS, as the notices
+// and the region do (found from outside: the SDK asked its own default endpoint for them, and
+// the failure was said as the route to S3).
+func TestInstanceProfileCredentialsComeFromIMDSEndpoint(t *testing.T) {
+	for _, k := range []string{"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE", "AWS_EC2_METADATA_SERVICE_ENDPOINT",
+		"AWS_CONTAINER_CREDENTIALS_RELATIVE_URI", "AWS_CONTAINER_CREDENTIALS_FULL_URI", "AWS_WEB_IDENTITY_TOKEN_FILE", "AWS_EC2_METADATA_DISABLED"} {
+		t.Setenv(k, "")
+	}
+	t.Setenv("AWS_CONFIG_FILE", filepath.Join(t.TempDir(), "none"))
+	t.Setenv("AWS_SHARED_CREDENTIALS_FILE", filepath.Join(t.TempDir(), "none"))
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch {
+		case r.Method == http.MethodPut && r.URL.Path == "/latest/api/token":
+			w.Header().Set("X-Aws-Ec2-Metadata-Token-Ttl-Seconds", "21600")
+			fmt.Fprint(w, "token")
+		case r.URL.Path == "/latest/meta-data/iam/security-credentials/":
+			fmt.Fprint(w, "trainer-role")
+		case r.URL.Path == "/latest/meta-data/iam/security-credentials/trainer-role":
+			fmt.Fprintf(w, `{"Code": "Success", "Type": "AWS-HMAC", "AccessKeyId": "AKIAFROMTHEENDPOINT", "SecretAccessKey": "s", "Token": "t", "Expiration": %q}`,
+				time.Now().Add(time.Hour).UTC().Format(time.RFC3339))
+		default:
+			http.NotFound(w, r)
+		}
+	}))
+	t.Cleanup(srv.Close)
+	s, err := loadAWS(t.Context(), srv.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	creds, err := s.cfg.Credentials.Retrieve(t.Context())
+	if err != nil || creds.AccessKeyID != "AKIAFROMTHEENDPOINT" {
+		t.Errorf("credentials with imds.endpoint %s = %+v, %v; want the instance profile's from it", srv.URL, creds, err)
 	}
 }
