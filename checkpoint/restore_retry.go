@@ -165,6 +165,10 @@ func restoreTransient(err error) bool {
 		return false
 	case errors.Is(err, errStalled), errors.Is(err, io.ErrUnexpectedEOF):
 		return true
+	case certificateNotTrusted(err) == aws.FalseTernary:
+		// No try makes it trusted (found from outside: a restore retried an untrusted
+		// certificate for its 5 minutes, holding the trainer's start).
+		return false
 	}
 	if s3HTTPStatus(err) == http.StatusTooManyRequests {
 		return true
