@@ -203,6 +203,17 @@ func TestRestoreNoCreate(t *testing.T) {
 		t.Errorf("restore --no-create two levels down: exit %d, stderr %q", code, stderr)
 	}
 
+	// A link to a disk not mounted yet is said so: mkdir -p, the fix above, fails on it (found
+	// from outside).
+	link, target := filepath.Join(t.TempDir(), "ckpt"), filepath.Join(unmounted, "not-yet", "checkpoints")
+	if err := os.Symlink(target, link); err != nil {
+		t.Fatal(err)
+	}
+	code, _, stderr = runCLI(t, t.Context(), env, "restore", "--config", cfgPath, "--allow-empty", "--no-create", "--to", link)
+	if code != exitFail || !strings.Contains(stderr, "--to "+link+" is a symbolic link to "+target+", which does not exist: is the disk it leads to mounted?") || strings.Contains(stderr, "mkdir -p") {
+		t.Errorf("restore --no-create into a link to nowhere: exit %d, stderr %q; want 1 naming the link and where it leads", code, stderr)
+	}
+
 	// Interactive restore still creates it.
 	code, stdout, stderr := runCLI(t, t.Context(), env, "restore", "--config", cfgPath, "--allow-empty", "--to", to)
 	if code != exitOK || !strings.Contains(stdout, "nothing to restore") {

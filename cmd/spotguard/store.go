@@ -309,6 +309,12 @@ func checkRestoreTarget(dir string) error {
 	case !errors.Is(err, os.ErrNotExist):
 		return fmt.Errorf("--to %s: %w", dir, err)
 	}
+	if fi, err := os.Lstat(dir); err == nil && fi.Mode()&os.ModeSymlink != 0 {
+		// A link to a disk not mounted yet; mkdir -p, the fix below, fails on it (found from
+		// outside).
+		target, _ := os.Readlink(dir)
+		return fmt.Errorf("--to %s is a symbolic link to %s, which does not exist: is the disk it leads to mounted? If it is, create %s (--no-create: not creating it)", dir, target, target)
+	}
 	parent := filepath.Dir(dir)
 	if _, err := os.Stat(parent); err != nil {
 		return fmt.Errorf("--to %s does not exist, nor does %s: is the disk it belongs on mounted? (--no-create: not creating it)", dir, parent)
