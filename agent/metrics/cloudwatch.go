@@ -24,8 +24,9 @@ const (
 	// retries included.
 	periodicCallTimeout = 20 * time.Second
 	// finalFlushTimeout bounds the flush Run makes after its context ended: a stop waits for it
-	// (docs/hardening.md: 2 s more at most).
-	finalFlushTimeout = 2 * time.Second
+	// (docs/hardening.md: a stop within 2 s, all of it; 2 s here came to 2.33 s, seen from
+	// outside).
+	finalFlushTimeout = 1500 * time.Millisecond
 	// retryBackoffBase and retryBackoffMax shape the waits between the retries of a notice
 	// or final flush: exponential from 100 ms, at most 1 s, with equal jitter.
 	retryBackoffBase = 100 * time.Millisecond
@@ -254,7 +255,7 @@ func (c *CloudWatch) FlushNow() {
 // Interval, and on FlushNow in a goroutine of its own so that a slow periodic flush never
 // delays a notice flush. A notice flush in progress when ctx ends is finished (bounded by
 // its timeouts and retries); a periodic one is cut and what it had not sent is sent by the
-// final flush: one last flush of everything buffered, bounded by 2 s. Run returns only
+// final flush: one last flush of everything buffered, bounded by 1.5 s. Run returns only
 // after its goroutines have exited. It must not be called again before a previous call
 // has returned.
 func (c *CloudWatch) Run(ctx context.Context) error {

@@ -31,7 +31,7 @@ type mode int
 const (
 	modePeriodic mode = iota // every Interval: one call per batch, the SDK's retries
 	modeNotice               // on FlushNow: NoticeCallTimeout per attempt, NoticeRetries
-	modeFinal                // after Run's context ended: as notice, within 2 s in all
+	modeFinal                // after Run's context ended: as notice, within 1.5 s in all
 )
 
 func (m mode) String() string {
