@@ -245,6 +245,10 @@ func StoreFix(reason, url string, err error) string {
 	case StoreThrottled:
 		return "S3 is throttling this prefix: lower store.concurrency, spread jobs over prefixes, or wait; retries go on"
 	case StoreNetwork:
+		if err != nil && (strings.Contains(err.Error(), "x509: certificate is valid for") || strings.Contains(err.Error(), "doesn't contain any IP SANs")) {
+			// Trusted, for another name: no CA to add (found from outside).
+			return "the store's certificate is for another host name than the endpoint's (x509 says which it names): give the endpoint by the name the certificate is for in AWS_ENDPOINT_URL_S3 (or AWS_ENDPOINT_URL), or get a certificate that names the host used"
+		}
 		if err != nil && (strings.Contains(err.Error(), "x509: ") || strings.Contains(err.Error(), "tls: failed to verify certificate")) {
 			return "the store's TLS certificate is not trusted: for a private CA (an S3-compatible server, a proxy that inspects TLS), give the service its CA in SSL_CERT_FILE (or AWS_CA_BUNDLE), or add it to the system's roots (update-ca-certificates); see docs/s3.md"
 		}

@@ -105,6 +105,8 @@ func TestStoreErrorSummaryAndFix(t *testing.T) {
 		// A certificate not trusted is no route to fix, nor is plain HTTP behind https:// (found from outside).
 		{StoreNetwork, "s3://b", errors.New(`Get "https://127.0.0.1:9000/b": tls: failed to verify certificate: x509: certificate signed by unknown authority`), "SSL_CERT_FILE (or AWS_CA_BUNDLE)"},
 		{StoreNetwork, "s3://b", errors.New(`Get "https://127.0.0.1:9000/b": http: server gave HTTP response to HTTPS client`), "use http:// in AWS_ENDPOINT_URL_S3"},
+		// Trusted, for another name: not a CA to add (found from outside).
+		{StoreNetwork, "s3://b", errors.New(`Get "https://s3.internal:9000/b": tls: failed to verify certificate: x509: certificate is valid for minio.internal, not s3.internal`), "the store's certificate is for another host name"},
 		{StoreThrottled, "s3://b", nil, "store.concurrency"},
 		{StoreChanged, "s3://b", nil, "store.job"},
 		{StoreDenied, "file:///mnt/ckpt", nil, "cannot write /mnt/ckpt"},
