@@ -531,9 +531,9 @@ func checkEndpoint(v string) error {
 	case u.RawQuery != "" || u.Fragment != "" || u.User != nil:
 		return errors.New("want no user, query or fragment")
 	}
-	if p := u.Port(); p != "" {
+	if p := u.Port(); p != "" || strings.HasSuffix(u.Host, ":") {
 		if n, err := strconv.Atoi(p); err != nil || n < 1 || n > 65535 {
-			return fmt.Errorf("port %s: want 1 to 65535", p)
+			return fmt.Errorf("port %q: want 1 to 65535", p)
 		}
 	}
 	return nil
@@ -733,7 +733,7 @@ func (c *Config) loadYAML(data []byte, path string, byKey map[string]field) {
 		return // empty file
 	} else if err != nil {
 		hint := ""
-		if strings.Contains(err.Error(), "did not find expected alphabetic or numeric character") {
+		if strings.Contains(err.Error(), "did not find expected alphabetic or numeric character") || strings.Contains(err.Error(), "found character that cannot start any token") {
 			// An alias to YAML: pattern: *.pt (found from outside, with the docs' own example).
 			hint = " (a value that begins with *, &, !, |, >, % or @ must be quoted: pattern: '*.pt')"
 		}
@@ -965,6 +965,12 @@ func (c *Config) UnitWarnings() []Warning {
 		w = append(w, Warning{
 			Text: fmt.Sprintf("checkpoint.dir: %s is under /tmp or /var/tmp: under spotguard.service (PrivateTmp=yes) the agent has a /tmp of its own, where the trainer's checkpoints never appear", d),
 			Fix:  "put checkpoint.dir elsewhere (a disk, or the trainer's home); outside the unit this does not matter",
+		})
+	}
+	if d := c.Agent.RuntimeDir; filepath.IsAbs(d) && private(d) {
+		w = append(w, Warning{
+			Text: fmt.Sprintf("agent.runtime_dir: %s is under /tmp or /var/tmp: under spotguard.service (PrivateTmp=yes) the agent has a /tmp of its own, so a trainer reading %s there never finds it", d, NoticeFile),
+			Fix:  "leave agent.runtime_dir at /run/spotguard; outside the unit this does not matter",
 		})
 	}
 	if scheme, _, root, err := checkpoint.ParseStoreURL(c.Store.URL); err == nil && scheme == "file" && private(root) {

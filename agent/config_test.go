@@ -186,7 +186,8 @@ func TestValidateBadValues(t *testing.T) {
 		{"SPOTGUARD_IMDS_ENDPOINT=127.0.0.1:1338", "imds.endpoint: \"127.0.0.1:1338\" from SPOTGUARD_IMDS_ENDPOINT: want an http:// or https:// URL: http://127.0.0.1:1338?"},
 		{"SPOTGUARD_IMDS_ENDPOINT=ftp://x", "want an http:// or https:// URL"},
 		{"SPOTGUARD_IMDS_ENDPOINT=http://", "want a host"},
-		{"SPOTGUARD_IMDS_ENDPOINT=http://127.0.0.1:99999", "imds.endpoint: \"http://127.0.0.1:99999\" from SPOTGUARD_IMDS_ENDPOINT: port 99999: want 1 to 65535"},
+		{"SPOTGUARD_IMDS_ENDPOINT=http://127.0.0.1:99999", "imds.endpoint: \"http://127.0.0.1:99999\" from SPOTGUARD_IMDS_ENDPOINT: port \"99999\": want 1 to 65535"},
+		{"SPOTGUARD_IMDS_ENDPOINT=http://127.0.0.1:", "imds.endpoint: \"http://127.0.0.1:\" from SPOTGUARD_IMDS_ENDPOINT: port \"\": want 1 to 65535"},
 		// Multi-node jobs.
 		{"SPOTGUARD_STORE_NODE_RANK=1", "store.node_rank: \"1\" from SPOTGUARD_STORE_NODE_RANK must be less than store.world_nodes \"1\" from default: ranks are 0 to 0"},
 		{"SPOTGUARD_STORE_NODE_RANK=-1", "store.node_rank: \"-1\" from SPOTGUARD_STORE_NODE_RANK: want a whole number, 0 or more"},
@@ -400,6 +401,7 @@ trainer:
 func TestYAMLSyntaxInValuesIsSaid(t *testing.T) {
 	for _, tt := range []struct{ text, want string }{
 		{"checkpoint:\n  pattern: *.pt\n", "a value that begins with *, &, !, |, >, % or @ must be quoted: pattern: '*.pt'"},
+		{"checkpoint:\n  pattern: '@x'\n  marker: @done\n", "a value that begins with *, &, !, |, >, % or @ must be quoted"},
 		{"checkpoint:\n  marker: !done\n", "checkpoint.marker: !done is a YAML tag"},
 		{"imds:\n  poll_interval: &p 1s\n  spot_poll_interval: *p\n", "imds.spot_poll_interval: YAML anchors and aliases (*name) are not supported"},
 		{"d: &d\n  poll_interval: 1s\nimds:\n  <<: *d\n", "imds.<<: YAML merge keys (<<: *anchor) are not supported"},

@@ -95,16 +95,17 @@ func newDoctorRig(t *testing.T) *doctorRig {
 func TestDoctorWarnsOfTmpUnderTheUnit(t *testing.T) {
 	r := newDoctorRig(t)
 	r.deps.noUnitWarnings = false
-	_, out := r.run(t, "--checkpoint.dir", "/tmp/ckpt", "--store.url", "file:///var/tmp/store")
+	_, out := r.run(t, "--checkpoint.dir", "/tmp/ckpt", "--store.url", "file:///var/tmp/store", "--agent.runtime_dir", "/tmp/rt")
 	for _, want := range []string{
 		"WARN  config            checkpoint.dir: /tmp/ckpt is under /tmp or /var/tmp: under spotguard.service (PrivateTmp=yes)",
 		"WARN  config            store.url: file:///var/tmp/store is under /tmp or /var/tmp",
+		"WARN  config            agent.runtime_dir: /tmp/rt is under /tmp or /var/tmp",
 	} {
 		if !strings.Contains(out, want) {
 			t.Errorf("doctor with checkpoint.dir and store under /tmp:\n%s\nwant %q", out, want)
 		}
 	}
-	if _, out := r.run(t, "--checkpoint.dir", "/opt/ckpt", "--store.url", "file:///opt/store"); strings.Contains(out, "PrivateTmp") {
+	if _, out := r.run(t, "--checkpoint.dir", "/opt/ckpt", "--store.url", "file:///opt/store", "--agent.runtime_dir", "/run/spotguard"); strings.Contains(out, "PrivateTmp") {
 		t.Errorf("doctor with checkpoint.dir and store outside /tmp warned:\n%s", out)
 	}
 	path := filepath.Join(t.TempDir(), "c.yaml")
