@@ -277,6 +277,10 @@ func runAgent(ctx context.Context, args, environ []string, stdout, stderr io.Wri
 		for _, p := range strings.Split(err.Error(), "\n") {
 			fmt.Fprintf(stderr, "  - %s\n", p)
 		}
+		if cfg.File() == "" {
+			// Found from outside: a newcomer saw only "no way to find the trainer".
+			fmt.Fprintf(stderr, "  (there is no %s: defaults, SPOTGUARD_* variables and flags only)\n", cf.path)
+		}
 		return exitFail
 	}
 	// The level is the process's, so that a reload can change it (log.level is live).

@@ -343,6 +343,12 @@ func TestConfigSaysThereIsNoFile(t *testing.T) {
 			t.Errorf("config with %s there said:\n%s", agent.DefaultConfigPath, stdout)
 		}
 	}
+	if errors.Is(err, fs.ErrNotExist) { // run says so too, refusing what it lacks
+		_, _, stderr := runCLI(t, t.Context(), nil, "run")
+		if want := "(there is no " + agent.DefaultConfigPath + ": defaults, SPOTGUARD_* variables and flags only)"; !strings.Contains(stderr, want) {
+			t.Errorf("run without %s: stderr\n%s\nwant %q", agent.DefaultConfigPath, stderr, want)
+		}
+	}
 	path := filepath.Join(t.TempDir(), "spotguard.yaml")
 	os.WriteFile(path, []byte("trainer:\n  match: x\n"), 0o644)
 	if _, stdout, _ := runCLI(t, t.Context(), nil, "config", "--config", path); strings.Contains(stdout, "# no configuration file") {
