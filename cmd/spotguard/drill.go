@@ -490,6 +490,13 @@ func drill(ctx context.Context, p drillPlan, log zerolog.Logger, rep *drillRepor
 				return fail("the trainer was signalled but wrote nothing into --checkpoint-dir %s before the deadline: does it save there? "+
 					"(give it the directory, as in --trainer-cmd 'python train.py --ckpt %s', and make it save on %s)", p.ckDir, p.ckDir, trainer.SignalName(cfg.Trainer.Signal))
 			}
+			if entries, err := os.ReadDir(p.ckDir); err == nil {
+				if top, below := doctorMarkerBelow(p.ckDir, entries, cfg.Checkpoint.Marker); top != "" {
+					// Found from outside: the drill blamed size and speed.
+					return fail("the trainer wrote %s, below the top of %s, which it does not complete: --checkpoint-dir looks one level too high (give %s, and the same as checkpoint.dir)",
+						filepath.Join(top, below), filepath.Join(p.ckDir, top), filepath.Join(p.ckDir, top))
+				}
+			}
 			return late("the trainer was signalled but no complete checkpoint (marker %s) appeared before the deadline", cfg.Checkpoint.Marker)
 		}
 		if st := a.Status().Store; st != nil && st.LastUploadError != nil {

@@ -164,3 +164,24 @@ func TestDrillTrainerThatWritesNothingIsSaid(t *testing.T) {
 		t.Errorf("Got(drill --json) advice %v; want none: size and speed are not the cause", raw["advice"])
 	}
 }
+
+// A trainer that saves one level below --checkpoint-dir (run1/step-N/_COMPLETE) fails the drill
+// saying so, not as late with advice on size and speed (found from outside).
+func TestDrillCheckpointDirOneLevelTooHighIsSaid(t *testing.T) {
+	defer func(d time.Duration) { drillWindow = d }(drillWindow)
+	drillWindow = 5 * time.Second
+	dir := t.TempDir()
+	trainer := `sh -c 'trap "mkdir -p ` + dir + `/run1/step-1 && echo w > ` + dir + `/run1/step-1/w.bin && touch ` + dir + `/run1/step-1/_COMPLETE" USR1; while :; do sleep 0.1; done'`
+	code, stdout, stderr := runCLI(t, t.Context(), nil, "drill", "--config", emptyConfig(t), "--json", "--trainer-cmd", trainer, "--checkpoint-dir", dir)
+	var raw map[string]any
+	if err := json.Unmarshal([]byte(stdout), &raw); err != nil {
+		t.Fatalf("Got(drill --json) stdout %q: %v\nstderr: %s", stdout, err, stderr)
+	}
+	reason, _ := raw["reason"].(string)
+	if code != exitFail || !strings.Contains(reason, "run1/step-1/_COMPLETE, below the top of "+dir+"/run1") || !strings.Contains(reason, "looks one level too high") {
+		t.Errorf("Got(drill, a save one level down) exit %d, reason %q; want 1, saying --checkpoint-dir is one level too high", code, reason)
+	}
+	if _, ok := raw["advice"]; ok {
+		t.Errorf("Got(drill --json) advice %v; want none", raw["advice"])
+	}
+}
