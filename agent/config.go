@@ -845,12 +845,7 @@ var errJobRequired = errors.New("store.job: required with store.url: set it to t
 // run with.
 func (c *Config) Validate() error {
 	problems := append([]error(nil), c.problems...)
-	failed := map[string]bool{}
-	for _, p := range c.problems {
-		if k, _, ok := strings.Cut(p.Error(), ":"); ok {
-			failed[k] = true
-		}
-	}
+	failed := problemKeys(c.problems)
 	off := 0
 	for _, p := range c.Notices {
 		if p == PolicyOff {
@@ -889,6 +884,22 @@ func (c *Config) Validate() error {
 		problems = append(problems, fmt.Errorf("checkpoint.marker: %s must be a plain file name", c.valueFrom("checkpoint.marker")))
 	}
 	return errors.Join(problems...)
+}
+
+// InvalidKeys returns the keys whose values did not load (each named by a problem of
+// LoadProblems): what a check would see of them is their default, not what was meant.
+func (c *Config) InvalidKeys() map[string]bool { return problemKeys(c.problems) }
+
+// problemKeys returns what each of problems names first, before its colon: a key, a variable,
+// or the file.
+func problemKeys(problems []error) map[string]bool {
+	keys := map[string]bool{}
+	for _, p := range problems {
+		if k, _, ok := strings.Cut(p.Error(), ":"); ok {
+			keys[k] = true
+		}
+	}
+	return keys
 }
 
 // FileUnread reports whether the config file was there but not a YAML mapping of sections (it
@@ -1004,13 +1015,7 @@ func (c *Config) ValidateStore(uses ...string) error {
 	if c.Store.Job == "" && !slices.ContainsFunc(problems, func(p error) bool { return strings.HasPrefix(p.Error(), "store.job") }) {
 		problems = append(problems, errJobRequired)
 	}
-	failed := map[string]bool{}
-	for _, p := range problems {
-		if k, _, ok := strings.Cut(p.Error(), ":"); ok {
-			failed[k] = true
-		}
-	}
-	problems = append(problems, c.storeProblems(failed)...)
+	problems = append(problems, c.storeProblems(problemKeys(problems))...)
 	return errors.Join(problems...)
 }
 

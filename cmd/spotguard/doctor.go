@@ -150,12 +150,7 @@ func doctor(ctx context.Context, cf *configFlags, environ []string, deps doctorD
 		return rep
 	}
 	// A check of a key whose value is invalid would check its default instead: said, not run.
-	failed := map[string]bool{}
-	for _, p := range cfg.LoadProblems() {
-		if k, _, ok := strings.Cut(p.Error(), ":"); ok {
-			failed[k] = true
-		}
-	}
+	failed := cfg.InvalidKeys()
 	skip := func(name string, keys ...string) bool {
 		var bad []string
 		for k := range failed {
