@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"fmt"
 	"io"
 	"os"
 	"strconv"
@@ -9,6 +10,7 @@ import (
 	"sync"
 	"syscall"
 	"time"
+	"unicode"
 
 	"github.com/mattn/go-isatty"
 	"github.com/rs/zerolog"
@@ -184,9 +186,45 @@ func newLogger(w io.Writer, environ []string, level zerolog.Level) zerolog.Logge
 	case logJournal:
 		w = journalWriter{w}
 	case logConsole:
-		w = zerolog.ConsoleWriter{Out: w, TimeFormat: time.TimeOnly}
+		w = consoleWriter(w)
 	}
 	return zerolog.New(zerolog.SyncWriter(w)).Level(level).With().Timestamp().Logger()
+}
+
+// consoleWriter is zerolog's console format on out, with string values shown as they are:
+// zerolog quotes a value with a space, a quote or a backslash by strconv.Quote, which doubled
+// every backslash (found from outside: trainer.match's `train\.py` read `train\\.py` on a
+// terminal, though the JSON log and doctor showed it right). A value is still quoted when it has
+// a space, so that where it ends shows; only a value with a double quote or a control character
+// keeps Go's escapes, which are then needed to read it.
+func consoleWriter(out io.Writer) zerolog.ConsoleWriter {
+	return zerolog.ConsoleWriter{
+		Out:              out,
+		TimeFormat:       time.TimeOnly,
+		FormatFieldValue: consoleValue,
+		FormatErrFieldValue: func(i any) string {
+			s := consoleValue(i)
+			if os.Getenv("NO_COLOR") != "" {
+				return s
+			}
+			return "\x1b[31m\x1b[1m" + s + "\x1b[0m\x1b[0m" // red and bold, as zerolog's own
+		},
+	}
+}
+
+// consoleValue is a field's value on the console: a value zerolog quoted (strconv.Quote) is
+// shown between plain double quotes, its backslashes single, unless it holds a double quote or a
+// control character.
+func consoleValue(i any) string {
+	s := fmt.Sprint(i)
+	if len(s) < 2 || s[0] != '"' {
+		return s
+	}
+	raw, err := strconv.Unquote(s)
+	if err != nil || strings.ContainsFunc(raw, func(r rune) bool { return r == '"' || unicode.IsControl(r) }) {
+		return s
+	}
+	return `"` + raw + `"`
 }
 
 // logTimeFormat is the format of times in log lines (the line's "time", and time fields):

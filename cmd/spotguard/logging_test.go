@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"io/fs"
@@ -331,5 +332,34 @@ func TestConfigNotConfiguredYetIsANoticeInTheJournal(t *testing.T) {
 	}
 	if !strings.HasPrefix(string(b), "<5>spotguard config: not configured yet: ") {
 		t.Errorf("stderr under journald:\n%s\nwant the line at <5>", b)
+	}
+}
+
+// On a terminal, a value is shown as it is: a regular expression's backslashes were doubled by
+// zerolog's quoting (found from outside, trainer.match on `spotguard run` in a shell).
+func TestConsoleShowsValuesAsTheyAre(t *testing.T) {
+	t.Setenv("NO_COLOR", "1")
+	var buf bytes.Buffer
+	log := zerolog.New(consoleWriter(&buf))
+	log.Info().
+		Str("match", `python3 .*train\.py`).
+		Str("dir", `C:\ckpt`).
+		Str("quoted", `say "hi"`).
+		Str("tab", "a\tb").
+		Str("plain", "step-7").
+		Err(errors.New(`open /x\y: no such file`)).
+		Msg("found")
+	got := buf.String()
+	for _, want := range []string{
+		`match="python3 .*train\.py"`,
+		`dir="C:\ckpt"`,
+		`quoted="say \"hi\""`, // a quote inside keeps Go's escapes, else where it ends is lost
+		`tab="a\tb"`,
+		`plain=step-7`,
+		`error="open /x\y: no such file"`,
+	} {
+		if !strings.Contains(got, want) {
+			t.Errorf("console line lacks %s:\n%s", want, got)
+		}
 	}
 }
