@@ -46,6 +46,9 @@ type Deps struct {
 	// Notify sends sd_notify messages (READY, STATUS, WATCHDOG, STOPPING); nil or a no-op
 	// Notifier outside systemd.
 	Notify *systemd.Notifier
+	// UnderUnit says the agent runs under systemd (INVOCATION_ID is set): /healthz then also
+	// warns of what goes wrong only under the shipped units (Config.UnitWarnings).
+	UnderUnit bool
 	// WatchdogInterval is how often to ping systemd's watchdog (half WATCHDOG_USEC); 0: never.
 	WatchdogInterval time.Duration
 	// ProcRoot and CgroupRoot default to /proc and /sys/fs/cgroup.

@@ -151,6 +151,18 @@ func (a *Agent) health(now time.Time) healthVerdict {
 		v.warn(fmt.Sprintf("NVML has not answered for %s (since %s): a GPU or its driver hangs; GPU readings and verdicts stop until it answers (look for Xid errors in the kernel log)",
 			d, since.UTC().Format(time.RFC3339)), "NVML not answering for "+d.String())
 	}
+	// What the configuration's own warnings say at start is in the log once; /healthz says it as
+	// long as it holds (found from outside: a checkpoint.dir under /tmp, invisible to the agent
+	// under PrivateTmp=yes, was said only in the first lines of the journal).
+	cfg := a.cfg.Load()
+	warnings := cfg.Warnings()
+	if a.deps.UnderUnit {
+		warnings = append(warnings, cfg.UnitWarnings()...)
+	}
+	for _, w := range warnings {
+		key, _, _ := strings.Cut(w.Text, ":")
+		v.warn(w.Text+"; fix: "+w.Fix, "configuration: "+key)
+	}
 	a.mu.Lock()
 	pending := strings.Join(a.needRestart, ", ")
 	jobProblem := a.jobProblem

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"slices"
 	"strings"
 	"testing"
 	"testing/synctest"
@@ -104,6 +106,29 @@ func TestPProfOnlyWhenAsked(t *testing.T) {
 			if rec.Code != tc.want {
 				t.Errorf("Got(%q) GET %s = %d; want %d", tc.env, path, rec.Code, tc.want)
 			}
+		}
+	}
+}
+
+// The configuration's warnings were said only in the agent's first lines: /healthz says them, as
+// warnings (healthy), those of the shipped units' sandbox only under systemd.
+func TestHealthzSaysTheConfigurationsWarnings(t *testing.T) {
+	for _, underUnit := range []bool{false, true} {
+		runtime, err := os.MkdirTemp("/tmp", "spotguard-health-")
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { os.RemoveAll(runtime) })
+		ta := startAgentWith(t, func(d *Deps) { d.UnderUnit = underUnit },
+			"SPOTGUARD_TRAINER_PIDFILE=/nonexistent", "SPOTGUARD_AGENT_RUNTIME_DIR="+runtime, "SPOTGUARD_IMDS_SPOT_POLL_INTERVAL=5s")
+		v := ta.a.health(time.Now())
+		warnings := strings.Join(v.Warnings, "\n")
+		if !strings.Contains(warnings, "imds.spot_poll_interval: 5s: a spot notice may be seen 5s late") || !strings.Contains(warnings, "; fix: set imds.spot_poll_interval to") ||
+			!slices.Contains(v.short, "configuration: imds.spot_poll_interval") {
+			t.Errorf("under a unit %v: warnings %q, short %q; want the slow spot polling said, with its fix", underUnit, v.Warnings, v.short)
+		}
+		if got := strings.Contains(warnings, "agent.runtime_dir: "+runtime+" is under /tmp"); got != underUnit {
+			t.Errorf("under a unit %v: agent.runtime_dir under /tmp said %v; want %v: %q", underUnit, got, underUnit, v.Warnings)
 		}
 	}
 }

@@ -363,6 +363,7 @@ func runAgent(ctx context.Context, args, environ []string, stdout, stderr io.Wri
 		},
 		CloudWatch:       cwClient,
 		Notify:           notify,
+		UnderUnit:        env["INVOCATION_ID"] != "",
 		WatchdogInterval: watchdog,
 		Signals:          sigs,
 		Reload:           func() (*agent.Config, error) { return cf.load(environ) },
