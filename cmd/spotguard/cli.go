@@ -305,17 +305,26 @@ func runAgent(ctx context.Context, args, environ []string, stdout, stderr io.Wri
 		log.Warn().Msg(warning)
 		cfg.Metrics.CloudWatch = false
 	}
-	if err == nil {
+	// The region, when the SDK's sources name none, is the instance's: read from IMDS in the
+	// background, as everything that needs it (the store, CloudWatch) waits for it, so that
+	// notices are polled from the start (found from outside: with IMDS slow, the read held the
+	// start for its 5 s, with no notice polling and no READY=1 meanwhile).
+	// setup is the region read's until regionSet is closed; IMDS's client needs no region.
+	regionSet := make(chan struct{})
+	awsErr, imdsCfg := err, setup.cfg
+	go func() {
+		defer close(regionSet)
+		if awsErr != nil {
+			return
+		}
 		setup.resolveRegion(ctx)
-	}
-	switch {
-	case err != nil:
-	case setup.cfg.Region != "":
-		log.Info().Str("region", setup.cfg.Region).Str("from", setup.regionFrom).Msg("AWS region")
-	case strings.HasPrefix(cfg.Store.URL, "s3://") || cfg.Metrics.CloudWatch:
-		log.Warn().Err(setup.needRegion()).Msg("no AWS region: S3 and CloudWatch requests will fail")
-	}
-	awsCfg := setup.cfg
+		switch {
+		case setup.cfg.Region != "":
+			log.Info().Str("region", setup.cfg.Region).Str("from", setup.regionFrom).Msg("AWS region")
+		case strings.HasPrefix(cfg.Store.URL, "s3://") || cfg.Metrics.CloudWatch:
+			log.Warn().Err(setup.needRegion()).Msg("no AWS region: S3 and CloudWatch requests will fail")
+		}
+	}()
 	// The store's own AWS configuration (its bucket's region), decided once, in the background:
 	// S3 may take up to 10 s to say (or not answer at all), and IMDS is polled meanwhile.
 	var storeCfg aws.Config
@@ -323,6 +332,7 @@ func runAgent(ctx context.Context, args, environ []string, stdout, stderr io.Wri
 	storeSet := make(chan struct{})
 	go func() {
 		defer close(storeSet)
+		<-regionSet
 		s := setup
 		storeCfg, storeErr = storeAWS(context.WithoutCancel(ctx), &s, cfg.Store.URL, func(msg string) { log.Info().Str("store", cfg.Store.URL).Msg(msg) })
 	}()
@@ -333,15 +343,20 @@ func runAgent(ctx context.Context, args, environ []string, stdout, stderr io.Wri
 	}
 	notify := systemd.NewNotifier(env["NOTIFY_SOCKET"])
 	defer notify.Close()
-	cwClient := cloudWatchClient(cfg, awsCfg)
-	if cwClient != nil && awsCfg.Region == "" && setup.regionErr != nil {
-		cwClient = &regionLaterCloudWatch{setup: setup, every: regionRetryEvery}
+	var cwClient metrics.PutMetricDataAPI
+	if cfg.Metrics.CloudWatch {
+		cwClient = &afterRegionCloudWatch{set: regionSet, api: sync.OnceValue(func() metrics.PutMetricDataAPI {
+			if setup.cfg.Region == "" && setup.regionErr != nil {
+				return &regionLaterCloudWatch{setup: setup, every: regionRetryEvery}
+			}
+			return cloudwatch.NewFromConfig(setup.cfg)
+		})}
 	}
 
 	a, err := agent.New(cfg, agent.Deps{
 		Logger:  log,
 		Version: versionString(),
-		IMDS:    imds.NewClient(awsCfg, cfg.IMDS.Endpoint),
+		IMDS:    imds.NewClient(imdsCfg, cfg.IMDS.Endpoint),
 		OpenStore: func(url string, opts checkpoint.S3Options) (checkpoint.Store, error) {
 			if !strings.HasPrefix(url, "s3://") {
 				return checkpoint.OpenStore(url, aws.Config{}, opts)
@@ -414,14 +429,20 @@ func envMap(environ []string) map[string]string {
 	return m
 }
 
-// cloudWatchClient is the CloudWatch client, or nil when metrics.cloudwatch is off. Region and
-// credentials come from the SDK chain; when they cannot be had the sink says so once and the
-// agent runs on.
-func cloudWatchClient(cfg *agent.Config, awsCfg aws.Config) metrics.PutMetricDataAPI {
-	if !cfg.Metrics.CloudWatch {
-		return nil
+// afterRegionCloudWatch is the CloudWatch client of an agent whose region is read as it starts:
+// a call waits for that read (or its own ctx), then goes to api, decided once the read is over.
+type afterRegionCloudWatch struct {
+	set <-chan struct{} // closed once the start's region read is over
+	api func() metrics.PutMetricDataAPI
+}
+
+func (c *afterRegionCloudWatch) PutMetricData(ctx context.Context, in *cloudwatch.PutMetricDataInput, optFns ...func(*cloudwatch.Options)) (*cloudwatch.PutMetricDataOutput, error) {
+	select {
+	case <-c.set:
+	case <-ctx.Done():
+		return nil, fmt.Errorf("the instance's region is not read from IMDS yet: %w", ctx.Err())
 	}
-	return cloudwatch.NewFromConfig(awsCfg)
+	return c.api().PutMetricData(ctx, in, optFns...)
 }
 
 // regionLaterCloudWatch is the CloudWatch client of an agent that had no region at start (IMDS

@@ -1,10 +1,14 @@
 package e2e
 
 import (
+	"net/http"
 	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -108,5 +112,63 @@ func TestSignalOnlyWithUnusableProfile(t *testing.T) {
 	waitSignals(t, tp, 1)
 	if log := ap.log(t); !strings.Contains(log, "CloudWatch metrics are off (everything else runs)") {
 		t.Errorf("agent log does not say CloudWatch is off:\n%s", log)
+	}
+}
+
+// With IMDS slow to give the region (placement/region hangs), the agent polls notices and signals
+// the trainer from the start; the region, once IMDS gives it, still reaches CloudWatch. (Found
+// from outside: the region read held the start for its 5 s, with no notice polling meanwhile.)
+func TestSlowRegionReadDoesNotHoldTheNoticePath(t *testing.T) {
+	needPeers(t)
+	sim := newIMDS(t)
+	sim.startSpotTermination()
+	target, err := url.Parse(sim.endpoint())
+	if err != nil {
+		t.Fatal(err)
+	}
+	release := make(chan struct{})
+	var reads atomic.Int32     // placement/region reads begun
+	var firstEnded atomic.Bool // the first (the start's) has had its answer or given up
+	forward := httputil.NewSingleHostReverseProxy(target)
+	slow := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/latest/meta-data/placement/region" {
+			n := reads.Add(1)
+			select {
+			case <-release:
+			case <-r.Context().Done():
+			}
+			if n == 1 {
+				firstEnded.Store(true)
+			}
+		}
+		forward.ServeHTTP(w, r)
+	}))
+	defer slow.Close()
+	released := false
+	defer func() {
+		if !released {
+			close(release)
+		}
+	}()
+	cw := &fakeCloudWatch{got: make(chan struct{}, 1)}
+	cwSrv := httptest.NewServer(cw)
+	defer cwSrv.Close()
+
+	tp := startTrainer(t)
+	ap := startAgent(t, sim, "AWS_EC2_METADATA_SERVICE_ENDPOINT="+slow.URL, "SPOTGUARD_TRAINER_PIDFILE="+tp.pidfile,
+		"SPOTGUARD_NOTICES_REBALANCE=ignore", "SPOTGUARD_METRICS_CLOUDWATCH=true", "AWS_ENDPOINT_URL_CLOUDWATCH="+cwSrv.URL,
+		"AWS_ACCESS_KEY_ID=k", "AWS_SECRET_ACCESS_KEY=s", "AWS_CONFIG_FILE="+writeEmptyConfig(t), "AWS_SHARED_CREDENTIALS_FILE="+writeEmptyConfig(t))
+	waitSignals(t, tp, 1)
+	if firstEnded.Load() {
+		t.Fatalf("the trainer was signalled after the start's region read ended; want it signalled while that read still waits")
+	}
+	close(release)
+	released = true
+	eventually(t, 20*time.Second, "the notice's datums at CloudWatch", func() bool { return cw.seen("Notices") })
+	if !cw.signedFor("us-east-1") {
+		t.Errorf("CloudWatch requests not all signed for the simulator's us-east-1: %q", cw.auths)
+	}
+	if lines := ap.logLines(t, "AWS region"); len(lines) != 1 || lines[0]["region"] != "us-east-1" {
+		t.Errorf("log lines %q = %v; want region us-east-1 from IMDS", "AWS region", lines)
 	}
 }
