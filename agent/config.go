@@ -138,6 +138,8 @@ type Config struct {
 	// fileUnread is set when the config file is not a YAML mapping of sections, so that none of
 	// its keys was read.
 	fileUnread bool
+	// unread are keys the file likely meant to set under a misspelt name (InvalidKeys).
+	unread []string
 	// file is the config file read, "" when there was none (File).
 	file string
 }
@@ -761,6 +763,16 @@ func (c *Config) loadYAML(data []byte, path string, byKey map[string]field) {
 		return
 	}
 	sections, keys := map[string]int{}, map[string]int{}
+	// misspelt are the keys that a misspelt section or key likely meant: their values were not
+	// read (unless the file sets them too), which InvalidKeys says.
+	var misspelt []string
+	defer func() {
+		for _, key := range misspelt {
+			if keys[key] == 0 {
+				c.unread = append(c.unread, key)
+			}
+		}
+	}()
 	for i := 0; i+1 < len(root.Content); i += 2 {
 		section, body := root.Content[i].Value, root.Content[i+1]
 		if first, dup := sections[section]; dup {
@@ -771,8 +783,20 @@ func (c *Config) loadYAML(data []byte, path string, byKey map[string]field) {
 		}
 		sections[section] = root.Content[i].Line
 		if !knownSection(section) {
-			c.fileProblem(fmt.Errorf("%s: unknown section %s (line %d): the sections are %s", path, shownName(section),
-				root.Content[i].Line, strings.Join(configSections(), ", ")))
+			meant := closestName(section, configSections())
+			hint := ""
+			if meant != "" {
+				hint = "; did you mean " + meant + "?"
+				if body.Kind == yaml.MappingNode {
+					for j := 0; j+1 < len(body.Content); j += 2 {
+						if key := meant + "." + body.Content[j].Value; isKey(key) {
+							misspelt = append(misspelt, key)
+						}
+					}
+				}
+			}
+			c.fileProblem(fmt.Errorf("%s: unknown section %s (line %d): the sections are %s%s", path, shownName(section),
+				root.Content[i].Line, strings.Join(configSections(), ", "), hint))
 			continue
 		}
 		if body.Kind != yaml.MappingNode {
@@ -796,7 +820,12 @@ func (c *Config) loadYAML(data []byte, path string, byKey map[string]field) {
 				c.problems = append(c.problems, fmt.Errorf("%s: YAML merge keys (<<: *anchor) are not supported (%s line %d): write each key", key, path, k.Line))
 				continue
 			case !known:
-				c.problems = append(c.problems, fmt.Errorf("%s: unknown key (%s line %d)", shownName(key), path, k.Line))
+				hint := ""
+				if meant := closestName(k.Value, sectionKeys(section)); meant != "" {
+					hint = "; did you mean " + section + "." + meant + "?"
+					misspelt = append(misspelt, section+"."+meant)
+				}
+				c.problems = append(c.problems, fmt.Errorf("%s: unknown key (%s line %d)%s", shownName(key), path, k.Line, hint))
 				continue
 			case v.Kind == yaml.AliasNode:
 				c.problems = append(c.problems, fmt.Errorf("%s: YAML anchors and aliases (*name) are not supported (%s line %d): write the value; one that begins with * is quoted ('*.pt')", key, path, v.Line))
@@ -887,8 +916,15 @@ func (c *Config) Validate() error {
 }
 
 // InvalidKeys returns the keys whose values did not load (each named by a problem of
-// LoadProblems): what a check would see of them is their default, not what was meant.
-func (c *Config) InvalidKeys() map[string]bool { return problemKeys(c.problems) }
+// LoadProblems), and those that a misspelt section or key in the file likely meant (chekpoint:
+// dir: is checkpoint.dir): what a check would see of them is their default, not what was meant.
+func (c *Config) InvalidKeys() map[string]bool {
+	keys := problemKeys(c.problems)
+	for _, k := range c.unread {
+		keys[k] = true
+	}
+	return keys
+}
 
 // problemKeys returns what each of problems names first, before its colon: a key, a variable,
 // or the file.
@@ -1231,6 +1267,73 @@ func configSections() []string {
 		}
 	}
 	return out
+}
+
+// isKey reports whether key (section.name) is one of the configuration's.
+func isKey(key string) bool {
+	return slices.ContainsFunc(Keys(), func(k Key) bool { return k.Name == key })
+}
+
+// sectionKeys are the names of section's keys, without the section (dir, marker, ...).
+func sectionKeys(section string) []string {
+	var out []string
+	for _, k := range Keys() {
+		if sec, name, ok := strings.Cut(k.Name, "."); ok && sec == section {
+			out = append(out, name)
+		}
+	}
+	return out
+}
+
+// closestName returns the one of names that s most likely misspells: the same but for case, or
+// at most two letters added, dropped, changed or swapped in a name of four or more (one in a
+// shorter one); "" when none is, or two are as close.
+func closestName(s string, names []string) string {
+	best, bestD, tie := "", 3, false
+	for _, n := range names {
+		d := editDistance(strings.ToLower(s), n)
+		limit := 2
+		if len(n) < 4 {
+			limit = 1
+		}
+		switch {
+		case d > limit || d > bestD:
+		case d == bestD:
+			tie = true
+		default:
+			best, bestD, tie = n, d, false
+		}
+	}
+	if tie {
+		return ""
+	}
+	return best
+}
+
+// editDistance is the optimal string alignment distance between a and b (bytes): the letters
+// added, dropped, changed, or two neighbours swapped, to make one the other.
+func editDistance(a, b string) int {
+	d := make([][]int, len(a)+1)
+	for i := range d {
+		d[i] = make([]int, len(b)+1)
+		d[i][0] = i
+	}
+	for j := range d[0] {
+		d[0][j] = j
+	}
+	for i := 1; i <= len(a); i++ {
+		for j := 1; j <= len(b); j++ {
+			cost := 1
+			if a[i-1] == b[j-1] {
+				cost = 0
+			}
+			d[i][j] = min(d[i-1][j]+1, d[i][j-1]+1, d[i-1][j-1]+cost)
+			if i > 1 && j > 1 && a[i-1] == b[j-2] && a[i-2] == b[j-1] {
+				d[i][j] = min(d[i][j], d[i-2][j-2]+1)
+			}
+		}
+	}
+	return d[len(a)][len(b)]
 }
 
 // knownSection reports whether section is one of the configuration's.

@@ -497,3 +497,48 @@ func TestLoadRefusesAConfigurationThatIsNoFile(t *testing.T) {
 		}
 	}
 }
+
+// A misspelt section or key is refused, with the name it likely meant; the key it meant is among
+// InvalidKeys (its value was not read), unless the file sets it too. (Found from outside: doctor
+// checked the default of checkpoint.dir under a "chekpoint:" section and said none was set.)
+func TestMisspeltNamesSayWhatTheyLikelyMeant(t *testing.T) {
+	path := writeConfig(t, "chekpoint:\n  dir: /data/ckpt\n  marker: _DONE\nstore:\n  url: file:///data/store\n  jbo: run1\nimds:\n  Spot_Poll_Intervall: 1s\n  pol: 1s\nhttp:\n  listen: 127.0.0.1:9402\n  lisen: 127.0.0.1:9403\nqwerty:\n  a: b\n")
+	c := mustLoad(t, LoadOptions{Path: path})
+	problems := c.Validate().Error()
+	for _, want := range []string{
+		"unknown section chekpoint (line 1): the sections are imds, notices, trainer, checkpoint, store, http, agent, gpu, metrics, log; did you mean checkpoint?",
+		"store.jbo: unknown key (" + path + " line 6); did you mean store.job?",
+		"imds.Spot_Poll_Intervall: unknown key (" + path + " line 8); did you mean imds.spot_poll_interval?",
+		"imds.pol: unknown key (" + path + " line 9)\n", // two letters short of poll_interval: no guess
+		"http.lisen: unknown key (" + path + " line 12); did you mean http.listen?",
+		"unknown section qwerty (line 13): the sections are imds, notices, trainer, checkpoint, store, http, agent, gpu, metrics, log\n",
+	} {
+		if !strings.Contains(problems+"\n", want) {
+			t.Errorf("problems lack %q:\n%s", want, problems)
+		}
+	}
+	got := c.InvalidKeys()
+	for _, k := range []string{"checkpoint.dir", "checkpoint.marker", "store.job", "imds.spot_poll_interval"} {
+		if !got[k] {
+			t.Errorf("InvalidKeys() lacks %s: %v", k, got)
+		}
+	}
+	if got["http.listen"] || got["checkpoint.keep"] {
+		t.Errorf("InvalidKeys() = %v; want neither http.listen (set in the file) nor checkpoint.keep (not written)", got)
+	}
+}
+
+func TestClosestName(t *testing.T) {
+	names := []string{"dir", "marker", "pattern", "keep", "send_while_written"}
+	for s, want := range map[string]string{
+		"dri": "dir", "DIR": "dir", "markr": "marker", "makrer": "marker", "patern": "pattern", "kep": "keep",
+		"send_while_writen": "send_while_written", "mark": "marker", "keeper": "keep", "d": "", "x": "", "patterns_glob": "",
+	} {
+		if got := closestName(s, names); got != want {
+			t.Errorf("closestName(%q) = %q; want %q", s, got, want)
+		}
+	}
+	if got := closestName("ab", []string{"ac", "ad"}); got != "" {
+		t.Errorf("closestName(ab, [ac ad]) = %q; want none, two being as close", got)
+	}
+}

@@ -165,7 +165,7 @@ func doctor(ctx context.Context, cf *configFlags, environ []string, deps doctorD
 		}
 		slices.Sort(bad)
 		bad = slices.Compact(bad)
-		rep.add(name, doctorWarn, "not checked: the value of "+strings.Join(bad, ", ")+" is invalid (see config above), and its default is not what was meant",
+		rep.add(name, doctorWarn, "not checked: the value of "+strings.Join(bad, ", ")+" did not load (see config above), and its default is not what was meant",
 			"fix "+strings.Join(bad, ", ")+", then run spotguard doctor again")
 		return true
 	}

@@ -479,7 +479,7 @@ func TestDoctorRelativeCheckpointDir(t *testing.T) {
 	r := newDoctorRig(t)
 	code, out := r.run(t, "--checkpoint.dir", "h29/ck1")
 	if code == exitOK || strings.Contains(out, "the agent waits for it") || !strings.Contains(out, `checkpoint.dir: "h29/ck1" from --checkpoint.dir: must be an absolute path`) ||
-		!strings.Contains(out, "checkpoint.dir    not checked: the value of checkpoint.dir is invalid") {
+		!strings.Contains(out, "checkpoint.dir    not checked: the value of checkpoint.dir did not load") {
 		t.Errorf("doctor with a relative checkpoint.dir: exit %d\n%s", code, out)
 	}
 }
@@ -492,8 +492,8 @@ func TestDoctorDoesNotCheckTheDefaultsOfBadValues(t *testing.T) {
 	r := newDoctorRig(t)
 	code, out := r.run(t, "--store.url", "s3://b:9000/x", "--trainer.signal", "SIGNOPE")
 	for _, want := range []string{
-		"store             not checked: the value of store.url is invalid",
-		"trainer           not checked: the value of trainer.signal is invalid",
+		"store             not checked: the value of store.url did not load",
+		"trainer           not checked: the value of trainer.signal did not load",
 		"PASS  imds ", // the rest is checked
 	} {
 		if !strings.Contains(out, want) {
@@ -504,10 +504,20 @@ func TestDoctorDoesNotCheckTheDefaultsOfBadValues(t *testing.T) {
 		t.Errorf("doctor with a bad store.url: exit %d\n%s\nwant 1, and not \"no store.url\"", code, out)
 	}
 	code, out = r.run(t, "--imds.endpoint", "ftp://x")
-	if !strings.Contains(out, "imds              not checked: the value of imds.endpoint is invalid") || strings.Contains(out, "IMDSv2 session token refused") ||
+	if !strings.Contains(out, "imds              not checked: the value of imds.endpoint did not load") || strings.Contains(out, "IMDSv2 session token refused") ||
 		!strings.Contains(out, "PASS  cloudwatch        off") ||
 		!strings.Contains(out, "PASS  store ") { // a file:// store needs no IMDS
 		t.Errorf("doctor with a bad imds.endpoint: exit %d\n%s\nwant IMDS not checked, at no default address, and the file store checked", code, out)
+	}
+	// A misspelt section: its keys were not read, so their defaults are not checked.
+	misspelt := filepath.Join(t.TempDir(), "misspelt.yaml")
+	if err := os.WriteFile(misspelt, []byte("chekpoint:\n  dir: /data/ckpt\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	code, out = r.runConfig(t, misspelt)
+	if code == exitOK || !strings.Contains(out, "did you mean checkpoint?") ||
+		!strings.Contains(out, "checkpoint.dir    not checked: the value of checkpoint.dir did not load") {
+		t.Errorf("doctor with a misspelt section: exit %d\n%s\nwant the section's likely name, and checkpoint.dir not checked", code, out)
 	}
 	path := filepath.Join(t.TempDir(), "tabbed.yaml")
 	if err := os.WriteFile(path, []byte("store:\n  url: file:///tmp/x\n\tjob: j\n"), 0o644); err != nil {
