@@ -245,6 +245,12 @@ type drillPlan struct {
 // drill runs the story and fills rep; it reports whether it passed.
 func drill(ctx context.Context, p drillPlan, log zerolog.Logger, rep *drillReport) bool {
 	fail := func(format string, a ...any) bool {
+		if ctx.Err() != nil {
+			// Whatever the wait that SIGINT or SIGTERM cut short would have said (found from
+			// outside: a deadline missed, and advice on slow saves, 0.8 s into the drill).
+			rep.Reason, rep.late, rep.Cause, rep.storeFix = interruptedText(ctx), false, "", ""
+			return false
+		}
 		rep.Reason = fmt.Sprintf(format, a...)
 		return false
 	}

@@ -1,7 +1,9 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -183,5 +185,43 @@ func TestDrillCheckpointDirOneLevelTooHighIsSaid(t *testing.T) {
 	}
 	if _, ok := raw["advice"]; ok {
 		t.Errorf("Got(drill --json) advice %v; want none", raw["advice"])
+	}
+}
+
+// A drill that SIGINT or SIGTERM ends says so, with no verdict on the checkpoint's speed (found
+// from outside: "no complete checkpoint appeared before the deadline", and advice on slow
+// saves, for a drill stopped 0.8 s in).
+func TestDrillInterruptedSaysSo(t *testing.T) {
+	conf := emptyConfig(t)
+	dir := t.TempDir()
+	signalled := filepath.Join(dir, "signalled")
+	ctx, cancel := context.WithCancelCause(t.Context())
+	defer cancel(nil)
+	go func() {
+		deadline := time.Now().Add(60 * time.Second)
+		for time.Now().Before(deadline) {
+			if _, err := os.Stat(signalled); err == nil {
+				break
+			}
+			<-time.After(20 * time.Millisecond)
+		}
+		cancel(errors.New("interrupt signal received"))
+	}()
+	code, stdout, stderr := runCLI(t, ctx, nil, "drill", "--config", conf, "--json", "--checkpoint-dir", filepath.Join(dir, "ckpt"),
+		"--trainer-cmd", fmt.Sprintf(`sh -c 'trap "touch %s" USR1; while :; do sleep 0.05; done'`, signalled))
+	var rep struct {
+		Reason string   `json:"reason"`
+		Advice []string `json:"advice"`
+		Cause  string   `json:"cause"`
+	}
+	if err := json.Unmarshal([]byte(stdout), &rep); err != nil {
+		t.Fatalf("drill --json: %v\n%s\nstderr: %s", err, stdout, stderr)
+	}
+	if _, err := os.Stat(signalled); err != nil {
+		t.Fatalf("the trainer was not signalled before the drill was interrupted: %v\n%s", err, stderr)
+	}
+	if code != exitFail || rep.Reason != "interrupted (interrupt signal received)" || len(rep.Advice) != 0 || rep.Cause != "" {
+		t.Errorf("Got(drill, interrupted) exit %d, reason %q, advice %q, cause %q; want 1, \"interrupted (interrupt signal received)\", no advice and no cause",
+			code, rep.Reason, rep.Advice, rep.Cause)
 	}
 }

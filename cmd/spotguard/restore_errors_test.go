@@ -627,3 +627,18 @@ func restoreOnto(t *testing.T, files map[string]string) (cfgPath string, env []s
 	}
 	return cfgPath, env, to, local
 }
+
+// A list that SIGINT or SIGTERM ends says so, as restore does (found from outside: "context
+// canceled", from the S3 client).
+func TestListInterruptedSaysInterrupted(t *testing.T) {
+	store, cfgPath, env := restoreEnv(t)
+	commitForTest(t, store, "j", "step-000100", map[string][]byte{"model.pt": []byte("weights"), "_COMPLETE": nil})
+	ctx, cancel := context.WithCancelCause(t.Context())
+	cancel(errors.New("terminated signal received"))
+	var stdout, stderr bytes.Buffer
+	code := run(ctx, []string{"list", "--config", cfgPath}, env, &stdout, &stderr)
+	if want := "spotguard list: interrupted (terminated signal received)\n"; code != exitFail || !strings.Contains(stderr.String(), want) ||
+		strings.Contains(stderr.String(), "context canceled") {
+		t.Errorf("Got(list, interrupted) exit %d, stderr:\n%s\nwant 1 and %q, not \"context canceled\"", code, stderr.String(), want)
+	}
+}

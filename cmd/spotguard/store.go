@@ -419,6 +419,11 @@ func runList(ctx context.Context, args, environ []string, stdout, stderr io.Writ
 	if !slow.Stop() {
 		<-said // it fired: its line is written before any other
 	}
+	if err != nil && ctx.Err() != nil {
+		// Said as restore says it (found from outside: "context canceled" from the S3 client).
+		fmt.Fprintf(stderr, "spotguard list: %s\n", interruptedText(ctx))
+		return exitFail
+	}
 	if err != nil {
 		fmt.Fprintf(stderr, "spotguard list: %v\n", err)
 		storeHint(stderr, "list", cfg.Store.URL, err, "")
