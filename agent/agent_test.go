@@ -944,3 +944,18 @@ func TestStatusSaysTheVersion(t *testing.T) {
 		t.Errorf("/status = %s; want the version", body)
 	}
 }
+
+// A notice that signalled no one lists its signals as [] in /status, not null (found from
+// outside: a consumer's loop over them failed on exactly the notices an operator looks at).
+func TestStatusSignalsIsAListWhenNoneWasSignalled(t *testing.T) {
+	ta := startAgent(t, "SPOTGUARD_TRAINER_PIDFILE="+filepath.Join(t.TempDir(), "none.pid"))
+	ta.imds.set("spot/instance-action", spotBody)
+	ta.waitState(t, "spot/terminate", StateTrainerNotSignalled)
+	b, err := json.Marshal(ta.a.Status())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(b), `"signals":[]`) || strings.Contains(string(b), `"signals":null`) {
+		t.Errorf("/status of a notice that signalled no one: %s; want \"signals\":[]", b)
+	}
+}

@@ -1868,7 +1868,7 @@ func (c *Coordinator) status() coordinatorStatus {
 	for _, n := range c.notices {
 		cp := *n
 		cp.Transitions = slices.Clone(n.Transitions)
-		cp.Signals = slices.Clone(n.Signals)
+		cp.Signals = append([]SignalOutcome{}, n.Signals...) // [] when none: a list, as documented
 		st.Notices = append(st.Notices, cp)
 	}
 	return st
