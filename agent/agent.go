@@ -495,14 +495,24 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	// What an earlier run signalled the trainer for (its notice.json): not signalled again; and
 	// the job notices it held, in force until they end.
-	a.coord.previous, a.coord.previousSeen, a.coord.previousJobs = readPrevious(cfg.Agent.RuntimeDir, a.log)
+	var carried []noticeEntry
+	a.coord.previous, a.coord.previousSeen, a.coord.previousJobs, carried = readPrevious(cfg.Agent.RuntimeDir, a.log)
+	a.coord.carried = carried
+	a.coord.sourceRead = func(src imds.Source) (polled, read bool) {
+		st, polled := a.watcher.Stats().Sources[src]
+		return polled, !st.LastSuccess.IsZero()
+	}
 	if err := os.MkdirAll(cfg.Agent.RuntimeDir, 0o755); err != nil {
 		a.log.Error().Err(err).Str("dir", cfg.Agent.RuntimeDir).Msg("cannot create runtime dir; notice.json will be missing")
 		a.coord.setNoticeFileProblem(err)
+	} else if len(carried) > 0 || len(a.coord.previousJobs) > 0 {
+		// A notice.json an earlier run left naming notices stays as it is, never missing: the
+		// coordinator writes it again as it starts, with the job notices it takes back (those not
+		// ended) and the IMDS ones until it has read their sources (Coordinator.settleCarried).
+		a.probeRuntimeDir()
 	} else if err := writeNoticeFile(cfg.Agent.RuntimeDir, nil, nil); err != nil {
-		// No notice is in force before this run sees one: a notice.json an earlier run left
-		// (stopped or killed with notices in force) would name notices this one does not hold
-		// (yet: IMDS's are read again, job notices taken back as the coordinator starts).
+		// None in force: a notice.json an earlier run left with nothing it can take back (one
+		// it cannot read) is removed.
 		a.log.Error().Err(err).Msg("cannot remove the notice file an earlier run left")
 		a.coord.setNoticeFileProblem(err)
 	} else {

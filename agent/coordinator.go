@@ -370,6 +370,17 @@ type Coordinator struct {
 	// previousJobs are the job notices an earlier run held (readPrevious); set before Run, which
 	// takes back those not ended.
 	previousJobs []jobRecord
+	// carried are the IMDS notices an earlier run's notice.json named (readPrevious), set before
+	// Run: notice.json keeps naming them, as that run wrote them, until this run has read their
+	// source (settleCarried), so that a trainer never finds it missing, or without its signal,
+	// across a restart (found from outside: removed at start, then written again without the
+	// signal, in 8 of 8 restarts during a notice). carriedSeen counts, by source, the beats that
+	// found it read.
+	carried     []noticeEntry
+	carriedSeen map[imds.Source]int
+	// sourceRead reports whether the watcher polls src, and whether a read of it has succeeded
+	// since the start; nil: every source is polled and read.
+	sourceRead func(src imds.Source) (polled, read bool)
 	// noticeFileErr is why the last write of notice.json failed; nil once one succeeds.
 	// noticeFileTried: when retryNoticeFile last tried again (Run's loop).
 	noticeFileErr   error
@@ -420,6 +431,7 @@ func newCoordinator(log zerolog.Logger, m *promMetrics, config func() *Config, t
 		complete:    map[string]time.Time{},
 		renamed:     map[string]renamedCheckpoint{},
 		procSignals: map[int]procSignal{},
+		carriedSeen: map[imds.Source]int{},
 		posts:       make(chan jobPost),
 		stopped:     make(chan struct{}),
 	}
@@ -440,7 +452,15 @@ func (c *Coordinator) Run(ctx context.Context, events <-chan imds.Event) error {
 	expire := time.NewTimer(time.Hour)
 	expire.Stop()
 	defer expire.Stop()
+	c.mu.Lock()
+	previous := len(c.carried) > 0 || len(c.previousJobs) > 0
+	c.mu.Unlock()
 	c.resumeJobNotices(time.Now())
+	if previous {
+		// The earlier run's notice.json, replaced whole: the job notices taken back, the IMDS
+		// ones carried until their sources are read, none that has ended.
+		c.rewriteNoticeFile(c.config(), c.inForce())
+	}
 	c.armExpiry(expire)
 	c.hold = time.NewTimer(time.Hour)
 	c.hold.Stop()
@@ -467,6 +487,7 @@ func (c *Coordinator) Run(ctx context.Context, events <-chan imds.Event) error {
 			cfg := c.config()
 			c.signalNew(cfg, c.scan(cfg), math.MaxInt)
 		case <-beat.C:
+			c.settleCarried(time.Now())
 			c.retryNoticeFile(time.Now())
 			if c.signalledInForce() {
 				// During a notice the trainer is looked for every second: one restarted (or
@@ -652,6 +673,11 @@ func (c *Coordinator) begin(ev imds.Event) {
 		return
 	}
 
+	// One the agent's previous run signalled the trainer for: notice.json says so from its first
+	// write by this run (found from outside: written first without the signal).
+	if c.inherit(cfg, ns, ev.First) {
+		return
+	}
 	// Before signalling: the files the trainer writes now get every connection, and notice.json
 	// says what to act on.
 	c.noticesChanged(cfg)
@@ -744,6 +770,52 @@ func (c *Coordinator) releaseHeld(now time.Time) {
 	c.armHold()
 }
 
+// inherit takes ns, a notice that begins, as signalled, if the agent's previous run signalled
+// the trainer for it (a restart during the notice) and trainer processes it signalled are still
+// there: they saved for it, or are saving; asked again, they would save twice in the window. It
+// reports whether it did; then ns is in notice.json and the uploads' urgency, with its signal.
+func (c *Coordinator) inherit(cfg *Config, ns *NoticeStatus, first bool) bool {
+	c.mu.Lock()
+	_, had := c.previous[ns.Key]
+	c.mu.Unlock()
+	if !had {
+		return false
+	}
+	log := c.log.With().Str("notice", ns.Key).Logger()
+	procs, _ := c.find(cfg)
+	prev, ok := c.previousSignal(ns.Key, procs, first)
+	if !ok {
+		return false
+	}
+	// A restart (a crash, kill -9) during the notice, with trainer processes it signalled
+	// still there: they saved for it, or are saving; asked again, they would save twice in
+	// the window.
+	c.mu.Lock()
+	ns.signalledAt = &prev.At
+	ns.signalledPIDs = slices.Clone(prev.PIDs) // carried on in notice.json, for the next restart
+	ns.tried = map[int]uint64{}
+	for _, pid := range prev.PIDs {
+		ns.tried[pid] = 0 // not there now: any process with the PID later counts as it
+	}
+	for _, p := range procs {
+		if prev.holds(p) {
+			ns.tried[p.PID] = p.StartTicks
+		}
+	}
+	ns.handled, ns.inherited = true, true
+	c.mu.Unlock()
+	detail := "signalled by the agent's previous run at " + prev.At.UTC().Format(time.RFC3339) + "; not again"
+	c.transition(ns, StateTrainerSignalled, detail)
+	log.Info().Time("signalled_at", prev.At).Ints("pids", prev.PIDs).
+		Msg("the trainer was signalled for this notice before the agent restarted; not signalled again")
+	c.noticesChanged(cfg) // a stop waits for its checkpoint, as for one signalled now
+	// Its checkpoint may have been committed before the restart, or be complete and not
+	// committed yet, reported by the uploader as it started, before the notice was read.
+	c.adoptCompleted(prev.At)
+	c.signalNew(cfg, procs, noticeRank(ns)) // those it did not signal (found since), alone
+	return true
+}
+
 // act signals the trainer for ns, a checkpoint notice that begins (detected, and in notice.json
 // and the uploads' urgency already), unless its previous run did (a restart during the notice)
 // or the trainer saves for another notice already (cover). first is the notice's Event.First;
@@ -752,35 +824,6 @@ func (c *Coordinator) releaseHeld(now time.Time) {
 func (c *Coordinator) act(cfg *Config, ns *NoticeStatus, first bool, from time.Time) {
 	log := c.log.With().Str("notice", ns.Key).Logger()
 	procs, problems := c.find(cfg)
-	if prev, ok := c.previousSignal(ns.Key, procs, first); ok {
-		// A restart (a crash, kill -9) during the notice, with trainer processes it signalled
-		// still there: they saved for it, or are saving; asked again, they would save twice in
-		// the window.
-		c.mu.Lock()
-		ns.signalledAt = &prev.At
-		ns.signalledPIDs = slices.Clone(prev.PIDs) // carried on in notice.json, for the next restart
-		ns.tried = map[int]uint64{}
-		for _, pid := range prev.PIDs {
-			ns.tried[pid] = 0 // not there now: any process with the PID later counts as it
-		}
-		for _, p := range procs {
-			if prev.holds(p) {
-				ns.tried[p.PID] = p.StartTicks
-			}
-		}
-		ns.handled, ns.inherited = true, true
-		c.mu.Unlock()
-		detail := "signalled by the agent's previous run at " + prev.At.UTC().Format(time.RFC3339) + "; not again"
-		c.transition(ns, StateTrainerSignalled, detail)
-		log.Warn().Time("signalled_at", prev.At).Ints("pids", prev.PIDs).
-			Msg("the trainer was signalled for this notice before the agent restarted; not signalled again")
-		c.noticesChanged(cfg) // a stop waits for its checkpoint, as for one signalled now
-		// Its checkpoint may have been committed before the restart, or be complete and not
-		// committed yet, reported by the uploader as it started, before the notice was read.
-		c.adoptCompleted(prev.At)
-		c.signalNew(cfg, procs, noticeRank(ns)) // those it did not signal (found since), alone
-		return
-	}
 	for _, p := range problems {
 		c.metrics.discoveryProblems.WithLabelValues(p.Reason).Inc()
 		log.Error().Str("reason", p.Reason).Str("detail", p.Detail).Msg("trainer discovery problem")
@@ -1288,7 +1331,14 @@ func (c *Coordinator) detect(cfg *Config, n imds.Notice, at time.Time, detail st
 	if ns.Deadline != nil {
 		ev = ev.Time("deadline", *ns.Deadline).Float64("time_left_s", logSeconds(time.Until(*ns.Deadline)))
 	}
-	ev.Bool("malformed", n.Malformed).Msg("interruption notice detected")
+	if ns.readAt.Before(at) {
+		// Read by the agent's previous run (a restart during the notice): the same notice, not
+		// another (found from outside: a pipeline counting this line counted one reclaim per
+		// restart).
+		ev.Bool("malformed", n.Malformed).Time("detected_at", ns.readAt).Msg("interruption notice in force since before the agent restarted")
+	} else {
+		ev.Bool("malformed", n.Malformed).Msg("interruption notice detected")
+	}
 	if policy == PolicyIgnore {
 		c.transition(ns, StateIgnored, "policy is ignore")
 		log.Info().Msg("notice ignored by policy")
@@ -1324,27 +1374,31 @@ func (c *Coordinator) inForce() []*NoticeStatus {
 			out = append(out, ns)
 		}
 	}
-	slices.SortFunc(out, func(a, b *NoticeStatus) int {
-		if r := cmp.Compare(noticeRank(a), noticeRank(b)); r != 0 {
-			return r
-		}
-		switch {
-		case a.Deadline != nil && b.Deadline == nil:
-			return -1
-		case a.Deadline == nil && b.Deadline != nil:
-			return 1
-		case a.Deadline != nil && !a.Deadline.Equal(*b.Deadline):
-			return a.Deadline.Compare(*b.Deadline)
-		}
-		if aj, bj := a.Source == SourceJob, b.Source == SourceJob; aj != bj {
-			if aj {
-				return 1
-			}
-			return -1
-		}
-		return cmp.Compare(a.Key, b.Key)
-	})
+	slices.SortFunc(out, noticeOrder)
 	return out
+}
+
+// noticeOrder orders notices most severe first (noticeRank), then the earliest deadline first,
+// then the agent's own (IMDS) notice before a job notice, then by key.
+func noticeOrder(a, b *NoticeStatus) int {
+	if r := cmp.Compare(noticeRank(a), noticeRank(b)); r != 0 {
+		return r
+	}
+	switch {
+	case a.Deadline != nil && b.Deadline == nil:
+		return -1
+	case a.Deadline == nil && b.Deadline != nil:
+		return 1
+	case a.Deadline != nil && !a.Deadline.Equal(*b.Deadline):
+		return a.Deadline.Compare(*b.Deadline)
+	}
+	if aj, bj := a.Source == SourceJob, b.Source == SourceJob; aj != bj {
+		if aj {
+			return 1
+		}
+		return -1
+	}
+	return cmp.Compare(a.Key, b.Key)
 }
 
 // noticeRank orders notices by severity: lower is more severe. A job notice ranks as an IMDS
@@ -1409,7 +1463,8 @@ func (c *Coordinator) rewriteNoticeFile(cfg *Config, active []*NoticeStatus) {
 	c.setNoticeFileProblem(err)
 }
 
-// writeNoticeFile writes notice.json for active, with their signals.
+// writeNoticeFile writes notice.json for active, with their signals, and the notices an earlier
+// run's notice.json named that this run has not read the source of yet (carried).
 func (c *Coordinator) writeNoticeFile(cfg *Config, active []*NoticeStatus) error {
 	signalled := map[*NoticeStatus]signalRecord{}
 	c.mu.Lock()
@@ -1419,8 +1474,58 @@ func (c *Coordinator) writeNoticeFile(cfg *Config, active []*NoticeStatus) error
 		}
 		signalled[ns] = signalRecord{At: *ns.signalledAt, PIDs: slices.Clone(ns.signalledPIDs)}
 	}
+	if len(c.carried) > 0 {
+		all := slices.Clone(active)
+		// One this run holds is written as it holds it, and no longer carried: it may end.
+		c.carried = slices.DeleteFunc(c.carried, func(e noticeEntry) bool {
+			return slices.ContainsFunc(active, func(ns *NoticeStatus) bool { return ns.Key == e.key() })
+		})
+		for _, e := range c.carried {
+			ns := e.status()
+			all = append(all, ns)
+			if e.SignalledAt != nil {
+				signalled[ns] = signalRecord{At: *e.SignalledAt, PIDs: e.SignalledPIDs}
+			}
+		}
+		slices.SortFunc(all, noticeOrder)
+		active = all
+	}
 	c.mu.Unlock()
 	return writeNoticeFile(cfg.Agent.RuntimeDir, active, signalled)
+}
+
+// carriedReads is how many of the loop's beats must find a source read (its first read by this
+// run done) before a notice an earlier run's notice.json named of it is no longer carried: the
+// notice, if that read had it, has been acted on by then (the read's events are sent after its
+// stats are kept).
+const carriedReads = 2
+
+// settleCarried stops carrying, and rewrites notice.json without, each notice an earlier run's
+// notice.json named whose source this run has read (carriedReads beats ago: were the notice
+// still in force, this run holds it now), or no longer polls, or that has been carried for
+// previousSignalWithin (its source failing all along).
+func (c *Coordinator) settleCarried(now time.Time) {
+	c.mu.Lock()
+	if len(c.carried) == 0 {
+		c.mu.Unlock()
+		return
+	}
+	n := len(c.carried)
+	c.carried = slices.DeleteFunc(c.carried, func(e noticeEntry) bool {
+		polled, read := true, true
+		if c.sourceRead != nil {
+			polled, read = c.sourceRead(e.Source)
+		}
+		if read {
+			c.carriedSeen[e.Source]++
+		}
+		return !polled || c.carriedSeen[e.Source] >= carriedReads || now.Sub(c.startedAt) >= previousSignalWithin
+	})
+	settled := len(c.carried) < n
+	c.mu.Unlock()
+	if settled {
+		c.rewriteNoticeFile(c.config(), c.inForce())
+	}
 }
 
 // noticeFileRetry is how often notice.json is written again while its last write failed.
@@ -1904,6 +2009,27 @@ type noticeEntry struct {
 	Posts    int        `json:"posts,omitempty"`
 }
 
+// key is the entry's notice's key.
+func (e noticeEntry) key() string {
+	return imds.Notice{Source: e.Source, Action: e.Action, EventID: e.EventID}.Key()
+}
+
+// status is the entry as a notice in force, for notice.json alone (carried).
+func (e noticeEntry) status() *NoticeStatus {
+	ns := &NoticeStatus{Key: e.key(), Source: e.Source, Action: e.Action, EventID: e.EventID, Policy: PolicyCheckpoint, Active: true}
+	if e.Deadline != nil {
+		d := *e.Deadline
+		ns.Deadline = &d
+	}
+	if e.DetectedAt != nil {
+		ns.readAt = *e.DetectedAt
+	}
+	if e.NotAfter != nil {
+		ns.notAfter = *e.NotAfter
+	}
+	return ns
+}
+
 // seenRecord is what an earlier run read of a notice in force: when it first read it, and its
 // deadline (nil if none).
 type seenRecord struct {
@@ -1999,11 +2125,11 @@ func writeNoticeFile(dir string, active []*NoticeStatus, signalled map[*NoticeSt
 // readPrevious reads the notice.json an earlier run left in dir (killed, or restarted, during a
 // notice): the notices it signalled the trainer for, by key, and when; what it read of each
 // notice in force, by key; and the job notices it held (their ends are not looked at here).
-func readPrevious(dir string, log zerolog.Logger) (map[string]signalRecord, map[string]seenRecord, []jobRecord) {
+func readPrevious(dir string, log zerolog.Logger) (map[string]signalRecord, map[string]seenRecord, []jobRecord, []noticeEntry) {
 	path := filepath.Join(dir, NoticeFile)
 	data, err := os.ReadFile(path)
 	if err != nil {
-		return nil, nil, nil
+		return nil, nil, nil, nil
 	}
 	var written time.Time
 	if fi, err := os.Stat(path); err == nil {
@@ -2012,10 +2138,11 @@ func readPrevious(dir string, log zerolog.Logger) (map[string]signalRecord, map[
 	var nf noticeFile
 	if err := json.Unmarshal(data, &nf); err != nil {
 		log.Warn().Err(err).Msg("the notice file an earlier run left cannot be read; a notice in force is signalled again, and a job notice it held is lost")
-		return nil, nil, nil
+		return nil, nil, nil, nil
 	}
 	out, read := map[string]signalRecord{}, map[string]seenRecord{}
 	var jobs []jobRecord
+	var carried []noticeEntry
 	for _, e := range nf.Active {
 		key := imds.Notice{Source: e.Source, Action: e.Action, EventID: e.EventID}.Key()
 		if e.SignalledAt != nil {
@@ -2024,12 +2151,15 @@ func readPrevious(dir string, log zerolog.Logger) (map[string]signalRecord, map[
 		if e.DetectedAt != nil && e.Source != SourceJob {
 			read[key] = seenRecord{read: *e.DetectedAt, deadline: e.Deadline}
 		}
+		if e.Source != SourceJob { // a job notice is taken back whole (jobs), or has ended
+			carried = append(carried, e)
+		}
 		if e.Source == SourceJob && e.PostedAt != nil && e.EndsAt != nil && e.Deadline != nil {
 			jobs = append(jobs, jobRecord{notice: imds.Notice{Source: SourceJob, Action: e.Action, Time: *e.Deadline, Deadline: *e.Deadline},
 				postedAt: *e.PostedAt, endsAt: *e.EndsAt, posts: max(e.Posts, 1)})
 		}
 	}
-	return out, read, jobs
+	return out, read, jobs, carried
 }
 
 // previousSignalWithin bounds how long ago an earlier run's signal for a notice may be for a

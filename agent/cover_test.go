@@ -909,7 +909,7 @@ func TestRestartDuringAHoldTakesThePreviousRunsRead(t *testing.T) {
 				if err := writeNoticeFile(dir, active, map[*NoticeStatus]signalRecord{spot: {At: signalled, PIDs: []int{4242}}}); err != nil {
 					t.Fatal(err)
 				}
-				previous, previousSeen, _ := readPrevious(dir, zerolog.Nop())
+				previous, previousSeen, _, _ := readPrevious(dir, zerolog.Nop())
 				r := startRestartedRig(t, true, previous)
 				r.c.mu.Lock()
 				r.c.previousSeen = previousSeen
@@ -1051,7 +1051,7 @@ func TestRestartAfterTheDeadlineJudgesByThePreviousRunsTimes(t *testing.T) {
 		if err := writeNoticeFile(dir, []*NoticeStatus{spot}, map[*NoticeStatus]signalRecord{spot: {At: signalled, PIDs: []int{4242}}}); err != nil {
 			t.Fatal(err)
 		}
-		previous, previousSeen, _ := readPrevious(dir, zerolog.Nop())
+		previous, previousSeen, _, _ := readPrevious(dir, zerolog.Nop())
 		logs := &syncBuffer{}
 		r := startRigLogging(t, true, previous, logs)
 		r.c.mu.Lock()

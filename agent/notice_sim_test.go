@@ -284,7 +284,7 @@ func (s *noticeSim) startRun(restarted bool) {
 	s.c = newCoordinator(zerolog.Nop(), m, func() *Config { return cfg }, s.tr)
 	s.up = &recordingUploader{}
 	s.c.uploader = s.up
-	s.c.previous, s.c.previousSeen, s.c.previousJobs = readPrevious(s.runtime, zerolog.Nop())
+	s.c.previous, s.c.previousSeen, s.c.previousJobs, s.c.carried = readPrevious(s.runtime, zerolog.Nop())
 	s.events = make(chan imds.Event)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
