@@ -2169,15 +2169,23 @@ const previousSignalWithin = 10 * time.Minute
 // previousSignal returns what an earlier run signalled for the notice key (its notice.json), if
 // it did within previousSignalWithin, the notice was in force when this run first read its
 // source (first: imds.Event.First; one that appeared later is a new notice, even of the same
-// key), and a trainer process found now (procs) is one it signalled: a trainer restarted whole
-// since has not been asked. Once per key.
+// key), and a trainer process found now (procs) is one it signalled, or none is found: a trainer
+// restarted whole since has not been asked. Once per key.
 func (c *Coordinator) previousSignal(key string, procs []trainer.Process, first bool) (signalRecord, bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	prev, ok := c.previous[key]
 	delete(c.previous, key)
-	if !ok || !first || time.Since(prev.At) >= previousSignalWithin || len(procs) == 0 {
+	if !ok || !first || time.Since(prev.At) >= previousSignalWithin {
 		return prev, false
+	}
+	if len(procs) == 0 {
+		// None left: those it signalled exited (a container stopped once its save was committed,
+		// a trainer that exits after saving), and there is no one to ask again; what they saved
+		// is the notice's (found from outside: an error, no trainer found, and the notice said
+		// missing its checkpoint, committed by the previous run). One started later is a
+		// process found since, signalled alone.
+		return prev, true
 	}
 	// One of the processes it signalled still there is enough: the others are new since (a data
 	// loader's worker, a rank restarted on its own), signalled alone as a running agent signals

@@ -355,3 +355,32 @@ func TestNoticeCheckpointCompletedAfterTheDeadlineIsTheTrainersLateness(t *testi
 		}
 	})
 }
+
+// An agent restarted during a notice after its trainer saved for it and exited (a container
+// stopped once its save was committed): no trainer is found, and the notice is the previous
+// run's signal's, committed with the checkpoint saved after it. Before, the restarted agent
+// logged that no trainer was found, as an error, and the notice went to checkpoint_missing
+// (found from outside, 3 of 3 restarts).
+func TestRestartAfterTheTrainerSavedAndExitedIsNotMissing(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		signalled := time.Now().Add(-20 * time.Second)
+		logs := &syncBuffer{}
+		r := startRigLogging(t, true, map[string]signalRecord{"spot/terminate": {At: signalled, PIDs: []int{4242}}}, logs)
+		r.tr.setPIDs() // the trainer has exited
+		complete, committed := signalled.Add(4*time.Second), signalled.Add(9*time.Second)
+		m := &checkpoint.Manifest{Checkpoint: "step-10", Commit: "20261205T000000Z-000000000001", CommittedAt: committed,
+			Timings: checkpoint.Timings{CompleteAt: &complete}}
+		r.c.onUpload(checkpoint.UploadEvent{Kind: checkpoint.CheckpointFound, Checkpoint: m.Checkpoint, At: time.Now(), Manifest: m})
+		synctest.Wait()
+		deadline := time.Now().Add(100 * time.Second)
+		r.beginRead(imds.SourceSpot, "terminate", deadline, true)
+		passFakeTime(3 * time.Minute)
+		n := r.notice(t, "spot/terminate")
+		if n.State != StateCommitted || counterValue(t, r.c.metrics.checkpointMissing.WithLabelValues("spot", "no_marker")) != 0 {
+			t.Errorf("state %s (%+v); want committed with step-10, nothing missing", n.State, n.Transitions)
+		}
+		if l := logs.String(); strings.Contains(l, "no trainer process found") || strings.Contains(l, `"level":"error"`) {
+			t.Errorf("the restarted agent logged an error:\n%s", l)
+		}
+	})
+}
