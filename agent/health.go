@@ -114,6 +114,18 @@ func (a *Agent) health(now time.Time) healthVerdict {
 			}
 		}
 	}
+	if a.store != nil {
+		if ps := a.store.prober.state(); ps.ClockOff {
+			// Said only in the log before (found from outside): an instance writing the job with
+			// its clock off orders its commits by it.
+			how := fmt.Sprintf("%s behind", ps.ClockOffset.Round(time.Second))
+			if ps.ClockOffset < 0 {
+				how = fmt.Sprintf("%s ahead of", (-ps.ClockOffset).Round(time.Second))
+			}
+			v.warn(fmt.Sprintf("this instance's clock is %s the store's (as of its last probe): commits are ordered by the clock of the instance that writes them; fix: %s", how, ClockFix),
+				"clock "+how+" the store's")
+		}
+	}
 	if ok, reason := a.checkpointHealth(); !ok {
 		v.reason(reason, reason)
 	} else if reason != "" {

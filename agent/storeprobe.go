@@ -489,7 +489,8 @@ type storeProber struct {
 	failures    uint64
 	streak      int
 	limiter     *logLimiter
-	clockOff    bool // the last probe that could tell found the clock ClockWarn or more off
+	clockOff    bool          // the last probe that could tell found the clock ClockWarn or more off
+	clockOffset time.Duration // by how much (positive: behind), as of that probe
 }
 
 func newStoreProber(store checkpoint.Store, job string, host func() string, log zerolog.Logger) *storeProber {
@@ -578,7 +579,7 @@ func (p *storeProber) record(res StoreProbe) {
 	}
 	wasOff := p.clockOff
 	if res.ClockKnown {
-		p.clockOff = res.ClockOffset.Abs() >= ClockWarn
+		p.clockOff, p.clockOffset = res.ClockOffset.Abs() >= ClockWarn, res.ClockOffset
 	}
 	isOff := p.clockOff
 	p.mu.Unlock()
@@ -616,7 +617,11 @@ func (p *storeProber) record(res StoreProbe) {
 
 // storeProbeState is a snapshot of the prober for /healthz, /status and metrics.
 type storeProbeState struct {
-	Last         StoreProbe
+	Last StoreProbe
+	// ClockOff: the last probe that could tell found this instance's clock off from the store's
+	// by ClockWarn or more, by ClockOffset (positive: behind).
+	ClockOff     bool
+	ClockOffset  time.Duration
 	LastOK       time.Time
 	FailingSince time.Time
 	RecoveredAt  time.Time // when a probe last passed after failing ones
@@ -627,7 +632,8 @@ type storeProbeState struct {
 func (p *storeProber) state() storeProbeState {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return storeProbeState{Last: p.last, LastOK: p.lastOK, FailingSince: p.failingSince, RecoveredAt: p.recoveredAt, Probes: p.probes, Failures: p.failures}
+	return storeProbeState{Last: p.last, LastOK: p.lastOK, FailingSince: p.failingSince, RecoveredAt: p.recoveredAt, Probes: p.probes, Failures: p.failures,
+		ClockOff: p.clockOff, ClockOffset: p.clockOffset}
 }
 
 // probeJitter returns d ± 10 %, so the agents of a cluster do not probe in step.

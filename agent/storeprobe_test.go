@@ -430,6 +430,28 @@ func TestProbeStoreClockOffset(t *testing.T) {
 	}
 }
 
+// /healthz warns of a clock off from the store's while it is (found from outside: said only in
+// the log, where fleet monitoring does not look).
+func TestHealthzWarnsOfAClockOffFromTheStores(t *testing.T) {
+	fsStore, err := checkpoint.NewFileStore(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &skewedStore{Store: fsStore}
+	s.d.Store(int64(2 * time.Hour))
+	a := newStoreAgent(t, s, &syncBuffer{})
+	a.store.prober.Check(t.Context())
+	v := a.health(time.Now())
+	if w := strings.Join(v.Warnings, "\n"); !v.Healthy || !strings.Contains(w, "this instance's clock is 2h0m0s behind the store's") || !strings.Contains(w, "chronyc") {
+		t.Errorf("health with the clock 2 h behind the store's: healthy %v, warnings %q; want healthy, warned, with the fix", v.Healthy, v.Warnings)
+	}
+	s.d.Store(0)
+	a.store.prober.Check(t.Context())
+	if v := a.health(time.Now()); strings.Contains(strings.Join(v.Warnings, "\n"), "clock") {
+		t.Errorf("health once the clock agrees: warnings %q; want no clock warning", v.Warnings)
+	}
+}
+
 // An endpoint with a path puts the path before the bucket: a server not served under it answers
 // NoSuchBucket for a bucket that exists, and the fix said to create it (found from outside).
 func TestStoreFixNamesAnEndpointWithAPath(t *testing.T) {
