@@ -1088,7 +1088,13 @@ func (c *Coordinator) signal(ns *NoticeStatus, procs []trainer.Process, sig sysc
 	// A process not catching the signal beside one that was sent it is a launcher or a shell
 	// (torchrun's agent, bash -c): a warning, as scan says it. An error at every notice, for a
 	// trainer.match that also matches torchrun, cried wolf (found from outside).
-	beside := slices.ContainsFunc(results, func(r trainer.Result) bool { return r.Outcome == trainer.OutcomeSent })
+	// One sent it earlier for the notice (by the agent's previous run too, for one whose
+	// processes found since are signalled alone) counts: found from outside, tini was an error
+	// after a restart, its trainer signalled before.
+	c.mu.Lock()
+	beside := len(ns.signalledPIDs) > 0
+	c.mu.Unlock()
+	beside = beside || slices.ContainsFunc(results, func(r trainer.Result) bool { return r.Outcome == trainer.OutcomeSent })
 	for _, r := range results {
 		out := SignalOutcome{PID: r.PID, Cmdline: r.Cmdline, Outcome: r.Outcome, At: time.Now()}
 		if r.Err != nil {

@@ -1240,3 +1240,27 @@ func TestTrainerThatDoesNotCatchTheReloadedSignalIsAnError(t *testing.T) {
 		}
 	})
 }
+
+// An agent restarted while its trainer saves for a notice it signalled (docker run --init: tini
+// beside the trainer): the trainer is not signalled again, and tini, found beside it and not
+// catching the signal, is a warning as it was before the restart, not an error (found from
+// outside, 2 of 2).
+func TestRestartWithAnInitBesideTheSignalledTrainerIsNoError(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		signalled := time.Now().Add(-10 * time.Second)
+		logs := &syncBuffer{}
+		r := startRigLogging(t, true, map[string]signalRecord{"spot/terminate": {At: signalled, PIDs: []int{8}}}, logs)
+		r.tr.setPIDs(7, 8) // tini, and the trainer it started
+		r.tr.setParent(8, 7)
+		r.tr.setNotCatching(7) // as scans see it
+		r.tr.setUncaught(7)    // as the signal finds it
+		r.beginRead(imds.SourceSpot, "terminate", time.Now().Add(100*time.Second), true)
+		passFakeTime(2 * time.Second)
+		if got := r.tr.signals(); got != 0 {
+			t.Errorf("signals = %d; want none (the previous run signalled the trainer)\n%s", got, logs.String())
+		}
+		if l := logs.String(); strings.Contains(l, `"level":"error"`) {
+			t.Errorf("log after the restart:\n%s\nwant no error for tini beside the trainer signalled before", l)
+		}
+	})
+}
