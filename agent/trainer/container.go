@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/http"
 	"net/url"
@@ -196,14 +197,32 @@ func findContainer(procRoot, socket, ref string) containerSet {
 			return containerSet{id: cid, pids: pids}
 		}
 	}
-	ids := make([]string, 0, len(byID))
-	for cid := range byID {
-		ids = append(ids, shortID(cid))
+	full := slices.Sorted(maps.Keys(byID))
+	ids := make([]string, 0, len(full))
+	for _, cid := range full {
+		ids = append(ids, distinctID(cid, full))
 	}
-	slices.Sort(ids)
 	return containerSet{problem: &Problem{ReasonContainerAmbiguous, fmt.Sprintf(
 		"container ID prefix %s matches %d running containers (%s): set trainer.container to a longer prefix or the full ID",
 		id, len(ids), strings.Join(ids, ", "))}}
+}
+
+// distinctID is id as short as tells it from every other of ids, and no shorter than shortID's:
+// the IDs a prefix matches share it, and their 12-digit forms alone may be one string (found from
+// outside: "matches 2 running containers (cccc37cccccc, cccc37cccccc)").
+func distinctID(id string, ids []string) string {
+	n := MinContainerIDPrefix
+	for _, o := range ids {
+		if o == id {
+			continue
+		}
+		common := 0
+		for common < len(id) && common < len(o) && id[common] == o[common] {
+			common++
+		}
+		n = max(n, common+1)
+	}
+	return id[:min(n, len(id))]
 }
 
 // shortID is the 12-digit form of a container ID, as docker ps shows it.

@@ -124,7 +124,7 @@ func TestFindContainerByID(t *testing.T) {
 		{ctrA, map[int]string{6000: ViaContainer}, "", ""},
 		{ctrA[:13], map[int]string{6000: ViaContainer}, "", ""},
 		{ctrB[:13], map[int]string{6100: ViaContainer}, "", ""},
-		{ctrA[:12], nil, ReasonContainerAmbiguous, "matches 2 running containers (" + ctrA[:12] + ", " + ctrB[:12] + ")"},
+		{ctrA[:12], nil, ReasonContainerAmbiguous, "matches 2 running containers (" + ctrA[:13] + ", " + ctrB[:13] + ")"},
 		{otherID[:12], nil, ReasonContainerNotFound, "whose ID starts with " + otherID[:12]},
 		{ctrID[:11], nil, ReasonContainerNotFound, "is not a container ID"},
 		{"trainer", nil, ReasonContainerNotFound, "no Docker API socket is at " + noSocket},
