@@ -44,6 +44,17 @@ func shiftCommit(t *testing.T, s Store, d time.Duration) *Manifest {
 	return m
 }
 
+// commitAnHourAhead commits step-100 into s as an instance whose clock was an hour ahead would
+// have, and returns its manifest.
+func commitAnHourAhead(t *testing.T, s Store) *Manifest {
+	t.Helper()
+	a := startUploader(t, t.TempDir(), s, 0)
+	writeCheckpoint(t, a.dir, "step-100", map[string][]byte{"a": randomBytes(t, 8<<10)})
+	a.waitCommitted("step-100")
+	a.stop()
+	return shiftCommit(t, s, time.Hour)
+}
+
 // TestClockBehindTheLastWriterStillMakesTheNewestCheckpointNewest: commits are ordered by the
 // completion time the writing instance's clock gave them. An instance whose clock is behind the
 // one that wrote the job's newest commit (a clock not yet synchronized after boot, or set back)
@@ -53,12 +64,7 @@ func shiftCommit(t *testing.T, s Store, d time.Duration) *Manifest {
 // with a warning; one complete before the agent knew of the commit keeps its own time.
 func TestClockBehindTheLastWriterStillMakesTheNewestCheckpointNewest(t *testing.T) {
 	s := newMemStore()
-	a := startUploader(t, t.TempDir(), s, 0)
-	writeCheckpoint(t, a.dir, "step-100", map[string][]byte{"a": randomBytes(t, 8<<10)})
-	a.waitCommitted("step-100")
-	a.stop()
-	// The instance that wrote step-100 had its clock an hour ahead.
-	old := shiftCommit(t, s, time.Hour)
+	old := commitAnHourAhead(t, s)
 
 	dir := t.TempDir()
 	// On the new instance's disk before its agent starts: complete before the agent knew of
@@ -101,6 +107,14 @@ func TestClockBehindTheLastWriterStillMakesTheNewestCheckpointNewest(t *testing.
 	}
 	latestIs(t, s, "step-400", fourth.Manifest.Commit)
 	// Retention (keep 2) deleted the old instance's step-100 and the older ones, not the newest.
+	if got := jobNames(t, s); got != "step-400 step-300" {
+		t.Errorf("commits after retention, newest first: %s; want step-400 step-300", got)
+	}
+}
+
+// jobNames is the checkpoints of job's commits, newest first, space-separated.
+func jobNames(t *testing.T, s Store) string {
+	t.Helper()
 	st, err := readJob(t.Context(), s, "job", nil)
 	if err != nil {
 		t.Fatal(err)
@@ -109,9 +123,7 @@ func TestClockBehindTheLastWriterStillMakesTheNewestCheckpointNewest(t *testing.
 	for _, c := range st.Commits {
 		names = append(names, c.Manifest.Checkpoint)
 	}
-	if got := strings.Join(names, " "); got != "step-400 step-300" {
-		t.Errorf("commits after retention, newest first: %s; want step-400 step-300", got)
-	}
+	return strings.Join(names, " ")
 }
 
 // afterKnown orders a version after every commit learned before it completed, shifted by the
@@ -140,5 +152,68 @@ func TestAfterKnown(t *testing.T) {
 		if got := at.Sub(t0); got != tc.want || by.order.Commit != tc.by || behind != (tc.by != "") {
 			t.Errorf("afterKnown(t0%+v) = t0%+v, by %q, %v; want t0%+v by %q", tc.complete, got, by.order.Commit, behind, tc.want, tc.by)
 		}
+	}
+}
+
+// An agent whose clock is behind a commit's writer orders its checkpoints after that commit (its
+// complete_at moved, its own completion kept as complete_at_here). Restarted, with a save the
+// trainer made while no agent ran on the disk, it orders that save after its own moved commit:
+// before, it took the save for older (complete before the agent learned of the commit), LATEST
+// stayed on the older save and retention deleted the new commit at once (found from outside).
+func TestClockBehindAgentRestartedOrdersTheNextSaveAfterItsOwnCommit(t *testing.T) {
+	s := newMemStore()
+	commitAnHourAhead(t, s)
+
+	dir := t.TempDir()
+	b := startUploader(t, dir, s, 2)
+	b.up.Status(t.Context()) // the agent has read the job
+	waitFileClockAfter(t, time.Now())
+	writeCheckpoint(t, dir, "step-200", map[string][]byte{"a": randomBytes(t, 8<<10)})
+	second := b.waitCommitted("step-200").Manifest
+	if h := second.Timings.CompleteAtHere; h == nil || !second.Timings.CompleteAt.After(h.Add(59*time.Minute)) {
+		t.Fatalf("step-200 complete_at %v, complete_at_here %v; want it moved an hour past its own", second.Timings.CompleteAt, h)
+	}
+	b.stop()
+
+	laterTick(t, dir, "step-200")
+	writeCheckpoint(t, dir, "step-300", map[string][]byte{"a": randomBytes(t, 8<<10)}) // no agent runs
+	c := startUploader(t, dir, s, 2)
+	third := c.waitCommitted("step-300").Manifest
+	c.stop()
+	if !third.Order().After(second.Order()) {
+		t.Fatalf("step-300, saved after step-200, ordered before it: %v, %v", third.Order().At, second.Order().At)
+	}
+	latestIs(t, s, "step-300", third.Commit)
+	if got := jobNames(t, s); got != "step-300 step-200" {
+		t.Errorf("commits after retention, newest first: %s; want step-300 step-200", got)
+	}
+}
+
+// A wall clock set back under a running agent: its own commits, learned by the clock before,
+// are moved back as much (knownAsOf), so that a checkpoint completed after them by the clock as
+// it is now is ordered after them (afterKnown), not before (found from outside: dated before, it
+// was deleted by retention while LATEST stayed on the older commit).
+func TestClockSetBackUnderARunningAgent(t *testing.T) {
+	t0 := time.Date(2026, 12, 7, 12, 0, 0, 0, time.UTC)
+	// Committed and learned at 12:00 by a clock a day ahead (its order 12:00 too), 10 s into
+	// the agent's life; the clock is then set back a day.
+	known := []knownOrder{{order: CommitOrder{At: t0.Add(-time.Second), Commit: "own"}, at: t0, mono: 10 * time.Second}}
+	wall, mono := t0.Add(-24*time.Hour+time.Minute), 70*time.Second // a minute later, by both clocks
+	now := knownAsOf(known, wall, mono)
+	if want := t0.Add(-24 * time.Hour); !now[0].at.Equal(want) {
+		t.Fatalf("knownAsOf: learned at %v; want %v, the clock set back a day", now[0].at, want)
+	}
+	complete := wall.Add(-30 * time.Second) // the next checkpoint, completed by the clock as it is now
+	at, by, behind := afterKnown(now, complete)
+	if !behind || by.order.Commit != "own" || !at.After(known[0].order.At) {
+		t.Errorf("afterKnown = %v by %q, %v; want after the own commit (%v)", at, by.order.Commit, behind, known[0].order.At)
+	}
+	// Taken as learned, it was ordered before its own commit.
+	if at, _, _ := afterKnown(known, complete); at.After(known[0].order.At) {
+		t.Errorf("without knownAsOf: %v; the test's premise is a checkpoint ordered before the commit", at)
+	}
+	// A clock that agrees (or was slewed by less than a second) changes nothing.
+	if got := knownAsOf(known, t0.Add(time.Minute-500*time.Millisecond), mono); !got[0].at.Equal(t0) {
+		t.Errorf("knownAsOf with the clock half a second behind the monotonic one: %v; want %v", got[0].at, t0)
 	}
 }

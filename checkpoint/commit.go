@@ -1404,14 +1404,23 @@ func (u *Uploader) commit(ctx context.Context, c commitJob) commitResult {
 		return 0
 	})
 	complete := completedAt(lc, c.unseenBefore, c.unseenAfter)
+	if ff := m.Timings.FirstFileAt; ff != nil && ff.After(complete) {
+		// Seen after the marker's time (a directory renamed into place with its files, seen at
+		// once): its first file was ready by then (found from outside: first_file_at after
+		// complete_at, a negative write time in a dashboard).
+		first := complete
+		m.Timings.FirstFileAt = &first
+	}
 	if c.completeAt != nil {
 		complete = *c.completeAt
 	} else if at, k, behind := afterKnown(c.known, complete); behind {
 		u.log.Warn().Str("checkpoint", c.name).Time("complete_at_here", complete).Time("complete_at", at).
 			Str("after_commit", k.order.Commit).Time("after_complete_at", k.order.At).Time("learned_at", k.at).
-			Float64("clock_behind_s", logSeconds(k.order.At.Sub(k.at))).
+			Float64("clock_behind_s", logSeconds(at.Sub(complete)-time.Millisecond)).
 			Str("fix", "synchronize this instance's clock (chronyc tracking; on EC2 the Amazon Time Sync Service at 169.254.169.123)").
 			Msg("this instance's clock is behind the one that wrote a commit the agent knew of before this checkpoint completed; ordering the checkpoint after that commit, as if this clock were that much ahead")
+		here := complete
+		m.Timings.CompleteAtHere = &here
 		complete = at
 	}
 	m.Timings.CompleteAt = &complete

@@ -122,6 +122,11 @@ type Timings struct {
 	// CompleteAt is when the trainer completed this version: the latest change time of its files
 	// (normally the marker's; see completedAt). It orders commits (Manifest.Order).
 	CompleteAt *time.Time `json:"complete_at,omitempty"`
+	// CompleteAtHere, when CompleteAt was moved after a commit from a clock ahead (the writer's
+	// clock behind: see afterKnown), is the completion by the writer's own clock, as its files'
+	// times have it: what a save on the same disk compares with (restore's newer save, a
+	// restarted agent's order of its next checkpoint).
+	CompleteAtHere *time.Time `json:"complete_at_here,omitempty"`
 	// LastByteAt is when the last byte of the last file was stored.
 	LastByteAt *time.Time `json:"last_byte_at,omitempty"`
 	// UploadSeconds is how long sending the files took: from the start of the first file's send

@@ -1102,11 +1102,19 @@ func restoreJudge(ctx context.Context, to *os.Root, m *Manifest, others []*Manif
 			break
 		}
 	}
+	// m's completion by the clock of the instance that wrote it, which is the clock of the local
+	// save's times when it wrote both (an instance stopped and started with its disk): not its
+	// order, moved after a commit from a clock ahead (found from outside: the save made after it
+	// was called older, moved aside, and the trainer resumed one save back).
+	completed := m.Order().At
+	if h := m.Timings.CompleteAtHere; h != nil {
+		completed = *h
+	}
 	switch {
-	case what == "" && written.After(m.Order().At):
-		return fmt.Sprintf("a newer save of this name is there (written %s, after commit %s completed, %s)", at(written), m.Commit, at(m.Order().At)), nil, nil
+	case what == "" && written.After(completed):
+		return fmt.Sprintf("a newer save of this name is there (written %s, after commit %s completed, %s)", at(written), m.Commit, at(completed)), nil, nil
 	case what == "":
-		what = fmt.Sprintf("an older save of this name was there (written %s, before commit %s completed, %s)", at(written), m.Commit, at(m.Order().At))
+		what = fmt.Sprintf("an older save of this name was there (written %s, before commit %s completed, %s)", at(written), m.Commit, at(completed))
 	}
 	if ago := now.Sub(written); ago < incompleteQuiet {
 		if held == "" {
@@ -1850,7 +1858,9 @@ func restoreMkdirAll(dir string, run *restoreRun) error {
 			return os.MkdirAll(dir, 0o755)
 		}
 		// Root's (a disk's mount point): the trainer's user, so that it can save there.
-		owner = &restoreOwner{uid: *run.dirOwner, gid: primaryGroup(*run.dirOwner, int(st.gid))}
+		// A uid this system has no user of (a container's remapped one, 100000) gets its own
+		// number as its group, as user namespaces map them, not root's (found from outside).
+		owner = &restoreOwner{uid: *run.dirOwner, gid: primaryGroup(*run.dirOwner, *run.dirOwner)}
 	}
 	root, err := os.OpenRoot(base)
 	if err != nil {

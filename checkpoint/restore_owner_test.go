@@ -128,8 +128,9 @@ func TestRestoreAsRootGivesTheFilesToTheDestinationsOwner(t *testing.T) {
 	})
 	// Under a root-owned mount point with trainer.user set (DirOwner): the directories it
 	// creates, and so the files, are the trainer's (its group where the system knows the user,
-	// else that of the directory above). (Found from outside: checkpoints/ was root's, and the
-	// trainer, running as another user, failed at its first save.)
+	// else its own number, as a user namespace maps it: root's group was mapped to no group in
+	// the trainer's container, found from outside). (Found from outside: checkpoints/ was root's,
+	// and the trainer, running as another user, failed at its first save.)
 	t.Run("created in root's for trainer.user", func(t *testing.T) {
 		_, base := restoreTestDirs(t)
 		to := filepath.Join(base, "run", "ckpt")
@@ -145,8 +146,8 @@ func TestRestoreAsRootGivesTheFilesToTheDestinationsOwner(t *testing.T) {
 			t.Errorf("the directory above belongs to %v; want root's, untouched", got["."])
 		}
 		for _, rel := range []string{"run", "run/ckpt", "run/ckpt/step-1", "run/ckpt/step-1/optimizer.pt"} {
-			if got[rel] != [2]uint32{uid, 0} {
-				t.Errorf("%s belongs to %v; want %d:0 (trainer.user, unknown here: the group of the directory above)", rel, got[rel], uid)
+			if got[rel] != [2]uint32{uid, uid} {
+				t.Errorf("%s belongs to %v; want %d:%d (trainer.user, unknown here: its own number as its group)", rel, got[rel], uid, uid)
 			}
 		}
 	})

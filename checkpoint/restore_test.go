@@ -1740,3 +1740,30 @@ func TestRestoreToADanglingLinkSaysSo(t *testing.T) {
 		})
 	}
 }
+
+// A commit whose order its agent moved an hour after a commit from a clock ahead (its
+// complete_at) keeps its completion by its own clock (complete_at_here): a save of its name
+// written on the same disk after that completion is newer, left in place, though written before
+// the moved time (found from outside: called older, moved aside, and the trainer resumed one save
+// back).
+func TestRestoreJudgesASaveByTheCommitsOwnClock(t *testing.T) {
+	s := newMemStore()
+	const cp = "latest"
+	m := restoreTestCommit(t, s, restoreTestJob, cp, restoreTestT0, restoreTestFiles(2))
+	here, moved := restoreTestT0, restoreTestT0.Add(time.Hour)
+	m.Timings.CompleteAt, m.Timings.CompleteAtHere = &moved, &here
+	restoreTestPutJSON(t, s, ManifestKey(restoreTestJob, cp, m.Commit), m)
+	restoreTestSetLatest(t, s, restoreTestJob, cp)
+	_, to := restoreTestDirs(t)
+	local := restoreTestFiles(3)
+	local["_COMPLETE"] = ""
+	restoreTestWrite(t, filepath.Join(to, cp), local, restoreTestT0.Add(30*time.Minute))
+	var log bytes.Buffer
+	res, err := Restore(t.Context(), s, restoreTestOpts(to, &log))
+	if err != nil || !res.NewerPresent || res.MovedAside != "" {
+		t.Fatalf("Restore() = %+v, %v; want the save written after the commit completed (by its clock) left as newer\n%s", res, err, log.String())
+	}
+	if !strings.Contains(log.String(), "a newer save of this name is there (written 2026-03-01T12:30:00Z, after commit "+m.Commit+" completed, 2026-03-01T12:00:00Z)") {
+		t.Errorf("log does not say the save is newer than the commit's own completion:\n%s", log.String())
+	}
+}

@@ -135,8 +135,8 @@ type sim struct {
 	// (path, checksum) of every file.
 	snaps   map[string]map[string]bool
 	checked map[string]bool // manifests checked against snaps
-	// reopened are the checkpoints ("agent:name") with a file written again (rewriteOf) since
-	// their marker was last written: not complete (the agent waits for the marker), so I5 does
+	// reopened are the checkpoints ("agent:name") with a file written again since their marker
+	// was last written: not complete (the agent waits for the marker), so I5 does
 	// not ask for them; a commit of such a version is no fault (an agent that did not know the
 	// marker it was complete with commits it, as before), so it is a snapshot too.
 	reopened map[string]bool
@@ -817,7 +817,10 @@ func (s *sim) rewrite(a *simAgent) {
 	if s.rng.IntN(2) == 0 {
 		os.Chtimes(p, fi.ModTime(), fi.ModTime())
 	}
-	if p != root && rewriteOf(FileIDOf(fi), s.fileID(p)) {
+	if p != root {
+		// Other bytes after the marker, even with the file's time set back: withheld until the
+		// marker is written again once the agent knows the commit it was complete with (or
+		// sent again and committed, before that commit: a snapshot too).
 		s.reopened[a.name+":"+name] = true
 	}
 	s.snapshot(a)

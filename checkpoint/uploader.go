@@ -405,6 +405,10 @@ type generation struct {
 	// stale, if not zero, is a version of the marker that no longer vouches for it: a file was
 	// written again after it (rewriteOf), so only another version of the marker completes it.
 	marker, stale FileID
+	// committedMarker is, for a version after a commit (nextGen), the marker that commit was
+	// complete with: while the marker is still exactly it (Same: not even its ctime moved),
+	// bytes other than the commit's were written after it (matched).
+	committedMarker FileID
 	// staleSaid is the stale marker withheldStale last reported.
 	staleSaid FileID
 	// notice is the key of the notice this version was written for (in force when its first file
@@ -1401,7 +1405,7 @@ func (u *Uploader) jobRead(ctx context.Context, st *JobState) {
 		u.index[c.Manifest.Checkpoint] = append(u.index[c.Manifest.Checkpoint], c.Manifest)
 	}
 	if n := st.Newest(); n != nil {
-		u.learnStored(n.Manifest.Order())
+		u.learnStoredManifest(n.Manifest)
 		// A notice an earlier run signalled the trainer for may have had its checkpoint
 		// committed by that run.
 		u.emit(UploadEvent{Kind: CheckpointFound, Checkpoint: n.Manifest.Checkpoint, At: time.Now(), Manifest: n.Manifest})
@@ -1539,7 +1543,7 @@ func (u *Uploader) lookupDone(ctx context.Context, g *generation, ms, parts []*M
 	g.lookup = false
 	u.index[g.name] = ms
 	if len(ms) > 0 {
-		u.learnStored(ms[0].Order())
+		u.learnStoredManifest(ms[0])
 	}
 	u.markDirty(g)
 	u.requeue(g)
@@ -1999,7 +2003,7 @@ func (u *Uploader) nextGen(old *generation) *generation {
 	g.complete, g.completeSeen, g.firstFileAt = old.complete, time.Now(), old.firstFileAt
 	g.marker, g.stale = old.marker, old.stale
 	if old.state == genCommitted {
-		g.prior = old.manifest
+		g.prior, g.committedMarker = old.manifest, old.marker
 	}
 	if g.complete && !u.lastSignal.IsZero() {
 		u.signalAnswered = true // a version completed after the signal
@@ -2054,6 +2058,9 @@ func (u *Uploader) handleWatch(ctx context.Context, ev WatchEvent) {
 		u.markerHint.Store(nil) // the marker is right
 		u.fileReady(ev)
 		g := u.gens[ev.Checkpoint]
+		// First complete (no marker before, nothing refused or withheld): its files' times are
+		// all that says what came after the marker (writtenAfter).
+		first := g.marker.isZero() && g.stale.isZero() && len(g.refused) == 0 && !g.withheld && !g.recheck
 		if !g.single {
 			if !g.stale.isZero() && ev.ID.Same(g.stale) {
 				// The marker a file was written again after (a rescan sends it again; an agent
@@ -2066,6 +2073,14 @@ func (u *Uploader) handleWatch(ctx context.Context, ev WatchEvent) {
 		}
 		g.withheld, g.withheldAt, g.recheck = false, time.Time{}, false
 		if g.complete || g.state == genCommitted {
+			return
+		}
+		if rel, ok := u.writtenAfter(g, ev.ID); ok && first {
+			// A file last modified after this marker was written: a save into the directory
+			// after it, while the agent did not run (found from outside: committed with the old
+			// marker at the next start) or before it read the marker.
+			g.complete = true // what reopen takes back
+			u.reopen(g, rel)
 			return
 		}
 		g.complete, g.completeSeen = true, u.foundAt(ev)
@@ -2267,6 +2282,32 @@ func (u *Uploader) rewrittenAfterMarker(g *generation, rel string, old, now File
 // save into the directory again whose first file is a new one, a marker written first).
 func (u *Uploader) newAfterMarker(g *generation, rel string) bool {
 	return g.holdsMarker() && rel != u.cfg.Marker
+}
+
+// writtenAfter returns a file of g, the checkpoint directory whose marker is marker, that was
+// last modified after the marker was written (its modification or change time, whichever is
+// later: a marker renamed into place changes only the latter; a restored checkpoint's files and
+// marker all have its commit's time). Both are the kernel's file times, of one clock. A
+// modification time in the future is no write's (set by hand, a tar from a clock ahead): it
+// says nothing, and never withholds a checkpoint for good.
+func (u *Uploader) writtenAfter(g *generation, marker FileID) (string, bool) {
+	if g.single {
+		return "", false
+	}
+	at := marker.ModTime
+	if marker.ChangeTime.After(at) {
+		at = marker.ChangeTime
+	}
+	if at.IsZero() {
+		return "", false
+	}
+	now := u.fileNow().Add(FileTimeLag)
+	for _, rel := range g.paths() {
+		if f := g.files[rel]; rel != u.cfg.Marker && f.id.ModTime.After(at) && !f.id.ModTime.After(now) {
+			return rel, true
+		}
+	}
+	return "", false
 }
 
 // holdsMarker reports whether g is a checkpoint directory whose marker still vouches for its
@@ -2505,6 +2546,11 @@ func (u *Uploader) abandon(ctx context.Context, g *generation, why string) {
 		u.log.Warn().Str("checkpoint", g.name).Str("why", why).Int("files", len(g.files)).Int("stored", g.doneCount()).
 			Str("fix", msgRenamedBeforeCommitFix).
 			Msg("complete checkpoint's directory renamed away before it was committed; renamed within checkpoint.dir, it is committed under its new name")
+	case wasComplete && moved:
+		// Renamed before anything of it was sent (a marker seen under the path a watch had, the
+		// directory renamed into place just before it was written): it is sent under its new name.
+		u.log.Info().Str("checkpoint", g.name).Str("why", why).
+			Msg("complete checkpoint's directory renamed away before its upload began; committed under its new name")
 	case wasComplete && (g.commit != "" || !u.superseded(g)):
 		// Complete and gone before its commit, begun or still waiting its turn (found from
 		// outside: those said only "no longer tracked"): the trainer's own rotation outran the
@@ -2909,6 +2955,42 @@ func (u *Uploader) unseen(name string) (before, after time.Time) {
 type knownOrder struct {
 	order CommitOrder
 	at    time.Time
+	// here is the commit's completion by this instance's clock (Timings.CompleteAtHere of a
+	// commit this instance wrote, its order moved after a clock ahead), zero if not known.
+	here time.Time
+	// mono is when it was learned by the monotonic clock (since monoStart), 0 if not known: what
+	// tells a wall clock set back since (knownNow).
+	mono time.Duration
+}
+
+// monoStart is the reference of knownOrder.mono.
+var monoStart = time.Now()
+
+// knownNow returns u.known as of the wall clock now (knownAsOf).
+func (u *Uploader) knownNow() []knownOrder {
+	if u.cfg.fileClock != nil {
+		return slices.Clone(u.known) // a test's clock: no monotonic one beside it
+	}
+	return knownAsOf(u.known, time.Now().Round(0), time.Since(monoStart))
+}
+
+// knownAsOf returns known with the moment each was learned in terms of the wall clock at wall
+// (monotonic time mono): a wall clock set back since (by more than a second: NTP's slews aside)
+// moves the moment back as much, so that a version completed after it, by the clock as it is
+// now, is ordered after it (found from outside: a clock stepped back under a running agent, its
+// own commits dated by the clock before, dated its next checkpoints before them; LATEST stayed
+// and retention deleted the new ones).
+func knownAsOf(known []knownOrder, wall time.Time, mono time.Duration) []knownOrder {
+	out := slices.Clone(known)
+	for i, k := range out {
+		if k.mono == 0 {
+			continue
+		}
+		if step := wall.Sub(k.at) - (mono - k.mono); step < -time.Second {
+			out[i].at = k.at.Add(step)
+		}
+	}
+	return out
 }
 
 // knownOrders bounds Uploader.known: the oldest entries matter only to a version completed long
@@ -2918,24 +3000,48 @@ const knownOrders = 64
 // learn records that the agent knows, from now on, of a commit in order o (read from the store or
 // written by it). A version completed after that completed after the commit, whatever the clock of
 // the instance that wrote the commit said (afterKnown).
-func (u *Uploader) learn(o CommitOrder) {
+func (u *Uploader) learn(o CommitOrder) { u.learnHere(o, time.Time{}) }
+
+// learnHere is learn of o, whose completion by this instance's clock is here (zero: not known).
+func (u *Uploader) learnHere(o CommitOrder, here time.Time) {
 	if n := len(u.known); n > 0 && !o.After(u.known[n-1].order) {
 		return // a newer one was known before
 	}
-	now := time.Now
-	if u.cfg.fileClock != nil {
-		now = u.cfg.fileClock
+	k := knownOrder{order: o, at: u.fileNow(), here: here}
+	if u.cfg.fileClock == nil {
+		k.mono = time.Since(monoStart)
 	}
-	u.known = append(u.known, knownOrder{order: o, at: now().Round(0)})
+	u.known = append(u.known, k)
 	if n := len(u.known); n > knownOrders {
 		u.known = slices.Delete(u.known, 0, n-knownOrders)
 	}
+}
+
+// fileNow is the time by the clock that sets files' times (time.Now, but in tests).
+func (u *Uploader) fileNow() time.Time {
+	if u.cfg.fileClock != nil {
+		return u.cfg.fileClock().Round(0)
+	}
+	return time.Now().Round(0)
 }
 
 // learnStored is learn of o, the order of a commit read from the store: it may be the answer to
 // the signal (answeredByKnown).
 func (u *Uploader) learnStored(o CommitOrder) {
 	u.learn(o)
+	u.answeredByKnown()
+}
+
+// learnStoredManifest is learnStored of m's order, with its completion by this instance's clock
+// when this instance wrote it and moved its order after a clock ahead (found from outside: a
+// restarted agent ordered the save the trainer made after that commit before it, and its
+// retention deleted the new commit at once, LATEST staying on the older save).
+func (u *Uploader) learnStoredManifest(m *Manifest) {
+	var here time.Time
+	if t := m.Timings.CompleteAtHere; t != nil && u.cfg.Host != nil && m.Host.InstanceID != "" && m.Host.InstanceID == u.cfg.Host().InstanceID {
+		here = *t
+	}
+	u.learnHere(m.Order(), here)
 	u.answeredByKnown()
 }
 
@@ -2981,6 +3087,14 @@ func afterKnown(known []knownOrder, complete time.Time) (at time.Time, by knownO
 			break
 		}
 		if d := k.order.At.Sub(k.at); d > most {
+			most, by = d, k
+		}
+	}
+	// A commit of this instance's, moved after a clock ahead: a version completed after it by
+	// this clock (here) is after it, though completed before the agent learned of it (a save
+	// the trainer made while the agent was down).
+	for _, k := range known {
+		if d := k.order.At.Sub(k.here); !k.here.IsZero() && d > 0 && complete.After(k.here) && d > most {
 			most, by = d, k
 		}
 	}
@@ -3314,6 +3428,14 @@ func (u *Uploader) matched(g *generation, rel string, f *fileState) {
 	switch {
 	case len(g.candidates) > 0:
 	case committed:
+		if rel != u.cfg.Marker && g.holdsMarker() && g.stale.isZero() && !g.committedMarker.isZero() && g.marker.Same(g.committedMarker) {
+			// Other bytes under the very marker its commit was complete with: written after it,
+			// whatever the file's times say (found from outside: a file rewritten in place, its
+			// modification time put back, was committed anew with the old marker, a torn
+			// checkpoint restored as the newest). Sent, and committed once the marker is
+			// written again.
+			u.reopen(g, rel)
+		}
 		u.toUploading(g, "file "+rel+" differs from every commit of this checkpoint in the store")
 	default:
 		u.sendAll(g) // this node's parts of the name were of other saves: no commit of it differs
@@ -3400,7 +3522,7 @@ func (u *Uploader) after(ctx context.Context, d time.Duration, fn func()) {
 // work until the result is in (events for it wait in deferred).
 func (u *Uploader) startCommit(ctx context.Context, g *generation) {
 	c := commitJob{name: g.name, commit: g.commit, single: g.single, adopt: g.state == genMatching, resumed: g.resumed, sealed: g.sealed,
-		completeAt: g.completeAt, unread: g.unread, marker: g.marker, known: slices.Clone(u.known),
+		completeAt: g.completeAt, unread: g.unread, marker: g.marker, known: u.knownNow(),
 		files: make(map[string]doneFile, len(g.files)), refused: maps.Clone(g.refused), vanished: maps.Clone(g.vanished), prior: g.prior, candidates: g.candidates, strays: g.strays,
 		timings: Timings{UploadSeconds: g.uploadEnd.Sub(g.uploadStart).Seconds()}}
 	c.unseenBefore, c.unseenAfter = u.unseen(g.name)
@@ -3613,10 +3735,10 @@ func (u *Uploader) handleCommit(ctx context.Context, r commitResult) {
 			}
 		}
 		ev.Throughput, ev.Forecast = forecast(g, m)
-		var reachNote string
+		reached := false
 		if ev.Forecast > 0 && u.reach > 0 {
 			ev.Forecast += u.reach
-			reachNote = fmt.Sprintf(" (%.0f s of it the trainer's, from its last signal to its save's first file)", u.reach.Seconds())
+			reached = true
 		}
 		for _, mf := range m.Files {
 			if f := g.files[mf.Path]; f != nil && f.done != nil && f.done.checksum == mf.Checksum {
@@ -3630,18 +3752,25 @@ func (u *Uploader) handleCommit(ctx context.Context, r commitResult) {
 		if ev.SentWhileWritten > 0 {
 			ev2 = ev2.Int64("bytes_sent_while_written", ev.SentWhileWritten)
 		}
-		if reachNote != "" {
-			ev2 = ev2.Float64("signal_to_first_file_s", logSeconds(u.reach))
+		if reached {
+			ev2 = ev2.Float64("signal_to_first_file_s", logSeconds(u.reach)) // part of the forecast
 		}
 		ev2 = ev2.Int("files", len(m.Files)).Int64("bytes", m.TotalBytes).Bool("latest", r.latestMoved).
-			Float64("throughput_mb_per_s", ev.Throughput/1e6)
-		if g.heldBack {
-			ev2.Str("trigger", m.Trigger).
-				Msgf("%s committed (withheld until then: no forecast of the time to durable after a notice from it)", what(m))
-		} else {
-			ev2.Float64("durable_after_notice_forecast_s", logSeconds(ev.Forecast)).Str("trigger", m.Trigger).
-				Msgf("%s committed; a checkpoint like this one would be durable %.0f s after a notice%s", what(m), ev.Forecast.Seconds(), reachNote)
+			Float64("throughput_mb_per_s", ev.Throughput/1e6).Str("trigger", m.Trigger)
+		if m.Notice != "" {
+			ev2 = ev2.Str("notice", m.Notice)
 		}
+		if m.Part != nil {
+			ev2 = ev2.Int("node_rank", m.Part.NodeRank).Int("world_nodes", m.Part.WorldNodes)
+		}
+		// Fixed text, the numbers in fields (found from outside: the forecast in the text made
+		// five messages of one event, which a log pipeline could not select).
+		if g.heldBack {
+			ev2 = ev2.Str("forecast", "none: withheld until then, its times hold that wait")
+		} else {
+			ev2 = ev2.Float64("durable_after_notice_forecast_s", logSeconds(ev.Forecast))
+		}
+		ev2.Msg(what(m) + " committed")
 		u.emit(ev)
 		if m.Part != nil {
 			u.trackSave(ctx, m)
@@ -3855,10 +3984,11 @@ const splitCheckFor = 5 * time.Second
 // it is said once: far longer than between two commits.
 const splitSaidFor = 6 * time.Hour
 
-// what names what a commit of m made durable, for the log.
+// what names what a commit of m made durable, for the log: fixed text (a part's node_rank and
+// world_nodes are fields).
 func what(m *Manifest) string {
 	if m.Part != nil {
-		return fmt.Sprintf("this node's part (%d of %d) of the checkpoint", m.Part.NodeRank, m.Part.WorldNodes)
+		return "this node's part of the checkpoint"
 	}
 	return "checkpoint"
 }

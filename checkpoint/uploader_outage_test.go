@@ -834,6 +834,7 @@ func TestUploaderResumedCommitWhoseManifestMayLandIsNotWrittenInto(t *testing.T)
 	if err := os.WriteFile(filepath.Join(dir, "step-1", "a"), randomBytes(t, 12<<10), 0o644); err != nil {
 		t.Fatal(err)
 	}
+	writeMarker(t, filepath.Join(dir, "step-1")) // a save of its own (a file written after the marker alone is withheld)
 	var once sync.Once
 	landing := &hookStore{Store: mem, before: func(key string) error {
 		if strings.HasSuffix(key, "/"+MetaDir+"/manifest.json") {

@@ -1360,8 +1360,10 @@ func commitsOf(t *testing.T, store Store, name string) []*Manifest {
 }
 
 // A file rewritten after its checkpoint was committed, with the same size and its modification
-// time set back, is a new version: it becomes a new commit with the new bytes, and the first
-// commit's objects are never written again (I1, I2).
+// time set back, is written after the marker the commit was complete with: not committed until
+// the marker is written again (found from outside: committed anew under the old marker, the
+// new bytes beside a save's others, as LATEST). Then it becomes a new commit with the new bytes,
+// and the first commit's objects are never written again (I1, I2).
 func TestUploaderSameSizeRewriteWithMtimeSetBack(t *testing.T) {
 	dir := t.TempDir()
 	store := newMemStore()
@@ -1381,6 +1383,13 @@ func TestUploaderSameSizeRewriteWithMtimeSetBack(t *testing.T) {
 	if err := os.Chtimes(p, fi.ModTime(), fi.ModTime()); err != nil {
 		t.Fatal(err)
 	}
+	if w := r.waitEvent(CheckpointWithheld, "step-1"); !errors.Is(w.Err, ErrWrittenAfterMarker) {
+		t.Fatalf("step-1 withheld for %v; want ErrWrittenAfterMarker", w.Err)
+	}
+	if got := commitsOf(t, store, "step-1"); len(got) != 1 {
+		t.Fatalf("step-1 has %d commits before its marker is written again; want 1", len(got))
+	}
+	writeMarker(t, filepath.Join(dir, "step-1"))
 	ev2 := r.waitCommitted("step-1")
 	if ev2.Manifest.Commit == ev.Manifest.Commit {
 		t.Fatalf("the rewrite was committed into the first commit %s", ev.Manifest.Commit)
@@ -3153,5 +3162,166 @@ func TestUploaderForecastTakesNoReachFromAPostedNotice(t *testing.T) {
 				}
 			})
 		})
+	}
+}
+
+// A file written again after its checkpoint's marker while no agent ran (a restart, a crash
+// loop, an upgrade during the trainer's save): its modification time is after the marker's, and
+// the checkpoint is withheld until its marker is written again, not committed with the old
+// marker (found from outside: committed, and restored as the newest).
+func TestCheckpointWrittenAfterItsMarkerWhileNoAgentRanIsWithheld(t *testing.T) {
+	dir, state := t.TempDir(), t.TempDir()
+	mem := newMemStore()
+	writeCheckpoint(t, dir, "step-1", map[string][]byte{"a.pt": randomBytes(t, 4<<10), "b.pt": randomBytes(t, 4<<10)})
+	marker, err := os.Stat(filepath.Join(dir, "step-1", "_COMPLETE"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFileClockAfter(t, FileIDOf(marker).ChangeTime)
+	later := randomBytes(t, 3<<10)
+	if err := os.WriteFile(filepath.Join(dir, "step-1", "b.pt"), later, 0o644); err != nil {
+		t.Fatal(err)
+	}
+
+	r := startUploaderWith(t, dir, mem, UploaderConfig{StateDir: state, StopBudget: -1})
+	if ev := r.waitEvent(CheckpointWithheld, "step-1"); !errors.Is(ev.Err, ErrWrittenAfterMarker) || !strings.Contains(ev.Err.Error(), "step-1/b.pt") {
+		t.Errorf("step-1 withheld for %v; want ErrWrittenAfterMarker naming step-1/b.pt", ev.Err)
+	}
+	if got := commitsOf(t, mem, "step-1"); len(got) != 0 {
+		t.Fatalf("step-1 has %d commits; want none until its marker is written again", len(got))
+	}
+	// The marker written again: the checkpoint as it is now is committed.
+	if err := os.WriteFile(filepath.Join(dir, "step-1", "_COMPLETE"), []byte("again"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	r.waitCommitted("step-1")
+	r.stop()
+	a, err := os.ReadFile(filepath.Join(dir, "step-1", "a.pt"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	restoreAndCompare(t, mem, "step-1", map[string][]byte{"a.pt": a, "b.pt": later})
+}
+
+// feedCheckpoint sends events what a watcher would of dir/name, on disk: a FileReady for each
+// file, then the Complete of its marker.
+func feedCheckpoint(t *testing.T, events chan<- WatchEvent, dir, name string) {
+	t.Helper()
+	entries, err := os.ReadDir(filepath.Join(dir, name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := func(rel string) FileID {
+		fi, err := os.Lstat(filepath.Join(dir, name, rel))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return FileIDOf(fi)
+	}
+	for _, e := range entries {
+		if e.Name() != "_COMPLETE" {
+			fid := id(e.Name())
+			events <- WatchEvent{Kind: FileReady, Checkpoint: name, Path: e.Name(), Size: fid.Size, ModTime: fid.ModTime, ID: fid, At: time.Now()}
+		}
+	}
+	fid := id("_COMPLETE")
+	events <- WatchEvent{Kind: Complete, Checkpoint: name, Path: "_COMPLETE", Size: fid.Size, ModTime: fid.ModTime, ID: fid, At: time.Now()}
+}
+
+// A commit's line has fixed text, its numbers in fields (found from outside: the forecast in the
+// text made several messages of one event, which a log pipeline could not select).
+func TestCommitLineIsFixedText(t *testing.T) {
+	dir := t.TempDir()
+	r, events := startUploaderFedAt(t, dir, newMemStore(), UploaderConfig{}, zerolog.InfoLevel)
+	writeCheckpoint(t, dir, "step-1", map[string][]byte{"a.pt": randomBytes(t, 4<<10)})
+	feedCheckpoint(t, events, dir, "step-1")
+	r.waitCommitted("step-1")
+	r.stop()
+	var found bool
+	for _, l := range strings.Split(r.logs.String(), "\n") {
+		var m map[string]any
+		if json.Unmarshal([]byte(l), &m) != nil || m["checkpoint"] != "step-1" || !strings.Contains(fmt.Sprint(m["message"]), "committed") {
+			continue
+		}
+		found = true
+		if _, ok := m["durable_after_notice_forecast_s"].(float64); m["message"] != "checkpoint committed" || !ok || m["trigger"] != "periodic" {
+			t.Errorf("commit line %s; want the message \"checkpoint committed\", with the forecast and the trigger in fields", l)
+		}
+	}
+	if !found {
+		t.Errorf("no commit line for step-1:\n%s", r.logs.String())
+	}
+}
+
+// nameBlockingStore is a Store whose listings under the checkpoint name wait for release: the
+// uploader's look at the store's commits of that name (before it sends a file of it) waits.
+type nameBlockingStore struct {
+	Store
+	name    string
+	release chan struct{}
+}
+
+func (s *nameBlockingStore) wait(ctx context.Context, prefix string) error {
+	if !strings.Contains(prefix, "/"+s.name+"/") {
+		return nil
+	}
+	select {
+	case <-s.release:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (s *nameBlockingStore) List(ctx context.Context, prefix string) ([]ObjectInfo, error) {
+	if err := s.wait(ctx, prefix); err != nil {
+		return nil, err
+	}
+	return s.Store.List(ctx, prefix)
+}
+
+func (s *nameBlockingStore) ListDir(ctx context.Context, prefix string) ([]string, []ObjectInfo, error) {
+	if err := s.wait(ctx, prefix); err != nil {
+		return nil, nil, err
+	}
+	return s.Store.ListDir(ctx, prefix)
+}
+
+// A staging directory renamed into place (its marker written after the rename) may be seen
+// complete under its staging name, its marker's event coming under the path its watch had: renamed
+// away before anything of it was sent, it is no checkpoint the trainer outran the store with
+// (found from outside: a warning saying so, and to keep more checkpoints on disk).
+func TestStagingNameRenamedAwayBeforeItsSendIsNoLoss(t *testing.T) {
+	dir := t.TempDir()
+	bs := &nameBlockingStore{Store: newMemStore(), name: "step-1.tmp", release: make(chan struct{})}
+	defer close(bs.release)
+	r, events := startUploaderFedAt(t, dir, bs, UploaderConfig{}, zerolog.InfoLevel)
+	writeCheckpoint(t, dir, "step-1.tmp", map[string][]byte{"a.pt": randomBytes(t, 4<<10)})
+	feedCheckpoint(t, events, dir, "step-1.tmp")
+	r.waitEvent(CheckpointComplete, "step-1.tmp")
+	if err := os.Rename(filepath.Join(dir, "step-1.tmp"), filepath.Join(dir, "step-1")); err != nil {
+		t.Fatal(err)
+	}
+	events <- WatchEvent{Kind: Removed, Checkpoint: "step-1.tmp", Moved: true, At: time.Now()}
+	r.waitEvent(CheckpointRenamedAway, "step-1.tmp")
+	if l := r.logs.String(); strings.Contains(l, "gone before it was committed") || !strings.Contains(l, "renamed away before its upload began") {
+		t.Errorf("log of a staging name renamed away before its send:\n%s\nwant it said renamed away, not gone", l)
+	}
+}
+
+// A checkpoint renamed into place whole is seen after its marker was written: its first file
+// was ready by then, and first_file_at is never after complete_at (found from outside: 1–2 ms
+// after, a negative write time in a dashboard).
+func TestFirstFileAtIsNeverAfterCompleteAt(t *testing.T) {
+	dir := t.TempDir()
+	r := startUploader(t, dir, newMemStore(), 0)
+	writeCheckpoint(t, dir, ".step-1.tmp", map[string][]byte{"a.pt": randomBytes(t, 4<<10)})
+	laterTick(t, dir, ".step-1.tmp")
+	if err := os.Rename(filepath.Join(dir, ".step-1.tmp"), filepath.Join(dir, "step-1")); err != nil {
+		t.Fatal(err)
+	}
+	m := r.waitCommitted("step-1").Manifest
+	if tm := m.Timings; tm.FirstFileAt == nil || tm.CompleteAt == nil || tm.FirstFileAt.After(*tm.CompleteAt) {
+		t.Errorf("timings first_file_at %v, complete_at %v; want the first file ready no later than the checkpoint completed", tm.FirstFileAt, tm.CompleteAt)
 	}
 }

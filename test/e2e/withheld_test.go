@@ -291,3 +291,61 @@ func TestCheckpointTheAgentMayNotReadIsWithheld(t *testing.T) {
 	ts.restore(t, job, to)
 	sameTree(t, step2, filepath.Join(to, "step-2"))
 }
+
+// A file written again after its checkpoint's marker while the agent was stopped (systemctl
+// restart, an upgrade, a crash loop during the trainer's save): the restarted agent withholds the
+// checkpoint (503 naming the file) and commits nothing of it until the marker is written again;
+// then the checkpoint as it is. (Found from outside: committed with the old marker, as LATEST,
+// and restored torn.)
+func TestFileWrittenAfterTheMarkerWhileTheAgentWasStoppedIsWithheld(t *testing.T) {
+	needPeers(t)
+	ts := newS3TestStore(startS3(t), "afterstop")
+	const job = "afterstop"
+	sim := quietIMDS(t)
+	dir := t.TempDir()
+	ap := startStoreAgent(t, sim, dir, ts, job, noTrainer)
+	runtime := ap.runtimeDir
+	ap.stop(t)
+
+	ck := filepath.Join(dir, "step-1")
+	if err := os.Mkdir(ck, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	writeSynced(t, filepath.Join(ck, "model.pt"), []byte("the save the marker vouches for"))
+	writeSynced(t, filepath.Join(ck, "_COMPLETE"), nil)
+	marker, err := os.Stat(filepath.Join(ck, "_COMPLETE"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	markerAt := time.Unix(marker.Sys().(*syscall.Stat_t).Ctim.Unix())
+	probe := filepath.Join(t.TempDir(), "tick")
+	eventually(t, 5*time.Second, "the file clock past the marker's", func() bool {
+		if err := os.WriteFile(probe, nil, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		fi, err := os.Stat(probe)
+		return err == nil && fi.ModTime().After(markerAt)
+	})
+	later := []byte("a later save's bytes, written after the marker")
+	writeInPlace(t, filepath.Join(ck, "model.pt"), later)
+
+	ap = startStoreAgent(t, sim, dir, ts, job, noTrainer, "SPOTGUARD_AGENT_RUNTIME_DIR="+runtime)
+	eventually(t, 15*time.Second, "/healthz to be 503 naming step-1/model.pt", func() bool {
+		code, h := ap.healthz(t)
+		return code == 503 && slices.ContainsFunc(h.Reasons, func(r string) bool {
+			return strings.Contains(r, "checkpoint step-1") && strings.Contains(r, "step-1/model.pt")
+		})
+	})
+	if cs := ts.list(t, job); len(cs) != 0 {
+		t.Fatalf("committed %d checkpoints while step-1's marker does not vouch for it; want none", len(cs))
+	}
+
+	writeInPlace(t, filepath.Join(ck, "_COMPLETE"), []byte("again"))
+	waitCommitted(t, ap, ts, job, "step-1", 15*time.Second)
+	to := t.TempDir()
+	ts.restore(t, job, to)
+	if got, err := os.ReadFile(filepath.Join(to, "step-1", "model.pt")); err != nil || string(got) != string(later) {
+		t.Errorf("restored model.pt %q, %v; want the bytes the marker written again vouches for", got, err)
+	}
+	ts.check(t, job)
+}
