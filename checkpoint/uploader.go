@@ -2210,7 +2210,7 @@ func (u *Uploader) fileReady(ev WatchEvent) {
 	// and the checkpoint waited for its marker).
 	why, refused := g.refused[ev.Path]
 	fixed := refused && sameVersion(why.id, ev.ID)
-	if f != nil && u.rewrittenAfterMarker(g, ev.Path, f.id, ev.ID) || f == nil && u.newAfterMarker(g, ev.Path) && !fixed && !u.cameBack(g, ev.Path, ev.ID) {
+	if (f != nil && u.rewrittenAfterMarker(g, ev.Path, f.id, ev.ID) || f == nil && u.newAfterMarker(g, ev.Path) && !fixed && !u.cameBack(g, ev.Path, ev.ID)) && u.markerStill(g) {
 		u.reopen(g, ev.Path)
 	}
 	if g.state == genCommitted {
@@ -2308,6 +2308,16 @@ func (u *Uploader) writtenAfter(g *generation, marker FileID) (string, bool) {
 		}
 	}
 	return "", false
+}
+
+// markerStill reports whether the marker on disk is still the version g's completeness rests on
+// (g.marker): one removed or written again since, whose own event is still to come (a full read
+// of the directory reports the files before the marker: a restarted agent), says a new save,
+// not a file written after the marker (found from outside: a trainer that took its marker away,
+// saved and wrote it again while the agent was stopped was told to do just that).
+func (u *Uploader) markerStill(g *generation) bool {
+	fi, err := os.Lstat(filepath.Join(u.cfg.Dir, g.name, u.cfg.Marker))
+	return err == nil && sameVersion(g.marker, FileIDOf(fi)) // a chmod of it alone is no new version
 }
 
 // holdsMarker reports whether g is a checkpoint directory whose marker still vouches for its
@@ -3395,7 +3405,7 @@ func (u *Uploader) handleResult(ctx context.Context, r fileResult) {
 		// superseded, and one that reported the version just read again (a single file's
 		// Complete after its FileReady) asks for nothing. A version written after the marker
 		// (its event still to come) is a save into the directory again.
-		if u.rewrittenAfterMarker(g, r.rel, f.id, d.id) {
+		if u.rewrittenAfterMarker(g, r.rel, f.id, d.id) && u.markerStill(g) {
 			u.reopen(g, r.rel)
 		}
 		f.id = d.id
@@ -3428,7 +3438,7 @@ func (u *Uploader) matched(g *generation, rel string, f *fileState) {
 	switch {
 	case len(g.candidates) > 0:
 	case committed:
-		if rel != u.cfg.Marker && g.holdsMarker() && g.stale.isZero() && !g.committedMarker.isZero() && g.marker.Same(g.committedMarker) {
+		if rel != u.cfg.Marker && g.holdsMarker() && g.stale.isZero() && !g.committedMarker.isZero() && g.marker.Same(g.committedMarker) && u.markerStill(g) {
 			// Other bytes under the very marker its commit was complete with: written after it,
 			// whatever the file's times say (found from outside: a file rewritten in place, its
 			// modification time put back, was committed anew with the old marker, a torn

@@ -3325,3 +3325,39 @@ func TestFirstFileAtIsNeverAfterCompleteAt(t *testing.T) {
 		t.Errorf("timings first_file_at %v, complete_at %v; want the first file ready no later than the checkpoint completed", tm.FirstFileAt, tm.CompleteAt)
 	}
 }
+
+// A trainer that saves into one directory again as it should (marker taken away, files written,
+// marker written again) while the agent is stopped: the restarted agent reads the files before
+// the new marker, and said "file written again after its checkpoint's marker", with the advice to
+// do what the trainer did (found from outside, 3 of 3). The new save is committed, no warning.
+func TestResaveWhileTheAgentWasStoppedIsNoWriteAfterTheMarker(t *testing.T) {
+	dir, state := t.TempDir(), t.TempDir()
+	mem := newMemStore()
+	cfg := UploaderConfig{StateDir: state, StopBudget: -1}
+	r := startUploaderWith(t, dir, mem, cfg)
+	writeCheckpoint(t, dir, "latest", map[string][]byte{"a.pt": randomBytes(t, 4<<10), "b.pt": randomBytes(t, 4<<10)})
+	first := r.waitCommitted("latest").Manifest
+	r.stop()
+
+	ck := filepath.Join(dir, "latest")
+	if err := os.Remove(filepath.Join(ck, "_COMPLETE")); err != nil {
+		t.Fatal(err)
+	}
+	save2 := map[string][]byte{"a.pt": randomBytes(t, 4<<10), "b.pt": randomBytes(t, 4<<10)}
+	for _, f := range []string{"a.pt", "b.pt"} {
+		if err := os.WriteFile(filepath.Join(ck, f), save2[f], 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	writeMarker(t, ck)
+
+	r = startUploaderWith(t, dir, mem, cfg)
+	if ev := r.waitCommitted("latest"); ev.Manifest.Commit == first.Commit {
+		t.Fatalf("the second save was taken for the first one's commit %s", first.Commit)
+	}
+	r.stop()
+	restoreAndCompare(t, mem, "latest", save2)
+	if l := r.logs.String(); strings.Contains(l, msgRewrittenAfterMarker) {
+		t.Errorf("a save whose marker was taken away and written again was said written after its marker:\n%s", l)
+	}
+}
