@@ -2150,7 +2150,7 @@ func readPrevious(dir string, log zerolog.Logger) (map[string]signalRecord, map[
 	var jobs []jobRecord
 	var carried []noticeEntry
 	for _, e := range nf.Active {
-		key := imds.Notice{Source: e.Source, Action: e.Action, EventID: e.EventID}.Key()
+		key := e.key()
 		if e.SignalledAt != nil {
 			out[key] = signalRecord{At: *e.SignalledAt, PIDs: e.SignalledPIDs, written: written}
 		}

@@ -977,7 +977,7 @@ func (s *noticeSim) check() {
 	if ok {
 		var got []string
 		for _, e := range nf.Active {
-			key := imds.Notice{Source: e.Source, Action: e.Action, EventID: e.EventID}.Key()
+			key := e.key()
 			got = append(got, key)
 			if a := s.active[key]; a != nil {
 				if want := a.n.Deadline; (e.Deadline == nil) != want.IsZero() || e.Deadline != nil && !e.Deadline.Equal(want) {

@@ -895,12 +895,8 @@ func TestRestoreTellsTheAgentsJournal(t *testing.T) {
 // seen the first file written again and begun to send it to a new commit, still waits for the
 // marker: the journal says which marker no longer vouches for the files.
 func TestUploaderRestartMidRewriteWaitsForTheMarker(t *testing.T) {
-	dir, state := t.TempDir(), t.TempDir()
-	store := newMemStore()
-	cfg := UploaderConfig{StateDir: state, StopBudget: -1}
-	r := startUploaderWith(t, dir, store, cfg)
-	writeCheckpoint(t, dir, "step-1", map[string][]byte{"a.bin": randomBytes(t, 64<<10), "b.bin": randomBytes(t, 64<<10)})
-	first := r.waitCommitted("step-1").Manifest
+	dir, store := t.TempDir(), newMemStore()
+	r, cfg, first := commitWithJournal(t, dir, store, "step-1", map[string][]byte{"a.bin": randomBytes(t, 64<<10), "b.bin": randomBytes(t, 64<<10)})
 	ck := filepath.Join(dir, "step-1")
 	save2 := map[string][]byte{"a.bin": randomBytes(t, 64<<10), "b.bin": randomBytes(t, 64<<10)}
 	rewriteLater(t, filepath.Join(ck, "a.bin"), save2["a.bin"])
@@ -3326,17 +3322,24 @@ func TestFirstFileAtIsNeverAfterCompleteAt(t *testing.T) {
 	}
 }
 
+// commitWithJournal runs an uploader of dir into store with a journal (and no stop budget), and
+// commits name with files: it returns the running rig, its configuration for a restart, and the
+// commit.
+func commitWithJournal(t *testing.T, dir string, store Store, name string, files map[string][]byte) (*uploaderRig, UploaderConfig, *Manifest) {
+	t.Helper()
+	cfg := UploaderConfig{StateDir: t.TempDir(), StopBudget: -1}
+	r := startUploaderWith(t, dir, store, cfg)
+	writeCheckpoint(t, dir, name, files)
+	return r, cfg, r.waitCommitted(name).Manifest
+}
+
 // A trainer that saves into one directory again as it should (marker taken away, files written,
 // marker written again) while the agent is stopped: the restarted agent reads the files before
 // the new marker, and said "file written again after its checkpoint's marker", with the advice to
 // do what the trainer did (found from outside, 3 of 3). The new save is committed, no warning.
 func TestResaveWhileTheAgentWasStoppedIsNoWriteAfterTheMarker(t *testing.T) {
-	dir, state := t.TempDir(), t.TempDir()
-	mem := newMemStore()
-	cfg := UploaderConfig{StateDir: state, StopBudget: -1}
-	r := startUploaderWith(t, dir, mem, cfg)
-	writeCheckpoint(t, dir, "latest", map[string][]byte{"a.pt": randomBytes(t, 4<<10), "b.pt": randomBytes(t, 4<<10)})
-	first := r.waitCommitted("latest").Manifest
+	dir, mem := t.TempDir(), newMemStore()
+	r, cfg, first := commitWithJournal(t, dir, mem, "latest", map[string][]byte{"a.pt": randomBytes(t, 4<<10), "b.pt": randomBytes(t, 4<<10)})
 	r.stop()
 
 	ck := filepath.Join(dir, "latest")
