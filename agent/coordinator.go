@@ -69,12 +69,16 @@ type Transition struct {
 
 // NoticeStatus is one notice as /status shows it.
 type NoticeStatus struct {
-	Key         string          `json:"key"`
-	Source      imds.Source     `json:"source"`
-	Action      string          `json:"action"`
-	EventID     string          `json:"event_id,omitempty"`
-	Policy      Policy          `json:"policy"`
-	Deadline    *time.Time      `json:"deadline"`
+	Key      string      `json:"key"`
+	Source   imds.Source `json:"source"`
+	Action   string      `json:"action"`
+	EventID  string      `json:"event_id,omitempty"`
+	Policy   Policy      `json:"policy"`
+	Deadline *time.Time  `json:"deadline"`
+	// DetectedAt is when the agent first read the notice, as notice.json's detected_at: for one
+	// in force across a restart of the agent, when its previous run did (the first transition
+	// is this run's).
+	DetectedAt  time.Time       `json:"detected_at"`
 	Malformed   bool            `json:"malformed,omitempty"`
 	State       string          `json:"state"`
 	Active      bool            `json:"active"`
@@ -1332,6 +1336,9 @@ func (c *Coordinator) detect(cfg *Config, n imds.Notice, at time.Time, detail st
 	c.metrics.notices.WithLabelValues(string(n.Source), n.Action).Inc()
 	c.record(metrics.Datum{Name: "Notices", Unit: metrics.UnitCount, Value: 1,
 		Dimensions: map[string]string{"Source": string(n.Source), "Action": n.Action}})
+	if ns.readAt.Before(at) && detail == "" {
+		detail = "in force since before the agent restarted: its previous run read it at " + ns.readAt.UTC().Format(time.RFC3339Nano)
+	}
 	c.add(ns, StateDetected, at, detail)
 	ev := log.Warn().Str("source", string(n.Source)).Str("action", n.Action).Str("policy", string(policy))
 	if ns.Deadline != nil {
@@ -1978,6 +1985,7 @@ func (c *Coordinator) status() coordinatorStatus {
 	}
 	for _, n := range c.notices {
 		cp := *n
+		cp.DetectedAt = n.readAt
 		cp.Transitions = slices.Clone(n.Transitions)
 		cp.Signals = append([]SignalOutcome{}, n.Signals...) // [] when none: a list, as documented
 		st.Notices = append(st.Notices, cp)

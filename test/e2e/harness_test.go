@@ -447,6 +447,7 @@ type agentStatus struct {
 		State       string     `json:"state"`
 		Active      bool       `json:"active"`
 		Deadline    *time.Time `json:"deadline"`
+		DetectedAt  time.Time  `json:"detected_at"`
 		Transitions []struct {
 			State           string  `json:"state"`
 			SinceDetectedMS float64 `json:"since_detected_ms"`

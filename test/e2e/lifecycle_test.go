@@ -400,6 +400,7 @@ func TestNoticeFileStaysWholeAcrossRestarts(t *testing.T) {
 		return err == nil && strings.Contains(string(b), `"signalled_at"`)
 	})
 	env = append(env, "SPOTGUARD_AGENT_RUNTIME_DIR="+ap.runtimeDir)
+	firstRead := ap.status(t).Notices[0].DetectedAt
 
 	// The poller: every read of notice.json until stop, what it found.
 	stop := make(chan struct{})
@@ -443,6 +444,13 @@ func TestNoticeFileStaysWholeAcrossRestarts(t *testing.T) {
 		ap.waitPolls(t, "spot", 12)
 		if got := tp.signals(t); len(got) != 1 {
 			t.Fatalf("restart %d (%s): the trainer got %d signals; want the first alone", i+1, how, len(got))
+		}
+		// /status says when the notice was first read, as notice.json does, not the restart
+		// (found from outside: its only time was the restarted run's).
+		n := ap.status(t).Notices[0]
+		if !n.DetectedAt.Equal(firstRead) || len(n.Transitions) == 0 || !strings.Contains(n.Transitions[0].Detail, "previous run read it at") {
+			t.Errorf("restart %d (%s): /status notice detected_at %v, first transition %+v; want detected_at %v, the first read, and the transition saying so",
+				i+1, how, n.DetectedAt, n.Transitions, firstRead)
 		}
 	}
 	close(stop)
