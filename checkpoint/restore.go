@@ -848,7 +848,7 @@ func (e *restoreNothingError) Error() string {
 		msg += "; the newest " + e.incomplete
 	}
 	if len(e.others) > 0 && e.incomplete == "" {
-		msg += fmt.Sprintf("; the store holds the checkpoints of other jobs: %s (is store.job the training run's name?", strings.Join(e.others, ", "))
+		msg += fmt.Sprintf("; the store holds the checkpoints of other jobs: %s (is store.job the training run's name?", QuoteJobs(e.others))
 		if slices.Contains(e.others, "default") {
 			msg += ` job "default" is where an agent without store.job committed, before the key was required`
 		}
@@ -863,20 +863,41 @@ const otherJobsMax = 10
 // OtherJobs returns the names at the top of s, other than job's first element, that hold a
 // LATEST: jobs a restore that found nothing may have meant (a store.job mistyped, or set anew
 // after an upgrade from a version with a default: training restarted from scratch, found from
-// outside). At most otherJobsMax are looked at; none when the store cannot be listed.
+// outside). The otherJobsMax names closest to job's are looked at (the same but for case first,
+// then the longest prefix in common: in a bucket of many jobs, the first ten in the alphabet
+// named runs unlike the one meant; found from outside), and returned in that order; none when
+// the store cannot be listed.
 func OtherJobs(ctx context.Context, s Store, job string) []string {
 	dirs, _, err := s.ListDir(ctx, "")
 	if err != nil {
 		return nil
 	}
 	own, _, _ := strings.Cut(job, "/")
-	var found []string
-	looked := 0
-	for _, d := range dirs {
-		if d == own || ValidName(d) != nil {
-			continue
+	dirs = slices.DeleteFunc(slices.Clone(dirs), func(d string) bool { return d == own || ValidName(d) != nil })
+	closeness := func(d string) (bool, int) {
+		if strings.EqualFold(d, own) {
+			return true, len(d)
 		}
-		if looked++; looked > otherJobsMax {
+		n := 0
+		for n < len(d) && n < len(own) && d[n] == own[n] {
+			n++
+		}
+		return false, n
+	}
+	slices.SortStableFunc(dirs, func(a, b string) int {
+		fa, na := closeness(a)
+		fb, nb := closeness(b)
+		switch {
+		case fa != fb && fa:
+			return -1
+		case fa != fb:
+			return 1
+		}
+		return cmp.Or(cmp.Compare(nb, na), strings.Compare(a, b))
+	})
+	var found []string
+	for i, d := range dirs {
+		if i == otherJobsMax {
 			if len(found) > 0 {
 				found = append(found, "…")
 			}
@@ -887,6 +908,19 @@ func OtherJobs(ctx context.Context, s Store, job string) []string {
 		}
 	}
 	return found
+}
+
+// QuoteJobs is names as a message lists them: each quoted (a trailing space, or a comma in a
+// name, shows), but the "…" OtherJobs ends with when it looked at no more.
+func QuoteJobs(names []string) string {
+	q := make([]string, len(names))
+	for i, n := range names {
+		q[i] = n
+		if n != "…" {
+			q[i] = strconv.Quote(n)
+		}
+	}
+	return strings.Join(q, ", ")
 }
 
 func (e *restoreNothingError) Unwrap() []error {

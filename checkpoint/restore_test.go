@@ -1685,9 +1685,30 @@ func TestRestoreOfAnEmptyJobNamesTheOtherJobs(t *testing.T) {
 		}
 	}
 	_, err := Restore(t.Context(), s, RestoreOptions{Job: "my-run", To: t.TempDir(), Logger: zerolog.Nop()})
-	if !errors.Is(err, ErrNothingToRestore) || !strings.Contains(err.Error(), "the store holds the checkpoints of other jobs: default, other-run (") ||
+	if !errors.Is(err, ErrNothingToRestore) || !strings.Contains(err.Error(), `the store holds the checkpoints of other jobs: "default", "other-run" (`) ||
 		!strings.Contains(err.Error(), `job "default" is where an agent without store.job committed`) {
 		t.Errorf("Restore(my-run) = %v; want nothing to restore, naming the jobs with a LATEST the store holds", err)
+	}
+}
+
+// In a bucket of many jobs, the jobs named are those closest to the one asked for (the same but
+// for case, then the longest prefix in common), quoted: they were the first ten in the alphabet,
+// unlike the one meant, and a trailing space could not be seen (found from outside).
+func TestRestoreOfAnEmptyJobNamesTheClosestJobs(t *testing.T) {
+	s := newMemStore()
+	jobs := []string{"train-run", "train-run-2 ", "Train-Run-3"}
+	for i := range 20 {
+		jobs = append(jobs, fmt.Sprintf("a-%02d", i))
+	}
+	for _, job := range jobs {
+		if _, err := s.PutBytes(t.Context(), LatestKey(job), []byte(`{"checkpoint":"step-000100"}`), Cond{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_, err := Restore(t.Context(), s, RestoreOptions{Job: "train-run-3", To: t.TempDir(), Logger: zerolog.Nop()})
+	want := `other jobs: "Train-Run-3", "train-run-2 ", "train-run", "a-00", `
+	if !errors.Is(err, ErrNothingToRestore) || !strings.Contains(err.Error(), want) || !strings.Contains(err.Error(), `"a-06", … (`) {
+		t.Errorf("Restore(train-run-3) = %v; want the ten closest jobs first, quoted: %s… and then an ellipsis", err, want)
 	}
 }
 

@@ -121,7 +121,7 @@ func TestListOfAnEmptyJobNamesTheOtherJobs(t *testing.T) {
 	}
 	code, stdout, stderr := runCLI(t, t.Context(), env, "list", "--config", cfgPath, "--store.job", "k")
 	if code != exitOK || !strings.Contains(stdout, "no committed checkpoint of job k") ||
-		!strings.Contains(stdout, "the store holds the checkpoints of other jobs: j (is store.job the training run's name?)") {
+		!strings.Contains(stdout, `the store holds the checkpoints of other jobs: "j" (is store.job the training run's name?)`) {
 		t.Errorf("list --store.job k: exit %d, stdout %q, stderr %q; want exit 0 naming job j", code, stdout, stderr)
 	}
 }

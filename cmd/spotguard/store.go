@@ -481,7 +481,7 @@ func runList(ctx context.Context, args, environ []string, stdout, stderr io.Writ
 		fmt.Fprintf(stdout, "no committed checkpoint of job %s in %s\n", cfg.Store.Job, store.URL())
 		if others := checkpoint.OtherJobs(ctx, store, cfg.Store.Job); len(others) > 0 && len(incomplete) == 0 {
 			// As restore says it: a mistyped store.job, or one set anew, lists nothing.
-			fmt.Fprintf(stdout, "the store holds the checkpoints of other jobs: %s (is store.job the training run's name?)\n", strings.Join(others, ", "))
+			fmt.Fprintf(stdout, "the store holds the checkpoints of other jobs: %s (is store.job the training run's name?)\n", checkpoint.QuoteJobs(others))
 		}
 	} else {
 		checkpoint.FormatList(stdout, cs)
