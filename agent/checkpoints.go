@@ -222,6 +222,7 @@ func (c *Coordinator) onUpload(ev checkpoint.UploadEvent) {
 		name   string // the checkpoint
 		detail string // for StateCheckpointWritten and StateCheckpointMissing
 		again  bool   // StateCheckpointMissing said before (and a checkpoint came since): not counted or logged again
+		err    error  // StateCheckpointMissing: the event's error (why its checkpoint is withheld)
 	}
 	var changes []change
 	c.mu.Lock()
@@ -279,7 +280,7 @@ func (c *Coordinator) onUpload(ev checkpoint.UploadEvent) {
 				}
 				switch {
 				case ev.Kind == checkpoint.CheckpointWithheld && ev.At.After(ns.detectedAt) && ns.written == "" && ns.endedAt.IsZero():
-					ns.withheld, ns.withheldGone = ev.Checkpoint, ""
+					ns.withheld, ns.withheldErr, ns.withheldGone = ev.Checkpoint, ev.Err, ""
 				case ev.Kind != checkpoint.CheckpointWithheld && ns.withheld == ev.Checkpoint && ns.written == "":
 					// Gone: it is no longer what keeps the notice from its checkpoint (renamed
 					// within the directory, it completes anew under its new name).
@@ -312,9 +313,9 @@ func (c *Coordinator) onUpload(ev checkpoint.UploadEvent) {
 				continue
 			}
 			ns.written = ""
-			reason := missingDeleted
+			reason := MissingDeleted
 			if ev.Kind == checkpoint.CheckpointWithheld {
-				ns.withheld, reason = ev.Checkpoint, missingWithheld
+				ns.withheld, ns.withheldErr, reason = ev.Checkpoint, ev.Err, MissingWithheld
 			}
 			if ns.renamed != "" {
 				// One renamed away is awaited under its new name, and said missing in time if
@@ -325,7 +326,7 @@ func (c *Coordinator) onUpload(ev checkpoint.UploadEvent) {
 			// trainer saves again (or writes the withheld one's marker again) while the notice is
 			// in force. (Said and counted once: a notice said missing before, whose checkpoint
 			// came since, says it again, and that is all.)
-			changes = append(changes, change{ns: ns, state: StateCheckpointMissing, name: ev.Checkpoint, detail: reason, again: ns.missingSaid})
+			changes = append(changes, change{ns: ns, state: StateCheckpointMissing, name: ev.Checkpoint, detail: reason, again: ns.missingSaid, err: ev.Err})
 			ns.missingSaid = true
 		case durable, checkpoint.CheckpointFound:
 			// Its checkpoint, or one completed after it (as good: restored, it is newer
@@ -381,13 +382,19 @@ func (c *Coordinator) onUpload(ev checkpoint.UploadEvent) {
 			c.countMissing(ns, ch.detail)
 			msg := "the checkpoint written for this notice was deleted before it was committed, and none completed since: " +
 				"only checkpoints committed before (or still being uploaded) will be there to restore; keep the newest checkpoints on disk until they are committed"
-			if ch.detail == missingWithheld {
+			switch {
+			case ch.detail == MissingWithheld && errors.Is(ch.err, checkpoint.ErrWrittenAfterMarker):
+				// Not a file that cannot be stored (found from outside: a marker written first
+				// was said to be one, sending the user to a line not shown).
+				msg = "the checkpoint written for this notice is withheld, and none completed since: " + withheldAfterMarker(ch.err) +
+					"; only checkpoints committed before (or still being uploaded) will be there to restore"
+			case ch.detail == MissingWithheld:
 				msg = "a file of the checkpoint written for this notice cannot be stored, so it is withheld, not committed, and none completed since " +
 					"(the uploader's error says which file and what to do; written again with its marker, it is committed): " +
 					"only checkpoints committed before (or still being uploaded) will be there to restore"
 			}
 			c.log.Error().Str("notice", ns.Key).Str("reason", ch.detail).Str("checkpoint", ch.name).Msg(msg)
-			c.transition(ns, StateCheckpointMissing, ch.detail)
+			c.missing(ns, ch.detail, msg)
 		case StateCommitted:
 			if ev.Kind == checkpoint.CheckpointFound {
 				// Committed when its manifest says, not when it was found.
@@ -450,13 +457,13 @@ type renamedCheckpoint struct {
 // maxLater bounds NoticeStatus.later.
 const maxLater = 16
 
-// missingDeleted is the checkpoint_missing reason of a notice whose checkpoint was deleted
+// MissingDeleted is the checkpoint_missing reason of a notice whose checkpoint was deleted
 // before its commit.
-const missingDeleted = "deleted"
+const MissingDeleted = "deleted"
 
-// missingWithheld is the checkpoint_missing reason of a notice whose checkpoint is withheld (a
-// file of it cannot be stored).
-const missingWithheld = "withheld"
+// MissingWithheld is the checkpoint_missing reason of a notice whose checkpoint is withheld (a
+// file of it cannot be stored, or was written after its marker).
+const MissingWithheld = "withheld"
 
 // missingRenamedAway is the checkpoint_missing reason of a notice whose checkpoint was renamed
 // away before its commit, and nothing completed since (renamed out of checkpoint.dir).

@@ -91,6 +91,9 @@ type NoticeStatus struct {
 	Posts int `json:"posts,omitempty"`
 	// LastPostAt is when a job notice was last posted; absent for IMDS notices.
 	LastPostAt *time.Time `json:"last_post_at,omitempty"`
+	// Missing says, in checkpoint_missing, why the notice has no checkpoint and what to do: the
+	// text of its error line.
+	Missing string `json:"missing,omitempty"`
 	// EndsAt is when a job notice ends unless posted again with a later deadline: its latest
 	// deadline (or, if that had passed, the post) plus JobNoticeGrace; absent for IMDS notices,
 	// which end when IMDS withdraws them.
@@ -117,6 +120,9 @@ type NoticeStatus struct {
 	// written's place when written is deleted or renamed away before its commit.
 	later    []string
 	withheld string // a checkpoint withheld after the notice (its marker came; not storable)
+	// withheldErr is why withheld is: not storable, or written after its marker
+	// (checkpoint.ErrWrittenAfterMarker).
+	withheldErr error
 	// withheldGone is the withheld checkpoint, once it was deleted (or renamed: under its new
 	// name it completes anew) without another completing.
 	withheldGone string
@@ -1602,6 +1608,22 @@ func (c *Coordinator) add(ns *NoticeStatus, state string, at time.Time, detail s
 	c.active[ns.Key] = ns
 }
 
+// missing moves ns to checkpoint_missing (reason), what its error line said (msg) kept for
+// /status.
+func (c *Coordinator) missing(ns *NoticeStatus, reason, msg string) {
+	c.mu.Lock()
+	ns.Missing = msg
+	c.mu.Unlock()
+	c.transition(ns, StateCheckpointMissing, reason)
+}
+
+// withheldAfterMarker says why a checkpoint is withheld whose error err (ErrWrittenAfterMarker)
+// names the file written after its marker.
+func withheldAfterMarker(err error) string {
+	return "a file of it was written after its marker (" + strings.TrimPrefix(err.Error(), checkpoint.ErrWrittenAfterMarker.Error()+": ") +
+		"), so it is not complete and not committed: write the marker last, after every file of the save (written again with its marker, it is committed)"
+}
+
 func (c *Coordinator) transition(ns *NoticeStatus, state, detail string) {
 	now := time.Now()
 	c.mu.Lock()
@@ -1610,6 +1632,9 @@ func (c *Coordinator) transition(ns *NoticeStatus, state, detail string) {
 		State: state, At: now, Detail: detail,
 		SinceDetectedMS: float64(now.Sub(ns.detectedAt).Microseconds()) / 1000,
 	})
+	if state == StateCommitted {
+		ns.Missing = "" // its checkpoint came late, and is committed
+	}
 	if state == StateEnded {
 		ns.Active, ns.endedAt = false, now
 		delete(c.active, ns.Key)
@@ -1651,6 +1676,7 @@ func (c *Coordinator) checkMissing(now time.Time) {
 		ns                *NoticeStatus
 		again             bool
 		renamed, withheld string
+		withheldErr       error
 		withheldGone      string
 		signalledAt       time.Time
 		notSignalled      bool
@@ -1695,7 +1721,7 @@ func (c *Coordinator) checkMissing(now time.Time) {
 		if now.Before(by) {
 			continue
 		}
-		m := missing{ns: ns, again: ns.missingSaid, withheld: ns.withheld, withheldGone: ns.withheldGone, signalledAt: signalledAt,
+		m := missing{ns: ns, again: ns.missingSaid, withheld: ns.withheld, withheldErr: ns.withheldErr, withheldGone: ns.withheldGone, signalledAt: signalledAt,
 			notSignalled: notSignalled && !renamed, notSignalledBy: ns.notSignalledBy, atDeadline: atDeadline && !renamed}
 		m.renamed, ns.renamed = ns.renamed, "" // said once per rename
 		ns.missingSaid = true
@@ -1716,12 +1742,20 @@ func (c *Coordinator) checkMissing(now time.Time) {
 			why = "the trainer wrote " + m.renamed + " and its marker, and it was renamed away before its commit, but nothing completed since under a new name in " +
 				c.config().Checkpoint.Dir + " (moved out of it?): rename a checkpoint within checkpoint.dir, and move it elsewhere only once it is committed"
 		case m.withheldGone != "" && m.withheld == "":
-			reason = missingDeleted
+			reason = MissingDeleted
 			why = "the trainer wrote " + m.withheldGone + " and its marker, but it was withheld, not committed (a file of it, or its name, cannot be stored), and it is gone since (deleted, or renamed out of " +
 				c.config().Checkpoint.Dir + ")"
 		case m.withheld != "":
-			reason = missingWithheld
+			reason = MissingWithheld
 			what := "a file of it cannot be stored, so it is withheld, not committed (its error says which file and what to do)"
+			if m.withheldErr != nil {
+				// Said here too (found from outside: the drill shows errors only, and its
+				// reason sent the user to the uploader's line it did not show).
+				what = "a file of it cannot be stored (" + m.withheldErr.Error() + "), so it is withheld, not committed"
+			}
+			if errors.Is(m.withheldErr, checkpoint.ErrWrittenAfterMarker) {
+				what = withheldAfterMarker(m.withheldErr)
+			}
 			if checkpoint.ValidName(m.withheld) != nil {
 				what = "the store cannot hold that name, so it is withheld, not committed: rename the checkpoint (its error says why)"
 			}
@@ -1760,9 +1794,10 @@ func (c *Coordinator) checkMissing(now time.Time) {
 		} else {
 			ev.Float64("since_signal_s", logSeconds(now.Sub(m.signalledAt)))
 		}
-		ev.Msg("no checkpoint completed " + since + ": " + why +
-			"; only checkpoints saved before (committed, or still being uploaded) will be there to restore")
-		c.transition(ns, StateCheckpointMissing, reason)
+		msg := "no checkpoint completed " + since + ": " + why +
+			"; only checkpoints saved before (committed, or still being uploaded) will be there to restore"
+		ev.Msg(msg)
+		c.missing(ns, reason, msg)
 	}
 }
 

@@ -576,7 +576,7 @@ func TestUnsignalledNoticeCheckpointRenamedAway(t *testing.T) {
 // checkpoint that was gone. It says deleted now; renamed within the directory, it completes and
 // is committed under its new name.
 func TestNoticeWithheldCheckpointGoneIsSaid(t *testing.T) {
-	for _, tc := range []struct{ name, want string }{{"kept", missingWithheld}, {"deleted", missingDeleted}, {"renamed", StateCommitted}} {
+	for _, tc := range []struct{ name, want string }{{"kept", MissingWithheld}, {"deleted", MissingDeleted}, {"renamed", StateCommitted}} {
 		t.Run(tc.name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				r := startSpotRig(t)
@@ -1156,14 +1156,21 @@ func TestNoticeCheckpointWrittenAfterItsMarkerIsSaid(t *testing.T) {
 			Err: fmt.Errorf("%w: step-3/rank-0.pt", checkpoint.ErrWrittenAfterMarker)})
 		synctest.Wait()
 		n := r.notice(t, key)
-		if d := n.Transitions[len(n.Transitions)-1].Detail; n.State != StateCheckpointMissing || d != missingWithheld {
-			t.Errorf("state %s (%q); want %s (%s) once a file came after the marker", n.State, d, StateCheckpointMissing, missingWithheld)
+		if d := n.Transitions[len(n.Transitions)-1].Detail; n.State != StateCheckpointMissing || d != MissingWithheld {
+			t.Errorf("state %s (%q); want %s (%s) once a file came after the marker", n.State, d, StateCheckpointMissing, MissingWithheld)
+		}
+		// /status says why, as the error line does: a file written after the marker, which, and
+		// the fix; not a file that cannot be stored (found from outside: so it was said, and the
+		// drill, which shows errors only, pointed to a line it did not show).
+		if !strings.Contains(n.Missing, "a file of it was written after its marker (step-3/rank-0.pt)") ||
+			!strings.Contains(n.Missing, "write the marker last") || strings.Contains(n.Missing, "cannot be stored") {
+			t.Errorf("missing = %q; want the file written after the marker, and the fix", n.Missing)
 		}
 		passFakeTime(time.Second)
 		r.upload(checkpoint.CheckpointComplete, "step-3") // its marker written again
 		r.upload(checkpoint.CheckpointCommitted, "step-3")
-		if n := r.notice(t, key); n.State != StateCommitted {
-			t.Errorf("state %s; want committed once the marker was written again", n.State)
+		if n := r.notice(t, key); n.State != StateCommitted || n.Missing != "" {
+			t.Errorf("state %s, missing %q; want committed once the marker was written again, nothing missing", n.State, n.Missing)
 		}
 	})
 }

@@ -45,10 +45,10 @@ func TestNoticeCheckpointOvertakenOrDeleted(t *testing.T) {
 			state: StateCheckpointWritten, detail: "step-11 (step-10, written first, was deleted before its commit)", thenCommit: "step-11"},
 		{name: "its checkpoint and the later one deleted",
 			steps: []step{{checkpoint.CheckpointComplete, "step-10"}, {checkpoint.CheckpointComplete, "step-11"}, {checkpoint.CheckpointDeleted, "step-11"}, {checkpoint.CheckpointDeleted, "step-10"}},
-			state: StateCheckpointMissing, detail: missingDeleted, thenCommit: "step-12"},
+			state: StateCheckpointMissing, detail: MissingDeleted, thenCommit: "step-12"},
 		{name: "its checkpoint deleted, none since",
 			steps: []step{{checkpoint.CheckpointComplete, "step-10"}, {checkpoint.CheckpointDeleted, "step-10"}},
-			state: StateCheckpointMissing, detail: missingDeleted, thenCommit: "step-12"},
+			state: StateCheckpointMissing, detail: MissingDeleted, thenCommit: "step-12"},
 		{name: "staged, its new name seen complete before the rename",
 			steps: []step{{checkpoint.CheckpointComplete, "tmp-step-10"}, {checkpoint.CheckpointComplete, "step-10"}, {checkpoint.CheckpointRenamedAway, "tmp-step-10"}, {checkpoint.CheckpointCommitted, "step-10"}},
 			state: StateCommitted, detail: "step-10, "},
@@ -80,7 +80,7 @@ func TestNoticeCheckpointOvertakenOrDeleted(t *testing.T) {
 						t.Errorf("%s: transitions %v; want committed once", key, transitionStates(n))
 					}
 				}
-				if got := counterValue(t, r.c.metrics.checkpointMissing.WithLabelValues("spot", missingDeleted)); (c.state == StateCheckpointMissing) != (got == 1) {
+				if got := counterValue(t, r.c.metrics.checkpointMissing.WithLabelValues("spot", MissingDeleted)); (c.state == StateCheckpointMissing) != (got == 1) {
 					t.Errorf("checkpoint_missing_total{spot,deleted} = %v in state %s", got, c.state)
 				}
 				if c.thenCommit == "" {
