@@ -12,6 +12,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -364,5 +365,80 @@ func TestS3ExpiredCredentialsAreFetchedAgain(t *testing.T) {
 	data, _, err := s.GetBytes(t.Context(), "job/LATEST")
 	if err != nil || string(data) != "latest" {
 		t.Errorf("GetBytes after S3 said the credentials expired = %q, %v; want them fetched again, and the object (keys used: %v)", data, err, keys)
+	}
+}
+
+// A small object (LATEST, a manifest) whose body stalls after its headers, or breaks off, is cut
+// after s3StallTimeout and read again (found from outside: a LATEST read whose body never came
+// held every later commit, and restore and list, for as long as the server kept the connection;
+// a manifest's body reset once failed list).
+func TestS3GetBytesRereadsABodyThatStallsOrBreaksOff(t *testing.T) {
+	latest := []byte(`{"checkpoint":"step-000004","commit":"c4"}`)
+	for _, how := range []string{"stalls", "breaks off"} {
+		t.Run(how, func(t *testing.T) {
+			var gets atomic.Int32
+			quit := make(chan struct{})
+			defer close(quit)
+			s := stallStore(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				n := gets.Add(1)
+				w.Header().Set("ETag", `"e"`)
+				w.Header().Set("Content-Length", fmt.Sprint(len(latest)))
+				if n == 1 {
+					w.Write(latest[:len(latest)/2])
+					w.(http.Flusher).Flush()
+					if how == "breaks off" {
+						conn, _, err := w.(http.Hijacker).Hijack()
+						if err == nil {
+							conn.Close()
+						}
+						return
+					}
+					select { // half the body, then silence
+					case <-quit:
+					case <-r.Context().Done():
+					}
+					return
+				}
+				w.Write(latest)
+			}), nil)
+			ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+			defer cancel()
+			data, _, err := s.GetBytes(ctx, "job/LATEST")
+			if err != nil || !bytes.Equal(data, latest) || gets.Load() != 2 {
+				t.Errorf("GetBytes with a body that %s = %q, %v after %d GETs; want the body, read again once", how, data, err, gets.Load())
+			}
+		})
+	}
+}
+
+// A list whose answer's body stalls after its headers is cut after s3StallTimeout and sent again:
+// the SDK reads the body within the call, where nothing else bounded it (found from outside, with
+// a small object's body: it held every later commit, and restore and list).
+func TestS3ListWhoseBodyStallsIsSentAgain(t *testing.T) {
+	body := []byte(`<?xml version="1.0" encoding="UTF-8"?><ListBucketResult><Name>bucket</Name><Prefix>p/</Prefix><Delimiter>/</Delimiter>` +
+		`<IsTruncated>false</IsTruncated><CommonPrefixes><Prefix>p/job-a/</Prefix></CommonPrefixes></ListBucketResult>`)
+	var lists atomic.Int32
+	quit := make(chan struct{})
+	defer close(quit)
+	s := stallStore(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		n := lists.Add(1)
+		w.Header().Set("Content-Type", "application/xml")
+		w.Header().Set("Content-Length", fmt.Sprint(len(body)))
+		if n == 1 {
+			w.Write(body[:len(body)/2])
+			w.(http.Flusher).Flush()
+			select {
+			case <-quit:
+			case <-r.Context().Done():
+			}
+			return
+		}
+		w.Write(body)
+	}), nil)
+	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+	defer cancel()
+	dirs, _, err := s.ListDir(ctx, "")
+	if err != nil || !slices.Equal(dirs, []string{"job-a"}) || lists.Load() != 2 {
+		t.Errorf("ListDir with an answer that stalls = %q, %v after %d lists; want [job-a], sent again once", dirs, err, lists.Load())
 	}
 }

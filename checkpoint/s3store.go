@@ -1026,48 +1026,61 @@ func (s *S3Store) holds(ctx context.Context, okey string, data []byte) (string, 
 
 // GetBytes returns the object at key and its ETag as the server sent it ("" if it sent none).
 // It returns ErrNotFound if there is none, and an error for an invalid key and a request that
-// fails for good or is cut short by ctx. A body that does not match its checksum is read again.
+// fails for good or is cut short by ctx. A body that does not match its checksum, breaks off, or
+// brings nothing for s3StallTimeout is read again.
 func (s *S3Store) GetBytes(ctx context.Context, key string) ([]byte, string, error) {
 	okey, err := s.objectKey(key)
 	if err != nil {
 		return nil, "", fmt.Errorf("get %s: %w", key, err)
 	}
 	for try := 1; ; try++ {
-		data, etag, err := s.getBytes(ctx, key, okey)
+		data, etag, again, err := s.getBytes(ctx, key, okey)
 		// A body whose checksum is not the one its headers give: a server answering while the
 		// object is written over (LATEST, by another agent of the job; versitygw does, found in
-		// CI and from outside), or the bytes damaged on the way. Read it again.
-		if err == nil || !strings.Contains(err.Error(), "checksum did not match") || try == s3GetBytesTries || ctx.Err() != nil {
+		// CI and from outside), or the bytes damaged on the way. A body that broke off, or
+		// stalled after its headers (found from outside: a LATEST read whose body never came
+		// held every later commit, and restore and list, for as long as the server kept the
+		// connection). Read it again.
+		if err == nil || !again || try == s3GetBytesTries || ctx.Err() != nil {
 			return data, etag, err
 		}
 	}
 }
 
-// s3GetBytesTries is how often GetBytes reads an object whose body does not match its checksum.
+// s3GetBytesTries is how often GetBytes reads an object whose body does not match its checksum,
+// breaks off or stalls.
 const s3GetBytesTries = 3
 
-// getBytes is one GetObject of GetBytes, of the object okey (key to the caller).
-func (s *S3Store) getBytes(ctx context.Context, key, okey string) ([]byte, string, error) {
-	out, err := s.client.GetObject(ctx, &s3.GetObjectInput{Bucket: &s.bucket, Key: &okey})
+// getBytes is one GetObject of GetBytes, of the object okey (key to the caller). again is true
+// for a body that does not match its checksum, broke off or stalled: worth reading again.
+func (s *S3Store) getBytes(ctx context.Context, key, okey string) (data []byte, etag string, again bool, err error) {
+	rctx, stall, unwatch := watchStall(ctx)
+	defer unwatch()
+	stall.idle() // until the answer: that wait is s3ResponseHeaderTimeout's
+	out, err := s.client.GetObject(rctx, &s3.GetObjectInput{Bucket: &s.bucket, Key: &okey})
 	if err != nil {
 		if s3IsNotFound(err) {
-			return nil, "", fmt.Errorf("get %s: %w", s.URL()+"/"+key, ErrNotFound)
+			return nil, "", false, fmt.Errorf("get %s: %w", s.URL()+"/"+key, ErrNotFound)
 		}
-		return nil, "", fmt.Errorf("get %s: %w", s.URL()+"/"+key, err)
+		return nil, "", false, fmt.Errorf("get %s: %w", s.URL()+"/"+key, err)
 	}
 	defer out.Body.Close()
 	limit := smallObjectLimit(key)
 	if n := aws.ToInt64(out.ContentLength); n > limit {
-		return nil, aws.ToString(out.ETag), fmt.Errorf("get %s: %w", s.URL()+"/"+key, tooLarge(key, n))
+		return nil, aws.ToString(out.ETag), false, fmt.Errorf("get %s: %w", s.URL()+"/"+key, tooLarge(key, n))
 	}
-	data, err := io.ReadAll(io.LimitReader(out.Body, limit+1))
+	stall.moved()
+	data, err = io.ReadAll(io.LimitReader(stallReader{out.Body, stall}, limit+1))
 	if err != nil {
-		return nil, "", fmt.Errorf("get %s: %w", s.URL()+"/"+key, err)
+		if ctx.Err() != nil {
+			return nil, "", false, fmt.Errorf("get %s: %w", s.URL()+"/"+key, err)
+		}
+		return nil, "", true, fmt.Errorf("get %s: %w", s.URL()+"/"+key, stalled(rctx, err))
 	}
 	if int64(len(data)) > limit {
-		return nil, aws.ToString(out.ETag), fmt.Errorf("get %s: %w", s.URL()+"/"+key, tooLarge(key, -1))
+		return nil, aws.ToString(out.ETag), false, fmt.Errorf("get %s: %w", s.URL()+"/"+key, tooLarge(key, -1))
 	}
-	return data, aws.ToString(out.ETag), nil
+	return data, aws.ToString(out.ETag), false, nil
 }
 
 // s3ReadAttempts is how often Download tries one ranged read whose body breaks off.

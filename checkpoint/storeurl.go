@@ -6,11 +6,13 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
 	"path"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
@@ -240,7 +242,7 @@ func s3NewClient(awsCfg aws.Config, conns int) *s3.Client {
 			so.MaxAttempts = 10
 			so.MaxBackoff = 2 * time.Second
 			so.RateLimiter = ratelimit.None
-			so.Retryables = append([]retry.IsErrorRetryable{retry.IsErrorRetryableFunc(certificateNotTrusted)}, so.Retryables...)
+			so.Retryables = append([]retry.IsErrorRetryable{retry.IsErrorRetryableFunc(certificateNotTrusted), retry.IsErrorRetryableFunc(stallRetryable)}, so.Retryables...)
 		})
 		// The SDK's own client keeps 10 idle connections per host; more requests in flight would
 		// open and close a connection each. A client the SDK's config built (AWS_CA_BUNDLE gives
@@ -263,7 +265,72 @@ func s3NewClient(awsCfg aws.Config, conns int) *s3.Client {
 				}
 			}).WithDialerOptions(func(d *net.Dialer) { d.Timeout = s3DialTimeout })
 		}
+		// An answer whose body stops coming after its headers is cut as well, and retried:
+		// the SDK reads the bodies of lists and of a commit's answers within the call, where
+		// nothing else bounds them (found from outside: a body that stalled held the commits,
+		// restore and list for as long as the server kept the connection).
+		if o.HTTPClient != nil {
+			o.HTTPClient = stallingClient{o.HTTPClient}
+		}
 	})
+}
+
+// stallingClient wraps the bodies of the answers of its client in a [stallBody].
+type stallingClient struct {
+	c interface {
+		Do(*http.Request) (*http.Response, error)
+	}
+}
+
+func (c stallingClient) Do(req *http.Request) (*http.Response, error) {
+	resp, err := c.c.Do(req)
+	if err == nil && resp.Body != nil {
+		resp.Body = newStallBody(resp.Body, s3StallTimeout)
+	}
+	return resp, err
+}
+
+// stallBody is an answer's body whose every Read that brings nothing for d closes it: the Read
+// then fails with errStalled. Only the wait in Read counts, not the reader's own time between
+// reads.
+type stallBody struct {
+	body    io.ReadCloser
+	d       time.Duration
+	timer   *time.Timer
+	stalled atomic.Bool
+}
+
+func newStallBody(body io.ReadCloser, d time.Duration) *stallBody {
+	b := &stallBody{body: body, d: d}
+	b.timer = time.AfterFunc(d, func() {
+		b.stalled.Store(true)
+		_ = b.body.Close() // unblocks the Read; nothing was written
+	})
+	b.timer.Stop()
+	return b
+}
+
+func (b *stallBody) Read(p []byte) (int, error) {
+	b.timer.Reset(b.d)
+	n, err := b.body.Read(p)
+	b.timer.Stop()
+	if err != nil && err != io.EOF && b.stalled.Load() {
+		err = fmt.Errorf("%w (%w)", errStalled, err)
+	}
+	return n, err
+}
+
+func (b *stallBody) Close() error {
+	b.timer.Stop()
+	return b.body.Close()
+}
+
+// stallRetryable is true (retried) for a request whose answer's body stalled (stallBody).
+func stallRetryable(err error) aws.Ternary {
+	if errors.Is(err, errStalled) {
+		return aws.TrueTernary
+	}
+	return aws.UnknownTernary
 }
 
 // checkStoreKey reports whether key is a safe store key: not empty, not absolute, clean (no

@@ -822,7 +822,7 @@ func TestOpenStoreEndpointFromEnv(t *testing.T) {
 
 // TestS3ClientKeepsAConnectionPerRequest: the client keeps as many idle connections as requests
 // may be in flight, with the SDK's default client and with the one the SDK's config builds for
-// AWS_CA_BUNDLE; a client the caller made is left alone.
+// AWS_CA_BUNDLE; a client the caller made is left alone, but for the watch on its answers.
 func TestS3ClientKeepsAConnectionPerRequest(t *testing.T) {
 	own := &http.Client{}
 	for _, tc := range []struct {
@@ -835,7 +835,12 @@ func TestS3ClientKeepsAConnectionPerRequest(t *testing.T) {
 		{"the caller's", own, -1},
 	} {
 		c := s3NewClient(aws.Config{Region: "us-east-1", HTTPClient: tc.in}, 64)
-		got := c.Options().HTTPClient
+		// Every client's answers are watched for a body that stalls.
+		sc, ok := c.Options().HTTPClient.(stallingClient)
+		if !ok {
+			t.Fatalf("Got(%q) client = %T; want its answers' bodies watched (stallingClient)", tc.name, c.Options().HTTPClient)
+		}
+		got := sc.c
 		if tc.want < 0 {
 			if got != own {
 				t.Errorf("Got(%q) client = %T; want the caller's", tc.name, got)
