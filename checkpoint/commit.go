@@ -988,6 +988,10 @@ type commitResult struct {
 	// completeAt, with noMatch, is when a deleted commit with exactly these files completed: the
 	// new commit of them takes it as its own.
 	completeAt *time.Time
+	// deletedAfter, with noMatch, is a file of commit deletedFrom that the checkpoint on disk,
+	// complete when that commit was, no longer has: that save, a file of it deleted after its
+	// marker (deletedSince).
+	deletedAfter, deletedFrom string
 }
 
 // startLate begins l, a commit's late clean-up (goLateCleanup), and writes it in the journal,
@@ -1383,6 +1387,11 @@ func (u *Uploader) commit(ctx context.Context, c commitJob) commitResult {
 			}
 		}
 		r.noMatch = true
+		if r.completeAt == nil {
+			if m, gone := deletedSince(lc, completedAt(lc, c.unseenBefore, c.unseenAfter), c.candidates, local); m != nil {
+				r.deletedAfter, r.deletedFrom = gone, m.Commit
+			}
+		}
 		return r
 	}
 
@@ -1565,6 +1574,28 @@ func completedAt(lc LocalCheckpoint, unseenBefore, unseenAfter time.Time) time.T
 		return modified
 	}
 	return at
+}
+
+// deletedSince returns the commit of ms that completed at complete, by its writer's clock, and a
+// file of it that local (the checkpoint lc's files) does not have: lc is that commit's save, a
+// file of it deleted since. A file written since, or a marker written again, would have made lc
+// complete later (its change time); a deletion changes no time of what is left. Nil if none.
+func deletedSince(lc LocalCheckpoint, complete time.Time, ms []*Manifest, local map[string]LocalFile) (*Manifest, string) {
+	for _, m := range ms {
+		at := m.Timings.CompleteAt
+		if h := m.Timings.CompleteAtHere; h != nil {
+			at = h
+		}
+		if at == nil || !at.Equal(complete) || lc.CompleteAt.IsZero() {
+			continue
+		}
+		for _, f := range m.Files {
+			if _, ok := local[f.Path]; !ok {
+				return m, f.Path
+			}
+		}
+	}
+	return nil, ""
 }
 
 // placeOf is the completion time a version with the bytes of commit m keeps when it is committed

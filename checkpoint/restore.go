@@ -944,6 +944,15 @@ func restorePlaceFile(to *os.Root, from, name string) error {
 	return to.Rename(from, name)
 }
 
+// agoText says when something modified d ago was: "1m5s ago", or for a time in the future (a
+// clock set back since), "1m5s in the future by this clock".
+func agoText(d time.Duration) string {
+	if d < 0 {
+		return (-d).Round(time.Second).String() + " in the future by this clock"
+	}
+	return d.Round(time.Second).String() + " ago"
+}
+
 // incompleteQuiet is how long an incomplete save at To/<checkpoint> must have been left alone
 // before a restore moves it aside: one modified more recently may be being written.
 const incompleteQuiet = time.Minute
@@ -988,8 +997,8 @@ func restoreIncomplete(to *os.Root, m *Manifest, marker string, now time.Time) (
 	}
 	if ago := now.Sub(latest); ago < incompleteQuiet {
 		return nil, &DestinationExistsError{Path: dir, Recent: true,
-			msg: fmt.Sprintf("destination %s holds an incomplete save (no %s at its top), modified %s ago: it may be being written; not moving it aside",
-				dir, marker, ago.Round(time.Second))}
+			msg: fmt.Sprintf("destination %s holds an incomplete save (no %s at its top), modified %s: it may be being written; not moving it aside",
+				dir, marker, agoText(ago))}
 	}
 	return &restoreSave{kind: "incomplete", fi: fi, noMarker: true,
 		what: "an incomplete save of this name was there (no " + marker + " at its top: a save cut short)"}, nil
@@ -1155,7 +1164,7 @@ func restoreJudge(ctx context.Context, to *os.Root, m *Manifest, others []*Manif
 			held = map[string]string{"older": "an older save of this name than commit " + m.Commit, "incomplete": "an incomplete copy of commit " + m.Commit}[kind]
 		}
 		return "", nil, &DestinationExistsError{Path: name, Recent: true,
-			msg: fmt.Sprintf("destination %s holds %s, modified %s ago: it may be being written; not moving it aside", name, held, ago.Round(time.Second))}
+			msg: fmt.Sprintf("destination %s holds %s, modified %s: it may be being written; not moving it aside", name, held, agoText(ago))}
 	}
 	return "", &restoreSave{kind: kind, fi: fi, what: what}, nil
 }
@@ -1455,6 +1464,14 @@ func restoreStage(ctx context.Context, s Store, to *os.Root, m *Manifest, conc i
 	// The marker last: a staging directory left by a killed restore never holds it beside files
 	// not all there and verified (a trainer that looks for it itself would take it for whole).
 	isMarker := func(f File) bool { return f.Path == marker && !m.SingleFile() }
+	// The files' times: when the commit completed, but never after now (found from outside: a
+	// commit by an instance whose clock was ahead dated every restored file in the future, so a
+	// save into the directory after its marker, cut short, had files older than the marker, and
+	// was committed torn after a reboot).
+	restoredTime := m.Order().At
+	if now := time.Now(); restoredTime.After(now) {
+		restoredTime = now
+	}
 	for _, last := range []bool{false, true} {
 		g, gctx := errgroup.WithContext(ctx)
 		g.SetLimit(conc)
@@ -1463,7 +1480,7 @@ func restoreStage(ctx context.Context, s Store, to *os.Root, m *Manifest, conc i
 				continue
 			}
 			g.Go(func() error {
-				return restoreFile(gctx, s, stage, m.FileKey(f), f, m.Order().At, prog, run)
+				return restoreFile(gctx, s, stage, m.FileKey(f), f, restoredTime, prog, run)
 			})
 		}
 		if err := g.Wait(); err != nil {

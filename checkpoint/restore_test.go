@@ -1788,3 +1788,27 @@ func TestRestoreJudgesASaveByTheCommitsOwnClock(t *testing.T) {
 		t.Errorf("log does not say the save is newer than the commit's own completion:\n%s", log.String())
 	}
 }
+
+// A commit by an instance whose clock was ahead completed in the future, by this clock: its
+// restored files are dated now, not then (found from outside: a save into the restored directory
+// after its marker, cut short, had files older than the marker, and was committed torn after a
+// reboot, where the agent has only the files' times to go by).
+func TestRestoreDatesNoFileInTheFuture(t *testing.T) {
+	s := newMemStore()
+	ahead := time.Now().Add(10 * time.Minute)
+	putCommit(t, s, "step-000100", "i-ahead", map[string][]byte{"a.bin": []byte("a"), "_COMPLETE": nil}, ahead, ahead, nil)
+	to := t.TempDir()
+	if _, err := Restore(t.Context(), s, RestoreOptions{Job: "job", To: to, Logger: zerolog.Nop()}); err != nil {
+		t.Fatal(err)
+	}
+	after := time.Now()
+	for _, name := range []string{"a.bin", "_COMPLETE"} {
+		fi, err := os.Lstat(filepath.Join(to, "step-000100", name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if fi.ModTime().After(after) {
+			t.Errorf("restored %s dated %v, after the restore ended (%v); want no time in the future", name, fi.ModTime(), after)
+		}
+	}
+}

@@ -2348,14 +2348,17 @@ func sameVersion(old, id FileID) bool {
 // (rewrittenAfterMarker), or came after it (newAfterMarker): g is complete again only with
 // another version of the marker (written again, renamed into place, touched). Its files go on
 // being sent as they are written.
-func (u *Uploader) reopen(g *generation, rel string) {
+func (u *Uploader) reopen(g *generation, rel string) { u.reopenSaying(g, rel, msgRewrittenAfterMarker) }
+
+// reopenSaying is reopen, with msg as the log line's message.
+func (u *Uploader) reopenSaying(g *generation, rel, msg string) {
 	g.complete, g.stale, g.recheck = false, g.marker, false
 	g.begunAt = time.Time{} // a save into it again begins now (fileReady takes the file's time)
 	u.journal.add(staleLine(g.name, g.stale))
 	u.flushJournal()
 	u.log.Warn().Str("checkpoint", g.name).Str("file", rel).
 		Str("fix", "write the marker last, and remove it before writing into the checkpoint directory again").
-		Msg(msgRewrittenAfterMarker)
+		Msg(msg)
 	if g.state != genCommitted {
 		u.withheldStale(g, rel)
 	}
@@ -2421,6 +2424,10 @@ func (u *Uploader) unstale(g *generation) {
 const msgOnlyMarker = "checkpoint directory is complete with nothing but its marker (committed so): if the marker was written first, the files that come after it are not committed until it is written again"
 
 // msgRewrittenAfterMarker is reopen's log line.
+// msgDeletedAfterMarker is the log line of a file of a complete checkpoint deleted after its
+// marker was written (a save into the directory again, or its removal, cut short).
+const msgDeletedAfterMarker = "file deleted after its checkpoint's marker: the checkpoint is not complete until its marker is written again"
+
 const msgRewrittenAfterMarker = "file written again after its checkpoint's marker: the checkpoint is not complete until its marker is written again"
 
 // growingMax bounds the files sent while they are written at once (each holds an open file).
@@ -3689,6 +3696,14 @@ func (u *Uploader) handleCommit(ctx context.Context, r commitResult) {
 		ev.Msg("checkpoint's commit was deleted (retention) since it was restored or committed; committing it again, in its place in the order")
 		g.completeAt = r.completeAt
 		u.sendAll(g)
+	case r.noMatch && r.deletedAfter != "":
+		// The save its commit was, with a file deleted since: its marker vouches for files no
+		// longer there (found from outside: after a reboot, which loses the journal, a re-save
+		// or rotation cut short was committed torn, and LATEST moved to it).
+		u.reopenSaying(g, r.deletedAfter, msgDeletedAfterMarker)
+		u.log.Info().Str("checkpoint", g.name).Str("commit", r.deletedFrom).
+			Msg("the checkpoint on disk is that commit's save with a file deleted since; the commit stays, and this is not committed until the marker is written again")
+		u.markDirty(g)
 	case r.noMatch:
 		u.toUploading(g, "its files differ from every commit of this checkpoint in the store")
 	case r.err != nil:

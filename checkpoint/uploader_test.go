@@ -3199,6 +3199,42 @@ func TestCheckpointWrittenAfterItsMarkerWhileNoAgentRanIsWithheld(t *testing.T) 
 	restoreAndCompare(t, mem, "step-1", map[string][]byte{"a.pt": a, "b.pt": later})
 }
 
+// A file of a committed checkpoint deleted while no agent ran, and the journal lost with it (a
+// reboot: a re-save or a rotation's rmtree cut short by the power off, the marker left): what is
+// left is that commit's save, torn, complete at the very time it was; it is withheld until its
+// marker is written again, not committed as the newest (found from outside: committed, LATEST
+// moved to it, 5 of 5).
+func TestFileDeletedAfterTheMarkerBeforeARebootIsWithheld(t *testing.T) {
+	dir, mem := t.TempDir(), newMemStore()
+	writeCheckpoint(t, dir, "step-1", map[string][]byte{"a.pt": randomBytes(t, 4<<10), "b.pt": randomBytes(t, 4<<10), "c.pt": randomBytes(t, 4<<10)})
+	r := startUploaderWith(t, dir, mem, UploaderConfig{StateDir: t.TempDir(), StopBudget: -1})
+	r.waitCommitted("step-1")
+	r.stop()
+	if err := os.Remove(filepath.Join(dir, "step-1", "b.pt")); err != nil {
+		t.Fatal(err)
+	}
+
+	r = startUploaderWith(t, dir, mem, UploaderConfig{StateDir: t.TempDir(), StopBudget: -1}) // the journal lost
+	if ev := r.waitEvent(CheckpointWithheld, "step-1"); !errors.Is(ev.Err, ErrWrittenAfterMarker) || !strings.Contains(ev.Err.Error(), "step-1/b.pt") {
+		t.Errorf("step-1 withheld for %v; want ErrWrittenAfterMarker naming step-1/b.pt", ev.Err)
+	}
+	if got := commitsOf(t, mem, "step-1"); len(got) != 1 {
+		t.Fatalf("step-1 has %d commits; want the first alone until its marker is written again", len(got))
+	}
+	if !strings.Contains(r.logs.String(), "file deleted after its checkpoint's marker") {
+		t.Errorf("log does not say a file was deleted after the marker:\n%s", r.logs)
+	}
+	// The marker written again: the checkpoint as it is now is a new save, committed.
+	if err := os.WriteFile(filepath.Join(dir, "step-1", "_COMPLETE"), []byte("again"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	r.waitCommitted("step-1")
+	r.stop()
+	if got := commitsOf(t, mem, "step-1"); len(got) != 2 {
+		t.Errorf("step-1 has %d commits; want 2 once the marker was written again", len(got))
+	}
+}
+
 // feedCheckpoint sends events what a watcher would of dir/name, on disk: a FileReady for each
 // file, then the Complete of its marker.
 func feedCheckpoint(t *testing.T, events chan<- WatchEvent, dir, name string) {
