@@ -3,8 +3,12 @@ package checkpoint
 import (
 	"bytes"
 	"context"
+	"encoding/base64"
+	"encoding/binary"
+	"encoding/xml"
 	"errors"
 	"fmt"
+	"hash/crc32"
 	"io"
 	"log"
 	"net"
@@ -440,5 +444,63 @@ func TestS3ListWhoseBodyStallsIsSentAgain(t *testing.T) {
 	dirs, _, err := s.ListDir(ctx, "")
 	if err != nil || !slices.Equal(dirs, []string{"job-a"}) || lists.Load() != 2 {
 		t.Errorf("ListDir with an answer that stalls = %q, %v after %d lists; want [job-a], sent again once", dirs, err, lists.Load())
+	}
+}
+
+// A server that takes a FULL_OBJECT multipart checksum without a word and computes the composite
+// of the parts' CRC-32Cs (as older S3-compatible servers do) has the object: the composite checks
+// every part as well. It is taken, and the store sends composite checksums from then on (found
+// from outside: every multipart file was deleted as corrupt and sent again, for ever).
+func TestS3ServerThatIgnoresFullObjectChecksumsIsTaken(t *testing.T) {
+	type part struct {
+		CRC string `xml:"ChecksumCRC32C"`
+	}
+	var completes, deletes, fullAsked atomic.Int32
+	s := stallStore(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		q := r.URL.Query()
+		w.Header().Set("Content-Type", "application/xml")
+		switch {
+		case r.Method == http.MethodPost && q.Has("uploads"):
+			if r.Header.Get("X-Amz-Checksum-Type") == "FULL_OBJECT" {
+				fullAsked.Add(1)
+			}
+			io.WriteString(w, `<InitiateMultipartUploadResult><Bucket>bucket</Bucket><Key>k</Key><UploadId>u1</UploadId></InitiateMultipartUploadResult>`)
+		case r.Method == http.MethodPut && q.Has("partNumber"):
+			b, _ := io.ReadAll(r.Body)
+			var c [4]byte
+			binary.BigEndian.PutUint32(c[:], crc32.Checksum(b, crc32.MakeTable(crc32.Castagnoli)))
+			w.Header().Set("ETag", `"p`+q.Get("partNumber")+`"`)
+			w.Header().Set("x-amz-checksum-crc32c", base64.StdEncoding.EncodeToString(c[:]))
+		case r.Method == http.MethodPost && q.Has("uploadId"):
+			completes.Add(1)
+			var body struct {
+				Parts []part `xml:"Part"`
+			}
+			if err := xml.NewDecoder(r.Body).Decode(&body); err != nil {
+				t.Errorf("complete body: %v", err)
+			}
+			h := crc32.New(crc32.MakeTable(crc32.Castagnoli))
+			for _, p := range body.Parts {
+				b, _ := base64.StdEncoding.DecodeString(p.CRC)
+				h.Write(b)
+			}
+			composite := fmt.Sprintf("%s-%d", base64.StdEncoding.EncodeToString(h.Sum(nil)), len(body.Parts))
+			io.WriteString(w, `<CompleteMultipartUploadResult><Bucket>bucket</Bucket><Key>k</Key><ETag>"x"</ETag><ChecksumCRC32C>`+composite+`</ChecksumCRC32C></CompleteMultipartUploadResult>`)
+		case r.Method == http.MethodDelete:
+			deletes.Add(1)
+			w.WriteHeader(http.StatusNoContent)
+		default:
+			w.WriteHeader(http.StatusNotImplemented)
+		}
+	}), nil)
+	for i := range 2 {
+		f := sevensFile(t, 40<<20)
+		if _, err := s.PutFile(t.Context(), fmt.Sprintf("j/c/x/file-%d", i), f, 40<<20, nil); err != nil {
+			t.Fatalf("PutFile %d to a server that ignores FULL_OBJECT: %v; want it stored", i, err)
+		}
+	}
+	if completes.Load() != 2 || deletes.Load() != 0 || fullAsked.Load() != 1 {
+		t.Errorf("%d completions, %d deletes, FULL_OBJECT asked %d times; want 2, none, and once (composite from then on)",
+			completes.Load(), deletes.Load(), fullAsked.Load())
 	}
 }

@@ -879,11 +879,24 @@ func (s *S3Store) complete(ctx context.Context, okey string, uploadID *string, s
 		MultipartUpload: &types.CompletedMultipartUpload{Parts: completed},
 		MpuObjectSize:   aws.Int64(size),
 	}
-	want := s3CompositeValue(crcs)
+	composite := s3CompositeValue(crcs)
+	want := composite
 	if fullObject {
 		want = s3CRC32CValue(full)
 		in.ChecksumType = types.ChecksumTypeFullObject
 		in.ChecksumCRC32C = &want
+	}
+	// matches says whether the server's checksum of the object is the one it should be. A server
+	// that takes FULL_OBJECT without a word and computes the composite (older S3-compatible
+	// ones) checked every part's CRC-32C just as well: its composite of them is as good, and the
+	// store sends composite checksums from then on (found from outside: every multipart file was
+	// deleted as corrupt and sent again, for ever).
+	matches := func(got string) bool {
+		if fullObject && got == composite {
+			s.composite.Store(true)
+			return true
+		}
+		return got == want
 	}
 	out, err := s.client.CompleteMultipartUpload(ctx, in)
 	var got string
@@ -893,14 +906,14 @@ func (s *S3Store) complete(ctx context.Context, okey string, uploadID *string, s
 	case s3ErrorCode(err) == "NoSuchUpload":
 		// A retry after a completion whose response was lost: the object may be there.
 		head, herr := s.client.HeadObject(ctx, &s3.HeadObjectInput{Bucket: &s.bucket, Key: &okey, ChecksumMode: types.ChecksumModeEnabled})
-		if herr != nil || aws.ToInt64(head.ContentLength) != size || aws.ToString(head.ChecksumCRC32C) != want {
+		if herr != nil || aws.ToInt64(head.ContentLength) != size || !matches(aws.ToString(head.ChecksumCRC32C)) {
 			return fmt.Errorf("complete multipart upload: %w", err)
 		}
 		return nil
 	default:
 		return fmt.Errorf("complete multipart upload: %w", err)
 	}
-	if got != "" && got != want {
+	if got != "" && !matches(got) {
 		err := fmt.Errorf("complete multipart upload: server computed CRC-32C %s; want %s", got, want)
 		return errors.Join(err, s.cleanUpObject(ctx, okey))
 	}
