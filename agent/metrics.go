@@ -178,7 +178,7 @@ func newMetrics(reg prometheus.Registerer, stats func() imds.Stats) *promMetrics
 	}
 	m.storeProbeFailures = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "spotguard_store_probe_failures_total",
-		Help: "Store probes (list, write, read, delete of a probe object under J/_spotguard/) that failed.",
+		Help: "Store probes (list, write, conditional write, read, delete of a probe object under J/_spotguard/) that failed.",
 	})
 	m.uploadErrors = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "spotguard_checkpoint_upload_errors_total",

@@ -179,6 +179,22 @@ var codeFixes = map[string]func(bucket string) string{
 	"InvalidBucketName": func(bucket string) string {
 		return fmt.Sprintf("S3 does not take %q as a bucket name (3 to 63 lowercase letters, digits, dots and hyphens): fix the bucket in store.url", bucket)
 	},
+	// Found from outside, each given advice on IAM or store.url before.
+	"RequestTimeTooSkewed": func(string) string {
+		return "this instance's clock is too far from the store's for a signed request: " + ClockFix
+	},
+	"NotImplemented":             storeFixUnsupported,
+	"SecondLevelDomainForbidden": storeFixVirtualHost,
+}
+
+// storeFixUnsupported is the fix for a server that does not implement a request the store sends.
+func storeFixUnsupported(string) string {
+	return "the S3-compatible server does not implement a request spotguard needs: conditional writes (If-None-Match, If-Match) and CRC-32C checksums (x-amz-checksum-crc32c), as AWS S3 has them; upgrade the server, or use one that has them (docs/s3.md)"
+}
+
+// storeFixVirtualHost is the fix for a server that takes virtual-hosted-style requests only.
+func storeFixVirtualHost(string) string {
+	return "the server takes virtual-hosted-style requests only (bucket.endpoint), and with an endpoint set (AWS_ENDPOINT_URL_S3) spotguard sends path-style ones (endpoint/bucket): use an endpoint that serves path-style requests"
 }
 
 func storeFixRegion(string) string {
@@ -187,7 +203,9 @@ func storeFixRegion(string) string {
 
 // StoreFixKnown reports whether [StoreFix] knows what to do about err itself (its S3 error code),
 // beyond what its reason says: worth saying even for the reason "other".
-func StoreFixKnown(err error) bool { return codeFixes[storeErrorCode(err)] != nil }
+func StoreFixKnown(err error) bool {
+	return codeFixes[storeErrorCode(err)] != nil || errors.Is(err, ErrNoConditionalWrites) || errors.Is(err, ErrNoReadAfterWrite)
+}
 
 // StoreFix says what to do about a store failure of reason (see [StoreErrorReason]) on the store
 // at url; err, if not nil, refines it (missing credentials, a wrong region).
@@ -201,6 +219,13 @@ func StoreFix(reason, url string, err error) string {
 	}
 	if fix := codeFixes[code]; fix != nil {
 		return fix(bucket)
+	}
+	switch {
+	case errors.Is(err, ErrNoConditionalWrites),
+		code == "InvalidArgument" && strings.Contains(strings.ToLower(err.Error()), "x-amz-checksum"):
+		return storeFixUnsupported(bucket)
+	case errors.Is(err, ErrNoReadAfterWrite):
+		return "the server does not return an object just written (AWS S3 does: read-after-write consistency); spotguard reads back LATEST and manifests it wrote, so it needs that: use a server or a configuration that has it"
 	}
 	switch {
 	case scheme == "file" && reason == StoreDenied:
@@ -305,7 +330,18 @@ const (
 	ProbeWrite  = "write"
 	ProbeRead   = "read"
 	ProbeDelete = "delete"
+	// ProbeConditional is a write of the probe object with If-None-Match: *, which must be
+	// refused (it exists): LATEST and a multi-node job's manifest are moved only so.
+	ProbeConditional = "conditional write"
 )
+
+// ErrNoReadAfterWrite is the probe's error for a server that answered "not found" for the probe
+// object it had just written.
+var ErrNoReadAfterWrite = errors.New("the probe object just written is not there to read")
+
+// ErrNoConditionalWrites is the probe's error for a server that wrote over an object that exists
+// although the write asked for If-None-Match: *.
+var ErrNoConditionalWrites = errors.New("the server wrote over the probe object that exists, though the write asked for If-None-Match: * (it ignores conditional writes)")
 
 // probeStale is how old a probe object of this host must be for a later probe to delete it (one
 // left behind by an agent killed in the middle of a probe).
@@ -385,12 +421,26 @@ func ProbeStore(ctx context.Context, store checkpoint.Store, job, host string) S
 	if err == nil && !bytes.Equal(got, body) {
 		err = fmt.Errorf("read back %d bytes that differ from the %d written", len(got), len(body))
 	}
+	if errors.Is(err, checkpoint.ErrNotFound) {
+		err = fmt.Errorf("%w: %w", ErrNoReadAfterWrite, err) // the bucket is there: it was just listed and written
+	}
 	if err != nil {
 		// Best effort, even when ctx ended; a probe object left behind is deleted as stale later.
 		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 		_ = store.Delete(dctx, p.Key)
 		cancel()
 		return fail(ProbeRead, err)
+	}
+	// Conditional writes (found from outside: a server that refused them passed the probe, and
+	// no commit was ever made; one that ignores them lets two writers move LATEST back).
+	if _, err := store.PutBytes(ctx, p.Key, append(body, '\n'), checkpoint.Cond{IfAbsent: true}); !errors.Is(err, checkpoint.ErrExists) {
+		if err == nil {
+			err = ErrNoConditionalWrites
+		}
+		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		_ = store.Delete(dctx, p.Key)
+		cancel()
+		return fail(ProbeConditional, err)
 	}
 	if objs, err := store.List(ctx, p.Key); err == nil {
 		for _, o := range objs {

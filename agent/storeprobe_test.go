@@ -116,6 +116,13 @@ func TestStoreErrorSummaryAndFix(t *testing.T) {
 		// missing bucket.
 		{StoreNotFound, "s3://b/runs", s3Err(404, "NoSuchKey", "The specified key does not exist."), "spotguard list --check"},
 		{StoreNotFound, "s3://b/runs", s3Err(404, "XAdminUserNotFound", "user not found"), "not about the bucket"},
+		// Found from outside, each given advice on IAM or store.url before.
+		{StoreDenied, "s3://b", s3Err(403, "RequestTimeTooSkewed", "The difference between the request time and the current time is too large."), "chronyc tracking"},
+		{StoreDenied, "s3://b", s3Err(403, "SecondLevelDomainForbidden", "Please use virtual hosted style to access."), "path-style"},
+		{StoreOther, "s3://b", s3Err(501, "NotImplemented", "A header you provided implies functionality that is not implemented"), "conditional writes (If-None-Match, If-Match) and CRC-32C checksums"},
+		{StoreOther, "s3://b", s3Err(400, "InvalidArgument", "Header 'x-amz-checksum-crc32c' is not supported"), "conditional writes (If-None-Match, If-Match) and CRC-32C checksums"},
+		{StoreOther, "s3://b", ErrNoConditionalWrites, "conditional writes (If-None-Match, If-Match)"},
+		{StoreNotFound, "s3://b", fmt.Errorf("%w: %w", ErrNoReadAfterWrite, checkpoint.ErrNotFound), "read-after-write"},
 	} {
 		if got := StoreFix(tc.reason, tc.url, tc.err); !strings.Contains(got, tc.want) {
 			t.Errorf("StoreFix(%q, %q, %v) = %q; want it to contain %q", tc.reason, tc.url, tc.err, got, tc.want)
@@ -131,6 +138,8 @@ type faultyStore struct {
 	mu    sync.Mutex
 	fail  map[string]error
 	lists int
+	// ignoreCond writes as if no condition was asked for.
+	ignoreCond bool
 }
 
 func newFaultyStore(t *testing.T) *faultyStore {
@@ -183,6 +192,17 @@ func (s *faultyStore) ListDir(ctx context.Context, prefix string) ([]string, []c
 func (s *faultyStore) PutBytes(ctx context.Context, key string, data []byte, cond checkpoint.Cond) (string, error) {
 	if err := s.err(ProbeWrite); err != nil {
 		return "", err
+	}
+	if cond.IfAbsent {
+		if err := s.err(ProbeConditional); err != nil {
+			return "", err
+		}
+		s.mu.Lock()
+		ignore := s.ignoreCond
+		s.mu.Unlock()
+		if ignore {
+			cond = checkpoint.Cond{}
+		}
 	}
 	return s.Store.PutBytes(ctx, key, data, cond)
 }
@@ -237,6 +257,36 @@ func TestProbeStore(t *testing.T) {
 		objs, _ := s.List(ctx, "job1/")
 		if len(objs) != 1 || objs[0].Key != "job1/_spotguard/probe-h2-old" {
 			t.Errorf("after the probe: %v; want only the other host's probe", objs)
+		}
+	})
+	// A server that refuses conditional writes, or ignores them, or does not read its own
+	// writes, fails the probe saying so (found from outside: it passed, and no commit was ever
+	// made, or LATEST could be moved back by two writers; and a lag was said a missing bucket).
+	t.Run("refuses conditional writes", func(t *testing.T) {
+		s := newFaultyStore(t)
+		s.set(ProbeConditional, s3Err(501, "NotImplemented", "A header you provided implies functionality that is not implemented"))
+		p := ProbeStore(ctx, s, "job1", "h")
+		if p.Step != ProbeConditional || !strings.Contains(StoreFix(p.Reason, "s3://b", p.Err), "conditional writes") {
+			t.Errorf("ProbeStore = step %q err %v; want the conditional write's, its fix naming conditional writes", p.Step, p.Err)
+		}
+		if objs, _ := s.List(ctx, "job1/"); len(objs) != 0 {
+			t.Errorf("a failed probe left %v", objs)
+		}
+	})
+	t.Run("ignores conditional writes", func(t *testing.T) {
+		s := newFaultyStore(t)
+		s.ignoreCond = true
+		p := ProbeStore(ctx, s, "job1", "h")
+		if p.Step != ProbeConditional || !errors.Is(p.Err, ErrNoConditionalWrites) || !strings.Contains(StoreFix(p.Reason, "s3://b", p.Err), "conditional writes") {
+			t.Errorf("ProbeStore = step %q err %v; want ErrNoConditionalWrites at the conditional write", p.Step, p.Err)
+		}
+	})
+	t.Run("does not read its own writes", func(t *testing.T) {
+		s := newFaultyStore(t)
+		s.set(ProbeRead, fmt.Errorf("get %s: %w", "job1/_spotguard/probe", checkpoint.ErrNotFound))
+		p := ProbeStore(ctx, s, "job1", "h")
+		if fix := StoreFix(p.Reason, "s3://b", p.Err); p.Step != ProbeRead || !errors.Is(p.Err, ErrNoReadAfterWrite) || strings.Contains(fix, "does not exist") {
+			t.Errorf("ProbeStore = step %q err %v, fix %q; want ErrNoReadAfterWrite at the read, not a missing bucket", p.Step, p.Err, fix)
 		}
 	})
 	for _, step := range []string{ProbeList, ProbeWrite, ProbeRead, ProbeDelete} {

@@ -95,7 +95,7 @@ func defaultDoctorDeps() doctorDeps {
 }
 
 func runDoctor(ctx context.Context, args, environ []string, stdout, stderr io.Writer, deps doctorDeps) int {
-	fs, cf := newFlagSet("doctor", "Run every check the agent depends on once, with the agent's own code: IMDS (each notice source), the\nstore (list, write, read and delete of a probe object under <job>/_spotguard/), trainer discovery\n(found, catches the signal), checkpoint.dir, NVML and CloudWatch. Prints PASS, WARN or FAIL per\ncheck with the fix; exit 1 on any FAIL.", stdout, stderr)
+	fs, cf := newFlagSet("doctor", "Run every check the agent depends on once, with the agent's own code: IMDS (each notice source), the\nstore (list, write, conditional write, read and delete of a probe object under <job>/_spotguard/),\ntrainer discovery (found, catches the signal), checkpoint.dir, NVML and CloudWatch. Prints PASS,\nWARN or FAIL per check with the fix; exit 1 on any FAIL.", stdout, stderr)
 	jsonOut := fs.Bool("json", false, "print the report as JSON")
 	if code, ok := fs.parse(args); !ok {
 		return code
@@ -350,7 +350,7 @@ func doctorStore(ctx context.Context, rep *doctorReport, cfg *agent.Config, deps
 		rep.add("store", doctorFail, p.Problem(), agent.StoreFix(p.Reason, p.URL, p.Err))
 		return
 	}
-	rep.add("store", doctorPass, fmt.Sprintf("%s job %s: list, write, read and delete of %s/%s/probe-* work",
+	rep.add("store", doctorPass, fmt.Sprintf("%s job %s: list, write, conditional write, read and delete of %s/%s/probe-* work",
 		p.URL, p.Job, p.Job, checkpoint.MetaDir), "")
 	switch off := p.ClockOffset; {
 	case !p.ClockKnown:
