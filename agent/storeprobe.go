@@ -369,6 +369,8 @@ type StoreProbe struct {
 	// listing did not show the object).
 	ClockOffset time.Duration
 	ClockKnown  bool
+	// listed is the prefix whose list failed, when it is the job's own (J/) rather than J/_spotguard/.
+	listed string
 }
 
 // OK reports whether the probe passed.
@@ -382,15 +384,18 @@ func (p StoreProbe) Problem() string {
 		return ""
 	}
 	what := p.Key
-	if p.Step == ProbeList {
+	switch {
+	case p.Step == ProbeList && p.listed != "":
+		what = p.listed
+	case p.Step == ProbeList:
 		what = p.Job + "/" + checkpoint.MetaDir + "/"
 	}
 	return fmt.Sprintf("store %s job %s: %s %s failed: %s", p.URL, p.Job, p.Step, what, StoreErrorSummary(p.Err))
 }
 
 // ProbeStore checks that store works for job as the uploader needs it: it lists
-// J/_spotguard/, writes a small probe object J/_spotguard/probe-<host>-<random>, reads it back
-// (the same bytes), lists it (its last-modified time, the store's clock, gives ClockOffset), and
+// J/_spotguard/ and J/, writes a small probe object J/_spotguard/probe-<host>-<random>, reads it
+// back (the same bytes), writes it again with If-None-Match: * (which must be refused), lists it (its last-modified time, the store's clock, gives ClockOffset), and
 // deletes it; the first step that fails ends the probe (a probe object that
 // was written is still deleted, best effort). Probe objects of host older than 10 minutes, left
 // by a probe that was killed, are deleted too. host names this machine (the instance id, else the
@@ -409,6 +414,13 @@ func ProbeStore(ctx context.Context, store checkpoint.Store, job, host string) S
 	}
 	_, objs, err := store.ListDir(ctx, dir)
 	if err != nil {
+		return fail(ProbeList, err)
+	}
+	// The job's checkpoints too, as restore and list read them (found from outside: a policy
+	// that let the agent list J/_spotguard/ alone passed the probe, and restore could not list
+	// what was committed).
+	if _, _, err := store.ListDir(ctx, job+"/"); err != nil {
+		p.listed = job + "/"
 		return fail(ProbeList, err)
 	}
 	body, _ := json.Marshal(map[string]any{"probe": "spotguard store probe; safe to delete", "host": host, "at": p.At.UTC()})

@@ -140,6 +140,9 @@ type faultyStore struct {
 	lists int
 	// ignoreCond writes as if no condition was asked for.
 	ignoreCond bool
+	// denyListOf is a prefix whose list is denied (a policy that lets J/_spotguard/ be listed
+	// alone).
+	denyListOf string
 }
 
 func newFaultyStore(t *testing.T) *faultyStore {
@@ -170,9 +173,6 @@ func (s *faultyStore) set(step string, err error) {
 func (s *faultyStore) err(step string) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if step == ProbeList {
-		s.lists++
-	}
 	return s.fail[step]
 }
 
@@ -183,8 +183,16 @@ func (s *faultyStore) listCount() int {
 }
 
 func (s *faultyStore) ListDir(ctx context.Context, prefix string) ([]string, []checkpoint.ObjectInfo, error) {
+	if strings.HasSuffix(prefix, "/"+checkpoint.MetaDir+"/") || prefix == checkpoint.MetaDir+"/" {
+		s.mu.Lock()
+		s.lists++ // one a probe
+		s.mu.Unlock()
+	}
 	if err := s.err(ProbeList); err != nil {
 		return nil, nil, err
+	}
+	if s.denyListOf != "" && prefix == s.denyListOf {
+		return nil, nil, s3Err(403, "AccessDenied", "Access Denied")
 	}
 	return s.Store.ListDir(ctx, prefix)
 }
@@ -279,6 +287,14 @@ func TestProbeStore(t *testing.T) {
 		p := ProbeStore(ctx, s, "job1", "h")
 		if p.Step != ProbeConditional || !errors.Is(p.Err, ErrNoConditionalWrites) || !strings.Contains(StoreFix(p.Reason, "s3://b", p.Err), "conditional writes") {
 			t.Errorf("ProbeStore = step %q err %v; want ErrNoConditionalWrites at the conditional write", p.Step, p.Err)
+		}
+	})
+	t.Run("may not list the job's checkpoints", func(t *testing.T) {
+		s := newFaultyStore(t)
+		s.denyListOf = "job1/"
+		p := ProbeStore(ctx, s, "job1", "h")
+		if p.Step != ProbeList || p.Reason != StoreDenied || !strings.Contains(p.Problem(), "list job1/ failed") {
+			t.Errorf("ProbeStore = step %q err %v (%s); want the list of job1/ denied", p.Step, p.Err, p.Problem())
 		}
 	})
 	t.Run("does not read its own writes", func(t *testing.T) {

@@ -504,3 +504,21 @@ func TestS3ServerThatIgnoresFullObjectChecksumsIsTaken(t *testing.T) {
 			completes.Load(), deletes.Load(), fullAsked.Load())
 	}
 }
+
+// A list whose page says it is truncated but gives no continuation token fails, rather than
+// passing for the whole list (found from outside: list showed 1 of 3 checkpoints, and list
+// --check said the files of the others were missing).
+func TestS3ListTruncatedWithoutATokenFails(t *testing.T) {
+	s := stallStore(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/xml")
+		io.WriteString(w, `<?xml version="1.0" encoding="UTF-8"?><ListBucketResult><Name>bucket</Name><Prefix>p/</Prefix>`+
+			`<IsTruncated>true</IsTruncated><MaxKeys>1</MaxKeys><Contents><Key>p/j/a</Key><Size>1</Size></Contents>`+
+			`<CommonPrefixes><Prefix>p/job-a/</Prefix></CommonPrefixes></ListBucketResult>`)
+	}), nil)
+	if objs, err := s.List(t.Context(), "j/"); err == nil || !strings.Contains(err.Error(), "no continuation token") {
+		t.Errorf("List = %v, %v; want an error saying the list is truncated without a token", objs, err)
+	}
+	if dirs, _, err := s.ListDir(t.Context(), ""); err == nil || !strings.Contains(err.Error(), "no continuation token") {
+		t.Errorf("ListDir = %v, %v; want an error saying the list is truncated without a token", dirs, err)
+	}
+}

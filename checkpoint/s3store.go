@@ -1237,6 +1237,11 @@ func (s *S3Store) List(ctx context.Context, prefix string) ([]ObjectInfo, error)
 		if err != nil {
 			return nil, fmt.Errorf("list %s/%s: %w", s.URL(), prefix, err)
 		}
+		if aws.ToBool(page.IsTruncated) && aws.ToString(page.NextContinuationToken) == "" {
+			// The SDK's paginator stops there, as if the list were whole (found from outside:
+			// list showed 1 of 3 checkpoints, and list --check said their files were missing).
+			return nil, fmt.Errorf("list %s/%s: %w", s.URL(), prefix, errTruncatedList)
+		}
 		for _, o := range page.Contents {
 			key, ok := strings.CutPrefix(aws.ToString(o.Key), kp)
 			if !ok || key == "" || strings.HasSuffix(key, "/") {
@@ -1272,6 +1277,11 @@ func (s *S3Store) ListDir(ctx context.Context, prefix string) ([]string, []Objec
 		if err != nil {
 			return nil, nil, fmt.Errorf("list %s/%s: %w", s.URL(), prefix, err)
 		}
+		if aws.ToBool(page.IsTruncated) && aws.ToString(page.NextContinuationToken) == "" {
+			// The SDK's paginator stops there, as if the list were whole (found from outside:
+			// list showed 1 of 3 checkpoints, and list --check said their files were missing).
+			return nil, nil, fmt.Errorf("list %s/%s: %w", s.URL(), prefix, errTruncatedList)
+		}
 		for _, cp := range page.CommonPrefixes {
 			rest, ok := strings.CutPrefix(aws.ToString(cp.Prefix), kp+prefix)
 			name, slash := strings.CutSuffix(rest, "/")
@@ -1293,6 +1303,10 @@ func (s *S3Store) ListDir(ctx context.Context, prefix string) ([]string, []Objec
 	slices.SortFunc(objs, func(a, b ObjectInfo) int { return strings.Compare(a.Key, b.Key) })
 	return dirs, objs, nil
 }
+
+// errTruncatedList is the error of a list whose page says there is more, and gives no token to
+// ask for it.
+var errTruncatedList = errors.New("the server says the list is truncated but gives no continuation token: the rest cannot be listed (a server that does not implement ListObjectsV2 as S3 does)")
 
 // Delete removes the objects with DeleteObjects, 1000 keys a request, or one DeleteObject each
 // if the server does not implement DeleteObjects. Keys that do not exist are not an error. It
