@@ -28,7 +28,8 @@ const fakeAgent = 100
 // fakeProc is one process of a fake tree.
 type fakeProc struct {
 	pid     int
-	cmdline string // arguments separated by spaces; "" for a kernel thread
+	cmdline string   // arguments separated by spaces; "" for a kernel thread
+	argv    []string // the arguments, if one has a space (then cmdline only names the process)
 	uid     int
 	ppid    int
 	nspid   []int  // NSpid; nil means {pid} (the agent's namespace)
@@ -66,7 +67,11 @@ func fakeTree(t *testing.T, procs ...fakeProc) string {
 			name, state, p.pid, p.pid, p.ppid, p.uid, p.uid, p.uid, p.uid, p.uid, p.uid, p.uid, p.uid,
 			strings.Join(ns, "\t"), strings.Join(ns, "\t"), strings.Join(ns, "\t"), strings.Join(ns, "\t"))
 		writeFile(t, filepath.Join(dir, "status"), status)
-		writeFile(t, filepath.Join(dir, "cmdline"), strings.ReplaceAll(p.cmdline, " ", "\x00")+strings.Repeat("\x00", min(len(p.cmdline), 1)))
+		cmdline := strings.ReplaceAll(p.cmdline, " ", "\x00") + strings.Repeat("\x00", min(len(p.cmdline), 1))
+		if p.argv != nil {
+			cmdline = strings.Join(p.argv, "\x00") + "\x00"
+		}
+		writeFile(t, filepath.Join(dir, "cmdline"), cmdline)
 		cg := p.cgroup
 		if cg == "" {
 			cg = "0::/\n"

@@ -156,8 +156,9 @@ type Finder struct {
 	// whose argument list (/proc/PID/cmdline, split at its NULs) ends with Self's own, such as
 	// the timeout in "timeout 20 spotguard doctor --trainer.match X" or the sudo in "sudo
 	// spotguard doctor": their command lines hold spotguard's, so trainer.match would find
-	// them. Other ancestors (a shell script that starts both the agent and the trainer) are
-	// not wrappers.
+	// them; so are those with an argument that holds spotguard's command line, as a shell's -c
+	// does (sh -c "spotguard doctor --trainer.match X; true"). Other ancestors (a shell script
+	// that starts both the agent and the trainer) are not wrappers.
 	Self int
 	// Agent, if not 0, is the PID of the running spotguard agent, when Find runs in another
 	// process (spotguard doctor): never returned either, as the agent never returns itself (a
@@ -599,20 +600,25 @@ func (s *finder) byContainer(container string, cs containerSet) {
 }
 
 // wrappersOf returns the ancestors of pid (followed through PPid) whose argument list ends with
-// pid's own: the commands that wrap pid's, such as timeout, sudo, strace or time (nil when there
-// is none, or pid's argument list cannot be read).
+// pid's own, or has an argument that holds pid's command line: the commands that wrap pid's, such
+// as timeout, sudo, strace or time, or a shell's -c (nil when there is none, or pid's argument
+// list cannot be read).
 func (s *finder) wrappersOf(pid int) map[int]bool {
 	own, ok := readArgv(s.procRoot, pid)
 	if !ok || len(own) == 0 {
 		return nil
 	}
+	// A shell's command line that holds pid's (sh -c "spotguard doctor --trainer.match X; ..."),
+	// found from outside: doctor failed on the shell that ran it.
+	line := strings.Join(own, " ")
 	var wrappers map[int]bool
 	seen := map[int]bool{pid: true}
 	st, ok := s.statusOf(pid)
 	for ok && st.ppid > 0 && !seen[st.ppid] {
 		parent := st.ppid
 		seen[parent] = true
-		if argv, ok := readArgv(s.procRoot, parent); ok && len(argv) >= len(own) && slices.Equal(argv[len(argv)-len(own):], own) {
+		if argv, ok := readArgv(s.procRoot, parent); ok && (len(argv) >= len(own) && slices.Equal(argv[len(argv)-len(own):], own) ||
+			slices.ContainsFunc(argv, func(a string) bool { return strings.Contains(a, line) })) {
 			if wrappers == nil {
 				wrappers = map[int]bool{}
 			}

@@ -51,6 +51,16 @@ func TestFindLeavesOutTheWrappersOfSpotguard(t *testing.T) {
 		t.Errorf("Got(pidfile of a wrapper) detail %q; want it to say it is a wrapper of spotguard", problems[0].Detail)
 	}
 
+	// A shell whose -c holds spotguard's command line is a wrapper too (found from outside:
+	// doctor failed on the shell that ran it, "none catches SIGUSR1"); one that does not is not.
+	shell := fakeTree(t,
+		fakeProc{pid: 1, cmdline: "/sbin/init splash"},
+		fakeProc{pid: 80, cmdline: "sh", argv: []string{"sh", "-c", "spotguard doctor --trainer.match train; true"}, ppid: 1},
+		fakeProc{pid: fakeAgent, cmdline: "spotguard doctor --trainer.match train", ppid: 80},
+		fakeProc{pid: 81, cmdline: "sh", argv: []string{"sh", "-c", "python3 train.py --ckpt /c; true"}, ppid: 1},
+	)
+	checkFind(t, Finder{Match: match, ProcRoot: shell, Self: fakeAgent}, map[int]string{81: ViaMatch})
+
 	// An agent whose own argument list cannot be read has no wrappers.
 	checkFind(t, Finder{Match: match, ProcRoot: tree, Self: neverPID},
 		map[int]string{90: ViaMatch, 91: ViaMatch, 92: ViaMatch, 93: ViaMatch, fakeAgent: ViaMatch, 200: ViaMatch, 300: ViaMatch, 301: ViaMatch})
