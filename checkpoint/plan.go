@@ -121,6 +121,18 @@ func DalyInterval(c, m time.Duration) time.Duration {
 	return planDuration(planDaly(c.Seconds(), m.Seconds()))
 }
 
+// PlanMaxNoticeSuccess is the largest notice-save success probability a plan takes.
+const PlanMaxNoticeSuccess = 0.999
+
+// PlanQ formats a notice-save success probability: two decimals, three above 0.99 (0.999 is
+// not 1.00).
+func PlanQ(q float64) string {
+	if q > 0.99 {
+		return strconv.FormatFloat(q, 'f', 3, 64)
+	}
+	return strconv.FormatFloat(q, 'f', 2, 64)
+}
+
 // NoticeMTBI is the mean time between interruptions that cost half an interval when a
 // notice-triggered save succeeds with probability q: only the failed fraction (1 − q) of
 // interruptions lose work since the last periodic save, so for the interval it is as if M were
@@ -182,8 +194,13 @@ func (in PlanInput) Validate() error {
 	case in.MTBI <= 0:
 		errs = append(errs, fmt.Errorf("mean time between interruptions %v must be positive", in.MTBI))
 	}
-	if math.IsNaN(in.NoticeSuccess) || in.NoticeSuccess < 0 || in.NoticeSuccess >= 1 {
-		errs = append(errs, fmt.Errorf("notice-save success probability %v must be at least 0 and below 1", in.NoticeSuccess))
+	switch q := in.NoticeSuccess; {
+	case math.IsNaN(q) || q < 0 || q >= 1:
+		errs = append(errs, fmt.Errorf("notice-save success probability %v must be at least 0 and below 1", q))
+	case q > PlanMaxNoticeSuccess:
+		// Found from outside: 0.999999 made M/(1−q) 2739 years, shown as 292 (the largest
+		// Duration), and a q of 1.00 and 0% lost.
+		errs = append(errs, fmt.Errorf("notice-save success probability %v must be at most %v: closer to 1, M/(1−q) is beyond any run (and no notice path is that sure)", q, PlanMaxNoticeSuccess))
 	}
 	if math.IsNaN(in.Price) || math.IsInf(in.Price, 0) || in.Price < 0 {
 		errs = append(errs, fmt.Errorf("on-demand price %v must not be negative", in.Price))
@@ -365,7 +382,7 @@ func NewPlan(in PlanInput) (Plan, error) {
 		p.Warnings = append(p.Warnings, fmt.Sprintf("with periodic saves alone the expected overhead is %.0f%% of the time: the job makes no progress", 100*p.Periodic.OverheadShare))
 	}
 	if in.NoticeSuccess > 0 && !p.Save.FitsNotice {
-		p.Warnings = append(p.Warnings, fmt.Sprintf("a save is in the store only %s after it starts, later than the %s Spot notice: a notice cannot save it, so the notice-save success probability %.2f is not used and the plan is for periodic saves only", PlanHumanDuration(p.Save.Durable), PlanHumanDuration(PlanSpotNotice), in.NoticeSuccess))
+		p.Warnings = append(p.Warnings, fmt.Sprintf("a save is in the store only %s after it starts, later than the %s Spot notice: a notice cannot save it, so the notice-save success probability %s is not used and the plan is for periodic saves only", PlanHumanDuration(p.Save.Durable), PlanHumanDuration(PlanSpotNotice), PlanQ(in.NoticeSuccess)))
 	}
 	if in.Upload > p.Recommendation.Daly {
 		p.Warnings = append(p.Warnings, fmt.Sprintf("an upload (%s) takes longer than the interval (%s): the next save starts before the last one is in the store, so the store falls behind; upload faster or save less often", PlanHumanDuration(in.Upload), PlanHumanDuration(p.Recommendation.Daly)))
@@ -396,13 +413,13 @@ func (p Plan) recommend() PlanRecommendation {
 			Reason: "periodic saves only: the notice-save success probability q is 0, so every interruption loses half an interval."}
 	case !s.FitsNotice:
 		rec = PlanRecommendation{PlanPolicy: p.Periodic,
-			Reason: fmt.Sprintf("periodic saves only: a save is in the store %s after it starts, later than the %s Spot notice, so a notice cannot save it and q = %.2f does not apply (q = 0). "+
-				"A save in the store within the notice would allow every %s at q = %.2f (overhead %s instead of %s).",
-				durable, notice, q, PlanHumanDuration(p.Notice.Daly), q, planPercent(p.Notice.OverheadShare), planPercent(p.Periodic.OverheadShare))}
+			Reason: fmt.Sprintf("periodic saves only: a save is in the store %s after it starts, later than the %s Spot notice, so a notice cannot save it and q = %s does not apply (q = 0). "+
+				"A save in the store within the notice would allow every %s at q = %s (overhead %s instead of %s).",
+				durable, notice, PlanQ(q), PlanHumanDuration(p.Notice.Daly), PlanQ(q), planPercent(p.Notice.OverheadShare), planPercent(p.Periodic.OverheadShare))}
 	default:
 		rec = PlanRecommendation{PlanPolicy: p.Notice, WithNotice: true, NoticeSuccess: q,
-			Reason: fmt.Sprintf("with notice-triggered saves: a save is in the store %s after it starts, within the %s Spot notice, so with success probability q = %.2f only %.0f%% of interruptions lose half an interval, as if M were M/(1−q) = %s.",
-				durable, notice, q, 100*(1-q), PlanHumanDuration(p.Notice.MTBI))}
+			Reason: fmt.Sprintf("with notice-triggered saves: a save is in the store %s after it starts, within the %s Spot notice, so with success probability q = %s only %s of interruptions lose half an interval, as if M were M/(1−q) = %s.",
+				durable, notice, PlanQ(q), planLostPercent(1-q), PlanHumanDuration(p.Notice.MTBI))}
 	}
 	if p.Input.InterruptionRate != "" {
 		rec.UpperBound = true
@@ -458,6 +475,15 @@ func planPercent(share float64) string {
 		return fmt.Sprintf("%.2g%%", v)
 	}
 	return fmt.Sprintf("%.1f%%", 100*share)
+}
+
+// planLostPercent formats the share of interruptions that lose half an interval: whole percent,
+// but under 1 % as planPercent does (0.1 %, not 0 %).
+func planLostPercent(share float64) string {
+	if v := 100 * share; v < 1 {
+		return planPercent(share)
+	}
+	return fmt.Sprintf("%.0f%%", 100*share)
 }
 
 // planYoung is sqrt(2·c·m), in seconds.

@@ -122,7 +122,7 @@ func runPlan(args []string, stdout, stderr io.Writer) int {
 		f.gpus = n
 		return nil
 	})
-	fs.Func("notice-success", fmt.Sprintf("probability `q` that a notice-triggered save succeeds, in [0, 1) or a percentage (default %v)", planDefaultNoticeSuccess), func(v string) (err error) {
+	fs.Func("notice-success", fmt.Sprintf("probability `q` that a notice-triggered save succeeds, 0 to 0.999, or a percentage (default %v)", planDefaultNoticeSuccess), func(v string) (err error) {
 		f.q, err = planParseProbability(v)
 		return err
 	})
@@ -415,7 +415,7 @@ func printPlan(w io.Writer, f planFlags, p checkpoint.Plan) {
 	// The recommendation first: the interval to use, why, what to keep in mind, what it costs.
 	policy := "periodic saves only"
 	if rec.WithNotice {
-		policy = fmt.Sprintf("with notice saves at q = %.2f", rec.NoticeSuccess)
+		policy = "with notice saves at q = " + checkpoint.PlanQ(rec.NoticeSuccess)
 	}
 	head := fmt.Sprintf("Recommendation: checkpoint every %s (Daly, %s, M = %s).", h(rec.Daly), policy, h(in.MTBI))
 	if rec.UpperBound {
@@ -463,7 +463,7 @@ func printPlan(w io.Writer, f planFlags, p checkpoint.Plan) {
 	}
 	fmt.Fprintf(tw, "  mean time between interruptions M\t%s\n", mtbi)
 	fmt.Fprintf(tw, "  interruptions a month\t%.3g\n", p.InterruptionsPerMonth)
-	q := fmt.Sprintf("%.2f", in.NoticeSuccess)
+	q := checkpoint.PlanQ(in.NoticeSuccess)
 	if in.NoticeSuccess > 0 && !save.FitsNotice {
 		q += " (not used: a save is not in the store within the notice)"
 	}
@@ -479,7 +479,7 @@ func printPlan(w io.Writer, f planFlags, p checkpoint.Plan) {
 		fmt.Fprintf(tw, "  %s\t%s\t%s\n", label, periodic, notice)
 	}
 	fmt.Fprintln(tw, "\t")
-	periodicHead, noticeHead := "periodic saves only", fmt.Sprintf("with notice saves, q = %.2f, M/(1−q) = %s", in.NoticeSuccess, h(no.MTBI))
+	periodicHead, noticeHead := "periodic saves only", fmt.Sprintf("with notice saves, q = %s, M/(1−q) = %s", checkpoint.PlanQ(in.NoticeSuccess), h(no.MTBI))
 	switch {
 	case rec.WithNotice:
 		noticeHead += " (recommended)"
@@ -487,7 +487,7 @@ func printPlan(w io.Writer, f planFlags, p checkpoint.Plan) {
 		periodicHead += " (recommended)"
 	}
 	if in.NoticeSuccess > 0 && !save.FitsNotice {
-		noticeHead = fmt.Sprintf("if a save fitted in the notice, q = %.2f, M/(1−q) = %s", in.NoticeSuccess, h(no.MTBI))
+		noticeHead = fmt.Sprintf("if a save fitted in the notice, q = %s, M/(1−q) = %s", checkpoint.PlanQ(in.NoticeSuccess), h(no.MTBI))
 	}
 	fmt.Fprint(tw, "Checkpoint interval")
 	row("", periodicHead, noticeHead)
@@ -503,7 +503,7 @@ func printPlan(w io.Writer, f planFlags, p checkpoint.Plan) {
 
 	// How the recommendation moves when M is off by a factor of two either way.
 	fmt.Fprintln(tw, "\t")
-	fmt.Fprintf(tw, "If M is off (q = %.2f)\tinterval\toverhead a month\tkeeping every %s\n", rec.NoticeSuccess, h(rec.Daly))
+	fmt.Fprintf(tw, "If M is off (q = %s)\tinterval\toverhead a month\tkeeping every %s\n", checkpoint.PlanQ(rec.NoticeSuccess), h(rec.Daly))
 	sens := func(label string, interval time.Duration, optimal, kept checkpoint.PlanCost) {
 		fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\n", label, h(interval), planOverhead(optimal, hasPrice), planOverhead(kept, hasPrice))
 	}

@@ -393,6 +393,15 @@ func TestPlanSpotAboveOnDemandIsAWarning(t *testing.T) {
 	}
 }
 
+// A q close to 1 is shown as it is, not rounded to 1.00, and the share it loses as 0.1%, not 0%
+// (found from outside).
+func TestPlanNoticeSuccessCloseToOne(t *testing.T) {
+	code, stdout, stderr := runCLI(t, t.Context(), nil, "plan", "--mtbi", "24h", "--save-cost", "60s", "--notice-success", "0.999")
+	if code != exitOK || !strings.Contains(stdout, "q = 0.999") || !strings.Contains(stdout, "only 0.1% of") || strings.Contains(stdout, "1.00") {
+		t.Errorf("plan --notice-success 0.999: exit %d\n%s\nstderr: %s; want q = 0.999 and 0.1%% lost", code, stdout, stderr)
+	}
+}
+
 func TestPlanRejects(t *testing.T) {
 	ok := []string{"--mtbi", "24h", "--save-cost", "5m"}
 	with := func(extra ...string) []string { return append(append([]string{}, ok...), extra...) }
@@ -418,6 +427,8 @@ func TestPlanRejects(t *testing.T) {
 		{"unknown bucket", []string{"--interruption-rate", "3-7%", "--save-cost", "5m"}, `flag --interruption-rate: unknown interruption rate "3-7%"`},
 		{"bare number rate", []string{"--interruption-rate", "8.7", "--save-cost", "5m"}, `flag --interruption-rate: unknown interruption rate "8.7"`},
 		{"both mtbi and rate", with("--interruption-rate", "5-10%"), "--mtbi and --interruption-rate both say how often"},
+		// Found from outside: M/(1−q) showed 292 years (the largest Duration) for 2739.
+		{"q too close to 1", with("--notice-success", "0.999999"), "notice-save success probability 0.999999 must be at most 0.999"},
 		{"neither mtbi nor rate", []string{"--save-cost", "5m"}, "need --mtbi or --interruption-rate"},
 		{"no save cost", []string{"--mtbi", "24h"}, "need --save-cost, or --size with --throughput"},
 		{"save cost and throughput", with("--throughput", "250MB/s"), "--throughput needs --size"},
