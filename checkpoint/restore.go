@@ -944,10 +944,22 @@ func restorePlaceFile(to *os.Root, from, name string) error {
 	return to.Rename(from, name)
 }
 
+// lastWritten is the later of last and t, a modification time, unless t is in the future by
+// more than FileTimeLag: a file written now is dated now, so one dated later (a clock set back
+// since, a commit of an instance whose clock was ahead restored as it was) is not being written
+// (found from outside: the restore unit failed at every boot on such files, "modified -8m55s
+// ago: it may be being written").
+func lastWritten(last, t, now time.Time) time.Time {
+	if t.After(now.Add(FileTimeLag)) || !t.After(last) {
+		return last
+	}
+	return t
+}
+
 // agoText says when something modified d ago was: "1m5s ago", or for a time in the future (a
 // clock set back since), "1m5s in the future by this clock".
 func agoText(d time.Duration) string {
-	if d < 0 {
+	if d <= -time.Second {
 		return (-d).Round(time.Second).String() + " in the future by this clock"
 	}
 	return d.Round(time.Second).String() + " ago"
@@ -987,11 +999,11 @@ func restoreIncomplete(to *os.Root, m *Manifest, marker string, now time.Time) (
 		return nil, nil
 	}
 	dir := filepath.Join(to.Name(), m.Checkpoint)
-	latest := fi.ModTime()
+	latest := lastWritten(time.Time{}, fi.ModTime(), now)
 	if names, err := scanReadDir(to, m.Checkpoint); err == nil {
 		for _, name := range names {
-			if fi, err := to.Lstat(m.Checkpoint + "/" + name); err == nil && fi.ModTime().After(latest) {
-				latest = fi.ModTime()
+			if fi, err := to.Lstat(m.Checkpoint + "/" + name); err == nil {
+				latest = lastWritten(latest, fi.ModTime(), now)
 			}
 		}
 	}
@@ -1032,6 +1044,7 @@ func restoreJudge(ctx context.Context, to *os.Root, m *Manifest, others []*Manif
 	}
 	files := map[string]*local{}
 	written := fi.ModTime()
+	recent := lastWritten(time.Time{}, written, now) // the last write that may be now's (lastWritten)
 	var newest string      // the file modified last, in a directory
 	var markerAt time.Time // its marker's modification time
 	root := to
@@ -1044,7 +1057,7 @@ func restoreJudge(ctx context.Context, to *os.Root, m *Manifest, others []*Manif
 			return "", nil, nil
 		}
 		defer func() { _ = dir.Close() }() // a directory handle: nothing to flush
-		root, written = dir, time.Time{}
+		root, written, recent = dir, time.Time{}, time.Time{}
 		found, err := restoreLocalFiles(dir)
 		if err != nil {
 			return "", nil, nil // no save
@@ -1054,6 +1067,7 @@ func restoreJudge(ctx context.Context, to *os.Root, m *Manifest, others []*Manif
 			if l.fi.ModTime().After(written) {
 				written, newest = l.fi.ModTime(), l.path
 			}
+			recent = lastWritten(recent, l.fi.ModTime(), now)
 			if l.path == marker {
 				markerAt = l.fi.ModTime()
 			}
@@ -1159,7 +1173,7 @@ func restoreJudge(ctx context.Context, to *os.Root, m *Manifest, others []*Manif
 	case what == "":
 		what = fmt.Sprintf("an older save of this name was there (written %s, before commit %s completed, %s)", at(written), m.Commit, at(completed))
 	}
-	if ago := now.Sub(written); ago < incompleteQuiet {
+	if ago := now.Sub(recent); ago < incompleteQuiet {
 		if held == "" {
 			held = map[string]string{"older": "an older save of this name than commit " + m.Commit, "incomplete": "an incomplete copy of commit " + m.Commit}[kind]
 		}
