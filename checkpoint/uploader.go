@@ -199,6 +199,9 @@ type UploadEvent struct {
 //
 // Work is queued per generation, newest generation first; one commit runs at a time.
 type Uploader struct {
+	// storedEpoch counts the loop's turns that may have changed a generation's files (every turn
+	// but one that only answers Status): stored() memos hold within one epoch.
+	storedEpoch uint64
 	cfg   UploaderConfig
 	log   zerolog.Logger
 	cache *manifestCache
@@ -368,6 +371,14 @@ const (
 
 // generation is one version of a local checkpoint and the work on it.
 type generation struct {
+	// storedMemo is stored()'s answer for a committed generation, as of the uploader's
+	// storedEpoch it was computed at (status is asked for every few seconds, and a committed
+	// checkpoint of 100 000 files cost a walk of them each time; found from outside).
+	storedMemo struct {
+		epoch              uint64
+		files              int
+		bytes, storedBytes int64
+	}
 	name   string
 	seq    uint64
 	single bool
@@ -754,7 +765,12 @@ func (u *Uploader) Run(ctx context.Context, events <-chan WatchEvent) error {
 		endDrain = u.endDrain
 		return true
 	}
+	answered := false // the last turn only answered Status
 	for {
+		if !answered {
+			u.storedEpoch++
+		}
+		answered = false
 		u.flushJournal()
 		// A notice set before anything the loop takes next is in force when it is handled: select
 		// picks at random among ready cases, and a checkpoint's events must not overtake the
@@ -874,6 +890,7 @@ func (u *Uploader) Run(ctx context.Context, events <-chan WatchEvent) error {
 			u.log.Info().Int("complete_not_committed", pending).Int("files_queued", u.queuedFiles()).Msg("sync requested")
 		case ch := <-u.statusCh:
 			ch <- u.status()
+			answered = true
 		}
 		if done == nil && !reading && !u.draining() {
 			u.log.Info().Msg("nothing left to commit; stopping")
@@ -1049,6 +1066,7 @@ func (u *Uploader) handleNotices() {
 	if !changed {
 		return
 	}
+	u.storedEpoch++ // (turned urgent, what is queued may change)
 	added := false
 	for _, n := range active {
 		if !slices.ContainsFunc(u.active, func(a ActiveNotice) bool { return a.Key == n.Key }) {
@@ -4109,14 +4127,31 @@ func (u *Uploader) status() UploaderStatus {
 			t := g.lastFileAt
 			cs.LastFileAt = &t
 		}
-		cs.FilesStored, cs.Bytes, cs.BytesStored = g.stored()
+		cs.FilesStored, cs.Bytes, cs.BytesStored = g.storedAt(u.storedEpoch)
 		st.Checkpoints = append(st.Checkpoints, cs)
 	}
 	return st
 }
 
 // stored returns how many of g's files are stored, and its bytes in all and stored.
-func (g *generation) stored() (files int, bytes, storedBytes int64) {
+func (g *generation) stored() (files int, bytes, storedBytes int64) { return g.storedNow() }
+
+// storedAt is stored, remembered for a committed generation within the uploader's storedEpoch
+// epoch.
+func (g *generation) storedAt(epoch uint64) (files int, bytes, storedBytes int64) {
+	if g.state != genCommitted {
+		return g.storedNow()
+	}
+	if m := &g.storedMemo; m.epoch == epoch && epoch != 0 {
+		return m.files, m.bytes, m.storedBytes
+	}
+	files, bytes, storedBytes = g.storedNow()
+	g.storedMemo.epoch, g.storedMemo.files, g.storedMemo.bytes, g.storedMemo.storedBytes = epoch, files, bytes, storedBytes
+	return files, bytes, storedBytes
+}
+
+// storedNow is stored, counted now.
+func (g *generation) storedNow() (files int, bytes, storedBytes int64) {
 	for _, f := range g.files {
 		bytes += f.id.Size
 		if f.done != nil && (f.done.key != "" || g.state == genCommitted) {
