@@ -1044,7 +1044,8 @@ func restoreJudge(ctx context.Context, to *os.Root, m *Manifest, others []*Manif
 	}
 	files := map[string]*local{}
 	written := fi.ModTime()
-	recent := lastWritten(time.Time{}, written, now) // the last write that may be now's (lastWritten)
+	// recent is the last write that may be now's (lastWritten).
+	recent := lastWritten(time.Time{}, written, now)
 	var newest string      // the file modified last, in a directory
 	var markerAt time.Time // its marker's modification time
 	root := to

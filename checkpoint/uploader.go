@@ -199,12 +199,12 @@ type UploadEvent struct {
 //
 // Work is queued per generation, newest generation first; one commit runs at a time.
 type Uploader struct {
-	// storedEpoch counts the loop's turns that may have changed a generation's files (every turn
-	// but one that only answers Status): stored() memos hold within one epoch.
-	storedEpoch uint64
 	cfg   UploaderConfig
 	log   zerolog.Logger
 	cache *manifestCache
+	// storedEpoch counts the loop's turns that may have changed a generation's files (every turn
+	// but one that only answers Status): storedAt's memos hold within one epoch.
+	storedEpoch uint64
 	// work is Run's context for the work (not cancelled by a stop; cancelled when Run returns).
 	work context.Context
 	// journalProblem is JournalProblem's.
