@@ -3789,8 +3789,12 @@ func (u *Uploader) handleCommit(ctx context.Context, r commitResult) {
 			}
 		}
 		ev2 := log.Info()
-		if ev.Forecast > ForecastWarn {
-			ev2 = log.Warn()
+		if ev.Forecast > ForecastWarn && !g.heldBack {
+			// Said why (found from outside: a warning with no reason in it). (A checkpoint held
+			// back has no forecast: its times hold the wait.)
+			ev2 = log.Warn().Str("why", fmt.Sprintf("a checkpoint like this one, saved at a notice, would be durable %s after it, past the %s a 2-minute Spot notice leaves once it is read and the trainer reacts",
+				ev.Forecast.Round(time.Second), ForecastWarn)).
+				Str("fix", "save less on a notice (model and optimizer state), or save periodically more often so a notice finds most of it in the store")
 		}
 		if ev.SentWhileWritten > 0 {
 			ev2 = ev2.Int64("bytes_sent_while_written", ev.SentWhileWritten)
