@@ -1067,10 +1067,7 @@ const s3GetBytesTries = 3
 // getBytes is one GetObject of GetBytes, of the object okey (key to the caller). again is true
 // for a body that does not match its checksum, broke off or stalled: worth reading again.
 func (s *S3Store) getBytes(ctx context.Context, key, okey string) (data []byte, etag string, again bool, err error) {
-	rctx, stall, unwatch := watchStall(ctx)
-	defer unwatch()
-	stall.idle() // until the answer: that wait is s3ResponseHeaderTimeout's
-	out, err := s.client.GetObject(rctx, &s3.GetObjectInput{Bucket: &s.bucket, Key: &okey})
+	out, err := s.client.GetObject(ctx, &s3.GetObjectInput{Bucket: &s.bucket, Key: &okey})
 	if err != nil {
 		if s3IsNotFound(err) {
 			return nil, "", false, fmt.Errorf("get %s: %w", s.URL()+"/"+key, ErrNotFound)
@@ -1082,13 +1079,10 @@ func (s *S3Store) getBytes(ctx context.Context, key, okey string) (data []byte, 
 	if n := aws.ToInt64(out.ContentLength); n > limit {
 		return nil, aws.ToString(out.ETag), false, fmt.Errorf("get %s: %w", s.URL()+"/"+key, tooLarge(key, n))
 	}
-	stall.moved()
-	data, err = io.ReadAll(io.LimitReader(stallReader{out.Body, stall}, limit+1))
+	// (A body that brings nothing for s3StallTimeout fails here: stallBody.)
+	data, err = io.ReadAll(io.LimitReader(out.Body, limit+1))
 	if err != nil {
-		if ctx.Err() != nil {
-			return nil, "", false, fmt.Errorf("get %s: %w", s.URL()+"/"+key, err)
-		}
-		return nil, "", true, fmt.Errorf("get %s: %w", s.URL()+"/"+key, stalled(rctx, err))
+		return nil, "", ctx.Err() == nil, fmt.Errorf("get %s: %w", s.URL()+"/"+key, err)
 	}
 	if int64(len(data)) > limit {
 		return nil, aws.ToString(out.ETag), false, fmt.Errorf("get %s: %w", s.URL()+"/"+key, tooLarge(key, -1))
@@ -1237,9 +1231,7 @@ func (s *S3Store) List(ctx context.Context, prefix string) ([]ObjectInfo, error)
 		if err != nil {
 			return nil, fmt.Errorf("list %s/%s: %w", s.URL(), prefix, err)
 		}
-		if aws.ToBool(page.IsTruncated) && aws.ToString(page.NextContinuationToken) == "" {
-			// The SDK's paginator stops there, as if the list were whole (found from outside:
-			// list showed 1 of 3 checkpoints, and list --check said their files were missing).
+		if truncatedWithoutToken(page) {
 			return nil, fmt.Errorf("list %s/%s: %w", s.URL(), prefix, errTruncatedList)
 		}
 		for _, o := range page.Contents {
@@ -1277,9 +1269,7 @@ func (s *S3Store) ListDir(ctx context.Context, prefix string) ([]string, []Objec
 		if err != nil {
 			return nil, nil, fmt.Errorf("list %s/%s: %w", s.URL(), prefix, err)
 		}
-		if aws.ToBool(page.IsTruncated) && aws.ToString(page.NextContinuationToken) == "" {
-			// The SDK's paginator stops there, as if the list were whole (found from outside:
-			// list showed 1 of 3 checkpoints, and list --check said their files were missing).
+		if truncatedWithoutToken(page) {
 			return nil, nil, fmt.Errorf("list %s/%s: %w", s.URL(), prefix, errTruncatedList)
 		}
 		for _, cp := range page.CommonPrefixes {
@@ -1302,6 +1292,13 @@ func (s *S3Store) ListDir(ctx context.Context, prefix string) ([]string, []Objec
 	dirs = slices.Compact(dirs)
 	slices.SortFunc(objs, func(a, b ObjectInfo) int { return strings.Compare(a.Key, b.Key) })
 	return dirs, objs, nil
+}
+
+// truncatedWithoutToken reports whether page says there is more and gives no token to ask for
+// it: the SDK's paginator stops there, as if the list were whole (found from outside: list
+// showed 1 of 3 checkpoints, and list --check said the files of the others were missing).
+func truncatedWithoutToken(page *s3.ListObjectsV2Output) bool {
+	return aws.ToBool(page.IsTruncated) && aws.ToString(page.NextContinuationToken) == ""
 }
 
 // errTruncatedList is the error of a list whose page says there is more, and gives no token to
