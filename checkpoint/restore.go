@@ -114,6 +114,10 @@ type RestoreOptions struct {
 	// point): the trainer can then save into the checkpoint.dir the restore made, and the
 	// restored files are its too. Its group is the user's own, where this system knows the user.
 	DirOwner *int
+	// BootedAt, if not zero, is when this machine booted: a save in To modified before it is not
+	// being written, however recent (found from outside: the restore unit failed at a boot that
+	// came less than a minute after a save was cut short, and the trainer never started).
+	BootedAt time.Time
 }
 
 // RestoreResult describes a successful restore.
@@ -354,7 +358,7 @@ func restoreOnce(ctx context.Context, s Store, opts RestoreOptions, conc int, ru
 		log.Warn().Str("checkpoint", m.Checkpoint).Str("commit", m.Commit).Str("marker", marker).
 			Msg("the commit has no checkpoint.marker at its top: a trainer that resumes from a save with its marker will not take this one; is checkpoint.marker the agent's (restore --config)?")
 	}
-	aside, err := restoreIncomplete(to, m, marker, start)
+	aside, err := restoreIncomplete(to, m, marker, start, opts.BootedAt)
 	if err != nil {
 		return failCP(err)
 	}
@@ -362,7 +366,7 @@ func restoreOnce(ctx context.Context, s Store, opts RestoreOptions, conc int, ru
 		same, err := restoreExisting(ctx, to, m, conc)
 		if errors.Is(err, ErrDestinationExists) && !opts.CommitSet {
 			// Whatever else is there is refused (err), and so is any save with a commit asked for.
-			newer, older, jerr := restoreJudge(ctx, to, m, others, opts.Part, marker, start)
+			newer, older, jerr := restoreJudge(ctx, to, m, others, opts.Part, marker, start, opts.BootedAt)
 			switch {
 			case jerr != nil:
 				return failCP(jerr)
@@ -948,9 +952,10 @@ func restorePlaceFile(to *os.Root, from, name string) error {
 // more than FileTimeLag: a file written now is dated now, so one dated later (a clock set back
 // since, a commit of an instance whose clock was ahead restored as it was) is not being written
 // (found from outside: the restore unit failed at every boot on such files, "modified -8m55s
-// ago: it may be being written").
-func lastWritten(last, t, now time.Time) time.Time {
-	if t.After(now.Add(FileTimeLag)) || !t.After(last) {
+// ago: it may be being written"); nor is one dated before booted, when the machine booted (if
+// known): nothing writes across a boot.
+func lastWritten(last, t, now, booted time.Time) time.Time {
+	if t.After(now.Add(FileTimeLag)) || !t.After(last) || (!booted.IsZero() && t.Before(booted)) {
 		return last
 	}
 	return t
@@ -987,7 +992,7 @@ type restoreSave struct {
 // keep the commit from being restored, so Restore moves it aside (restoreAside) as it puts the
 // commit in place. One that was modified less than incompleteQuiet before now (the directory or
 // what is at its top) may be being written: an error then. nil, nil: it is not.
-func restoreIncomplete(to *os.Root, m *Manifest, marker string, now time.Time) (*restoreSave, error) {
+func restoreIncomplete(to *os.Root, m *Manifest, marker string, now, booted time.Time) (*restoreSave, error) {
 	if m.SingleFile() || !slices.ContainsFunc(m.Files, func(f File) bool { return f.Path == marker }) {
 		return nil, nil
 	}
@@ -999,11 +1004,11 @@ func restoreIncomplete(to *os.Root, m *Manifest, marker string, now time.Time) (
 		return nil, nil
 	}
 	dir := filepath.Join(to.Name(), m.Checkpoint)
-	latest := lastWritten(time.Time{}, fi.ModTime(), now)
+	latest := lastWritten(time.Time{}, fi.ModTime(), now, booted)
 	if names, err := scanReadDir(to, m.Checkpoint); err == nil {
 		for _, name := range names {
 			if fi, err := to.Lstat(m.Checkpoint + "/" + name); err == nil {
-				latest = lastWritten(latest, fi.ModTime(), now)
+				latest = lastWritten(latest, fi.ModTime(), now, booted)
 			}
 		}
 	}
@@ -1033,7 +1038,7 @@ func restoreIncomplete(to *os.Root, m *Manifest, marker string, now time.Time) (
 //     goes aside as m is put in place, unless it was modified less than incompleteQuiet before
 //     now (it may be being written): an error then.
 //   - neither, nil: it is no such save; restoreExisting's error stands.
-func restoreJudge(ctx context.Context, to *os.Root, m *Manifest, others []*Manifest, part *int, marker string, now time.Time) (newer string, older *restoreSave, _ error) {
+func restoreJudge(ctx context.Context, to *os.Root, m *Manifest, others []*Manifest, part *int, marker string, now, booted time.Time) (newer string, older *restoreSave, _ error) {
 	fi, err := to.Lstat(m.Checkpoint)
 	if err != nil {
 		return "", nil, nil
@@ -1045,7 +1050,7 @@ func restoreJudge(ctx context.Context, to *os.Root, m *Manifest, others []*Manif
 	files := map[string]*local{}
 	written := fi.ModTime()
 	// recent is the last write that may be now's (lastWritten).
-	recent := lastWritten(time.Time{}, written, now)
+	recent := lastWritten(time.Time{}, written, now, booted)
 	var newest string      // the file modified last, in a directory
 	var markerAt time.Time // its marker's modification time
 	root := to
@@ -1068,7 +1073,7 @@ func restoreJudge(ctx context.Context, to *os.Root, m *Manifest, others []*Manif
 			if l.fi.ModTime().After(written) {
 				written, newest = l.fi.ModTime(), l.path
 			}
-			recent = lastWritten(recent, l.fi.ModTime(), now)
+			recent = lastWritten(recent, l.fi.ModTime(), now, booted)
 			if l.path == marker {
 				markerAt = l.fi.ModTime()
 			}

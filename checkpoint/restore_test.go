@@ -1397,16 +1397,23 @@ func TestRestoreMovesAnIncompleteSaveAside(t *testing.T) {
 		fail    bool                           // a file of the commit cannot be downloaded
 		aside   map[string]string              // what is moved aside; nil: nothing is
 		refused string                         // the error; "": restored
+		booted  time.Time                      // RestoreOptions.BootedAt
 	}{
-		{"incomplete", func(t *testing.T, dir string) { restoreTestWrite(t, dir, torn, old) }, false, restoreTestWant(torn), ""},
-		{"empty", func(t *testing.T, dir string) { restoreTestWrite(t, dir, nil, old) }, false, nil, ""},
+		{"incomplete", func(t *testing.T, dir string) { restoreTestWrite(t, dir, torn, old) }, false, restoreTestWant(torn), "", time.Time{}},
+		{"empty", func(t *testing.T, dir string) { restoreTestWrite(t, dir, nil, old) }, false, nil, "", time.Time{}},
 		{"incomplete, written a moment ago", func(t *testing.T, dir string) { restoreTestWrite(t, dir, torn, time.Now()) }, false, nil,
-			"holds an incomplete save (no _COMPLETE at its top), modified"},
-		{"incomplete, a download fails", func(t *testing.T, dir string) { restoreTestWrite(t, dir, torn, old) }, true, nil, "boom"},
+			"holds an incomplete save (no _COMPLETE at its top), modified", time.Time{}},
+		{"incomplete, a download fails", func(t *testing.T, dir string) { restoreTestWrite(t, dir, torn, old) }, true, nil, "boom", time.Time{}},
 		// Dated in the future (a clock set back since, a commit of a clock ahead restored as it
 		// was): not being written, which dates a file now (found from outside: the restore unit
 		// failed at every boot, "modified -8m55s ago").
-		{"incomplete, dated in the future", func(t *testing.T, dir string) { restoreTestWrite(t, dir, torn, time.Now().Add(10*time.Minute)) }, false, restoreTestWant(torn), ""},
+		{"incomplete, dated in the future", func(t *testing.T, dir string) { restoreTestWrite(t, dir, torn, time.Now().Add(10*time.Minute)) }, false, restoreTestWant(torn), "", time.Time{}},
+		// Cut short less than a minute before a boot: nothing writes across a boot (found from
+		// outside: the restore unit failed at that boot, and the trainer never started).
+		{"incomplete, written a moment before the boot", func(t *testing.T, dir string) { restoreTestWrite(t, dir, torn, time.Now().Add(-20*time.Second)) }, false,
+			restoreTestWant(torn), "", time.Now().Add(-10 * time.Second)},
+		{"incomplete, written a moment ago, after the boot", func(t *testing.T, dir string) { restoreTestWrite(t, dir, torn, time.Now()) }, false, nil,
+			"holds an incomplete save (no _COMPLETE at its top), modified", time.Now().Add(-10 * time.Second)},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -1421,7 +1428,9 @@ func TestRestoreMovesAnIncompleteSaveAside(t *testing.T) {
 			tt.prepare(t, dir)
 			before := restoreTestTree(t, to)
 			var log bytes.Buffer
-			res, err := Restore(t.Context(), s, restoreTestOpts(to, &log))
+			opts := restoreTestOpts(to, &log)
+			opts.BootedAt = tt.booted
+			res, err := Restore(t.Context(), s, opts)
 			if tt.refused != "" {
 				var de *DestinationExistsError
 				if err == nil || !strings.Contains(err.Error(), tt.refused) ||

@@ -118,6 +118,10 @@ func readCmdline(procRoot string, pid int) (cmdline string, ok bool) {
 // userHZ is the unit of the times in /proc/PID/stat: USER_HZ, 100 on every Linux architecture.
 const userHZ = 100
 
+// BootTime returns when this machine booted (btime in /proc/stat, to the second; zero if it
+// cannot be read).
+func BootTime() time.Time { return readBootTime(defaultProcRoot) }
+
 // readBootTime returns when the machine booted (btime in procRoot/stat, to the second; zero if
 // it cannot be read).
 func readBootTime(procRoot string) time.Time {

@@ -22,6 +22,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/spotguard/spotguard/agent"
+	"github.com/spotguard/spotguard/agent/trainer"
 	"github.com/spotguard/spotguard/checkpoint"
 )
 
@@ -162,6 +163,7 @@ func runRestore(ctx context.Context, args, environ []string, stdout, stderr io.W
 		opts.WorldNodes = cfg.Store.WorldNodes
 	}
 	opts.DirOwner = cfg.Trainer.User // a directory made under root's mount point is the trainer's
+	opts.BootedAt = trainer.BootTime() // a save modified before the boot is not being written
 	if cd := cfg.Checkpoint.Dir; cd != "" && filepath.Clean(cd) == *to && cfg.Agent.RuntimeDir != "" {
 		// Into the agent's checkpoint.dir: its journal learns what was put there.
 		opts.Journal = checkpoint.JournalPath(cfg.Agent.RuntimeDir, cfg.Store.Job, cd, store.URL())
