@@ -1546,6 +1546,11 @@ func (u *Uploader) lookupDone(ctx context.Context, g *generation, ms, parts []*M
 	}
 	if err != nil {
 		g.lookupFails++
+		// Counted and said as the store's failures are (found from outside: a policy that
+		// denied listing the checkpoints, and 503s on those lists, counted nothing).
+		if ctx.Err() == nil {
+			u.emit(UploadEvent{Kind: UploadFailed, Checkpoint: g.name, At: time.Now(), Err: fmt.Errorf("read the store's commits of this checkpoint: %w", err)})
+		}
 		if g.lookupFails >= lookupAttempts {
 			u.log.Warn().Err(err).Str("checkpoint", g.name).Int("attempts", g.lookupFails).
 				Msg("cannot read the store's commits of this checkpoint; sending it, and reading them again before its commit")

@@ -3400,3 +3400,27 @@ func TestResaveWhileTheAgentWasStoppedIsNoWriteAfterTheMarker(t *testing.T) {
 		t.Errorf("a save whose marker was taken away and written again was said written after its marker:\n%s", l)
 	}
 }
+
+// A checkpoint whose commits in the store cannot be read (a policy that denies listing them, a
+// list answered 503) counts as a failure of the store, as a failed upload does: it was only in
+// the log (found from outside: the error metric stayed at 0 and /healthz at 200).
+func TestCommitsThatCannotBeReadAreAStoreFailure(t *testing.T) {
+	dir, mem := t.TempDir(), newMemStore()
+	mem.mu.Lock()
+	mem.listErr = errors.New("AccessDenied: listing denied")
+	mem.mu.Unlock()
+	writeCheckpoint(t, dir, "step-1", map[string][]byte{"a.pt": randomBytes(t, 4<<10)})
+	r := startUploaderWith(t, dir, mem, UploaderConfig{StateDir: t.TempDir(), StopBudget: -1})
+	deadline := time.Now().Add(20 * time.Second)
+	for r.failed.Load() == 0 && time.Now().Before(deadline) {
+		<-time.After(10 * time.Millisecond)
+	}
+	if n := r.failed.Load(); n == 0 {
+		t.Errorf("no UploadFailed in 20 s while the store's commits of step-1 could not be read\n%s", r.logs)
+	}
+	mem.mu.Lock()
+	mem.listErr = nil
+	mem.mu.Unlock()
+	r.waitCommitted("step-1")
+	r.stop()
+}
