@@ -291,10 +291,13 @@ type failRun struct {
 }
 
 // The health of a checkpoint's failing uploads: a run of failures longer than failingFor, the
-// last one no older than failRunGap, makes the agent unhealthy.
+// last one no older than failRunGap, makes the agent unhealthy. failRunGap is longer than one
+// failure can take to be said: a read whose answer stalls is cut after 30 s and tried three
+// times (found from outside: LATEST reads that kept stalling failed 90 s apart, each a run of its
+// own, and /healthz stayed 200 for minutes).
 const (
 	failingFor = time.Minute
-	failRunGap = 30 * time.Second
+	failRunGap = 2 * time.Minute
 )
 
 // latestFailing is the key of storeHealth's failures and failing runs for LATEST that cannot be

@@ -475,7 +475,7 @@ func TestSplitSaveIsUnhealthyUntilALaterCommitIsWhole(t *testing.T) {
 
 // A store that refuses a checkpoint's writes (a full disk, a quota, a policy on some keys) while
 // the probe's tiny write passes was healthy for as long as it lasted: only a warning every minute
-// said so. Past a minute of failures without a 30 s pause, /healthz is 503 naming the checkpoint
+// said so. Past a minute of failures without a 2-minute pause, /healthz is 503 naming the checkpoint
 // and the error; a pause, or the commit, ends it.
 func TestUploadsFailingWhileTheProbePassesAreUnhealthy(t *testing.T) {
 	a := newStoreAgent(t, newFaultyStore(t), &syncBuffer{})
@@ -498,18 +498,24 @@ func TestUploadsFailingWhileTheProbePassesAreUnhealthy(t *testing.T) {
 	if v.Healthy || !strings.Contains(strings.Join(v.Reasons, "\n"), "the uploads of checkpoint step-1 have failed for 1m10s (other: write /store/job/step-1/x/a.bin: no space left on device), though the store's probe passes") {
 		t.Errorf("after 70 s of failures: healthy %v, %q; want unhealthy, naming step-1 and the error", v.Healthy, v.Reasons)
 	}
-	if v := a.health(t0.Add(101 * time.Second)); !v.Healthy {
-		t.Errorf("31 s after the last failure: %q; want healthy (a pause)", v.Reasons)
+	// Failures 90 s apart are one run: a read whose answer stalls takes that long to fail
+	// (found from outside: each was a run of its own, and /healthz stayed 200).
+	fail(t0.Add(160 * time.Second))
+	if v := a.health(t0.Add(200 * time.Second)); v.Healthy {
+		t.Errorf("40 s after a failure 90 s after the last: healthy; want the run going on")
 	}
-	fail(t0.Add(102 * time.Second))
-	if v := a.health(t0.Add(102 * time.Second)); !v.Healthy {
+	if v := a.health(t0.Add(281 * time.Second)); !v.Healthy {
+		t.Errorf("2m1s after the last failure: %q; want healthy (a pause)", v.Reasons)
+	}
+	fail(t0.Add(282 * time.Second))
+	if v := a.health(t0.Add(282 * time.Second)); !v.Healthy {
 		t.Errorf("a failure after the pause: %q; want healthy (a new run)", v.Reasons)
 	}
 	for i := range 8 {
-		fail(t0.Add(102*time.Second + time.Duration(i)*10*time.Second))
+		fail(t0.Add(282*time.Second + time.Duration(i)*10*time.Second))
 	}
-	a.noteUploadHealth(checkpoint.UploadEvent{Kind: checkpoint.CheckpointCommitted, Checkpoint: "step-1", At: t0.Add(175 * time.Second)})
-	if v := a.health(t0.Add(175 * time.Second)); !v.Healthy {
+	a.noteUploadHealth(checkpoint.UploadEvent{Kind: checkpoint.CheckpointCommitted, Checkpoint: "step-1", At: t0.Add(355 * time.Second)})
+	if v := a.health(t0.Add(355 * time.Second)); !v.Healthy {
 		t.Errorf("after the commit: %q; want healthy", v.Reasons)
 	}
 }
