@@ -574,6 +574,17 @@ func drill(ctx context.Context, p drillPlan, log zerolog.Logger, rep *drillRepor
 	if err := sameFiles(filepath.Join(p.ckDir, name), res.Dir); err != nil {
 		return fail("the restored checkpoint differs from what the trainer wrote: %v", err)
 	}
+	// The same bytes now, perhaps, but was the trainer still writing when its marker said the
+	// save was whole? Then the commit may hold a torn file (found from outside: PASS 8 of 9 times
+	// with a shard half written into the commit). Watched for drillSettle after the verify.
+	var f string
+	waitUntil(ctx, drillSettle, func() bool {
+		f = writtenAfterMarker(filepath.Join(p.ckDir, name), cfg.Checkpoint.Marker)
+		return f != ""
+	})
+	if f != "" {
+		return fail("the trainer wrote %s after its checkpoint's marker: the marker says every file of the save is whole, so the commit holds what was there when it came, a torn checkpoint; write the marker last, after every file of the save", f)
+	}
 	rep.Verified = true
 	if committedAt.After(*rep.Deadline) {
 		return late("committed %.1f s after the deadline", -*rep.MarginS)
@@ -963,6 +974,30 @@ func markerSince(dir, marker string, t time.Time) bool {
 		}
 	}
 	return false
+}
+
+// drillSettle is how long the drill watches the trainer's checkpoint after it verified the restored
+// copy, for a file written after the marker.
+const drillSettle = time.Second
+
+// writtenAfterMarker returns a file under dir (a checkpoint directory) modified after its marker
+// (beyond the file system's time granularity), "" if none.
+func writtenAfterMarker(dir, marker string) string {
+	m, err := os.Lstat(filepath.Join(dir, marker))
+	if err != nil {
+		return ""
+	}
+	var found string
+	_ = filepath.WalkDir(dir, func(p string, d os.DirEntry, err error) error {
+		if err != nil || found != "" || !d.Type().IsRegular() {
+			return nil
+		}
+		if fi, err := d.Info(); err == nil && fi.ModTime().After(m.ModTime().Add(checkpoint.FileTimeLag)) {
+			found, _ = filepath.Rel(dir, p)
+		}
+		return nil
+	})
+	return found
 }
 
 // writtenSince reports whether anything under dir (dir's own entries included) was modified at

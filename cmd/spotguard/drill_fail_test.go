@@ -292,3 +292,26 @@ func TestDrillWithheldCheckpointIsSaid(t *testing.T) {
 		t.Errorf("Got(drill --json) advice %v; want none: size and speed are not the cause", raw["advice"])
 	}
 }
+
+// A trainer that writes its marker while a file of the save is still being written fails the
+// drill, whether the agent committed the save before the last write or withheld it after: it
+// passed 8 of 9 times from outside, when the comparison came before the last write.
+func TestDrillTrainerStillWritingAfterItsMarkerFails(t *testing.T) {
+	defer func(d time.Duration) { drillWindow = d }(drillWindow)
+	drillWindow = 20 * time.Second
+	dir := t.TempDir()
+	ck := dir + "/step-1"
+	trainer := `sh -c 'trap "mkdir -p ` + ck + ` && echo a > ` + ck + `/a.bin && touch ` + ck + `/_COMPLETE && sleep 0.05 && echo more >> ` + ck + `/a.bin" USR1; while :; do sleep 0.01; done'`
+	code, stdout, stderr := runCLI(t, t.Context(), nil, "drill", "--config", emptyConfig(t), "--json", "--trainer-cmd", trainer, "--checkpoint-dir", dir)
+	var raw map[string]any
+	if err := json.Unmarshal([]byte(stdout), &raw); err != nil {
+		t.Fatalf("Got(drill --json) stdout %q: %v\nstderr: %s", stdout, err, stderr)
+	}
+	reason, _ := raw["reason"].(string)
+	if code != exitFail || !strings.Contains(reason, "a.bin") || !strings.Contains(reason, "after its") || !strings.Contains(reason, "marker") {
+		t.Errorf("Got(drill, a file written after the marker) exit %d, reason %q; want 1, naming a.bin written after the marker\nstderr: %s", code, reason, stderr)
+	}
+	if _, ok := raw["advice"]; ok {
+		t.Errorf("Got(drill --json) advice %v; want none: size and speed are not the cause", raw["advice"])
+	}
+}
