@@ -610,7 +610,7 @@ func (s *finder) wrappersOf(pid int) map[int]bool {
 	}
 	// A shell's command line that holds pid's (sh -c "spotguard doctor --trainer.match X; ..."),
 	// found from outside: doctor failed on the shell that ran it.
-	line := strings.Join(own, " ")
+	line := unquoted(strings.Join(own, " "))
 	var wrappers map[int]bool
 	seen := map[int]bool{pid: true}
 	st, ok := s.statusOf(pid)
@@ -618,7 +618,7 @@ func (s *finder) wrappersOf(pid int) map[int]bool {
 		parent := st.ppid
 		seen[parent] = true
 		if argv, ok := readArgv(s.procRoot, parent); ok && (len(argv) >= len(own) && slices.Equal(argv[len(argv)-len(own):], own) ||
-			slices.ContainsFunc(argv, func(a string) bool { return strings.Contains(a, line) })) {
+			slices.ContainsFunc(argv, func(a string) bool { return strings.Contains(unquoted(a), line) })) {
 			if wrappers == nil {
 				wrappers = map[int]bool{}
 			}
@@ -628,6 +628,11 @@ func (s *finder) wrappersOf(pid int) map[int]bool {
 	}
 	return wrappers
 }
+
+// unquoted is a shell command line without its quotes and backslashes: the words of
+// sh -c "spotguard doctor --trainer.match 'train.py'", as spotguard's argument list holds them
+// (found from outside: a pattern in quotes kept the shell from being taken for a wrapper).
+func unquoted(line string) string { return strings.NewReplacer(`'`, "", `"`, "", `\`, "").Replace(line) }
 
 // descendants returns root and every process below it, following the PPid of every process.
 func (s *finder) descendants(root int) map[int]bool {

@@ -60,6 +60,14 @@ func TestFindLeavesOutTheWrappersOfSpotguard(t *testing.T) {
 		fakeProc{pid: 81, cmdline: "sh", argv: []string{"sh", "-c", "python3 train.py --ckpt /c; true"}, ppid: 1},
 	)
 	checkFind(t, Finder{Match: match, ProcRoot: shell, Self: fakeAgent}, map[int]string{81: ViaMatch})
+	// The pattern quoted on the shell's command line, as patterns are (found from outside).
+	quoted := fakeTree(t,
+		fakeProc{pid: 1, cmdline: "/sbin/init splash"},
+		fakeProc{pid: 80, cmdline: "sh", argv: []string{"sh", "-c", `spotguard doctor --trainer.match 'train \.py'; true`}, ppid: 1},
+		fakeProc{pid: fakeAgent, cmdline: "spotguard", argv: []string{"spotguard", "doctor", "--trainer.match", `train \.py`}, ppid: 80},
+		fakeProc{pid: 81, cmdline: "sh", argv: []string{"sh", "-c", "python3 train .py --ckpt /c; true"}, ppid: 1},
+	)
+	checkFind(t, Finder{Match: regexp.MustCompile(`train`), ProcRoot: quoted, Self: fakeAgent}, map[int]string{81: ViaMatch})
 
 	// An agent whose own argument list cannot be read has no wrappers.
 	checkFind(t, Finder{Match: match, ProcRoot: tree, Self: neverPID},
