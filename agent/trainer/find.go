@@ -632,7 +632,9 @@ func (s *finder) wrappersOf(pid int) map[int]bool {
 // unquoted is a shell command line without its quotes and backslashes: the words of
 // sh -c "spotguard doctor --trainer.match 'train.py'", as spotguard's argument list holds them
 // (found from outside: a pattern in quotes kept the shell from being taken for a wrapper).
-func unquoted(line string) string { return strings.NewReplacer(`'`, "", `"`, "", `\`, "").Replace(line) }
+func unquoted(line string) string {
+	return strings.NewReplacer(`'`, "", `"`, "", `\`, "").Replace(line)
+}
 
 // descendants returns root and every process below it, following the PPid of every process.
 func (s *finder) descendants(root int) map[int]bool {
