@@ -14,6 +14,7 @@ import (
 	"net"
 	neturl "net/url"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -419,9 +420,22 @@ func ProbeStore(ctx context.Context, store checkpoint.Store, job, host string) S
 	// The job's checkpoints too, as restore and list read them (found from outside: a policy
 	// that let the agent list J/_spotguard/ alone passed the probe, and restore could not list
 	// what was committed).
-	if _, _, err := store.ListDir(ctx, job+"/"); err != nil {
+	dirs, _, err := store.ListDir(ctx, job+"/")
+	if err != nil {
 		p.listed = job + "/"
 		return fail(ProbeList, err)
+	}
+	// And the commits of one checkpoint, as restore lists them (a policy on the checkpoints'
+	// prefixes alone, found from outside too).
+	for _, d := range slices.Backward(dirs) {
+		if d == checkpoint.MetaDir {
+			continue
+		}
+		if _, _, err := store.ListDir(ctx, job+"/"+d+"/"); err != nil {
+			p.listed = job + "/" + d + "/"
+			return fail(ProbeList, err)
+		}
+		break
 	}
 	body, _ := json.Marshal(map[string]any{"probe": "spotguard store probe; safe to delete", "host": host, "at": p.At.UTC()})
 	sent := time.Now()
