@@ -395,7 +395,7 @@ func (p StoreProbe) Problem() string {
 }
 
 // ProbeStore checks that store works for job as the uploader needs it: it lists
-// J/_spotguard/ and J/, writes a small probe object J/_spotguard/probe-<host>-<random>, reads it
+// J/_spotguard/, J/ and one checkpoint's commits, writes a small probe object J/_spotguard/probe-<host>-<random>, reads it
 // back (the same bytes), writes it again with If-None-Match: * (which must be refused), lists it (its last-modified time, the store's clock, gives ClockOffset), and
 // deletes it; the first step that fails ends the probe (a probe object that
 // was written is still deleted, best effort). Probe objects of host older than 10 minutes, left

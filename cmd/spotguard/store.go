@@ -162,7 +162,7 @@ func runRestore(ctx context.Context, args, environ []string, stdout, stderr io.W
 	if partRank != nil {
 		opts.WorldNodes = cfg.Store.WorldNodes
 	}
-	opts.DirOwner = cfg.Trainer.User // a directory made under root's mount point is the trainer's
+	opts.DirOwner = cfg.Trainer.User   // a directory made under root's mount point is the trainer's
 	opts.BootedAt = trainer.BootTime() // a save modified before the boot is not being written
 	if cd := cfg.Checkpoint.Dir; cd != "" && filepath.Clean(cd) == *to && cfg.Agent.RuntimeDir != "" {
 		// Into the agent's checkpoint.dir: its journal learns what was put there.
