@@ -1581,12 +1581,15 @@ func completedAt(lc LocalCheckpoint, unseenBefore, unseenAfter time.Time) time.T
 // file of it deleted since. A file written since, or a marker written again, would have made lc
 // complete later (its change time); a deletion changes no time of what is left. Nil if none.
 func deletedSince(lc LocalCheckpoint, complete time.Time, ms []*Manifest, local map[string]LocalFile) (*Manifest, string) {
+	if lc.CompleteAt.IsZero() {
+		return nil, ""
+	}
 	for _, m := range ms {
 		at := m.Timings.CompleteAt
 		if h := m.Timings.CompleteAtHere; h != nil {
 			at = h
 		}
-		if at == nil || !at.Equal(complete) || lc.CompleteAt.IsZero() {
+		if at == nil || !at.Equal(complete) {
 			continue
 		}
 		for _, f := range m.Files {

@@ -4142,25 +4142,22 @@ func (u *Uploader) status() UploaderStatus {
 	return st
 }
 
-// stored returns how many of g's files are stored, and its bytes in all and stored.
-func (g *generation) stored() (files int, bytes, storedBytes int64) { return g.storedNow() }
-
 // storedAt is stored, remembered for a committed generation within the uploader's storedEpoch
 // epoch.
 func (g *generation) storedAt(epoch uint64) (files int, bytes, storedBytes int64) {
 	if g.state != genCommitted {
-		return g.storedNow()
+		return g.stored()
 	}
 	if m := &g.storedMemo; m.epoch == epoch && epoch != 0 {
 		return m.files, m.bytes, m.storedBytes
 	}
-	files, bytes, storedBytes = g.storedNow()
+	files, bytes, storedBytes = g.stored()
 	g.storedMemo.epoch, g.storedMemo.files, g.storedMemo.bytes, g.storedMemo.storedBytes = epoch, files, bytes, storedBytes
 	return files, bytes, storedBytes
 }
 
-// storedNow is stored, counted now.
-func (g *generation) storedNow() (files int, bytes, storedBytes int64) {
+// stored returns how many of g's files are stored, and its bytes in all and stored.
+func (g *generation) stored() (files int, bytes, storedBytes int64) {
 	for _, f := range g.files {
 		bytes += f.id.Size
 		if f.done != nil && (f.done.key != "" || g.state == genCommitted) {
