@@ -3473,8 +3473,11 @@ func (u *Uploader) matched(g *generation, rel string, f *fileState) {
 			// whatever the file's times say (found from outside: a file rewritten in place, its
 			// modification time put back, was committed anew with the old marker, a torn
 			// checkpoint restored as the newest). Sent, and committed once the marker is
-			// written again.
+			// written again: not "committing these as a new commit" now (found from outside,
+			// 9 ms after the line that says it is not complete).
 			u.reopen(g, rel)
+			u.sendAll(g)
+			return
 		}
 		u.toUploading(g, "file "+rel+" differs from every commit of this checkpoint in the store")
 	default:

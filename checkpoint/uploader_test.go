@@ -1385,6 +1385,11 @@ func TestUploaderSameSizeRewriteWithMtimeSetBack(t *testing.T) {
 	if got := commitsOf(t, store, "step-1"); len(got) != 1 {
 		t.Fatalf("step-1 has %d commits before its marker is written again; want 1", len(got))
 	}
+	// Not said to be committed as a new commit while it is withheld (found from outside: the
+	// line came 9 ms after the one saying it is not complete).
+	if l := r.logs.String(); strings.Contains(l, "committing these as a new commit") {
+		t.Errorf("log says the withheld rewrite is committed as a new commit:\n%s", l)
+	}
 	writeMarker(t, filepath.Join(dir, "step-1"))
 	ev2 := r.waitCommitted("step-1")
 	if ev2.Manifest.Commit == ev.Manifest.Commit {
