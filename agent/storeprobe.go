@@ -76,6 +76,8 @@ func StoreErrorReason(err error) string {
 		switch {
 		case code == "NoSuchBucket" || code == "NoSuchKey" || code == "NotFound":
 			return StoreNotFound
+		case code == "RequestTimeTooSkewed" || code == "SecondLevelDomainForbidden":
+			return StoreOther // 403, but no permission to grant: a clock, an addressing style (found from outside)
 		case deniedCodes[code]:
 			return StoreDenied
 		case code == "PreconditionFailed" || code == "ConditionalRequestConflict":

@@ -72,6 +72,9 @@ func TestStoreErrorReason(t *testing.T) {
 		{"file store permission", &fs.PathError{Op: "open", Path: "/store/x", Err: fs.ErrPermission}, StoreDenied},
 		{"wrong region", s3Err(301, "PermanentRedirect", "The bucket you are attempting to access must be addressed using the specified endpoint"), StoreOther},
 		{"disk full", &fs.PathError{Op: "write", Path: "/store/x", Err: syscall.ENOSPC}, StoreOther},
+		// 403s that are no permission to grant (found from outside: classed denied).
+		{"clock skewed", s3Err(403, "RequestTimeTooSkewed", "The difference between the request time and the current time is too large."), StoreOther},
+		{"virtual-host only", s3Err(403, "SecondLevelDomainForbidden", "Please use virtual hosted style to access."), StoreOther},
 		{"anything else", errors.New("something odd"), StoreOther},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -117,8 +120,8 @@ func TestStoreErrorSummaryAndFix(t *testing.T) {
 		{StoreNotFound, "s3://b/runs", s3Err(404, "NoSuchKey", "The specified key does not exist."), "spotguard list --check"},
 		{StoreNotFound, "s3://b/runs", s3Err(404, "XAdminUserNotFound", "user not found"), "not about the bucket"},
 		// Found from outside, each given advice on IAM or store.url before.
-		{StoreDenied, "s3://b", s3Err(403, "RequestTimeTooSkewed", "The difference between the request time and the current time is too large."), "chronyc tracking"},
-		{StoreDenied, "s3://b", s3Err(403, "SecondLevelDomainForbidden", "Please use virtual hosted style to access."), "path-style"},
+		{StoreOther, "s3://b", s3Err(403, "RequestTimeTooSkewed", "The difference between the request time and the current time is too large."), "chronyc tracking"},
+		{StoreOther, "s3://b", s3Err(403, "SecondLevelDomainForbidden", "Please use virtual hosted style to access."), "path-style"},
 		{StoreOther, "s3://b", s3Err(501, "NotImplemented", "A header you provided implies functionality that is not implemented"), "conditional writes (If-None-Match, If-Match) and CRC-32C checksums"},
 		{StoreOther, "s3://b", s3Err(400, "InvalidArgument", "Header 'x-amz-checksum-crc32c' is not supported"), "conditional writes (If-None-Match, If-Match) and CRC-32C checksums"},
 		{StoreOther, "s3://b", ErrNoConditionalWrites, "conditional writes (If-None-Match, If-Match)"},
