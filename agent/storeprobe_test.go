@@ -292,25 +292,21 @@ func TestProbeStore(t *testing.T) {
 			t.Errorf("ProbeStore = step %q err %v; want ErrNoConditionalWrites at the conditional write", p.Step, p.Err)
 		}
 	})
-	t.Run("may not list the job's checkpoints", func(t *testing.T) {
-		s := newFaultyStore(t)
-		s.denyListOf = "job1/"
-		p := ProbeStore(ctx, s, "job1", "h")
-		if p.Step != ProbeList || p.Reason != StoreDenied || !strings.Contains(p.Problem(), "list job1/ failed") {
-			t.Errorf("ProbeStore = step %q err %v (%s); want the list of job1/ denied", p.Step, p.Err, p.Problem())
-		}
-	})
-	t.Run("may not list a checkpoint's commits", func(t *testing.T) {
-		s := newFaultyStore(t)
-		if _, err := s.PutBytes(ctx, "job1/step-1/c1/a.bin", []byte("a"), checkpoint.Cond{}); err != nil {
-			t.Fatal(err)
-		}
-		s.denyListOf = "job1/step-1/"
-		p := ProbeStore(ctx, s, "job1", "h")
-		if p.Step != ProbeList || p.Reason != StoreDenied || !strings.Contains(p.Problem(), "list job1/step-1/ failed") {
-			t.Errorf("ProbeStore = step %q err %v (%s); want the list of job1/step-1/ denied", p.Step, p.Err, p.Problem())
-		}
-	})
+	// A policy that denies the list restore makes: of the job's checkpoints, or of a
+	// checkpoint's commits.
+	for name, denied := range map[string]string{"may not list the job's checkpoints": "job1/", "may not list a checkpoint's commits": "job1/step-1/"} {
+		t.Run(name, func(t *testing.T) {
+			s := newFaultyStore(t)
+			if _, err := s.PutBytes(ctx, "job1/step-1/c1/a.bin", []byte("a"), checkpoint.Cond{}); err != nil {
+				t.Fatal(err)
+			}
+			s.denyListOf = denied
+			p := ProbeStore(ctx, s, "job1", "h")
+			if p.Step != ProbeList || p.Reason != StoreDenied || !strings.Contains(p.Problem(), "list "+denied+" failed") {
+				t.Errorf("ProbeStore = step %q err %v (%s); want the list of %s denied", p.Step, p.Err, p.Problem(), denied)
+			}
+		})
+	}
 	t.Run("does not read its own writes", func(t *testing.T) {
 		s := newFaultyStore(t)
 		s.set(ProbeRead, fmt.Errorf("get %s: %w", "job1/_spotguard/probe", checkpoint.ErrNotFound))

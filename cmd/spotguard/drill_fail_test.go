@@ -149,16 +149,8 @@ func TestDrillAdviceOnlyWhereItHelps(t *testing.T) {
 // saying so, not as late with advice on size and speed (found from outside: README's drill gave
 // the trainer no directory, and the advice was to save smaller checkpoints).
 func TestDrillTrainerThatWritesNothingIsSaid(t *testing.T) {
-	defer func(d time.Duration) { drillWindow = d }(drillWindow)
-	drillWindow = 5 * time.Second
 	dir := t.TempDir()
-	code, stdout, stderr := runCLI(t, t.Context(), nil, "drill", "--config", emptyConfig(t), "--json",
-		"--trainer-cmd", `sh -c 'trap "echo signalled" USR1; while :; do sleep 0.1; done'`, "--checkpoint-dir", dir)
-	var raw map[string]any
-	if err := json.Unmarshal([]byte(stdout), &raw); err != nil {
-		t.Fatalf("Got(drill --json) stdout %q: %v\nstderr: %s", stdout, err, stderr)
-	}
-	reason, _ := raw["reason"].(string)
+	code, raw, reason, _ := drillWithTrainer(t, 5*time.Second, `sh -c 'trap "echo signalled" USR1; while :; do sleep 0.1; done'`, dir)
 	if code != exitFail || !strings.Contains(reason, "the trainer was signalled but wrote nothing into --checkpoint-dir "+dir) {
 		t.Errorf("Got(drill, a trainer that writes nothing) exit %d, reason %q; want 1, saying it wrote nothing into %s", code, reason, dir)
 	}
@@ -170,16 +162,9 @@ func TestDrillTrainerThatWritesNothingIsSaid(t *testing.T) {
 // A trainer that saves one level below --checkpoint-dir (run1/step-N/_COMPLETE) fails the drill
 // saying so, not as late with advice on size and speed (found from outside).
 func TestDrillCheckpointDirOneLevelTooHighIsSaid(t *testing.T) {
-	defer func(d time.Duration) { drillWindow = d }(drillWindow)
-	drillWindow = 5 * time.Second
 	dir := t.TempDir()
 	trainer := `sh -c 'trap "mkdir -p ` + dir + `/run1/step-1 && echo w > ` + dir + `/run1/step-1/w.bin && touch ` + dir + `/run1/step-1/_COMPLETE" USR1; while :; do sleep 0.1; done'`
-	code, stdout, stderr := runCLI(t, t.Context(), nil, "drill", "--config", emptyConfig(t), "--json", "--trainer-cmd", trainer, "--checkpoint-dir", dir)
-	var raw map[string]any
-	if err := json.Unmarshal([]byte(stdout), &raw); err != nil {
-		t.Fatalf("Got(drill --json) stdout %q: %v\nstderr: %s", stdout, err, stderr)
-	}
-	reason, _ := raw["reason"].(string)
+	code, raw, reason, _ := drillWithTrainer(t, 5*time.Second, trainer, dir)
 	if code != exitFail || !strings.Contains(reason, "run1/step-1/_COMPLETE, below the top of "+dir+"/run1") || !strings.Contains(reason, "looks one level too high") {
 		t.Errorf("Got(drill, a save one level down) exit %d, reason %q; want 1, saying --checkpoint-dir is one level too high", code, reason)
 	}
@@ -273,17 +258,10 @@ func TestDrillTrainerThatSavesAndExitsPasses(t *testing.T) {
 // the user to a log line the drill does not show (found from outside, with a file written after
 // the marker, which fails the drill at once: that notice's wording is tested with it).
 func TestDrillWithheldCheckpointIsSaid(t *testing.T) {
-	defer func(d time.Duration) { drillWindow = d }(drillWindow)
-	drillWindow = 5 * time.Second
 	dir := t.TempDir()
 	ck := dir + "/step-1"
 	trainer := `sh -c 'trap "mkdir -p ` + ck + ` && echo a > ` + ck + `/a.bin && ln -s a.bin ` + ck + `/link.bin && touch ` + ck + `/_COMPLETE" USR1; while :; do sleep 0.01; done'`
-	code, stdout, stderr := runCLI(t, t.Context(), nil, "drill", "--config", emptyConfig(t), "--json", "--trainer-cmd", trainer, "--checkpoint-dir", dir)
-	var raw map[string]any
-	if err := json.Unmarshal([]byte(stdout), &raw); err != nil {
-		t.Fatalf("Got(drill --json) stdout %q: %v\nstderr: %s", stdout, err, stderr)
-	}
-	reason, _ := raw["reason"].(string)
+	code, raw, reason, stderr := drillWithTrainer(t, 5*time.Second, trainer, dir)
 	t.Logf("drill reason: %s", reason)
 	if code != exitFail || !strings.Contains(reason, "withheld") || !strings.Contains(reason, "link.bin") {
 		t.Errorf("Got(drill, a checkpoint with a symbolic link) exit %d, reason %q; want 1, saying it is withheld and which file\nstderr: %s", code, reason, stderr)
@@ -297,21 +275,29 @@ func TestDrillWithheldCheckpointIsSaid(t *testing.T) {
 // drill, whether the agent committed the save before the last write or withheld it after: it
 // passed 8 of 9 times from outside, when the comparison came before the last write.
 func TestDrillTrainerStillWritingAfterItsMarkerFails(t *testing.T) {
-	defer func(d time.Duration) { drillWindow = d }(drillWindow)
-	drillWindow = 20 * time.Second
 	dir := t.TempDir()
 	ck := dir + "/step-1"
 	trainer := `sh -c 'trap "mkdir -p ` + ck + ` && echo a > ` + ck + `/a.bin && touch ` + ck + `/_COMPLETE && sleep 0.05 && echo more >> ` + ck + `/a.bin" USR1; while :; do sleep 0.01; done'`
-	code, stdout, stderr := runCLI(t, t.Context(), nil, "drill", "--config", emptyConfig(t), "--json", "--trainer-cmd", trainer, "--checkpoint-dir", dir)
-	var raw map[string]any
-	if err := json.Unmarshal([]byte(stdout), &raw); err != nil {
-		t.Fatalf("Got(drill --json) stdout %q: %v\nstderr: %s", stdout, err, stderr)
-	}
-	reason, _ := raw["reason"].(string)
+	code, raw, reason, stderr := drillWithTrainer(t, 20*time.Second, trainer, dir)
 	if code != exitFail || !strings.Contains(reason, "a.bin") || !strings.Contains(reason, "after its") || !strings.Contains(reason, "marker") {
 		t.Errorf("Got(drill, a file written after the marker) exit %d, reason %q; want 1, naming a.bin written after the marker\nstderr: %s", code, reason, stderr)
 	}
 	if _, ok := raw["advice"]; ok {
 		t.Errorf("Got(drill --json) advice %v; want none: size and speed are not the cause", raw["advice"])
 	}
+}
+
+// drillWithTrainer runs drill --json with the trainer command trainer writing into dir, the
+// notice's window being window, and returns its exit code, its report, the report's reason and
+// its stderr.
+func drillWithTrainer(t *testing.T, window time.Duration, trainer, dir string) (code int, raw map[string]any, reason, stderr string) {
+	t.Helper()
+	defer func(d time.Duration) { drillWindow = d }(drillWindow)
+	drillWindow = window
+	code, stdout, stderr := runCLI(t, t.Context(), nil, "drill", "--config", emptyConfig(t), "--json", "--trainer-cmd", trainer, "--checkpoint-dir", dir)
+	if err := json.Unmarshal([]byte(stdout), &raw); err != nil {
+		t.Fatalf("Got(drill --json) stdout %q: %v\nstderr: %s", stdout, err, stderr)
+	}
+	reason, _ = raw["reason"].(string)
+	return code, raw, reason, stderr
 }
