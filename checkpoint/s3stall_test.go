@@ -456,7 +456,7 @@ func TestS3ServerThatIgnoresFullObjectChecksumsIsTaken(t *testing.T) {
 		CRC string `xml:"ChecksumCRC32C"`
 	}
 	var completes, deletes, fullAsked atomic.Int32
-	s := stallStore(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	s := stallStoreTimeouts(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		q := r.URL.Query()
 		w.Header().Set("Content-Type", "application/xml")
 		switch {
@@ -492,7 +492,7 @@ func TestS3ServerThatIgnoresFullObjectChecksumsIsTaken(t *testing.T) {
 		default:
 			w.WriteHeader(http.StatusNotImplemented)
 		}
-	}), nil)
+	}), nil, 30*time.Second, time.Minute) // nothing stalls: 80 MiB under -race on a loaded machine can pause for 300 ms
 	for i := range 2 {
 		f := sevensFile(t, 40<<20)
 		if _, err := s.PutFile(t.Context(), fmt.Sprintf("j/c/x/file-%d", i), f, 40<<20, nil); err != nil {
