@@ -157,8 +157,11 @@ type Finder struct {
 	// the timeout in "timeout 20 spotguard doctor --trainer.match X" or the sudo in "sudo
 	// spotguard doctor": their command lines hold spotguard's, so trainer.match would find
 	// them; so are those with an argument that holds spotguard's command line, as a shell's -c
-	// does (sh -c "spotguard doctor --trainer.match X; true"). Other ancestors (a shell script
-	// that starts both the agent and the trainer) are not wrappers.
+	// does (sh -c "spotguard doctor --trainer.match X; true"). Nor is an ancestor that
+	// trainer.match matches only through the arguments it passed on to Self (a script run as
+	// "check.sh --trainer.match X" that runs "spotguard doctor "$@""). Other ancestors (a shell
+	// script that starts both the agent and the trainer, and matches by its own words) are
+	// not wrappers.
 	Self int
 	// Agent, if not 0, is the PID of the running spotguard agent, when Find runs in another
 	// process (spotguard doctor): never returned either, as the agent never returns itself (a
@@ -265,11 +268,15 @@ type finder struct {
 	self     int
 	agent    int          // Finder.Agent
 	wrappers map[int]bool // the ancestors of self that wrap its command (see Finder.Self)
-	user     *int
-	tree     map[int]bool // Finder.Under and its descendants; nil without Under
-	found    map[int]Process
-	problems []Problem
-	status   map[int]procStatus // read so far; a missing process is not cached
+	// ancestors are self's other ancestors, and ownArgs self's arguments after its name (see
+	// passesOn).
+	ancestors map[int]bool
+	ownArgs   []string
+	user      *int
+	tree      map[int]bool // Finder.Under and its descendants; nil without Under
+	found     map[int]Process
+	problems  []Problem
+	status    map[int]procStatus // read so far; a missing process is not cached
 	// all is every process's status, read once on demand (scanned is true then).
 	all     map[int]procStatus
 	scanned bool
@@ -573,7 +580,7 @@ func (s *finder) byMatch(re *regexp.Regexp) {
 		}
 		cmdline, ok := readCmdline(s.procRoot, pid)
 		// Kernel threads and zombies have an empty command line.
-		if !ok || cmdline == "" || !re.MatchString(cmdline) {
+		if !ok || cmdline == "" || !re.MatchString(cmdline) || s.passesOn(pid, re) {
 			continue
 		}
 		s.consider(&t, pid, ViaMatch)
@@ -612,6 +619,7 @@ func (s *finder) wrappersOf(pid int) map[int]bool {
 	// found from outside: doctor failed on the shell that ran it.
 	line := unquoted(strings.Join(own, " "))
 	var wrappers map[int]bool
+	s.ownArgs = own[1:]
 	seen := map[int]bool{pid: true}
 	st, ok := s.statusOf(pid)
 	for ok && st.ppid > 0 && !seen[st.ppid] {
@@ -623,10 +631,32 @@ func (s *finder) wrappersOf(pid int) map[int]bool {
 				wrappers = map[int]bool{}
 			}
 			wrappers[parent] = true
+		} else {
+			if s.ancestors == nil {
+				s.ancestors = map[int]bool{}
+			}
+			s.ancestors[parent] = true
 		}
 		st, ok = s.statusOf(parent)
 	}
 	return wrappers
+}
+
+// passesOn reports whether pid, an ancestor of self, matches re only through the arguments it
+// passed on to self: a script that runs "spotguard doctor "$@"", run as "check.sh
+// --trainer.match train" (found from outside: doctor failed on the script that ran it). An
+// ancestor that matches by its own words (a script that starts both the agent and the trainer)
+// is still found.
+func (s *finder) passesOn(pid int, re *regexp.Regexp) bool {
+	if !s.ancestors[pid] || len(s.ownArgs) == 0 {
+		return false
+	}
+	argv, ok := readArgv(s.procRoot, pid)
+	if !ok {
+		return false
+	}
+	kept := slices.DeleteFunc(slices.Clone(argv), func(a string) bool { return slices.Contains(s.ownArgs, a) })
+	return len(kept) < len(argv) && !re.MatchString(strings.Join(kept, " "))
 }
 
 // unquoted is a shell command line without its quotes and backslashes: the words of

@@ -69,6 +69,18 @@ func TestFindLeavesOutTheWrappersOfSpotguard(t *testing.T) {
 	)
 	checkFind(t, Finder{Match: regexp.MustCompile(`train`), ProcRoot: quoted, Self: fakeAgent}, map[int]string{81: ViaMatch})
 
+	// A script that passes the pattern on to spotguard in its own arguments matches only
+	// through them (found from outside: doctor failed on the script that ran it); one that
+	// matches by its own words is still found.
+	script := fakeTree(t,
+		fakeProc{pid: 1, cmdline: "/sbin/init splash"},
+		fakeProc{pid: 70, cmdline: "bash train-all.sh", ppid: 1},
+		fakeProc{pid: 80, cmdline: "bash ./check.sh --trainer.match train", ppid: 70},
+		fakeProc{pid: fakeAgent, cmdline: "spotguard doctor --trainer.match train", ppid: 80},
+		fakeProc{pid: 81, cmdline: "bash ./check.sh --trainer.match train", ppid: 1}, // no ancestor
+	)
+	checkFind(t, Finder{Match: match, ProcRoot: script, Self: fakeAgent}, map[int]string{70: ViaMatch, 81: ViaMatch})
+
 	// An agent whose own argument list cannot be read has no wrappers.
 	checkFind(t, Finder{Match: match, ProcRoot: tree, Self: neverPID},
 		map[int]string{90: ViaMatch, 91: ViaMatch, 92: ViaMatch, 93: ViaMatch, fakeAgent: ViaMatch, 200: ViaMatch, 300: ViaMatch, 301: ViaMatch})
@@ -86,7 +98,9 @@ func TestFindLeavesOutTheWrappersOfSpotguardRealProcesses(t *testing.T) {
 	// Each inner shell marks itself with a file named for its PID; it does not exec its last
 	// command, so it stays the process with this argument list.
 	inner := `: > "$0/$$"; sleep 1000; :`
-	script := fmt.Sprintf(`timeout 1000 sh -c '%s' "$0" "$1"; :`, inner)
+	// The script names the token in its own words too: an ancestor that matches only through
+	// the arguments it passes on is left out (TestFindLeavesOutTheWrappersOfSpotguard).
+	script := fmt.Sprintf(`timeout 1000 sh -c '%s' "$0" "$1"; : %s`, inner, token)
 	outer := start(t, dir, "sh", "-c", script, dir, token)
 	killTree(t, outer.pid())
 	twin := start(t, dir, "timeout", "1000", "sh", "-c", inner, dir, token)
