@@ -3232,29 +3232,55 @@ var errChangedWhileSending = errors.New("file changed while it was being read")
 
 // openLocal opens the regular file rel below dir through an os.Root, so nothing outside dir is
 // ever read even if the trainer swaps a directory for a symlink. It refuses a symlink as the file
-// itself, anything that is not a regular file and a file with more than one hard link that the
-// owner of dir does not own (the agent may read what the trainer could not; scanOwner.mayLink),
-// and returns the file's FileID. A file the agent may not open (permission denied) is
-// errUnusable too.
+// itself, anything that is not a regular file, and what the owner of dir could not read (a
+// directory on the way it could not search, a file it could not read, a file with more than one
+// hard link that it does not own: scanOwner.check), as judged on what was opened, directory by
+// directory: the agent may read what the trainer could not, and the scan's judgement is of what
+// was there then (found from outside: a trainer that swapped its file with another user's 0600
+// one got that file's bytes into the store, 4 of 14). It returns the file's FileID. A file the
+// agent may not open (permission denied) is errUnusable too.
 func openLocal(dir, rel string) (*os.File, FileID, error) {
 	local := filepath.Join(dir, rel)
 	root, err := os.OpenRoot(dir)
 	if err != nil {
 		return nil, FileID{}, fmt.Errorf("open %s: %w", dir, err)
 	}
-	defer root.Close()
-	f, err := root.OpenFile(rel, os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0)
-	if errors.Is(err, fs.ErrPermission) {
-		// The agent's own rights, not the store's: no retry helps until the file changes.
-		return nil, FileID{}, fmt.Errorf("open %s: %w: %w", local, ErrAgentDenied, errUnusable)
-	}
+	defer func() { root.Close() }()
+	ds, err := root.Stat(".")
 	if err != nil {
-		if li, lerr := root.Lstat(rel); lerr == nil && !li.Mode().IsRegular() || lerr != nil && !errors.Is(lerr, fs.ErrNotExist) {
-			// A symbolic link in its place, or on its path, now: the trainer's doing, not the
-			// store failing (found from outside: it was said to be, with the store's fix).
-			return nil, FileID{}, fmt.Errorf("open %s: %w: %w", local, err, errChangedWhileSending)
+		return nil, FileID{}, fmt.Errorf("stat %s: %w", dir, err)
+	}
+	owner := scanOwnerOfPath(dir, ds)
+	// Each directory on the way is opened, and judged, as itself.
+	name := rel
+	for {
+		i := strings.IndexByte(name, filepath.Separator)
+		if i < 0 {
+			break
 		}
-		return nil, FileID{}, fmt.Errorf("open %s: %w", local, err)
+		sub, err := root.OpenRoot(name[:i])
+		if err != nil {
+			return nil, FileID{}, openLocalErr(root, name[:i], local, err)
+		}
+		// OpenRoot follows a symbolic link that stays inside root: make sure it opened the
+		// very directory that is there under the name.
+		li, lerr := root.Lstat(name[:i])
+		fi, err := sub.Stat(".")
+		root.Close()
+		root, name = sub, name[i+1:]
+		if err != nil {
+			return nil, FileID{}, fmt.Errorf("stat %s: %w", local, err)
+		}
+		if lerr != nil || !li.IsDir() || !os.SameFile(li, fi) {
+			return nil, FileID{}, fmt.Errorf("open %s: a directory on its path was replaced: %w", local, errChangedWhileSending)
+		}
+		if !owner.canSearch(fi) {
+			return nil, FileID{}, fmt.Errorf("%s: a directory on its path: %w: %w", local, errScanUnreadable, errUnusable)
+		}
+	}
+	f, err := root.OpenFile(name, os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0)
+	if err != nil {
+		return nil, FileID{}, openLocalErr(root, name, local, err)
 	}
 	fi, err := f.Stat()
 	if err != nil {
@@ -3262,18 +3288,33 @@ func openLocal(dir, rel string) (*os.File, FileID, error) {
 		return nil, FileID{}, fmt.Errorf("stat %s: %w", local, err)
 	}
 	id := FileIDOf(fi)
-	switch {
-	case !fi.Mode().IsRegular():
+	if !fi.Mode().IsRegular() {
 		f.Close()
 		return nil, FileID{}, fmt.Errorf("%s is not a regular file: %w", local, errUnusable)
-	case id.Nlink > 1:
-		st, _ := fileStat(fi)
-		if ds, err := root.Stat("."); err != nil || !scanOwnerOfPath(dir, ds).mayLink(st.uid) {
-			f.Close()
+	}
+	if err := owner.check(fi); err != nil {
+		f.Close()
+		if errors.Is(err, errScanHardLink) {
 			return nil, FileID{}, fmt.Errorf("%s has %d hard links and is not the owner's of %s: %w", local, id.Nlink, dir, errUnusable)
 		}
+		return nil, FileID{}, fmt.Errorf("%s: %w: %w", local, err, errUnusable)
 	}
 	return f, id, nil
+}
+
+// openLocalErr is the error of openLocal when name below root, on the way to local, could not
+// be opened.
+func openLocalErr(root *os.Root, name, local string, err error) error {
+	if errors.Is(err, fs.ErrPermission) {
+		// The agent's own rights, not the store's: no retry helps until the file changes.
+		return fmt.Errorf("open %s: %w: %w", local, ErrAgentDenied, errUnusable)
+	}
+	if li, lerr := root.Lstat(name); lerr == nil && !li.Mode().IsRegular() && !li.IsDir() || lerr != nil && !errors.Is(lerr, fs.ErrNotExist) {
+		// A symbolic link in its place, or on its path, now: the trainer's doing, not the
+		// store failing (found from outside: it was said to be, with the store's fix).
+		return fmt.Errorf("open %s: %w: %w", local, err, errChangedWhileSending)
+	}
+	return fmt.Errorf("open %s: %w", local, err)
 }
 
 // readDone finishes a read of f that began at readAt as version before: it fails if the file is no
