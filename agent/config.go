@@ -553,7 +553,8 @@ const maxJobBytes = 256
 const maxFileName = 255
 
 // checkJob refuses a store.job that makes no good key (checkpoint.ValidName then refuses
-// slashes and reserved names): not UTF-8, only white space, with control characters (a newline, a tab, DEL, C1), or
+// slashes and reserved names): not UTF-8, only white space, with control characters (a newline, a tab, DEL, C1) or
+// U+FFFE or U+FFFF, or
 // longer than maxJobBytes.
 func checkJob(v string) error {
 	switch {
@@ -563,6 +564,8 @@ func checkJob(v string) error {
 		return errors.New("want a name, not only white space")
 	case strings.ContainsFunc(v, unicode.IsControl):
 		return errors.New("must not contain control characters (such as a newline or a tab)")
+	case strings.ContainsAny(v, "\uFFFE\uFFFF"):
+		return errors.New("must not contain U+FFFE or U+FFFF (S3's XML lists cannot carry them)")
 	case len(v) > maxJobBytes:
 		return fmt.Errorf("%d bytes long: want at most %d (it begins every key in the store, and an S3 key is at most 1024 bytes)", len(v), maxJobBytes)
 	case strings.HasPrefix(v, ".spotguard-"):

@@ -207,6 +207,7 @@ func TestStoreJobRefusesBlankControlAndLongNames(t *testing.T) {
 		{"run\n2", `store.job: "run\n2" from SPOTGUARD_STORE_JOB: must not contain control characters (such as a newline or a tab)`},
 		{"run\x7f", `must not contain control characters`},
 		{"run\u0085", `must not contain control characters`},
+		{"run\uffff", `must not contain U+FFFE or U+FFFF`},
 		{"run\xff", `store.job: "run\xff" from SPOTGUARD_STORE_JOB: not valid UTF-8`},
 		{strings.Repeat("j", 257), `store.job: "` + strings.Repeat("j", 257) + `" from SPOTGUARD_STORE_JOB: 257 bytes long: want at most 256`},
 		{strings.Repeat("é", 129), `258 bytes long: want at most 256`},
