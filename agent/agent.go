@@ -457,11 +457,17 @@ func (a *Agent) Config() *Config { return a.cfg.Load() }
 // Run runs the agent until ctx is done: the IMDS watcher, the coordinator, the identity lookup,
 // the agent's own signals and the HTTP listener. It returns after all of them have stopped; the
 // error is non-nil only if another agent holds agent.runtime_dir (lockRuntimeDir) or watches
-// checkpoint.dir (checkpoint.LockDir), or the listener failed once serving (one that cannot be
-// bound is tried again, and the agent runs on meanwhile).
+// checkpoint.dir (checkpoint.LockDir), another user may write agent.runtime_dir
+// (CheckRuntimeDirOwner), or the listener failed once serving (one that cannot be bound is tried
+// again, and the agent runs on meanwhile).
 func (a *Agent) Run(ctx context.Context) error {
 	cfg := a.cfg.Load()
 	_ = os.MkdirAll(cfg.Agent.RuntimeDir, 0o755) // a failure is said below
+	if fi, err := os.Stat(cfg.Agent.RuntimeDir); err == nil {
+		if err := CheckRuntimeDirOwner(cfg.Agent.RuntimeDir, fi, os.Geteuid()); err != nil {
+			return err
+		}
+	}
 	switch lock, err := lockRuntimeDir(cfg.Agent.RuntimeDir); {
 	case errors.Is(err, errRuntimeDirInUse):
 		return err

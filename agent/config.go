@@ -362,7 +362,7 @@ var fields = []field{
 		return nil
 	}},
 	{"http.pprof", "false", "also serve Go's profiles (CPU, heap, goroutines) under /debug/pprof/ on http.listen, to measure the agent's cost; anyone who can reach the listener can read them", boolKey(func(c *Config) *bool { return &c.HTTP.PProf })},
-	{"agent.runtime_dir", "/run/spotguard", "directory for runtime state: notice.json, and the upload journal that lets a restarted agent resume its commits; one agent per directory (`agent.lock`); an absolute path, not inside checkpoint.dir", func(c *Config, v string) error {
+	{"agent.runtime_dir", "/run/spotguard", "directory for runtime state: notice.json, and the upload journal that lets a restarted agent resume its commits; one agent per directory (`agent.lock`); an absolute path, not inside checkpoint.dir, owned by the agent's user or root and not writable by group or others (the agent does not start on one another user may write)", func(c *Config, v string) error {
 		if v == "" {
 			return errors.New("must not be empty")
 		}

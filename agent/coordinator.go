@@ -2186,14 +2186,15 @@ func writeNoticeFile(dir string, active []*NoticeStatus, signalled map[*NoticeSt
 // notice in force, by key; and the job notices it held (their ends are not looked at here).
 func readPrevious(dir string, log zerolog.Logger) (map[string]signalRecord, map[string]seenRecord, []jobRecord, []noticeEntry) {
 	path := filepath.Join(dir, NoticeFile)
-	data, err := os.ReadFile(path)
-	if err != nil {
+	data, fi, err := readStoredNoticeFile(path)
+	if errors.Is(err, fs.ErrNotExist) {
 		return nil, nil, nil, nil
 	}
-	var written time.Time
-	if fi, err := os.Stat(path); err == nil {
-		written = fi.ModTime()
+	if err != nil {
+		log.Warn().Err(err).Msg("the notice file an earlier run left cannot be read; a notice in force is signalled again, and a job notice it held is lost")
+		return nil, nil, nil, nil
 	}
+	written := fi.ModTime()
 	var nf noticeFile
 	if err := json.Unmarshal(data, &nf); err != nil {
 		log.Warn().Err(err).Msg("the notice file an earlier run left cannot be read; a notice in force is signalled again, and a job notice it held is lost")

@@ -515,6 +515,12 @@ func doctorRuntimeDir(rep *doctorReport, cfg *agent.Config, underUnit bool) {
 			rep.add("runtime_dir", doctorFail, probe+" is not a directory: notice.json and the upload journal cannot be written", fix)
 			return
 		case err == nil:
+			if probe == dir {
+				if err := agent.CheckRuntimeDirOwner(dir, fi, os.Geteuid()); err != nil {
+					rep.add("runtime_dir", doctorFail, err.Error()+": the agent does not start on it", "")
+					return
+				}
+			}
 			if err := unix.Access(probe, unix.W_OK|unix.X_OK); err != nil {
 				what := dir + " is not writable"
 				if probe != dir {

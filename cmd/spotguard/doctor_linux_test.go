@@ -26,7 +26,7 @@ func TestDoctorRuntimeDirFull(t *testing.T) {
 	// notice.json failed at the notice (found from outside).
 	full := filepath.Join(t.TempDir(), "full")
 	os.Mkdir(full, 0o755)
-	if err := unix.Mount("tmpfs", full, "tmpfs", 0, "size=64k"); err != nil {
+	if err := unix.Mount("tmpfs", full, "tmpfs", 0, "size=64k,mode=0755"); err != nil {
 		t.Fatalf("mount a tmpfs as root: %v", err)
 	}
 	defer unix.Unmount(full, unix.MNT_DETACH)
@@ -63,7 +63,7 @@ func TestDoctorRuntimeDirReadOnly(t *testing.T) {
 	}
 	ro := filepath.Join(t.TempDir(), "ro")
 	os.Mkdir(ro, 0o755)
-	if err := unix.Mount("tmpfs", ro, "tmpfs", unix.MS_RDONLY, "size=64k"); err != nil {
+	if err := unix.Mount("tmpfs", ro, "tmpfs", unix.MS_RDONLY, "size=64k,mode=0755"); err != nil {
 		t.Fatalf("mount a read-only tmpfs as root: %v", err)
 	}
 	defer unix.Unmount(ro, unix.MNT_DETACH)
@@ -163,5 +163,25 @@ time.sleep(60)
 		if len(rep.Checks) != 1 || rep.Checks[0].Status != doctorWarn || !strings.Contains(rep.Checks[0].Detail, tc.want) {
 			t.Errorf("doctor's trainer check with the running agent's PID by %s = %+v; want WARN, %q", tc.name, rep.Checks, tc.want)
 		}
+	}
+}
+
+// doctor FAILs on an agent.runtime_dir another user may write, as the agent does not start on
+// one (the upload journal there says which objects to delete).
+func TestDoctorRuntimeDirOthersMayWrite(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "run")
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(dir, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	var rep doctorReport
+	cfg := &agent.Config{}
+	cfg.Agent.RuntimeDir = dir
+	doctorRuntimeDir(&rep, cfg, true)
+	if len(rep.Checks) != 1 || rep.Checks[0].Status != doctorFail || !strings.Contains(rep.Checks[0].Detail, "may be written by its group or by others") ||
+		!strings.Contains(rep.Checks[0].Detail, "the agent does not start on it") {
+		t.Errorf("doctorRuntimeDir of a 0777 directory = %+v; want FAIL, others may write it", rep.Checks)
 	}
 }
