@@ -44,6 +44,14 @@ var ErrPrecondition = errors.New("checkpoint: precondition failed")
 // it, so that an unusable LATEST can still be replaced.
 var ErrTooLarge = errors.New("checkpoint: larger than spotguard writes such an object")
 
+// ErrUnreadableObject is returned by a file:// store's reads of a key whose object cannot be read
+// as one: not a regular file (a named pipe, a socket, a device), a symbolic link out of the
+// store, or a file this user may not read (a shared file system written by several users). Of
+// one manifest, it makes that commit unusable, as a manifest that is not valid does, not the
+// whole job unreadable (found from outside: one such manifest of an old commit failed every
+// restore and list of the job).
+var ErrUnreadableObject = errors.New("checkpoint: not an object this user can read")
+
 // smallObjectLimit is the most bytes GetBytes reads of key: a LATEST pointer is under a KiB, a
 // manifest of 100 000 files some tens of MiB.
 func smallObjectLimit(key string) int64 {

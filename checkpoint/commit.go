@@ -384,6 +384,8 @@ func getLatest(ctx context.Context, s Store, job string) (*Latest, string, error
 		return nil, "", nil, nil
 	case errors.Is(err, ErrTooLarge):
 		return nil, etag, err, nil
+	case errors.Is(err, ErrUnreadableObject):
+		return nil, "", fmt.Errorf("read %s: %w", LatestKey(job), err), nil
 	case err != nil:
 		return nil, "", nil, fmt.Errorf("read %s: %w", LatestKey(job), err)
 	}
@@ -501,7 +503,7 @@ func readMeta(ctx context.Context, s Store, key string, cache *manifestCache, ma
 	switch {
 	case errors.Is(err, ErrNotFound):
 		return nil, fmt.Errorf("%s: %w", key, err), nil
-	case errors.Is(err, ErrTooLarge):
+	case errors.Is(err, ErrTooLarge), errors.Is(err, ErrUnreadableObject):
 		return nil, err, nil
 	case err != nil:
 		return nil, nil, fmt.Errorf("read %s: %w", key, err)

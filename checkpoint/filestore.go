@@ -404,7 +404,11 @@ func (s *FileStore) openObject(r *os.Root, key string) (*os.File, fs.FileInfo, e
 		return nil, nil, ErrNotFound
 	case errors.Is(err, syscall.ENXIO):
 		// A socket, or a device without its driver: nothing to read either way.
-		return nil, nil, fmt.Errorf("%s is not a regular file (%w); a store holds only regular files", key, err)
+		return nil, nil, fmt.Errorf("%s is not a regular file (%w); a store holds only regular files: %w", key, err, ErrUnreadableObject)
+	case errors.Is(err, fs.ErrPermission):
+		return nil, nil, fmt.Errorf("%s: %w: %w", key, err, ErrUnreadableObject)
+	case escapesRoot(err):
+		return nil, nil, fmt.Errorf("%s: %w (a symbolic link out of the store): %w", key, err, ErrUnreadableObject)
 	case err != nil:
 		return nil, nil, err
 	}
@@ -419,9 +423,20 @@ func (s *FileStore) openObject(r *os.Root, key string) (*os.File, fs.FileInfo, e
 		return nil, nil, ErrNotFound
 	case !fi.Mode().IsRegular():
 		f.Close()
-		return nil, nil, fmt.Errorf("%s is not a regular file (%s); a store holds only regular files", key, typeWords(fi.Mode()))
+		return nil, nil, fmt.Errorf("%s is not a regular file (%s); a store holds only regular files: %w", key, typeWords(fi.Mode()), ErrUnreadableObject)
 	}
 	return f, fi, nil
+}
+
+// escapesRoot reports whether err is an os.Root's refusal of a path that leaves it (a symbolic
+// link out of the store): os has no exported error for it, so its text is compared.
+func escapesRoot(err error) bool {
+	for ; err != nil; err = errors.Unwrap(err) {
+		if err.Error() == "path escapes from parent" {
+			return true
+		}
+	}
+	return false
 }
 
 // read returns the content of key and its ETag; ErrNotFound if there is no such regular file.

@@ -1825,3 +1825,65 @@ func TestRestoreDatesNoFileInTheFuture(t *testing.T) {
 		}
 	}
 }
+
+// In a file:// store, a manifest of an older commit that is no object this user can read (a
+// named pipe, a symbolic link out of the store, another user's 0600 file on a shared file
+// system) makes that commit unusable, not the job: the newer checkpoint is listed and restored,
+// and the old commit is said. Before, every restore and list of the job failed on it (found
+// from outside), and a LATEST that was a named pipe failed restore too.
+func TestFileStoreManifestThatCannotBeReadIsAnUnusableCommit(t *testing.T) {
+	outside := filepath.Join(t.TempDir(), "secret")
+	if err := os.WriteFile(outside, []byte("{}"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name string
+		put  func(path string) error
+		want string
+	}{
+		{"a named pipe", func(p string) error { return syscall.Mkfifo(p, 0o644) }, "not a regular file"},
+		{"a link out of the store", func(p string) error { return os.Symlink(outside, p) }, "a symbolic link out of the store"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			root := t.TempDir()
+			s, err := NewFileStore(root)
+			if err != nil {
+				t.Fatal(err)
+			}
+			old := restoreTestCommitTo(t, s, restoreTestJob, "step-000100", restoreTestT0, restoreTestFiles(1))
+			files := restoreTestFiles(2)
+			newer := restoreTestCommitTo(t, s, restoreTestJob, "step-000200", restoreTestT0.Add(time.Hour), files)
+			manifest := filepath.Join(root, filepath.FromSlash(ManifestKey(restoreTestJob, "step-000100", old.Commit)))
+			if err := os.Remove(manifest); err != nil {
+				t.Fatal(err)
+			}
+			if err := tc.put(manifest); err != nil {
+				t.Fatal(err)
+			}
+			latest := filepath.Join(root, filepath.FromSlash(LatestKey(restoreTestJob)))
+			if err := syscall.Mkfifo(latest, 0o644); err != nil {
+				t.Fatal(err)
+			}
+
+			cs, problems, err := ListCommitted(t.Context(), s, restoreTestJob)
+			if err != nil || len(cs) != 1 || cs[0].Manifest.Commit != newer.Commit {
+				t.Fatalf("ListCommitted = %v, %v; want step-000200 alone", cs, err)
+			}
+			if len(problems) != 2 || !strings.Contains(problems[0].Error(), tc.want) || !strings.Contains(problems[1].Error(), "LATEST is not a regular file") {
+				t.Errorf("problems = %v; want the old manifest's, saying %q, and LATEST's", problems, tc.want)
+			}
+			_, to := restoreTestDirs(t)
+			var log bytes.Buffer
+			res, err := Restore(t.Context(), s, restoreTestOpts(to, &log))
+			if err != nil || res.Checkpoint != "step-000200" {
+				t.Fatalf("Restore() = %+v, %v; want step-000200 restored", res, err)
+			}
+			if d := restoreTestDiff(restoreTestTree(t, res.Dir), restoreTestWant(files)); d != "" {
+				t.Errorf("restored tree differs from the checkpoint:%s", d)
+			}
+			if !strings.Contains(log.String(), "skipping unusable store entry") {
+				t.Errorf("log:\n%s\nwant the unusable manifest said", log.String())
+			}
+		})
+	}
+}
