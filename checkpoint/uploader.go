@@ -450,6 +450,9 @@ type generation struct {
 	inCommitQ  bool
 	commitWait bool // a failed commit waits out its backoff
 	failures   int
+	// failingSince: since when its files' uploads have failed with no file stored since (zero
+	// when the last one ended well); see stuck.
+	failingSince time.Time
 	// deferred are watch events that arrived while it was committing.
 	deferred []WatchEvent
 	// strays are keys stored into commit for files that are no longer part of it.
@@ -2798,7 +2801,7 @@ func (u *Uploader) hasData(g *generation) bool {
 // notice's checkpoint, or one completed after it, and a
 // trainer that saves faster than the link and saves on after its signal would otherwise have
 // each save overtaken by the next, so that none is committed, not even the notice's (found from
-// outside).
+// outside). One that is stuck (its uploads all failing for stuckAfterUrgent) keeps no turn.
 //
 // Without one, a complete checkpoint goes before one still being written, and a generation whose
 // upload has begun keeps its turn over newer ones (a complete one first) until its files are
@@ -2808,11 +2811,12 @@ func (u *Uploader) hasData(g *generation) bool {
 // held a complete one back for as long as it had files waiting (both found from outside). Nor
 // does an older one begin while a newer one waits for its lookup: the checkpoints a restart
 // finds come back from their lookups in any order, and the first back would keep its turn over
-// the newest (found from outside).
+// the newest (found from outside). Nor does one that is stuck (stuckAfter).
 func (u *Uploader) next(urgent bool) int {
 	newest := len(u.queued) - 1
+	now := time.Now()
 	begun := func(g *generation) bool {
-		return g.state == genUploading && !g.lookup && g.commit != "" && u.gens[g.name] == g
+		return g.state == genUploading && !g.lookup && g.commit != "" && u.gens[g.name] == g && !g.stuck(now, urgent)
 	}
 	if urgent {
 		if !u.lastSignal.IsZero() {
@@ -2852,6 +2856,23 @@ func (u *Uploader) next(urgent bool) int {
 		}
 	}
 	return u.unlessNewerLookup(newest)
+}
+
+// stuckAfter is how long a begun checkpoint's uploads may all fail, none stored since, before it
+// no longer keeps its turn over newer checkpoints (next), and stuckAfterUrgent the same while a
+// notice is in force: one whose uploads can never succeed (a key the store refuses for good)
+// held every later checkpoint back, the notice's included, for as long as it was there (found
+// from outside). It is still tried; the newer ones go first. Variables for tests.
+var stuckAfter, stuckAfterUrgent = 2 * time.Minute, 20 * time.Second
+
+// stuck reports whether g's uploads have failed for stuckAfter (stuckAfterUrgent when urgent),
+// with none of its files stored since.
+func (g *generation) stuck(now time.Time, urgent bool) bool {
+	d := stuckAfter
+	if urgent {
+		d = stuckAfterUrgent
+	}
+	return !g.failingSince.IsZero() && now.Sub(g.failingSince) >= d
 }
 
 // completeLookup reports whether a complete checkpoint waits for its lookup (newestLookup's
@@ -3455,6 +3476,9 @@ func (u *Uploader) handleResult(ctx context.Context, r fileResult) {
 			// The agent counts these by reason and logs them once per interval (OnEvent).
 			log.Debug().Err(r.err).Int("attempt", f.attempts).Float64("retry_in_s", logSeconds(delay)).Msg("upload failed; retrying")
 			u.emit(UploadEvent{Kind: UploadFailed, Checkpoint: g.name, At: time.Now(), Err: r.err})
+			if g.failingSince.IsZero() {
+				g.failingSince = time.Now()
+			}
 		}
 		g.retrying++
 		u.after(ctx, delay, func() {
@@ -3467,6 +3491,7 @@ func (u *Uploader) handleResult(ctx context.Context, r fileResult) {
 		return
 	}
 	f.attempts = 0
+	g.failingSince = time.Time{}
 	d := r.done
 	f.done = &d
 	if again && !d.id.Same(f.id) {

@@ -1621,3 +1621,53 @@ func TestUploaderStopNamesAtMostTwentyCheckpoints(t *testing.T) {
 		t.Errorf("the stop's line does not name the first 20 and say 5 more; log:\n%s", l)
 	}
 }
+
+// putFileRefuser is a store that refuses every file upload under prefix, for good (a key the
+// store never takes: a path another user holds in a shared file system, a policy that denies it).
+type putFileRefuser struct {
+	*memStore
+	prefix string
+}
+
+func (s *putFileRefuser) PutFile(ctx context.Context, key string, f *os.File, size int64, progress func(n int64)) (Checksum, error) {
+	if strings.HasPrefix(key, s.prefix) {
+		return Checksum{}, errors.New("mkdirat: path escapes from parent")
+	}
+	return s.memStore.PutFile(ctx, key, f, size, progress)
+}
+
+func (s *putFileRefuser) PutBytes(ctx context.Context, key string, data []byte, cond Cond) (string, error) {
+	if strings.HasPrefix(key, s.prefix) {
+		return "", errors.New("mkdirat: path escapes from parent")
+	}
+	return s.memStore.PutBytes(ctx, key, data, cond)
+}
+
+// A begun checkpoint whose uploads can never succeed held back every newer checkpoint for as
+// long as it was there, during a notice (found from outside: a link planted in a shared file://
+// store failed step-20's uploads for good, and step-21, the newest, was never sent: a checkpoint
+// completed after the signal is sent to its end alone). After stuckAfterUrgent of failures with
+// nothing stored, the newer ones go first, and the stuck one is still tried. (Without a notice,
+// a checkpoint waiting out a retry's backoff holds no other back.)
+func TestUploaderCheckpointThatNeverUploadsDoesNotHoldBackNewerOnes(t *testing.T) {
+	defer func(d time.Duration) { stuckAfterUrgent = d }(stuckAfterUrgent)
+	stuckAfterUrgent = 300 * time.Millisecond
+	dir := t.TempDir()
+	s := &putFileRefuser{memStore: newMemStore(), prefix: "job/step-1/"}
+	r := startUploader(t, dir, s, 0)
+	r.up.SetNotices([]ActiveNotice{{Key: "spot/terminate", Deadline: time.Now().Add(2 * time.Minute), SignalledAt: time.Now()}})
+	writeCheckpoint(t, dir, "step-1", map[string][]byte{"w.bin": randomBytes(t, 4<<10), "_COMPLETE": nil})
+	eventuallyUploader(t, "step-1's uploads to fail", func() bool { return r.failed.Load() > 0 })
+	writeCheckpoint(t, dir, "step-2", map[string][]byte{"w.bin": randomBytes(t, 4<<10), "_COMPLETE": nil})
+	r.waitCommitted("step-2")
+	if c, _, err := ListCommitted(t.Context(), s, "job"); err != nil || len(c) != 1 || c[0].Manifest.Checkpoint != "step-2" {
+		t.Errorf("committed = %v, %v; want step-2 alone", c, err)
+	}
+	failed := r.failed.Load()
+	eventuallyUploader(t, "step-1 to be tried still", func() bool { return r.failed.Load() > failed })
+	// The stop would wait for the notice's checkpoint: it is gone.
+	r.up.SetNotices(nil)
+	if err := os.RemoveAll(filepath.Join(dir, "step-1")); err != nil {
+		t.Fatal(err)
+	}
+}
