@@ -1162,6 +1162,12 @@ func (s *S3Store) getRange(ctx context.Context, okey string, etag *string, w io.
 		if s3IsPreconditionFailed(err) {
 			return false, fmt.Errorf("object changed during the download: %w", err)
 		}
+		if s3IsNotFound(err) {
+			// Deleted since its HEAD (retention, while a restore read it): as gone as one the
+			// HEAD found gone (found from outside: restore failed on the 404 instead of
+			// starting again with the newest commit).
+			return false, fmt.Errorf("get bytes %d-%d: %w (%w)", p.off, p.off+p.n-1, ErrNotFound, err)
+		}
 		return false, fmt.Errorf("get bytes %d-%d: %w", p.off, p.off+p.n-1, err)
 	}
 	defer out.Body.Close()
