@@ -792,6 +792,9 @@ func applyRetention(ctx context.Context, s Store, job string, keep int, partWait
 			clog.Error().Msg("retention: another agent wrote this commit's manifest again (a retry whose first answer it lost) while the commit was deleted; that manifest listed deleted objects and is deleted too")
 		}
 		r.Deleted = append(r.Deleted, CommitRef{Checkpoint: m.Checkpoint, Commit: m.Commit})
+		if m.Parts == nil && m.Part == nil {
+			r.Retired = append(r.Retired, m)
+		}
 		if time.Since(m.CommittedAt) < lateExpiry {
 			r.Watch = append(r.Watch, commitDataRefs(m)...)
 		}
@@ -804,6 +807,8 @@ func applyRetention(ctx context.Context, s Store, job string, keep int, partWait
 type retention struct {
 	// Deleted are the commits deleted (and the parts collected).
 	Deleted []CommitRef
+	// Retired are the manifests of the single-node commits deleted.
+	Retired []*Manifest
 	// Failed are the deletes that failed.
 	Failed []retentionFailure
 	// Watch are the prefixes of commits deleted that a manifest write held by the network may
@@ -980,6 +985,8 @@ type commitResult struct {
 	latestNewer *CommitOrder
 	// deleted are commits found deleted or deleted by retention: no longer candidates.
 	deleted []CommitRef
+	// retired are the manifests retention deleted (retention.Retired).
+	retired []*Manifest
 	// retentionFailed are retention's deletes that failed (handleCommit reports them).
 	retentionFailed []retentionFailure
 	// watch are the prefixes of commits retention deleted that a held write may revive
@@ -1247,7 +1254,10 @@ func (u *Uploader) dropTornKey(ctx context.Context, ref CommitRef, key, msg stri
 // commitJob is what a commit needs, copied from the Run loop's state.
 type commitJob struct {
 	// retain: applyRetention runs after the commit (startCommit decides).
-	retain        bool
+	retain bool
+	// retired are the manifests of the name that this agent's retention deleted lately
+	// (Uploader.retired).
+	retired       []*Manifest
 	name, commit  string
 	single, adopt bool
 	resumed       bool
@@ -1361,6 +1371,17 @@ func (u *Uploader) commit(ctx context.Context, c commitJob) commitResult {
 		// becoming the newest.
 		at := u.placeOf(p)
 		c.completeAt = &at
+	}
+	for _, p := range c.retired {
+		if !c.adopt && c.completeAt == nil && u.matchesDone(p, c.files) {
+			// The same for a commit of the name retention deleted while this copy of it came
+			// (a restore into checkpoint.dir, its lookup after the delete: found from outside,
+			// committed as the newest; LATEST moved back, and retention deleted newer commits).
+			at := u.placeOf(p)
+			c.completeAt = &at
+			u.log.Warn().Str("checkpoint", c.name).Str("deleted_commit", p.Commit).
+				Msg("checkpoint's commit was deleted (retention) since it was restored or committed; committing it again, in its place in the order")
+		}
 	}
 	if c.adopt {
 		for _, m := range c.candidates {
@@ -1521,6 +1542,7 @@ func (u *Uploader) commit(ctx context.Context, c commitJob) commitResult {
 			u.log.Warn().Err(err).Msg("retention: cannot read the job")
 		}
 		r.deleted = append(r.deleted, ret.Deleted...)
+		r.retired = ret.Retired
 		r.retentionFailed, r.watch = ret.Failed, ret.Watch
 	}
 	return r

@@ -248,6 +248,11 @@ type Uploader struct {
 	// index holds the committed manifests of each checkpoint name, newest first, as last read
 	// (at start, at each new generation's lookup) or committed.
 	index map[string][]*Manifest
+	// retired are the manifests of the last retiredManifests commits this agent's retention
+	// deleted, newest last: a checkpoint that comes back on disk with their bytes (a restore of
+	// it into checkpoint.dir while retention deleted it) keeps its place in the order, not
+	// committed as the newest (lookupDone, commit).
+	retired []*Manifest
 	// uncertain holds, by commit, when a manifest write of this run's failed without an answer,
 	// or when this run found an earlier run's commit sealed in the journal (a write of it may
 	// have been sent): it may still land, so retention keeps that commit for uncertainFor
@@ -1579,6 +1584,14 @@ func (u *Uploader) lookupDone(ctx context.Context, g *generation, ms, parts []*M
 		// (a chmod -R changes every file's ctime, not its bytes), rather than coming back as
 		// the newest checkpoint.
 		cands = append(cands, p)
+	}
+	for _, r := range u.retired {
+		if r.Checkpoint == g.name && !slices.ContainsFunc(cands, func(m *Manifest) bool { return m.Commit == r.Commit }) {
+			// The same for a commit of the name deleted while this copy of it came (a restore
+			// into checkpoint.dir of a commit retention deleted meanwhile: found from outside,
+			// committed as the newest, LATEST moved back and retention deleted newer commits).
+			cands = append(cands, r)
+		}
 	}
 	if len(cands) == 0 {
 		u.sendAll(g)
@@ -3054,6 +3067,10 @@ func knownAsOf(known []knownOrder, wall time.Time, mono time.Duration) []knownOr
 	return out
 }
 
+// retiredManifests bounds Uploader.retired: a restore reads a commit that is there when it
+// begins, so what retention deleted while it ran is among the last few deletions.
+const retiredManifests = 16
+
 // knownOrders bounds Uploader.known: the oldest entries matter only to a version completed long
 // ago and still not committed.
 const knownOrders = 64
@@ -3633,6 +3650,7 @@ func (u *Uploader) startCommit(ctx context.Context, g *generation) {
 	c := commitJob{name: g.name, commit: g.commit, single: g.single, adopt: g.state == genMatching, resumed: g.resumed, sealed: g.sealed,
 		completeAt: g.completeAt, unread: g.unread, marker: g.marker, known: u.knownNow(),
 		files: make(map[string]doneFile, len(g.files)), refused: maps.Clone(g.refused), vanished: maps.Clone(g.vanished), prior: g.prior, candidates: g.candidates, strays: g.strays,
+		retired: slices.DeleteFunc(slices.Clone(u.retired), func(m *Manifest) bool { return m.Checkpoint != g.name }),
 		timings: Timings{UploadSeconds: g.uploadEnd.Sub(g.uploadStart).Seconds()}}
 	c.unseenBefore, c.unseenAfter = u.unseen(g.name)
 	// Retention reads the whole job: after every commit of a backlog (a restart that finds a
@@ -3720,6 +3738,10 @@ func (u *Uploader) handleCommit(ctx context.Context, r commitResult) {
 	u.retentionDone(ctx, r.retentionFailed, r.watch)
 	if r.attempted && r.err != nil {
 		u.uncertain[g.commit] = time.Now()
+	}
+	u.retired = append(u.retired, r.retired...)
+	if len(u.retired) > retiredManifests {
+		u.retired = slices.Delete(u.retired, 0, len(u.retired)-retiredManifests)
 	}
 	for _, d := range r.deleted {
 		u.index[d.Checkpoint] = slices.DeleteFunc(u.index[d.Checkpoint], func(m *Manifest) bool { return m.Commit == d.Commit })

@@ -2,6 +2,7 @@ package checkpoint
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"maps"
@@ -1669,5 +1670,41 @@ func TestUploaderCheckpointThatNeverUploadsDoesNotHoldBackNewerOnes(t *testing.T
 	r.up.SetNotices(nil)
 	if err := os.RemoveAll(filepath.Join(dir, "step-1")); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// A checkpoint restored into checkpoint.dir while retention deleted its commit came back as a
+// new commit, the newest: LATEST moved back to it, and retention deleted the newer commits
+// (found from outside, 8 of 55 restores of the second-newest commit into the live directory).
+// The manifests retention deleted lately are matched like the store's: the copy keeps its
+// commit's place in the order.
+func TestUploaderCopyOfACommitRetentionDeletedKeepsItsPlace(t *testing.T) {
+	dir, s := t.TempDir(), newMemStore()
+	r := startUploader(t, dir, s, 1)
+	save1 := map[string][]byte{"a.bin": randomBytes(t, 4<<10), "_COMPLETE": nil}
+	writeCheckpoint(t, dir, "step-1", save1)
+	m1 := r.waitCommitted("step-1").Manifest
+	for !time.Now().After(m1.Order().At.Add(10 * time.Millisecond)) {
+		<-time.After(time.Millisecond) // the next save completes after it, by the clock
+	}
+	if err := os.RemoveAll(filepath.Join(dir, "step-1")); err != nil { // the trainer's rotation
+		t.Fatal(err)
+	}
+	writeCheckpoint(t, dir, "step-2", map[string][]byte{"a.bin": randomBytes(t, 4<<10), "_COMPLETE": nil})
+	m2 := r.waitCommitted("step-2").Manifest
+	if cs := commitsOf(t, s, "step-1"); len(cs) != 0 {
+		t.Fatalf("step-1 not deleted by retention (keep 1): %d commits", len(cs))
+	}
+	writeCheckpoint(t, dir, "step-1", save1) // restored, its commit deleted meanwhile
+	again := r.waitCommitted("step-1").Manifest
+	if !again.Order().At.Equal(m1.Order().At) {
+		t.Errorf("the copy of step-1 committed completing at %v; want %v, its commit's place", again.Order().At, m1.Order().At)
+	}
+	var l Latest
+	if data, _, err := s.GetBytes(t.Context(), LatestKey("job")); err != nil || json.Unmarshal(data, &l) != nil || l.Commit != m2.Commit {
+		t.Errorf("LATEST = %s (%v); want step-2 %s, the newest", data, err, m2.Commit)
+	}
+	if cs := commitsOf(t, s, "step-2"); len(cs) != 1 {
+		t.Errorf("step-2 has %d commits; want 1, kept by retention", len(cs))
 	}
 }
