@@ -609,7 +609,12 @@ func restoreResolve(ctx context.Context, s Store, opts RestoreOptions, run *rest
 		return newest.Manifest, others, false, nil
 	}
 	ev := log.Warn().Str("newest", newest.Manifest.Checkpoint).Str("newest_commit", newest.Manifest.Commit)
-	if t := st.LatestTarget(); t != nil {
+	if t := st.LatestTarget(); t != nil && time.Since(newest.Manifest.CommittedAt) < latestLagNormal {
+		// Written moments ago: an agent between the manifest and LATEST, as every commit is for
+		// a moment (found from outside: a restore beside a running agent said "a reclaim?").
+		ev.Str("latest", t.Manifest.Checkpoint).Str("latest_commit", t.Manifest.Commit).
+			Msg("LATEST names an older commit (the newest was committed moments ago, and LATEST is being moved to it); restoring the newest")
+	} else if t != nil {
 		ev.Str("latest", t.Manifest.Checkpoint).Str("latest_commit", t.Manifest.Commit).
 			Msg("LATEST names an older commit (a reclaim between a manifest and LATEST?); restoring the newest")
 	} else {
@@ -617,6 +622,11 @@ func restoreResolve(ctx context.Context, s Store, opts RestoreOptions, run *rest
 	}
 	return newest.Manifest, others, true, nil
 }
+
+// latestLagNormal is how long after a manifest's commit LATEST may still name an older commit
+// with the agent well: it moves LATEST right after the manifest, retried for that long at most
+// while the store fails.
+const latestLagNormal = 30 * time.Second
 
 // restoreSayNewerSaves warns of the multi-node saves of st newer than m, the commit a restore
 // is about to bring back, that are not committed (waiting for parts, given up, or parts that are

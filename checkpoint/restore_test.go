@@ -1887,3 +1887,33 @@ func TestFileStoreManifestThatCannotBeReadIsAnUnusableCommit(t *testing.T) {
 		})
 	}
 }
+
+// A restore beside a running agent may read the newest manifest before the agent has moved
+// LATEST to it, as it does right after every manifest: that is said as such, not as "a reclaim
+// between a manifest and LATEST?" (found from outside). One committed long ago still is.
+func TestRestoreSaysALatestBeingMoved(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		at   time.Time
+		want string
+	}{
+		{"moments ago", time.Now().Add(-time.Second), "LATEST is being moved to it"},
+		{"long ago", restoreTestT0.Add(time.Hour), "a reclaim between a manifest and LATEST?"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := newMemStore()
+			older := restoreTestCommit(t, s, restoreTestJob, "step-000100", tc.at.Add(-time.Minute), restoreTestFiles(1))
+			restoreTestCommit(t, s, restoreTestJob, "step-000200", tc.at, restoreTestFiles(2))
+			restoreTestPutJSON(t, s, LatestKey(restoreTestJob), Latest{Version: ManifestVersion, Checkpoint: "step-000100", Commit: older.Commit, CommittedAt: older.CommittedAt})
+			_, to := restoreTestDirs(t)
+			var log bytes.Buffer
+			res, err := Restore(t.Context(), s, restoreTestOpts(to, &log))
+			if err != nil || res.Checkpoint != "step-000200" {
+				t.Fatalf("Restore() = %+v, %v; want step-000200", res, err)
+			}
+			if !strings.Contains(log.String(), tc.want) {
+				t.Errorf("log:\n%s\nwant it to say %q", log.String(), tc.want)
+			}
+		})
+	}
+}
