@@ -245,12 +245,20 @@ func Restore(ctx context.Context, s Store, opts RestoreOptions) (RestoreResult, 
 	log := opts.Logger.With().Str("component", "restore").Str("store", url).Str("job", opts.Job).Logger()
 	run := &restoreRun{log: log, dirOwner: opts.DirOwner}
 
+	var last *Manifest // the commit deleted under the last try
 	for tries := 1; ; tries++ {
 		res, gone, err := restoreOnce(ctx, s, opts, conc, run, start)
 		if gone == nil {
 			res.Deleted = tries - 1
+			if last != nil && opts.Checkpoint != "" && errors.Is(err, ErrNotFound) {
+				// Its only commit went under it: say so, not that it "has no valid manifest"
+				// (found from outside), which reads as damage.
+				return fail(fmt.Errorf("checkpoint %q: its commit %s was deleted from the store while it was restored (retention by an agent still running the job, or a delete by hand), and it has no other: %w; `spotguard list` shows the commits left",
+					opts.Checkpoint, last.Commit, ErrNotFound))
+			}
 			return res, err
 		}
+		last = gone
 		what := fmt.Sprintf("checkpoint %q commit %s", gone.Checkpoint, gone.Commit)
 		switch {
 		case opts.CommitSet:

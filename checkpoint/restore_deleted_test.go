@@ -112,10 +112,14 @@ func TestRestoreCommitDeletedMidwayFails(t *testing.T) {
 		name      string
 		rotations int
 		commitSet bool
+		named     bool // --checkpoint without --commit
 		wants     []string
 	}{
-		{"commit asked for", 1, true, []string{`checkpoint "step-000100" commit`, "was deleted from the store while it was restored", "spotguard list"}},
-		{"deleted faster than restored", restoreDeletedTries, false, []string{
+		{"commit asked for", 1, true, false, []string{`checkpoint "step-000100" commit`, "was deleted from the store while it was restored", "spotguard list"}},
+		// Said as a delete, not as "has no valid manifest" (found from outside).
+		{"checkpoint asked for, its only commit deleted", 1, false, true, []string{`checkpoint "step-000100": its commit`, "was deleted from the store while it was restored",
+			"it has no other", "spotguard list"}},
+		{"deleted faster than restored", restoreDeletedTries, false, false, []string{
 			fmt.Sprintf(`checkpoint "step-%06d" commit`, restoreDeletedTries*100), "the newest commit, was deleted from the store while it was restored",
 			fmt.Sprintf("so were the %d newest before it", restoreDeletedTries-1), "raise its checkpoint.keep"}},
 	}
@@ -127,6 +131,9 @@ func TestRestoreCommitDeletedMidwayFails(t *testing.T) {
 			opts := RestoreOptions{Job: restoreTestJob, To: to, Logger: zerolog.Nop()}
 			if tt.commitSet {
 				opts.Checkpoint, opts.Commit, opts.CommitSet = s.newest.Checkpoint, s.newest.Commit, true
+			}
+			if tt.named {
+				opts.Checkpoint = s.newest.Checkpoint
 			}
 			_, err := Restore(t.Context(), s, opts)
 			if err == nil {
