@@ -1662,6 +1662,30 @@ func restoreDirs(m *Manifest) []string {
 	return dirs
 }
 
+// restoreAllocate is allocateFile; a variable for tests.
+var restoreAllocate = allocateFile
+
+// allocatingWriter writes to f, whose size bytes (allocateFile) it allocates at its first write.
+type allocatingWriter struct {
+	f    *os.File
+	size int64
+	path string
+	once sync.Once
+	err  error
+}
+
+func (a *allocatingWriter) WriteAt(p []byte, off int64) (int, error) {
+	a.once.Do(func() {
+		if err := restoreAllocate(a.f, a.size); err != nil {
+			a.err = fmt.Errorf("allocate file %q (%d bytes): %w", a.path, a.size, err)
+		}
+	})
+	if a.err != nil {
+		return 0, a.err
+	}
+	return a.f.WriteAt(p, off)
+}
+
 // restoreFile downloads key into the new file f.Path in stage, fsyncs it and checks its size and
 // CRC-32C, read back from disk, against f. A file whose checksum does not match is downloaded
 // once more, over the same file: bytes damaged on their way (a proxy, a flipped bit in a NIC) are
@@ -1673,12 +1697,12 @@ func restoreFile(ctx context.Context, s Store, stage *os.Root, key string, f Fil
 		return fmt.Errorf("create file %q: %w", f.Path, err)
 	}
 	defer out.Close()
-	if err := allocateFile(out, f.Size); err != nil {
-		return fmt.Errorf("allocate file %q (%d bytes): %w", f.Path, f.Size, err)
-	}
-	var w io.WriterAt = out
+	// Its space is allocated at the first write, once the download has found the object of
+	// the size the manifest says (found from outside: a manifest that said 2 GiB for an object
+	// of 6 bytes took 2 GiB of the disk before the download said it was damaged).
+	var w io.WriterAt = &allocatingWriter{f: out, size: f.Size, path: f.Path}
 	if prog != nil {
-		w = &restoreCountingWriter{w: out, prog: prog, size: f.Size}
+		w = &restoreCountingWriter{w: w, prog: prog, size: f.Size}
 	}
 	var first Checksum
 	for attempt := 1; ; attempt++ {

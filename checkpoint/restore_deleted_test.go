@@ -5,8 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -151,5 +153,34 @@ func TestRestoreCommitDeletedMidwayFails(t *testing.T) {
 				t.Errorf("the failed restore left something behind:%s", d)
 			}
 		})
+	}
+}
+
+// A manifest that says a file is far larger than its object does not get that space allocated
+// before the download finds the object's size (found from outside: 2 GiB allocated for an object
+// of 6 bytes, before the restore said the commit was damaged). The restore fails as damaged.
+func TestRestoreAllocatesNothingForAnObjectOfAnotherSize(t *testing.T) {
+	var allocated atomic.Int64
+	defer func(f func(*os.File, int64) error) { restoreAllocate = f }(restoreAllocate)
+	restoreAllocate = func(f *os.File, size int64) error { allocated.Add(size); return allocateFile(f, size) }
+	s := newMemStore()
+	m := restoreTestManifest(t, restoreTestJob, "step-000100", restoreTestT0, map[string]string{"a.bin": "sixbyt"})
+	for _, f := range m.Files {
+		s.put(f.Key, []byte("sixbyt"))
+	}
+	for i := range m.Files {
+		if m.Files[i].Path == "a.bin" {
+			m.TotalBytes += 2<<30 - m.Files[i].Size
+			m.Files[i].Size = 2 << 30
+		}
+	}
+	restoreTestPutJSON(t, s, ManifestKey(restoreTestJob, "step-000100", m.Commit), m)
+	_, to := restoreTestDirs(t)
+	_, err := Restore(t.Context(), s, RestoreOptions{Job: restoreTestJob, To: to, Logger: zerolog.Nop()})
+	if !errors.Is(err, ErrDamaged) {
+		t.Errorf("Restore() = %v; want ErrDamaged", err)
+	}
+	if n := allocated.Load(); n >= 2<<30 {
+		t.Errorf("allocated %d bytes; want none of the 2 GiB the manifest says", n)
 	}
 }
