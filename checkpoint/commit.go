@@ -987,6 +987,9 @@ type commitResult struct {
 	deleted []CommitRef
 	// retired are the manifests retention deleted (retention.Retired).
 	retired []*Manifest
+	// retiredMatch is the deleted commit whose bytes an adopted checkpoint holds (with
+	// completeAt its place), when it is a single-node one.
+	retiredMatch *Manifest
 	// retentionFailed are retention's deletes that failed (handleCommit reports them).
 	retentionFailed []retentionFailure
 	// watch are the prefixes of commits retention deleted that a held write may revive
@@ -1404,6 +1407,9 @@ func (u *Uploader) commit(ctx context.Context, c commitJob) commitResult {
 				r.deleted = append(r.deleted, CommitRef{Checkpoint: m.Checkpoint, Commit: m.Commit})
 				at := u.placeOf(m)
 				r.completeAt = &at
+				if m.Part == nil && m.Parts == nil {
+					r.retiredMatch = m
+				}
 			default:
 				r.err = fmt.Errorf("read manifest of the matching commit: %w", err)
 				return r

@@ -3067,6 +3067,21 @@ func knownAsOf(known []knownOrder, wall time.Time, mono time.Duration) []knownOr
 	return out
 }
 
+// retentionWouldDelete reports whether retention would delete a commit completing at place now:
+// it keeps checkpoint.keep commits, and this agent has learned of that many newer ones.
+func (u *Uploader) retentionWouldDelete(place time.Time) bool {
+	if u.cfg.Keep <= 0 {
+		return false
+	}
+	newer := 0
+	for _, k := range u.known {
+		if k.order.At.After(place) {
+			newer++
+		}
+	}
+	return newer >= u.cfg.Keep
+}
+
 // retiredManifests bounds Uploader.retired: a restore reads a commit that is there when it
 // begins, so what retention deleted while it ran is among the last few deletions.
 const retiredManifests = 16
@@ -3802,6 +3817,26 @@ func (u *Uploader) handleCommit(ctx context.Context, r commitResult) {
 	case r.notComplete != nil:
 		log.Warn().Err(r.notComplete).Msg("checkpoint is no longer complete on disk; waiting for its marker")
 		g.complete = false
+	case r.noMatch && r.completeAt != nil && r.retiredMatch != nil && u.retentionWouldDelete(*r.completeAt):
+		// Retention deleted its commit, and has kept checkpoint.keep newer ones since: sent
+		// again, it would be deleted at once, after the whole checkpoint went up (found from
+		// outside: restores of an older commit into checkpoint.dir sent 128 MiB again each
+		// time, and during a notice, when retention is off, such a copy competes with the
+		// notice's checkpoint). It is that commit's, deleted: as a generation whose commit
+		// retention deleted, it is not sent again.
+		m := r.retiredMatch
+		g.state, g.commit, g.manifest = genCommitted, m.Commit, m
+		// As an adopted commit's, so that a restart knows it too (its place, older than what
+		// the store holds, is not sent again).
+		u.journal.add(journalLine{Op: journalAdopt, Checkpoint: g.name, Commit: g.commit})
+		for p, f := range g.files {
+			if f.done != nil {
+				u.journal.file(g.name, g.commit, p, *f.done)
+			}
+		}
+		u.journal.add(journalLine{Op: journalDone, Checkpoint: g.name, Commit: g.commit, At: u.placeOf(m)})
+		log.Warn().Str("deleted_commit", m.Commit).Int("keep", u.cfg.Keep).
+			Msg("checkpoint is a copy of a commit retention deleted, older than the checkpoints it keeps; not sent again")
 	case r.noMatch && r.completeAt != nil:
 		ev := log.Warn()
 		if n := len(r.deleted); n > 0 {

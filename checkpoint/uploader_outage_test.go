@@ -1657,9 +1657,9 @@ func TestUploaderCheckpointThatNeverUploadsDoesNotHoldBackNewerOnes(t *testing.T
 	s := &putFileRefuser{memStore: newMemStore(), prefix: "job/step-1/"}
 	r := startUploader(t, dir, s, 0)
 	r.up.SetNotices([]ActiveNotice{{Key: "spot/terminate", Deadline: time.Now().Add(2 * time.Minute), SignalledAt: time.Now()}})
-	writeCheckpoint(t, dir, "step-1", map[string][]byte{"w.bin": randomBytes(t, 4<<10), "_COMPLETE": nil})
+	writeCheckpoint(t, dir, "step-1", map[string][]byte{"w.bin": randomBytes(t, 4<<10)})
 	eventuallyUploader(t, "step-1's uploads to fail", func() bool { return r.failed.Load() > 0 })
-	writeCheckpoint(t, dir, "step-2", map[string][]byte{"w.bin": randomBytes(t, 4<<10), "_COMPLETE": nil})
+	writeCheckpoint(t, dir, "step-2", map[string][]byte{"w.bin": randomBytes(t, 4<<10)})
 	r.waitCommitted("step-2")
 	if c, _, err := ListCommitted(t.Context(), s, "job"); err != nil || len(c) != 1 || c[0].Manifest.Checkpoint != "step-2" {
 		t.Errorf("committed = %v, %v; want step-2 alone", c, err)
@@ -1676,12 +1676,13 @@ func TestUploaderCheckpointThatNeverUploadsDoesNotHoldBackNewerOnes(t *testing.T
 // A checkpoint restored into checkpoint.dir while retention deleted its commit came back as a
 // new commit, the newest: LATEST moved back to it, and retention deleted the newer commits
 // (found from outside, 8 of 55 restores of the second-newest commit into the live directory).
-// The manifests retention deleted lately are matched like the store's: the copy keeps its
-// commit's place in the order.
+// The manifests retention deleted lately are matched like the store's: the copy is that commit's,
+// and older than the checkpoint.keep newer ones, it is not sent again (sent, retention deleted
+// it at once: found from outside, 128 MiB sent again at each such restore).
 func TestUploaderCopyOfACommitRetentionDeletedKeepsItsPlace(t *testing.T) {
 	dir, s := t.TempDir(), newMemStore()
 	r := startUploader(t, dir, s, 1)
-	save1 := map[string][]byte{"a.bin": randomBytes(t, 4<<10), "_COMPLETE": nil}
+	save1 := map[string][]byte{"a.bin": randomBytes(t, 4<<10)}
 	writeCheckpoint(t, dir, "step-1", save1)
 	m1 := r.waitCommitted("step-1").Manifest
 	for !time.Now().After(m1.Order().At.Add(10 * time.Millisecond)) {
@@ -1690,15 +1691,20 @@ func TestUploaderCopyOfACommitRetentionDeletedKeepsItsPlace(t *testing.T) {
 	if err := os.RemoveAll(filepath.Join(dir, "step-1")); err != nil { // the trainer's rotation
 		t.Fatal(err)
 	}
-	writeCheckpoint(t, dir, "step-2", map[string][]byte{"a.bin": randomBytes(t, 4<<10), "_COMPLETE": nil})
+	writeCheckpoint(t, dir, "step-2", map[string][]byte{"a.bin": randomBytes(t, 4<<10)})
 	m2 := r.waitCommitted("step-2").Manifest
 	if cs := commitsOf(t, s, "step-1"); len(cs) != 0 {
 		t.Fatalf("step-1 not deleted by retention (keep 1): %d commits", len(cs))
 	}
 	writeCheckpoint(t, dir, "step-1", save1) // restored, its commit deleted meanwhile
-	again := r.waitCommitted("step-1").Manifest
-	if !again.Order().At.Equal(m1.Order().At) {
-		t.Errorf("the copy of step-1 committed completing at %v; want %v, its commit's place", again.Order().At, m1.Order().At)
+	eventuallyUploader(t, "the copy of step-1 known for its deleted commit", func() bool {
+		return strings.Contains(r.logs.String(), "not sent again")
+	})
+	if !strings.Contains(r.logs.String(), `"deleted_commit":"`+m1.Commit+`"`) {
+		t.Errorf("logs:\n%s\nwant the deleted commit %s named", r.logs.String(), m1.Commit)
+	}
+	if cs := commitsOf(t, s, "step-1"); len(cs) != 0 {
+		t.Errorf("step-1 has %d commits; want none: its copy is of a commit retention deleted", len(cs))
 	}
 	var l Latest
 	if data, _, err := s.GetBytes(t.Context(), LatestKey("job")); err != nil || json.Unmarshal(data, &l) != nil || l.Commit != m2.Commit {
