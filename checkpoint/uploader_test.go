@@ -3087,18 +3087,26 @@ func TestCompleteCheckpointDeletedWhileQueuedIsWarnedOf(t *testing.T) {
 	s := &gateStore{memStore: newMemStore(), puts: make(chan string, 100), release: make(chan struct{})}
 	dir := t.TempDir()
 	r := startUploaderWith(t, dir, s, UploaderConfig{BackgroundFiles: 1})
+	// step-1's upload begins (and is held), then step-2 waits its turn behind it: the newer one
+	// is queued, so its loss is no older checkpoint superseded (which is not warned of). Both
+	// written at once, step-2 went first at times, and step-1, deleted, was superseded: no
+	// warning, and the test failed (2 of 20).
 	writeCheckpoint(t, dir, "step-1", map[string][]byte{"a.bin": randomBytes(t, 1<<10)})
-	writeCheckpoint(t, dir, "step-2", map[string][]byte{"a.bin": randomBytes(t, 1<<10)})
-	var key string
 	select {
-	case key = <-s.puts:
+	case <-s.puts:
 	case <-time.After(20 * time.Second):
 		t.Fatal("no upload began within 20 s")
 	}
+	writeCheckpoint(t, dir, "step-2", map[string][]byte{"a.bin": randomBytes(t, 1<<10)})
 	queued := "step-2"
-	if strings.Contains(key, "/step-2/") {
-		queued = "step-1"
-	}
+	eventuallyUploader(t, "step-2 seen complete", func() bool {
+		for _, c := range r.up.Status(t.Context()).Checkpoints {
+			if c.Name == queued && c.CompleteSince != nil {
+				return true
+			}
+		}
+		return false
+	})
 	if err := os.RemoveAll(filepath.Join(dir, queued)); err != nil {
 		t.Fatal(err)
 	}
