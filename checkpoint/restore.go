@@ -393,6 +393,9 @@ func restoreOnce(ctx context.Context, s Store, opts RestoreOptions, conc int, ru
 			return failCP(err)
 		}
 		if same {
+			// A killed restore's staging goes here too: a restore that finds the checkpoint
+			// there left it (found from outside: 65 MiB kept until a restore that downloads).
+			restoreRemoveStale(to, log)
 			return done(true)
 		}
 	}

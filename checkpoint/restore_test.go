@@ -955,6 +955,16 @@ func TestRestoreRemovesStaleStaging(t *testing.T) {
 			t.Errorf("Got(%q) = %v; want the user's directory left alone", d, err)
 		}
 	}
+
+	// A restore that finds the checkpoint there, and downloads nothing, removes one too (found
+	// from outside: a killed restore's 65 MiB stayed until a restore that downloaded).
+	restoreTestMust(t, os.MkdirAll(filepath.Join(stale, "sub"), 0o755))
+	if res, err := Restore(t.Context(), s, restoreTestOpts(to, &log)); err != nil || !res.AlreadyPresent {
+		t.Fatalf("Restore() again = %+v, %v; want the checkpoint found there", res, err)
+	}
+	if _, err := os.Stat(stale); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("Got(%q) = %v; want the killed restore's staging removed by a restore that found the checkpoint there", stale, err)
+	}
 }
 
 // TestRestoreStagingLockedAcrossPIDNamespaces: a running restore holds a lock on its staging
