@@ -51,6 +51,13 @@ func (l *rigLog) Write(p []byte) (int, error) {
 	return l.buf.Write(p)
 }
 
+// reset forgets what was written so far.
+func (l *rigLog) reset() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.buf.Reset()
+}
+
 func (l *rigLog) String() string {
 	l.mu.Lock()
 	defer l.mu.Unlock()
