@@ -14,6 +14,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/aws/ratelimit"
@@ -51,6 +52,17 @@ func ParseStoreURL(u string) (scheme, bucket, prefix string, err error) {
 		if prefix != "" {
 			if err := checkStoreKey(prefix); err != nil {
 				return "", "", "", fmt.Errorf("store url %q: prefix: %w", u, err)
+			}
+			// It begins every key, as store.job does: what S3's XML lists cannot carry, or
+			// carry as written, fails or changes every list (found from outside: a prefix with
+			// U+FFFF was taken, and list --check failed on the agent's own commits).
+			switch {
+			case !utf8.ValidString(prefix):
+				return "", "", "", fmt.Errorf("store url %q: prefix is not valid UTF-8 (S3 keys are)", u)
+			case hasControl(prefix):
+				return "", "", "", fmt.Errorf("store url %q: prefix has a control character (S3 lists such a key changed, or not at all)", u)
+			case hasNonXML(prefix):
+				return "", "", "", fmt.Errorf("store url %q: prefix has U+FFFE or U+FFFF (S3's XML lists cannot carry them: such a key is listed changed, or fails the whole list)", u)
 			}
 		}
 		return "s3", bucket, prefix, nil
