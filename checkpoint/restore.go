@@ -266,8 +266,12 @@ func Restore(ctx context.Context, s Store, opts RestoreOptions) (RestoreResult, 
 		case tries == restoreDeletedTries:
 			return fail(fmt.Errorf("%s, the newest commit, was deleted from the store while it was restored, and so were the %d newest before it: an agent still running the job deletes commits faster than they can be restored here; raise its checkpoint.keep, or restore an older commit by its id (`spotguard list`)", what, tries-1))
 		}
+		then := "restoring the newest commit now"
+		if opts.Checkpoint != "" {
+			then = "restoring the newest commit of this checkpoint now, if it has one" // (found from outside: "the newest commit", then a failure)
+		}
 		log.Warn().Str("checkpoint", gone.Checkpoint).Str("commit", gone.Commit).Int("try", tries).
-			Msg("the commit being restored was deleted from the store (retention by an agent still running the job, or a delete by hand); restoring the newest commit now")
+			Msg("the commit being restored was deleted from the store (retention by an agent still running the job, or a delete by hand); " + then)
 	}
 }
 
