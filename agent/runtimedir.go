@@ -6,6 +6,7 @@ import (
 	"io"
 	"io/fs"
 	"os"
+	"path/filepath"
 	"syscall"
 )
 
@@ -25,15 +26,70 @@ func CheckRuntimeDirOwner(dir string, fi fs.FileInfo, euid int) error {
 	if !ok {
 		return nil
 	}
+	if err := checkRuntimeDirPath(dir, euid); err != nil {
+		return err
+	}
 	switch {
 	case int(st.Uid) != euid && st.Uid != 0:
 		return fmt.Errorf("agent.runtime_dir %s is owned by uid %d, not by the agent's user (uid %d) or root: %w, and the agent trusts its upload journal and notice.json; "+
 			"chown it to uid %d, or set agent.runtime_dir to a directory of the agent's own (the default /run/spotguard)", dir, st.Uid, euid, ErrRuntimeDirOpen, euid)
 	case fi.Mode().Perm()&0o022 != 0:
 		return fmt.Errorf("agent.runtime_dir %s may be written by its group or by others (mode %#o): %w, and the agent trusts its upload journal and notice.json; "+
-			"chmod go-w %s, or set agent.runtime_dir to a directory of the agent's own (the default /run/spotguard)", dir, fi.Mode().Perm(), ErrRuntimeDirOpen, dir)
+			"chmod go-w %s, or set agent.runtime_dir to a directory of the agent's own (the default /run/spotguard)", dir, octalMode(fi.Mode()), ErrRuntimeDirOpen, dir)
 	}
 	return nil
+}
+
+// checkRuntimeDirPath returns an error (ErrRuntimeDirOpen) when a directory above dir, or a
+// symbolic link on its way, belongs to a user other than euid and root, or a directory above it
+// may be written by others without the sticky bit (/tmp's): that user could move dir away and put
+// a directory of their own in its place (found from outside: a runtime dir inside another user's
+// directory was taken, and the journal written into theirs once they swapped it).
+func checkRuntimeDirPath(dir string, euid int) error {
+	abs, err := filepath.Abs(dir)
+	if err != nil {
+		return nil
+	}
+	for p := abs; ; {
+		if fi, err := os.Lstat(p); err == nil {
+			if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+				link := fi.Mode().Type() == fs.ModeSymlink
+				switch {
+				case int(st.Uid) != euid && st.Uid != 0:
+					what := "a directory above it"
+					if link {
+						what = "a symbolic link on its path"
+					}
+					return fmt.Errorf("agent.runtime_dir %s: %s, %s, is owned by uid %d, not by the agent's user (uid %d) or root: %w, and the agent trusts its upload journal and notice.json; "+
+						"set agent.runtime_dir to a directory of the agent's own (the default /run/spotguard)", dir, what, p, st.Uid, euid, ErrRuntimeDirOpen)
+				case p != abs && !link && fi.Mode().Perm()&0o002 != 0 && fi.Mode()&fs.ModeSticky == 0:
+					return fmt.Errorf("agent.runtime_dir %s: the directory above it %s may be written by others without the sticky bit (mode %#o): %w, and the agent trusts its upload journal and notice.json; "+
+						"chmod o-w %s, or set agent.runtime_dir to a directory of the agent's own (the default /run/spotguard)", dir, p, octalMode(fi.Mode()), ErrRuntimeDirOpen, p)
+				}
+			}
+		}
+		parent := filepath.Dir(p)
+		if parent == p {
+			return nil
+		}
+		p = parent
+	}
+}
+
+// octalMode is m's permission bits with its sticky, setgid and setuid bits, as chmod takes them
+// (1777, not 0777, for /tmp's).
+func octalMode(m fs.FileMode) fs.FileMode {
+	o := m.Perm()
+	if m&fs.ModeSticky != 0 {
+		o |= 0o1000
+	}
+	if m&fs.ModeSetgid != 0 {
+		o |= 0o2000
+	}
+	if m&fs.ModeSetuid != 0 {
+		o |= 0o4000
+	}
+	return o
 }
 
 // maxNoticeFile bounds the notice.json read at start: the agent writes a few KiB.

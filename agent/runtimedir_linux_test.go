@@ -125,6 +125,18 @@ func TestAgentRefusesARuntimeDirAnotherUserMayWrite(t *testing.T) {
 	}{
 		{"writable by others", func(t *testing.T, dir string) { chmod(t, dir, 0o777) }, "may be written by its group or by others (mode 0777)"},
 		{"writable by its group", func(t *testing.T, dir string) { chmod(t, dir, 0o775) }, "chmod go-w " + "DIR"},
+		{"writable by all, sticky", func(t *testing.T, dir string) { chmod(t, dir, os.ModeSticky|0o777) }, "(mode 01777)"},
+		// What is above it too (found from outside: another user moved it away and put their
+		// own in its place).
+		{"in a directory others may write", func(t *testing.T, dir string) { chmod(t, filepath.Dir(dir), 0o777) }, "may be written by others without the sticky bit"},
+		{"in another user's directory", func(t *testing.T, dir string) {
+			if os.Geteuid() != 0 {
+				t.Skip("needs root, to give the directory to another user")
+			}
+			if err := os.Chown(filepath.Dir(dir), 12345, 12345); err != nil {
+				t.Fatal(err)
+			}
+		}, "a directory above it"},
 		{"another user's", func(t *testing.T, dir string) {
 			if os.Geteuid() != 0 {
 				t.Skip("needs root, to give the directory to another user")
