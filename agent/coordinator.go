@@ -2181,6 +2181,9 @@ func writeNoticeFile(dir string, active []*NoticeStatus, signalled map[*NoticeSt
 	return nil
 }
 
+// msgNoticeFileUnreadable is readPrevious's warning for a notice file it cannot use.
+const msgNoticeFileUnreadable = "the notice file an earlier run left cannot be read; a notice in force is signalled again, and a job notice it held is lost"
+
 // readPrevious reads the notice.json an earlier run left in dir (killed, or restarted, during a
 // notice): the notices it signalled the trainer for, by key, and when; what it read of each
 // notice in force, by key; and the job notices it held (their ends are not looked at here).
@@ -2191,13 +2194,13 @@ func readPrevious(dir string, log zerolog.Logger) (map[string]signalRecord, map[
 		return nil, nil, nil, nil
 	}
 	if err != nil {
-		log.Warn().Err(err).Msg("the notice file an earlier run left cannot be read; a notice in force is signalled again, and a job notice it held is lost")
+		log.Warn().Err(err).Msg(msgNoticeFileUnreadable)
 		return nil, nil, nil, nil
 	}
 	written := fi.ModTime()
 	var nf noticeFile
 	if err := json.Unmarshal(data, &nf); err != nil {
-		log.Warn().Err(err).Msg("the notice file an earlier run left cannot be read; a notice in force is signalled again, and a job notice it held is lost")
+		log.Warn().Err(err).Msg(msgNoticeFileUnreadable)
 		return nil, nil, nil, nil
 	}
 	out, read := map[string]signalRecord{}, map[string]seenRecord{}

@@ -1254,6 +1254,10 @@ func (u *Uploader) dropTornKey(ctx context.Context, ref CommitRef, key, msg stri
 	return u.cfg.Store.Delete(ctx, key)
 }
 
+// msgCommittedAgainInPlace says that a checkpoint holds the bytes of a commit deleted since, and
+// is committed again with that commit's place in the order.
+const msgCommittedAgainInPlace = "checkpoint's commit was deleted (retention) since it was restored or committed; committing it again, in its place in the order"
+
 // commitJob is what a commit needs, copied from the Run loop's state.
 type commitJob struct {
 	// retain: applyRetention runs after the commit (startCommit decides).
@@ -1383,7 +1387,7 @@ func (u *Uploader) commit(ctx context.Context, c commitJob) commitResult {
 			at := u.placeOf(p)
 			c.completeAt = &at
 			u.log.Warn().Str("checkpoint", c.name).Str("deleted_commit", p.Commit).
-				Msg("checkpoint's commit was deleted (retention) since it was restored or committed; committing it again, in its place in the order")
+				Msg(msgCommittedAgainInPlace)
 		}
 	}
 	if c.adopt {

@@ -3846,7 +3846,7 @@ func (u *Uploader) handleCommit(ctx context.Context, r commitResult) {
 		if n := len(r.deleted); n > 0 {
 			ev = ev.Str("deleted_commit", r.deleted[n-1].Commit)
 		}
-		ev.Msg("checkpoint's commit was deleted (retention) since it was restored or committed; committing it again, in its place in the order")
+		ev.Msg(msgCommittedAgainInPlace)
 		g.completeAt = r.completeAt
 		u.sendAll(g)
 	case r.noMatch && r.deletedAfter != "":
