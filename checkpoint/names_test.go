@@ -400,14 +400,18 @@ func TestCheckpointWithASymbolicLinkIsWithheld(t *testing.T) {
 	if cs, _, _ := ListCommitted(t.Context(), s, "job"); len(cs) != 0 {
 		t.Fatalf("committed %d checkpoints; want none while the link is there", len(cs))
 	}
-	if err := os.Remove(filepath.Join(dir, "step-1", "model.bin")); err != nil {
-		t.Fatal(err)
-	}
+	// The file itself put in the link's place in one step (written beside it, renamed over it):
+	// written in place after the marker, created then written, it is as a save into the
+	// directory again, and waits for the marker (the test wrote it so, and failed at times).
 	data, err := os.ReadFile(weights)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(filepath.Join(dir, "step-1", "model.bin"), data, 0o644); err != nil {
+	tmp := filepath.Join(dir, "step-1", ".model.bin.tmp")
+	if err := os.WriteFile(tmp, data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, filepath.Join(dir, "step-1", "model.bin")); err != nil {
 		t.Fatal(err)
 	}
 	ev := r.waitCommitted("step-1")

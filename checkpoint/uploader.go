@@ -2249,11 +2249,7 @@ func (u *Uploader) fileReady(ev WatchEvent) {
 	// and the checkpoint waited for its marker).
 	why, refused := g.refused[ev.Path]
 	fixed := refused && sameVersion(why.id, ev.ID)
-	// Nor is a file that comes, or is written, into a checkpoint withheld for one it could not
-	// store (a symbolic link replaced by the file it named, created then written): that is the
-	// fix, and the checkpoint is committed as it is, as the docs say (the test of it failed at
-	// times: the file's second event was taken for a write after the marker).
-	if !g.withheld && (f != nil && u.rewrittenAfterMarker(g, ev.Path, f.id, ev.ID) || f == nil && u.newAfterMarker(g, ev.Path) && !fixed && !u.cameBack(g, ev.Path, ev.ID)) && u.markerStill(g) {
+	if (f != nil && u.rewrittenAfterMarker(g, ev.Path, f.id, ev.ID) || f == nil && u.newAfterMarker(g, ev.Path) && !fixed && !u.cameBack(g, ev.Path, ev.ID)) && u.markerStill(g) {
 		u.reopen(g, ev.Path)
 	}
 	if g.state == genCommitted {
