@@ -10,6 +10,7 @@ import (
 	"strings"
 	"text/tabwriter"
 	"time"
+	"unicode"
 )
 
 // Committed is one committed checkpoint as listed.
@@ -175,7 +176,7 @@ func FormatList(w io.Writer, cs []Committed) {
 		if commit == "" {
 			commit = "-"
 		}
-		line := m.Checkpoint + "\t" + commit + "\t" + strconv.Itoa(len(m.Files)) + "\t" + HumanBytes(m.TotalBytes) +
+		line := listName(m.Checkpoint) + "\t" + commit + "\t" + strconv.Itoa(len(m.Files)) + "\t" + HumanBytes(m.TotalBytes) +
 			"\t" + trigger + "\t" + m.Order().At.UTC().Format(time.RFC3339)
 		if c.Latest {
 			line += "\tLATEST"
@@ -183,6 +184,17 @@ func FormatList(w io.Writer, cs []Committed) {
 		fmt.Fprintln(tw, line)
 	}
 	_ = tw.Flush()
+}
+
+// listName is a checkpoint's name as FormatList shows it: as it is, or quoted (Go syntax) when it
+// holds a character a terminal does not print as itself (a right-to-left override drew the rest
+// of its row reversed, found from outside; a control character of a manifest older than the rule
+// against them).
+func listName(name string) string {
+	if strings.ContainsFunc(name, func(r rune) bool { return !unicode.IsPrint(r) }) {
+		return strconv.Quote(name)
+	}
+	return name
 }
 
 // HumanBytes formats n bytes in binary units: "0 B", "1023 B", "1.0 KiB", "1.5 GiB".

@@ -185,6 +185,14 @@ func TestFormatList(t *testing.T) {
 		t.Errorf("Got(%q) = %q; want no trailing spaces", "FormatList", b.String())
 	}
 
+	// A name a terminal would not print as itself is quoted: a right-to-left override drew the
+	// rest of its row reversed, LATEST included (found from outside).
+	b.Reset()
+	FormatList(&b, []Committed{{Manifest: mk("step-\u202e1", "20260301T125500Z-0123456789ab", 1, 1, "periodic", t0), Latest: true}})
+	if !strings.Contains(b.String(), `"step-\u202e1"  20260301T125500Z-0123456789ab`) {
+		t.Errorf("Got(%q) = %q; want the name quoted", "FormatList", b.String())
+	}
+
 	b.Reset()
 	FormatList(&b, nil)
 	if got, want := b.String(), "CHECKPOINT  COMMIT  FILES  SIZE  TRIGGER  COMPLETED AT\n"; got != want {
