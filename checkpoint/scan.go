@@ -336,7 +336,25 @@ func (r *scanRefused) error(ckpt string) error {
 	if r.first != "" {
 		p += "/" + r.first
 	}
-	return fmt.Errorf("%w: %s: %w%s; %s", ErrNotStorable, p, r.err, more, notStorableFixFor(r.err))
+	return &notStorableError{path: r.first, err: fmt.Errorf("%w: %s: %w%s; %s", ErrNotStorable, p, r.err, more, notStorableFixFor(r.err))}
+}
+
+// notStorableError is scanRefused's error: ErrNotStorable, with path, the first file refused
+// (relative to the checkpoint directory; "" for the directory itself).
+type notStorableError struct {
+	path string
+	err  error
+}
+
+func (e *notStorableError) Error() string { return e.err.Error() }
+func (e *notStorableError) Unwrap() error { return e.err }
+
+// refusedPath returns the first file a scan refused in err (a notStorableError), if it names one.
+func refusedPath(err error) (string, bool) {
+	if e, ok := errors.AsType[*notStorableError](err); ok && e.path != "" {
+		return e.path, true
+	}
+	return "", false
 }
 
 // notStorableFix says what to do about a checkpoint that is ErrNotStorable; notStorableFixFor

@@ -2248,7 +2248,7 @@ func (u *Uploader) fileReady(ev WatchEvent) {
 	// chmod later, is no file new since the marker (found from outside: it was taken for one,
 	// and the checkpoint waited for its marker).
 	why, refused := g.refused[ev.Path]
-	fixed := refused && sameVersion(why.id, ev.ID)
+	fixed := refused && (sameVersion(why.id, ev.ID) || !why.id.known()) // unknown: refused by a commit's scan (no regular file then)
 	if (f != nil && u.rewrittenAfterMarker(g, ev.Path, f.id, ev.ID) || f == nil && u.newAfterMarker(g, ev.Path) && !fixed && !u.cameBack(g, ev.Path, ev.ID)) && u.markerStill(g) {
 		u.reopen(g, ev.Path)
 	}
@@ -3811,6 +3811,17 @@ func (u *Uploader) handleCommit(ctx context.Context, r commitResult) {
 		log.Error().Err(r.notComplete).Msg(msg)
 		if !g.withheld {
 			g.withheldAt = time.Now()
+		}
+		if rel, ok := refusedPath(r.notComplete); ok {
+			// Whatever comes at that path next (the file itself in a link's place) is its fix,
+			// not a file new since the marker (found at times by its test: the checkpoint waited
+			// for its marker instead of being committed as it is).
+			if g.refused == nil {
+				g.refused = map[string]refusal{}
+			}
+			if _, ok := g.refused[rel]; !ok {
+				g.refused[rel] = refusal{err: r.notComplete}
+			}
 		}
 		g.complete, g.withheld, g.recheck, g.heldBack = false, true, !g.single && !g.marker.isZero(), true
 		u.emit(UploadEvent{Kind: CheckpointWithheld, Checkpoint: g.name, At: g.completeSeen, Err: r.notComplete})
