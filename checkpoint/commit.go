@@ -1380,7 +1380,10 @@ func (u *Uploader) commit(ctx context.Context, c commitJob) commitResult {
 		c.completeAt = &at
 	}
 	for _, p := range c.retired {
-		if !c.adopt && c.completeAt == nil && u.matchesDone(p, c.files) {
+		if c.adopt || c.completeAt != nil {
+			break
+		}
+		if u.matchesDone(p, c.files) {
 			// The same for a commit of the name retention deleted while this copy of it came
 			// (a restore into checkpoint.dir, its lookup after the delete: found from outside,
 			// committed as the newest; LATEST moved back, and retention deleted newer commits).

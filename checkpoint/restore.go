@@ -370,6 +370,9 @@ func restoreOnce(ctx context.Context, s Store, opts RestoreOptions, conc int, ru
 		log.Warn().Str("checkpoint", m.Checkpoint).Str("commit", m.Commit).Str("marker", marker).
 			Msg("the commit has no checkpoint.marker at its top: a trainer that resumes from a save with its marker will not take this one; is checkpoint.marker the agent's (restore --config)?")
 	}
+	// A killed restore's staging goes first, whatever this one finds there (found from outside:
+	// one that found the checkpoint there left 65 MiB of it).
+	restoreRemoveStale(to, log)
 	aside, err := restoreIncomplete(to, m, marker, start, opts.BootedAt)
 	if err != nil {
 		return failCP(err)
@@ -397,9 +400,6 @@ func restoreOnce(ctx context.Context, s Store, opts RestoreOptions, conc int, ru
 			return failCP(err)
 		}
 		if same {
-			// A killed restore's staging goes here too: a restore that finds the checkpoint
-			// there left it (found from outside: 65 MiB kept until a restore that downloads).
-			restoreRemoveStale(to, log)
 			return done(true)
 		}
 	}
@@ -1468,7 +1468,6 @@ func restoreChecksumFile(dir *os.Root, rel, alg string) (Checksum, int64, error)
 func restoreStage(ctx context.Context, s Store, to *os.Root, m *Manifest, conc int, marker string, progress func(done, total int64), run *restoreRun) (string, func(), error) {
 	log := run.log
 	hurry(s) // the instance waits for its checkpoint
-	restoreRemoveStale(to, log)
 	name, release, err := restoreMkStaging(to, log)
 	if err != nil {
 		return "", nil, err

@@ -1585,8 +1585,8 @@ func (u *Uploader) lookupDone(ctx context.Context, g *generation, ms, parts []*M
 		// the newest checkpoint.
 		cands = append(cands, p)
 	}
-	for _, r := range u.retired {
-		if r.Checkpoint == g.name && !slices.ContainsFunc(cands, func(m *Manifest) bool { return m.Commit == r.Commit }) {
+	for _, r := range u.retiredOf(g.name) {
+		if !slices.ContainsFunc(cands, func(m *Manifest) bool { return m.Commit == r.Commit }) {
 			// The same for a commit of the name deleted while this copy of it came (a restore
 			// into checkpoint.dir of a commit retention deleted meanwhile: found from outside,
 			// committed as the newest, LATEST moved back and retention deleted newer commits).
@@ -3082,6 +3082,11 @@ func (u *Uploader) retentionWouldDelete(place time.Time) bool {
 	return newer >= u.cfg.Keep
 }
 
+// retiredOf returns the manifests of u.retired of checkpoint name.
+func (u *Uploader) retiredOf(name string) []*Manifest {
+	return slices.DeleteFunc(slices.Clone(u.retired), func(m *Manifest) bool { return m.Checkpoint != name })
+}
+
 // retiredManifests bounds Uploader.retired: a restore reads a commit that is there when it
 // begins, so what retention deleted while it ran is among the last few deletions.
 const retiredManifests = 16
@@ -3665,7 +3670,7 @@ func (u *Uploader) startCommit(ctx context.Context, g *generation) {
 	c := commitJob{name: g.name, commit: g.commit, single: g.single, adopt: g.state == genMatching, resumed: g.resumed, sealed: g.sealed,
 		completeAt: g.completeAt, unread: g.unread, marker: g.marker, known: u.knownNow(),
 		files: make(map[string]doneFile, len(g.files)), refused: maps.Clone(g.refused), vanished: maps.Clone(g.vanished), prior: g.prior, candidates: g.candidates, strays: g.strays,
-		retired: slices.DeleteFunc(slices.Clone(u.retired), func(m *Manifest) bool { return m.Checkpoint != g.name }),
+		retired: u.retiredOf(g.name),
 		timings: Timings{UploadSeconds: g.uploadEnd.Sub(g.uploadStart).Seconds()}}
 	c.unseenBefore, c.unseenAfter = u.unseen(g.name)
 	// Retention reads the whole job: after every commit of a backlog (a restart that finds a
